@@ -1,0 +1,1 @@
+"""Console: the ``zctl`` Typer command line and its Rich views."""

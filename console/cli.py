@@ -1,0 +1,111 @@
+"""The ``zctl`` command line: export, verify, benchmarks, the cluster and generation."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="zctl: distributed LLM inference over OpenVINO stage shards.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+bench_app = typer.Typer(help="Benchmarks (ratios against a baseline measured in the same run).",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+err = Console(stderr=True)
+out = Console()
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def default_export_dir(model: str, stages: int, weights: str) -> Path:
+    from console.paths import export_cache_dir
+
+    safe = model.replace("/", "--").replace(".gguf", "")
+    return export_cache_dir() / f"{Path(safe).name}-{weights}-{stages}st"
+
+
+@app.command()
+def export(
+    model: Annotated[str, typer.Argument(help="smollm2-135m, a .gguf file, an HF dir or hub id")] = "smollm2-135m",
+    stages: Annotated[int | None, typer.Option(help="split layers evenly into N stages")] = None,
+    layers: Annotated[str | None, typer.Option(help="explicit inclusive ranges, e.g. 0-14,15-29")] = None,
+    weights: Annotated[str, typer.Option(help="int4 | int8 | fp16 | fp32")] = "int4",
+    group_size: Annotated[int | None, typer.Option(help="INT4 group size (default: fits the model)")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="output directory")] = None,
+    beam_idx: Annotated[bool, typer.Option("--beam-idx/--no-beam-idx", help="inject the beam_idx Gather")] = True,
+    force: Annotated[bool, typer.Option(help="replace an existing output directory")] = False,
+) -> None:
+    """Cut a model into stage shards (OpenVINO IR with stateful KV) and write a manifest."""
+    from console.export_view import RichExportProgress
+    from dataplane.manifest import ManifestError, even_split, parse_layer_spec
+    from exporter.export import ExportError, export_model
+    from exporter.sources import SourceError, open_source
+
+    if stages is not None and layers is not None:
+        fail("give --stages or --layers, not both")
+    try:
+        source = open_source(model)
+        ranges = (parse_layer_spec(layers) if layers
+                  else even_split(source.num_layers, stages or 1))
+        target = out_dir or default_export_dir(model, len(ranges), weights)
+        with RichExportProgress(len(ranges), err) as progress:
+            manifest, reports = export_model(source, ranges, weights, target, group_size=group_size,
+                                             beam_idx=beam_idx, force=force, progress=progress)
+    except (SourceError, ManifestError, ExportError, ValueError) as exc:
+        fail(str(exc))
+    total = sum(sum(r.timings.values()) for r in reports)
+    out.print(f"exported {manifest.model.name} ({manifest.weight_format}) in "
+              f"{len(manifest.stages)} stages to {target} in {total:.1f}s")
+
+
+@app.command()
+def verify(
+    export_dir: Annotated[Path, typer.Argument(help="an export directory")],
+    max_new_tokens: Annotated[int, typer.Option(help="greedy tokens per prompt")] = 64,
+    model: Annotated[str | None, typer.Option(help="reference model (default: the export's source)")] = None,
+    prompt: Annotated[list[str] | None, typer.Option(help="prompt(s) to check (repeatable)")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="no chat template")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Check the stage chain (f32) against Hugging Face greedy decoding, token for token."""
+    from dataplane.manifest import ManifestError
+    from exporter.sources import SourceError
+    from exporter.verify import DEFAULT_PROMPTS, verify_export
+
+    try:
+        results = verify_export(export_dir, prompt or DEFAULT_PROMPTS, max_new_tokens, model,
+                                chat=not raw)
+    except (ManifestError, SourceError, ValueError) as exc:
+        fail(str(exc))
+    exact = sum(r.exact for r in results)
+    if as_json:
+        print(json.dumps({
+            "export_dir": str(export_dir), "exact": exact, "prompts": len(results),
+            "results": [{"prompt": r.prompt, "matched": r.matched, "total": len(r.reference),
+                         "exact": r.exact} for r in results],
+        }))
+    else:
+        table = Table(title=f"zctl verify {export_dir}")
+        table.add_column("prompt")
+        table.add_column("agreeing tokens", justify="right")
+        table.add_column("exact")
+        for r in results:
+            table.add_row(r.prompt[:50], f"{r.matched}/{len(r.reference)}",
+                          "[green]yes[/]" if r.exact else "[red]NO[/]")
+        out.print(table)
+        out.print(f"{exact}/{len(results)} prompts token-exact")
+    if exact != len(results):
+        raise typer.Exit(1)
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,1 @@
+"""Control plane: node membership, version checks, shard placement and pipeline wiring."""

@@ -1,0 +1,150 @@
+"""The one generation loop, over any pipeline of stages (in one process or across nodes).
+
+A pipeline takes a chunk of token ids with explicit logical positions for a stream
+and returns a ``StepReply`` from the last stage. Prefill is chunked; decode feeds one
+token per step. Small pure helpers decide what to feed and when to stop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from dataplane.runtime import RuntimeConfig, StageRunner
+
+
+@dataclass
+class StepReply:
+    """What the last stage returns: greedy token per requested position, logits if asked."""
+
+    tokens: np.ndarray
+    logits: np.ndarray | None = None
+    stage_ms: list[float] = field(default_factory=list)
+
+
+def reply_from_logits(logits: np.ndarray, want_logits: bool = False) -> StepReply:
+    """Top-1 per row of [1, K, V] (or [K, V]) logits; keep the logits only when asked."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    return StepReply(tokens=rows.argmax(axis=-1), logits=rows.copy() if want_logits else None)
+
+
+class Pipeline(Protocol):
+    num_stages: int
+
+    def open(self, stream_id: int) -> None: ...
+    def reset(self, stream_id: int) -> None: ...
+    def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+             logits_idx: np.ndarray | None = None, want_logits: bool = False) -> StepReply: ...
+
+
+class LocalChain:
+    """Every stage in this process, stepped one after another."""
+
+    def __init__(self, runners: Sequence[StageRunner]) -> None:
+        self.runners = list(runners)
+        self.num_stages = len(self.runners)
+
+    @classmethod
+    def load(cls, export_dir: str, config: RuntimeConfig | None = None) -> LocalChain:
+        from dataplane.manifest import load_manifest
+
+        manifest = load_manifest(export_dir)
+        return cls([
+            StageRunner(export_dir, i, config, manifest=manifest, verify=False)
+            for i in range(len(manifest.stages))
+        ])
+
+    def open(self, stream_id: int) -> None:
+        for runner in self.runners:
+            runner.open_stream(stream_id)
+
+    def reset(self, stream_id: int) -> None:
+        for runner in self.runners:
+            runner.reset_stream(stream_id)
+
+    def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+             logits_idx: np.ndarray | None = None, want_logits: bool = False) -> StepReply:
+        x: np.ndarray = np.asarray(token_ids, dtype=np.int64)[None]
+        stage_ms = []
+        for runner in self.runners:
+            start = time.perf_counter()
+            x = runner.step(stream_id, x, positions, logits_idx if runner.spec.last else None)
+            stage_ms.append((time.perf_counter() - start) * 1e3)
+        reply = reply_from_logits(x, want_logits)
+        reply.stage_ms = stage_ms
+        return reply
+
+
+def prefill_chunks(num_tokens: int, chunk: int) -> list[tuple[int, int]]:
+    """Split a prompt of num_tokens into [start, end) chunks of at most ``chunk`` tokens."""
+    if chunk < 1:
+        raise ValueError("prefill chunk must be at least 1")
+    return [(s, min(s + chunk, num_tokens)) for s in range(0, num_tokens, chunk)]
+
+
+def should_stop(token: int, produced: int, max_new_tokens: int, stop_ids: frozenset[int]) -> bool:
+    return token in stop_ids or produced >= max_new_tokens
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+    step_ms: list[float] = field(default_factory=list)
+    stage_ms: list[list[float]] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        """Decode throughput: tokens after the first over the time they took."""
+        return (self.new_tokens - 1) / (self.decode_ms / 1e3) if self.new_tokens > 1 else 0.0
+
+
+def generate_greedy(
+    pipeline: Pipeline,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+    stream_id: int = 0,
+    prefill_chunk: int = 256,
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
+    """Yield greedy tokens one by one; the stream is reset first."""
+    if not prompt_ids:
+        raise ValueError("the prompt has no tokens")
+    if max_new_tokens < 1:
+        return
+    stats = stats if stats is not None else GenerationStats()
+    stats.prompt_tokens = len(prompt_ids)
+    stops = frozenset(int(t) for t in stop_ids)
+    pipeline.open(stream_id)
+    pipeline.reset(stream_id)
+    prompt = np.asarray(prompt_ids, dtype=np.int64)
+    start = time.perf_counter()
+    reply = None
+    for lo, hi in prefill_chunks(len(prompt), prefill_chunk):
+        reply = pipeline.step(stream_id, prompt[lo:hi], np.arange(lo, hi))
+    assert reply is not None
+    token = int(reply.tokens[-1])
+    now = time.perf_counter()
+    stats.ttft_ms = (now - start) * 1e3
+    stats.new_tokens = 1
+    yield token
+    position = len(prompt)
+    decode_start = now
+    while not should_stop(token, stats.new_tokens, max_new_tokens, stops):
+        step_start = time.perf_counter()
+        reply = pipeline.step(stream_id, np.array([token]), np.array([position]))
+        token = int(reply.tokens[-1])
+        position += 1
+        stats.new_tokens += 1
+        now = time.perf_counter()
+        stats.step_ms.append((now - step_start) * 1e3)
+        stats.stage_ms.append(reply.stage_ms)
+        stats.decode_ms = (now - decode_start) * 1e3
+        yield token

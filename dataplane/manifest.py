@@ -1,0 +1,246 @@
+"""The export manifest: what a directory of stage shards holds, and its integrity check.
+
+Pure data and file hashing; written by the exporter, read by every node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "zctl-stage-export/1"
+
+
+class ManifestError(ValueError):
+    """A manifest is missing, malformed, or does not match the files beside it."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of the model the stages were cut from (what the runtime needs)."""
+
+    name: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rope_inv_freq: tuple[float, ...]
+    rope_attention_scaling: float
+    max_position_embeddings: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage shard: a contiguous layer range [layer_start, layer_end)."""
+
+    index: int
+    layer_start: int
+    layer_end: int
+    xml: str
+    bin: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    state_names: tuple[str, ...]
+    first: bool
+    last: bool
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+
+@dataclass(frozen=True)
+class ExportManifest:
+    """Everything written by one ``zctl export``."""
+
+    model: ModelSpec
+    stages: tuple[StageSpec, ...]
+    weight_format: str
+    group_size: int | None
+    activation_dtype: str
+    beam_idx: bool
+    versions: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)
+    source: str = ""
+    created: str = ""
+    format: str = MANIFEST_FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False)
+
+    def stage_hash(self, index: int) -> str:
+        """A stable identity for one shard: sha256 over its IR files' hashes."""
+        spec = self.stages[index]
+        digest = hashlib.sha256()
+        for name in (spec.xml, spec.bin):
+            digest.update(name.encode() + b"\0" + self.files[name].encode() + b"\0")
+        return digest.hexdigest()
+
+
+def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise ManifestError(f"manifest {where} is missing '{key}'")
+    value = obj[key]
+    if not isinstance(value, kind):
+        raise ManifestError(f"manifest {where}.{key} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def manifest_from_dict(raw: Any) -> ExportManifest:
+    """Validate and convert parsed JSON into an ExportManifest."""
+    if not isinstance(raw, dict):
+        raise ManifestError("manifest is not a JSON object")
+    fmt = _require(raw, "format", str, "")
+    if fmt != MANIFEST_FORMAT:
+        raise ManifestError(f"manifest format '{fmt}' is not '{MANIFEST_FORMAT}'")
+    model_raw = _require(raw, "model", dict, "")
+    try:
+        model = ModelSpec(
+            **{
+                **model_raw,
+                "rope_inv_freq": tuple(float(x) for x in model_raw["rope_inv_freq"]),
+                "eos_token_ids": tuple(int(x) for x in model_raw["eos_token_ids"]),
+            }
+        )
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ManifestError(f"manifest model section is malformed: {exc}") from None
+    stages_raw = _require(raw, "stages", list, "")
+    stages = []
+    for i, stage_raw in enumerate(stages_raw):
+        if not isinstance(stage_raw, dict):
+            raise ManifestError(f"manifest stage {i} is not an object")
+        try:
+            stages.append(
+                StageSpec(
+                    **{
+                        **stage_raw,
+                        "inputs": tuple(stage_raw["inputs"]),
+                        "outputs": tuple(stage_raw["outputs"]),
+                        "state_names": tuple(stage_raw["state_names"]),
+                    }
+                )
+            )
+        except (TypeError, KeyError) as exc:
+            raise ManifestError(f"manifest stage {i} is malformed: {exc}") from None
+    manifest = ExportManifest(
+        model=model,
+        stages=tuple(stages),
+        weight_format=_require(raw, "weight_format", str, ""),
+        group_size=raw.get("group_size"),
+        activation_dtype=_require(raw, "activation_dtype", str, ""),
+        beam_idx=bool(_require(raw, "beam_idx", bool, "")),
+        versions=dict(_require(raw, "versions", dict, "")),
+        files=dict(_require(raw, "files", dict, "")),
+        source=str(raw.get("source", "")),
+        created=str(raw.get("created", "")),
+    )
+    check_layer_cover(
+        [(s.layer_start, s.layer_end) for s in manifest.stages], manifest.model.num_layers
+    )
+    return manifest
+
+
+def check_layer_cover(ranges: list[tuple[int, int]], num_layers: int) -> None:
+    """Raise unless the half-open ranges cover [0, num_layers) exactly, in order."""
+    if not ranges:
+        raise ManifestError("no stages given")
+    expected = 0
+    for start, end in ranges:
+        if start != expected:
+            raise ManifestError(
+                f"layer ranges must be contiguous from 0: expected a stage starting at "
+                f"layer {expected}, got {start}"
+            )
+        if end <= start:
+            raise ManifestError(f"empty or reversed layer range {start}-{end - 1}")
+        expected = end
+    if expected != num_layers:
+        raise ManifestError(
+            f"layer ranges cover layers 0-{expected - 1} but the model has {num_layers} layers"
+        )
+
+
+def load_manifest(export_dir: Path | str, verify_files: bool = True) -> ExportManifest:
+    """Read ``manifest.json`` from an export directory; optionally check every file hash."""
+    export_dir = Path(export_dir)
+    path = export_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(f"{path} not found: is {export_dir} a zctl export directory?")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path} is not valid JSON: {exc}") from None
+    manifest = manifest_from_dict(raw)
+    if verify_files:
+        verify_export_files(export_dir, manifest)
+    return manifest
+
+
+def verify_export_files(
+    export_dir: Path, manifest: ExportManifest, names: list[str] | None = None
+) -> None:
+    """Check that the named files (all by default) exist and match their recorded sha256."""
+    for name in names if names is not None else sorted(manifest.files):
+        expected = manifest.files.get(name)
+        if expected is None:
+            raise ManifestError(f"{name} is not listed in the manifest")
+        file_path = export_dir / name
+        if not file_path.is_file():
+            raise ManifestError(f"{file_path} is missing")
+        actual = sha256_file(file_path)
+        if actual != expected:
+            raise ManifestError(
+                f"{file_path} is corrupted: sha256 {actual[:12]}... does not match the "
+                f"manifest's {expected[:12]}..."
+            )
+
+
+def write_manifest(export_dir: Path, manifest: ExportManifest) -> None:
+    """Write the manifest atomically (temp file + rename)."""
+    tmp = export_dir / (MANIFEST_NAME + ".tmp")
+    tmp.write_text(manifest.to_json())
+    os.replace(tmp, export_dir / MANIFEST_NAME)
+
+
+def parse_layer_spec(spec: str) -> list[tuple[int, int]]:
+    """Parse '0-9,10-19,20-29' (inclusive) into half-open ranges [(0, 10), ...]."""
+    ranges = []
+    for part in spec.split(","):
+        part = part.strip()
+        bounds = part.split("-")
+        if len(bounds) != 2 or not all(b.strip().isdigit() for b in bounds):
+            raise ManifestError(f"bad layer range '{part}': expected FIRST-LAST, e.g. 0-14")
+        first, last = int(bounds[0]), int(bounds[1])
+        ranges.append((first, last + 1))
+    return ranges
+
+
+def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    """Split layers into num_stages contiguous ranges, earlier stages taking the remainder."""
+    if num_stages < 1 or num_stages > num_layers:
+        raise ManifestError(f"cannot split {num_layers} layers into {num_stages} stages")
+    base, extra = divmod(num_layers, num_stages)
+    ranges, start = [], 0
+    for i in range(num_stages):
+        end = start + base + (1 if i < extra else 0)
+        ranges.append((start, end))
+        start = end
+    return ranges

@@ -1,0 +1,32 @@
+"""Attention masks over physical KV slots (pure functions).
+
+A stream's KV state holds ``physical`` slots; ``keep`` says which of them are still
+part of the sequence (mask-based rewind zeroes rejected draft tokens instead of
+trimming the state). A step appends ``tokens`` new slots; token i of the step may see
+every kept old slot and new slots 0..i.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Large negative but finite: a float32-minimum mask can overflow to NaN on CPU kernels.
+MASK_MIN = np.float32(np.finfo(np.float16).min)
+
+
+def step_mask(keep: np.ndarray, tokens: int) -> np.ndarray:
+    """Additive mask [1, 1, tokens, len(keep) + tokens] float32 for one stream's step."""
+    keep = np.asarray(keep, dtype=bool)
+    past = keep.shape[0]
+    mask = np.full((tokens, past + tokens), MASK_MIN, dtype=np.float32)
+    mask[:, :past][:, keep] = 0.0
+    mask[:, past:][np.tril_indices(tokens)] = 0.0
+    return mask[None, None]
+
+
+def batch_step_mask(keeps: list[np.ndarray], tokens: int) -> np.ndarray:
+    """Masks for several streams stepped together; every stream's KV must have the same length."""
+    lengths = {len(k) for k in keeps}
+    if len(lengths) != 1:
+        raise ValueError(f"streams batched together need equal KV lengths, got {sorted(lengths)}")
+    return np.concatenate([step_mask(k, tokens) for k in keeps], axis=0)

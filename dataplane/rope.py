@@ -1,0 +1,27 @@
+"""Rotary position embeddings computed on the host, fed to every stage as inputs.
+
+The exporter records the model's inverse frequencies (whatever its rope type) and
+attention scaling; these pure functions turn logical positions into cos/sin exactly
+as Hugging Face does (float32 product, then cos/sin, then scaling).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rope_tables(
+    positions: np.ndarray, inv_freq: np.ndarray, attention_scaling: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return (cos, sin), each [batch, tokens, head_dim] float32, for int positions [batch, tokens]."""
+    positions = np.asarray(positions)
+    if positions.ndim != 2:
+        raise ValueError(f"positions must be [batch, tokens], got shape {positions.shape}")
+    freqs = positions.astype(np.float32)[..., None] * inv_freq.astype(np.float32)
+    emb = np.concatenate((freqs, freqs), axis=-1)
+    cos = np.cos(emb)
+    sin = np.sin(emb)
+    if attention_scaling != 1.0:
+        cos = cos * np.float32(attention_scaling)
+        sin = sin * np.float32(attention_scaling)
+    return cos.astype(np.float32, copy=False), sin.astype(np.float32, copy=False)

@@ -1,0 +1,210 @@
+"""StageRunner: one compiled stage shard and the KV state of every stream it serves.
+
+Each stream owns an InferRequest (its own stateful KV) and a slot table: which
+physical KV slots are still part of the sequence. A step appends ``tokens`` slots;
+rewinding either masks slots (cheap, the slots stay) or trims the state tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from dataplane.manifest import ExportManifest, StageSpec, load_manifest, verify_export_files
+from dataplane.masks import step_mask
+from dataplane.rope import rope_tables
+
+DEVICES = ("CPU", "GPU", "NPU", "AUTO")
+
+
+class StageError(RuntimeError):
+    """A stage cannot be loaded, or a step's inputs do not fit it."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Explicit compile properties, so benchmarks compare like with like."""
+
+    device: str = "CPU"
+    precision: str | None = "f32"  # INFERENCE_PRECISION_HINT; None keeps the plugin default
+    num_threads: int | None = None
+    performance_hint: str = "LATENCY"
+    kv_cache_precision: str | None = None  # e.g. "f32", "u8"; None keeps the plugin default
+
+    def properties(self) -> dict[str, Any]:
+        props: dict[str, Any] = {"PERFORMANCE_HINT": self.performance_hint}
+        if self.precision:
+            props["INFERENCE_PRECISION_HINT"] = self.precision
+        if self.num_threads:
+            props["INFERENCE_NUM_THREADS"] = int(self.num_threads)
+        if self.kv_cache_precision:
+            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        return props
+
+
+@dataclass
+class StreamSlots:
+    """Per-stream KV bookkeeping: keep[i] is False for masked (rewound) physical slots."""
+
+    request: ov.InferRequest
+    keep: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    @property
+    def physical(self) -> int:
+        return int(self.keep.shape[0])
+
+    @property
+    def logical(self) -> int:
+        return int(self.keep.sum())
+
+
+class StageRunner:
+    """Loads stage ``index`` of an export and steps streams through it."""
+
+    def __init__(
+        self,
+        export_dir: Path | str,
+        index: int,
+        config: RuntimeConfig | None = None,
+        manifest: ExportManifest | None = None,
+        core: ov.Core | None = None,
+        verify: bool = True,
+    ) -> None:
+        self.export_dir = Path(export_dir)
+        self.manifest = manifest or load_manifest(self.export_dir, verify_files=False)
+        if not 0 <= index < len(self.manifest.stages):
+            raise StageError(
+                f"stage {index} does not exist: the export has {len(self.manifest.stages)} stages"
+            )
+        self.spec: StageSpec = self.manifest.stages[index]
+        self.config = config or RuntimeConfig()
+        if self.config.device.split(":")[0].split(".")[0] not in DEVICES:
+            raise StageError(f"unknown device {self.config.device!r}; expected one of {DEVICES}")
+        if verify:
+            verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
+        model = self.manifest.model
+        self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
+        self.rope_scaling = model.rope_attention_scaling
+        self.hidden_size = model.hidden_size
+        core = core or ov.Core()
+        try:
+            self.compiled = core.compile_model(
+                str(self.export_dir / self.spec.xml), self.config.device, self.config.properties()
+            )
+        except RuntimeError as exc:
+            raise StageError(f"cannot compile stage {index} on {self.config.device}: {exc}") from None
+        self.input_name = self.spec.inputs[0]
+        self._has_beam_idx = any(p.get_any_name() == "beam_idx" for p in self.compiled.inputs)
+        self._beam = np.zeros(1, dtype=np.int32)
+        self.streams: dict[int, StreamSlots] = {}
+
+    # -- streams ---------------------------------------------------------------------
+    def open_stream(self, stream_id: int) -> StreamSlots:
+        if stream_id not in self.streams:
+            self.streams[stream_id] = StreamSlots(self.compiled.create_infer_request())
+        return self.streams[stream_id]
+
+    def reset_stream(self, stream_id: int) -> None:
+        slots = self.open_stream(stream_id)
+        slots.request.reset_state()
+        slots.keep = np.zeros(0, dtype=bool)
+
+    def close_stream(self, stream_id: int) -> None:
+        self.streams.pop(stream_id, None)
+
+    def _stream(self, stream_id: int) -> StreamSlots:
+        slots = self.streams.get(stream_id)
+        if slots is None:
+            raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
+        return slots
+
+    # -- stepping --------------------------------------------------------------------
+    def check_input(self, x: np.ndarray, positions: np.ndarray) -> None:
+        """Raise StageError unless x and positions have the shapes this stage takes."""
+        if self.spec.first:
+            if x.ndim != 2 or not np.issubdtype(x.dtype, np.integer):
+                raise StageError(f"stage 0 takes int token ids [batch, tokens], got {x.dtype} {x.shape}")
+        elif x.ndim != 3 or x.shape[2] != self.hidden_size or x.dtype != np.float32:
+            raise StageError(
+                f"stage {self.spec.index} takes float32 hidden states [batch, tokens, "
+                f"{self.hidden_size}], got {x.dtype} {x.shape}"
+            )
+        if x.shape[0] != 1 or x.shape[1] < 1:
+            raise StageError(f"a stream step takes batch 1 and at least one token, got {x.shape}")
+        if positions.shape != (x.shape[1],):
+            raise StageError(f"positions shape {positions.shape} does not match {x.shape[1]} tokens")
+
+    def step(
+        self,
+        stream_id: int,
+        x: np.ndarray,
+        positions: np.ndarray,
+        logits_idx: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Run one step for a stream; returns hidden states [1, T, H] or logits [1, K, V].
+
+        ``positions`` are logical (RoPE) positions of the T new tokens; ``logits_idx``
+        picks which of them get logits on the last stage (default: the last one).
+        The returned array is a view into the request's output: copy it to keep it.
+        """
+        slots = self._stream(stream_id)
+        positions = np.asarray(positions, dtype=np.int64)
+        self.check_input(x, positions)
+        tokens = x.shape[1]
+        cos, sin = rope_tables(positions[None], self.inv_freq, self.rope_scaling)
+        feed: dict[str, np.ndarray] = {
+            self.input_name: x if not self.spec.first else x.astype(np.int64, copy=False),
+            "attention_mask": step_mask(slots.keep, tokens),
+            "rope_cos": cos,
+            "rope_sin": sin,
+        }
+        if self._has_beam_idx:
+            feed["beam_idx"] = self._beam
+        if self.spec.last:
+            idx = np.array([tokens - 1]) if logits_idx is None else np.asarray(logits_idx)
+            if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= tokens:
+                raise StageError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
+            feed["logits_idx"] = idx.astype(np.int64, copy=False)
+        slots.request.infer(feed, share_inputs=True, share_outputs=True)
+        slots.keep = np.concatenate((slots.keep, np.ones(tokens, dtype=bool)))
+        return slots.request.get_output_tensor(0).data
+
+    # -- rewind ----------------------------------------------------------------------
+    def mask_tail(self, stream_id: int, count: int) -> None:
+        """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
+        slots = self._stream(stream_id)
+        kept = np.flatnonzero(slots.keep)
+        if count < 0 or count > kept.size:
+            raise StageError(f"cannot rewind {count} tokens of a {kept.size}-token stream")
+        if count:
+            slots.keep = slots.keep.copy()
+            slots.keep[kept[kept.size - count:]] = False
+
+    def trim_tail(self, stream_id: int, count: int) -> None:
+        """Trim-based rewind: cut the last ``count`` physical slots out of every state tensor."""
+        slots = self._stream(stream_id)
+        if count < 0 or count > slots.physical:
+            raise StageError(f"cannot trim {count} slots of a {slots.physical}-slot stream")
+        if not count:
+            return
+        keep_len = slots.physical - count
+        for state in slots.request.query_state():
+            data = state.state.data
+            state.state = ov.Tensor(np.ascontiguousarray(data[:, :, :keep_len, :]))
+        slots.keep = slots.keep[:keep_len].copy()
+
+    def compact(self, stream_id: int) -> int:
+        """Physically drop masked slots from the state; returns how many were removed."""
+        slots = self._stream(stream_id)
+        masked = int((~slots.keep).sum())
+        if not masked:
+            return 0
+        for state in slots.request.query_state():
+            data = state.state.data
+            state.state = ov.Tensor(np.ascontiguousarray(data[:, :, slots.keep, :]))
+        slots.keep = np.ones(slots.logical, dtype=bool)
+        return masked

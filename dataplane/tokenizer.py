@@ -1,0 +1,91 @@
+"""The tokenizer and chat template that travel with an export, without transformers.
+
+``tokenizer.json`` is run by the ``tokenizers`` library; the chat template (from
+``chat_template.jinja`` or ``tokenizer_config.json``) is rendered with jinja2 the way
+transformers renders it. Streaming decode emits text only once it is complete UTF-8.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class TokenizerError(ValueError):
+    """The export's tokenizer files are missing or unusable."""
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class ChatTokenizer:
+    """Encode prompts (raw or through the chat template) and decode streamed tokens."""
+
+    def __init__(self, export_dir: Path | str) -> None:
+        from tokenizers import Tokenizer
+
+        export_dir = Path(export_dir)
+        path = export_dir / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"{path} not found: the export carries no tokenizer")
+        self._tok = Tokenizer.from_file(str(path))
+        config_path = export_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        template_path = export_dir / "chat_template.jinja"
+        template = template_path.read_text() if template_path.is_file() else config.get("chat_template")
+        self.chat_template: str | None = template if isinstance(template, str) else None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return None if self.eos_token is None else self._tok.token_to_id(self.eos_token)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        if not self.chat_template:
+            raise TokenizerError("this model has no chat template: use raw mode")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TokenizerError(f"chat template error: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids for a user prompt: through the chat template, or raw with special tokens."""
+        if chat and self.chat_template:
+            text = self.render_chat([{"role": "user", "content": prompt}])
+            return self._tok.encode(text, add_special_tokens=False).ids
+        return self._tok.encode(prompt, add_special_tokens=True).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+class StreamDecoder:
+    """Incremental detokenizer: feed ids one at a time, get newly completed text."""
+
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more
+            return ""
+        new = text[self.emitted:]
+        self.emitted = len(text)
+        return new

@@ -1,0 +1,44 @@
+"""NNCF weight compression for one stage, identical whichever way the model was split.
+
+Decoder-layer MatMuls get the chosen format (INT4 groups or INT8 channels) with
+``all_layers=True`` so a middle stage's last MatMul is not mistaken for an LM head;
+the embedding and LM head always get INT8 (as the monolithic default does).
+"""
+
+from __future__ import annotations
+
+import openvino as ov
+
+WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
+GROUP_CANDIDATES = (128, 64, 32, 16)
+
+
+def pick_group_size(in_dims: list[int]) -> int:
+    """The largest standard INT4 group size dividing every MatMul input dimension."""
+    for group in GROUP_CANDIDATES:
+        if all(dim % group == 0 for dim in in_dims):
+            return group
+    raise ValueError(f"no INT4 group size in {GROUP_CANDIDATES} divides {sorted(set(in_dims))}")
+
+
+def compress_stage(model: ov.Model, weight_format: str, group_size: int | None) -> ov.Model:
+    """Return the model with weights compressed (int4/int8); fp16/fp32 are left to save time."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weight_format!r}; expected one of {WEIGHT_FORMATS}")
+    if weight_format in ("fp16", "fp32"):
+        return model
+    import nncf
+    from nncf import CompressWeightsMode, IgnoredScope
+
+    head_and_embedding = IgnoredScope(patterns=[".*embed.*", ".*lm_head.*"], validate=False)
+    if weight_format == "int4":
+        model = nncf.compress_weights(
+            model,
+            mode=CompressWeightsMode.INT4_ASYM,
+            group_size=group_size,
+            ratio=1.0,
+            all_layers=True,
+            ignored_scope=head_and_embedding,
+        )
+    # int8 for everything still in float: all MatMuls (int8) or just head/embedding (int4)
+    return nncf.compress_weights(model, mode=CompressWeightsMode.INT8_ASYM)

@@ -1,0 +1,251 @@
+"""``zctl export``: build every stage (load, trace, convert, compress, save) into one directory.
+
+Stages are built one at a time from lazily read weights and freed before the next,
+so peak memory follows the largest stage. Output is written to a hidden temporary
+directory and renamed into place only once every file and the manifest are complete.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import openvino as ov
+import torch
+
+from dataplane.manifest import (
+    MANIFEST_NAME,
+    ExportManifest,
+    ManifestError,
+    ModelSpec,
+    StageSpec,
+    check_layer_cover,
+    sha256_file,
+    write_manifest,
+)
+from exporter import graph
+from exporter.compress import WEIGHT_FORMATS, compress_stage, pick_group_size
+from exporter.sources import ModelSource
+from exporter.stage_module import StageModule
+
+PHASES = ("load", "trace", "convert", "compress", "save")
+
+
+class ExportError(RuntimeError):
+    """The export cannot proceed; nothing was left behind as if complete."""
+
+
+@dataclass
+class StageReport:
+    index: int
+    timings: dict[str, float] = field(default_factory=dict)
+    peak_rss_mb: float = 0.0
+
+
+class ExportProgress:
+    """Receives phase events; the console turns them into Rich progress bars."""
+
+    def stage_started(self, index: int, layers: tuple[int, int]) -> None: ...
+    def phase(self, index: int, name: str) -> None: ...
+    def stage_done(self, report: StageReport) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+def _rss_mb() -> float:
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except ImportError:  # pragma: no cover - psutil ships with the export extra
+        return 0.0
+
+
+def library_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    versions = {"openvino": ov.get_version(), "torch": torch.__version__}
+    for package in ("nncf", "transformers", "zctl"):
+        try:
+            versions[package] = md.version(package)
+        except md.PackageNotFoundError:
+            versions[package] = "unknown"
+    return versions
+
+
+def model_spec(source: ModelSource) -> ModelSpec:
+    shape = source.decoder_shape()
+    rope = source.rope()
+    bos = getattr(source.config, "bos_token_id", None)
+    return ModelSpec(
+        name=source.name,
+        architecture=source.architecture,
+        num_layers=source.num_layers,
+        hidden_size=shape.hidden_size,
+        num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        vocab_size=shape.vocab_size,
+        rope_inv_freq=tuple(rope.inv_freq),
+        rope_attention_scaling=rope.attention_scaling,
+        max_position_embeddings=int(getattr(source.config, "max_position_embeddings", 0) or 0),
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=tuple(source.eos_token_ids()),
+    )
+
+
+@contextmanager
+def _staging_dir(out_dir: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary sibling directory; move it to out_dir only on success."""
+    if out_dir.exists() and not force:
+        raise ExportError(f"{out_dir} already exists (use --force to replace it)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+
+
+def build_stage(
+    source: ModelSource,
+    index: int,
+    layers: tuple[int, int],
+    num_stages: int,
+    weight_format: str,
+    group_size: int | None,
+    beam_idx: bool,
+    out_dir: Path,
+    progress: ExportProgress,
+    rt_info: dict[str, str],
+) -> tuple[StageSpec, StageReport]:
+    """Build one stage into out_dir; returns its spec and timings."""
+    report = StageReport(index)
+    first, last = index == 0, index == num_stages - 1
+    start, end = layers
+    shape = source.decoder_shape()
+    clock = time.perf_counter()
+
+    def mark(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        report.timings[name] = now - clock
+        report.peak_rss_mb = max(report.peak_rss_mb, _rss_mb())
+        clock = now
+
+    def fetch(name: str) -> torch.Tensor | None:
+        return source.get(name) if name.endswith(".bias") else source.require(name)
+
+    progress.phase(index, "load")
+    module = StageModule(shape, start, end, first, last, fetch).eval()
+    mark("load")
+    progress.phase(index, "trace")
+    model = graph.convert_stage(module, shape, start, end, first, last)
+    del module
+    gc.collect()
+    mark("trace")
+    progress.phase(index, "convert")
+    pairs = graph.kv_names(start, end)
+    if beam_idx:
+        graph.add_beam_idx(model, [past for past, _ in pairs])
+    graph.make_stateful(model, pairs, "input_ids" if first else "hidden_states")
+    graph.stamp_rt_info(model, {**rt_info, "stage": str(index), "layers": f"{start}-{end - 1}"})
+    mark("convert")
+    progress.phase(index, "compress")
+    model = compress_stage(model, weight_format, group_size)
+    mark("compress")
+    progress.phase(index, "save")
+    xml = f"stage{index}.xml"
+    ov.save_model(model, out_dir / xml, compress_to_fp16=weight_format == "fp16")
+    inputs, outputs = graph.io_names(first, last)
+    del model
+    gc.collect()
+    mark("save")
+    spec = StageSpec(
+        index=index,
+        layer_start=start,
+        layer_end=end,
+        xml=xml,
+        bin=f"stage{index}.bin",
+        inputs=tuple(inputs + (["beam_idx"] if beam_idx else [])),
+        outputs=tuple(outputs),
+        state_names=tuple(past for past, _ in pairs),
+        first=first,
+        last=last,
+    )
+    return spec, report
+
+
+def export_model(
+    source: ModelSource,
+    ranges: list[tuple[int, int]],
+    weight_format: str,
+    out_dir: Path | str,
+    *,
+    group_size: int | None = None,
+    beam_idx: bool = True,
+    force: bool = False,
+    progress: ExportProgress | None = None,
+) -> tuple[ExportManifest, list[StageReport]]:
+    """Export ``source`` cut at ``ranges`` (half-open layer ranges) into ``out_dir``."""
+    out_dir = Path(out_dir)
+    progress = progress or ExportProgress()
+    if weight_format not in WEIGHT_FORMATS:
+        raise ExportError(f"unknown weight format {weight_format!r}; expected one of {WEIGHT_FORMATS}")
+    try:
+        check_layer_cover(ranges, source.num_layers)
+    except ManifestError as exc:
+        raise ExportError(str(exc)) from None
+    shape = source.decoder_shape()
+    if weight_format == "int4" and group_size is None:
+        group_size = pick_group_size(
+            [shape.hidden_size, shape.intermediate_size, shape.num_heads * shape.head_dim]
+        )
+    spec = model_spec(source)
+    versions = library_versions()
+    rt_info = {f"{k}_version": v for k, v in versions.items()}
+    rt_info.update(model=source.name, weight_format=weight_format)
+    stages: list[StageSpec] = []
+    reports: list[StageReport] = []
+    with _staging_dir(out_dir, force) as tmp:
+        for index, layers in enumerate(ranges):
+            progress.stage_started(index, layers)
+            stage, report = build_stage(
+                source, index, layers, len(ranges), weight_format, group_size, beam_idx, tmp,
+                progress, rt_info,
+            )
+            stages.append(stage)
+            reports.append(report)
+            progress.stage_done(report)
+        progress.note("saving tokenizer")
+        source.save_tokenizer(tmp)
+        files = {
+            path.name: sha256_file(path)
+            for path in sorted(tmp.iterdir())
+            if path.is_file() and path.name != MANIFEST_NAME
+        }
+        manifest = ExportManifest(
+            model=spec,
+            stages=tuple(stages),
+            weight_format=weight_format,
+            group_size=group_size if weight_format == "int4" else None,
+            activation_dtype="f32",
+            beam_idx=beam_idx,
+            versions=versions,
+            files=files,
+            source=source.location,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        write_manifest(tmp, manifest)
+    return manifest, reports

