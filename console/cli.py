@@ -22,8 +22,27 @@ out = Console()
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)
+
+
+def quiet_ml_libraries() -> None:
+    """Silence the export stack's own progress bars and warnings; zctl shows its own."""
+    import logging
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("nncf").setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
 
 
 def default_export_dir(model: str, stages: int, weights: str) -> Path:
@@ -35,13 +54,17 @@ def default_export_dir(model: str, stages: int, weights: str) -> Path:
 
 @app.command()
 def export(
-    model: Annotated[str, typer.Argument(help="smollm2-135m, a .gguf file, an HF dir or hub id")] = "smollm2-135m",
+    model: Annotated[str, typer.Argument(help="smollm2-135m, a .gguf file, an HF dir or hub id")] = (
+        "smollm2-135m"
+    ),
     stages: Annotated[int | None, typer.Option(help="split layers evenly into N stages")] = None,
     layers: Annotated[str | None, typer.Option(help="explicit inclusive ranges, e.g. 0-14,15-29")] = None,
     weights: Annotated[str, typer.Option(help="int4 | int8 | fp16 | fp32")] = "int4",
     group_size: Annotated[int | None, typer.Option(help="INT4 group size (default: fits the model)")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="output directory")] = None,
-    beam_idx: Annotated[bool, typer.Option("--beam-idx/--no-beam-idx", help="inject the beam_idx Gather")] = True,
+    beam_idx: Annotated[
+        bool, typer.Option("--beam-idx/--no-beam-idx", help="inject the beam_idx Gather")
+    ] = True,
     force: Annotated[bool, typer.Option(help="replace an existing output directory")] = False,
 ) -> None:
     """Cut a model into stage shards (OpenVINO IR with stateful KV) and write a manifest."""
@@ -52,6 +75,7 @@ def export(
 
     if stages is not None and layers is not None:
         fail("give --stages or --layers, not both")
+    quiet_ml_libraries()
     try:
         source = open_source(model)
         ranges = (parse_layer_spec(layers) if layers
@@ -81,6 +105,7 @@ def verify(
     from exporter.sources import SourceError
     from exporter.verify import DEFAULT_PROMPTS, verify_export
 
+    quiet_ml_libraries()
     try:
         results = verify_export(export_dir, prompt or DEFAULT_PROMPTS, max_new_tokens, model,
                                 chat=not raw)

@@ -27,8 +27,13 @@ def compress_stage(model: ov.Model, weight_format: str, group_size: int | None) 
         raise ValueError(f"unknown weight format {weight_format!r}; expected one of {WEIGHT_FORMATS}")
     if weight_format in ("fp16", "fp32"):
         return model
+    import logging
+
     import nncf
     from nncf import CompressWeightsMode, IgnoredScope
+    from nncf.common.logging.logger import set_log_level
+
+    set_log_level(logging.ERROR)  # zctl reports progress itself; keep NNCF's tables out
 
     head_and_embedding = IgnoredScope(patterns=[".*embed.*", ".*lm_head.*"], validate=False)
     if weight_format == "int4":

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import openvino as ov
@@ -245,7 +245,7 @@ def export_model(
             versions=versions,
             files=files,
             source=source.location,
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
         )
         write_manifest(tmp, manifest)
     return manifest, reports

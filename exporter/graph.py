@@ -67,9 +67,9 @@ def convert_stage(module: StageModule, shape: DecoderShape, layer_start: int, la
             f"traced stage has {len(model.inputs)} inputs / {len(model.outputs)} outputs, "
             f"expected {len(in_names)} / {len(out_names)}"
         )
-    for port, name in zip(model.inputs, in_names):
+    for port, name in zip(model.inputs, in_names, strict=True):
         port.get_tensor().set_names({name})
-    for port, name in zip(model.outputs, out_names):
+    for port, name in zip(model.outputs, out_names, strict=True):
         port.get_tensor().set_names({name})
     return model
 

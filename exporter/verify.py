@@ -39,7 +39,7 @@ class PromptResult:
     @property
     def matched(self) -> int:
         """Number of leading tokens that agree."""
-        for i, (a, b) in enumerate(zip(self.reference, self.chain)):
+        for i, (a, b) in enumerate(zip(self.reference, self.chain, strict=False)):
             if a != b:
                 return i
         return min(len(self.reference), len(self.chain))

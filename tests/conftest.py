@@ -1,0 +1,116 @@
+"""Shared fixtures: tiny random models and their exports, built once per test session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import build_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer random Llama with llama3 rope scaling, tied embeddings and a tokenizer."""
+    return build_llama(
+        tmp_path_factory.mktemp("tiny-llama"),
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64},
+    )
+
+
+class ExportCache:
+    """Exports of the tiny model keyed by (layers, weights, beam_idx), made on first use."""
+
+    def __init__(self, model_dir: Path, root: Path) -> None:
+        self.model_dir, self.root = model_dir, root
+        self.done: dict[tuple, Path] = {}
+
+    def get(self, ranges: list[tuple[int, int]], weights: str = "fp32",
+            beam_idx: bool = True) -> Path:
+        from exporter.export import export_model
+        from exporter.sources import open_source
+
+        key = (tuple(ranges), weights, beam_idx)
+        if key not in self.done:
+            name = "-".join(f"{a}_{b}" for a, b in ranges) + f"-{weights}-{int(beam_idx)}"
+            out = self.root / name
+            export_model(open_source(str(self.model_dir)), ranges, weights, out, beam_idx=beam_idx)
+            self.done[key] = out
+        return self.done[key]
+
+
+@pytest.fixture(scope="session")
+def tiny_exports(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
+    return ExportCache(tiny_llama_dir, tmp_path_factory.mktemp("tiny-exports"))
+
+
+# -- data plane (dp_ fixtures) ------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def dp_export2(tiny_exports: ExportCache) -> Path:
+    """The tiny model cut into 2 fp32 stages (layers 0-1 | 2-3)."""
+    return tiny_exports.get([(0, 2), (2, 4)])
+
+
+@pytest.fixture(scope="session")
+def dp_export3(tiny_exports: ExportCache) -> Path:
+    """The tiny model cut into 3 fp32 stages (layers 0-1 | 2 | 3)."""
+    return tiny_exports.get([(0, 2), (2, 3), (3, 4)])
+
+
+@pytest.fixture(scope="session")
+def dp_hosts() -> tuple[str, str]:
+    """Two extra loopback addresses for stages on 'other nodes' (skip where unusable)."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    hosts = ("127.0.0.2", "127.0.0.3")
+    for host in hosts:
+        sock = ctx.socket(zmq.PULL)
+        try:
+            sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as exc:
+            pytest.skip(f"cannot bind {host}: {exc}")
+        finally:
+            sock.close(0)
+    return hosts
+
+
+@pytest.fixture
+def dp_spawn():
+    """Start ``python -m dataplane.worker`` processes; returns start(export, stage, bind,
+    send_to) -> bound endpoint. Every process is terminated after the test."""
+    import os
+    import subprocess
+    import tempfile
+
+    procs: list[subprocess.Popen] = []
+
+    def start(export: Path, stage: int, bind: str, send_to: str) -> str:
+        log = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataplane.worker", str(export), "--stage", str(stage),
+             "--bind", bind, "--send-to", send_to],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+            cwd=Path(__file__).parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        procs.append(proc)
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("ready "):
+            log.seek(0)
+            raise RuntimeError(f"worker for stage {stage} did not start: {log.read()[-2000:]}")
+        return line.split()[1]
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

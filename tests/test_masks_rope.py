@@ -1,0 +1,57 @@
+"""Host-side RoPE tables and slot masks are pure functions; check them against HF."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataplane.masks import MASK_MIN, batch_step_mask, step_mask
+from dataplane.rope import rope_tables
+
+
+def test_step_mask_decode_and_prefill() -> None:
+    mask = step_mask(np.array([True, False, True]), 2)
+    assert mask.shape == (1, 1, 2, 5)
+    visible = mask[0, 0] == 0
+    assert visible.tolist() == [
+        [True, False, True, True, False],
+        [True, False, True, True, True],
+    ]
+    assert mask[0, 0, 0, 1] == MASK_MIN
+
+
+def test_step_mask_empty_past_is_causal() -> None:
+    visible = step_mask(np.zeros(0, dtype=bool), 3)[0, 0] == 0
+    assert visible.tolist() == np.tril(np.ones((3, 3), dtype=bool)).tolist()
+
+
+def test_batch_step_mask_needs_equal_lengths() -> None:
+    assert batch_step_mask([np.ones(2, bool), np.ones(2, bool)], 1).shape == (2, 1, 1, 3)
+    with pytest.raises(ValueError, match="equal KV lengths"):
+        batch_step_mask([np.ones(2, bool), np.ones(3, bool)], 1)
+
+
+@pytest.mark.parametrize("rope", [
+    None,
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+])
+def test_rope_tables_match_transformers(rope: dict | None) -> None:
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=512,
+                         **({"rope_parameters": rope} if rope else {}))
+    rotary = LlamaRotaryEmbedding(config)
+    positions = np.array([[0, 1, 7, 100, 300]])
+    ref_cos, ref_sin = rotary(torch.zeros(1), torch.tensor(positions))
+    cos, sin = rope_tables(positions, rotary.inv_freq.numpy(), rotary.attention_scaling)
+    np.testing.assert_allclose(cos, ref_cos.numpy(), rtol=0, atol=2e-6)
+    np.testing.assert_allclose(sin, ref_sin.numpy(), rtol=0, atol=2e-6)
+
+
+def test_rope_tables_reject_wrong_rank() -> None:
+    with pytest.raises(ValueError, match=r"\[batch, tokens\]"):
+        rope_tables(np.arange(3), np.ones(2, np.float32))

@@ -1,0 +1,165 @@
+"""StageRunner: input checks, per-stream KV, and rewind by mask, trim and compaction."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dataplane.generate import LocalChain, prefill_chunks, reply_from_logits
+from dataplane.manifest import ManifestError, load_manifest
+from dataplane.runtime import RuntimeConfig, StageError, StageRunner
+
+EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+PROMPT = np.array([0, 17, 33, 90, 12, 250, 7], dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def two_stage(tiny_exports) -> Path:
+    return tiny_exports.get([(0, 2), (2, 4)])
+
+
+def _chain(export_dir: Path) -> LocalChain:
+    return LocalChain.load(str(export_dir), EXACT)
+
+
+def _logits(chain: LocalChain, stream: int, tokens: np.ndarray, start: int) -> np.ndarray:
+    reply = chain.step(stream, tokens, np.arange(start, start + len(tokens)),
+                       np.arange(len(tokens)), want_logits=True)
+    return reply.logits
+
+
+def test_wrong_inputs_are_refused_and_stream_survives(two_stage: Path) -> None:
+    runner = StageRunner(two_stage, 1, EXACT)
+    runner.open_stream(0)
+    hidden = runner.manifest.model.hidden_size
+    bad = [
+        (np.zeros((1, 2, hidden + 1), np.float32), np.arange(2), "hidden states"),
+        (np.zeros((1, 2, hidden), np.float64), np.arange(2), "float32"),
+        (np.zeros((1, 2, hidden), np.float32), np.arange(3), "positions shape"),
+        (np.zeros((2, 2, hidden), np.float32), np.arange(2), "batch 1"),
+    ]
+    for x, positions, message in bad:
+        with pytest.raises(StageError, match=message):
+            runner.step(0, x, positions)
+    with pytest.raises(StageError, match="logits_idx"):
+        runner.step(0, np.zeros((1, 2, hidden), np.float32), np.arange(2), np.array([5]))
+    assert runner.streams[0].physical == 0  # nothing was appended by refused steps
+    out = runner.step(0, np.zeros((1, 2, hidden), np.float32), np.arange(2))
+    assert out.shape == (1, 1, runner.manifest.model.vocab_size)
+    with pytest.raises(StageError, match="not open"):
+        runner.step(5, np.zeros((1, 1, hidden), np.float32), np.arange(1))
+
+
+def test_stage_index_device_and_corruption_checks(two_stage: Path, tmp_path: Path) -> None:
+    with pytest.raises(StageError, match="does not exist"):
+        StageRunner(two_stage, 2)
+    with pytest.raises(StageError, match="unknown device"):
+        StageRunner(two_stage, 0, RuntimeConfig(device="TPU"))
+    broken = tmp_path / "broken"
+    shutil.copytree(two_stage, broken)
+    with open(broken / "stage1.bin", "r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\xff\xff\xff\xff")
+    StageRunner(broken, 0)  # stage 0's files are intact
+    with pytest.raises(ManifestError, match="corrupted"):
+        StageRunner(broken, 1)
+    (broken / "stage0.xml").unlink()
+    with pytest.raises(ManifestError, match="missing"):
+        load_manifest(broken)
+
+
+def test_streams_have_independent_kv(two_stage: Path) -> None:
+    chain = _chain(two_stage)
+    for stream in (1, 2):
+        chain.open(stream)
+        chain.reset(stream)
+    a = _logits(chain, 1, PROMPT, 0)
+    _logits(chain, 2, PROMPT[::-1].copy(), 0)
+    fresh = _chain(two_stage)
+    fresh.open(0)
+    np.testing.assert_array_equal(a, _logits(fresh, 0, PROMPT, 0))
+    next_1 = _logits(chain, 1, np.array([5]), len(PROMPT))
+    next_0 = _logits(fresh, 0, np.array([5]), len(PROMPT))
+    np.testing.assert_allclose(next_1, next_0, atol=1e-5)
+
+
+def _rewind_then_continue(export_dir: Path, rewind: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Prefill, speculate 3 wrong tokens, rewind them, then feed the right token."""
+    chain = _chain(export_dir)
+    chain.open(0)
+    chain.reset(0)
+    _logits(chain, 0, PROMPT, 0)
+    _logits(chain, 0, np.array([300, 301, 302]), len(PROMPT))  # draft, all rejected
+    for runner in chain.runners:
+        getattr(runner, rewind)(0, 3)
+    after = _logits(chain, 0, np.array([42, 43]), len(PROMPT))
+    reference = _chain(export_dir)
+    reference.open(0)
+    _logits(reference, 0, PROMPT, 0)
+    expected = _logits(reference, 0, np.array([42, 43]), len(PROMPT))
+    return after, expected, chain.runners[0].streams[0].physical
+
+
+@pytest.mark.parametrize("rewind", ["mask_tail", "trim_tail"])
+def test_rewind_equals_never_having_seen_the_draft(two_stage: Path, rewind: str) -> None:
+    after, expected, physical = _rewind_then_continue(two_stage, rewind)
+    np.testing.assert_allclose(after, expected, atol=1e-4)
+    assert reply_from_logits(after).tokens.tolist() == reply_from_logits(expected).tokens.tolist()
+    assert physical == len(PROMPT) + 2 + (3 if rewind == "mask_tail" else 0)
+
+
+def test_rewind_off_by_one_is_caught(two_stage: Path) -> None:
+    """Masking one slot too few (or too many) changes the logits: the test above can fail."""
+    chain = _chain(two_stage)
+    chain.open(0)
+    _logits(chain, 0, PROMPT, 0)
+    _logits(chain, 0, np.array([300, 301, 302]), len(PROMPT))
+    for runner in chain.runners:
+        runner.mask_tail(0, 2)
+    wrong = _logits(chain, 0, np.array([42, 43]), len(PROMPT))
+    reference = _chain(two_stage)
+    reference.open(0)
+    _logits(reference, 0, PROMPT, 0)
+    expected = _logits(reference, 0, np.array([42, 43]), len(PROMPT))
+    assert np.abs(wrong - expected).max() > 1e-3
+
+
+def test_compact_drops_masked_slots_and_keeps_logits(two_stage: Path) -> None:
+    chain = _chain(two_stage)
+    chain.open(0)
+    _logits(chain, 0, PROMPT, 0)
+    _logits(chain, 0, np.array([300, 301, 302]), len(PROMPT))
+    for runner in chain.runners:
+        runner.mask_tail(0, 3)
+        assert runner.compact(0) == 3
+        assert runner.streams[0].physical == len(PROMPT)
+        assert runner.compact(0) == 0
+    after = _logits(chain, 0, np.array([42]), len(PROMPT))
+    reference = _chain(two_stage)
+    reference.open(0)
+    _logits(reference, 0, PROMPT, 0)
+    np.testing.assert_allclose(after, _logits(reference, 0, np.array([42]), len(PROMPT)), atol=1e-4)
+
+
+def test_rewind_bounds(two_stage: Path) -> None:
+    runner = StageRunner(two_stage, 0, EXACT)
+    runner.open_stream(0)
+    runner.step(0, PROMPT[None, :3], np.arange(3))
+    with pytest.raises(StageError, match="cannot rewind 4"):
+        runner.mask_tail(0, 4)
+    with pytest.raises(StageError, match="cannot trim 4"):
+        runner.trim_tail(0, 4)
+
+
+def test_prefill_chunking_is_exact(two_stage: Path) -> None:
+    assert prefill_chunks(7, 3) == [(0, 3), (3, 6), (6, 7)]
+    whole, chunked = _chain(two_stage), _chain(two_stage)
+    whole.open(0)
+    chunked.open(0)
+    expected = _logits(whole, 0, PROMPT, 0)[-1]
+    for lo, hi in prefill_chunks(len(PROMPT), 3):
+        last = _logits(chunked, 0, PROMPT[lo:hi], lo)[-1]
+    np.testing.assert_allclose(last, expected, atol=1e-4)
