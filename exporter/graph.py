@@ -57,7 +57,9 @@ def convert_stage(module: StageModule, shape: DecoderShape, layer_start: int, la
     """Trace the module and give every input and output its stable name."""
     example = example_inputs(shape, layer_end - layer_start, first, last)
     with torch.no_grad():
-        model = ov.convert_model(module, example_input=example)
+        # Trace ourselves: torch's default trace check re-runs the module twice more.
+        traced = torch.jit.trace(module, example, check_trace=False, strict=False)
+        model = ov.convert_model(traced, example_input=example)
     inputs, outputs = io_names(first, last)
     pairs = kv_names(layer_start, layer_end)
     in_names = inputs + [past for past, _ in pairs]

@@ -1,0 +1,5 @@
+"""``python -m console`` runs the zctl command line."""
+
+from console.cli import app
+
+app()
