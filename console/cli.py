@@ -77,7 +77,9 @@ def export(
         fail("give --stages or --layers, not both")
     quiet_ml_libraries()
     try:
-        source = open_source(model)
+        from console.paths import source_cache_dir
+
+        source = open_source(model, source_cache_dir())
         ranges = (parse_layer_spec(layers) if layers
                   else even_split(source.num_layers, stages or 1))
         target = out_dir or default_export_dir(model, len(ranges), weights)
@@ -107,8 +109,10 @@ def verify(
 
     quiet_ml_libraries()
     try:
+        from console.paths import source_cache_dir
+
         results = verify_export(export_dir, prompt or DEFAULT_PROMPTS, max_new_tokens, model,
-                                chat=not raw)
+                                chat=not raw, cache_dir=source_cache_dir())
     except (ManifestError, SourceError, ValueError) as exc:
         fail(str(exc))
     exact = sum(r.exact for r in results)
@@ -130,6 +134,15 @@ def verify(
         out.print(f"{exact}/{len(results)} prompts token-exact")
     if exact != len(results):
         raise typer.Exit(1)
+
+
+def _register_benchmarks() -> None:
+    from tools import bench_parity
+
+    bench_app.command("parity", help=bench_parity.__doc__.splitlines()[0])(bench_parity.main)
+
+
+_register_benchmarks()
 
 
 def main() -> None:  # pragma: no cover

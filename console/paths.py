@@ -12,3 +12,8 @@ def zctl_home() -> Path:
 
 def export_cache_dir() -> Path:
     return zctl_home() / "exports"
+
+
+def source_cache_dir() -> Path:
+    """Model sources converted once (the default model's GGUF as an HF directory)."""
+    return zctl_home() / "sources"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,24 @@ class GGUFSource(ModelSource):
     def tensor(self, name: str) -> torch.Tensor | None:
         return self._state.get(name)
 
+    def save_hf_dir(self, out_dir: Path) -> Path:
+        """Write the dequantised model (float32 safetensors) and tokenizer as an HF directory.
+
+        Written to a temporary sibling and renamed, so a crash never leaves a partial copy.
+        """
+        tmp = out_dir.parent / f".{out_dir.name}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            self._model.save_pretrained(tmp)
+            self.save_tokenizer(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+        return out_dir
+
     def save_tokenizer(self, out_dir: Path) -> None:
         from transformers import AutoTokenizer
 
@@ -233,9 +252,23 @@ class GGUFSource(ModelSource):
         return self._model
 
 
-def open_source(model: str) -> ModelSource:
-    """Resolve a model argument: the default name, a GGUF file, a local dir, or a hub id."""
+def default_model_hf_dir(cache_dir: Path) -> Path:
+    """The default model as an HF directory, dequantised from its GGUF once and cached."""
+    hf_dir = cache_dir / DEFAULT_MODEL
+    if not (hf_dir / "config.json").is_file():
+        GGUFSource(smollm2_gguf_path(), name=DEFAULT_MODEL).save_hf_dir(hf_dir)
+    return hf_dir
+
+
+def open_source(model: str, cache_dir: Path | None = None) -> ModelSource:
+    """Resolve a model argument: the default name, a GGUF file, a local dir, or a hub id.
+
+    With ``cache_dir`` the default model's GGUF is dequantised once into an HF
+    directory there, so later exports skip the slow GGUF conversion.
+    """
     if model == DEFAULT_MODEL:
+        if cache_dir is not None:
+            return SafetensorsSource(default_model_hf_dir(cache_dir), name=DEFAULT_MODEL)
         return GGUFSource(smollm2_gguf_path(), name=DEFAULT_MODEL)
     path = Path(model).expanduser()
     if path.suffix == ".gguf":

