@@ -1,0 +1,439 @@
+"""ClusterPipeline: the coordinator's end of the data plane (a ``Pipeline`` over the network).
+
+The coordinator is a node too: it runs stage 0 locally, PUSHes the hidden state to
+stage 1 and receives the last stage's answer on its own bound PULL socket. Several
+requests (of one or many streams) may be in flight: ``submit`` returns a request id,
+``collect`` / ``collect_any`` wait for answers; ``step`` is the blocking pair used by
+``generate_greedy``. Each reset gives a stream a new epoch, so frames and replies of
+an older epoch are dropped wherever they turn up. Not thread-safe: drive it from one
+thread (stats and timing windows may be read from others).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import zmq
+
+from dataplane.frames import (
+    EMPTY_INDEX,
+    TOP1,
+    FrameError,
+    HiddenStateFrame,
+    Kind,
+    ReplyMode,
+    decode_frame,
+    encode_frame,
+    restamp_send,
+    stamp,
+    top_k_records,
+)
+from dataplane.generate import StepReply
+from dataplane.runtime import StageRunner
+from dataplane.timing import StepTiming, TimingStamps, TimingWindow, compute_ms
+from dataplane.transport import (
+    DEFAULT_OPTIONS,
+    BufferGuard,
+    PipeOptions,
+    TransportError,
+    bound_endpoint,
+    deadline_after,
+    pull_socket,
+    push_socket,
+    recv_parts,
+    remaining,
+    send_parts,
+    wait_readable,
+)
+
+log = logging.getLogger("zctl.dataplane.cluster")
+INT64 = np.dtype(np.int64)
+
+
+class DataPlaneError(RuntimeError):
+    """A pipelined step could not be completed."""
+
+
+class StageTimeout(DataPlaneError):
+    """No answer in time; ``stages`` are the remote stages that may have failed to answer."""
+
+    def __init__(self, message: str, stream_id: int, request_id: int,
+                 stages: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.stream_id, self.request_id, self.stages = stream_id, request_id, stages
+
+
+class StageFailed(DataPlaneError):
+    """A stage refused or failed a step and said so in an ERROR frame."""
+
+    def __init__(self, message: str, stream_id: int, request_id: int, stage: int) -> None:
+        super().__init__(message)
+        self.stream_id, self.request_id, self.stage = stream_id, request_id, stage
+
+
+@dataclass
+class ClusterReply(StepReply):
+    """A StepReply plus where it came from, top-k records and the timing breakdown."""
+
+    request_id: int = 0
+    stream_id: int = 0
+    top: np.ndarray | None = None  # (token, logit) records [positions, k], best first
+    stamps: TimingStamps | None = None
+
+    @cached_property
+    def timing(self) -> StepTiming | None:
+        """Compute, queueing, serialisation and network time of this step, per stage/hop."""
+        return self.stamps.derive() if self.stamps is not None else None
+
+
+@dataclass
+class ClusterStats:
+    submitted: int = 0
+    replies: int = 0
+    stale_replies: int = 0  # answers of an old epoch or of abandoned requests
+    malformed: int = 0
+    unexpected: int = 0
+    errors: int = 0
+    timeouts: int = 0
+
+
+@dataclass
+class _Stream:
+    epoch: int
+    next_step: int = 0
+    broken: str = ""  # why the stream must be reset before its next step
+
+
+@dataclass
+class _Pending:
+    stream_id: int
+    epoch: int
+    step: int
+    mode: ReplyMode
+    top_k: int
+    start_ns: int
+    deadline: float
+
+
+def reply_mode(want_logits: bool, top_k: int) -> ReplyMode:
+    if want_logits:
+        return ReplyMode.LOGITS
+    return ReplyMode.TOPK if top_k > 1 else ReplyMode.TOP1
+
+
+def as_int64_vector(values: Any) -> np.ndarray:
+    """``values`` as a 1-D int64 array, without a copy (or a numpy call) when it is one."""
+    if type(values) is np.ndarray and values.dtype is INT64 and values.ndim == 1:
+        return values
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def check_logits_idx(logits_idx: np.ndarray | None, tokens: int) -> np.ndarray:
+    """The logits indices to send (empty = the last token); ValueError if out of range."""
+    if logits_idx is None:
+        return EMPTY_INDEX
+    idx = np.asarray(logits_idx, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= tokens):
+        raise ValueError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
+    return idx
+
+
+class ClusterPipeline:
+    """The coordinator: runs ``stage0`` here, the other stages on the nodes down the chain.
+
+    ``next_addr`` is stage 1's bind address; ``reply_bind_addr`` is bound here for the
+    last stage's answers (a wildcard port is fine: ``reply_endpoint`` tells the address
+    to give the last stage as its ``send_to``). ``timeout_s`` bounds each step's wait.
+    """
+
+    def __init__(self, stage0: StageRunner, next_addr: str, reply_bind_addr: str, *,
+                 timeout_s: float = 30.0, context: zmq.Context | None = None,
+                 options: PipeOptions = DEFAULT_OPTIONS, timing_window: int = 512) -> None:
+        if not stage0.spec.first:
+            raise ValueError(f"the coordinator runs stage 0, not stage {stage0.spec.index}")
+        self.num_stages = len(stage0.manifest.stages)
+        if self.num_stages < 2:
+            raise ValueError("a one-stage export needs no cluster: use LocalChain")
+        self.stage0 = stage0
+        self.timeout_s = timeout_s
+        self.options = options
+        self.next_addr = next_addr
+        self._ctx = context or zmq.Context.instance()
+        self._pull = pull_socket(self._ctx, reply_bind_addr, options)
+        self.reply_endpoint = bound_endpoint(self._pull)
+        try:
+            self._push = push_socket(self._ctx, next_addr, options)
+        except TransportError:
+            self._pull.close(0)
+            raise
+        self._epochs = itertools.count(time.time_ns())  # unique, rising across restarts
+        self._request_ids = itertools.count(1)
+        self._streams: dict[int, _Stream] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._done: dict[int, ClusterReply | DataPlaneError] = {}
+        self._guard = BufferGuard()
+        self.stats = ClusterStats()
+        self.timings = TimingWindow(timing_window)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the sockets (streams on the nodes stay until their next reset/close)."""
+        self._pull.close(0)
+        self._push.close(0)
+
+    def __enter__(self) -> ClusterPipeline:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def rewire(self, next_addr: str) -> None:
+        """Send to a new stage 1 address (the control plane moved the chain).
+
+        Requests in flight are abandoned and every stream must be reset: the stages'
+        KV state does not move with the wiring.
+        """
+        push = push_socket(self._ctx, next_addr, self.options)
+        self._push.close(0)
+        self._push, self.next_addr = push, next_addr
+        for rid in list(self._pending):
+            self._abandon(rid, "the pipeline was rewired")
+        for stream in self._streams.values():
+            stream.broken = stream.broken or "the pipeline was rewired"
+
+    # -- streams (the Pipeline protocol) ---------------------------------------------
+    def open(self, stream_id: int) -> None:
+        self.stage0.open_stream(stream_id)
+        if stream_id not in self._streams:
+            self._streams[stream_id] = _Stream(epoch=next(self._epochs))
+
+    def reset(self, stream_id: int) -> None:
+        """Forget the stream's KV on every stage: a new epoch, and its old frames are dropped."""
+        self.open(stream_id)
+        self._new_epoch(stream_id, Kind.RESET)
+        self.stage0.reset_stream(stream_id)
+
+    def close_stream(self, stream_id: int) -> None:
+        """Free the stream on every stage."""
+        if stream_id not in self._streams:
+            return
+        self._new_epoch(stream_id, Kind.CLOSE)
+        self.stage0.close_stream(stream_id)
+        self._guard.forget(stream_id)
+        del self._streams[stream_id]
+
+    def _new_epoch(self, stream_id: int, kind: Kind) -> None:
+        self._guard.release(stream_id)
+        stream = self._streams[stream_id]
+        stream.epoch, stream.next_step, stream.broken = next(self._epochs), 0, ""
+        for rid in [r for r, p in self._pending.items() if p.stream_id == stream_id]:
+            del self._pending[rid]
+        header = HiddenStateFrame(kind=kind, stream_id=stream_id, request_id=0,
+                                  epoch=stream.epoch)
+        try:
+            send_parts(self._push, encode_frame(header))
+        except TransportError as exc:
+            stream.broken = f"its {kind.name} did not reach stage 1 ({exc})"
+            raise DataPlaneError(f"cannot {kind.name.lower()} stream {stream_id}: stage 1 at "
+                                 f"{self.next_addr} is not taking frames ({exc})") from None
+
+    # -- stepping --------------------------------------------------------------------
+    def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+             logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+             top_k: int = 0, mask_tail: int = 0) -> ClusterReply:
+        """Run one step through every stage and wait for the answer (the Pipeline protocol)."""
+        request_id = self.submit(stream_id, token_ids, positions, logits_idx, want_logits,
+                                 top_k=top_k, mask_tail=mask_tail)
+        return self.collect(request_id)
+
+    def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+               logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+               top_k: int = 0, mask_tail: int = 0) -> int:
+        """Run stage 0 for a step and send it on; returns the request id to collect.
+
+        ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
+        asks for the k best (token, logit) pairs, ``want_logits`` for the full logits.
+        """
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise DataPlaneError(f"stream {stream_id} is not open")
+        if stream.broken:
+            raise DataPlaneError(f"stream {stream_id} must be reset: {stream.broken}")
+        start_ns = time.time_ns()
+        ids = as_int64_vector(token_ids)[None]
+        pos = as_int64_vector(positions)
+        idx = check_logits_idx(logits_idx, ids.shape[1])
+        self._guard.release(stream_id)
+        t0 = time.perf_counter_ns()
+        try:
+            if mask_tail:
+                self.stage0.mask_tail(stream_id, mask_tail)
+            hidden = self.stage0.step(stream_id, ids, pos)
+        except Exception as exc:
+            if mask_tail:
+                stream.broken = f"stage 0 failed after a rewind ({exc})"
+            raise
+        t1 = time.perf_counter_ns()
+        rid = next(self._request_ids)
+        mode = reply_mode(want_logits, top_k)
+        header = HiddenStateFrame(kind=Kind.STEP, stream_id=stream_id, request_id=rid,
+                                  epoch=stream.epoch, step=stream.next_step, positions=pos,
+                                  logits_idx=idx, reply=mode, top_k=max(1, top_k),
+                                  mask_tail=mask_tail)
+        header.timings = stamp(b"", 0, start_ns, start_ns, 0, 0, t1 - t0, 0)
+        stream.next_step += 1
+        try:
+            parts = encode_frame(header, hidden)
+            restamp_send(parts, 0, time.time_ns(), time.perf_counter_ns() - t1)
+            tracker = send_parts(self._push, parts)
+        except TransportError as exc:
+            stream.broken = f"a step did not reach stage 1 ({exc})"
+            raise DataPlaneError(f"stage 1 at {self.next_addr} is not taking frames: {exc}"
+                                 ) from None
+        self._guard.hold(stream_id, tracker)
+        self._pending[rid] = _Pending(stream_id, stream.epoch, header.step, mode, top_k,
+                                      start_ns, time.monotonic() + self.timeout_s)
+        self.stats.submitted += 1
+        return rid
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Request ids submitted and not yet answered, oldest first."""
+        return list(self._pending)
+
+    def collect(self, request_id: int, timeout_s: float | None = None) -> ClusterReply:
+        """Wait for one request's answer (others arriving meanwhile are kept for later)."""
+        if request_id not in self._done and request_id not in self._pending:
+            raise DataPlaneError(f"request {request_id} is unknown, already collected, or was "
+                                 "abandoned by a reset")
+        deadline = deadline_after(timeout_s)
+        while request_id not in self._done:
+            pending = self._pending.get(request_id)
+            if pending is None:
+                raise DataPlaneError(f"request {request_id} was abandoned by a reset")
+            if not self._pump(_wait_s(pending.deadline, deadline)):
+                if time.monotonic() >= pending.deadline:
+                    self._expire(request_id)
+                elif deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"request {request_id} not answered within {timeout_s} s")
+        return self._take(request_id)
+
+    def collect_any(self, timeout_s: float | None = None) -> ClusterReply | None:
+        """The next answered request, in arrival order; None if none within ``timeout_s``.
+
+        Raises the request's DataPlaneError (with its request_id) when it failed or
+        outlived the pipeline's ``timeout_s``.
+        """
+        deadline = deadline_after(timeout_s)
+        while not self._done:
+            if not self._pending:
+                return None
+            oldest = next(iter(self._pending))
+            if time.monotonic() >= self._pending[oldest].deadline:
+                self._expire(oldest)
+                break
+            if (not self._pump(_wait_s(self._pending[oldest].deadline, deadline))
+                    and deadline is not None and time.monotonic() >= deadline):
+                return None
+        return self._take(next(iter(self._done)))
+
+    def _take(self, request_id: int) -> ClusterReply:
+        result = self._done.pop(request_id)
+        if isinstance(result, DataPlaneError):
+            raise result
+        return result
+
+    def _expire(self, request_id: int) -> None:
+        pending = self._pending.pop(request_id)
+        self.stats.timeouts += 1
+        stages = tuple(range(1, self.num_stages))
+        who = (f"stage 1 ({self.next_addr})" if len(stages) == 1 else
+               f"one of stages 1-{stages[-1]} (first hop {self.next_addr})")
+        message = (f"no answer for stream {pending.stream_id} step {pending.step} (request "
+                   f"{request_id}) within {self.timeout_s:.1f} s: {who} did not answer; check "
+                   f"that the workers run and the last stage sends to {self.reply_endpoint}")
+        self._mark_broken(pending.stream_id, pending.epoch, message)
+        self._done[request_id] = StageTimeout(message, pending.stream_id, request_id, stages)
+
+    def _abandon(self, request_id: int, why: str) -> None:
+        pending = self._pending.pop(request_id)
+        self._mark_broken(pending.stream_id, pending.epoch, why)
+        self._done[request_id] = DataPlaneError(f"request {request_id} of stream "
+                                                f"{pending.stream_id} abandoned: {why}")
+
+    def _mark_broken(self, stream_id: int, epoch: int, why: str) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is not None and stream.epoch == epoch and not stream.broken:
+            stream.broken = why
+
+    # -- receiving -------------------------------------------------------------------
+    def _pump(self, timeout_s: float | None) -> bool:
+        """Wait up to timeout_s for one message from the last stage and file it."""
+        ready_ns = time.time_ns()
+        if not wait_readable(self._pull, timeout_s):
+            return False
+        try:
+            parts = recv_parts(self._pull, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        recv_ns = time.time_ns()
+        t0 = time.perf_counter_ns()
+        try:
+            header, payload = decode_frame(parts)
+        except FrameError as exc:
+            self.stats.malformed += 1
+            log.warning("dropped a malformed reply: %s", exc)
+            return True
+        decode_ns = time.perf_counter_ns() - t0
+        pending = self._pending.get(header.request_id)
+        if (pending is None or pending.epoch != header.epoch
+                or pending.stream_id != header.stream_id):
+            self.stats.stale_replies += 1
+            return True
+        if header.kind == Kind.ERROR:
+            del self._pending[header.request_id]
+            self.stats.errors += 1
+            message = (f"stream {header.stream_id} step {header.step} failed at "
+                       f"{header.error or f'stage {header.source_stage}'}")
+            self._mark_broken(header.stream_id, header.epoch, message)
+            self._done[header.request_id] = StageFailed(message, header.stream_id,
+                                                        header.request_id, header.source_stage)
+        elif header.kind == Kind.REPLY and payload is not None:
+            del self._pending[header.request_id]
+            self.stats.replies += 1
+            reply = self._reply(header, payload, pending)
+            reply.stamps = TimingStamps(header.timings, recv_ns, ready_ns, decode_ns,
+                                        pending.start_ns, time.time_ns())
+            reply.stage_ms = compute_ms(header.timings)
+            self.timings.add(reply.stamps)
+            self._done[header.request_id] = reply
+        else:
+            self.stats.unexpected += 1
+            log.warning("dropped an unexpected %s frame on the reply pipe", header.kind.name)
+        return True
+
+    @staticmethod
+    def _reply(header: HiddenStateFrame, payload: np.ndarray, pending: _Pending) -> ClusterReply:
+        if header.reply == ReplyMode.LOGITS:
+            top = top_k_records(payload, pending.top_k) if pending.top_k > 1 else None
+            return ClusterReply(tokens=payload.argmax(axis=-1), logits=payload,
+                                request_id=header.request_id, stream_id=header.stream_id,
+                                top=top)
+        if payload.size == 1:  # top-1 for one position: the per-token path
+            tokens = np.array(TOP1.unpack(payload)[:1], dtype=np.int64)
+        else:
+            tokens = payload["token"][:, 0].astype(np.int64)
+        return ClusterReply(tokens=tokens, request_id=header.request_id,
+                            stream_id=header.stream_id, top=payload)
+
+
+def _wait_s(request_deadline: float, caller_deadline: float | None) -> float:
+    """How long to block: until the request expires or the caller's deadline, if sooner."""
+    left = max(0.0, request_deadline - time.monotonic())
+    return left if caller_deadline is None else min(left, remaining(caller_deadline) or 0.0)

@@ -1,0 +1,351 @@
+"""The data-plane wire protocol: pack and validate the frames that travel between stages.
+
+No sockets here. A frame is two ZeroMQ parts: a compact binary header (a fixed
+``struct`` layout followed by variable arrays: payload shape, token positions,
+logits indices, one timing record per stage passed, an optional error text) and the
+raw payload bytes (token ids, hidden states, or the last stage's reply), which are
+never copied on decode: ``decode_frame`` returns a numpy view of the received buffer.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"ZCDP"
+PROTOCOL_VERSION = 1
+MAX_NDIM = 4
+MAX_TOKENS = 1 << 17  # positions in one step
+MAX_STAGES = 255  # timing records in one frame
+MAX_TOP_K = 1024
+MAX_PAYLOAD_BYTES = 1 << 31
+MAX_ERROR_BYTES = 1 << 16
+
+
+class FrameError(ValueError):
+    """A frame is malformed. ``header`` is set when the header itself was valid."""
+
+    def __init__(self, message: str, header: HiddenStateFrame | None = None) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+class Kind(IntEnum):
+    STEP = 1  # token ids or hidden states flowing toward the last stage
+    REPLY = 2  # the last stage's answer, sent to the coordinator
+    RESET = 3  # forget a stream's KV; carries the stream's new epoch
+    CLOSE = 4  # drop a stream entirely
+    ERROR = 5  # a stage could not run a step; forwarded to the coordinator
+
+
+class ReplyMode(IntEnum):
+    TOP1 = 0  # one (token, logit) record per requested position (8 bytes)
+    TOPK = 1  # top_k records per position, best first
+    LOGITS = 2  # full float32 logits [positions, vocab]
+
+
+# One (token, logit) pair of a top-1 / top-k reply.
+TOPK_DTYPE = np.dtype([("token", "<i4"), ("logit", "<f4")])
+TOP1 = struct.Struct("<if")
+
+# What each stage stamps into a frame as it passes: wall-clock stamps (time.time_ns) of
+# arrival, of when it became ready to take the frame, and of the send; durations in ns.
+# On the wire a record is TIMING-packed bytes; TIMING_DTYPE views a run of them.
+TIMING = struct.Struct("<Hqqqqqq")
+TIMING_DTYPE = np.dtype([
+    ("stage", "<u2"),
+    ("recv_ns", "<i8"),
+    ("ready_ns", "<i8"),
+    ("send_ns", "<i8"),
+    ("decode_ns", "<i8"),
+    ("compute_ns", "<i8"),
+    ("encode_ns", "<i8"),
+])
+
+# Payload dtype codes on the wire; 0 means "no payload" (control frames).
+DTYPES: dict[int, np.dtype] = {
+    1: np.dtype("<f4"),
+    2: np.dtype("<f2"),
+    3: np.dtype("<i4"),
+    4: np.dtype("<i8"),
+    5: TOPK_DTYPE,
+}
+DTYPE_CODES: dict[np.dtype, int] = {dt: code for code, dt in DTYPES.items()}
+
+# magic, version, kind, reply mode, dtype code, top_k, ndim, n_timing, source stage,
+# stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes.
+FIXED = struct.Struct("<4sBBBBHBBHIQQIIIII")
+SHAPE_STRUCTS = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
+POSITION_ITEM = np.dtype("<i8")
+EMPTY_INDEX = np.zeros(0, dtype=POSITION_ITEM)
+NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
+
+
+@dataclass(slots=True)
+class HiddenStateFrame:
+    """The header of one data-plane frame.
+
+    ``positions`` are the logical RoPE positions of the step's T tokens (a REPLY repeats
+    them only when ``logits_idx`` is set); ``logits_idx`` (empty = the last token) picks
+    which of them the last stage answers for;
+    ``mask_tail`` rewinds that many kept KV slots before the step; ``timings`` holds one
+    packed ``TIMING`` record per stage passed (see ``stamp``). ``shape`` and ``dtype``
+    describe the payload: ``encode_frame`` takes them from the array it sends. A node
+    owns the headers it decodes and may change them in place before passing them on.
+    """
+
+    kind: Kind
+    stream_id: int
+    request_id: int
+    epoch: int
+    step: int = 0
+    positions: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
+    logits_idx: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
+    reply: ReplyMode = ReplyMode.TOP1
+    top_k: int = 1
+    mask_tail: int = 0
+    source_stage: int = 0
+    timings: bytes = b""
+    error: str = ""
+    shape: tuple[int, ...] = ()
+    dtype: np.dtype | None = None
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def answer_rows(self) -> int:
+        """How many positions the last stage answers for (logits_idx, or the last token)."""
+        return int(self.logits_idx.shape[0]) or 1
+
+
+def stamp(timings: bytes, stage: int, recv_ns: int, ready_ns: int, send_ns: int,
+          decode_ns: int, compute_ns: int, encode_ns: int) -> bytes:
+    """Return ``timings`` with one more stage record appended."""
+    return timings + TIMING.pack(stage, recv_ns, ready_ns, send_ns, decode_ns, compute_ns,
+                                 encode_ns)
+
+
+SEND_AND_ENCODE = struct.Struct("<q")  # send_ns at offset 18, encode_ns at 42 of a record
+
+
+def restamp_send(parts: list[Any], error_bytes: int, send_ns: int, encode_ns: int) -> None:
+    """Fill in the last timing record's send stamp and encode time of encoded ``parts``.
+
+    A sender stamps its record with zeros, encodes, then calls this right before the
+    send, so its own encoding counts as its work rather than as time on the wire.
+    ``error_bytes`` is the length of the header's UTF-8 error text (0 for steps).
+    """
+    head = bytearray(parts[0])
+    record = len(head) - error_bytes - TIMING.size
+    if record < FIXED.size:
+        raise FrameError("the frame carries no timing record to stamp")
+    SEND_AND_ENCODE.pack_into(head, record + 18, send_ns)
+    SEND_AND_ENCODE.pack_into(head, record + 42, encode_ns)
+    parts[0] = head
+
+
+def timing_records(timings: bytes) -> np.ndarray:
+    """View packed timing records as a TIMING_DTYPE array (fields by name)."""
+    return np.frombuffer(timings, dtype=TIMING_DTYPE)
+
+
+def encode_frame(header: HiddenStateFrame, payload: np.ndarray | None = None) -> list[Any]:
+    """Pack ``header`` and return ``[header_bytes, payload_buffer]`` ready for send_multipart.
+
+    The payload is not copied when it is already C-contiguous (the second part is the
+    array itself): keep it alive and unmodified until the send completes.
+    """
+    data = NO_PAYLOAD if payload is None else payload
+    if payload is None:
+        dtype_code, shape = 0, ()
+    else:
+        dtype_code = DTYPE_CODES.get(data.dtype)
+        if dtype_code is None:
+            raise FrameError(f"cannot send a {data.dtype} payload; supported: "
+                             f"{sorted(str(d) for d in DTYPE_CODES)}")
+        if not data.flags.c_contiguous:
+            data = np.ascontiguousarray(data)
+        shape = data.shape
+    if len(shape) > MAX_NDIM:
+        raise FrameError(f"payload has {len(shape)} dimensions; at most {MAX_NDIM} are allowed")
+    positions = _int64s(header.positions)
+    logits_idx = EMPTY_INDEX if header.logits_idx is EMPTY_INDEX else _int64s(header.logits_idx)
+    timings = header.timings
+    if len(timings) % TIMING.size:
+        raise FrameError(f"timings hold {len(timings)} bytes, not whole {TIMING.size}-byte records")
+    error = header.error.encode("utf-8")[:MAX_ERROR_BYTES]
+    try:
+        fixed = FIXED.pack(
+            MAGIC, header.version, int(header.kind), int(header.reply), dtype_code, header.top_k,
+            len(shape), len(timings) // TIMING.size, header.source_stage, header.stream_id,
+            header.request_id, header.epoch, header.step, positions.shape[0],
+            logits_idx.shape[0], header.mask_tail, len(error),
+        )
+        dims = SHAPE_STRUCTS[len(shape)].pack(*shape)
+    except struct.error as exc:
+        raise FrameError(f"header field out of range: {exc}") from None
+    head = b"".join((fixed, dims, positions, logits_idx, timings, error))
+    return [head, data if data.nbytes else b""]
+
+
+def _int64s(values: Any) -> np.ndarray:
+    """``values`` as a contiguous little-endian int64 array (no copy when it already is)."""
+    if type(values) is np.ndarray and values.dtype is POSITION_ITEM and values.flags.c_contiguous:
+        return values
+    return np.ascontiguousarray(values, dtype=POSITION_ITEM)
+
+
+KINDS = {int(k): k for k in Kind}
+REPLY_MODES = {int(m): m for m in ReplyMode}
+
+
+def decode_header(raw: memoryview) -> HiddenStateFrame:
+    """Parse and validate a header part; positions and logits_idx are views of ``raw``."""
+    if raw.nbytes < FIXED.size:
+        raise FrameError(f"truncated header: {raw.nbytes} bytes, the fixed part alone is "
+                         f"{FIXED.size}")
+    (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, source_stage,
+     stream_id, request_id, epoch, step, tokens, n_idx, mask_tail,
+     error_len) = FIXED.unpack_from(raw)
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {bytes(magic)!r}: not a zctl data-plane frame")
+    if version != PROTOCOL_VERSION:
+        raise FrameError(f"protocol version {version} is not supported (this node speaks "
+                         f"{PROTOCOL_VERSION})")
+    kind = KINDS.get(kind_code)
+    if kind is None:
+        raise FrameError(f"unknown frame kind {kind_code}")
+    reply = REPLY_MODES.get(reply_code)
+    if reply is None:
+        raise FrameError(f"unknown reply mode {reply_code}")
+    if dtype_code and dtype_code not in DTYPES:
+        raise FrameError(f"unknown payload dtype code {dtype_code}")
+    if (ndim > MAX_NDIM or tokens > MAX_TOKENS or n_timing > MAX_STAGES or top_k > MAX_TOP_K
+            or error_len > MAX_ERROR_BYTES):
+        raise FrameError(
+            f"absurd header: {ndim} dimensions (limit {MAX_NDIM}), {tokens} tokens (limit "
+            f"{MAX_TOKENS}), {n_timing} timing records (limit {MAX_STAGES}), top_k {top_k} "
+            f"(limit {MAX_TOP_K}), {error_len} error bytes (limit {MAX_ERROR_BYTES})")
+    if n_idx > tokens:
+        raise FrameError(f"{n_idx} logits indices for a {tokens}-token step")
+    o_pos = FIXED.size + ndim * 4
+    o_idx = o_pos + tokens * 8
+    o_tim = o_idx + n_idx * 8
+    o_err = o_tim + n_timing * TIMING.size
+    expected = o_err + error_len
+    if raw.nbytes != expected:
+        what = "truncated header" if raw.nbytes < expected else "trailing bytes after header"
+        raise FrameError(f"{what}: {raw.nbytes} bytes, the header declares {expected}")
+    if _lowest(raw, o_pos, tokens) < 0:
+        raise FrameError("negative token position")
+    return HiddenStateFrame(
+        kind=kind, stream_id=stream_id, request_id=request_id, epoch=epoch, step=step,
+        positions=(np.frombuffer(raw, POSITION_ITEM, tokens, o_pos) if tokens
+                   else EMPTY_INDEX),
+        logits_idx=np.frombuffer(raw, POSITION_ITEM, n_idx, o_idx) if n_idx else EMPTY_INDEX,
+        reply=reply, top_k=top_k, mask_tail=mask_tail, source_stage=source_stage,
+        timings=bytes(raw[o_tim:o_err]),
+        error=bytes(raw[o_err:expected]).decode("utf-8", errors="replace") if error_len else "",
+        shape=SHAPE_STRUCTS[ndim].unpack_from(raw, FIXED.size), dtype=DTYPES.get(dtype_code),
+        version=version,
+    )
+
+
+def _lowest(raw: memoryview, offset: int, count: int) -> int:
+    """The smallest of ``count`` little-endian int64 values at ``offset`` (0 if none)."""
+    if count == 0:
+        return 0
+    if count <= 16:  # the decode hot path: no numpy call
+        return min(struct.unpack_from(f"<{count}q", raw, offset))
+    return int(np.frombuffer(raw, POSITION_ITEM, count, offset).min())
+
+
+def check_semantics(header: HiddenStateFrame) -> None:
+    """Cross-field checks a well-packed header must still pass (positions are checked
+    non-negative while decoding)."""
+    tokens = header.tokens
+    if header.logits_idx.size and (int(header.logits_idx.min()) < 0
+                                   or int(header.logits_idx.max()) >= tokens):
+        raise FrameError(f"logits_idx {header.logits_idx.tolist()} out of range for "
+                         f"{tokens} tokens", header)
+    if header.kind == Kind.STEP:
+        if header.dtype is None or len(header.shape) < 2 or header.shape[1] != tokens:
+            raise FrameError(f"a step payload must be [batch, {tokens}, ...] for its "
+                             f"{tokens} positions, got shape {list(header.shape)}", header)
+    elif header.kind == Kind.REPLY:
+        check_reply_shape(header)
+    elif header.dtype is not None:
+        raise FrameError(f"a {header.kind.name} frame carries no payload", header)
+
+
+def check_reply_shape(header: HiddenStateFrame) -> None:
+    rows = header.answer_rows
+    if header.reply == ReplyMode.LOGITS:
+        ok = header.dtype is DTYPES[1] and len(header.shape) == 2 and header.shape[0] == rows
+        want = f"float32 [{rows}, vocab]"
+    else:
+        k = 1 if header.reply == ReplyMode.TOP1 else header.top_k
+        ok = header.dtype is TOPK_DTYPE and header.shape == (rows, k)
+        want = f"(token, logit) records [{rows}, {k}]"
+    if not ok:
+        raise FrameError(f"a {header.reply.name} reply must be {want}, got {header.dtype} "
+                         f"{list(header.shape)}", header)
+
+
+def decode_frame(frames: list[Any]) -> tuple[HiddenStateFrame, np.ndarray | None]:
+    """Validate a received multipart message; return its header and a view of its payload."""
+    if len(frames) != 2:
+        raise FrameError(f"expected 2 parts (header, payload), got {len(frames)}")
+    head, body = frames
+    header = decode_header(memoryview(head.buffer if hasattr(head, "buffer") else head))
+    body = memoryview(body.buffer if hasattr(body, "buffer") else body)
+    shape, dtype = header.shape, header.dtype
+    if dtype is None:
+        if shape or body.nbytes:
+            raise FrameError(f"payload of {body.nbytes} bytes, shape {list(shape)} "
+                             "without a dtype", header)
+        check_semantics(header)
+        return header, None
+    need = math.prod(shape) * dtype.itemsize
+    if not shape or min(shape) < 1 or need > MAX_PAYLOAD_BYTES:
+        raise FrameError(f"absurd payload shape {list(shape)} ({need} bytes)", header)
+    if body.nbytes != need:
+        raise FrameError(f"payload is {body.nbytes} bytes but {dtype} {list(shape)} needs "
+                         f"{need}", header)
+    kind = header.kind
+    if kind is Kind.STEP:
+        fast = not header.logits_idx.size and len(shape) > 1 and shape[1] == header.tokens
+    else:  # a top-1 answer for the last token
+        fast = (kind is Kind.REPLY and header.reply is ReplyMode.TOP1 and shape == (1, 1)
+                and dtype is TOPK_DTYPE and not header.logits_idx.size)
+    if not fast:
+        check_semantics(header)  # the full checks, off the per-token path
+    return header, np.ndarray(shape, dtype, buffer=body)
+
+
+def top_k_records(logits: np.ndarray, k: int) -> np.ndarray:
+    """Top-k (token, logit) records [rows, k], best first, of logits [..., vocab]."""
+    if k == 1 and logits.size == logits.shape[-1]:  # one row: the per-token hot path
+        token = int(logits.argmax())
+        return np.ndarray((1, 1), TOPK_DTYPE, TOP1.pack(token, logits.item(token)))
+    rows = logits.reshape(-1, logits.shape[-1])
+    out = np.empty((rows.shape[0], k), dtype=TOPK_DTYPE)
+    if k == 1:
+        ids = rows.argmax(axis=-1)
+        out["token"][:, 0] = ids
+        out["logit"][:, 0] = rows[np.arange(rows.shape[0]), ids]
+        return out
+    part = np.sort(np.argpartition(rows, -k, axis=-1)[:, -k:], axis=-1)
+    values = np.take_along_axis(rows, part, axis=-1)
+    order = np.argsort(-values, axis=-1, kind="stable")  # ties: lowest id first, as argmax
+    out["token"] = np.take_along_axis(part, order, axis=-1)
+    out["logit"] = np.take_along_axis(values, order, axis=-1)
+    return out

@@ -1,0 +1,167 @@
+"""ZeroMQ plumbing for the data plane: PUSH/PULL pipes with bounded, non-hanging options.
+
+Sockets only, no protocol: frames are lists of parts (see dataplane.frames). Large
+payloads are sent without copying, with a tracker so the sender knows when the
+buffer (often an OpenVINO output tensor that the next inference overwrites) may be
+reused; receives are zero-copy ``zmq.Frame`` parts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+
+class TransportError(RuntimeError):
+    """A pipe could not be opened, or a send could not be delivered in time."""
+
+
+@dataclass(frozen=True)
+class PipeOptions:
+    """Socket options shared by every data-plane pipe (defaults suit a LAN)."""
+
+    hwm: int = 64  # messages queued per pipe before sends block
+    max_message_bytes: int = 1 << 31  # inbound parts above this drop the connection
+    send_timeout_ms: int = 2000  # a send blocked this long (peer gone, queue full) fails
+    zero_copy_bytes: int = zmq.COPY_THRESHOLD  # payloads at least this big are not copied
+    keepalive_idle_s: int = 10
+    keepalive_interval_s: int = 2
+    keepalive_count: int = 3
+    reconnect_ms: int = 100
+    reconnect_max_ms: int = 2000
+
+
+DEFAULT_OPTIONS = PipeOptions()
+
+
+def _common(sock: zmq.Socket, options: PipeOptions) -> None:
+    sock.copy_threshold = options.zero_copy_bytes  # pyzmq copies smaller parts anyway
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, options.keepalive_idle_s)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, options.keepalive_interval_s)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, options.keepalive_count)
+
+
+def pull_socket(ctx: zmq.Context, bind_addr: str,
+                options: PipeOptions = DEFAULT_OPTIONS) -> zmq.Socket:
+    """A PULL socket bound to ``bind_addr`` (``tcp://host:*`` picks a free port)."""
+    sock = ctx.socket(zmq.PULL)
+    _common(sock, options)
+    sock.setsockopt(zmq.RCVHWM, options.hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
+    try:
+        sock.bind(bind_addr)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise TransportError(f"cannot bind {bind_addr}: {exc}") from None
+    return sock
+
+
+def push_socket(ctx: zmq.Context, connect_addr: str,
+                options: PipeOptions = DEFAULT_OPTIONS) -> zmq.Socket:
+    """A PUSH socket connected to ``connect_addr``; messages queue only on live connections."""
+    sock = ctx.socket(zmq.PUSH)
+    _common(sock, options)
+    sock.setsockopt(zmq.SNDHWM, options.hwm)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.setsockopt(zmq.SNDTIMEO, options.send_timeout_ms)
+    sock.setsockopt(zmq.RECONNECT_IVL, options.reconnect_ms)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, options.reconnect_max_ms)
+    try:
+        sock.connect(connect_addr)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise TransportError(f"cannot connect to {connect_addr}: {exc}") from None
+    return sock
+
+
+def bound_endpoint(sock: zmq.Socket) -> str:
+    """The address a bound socket actually listens on (resolves ``*`` ports)."""
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+
+
+def send_parts(sock: zmq.Socket, parts: Sequence[Any]) -> zmq.MessageTracker | None:
+    """Send a multipart message; the last part (the payload) is not copied when large.
+
+    Parts before the last are copied; the last is sent zero-copy when it reaches the
+    socket's ``copy_threshold`` (PipeOptions.zero_copy_bytes). The returned tracker
+    says when its buffer may be modified again (``tracker.done``). Raises
+    TransportError when the send times out.
+    """
+    try:
+        for part in parts[:-1]:
+            sock.send(part, zmq.SNDMORE)
+        return sock.send(parts[-1], 0, copy=False, track=True)
+    except zmq.Again:
+        raise TransportError(f"send to {peer_name(sock)} timed out: no live peer or its queue "
+                             "is full") from None
+
+
+def recv_parts(sock: zmq.Socket, flags: int = 0) -> list[Any]:
+    """Receive one multipart message: the first part as bytes, the rest as zero-copy Frames.
+
+    Raises ``zmq.Again`` with NOBLOCK when nothing is waiting.
+    """
+    parts: list[Any] = [sock.recv(flags)]
+    while sock.getsockopt(zmq.RCVMORE):  # not ``sock.rcvmore``: attribute options are slow
+        parts.append(sock.recv(0, copy=False))
+    return parts
+
+
+def peer_name(sock: zmq.Socket) -> str:
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return endpoint.decode() if isinstance(endpoint, bytes) and endpoint else "the next hop"
+
+
+class BufferGuard:
+    """Keeps a stream's zero-copy send from being overwritten by its next inference.
+
+    ``hold(key, tracker)`` after sending a buffer owned by ``key``; ``release(key)``
+    before reusing that buffer waits (bounded) until libzmq no longer needs it.
+    """
+
+    def __init__(self, timeout_s: float = 5.0) -> None:
+        self.timeout_s = timeout_s
+        self._held: dict[int, zmq.MessageTracker] = {}
+
+    def hold(self, key: int, tracker: zmq.MessageTracker | None) -> None:
+        if tracker is not None and not tracker.done:
+            self._held[key] = tracker
+
+    def release(self, key: int) -> None:
+        tracker = self._held.pop(key, None)
+        if tracker is None or tracker.done:
+            return
+        try:
+            tracker.wait(self.timeout_s)
+        except zmq.NotDone:
+            raise TransportError(f"a zero-copy send of stream {key} is still pending after "
+                                 f"{self.timeout_s:.1f} s") from None
+
+    def forget(self, key: int) -> None:
+        self._held.pop(key, None)
+
+
+def wait_readable(sock: zmq.Socket, timeout_s: float | None) -> bool:
+    """Block (in the kernel, not spinning) until ``sock`` has a message or the timeout passes.
+
+    Calls zmq_poll directly: ``Socket.poll`` builds a Poller per call, which costs more
+    than the wait itself on the per-token path.
+    """
+    timeout_ms = -1 if timeout_s is None else max(0, math.ceil(timeout_s * 1000))
+    return bool(zmq.zmq_poll([(sock, zmq.POLLIN)], timeout_ms))
+
+
+def deadline_after(timeout_s: float | None) -> float | None:
+    return None if timeout_s is None else time.monotonic() + timeout_s
+
+
+def remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -1,0 +1,420 @@
+"""StageWorker: serve one stage shard on a node, frame in from the previous hop, frame out.
+
+A worker PULL-binds its inbound address and PUSH-connects to its next hop (the next
+stage, or the coordinator's reply address when it runs the last stage). It drops
+frames of stale epochs, applies resets and rewinds, steps the stage, stamps its
+timing record and passes the frame on; the last stage answers with top-1, top-k or
+full logits. Malformed frames are counted and logged, never fatal; a step the stage
+refuses becomes an ERROR frame so the coordinator fails fast instead of hanging.
+
+Run in a thread (``start``/``stop``) or as a node's main loop (``run``, or
+``python -m dataplane.worker EXPORT --stage K --bind ADDR --send-to ADDR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import secrets
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import zmq
+
+from dataplane.frames import (
+    EMPTY_INDEX,
+    FrameError,
+    HiddenStateFrame,
+    Kind,
+    ReplyMode,
+    decode_frame,
+    encode_frame,
+    restamp_send,
+    stamp,
+    top_k_records,
+)
+from dataplane.runtime import RuntimeConfig, StageRunner
+from dataplane.transport import (
+    DEFAULT_OPTIONS,
+    BufferGuard,
+    PipeOptions,
+    TransportError,
+    bound_endpoint,
+    pull_socket,
+    push_socket,
+    recv_parts,
+    send_parts,
+)
+
+log = logging.getLogger("zctl.dataplane.worker")
+_ids = itertools.count()
+CONTROL_PREFIX = b"ZCTL-CMD"  # never the start of a data frame (those start with b"ZCDP")
+
+
+@dataclass
+class WorkerStats:
+    """Counters and recent compute samples of one worker (a snapshot; safe to keep)."""
+
+    frames_in: int = 0
+    steps: int = 0
+    frames_out: int = 0
+    malformed: int = 0  # undecodable frames
+    unexpected: int = 0  # valid frames of a kind a worker does not take (REPLY)
+    stale: int = 0  # frames of an epoch older than the stream's
+    resets: int = 0
+    implicit_resets: int = 0  # a step of a newer epoch arrived without its RESET
+    closes: int = 0
+    errors_sent: int = 0  # steps this stage refused
+    errors_forwarded: int = 0  # ERROR frames from earlier stages passed on
+    send_failures: int = 0  # frames dropped because the next hop did not take them
+    last_problem: str = ""
+    compute_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _StreamState:
+    epoch: int
+    next_step: int = 0
+    closed: bool = False  # a tombstone: frames of this epoch are stale, a newer one reopens
+
+
+def admit(known_epoch: int | None, epoch: int) -> str:
+    """Decide a stream frame's fate from the stream's known epoch: stale, new or current."""
+    if known_epoch is None or epoch > known_epoch:
+        return "new"
+    return "current" if epoch == known_epoch else "stale"
+
+
+def reply_payload(logits: np.ndarray, mode: ReplyMode, top_k: int) -> np.ndarray:
+    """The last stage's answer for logits [1, P, V]: records [P, k] or logits [P, V]."""
+    if mode == ReplyMode.LOGITS:
+        return logits.reshape(-1, logits.shape[-1])
+    return top_k_records(logits, 1 if mode == ReplyMode.TOP1 else max(1, top_k))
+
+
+class _Throttle:
+    """Log a kind of problem at most once per ``interval_s`` (a flood must not flood logs)."""
+
+    def __init__(self, interval_s: float = 5.0) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warn(self, key: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, -1e9) < self.interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        extra = self._suppressed.pop(key, 0)
+        self._last[key] = now
+        log.warning("%s%s", message, f" (+{extra} more since last report)" if extra else "")
+
+
+class StageWorker:
+    """Serves ``runner``'s stage: PULL-binds ``bind_addr``, PUSH-connects to ``send_to``.
+
+    ``bind_addr`` may use a wildcard port (``tcp://127.0.0.2:*``); ``endpoint`` gives
+    the address actually bound. ``send_to`` is the next stage's bind address, or the
+    coordinator's reply address for the last stage. Sockets are created here (so a
+    bad address fails at construction) and used only by the loop thread afterwards.
+    """
+
+    def __init__(self, runner: StageRunner, bind_addr: str, send_to: str, *,
+                 context: zmq.Context | None = None, options: PipeOptions = DEFAULT_OPTIONS,
+                 samples: int = 1024) -> None:
+        self.runner = runner
+        self.stage = runner.spec.index
+        self.last = runner.spec.last
+        self.options = options
+        self.send_to = send_to
+        self._ctx = context or zmq.Context.instance()
+        self._pull = pull_socket(self._ctx, bind_addr, options)
+        self.endpoint = bound_endpoint(self._pull)
+        try:
+            self._push = push_socket(self._ctx, send_to, options)
+        except TransportError:
+            self._pull.close(0)
+            raise
+        # Commands (stop, rewire) arrive on the same PULL socket through an inproc
+        # endpoint, so the loop blocks in one recv with no poller; a per-worker secret
+        # keeps remote peers from forging them.
+        self._ctrl_addr = f"inproc://zctl-worker-{next(_ids)}"
+        self._ctrl_key = CONTROL_PREFIX + secrets.token_bytes(16)
+        self._pull.bind(self._ctrl_addr)
+        self._streams: dict[int, _StreamState] = {}
+        self._guard = BufferGuard()
+        self._stats = WorkerStats()
+        self._compute: deque[float] = deque(maxlen=samples)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._throttle = _Throttle()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> StageWorker:
+        """Run the loop in a daemon thread; returns self."""
+        if self._thread is not None:
+            raise RuntimeError("this worker is already running")
+        self._running = True
+        self._thread = threading.Thread(target=self.run, name=f"zctl-stage{self.stage}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the loop to exit (from any thread) and wait for a started thread to end.
+
+        A worker whose loop never ran just closes its sockets.
+        """
+        if not self._running:
+            if not self._closed:
+                self._close()
+            return
+        self._command(b"stop")
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """True while the loop runs (or is about to, after ``start``)."""
+        return self._running and not self._closed
+
+    def rewire(self, send_to: str) -> None:
+        """Point the outbound pipe at a new next hop (from any thread; applied by the loop)."""
+        self._command(b"rewire", send_to.encode())
+
+    def _command(self, *parts: bytes) -> None:
+        if self._closed:
+            return
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(self._ctrl_addr)
+        sock.send_multipart([self._ctrl_key, *parts])
+        sock.close()
+
+    def run(self) -> None:
+        """The worker loop: block in recv until a frame or a command arrives, handle it."""
+        if self._closed:
+            raise RuntimeError("this worker has been stopped")
+        self._running = True
+        ready_ns = time.time_ns()
+        try:
+            while True:
+                parts = recv_parts(self._pull)
+                recv_ns = time.time_ns()
+                if parts[0] == self._ctrl_key:
+                    if not self._on_command(parts[1:]):
+                        break
+                else:
+                    self.handle(parts, recv_ns, ready_ns)
+                ready_ns = time.time_ns()
+        finally:
+            self._close()
+
+    def _on_command(self, parts: list[Any]) -> bool:
+        command = [bytes(p) for p in parts]
+        if command[0] == b"rewire" and len(command) == 2:
+            address = command[1].decode()
+            try:
+                push = push_socket(self._ctx, address, self.options)
+            except TransportError as exc:
+                self._problem("rewire", f"stage {self.stage}: {exc}")
+                return True
+            self._push.close(0)
+            self._push, self.send_to = push, address
+            log.info("stage %d now sends to %s", self.stage, address)
+            return True
+        return command[0] != b"stop"
+
+    def _close(self) -> None:
+        self._closed = True
+        for sock in (self._pull, self._push):
+            sock.close(0)
+
+    # -- stats -----------------------------------------------------------------------
+    def stats(self) -> WorkerStats:
+        """A consistent snapshot of the counters and recent compute samples (any thread)."""
+        with self._lock:
+            snap = WorkerStats(**{f.name: getattr(self._stats, f.name) for f in fields(WorkerStats)
+                                  if f.name != "compute_ms"})
+            snap.compute_ms = list(self._compute)
+        return snap
+
+    def _count(self, name: str, n: int = 1) -> None:
+        # Only the loop thread writes counters: no lock (readers may see one step late).
+        setattr(self._stats, name, getattr(self._stats, name) + n)
+
+    def _problem(self, key: str, message: str) -> None:
+        with self._lock:
+            self._stats.last_problem = message
+        self._throttle.warn(key, message)
+
+    # -- frames ----------------------------------------------------------------------
+    def handle(self, parts: list[Any], recv_ns: int, ready_ns: int) -> None:
+        """Process one received multipart message (never raises for bad input)."""
+        self._stats.frames_in += 1
+        t0 = time.perf_counter_ns()
+        try:
+            header, payload = decode_frame(parts)
+        except FrameError as exc:
+            self._count("malformed")
+            self._problem("malformed", f"stage {self.stage} dropped a malformed frame: {exc}")
+            if exc.header is not None and exc.header.kind == Kind.STEP:
+                self._send_error(exc.header, f"malformed frame: {exc}", recv_ns, ready_ns)
+            return
+        decode_ns = time.perf_counter_ns() - t0
+        try:
+            if header.kind == Kind.STEP:
+                self._on_step(header, payload, recv_ns, ready_ns, decode_ns)
+            elif header.kind in (Kind.RESET, Kind.CLOSE):
+                self._on_control(header)
+            elif header.kind == Kind.ERROR:
+                self._count("errors_forwarded")
+                self._send(header, None)
+            else:
+                self._count("unexpected")
+                self._problem("unexpected", f"stage {self.stage} got a {header.kind.name} "
+                                            f"frame (stream {header.stream_id}); dropped")
+        except Exception as exc:  # keep serving whatever one frame did
+            log.exception("stage %d failed on a %s frame", self.stage, header.kind.name)
+            self._problem("internal", f"stage {self.stage}: {exc!r}")
+
+    def _on_control(self, header: HiddenStateFrame) -> None:
+        sid = header.stream_id
+        state = self._streams.get(sid)
+        if admit(state.epoch if state else None, header.epoch) != "new":
+            self._count("stale")
+            return
+        self._guard.release(sid)
+        if header.kind == Kind.RESET:
+            self.runner.reset_stream(sid)
+            self._streams[sid] = _StreamState(header.epoch)
+            self._count("resets")
+        else:
+            self.runner.close_stream(sid)
+            self._streams[sid] = _StreamState(header.epoch, closed=True)
+            self._count("closes")
+        if not self.last:
+            header.source_stage = self.stage
+            self._send(header, None)
+
+    def _on_step(self, header: HiddenStateFrame, payload: np.ndarray | None, recv_ns: int,
+                 ready_ns: int, decode_ns: int) -> None:
+        sid = header.stream_id
+        state = self._streams.get(sid)
+        verdict = admit(state.epoch if state else None, header.epoch)
+        if verdict == "stale" or (state is not None and state.closed and verdict == "current"):
+            self._count("stale")
+            return
+        if verdict == "new":  # its RESET was lost, or the coordinator never sent one
+            self._guard.release(sid)
+            self.runner.reset_stream(sid)
+            state = self._streams[sid] = _StreamState(header.epoch)
+            self._count("implicit_resets")
+        assert state is not None and payload is not None
+        if header.step != state.next_step:
+            self._send_error(header, f"expected step {state.next_step} of stream {sid}, got "
+                                     f"step {header.step}: a frame was lost upstream",
+                             recv_ns, ready_ns)
+            return
+        self._guard.release(sid)
+        start = time.perf_counter_ns()
+        try:
+            if header.mask_tail:
+                self.runner.mask_tail(sid, header.mask_tail)
+            logits_idx = header.logits_idx if self.last and header.logits_idx.size else None
+            out = self.runner.step(sid, payload, header.positions, logits_idx)
+        except Exception as exc:  # a stage failure must reach the coordinator, not kill us
+            self._send_error(header, str(exc), recv_ns, ready_ns)
+            return
+        compute_ns = time.perf_counter_ns() - start
+        state.next_step += 1
+        self._stats.steps += 1
+        with self._lock:
+            self._compute.append(compute_ns / 1e6)
+        start = time.perf_counter_ns()
+        if self.last:
+            body = reply_payload(out, header.reply, header.top_k)
+            header.kind = Kind.REPLY
+            if not header.logits_idx.size:  # answering for the last token: the coordinator
+                header.positions = EMPTY_INDEX  # knows its position, save the bytes
+        else:
+            body = out
+        header.source_stage, header.error = self.stage, ""
+        header.timings = stamp(header.timings, self.stage, recv_ns, ready_ns, 0, decode_ns,
+                               compute_ns, 0)  # send stamp and encode time: see _send
+        # Hidden states and full logits are sent zero-copy out of the request's output
+        # tensor, which the stream's next inference overwrites: guard it until sent.
+        shares_output = not self.last or header.reply == ReplyMode.LOGITS
+        self._send(header, body, guard_key=sid if shares_output else None, encode_start=start)
+
+    def _send_error(self, header: HiddenStateFrame, message: str, recv_ns: int,
+                    ready_ns: int) -> None:
+        self._count("errors_sent")
+        text = f"stage {self.stage}: {message}"
+        self._problem("error", f"{text} (stream {header.stream_id}, step {header.step})")
+        header.kind, header.error, header.source_stage = Kind.ERROR, text, self.stage
+        header.timings = stamp(header.timings, self.stage, recv_ns, ready_ns, time.time_ns(),
+                               0, 0, 0)
+        self._send(header, None)
+
+    def _send(self, header: HiddenStateFrame, body: np.ndarray | None,
+              guard_key: int | None = None, encode_start: int | None = None) -> None:
+        """Encode and send; with ``encode_start`` (perf_counter ns) the frame's last timing
+        record gets its send stamp and encode time just before the send."""
+        try:
+            parts = encode_frame(header, body)
+            if encode_start is not None:
+                restamp_send(parts, 0, time.time_ns(), time.perf_counter_ns() - encode_start)
+            tracker = send_parts(self._push, parts)
+        except (FrameError, TransportError) as exc:
+            self._count("send_failures")
+            self._problem("send", f"stage {self.stage} dropped a {header.kind.name} frame of "
+                                  f"stream {header.stream_id}: {exc}")
+            return
+        if guard_key is not None:
+            self._guard.hold(guard_key, tracker)
+        self._stats.frames_out += 1
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m dataplane.worker",
+                                     description="Serve one stage shard of an export.")
+    parser.add_argument("export_dir")
+    parser.add_argument("--stage", type=int, required=True)
+    parser.add_argument("--bind", required=True, help="inbound address, e.g. tcp://127.0.0.2:*")
+    parser.add_argument("--send-to", required=True, help="next stage or coordinator reply address")
+    parser.add_argument("--device", default="CPU")
+    parser.add_argument("--precision", default="f32", help="INFERENCE_PRECISION_HINT; 'default' "
+                                                           "keeps the plugin's")
+    parser.add_argument("--threads", type=int, default=None, help="INFERENCE_NUM_THREADS")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Node entry point: load the stage, print ``ready <endpoint>``, serve until SIGTERM/SIGINT."""
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = RuntimeConfig(device=args.device, num_threads=args.threads,
+                           precision=None if args.precision == "default" else args.precision)
+    runner = StageRunner(args.export_dir, args.stage, config)
+    worker = StageWorker(runner, args.bind, args.send_to)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit the loop like Ctrl-C
+    print(f"ready {worker.endpoint}", flush=True)
+    try:
+        worker.run()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""ClusterPipeline: greedy generation across stage processes equals LocalChain, and failures
+(timeouts, refused steps, resets with frames in flight) surface quickly and clearly."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from dataplane.cluster import ClusterPipeline, DataPlaneError, StageFailed, StageTimeout
+from dataplane.generate import GenerationStats, LocalChain, generate_greedy
+from dataplane.runtime import StageRunner
+from dataplane.transport import pull_socket
+from dataplane.worker import StageWorker
+
+PROMPTS = [[0, 17, 42, 99, 5, 230, 7], [0, 300, 301, 302]]
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def chain_in_processes(export, hosts, spawn, stages: int, timeout_s: float = 20.0):
+    """Coordinator here (stage 0); stages 1.. as worker processes on hosts[i - 1]."""
+    addrs = [f"tcp://{hosts[(i - 1) % len(hosts)]}:{free_port(hosts[(i - 1) % len(hosts)])}"
+             for i in range(1, stages)]
+    pipe = ClusterPipeline(StageRunner(export, 0), addrs[0], "tcp://127.0.0.1:*",
+                           timeout_s=timeout_s)
+    for i in reversed(range(1, stages)):
+        send_to = addrs[i] if i < stages - 1 else pipe.reply_endpoint
+        assert spawn(export, i, addrs[i - 1], send_to) == addrs[i - 1]
+    return pipe
+
+
+def greedy(pipe, prompt, n=12, stream_id=0, stats=None):
+    return list(generate_greedy(pipe, prompt, n, stream_id=stream_id, prefill_chunk=4,
+                                stats=stats))
+
+
+@pytest.fixture(scope="module")
+def local2(dp_export2):
+    return LocalChain.load(str(dp_export2))
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_greedy_across_processes_equals_local_chain(stages, dp_export2, dp_export3, dp_hosts,
+                                                    dp_spawn):
+    export = dp_export2 if stages == 2 else dp_export3
+    pipe = chain_in_processes(export, dp_hosts, dp_spawn, stages)
+    local = LocalChain.load(str(export))
+    try:
+        for prompt in PROMPTS:
+            stats = GenerationStats()
+            assert greedy(pipe, prompt, stats=stats) == greedy(local, prompt)
+            assert len(stats.stage_ms[-1]) == stages
+        reply = pipe.step(0, np.array([5]), np.array([len(PROMPTS[-1]) + 11]), top_k=4,
+                          want_logits=True)
+        assert reply.logits is not None and reply.top is not None and reply.top.shape == (1, 4)
+        timing = reply.timing
+        assert timing is not None and len(timing.compute_ms) == stages
+        assert [(h.src, h.dst) for h in timing.hops] == [(i, i + 1) for i in range(stages)]
+        assert timing.total_ms >= sum(timing.compute_ms) and timing.transit_ms > 0
+        summary = pipe.timings.summary()
+        assert {"total", "overhead", f"stage{stages - 1}.compute", "hop0-1.network"} <= set(summary)
+        assert pipe.stats.stale_replies == 0 and pipe.stats.errors == 0
+    finally:
+        pipe.close()
+
+
+@pytest.fixture
+def threaded2(dp_export2):
+    """A 2-stage cluster with the last stage in a thread (fast to set up, easy to poke)."""
+    pipe = ClusterPipeline(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
+                           timeout_s=10)
+    worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", pipe.reply_endpoint)
+    pipe.rewire(worker.endpoint)
+    worker.start()
+    yield pipe, worker
+    worker.stop()
+    pipe.close()
+
+
+def test_logits_top_k_and_rewind_match_local_runners(threaded2, local2):
+    pipe, _ = threaded2
+    pipe.open(0)
+    pipe.reset(0)
+    local2.open(0)
+    local2.reset(0)
+    ids, pos = np.array([0, 8, 9, 10, 11]), np.arange(5)
+    got = pipe.step(0, ids, pos, np.array([2, 4]), want_logits=True)
+    want = local2.step(0, ids, pos, np.array([2, 4]), want_logits=True)
+    assert np.array_equal(got.logits, want.logits) and np.array_equal(got.tokens, want.tokens)
+    # reject the last two tokens (mask-based rewind) and continue at logical position 3
+    got = pipe.step(0, np.array([12]), np.array([3]), mask_tail=2, top_k=5)
+    for runner in local2.runners:
+        runner.mask_tail(0, 2)
+    want = local2.step(0, np.array([12]), np.array([3]), want_logits=True)
+    assert got.tokens.tolist() == want.tokens.tolist()
+    assert got.top["token"][0].tolist() == np.argsort(-want.logits[0])[:5].tolist()
+
+
+def test_streams_interleave_with_submit_and_collect(threaded2, local2):
+    pipe, _ = threaded2
+    expect = {s: greedy(local2, p, n=6) for s, p in enumerate(PROMPTS)}
+    tokens: dict[int, list[int]] = {}
+    position = {}
+    for s, prompt in enumerate(PROMPTS):
+        pipe.open(s)
+        pipe.reset(s)
+        position[s] = len(prompt)
+    requests = {pipe.submit(s, np.array(p), np.arange(len(p))): s for s, p in enumerate(PROMPTS)}
+    assert len(pipe.in_flight) == 2
+    while requests:
+        reply = pipe.collect_any()
+        s = requests.pop(reply.request_id)
+        assert reply.stream_id == s
+        tokens.setdefault(s, []).append(int(reply.tokens[-1]))
+        if len(tokens[s]) < 6:
+            rid = pipe.submit(s, np.array([tokens[s][-1]]), np.array([position[s]]))
+            position[s] += 1
+            requests[rid] = s
+    assert tokens == expect
+    assert pipe.collect_any(timeout_s=0.05) is None
+
+
+def test_replies_of_an_old_epoch_are_discarded(threaded2, local2):
+    pipe, _ = threaded2
+    prompt = PROMPTS[0]
+    pipe.open(0)
+    pipe.reset(0)
+    old = pipe.submit(0, np.array(prompt), np.arange(len(prompt)))
+    pipe.reset(0)  # the old request's answer is now stale wherever it is
+    assert greedy(pipe, prompt, n=5) == greedy(local2, prompt, n=5)
+    assert pipe.stats.stale_replies == 1
+    with pytest.raises(DataPlaneError, match="unknown|abandoned"):
+        pipe.collect(old)
+
+
+def test_a_refused_step_fails_fast_with_the_stage_message(threaded2):
+    pipe, worker = threaded2
+    worker.runner.hidden_size = 32  # the stage now refuses stage 0's 64-wide hidden states
+    pipe.open(0)
+    pipe.reset(0)
+    start = time.monotonic()
+    with pytest.raises(StageFailed, match="failed at stage 1: .*hidden states") as info:
+        pipe.step(0, np.array([1, 2]), np.arange(2))
+    assert time.monotonic() - start < 2 and info.value.stage == 1
+    with pytest.raises(DataPlaneError, match="must be reset"):
+        pipe.step(0, np.array([3]), np.array([2]))
+    worker.runner.hidden_size = 64
+    pipe.reset(0)
+    assert pipe.step(0, np.array([1, 2]), np.arange(2)).tokens.shape == (1,)
+
+
+def test_a_silent_stage_times_out_naming_it(dp_export2):
+    hole = pull_socket(zmq.Context.instance(), "tcp://127.0.0.1:*")  # takes frames, never answers
+    from dataplane.transport import bound_endpoint
+
+    pipe = ClusterPipeline(StageRunner(dp_export2, 0), bound_endpoint(hole),
+                           "tcp://127.0.0.1:*", timeout_s=0.3)
+    try:
+        pipe.open(0)
+        pipe.reset(0)
+        with pytest.raises(StageTimeout, match="stage 1 \\(tcp://127.0.0.1:.*did not answer") \
+                as info:
+            pipe.step(0, np.array([1, 2]), np.arange(2))
+        assert info.value.stages == (1,) and pipe.stats.timeouts == 1
+        with pytest.raises(DataPlaneError, match="must be reset"):
+            pipe.submit(0, np.array([3]), np.array([2]))
+    finally:
+        pipe.close()
+        hole.close(0)
+
+
+def test_constructor_checks(dp_export2):
+    with pytest.raises(ValueError, match="runs stage 0"):
+        ClusterPipeline(StageRunner(dp_export2, 1), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*")
+
+
+def test_long_prompts_and_full_logits_take_the_zero_copy_path(threaded2, local2):
+    rng = np.random.default_rng(3)
+    prompt = [0, *(int(t) for t in rng.integers(4, 384, 299))]  # 300 x 64 x 4 B = 77 kB
+    got = list(generate_greedy(threaded2[0], prompt, 4, prefill_chunk=300))
+    assert got == list(generate_greedy(local2, prompt, 4, prefill_chunk=300))
+    pipe = threaded2[0]
+    pipe.reset(0)
+    local2.reset(0)
+    idx = np.arange(200)  # 200 x 384 x 4 B = 307 kB of logits back
+    a = pipe.step(0, np.array(prompt[:200]), np.arange(200), idx, want_logits=True)
+    b = local2.step(0, np.array(prompt[:200]), np.arange(200), idx, want_logits=True)
+    assert np.array_equal(a.logits, b.logits)
+
+
+def test_garbage_on_the_reply_pipe_is_dropped(threaded2, local2):
+    pipe, _ = threaded2
+    junk = zmq.Context.instance().socket(zmq.PUSH)
+    junk.connect(pipe.reply_endpoint)
+    try:
+        junk.send_multipart([b"not", b"a", b"frame"])
+        junk.send(b"\x00" * 100)
+        assert greedy(pipe, PROMPTS[0], n=4) == greedy(local2, PROMPTS[0], n=4)
+        assert pipe.stats.malformed == 2
+    finally:
+        junk.close(0)
+
+
+def test_close_stream_frees_it_on_every_stage(threaded2):
+    pipe, worker = threaded2
+    pipe.open(5)
+    pipe.reset(5)
+    pipe.step(5, np.array([1, 2]), np.arange(2))
+    pipe.close_stream(5)
+    deadline = time.monotonic() + 5
+    while 5 in worker.runner.streams and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 5 not in worker.runner.streams and 5 not in pipe.stage0.streams
+    with pytest.raises(DataPlaneError, match="not open"):
+        pipe.step(5, np.array([3]), np.array([2]))
+
+
+def test_rewire_requires_a_reset(threaded2, local2):
+    pipe, worker = threaded2
+    pipe.open(0)
+    pipe.reset(0)
+    pipe.step(0, np.array([1, 2]), np.arange(2))
+    pipe.rewire(worker.endpoint)
+    with pytest.raises(DataPlaneError, match="must be reset: the pipeline was rewired"):
+        pipe.step(0, np.array([3]), np.array([2]))
+    assert greedy(pipe, PROMPTS[1], n=4) == greedy(local2, PROMPTS[1], n=4)

@@ -1,0 +1,265 @@
+"""The data-plane wire protocol: round trips, every malformed case, timing derivation."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from dataplane.frames import (
+    FIXED,
+    MAX_NDIM,
+    MAX_TOKENS,
+    TOPK_DTYPE,
+    FrameError,
+    HiddenStateFrame,
+    Kind,
+    ReplyMode,
+    decode_frame,
+    encode_frame,
+    restamp_send,
+    stamp,
+    timing_records,
+    top_k_records,
+)
+from dataplane.timing import TimingWindow, derive_step_timing, flatten, percentiles
+
+# Index of each field in FIXED's unpacked tuple.
+F_MAGIC, F_VERSION, F_KIND, F_REPLY, F_DTYPE, F_TOPK, F_NDIM, F_NTIMING = range(8)
+F_TOKENS, F_NIDX = 13, 14
+
+
+def step_header(**changes) -> HiddenStateFrame:
+    fields = dict(kind=Kind.STEP, stream_id=3, request_id=77, epoch=1 << 60, step=5,
+                  positions=np.array([10, 11, 12]), logits_idx=np.array([0, 2]),
+                  reply=ReplyMode.TOPK, top_k=4, mask_tail=2, source_stage=1,
+                  timings=stamp(b"", 0, 100, 90, 200, 1, 50, 2))
+    fields.update(changes)
+    return HiddenStateFrame(**fields)
+
+
+def hidden(tokens: int = 3, size: int = 8) -> np.ndarray:
+    return np.arange(tokens * size, dtype=np.float32).reshape(1, tokens, size)
+
+
+def patched(parts: list, **fields: int) -> list:
+    """Rewrite fixed-header fields (by F_* index given as f<index>=value) of encoded parts."""
+    head = bytes(parts[0])
+    values = list(FIXED.unpack_from(head))
+    for key, value in fields.items():
+        values[int(key[1:])] = value
+    return [FIXED.pack(*values) + head[FIXED.size:], parts[1]]
+
+
+def test_step_round_trip_keeps_every_field_and_views_the_payload():
+    header, x = step_header(), hidden()
+    parts = encode_frame(header, x)
+    assert len(parts) == 2 and np.shares_memory(parts[1], x)  # the payload is not copied
+    got, payload = decode_frame(parts)
+    assert (got.kind, got.stream_id, got.request_id, got.epoch, got.step) == (
+        Kind.STEP, 3, 77, 1 << 60, 5)
+    assert got.positions.tolist() == [10, 11, 12] and got.logits_idx.tolist() == [0, 2]
+    assert (got.reply, got.top_k, got.mask_tail, got.source_stage) == (ReplyMode.TOPK, 4, 2, 1)
+    assert got.shape == (1, 3, 8) and got.dtype == np.float32 and got.tokens == 3
+    assert timing_records(got.timings)["compute_ns"].tolist() == [50]
+    assert payload.dtype == np.float32 and np.array_equal(payload, x)
+
+
+def test_token_ids_and_replies_round_trip():
+    ids = np.array([[5, 6, 7]], dtype=np.int64)
+    _, payload = decode_frame(encode_frame(step_header(), ids))
+    assert payload.dtype == np.int64 and payload.tolist() == [[5, 6, 7]]
+    logits = np.random.default_rng(0).standard_normal((2, 50)).astype(np.float32)
+    for mode, body in ((ReplyMode.TOP1, top_k_records(logits, 1)),
+                       (ReplyMode.TOPK, top_k_records(logits, 4)),
+                       (ReplyMode.LOGITS, logits)):
+        got, payload = decode_frame(encode_frame(step_header(kind=Kind.REPLY, reply=mode), body))
+        assert got.reply == mode and np.array_equal(payload, body)
+
+
+def test_control_and_error_frames_carry_no_payload():
+    for kind in (Kind.RESET, Kind.CLOSE):
+        got, payload = decode_frame(encode_frame(HiddenStateFrame(kind, 1, 0, 9)))
+        assert got.kind == kind and got.epoch == 9 and payload is None
+    error = step_header(kind=Kind.ERROR, error="stage 2: bad shape ✗")
+    got, payload = decode_frame(encode_frame(error))
+    assert got.error == "stage 2: bad shape ✗" and payload is None
+
+
+def test_parts_may_be_bytes_memoryviews_or_zmq_frames():
+    import zmq
+
+    parts = encode_frame(step_header(), hidden())
+    header, payload = decode_frame([zmq.Frame(bytes(parts[0])), memoryview(parts[1])])
+    assert header.step == 5 and payload.shape == (1, 3, 8)
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_wrong_part_count(count):
+    parts = encode_frame(step_header(), hidden())
+    with pytest.raises(FrameError, match="expected 2 parts"):
+        decode_frame((parts * 2)[:count])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(f0=b"HTTP"), "bad magic"),
+    (dict(f1=9), "protocol version 9"),
+    (dict(f2=42), "unknown frame kind 42"),
+    (dict(f3=7), "unknown reply mode 7"),
+    (dict(f4=99), "unknown payload dtype code 99"),
+    (dict(f6=MAX_NDIM + 1), "absurd header"),
+    (dict(f13=MAX_TOKENS + 1), "absurd header"),
+    (dict(f5=5000), "absurd header"),
+    (dict(f14=4), "4 logits indices for a 3-token step"),
+    (dict(f13=2), "trailing bytes"),
+    (dict(f7=3), "truncated header"),
+])
+def test_malformed_headers(change, message):
+    parts = patched(encode_frame(step_header(), hidden()), **change)
+    with pytest.raises(FrameError, match=message):
+        decode_frame(parts)
+
+
+def test_truncated_headers():
+    head, body = encode_frame(step_header(), hidden())
+    with pytest.raises(FrameError, match="the fixed part alone"):
+        decode_frame([head[:10], body])
+    with pytest.raises(FrameError, match="truncated header"):
+        decode_frame([head[:-3], body])
+
+
+def test_payload_must_match_dtype_times_shape():
+    head, body = encode_frame(step_header(), hidden())
+    for bad in (bytes(body)[:-4], bytes(body) + b"\0\0\0\0", b""):
+        with pytest.raises(FrameError, match="payload is .* bytes but float32") as info:
+            decode_frame([head, bad])
+        assert info.value.header is not None and info.value.header.request_id == 77
+
+
+def test_absurd_shapes():
+    x = np.zeros((1, 3, 1), dtype=np.float32)
+    head, body = encode_frame(step_header(), x)
+    dims_at = FIXED.size
+    for dims in ((1, 3, 0), (1, 3, 1 << 31)):
+        bad = head[:dims_at] + struct.pack("<3I", *dims) + head[dims_at + 12:]
+        with pytest.raises(FrameError, match="absurd payload shape"):
+            decode_frame([bad, body])
+
+
+def test_semantic_checks():
+    cases = [
+        (step_header(), hidden(tokens=2), "must be \\[batch, 3"),
+        (step_header(positions=np.array([1, -1, 2])), hidden(), "negative token position"),
+        (step_header(logits_idx=np.array([3])), hidden(), "out of range for 3 tokens"),
+        (step_header(kind=Kind.RESET), hidden(), "RESET frame carries no payload"),
+        (step_header(kind=Kind.REPLY, reply=ReplyMode.TOP1),
+         top_k_records(np.zeros((2, 9), np.float32), 3), "TOP1 reply must be"),
+        (step_header(kind=Kind.REPLY, reply=ReplyMode.LOGITS), np.zeros((3, 9), np.float32),
+         "LOGITS reply must be float32 \\[2, vocab\\]"),
+    ]
+    for header, payload, message in cases:
+        with pytest.raises(FrameError, match=message):
+            decode_frame(encode_frame(header, payload))
+    head, _ = encode_frame(HiddenStateFrame(Kind.RESET, 1, 0, 1))
+    with pytest.raises(FrameError, match="without a dtype"):
+        decode_frame([head, b"junk"])
+
+
+def test_encode_refuses_what_it_cannot_describe():
+    with pytest.raises(FrameError, match="cannot send a complex64"):
+        encode_frame(step_header(), np.zeros((1, 3), np.complex64))
+    with pytest.raises(FrameError, match="at most 4"):
+        encode_frame(step_header(), np.zeros((1, 3, 1, 1, 1), np.float32))
+    with pytest.raises(FrameError, match="out of range"):
+        encode_frame(step_header(stream_id=-1), hidden())
+    with pytest.raises(FrameError, match="whole"):
+        encode_frame(step_header(timings=b"abc"), hidden())
+
+
+def test_non_contiguous_payloads_are_sent_contiguous():
+    x = np.arange(48, dtype=np.float32).reshape(1, 8, 6)[:, ::2, :]
+    header = step_header(positions=np.arange(4), logits_idx=np.zeros(0, np.int64))
+    _, payload = decode_frame(encode_frame(header, x))
+    assert np.array_equal(payload, x)
+
+
+def test_garbage_only_ever_raises_frame_error():
+    rng = np.random.default_rng(1)
+    head, body = encode_frame(step_header(), hidden())
+    for _ in range(3000):
+        junk = bytearray(head)
+        for _ in range(rng.integers(1, 4)):
+            junk[rng.integers(len(junk))] = rng.integers(256)
+        candidates = ([bytes(junk), body], [rng.bytes(int(rng.integers(0, 300))), body],
+                      [bytes(junk)[: rng.integers(len(junk))], rng.bytes(8)])
+        for parts in candidates:
+            try:
+                decode_frame(parts)
+            except FrameError:
+                pass
+
+
+def test_top_k_records_are_sorted_and_break_ties_like_argmax():
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal((3, 1000)).astype(np.float32)
+    top = top_k_records(logits[None], 5)
+    assert top.dtype == TOPK_DTYPE and top.shape == (3, 5)
+    expect = np.argsort(-logits, axis=-1, kind="stable")[:, :5]
+    assert np.array_equal(top["token"], expect)
+    assert np.array_equal(top["logit"], np.take_along_axis(logits, expect, axis=-1))
+    tied = np.zeros((1, 10), np.float32)
+    tied[0, [7, 3, 5]] = 1.0
+    assert top_k_records(tied, 1)["token"].tolist() == [[3]] == [[int(tied.argmax())]]
+    assert top_k_records(tied, 3)["token"].tolist() == [[3, 5, 7]]
+
+
+def test_step_timing_splits_each_hop():
+    # stage 0 sends at 1000; stage 1 was busy until 1500, got it at 1600, sent at 4600;
+    # the coordinator was waiting from 4000, got the reply at 4800.
+    timings = stamp(b"", 0, 0, 0, 1000, 0, 900_000, 50)
+    timings = stamp(timings, 1, 1600, 1500, 4600, 30, 2_000, 40)
+    t = derive_step_timing(timings, coord_recv_ns=4800, coord_ready_ns=4000,
+                           coord_decode_ns=20, start_ns=0, end_ns=5000)
+    assert t.compute_ms == (0.9, 0.002)
+    first, back = t.hops
+    assert (first.src, first.dst, back.src, back.dst) == (0, 1, 1, 2)
+    assert first.queue_ms == pytest.approx(0.0005) and first.network_ms == pytest.approx(0.0001)
+    assert first.serialise_ms == pytest.approx(0.00008)
+    assert back.queue_ms == 0.0 and back.network_ms == pytest.approx(0.0002)
+    assert t.total_ms == pytest.approx(0.005)
+    # transit: the two gaps between send and arrival stamps, 600 + 200 ns
+    assert t.transit_ms == pytest.approx(800 / 1e6)
+    assert t.transit_ms == pytest.approx(sum(h.queue_ms + h.network_ms for h in t.hops))
+    assert t.overhead_ms == pytest.approx((5000 - 902_000 - 800) / 1e6)
+    flat = flatten(t)
+    assert flat["hop0-1.queue"] == first.queue_ms and flat["stage1.compute"] == 0.002
+
+
+def test_skewed_clocks_clamp_to_zero_and_percentiles():
+    timings = stamp(stamp(b"", 0, 0, 0, 1000, 0, 1, 0), 1, 500, 400, 600, 0, 1, 0)
+    t = derive_step_timing(timings, 2000, 2000, 0, 0, 3000)
+    assert t.hops[0].network_ms == 0.0 and t.hops[0].queue_ms == 0.0
+    assert percentiles([{"a": float(i)} for i in range(101)])["a"] == {"p50": 50.0, "p95": 95.0}
+    window = TimingWindow(size=3)
+    for _ in range(5):
+        window.add(t)
+    assert len(window) == 3 and window.summary()["total"]["p50"] == pytest.approx(0.003)
+    with pytest.raises(ValueError):
+        derive_step_timing(b"", 0, 0, 0, 0, 0)
+
+
+def test_restamp_send_fills_the_last_record_in_place():
+    for error in ("", "stage 1: broken ✗"):
+        header = step_header(kind=Kind.ERROR if error else Kind.STEP, error=error)
+        header.timings = stamp(header.timings, 1, 5, 6, 0, 7, 8, 0)
+        parts = encode_frame(header, None if error else hidden())
+        restamp_send(parts, len(error.encode()), send_ns=123456789, encode_ns=4321)
+        got, _ = decode_frame(parts)
+        records = timing_records(got.timings)
+        assert records["send_ns"].tolist() == [200, 123456789]
+        assert records["encode_ns"].tolist() == [2, 4321]
+        assert records["compute_ns"].tolist() == [50, 8] and got.error == error
+    bare = encode_frame(HiddenStateFrame(Kind.RESET, 1, 0, 1))
+    with pytest.raises(FrameError, match="no timing record"):
+        restamp_send(bare, 0, 1, 1)

@@ -1,0 +1,312 @@
+"""StageWorker in a thread, driven frame by frame by the test playing the coordinator."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from dataplane.frames import (
+    TOPK_DTYPE,
+    HiddenStateFrame,
+    Kind,
+    ReplyMode,
+    decode_frame,
+    encode_frame,
+    stamp,
+    timing_records,
+)
+from dataplane.runtime import StageRunner
+from dataplane.transport import (
+    BufferGuard,
+    PipeOptions,
+    TransportError,
+    bound_endpoint,
+    pull_socket,
+    push_socket,
+    recv_parts,
+    send_parts,
+)
+from dataplane.worker import CONTROL_PREFIX, StageWorker, admit, reply_payload
+
+EPOCH = 1000
+
+
+class Coordinator:
+    """A hand-driven coordinator end: PUSH frames to a worker, PULL what comes back."""
+
+    def __init__(self, target: str) -> None:
+        ctx = zmq.Context.instance()
+        self.pull = pull_socket(ctx, "tcp://127.0.0.1:*")
+        self.reply_addr = bound_endpoint(self.pull)
+        self.push = push_socket(ctx, target) if target else None
+
+    def send_parts(self, parts: list) -> None:
+        assert self.push is not None
+        self.push.send_multipart(parts)
+
+    def send(self, header: HiddenStateFrame, payload: np.ndarray | None = None) -> None:
+        self.send_parts(encode_frame(header, payload))
+
+    def recv(self, timeout_s: float = 5.0):
+        if not self.pull.poll(int(timeout_s * 1000)):
+            return None
+        return decode_frame(self.pull.recv_multipart(copy=False))
+
+    def close(self) -> None:
+        self.pull.close(0)
+        if self.push is not None:
+            self.push.close(0)
+
+
+def step(stream: int, x: np.ndarray, positions, *, step_no: int = 0, epoch: int = EPOCH,
+         reply: ReplyMode = ReplyMode.TOP1, top_k: int = 1, mask_tail: int = 0,
+         request_id: int = 1, logits_idx=()) -> list:
+    """The encoded parts of a STEP frame as stage 0 would send it."""
+    header = HiddenStateFrame(kind=Kind.STEP, stream_id=stream, request_id=request_id,
+                              epoch=epoch, step=step_no, positions=np.asarray(positions),
+                              logits_idx=np.asarray(logits_idx, dtype=np.int64), reply=reply,
+                              top_k=top_k, mask_tail=mask_tail,
+                              timings=stamp(b"", 0, 1, 1, 2, 0, 5, 0))
+    return encode_frame(header, x)
+
+
+@pytest.fixture
+def last_stage(dp_export2):
+    """A running worker for stage 1 (the last) of 2, the coordinator end, and references."""
+    coord = Coordinator("")
+    worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", coord.reply_addr)
+    coord.push = push_socket(zmq.Context.instance(), worker.endpoint)
+    worker.start()
+    first, ref = StageRunner(dp_export2, 0), StageRunner(dp_export2, 1)
+    first.open_stream(0)
+    ref.open_stream(0)
+    yield worker, coord, first, ref
+    worker.stop()
+    coord.close()
+
+
+def hidden_for(first: StageRunner, ids: list[int], positions) -> np.ndarray:
+    return first.step(0, np.array([ids]), np.asarray(positions)).copy()
+
+
+def test_pure_helpers():
+    assert admit(None, 5) == "new" and admit(4, 5) == "new"
+    assert admit(5, 5) == "current" and admit(6, 5) == "stale"
+    logits = np.random.default_rng(0).standard_normal((1, 2, 30)).astype(np.float32)
+    assert reply_payload(logits, ReplyMode.TOP1, 1)["token"][:, 0].tolist() == \
+        logits[0].argmax(-1).tolist()
+    assert reply_payload(logits, ReplyMode.TOPK, 3).shape == (2, 3)
+    assert np.shares_memory(reply_payload(logits, ReplyMode.LOGITS, 1), logits)
+
+
+def test_last_stage_answers_like_a_local_runner(last_stage):
+    worker, coord, first, ref = last_stage
+    x = hidden_for(first, [1, 2, 3], [0, 1, 2])
+    coord.send_parts(step(0, x, [0, 1, 2]))
+    header, payload = coord.recv()
+    expect = ref.step(0, x, np.arange(3))[0, -1]
+    assert header.kind == Kind.REPLY and header.source_stage == 1
+    assert payload["token"][0, 0] == expect.argmax()
+    assert payload["logit"][0, 0] == pytest.approx(expect.max())
+    records = timing_records(header.timings)
+    assert records["stage"].tolist() == [0, 1] and records["compute_ns"][1] > 0
+    assert records["send_ns"][1] >= records["recv_ns"][1]
+    # next decode step, full logits
+    x = hidden_for(first, [4], [3])
+    coord.send_parts(step(0, x, [3], step_no=1, reply=ReplyMode.LOGITS))
+    header, payload = coord.recv()
+    assert np.array_equal(payload, ref.step(0, x, np.array([3]))[0])
+    stats = worker.stats()
+    assert stats.steps == 2 and stats.frames_out == 2 and len(stats.compute_ms) == 2
+
+
+def test_top_k_and_several_answer_positions(last_stage):
+    _, coord, first, ref = last_stage
+    x = hidden_for(first, [5, 6, 7, 8], np.arange(4))
+    coord.send_parts(step(0, x, np.arange(4), reply=ReplyMode.TOPK, top_k=3, logits_idx=[1, 3]))
+    _, payload = coord.recv()
+    expect = ref.step(0, x, np.arange(4), np.array([1, 3]))[0]
+    assert payload.shape == (2, 3)
+    assert payload["token"].tolist() == np.argsort(-expect, axis=-1)[:, :3].tolist()
+
+
+def test_stale_epochs_are_dropped(last_stage):
+    worker, coord, first, _ = last_stage
+    x = hidden_for(first, [1, 2], [0, 1])
+    coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH + 1))
+    coord.send_parts(step(0, x, [0, 1], epoch=EPOCH))  # from before the reset
+    assert coord.recv(timeout_s=0.3) is None
+    coord.send_parts(step(0, x, [0, 1], epoch=EPOCH + 1))
+    header, _ = coord.recv()
+    assert header.epoch == EPOCH + 1
+    coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH))  # an old reset changes nothing
+    coord.send_parts(step(0, hidden_for(first, [3], [2]), [2], step_no=1, epoch=EPOCH + 1))
+    assert coord.recv() is not None
+    stats = worker.stats()
+    assert stats.stale == 2 and stats.resets == 1 and stats.implicit_resets == 0
+
+
+def test_a_newer_epoch_without_its_reset_resets_implicitly(last_stage):
+    worker, coord, first, ref = last_stage
+    x = hidden_for(first, [9, 8, 7], [0, 1, 2])
+    coord.send_parts(step(0, x, [0, 1, 2], epoch=EPOCH))
+    coord.recv()
+    coord.send_parts(step(0, x, [0, 1, 2], epoch=EPOCH + 5))  # same prompt again, fresh KV
+    _, payload = coord.recv()
+    assert payload["token"][0, 0] == ref.step(0, x, np.arange(3))[0, -1].argmax()
+    assert worker.stats().implicit_resets == 2
+
+
+def test_mask_tail_rewinds_before_the_step(last_stage):
+    _, coord, first, ref = last_stage
+    x = hidden_for(first, [1, 2, 3, 4], np.arange(4))
+    coord.send_parts(step(0, x, np.arange(4)))
+    coord.recv()
+    ref.step(0, x, np.arange(4))
+    y = hidden_for(first, [5], [2])
+    coord.send_parts(step(0, y, [2], step_no=1, mask_tail=2, reply=ReplyMode.LOGITS))
+    _, payload = coord.recv()
+    ref.mask_tail(0, 2)
+    assert np.array_equal(payload, ref.step(0, y, np.array([2]))[0])
+
+
+def test_garbage_leaves_the_worker_serving(last_stage):
+    worker, coord, first, _ = last_stage
+    x = hidden_for(first, [1, 2], [0, 1])
+    good = step(0, x, [0, 1])
+    for junk in ([b"hello"], [b"a", b"b", b"c"], [b"\0" * 80, b""], [bytes(good[0]), b"xyz"],
+                 [bytes(good[0])[:-5], bytes(good[1])]):
+        coord.send_parts(junk)
+    coord.send(HiddenStateFrame(Kind.REPLY, 0, 0, EPOCH, reply=ReplyMode.TOP1,
+                                positions=np.array([0])), np.zeros((1, 1), TOPK_DTYPE))
+    # the valid header with a bad payload is answered with an error, the rest dropped
+    header, payload = coord.recv()
+    assert header.kind == Kind.ERROR and "malformed frame: payload is 3 bytes" in header.error
+    coord.send_parts(good)
+    header, payload = coord.recv()
+    assert header.kind == Kind.REPLY and payload.shape == (1, 1)
+    stats = worker.stats()
+    assert stats.malformed == 5 and stats.unexpected == 1 and stats.steps == 1
+    assert "malformed" in stats.last_problem or "REPLY" in stats.last_problem
+
+
+def test_a_step_the_stage_refuses_becomes_an_error_frame(last_stage):
+    worker, coord, _, _ = last_stage
+    wrong = np.zeros((1, 2, 32), dtype=np.float32)  # hidden size is 64
+    coord.send_parts(step(0, wrong, [0, 1], request_id=9))
+    header, payload = coord.recv()
+    assert header.kind == Kind.ERROR and header.request_id == 9 and payload is None
+    assert header.error.startswith("stage 1: ") and "hidden states" in header.error
+    assert worker.stats().errors_sent == 1
+
+
+def test_a_lost_frame_is_reported_not_papered_over(last_stage):
+    _, coord, first, _ = last_stage
+    x = hidden_for(first, [1, 2], [0, 1])
+    coord.send_parts(step(0, x, [0, 1]))
+    coord.recv()
+    coord.send_parts(step(0, hidden_for(first, [3], [3]), [3], step_no=2))  # step 1 never came
+    header, _ = coord.recv()
+    assert header.kind == Kind.ERROR and "expected step 1 of stream 0, got step 2" in header.error
+
+
+def test_middle_stage_forwards_steps_errors_and_resets(dp_export3):
+    coord = Coordinator("")
+    last = StageWorker(StageRunner(dp_export3, 2), "tcp://127.0.0.1:*", coord.reply_addr).start()
+    middle = StageWorker(StageRunner(dp_export3, 1), "tcp://127.0.0.1:*", last.endpoint).start()
+    coord.push = push_socket(zmq.Context.instance(), middle.endpoint)
+    try:
+        first = StageRunner(dp_export3, 0)
+        first.open_stream(0)
+        x = hidden_for(first, [1, 2, 3], [0, 1, 2])
+        coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH))
+        coord.send_parts(step(0, x, [0, 1, 2]))
+        header, _ = coord.recv()
+        assert header.kind == Kind.REPLY
+        assert timing_records(header.timings)["stage"].tolist() == [0, 1, 2]
+        coord.send_parts(step(0, np.zeros((1, 1, 7), np.float32), [3], step_no=1, request_id=4))
+        header, _ = coord.recv()
+        assert header.kind == Kind.ERROR and header.error.startswith("stage 1: ")
+        assert last.stats().errors_forwarded == 1
+        assert middle.stats().resets == 1 and last.stats().resets == 1
+        coord.send(HiddenStateFrame(Kind.CLOSE, 0, 0, EPOCH + 1))
+        deadline = time.monotonic() + 5
+        while last.stats().closes == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert middle.stats().closes == 1 and last.stats().closes == 1
+        assert 0 not in middle.runner.streams and 0 not in last.runner.streams
+        coord.send_parts(step(0, x, [0, 1, 2], epoch=EPOCH + 1))  # a closed epoch stays closed
+        assert coord.recv(timeout_s=0.3) is None and middle.stats().stale == 1
+    finally:
+        middle.stop()
+        last.stop()
+        coord.close()
+
+
+def test_rewire_moves_the_outbound_pipe(last_stage):
+    worker, coord, first, _ = last_stage
+    other = Coordinator("")
+    try:
+        worker.rewire(other.reply_addr)
+        deadline = time.monotonic() + 5
+        while worker.send_to != other.reply_addr and time.monotonic() < deadline:
+            time.sleep(0.01)
+        coord.send_parts(step(0, hidden_for(first, [1], [0]), [0]))
+        assert other.recv() is not None and coord.recv(timeout_s=0.2) is None
+    finally:
+        other.close()
+
+
+def test_stop_is_prompt_and_idempotent(dp_export2):
+    worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", "tcp://127.0.0.1:9")
+    worker.start()
+    start = time.monotonic()
+    worker.stop()
+    assert time.monotonic() - start < 1.0 and not worker._thread.is_alive()
+    worker.stop()
+    never_ran = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", "tcp://127.0.0.1:9")
+    never_ran.stop()
+
+
+def test_forged_commands_from_the_network_are_just_malformed(last_stage):
+    worker, coord, first, _ = last_stage
+    coord.send_parts([CONTROL_PREFIX + b"\0" * 16, b"stop"])
+    coord.send_parts(step(0, hidden_for(first, [1], [0]), [0]))
+    assert coord.recv() is not None and worker.alive
+    assert worker.stats().malformed == 1
+
+
+def test_large_payloads_go_zero_copy_and_wait_before_reuse():
+    ctx = zmq.Context.instance()
+    pull = pull_socket(ctx, "tcp://127.0.0.1:*")
+    push = push_socket(ctx, bound_endpoint(pull))
+    try:
+        big = np.arange(40_000, dtype=np.float32)  # 160 kB: above the copy threshold
+        tracker = send_parts(push, [b"head", big])
+        assert tracker is not None
+        guard = BufferGuard(timeout_s=5)
+        guard.hold(7, tracker)
+        parts = recv_parts(pull)
+        assert isinstance(parts[0], bytes) and len(parts) == 2
+        assert np.array_equal(np.frombuffer(parts[1].buffer, np.float32), big)
+        guard.release(7)
+        assert tracker.done
+        small = send_parts(push, [b"head", np.zeros(4, np.float32)])
+        assert small is None or small.done  # copied: nothing to wait for
+        recv_parts(pull)
+    finally:
+        push.close(0)
+        pull.close(0)
+
+
+def test_unreachable_next_hop_fails_the_send_in_bounded_time():
+    ctx = zmq.Context.instance()
+    push = push_socket(ctx, "tcp://127.0.0.1:9", PipeOptions(send_timeout_ms=100))
+    start = time.monotonic()
+    with pytest.raises(TransportError, match="timed out"):
+        send_parts(push, [b"head", b"body"])
+    assert time.monotonic() - start < 1.0
+    push.close(0)
