@@ -114,3 +114,22 @@ def dp_spawn():
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# -- control plane (cp_ fixtures) ---------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cp_export(tiny_exports: ExportCache) -> Path:
+    """The tiny model in two fp32 stages (layers 0-1 | 2-3), served by test coordinators."""
+    return tiny_exports.get([(0, 2), (2, 4)])
+
+
+@pytest.fixture
+def cp_cluster(tmp_path: Path, cp_export: Path):
+    """Builds coordinators and agents for one test (tests/cp_helpers.py) and stops them all."""
+    from cp_helpers import Cluster, FakeStage
+
+    FakeStage.launched = []
+    cluster = Cluster(tmp_path, cp_export)
+    yield cluster
+    cluster.close()

@@ -1,0 +1,234 @@
+"""Process entry points: ``python -m controlplane coordinator|node|status|local|authorize``.
+
+Thin argparse wrappers over the library (the ``zctl`` CLI may call the same
+functions); each prints errors as one clear line and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from controlplane.messages import RuntimeSpec
+
+err = Console(stderr=True)
+
+
+def _runtime(args: argparse.Namespace) -> RuntimeSpec:
+    precision = None if args.precision == "default" else args.precision
+    return RuntimeSpec(device=args.device, precision=precision, num_threads=args.threads)
+
+
+def _placement(pins: list[str]) -> dict[int, str]:
+    out = {}
+    for pin in pins:
+        stage, sep, node_id = pin.partition("=")
+        if not sep or not stage.isdigit() or not node_id:
+            raise ValueError(f"bad --place {pin!r}: expected STAGE=NODE_ID, e.g. 1=pc2-1a2b3c4d")
+        out[int(stage)] = node_id
+    return out
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from controlplane.coordinator import Coordinator, CoordinatorConfig
+    from controlplane.security import CurveServer, key_dir
+
+    state_dir = args.state_dir or _home() / "coordinator"
+    curve = None
+    if args.curve:
+        curve = CurveServer.from_state_dir(state_dir, state_dir / "authorized")
+        err.print(f"CURVE on: give nodes {key_dir(state_dir) / 'coordinator.key'}; admit a node "
+                  f"with: python -m controlplane authorize NODE.key --state-dir {state_dir}")
+    config = CoordinatorConfig(endpoint=args.bind, state_dir=state_dir, host=args.host,
+                               data_port=args.data_port, heartbeat_interval=args.heartbeat,
+                               liveness=args.liveness, expect_nodes=args.expect_nodes,
+                               placement=_placement(args.place), runtime=_runtime(args),
+                               reassign_after=args.reassign_after, curve=curve)
+    coordinator = Coordinator(args.export_dir, config)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    err.print(f"coordinator {coordinator.node_id}: nodes join with "
+              f"zctl node join {coordinator.bind()}")
+    service = None
+    if args.serve:
+        from controlplane.service import GenerationService
+
+        service = GenerationService(
+            args.export_dir, lambda: getattr(coordinator.local_handle, "pipeline", None), args.serve)
+        err.print(f"generation service on {service.start()}")
+    try:
+        coordinator.run()
+    finally:
+        if service is not None:
+            service.stop()
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from controlplane.agent import AgentConfig, NodeAgent
+    from controlplane.security import CurveClient, read_public_key
+    from controlplane.view import TransferProgress
+
+    state_dir = args.state_dir or _home() / "node"
+    curve = (CurveClient.from_state_dir(state_dir, read_public_key(args.curve_server_key))
+             if args.curve_server_key else None)
+    config = AgentConfig(args.coordinator, state_dir=state_dir, data_host=args.host,
+                         data_port=args.data_port, heartbeat_interval=args.heartbeat,
+                         reconnect_min=args.reconnect_min, reconnect_max=args.reconnect_max,
+                         tok_s=args.tok_s, curve=curve)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with TransferProgress() as progress:
+        agent = NodeAgent(config, on_progress=progress.update)
+        err.print(f"node {agent.node_id} (data {agent.data_addr}) joining {args.coordinator}")
+        try:
+            agent.run()
+        except KeyboardInterrupt:
+            pass
+    if agent.refusal:
+        err.print(f"[bold red]refused:[/] {agent.refusal}")
+        return 2
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from controlplane.client import query_status
+    from controlplane.security import CurveClient, read_public_key
+    from controlplane.view import status_table
+
+    curve = None
+    if args.curve_server_key:
+        import zmq.auth
+
+        public, secret = zmq.auth.load_certificate(args.curve_keys)
+        curve = CurveClient(read_public_key(args.curve_server_key), public, secret or b"")
+    status = query_status(args.endpoint, args.timeout, curve)
+    if args.json:
+        print(json.dumps(status.to_dict(), indent=2))
+    else:
+        Console().print(status_table(status))
+    return 0
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    from controlplane.local import LocalCluster
+    from controlplane.view import status_table
+
+    cluster = LocalCluster(args.export_dir, args.nodes, root=args.state_dir,
+                           runtime=_runtime(args))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with cluster:
+        status = cluster.start(args.timeout)
+        Console().print(status_table(status))
+        err.print(f"serving; status: python -m controlplane status {status.endpoint}; "
+                  "Ctrl-C stops")
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_authorize(args: argparse.Namespace) -> int:
+    from controlplane.security import authorize
+
+    state_dir = args.state_dir or _home() / "coordinator"
+    target = authorize(state_dir / "authorized", args.name or args.key_file.stem, args.key_file)
+    err.print(f"admitted {args.key_file} as {target} (a running coordinator picks it up)")
+    return 0
+
+
+def _home() -> Path:
+    from console.paths import zctl_home
+
+    return zctl_home()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m controlplane",
+                                     description="zctl control plane processes.")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def runtime_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default="CPU")
+        p.add_argument("--precision", default="f32", help="'default' keeps the plugin's")
+        p.add_argument("--threads", type=int, default=None)
+
+    p = sub.add_parser("coordinator", help="serve an export; runs stage 0 here")
+    p.add_argument("export_dir", type=Path)
+    p.add_argument("--bind", default="tcp://*:5550")
+    p.add_argument("--host", default=None, help="address nodes reach this machine at")
+    p.add_argument("--data-port", type=int, default=0)
+    p.add_argument("--state-dir", type=Path, default=None)
+    p.add_argument("--heartbeat", type=float, default=1.0)
+    p.add_argument("--liveness", type=int, default=3)
+    p.add_argument("--expect-nodes", type=int, default=None)
+    p.add_argument("--place", action="append", default=[], help="STAGE=NODE_ID (repeatable)")
+    p.add_argument("--reassign-after", type=float, default=None,
+                   help="give a dead node's stage to a spare after this many seconds")
+    p.add_argument("--curve", action="store_true", help="CURVE: admit only authorized nodes")
+    p.add_argument("--serve", default=None,
+                   help="bind the generation service here (what zctl run talks to)")
+    runtime_args(p)
+    p.set_defaults(fn=cmd_coordinator)
+
+    p = sub.add_parser("node", help="join a coordinator and serve the stage it assigns")
+    p.add_argument("--coordinator", required=True, help="e.g. tcp://10.0.0.1:5550")
+    p.add_argument("--host", default=None, help="address other nodes reach this one at")
+    p.add_argument("--data-port", type=int, default=0)
+    p.add_argument("--state-dir", type=Path, default=None)
+    p.add_argument("--heartbeat", type=float, default=1.0)
+    p.add_argument("--reconnect-min", type=float, default=1.0)
+    p.add_argument("--reconnect-max", type=float, default=32.0)
+    p.add_argument("--tok-s", type=float, default=None, help="measured speed, for placement")
+    p.add_argument("--curve-server-key", type=Path, default=None,
+                   help="the coordinator's public key file (turns CURVE on)")
+    p.set_defaults(fn=cmd_node)
+
+    p = sub.add_parser("status", help="ask a coordinator for its status")
+    p.add_argument("endpoint")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--timeout", type=float, default=3.0)
+    p.add_argument("--curve-server-key", type=Path, default=None)
+    p.add_argument("--curve-keys", type=Path, default=None, help="this client's .key_secret")
+    p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("local", help="coordinator and N-1 nodes in this process (loopback)")
+    p.add_argument("export_dir", type=Path)
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--state-dir", type=Path, default=None)
+    p.add_argument("--timeout", type=float, default=300.0)
+    runtime_args(p)
+    p.set_defaults(fn=cmd_local)
+
+    p = sub.add_parser("authorize", help="admit a node's CURVE public key")
+    p.add_argument("key_file", type=Path)
+    p.add_argument("--name", default=None)
+    p.add_argument("--state-dir", type=Path, default=None)
+    p.set_defaults(fn=cmd_authorize)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    if args.command == "status" and args.curve_server_key and not args.curve_keys:
+        err.print("[bold red]error:[/] --curve-server-key needs --curve-keys (a .key_secret)")
+        return 1
+    try:
+        return int(args.fn(args))
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, ValueError, RuntimeError) as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,459 @@
+"""The node agent: a DEALER that enrols with the coordinator, caches shards, runs a stage.
+
+Paranoid Pirate on the node side: any traffic from the coordinator counts as a
+heartbeat; after ``liveness`` silent intervals the agent closes its socket and
+reconnects with exponential backoff (``reconnect_min`` to ``reconnect_max``). The
+node id (``<state_dir>/node_id``) is also the socket's routing id, so a restarted node
+reclaims its place. Slow work (hashing a cached shard, compiling a stage) runs on a
+worker thread so heartbeats never stall.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from console.paths import zctl_home
+from controlplane.launch import (
+    LaunchError,
+    StageAssignment,
+    StageHandle,
+    StageLauncher,
+    StageSlot,
+    default_launcher,
+)
+from controlplane.messages import (
+    PROTOCOL_VERSION,
+    AssignStage,
+    Enrol,
+    Error,
+    Heartbeat,
+    Leave,
+    Message,
+    MessageError,
+    ProtocolMismatch,
+    Refuse,
+    Release,
+    ShardChunk,
+    ShardDone,
+    ShardOffer,
+    StageReady,
+    Welcome,
+    from_frames,
+    refusal_text,
+    to_frames,
+)
+from controlplane.nodeinfo import (
+    choose_data_port,
+    endpoint_host,
+    load_or_create_node_id,
+    openvino_version,
+    probe_devices,
+    ram,
+    route_host,
+    zctl_version,
+)
+from controlplane.security import CurveClient
+from controlplane.shards import Download, ShardCache, ShardError
+from dataplane.manifest import ManifestError, load_manifest
+
+log = logging.getLogger("zctl.controlplane")
+
+ProgressCallback = Callable[[str, int, int], None]  # (shard hash, bytes done, bytes total)
+
+
+@dataclass
+class AgentConfig:
+    """Where the coordinator is, where this node keeps state, and its timing knobs."""
+
+    coordinator: str  # the coordinator's control endpoint, e.g. tcp://10.0.0.1:5550
+    state_dir: Path = field(default_factory=lambda: zctl_home() / "node")
+    data_host: str | None = None  # address other nodes reach this one at; default: guessed
+    data_port: int = 0  # inbound data pipe; 0: the one used last time, else a free one
+    heartbeat_interval: float = 1.0  # until the coordinator's Welcome sets it
+    liveness: int = 3
+    reconnect_min: float = 1.0
+    reconnect_max: float = 32.0
+    window: int = 8  # shard chunk requests in flight (credit-based flow)
+    chunk_timeout: float = 10.0
+    chunk_retries: int = 5
+    tok_s: float | None = None  # measured speed, if known (placement uses it)
+    openvino: str | None = None  # reported OpenVINO version; default: the installed one
+    protocol: int = PROTOCOL_VERSION  # overridable only to test refusals
+    max_message_bytes: int = 64 << 20
+    curve: CurveClient | None = None
+
+
+class NodeAgent:
+    """One node; ``start()`` runs it in a thread, ``run()`` in the caller's."""
+
+    def __init__(self, config: AgentConfig, launcher: StageLauncher | None = None,
+                 on_progress: ProgressCallback | None = None) -> None:
+        self.config = config
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.node_id = load_or_create_node_id(config.state_dir)
+        self.cache = ShardCache(config.state_dir / "shards")
+        self.launcher = launcher or default_launcher
+        self.on_progress = on_progress
+        host = config.data_host or route_host(endpoint_host(config.coordinator))
+        self.host = host
+        port = choose_data_port(host, config.state_dir, config.data_port)
+        self.data_addr = f"tcp://{host}:{port}"
+        self.openvino = config.openvino or openvino_version()
+        self.devices = probe_devices()
+        self.state = "disconnected"  # enrolling, enrolled, refused, stopped
+        self.refusal: str | None = None
+        self.coordinator_id = ""
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("received", "malformed", "protocol_mismatch", "unexpected", "reconnects",
+             "chunks_rejected", "enrolments"), 0)
+        self._interval = config.heartbeat_interval
+        self._liveness = config.liveness
+        self._backoff = config.reconnect_min
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket | None = None
+        self._session = 0
+        self._last_sent = 0.0
+        self._last_enrol = 0.0
+        self._download: Download | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="zctl-agent-work")
+        self._jobs: list[_Job] = []
+        self.slot = StageSlot(self.launcher)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"zctl-agent-{self.node_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Leave the cluster, stop the stage, close the socket."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def handle(self) -> StageHandle | None:
+        return self.slot.handle
+
+    @property
+    def assignment(self) -> StageAssignment | None:
+        return self.slot.assignment
+
+    def run(self) -> None:
+        """Connect, serve, reconnect with backoff; returns when stopped or refused."""
+        try:
+            while not self._stop.is_set():
+                self._connect()
+                outcome = self._serve()
+                if outcome != "lost":
+                    break
+                self._close()
+                self.counters["reconnects"] += 1
+                self.state = "disconnected"
+                log.warning("node %s: coordinator %s silent; reconnecting in %.1fs",
+                            self.node_id, self.config.coordinator, self._backoff)
+                if self._stop.wait(self._backoff):
+                    break
+                self._backoff = min(self._backoff * 2, self.config.reconnect_max)
+        finally:
+            if self._sock is not None and self.state == "enrolled":
+                self._send(Leave("node stopping"))
+            self._close()
+            self._executor.shutdown(wait=True)
+            self.slot.stop()
+            self._ctx.term()
+            if self.state != "refused":
+                self.state = "stopped"
+
+    def _connect(self) -> None:
+        self._session += 1
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, self.node_id.encode())
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        if self.config.curve is not None:
+            self.config.curve.apply(sock)
+        sock.connect(self.config.coordinator)
+        self._sock = sock
+        self.state = "enrolling"
+        self._interval, self._liveness = self.config.heartbeat_interval, self.config.liveness
+        self._enrol()
+
+    def _close(self) -> None:
+        if self._download is not None:
+            self._download.abort()
+            self._download = None
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+
+    def _enrol(self) -> None:
+        self._last_enrol = time.monotonic()
+        total, free = ram()
+        self.counters["enrolments"] += 1
+        self._send(Enrol(self.node_id, self.host, self.data_addr, self.devices, total, free,
+                         self.openvino, zctl_version(), self.cache.hashes(), self.config.tok_s))
+
+    def _send(self, msg: Message, payload: bytes | None = None) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart(to_frames(msg, payload, self.config.protocol), zmq.NOBLOCK)
+            self._last_sent = time.monotonic()
+        except zmq.ZMQError as exc:  # queue full while the coordinator is away
+            log.debug("node %s cannot send %s: %s", self.node_id, msg.TYPE, exc)
+
+    # -- session -------------------------------------------------------------------------
+    def _serve(self) -> str:
+        """One connection's life; returns 'lost', 'refused' or 'stopped'."""
+        assert self._sock is not None
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        last_recv = time.monotonic()
+        while not self._stop.is_set():
+            if poller.poll(int(self._interval * 250)):
+                for _ in range(256):
+                    try:
+                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    last_recv = time.monotonic()
+                    outcome = self._handle_frames(frames)
+                    if outcome is not None:  # refused, or the coordinator said goodbye
+                        return outcome
+            now = time.monotonic()
+            if now - last_recv > self._interval * self._liveness:
+                return "lost"
+            if self.state == "enrolled" and now - self._last_sent >= self._interval:
+                self._send(Heartbeat(self.state))
+            self._collect_jobs()
+            self._request_chunks()
+        return "stopped"
+
+    def _handle_frames(self, frames: list[bytes]) -> str | None:
+        self.counters["received"] += 1
+        try:
+            msg, payload = from_frames(frames)
+        except ProtocolMismatch as exc:
+            reason = refusal_text(exc)
+            if reason is not None:
+                return self._refused(reason)
+            self.counters["protocol_mismatch"] += 1
+            log.warning("node %s: %s", self.node_id, exc)
+            return None
+        except MessageError as exc:
+            self.counters["malformed"] += 1
+            log.warning("node %s dropped a bad message from the coordinator: %s", self.node_id, exc)
+            self._send(Error("malformed", str(exc)))
+            return None
+        try:
+            return self._dispatch(msg, payload)
+        except Exception as exc:  # noqa: BLE001 - a bad message must not kill the node
+            log.exception("node %s: handling %s failed", self.node_id, msg.TYPE)
+            self._send(Error("internal", f"{type(exc).__name__}: {exc}", msg.TYPE))
+            return None
+
+    def _refused(self, reason: str) -> str:
+        self.refusal = reason
+        self.state = "refused"
+        log.error("node %s refused by the coordinator: %s", self.node_id, reason)
+        return "refused"
+
+    def _dispatch(self, msg: Message, payload: bytes | None) -> str | None:
+        if isinstance(msg, Welcome):
+            self.state, self.coordinator_id = "enrolled", msg.coordinator_id
+            self._interval, self._liveness = msg.heartbeat_interval, msg.liveness
+            self._backoff = self.config.reconnect_min
+            log.info("node %s enrolled with coordinator %s", self.node_id, msg.coordinator_id)
+        elif isinstance(msg, Refuse):
+            return self._refused(msg.reason)
+        elif isinstance(msg, Heartbeat):
+            pass
+        elif isinstance(msg, Leave):
+            log.info("node %s: coordinator left (%s)", self.node_id, msg.reason)
+            self._backoff = self.config.reconnect_min
+            return "lost"  # treated as lost: reconnect (with backoff) until it is back
+        elif isinstance(msg, ShardOffer):
+            self._on_offer(msg)
+        elif isinstance(msg, ShardChunk):
+            assert payload is not None
+            self._on_chunk(msg, payload)
+        elif isinstance(msg, AssignStage):
+            assignment = StageAssignment.from_message(msg, self.cache.path(msg.shard_hash))
+            self._submit("stage", msg, self._launch, assignment, msg)
+        elif isinstance(msg, Release):
+            log.info("node %s released from its stage: %s", self.node_id, msg.reason)
+            self._submit("released", None, self.slot.stop)
+        elif isinstance(msg, Error):
+            if msg.code == "not-enrolled":
+                if time.monotonic() - self._last_enrol >= self._interval:  # once per burst
+                    self._enrol()
+            else:
+                log.warning("node %s: coordinator rejected %s: %s %s", self.node_id,
+                            msg.ref_type or "a message", msg.code, msg.detail)
+        else:
+            self.counters["unexpected"] += 1
+            self._send(Error("unexpected", f"a coordinator does not send {msg.TYPE}", msg.TYPE))
+        return None
+
+    # -- shards --------------------------------------------------------------------------
+    def _on_offer(self, offer: ShardOffer) -> None:
+        if self._download is not None:
+            self._download.abort()
+            self._download = None
+        if offer.chunk_size + 4096 > self.config.max_message_bytes:
+            self._send(ShardDone(offer.shard_hash, False, error=(
+                f"chunk size {offer.chunk_size} exceeds this node's message limit "
+                f"{self.config.max_message_bytes}; use smaller chunks")))
+            return
+        if self.cache.has(offer.shard_hash):
+            self._submit("cached", offer, self._check_cached, offer)
+        else:
+            self._begin_download(offer)
+
+    def _check_cached(self, offer: ShardOffer) -> bool:
+        if self.cache.verify(offer):
+            return True
+        log.warning("node %s: cached shard %s is damaged; fetching it again", self.node_id,
+                    offer.shard_hash[:12])
+        self.cache.remove(offer.shard_hash)
+        return False
+
+    def _begin_download(self, offer: ShardOffer) -> None:
+        try:
+            self._download = Download(self.cache, offer, self.config.chunk_retries,
+                                      self.config.chunk_timeout)
+        except (ShardError, OSError) as exc:
+            self._send(ShardDone(offer.shard_hash, False, error=str(exc)))
+            return
+        log.info("node %s fetching shard %s (%d bytes)", self.node_id, offer.shard_hash[:12],
+                 self._download.bytes_total)
+        self._request_chunks()
+
+    def _request_chunks(self) -> None:
+        download = self._download
+        if download is None or download.complete:
+            return
+        try:
+            requests = download.requests(self.config.window)
+        except ShardError as exc:
+            self._fail_download(str(exc))
+            return
+        for request in requests:
+            self._send(request)
+
+    def _on_chunk(self, msg: ShardChunk, payload: bytes) -> None:
+        download = self._download
+        if download is None or msg.shard_hash != download.offer.shard_hash:
+            return  # left over from an aborted transfer
+        rejected = download.rejected
+        try:
+            written = download.accept(msg, payload)
+        except ShardError as exc:
+            self._fail_download(str(exc))
+            return
+        if download.rejected > rejected:
+            self.counters["chunks_rejected"] += 1
+            log.warning("node %s: chunk %d of %s failed its sha256; requesting it again",
+                        self.node_id, msg.chunk, msg.file)
+        if written and self.on_progress is not None:
+            self.on_progress(msg.shard_hash, download.bytes_done, download.bytes_total)
+        if download.complete:
+            self._download = None
+            self._submit("downloaded", download.offer, download.finalize)
+        else:
+            self._request_chunks()
+
+    def _fail_download(self, error: str) -> None:
+        assert self._download is not None
+        shard_hash = self._download.offer.shard_hash
+        self._download.abort()
+        self._download = None
+        log.error("node %s: shard %s failed: %s", self.node_id, shard_hash[:12], error)
+        self._send(ShardDone(shard_hash, False, error=error))
+
+    # -- background jobs -----------------------------------------------------------------
+    def _submit(self, kind: str, context: Any, fn: Callable[..., Any], *args: Any) -> None:
+        self._jobs.append(_Job(self._session, kind, context, self._executor.submit(fn, *args)))
+
+    def _collect_jobs(self) -> None:
+        while self._jobs and self._jobs[0].future.done():
+            job = self._jobs.pop(0)
+            if job.session != self._session:
+                continue  # the coordinator connection that asked for it is gone
+            error = job.future.exception()
+            if job.kind == "cached":
+                if error is None and job.future.result():
+                    self._send(ShardDone(job.context.shard_hash, True, cached=True))
+                else:
+                    self._begin_download(job.context)
+            elif job.kind == "downloaded":
+                if error is None:
+                    log.info("node %s cached shard %s", self.node_id, job.context.shard_hash[:12])
+                    self._send(ShardDone(job.context.shard_hash, True))
+                else:
+                    log.error("node %s: %s", self.node_id, error)
+                    self._send(ShardDone(job.context.shard_hash, False, error=str(error)))
+            elif job.kind == "stage":
+                msg: AssignStage = job.context
+                text = "" if error is None else (
+                    str(error) if isinstance(error, LaunchError | ManifestError)
+                    else f"{type(error).__name__}: {error}")
+                self._send(StageReady(msg.epoch, msg.stage.index, error is None, text))
+
+    # -- the stage -----------------------------------------------------------------------
+    def _launch(self, assignment: StageAssignment, msg: AssignStage) -> None:
+        """Start (or keep) the assigned stage; runs on the worker thread."""
+        if not self.cache.has(msg.shard_hash):
+            raise LaunchError(f"shard {msg.shard_hash[:12]} of stage {msg.stage.index} is not "
+                              "cached here")
+        check_runner_dir(assignment.runner_dir, msg)
+        self.slot.apply(assignment)
+        log.info("node %s runs stage %d: bind %s, send to %s", self.node_id, msg.stage.index,
+                 assignment.bind, assignment.send_to)
+
+    def status(self) -> dict[str, Any]:
+        """This node as it sees itself (for ``zctl node status``)."""
+        a = self.slot.assignment
+        download = self._download
+        return {
+            "node_id": self.node_id, "state": self.state, "coordinator": self.config.coordinator,
+            "coordinator_id": self.coordinator_id, "data_addr": self.data_addr,
+            "refusal": self.refusal, "stage": a.stage_index if a else None,
+            "epoch": a.epoch if a else None, "cached_shards": self.cache.hashes(),
+            "transfer": [download.bytes_done, download.bytes_total] if download else None,
+            "counters": dict(self.counters),
+        }
+
+
+def check_runner_dir(runner_dir: Path, msg: AssignStage) -> None:
+    """Raise LaunchError unless the cached manifest describes the stage as assigned."""
+    manifest = load_manifest(runner_dir, verify_files=False)
+    index = msg.stage.index
+    spec = manifest.stages[index] if index < len(manifest.stages) else None
+    if spec is None or len(manifest.stages) != msg.num_stages or \
+            manifest.stage_hash(index) != msg.shard_hash or \
+            (spec.layer_start, spec.layer_end, spec.xml, spec.bin, spec.first, spec.last) != \
+            (msg.stage.layer_start, msg.stage.layer_end, msg.stage.xml, msg.stage.bin,
+             msg.stage.first, msg.stage.last):
+        raise LaunchError(f"the cached shard {msg.shard_hash[:12]} does not describe stage "
+                          f"{index} of {msg.num_stages} as the assignment does")
+
+
+@dataclass
+class _Job:
+    session: int
+    kind: str
+    context: Any
+    future: Future

@@ -1,0 +1,90 @@
+"""Client side of a running coordinator: its status, and streamed generations."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import zmq
+
+from controlplane.messages import (
+    ClusterStatus,
+    Error,
+    MessageError,
+    StatusReply,
+    StatusRequest,
+    from_frames,
+    to_frames,
+)
+from controlplane.security import CurveClient
+from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+
+
+class ClusterUnreachable(RuntimeError):
+    """No usable status reply from the coordinator."""
+
+
+def query_status(endpoint: str, timeout: float = 3.0,
+                 curve: CurveClient | None = None) -> ClusterStatus:
+    """One StatusRequest over a fresh DEALER; raise ClusterUnreachable on timeout or error."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, f"status-{uuid.uuid4().hex[:12]}".encode())
+        sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
+        if curve is not None:
+            curve.apply(sock)
+        sock.connect(endpoint)
+        sock.send_multipart(to_frames(StatusRequest()))
+        if not sock.poll(int(timeout * 1000)):
+            raise ClusterUnreachable(f"no answer from a coordinator at {endpoint} within "
+                                     f"{timeout:.1f}s: is it running (and is the address right)?")
+        try:
+            msg, _ = from_frames(sock.recv_multipart())
+        except MessageError as exc:
+            raise ClusterUnreachable(f"the coordinator at {endpoint} sent a bad reply: {exc}") \
+                from None
+        if isinstance(msg, Error):
+            raise ClusterUnreachable(f"the coordinator at {endpoint} refused: {msg.detail}")
+        if not isinstance(msg, StatusReply):
+            raise ClusterUnreachable(f"the coordinator at {endpoint} answered {msg.TYPE}")
+        return msg.status
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def generate_stream(endpoint: str, request: GenerateRequest, first_timeout: float = 120.0,
+                    idle_timeout: float = 60.0) -> Iterator[GenerateChunk | GenerateDone]:
+    """Send a GenerateRequest and yield its chunks, ending with the GenerateDone.
+
+    ``first_timeout`` bounds the wait for the first answer (prefill, a cold pipeline);
+    ``idle_timeout`` bounds every later gap. Raises ClusterUnreachable on silence or error.
+    """
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
+        sock.connect(endpoint)
+        sock.send_multipart(to_frames(request))
+        timeout = first_timeout
+        while True:
+            if not sock.poll(int(timeout * 1000)):
+                raise ClusterUnreachable(f"no answer from the generation service at {endpoint} "
+                                         f"within {timeout:.0f}s")
+            timeout = idle_timeout
+            try:
+                msg, _ = from_frames(sock.recv_multipart())
+            except MessageError as exc:
+                raise ClusterUnreachable(f"bad answer from {endpoint}: {exc}") from None
+            if isinstance(msg, Error):
+                raise ClusterUnreachable(f"the generation service refused: {msg.detail}")
+            if isinstance(msg, GenerateChunk | GenerateDone) and msg.request_id == request.request_id:
+                yield msg
+                if isinstance(msg, GenerateDone):
+                    return
+    finally:
+        sock.close(0)
+        ctx.term()

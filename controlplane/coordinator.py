@@ -1,0 +1,501 @@
+"""The coordinator: a ROUTER that enrols nodes, places and ships shards, wires the pipeline.
+
+It is also node 0: it runs stage 0 itself (from the export it serves) and binds the
+return pipe the last stage sends to. One thread owns the socket and runs a poll loop
+with bounded waits; every message is decoded by ``controlplane.messages`` and an
+unknown or malformed one is counted and answered with an Error, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from console.paths import zctl_home
+from controlplane import membership as ms
+from controlplane.launch import (
+    StageAssignment,
+    StageHandle,
+    StageLauncher,
+    StageSlot,
+    head_launcher,
+)
+from controlplane.messages import (
+    PROTOCOL_VERSION,
+    AssignStage,
+    ClusterStatus,
+    Enrol,
+    Error,
+    Heartbeat,
+    Leave,
+    Message,
+    MessageError,
+    ProtocolMismatch,
+    RefusalInfo,
+    Refuse,
+    RuntimeSpec,
+    ShardDone,
+    ShardRequest,
+    StageReady,
+    StatusReply,
+    StatusRequest,
+    UnknownMessage,
+    Welcome,
+    from_frames,
+    peer_node_id,
+    to_frames,
+)
+from controlplane.nodeinfo import (
+    choose_data_port,
+    describe_versions,
+    endpoint_host,
+    load_or_create_node_id,
+    openvino_version,
+    probe_devices,
+    ram,
+    route_host,
+    zctl_version,
+)
+from controlplane.pipeline import Pipeline
+from controlplane.placement import LayerCost, stage_needs
+from controlplane.security import CurveServer
+from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
+from dataplane.manifest import load_manifest
+
+log = logging.getLogger("zctl.controlplane")
+
+
+@dataclass
+class CoordinatorConfig:
+    """How the coordinator listens, paces heartbeats, places and ships shards."""
+
+    endpoint: str = "tcp://*:5550"  # the control ROUTER binds here
+    state_dir: Path = field(default_factory=lambda: zctl_home() / "coordinator")
+    host: str | None = None  # address nodes reach this machine at; default: guessed
+    data_port: int = 0  # return pipe (stage 0 inbound); 0: last used or a free one
+    heartbeat_interval: float = 1.0
+    liveness: int = 3  # heartbeats a node may miss before it is marked dead
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    expect_nodes: int | None = None  # remote nodes to wait for before placing; default stages-1
+    placement: dict[int, str] = field(default_factory=dict)  # explicit {stage: node id}
+    reassign_after: float | None = None  # move a down node's stage to a spare after s seconds
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    max_message_bytes: int = 1 << 20
+    verify_export: bool = True
+    curve: CurveServer | None = None  # CURVE authentication and encryption (optional)
+
+
+def _member_identity(identity: bytes) -> str:
+    return identity.decode("utf-8", "replace")
+
+
+class Coordinator:
+    """Control-plane server; ``start()`` runs it in a thread, ``run()`` in the caller's."""
+
+    def __init__(self, export_dir: Path | str, config: CoordinatorConfig | None = None,
+                 launcher: StageLauncher | None = None, source: ShardSource | None = None) -> None:
+        """Load (and verify) the export; ``launcher`` starts stage 0 here (default: the
+        data plane's ClusterPipeline); ``source`` serves shard chunks (default: the export).
+        """
+        self.config = config or CoordinatorConfig()
+        cfg = self.config
+        self.export_dir = Path(export_dir)
+        self.manifest = load_manifest(self.export_dir, verify_files=cfg.verify_export)
+        self.source = source or ShardSource(self.export_dir, self.manifest, cfg.chunk_size)
+        cost = LayerCost.from_export(self.manifest, self.export_dir)
+        self.launcher = launcher or head_launcher
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self.node_id = load_or_create_node_id(cfg.state_dir)
+        bind_host = endpoint_host(cfg.endpoint)
+        self.host = cfg.host or (bind_host if bind_host not in ("*", "0.0.0.0", "")
+                                 else route_host("192.0.2.1"))
+        port = choose_data_port(self.host, cfg.state_dir, cfg.data_port)
+        self.data_addr = f"tcp://{self.host}:{port}"
+        self.openvino = openvino_version()
+        self.zctl = zctl_version()
+        self.session = uuid.uuid4().hex[:12]
+        self.hashes = [self.manifest.stage_hash(i) for i in range(len(self.manifest.stages))]
+        total, free = ram()
+        info = Enrol(self.node_id, self.host, self.data_addr, probe_devices(), total, free,
+                     self.openvino, self.zctl, list(self.hashes))
+        now = time.monotonic()
+        me = ms.Member(self.node_id, self.node_id.encode(), info, ms.READY, now, local=True,
+                       shards=set(self.hashes))
+        self.members: dict[str, ms.Member] = {self.node_id: me}
+        self.pipeline = Pipeline(self.manifest, stage_needs(self.manifest, self.export_dir, cost),
+                                 self.node_id, cfg.runtime, cfg.expect_nodes, cfg.placement)
+        self.refused: deque[tuple[str, str, str, float]] = deque(maxlen=32)
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("received", "malformed", "unknown_type", "protocol_mismatch", "unexpected",
+             "not_enrolled", "send_failed", "refused", "marked_dead", "chunks_served",
+             "bad_requests", "handler_errors", "stale"), 0)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket | None = None
+        self.endpoint = ""
+        self._started = now
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="zctl-stage0")
+        self._local_jobs: list[tuple[int, Future]] = []
+        self.local = StageSlot(self.launcher)  # stage 0, run by the coordinator itself
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def bind(self) -> str:
+        """Bind the ROUTER (done by start/run); returns the endpoint nodes connect to."""
+        if self._sock is not None:
+            return self.endpoint
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        sock.setsockopt(zmq.SNDHWM, 10000)
+        try:
+            if self.config.curve is not None:
+                self.config.curve.apply(sock, self._ctx)
+            sock.bind(self.config.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise OSError(f"coordinator cannot bind {self.config.endpoint}: {exc}") from None
+        except BaseException:
+            sock.close(0)
+            raise
+        self._sock = sock
+        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        port = bound.rsplit(":", 1)[1]
+        self.endpoint = f"tcp://{self.host}:{port}" if endpoint_host(bound) in (
+            "0.0.0.0", "*", "") else bound
+        log.info("coordinator %s listening on %s (data return pipe %s)", self.node_id,
+                 self.endpoint, self.data_addr)
+        return self.endpoint
+
+    def start(self) -> str:
+        endpoint = self.bind()
+        self._thread = threading.Thread(target=self._loop, name="zctl-coordinator", daemon=True)
+        self._thread.start()
+        return endpoint
+
+    def run(self) -> None:
+        """Serve until stop() (from another thread) or KeyboardInterrupt."""
+        self.bind()
+        try:
+            self._loop()
+        except KeyboardInterrupt:
+            log.info("coordinator interrupted")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Say goodbye to the nodes, stop the local stage, close the socket."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        elif self._sock is not None:  # bound but never run
+            self._shutdown()
+
+    def wait_serving(self, timeout: float) -> ClusterStatus:
+        """Block until the pipeline serves; raise TimeoutError naming what it waits for."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if status.pipeline == "serving":
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pipeline is {status.pipeline} after {timeout:.0f}s"
+                                   + (f": {status.plan_error}" if status.plan_error else ""))
+            time.sleep(0.02)
+
+    # -- loop ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        assert self._sock is not None
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        tick = self.config.heartbeat_interval / 4
+        try:
+            while not self._stop.is_set():
+                if poller.poll(int(tick * 1000)):
+                    for _ in range(256):  # bounded drain so ticks are never starved
+                        try:
+                            frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        with self._lock:
+                            self._receive(frames)
+                with self._lock:
+                    self._tick(time.monotonic())
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            for member in self.members.values():
+                if not member.local and member.alive:
+                    self._send(member.identity, Leave("coordinator shutting down"))
+        self._executor.shutdown(wait=True)
+        self.local.stop()
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        if self.config.curve is not None:
+            self.config.curve.stop()
+        self._ctx.term()
+
+    def _send(self, identity: bytes, msg: Message, payload: bytes | None = None) -> bool:
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart([identity, *to_frames(msg, payload)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            self.counters["send_failed"] += 1
+            log.debug("cannot send %s to %r: %s", msg.TYPE, identity, exc)
+            return False
+        member = self.members.get(_member_identity(identity))
+        if member is not None and member.identity == identity:
+            member.last_sent = time.monotonic()
+        return True
+
+    # -- receiving -----------------------------------------------------------------------
+    def _receive(self, frames: list[bytes]) -> None:
+        self.counters["received"] += 1
+        identity, body = frames[0], frames[1:]
+        member = self.members.get(_member_identity(identity))
+        if member is not None and (member.identity != identity or member.local):
+            member = None
+        if member is not None and member.alive:
+            member.last_seen = time.monotonic()  # any traffic counts as a heartbeat
+        try:
+            msg, payload = from_frames(body)
+        except ProtocolMismatch as exc:
+            self.counters["protocol_mismatch"] += 1
+            self._protocol_mismatch(identity, exc)
+            return
+        except UnknownMessage as exc:
+            self.counters["unknown_type"] += 1
+            log.warning("unknown message from %r: %s", identity[:64], exc)
+            self._send(identity, Error("unknown-type", str(exc)))
+            return
+        except MessageError as exc:
+            self.counters["malformed"] += 1
+            log.warning("malformed message from %r: %s", identity[:64], exc)
+            self._send(identity, Error("malformed", str(exc)))
+            return
+        try:
+            self._dispatch(identity, member, msg)
+        except Exception as exc:  # noqa: BLE001 - one bad message must not stop the cluster
+            self.counters["handler_errors"] += 1
+            log.exception("handling %s from %r failed", msg.TYPE, identity[:64])
+            self._send(identity, Error("internal", f"{type(exc).__name__}: {exc}", msg.TYPE))
+
+    def _dispatch(self, identity: bytes, member: ms.Member | None, msg: Message) -> None:
+        if isinstance(msg, Enrol):
+            self._on_enrol(identity, msg)
+        elif isinstance(msg, StatusRequest):
+            self._send(identity, StatusReply(self._status()))
+        elif isinstance(msg, Error):
+            log.warning("node %r reports error %s: %s", identity[:64], msg.code, msg.detail)
+        elif member is None or not member.alive:
+            if not isinstance(msg, Leave):
+                self.counters["not_enrolled"] += 1
+                self._send(identity, Error("not-enrolled", "this node is not enrolled (or was "
+                                           "marked dead): enrol again", msg.TYPE))
+        elif isinstance(msg, Heartbeat):
+            pass
+        elif isinstance(msg, Leave):
+            log.info("node %s left: %s", member.node_id, msg.reason or "no reason given")
+            member.mark_down(ms.LEFT, time.monotonic())
+        elif isinstance(msg, ShardRequest):
+            self._on_shard_request(member, msg)
+        elif isinstance(msg, ShardDone):
+            self._on_shard_done(member, msg)
+        elif isinstance(msg, StageReady):
+            self._on_stage_ready(member, msg)
+        else:
+            self.counters["unexpected"] += 1
+            self._send(identity, Error("unexpected", f"a node does not send {msg.TYPE}", msg.TYPE))
+
+    def _refuse(self, identity: bytes, node_id: str, host: str, code: str, reason: str) -> None:
+        self.counters["refused"] += 1
+        self.refused.append((node_id, host, reason, time.monotonic()))
+        log.warning("refused node %s: %s", node_id, reason)
+        self._send(identity, Refuse(code, reason, node_id))
+
+    def _protocol_mismatch(self, identity: bytes, exc: ProtocolMismatch) -> None:
+        if exc.msg_type == Enrol.TYPE:
+            node_id = peer_node_id(exc)
+            host = exc.body.get("host") if isinstance(exc.body.get("host"), str) else "?"
+            self._refuse(identity, node_id, host, "protocol-version",
+                         f"node {node_id} speaks control protocol {exc.theirs!r} but the "
+                         f"coordinator speaks {PROTOCOL_VERSION}; run the same zctl release "
+                         "on every node")
+        else:
+            self._send(identity, Error("protocol-version", str(exc), exc.msg_type))
+
+    def _on_enrol(self, identity: bytes, msg: Enrol) -> None:
+        if identity != msg.node_id.encode():
+            self._refuse(identity, msg.node_id, msg.host, "bad-enrol",
+                         f"node {msg.node_id} enrolled over a connection whose routing id is "
+                         f"{identity[:64]!r}: the routing id must be the node id")
+            return
+        if msg.node_id == self.node_id:
+            self._refuse(identity, msg.node_id, msg.host, "duplicate-id",
+                         f"node id {msg.node_id} is the coordinator's own id: was a state "
+                         "directory copied? delete node_id in the node's state directory")
+            return
+        if msg.openvino != self.openvino:
+            ours, theirs = describe_versions(self.openvino, msg.openvino)
+            self._refuse(identity, msg.node_id, msg.host, "openvino-version",
+                         f"node {msg.node_id} runs OpenVINO {theirs} but the coordinator runs "
+                         f"{ours}; compiled shards need the same OpenVINO on every node")
+            return
+        if msg.zctl != self.zctl:
+            log.warning("node %s runs zctl %s, the coordinator %s", msg.node_id, msg.zctl,
+                        self.zctl)
+        now = time.monotonic()
+        member = self.members.get(msg.node_id)
+        if member is None:
+            member = ms.Member(msg.node_id, identity, msg, ms.IDLE, now)
+            self.members[msg.node_id] = member
+            log.info("node %s enrolled from %s (%d device(s), data %s)", msg.node_id,
+                     msg.host, len(msg.devices), msg.data_addr)
+        else:
+            log.info("node %s re-enrolled (was %s)", msg.node_id, member.state)
+        member.identity, member.info, member.state, member.last_seen = identity, msg, ms.IDLE, now
+        member.shards = set(msg.cached_shards)
+        member.offered, member.assigned, member.ready_epoch, member.error = None, None, -1, ""
+        member.served, member.transfer_total = {}, 0
+        self._send(identity, Welcome(msg.node_id, self.node_id, self.session,
+                                     self.config.heartbeat_interval, self.config.liveness))
+
+    def _on_shard_request(self, member: ms.Member, msg: ShardRequest) -> None:
+        if member.offered != msg.shard_hash:
+            self.counters["bad_requests"] += 1
+            self._send(member.identity, Error("bad-request", f"shard {msg.shard_hash[:12]} "
+                                              "was not offered to this node", msg.TYPE))
+            return
+        try:
+            chunk, data = self.source.read_chunk(msg)
+        except (ShardError, OSError) as exc:
+            self.counters["bad_requests"] += 1
+            self._send(member.identity, Error("bad-request", str(exc), msg.TYPE))
+            return
+        if self._send(member.identity, chunk, data):
+            self.counters["chunks_served"] += 1
+            member.served[(msg.file, msg.chunk)] = msg.size
+
+    def _on_shard_done(self, member: ms.Member, msg: ShardDone) -> None:
+        if member.offered != msg.shard_hash:
+            self.counters["stale"] += 1
+            return
+        member.offered = None
+        if msg.ok:
+            member.shards.add(msg.shard_hash)
+            member.state, member.error = ms.READY, ""
+            log.info("node %s holds shard %s (%s)", member.node_id, msg.shard_hash[:12],
+                     "cached" if msg.cached else "transferred")
+        else:
+            member.state, member.error = ms.FAILED, msg.error
+            log.error("node %s could not fetch shard %s: %s", member.node_id,
+                      msg.shard_hash[:12], msg.error)
+
+    def _on_stage_ready(self, member: ms.Member, msg: StageReady) -> None:
+        if member.assigned is None or msg.epoch != member.assigned.epoch:
+            self.counters["stale"] += 1
+            return
+        self._stage_result(member, msg.epoch, msg.ok, msg.error)
+
+    def _stage_result(self, member: ms.Member, epoch: int, ok: bool, error: str) -> None:
+        if ok:
+            member.state, member.ready_epoch, member.error = ms.SERVING, epoch, ""
+            log.info("node %s serves stage %s (epoch %d)", member.node_id, member.stage, epoch)
+        else:
+            member.state, member.error = ms.FAILED, error
+            log.error("node %s cannot run stage %s: %s", member.node_id, member.stage, error)
+
+    # -- periodic work -------------------------------------------------------------------
+    def _tick(self, now: float) -> None:
+        cfg = self.config
+        for member in self.members.values():
+            if member.local or not member.alive:
+                continue
+            if now - member.last_seen > cfg.heartbeat_interval * cfg.liveness:
+                member.mark_down(ms.DEAD, now)
+                self.counters["marked_dead"] += 1
+                log.warning("node %s missed %d heartbeats: marked dead", member.node_id,
+                            cfg.liveness)
+            elif now - member.last_sent >= cfg.heartbeat_interval:
+                self._send(member.identity, Heartbeat(member.state))
+        self._collect_local_jobs()
+        self._advance()
+        if self.config.curve is not None:
+            self.config.curve.maybe_reload()
+
+    def _advance(self) -> None:
+        if not self.pipeline.try_plan(self.members):
+            return
+        if self.config.reassign_after is not None:
+            self.pipeline.reassign(self.members, time.monotonic(), self.config.reassign_after)
+        for member, stage in self.pipeline.offers_due(self.members):
+            offer = self.source.offer_for(stage)
+            member.offered, member.served = offer.shard_hash, {}
+            member.transfer_total = (0 if offer.shard_hash in member.shards
+                                     else sum(f.size for f in offer.files))
+            if self._send(member.identity, offer):
+                member.state = ms.TRANSFERRING
+        for member, msg in self.pipeline.assignments(self.members):
+            if member.local:
+                member.state = ms.WIRING
+                self._launch_local(msg)
+            elif self._send(member.identity, msg):
+                member.state = ms.WIRING
+
+    # -- the local stage (node 0) ----------------------------------------------------------
+    def _launch_local(self, msg: AssignStage) -> None:
+        assignment = StageAssignment.from_message(msg, self.export_dir)
+        self._local_jobs.append((msg.epoch, self._executor.submit(self.local.apply, assignment)))
+
+    def _collect_local_jobs(self) -> None:
+        me = self.members[self.node_id]
+        while self._local_jobs and self._local_jobs[0][1].done():
+            epoch, job = self._local_jobs.pop(0)
+            error = job.exception()
+            if error is not None:
+                log.error("starting the local stage failed: %s", error)
+            if me.assigned is not None and epoch == me.assigned.epoch:
+                self._stage_result(me, epoch, error is None,
+                                   "" if error is None else f"{type(error).__name__}: {error}")
+
+    @property
+    def local_handle(self) -> StageHandle | None:
+        """The running stage-0 handle (whatever the launcher returned), if wired."""
+        return self.local.handle
+
+    # -- status --------------------------------------------------------------------------
+    def _status(self) -> ClusterStatus:
+        now = time.monotonic()
+        pipe = self.pipeline
+        return ClusterStatus(
+            coordinator_id=self.node_id, session=self.session, endpoint=self.endpoint,
+            protocol=PROTOCOL_VERSION, openvino=self.openvino, zctl=self.zctl,
+            export_dir=str(self.export_dir), model=self.manifest.model.name,
+            pipeline=pipe.state(self.members), epoch=pipe.epoch,
+            uptime_s=round(now - self._started, 3), plan_error=pipe.plan_error,
+            nodes=[m.status(now) for m in self.members.values()],
+            stages=pipe.stage_status(self.members),
+            refused=[RefusalInfo(n, h, r, round(now - t, 3)) for n, h, r, t in self.refused],
+            counters=dict(self.counters))
+
+    def status(self) -> ClusterStatus:
+        """A consistent snapshot (thread-safe)."""
+        with self._lock:
+            return self._status()
+
+    def status_dict(self) -> dict[str, Any]:
+        return self.status().to_dict()

@@ -1,0 +1,150 @@
+"""Starting a node's stage once it is wired: the hand-over from control to data plane.
+
+The control plane only decides *what* runs *where*; a ``StageLauncher`` turns a
+``StageAssignment`` into a running data-plane worker and returns a handle with
+``stop()``. The default launcher builds a ``dataplane.runtime.StageRunner`` on the
+cached shard directory and a ``dataplane.worker.StageWorker`` around it; tests and
+embedders pass their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from controlplane.messages import AssignStage, RuntimeSpec
+
+log = logging.getLogger("zctl.controlplane")
+
+
+class LaunchError(RuntimeError):
+    """A stage could not be started on this node."""
+
+
+@dataclass(frozen=True)
+class StageAssignment:
+    """Everything a node needs to run its stage."""
+
+    runner_dir: Path  # holds manifest.json and the stage's xml/bin
+    stage_index: int
+    num_stages: int
+    bind: str  # where this stage's inbound pipe binds
+    send_to: str  # the next stage's inbound pipe (the coordinator's for the last stage)
+    runtime: RuntimeSpec
+    epoch: int
+    shard_hash: str
+
+    def same_wiring(self, other: StageAssignment | None) -> bool:
+        """Equal in everything but the epoch (so a running stage can be kept)."""
+        return other is not None and replace(other, epoch=self.epoch) == self
+
+    @classmethod
+    def from_message(cls, msg: AssignStage, runner_dir: Path) -> StageAssignment:
+        return cls(runner_dir, msg.stage.index, msg.num_stages, msg.bind, msg.send_to,
+                   msg.runtime, msg.epoch, msg.shard_hash)
+
+
+class StageHandle(Protocol):
+    def stop(self) -> None: ...
+
+
+StageLauncher = Callable[[StageAssignment], StageHandle]
+
+
+def build_runner(assignment: StageAssignment) -> Any:  # a dataplane.runtime.StageRunner
+    """Compile the assigned stage from its runner directory (verifies the IR hashes)."""
+    from dataplane.manifest import ManifestError
+    from dataplane.runtime import RuntimeConfig, StageError, StageRunner
+
+    try:
+        return StageRunner(assignment.runner_dir, assignment.stage_index,
+                           RuntimeConfig(**asdict(assignment.runtime)))
+    except (StageError, ManifestError, OSError) as exc:
+        raise LaunchError(f"cannot load stage {assignment.stage_index}: {exc}") from None
+
+
+def default_launcher(assignment: StageAssignment) -> StageHandle:
+    """StageRunner + dataplane.worker.StageWorker(runner, bind, send_to), started."""
+    try:
+        from dataplane.worker import StageWorker
+    except ImportError as exc:
+        raise LaunchError(f"the data-plane worker is not available ({exc}); pass a launcher "
+                          "to the coordinator or agent") from None
+    runner = build_runner(assignment)
+    worker = StageWorker(runner, assignment.bind, assignment.send_to)
+    worker.start()
+    return worker
+
+
+class HeadHandle:
+    """Stage 0 on the coordinator: the data plane's ClusterPipeline, for the generator to drive.
+
+    The pipeline is not thread-safe: once handed over, only the generating thread uses
+    it. A new wiring epoch replaces the handle (stop, then a new pipeline), so a
+    generator should fetch ``Coordinator.local_handle`` again after the epoch changes.
+    """
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+
+    def stop(self) -> None:
+        self.pipeline.close()
+
+
+def head_launcher(assignment: StageAssignment) -> HeadHandle:
+    """The coordinator's stage 0: StageRunner + dataplane.cluster.ClusterPipeline."""
+    if assignment.num_stages < 2:
+        raise LaunchError("a one-stage export runs in one process: no cluster is needed")
+    try:
+        from dataplane.cluster import ClusterPipeline
+    except ImportError as exc:
+        raise LaunchError(f"the data-plane head is not available ({exc})") from None
+    runner = build_runner(assignment)
+    return HeadHandle(ClusterPipeline(runner, assignment.send_to, assignment.bind))
+
+
+class StageSlot:
+    """The stage a node runs: a handle kept while the wiring stays, replaced when it changes.
+
+    ``apply`` blocks (compiling a stage takes seconds): call it off the control loop.
+    """
+
+    def __init__(self, launcher: StageLauncher) -> None:
+        self.launcher = launcher
+        self.handle: StageHandle | None = None
+        self.assignment: StageAssignment | None = None
+        self._lock = threading.Lock()
+
+    def apply(self, assignment: StageAssignment) -> None:
+        """Run ``assignment``: keep, rewire (only the next hop moved) or relaunch the stage."""
+        with self._lock:
+            old, handle = self.assignment, self.handle
+            if handle is not None and assignment.same_wiring(old):
+                self.assignment = assignment
+                return
+            rewire = getattr(handle, "rewire", None)
+            if handle is not None and old is not None and callable(rewire) and \
+                    assignment.same_wiring(replace(old, send_to=assignment.send_to)):
+                rewire(assignment.send_to)
+                self.assignment = assignment
+                return
+            self._stop_locked()
+            self.handle = self.launcher(assignment)
+            self.assignment = assignment
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
+        if self.handle is not None:
+            try:
+                self.handle.stop()
+            except Exception:  # noqa: BLE001 - a failing stop must not take the node down
+                log.exception("stopping stage %s failed",
+                              self.assignment.stage_index if self.assignment else "?")
+        self.handle, self.assignment = None, None

@@ -1,0 +1,69 @@
+"""The coordinator's membership table: one record per node, its state and liveness.
+
+States: ``idle`` (enrolled, no stage: a spare), ``transferring`` (fetching its shard),
+``ready`` (shard cached, waiting for the pipeline to be wired), ``wiring`` (stage
+assigned, starting), ``serving``, ``failed`` (transfer or start failed; see error),
+``dead`` (missed its heartbeats), ``left`` (said goodbye).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controlplane.messages import AssignStage, Enrol, NodeStatus
+
+IDLE = "idle"
+TRANSFERRING = "transferring"
+READY = "ready"
+WIRING = "wiring"
+SERVING = "serving"
+FAILED = "failed"
+DEAD = "dead"
+LEFT = "left"
+
+STATES = (IDLE, TRANSFERRING, READY, WIRING, SERVING, FAILED, DEAD, LEFT)
+ALIVE = (IDLE, TRANSFERRING, READY, WIRING, SERVING, FAILED)
+HAS_SHARD = (READY, WIRING, SERVING)
+
+
+@dataclass
+class Member:
+    """One enrolled node as the coordinator sees it."""
+
+    node_id: str
+    identity: bytes
+    info: Enrol
+    state: str
+    last_seen: float
+    local: bool = False
+    last_sent: float = 0.0
+    stage: int | None = None
+    offered: str | None = None  # shard hash offered (and not yet confirmed)
+    shards: set[str] = field(default_factory=set)  # hashes the node holds
+    assigned: AssignStage | None = None  # last wiring sent
+    ready_epoch: int = -1
+    served: dict[tuple[str, int], int] = field(default_factory=dict)  # chunks served
+    transfer_total: int = 0
+    error: str = ""
+    down_since: float = 0.0  # when it was marked dead or left
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ALIVE
+
+    def mark_down(self, state: str, now: float) -> None:
+        self.state, self.down_since = state, now
+
+    def transfer_done(self) -> int:
+        return sum(self.served.values())
+
+    def status(self, now: float) -> NodeStatus:
+        info = self.info
+        return NodeStatus(
+            node_id=self.node_id, host=info.host, state=self.state, stage=self.stage,
+            data_addr=info.data_addr, last_seen_s=round(max(0.0, now - self.last_seen), 3),
+            devices=list(info.devices), ram_free=info.ram_free, ram_total=info.ram_total,
+            openvino=info.openvino, zctl=info.zctl, cached_shards=len(self.shards),
+            transfer_done=self.transfer_done(), transfer_total=self.transfer_total,
+            error=self.error, local=self.local,
+        )

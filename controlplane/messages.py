@@ -1,0 +1,489 @@
+"""Control-plane message schemas: typed, versioned, validated on receipt.
+
+Schemas only, no sockets. Every message is a frozen dataclass registered under a
+``TYPE`` tag; on the wire it is one JSON frame ``{"protocol": N, "type": tag, "body":
+{...}}``, followed by one raw binary frame for the messages that carry a payload (shard
+chunks). ``decode_message`` checks the protocol version, the type tag and every field's
+type (nested dataclasses, lists, dicts, optionals) and raises ``MessageError`` with a
+readable reason; it never returns a half-valid message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from controlplane.schema import SchemaError, build
+
+PROTOCOL_VERSION = 1
+
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class MessageError(ValueError):
+    """A frame is not a valid control-plane message; the text says why."""
+
+
+class UnknownMessage(MessageError):
+    """A well-formed envelope of a type this side does not know."""
+
+
+class ProtocolMismatch(MessageError):
+    """A well-formed envelope from a peer speaking another protocol version."""
+
+    def __init__(self, theirs: Any, msg_type: str, body: Any) -> None:
+        self.theirs = theirs
+        self.ours = PROTOCOL_VERSION
+        self.msg_type = msg_type
+        self.body = body if isinstance(body, dict) else {}
+        super().__init__(
+            f"peer speaks control protocol {theirs!r} but this side speaks {PROTOCOL_VERSION} "
+            f"(message {msg_type!r})"
+        )
+
+
+class Message:
+    """Base of every control-plane message (subclasses are frozen dataclasses)."""
+
+    TYPE: ClassVar[str] = ""
+    HAS_PAYLOAD: ClassVar[bool] = False
+
+    def check(self) -> None:
+        """Semantic checks beyond field types; raise MessageError."""
+
+
+REGISTRY: dict[str, type[Message]] = {}
+
+M = typing.TypeVar("M", bound=type[Message])
+
+
+def register(cls: M) -> M:
+    if not cls.TYPE or cls.TYPE in REGISTRY:
+        raise TypeError(f"message class {cls.__name__} needs a unique TYPE (got {cls.TYPE!r})")
+    REGISTRY[cls.TYPE] = cls
+    return cls
+
+
+def _need(cond: bool, text: str) -> None:
+    if not cond:
+        raise MessageError(text)
+
+
+def _check_sha(value: str, what: str) -> None:
+    _need(bool(SHA256_RE.match(value)), f"{what} must be 64 lowercase hex digits, got {value!r}")
+
+
+def _check_nonneg(obj: Any, *names: str) -> None:
+    for name in names:
+        _need(getattr(obj, name) >= 0, f"{type(obj).TYPE}.{name} must be >= 0")
+
+
+# -- nested records --------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One OpenVINO device a node sees; memory_bytes is None when the plugin will not say."""
+
+    name: str
+    full_name: str = ""
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One file of a shard: its name inside the shard directory, size and sha256."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """The part of the export manifest a node's assignment names (cross-checked on the node)."""
+
+    index: int
+    layer_start: int
+    layer_end: int
+    xml: str
+    bin: str
+    first: bool
+    last: bool
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """Mirror of dataplane.runtime.RuntimeConfig, kept here so schemas need no OpenVINO."""
+
+    device: str = "CPU"
+    precision: str | None = "f32"
+    num_threads: int | None = None
+    performance_hint: str = "LATENCY"
+    kv_cache_precision: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node_id: str
+    host: str
+    state: str
+    stage: int | None
+    data_addr: str
+    last_seen_s: float
+    devices: list[DeviceInfo]
+    ram_free: int
+    ram_total: int
+    openvino: str
+    zctl: str
+    cached_shards: int
+    transfer_done: int = 0
+    transfer_total: int = 0
+    error: str = ""
+    local: bool = False
+
+
+@dataclass(frozen=True)
+class StageStatus:
+    index: int
+    layer_start: int
+    layer_end: int
+    shard_hash: str
+    bytes: int
+    node_id: str | None
+    state: str
+
+
+@dataclass(frozen=True)
+class RefusalInfo:
+    node_id: str
+    host: str
+    reason: str
+    age_s: float
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What ``zctl cluster status --json`` prints."""
+
+    coordinator_id: str
+    session: str
+    endpoint: str
+    protocol: int
+    openvino: str
+    zctl: str
+    export_dir: str
+    model: str
+    pipeline: str
+    epoch: int
+    uptime_s: float
+    plan_error: str
+    nodes: list[NodeStatus]
+    stages: list[StageStatus]
+    refused: list[RefusalInfo]
+    counters: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- messages --------------------------------------------------------------------------
+@register
+@dataclass(frozen=True)
+class Enrol(Message):
+    """Node -> coordinator: who I am, what I have, what I run."""
+
+    TYPE: ClassVar[str] = "enrol"
+    node_id: str
+    host: str
+    data_addr: str
+    devices: list[DeviceInfo]
+    ram_total: int
+    ram_free: int
+    openvino: str
+    zctl: str
+    cached_shards: list[str] = field(default_factory=list)
+    tok_s: float | None = None
+    pid: int = 0
+
+    def check(self) -> None:
+        _need(bool(NODE_ID_RE.match(self.node_id)),
+              f"enrol.node_id {self.node_id!r} must be 1-64 characters of [A-Za-z0-9._-]")
+        _need(self.data_addr.startswith("tcp://"),
+              f"enrol.data_addr {self.data_addr!r} must be a tcp:// endpoint")
+        _check_nonneg(self, "ram_total", "ram_free")
+        for h in self.cached_shards:
+            _check_sha(h, "enrol.cached_shards entry")
+
+
+@register
+@dataclass(frozen=True)
+class Welcome(Message):
+    """Coordinator -> node: enrolment accepted; heartbeat at this rate."""
+
+    TYPE: ClassVar[str] = "welcome"
+    node_id: str
+    coordinator_id: str
+    session: str
+    heartbeat_interval: float
+    liveness: int
+
+    def check(self) -> None:
+        _need(self.heartbeat_interval > 0, "welcome.heartbeat_interval must be > 0")
+        _need(self.liveness >= 1, "welcome.liveness must be >= 1")
+
+
+@register
+@dataclass(frozen=True)
+class Refuse(Message):
+    """Coordinator -> node: enrolment refused (code: openvino-version, protocol-version, ...)."""
+
+    TYPE: ClassVar[str] = "refuse"
+    code: str
+    reason: str
+    node_id: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """Either way; any traffic counts as a heartbeat, this is for when there is none."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+    state: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class Leave(Message):
+    """Either way: an orderly goodbye (node shutting down, or coordinator shutting down)."""
+
+    TYPE: ClassVar[str] = "leave"
+    reason: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class ShardOffer(Message):
+    """Coordinator -> node: hold this shard (fetch what is not cached, chunk by chunk)."""
+
+    TYPE: ClassVar[str] = "shard_offer"
+    shard_hash: str
+    stage_index: int
+    files: list[FileSpec]
+    chunk_size: int
+
+    def check(self) -> None:
+        _check_sha(self.shard_hash, "shard_offer.shard_hash")
+        _need(self.chunk_size > 0, "shard_offer.chunk_size must be > 0")
+        _need(bool(self.files), "shard_offer.files is empty")
+        for spec in self.files:
+            _check_sha(spec.sha256, f"shard_offer file {spec.name!r} sha256")
+            _need(spec.size >= 0, f"shard_offer file {spec.name!r} has a negative size")
+
+
+@register
+@dataclass(frozen=True)
+class ShardRequest(Message):
+    """Node -> coordinator: send me this chunk (one request is one credit)."""
+
+    TYPE: ClassVar[str] = "shard_request"
+    shard_hash: str
+    file: str
+    chunk: int
+    offset: int
+    size: int
+
+    def check(self) -> None:
+        _check_sha(self.shard_hash, "shard_request.shard_hash")
+        _check_nonneg(self, "chunk", "offset", "size")
+
+
+@register
+@dataclass(frozen=True)
+class ShardChunk(Message):
+    """Coordinator -> node: one chunk; the bytes travel in the next frame."""
+
+    TYPE: ClassVar[str] = "shard_chunk"
+    HAS_PAYLOAD: ClassVar[bool] = True
+    shard_hash: str
+    file: str
+    chunk: int
+    offset: int
+    size: int
+    sha256: str
+
+    def check(self) -> None:
+        _check_sha(self.shard_hash, "shard_chunk.shard_hash")
+        _check_sha(self.sha256, "shard_chunk.sha256")
+        _check_nonneg(self, "chunk", "offset", "size")
+
+
+@register
+@dataclass(frozen=True)
+class ShardDone(Message):
+    """Node -> coordinator: the shard is cached and verified (or why it is not)."""
+
+    TYPE: ClassVar[str] = "shard_done"
+    shard_hash: str
+    ok: bool
+    cached: bool = False
+    error: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class AssignStage(Message):
+    """Coordinator -> node: run this stage; bind the inbound pipe here, send there."""
+
+    TYPE: ClassVar[str] = "assign_stage"
+    epoch: int
+    stage: StageInfo
+    num_stages: int
+    model: str
+    shard_hash: str
+    bind: str
+    send_to: str
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+
+    def check(self) -> None:
+        _check_sha(self.shard_hash, "assign_stage.shard_hash")
+        _need(0 <= self.stage.index < self.num_stages,
+              f"assign_stage.stage.index {self.stage.index} is outside 0-{self.num_stages - 1}")
+        for name in ("bind", "send_to"):
+            value = getattr(self, name)
+            _need(value.startswith("tcp://"), f"assign_stage.{name} {value!r} must be tcp://")
+
+
+@register
+@dataclass(frozen=True)
+class Release(Message):
+    """Coordinator -> node: stop serving your stage (you are no longer in the pipeline)."""
+
+    TYPE: ClassVar[str] = "release"
+    reason: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class StageReady(Message):
+    """Node -> coordinator: the stage runs with the wiring of ``epoch`` (or why not)."""
+
+    TYPE: ClassVar[str] = "stage_ready"
+    epoch: int
+    stage_index: int
+    ok: bool
+    error: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class Error(Message):
+    """Either way: the message you sent was rejected (code: malformed, unknown-type, ...)."""
+
+    TYPE: ClassVar[str] = "error"
+    code: str
+    detail: str
+    ref_type: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class StatusRequest(Message):
+    """Anyone -> coordinator: send me a status snapshot."""
+
+    TYPE: ClassVar[str] = "status_request"
+
+
+@register
+@dataclass(frozen=True)
+class StatusReply(Message):
+    TYPE: ClassVar[str] = "status_reply"
+    status: ClusterStatus
+
+
+# -- encoding --------------------------------------------------------------------------
+def encode_message(msg: Message, protocol: int = PROTOCOL_VERSION) -> bytes:
+    """One JSON frame for ``msg`` (``protocol`` is overridable only to test refusals)."""
+    if type(msg).TYPE not in REGISTRY:
+        raise TypeError(f"{type(msg).__name__} is not a registered message")
+    envelope = {"protocol": protocol, "type": msg.TYPE, "body": asdict(msg)}  # type: ignore[call-overload]
+    return json.dumps(envelope, separators=(",", ":")).encode()
+
+
+def decode_message(data: bytes) -> Message:
+    """Parse and validate one JSON frame; raise MessageError (or ProtocolMismatch)."""
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MessageError(f"not a JSON message ({len(data)} bytes): {exc}") from None
+    except RecursionError:
+        raise MessageError("JSON nested too deeply") from None
+    if not isinstance(raw, dict):
+        raise MessageError(f"a message must be a JSON object, got {type(raw).__name__}")
+    extra = sorted(set(raw) - {"protocol", "type", "body"})
+    if extra:
+        raise MessageError(f"message envelope has unknown field(s) {', '.join(map(repr, extra))}")
+    msg_type = raw.get("type")
+    if not isinstance(msg_type, str):
+        raise MessageError("message has no string 'type'")
+    protocol = raw.get("protocol")
+    if protocol != PROTOCOL_VERSION or isinstance(protocol, bool):
+        if protocol is None:
+            raise MessageError(f"message {msg_type!r} has no 'protocol' version")
+        raise ProtocolMismatch(protocol, msg_type, raw.get("body"))
+    cls = REGISTRY.get(msg_type)
+    if cls is None:
+        raise UnknownMessage(f"unknown message type {msg_type!r}")
+    try:
+        msg = build(cls, raw.get("body", {}), msg_type)
+    except SchemaError as exc:
+        raise MessageError(str(exc)) from None
+    msg.check()
+    return msg
+
+
+def to_frames(msg: Message, payload: bytes | memoryview | None = None,
+              protocol: int = PROTOCOL_VERSION) -> list[Any]:
+    """The frames of one message: [json] or [json, payload]."""
+    if msg.HAS_PAYLOAD != (payload is not None):
+        raise TypeError(f"{msg.TYPE} {'needs' if msg.HAS_PAYLOAD else 'takes no'} payload frame")
+    frames: list[Any] = [encode_message(msg, protocol)]
+    if payload is not None:
+        frames.append(payload)
+    return frames
+
+
+def from_frames(frames: list[bytes]) -> tuple[Message, bytes | None]:
+    """Decode [json] or [json, payload]; the frame count must fit the message type."""
+    if not frames:
+        raise MessageError("empty message (no frames)")
+    if len(frames) > 2:
+        raise MessageError(f"a message has 1 or 2 frames, got {len(frames)}")
+    msg = decode_message(frames[0])
+    if msg.HAS_PAYLOAD:
+        if len(frames) != 2:
+            raise MessageError(f"{msg.TYPE} needs a payload frame")
+        payload = frames[1]
+        size = getattr(msg, "size", len(payload))
+        if len(payload) != size:
+            raise MessageError(f"{msg.TYPE} says {size} bytes but its payload has {len(payload)}")
+        return msg, payload
+    if len(frames) != 1:
+        raise MessageError(f"{msg.TYPE} takes no payload frame")
+    return msg, None
+
+
+def refusal_text(exc: ProtocolMismatch) -> str | None:
+    """Best-effort reason from a Refuse sent in another protocol version (else None)."""
+    if exc.msg_type == Refuse.TYPE and isinstance(exc.body.get("reason"), str):
+        return exc.body["reason"]
+    return None
+
+
+def peer_node_id(exc: ProtocolMismatch) -> str:
+    """Best-effort node id from an Enrol sent in another protocol version."""
+    node_id = exc.body.get("node_id")
+    return node_id if isinstance(node_id, str) and NODE_ID_RE.match(node_id) else "?"

@@ -1,0 +1,153 @@
+"""What a node says about itself: persistent id, devices, memory, versions, addresses.
+
+The node id is made on a node's first start and kept in ``<state_dir>/node_id`` so a
+restarted node reclaims its place. Probing OpenVINO is guarded: a device that will not
+report its memory is still listed, with memory unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from controlplane.messages import NODE_ID_RE, DeviceInfo
+
+log = logging.getLogger("zctl.controlplane")
+
+
+class NodeIdentityError(RuntimeError):
+    """The node id file exists but cannot be used."""
+
+
+def load_or_create_node_id(state_dir: Path) -> str:
+    """Read ``<state_dir>/node_id``; on first start create it (host name + random suffix)."""
+    path = state_dir / "node_id"
+    if path.exists():
+        try:
+            node_id = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise NodeIdentityError(f"cannot read the node id from {path}: {exc}") from None
+        if not NODE_ID_RE.match(node_id):
+            raise NodeIdentityError(
+                f"{path} holds {node_id[:80]!r}, not a node id (1-64 characters of "
+                f"[A-Za-z0-9._-]); delete the file to give this node a new identity")
+        return node_id
+    state_dir.mkdir(parents=True, exist_ok=True)
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
+    node_id = f"{(host or 'node')[:40].strip('-_') or 'node'}-{uuid.uuid4().hex[:8]}"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(node_id + "\n")
+    os.replace(tmp, path)
+    log.info("new node id %s written to %s", node_id, path)
+    return node_id
+
+
+def openvino_version() -> str:
+    import openvino
+
+    return str(openvino.get_version())
+
+
+def zctl_version() -> str:
+    try:
+        return metadata.version("zctl")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def short_version(full: str) -> str:
+    """'2026.4.1-22982-e213a147257-releases/2026/4' -> '2026.4.1'."""
+    return full.split("-", 1)[0]
+
+
+def describe_versions(ours: str, theirs: str) -> tuple[str, str]:
+    """Short release numbers, or the full build strings when the releases are equal."""
+    if short_version(ours) != short_version(theirs):
+        return short_version(ours), short_version(theirs)
+    return ours, theirs
+
+
+def probe_devices(core: Any | None = None) -> list[DeviceInfo]:
+    """The devices OpenVINO sees, with memory where the plugin reports it."""
+    if core is None:
+        import openvino
+
+        core = openvino.Core()
+    devices = []
+    for name in core.available_devices:
+        full_name = ""
+        memory: int | None = None
+        try:
+            full_name = str(core.get_property(name, "FULL_DEVICE_NAME"))
+        except RuntimeError:
+            pass
+        if name.startswith("GPU"):
+            try:
+                memory = int(core.get_property(name, "GPU_DEVICE_TOTAL_MEM_SIZE"))
+            except (RuntimeError, TypeError, ValueError):
+                memory = None
+        elif name == "CPU":
+            memory = int(psutil.virtual_memory().total)
+        devices.append(DeviceInfo(name=name, full_name=full_name, memory_bytes=memory))
+    return devices
+
+
+def ram() -> tuple[int, int]:
+    """(total, available) system RAM in bytes."""
+    vm = psutil.virtual_memory()
+    return int(vm.total), int(vm.available)
+
+
+def route_host(target_host: str) -> str:
+    """The local address this machine uses to reach ``target_host`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((target_host, 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def endpoint_host(endpoint: str) -> str:
+    """'tcp://10.0.0.5:5555' -> '10.0.0.5'."""
+    rest = endpoint.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0].strip("[]")
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_data_port(host: str, state_dir: Path, port: int = 0) -> int:
+    """The data-plane port: the configured one, else the one used last time, else a free one.
+
+    Reusing the last port keeps the pipeline wiring unchanged when a node restarts.
+    """
+    if port:
+        return port
+    path = state_dir / "data_port"
+    try:
+        last = int(path.read_text().strip())
+    except (OSError, ValueError):
+        last = 0
+    if last and _port_free(host, last):
+        return last
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        chosen = int(sock.getsockname()[1])
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{chosen}\n")
+    return chosen

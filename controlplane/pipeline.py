@@ -1,0 +1,158 @@
+"""The coordinator's pipeline state machine: which node runs which stage, and the wiring.
+
+No sockets: given the membership table it decides the placement (once enough nodes
+are alive), which nodes are due a shard offer, and which nodes need a new
+``AssignStage``. Every change of wiring bumps the epoch. Stage s binds its node's data
+address and sends to stage s+1's; the last stage sends to stage 0 (the coordinator).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from controlplane import membership as ms
+from controlplane.messages import AssignStage, RuntimeSpec, StageInfo, StageStatus
+from controlplane.placement import (
+    NodeCapacity,
+    PlacementError,
+    StageNeed,
+    assign_stages,
+    node_memory,
+)
+from dataplane.manifest import ExportManifest
+
+log = logging.getLogger("zctl.controlplane")
+
+
+class Pipeline:
+    """Placement and wiring of one export's stages over the enrolled nodes."""
+
+    def __init__(self, manifest: ExportManifest, needs: list[StageNeed], head: str,
+                 runtime: RuntimeSpec, expect_nodes: int | None = None,
+                 explicit: Mapping[int, str] | None = None) -> None:
+        self.manifest = manifest
+        self.needs = needs
+        self.head = head
+        self.runtime = runtime
+        self.num_stages = len(manifest.stages)
+        self.expect_nodes = self.num_stages - 1 if expect_nodes is None else expect_nodes
+        self.explicit = dict(explicit or {})
+        self.hashes = [manifest.stage_hash(i) for i in range(self.num_stages)]
+        self.plan: dict[int, str] | None = None
+        self.plan_error = ""
+        self.epoch = 0
+        self._wiring: dict[int, tuple[str, str, str]] | None = None
+
+    def capacity(self, member: ms.Member) -> NodeCapacity:
+        info = member.info
+        memory = node_memory(info.devices, info.ram_free, self.runtime.device)
+        return NodeCapacity(member.node_id, memory, info.tok_s, frozenset(member.shards))
+
+    def try_plan(self, members: Mapping[str, ms.Member]) -> bool:
+        """Place the stages once enough nodes are alive; False while waiting (or failing)."""
+        if self.plan is not None:
+            return True
+        remote = [m for m in members.values() if not m.local and m.state in (ms.IDLE, ms.READY)]
+        if len(remote) < self.expect_nodes:
+            return False
+        nodes = [self.capacity(members[self.head])] + [self.capacity(m) for m in remote]
+        try:
+            plan = assign_stages(self.needs, nodes, head=self.head, explicit=self.explicit)
+        except PlacementError as exc:
+            if str(exc) != self.plan_error:
+                log.error("placement failed: %s", exc)
+            self.plan_error = str(exc)
+            return False
+        self.plan, self.plan_error = plan, ""
+        for stage, node_id in plan.items():
+            members[node_id].stage = stage
+        log.info("placement: %s", ", ".join(f"stage {s} -> {n}" for s, n in sorted(plan.items())))
+        return True
+
+    def reassign(self, members: Mapping[str, ms.Member], now: float, grace: float) -> list[int]:
+        """Give the stage of a node down for ``grace`` seconds to an idle spare that fits.
+
+        Returns the stages moved. The node that comes back later is a spare itself.
+        """
+        if self.plan is None:
+            return []
+        moved = []
+        for stage, node_id in sorted(self.plan.items()):
+            old = members[node_id]
+            if old.local or old.state not in (ms.DEAD, ms.LEFT) or now - old.down_since < grace:
+                continue
+            need = self.needs[stage]
+            spares = [self.capacity(m) for m in members.values()
+                      if not m.local and m.state == ms.IDLE and m.node_id not in
+                      self.plan.values()]
+            fitting = [c for c in spares if c.memory_bytes >= need.bytes]
+            if not fitting:
+                continue
+            best = max(fitting, key=lambda c: (need.shard_hash in c.cached, c.tok_s or 0.0,
+                                               c.memory_bytes))
+            self.plan[stage] = best.node_id
+            members[best.node_id].stage, old.stage = stage, None
+            log.warning("stage %d moves from %s (%s) to spare %s", stage, node_id, old.state,
+                        best.node_id)
+            moved.append(stage)
+        return moved
+
+    def offers_due(self, members: Mapping[str, ms.Member]) -> list[tuple[ms.Member, int]]:
+        """Planned remote nodes that (re-)enrolled and have not been offered their shard."""
+        if self.plan is None:
+            return []
+        return [(members[n], s) for s, n in sorted(self.plan.items())
+                if not members[n].local and members[n].state == ms.IDLE]
+
+    def assignments(self, members: Mapping[str, ms.Member]) -> list[tuple[ms.Member, AssignStage]]:
+        """AssignStage messages for nodes whose wiring changed (empty until all hold shards)."""
+        if self.plan is None:
+            return []
+        chain = [members[self.plan[s]] for s in range(self.num_stages)]
+        for stage, member in enumerate(chain):
+            if not member.alive or member.state == ms.TRANSFERRING or \
+                    self.hashes[stage] not in member.shards:
+                return []
+        wiring = {s: (m.node_id, m.info.data_addr, chain[(s + 1) % self.num_stages].info.data_addr)
+                  for s, m in enumerate(chain)}
+        if wiring != self._wiring:
+            self.epoch += 1
+            self._wiring = wiring
+            log.info("wiring the pipeline (epoch %d): %s", self.epoch,
+                     " -> ".join(f"{m.node_id}@{m.info.data_addr}" for m in chain))
+        due = []
+        for stage, (_node, bind, send_to) in wiring.items():
+            spec = self.manifest.stages[stage]
+            info = StageInfo(spec.index, spec.layer_start, spec.layer_end, spec.xml, spec.bin,
+                             spec.first, spec.last)
+            msg = AssignStage(self.epoch, info, self.num_stages, self.manifest.model.name,
+                              self.hashes[stage], bind, send_to, self.runtime)
+            if chain[stage].assigned != msg:
+                chain[stage].assigned = msg
+                due.append((chain[stage], msg))
+        return due
+
+    def state(self, members: Mapping[str, ms.Member]) -> str:
+        """waiting, degraded, failed, transferring, wiring or serving."""
+        if self.plan is None:
+            return "waiting"
+        planned = [members[n] for n in self.plan.values()]
+        if any(m.state in (ms.DEAD, ms.LEFT) for m in planned):
+            return "degraded"
+        if any(m.state == ms.FAILED for m in planned):
+            return "failed"
+        if any(m.state == ms.TRANSFERRING for m in planned):
+            return "transferring"
+        if all(m.state == ms.SERVING and m.ready_epoch == self.epoch for m in planned):
+            return "serving"
+        return "wiring"
+
+    def stage_status(self, members: Mapping[str, ms.Member]) -> list[StageStatus]:
+        out = []
+        for spec, need in zip(self.manifest.stages, self.needs, strict=True):
+            node_id = self.plan.get(spec.index) if self.plan else None
+            state = members[node_id].state if node_id else "unplaced"
+            out.append(StageStatus(spec.index, spec.layer_start, spec.layer_end,
+                                   self.hashes[spec.index], need.bytes, node_id, state))
+        return out

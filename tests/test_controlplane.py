@@ -1,0 +1,318 @@
+"""Control plane end to end on loopback: enrolment, placement, liveness, refusals, clusters.
+
+Nodes run as threads (agents), processes, or raw sockets (to misbehave on purpose); the
+coordinator is node 0. Stages are started by a recording launcher unless a test runs
+the real data plane.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from cp_helpers import FAST, Cluster, FakeStage, RawNode, enrol_msg, node, wait_for
+
+from controlplane import messages as m
+from controlplane.client import query_status
+from controlplane.coordinator import Coordinator, CoordinatorConfig
+from controlplane.launch import StageAssignment, build_runner
+from controlplane.nodeinfo import load_or_create_node_id, openvino_version, zctl_version
+from dataplane.manifest import sha256_file
+
+
+# -- enrolment, transfer, wiring ----------------------------------------------------------
+def test_enrolment_transfer_and_wiring(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator()
+    agent = cp_cluster.agent(coord.endpoint, host="127.0.0.2")
+    status = coord.wait_serving(20)
+    assert (cp_cluster.root / "n1" / "node_id").read_text().strip() == agent.node_id
+    me, other = node(status, coord.node_id), node(status, agent.node_id)
+    assert me.local and me.stage == 0 and me.state == "serving"
+    assert other.stage == 1 and other.state == "serving" and other.host == "127.0.0.2"
+    assert other.openvino == openvino_version() and other.zctl == zctl_version()
+    assert other.devices and other.devices[0].name == "CPU" and other.ram_free > 0
+    assert other.data_addr == agent.data_addr and other.data_addr.startswith("tcp://127.0.0.2:")
+    assert other.transfer_done == other.transfer_total > 0
+    assert [s.node_id for s in status.stages] == [coord.node_id, agent.node_id]
+    assert status.pipeline == "serving" and status.epoch == 1
+    # the shard is cached by hash, every file verified
+    shard_hash = coord.hashes[1]
+    cached = cp_cluster.root / "n1" / "shards" / shard_hash
+    assert sorted(p.name for p in cached.iterdir()) == ["manifest.json", "stage1.bin", "stage1.xml"]
+    for name in ("stage1.bin", "stage1.xml"):
+        assert sha256_file(cached / name) == coord.manifest.files[name]
+    # the ring: stage 0 (coordinator) -> stage 1 -> back to the coordinator
+    by_stage = {a.stage_index: a for a in FakeStage.launched}
+    assert by_stage[0].bind == coord.data_addr and by_stage[0].send_to == agent.data_addr
+    assert by_stage[1].bind == agent.data_addr and by_stage[1].send_to == coord.data_addr
+    assert by_stage[1].runner_dir == cached and by_stage[0].runner_dir == coord.export_dir
+    # the same status over the wire (what `zctl cluster status --json` prints)
+    remote = query_status(coord.endpoint)
+    assert remote.pipeline == "serving" and json.loads(json.dumps(remote.to_dict()))["epoch"] == 1
+
+
+def test_node_runs_a_real_stage_from_its_cache(cp_cluster: Cluster) -> None:
+    runners = []
+
+    class RunnerStage:
+        def __init__(self, assignment: StageAssignment) -> None:
+            self.runner = build_runner(assignment)
+            runners.append(self.runner)
+
+        def stop(self) -> None:
+            pass
+
+    coord = cp_cluster.coordinator()
+    cp_cluster.agent(coord.endpoint, launcher=RunnerStage)
+    coord.wait_serving(30)
+    (runner,) = runners
+    assert runner.spec.index == 1 and runner.spec.last
+    assert not (runner.export_dir / "tokenizer.json").exists()  # workers need no tokenizer
+    runner.open_stream(0)
+    hidden = np.random.default_rng(0).standard_normal((1, 3, 64)).astype(np.float32)
+    logits = runner.step(0, hidden, np.arange(3))
+    assert logits.shape[-1] == runner.manifest.model.vocab_size
+
+
+def test_restarted_node_reclaims_its_id_and_cache(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator()
+    first = cp_cluster.agent(coord.endpoint)
+    coord.wait_serving(20)
+    served = coord.status().counters["chunks_served"]
+    first.stop()
+    wait_for(lambda: node(coord.status(), first.node_id).state == "left", what="left")
+    assert coord.status().pipeline == "degraded"
+    second = cp_cluster.agent(coord.endpoint)
+    assert second.node_id == first.node_id
+    status = coord.wait_serving(20)
+    assert len(status.nodes) == 2 and node(status, second.node_id).stage == 1
+    assert status.counters["chunks_served"] == served  # cached: nothing sent again
+    assert node(status, second.node_id).transfer_total == 0
+
+
+def test_explicit_placement_and_spares(cp_cluster: Cluster) -> None:
+    pinned = load_or_create_node_id(cp_cluster.root / "b")  # b's id, before b first starts
+    coord = cp_cluster.coordinator(expect_nodes=2, placement={1: pinned})
+    a = cp_cluster.agent(coord.endpoint, "a")
+    b = cp_cluster.agent(coord.endpoint, "b")
+    assert b.node_id == pinned
+    status = coord.wait_serving(20)
+    assert node(status, b.node_id).stage == 1 and node(status, b.node_id).state == "serving"
+    assert node(status, a.node_id).state == "idle" and node(status, a.node_id).stage is None
+    assert a.state == b.state == "enrolled" and a.handle is None
+
+
+def test_dead_nodes_stage_moves_to_a_spare(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator(expect_nodes=2, reassign_after=0.2)
+    a = cp_cluster.agent(coord.endpoint, "a")
+    b = cp_cluster.agent(coord.endpoint, "b")
+    status = coord.wait_serving(20)
+    working, spare = (a, b) if node(status, a.node_id).stage == 1 else (b, a)
+    working.stop()
+    wait_for(lambda: coord.status().epoch == 2 and coord.status().pipeline == "serving",
+             what="rewired onto the spare")
+    status = coord.status()
+    assert node(status, spare.node_id).stage == 1 and node(status, working.node_id).stage is None
+    head = [x for x in FakeStage.launched if x.stage_index == 0][-1]
+    assert head.send_to == spare.data_addr and head.epoch == 2
+    # the old node comes back as a spare
+    back = cp_cluster.agent(coord.endpoint, "a" if working is a else "b")
+    wait_for(lambda: node(coord.status(), back.node_id).state == "idle", what="spare again")
+    assert coord.status().pipeline == "serving"
+
+
+def test_placement_error_is_reported(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator(placement={1: "nobody"})
+    cp_cluster.agent(coord.endpoint)
+    wait_for(lambda: coord.status().plan_error, what="plan error")
+    status = coord.status()
+    assert status.pipeline == "waiting" and "pinned to nobody, which is not enrolled" in \
+        status.plan_error
+    with pytest.raises(TimeoutError, match="pipeline is waiting.*nobody"):
+        coord.wait_serving(0.1)
+
+
+# -- liveness -----------------------------------------------------------------------------
+def test_heartbeat_loss_marks_node_dead_and_status_shows_it(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator(heartbeat_interval=0.05, liveness=3)
+    raw = RawNode(coord.endpoint, b"silent-1")
+    try:
+        raw.send(m.encode_message(enrol_msg("silent-1")))
+        welcome = raw.recv_until(m.Welcome)
+        assert welcome.heartbeat_interval == 0.05 and welcome.liveness == 3
+        assert isinstance(raw.recv_until(m.ShardOffer), m.ShardOffer)  # planned for stage 1
+        # it answers nothing from now on
+        wait_for(lambda: node(query_status(coord.endpoint), "silent-1").state == "dead",
+                 timeout=5, what="dead")
+        status = query_status(coord.endpoint)
+        assert status.pipeline == "degraded" and status.counters["marked_dead"] == 1
+        assert node(status, "silent-1").last_seen_s >= 0.15
+        # a dead node that speaks again is told to enrol again
+        raw.send(m.encode_message(m.Heartbeat()))
+        err = raw.recv_until(m.Error)
+        assert err.code == "not-enrolled"
+    finally:
+        raw.close()
+
+
+def test_agent_reconnects_when_the_coordinator_goes_away(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator()
+    agent = cp_cluster.agent(coord.endpoint)
+    coord.wait_serving(20)
+    endpoint = coord.endpoint
+    coord.stop()  # says goodbye; the agent keeps its stage and retries
+    # the goodbye is acted on at once, not after the 1 s liveness timeout
+    wait_for(lambda: agent.counters["reconnects"] >= 1, timeout=0.6, what="reconnect on goodbye")
+    wait_for(lambda: agent.counters["reconnects"] >= 3, what="reconnect attempts")
+    assert agent._backoff > agent.config.reconnect_min  # backing off: 0.05 s doubling to 0.4 s
+    assert agent.handle is not None and not agent.handle.stopped
+    coord2 = cp_cluster.coordinator(endpoint=endpoint)
+    status = coord2.wait_serving(20)
+    assert node(status, agent.node_id).state == "serving"
+    assert agent.coordinator_id == coord2.node_id and agent.counters["enrolments"] >= 2
+    assert len([a for a in FakeStage.launched if a.stage_index == 1]) == 1  # stage kept
+
+
+def test_agent_survives_a_silent_and_garbled_coordinator(cp_cluster: Cluster) -> None:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        agent = cp_cluster.agent(f"tcp://127.0.0.1:{port}", heartbeat_interval=0.05, liveness=3)
+        assert router.poll(3000)
+        identity, first = router.recv_multipart()
+        assert identity == agent.node_id.encode()
+        assert isinstance(m.decode_message(first), m.Enrol)
+        for junk in ([b"\x00garbage"], [b"{}"], [m.encode_message(m.Heartbeat()), b"x"],
+                     [json.dumps({"protocol": 1, "type": "warp", "body": {}}).encode()]):
+            router.send_multipart([identity, *junk])
+        router.send_multipart([identity, m.encode_message(
+            m.Welcome(agent.node_id, "fake", "s", 0.05, 3))])
+        wait_for(lambda: agent.state == "enrolled", what="enrolled")
+        wait_for(lambda: agent.counters["malformed"] >= 4, what="malformed counted")
+        # now the fake coordinator goes silent: the agent reconnects and enrols again
+        wait_for(lambda: agent.counters["reconnects"] >= 1, what="reconnect")
+        deadline = time.monotonic() + 5
+        enrols = 0
+        while time.monotonic() < deadline and enrols < 2:
+            if router.poll(100):
+                _, data, *_ = router.recv_multipart()
+                try:
+                    enrols += isinstance(m.decode_message(data), m.Enrol)
+                except m.MessageError:
+                    pass
+        assert enrols >= 1 and agent.state in ("enrolling", "disconnected")
+    finally:
+        router.close(0)
+        ctx.term()
+
+
+# -- refusals -----------------------------------------------------------------------------
+def test_openvino_version_mismatch_is_refused_on_both_sides(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator()
+    agent = cp_cluster.agent(coord.endpoint, openvino="2026.3.0-1-abcdef")
+    wait_for(lambda: agent.state == "refused", what="refusal")
+    ours = openvino_version().split("-")[0]
+    assert f"runs OpenVINO 2026.3.0 but the coordinator runs {ours}" in agent.refusal
+    assert agent.node_id in agent.refusal
+    status = coord.status()
+    assert [r.node_id for r in status.refused] == [agent.node_id]
+    assert status.refused[0].reason == agent.refusal
+    assert agent.node_id not in {n.node_id for n in status.nodes}
+    wait_for(lambda: agent._thread is None or not agent._thread.is_alive(), what="agent exit")
+    assert agent.counters["reconnects"] == 0  # refusal is final, not retried
+
+
+def test_same_release_other_build_names_full_versions(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator()
+    release = openvino_version().split("-")[0]
+    agent = cp_cluster.agent(coord.endpoint, openvino=f"{release}-1-custom")
+    wait_for(lambda: agent.state == "refused", what="refusal")
+    assert f"runs OpenVINO {release}-1-custom but the coordinator runs {openvino_version()}" \
+        in agent.refusal
+
+
+def test_protocol_mismatch_is_refused_on_both_sides(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator()
+    agent = cp_cluster.agent(coord.endpoint, protocol=m.PROTOCOL_VERSION + 1)
+    wait_for(lambda: agent.state == "refused", what="refusal")
+    assert f"speaks control protocol {m.PROTOCOL_VERSION + 1} but the coordinator speaks " \
+           f"{m.PROTOCOL_VERSION}" in agent.refusal
+    status = coord.status()
+    assert status.counters["protocol_mismatch"] == 1 and status.refused[0].node_id == agent.node_id
+
+
+# -- whole clusters -------------------------------------------------------------------------
+def test_local_cluster_helper(tmp_path: Path, cp_export: Path) -> None:
+    from controlplane.local import LocalCluster
+
+    FakeStage.launched = []
+    progress: list[tuple[str, int, int]] = []
+    with LocalCluster(cp_export, root=tmp_path, heartbeat_interval=0.1, head_launcher=FakeStage,
+                      node_launcher=FakeStage,
+                      on_progress=lambda *a: progress.append(a)) as cluster:
+        status = cluster.start(timeout=20)
+        assert status.pipeline == "serving" and len(status.nodes) == 2
+        assert progress and progress[-1][1] == progress[-1][2]  # the bar reached 100%
+        from controlplane.view import status_table
+
+        assert status_table(status).row_count == 2
+
+
+def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Cluster) -> None:
+    """The real data plane: ClusterPipeline on the coordinator, StageWorker on the node."""
+    from controlplane.launch import default_launcher, head_launcher
+    from dataplane.generate import LocalChain, generate_greedy
+
+    cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=cp_cluster.root / "coord",
+                            host="127.0.0.1", **FAST)  # type: ignore[arg-type]
+    coord = Coordinator(cp_cluster.export, cfg, launcher=head_launcher)
+    cp_cluster.coordinators.append(coord)
+    coord.start()
+    cp_cluster.agent(coord.endpoint, launcher=default_launcher)
+    coord.wait_serving(60)
+    pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
+    prompt = [0, 5, 17, 42, 99]
+    remote = list(generate_greedy(pipeline, prompt, 8))
+    local = list(generate_greedy(LocalChain.load(str(cp_cluster.export)), prompt, 8))
+    assert remote == local and len(remote) == 8
+
+
+def test_killed_node_process_is_marked_dead_and_reclaims_its_id(cp_cluster: Cluster) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    coord = cp_cluster.coordinator(liveness=5)
+    state = cp_cluster.root / "proc-node"
+    cmd = [sys.executable, "-m", "controlplane", "node", "--coordinator", coord.endpoint,
+           "--state-dir", str(state), "--host", "127.0.0.1", "--reconnect-min", "0.1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        status = coord.wait_serving(60)  # the real StageWorker runs in the node process
+        node_id = (state / "node_id").read_text().strip()
+        assert node(status, node_id).state == "serving"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        wait_for(lambda: node(query_status(coord.endpoint), node_id).state == "dead",
+                 what="dead")
+        assert query_status(coord.endpoint).pipeline == "degraded"
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        status = coord.wait_serving(60)
+        assert [n.node_id for n in status.nodes if not n.local] == [node_id]
+        assert node(status, node_id).transfer_total == 0  # served from its cache
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr.decode()[-2000:]

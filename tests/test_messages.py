@@ -1,0 +1,158 @@
+"""Control-plane message schemas: round trips, and clear errors for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import pytest
+
+from controlplane import messages as m
+
+HASH = "ab" * 32
+
+
+def sample(cls: type[m.Message]) -> m.Message:
+    status = m.ClusterStatus(
+        coordinator_id="coord", session="s1", endpoint="tcp://127.0.0.1:5550", protocol=1,
+        openvino="2026.4.1", zctl="0.1.0", export_dir="/x", model="tiny", pipeline="serving",
+        epoch=3, uptime_s=1.5, plan_error="",
+        nodes=[m.NodeStatus("n1", "h", "serving", 1, "tcp://h:1", 0.1,
+                            [m.DeviceInfo("CPU", "cpu", 1 << 30)], 5, 10, "2026.4.1", "0.1.0", 1)],
+        stages=[m.StageStatus(0, 0, 2, HASH, 100, "coord", "serving")],
+        refused=[m.RefusalInfo("bad", "h2", "why", 2.0)], counters={"malformed": 1})
+    samples: dict[type, m.Message] = {
+        m.Enrol: m.Enrol("node-1", "host", "tcp://10.0.0.2:6000",
+                         [m.DeviceInfo("CPU", "Intel", 16 << 30), m.DeviceInfo("GPU.0")],
+                         16 << 30, 8 << 30, "2026.4.1", "0.1.0", [HASH], 12.5, 42),
+        m.Welcome: m.Welcome("node-1", "coord", "s1", 1.0, 3),
+        m.Refuse: m.Refuse("openvino-version", "because", "node-1"),
+        m.Heartbeat: m.Heartbeat("serving"),
+        m.Leave: m.Leave("bye"),
+        m.ShardOffer: m.ShardOffer(HASH, 1, [m.FileSpec("stage1.bin", 10, HASH)], 4),
+        m.ShardRequest: m.ShardRequest(HASH, "stage1.bin", 2, 8, 2),
+        m.ShardChunk: m.ShardChunk(HASH, "stage1.bin", 2, 8, 2, HASH),
+        m.ShardDone: m.ShardDone(HASH, True, cached=True),
+        m.AssignStage: m.AssignStage(4, m.StageInfo(1, 2, 4, "s.xml", "s.bin", False, True), 2,
+                                     "tiny", HASH, "tcp://a:1", "tcp://b:2",
+                                     m.RuntimeSpec("GPU", None, 2)),
+        m.Release: m.Release("spare"),
+        m.StageReady: m.StageReady(4, 1, False, "compile failed"),
+        m.Error: m.Error("malformed", "bad", "enrol"),
+        m.StatusRequest: m.StatusRequest(),
+        m.StatusReply: m.StatusReply(status),
+    }
+    return samples[cls]
+
+
+@pytest.mark.parametrize("cls", list(m.REGISTRY.values()), ids=list(m.REGISTRY))
+def test_every_message_round_trips(cls: type[m.Message]) -> None:
+    msg = sample(cls)
+    payload = b"xy" if cls.HAS_PAYLOAD else None
+    frames = m.to_frames(msg, payload)
+    decoded, got_payload = m.from_frames(frames)
+    assert decoded == msg and got_payload == payload
+    envelope = json.loads(frames[0])
+    assert envelope["protocol"] == m.PROTOCOL_VERSION and envelope["type"] == cls.TYPE
+
+
+def test_runtime_spec_mirrors_runtime_config() -> None:
+    from dataplane.runtime import RuntimeConfig
+
+    assert [f.name for f in fields(m.RuntimeSpec)] == [f.name for f in fields(RuntimeConfig)]
+    assert m.RuntimeSpec() == m.RuntimeSpec(**RuntimeConfig().__dict__)
+
+
+def envelope(body: object, type_: str = "enrol", protocol: object = 1) -> bytes:
+    return json.dumps({"protocol": protocol, "type": type_, "body": body}).encode()
+
+
+def enrol_body(**change: object) -> dict:
+    body = json.loads(m.encode_message(sample(m.Enrol)))["body"]
+    body.update(change)
+    return body
+
+
+@pytest.mark.parametrize("data, text", [
+    (b"\xff\xfe", "not a JSON message"),
+    (b"hello", "not a JSON message"),
+    (b"[1, 2]", "must be a JSON object, got list"),
+    (b'{"protocol": 1, "body": {}}', "no string 'type'"),
+    (b'{"type": "heartbeat", "body": {}}', "no 'protocol' version"),
+    (b'{"protocol": 1, "type": "heartbeat", "body": {}, "x": 1}', "unknown field(s) 'x'"),
+    (envelope({}, "heartbeat") .replace(b'"body": {}', b'"body": []'), "must be an object"),
+    (envelope(enrol_body(ram_total="lots")), "enrol.ram_total must be an integer, got string"),
+    (envelope(enrol_body(ram_total=True)), "enrol.ram_total must be an integer, got boolean"),
+    (envelope(enrol_body(tok_s="fast")), "enrol.tok_s must be a number"),
+    (envelope(enrol_body(devices=[{"name": "CPU", "memory_bytes": "1"}])),
+     "enrol.devices[0].memory_bytes must be an integer"),
+    (envelope(enrol_body(devices={"name": "CPU"})), "enrol.devices must be a list"),
+    (envelope(enrol_body(host=None)), "enrol.host must be a string, got null"),
+    (envelope(enrol_body(colour="blue")), "enrol has unknown field(s) 'colour'"),
+    (envelope({k: v for k, v in enrol_body().items() if k != "node_id"}),
+     "missing required field 'node_id'"),
+    (envelope(enrol_body(node_id="../../etc")), "enrol.node_id"),
+    (envelope(enrol_body(data_addr="ipc:///x")), "must be a tcp:// endpoint"),
+    (envelope(enrol_body(cached_shards=["zz"])), "64 lowercase hex digits"),
+    (envelope({"heartbeat_interval": 0, "node_id": "a", "coordinator_id": "b", "session": "s",
+               "liveness": 3}, "welcome"), "heartbeat_interval must be > 0"),
+    (envelope({"shard_hash": HASH, "file": "f", "chunk": -1, "offset": 0, "size": 1},
+              "shard_request"), "shard_request.chunk must be >= 0"),
+    (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+])
+def test_bad_messages_raise_clear_errors(data: bytes, text: str) -> None:
+    with pytest.raises(m.MessageError) as info:
+        m.decode_message(data)
+    assert text in str(info.value)
+
+
+def test_unknown_type_is_its_own_error() -> None:
+    with pytest.raises(m.UnknownMessage, match="unknown message type 'teleport'"):
+        m.decode_message(envelope({}, "teleport"))
+
+
+def test_protocol_mismatch_carries_both_versions_and_best_effort_fields() -> None:
+    refuse = envelope({"code": "x", "reason": "too old", "node_id": "n", "new": 1}, "refuse", 7)
+    with pytest.raises(m.ProtocolMismatch) as info:
+        m.decode_message(refuse)
+    exc = info.value
+    assert (exc.theirs, exc.ours, exc.msg_type) == (7, m.PROTOCOL_VERSION, "refuse")
+    assert "protocol 7" in str(exc) and f"speaks {m.PROTOCOL_VERSION}" in str(exc)
+    assert m.refusal_text(exc) == "too old"
+    with pytest.raises(m.ProtocolMismatch) as info:
+        m.decode_message(envelope(enrol_body(), "enrol", 0))
+    assert m.peer_node_id(info.value) == "node-1" and m.refusal_text(info.value) is None
+    with pytest.raises(m.ProtocolMismatch) as info:
+        m.decode_message(envelope({"node_id": "x/../y"}, "enrol", 2))
+    assert m.peer_node_id(info.value) == "?"
+
+
+def test_frames_must_fit_the_type() -> None:
+    hb = m.encode_message(m.Heartbeat())
+    chunk = sample(m.ShardChunk)
+    with pytest.raises(m.MessageError, match="empty message"):
+        m.from_frames([])
+    with pytest.raises(m.MessageError, match="takes no payload"):
+        m.from_frames([hb, b"extra"])
+    with pytest.raises(m.MessageError, match="1 or 2 frames, got 3"):
+        m.from_frames([hb, b"", b""])
+    with pytest.raises(m.MessageError, match="needs a payload frame"):
+        m.from_frames([m.encode_message(chunk)])
+    with pytest.raises(m.MessageError, match="says 2 bytes but its payload has 3"):
+        m.from_frames([m.encode_message(chunk), b"abc"])
+    with pytest.raises(TypeError):
+        m.to_frames(chunk)
+    with pytest.raises(TypeError):
+        m.to_frames(m.Heartbeat(), b"x")
+
+
+def test_encode_with_another_protocol_for_refusal_tests() -> None:
+    data = m.encode_message(m.Heartbeat(), protocol=9)
+    with pytest.raises(m.ProtocolMismatch):
+        m.decode_message(data)
+
+
+def test_status_to_dict_is_json() -> None:
+    status = sample(m.StatusReply).status  # type: ignore[attr-defined]
+    text = json.dumps(status.to_dict())
+    assert json.loads(text)["nodes"][0]["devices"][0]["memory_bytes"] == 1 << 30
