@@ -7,6 +7,11 @@ the embedding and LM head always get INT8 (as the monolithic default does).
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import openvino as ov
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
@@ -21,29 +26,42 @@ def pick_group_size(in_dims: list[int]) -> int:
     raise ValueError(f"no INT4 group size in {GROUP_CANDIDATES} divides {sorted(set(in_dims))}")
 
 
+@contextmanager
+def numpy_compression() -> Iterator[None]:
+    """Use NNCF's numpy path: 2x faster here than its OpenVINO-kernel path, which compiles
+    a small model per weight shape. Set NNCF_DISABLE_OPTIMIZED_COMPRESSION yourself to
+    choose; every stage of one export uses the same path either way."""
+    key = "NNCF_DISABLE_OPTIMIZED_COMPRESSION"
+    before = os.environ.get(key)
+    os.environ.setdefault(key, "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+
+
 def compress_stage(model: ov.Model, weight_format: str, group_size: int | None) -> ov.Model:
-    """Return the model with weights compressed (int4/int8); fp16/fp32 are left to save time."""
+    """Return the model with weights compressed (int4/int8); fp16/fp32 are left as they are."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weight format {weight_format!r}; expected one of {WEIGHT_FORMATS}")
     if weight_format in ("fp16", "fp32"):
         return model
-    import logging
-
     import nncf
     from nncf import CompressWeightsMode, IgnoredScope
     from nncf.common.logging.logger import set_log_level
 
     set_log_level(logging.ERROR)  # zctl reports progress itself; keep NNCF's tables out
-
     head_and_embedding = IgnoredScope(patterns=[".*embed.*", ".*lm_head.*"], validate=False)
-    if weight_format == "int4":
-        model = nncf.compress_weights(
-            model,
-            mode=CompressWeightsMode.INT4_ASYM,
-            group_size=group_size,
-            ratio=1.0,
-            all_layers=True,
-            ignored_scope=head_and_embedding,
-        )
-    # int8 for everything still in float: all MatMuls (int8) or just head/embedding (int4)
-    return nncf.compress_weights(model, mode=CompressWeightsMode.INT8_ASYM)
+    with numpy_compression():
+        if weight_format == "int4":
+            model = nncf.compress_weights(
+                model,
+                mode=CompressWeightsMode.INT4_ASYM,
+                group_size=group_size,
+                ratio=1.0,
+                all_layers=True,
+                ignored_scope=head_and_embedding,
+            )
+        # int8 for everything still in float: all MatMuls (int8) or just head/embedding (int4)
+        return nncf.compress_weights(model, mode=CompressWeightsMode.INT8_ASYM)
