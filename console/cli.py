@@ -136,13 +136,17 @@ def verify(
         raise typer.Exit(1)
 
 
-def _register_benchmarks() -> None:
+def _register() -> None:
+    from console import cluster_cli
     from tools import bench_parity
 
     bench_app.command("parity", help=bench_parity.__doc__.splitlines()[0])(bench_parity.main)
+    app.add_typer(cluster_cli.cluster_app, name="cluster")
+    app.add_typer(cluster_cli.node_app, name="node")
+    app.command("run")(cluster_cli.run)
 
 
-_register_benchmarks()
+_register()
 
 
 def main() -> None:  # pragma: no cover

@@ -1,0 +1,308 @@
+"""``zctl cluster up|down|status``, ``zctl node join`` and ``zctl run`` (with its live dashboard)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from console.cluster_procs import (
+    ClusterError,
+    ClusterRecord,
+    cluster_file,
+    read_record,
+    runtime_args,
+    start_coordinator,
+    start_local_cluster,
+    stop_processes,
+    wait_serving,
+    write_record,
+)
+from console.dashboard import RunSnapshot, StageInfo, render_run
+
+cluster_app = typer.Typer(help="Start, inspect and stop a cluster.", no_args_is_help=True)
+node_app = typer.Typer(help="Run this machine as a node of a cluster.", no_args_is_help=True)
+err = Console(stderr=True)
+out = Console()
+
+Precision = Annotated[str, typer.Option(help="INFERENCE_PRECISION_HINT, or 'default'")]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def ensure_export(model: str, stages: int, weights: str) -> Path:
+    """The cached export for (model, stages, weights); exported on first use with progress."""
+    from console.cli import default_export_dir, quiet_ml_libraries
+    from dataplane.manifest import ManifestError, load_manifest
+
+    target = Path(model) if (Path(model) / "manifest.json").is_file() else default_export_dir(
+        model, stages, weights)
+    try:
+        load_manifest(target)
+        return target
+    except ManifestError:
+        if target == Path(model):
+            raise
+    err.print(f"exporting {model} in {stages} {weights} stages (first use) to {target}")
+    try:
+        from console.export_view import RichExportProgress
+        from console.paths import source_cache_dir
+        from dataplane.manifest import even_split
+        from exporter.export import export_model
+        from exporter.sources import open_source
+    except ImportError as exc:
+        raise ClusterError(f"exporting needs the export extra (pip install 'zctl[export]'): {exc}") \
+            from None
+    quiet_ml_libraries()
+    source = open_source(model, source_cache_dir())
+    with RichExportProgress(stages, err) as progress:
+        export_model(source, even_split(source.num_layers, stages), weights, target, force=True,
+                     progress=progress)
+    return target
+
+
+def _running_record() -> ClusterRecord | None:
+    from console.cluster_procs import alive
+
+    record = read_record()
+    if record is None:
+        return None
+    if not record.pids or not alive(record.pids[0]):
+        cluster_file().unlink(missing_ok=True)  # a stale file from a cluster that died
+        return None
+    return record
+
+
+@cluster_app.command("up")
+def cluster_up(
+    local: Annotated[int | None, typer.Option(help="N: a local cluster of N nodes (N stages)")] = None,
+    model: Annotated[str, typer.Option(help="model name/path or an export directory")] = "smollm2-135m",
+    stages: Annotated[int | None, typer.Option(help="stages (default: --local N, else 2)")] = None,
+    weights: Annotated[str, typer.Option(help="int4 | int8 | fp16 | fp32")] = "int4",
+    bind: Annotated[str, typer.Option(help="control address (without --local)")] = "0.0.0.0:5550",
+    host: Annotated[str | None, typer.Option(help="address nodes reach the coordinator at")] = None,
+    precision: Precision = "f32",
+    threads: Annotated[int | None, typer.Option(help="INFERENCE_NUM_THREADS per stage")] = None,
+    device: Annotated[str, typer.Option(help="CPU | GPU | NPU | AUTO")] = "CPU",
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the pipeline")] = 300.0,
+    foreground: Annotated[bool, typer.Option(help="run the coordinator in this process "
+                                                  "(containers, service managers)")] = False,
+) -> None:
+    """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
+    if _running_record() is not None:
+        _fail(f"a cluster is already up ({cluster_file()}); zctl cluster down first")
+    stage_count = stages or local or 2
+    if local is not None and local != stage_count:
+        _fail(f"--local {local} runs {local} stages; drop --stages or make them equal")
+    try:
+        export_dir = ensure_export(model, stage_count, weights)
+        rt = runtime_args(None if precision == "default" else precision, threads, device)
+        if foreground:
+            if local is not None:
+                _fail("--foreground runs only the coordinator; start nodes with zctl node join")
+            raise typer.Exit(_serve_foreground(export_dir, bind, host, rt))
+        if local is not None:
+            record = start_local_cluster(export_dir, local, rt)
+        else:
+            import socket
+
+            bind_host, _, port = bind.rpartition(":")
+            public = host or (socket.gethostbyname(socket.gethostname())
+                              if bind_host in ("0.0.0.0", "*", "") else bind_host)
+            from console.paths import zctl_home
+
+            record = start_coordinator(export_dir, bind_host or "0.0.0.0", public, int(port), rt,
+                                       None, zctl_home() / "cluster")
+        write_record(record)
+        if local is None:
+            out.print(f"coordinator up at {record.control}; on each node run: "
+                      f"zctl node join {record.control}")
+            return
+        status = wait_serving(record, timeout)
+    except (ClusterError, ValueError, OSError) as exc:
+        rec = read_record() if cluster_file().is_file() else None
+        if rec is not None:
+            stop_processes(rec.pids)
+            cluster_file().unlink(missing_ok=True)
+        _fail(str(exc))
+    from controlplane.view import status_table
+
+    out.print(status_table(status))
+    out.print(f"serving {status.model} on {len(status.stages)} stages; zctl run \"...\"; "
+              "zctl cluster down stops it")
+
+
+def _serve_foreground(export_dir: Path, bind: str, host: str | None, rt: list[str]) -> int:
+    """Run the coordinator here (recorded in cluster.json so zctl run finds it)."""
+    import os
+
+    from console.cluster_procs import free_port
+    from controlplane.__main__ import main as controlplane_main
+
+    bind_host, _, port = bind.rpartition(":")
+    public = host or bind_host
+    serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+    write_record(ClusterRecord(control=f"tcp://{public}:{port}", serve=serve,
+                               export_dir=str(export_dir), pids=[os.getpid()]))
+    args = ["coordinator", str(export_dir), "--bind", f"tcp://{bind_host}:{port}", "--serve", serve,
+            *rt]
+    if host:
+        args += ["--host", host]
+    try:
+        return controlplane_main(args)
+    finally:
+        cluster_file().unlink(missing_ok=True)
+
+
+@cluster_app.command("down")
+def cluster_down() -> None:
+    """Stop the background cluster started by zctl cluster up."""
+    try:
+        record = read_record()
+    except ClusterError as exc:
+        _fail(str(exc))
+    if record is None:
+        out.print("no cluster is up")
+        return
+    stop_processes(record.pids)
+    cluster_file().unlink(missing_ok=True)
+    out.print(f"stopped {len(record.pids)} processes")
+
+
+@cluster_app.command("status")
+def cluster_status(
+    endpoint: Annotated[str | None, typer.Option(help="coordinator control address")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Nodes, stages, layers, versions and liveness of the running cluster."""
+    from controlplane.client import ClusterUnreachable, query_status
+    from controlplane.view import status_table
+
+    record = read_record()
+    target = endpoint or (record.control if record else None)
+    if target is None:
+        _fail("no cluster is up (zctl cluster up), or give --endpoint tcp://HOST:PORT")
+    try:
+        status = query_status(target)
+    except ClusterUnreachable as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(status.to_dict()))
+    else:
+        out.print(status_table(status))
+
+
+@node_app.command("join")
+def node_join(
+    coordinator: Annotated[str, typer.Argument(help="tcp://HOST:PORT of the coordinator")],
+    host: Annotated[str | None, typer.Option(help="address other nodes reach this one at")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="node id and shard cache")] = None,
+) -> None:
+    """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
+    from controlplane.__main__ import main as controlplane_main
+
+    args = ["node", "--coordinator", coordinator]
+    if host:
+        args += ["--host", host]
+    if state_dir:
+        args += ["--state-dir", str(state_dir)]
+    raise typer.Exit(controlplane_main(args))
+
+
+def _stages_from_status(status: Any) -> list[StageInfo]:
+    nodes = {n.node_id: n for n in status.nodes}
+    rows = []
+    for stage in status.stages:
+        node = nodes.get(stage.node_id or "")
+        device = node.devices[0].name if node and node.devices else "?"
+        where = f"{node.host}" if node else "-"
+        rows.append(StageInfo(stage.index, f"{(stage.node_id or '-')[:18]} @ {where}",
+                              f"{stage.layer_start}-{stage.layer_end - 1}", device))
+    return rows
+
+
+def stream_run(record: ClusterRecord, prompt: str, max_tokens: int, chat: bool,
+               as_json: bool, ignore_eos: bool = False) -> dict[str, Any]:
+    """Send the prompt to the generation service; live dashboard unless --json."""
+    from controlplane.client import generate_stream, query_status
+    from controlplane.service_messages import GenerateDone, GenerateRequest
+
+    status = query_status(record.control)
+    snapshot = RunSnapshot(prompt=prompt, stages=_stages_from_status(status))
+    request = GenerateRequest(uuid.uuid4().hex[:16], prompt, max_tokens, chat, ignore_eos)
+    done: GenerateDone | None = None
+    live = None if as_json else Live(render_run(snapshot), console=out, refresh_per_second=8)
+    try:
+        if live is not None:
+            live.start()
+        for msg in generate_stream(record.serve, request):
+            snapshot.text += msg.text if not isinstance(msg, GenerateDone) else ""
+            snapshot.tokens = len(msg.tokens) if isinstance(msg, GenerateDone) else msg.produced
+            snapshot.ttft_ms, snapshot.tok_s, snapshot.timing = msg.ttft_ms, msg.tok_s, msg.timing
+            if isinstance(msg, GenerateDone):
+                done = msg
+                snapshot.text = msg.text
+                snapshot.status = "error" if msg.error else f"done ({msg.stop_reason})"
+            if live is not None:
+                live.update(render_run(snapshot))
+    finally:
+        if live is not None:
+            live.stop()
+    assert done is not None
+    if done.error:
+        raise ClusterError(done.error)
+    stages = []
+    for info in snapshot.stages:
+        i = info.index
+        hop = f"hop{i}-{i + 1}"
+        stages.append({"stage": i, "node": info.node, "layers": info.layers, "device": info.device,
+                       **{f"{k}_ms": done.timing.get(name, {})
+                          for k, name in [("compute", f"stage{i}.compute"), ("queue", f"{hop}.queue"),
+                                          ("serialise", f"{hop}.serialise"),
+                                          ("network", f"{hop}.network")]}})
+    return {"tokens": len(done.tokens), "text": done.text, "ttft_ms": round(done.ttft_ms, 2),
+            "tok_s": round(done.tok_s, 2), "prompt_tokens": done.prompt_tokens,
+            "stop_reason": done.stop_reason, "stages": stages,
+            "overhead_ms": done.timing.get("overhead", {}), "step_ms": done.timing.get("total", {})}
+
+
+def run(
+    prompt: Annotated[str, typer.Argument(help="what to ask")],
+    max_tokens: Annotated[int, typer.Option(help="new tokens at most")] = 128,
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="apply the chat template")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object, no dashboard")] = False,
+    model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
+    stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
+    weights: Annotated[str, typer.Option(help="weights of the embedded cluster")] = "int4",
+    precision: Precision = "f32",
+    ignore_eos: Annotated[bool, typer.Option(help="always produce max-tokens tokens")] = False,
+) -> None:
+    """Stream a generation through the running cluster (or an embedded local one)."""
+    embedded = None
+    try:
+        record = _running_record()
+        if record is None:
+            export_dir = ensure_export(model, stages, weights)
+            err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
+            embedded = record = start_local_cluster(
+                export_dir, stages, runtime_args(None if precision == "default" else precision,
+                                                 None, "CPU"))
+            wait_serving(record, 300)
+        result = stream_run(record, prompt, max_tokens, chat, as_json, ignore_eos)
+    except (ClusterError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    except RuntimeError as exc:  # ClusterUnreachable and data-plane errors
+        _fail(str(exc))
+    finally:
+        if embedded is not None:
+            stop_processes(embedded.pids)
+    if as_json:
+        print(json.dumps(result))

@@ -1,0 +1,76 @@
+"""zctl cluster up/status/down and zctl run --json, end to end with node processes on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from console.cli import app
+from dataplane.generate import LocalChain, generate_greedy
+from dataplane.runtime import RuntimeConfig
+from dataplane.tokenizer import ChatTokenizer
+
+runner = CliRunner()
+PROMPT = "what is the capital of france?"
+
+
+@pytest.fixture
+def zctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _expected_tokens(export_dir: Path, n: int) -> list[int]:
+    tokenizer = ChatTokenizer(export_dir)
+    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    return list(generate_greedy(chain, tokenizer.encode(PROMPT), n))
+
+
+def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    result = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "12",
+                                 "--ignore-eos", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["tokens"] == 12
+    assert report["ttft_ms"] > 0 and report["tok_s"] > 0
+    assert [s["layers"] for s in report["stages"]] == ["0-1", "2-3"]
+    assert all(s["compute_ms"]["p50"] > 0 for s in report["stages"])
+    assert "127.0.0.2" in report["stages"][1]["node"]
+    tokenizer = ChatTokenizer(export_dir)
+    assert report["text"] == tokenizer.decode(_expected_tokens(export_dir, 12))
+    assert not (zctl_home / "cluster.json").exists()  # the embedded cluster was torn down
+
+
+def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
+    export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
+    up = runner.invoke(app, ["cluster", "up", "--local", "3", "--model", str(export_dir)])
+    try:
+        assert up.exit_code == 0, up.output
+        again = runner.invoke(app, ["cluster", "up", "--local", "3", "--model", str(export_dir)])
+        assert again.exit_code == 1 and "already up" in again.output
+        status = runner.invoke(app, ["cluster", "status", "--json"])
+        assert status.exit_code == 0, status.output
+        info = json.loads(status.stdout)
+        assert info["pipeline"] == "serving" and len(info["nodes"]) == 3
+        hosts = sorted(n["host"] for n in info["nodes"])
+        assert hosts == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+        assert {n["openvino"] for n in info["nodes"]} == {info["openvino"]}
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "8", "--ignore-eos", "--json"])
+        assert run.exit_code == 0, run.output
+        report = json.loads(run.stdout.strip().splitlines()[-1])
+        assert len(report["stages"]) == 3 and report["tokens"] == 8
+    finally:
+        down = runner.invoke(app, ["cluster", "down"])
+    assert down.exit_code == 0 and "stopped 3" in down.output
+    assert runner.invoke(app, ["cluster", "status"]).exit_code == 1
+
+
+def test_status_without_cluster_is_a_clear_error(zctl_home: Path) -> None:
+    result = runner.invoke(app, ["cluster", "status"])
+    assert result.exit_code == 1 and "no cluster is up" in result.output
+    result = runner.invoke(app, ["cluster", "status", "--endpoint", "tcp://127.0.0.1:1"])
+    assert result.exit_code == 1 and "no answer" in result.output
