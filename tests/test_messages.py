@@ -8,6 +8,7 @@ from dataclasses import fields
 import pytest
 
 from controlplane import messages as m
+from controlplane import service_messages as sm
 
 HASH = "ab" * 32
 
@@ -41,6 +42,10 @@ def sample(cls: type[m.Message]) -> m.Message:
         m.Error: m.Error("malformed", "bad", "enrol"),
         m.StatusRequest: m.StatusRequest(),
         m.StatusReply: m.StatusReply(status),
+        sm.GenerateRequest: sm.GenerateRequest("r1", "hello", 16, True, False),
+        sm.GenerateChunk: sm.GenerateChunk("r1", [5, 6], "hi", 2, 12.5, 30.0,
+                                           {"stage0.compute": {"p50": 1.5, "p95": 2.0}}),
+        sm.GenerateDone: sm.GenerateDone("r1", [5, 6, 2], "hi", 7, 12.5, 30.0, {}, "eos", ""),
     }
     return samples[cls]
 
@@ -125,6 +130,17 @@ def test_protocol_mismatch_carries_both_versions_and_best_effort_fields() -> Non
     with pytest.raises(m.ProtocolMismatch) as info:
         m.decode_message(envelope({"node_id": "x/../y"}, "enrol", 2))
     assert m.peer_node_id(info.value) == "?"
+
+
+@pytest.mark.parametrize(("body", "text"), [
+    ({"request_id": "r", "prompt": ""}, "prompt must have"),
+    ({"request_id": "r", "prompt": "x", "max_tokens": 0}, "max_tokens must be in"),
+    ({"request_id": "", "prompt": "x"}, "request_id must be"),
+    ({"request_id": "r", "prompt": 5}, "must be a string"),
+])
+def test_bad_generate_requests_are_refused(body: dict, text: str) -> None:
+    with pytest.raises(m.MessageError, match=text):
+        m.decode_message(envelope(body, "generate_request"))
 
 
 def test_frames_must_fit_the_type() -> None:

@@ -1,0 +1,106 @@
+"""One-stream throughput of a local multi-node cluster against the monolithic baseline.
+
+The cluster is the real thing: a coordinator process and node processes on distinct
+loopback addresses, driven through the generation service exactly as ``zctl run``
+drives it. The baseline (openvino_genai LLMPipeline on an optimum-intel export) runs in
+this process; the two are interleaved run by run with the same plugin hints.
+
+    python -m tools.bench_cluster [--model smollm2-135m] [--stages 2] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import uuid
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
+from dataplane.manifest import load_manifest
+from dataplane.tokenizer import ChatTokenizer
+from tools.bench_parity import PROMPT, cached_export, model_hf_dir, plugin_properties
+
+err = Console(stderr=True)
+
+
+def cluster_run(serve: str, prompt: str, tokens: int) -> dict[str, Any]:
+    from controlplane.client import generate_stream
+    from controlplane.service_messages import GenerateDone, GenerateRequest
+
+    request = GenerateRequest(uuid.uuid4().hex[:16], prompt, tokens, True, ignore_eos=True)
+    done = [m for m in generate_stream(serve, request) if isinstance(m, GenerateDone)][-1]
+    if done.error:
+        raise RuntimeError(done.error)
+    return {"tok_s": done.tok_s, "ttft_ms": done.ttft_ms, "timing": done.timing}
+
+
+def main(
+    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
+    stages: int = typer.Option(2, help="cluster nodes (= stages)"),
+    weights: str = typer.Option("int4"),
+    tokens: int = typer.Option(128, help="new tokens per run"),
+    runs: int = typer.Option(5, help="interleaved runs (median reported)"),
+    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides, or 'default'"),
+    threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    from console.paths import zctl_home
+    from tools.baseline import BaselinePipeline, export_baseline
+
+    cache = zctl_home()
+    hf_dir = model_hf_dir(model, cache)
+    name = model if model in ("smollm2-135m", "random-1b") else hf_dir.name
+    export_dir = cached_export(hf_dir, name, stages, weights, True, cache)
+    props = plugin_properties(precision, threads)
+    baseline = BaselinePipeline(export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
+                                                console=err), props)
+    prompt_ids = ChatTokenizer(export_dir).encode(PROMPT)
+    record = start_local_cluster(export_dir, stages, runtime_args(
+        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-cluster")
+    try:
+        wait_serving(record, 300)
+        cluster_run(record.serve, PROMPT, 8)  # warm-up
+        base_runs, cluster_runs = [], []
+        for run in range(runs):
+            base_runs.append(baseline.generate_timed(prompt_ids, tokens)["tok_s"])
+            cluster_runs.append(cluster_run(record.serve, PROMPT, tokens))
+            err.print(f"run {run + 1}/{runs}: baseline {base_runs[-1]:.1f}  "
+                      f"cluster {cluster_runs[-1]['tok_s']:.1f} tok/s")
+    finally:
+        stop_processes(record.pids)
+    best = sorted(cluster_runs, key=lambda r: r["tok_s"])[len(cluster_runs) // 2]
+    timing = best["timing"]
+    cluster_tok_s = statistics.median(r["tok_s"] for r in cluster_runs)
+    baseline_tok_s = statistics.median(base_runs)
+    hops = stages
+    result = {
+        "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
+        "properties": props,
+        "cluster_tok_s": round(cluster_tok_s, 2), "baseline_tok_s": round(baseline_tok_s, 2),
+        "ratio": round(cluster_tok_s / baseline_tok_s, 3),
+        "overhead_ms_per_hop": round(timing.get("overhead", {}).get("p50", 0.0) / hops, 3),
+        "step_ms_p50": round(timing.get("total", {}).get("p50", 0.0), 2),
+        "compute_ms_p50": {f"stage{i}": round(timing.get(f"stage{i}.compute", {}).get("p50", 0.0), 2)
+                           for i in range(stages)},
+        "network_ms_p50": round(timing.get("network", {}).get("p50", 0.0), 3),
+        "samples": {"baseline": [round(v, 2) for v in base_runs],
+                    "cluster": [round(r["tok_s"], 2) for r in cluster_runs]},
+    }
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table(title=f"{stages}-node local cluster vs monolithic, {model} {weights}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        if key not in ("samples", "properties"):
+            table.add_row(key, str(value))
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    typer.run(main)
