@@ -41,22 +41,38 @@ class Pipeline(Protocol):
              logits_idx: np.ndarray | None = None, want_logits: bool = False) -> StepReply: ...
 
 
-class LocalChain:
-    """Every stage in this process, stepped one after another."""
+REWIND_MODES = ("mask", "trim")
 
-    def __init__(self, runners: Sequence[StageRunner]) -> None:
+
+class LocalChain:
+    """Every stage in this process, stepped one after another.
+
+    ``rewind`` picks how ``rewind()`` (and ``step(mask_tail=n)``) drops the last tokens
+    of a stream: "mask" zeroes their attention mask (cheap, the slots stay; once more
+    than ``compact_threshold`` slots of a stream are masked they are compacted away),
+    "trim" cuts them out of the state tensors (the slow path, kept for comparison).
+    """
+
+    def __init__(self, runners: Sequence[StageRunner], rewind: str = "mask",
+                 compact_threshold: int | None = 64) -> None:
+        if rewind not in REWIND_MODES:
+            raise ValueError(f"rewind must be one of {REWIND_MODES}, not {rewind!r}")
         self.runners = list(runners)
         self.num_stages = len(self.runners)
+        self.rewind_mode = rewind
+        self.compact_threshold = compact_threshold
+        self.compactions = 0
 
     @classmethod
-    def load(cls, export_dir: str, config: RuntimeConfig | None = None) -> LocalChain:
+    def load(cls, export_dir: str, config: RuntimeConfig | None = None,
+             rewind: str = "mask", compact_threshold: int | None = 64) -> LocalChain:
         from dataplane.manifest import load_manifest
 
         manifest = load_manifest(export_dir)
         return cls([
             StageRunner(export_dir, i, config, manifest=manifest, verify=False)
             for i in range(len(manifest.stages))
-        ])
+        ], rewind=rewind, compact_threshold=compact_threshold)
 
     def open(self, stream_id: int) -> None:
         for runner in self.runners:
@@ -66,8 +82,26 @@ class LocalChain:
         for runner in self.runners:
             runner.reset_stream(stream_id)
 
+    def rewind(self, stream_id: int, count: int) -> None:
+        """Drop the stream's last ``count`` tokens on every stage (see ``rewind`` mode)."""
+        if not count:
+            return
+        for runner in self.runners:
+            if self.rewind_mode == "trim":
+                runner.trim_tail(stream_id, count)
+                continue
+            runner.mask_tail(stream_id, count)
+            slots = runner.streams[stream_id]
+            if (self.compact_threshold is not None
+                    and slots.physical - slots.logical > self.compact_threshold):
+                runner.compact(stream_id)
+                self.compactions += 1
+
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None, want_logits: bool = False) -> StepReply:
+             logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+             mask_tail: int = 0) -> StepReply:
+        """One step through every stage; ``mask_tail`` rewinds that many tokens first."""
+        self.rewind(stream_id, mask_tail)
         x: np.ndarray = np.asarray(token_ids, dtype=np.int64)[None]
         stage_ms = []
         for runner in self.runners:

@@ -1,0 +1,356 @@
+"""Speculative decoding with mask-based rewind (paper §5), token-identical to greedy.
+
+Each decode step feeds ``[last, d1..dK]`` (the last emitted token and K draft tokens) at
+contiguous logical positions and asks the last stage for the top-1 at all K+1 positions.
+The target's token after ``last`` checks ``d1``, the one after ``d1`` checks ``d2``, and
+so on: ``n = accept_prefix(draft, target)`` drafts are accepted and ``target[n]`` (the
+correction at the first mismatch, or the bonus token after all K) is emitted after them.
+Every emitted token is the one greedy decoding would have produced, so the output is
+identical; only the number of steps changes.
+
+The KV state now holds ``K - n`` rejected slots. They are rewound *with the next step*
+(``step(..., mask_tail=K - n)``): on a ``ClusterPipeline`` the rewind travels in that
+step's frame, so it costs no extra round trip; ``LocalChain`` applies it before stepping
+(mask, or trim for comparison). Logical positions count accepted tokens only, physical
+slots keep growing until compacted (``LocalChain`` compacts past a threshold; the frames
+have no compact instruction yet, so cluster stages keep their masked slots).
+
+The helpers are small pure functions, in the style of gpt-fast's generate.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from dataplane.generate import GenerationStats, Pipeline, StepReply, prefill_chunks, should_stop
+from dataplane.runtime import StageRunner
+
+# -- pure helpers ------------------------------------------------------------------------
+
+
+def accept_prefix(draft: Sequence[int], target_argmax: Sequence[int]) -> int:
+    """How many leading draft tokens the target agrees with.
+
+    ``target_argmax[i]`` is the target's token after the i-th fed token (the last emitted
+    token is fed first), so it checks ``draft[i]``; ``target_argmax[n]`` is the next token.
+    """
+    if len(target_argmax) < len(draft):
+        raise ValueError(f"{len(draft)} draft tokens need at least as many target tokens, "
+                         f"got {len(target_argmax)}")
+    n = 0
+    for proposed, verified in zip(draft, target_argmax, strict=False):
+        if int(proposed) != int(verified):
+            break
+        n += 1
+    return n
+
+
+def lookup_draft(history: Sequence[int], k: int, max_ngram: int = 3,
+                 min_ngram: int = 1) -> list[int]:
+    """Prompt-lookup drafting: continue the history as it went on after its suffix last time.
+
+    For n from ``max_ngram`` down to ``min_ngram``, find the most recent earlier occurrence
+    of the last n tokens and propose the (up to k) tokens that followed it. Where that
+    continuation runs into the end of the history it is extended with the same period
+    (``a b a b`` proposes ``a b a ...``). Returns [] when no suffix n-gram occurred before.
+    """
+    length = len(history)
+    if k < 1 or min_ngram < 1 or length < min_ngram + 1:
+        return []
+    seq = np.asarray(history, dtype=np.int64)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # starts < length - n
+        hits = np.flatnonzero((windows == seq[length - n:]).all(axis=1))
+        if hits.size:
+            period = length - n - int(hits[-1])
+            out = list(seq.tolist())
+            for _ in range(k):
+                out.append(out[len(out) - period])
+            return out[length:]
+    return []
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens one verify step yields when each draft is accepted with prob ``acceptance``
+    (independently, until the first rejection): 1 + a + ... + a^k."""
+    a = min(max(acceptance, 0.0), 1.0)
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Cost model of one verification step of K drafts, in ms.
+
+    ``step_ms``: a 1-token step (every stage's compute for one token, every hop, the
+    coordinator's overhead); ``token_ms``: each extra position fed in the same step
+    (marginal compute: small where decode is memory-bound, as on an iGPU); ``draft_ms``:
+    the drafter's time per draft token (about 0 for lookup drafting).
+    """
+
+    step_ms: float
+    token_ms: float
+    draft_ms: float = 0.0
+
+    def verify_ms(self, k: int) -> float:
+        return self.step_ms + k * (self.token_ms + self.draft_ms)
+
+
+def adapt_k(acceptance: float, cost: StepCost, k_max: int = 16, k_min: int = 0) -> int:
+    """The draft length K that maximises expected tokens per ms, E(K) / cost.verify_ms(K).
+
+    With E(K) = (1 - a^(K+1)) / (1 - a), longer drafts pay off while the next draft token's
+    chance a^(K+1) of being used buys more than its ``token_ms``: the larger the fixed
+    ``step_ms`` (network hops), the longer K. With a = 0.8 and 2 ms per extra token this
+    gives K = 6-7 for a 25 ms step (a LAN) and K = 12 for 125 ms (two 50 ms hops), as in
+    the paper (§6.7). Ties go to the shorter K.
+    """
+    if k_max < k_min:
+        raise ValueError(f"k_max {k_max} < k_min {k_min}")
+    best, best_rate = k_min, -1.0
+    for k in range(k_min, k_max + 1):
+        rate = expected_tokens(acceptance, k) / max(cost.verify_ms(k), 1e-9)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = k, rate
+    return best
+
+
+def estimate_acceptance(accepted: int, rejections: int, prior: float = 0.5,
+                        weight: float = 2.0) -> float:
+    """Per-token acceptance rate: the truncated-geometric MLE accepted/(accepted+rejections),
+    smoothed by ``weight`` pseudo-drafts at ``prior`` (so the first steps do not swing K)."""
+    return (accepted + prior * weight) / (accepted + rejections + weight)
+
+
+def fit_step_cost(fed: Sequence[int], step_ms: Sequence[float]) -> StepCost | None:
+    """Least-squares ``step_ms + token_ms * (fed - 1)`` over measured steps (None if the
+    steps fed fewer than two different token counts)."""
+    x = np.asarray(fed, dtype=np.float64) - 1.0
+    y = np.asarray(step_ms, dtype=np.float64)
+    if x.size < 2 or np.unique(x).size < 2:
+        return None
+    slope, intercept = np.polyfit(x, y, 1)
+    return StepCost(step_ms=max(float(intercept), 0.0), token_ms=max(float(slope), 0.0))
+
+
+# -- drafters ----------------------------------------------------------------------------
+
+
+class Drafter(Protocol):
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens likely to follow ``history`` (prompt + every emitted token)."""
+        ...
+
+    def accept(self, n: int) -> None:
+        """Feedback: n of the last proposal's tokens were accepted."""
+        ...
+
+
+@dataclass
+class LookupDrafter:
+    """Prompt-lookup (n-gram) drafting: free to run, good on repetitive text and code."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        return lookup_draft(history, k, self.max_ngram, self.min_ngram)
+
+    def accept(self, n: int) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small model (a 1-stage export sharing the target's tokenizer) drafting greedily.
+
+    It keeps its own KV for ``stream_id`` on its own StageRunner and rewinds it by mask:
+    each proposal rewinds to the longest common prefix of what it has fed and the new
+    history, feeds the rest, then decodes k tokens.
+    """
+
+    def __init__(self, runner: StageRunner, stream_id: int = 0, prefill_chunk: int = 256,
+                 compact_threshold: int = 64) -> None:
+        if not (runner.spec.first and runner.spec.last):
+            raise ValueError("a drafter model must be a 1-stage export")
+        self.runner, self.stream_id = runner, stream_id
+        self.prefill_chunk, self.compact_threshold = prefill_chunk, compact_threshold
+        runner.open_stream(stream_id)
+        runner.reset_stream(stream_id)
+        self.fed: list[int] = []
+
+    def _sync(self, history: Sequence[int]) -> int:
+        """Rewind to the common prefix with ``history`` (keeping one token to feed)."""
+        common = 0
+        for mine, theirs in zip(self.fed, history, strict=False):
+            if mine != theirs:
+                break
+            common += 1
+        common = min(common, len(history) - 1)
+        if common == 0:
+            self.runner.reset_stream(self.stream_id)
+        else:
+            self.runner.mask_tail(self.stream_id, len(self.fed) - common)
+            slots = self.runner.streams[self.stream_id]
+            if slots.physical - slots.logical > self.compact_threshold:
+                self.runner.compact(self.stream_id)
+        del self.fed[common:]
+        return common
+
+    def _feed(self, tokens: Sequence[int]) -> int:
+        start = len(self.fed)
+        logits = None
+        for lo, hi in prefill_chunks(len(tokens), self.prefill_chunk):
+            ids = np.asarray(tokens[lo:hi], dtype=np.int64)[None]
+            logits = self.runner.step(self.stream_id, ids, np.arange(start + lo, start + hi))
+        self.fed.extend(int(t) for t in tokens)
+        assert logits is not None
+        return int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
+
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        if k < 1 or not history:
+            return []
+        common = self._sync(history)
+        out = [self._feed(history[common:])]
+        while len(out) < k:
+            out.append(self._feed(out[-1:]))
+        return out
+
+    def accept(self, n: int) -> None:
+        pass
+
+
+# -- the speculative loop ----------------------------------------------------------------
+
+
+@dataclass
+class SpeculativeStats(GenerationStats):
+    steps: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    rejections: int = 0  # steps where a draft token was rejected
+    fed: list[int] = field(default_factory=list)  # tokens fed per decode step
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
+
+
+StepFn = Callable[[int, np.ndarray, np.ndarray, "np.ndarray | None", int], StepReply]
+
+
+def rewinding_step(pipeline: Pipeline) -> StepFn:
+    """``step(stream, ids, positions, logits_idx, rewind)`` for any pipeline.
+
+    A pipeline whose ``step`` takes ``mask_tail=`` (LocalChain, ClusterPipeline) gets the
+    rewind with the step itself; one that only has ``rewind(stream_id, count)`` is
+    rewound just before the step.
+    """
+    if "mask_tail" in inspect.signature(pipeline.step).parameters:
+        carrier = pipeline.step
+
+        def carried(sid: int, ids: np.ndarray, pos: np.ndarray, idx: np.ndarray | None,
+                    rewind: int) -> StepReply:
+            if rewind:
+                return carrier(sid, ids, pos, idx, mask_tail=rewind)  # type: ignore[call-arg]
+            return carrier(sid, ids, pos, idx)
+        return carried
+    rewinder = getattr(pipeline, "rewind", None)
+    if rewinder is None:
+        raise TypeError(f"{type(pipeline).__name__} can rewind neither with a step "
+                        "(step(mask_tail=)) nor by itself (rewind(stream_id, count))")
+
+    def separate(sid: int, ids: np.ndarray, pos: np.ndarray, idx: np.ndarray | None,
+                 rewind: int) -> StepReply:
+        if rewind:
+            rewinder(sid, rewind)
+        return pipeline.step(sid, ids, pos, idx)
+    return separate
+
+
+def generate_speculative(
+    pipeline: Pipeline,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+    drafter: Drafter | None = None,
+    k: int = 5,
+    stream_id: int = 0,
+    stats: GenerationStats | None = None,
+    prefill_chunk: int = 256,
+    cost: StepCost | None = None,
+) -> Iterator[int]:
+    """Yield exactly the tokens ``generate_greedy`` yields, verifying up to ``k`` drafts a step.
+
+    ``drafter`` defaults to a LookupDrafter. With a ``cost`` model, K is re-chosen before
+    every step by ``adapt_k`` from the acceptance measured so far (``k`` is then the
+    maximum). A ``SpeculativeStats`` passed as ``stats`` also gets the draft counters.
+    The stream is reset first; rejected slots of the last step are left in its KV.
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt has no tokens")
+    if k < 0:
+        raise ValueError(f"draft length k must be >= 0, got {k}")
+    if max_new_tokens < 1:
+        return
+    drafter = drafter if drafter is not None else LookupDrafter()
+    stats = stats if stats is not None else SpeculativeStats()
+    spec = stats if isinstance(stats, SpeculativeStats) else SpeculativeStats()
+    stats.prompt_tokens = len(prompt_ids)
+    stops = frozenset(int(t) for t in stop_ids)
+    step = rewinding_step(pipeline)
+    pipeline.open(stream_id)
+    pipeline.reset(stream_id)
+    prompt = np.asarray(prompt_ids, dtype=np.int64)
+    start = time.perf_counter()
+    reply = None
+    for lo, hi in prefill_chunks(len(prompt), prefill_chunk):
+        reply = pipeline.step(stream_id, prompt[lo:hi], np.arange(lo, hi))
+    assert reply is not None
+    token = int(reply.tokens[-1])
+    now = time.perf_counter()
+    stats.ttft_ms = (now - start) * 1e3
+    stats.new_tokens = 1
+    yield token
+    history = [int(t) for t in prompt_ids] + [token]
+    position = len(prompt)  # logical position of ``token``, not yet fed
+    rewind = 0  # rejected slots of the previous step, rewound with the next one
+    decode_start = now
+    while not should_stop(token, stats.new_tokens, max_new_tokens, stops):
+        step_start = time.perf_counter()
+        k_now = k if cost is None else adapt_k(
+            estimate_acceptance(spec.accepted, spec.rejections), cost, k_max=k)
+        k_now = min(k_now, max_new_tokens - stats.new_tokens - 1)
+        draft = [int(t) for t in drafter.propose(history, k_now)][:k_now] if k_now > 0 else []
+        fed = len(draft) + 1
+        ids = np.array([token, *draft], dtype=np.int64)
+        reply = step(stream_id, ids, np.arange(position, position + fed),
+                     np.arange(fed) if draft else None, rewind)
+        target = [int(t) for t in reply.tokens]
+        n = accept_prefix(draft, target)
+        drafter.accept(n)
+        rewind = len(draft) - n
+        position += n + 1
+        spec.steps += 1
+        spec.proposed += len(draft)
+        spec.accepted += n
+        spec.rejections += int(rewind > 0)
+        spec.fed.append(fed)
+        now = time.perf_counter()
+        stats.step_ms.append((now - step_start) * 1e3)
+        stats.stage_ms.append(reply.stage_ms)
+        for token in [*draft[:n], target[n]]:
+            history.append(token)
+            stats.new_tokens += 1
+            stats.decode_ms = (time.perf_counter() - decode_start) * 1e3
+            yield token
+            if should_stop(token, stats.new_tokens, max_new_tokens, stops):
+                return
