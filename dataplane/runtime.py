@@ -21,6 +21,17 @@ from dataplane.rope import rope_tables
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")
 
 
+_CORE: ov.Core | None = None
+
+
+def shared_core() -> ov.Core:
+    """One OpenVINO Core per process, so every stage here shares its plugins and executors."""
+    global _CORE
+    if _CORE is None:
+        _CORE = ov.Core()
+    return _CORE
+
+
 class StageError(RuntimeError):
     """A stage cannot be loaded, or a step's inputs do not fit it."""
 
@@ -90,7 +101,7 @@ class StageRunner:
         self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
         self.rope_scaling = model.rope_attention_scaling
         self.hidden_size = model.hidden_size
-        core = core or ov.Core()
+        core = core or shared_core()
         try:
             self.compiled = core.compile_model(
                 str(self.export_dir / self.spec.xml), self.config.device, self.config.properties()
