@@ -139,6 +139,23 @@ class GenerationStats:
         return (self.new_tokens - 1) / (self.decode_ms / 1e3) if self.new_tokens > 1 else 0.0
 
 
+def prefill(pipeline: Pipeline, stream_id: int, prompt_ids: Sequence[int], chunk: int,
+            stats: GenerationStats) -> int:
+    """Reset the stream, feed the prompt in chunks, return the first new token (greedy)."""
+    stats.prompt_tokens = len(prompt_ids)
+    pipeline.open(stream_id)
+    pipeline.reset(stream_id)
+    prompt = np.asarray(prompt_ids, dtype=np.int64)
+    start = time.perf_counter()
+    reply = None
+    for lo, hi in prefill_chunks(len(prompt), chunk):
+        reply = pipeline.step(stream_id, prompt[lo:hi], np.arange(lo, hi))
+    assert reply is not None
+    stats.ttft_ms = (time.perf_counter() - start) * 1e3
+    stats.new_tokens = 1
+    return int(reply.tokens[-1])
+
+
 def generate_greedy(
     pipeline: Pipeline,
     prompt_ids: Sequence[int],
@@ -154,23 +171,11 @@ def generate_greedy(
     if max_new_tokens < 1:
         return
     stats = stats if stats is not None else GenerationStats()
-    stats.prompt_tokens = len(prompt_ids)
     stops = frozenset(int(t) for t in stop_ids)
-    pipeline.open(stream_id)
-    pipeline.reset(stream_id)
-    prompt = np.asarray(prompt_ids, dtype=np.int64)
-    start = time.perf_counter()
-    reply = None
-    for lo, hi in prefill_chunks(len(prompt), prefill_chunk):
-        reply = pipeline.step(stream_id, prompt[lo:hi], np.arange(lo, hi))
-    assert reply is not None
-    token = int(reply.tokens[-1])
-    now = time.perf_counter()
-    stats.ttft_ms = (now - start) * 1e3
-    stats.new_tokens = 1
+    token = prefill(pipeline, stream_id, prompt_ids, prefill_chunk, stats)
     yield token
-    position = len(prompt)
-    decode_start = now
+    position = len(prompt_ids)
+    decode_start = time.perf_counter()
     while not should_stop(token, stats.new_tokens, max_new_tokens, stops):
         step_start = time.perf_counter()
         reply = pipeline.step(stream_id, np.array([token]), np.array([position]))

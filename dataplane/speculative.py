@@ -28,7 +28,14 @@ from typing import Protocol
 
 import numpy as np
 
-from dataplane.generate import GenerationStats, Pipeline, StepReply, prefill_chunks, should_stop
+from dataplane.generate import (
+    GenerationStats,
+    Pipeline,
+    StepReply,
+    prefill,
+    prefill_chunks,
+    should_stop,
+)
 from dataplane.runtime import StageRunner
 
 # -- pure helpers ------------------------------------------------------------------------
@@ -304,26 +311,14 @@ def generate_speculative(
     drafter = drafter if drafter is not None else LookupDrafter()
     stats = stats if stats is not None else SpeculativeStats()
     spec = stats if isinstance(stats, SpeculativeStats) else SpeculativeStats()
-    stats.prompt_tokens = len(prompt_ids)
     stops = frozenset(int(t) for t in stop_ids)
     step = rewinding_step(pipeline)
-    pipeline.open(stream_id)
-    pipeline.reset(stream_id)
-    prompt = np.asarray(prompt_ids, dtype=np.int64)
-    start = time.perf_counter()
-    reply = None
-    for lo, hi in prefill_chunks(len(prompt), prefill_chunk):
-        reply = pipeline.step(stream_id, prompt[lo:hi], np.arange(lo, hi))
-    assert reply is not None
-    token = int(reply.tokens[-1])
-    now = time.perf_counter()
-    stats.ttft_ms = (now - start) * 1e3
-    stats.new_tokens = 1
+    token = prefill(pipeline, stream_id, prompt_ids, prefill_chunk, stats)
     yield token
     history = [int(t) for t in prompt_ids] + [token]
-    position = len(prompt)  # logical position of ``token``, not yet fed
+    position = len(prompt_ids)  # logical position of ``token``, not yet fed
     rewind = 0  # rejected slots of the previous step, rewound with the next one
-    decode_start = now
+    decode_start = time.perf_counter()
     while not should_stop(token, stats.new_tokens, max_new_tokens, stops):
         step_start = time.perf_counter()
         k_now = k if cost is None else adapt_k(
