@@ -149,6 +149,7 @@ def build_stage(
 
     progress.phase(index, "load")
     module = StageModule(shape, start, end, first, last, fetch).eval()
+    source.release()  # unmap the checkpoint: the pages of this stage must not pile up
     mark("load")
     progress.phase(index, "trace")
     model = graph.convert_stage(module, shape, start, end, first, last)

@@ -136,6 +136,9 @@ class ModelSource:
             raise SourceError(f"{self.location}: tensor {name} is missing from the checkpoint")
         return value
 
+    def release(self) -> None:
+        """Drop open file handles (and their mapped pages) between stages."""
+
     def save_tokenizer(self, out_dir: Path) -> None:
         raise NotImplementedError
 
@@ -183,6 +186,9 @@ class SafetensorsSource(ModelSource):
 
             self._handles[file_name] = safe_open(self.path / file_name, framework="pt")
         return self._handles[file_name].get_tensor(name)
+
+    def release(self) -> None:
+        self._handles.clear()
 
     def save_tokenizer(self, out_dir: Path) -> None:
         from transformers import AutoTokenizer
