@@ -223,8 +223,7 @@ def _stages_from_status(status: Any) -> list[StageInfo]:
     for stage in status.stages:
         node = nodes.get(stage.node_id or "")
         device = node.devices[0].name if node and node.devices else "?"
-        where = f"{node.host}" if node else "-"
-        rows.append(StageInfo(stage.index, f"{(stage.node_id or '-')[:18]} @ {where}",
+        rows.append(StageInfo(stage.index, node.host if node else "-",
                               f"{stage.layer_start}-{stage.layer_end - 1}", device))
     return rows
 

@@ -44,21 +44,18 @@ def _ms(summary: dict[str, dict[str, float]], name: str, q: str = "p50") -> str:
 def stage_table(snapshot: RunSnapshot) -> Table:
     """Per stage: where it runs, compute p50/p95, and the hop leaving it (queue/serialise/net)."""
     t = snapshot.timing
-    table = Table(title="per-stage latency (ms)", expand=False, title_justify="left")
-    for name, justify in [("stage", "right"), ("node", "left"), ("layers", "left"),
-                          ("device", "left"), ("compute p50", "right"), ("compute p95", "right"),
-                          ("next hop", "left"), ("queue", "right"), ("serialise", "right"),
-                          ("network", "right")]:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    count = len(snapshot.stages)
+    table = Table(title="per-stage latency, ms (hop = this stage to the next)", expand=False,
+                  title_justify="left")
+    for name in ("stage", "node", "layers", "dev", "compute p50", "p95", "hop queue",
+                 "serialise", "network"):
+        table.add_column(name, justify="left" if name in ("node", "layers", "dev") else "right",
+                         no_wrap=True)
     for stage in snapshot.stages:
         i = stage.index
         hop = f"hop{i}-{i + 1}"
-        target = "coordinator" if i + 1 == count else f"stage {i + 1}"
         table.add_row(
             str(i), stage.node, stage.layers, stage.device,
             _ms(t, f"stage{i}.compute"), _ms(t, f"stage{i}.compute", "p95"),
-            f"→ {target}" if f"{hop}.network" in t else "-",
             _ms(t, f"{hop}.queue"), _ms(t, f"{hop}.serialise"), _ms(t, f"{hop}.network"),
         )
     return table

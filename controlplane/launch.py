@@ -61,8 +61,10 @@ def build_runner(assignment: StageAssignment) -> Any:  # a dataplane.runtime.Sta
     from dataplane.runtime import RuntimeConfig, StageError, StageRunner
 
     try:
-        return StageRunner(assignment.runner_dir, assignment.stage_index,
-                           RuntimeConfig(**asdict(assignment.runtime)))
+        runner = StageRunner(assignment.runner_dir, assignment.stage_index,
+                             RuntimeConfig(**asdict(assignment.runtime)))
+        runner.warm_up()
+        return runner
     except (StageError, ManifestError, OSError) as exc:
         raise LaunchError(f"cannot load stage {assignment.stage_index}: {exc}") from None
 

@@ -113,6 +113,19 @@ class StageRunner:
         self._beam = np.zeros(1, dtype=np.int32)
         self.streams: dict[int, StreamSlots] = {}
 
+    def warm_up(self, stream_id: int = -1) -> None:
+        """Run a prefill-shaped and a decode-shaped step on a scratch stream, then drop it,
+        so the first real request does not pay the plugin's first-inference costs."""
+        self.open_stream(stream_id)
+        try:
+            for positions in (np.arange(8), np.arange(8, 9)):
+                shape = (1, len(positions))
+                x = (np.zeros(shape, np.int64) if self.spec.first
+                     else np.zeros((*shape, self.hidden_size), np.float32))
+                self.step(stream_id, x, positions)
+        finally:
+            self.close_stream(stream_id)
+
     # -- streams ---------------------------------------------------------------------
     def open_stream(self, stream_id: int) -> StreamSlots:
         if stream_id not in self.streams:
