@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-from dataplane.generate import LocalChain, generate_greedy
+from dataplane.generate import LocalChain
 from dataplane.manifest import ExportManifest, load_manifest
 from dataplane.runtime import RuntimeConfig
+from dataplane.sessions import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 from exporter.sources import DEFAULT_MODEL, ModelSource, open_source
 

@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from console.cli import app
-from dataplane.generate import LocalChain, generate_greedy
+from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig
+from dataplane.sessions import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 
 runner = CliRunner()
@@ -63,6 +64,20 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
         assert run.exit_code == 0, run.output
         report = json.loads(run.stdout.strip().splitlines()[-1])
         assert len(report["stages"]) == 3 and report["tokens"] == 8
+        # several concurrent streams, speculative: each equals greedy, figures per stream
+        multi = runner.invoke(app, ["run", PROMPT, "--streams", "3", "--max-tokens", "8",
+                                    "--ignore-eos", "--speculative", "lookup", "--k", "3", "--json"])
+        assert multi.exit_code == 0, multi.output
+        report = json.loads(multi.stdout.strip().splitlines()[-1])
+        tokenizer = ChatTokenizer(export_dir)
+        want = tokenizer.decode(_expected_tokens(export_dir, 8))
+        assert [s["text"] for s in report["streams"]] == [want] * 3
+        assert report["tokens"] == 24 and report["aggregate_tok_s"] > 0
+        assert all(s["spec"]["steps"] >= 1 for s in report["streams"])
+        for bad, why in ((["--k", "many"], "--k must be"), (["--speculative", "guess"], "lookup"),
+                         (["--speculative", "draft:/nonexistent"], "not a directory")):
+            refused = runner.invoke(app, ["run", PROMPT, "--json", *bad])
+            assert refused.exit_code == 1 and why in refused.output, refused.output
     finally:
         down = runner.invoke(app, ["cluster", "down"])
     assert down.exit_code == 0 and "stopped 3" in down.output

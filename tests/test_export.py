@@ -7,9 +7,10 @@ from pathlib import Path
 import openvino as ov
 import pytest
 
-from dataplane.generate import LocalChain, generate_greedy
+from dataplane.generate import LocalChain
 from dataplane.manifest import load_manifest
 from dataplane.runtime import RuntimeConfig
+from dataplane.sessions import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 from exporter import export as export_mod
 from exporter.export import ExportError, export_model

@@ -11,8 +11,9 @@ from controlplane.client import ClusterUnreachable, generate_stream
 from controlplane.messages import Error, from_frames
 from controlplane.service import GenerationService
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
-from dataplane.generate import LocalChain, generate_greedy
+from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig
+from dataplane.sessions import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 
 
@@ -71,3 +72,65 @@ def test_unwired_pipeline_reports_an_error(tiny_exports) -> None:
         svc.stop()
     with pytest.raises(ClusterUnreachable, match="no answer"):
         list(generate_stream("tcp://127.0.0.1:1", GenerateRequest("d", "hi", 3), first_timeout=0.5))
+
+
+def _done(endpoint: str, req: GenerateRequest) -> GenerateDone:
+    messages = list(generate_stream(endpoint, req))
+    done = messages[-1]
+    assert isinstance(done, GenerateDone)
+    streamed = [t for m in messages[:-1] if isinstance(m, GenerateChunk) for t in m.tokens]
+    assert streamed == done.tokens or done.error  # every token streamed before the done
+    return done
+
+
+def test_concurrent_requests_share_the_pipeline_and_queue_beyond_max_streams(tiny_exports) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    tokenizer = ChatTokenizer(export_dir)
+    prompts = ["the sky is", "one two three one two three", "hello", "a b c d"]
+    expected = [list(generate_greedy(chain, tokenizer.encode(p), 12)) for p in prompts]
+    svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*", max_streams=2)
+    svc.start()
+    try:
+        requests = [GenerateRequest(f"r{i}", p, 12, ignore_eos=True) for i, p in enumerate(prompts)]
+        with ThreadPoolExecutor(len(requests)) as pool:
+            dones = list(pool.map(lambda r: _done(svc.endpoint, r), requests))
+    finally:
+        svc.stop()
+    assert [d.tokens for d in dones] == expected
+    assert svc.counters["peak_streams"] == 2 and svc.counters["failed"] == 0
+
+
+def test_speculative_requests_equal_greedy_and_report_acceptance(tiny_exports) -> None:
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    draft_dir = tiny_exports.get([(0, 4)])
+    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    tokenizer = ChatTokenizer(export_dir)
+    prompt = "one two three one two three one two"
+    expected = list(generate_greedy(chain, tokenizer.encode(prompt), 16))
+    svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*")
+    svc.start()
+    try:
+        for mode, k in (("lookup", 4), ("lookup", 0), (f"draft:{draft_dir}", 3)):
+            done = _done(svc.endpoint, GenerateRequest(f"s{k}", prompt, 16, ignore_eos=True,
+                                                        speculative=mode, k=k))
+            assert not done.error and done.tokens == expected, mode
+            assert done.spec["steps"] >= 1 and 0.0 <= done.spec["acceptance"] <= 1.0
+        assert _done(svc.endpoint, GenerateRequest("g", prompt, 16, ignore_eos=True)).spec == {}
+        # a drafter that is missing, or not a 1-stage export, is refused; serving goes on
+        for bad, why in ((export_dir.parent / "nope", "draft model"), (export_dir, "1-stage")):
+            done = _done(svc.endpoint, GenerateRequest("x", prompt, 4, speculative=f"draft:{bad}"))
+            assert why in done.error and not done.tokens
+        assert _done(svc.endpoint, GenerateRequest("y", prompt, 16, ignore_eos=True)).tokens == expected
+    finally:
+        svc.stop()
+
+
+def test_bad_speculative_fields_are_refused() -> None:
+    from controlplane.messages import MessageError, decode_message, encode_message
+
+    for kw in ({"speculative": "magic"}, {"speculative": "draft:"}, {"k": 99}, {"k": -1}):
+        with pytest.raises(MessageError):
+            decode_message(encode_message(GenerateRequest("z", "hi", 4, **kw)))

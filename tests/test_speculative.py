@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataplane.generate import LocalChain, generate_greedy
+from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
+from dataplane.sessions import generate_greedy, generate_speculative
 from dataplane.speculative import (
     LookupDrafter,
     ModelDrafter,
@@ -19,7 +20,6 @@ from dataplane.speculative import (
     estimate_acceptance,
     expected_tokens,
     fit_step_cost,
-    generate_speculative,
     lookup_draft,
     rewinding_step,
 )

@@ -1,0 +1,363 @@
+"""Generation as per-stream state machines, and the one loop that steps them on a pipeline.
+
+A ``DecodeSession`` is one stream's generation: it says what the stream feeds next (a
+prefill chunk, or the last token plus K draft tokens at contiguous logical positions)
+and what a reply emits; it never touches a pipeline. Greedy decoding is the K = 0 case.
+
+``StreamScheduler`` is the coordinator loop, written once. On a pipeline that can
+``submit`` and ``collect_any`` (``ClusterPipeline``) it keeps one step of every active
+session in flight, so stage 0 computes one stream while another's activations are on
+the wire or on later stages (micro-batching with async overlap, paper §7); on a pipeline
+that only has ``step`` (``LocalChain``) it steps the sessions in turn. ``run_session``,
+``generate_greedy`` and ``generate_speculative`` are that loop with one session.
+
+Speculative steps (paper §5): the reply's top-1 at each of the K+1 fed positions checks
+the drafts; ``accept_prefix`` of them are emitted plus the target's own next token, so
+the output equals greedy decoding. The K - n rejected slots are rewound *with the next
+step* (``mask_tail``): no extra round trip. With ``auto_k``, K is re-chosen every step by
+``adapt_k`` from the acceptance measured so far and a step-cost model fitted to this
+session's own steps (and the drafter's measured time per token).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dataplane.generate import GenerationStats, Pipeline, StepReply, prefill_chunks, should_stop
+from dataplane.speculative import (
+    Drafter,
+    LookupDrafter,
+    SpeculativeStats,
+    StepCost,
+    StepFn,
+    accept_prefix,
+    adapt_k,
+    estimate_acceptance,
+    fit_step_cost,
+    rewinding_step,
+)
+
+COST_WINDOW = 64  # decode steps the online cost model is fitted to
+PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep measuring
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a session feeds in its next step."""
+
+    token_ids: np.ndarray
+    positions: np.ndarray
+    logits_idx: np.ndarray | None  # None: only the last position
+    rewind: int  # rejected slots of the previous step, rewound before this one
+
+
+class DecodeSession:
+    """One stream's generation, greedy (``k=0``) or speculative, as a state machine.
+
+    Call ``plan()`` for the next step, run it on a pipeline, hand the reply to
+    ``advance()``, which returns the tokens it emits; ``done`` tells when to stop. The
+    pipeline's stream must be reset before the first step (the drivers do it).
+    ``k`` is the draft length (the maximum when ``auto_k``); ``cost`` fixes the cost
+    model for ``auto_k`` instead of fitting it online.
+    """
+
+    def __init__(self, stream_id: int, prompt_ids: Sequence[int], max_new_tokens: int,
+                 stop_ids: Sequence[int] = (), *, drafter: Drafter | None = None, k: int = 0,
+                 auto_k: bool = False, cost: StepCost | None = None, prefill_chunk: int = 256,
+                 stats: GenerationStats | None = None) -> None:
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt has no tokens")
+        if k < 0:
+            raise ValueError(f"draft length k must be >= 0, got {k}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        self.stream_id = stream_id
+        self.prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        self.max_new_tokens = max_new_tokens
+        self.stops = frozenset(int(t) for t in stop_ids)
+        self.drafter = drafter if drafter is not None else LookupDrafter()
+        self.k, self.auto_k, self.cost = k, auto_k or cost is not None, cost
+        self.stats = stats if stats is not None else SpeculativeStats()
+        self.spec = self.stats if isinstance(self.stats, SpeculativeStats) else SpeculativeStats()
+        self.stats.prompt_tokens = self.prompt.size
+        self.history = [int(t) for t in self.prompt]
+        self.emitted: list[int] = []
+        self.k_used: list[int] = []  # draft length asked for, per decode step
+        self.error: Exception | None = None
+        self._chunks = prefill_chunks(self.prompt.size, prefill_chunk)
+        self._chunk = 0
+        self._position = self.prompt.size  # logical position of the last emitted token
+        self._draft: list[int] = []
+        self._rewind = 0
+        self._draft_ms: list[float] = []  # drafter time per proposed token
+        self._planned_at = 0.0
+        self._started_at = 0.0
+        self._decode_start: float | None = None
+        self.done = max_new_tokens == 0
+
+    # -- state -----------------------------------------------------------------------
+    @property
+    def prefilling(self) -> bool:
+        return self._chunk < len(self._chunks)
+
+    @property
+    def last_k(self) -> int:
+        return self.k_used[-1] if self.k_used else 0
+
+    def fail(self, error: Exception) -> None:
+        self.error, self.done = error, True
+
+    # -- planning --------------------------------------------------------------------
+    def plan(self) -> StepPlan:
+        """The next step to run (prefill chunk, or last token + drafts)."""
+        if self.done:
+            raise RuntimeError(f"stream {self.stream_id}'s generation is over")
+        now = time.perf_counter()
+        self._planned_at = now
+        if self.prefilling:
+            lo, hi = self._chunks[self._chunk]
+            if self._chunk == 0:
+                self._started_at = now
+            return StepPlan(self.prompt[lo:hi], np.arange(lo, hi), None, 0)
+        if self._decode_start is None:
+            self._decode_start = now
+        k_now = min(self.choose_k(), self.max_new_tokens - self.stats.new_tokens - 1)
+        self.k_used.append(k_now)
+        draft: list[int] = []
+        if k_now > 0:
+            start = time.perf_counter()
+            draft = [int(t) for t in self.drafter.propose(self.history, k_now)][:k_now]
+            if draft:
+                self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(draft))
+        self._draft = draft
+        fed = len(draft) + 1
+        token = self.emitted[-1]
+        return StepPlan(np.array([token, *draft], dtype=np.int64),
+                        np.arange(self._position, self._position + fed),
+                        np.arange(fed) if draft else None, self._rewind)
+
+    def choose_k(self) -> int:
+        """This step's draft length: ``k``, or ``adapt_k`` under the cost model."""
+        if not self.auto_k or self.k == 0:
+            return self.k
+        cost = self.cost or self.fitted_cost()
+        if cost is None:  # not enough distinct step sizes yet: alternate to measure both
+            return self.k if self.spec.steps % 2 == 0 else max(1, self.k // 2)
+        acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
+        k_now = adapt_k(acceptance, cost, k_max=self.k)
+        if k_now == 0 and self.spec.steps % PROBE_EVERY == PROBE_EVERY - 1:
+            k_now = 1  # K = 0 learns nothing: probe now and then
+        return k_now
+
+    def fitted_cost(self) -> StepCost | None:
+        """``fit_step_cost`` over this session's recent decode steps, plus draft time."""
+        fed, ms = self.spec.fed[-COST_WINDOW:], self.stats.step_ms[-COST_WINDOW:]
+        cost = fit_step_cost(fed, ms[-len(fed):]) if fed else None
+        if cost is None:
+            return None
+        draft_ms = float(np.median(self._draft_ms[-COST_WINDOW:])) if self._draft_ms else 0.0
+        return StepCost(cost.step_ms, cost.token_ms, draft_ms)
+
+    # -- replies ---------------------------------------------------------------------
+    def advance(self, reply: StepReply) -> list[int]:
+        """Take the reply to the planned step; returns the tokens it emits."""
+        now = time.perf_counter()
+        if self.prefilling:
+            self._chunk += 1
+            if self.prefilling:
+                return []
+            self.stats.ttft_ms = (now - self._started_at) * 1e3
+            return self._emit([int(reply.tokens[-1])], now)
+        target = [int(t) for t in reply.tokens]
+        draft = self._draft
+        n = accept_prefix(draft, target)
+        self.drafter.accept(n)
+        self._rewind = len(draft) - n
+        self._position += n + 1
+        spec = self.spec
+        spec.steps += 1
+        spec.proposed += len(draft)
+        spec.accepted += n
+        spec.rejections += int(self._rewind > 0)
+        spec.fed.append(len(draft) + 1)
+        self.stats.step_ms.append((now - self._planned_at) * 1e3)
+        self.stats.stage_ms.append(reply.stage_ms)
+        return self._emit([*draft[:n], target[n]], now)
+
+    def _emit(self, tokens: list[int], now: float) -> list[int]:
+        out = []
+        for token in tokens:
+            self.history.append(token)
+            self.emitted.append(token)
+            self.stats.new_tokens += 1
+            out.append(token)
+            if should_stop(token, self.stats.new_tokens, self.max_new_tokens, self.stops):
+                self.done = True
+                break
+        if self._decode_start is not None:
+            self.stats.decode_ms = (now - self._decode_start) * 1e3
+        return out
+
+
+@dataclass
+class SessionUpdate:
+    """Tokens a session emitted in one scheduler poll; ``session.done`` / ``.error`` tell the rest."""
+
+    session: DecodeSession
+    tokens: list[int]
+
+
+class StreamScheduler:
+    """Steps many sessions on one pipeline: the coordinator's generation loop.
+
+    Not thread-safe (nor are the pipelines): drive it from one thread.
+    """
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.sessions: dict[int, DecodeSession] = {}  # active, by stream id
+        self._in_flight: dict[int, DecodeSession] = {}  # request id -> session
+        self._pipelined = callable(getattr(pipeline, "submit", None)) and callable(
+            getattr(pipeline, "collect_any", None))
+        self._rewinding_step: StepFn | None = None  # made on the first rewind
+        self._turn = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.sessions)
+
+    def add(self, session: DecodeSession) -> None:
+        """Reset the session's stream on every stage and schedule it."""
+        if session.stream_id in self.sessions:
+            raise ValueError(f"stream {session.stream_id} is already generating")
+        self.pipeline.open(session.stream_id)
+        self.pipeline.reset(session.stream_id)
+        if not session.done:
+            self.sessions[session.stream_id] = session
+
+    def cancel(self, stream_id: int) -> None:
+        """Stop a session: its step in flight is abandoned (a reset gives a new epoch)."""
+        session = self.sessions.pop(stream_id, None)
+        if session is None:
+            return
+        for rid in [r for r, s in self._in_flight.items() if s is session]:
+            del self._in_flight[rid]
+        self.pipeline.reset(stream_id)
+
+    def poll(self, timeout_s: float | None = None) -> list[SessionUpdate]:
+        """Advance: start a step for every idle session, then take one answer (or none
+        within ``timeout_s``). Finished or failed sessions leave the schedule."""
+        if self._pipelined:
+            updates = self._poll_pipelined(timeout_s)
+        else:
+            updates = self._poll_in_turn()
+        for update in updates:
+            if update.session.done:
+                self.sessions.pop(update.session.stream_id, None)
+        return updates
+
+    def _poll_in_turn(self) -> list[SessionUpdate]:
+        if not self.sessions:
+            return []
+        ordered = sorted(self.sessions)
+        session = self.sessions[ordered[self._turn % len(ordered)]]
+        self._turn += 1
+        plan = session.plan()
+        try:
+            if plan.rewind:
+                self._rewinding_step = self._rewinding_step or rewinding_step(self.pipeline)
+                reply = self._rewinding_step(session.stream_id, plan.token_ids, plan.positions,
+                                             plan.logits_idx, plan.rewind)
+            else:
+                reply = self.pipeline.step(session.stream_id, plan.token_ids, plan.positions,
+                                           plan.logits_idx)
+        except Exception as exc:  # noqa: BLE001 - the session carries it to its caller
+            session.fail(exc)
+            return [SessionUpdate(session, [])]
+        return [SessionUpdate(session, session.advance(reply))]
+
+    def _poll_pipelined(self, timeout_s: float | None) -> list[SessionUpdate]:
+        pipe: Any = self.pipeline
+        updates: list[SessionUpdate] = []
+        busy = set(map(id, self._in_flight.values()))
+        for session in list(self.sessions.values()):
+            if id(session) in busy:
+                continue
+            plan = session.plan()
+            try:
+                rid = pipe.submit(session.stream_id, plan.token_ids, plan.positions,
+                                  plan.logits_idx, mask_tail=plan.rewind)
+            except Exception as exc:  # noqa: BLE001
+                session.fail(exc)
+                updates.append(SessionUpdate(session, []))
+                continue
+            self._in_flight[rid] = session
+        if not self._in_flight:
+            return updates
+        try:
+            reply = pipe.collect_any(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a failed or expired request
+            failed = self._in_flight.pop(getattr(exc, "request_id", -1), None)
+            victims = [failed] if failed is not None else list(self._in_flight.values())
+            if failed is None:
+                self._in_flight.clear()
+            for session in victims:
+                session.fail(exc)
+                updates.append(SessionUpdate(session, []))
+            return updates
+        if reply is None:
+            return updates
+        session = self._in_flight.pop(reply.request_id, None)
+        if session is not None:
+            updates.append(SessionUpdate(session, session.advance(reply)))
+        return updates
+
+
+def run_sessions(pipeline: Pipeline, sessions: Sequence[DecodeSession]
+                 ) -> Iterator[SessionUpdate]:
+    """Run sessions concurrently to the end, yielding every update (raises nothing:
+    a failed session has ``error`` set)."""
+    scheduler = StreamScheduler(pipeline)
+    for session in sessions:
+        scheduler.add(session)
+    while scheduler.active:
+        yield from scheduler.poll()
+
+
+def run_session(pipeline: Pipeline, session: DecodeSession) -> Iterator[int]:
+    """Yield one session's tokens as they come; raises the error that stopped it."""
+    for update in run_sessions(pipeline, [session]):
+        yield from update.tokens
+        if update.session.error is not None:
+            raise update.session.error
+
+
+def generate_greedy(pipeline: Pipeline, prompt_ids: Sequence[int], max_new_tokens: int,
+                    stop_ids: Sequence[int] = (), stream_id: int = 0, prefill_chunk: int = 256,
+                    stats: GenerationStats | None = None) -> Iterator[int]:
+    """Yield greedy tokens one by one; the stream is reset first."""
+    return run_session(pipeline, DecodeSession(
+        stream_id, prompt_ids, max_new_tokens, stop_ids, prefill_chunk=prefill_chunk,
+        stats=stats))
+
+
+def generate_speculative(pipeline: Pipeline, prompt_ids: Sequence[int], max_new_tokens: int,
+                         stop_ids: Sequence[int] = (), drafter: Drafter | None = None, k: int = 5,
+                         stream_id: int = 0, stats: GenerationStats | None = None,
+                         prefill_chunk: int = 256, cost: StepCost | None = None,
+                         auto_k: bool = False) -> Iterator[int]:
+    """Yield exactly the tokens ``generate_greedy`` yields, verifying up to ``k`` drafts a step.
+
+    ``drafter`` defaults to a LookupDrafter. With a ``cost`` model (or ``auto_k``, which
+    fits one online) K is re-chosen every step by ``adapt_k`` (``k`` is then the maximum).
+    A ``SpeculativeStats`` passed as ``stats`` also gets the draft counters. The stream is
+    reset first; rejected slots of the last step are left in its KV.
+    """
+    return run_session(pipeline, DecodeSession(
+        stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, k=k, auto_k=auto_k,
+        cost=cost, prefill_chunk=prefill_chunk, stats=stats))

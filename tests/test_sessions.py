@@ -1,0 +1,189 @@
+"""DecodeSession and StreamScheduler: one loop for greedy and speculative decoding of one or
+many streams; several streams interleaved (in one process, and pipelined across stage
+processes) produce exactly what each produces alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataplane.generate import LocalChain, StepReply
+from dataplane.runtime import RuntimeConfig
+from dataplane.sessions import (
+    DecodeSession,
+    StreamScheduler,
+    generate_greedy,
+    generate_speculative,
+    run_sessions,
+)
+from dataplane.speculative import LookupDrafter, SpeculativeStats
+
+EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+PROMPTS = [[0, 17, 42, 99, 5, 230, 7], [0, 11, 12, 13, 11, 12, 13, 11], [0, 300, 301, 302],
+           [0, 5, 6, 7, 8, 9]]
+N = 16
+
+
+class CountingModel:
+    """A fake pipeline: the token after t at position p is (t + p) % 7 (periodic, so lookup
+    drafting is sometimes right); it records every step."""
+
+    num_stages = 1
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, list[int], list[int], int]] = []
+
+    def open(self, stream_id: int) -> None:
+        pass
+
+    def reset(self, stream_id: int) -> None:
+        self.steps.append((stream_id, [], [], 0))
+
+    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
+             mask_tail=0):
+        ids, pos = list(map(int, token_ids)), list(map(int, positions))
+        self.steps.append((stream_id, ids, pos, mask_tail))
+        nxt = [(t + p) % 7 for t, p in zip(ids, pos, strict=True)]
+        return StepReply(tokens=np.array(nxt if logits_idx is not None else nxt[-1:]))
+
+
+def fake_greedy(prompt: list[int], n: int) -> list[int]:
+    token, pos, out = (prompt[-1] + len(prompt) - 1) % 7, len(prompt), []
+    out.append(token)
+    while len(out) < n:
+        token = (token + pos) % 7
+        pos += 1
+        out.append(token)
+    return out
+
+
+def test_greedy_session_plans_contiguous_positions() -> None:
+    model = CountingModel()
+    got = list(generate_greedy(model, [1, 2, 3, 4, 5], 6, prefill_chunk=2))
+    assert got == fake_greedy([1, 2, 3, 4, 5], 6)
+    feeds = [s for s in model.steps if s[1]]
+    assert [s[2] for s in feeds[:3]] == [[0, 1], [2, 3], [4]]  # prefill chunks
+    assert [s[2] for s in feeds[3:]] == [[5], [6], [7], [8], [9]]  # one token per step
+    assert all(s[3] == 0 for s in feeds)
+
+
+def test_speculative_session_equals_greedy_and_rewinds_with_the_next_step() -> None:
+    model = CountingModel()
+    stats = SpeculativeStats()
+    prompt = [3, 4, 5, 6, 0, 1, 2, 3, 4]
+    got = list(generate_speculative(model, prompt, 30, k=4, stats=stats))
+    assert got == fake_greedy(prompt, 30)
+    assert stats.proposed > 0 and stats.new_tokens == 30
+    decode = [s for s in model.steps if s[1]][1:]
+    # logical positions stay contiguous: every step starts where the accepted tokens end
+    for (_, ids, pos, _), (_, _, nxt, _) in zip(decode, decode[1:], strict=False):
+        assert pos == list(range(pos[0], pos[0] + len(ids)))
+        assert nxt[0] > pos[0]
+    # each rewind drops at most the previous step's drafts, and never more than were rejected
+    for (_, prev_ids, _, _), (_, _, _, rewind) in zip(decode, decode[1:], strict=False):
+        assert 0 <= rewind <= len(prev_ids) - 1
+    assert 0 < sum(s[3] for s in decode) <= stats.proposed - stats.accepted
+
+
+def test_session_stops_on_stop_token_and_budget() -> None:
+    prompt = [1, 2, 3]
+    want = fake_greedy(prompt, 20)
+    stop = want[4]
+    first = want.index(stop) + 1
+    assert list(generate_greedy(CountingModel(), prompt, 20, stop_ids=[stop])) == want[:first]
+    assert list(generate_speculative(CountingModel(), prompt, 20, [stop], k=3)) == want[:first]
+    assert list(generate_greedy(CountingModel(), prompt, 0)) == []
+    with pytest.raises(ValueError):
+        DecodeSession(0, [], 4)
+    with pytest.raises(ValueError):
+        DecodeSession(0, [1], 4, k=-1)
+
+
+def test_auto_k_measures_both_step_sizes_and_probes_at_zero() -> None:
+    session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=LookupDrafter())
+    # no cost model yet: alternate K and K/2 so the fit sees two step sizes
+    assert [session.choose_k() for _ in range(1)] == [6]
+    session.spec.steps = 1
+    assert session.choose_k() == 3
+    # a cost where drafting never pays (huge per-token cost, nothing accepted): K = 0,
+    # but every PROBE_EVERY-th step drafts one token to keep measuring
+    session.spec.fed, session.stats.step_ms = [1, 7] * 4, [10.0, 1000.0] * 4
+    session.spec.rejections, session.spec.steps = 50, 0
+    ks = []
+    for step in range(32):
+        session.spec.steps = step
+        ks.append(session.choose_k())
+    assert ks.count(1) == 2 and set(ks) == {0, 1}
+
+
+def test_a_failing_session_does_not_stop_the_others() -> None:
+    class Flaky(CountingModel):
+        def step(self, stream_id, *args, **kwargs):
+            if stream_id == 1 and len([s for s in self.steps if s[0] == 1 and s[1]]) >= 3:
+                raise RuntimeError("stage 1 is gone")
+            return super().step(stream_id, *args, **kwargs)
+
+    sessions = [DecodeSession(i, PROMPTS[i], 8) for i in range(3)]
+    updates = list(run_sessions(Flaky(), sessions))
+    assert isinstance(sessions[1].error, RuntimeError)
+    assert sessions[0].emitted == fake_greedy(PROMPTS[0], 8)
+    assert sessions[2].emitted == fake_greedy(PROMPTS[2], 8)
+    assert sum(len(u.tokens) for u in updates) == 16 + len(sessions[1].emitted)
+
+
+def test_scheduler_rejects_a_stream_twice_and_cancels() -> None:
+    model = CountingModel()
+    sched = StreamScheduler(model)
+    sched.add(DecodeSession(0, [1, 2], 50))
+    with pytest.raises(ValueError):
+        sched.add(DecodeSession(0, [1, 2], 5))
+    sched.poll()
+    sched.cancel(0)
+    assert not sched.active and sched.poll() == []
+
+
+# -- real stages --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def export2(tiny_exports):
+    return tiny_exports.get([(0, 2), (2, 4)])
+
+
+def alone(pipe, prompt, speculative: bool) -> list[int]:
+    if speculative:
+        return list(generate_speculative(pipe, prompt, N, k=3, prefill_chunk=4))
+    return list(generate_greedy(pipe, prompt, N, prefill_chunk=4))
+
+
+def interleaved(pipe, speculative: bool) -> list[list[int]]:
+    sessions = [DecodeSession(10 + i, p, N, k=3 if speculative else 0, prefill_chunk=4)
+                for i, p in enumerate(PROMPTS)]
+    for update in run_sessions(pipe, sessions):
+        assert update.session.error is None, update.session.error
+    return [s.emitted for s in sessions]
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_interleaved_streams_on_one_compiled_model_equal_each_alone(export2, speculative) -> None:
+    """Several InferRequests of one compiled model on CPU keep their own KV: safe to share."""
+    chain = LocalChain.load(str(export2), EXACT)
+    want = [alone(chain, p, speculative) for p in PROMPTS]
+    assert interleaved(chain, speculative) == want
+    # one compiled model per stage, one InferRequest (own KV state) per stream on it
+    for runner in chain.runners:
+        requests = {id(runner.streams[10 + i].request) for i in range(len(PROMPTS))}
+        assert len(requests) == len(PROMPTS)
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_pipelined_streams_across_processes_equal_each_alone(export2, dp_hosts, dp_spawn,
+                                                             speculative) -> None:
+    from test_cluster_pipeline import chain_in_processes
+
+    pipe = chain_in_processes(export2, dp_hosts, dp_spawn, 2)
+    try:
+        want = [alone(pipe, p, speculative) for p in PROMPTS]
+        assert interleaved(pipe, speculative) == want
+        assert pipe.stats.errors == 0 and pipe.stats.timeouts == 0
+    finally:
+        pipe.close()
