@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,7 +24,7 @@ from console.cluster_procs import (
     wait_serving,
     write_record,
 )
-from console.dashboard import RunSnapshot, StageInfo, render_run
+from console.dashboard import RunSnapshot, StageInfo, StreamView, render_run
 
 cluster_app = typer.Typer(help="Start, inspect and stop a cluster.", no_args_is_help=True)
 node_app = typer.Typer(help="Run this machine as a node of a cluster.", no_args_is_help=True)
@@ -228,56 +229,123 @@ def _stages_from_status(status: Any) -> list[StageInfo]:
     return rows
 
 
-def stream_run(record: ClusterRecord, prompt: str, max_tokens: int, chat: bool,
-               as_json: bool, ignore_eos: bool = False) -> dict[str, Any]:
-    """Send the prompt to the generation service; live dashboard unless --json."""
-    from controlplane.client import generate_stream, query_status
+def _stage_breakdown(stages: list[StageInfo], timing: dict[str, dict[str, float]]) -> list[dict]:
+    rows = []
+    for info in stages:
+        i = info.index
+        hop = f"hop{i}-{i + 1}"
+        rows.append({"stage": i, "node": info.node, "layers": info.layers, "device": info.device,
+                     **{f"{k}_ms": timing.get(name, {})
+                        for k, name in [("compute", f"stage{i}.compute"), ("queue", f"{hop}.queue"),
+                                        ("serialise", f"{hop}.serialise"),
+                                        ("network", f"{hop}.network")]}})
+    return rows
+
+
+def parse_k(value: str) -> int:
+    """``--k``: 'auto' (0: adaptive) or a draft length 1..MAX_DRAFT_TOKENS."""
+    from controlplane.service_messages import MAX_DRAFT_TOKENS
+
+    if value == "auto":
+        return 0
+    if not value.isdigit() or not 1 <= int(value) <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"--k must be 'auto' or a draft length 1..{MAX_DRAFT_TOKENS}, not {value!r}")
+    return int(value)
+
+
+def parse_speculative(value: str) -> str:
+    """``--speculative``: '' (off), 'lookup', or 'draft:PATH' with PATH made absolute (the
+    coordinator loads it, possibly from another working directory)."""
+    if value in ("", "off", "none"):
+        return ""
+    if value == "lookup":
+        return value
+    if value.startswith("draft:") and len(value) > 6:
+        path = Path(value.removeprefix("draft:")).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"draft model {path} is not a directory (export one with "
+                             "zctl export MODEL --stages 1 --out DIR)")
+        return f"draft:{path.resolve()}"
+    raise ValueError(f"--speculative must be 'lookup' or 'draft:PATH', not {value!r}")
+
+
+def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat: bool,
+               as_json: bool, ignore_eos: bool = False, speculative: str = "",
+               k: int = 0) -> dict[str, Any]:
+    """Send the prompts to the generation service (run concurrently, one stream each);
+    live dashboard unless --json. Returns the run's report."""
+    from controlplane.client import generate_many, query_status
     from controlplane.service_messages import GenerateDone, GenerateRequest
 
     status = query_status(record.control)
-    snapshot = RunSnapshot(prompt=prompt, stages=_stages_from_status(status))
-    request = GenerateRequest(uuid.uuid4().hex[:16], prompt, max_tokens, chat, ignore_eos)
-    done: GenerateDone | None = None
+    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, max_tokens, chat, ignore_eos,
+                                speculative, k) for p in prompts]
+    index = {r.request_id: i for i, r in enumerate(requests)}
+    snapshot = RunSnapshot(_stages_from_status(status), [StreamView(p) for p in prompts])
+    dones: dict[int, GenerateDone] = {}
+    first_at: dict[int, float] = {}
+    start = time.monotonic()
     live = None if as_json else Live(render_run(snapshot), console=out, refresh_per_second=8)
     try:
         if live is not None:
             live.start()
-        for msg in generate_stream(record.serve, request):
-            snapshot.text += msg.text if not isinstance(msg, GenerateDone) else ""
-            snapshot.tokens = len(msg.tokens) if isinstance(msg, GenerateDone) else msg.produced
-            snapshot.ttft_ms, snapshot.tok_s, snapshot.timing = msg.ttft_ms, msg.tok_s, msg.timing
+        for msg in generate_many(record.serve, requests):
+            i = index[msg.request_id]
+            view = snapshot.streams[i]
+            now = time.monotonic()
+            first_at.setdefault(i, now)
+            view.ttft_ms, view.tok_s, view.spec = msg.ttft_ms, msg.tok_s, msg.spec
+            snapshot.timing = msg.timing or snapshot.timing
             if isinstance(msg, GenerateDone):
-                done = msg
-                snapshot.text = msg.text
-                snapshot.status = "error" if msg.error else f"done ({msg.stop_reason})"
+                dones[i] = msg
+                view.text, view.tokens = msg.text, len(msg.tokens)
+                view.status = "error" if msg.error else f"done ({msg.stop_reason})"
+            else:
+                view.text += msg.text
+                view.tokens = msg.produced
+            after_first = sum(max(v.tokens - 1, 0) for v in snapshot.streams)
+            if len(prompts) > 1 and now > min(first_at.values()):
+                snapshot.aggregate_tok_s = after_first / (now - min(first_at.values()))
             if live is not None:
                 live.update(render_run(snapshot))
     finally:
         if live is not None:
             live.stop()
-    assert done is not None
-    if done.error:
-        raise ClusterError(done.error)
-    stages = []
-    for info in snapshot.stages:
-        i = info.index
-        hop = f"hop{i}-{i + 1}"
-        stages.append({"stage": i, "node": info.node, "layers": info.layers, "device": info.device,
-                       **{f"{k}_ms": done.timing.get(name, {})
-                          for k, name in [("compute", f"stage{i}.compute"), ("queue", f"{hop}.queue"),
-                                          ("serialise", f"{hop}.serialise"),
-                                          ("network", f"{hop}.network")]}})
-    return {"tokens": len(done.tokens), "text": done.text, "ttft_ms": round(done.ttft_ms, 2),
-            "tok_s": round(done.tok_s, 2), "prompt_tokens": done.prompt_tokens,
-            "stop_reason": done.stop_reason, "stages": stages,
-            "overhead_ms": done.timing.get("overhead", {}), "step_ms": done.timing.get("total", {})}
+    errors = [d.error for d in dones.values() if d.error]
+    if errors:
+        raise ClusterError(errors[0])
+    end = time.monotonic()
+    since_first = end - min(first_at.values(), default=start)  # every stream's decode
+    streams = [{"tokens": len(d.tokens), "text": d.text, "ttft_ms": round(d.ttft_ms, 2),
+                "tok_s": round(d.tok_s, 2), "prompt_tokens": d.prompt_tokens,
+                "stop_reason": d.stop_reason, "spec": d.spec}
+               for d in (dones[i] for i in range(len(prompts)))]
+    last = dones[len(prompts) - 1].timing if len(prompts) == 1 else snapshot.timing
+    report: dict[str, Any] = {
+        "streams": streams, "wall_s": round(end - start, 3),
+        "aggregate_tok_s": round(sum(max(s["tokens"] - 1, 0) for s in streams)
+                                 / max(since_first, 1e-9), 2),
+        "stages": _stage_breakdown(snapshot.stages, last),
+        "overhead_ms": last.get("overhead", {}), "step_ms": last.get("total", {}),
+        "speculative": speculative, "k": k or "auto"}
+    if len(streams) == 1:
+        report = {**streams[0], **report}
+    else:
+        report["tokens"] = sum(s["tokens"] for s in streams)
+    return report
 
 
 def run(
-    prompt: Annotated[str, typer.Argument(help="what to ask")],
-    max_tokens: Annotated[int, typer.Option(help="new tokens at most")] = 128,
+    prompts: Annotated[list[str], typer.Argument(help="what to ask (several: one stream each)")],
+    max_tokens: Annotated[int, typer.Option(help="new tokens at most, per stream")] = 128,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="apply the chat template")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object, no dashboard")] = False,
+    streams: Annotated[int, typer.Option(
+        help="concurrent streams (the prompts are repeated to fill them); 0: one per prompt")] = 0,
+    speculative: Annotated[str, typer.Option(
+        help="speculative decoding: 'lookup' (prompt n-grams) or 'draft:PATH' (a 1-stage export "
+             "sharing the tokenizer); output stays identical to greedy")] = "",
+    k: Annotated[str, typer.Option("--k", help="draft tokens per step, or 'auto'")] = "auto",
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help="weights of the embedded cluster")] = "int4",
@@ -287,6 +355,11 @@ def run(
     """Stream a generation through the running cluster (or an embedded local one)."""
     embedded = None
     try:
+        draft_k, mode = parse_k(k), parse_speculative(speculative)
+        if streams < 0:
+            raise ValueError(f"--streams must be >= 0, not {streams}")
+        wanted = streams or len(prompts)
+        prompts = [prompts[i % len(prompts)] for i in range(wanted)]
         record = _running_record()
         if record is None:
             export_dir = ensure_export(model, stages, weights)
@@ -295,7 +368,7 @@ def run(
                 export_dir, stages, runtime_args(None if precision == "default" else precision,
                                                  None, "CPU"))
             wait_serving(record, 300)
-        result = stream_run(record, prompt, max_tokens, chat, as_json, ignore_eos)
+        result = stream_run(record, prompts, max_tokens, chat, as_json, ignore_eos, mode, draft_k)
     except (ClusterError, ValueError, OSError) as exc:
         _fail(str(exc))
     except RuntimeError as exc:  # ClusterUnreachable and data-plane errors

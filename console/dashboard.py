@@ -1,7 +1,8 @@
 """The ``zctl run`` dashboard: a pure builder from a snapshot to a Rich renderable.
 
 ``render_run`` knows nothing of sockets or OpenVINO; the run command fills a
-``RunSnapshot`` as tokens arrive and hands the result to ``rich.live.Live``.
+``RunSnapshot`` as tokens arrive and hands the result to ``rich.live.Live``. One stream
+shows its text; several show a row each (tokens, tok/s, acceptance, K) and the aggregate.
 """
 
 from __future__ import annotations
@@ -23,22 +24,44 @@ class StageInfo:
 
 
 @dataclass
-class RunSnapshot:
-    """Everything the dashboard shows; ``timing`` is ``TimingWindow.summary()`` output."""
+class StreamView:
+    """One generation as the client sees it; ``spec`` is the service's spec_summary."""
 
     prompt: str
-    stages: list[StageInfo]
     text: str = ""
     tokens: int = 0
     ttft_ms: float | None = None
     tok_s: float | None = None
-    timing: dict[str, dict[str, float]] = field(default_factory=dict)
+    spec: dict[str, float] = field(default_factory=dict)
     status: str = "running"
+
+
+@dataclass
+class RunSnapshot:
+    """Everything the dashboard shows; ``timing`` is ``TimingWindow.summary()`` output."""
+
+    stages: list[StageInfo]
+    streams: list[StreamView]
+    timing: dict[str, dict[str, float]] = field(default_factory=dict)
+    aggregate_tok_s: float | None = None
+
+    @property
+    def status(self) -> str:
+        states = {s.status for s in self.streams}
+        return states.pop() if len(states) == 1 else "running"
 
 
 def _ms(summary: dict[str, dict[str, float]], name: str, q: str = "p50") -> str:
     value = summary.get(name, {}).get(q)
     return "-" if value is None else f"{value:.2f}"
+
+
+def spec_text(spec: dict[str, float]) -> str:
+    """'accept 72% · K 5 · 2.9 tok/step' for a speculative stream, '' otherwise."""
+    if not spec:
+        return ""
+    return (f"accept {spec.get('acceptance', 0.0):.0%} · K {spec.get('k', 0):.0f} · "
+            f"{spec.get('tokens_per_step', 0.0):.2f} tok/step")
 
 
 def stage_table(snapshot: RunSnapshot) -> Table:
@@ -61,12 +84,40 @@ def stage_table(snapshot: RunSnapshot) -> Table:
     return table
 
 
+def stream_table(snapshot: RunSnapshot, tail: int = 48) -> Table:
+    """One row per stream: tokens, TTFT, tok/s, acceptance and K, status, the latest text."""
+    table = Table(title="streams", expand=False, title_justify="left")
+    for name in ("#", "prompt", "tokens", "TTFT ms", "tok/s", "accept", "K", "status", "latest"):
+        table.add_column(name, justify="right" if name in ("#", "tokens", "TTFT ms", "tok/s",
+                                                             "accept", "K") else "left",
+                         no_wrap=True, max_width=tail if name == "latest" else 24)
+    for i, s in enumerate(snapshot.streams):
+        table.add_row(
+            str(i), s.prompt[:24], str(s.tokens),
+            "-" if s.ttft_ms is None else f"{s.ttft_ms:.0f}",
+            "-" if s.tok_s is None else f"{s.tok_s:.1f}",
+            f"{s.spec['acceptance']:.0%}" if "acceptance" in s.spec else "-",
+            f"{s.spec['k']:.0f}" if "k" in s.spec else "-",
+            s.status, s.text[-tail:].replace("\n", " "),
+        )
+    return table
+
+
 def summary_line(snapshot: RunSnapshot) -> Text:
-    parts = [f"tokens {snapshot.tokens}"]
-    if snapshot.ttft_ms is not None:
-        parts.append(f"TTFT {snapshot.ttft_ms:.0f} ms")
-    if snapshot.tok_s is not None:
-        parts.append(f"{snapshot.tok_s:.1f} tok/s")
+    streams = snapshot.streams
+    parts = [f"tokens {sum(s.tokens for s in streams)}"]
+    if len(streams) == 1:
+        one = streams[0]
+        if one.ttft_ms is not None:
+            parts.append(f"TTFT {one.ttft_ms:.0f} ms")
+        if one.tok_s is not None:
+            parts.append(f"{one.tok_s:.1f} tok/s")
+        if one.spec:
+            parts.append(spec_text(one.spec))
+    else:
+        parts.append(f"{len(streams)} streams")
+        if snapshot.aggregate_tok_s is not None:
+            parts.append(f"aggregate {snapshot.aggregate_tok_s:.1f} tok/s")
     if "total" in snapshot.timing:
         parts.append(f"step p50 {_ms(snapshot.timing, 'total')} ms")
     if "overhead" in snapshot.timing:
@@ -76,10 +127,12 @@ def summary_line(snapshot: RunSnapshot) -> Text:
 
 
 def render_run(snapshot: RunSnapshot) -> RenderableType:
-    """The whole dashboard: generated text, the stage table, and a summary line."""
-    body = Text(snapshot.text or "…")
-    return Group(
-        Panel(body, title=Text(snapshot.prompt[:80], style="italic"), border_style="cyan"),
-        stage_table(snapshot),
-        summary_line(snapshot),
-    )
+    """The whole dashboard: generated text (or a row per stream), the stage table, a summary."""
+    if len(snapshot.streams) == 1:
+        one = snapshot.streams[0]
+        top: RenderableType = Panel(Text(one.text or "…"),
+                                    title=Text(one.prompt[:80], style="italic"),
+                                    border_style="cyan")
+    else:
+        top = stream_table(snapshot)
+    return Group(top, stage_table(snapshot), summary_line(snapshot))

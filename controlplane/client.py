@@ -62,15 +62,26 @@ def generate_stream(endpoint: str, request: GenerateRequest, first_timeout: floa
     ``first_timeout`` bounds the wait for the first answer (prefill, a cold pipeline);
     ``idle_timeout`` bounds every later gap. Raises ClusterUnreachable on silence or error.
     """
+    yield from generate_many(endpoint, [request], first_timeout, idle_timeout)
+
+
+def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout: float = 120.0,
+                  idle_timeout: float = 60.0) -> Iterator[GenerateChunk | GenerateDone]:
+    """Send several GenerateRequests at once (the service runs them concurrently) and yield
+    every chunk and done as it arrives, until each request is done."""
+    if len({r.request_id for r in requests}) != len(requests):
+        raise ValueError("request ids must be unique")
+    open_ids = {r.request_id for r in requests}
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     try:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
         sock.connect(endpoint)
-        sock.send_multipart(to_frames(request))
+        for request in requests:
+            sock.send_multipart(to_frames(request))
         timeout = first_timeout
-        while True:
+        while open_ids:
             if not sock.poll(int(timeout * 1000)):
                 raise ClusterUnreachable(f"no answer from the generation service at {endpoint} "
                                          f"within {timeout:.0f}s")
@@ -81,10 +92,10 @@ def generate_stream(endpoint: str, request: GenerateRequest, first_timeout: floa
                 raise ClusterUnreachable(f"bad answer from {endpoint}: {exc}") from None
             if isinstance(msg, Error):
                 raise ClusterUnreachable(f"the generation service refused: {msg.detail}")
-            if isinstance(msg, GenerateChunk | GenerateDone) and msg.request_id == request.request_id:
-                yield msg
+            if isinstance(msg, GenerateChunk | GenerateDone) and msg.request_id in open_ids:
                 if isinstance(msg, GenerateDone):
-                    return
+                    open_ids.discard(msg.request_id)
+                yield msg
     finally:
         sock.close(0)
         ctx.term()

@@ -2,8 +2,12 @@
 
 One thread owns a ROUTER socket and drives the coordinator's stage-0 pipeline
 (``ClusterPipeline`` is not thread-safe, so generation never leaves this thread).
-A request is answered with a stream of ``GenerateChunk`` messages and one
-``GenerateDone``; bad requests get an ``Error`` and the service keeps serving.
+Requests become ``DecodeSession``s on one ``StreamScheduler``: up to ``max_streams``
+generate concurrently (each on its own stream, so its own KV on every stage) and the
+rest wait their turn. Each request is answered with a stream of ``GenerateChunk``
+messages and one ``GenerateDone``; bad requests get an ``Error`` and the service keeps
+serving. Speculative requests draft by prompt lookup or with a draft model (a 1-stage
+export on this machine, loaded once and shared by the streams that ask for it).
 """
 
 from __future__ import annotations
@@ -11,20 +15,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import zmq
 
 from controlplane.messages import Error, MessageError, from_frames, to_frames
-from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
-from dataplane.generate import GenerationStats, Pipeline, generate_greedy
-from dataplane.manifest import load_manifest
+from controlplane.service_messages import (
+    MAX_DRAFT_TOKENS,
+    GenerateChunk,
+    GenerateDone,
+    GenerateRequest,
+)
+from dataplane.generate import Pipeline
+from dataplane.manifest import ManifestError, load_manifest
+from dataplane.runtime import StageError, StageRunner
+from dataplane.sessions import DecodeSession, SessionUpdate, StreamScheduler
+from dataplane.speculative import Drafter, LookupDrafter, ModelDrafter
 from dataplane.tokenizer import ChatTokenizer, StreamDecoder
 
 log = logging.getLogger("zctl.service")
 CHUNK_INTERVAL_S = 0.1  # how often running figures (percentiles) are recomputed and sent
+AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
+POLL_S = 0.02  # how long a scheduler poll waits for a reply before checking for requests
 
 
 def timing_summary(pipeline: Any) -> dict[str, dict[str, float]]:
@@ -32,19 +48,48 @@ def timing_summary(pipeline: Any) -> dict[str, dict[str, float]]:
     return window.summary() if window is not None and len(window) else {}
 
 
+def spec_summary(session: DecodeSession) -> dict[str, float]:
+    """Acceptance, the current K and tokens per verify step of a speculative session."""
+    spec = session.spec
+    if session.k == 0 or not spec.steps:
+        return {}
+    recent = session.k_used[-16:]
+    return {"acceptance": round(spec.acceptance_rate, 4), "k": float(session.last_k),
+            "k_mean": round(sum(recent) / len(recent), 2),
+            "tokens_per_step": round(spec.tokens_per_step, 3), "steps": float(spec.steps)}
+
+
+class RequestRefused(ValueError):
+    """A well-formed request this service cannot run (e.g. a missing draft model)."""
+
+
+@dataclass
+class _Job:
+    identity: bytes
+    request: GenerateRequest
+    session: DecodeSession
+    decoder: StreamDecoder
+    pending: list[int] = field(default_factory=list)
+    pending_text: str = ""
+    last_sent: float = 0.0
+
+
 class GenerationService:
     """Serve generations on ``endpoint`` using the pipeline ``get_pipeline()`` returns."""
 
     def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Pipeline | None],
-                 endpoint: str = "tcp://127.0.0.1:*") -> None:
+                 endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8) -> None:
+        if max_streams < 1:
+            raise ValueError("max_streams must be at least 1")
         self.export_dir = Path(export_dir)
-        manifest = load_manifest(self.export_dir, verify_files=False)
+        self.manifest = load_manifest(self.export_dir, verify_files=False)
         self.tokenizer = ChatTokenizer(self.export_dir)
-        stops = set(manifest.model.eos_token_ids)
+        stops = set(self.manifest.model.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             stops.add(self.tokenizer.eos_token_id)
         self.stop_ids = sorted(stops)
         self.get_pipeline = get_pipeline
+        self.max_streams = max_streams
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -56,9 +101,13 @@ class GenerationService:
             self._sock.close(0)
             raise OSError(f"generation service cannot bind {endpoint}: {exc}") from None
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.counters = {"requests": 0, "malformed": 0, "failed": 0}
+        self.counters = {"requests": 0, "malformed": 0, "failed": 0, "peak_streams": 0}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._scheduler: StreamScheduler | None = None
+        self._jobs: dict[int, _Job] = {}  # by stream id
+        self._waiting: deque[tuple[bytes, GenerateRequest]] = deque()
+        self._drafters: dict[Path, StageRunner] = {}
 
     def start(self) -> str:
         self._thread = threading.Thread(target=self.run, name="zctl-generation", daemon=True)
@@ -72,11 +121,23 @@ class GenerationService:
         self._sock.close(0)
         self._ctx.term()
 
+    # -- the loop --------------------------------------------------------------------
     def run(self) -> None:
         while not self._stop.is_set():
-            if not self._sock.poll(200):
-                continue
-            frames = self._sock.recv_multipart()
+            busy = bool(self._jobs)
+            if self._sock.poll(0 if busy else 200):
+                self._receive_all()
+            self._start_waiting()
+            if self._scheduler is not None and self._scheduler.active:
+                for update in self._scheduler.poll(POLL_S):
+                    self._progress(update)
+
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
             identity, body = frames[0], frames[1:]
             try:
                 msg, _ = from_frames(body)
@@ -87,7 +148,7 @@ class GenerationService:
                 self._send(identity, Error("bad-request", str(exc)))
                 continue
             self.counters["requests"] += 1
-            self._generate(identity, msg)
+            self._waiting.append((identity, msg))
 
     def _send(self, identity: bytes, msg: Any) -> None:
         try:
@@ -95,49 +156,107 @@ class GenerationService:
         except zmq.ZMQError as exc:  # the client went away: keep serving others
             log.info("client %r unreachable: %s", identity, exc)
 
-    def _generate(self, identity: bytes, req: GenerateRequest) -> None:
-        stats = GenerationStats()
-        produced: list[int] = []
-        reason, error = "max_tokens", ""
-        pipeline = self.get_pipeline()
-        if pipeline is None:
-            self.counters["failed"] += 1
-            self._send(identity, GenerateDone(req.request_id, [], "", 0, 0.0, 0.0,
-                                              error="the pipeline is not wired yet"))
-            return
-        window = getattr(pipeline, "timings", None)
-        if window is not None:
-            window.clear()
-        decoder = StreamDecoder(self.tokenizer)
-        pending: list[int] = []
-        pending_text = ""
-        last_sent = time.monotonic()
+    def _refuse(self, identity: bytes, req: GenerateRequest, error: str) -> None:
+        self.counters["failed"] += 1
+        self._send(identity, GenerateDone(req.request_id, [], "", 0, 0.0, 0.0, error=error))
+
+    # -- starting requests -----------------------------------------------------------
+    def _start_waiting(self) -> None:
+        while self._waiting and len(self._jobs) < self.max_streams:
+            identity, req = self._waiting.popleft()
+            pipeline = self.get_pipeline()
+            if pipeline is None:
+                self._refuse(identity, req, "the pipeline is not wired yet")
+                continue
+            if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not pipeline):
+                self._scheduler = StreamScheduler(pipeline)
+            if not self._jobs:  # a new busy period: fresh per-stage figures
+                window = getattr(pipeline, "timings", None)
+                if window is not None:
+                    window.clear()
+            stream_id = min(set(range(self.max_streams)) - set(self._jobs))
+            try:
+                session = self._session(stream_id, req, pipeline)
+                self._scheduler.add(session)
+            except (RequestRefused, ValueError, RuntimeError) as exc:
+                self._refuse(identity, req, f"{type(exc).__name__}: {exc}")
+                continue
+            self._jobs[stream_id] = _Job(identity, req, session, StreamDecoder(self.tokenizer))
+            self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
+
+    def _session(self, stream_id: int, req: GenerateRequest, pipeline: Any) -> DecodeSession:
+        ids = self.tokenizer.encode(req.prompt, chat=req.chat)
+        stops = () if req.ignore_eos else self.stop_ids
+        if not req.speculative:
+            return DecodeSession(stream_id, ids, req.max_tokens, stops)
+        drafter: Drafter = (LookupDrafter() if req.speculative == "lookup" else ModelDrafter(
+            self._draft_runner(req.speculative.removeprefix("draft:"), pipeline), stream_id))
+        return DecodeSession(stream_id, ids, req.max_tokens, stops, drafter=drafter,
+                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0)
+
+    def _draft_runner(self, path: str, pipeline: Any) -> StageRunner:
+        """The draft model at ``path`` (loaded once), checked against the target's vocabulary."""
+        export = Path(path).expanduser().resolve()
+        if export in self._drafters:
+            return self._drafters[export]
         try:
-            ids = self.tokenizer.encode(req.prompt, chat=req.chat)
-            stops = () if req.ignore_eos else self.stop_ids
-            for token in generate_greedy(pipeline, ids, req.max_tokens, stops, stats=stats):
-                produced.append(token)
-                if token in stops:
-                    reason = "eos"
-                    break
-                pending.append(token)
-                pending_text += decoder.push(token)
-                now = time.monotonic()
-                if now - last_sent >= CHUNK_INTERVAL_S or len(produced) == 1:
-                    self._send(identity, GenerateChunk(
-                        req.request_id, pending, pending_text, len(produced), stats.ttft_ms,
-                        stats.tok_s or None, timing_summary(pipeline)))
-                    pending, pending_text, last_sent = [], "", now
-        except Exception as exc:  # a stage failed or timed out: report it, keep serving
+            manifest = load_manifest(export)
+        except (ManifestError, OSError) as exc:
+            raise RequestRefused(f"draft model {path}: {exc}") from None
+        if len(manifest.stages) != 1:
+            raise RequestRefused(f"draft model {path} has {len(manifest.stages)} stages; a drafter "
+                                 "must be a 1-stage export (zctl export MODEL --stages 1)")
+        if manifest.model.vocab_size != self.manifest.model.vocab_size:
+            raise RequestRefused(
+                f"draft model {path} has a {manifest.model.vocab_size}-token vocabulary, the "
+                f"target {self.manifest.model.vocab_size}: a drafter must share the tokenizer")
+        head = getattr(pipeline, "stage0", None) or pipeline.runners[0]
+        try:
+            runner = StageRunner(export, 0, head.config, manifest=manifest, verify=False)
+        except StageError as exc:
+            raise RequestRefused(f"draft model {path}: {exc}") from None
+        self._drafters[export] = runner
+        return runner
+
+    # -- progress --------------------------------------------------------------------
+    def _progress(self, update: SessionUpdate) -> None:
+        session = update.session
+        job = self._jobs.get(session.stream_id)
+        if job is None or job.session is not session:
+            return
+        stops = set() if job.request.ignore_eos else set(self.stop_ids)
+        for token in update.tokens:
+            if token not in stops:
+                job.pending.append(token)
+                job.pending_text += job.decoder.push(token)
+        now = time.monotonic()
+        first = len(session.emitted) == len(update.tokens) and update.tokens
+        if job.pending and (first or now - job.last_sent >= CHUNK_INTERVAL_S or session.done):
+            self._send(job.identity, GenerateChunk(
+                job.request.request_id, job.pending, job.pending_text, len(session.emitted),
+                session.stats.ttft_ms, session.stats.tok_s or None,
+                timing_summary(self._scheduler.pipeline if self._scheduler else None),
+                spec_summary(session)))
+            job.pending, job.pending_text, job.last_sent = [], "", now
+        if session.done:
+            self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        session = job.session
+        del self._jobs[session.stream_id]
+        produced = session.emitted
+        reason, error = "max_tokens", ""
+        if session.error is not None:
             self.counters["failed"] += 1
-            error, reason = f"{type(exc).__name__}: {exc}", "error"
-            log.warning("generation %s failed: %s", req.request_id, error)
-        if pending:
-            self._send(identity, GenerateChunk(req.request_id, pending, pending_text,
-                                               len(produced), stats.ttft_ms, stats.tok_s or None,
-                                               timing_summary(pipeline)))
+            error, reason = f"{type(session.error).__name__}: {session.error}", "error"
+            log.warning("generation %s failed: %s", job.request.request_id, error)
+        elif produced and not job.request.ignore_eos and produced[-1] in self.stop_ids:
+            reason = "eos"
         # The final text is decoded whole: a trailing incomplete character is not held back.
         kept = produced[:-1] if reason == "eos" else produced
-        self._send(identity, GenerateDone(
-            req.request_id, produced, self.tokenizer.decode(kept), stats.prompt_tokens,
-            stats.ttft_ms, stats.tok_s, timing_summary(pipeline), reason, error))
+        stats = session.stats
+        self._send(job.identity, GenerateDone(
+            job.request.request_id, list(produced), self.tokenizer.decode(kept),
+            stats.prompt_tokens, stats.ttft_ms, stats.tok_s,
+            timing_summary(self._scheduler.pipeline if self._scheduler else None), reason, error,
+            spec_summary(session)))

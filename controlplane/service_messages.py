@@ -12,6 +12,8 @@ from controlplane.messages import Message, _need, register
 
 MAX_PROMPT_CHARS = 1 << 20
 MAX_NEW_TOKENS = 1 << 16
+MAX_DRAFT_TOKENS = 32
+SPECULATIVE_MODES = ("", "lookup")  # or "draft:PATH" (a 1-stage export on the coordinator)
 
 
 @register
@@ -25,8 +27,16 @@ class GenerateRequest(Message):
     max_tokens: int = 128
     chat: bool = True
     ignore_eos: bool = False
+    speculative: str = ""  # "", "lookup" or "draft:PATH"
+    k: int = 0  # draft tokens per step; 0 = adaptive (up to MAX_DRAFT_TOKENS // 2)
 
     def check(self) -> None:
+        _need(self.speculative in SPECULATIVE_MODES or (
+            self.speculative.startswith("draft:") and len(self.speculative) > 6),
+            f"generate_request.speculative must be '', 'lookup' or 'draft:PATH', "
+            f"got {self.speculative!r}")
+        _need(0 <= self.k <= MAX_DRAFT_TOKENS,
+              f"generate_request.k must be in 0..{MAX_DRAFT_TOKENS} (0 = adaptive)")
         _need(0 < len(self.prompt) <= MAX_PROMPT_CHARS,
               f"generate_request.prompt must have 1..{MAX_PROMPT_CHARS} characters")
         _need(0 < self.max_tokens <= MAX_NEW_TOKENS,
@@ -47,6 +57,7 @@ class GenerateChunk(Message):
     ttft_ms: float | None = None
     tok_s: float | None = None
     timing: dict[str, dict[str, float]] = field(default_factory=dict)
+    spec: dict[str, float] = field(default_factory=dict)  # acceptance, k, tokens_per_step
 
 
 @register
@@ -64,3 +75,4 @@ class GenerateDone(Message):
     timing: dict[str, dict[str, float]] = field(default_factory=dict)
     stop_reason: str = ""
     error: str = ""
+    spec: dict[str, float] = field(default_factory=dict)
