@@ -150,11 +150,15 @@ class ClusterPipeline:
     ``next_addr`` is stage 1's bind address; ``reply_bind_addr`` is bound here for the
     last stage's answers (a wildcard port is fine: ``reply_endpoint`` tells the address
     to give the last stage as its ``send_to``). ``timeout_s`` bounds each step's wait.
+    Like LocalChain, once a rewind leaves more than ``compact_threshold`` masked slots on
+    stage 0 (None: never), every stage compacts the stream: stage 0 here, the others on
+    a COMPACT frame sent ahead of the step (``compactions`` counts them).
     """
 
     def __init__(self, stage0: StageRunner, next_addr: str, reply_bind_addr: str, *,
                  timeout_s: float = 30.0, context: zmq.Context | None = None,
-                 options: PipeOptions = DEFAULT_OPTIONS, timing_window: int = 512) -> None:
+                 options: PipeOptions = DEFAULT_OPTIONS, timing_window: int = 512,
+                 compact_threshold: int | None = 64) -> None:
         if not stage0.spec.first:
             raise ValueError(f"the coordinator runs stage 0, not stage {stage0.spec.index}")
         self.num_stages = len(stage0.manifest.stages)
@@ -162,6 +166,8 @@ class ClusterPipeline:
             raise ValueError("a one-stage export needs no cluster: use LocalChain")
         self.stage0 = stage0
         self.timeout_s = timeout_s
+        self.compact_threshold = compact_threshold
+        self.compactions = 0
         self.options = options
         self.next_addr = next_addr
         self._ctx = context or zmq.Context.instance()
@@ -234,8 +240,23 @@ class ClusterPipeline:
         stream.epoch, stream.next_step, stream.broken = next(self._epochs), 0, ""
         for rid in [r for r, p in self._pending.items() if p.stream_id == stream_id]:
             del self._pending[rid]
+        self._send_control(stream_id, kind)
+
+    def _compact(self, stream_id: int) -> None:
+        """Past ``compact_threshold`` masked slots, compact stage 0 and send a COMPACT: the
+        other stages apply it before this stream's next step (frames keep their order)."""
+        slots = self.stage0.streams[stream_id]
+        if (self.compact_threshold is None
+                or slots.physical - slots.logical <= self.compact_threshold):
+            return
+        self.stage0.compact(stream_id)
+        self._send_control(stream_id, Kind.COMPACT)
+        self.compactions += 1
+
+    def _send_control(self, stream_id: int, kind: Kind) -> None:
+        stream = self._streams[stream_id]
         header = HiddenStateFrame(kind=kind, stream_id=stream_id, request_id=0,
-                                  epoch=stream.epoch)
+                                  epoch=stream.epoch, step=stream.next_step)
         try:
             send_parts(self._push, encode_frame(header))
         except TransportError as exc:
@@ -274,10 +295,11 @@ class ClusterPipeline:
         try:
             if mask_tail:
                 self.stage0.mask_tail(stream_id, mask_tail)
+                self._compact(stream_id)
             hidden = self.stage0.step(stream_id, ids, pos)
         except Exception as exc:
             if mask_tail:
-                stream.broken = f"stage 0 failed after a rewind ({exc})"
+                stream.broken = stream.broken or f"stage 0 failed after a rewind ({exc})"
             raise
         t1 = time.perf_counter_ns()
         rid = next(self._request_ids)

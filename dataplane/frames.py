@@ -41,6 +41,10 @@ class Kind(IntEnum):
     RESET = 3  # forget a stream's KV; carries the stream's new epoch
     CLOSE = 4  # drop a stream entirely
     ERROR = 5  # a stage could not run a step; forwarded to the coordinator
+    # Drop a stream's masked KV slots (in order with its steps). Added in version 1 without
+    # a bump: the layout is unchanged and older nodes reject the kind cleanly (a malformed
+    # frame) and just keep their masked slots, which is still correct, only larger.
+    COMPACT = 6
 
 
 class ReplyMode(IntEnum):
@@ -284,6 +288,8 @@ def check_semantics(header: HiddenStateFrame) -> None:
         check_reply_shape(header)
     elif header.dtype is not None:
         raise FrameError(f"a {header.kind.name} frame carries no payload", header)
+    elif header.kind == Kind.COMPACT and (tokens or header.mask_tail):
+        raise FrameError("a COMPACT frame carries no positions and no mask_tail", header)
 
 
 def check_reply_shape(header: HiddenStateFrame) -> None:

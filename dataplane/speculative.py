@@ -12,8 +12,9 @@ The KV state now holds ``K - n`` rejected slots. They are rewound *with the next
 (``step(..., mask_tail=K - n)``): on a ``ClusterPipeline`` the rewind travels in that
 step's frame, so it costs no extra round trip; ``LocalChain`` applies it before stepping
 (mask, or trim for comparison). Logical positions count accepted tokens only, physical
-slots keep growing until compacted (``LocalChain`` compacts past a threshold; the frames
-have no compact instruction yet, so cluster stages keep their masked slots).
+slots keep growing until compacted (``LocalChain`` and ``ClusterPipeline`` compact a stream
+once more than a threshold of its slots are masked; on the cluster a COMPACT frame
+travels ahead of the next step).
 
 The helpers are small pure functions, in the style of gpt-fast's generate.py.
 """

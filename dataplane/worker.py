@@ -2,7 +2,7 @@
 
 A worker PULL-binds its inbound address and PUSH-connects to its next hop (the next
 stage, or the coordinator's reply address when it runs the last stage). It drops
-frames of stale epochs, applies resets and rewinds, steps the stage, stamps its
+frames of stale epochs, applies resets, rewinds and compactions, steps the stage, stamps its
 timing record and passes the frame on; the last stage answers with top-1, top-k or
 full logits. Malformed frames are counted and logged, never fatal; a step the stage
 refuses becomes an ERROR frame so the coordinator fails fast instead of hanging.
@@ -71,6 +71,8 @@ class WorkerStats:
     resets: int = 0
     implicit_resets: int = 0  # a step of a newer epoch arrived without its RESET
     closes: int = 0
+    compactions: int = 0  # COMPACT frames applied
+    compact_failures: int = 0  # COMPACTs this stage could not apply (logged)
     errors_sent: int = 0  # steps this stage refused
     errors_forwarded: int = 0  # ERROR frames from earlier stages passed on
     send_failures: int = 0  # frames dropped because the next hop did not take them
@@ -83,6 +85,7 @@ class _StreamState:
     epoch: int
     next_step: int = 0
     closed: bool = False  # a tombstone: frames of this epoch are stale, a newer one reopens
+    broken: str = ""  # a compaction failed: the epoch's steps are refused with this reason
 
 
 def admit(known_epoch: int | None, epoch: int) -> str:
@@ -276,6 +279,8 @@ class StageWorker:
                 self._on_step(header, payload, recv_ns, ready_ns, decode_ns)
             elif header.kind in (Kind.RESET, Kind.CLOSE):
                 self._on_control(header)
+            elif header.kind == Kind.COMPACT:
+                self._on_compact(header)
             elif header.kind == Kind.ERROR:
                 self._count("errors_forwarded")
                 self._send(header, None)
@@ -306,6 +311,30 @@ class StageWorker:
             header.source_stage = self.stage
             self._send(header, None)
 
+    def _on_compact(self, header: HiddenStateFrame) -> None:
+        """Drop the stream's masked KV slots; PUSH/PULL order puts it between its steps."""
+        sid = header.stream_id
+        state = self._streams.get(sid)
+        verdict = admit(state.epoch if state else None, header.epoch)
+        if verdict == "stale" or (state is not None and state.closed and verdict == "current"):
+            self._count("stale")
+            return
+        if state is None or verdict == "new":  # it missed the epoch: its next step fails
+            self._count("compact_failures")
+            self._problem("compact", f"stage {self.stage} got a COMPACT for epoch "
+                                     f"{header.epoch} of stream {sid}, which it never saw")
+            return
+        try:
+            self.runner.compact(sid)
+            self._count("compactions")
+        except Exception as exc:  # the KV may be half compacted: refuse the epoch's steps
+            self._count("compact_failures")
+            state.broken = f"compaction of stream {sid} failed: {exc}"
+            self._problem("compact", f"stage {self.stage}: {state.broken}")
+        if not self.last:
+            header.source_stage = self.stage
+            self._send(header, None)
+
     def _on_step(self, header: HiddenStateFrame, payload: np.ndarray | None, recv_ns: int,
                  ready_ns: int, decode_ns: int) -> None:
         sid = header.stream_id
@@ -320,6 +349,9 @@ class StageWorker:
             state = self._streams[sid] = _StreamState(header.epoch)
             self._count("implicit_resets")
         assert state is not None and payload is not None
+        if state.broken:
+            self._send_error(header, state.broken, recv_ns, ready_ns)
+            return
         if header.step != state.next_step:
             self._send_error(header, f"expected step {state.next_step} of stream {sid}, got "
                                      f"step {header.step}: a frame was lost upstream",

@@ -12,7 +12,8 @@ import zmq
 
 from dataplane.cluster import ClusterPipeline, DataPlaneError, StageFailed, StageTimeout
 from dataplane.generate import GenerationStats, LocalChain, generate_greedy
-from dataplane.runtime import StageRunner
+from dataplane.runtime import RuntimeConfig, StageRunner
+from dataplane.speculative import SpeculativeStats, generate_speculative
 from dataplane.transport import pull_socket
 from dataplane.worker import StageWorker
 
@@ -232,3 +233,57 @@ def test_rewire_requires_a_reset(threaded2, local2):
     with pytest.raises(DataPlaneError, match="must be reset: the pipeline was rewired"):
         pipe.step(0, np.array([3]), np.array([2]))
     assert greedy(pipe, PROMPTS[1], n=4) == greedy(local2, PROMPTS[1], n=4)
+
+
+class SpoilingDrafter:
+    """Drafts the true continuation with one token spoiled, at index 0..k in turn, so
+    every rewind length occurs."""
+
+    def __init__(self, text: list[int]) -> None:
+        self.text, self.calls = text, 0
+
+    def propose(self, history, k):
+        draft = self.text[len(history):len(history) + k]
+        bad, self.calls = self.calls % (k + 1), self.calls + 1
+        if bad < len(draft):
+            draft[bad] = (draft[bad] + 1) % 384
+        return draft
+
+    def accept(self, n: int) -> None:
+        pass
+
+
+@pytest.fixture
+def threaded3(dp_export3):
+    """A 3-stage cluster (stages 1 and 2 in threads) compacting past 2 masked slots."""
+    exact = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+    pipe = ClusterPipeline(StageRunner(dp_export3, 0, exact), "tcp://127.0.0.1:1",
+                           "tcp://127.0.0.1:*", timeout_s=10, compact_threshold=2)
+    last = StageWorker(StageRunner(dp_export3, 2, exact), "tcp://127.0.0.1:*",
+                       pipe.reply_endpoint).start()
+    middle = StageWorker(StageRunner(dp_export3, 1, exact), "tcp://127.0.0.1:*",
+                         last.endpoint).start()
+    pipe.rewire(middle.endpoint)
+    yield pipe, middle, last
+    middle.stop()
+    last.stop()
+    pipe.close()
+
+
+def test_speculative_decoding_compacts_every_stage(threaded3):
+    pipe, middle, last = threaded3
+    prompt, k, n = PROMPTS[0], 4, 24
+    want = greedy(pipe, prompt, n=n)
+    stats, worst, got = SpeculativeStats(), 0, []
+    for token in generate_speculative(pipe, prompt, n, drafter=SpoilingDrafter(prompt + want),
+                                      k=k, stats=stats, prefill_chunk=4):
+        got.append(token)  # the step is answered: every stage is idle, safe to look
+        for runner in (pipe.stage0, middle.runner, last.runner):
+            worst = max(worst, runner.streams[0].physical - runner.streams[0].logical)
+    assert got == want
+    assert stats.proposed - stats.accepted > 3 * (2 + k)  # without compaction: unbounded
+    assert worst <= 2 + k  # the threshold, plus the rewind carried by the step after a COMPACT
+    assert pipe.compactions > 1
+    assert middle.stats().compactions == last.stats().compactions == pipe.compactions
+    assert middle.stats().compact_failures == last.stats().compact_failures == 0
+    assert pipe.stats.errors == pipe.stats.stale_replies == 0

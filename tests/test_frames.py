@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dataplane.frames import (
+    EMPTY_INDEX,
     FIXED,
     MAX_NDIM,
     MAX_TOKENS,
@@ -79,9 +80,10 @@ def test_token_ids_and_replies_round_trip():
 
 
 def test_control_and_error_frames_carry_no_payload():
-    for kind in (Kind.RESET, Kind.CLOSE):
-        got, payload = decode_frame(encode_frame(HiddenStateFrame(kind, 1, 0, 9)))
-        assert got.kind == kind and got.epoch == 9 and payload is None
+    for kind in (Kind.RESET, Kind.CLOSE, Kind.COMPACT):
+        got, payload = decode_frame(encode_frame(HiddenStateFrame(kind, 1, 0, 9, step=4)))
+        assert (got.kind, got.stream_id, got.epoch, got.step) == (kind, 1, 9, 4)
+        assert payload is None
     error = step_header(kind=Kind.ERROR, error="stage 2: bad shape ✗")
     got, payload = decode_frame(encode_frame(error))
     assert got.error == "stage 2: bad shape ✗" and payload is None
@@ -153,6 +155,10 @@ def test_semantic_checks():
         (step_header(positions=np.array([1, -1, 2])), hidden(), "negative token position"),
         (step_header(logits_idx=np.array([3])), hidden(), "out of range for 3 tokens"),
         (step_header(kind=Kind.RESET), hidden(), "RESET frame carries no payload"),
+        (step_header(kind=Kind.COMPACT), hidden(), "COMPACT frame carries no payload"),
+        (step_header(kind=Kind.COMPACT, logits_idx=EMPTY_INDEX), None,
+         "COMPACT frame carries no positions"),
+        (HiddenStateFrame(Kind.COMPACT, 1, 0, 9, mask_tail=2), None, "and no mask_tail"),
         (step_header(kind=Kind.REPLY, reply=ReplyMode.TOP1),
          top_k_records(np.zeros((2, 9), np.float32), 3), "TOP1 reply must be"),
         (step_header(kind=Kind.REPLY, reply=ReplyMode.LOGITS), np.zeros((3, 9), np.float32),

@@ -173,6 +173,59 @@ def test_mask_tail_rewinds_before_the_step(last_stage):
     assert np.array_equal(payload, ref.step(0, y, np.array([2]))[0])
 
 
+def compact(stream: int = 0, epoch: int = EPOCH) -> HiddenStateFrame:
+    return HiddenStateFrame(Kind.COMPACT, stream, 0, epoch)
+
+
+def test_compact_drops_masked_slots_and_keeps_the_answers(last_stage):
+    worker, coord, first, ref = last_stage
+    x = hidden_for(first, [1, 2, 3, 4], np.arange(4))
+    coord.send_parts(step(0, x, np.arange(4)))
+    coord.recv()
+    ref.step(0, x, np.arange(4))
+    y = hidden_for(first, [5], [2])
+    coord.send_parts(step(0, y, [2], step_no=1, mask_tail=2))
+    coord.recv()
+    ref.mask_tail(0, 2)
+    ref.step(0, y, np.array([2]))
+    coord.send(compact(epoch=EPOCH - 1))  # of an older epoch: dropped
+    coord.send(compact(stream=7))  # a stream this stage never saw: logged, counted
+    coord.send(compact())  # applied before the next step: PUSH/PULL keeps the order
+    z = hidden_for(first, [6, 7], [3, 4])
+    coord.send_parts(step(0, z, [3, 4], step_no=2, reply=ReplyMode.LOGITS, logits_idx=[0, 1]))
+    _, payload = coord.recv()
+    slots = worker.runner.streams[0]
+    expect = ref.step(0, z, np.array([3, 4]), np.array([0, 1]))[0]
+    assert slots.physical == slots.logical == 5 and ref.streams[0].physical == 7
+    np.testing.assert_allclose(payload, expect, rtol=1e-5, atol=1e-5)
+    assert payload.argmax(-1).tolist() == expect.argmax(-1).tolist()
+    stats = worker.stats()
+    assert (stats.compactions, stats.compact_failures, stats.stale) == (1, 1, 1)
+    assert "never saw" in stats.last_problem and stats.frames_out == 3  # the last stage
+    # does not pass control frames on
+
+
+def test_a_failed_compaction_refuses_the_epochs_next_step(last_stage, monkeypatch):
+    worker, coord, first, _ = last_stage
+    x = hidden_for(first, [1, 2], [0, 1])
+    coord.send_parts(step(0, x, [0, 1]))
+    coord.recv()
+
+    def broken(stream_id: int) -> int:
+        raise RuntimeError("state tensors went away")
+
+    monkeypatch.setattr(worker.runner, "compact", broken)
+    coord.send(compact())
+    coord.send_parts(step(0, hidden_for(first, [3], [2]), [2], step_no=1, request_id=6))
+    header, _ = coord.recv()
+    assert header.kind == Kind.ERROR and header.request_id == 6
+    assert "compaction of stream 0 failed: state tensors went away" in header.error
+    assert worker.alive and worker.stats().compact_failures == 1
+    coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH + 1))  # a reset heals the stream
+    coord.send_parts(step(0, x, [0, 1], epoch=EPOCH + 1))
+    assert coord.recv()[0].kind == Kind.REPLY
+
+
 def test_garbage_leaves_the_worker_serving(last_stage):
     worker, coord, first, _ = last_stage
     x = hidden_for(first, [1, 2], [0, 1])
@@ -232,6 +285,11 @@ def test_middle_stage_forwards_steps_errors_and_resets(dp_export3):
         assert header.kind == Kind.ERROR and header.error.startswith("stage 1: ")
         assert last.stats().errors_forwarded == 1
         assert middle.stats().resets == 1 and last.stats().resets == 1
+        coord.send(HiddenStateFrame(Kind.COMPACT, 0, 0, EPOCH))  # passed on like a reset
+        deadline = time.monotonic() + 5
+        while last.stats().compactions == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert middle.stats().compactions == 1 and last.stats().compactions == 1
         coord.send(HiddenStateFrame(Kind.CLOSE, 0, 0, EPOCH + 1))
         deadline = time.monotonic() + 5
         while last.stats().closes == 0 and time.monotonic() < deadline:
