@@ -44,6 +44,7 @@ from dataplane.speculative import (
 
 COST_WINDOW = 64  # decode steps the online cost model is fitted to
 PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep measuring
+AUTO_K_START = 4  # adaptive K's first draft length, until a cost model is fitted
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class DecodeSession:
             if draft:
                 self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(draft))
         self._draft = draft
+        self._planned_at = time.perf_counter()  # the step's cost excludes drafting
         fed = len(draft) + 1
         token = self.emitted[-1]
         return StepPlan(np.array([token, *draft], dtype=np.int64),
@@ -147,7 +149,7 @@ class DecodeSession:
             return self.k
         cost = self.cost or self.fitted_cost()
         if cost is None:  # not enough distinct step sizes yet: alternate to measure both
-            return self.k if self.spec.steps % 2 == 0 else max(1, self.k // 2)
+            return min(self.k, AUTO_K_START) if self.spec.steps % 2 == 0 else 1
         acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
         k_now = adapt_k(acceptance, cost, k_max=self.k)
         if k_now == 0 and self.spec.steps % PROBE_EVERY == PROBE_EVERY - 1:

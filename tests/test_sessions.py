@@ -101,10 +101,10 @@ def test_session_stops_on_stop_token_and_budget() -> None:
 
 def test_auto_k_measures_both_step_sizes_and_probes_at_zero() -> None:
     session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=LookupDrafter())
-    # no cost model yet: alternate K and K/2 so the fit sees two step sizes
-    assert [session.choose_k() for _ in range(1)] == [6]
+    # no cost model yet: alternate a moderate K and 1 so the fit sees two step sizes
+    assert session.choose_k() == 4
     session.spec.steps = 1
-    assert session.choose_k() == 3
+    assert session.choose_k() == 1
     # a cost where drafting never pays (huge per-token cost, nothing accepted): K = 0,
     # but every PROBE_EVERY-th step drafts one token to keep measuring
     session.spec.fed, session.stats.step_ms = [1, 7] * 4, [10.0, 1000.0] * 4
