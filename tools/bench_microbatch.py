@@ -1,0 +1,191 @@
+"""Micro-batching: aggregate decode throughput of 1, 2, 4 concurrent streams on a local cluster.
+
+The cluster is the real thing (a coordinator and node processes on loopback, driven
+through the generation service as ``zctl run`` drives it): N requests are sent at once,
+each on its own stream with its own KV on every stage, and the coordinator keeps one step
+of every stream in flight so that no stage idles. Measured with and without speculative
+decoding (prompt lookup, adaptive K), against openvino_genai in the same run: one
+LLMPipeline serving the N users one after another, and its ContinuousBatchingPipeline
+serving them at once. Runs are interleaved system by system; medians are reported.
+
+Aggregate tok/s = tokens after each stream's first / (last stream done - first token of
+any stream): decode throughput with prefill excluded. ``memory_per_stream_mb`` is the
+growth of the cluster processes' resident memory per extra stream (its InferRequests and
+KV) after the 4-stream runs.
+
+    python -m tools.bench_microbatch [--model smollm2-135m] [--tokens 64] [--runs 3] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import uuid
+from typing import Any
+
+import psutil
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
+from dataplane.manifest import load_manifest
+from tools.bench_parity import cached_export, model_hf_dir, plugin_properties
+
+err = Console(stderr=True)
+PROMPTS = [
+    "Explain in detail how a bicycle's gears work.",
+    "Write a short story about a lighthouse keeper and a storm.",
+    "List the planets of the solar system with one fact about each.",
+    "Write a Python function that checks whether a string is a palindrome, with tests.",
+]
+STREAM_COUNTS = (1, 2, 4)
+MODES = ("cluster", "lookup", "genai_seq", "genai_cb")
+
+
+def cluster_aggregate(serve: str, prompts: list[str], tokens: int,
+                      speculative: str = "") -> dict[str, Any]:
+    """Send ``prompts`` at once; aggregate and per-stream decode tok/s of the run."""
+    from controlplane.client import generate_many
+    from controlplane.service_messages import GenerateDone, GenerateRequest
+
+    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, tokens, True, ignore_eos=True,
+                                speculative=speculative) for p in prompts]
+    first: dict[str, float] = {}
+    dones: dict[str, GenerateDone] = {}
+    for msg in generate_many(serve, requests):
+        first.setdefault(msg.request_id, time.monotonic())
+        if isinstance(msg, GenerateDone):
+            if msg.error:
+                raise RuntimeError(msg.error)
+            dones[msg.request_id] = msg
+    span = time.monotonic() - min(first.values())
+    after_first = sum(len(d.tokens) - 1 for d in dones.values())
+    return {"aggregate_tok_s": after_first / span,
+            "per_stream_tok_s": [round(dones[r.request_id].tok_s, 2) for r in requests],
+            "acceptance": [dones[r.request_id].spec.get("acceptance") for r in requests]}
+
+
+def cluster_rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+def main(
+    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
+    stages: int = typer.Option(2, help="cluster nodes (= stages)"),
+    weights: str = typer.Option("int4"),
+    tokens: int = typer.Option(64, help="new tokens per stream"),
+    runs: int = typer.Option(3, help="interleaved runs per configuration (median reported)"),
+    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides"),
+    threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
+    baseline: bool = typer.Option(True, help="also measure openvino_genai"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    from console.paths import zctl_home
+
+    cache = zctl_home()
+    hf_dir = model_hf_dir(model, cache)
+    export_dir = cached_export(hf_dir, model if model in ("smollm2-135m", "random-1b")
+                               else hf_dir.name, stages, weights, True, cache)
+    props = plugin_properties(precision, threads)
+    genai = Genai(hf_dir, export_dir, weights, props) if baseline else None
+    record = start_local_cluster(export_dir, stages, runtime_args(
+        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-microbatch")
+    samples: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
+    per_stream: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
+    try:
+        wait_serving(record, 300)
+        cluster_aggregate(record.serve, PROMPTS[:1], 8)  # warm-up
+        rss_one = cluster_rss_mb(record.pids)
+        for run in range(runs):  # every system and configuration once per run: drift hits all
+            for n in STREAM_COUNTS:
+                prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+                for mode in MODES:
+                    if mode.startswith("genai"):
+                        if genai is None:
+                            continue
+                        result = genai.measure(mode, n, tokens)
+                    else:
+                        result = cluster_aggregate(record.serve, prompts, tokens,
+                                                   "lookup" if mode == "lookup" else "")
+                    samples[mode].setdefault(str(n), []).append(result["aggregate_tok_s"])
+                    per_stream[mode].setdefault(str(n), []).append(
+                        statistics.mean(result["per_stream_tok_s"]))
+                    err.print(f"run {run + 1}/{runs} {mode:10s} {n} streams: "
+                              f"{result['aggregate_tok_s']:.1f} tok/s")
+            if run == 0:
+                rss_four = cluster_rss_mb(record.pids)
+    finally:
+        stop_processes(record.pids)
+
+    def med(table: dict[str, dict[str, list[float]]], mode: str) -> dict[str, float]:
+        return {n: round(statistics.median(v), 2) for n, v in table[mode].items()}
+
+    cluster = med(samples, "cluster")
+    result: dict[str, Any] = {
+        "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
+        "properties": props,
+        "cluster_tok_s": cluster,
+        "cluster_spec_tok_s": med(samples, "lookup"),
+        "cluster_per_stream_tok_s": med(per_stream, "cluster"),
+        "scaling": {n: round(v / cluster["1"], 3) for n, v in cluster.items()},
+        "memory_per_stream_mb": round(max(rss_four - rss_one, 0.0) / (max(STREAM_COUNTS) - 1), 1),
+        "samples": samples,
+    }
+    if genai is not None:
+        sequential = med(samples, "genai_seq")
+        result.update({
+            "baseline_tok_s": sequential["1"],  # one user on LLMPipeline
+            "baseline_sequential_tok_s": sequential,
+            "baseline_cb_tok_s": med(samples, "genai_cb"),
+            "ratio_to_baseline": {n: round(v / sequential["1"], 3) for n, v in cluster.items()},
+        })
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table(title=f"aggregate decode tok/s, {stages}-node local cluster, {model} {weights}")
+    for column in ("streams", "cluster", "cluster + lookup", "scaling", "genai sequential",
+                   "genai continuous batching"):
+        table.add_column(column, justify="right")
+    for n in map(str, STREAM_COUNTS):
+        table.add_row(n, str(cluster[n]), str(result["cluster_spec_tok_s"][n]),
+                      f"{result['scaling'][n]:.2f}x",
+                      str(result.get("baseline_sequential_tok_s", {}).get(n, "-")),
+                      str(result.get("baseline_cb_tok_s", {}).get(n, "-")))
+    Console().print(table)
+    Console().print(f"memory per extra stream: {result['memory_per_stream_mb']} MB")
+
+
+class Genai:
+    """openvino_genai on the monolithic export of the same model and weights: one
+    LLMPipeline serving N users in turn ("genai_seq") and a ContinuousBatchingPipeline
+    serving them at once ("genai_cb")."""
+
+    def __init__(self, hf_dir: Any, export_dir: Any, weights: str, props: dict[str, Any]) -> None:
+        from tools.baseline import BaselinePipeline, ContinuousBatchingBaseline, export_baseline
+
+        model_dir = export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
+                                    console=err)
+        self.single = BaselinePipeline(model_dir, props)
+        self.batched = ContinuousBatchingBaseline(model_dir, props,
+                                                  warmup_streams=max(STREAM_COUNTS))
+        self.ids = [self.single.encode(p) for p in PROMPTS]
+
+    def measure(self, mode: str, n: int, tokens: int) -> dict[str, Any]:
+        from tools.baseline import sequential_throughput
+
+        ids = [self.ids[i % len(self.ids)] for i in range(n)]
+        if mode == "genai_cb":
+            return self.batched.measure(ids, tokens)
+        return sequential_throughput([self.single.generate_timed(x, tokens) for x in ids])
+
+
+if __name__ == "__main__":
+    typer.run(main)
