@@ -11,9 +11,10 @@ import pytest
 import zmq
 
 from dataplane.cluster import ClusterPipeline, DataPlaneError, StageFailed, StageTimeout
-from dataplane.generate import GenerationStats, LocalChain, generate_greedy
+from dataplane.generate import GenerationStats, LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from dataplane.speculative import SpeculativeStats, generate_speculative
+from dataplane.sessions import generate_greedy, generate_speculative
+from dataplane.speculative import SpeculativeStats
 from dataplane.transport import pull_socket
 from dataplane.worker import StageWorker
 
