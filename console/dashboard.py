@@ -64,15 +64,21 @@ def spec_text(spec: dict[str, float]) -> str:
             f"{spec.get('tokens_per_step', 0.0):.2f} tok/step")
 
 
+def _numeric(table: Table, *names: str) -> None:
+    for name in names:
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+
+
 def stage_table(snapshot: RunSnapshot) -> Table:
     """Per stage: where it runs, compute p50/p95, and the hop leaving it (queue/serialise/net)."""
     t = snapshot.timing
-    table = Table(title="per-stage latency, ms (hop = this stage to the next)", expand=False,
-                  title_justify="left")
-    for name in ("stage", "node", "layers", "dev", "compute p50", "p95", "hop queue",
-                 "serialise", "network"):
-        table.add_column(name, justify="left" if name in ("node", "layers", "dev") else "right",
-                         no_wrap=True)
+    table = Table(title="per stage, ms: compute p50 p95 · hop to the next: queue, serialise, "
+                        "network", expand=False, title_justify="left")
+    _numeric(table, "#")
+    table.add_column("node", overflow="ellipsis", no_wrap=True)
+    table.add_column("layers", no_wrap=True, min_width=5)
+    table.add_column("dev", overflow="ellipsis", no_wrap=True, max_width=8)
+    _numeric(table, "p50", "p95", "queue", "ser", "net")
     for stage in snapshot.stages:
         i = stage.index
         hop = f"hop{i}-{i + 1}"
@@ -84,21 +90,27 @@ def stage_table(snapshot: RunSnapshot) -> Table:
     return table
 
 
-def stream_table(snapshot: RunSnapshot, tail: int = 48) -> Table:
+def _tail(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def stream_table(snapshot: RunSnapshot, tail: int = 32) -> Table:
     """One row per stream: tokens, TTFT, tok/s, acceptance and K, status, the latest text."""
-    table = Table(title="streams", expand=False, title_justify="left")
-    for name in ("#", "prompt", "tokens", "TTFT ms", "tok/s", "accept", "K", "status", "latest"):
-        table.add_column(name, justify="right" if name in ("#", "tokens", "TTFT ms", "tok/s",
-                                                             "accept", "K") else "left",
-                         no_wrap=True, max_width=tail if name == "latest" else 24)
+    table = Table(title="streams", expand=True, title_justify="left")
+    _numeric(table, "#")
+    table.add_column("prompt", overflow="ellipsis", no_wrap=True, ratio=1)
+    _numeric(table, "tok", "TTFT", "tok/s", "acc", "K")
+    table.add_column("status", no_wrap=True, min_width=4)
+    table.add_column("latest", no_wrap=True, ratio=2)
     for i, s in enumerate(snapshot.streams):
         table.add_row(
-            str(i), s.prompt[:24], str(s.tokens),
+            str(i), s.prompt, str(s.tokens),
             "-" if s.ttft_ms is None else f"{s.ttft_ms:.0f}",
             "-" if s.tok_s is None else f"{s.tok_s:.1f}",
             f"{s.spec['acceptance']:.0%}" if "acceptance" in s.spec else "-",
             f"{s.spec['k']:.0f}" if "k" in s.spec else "-",
-            s.status, s.text[-tail:].replace("\n", " "),
+            s.status.removeprefix("done (").removesuffix(")"),
+            _tail(s.text.replace("\n", " "), tail),
         )
     return table
 
