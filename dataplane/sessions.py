@@ -13,7 +13,9 @@ that only has ``step`` (``LocalChain``) it steps the sessions in turn. ``run_ses
 
 Speculative steps (paper §5): the reply's top-1 at each of the K+1 fed positions checks
 the drafts; ``accept_prefix`` of them are emitted plus the target's own next token, so
-the output equals greedy decoding. The K - n rejected slots are rewound *with the next
+the output equals greedy decoding. When sampling (temperature > 0) the reply carries the
+logits and drafts are checked by rejection sampling (``dataplane.sampling``), which keeps
+the target's distribution. The K - n rejected slots are rewound *with the next
 step* (``mask_tail``): no extra round trip. With ``auto_k``, K is re-chosen every step by
 ``adapt_k`` from the acceptance measured so far and a step-cost model fitted to this
 session's own steps (and the drafter's measured time per token).
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from dataplane.generate import GenerationStats, Pipeline, StepReply, prefill_chunks, should_stop
+from dataplane.sampling import SamplingParams, draw, speculative_sample, target_probs
 from dataplane.speculative import (
     Drafter,
     LookupDrafter,
@@ -55,6 +58,7 @@ class StepPlan:
     positions: np.ndarray
     logits_idx: np.ndarray | None  # None: only the last position
     rewind: int  # rejected slots of the previous step, rewound before this one
+    want_logits: bool = False  # sampling needs the logits, greedy only the top-1
 
 
 class DecodeSession:
@@ -64,13 +68,16 @@ class DecodeSession:
     ``advance()``, which returns the tokens it emits; ``done`` tells when to stop. The
     pipeline's stream must be reset before the first step (the drivers do it).
     ``k`` is the draft length (the maximum when ``auto_k``); ``cost`` fixes the cost
-    model for ``auto_k`` instead of fitting it online.
+    model for ``auto_k`` instead of fitting it online. ``sampling`` with a temperature
+    > 0 samples (drafts are then checked by rejection sampling, so the output keeps the
+    target's distribution); otherwise decoding is greedy.
     """
 
     def __init__(self, stream_id: int, prompt_ids: Sequence[int], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), *, drafter: Drafter | None = None, k: int = 0,
                  auto_k: bool = False, cost: StepCost | None = None, prefill_chunk: int = 256,
-                 stats: GenerationStats | None = None) -> None:
+                 stats: GenerationStats | None = None,
+                 sampling: SamplingParams | None = None) -> None:
         if len(prompt_ids) == 0:
             raise ValueError("the prompt has no tokens")
         if k < 0:
@@ -83,6 +90,8 @@ class DecodeSession:
         self.stops = frozenset(int(t) for t in stop_ids)
         self.drafter = drafter if drafter is not None else LookupDrafter()
         self.k, self.auto_k, self.cost = k, auto_k or cost is not None, cost
+        self.sampling = sampling if sampling is not None and not sampling.greedy else None
+        self._rng = self.sampling.rng() if self.sampling is not None else None
         self.stats = stats if stats is not None else SpeculativeStats()
         self.spec = self.stats if isinstance(self.stats, SpeculativeStats) else SpeculativeStats()
         self.stats.prompt_tokens = self.prompt.size
@@ -124,7 +133,9 @@ class DecodeSession:
             lo, hi = self._chunks[self._chunk]
             if self._chunk == 0:
                 self._started_at = now
-            return StepPlan(self.prompt[lo:hi], np.arange(lo, hi), None, 0)
+            last_chunk = self._chunk == len(self._chunks) - 1
+            return StepPlan(self.prompt[lo:hi], np.arange(lo, hi), None, 0,
+                            last_chunk and self.sampling is not None)
         if self._decode_start is None:
             self._decode_start = now
         k_now = min(self.choose_k(), self.max_new_tokens - self.stats.new_tokens - 1)
@@ -141,7 +152,8 @@ class DecodeSession:
         token = self.emitted[-1]
         return StepPlan(np.array([token, *draft], dtype=np.int64),
                         np.arange(self._position, self._position + fed),
-                        np.arange(fed) if draft else None, self._rewind)
+                        np.arange(fed) if draft else None, self._rewind,
+                        self.sampling is not None)
 
     def choose_k(self) -> int:
         """This step's draft length: ``k``, or ``adapt_k`` under the cost model."""
@@ -174,10 +186,9 @@ class DecodeSession:
             if self.prefilling:
                 return []
             self.stats.ttft_ms = (now - self._started_at) * 1e3
-            return self._emit([int(reply.tokens[-1])], now)
-        target = [int(t) for t in reply.tokens]
+            return self._emit([self._first_token(reply)], now)
         draft = self._draft
-        n = accept_prefix(draft, target)
+        n, following = self._check(draft, reply)
         self.drafter.accept(n)
         self._rewind = len(draft) - n
         self._position += n + 1
@@ -189,7 +200,24 @@ class DecodeSession:
         spec.fed.append(len(draft) + 1)
         self.stats.step_ms.append((now - self._planned_at) * 1e3)
         self.stats.stage_ms.append(reply.stage_ms)
-        return self._emit([*draft[:n], target[n]], now)
+        return self._emit([*draft[:n], following], now)
+
+    def _first_token(self, reply: StepReply) -> int:
+        if self.sampling is None:
+            return int(reply.tokens[-1])
+        assert self._rng is not None and reply.logits is not None
+        return draw(target_probs(reply.logits.reshape(-1, reply.logits.shape[-1])[-1],
+                                 self.sampling), self._rng)
+
+    def _check(self, draft: list[int], reply: StepReply) -> tuple[int, int]:
+        """How many drafts the target accepts, and the token that follows them."""
+        if self.sampling is None:
+            target = [int(t) for t in reply.tokens]
+            n = accept_prefix(draft, target)
+            return n, target[n]
+        assert self._rng is not None and reply.logits is not None
+        rows = reply.logits.reshape(-1, reply.logits.shape[-1])
+        return speculative_sample(draft, target_probs(rows, self.sampling), self._rng)
 
     def _emit(self, tokens: list[int], now: float) -> list[int]:
         out = []
@@ -274,10 +302,10 @@ class StreamScheduler:
             if plan.rewind:
                 self._rewinding_step = self._rewinding_step or rewinding_step(self.pipeline)
                 reply = self._rewinding_step(session.stream_id, plan.token_ids, plan.positions,
-                                             plan.logits_idx, plan.rewind)
+                                             plan.logits_idx, plan.rewind, plan.want_logits)
             else:
                 reply = self.pipeline.step(session.stream_id, plan.token_ids, plan.positions,
-                                           plan.logits_idx)
+                                           plan.logits_idx, plan.want_logits)
         except Exception as exc:  # noqa: BLE001 - the session carries it to its caller
             session.fail(exc)
             return [SessionUpdate(session, [])]
@@ -293,7 +321,7 @@ class StreamScheduler:
             plan = session.plan()
             try:
                 rid = pipe.submit(session.stream_id, plan.token_ids, plan.positions,
-                                  plan.logits_idx, mask_tail=plan.rewind)
+                                  plan.logits_idx, plan.want_logits, mask_tail=plan.rewind)
             except Exception as exc:  # noqa: BLE001
                 session.fail(exc)
                 updates.append(SessionUpdate(session, []))
@@ -352,14 +380,16 @@ def generate_speculative(pipeline: Pipeline, prompt_ids: Sequence[int], max_new_
                          stop_ids: Sequence[int] = (), drafter: Drafter | None = None, k: int = 5,
                          stream_id: int = 0, stats: GenerationStats | None = None,
                          prefill_chunk: int = 256, cost: StepCost | None = None,
-                         auto_k: bool = False) -> Iterator[int]:
+                         auto_k: bool = False, sampling: SamplingParams | None = None
+                         ) -> Iterator[int]:
     """Yield exactly the tokens ``generate_greedy`` yields, verifying up to ``k`` drafts a step.
 
     ``drafter`` defaults to a LookupDrafter. With a ``cost`` model (or ``auto_k``, which
     fits one online) K is re-chosen every step by ``adapt_k`` (``k`` is then the maximum).
     A ``SpeculativeStats`` passed as ``stats`` also gets the draft counters. The stream is
-    reset first; rejected slots of the last step are left in its KV.
+    reset first; rejected slots of the last step are left in its KV. With ``sampling``
+    (temperature > 0) the tokens are sampled and keep the target's distribution instead.
     """
     return run_session(pipeline, DecodeSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, k=k, auto_k=auto_k,
-        cost=cost, prefill_chunk=prefill_chunk, stats=stats))
+        cost=cost, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))

@@ -252,11 +252,11 @@ class SpeculativeStats(GenerationStats):
         return (self.new_tokens - 1) / self.steps if self.steps else 0.0
 
 
-StepFn = Callable[[int, np.ndarray, np.ndarray, "np.ndarray | None", int], StepReply]
+StepFn = Callable[..., StepReply]  # (stream, ids, positions, logits_idx, rewind, want_logits)
 
 
 def rewinding_step(pipeline: Pipeline) -> StepFn:
-    """``step(stream, ids, positions, logits_idx, rewind)`` for any pipeline.
+    """``step(stream, ids, positions, logits_idx, rewind, want_logits=False)`` for any pipeline.
 
     A pipeline whose ``step`` takes ``mask_tail=`` (LocalChain, ClusterPipeline) gets the
     rewind with the step itself; one that only has ``rewind(stream_id, count)`` is
@@ -266,10 +266,11 @@ def rewinding_step(pipeline: Pipeline) -> StepFn:
         carrier = pipeline.step
 
         def carried(sid: int, ids: np.ndarray, pos: np.ndarray, idx: np.ndarray | None,
-                    rewind: int) -> StepReply:
+                    rewind: int, want_logits: bool = False) -> StepReply:
             if rewind:
-                return carrier(sid, ids, pos, idx, mask_tail=rewind)  # type: ignore[call-arg]
-            return carrier(sid, ids, pos, idx)
+                return carrier(sid, ids, pos, idx, want_logits,  # type: ignore[call-arg]
+                               mask_tail=rewind)
+            return carrier(sid, ids, pos, idx, want_logits)
         return carried
     rewinder = getattr(pipeline, "rewind", None)
     if rewinder is None:
@@ -277,10 +278,10 @@ def rewinding_step(pipeline: Pipeline) -> StepFn:
                         "(step(mask_tail=)) nor by itself (rewind(stream_id, count))")
 
     def separate(sid: int, ids: np.ndarray, pos: np.ndarray, idx: np.ndarray | None,
-                 rewind: int) -> StepReply:
+                 rewind: int, want_logits: bool = False) -> StepReply:
         if rewind:
             rewinder(sid, rewind)
-        return pipeline.step(sid, ids, pos, idx)
+        return pipeline.step(sid, ids, pos, idx, want_logits)
     return separate
 
 

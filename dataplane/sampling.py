@@ -1,0 +1,103 @@
+"""Sampling, and lossless speculative sampling (rejection sampling), as small pure functions.
+
+``SamplingParams`` turn a row of target logits into the distribution a token is drawn
+from (temperature, then top-k and top-p truncation). With temperature 0 decoding is
+greedy and speculation checks drafts by equality (``accept_prefix``). With temperature
+> 0 ``speculative_sample`` checks drafts by rejection sampling (Leviathan et al. 2023,
+Chen et al. 2023): draft ``d_i`` proposed with probability ``q_i(d_i)`` is accepted with
+probability ``min(1, p_i(d_i) / q_i(d_i))``; at the first rejection a token is drawn from
+the residual ``max(p_i - q_i, 0)`` (renormalised), and after K acceptances the bonus
+token is drawn from ``p_K``. Every emitted token is then distributed exactly as if it
+had been sampled from the target alone. Our drafters propose deterministically (prompt
+lookup, a greedy draft model), so ``q_i`` is one-hot: accept ``d_i`` with probability
+``p_i(d_i)``, else draw from ``p_i`` with ``d_i`` removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy; top_k 0 and top_p 1.0 = no truncation; seed for repeatability."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed)
+
+
+def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The sampling distribution of each row of ``logits`` [..., V] (float64, rows sum to 1)."""
+    if params.greedy:
+        raise ValueError("greedy decoding has no sampling distribution")
+    z = np.asarray(logits, dtype=np.float64) / params.temperature
+    vocab = z.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = np.partition(z, vocab - params.top_k, axis=-1)[..., vocab - params.top_k, None]
+        z = np.where(z >= kth, z, -np.inf)
+    z = z - z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    if params.top_p < 1.0:
+        order = np.argsort(-p, axis=-1)
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        before = np.cumsum(sorted_p, axis=-1) - sorted_p  # mass of the tokens ranked above
+        keep_sorted = before < params.top_p  # the smallest prefix reaching top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from a distribution (inverse CDF: robust to rounding in the sum)."""
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), probs.size - 1))
+
+
+def speculative_sample(draft: Sequence[int], probs: np.ndarray, rng: np.random.Generator,
+                       draft_probs: np.ndarray | None = None) -> tuple[int, int]:
+    """Rejection-sample K drafts against the target distributions ``probs`` [K+1, V].
+
+    ``draft_probs`` [K, V] are the drafter's distributions (None: deterministic drafts,
+    one-hot). Returns ``(n, token)``: the first n drafts are accepted and ``token`` comes
+    next (the residual draw at the first rejection, or the bonus draw after all K).
+    """
+    k = len(draft)
+    if probs.shape[0] < k + 1:
+        raise ValueError(f"{k} drafts need {k + 1} target distributions, got {probs.shape[0]}")
+    for i, token in enumerate(int(t) for t in draft):
+        p = probs[i]
+        q_token = 1.0 if draft_probs is None else float(draft_probs[i, token])
+        if q_token > 0.0 and rng.random() * q_token < p[token]:
+            continue
+        if draft_probs is None:
+            residual = p.copy()
+            residual[token] = 0.0
+        else:
+            residual = np.maximum(p - draft_probs[i], 0.0)
+        if residual.sum() <= 0.0:  # p is (numerically) one-hot on the draft: accept it
+            continue
+        return i, draw(residual, rng)
+    return k, draw(probs[k], rng)
