@@ -269,17 +269,32 @@ def parse_speculative(value: str) -> str:
     raise ValueError(f"--speculative must be 'lookup' or 'draft:PATH', not {value!r}")
 
 
+def check_sampling(temperature: float, top_k: int, top_p: float,
+                   seed: int | None) -> dict[str, Any]:
+    """The sampling options, validated here so a bad one fails before a cluster starts."""
+    from dataplane.sampling import SamplingParams
+
+    SamplingParams(temperature, top_k, top_p, seed)  # raises ValueError with the reason
+    if seed is not None and seed < 0:
+        raise ValueError(f"--seed must be >= 0, not {seed}")
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+
+
 def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat: bool,
                as_json: bool, ignore_eos: bool = False, speculative: str = "",
-               k: int = 0) -> dict[str, Any]:
+               k: int = 0, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Send the prompts to the generation service (run concurrently, one stream each);
     live dashboard unless --json. Returns the run's report."""
     from controlplane.client import generate_many, query_status
     from controlplane.service_messages import GenerateDone, GenerateRequest
 
     status = query_status(record.control)
+    sampling = sampling or {}
+    seed = sampling.pop("seed", None)
     requests = [GenerateRequest(uuid.uuid4().hex[:16], p, max_tokens, chat, ignore_eos,
-                                speculative, k) for p in prompts]
+                                speculative, k, **sampling,
+                                seed=None if seed is None else seed + i)  # streams differ
+                for i, p in enumerate(prompts)]
     index = {r.request_id: i for i, r in enumerate(requests)}
     snapshot = RunSnapshot(_stages_from_status(status), [StreamView(p) for p in prompts])
     dones: dict[int, GenerateDone] = {}
@@ -327,7 +342,9 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
                                  / max(since_first, 1e-9), 2),
         "stages": _stage_breakdown(snapshot.stages, last),
         "overhead_ms": last.get("overhead", {}), "step_ms": last.get("total", {}),
-        "speculative": speculative, "k": k or "auto"}
+        "speculative": speculative, "k": k or "auto", "sampling": requests[0].temperature and {
+            "temperature": requests[0].temperature, "top_k": requests[0].top_k,
+            "top_p": requests[0].top_p, "seed": requests[0].seed}}
     if len(streams) == 1:
         report = {**streams[0], **report}
     else:
@@ -346,6 +363,11 @@ def run(
         help="speculative decoding: 'lookup' (prompt n-grams) or 'draft:PATH' (a 1-stage export "
              "sharing the tokenizer); output stays identical to greedy")] = "",
     k: Annotated[str, typer.Option("--k", help="draft tokens per step, or 'auto'")] = "auto",
+    temperature: Annotated[float, typer.Option(
+        help="0: greedy; > 0 samples (speculation then keeps the model's distribution)")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="sample among the k most likely tokens (0: all)")] = 0,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling mass")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="sampling seed (stream i uses seed + i)")] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help="weights of the embedded cluster")] = "int4",
@@ -356,6 +378,7 @@ def run(
     embedded = None
     try:
         draft_k, mode = parse_k(k), parse_speculative(speculative)
+        sampling = check_sampling(temperature, top_k, top_p, seed)
         if streams < 0:
             raise ValueError(f"--streams must be >= 0, not {streams}")
         wanted = streams or len(prompts)
@@ -368,7 +391,8 @@ def run(
                 export_dir, stages, runtime_args(None if precision == "default" else precision,
                                                  None, "CPU"))
             wait_serving(record, 300)
-        result = stream_run(record, prompts, max_tokens, chat, as_json, ignore_eos, mode, draft_k)
+        result = stream_run(record, prompts, max_tokens, chat, as_json, ignore_eos, mode, draft_k,
+                            sampling)
     except (ClusterError, ValueError, OSError) as exc:
         _fail(str(exc))
     except RuntimeError as exc:  # ClusterUnreachable and data-plane errors

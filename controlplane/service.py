@@ -33,6 +33,7 @@ from controlplane.service_messages import (
 from dataplane.generate import Pipeline
 from dataplane.manifest import ManifestError, load_manifest
 from dataplane.runtime import StageError, StageRunner
+from dataplane.sampling import SamplingParams
 from dataplane.sessions import DecodeSession, SessionUpdate, StreamScheduler
 from dataplane.speculative import Drafter, LookupDrafter, ModelDrafter
 from dataplane.tokenizer import ChatTokenizer, StreamDecoder
@@ -187,12 +188,13 @@ class GenerationService:
     def _session(self, stream_id: int, req: GenerateRequest, pipeline: Any) -> DecodeSession:
         ids = self.tokenizer.encode(req.prompt, chat=req.chat)
         stops = () if req.ignore_eos else self.stop_ids
+        sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
         if not req.speculative:
-            return DecodeSession(stream_id, ids, req.max_tokens, stops)
+            return DecodeSession(stream_id, ids, req.max_tokens, stops, sampling=sampling)
         drafter: Drafter = (LookupDrafter() if req.speculative == "lookup" else ModelDrafter(
             self._draft_runner(req.speculative.removeprefix("draft:"), pipeline), stream_id))
         return DecodeSession(stream_id, ids, req.max_tokens, stops, drafter=drafter,
-                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0)
+                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0, sampling=sampling)
 
     def _draft_runner(self, path: str, pipeline: Any) -> StageRunner:
         """The draft model at ``path`` (loaded once), checked against the target's vocabulary."""

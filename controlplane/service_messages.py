@@ -29,8 +29,16 @@ class GenerateRequest(Message):
     ignore_eos: bool = False
     speculative: str = ""  # "", "lookup" or "draft:PATH"
     k: int = 0  # draft tokens per step; 0 = adaptive (up to MAX_DRAFT_TOKENS // 2)
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = no top-k truncation
+    top_p: float = 1.0
+    seed: int | None = None  # None: a fresh seed per request
 
     def check(self) -> None:
+        _need(0.0 <= self.temperature <= 100.0, "generate_request.temperature must be in 0..100")
+        _need(0 <= self.top_k <= 1 << 20, "generate_request.top_k must be >= 0")
+        _need(0.0 < self.top_p <= 1.0, "generate_request.top_p must be in (0, 1]")
+        _need(self.seed is None or 0 <= self.seed < 1 << 63, "generate_request.seed must be >= 0")
         _need(self.speculative in SPECULATIVE_MODES or (
             self.speculative.startswith("draft:") and len(self.speculative) > 6),
             f"generate_request.speculative must be '', 'lookup' or 'draft:PATH', "

@@ -131,6 +131,23 @@ def test_speculative_requests_equal_greedy_and_report_acceptance(tiny_exports) -
 def test_bad_speculative_fields_are_refused() -> None:
     from controlplane.messages import MessageError, decode_message, encode_message
 
-    for kw in ({"speculative": "magic"}, {"speculative": "draft:"}, {"k": 99}, {"k": -1}):
+    for kw in ({"speculative": "magic"}, {"speculative": "draft:"}, {"k": 99}, {"k": -1},
+               {"temperature": -0.5}, {"top_p": 0.0}, {"top_k": -1}, {"seed": -3}):
         with pytest.raises(MessageError):
             decode_message(encode_message(GenerateRequest("z", "hi", 4, **kw)))
+
+
+def test_sampled_requests_follow_the_seed_and_top_k_one_is_greedy(service) -> None:
+    svc, export_dir = service
+    prompt = "one two three one two three one two"
+    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    greedy = list(generate_greedy(chain, ChatTokenizer(export_dir).encode(prompt), 12))
+    sampled = [_done(svc.endpoint, GenerateRequest(f"t{i}", prompt, 12, ignore_eos=True,
+                                                   temperature=1.5, seed=42, speculative=spec))
+               for i, spec in enumerate(("", "", "lookup"))]
+    assert sampled[0].tokens == sampled[1].tokens and not sampled[2].error  # same seed
+    assert sampled[0].tokens != greedy  # (a 1-in-vocab^12 coincidence otherwise)
+    for spec in ("", "lookup"):
+        done = _done(svc.endpoint, GenerateRequest("u", prompt, 12, ignore_eos=True,
+                                                   temperature=0.9, top_k=1, speculative=spec))
+        assert done.tokens == greedy
