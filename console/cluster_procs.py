@@ -102,6 +102,22 @@ def runtime_args(precision: str | None, threads: int | None, device: str) -> lis
     return args
 
 
+def link_args(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0) -> list[str]:
+    """``--link-*`` arguments of an emulated WAN link (checked here: ClusterError if bad)."""
+    from dataplane.link import link_options
+
+    try:
+        link_options(delay_ms, jitter_ms, rate_mbit)
+    except ValueError as exc:
+        raise ClusterError(f"bad link shape: {exc}") from None
+    args = []
+    for flag, value in (("--link-delay-ms", delay_ms), ("--link-jitter-ms", jitter_ms),
+                        ("--link-rate-mbit", rate_mbit)):
+        if value:
+            args += [flag, f"{value:g}"]
+    return args
+
+
 def start_coordinator(export_dir: Path, bind_host: str, public_host: str, port: int,
                       runtime: list[str], expect_nodes: int | None, root: Path) -> ClusterRecord:
     """Start only the coordinator (stage 0 + generation service), in the background."""
@@ -120,19 +136,28 @@ def start_coordinator(export_dir: Path, bind_host: str, public_host: str, port: 
 
 
 def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
-                        root: Path | None = None) -> ClusterRecord:
-    """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ..."""
+                        root: Path | None = None, *, link_delay_ms: float = 0.0,
+                        link_jitter_ms: float = 0.0, link_rate_mbit: float = 0.0
+                        ) -> ClusterRecord:
+    """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
+
+    ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
+    process delays each data frame it sends, so every hop (the last stage's reply to the
+    coordinator too) gets that one-way latency.
+    """
     if nodes < 2:
         raise ClusterError("a local cluster needs at least 2 nodes (the coordinator and one more)")
+    link = link_args(link_delay_ms, link_jitter_ms, link_rate_mbit)
     root = root or zctl_home() / "local"
     host = loopback_host(0)
-    record = start_coordinator(export_dir, host, host, free_port(host), runtime, nodes - 1, root)
+    record = start_coordinator(export_dir, host, host, free_port(host), [*runtime, *link],
+                               nodes - 1, root)
     record.local_nodes = nodes
     for i in range(1, nodes):
         log = root / "logs" / f"node{i}.log"
         record.pids.append(_spawn(
             ["node", "--coordinator", record.control, "--host", loopback_host(i),
-             "--state-dir", str(root / f"node{i}"), "--reconnect-min", "0.2"], log))
+             "--state-dir", str(root / f"node{i}"), "--reconnect-min", "0.2", *link], log))
         record.logs.append(str(log))
     return record
 

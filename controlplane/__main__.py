@@ -7,11 +7,13 @@ functions); each prints errors as one clear line and exits non-zero.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -23,6 +25,23 @@ err = Console(stderr=True)
 def _runtime(args: argparse.Namespace) -> RuntimeSpec:
     precision = None if args.precision == "default" else args.precision
     return RuntimeSpec(device=args.device, precision=precision, num_threads=args.threads)
+
+
+def _launcher(args: argparse.Namespace, base: Any) -> Any:
+    """``base`` (a launcher) with the emulated link shape of --link-* applied, or None."""
+    if not (args.link_delay_ms or args.link_jitter_ms or args.link_rate_mbit):
+        return None
+    from dataplane.link import link_options
+
+    try:
+        options = link_options(args.link_delay_ms, args.link_jitter_ms, args.link_rate_mbit)
+    except ValueError as exc:
+        raise ValueError(f"bad --link-delay-ms/--link-jitter-ms/--link-rate-mbit: {exc}") \
+            from None
+    err.print(f"emulated link on outbound frames: {options.delay_ms:g} ms one-way"
+              + (f" + 0..{options.jitter_ms:g} ms jitter" if options.jitter_ms else "")
+              + (f", {options.rate_mbit:g} Mbit/s" if options.rate_mbit else ""))
+    return functools.partial(base, options=options)
 
 
 def _placement(pins: list[str]) -> dict[int, str]:
@@ -37,8 +56,10 @@ def _placement(pins: list[str]) -> dict[int, str]:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from controlplane.coordinator import Coordinator, CoordinatorConfig
+    from controlplane.launch import head_launcher
     from controlplane.security import CurveServer, key_dir
 
+    launcher = _launcher(args, head_launcher)
     state_dir = args.state_dir or _home() / "coordinator"
     curve = None
     if args.curve:
@@ -50,7 +71,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                                liveness=args.liveness, expect_nodes=args.expect_nodes,
                                placement=_placement(args.place), runtime=_runtime(args),
                                reassign_after=args.reassign_after, curve=curve)
-    coordinator = Coordinator(args.export_dir, config)
+    coordinator = Coordinator(args.export_dir, config, launcher=launcher)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     err.print(f"coordinator {coordinator.node_id}: nodes join with "
               f"zctl node join {coordinator.bind()}")
@@ -71,9 +92,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 def cmd_node(args: argparse.Namespace) -> int:
     from controlplane.agent import AgentConfig, NodeAgent
+    from controlplane.launch import default_launcher
     from controlplane.security import CurveClient, read_public_key
     from controlplane.view import TransferProgress
 
+    launcher = _launcher(args, default_launcher)
     state_dir = args.state_dir or _home() / "node"
     curve = (CurveClient.from_state_dir(state_dir, read_public_key(args.curve_server_key))
              if args.curve_server_key else None)
@@ -83,7 +106,7 @@ def cmd_node(args: argparse.Namespace) -> int:
                          tok_s=args.tok_s, curve=curve)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with TransferProgress() as progress:
-        agent = NodeAgent(config, on_progress=progress.update)
+        agent = NodeAgent(config, launcher=launcher, on_progress=progress.update)
         err.print(f"node {agent.node_id} (data {agent.data_addr}) joining {args.coordinator}")
         try:
             agent.run()
@@ -159,6 +182,15 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--precision", default="f32", help="'default' keeps the plugin's")
         p.add_argument("--threads", type=int, default=None)
 
+    def link_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--link-delay-ms", type=float, default=0.0,
+                       help="emulated one-way latency on every data frame this process "
+                            "sends on (WAN tests; 0: none)")
+        p.add_argument("--link-jitter-ms", type=float, default=0.0,
+                       help="plus uniform random 0..J ms per frame (order is kept)")
+        p.add_argument("--link-rate-mbit", type=float, default=0.0,
+                       help="emulated bandwidth cap in Mbit/s (0: none)")
+
     p = sub.add_parser("coordinator", help="serve an export; runs stage 0 here")
     p.add_argument("export_dir", type=Path)
     p.add_argument("--bind", default="tcp://*:5550")
@@ -175,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--serve", default=None,
                    help="bind the generation service here (what zctl run talks to)")
     runtime_args(p)
+    link_args(p)
     p.set_defaults(fn=cmd_coordinator)
 
     p = sub.add_parser("node", help="join a coordinator and serve the stage it assigns")
@@ -188,6 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tok-s", type=float, default=None, help="measured speed, for placement")
     p.add_argument("--curve-server-key", type=Path, default=None,
                    help="the coordinator's public key file (turns CURVE on)")
+    link_args(p)
     p.set_defaults(fn=cmd_node)
 
     p = sub.add_parser("status", help="ask a coordinator for its status")

@@ -69,15 +69,20 @@ def build_runner(assignment: StageAssignment) -> Any:  # a dataplane.runtime.Sta
         raise LaunchError(f"cannot load stage {assignment.stage_index}: {exc}") from None
 
 
-def default_launcher(assignment: StageAssignment) -> StageHandle:
-    """StageRunner + dataplane.worker.StageWorker(runner, bind, send_to), started."""
+def default_launcher(assignment: StageAssignment, options: Any = None) -> StageHandle:
+    """StageRunner + dataplane.worker.StageWorker(runner, bind, send_to), started.
+
+    ``options`` (a dataplane.transport.PipeOptions, e.g. with an emulated link delay on
+    what this node sends) replace the default pipe options; bind it with functools.partial.
+    """
     try:
         from dataplane.worker import StageWorker
     except ImportError as exc:
         raise LaunchError(f"the data-plane worker is not available ({exc}); pass a launcher "
                           "to the coordinator or agent") from None
     runner = build_runner(assignment)
-    worker = StageWorker(runner, assignment.bind, assignment.send_to)
+    worker = StageWorker(runner, assignment.bind, assignment.send_to,
+                         **({"options": options} if options is not None else {}))
     worker.start()
     return worker
 
@@ -97,8 +102,9 @@ class HeadHandle:
         self.pipeline.close()
 
 
-def head_launcher(assignment: StageAssignment) -> HeadHandle:
-    """The coordinator's stage 0: StageRunner + dataplane.cluster.ClusterPipeline."""
+def head_launcher(assignment: StageAssignment, options: Any = None) -> HeadHandle:
+    """The coordinator's stage 0: StageRunner + dataplane.cluster.ClusterPipeline
+    (``options``: PipeOptions for its pipes, as for ``default_launcher``)."""
     if assignment.num_stages < 2:
         raise LaunchError("a one-stage export runs in one process: no cluster is needed")
     try:
@@ -106,7 +112,8 @@ def head_launcher(assignment: StageAssignment) -> HeadHandle:
     except ImportError as exc:
         raise LaunchError(f"the data-plane head is not available ({exc})") from None
     runner = build_runner(assignment)
-    return HeadHandle(ClusterPipeline(runner, assignment.send_to, assignment.bind))
+    return HeadHandle(ClusterPipeline(runner, assignment.send_to, assignment.bind,
+                                      **({"options": options} if options is not None else {})))
 
 
 class StageSlot:

@@ -44,8 +44,8 @@ from dataplane.transport import (
     TransportError,
     bound_endpoint,
     deadline_after,
+    open_push,
     pull_socket,
-    push_socket,
     recv_parts,
     remaining,
     send_parts,
@@ -174,7 +174,7 @@ class ClusterPipeline:
         self._pull = pull_socket(self._ctx, reply_bind_addr, options)
         self.reply_endpoint = bound_endpoint(self._pull)
         try:
-            self._push = push_socket(self._ctx, next_addr, options)
+            self._push = open_push(self._ctx, next_addr, options)
         except TransportError:
             self._pull.close(0)
             raise
@@ -184,6 +184,7 @@ class ClusterPipeline:
         self._pending: dict[int, _Pending] = {}
         self._done: dict[int, ClusterReply | DataPlaneError] = {}
         self._guard = BufferGuard()
+        self._waiting_since = 0  # wall ns the current run of empty polls began (0: none)
         self.stats = ClusterStats()
         self.timings = TimingWindow(timing_window)
 
@@ -205,7 +206,7 @@ class ClusterPipeline:
         Requests in flight are abandoned and every stream must be reset: the stages'
         KV state does not move with the wiring.
         """
-        push = push_socket(self._ctx, next_addr, self.options)
+        push = open_push(self._ctx, next_addr, self.options)
         self._push.close(0)
         self._push, self.next_addr = push, next_addr
         for rid in list(self._pending):
@@ -287,6 +288,7 @@ class ClusterPipeline:
         if stream.broken:
             raise DataPlaneError(f"stream {stream_id} must be reset: {stream.broken}")
         start_ns = time.time_ns()
+        self._waiting_since = 0  # busy with stage 0: a reply arriving now waits in the queue
         ids = as_int64_vector(token_ids)[None]
         pos = as_int64_vector(positions)
         idx = check_logits_idx(logits_idx, ids.shape[1])
@@ -396,15 +398,21 @@ class ClusterPipeline:
 
     # -- receiving -------------------------------------------------------------------
     def _pump(self, timeout_s: float | None) -> bool:
-        """Wait up to timeout_s for one message from the last stage and file it."""
-        ready_ns = time.time_ns()
+        """Wait up to timeout_s for one message from the last stage and file it.
+
+        Back-to-back empty polls count as one wait: the reply's hop is ready since the
+        first (else a slow hop's time would show as queueing behind the poll interval).
+        """
+        ready_ns = self._waiting_since or time.time_ns()
         if not wait_readable(self._pull, timeout_s):
+            self._waiting_since = ready_ns
             return False
         try:
             parts = recv_parts(self._pull, zmq.NOBLOCK)
         except zmq.Again:
             return False
         recv_ns = time.time_ns()
+        self._waiting_since = 0
         t0 = time.perf_counter_ns()
         try:
             header, payload = decode_frame(parts)

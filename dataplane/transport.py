@@ -34,6 +34,26 @@ class PipeOptions:
     keepalive_count: int = 3
     reconnect_ms: int = 100
     reconnect_max_ms: int = 2000
+    # Injected link shape of the outbound pipe (see dataplane.link); zeros: a plain pipe.
+    delay_ms: float = 0.0  # one-way latency added to every outbound frame
+    jitter_ms: float = 0.0  # plus a uniform random 0..jitter_ms (order is kept)
+    rate_mbit: float = 0.0  # bandwidth cap: size / rate of serialisation delay (0: none)
+
+    def __post_init__(self) -> None:
+        for name, top in (("delay_ms", 60_000.0), ("jitter_ms", 60_000.0),
+                          ("rate_mbit", 1e6)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value) or not 0 <= value <= top:
+                raise ValueError(f"PipeOptions.{name} must be a number in 0..{top:g}, "
+                                 f"got {value!r}")
+        if self.hwm < 1:
+            raise ValueError(f"PipeOptions.hwm must be >= 1, got {self.hwm!r}")
+
+    @property
+    def shaped(self) -> bool:
+        """True when outbound frames go through a DelayedSender (some link shape is set)."""
+        return bool(self.delay_ms or self.jitter_ms or self.rate_mbit)
 
 
 DEFAULT_OPTIONS = PipeOptions()
@@ -81,6 +101,19 @@ def push_socket(ctx: zmq.Context, connect_addr: str,
     return sock
 
 
+def open_push(ctx: zmq.Context, connect_addr: str, options: PipeOptions = DEFAULT_OPTIONS
+              ) -> Any:
+    """The outbound pipe: a PUSH socket, or a DelayedSender when ``options`` shape the link.
+
+    Both take ``send_parts(pipe, parts)`` and ``pipe.close(linger)``.
+    """
+    if not options.shaped:
+        return push_socket(ctx, connect_addr, options)
+    from dataplane.link import DelayedSender
+
+    return DelayedSender(ctx, connect_addr, options)
+
+
 def bound_endpoint(sock: zmq.Socket) -> str:
     """The address a bound socket actually listens on (resolves ``*`` ports)."""
     endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
@@ -93,8 +126,11 @@ def send_parts(sock: zmq.Socket, parts: Sequence[Any]) -> zmq.MessageTracker | N
     Parts before the last are copied; the last is sent zero-copy when it reaches the
     socket's ``copy_threshold`` (PipeOptions.zero_copy_bytes). The returned tracker
     says when its buffer may be modified again (``tracker.done``). Raises
-    TransportError when the send times out.
+    TransportError when the send times out. A DelayedSender (a shaped link) queues the
+    frame instead and returns None.
     """
+    if not isinstance(sock, zmq.Socket):
+        return sock.send_parts(parts)
     try:
         for part in parts[:-1]:
             sock.send(part, zmq.SNDMORE)

@@ -47,8 +47,8 @@ from dataplane.transport import (
     PipeOptions,
     TransportError,
     bound_endpoint,
+    open_push,
     pull_socket,
-    push_socket,
     recv_parts,
     send_parts,
 )
@@ -141,7 +141,7 @@ class StageWorker:
         self._pull = pull_socket(self._ctx, bind_addr, options)
         self.endpoint = bound_endpoint(self._pull)
         try:
-            self._push = push_socket(self._ctx, send_to, options)
+            self._push = open_push(self._ctx, send_to, options)
         except TransportError:
             self._pull.close(0)
             raise
@@ -227,7 +227,7 @@ class StageWorker:
         if command[0] == b"rewire" and len(command) == 2:
             address = command[1].decode()
             try:
-                push = push_socket(self._ctx, address, self.options)
+                push = open_push(self._ctx, address, self.options)
             except TransportError as exc:
                 self._problem("rewire", f"stage {self.stage}: {exc}")
                 return True
@@ -428,6 +428,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precision", default="f32", help="INFERENCE_PRECISION_HINT; 'default' "
                                                            "keeps the plugin's")
     parser.add_argument("--threads", type=int, default=None, help="INFERENCE_NUM_THREADS")
+    parser.add_argument("--link-delay-ms", type=float, default=0.0,
+                        help="emulated one-way latency added to every frame sent on")
     return parser.parse_args(argv)
 
 
@@ -438,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     config = RuntimeConfig(device=args.device, num_threads=args.threads,
                            precision=None if args.precision == "default" else args.precision)
     runner = StageRunner(args.export_dir, args.stage, config)
-    worker = StageWorker(runner, args.bind, args.send_to)
+    worker = StageWorker(runner, args.bind, args.send_to,
+                         options=PipeOptions(delay_ms=args.link_delay_ms))
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit the loop like Ctrl-C
     print(f"ready {worker.endpoint}", flush=True)
     try:

@@ -1,0 +1,226 @@
+"""Emulated WAN links (dataplane.link): frames arrive at least the injected latency late, in
+order, without holding up the sender; zero delay keeps the plain socket; bad shapes are
+refused clearly; a delayed cluster still generates exactly the greedy tokens, and the
+injected time shows up as the hops' network time."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from dataplane.cluster import ClusterPipeline
+from dataplane.generate import LocalChain
+from dataplane.link import DelayedSender, link_options
+from dataplane.runtime import StageRunner
+from dataplane.sessions import generate_greedy, generate_speculative
+from dataplane.speculative import LookupDrafter
+from dataplane.transport import (
+    PipeOptions,
+    TransportError,
+    bound_endpoint,
+    open_push,
+    pull_socket,
+    recv_parts,
+    send_parts,
+)
+from dataplane.worker import StageWorker
+
+STAMP = struct.Struct("<Id")  # sequence number, send time (monotonic s)
+PROMPT = [0, 17, 42, 99, 5, 230, 7]
+
+
+@pytest.fixture
+def pull():
+    ctx = zmq.Context.instance()
+    sock = pull_socket(ctx, "tcp://127.0.0.1:*")
+    yield ctx, sock
+    sock.close(0)
+
+
+def receive(sock: zmq.Socket, n: int, timeout_s: float = 5.0) -> list[tuple[int, float, float]]:
+    """(sequence, send time, arrival time) of n frames."""
+    out = []
+    sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
+    for _ in range(n):
+        parts = recv_parts(sock)
+        seq, sent = STAMP.unpack(parts[0])
+        out.append((seq, sent, time.monotonic()))
+    return out
+
+
+def test_frames_arrive_delayed_in_order_without_blocking_the_sender(pull):
+    ctx, sock = pull
+    delay = 40.0
+    link = open_push(ctx, bound_endpoint(sock), link_options(delay, jitter_ms=15.0))
+    assert isinstance(link, DelayedSender)
+    try:
+        payload = np.arange(600, dtype=np.float32)
+        t0 = time.monotonic()
+        for seq in range(50):  # a burst: jitter must not reorder it
+            assert send_parts(link, [STAMP.pack(seq, time.monotonic()), payload]) is None
+            payload[:] = -1  # the caller may reuse its buffer at once: the link copied it
+        assert time.monotonic() - t0 < delay / 1e3  # queued, not slept on
+        got = receive(sock, 50)
+    finally:
+        link.close()
+    assert [g[0] for g in got] == list(range(50))
+    assert min(arrived - sent for _, sent, arrived in got) >= delay * 0.9 / 1e3
+    assert link.stats.sent == 50 and link.stats.dropped == 0
+
+
+def test_rate_cap_adds_serialisation_delay(pull):
+    ctx, sock = pull
+    link = DelayedSender(ctx, bound_endpoint(sock), link_options(5.0, rate_mbit=8.0))
+    try:
+        body = b"\0" * 20_000  # 20 ms each at 8 Mbit/s
+        t0 = time.monotonic()
+        for seq in range(5):
+            link.send_parts([STAMP.pack(seq, time.monotonic()), body])
+        got = receive(sock, 5)
+    finally:
+        link.close()
+    assert [g[0] for g in got] == list(range(5))
+    assert got[-1][2] - t0 >= 0.9 * (5 * 0.020 + 0.005)
+    assert got[0][2] - t0 >= 0.9 * 0.025
+
+
+def test_zero_delay_keeps_the_direct_path(pull):
+    ctx, sock = pull
+    threads = threading.active_count()
+    push = open_push(ctx, bound_endpoint(sock), PipeOptions())
+    try:
+        assert type(push) is zmq.Socket and threading.active_count() == threads
+        assert not PipeOptions().shaped and PipeOptions(delay_ms=1).shaped
+        send_parts(push, [STAMP.pack(1, time.monotonic()), b"x" * 10])
+        assert receive(sock, 1)[0][0] == 1
+    finally:
+        push.close(0)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"delay_ms": -1}, {"delay_ms": float("nan")}, {"delay_ms": float("inf")},
+    {"delay_ms": "5"}, {"delay_ms": True}, {"jitter_ms": -0.5}, {"rate_mbit": -8},
+    {"delay_ms": 120_000}, {"hwm": 0},
+])
+def test_bad_link_shapes_are_refused(kwargs):
+    with pytest.raises(ValueError, match="PipeOptions"):
+        PipeOptions(**kwargs)
+
+
+def test_bad_shapes_fail_clearly_on_the_command_line_and_cluster_start(capsys):
+    from console.cluster_procs import ClusterError, link_args, start_local_cluster
+    from controlplane.__main__ import main
+
+    assert main(["node", "--coordinator", "tcp://127.0.0.1:9", "--link-delay-ms", "-5"]) == 1
+    assert "--link-delay-ms" in capsys.readouterr().err
+    with pytest.raises(ClusterError, match="delay_ms"):
+        start_local_cluster(Path("/nonexistent"), 2, [], link_delay_ms=-1)
+    assert link_args(25) == ["--link-delay-ms", "25"] and link_args() == []
+    assert link_args(10, 2, 100) == ["--link-delay-ms", "10", "--link-jitter-ms", "2",
+                                     "--link-rate-mbit", "100"]
+
+
+def test_a_bad_address_fails_at_construction_and_close_stops_the_thread(pull):
+    ctx, sock = pull
+    with pytest.raises(TransportError, match="cannot connect"):
+        DelayedSender(ctx, "tcp://no such host", link_options(5))
+    link = DelayedSender(ctx, bound_endpoint(sock), link_options(500))
+    link.send_parts([b"late", b""])
+    link.close()  # linger 0: the frame still on the link is dropped
+    assert not link._thread.is_alive() and link.stats.dropped == 1
+    with pytest.raises(TransportError, match="closed"):
+        link.send_parts([b"after", b""])
+    link = DelayedSender(ctx, bound_endpoint(sock), link_options(20))
+    link.send_parts([STAMP.pack(7, time.monotonic()), b""])
+    link.close(linger=1000)  # due within the linger: delivered
+    assert receive(sock, 1)[0][0] == 7
+
+
+@pytest.fixture
+def delayed2(dp_export2):
+    """A 2-stage cluster (stage 1 in a thread) with DELAY ms on both hops."""
+    options = link_options(DELAY)
+    pipe = ClusterPipeline(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
+                           timeout_s=10, options=options)
+    worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", pipe.reply_endpoint,
+                         options=options)
+    pipe.rewire(worker.endpoint)
+    worker.start()
+    yield pipe, worker
+    worker.stop()
+    pipe.close()
+
+
+DELAY = 25.0
+
+
+def test_delayed_cluster_generates_greedy_and_shows_the_delay_as_network(delayed2, dp_export2):
+    pipe, worker = delayed2
+    assert isinstance(pipe._push, DelayedSender) and isinstance(worker._push, DelayedSender)
+    want = list(generate_greedy(LocalChain.load(str(dp_export2)), PROMPT, 8, prefill_chunk=4))
+    t0 = time.monotonic()
+    assert list(generate_greedy(pipe, PROMPT, 8, prefill_chunk=4)) == want
+    steps = 2 + 7  # two prefill chunks, then one step per further token
+    assert time.monotonic() - t0 >= steps * 2 * DELAY * 0.9 / 1e3
+    got = list(generate_speculative(pipe, PROMPT, 8, drafter=LookupDrafter(), k=3,
+                                    prefill_chunk=4))
+    assert got == want
+    summary = pipe.timings.summary()
+    for hop in ("hop0-1", "hop1-2"):
+        assert summary[f"{hop}.network"]["p50"] >= DELAY * 0.9
+    assert summary["network"]["p50"] >= 2 * DELAY * 0.9
+
+
+def test_polling_in_short_waits_still_counts_the_delay_as_network(delayed2):
+    """The generation service polls in 20 ms slices: a reply's wait spans several polls."""
+    pipe, _ = delayed2
+    pipe.open(0)
+    pipe.reset(0)
+    time.sleep(3 * DELAY / 1e3)  # the RESET has passed: stage 1 is idle when the step lands
+    t0 = time.monotonic()
+    pipe.submit(0, np.array(PROMPT), np.arange(len(PROMPT)))
+    assert time.monotonic() - t0 < DELAY / 1e3  # stage 0 computed, the frame queued
+    reply = None
+    while reply is None:
+        reply = pipe.collect_any(timeout_s=0.003)
+    hops = reply.timing.hops
+    assert [h.network_ms >= DELAY * 0.9 for h in hops] == [True, True], hops
+    assert all(h.queue_ms < DELAY / 2 for h in hops), hops
+
+
+def test_worker_process_takes_link_delay_ms(dp_export2, dp_hosts):
+    """``python -m dataplane.worker --link-delay-ms`` delays its replies (a process hop)."""
+    pipe = ClusterPipeline(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
+                           timeout_s=20)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataplane.worker", str(dp_export2), "--stage", "1",
+         "--bind", f"tcp://{dp_hosts[0]}:*", "--send-to", pipe.reply_endpoint,
+         "--link-delay-ms", str(DELAY)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=Path(__file__).parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line.startswith("ready "), line
+        pipe.rewire(line.split()[1])
+        for _ in generate_greedy(pipe, PROMPT, 4):
+            pass
+        last_hop = [t.hops[-1].network_ms for t in pipe.timings.samples()]
+        first_hop = [t.hops[0].network_ms for t in pipe.timings.samples()]
+        assert min(last_hop) >= DELAY * 0.9 and max(first_hop) < DELAY * 0.5
+    finally:
+        pipe.close()
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:  # SIGTERM can miss a worker blocked in recv
+            proc.kill()
+            proc.wait(5)
