@@ -437,12 +437,19 @@ def main(argv: list[str] | None = None) -> int:
     """Node entry point: load the stage, print ``ready <endpoint>``, serve until SIGTERM/SIGINT."""
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # Threads started from here on (OpenVINO's, ZeroMQ's) inherit a mask that blocks
+    # SIGTERM/SIGINT, so the kernel delivers them to the main thread, whose blocking
+    # recv then returns EINTR and raises KeyboardInterrupt. Otherwise a signal taken by
+    # another thread can leave the main thread asleep in recv.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     config = RuntimeConfig(device=args.device, num_threads=args.threads,
                            precision=None if args.precision == "default" else args.precision)
     runner = StageRunner(args.export_dir, args.stage, config)
     worker = StageWorker(runner, args.bind, args.send_to,
                          options=PipeOptions(delay_ms=args.link_delay_ms))
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit the loop like Ctrl-C
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     print(f"ready {worker.endpoint}", flush=True)
     try:
         worker.run()
