@@ -24,7 +24,9 @@ err = Console(stderr=True)
 
 def _runtime(args: argparse.Namespace) -> RuntimeSpec:
     precision = None if args.precision == "default" else args.precision
-    return RuntimeSpec(device=args.device, precision=precision, num_threads=args.threads)
+    kv = None if args.kv_cache_precision == "default" else args.kv_cache_precision
+    return RuntimeSpec(device=args.device, precision=precision, num_threads=args.threads,
+                       kv_cache_precision=kv)
 
 
 def _launcher(args: argparse.Namespace, base: Any) -> Any:
@@ -181,6 +183,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default="CPU")
         p.add_argument("--precision", default="f32", help="'default' keeps the plugin's")
         p.add_argument("--threads", type=int, default=None)
+        p.add_argument("--kv-cache-precision", default="f32",
+                       help="KV cache element type; f32 keeps speculative decoding token-exact "
+                            "(a quantised cache can flip near-tied tokens between a 1-token "
+                            "and a K+1-token step); 'default' keeps the plugin's (u8 on CPU)")
 
     def link_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--link-delay-ms", type=float, default=0.0,
