@@ -1,14 +1,15 @@
-"""The one generation loop, over any pipeline of stages (in one process or across nodes).
+"""Pipelines of stages and what a step returns; the loop that drives them is dataplane.sessions.
 
-A pipeline takes a chunk of token ids with explicit logical positions for a stream
-and returns a ``StepReply`` from the last stage. Prefill is chunked; decode feeds one
-token per step. Small pure helpers decide what to feed and when to stop.
+A pipeline takes a chunk of token ids with explicit logical positions for a stream and
+returns a ``StepReply`` from the last stage. ``LocalChain`` runs every stage in this
+process; ``dataplane.cluster.ClusterPipeline`` runs them across nodes. Small pure
+helpers say how a prompt is chunked and when generation stops.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -137,53 +138,3 @@ class GenerationStats:
     def tok_s(self) -> float:
         """Decode throughput: tokens after the first over the time they took."""
         return (self.new_tokens - 1) / (self.decode_ms / 1e3) if self.new_tokens > 1 else 0.0
-
-
-def prefill(pipeline: Pipeline, stream_id: int, prompt_ids: Sequence[int], chunk: int,
-            stats: GenerationStats) -> int:
-    """Reset the stream, feed the prompt in chunks, return the first new token (greedy)."""
-    stats.prompt_tokens = len(prompt_ids)
-    pipeline.open(stream_id)
-    pipeline.reset(stream_id)
-    prompt = np.asarray(prompt_ids, dtype=np.int64)
-    start = time.perf_counter()
-    reply = None
-    for lo, hi in prefill_chunks(len(prompt), chunk):
-        reply = pipeline.step(stream_id, prompt[lo:hi], np.arange(lo, hi))
-    assert reply is not None
-    stats.ttft_ms = (time.perf_counter() - start) * 1e3
-    stats.new_tokens = 1
-    return int(reply.tokens[-1])
-
-
-def generate_greedy(
-    pipeline: Pipeline,
-    prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    stop_ids: Sequence[int] = (),
-    stream_id: int = 0,
-    prefill_chunk: int = 256,
-    stats: GenerationStats | None = None,
-) -> Iterator[int]:
-    """Yield greedy tokens one by one; the stream is reset first."""
-    if not prompt_ids:
-        raise ValueError("the prompt has no tokens")
-    if max_new_tokens < 1:
-        return
-    stats = stats if stats is not None else GenerationStats()
-    stops = frozenset(int(t) for t in stop_ids)
-    token = prefill(pipeline, stream_id, prompt_ids, prefill_chunk, stats)
-    yield token
-    position = len(prompt_ids)
-    decode_start = time.perf_counter()
-    while not should_stop(token, stats.new_tokens, max_new_tokens, stops):
-        step_start = time.perf_counter()
-        reply = pipeline.step(stream_id, np.array([token]), np.array([position]))
-        token = int(reply.tokens[-1])
-        position += 1
-        stats.new_tokens += 1
-        now = time.perf_counter()
-        stats.step_ms.append((now - step_start) * 1e3)
-        stats.stage_ms.append(reply.stage_ms)
-        stats.decode_ms = (now - decode_start) * 1e3
-        yield token

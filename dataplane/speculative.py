@@ -16,14 +16,16 @@ slots keep growing until compacted (``LocalChain`` and ``ClusterPipeline`` compa
 once more than a threshold of its slots are masked; on the cluster a COMPACT frame
 travels ahead of the next step).
 
-The helpers are small pure functions, in the style of gpt-fast's generate.py.
+The helpers here are small pure functions, in the style of gpt-fast's generate.py, plus
+the drafters; the loop that uses them is ``dataplane.sessions.DecodeSession``. Exactness
+needs the same numbers from a 1-token and a K+1-token step: keep the KV cache in f32
+(the cluster's default); a quantised (u8) cache can flip a near-tie between them.
 """
 
 from __future__ import annotations
 
 import inspect
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,9 +35,7 @@ from dataplane.generate import (
     GenerationStats,
     Pipeline,
     StepReply,
-    prefill,
     prefill_chunks,
-    should_stop,
 )
 from dataplane.runtime import StageRunner
 
@@ -283,71 +283,3 @@ def rewinding_step(pipeline: Pipeline) -> StepFn:
             rewinder(sid, rewind)
         return pipeline.step(sid, ids, pos, idx, want_logits)
     return separate
-
-
-def generate_speculative(
-    pipeline: Pipeline,
-    prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    stop_ids: Sequence[int] = (),
-    drafter: Drafter | None = None,
-    k: int = 5,
-    stream_id: int = 0,
-    stats: GenerationStats | None = None,
-    prefill_chunk: int = 256,
-    cost: StepCost | None = None,
-) -> Iterator[int]:
-    """Yield exactly the tokens ``generate_greedy`` yields, verifying up to ``k`` drafts a step.
-
-    ``drafter`` defaults to a LookupDrafter. With a ``cost`` model, K is re-chosen before
-    every step by ``adapt_k`` from the acceptance measured so far (``k`` is then the
-    maximum). A ``SpeculativeStats`` passed as ``stats`` also gets the draft counters.
-    The stream is reset first; rejected slots of the last step are left in its KV.
-    """
-    if not prompt_ids:
-        raise ValueError("the prompt has no tokens")
-    if k < 0:
-        raise ValueError(f"draft length k must be >= 0, got {k}")
-    if max_new_tokens < 1:
-        return
-    drafter = drafter if drafter is not None else LookupDrafter()
-    stats = stats if stats is not None else SpeculativeStats()
-    spec = stats if isinstance(stats, SpeculativeStats) else SpeculativeStats()
-    stops = frozenset(int(t) for t in stop_ids)
-    step = rewinding_step(pipeline)
-    token = prefill(pipeline, stream_id, prompt_ids, prefill_chunk, stats)
-    yield token
-    history = [int(t) for t in prompt_ids] + [token]
-    position = len(prompt_ids)  # logical position of ``token``, not yet fed
-    rewind = 0  # rejected slots of the previous step, rewound with the next one
-    decode_start = time.perf_counter()
-    while not should_stop(token, stats.new_tokens, max_new_tokens, stops):
-        step_start = time.perf_counter()
-        k_now = k if cost is None else adapt_k(
-            estimate_acceptance(spec.accepted, spec.rejections), cost, k_max=k)
-        k_now = min(k_now, max_new_tokens - stats.new_tokens - 1)
-        draft = [int(t) for t in drafter.propose(history, k_now)][:k_now] if k_now > 0 else []
-        fed = len(draft) + 1
-        ids = np.array([token, *draft], dtype=np.int64)
-        reply = step(stream_id, ids, np.arange(position, position + fed),
-                     np.arange(fed) if draft else None, rewind)
-        target = [int(t) for t in reply.tokens]
-        n = accept_prefix(draft, target)
-        drafter.accept(n)
-        rewind = len(draft) - n
-        position += n + 1
-        spec.steps += 1
-        spec.proposed += len(draft)
-        spec.accepted += n
-        spec.rejections += int(rewind > 0)
-        spec.fed.append(fed)
-        now = time.perf_counter()
-        stats.step_ms.append((now - step_start) * 1e3)
-        stats.stage_ms.append(reply.stage_ms)
-        for token in [*draft[:n], target[n]]:
-            history.append(token)
-            stats.new_tokens += 1
-            stats.decode_ms = (time.perf_counter() - decode_start) * 1e3
-            yield token
-            if should_stop(token, stats.new_tokens, max_new_tokens, stops):
-                return
