@@ -5,6 +5,13 @@ Systems, interleaved run by run in one process with the same plugin hints:
   stage1        our 1-stage shard (beam_idx Gather injected)
   stage1_nobeam our 1-stage shard without the Gather (the paper's ablation)
   stage2/3      2 and 3 stages chained in one process
+Extra columns (``--extras``, on by default), for like-for-like reading:
+  baseline_sdpa openvino_genai with ATTENTION_BACKEND=SDPA: the stateful-model path, the same
+                kind of graph as our shards (the default LLMPipeline on CPU uses paged attention)
+  stage1_sync   our 1-stage shard stepped with a synchronous infer() on the calling thread
+                (the runtime before it switched to start_async()+wait(), as genai does)
+The plain ``baseline`` column stays what users would pick: a default LLMPipeline with the
+same weights and precision hints; every ratio is against it.
 
     python -m tools.bench_parity [--model smollm2-135m|random-1b|DIR] [--weights int4] [--json]
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +29,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.generate import GenerationStats, LocalChain, generate_greedy
+from dataplane.generate import GenerationStats, LocalChain
 from dataplane.manifest import ManifestError, even_split, load_manifest
 from dataplane.runtime import RuntimeConfig
+from dataplane.sessions import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 SYSTEMS = ("baseline", "stage1", "stage1_nobeam", "stage2", "stage3")
+EXTRA_SYSTEMS = ("baseline_sdpa", "stage1_sync")
 err = Console(stderr=True)
 
 
@@ -77,6 +87,13 @@ def plugin_properties(precision: str, threads: int) -> dict[str, Any]:
     return props
 
 
+@dataclass(frozen=True)
+class SyncInferConfig(RuntimeConfig):
+    """The runtime's previous step path: a synchronous infer() on the calling thread."""
+
+    async_infer = False
+
+
 def chain_runner(export_dir: Path, config: RuntimeConfig) -> Callable[[list[int], int], float]:
     chain = LocalChain.load(str(export_dir), config)
 
@@ -104,6 +121,7 @@ def main(
     precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides, or 'default'"),
     threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS on both sides (0: plugin default)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    extras: bool = typer.Option(True, help="also run baseline_sdpa and stage1_sync (see above)"),
 ) -> None:
     from console.paths import zctl_home
     from tools.baseline import BaselinePipeline, export_baseline
@@ -129,14 +147,21 @@ def main(
     }
     for key, export_dir in exports.items():
         systems[key] = chain_runner(export_dir, config)
-    samples: dict[str, list[float]] = {key: [] for key in SYSTEMS}
+    names = SYSTEMS + (EXTRA_SYSTEMS if extras else ())
+    if extras:
+        baseline_sdpa = BaselinePipeline(baseline_dir, {**props, "ATTENTION_BACKEND": "SDPA"})
+        systems["baseline_sdpa"] = lambda ids, n: baseline_sdpa.generate_timed(ids, n)["tok_s"]
+        systems["stage1_sync"] = chain_runner(exports["stage1"], SyncInferConfig(**asdict(config)))
+    samples: dict[str, list[float]] = {key: [] for key in names}
     for run in range(runs):
-        for key in SYSTEMS:
+        for key in names if run % 2 == 0 else names[::-1]:  # alternate the order run by run
             samples[key].append(systems[key](prompt_ids, tokens))
         err.print(f"run {run + 1}/{runs}: " + "  ".join(f"{k} {v[-1]:.1f}" for k, v in samples.items()))
     medians = {key: statistics.median(values) for key, values in samples.items()}
     result: dict[str, Any] = {
         "model": model, "weights": weights, "tokens": tokens, "runs": runs, "properties": props,
+        "baseline": "openvino_genai LLMPipeline, default attention backend (paged attention on CPU)",
+        "runtime": {"properties": config.properties(), "async_infer": config.async_infer},
         **{f"{key}_tok_s": round(value, 2) for key, value in medians.items()},
         **ratios(medians),
         "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
@@ -148,7 +173,7 @@ def main(
     table.add_column("system")
     table.add_column("tok/s", justify="right")
     table.add_column("vs baseline", justify="right")
-    for key in SYSTEMS:
+    for key in names:
         ratio = medians[key] / medians["baseline"]
         table.add_row(key, f"{medians[key]:.1f}", f"{ratio:.3f}x")
     Console().print(table)
