@@ -9,13 +9,10 @@ import pytest
 
 from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from tools.bench_spec import (
-    BenchPrompt,
+from tools.bench_spec import BenchPrompt, parse_k, render, run_bench
+from tools.spec_accounting import (
     all_identical,
     first_mismatch,
-    parse_k,
-    render,
-    run_bench,
     theoretical_iid,
     theoretical_speedup,
 )
