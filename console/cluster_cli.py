@@ -94,6 +94,10 @@ def cluster_up(
     threads: Annotated[int | None, typer.Option(help="INFERENCE_NUM_THREADS per stage")] = None,
     device: Annotated[str, typer.Option(help="CPU | GPU | NPU | AUTO")] = "CPU",
     timeout: Annotated[float, typer.Option(help="seconds to wait for the pipeline")] = 300.0,
+    cpu_sets: Annotated[str, typer.Option(
+        help="with --local: shared (every stage may use every core: lowest one-stream "
+             "latency) | split (each node its own cores, like separate PCs: stages "
+             "compute different streams at once)")] = "shared",
     foreground: Annotated[bool, typer.Option(help="run the coordinator in this process "
                                                   "(containers, service managers)")] = False,
 ) -> None:
@@ -103,6 +107,9 @@ def cluster_up(
     stage_count = stages or local or 2
     if local is not None and local != stage_count:
         _fail(f"--local {local} runs {local} stages; drop --stages or make them equal")
+    if local is None and cpu_sets != "shared":
+        _fail("--cpu-sets applies to --local clusters; a node sets its own with "
+              "zctl node join --cpus")
     try:
         export_dir = ensure_export(model, stage_count, weights)
         rt = runtime_args(None if precision == "default" else precision, threads, device)
@@ -111,7 +118,7 @@ def cluster_up(
                 _fail("--foreground runs only the coordinator; start nodes with zctl node join")
             raise typer.Exit(_serve_foreground(export_dir, bind, host, rt))
         if local is not None:
-            record = start_local_cluster(export_dir, local, rt)
+            record = start_local_cluster(export_dir, local, rt, cpu_sets=cpu_sets)
         else:
             import socket
 
@@ -206,6 +213,8 @@ def node_join(
     coordinator: Annotated[str, typer.Argument(help="tcp://HOST:PORT of the coordinator")],
     host: Annotated[str | None, typer.Option(help="address other nodes reach this one at")] = None,
     state_dir: Annotated[Path | None, typer.Option(help="node id and shard cache")] = None,
+    cpus: Annotated[str | None, typer.Option(
+        help="run on these CPUs only, e.g. 0-7 (several nodes on one machine)")] = None,
 ) -> None:
     """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
     from controlplane.__main__ import main as controlplane_main
@@ -215,6 +224,8 @@ def node_join(
         args += ["--host", host]
     if state_dir:
         args += ["--state-dir", str(state_dir)]
+    if cpus:
+        args += ["--cpus", cpus]
     raise typer.Exit(controlplane_main(args))
 
 

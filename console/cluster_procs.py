@@ -137,27 +137,35 @@ def start_coordinator(export_dir: Path, bind_host: str, public_host: str, port: 
 
 def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
                         root: Path | None = None, *, link_delay_ms: float = 0.0,
-                        link_jitter_ms: float = 0.0, link_rate_mbit: float = 0.0
-                        ) -> ClusterRecord:
+                        link_jitter_ms: float = 0.0, link_rate_mbit: float = 0.0,
+                        cpu_sets: str = "shared") -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
 
     ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
     process delays each data frame it sends, so every hop (the last stage's reply to the
-    coordinator too) gets that one-way latency.
+    coordinator too) gets that one-way latency. ``cpu_sets="split"`` gives each process
+    its own cores (as if each node were its own PC); "shared" lets every stage use all.
     """
+    from controlplane.cpusets import local_cpu_sets
+
     if nodes < 2:
         raise ClusterError("a local cluster needs at least 2 nodes (the coordinator and one more)")
     link = link_args(link_delay_ms, link_jitter_ms, link_rate_mbit)
+    try:
+        cpus = [[] if c is None else ["--cpus", c] for c in local_cpu_sets(cpu_sets, nodes)]
+    except ValueError as exc:
+        raise ClusterError(str(exc)) from None
     root = root or zctl_home() / "local"
     host = loopback_host(0)
-    record = start_coordinator(export_dir, host, host, free_port(host), [*runtime, *link],
-                               nodes - 1, root)
+    record = start_coordinator(export_dir, host, host, free_port(host),
+                               [*runtime, *link, *cpus[0]], nodes - 1, root)
     record.local_nodes = nodes
     for i in range(1, nodes):
         log = root / "logs" / f"node{i}.log"
         record.pids.append(_spawn(
             ["node", "--coordinator", record.control, "--host", loopback_host(i),
-             "--state-dir", str(root / f"node{i}"), "--reconnect-min", "0.2", *link], log))
+             "--state-dir", str(root / f"node{i}"), "--reconnect-min", "0.2", *link, *cpus[i]],
+            log))
         record.logs.append(str(log))
     return record
 

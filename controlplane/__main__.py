@@ -56,11 +56,21 @@ def _placement(pins: list[str]) -> dict[int, str]:
     return out
 
 
+def _confine(args: argparse.Namespace) -> None:
+    """Apply --cpus before anything starts a thread or compiles a stage."""
+    if args.cpus:
+        from controlplane.cpusets import confine_to
+
+        err.print(f"confined to CPUs {args.cpus}")
+        confine_to(args.cpus)
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from controlplane.coordinator import Coordinator, CoordinatorConfig
     from controlplane.launch import head_launcher
     from controlplane.security import CurveServer, key_dir
 
+    _confine(args)
     launcher = _launcher(args, head_launcher)
     state_dir = args.state_dir or _home() / "coordinator"
     curve = None
@@ -98,6 +108,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     from controlplane.security import CurveClient, read_public_key
     from controlplane.view import TransferProgress
 
+    _confine(args)
     launcher = _launcher(args, default_launcher)
     state_dir = args.state_dir or _home() / "node"
     curve = (CurveClient.from_state_dir(state_dir, read_public_key(args.curve_server_key))
@@ -188,7 +199,8 @@ def _parser() -> argparse.ArgumentParser:
                             "(a quantised cache can flip near-tied tokens between a 1-token "
                             "and a K+1-token step); 'default' keeps the plugin's (u8 on CPU)")
 
-    def link_args(p: argparse.ArgumentParser) -> None:
+    def process_args(p: argparse.ArgumentParser) -> None:
+        """This process's emulated outbound link and CPU set."""
         p.add_argument("--link-delay-ms", type=float, default=0.0,
                        help="emulated one-way latency on every data frame this process "
                             "sends on (WAN tests; 0: none)")
@@ -196,6 +208,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="plus uniform random 0..J ms per frame (order is kept)")
         p.add_argument("--link-rate-mbit", type=float, default=0.0,
                        help="emulated bandwidth cap in Mbit/s (0: none)")
+        p.add_argument("--cpus", default=None,
+                       help="run on these CPUs only, e.g. 0-3 (nodes sharing a machine)")
 
     p = sub.add_parser("coordinator", help="serve an export; runs stage 0 here")
     p.add_argument("export_dir", type=Path)
@@ -213,7 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--serve", default=None,
                    help="bind the generation service here (what zctl run talks to)")
     runtime_args(p)
-    link_args(p)
+    process_args(p)
     p.set_defaults(fn=cmd_coordinator)
 
     p = sub.add_parser("node", help="join a coordinator and serve the stage it assigns")
@@ -227,7 +241,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tok-s", type=float, default=None, help="measured speed, for placement")
     p.add_argument("--curve-server-key", type=Path, default=None,
                    help="the coordinator's public key file (turns CURVE on)")
-    link_args(p)
+    process_args(p)
     p.set_defaults(fn=cmd_node)
 
     p = sub.add_parser("status", help="ask a coordinator for its status")

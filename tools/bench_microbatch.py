@@ -15,10 +15,12 @@ KV) after the 4-stream runs.
 
 Where the gain comes from: a single stream leaves every stage idle while the others (and
 the wire) work; more streams fill those gaps. Across PCs that scales until the slowest
-stage is busy all the time. On one machine all stages share its cores (on this
-project's 2-vCPU VM two concurrent 1-thread decoders each run at half speed), so without
-link latency the local cluster's aggregate stays flat; ``--link-delay-ms`` emulates the
-hops of a real LAN/WAN, where the idle time micro-batching fills is on the wire.
+stage is busy all the time. On one machine the nodes share its cores: with
+``--cpu-sets shared`` (the default of ``zctl cluster up --local``) one stream's stages
+already use every core in turn, so a second stream has little idle time to fill;
+``--cpu-sets split`` gives each node its own cores, as separate PCs would have, and
+``--link-delay-ms`` emulates the hops of a real LAN/WAN, where the idle time
+micro-batching fills is on the wire.
 
     python -m tools.bench_microbatch [--model smollm2-135m] [--tokens 64] [--runs 3] [--json]
 """
@@ -94,6 +96,8 @@ def main(
     threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
     link_delay_ms: float = typer.Option(0.0, help="emulated one-way latency on every cluster hop "
                                                   "(the baseline has no hops)"),
+    cpu_sets: str = typer.Option("shared", help="shared: every stage may use every core | "
+                                                "split: each node its own cores (separate PCs)"),
     baseline: bool = typer.Option(True, help="also measure openvino_genai"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -107,7 +111,7 @@ def main(
     genai = Genai(hf_dir, export_dir, weights, props) if baseline else None
     record = start_local_cluster(export_dir, stages, runtime_args(
         props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-microbatch",
-        link_delay_ms=link_delay_ms)
+        link_delay_ms=link_delay_ms, cpu_sets=cpu_sets)
     samples: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
     per_stream: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
     try:
@@ -142,6 +146,7 @@ def main(
     result: dict[str, Any] = {
         "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
         "properties": props, "link_delay_ms": link_delay_ms,
+        "cpu_sets": cpu_sets,
         "cluster_tok_s": cluster,
         "cluster_spec_tok_s": med(samples, "lookup"),
         "cluster_per_stream_tok_s": med(per_stream, "cluster"),

@@ -1,0 +1,97 @@
+"""CPU sets for co-located nodes: parsing, splitting, confinement, and a split local cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from console.cli import app
+from controlplane.cpusets import (
+    confine_to,
+    format_cpu_list,
+    local_cpu_sets,
+    parse_cpu_list,
+    split_cpus,
+)
+
+runner = CliRunner()
+
+
+def test_cpu_lists_parse_and_format_round_trip() -> None:
+    assert parse_cpu_list("0-3,6") == [0, 1, 2, 3, 6]
+    assert parse_cpu_list("5, 1,1") == [1, 5]
+    assert format_cpu_list([6, 0, 1, 2, 3]) == "0-3,6"
+    assert format_cpu_list([4]) == "4"
+    for bad in ("", "a", "1-", "3-1", "-2", "0,,1"):
+        with pytest.raises(ValueError, match="CPU"):
+            parse_cpu_list(bad)
+
+
+def test_split_gives_disjoint_near_equal_sets_extra_cores_first() -> None:
+    assert split_cpus([0, 1], 2) == [[0], [1]]
+    assert split_cpus(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert split_cpus([7, 3, 5], 1) == [[3, 5, 7]]
+    with pytest.raises(ValueError, match="at least 3 CPUs"):
+        split_cpus([0, 1], 3)
+    with pytest.raises(ValueError):
+        split_cpus([0, 1], 0)
+
+
+def test_local_cpu_sets_modes() -> None:
+    assert local_cpu_sets("shared", 3) == [None, None, None]
+    cores = sorted(os.sched_getaffinity(0))
+    sets = local_cpu_sets("split", 1)
+    assert sets == [format_cpu_list(cores)]
+    with pytest.raises(ValueError, match="shared"):
+        local_cpu_sets("mine", 2)
+
+
+def test_confine_refuses_cpus_this_process_may_not_use() -> None:
+    before = os.sched_getaffinity(0)
+    with pytest.raises(ValueError, match="not available"):
+        confine_to("4095")
+    assert os.sched_getaffinity(0) == before
+
+
+def test_bad_cpus_fail_clearly_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from controlplane.__main__ import main
+
+    assert main(["node", "--coordinator", "tcp://127.0.0.1:9", "--cpus", "x"]) == 1
+    assert "bad CPU list" in capsys.readouterr().err
+
+
+def _allowed(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError("no Cpus_allowed_list")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_split_local_cluster_gives_each_node_its_own_cores(tiny_exports, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    too_many = len(os.sched_getaffinity(0)) + 1
+    refused = runner.invoke(app, ["cluster", "up", "--local", str(too_many), "--model",
+                                  str(export_dir), "--cpu-sets", "split"])
+    assert refused.exit_code == 1 and f"at least {too_many} CPUs" in refused.output
+    assert not (tmp_path / "home" / "cluster.json").exists()
+    not_local = runner.invoke(app, ["cluster", "up", "--cpu-sets", "split"])
+    assert not_local.exit_code == 1 and "--local" in not_local.output
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
+                             "--cpu-sets", "split"])
+    try:
+        assert up.exit_code == 0, up.output
+        record = json.loads((tmp_path / "home" / "cluster.json").read_text())
+        want = [format_cpu_list(s) for s in split_cpus(sorted(os.sched_getaffinity(0)), 2)]
+        assert [_allowed(pid) for pid in record["pids"]] == want
+        run = runner.invoke(app, ["run", "hello", "--max-tokens", "4", "--ignore-eos", "--json"])
+        assert run.exit_code == 0, run.output
+        assert json.loads(run.stdout.strip().splitlines()[-1])["tokens"] == 4
+    finally:
+        assert runner.invoke(app, ["cluster", "down"]).exit_code == 0
