@@ -138,13 +138,14 @@ def start_coordinator(export_dir: Path, bind_host: str, public_host: str, port: 
 def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
                         root: Path | None = None, *, link_delay_ms: float = 0.0,
                         link_jitter_ms: float = 0.0, link_rate_mbit: float = 0.0,
-                        cpu_sets: str = "shared") -> ClusterRecord:
+                        cpu_sets: str = "shared", row_groups: int = 0) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
 
     ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
     process delays each data frame it sends, so every hop (the last stage's reply to the
     coordinator too) gets that one-way latency. ``cpu_sets="split"`` gives each process
     its own cores (as if each node were its own PC); "shared" lets every stage use all.
+    ``row_groups`` > 0 batches concurrent streams' decode steps (coordinator --row-groups).
     """
     from controlplane.cpusets import local_cpu_sets
 
@@ -157,8 +158,11 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
         raise ClusterError(str(exc)) from None
     root = root or zctl_home() / "local"
     host = loopback_host(0)
+    if row_groups < 0:
+        raise ClusterError(f"row groups must be >= 0, not {row_groups}")
+    groups = ["--row-groups", str(row_groups)] if row_groups else []
     record = start_coordinator(export_dir, host, host, free_port(host),
-                               [*runtime, *link, *cpus[0]], nodes - 1, root)
+                               [*runtime, *link, *cpus[0], *groups], nodes - 1, root)
     record.local_nodes = nodes
     for i in range(1, nodes):
         log = root / "logs" / f"node{i}.log"

@@ -92,7 +92,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         from controlplane.service import GenerationService
 
         service = GenerationService(
-            args.export_dir, lambda: getattr(coordinator.local_handle, "pipeline", None), args.serve)
+            args.export_dir, lambda: getattr(coordinator.local_handle, "pipeline", None), args.serve,
+            row_groups=args.row_groups)
         err.print(f"generation service on {service.start()}")
     try:
         coordinator.run()
@@ -226,6 +227,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--curve", action="store_true", help="CURVE: admit only authorized nodes")
     p.add_argument("--serve", default=None,
                    help="bind the generation service here (what zctl run talks to)")
+    p.add_argument("--row-groups", type=int, default=0,
+                   help="batch the one-token decode steps of concurrent streams into this many "
+                        "row groups (one inference per stage per group); 0: every stream "
+                        "steps alone")
     runtime_args(p)
     process_args(p)
     p.set_defaults(fn=cmd_coordinator)

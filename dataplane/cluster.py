@@ -235,6 +235,31 @@ class ClusterPipeline:
         self._guard.forget(stream_id)
         del self._streams[stream_id]
 
+    def regroup(self, group_id: int, members: list[int]) -> None:
+        """Make ``group_id`` the row group of ``members`` on every stage (see
+        ``StageRunner.regroup``): stage 0 here, the others on a GROUP frame that reaches
+        them in order with the steps. None of the group's or members' steps may be in
+        flight. ``submit``/``step`` on ``group_id`` then take [rows, T] ids and positions."""
+        busy = {p.stream_id for p in self._pending.values()} & {group_id, *members}
+        if busy:
+            raise DataPlaneError(f"cannot regroup while streams {sorted(busy)} have steps "
+                                 "in flight")
+        if group_id in self.stage0.streams:
+            raise DataPlaneError(f"{group_id} is a stream, not a row group")
+        for sid in (group_id, *members):
+            self._guard.release(sid)  # a member's last output may still be on the wire
+        self.stage0.regroup(group_id, list(members))
+        group = self._streams.setdefault(group_id, _Stream(epoch=next(self._epochs)))
+        for sid in members:
+            self._streams.pop(sid, None)
+            self._guard.forget(sid)
+        ids = np.asarray(members, dtype=np.int64) if members else None
+        self._send_control(group_id, Kind.GROUP, ids)
+        if not members:
+            del self._streams[group_id]
+        elif group.broken:  # a failed GROUP send: the group's KV differs across stages
+            raise DataPlaneError(f"row group {group_id}: {group.broken}")
+
     def _new_epoch(self, stream_id: int, kind: Kind) -> None:
         self._guard.release(stream_id)
         stream = self._streams[stream_id]
@@ -254,12 +279,13 @@ class ClusterPipeline:
         self._send_control(stream_id, Kind.COMPACT)
         self.compactions += 1
 
-    def _send_control(self, stream_id: int, kind: Kind) -> None:
+    def _send_control(self, stream_id: int, kind: Kind, payload: np.ndarray | None = None
+                      ) -> None:
         stream = self._streams[stream_id]
         header = HiddenStateFrame(kind=kind, stream_id=stream_id, request_id=0,
                                   epoch=stream.epoch, step=stream.next_step)
         try:
-            send_parts(self._push, encode_frame(header))
+            send_parts(self._push, encode_frame(header, payload))
         except TransportError as exc:
             stream.broken = f"its {kind.name} did not reach stage 1 ({exc})"
             raise DataPlaneError(f"cannot {kind.name.lower()} stream {stream_id}: stage 1 at "
@@ -281,6 +307,8 @@ class ClusterPipeline:
 
         ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
         asks for the k best (token, logit) pairs, ``want_logits`` for the full logits.
+        On a row group (``regroup``) ids and positions are [rows, T], one row per member,
+        and the reply answers every row (rows x positions), in member order.
         """
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -289,16 +317,23 @@ class ClusterPipeline:
             raise DataPlaneError(f"stream {stream_id} must be reset: {stream.broken}")
         start_ns = time.time_ns()
         self._waiting_since = 0  # busy with stage 0: a reply arriving now waits in the queue
-        ids = as_int64_vector(token_ids)[None]
+        group = self.stage0.groups.get(stream_id)
+        rows = len(group.members) if group is not None else 1
+        ids = as_int64_vector(token_ids).reshape(rows, -1)
         pos = as_int64_vector(positions)
         idx = check_logits_idx(logits_idx, ids.shape[1])
+        if group is not None and mask_tail:
+            raise DataPlaneError(f"row group {stream_id} cannot rewind (mask_tail)")
         self._guard.release(stream_id)
         t0 = time.perf_counter_ns()
         try:
             if mask_tail:
                 self.stage0.mask_tail(stream_id, mask_tail)
                 self._compact(stream_id)
-            hidden = self.stage0.step(stream_id, ids, pos)
+            if group is not None:
+                hidden = self.stage0.step_rows(stream_id, ids, pos.reshape(rows, -1))
+            else:
+                hidden = self.stage0.step(stream_id, ids, pos)
         except Exception as exc:
             if mask_tail:
                 stream.broken = stream.broken or f"stage 0 failed after a rewind ({exc})"
@@ -309,7 +344,7 @@ class ClusterPipeline:
         header = HiddenStateFrame(kind=Kind.STEP, stream_id=stream_id, request_id=rid,
                                   epoch=stream.epoch, step=stream.next_step, positions=pos,
                                   logits_idx=idx, reply=mode, top_k=max(1, top_k),
-                                  mask_tail=mask_tail)
+                                  mask_tail=mask_tail, rows=rows)
         header.timings = stamp(b"", 0, start_ns, start_ns, 0, 0, t1 - t0, 0)
         stream.next_step += 1
         try:

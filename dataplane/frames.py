@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"ZCDP"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a ``rows`` field (several streams batched in one step)
+MAX_ROWS = 1024  # rows (streams) in one batched step
 MAX_NDIM = 4
 MAX_TOKENS = 1 << 17  # positions in one step
 MAX_STAGES = 255  # timing records in one frame
@@ -45,6 +46,10 @@ class Kind(IntEnum):
     # a bump: the layout is unchanged and older nodes reject the kind cleanly (a malformed
     # frame) and just keep their masked slots, which is still correct, only larger.
     COMPACT = 6
+    # Make stream ``stream_id`` a row group whose rows are the streams listed in the payload
+    # (int64 [rows]), in order with its steps: members leave their own KV for a row of the
+    # group's; rows not listed any more are dropped (see dataplane.rows).
+    GROUP = 7
 
 
 class ReplyMode(IntEnum):
@@ -82,8 +87,8 @@ DTYPES: dict[int, np.dtype] = {
 DTYPE_CODES: dict[np.dtype, int] = {dt: code for code, dt in DTYPES.items()}
 
 # magic, version, kind, reply mode, dtype code, top_k, ndim, n_timing, source stage,
-# stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes.
-FIXED = struct.Struct("<4sBBBBHBBHIQQIIIII")
+# stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes, rows.
+FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIH")
 SHAPE_STRUCTS = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
 POSITION_ITEM = np.dtype("<i8")
 EMPTY_INDEX = np.zeros(0, dtype=POSITION_ITEM)
@@ -96,7 +101,9 @@ class HiddenStateFrame:
 
     ``positions`` are the logical RoPE positions of the step's T tokens (a REPLY repeats
     them only when ``logits_idx`` is set); ``logits_idx`` (empty = the last token) picks
-    which of them the last stage answers for;
+    which of them the last stage answers for; ``rows`` > 1 steps a row group: the payload
+    is [rows, T, ...], ``positions`` holds rows x T positions (row-major), ``logits_idx``
+    applies to every row and a reply answers rows x (len(logits_idx) or 1) positions;
     ``mask_tail`` rewinds that many kept KV slots before the step; ``timings`` holds one
     packed ``TIMING`` record per stage passed (see ``stamp``). ``shape`` and ``dtype``
     describe the payload: ``encode_frame`` takes them from the array it sends. A node
@@ -119,15 +126,18 @@ class HiddenStateFrame:
     shape: tuple[int, ...] = ()
     dtype: np.dtype | None = None
     version: int = PROTOCOL_VERSION
+    rows: int = 1
 
     @property
     def tokens(self) -> int:
-        return int(self.positions.shape[0])
+        """Tokens per row of the step."""
+        return int(self.positions.shape[0]) // max(1, self.rows)
 
     @property
     def answer_rows(self) -> int:
-        """How many positions the last stage answers for (logits_idx, or the last token)."""
-        return int(self.logits_idx.shape[0]) or 1
+        """How many positions the last stage answers for (logits_idx, or the last token),
+        over all rows."""
+        return (int(self.logits_idx.shape[0]) or 1) * max(1, self.rows)
 
 
 def stamp(timings: bytes, stage: int, recv_ns: int, ready_ns: int, send_ns: int,
@@ -191,7 +201,7 @@ def encode_frame(header: HiddenStateFrame, payload: np.ndarray | None = None) ->
             MAGIC, header.version, int(header.kind), int(header.reply), dtype_code, header.top_k,
             len(shape), len(timings) // TIMING.size, header.source_stage, header.stream_id,
             header.request_id, header.epoch, header.step, positions.shape[0],
-            logits_idx.shape[0], header.mask_tail, len(error),
+            logits_idx.shape[0], header.mask_tail, len(error), header.rows,
         )
         dims = SHAPE_STRUCTS[len(shape)].pack(*shape)
     except struct.error as exc:
@@ -218,7 +228,7 @@ def decode_header(raw: memoryview) -> HiddenStateFrame:
                          f"{FIXED.size}")
     (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, source_stage,
      stream_id, request_id, epoch, step, tokens, n_idx, mask_tail,
-     error_len) = FIXED.unpack_from(raw)
+     error_len, rows) = FIXED.unpack_from(raw)
     if magic != MAGIC:
         raise FrameError(f"bad magic {bytes(magic)!r}: not a zctl data-plane frame")
     if version != PROTOCOL_VERSION:
@@ -233,13 +243,16 @@ def decode_header(raw: memoryview) -> HiddenStateFrame:
     if dtype_code and dtype_code not in DTYPES:
         raise FrameError(f"unknown payload dtype code {dtype_code}")
     if (ndim > MAX_NDIM or tokens > MAX_TOKENS or n_timing > MAX_STAGES or top_k > MAX_TOP_K
-            or error_len > MAX_ERROR_BYTES):
+            or error_len > MAX_ERROR_BYTES or not 1 <= rows <= MAX_ROWS):
         raise FrameError(
             f"absurd header: {ndim} dimensions (limit {MAX_NDIM}), {tokens} tokens (limit "
             f"{MAX_TOKENS}), {n_timing} timing records (limit {MAX_STAGES}), top_k {top_k} "
-            f"(limit {MAX_TOP_K}), {error_len} error bytes (limit {MAX_ERROR_BYTES})")
-    if n_idx > tokens:
-        raise FrameError(f"{n_idx} logits indices for a {tokens}-token step")
+            f"(limit {MAX_TOP_K}), {error_len} error bytes (limit {MAX_ERROR_BYTES}), "
+            f"{rows} rows (1 to {MAX_ROWS})")
+    if tokens % rows:
+        raise FrameError(f"{tokens} positions do not split into {rows} equal rows")
+    if n_idx > tokens // rows:
+        raise FrameError(f"{n_idx} logits indices for a {tokens // rows}-token step")
     o_pos = FIXED.size + ndim * 4
     o_idx = o_pos + tokens * 8
     o_tim = o_idx + n_idx * 8
@@ -259,7 +272,7 @@ def decode_header(raw: memoryview) -> HiddenStateFrame:
         timings=bytes(raw[o_tim:o_err]),
         error=bytes(raw[o_err:expected]).decode("utf-8", errors="replace") if error_len else "",
         shape=SHAPE_STRUCTS[ndim].unpack_from(raw, FIXED.size), dtype=DTYPES.get(dtype_code),
-        version=version,
+        version=version, rows=rows,
     )
 
 
@@ -280,12 +293,21 @@ def check_semantics(header: HiddenStateFrame) -> None:
                                    or int(header.logits_idx.max()) >= tokens):
         raise FrameError(f"logits_idx {header.logits_idx.tolist()} out of range for "
                          f"{tokens} tokens", header)
+    if header.rows > 1 and header.mask_tail:
+        raise FrameError("a row group's step cannot rewind (mask_tail)", header)
     if header.kind == Kind.STEP:
-        if header.dtype is None or len(header.shape) < 2 or header.shape[1] != tokens:
-            raise FrameError(f"a step payload must be [batch, {tokens}, ...] for its "
-                             f"{tokens} positions, got shape {list(header.shape)}", header)
+        if (header.dtype is None or len(header.shape) < 2 or header.shape[1] != tokens
+                or header.shape[0] != header.rows):
+            raise FrameError(f"a step payload must be [{header.rows}, {tokens}, ...] for its "
+                             f"{header.rows} row(s) of {tokens} positions, got shape "
+                             f"{list(header.shape)}", header)
     elif header.kind == Kind.REPLY:
         check_reply_shape(header)
+    elif header.kind == Kind.GROUP:
+        if tokens or header.mask_tail or header.rows != 1 or header.dtype is not None and (
+                header.dtype != DTYPES[4] or len(header.shape) != 1):
+            raise FrameError("a GROUP frame carries only its member stream ids (int64 "
+                             "[members]; none: disband)", header)
     elif header.dtype is not None:
         raise FrameError(f"a {header.kind.name} frame carries no payload", header)
     elif header.kind == Kind.COMPACT and (tokens or header.mask_tail):
@@ -328,7 +350,8 @@ def decode_frame(frames: list[Any]) -> tuple[HiddenStateFrame, np.ndarray | None
                          f"{need}", header)
     kind = header.kind
     if kind is Kind.STEP:
-        fast = not header.logits_idx.size and len(shape) > 1 and shape[1] == header.tokens
+        fast = (not header.logits_idx.size and len(shape) > 1 and shape[1] == header.tokens
+                and header.rows == 1)
     else:  # a top-1 answer for the last token
         fast = (kind is Kind.REPLY and header.reply is ReplyMode.TOP1 and shape == (1, 1)
                 and dtype is TOPK_DTYPE and not header.logits_idx.size)

@@ -98,16 +98,40 @@ class LocalChain:
                 runner.compact(stream_id)
                 self.compactions += 1
 
+    def regroup(self, group_id: int, members: list[int]) -> None:
+        """Make ``group_id`` the row group of ``members`` on every stage (StageRunner.regroup)."""
+        for done, runner in enumerate(self.runners):
+            try:
+                runner.regroup(group_id, members)
+            except Exception:
+                if done:  # stages before this one moved the rows: the chain disagrees now
+                    for earlier in self.runners[:done]:
+                        earlier.close_stream(group_id)
+                raise
+
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
              mask_tail: int = 0) -> StepReply:
-        """One step through every stage; ``mask_tail`` rewinds that many tokens first."""
-        self.rewind(stream_id, mask_tail)
-        x: np.ndarray = np.asarray(token_ids, dtype=np.int64)[None]
+        """One step through every stage; ``mask_tail`` rewinds that many tokens first.
+
+        On a row group, ids and positions are [rows, T] and the reply answers every row.
+        """
+        group = self.runners[0].groups.get(stream_id)
+        if group is not None:
+            if mask_tail:
+                raise ValueError(f"row group {stream_id} cannot rewind (mask_tail)")
+            rows = len(group.members)
+            x: np.ndarray = np.asarray(token_ids, dtype=np.int64).reshape(rows, -1)
+            pos = np.asarray(positions, dtype=np.int64).reshape(rows, -1)
+        else:
+            self.rewind(stream_id, mask_tail)
+            x, pos = np.asarray(token_ids, dtype=np.int64)[None], positions
         stage_ms = []
         for runner in self.runners:
             start = time.perf_counter()
-            x = runner.step(stream_id, x, positions, logits_idx if runner.spec.last else None)
+            idx = logits_idx if runner.spec.last else None
+            x = (runner.step_rows(stream_id, x, pos, idx) if group is not None
+                 else runner.step(stream_id, x, pos, idx))
             stage_ms.append((time.perf_counter() - start) * 1e3)
         reply = reply_from_logits(x, want_logits)
         reply.stage_ms = stage_ms

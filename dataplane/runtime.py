@@ -17,6 +17,7 @@ import openvino as ov
 from dataplane.manifest import ExportManifest, StageSpec, load_manifest, verify_export_files
 from dataplane.masks import step_mask
 from dataplane.rope import rope_tables
+from dataplane.rows import RowSource, merge_rows, rows_step_mask
 
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")
 
@@ -87,8 +88,22 @@ class StreamSlots:
         return int(self.keep.sum())
 
 
+@dataclass
+class RowGroup:
+    """Streams stepped together as the rows of one request: ``members[r]`` is row r's
+    stream id and ``keep[r]`` its slot table (rows share the slot count)."""
+
+    request: ov.InferRequest
+    members: list[int]
+    keep: np.ndarray  # bool [rows, slots]
+
+
 class StageRunner:
-    """Loads stage ``index`` of an export and steps streams through it."""
+    """Loads stage ``index`` of an export and steps streams through it.
+
+    Streams step alone (``step``) or, once moved into a row group (``regroup``), as the
+    rows of one batched inference (``step_rows``).
+    """
 
     def __init__(
         self,
@@ -126,6 +141,7 @@ class StageRunner:
         self._has_beam_idx = any(p.get_any_name() == "beam_idx" for p in self.compiled.inputs)
         self._beam = np.zeros(1, dtype=np.int32)
         self.streams: dict[int, StreamSlots] = {}
+        self.groups: dict[int, RowGroup] = {}
 
     def warm_up(self, stream_id: int = -1) -> None:
         """Run a prefill-shaped and a decode-shaped step on a scratch stream, then drop it,
@@ -153,6 +169,7 @@ class StageRunner:
 
     def close_stream(self, stream_id: int) -> None:
         self.streams.pop(stream_id, None)
+        self.groups.pop(stream_id, None)
 
     def _stream(self, stream_id: int) -> StreamSlots:
         slots = self.streams.get(stream_id)
@@ -193,27 +210,37 @@ class StageRunner:
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
         tokens = x.shape[1]
-        cos, sin = rope_tables(positions[None], self.inv_freq, self.rope_scaling)
+        out = self._infer(slots.request, x, positions[None], step_mask(slots.keep, tokens),
+                          self._beam, logits_idx)
+        slots.keep = np.concatenate((slots.keep, np.ones(tokens, dtype=bool)))
+        return out
+
+    def _infer(self, request: ov.InferRequest, x: np.ndarray, positions: np.ndarray,
+               mask: np.ndarray, beam: np.ndarray, logits_idx: np.ndarray | None) -> np.ndarray:
+        """Feed one step ([rows, T] positions) to ``request``; returns a view of its output."""
+        tokens = x.shape[1]
+        cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
         feed: dict[str, np.ndarray] = {
             self.input_name: x if not self.spec.first else x.astype(np.int64, copy=False),
-            "attention_mask": step_mask(slots.keep, tokens),
+            "attention_mask": mask,
             "rope_cos": cos,
             "rope_sin": sin,
         }
         if self._has_beam_idx:
-            feed["beam_idx"] = self._beam
+            feed["beam_idx"] = beam
+        elif beam.size > 1:
+            raise StageError("this export has no beam_idx input: it cannot step row groups")
         if self.spec.last:
             idx = np.array([tokens - 1]) if logits_idx is None else np.asarray(logits_idx)
             if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= tokens:
                 raise StageError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
             feed["logits_idx"] = idx.astype(np.int64, copy=False)
         if self.config.async_infer:
-            slots.request.start_async(feed, share_inputs=True)
-            slots.request.wait()
+            request.start_async(feed, share_inputs=True)
+            request.wait()
         else:
-            slots.request.infer(feed, share_inputs=True, share_outputs=True)
-        slots.keep = np.concatenate((slots.keep, np.ones(tokens, dtype=bool)))
-        return slots.request.get_output_tensor(0).data
+            request.infer(feed, share_inputs=True, share_outputs=True)
+        return request.get_output_tensor(0).data
 
     # -- rewind ----------------------------------------------------------------------
     def mask_tail(self, stream_id: int, count: int) -> None:
@@ -250,3 +277,72 @@ class StageRunner:
             state.state = ov.Tensor(np.ascontiguousarray(data[:, :, slots.keep, :]))
         slots.keep = np.ones(slots.logical, dtype=bool)
         return masked
+
+    # -- row groups ------------------------------------------------------------------
+    def regroup(self, group_id: int, members: list[int]) -> None:
+        """Make ``group_id`` the row group of ``members``, in that row order.
+
+        A member already in the group keeps its KV row; any other member must be an open
+        stream, whose KV moves into a row (the stream is closed). Rows not listed any more
+        are dropped; no members disbands the group. Slots are compacted while copying.
+        On error nothing changes.
+        """
+        old = self.groups.get(group_id)
+        if group_id in self.streams:
+            raise StageError(f"{group_id} is a stream, not a row group")
+        if len(set(members)) != len(members):
+            raise StageError(f"a row group lists a stream twice: {members}")
+        if not members:
+            self.groups.pop(group_id, None)
+            return
+        old_states = _states(old.request) if old is not None else {}
+        sources = []
+        for sid in members:
+            if old is not None and sid in old.members:
+                row = old.members.index(sid)
+                sources.append(RowSource(old_states, row, old.keep[row]))
+                continue
+            slots = self.streams.get(sid)
+            if slots is None:
+                raise StageError(f"stream {sid} is not open on stage {self.spec.index}: it "
+                                 f"cannot join row group {group_id}")
+            sources.append(RowSource(_states(slots.request), 0, slots.keep))
+        try:
+            merged, keep = merge_rows(sources)
+        except ValueError as exc:
+            raise StageError(f"cannot form row group {group_id}: {exc}") from None
+        request = old.request if old is not None else self.compiled.create_infer_request()
+        for state in request.query_state():
+            state.state = ov.Tensor(merged[state.name])
+        self.groups[group_id] = RowGroup(request, list(members), keep)
+        for sid in members:
+            self.streams.pop(sid, None)
+
+    def step_rows(
+        self,
+        group_id: int,
+        x: np.ndarray,
+        positions: np.ndarray,
+        logits_idx: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """One step of every row of a group: x [rows, T] ids or [rows, T, H] hidden states,
+        ``positions`` [rows, T]; returns [rows, T, H] or logits [rows, K, V] (a view)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            raise StageError(f"row group {group_id} does not exist on stage {self.spec.index}")
+        rows = len(group.members)
+        positions = np.asarray(positions, dtype=np.int64)
+        if x.ndim < 2 or x.shape[0] != rows or positions.shape != x.shape[:2]:
+            raise StageError(f"row group {group_id} has {rows} rows: it takes x [{rows}, T, ...] "
+                             f"and positions [{rows}, T], got {x.shape} and {positions.shape}")
+        self.check_input(x[:1], positions[0])
+        tokens = x.shape[1]
+        out = self._infer(group.request, x, positions, rows_step_mask(group.keep, tokens),
+                          np.arange(rows, dtype=np.int32), logits_idx)
+        group.keep = np.concatenate((group.keep, np.ones((rows, tokens), dtype=bool)), axis=1)
+        return out
+
+
+def _states(request: ov.InferRequest) -> dict[str, np.ndarray]:
+    """A request's KV state tensors by variable name (views, valid until its next step)."""
+    return {state.name: state.state.data for state in request.query_state()}

@@ -242,20 +242,40 @@ class SessionUpdate:
     tokens: list[int]
 
 
+GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
+
+
 class StreamScheduler:
     """Steps many sessions on one pipeline: the coordinator's generation loop.
+
+    With ``row_groups`` > 0 (and a pipeline that can ``regroup``), sessions decoding one
+    token a step (greedy or sampled, no drafts) join one of that many row groups once
+    their prompt is in: a group steps all its members in one batched inference per stage
+    (``StageRunner.step_rows``). Prefill and speculative steps run per stream. Groups are
+    pipelined like streams, so ``row_groups`` = the number of stages keeps every stage
+    busy across PCs; on one machine whose stages share cores, 1 batches the most.
 
     Not thread-safe (nor are the pipelines): drive it from one thread.
     """
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, row_groups: int = 0) -> None:
+        if row_groups < 0:
+            raise ValueError(f"row_groups must be >= 0, got {row_groups}")
         self.pipeline = pipeline
         self.sessions: dict[int, DecodeSession] = {}  # active, by stream id
-        self._in_flight: dict[int, DecodeSession] = {}  # request id -> session
+        self._in_flight: dict[int, list[DecodeSession]] = {}  # request id -> its sessions
         self._pipelined = callable(getattr(pipeline, "submit", None)) and callable(
             getattr(pipeline, "collect_any", None))
         self._rewinding_step: StepFn | None = None  # made on the first rewind
         self._turn = 0
+        batching = row_groups and callable(getattr(pipeline, "regroup", None))
+        self._groups: dict[int, list[DecodeSession]] = {
+            GROUP_ID_BASE + i: [] for i in range(row_groups if batching else 0)}
+        self._formed: dict[int, list[int]] = {gid: [] for gid in self._groups}  # on the stages
+        self._group_of: dict[int, int] = {}  # stream id -> its row group
+        self._group_steps: dict[int, int] = {}  # request id -> group id
+        self.row_steps = 0  # batched steps run (one inference per stage for all rows)
+        self.rows_stepped = 0  # stream steps they carried
 
     @property
     def active(self) -> bool:
@@ -263,96 +283,187 @@ class StreamScheduler:
 
     def add(self, session: DecodeSession) -> None:
         """Reset the session's stream on every stage and schedule it."""
-        if session.stream_id in self.sessions:
-            raise ValueError(f"stream {session.stream_id} is already generating")
+        if session.stream_id in self.sessions or session.stream_id >= GROUP_ID_BASE:
+            raise ValueError(f"stream {session.stream_id} is already generating, or its id is "
+                             f"in the row groups' range (>= {GROUP_ID_BASE})")
         self.pipeline.open(session.stream_id)
         self.pipeline.reset(session.stream_id)
         if not session.done:
             self.sessions[session.stream_id] = session
 
     def cancel(self, stream_id: int) -> None:
-        """Stop a session: its step in flight is abandoned (a reset gives a new epoch)."""
+        """Stop a session: its step in flight is abandoned (a reset gives a new epoch); in
+        a row group its row is dropped at the group's next step."""
         session = self.sessions.pop(stream_id, None)
         if session is None:
             return
-        for rid in [r for r, s in self._in_flight.items() if s is session]:
+        if self._group_of.pop(stream_id, None) is not None:
+            for members in self._groups.values():
+                if session in members:
+                    members.remove(session)
+            return
+        for rid in [r for r, s in self._in_flight.items() if s == [session]]:
             del self._in_flight[rid]
         self.pipeline.reset(stream_id)
 
     def poll(self, timeout_s: float | None = None) -> list[SessionUpdate]:
-        """Advance: start a step for every idle session, then take one answer (or none
-        within ``timeout_s``). Finished or failed sessions leave the schedule."""
+        """Advance: start a step for every idle session or group, then take one answer (or
+        none within ``timeout_s``). Finished or failed sessions leave the schedule."""
+        updates = self._join_groups()
         if self._pipelined:
-            updates = self._poll_pipelined(timeout_s)
+            updates += self._poll_pipelined(timeout_s)
         else:
-            updates = self._poll_in_turn()
+            updates += self._poll_in_turn()
         for update in updates:
             if update.session.done:
                 self.sessions.pop(update.session.stream_id, None)
+                self._leave_group(update.session)
+        updates += self._settle_groups()
         return updates
 
-    def _poll_in_turn(self) -> list[SessionUpdate]:
-        if not self.sessions:
+    # -- row groups ------------------------------------------------------------------
+    def _busy(self) -> set[int]:
+        return {id(s) for sessions in self._in_flight.values() for s in sessions}
+
+    def _join_groups(self) -> list[SessionUpdate]:
+        """Put idle one-token-a-step sessions into the smallest row group."""
+        if not self._groups:
             return []
-        ordered = sorted(self.sessions)
-        session = self.sessions[ordered[self._turn % len(ordered)]]
+        busy = self._busy()
+        for session in self.sessions.values():
+            if (session.stream_id not in self._group_of and id(session) not in busy
+                    and not session.prefilling and not session.done and session.k == 0):
+                gid = min(self._groups, key=lambda g: len(self._groups[g]))
+                self._groups[gid].append(session)
+                self._group_of[session.stream_id] = gid
+        return self._settle_groups()
+
+    def _leave_group(self, session: DecodeSession) -> None:
+        gid = self._group_of.pop(session.stream_id, None)
+        if gid is not None and session in self._groups[gid]:
+            self._groups[gid].remove(session)
+
+    def _settle_groups(self) -> list[SessionUpdate]:
+        """Send the stages each idle group's new membership (rows join, leave, disband)."""
+        updates: list[SessionUpdate] = []
+        in_flight = set(self._group_steps.values())
+        for gid, members in self._groups.items():
+            wanted = [s.stream_id for s in members]
+            if gid in in_flight or wanted == self._formed[gid]:
+                continue
+            try:
+                self.pipeline.regroup(gid, wanted)  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - the members carry it to their callers
+                self._formed[gid] = []
+                for session in members:
+                    session.fail(exc)
+                    updates.append(SessionUpdate(session, []))
+                    self.sessions.pop(session.stream_id, None)
+                    self._group_of.pop(session.stream_id, None)
+                members.clear()
+                continue
+            self._formed[gid] = wanted
+        return updates
+
+    def _units(self) -> list[tuple[int, list[DecodeSession]]]:
+        """What steps next: (stream or group id, its sessions), groups first."""
+        units = [(gid, members) for gid, members in self._groups.items() if members]
+        units += [(sid, [s]) for sid, s in self.sessions.items() if sid not in self._group_of]
+        return units
+
+    def _plan(self, unit_id: int, sessions: list[DecodeSession]) -> StepPlan:
+        """One session's plan, or the stacked one-token plans of a group's rows."""
+        if unit_id not in self._groups:
+            return sessions[0].plan()
+        plans = [s.plan() for s in sessions]
+        self.row_steps += 1
+        self.rows_stepped += len(plans)
+        return StepPlan(np.stack([p.token_ids for p in plans]),
+                        np.stack([p.positions for p in plans]), None, 0,
+                        any(p.want_logits for p in plans))
+
+    def _advance(self, sessions: list[DecodeSession], reply: StepReply, rows: bool
+                 ) -> list[SessionUpdate]:
+        if not rows:
+            return [SessionUpdate(sessions[0], sessions[0].advance(reply))]
+        updates = []
+        for row, session in enumerate(sessions):
+            if session.done or session.stream_id not in self.sessions:
+                continue  # cancelled while its row was in flight
+            logits = reply.logits[row:row + 1] if reply.logits is not None else None
+            row_reply = StepReply(reply.tokens[row:row + 1], logits, reply.stage_ms)
+            updates.append(SessionUpdate(session, session.advance(row_reply)))
+        return updates
+
+    def _fail(self, sessions: list[DecodeSession], exc: Exception) -> list[SessionUpdate]:
+        for session in sessions:
+            session.fail(exc)
+        return [SessionUpdate(s, []) for s in sessions]
+
+    # -- the two ways to drive a pipeline --------------------------------------------
+    def _poll_in_turn(self) -> list[SessionUpdate]:
+        units = self._units()
+        if not units:
+            return []
+        unit_id, sessions = units[self._turn % len(units)]
         self._turn += 1
-        plan = session.plan()
+        plan = self._plan(unit_id, sessions)
         try:
             if plan.rewind:
                 self._rewinding_step = self._rewinding_step or rewinding_step(self.pipeline)
-                reply = self._rewinding_step(session.stream_id, plan.token_ids, plan.positions,
+                reply = self._rewinding_step(unit_id, plan.token_ids, plan.positions,
                                              plan.logits_idx, plan.rewind, plan.want_logits)
             else:
-                reply = self.pipeline.step(session.stream_id, plan.token_ids, plan.positions,
+                reply = self.pipeline.step(unit_id, plan.token_ids, plan.positions,
                                            plan.logits_idx, plan.want_logits)
         except Exception as exc:  # noqa: BLE001 - the session carries it to its caller
-            session.fail(exc)
-            return [SessionUpdate(session, [])]
-        return [SessionUpdate(session, session.advance(reply))]
+            return self._fail(sessions, exc)
+        return self._advance(sessions, reply, unit_id in self._groups)
 
     def _poll_pipelined(self, timeout_s: float | None) -> list[SessionUpdate]:
         pipe: Any = self.pipeline
         updates: list[SessionUpdate] = []
-        busy = set(map(id, self._in_flight.values()))
-        for session in list(self.sessions.values()):
-            if id(session) in busy:
+        busy = self._busy()
+        for unit_id, sessions in self._units():
+            if any(id(s) in busy for s in sessions):
                 continue
-            plan = session.plan()
+            plan = self._plan(unit_id, sessions)
             try:
-                rid = pipe.submit(session.stream_id, plan.token_ids, plan.positions,
+                rid = pipe.submit(unit_id, plan.token_ids, plan.positions,
                                   plan.logits_idx, plan.want_logits, mask_tail=plan.rewind)
             except Exception as exc:  # noqa: BLE001
-                session.fail(exc)
-                updates.append(SessionUpdate(session, []))
+                updates += self._fail(sessions, exc)
                 continue
-            self._in_flight[rid] = session
+            self._in_flight[rid] = list(sessions)
+            if unit_id in self._groups:
+                self._group_steps[rid] = unit_id
         if not self._in_flight:
             return updates
         try:
             reply = pipe.collect_any(timeout_s)
         except Exception as exc:  # noqa: BLE001 - a failed or expired request
-            failed = self._in_flight.pop(getattr(exc, "request_id", -1), None)
-            victims = [failed] if failed is not None else list(self._in_flight.values())
+            rid = getattr(exc, "request_id", -1)
+            failed = self._in_flight.pop(rid, None)
+            self._group_steps.pop(rid, None)
             if failed is None:
+                failed = [s for sessions in self._in_flight.values() for s in sessions]
                 self._in_flight.clear()
-            for session in victims:
-                session.fail(exc)
-                updates.append(SessionUpdate(session, []))
-            return updates
+                self._group_steps.clear()
+            return updates + self._fail(failed, exc)
         if reply is None:
             return updates
-        session = self._in_flight.pop(reply.request_id, None)
-        if session is not None:
-            updates.append(SessionUpdate(session, session.advance(reply)))
+        sessions = self._in_flight.pop(reply.request_id, None)
+        grouped = self._group_steps.pop(reply.request_id, None) is not None
+        if sessions is not None:
+            updates += self._advance(sessions, reply, grouped)
         return updates
 
 
-def run_sessions(pipeline: Pipeline, sessions: Sequence[DecodeSession]
+def run_sessions(pipeline: Pipeline, sessions: Sequence[DecodeSession], row_groups: int = 0
                  ) -> Iterator[SessionUpdate]:
     """Run sessions concurrently to the end, yielding every update (raises nothing:
-    a failed session has ``error`` set)."""
-    scheduler = StreamScheduler(pipeline)
+    a failed session has ``error`` set). ``row_groups``: see ``StreamScheduler``."""
+    scheduler = StreamScheduler(pipeline, row_groups)
     for session in sessions:
         scheduler.add(session)
     while scheduler.active:

@@ -73,6 +73,8 @@ class WorkerStats:
     closes: int = 0
     compactions: int = 0  # COMPACT frames applied
     compact_failures: int = 0  # COMPACTs this stage could not apply (logged)
+    regroups: int = 0  # GROUP frames applied (streams moved into rows of a row group)
+    group_failures: int = 0  # GROUP frames this stage could not apply (logged)
     errors_sent: int = 0  # steps this stage refused
     errors_forwarded: int = 0  # ERROR frames from earlier stages passed on
     send_failures: int = 0  # frames dropped because the next hop did not take them
@@ -281,6 +283,8 @@ class StageWorker:
                 self._on_control(header)
             elif header.kind == Kind.COMPACT:
                 self._on_compact(header)
+            elif header.kind == Kind.GROUP:
+                self._on_group(header, payload)
             elif header.kind == Kind.ERROR:
                 self._count("errors_forwarded")
                 self._send(header, None)
@@ -311,14 +315,22 @@ class StageWorker:
             header.source_stage = self.stage
             self._send(header, None)
 
-    def _on_compact(self, header: HiddenStateFrame) -> None:
-        """Drop the stream's masked KV slots; PUSH/PULL order puts it between its steps."""
-        sid = header.stream_id
-        state = self._streams.get(sid)
+    def _admitted(self, header: HiddenStateFrame) -> tuple[_StreamState | None, str] | None:
+        """The frame's stream state and epoch verdict; None (counted) if the frame is stale."""
+        state = self._streams.get(header.stream_id)
         verdict = admit(state.epoch if state else None, header.epoch)
         if verdict == "stale" or (state is not None and state.closed and verdict == "current"):
             self._count("stale")
+            return None
+        return state, verdict
+
+    def _on_compact(self, header: HiddenStateFrame) -> None:
+        """Drop the stream's masked KV slots; PUSH/PULL order puts it between its steps."""
+        sid = header.stream_id
+        admitted = self._admitted(header)
+        if admitted is None:
             return
+        state, verdict = admitted
         if state is None or verdict == "new":  # it missed the epoch: its next step fails
             self._count("compact_failures")
             self._problem("compact", f"stage {self.stage} got a COMPACT for epoch "
@@ -335,14 +347,41 @@ class StageWorker:
             header.source_stage = self.stage
             self._send(header, None)
 
+    def _on_group(self, header: HiddenStateFrame, members: np.ndarray | None) -> None:
+        """Move the listed streams' KV into rows of the group (in order with the steps)."""
+        gid = header.stream_id
+        admitted = self._admitted(header)
+        if admitted is None:
+            return
+        state, verdict = admitted
+        if state is None or verdict == "new":
+            state = self._streams[gid] = _StreamState(header.epoch)
+        ids = [] if members is None else [int(m) for m in members]
+        for sid in (gid, *ids):  # their last outputs may still be on the wire
+            self._guard.release(sid)
+        try:
+            self.runner.regroup(gid, ids)
+        except Exception as exc:  # nothing changed here; the group's steps are refused
+            self._count("group_failures")
+            state.broken = f"row group {gid} could not take streams {ids}: {exc}"
+            self._problem("group", f"stage {self.stage}: {state.broken}")
+        else:
+            self._count("regroups")
+            for sid in ids:
+                self._streams.pop(sid, None)
+            if not ids:
+                state.closed = True
+        if not self.last:
+            header.source_stage = self.stage
+            self._send(header, members)
+
     def _on_step(self, header: HiddenStateFrame, payload: np.ndarray | None, recv_ns: int,
                  ready_ns: int, decode_ns: int) -> None:
         sid = header.stream_id
-        state = self._streams.get(sid)
-        verdict = admit(state.epoch if state else None, header.epoch)
-        if verdict == "stale" or (state is not None and state.closed and verdict == "current"):
-            self._count("stale")
+        admitted = self._admitted(header)
+        if admitted is None:
             return
+        state, verdict = admitted
         if verdict == "new":  # its RESET was lost, or the coordinator never sent one
             self._guard.release(sid)
             self.runner.reset_stream(sid)
@@ -363,7 +402,11 @@ class StageWorker:
             if header.mask_tail:
                 self.runner.mask_tail(sid, header.mask_tail)
             logits_idx = header.logits_idx if self.last and header.logits_idx.size else None
-            out = self.runner.step(sid, payload, header.positions, logits_idx)
+            if sid in self.runner.groups:
+                out = self.runner.step_rows(sid, payload, header.positions.reshape(
+                    header.rows, -1), logits_idx)
+            else:
+                out = self.runner.step(sid, payload, header.positions, logits_idx)
         except Exception as exc:  # a stage failure must reach the coordinator, not kill us
             self._send_error(header, str(exc), recv_ns, ready_ns)
             return

@@ -151,7 +151,7 @@ def test_absurd_shapes():
 
 def test_semantic_checks():
     cases = [
-        (step_header(), hidden(tokens=2), "must be \\[batch, 3"),
+        (step_header(), hidden(tokens=2), "must be \\[1, 3"),
         (step_header(positions=np.array([1, -1, 2])), hidden(), "negative token position"),
         (step_header(logits_idx=np.array([3])), hidden(), "out of range for 3 tokens"),
         (step_header(kind=Kind.RESET), hidden(), "RESET frame carries no payload"),
@@ -269,3 +269,40 @@ def test_restamp_send_fills_the_last_record_in_place():
     bare = encode_frame(HiddenStateFrame(Kind.RESET, 1, 0, 1))
     with pytest.raises(FrameError, match="no timing record"):
         restamp_send(bare, 0, 1, 1)
+
+
+def test_row_group_frames_round_trip_and_are_checked():
+    rows = step_header(rows=2, positions=np.array([10, 11, 40, 41]), logits_idx=EMPTY_INDEX,
+                       mask_tail=0)
+    x = np.arange(2 * 2 * 8, dtype=np.float32).reshape(2, 2, 8)
+    got, payload = decode_frame(encode_frame(rows, x))
+    assert got.rows == 2 and got.tokens == 2 and got.answer_rows == 2
+    assert got.positions.tolist() == [10, 11, 40, 41] and payload.shape == (2, 2, 8)
+    reply = step_header(kind=Kind.REPLY, rows=3, reply=ReplyMode.TOP1, logits_idx=EMPTY_INDEX,
+                        positions=np.zeros(3, np.int64), mask_tail=0)
+    got, payload = decode_frame(encode_frame(reply, top_k_records(np.eye(3, 9, dtype=np.float32),
+                                                                  1)))
+    assert got.answer_rows == 3 and payload["token"][:, 0].tolist() == [0, 1, 2]
+    members = np.array([4, 9], dtype=np.int64)
+    group = HiddenStateFrame(Kind.GROUP, 1 << 30, 0, 3)
+    got, payload = decode_frame(encode_frame(group, members))
+    assert got.kind == Kind.GROUP and payload.tolist() == [4, 9]
+    got, payload = decode_frame(encode_frame(group))  # no members: disband
+    assert payload is None
+    cases = [
+        (rows, x[:1], "must be \\[2, 2"),
+        (step_header(rows=2, positions=np.arange(3), logits_idx=EMPTY_INDEX, mask_tail=0),
+         x, "do not split into 2 equal rows"),
+        (step_header(rows=2, positions=np.arange(4), logits_idx=EMPTY_INDEX), x,
+         "cannot rewind"),
+        (reply, top_k_records(np.zeros((2, 9), np.float32), 1), "TOP1 reply must be"),
+        (group, members.astype(np.float32), "only its member stream ids"),
+        (HiddenStateFrame(Kind.GROUP, 1, 0, 3, positions=np.arange(2)), members,
+         "only its member"),
+    ]
+    for header, payload, message in cases:
+        with pytest.raises(FrameError, match=message):
+            decode_frame(encode_frame(header, payload))
+    head, body = encode_frame(rows, x)
+    with pytest.raises(FrameError, match="rows"):
+        decode_frame(patched([head, body], f17=0))

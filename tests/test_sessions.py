@@ -187,3 +187,63 @@ def test_pipelined_streams_across_processes_equal_each_alone(export2, dp_hosts, 
         assert pipe.stats.errors == 0 and pipe.stats.timeouts == 0
     finally:
         pipe.close()
+
+
+@pytest.mark.parametrize("row_groups", [1, 2])
+def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spawn,
+                                                      row_groups) -> None:
+    """Greedy streams batched as rows of one inference per stage (joining after their
+    prefill, leaving as they finish), next to a speculative stream stepping alone."""
+    from test_cluster_pipeline import chain_in_processes
+
+    pipe = chain_in_processes(export2, dp_hosts, dp_spawn, 2)
+    try:
+        lengths = [N, N - 5, N + 3, N - 9]
+        want = [list(generate_greedy(pipe, p, n, prefill_chunk=4))
+                for p, n in zip(PROMPTS, lengths, strict=True)]
+        want_spec = alone(pipe, PROMPTS[1], speculative=True)
+        sessions = [DecodeSession(10 + i, p, n, prefill_chunk=4)
+                    for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))]
+        spec = DecodeSession(20, PROMPTS[1], N, k=3, prefill_chunk=4)
+        scheduler = StreamScheduler(pipe, row_groups)
+        for session in [*sessions, spec]:
+            scheduler.add(session)
+        while scheduler.active:
+            for update in scheduler.poll():
+                assert update.session.error is None, update.session.error
+        assert [s.emitted for s in sessions] == want and spec.emitted == want_spec
+        assert scheduler.rows_stepped > scheduler.row_steps > 0  # some steps carried 2+ rows
+        assert not pipe.stage0.groups  # finished rows left; empty groups were disbanded
+        assert pipe.stats.errors == 0 and pipe.stats.timeouts == 0
+        # bad regroups are refused before anything is sent, and the pipeline keeps serving
+        from dataplane.cluster import DataPlaneError
+        from dataplane.runtime import StageError
+        from dataplane.sessions import GROUP_ID_BASE
+
+        with pytest.raises(StageError, match="not open"):
+            pipe.regroup(GROUP_ID_BASE, [99])
+        pipe.open(30)
+        pipe.reset(30)
+        rid = pipe.submit(30, np.array(PROMPTS[0]), np.arange(len(PROMPTS[0])))
+        with pytest.raises(DataPlaneError, match="in flight"):
+            pipe.regroup(GROUP_ID_BASE, [30])
+        pipe.collect(rid)
+        assert list(generate_greedy(pipe, PROMPTS[0], N, prefill_chunk=4)) == want[0][:N]
+    finally:
+        pipe.close()
+
+
+def test_row_groups_in_one_process_equal_each_alone(export2) -> None:
+    chain = LocalChain.load(str(export2), EXACT)
+    want = [alone(chain, p, speculative=False) for p in PROMPTS]
+    sessions = [DecodeSession(10 + i, p, N, prefill_chunk=4) for i, p in enumerate(PROMPTS)]
+    scheduler = StreamScheduler(chain, row_groups=1)
+    for session in sessions:
+        scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    assert [s.emitted for s in sessions] == want
+    assert scheduler.rows_stepped > scheduler.row_steps > 0
+    assert all(not runner.groups for runner in chain.runners)
+    with pytest.raises(ValueError, match=">= 0"):
+        StreamScheduler(chain, row_groups=-1)

@@ -368,3 +368,44 @@ def test_unreachable_next_hop_fails_the_send_in_bounded_time():
         send_parts(push, [b"head", b"body"])
     assert time.monotonic() - start < 1.0
     push.close(0)
+
+
+def test_row_groups_answer_each_row_and_refuse_bad_groups(last_stage):
+    worker, coord, first, ref = last_stage
+    gid = 1 << 30
+    for sid, ids in ((0, [1, 2, 3]), (1, [7, 8])):  # two streams prefill alone
+        first.open_stream(sid)
+        ref.open_stream(sid)
+        x = first.step(sid, np.array([ids]), np.arange(len(ids))).copy()
+        coord.send_parts(step(sid, x, np.arange(len(ids)), request_id=10 + sid))
+        assert coord.recv()[0].kind == Kind.REPLY
+        ref.step(sid, x, np.arange(len(ids)))
+    members = np.array([1, 0], dtype=np.int64)
+    first.regroup(gid, [1, 0])
+    ref.regroup(gid, [1, 0])
+    coord.send(HiddenStateFrame(Kind.GROUP, gid, 0, EPOCH), members)
+    pos = np.array([[2], [3]])
+    x = first.step_rows(gid, np.array([[9], [4]]), pos).copy()
+    header = HiddenStateFrame(kind=Kind.STEP, stream_id=gid, request_id=20, epoch=EPOCH,
+                              positions=pos.reshape(-1), rows=2,
+                              timings=stamp(b"", 0, 1, 1, 2, 0, 5, 0))
+    coord.send(header, x)
+    reply, payload = coord.recv()
+    expect = ref.step_rows(gid, x, pos)[:, -1]
+    assert reply.kind == Kind.REPLY and reply.rows == 2
+    assert payload["token"][:, 0].tolist() == expect.argmax(-1).tolist()
+    assert worker.stats().regroups == 1 and 0 not in worker.runner.streams
+    # a group naming a stream this stage does not hold: nothing changes, its steps fail
+    coord.send(HiddenStateFrame(Kind.GROUP, gid, 0, EPOCH), np.array([1, 42], np.int64))
+    header.step, header.request_id = 1, 21
+    coord.send(header, x)
+    failed, _ = coord.recv()
+    assert failed.kind == Kind.ERROR and "could not take streams [1, 42]" in failed.error
+    assert worker.runner.groups[gid].members == [1, 0] and worker.stats().group_failures == 1
+    # a GROUP with a payload of the wrong type is malformed: dropped and counted
+    coord.send(HiddenStateFrame(Kind.GROUP, gid + 1, 0, EPOCH), np.zeros(2, np.float32))
+    coord.send(HiddenStateFrame(Kind.GROUP, gid, 0, EPOCH + 1))  # disband (newer epoch)
+    deadline = time.monotonic() + 5
+    while worker.runner.groups and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not worker.runner.groups and worker.stats().malformed == 1 and worker.alive

@@ -98,6 +98,8 @@ def main(
                                                   "(the baseline has no hops)"),
     cpu_sets: str = typer.Option("shared", help="shared: every stage may use every core | "
                                                 "split: each node its own cores (separate PCs)"),
+    row_groups: int = typer.Option(0, help="coordinator --row-groups: batch decode steps "
+                                           "into this many row groups (0: none)"),
     baseline: bool = typer.Option(True, help="also measure openvino_genai"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -111,7 +113,7 @@ def main(
     genai = Genai(hf_dir, export_dir, weights, props) if baseline else None
     record = start_local_cluster(export_dir, stages, runtime_args(
         props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-microbatch",
-        link_delay_ms=link_delay_ms, cpu_sets=cpu_sets)
+        link_delay_ms=link_delay_ms, cpu_sets=cpu_sets, row_groups=row_groups)
     samples: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
     per_stream: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
     try:
@@ -146,7 +148,7 @@ def main(
     result: dict[str, Any] = {
         "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
         "properties": props, "link_delay_ms": link_delay_ms,
-        "cpu_sets": cpu_sets,
+        "cpu_sets": cpu_sets, "row_groups": row_groups,
         "cluster_tok_s": cluster,
         "cluster_spec_tok_s": med(samples, "lookup"),
         "cluster_per_stream_tok_s": med(per_stream, "cluster"),
