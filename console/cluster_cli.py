@@ -98,9 +98,10 @@ def cluster_up(
         help="with --local: shared (every stage may use every core: lowest one-stream "
              "latency) | split (each node its own cores, like separate PCs: stages "
              "compute different streams at once)")] = "shared",
-    row_groups: Annotated[int, typer.Option(
+    row_groups: Annotated[int | None, typer.Option(
         help="batch concurrent streams' decode steps into this many row groups (one "
-             "inference per stage per group); 0: each stream steps alone")] = 0,
+             "inference per stage per group); 0: each stream steps alone; default: 1 "
+             "for a --local cluster with shared CPUs, else one per stage")] = None,
     foreground: Annotated[bool, typer.Option(help="run the coordinator in this process "
                                                   "(containers, service managers)")] = False,
 ) -> None:
@@ -110,7 +111,7 @@ def cluster_up(
     stage_count = stages or local or 2
     if local is not None and local != stage_count:
         _fail(f"--local {local} runs {local} stages; drop --stages or make them equal")
-    if row_groups < 0:
+    if row_groups is not None and row_groups < 0:
         _fail(f"--row-groups must be >= 0, not {row_groups}")
     if local is None and cpu_sets != "shared":
         _fail("--cpu-sets applies to --local clusters; a node sets its own with "
@@ -121,7 +122,7 @@ def cluster_up(
         if foreground:
             if local is not None:
                 _fail("--foreground runs only the coordinator; start nodes with zctl node join")
-            groups = ["--row-groups", str(row_groups)] if row_groups else []
+            groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
             raise typer.Exit(_serve_foreground(export_dir, bind, host, [*rt, *groups]))
         if local is not None:
             record = start_local_cluster(export_dir, local, rt, cpu_sets=cpu_sets,
@@ -134,7 +135,7 @@ def cluster_up(
                               if bind_host in ("0.0.0.0", "*", "") else bind_host)
             from console.paths import zctl_home
 
-            groups = ["--row-groups", str(row_groups)] if row_groups else []
+            groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
             record = start_coordinator(export_dir, bind_host or "0.0.0.0", public, int(port),
                                        [*rt, *groups], None, zctl_home() / "cluster")
         write_record(record)

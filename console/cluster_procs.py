@@ -135,17 +135,30 @@ def start_coordinator(export_dir: Path, bind_host: str, public_host: str, port: 
                          started=time.time())
 
 
+def local_row_groups(cpu_sets: str, nodes: int, row_groups: int | None = None) -> int:
+    """Row groups for a local cluster: ``row_groups`` if given, else 1 when the nodes share
+    the cores (no stage computes faster for having a group of its own: batch every stream)
+    and one per stage when each node has its own (keep every stage busy)."""
+    if row_groups is None:
+        return 1 if cpu_sets == "shared" else nodes
+    if row_groups < 0:
+        raise ClusterError(f"row groups must be >= 0, not {row_groups}")
+    return row_groups
+
+
 def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
                         root: Path | None = None, *, link_delay_ms: float = 0.0,
                         link_jitter_ms: float = 0.0, link_rate_mbit: float = 0.0,
-                        cpu_sets: str = "shared", row_groups: int = 0) -> ClusterRecord:
+                        cpu_sets: str = "shared", row_groups: int | None = None
+                        ) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
 
     ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
     process delays each data frame it sends, so every hop (the last stage's reply to the
     coordinator too) gets that one-way latency. ``cpu_sets="split"`` gives each process
     its own cores (as if each node were its own PC); "shared" lets every stage use all.
-    ``row_groups`` > 0 batches concurrent streams' decode steps (coordinator --row-groups).
+    ``row_groups`` batches concurrent streams' decode steps into that many row groups
+    (0: none; None: ``local_row_groups``).
     """
     from controlplane.cpusets import local_cpu_sets
 
@@ -158,9 +171,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
         raise ClusterError(str(exc)) from None
     root = root or zctl_home() / "local"
     host = loopback_host(0)
-    if row_groups < 0:
-        raise ClusterError(f"row groups must be >= 0, not {row_groups}")
-    groups = ["--row-groups", str(row_groups)] if row_groups else []
+    groups = ["--row-groups", str(local_row_groups(cpu_sets, nodes, row_groups))]
     record = start_coordinator(export_dir, host, host, free_port(host),
                                [*runtime, *link, *cpus[0], *groups], nodes - 1, root)
     record.local_nodes = nodes

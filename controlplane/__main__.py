@@ -65,6 +65,17 @@ def _confine(args: argparse.Namespace) -> None:
         confine_to(args.cpus)
 
 
+def _row_groups(args: argparse.Namespace) -> int:
+    """--row-groups, or one group per stage of the export."""
+    if args.row_groups is None:
+        from dataplane.manifest import load_manifest
+
+        return len(load_manifest(args.export_dir, verify_files=False).stages)
+    if args.row_groups < 0:
+        raise ValueError(f"--row-groups must be >= 0, not {args.row_groups}")
+    return int(args.row_groups)
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from controlplane.coordinator import Coordinator, CoordinatorConfig
     from controlplane.launch import head_launcher
@@ -93,7 +104,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
         service = GenerationService(
             args.export_dir, lambda: getattr(coordinator.local_handle, "pipeline", None), args.serve,
-            row_groups=args.row_groups)
+            row_groups=_row_groups(args))
         err.print(f"generation service on {service.start()}")
     try:
         coordinator.run()
@@ -227,10 +238,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--curve", action="store_true", help="CURVE: admit only authorized nodes")
     p.add_argument("--serve", default=None,
                    help="bind the generation service here (what zctl run talks to)")
-    p.add_argument("--row-groups", type=int, default=0,
+    p.add_argument("--row-groups", type=int, default=None,
                    help="batch the one-token decode steps of concurrent streams into this many "
                         "row groups (one inference per stage per group); 0: every stream "
-                        "steps alone")
+                        "steps alone; default: one per stage (every stage busy)")
     runtime_args(p)
     process_args(p)
     p.set_defaults(fn=cmd_coordinator)

@@ -95,3 +95,24 @@ def test_split_local_cluster_gives_each_node_its_own_cores(tiny_exports, tmp_pat
         assert json.loads(run.stdout.strip().splitlines()[-1])["tokens"] == 4
     finally:
         assert runner.invoke(app, ["cluster", "down"]).exit_code == 0
+
+
+def test_local_row_groups_default_follows_the_cpu_sets() -> None:
+    from console.cluster_procs import ClusterError, local_row_groups
+
+    assert local_row_groups("shared", 3) == 1  # shared cores: batch every stream
+    assert local_row_groups("split", 3) == 3  # own cores: keep every stage busy
+    assert local_row_groups("split", 3, 0) == 0 and local_row_groups("shared", 2, 4) == 4
+    with pytest.raises(ClusterError, match=">= 0"):
+        local_row_groups("shared", 2, -1)
+
+
+def test_coordinator_row_groups_default_to_one_per_stage(dp_export2: Path) -> None:
+    import argparse
+
+    from controlplane.__main__ import _row_groups
+
+    assert _row_groups(argparse.Namespace(row_groups=None, export_dir=dp_export2)) == 2
+    assert _row_groups(argparse.Namespace(row_groups=0, export_dir=dp_export2)) == 0
+    with pytest.raises(ValueError, match="--row-groups"):
+        _row_groups(argparse.Namespace(row_groups=-2, export_dir=dp_export2))

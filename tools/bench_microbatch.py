@@ -38,7 +38,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
+from console.cluster_procs import (
+    local_row_groups,
+    runtime_args,
+    start_local_cluster,
+    stop_processes,
+    wait_serving,
+)
 from dataplane.manifest import load_manifest
 from tools.bench_parity import cached_export, model_hf_dir, plugin_properties
 
@@ -98,8 +104,11 @@ def main(
                                                   "(the baseline has no hops)"),
     cpu_sets: str = typer.Option("shared", help="shared: every stage may use every core | "
                                                 "split: each node its own cores (separate PCs)"),
-    row_groups: int = typer.Option(0, help="coordinator --row-groups: batch decode steps "
-                                           "into this many row groups (0: none)"),
+    layers: str = typer.Option("", help="layer split, e.g. 0-16,17-29 (default: --stages "
+                                        "even ranges)"),
+    row_groups: int = typer.Option(-1, help="coordinator --row-groups: batch decode steps "
+                                            "into this many row groups (0: none; -1: the "
+                                            "local default, see local_row_groups)"),
     baseline: bool = typer.Option(True, help="also measure openvino_genai"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -108,12 +117,14 @@ def main(
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
     export_dir = cached_export(hf_dir, model if model in ("smollm2-135m", "random-1b")
-                               else hf_dir.name, stages, weights, True, cache)
+                               else hf_dir.name, stages, weights, True, cache, layers)
+    stages = len(load_manifest(export_dir).stages)
+    groups = local_row_groups(cpu_sets, stages, None if row_groups < 0 else row_groups)
     props = plugin_properties(precision, threads)
     genai = Genai(hf_dir, export_dir, weights, props) if baseline else None
     record = start_local_cluster(export_dir, stages, runtime_args(
         props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-microbatch",
-        link_delay_ms=link_delay_ms, cpu_sets=cpu_sets, row_groups=row_groups)
+        link_delay_ms=link_delay_ms, cpu_sets=cpu_sets, row_groups=groups)
     samples: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
     per_stream: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
     try:
@@ -148,7 +159,9 @@ def main(
     result: dict[str, Any] = {
         "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
         "properties": props, "link_delay_ms": link_delay_ms,
-        "cpu_sets": cpu_sets, "row_groups": row_groups,
+        "cpu_sets": cpu_sets, "row_groups": groups,
+        "layers": [f"{st.layer_start}-{st.layer_end - 1}"
+                   for st in load_manifest(export_dir).stages],
         "cluster_tok_s": cluster,
         "cluster_spec_tok_s": med(samples, "lookup"),
         "cluster_per_stream_tok_s": med(per_stream, "cluster"),

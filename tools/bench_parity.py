@@ -59,20 +59,23 @@ def model_hf_dir(model: str, cache: Path) -> Path:
 
 
 def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,
-                  cache: Path) -> Path:
-    """Export once per (model, stages, weights, beam_idx); reuse while the manifest verifies."""
+                  cache: Path, layers: str = "") -> Path:
+    """Export once per (model, stages or layer split, weights, beam_idx); reuse while the
+    manifest verifies. ``layers`` ("0-16,17-29") overrides the even split of ``stages``."""
     from console.export_view import RichExportProgress
+    from dataplane.manifest import parse_layer_spec
     from exporter.export import export_model
     from exporter.sources import open_source
 
-    out = cache / "exports" / "bench" / f"{name}-{weights}-{stages}st{'' if beam_idx else '-nobeam'}"
+    split = f"L{layers.replace(',', '_')}" if layers else f"{stages}st"
+    out = cache / "exports" / "bench" / f"{name}-{weights}-{split}{'' if beam_idx else '-nobeam'}"
     try:
         load_manifest(out)
         return out
     except ManifestError:
         pass
     source = open_source(str(hf_dir))
-    ranges = even_split(source.num_layers, stages)
+    ranges = parse_layer_spec(layers) if layers else even_split(source.num_layers, stages)
     with RichExportProgress(stages, err) as progress:
         export_model(source, ranges, weights, out, beam_idx=beam_idx, force=True, progress=progress)
     return out
