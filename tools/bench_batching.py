@@ -16,7 +16,10 @@ rows of SmolLM2 drifted from their 1-row streams after 21 and 47 tokens).
 
     python -m tools.bench_batching [--batch 2 --batch 4] [--tokens 64] [--runs 3] [--json]
 
-Not integrated into the runtime; ``INTEGRATION`` below says what that would take.
+The runtime does this as *row groups* (``StageRunner.regroup``/``step_rows``,
+``dataplane.rows``, the scheduler's ``row_groups``): streams prefill alone, then their KV
+is copied into rows of a group's request (compacted, shorter rows padded with masked
+slots); this tool measures the raw cost of a B-row step on one shard.
 """
 
 from __future__ import annotations
@@ -46,26 +49,6 @@ PROMPTS = (
     "Summarise the plot of Hamlet.",
 )
 
-INTEGRATION = [
-    "rows join and leave at different times: keep one physical slot count per batch; a row "
-    "that joins late is left-padded with masked slots (or prefilled alone in its own request "
-    "and its state tensors copied into a free row); a finished row is masked out or its row "
-    "dropped by feeding beam_idx without it (the Gather selects rows, so beam_idx can also "
-    "compact the batch: states are re-gathered, cost grows with the KV size)",
-    "per-row masks: the slot table (keep) becomes [B, slots]; masks.batch_step_mask already "
-    "builds [B, 1, T, slots] for equal-length rows; padding and rewound slots are both just "
-    "masked slots, so mask-based rewind works per row",
-    "per-row positions: rope_tables already takes [B, T]; each row keeps its logical length",
-    "prefill: rows with different prompt lengths need left padding in one batched prefill, or "
-    "separate prefills then a state splice (query_state/.state per row), or chunked prefill "
-    "of the newcomer while the others decode (T differs per row: pad T too, masked)",
-    "padding waste: slots masked for one row still cost memory and attention time for all "
-    "rows; compact (drop columns masked in every row) when it piles up",
-    "the stage protocol (frames) carries one stream per frame today: a batched frame needs "
-    "per-row stream ids, positions and epochs; the last stage returns one token per row",
-    "multi-stage: every stage must run the same row layout in the same step (the coordinator "
-    "owns row assignment and tells the stages which rows joined/left)",
-]
 
 
 @dataclass
@@ -242,8 +225,7 @@ def main(
     config = RuntimeConfig(kv_cache_precision=kv_cache_precision)
     result = {"export": str(export_dir), "tokens": tokens, "runs": runs,
               "properties": config.properties(),
-              "batches": measure(export_dir, batch, tokens, runs, config),
-              "integration": INTEGRATION}
+              "batches": measure(export_dir, batch, tokens, runs, config)}
     if as_json:
         print(json.dumps(result))
         return

@@ -13,6 +13,10 @@ any stream): decode throughput with prefill excluded. ``memory_per_stream_mb`` i
 growth of the cluster processes' resident memory per extra stream (its InferRequests and
 KV) after the 4-stream runs.
 
+Row groups (coordinator ``--row-groups``, on by default) batch the streams' one-token
+decode steps: a group's streams are the rows of one inference per stage, which reads the
+weights once for all of them. ``--row-groups 0`` measures interleaving alone.
+
 Where the gain comes from: a single stream leaves every stage idle while the others (and
 the wire) work; more streams fill those gaps. Across PCs that scales until the slowest
 stage is busy all the time. On one machine the nodes share its cores: with
