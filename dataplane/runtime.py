@@ -78,6 +78,9 @@ class StreamSlots:
 
     request: ov.InferRequest
     keep: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # Tensors bound to the request over numpy memory: an ov.Tensor does not keep that memory
+    # alive for the request, so they are held here until the next step binds new ones.
+    bound: list[ov.Tensor] = field(default_factory=list)
 
     @property
     def physical(self) -> int:
@@ -96,6 +99,38 @@ class RowGroup:
     request: ov.InferRequest
     members: list[int]
     keep: np.ndarray  # bool [rows, slots]
+    bound: list[ov.Tensor] = field(default_factory=list)  # as StreamSlots.bound
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One step's host-built inputs besides x: RoPE tables, attention mask, beam_idx.
+
+    They depend only on the positions and the slot table(s), so the stages of a chain
+    whose tables agree build them once and share them (``StageRunner.prepare``).
+    """
+
+    positions: np.ndarray  # int64 [rows, T]
+    keep: np.ndarray  # the slot table(s) the mask was built from
+    after: np.ndarray  # the slot table(s) once the step ran (shared: never written in place)
+    attention_mask: ov.Tensor
+    rope_cos: ov.Tensor
+    rope_sin: ov.Tensor
+    beam_idx: ov.Tensor
+
+    def fits(self, positions: np.ndarray, keep: np.ndarray) -> bool:
+        """True when these inputs are the ones ``positions`` over ``keep`` would give."""
+        return (self.positions.shape == positions.shape and np.array_equal(self.positions, positions)
+                and (self.keep is keep or (self.keep.shape == keep.shape
+                                           and np.array_equal(self.keep, keep))))
+
+
+def _shared(array: np.ndarray) -> ov.Tensor:
+    """An ov.Tensor over the array's memory (a copy if it is not contiguous or writeable, as
+    the arrays of a received frame are)."""
+    if not array.flags.writeable:
+        array = array.copy()
+    return ov.Tensor(np.ascontiguousarray(array), shared_memory=True)
 
 
 class StageRunner:
@@ -206,41 +241,89 @@ class StageRunner:
         picks which of them get logits on the last stage (default: the last one).
         The returned array is a view into the request's output: copy it to keep it.
         """
-        slots = self._stream(stream_id)
+        self._stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
-        tokens = x.shape[1]
-        out = self._infer(slots.request, x, positions[None], step_mask(slots.keep, tokens),
-                          self._beam, logits_idx)
-        slots.keep = np.concatenate((slots.keep, np.ones(tokens, dtype=bool)))
-        return out
+        inputs = self.prepare(stream_id, positions[None], logits_idx)
+        return self.run(stream_id, x, inputs).data
 
-    def _infer(self, request: ov.InferRequest, x: np.ndarray, positions: np.ndarray,
-               mask: np.ndarray, beam: np.ndarray, logits_idx: np.ndarray | None) -> np.ndarray:
-        """Feed one step ([rows, T] positions) to ``request``; returns a view of its output."""
-        tokens = x.shape[1]
-        cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
-        feed: dict[str, np.ndarray] = {
-            self.input_name: x if not self.spec.first else x.astype(np.int64, copy=False),
-            "attention_mask": mask,
-            "rope_cos": cos,
-            "rope_sin": sin,
-        }
+    def prepare(
+        self,
+        stream_id: int,
+        positions: np.ndarray,
+        logits_idx: np.ndarray | None = None,
+        inputs: StepInputs | None = None,
+    ) -> StepInputs:
+        """Bind every input of a stream's (or row group's) next step but x to its request.
+
+        ``positions`` are [rows, T] (one row for a stream). ``inputs`` from an earlier
+        stage of a chain are reused when they were built for the same positions and slot
+        table (the usual case: a chain keeps its stages' tables in sync), else rebuilt.
+        Returns the inputs bound, for ``run`` and the next stage.
+        """
+        target = self._target(stream_id)
+        request = target.request
+        positions = np.asarray(positions, dtype=np.int64)
+        if inputs is None or not inputs.fits(positions, target.keep):
+            inputs = self._step_inputs(positions, target.keep)
+        target.bound = [inputs.attention_mask, inputs.rope_cos, inputs.rope_sin, inputs.beam_idx]
+        request.set_tensor("attention_mask", inputs.attention_mask)
+        request.set_tensor("rope_cos", inputs.rope_cos)
+        request.set_tensor("rope_sin", inputs.rope_sin)
+        rows, tokens = positions.shape
         if self._has_beam_idx:
-            feed["beam_idx"] = beam
-        elif beam.size > 1:
+            request.set_tensor("beam_idx", inputs.beam_idx)
+        elif rows > 1:
             raise StageError("this export has no beam_idx input: it cannot step row groups")
         if self.spec.last:
             idx = np.array([tokens - 1]) if logits_idx is None else np.asarray(logits_idx)
             if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= tokens:
                 raise StageError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
-            feed["logits_idx"] = idx.astype(np.int64, copy=False)
+            target.bound.append(_shared(idx.astype(np.int64, copy=False)))
+            request.set_tensor("logits_idx", target.bound[-1])
+        return inputs
+
+    def run(self, stream_id: int, x: np.ndarray | ov.Tensor, inputs: StepInputs) -> ov.Tensor:
+        """Run the step ``prepare`` bound, on x: token ids [rows, T], hidden states
+        [rows, T, H], or the previous stage's output tensor as it is (no copy).
+
+        Appends the T slots to the slot table(s); returns the output tensor, which the
+        request reuses: it is valid until the stream's next step.
+        """
+        target = self._target(stream_id)
+        request = target.request
+        if isinstance(x, np.ndarray):
+            self.check_input(x[:1], inputs.positions[0])
+            if self.spec.first:
+                x = x.astype(np.int64, copy=False)
+            x = _shared(x)
+        if tuple(x.shape)[:2] != inputs.positions.shape:
+            raise StageError(f"x {tuple(x.shape)} does not match positions {inputs.positions.shape}")
+        target.bound.append(x)
+        request.set_tensor(self.input_name, x)
         if self.config.async_infer:
-            request.start_async(feed, share_inputs=True)
+            request.start_async()
             request.wait()
         else:
-            request.infer(feed, share_inputs=True, share_outputs=True)
-        return request.get_output_tensor(0).data
+            request.infer(share_outputs=True)
+        target.keep = inputs.after
+        return request.get_output_tensor(0)
+
+    def _target(self, stream_id: int) -> StreamSlots | RowGroup:
+        """The row group ``stream_id``, else the stream."""
+        group = self.groups.get(stream_id)
+        return group if group is not None else self._stream(stream_id)
+
+    def _step_inputs(self, positions: np.ndarray, keep: np.ndarray) -> StepInputs:
+        """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``."""
+        rows, tokens = positions.shape
+        cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
+        mask = rows_step_mask(keep, tokens) if keep.ndim == 2 else step_mask(keep, tokens)
+        beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)
+        new = np.ones((rows, tokens) if keep.ndim == 2 else tokens, dtype=bool)
+        after = np.concatenate((keep, new), axis=keep.ndim - 1)
+        return StepInputs(positions, keep, after, _shared(mask), _shared(cos), _shared(sin),
+                          _shared(beam))
 
     # -- rewind ----------------------------------------------------------------------
     def mask_tail(self, stream_id: int, count: int) -> None:
@@ -335,12 +418,8 @@ class StageRunner:
         if x.ndim < 2 or x.shape[0] != rows or positions.shape != x.shape[:2]:
             raise StageError(f"row group {group_id} has {rows} rows: it takes x [{rows}, T, ...] "
                              f"and positions [{rows}, T], got {x.shape} and {positions.shape}")
-        self.check_input(x[:1], positions[0])
-        tokens = x.shape[1]
-        out = self._infer(group.request, x, positions, rows_step_mask(group.keep, tokens),
-                          np.arange(rows, dtype=np.int32), logits_idx)
-        group.keep = np.concatenate((group.keep, np.ones((rows, tokens), dtype=bool)), axis=1)
-        return out
+        inputs = self.prepare(group_id, positions, logits_idx)
+        return self.run(group_id, x, inputs).data
 
 
 def _states(request: ov.InferRequest) -> dict[str, np.ndarray]:
