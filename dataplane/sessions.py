@@ -8,7 +8,9 @@ and what a reply emits; it never touches a pipeline. Greedy decoding is the K = 
 ``submit`` and ``collect_any`` (``ClusterPipeline``) it keeps one step of every active
 session in flight, so stage 0 computes one stream while another's activations are on
 the wire or on later stages (micro-batching with async overlap, paper §7); on a pipeline
-that only has ``step`` (``LocalChain``) it steps the sessions in turn. ``run_session``,
+that only has ``step`` (``LocalChain``) it steps the sessions in turn. With row groups,
+sessions decoding one token a step are stepped together as the rows of one inference
+per stage (``StageRunner.step_rows``); a group is scheduled like one stream. ``run_session``,
 ``generate_greedy`` and ``generate_speculative`` are that loop with one session.
 
 Speculative steps (paper §5): the reply's top-1 at each of the K+1 fed positions checks

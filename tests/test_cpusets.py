@@ -116,3 +116,10 @@ def test_coordinator_row_groups_default_to_one_per_stage(dp_export2: Path) -> No
     assert _row_groups(argparse.Namespace(row_groups=0, export_dir=dp_export2)) == 0
     with pytest.raises(ValueError, match="--row-groups"):
         _row_groups(argparse.Namespace(row_groups=-2, export_dir=dp_export2))
+
+
+def test_cluster_up_refuses_negative_row_groups(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    refused = runner.invoke(app, ["cluster", "up", "--local", "2", "--row-groups", "-1"])
+    assert refused.exit_code == 1 and "--row-groups must be >= 0" in refused.output
