@@ -135,11 +135,15 @@ def start_coordinator(export_dir: Path, bind_host: str, public_host: str, port: 
                          started=time.time())
 
 
-def local_row_groups(cpu_sets: str, nodes: int, row_groups: int | None = None) -> int:
+def local_row_groups(cpu_sets: str, nodes: int, row_groups: int | None = None,
+                     link_delay_ms: float = 0.0) -> int:
     """Row groups for a local cluster: ``row_groups`` if given, else 1 when the nodes share
-    the cores (no stage computes faster for having a group of its own: batch every stream)
-    and one per stage when each node has its own (keep every stage busy)."""
+    the cores (no stage computes faster for having a group of its own: batch every
+    stream), one per stage when each node has its own (keep every stage busy), and none
+    behind an emulated WAN link (every stream in flight on its own hides the hops best)."""
     if row_groups is None:
+        if link_delay_ms > 0:
+            return 0
         return 1 if cpu_sets == "shared" else nodes
     if row_groups < 0:
         raise ClusterError(f"row groups must be >= 0, not {row_groups}")
@@ -171,7 +175,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
         raise ClusterError(str(exc)) from None
     root = root or zctl_home() / "local"
     host = loopback_host(0)
-    groups = ["--row-groups", str(local_row_groups(cpu_sets, nodes, row_groups))]
+    groups = ["--row-groups", str(local_row_groups(cpu_sets, nodes, row_groups, link_delay_ms))]
     record = start_coordinator(export_dir, host, host, free_port(host),
                                [*runtime, *link, *cpus[0], *groups], nodes - 1, root)
     record.local_nodes = nodes

@@ -103,6 +103,7 @@ def test_local_row_groups_default_follows_the_cpu_sets() -> None:
     assert local_row_groups("shared", 3) == 1  # shared cores: batch every stream
     assert local_row_groups("split", 3) == 3  # own cores: keep every stage busy
     assert local_row_groups("split", 3, 0) == 0 and local_row_groups("shared", 2, 4) == 4
+    assert local_row_groups("shared", 2, None, 25.0) == 0  # WAN hops: every stream in flight
     with pytest.raises(ClusterError, match=">= 0"):
         local_row_groups("shared", 2, -1)
 

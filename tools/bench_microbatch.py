@@ -123,7 +123,8 @@ def main(
     export_dir = cached_export(hf_dir, model if model in ("smollm2-135m", "random-1b")
                                else hf_dir.name, stages, weights, True, cache, layers)
     stages = len(load_manifest(export_dir).stages)
-    groups = local_row_groups(cpu_sets, stages, None if row_groups < 0 else row_groups)
+    groups = local_row_groups(cpu_sets, stages, None if row_groups < 0 else row_groups,
+                              link_delay_ms)
     props = plugin_properties(precision, threads)
     genai = Genai(hf_dir, export_dir, weights, props) if baseline else None
     record = start_local_cluster(export_dir, stages, runtime_args(

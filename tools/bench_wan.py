@@ -10,7 +10,9 @@ through the generation service as ``zctl run`` drives it. For each delay:
 - greedy with prompt-lookup speculation and adaptive K (``k=0``): tok/s, the mean K the
   service reports (``spec["k_mean"]``, over its last 16 steps) and the acceptance rate;
   rewrite/repeat prompts (code, JSON) where lookup drafts can work, and one free-form one;
-- 4 concurrent streams (plain greedy): aggregate decode tok/s (micro-batching hides latency).
+- 4 concurrent streams (plain greedy): aggregate decode tok/s (micro-batching hides latency;
+  the local cluster's defaults: every stream in flight on its own behind a delayed link,
+  one row group at 0 ms).
 
 Tok/s is the service's own figure (decode tokens after the first / decode time), averaged
 over the prompts; ``speedup`` is speculative / plain on the same prompts. ``network_ms`` is
