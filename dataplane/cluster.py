@@ -271,12 +271,15 @@ class ClusterPipeline:
     def _compact(self, stream_id: int) -> None:
         """Past ``compact_threshold`` masked slots, compact stage 0 and send a COMPACT: the
         other stages apply it before this stream's next step (frames keep their order)."""
-        slots = self.stage0.streams[stream_id]
         if (self.compact_threshold is None
-                or slots.physical - slots.logical <= self.compact_threshold):
+                or self.stage0.masked_slots(stream_id) <= self.compact_threshold):
             return
-        self.stage0.compact(stream_id)
-        self._send_control(stream_id, Kind.COMPACT)
+        group = self.stage0.groups.get(stream_id)
+        if group is not None:  # re-forming a group compacts its rows
+            self.regroup(stream_id, list(group.members))
+        else:
+            self.stage0.compact(stream_id)
+            self._send_control(stream_id, Kind.COMPACT)
         self.compactions += 1
 
     def _send_control(self, stream_id: int, kind: Kind, payload: np.ndarray | None = None
@@ -302,13 +305,14 @@ class ClusterPipeline:
 
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-               top_k: int = 0, mask_tail: int = 0) -> int:
+               top_k: int = 0, mask_tail: int | np.ndarray = 0) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
 
         ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
         asks for the k best (token, logit) pairs, ``want_logits`` for the full logits.
         On a row group (``regroup``) ids and positions are [rows, T], one row per member,
-        and the reply answers every row (rows x positions), in member order.
+        ``mask_tail`` holds one rewind per row, and the reply answers every row (rows x
+        positions), in member order.
         """
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -322,20 +326,25 @@ class ClusterPipeline:
         ids = as_int64_vector(token_ids).reshape(rows, -1)
         pos = as_int64_vector(positions)
         idx = check_logits_idx(logits_idx, ids.shape[1])
-        if group is not None and mask_tail:
-            raise DataPlaneError(f"row group {stream_id} cannot rewind (mask_tail)")
+        row_rewinds = EMPTY_INDEX
+        if group is not None:
+            row_rewinds = as_int64_vector(mask_tail) if np.any(mask_tail) else EMPTY_INDEX
+            mask_tail = 0
         self._guard.release(stream_id)
         t0 = time.perf_counter_ns()
         try:
-            if mask_tail:
-                self.stage0.mask_tail(stream_id, mask_tail)
+            if row_rewinds.size:
+                self.stage0.mask_rows_tail(stream_id, row_rewinds)
+                self._compact(stream_id)
+            elif mask_tail:
+                self.stage0.mask_tail(stream_id, int(mask_tail))
                 self._compact(stream_id)
             if group is not None:
                 hidden = self.stage0.step_rows(stream_id, ids, pos.reshape(rows, -1))
             else:
                 hidden = self.stage0.step(stream_id, ids, pos)
         except Exception as exc:
-            if mask_tail:
+            if mask_tail or row_rewinds.size:
                 stream.broken = stream.broken or f"stage 0 failed after a rewind ({exc})"
             raise
         t1 = time.perf_counter_ns()
@@ -344,7 +353,7 @@ class ClusterPipeline:
         header = HiddenStateFrame(kind=Kind.STEP, stream_id=stream_id, request_id=rid,
                                   epoch=stream.epoch, step=stream.next_step, positions=pos,
                                   logits_idx=idx, reply=mode, top_k=max(1, top_k),
-                                  mask_tail=mask_tail, rows=rows)
+                                  mask_tail=int(mask_tail), rows=rows, row_rewinds=row_rewinds)
         header.timings = stamp(b"", 0, start_ns, start_ns, 0, 0, t1 - t0, 0)
         stream.next_step += 1
         try:

@@ -87,8 +87,9 @@ DTYPES: dict[int, np.dtype] = {
 DTYPE_CODES: dict[np.dtype, int] = {dt: code for code, dt in DTYPES.items()}
 
 # magic, version, kind, reply mode, dtype code, top_k, ndim, n_timing, source stage,
-# stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes, rows.
-FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIH")
+# stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes, rows,
+# n_row_rewinds.
+FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIHH")
 SHAPE_STRUCTS = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
 POSITION_ITEM = np.dtype("<i8")
 EMPTY_INDEX = np.zeros(0, dtype=POSITION_ITEM)
@@ -104,6 +105,8 @@ class HiddenStateFrame:
     which of them the last stage answers for; ``rows`` > 1 steps a row group: the payload
     is [rows, T, ...], ``positions`` holds rows x T positions (row-major), ``logits_idx``
     applies to every row and a reply answers rows x (len(logits_idx) or 1) positions;
+    ``row_rewinds`` (empty, or one count per row) rewinds each row's last kept slots
+    before the step, as ``mask_tail`` does for a single stream;
     ``mask_tail`` rewinds that many kept KV slots before the step; ``timings`` holds one
     packed ``TIMING`` record per stage passed (see ``stamp``). ``shape`` and ``dtype``
     describe the payload: ``encode_frame`` takes them from the array it sends. A node
@@ -127,6 +130,7 @@ class HiddenStateFrame:
     dtype: np.dtype | None = None
     version: int = PROTOCOL_VERSION
     rows: int = 1
+    row_rewinds: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
 
     @property
     def tokens(self) -> int:
@@ -192,6 +196,8 @@ def encode_frame(header: HiddenStateFrame, payload: np.ndarray | None = None) ->
         raise FrameError(f"payload has {len(shape)} dimensions; at most {MAX_NDIM} are allowed")
     positions = _int64s(header.positions)
     logits_idx = EMPTY_INDEX if header.logits_idx is EMPTY_INDEX else _int64s(header.logits_idx)
+    row_rewinds = (EMPTY_INDEX if header.row_rewinds is EMPTY_INDEX
+                   else _int64s(header.row_rewinds))
     timings = header.timings
     if len(timings) % TIMING.size:
         raise FrameError(f"timings hold {len(timings)} bytes, not whole {TIMING.size}-byte records")
@@ -202,11 +208,12 @@ def encode_frame(header: HiddenStateFrame, payload: np.ndarray | None = None) ->
             len(shape), len(timings) // TIMING.size, header.source_stage, header.stream_id,
             header.request_id, header.epoch, header.step, positions.shape[0],
             logits_idx.shape[0], header.mask_tail, len(error), header.rows,
+            row_rewinds.shape[0],
         )
         dims = SHAPE_STRUCTS[len(shape)].pack(*shape)
     except struct.error as exc:
         raise FrameError(f"header field out of range: {exc}") from None
-    head = b"".join((fixed, dims, positions, logits_idx, timings, error))
+    head = b"".join((fixed, dims, positions, logits_idx, row_rewinds, timings, error))
     return [head, data if data.nbytes else b""]
 
 
@@ -228,7 +235,7 @@ def decode_header(raw: memoryview) -> HiddenStateFrame:
                          f"{FIXED.size}")
     (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, source_stage,
      stream_id, request_id, epoch, step, tokens, n_idx, mask_tail,
-     error_len, rows) = FIXED.unpack_from(raw)
+     error_len, rows, n_rewinds) = FIXED.unpack_from(raw)
     if magic != MAGIC:
         raise FrameError(f"bad magic {bytes(magic)!r}: not a zctl data-plane frame")
     if version != PROTOCOL_VERSION:
@@ -249,13 +256,16 @@ def decode_header(raw: memoryview) -> HiddenStateFrame:
             f"{MAX_TOKENS}), {n_timing} timing records (limit {MAX_STAGES}), top_k {top_k} "
             f"(limit {MAX_TOP_K}), {error_len} error bytes (limit {MAX_ERROR_BYTES}), "
             f"{rows} rows (1 to {MAX_ROWS})")
+    if n_rewinds not in (0, rows):
+        raise FrameError(f"{n_rewinds} row rewinds for {rows} rows")
     if tokens % rows:
         raise FrameError(f"{tokens} positions do not split into {rows} equal rows")
     if n_idx > tokens // rows:
         raise FrameError(f"{n_idx} logits indices for a {tokens // rows}-token step")
     o_pos = FIXED.size + ndim * 4
     o_idx = o_pos + tokens * 8
-    o_tim = o_idx + n_idx * 8
+    o_rew = o_idx + n_idx * 8
+    o_tim = o_rew + n_rewinds * 8
     o_err = o_tim + n_timing * TIMING.size
     expected = o_err + error_len
     if raw.nbytes != expected:
@@ -263,6 +273,8 @@ def decode_header(raw: memoryview) -> HiddenStateFrame:
         raise FrameError(f"{what}: {raw.nbytes} bytes, the header declares {expected}")
     if _lowest(raw, o_pos, tokens) < 0:
         raise FrameError("negative token position")
+    if _lowest(raw, o_rew, n_rewinds) < 0:
+        raise FrameError("negative row rewind")
     return HiddenStateFrame(
         kind=kind, stream_id=stream_id, request_id=request_id, epoch=epoch, step=step,
         positions=(np.frombuffer(raw, POSITION_ITEM, tokens, o_pos) if tokens
@@ -273,6 +285,8 @@ def decode_header(raw: memoryview) -> HiddenStateFrame:
         error=bytes(raw[o_err:expected]).decode("utf-8", errors="replace") if error_len else "",
         shape=SHAPE_STRUCTS[ndim].unpack_from(raw, FIXED.size), dtype=DTYPES.get(dtype_code),
         version=version, rows=rows,
+        row_rewinds=(np.frombuffer(raw, POSITION_ITEM, n_rewinds, o_rew) if n_rewinds
+                     else EMPTY_INDEX),
     )
 
 
@@ -294,7 +308,10 @@ def check_semantics(header: HiddenStateFrame) -> None:
         raise FrameError(f"logits_idx {header.logits_idx.tolist()} out of range for "
                          f"{tokens} tokens", header)
     if header.rows > 1 and header.mask_tail:
-        raise FrameError("a row group's step cannot rewind (mask_tail)", header)
+        raise FrameError("a row group's step rewinds per row (row_rewinds), not with "
+                         "mask_tail", header)
+    if header.row_rewinds.size and header.kind not in (Kind.STEP, Kind.ERROR):
+        raise FrameError(f"a {header.kind.name} frame carries no row rewinds", header)
     if header.kind == Kind.STEP:
         if (header.dtype is None or len(header.shape) < 2 or header.shape[1] != tokens
                 or header.shape[0] != header.rows):
@@ -351,7 +368,7 @@ def decode_frame(frames: list[Any]) -> tuple[HiddenStateFrame, np.ndarray | None
     kind = header.kind
     if kind is Kind.STEP:
         fast = (not header.logits_idx.size and len(shape) > 1 and shape[1] == header.tokens
-                and header.rows == 1)
+                and header.rows == 1 and not header.row_rewinds.size)
     else:  # a top-1 answer for the last token
         fast = (kind is Kind.REPLY and header.reply is ReplyMode.TOP1 and shape == (1, 1)
                 and dtype is TOPK_DTYPE and not header.logits_idx.size)

@@ -93,11 +93,20 @@ class LocalChain:
                 runner.trim_tail(stream_id, count)
                 continue
             runner.mask_tail(stream_id, count)
-            slots = runner.streams[stream_id]
             if (self.compact_threshold is not None
-                    and slots.physical - slots.logical > self.compact_threshold):
+                    and runner.masked_slots(stream_id) > self.compact_threshold):
                 runner.compact(stream_id)
                 self.compactions += 1
+
+    def rewind_rows(self, group_id: int, counts: np.ndarray) -> None:
+        """Drop each row's last ``counts[row]`` tokens on every stage (masking); past the
+        compaction threshold the group is re-formed, which compacts its rows."""
+        for runner in self.runners:
+            runner.mask_rows_tail(group_id, counts)
+        if (self.compact_threshold is not None
+                and self.runners[0].masked_slots(group_id) > self.compact_threshold):
+            self.regroup(group_id, list(self.runners[0].groups[group_id].members))
+            self.compactions += 1
 
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (StageRunner.regroup)."""
@@ -112,20 +121,22 @@ class LocalChain:
 
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-             mask_tail: int = 0) -> StepReply:
+             mask_tail: int | np.ndarray = 0) -> StepReply:
         """One step through every stage; ``mask_tail`` rewinds that many tokens first.
 
-        On a row group, ids and positions are [rows, T] and the reply answers every row.
+        On a row group, ids and positions are [rows, T], ``mask_tail`` holds one rewind
+        per row, and the reply answers every row.
         """
         group = self.runners[0].groups.get(stream_id)
         if group is not None:
-            if mask_tail:
-                raise ValueError(f"row group {stream_id} cannot rewind (mask_tail)")
+            if np.any(mask_tail):
+                self.rewind_rows(stream_id, np.asarray(mask_tail))
+                group = self.runners[0].groups[stream_id]
             rows = len(group.members)
             x: np.ndarray = np.asarray(token_ids, dtype=np.int64).reshape(rows, -1)
             pos = np.asarray(positions, dtype=np.int64).reshape(rows, -1)
         else:
-            self.rewind(stream_id, mask_tail)
+            self.rewind(stream_id, int(mask_tail))
             x = np.asarray(token_ids, dtype=np.int64)[None]
             pos = np.asarray(positions, dtype=np.int64)[None]
         # Bind every stage's inputs first, building the RoPE tables and mask once (the

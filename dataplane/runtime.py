@@ -401,6 +401,34 @@ class StageRunner:
         for sid in members:
             self.streams.pop(sid, None)
 
+    def mask_rows_tail(self, group_id: int, counts: np.ndarray) -> None:
+        """Mask-based rewind per row: drop each row's last ``counts[row]`` kept slots."""
+        group = self.groups.get(group_id)
+        if group is None:
+            raise StageError(f"row group {group_id} does not exist on stage {self.spec.index}")
+        counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+        if counts.size != len(group.members):
+            raise StageError(f"row group {group_id} has {len(group.members)} rows, got "
+                             f"{counts.size} rewinds")
+        kept = [np.flatnonzero(row) for row in group.keep]
+        if (counts < 0).any() or any(c > k.size for c, k in zip(counts, kept, strict=True)):
+            raise StageError(f"cannot rewind rows by {counts.tolist()}: they hold "
+                             f"{[k.size for k in kept]} tokens")
+        keep = group.keep.copy()
+        for row, (count, k) in enumerate(zip(counts, kept, strict=True)):
+            if count:
+                keep[row, k[k.size - count:]] = False
+        group.keep = keep
+
+    def masked_slots(self, stream_id: int) -> int:
+        """Masked slots of a stream, or of a row group's fullest row's padding and rewinds
+        (what compaction would free)."""
+        group = self.groups.get(stream_id)
+        if group is not None:
+            return int(group.keep.shape[1] - group.keep.sum(axis=1).max(initial=0))
+        slots = self._stream(stream_id)
+        return slots.physical - slots.logical
+
     def step_rows(
         self,
         group_id: int,

@@ -59,7 +59,7 @@ class StepPlan:
     token_ids: np.ndarray
     positions: np.ndarray
     logits_idx: np.ndarray | None  # None: only the last position
-    rewind: int  # rejected slots of the previous step, rewound before this one
+    rewind: int | np.ndarray  # rejected slots of the previous step (per row for a group)
     want_logits: bool = False  # sampling needs the logits, greedy only the top-1
 
 
@@ -250,10 +250,11 @@ GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
 class StreamScheduler:
     """Steps many sessions on one pipeline: the coordinator's generation loop.
 
-    With ``row_groups`` > 0 (and a pipeline that can ``regroup``), sessions decoding one
-    token a step (greedy or sampled, no drafts) join one of that many row groups once
-    their prompt is in: a group steps all its members in one batched inference per stage
-    (``StageRunner.step_rows``). Prefill and speculative steps run per stream. Groups are
+    With ``row_groups`` > 0 (and a pipeline that can ``regroup``), sessions join one of
+    that many row groups once their prompt is in: a group steps all its members in one
+    batched inference per stage (``StageRunner.step_rows``). Rows feeding fewer tokens
+    than the longest (a speculative row with fewer drafts, a plain one-token row) are
+    padded with masked slots, rewound per row with the next step. Prefill runs per stream. Groups are
     pipelined like streams, so ``row_groups`` = the number of stages keeps every stage
     busy across PCs; on one machine whose stages share cores, 1 batches the most.
 
@@ -276,6 +277,9 @@ class StreamScheduler:
         self._formed: dict[int, list[int]] = {gid: [] for gid in self._groups}  # on the stages
         self._group_of: dict[int, int] = {}  # stream id -> its row group
         self._group_steps: dict[int, int] = {}  # request id -> group id
+        self._last_lens: list[int] = []  # real tokens per row of the last group plan
+        self._pads: dict[int, int] = {}  # stream id -> padding slots of its last row step
+        self._row_lens: dict[int, list[int]] = {}  # request id -> real tokens per row
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
 
@@ -299,6 +303,7 @@ class StreamScheduler:
         session = self.sessions.pop(stream_id, None)
         if session is None:
             return
+        self._pads.pop(stream_id, None)
         if self._group_of.pop(stream_id, None) is not None:
             for members in self._groups.values():
                 if session in members:
@@ -334,7 +339,7 @@ class StreamScheduler:
         busy = self._busy()
         for session in self.sessions.values():
             if (session.stream_id not in self._group_of and id(session) not in busy
-                    and not session.prefilling and not session.done and session.k == 0):
+                    and not session.prefilling and not session.done):
                 gid = min(self._groups, key=lambda g: len(self._groups[g]))
                 self._groups[gid].append(session)
                 self._group_of[session.stream_id] = gid
@@ -342,6 +347,7 @@ class StreamScheduler:
 
     def _leave_group(self, session: DecodeSession) -> None:
         gid = self._group_of.pop(session.stream_id, None)
+        self._pads.pop(session.stream_id, None)
         if gid is not None and session in self._groups[gid]:
             self._groups[gid].remove(session)
 
@@ -374,26 +380,39 @@ class StreamScheduler:
         return units
 
     def _plan(self, unit_id: int, sessions: list[DecodeSession]) -> StepPlan:
-        """One session's plan, or the stacked one-token plans of a group's rows."""
+        """One session's plan, or the plans of a group's rows padded to one length."""
         if unit_id not in self._groups:
             return sessions[0].plan()
         plans = [s.plan() for s in sessions]
         self.row_steps += 1
         self.rows_stepped += len(plans)
-        return StepPlan(np.stack([p.token_ids for p in plans]),
-                        np.stack([p.positions for p in plans]), None, 0,
+        lens = [len(p.token_ids) for p in plans]
+        tokens = max(lens)
+        ids = np.empty((len(plans), tokens), dtype=np.int64)
+        positions = np.empty((len(plans), tokens), dtype=np.int64)
+        rewinds = np.empty(len(plans), dtype=np.int64)
+        for row, (session, plan, n) in enumerate(zip(sessions, plans, lens, strict=True)):
+            ids[row, :n] = plan.token_ids
+            ids[row, n:] = plan.token_ids[-1]  # padding: masked by the next step's rewind
+            positions[row] = plan.positions[0] + np.arange(tokens)
+            rewinds[row] = int(plan.rewind) + self._pads.get(session.stream_id, 0)
+            self._pads[session.stream_id] = tokens - n
+        self._last_lens = lens
+        return StepPlan(ids, positions, np.arange(tokens) if tokens > 1 else None, rewinds,
                         any(p.want_logits for p in plans))
 
-    def _advance(self, sessions: list[DecodeSession], reply: StepReply, rows: bool
-                 ) -> list[SessionUpdate]:
-        if not rows:
+    def _advance(self, sessions: list[DecodeSession], reply: StepReply,
+                 row_lens: list[int] | None) -> list[SessionUpdate]:
+        if row_lens is None:
             return [SessionUpdate(sessions[0], sessions[0].advance(reply))]
         updates = []
-        for row, session in enumerate(sessions):
+        per_row = reply.tokens.size // len(sessions)  # answers per row: all fed, or the last
+        for row, (session, n) in enumerate(zip(sessions, row_lens, strict=True)):
             if session.done or session.stream_id not in self.sessions:
                 continue  # cancelled while its row was in flight
-            logits = reply.logits[row:row + 1] if reply.logits is not None else None
-            row_reply = StepReply(reply.tokens[row:row + 1], logits, reply.stage_ms)
+            lo, hi = row * per_row, row * per_row + (n if per_row > 1 else 1)
+            logits = reply.logits[lo:hi] if reply.logits is not None else None
+            row_reply = StepReply(reply.tokens[lo:hi], logits, reply.stage_ms)
             updates.append(SessionUpdate(session, session.advance(row_reply)))
         return updates
 
@@ -410,8 +429,13 @@ class StreamScheduler:
         unit_id, sessions = units[self._turn % len(units)]
         self._turn += 1
         plan = self._plan(unit_id, sessions)
+        grouped = unit_id in self._groups
         try:
-            if plan.rewind:
+            if grouped:
+                reply = self.pipeline.step(  # type: ignore[call-arg]
+                    unit_id, plan.token_ids, plan.positions, plan.logits_idx, plan.want_logits,
+                    mask_tail=plan.rewind)
+            elif plan.rewind:
                 self._rewinding_step = self._rewinding_step or rewinding_step(self.pipeline)
                 reply = self._rewinding_step(unit_id, plan.token_ids, plan.positions,
                                              plan.logits_idx, plan.rewind, plan.want_logits)
@@ -420,7 +444,7 @@ class StreamScheduler:
                                            plan.logits_idx, plan.want_logits)
         except Exception as exc:  # noqa: BLE001 - the session carries it to its caller
             return self._fail(sessions, exc)
-        return self._advance(sessions, reply, unit_id in self._groups)
+        return self._advance(sessions, reply, self._last_lens if grouped else None)
 
     def _poll_pipelined(self, timeout_s: float | None) -> list[SessionUpdate]:
         pipe: Any = self.pipeline
@@ -439,6 +463,7 @@ class StreamScheduler:
             self._in_flight[rid] = list(sessions)
             if unit_id in self._groups:
                 self._group_steps[rid] = unit_id
+                self._row_lens[rid] = self._last_lens
         if not self._in_flight:
             return updates
         try:
@@ -447,17 +472,20 @@ class StreamScheduler:
             rid = getattr(exc, "request_id", -1)
             failed = self._in_flight.pop(rid, None)
             self._group_steps.pop(rid, None)
+            self._row_lens.pop(rid, None)
             if failed is None:
                 failed = [s for sessions in self._in_flight.values() for s in sessions]
                 self._in_flight.clear()
                 self._group_steps.clear()
+                self._row_lens.clear()
             return updates + self._fail(failed, exc)
         if reply is None:
             return updates
         sessions = self._in_flight.pop(reply.request_id, None)
-        grouped = self._group_steps.pop(reply.request_id, None) is not None
+        self._group_steps.pop(reply.request_id, None)
+        row_lens = self._row_lens.pop(reply.request_id, None)
         if sessions is not None:
-            updates += self._advance(sessions, reply, grouped)
+            updates += self._advance(sessions, reply, row_lens)
         return updates
 
 

@@ -403,6 +403,8 @@ class StageWorker:
                 self.runner.mask_tail(sid, header.mask_tail)
             logits_idx = header.logits_idx if self.last and header.logits_idx.size else None
             if sid in self.runner.groups:
+                if header.row_rewinds.size:
+                    self.runner.mask_rows_tail(sid, header.row_rewinds)
                 out = self.runner.step_rows(sid, payload, header.positions.reshape(
                     header.rows, -1), logits_idx)
             else:
@@ -419,6 +421,7 @@ class StageWorker:
         if self.last:
             body = reply_payload(out, header.reply, header.top_k)
             header.kind = Kind.REPLY
+            header.row_rewinds = EMPTY_INDEX  # applied; a reply carries none
             if not header.logits_idx.size:  # answering for the last token: the coordinator
                 header.positions = EMPTY_INDEX  # knows its position, save the bytes
         else:

@@ -277,6 +277,10 @@ def test_row_group_frames_round_trip_and_are_checked():
     x = np.arange(2 * 2 * 8, dtype=np.float32).reshape(2, 2, 8)
     got, payload = decode_frame(encode_frame(rows, x))
     assert got.rows == 2 and got.tokens == 2 and got.answer_rows == 2
+    assert not got.row_rewinds.size
+    rows.row_rewinds = np.array([0, 3])
+    assert decode_frame(encode_frame(rows, x))[0].row_rewinds.tolist() == [0, 3]
+    rows.row_rewinds = EMPTY_INDEX
     assert got.positions.tolist() == [10, 11, 40, 41] and payload.shape == (2, 2, 8)
     reply = step_header(kind=Kind.REPLY, rows=3, reply=ReplyMode.TOP1, logits_idx=EMPTY_INDEX,
                         positions=np.zeros(3, np.int64), mask_tail=0)
@@ -294,7 +298,11 @@ def test_row_group_frames_round_trip_and_are_checked():
         (step_header(rows=2, positions=np.arange(3), logits_idx=EMPTY_INDEX, mask_tail=0),
          x, "do not split into 2 equal rows"),
         (step_header(rows=2, positions=np.arange(4), logits_idx=EMPTY_INDEX), x,
-         "cannot rewind"),
+         "rewinds per row"),
+        (step_header(rows=2, positions=np.arange(4), logits_idx=EMPTY_INDEX, mask_tail=0,
+                     row_rewinds=np.array([1, -1])), x, "negative row rewind"),
+        (step_header(rows=2, positions=np.arange(4), logits_idx=EMPTY_INDEX, mask_tail=0,
+                     row_rewinds=np.array([1])), x, "1 row rewinds for 2 rows"),
         (reply, top_k_records(np.zeros((2, 9), np.float32), 1), "TOP1 reply must be"),
         (group, members.astype(np.float32), "only its member stream ids"),
         (HiddenStateFrame(Kind.GROUP, 1, 0, 3, positions=np.arange(2)), members,

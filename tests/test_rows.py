@@ -134,3 +134,26 @@ def test_row_groups_decode_like_streams_alone_as_rows_join_and_leave(dp_export2)
     runners[0].regroup(gid, [])
     with pytest.raises(StageError, match="does not exist"):
         runners[0].step_rows(gid, np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64))
+
+
+def test_rows_rewind_per_row_and_refuse_bad_counts(dp_export2) -> None:  # noqa: ANN001
+    from dataplane.runtime import StageError
+
+    runner = _runners(dp_export2)[0]
+    for sid, n in ((1, 4), (2, 2)):
+        runner.reset_stream(sid)
+        runner.step(sid, np.arange(n)[None], np.arange(n))
+    gid = 1 << 30
+    runner.regroup(gid, [1, 2])
+    assert runner.groups[gid].keep.sum(axis=1).tolist() == [4, 2]
+    assert runner.masked_slots(gid) == 0
+    runner.mask_rows_tail(gid, np.array([1, 2]))
+    assert runner.groups[gid].keep.sum(axis=1).tolist() == [3, 0]
+    assert runner.masked_slots(gid) == 1
+    before = runner.groups[gid].keep.copy()
+    for bad, why in (([1], "2 rows"), ([0, 1], "cannot rewind"), ([-1, 0], "cannot rewind")):
+        with pytest.raises(StageError, match=why):
+            runner.mask_rows_tail(gid, np.array(bad))
+        np.testing.assert_array_equal(runner.groups[gid].keep, before)
+    runner.regroup(gid, [1, 2])  # re-forming compacts: 3 and 0 kept slots
+    assert runner.groups[gid].keep.shape == (2, 3) and runner.masked_slots(gid) == 0

@@ -192,8 +192,8 @@ def test_pipelined_streams_across_processes_equal_each_alone(export2, dp_hosts, 
 @pytest.mark.parametrize("row_groups", [1, 2])
 def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spawn,
                                                       row_groups) -> None:
-    """Greedy streams batched as rows of one inference per stage (joining after their
-    prefill, leaving as they finish), next to a speculative stream stepping alone."""
+    """Greedy streams and a speculative one batched as rows of one inference per stage
+    (joining after their prefill, leaving as they finish, padded and rewound per row)."""
     from test_cluster_pipeline import chain_in_processes
 
     pipe = chain_in_processes(export2, dp_hosts, dp_spawn, 2)
@@ -205,6 +205,7 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         sessions = [DecodeSession(10 + i, p, n, prefill_chunk=4)
                     for i, (p, n) in enumerate(zip(PROMPTS, lengths, strict=True))]
         spec = DecodeSession(20, PROMPTS[1], N, k=3, prefill_chunk=4)
+        pipe.compact_threshold = 2  # re-form groups (compacting rows) as padding piles up
         scheduler = StreamScheduler(pipe, row_groups)
         for session in [*sessions, spec]:
             scheduler.add(session)
@@ -213,6 +214,7 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
                 assert update.session.error is None, update.session.error
         assert [s.emitted for s in sessions] == want and spec.emitted == want_spec
         assert scheduler.rows_stepped > scheduler.row_steps > 0  # some steps carried 2+ rows
+        assert pipe.compactions > 0
         assert not pipe.stage0.groups  # finished rows left; empty groups were disbanded
         assert pipe.stats.errors == 0 and pipe.stats.timeouts == 0
         # bad regroups are refused before anything is sent, and the pipeline keeps serving
@@ -233,10 +235,15 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         pipe.close()
 
 
-def test_row_groups_in_one_process_equal_each_alone(export2) -> None:
-    chain = LocalChain.load(str(export2), EXACT)
+@pytest.mark.parametrize("speculative", [False, True])
+def test_row_groups_in_one_process_equal_each_alone(export2, speculative) -> None:
+    """Rows of one group: plain one-token rows, or speculative rows whose drafts differ in
+    length (padded, then rewound per row with the next step); compaction re-forms the
+    group (a low threshold makes it happen)."""
+    chain = LocalChain.load(str(export2), EXACT, compact_threshold=3)
     want = [alone(chain, p, speculative=False) for p in PROMPTS]
-    sessions = [DecodeSession(10 + i, p, N, prefill_chunk=4) for i, p in enumerate(PROMPTS)]
+    sessions = [DecodeSession(10 + i, p, N, prefill_chunk=4,
+                              k=(1 + i) if speculative else 0) for i, p in enumerate(PROMPTS)]
     scheduler = StreamScheduler(chain, row_groups=1)
     for session in sessions:
         scheduler.add(session)
@@ -245,5 +252,7 @@ def test_row_groups_in_one_process_equal_each_alone(export2) -> None:
     assert [s.emitted for s in sessions] == want
     assert scheduler.rows_stepped > scheduler.row_steps > 0
     assert all(not runner.groups for runner in chain.runners)
+    if speculative:
+        assert sum(s.spec.accepted for s in sessions) > 0 and chain.compactions > 0
     with pytest.raises(ValueError, match=">= 0"):
         StreamScheduler(chain, row_groups=-1)
