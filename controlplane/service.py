@@ -34,7 +34,8 @@ from dataplane.generate import Pipeline
 from dataplane.manifest import ManifestError, load_manifest
 from dataplane.runtime import StageError, StageRunner
 from dataplane.sampling import SamplingParams
-from dataplane.sessions import DecodeSession, SessionUpdate, StreamScheduler
+from dataplane.scheduler import SessionUpdate, StreamScheduler
+from dataplane.sessions import DecodeSession
 from dataplane.speculative import Drafter, LookupDrafter, ModelDrafter
 from dataplane.tokenizer import ChatTokenizer, StreamDecoder
 

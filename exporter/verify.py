@@ -16,7 +16,7 @@ import torch
 from dataplane.generate import LocalChain
 from dataplane.manifest import ExportManifest, load_manifest
 from dataplane.runtime import RuntimeConfig
-from dataplane.sessions import generate_greedy
+from dataplane.scheduler import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 from exporter.sources import DEFAULT_MODEL, ModelSource, open_source
 

@@ -13,7 +13,7 @@ import zmq
 from dataplane.cluster import ClusterPipeline, DataPlaneError, StageFailed, StageTimeout
 from dataplane.generate import GenerationStats, LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from dataplane.sessions import generate_greedy, generate_speculative
+from dataplane.scheduler import generate_greedy, generate_speculative
 from dataplane.speculative import SpeculativeStats
 from dataplane.transport import pull_socket
 from dataplane.worker import StageWorker

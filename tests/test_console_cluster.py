@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from console.cli import app
 from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.sessions import generate_greedy
+from dataplane.scheduler import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 
 runner = CliRunner()

@@ -268,7 +268,7 @@ def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Clus
     """The real data plane: ClusterPipeline on the coordinator, StageWorker on the node."""
     from controlplane.launch import default_launcher, head_launcher
     from dataplane.generate import LocalChain
-    from dataplane.sessions import generate_greedy
+    from dataplane.scheduler import generate_greedy
 
     cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=cp_cluster.root / "coord",
                             host="127.0.0.1", **FAST)  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import pytest
 from dataplane.generate import LocalChain
 from dataplane.manifest import load_manifest
 from dataplane.runtime import RuntimeConfig
-from dataplane.sessions import generate_greedy
+from dataplane.scheduler import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 from exporter import export as export_mod
 from exporter.export import ExportError, export_model

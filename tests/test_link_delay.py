@@ -21,7 +21,7 @@ from dataplane.cluster import ClusterPipeline
 from dataplane.generate import LocalChain
 from dataplane.link import DelayedSender, link_options
 from dataplane.runtime import StageRunner
-from dataplane.sessions import generate_greedy, generate_speculative
+from dataplane.scheduler import generate_greedy, generate_speculative
 from dataplane.speculative import LookupDrafter
 from dataplane.transport import (
     PipeOptions,

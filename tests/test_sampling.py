@@ -11,7 +11,8 @@ import pytest
 from dataplane.generate import LocalChain, StepReply
 from dataplane.runtime import RuntimeConfig
 from dataplane.sampling import SamplingParams, draw, speculative_sample, target_probs
-from dataplane.sessions import DecodeSession, generate_greedy, generate_speculative, run_sessions
+from dataplane.scheduler import generate_greedy, generate_speculative, run_sessions
+from dataplane.sessions import DecodeSession
 from dataplane.speculative import LookupDrafter
 
 

@@ -13,7 +13,7 @@ from controlplane.service import GenerationService
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
 from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.sessions import generate_greedy
+from dataplane.scheduler import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 
 

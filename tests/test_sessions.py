@@ -9,13 +9,8 @@ import pytest
 
 from dataplane.generate import LocalChain, StepReply
 from dataplane.runtime import RuntimeConfig
-from dataplane.sessions import (
-    DecodeSession,
-    StreamScheduler,
-    generate_greedy,
-    generate_speculative,
-    run_sessions,
-)
+from dataplane.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
+from dataplane.sessions import DecodeSession
 from dataplane.speculative import LookupDrafter, SpeculativeStats
 
 EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
@@ -220,7 +215,7 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         # bad regroups are refused before anything is sent, and the pipeline keeps serving
         from dataplane.cluster import DataPlaneError
         from dataplane.runtime import StageError
-        from dataplane.sessions import GROUP_ID_BASE
+        from dataplane.scheduler import GROUP_ID_BASE
 
         with pytest.raises(StageError, match="not open"):
             pipe.regroup(GROUP_ID_BASE, [99])

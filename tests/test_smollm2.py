@@ -12,7 +12,7 @@ import pytest
 
 from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.sessions import generate_greedy
+from dataplane.scheduler import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 from exporter.export import export_model
 from exporter.sources import DEFAULT_MODEL, open_source

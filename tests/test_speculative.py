@@ -9,7 +9,7 @@ import pytest
 
 from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from dataplane.sessions import generate_greedy, generate_speculative
+from dataplane.scheduler import generate_greedy, generate_speculative
 from dataplane.speculative import (
     LookupDrafter,
     ModelDrafter,

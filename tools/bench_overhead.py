@@ -232,7 +232,7 @@ def bare_relay(export: str, stages: int, threads: str, tokens: int) -> tuple[flo
 # -- the measured pipelines -----------------------------------------------------------
 def run_local(export: str, threads: str, prompt: list[int], tokens: int):
     from dataplane.generate import GenerationStats, LocalChain
-    from dataplane.sessions import generate_greedy
+    from dataplane.scheduler import generate_greedy
 
     chain = LocalChain.load(export, runtime_config(threads))
     list(generate_greedy(chain, prompt, 8))  # warm-up
@@ -245,7 +245,7 @@ def run_cluster(export: str, stages: int, threads: str, prompt: list[int], token
     from dataplane.cluster import ClusterPipeline
     from dataplane.generate import GenerationStats
     from dataplane.runtime import StageRunner
-    from dataplane.sessions import generate_greedy
+    from dataplane.scheduler import generate_greedy
 
     with ExitStack() as stack:
         addrs = chain_addresses(stages)

@@ -32,7 +32,7 @@ from rich.table import Table
 from dataplane.generate import GenerationStats, LocalChain
 from dataplane.manifest import ManifestError, even_split, load_manifest
 from dataplane.runtime import RuntimeConfig
-from dataplane.sessions import generate_greedy
+from dataplane.scheduler import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

@@ -85,7 +85,7 @@ from rich.table import Table
 
 from dataplane.generate import GenerationStats, LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from dataplane.sessions import generate_greedy, generate_speculative
+from dataplane.scheduler import generate_greedy, generate_speculative
 from dataplane.speculative import (
     LookupDrafter,
     ModelDrafter,
