@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,6 @@ from dataplane.frames import (
     encode_frame,
     restamp_send,
     stamp,
-    top_k_records,
 )
 from dataplane.runtime import RuntimeConfig, StageRunner
 from dataplane.transport import (
@@ -52,74 +51,12 @@ from dataplane.transport import (
     recv_parts,
     send_parts,
 )
+from dataplane.worker_state import WorkerStats, _StreamState, _Throttle, admit, reply_payload
 
 log = logging.getLogger("zctl.dataplane.worker")
+__all__ = ["CONTROL_PREFIX", "StageWorker", "WorkerStats", "admit", "reply_payload"]
 _ids = itertools.count()
 CONTROL_PREFIX = b"ZCTL-CMD"  # never the start of a data frame (those start with b"ZCDP")
-
-
-@dataclass
-class WorkerStats:
-    """Counters and recent compute samples of one worker (a snapshot; safe to keep)."""
-
-    frames_in: int = 0
-    steps: int = 0
-    frames_out: int = 0
-    malformed: int = 0  # undecodable frames
-    unexpected: int = 0  # valid frames of a kind a worker does not take (REPLY)
-    stale: int = 0  # frames of an epoch older than the stream's
-    resets: int = 0
-    implicit_resets: int = 0  # a step of a newer epoch arrived without its RESET
-    closes: int = 0
-    compactions: int = 0  # COMPACT frames applied
-    compact_failures: int = 0  # COMPACTs this stage could not apply (logged)
-    regroups: int = 0  # GROUP frames applied (streams moved into rows of a row group)
-    group_failures: int = 0  # GROUP frames this stage could not apply (logged)
-    errors_sent: int = 0  # steps this stage refused
-    errors_forwarded: int = 0  # ERROR frames from earlier stages passed on
-    send_failures: int = 0  # frames dropped because the next hop did not take them
-    last_problem: str = ""
-    compute_ms: list[float] = field(default_factory=list)
-
-
-@dataclass
-class _StreamState:
-    epoch: int
-    next_step: int = 0
-    closed: bool = False  # a tombstone: frames of this epoch are stale, a newer one reopens
-    broken: str = ""  # a compaction failed: the epoch's steps are refused with this reason
-
-
-def admit(known_epoch: int | None, epoch: int) -> str:
-    """Decide a stream frame's fate from the stream's known epoch: stale, new or current."""
-    if known_epoch is None or epoch > known_epoch:
-        return "new"
-    return "current" if epoch == known_epoch else "stale"
-
-
-def reply_payload(logits: np.ndarray, mode: ReplyMode, top_k: int) -> np.ndarray:
-    """The last stage's answer for logits [1, P, V]: records [P, k] or logits [P, V]."""
-    if mode == ReplyMode.LOGITS:
-        return logits.reshape(-1, logits.shape[-1])
-    return top_k_records(logits, 1 if mode == ReplyMode.TOP1 else max(1, top_k))
-
-
-class _Throttle:
-    """Log a kind of problem at most once per ``interval_s`` (a flood must not flood logs)."""
-
-    def __init__(self, interval_s: float = 5.0) -> None:
-        self.interval_s = interval_s
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warn(self, key: str, message: str) -> None:
-        now = time.monotonic()
-        if now - self._last.get(key, -1e9) < self.interval_s:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
-        extra = self._suppressed.pop(key, 0)
-        self._last[key] = now
-        log.warning("%s%s", message, f" (+{extra} more since last report)" if extra else "")
 
 
 class StageWorker:

@@ -1,0 +1,87 @@
+"""What the coordinator's end of the data plane returns and raises (no sockets here):
+replies with their timing, counters, errors, and the small checks on a step's arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from dataplane.frames import EMPTY_INDEX, ReplyMode
+from dataplane.generate import StepReply
+from dataplane.timing import StepTiming, TimingStamps
+
+INT64 = np.dtype(np.int64)
+
+
+class DataPlaneError(RuntimeError):
+    """A pipelined step could not be completed."""
+
+
+class StageTimeout(DataPlaneError):
+    """No answer in time; ``stages`` are the remote stages that may have failed to answer."""
+
+    def __init__(self, message: str, stream_id: int, request_id: int,
+                 stages: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.stream_id, self.request_id, self.stages = stream_id, request_id, stages
+
+
+class StageFailed(DataPlaneError):
+    """A stage refused or failed a step and said so in an ERROR frame."""
+
+    def __init__(self, message: str, stream_id: int, request_id: int, stage: int) -> None:
+        super().__init__(message)
+        self.stream_id, self.request_id, self.stage = stream_id, request_id, stage
+
+
+@dataclass
+class ClusterReply(StepReply):
+    """A StepReply plus where it came from, top-k records and the timing breakdown."""
+
+    request_id: int = 0
+    stream_id: int = 0
+    top: np.ndarray | None = None  # (token, logit) records [positions, k], best first
+    stamps: TimingStamps | None = None
+
+    @cached_property
+    def timing(self) -> StepTiming | None:
+        """Compute, queueing, serialisation and network time of this step, per stage/hop."""
+        return self.stamps.derive() if self.stamps is not None else None
+
+
+@dataclass
+class ClusterStats:
+    submitted: int = 0
+    replies: int = 0
+    stale_replies: int = 0  # answers of an old epoch or of abandoned requests
+    malformed: int = 0
+    unexpected: int = 0
+    errors: int = 0
+    timeouts: int = 0
+
+
+def reply_mode(want_logits: bool, top_k: int) -> ReplyMode:
+    if want_logits:
+        return ReplyMode.LOGITS
+    return ReplyMode.TOPK if top_k > 1 else ReplyMode.TOP1
+
+
+def as_int64_vector(values: Any) -> np.ndarray:
+    """``values`` as a 1-D int64 array, without a copy (or a numpy call) when it is one."""
+    if type(values) is np.ndarray and values.dtype is INT64 and values.ndim == 1:
+        return values
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def check_logits_idx(logits_idx: np.ndarray | None, tokens: int) -> np.ndarray:
+    """The logits indices to send (empty = the last token); ValueError if out of range."""
+    if logits_idx is None:
+        return EMPTY_INDEX
+    idx = np.asarray(logits_idx, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= tokens):
+        raise ValueError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
+    return idx
