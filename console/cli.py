@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -46,10 +46,29 @@ def quiet_ml_libraries() -> None:
 
 
 def default_export_dir(model: str, stages: int, weights: str) -> Path:
+    """Where ``zctl export`` writes and ``zctl run``/``cluster up`` look by default.
+
+    The suffix names the split policy ("stages": cost-balanced, see ``default_split``),
+    so an export made under an older policy is not silently reused.
+    """
     from console.paths import export_cache_dir
 
     safe = model.replace("/", "--").replace(".gguf", "")
-    return export_cache_dir() / f"{Path(safe).name}-{weights}-{stages}st"
+    return export_cache_dir() / f"{Path(safe).name}-{weights}-{stages}stages"
+
+
+def default_split(source: Any, stages: int) -> list[tuple[int, int]]:
+    """The layer split ``--stages N`` means: stages of about equal compute.
+
+    The last stage also runs the LM head, so it gets fewer layers (SmolLM2 in 2 stages:
+    0-16 and 17-29); see controlplane/balance.py for the cost model.
+    """
+    from controlplane.balance import balanced_split, head_cost_layers
+
+    shape = source.decoder_shape()
+    head = head_cost_layers(shape.hidden_size, shape.intermediate_size, shape.num_heads,
+                            shape.num_kv_heads, shape.head_dim, shape.vocab_size)
+    return balanced_split(source.num_layers, stages, head)
 
 
 @app.command()
@@ -57,7 +76,9 @@ def export(
     model: Annotated[str, typer.Argument(help="smollm2-135m, a .gguf file, an HF dir or hub id")] = (
         "smollm2-135m"
     ),
-    stages: Annotated[int | None, typer.Option(help="split layers evenly into N stages")] = None,
+    stages: Annotated[int | None, typer.Option(
+        help="split into N stages of about equal compute (the last one also runs the LM "
+             "head, so it gets fewer layers)")] = None,
     layers: Annotated[str | None, typer.Option(help="explicit inclusive ranges, e.g. 0-14,15-29")] = None,
     weights: Annotated[str, typer.Option(help="int4 | int8 | fp16 | fp32")] = "int4",
     group_size: Annotated[int | None, typer.Option(help="INT4 group size (default: fits the model)")] = None,
@@ -69,7 +90,7 @@ def export(
 ) -> None:
     """Cut a model into stage shards (OpenVINO IR with stateful KV) and write a manifest."""
     from console.export_view import RichExportProgress
-    from dataplane.manifest import ManifestError, even_split, parse_layer_spec
+    from dataplane.manifest import ManifestError, parse_layer_spec
     from exporter.export import ExportError, export_model
     from exporter.sources import SourceError, open_source
 
@@ -81,7 +102,7 @@ def export(
 
         source = open_source(model, source_cache_dir())
         ranges = (parse_layer_spec(layers) if layers
-                  else even_split(source.num_layers, stages or 1))
+                  else default_split(source, stages or 1))
         target = out_dir or default_export_dir(model, len(ranges), weights)
         with RichExportProgress(len(ranges), err) as progress:
             manifest, reports = export_model(source, ranges, weights, target, group_size=group_size,

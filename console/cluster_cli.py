@@ -41,7 +41,7 @@ def _fail(message: str, code: int = 1) -> None:
 
 def ensure_export(model: str, stages: int, weights: str) -> Path:
     """The cached export for (model, stages, weights); exported on first use with progress."""
-    from console.cli import default_export_dir, quiet_ml_libraries
+    from console.cli import default_export_dir, default_split, quiet_ml_libraries
     from dataplane.manifest import ManifestError, load_manifest
 
     target = Path(model) if (Path(model) / "manifest.json").is_file() else default_export_dir(
@@ -56,7 +56,6 @@ def ensure_export(model: str, stages: int, weights: str) -> Path:
     try:
         from console.export_view import RichExportProgress
         from console.paths import source_cache_dir
-        from dataplane.manifest import even_split
         from exporter.export import export_model
         from exporter.sources import open_source
     except ImportError as exc:
@@ -65,7 +64,7 @@ def ensure_export(model: str, stages: int, weights: str) -> Path:
     quiet_ml_libraries()
     source = open_source(model, source_cache_dir())
     with RichExportProgress(stages, err) as progress:
-        export_model(source, even_split(source.num_layers, stages), weights, target, force=True,
+        export_model(source, default_split(source, stages), weights, target, force=True,
                      progress=progress)
     return target
 

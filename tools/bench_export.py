@@ -22,10 +22,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.manifest import even_split
+from dataplane.manifest import load_manifest
 
 
-def stage_param_bytes(model_dir: Path, num_stages: int) -> tuple[list[int], int]:
+def stage_param_bytes(model_dir: Path, ranges: list[tuple[int, int]]) -> tuple[list[int], int]:
     """fp32 bytes of weights each stage holds (embedding/head included), and of the model."""
     from safetensors import safe_open
 
@@ -41,17 +41,15 @@ def stage_param_bytes(model_dir: Path, num_stages: int) -> tuple[list[int], int]
                 for dim in shape:
                     count *= dim
                 sizes[key] = 4 * count
-    config = json.loads((model_dir / "config.json").read_text())
-    layers = int(config["num_hidden_layers"])
     embed = sizes["model.embed_tokens.weight"]
     head = sizes.get("lm_head.weight", embed)
     total = sum(sizes.values()) + (0 if "lm_head.weight" in sizes else head)
     per_stage = []
-    for i, (start, end) in enumerate(even_split(layers, num_stages)):
+    for i, (start, end) in enumerate(ranges):
         b = sum(v for k, v in sizes.items()
                 if k.startswith("model.layers.") and start <= int(k.split(".")[2]) < end)
         b += embed if i == 0 else 0
-        b += head + sizes["model.norm.weight"] if i == num_stages - 1 else 0
+        b += head + sizes["model.norm.weight"] if i == len(ranges) - 1 else 0
         per_stage.append(b)
     return per_stage, total
 
@@ -93,7 +91,9 @@ def main(
         result: dict[str, object] = {"model": model, "stages": stages, "weights": weights,
                                      "export_s": round(seconds, 1), "peak_rss_mb": round(peak_mb)}
         if Path(model).is_dir():
-            per_stage, total = stage_param_bytes(Path(model), stages)
+            manifest = load_manifest(Path(tmp) / "export")
+            ranges = [(s.layer_start, s.layer_end) for s in manifest.stages]
+            per_stage, total = stage_param_bytes(Path(model), ranges)
             result.update(
                 largest_stage_fp32_mb=round(max(per_stage) / 2**20),
                 model_fp32_mb=round(total / 2**20),

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dataplane.generate import GenerationStats, LocalChain
-from dataplane.manifest import ManifestError, even_split, load_manifest
+from dataplane.manifest import ManifestError, load_manifest
 from dataplane.runtime import RuntimeConfig
 from dataplane.scheduler import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
@@ -61,13 +61,15 @@ def model_hf_dir(model: str, cache: Path) -> Path:
 def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,
                   cache: Path, layers: str = "") -> Path:
     """Export once per (model, stages or layer split, weights, beam_idx); reuse while the
-    manifest verifies. ``layers`` ("0-16,17-29") overrides the even split of ``stages``."""
+    manifest verifies. ``layers`` ("0-16,17-29") overrides ``stages``' cost-balanced split
+    (the one ``zctl export --stages`` makes)."""
+    from console.cli import default_split
     from console.export_view import RichExportProgress
     from dataplane.manifest import parse_layer_spec
     from exporter.export import export_model
     from exporter.sources import open_source
 
-    split = f"L{layers.replace(',', '_')}" if layers else f"{stages}st"
+    split = f"L{layers.replace(',', '_')}" if layers else f"{stages}stages"
     out = cache / "exports" / "bench" / f"{name}-{weights}-{split}{'' if beam_idx else '-nobeam'}"
     try:
         load_manifest(out)
@@ -75,7 +77,7 @@ def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: 
     except ManifestError:
         pass
     source = open_source(str(hf_dir))
-    ranges = parse_layer_spec(layers) if layers else even_split(source.num_layers, stages)
+    ranges = parse_layer_spec(layers) if layers else default_split(source, stages)
     with RichExportProgress(stages, err) as progress:
         export_model(source, ranges, weights, out, beam_idx=beam_idx, force=True, progress=progress)
     return out
