@@ -40,7 +40,8 @@ from dataplane.speculative import Drafter, LookupDrafter, ModelDrafter
 from dataplane.tokenizer import ChatTokenizer, StreamDecoder
 
 log = logging.getLogger("zctl.service")
-CHUNK_INTERVAL_S = 0.1  # how often running figures (percentiles) are recomputed and sent
+CHUNK_INTERVAL_S = 0.1  # how often a stream's new tokens and running figures are sent
+TIMING_REFRESH_S = 0.5  # how often the percentiles those chunks carry are recomputed
 AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
 POLL_S = 0.02  # how long a scheduler poll waits for a reply before checking for requests
 
@@ -114,6 +115,7 @@ class GenerationService:
         self._jobs: dict[int, _Job] = {}  # by stream id
         self._waiting: deque[tuple[bytes, GenerateRequest]] = deque()
         self._drafters: dict[Path, StageRunner] = {}
+        self._timing: tuple[float, dict[str, dict[str, float]]] = (-1e9, {})
 
     def start(self) -> str:
         self._thread = threading.Thread(target=self.run, name="zctl-generation", daemon=True)
@@ -242,11 +244,20 @@ class GenerationService:
             self._send(job.identity, GenerateChunk(
                 job.request.request_id, job.pending, job.pending_text, len(session.emitted),
                 session.stats.ttft_ms, session.stats.tok_s or None,
-                timing_summary(self._scheduler.pipeline if self._scheduler else None),
-                spec_summary(session)))
+                self._timing_summary(now), spec_summary(session)))
             job.pending, job.pending_text, job.last_sent = [], "", now
         if session.done:
             self._finish(job)
+
+    def _timing_summary(self, now: float, fresh: bool = False) -> dict[str, dict[str, float]]:
+        """The pipeline's step-timing percentiles, recomputed at most every TIMING_REFRESH_S
+        (the generation thread computes them between steps: every stream's chunk shares
+        one summary) unless ``fresh``."""
+        at, summary = self._timing
+        if fresh or now - at >= TIMING_REFRESH_S:
+            summary = timing_summary(self._scheduler.pipeline if self._scheduler else None)
+            self._timing = (now, summary)
+        return summary
 
     def _finish(self, job: _Job) -> None:
         session = job.session
@@ -265,5 +276,5 @@ class GenerationService:
         self._send(job.identity, GenerateDone(
             job.request.request_id, list(produced), self.tokenizer.decode(kept),
             stats.prompt_tokens, stats.ttft_ms, stats.tok_s,
-            timing_summary(self._scheduler.pipeline if self._scheduler else None), reason, error,
+            self._timing_summary(time.monotonic(), fresh=True), reason, error,
             spec_summary(session)))

@@ -135,16 +135,23 @@ def percentiles(samples: list[dict[str, float]], qs: tuple[float, ...] = (50, 95
 class TimingWindow:
     """The last ``size`` step timings, summarised as percentiles (readable from any thread).
 
-    Raw TimingStamps may be added (the hot path does): they are derived when read.
+    Raw TimingStamps may be added (the hot path does): each is derived and flattened
+    once, the first time a summary needs it, so a summary costs the new samples plus one
+    percentile pass, not a re-derivation of the whole window.
     """
 
     def __init__(self, size: int = 512) -> None:
         self._samples: deque[StepTiming | TimingStamps] = deque(maxlen=size)
+        self._names: tuple[str, ...] = ()  # the flattened figures' names, in row order
+        self._rows: deque[tuple[float, ...]] = deque(maxlen=size)  # their values, oldest first
+        self._fresh = 0  # samples added since _rows last caught up (at most size)
+        self._size = size
         self._lock = threading.Lock()
 
     def add(self, timing: StepTiming | TimingStamps) -> None:
         with self._lock:
             self._samples.append(timing)
+            self._fresh = min(self._size, self._fresh + 1)
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -156,8 +163,28 @@ class TimingWindow:
 
     def summary(self, qs: tuple[float, ...] = (50, 95)) -> dict[str, dict[str, float]]:
         """Percentiles of every flattened figure (``stage1.compute``, ``hop0-1.network``...)."""
-        return percentiles([flatten(t) for t in self.samples()], qs)
+        with self._lock:
+            if self._fresh:
+                for t in list(self._samples)[-self._fresh:]:
+                    self._add_row(flatten(t.derive() if isinstance(t, TimingStamps) else t))
+                self._fresh = 0
+            names, rows = self._names, list(self._rows)
+        if not rows:
+            return {}
+        values = np.percentile(np.array(rows, dtype=np.float64), qs, axis=0)
+        return {n: {f"p{q:g}": float(values[j, i]) for j, q in enumerate(qs)}
+                for i, n in enumerate(names)}
+
+    def _add_row(self, flat: dict[str, float]) -> None:
+        names = tuple(flat)
+        if names != self._names:  # another stage count: older rows do not compare
+            self._names = names
+            self._rows.clear()
+        self._rows.append(tuple(flat.values()))
 
     def clear(self) -> None:
         with self._lock:
             self._samples.clear()
+            self._rows.clear()
+            self._names = ()
+            self._fresh = 0

@@ -255,6 +255,34 @@ def test_skewed_clocks_clamp_to_zero_and_percentiles():
         derive_step_timing(b"", 0, 0, 0, 0, 0)
 
 
+def test_timing_window_summary_is_incremental_and_equals_a_full_recount():
+    from dataplane.timing import TimingStamps
+
+    def stamps(i: int, stages: int = 2) -> TimingStamps:
+        records = b""
+        for s in range(stages):
+            records = stamp(records, s, 1000 * s + i, 1000 * s + i, 1000 * s + 500 + 7 * i, 3,
+                            400_000 + 1000 * i * (s + 1), 5)
+        return TimingStamps(records, 5000 + 11 * i, 4900, 9, 0, 6000 + 13 * i)
+
+    window = TimingWindow(size=8)
+    for i in range(5):
+        window.add(stamps(i))
+    assert window.summary() == percentiles([flatten(t) for t in window.samples()])
+    for i in range(5, 19):  # past the window: the oldest rows leave with their samples
+        window.add(stamps(i))
+        if i % 4 == 0:
+            assert window.summary() == percentiles([flatten(t) for t in window.samples()])
+    assert window.summary() == percentiles([flatten(t) for t in window.samples()])
+    assert window.summary()["stage1.compute"]["p50"] == pytest.approx(
+        float(np.median([0.4 + 0.002 * i for i in range(11, 19)])))
+    window.add(stamps(30, stages=3))  # another pipeline shape: only comparable rows count
+    assert set(window.summary()) >= {"stage2.compute"}
+    assert window.summary()["stage0.compute"]["p50"] == pytest.approx(0.43)
+    window.clear()
+    assert window.summary() == {} and len(window) == 0
+
+
 def test_restamp_send_fills_the_last_record_in_place():
     for error in ("", "stage 1: broken ✗"):
         header = step_header(kind=Kind.ERROR if error else Kind.STEP, error=error)
