@@ -304,6 +304,7 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
                k: int = 0, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Send the prompts to the generation service (run concurrently, one stream each);
     live dashboard unless --json. Returns the run's report."""
+    from controlplane.balance import suggest_layers
     from controlplane.client import generate_many, query_status
     from controlplane.service_messages import GenerateDone, GenerateRequest
 
@@ -360,6 +361,9 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
         "aggregate_tok_s": round(sum(max(s["tokens"] - 1, 0) for s in streams)
                                  / max(since_first, 1e-9), 2),
         "stages": _stage_breakdown(snapshot.stages, last),
+        "suggested_layers": suggest_layers(
+            [info.layers for info in snapshot.stages],
+            [last.get(f"stage{info.index}.compute", {}).get("p50", 0.0) for info in snapshot.stages]),
         "overhead_ms": last.get("overhead", {}), "step_ms": last.get("total", {}),
         "speculative": speculative, "k": k or "auto", "sampling": requests[0].temperature and {
             "temperature": requests[0].temperature, "top_k": requests[0].top_k,

@@ -126,3 +126,20 @@ def rebalanced_split(ranges: Sequence[tuple[int, int]],
 def format_layers(ranges: Sequence[tuple[int, int]]) -> str:
     """Ranges as the ``--layers`` option spells them (inclusive): "0-17,18-29"."""
     return ",".join(f"{start}-{end - 1}" for start, end in ranges)
+
+
+def suggest_layers(layers: Sequence[str], stage_ms: Sequence[float]) -> str | None:
+    """``--layers`` for a re-export whose stages would take about equally long, or None.
+
+    ``layers`` are the stages' inclusive ranges as shown ("0-14", "15-29"), ``stage_ms``
+    their measured compute. None when there is nothing to suggest: one stage, missing
+    times, or the split is already the balanced one. Assumes equally fast nodes.
+    """
+    if len(layers) < 2 or len(stage_ms) != len(layers) or any(ms <= 0 for ms in stage_ms):
+        return None
+    try:
+        ranges = [(int(a), int(b) + 1) for a, b in (text.split("-") for text in layers)]
+        suggested = rebalanced_split(ranges, stage_ms)
+    except ValueError:
+        return None
+    return None if suggested == ranges else format_layers(suggested)

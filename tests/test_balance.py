@@ -12,6 +12,7 @@ from controlplane.balance import (
     measured_head_cost,
     rebalanced_split,
     stage_costs,
+    suggest_layers,
 )
 from dataplane.manifest import even_split, parse_layer_spec
 
@@ -105,3 +106,12 @@ def test_format_round_trips_through_the_layers_option() -> None:
     ranges = [(0, 17), (17, 30)]
     assert format_layers(ranges) == "0-16,17-29"
     assert parse_layer_spec(format_layers(ranges)) == ranges
+
+
+def test_suggestions_come_only_when_the_split_is_off_balance() -> None:
+    assert suggest_layers(["0-14", "15-29"], [16.0, 21.2]) == "0-16,17-29"
+    assert suggest_layers(["0-16", "17-29"], [18.6, 19.6]) is None  # already balanced
+    assert suggest_layers(["0-29"], [30.0]) is None
+    assert suggest_layers(["0-14", "15-29"], [16.0, 0.0]) is None  # no timing yet
+    assert suggest_layers(["0-14", "15-29"], [16.0]) is None
+    assert suggest_layers(["garbage", "15-29"], [16.0, 20.0]) is None

@@ -40,6 +40,7 @@ def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     assert report["ttft_ms"] > 0 and report["tok_s"] > 0
     assert [s["layers"] for s in report["stages"]] == ["0-1", "2-3"]
     assert all(s["compute_ms"]["p50"] > 0 for s in report["stages"])
+    assert report["suggested_layers"] in (None, "0-0,1-3", "0-2,3-3")  # a re-export hint
     assert "127.0.0.2" in report["stages"][1]["node"]
     tokenizer = ChatTokenizer(export_dir)
     assert report["text"] == tokenizer.decode(_expected_tokens(export_dir, 12))
