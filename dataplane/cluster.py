@@ -380,12 +380,23 @@ class ClusterPipeline:
             stream.broken = why
 
     # -- receiving -------------------------------------------------------------------
+    def _prefetch_in_flight(self) -> None:
+        """While waiting for replies, bind stage 0's likely next inputs of every stream
+        with a step in flight (StageRunner.prefetch): off the critical path."""
+        for pending in list(self._pending.values()):
+            try:
+                self.stage0.prefetch(pending.stream_id)
+            except Exception as exc:  # a guess must never break a stream
+                log.debug("stage 0 could not prefetch stream %s: %s", pending.stream_id, exc)
+
     def _pump(self, timeout_s: float | None) -> bool:
         """Wait up to timeout_s for one message from the last stage and file it.
 
         Back-to-back empty polls count as one wait: the reply's hop is ready since the
         first (else a slow hop's time would show as queueing behind the poll interval).
         """
+        if timeout_s != 0 and self._pending and not self._pull.poll(0):
+            self._prefetch_in_flight()
         ready_ns = self._waiting_since or time.time_ns()
         if not wait_readable(self._pull, timeout_s):
             self._waiting_since = ready_ns

@@ -24,6 +24,12 @@ def step_mask(keep: np.ndarray, tokens: int) -> np.ndarray:
     return mask[None, None]
 
 
+def one_token_mask(after: np.ndarray) -> np.ndarray:
+    """``step_mask(keep, 1)`` from the slot table once the step ran (``keep`` + [True]):
+    [1, 1, 1, len(after)] float32, in one numpy call (the decode step's hot path)."""
+    return np.where(after, np.float32(0.0), MASK_MIN)[None, None, None]
+
+
 def batch_step_mask(keeps: list[np.ndarray], tokens: int) -> np.ndarray:
     """Masks for several streams stepped together; every stream's KV must have the same length."""
     lengths = {len(k) for k in keeps}

@@ -25,3 +25,21 @@ def rope_tables(
         cos = cos * np.float32(attention_scaling)
         sin = sin * np.float32(attention_scaling)
     return cos.astype(np.float32, copy=False), sin.astype(np.float32, copy=False)
+
+
+def doubled_inv_freq(inv_freq: np.ndarray) -> np.ndarray:
+    """``inv_freq`` twice over (float32): the per-channel frequencies of ``rope_one``."""
+    inv = np.asarray(inv_freq, dtype=np.float32)
+    return np.concatenate((inv, inv))
+
+
+def rope_one(position: int, inv_freq2: np.ndarray, attention_scaling: float = 1.0
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """``rope_tables`` of one token at ``position`` ([1, 1, head_dim] each, bit-identical),
+    in a few numpy calls: the decode step's hot path (see ``doubled_inv_freq``)."""
+    emb = np.float32(position) * inv_freq2
+    cos, sin = np.cos(emb), np.sin(emb)
+    if attention_scaling != 1.0:
+        cos = cos * np.float32(attention_scaling)
+        sin = sin * np.float32(attention_scaling)
+    return cos.reshape(1, 1, -1), sin.reshape(1, 1, -1)

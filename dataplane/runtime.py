@@ -15,8 +15,8 @@ import numpy as np
 import openvino as ov
 
 from dataplane.manifest import ExportManifest, StageSpec, load_manifest, verify_export_files
-from dataplane.masks import step_mask
-from dataplane.rope import rope_tables
+from dataplane.masks import one_token_mask, step_mask
+from dataplane.rope import doubled_inv_freq, rope_one, rope_tables
 from dataplane.rows import RowSource, merge_rows, rows_step_mask
 
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")
@@ -81,6 +81,8 @@ class StreamSlots:
     # Tensors bound to the request over numpy memory: an ov.Tensor does not keep that memory
     # alive for the request, so they are held here until the next step binds new ones.
     bound: list[ov.Tensor] = field(default_factory=list)
+    last: StepInputs | None = None  # the inputs of the last step run
+    prefetched: StepInputs | None = None  # inputs bound ahead for the guessed next step
 
     @property
     def physical(self) -> int:
@@ -100,6 +102,8 @@ class RowGroup:
     members: list[int]
     keep: np.ndarray  # bool [rows, slots]
     bound: list[ov.Tensor] = field(default_factory=list)  # as StreamSlots.bound
+    last: StepInputs | None = None  # never prefetched: a group's next rows are not guessed
+    prefetched: StepInputs | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,8 @@ class StageRunner:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
         self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
+        self._inv_freq2 = doubled_inv_freq(self.inv_freq)
+        self._last_token_idx: dict[int, ov.Tensor] = {}  # logits_idx [T - 1] by T
         self.rope_scaling = model.rope_attention_scaling
         self.hidden_size = model.hidden_size
         core = core or shared_core()
@@ -262,26 +268,59 @@ class StageRunner:
         Returns the inputs bound, for ``run`` and the next stage.
         """
         target = self._target(stream_id)
-        request = target.request
         positions = np.asarray(positions, dtype=np.int64)
+        ahead, target.prefetched = target.prefetched, None
+        if (ahead is not None and inputs is None and logits_idx is None
+                and ahead.keep is target.keep and positions.shape == (1, 1)
+                and int(positions[0, 0]) == int(ahead.positions[0, 0])):
+            return ahead  # bound while the stage was idle (see prefetch)
         if inputs is None or not inputs.fits(positions, target.keep):
             inputs = self._step_inputs(positions, target.keep)
+        self._bind(target, inputs, logits_idx)
+        return inputs
+
+    def prefetch(self, stream_id: int) -> bool:
+        """Bind a stream's likely next step (one token at the next position) while the
+        stage is idle: built right after an inference, with cold caches, on the critical
+        path, inputs cost several times more. A ``prepare`` of exactly that step only
+        checks the guess; any other step binds its own. Returns whether it bound anything
+        (not for row groups or an unstepped stream)."""
+        slots = self.streams.get(stream_id)
+        if (slots is None or stream_id in self.groups or slots.last is None
+                or slots.prefetched is not None or slots.keep.ndim != 1):
+            return False
+        position = int(slots.last.positions[0, -1]) + 1
+        inputs = self._step_inputs(np.array([[position]], dtype=np.int64), slots.keep)
+        self._bind(slots, inputs, None)
+        slots.prefetched = inputs
+        return True
+
+    def _bind(self, target: StreamSlots | RowGroup, inputs: StepInputs,
+              logits_idx: np.ndarray | None) -> None:
+        """Bind ``inputs`` (and the last stage's logits_idx) to the target's request."""
+        request = target.request
         target.bound = [inputs.attention_mask, inputs.rope_cos, inputs.rope_sin, inputs.beam_idx]
         request.set_tensor("attention_mask", inputs.attention_mask)
         request.set_tensor("rope_cos", inputs.rope_cos)
         request.set_tensor("rope_sin", inputs.rope_sin)
-        rows, tokens = positions.shape
+        rows, tokens = inputs.positions.shape
         if self._has_beam_idx:
             request.set_tensor("beam_idx", inputs.beam_idx)
         elif rows > 1:
             raise StageError("this export has no beam_idx input: it cannot step row groups")
         if self.spec.last:
-            idx = np.array([tokens - 1]) if logits_idx is None else np.asarray(logits_idx)
-            if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= tokens:
-                raise StageError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
-            target.bound.append(_shared(idx.astype(np.int64, copy=False)))
-            request.set_tensor("logits_idx", target.bound[-1])
-        return inputs
+            if logits_idx is None:  # the last token: one read-only tensor per T, shared
+                idx_tensor = self._last_token_idx.get(tokens)
+                if idx_tensor is None:
+                    idx_tensor = _shared(np.array([tokens - 1], dtype=np.int64))
+                    self._last_token_idx[tokens] = idx_tensor
+            else:
+                idx = np.asarray(logits_idx)
+                if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= tokens:
+                    raise StageError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
+                idx_tensor = _shared(idx.astype(np.int64, copy=False))
+            target.bound.append(idx_tensor)
+            request.set_tensor("logits_idx", idx_tensor)
 
     def run(self, stream_id: int, x: np.ndarray | ov.Tensor, inputs: StepInputs) -> ov.Tensor:
         """Run the step ``prepare`` bound, on x: token ids [rows, T], hidden states
@@ -306,7 +345,7 @@ class StageRunner:
             request.wait()
         else:
             request.infer(share_outputs=True)
-        target.keep = inputs.after
+        target.keep, target.last = inputs.after, inputs
         return request.get_output_tensor(0)
 
     def _target(self, stream_id: int) -> StreamSlots | RowGroup:
@@ -317,6 +356,11 @@ class StageRunner:
     def _step_inputs(self, positions: np.ndarray, keep: np.ndarray) -> StepInputs:
         """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``."""
         rows, tokens = positions.shape
+        if tokens == 1 and keep.ndim == 1:  # a stream's decode step: the few-call path
+            after = np.append(keep, True)
+            cos, sin = rope_one(int(positions[0, 0]), self._inv_freq2, self.rope_scaling)
+            return StepInputs(positions, keep, after, _shared(one_token_mask(after)),
+                              _shared(cos), _shared(sin), _shared(self._beam))
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
         mask = rows_step_mask(keep, tokens) if keep.ndim == 2 else step_mask(keep, tokens)
         beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)

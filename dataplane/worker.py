@@ -92,6 +92,7 @@ class StageWorker:
         self._pull.bind(self._ctrl_addr)
         self._streams: dict[int, _StreamState] = {}
         self._guard = BufferGuard()
+        self._stepped: int | None = None  # the stream whose step was handled last
         self._stats = WorkerStats()
         self._compute: deque[float] = deque(maxlen=samples)
         self._lock = threading.Lock()
@@ -157,6 +158,7 @@ class StageWorker:
                         break
                 else:
                     self.handle(parts, recv_ns, ready_ns)
+                    self._prefetch_when_idle()
                 ready_ns = time.time_ns()
         finally:
             self._close()
@@ -370,6 +372,18 @@ class StageWorker:
         # tensor, which the stream's next inference overwrites: guard it until sent.
         shares_output = not self.last or header.reply == ReplyMode.LOGITS
         self._send(header, body, guard_key=sid if shares_output else None, encode_start=start)
+        self._stepped = sid
+
+    def _prefetch_when_idle(self) -> None:
+        """With no frame waiting, bind the last stepped stream's likely next inputs now
+        (StageRunner.prefetch), off the path of the frame that will need them."""
+        sid, self._stepped = self._stepped, None
+        if sid is not None and not self._pull.poll(0):
+            try:
+                self.runner.prefetch(sid)
+            except Exception as exc:  # a guess must never take the worker down
+                self._problem("prefetch", f"stage {self.stage} could not prefetch stream {sid}: "
+                                          f"{exc}")
 
     def _send_error(self, header: HiddenStateFrame, message: str, recv_ns: int,
                     ready_ns: int) -> None:

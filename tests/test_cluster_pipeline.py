@@ -60,6 +60,9 @@ def test_greedy_across_processes_equals_local_chain(stages, dp_export2, dp_expor
             stats = GenerationStats()
             assert greedy(pipe, prompt, stats=stats) == greedy(local, prompt)
             assert len(stats.stage_ms[-1]) == stages
+        # while it waited for the last reply, stage 0 bound that stream's likely next step
+        sid = max(pipe.stage0.streams)
+        assert pipe.stage0.streams[sid].prefetched is not None
         reply = pipe.step(0, np.array([5]), np.array([len(PROMPTS[-1]) + 11]), top_k=4,
                           want_logits=True)
         assert reply.logits is not None and reply.top is not None and reply.top.shape == (1, 4)

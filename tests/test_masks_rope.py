@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataplane.masks import MASK_MIN, batch_step_mask, step_mask
-from dataplane.rope import rope_tables
+from dataplane.masks import MASK_MIN, batch_step_mask, one_token_mask, step_mask
+from dataplane.rope import doubled_inv_freq, rope_one, rope_tables
 
 
 def test_step_mask_decode_and_prefill() -> None:
@@ -55,3 +55,24 @@ def test_rope_tables_match_transformers(rope: dict | None) -> None:
 def test_rope_tables_reject_wrong_rank() -> None:
     with pytest.raises(ValueError, match=r"\[batch, tokens\]"):
         rope_tables(np.arange(3), np.ones(2, np.float32))
+
+
+@pytest.mark.parametrize("scaling", [1.0, 0.7])
+def test_one_token_rope_is_bit_identical_to_the_tables(scaling: float) -> None:
+    inv_freq = 1.0 / (500000.0 ** (np.arange(0, 64, 2, dtype=np.float32) / 64))
+    inv2 = doubled_inv_freq(inv_freq)
+    for position in (0, 1, 17, 4095, 131071):
+        cos, sin = rope_one(position, inv2, scaling)
+        want_cos, want_sin = rope_tables(np.array([[position]]), inv_freq, scaling)
+        assert cos.dtype == np.float32 and cos.shape == want_cos.shape == (1, 1, 64)
+        assert np.array_equal(cos, want_cos) and np.array_equal(sin, want_sin)
+
+
+def test_one_token_mask_equals_the_step_mask() -> None:
+    rng = np.random.default_rng(3)
+    for keep in (np.zeros(0, bool), np.ones(5, bool), rng.random(40) < 0.7):
+        after = np.append(keep, True)
+        got = one_token_mask(after)
+        want = step_mask(keep, 1)
+        assert got.dtype == np.float32 and got.flags.c_contiguous
+        assert got.shape == want.shape and np.array_equal(got, want)

@@ -163,3 +163,38 @@ def test_prefill_chunking_is_exact(two_stage: Path) -> None:
     for lo, hi in prefill_chunks(len(PROMPT), 3):
         last = _logits(chunked, 0, PROMPT[lo:hi], lo)[-1]
     np.testing.assert_allclose(last, expected, atol=1e-4)
+
+
+def test_prefetched_inputs_give_the_same_steps_and_wrong_guesses_are_rebuilt(
+        two_stage: Path) -> None:
+    """prefetch binds the guessed next step (one token at the next position); a step that
+    matches uses it, any other step (more tokens, another position, after a rewind or a
+    compaction) builds its own, and every output equals a runner that never prefetches."""
+    plain, ahead = StageRunner(two_stage, 1, EXACT), StageRunner(two_stage, 1, EXACT)
+    hidden = plain.manifest.model.hidden_size
+    rng = np.random.default_rng(7)
+    for runner in (plain, ahead):
+        runner.open_stream(0)
+    assert not ahead.prefetch(0)  # nothing stepped yet: nothing to guess
+    assert not ahead.prefetch(99)  # not a stream
+    script = [  # (tokens, first position, rewind before the step)
+        (5, 0, 0), (1, 5, 0), (1, 6, 0), (3, 7, 0), (1, 10, 2), (1, 9, 0), (1, 12, 0),
+        (1, 11, 0), (2, 12, 0), (1, 14, 0)]
+    used = 0
+    for i, (tokens, start, rewind) in enumerate(script):
+        x = rng.standard_normal((1, tokens, hidden), dtype=np.float32)
+        positions = np.arange(start, start + tokens)
+        outs = []
+        for runner in (plain, ahead):
+            if rewind:
+                runner.mask_tail(0, rewind)
+            if i == 6:
+                runner.compact(0)
+            guess = runner.streams[0].prefetched
+            outs.append(np.array(runner.step(0, x, positions)))
+            if runner is ahead:
+                used += guess is not None and runner.streams[0].last is guess
+                assert runner.prefetch(0) and not runner.prefetch(0)  # once per step
+        np.testing.assert_array_equal(outs[0], outs[1])
+        np.testing.assert_array_equal(ahead.streams[0].keep, plain.streams[0].keep)
+    assert used == 3  # steps 2, 3 and 10 were the guessed next token

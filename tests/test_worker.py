@@ -114,11 +114,18 @@ def test_last_stage_answers_like_a_local_runner(last_stage):
     records = timing_records(header.timings)
     assert records["stage"].tolist() == [0, 1] and records["compute_ns"][1] > 0
     assert records["send_ns"][1] >= records["recv_ns"][1]
-    # next decode step, full logits
+    # idle, the worker binds the likely next step's inputs (one token at position 3)
+    deadline = time.monotonic() + 5
+    while worker.runner.streams[0].prefetched is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    guess = worker.runner.streams[0].prefetched
+    assert guess is not None and guess.positions.tolist() == [[3]]
+    # next decode step, full logits: it runs on the prefetched inputs
     x = hidden_for(first, [4], [3])
     coord.send_parts(step(0, x, [3], step_no=1, reply=ReplyMode.LOGITS))
     header, payload = coord.recv()
     assert np.array_equal(payload, ref.step(0, x, np.array([3]))[0])
+    assert worker.runner.streams[0].last is guess
     stats = worker.stats()
     assert stats.steps == 2 and stats.frames_out == 2 and len(stats.compute_ms) == 2
 
