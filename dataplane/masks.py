@@ -25,9 +25,12 @@ def step_mask(keep: np.ndarray, tokens: int) -> np.ndarray:
 
 
 def one_token_mask(after: np.ndarray) -> np.ndarray:
-    """``step_mask(keep, 1)`` from the slot table once the step ran (``keep`` + [True]):
-    [1, 1, 1, len(after)] float32, in one numpy call (the decode step's hot path)."""
-    return np.where(after, np.float32(0.0), MASK_MIN)[None, None, None]
+    """The mask of a one-token step from the slot table(s) once it ran (``keep`` plus a
+    kept new slot): ``step_mask(keep, 1)`` [1, 1, 1, slots] for a stream's [slots] table,
+    ``rows_step_mask(keep, 1)`` [rows, 1, 1, slots] for a group's [rows, slots] tables;
+    float32 in one numpy call (the decode step's hot path)."""
+    mask = np.where(after, np.float32(0.0), MASK_MIN)
+    return mask.reshape(-1, 1, 1, mask.shape[-1])
 
 
 def batch_step_mask(keeps: list[np.ndarray], tokens: int) -> np.ndarray:

@@ -102,7 +102,7 @@ class RowGroup:
     members: list[int]
     keep: np.ndarray  # bool [rows, slots]
     bound: list[ov.Tensor] = field(default_factory=list)  # as StreamSlots.bound
-    last: StepInputs | None = None  # never prefetched: a group's next rows are not guessed
+    last: StepInputs | None = None  # as StreamSlots.last
     prefetched: StepInputs | None = None
 
 
@@ -271,8 +271,9 @@ class StageRunner:
         positions = np.asarray(positions, dtype=np.int64)
         ahead, target.prefetched = target.prefetched, None
         if (ahead is not None and inputs is None and logits_idx is None
-                and ahead.keep is target.keep and positions.shape == (1, 1)
-                and int(positions[0, 0]) == int(ahead.positions[0, 0])):
+                and ahead.keep is target.keep and positions.shape == ahead.positions.shape
+                and (int(positions[0, 0]) == int(ahead.positions[0, 0]) if positions.size == 1
+                     else np.array_equal(positions, ahead.positions))):
             return ahead  # bound while the stage was idle (see prefetch)
         if inputs is None or not inputs.fits(positions, target.keep):
             inputs = self._step_inputs(positions, target.keep)
@@ -283,16 +284,14 @@ class StageRunner:
         """Bind a stream's likely next step (one token at the next position) while the
         stage is idle: built right after an inference, with cold caches, on the critical
         path, inputs cost several times more. A ``prepare`` of exactly that step only
-        checks the guess; any other step binds its own. Returns whether it bound anything
-        (not for row groups or an unstepped stream)."""
-        slots = self.streams.get(stream_id)
-        if (slots is None or stream_id in self.groups or slots.last is None
-                or slots.prefetched is not None or slots.keep.ndim != 1):
+        checks the guess; any other step binds its own. A row group's guess is every row's
+        next position. Returns whether it bound anything (not before a first step)."""
+        target = self.groups.get(stream_id) or self.streams.get(stream_id)
+        if target is None or target.last is None or target.prefetched is not None:
             return False
-        position = int(slots.last.positions[0, -1]) + 1
-        inputs = self._step_inputs(np.array([[position]], dtype=np.int64), slots.keep)
-        self._bind(slots, inputs, None)
-        slots.prefetched = inputs
+        inputs = self._step_inputs(target.last.positions[:, -1:] + 1, target.keep)
+        self._bind(target, inputs, None)
+        target.prefetched = inputs
         return True
 
     def _bind(self, target: StreamSlots | RowGroup, inputs: StepInputs,
@@ -356,11 +355,16 @@ class StageRunner:
     def _step_inputs(self, positions: np.ndarray, keep: np.ndarray) -> StepInputs:
         """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``."""
         rows, tokens = positions.shape
-        if tokens == 1 and keep.ndim == 1:  # a stream's decode step: the few-call path
-            after = np.append(keep, True)
-            cos, sin = rope_one(int(positions[0, 0]), self._inv_freq2, self.rope_scaling)
+        if tokens == 1:  # a decode step (one token per row): the few-call path
+            after = (np.append(keep, True) if keep.ndim == 1
+                     else np.concatenate((keep, np.ones((rows, 1), dtype=bool)), axis=1))
+            if rows == 1:
+                cos, sin = rope_one(int(positions[0, 0]), self._inv_freq2, self.rope_scaling)
+            else:
+                cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
+            beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)
             return StepInputs(positions, keep, after, _shared(one_token_mask(after)),
-                              _shared(cos), _shared(sin), _shared(self._beam))
+                              _shared(cos), _shared(sin), _shared(beam))
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
         mask = rows_step_mask(keep, tokens) if keep.ndim == 2 else step_mask(keep, tokens)
         beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)

@@ -76,3 +76,12 @@ def test_one_token_mask_equals_the_step_mask() -> None:
         want = step_mask(keep, 1)
         assert got.dtype == np.float32 and got.flags.c_contiguous
         assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_one_token_mask_of_a_group_equals_the_rows_step_mask() -> None:
+    from dataplane.rows import rows_step_mask
+
+    keep = np.random.default_rng(5).random((3, 12)) < 0.6
+    after = np.concatenate((keep, np.ones((3, 1), dtype=bool)), axis=1)
+    got, want = one_token_mask(after), rows_step_mask(keep, 1)
+    assert got.shape == want.shape == (3, 1, 1, 13) and np.array_equal(got, want)

@@ -198,3 +198,31 @@ def test_prefetched_inputs_give_the_same_steps_and_wrong_guesses_are_rebuilt(
         np.testing.assert_array_equal(outs[0], outs[1])
         np.testing.assert_array_equal(ahead.streams[0].keep, plain.streams[0].keep)
     assert used == 3  # steps 2, 3 and 10 were the guessed next token
+
+
+def test_prefetch_guesses_every_row_of_a_group(two_stage: Path) -> None:
+    plain, ahead = StageRunner(two_stage, 1, EXACT), StageRunner(two_stage, 1, EXACT)
+    hidden = plain.manifest.model.hidden_size
+    rng = np.random.default_rng(11)
+    prompts = [rng.standard_normal((1, n, hidden), dtype=np.float32) for n in (4, 6)]
+    for runner in (plain, ahead):
+        for sid, x in enumerate(prompts):
+            runner.open_stream(sid)
+            runner.step(sid, x, np.arange(x.shape[1]))
+        runner.regroup(100, [0, 1])
+    assert not ahead.prefetch(100)  # a new group has not stepped yet
+    positions, used = np.array([[4], [6]]), 0
+    for i in range(4):
+        x = rng.standard_normal((2, 1, hidden), dtype=np.float32)
+        outs = []
+        for runner in (plain, ahead):
+            if i == 2:
+                runner.mask_rows_tail(100, np.array([1, 0]))  # a rewind: the guess is off
+            guess = runner.groups[100].prefetched
+            outs.append(np.array(runner.step_rows(100, x, positions)))
+            if runner is ahead:
+                used += guess is not None and runner.groups[100].last is guess
+                assert runner.prefetch(100)
+        np.testing.assert_array_equal(outs[0], outs[1])
+        positions = positions + 1
+    assert used == 2  # steps 1 and 3
