@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 
 import openvino as ov
 
@@ -53,7 +54,9 @@ def compress_stage(model: ov.Model, weight_format: str, group_size: int | None) 
 
     set_log_level(logging.ERROR)  # zctl reports progress itself; keep NNCF's tables out
     head_and_embedding = IgnoredScope(patterns=[".*embed.*", ".*lm_head.*"], validate=False)
-    with numpy_compression():
+    # NNCF draws its progress bars on stdout, which belongs to the caller's output
+    # (`zctl run --json` exporting on first use, the benchmarks' --json): send them to stderr.
+    with numpy_compression(), redirect_stdout(sys.stderr):
         if weight_format == "int4":
             model = nncf.compress_weights(
                 model,

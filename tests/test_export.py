@@ -149,3 +149,11 @@ def test_qwen2_style_biases_export_exactly(tmp_path: Path) -> None:
     export_model(open_source(str(model_dir)), [(0, 1), (1, 2)], "fp32", tmp_path / "exp")
     results = verify_export(tmp_path / "exp", ["hello world"], max_new_tokens=24)
     assert results[0].exact
+
+
+def test_compression_keeps_stdout_clean(tiny_llama_dir: Path, tmp_path: Path, capfd) -> None:
+    """stdout belongs to the caller (``zctl run --json`` exporting on first use): NNCF's
+    progress bars go to stderr."""
+    export_model(open_source(str(tiny_llama_dir)), [(0, 4)], "int4", tmp_path / "int4")
+    out, _ = capfd.readouterr()
+    assert out == ""
