@@ -5,6 +5,8 @@ Systems, interleaved run by run in one process with the same plugin hints:
   stage1        our 1-stage shard (beam_idx Gather injected)
   stage1_nobeam our 1-stage shard without the Gather (the paper's ablation)
   stage2/3      2 and 3 stages chained in one process
+  (and, stepped token by token against each other, stage2/stage3 over stage1:
+  ``stage2_over_stage1`` is a stage boundary's cost without run-to-run drift)
 Extra columns (``--extras``, on by default), for like-for-like reading:
   baseline_sdpa openvino_genai with ATTENTION_BACKEND=SDPA: the stateful-model path, the same
                 kind of graph as our shards (the default LLMPipeline on CPU uses paged attention)
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -112,6 +116,29 @@ def chain_runner(export_dir: Path, config: RuntimeConfig) -> Callable[[list[int]
     return run
 
 
+def paired_step_ms(chains: dict[str, LocalChain], prompt_ids: list[int], tokens: int,
+                   stream: int = 7) -> dict[str, float]:
+    """Median ms per greedy decode step of each chain, the chains stepped token by token
+    in rotating order (each on its own stream): drift of the machine, which moves whole
+    runs by +-10% here, hits every chain alike, so their ratios are exact to ~1%."""
+    state: dict[str, tuple[int, int]] = {}
+    for key, chain in chains.items():
+        chain.open(stream)
+        chain.reset(stream)
+        reply = chain.step(stream, np.asarray(prompt_ids), np.arange(len(prompt_ids)))
+        state[key] = (int(reply.tokens[-1]), len(prompt_ids))
+    keys = list(chains)
+    times: dict[str, list[float]] = {key: [] for key in keys}
+    for i in range(tokens):
+        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+            token, position = state[key]
+            start = time.perf_counter()
+            reply = chains[key].step(stream, np.array([token]), np.array([position]))
+            times[key].append((time.perf_counter() - start) * 1e3)
+            state[key] = (int(reply.tokens[-1]), position + 1)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 def ratios(medians: dict[str, float]) -> dict[str, float]:
     base = medians["baseline"]
     return {f"{name}_ratio": round(value / base, 3) for name, value in medians.items()
@@ -163,6 +190,13 @@ def main(
             samples[key].append(systems[key](prompt_ids, tokens))
         err.print(f"run {run + 1}/{runs}: " + "  ".join(f"{k} {v[-1]:.1f}" for k, v in samples.items()))
     medians = {key: statistics.median(values) for key, values in samples.items()}
+    # The chains against each other, token by token (the baseline cannot be stepped so):
+    # what a stage boundary costs, free of the drift between whole runs.
+    chains = {key: LocalChain.load(str(exports[key]), config) for key in ("stage1", "stage2",
+                                                                         "stage3")}
+    step_ms = paired_step_ms(chains, prompt_ids, tokens * 2)
+    paired = {f"{key}_over_stage1": round(step_ms["stage1"] / step_ms[key], 4)
+              for key in ("stage2", "stage3")}
     result: dict[str, Any] = {
         "model": model, "weights": weights, "tokens": tokens, "runs": runs, "properties": props,
         "baseline": "openvino_genai LLMPipeline, default attention backend (paged attention on CPU)",
@@ -170,6 +204,7 @@ def main(
         **{f"{key}_tok_s": round(value, 2) for key, value in medians.items()},
         **ratios(medians),
         "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
+        "paired_step_ms": {key: round(v, 3) for key, v in step_ms.items()}, **paired,
     }
     if as_json:
         print(json.dumps(result))
@@ -182,6 +217,8 @@ def main(
         ratio = medians[key] / medians["baseline"]
         table.add_row(key, f"{medians[key]:.1f}", f"{ratio:.3f}x")
     Console().print(table)
+    Console().print("token by token against 1 stage: " + ", ".join(
+        f"{key} {value:.3f}x" for key, value in paired.items()))
 
 
 if __name__ == "__main__":
