@@ -43,3 +43,15 @@ def rope_one(position: int, inv_freq2: np.ndarray, attention_scaling: float = 1.
         cos = cos * np.float32(attention_scaling)
         sin = sin * np.float32(attention_scaling)
     return cos.reshape(1, 1, -1), sin.reshape(1, 1, -1)
+
+
+def rope_one_into(position: int, inv_freq2: np.ndarray, attention_scaling: float,
+                  cos: np.ndarray, sin: np.ndarray) -> None:
+    """``rope_one`` written into flat float32 [head_dim] arrays ``cos`` and ``sin``
+    (bit-identical values, no new arrays but the product)."""
+    emb = np.float32(position) * inv_freq2
+    np.cos(emb, out=cos)
+    np.sin(emb, out=sin)
+    if attention_scaling != 1.0:
+        np.multiply(cos, np.float32(attention_scaling), out=cos)
+        np.multiply(sin, np.float32(attention_scaling), out=sin)

@@ -15,10 +15,10 @@ import numpy as np
 import openvino as ov
 
 from dataplane.manifest import ExportManifest, StageSpec, load_manifest, verify_export_files
-from dataplane.masks import one_token_mask, step_mask
-from dataplane.rope import doubled_inv_freq, rope_one, rope_tables
+from dataplane.masks import MASK_MIN, one_token_mask, step_mask
+from dataplane.rope import doubled_inv_freq, rope_one, rope_one_into, rope_tables
 from dataplane.rows import RowSource, merge_rows, rows_step_mask
-from dataplane.slots import RowGroup, StepInputs, StreamSlots
+from dataplane.slots import DecodeBuffers, RowGroup, StepInputs, StreamSlots
 from dataplane.slots import shared_tensor as _shared
 
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")
@@ -81,6 +81,10 @@ class StageRunner:
     rows of one batched inference (``step_rows``).
     """
 
+    # One-row decode steps write their inputs into per-stream DecodeBuffers bound once,
+    # rather than binding fresh tensors (bit-identical; off only to test that).
+    decode_buffers: ClassVar[bool] = True
+
     def __init__(
         self,
         export_dir: Path | str,
@@ -118,6 +122,7 @@ class StageRunner:
         self.input_name = self.spec.inputs[0]
         self._has_beam_idx = any(p.get_any_name() == "beam_idx" for p in self.compiled.inputs)
         self._beam = np.zeros(1, dtype=np.int32)
+        self._beam_tensor = _shared(self._beam)  # read-only, bound to every one-row step
         self.streams: dict[int, StreamSlots] = {}
         self.groups: dict[int, RowGroup] = {}
 
@@ -213,7 +218,7 @@ class StageRunner:
                      else np.array_equal(positions, ahead.positions))):
             return ahead  # bound while the stage was idle (see prefetch)
         if inputs is None or not inputs.fits(positions, target.keep):
-            inputs = self._step_inputs(positions, target.keep)
+            inputs = self._step_inputs(positions, target.keep, target)
         self._bind(target, inputs, logits_idx)
         return inputs
 
@@ -226,24 +231,25 @@ class StageRunner:
         target = self.groups.get(stream_id) or self.streams.get(stream_id)
         if target is None or target.last is None or target.prefetched is not None:
             return False
-        inputs = self._step_inputs(target.last.positions[:, -1:] + 1, target.keep)
+        inputs = self._step_inputs(target.last.positions[:, -1:] + 1, target.keep, target)
         self._bind(target, inputs, None)
         target.prefetched = inputs
         return True
 
     def _bind(self, target: StreamSlots | RowGroup, inputs: StepInputs,
               logits_idx: np.ndarray | None) -> None:
-        """Bind ``inputs`` (and the last stage's logits_idx) to the target's request."""
-        request = target.request
-        target.bound = [inputs.attention_mask, inputs.rope_cos, inputs.rope_sin, inputs.beam_idx]
-        request.set_tensor("attention_mask", inputs.attention_mask)
-        request.set_tensor("rope_cos", inputs.rope_cos)
-        request.set_tensor("rope_sin", inputs.rope_sin)
+        """Bind ``inputs`` (and the last stage's logits_idx) to the target's request; a
+        tensor already bound (the decode buffers, shared read-only ones) is not bound again."""
         rows, tokens = inputs.positions.shape
-        if self._has_beam_idx:
-            request.set_tensor("beam_idx", inputs.beam_idx)
-        elif rows > 1:
+        if not self._has_beam_idx and rows > 1:
             raise StageError("this export has no beam_idx input: it cannot step row groups")
+        bound = target.bound
+        self._bind_one(target, "attention_mask", inputs.attention_mask)
+        self._bind_one(target, "rope_cos", inputs.rope_cos)
+        self._bind_one(target, "rope_sin", inputs.rope_sin)
+        if self._has_beam_idx:
+            self._bind_one(target, "beam_idx", inputs.beam_idx)
+        bound["inputs"] = inputs  # keeps any numpy memory under its tensors alive
         if self.spec.last:
             if logits_idx is None:  # the last token: one read-only tensor per T, shared
                 idx_tensor = self._last_token_idx.get(tokens)
@@ -255,8 +261,13 @@ class StageRunner:
                 if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= tokens:
                     raise StageError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
                 idx_tensor = _shared(idx.astype(np.int64, copy=False))
-            target.bound.append(idx_tensor)
-            request.set_tensor("logits_idx", idx_tensor)
+            self._bind_one(target, "logits_idx", idx_tensor)
+
+    @staticmethod
+    def _bind_one(target: StreamSlots | RowGroup, name: str, tensor: ov.Tensor) -> None:
+        if target.bound.get(name) is not tensor:
+            target.request.set_tensor(name, tensor)
+            target.bound[name] = tensor
 
     def run(self, stream_id: int, x: np.ndarray | ov.Tensor, inputs: StepInputs) -> ov.Tensor:
         """Run the step ``prepare`` bound, on x: token ids [rows, T], hidden states
@@ -271,11 +282,12 @@ class StageRunner:
             self.check_input(x[:1], inputs.positions[0])
             if self.spec.first:
                 x = x.astype(np.int64, copy=False)
-            x = _shared(x)
+            buffers = target.decode
+            x = (buffers.input_from(x) if buffers is not None and x.shape[:2] == (1, 1)
+                 and x.dtype in (np.int64, np.float32) else _shared(x))
         if tuple(x.shape)[:2] != inputs.positions.shape:
             raise StageError(f"x {tuple(x.shape)} does not match positions {inputs.positions.shape}")
-        target.bound.append(x)
-        request.set_tensor(self.input_name, x)
+        self._bind_one(target, self.input_name, x)
         if self.config.async_infer:
             request.start_async()
             request.wait()
@@ -289,12 +301,22 @@ class StageRunner:
         group = self.groups.get(stream_id)
         return group if group is not None else self._stream(stream_id)
 
-    def _step_inputs(self, positions: np.ndarray, keep: np.ndarray) -> StepInputs:
-        """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``."""
+    def _step_inputs(self, positions: np.ndarray, keep: np.ndarray,
+                     target: StreamSlots | RowGroup | None = None) -> StepInputs:
+        """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``;
+        a one-row decode step of ``target`` writes them into its DecodeBuffers."""
         rows, tokens = positions.shape
         if tokens == 1:  # a decode step (one token per row): the few-call path
             after = (np.append(keep, True) if keep.ndim == 1
                      else np.concatenate((keep, np.ones((rows, 1), dtype=bool)), axis=1))
+            if rows == 1 and target is not None and self.decode_buffers:
+                buffers = target.decode
+                if buffers is None:
+                    buffers = target.decode = DecodeBuffers(self._inv_freq2.shape[0])
+                rope_one_into(int(positions[0, 0]), self._inv_freq2, self.rope_scaling,
+                              buffers.cos, buffers.sin)
+                return StepInputs(positions, keep, after, buffers.mask_after(keep, after, MASK_MIN),
+                                  buffers.rope_cos, buffers.rope_sin, self._beam_tensor)
             if rows == 1:
                 cos, sin = rope_one(int(positions[0, 0]), self._inv_freq2, self.rope_scaling)
             else:

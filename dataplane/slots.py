@@ -20,11 +20,13 @@ class StreamSlots:
 
     request: ov.InferRequest
     keep: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    # Tensors bound to the request over numpy memory: an ov.Tensor does not keep that memory
-    # alive for the request, so they are held here until the next step binds new ones.
-    bound: list[ov.Tensor] = field(default_factory=list)
+    # Tensors bound to the request, by input name. Some are over numpy memory, which an
+    # ov.Tensor does not keep alive for the request: they are held here until replaced.
+    # A name whose tensor is already bound is not bound again.
+    bound: dict[str, ov.Tensor] = field(default_factory=dict)
     last: StepInputs | None = None  # the inputs of the last step run
     prefetched: StepInputs | None = None  # inputs bound ahead for the guessed next step
+    decode: DecodeBuffers | None = None  # the one-token steps' input tensors, made on first use
 
     @property
     def physical(self) -> int:
@@ -43,9 +45,10 @@ class RowGroup:
     request: ov.InferRequest
     members: list[int]
     keep: np.ndarray  # bool [rows, slots]
-    bound: list[ov.Tensor] = field(default_factory=list)  # as StreamSlots.bound
+    bound: dict[str, ov.Tensor] = field(default_factory=dict)  # as StreamSlots.bound
     last: StepInputs | None = None  # as StreamSlots.last
     prefetched: StepInputs | None = None
+    decode: DecodeBuffers | None = None  # one-row groups only (as StreamSlots.decode)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,68 @@ class StepInputs:
         return (self.positions.shape == positions.shape and np.array_equal(self.positions, positions)
                 and (self.keep is keep or (self.keep.shape == keep.shape
                                            and np.array_equal(self.keep, keep))))
+
+
+class DecodeBuffers:
+    """The input tensors of a one-row target's one-token steps, written in place.
+
+    Right after an inference the host path runs with cold caches, where every fresh
+    ov.Tensor and every set_tensor costs tens of microseconds. A decode step instead
+    writes its RoPE row into ``rope_cos``/``rope_sin`` and its mask into ``attention_mask``,
+    which stay bound to the request: the mask is a capacity buffer kept in sync with the
+    slot table it was last written for (``source``, by identity: slot tables are replaced,
+    never written in place) and reshaped to the step's slot count, so a step only appends
+    the new slot's 0. The tensors own their memory: whoever holds one keeps it valid.
+    A target's buffers hold one step at a time: a step's inputs are valid until the
+    target's next step (or prefetch) is built, as a request's output is.
+    """
+
+    INITIAL_CAPACITY = 256  # mask slots; doubles when a stream outgrows it
+
+    def __init__(self, head_dim: int, capacity: int | None = None) -> None:
+        self.rope_cos = ov.Tensor(ov.Type.f32, [1, 1, head_dim])
+        self.rope_sin = ov.Tensor(ov.Type.f32, [1, 1, head_dim])
+        self.cos = self.rope_cos.data.reshape(-1)  # flat views, written by rope_one_into
+        self.sin = self.rope_sin.data.reshape(-1)
+        self.source: np.ndarray | None = None
+        self.input: ov.Tensor | None = None  # x of the last step (see input_from)
+        self._input_view = np.zeros(0)
+        self._allocate(capacity or self.INITIAL_CAPACITY)
+
+    def _allocate(self, capacity: int) -> None:
+        self.attention_mask = ov.Tensor(ov.Type.f32, [1, 1, 1, capacity])
+        self.mask = self.attention_mask.data.reshape(-1)
+        self.capacity = capacity
+
+    def input_from(self, x: np.ndarray) -> ov.Tensor:
+        """``x`` copied into a tensor kept for steps of its shape and dtype (a received
+        frame's payload is read-only: it is copied either way)."""
+        if self._input_view.shape != x.shape or self._input_view.dtype != x.dtype:
+            self.input = ov.Tensor(np.array(x))  # owns a copy of its own
+            self._input_view = self.input.data
+        else:
+            np.copyto(self._input_view, x)
+        return self.input
+
+    def mask_after(self, keep: np.ndarray, after: np.ndarray, mask_min: np.float32) -> ov.Tensor:
+        """The [1, 1, 1, slots + 1] mask of a one-token step over the one-row slot table
+        ``keep`` ([slots] or [1, slots]); ``after`` is that table once the step ran."""
+        slots = keep.shape[-1]
+        if slots + 1 > self.capacity:
+            old, synced = self.mask, self.source is keep
+            self._allocate(max(2 * self.capacity, slots + 1))
+            if synced:
+                self.mask[:slots] = old[:slots]
+        elif self.source is not keep:
+            synced = False
+        else:
+            synced = True
+        if not synced:
+            np.copyto(self.mask[:slots], np.where(keep.reshape(-1), np.float32(0.0), mask_min))
+        self.mask[slots] = 0.0
+        self.source = after
+        self.attention_mask.shape = [1, 1, 1, slots + 1]
+        return self.attention_mask
 
 
 def shared_tensor(array: np.ndarray) -> ov.Tensor:

@@ -226,3 +226,56 @@ def test_prefetch_guesses_every_row_of_a_group(two_stage: Path) -> None:
         np.testing.assert_array_equal(outs[0], outs[1])
         positions = positions + 1
     assert used == 2  # steps 1 and 3
+
+
+class _FreshTensors(StageRunner):
+    decode_buffers = False
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_decode_buffers_equal_fresh_tensors(two_stage: Path, stage: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-row decode steps write their inputs into per-stream buffers bound once; over
+    decodes that outgrow the mask buffer, rewinds, compaction, trimming, multi-token steps,
+    two streams and a one-row group, every output equals binding fresh tensors per step."""
+    from dataplane.slots import DecodeBuffers
+
+    monkeypatch.setattr(DecodeBuffers, "INITIAL_CAPACITY", 4)  # grow twice
+    fresh, buffered = _FreshTensors(two_stage, stage, EXACT), StageRunner(two_stage, stage, EXACT)
+    hidden = fresh.manifest.model.hidden_size
+    rng = np.random.default_rng(3)
+    for runner in (fresh, buffered):
+        runner.open_stream(0)
+        runner.open_stream(1)
+    script = [  # (stream, tokens, first position, action before the step)
+        (0, 3, 0, ""), (1, 2, 0, ""), (0, 1, 3, ""), (1, 1, 2, ""), (0, 1, 4, ""),
+        (0, 1, 5, ""), (0, 1, 6, "mask 2"), (0, 1, 5, ""), (1, 1, 3, ""), (0, 1, 6, "compact"),
+        (0, 2, 7, ""), (0, 1, 9, ""), (0, 1, 10, "trim 1"), (0, 1, 10, ""), (1, 1, 4, ""),
+        (0, 1, 11, "prefetch"), (0, 1, 12, ""), (1, 1, 5, "group"), (1, 1, 6, "")]
+    grouped = False
+    for sid, tokens, start, action in script:
+        x = (rng.integers(0, 200, (1, tokens)) if stage == 0
+             else rng.standard_normal((1, tokens, hidden), dtype=np.float32))
+        x.setflags(write=False)  # as a received frame's payload
+        positions = np.arange(start, start + tokens)
+        outs = []
+        for runner in (fresh, buffered):
+            if action.startswith("mask"):
+                runner.mask_tail(sid, int(action.split()[1]))
+            elif action.startswith("trim"):
+                runner.trim_tail(sid, int(action.split()[1]))
+            elif action == "compact":
+                runner.compact(sid)
+            elif action == "prefetch":
+                runner.prefetch(sid)
+            elif action == "group":
+                runner.regroup(100, [sid])
+            if sid == 1 and (grouped or action == "group"):
+                outs.append(np.array(runner.step_rows(100, x, positions[None])))
+            else:
+                outs.append(np.array(runner.step(sid, x, positions)))
+        grouped = grouped or action == "group"
+        np.testing.assert_array_equal(outs[0], outs[1])
+    assert buffered.streams[0].decode is not None and fresh.streams[0].decode is None
+    assert buffered.streams[0].decode.capacity >= 16 > 4  # outgrew its first buffer
+    assert buffered.groups[100].decode is not None
