@@ -395,7 +395,7 @@ class ClusterPipeline:
         Back-to-back empty polls count as one wait: the reply's hop is ready since the
         first (else a slow hop's time would show as queueing behind the poll interval).
         """
-        if timeout_s != 0 and self._pending and not self._pull.poll(0):
+        if timeout_s != 0 and self._pending and not wait_readable(self._pull, 0):
             self._prefetch_in_flight()
         ready_ns = self._waiting_since or time.time_ns()
         if not wait_readable(self._pull, timeout_s):

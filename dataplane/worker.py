@@ -50,6 +50,7 @@ from dataplane.transport import (
     pull_socket,
     recv_parts,
     send_parts,
+    wait_readable,
 )
 from dataplane.worker_state import WorkerStats, _StreamState, _Throttle, admit, reply_payload
 
@@ -378,7 +379,7 @@ class StageWorker:
         """With no frame waiting, bind the last stepped stream's likely next inputs now
         (StageRunner.prefetch), off the path of the frame that will need them."""
         sid, self._stepped = self._stepped, None
-        if sid is not None and not self._pull.poll(0):
+        if sid is not None and not wait_readable(self._pull, 0):
             try:
                 self.runner.prefetch(sid)
             except Exception as exc:  # a guess must never take the worker down
