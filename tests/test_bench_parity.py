@@ -1,4 +1,4 @@
-"""tools.bench_parity's token-by-token chain comparison."""
+"""The benchmark tools' estimators: token-by-token chain steps, bracketed and paired ratios."""
 
 from __future__ import annotations
 
@@ -35,3 +35,10 @@ def test_bracketed_ratios_cancel_drift_between_and_within_runs() -> None:
     # a ratio of medians over the same runs reads the drift instead
     from statistics import median
     assert abs(median(samples["stage2"]) / median(samples["baseline"]) - 0.97) > 0.05
+
+
+def test_microbatch_paired_scaling_divides_each_run_by_its_own_single_stream() -> None:
+    from tools.bench_microbatch import paired_scaling
+
+    samples = {"1": [20.0, 30.0, 25.0], "2": [38.0, 57.0, 45.0], "4": [50.0, 75.0, 60.0]}
+    assert paired_scaling(samples) == {"1": 1.0, "2": 1.9, "4": 2.5}

@@ -86,6 +86,15 @@ def cluster_aggregate(serve: str, prompts: list[str], tokens: int,
             "acceptance": [dones[r.request_id].spec.get("acceptance") for r in requests]}
 
 
+def paired_scaling(samples: dict[str, list[float]]) -> dict[str, float]:
+    """Per stream count, the median over runs of that run's aggregate over its own
+    1-stream figure (measured moments before): free of the drift between runs, which
+    moves whole runs by +-10% here."""
+    ones = samples["1"]
+    return {n: round(statistics.median(v / one for v, one in zip(values, ones, strict=True)), 3)
+            for n, values in samples.items()}
+
+
 def cluster_rss_mb(pids: list[int]) -> float:
     total = 0
     for pid in pids:
@@ -171,6 +180,7 @@ def main(
         "cluster_spec_tok_s": med(samples, "lookup"),
         "cluster_per_stream_tok_s": med(per_stream, "cluster"),
         "scaling": {n: round(v / cluster["1"], 3) for n, v in cluster.items()},
+        "scaling_paired": paired_scaling(samples["cluster"]),
         "memory_per_stream_mb": round(max(rss_four - rss_one, 0.0) / (max(STREAM_COUNTS) - 1), 1),
         "samples": samples,
     }
