@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from controlplane.schema import SchemaError, build
@@ -409,8 +409,17 @@ def encode_message(msg: Message, protocol: int = PROTOCOL_VERSION) -> bytes:
     """One JSON frame for ``msg`` (``protocol`` is overridable only to test refusals)."""
     if type(msg).TYPE not in REGISTRY:
         raise TypeError(f"{type(msg).__name__} is not a registered message")
-    envelope = {"protocol": protocol, "type": msg.TYPE, "body": asdict(msg)}  # type: ignore[call-overload]
-    return json.dumps(envelope, separators=(",", ":")).encode()
+    envelope = {"protocol": protocol, "type": msg.TYPE, "body": _json_fields(msg)}
+    return json.dumps(envelope, separators=(",", ":"), default=_json_fields).encode()
+
+
+def _json_fields(obj: Any) -> dict[str, Any]:
+    """A dataclass as a shallow {field: value} mapping for json (which converts nested
+    dataclasses through this hook again): the same JSON as ``asdict``, without its deep
+    copy, which made a generation chunk cost ~0.4 ms on the generation thread."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in fields(obj)}
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
 def decode_message(data: bytes) -> Message:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import pytest
 
@@ -59,6 +59,8 @@ def test_every_message_round_trips(cls: type[m.Message]) -> None:
     assert decoded == msg and got_payload == payload
     envelope = json.loads(frames[0])
     assert envelope["protocol"] == m.PROTOCOL_VERSION and envelope["type"] == cls.TYPE
+    # the shallow encoder writes exactly what dataclasses.asdict would (nested ones too)
+    assert envelope["body"] == json.loads(json.dumps(asdict(msg)))
 
 
 def test_runtime_spec_mirrors_runtime_config() -> None:
