@@ -235,23 +235,12 @@ class StreamScheduler:
         return self._advance(sessions, reply, row_lens)
 
     def _poll_pipelined(self, timeout_s: float | None) -> list[SessionUpdate]:
+        """Submit every ready unit, collect one reply, advance its sessions and (without
+        row groups, whose membership settles between polls) submit their next steps
+        before returning: the caller's work on the updates (streaming text to clients)
+        then overlaps the steps in flight instead of delaying them."""
         pipe: Any = self.pipeline
-        updates: list[SessionUpdate] = []
-        busy = self._busy()
-        for unit_id, sessions in self._units():
-            if any(id(s) in busy for s in sessions):
-                continue
-            plan, row_lens = self._plan(unit_id, sessions)
-            try:
-                rid = pipe.submit(unit_id, plan.token_ids, plan.positions,
-                                  plan.logits_idx, plan.want_logits, mask_tail=plan.rewind)
-            except Exception as exc:  # noqa: BLE001
-                updates += self._fail(sessions, exc)
-                continue
-            self._in_flight[rid] = list(sessions)
-            if row_lens is not None:
-                self._group_steps[rid] = unit_id
-                self._row_lens[rid] = row_lens
+        updates = self._submit_ready(pipe)
         if not self._in_flight:
             return updates
         try:
@@ -274,6 +263,29 @@ class StreamScheduler:
         row_lens = self._row_lens.pop(reply.request_id, None)
         if sessions is not None:
             updates += self._advance(sessions, reply, row_lens)
+            if not self._groups:
+                updates += self._submit_ready(pipe, skip_done=True)
+        return updates
+
+    def _submit_ready(self, pipe: Any, skip_done: bool = False) -> list[SessionUpdate]:
+        """Submit the next step of every unit with nothing in flight (``skip_done``: and
+        no finished session, which poll has not retired yet); the failures."""
+        updates: list[SessionUpdate] = []
+        busy = self._busy()
+        for unit_id, sessions in self._units():
+            if any(id(s) in busy or (skip_done and s.done) for s in sessions):
+                continue
+            plan, row_lens = self._plan(unit_id, sessions)
+            try:
+                rid = pipe.submit(unit_id, plan.token_ids, plan.positions,
+                                  plan.logits_idx, plan.want_logits, mask_tail=plan.rewind)
+            except Exception as exc:  # noqa: BLE001
+                updates += self._fail(sessions, exc)
+                continue
+            self._in_flight[rid] = list(sessions)
+            if row_lens is not None:
+                self._group_steps[rid] = unit_id
+                self._row_lens[rid] = row_lens
         return updates
 
 

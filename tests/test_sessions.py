@@ -137,6 +137,45 @@ def test_scheduler_rejects_a_stream_twice_and_cancels() -> None:
     assert not sched.active and sched.poll() == []
 
 
+class PipelinedCounting(CountingModel):
+    """CountingModel behind submit/collect_any: replies come back in submission order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queue: list[tuple[int, int, StepReply]] = []  # (request id, stream, reply)
+        self.submitted: list[int] = []  # stream id per submission
+        self._next = 0
+
+    def submit(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
+               top_k=0, mask_tail=0):
+        from dataplane.cluster_types import ClusterReply
+
+        reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
+                          mask_tail=mask_tail)
+        self._next += 1
+        self.queue.append((self._next, stream_id, ClusterReply(
+            tokens=reply.tokens, request_id=self._next, stream_id=stream_id)))
+        self.submitted.append(stream_id)
+        return self._next
+
+    def collect_any(self, timeout_s=None):
+        return self.queue.pop(0)[2] if self.queue else None
+
+
+def test_pipelined_next_steps_go_out_before_the_updates_are_handled() -> None:
+    """A stream's next step is in flight by the time its update reaches the caller (whose
+    streaming work then overlaps it); a finished stream gets no step past its end."""
+    model = PipelinedCounting()
+    sessions = [DecodeSession(i, PROMPTS[i], 6) for i in range(2)]
+    for update in run_sessions(model, sessions):
+        sid = update.session.stream_id
+        in_flight = [stream for _, stream, _ in model.queue]
+        assert (sid in in_flight) != update.session.done, (sid, in_flight)
+    for i, session in enumerate(sessions):
+        assert session.emitted == fake_greedy(PROMPTS[i], 6)
+        assert model.submitted.count(i) == 6  # the prompt's step and 5 decode steps
+
+
 # -- real stages --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
