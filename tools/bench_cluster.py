@@ -22,7 +22,7 @@ from rich.table import Table
 from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
 from dataplane.manifest import load_manifest
 from dataplane.tokenizer import ChatTokenizer
-from tools.bench_parity import PROMPT, cached_export, model_hf_dir, plugin_properties
+from tools.bench_parity import PROMPT, cached_export, model_hf_dir, paired_ratio, plugin_properties
 
 err = Console(stderr=True)
 
@@ -82,6 +82,9 @@ def main(
         "properties": props,
         "cluster_tok_s": round(cluster_tok_s, 2), "baseline_tok_s": round(baseline_tok_s, 2),
         "ratio": round(cluster_tok_s / baseline_tok_s, 3),
+        # each run's cluster figure over the baseline run just before it: free of the
+        # drift between runs (+-10% here), which the ratio of medians mixes in
+        "ratio_paired": paired_ratio([r["tok_s"] for r in cluster_runs], base_runs),
         "overhead_ms_per_hop": round(timing.get("overhead", {}).get("p50", 0.0) / hops, 3),
         "step_ms_p50": round(timing.get("total", {}).get("p50", 0.0), 2),
         "compute_ms_p50": {f"stage{i}": round(timing.get(f"stage{i}.compute", {}).get("p50", 0.0), 2)

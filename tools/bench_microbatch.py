@@ -50,7 +50,7 @@ from console.cluster_procs import (
     wait_serving,
 )
 from dataplane.manifest import load_manifest
-from tools.bench_parity import cached_export, model_hf_dir, plugin_properties
+from tools.bench_parity import cached_export, model_hf_dir, paired_ratio, plugin_properties
 
 err = Console(stderr=True)
 PROMPTS = [
@@ -90,9 +90,7 @@ def paired_scaling(samples: dict[str, list[float]]) -> dict[str, float]:
     """Per stream count, the median over runs of that run's aggregate over its own
     1-stream figure (measured moments before): free of the drift between runs, which
     moves whole runs by +-10% here."""
-    ones = samples["1"]
-    return {n: round(statistics.median(v / one for v, one in zip(values, ones, strict=True)), 3)
-            for n, values in samples.items()}
+    return {n: paired_ratio(values, samples["1"]) for n, values in samples.items()}
 
 
 def cluster_rss_mb(pids: list[int]) -> float:

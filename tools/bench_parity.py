@@ -148,6 +148,11 @@ def ratios(medians: dict[str, float]) -> dict[str, float]:
             if name != "baseline"}
 
 
+def paired_ratio(values: list[float], bases: list[float]) -> float:
+    """The median over runs of value / base, each pair measured moments apart."""
+    return round(statistics.median(v / b for v, b in zip(values, bases, strict=True)), 3)
+
+
 def bracketed_ratios(samples: dict[str, list[float]], brackets: list[tuple[float, float]]
                      ) -> dict[str, float]:
     """Per system, the median over runs of its tok/s over the mean of the two baseline
@@ -156,13 +161,9 @@ def bracketed_ratios(samples: dict[str, list[float]], brackets: list[tuple[float
     Whole runs here drift by +-10% within seconds; the ratio of medians compares
     measurements up to a run's length apart, this one only within a run, where the
     drift is common to both sides and, when linear, cancels against the bracket."""
-    out = {}
-    for name, values in samples.items():
-        if name == "baseline":
-            continue
-        per_run = [v / ((a + b) / 2) for v, (a, b) in zip(values, brackets, strict=True)]
-        out[name] = round(statistics.median(per_run), 3)
-    return out
+    bases = [(a + b) / 2 for a, b in brackets]
+    return {name: paired_ratio(values, bases) for name, values in samples.items()
+            if name != "baseline"}
 
 
 def main(
