@@ -235,10 +235,10 @@ class StreamScheduler:
         return self._advance(sessions, reply, row_lens)
 
     def _poll_pipelined(self, timeout_s: float | None) -> list[SessionUpdate]:
-        """Submit every ready unit, collect one reply, advance its sessions and (without
-        row groups, whose membership settles between polls) submit their next steps
-        before returning: the caller's work on the updates (streaming text to clients)
-        then overlaps the steps in flight instead of delaying them."""
+        """Submit every ready unit, collect one reply, advance its sessions and submit
+        their next steps before returning (where nothing is about to change: see
+        ``_settled``): the caller's work on the updates (streaming text to clients) then
+        overlaps the steps in flight instead of delaying them."""
         pipe: Any = self.pipeline
         updates = self._submit_ready(pipe)
         if not self._in_flight:
@@ -263,17 +263,27 @@ class StreamScheduler:
         row_lens = self._row_lens.pop(reply.request_id, None)
         if sessions is not None:
             updates += self._advance(sessions, reply, row_lens)
-            if not self._groups:
-                updates += self._submit_ready(pipe, skip_done=True)
+            updates += self._submit_ready(pipe, settled_only=True)
         return updates
 
-    def _submit_ready(self, pipe: Any, skip_done: bool = False) -> list[SessionUpdate]:
-        """Submit the next step of every unit with nothing in flight (``skip_done``: and
-        no finished session, which poll has not retired yet); the failures."""
+    def _settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
+        """Whether a unit may step before poll retires finished sessions and settles row
+        groups: none of its sessions is done or cancelled, a group's members are the rows
+        its stages hold, and a lone session is not about to join a group."""
+        if any(s.done or s.stream_id not in self.sessions for s in sessions):
+            return False
+        if unit_id in self._groups:
+            return [s.stream_id for s in sessions] == self._formed[unit_id]
+        return not self._groups or sessions[0].prefilling
+
+    def _submit_ready(self, pipe: Any, settled_only: bool = False) -> list[SessionUpdate]:
+        """Submit the next step of every unit with nothing in flight (``settled_only``:
+        and ``_settled``); the failures."""
         updates: list[SessionUpdate] = []
         busy = self._busy()
         for unit_id, sessions in self._units():
-            if any(id(s) in busy or (skip_done and s.done) for s in sessions):
+            if any(id(s) in busy for s in sessions) or (
+                    settled_only and not self._settled(unit_id, sessions)):
                 continue
             plan, row_lens = self._plan(unit_id, sessions)
             try:

@@ -162,6 +162,34 @@ class PipelinedCounting(CountingModel):
         return self.queue.pop(0)[2] if self.queue else None
 
 
+class GroupingCounting(PipelinedCounting):
+    """PipelinedCounting that also steps row groups ([rows, T] ids, one-token rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: dict[int, list[int]] = {}
+
+    def regroup(self, group_id: int, members: list[int]) -> None:
+        self.groups[group_id] = list(members)
+
+    def submit(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
+               top_k=0, mask_tail=0):
+        if np.ndim(token_ids) == 1:
+            return super().submit(stream_id, token_ids, positions, logits_idx, want_logits,
+                                  mask_tail=mask_tail)
+        from dataplane.cluster_types import ClusterReply
+
+        assert np.shape(token_ids)[1] == 1 and stream_id in self.groups
+        rows = [self.step(sid, ids, pos) for sid, ids, pos in
+                zip(self.groups[stream_id], token_ids, positions, strict=True)]
+        self._next += 1
+        self.queue.append((self._next, stream_id, ClusterReply(
+            tokens=np.concatenate([r.tokens for r in rows]), request_id=self._next,
+            stream_id=stream_id)))
+        self.submitted.append(stream_id)
+        return self._next
+
+
 def test_pipelined_next_steps_go_out_before_the_updates_are_handled() -> None:
     """A stream's next step is in flight by the time its update reaches the caller (whose
     streaming work then overlaps it); a finished stream gets no step past its end."""
@@ -174,6 +202,28 @@ def test_pipelined_next_steps_go_out_before_the_updates_are_handled() -> None:
     for i, session in enumerate(sessions):
         assert session.emitted == fake_greedy(PROMPTS[i], 6)
         assert model.submitted.count(i) == 6  # the prompt's step and 5 decode steps
+
+
+def test_row_groups_submit_their_next_step_before_the_updates_are_handled() -> None:
+    """A formed group whose members all go on steps again before its rows' updates reach
+    the caller; membership changes (joins, finished rows) still wait for the next poll."""
+    model = GroupingCounting()
+    sessions = [DecodeSession(i, PROMPTS[i], 12) for i in range(3)]
+    scheduler = StreamScheduler(model, row_groups=1)
+    for session in sessions:
+        scheduler.add(session)
+    ahead = behind = 0
+    while scheduler.active:
+        for update in scheduler.poll():
+            gid = scheduler._group_of.get(update.session.stream_id)
+            if gid is None or update.session.done:
+                continue
+            in_flight = [unit for _, unit, _ in model.queue]
+            ahead += gid in in_flight
+            behind += gid not in in_flight
+    for i, session in enumerate(sessions):
+        assert session.emitted == fake_greedy(PROMPTS[i], 12)
+    assert ahead > 2 * behind, (ahead, behind)  # only steps where membership changed wait for a poll
 
 
 # -- real stages --------------------------------------------------------------------------
