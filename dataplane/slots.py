@@ -120,10 +120,12 @@ class DecodeBuffers:
         ``keep`` ([slots] or [1, slots]); ``after`` is that table once the step ran."""
         slots = keep.shape[-1]
         if slots + 1 > self.capacity:
-            old, synced = self.mask, self.source is keep
+            # the old tensor owns the old view's memory: hold it through the copy
+            old_tensor, old, synced = self.attention_mask, self.mask, self.source is keep
             self._allocate(max(2 * self.capacity, slots + 1))
             if synced:
                 self.mask[:slots] = old[:slots]
+            del old_tensor
         elif self.source is not keep:
             synced = False
         else:
