@@ -45,7 +45,7 @@ def quiet_ml_libraries() -> None:
         pass
 
 
-def default_export_dir(model: str, stages: int, weights: str) -> Path:
+def default_export_dir(model: str, stages: int, weights: str, static: bool = False) -> Path:
     """Where ``zctl export`` writes and ``zctl run``/``cluster up`` look by default.
 
     The suffix names the split policy ("stages": cost-balanced, see ``default_split``),
@@ -54,7 +54,8 @@ def default_export_dir(model: str, stages: int, weights: str) -> Path:
     from console.paths import export_cache_dir
 
     safe = model.replace("/", "--").replace(".gguf", "")
-    return export_cache_dir() / f"{Path(safe).name}-{weights}-{stages}stages"
+    kind = "-static" if static else ""
+    return export_cache_dir() / f"{Path(safe).name}-{weights}-{stages}stages{kind}"
 
 
 def default_split(source: Any, stages: int) -> list[tuple[int, int]]:
@@ -87,10 +88,16 @@ def export(
         bool, typer.Option("--beam-idx/--no-beam-idx", help="inject the beam_idx Gather")
     ] = True,
     force: Annotated[bool, typer.Option(help="replace an existing output directory")] = False,
+    static: Annotated[bool, typer.Option(
+        "--static", help="static, stateless shards for the NPU: past KV in, new KV out, the "
+                         "host keeps the KV (no beam_idx)")] = False,
+    context: Annotated[int, typer.Option(help="--static: KV slots per stream")] = 1024,
+    chunk: Annotated[int, typer.Option(
+        help="--static: tokens per multi-token step shape (prefill chunks, verification)")] = 16,
 ) -> None:
     """Cut a model into stage shards (OpenVINO IR with stateful KV) and write a manifest."""
     from console.export_view import RichExportProgress
-    from dataplane.manifest import ManifestError, parse_layer_spec
+    from dataplane.manifest import ManifestError, StaticKV, parse_layer_spec
     from exporter.export import ExportError, export_model
     from exporter.sources import SourceError, open_source
 
@@ -103,10 +110,12 @@ def export(
         source = open_source(model, source_cache_dir())
         ranges = (parse_layer_spec(layers) if layers
                   else default_split(source, stages or 1))
-        target = out_dir or default_export_dir(model, len(ranges), weights)
+        static_kv = StaticKV(context, chunk) if static else None
+        target = out_dir or default_export_dir(model, len(ranges), weights, static)
         with RichExportProgress(len(ranges), err) as progress:
             manifest, reports = export_model(source, ranges, weights, target, group_size=group_size,
-                                             beam_idx=beam_idx, force=force, progress=progress)
+                                             beam_idx=beam_idx, force=force, progress=progress,
+                                             static_kv=static_kv)
     except (SourceError, ManifestError, ExportError, ValueError) as exc:
         fail(str(exc))
     total = sum(sum(r.timings.values()) for r in reports)

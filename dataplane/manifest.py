@@ -60,6 +60,24 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
+class StaticKV:
+    """A static, stateless export (the NPU path): past KV goes in and the new tokens' KV
+    comes out as plain tensors, the host keeps every stream's KV in ``context`` slots,
+    and the runtime compiles two fixed shapes: 1 token (decode) and ``chunk`` tokens
+    (prefill chunks, verification)."""
+
+    context: int
+    chunk: int
+
+    def __post_init__(self) -> None:
+        if not (type(self.context) is int and type(self.chunk) is int):
+            raise ManifestError("static KV context and chunk must be integers")
+        if not 1 <= self.chunk <= self.context:
+            raise ManifestError(f"static KV needs 1 <= chunk <= context, got chunk "
+                                f"{self.chunk} and context {self.context}")
+
+
+@dataclass(frozen=True)
 class ExportManifest:
     """Everything written by one ``zctl export``."""
 
@@ -74,6 +92,7 @@ class ExportManifest:
     source: str = ""
     created: str = ""
     format: str = MANIFEST_FORMAT
+    static_kv: StaticKV | None = None  # None: stateful KV (ReadValue/Assign) with dynamic shapes
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
@@ -151,11 +170,20 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
         files=dict(_require(raw, "files", dict, "")),
         source=str(raw.get("source", "")),
         created=str(raw.get("created", "")),
+        static_kv=_static_kv(raw.get("static_kv")),
     )
     check_layer_cover(
         [(s.layer_start, s.layer_end) for s in manifest.stages], manifest.model.num_layers
     )
     return manifest
+
+
+def _static_kv(raw: Any) -> StaticKV | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"context", "chunk"}:
+        raise ManifestError("manifest static_kv must be an object with 'context' and 'chunk'")
+    return StaticKV(**raw)
 
 
 def check_layer_cover(ranges: list[tuple[int, int]], num_layers: int) -> None:

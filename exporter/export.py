@@ -25,6 +25,7 @@ from dataplane.manifest import (
     ManifestError,
     ModelSpec,
     StageSpec,
+    StaticKV,
     check_layer_cover,
     sha256_file,
     write_manifest,
@@ -129,8 +130,10 @@ def build_stage(
     out_dir: Path,
     progress: ExportProgress,
     rt_info: dict[str, str],
+    static: bool = False,
 ) -> tuple[StageSpec, StageReport]:
-    """Build one stage into out_dir; returns its spec and timings."""
+    """Build one stage into out_dir; returns its spec and timings. ``static``: a stateless
+    stage whose present outputs hold only the new tokens' KV (see StaticKV)."""
     report = StageReport(index)
     first, last = index == 0, index == num_stages - 1
     start, end = layers
@@ -148,7 +151,7 @@ def build_stage(
         return source.get(name) if name.endswith(".bias") else source.require(name)
 
     progress.phase(index, "load")
-    module = StageModule(shape, start, end, first, last, fetch).eval()
+    module = StageModule(shape, start, end, first, last, fetch, new_kv_only=static).eval()
     source.release()  # unmap the checkpoint: the pages of this stage must not pile up
     mark("load")
     progress.phase(index, "trace")
@@ -158,9 +161,12 @@ def build_stage(
     mark("trace")
     progress.phase(index, "convert")
     pairs = graph.kv_names(start, end)
-    if beam_idx:
-        graph.add_beam_idx(model, [past for past, _ in pairs])
-    graph.make_stateful(model, pairs, "input_ids" if first else "hidden_states")
+    if static:  # past KV in, new KV out: no state, no beam_idx (nothing to reorder)
+        beam_idx = False
+    else:
+        if beam_idx:
+            graph.add_beam_idx(model, [past for past, _ in pairs])
+        graph.make_stateful(model, pairs, "input_ids" if first else "hidden_states")
     graph.stamp_rt_info(model, {**rt_info, "stage": str(index), "layers": f"{start}-{end - 1}"})
     mark("convert")
     progress.phase(index, "compress")
@@ -170,6 +176,9 @@ def build_stage(
     xml = f"stage{index}.xml"
     ov.save_model(model, out_dir / xml, compress_to_fp16=weight_format == "fp16")
     inputs, outputs = graph.io_names(first, last)
+    if static:  # the KV is plain I/O: listed with the inputs and outputs, no state
+        inputs += [past for past, _ in pairs]
+        outputs += [present for _, present in pairs]
     del model
     gc.collect()
     mark("save")
@@ -181,7 +190,7 @@ def build_stage(
         bin=f"stage{index}.bin",
         inputs=tuple(inputs + (["beam_idx"] if beam_idx else [])),
         outputs=tuple(outputs),
-        state_names=tuple(past for past, _ in pairs),
+        state_names=() if static else tuple(past for past, _ in pairs),
         first=first,
         last=last,
     )
@@ -198,8 +207,11 @@ def export_model(
     beam_idx: bool = True,
     force: bool = False,
     progress: ExportProgress | None = None,
+    static_kv: StaticKV | None = None,
 ) -> tuple[ExportManifest, list[StageReport]]:
-    """Export ``source`` cut at ``ranges`` (half-open layer ranges) into ``out_dir``."""
+    """Export ``source`` cut at ``ranges`` (half-open layer ranges) into ``out_dir``.
+
+    ``static_kv`` makes the static, stateless export of the NPU path (no beam_idx)."""
     out_dir = Path(out_dir)
     progress = progress or ExportProgress()
     if weight_format not in WEIGHT_FORMATS:
@@ -224,7 +236,7 @@ def export_model(
             progress.stage_started(index, layers)
             stage, report = build_stage(
                 source, index, layers, len(ranges), weight_format, group_size, beam_idx, tmp,
-                progress, rt_info,
+                progress, rt_info, static=static_kv is not None,
             )
             stages.append(stage)
             reports.append(report)
@@ -242,11 +254,12 @@ def export_model(
             weight_format=weight_format,
             group_size=group_size if weight_format == "int4" else None,
             activation_dtype="f32",
-            beam_idx=beam_idx,
+            beam_idx=beam_idx and static_kv is None,
             versions=versions,
             files=files,
             source=source.location,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
+            static_kv=static_kv,
         )
         write_manifest(tmp, manifest)
     return manifest, reports

@@ -55,9 +55,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, shape: DecoderShape, get: Callable[[str], torch.Tensor | None]) -> None:
+    def __init__(self, shape: DecoderShape, get: Callable[[str], torch.Tensor | None],
+                 new_kv_only: bool = False) -> None:
         super().__init__()
         self.shape = shape
+        self.new_kv_only = new_kv_only
         self.input_norm = RMSNorm(get("input_layernorm.weight"), shape.rms_norm_eps)
         self.post_norm = RMSNorm(get("post_attention_layernorm.weight"), shape.rms_norm_eps)
         attn, mlp = "self_attn.", "mlp."
@@ -104,6 +106,8 @@ class DecoderLayer(nn.Module):
         x = x + self.o_proj(attn)
         h = self.post_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        if self.new_kv_only:
+            return x, k, v
         return x, key, value
 
 
@@ -111,7 +115,8 @@ class StageModule(nn.Module):
     """Layers [layer_start, layer_end) plus the embedding (first stage) or norm + LM head (last).
 
     forward(x, attention_mask, rope_cos, rope_sin, [logits_idx], *past) ->
-    (hidden_states | logits, *present), past/present ordered key, value per layer.
+    (hidden_states | logits, *present), past/present ordered key, value per layer;
+    ``new_kv_only``: present holds only the step's new slots (the static export).
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class StageModule(nn.Module):
         first: bool,
         last: bool,
         get: Callable[[str], torch.Tensor | None],
+        new_kv_only: bool = False,
     ) -> None:
         super().__init__()
         self.first, self.last = first, last
@@ -129,7 +135,7 @@ class StageModule(nn.Module):
         if first:
             self.embed = nn.Embedding.from_pretrained(get("model.embed_tokens.weight"), freeze=True)
         self.layers = nn.ModuleList(
-            DecoderLayer(shape, lambda name, i=i: get(f"model.layers.{i}.{name}"))
+            DecoderLayer(shape, lambda name, i=i: get(f"model.layers.{i}.{name}"), new_kv_only)
             for i in range(layer_start, layer_end)
         )
         if last:

@@ -31,15 +31,20 @@ class ExportCache:
         self.done: dict[tuple, Path] = {}
 
     def get(self, ranges: list[tuple[int, int]], weights: str = "fp32",
-            beam_idx: bool = True) -> Path:
+            beam_idx: bool = True, static: tuple[int, int] | None = None) -> Path:
+        """``static``: (context, chunk) of a static export (the NPU path)."""
+        from dataplane.manifest import StaticKV
         from exporter.export import export_model
         from exporter.sources import open_source
 
-        key = (tuple(ranges), weights, beam_idx)
+        key = (tuple(ranges), weights, beam_idx, static)
         if key not in self.done:
             name = "-".join(f"{a}_{b}" for a, b in ranges) + f"-{weights}-{int(beam_idx)}"
+            if static:
+                name += "-static{}x{}".format(*static)
             out = self.root / name
-            export_model(open_source(str(self.model_dir)), ranges, weights, out, beam_idx=beam_idx)
+            export_model(open_source(str(self.model_dir)), ranges, weights, out, beam_idx=beam_idx,
+                         static_kv=StaticKV(*static) if static else None)
             self.done[key] = out
         return self.done[key]
 
