@@ -55,13 +55,13 @@ class StageHandle(Protocol):
 StageLauncher = Callable[[StageAssignment], StageHandle]
 
 
-def build_runner(assignment: StageAssignment) -> Any:  # a dataplane.runtime.StageRunner
+def build_runner(assignment: StageAssignment) -> Any:  # see dataplane.runtime.load_runner
     """Compile the assigned stage from its runner directory (verifies the IR hashes)."""
     from dataplane.manifest import ManifestError
-    from dataplane.runtime import RuntimeConfig, StageError, StageRunner
+    from dataplane.runtime import RuntimeConfig, StageError, load_runner
 
     try:
-        runner = StageRunner(assignment.runner_dir, assignment.stage_index,
+        runner = load_runner(assignment.runner_dir, assignment.stage_index,
                              RuntimeConfig(**asdict(assignment.runtime)))
         runner.warm_up()
         return runner

@@ -32,7 +32,7 @@ from controlplane.service_messages import (
 )
 from dataplane.generate import Pipeline
 from dataplane.manifest import ManifestError, load_manifest
-from dataplane.runtime import StageError, StageRunner
+from dataplane.runtime import StageError, StageRunner, load_runner
 from dataplane.sampling import SamplingParams
 from dataplane.scheduler import SessionUpdate, StreamScheduler
 from dataplane.sessions import DecodeSession
@@ -221,7 +221,7 @@ class GenerationService:
                 f"target {self.manifest.model.vocab_size}: a drafter must share the tokenizer")
         head = getattr(pipeline, "stage0", None) or pipeline.runners[0]
         try:
-            runner = StageRunner(export, 0, head.config, manifest=manifest, verify=False)
+            runner = load_runner(export, 0, head.config, manifest=manifest, verify=False)
         except StageError as exc:
             raise RequestRefused(f"draft model {path}: {exc}") from None
         self._drafters[export] = runner

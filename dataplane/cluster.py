@@ -174,6 +174,11 @@ class ClusterPipeline:
         self._guard.forget(stream_id)
         del self._streams[stream_id]
 
+    @property
+    def row_groups_supported(self) -> bool:
+        """Whether the stages can batch streams as rows (not a static export's)."""
+        return self.stage0.row_groups_supported
+
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (see
         ``StageRunner.regroup``): stage 0 here, the others on a GROUP frame that reaches

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import openvino as ov
 
-from dataplane.runtime import RuntimeConfig, StageRunner, StepInputs
+from dataplane.runtime import RuntimeConfig, StageRunner, StepInputs, load_runner
 
 
 @dataclass
@@ -72,7 +72,7 @@ class LocalChain:
 
         manifest = load_manifest(export_dir)
         return cls([
-            StageRunner(export_dir, i, config, manifest=manifest, verify=False)
+            load_runner(export_dir, i, config, manifest=manifest, verify=False)
             for i in range(len(manifest.stages))
         ], rewind=rewind, compact_threshold=compact_threshold)
 
@@ -107,6 +107,11 @@ class LocalChain:
                 and self.runners[0].masked_slots(group_id) > self.compact_threshold):
             self.regroup(group_id, list(self.runners[0].groups[group_id].members))
             self.compactions += 1
+
+    @property
+    def row_groups_supported(self) -> bool:
+        """Whether the stages can batch streams as rows (not a static export's)."""
+        return self.runners[0].row_groups_supported
 
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (StageRunner.regroup)."""

@@ -15,7 +15,7 @@ import numpy as np
 import openvino as ov
 
 from dataplane.manifest import ExportManifest, StageSpec, load_manifest, verify_export_files
-from dataplane.masks import MASK_MIN, one_token_mask, step_mask
+from dataplane.masks import MASK_MIN, drop_kept_tail, one_token_mask, step_mask
 from dataplane.rope import doubled_inv_freq, rope_one, rope_one_into, rope_tables
 from dataplane.rows import RowSource, merge_rows, rows_step_mask
 from dataplane.slots import DecodeBuffers, RowGroup, StepInputs, StreamSlots
@@ -74,7 +74,54 @@ class RuntimeConfig:
         return props
 
 
-class StageRunner:
+def check_step_input(spec: StageSpec, hidden_size: int, x: np.ndarray,
+                     positions: np.ndarray) -> None:
+    """Raise StageError unless x and positions have the shapes a stream step of ``spec``
+    takes: int token ids [1, T] on the first stage, float32 [1, T, hidden] after it."""
+    if spec.first:
+        if x.ndim != 2 or not np.issubdtype(x.dtype, np.integer):
+            raise StageError(f"stage 0 takes int token ids [batch, tokens], got {x.dtype} {x.shape}")
+    elif x.ndim != 3 or x.shape[2] != hidden_size or x.dtype != np.float32:
+        raise StageError(
+            f"stage {spec.index} takes float32 hidden states [batch, tokens, "
+            f"{hidden_size}], got {x.dtype} {x.shape}"
+        )
+    if x.shape[0] != 1 or x.shape[1] < 1:
+        raise StageError(f"a stream step takes batch 1 and at least one token, got {x.shape}")
+    if positions.shape != (x.shape[1],):
+        raise StageError(f"positions shape {positions.shape} does not match {x.shape[1]} tokens")
+
+
+class MaskRewind:
+    """Mask-based rewind over a runner's per-stream slot tables (a mixin: the runner
+    provides ``_stream(stream_id)`` with a ``keep`` table)."""
+
+    def _stream(self, stream_id: int) -> Any: ...
+
+    def mask_tail(self, stream_id: int, count: int) -> None:
+        """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
+        slots = self._stream(stream_id)
+        try:
+            slots.keep = drop_kept_tail(slots.keep, count)
+        except ValueError as exc:
+            raise StageError(str(exc)) from None
+
+
+def load_runner(export_dir: Path | str, index: int, config: RuntimeConfig | None = None,
+                manifest: ExportManifest | None = None, core: ov.Core | None = None,
+                verify: bool = True) -> Any:
+    """The runner for stage ``index`` of an export: a StageRunner (stateful KV), or a
+    dataplane.static_runtime.StaticStageRunner for a static export (the NPU path)."""
+    manifest = manifest or load_manifest(export_dir, verify_files=False)
+    if manifest.static_kv is None:
+        return StageRunner(export_dir, index, config, manifest=manifest, core=core, verify=verify)
+    from dataplane.static_runtime import StaticStageRunner
+
+    return StaticStageRunner(export_dir, index, config, manifest=manifest, core=core,
+                             verify=verify)
+
+
+class StageRunner(MaskRewind):
     """Loads stage ``index`` of an export and steps streams through it.
 
     Streams step alone (``step``) or, once moved into a row group (``regroup``), as the
@@ -84,6 +131,7 @@ class StageRunner:
     # One-row decode steps write their inputs into per-stream DecodeBuffers bound once,
     # rather than binding fresh tensors (bit-identical; off only to test that).
     decode_buffers: ClassVar[bool] = True
+    row_groups_supported: ClassVar[bool] = True  # (a static export's runner: False)
 
     def __init__(
         self,
@@ -102,8 +150,15 @@ class StageRunner:
             )
         self.spec: StageSpec = self.manifest.stages[index]
         self.config = config or RuntimeConfig()
-        if self.config.device.split(":")[0].split(".")[0] not in DEVICES:
+        device = self.config.device.split(":")[0].split(".")[0]
+        if device not in DEVICES:
             raise StageError(f"unknown device {self.config.device!r}; expected one of {DEVICES}")
+        if self.manifest.static_kv is not None:
+            raise StageError(f"{self.export_dir} is a static export: load it with "
+                             "StaticStageRunner (dataplane.runtime.load_runner picks it)")
+        if device == "NPU":
+            raise StageError("the NPU compiles only static shapes without state: export the "
+                             "model with `zctl export --static` for it")
         if verify:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
@@ -163,18 +218,7 @@ class StageRunner:
     # -- stepping --------------------------------------------------------------------
     def check_input(self, x: np.ndarray, positions: np.ndarray) -> None:
         """Raise StageError unless x and positions have the shapes this stage takes."""
-        if self.spec.first:
-            if x.ndim != 2 or not np.issubdtype(x.dtype, np.integer):
-                raise StageError(f"stage 0 takes int token ids [batch, tokens], got {x.dtype} {x.shape}")
-        elif x.ndim != 3 or x.shape[2] != self.hidden_size or x.dtype != np.float32:
-            raise StageError(
-                f"stage {self.spec.index} takes float32 hidden states [batch, tokens, "
-                f"{self.hidden_size}], got {x.dtype} {x.shape}"
-            )
-        if x.shape[0] != 1 or x.shape[1] < 1:
-            raise StageError(f"a stream step takes batch 1 and at least one token, got {x.shape}")
-        if positions.shape != (x.shape[1],):
-            raise StageError(f"positions shape {positions.shape} does not match {x.shape[1]} tokens")
+        check_step_input(self.spec, self.hidden_size, x, positions)
 
     def step(
         self,
@@ -332,17 +376,7 @@ class StageRunner:
         return StepInputs(positions, keep, after, _shared(mask), _shared(cos), _shared(sin),
                           _shared(beam))
 
-    # -- rewind ----------------------------------------------------------------------
-    def mask_tail(self, stream_id: int, count: int) -> None:
-        """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
-        slots = self._stream(stream_id)
-        kept = np.flatnonzero(slots.keep)
-        if count < 0 or count > kept.size:
-            raise StageError(f"cannot rewind {count} tokens of a {kept.size}-token stream")
-        if count:
-            slots.keep = slots.keep.copy()
-            slots.keep[kept[kept.size - count:]] = False
-
+    # -- rewind (mask_tail: MaskRewind) ----------------------------------------------
     def trim_tail(self, stream_id: int, count: int) -> None:
         """Trim-based rewind: cut the last ``count`` physical slots out of every state tensor."""
         slots = self._stream(stream_id)

@@ -60,7 +60,8 @@ class StreamScheduler:
             getattr(pipeline, "collect_any", None))
         self._rewinding_step: StepFn | None = None  # made on the first rewind
         self._turn = 0
-        batching = row_groups and callable(getattr(pipeline, "regroup", None))
+        batching = (row_groups and callable(getattr(pipeline, "regroup", None))
+                    and getattr(pipeline, "row_groups_supported", True))
         self._groups: dict[int, list[DecodeSession]] = {
             GROUP_ID_BASE + i: [] for i in range(row_groups if batching else 0)}
         self._formed: dict[int, list[int]] = {gid: [] for gid in self._groups}  # on the stages

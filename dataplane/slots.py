@@ -14,8 +14,22 @@ import numpy as np
 import openvino as ov
 
 
+class SlotCounts:
+    """``physical`` and ``logical`` slot counts of a ``keep`` slot table (a mixin)."""
+
+    keep: np.ndarray
+
+    @property
+    def physical(self) -> int:
+        return int(self.keep.shape[0])
+
+    @property
+    def logical(self) -> int:
+        return int(self.keep.sum())
+
+
 @dataclass
-class StreamSlots:
+class StreamSlots(SlotCounts):
     """Per-stream KV bookkeeping: keep[i] is False for masked (rewound) physical slots."""
 
     request: ov.InferRequest
@@ -27,14 +41,6 @@ class StreamSlots:
     last: StepInputs | None = None  # the inputs of the last step run
     prefetched: StepInputs | None = None  # inputs bound ahead for the guessed next step
     decode: DecodeBuffers | None = None  # the one-token steps' input tensors, made on first use
-
-    @property
-    def physical(self) -> int:
-        return int(self.keep.shape[0])
-
-    @property
-    def logical(self) -> int:
-        return int(self.keep.sum())
 
 
 @dataclass

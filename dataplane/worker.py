@@ -39,7 +39,7 @@ from dataplane.frames import (
     restamp_send,
     stamp,
 )
-from dataplane.runtime import RuntimeConfig, StageRunner
+from dataplane.runtime import RuntimeConfig, StageRunner, load_runner
 from dataplane.transport import (
     DEFAULT_OPTIONS,
     BufferGuard,
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     config = RuntimeConfig(device=args.device, num_threads=args.threads,
                            precision=None if args.precision == "default" else args.precision)
-    runner = StageRunner(args.export_dir, args.stage, config)
+    runner = load_runner(args.export_dir, args.stage, config)
     worker = StageWorker(runner, args.bind, args.send_to,
                          options=PipeOptions(delay_ms=args.link_delay_ms))
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit the loop like Ctrl-C

@@ -12,7 +12,7 @@ import zmq
 
 from dataplane.cluster import ClusterPipeline, DataPlaneError, StageFailed, StageTimeout
 from dataplane.generate import GenerationStats, LocalChain
-from dataplane.runtime import RuntimeConfig, StageRunner
+from dataplane.runtime import RuntimeConfig, StageRunner, load_runner
 from dataplane.scheduler import generate_greedy, generate_speculative
 from dataplane.speculative import SpeculativeStats
 from dataplane.transport import pull_socket
@@ -31,7 +31,7 @@ def chain_in_processes(export, hosts, spawn, stages: int, timeout_s: float = 20.
     """Coordinator here (stage 0); stages 1.. as worker processes on hosts[i - 1]."""
     addrs = [f"tcp://{hosts[(i - 1) % len(hosts)]}:{free_port(hosts[(i - 1) % len(hosts)])}"
              for i in range(1, stages)]
-    pipe = ClusterPipeline(StageRunner(export, 0), addrs[0], "tcp://127.0.0.1:*",
+    pipe = ClusterPipeline(load_runner(export, 0), addrs[0], "tcp://127.0.0.1:*",
                            timeout_s=timeout_s)
     for i in reversed(range(1, stages)):
         send_to = addrs[i] if i < stages - 1 else pipe.reply_endpoint

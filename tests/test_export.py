@@ -41,6 +41,19 @@ def test_fp32_chain_matches_hf_greedy(tiny_exports, hf_model, stages: int) -> No
     assert len(set(results[0].chain)) > 8
 
 
+def test_static_export_matches_hf_greedy(tiny_exports, hf_model) -> None:
+    """The NPU path's static, stateless shards (KV on the host), run here on CPU."""
+    export_dir = tiny_exports.get(SPLITS[2], static=(160, 8))
+    results = verify_export(export_dir, DEFAULT_PROMPTS[:4], max_new_tokens=64, hf_model=hf_model)
+    assert [r.exact for r in results] == [True] * 4, [r.matched for r in results]
+
+
+def test_int4_static_chain_equals_int4_stateful(tiny_exports) -> None:
+    prompts = list(DEFAULT_PROMPTS[:4])
+    assert (_greedy(tiny_exports.get(SPLITS[2], "int4", static=(160, 8)), prompts)
+            == _greedy(tiny_exports.get(SPLITS[2], "int4"), prompts))
+
+
 def _greedy(export_dir: Path, prompts: list[str], n: int = 48) -> list[list[int]]:
     tokenizer = ChatTokenizer(export_dir)
     chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32", kv_cache_precision="f32"))
