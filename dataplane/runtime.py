@@ -69,7 +69,7 @@ class RuntimeConfig:
             props["INFERENCE_NUM_THREADS"] = int(self.num_threads)
         if self.kv_cache_precision:
             props["KV_CACHE_PRECISION"] = self.kv_cache_precision
-        if self.cpu_pinning is not None and self.device.split(":")[0].split(".")[0] == "CPU":
+        if self.cpu_pinning is not None and device_kind(self) == "CPU":
             props["ENABLE_CPU_PINNING"] = bool(self.cpu_pinning)
         return props
 
@@ -90,6 +90,30 @@ def check_step_input(spec: StageSpec, hidden_size: int, x: np.ndarray,
         raise StageError(f"a stream step takes batch 1 and at least one token, got {x.shape}")
     if positions.shape != (x.shape[1],):
         raise StageError(f"positions shape {positions.shape} does not match {x.shape[1]} tokens")
+
+
+def device_kind(config: RuntimeConfig) -> str:
+    """The plugin of ``config.device``: "GPU" for "GPU.1", "NPU" for "NPU:0"."""
+    return config.device.split(":")[0].split(".")[0]
+
+
+def open_stage(export_dir: Path, index: int, config: RuntimeConfig | None,
+               manifest: ExportManifest | None, static: bool
+               ) -> tuple[ExportManifest, StageSpec, RuntimeConfig]:
+    """The manifest, stage spec and config of stage ``index``, checked: the stage exists,
+    the device is known, and the export's KV kind (static or stateful) is ``static``."""
+    manifest = manifest or load_manifest(export_dir, verify_files=False)
+    if (manifest.static_kv is not None) != static:
+        raise StageError(
+            f"{export_dir} is a static export: load it with StaticStageRunner" if not static
+            else f"{export_dir} is a stateful export: load it with StageRunner")
+    if not 0 <= index < len(manifest.stages):
+        raise StageError(f"stage {index} does not exist: the export has {len(manifest.stages)} "
+                         "stages")
+    config = config or RuntimeConfig()
+    if device_kind(config) not in DEVICES:
+        raise StageError(f"unknown device {config.device!r}; expected one of {DEVICES}")
+    return manifest, manifest.stages[index], config
 
 
 class MaskRewind:
@@ -143,20 +167,9 @@ class StageRunner(MaskRewind):
         verify: bool = True,
     ) -> None:
         self.export_dir = Path(export_dir)
-        self.manifest = manifest or load_manifest(self.export_dir, verify_files=False)
-        if not 0 <= index < len(self.manifest.stages):
-            raise StageError(
-                f"stage {index} does not exist: the export has {len(self.manifest.stages)} stages"
-            )
-        self.spec: StageSpec = self.manifest.stages[index]
-        self.config = config or RuntimeConfig()
-        device = self.config.device.split(":")[0].split(".")[0]
-        if device not in DEVICES:
-            raise StageError(f"unknown device {self.config.device!r}; expected one of {DEVICES}")
-        if self.manifest.static_kv is not None:
-            raise StageError(f"{self.export_dir} is a static export: load it with "
-                             "StaticStageRunner (dataplane.runtime.load_runner picks it)")
-        if device == "NPU":
+        self.manifest, self.spec, self.config = open_stage(self.export_dir, index, config,
+                                                           manifest, static=False)
+        if device_kind(self.config) == "NPU":
             raise StageError("the NPU compiles only static shapes without state: export the "
                              "model with `zctl export --static` for it")
         if verify:

@@ -21,15 +21,16 @@ from typing import ClassVar
 import numpy as np
 import openvino as ov
 
-from dataplane.manifest import ExportManifest, StageSpec, load_manifest, verify_export_files
+from dataplane.manifest import ExportManifest, verify_export_files
 from dataplane.masks import static_step_mask
 from dataplane.rope import rope_tables
 from dataplane.runtime import (
-    DEVICES,
     MaskRewind,
     RuntimeConfig,
     StageError,
     check_step_input,
+    device_kind,
+    open_stage,
     shared_core,
 )
 from dataplane.slots import SlotCounts
@@ -53,7 +54,7 @@ def static_properties(config: RuntimeConfig) -> dict[str, object]:
     """Compile properties for a static stage on ``config.device``: all of them on CPU/GPU,
     the ones the NPU plugin takes on an NPU; never KV_CACHE_PRECISION (no KV state)."""
     props = {k: v for k, v in config.properties().items() if k != "KV_CACHE_PRECISION"}
-    if config.device.split(":")[0].split(".")[0] == "NPU":
+    if device_kind(config) == "NPU":
         props = {k: v for k, v in props.items() if k in NPU_PROPERTIES}
     return props
 
@@ -105,18 +106,10 @@ class StaticStageRunner(MaskRewind):
         verify: bool = True,
     ) -> None:
         self.export_dir = Path(export_dir)
-        self.manifest = manifest or load_manifest(self.export_dir, verify_files=False)
+        self.manifest, self.spec, self.config = open_stage(self.export_dir, index, config,
+                                                           manifest, static=True)
         static = self.manifest.static_kv
-        if static is None:
-            raise StageError(f"{self.export_dir} is a stateful export: load it with StageRunner")
-        if not 0 <= index < len(self.manifest.stages):
-            raise StageError(
-                f"stage {index} does not exist: the export has {len(self.manifest.stages)} stages"
-            )
-        self.spec: StageSpec = self.manifest.stages[index]
-        self.config = config or RuntimeConfig()
-        if self.config.device.split(":")[0].split(".")[0] not in DEVICES:
-            raise StageError(f"unknown device {self.config.device!r}; expected one of {DEVICES}")
+        assert static is not None
         if verify:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
