@@ -168,13 +168,21 @@ def verify(
 
 def _register() -> None:
     from console import cluster_cli
-    from tools import bench_cluster, bench_microbatch, bench_parity, bench_spec, bench_wan
+    from tools import (
+        bench_cluster,
+        bench_microbatch,
+        bench_parity,
+        bench_spec,
+        bench_static,
+        bench_wan,
+    )
 
     bench_app.command("parity", help=bench_parity.__doc__.splitlines()[0])(bench_parity.main)
     bench_app.command("cluster", help=bench_cluster.__doc__.splitlines()[0])(bench_cluster.main)
     bench_app.command("spec", help=bench_spec.__doc__.splitlines()[0])(bench_spec.main)
     bench_app.command("microbatch", help=bench_microbatch.__doc__.splitlines()[0])(bench_microbatch.main)
     bench_app.command("wan", help=bench_wan.__doc__.splitlines()[0])(bench_wan.main)
+    bench_app.command("static", help=bench_static.__doc__.splitlines()[0])(bench_static.main)
     app.add_typer(cluster_cli.cluster_app, name="cluster")
     app.add_typer(cluster_cli.node_app, name="node")
     app.command("run")(cluster_cli.run)

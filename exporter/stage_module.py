@@ -54,6 +54,31 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+               s: DecoderShape, fold_groups: bool) -> torch.Tensor:
+    """SDPA of q [B, heads, T, D] over key/value [B, kv_heads, S, D] -> [B, heads, T, D].
+
+    With grouped KV heads the KV is repeated per query head (the pattern the CPU plugin
+    fuses with a stateful KV cache), or, with ``fold_groups`` (the static graph, which has
+    no KV state to fuse with), each KV head's query group is folded into the query length
+    instead, so the KV of every context slot is never copied per head.
+    """
+    batch, _, tokens, _ = q.shape
+    groups = s.num_heads // s.num_kv_heads
+    if groups > 1 and fold_groups:
+        q = q.reshape(batch, s.num_kv_heads, groups * tokens, s.head_dim)
+        attn = F.scaled_dot_product_attention(
+            q, key, value, attn_mask=mask.repeat(1, 1, groups, 1), scale=s.head_dim**-0.5)
+        return attn.reshape(batch, s.num_heads, tokens, s.head_dim)
+    if groups > 1:
+        slots = key.shape[2]
+        key = key[:, :, None].expand(batch, s.num_kv_heads, groups, slots, s.head_dim)
+        key = key.reshape(batch, s.num_heads, slots, s.head_dim)
+        value = value[:, :, None].expand(batch, s.num_kv_heads, groups, slots, s.head_dim)
+        value = value.reshape(batch, s.num_heads, slots, s.head_dim)
+    return F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=s.head_dim**-0.5)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, shape: DecoderShape, get: Callable[[str], torch.Tensor | None],
                  new_kv_only: bool = False) -> None:
@@ -91,17 +116,7 @@ class DecoderLayer(nn.Module):
         k = k * cos4 + _rotate_half(k) * sin4
         key = torch.cat((past_key, k), dim=2)
         value = torch.cat((past_value, v), dim=2)
-        groups = s.num_heads // s.num_kv_heads
-        key_rep, value_rep = key, value
-        if groups > 1:
-            slots = key.shape[2]
-            key_rep = key[:, :, None].expand(batch, s.num_kv_heads, groups, slots, s.head_dim)
-            key_rep = key_rep.reshape(batch, s.num_heads, slots, s.head_dim)
-            value_rep = value[:, :, None].expand(batch, s.num_kv_heads, groups, slots, s.head_dim)
-            value_rep = value_rep.reshape(batch, s.num_heads, slots, s.head_dim)
-        attn = F.scaled_dot_product_attention(
-            q, key_rep, value_rep, attn_mask=mask, scale=s.head_dim**-0.5
-        )
+        attn = _attention(q, key, value, mask, s, fold_groups=self.new_kv_only)
         attn = attn.transpose(1, 2).reshape(batch, tokens, s.num_heads * s.head_dim)
         x = x + self.o_proj(attn)
         h = self.post_norm(x)

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dataplane.generate import GenerationStats, LocalChain
-from dataplane.manifest import ManifestError, load_manifest
+from dataplane.manifest import ManifestError, StaticKV, load_manifest
 from dataplane.runtime import RuntimeConfig
 from dataplane.scheduler import generate_greedy
 from dataplane.tokenizer import ChatTokenizer
@@ -66,10 +66,10 @@ def model_hf_dir(model: str, cache: Path) -> Path:
 
 
 def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,
-                  cache: Path, layers: str = "") -> Path:
-    """Export once per (model, stages or layer split, weights, beam_idx); reuse while the
-    manifest verifies. ``layers`` ("0-16,17-29") overrides ``stages``' cost-balanced split
-    (the one ``zctl export --stages`` makes)."""
+                  cache: Path, layers: str = "", static_kv: StaticKV | None = None) -> Path:
+    """Export once per (model, stages or layer split, weights, beam_idx, static KV); reuse
+    while the manifest verifies. ``layers`` ("0-16,17-29") overrides ``stages``'
+    cost-balanced split (the one ``zctl export --stages`` makes)."""
     from console.cli import default_split
     from console.export_view import RichExportProgress
     from dataplane.manifest import parse_layer_spec
@@ -77,7 +77,9 @@ def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: 
     from exporter.sources import open_source
 
     split = f"L{layers.replace(',', '_')}" if layers else f"{stages}stages"
-    out = cache / "exports" / "bench" / f"{name}-{weights}-{split}{'' if beam_idx else '-nobeam'}"
+    kind = ("" if beam_idx else "-nobeam") + (
+        f"-static{static_kv.context}x{static_kv.chunk}" if static_kv else "")
+    out = cache / "exports" / "bench" / f"{name}-{weights}-{split}{kind}"
     try:
         load_manifest(out)
         return out
@@ -86,7 +88,8 @@ def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: 
     source = open_source(str(hf_dir))
     ranges = parse_layer_spec(layers) if layers else default_split(source, stages)
     with RichExportProgress(stages, err) as progress:
-        export_model(source, ranges, weights, out, beam_idx=beam_idx, force=True, progress=progress)
+        export_model(source, ranges, weights, out, beam_idx=beam_idx, force=True, progress=progress,
+                     static_kv=static_kv)
     return out
 
 
