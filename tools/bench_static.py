@@ -77,13 +77,13 @@ def main(
     for size in sizes:
         exports[f"static{size}"] = cached_export(hf_dir, name, stages, weights, True, cache,
                                                  static_kv=StaticKV(size, min(chunk, size)))
-    config = RuntimeConfig(device=device)
-    chains = {key: LocalChain.load(str(path), config) for key, path in exports.items()}
     prompt_ids = ChatTokenizer(exports["stateful"]).encode(PROMPT)
     too_long = [s for s in sizes if len(prompt_ids) + tokens + 1 > s]
     if too_long:
         raise typer.BadParameter(f"contexts {too_long} hold fewer than the prompt's "
                                  f"{len(prompt_ids)} tokens + {tokens} decode steps")
+    config = RuntimeConfig(device=device)
+    chains = {key: LocalChain.load(str(path), config) for key, path in exports.items()}
     step_ms = paired_step_ms(chains, prompt_ids, tokens)
     prefill = {key: prefill_ms(chain, prompt_ids) for key, chain in chains.items()}
     base = step_ms["stateful"]
