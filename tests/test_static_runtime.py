@@ -233,3 +233,26 @@ def test_a_static_chain_across_processes(static2: Path, dp_hosts, dp_spawn) -> N
         assert pipe.stats.errors == 0
     finally:
         pipe.close()
+
+
+def test_a_static_draft_model(tiny_exports, stateful2: Path, tmp_path: Path) -> None:
+    """A static 1-stage export as the drafter: its own rewinds run on host KV."""
+    from test_speculative import speculate
+    from tiny_models import build_llama
+
+    from dataplane.speculative import ModelDrafter
+    from exporter.export import export_model
+    from exporter.sources import open_source
+
+    target = _chain(stateful2)
+    same = ModelDrafter(StaticStageRunner(tiny_exports.get([(0, 4)], static=(CONTEXT, CHUNK)), 0,
+                                          EXACT))
+    export_model(open_source(str(build_llama(tmp_path / "other", seed=1))), [(0, 4)], "fp32",
+                 tmp_path / "other-static", static_kv=StaticKV(CONTEXT, CHUNK))
+    other = ModelDrafter(StaticStageRunner(tmp_path / "other-static", 0, EXACT))  # disagrees
+    for prompt in PROMPTS:
+        want = list(generate_greedy(target, prompt, N, prefill_chunk=4))
+        got, stats = speculate(target, prompt, n=N, drafter=same)
+        assert got == want and stats.accepted == stats.proposed > 0
+        got, stats = speculate(target, prompt, n=N, drafter=other)
+        assert got == want and stats.rejections > 0
