@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import openvino as ov
 
+from dataplane.hugepages import HugePageScope
 from dataplane.manifest import ExportManifest, StageSpec, load_manifest, verify_export_files
 from dataplane.masks import MASK_MIN, drop_kept_tail, one_token_mask, step_mask
 from dataplane.rope import doubled_inv_freq, rope_one, rope_one_into, rope_tables
@@ -182,11 +183,13 @@ class StageRunner(MaskRewind):
         self.hidden_size = model.hidden_size
         core = core or shared_core()
         try:
-            self.compiled = core.compile_model(
-                str(self.export_dir / self.spec.xml), self.config.device, self.config.properties()
-            )
+            with HugePageScope() as pages:  # the weights the plugin repacks: huge pages
+                self.compiled = core.compile_model(
+                    str(self.export_dir / self.spec.xml), self.config.device,
+                    self.config.properties())
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} on {self.config.device}: {exc}") from None
+        self.huge_page_bytes = pages.collapsed
         self.input_name = self.spec.inputs[0]
         self._has_beam_idx = any(p.get_any_name() == "beam_idx" for p in self.compiled.inputs)
         self._beam = np.zeros(1, dtype=np.int32)

@@ -21,6 +21,7 @@ from typing import ClassVar
 import numpy as np
 import openvino as ov
 
+from dataplane.hugepages import HugePageScope
 from dataplane.manifest import ExportManifest, verify_export_files
 from dataplane.masks import static_step_mask
 from dataplane.rope import rope_tables
@@ -127,14 +128,16 @@ class StaticStageRunner(MaskRewind):
         self.compiled: dict[int, ov.CompiledModel] = {}
         try:
             source = core.read_model(str(self.export_dir / self.spec.xml))
-            for tokens in sorted({1, self.chunk}):
-                shaped = source.clone()
-                shaped.reshape(self._shapes(tokens))
-                self.compiled[tokens] = core.compile_model(
-                    shaped, self.config.device, static_properties(self.config))
+            with HugePageScope() as pages:  # see dataplane.hugepages
+                for tokens in sorted({1, self.chunk}):
+                    shaped = source.clone()
+                    shaped.reshape(self._shapes(tokens))
+                    self.compiled[tokens] = core.compile_model(
+                        shaped, self.config.device, static_properties(self.config))
         except RuntimeError as exc:
             raise StageError(f"cannot compile static stage {index} on {self.config.device}: "
                              f"{exc}") from None
+        self.huge_page_bytes = pages.collapsed
         self.streams: dict[int, HostKV] = {}
         self.groups: dict[int, object] = {}  # always empty: no row groups on a static stage
 

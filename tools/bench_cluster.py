@@ -46,6 +46,9 @@ def main(
     runs: int = typer.Option(5, help="interleaved runs (median reported)"),
     precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides, or 'default'"),
     threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
+    thp_baseline: bool = typer.Option(
+        True, help="also time openvino_genai with its memory on huge pages, as the stage "
+                   "runners' weights are (ratio_vs_thp_baseline)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     from console.paths import zctl_home
@@ -58,16 +61,20 @@ def main(
     props = plugin_properties(precision, threads)
     baseline = BaselinePipeline(export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
                                                 console=err), props)
+    baseline_thp = (BaselinePipeline(export_baseline(hf_dir, weights, load_manifest(
+        export_dir).group_size, console=err), props, huge_pages=True) if thp_baseline else None)
     prompt_ids = ChatTokenizer(export_dir).encode(PROMPT)
     record = start_local_cluster(export_dir, stages, runtime_args(
         props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-cluster")
     try:
         wait_serving(record, 300)
         cluster_run(record.serve, PROMPT, 8)  # warm-up
-        base_runs, cluster_runs = [], []
+        base_runs, cluster_runs, thp_runs = [], [], []
         for run in range(runs):
             base_runs.append(baseline.generate_timed(prompt_ids, tokens)["tok_s"])
             cluster_runs.append(cluster_run(record.serve, PROMPT, tokens))
+            if baseline_thp is not None:
+                thp_runs.append(baseline_thp.generate_timed(prompt_ids, tokens)["tok_s"])
             err.print(f"run {run + 1}/{runs}: baseline {base_runs[-1]:.1f}  "
                       f"cluster {cluster_runs[-1]['tok_s']:.1f} tok/s")
     finally:
@@ -91,8 +98,15 @@ def main(
                            for i in range(stages)},
         "network_ms_p50": round(timing.get("network", {}).get("p50", 0.0), 3),
         "samples": {"baseline": [round(v, 2) for v in base_runs],
-                    "cluster": [round(r["tok_s"], 2) for r in cluster_runs]},
+                    "cluster": [round(r["tok_s"], 2) for r in cluster_runs],
+                    **({"baseline_thp": [round(v, 2) for v in thp_runs]} if thp_runs else {})},
     }
+    if thp_runs:
+        thp_tok_s = statistics.median(thp_runs)
+        result.update(baseline_thp_tok_s=round(thp_tok_s, 2),
+                      ratio_vs_thp_baseline=round(cluster_tok_s / thp_tok_s, 3),
+                      ratio_vs_thp_baseline_paired=paired_ratio(
+                          [r["tok_s"] for r in cluster_runs], thp_runs))
     if as_json:
         print(json.dumps(result))
         return

@@ -13,6 +13,8 @@ its tok/s over that run's two baseline figures, which cancels the drift between 
 Extra columns (``--extras``, on by default), for like-for-like reading:
   baseline_sdpa openvino_genai with ATTENTION_BACKEND=SDPA: the stateful-model path, the same
                 kind of graph as our shards (the default LLMPipeline on CPU uses paged attention)
+  baseline_thp  openvino_genai with its memory on huge pages, as zctl's stage runners put
+                their compiled weights (dataplane.hugepages): the like-for-like baseline
   stage1_sync   our 1-stage shard stepped with a synchronous infer() on the calling thread
                 (the runtime before it switched to start_async()+wait(), as genai does)
 The plain ``baseline`` column stays what users would pick: a default LLMPipeline with the
@@ -44,7 +46,7 @@ from dataplane.tokenizer import ChatTokenizer
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 SYSTEMS = ("baseline", "stage1", "stage1_nobeam", "stage2", "stage3")
-EXTRA_SYSTEMS = ("baseline_sdpa", "stage1_sync")
+EXTRA_SYSTEMS = ("baseline_sdpa", "baseline_thp", "stage1_sync")
 err = Console(stderr=True)
 
 
@@ -207,6 +209,8 @@ def main(
     if extras:
         baseline_sdpa = BaselinePipeline(baseline_dir, {**props, "ATTENTION_BACKEND": "SDPA"})
         systems["baseline_sdpa"] = lambda ids, n: baseline_sdpa.generate_timed(ids, n)["tok_s"]
+        baseline_thp = BaselinePipeline(baseline_dir, props, huge_pages=True)
+        systems["baseline_thp"] = lambda ids, n: baseline_thp.generate_timed(ids, n)["tok_s"]
         systems["stage1_sync"] = chain_runner(exports["stage1"], SyncInferConfig(**asdict(config)))
     samples: dict[str, list[float]] = {key: [] for key in names}
     brackets: list[tuple[float, float]] = []
