@@ -25,6 +25,7 @@ from dataplane.tokenizer import ChatTokenizer
 from tools.bench_parity import PROMPT, cached_export, model_hf_dir, paired_ratio, plugin_properties
 
 err = Console(stderr=True)
+CLUSTER = object()  # the cluster's turn in a run's order
 
 
 def cluster_run(serve: str, prompt: str, tokens: int) -> dict[str, Any]:
@@ -71,10 +72,15 @@ def main(
         cluster_run(record.serve, PROMPT, 8)  # warm-up
         base_runs, cluster_runs, thp_runs = [], [], []
         for run in range(runs):
-            base_runs.append(baseline.generate_timed(prompt_ids, tokens)["tok_s"])
-            cluster_runs.append(cluster_run(record.serve, PROMPT, tokens))
-            if baseline_thp is not None:
-                thp_runs.append(baseline_thp.generate_timed(prompt_ids, tokens)["tok_s"])
+            # the baselines swap sides of the cluster run every run (order effects)
+            order = [baseline, CLUSTER, baseline_thp]
+            for system in order if run % 2 == 0 else order[::-1]:
+                if system is CLUSTER:
+                    cluster_runs.append(cluster_run(record.serve, PROMPT, tokens))
+                elif system is baseline:
+                    base_runs.append(baseline.generate_timed(prompt_ids, tokens)["tok_s"])
+                elif system is not None:
+                    thp_runs.append(system.generate_timed(prompt_ids, tokens)["tok_s"])
             err.print(f"run {run + 1}/{runs}: baseline {base_runs[-1]:.1f}  "
                       f"cluster {cluster_runs[-1]['tok_s']:.1f} tok/s")
     finally:
@@ -89,7 +95,7 @@ def main(
         "properties": props,
         "cluster_tok_s": round(cluster_tok_s, 2), "baseline_tok_s": round(baseline_tok_s, 2),
         "ratio": round(cluster_tok_s / baseline_tok_s, 3),
-        # each run's cluster figure over the baseline run just before it: free of the
+        # each run's cluster figure over the baseline run beside it: free of the
         # drift between runs (+-10% here), which the ratio of medians mixes in
         "ratio_paired": paired_ratio([r["tok_s"] for r in cluster_runs], base_runs),
         "overhead_ms_per_hop": round(timing.get("overhead", {}).get("p50", 0.0) / hops, 3),
