@@ -3,7 +3,10 @@
 The cluster is the real thing: a coordinator process and node processes on distinct
 loopback addresses, driven through the generation service exactly as ``zctl run``
 drives it. The baseline (openvino_genai LLMPipeline on an optimum-intel export) runs in
-this process; the two are interleaved run by run with the same plugin hints.
+this process; the two are interleaved run by run with the same plugin hints. Whole runs
+drift by +-10% here, so the tool also steps the cluster's data plane and our 1-stage
+chain token by token (``cluster_over_stage1_interleaved``): the cluster's cost over one
+monolithic stage without that drift (bench_parity relates the 1-stage chain to genai).
 
     python -m tools.bench_cluster [--model smollm2-135m] [--stages 2] [--json]
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import uuid
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -22,7 +26,14 @@ from rich.table import Table
 from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
 from dataplane.manifest import load_manifest
 from dataplane.tokenizer import ChatTokenizer
-from tools.bench_parity import PROMPT, cached_export, model_hf_dir, paired_ratio, plugin_properties
+from tools.bench_parity import (
+    PROMPT,
+    cached_export,
+    model_hf_dir,
+    paired_ratio,
+    paired_step_ms,
+    plugin_properties,
+)
 
 err = Console(stderr=True)
 CLUSTER = object()  # the cluster's turn in a run's order
@@ -39,6 +50,25 @@ def cluster_run(serve: str, prompt: str, tokens: int) -> dict[str, Any]:
     return {"tok_s": done.tok_s, "ttft_ms": done.ttft_ms, "timing": done.timing}
 
 
+def interleaved(export_dir: Path, stage1_dir: Path, stages: int, threads: int,
+                props: dict[str, Any], prompt_ids: list[int], tokens: int) -> dict[str, Any]:
+    """The cluster's data plane (stage 0 in this process, the other stages as worker
+    processes on their loopback addresses) and the 1-stage chain, stepped token by token
+    in rotating order: their step-time ratio without the drift between whole runs (the
+    1-stage chain is what bench_parity compares with openvino_genai)."""
+    from dataplane.generate import LocalChain
+    from dataplane.runtime import RuntimeConfig
+    from tools.bench_overhead import cluster_pipeline
+
+    config = RuntimeConfig(precision=props.get("INFERENCE_PRECISION_HINT"),
+                           num_threads=threads or None)
+    with cluster_pipeline(str(export_dir), stages, str(threads or "default")) as pipe:
+        step_ms = paired_step_ms({"stage1": LocalChain.load(str(stage1_dir), config),
+                                  "cluster": pipe}, prompt_ids, tokens)
+    return {"interleaved_step_ms": {k: round(v, 3) for k, v in step_ms.items()},
+            "cluster_over_stage1_interleaved": round(step_ms["stage1"] / step_ms["cluster"], 3)}
+
+
 def main(
     model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
     stages: int = typer.Option(2, help="cluster nodes (= stages)"),
@@ -47,6 +77,10 @@ def main(
     runs: int = typer.Option(5, help="interleaved runs (median reported)"),
     precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides, or 'default'"),
     threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
+    interleave: bool = typer.Option(
+        True, help="also step a cluster of the same stages and the 1-stage chain token by "
+                   "token in rotating order (cluster_over_stage1_interleaved: free of the "
+                   "drift between runs)"),
     thp_baseline: bool = typer.Option(
         True, help="also time openvino_genai with its memory on huge pages, as the stage "
                    "runners' weights are (ratio_vs_thp_baseline)"),
@@ -113,6 +147,10 @@ def main(
                       ratio_vs_thp_baseline=round(cluster_tok_s / thp_tok_s, 3),
                       ratio_vs_thp_baseline_paired=paired_ratio(
                           [r["tok_s"] for r in cluster_runs], thp_runs))
+    if interleave:
+        stage1_dir = cached_export(hf_dir, name, 1, weights, True, cache)
+        result.update(interleaved(export_dir, stage1_dir, stages, threads, props, prompt_ids,
+                                  tokens))
     if as_json:
         print(json.dumps(result))
         return

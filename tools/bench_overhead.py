@@ -241,15 +241,16 @@ def run_local(export: str, threads: str, prompt: list[int], tokens: int):
     return out, stats
 
 
-def run_cluster(export: str, stages: int, threads: str, prompt: list[int], tokens: int):
+@contextmanager
+def cluster_pipeline(export: str, stages: int, threads: str = "default"):
+    """A ClusterPipeline running stage 0 here and stages 1.. as ``dataplane.worker``
+    processes on 127.0.0.2, ...; the workers stop on exit."""
     from dataplane.cluster import ClusterPipeline
-    from dataplane.generate import GenerationStats
-    from dataplane.runtime import StageRunner
-    from dataplane.scheduler import generate_greedy
+    from dataplane.runtime import load_runner
 
     with ExitStack() as stack:
         addrs = chain_addresses(stages)
-        pipe = ClusterPipeline(StageRunner(export, 0, runtime_config(threads)), addrs[0],
+        pipe = ClusterPipeline(load_runner(export, 0, runtime_config(threads)), addrs[0],
                                "tcp://127.0.0.1:*", timeout_s=60)
         stack.callback(pipe.close)
 
@@ -259,6 +260,14 @@ def run_cluster(export: str, stages: int, threads: str, prompt: list[int], token
                     "--bind", bind, "--send-to", send_to, *extra]
 
         start_chain(stack, addrs, pipe.reply_endpoint, cmd)
+        yield pipe
+
+
+def run_cluster(export: str, stages: int, threads: str, prompt: list[int], tokens: int):
+    from dataplane.generate import GenerationStats
+    from dataplane.scheduler import generate_greedy
+
+    with cluster_pipeline(export, stages, threads) as pipe:
         list(generate_greedy(pipe, prompt, 8))  # warm-up
         pipe.timings.clear()
         stats = GenerationStats()

@@ -1,0 +1,29 @@
+"""tools/bench_cluster's drift-free estimator on the tiny model: the cluster's data plane
+and the 1-stage chain stepped token by token."""
+
+from __future__ import annotations
+
+from tools.bench_cluster import interleaved
+from tools.bench_overhead import cluster_pipeline
+
+
+def test_interleaved_steps_cluster_and_stage1(tiny_exports, dp_hosts) -> None:
+    two, one = tiny_exports.get([(0, 2), (2, 4)]), tiny_exports.get([(0, 4)])
+    props = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    result = interleaved(two, one, 2, 0, props, [0, 17, 42, 99, 5], 6)
+    assert set(result["interleaved_step_ms"]) == {"stage1", "cluster"}
+    assert all(v > 0 for v in result["interleaved_step_ms"].values())
+    assert result["cluster_over_stage1_interleaved"] > 0
+
+
+def test_cluster_pipeline_equals_the_local_chain(tiny_exports, dp_hosts) -> None:
+    from dataplane.generate import LocalChain
+    from dataplane.runtime import RuntimeConfig
+    from dataplane.scheduler import generate_greedy
+
+    export = tiny_exports.get([(0, 2), (2, 4)])
+    local = LocalChain.load(str(export), RuntimeConfig())
+    with cluster_pipeline(str(export), 2) as pipe:
+        got = list(generate_greedy(pipe, [0, 17, 42], 8))
+        assert pipe.stats.errors == 0
+    assert got == list(generate_greedy(local, [0, 17, 42], 8)) and len(got) == 8
