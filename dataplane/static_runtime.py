@@ -25,7 +25,8 @@ from dataplane.hugepages import HugePageScope
 from dataplane.manifest import ExportManifest, verify_export_files
 from dataplane.masks import static_step_mask
 from dataplane.rope import rope_tables
-from dataplane.runtime import (
+from dataplane.slots import SlotCounts
+from dataplane.stage_base import (
     MaskRewind,
     RuntimeConfig,
     StageError,
@@ -34,7 +35,6 @@ from dataplane.runtime import (
     open_stage,
     shared_core,
 )
-from dataplane.slots import SlotCounts
 
 PAST_PREFIX = "past_key_values."
 PRESENT_PREFIX = "present."

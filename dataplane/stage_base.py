@@ -1,0 +1,127 @@
+"""What every stage runner shares: the runtime config, errors, input and stage checks.
+
+``dataplane.runtime.StageRunner`` (stateful KV) and ``dataplane.static_runtime.
+StaticStageRunner`` (the static NPU path) both build on these; ``dataplane.runtime``
+re-exports them, so callers import from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import openvino as ov
+
+from dataplane.manifest import ExportManifest, StageSpec, load_manifest
+from dataplane.masks import drop_kept_tail
+
+DEVICES = ("CPU", "GPU", "NPU", "AUTO")
+
+
+_CORE: ov.Core | None = None
+
+
+def shared_core() -> ov.Core:
+    """One OpenVINO Core per process, so every stage here shares its plugins and executors."""
+    global _CORE
+    if _CORE is None:
+        _CORE = ov.Core()
+    return _CORE
+
+
+class StageError(RuntimeError):
+    """A stage cannot be loaded, or a step's inputs do not fit it."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Explicit compile properties, so benchmarks compare like with like."""
+
+    device: str = "CPU"
+    precision: str | None = "f32"  # INFERENCE_PRECISION_HINT; None keeps the plugin default
+    num_threads: int | None = None
+    performance_hint: str = "LATENCY"
+    kv_cache_precision: str | None = None  # e.g. "f32", "u8"; None keeps the plugin default
+
+    # Not dataclass fields (controlplane.messages.RuntimeSpec mirrors the fields); a subclass
+    # may override them, e.g. to benchmark other settings (tools/bench_parity does).
+    # ENABLE_CPU_PINNING on CPU devices; None keeps the plugin default (YES on Linux), the
+    # same as openvino_genai. With synchronous infer() pinning cost 2-10% per decode step on
+    # 2 busy shared cores; with start_async()+wait() pinned and unpinned were within noise.
+    cpu_pinning: ClassVar[bool | None] = None
+    # Step with start_async() + wait(), so the plugin runs the graph on its own stream thread
+    # (as openvino_genai's decode loop does), not a synchronous infer() on the calling
+    # thread: 6% (1 stage) and 11% (2 stages) faster per decode step here, step-by-step
+    # interleaved A/B on the same export, faster in every paired run.
+    async_infer: ClassVar[bool] = True
+
+    def properties(self) -> dict[str, Any]:
+        props: dict[str, Any] = {"PERFORMANCE_HINT": self.performance_hint}
+        if self.precision:
+            props["INFERENCE_PRECISION_HINT"] = self.precision
+        if self.num_threads:
+            props["INFERENCE_NUM_THREADS"] = int(self.num_threads)
+        if self.kv_cache_precision:
+            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        if self.cpu_pinning is not None and device_kind(self) == "CPU":
+            props["ENABLE_CPU_PINNING"] = bool(self.cpu_pinning)
+        return props
+
+
+def check_step_input(spec: StageSpec, hidden_size: int, x: np.ndarray,
+                     positions: np.ndarray) -> None:
+    """Raise StageError unless x and positions have the shapes a stream step of ``spec``
+    takes: int token ids [1, T] on the first stage, float32 [1, T, hidden] after it."""
+    if spec.first:
+        if x.ndim != 2 or not np.issubdtype(x.dtype, np.integer):
+            raise StageError(f"stage 0 takes int token ids [batch, tokens], got {x.dtype} {x.shape}")
+    elif x.ndim != 3 or x.shape[2] != hidden_size or x.dtype != np.float32:
+        raise StageError(
+            f"stage {spec.index} takes float32 hidden states [batch, tokens, "
+            f"{hidden_size}], got {x.dtype} {x.shape}"
+        )
+    if x.shape[0] != 1 or x.shape[1] < 1:
+        raise StageError(f"a stream step takes batch 1 and at least one token, got {x.shape}")
+    if positions.shape != (x.shape[1],):
+        raise StageError(f"positions shape {positions.shape} does not match {x.shape[1]} tokens")
+
+
+def device_kind(config: RuntimeConfig) -> str:
+    """The plugin of ``config.device``: "GPU" for "GPU.1", "NPU" for "NPU:0"."""
+    return config.device.split(":")[0].split(".")[0]
+
+
+def open_stage(export_dir: Path, index: int, config: RuntimeConfig | None,
+               manifest: ExportManifest | None, static: bool
+               ) -> tuple[ExportManifest, StageSpec, RuntimeConfig]:
+    """The manifest, stage spec and config of stage ``index``, checked: the stage exists,
+    the device is known, and the export's KV kind (static or stateful) is ``static``."""
+    manifest = manifest or load_manifest(export_dir, verify_files=False)
+    if (manifest.static_kv is not None) != static:
+        raise StageError(
+            f"{export_dir} is a static export: load it with StaticStageRunner" if not static
+            else f"{export_dir} is a stateful export: load it with StageRunner")
+    if not 0 <= index < len(manifest.stages):
+        raise StageError(f"stage {index} does not exist: the export has {len(manifest.stages)} "
+                         "stages")
+    config = config or RuntimeConfig()
+    if device_kind(config) not in DEVICES:
+        raise StageError(f"unknown device {config.device!r}; expected one of {DEVICES}")
+    return manifest, manifest.stages[index], config
+
+
+class MaskRewind:
+    """Mask-based rewind over a runner's per-stream slot tables (a mixin: the runner
+    provides ``_stream(stream_id)`` with a ``keep`` table)."""
+
+    def _stream(self, stream_id: int) -> Any: ...
+
+    def mask_tail(self, stream_id: int, count: int) -> None:
+        """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
+        slots = self._stream(stream_id)
+        try:
+            slots.keep = drop_kept_tail(slots.keep, count)
+        except ValueError as exc:
+            raise StageError(str(exc)) from None
