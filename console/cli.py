@@ -94,6 +94,9 @@ def export(
     context: Annotated[int, typer.Option(help="--static: KV slots per stream")] = 1024,
     chunk: Annotated[int, typer.Option(
         help="--static: tokens per multi-token step shape (prefill chunks, verification)")] = 16,
+    kv_dtype: Annotated[str, typer.Option(
+        help="--static: the host KV's type, f32 | f16 (half the memory; an NPU computes in "
+             "f16)")] = "f32",
 ) -> None:
     """Cut a model into stage shards (OpenVINO IR with stateful KV) and write a manifest."""
     from console.export_view import RichExportProgress
@@ -110,7 +113,7 @@ def export(
         source = open_source(model, source_cache_dir())
         ranges = (parse_layer_spec(layers) if layers
                   else default_split(source, stages or 1))
-        static_kv = StaticKV(context, chunk) if static else None
+        static_kv = StaticKV(context, chunk, kv_dtype) if static else None
         target = out_dir or default_export_dir(model, len(ranges), weights, static)
         with RichExportProgress(len(ranges), err) as progress:
             manifest, reports = export_model(source, ranges, weights, target, group_size=group_size,

@@ -59,15 +59,20 @@ class StageSpec:
         return self.layer_end - self.layer_start
 
 
+STATIC_KV_DTYPES = ("f32", "f16")
+
+
 @dataclass(frozen=True)
 class StaticKV:
     """A static, stateless export (the NPU path): past KV goes in and the new tokens' KV
     comes out as plain tensors, the host keeps every stream's KV in ``context`` slots,
     and the runtime compiles two fixed shapes: 1 token (decode) and ``chunk`` tokens
-    (prefill chunks, verification)."""
+    (prefill chunks, verification). ``kv_dtype``: the host KV's element type, "f32" or
+    "f16" (half the memory and bandwidth; what an NPU computes in)."""
 
     context: int
     chunk: int
+    kv_dtype: str = "f32"
 
     def __post_init__(self) -> None:
         if not (type(self.context) is int and type(self.chunk) is int):
@@ -75,6 +80,9 @@ class StaticKV:
         if not 1 <= self.chunk <= self.context:
             raise ManifestError(f"static KV needs 1 <= chunk <= context, got chunk "
                                 f"{self.chunk} and context {self.context}")
+        if self.kv_dtype not in STATIC_KV_DTYPES:
+            raise ManifestError(f"static KV dtype {self.kv_dtype!r} is not one of "
+                                f"{STATIC_KV_DTYPES}")
 
 
 @dataclass(frozen=True)
@@ -181,8 +189,10 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
 def _static_kv(raw: Any) -> StaticKV | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict) or set(raw) != {"context", "chunk"}:
-        raise ManifestError("manifest static_kv must be an object with 'context' and 'chunk'")
+    if (not isinstance(raw, dict) or not {"context", "chunk"} <= set(raw)
+            or not set(raw) <= {"context", "chunk", "kv_dtype"}):
+        raise ManifestError("manifest static_kv must be an object with 'context', 'chunk' "
+                            "and optionally 'kv_dtype'")
     return StaticKV(**raw)
 
 

@@ -119,6 +119,7 @@ class StaticStageRunner(MaskRewind):
         self.rope_scaling = model.rope_attention_scaling
         self.hidden_size = model.hidden_size
         self.kv_shape = (1, model.num_kv_heads, self.context, model.head_dim)
+        self.kv_dtype = np.dtype(np.float16 if static.kv_dtype == "f16" else np.float32)
         self.input_name = self.spec.inputs[0]
         self.past_names = [n for n in self.spec.inputs if n.startswith(PAST_PREFIX)]
         if not self.past_names:
@@ -172,7 +173,7 @@ class StaticStageRunner(MaskRewind):
     def open_stream(self, stream_id: int) -> HostKV:
         if stream_id not in self.streams:
             self.streams[stream_id] = HostKV(
-                {name: np.zeros(self.kv_shape, np.float32) for name in self.past_names})
+                {name: np.zeros(self.kv_shape, self.kv_dtype) for name in self.past_names})
         return self.streams[stream_id]
 
     def reset_stream(self, stream_id: int) -> None:

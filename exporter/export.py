@@ -130,7 +130,7 @@ def build_stage(
     out_dir: Path,
     progress: ExportProgress,
     rt_info: dict[str, str],
-    static: bool = False,
+    static: StaticKV | None = None,
 ) -> tuple[StageSpec, StageReport]:
     """Build one stage into out_dir; returns its spec and timings. ``static``: a stateless
     stage whose present outputs hold only the new tokens' KV (see StaticKV)."""
@@ -151,7 +151,9 @@ def build_stage(
         return source.get(name) if name.endswith(".bias") else source.require(name)
 
     progress.phase(index, "load")
-    module = StageModule(shape, start, end, first, last, fetch, new_kv_only=static).eval()
+    kv_dtype = torch.float16 if static is not None and static.kv_dtype == "f16" else None
+    module = StageModule(shape, start, end, first, last, fetch, new_kv_only=static is not None,
+                         kv_dtype=kv_dtype).eval()
     source.release()  # unmap the checkpoint: the pages of this stage must not pile up
     mark("load")
     progress.phase(index, "trace")
@@ -161,7 +163,7 @@ def build_stage(
     mark("trace")
     progress.phase(index, "convert")
     pairs = graph.kv_names(start, end)
-    if static:  # past KV in, new KV out: no state, no beam_idx (nothing to reorder)
+    if static is not None:  # past KV in, new KV out: no state, no beam_idx (nothing to reorder)
         beam_idx = False
     else:
         if beam_idx:
@@ -176,7 +178,7 @@ def build_stage(
     xml = f"stage{index}.xml"
     ov.save_model(model, out_dir / xml, compress_to_fp16=weight_format == "fp16")
     inputs, outputs = graph.io_names(first, last)
-    if static:  # the KV is plain I/O: listed with the inputs and outputs, no state
+    if static is not None:  # the KV is plain I/O: listed with the inputs and outputs, no state
         inputs += [past for past, _ in pairs]
         outputs += [present for _, present in pairs]
     del model
@@ -190,7 +192,7 @@ def build_stage(
         bin=f"stage{index}.bin",
         inputs=tuple(inputs + (["beam_idx"] if beam_idx else [])),
         outputs=tuple(outputs),
-        state_names=() if static else tuple(past for past, _ in pairs),
+        state_names=() if static is not None else tuple(past for past, _ in pairs),
         first=first,
         last=last,
     )
@@ -236,7 +238,7 @@ def export_model(
             progress.stage_started(index, layers)
             stage, report = build_stage(
                 source, index, layers, len(ranges), weight_format, group_size, beam_idx, tmp,
-                progress, rt_info, static=static_kv is not None,
+                progress, rt_info, static=static_kv,
             )
             stages.append(stage)
             reports.append(report)

@@ -33,7 +33,8 @@ def kv_names(layer_start: int, layer_end: int) -> list[tuple[str, str]]:
 
 
 def example_inputs(
-    shape: DecoderShape, num_layers: int, first: bool, last: bool, tokens: int = 3, past: int = 2
+    shape: DecoderShape, num_layers: int, first: bool, last: bool, tokens: int = 3, past: int = 2,
+    kv_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, ...]:
     """Inputs for tracing: more than one token *and* a non-empty past, so no branch freezes."""
     batch = 1
@@ -47,7 +48,8 @@ def example_inputs(
     sin = torch.randn(batch, tokens, shape.head_dim)
     extra: tuple[torch.Tensor, ...] = (torch.arange(tokens, dtype=torch.int64),) if last else ()
     kv = tuple(
-        torch.randn(batch, shape.num_kv_heads, past, shape.head_dim) for _ in range(2 * num_layers)
+        torch.randn(batch, shape.num_kv_heads, past, shape.head_dim).to(kv_dtype)
+        for _ in range(2 * num_layers)
     )
     return (x, mask, cos, sin, *extra, *kv)
 
@@ -55,7 +57,8 @@ def example_inputs(
 def convert_stage(module: StageModule, shape: DecoderShape, layer_start: int, layer_end: int,
                   first: bool, last: bool) -> ov.Model:
     """Trace the module and give every input and output its stable name."""
-    example = example_inputs(shape, layer_end - layer_start, first, last)
+    example = example_inputs(shape, layer_end - layer_start, first, last,
+                             kv_dtype=module.layers[0].kv_dtype or torch.float32)
     with torch.no_grad():
         # Trace ourselves: torch's default trace check re-runs the module twice more.
         traced = torch.jit.trace(module, example, check_trace=False, strict=False)

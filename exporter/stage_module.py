@@ -81,10 +81,11 @@ def _attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
 
 class DecoderLayer(nn.Module):
     def __init__(self, shape: DecoderShape, get: Callable[[str], torch.Tensor | None],
-                 new_kv_only: bool = False) -> None:
+                 new_kv_only: bool = False, kv_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.shape = shape
         self.new_kv_only = new_kv_only
+        self.kv_dtype = kv_dtype  # the KV's type at the I/O when it is not the activations'.
         self.input_norm = RMSNorm(get("input_layernorm.weight"), shape.rms_norm_eps)
         self.post_norm = RMSNorm(get("post_attention_layernorm.weight"), shape.rms_norm_eps)
         attn, mlp = "self_attn.", "mlp."
@@ -114,6 +115,8 @@ class DecoderLayer(nn.Module):
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos4 + _rotate_half(q) * sin4
         k = k * cos4 + _rotate_half(k) * sin4
+        if self.kv_dtype is not None:  # e.g. an f16 host KV: compute in the activations' type
+            past_key, past_value = past_key.to(k.dtype), past_value.to(v.dtype)
         key = torch.cat((past_key, k), dim=2)
         value = torch.cat((past_value, v), dim=2)
         attn = _attention(q, key, value, mask, s, fold_groups=self.new_kv_only)
@@ -122,6 +125,8 @@ class DecoderLayer(nn.Module):
         h = self.post_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
         if self.new_kv_only:
+            if self.kv_dtype is not None:
+                k, v = k.to(self.kv_dtype), v.to(self.kv_dtype)
             return x, k, v
         return x, key, value
 
@@ -131,7 +136,8 @@ class StageModule(nn.Module):
 
     forward(x, attention_mask, rope_cos, rope_sin, [logits_idx], *past) ->
     (hidden_states | logits, *present), past/present ordered key, value per layer;
-    ``new_kv_only``: present holds only the step's new slots (the static export).
+    ``new_kv_only``: present holds only the step's new slots (the static export);
+    ``kv_dtype``: past and present KV in that type (the static export's f16 host KV).
     """
 
     def __init__(
@@ -143,6 +149,7 @@ class StageModule(nn.Module):
         last: bool,
         get: Callable[[str], torch.Tensor | None],
         new_kv_only: bool = False,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.first, self.last = first, last
@@ -150,7 +157,8 @@ class StageModule(nn.Module):
         if first:
             self.embed = nn.Embedding.from_pretrained(get("model.embed_tokens.weight"), freeze=True)
         self.layers = nn.ModuleList(
-            DecoderLayer(shape, lambda name, i=i: get(f"model.layers.{i}.{name}"), new_kv_only)
+            DecoderLayer(shape, lambda name, i=i: get(f"model.layers.{i}.{name}"), new_kv_only,
+                         kv_dtype)
             for i in range(layer_start, layer_end)
         )
         if last:

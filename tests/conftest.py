@@ -31,8 +31,8 @@ class ExportCache:
         self.done: dict[tuple, Path] = {}
 
     def get(self, ranges: list[tuple[int, int]], weights: str = "fp32",
-            beam_idx: bool = True, static: tuple[int, int] | None = None) -> Path:
-        """``static``: (context, chunk) of a static export (the NPU path)."""
+            beam_idx: bool = True, static: tuple | None = None) -> Path:
+        """``static``: (context, chunk[, kv_dtype]) of a static export (the NPU path)."""
         from dataplane.manifest import StaticKV
         from exporter.export import export_model
         from exporter.sources import open_source
@@ -41,7 +41,7 @@ class ExportCache:
         if key not in self.done:
             name = "-".join(f"{a}_{b}" for a, b in ranges) + f"-{weights}-{int(beam_idx)}"
             if static:
-                name += "-static{}x{}".format(*static)
+                name += "-static" + "x".join(map(str, static))
             out = self.root / name
             export_model(open_source(str(self.model_dir)), ranges, weights, out, beam_idx=beam_idx,
                          static_kv=StaticKV(*static) if static else None)

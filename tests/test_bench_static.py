@@ -28,10 +28,11 @@ def test_bench_static_reports_every_system(tiny_llama_dir: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
     result = _run(tiny_llama_dir, "96,128", 6, capsys)
-    assert set(result["step_ms"]) == {"stateful", "static96", "static128"}
+    assert set(result["step_ms"]) == {"stateful", "static96", "static128", "static128_f16"}
     assert result["static96_ratio"] > 0 and result["static128_ratio"] > 0
     assert set(result["prefill_ms"]) == set(result["step_ms"])
     exports = sorted(p.name for p in (tmp_path / "home" / "exports" / "bench").iterdir())
     assert any(name.endswith("-static96x4") for name in exports)
+    assert any(name.endswith("-static128x4-f16") for name in exports)
     with pytest.raises(typer.BadParameter, match="hold fewer than"):
         _run(tiny_llama_dir, "8", 6, capsys)

@@ -256,3 +256,26 @@ def test_a_static_draft_model(tiny_exports, stateful2: Path, tmp_path: Path) -> 
         assert got == want and stats.accepted == stats.proposed > 0
         got, stats = speculate(target, prompt, n=N, drafter=other)
         assert got == want and stats.rejections > 0
+
+
+def test_f16_host_kv(tiny_exports, static2: Path) -> None:
+    """An f16 host KV: half the bytes, the KV's I/O in f16, greedy output unchanged here."""
+    half = tiny_exports.get([(0, 2), (2, 4)], static=(CONTEXT, CHUNK, "f16"))
+    assert load_manifest(half).static_kv == StaticKV(CONTEXT, CHUNK, "f16")
+    runner = StaticStageRunner(half, 1, EXACT)
+    runner.open_stream(0)
+    assert all(b.dtype == np.float16 for b in runner.streams[0].buffers.values())
+    compiled = runner.compiled[1]
+    past = [p for p in compiled.inputs if p.get_any_name().startswith("past_key_values.")]
+    present = [p for p in compiled.outputs if p.get_any_name().startswith("present.")]
+    assert past and present and all(p.get_element_type() == ov.Type.f16 for p in past + present)
+    chain_half, chain_full = _chain(half), _chain(static2)
+    for chain in (chain_half, chain_full):
+        chain.open(0)
+    np.testing.assert_allclose(_logits(chain_half, PROMPTS[0], 0),
+                               _logits(chain_full, PROMPTS[0], 0), atol=0.05, rtol=0.01)
+    for prompt in PROMPTS:
+        assert (list(generate_greedy(chain_half, prompt, N, prefill_chunk=4))
+                == list(generate_greedy(chain_full, prompt, N, prefill_chunk=4)))
+    with pytest.raises(ManifestError, match="dtype"):
+        StaticKV(8, 4, "bf16")

@@ -80,7 +80,8 @@ def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: 
 
     split = f"L{layers.replace(',', '_')}" if layers else f"{stages}stages"
     kind = ("" if beam_idx else "-nobeam") + (
-        f"-static{static_kv.context}x{static_kv.chunk}" if static_kv else "")
+        f"-static{static_kv.context}x{static_kv.chunk}" if static_kv else "") + (
+        "-f16" if static_kv and static_kv.kv_dtype == "f16" else "")
     out = cache / "exports" / "bench" / f"{name}-{weights}-{split}{kind}"
     try:
         load_manifest(out)

@@ -8,7 +8,7 @@ so the machine's drift hits every system alike; ``static{C}_ratio`` is stateful 
 time over static step time (tok/s ratio), and ``prefill_ms`` times one prompt's
 prefill per system (static: chunk by chunk). The paper reports its NPU path about 4x
 slower than the iGPU for one stream: this tool shows how much of that is the static
-formulation itself.
+formulation itself. ``static{C}_f16``: the largest context with an f16 host KV (``--f16``).
 
     python -m tools.bench_static [--model smollm2-135m] [--contexts 256,1024] [--json]
 """
@@ -65,6 +65,7 @@ def main(
     chunk: int = typer.Option(16, help="the static exports' multi-token step shape"),
     tokens: int = typer.Option(128, help="decode steps per system (token by token, rotating)"),
     device: str = typer.Option("CPU", help="device for every chain"),
+    f16: bool = typer.Option(True, help="also the largest context with an f16 host KV"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     from console.paths import zctl_home
@@ -77,6 +78,11 @@ def main(
     for size in sizes:
         exports[f"static{size}"] = cached_export(hf_dir, name, stages, weights, True, cache,
                                                  static_kv=StaticKV(size, min(chunk, size)))
+    if f16:
+        size = max(sizes)
+        exports[f"static{size}_f16"] = cached_export(
+            hf_dir, name, stages, weights, True, cache,
+            static_kv=StaticKV(size, min(chunk, size), "f16"))
     prompt_ids = ChatTokenizer(exports["stateful"]).encode(PROMPT)
     too_long = [s for s in sizes if len(prompt_ids) + tokens + 1 > s]
     if too_long:
