@@ -27,31 +27,46 @@ def rope_tables(
     return cos.astype(np.float32, copy=False), sin.astype(np.float32, copy=False)
 
 
-def doubled_inv_freq(inv_freq: np.ndarray) -> np.ndarray:
-    """``inv_freq`` twice over (float32): the per-channel frequencies of ``rope_one``."""
-    inv = np.asarray(inv_freq, dtype=np.float32)
-    return np.concatenate((inv, inv))
+class RopeRows:
+    """``rope_tables`` rows by position, computed a block of positions at a time: a decode
+    step copies its row (two slice copies) instead of computing cos and sin, which costs
+    several times more right after an inference, when the host's caches are cold.
 
+    The rows are rope_tables' own values. At most ``max_blocks`` blocks are kept (the
+    oldest goes first): streams decode at a few positions at a time.
+    """
 
-def rope_one(position: int, inv_freq2: np.ndarray, attention_scaling: float = 1.0
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """``rope_tables`` of one token at ``position`` ([1, 1, head_dim] each, bit-identical),
-    in a few numpy calls: the decode step's hot path (see ``doubled_inv_freq``)."""
-    emb = np.float32(position) * inv_freq2
-    cos, sin = np.cos(emb), np.sin(emb)
-    if attention_scaling != 1.0:
-        cos = cos * np.float32(attention_scaling)
-        sin = sin * np.float32(attention_scaling)
-    return cos.reshape(1, 1, -1), sin.reshape(1, 1, -1)
+    BLOCK = 256
 
+    def __init__(self, inv_freq: np.ndarray, attention_scaling: float = 1.0,
+                 max_blocks: int = 16) -> None:
+        self.inv_freq = np.asarray(inv_freq, dtype=np.float32)
+        self.attention_scaling = attention_scaling
+        self.max_blocks = max_blocks
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-def rope_one_into(position: int, inv_freq2: np.ndarray, attention_scaling: float,
-                  cos: np.ndarray, sin: np.ndarray) -> None:
-    """``rope_one`` written into flat float32 [head_dim] arrays ``cos`` and ``sin``
-    (bit-identical values, no new arrays but the product)."""
-    emb = np.float32(position) * inv_freq2
-    np.cos(emb, out=cos)
-    np.sin(emb, out=sin)
-    if attention_scaling != 1.0:
-        np.multiply(cos, np.float32(attention_scaling), out=cos)
-        np.multiply(sin, np.float32(attention_scaling), out=sin)
+    def _block(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        start = index * self.BLOCK
+        positions = np.arange(start, start + self.BLOCK, dtype=np.int64)[None]
+        cos, sin = rope_tables(positions, self.inv_freq, self.attention_scaling)
+        while len(self._blocks) >= self.max_blocks:  # the oldest block goes first
+            del self._blocks[next(iter(self._blocks))]
+        block = self._blocks[index] = (cos[0], sin[0])
+        return block
+
+    def into(self, position: int, cos: np.ndarray, sin: np.ndarray) -> None:
+        """Write the [head_dim] cos and sin rows of ``position`` into ``cos`` and ``sin``."""
+        if position < 0:
+            raise ValueError(f"positions must be >= 0, got {position}")
+        index, row = divmod(position, self.BLOCK)
+        block = self._blocks.get(index) or self._block(index)
+        cos[:] = block[0][row]
+        sin[:] = block[1][row]
+
+    def one(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The [1, 1, head_dim] cos and sin of one token at ``position`` (new arrays)."""
+        head_dim = 2 * self.inv_freq.shape[0]
+        cos = np.empty((1, 1, head_dim), dtype=np.float32)
+        sin = np.empty((1, 1, head_dim), dtype=np.float32)
+        self.into(position, cos.reshape(-1), sin.reshape(-1))
+        return cos, sin

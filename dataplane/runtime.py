@@ -16,7 +16,7 @@ import openvino as ov
 from dataplane.hugepages import HugePageScope
 from dataplane.manifest import ExportManifest, load_manifest, verify_export_files
 from dataplane.masks import MASK_MIN, one_token_mask, step_mask
-from dataplane.rope import doubled_inv_freq, rope_one, rope_one_into, rope_tables
+from dataplane.rope import RopeRows, rope_tables
 from dataplane.rows import RowSource, merge_rows, rows_step_mask
 from dataplane.slots import DecodeBuffers, RowGroup, StepInputs, StreamSlots
 from dataplane.slots import shared_tensor as _shared
@@ -80,9 +80,9 @@ class StageRunner(MaskRewind):
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
         self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
-        self._inv_freq2 = doubled_inv_freq(self.inv_freq)
         self._last_token_idx: dict[int, ov.Tensor] = {}  # logits_idx [T - 1] by T
         self.rope_scaling = model.rope_attention_scaling
+        self._rope_rows = RopeRows(self.inv_freq, self.rope_scaling)
         self.hidden_size = model.hidden_size
         core = core or shared_core()
         try:
@@ -248,8 +248,9 @@ class StageRunner(MaskRewind):
             buffers = target.decode
             x = (buffers.input_from(x) if buffers is not None and x.shape[:2] == (1, 1)
                  and x.dtype in (np.int64, np.float32) else _shared(x))
-        if tuple(x.shape)[:2] != inputs.positions.shape:
-            raise StageError(f"x {tuple(x.shape)} does not match positions {inputs.positions.shape}")
+        dims = x.shape  # an ov.Shape: index it (iterating one costs ~0.1 ms on this path)
+        if (dims[0], dims[1]) != inputs.positions.shape:
+            raise StageError(f"x {list(dims)} does not match positions {inputs.positions.shape}")
         self._bind_one(target, self.input_name, x)
         if self.config.async_infer:
             request.start_async()
@@ -270,18 +271,21 @@ class StageRunner(MaskRewind):
         a one-row decode step of ``target`` writes them into its DecodeBuffers."""
         rows, tokens = positions.shape
         if tokens == 1:  # a decode step (one token per row): the few-call path
-            after = (np.append(keep, True) if keep.ndim == 1
-                     else np.concatenate((keep, np.ones((rows, 1), dtype=bool)), axis=1))
+            if keep.ndim == 1:  # np.append's wrappers cost ~50 us here, cold
+                after = np.empty(keep.shape[0] + 1, dtype=bool)
+                after[:-1] = keep
+                after[-1] = True
+            else:
+                after = np.concatenate((keep, np.ones((rows, 1), dtype=bool)), axis=1)
             if rows == 1 and target is not None and self.decode_buffers:
                 buffers = target.decode
                 if buffers is None:
-                    buffers = target.decode = DecodeBuffers(self._inv_freq2.shape[0])
-                rope_one_into(int(positions[0, 0]), self._inv_freq2, self.rope_scaling,
-                              buffers.cos, buffers.sin)
+                    buffers = target.decode = DecodeBuffers(2 * self.inv_freq.shape[0])
+                self._rope_rows.into(int(positions[0, 0]), buffers.cos, buffers.sin)
                 return StepInputs(positions, keep, after, buffers.mask_after(keep, after, MASK_MIN),
                                   buffers.rope_cos, buffers.rope_sin, self._beam_tensor)
             if rows == 1:
-                cos, sin = rope_one(int(positions[0, 0]), self._inv_freq2, self.rope_scaling)
+                cos, sin = self._rope_rows.one(int(positions[0, 0]))
             else:
                 cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
             beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)

@@ -99,7 +99,7 @@ class DecodeBuffers:
     def __init__(self, head_dim: int, capacity: int | None = None) -> None:
         self.rope_cos = ov.Tensor(ov.Type.f32, [1, 1, head_dim])
         self.rope_sin = ov.Tensor(ov.Type.f32, [1, 1, head_dim])
-        self.cos = self.rope_cos.data.reshape(-1)  # flat views, written by rope_one_into
+        self.cos = self.rope_cos.data.reshape(-1)  # flat views, written by RopeRows.into
         self.sin = self.rope_sin.data.reshape(-1)
         self.source: np.ndarray | None = None
         self.input: ov.Tensor | None = None  # x of the last step (see input_from)

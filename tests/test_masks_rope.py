@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dataplane.masks import MASK_MIN, batch_step_mask, one_token_mask, step_mask
-from dataplane.rope import doubled_inv_freq, rope_one, rope_tables
+from dataplane.rope import RopeRows, rope_tables
 
 
 def test_step_mask_decode_and_prefill() -> None:
@@ -58,14 +58,20 @@ def test_rope_tables_reject_wrong_rank() -> None:
 
 
 @pytest.mark.parametrize("scaling", [1.0, 0.7])
-def test_one_token_rope_is_bit_identical_to_the_tables(scaling: float) -> None:
+def test_rope_rows_are_the_tables_rows(scaling: float) -> None:
     inv_freq = 1.0 / (500000.0 ** (np.arange(0, 64, 2, dtype=np.float32) / 64))
-    inv2 = doubled_inv_freq(inv_freq)
-    for position in (0, 1, 17, 4095, 131071):
-        cos, sin = rope_one(position, inv2, scaling)
-        want_cos, want_sin = rope_tables(np.array([[position]]), inv_freq, scaling)
-        assert cos.dtype == np.float32 and cos.shape == want_cos.shape == (1, 1, 64)
-        assert np.array_equal(cos, want_cos) and np.array_equal(sin, want_sin)
+    rows = RopeRows(inv_freq, scaling, max_blocks=2)
+    positions = [0, 1, 17, 255, 256, 4095, 131071, 18, 300]  # > 2 blocks: some recomputed
+    want_cos, want_sin = rope_tables(np.array([positions]), inv_freq, scaling)
+    for i, position in enumerate(positions):
+        cos, sin = rows.one(position)
+        one_cos, one_sin = rope_tables(np.array([[position]]), inv_freq, scaling)
+        assert cos.dtype == np.float32 and cos.shape == one_cos.shape == (1, 1, 64)
+        assert np.array_equal(cos, one_cos) and np.array_equal(sin, one_sin)
+        assert np.array_equal(cos[0, 0], want_cos[0, i]) and np.array_equal(sin[0, 0], want_sin[0, i])
+        assert len(rows._blocks) <= 2
+    with pytest.raises(ValueError, match=">= 0"):
+        rows.one(-1)
 
 
 def test_one_token_mask_equals_the_step_mask() -> None:
