@@ -22,27 +22,51 @@ STATE_STYLE = {"serving": "green", "ready": "cyan", "wiring": "cyan", "transferr
 
 
 class TransferProgress:
-    """A progress bar per shard; pass ``update`` as the agent's ``on_progress``."""
+    """A progress bar per shard; pass ``update`` as the agent's ``on_progress``.
+
+    The display runs only while a shard is arriving: a live display refreshing for the
+    node's whole life would take the GIL four times a second from the stage it serves.
+    """
 
     def __init__(self, console: Console | None = None) -> None:
         self.progress = Progress(TextColumn("shard {task.fields[short]}"), BarColumn(),
                                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
                                  console=console or Console(stderr=True), transient=False)
         self._tasks: dict[str, TaskID] = {}
+        self._done: dict[str, int] = {}  # bytes done by shard
+        self.showing = False
 
     def __enter__(self) -> TransferProgress:
-        self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        self._hide()
 
     def update(self, shard_hash: str, done: int, total: int) -> None:
         task = self._tasks.get(shard_hash)
-        if task is None or done < self.progress.tasks[task].completed:  # new or restarted
-            task = self.progress.add_task("", total=total, short=shard_hash[:12])
-            self._tasks[shard_hash] = task
+        if task is None or done < self._done.get(shard_hash, 0):  # new, or restarted
+            if task is not None:
+                self.progress.remove_task(task)
+            task = self._tasks[shard_hash] = self.progress.add_task(
+                "", total=total, short=shard_hash[:12])
+        self._done[shard_hash] = done
+        if not self.showing:
+            self.progress.start()
+            self.showing = True
         self.progress.update(task, completed=done, total=total)
+        if all(t.finished for t in self.progress.tasks):
+            self._hide()
+
+    def _hide(self) -> None:
+        """Stop the display (its last frame stays on screen) and drop the finished bars."""
+        if self.showing:
+            self.progress.stop()
+            self.showing = False
+        finished = {t.id for t in self.progress.tasks if t.finished}
+        for shard_hash, task in list(self._tasks.items()):
+            if task in finished:
+                self.progress.remove_task(task)
+                del self._tasks[shard_hash], self._done[shard_hash]
 
 
 def status_table(status: ClusterStatus) -> Table:

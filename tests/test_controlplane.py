@@ -317,3 +317,25 @@ def test_killed_node_process_is_marked_dead_and_reclaims_its_id(cp_cluster: Clus
             proc.kill()
             _, stderr = proc.communicate()
     assert proc.returncode == 0, stderr.decode()[-2000:]
+
+
+def test_transfer_progress_shows_only_while_a_shard_arrives() -> None:
+    import io
+
+    from rich.console import Console
+
+    from controlplane.view import TransferProgress
+
+    out = io.StringIO()
+    with TransferProgress(Console(file=out, force_terminal=False, width=100)) as progress:
+        assert not progress.showing  # no refresh thread while the node just serves
+        progress.update("a" * 64, 10, 100)
+        assert progress.showing
+        progress.update("a" * 64, 5, 100)  # the transfer restarted: a fresh bar
+        assert len(progress.progress.tasks) == 1
+        progress.update("a" * 64, 100, 100)
+        assert not progress.showing and not progress.progress.tasks
+        progress.update("b" * 64, 1, 2)  # a later transfer shows again
+        assert progress.showing
+    assert not progress.showing
+    assert "shard aaaaaaaaaaaa" in out.getvalue()
