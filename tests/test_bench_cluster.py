@@ -27,3 +27,12 @@ def test_cluster_pipeline_equals_the_local_chain(tiny_exports, dp_hosts) -> None
         got = list(generate_greedy(pipe, [0, 17, 42], 8))
         assert pipe.stats.errors == 0
     assert got == list(generate_greedy(local, [0, 17, 42], 8)) and len(got) == 8
+
+
+def test_host_ms_per_token_is_decode_time_minus_stage_time() -> None:
+    from dataplane.generate import GenerationStats
+    from tools.bench_overhead import host_ms_per_token
+
+    stats = GenerationStats(new_tokens=3, decode_ms=30.0, stage_ms=[[6.0, 7.5], [6.5, 7.0]])
+    assert host_ms_per_token(stats) == 30.0 / 2 - 13.5
+    assert host_ms_per_token(GenerationStats(new_tokens=1)) == 0.0

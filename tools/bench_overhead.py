@@ -20,7 +20,14 @@ Each thread setting (INFERENCE_NUM_THREADS) is measured separately, with the in-
 LocalChain as the no-network reference; the coordinator's CPU time per token shows
 whether anything spins while the coordinator waits for the reply.
 
+``local_host_ms_per_token`` is the in-process chain's own host time per token: decode
+time per token minus the stages' run time, i.e. sampling, the session and the step's
+inputs between one inference and the next (cold caches right after an inference make
+this several times what the same code costs in a tight loop).
+
     python -m tools.bench_overhead [EXPORT_DIR] [--tokens 64] [--threads default,1] [--json]
+
+Without EXPORT_DIR: SmolLM2-135M in 2 INT4 stages, exported into the cache on first use.
 """
 
 from __future__ import annotations
@@ -42,7 +49,6 @@ from typing import Any
 import numpy as np
 import zmq
 
-DEFAULT_EXPORT = "/tmp/proto/smol-int4-2"
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 BARE_HEAD = struct.Struct("<qq")  # position, compute ns so far
 BARE_REPLY = struct.Struct("<iq")  # token, compute ns of all stages
@@ -54,6 +60,7 @@ class ConfigResult:
     tokens: int
     local_ms_per_token: float
     local_compute_ms: list[float]
+    local_host_ms_per_token: float  # decode time per token minus the stages' run time
     cluster_ms_per_token: float
     cluster_compute_ms: list[float]
     transit_ms: float  # in-band: send stamp to arrival stamp, all hops, median per step
@@ -230,6 +237,14 @@ def bare_relay(export: str, stages: int, threads: str, tokens: int) -> tuple[flo
 
 
 # -- the measured pipelines -----------------------------------------------------------
+def host_ms_per_token(stats: Any) -> float:
+    """Decode wall time per token not spent in the stages' run(): the host's share."""
+    steps = stats.stage_ms  # decode steps only, as decode_ms
+    if not steps or stats.new_tokens < 2:
+        return 0.0
+    return stats.decode_ms / (stats.new_tokens - 1) - sum(map(sum, steps)) / len(steps)
+
+
 def run_local(export: str, threads: str, prompt: list[int], tokens: int):
     from dataplane.generate import GenerationStats, LocalChain
     from dataplane.scheduler import generate_greedy
@@ -320,6 +335,7 @@ def measure(export: str, threads: str, tokens: int, prompt_len: int,
         threads=threads, tokens=len(out),
         local_ms_per_token=median(local.step_ms),
         local_compute_ms=[median([s[i] for s in local.stage_ms]) for i in range(stages)],
+        local_host_ms_per_token=host_ms_per_token(local),
         cluster_ms_per_token=median(stats.step_ms),
         cluster_compute_ms=[median([c[i] for c in compute]) for i in range(stages)],
         transit_ms=median(transit), overhead_ms_per_hop=median(per_hop),
@@ -338,7 +354,7 @@ def print_table(export: str, results: list[ConfigResult]) -> None:
     from rich.table import Table
 
     table = Table(title=f"data-plane overhead on loopback: {export} (ms)")
-    for name in ("threads", "per token: local | zctl | bare", "compute: zctl | local",
+    for name in ("threads", "per token: local | zctl | bare", "local host", "compute: zctl | local",
                  "transit", "overhead/hop p50", "p95", "vs raw ping", "vs bare relay",
                  "coord CPU/token", "load"):
         table.add_column(name, justify="right")
@@ -346,6 +362,7 @@ def print_table(export: str, results: list[ConfigResult]) -> None:
         table.add_row(
             r.threads, f"{r.local_ms_per_token:.2f} | {r.cluster_ms_per_token:.2f} | "
                        f"{r.bare_relay_ms_per_token:.2f}",
+            f"{r.local_host_ms_per_token:.3f}",
             " + ".join(f"{c:.2f}" for c in r.cluster_compute_ms) + " | "
             + " + ".join(f"{c:.2f}" for c in r.local_compute_ms),
             f"{r.transit_ms:.3f}", f"{r.overhead_ms_per_hop:.3f}",
@@ -364,7 +381,8 @@ def print_table(export: str, results: list[ConfigResult]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_overhead",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("export_dir", nargs="?", default=DEFAULT_EXPORT)
+    parser.add_argument("export_dir", nargs="?", default=None,
+                        help="a 2+ stage export (default: SmolLM2 in 2 INT4 stages, cached)")
     parser.add_argument("--tokens", type=int, default=64, help="decode tokens per run")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--threads", default="default,1",
@@ -384,6 +402,13 @@ def main(argv: list[str] | None = None) -> int:
         export, stage, threads, bind, send_to = args.bare
         bare_main(export, int(stage), threads, bind, send_to)
         return 0
+    if args.export_dir is None:
+        from console.paths import zctl_home
+        from tools.bench_parity import cached_export, model_hf_dir
+
+        cache = zctl_home()
+        args.export_dir = str(cached_export(model_hf_dir("smollm2-135m", cache), "smollm2-135m",
+                                            2, "int4", True, cache))
     if not Path(args.export_dir, "manifest.json").is_file():
         parser.error(f"{args.export_dir} is not an export directory")
     results = [measure(args.export_dir, t.strip(), args.tokens, args.prompt_len, args.rounds)
