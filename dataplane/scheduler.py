@@ -13,6 +13,8 @@ session.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,14 @@ import numpy as np
 from dataplane.generate import GenerationStats, Pipeline, StepReply
 from dataplane.sampling import SamplingParams
 from dataplane.sessions import DecodeSession, StepPlan
-from dataplane.speculative import Drafter, StepCost, StepFn, rewinding_step
+from dataplane.speculative import (
+    SATURATED,
+    Drafter,
+    StepCost,
+    StepFn,
+    busiest_stage_share,
+    rewinding_step,
+)
 
 
 @dataclass
@@ -36,6 +45,33 @@ class SessionUpdate:
 GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
 
 
+class StageLoad:
+    """How busy the stages are: their compute over the wall time of the last ``window``
+    replies (each reply's ``stage_ms``, arrival times from ``observe``)."""
+
+    MIN_REPLIES = 4
+
+    def __init__(self, window: int = 32) -> None:
+        self._replies: deque[tuple[float, Sequence[float]]] = deque(maxlen=window)
+
+    def observe(self, now_s: float, stage_ms: Sequence[float]) -> None:
+        self._replies.append((now_s, stage_ms))
+
+    def share(self) -> float:
+        """The busiest stage's share of the time computing (0.0 until enough replies)."""
+        if len(self._replies) < self.MIN_REPLIES:
+            return 0.0
+        replies = list(self._replies)
+        wall_ms = (replies[-1][0] - replies[0][0]) * 1e3
+        stages = max(len(ms) for _, ms in replies)
+        # the first reply's compute ran before the window opened
+        busy = [sum(ms[i] for _, ms in replies[1:] if i < len(ms)) for i in range(stages)]
+        return busiest_stage_share(busy, wall_ms)
+
+    def saturated(self) -> bool:
+        return self.share() >= SATURATED
+
+
 class StreamScheduler:
     """Steps many sessions on one pipeline: the coordinator's generation loop.
 
@@ -46,6 +82,8 @@ class StreamScheduler:
     padded with masked slots, rewound per row with the next step. Prefill runs per stream. Groups are
     pipelined like streams, so ``row_groups`` = the number of stages keeps every stage
     busy across PCs; on one machine whose stages share cores, 1 batches the most.
+    While several streams keep a stage computing >= SATURATED of the time (``load``),
+    adaptive-K sessions draft nothing; a fixed K is left as asked.
 
     Not thread-safe (nor are the pipelines): drive it from one thread.
     """
@@ -71,6 +109,7 @@ class StreamScheduler:
         self._row_lens: dict[int, list[int]] = {}  # request id -> real tokens per row
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
+        self.load = StageLoad()
 
     @property
     def active(self) -> bool:
@@ -172,6 +211,11 @@ class StreamScheduler:
               ) -> tuple[StepPlan, list[int] | None]:
         """One session's plan, or the plans of a group's rows padded to one length (and
         each row's real token count)."""
+        # Several streams on saturated stages: adaptive K drafts nothing (drafts would only
+        # take compute from the other streams); a lone stream's drafts fill its own idle time.
+        cap = 0 if len(self.sessions) > 1 and self.load.saturated() else None
+        for session in sessions:
+            session.k_cap = cap
         if unit_id not in self._groups:
             return sessions[0].plan(), None
         plans = [s.plan() for s in sessions]
@@ -193,6 +237,7 @@ class StreamScheduler:
 
     def _advance(self, sessions: list[DecodeSession], reply: StepReply,
                  row_lens: list[int] | None) -> list[SessionUpdate]:
+        self.load.observe(time.perf_counter(), reply.stage_ms)
         if row_lens is None:
             return [SessionUpdate(sessions[0], sessions[0].advance(reply))]
         updates = []

@@ -96,6 +96,7 @@ class DecodeSession:
         self._draft: list[int] = []
         self._rewind = 0
         self._draft_ms: list[float] = []  # drafter time per proposed token
+        self.k_cap: int | None = None  # adaptive K's ceiling, set by the scheduler under load
         self._planned_at = 0.0
         self._started_at = 0.0
         self._decode_start: float | None = None
@@ -147,14 +148,18 @@ class DecodeSession:
                         self.sampling is not None)
 
     def choose_k(self) -> int:
-        """This step's draft length: ``k``, or ``adapt_k`` under the cost model."""
+        """This step's draft length: ``k``, or ``adapt_k`` under the cost model (at most
+        ``k_cap`` when the scheduler sets one)."""
         if not self.auto_k or self.k == 0:
             return self.k
+        k_max = self.k if self.k_cap is None else min(self.k, self.k_cap)
+        if k_max == 0:
+            return 0
         cost = self.cost or self.fitted_cost()
         if cost is None:  # not enough distinct step sizes yet: alternate to measure both
-            return min(self.k, AUTO_K_START) if self.spec.steps % 2 == 0 else 1
+            return min(k_max, AUTO_K_START) if self.spec.steps % 2 == 0 else 1
         acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
-        k_now = adapt_k(acceptance, cost, k_max=self.k)
+        k_now = adapt_k(acceptance, cost, k_max=k_max)
         if k_now == 0 and self.spec.steps % PROBE_EVERY == PROBE_EVERY - 1:
             k_now = 1  # K = 0 learns nothing: probe now and then
         return k_now

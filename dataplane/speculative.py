@@ -128,6 +128,18 @@ def adapt_k(acceptance: float, cost: StepCost, k_max: int = 16, k_min: int = 0) 
     return best
 
 
+SATURATED = 0.8  # a stage computing this share of the time has no idle time to fill
+
+
+def busiest_stage_share(busy_ms: Sequence[float], wall_ms: float) -> float:
+    """The busiest stage's share of ``wall_ms`` spent computing (0.0 over no time).
+
+    Drafts fill a pipeline's idle time; once a stage computes nearly all the time (several
+    streams in flight) every verified draft token costs compute the other streams need.
+    """
+    return max(busy_ms, default=0.0) / wall_ms if wall_ms > 0 else 0.0
+
+
 def estimate_acceptance(accepted: int, rejections: int, prior: float = 0.5,
                         weight: float = 2.0) -> float:
     """Per-token acceptance rate: the truncated-geometric MLE accepted/(accepted+rejections),

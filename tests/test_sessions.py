@@ -340,3 +340,55 @@ def test_row_groups_in_one_process_equal_each_alone(export2, speculative) -> Non
         assert sum(s.spec.accepted for s in sessions) > 0 and chain.compactions > 0
     with pytest.raises(ValueError, match=">= 0"):
         StreamScheduler(chain, row_groups=-1)
+
+
+def test_stage_load_is_the_busiest_stages_share_of_the_wall_time() -> None:
+    from dataplane.scheduler import StageLoad
+    from dataplane.speculative import busiest_stage_share
+
+    assert busiest_stage_share([3.0, 9.0], 10.0) == 0.9
+    assert busiest_stage_share([], 10.0) == 0.0 and busiest_stage_share([1.0], 0.0) == 0.0
+    load = StageLoad(window=8)
+    for i in range(3):
+        load.observe(i * 0.010, [4.0, 9.0])
+    assert load.share() == 0.0 and not load.saturated()  # too few replies to tell
+    for i in range(3, 8):
+        load.observe(i * 0.010, [4.0, 9.0])  # 9 ms of every 10 on stage 1
+    assert abs(load.share() - 0.9) < 1e-9 and load.saturated()
+    for i in range(8, 16):
+        load.observe(i * 0.010, [4.0, 2.0])  # the window moved on: 4 ms in 10
+    assert abs(load.share() - 0.4) < 1e-9 and not load.saturated()
+
+
+def test_auto_k_drafts_nothing_under_a_zero_cap() -> None:
+    session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True)
+    session.k_cap = 0
+    assert [session.choose_k() for _ in range(3)] == [0, 0, 0]  # no alternation, no probe
+    session.k_cap = 2
+    assert session.choose_k() == 2  # the measuring alternation, within the cap
+    fixed = DecodeSession(0, [1, 2, 3], 100, k=3)
+    fixed.k_cap = 0
+    assert fixed.choose_k() == 3  # a fixed K is the caller's choice
+
+
+@pytest.mark.parametrize("saturated", [False, True])
+def test_streams_on_saturated_stages_stop_drafting(saturated: bool) -> None:
+    prompts = [[3, 4, 5, 6, 0, 1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 0, 1]]
+    sessions = [DecodeSession(i, p, 30, k=4, auto_k=True) for i, p in enumerate(prompts)]
+    scheduler = StreamScheduler(CountingModel())
+    scheduler.load.saturated = lambda: saturated  # type: ignore[method-assign]
+    for session in sessions:
+        scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    for session, prompt in zip(sessions, prompts, strict=True):
+        assert session.emitted == fake_greedy(prompt, 30)
+    drafted = sum(s.spec.proposed for s in sessions)
+    assert (drafted == 0) if saturated else (drafted > 0)
+    lone = DecodeSession(0, prompts[0], 30, k=4, auto_k=True)  # one stream: never capped
+    scheduler = StreamScheduler(CountingModel())
+    scheduler.load.saturated = lambda: True  # type: ignore[method-assign]
+    scheduler.add(lone)
+    while scheduler.active:
+        scheduler.poll()
+    assert lone.spec.proposed > 0 and lone.emitted == fake_greedy(prompts[0], 30)
