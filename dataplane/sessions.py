@@ -38,6 +38,7 @@ from dataplane.speculative import (
 
 COST_WINDOW = 64  # decode steps the online cost model is fitted to
 PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep measuring
+PROBE_MAX = 256  # ... and back off to this gap while the probes keep being rejected
 AUTO_K_START = 4  # adaptive K's first draft length, until a cost model is fitted
 
 
@@ -97,6 +98,9 @@ class DecodeSession:
         self._rewind = 0
         self._draft_ms: list[float] = []  # drafter time per proposed token
         self.k_cap: int | None = None  # adaptive K's ceiling, set by the scheduler under load
+        self._probe_gap = PROBE_EVERY  # steps between probes at K = 0 (see choose_k)
+        self._next_probe = PROBE_EVERY - 1
+        self._probing = False
         self._planned_at = 0.0
         self._started_at = 0.0
         self._decode_start: float | None = None
@@ -160,8 +164,11 @@ class DecodeSession:
             return min(k_max, AUTO_K_START) if self.spec.steps % 2 == 0 else 1
         acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
         k_now = adapt_k(acceptance, cost, k_max=k_max)
-        if k_now == 0 and self.spec.steps % PROBE_EVERY == PROBE_EVERY - 1:
-            k_now = 1  # K = 0 learns nothing: probe now and then
+        if k_now == 0 and self.spec.steps >= self._next_probe:
+            # K = 0 learns nothing: probe now and then. A probe costs more than its token
+            # (two shape changes on a CPU), so rejected probes double the gap to the next.
+            k_now, self._probing = 1, True
+            self._next_probe = self.spec.steps + self._probe_gap
         return k_now
 
     def fitted_cost(self) -> StepCost | None:
@@ -185,6 +192,13 @@ class DecodeSession:
             return self._emit([self._first_token(reply)], now)
         draft = self._draft
         n, following = self._check(draft, reply)
+        if self._probing and draft:
+            if n:  # drafts pay again, maybe: probe at the usual rate from here
+                self._probe_gap = PROBE_EVERY
+                self._next_probe = min(self._next_probe, self.spec.steps + PROBE_EVERY)
+            else:
+                self._probe_gap = min(2 * self._probe_gap, PROBE_MAX)
+        self._probing = False
         self.drafter.accept(n)
         self._rewind = len(draft) - n
         self._position += n + 1

@@ -392,3 +392,37 @@ def test_streams_on_saturated_stages_stop_drafting(saturated: bool) -> None:
     while scheduler.active:
         scheduler.poll()
     assert lone.spec.proposed > 0 and lone.emitted == fake_greedy(prompts[0], 30)
+
+
+def test_rejected_probes_back_off_and_an_accepted_one_resets_the_gap() -> None:
+    from dataplane.sessions import PROBE_EVERY
+    from dataplane.speculative import StepCost
+
+    class OneAhead:  # always proposes one token: the last token + 1
+        def propose(self, history, k):
+            return [history[-1] + 1]
+
+        def accept(self, n):
+            pass
+
+    # drafting never pays under this cost model: K = 0 but for the probes
+    session = DecodeSession(0, [1, 2, 3], 400, k=4, drafter=OneAhead(),
+                            cost=StepCost(step_ms=10.0, token_ms=1000.0))
+    probes, accept_from = [], 140
+    session.plan()
+    session.advance(StepReply(tokens=np.array([5])))  # the prompt's step
+    while not session.done:
+        plan = session.plan()
+        step = session.spec.steps
+        if len(plan.token_ids) > 1:
+            probes.append(step)
+        # the target's next tokens: the draft is right only from step accept_from on
+        want = [int(plan.token_ids[-1]) + (1 if step >= accept_from else 2)]
+        if len(plan.token_ids) > 1:
+            want = [int(plan.token_ids[0]) + (1 if step >= accept_from else 2)] * 2
+        session.advance(StepReply(tokens=np.array(want)))
+    gaps = np.diff(probes).tolist()
+    assert probes[0] == PROBE_EVERY - 1
+    assert gaps[:3] == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY]  # rejected: back off
+    after = [p for p in probes if p > accept_from]
+    assert np.diff(after).tolist()[:2] == [PROBE_EVERY, PROBE_EVERY]  # accepted: every 16 again
