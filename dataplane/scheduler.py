@@ -69,7 +69,9 @@ class StageLoad:
         return busiest_stage_share(busy, wall_ms)
 
     def saturated(self) -> bool:
-        return self.share() >= SATURATED
+        """Whether the busiest stage computes >= SATURATED of the time; True until enough
+        replies tell (several streams starting together: no drafts before the load is known)."""
+        return len(self._replies) < self.MIN_REPLIES or self.share() >= SATURATED
 
 
 class StreamScheduler:

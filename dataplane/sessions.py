@@ -159,12 +159,17 @@ class DecodeSession:
         k_max = self.k if self.k_cap is None else min(self.k, self.k_cap)
         if k_max == 0:
             return 0
+        # Measuring (the alternation below, a probe) costs more than its tokens on a CPU (two
+        # shape changes): not worth it with too few tokens left to use what it learns.
+        measuring = self.max_new_tokens - self.stats.new_tokens > PROBE_EVERY
         cost = self.cost or self.fitted_cost()
         if cost is None:  # not enough distinct step sizes yet: alternate to measure both
+            if not measuring:
+                return 0
             return min(k_max, AUTO_K_START) if self.spec.steps % 2 == 0 else 1
         acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
         k_now = adapt_k(acceptance, cost, k_max=k_max)
-        if k_now == 0 and self.spec.steps >= self._next_probe:
+        if k_now == 0 and measuring and self.spec.steps >= self._next_probe:
             # K = 0 learns nothing: probe now and then. A probe costs more than its token
             # (two shape changes on a CPU), so rejected probes double the gap to the next.
             k_now, self._probing = 1, True

@@ -351,7 +351,7 @@ def test_stage_load_is_the_busiest_stages_share_of_the_wall_time() -> None:
     load = StageLoad(window=8)
     for i in range(3):
         load.observe(i * 0.010, [4.0, 9.0])
-    assert load.share() == 0.0 and not load.saturated()  # too few replies to tell
+    assert load.share() == 0.0 and load.saturated()  # too few replies to tell: assume busy
     for i in range(3, 8):
         load.observe(i * 0.010, [4.0, 9.0])  # 9 ms of every 10 on stage 1
     assert abs(load.share() - 0.9) < 1e-9 and load.saturated()
@@ -426,3 +426,12 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets_the_gap() -> None:
     assert gaps[:3] == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY]  # rejected: back off
     after = [p for p in probes if p > accept_from]
     assert np.diff(after).tolist()[:2] == [PROBE_EVERY, PROBE_EVERY]  # accepted: every 16 again
+
+
+def test_auto_k_does_not_start_measuring_near_the_end() -> None:
+    from dataplane.sessions import PROBE_EVERY
+
+    session = DecodeSession(0, [1, 2, 3], PROBE_EVERY + 4, k=6, auto_k=True)
+    assert session.choose_k() == 4  # enough budget left: measure
+    session.stats.new_tokens = 4
+    assert session.choose_k() == 0  # PROBE_EVERY tokens to go: nothing left to gain
