@@ -226,6 +226,27 @@ def test_row_groups_submit_their_next_step_before_the_updates_are_handled() -> N
     assert ahead > 2 * behind, (ahead, behind)  # only steps where membership changed wait for a poll
 
 
+def test_a_lone_stream_steps_outside_the_row_groups_until_another_decodes() -> None:
+    """One decoding stream steps alone (a one-row group costs host time for nothing), with
+    its next step submitted before its update is handled; it joins a group once a second
+    stream's prompt is in."""
+    model = GroupingCounting()
+    first = DecodeSession(0, PROMPTS[0], 10)
+    scheduler = StreamScheduler(model, row_groups=1)
+    scheduler.add(first)
+    for _ in range(6):
+        scheduler.poll()
+    assert scheduler.row_steps == 0 and not scheduler._group_of
+    assert model.submitted.count(0) == len(first.emitted) + 1  # the next one already out
+    second = DecodeSession(1, PROMPTS[1], 10)
+    scheduler.add(second)
+    while scheduler.active:
+        scheduler.poll()
+    assert scheduler.row_steps > 0
+    assert first.emitted == fake_greedy(PROMPTS[0], 10)
+    assert second.emitted == fake_greedy(PROMPTS[1], 10)
+
+
 # -- real stages --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
