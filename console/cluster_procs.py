@@ -95,10 +95,21 @@ def _spawn(args: list[str], log_path: Path) -> int:
     return proc.pid
 
 
-def runtime_args(precision: str | None, threads: int | None, device: str) -> list[str]:
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "u8", "u4", "default")
+
+
+def runtime_args(precision: str | None, threads: int | None, device: str,
+                 kv_cache_precision: str | None = None) -> list[str]:
+    """The coordinator's runtime flags; ``kv_cache_precision`` None keeps its default (f32),
+    'default' the plugin's (u8 on CPU)."""
+    if kv_cache_precision and kv_cache_precision not in KV_CACHE_TYPES:
+        raise ClusterError(f"unknown KV cache precision {kv_cache_precision!r}: use one of "
+                           f"{', '.join(KV_CACHE_TYPES)}")
     args = ["--device", device, "--precision", precision or "default"]
     if threads:
         args += ["--threads", str(threads)]
+    if kv_cache_precision:
+        args += ["--kv-cache-precision", kv_cache_precision]
     return args
 
 

@@ -124,3 +124,16 @@ def test_cluster_up_refuses_negative_row_groups(tmp_path: Path,
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
     refused = runner.invoke(app, ["cluster", "up", "--local", "2", "--row-groups", "-1"])
     assert refused.exit_code == 1 and "--row-groups must be >= 0" in refused.output
+
+
+def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_export(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from console.cluster_procs import runtime_args
+
+    assert runtime_args("f32", None, "CPU", "u8")[-2:] == ["--kv-cache-precision", "u8"]
+    assert "--kv-cache-precision" not in runtime_args("f32", None, "CPU")  # its default: f32
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    for command in (["cluster", "up", "--local", "2"], ["run", "hi"]):
+        refused = runner.invoke(app, [*command, "--kv-cache-precision", "q3"])
+        assert refused.exit_code == 1 and "unknown KV cache precision 'q3'" in refused.output
+    assert not (tmp_path / "home" / "exports").exists()

@@ -60,9 +60,10 @@ def interleaved(export_dir: Path, stage1_dir: Path, stages: int, threads: int,
     from dataplane.runtime import RuntimeConfig
     from tools.bench_overhead import cluster_pipeline
 
+    kv = props.get("KV_CACHE_PRECISION")
     config = RuntimeConfig(precision=props.get("INFERENCE_PRECISION_HINT"),
-                           num_threads=threads or None)
-    with cluster_pipeline(str(export_dir), stages, str(threads or "default")) as pipe:
+                           num_threads=threads or None, kv_cache_precision=kv)
+    with cluster_pipeline(str(export_dir), stages, str(threads or "default"), kv) as pipe:
         step_ms = paired_step_ms({"stage1": LocalChain.load(str(stage1_dir), config),
                                   "cluster": pipe}, prompt_ids, tokens)
     return {"interleaved_step_ms": {k: round(v, 3) for k, v in step_ms.items()},
@@ -77,6 +78,9 @@ def main(
     runs: int = typer.Option(5, help="interleaved runs (median reported)"),
     precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides, or 'default'"),
     threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
+    kv_cache_precision: str = typer.Option(
+        "f32", help="KV_CACHE_PRECISION on both sides: f32 (the cluster's default, which keeps "
+                    "speculation token-exact), u8, or 'default' (the plugin's: u8 on CPU)"),
     interleave: bool = typer.Option(
         True, help="also step a cluster of the same stages and the 1-stage chain token by "
                    "token in rotating order (cluster_over_stage1_interleaved: free of the "
@@ -94,13 +98,16 @@ def main(
     name = model if model in ("smollm2-135m", "random-1b") else hf_dir.name
     export_dir = cached_export(hf_dir, name, stages, weights, True, cache)
     props = plugin_properties(precision, threads)
+    if kv_cache_precision != "default":
+        props["KV_CACHE_PRECISION"] = kv_cache_precision
     baseline = BaselinePipeline(export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
                                                 console=err), props)
     baseline_thp = (BaselinePipeline(export_baseline(hf_dir, weights, load_manifest(
         export_dir).group_size, console=err), props, huge_pages=True) if thp_baseline else None)
     prompt_ids = ChatTokenizer(export_dir).encode(PROMPT)
     record = start_local_cluster(export_dir, stages, runtime_args(
-        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-cluster")
+        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU", kv_cache_precision),
+        cache / "bench-cluster")
     try:
         wait_serving(record, 300)
         cluster_run(record.serve, PROMPT, 8)  # warm-up

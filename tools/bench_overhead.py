@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ import numpy as np
 import zmq
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
+KV_CACHE_PRECISION = "f32"
 BARE_HEAD = struct.Struct("<qq")  # position, compute ns so far
 BARE_REPLY = struct.Struct("<iq")  # token, compute ns of all stages
 
@@ -100,7 +101,9 @@ def overhead_per_hop(step_ms: list[float], compute_ms: list[list[float]],
 def runtime_config(threads: str):
     from dataplane.runtime import RuntimeConfig
 
-    return RuntimeConfig(num_threads=None if threads == "default" else int(threads))
+    # f32 KV, as the cluster's nodes run by default (and the workers below are told)
+    return RuntimeConfig(num_threads=None if threads == "default" else int(threads),
+                         kv_cache_precision=KV_CACHE_PRECISION)
 
 
 # -- processes ------------------------------------------------------------------------
@@ -257,20 +260,24 @@ def run_local(export: str, threads: str, prompt: list[int], tokens: int):
 
 
 @contextmanager
-def cluster_pipeline(export: str, stages: int, threads: str = "default"):
+def cluster_pipeline(export: str, stages: int, threads: str = "default",
+                     kv_cache_precision: str | None = KV_CACHE_PRECISION):
     """A ClusterPipeline running stage 0 here and stages 1.. as ``dataplane.worker``
-    processes on 127.0.0.2, ...; the workers stop on exit."""
+    processes on 127.0.0.2, ...; the workers stop on exit. ``kv_cache_precision`` None
+    keeps the plugin's."""
     from dataplane.cluster import ClusterPipeline
     from dataplane.runtime import load_runner
 
     with ExitStack() as stack:
         addrs = chain_addresses(stages)
-        pipe = ClusterPipeline(load_runner(export, 0, runtime_config(threads)), addrs[0],
+        config = replace(runtime_config(threads), kv_cache_precision=kv_cache_precision)
+        pipe = ClusterPipeline(load_runner(export, 0, config), addrs[0],
                                "tcp://127.0.0.1:*", timeout_s=60)
         stack.callback(pipe.close)
 
         def cmd(i: int, bind: str, send_to: str) -> list[str]:
-            extra = [] if threads == "default" else ["--threads", threads]
+            extra = ["--kv-cache-precision", kv_cache_precision or "default"]
+            extra += [] if threads == "default" else ["--threads", threads]
             return [sys.executable, "-m", "dataplane.worker", export, "--stage", str(i),
                     "--bind", bind, "--send-to", send_to, *extra]
 
