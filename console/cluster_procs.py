@@ -187,6 +187,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
     root = root or zctl_home() / "local"
     host = loopback_host(0)
     groups = ["--row-groups", str(local_row_groups(cpu_sets, nodes, row_groups, link_delay_ms))]
+    if cpu_sets == "shared":
+        groups.append("--shared-cores")
     record = start_coordinator(export_dir, host, host, free_port(host),
                                [*runtime, *link, *cpus[0], *groups], nodes - 1, root)
     record.local_nodes = nodes

@@ -104,7 +104,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
         service = GenerationService(
             args.export_dir, lambda: getattr(coordinator.local_handle, "pipeline", None), args.serve,
-            row_groups=_row_groups(args))
+            row_groups=_row_groups(args), shared_cores=args.shared_cores)
         err.print(f"generation service on {service.start()}")
     try:
         coordinator.run()
@@ -242,6 +242,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="batch the one-token decode steps of concurrent streams into this many "
                         "row groups (one inference per stage per group); 0: every stream "
                         "steps alone; default: one per stage (every stage busy)")
+    p.add_argument("--shared-cores", action="store_true",
+                   help="the stages share this machine's cores (a local cluster): weigh their "
+                        "compute together when deciding whether concurrent streams draft")
     runtime_args(p)
     process_args(p)
     p.set_defaults(fn=cmd_coordinator)

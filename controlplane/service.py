@@ -82,12 +82,13 @@ class GenerationService:
 
     def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Pipeline | None],
                  endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8,
-                 row_groups: int = 0) -> None:
+                 row_groups: int = 0, shared_cores: bool = False) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
         if row_groups < 0:
             raise ValueError("row_groups must be >= 0")
         self.row_groups = row_groups
+        self.shared_cores = shared_cores  # the stages share this machine's cores (StageLoad)
         self.export_dir = Path(export_dir)
         self.manifest = load_manifest(self.export_dir, verify_files=False)
         self.tokenizer = ChatTokenizer(self.export_dir)
@@ -177,7 +178,7 @@ class GenerationService:
                 self._refuse(identity, req, "the pipeline is not wired yet")
                 continue
             if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not pipeline):
-                self._scheduler = StreamScheduler(pipeline, self.row_groups)
+                self._scheduler = StreamScheduler(pipeline, self.row_groups, self.shared_cores)
             if not self._jobs:  # a new busy period: fresh per-stage figures
                 window = getattr(pipeline, "timings", None)
                 if window is not None:

@@ -47,12 +47,15 @@ GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
 
 class StageLoad:
     """How busy the stages are: their compute over the wall time of the last ``window``
-    replies (each reply's ``stage_ms``, arrival times from ``observe``)."""
+    replies (each reply's ``stage_ms``, arrival times from ``observe``). With
+    ``shared_cores`` the stages run on one machine's cores (a local cluster whose nodes
+    share them), so their compute adds up."""
 
     MIN_REPLIES = 4
 
-    def __init__(self, window: int = 32) -> None:
+    def __init__(self, window: int = 32, shared_cores: bool = False) -> None:
         self._replies: deque[tuple[float, Sequence[float]]] = deque(maxlen=window)
+        self.shared_cores = shared_cores
 
     def observe(self, now_s: float, stage_ms: Sequence[float]) -> None:
         self._replies.append((now_s, stage_ms))
@@ -66,7 +69,7 @@ class StageLoad:
         stages = max(len(ms) for _, ms in replies)
         # the first reply's compute ran before the window opened
         busy = [sum(ms[i] for _, ms in replies[1:] if i < len(ms)) for i in range(stages)]
-        return busiest_stage_share(busy, wall_ms)
+        return busiest_stage_share(busy, wall_ms, self.shared_cores)
 
     def saturated(self) -> bool:
         """Whether the busiest stage computes >= SATURATED of the time; True until enough
@@ -84,13 +87,15 @@ class StreamScheduler:
     padded with masked slots, rewound per row with the next step. Prefill runs per stream. Groups are
     pipelined like streams, so ``row_groups`` = the number of stages keeps every stage
     busy across PCs; on one machine whose stages share cores, 1 batches the most.
-    While several streams keep a stage computing >= SATURATED of the time (``load``),
-    adaptive-K sessions draft nothing; a fixed K is left as asked.
+    While several streams keep a stage computing >= SATURATED of the time (``load``; with
+    ``shared_cores``, the stages together), adaptive-K sessions draft nothing; a fixed K
+    is left as asked.
 
     Not thread-safe (nor are the pipelines): drive it from one thread.
     """
 
-    def __init__(self, pipeline: Pipeline, row_groups: int = 0) -> None:
+    def __init__(self, pipeline: Pipeline, row_groups: int = 0, shared_cores: bool = False
+                 ) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
         self.pipeline = pipeline
@@ -111,7 +116,7 @@ class StreamScheduler:
         self._row_lens: dict[int, list[int]] = {}  # request id -> real tokens per row
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
-        self.load = StageLoad()
+        self.load = StageLoad(shared_cores=shared_cores)
 
     @property
     def active(self) -> bool:

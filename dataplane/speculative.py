@@ -131,13 +131,17 @@ def adapt_k(acceptance: float, cost: StepCost, k_max: int = 16, k_min: int = 0) 
 SATURATED = 0.8  # a stage computing this share of the time has no idle time to fill
 
 
-def busiest_stage_share(busy_ms: Sequence[float], wall_ms: float) -> float:
-    """The busiest stage's share of ``wall_ms`` spent computing (0.0 over no time).
+def busiest_stage_share(busy_ms: Sequence[float], wall_ms: float,
+                        shared_cores: bool = False) -> float:
+    """The busiest stage's share of ``wall_ms`` spent computing (0.0 over no time); with
+    ``shared_cores`` (every stage on one machine's cores) the stages' compute adds up.
 
-    Drafts fill a pipeline's idle time; once a stage computes nearly all the time (several
-    streams in flight) every verified draft token costs compute the other streams need.
+    Drafts fill a pipeline's idle time; once a stage (or the cores the stages share)
+    computes nearly all the time (several streams in flight) every verified draft token
+    costs compute the other streams need.
     """
-    return max(busy_ms, default=0.0) / wall_ms if wall_ms > 0 else 0.0
+    busy = sum(busy_ms) if shared_cores else max(busy_ms, default=0.0)
+    return busy / wall_ms if wall_ms > 0 else 0.0
 
 
 def estimate_acceptance(accepted: int, rejections: int, prior: float = 0.5,

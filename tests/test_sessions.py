@@ -379,6 +379,12 @@ def test_stage_load_is_the_busiest_stages_share_of_the_wall_time() -> None:
     for i in range(8, 16):
         load.observe(i * 0.010, [4.0, 2.0])  # the window moved on: 4 ms in 10
     assert abs(load.share() - 0.4) < 1e-9 and not load.saturated()
+    # stages sharing one machine's cores: 4 + 2 ms of every 10 computing, together 0.6
+    assert busiest_stage_share([4.0, 2.0], 10.0, shared_cores=True) == 0.6
+    shared = StageLoad(window=8, shared_cores=True)
+    for i in range(8):
+        shared.observe(i * 0.010, [4.5, 4.5])  # each stage 45%, the cores 90%
+    assert abs(shared.share() - 0.9) < 1e-9 and shared.saturated()
 
 
 def test_auto_k_drafts_nothing_under_a_zero_cap() -> None:
