@@ -123,6 +123,7 @@ class RuntimeSpec:
     num_threads: int | None = None
     performance_hint: str = "LATENCY"
     kv_cache_precision: str | None = None
+    dynamic_quantization: bool = True
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,12 @@ class RuntimeConfig:
     num_threads: int | None = None
     performance_hint: str = "LATENCY"
     kv_cache_precision: str | None = None  # e.g. "f32", "u8"; None keeps the plugin default
+    # False: no dynamic quantization of activations (DYNAMIC_QUANTIZATION_GROUP_SIZE 0 on
+    # CPU). The CPU plugin quantizes the inputs of INT4/INT8-compressed matmuls to int8 on
+    # AVX-512-VNNI/AMX machines, in ways that depend on where a graph is cut: there an INT4
+    # 3-stage chain diverged from the 1-stage export within 48 tokens with it on and
+    # matched with it off. Off costs ~30% of decode speed; exact comparisons turn it off.
+    dynamic_quantization: bool = True
 
     # Not dataclass fields (controlplane.messages.RuntimeSpec mirrors the fields); a subclass
     # may override them, e.g. to benchmark other settings (tools/bench_parity does).
@@ -65,6 +71,8 @@ class RuntimeConfig:
             props["INFERENCE_NUM_THREADS"] = int(self.num_threads)
         if self.kv_cache_precision:
             props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        if not self.dynamic_quantization and device_kind(self) == "CPU":
+            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         if self.cpu_pinning is not None and device_kind(self) == "CPU":
             props["ENABLE_CPU_PINNING"] = bool(self.cpu_pinning)
         return props

@@ -28,7 +28,8 @@ DEFAULT_PROMPTS = (
     "Once upon a time, in a small village by the sea,",
 )
 
-EXACT_CONFIG = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+# f32 throughout: activations too (no dynamic int8 quantization, see RuntimeConfig)
+EXACT_CONFIG = RuntimeConfig(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
 
 
 @dataclass

@@ -71,6 +71,16 @@ def test_stage_index_device_and_corruption_checks(two_stage: Path, tmp_path: Pat
         load_manifest(broken)
 
 
+def test_dynamic_quantization_can_be_turned_off_on_cpu(two_stage: Path) -> None:
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in RuntimeConfig().properties()
+    off = RuntimeConfig(dynamic_quantization=False)
+    assert off.properties()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in RuntimeConfig(
+        device="NPU", dynamic_quantization=False).properties()  # a CPU/GPU plugin property
+    runner = StageRunner(two_stage, 0, off)
+    assert int(runner.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 0
+
+
 def test_streams_have_independent_kv(two_stage: Path) -> None:
     chain = _chain(two_stage)
     for stream in (1, 2):
