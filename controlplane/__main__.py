@@ -26,7 +26,8 @@ def _runtime(args: argparse.Namespace) -> RuntimeSpec:
     precision = None if args.precision == "default" else args.precision
     kv = None if args.kv_cache_precision == "default" else args.kv_cache_precision
     return RuntimeSpec(device=args.device, precision=precision, num_threads=args.threads,
-                       kv_cache_precision=kv)
+                       kv_cache_precision=kv,
+                       dynamic_quantization=not args.no_dynamic_quantization)
 
 
 def _launcher(args: argparse.Namespace, base: Any) -> Any:
@@ -210,6 +211,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="KV cache element type; f32 keeps speculative decoding token-exact "
                             "(a quantised cache can flip near-tied tokens between a 1-token "
                             "and a K+1-token step); 'default' keeps the plugin's (u8 on CPU)")
+        p.add_argument("--no-dynamic-quantization", action="store_true",
+                       help="f32 activations: no dynamic int8 quantization of matmul inputs "
+                            "(the CPU plugin's default on AVX-512-VNNI/AMX CPUs, which can "
+                            "flip near-tied tokens between a 1-token and a K+1-token step)")
 
     def process_args(p: argparse.ArgumentParser) -> None:
         """This process's emulated outbound link and CPU set."""

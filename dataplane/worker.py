@@ -428,6 +428,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="INFERENCE_NUM_THREADS")
     parser.add_argument("--kv-cache-precision", default="default",
                         help="KV cache element type (f32, u8, ...); 'default' keeps the plugin's")
+    parser.add_argument("--no-dynamic-quantization", action="store_true",
+                        help="f32 activations (no dynamic int8 quantization of matmul inputs)")
     parser.add_argument("--link-delay-ms", type=float, default=0.0,
                         help="emulated one-way latency added to every frame sent on")
     return parser.parse_args(argv)
@@ -446,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     config = RuntimeConfig(device=args.device, num_threads=args.threads,
                            precision=None if args.precision == "default" else args.precision,
                            kv_cache_precision=None if args.kv_cache_precision == "default"
-                           else args.kv_cache_precision)
+                           else args.kv_cache_precision,
+                           dynamic_quantization=not args.no_dynamic_quantization)
     runner = load_runner(args.export_dir, args.stage, config)
     worker = StageWorker(runner, args.bind, args.send_to,
                          options=PipeOptions(delay_ms=args.link_delay_ms))

@@ -132,8 +132,36 @@ def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_exp
 
     assert runtime_args("f32", None, "CPU", "u8")[-2:] == ["--kv-cache-precision", "u8"]
     assert "--kv-cache-precision" not in runtime_args("f32", None, "CPU")  # its default: f32
+    assert runtime_args("f32", None, "CPU", dynamic_quantization=False)[-1] == \
+        "--no-dynamic-quantization"
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
     for command in (["cluster", "up", "--local", "2"], ["run", "hi"]):
         refused = runner.invoke(app, [*command, "--kv-cache-precision", "q3"])
         assert refused.exit_code == 1 and "unknown KV cache precision 'q3'" in refused.output
     assert not (tmp_path / "home" / "exports").exists()
+
+
+def test_coordinator_runtime_flags_become_the_nodes_runtime_spec() -> None:
+    import argparse
+
+    from controlplane.__main__ import _runtime
+
+    args = argparse.Namespace(device="CPU", precision="f32", threads=None,
+                              kv_cache_precision="default", no_dynamic_quantization=True)
+    spec = _runtime(args)
+    assert spec.kv_cache_precision is None and spec.dynamic_quantization is False
+    from dataclasses import asdict
+
+    from dataplane.runtime import RuntimeConfig
+
+    props = RuntimeConfig(**asdict(spec)).properties()  # as controlplane.launch builds it
+    assert props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0 and "KV_CACHE_PRECISION" not in props
+
+
+def test_an_embedded_speculative_run_computes_exact_activations_unless_told() -> None:
+    from console.cluster_cli import embedded_dynamic_quantization
+
+    assert embedded_dynamic_quantization(None, "") is True  # plain runs: the plugin's default
+    assert embedded_dynamic_quantization(None, "lookup") is False  # identical to greedy
+    assert embedded_dynamic_quantization(True, "lookup") is True
+    assert embedded_dynamic_quantization(False, "") is False

@@ -62,6 +62,9 @@ interleaved call by call (the slots are restored, untimed, between calls), media
 Exactness needs ``--kv-cache-precision f32`` (the default here): with the CPU plugin's
 default u8 KV cache, K/V computed in a multi-token verify step are not bit-identical to
 those of 1-token steps, and a near-tie in the logits (0.1 apart on ``fix-typo``) flips.
+For the same reason it turns off the CPU plugin's dynamic int8 quantization of
+activations (on by default on AVX-512-VNNI/AMX CPUs; ``--dynamic-quantization`` keeps it:
+there 6 of the 8 prompts came out different from greedy).
 
 The default draft model is a 1-stage export of the same model: its drafts are (nearly)
 all accepted but each costs a full forward pass, so it cannot speed anything up; it shows
@@ -456,6 +459,10 @@ def main(
     kv_cache_precision: str = typer.Option(
         "f32", help="KV_CACHE_PRECISION, or 'default' (the CPU plugin's u8: multi-token "
         "verify steps then round differently from 1-token steps, and near-ties can flip)"),
+    dynamic_quantization: bool = typer.Option(
+        False, help="let the CPU plugin quantize activations to int8 dynamically (its default "
+        "on AVX-512-VNNI/AMX CPUs, ~40% faster there): verify steps then round differently "
+        "from 1-token steps, and near-ties can flip"),
     stop_at_eos: bool = typer.Option(True, help="stop a generation at the model's EOS"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -473,7 +480,7 @@ def main(
     config = RuntimeConfig(precision=None if precision == "default" else precision,
                            num_threads=threads or None, performance_hint="LATENCY",
                            kv_cache_precision=None if kv_cache_precision == "default"
-                           else kv_cache_precision)
+                           else kv_cache_precision, dynamic_quantization=dynamic_quantization)
     chain = LocalChain.load(str(target_dir), config, rewind="mask")
     draft_runner = None
     draft_desc = None
