@@ -32,17 +32,20 @@ err = Console(stderr=True)
 out = Console()
 
 Precision = Annotated[str, typer.Option(help="INFERENCE_PRECISION_HINT, or 'default'")]
-KvPrecision = Annotated[str, typer.Option(
-    help="KV cache element type: f32 keeps speculative output token-identical to greedy; "
-         "u8 (the plugin's default) decodes ~8% faster here but can flip near-tied tokens "
-         "between a 1-token and a K+1-token step")]
+Exact = Annotated[bool | None, typer.Option(
+    "--exact/--fast",
+    help="exact: an f32 KV cache and f32 activations, so speculative output is token-identical "
+         "to greedy; fast: the CPU plugin's defaults (a u8 KV cache and, on AVX-512-VNNI/AMX "
+         "CPUs, int8 activations: 1.1-1.4x faster decoding, but a near-tied token can flip "
+         "between a 1-token and a K+1-token step). Default: fast, except in the embedded "
+         "cluster of a speculative zctl run", show_default=False)]
+KvPrecision = Annotated[str | None, typer.Option(
+    help="KV cache element type (f32, f16, bf16, u8, u4, or 'default': the plugin's); "
+         "default: as --exact/--fast say", show_default=False)]
 DynamicQuantization = Annotated[bool | None, typer.Option(
     "--dynamic-quantization/--no-dynamic-quantization",
-    help="let the CPU plugin quantize matmul inputs to int8 on the fly (its default on "
-         "AVX-512-VNNI/AMX CPUs: ~40% faster decoding there, but near-tied tokens can flip "
-         "between a 1-token and a K+1-token step; off: speculative output token-identical "
-         "to greedy). Default: on, except in the embedded cluster of a speculative zctl run",
-    show_default=False)]
+    help="int8 activations for compressed matmuls where the CPU supports them; default: as "
+         "--exact/--fast say", show_default=False)]
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -101,7 +104,8 @@ def cluster_up(
     bind: Annotated[str, typer.Option(help="control address (without --local)")] = "0.0.0.0:5550",
     host: Annotated[str | None, typer.Option(help="address nodes reach the coordinator at")] = None,
     precision: Precision = "f32",
-    kv_cache_precision: KvPrecision = "f32",
+    exact: Exact = None,
+    kv_cache_precision: KvPrecision = None,
     dynamic_quantization: DynamicQuantization = None,
     threads: Annotated[int | None, typer.Option(help="INFERENCE_NUM_THREADS per stage")] = None,
     device: Annotated[str, typer.Option(help="CPU | GPU | NPU | AUTO")] = "CPU",
@@ -129,8 +133,8 @@ def cluster_up(
         _fail("--cpu-sets applies to --local clusters; a node sets its own with "
               "zctl node join --cpus")
     try:
-        rt = runtime_args(None if precision == "default" else precision, threads, device,
-                          kv_cache_precision, dynamic_quantization is not False)
+        kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
+        rt = runtime_args(None if precision == "default" else precision, threads, device, kv, dq)
         export_dir = ensure_export(model, stage_count, weights)
         if foreground:
             if local is not None:
@@ -286,11 +290,17 @@ def parse_k(value: str) -> int:
     return int(value)
 
 
-def embedded_dynamic_quantization(flag: bool | None, speculative: str) -> bool:
-    """Dynamic quantization for the embedded cluster of one ``zctl run``: as asked, else on,
-    except for a speculative run (the cluster is that command's own: its output then equals
-    greedy token for token, which int8 activations do not promise)."""
-    return flag if flag is not None else not speculative
+def numerics(exact: bool | None, kv_cache_precision: str | None,
+             dynamic_quantization: bool | None) -> tuple[str, bool]:
+    """(KV cache type, dynamic quantization) for a cluster: exact (True) is an f32 cache and
+    f32 activations; fast (False or None) keeps the plugin's defaults; an explicit
+    ``kv_cache_precision`` / ``dynamic_quantization`` overrides, but not against exact."""
+    kv = kv_cache_precision or ("f32" if exact else "default")
+    dq = dynamic_quantization if dynamic_quantization is not None else not exact
+    if exact and (kv != "f32" or dq):
+        raise ValueError("--exact means an f32 KV cache and f32 activations: drop "
+                         "--kv-cache-precision / --dynamic-quantization, or use --fast")
+    return kv, dq
 
 
 def parse_speculative(value: str) -> str:
@@ -417,7 +427,8 @@ def run(
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help="weights of the embedded cluster")] = "int4",
     precision: Precision = "f32",
-    kv_cache_precision: KvPrecision = "f32",
+    exact: Exact = None,
+    kv_cache_precision: KvPrecision = None,
     dynamic_quantization: DynamicQuantization = None,
     ignore_eos: Annotated[bool, typer.Option(help="always produce max-tokens tokens")] = False,
 ) -> None:
@@ -432,9 +443,11 @@ def run(
         prompts = [prompts[i % len(prompts)] for i in range(wanted)]
         record = _running_record()
         if record is None:
-            rt = runtime_args(None if precision == "default" else precision, None, "CPU",
-                              kv_cache_precision,
-                              embedded_dynamic_quantization(dynamic_quantization, mode))
+            # the cluster is this command's own: a speculative run gets exact numerics
+            # unless told otherwise (its output then equals greedy token for token)
+            kv, dq = numerics(exact if exact is not None else bool(mode) or None,
+                              kv_cache_precision, dynamic_quantization)
+            rt = runtime_args(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)
             err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
             embedded = record = start_local_cluster(export_dir, stages, rt)

@@ -101,8 +101,8 @@ KV_CACHE_TYPES = ("f32", "f16", "bf16", "u8", "u4", "default")
 def runtime_args(precision: str | None, threads: int | None, device: str,
                  kv_cache_precision: str | None = None, dynamic_quantization: bool = True
                  ) -> list[str]:
-    """The coordinator's runtime flags; ``kv_cache_precision`` None keeps its default (f32),
-    'default' the plugin's (u8 on CPU); ``dynamic_quantization`` False: f32 activations."""
+    """The coordinator's runtime flags; ``kv_cache_precision`` None or 'default' keeps the
+    plugin's (u8 on CPU); ``dynamic_quantization`` False: f32 activations."""
     if kv_cache_precision and kv_cache_precision not in KV_CACHE_TYPES:
         raise ClusterError(f"unknown KV cache precision {kv_cache_precision!r}: use one of "
                            f"{', '.join(KV_CACHE_TYPES)}")

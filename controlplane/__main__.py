@@ -207,10 +207,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default="CPU")
         p.add_argument("--precision", default="f32", help="'default' keeps the plugin's")
         p.add_argument("--threads", type=int, default=None)
-        p.add_argument("--kv-cache-precision", default="f32",
-                       help="KV cache element type; f32 keeps speculative decoding token-exact "
-                            "(a quantised cache can flip near-tied tokens between a 1-token "
-                            "and a K+1-token step); 'default' keeps the plugin's (u8 on CPU)")
+        p.add_argument("--kv-cache-precision", default="default",
+                       help="KV cache element type; 'default' keeps the plugin's (u8 on CPU); "
+                            "f32 (with --no-dynamic-quantization) keeps speculative decoding "
+                            "token-exact (a quantised cache can flip near-tied tokens between "
+                            "a 1-token and a K+1-token step)")
         p.add_argument("--no-dynamic-quantization", action="store_true",
                        help="f32 activations: no dynamic int8 quantization of matmul inputs "
                             "(the CPU plugin's default on AVX-512-VNNI/AMX CPUs, which can "

@@ -131,7 +131,7 @@ def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_exp
     from console.cluster_procs import runtime_args
 
     assert runtime_args("f32", None, "CPU", "u8")[-2:] == ["--kv-cache-precision", "u8"]
-    assert "--kv-cache-precision" not in runtime_args("f32", None, "CPU")  # its default: f32
+    assert "--kv-cache-precision" not in runtime_args("f32", None, "CPU")  # the plugin's
     assert runtime_args("f32", None, "CPU", dynamic_quantization=False)[-1] == \
         "--no-dynamic-quantization"
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
@@ -158,10 +158,23 @@ def test_coordinator_runtime_flags_become_the_nodes_runtime_spec() -> None:
     assert props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0 and "KV_CACHE_PRECISION" not in props
 
 
-def test_an_embedded_speculative_run_computes_exact_activations_unless_told() -> None:
-    from console.cluster_cli import embedded_dynamic_quantization
+def test_exact_and_fast_numerics() -> None:
+    from console.cluster_cli import numerics
 
-    assert embedded_dynamic_quantization(None, "") is True  # plain runs: the plugin's default
-    assert embedded_dynamic_quantization(None, "lookup") is False  # identical to greedy
-    assert embedded_dynamic_quantization(True, "lookup") is True
-    assert embedded_dynamic_quantization(False, "") is False
+    assert numerics(None, None, None) == ("default", True)  # fast: the plugin's defaults
+    assert numerics(False, None, None) == ("default", True)
+    assert numerics(True, None, None) == ("f32", False)  # exact: f32 KV, f32 activations
+    assert numerics(None, "u8", False) == ("u8", False)  # fine-grained, fast otherwise
+    assert numerics(True, "f32", False) == ("f32", False)
+    for kv, dq in (("u8", None), (None, True)):
+        with pytest.raises(ValueError, match="--exact means"):
+            numerics(True, kv, dq)
+
+
+def test_cluster_up_refuses_contradicting_exactness_before_any_export(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    refused = runner.invoke(app, ["cluster", "up", "--local", "2", "--exact",
+                                  "--kv-cache-precision", "u8"])
+    assert refused.exit_code == 1 and "--exact means" in refused.output
+    assert not (tmp_path / "home" / "exports").exists()

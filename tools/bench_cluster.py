@@ -79,8 +79,8 @@ def main(
     precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides, or 'default'"),
     threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
     kv_cache_precision: str = typer.Option(
-        "f32", help="KV_CACHE_PRECISION on both sides: f32 (the cluster's default, which keeps "
-                    "speculation token-exact), u8, or 'default' (the plugin's: u8 on CPU)"),
+        "default", help="KV_CACHE_PRECISION on both sides: 'default' (the plugin's, u8 on CPU: "
+                        "what the cluster runs unless --exact), f32, u8, ..."),
     interleave: bool = typer.Option(
         True, help="also step a cluster of the same stages and the 1-stage chain token by "
                    "token in rotating order (cluster_over_stage1_interleaved: free of the "

@@ -50,7 +50,7 @@ import numpy as np
 import zmq
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
-KV_CACHE_PRECISION = "f32"
+KV_CACHE_PRECISION: str | None = None  # the plugin's, as cluster nodes run by default
 BARE_HEAD = struct.Struct("<qq")  # position, compute ns so far
 BARE_REPLY = struct.Struct("<iq")  # token, compute ns of all stages
 
@@ -101,7 +101,7 @@ def overhead_per_hop(step_ms: list[float], compute_ms: list[list[float]],
 def runtime_config(threads: str):
     from dataplane.runtime import RuntimeConfig
 
-    # f32 KV, as the cluster's nodes run by default (and the workers below are told)
+    # the KV cache the cluster's nodes run by default (and the workers below are told)
     return RuntimeConfig(num_threads=None if threads == "default" else int(threads),
                          kv_cache_precision=KV_CACHE_PRECISION)
 
