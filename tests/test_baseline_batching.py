@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tools.baseline import sequential_throughput, stream_throughput
+from tools.baseline_batching import sequential_throughput, stream_throughput
 
 
 def test_stream_throughput_separates_prefill() -> None:
@@ -64,12 +64,8 @@ def test_sequential_throughput_is_single_user_rate() -> None:
                     reason="set ZCTL_BASELINE_TESTS=1 (needs the optimum-intel baseline export)")
 def test_continuous_batching_matches_llm_pipeline() -> None:
     from console.paths import zctl_home
-    from tools.baseline import (
-        STREAM_PROMPTS,
-        BaselinePipeline,
-        ContinuousBatchingBaseline,
-        export_baseline,
-    )
+    from tools.baseline import BaselinePipeline, export_baseline
+    from tools.baseline_batching import STREAM_PROMPTS, ContinuousBatchingBaseline
     from tools.bench_parity import model_hf_dir
 
     cache = zctl_home()

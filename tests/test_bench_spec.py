@@ -9,7 +9,8 @@ import pytest
 
 from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from tools.bench_spec import BenchPrompt, parse_k, render, run_bench
+from tools.bench_spec import parse_k, render, run_bench
+from tools.spec_prompts import BenchPrompt
 from tools.spec_accounting import (
     all_identical,
     first_mismatch,

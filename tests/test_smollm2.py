@@ -67,7 +67,7 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(smol)
     from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
     from controlplane.client import generate_stream
     from controlplane.service_messages import GenerateDone, GenerateRequest
-    from tools.bench_spec import PROMPTS as BENCH_PROMPTS
+    from tools.spec_prompts import PROMPTS as BENCH_PROMPTS
 
     _, _, root = smol
     for name in ("int4-1", "int4-3"):

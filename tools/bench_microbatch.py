@@ -212,7 +212,8 @@ class Genai:
     serving them at once ("genai_cb")."""
 
     def __init__(self, hf_dir: Any, export_dir: Any, weights: str, props: dict[str, Any]) -> None:
-        from tools.baseline import BaselinePipeline, ContinuousBatchingBaseline, export_baseline
+        from tools.baseline import BaselinePipeline, export_baseline
+        from tools.baseline_batching import ContinuousBatchingBaseline
 
         model_dir = export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
                                     console=err)
@@ -222,7 +223,7 @@ class Genai:
         self.ids = [self.single.encode(p) for p in PROMPTS]
 
     def measure(self, mode: str, n: int, tokens: int) -> dict[str, Any]:
-        from tools.baseline import sequential_throughput
+        from tools.baseline_batching import sequential_throughput
 
         ids = [self.ids[i % len(self.ids)] for i in range(n)]
         if mode == "genai_cb":
