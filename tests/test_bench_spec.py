@@ -10,13 +10,13 @@ import pytest
 from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
 from tools.bench_spec import parse_k, render, run_bench
-from tools.spec_prompts import BenchPrompt
 from tools.spec_accounting import (
     all_identical,
     first_mismatch,
     theoretical_iid,
     theoretical_speedup,
 )
+from tools.spec_prompts import BenchPrompt
 
 EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
 
