@@ -34,12 +34,14 @@ from dataplane.speculative import (
     adapt_k,
     estimate_acceptance,
     fit_step_cost,
+    width_changes,
 )
 
 COST_WINDOW = 64  # decode steps the online cost model is fitted to
 PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep measuring
 PROBE_MAX = 256  # ... and back off to this gap while the probes keep being rejected
 AUTO_K_START = 4  # adaptive K's first draft length, until a cost model is fitted
+MEASURE_STEPS = 2  # ... drafted for this many steps, then 1-token steps give the other size
 
 
 @dataclass(frozen=True)
@@ -163,12 +165,14 @@ class DecodeSession:
         # shape changes): not worth it with too few tokens left to use what it learns.
         measuring = self.max_new_tokens - self.stats.new_tokens > PROBE_EVERY
         cost = self.cost or self.fitted_cost()
-        if cost is None:  # not enough distinct step sizes yet: alternate to measure both
-            if not measuring:
-                return 0
-            return min(k_max, AUTO_K_START) if self.spec.steps % 2 == 0 else 1
-        acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
-        k_now = adapt_k(acceptance, cost, k_max=k_max)
+        if cost is None:  # not enough distinct step sizes yet
+            if measuring and self.spec.steps < MEASURE_STEPS:
+                return min(k_max, AUTO_K_START)  # drafts of one width: one shape change
+            k_now = 0  # the 1-token steps that follow are the other size; probes go on
+        else:
+            acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
+            prev_fed = self.spec.fed[-1] if self.spec.fed else None
+            k_now = adapt_k(acceptance, cost, k_max=k_max, prev_fed=prev_fed)
         if k_now == 0 and measuring and self.spec.steps >= self._next_probe:
             # K = 0 learns nothing: probe now and then. A probe costs more than its token
             # (two shape changes on a CPU), so rejected probes double the gap to the next.
@@ -178,12 +182,14 @@ class DecodeSession:
 
     def fitted_cost(self) -> StepCost | None:
         """``fit_step_cost`` over this session's recent decode steps, plus draft time."""
-        fed, ms = self.spec.fed[-COST_WINDOW:], self.stats.step_ms[-COST_WINDOW:]
-        cost = fit_step_cost(fed, ms[-len(fed):]) if fed else None
+        log = self.spec.fed[-COST_WINDOW - 1:]
+        changed = width_changes(log)[len(log) - min(len(log), COST_WINDOW):]
+        fed, ms = log[-COST_WINDOW:], self.stats.step_ms[-COST_WINDOW:]
+        cost = fit_step_cost(fed, ms[-len(fed):], changed) if fed else None
         if cost is None:
             return None
         draft_ms = float(np.median(self._draft_ms[-COST_WINDOW:])) if self._draft_ms else 0.0
-        return StepCost(cost.step_ms, cost.token_ms, draft_ms)
+        return StepCost(cost.step_ms, cost.token_ms, draft_ms, cost.switch_ms)
 
     # -- replies ---------------------------------------------------------------------
     def advance(self, reply: StepReply) -> list[int]:

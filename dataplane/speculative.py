@@ -98,19 +98,37 @@ class StepCost:
     ``step_ms``: a 1-token step (every stage's compute for one token, every hop, the
     coordinator's overhead); ``token_ms``: each extra position fed in the same step
     (marginal compute: small where decode is memory-bound, as on an iGPU); ``draft_ms``:
-    the drafter's time per draft token (about 0 for lookup drafting).
+    the drafter's time per draft token (about 0 for lookup drafting); ``switch_ms``: what
+    a step costs more when its token count differs from the previous step's (the CPU
+    plugin re-plans every node for the new shape: 5 ms on an 8.5 ms step, measured).
     """
 
     step_ms: float
     token_ms: float
     draft_ms: float = 0.0
+    switch_ms: float = 0.0
 
     def verify_ms(self, k: int) -> float:
         return self.step_ms + k * (self.token_ms + self.draft_ms)
 
 
-def adapt_k(acceptance: float, cost: StepCost, k_max: int = 16, k_min: int = 0) -> int:
-    """The draft length K that maximises expected tokens per ms, E(K) / cost.verify_ms(K).
+def switch_penalty(k: int, prev_fed: int | None, switch_ms: float) -> float:
+    """The shape changes a step of ``k`` drafts commits to, after a step that fed
+    ``prev_fed`` tokens. From 1-token steps, any draft costs two (out now, back later);
+    from a draft width, staying or dropping back to 1 token costs what leaving later
+    would (nothing extra), any other width one more."""
+    if prev_fed is None or switch_ms <= 0:
+        return 0.0
+    if prev_fed == 1:
+        return 2 * switch_ms if k > 0 else 0.0
+    return 0.0 if k + 1 in (prev_fed, 1) else switch_ms
+
+
+def adapt_k(acceptance: float, cost: StepCost, k_max: int = 16, k_min: int = 0,
+            prev_fed: int | None = None) -> int:
+    """The draft length K that maximises expected tokens per ms, E(K) / cost.verify_ms(K)
+    (plus the shape changes it commits to after a step of ``prev_fed`` tokens, when the
+    cost model has a ``switch_ms``: see ``switch_penalty``).
 
     With E(K) = (1 - a^(K+1)) / (1 - a), longer drafts pay off while the next draft token's
     chance a^(K+1) of being used buys more than its ``token_ms``: the larger the fixed
@@ -122,7 +140,8 @@ def adapt_k(acceptance: float, cost: StepCost, k_max: int = 16, k_min: int = 0) 
         raise ValueError(f"k_max {k_max} < k_min {k_min}")
     best, best_rate = k_min, -1.0
     for k in range(k_min, k_max + 1):
-        rate = expected_tokens(acceptance, k) / max(cost.verify_ms(k), 1e-9)
+        ms = cost.verify_ms(k) + switch_penalty(k, prev_fed, cost.switch_ms)
+        rate = expected_tokens(acceptance, k) / max(ms, 1e-9)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best
@@ -151,15 +170,30 @@ def estimate_acceptance(accepted: int, rejections: int, prior: float = 0.5,
     return (accepted + prior * weight) / (accepted + rejections + weight)
 
 
-def fit_step_cost(fed: Sequence[int], step_ms: Sequence[float]) -> StepCost | None:
+def fit_step_cost(fed: Sequence[int], step_ms: Sequence[float],
+                  changed: Sequence[bool] | None = None) -> StepCost | None:
     """Least-squares ``step_ms + token_ms * (fed - 1)`` over measured steps (None if the
-    steps fed fewer than two different token counts)."""
+    steps fed fewer than two different token counts); with ``changed`` (whether each
+    step's token count differed from the step before), ``+ switch_ms * changed`` too,
+    where the steps tell the three apart."""
     x = np.asarray(fed, dtype=np.float64) - 1.0
     y = np.asarray(step_ms, dtype=np.float64)
     if x.size < 2 or np.unique(x).size < 2:
         return None
+    if changed is not None and len(changed) == x.size:
+        design = np.column_stack([np.ones_like(x), x, np.asarray(changed, dtype=np.float64)])
+        if np.linalg.matrix_rank(design) == 3:
+            (intercept, slope, switch), *_ = np.linalg.lstsq(design, y, rcond=None)
+            return StepCost(step_ms=max(float(intercept), 0.0), token_ms=max(float(slope), 0.0),
+                            switch_ms=max(float(switch), 0.0))
     slope, intercept = np.polyfit(x, y, 1)
     return StepCost(step_ms=max(float(intercept), 0.0), token_ms=max(float(slope), 0.0))
+
+
+def width_changes(fed: Sequence[int]) -> list[bool]:
+    """Per step: whether it fed a different token count from the step before (the first
+    decode step follows the prompt's, another shape)."""
+    return [i == 0 or f != fed[i - 1] for i, f in enumerate(fed)]
 
 
 # -- drafters ----------------------------------------------------------------------------

@@ -96,10 +96,13 @@ def test_session_stops_on_stop_token_and_budget() -> None:
 
 def test_auto_k_measures_both_step_sizes_and_probes_at_zero() -> None:
     session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=LookupDrafter())
-    # no cost model yet: alternate a moderate K and 1 so the fit sees two step sizes
+    # no cost model yet: a moderate K for MEASURE_STEPS steps (one width: one shape
+    # change), then 1-token steps give the fit its other size
     assert session.choose_k() == 4
     session.spec.steps = 1
-    assert session.choose_k() == 1
+    assert session.choose_k() == 4
+    session.spec.steps = 2
+    assert session.choose_k() == 0
     # a cost where drafting never pays (huge per-token cost, nothing accepted): K = 0,
     # but every PROBE_EVERY-th step drafts one token to keep measuring
     session.spec.fed, session.stats.step_ms = [1, 7] * 4, [10.0, 1000.0] * 4
@@ -109,6 +112,28 @@ def test_auto_k_measures_both_step_sizes_and_probes_at_zero() -> None:
         session.spec.steps = step
         ks.append(session.choose_k())
     assert ks.count(1) == 2 and set(ks) == {0, 1}
+
+
+def test_width_changes_are_priced_into_the_fit_and_into_k() -> None:
+    from dataplane.speculative import StepCost, adapt_k, fit_step_cost, switch_penalty, width_changes
+
+    fed = [1, 1, 5, 5, 1, 1, 1, 2, 1, 1, 5, 1, 3, 3]
+    changed = width_changes(fed)
+    assert changed[:4] == [True, False, True, False]
+    ms = [8.0 + 1.0 * (f - 1) + 5.0 * c for f, c in zip(fed, changed, strict=True)]
+    cost = fit_step_cost(fed, ms, changed)
+    assert cost is not None
+    assert (round(cost.step_ms, 6), round(cost.token_ms, 6), round(cost.switch_ms, 6)) == (8, 1, 5)
+    assert fit_step_cost([1, 2, 1, 2], [8.0, 9.0, 8.0, 9.0], [True] * 4).switch_ms == 0.0  # not told apart
+    # from 1-token steps a draft pays two shape changes; from width 5 staying costs none
+    assert switch_penalty(4, 1, 5.0) == 10.0 and switch_penalty(0, 1, 5.0) == 0.0
+    assert switch_penalty(4, 5, 5.0) == 0.0 and switch_penalty(0, 5, 5.0) == 0.0
+    assert switch_penalty(2, 5, 5.0) == 5.0 and switch_penalty(4, None, 5.0) == 0.0
+    model = StepCost(8.0, 1.0, switch_ms=5.0)
+    assert adapt_k(0.5, model, k_max=8, prev_fed=1) == 0  # leaving 1-token steps: no
+    assert adapt_k(0.5, model, k_max=8, prev_fed=5) == 4  # already at width 5: stay
+    assert adapt_k(0.95, model, k_max=8, prev_fed=1) > 0  # a lot accepted: worth it
+    assert adapt_k(0.5, StepCost(8.0, 1.0), k_max=8, prev_fed=1) > 0  # no switch cost
 
 
 def test_a_failing_session_does_not_stop_the_others() -> None:

@@ -198,11 +198,12 @@ def run_bench(
     say("calibrating step costs ...")
     first_cal = calibrate(chain, context, max_fed, calib_reps, draft_runner, k_max, ks_draft_burst)
     fitted = first_cal.fit()
+    switch_ms = max(first_cal.switched_ms(1) - first_cal.verify_ms(1), 0.0)  # a shape change
     costs: dict[str, StepCost | None] = {}
     for name in drafters:
         costs[name] = None if ks[name] is not None else StepCost(
             fitted.step_ms, fitted.token_ms,
-            first_cal.draft_ms(name)(1) / (max(k_max, 1) if name == "lookup" else 1))
+            first_cal.draft_ms(name)(1) / (max(k_max, 1) if name == "lookup" else 1), switch_ms)
 
     def make_drafter(name: str, ids: list[int]) -> Any:
         if name == "lookup":
@@ -318,9 +319,12 @@ def run_bench(
         "k": {d: (ks[d] if ks[d] is not None else "auto") for d in drafters}, "k_max": k_max,
         "adaptive_cost": {d: (None if c is None else {
             "step_ms": round(c.step_ms, 3), "token_ms": round(c.token_ms, 3),
-            "draft_ms": round(c.draft_ms, 4),
-            # the K adapt_k picks at a few acceptance rates (0.5 is the first step's prior)
-            "k_at": {str(a): adapt_k(a, c, k_max=k_max) for a in (0.3, 0.5, 0.7, 0.9)}})
+            "draft_ms": round(c.draft_ms, 4), "switch_ms": round(c.switch_ms, 3),
+            # the K adapt_k picks at a few acceptance rates (0.5 is the first step's prior),
+            # staying at a width and leaving 1-token steps (two shape changes)
+            "k_at": {str(a): adapt_k(a, c, k_max=k_max) for a in (0.3, 0.5, 0.7, 0.9)},
+            "k_at_from_1_token": {str(a): adapt_k(a, c, k_max=k_max, prev_fed=1)
+                                  for a in (0.3, 0.5, 0.7, 0.9)}})
             for d, c in costs.items()},
         "calibration_context_slots": context_len,
         "step_costs": [c.as_json() for c in calibrations],
