@@ -47,8 +47,16 @@ class RunSnapshot:
 
     @property
     def status(self) -> str:
-        states = {s.status for s in self.streams}
-        return states.pop() if len(states) == 1 else "running"
+        """'running' while any stream runs; then the one final status all share, or a
+        count of each ('done: 1 eos, 1 max_tokens')."""
+        states = [s.status for s in self.streams]
+        if not states or "running" in states:
+            return "running"
+        kinds = sorted(set(states))
+        if len(kinds) == 1:
+            return kinds[0]
+        counts = [f"{states.count(k)} {k.removeprefix('done (').removesuffix(')')}" for k in kinds]
+        return "done: " + ", ".join(counts)
 
 
 def _ms(summary: dict[str, dict[str, float]], name: str, q: str = "p50") -> str:

@@ -48,3 +48,14 @@ def test_dashboard_with_several_streams_has_a_row_each_and_the_aggregate() -> No
 def test_dashboard_before_any_token() -> None:
     text = _text(RunSnapshot([StageInfo(0, "h", "0-3", "CPU")], [StreamView(prompt="hi")]))
     assert "tokens 0" in text and "running" in text and "-" in text
+
+
+def test_run_status_waits_for_every_stream_then_sums_up_the_endings() -> None:
+    streams = [StreamView("a", status="done (eos)"), StreamView("b")]
+    snapshot = RunSnapshot([], streams)
+    assert snapshot.status == "running"
+    streams[1].status = "done (max_tokens)"
+    assert snapshot.status == "done: 1 eos, 1 max_tokens"
+    streams[1].status = "done (eos)"
+    assert snapshot.status == "done (eos)"
+    assert RunSnapshot([], []).status == "running"
