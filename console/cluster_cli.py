@@ -340,6 +340,10 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     from controlplane.service_messages import GenerateDone, GenerateRequest
 
     status = query_status(record.control)
+    if speculative and not status.runtime.exact:
+        err.print("[yellow]note:[/] this cluster runs fast numerics (a quantised KV cache or "
+                  "int8 activations): speculative output can differ from greedy at near-tied "
+                  "tokens; zctl cluster up --exact makes it identical", soft_wrap=True)
     sampling = sampling or {}
     seed = sampling.pop("seed", None)
     requests = [GenerateRequest(uuid.uuid4().hex[:16], p, max_tokens, chat, ignore_eos,

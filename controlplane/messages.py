@@ -125,6 +125,12 @@ class RuntimeSpec:
     kv_cache_precision: str | None = None
     dynamic_quantization: bool = True
 
+    @property
+    def exact(self) -> bool:
+        """f32 activations and an f32 KV cache: speculative output equals greedy."""
+        return (self.precision == "f32" and self.kv_cache_precision == "f32"
+                and not self.dynamic_quantization)
+
 
 @dataclass(frozen=True)
 class NodeStatus:
@@ -185,6 +191,7 @@ class ClusterStatus:
     stages: list[StageStatus]
     refused: list[RefusalInfo]
     counters: dict[str, int]
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)  # what every stage compiles with
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -85,7 +85,9 @@ def status_table(status: ClusterStatus) -> Table:
                       ", ".join(d.name for d in node.devices), fmt_bytes(node.ram_free),
                       "" if node.local else f"{node.last_seen_s:.1f}s ago", transfer,
                       node.error[:60])
-    caption = f"pipeline {status.pipeline}, epoch {status.epoch}"
+    rt = status.runtime
+    caption = (f"pipeline {status.pipeline}, epoch {status.epoch}, {rt.device}, "
+               f"{'exact' if rt.exact else 'fast'} numerics")
     if status.plan_error:
         caption += f" - {status.plan_error}"
     if status.refused:

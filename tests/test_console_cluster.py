@@ -45,6 +45,10 @@ def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     tokenizer = ChatTokenizer(export_dir)
     assert report["text"] == tokenizer.decode(_expected_tokens(export_dir, 12))
     assert not (zctl_home / "cluster.json").exists()  # the embedded cluster was torn down
+    fast = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "4",
+                               "--speculative", "lookup", "--fast", "--json"])
+    assert fast.exit_code == 0, fast.output
+    assert "fast numerics" in fast.output and "--exact" in fast.output  # told, not silent
 
 
 def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
@@ -62,6 +66,9 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
         hosts = sorted(n["host"] for n in info["nodes"])
         assert hosts == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
         assert {n["openvino"] for n in info["nodes"]} == {info["openvino"]}
+        assert info["runtime"]["kv_cache_precision"] == "f32"  # --exact
+        assert info["runtime"]["dynamic_quantization"] is False
+        assert "exact numerics" in runner.invoke(app, ["cluster", "status"]).output
         run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "8", "--ignore-eos", "--json"])
         assert run.exit_code == 0, run.output
         report = json.loads(run.stdout.strip().splitlines()[-1])
