@@ -419,8 +419,9 @@ def run(
         help="concurrent streams (the prompts are repeated to fill them); 0: one per prompt")] = 0,
     speculative: Annotated[str, typer.Option(
         help="speculative decoding: 'lookup' (prompt n-grams) or 'draft:PATH' (a 1-stage export "
-             "sharing the tokenizer); output stays identical to greedy (a running cluster needs "
-             "--no-dynamic-quantization for that on AVX-512-VNNI/AMX CPUs)")] = "",
+             "sharing the tokenizer); output stays identical to greedy on a cluster with exact "
+             "numerics (zctl cluster up --exact; the embedded cluster of a speculative run "
+             "has them)")] = "",
     k: Annotated[str, typer.Option("--k", help="draft tokens per step, or 'auto'")] = "auto",
     temperature: Annotated[float, typer.Option(
         help="0: greedy; > 0 samples (speculation then keeps the model's distribution)")] = 0.0,
@@ -446,10 +447,15 @@ def run(
         wanted = streams or len(prompts)
         prompts = [prompts[i % len(prompts)] for i in range(wanted)]
         record = _running_record()
+        told = exact is not None or kv_cache_precision is not None or dynamic_quantization is not None
+        if record is not None and told:
+            err.print("[yellow]note:[/] --exact/--fast, --kv-cache-precision and "
+                      "--dynamic-quantization shape an embedded cluster; the running one keeps "
+                      "its own (zctl cluster status)", soft_wrap=True)
         if record is None:
             # the cluster is this command's own: a speculative run gets exact numerics
             # unless told otherwise (its output then equals greedy token for token)
-            kv, dq = numerics(exact if exact is not None else bool(mode) or None,
+            kv, dq = numerics(exact if told else bool(mode) or None,
                               kv_cache_precision, dynamic_quantization)
             rt = runtime_args(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)

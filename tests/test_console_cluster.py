@@ -45,8 +45,9 @@ def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     tokenizer = ChatTokenizer(export_dir)
     assert report["text"] == tokenizer.decode(_expected_tokens(export_dir, 12))
     assert not (zctl_home / "cluster.json").exists()  # the embedded cluster was torn down
+    # a speculative run's embedded cluster is exact unless told otherwise: here a u8 cache
     fast = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "4",
-                               "--speculative", "lookup", "--fast", "--json"])
+                               "--speculative", "lookup", "--kv-cache-precision", "u8", "--json"])
     assert fast.exit_code == 0, fast.output
     assert "fast numerics" in fast.output and "--exact" in fast.output  # told, not silent
 
