@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -69,25 +70,57 @@ class TransferProgress:
                 del self._tasks[shard_hash], self._done[shard_hash]
 
 
+def short_version(version: str) -> str:
+    """``2026.4.1-22982-e213a147257-releases/2026/4`` -> ``2026.4.1`` (build details dropped)."""
+    return version.split("-", 1)[0]
+
+
+def layer_range(start: int, end: int) -> str:
+    """Layers [start, end) as people count them: ``0-11``."""
+    return f"{start}-{end - 1}" if end - start > 1 else str(start)
+
+
 def status_table(status: ClusterStatus) -> Table:
-    """The cluster at a glance: one row per node, then the pipeline line as caption."""
-    table = Table(title=f"zctl cluster {status.model} ({status.endpoint})")
-    for column in ("node", "host", "state", "stage", "devices", "free RAM", "last seen",
-                   "transfer", "note"):
-        table.add_column(column, justify="right" if column in ("stage", "free RAM") else "left")
-    for node in status.nodes:
+    """The cluster at a glance: one row per node in stage order (its stage's layers,
+    devices, free RAM, liveness), then the pipeline line as caption. Versions go in the
+    caption when every node runs the coordinator's (a node whose OpenVINO differs is
+    refused at enrolment), else in a column; transfer and note columns appear only while
+    some shard is arriving or some node reports a problem."""
+    layers = {s.node_id: layer_range(s.layer_start, s.layer_end) for s in status.stages
+              if s.node_id is not None}
+    nodes = sorted(status.nodes, key=lambda n: (n.stage is None, n.stage or 0, n.node_id))
+    mixed = any((n.openvino, n.zctl) != (status.openvino, status.zctl) for n in nodes)
+    transferring = any(n.transfer_done < n.transfer_total for n in nodes)
+    noted = any(n.error for n in nodes)
+    table = Table(title=f"zctl cluster {status.model} ({status.endpoint})", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    columns = (["node", "host", "state", "stage", "layers", "dev", "free RAM", "seen"]
+               + ["OpenVINO / zctl"] * mixed + ["transfer"] * transferring + ["note"] * noted)
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("stage", "free RAM") else "left",
+                         no_wrap=column in ("node", "host", "layers", "free RAM"))
+    for node in nodes:
         style = STATE_STYLE.get(node.state, "")
-        transfer = (f"{100 * node.transfer_done // node.transfer_total}%"
-                    if node.transfer_total else "")
-        table.add_row(node.node_id + (" (coordinator)" if node.local else ""), node.host,
-                      f"[{style}]{node.state}[/]" if style else node.state,
-                      "" if node.stage is None else str(node.stage),
-                      ", ".join(d.name for d in node.devices), fmt_bytes(node.ram_free),
-                      "" if node.local else f"{node.last_seen_s:.1f}s ago", transfer,
-                      node.error[:60])
+        row = [node.node_id + ("*" if node.local else ""), node.host,
+               f"[{style}]{node.state}[/]" if style else node.state,
+               "" if node.stage is None else str(node.stage), layers.get(node.node_id, ""),
+               ", ".join(d.name for d in node.devices), fmt_bytes(node.ram_free),
+               "" if node.local else f"{node.last_seen_s:.1f}s"]
+        if mixed:
+            versions = f"{short_version(node.openvino)} / {node.zctl}"
+            differs = (node.openvino, node.zctl) != (status.openvino, status.zctl)
+            row.append(f"[red]{versions}[/]" if differs else versions)
+        if transferring:
+            row.append(f"{100 * node.transfer_done // node.transfer_total}%"
+                       if node.transfer_total else "")
+        if noted:
+            row.append(node.error[:60])
+        table.add_row(*row)
     rt = status.runtime
-    caption = (f"pipeline {status.pipeline}, epoch {status.epoch}, {rt.device}, "
-               f"{'exact' if rt.exact else 'fast'} numerics")
+    caption = (f"* coordinator · pipeline {status.pipeline}, epoch {status.epoch}, {rt.device}, "
+               f"{'exact' if rt.exact else 'fast'} numerics · "
+               + ("OpenVINO / zctl versions differ" if mixed else
+                  f"OpenVINO {short_version(status.openvino)}, zctl {status.zctl} on every node"))
     if status.plan_error:
         caption += f" - {status.plan_error}"
     if status.refused:
