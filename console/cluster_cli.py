@@ -381,6 +381,8 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     finally:
         if live is not None:
             live.stop()
+            if not out.is_terminal:  # Live ends a redirected dashboard without a newline
+                out.line()
     errors = [d.error for d in dones.values() if d.error]
     if errors:
         raise ClusterError(errors[0])

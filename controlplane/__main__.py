@@ -105,7 +105,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
         service = GenerationService(
             args.export_dir, lambda: getattr(coordinator.local_handle, "pipeline", None), args.serve,
-            row_groups=_row_groups(args), shared_cores=args.shared_cores)
+            row_groups=_row_groups(args), shared_cores=args.shared_cores,
+            health=coordinator.pipeline_problem)
         err.print(f"generation service on {service.start()}")
     try:
         coordinator.run()

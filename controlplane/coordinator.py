@@ -497,5 +497,10 @@ class Coordinator:
         with self._lock:
             return self._status()
 
+    def pipeline_problem(self) -> str | None:
+        """Why the wired pipeline cannot run steps now (Pipeline.problem; thread-safe)."""
+        with self._lock:
+            return self.pipeline.problem(self.members)
+
     def status_dict(self) -> dict[str, Any]:
         return self.status().to_dict()

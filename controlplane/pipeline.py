@@ -24,6 +24,10 @@ from dataplane.manifest import ExportManifest
 
 log = logging.getLogger("zctl.controlplane")
 
+# What a planned node's state means for the steps running through it.
+DOWN_REASONS = {ms.DEAD: "stopped answering (missed its heartbeats)",
+                ms.LEFT: "left the cluster", ms.FAILED: "failed"}
+
 
 class Pipeline:
     """Placement and wiring of one export's stages over the enrolled nodes."""
@@ -147,6 +151,23 @@ class Pipeline:
         if all(m.state == ms.SERVING and m.ready_epoch == self.epoch for m in planned):
             return "serving"
         return "wiring"
+
+    def problem(self, members: Mapping[str, ms.Member]) -> str | None:
+        """Why the placed pipeline cannot run steps now: a planned node is dead, gone or
+        failed (the first such stage, named with its layers and node); None otherwise,
+        also while it is still being placed or wired."""
+        if self.plan is None:
+            return None
+        for stage, node_id in sorted(self.plan.items()):
+            member = members[node_id]
+            why = DOWN_REASONS.get(member.state)
+            if why is None:
+                continue
+            spec = self.manifest.stages[stage]
+            detail = f": {member.error}" if member.state == ms.FAILED and member.error else ""
+            return (f"stage {stage} (layers {spec.layer_start}-{spec.layer_end - 1}) on node "
+                    f"{node_id} at {member.info.host} {why}{detail}")
+        return None
 
     def stage_status(self, members: Mapping[str, ms.Member]) -> list[StageStatus]:
         out = []

@@ -8,6 +8,10 @@ rest wait their turn. Each request is answered with a stream of ``GenerateChunk`
 messages and one ``GenerateDone``; bad requests get an ``Error`` and the service keeps
 serving. Speculative requests draft by prompt lookup or with a draft model (a 1-stage
 export on this machine, loaded once and shared by the streams that ask for it).
+
+``health()`` (the coordinator's view of the pipeline) says when a stage's node is down:
+generations in flight then end at once with that reason and the tokens they have, and
+new requests are refused with it, instead of waiting out the data plane's timeout.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ CHUNK_INTERVAL_S = 0.1  # how often a stream's new tokens and running figures ar
 TIMING_REFRESH_S = 0.5  # how often the percentiles those chunks carry are recomputed
 AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
 POLL_S = 0.02  # how long a scheduler poll waits for a reply before checking for requests
+HEALTH_CHECK_S = 0.25  # how often generations in flight ask whether the pipeline is down
+
+
+class PipelineDown(RuntimeError):
+    """A stage's node is dead, gone or failed: steps through it cannot complete."""
 
 
 def timing_summary(pipeline: Any) -> dict[str, dict[str, float]]:
@@ -82,7 +91,8 @@ class GenerationService:
 
     def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Pipeline | None],
                  endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8,
-                 row_groups: int = 0, shared_cores: bool = False) -> None:
+                 row_groups: int = 0, shared_cores: bool = False,
+                 health: Callable[[], str | None] | None = None) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
         if row_groups < 0:
@@ -97,6 +107,8 @@ class GenerationService:
             stops.add(self.tokenizer.eos_token_id)
         self.stop_ids = sorted(stops)
         self.get_pipeline = get_pipeline
+        self.health = health  # None, or why the pipeline cannot run steps now
+        self._health_checked = -1e9
         self.max_streams = max_streams
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -137,6 +149,8 @@ class GenerationService:
             if self._sock.poll(0 if busy else 200):
                 self._receive_all()
             self._start_waiting()
+            if self._jobs:
+                self._fail_if_down()
             if self._scheduler is not None and self._scheduler.active:
                 for update in self._scheduler.poll(POLL_S):
                     self._progress(update)
@@ -177,6 +191,10 @@ class GenerationService:
             if pipeline is None:
                 self._refuse(identity, req, "the pipeline is not wired yet")
                 continue
+            problem = self.health() if self.health is not None else None
+            if problem is not None:
+                self._refuse(identity, req, f"the pipeline is down: {problem}")
+                continue
             if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not pipeline):
                 self._scheduler = StreamScheduler(pipeline, self.row_groups, self.shared_cores)
             if not self._jobs:  # a new busy period: fresh per-stage figures
@@ -192,6 +210,27 @@ class GenerationService:
                 continue
             self._jobs[stream_id] = _Job(identity, req, session, StreamDecoder(self.tokenizer))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
+
+    def _fail_if_down(self) -> None:
+        """Every HEALTH_CHECK_S: if the pipeline is down, end every generation now with
+        the reason (their tokens so far are sent) rather than after the step timeout."""
+        now = time.monotonic()
+        if self.health is None or now - self._health_checked < HEALTH_CHECK_S:
+            return
+        self._health_checked = now
+        problem = self.health()
+        if problem is None:
+            return
+        log.warning("the pipeline is down (%s): ending %d generation(s)", problem,
+                    len(self._jobs))
+        for job in list(self._jobs.values()):
+            job.session.fail(PipelineDown(problem))
+            self._progress(SessionUpdate(job.session, []))
+        if self._scheduler is not None:  # the next request starts a fresh schedule
+            abandon = getattr(self._scheduler.pipeline, "abandon_all", None)
+            if abandon is not None:
+                abandon(f"the pipeline went down: {problem}")
+            self._scheduler = None
 
     def _session(self, stream_id: int, req: GenerateRequest, pipeline: Any) -> DecodeSession:
         ids = self.tokenizer.encode(req.prompt, chat=req.chat)

@@ -373,6 +373,21 @@ class ClusterPipeline:
         self._mark_broken(pending.stream_id, pending.epoch, message)
         self._done[request_id] = StageTimeout(message, pending.stream_id, request_id, stages)
 
+    def abandon_all(self, why: str) -> None:
+        """Forget every request in flight and every answer not yet collected, dissolve the
+        row groups here, and make every stream need a reset (``why``): for when the chain
+        is known to be broken (a stage's node is down). Late frames of the forgotten
+        requests are dropped as stale; a stream's next reset, or a new GROUP frame, starts
+        it afresh on every stage."""
+        self._pending.clear()
+        self._done.clear()
+        for group_id in list(self.stage0.groups):
+            self.stage0.close_stream(group_id)
+            self._streams.pop(group_id, None)
+            self._guard.forget(group_id)
+        for stream in self._streams.values():
+            stream.broken = stream.broken or why
+
     def _abandon(self, request_id: int, why: str) -> None:
         pending = self._pending.pop(request_id)
         self._mark_broken(pending.stream_id, pending.epoch, why)

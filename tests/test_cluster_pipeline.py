@@ -239,6 +239,21 @@ def test_rewire_requires_a_reset(threaded2, local2):
     assert greedy(pipe, PROMPTS[1], n=4) == greedy(local2, PROMPTS[1], n=4)
 
 
+def test_abandon_all_forgets_steps_in_flight_and_needs_resets(threaded2, local2):
+    pipe, _ = threaded2
+    for sid in (0, 1):
+        pipe.open(sid)
+        pipe.reset(sid)
+    pipe.submit(0, np.array(PROMPTS[0]), np.arange(len(PROMPTS[0])))
+    pipe.submit(1, np.array(PROMPTS[1]), np.arange(len(PROMPTS[1])))
+    pipe.abandon_all("stage 1 went away")
+    assert pipe.in_flight == [] and pipe.collect_any(0.5) is None
+    with pytest.raises(DataPlaneError, match="must be reset: stage 1 went away"):
+        pipe.submit(0, np.array([3]), np.array([len(PROMPTS[0])]))
+    assert greedy(pipe, PROMPTS[1], n=4, stream_id=1) == greedy(local2, PROMPTS[1], n=4)
+    assert pipe.stats.stale_replies == 2  # the forgotten steps' late answers
+
+
 class SpoilingDrafter:
     """Drafts the true continuation with one token spoiled, at index 0..k in turn, so
     every rewind length occurs."""

@@ -151,6 +151,10 @@ def test_heartbeat_loss_marks_node_dead_and_status_shows_it(cp_cluster: Cluster)
         status = query_status(coord.endpoint)
         assert status.pipeline == "degraded" and status.counters["marked_dead"] == 1
         assert node(status, "silent-1").last_seen_s >= 0.15
+        # what generations in flight are told (GenerationService's health check)
+        problem = coord.pipeline_problem()
+        assert problem is not None and problem.startswith("stage 1 (layers ")
+        assert "node silent-1 at " in problem and "missed its heartbeats" in problem
         # a dead node that speaks again is told to enrol again
         raw.send(m.encode_message(m.Heartbeat()))
         err = raw.recv_until(m.Error)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,50 @@ def test_sampled_requests_follow_the_seed_and_top_k_one_is_greedy(service) -> No
         done = _done(svc.endpoint, GenerateRequest("u", prompt, 12, ignore_eos=True,
                                                    temperature=0.9, top_k=1, speculative=spec))
         assert done.tokens == greedy
+
+
+class SlowChain:
+    """A LocalChain whose every step takes at least ``delay_s`` (a generation in progress
+    stays in progress long enough to be interrupted)."""
+
+    def __init__(self, chain: LocalChain, delay_s: float = 0.02) -> None:
+        self.chain, self.delay_s = chain, delay_s
+
+    def __getattr__(self, name: str):
+        return getattr(self.chain, name)
+
+    def step(self, *args, **kwargs):
+        time.sleep(self.delay_s)
+        return self.chain.step(*args, **kwargs)
+
+
+def test_generations_end_at_once_when_the_pipeline_goes_down(tiny_exports) -> None:
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    chain = SlowChain(LocalChain.load(str(export_dir), RuntimeConfig(precision="f32")))
+    problem: list[str] = []
+    svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*",
+                            health=lambda: problem[0] if problem else None)
+    svc.start()
+    try:
+        stream = generate_stream(svc.endpoint, GenerateRequest("long", "the sky is", 100,
+                                                               ignore_eos=True))
+        assert isinstance(next(stream), GenerateChunk)  # generating
+        problem.append("stage 1 (layers 2-3) on node n1 at 127.0.0.2 left the cluster")
+        start = time.monotonic()
+        messages = list(stream)
+        done = messages[-1]
+        assert isinstance(done, GenerateDone) and time.monotonic() - start < 3
+        assert done.error.startswith("PipelineDown: stage 1 (layers 2-3)") and \
+            done.stop_reason == "error"
+        assert 0 < len(done.tokens) < 100  # what it had, all of it streamed
+        # new requests are refused with the reason while it is down, served once it is back
+        refused = _done(svc.endpoint, GenerateRequest("r", "hi", 3))
+        assert "the pipeline is down: stage 1" in refused.error and not refused.tokens
+        problem.clear()
+        tokenizer = ChatTokenizer(export_dir)
+        expected = list(generate_greedy(chain.chain, tokenizer.encode("hello"), 5))
+        again = _done(svc.endpoint, GenerateRequest("ok", "hello", 5, ignore_eos=True))
+        assert not again.error and again.tokens == expected
+    finally:
+        svc.stop()
+    assert svc.counters["failed"] == 2
