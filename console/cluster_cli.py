@@ -120,6 +120,13 @@ def cluster_up(
              "for a --local cluster with shared CPUs, else one per stage")] = None,
     foreground: Annotated[bool, typer.Option(help="run the coordinator in this process "
                                                   "(containers, service managers)")] = False,
+    reassign_after: Annotated[float | None, typer.Option(
+        help="give a dead node's stage to an idle spare node after this many seconds "
+             "(default: wait for the node to come back)")] = None,
+    resume_timeout: Annotated[float, typer.Option(
+        help="generations pause while a stage's node is down and resume where they were "
+             "once it is back or a spare took over; after this many seconds they end with "
+             "an error (0: at once)")] = 120.0,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
     if _running_record() is not None:
@@ -134,7 +141,12 @@ def cluster_up(
               "zctl node join --cpus")
     try:
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
+        if resume_timeout < 0 or (reassign_after is not None and reassign_after < 0):
+            raise ValueError("--resume-timeout and --reassign-after must be >= 0 seconds")
         rt = runtime_args(None if precision == "default" else precision, threads, device, kv, dq)
+        rt += ["--resume-timeout", str(resume_timeout)]  # (coordinator arguments from here)
+        if reassign_after is not None:
+            rt += ["--reassign-after", str(reassign_after)]
         export_dir = ensure_export(model, stage_count, weights)
         if foreground:
             if local is not None:
@@ -373,6 +385,7 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
             else:
                 view.text += msg.text
                 view.tokens = msg.produced
+                view.status = msg.note or view.status
             after_first = sum(max(v.tokens - 1, 0) for v in snapshot.streams)
             if len(prompts) > 1 and now > min(first_at.values()):
                 snapshot.aggregate_tok_s = after_first / (now - min(first_at.values()))

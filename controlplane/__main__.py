@@ -106,7 +106,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         service = GenerationService(
             args.export_dir, lambda: getattr(coordinator.local_handle, "pipeline", None), args.serve,
             row_groups=_row_groups(args), shared_cores=args.shared_cores,
-            health=coordinator.pipeline_problem)
+            health=coordinator.pipeline_problem, resume_timeout_s=args.resume_timeout)
         err.print(f"generation service on {service.start()}")
     try:
         coordinator.run()
@@ -242,6 +242,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--place", action="append", default=[], help="STAGE=NODE_ID (repeatable)")
     p.add_argument("--reassign-after", type=float, default=None,
                    help="give a dead node's stage to a spare after this many seconds")
+    p.add_argument("--resume-timeout", type=float, default=120.0,
+                   help="generations pause while a stage's node is down and resume (replaying "
+                        "their tokens) when it is back or a spare took its stage; after this "
+                        "many seconds they end with an error (0: at once)")
     p.add_argument("--curve", action="store_true", help="CURVE: admit only authorized nodes")
     p.add_argument("--serve", default=None,
                    help="bind the generation service here (what zctl run talks to)")

@@ -18,6 +18,7 @@ from controlplane.placement import (
     PlacementError,
     StageNeed,
     assign_stages,
+    layer_range,
     node_memory,
 )
 from dataplane.manifest import ExportManifest
@@ -154,8 +155,9 @@ class Pipeline:
 
     def problem(self, members: Mapping[str, ms.Member]) -> str | None:
         """Why the placed pipeline cannot run steps now: a planned node is dead, gone or
-        failed (the first such stage, named with its layers and node); None otherwise,
-        also while it is still being placed or wired."""
+        failed (the first such stage, named with its layers and node), or the pipeline is
+        being re-wired (shards moving, stages starting); None when it serves, and before
+        it is first placed."""
         if self.plan is None:
             return None
         for stage, node_id in sorted(self.plan.items()):
@@ -165,9 +167,10 @@ class Pipeline:
                 continue
             spec = self.manifest.stages[stage]
             detail = f": {member.error}" if member.state == ms.FAILED and member.error else ""
-            return (f"stage {stage} (layers {spec.layer_start}-{spec.layer_end - 1}) on node "
-                    f"{node_id} at {member.info.host} {why}{detail}")
-        return None
+            return (f"stage {stage} (layers {layer_range(spec.layer_start, spec.layer_end)}) "
+                    f"on node {node_id} at {member.info.host} {why}{detail}")
+        state = self.state(members)
+        return None if state == "serving" else f"the pipeline is {state} (epoch {self.epoch})"
 
     def stage_status(self, members: Mapping[str, ms.Member]) -> list[StageStatus]:
         out = []

@@ -26,6 +26,11 @@ class PlacementError(ValueError):
     """No placement fits; the text names the node and the shortfall."""
 
 
+def layer_range(start: int, end: int) -> str:
+    """Layers [start, end) as people count them: ``0-11`` (one layer: ``3``)."""
+    return f"{start}-{end - 1}" if end - start > 1 else str(start)
+
+
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

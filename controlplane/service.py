@@ -9,9 +9,14 @@ messages and one ``GenerateDone``; bad requests get an ``Error`` and the service
 serving. Speculative requests draft by prompt lookup or with a draft model (a 1-stage
 export on this machine, loaded once and shared by the streams that ask for it).
 
-``health()`` (the coordinator's view of the pipeline) says when a stage's node is down:
-generations in flight then end at once with that reason and the tokens they have, and
-new requests are refused with it, instead of waiting out the data plane's timeout.
+``health()`` (the coordinator's view of the pipeline) says when it cannot serve (a
+stage's node is down, or it is being re-wired). Generations in flight then pause (a
+chunk with a note says why) instead of waiting out the data plane's timeout; when the
+pipeline serves again (the node came back, or a spare took its stage) each resumes:
+its stream is reset and the session replays its prompt and tokens on the fresh KV,
+then goes on as if nothing happened. Not back within ``resume_timeout_s`` (0: do not
+wait), they end with ``PipelineDown`` and the tokens they have. New requests are
+refused with the reason meanwhile.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ TIMING_REFRESH_S = 0.5  # how often the percentiles those chunks carry are recom
 AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
 POLL_S = 0.02  # how long a scheduler poll waits for a reply before checking for requests
 HEALTH_CHECK_S = 0.25  # how often generations in flight ask whether the pipeline is down
+RESUME_TIMEOUT_S = 120.0  # how long paused generations wait for the pipeline to be back
 
 
 class PipelineDown(RuntimeError):
@@ -92,7 +98,8 @@ class GenerationService:
     def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Pipeline | None],
                  endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8,
                  row_groups: int = 0, shared_cores: bool = False,
-                 health: Callable[[], str | None] | None = None) -> None:
+                 health: Callable[[], str | None] | None = None,
+                 resume_timeout_s: float = RESUME_TIMEOUT_S) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
         if row_groups < 0:
@@ -108,7 +115,9 @@ class GenerationService:
         self.stop_ids = sorted(stops)
         self.get_pipeline = get_pipeline
         self.health = health  # None, or why the pipeline cannot run steps now
+        self.resume_timeout_s = resume_timeout_s
         self._health_checked = -1e9
+        self._paused: tuple[float, str] | None = None  # since when, and why
         self.max_streams = max_streams
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -150,7 +159,7 @@ class GenerationService:
                 self._receive_all()
             self._start_waiting()
             if self._jobs:
-                self._fail_if_down()
+                self._watch_pipeline()
             if self._scheduler is not None and self._scheduler.active:
                 for update in self._scheduler.poll(POLL_S):
                     self._progress(update)
@@ -191,9 +200,9 @@ class GenerationService:
             if pipeline is None:
                 self._refuse(identity, req, "the pipeline is not wired yet")
                 continue
-            problem = self.health() if self.health is not None else None
+            problem = self._paused[1] if self._paused else self._problem()
             if problem is not None:
-                self._refuse(identity, req, f"the pipeline is down: {problem}")
+                self._refuse(identity, req, f"the pipeline cannot serve now: {problem}")
                 continue
             if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not pipeline):
                 self._scheduler = StreamScheduler(pipeline, self.row_groups, self.shared_cores)
@@ -211,26 +220,73 @@ class GenerationService:
             self._jobs[stream_id] = _Job(identity, req, session, StreamDecoder(self.tokenizer))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
 
-    def _fail_if_down(self) -> None:
-        """Every HEALTH_CHECK_S: if the pipeline is down, end every generation now with
-        the reason (their tokens so far are sent) rather than after the step timeout."""
+    def _problem(self) -> str | None:
+        return self.health() if self.health is not None else None
+
+    def _watch_pipeline(self) -> None:
+        """Every HEALTH_CHECK_S while generating: pause when the pipeline cannot serve,
+        resume when it can again, give up after ``resume_timeout_s``."""
         now = time.monotonic()
         if self.health is None or now - self._health_checked < HEALTH_CHECK_S:
             return
         self._health_checked = now
-        problem = self.health()
-        if problem is None:
+        problem = self._problem()
+        if self._paused is None:
+            if problem is not None:
+                self._pause(problem, now)
             return
-        log.warning("the pipeline is down (%s): ending %d generation(s)", problem,
-                    len(self._jobs))
-        for job in list(self._jobs.values()):
-            job.session.fail(PipelineDown(problem))
-            self._progress(SessionUpdate(job.session, []))
-        if self._scheduler is not None:  # the next request starts a fresh schedule
+        since, why = self._paused
+        pipeline = self.get_pipeline() if problem is None else None
+        if pipeline is not None:
+            self._resume(pipeline, now - since)
+        elif now - since >= self.resume_timeout_s:
+            self._paused = None
+            self._fail_all(PipelineDown(f"{problem or why} (not back within "
+                                        f"{self.resume_timeout_s:g} s)"))
+
+    def _pause(self, problem: str, now: float) -> None:
+        """Drop every step in flight (the data plane forgets them) and hold the sessions."""
+        if self._scheduler is not None:  # the resumed sessions get a fresh schedule
             abandon = getattr(self._scheduler.pipeline, "abandon_all", None)
             if abandon is not None:
                 abandon(f"the pipeline went down: {problem}")
             self._scheduler = None
+        if self.resume_timeout_s <= 0:
+            self._fail_all(PipelineDown(problem))
+            return
+        log.warning("the pipeline cannot serve (%s): %d generation(s) paused for up to %g s",
+                    problem, len(self._jobs), self.resume_timeout_s)
+        self._paused = (now, problem)
+        self._note_all(f"paused: {problem}; resuming when it is back (up to "
+                       f"{self.resume_timeout_s:g} s)")
+
+    def _resume(self, pipeline: Any, outage_s: float) -> None:
+        """Restart every held session on ``pipeline``: reset streams, replay, go on."""
+        self._paused = None
+        self._scheduler = StreamScheduler(pipeline, self.row_groups, self.shared_cores)
+        log.warning("the pipeline serves again after %.1f s: resuming %d generation(s)",
+                    outage_s, len(self._jobs))
+        for job in list(self._jobs.values()):
+            job.session.restart()
+            try:
+                self._scheduler.add(job.session)
+            except Exception as exc:  # noqa: BLE001 - its stream cannot be reset
+                job.session.fail(PipelineDown(f"could not resume: {exc}"))
+                self._progress(SessionUpdate(job.session, []))
+        self._note_all(f"resumed after {outage_s:.1f} s")
+
+    def _fail_all(self, error: Exception) -> None:
+        for job in list(self._jobs.values()):
+            job.session.fail(error)
+            self._progress(SessionUpdate(job.session, []))
+
+    def _note_all(self, note: str) -> None:
+        """Tell every client what happened to its generation (a chunk without tokens)."""
+        for job in self._jobs.values():
+            session = job.session
+            self._send(job.identity, GenerateChunk(
+                job.request.request_id, [], "", len(session.emitted), session.stats.ttft_ms,
+                session.stats.tok_s or None, {}, spec_summary(session), note))
 
     def _session(self, stream_id: int, req: GenerateRequest, pipeline: Any) -> DecodeSession:
         ids = self.tokenizer.encode(req.prompt, chat=req.chat)

@@ -66,6 +66,7 @@ class GenerateChunk(Message):
     tok_s: float | None = None
     timing: dict[str, dict[str, float]] = field(default_factory=dict)
     spec: dict[str, float] = field(default_factory=dict)  # acceptance, k, tokens_per_step
+    note: str = ""  # what happened to the generation (paused: a stage is down; resumed)
 
 
 @register

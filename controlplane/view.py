@@ -16,7 +16,7 @@ from rich.progress import (
 from rich.table import Table
 
 from controlplane.messages import ClusterStatus
-from controlplane.placement import fmt_bytes
+from controlplane.placement import fmt_bytes, layer_range
 
 STATE_STYLE = {"serving": "green", "ready": "cyan", "wiring": "cyan", "transferring": "yellow",
                "idle": "dim", "failed": "red", "dead": "bold red", "left": "dim"}
@@ -73,11 +73,6 @@ class TransferProgress:
 def short_version(version: str) -> str:
     """``2026.4.1-22982-e213a147257-releases/2026/4`` -> ``2026.4.1`` (build details dropped)."""
     return version.split("-", 1)[0]
-
-
-def layer_range(start: int, end: int) -> str:
-    """Layers [start, end) as people count them: ``0-11``."""
-    return f"{start}-{end - 1}" if end - start > 1 else str(start)
 
 
 def status_table(status: ClusterStatus) -> Table:

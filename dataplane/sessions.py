@@ -93,8 +93,11 @@ class DecodeSession:
         self.emitted: list[int] = []
         self.k_used: list[int] = []  # draft length asked for, per decode step
         self.error: Exception | None = None
+        self._prefill_chunk = prefill_chunk
         self._chunks = prefill_chunks(self.prompt.size, prefill_chunk)
         self._chunk = 0
+        self._replay: np.ndarray | None = None  # tokens to prefill again after a restart
+        self.restarts = 0
         self._position = self.prompt.size  # logical position of the last emitted token
         self._draft: list[int] = []
         self._rewind = 0
@@ -120,6 +123,22 @@ class DecodeSession:
     def fail(self, error: Exception) -> None:
         self.error, self.done = error, True
 
+    def restart(self) -> None:
+        """Go on from fresh KV (the stages lost this stream's: a node went down, the
+        pipeline was rewired): the next steps prefill the prompt and every emitted token
+        but the last again, then decoding continues where it stopped, with the same
+        drafter, sampler and figures. Reset the pipeline's stream first."""
+        self._rewind, self._draft = 0, []  # the rejected slots went with the old KV
+        del self.k_used[self.spec.steps:]  # a decode step planned but never answered
+        self._probing = False
+        self.restarts += 1
+        if not self.emitted:  # still in the prompt: prefill it from the start
+            self._chunk = 0
+            return
+        self._replay = np.asarray(self.history[:self._position], dtype=np.int64)
+        self._chunks = prefill_chunks(self._replay.size, self._prefill_chunk)
+        self._chunk = 0
+
     # -- planning --------------------------------------------------------------------
     def plan(self) -> StepPlan:
         """The next step to run (prefill chunk, or last token + drafts)."""
@@ -129,6 +148,8 @@ class DecodeSession:
         self._planned_at = now
         if self.prefilling:
             lo, hi = self._chunks[self._chunk]
+            if self._replay is not None:  # after a restart: the answer is known already
+                return StepPlan(self._replay[lo:hi], np.arange(lo, hi), None, 0)
             if self._chunk == 0:
                 self._started_at = now
             last_chunk = self._chunk == len(self._chunks) - 1
@@ -198,6 +219,9 @@ class DecodeSession:
         if self.prefilling:
             self._chunk += 1
             if self.prefilling:
+                return []
+            if self._replay is not None:  # caught up: the next step feeds emitted[-1]
+                self._replay = None
                 return []
             self.stats.ttft_ms = (now - self._started_at) * 1e3
             return self._emit([self._first_token(reply)], now)

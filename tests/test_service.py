@@ -169,33 +169,77 @@ class SlowChain:
         return self.chain.step(*args, **kwargs)
 
 
-def test_generations_end_at_once_when_the_pipeline_goes_down(tiny_exports) -> None:
+DOWN = "stage 1 (layers 2-3) on node n1 at 127.0.0.2 left the cluster"
+
+
+def _long_request(rid: str, n: int = 60) -> GenerateRequest:
+    return GenerateRequest(rid, "the sky is", n, ignore_eos=True)
+
+
+@pytest.fixture
+def flaky(tiny_exports):
+    """A service on a slow in-process chain whose health the test sets (``problem``)."""
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     chain = SlowChain(LocalChain.load(str(export_dir), RuntimeConfig(precision="f32")))
     problem: list[str] = []
-    svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*",
-                            health=lambda: problem[0] if problem else None)
-    svc.start()
-    try:
-        stream = generate_stream(svc.endpoint, GenerateRequest("long", "the sky is", 100,
-                                                               ignore_eos=True))
-        assert isinstance(next(stream), GenerateChunk)  # generating
-        problem.append("stage 1 (layers 2-3) on node n1 at 127.0.0.2 left the cluster")
-        start = time.monotonic()
-        messages = list(stream)
-        done = messages[-1]
-        assert isinstance(done, GenerateDone) and time.monotonic() - start < 3
-        assert done.error.startswith("PipelineDown: stage 1 (layers 2-3)") and \
-            done.stop_reason == "error"
-        assert 0 < len(done.tokens) < 100  # what it had, all of it streamed
-        # new requests are refused with the reason while it is down, served once it is back
-        refused = _done(svc.endpoint, GenerateRequest("r", "hi", 3))
-        assert "the pipeline is down: stage 1" in refused.error and not refused.tokens
-        problem.clear()
-        tokenizer = ChatTokenizer(export_dir)
-        expected = list(generate_greedy(chain.chain, tokenizer.encode("hello"), 5))
-        again = _done(svc.endpoint, GenerateRequest("ok", "hello", 5, ignore_eos=True))
-        assert not again.error and again.tokens == expected
-    finally:
+    expected = list(generate_greedy(chain.chain, ChatTokenizer(export_dir).encode("the sky is"),
+                                    60))
+
+    def start(resume_timeout_s: float) -> GenerationService:
+        svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*",
+                                health=lambda: problem[0] if problem else None,
+                                resume_timeout_s=resume_timeout_s)
+        svc.start()
+        started.append(svc)
+        return svc
+
+    started: list[GenerationService] = []
+    yield start, problem, expected
+    for svc in started:
         svc.stop()
-    assert svc.counters["failed"] == 2
+
+
+def test_generations_pause_while_a_stage_is_down_and_resume_as_if_nothing_happened(flaky):
+    start, problem, expected = flaky
+    svc = start(30.0)
+    stream = generate_stream(svc.endpoint, _long_request("long"))
+    assert isinstance(next(stream), GenerateChunk)  # generating
+    problem.append(DOWN)
+    messages = []
+    for msg in stream:
+        messages.append(msg)
+        if getattr(msg, "note", "").startswith("paused"):
+            # new requests are refused with the reason while it is down
+            refused = _done(svc.endpoint, GenerateRequest("r", "hi", 3))
+            assert f"the pipeline cannot serve now: {DOWN}" in refused.error
+            time.sleep(0.5)
+            problem.clear()  # back (the node returned, or a spare took the stage)
+    notes = [m.note for m in messages if getattr(m, "note", "")]
+    assert notes[0] == f"paused: {DOWN}; resuming when it is back (up to 30 s)"
+    assert notes[1].startswith("resumed after ")
+    done = messages[-1]
+    assert isinstance(done, GenerateDone) and not done.error and done.tokens == expected
+    streamed = [t for m in messages[:-1] if isinstance(m, GenerateChunk) for t in m.tokens]
+    assert streamed == done.tokens[len(done.tokens) - len(streamed):]  # nothing twice
+    assert _done(svc.endpoint, _long_request("after", 5)).tokens == expected[:5]
+
+
+@pytest.mark.parametrize("resume_timeout_s", [0.0, 0.6])
+def test_paused_generations_end_with_their_tokens_when_it_is_not_back_in_time(
+        flaky, resume_timeout_s):
+    start, problem, expected = flaky
+    svc = start(resume_timeout_s)
+    stream = generate_stream(svc.endpoint, _long_request("long"))
+    assert isinstance(next(stream), GenerateChunk)
+    problem.append(DOWN)
+    t0 = time.monotonic()
+    messages = list(stream)
+    done = messages[-1]
+    assert isinstance(done, GenerateDone) and time.monotonic() - t0 < resume_timeout_s + 2
+    assert done.error.startswith(f"PipelineDown: {DOWN}") and done.stop_reason == "error"
+    if resume_timeout_s:
+        assert f"(not back within {resume_timeout_s:g} s)" in done.error
+    assert 0 < len(done.tokens) < 60 and done.tokens == expected[:len(done.tokens)]
+    problem.clear()
+    assert _done(svc.endpoint, _long_request("ok", 5)).tokens == expected[:5]
+    assert svc.counters["failed"] == 1

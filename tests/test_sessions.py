@@ -487,3 +487,48 @@ def test_auto_k_does_not_start_measuring_near_the_end() -> None:
     assert session.choose_k() == 4  # enough budget left: measure
     session.stats.new_tokens = 4
     assert session.choose_k() == 0  # PROBE_EVERY tokens to go: nothing left to gain
+
+
+def drive_with_kv_losses(chain, session: DecodeSession, lose_at: set[int]) -> list[int]:
+    """Step ``session`` on ``chain``; before the steps numbered in ``lose_at`` the stream's
+    KV is wiped on every stage (as when a node went down) and the session restarted."""
+    sid = session.stream_id
+    chain.open(sid)
+    chain.reset(sid)
+    steps = 0
+    while not session.done:
+        if steps in lose_at:
+            chain.reset(sid)
+            session.restart()
+        plan = session.plan()
+        reply = chain.step(sid, plan.token_ids, plan.positions, plan.logits_idx,
+                           plan.want_logits, mask_tail=plan.rewind)
+        session.advance(reply)
+        steps += 1
+    return session.emitted
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_restarted_session_replays_its_tokens_and_continues_as_if_nothing_happened(
+        export2, speculative) -> None:
+    chain = LocalChain.load(str(export2), EXACT)
+    for prompt in PROMPTS[:2]:
+        want = alone(chain, prompt, speculative)
+        session = DecodeSession(5, prompt, N, k=3 if speculative else 0, prefill_chunk=4)
+        # step 1 is inside the prompt's prefill; the others after 1 and several tokens
+        assert drive_with_kv_losses(chain, session, {1, 3, 7}) == want
+        assert session.restarts == 3
+        if speculative:  # the lost steps are not counted as decode steps
+            assert session.spec.steps == len(session.k_used)
+
+
+def test_restart_replays_prompt_and_emitted_but_the_last_at_their_positions() -> None:
+    model = CountingModel()
+    session = DecodeSession(0, [1, 2, 3, 4, 5], 8, prefill_chunk=4)
+    drive_with_kv_losses(model, session, {4})  # 2 prefill steps, 2 decode steps, then lost
+    replay = [s for s in model.steps if s[1]][4:6]
+    assert replay[0][1:3] == ([1, 2, 3, 4], [0, 1, 2, 3])
+    assert replay[1][1] == [5, *session.emitted[:2]] and replay[1][2] == [4, 5, 6]
+    decode = [s for s in model.steps if s[1]][6]
+    assert decode[1] == [session.emitted[2]] and decode[2] == [7]
+    assert session.emitted == fake_greedy([1, 2, 3, 4, 5], 8)

@@ -1,0 +1,78 @@
+"""A node killed mid-generation: the generation pauses, and when the node comes back (a
+new process with the same state dir reclaims its id) it resumes where it was, with the
+same tokens as a run nothing happened to. Real processes on loopback addresses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from console.cluster_procs import (
+    _spawn,
+    link_args,
+    runtime_args,
+    start_local_cluster,
+    stop_processes,
+    wait_serving,
+)
+from controlplane.client import generate_stream
+from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+from dataplane.generate import LocalChain
+from dataplane.runtime import RuntimeConfig
+from dataplane.scheduler import generate_greedy
+from dataplane.tokenizer import ChatTokenizer
+
+DELAY_MS = 15  # per hop: a token takes >= 45 ms on 3 stages, time to kill a node mid-run
+TOKENS = 60
+
+
+def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(tiny_exports,
+                                                                       tmp_path: Path) -> None:
+    export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
+    request = GenerateRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)
+    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32",
+                                                           kv_cache_precision="f32"))
+    prompt = ChatTokenizer(export_dir).encode(request.prompt, chat=request.chat)
+    expected = list(generate_greedy(chain, prompt, TOKENS))
+    root = tmp_path / "cluster"
+    record = start_local_cluster(export_dir, 3, runtime_args(
+        "f32", None, "CPU", "f32", dynamic_quantization=False), root, link_delay_ms=DELAY_MS)
+    try:
+        wait_serving(record, 120)
+        messages: list = []
+        generating = threading.Event()
+
+        def run() -> None:
+            for msg in generate_stream(record.serve, request):
+                messages.append(msg)
+                if isinstance(msg, GenerateChunk) and msg.tokens:
+                    generating.set()
+
+        client = threading.Thread(target=run, daemon=True)
+        client.start()
+        assert generating.wait(60)
+        os.killpg(record.pids[2], signal.SIGKILL)  # the node on 127.0.0.3, mid-generation
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                getattr(m, "note", "").startswith("paused") for m in messages):
+            time.sleep(0.1)
+        paused = [m.note for m in messages if getattr(m, "note", "")]
+        assert paused and "at 127.0.0.3 stopped answering" in paused[0], paused
+        # the node restarts with its state dir: same id, shard cached, re-wired
+        record.pids.append(_spawn(
+            ["node", "--coordinator", record.control, "--host", "127.0.0.3", "--state-dir",
+             str(root / "node2"), "--reconnect-min", "0.2", *link_args(DELAY_MS)],
+            root / "logs" / "node2-again.log"))
+        client.join(120)
+        assert not client.is_alive()
+        done = messages[-1]
+        assert isinstance(done, GenerateDone) and not done.error, done
+        assert done.tokens == expected
+        notes = [m.note for m in messages if getattr(m, "note", "")]
+        assert notes[-1].startswith("resumed after "), notes
+    finally:
+        stop_processes(record.pids)
