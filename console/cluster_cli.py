@@ -385,7 +385,9 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
             else:
                 view.text += msg.text
                 view.tokens = msg.produced
-                view.status = msg.note or view.status
+                if msg.note:
+                    view.status = msg.note
+                    view.notes.append(msg.note)
             after_first = sum(max(v.tokens - 1, 0) for v in snapshot.streams)
             if len(prompts) > 1 and now > min(first_at.values()):
                 snapshot.aggregate_tok_s = after_first / (now - min(first_at.values()))
@@ -403,8 +405,9 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     since_first = end - min(first_at.values(), default=start)  # every stream's decode
     streams = [{"tokens": len(d.tokens), "text": d.text, "ttft_ms": round(d.ttft_ms, 2),
                 "tok_s": round(d.tok_s, 2), "prompt_tokens": d.prompt_tokens,
-                "stop_reason": d.stop_reason, "spec": d.spec}
-               for d in (dones[i] for i in range(len(prompts)))]
+                "stop_reason": d.stop_reason, "spec": d.spec,
+                "notes": snapshot.streams[i].notes}
+               for i, d in ((i, dones[i]) for i in range(len(prompts)))]
     last = dones[len(prompts) - 1].timing if len(prompts) == 1 else snapshot.timing
     report: dict[str, Any] = {
         "streams": streams, "wall_s": round(end - start, 3),

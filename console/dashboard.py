@@ -34,6 +34,7 @@ class StreamView:
     tok_s: float | None = None
     spec: dict[str, float] = field(default_factory=dict)
     status: str = "running"
+    notes: list[str] = field(default_factory=list)  # what happened to it (paused, resumed)
 
 
 @dataclass

@@ -37,7 +37,7 @@ def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["tokens"] == 12
-    assert report["ttft_ms"] > 0 and report["tok_s"] > 0
+    assert report["ttft_ms"] > 0 and report["tok_s"] > 0 and report["notes"] == []
     assert [s["layers"] for s in report["stages"]] == ["0-1", "2-3"]
     assert all(s["compute_ms"]["p50"] > 0 for s in report["stages"])
     assert report["suggested_layers"] in (None, "0-0,1-3", "0-2,3-3")  # a re-export hint
