@@ -203,8 +203,10 @@ class NodeAgent:
         self._last_enrol = time.monotonic()
         total, free = ram()
         self.counters["enrolments"] += 1
+        curve = self.config.curve  # with CURVE, its key pair also guards the data pipes
         self._send(Enrol(self.node_id, self.host, self.data_addr, self.devices, total, free,
-                         self.openvino, zctl_version(), self.cache.hashes(), self.config.tok_s))
+                         self.openvino, zctl_version(), self.cache.hashes(), self.config.tok_s,
+                         data_key="" if curve is None else curve.public.decode()))
 
     def _send(self, msg: Message, payload: bytes | None = None) -> None:
         assert self._sock is not None
@@ -290,7 +292,10 @@ class NodeAgent:
             assert payload is not None
             self._on_chunk(msg, payload)
         elif isinstance(msg, AssignStage):
-            assignment = StageAssignment.from_message(msg, self.cache.path(msg.shard_hash))
+            curve = self.config.curve
+            assignment = StageAssignment.from_message(
+                msg, self.cache.path(msg.shard_hash),
+                None if curve is None else (curve.public, curve.secret))
             self._submit("stage", msg, self._launch, assignment, msg)
         elif isinstance(msg, Release):
             log.info("node %s released from its stage: %s", self.node_id, msg.reason)

@@ -125,8 +125,10 @@ class Coordinator:
         self.session = uuid.uuid4().hex[:12]
         self.hashes = [self.manifest.stage_hash(i) for i in range(len(self.manifest.stages))]
         total, free = ram()
+        # with CURVE the data pipes are encrypted too, the coordinator's key pair serving both
+        data_key = cfg.curve.public.decode() if cfg.curve is not None else ""
         info = Enrol(self.node_id, self.host, self.data_addr, probe_devices(), total, free,
-                     self.openvino, self.zctl, list(self.hashes))
+                     self.openvino, self.zctl, list(self.hashes), data_key=data_key)
         now = time.monotonic()
         me = ms.Member(self.node_id, self.node_id.encode(), info, ms.READY, now, local=True,
                        shards=set(self.hashes))
@@ -355,6 +357,11 @@ class Coordinator:
                          f"node {msg.node_id} runs OpenVINO {theirs} but the coordinator runs "
                          f"{ours}; compiled shards need the same OpenVINO on every node")
             return
+        if self.config.curve is not None and not msg.data_key:
+            self._refuse(identity, msg.node_id, msg.host, "no-data-key",
+                         f"node {msg.node_id} enrolled without a data-pipe key, but this "
+                         "cluster encrypts its data pipes (CURVE): update zctl on the node")
+            return
         if msg.zctl != self.zctl:
             log.warning("node %s runs zctl %s, the coordinator %s", msg.node_id, msg.zctl,
                         self.zctl)
@@ -458,7 +465,9 @@ class Coordinator:
 
     # -- the local stage (node 0) ----------------------------------------------------------
     def _launch_local(self, msg: AssignStage) -> None:
-        assignment = StageAssignment.from_message(msg, self.export_dir)
+        curve = self.config.curve
+        assignment = StageAssignment.from_message(
+            msg, self.export_dir, None if curve is None else (curve.public, curve.secret))
         self._local_jobs.append((msg.epoch, self._executor.submit(self.local.apply, assignment)))
 
     def _collect_local_jobs(self) -> None:

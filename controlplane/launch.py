@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,15 +37,36 @@ class StageAssignment:
     runtime: RuntimeSpec
     epoch: int
     shard_hash: str
+    # CURVE data pipes (see dataplane.transport.PipeCurve): the next hop's public key, the
+    # keys admitted inbound, and this node's (public, secret) key pair; empty: plain pipes
+    peer_key: str = ""
+    admit_keys: tuple[str, ...] = ()
+    keys: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
     def same_wiring(self, other: StageAssignment | None) -> bool:
         """Equal in everything but the epoch (so a running stage can be kept)."""
         return other is not None and replace(other, epoch=self.epoch) == self
 
     @classmethod
-    def from_message(cls, msg: AssignStage, runner_dir: Path) -> StageAssignment:
+    def from_message(cls, msg: AssignStage, runner_dir: Path,
+                     keys: tuple[bytes, bytes] | None = None) -> StageAssignment:
         return cls(runner_dir, msg.stage.index, msg.num_stages, msg.bind, msg.send_to,
-                   msg.runtime, msg.epoch, msg.shard_hash)
+                   msg.runtime, msg.epoch, msg.shard_hash, msg.peer_key,
+                   tuple(msg.admit_keys), keys)
+
+    def pipe_options(self, base: Any = None) -> Any:
+        """``base`` PipeOptions (or the defaults) with this assignment's CURVE, if any."""
+        if not self.peer_key:
+            return base
+        from dataplane.transport import PipeCurve, PipeOptions
+
+        if self.keys is None:
+            raise LaunchError("the cluster encrypts its data pipes (CURVE) but this node has "
+                              "no key pair: join with the coordinator's key "
+                              "(--curve-server-key)")
+        curve = PipeCurve(self.keys[0], self.keys[1], self.peer_key.encode(),
+                          frozenset(k.encode() for k in self.admit_keys))
+        return replace(base or PipeOptions(), curve=curve)
 
 
 class StageHandle(Protocol):
@@ -81,6 +102,7 @@ def default_launcher(assignment: StageAssignment, options: Any = None) -> StageH
         raise LaunchError(f"the data-plane worker is not available ({exc}); pass a launcher "
                           "to the coordinator or agent") from None
     runner = build_runner(assignment)
+    options = assignment.pipe_options(options)
     worker = StageWorker(runner, assignment.bind, assignment.send_to,
                          **({"options": options} if options is not None else {}))
     worker.start()
@@ -111,6 +133,7 @@ def head_launcher(assignment: StageAssignment, options: Any = None) -> HeadHandl
         from dataplane.cluster import ClusterPipeline
     except ImportError as exc:
         raise LaunchError(f"the data-plane head is not available ({exc})") from None
+    options = assignment.pipe_options(options)
     runner = build_runner(assignment)
     return HeadHandle(ClusterPipeline(runner, assignment.send_to, assignment.bind,
                                       **({"options": options} if options is not None else {})))
@@ -137,8 +160,9 @@ class StageSlot:
                 return
             rewire = getattr(handle, "rewire", None)
             if handle is not None and old is not None and callable(rewire) and \
-                    assignment.same_wiring(replace(old, send_to=assignment.send_to)):
-                rewire(assignment.send_to)
+                    assignment.same_wiring(replace(old, send_to=assignment.send_to,
+                                                   peer_key=assignment.peer_key)):
+                rewire(assignment.send_to, assignment.peer_key)
                 self.assignment = assignment
                 return
             self._stop_locked()

@@ -73,6 +73,16 @@ def _need(cond: bool, text: str) -> None:
         raise MessageError(text)
 
 
+Z85_KEY_RE = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
+
+
+def _check_key(key: str, what: str, required: bool = False) -> None:
+    """A Z85 CURVE public key (40 characters), or "" when not ``required``."""
+    if not key and not required:
+        return
+    _need(bool(Z85_KEY_RE.fullmatch(key)), f"{what} must be a 40-character Z85 CURVE public key")
+
+
 def _check_sha(value: str, what: str) -> None:
     _need(bool(SHA256_RE.match(value)), f"{what} must be 64 lowercase hex digits, got {value!r}")
 
@@ -215,12 +225,14 @@ class Enrol(Message):
     cached_shards: list[str] = field(default_factory=list)
     tok_s: float | None = None
     pid: int = 0
+    data_key: str = ""  # Z85 public key of the node's CURVE data pipes ("": no CURVE)
 
     def check(self) -> None:
         _need(bool(NODE_ID_RE.match(self.node_id)),
               f"enrol.node_id {self.node_id!r} must be 1-64 characters of [A-Za-z0-9._-]")
         _need(self.data_addr.startswith("tcp://"),
               f"enrol.data_addr {self.data_addr!r} must be a tcp:// endpoint")
+        _check_key(self.data_key, "enrol.data_key")
         _check_nonneg(self, "ram_total", "ram_free")
         for h in self.cached_shards:
             _check_sha(h, "enrol.cached_shards entry")
@@ -355,9 +367,18 @@ class AssignStage(Message):
     bind: str
     send_to: str
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    # CURVE data pipes (empty: plain): the next hop's public key, and the keys admitted
+    # to this stage's inbound pipe (the previous hop's)
+    peer_key: str = ""
+    admit_keys: list[str] = field(default_factory=list)
 
     def check(self) -> None:
         _check_sha(self.shard_hash, "assign_stage.shard_hash")
+        _check_key(self.peer_key, "assign_stage.peer_key")
+        for key in self.admit_keys:
+            _check_key(key, "assign_stage.admit_keys entry", required=True)
+        _need(bool(self.peer_key) == bool(self.admit_keys),
+              "assign_stage: peer_key and admit_keys come together (CURVE) or not at all")
         _need(0 <= self.stage.index < self.num_stages,
               f"assign_stage.stage.index {self.stage.index} is outside 0-{self.num_stages - 1}")
         for name in ("bind", "send_to"):

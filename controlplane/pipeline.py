@@ -119,20 +119,23 @@ class Pipeline:
             if not member.alive or member.state == ms.TRANSFERRING or \
                     self.hashes[stage] not in member.shards:
                 return []
-        wiring = {s: (m.node_id, m.info.data_addr, chain[(s + 1) % self.num_stages].info.data_addr)
-                  for s, m in enumerate(chain)}
+        wiring = {s: (m.node_id, m.info.data_addr, chain[(s + 1) % self.num_stages].info.data_addr,
+                      m.info.data_key) for s, m in enumerate(chain)}
         if wiring != self._wiring:
             self.epoch += 1
             self._wiring = wiring
             log.info("wiring the pipeline (epoch %d): %s", self.epoch,
                      " -> ".join(f"{m.node_id}@{m.info.data_addr}" for m in chain))
         due = []
-        for stage, (_node, bind, send_to) in wiring.items():
+        curve = bool(members[self.head].info.data_key)  # the coordinator runs CURVE
+        for stage, (_node, bind, send_to, _key) in wiring.items():
             spec = self.manifest.stages[stage]
             info = StageInfo(spec.index, spec.layer_start, spec.layer_end, spec.xml, spec.bin,
                              spec.first, spec.last)
+            keys = ({"peer_key": chain[(stage + 1) % self.num_stages].info.data_key,
+                     "admit_keys": [chain[stage - 1].info.data_key]} if curve else {})
             msg = AssignStage(self.epoch, info, self.num_stages, self.manifest.model.name,
-                              self.hashes[stage], bind, send_to, self.runtime)
+                              self.hashes[stage], bind, send_to, self.runtime, **keys)
             if chain[stage].assigned != msg:
                 chain[stage].assigned = msg
                 due.append((chain[stage], msg))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -139,15 +139,18 @@ class ClusterPipeline:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def rewire(self, next_addr: str) -> None:
+    def rewire(self, next_addr: str, peer_key: str = "") -> None:
         """Send to a new stage 1 address (the control plane moved the chain).
 
         Requests in flight are abandoned and every stream must be reset: the stages'
         KV state does not move with the wiring.
         """
-        push = open_push(self._ctx, next_addr, self.options)
+        options = self.options
+        if options.curve is not None and peer_key:
+            options = replace(options, curve=replace(options.curve, peer=peer_key.encode()))
+        push = open_push(self._ctx, next_addr, options)
         self._push.close(0)
-        self._push, self.next_addr = push, next_addr
+        self._push, self.next_addr, self.options = push, next_addr, options
         for rid in list(self._pending):
             self._abandon(rid, "the pipeline was rewired")
         for stream in self._streams.values():

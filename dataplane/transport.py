@@ -4,21 +4,102 @@ Sockets only, no protocol: frames are lists of parts (see dataplane.frames). Lar
 payloads are sent without copying, with a tracker so the sender knows when the
 buffer (often an OpenVINO output tensor that the next inference overwrites) may be
 reused; receives are zero-copy ``zmq.Frame`` parts.
+
+With ``PipeOptions.curve`` the pipes are CURVE-encrypted and authenticated: a PULL is a
+CURVE server that admits only the listed client keys (a ZAP handler on its context), a
+PUSH connects with its node's key pair to the server key of the next hop.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils import z85
 
 
 class TransportError(RuntimeError):
     """A pipe could not be opened, or a send could not be delivered in time."""
+
+
+@dataclass(frozen=True)
+class PipeCurve:
+    """CURVE on the data pipes: this node's key pair (Z85), the public key of the next
+    hop's PULL (what this node's PUSH connects to) and the client keys this node's PULL
+    admits (the previous hop's)."""
+
+    public: bytes
+    secret: bytes
+    peer: bytes = b""
+    admit: frozenset[bytes] = frozenset()
+
+    def __post_init__(self) -> None:
+        for name, key in (("public", self.public), ("secret", self.secret),
+                          *((("peer", self.peer),) if self.peer else ()),
+                          *(("admit", k) for k in self.admit)):
+            if not is_z85_key(key):
+                raise ValueError(f"PipeCurve.{name} must be a 40-character Z85 CURVE key")
+
+
+def is_z85_key(key: bytes) -> bool:
+    """A Z85-encoded 32-byte CURVE key (40 characters)."""
+    try:
+        return isinstance(key, bytes) and len(key) == 40 and len(z85.decode(key)) == 32
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+class ZapGate:
+    """The ZAP handler of one context: each CURVE PULL socket (its own ZAP domain)
+    admits the client keys listed for it. One per context (``gate_for``)."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        self._keys: dict[str, frozenset[bytes]] = {}
+        self._domains = itertools.count()
+        self._auth = ThreadAuthenticator(ctx)
+        self._auth.start()
+
+    def domain(self, keys: frozenset[bytes]) -> str:
+        """A new ZAP domain admitting ``keys`` (set it on a socket before it binds)."""
+        domain = f"zctl-data-{next(self._domains)}"
+        self._keys[domain] = frozenset(keys)
+        self._auth.configure_curve_callback(domain=domain, credentials_provider=self)
+        return domain
+
+    def callback(self, domain: str, key: bytes) -> bool:  # ZAP: the client's Z85 key
+        return key in self._keys.get(domain, ())
+
+    def stop(self) -> None:
+        self._auth.stop()
+
+
+_gates: dict[int, ZapGate] = {}
+_gates_lock = threading.Lock()
+
+
+def gate_for(ctx: zmq.Context) -> ZapGate:
+    """The ZAP gate of ``ctx``, started on first use (stop it with ``close_gate``)."""
+    with _gates_lock:
+        gate = _gates.get(id(ctx))
+        if gate is None:
+            gate = _gates[id(ctx)] = ZapGate(ctx)
+        return gate
+
+
+def close_gate(ctx: zmq.Context) -> None:
+    """Stop ``ctx``'s ZAP gate, if it has one (before terminating the context)."""
+    with _gates_lock:
+        gate = _gates.pop(id(ctx), None)
+    if gate is not None:
+        gate.stop()
 
 
 @dataclass(frozen=True)
@@ -38,6 +119,7 @@ class PipeOptions:
     delay_ms: float = 0.0  # one-way latency added to every outbound frame
     jitter_ms: float = 0.0  # plus a uniform random 0..jitter_ms (order is kept)
     rate_mbit: float = 0.0  # bandwidth cap: size / rate of serialisation delay (0: none)
+    curve: PipeCurve | None = None  # CURVE encryption and authentication (see PipeCurve)
 
     def __post_init__(self) -> None:
         for name, top in (("delay_ms", 60_000.0), ("jitter_ms", 60_000.0),
@@ -75,6 +157,11 @@ def pull_socket(ctx: zmq.Context, bind_addr: str,
     _common(sock, options)
     sock.setsockopt(zmq.RCVHWM, options.hwm)
     sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
+    if options.curve is not None:
+        sock.zap_domain = gate_for(ctx).domain(options.curve.admit).encode()
+        sock.curve_secretkey = options.curve.secret
+        sock.curve_publickey = options.curve.public
+        sock.curve_server = True
     try:
         sock.bind(bind_addr)
     except zmq.ZMQError as exc:
@@ -93,6 +180,13 @@ def push_socket(ctx: zmq.Context, connect_addr: str,
     sock.setsockopt(zmq.SNDTIMEO, options.send_timeout_ms)
     sock.setsockopt(zmq.RECONNECT_IVL, options.reconnect_ms)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, options.reconnect_max_ms)
+    if options.curve is not None:
+        if not options.curve.peer:
+            sock.close(0)
+            raise TransportError(f"CURVE is on but the public key of {connect_addr} is unknown")
+        sock.curve_serverkey = options.curve.peer
+        sock.curve_publickey = options.curve.public
+        sock.curve_secretkey = options.curve.secret
     try:
         sock.connect(connect_addr)
     except zmq.ZMQError as exc:

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -131,9 +131,10 @@ class StageWorker:
         """True while the loop runs (or is about to, after ``start``)."""
         return self._running and not self._closed
 
-    def rewire(self, send_to: str) -> None:
-        """Point the outbound pipe at a new next hop (from any thread; applied by the loop)."""
-        self._command(b"rewire", send_to.encode())
+    def rewire(self, send_to: str, peer_key: str = "") -> None:
+        """Point the outbound pipe at a new next hop (from any thread; applied by the loop);
+        with CURVE, ``peer_key`` is the new hop's public key."""
+        self._command(b"rewire", send_to.encode(), peer_key.encode())
 
     def _command(self, *parts: bytes) -> None:
         if self._closed:
@@ -166,15 +167,18 @@ class StageWorker:
 
     def _on_command(self, parts: list[Any]) -> bool:
         command = [bytes(p) for p in parts]
-        if command[0] == b"rewire" and len(command) == 2:
-            address = command[1].decode()
+        if command[0] == b"rewire" and len(command) == 3:
+            address, key = command[1].decode(), command[2]
             try:
-                push = open_push(self._ctx, address, self.options)
-            except TransportError as exc:
+                options = self.options
+                if options.curve is not None and key:
+                    options = replace(options, curve=replace(options.curve, peer=key))
+                push = open_push(self._ctx, address, options)
+            except (TransportError, ValueError) as exc:
                 self._problem("rewire", f"stage {self.stage}: {exc}")
                 return True
             self._push.close(0)
-            self._push, self.send_to = push, address
+            self._push, self.send_to, self.options = push, address, options
             log.info("stage %d now sends to %s", self.stage, address)
             return True
         return command[0] != b"stop"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import zmq
-from cp_helpers import Cluster, RawNode, corrupting, enrol_msg, node, wait_for
+from cp_helpers import FAST, Cluster, RawNode, corrupting, enrol_msg, node, wait_for
 
 from controlplane import messages as m
 from controlplane.client import ClusterUnreachable, query_status
@@ -152,3 +152,56 @@ def test_curve_admits_only_authorized_nodes(cp_cluster: Cluster) -> None:
     assert query_status(coord.endpoint, curve=own).pipeline == "serving"
     with pytest.raises(ClusterUnreachable):
         query_status(coord.endpoint, timeout=0.3)  # plain text is not answered
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_cluster: Cluster
+                                                                        ) -> None:
+    """With CURVE on the control plane the data pipes use it too: the coordinator tells
+    each stage the next hop's key and the one key its inbound pipe admits; generation
+    works, and a frame from any other key (or in plain text) never reaches the stage."""
+    from controlplane.coordinator import Coordinator, CoordinatorConfig
+    from controlplane.launch import default_launcher, head_launcher
+    from controlplane.security import CurveClient, CurveServer
+    from dataplane.frames import HiddenStateFrame, Kind, encode_frame
+    from dataplane.generate import LocalChain
+    from dataplane.scheduler import generate_greedy
+    from dataplane.transport import PipeCurve, PipeOptions, push_socket, send_parts
+
+    server = CurveServer.from_state_dir(cp_cluster.root / "coord")  # encryption, any node
+    node = CurveClient.from_state_dir(cp_cluster.root / "n1", server.public)
+    cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=cp_cluster.root / "coord",
+                            host="127.0.0.1", curve=server, **FAST)  # type: ignore[arg-type]
+    coord = Coordinator(cp_cluster.export, cfg, launcher=head_launcher)
+    cp_cluster.coordinators.append(coord)
+    coord.start()
+    agent = cp_cluster.agent(coord.endpoint, launcher=default_launcher, curve=node)
+    coord.wait_serving(60)
+    assignment = agent.assignment
+    assert assignment is not None and assignment.peer_key == server.public.decode()
+    assert assignment.admit_keys == (server.public.decode(),)
+    pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
+    assert pipeline.options.curve is not None and pipeline.options.curve.peer == node.public
+    prompt = [0, 5, 17, 42, 99]
+    local = list(generate_greedy(LocalChain.load(str(cp_cluster.export)), prompt, 8))
+    assert list(generate_greedy(pipeline, prompt, 8)) == local
+    worker = agent.slot.handle
+    frames_in = worker.stats().frames_in
+    stranger = zmq.curve_keypair()
+    ctx = zmq.Context()
+    try:
+        frame = encode_frame(HiddenStateFrame(kind=Kind.RESET, stream_id=0, request_id=0,
+                                              epoch=1))
+        intruder = push_socket(ctx, agent.data_addr, PipeOptions(
+            send_timeout_ms=300, curve=PipeCurve(*stranger, peer=node.public)))
+        plain = ctx.socket(zmq.PUSH)
+        plain.setsockopt(zmq.LINGER, 0)
+        plain.connect(agent.data_addr)
+        plain.send_multipart(frame, zmq.NOBLOCK)  # queued, never delivered
+        with pytest.raises(Exception, match="timed out"):
+            send_parts(intruder, frame)  # the handshake is refused: no live peer
+        time.sleep(0.5)
+        assert worker.stats().frames_in == frames_in
+        assert list(generate_greedy(pipeline, prompt, 8)) == local  # still serving
+    finally:
+        ctx.destroy(0)

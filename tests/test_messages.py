@@ -11,6 +11,7 @@ from controlplane import messages as m
 from controlplane import service_messages as sm
 
 HASH = "ab" * 32
+KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"  # a Z85 CURVE public key
 
 
 def sample(cls: type[m.Message]) -> m.Message:
@@ -25,7 +26,7 @@ def sample(cls: type[m.Message]) -> m.Message:
     samples: dict[type, m.Message] = {
         m.Enrol: m.Enrol("node-1", "host", "tcp://10.0.0.2:6000",
                          [m.DeviceInfo("CPU", "Intel", 16 << 30), m.DeviceInfo("GPU.0")],
-                         16 << 30, 8 << 30, "2026.4.1", "0.1.0", [HASH], 12.5, 42),
+                         16 << 30, 8 << 30, "2026.4.1", "0.1.0", [HASH], 12.5, 42, KEY),
         m.Welcome: m.Welcome("node-1", "coord", "s1", 1.0, 3),
         m.Refuse: m.Refuse("openvino-version", "because", "node-1"),
         m.Heartbeat: m.Heartbeat("serving"),
@@ -36,7 +37,7 @@ def sample(cls: type[m.Message]) -> m.Message:
         m.ShardDone: m.ShardDone(HASH, True, cached=True),
         m.AssignStage: m.AssignStage(4, m.StageInfo(1, 2, 4, "s.xml", "s.bin", False, True), 2,
                                      "tiny", HASH, "tcp://a:1", "tcp://b:2",
-                                     m.RuntimeSpec("GPU", None, 2)),
+                                     m.RuntimeSpec("GPU", None, 2), KEY, [KEY]),
         m.Release: m.Release("spare"),
         m.StageReady: m.StageReady(4, 1, False, "compile failed"),
         m.Error: m.Error("malformed", "bad", "enrol"),
@@ -44,7 +45,8 @@ def sample(cls: type[m.Message]) -> m.Message:
         m.StatusReply: m.StatusReply(status),
         sm.GenerateRequest: sm.GenerateRequest("r1", "hello", 16, True, False),
         sm.GenerateChunk: sm.GenerateChunk("r1", [5, 6], "hi", 2, 12.5, 30.0,
-                                           {"stage0.compute": {"p50": 1.5, "p95": 2.0}}),
+                                           {"stage0.compute": {"p50": 1.5, "p95": 2.0}},
+                                           note="paused: stage 1 is down"),
         sm.GenerateDone: sm.GenerateDone("r1", [5, 6, 2], "hi", 7, 12.5, 30.0, {}, "eos", ""),
     }
     return samples[cls]
@@ -80,6 +82,12 @@ def enrol_body(**change: object) -> dict:
     return body
 
 
+def assign_body(**change: object) -> dict:
+    body = json.loads(m.encode_message(sample(m.AssignStage)))["body"]
+    body.update(change)
+    return body
+
+
 @pytest.mark.parametrize("data, text", [
     (b"\xff\xfe", "not a JSON message"),
     (b"hello", "not a JSON message"),
@@ -101,6 +109,11 @@ def enrol_body(**change: object) -> dict:
     (envelope(enrol_body(node_id="../../etc")), "enrol.node_id"),
     (envelope(enrol_body(data_addr="ipc:///x")), "must be a tcp:// endpoint"),
     (envelope(enrol_body(cached_shards=["zz"])), "64 lowercase hex digits"),
+    (envelope(enrol_body(data_key="short")), "enrol.data_key must be a 40-character Z85"),
+    (envelope(enrol_body(data_key="~" * 40)), "enrol.data_key must be a 40-character Z85"),
+    (envelope(assign_body(admit_keys=[]), "assign_stage"), "peer_key and admit_keys come together"),
+    (envelope(assign_body(admit_keys=["x" * 39]), "assign_stage"),
+     "admit_keys entry must be a 40-character Z85"),
     (envelope({"heartbeat_interval": 0, "node_id": "a", "coordinator_id": "b", "session": "s",
                "liveness": 3}, "welcome"), "heartbeat_interval must be > 0"),
     (envelope({"shard_hash": HASH, "file": "f", "chunk": -1, "offset": 0, "size": 1},
