@@ -127,6 +127,10 @@ def cluster_up(
         help="generations pause while a stage's node is down and resume where they were "
              "once it is back or a spare took over; after this many seconds they end with "
              "an error (0: at once)")] = 120.0,
+    curve: Annotated[bool, typer.Option(
+        "--curve", help="CURVE: encrypt and authenticate the control and data pipes; only "
+                        "nodes admitted with zctl cluster authorize may join (a --local "
+                        "cluster admits its own nodes)")] = False,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
     if _running_record() is not None:
@@ -151,11 +155,17 @@ def cluster_up(
         if foreground:
             if local is not None:
                 _fail("--foreground runs only the coordinator; start nodes with zctl node join")
+            if curve:
+                _fail("--foreground with --curve: run python -m controlplane coordinator "
+                      "--curve (it prints how nodes are admitted)")
             groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
             raise typer.Exit(_serve_foreground(export_dir, bind, host, [*rt, *groups]))
+        if curve:
+            rt.append("--curve")
         if local is not None:
+            rt = [a for a in rt if a != "--curve"]  # start_local_cluster adds it, with keys
             record = start_local_cluster(export_dir, local, rt, cpu_sets=cpu_sets,
-                                         row_groups=row_groups)
+                                         row_groups=row_groups, curve=curve)
         else:
             import socket
 
@@ -165,12 +175,23 @@ def cluster_up(
             from console.paths import zctl_home
 
             groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
+            root = zctl_home() / "cluster"
+            if curve:  # made now so its public key can be shown (the coordinator reuses it)
+                from controlplane.security import key_dir, load_or_create_keypair
+
+                load_or_create_keypair(key_dir(root / "coordinator"), "coordinator")
             record = start_coordinator(export_dir, bind_host or "0.0.0.0", public, int(port),
-                                       [*rt, *groups], None, zctl_home() / "cluster")
+                                       [*rt, *groups], None, root)
+            record.curve_dir = str(root / "coordinator") if curve else ""
         write_record(record)
         if local is None:
-            out.print(f"coordinator up at {record.control}; on each node run: "
-                      f"zctl node join {record.control}")
+            join = f"zctl node join {record.control}"
+            if curve:
+                server_key = Path(record.curve_dir) / "curve" / "coordinator.key"
+                join += f" --curve-server-key coordinator.key (a copy of {server_key})"
+                out.print("CURVE on: admit each node's key here with zctl cluster authorize "
+                          "NODE.key (its node.key, printed when it joins)")
+            out.print(f"coordinator up at {record.control}; on each node run: {join}")
             return
         status = wait_serving(record, timeout)
     except (ClusterError, ValueError, OSError) as exc:
@@ -236,14 +257,37 @@ def cluster_status(
     target = endpoint or (record.control if record else None)
     if target is None:
         _fail("no cluster is up (zctl cluster up), or give --endpoint tcp://HOST:PORT")
+    from console.cluster_procs import control_curve
+
     try:
-        status = query_status(target)
+        status = query_status(target, curve=control_curve(record) if endpoint is None else None)
     except ClusterUnreachable as exc:
         _fail(str(exc))
     if as_json:
         print(json.dumps(status.to_dict()))
     else:
         out.print(status_table(status))
+
+
+@cluster_app.command("authorize")
+def cluster_authorize(
+    node_key: Annotated[Path, typer.Argument(help="the node's public key file (its node.key)")],
+    name: Annotated[str | None, typer.Option(help="a name for it (default: the file's)")] = None,
+) -> None:
+    """Admit a node to this machine's --curve cluster (takes effect within a heartbeat)."""
+    from controlplane.security import SecurityError, authorize
+
+    record = read_record()
+    if record is None or not record.curve_dir:
+        _fail("no --curve cluster is up here (zctl cluster up --curve)")
+    label = name or node_key.stem
+    if not label.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        _fail(f"--name {label!r}: use letters, digits, '-', '_' and '.'")
+    try:
+        target = authorize(Path(record.curve_dir) / "authorized", label, node_key)
+    except SecurityError as exc:
+        _fail(str(exc))
+    out.print(f"admitted {node_key} as {target.name}")
 
 
 @node_app.command("join")
@@ -253,11 +297,15 @@ def node_join(
     state_dir: Annotated[Path | None, typer.Option(help="node id and shard cache")] = None,
     cpus: Annotated[str | None, typer.Option(
         help="run on these CPUs only, e.g. 0-7 (several nodes on one machine)")] = None,
+    curve_server_key: Annotated[Path | None, typer.Option(
+        help="the coordinator's public key file (coordinator.key) of a --curve cluster")] = None,
 ) -> None:
     """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
     from controlplane.__main__ import main as controlplane_main
 
     args = ["node", "--coordinator", coordinator]
+    if curve_server_key:
+        args += ["--curve-server-key", str(curve_server_key)]
     if host:
         args += ["--host", host]
     if state_dir:
@@ -347,11 +395,12 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
                k: int = 0, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Send the prompts to the generation service (run concurrently, one stream each);
     live dashboard unless --json. Returns the run's report."""
+    from console.cluster_procs import control_curve
     from controlplane.balance import suggest_layers
     from controlplane.client import generate_many, query_status
     from controlplane.service_messages import GenerateDone, GenerateRequest
 
-    status = query_status(record.control)
+    status = query_status(record.control, curve=control_curve(record))
     if speculative and not status.runtime.exact:
         err.print("[yellow]note:[/] this cluster runs fast numerics (a quantised KV cache or "
                   "int8 activations): speculative output can differ from greedy at near-tied "

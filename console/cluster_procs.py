@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from console.paths import zctl_home
 
@@ -36,6 +37,30 @@ class ClusterRecord:
     logs: list[str] = field(default_factory=list)
     local_nodes: int = 0
     started: float = 0.0
+    curve_dir: str = ""  # the coordinator's state dir when CURVE is on (its key pair)
+
+
+def control_curve(record: ClusterRecord | None) -> Any:
+    """The CURVE client a console command talks to the coordinator with: the coordinator's
+    own key pair (it admits itself), or None for a plain-text cluster."""
+    if record is None or not record.curve_dir:
+        return None
+    from controlplane.security import CurveClient, key_dir, load_or_create_keypair
+
+    public, secret = load_or_create_keypair(key_dir(Path(record.curve_dir)), "coordinator")
+    return CurveClient(public, public, secret)
+
+
+def prepare_local_curve(coordinator_state: Path, node_states: list[Path]) -> Path:
+    """Key pairs for a local CURVE cluster: the coordinator's, and every node's admitted
+    to it. Returns the coordinator's public key file (what nodes are given)."""
+    from controlplane.security import authorize, key_dir, load_or_create_keypair
+
+    load_or_create_keypair(key_dir(coordinator_state), "coordinator")
+    for i, state in enumerate(node_states, start=1):
+        load_or_create_keypair(key_dir(state), "node")
+        authorize(coordinator_state / "authorized", f"node{i}", key_dir(state) / "node.key")
+    return key_dir(coordinator_state) / "coordinator.key"
 
 
 def cluster_file() -> Path:
@@ -167,8 +192,8 @@ def local_row_groups(cpu_sets: str, nodes: int, row_groups: int | None = None,
 def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
                         root: Path | None = None, *, link_delay_ms: float = 0.0,
                         link_jitter_ms: float = 0.0, link_rate_mbit: float = 0.0,
-                        cpu_sets: str = "shared", row_groups: int | None = None
-                        ) -> ClusterRecord:
+                        cpu_sets: str = "shared", row_groups: int | None = None,
+                        curve: bool = False) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
 
     ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
@@ -176,7 +201,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
     coordinator too) gets that one-way latency. ``cpu_sets="split"`` gives each process
     its own cores (as if each node were its own PC); "shared" lets every stage use all.
     ``row_groups`` batches concurrent streams' decode steps into that many row groups
-    (0: none; None: ``local_row_groups``).
+    (0: none; None: ``local_row_groups``). ``curve``: CURVE on the control and data
+    pipes, every local node's key admitted.
     """
     from controlplane.cpusets import local_cpu_sets
 
@@ -192,15 +218,22 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
     groups = ["--row-groups", str(local_row_groups(cpu_sets, nodes, row_groups, link_delay_ms))]
     if cpu_sets == "shared":
         groups.append("--shared-cores")
+    secure: list[str] = []
+    if curve:
+        server_key = prepare_local_curve(root / "coordinator",
+                                         [root / f"node{i}" for i in range(1, nodes)])
+        groups.append("--curve")
+        secure = ["--curve-server-key", str(server_key)]
     record = start_coordinator(export_dir, host, host, free_port(host),
                                [*runtime, *link, *cpus[0], *groups], nodes - 1, root)
     record.local_nodes = nodes
+    record.curve_dir = str(root / "coordinator") if curve else ""
     for i in range(1, nodes):
         log = root / "logs" / f"node{i}.log"
         record.pids.append(_spawn(
             ["node", "--coordinator", record.control, "--host", loopback_host(i),
-             "--state-dir", str(root / f"node{i}"), "--reconnect-min", "0.2", *link, *cpus[i]],
-            log))
+             "--state-dir", str(root / f"node{i}"), "--reconnect-min", "0.2", *link, *cpus[i],
+             *secure], log))
         record.logs.append(str(log))
     return record
 
@@ -216,7 +249,7 @@ def wait_serving(record: ClusterRecord, timeout: float, on_status=None):  # noqa
         if record.pids and record.pids[0] in dead:
             raise ClusterError(f"the coordinator exited during start-up:\n{log_tail(record.logs[0])}")
         try:
-            status = query_status(record.control, timeout=1.0)
+            status = query_status(record.control, timeout=1.0, curve=control_curve(record))
         except ClusterUnreachable:
             time.sleep(0.2)
             continue

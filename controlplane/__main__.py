@@ -119,7 +119,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 def cmd_node(args: argparse.Namespace) -> int:
     from controlplane.agent import AgentConfig, NodeAgent
     from controlplane.launch import default_launcher
-    from controlplane.security import CurveClient, read_public_key
+    from controlplane.security import CurveClient, key_dir, read_public_key
     from controlplane.view import TransferProgress
 
     _confine(args)
@@ -135,6 +135,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     with TransferProgress() as progress:
         agent = NodeAgent(config, launcher=launcher, on_progress=progress.update)
         err.print(f"node {agent.node_id} (data {agent.data_addr}) joining {args.coordinator}")
+        if curve is not None:
+            err.print(f"CURVE: this node's public key is {key_dir(state_dir) / 'node.key'}; "
+                      "the coordinator must admit it (zctl cluster authorize NODE.key)")
         try:
             agent.run()
         except KeyboardInterrupt:

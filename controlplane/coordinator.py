@@ -499,7 +499,8 @@ class Coordinator:
             nodes=[m.status(now) for m in self.members.values()],
             stages=pipe.stage_status(self.members),
             refused=[RefusalInfo(n, h, r, round(now - t, 3)) for n, h, r, t in self.refused],
-            counters=dict(self.counters), runtime=self.config.runtime)
+            counters=dict(self.counters), runtime=self.config.runtime,
+            curve=self.config.curve is not None)
 
     def status(self) -> ClusterStatus:
         """A consistent snapshot (thread-safe)."""

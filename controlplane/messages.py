@@ -202,6 +202,7 @@ class ClusterStatus:
     refused: list[RefusalInfo]
     counters: dict[str, int]
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)  # what every stage compiles with
+    curve: bool = False  # CURVE on the control and data pipes
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -113,7 +113,7 @@ def status_table(status: ClusterStatus) -> Table:
         table.add_row(*row)
     rt = status.runtime
     caption = (f"* coordinator · pipeline {status.pipeline}, epoch {status.epoch}, {rt.device}, "
-               f"{'exact' if rt.exact else 'fast'} numerics · "
+               f"{'exact' if rt.exact else 'fast'} numerics{', CURVE' if status.curve else ''} · "
                + ("OpenVINO / zctl versions differ" if mixed else
                   f"OpenVINO {short_version(status.openvino)}, zctl {status.zctl} on every node"))
     if status.plan_error:

@@ -100,3 +100,55 @@ def test_status_without_cluster_is_a_clear_error(zctl_home: Path) -> None:
     assert result.exit_code == 1 and "no cluster is up" in result.output
     result = runner.invoke(app, ["cluster", "status", "--endpoint", "tcp://127.0.0.1:1"])
     assert result.exit_code == 1 and "no answer" in result.output
+
+
+def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_exports,
+                                                                     zctl_home: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from console.cluster_procs import read_record
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    assert "no --curve cluster" in runner.invoke(app, ["cluster", "authorize", "x.key"]).output
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
+                             "--curve"])
+    stranger = None
+    try:
+        assert up.exit_code == 0, up.output
+        status = json.loads(runner.invoke(app, ["cluster", "status", "--json"]).stdout)
+        assert status["curve"] is True and status["pipeline"] == "serving"
+        assert "CURVE" in runner.invoke(app, ["cluster", "status"]).output
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "6", "--ignore-eos", "--json"])
+        assert run.exit_code == 0, run.output
+        report = json.loads(run.stdout.strip().splitlines()[-1])
+        assert report["text"] == ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 6))
+        # a node with the coordinator's key but not admitted stays out until authorized
+        record = read_record()
+        server_key = Path(record.curve_dir) / "curve" / "coordinator.key"
+        state = zctl_home / "stranger"
+        stranger = subprocess.Popen(
+            [sys.executable, "-m", "controlplane", "node", "--coordinator", record.control,
+             "--host", "127.0.0.4", "--state-dir", str(state), "--curve-server-key",
+             str(server_key), "--reconnect-min", "0.2"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        node_key = state / "curve" / "node.key"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not node_key.is_file():
+            time.sleep(0.1)
+        time.sleep(2)
+        hosts = lambda: {n["host"] for n in json.loads(  # noqa: E731
+            runner.invoke(app, ["cluster", "status", "--json"]).stdout)["nodes"]}
+        assert "127.0.0.4" not in hosts()
+        admitted = runner.invoke(app, ["cluster", "authorize", str(node_key), "--name", "n4"])
+        assert admitted.exit_code == 0 and "admitted" in admitted.output
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "127.0.0.4" not in hosts():
+            time.sleep(0.3)
+        assert "127.0.0.4" in hosts()
+    finally:
+        if stranger is not None:
+            stranger.terminate()
+            stranger.wait(10)
+        runner.invoke(app, ["cluster", "down"])
