@@ -205,3 +205,10 @@ def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_clust
         assert list(generate_greedy(pipeline, prompt, 8)) == local  # still serving
     finally:
         ctx.destroy(0)
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_bench_curve_measures_both_pipes() -> None:
+    from tools.bench_curve import round_trip_us
+
+    assert round_trip_us(True, 40) > 0 and round_trip_us(False, 40) > 0
