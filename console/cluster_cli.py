@@ -155,11 +155,8 @@ def cluster_up(
         if foreground:
             if local is not None:
                 _fail("--foreground runs only the coordinator; start nodes with zctl node join")
-            if curve:
-                _fail("--foreground with --curve: run python -m controlplane coordinator "
-                      "--curve (it prints how nodes are admitted)")
             groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
-            raise typer.Exit(_serve_foreground(export_dir, bind, host, [*rt, *groups]))
+            raise typer.Exit(_serve_foreground(export_dir, bind, host, [*rt, *groups], curve))
         if curve:
             rt.append("--curve")
         if local is not None:
@@ -207,20 +204,24 @@ def cluster_up(
               "zctl cluster down stops it")
 
 
-def _serve_foreground(export_dir: Path, bind: str, host: str | None, rt: list[str]) -> int:
+def _serve_foreground(export_dir: Path, bind: str, host: str | None, rt: list[str],
+                      curve: bool = False) -> int:
     """Run the coordinator here (recorded in cluster.json so zctl run finds it)."""
     import os
 
     from console.cluster_procs import free_port
+    from console.paths import zctl_home
     from controlplane.__main__ import main as controlplane_main
 
     bind_host, _, port = bind.rpartition(":")
     public = host or bind_host
     serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+    state = zctl_home() / "coordinator"  # the coordinator's default state dir
     write_record(ClusterRecord(control=f"tcp://{public}:{port}", serve=serve,
-                               export_dir=str(export_dir), pids=[os.getpid()]))
+                               export_dir=str(export_dir), pids=[os.getpid()],
+                               curve_dir=str(state) if curve else ""))
     args = ["coordinator", str(export_dir), "--bind", f"tcp://{bind_host}:{port}", "--serve", serve,
-            *rt]
+            "--state-dir", str(state), *rt, *(["--curve"] if curve else [])]
     if host:
         args += ["--host", host]
     try:

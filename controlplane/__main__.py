@@ -89,7 +89,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if args.curve:
         curve = CurveServer.from_state_dir(state_dir, state_dir / "authorized")
         err.print(f"CURVE on: give nodes {key_dir(state_dir) / 'coordinator.key'}; admit a node "
-                  f"with: python -m controlplane authorize NODE.key --state-dir {state_dir}")
+                  f"with: zctl cluster authorize NODE.key (or python -m controlplane authorize "
+                  f"NODE.key --state-dir {state_dir})")
     config = CoordinatorConfig(endpoint=args.bind, state_dir=state_dir, host=args.host,
                                data_port=args.data_port, heartbeat_interval=args.heartbeat,
                                liveness=args.liveness, expect_nodes=args.expect_nodes,
