@@ -100,6 +100,10 @@ def test_status_without_cluster_is_a_clear_error(zctl_home: Path) -> None:
     assert result.exit_code == 1 and "no cluster is up" in result.output
     result = runner.invoke(app, ["cluster", "status", "--endpoint", "tcp://127.0.0.1:1"])
     assert result.exit_code == 1 and "no answer" in result.output
+    for flag in ("--resume-timeout", "--reassign-after"):
+        result = runner.invoke(app, ["cluster", "up", "--local", "2", flag, "-1"])
+        assert result.exit_code == 1 and "must be >= 0 seconds" in result.output
+    assert not (zctl_home / "cluster.json").exists()
 
 
 def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_exports,
