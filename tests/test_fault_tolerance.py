@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from console.cluster_procs import (
     _spawn,
     link_args,
@@ -19,7 +21,7 @@ from console.cluster_procs import (
     stop_processes,
     wait_serving,
 )
-from controlplane.client import generate_stream
+from controlplane.client import generate_many
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
 from dataplane.generate import LocalChain
 from dataplane.runtime import RuntimeConfig
@@ -30,14 +32,20 @@ DELAY_MS = 15  # per hop: a token takes >= 45 ms on 3 stages, time to kill a nod
 TOKENS = 60
 
 
-def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(tiny_exports,
-                                                                       tmp_path: Path) -> None:
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
+        tiny_exports, tmp_path: Path, streams: int) -> None:
+    """With 2 streams the local cluster batches them in a row group (shared cores), which
+    the outage dissolves on stage 0 and the resumed schedule forms again on every stage."""
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    request = GenerateRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)
+    prompts = ["the sky is", "one two three one two three"][:streams]
+    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, TOKENS, ignore_eos=True)
+                for p in prompts]
     chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32",
                                                            kv_cache_precision="f32"))
-    prompt = ChatTokenizer(export_dir).encode(request.prompt, chat=request.chat)
-    expected = list(generate_greedy(chain, prompt, TOKENS))
+    tokenizer = ChatTokenizer(export_dir)
+    expected = [list(generate_greedy(chain, tokenizer.encode(r.prompt, chat=r.chat), TOKENS))
+                for r in requests]
     root = tmp_path / "cluster"
     record = start_local_cluster(export_dir, 3, runtime_args(
         "f32", None, "CPU", "f32", dynamic_quantization=False), root, link_delay_ms=DELAY_MS)
@@ -47,7 +55,7 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(tiny_expor
         generating = threading.Event()
 
         def run() -> None:
-            for msg in generate_stream(record.serve, request):
+            for msg in generate_many(record.serve, requests):
                 messages.append(msg)
                 if isinstance(msg, GenerateChunk) and msg.tokens:
                     generating.set()
@@ -69,9 +77,9 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(tiny_expor
             root / "logs" / "node2-again.log"))
         client.join(120)
         assert not client.is_alive()
-        done = messages[-1]
-        assert isinstance(done, GenerateDone) and not done.error, done
-        assert done.tokens == expected
+        dones = {m.request_id: m for m in messages if isinstance(m, GenerateDone)}
+        assert [dones[r.request_id].error for r in requests] == [""] * streams
+        assert [dones[r.request_id].tokens for r in requests] == expected
         notes = [m.note for m in messages if getattr(m, "note", "")]
         assert notes[-1].startswith("resumed after "), notes
     finally:

@@ -243,3 +243,38 @@ def test_paused_generations_end_with_their_tokens_when_it_is_not_back_in_time(
     problem.clear()
     assert _done(svc.endpoint, _long_request("ok", 5)).tokens == expected[:5]
     assert svc.counters["failed"] == 1
+
+
+def test_concurrent_row_grouped_generations_resume_exactly(tiny_exports) -> None:
+    """Three streams batched in a row group when the pipeline goes down: each resumes on
+    its own replay and ends with exactly its greedy tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    chain = SlowChain(LocalChain.load(str(export_dir), RuntimeConfig(precision="f32")), 0.01)
+    tokenizer = ChatTokenizer(export_dir)
+    prompts = ["the sky is", "one two three one two three", "hello"]
+    expected = [list(generate_greedy(chain.chain, tokenizer.encode(p), 40)) for p in prompts]
+    problem: list[str] = []
+    svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*", row_groups=1,
+                            health=lambda: problem[0] if problem else None,
+                            resume_timeout_s=30)
+    svc.start()
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            runs = [pool.submit(_done, svc.endpoint, GenerateRequest(f"g{i}", p, 40,
+                                                                     ignore_eos=True))
+                    for i, p in enumerate(prompts)]
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (svc._scheduler is None
+                                                   or not svc._scheduler.row_steps):
+                time.sleep(0.01)
+            assert svc._scheduler is not None and svc._scheduler.row_steps  # batched
+            problem.append(DOWN)
+            time.sleep(0.8)
+            problem.clear()
+            dones = [r.result(60) for r in runs]
+    finally:
+        svc.stop()
+    assert [d.error for d in dones] == ["", "", ""]
+    assert [d.tokens for d in dones] == expected
