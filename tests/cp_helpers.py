@@ -82,11 +82,13 @@ def node(status: m.ClusterStatus, node_id: str) -> m.NodeStatus:
 class RawNode:
     """A hand-driven DEALER: sends exactly what a test says."""
 
-    def __init__(self, endpoint: str, identity: bytes) -> None:
+    def __init__(self, endpoint: str, identity: bytes, curve: object = None) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTING_ID, identity)
+        if curve is not None:  # a controlplane.security.CurveClient
+            curve.apply(self.sock)  # type: ignore[attr-defined]
         self.sock.connect(endpoint)
 
     def send(self, *frames: bytes) -> None:

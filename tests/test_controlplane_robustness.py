@@ -212,3 +212,21 @@ def test_bench_curve_measures_both_pipes() -> None:
     from tools.bench_curve import round_trip_us
 
     assert round_trip_us(True, 40) > 0 and round_trip_us(False, 40) > 0
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_curve_coordinator_refuses_a_node_without_a_data_key(cp_cluster: Cluster) -> None:
+    from controlplane.security import CurveClient, CurveServer
+
+    server = CurveServer.from_state_dir(cp_cluster.root / "coord")
+    coord = cp_cluster.coordinator(curve=server)
+    keys = CurveClient.from_state_dir(cp_cluster.root / "old", server.public)
+    raw = RawNode(coord.endpoint, b"old-1", curve=keys)
+    try:
+        raw.send(m.encode_message(enrol_msg("old-1")))  # an older zctl: no data_key
+        refusal = raw.recv_until(m.Refuse)
+        assert refusal.code == "no-data-key" and "encrypts its data pipes" in refusal.reason
+        raw.send(m.encode_message(enrol_msg("old-1", data_key=keys.public.decode())))
+        assert isinstance(raw.recv_until(m.Welcome), m.Welcome)
+    finally:
+        raw.close()
