@@ -170,7 +170,7 @@ def verify(
 
 
 def _register() -> None:
-    from console import cluster_cli
+    from console import cluster_cli, run_cli
     from tools import (
         bench_cluster,
         bench_microbatch,
@@ -188,7 +188,7 @@ def _register() -> None:
     bench_app.command("static", help=bench_static.__doc__.splitlines()[0])(bench_static.main)
     app.add_typer(cluster_cli.cluster_app, name="cluster")
     app.add_typer(cluster_cli.node_app, name="node")
-    app.command("run")(cluster_cli.run)
+    app.command("run")(run_cli.run)
 
 
 _register()

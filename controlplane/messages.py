@@ -11,22 +11,21 @@ readable reason; it never returns a half-valid message.
 from __future__ import annotations
 
 import json
-import re
 import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
+from controlplane.checks import (  # noqa: F401 - NODE_ID_RE, MessageError: part of the API
+    NODE_ID_RE,
+    MessageError,
+    check_key,
+    check_nonneg,
+    check_sha,
+    need,
+)
 from controlplane.schema import SchemaError, build
 
 PROTOCOL_VERSION = 1
-
-NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-class MessageError(ValueError):
-    """A frame is not a valid control-plane message; the text says why."""
-
 
 class UnknownMessage(MessageError):
     """A well-formed envelope of a type this side does not know."""
@@ -66,30 +65,6 @@ def register(cls: M) -> M:
         raise TypeError(f"message class {cls.__name__} needs a unique TYPE (got {cls.TYPE!r})")
     REGISTRY[cls.TYPE] = cls
     return cls
-
-
-def _need(cond: bool, text: str) -> None:
-    if not cond:
-        raise MessageError(text)
-
-
-Z85_KEY_RE = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
-
-
-def _check_key(key: str, what: str, required: bool = False) -> None:
-    """A Z85 CURVE public key (40 characters), or "" when not ``required``."""
-    if not key and not required:
-        return
-    _need(bool(Z85_KEY_RE.fullmatch(key)), f"{what} must be a 40-character Z85 CURVE public key")
-
-
-def _check_sha(value: str, what: str) -> None:
-    _need(bool(SHA256_RE.match(value)), f"{what} must be 64 lowercase hex digits, got {value!r}")
-
-
-def _check_nonneg(obj: Any, *names: str) -> None:
-    for name in names:
-        _need(getattr(obj, name) >= 0, f"{type(obj).TYPE}.{name} must be >= 0")
 
 
 # -- nested records --------------------------------------------------------------------
@@ -229,14 +204,14 @@ class Enrol(Message):
     data_key: str = ""  # Z85 public key of the node's CURVE data pipes ("": no CURVE)
 
     def check(self) -> None:
-        _need(bool(NODE_ID_RE.match(self.node_id)),
+        need(bool(NODE_ID_RE.match(self.node_id)),
               f"enrol.node_id {self.node_id!r} must be 1-64 characters of [A-Za-z0-9._-]")
-        _need(self.data_addr.startswith("tcp://"),
+        need(self.data_addr.startswith("tcp://"),
               f"enrol.data_addr {self.data_addr!r} must be a tcp:// endpoint")
-        _check_key(self.data_key, "enrol.data_key")
-        _check_nonneg(self, "ram_total", "ram_free")
+        check_key(self.data_key, "enrol.data_key")
+        check_nonneg(self, "ram_total", "ram_free")
         for h in self.cached_shards:
-            _check_sha(h, "enrol.cached_shards entry")
+            check_sha(h, "enrol.cached_shards entry")
 
 
 @register
@@ -252,8 +227,8 @@ class Welcome(Message):
     liveness: int
 
     def check(self) -> None:
-        _need(self.heartbeat_interval > 0, "welcome.heartbeat_interval must be > 0")
-        _need(self.liveness >= 1, "welcome.liveness must be >= 1")
+        need(self.heartbeat_interval > 0, "welcome.heartbeat_interval must be > 0")
+        need(self.liveness >= 1, "welcome.liveness must be >= 1")
 
 
 @register
@@ -297,12 +272,12 @@ class ShardOffer(Message):
     chunk_size: int
 
     def check(self) -> None:
-        _check_sha(self.shard_hash, "shard_offer.shard_hash")
-        _need(self.chunk_size > 0, "shard_offer.chunk_size must be > 0")
-        _need(bool(self.files), "shard_offer.files is empty")
+        check_sha(self.shard_hash, "shard_offer.shard_hash")
+        need(self.chunk_size > 0, "shard_offer.chunk_size must be > 0")
+        need(bool(self.files), "shard_offer.files is empty")
         for spec in self.files:
-            _check_sha(spec.sha256, f"shard_offer file {spec.name!r} sha256")
-            _need(spec.size >= 0, f"shard_offer file {spec.name!r} has a negative size")
+            check_sha(spec.sha256, f"shard_offer file {spec.name!r} sha256")
+            need(spec.size >= 0, f"shard_offer file {spec.name!r} has a negative size")
 
 
 @register
@@ -318,8 +293,8 @@ class ShardRequest(Message):
     size: int
 
     def check(self) -> None:
-        _check_sha(self.shard_hash, "shard_request.shard_hash")
-        _check_nonneg(self, "chunk", "offset", "size")
+        check_sha(self.shard_hash, "shard_request.shard_hash")
+        check_nonneg(self, "chunk", "offset", "size")
 
 
 @register
@@ -337,9 +312,9 @@ class ShardChunk(Message):
     sha256: str
 
     def check(self) -> None:
-        _check_sha(self.shard_hash, "shard_chunk.shard_hash")
-        _check_sha(self.sha256, "shard_chunk.sha256")
-        _check_nonneg(self, "chunk", "offset", "size")
+        check_sha(self.shard_hash, "shard_chunk.shard_hash")
+        check_sha(self.sha256, "shard_chunk.sha256")
+        check_nonneg(self, "chunk", "offset", "size")
 
 
 @register
@@ -374,17 +349,17 @@ class AssignStage(Message):
     admit_keys: list[str] = field(default_factory=list)
 
     def check(self) -> None:
-        _check_sha(self.shard_hash, "assign_stage.shard_hash")
-        _check_key(self.peer_key, "assign_stage.peer_key")
+        check_sha(self.shard_hash, "assign_stage.shard_hash")
+        check_key(self.peer_key, "assign_stage.peer_key")
         for key in self.admit_keys:
-            _check_key(key, "assign_stage.admit_keys entry", required=True)
-        _need(bool(self.peer_key) == bool(self.admit_keys),
+            check_key(key, "assign_stage.admit_keys entry", required=True)
+        need(bool(self.peer_key) == bool(self.admit_keys),
               "assign_stage: peer_key and admit_keys come together (CURVE) or not at all")
-        _need(0 <= self.stage.index < self.num_stages,
+        need(0 <= self.stage.index < self.num_stages,
               f"assign_stage.stage.index {self.stage.index} is outside 0-{self.num_stages - 1}")
         for name in ("bind", "send_to"):
             value = getattr(self, name)
-            _need(value.startswith("tcp://"), f"assign_stage.{name} {value!r} must be tcp://")
+            need(value.startswith("tcp://"), f"assign_stage.{name} {value!r} must be tcp://")
 
 
 @register

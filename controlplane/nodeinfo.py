@@ -17,7 +17,8 @@ from typing import Any
 
 import psutil
 
-from controlplane.messages import NODE_ID_RE, DeviceInfo
+from controlplane.checks import NODE_ID_RE
+from controlplane.messages import DeviceInfo
 
 log = logging.getLogger("zctl.controlplane")
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from controlplane.messages import Message, _need, register
+from controlplane.checks import need
+from controlplane.messages import Message, register
 
 MAX_PROMPT_CHARS = 1 << 20
 MAX_NEW_TOKENS = 1 << 16
@@ -35,21 +36,21 @@ class GenerateRequest(Message):
     seed: int | None = None  # None: a fresh seed per request
 
     def check(self) -> None:
-        _need(0.0 <= self.temperature <= 100.0, "generate_request.temperature must be in 0..100")
-        _need(0 <= self.top_k <= 1 << 20, "generate_request.top_k must be >= 0")
-        _need(0.0 < self.top_p <= 1.0, "generate_request.top_p must be in (0, 1]")
-        _need(self.seed is None or 0 <= self.seed < 1 << 63, "generate_request.seed must be >= 0")
-        _need(self.speculative in SPECULATIVE_MODES or (
+        need(0.0 <= self.temperature <= 100.0, "generate_request.temperature must be in 0..100")
+        need(0 <= self.top_k <= 1 << 20, "generate_request.top_k must be >= 0")
+        need(0.0 < self.top_p <= 1.0, "generate_request.top_p must be in (0, 1]")
+        need(self.seed is None or 0 <= self.seed < 1 << 63, "generate_request.seed must be >= 0")
+        need(self.speculative in SPECULATIVE_MODES or (
             self.speculative.startswith("draft:") and len(self.speculative) > 6),
             f"generate_request.speculative must be '', 'lookup' or 'draft:PATH', "
             f"got {self.speculative!r}")
-        _need(0 <= self.k <= MAX_DRAFT_TOKENS,
+        need(0 <= self.k <= MAX_DRAFT_TOKENS,
               f"generate_request.k must be in 0..{MAX_DRAFT_TOKENS} (0 = adaptive)")
-        _need(0 < len(self.prompt) <= MAX_PROMPT_CHARS,
+        need(0 < len(self.prompt) <= MAX_PROMPT_CHARS,
               f"generate_request.prompt must have 1..{MAX_PROMPT_CHARS} characters")
-        _need(0 < self.max_tokens <= MAX_NEW_TOKENS,
+        need(0 < self.max_tokens <= MAX_NEW_TOKENS,
               f"generate_request.max_tokens must be in 1..{MAX_NEW_TOKENS}")
-        _need(0 < len(self.request_id) <= 64, "generate_request.request_id must be 1..64 chars")
+        need(0 < len(self.request_id) <= 64, "generate_request.request_id must be 1..64 chars")
 
 
 @register

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.messages import SHA256_RE, FileSpec, ShardChunk, ShardOffer, ShardRequest
+from controlplane.checks import SHA256_RE
+from controlplane.messages import FileSpec, ShardChunk, ShardOffer, ShardRequest
 from dataplane.manifest import MANIFEST_NAME, ExportManifest, sha256_file
 
 DEFAULT_CHUNK_SIZE = 1 << 20

@@ -251,7 +251,8 @@ def test_concurrent_row_grouped_generations_resume_exactly(tiny_exports) -> None
     from concurrent.futures import ThreadPoolExecutor
 
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    chain = SlowChain(LocalChain.load(str(export_dir), RuntimeConfig(precision="f32")), 0.01)
+    exact = RuntimeConfig(precision="f32", kv_cache_precision="f32")  # rows == streams
+    chain = SlowChain(LocalChain.load(str(export_dir), exact), 0.01)
     tokenizer = ChatTokenizer(export_dir)
     prompts = ["the sky is", "one two three one two three", "hello"]
     expected = [list(generate_greedy(chain.chain, tokenizer.encode(p), 40)) for p in prompts]
