@@ -55,14 +55,16 @@ def test_greedy_across_processes_equals_local_chain(stages, dp_export2, dp_expor
     export = dp_export2 if stages == 2 else dp_export3
     pipe = chain_in_processes(export, dp_hosts, dp_spawn, stages)
     local = LocalChain.load(str(export))
+    prefetch, bound = pipe.stage0.prefetch, []
+    pipe.stage0.prefetch = lambda sid: bound.append(prefetch(sid)) or bound[-1]
     try:
         for prompt in PROMPTS:
             stats = GenerationStats()
             assert greedy(pipe, prompt, stats=stats) == greedy(local, prompt)
             assert len(stats.stage_ms[-1]) == stages
-        # while it waited for the last reply, stage 0 bound that stream's likely next step
-        sid = max(pipe.stage0.streams)
-        assert pipe.stage0.streams[sid].prefetched is not None
+        # while it waited for replies, stage 0 bound streams' likely next steps (whenever a
+        # reply was not already there: not every time on a loaded machine)
+        assert any(bound)
         reply = pipe.step(0, np.array([5]), np.array([len(PROMPTS[-1]) + 11]), top_k=4,
                           want_logits=True)
         assert reply.logits is not None and reply.top is not None and reply.top.shape == (1, 4)
