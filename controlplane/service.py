@@ -55,6 +55,7 @@ AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
 POLL_S = 0.02  # how long a scheduler poll waits for a reply before checking for requests
 HEALTH_CHECK_S = 0.25  # how often generations in flight ask whether the pipeline is down
 RESUME_TIMEOUT_S = 120.0  # how long paused generations wait for the pipeline to be back
+PAUSE_NOTE_S = 10.0  # while paused, clients hear so this often (their idle timers restart)
 
 
 class PipelineDown(RuntimeError):
@@ -118,6 +119,7 @@ class GenerationService:
         self.resume_timeout_s = resume_timeout_s
         self._health_checked = -1e9
         self._paused: tuple[float, str] | None = None  # since when, and why
+        self._pause_noted = 0.0
         self.max_streams = max_streams
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -243,6 +245,9 @@ class GenerationService:
             self._paused = None
             self._fail_all(PipelineDown(f"{problem or why} (not back within "
                                         f"{self.resume_timeout_s:g} s)"))
+        elif now - self._pause_noted >= PAUSE_NOTE_S:
+            self._pause_noted = now
+            self._note_all(f"paused {now - since:.0f} s: {problem or why}")
 
     def _pause(self, problem: str, now: float) -> None:
         """Drop every step in flight (the data plane forgets them) and hold the sessions."""
@@ -256,7 +261,7 @@ class GenerationService:
             return
         log.warning("the pipeline cannot serve (%s): %d generation(s) paused for up to %g s",
                     problem, len(self._jobs), self.resume_timeout_s)
-        self._paused = (now, problem)
+        self._paused, self._pause_noted = (now, problem), now
         self._note_all(f"paused: {problem}; resuming when it is back (up to "
                        f"{self.resume_timeout_s:g} s)")
 

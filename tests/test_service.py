@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -222,6 +223,23 @@ def test_generations_pause_while_a_stage_is_down_and_resume_as_if_nothing_happen
     streamed = [t for m in messages[:-1] if isinstance(m, GenerateChunk) for t in m.tokens]
     assert streamed == done.tokens[len(done.tokens) - len(streamed):]  # nothing twice
     assert _done(svc.endpoint, _long_request("after", 5)).tokens == expected[:5]
+
+
+def test_a_long_pause_keeps_clients_waiting(flaky, monkeypatch) -> None:
+    """Paused longer than a client's idle timeout: the service's periodic notes keep it."""
+    import controlplane.service as service
+
+    monkeypatch.setattr(service, "PAUSE_NOTE_S", 0.3)
+    start, problem, expected = flaky
+    svc = start(30.0)
+    stream = generate_stream(svc.endpoint, _long_request("long"), idle_timeout=1.0)
+    assert isinstance(next(stream), GenerateChunk)
+    problem.append(DOWN)
+    threading.Timer(2.5, problem.clear).start()  # back after 2.5 s, more than 1 s idle
+    messages = list(stream)
+    notes = [m.note for m in messages if getattr(m, "note", "")]
+    assert sum(n.startswith("paused ") for n in notes) >= 3, notes
+    assert not messages[-1].error and messages[-1].tokens == expected
 
 
 @pytest.mark.parametrize("resume_timeout_s", [0.0, 0.6])
