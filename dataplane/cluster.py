@@ -31,6 +31,7 @@ from dataplane.cluster_types import (
     reply_mode,
 )
 from dataplane.frames import (
+    DTYPES,
     EMPTY_INDEX,
     TOP1,
     FrameError,
@@ -39,7 +40,9 @@ from dataplane.frames import (
     ReplyMode,
     decode_frame,
     encode_frame,
+    prepare_frame,
     restamp_send,
+    seal_frame,
     stamp,
     top_k_records,
 )
@@ -60,6 +63,7 @@ from dataplane.transport import (
     wait_readable,
 )
 
+HIDDEN_DTYPE = DTYPES[1]  # float32: what stage 0 hands on
 log = logging.getLogger("zctl.dataplane.cluster")
 __all__ = ["ClusterPipeline", "ClusterReply", "ClusterStats", "DataPlaneError", "StageFailed",
            "StageTimeout"]
@@ -278,7 +282,16 @@ class ClusterPipeline:
             row_rewinds = as_int64_vector(mask_tail) if np.any(mask_tail) else EMPTY_INDEX
             mask_tail = 0
         self._guard.release(stream_id)
+        rid = next(self._request_ids)
+        mode = reply_mode(want_logits, top_k)
+        header = HiddenStateFrame(Kind.STEP, stream_id, rid, stream.epoch, stream.next_step, pos,
+                                  idx, mode, max(1, top_k), int(mask_tail), 0, b"", "",
+                                  rows=rows, row_rewinds=row_rewinds)
         t0 = time.perf_counter_ns()
+        prepared = prepare_frame(header, (rows, ids.shape[1], self.stage0.hidden_size),
+                                 HIDDEN_DTYPE, 0, start_ns, start_ns)
+        prepare_ns = time.perf_counter_ns() - t0
+        t0 += prepare_ns
         try:
             if row_rewinds.size:
                 self.stage0.mask_rows_tail(stream_id, row_rewinds)
@@ -295,17 +308,14 @@ class ClusterPipeline:
                 stream.broken = stream.broken or f"stage 0 failed after a rewind ({exc})"
             raise
         t1 = time.perf_counter_ns()
-        rid = next(self._request_ids)
-        mode = reply_mode(want_logits, top_k)
-        header = HiddenStateFrame(kind=Kind.STEP, stream_id=stream_id, request_id=rid,
-                                  epoch=stream.epoch, step=stream.next_step, positions=pos,
-                                  logits_idx=idx, reply=mode, top_k=max(1, top_k),
-                                  mask_tail=int(mask_tail), rows=rows, row_rewinds=row_rewinds)
-        header.timings = stamp(b"", 0, start_ns, start_ns, 0, 0, t1 - t0, 0)
         stream.next_step += 1
         try:
-            parts = encode_frame(header, hidden)
-            restamp_send(parts, 0, time.time_ns(), time.perf_counter_ns() - t1)
+            parts = seal_frame(prepared, hidden, time.time_ns(), 0, t1 - t0,
+                               prepare_ns + time.perf_counter_ns() - t1)
+            if parts is None:  # not the hidden states predicted: encode them now
+                header.timings = stamp(b"", 0, start_ns, start_ns, 0, 0, t1 - t0, 0)
+                parts = encode_frame(header, hidden)
+                restamp_send(parts, 0, time.time_ns(), time.perf_counter_ns() - t1)
             tracker = send_parts(self._push, parts)
         except TransportError as exc:
             stream.broken = f"a step did not reach stage 1 ({exc})"

@@ -13,7 +13,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -92,6 +92,8 @@ DTYPE_CODES: dict[np.dtype, int] = {dt: code for code, dt in DTYPES.items()}
 FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIHH")
 SHAPE_STRUCTS = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
 POSITION_ITEM = np.dtype("<i8")
+SMALL_COUNT = 16  # up to this many int64s are checked with one struct unpack
+INT64S = [struct.Struct(f"<{n}q") for n in range(SMALL_COUNT + 1)]
 EMPTY_INDEX = np.zeros(0, dtype=POSITION_ITEM)
 NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
 
@@ -181,17 +183,22 @@ def encode_frame(header: HiddenStateFrame, payload: np.ndarray | None = None) ->
     The payload is not copied when it is already C-contiguous (the second part is the
     array itself): keep it alive and unmodified until the send completes.
     """
-    data = NO_PAYLOAD if payload is None else payload
     if payload is None:
+        return [pack_header(header, (), None), b""]
+    data = payload if payload.flags.c_contiguous else np.ascontiguousarray(payload)
+    return [pack_header(header, data.shape, data.dtype), data if data.nbytes else b""]
+
+
+def pack_header(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtype | None
+                ) -> bytes:
+    """The header part of a frame whose payload has ``shape`` and ``dtype`` (None: none)."""
+    if dtype is None:
         dtype_code, shape = 0, ()
     else:
-        dtype_code = DTYPE_CODES.get(data.dtype)
+        dtype_code = DTYPE_CODES.get(dtype)
         if dtype_code is None:
-            raise FrameError(f"cannot send a {data.dtype} payload; supported: "
+            raise FrameError(f"cannot send a {dtype} payload; supported: "
                              f"{sorted(str(d) for d in DTYPE_CODES)}")
-        if not data.flags.c_contiguous:
-            data = np.ascontiguousarray(data)
-        shape = data.shape
     if len(shape) > MAX_NDIM:
         raise FrameError(f"payload has {len(shape)} dimensions; at most {MAX_NDIM} are allowed")
     positions = _int64s(header.positions)
@@ -201,7 +208,7 @@ def encode_frame(header: HiddenStateFrame, payload: np.ndarray | None = None) ->
     timings = header.timings
     if len(timings) % TIMING.size:
         raise FrameError(f"timings hold {len(timings)} bytes, not whole {TIMING.size}-byte records")
-    error = header.error.encode("utf-8")[:MAX_ERROR_BYTES]
+    error = header.error.encode("utf-8")[:MAX_ERROR_BYTES] if header.error else b""
     try:
         fixed = FIXED.pack(
             MAGIC, header.version, int(header.kind), int(header.reply), dtype_code, header.top_k,
@@ -213,8 +220,53 @@ def encode_frame(header: HiddenStateFrame, payload: np.ndarray | None = None) ->
         dims = SHAPE_STRUCTS[len(shape)].pack(*shape)
     except struct.error as exc:
         raise FrameError(f"header field out of range: {exc}") from None
-    head = b"".join((fixed, dims, positions, logits_idx, row_rewinds, timings, error))
-    return [head, data if data.nbytes else b""]
+    return b"".join((fixed, dims, positions, logits_idx, row_rewinds, timings, error))
+
+
+class PreparedFrame(NamedTuple):
+    """A frame's header packed before its payload exists (see ``prepare_frame``)."""
+
+    head: bytearray
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+
+
+SEAL = struct.Struct("<qqqq")  # send, decode, compute, encode ns: offset 18 of a record
+
+
+def prepare_frame(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtype,
+                  stage: int, recv_ns: int, ready_ns: int) -> PreparedFrame:
+    """Pack ``header`` for a payload of ``shape``/``dtype`` that a computation is about to
+    produce, with one more timing record (``stage``'s) whose durations and send stamp
+    ``seal_frame`` fills in. Packing before the computation does it with the caches warm
+    from decoding, not cold after an inference, and leaves one small write after it.
+    """
+    if header.error:
+        raise FrameError("a frame with an error text is not prepared; encode it when sent")
+    record = TIMING.pack(stage, recv_ns, ready_ns, 0, 0, 0, 0)
+    timings, header.timings = header.timings, header.timings + record
+    try:
+        return PreparedFrame(bytearray(pack_header(header, shape, dtype)), shape, dtype,
+                             math.prod(shape) * dtype.itemsize)
+    finally:
+        header.timings = timings
+
+
+def seal_frame(prepared: PreparedFrame, payload: np.ndarray | bytes, send_ns: int,
+               decode_ns: int, compute_ns: int, encode_ns: int) -> list[Any] | None:
+    """The parts of a prepared frame carrying ``payload`` (an array, or its raw bytes), its
+    timing record completed; None when the payload is not what the header was prepared
+    for (encode it instead)."""
+    if type(payload) is bytes:
+        if len(payload) != prepared.nbytes:
+            return None
+    elif (payload.shape != prepared.shape or payload.dtype != prepared.dtype
+            or not payload.flags.c_contiguous):
+        return None
+    head = prepared.head
+    SEAL.pack_into(head, len(head) - TIMING.size + 18, send_ns, decode_ns, compute_ns, encode_ns)
+    return [head, payload]
 
 
 def _int64s(values: Any) -> np.ndarray:
@@ -226,77 +278,91 @@ def _int64s(values: Any) -> np.ndarray:
 
 KINDS = {int(k): k for k in Kind}
 REPLY_MODES = {int(m): m for m in ReplyMode}
+DTYPE_OK = {0, *DTYPES}  # 0: no payload
+STEP_CODE, REPLY_CODE, TOP1_CODE = int(Kind.STEP), int(Kind.REPLY), int(ReplyMode.TOP1)
+TOPK_CODE = DTYPE_CODES[TOPK_DTYPE]
 
 
-def decode_header(raw: memoryview) -> HiddenStateFrame:
-    """Parse and validate a header part; positions and logits_idx are views of ``raw``."""
-    if raw.nbytes < FIXED.size:
-        raise FrameError(f"truncated header: {raw.nbytes} bytes, the fixed part alone is "
+def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
+    """Parse and validate a header part (positions and logits_idx are views of ``raw``);
+    also say whether it is a plain 1-row step or a top-1 reply for the last token, which
+    need no cross-field checks beyond these. Every line here runs with caches an inference
+    just evicted, so the common case is one combined test; ``_header_problem`` words a
+    failure."""
+    size = len(raw) if type(raw) is bytes else raw.nbytes
+    if size < FIXED.size:
+        raise FrameError(f"truncated header: {size} bytes, the fixed part alone is "
                          f"{FIXED.size}")
     (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, source_stage,
      stream_id, request_id, epoch, step, tokens, n_idx, mask_tail,
-     error_len, rows, n_rewinds) = FIXED.unpack_from(raw)
+     error_len, rows, n_rewinds) = fields = FIXED.unpack_from(raw)
+    o_pos = FIXED.size + ndim * 4
+    o_tim = o_pos + (tokens + n_idx + n_rewinds) * 8
+    o_err = o_tim + n_timing * TIMING.size
+    if (magic != MAGIC or version != PROTOCOL_VERSION or kind_code not in KINDS
+            or reply_code not in REPLY_MODES or dtype_code not in DTYPE_OK or ndim > MAX_NDIM
+            or tokens > MAX_TOKENS or n_timing > MAX_STAGES or top_k > MAX_TOP_K
+            or error_len > MAX_ERROR_BYTES or not 1 <= rows <= MAX_ROWS
+            or (n_rewinds and n_rewinds != rows) or tokens % rows or n_idx > tokens // rows
+            or size != o_err + error_len):
+        raise FrameError(_header_problem(fields, size, o_err + error_len))
+    if tokens:
+        if tokens <= SMALL_COUNT:  # the per-token path: one unpack, no numpy reduction
+            low = min(INT64S[tokens].unpack_from(raw, o_pos))
+        else:
+            low = int(np.frombuffer(raw, POSITION_ITEM, tokens, o_pos).min())
+        if low < 0:
+            raise FrameError("negative token position")
+        positions = np.frombuffer(raw, POSITION_ITEM, tokens, o_pos)
+    else:
+        positions = EMPTY_INDEX
+    row_rewinds = EMPTY_INDEX
+    if n_rewinds:
+        row_rewinds = np.frombuffer(raw, POSITION_ITEM, n_rewinds, o_tim - n_rewinds * 8)
+        if int(row_rewinds.min()) < 0:
+            raise FrameError("negative row rewind")
+    shape = SHAPE_STRUCTS[ndim].unpack_from(raw, FIXED.size)
+    plain = rows == 1 and not (n_idx or n_rewinds) and (
+        (kind_code == STEP_CODE and ndim > 1 and shape[0] == 1 and shape[1] == tokens) or
+        (kind_code == REPLY_CODE and reply_code == TOP1_CODE and dtype_code == TOPK_CODE
+         and shape == (1, 1)))
+    return HiddenStateFrame(
+        KINDS[kind_code], stream_id, request_id, epoch, step, positions,
+        np.frombuffer(raw, POSITION_ITEM, n_idx, o_pos + tokens * 8) if n_idx else EMPTY_INDEX,
+        REPLY_MODES[reply_code], top_k, mask_tail, source_stage, bytes(raw[o_tim:o_err]),
+        bytes(raw[o_err:]).decode("utf-8", errors="replace") if error_len else "",
+        shape, DTYPES.get(dtype_code), version, rows, row_rewinds), plain
+
+
+def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
+    """What is wrong with a header whose FIXED fields failed ``_parse_header``'s test."""
+    (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, _, _, _, _, _,
+     tokens, n_idx, _, error_len, rows, n_rewinds) = fields
     if magic != MAGIC:
-        raise FrameError(f"bad magic {bytes(magic)!r}: not a zctl data-plane frame")
+        return f"bad magic {bytes(magic)!r}: not a zctl data-plane frame"
     if version != PROTOCOL_VERSION:
-        raise FrameError(f"protocol version {version} is not supported (this node speaks "
-                         f"{PROTOCOL_VERSION})")
-    kind = KINDS.get(kind_code)
-    if kind is None:
-        raise FrameError(f"unknown frame kind {kind_code}")
-    reply = REPLY_MODES.get(reply_code)
-    if reply is None:
-        raise FrameError(f"unknown reply mode {reply_code}")
-    if dtype_code and dtype_code not in DTYPES:
-        raise FrameError(f"unknown payload dtype code {dtype_code}")
+        return (f"protocol version {version} is not supported (this node speaks "
+                f"{PROTOCOL_VERSION})")
+    if kind_code not in KINDS:
+        return f"unknown frame kind {kind_code}"
+    if reply_code not in REPLY_MODES:
+        return f"unknown reply mode {reply_code}"
+    if dtype_code not in DTYPE_OK:
+        return f"unknown payload dtype code {dtype_code}"
     if (ndim > MAX_NDIM or tokens > MAX_TOKENS or n_timing > MAX_STAGES or top_k > MAX_TOP_K
             or error_len > MAX_ERROR_BYTES or not 1 <= rows <= MAX_ROWS):
-        raise FrameError(
-            f"absurd header: {ndim} dimensions (limit {MAX_NDIM}), {tokens} tokens (limit "
-            f"{MAX_TOKENS}), {n_timing} timing records (limit {MAX_STAGES}), top_k {top_k} "
-            f"(limit {MAX_TOP_K}), {error_len} error bytes (limit {MAX_ERROR_BYTES}), "
-            f"{rows} rows (1 to {MAX_ROWS})")
-    if n_rewinds not in (0, rows):
-        raise FrameError(f"{n_rewinds} row rewinds for {rows} rows")
+        return (f"absurd header: {ndim} dimensions (limit {MAX_NDIM}), {tokens} tokens (limit "
+                f"{MAX_TOKENS}), {n_timing} timing records (limit {MAX_STAGES}), top_k {top_k} "
+                f"(limit {MAX_TOP_K}), {error_len} error bytes (limit {MAX_ERROR_BYTES}), "
+                f"{rows} rows (1 to {MAX_ROWS})")
+    if n_rewinds and n_rewinds != rows:
+        return f"{n_rewinds} row rewinds for {rows} rows"
     if tokens % rows:
-        raise FrameError(f"{tokens} positions do not split into {rows} equal rows")
+        return f"{tokens} positions do not split into {rows} equal rows"
     if n_idx > tokens // rows:
-        raise FrameError(f"{n_idx} logits indices for a {tokens // rows}-token step")
-    o_pos = FIXED.size + ndim * 4
-    o_idx = o_pos + tokens * 8
-    o_rew = o_idx + n_idx * 8
-    o_tim = o_rew + n_rewinds * 8
-    o_err = o_tim + n_timing * TIMING.size
-    expected = o_err + error_len
-    if raw.nbytes != expected:
-        what = "truncated header" if raw.nbytes < expected else "trailing bytes after header"
-        raise FrameError(f"{what}: {raw.nbytes} bytes, the header declares {expected}")
-    if _lowest(raw, o_pos, tokens) < 0:
-        raise FrameError("negative token position")
-    if _lowest(raw, o_rew, n_rewinds) < 0:
-        raise FrameError("negative row rewind")
-    return HiddenStateFrame(
-        kind=kind, stream_id=stream_id, request_id=request_id, epoch=epoch, step=step,
-        positions=(np.frombuffer(raw, POSITION_ITEM, tokens, o_pos) if tokens
-                   else EMPTY_INDEX),
-        logits_idx=np.frombuffer(raw, POSITION_ITEM, n_idx, o_idx) if n_idx else EMPTY_INDEX,
-        reply=reply, top_k=top_k, mask_tail=mask_tail, source_stage=source_stage,
-        timings=bytes(raw[o_tim:o_err]),
-        error=bytes(raw[o_err:expected]).decode("utf-8", errors="replace") if error_len else "",
-        shape=SHAPE_STRUCTS[ndim].unpack_from(raw, FIXED.size), dtype=DTYPES.get(dtype_code),
-        version=version, rows=rows,
-        row_rewinds=(np.frombuffer(raw, POSITION_ITEM, n_rewinds, o_rew) if n_rewinds
-                     else EMPTY_INDEX),
-    )
-
-
-def _lowest(raw: memoryview, offset: int, count: int) -> int:
-    """The smallest of ``count`` little-endian int64 values at ``offset`` (0 if none)."""
-    if count == 0:
-        return 0
-    if count <= 16:  # the decode hot path: no numpy call
-        return min(struct.unpack_from(f"<{count}q", raw, offset))
-    return int(np.frombuffer(raw, POSITION_ITEM, count, offset).min())
+        return f"{n_idx} logits indices for a {tokens // rows}-token step"
+    what = "truncated header" if size < declared else "trailing bytes after header"
+    return f"{what}: {size} bytes, the header declares {declared}"
 
 
 def check_semantics(header: HiddenStateFrame) -> None:
@@ -350,8 +416,8 @@ def decode_frame(frames: list[Any]) -> tuple[HiddenStateFrame, np.ndarray | None
     if len(frames) != 2:
         raise FrameError(f"expected 2 parts (header, payload), got {len(frames)}")
     head, body = frames
-    header = decode_header(memoryview(head.buffer if hasattr(head, "buffer") else head))
-    body = memoryview(body.buffer if hasattr(body, "buffer") else body)
+    header, plain = _parse_header(head if type(head) is bytes else _view(head))
+    body = _view(body)
     shape, dtype = header.shape, header.dtype
     if dtype is None:
         if shape or body.nbytes:
@@ -359,29 +425,34 @@ def decode_frame(frames: list[Any]) -> tuple[HiddenStateFrame, np.ndarray | None
                              "without a dtype", header)
         check_semantics(header)
         return header, None
-    need = math.prod(shape) * dtype.itemsize
-    if not shape or min(shape) < 1 or need > MAX_PAYLOAD_BYTES:
-        raise FrameError(f"absurd payload shape {list(shape)} ({need} bytes)", header)
-    if body.nbytes != need:
-        raise FrameError(f"payload is {body.nbytes} bytes but {dtype} {list(shape)} needs "
+    need = math.prod(shape) * dtype.itemsize  # dimensions are unsigned: 0 if any is 0
+    if not need or not shape or need > MAX_PAYLOAD_BYTES or body.nbytes != need:
+        raise FrameError(f"absurd payload shape {list(shape)} ({need} bytes)"
+                         if not need or not shape or need > MAX_PAYLOAD_BYTES else
+                         f"payload is {body.nbytes} bytes but {dtype} {list(shape)} needs "
                          f"{need}", header)
-    kind = header.kind
-    if kind is Kind.STEP:
-        fast = (not header.logits_idx.size and len(shape) > 1 and shape[1] == header.tokens
-                and header.rows == 1 and not header.row_rewinds.size)
-    else:  # a top-1 answer for the last token
-        fast = (kind is Kind.REPLY and header.reply is ReplyMode.TOP1 and shape == (1, 1)
-                and dtype is TOPK_DTYPE and not header.logits_idx.size)
-    if not fast:
+    if not plain:
         check_semantics(header)  # the full checks, off the per-token path
     return header, np.ndarray(shape, dtype, buffer=body)
+
+
+def _view(part: Any) -> memoryview:
+    """A message part's bytes: a zmq.Frame's buffer, or any buffer-protocol object."""
+    buffer = getattr(part, "buffer", None)
+    return memoryview(part) if buffer is None else buffer
+
+
+def top1_record(logits: np.ndarray) -> bytes:
+    """The packed (token, logit) record of the best token of one row of logits [..., vocab]
+    (the per-token path: no array is made)."""
+    token = int(logits.argmax())
+    return TOP1.pack(token, logits.item(token))
 
 
 def top_k_records(logits: np.ndarray, k: int) -> np.ndarray:
     """Top-k (token, logit) records [rows, k], best first, of logits [..., vocab]."""
     if k == 1 and logits.size == logits.shape[-1]:  # one row: the per-token hot path
-        token = int(logits.argmax())
-        return np.ndarray((1, 1), TOPK_DTYPE, TOP1.pack(token, logits.item(token)))
+        return np.ndarray((1, 1), TOPK_DTYPE, top1_record(logits))
     rows = logits.reshape(-1, logits.shape[-1])
     out = np.empty((rows.shape[0], k), dtype=TOPK_DTYPE)
     if k == 1:

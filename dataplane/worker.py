@@ -30,14 +30,19 @@ import zmq
 
 from dataplane.frames import (
     EMPTY_INDEX,
+    TOPK_DTYPE,
     FrameError,
     HiddenStateFrame,
     Kind,
+    PreparedFrame,
     ReplyMode,
     decode_frame,
     encode_frame,
+    prepare_frame,
     restamp_send,
+    seal_frame,
     stamp,
+    top1_record,
 )
 from dataplane.runtime import RuntimeConfig, StageRunner, load_runner
 from dataplane.transport import (
@@ -341,43 +346,73 @@ class StageWorker:
                              recv_ns, ready_ns)
             return
         self._guard.release(sid)
+        positions, logits_idx, rewinds = header.positions, header.logits_idx, header.row_rewinds
         start = time.perf_counter_ns()
+        prepared = self._prepare_out(header, payload, recv_ns, ready_ns)
+        prepare_ns = time.perf_counter_ns() - start
+        start += prepare_ns
         try:
             if header.mask_tail:
                 self.runner.mask_tail(sid, header.mask_tail)
-            logits_idx = header.logits_idx if self.last and header.logits_idx.size else None
+            answer_for = logits_idx if self.last and logits_idx.size else None
             if sid in self.runner.groups:
-                if header.row_rewinds.size:
-                    self.runner.mask_rows_tail(sid, header.row_rewinds)
-                out = self.runner.step_rows(sid, payload, header.positions.reshape(
-                    header.rows, -1), logits_idx)
+                if rewinds.size:
+                    self.runner.mask_rows_tail(sid, rewinds)
+                out = self.runner.step_rows(sid, payload, positions.reshape(header.rows, -1),
+                                            answer_for)
             else:
-                out = self.runner.step(sid, payload, header.positions, logits_idx)
+                out = self.runner.step(sid, payload, positions, answer_for)
         except Exception as exc:  # a stage failure must reach the coordinator, not kill us
             self._send_error(header, str(exc), recv_ns, ready_ns)
             return
         compute_ns = time.perf_counter_ns() - start
+        start = time.perf_counter_ns()
         state.next_step += 1
         self._stats.steps += 1
+        if not self.last:
+            body = out
+        elif header.reply is ReplyMode.TOP1 and out.size == out.shape[-1]:
+            body = top1_record(out)  # one answer: its 8 bytes, sealed into the frame as is
+        else:
+            body = reply_payload(out, header.reply, header.top_k)
+        # Hidden states and full logits are sent zero-copy out of the request's output
+        # tensor, which the stream's next inference overwrites: guard it until sent.
+        guard = sid if not self.last or header.reply == ReplyMode.LOGITS else None
+        parts = None if prepared is None else seal_frame(
+            prepared, body, time.time_ns(), decode_ns, compute_ns,
+            prepare_ns + time.perf_counter_ns() - start)
+        if parts is not None:
+            self._send_parts(header, parts, guard)
+        else:  # not the payload predicted: encode it now
+            if type(body) is bytes:
+                body = np.frombuffer(body, TOPK_DTYPE).reshape(1, 1)
+            header.timings = stamp(header.timings, self.stage, recv_ns, ready_ns, 0, decode_ns,
+                                   compute_ns, 0)  # send stamp and encode time: see _send
+            self._send(header, body, guard_key=guard, encode_start=start)
         with self._lock:
             self._compute.append(compute_ns / 1e6)
-        start = time.perf_counter_ns()
-        if self.last:
-            body = reply_payload(out, header.reply, header.top_k)
+        self._stepped = sid
+
+    def _prepare_out(self, header: HiddenStateFrame, payload: np.ndarray, recv_ns: int,
+                     ready_ns: int) -> PreparedFrame | None:
+        """Turn ``header`` into the outgoing one and pack it for the output this step will
+        most likely produce (hidden states like the input, or a top-1 reply); None when
+        that cannot be predicted (other replies are encoded once computed)."""
+        header.source_stage, header.error = self.stage, ""
+        if not self.last:
+            shape, dtype = payload.shape, payload.dtype
+        else:
             header.kind = Kind.REPLY
             header.row_rewinds = EMPTY_INDEX  # applied; a reply carries none
             if not header.logits_idx.size:  # answering for the last token: the coordinator
                 header.positions = EMPTY_INDEX  # knows its position, save the bytes
-        else:
-            body = out
-        header.source_stage, header.error = self.stage, ""
-        header.timings = stamp(header.timings, self.stage, recv_ns, ready_ns, 0, decode_ns,
-                               compute_ns, 0)  # send stamp and encode time: see _send
-        # Hidden states and full logits are sent zero-copy out of the request's output
-        # tensor, which the stream's next inference overwrites: guard it until sent.
-        shares_output = not self.last or header.reply == ReplyMode.LOGITS
-        self._send(header, body, guard_key=sid if shares_output else None, encode_start=start)
-        self._stepped = sid
+            if header.reply != ReplyMode.TOP1:
+                return None
+            shape, dtype = (header.answer_rows, 1), TOPK_DTYPE
+        try:
+            return prepare_frame(header, shape, dtype, self.stage, recv_ns, ready_ns)
+        except FrameError:
+            return None
 
     def _prefetch_when_idle(self) -> None:
         """With no frame waiting, bind the last stepped stream's likely next inputs now
@@ -408,8 +443,18 @@ class StageWorker:
             parts = encode_frame(header, body)
             if encode_start is not None:
                 restamp_send(parts, 0, time.time_ns(), time.perf_counter_ns() - encode_start)
+        except FrameError as exc:
+            self._count("send_failures")
+            self._problem("send", f"stage {self.stage} dropped a {header.kind.name} frame of "
+                                  f"stream {header.stream_id}: {exc}")
+            return
+        self._send_parts(header, parts, guard_key)
+
+    def _send_parts(self, header: HiddenStateFrame, parts: list[Any],
+                    guard_key: int | None) -> None:
+        try:
             tracker = send_parts(self._push, parts)
-        except (FrameError, TransportError) as exc:
+        except TransportError as exc:
             self._count("send_failures")
             self._problem("send", f"stage {self.stage} dropped a {header.kind.name} frame of "
                                   f"stream {header.stream_id}: {exc}")

@@ -12,6 +12,7 @@ from dataplane.frames import (
     FIXED,
     MAX_NDIM,
     MAX_TOKENS,
+    TOP1,
     TOPK_DTYPE,
     FrameError,
     HiddenStateFrame,
@@ -19,9 +20,12 @@ from dataplane.frames import (
     ReplyMode,
     decode_frame,
     encode_frame,
+    prepare_frame,
     restamp_send,
+    seal_frame,
     stamp,
     timing_records,
+    top1_record,
     top_k_records,
 )
 from dataplane.timing import TimingWindow, derive_step_timing, flatten, percentiles
@@ -163,6 +167,12 @@ def test_semantic_checks():
          top_k_records(np.zeros((2, 9), np.float32), 3), "TOP1 reply must be"),
         (step_header(kind=Kind.REPLY, reply=ReplyMode.LOGITS), np.zeros((3, 9), np.float32),
          "LOGITS reply must be float32 \\[2, vocab\\]"),
+        # the per-token shapes, checked on their fast path too
+        (step_header(logits_idx=EMPTY_INDEX), np.zeros((2, 3, 8), np.float32),
+         "must be \\[1, 3, ...\\]"),
+        (step_header(kind=Kind.REPLY, reply=ReplyMode.TOP1, logits_idx=EMPTY_INDEX,
+                     positions=EMPTY_INDEX, rows=2, mask_tail=0),
+         top_k_records(np.zeros((1, 9), np.float32), 1), "TOP1 reply must be .* \\[2, 1\\]"),
     ]
     for header, payload, message in cases:
         with pytest.raises(FrameError, match=message):
@@ -297,6 +307,41 @@ def test_restamp_send_fills_the_last_record_in_place():
     bare = encode_frame(HiddenStateFrame(Kind.RESET, 1, 0, 1))
     with pytest.raises(FrameError, match="no timing record"):
         restamp_send(bare, 0, 1, 1)
+
+
+def test_top1_record_packs_the_best_token_and_its_logit():
+    logits = np.array([[[0.5, 3.0, -1.0, 3.0]]], dtype=np.float32)
+    assert top1_record(logits) == TOP1.pack(1, 3.0)  # ties: the lowest id, as argmax
+    assert top_k_records(logits, 1).tobytes() == top1_record(logits)
+
+
+def test_a_prepared_frame_equals_one_encoded_after_the_fact():
+    header = step_header()
+    x = hidden()
+    prepared = prepare_frame(header, x.shape, x.dtype, 1, recv_ns=5, ready_ns=6)
+    assert timing_records(header.timings).shape == (1,)  # the header itself is unchanged
+    parts = seal_frame(prepared, x, send_ns=123, decode_ns=7, compute_ns=8, encode_ns=9)
+    assert parts is not None and parts[1] is x  # the payload is not copied
+    expected = step_header()
+    expected.timings = stamp(expected.timings, 1, 5, 6, 123, 7, 8, 9)
+    assert bytes(parts[0]) == bytes(encode_frame(expected, x)[0])
+    got, payload = decode_frame([bytes(parts[0]), x.tobytes()])
+    assert timing_records(got.timings)["compute_ns"].tolist() == [50, 8]
+    np.testing.assert_array_equal(payload, x)
+
+
+def test_a_payload_other_than_the_prepared_one_is_refused_for_encoding():
+    x = hidden()
+    prepared = prepare_frame(step_header(), x.shape, x.dtype, 1, 0, 0)
+    for other in (x.astype(np.float16), x[:, :2], np.asfortranarray(np.ones((1, 3, 8, 2)))[..., 0],
+                  x.tobytes()[:-4]):
+        assert seal_frame(prepared, other, 1, 2, 3, 4) is None
+    raw = seal_frame(prepared, x.tobytes(), 1, 2, 3, 4)  # raw bytes of the right size do
+    assert raw is not None and raw[1] == x.tobytes()
+    with pytest.raises(FrameError, match="error text"):
+        prepare_frame(step_header(kind=Kind.ERROR, error="broken"), (), x.dtype, 1, 0, 0)
+    with pytest.raises(FrameError, match="cannot send"):
+        prepare_frame(step_header(), x.shape, np.dtype(np.uint16), 1, 0, 0)
 
 
 def test_row_group_frames_round_trip_and_are_checked():
