@@ -164,6 +164,21 @@ def test_a_refused_step_fails_fast_with_the_stage_message(threaded2):
     assert pipe.step(0, np.array([1, 2]), np.arange(2)).tokens.shape == (1,)
 
 
+def test_hidden_states_other_than_predicted_are_encoded_as_they_are(threaded2):
+    """Stage 0's header is packed before it computes, for float32 [1, T, H]; any other
+    output is encoded after the fact, so it still reaches stage 1 (which refuses it)."""
+    pipe, _ = threaded2
+    step = pipe.stage0.step
+    pipe.stage0.step = lambda *args, **kwargs: step(*args, **kwargs).astype(np.float16)
+    pipe.open(0)
+    pipe.reset(0)
+    with pytest.raises(StageFailed, match="failed at stage 1: .*got float16"):
+        pipe.step(0, np.array([1, 2]), np.arange(2))
+    pipe.stage0.step = step
+    pipe.reset(0)
+    assert pipe.step(0, np.array([1, 2]), np.arange(2)).tokens.shape == (1,)
+
+
 def test_a_silent_stage_times_out_naming_it(dp_export2):
     hole = pull_socket(zmq.Context.instance(), "tcp://127.0.0.1:*")  # takes frames, never answers
     from dataplane.transport import bound_endpoint
