@@ -36,3 +36,14 @@ def test_host_ms_per_token_is_decode_time_minus_stage_time() -> None:
     stats = GenerationStats(new_tokens=3, decode_ms=30.0, stage_ms=[[6.0, 7.5], [6.5, 7.0]])
     assert host_ms_per_token(stats) == 30.0 / 2 - 13.5
     assert host_ms_per_token(GenerationStats(new_tokens=1)) == 0.0
+
+
+def test_time_per_token_splits_a_run_against_its_baseline() -> None:
+    from tools.bench_cluster import time_per_token
+
+    timing = {"stage0.compute": {"p50": 9.0}, "stage1.compute": {"p50": 9.5},
+              "total": {"p50": 19.5}}
+    split = time_per_token(50.0, 62.5, timing, 2)
+    assert split == {"baseline_ms": 16.0, "cluster_ms": 20.0, "cluster_compute_ms": 18.5,
+                     "cluster_wire_and_framework_ms": 1.0, "compute_over_baseline": 1.156}
+    assert time_per_token(0.0, 0.0, {}, 2)["compute_over_baseline"] == 0.0

@@ -70,6 +70,24 @@ def interleaved(export_dir: Path, stage1_dir: Path, stages: int, threads: int,
             "cluster_over_stage1_interleaved": round(step_ms["stage1"] / step_ms["cluster"], 3)}
 
 
+def time_per_token(cluster_tok_s: float, baseline_tok_s: float,
+                   timing: dict[str, dict[str, float]], stages: int) -> dict[str, float]:
+    """Where a cluster run's time per token went, beside its paired baseline run's: the
+    stages' compute (sum of their p50s), the rest of a step (wire and framework, p50) and
+    ``compute_over_baseline``, the stages' compute alone over the baseline's whole token
+    (above 1, splitting the model cost more than every hop together)."""
+    compute = sum(timing.get(f"stage{i}.compute", {}).get("p50", 0.0) for i in range(stages))
+    step = timing.get("total", {}).get("p50", 0.0)
+    baseline_ms = 1e3 / baseline_tok_s if baseline_tok_s > 0 else 0.0
+    return {
+        "baseline_ms": round(baseline_ms, 3),
+        "cluster_ms": round(1e3 / cluster_tok_s if cluster_tok_s > 0 else 0.0, 3),
+        "cluster_compute_ms": round(compute, 3),
+        "cluster_wire_and_framework_ms": round(max(0.0, step - compute), 3),
+        "compute_over_baseline": round(compute / baseline_ms, 3) if baseline_ms else 0.0,
+    }
+
+
 def main(
     model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
     stages: int = typer.Option(2, help="cluster nodes (= stages)"),
@@ -126,7 +144,8 @@ def main(
                       f"cluster {cluster_runs[-1]['tok_s']:.1f} tok/s")
     finally:
         stop_processes(record.pids)
-    best = sorted(cluster_runs, key=lambda r: r["tok_s"])[len(cluster_runs) // 2]
+    median_run = sorted(range(runs), key=lambda i: cluster_runs[i]["tok_s"])[runs // 2]
+    best = cluster_runs[median_run]
     timing = best["timing"]
     cluster_tok_s = statistics.median(r["tok_s"] for r in cluster_runs)
     baseline_tok_s = statistics.median(base_runs)
@@ -144,6 +163,8 @@ def main(
         "compute_ms_p50": {f"stage{i}": round(timing.get(f"stage{i}.compute", {}).get("p50", 0.0), 2)
                            for i in range(stages)},
         "network_ms_p50": round(timing.get("network", {}).get("p50", 0.0), 3),
+        # the median cluster run against the baseline run beside it
+        "ms_per_token": time_per_token(best["tok_s"], base_runs[median_run], timing, stages),
         "samples": {"baseline": [round(v, 2) for v in base_runs],
                     "cluster": [round(r["tok_s"], 2) for r in cluster_runs],
                     **({"baseline_thp": [round(v, 2) for v in thp_runs]} if thp_runs else {})},
