@@ -18,7 +18,7 @@ from dataplane.manifest import ExportManifest, load_manifest, verify_export_file
 from dataplane.masks import MASK_MIN, one_token_mask, step_mask
 from dataplane.rope import RopeRows, rope_tables
 from dataplane.rows import RowSource, merge_rows, rows_step_mask
-from dataplane.slots import DecodeBuffers, RowGroup, StepInputs, StreamSlots
+from dataplane.slots import DecodeBuffers, RowGroup, StepInputs, StepOutput, StreamSlots
 from dataplane.slots import shared_tensor as _shared
 from dataplane.stage_base import (  # re-exported: callers import them from here
     DEVICES,
@@ -94,6 +94,11 @@ class StageRunner(MaskRewind):
             raise StageError(f"cannot compile stage {index} on {self.config.device}: {exc}") from None
         self.huge_page_bytes = pages.collapsed
         self.input_name = self.spec.inputs[0]
+        output = self.compiled.outputs[0]
+        last_dim = output.get_partial_shape()[-1]
+        # [rows, T, H] hidden states or [rows, K, V] logits: bound as a StepOutput
+        self._output_dim = last_dim.get_length() if last_dim.is_static else None
+        self._output_type = output.get_element_type()
         self._has_beam_idx = any(p.get_any_name() == "beam_idx" for p in self.compiled.inputs)
         self._beam = np.zeros(1, dtype=np.int32)
         self._beam_tensor = _shared(self._beam)  # read-only, bound to every one-row step
@@ -152,11 +157,12 @@ class StageRunner(MaskRewind):
         picks which of them get logits on the last stage (default: the last one).
         The returned array is a view into the request's output: copy it to keep it.
         """
-        self._stream(stream_id)
+        slots = self._stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
         inputs = self.prepare(stream_id, positions[None], logits_idx)
-        return self.run(stream_id, x, inputs).data
+        return self._output_data(slots, self.run(stream_id, x, inputs), 1, positions.shape[0],
+                                 logits_idx)
 
     def prepare(
         self,
@@ -243,22 +249,28 @@ class StageRunner(MaskRewind):
         request = target.request
         if isinstance(x, np.ndarray):
             self.check_input(x[:1], inputs.positions[0])
+            dims = x.shape
             if self.spec.first:
                 x = x.astype(np.int64, copy=False)
             buffers = target.decode
-            x = (buffers.input_from(x) if buffers is not None and x.shape[:2] == (1, 1)
+            x = (buffers.input_from(x) if buffers is not None and dims[:2] == (1, 1)
                  and x.dtype in (np.int64, np.float32) else _shared(x))
-        dims = x.shape  # an ov.Shape: index it (iterating one costs ~0.1 ms on this path)
+        else:
+            dims = x.shape  # an ov.Shape: index it (iterating one costs ~0.1 ms on this path)
         if (dims[0], dims[1]) != inputs.positions.shape:
             raise StageError(f"x {list(dims)} does not match positions {inputs.positions.shape}")
         self._bind_one(target, self.input_name, x)
+        output = target.output
+        if output is None and self.decode_buffers and self._output_dim is not None:
+            output = target.output = StepOutput(self._output_type, self._output_dim)
+            request.set_output_tensor(0, output.tensor)
         if self.config.async_infer:
             request.start_async()
             request.wait()
         else:
             request.infer(share_outputs=True)
         target.keep, target.last = inputs.after, inputs
-        return request.get_output_tensor(0)
+        return output.tensor if output is not None else request.get_output_tensor(0)
 
     def _target(self, stream_id: int) -> StreamSlots | RowGroup:
         """The row group ``stream_id``, else the stream."""
@@ -411,7 +423,18 @@ class StageRunner(MaskRewind):
             raise StageError(f"row group {group_id} has {rows} rows: it takes x [{rows}, T, ...] "
                              f"and positions [{rows}, T], got {x.shape} and {positions.shape}")
         inputs = self.prepare(group_id, positions, logits_idx)
-        return self.run(group_id, x, inputs).data
+        return self._output_data(group, self.run(group_id, x, inputs), rows, positions.shape[1],
+                                 logits_idx)
+
+    def _output_data(self, target: StreamSlots | RowGroup, tensor: ov.Tensor, rows: int,
+                     tokens: int, logits_idx: np.ndarray | None) -> np.ndarray:
+        """A step's output as numpy: [rows, T, H], or logits [rows, K, V] for the K
+        positions of ``logits_idx`` (default: the last token)."""
+        output = target.output
+        if output is None or tensor is not output.tensor:
+            return tensor.data
+        answers = (1 if logits_idx is None else len(logits_idx)) if self.spec.last else tokens
+        return output.view((rows, answers, output.tensor_dim))
 
 
 def _states(request: ov.InferRequest) -> dict[str, np.ndarray]:

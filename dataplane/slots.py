@@ -41,6 +41,7 @@ class StreamSlots(SlotCounts):
     last: StepInputs | None = None  # the inputs of the last step run
     prefetched: StepInputs | None = None  # inputs bound ahead for the guessed next step
     decode: DecodeBuffers | None = None  # the one-token steps' input tensors, made on first use
+    output: StepOutput | None = None  # the tensor the request writes its output to
 
 
 @dataclass
@@ -55,6 +56,7 @@ class RowGroup:
     last: StepInputs | None = None  # as StreamSlots.last
     prefetched: StepInputs | None = None
     decode: DecodeBuffers | None = None  # one-row groups only (as StreamSlots.decode)
+    output: StepOutput | None = None  # as StreamSlots.output
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,28 @@ class StepInputs:
         return (self.positions.shape == positions.shape and np.array_equal(self.positions, positions)
                 and (self.keep is keep or (self.keep.shape == keep.shape
                                            and np.array_equal(self.keep, keep))))
+
+
+class StepOutput:
+    """An output tensor bound to a request once, and a numpy view of it kept across steps.
+
+    ``get_output_tensor`` and ``.data`` are pybind calls that cost ~70 us right after an
+    inference (cold caches). The plugin writes every step's output into this tensor,
+    resizing it when a step's output shape differs (which may move its memory), so the
+    view is taken again whenever the shape changes and reused while it does not. Like a
+    request's own output, it is valid until the target's next step.
+    """
+
+    def __init__(self, element_type: ov.Type, last_dim: int) -> None:
+        self.tensor = ov.Tensor(element_type, [1, 1, last_dim])
+        self.tensor_dim = last_dim
+        self._view: np.ndarray = self.tensor.data
+
+    def view(self, shape: tuple[int, int, int]) -> np.ndarray:
+        """The output of the step just run, whose shape is ``shape``."""
+        if self._view.shape != shape:
+            self._view = self.tensor.data
+        return self._view
 
 
 class DecodeBuffers:

@@ -245,9 +245,11 @@ class _FreshTensors(StageRunner):
 @pytest.mark.parametrize("stage", [0, 1])
 def test_decode_buffers_equal_fresh_tensors(two_stage: Path, stage: int,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """One-row decode steps write their inputs into per-stream buffers bound once; over
-    decodes that outgrow the mask buffer, rewinds, compaction, trimming, multi-token steps,
-    two streams and a one-row group, every output equals binding fresh tensors per step."""
+    """One-row decode steps write their inputs into per-stream buffers bound once, and
+    every step its output into a tensor bound once (StepOutput); over decodes that outgrow
+    the mask buffer, rewinds, compaction, trimming, multi-token steps, answers for chosen
+    positions, two streams and a one-row group, every output equals binding fresh tensors
+    per step and reading the request's own output."""
     from dataplane.slots import DecodeBuffers
 
     monkeypatch.setattr(DecodeBuffers, "INITIAL_CAPACITY", 4)  # grow twice
@@ -261,7 +263,8 @@ def test_decode_buffers_equal_fresh_tensors(two_stage: Path, stage: int,
         (0, 3, 0, ""), (1, 2, 0, ""), (0, 1, 3, ""), (1, 1, 2, ""), (0, 1, 4, ""),
         (0, 1, 5, ""), (0, 1, 6, "mask 2"), (0, 1, 5, ""), (1, 1, 3, ""), (0, 1, 6, "compact"),
         (0, 2, 7, ""), (0, 1, 9, ""), (0, 1, 10, "trim 1"), (0, 1, 10, ""), (1, 1, 4, ""),
-        (0, 1, 11, "prefetch"), (0, 1, 12, ""), (1, 1, 5, "group"), (1, 1, 6, "")]
+        (0, 1, 11, "prefetch"), (0, 1, 12, ""), (0, 3, 13, "answer 0 2"), (0, 1, 16, ""),
+        (0, 2, 17, "answer 1"), (0, 1, 19, ""), (1, 1, 5, "group"), (1, 1, 6, "")]
     grouped = False
     for sid, tokens, start, action in script:
         x = (rng.integers(0, 200, (1, tokens)) if stage == 0
@@ -280,12 +283,15 @@ def test_decode_buffers_equal_fresh_tensors(two_stage: Path, stage: int,
                 runner.prefetch(sid)
             elif action == "group":
                 runner.regroup(100, [sid])
+            answer = (np.array([int(a) for a in action.split()[1:]])
+                      if action.startswith("answer") else None)
             if sid == 1 and (grouped or action == "group"):
                 outs.append(np.array(runner.step_rows(100, x, positions[None])))
             else:
-                outs.append(np.array(runner.step(sid, x, positions)))
+                outs.append(np.array(runner.step(sid, x, positions, answer)))
         grouped = grouped or action == "group"
         np.testing.assert_array_equal(outs[0], outs[1])
     assert buffered.streams[0].decode is not None and fresh.streams[0].decode is None
+    assert buffered.streams[0].output is not None and fresh.streams[0].output is None
     assert buffered.streams[0].decode.capacity >= 16 > 4  # outgrew its first buffer
     assert buffered.groups[100].decode is not None
