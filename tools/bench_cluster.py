@@ -7,6 +7,9 @@ this process; the two are interleaved run by run with the same plugin hints. Who
 drift by +-10% here, so the tool also steps the cluster's data plane and our 1-stage
 chain token by token (``cluster_over_stage1_interleaved``): the cluster's cost over one
 monolithic stage without that drift (bench_parity relates the 1-stage chain to genai).
+It leans in the cluster's favour: stepped in turn, the 1-stage chain also starts each
+step after an idle gap (the cluster's step), which a monolithic model running alone never
+has; tools/bench_idle_gap measures what such a gap costs.
 
     python -m tools.bench_cluster [--model smollm2-135m] [--stages 2] [--json]
 """
@@ -102,7 +105,7 @@ def main(
     interleave: bool = typer.Option(
         True, help="also step a cluster of the same stages and the 1-stage chain token by "
                    "token in rotating order (cluster_over_stage1_interleaved: free of the "
-                   "drift between runs)"),
+                   "drift between runs, but the 1-stage chain pays an idle gap too)"),
     thp_baseline: bool = typer.Option(
         True, help="also time openvino_genai with its memory on huge pages, as the stage "
                    "runners' weights are (ratio_vs_thp_baseline)"),
