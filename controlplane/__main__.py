@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from controlplane.messages import RuntimeSpec
+from controlplane.records import RuntimeSpec
 
 err = Console(stderr=True)
 

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import zmq
 
 from controlplane.messages import (
-    ClusterStatus,
     Error,
     MessageError,
     StatusReply,
@@ -16,6 +15,7 @@ from controlplane.messages import (
     from_frames,
     to_frames,
 )
+from controlplane.records import ClusterStatus
 from controlplane.security import CurveClient
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
 

@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,16 +22,15 @@ import zmq
 from console.paths import zctl_home
 from controlplane import membership as ms
 from controlplane.launch import (
+    BackgroundStage,
     StageAssignment,
     StageHandle,
     StageLauncher,
-    StageSlot,
     head_launcher,
 )
 from controlplane.messages import (
     PROTOCOL_VERSION,
     AssignStage,
-    ClusterStatus,
     Enrol,
     Error,
     Heartbeat,
@@ -40,9 +38,7 @@ from controlplane.messages import (
     Message,
     MessageError,
     ProtocolMismatch,
-    RefusalInfo,
     Refuse,
-    RuntimeSpec,
     ShardDone,
     ShardRequest,
     StageReady,
@@ -56,7 +52,6 @@ from controlplane.messages import (
 )
 from controlplane.nodeinfo import (
     choose_data_port,
-    describe_versions,
     endpoint_host,
     load_or_create_node_id,
     openvino_version,
@@ -67,6 +62,7 @@ from controlplane.nodeinfo import (
 )
 from controlplane.pipeline import Pipeline
 from controlplane.placement import LayerCost, stage_needs
+from controlplane.records import ClusterStatus, RefusalInfo, RuntimeSpec
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from dataplane.manifest import load_manifest
@@ -147,9 +143,7 @@ class Coordinator:
         self._sock: zmq.Socket | None = None
         self.endpoint = ""
         self._started = now
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="zctl-stage0")
-        self._local_jobs: list[tuple[int, Future]] = []
-        self.local = StageSlot(self.launcher)  # stage 0, run by the coordinator itself
+        self.local = BackgroundStage(self.launcher, "zctl-stage0")  # stage 0, run here
 
     # -- lifecycle -----------------------------------------------------------------------
     def bind(self) -> str:
@@ -242,7 +236,6 @@ class Coordinator:
             for member in self.members.values():
                 if not member.local and member.alive:
                     self._send(member.identity, Leave("coordinator shutting down"))
-        self._executor.shutdown(wait=True)
         self.local.stop()
         if self._sock is not None:
             self._sock.close(0)
@@ -341,26 +334,10 @@ class Coordinator:
             self._send(identity, Error("protocol-version", str(exc), exc.msg_type))
 
     def _on_enrol(self, identity: bytes, msg: Enrol) -> None:
-        if identity != msg.node_id.encode():
-            self._refuse(identity, msg.node_id, msg.host, "bad-enrol",
-                         f"node {msg.node_id} enrolled over a connection whose routing id is "
-                         f"{identity[:64]!r}: the routing id must be the node id")
-            return
-        if msg.node_id == self.node_id:
-            self._refuse(identity, msg.node_id, msg.host, "duplicate-id",
-                         f"node id {msg.node_id} is the coordinator's own id: was a state "
-                         "directory copied? delete node_id in the node's state directory")
-            return
-        if msg.openvino != self.openvino:
-            ours, theirs = describe_versions(self.openvino, msg.openvino)
-            self._refuse(identity, msg.node_id, msg.host, "openvino-version",
-                         f"node {msg.node_id} runs OpenVINO {theirs} but the coordinator runs "
-                         f"{ours}; compiled shards need the same OpenVINO on every node")
-            return
-        if self.config.curve is not None and not msg.data_key:
-            self._refuse(identity, msg.node_id, msg.host, "no-data-key",
-                         f"node {msg.node_id} enrolled without a data-pipe key, but this "
-                         "cluster encrypts its data pipes (CURVE): update zctl on the node")
+        refusal = ms.enrol_refusal(msg, identity, self.node_id, self.openvino,
+                                   self.config.curve is not None)
+        if refusal is not None:
+            self._refuse(identity, msg.node_id, msg.host, *refusal)
             return
         if msg.zctl != self.zctl:
             log.warning("node %s runs zctl %s, the coordinator %s", msg.node_id, msg.zctl,
@@ -430,14 +407,13 @@ class Coordinator:
     def _tick(self, now: float) -> None:
         cfg = self.config
         for member in self.members.values():
-            if member.local or not member.alive:
-                continue
-            if now - member.last_seen > cfg.heartbeat_interval * cfg.liveness:
+            action = ms.liveness_action(member, now, cfg.heartbeat_interval, cfg.liveness)
+            if action == ms.DEAD:
                 member.mark_down(ms.DEAD, now)
                 self.counters["marked_dead"] += 1
                 log.warning("node %s missed %d heartbeats: marked dead", member.node_id,
                             cfg.liveness)
-            elif now - member.last_sent >= cfg.heartbeat_interval:
+            elif action is not None:
                 self._send(member.identity, Heartbeat(member.state))
         self._collect_local_jobs()
         self._advance()
@@ -468,13 +444,11 @@ class Coordinator:
         curve = self.config.curve
         assignment = StageAssignment.from_message(
             msg, self.export_dir, None if curve is None else (curve.public, curve.secret))
-        self._local_jobs.append((msg.epoch, self._executor.submit(self.local.apply, assignment)))
+        self.local.submit(msg.epoch, assignment)
 
     def _collect_local_jobs(self) -> None:
         me = self.members[self.node_id]
-        while self._local_jobs and self._local_jobs[0][1].done():
-            epoch, job = self._local_jobs.pop(0)
-            error = job.exception()
+        for epoch, error in self.local.finished():
             if error is not None:
                 log.error("starting the local stage failed: %s", error)
             if me.assigned is not None and epoch == me.assigned.epoch:

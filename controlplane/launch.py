@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from controlplane.messages import AssignStage, RuntimeSpec
+from controlplane.messages import AssignStage
+from controlplane.records import RuntimeSpec
 
 log = logging.getLogger("zctl.controlplane")
 
@@ -181,3 +183,33 @@ class StageSlot:
                 log.exception("stopping stage %s failed",
                               self.assignment.stage_index if self.assignment else "?")
         self.handle, self.assignment = None, None
+
+
+class BackgroundStage:
+    """A StageSlot applied on a worker thread, so a control loop never blocks on a compile:
+    ``submit`` queues an assignment (with its wiring epoch), ``finished`` returns the
+    epochs applied since the last call, in order, each with the error it raised or None."""
+
+    def __init__(self, launcher: StageLauncher, thread_name: str) -> None:
+        self.slot = StageSlot(launcher)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+        self._jobs: list[tuple[int, Future[None]]] = []
+
+    @property
+    def handle(self) -> StageHandle | None:
+        return self.slot.handle
+
+    def submit(self, epoch: int, assignment: StageAssignment) -> None:
+        self._jobs.append((epoch, self._executor.submit(self.slot.apply, assignment)))
+
+    def finished(self) -> list[tuple[int, BaseException | None]]:
+        done = []
+        while self._jobs and self._jobs[0][1].done():
+            epoch, job = self._jobs.pop(0)
+            done.append((epoch, job.exception()))
+        return done
+
+    def stop(self) -> None:
+        """Wait for a queued assignment to finish, then stop the stage."""
+        self._executor.shutdown(wait=True)
+        self.slot.stop()

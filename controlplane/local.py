@@ -13,7 +13,7 @@ from console.paths import zctl_home
 from controlplane.agent import AgentConfig, NodeAgent, ProgressCallback
 from controlplane.coordinator import Coordinator, CoordinatorConfig
 from controlplane.launch import StageLauncher
-from controlplane.messages import ClusterStatus, RuntimeSpec
+from controlplane.records import ClusterStatus, RuntimeSpec
 from dataplane.manifest import load_manifest
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.messages import AssignStage, Enrol, NodeStatus
+from controlplane.messages import AssignStage, Enrol
+from controlplane.nodeinfo import describe_versions
+from controlplane.records import NodeStatus
 
 IDLE = "idle"
 TRANSFERRING = "transferring"
@@ -67,3 +69,38 @@ class Member:
             transfer_done=self.transfer_done(), transfer_total=self.transfer_total,
             error=self.error, local=self.local,
         )
+
+
+def enrol_refusal(msg: Enrol, identity: bytes, coordinator_id: str, openvino: str,
+                  curve: bool) -> tuple[str, str] | None:
+    """Why the coordinator refuses an enrolment, as (code, reason naming both sides), or
+    None to admit it. ``curve``: the cluster encrypts its data pipes."""
+    if identity != msg.node_id.encode():
+        return "bad-enrol", (f"node {msg.node_id} enrolled over a connection whose routing id "
+                             f"is {identity[:64]!r}: the routing id must be the node id")
+    if msg.node_id == coordinator_id:
+        return "duplicate-id", (f"node id {msg.node_id} is the coordinator's own id: was a "
+                                "state directory copied? delete node_id in the node's state "
+                                "directory")
+    if msg.openvino != openvino:
+        ours, theirs = describe_versions(openvino, msg.openvino)
+        return "openvino-version", (f"node {msg.node_id} runs OpenVINO {theirs} but the "
+                                    f"coordinator runs {ours}; compiled shards need the same "
+                                    "OpenVINO on every node")
+    if curve and not msg.data_key:
+        return "no-data-key", (f"node {msg.node_id} enrolled without a data-pipe key, but this "
+                               "cluster encrypts its data pipes (CURVE): update zctl on the node")
+    return None
+
+
+def liveness_action(member: Member, now: float, interval: float, liveness: int) -> str | None:
+    """What a remote, live member needs on a tick: DEAD once it has been silent for
+    ``liveness`` heartbeat intervals, "beat" when nothing was sent to it for an interval
+    (any traffic counts both ways), else None."""
+    if member.local or not member.alive:
+        return None
+    if now - member.last_seen > interval * liveness:
+        return DEAD
+    if now - member.last_sent >= interval:
+        return "beat"
+    return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 from controlplane.checks import (  # noqa: F401 - NODE_ID_RE, MessageError: part of the API
@@ -23,6 +23,7 @@ from controlplane.checks import (  # noqa: F401 - NODE_ID_RE, MessageError: part
     check_sha,
     need,
 )
+from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, RuntimeSpec, StageInfo
 from controlplane.schema import SchemaError, build
 
 PROTOCOL_VERSION = 1
@@ -65,122 +66,6 @@ def register(cls: M) -> M:
         raise TypeError(f"message class {cls.__name__} needs a unique TYPE (got {cls.TYPE!r})")
     REGISTRY[cls.TYPE] = cls
     return cls
-
-
-# -- nested records --------------------------------------------------------------------
-@dataclass(frozen=True)
-class DeviceInfo:
-    """One OpenVINO device a node sees; memory_bytes is None when the plugin will not say."""
-
-    name: str
-    full_name: str = ""
-    memory_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class FileSpec:
-    """One file of a shard: its name inside the shard directory, size and sha256."""
-
-    name: str
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class StageInfo:
-    """The part of the export manifest a node's assignment names (cross-checked on the node)."""
-
-    index: int
-    layer_start: int
-    layer_end: int
-    xml: str
-    bin: str
-    first: bool
-    last: bool
-
-
-@dataclass(frozen=True)
-class RuntimeSpec:
-    """Mirror of dataplane.runtime.RuntimeConfig, kept here so schemas need no OpenVINO."""
-
-    device: str = "CPU"
-    precision: str | None = "f32"
-    num_threads: int | None = None
-    performance_hint: str = "LATENCY"
-    kv_cache_precision: str | None = None
-    dynamic_quantization: bool = True
-
-    @property
-    def exact(self) -> bool:
-        """f32 activations and an f32 KV cache: speculative output equals greedy."""
-        return (self.precision == "f32" and self.kv_cache_precision == "f32"
-                and not self.dynamic_quantization)
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    node_id: str
-    host: str
-    state: str
-    stage: int | None
-    data_addr: str
-    last_seen_s: float
-    devices: list[DeviceInfo]
-    ram_free: int
-    ram_total: int
-    openvino: str
-    zctl: str
-    cached_shards: int
-    transfer_done: int = 0
-    transfer_total: int = 0
-    error: str = ""
-    local: bool = False
-
-
-@dataclass(frozen=True)
-class StageStatus:
-    index: int
-    layer_start: int
-    layer_end: int
-    shard_hash: str
-    bytes: int
-    node_id: str | None
-    state: str
-
-
-@dataclass(frozen=True)
-class RefusalInfo:
-    node_id: str
-    host: str
-    reason: str
-    age_s: float
-
-
-@dataclass(frozen=True)
-class ClusterStatus:
-    """What ``zctl cluster status --json`` prints."""
-
-    coordinator_id: str
-    session: str
-    endpoint: str
-    protocol: int
-    openvino: str
-    zctl: str
-    export_dir: str
-    model: str
-    pipeline: str
-    epoch: int
-    uptime_s: float
-    plan_error: str
-    nodes: list[NodeStatus]
-    stages: list[StageStatus]
-    refused: list[RefusalInfo]
-    counters: dict[str, int]
-    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)  # what every stage compiles with
-    curve: bool = False  # CURVE on the control and data pipes
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # -- messages --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from controlplane.checks import NODE_ID_RE
-from controlplane.messages import DeviceInfo
+from controlplane.records import DeviceInfo
 
 log = logging.getLogger("zctl.controlplane")
 

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 
 from controlplane import membership as ms
-from controlplane.messages import AssignStage, RuntimeSpec, StageInfo, StageStatus
+from controlplane.messages import AssignStage
 from controlplane.placement import (
     NodeCapacity,
     PlacementError,
@@ -21,6 +21,7 @@ from controlplane.placement import (
     layer_range,
     node_memory,
 )
+from controlplane.records import RuntimeSpec, StageInfo, StageStatus
 from dataplane.manifest import ExportManifest
 
 log = logging.getLogger("zctl.controlplane")

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane.messages import DeviceInfo
+from controlplane.records import DeviceInfo
 from dataplane.manifest import ExportManifest, ManifestError, check_layer_cover
 
 # Bytes per weight of embedding/head and of decoder MatMuls for each export format

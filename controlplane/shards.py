@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.checks import SHA256_RE
-from controlplane.messages import FileSpec, ShardChunk, ShardOffer, ShardRequest
+from controlplane.messages import ShardChunk, ShardOffer, ShardRequest
+from controlplane.records import FileSpec
 from dataplane.manifest import MANIFEST_NAME, ExportManifest, sha256_file
 
 DEFAULT_CHUNK_SIZE = 1 << 20

@@ -15,8 +15,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from controlplane.messages import ClusterStatus
 from controlplane.placement import fmt_bytes, layer_range
+from controlplane.records import ClusterStatus
 
 STATE_STYLE = {"serving": "green", "ready": "cyan", "wiring": "cyan", "transferring": "yellow",
                "idle": "dim", "failed": "red", "dead": "bold red", "left": "dim"}

@@ -10,6 +10,7 @@ from pathlib import Path
 import zmq
 
 from controlplane import messages as m
+from controlplane import records as r
 from controlplane.agent import AgentConfig, NodeAgent
 from controlplane.coordinator import Coordinator, CoordinatorConfig
 from controlplane.launch import StageAssignment
@@ -75,7 +76,7 @@ class Cluster:
             coord.stop()
 
 
-def node(status: m.ClusterStatus, node_id: str) -> m.NodeStatus:
+def node(status: r.ClusterStatus, node_id: str) -> r.NodeStatus:
     return next(n for n in status.nodes if n.node_id == node_id)
 
 
@@ -113,7 +114,7 @@ class RawNode:
 
 def enrol_msg(node_id: str, **change: object) -> m.Enrol:
     fields = {"node_id": node_id, "host": "127.0.0.1", "data_addr": "tcp://127.0.0.1:1",
-              "devices": [m.DeviceInfo("CPU", "cpu", 8 << 30)], "ram_total": 8 << 30,
+              "devices": [r.DeviceInfo("CPU", "cpu", 8 << 30)], "ram_total": 8 << 30,
               "ram_free": 4 << 30, "openvino": openvino_version(), "zctl": zctl_version()}
     return m.Enrol(**{**fields, **change})  # type: ignore[arg-type]
 

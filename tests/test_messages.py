@@ -8,6 +8,7 @@ from dataclasses import asdict, fields
 import pytest
 
 from controlplane import messages as m
+from controlplane import records as r
 from controlplane import service_messages as sm
 
 HASH = "ab" * 32
@@ -15,29 +16,29 @@ KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"  # a Z85 CURVE public key
 
 
 def sample(cls: type[m.Message]) -> m.Message:
-    status = m.ClusterStatus(
+    status = r.ClusterStatus(
         coordinator_id="coord", session="s1", endpoint="tcp://127.0.0.1:5550", protocol=1,
         openvino="2026.4.1", zctl="0.1.0", export_dir="/x", model="tiny", pipeline="serving",
         epoch=3, uptime_s=1.5, plan_error="",
-        nodes=[m.NodeStatus("n1", "h", "serving", 1, "tcp://h:1", 0.1,
-                            [m.DeviceInfo("CPU", "cpu", 1 << 30)], 5, 10, "2026.4.1", "0.1.0", 1)],
-        stages=[m.StageStatus(0, 0, 2, HASH, 100, "coord", "serving")],
-        refused=[m.RefusalInfo("bad", "h2", "why", 2.0)], counters={"malformed": 1})
+        nodes=[r.NodeStatus("n1", "h", "serving", 1, "tcp://h:1", 0.1,
+                            [r.DeviceInfo("CPU", "cpu", 1 << 30)], 5, 10, "2026.4.1", "0.1.0", 1)],
+        stages=[r.StageStatus(0, 0, 2, HASH, 100, "coord", "serving")],
+        refused=[r.RefusalInfo("bad", "h2", "why", 2.0)], counters={"malformed": 1})
     samples: dict[type, m.Message] = {
         m.Enrol: m.Enrol("node-1", "host", "tcp://10.0.0.2:6000",
-                         [m.DeviceInfo("CPU", "Intel", 16 << 30), m.DeviceInfo("GPU.0")],
+                         [r.DeviceInfo("CPU", "Intel", 16 << 30), r.DeviceInfo("GPU.0")],
                          16 << 30, 8 << 30, "2026.4.1", "0.1.0", [HASH], 12.5, 42, KEY),
         m.Welcome: m.Welcome("node-1", "coord", "s1", 1.0, 3),
         m.Refuse: m.Refuse("openvino-version", "because", "node-1"),
         m.Heartbeat: m.Heartbeat("serving"),
         m.Leave: m.Leave("bye"),
-        m.ShardOffer: m.ShardOffer(HASH, 1, [m.FileSpec("stage1.bin", 10, HASH)], 4),
+        m.ShardOffer: m.ShardOffer(HASH, 1, [r.FileSpec("stage1.bin", 10, HASH)], 4),
         m.ShardRequest: m.ShardRequest(HASH, "stage1.bin", 2, 8, 2),
         m.ShardChunk: m.ShardChunk(HASH, "stage1.bin", 2, 8, 2, HASH),
         m.ShardDone: m.ShardDone(HASH, True, cached=True),
-        m.AssignStage: m.AssignStage(4, m.StageInfo(1, 2, 4, "s.xml", "s.bin", False, True), 2,
+        m.AssignStage: m.AssignStage(4, r.StageInfo(1, 2, 4, "s.xml", "s.bin", False, True), 2,
                                      "tiny", HASH, "tcp://a:1", "tcp://b:2",
-                                     m.RuntimeSpec("GPU", None, 2), KEY, [KEY]),
+                                     r.RuntimeSpec("GPU", None, 2), KEY, [KEY]),
         m.Release: m.Release("spare"),
         m.StageReady: m.StageReady(4, 1, False, "compile failed"),
         m.Error: m.Error("malformed", "bad", "enrol"),
@@ -68,8 +69,8 @@ def test_every_message_round_trips(cls: type[m.Message]) -> None:
 def test_runtime_spec_mirrors_runtime_config() -> None:
     from dataplane.runtime import RuntimeConfig
 
-    assert [f.name for f in fields(m.RuntimeSpec)] == [f.name for f in fields(RuntimeConfig)]
-    assert m.RuntimeSpec() == m.RuntimeSpec(**RuntimeConfig().__dict__)
+    assert [f.name for f in fields(r.RuntimeSpec)] == [f.name for f in fields(RuntimeConfig)]
+    assert r.RuntimeSpec() == r.RuntimeSpec(**RuntimeConfig().__dict__)
 
 
 def envelope(body: object, type_: str = "enrol", protocol: object = 1) -> bytes:

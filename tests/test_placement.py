@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.messages import DeviceInfo
 from controlplane.placement import (
     LayerCost,
     NodeCapacity,
@@ -19,6 +18,7 @@ from controlplane.placement import (
     plan_layers,
     stage_needs,
 )
+from controlplane.records import DeviceInfo
 
 MiB = 1 << 20
 GiB = 1 << 30

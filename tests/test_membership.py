@@ -1,0 +1,110 @@
+"""The coordinator's membership rules as pure functions (enrolment admission, liveness)
+and the background stage slot node 0 applies its wiring on."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from controlplane import membership as ms
+from controlplane.launch import BackgroundStage, StageAssignment
+from controlplane.messages import Enrol
+from controlplane.records import RuntimeSpec
+
+OV = "2026.4.1-20000-abc"
+KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
+
+
+def enrol(**change: object) -> Enrol:
+    fields = dict(node_id="node-1", host="10.0.0.2", data_addr="tcp://10.0.0.2:6000",
+                  devices=[], ram_total=8 << 30, ram_free=4 << 30, openvino=OV, zctl="0.1.0")
+    return Enrol(**{**fields, **change})  # type: ignore[arg-type]
+
+
+def test_a_matching_node_is_admitted() -> None:
+    assert ms.enrol_refusal(enrol(), b"node-1", "coord", OV, curve=False) is None
+    assert ms.enrol_refusal(enrol(data_key=KEY), b"node-1", "coord", OV, curve=True) is None
+
+
+@pytest.mark.parametrize(("msg", "identity", "curve", "code", "words"), [
+    (enrol(), b"someone-else", False, "bad-enrol", "routing id must be the node id"),
+    (enrol(node_id="coord"), b"coord", False, "duplicate-id", "coordinator's own id"),
+    (enrol(openvino="2025.3.0-19000-def"), b"node-1", False, "openvino-version",
+     "runs OpenVINO 2025.3.0 but the coordinator runs 2026.4.1"),
+    (enrol(), b"node-1", True, "no-data-key", "encrypts its data pipes"),
+])
+def test_refusals_name_the_reason(msg: Enrol, identity: bytes, curve: bool, code: str,
+                                  words: str) -> None:
+    refusal = ms.enrol_refusal(msg, identity, "coord", OV, curve)
+    assert refusal is not None
+    assert refusal[0] == code and words in refusal[1]
+
+
+def test_same_release_other_build_names_the_full_builds() -> None:
+    refusal = ms.enrol_refusal(enrol(openvino="2026.4.1-20001-xyz"), b"node-1", "coord", OV,
+                               curve=False)
+    assert refusal is not None and "2026.4.1-20001-xyz" in refusal[1] and OV in refusal[1]
+
+
+def member(**change: object) -> ms.Member:
+    m = ms.Member("node-1", b"node-1", enrol(), ms.SERVING, last_seen=100.0, last_sent=100.0)
+    for name, value in change.items():
+        setattr(m, name, value)
+    return m
+
+
+def test_liveness_marks_silent_nodes_dead_and_beats_quiet_ones() -> None:
+    # interval 1 s, 3 beats of liveness
+    assert ms.liveness_action(member(), 100.5, 1.0, 3) is None
+    assert ms.liveness_action(member(), 101.0, 1.0, 3) == "beat"
+    assert ms.liveness_action(member(last_sent=101.0), 102.9, 1.0, 3) == "beat"
+    assert ms.liveness_action(member(last_sent=102.9), 103.0, 1.0, 3) is None
+    assert ms.liveness_action(member(last_sent=102.9), 103.1, 1.0, 3) == ms.DEAD
+    # the coordinator's own record, and nodes already down, need nothing
+    assert ms.liveness_action(member(local=True), 200.0, 1.0, 3) is None
+    assert ms.liveness_action(member(state=ms.DEAD), 200.0, 1.0, 3) is None
+    assert ms.liveness_action(member(state=ms.LEFT), 200.0, 1.0, 3) is None
+
+
+class FakeHandle:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_background_stage_reports_each_epoch_in_order() -> None:
+    gate = threading.Event()
+    launched: list[FakeHandle] = []
+
+    def launcher(assignment: StageAssignment) -> FakeHandle:
+        gate.wait(5)
+        if assignment.stage_index == 2:
+            raise RuntimeError("cannot compile stage 2")
+        launched.append(FakeHandle())
+        return launched[-1]
+
+    def assignment(stage: int) -> StageAssignment:
+        return StageAssignment(Path("."), stage, 3, "tcp://127.0.0.1:*",
+                               f"tcp://127.0.0.1:{7000 + stage}", RuntimeSpec(), stage, "0" * 64)
+
+    stage = BackgroundStage(launcher, "test-stage")
+    stage.submit(1, assignment(1))
+    stage.submit(2, assignment(2))
+    assert stage.finished() == [] and stage.handle is None  # still compiling
+    gate.set()
+    done: list[tuple[int, BaseException | None]] = []
+    for _ in range(500):
+        done += stage.finished()
+        if len(done) == 2:
+            break
+        threading.Event().wait(0.01)
+    assert [epoch for epoch, _ in done] == [1, 2]
+    assert done[0][1] is None and isinstance(done[1][1], RuntimeError)
+    # stage 1 ran, then was stopped to make way for stage 2, which failed to start
+    assert len(launched) == 1 and launched[0].stopped and stage.handle is None
+    stage.stop()
+    assert stage.handle is None
