@@ -32,6 +32,7 @@ from dataplane.tokenizer import ChatTokenizer
 from tools.bench_parity import (
     PROMPT,
     cached_export,
+    export_name,
     model_hf_dir,
     paired_ratio,
     paired_step_ms,
@@ -116,7 +117,7 @@ def main(
 
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
-    name = model if model in ("smollm2-135m", "random-1b") else hf_dir.name
+    name = export_name(model, hf_dir)
     export_dir = cached_export(hf_dir, name, stages, weights, True, cache)
     props = plugin_properties(precision, threads)
     if kv_cache_precision != "default":

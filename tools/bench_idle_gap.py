@@ -192,11 +192,11 @@ def main(
 ) -> None:
     from console.paths import zctl_home
     from dataplane.tokenizer import ChatTokenizer
-    from tools.bench_parity import PROMPT, cached_export, model_hf_dir
+    from tools.bench_parity import PROMPT, cached_export, export_name, model_hf_dir
 
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
-    name = model if model in ("smollm2-135m", "random-1b") else hf_dir.name
+    name = export_name(model, hf_dir)
     export_dir = cached_export(hf_dir, name, stages, weights, True, cache)
     result = run(str(export_dir), ChatTokenizer(export_dir).encode(PROMPT), tokens, gap_ms, ops,
                  precision, threads)

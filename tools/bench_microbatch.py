@@ -50,7 +50,13 @@ from console.cluster_procs import (
     wait_serving,
 )
 from dataplane.manifest import load_manifest
-from tools.bench_parity import cached_export, model_hf_dir, paired_ratio, plugin_properties
+from tools.bench_parity import (
+    cached_export,
+    export_name,
+    model_hf_dir,
+    paired_ratio,
+    plugin_properties,
+)
 
 err = Console(stderr=True)
 PROMPTS = [
@@ -127,8 +133,8 @@ def main(
 
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
-    export_dir = cached_export(hf_dir, model if model in ("smollm2-135m", "random-1b")
-                               else hf_dir.name, stages, weights, True, cache, layers)
+    export_dir = cached_export(hf_dir, export_name(model, hf_dir), stages, weights, True,
+                               cache, layers)
     stages = len(load_manifest(export_dir).stages)
     groups = local_row_groups(cpu_sets, stages, None if row_groups < 0 else row_groups,
                               link_delay_ms)

@@ -67,6 +67,12 @@ def model_hf_dir(model: str, cache: Path) -> Path:
     return Path(model)
 
 
+def export_name(model: str, hf_dir: Path) -> str:
+    """The export cache's name for ``model``: a known model's short name, else its HF
+    directory's name."""
+    return model if model in ("smollm2-135m", "random-1b") else hf_dir.name
+
+
 def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,
                   cache: Path, layers: str = "", static_kv: StaticKV | None = None) -> Path:
     """Export once per (model, stages or layer split, weights, beam_idx, static KV); reuse
@@ -187,7 +193,7 @@ def main(
 
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
-    name = Path(model).name if model not in ("smollm2-135m", "random-1b") else model
+    name = export_name(model, hf_dir)
     exports = {
         "stage1": cached_export(hf_dir, name, 1, weights, True, cache),
         "stage1_nobeam": cached_export(hf_dir, name, 1, weights, False, cache),

@@ -443,14 +443,14 @@ def main(
 ) -> None:
     from console.paths import zctl_home
     from dataplane.tokenizer import ChatTokenizer
-    from tools.bench_parity import cached_export, model_hf_dir
+    from tools.bench_parity import cached_export, export_name, model_hf_dir
 
     if drafter not in ("lookup", "draft", "both"):
         raise typer.BadParameter("--drafter must be lookup, draft or both")
     names = list(DRAFTERS) if drafter == "both" else [drafter]
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
-    name = Path(model).name if model not in ("smollm2-135m", "random-1b") else model
+    name = export_name(model, hf_dir)
     target_dir = cached_export(hf_dir, name, stages, weights, True, cache)
     config = RuntimeConfig(precision=None if precision == "default" else precision,
                            num_threads=threads or None, performance_hint="LATENCY",

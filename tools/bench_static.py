@@ -29,7 +29,7 @@ from dataplane.generate import LocalChain
 from dataplane.manifest import StaticKV
 from dataplane.runtime import RuntimeConfig
 from dataplane.tokenizer import ChatTokenizer
-from tools.bench_parity import PROMPT, cached_export, model_hf_dir, paired_step_ms
+from tools.bench_parity import PROMPT, cached_export, export_name, model_hf_dir, paired_step_ms
 
 err = Console(stderr=True)
 
@@ -73,7 +73,7 @@ def main(
     sizes = parse_contexts(contexts)
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
-    name = model if model in ("smollm2-135m", "random-1b") else hf_dir.name
+    name = export_name(model, hf_dir)
     exports = {"stateful": cached_export(hf_dir, name, stages, weights, True, cache)}
     for size in sizes:
         exports[f"static{size}"] = cached_export(hf_dir, name, stages, weights, True, cache,

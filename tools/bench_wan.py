@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
-from tools.bench_parity import cached_export, model_hf_dir, plugin_properties
+from tools.bench_parity import cached_export, export_name, model_hf_dir, plugin_properties
 
 err = Console(stderr=True)
 JSON = ('{"name": "zctl", "host": "10.0.0.1", "port": 5550, "stages": 2, "weights": "int4", '
@@ -191,8 +191,7 @@ def main(
         raise typer.BadParameter("--tokens must be >= 2 and --runs >= 1")
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
-    export_dir = cached_export(hf_dir, model if model in ("smollm2-135m", "random-1b")
-                               else hf_dir.name, 2, weights, True, cache)
+    export_dir = cached_export(hf_dir, export_name(model, hf_dir), 2, weights, True, cache)
     props = plugin_properties(precision, threads)
     runtime = runtime_args(props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU")
     rows = []
