@@ -55,8 +55,8 @@ from dataplane.transport import (
     TransportError,
     bound_endpoint,
     deadline_after,
+    open_pipes,
     open_push,
-    pull_socket,
     recv_parts,
     remaining,
     send_parts,
@@ -114,13 +114,8 @@ class ClusterPipeline:
         self.options = options
         self.next_addr = next_addr
         self._ctx = context or zmq.Context.instance()
-        self._pull = pull_socket(self._ctx, reply_bind_addr, options)
+        self._pull, self._push = open_pipes(self._ctx, reply_bind_addr, next_addr, options)
         self.reply_endpoint = bound_endpoint(self._pull)
-        try:
-            self._push = open_push(self._ctx, next_addr, options)
-        except TransportError:
-            self._pull.close(0)
-            raise
         self._epochs = itertools.count(time.time_ns())  # unique, rising across restarts
         self._request_ids = itertools.count(1)
         self._streams: dict[int, _Stream] = {}

@@ -50,8 +50,8 @@ from dataplane.transport import (
     PipeOptions,
     TransportError,
     bound_endpoint,
+    open_pipes,
     open_push,
-    pull_socket,
     recv_parts,
     send_parts,
     wait_readable,
@@ -82,13 +82,8 @@ class StageWorker:
         self.options = options
         self.send_to = send_to
         self._ctx = context or zmq.Context.instance()
-        self._pull = pull_socket(self._ctx, bind_addr, options)
+        self._pull, self._push = open_pipes(self._ctx, bind_addr, send_to, options)
         self.endpoint = bound_endpoint(self._pull)
-        try:
-            self._push = open_push(self._ctx, send_to, options)
-        except TransportError:
-            self._pull.close(0)
-            raise
         # Commands (stop, rewire) arrive on the same PULL socket through an inproc
         # endpoint, so the loop blocks in one recv with no poller; a per-worker secret
         # keeps remote peers from forging them.

@@ -416,3 +416,18 @@ def test_row_groups_answer_each_row_and_refuse_bad_groups(last_stage):
     while worker.runner.groups and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not worker.runner.groups and worker.stats().malformed == 1 and worker.alive
+
+
+def test_a_bad_next_hop_fails_clearly_and_closes_the_inbound_pipe(monkeypatch) -> None:
+    from dataplane import transport
+
+    opened: list[zmq.Socket] = []
+
+    def recording_pull(*args, **kwargs) -> zmq.Socket:
+        opened.append(pull_socket(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(transport, "pull_socket", recording_pull)
+    with pytest.raises(TransportError, match="cannot connect"):
+        transport.open_pipes(zmq.Context.instance(), "tcp://127.0.0.1:*", "tcp://no such host")
+    assert len(opened) == 1 and opened[0].closed
