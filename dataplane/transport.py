@@ -8,19 +8,12 @@ reused; receives are zero-copy ``zmq.Frame`` parts.
 With ``PipeOptions.curve`` the pipes are CURVE-encrypted and authenticated: a PULL is a
 CURVE server that admits only the listed client keys (a ZAP handler on its context), a
 PUSH connects with its node's key pair to the server key of the next hop.
-
-A sender yields its CPU right after handing a frame to ZeroMQ (``send_parts``): the send
-wakes the context's I/O thread, which does the actual write, and a scheduler that places
-the woken thread on the sender's CPU (this project's VMs do, even with the other CPU idle)
-would run it only once the sender blocks, after whatever bookkeeping follows the send.
-``ZCTL_SEND_YIELD=0`` turns the yield off.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -29,9 +22,6 @@ from typing import Any
 
 import zmq
 from zmq.utils import z85
-
-# see the module docstring; sched_yield is POSIX (not on Windows)
-YIELD_AFTER_SEND = hasattr(os, "sched_yield") and os.environ.get("ZCTL_SEND_YIELD", "1") != "0"
 
 
 class TransportError(RuntimeError):
@@ -251,13 +241,10 @@ def send_parts(sock: zmq.Socket, parts: Sequence[Any]) -> zmq.MessageTracker | N
     try:
         for part in parts[:-1]:
             sock.send(part, zmq.SNDMORE)
-        tracker = sock.send(parts[-1], 0, copy=False, track=True)
+        return sock.send(parts[-1], 0, copy=False, track=True)
     except zmq.Again:
         raise TransportError(f"send to {peer_name(sock)} timed out: no live peer or its queue "
                              "is full") from None
-    if YIELD_AFTER_SEND:  # let the woken I/O thread write the frame now (module docstring)
-        os.sched_yield()
-    return tracker
 
 
 def recv_parts(sock: zmq.Socket, flags: int = 0) -> list[Any]:

@@ -431,31 +431,3 @@ def test_a_bad_next_hop_fails_clearly_and_closes_the_inbound_pipe(monkeypatch) -
     with pytest.raises(TransportError, match="cannot connect"):
         transport.open_pipes(zmq.Context.instance(), "tcp://127.0.0.1:*", "tcp://no such host")
     assert len(opened) == 1 and opened[0].closed
-
-
-@pytest.mark.parametrize("enabled", [True, False])
-def test_a_send_yields_the_cpu_to_zeromqs_io_thread(monkeypatch, enabled: bool) -> None:
-    """send_parts yields once the frame is with ZeroMQ (so the I/O thread writes it before
-    the sender's next work), unless turned off; the frame arrives either way."""
-    from dataplane import transport
-
-    ctx = zmq.Context.instance()
-    pull = pull_socket(ctx, "tcp://127.0.0.1:*")
-    push = push_socket(ctx, bound_endpoint(pull))
-    calls: list[int] = []
-    real_yield = transport.os.sched_yield
-
-    def recording_yield() -> None:
-        calls.append(len(calls))
-        real_yield()
-
-    monkeypatch.setattr(transport.os, "sched_yield", recording_yield)
-    monkeypatch.setattr(transport, "YIELD_AFTER_SEND", enabled)
-    try:
-        send_parts(push, [b"head", b"payload"])
-        pull.setsockopt(zmq.RCVTIMEO, 5000)
-        assert [bytes(p) for p in recv_parts(pull)] == [b"head", b"payload"]
-        assert calls == ([0] if enabled else [])
-    finally:
-        push.close(0)
-        pull.close(0)
