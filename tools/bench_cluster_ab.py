@@ -109,18 +109,16 @@ def main(
 ) -> None:
     from console.cluster_procs import runtime_args
     from console.paths import zctl_home
-    from tools.bench_parity import cached_export, export_name, model_hf_dir
+    from tools.bench_parity import model_export
 
     try:
         env_a, env_b = parse_env(a), parse_env(b)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    cache = zctl_home()
-    hf_dir = model_hf_dir(model, cache)
-    export_dir = cached_export(hf_dir, export_name(model, hf_dir), 2, weights, True, cache)
+    export_dir = model_export(model, 2, weights)
     result = run_ab(export_dir, env_a, env_b, pairs, tokens,
                     runtime_args(None if precision == "default" else precision, None, "CPU"),
-                    cache / "bench-ab", cpu_sets)
+                    zctl_home() / "bench-ab", cpu_sets)
     if as_json:
         print(json.dumps(result))
         return

@@ -190,20 +190,16 @@ def main(
     threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS (0: the plugin's)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    from console.paths import zctl_home
     from dataplane.tokenizer import ChatTokenizer
-    from tools.bench_parity import PROMPT, cached_export, export_name, model_hf_dir
+    from tools.bench_parity import PROMPT, model_export
 
-    cache = zctl_home()
-    hf_dir = model_hf_dir(model, cache)
-    name = export_name(model, hf_dir)
-    export_dir = cached_export(hf_dir, name, stages, weights, True, cache)
+    export_dir = model_export(model, stages, weights)
     result = run(str(export_dir), ChatTokenizer(export_dir).encode(PROMPT), tokens, gap_ms, ops,
                  precision, threads)
     if as_json:
         print(json.dumps(result))
         return
-    table = Table(title=f"idle gap of {gap_ms:g} ms before each step, {name} in {stages} stages")
+    table = Table(title=f"idle gap of {gap_ms:g} ms before each step, {model} in {stages} stages")
     table.add_column("measure")
     for mode in MODES:
         table.add_column(mode, justify="right")

@@ -73,6 +73,16 @@ def export_name(model: str, hf_dir: Path) -> str:
     return model if model in ("smollm2-135m", "random-1b") else hf_dir.name
 
 
+def model_export(model: str, stages: int, weights: str) -> Path:
+    """The cached export of ``model`` in ``stages`` cost-balanced stages (with beam_idx),
+    made on first use."""
+    from console.paths import zctl_home
+
+    cache = zctl_home()
+    hf_dir = model_hf_dir(model, cache)
+    return cached_export(hf_dir, export_name(model, hf_dir), stages, weights, True, cache)
+
+
 def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,
                   cache: Path, layers: str = "", static_kv: StaticKV | None = None) -> Path:
     """Export once per (model, stages or layer split, weights, beam_idx, static KV); reuse
