@@ -9,7 +9,9 @@ chain token by token (``cluster_over_stage1_interleaved``): the cluster's cost o
 monolithic stage without that drift (bench_parity relates the 1-stage chain to genai).
 It leans in the cluster's favour: stepped in turn, the 1-stage chain also starts each
 step after an idle gap (the cluster's step), which a monolithic model running alone never
-has; tools/bench_idle_gap measures what such a gap costs.
+has; tools/bench_idle_gap measures what such a gap costs. The cluster's extra cost per
+token is mostly fixed (two hops, a second dispatch, framework), so the ratio rises with
+the model: ``--model random-1b`` measures a Llama-3.2-1B-shaped model.
 
     python -m tools.bench_cluster [--model smollm2-135m] [--stages 2] [--json]
 """
