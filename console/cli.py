@@ -51,7 +51,7 @@ def default_export_dir(model: str, stages: int, weights: str, static: bool = Fal
     The suffix names the split policy ("stages": cost-balanced, see ``default_split``),
     so an export made under an older policy is not silently reused.
     """
-    from console.paths import export_cache_dir
+    from common.paths import export_cache_dir
 
     safe = model.replace("/", "--").replace(".gguf", "")
     kind = "-static" if static else ""
@@ -64,7 +64,7 @@ def default_split(source: Any, stages: int) -> list[tuple[int, int]]:
     The last stage also runs the LM head, so it gets fewer layers (SmolLM2 in 2 stages:
     0-16 and 17-29); see controlplane/balance.py for the cost model.
     """
-    from controlplane.balance import balanced_split, head_cost_layers
+    from exporter.balance import balanced_split, head_cost_layers
 
     shape = source.decoder_shape()
     head = head_cost_layers(shape.hidden_size, shape.intermediate_size, shape.num_heads,
@@ -99,8 +99,8 @@ def export(
              "f16)")] = "f32",
 ) -> None:
     """Cut a model into stage shards (OpenVINO IR with stateful KV) and write a manifest."""
+    from common.manifest import ManifestError, StaticKV, parse_layer_spec
     from console.export_view import RichExportProgress
-    from dataplane.manifest import ManifestError, StaticKV, parse_layer_spec
     from exporter.export import ExportError, export_model
     from exporter.sources import SourceError, open_source
 
@@ -108,7 +108,7 @@ def export(
         fail("give --stages or --layers, not both")
     quiet_ml_libraries()
     try:
-        from console.paths import source_cache_dir
+        from common.paths import source_cache_dir
 
         source = open_source(model, source_cache_dir())
         ranges = (parse_layer_spec(layers) if layers
@@ -136,13 +136,13 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Check the stage chain (f32) against Hugging Face greedy decoding, token for token."""
-    from dataplane.manifest import ManifestError
+    from common.manifest import ManifestError
     from exporter.sources import SourceError
     from exporter.verify import DEFAULT_PROMPTS, verify_export
 
     quiet_ml_libraries()
     try:
-        from console.paths import source_cache_dir
+        from common.paths import source_cache_dir
 
         results = verify_export(export_dir, prompt or DEFAULT_PROMPTS, max_new_tokens, model,
                                 chat=not raw, cache_dir=source_cache_dir())

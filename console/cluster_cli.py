@@ -51,8 +51,8 @@ def _fail(message: str, code: int = 1) -> None:
 
 def ensure_export(model: str, stages: int, weights: str) -> Path:
     """The cached export for (model, stages, weights); exported on first use with progress."""
+    from common.manifest import ManifestError, load_manifest
     from console.cli import default_export_dir, default_split, quiet_ml_libraries
-    from dataplane.manifest import ManifestError, load_manifest
 
     target = Path(model) if (Path(model) / "manifest.json").is_file() else default_export_dir(
         model, stages, weights)
@@ -64,8 +64,8 @@ def ensure_export(model: str, stages: int, weights: str) -> Path:
             raise
     err.print(f"exporting {model} in {stages} {weights} stages (first use) to {target}")
     try:
+        from common.paths import source_cache_dir
         from console.export_view import RichExportProgress
-        from console.paths import source_cache_dir
         from exporter.export import export_model
         from exporter.sources import open_source
     except ImportError as exc:
@@ -165,7 +165,7 @@ def cluster_up(
             bind_host, _, port = bind.rpartition(":")
             public = host or (socket.gethostbyname(socket.gethostname())
                               if bind_host in ("0.0.0.0", "*", "") else bind_host)
-            from console.paths import zctl_home
+            from common.paths import zctl_home
 
             groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
             root = zctl_home() / "cluster"
@@ -193,7 +193,7 @@ def cluster_up(
             stop_processes(rec.pids)
             cluster_file().unlink(missing_ok=True)
         _fail(str(exc))
-    from controlplane.view import status_table
+    from console.view import status_table
 
     out.print(status_table(status))
     out.print(f"serving {status.model} on {len(status.stages)} stages; zctl run \"...\"; "
@@ -205,8 +205,8 @@ def _serve_foreground(export_dir: Path, bind: str, host: str | None, rt: list[st
     """Run the coordinator here (recorded in cluster.json so zctl run finds it)."""
     import os
 
+    from common.paths import zctl_home
     from console.cluster_procs import free_port
-    from console.paths import zctl_home
     from controlplane.__main__ import main as controlplane_main
 
     bind_host, _, port = bind.rpartition(":")
@@ -247,8 +247,8 @@ def cluster_status(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Nodes, stages, layers, versions and liveness of the running cluster."""
+    from console.view import status_table
     from controlplane.client import ClusterUnreachable, query_status
-    from controlplane.view import status_table
 
     record = read_record()
     target = endpoint or (record.control if record else None)

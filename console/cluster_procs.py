@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from console.paths import zctl_home
+from common.paths import zctl_home
 
 CLUSTER_FILE = "cluster.json"
 

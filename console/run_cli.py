@@ -89,7 +89,7 @@ def parse_speculative(value: str) -> str:
 def check_sampling(temperature: float, top_k: int, top_p: float,
                    seed: int | None) -> dict[str, Any]:
     """The sampling options, validated here so a bad one fails before a cluster starts."""
-    from dataplane.sampling import SamplingParams
+    from engine.sampling import SamplingParams
 
     SamplingParams(temperature, top_k, top_p, seed)  # raises ValueError with the reason
     if seed is not None and seed < 0:
@@ -103,9 +103,9 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     """Send the prompts to the generation service (run concurrently, one stream each);
     live dashboard unless --json. Returns the run's report."""
     from console.cluster_procs import control_curve
-    from controlplane.balance import suggest_layers
     from controlplane.client import generate_many, query_status
     from controlplane.service_messages import GenerateDone, GenerateRequest
+    from exporter.balance import suggest_layers
 
     status = query_status(record.control, curve=control_curve(record))
     if speculative and not status.runtime.exact:

@@ -69,7 +69,7 @@ def _confine(args: argparse.Namespace) -> None:
 def _row_groups(args: argparse.Namespace) -> int:
     """--row-groups, or one group per stage of the export."""
     if args.row_groups is None:
-        from dataplane.manifest import load_manifest
+        from common.manifest import load_manifest
 
         return len(load_manifest(args.export_dir, verify_files=False).stages)
     if args.row_groups < 0:
@@ -118,10 +118,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    from console.view import TransferProgress
     from controlplane.agent import AgentConfig, NodeAgent
     from controlplane.launch import default_launcher
     from controlplane.security import CurveClient, key_dir, read_public_key
-    from controlplane.view import TransferProgress
 
     _confine(args)
     launcher = _launcher(args, default_launcher)
@@ -150,9 +150,9 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from console.view import status_table
     from controlplane.client import query_status
     from controlplane.security import CurveClient, read_public_key
-    from controlplane.view import status_table
 
     curve = None
     if args.curve_server_key:
@@ -169,8 +169,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
+    from console.view import status_table
     from controlplane.local import LocalCluster
-    from controlplane.view import status_table
 
     cluster = LocalCluster(args.export_dir, args.nodes, root=args.state_dir,
                            runtime=_runtime(args))
@@ -197,7 +197,7 @@ def cmd_authorize(args: argparse.Namespace) -> int:
 
 
 def _home() -> Path:
-    from console.paths import zctl_home
+    from common.paths import zctl_home
 
     return zctl_home()
 

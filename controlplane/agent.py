@@ -21,7 +21,8 @@ from typing import Any
 
 import zmq
 
-from console.paths import zctl_home
+from common.manifest import ManifestError, load_manifest
+from common.paths import zctl_home
 from controlplane.launch import (
     LaunchError,
     StageAssignment,
@@ -63,7 +64,6 @@ from controlplane.nodeinfo import (
 )
 from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
-from dataplane.manifest import ManifestError, load_manifest
 
 log = logging.getLogger("zctl.controlplane")
 

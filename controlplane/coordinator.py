@@ -19,7 +19,8 @@ from typing import Any
 
 import zmq
 
-from console.paths import zctl_home
+from common.manifest import load_manifest
+from common.paths import zctl_home
 from controlplane import membership as ms
 from controlplane.launch import (
     BackgroundStage,
@@ -65,7 +66,6 @@ from controlplane.placement import LayerCost, stage_needs
 from controlplane.records import ClusterStatus, RefusalInfo, RuntimeSpec
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
-from dataplane.manifest import load_manifest
 
 log = logging.getLogger("zctl.controlplane")
 

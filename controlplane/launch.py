@@ -80,7 +80,7 @@ StageLauncher = Callable[[StageAssignment], StageHandle]
 
 def build_runner(assignment: StageAssignment) -> Any:  # see dataplane.runtime.load_runner
     """Compile the assigned stage from its runner directory (verifies the IR hashes)."""
-    from dataplane.manifest import ManifestError
+    from common.manifest import ManifestError
     from dataplane.runtime import RuntimeConfig, StageError, load_runner
 
     try:

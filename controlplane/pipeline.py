@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from common.manifest import ExportManifest
 from controlplane import membership as ms
 from controlplane.messages import AssignStage
 from controlplane.placement import (
@@ -22,7 +23,6 @@ from controlplane.placement import (
     node_memory,
 )
 from controlplane.records import RuntimeSpec, StageInfo, StageStatus
-from dataplane.manifest import ExportManifest
 
 log = logging.getLogger("zctl.controlplane")
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import zmq
 
+from common.manifest import ManifestError, load_manifest
 from controlplane.messages import Error, MessageError, from_frames, to_frames
 from controlplane.service_messages import (
     MAX_DRAFT_TOKENS,
@@ -39,14 +40,14 @@ from controlplane.service_messages import (
     GenerateDone,
     GenerateRequest,
 )
-from dataplane.generate import Pipeline
-from dataplane.manifest import ManifestError, load_manifest
+from dataplane.draft_model import ModelDrafter
 from dataplane.runtime import StageError, StageRunner, load_runner
-from dataplane.sampling import SamplingParams
-from dataplane.scheduler import SessionUpdate, StreamScheduler
-from dataplane.sessions import DecodeSession
-from dataplane.speculative import Drafter, LookupDrafter, ModelDrafter
-from dataplane.tokenizer import ChatTokenizer, StreamDecoder
+from engine.drafting import Drafter, LookupDrafter
+from engine.executor import Executor
+from engine.sampling import SamplingParams
+from engine.scheduler import SessionUpdate, StreamScheduler
+from engine.sessions import DecodeSession
+from engine.tokenizer import ChatTokenizer, StreamDecoder
 
 log = logging.getLogger("zctl.service")
 CHUNK_INTERVAL_S = 0.1  # how often a stream's new tokens and running figures are sent
@@ -96,7 +97,7 @@ class _Job:
 class GenerationService:
     """Serve generations on ``endpoint`` using the pipeline ``get_pipeline()`` returns."""
 
-    def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Pipeline | None],
+    def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Executor | None],
                  endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8,
                  row_groups: int = 0, shared_cores: bool = False,
                  health: Callable[[], str | None] | None = None,

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from dataplane.frames import EMPTY_INDEX, ReplyMode
-from dataplane.generate import StepReply
 from dataplane.timing import StepTiming, TimingStamps
+from engine.executor import StepReply
 
 INT64 = np.dtype(np.int64)
 

@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 import numpy as np
 import openvino as ov
 
+from common.manifest import ExportManifest, load_manifest, verify_export_files
 from dataplane.hugepages import HugePageScope
-from dataplane.manifest import ExportManifest, load_manifest, verify_export_files
 from dataplane.masks import MASK_MIN, one_token_mask, step_mask
 from dataplane.rope import RopeRows, rope_tables
 from dataplane.rows import RowSource, merge_rows, rows_step_mask

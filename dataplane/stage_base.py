@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import openvino as ov
 
-from dataplane.manifest import ExportManifest, StageSpec, load_manifest
+from common.manifest import ExportManifest, StageSpec, load_manifest
 from dataplane.masks import drop_kept_tail
 
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")

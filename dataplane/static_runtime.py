@@ -21,8 +21,8 @@ from typing import ClassVar
 import numpy as np
 import openvino as ov
 
+from common.manifest import ExportManifest, verify_export_files
 from dataplane.hugepages import HugePageScope
-from dataplane.manifest import ExportManifest, verify_export_files
 from dataplane.masks import static_step_mask
 from dataplane.rope import rope_tables
 from dataplane.slots import SlotCounts

@@ -19,7 +19,7 @@ from pathlib import Path
 import openvino as ov
 import torch
 
-from dataplane.manifest import (
+from common.manifest import (
     MANIFEST_NAME,
     ExportManifest,
     ManifestError,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from dataplane.generate import LocalChain
-from dataplane.manifest import ExportManifest, load_manifest
+from common.manifest import ExportManifest, load_manifest
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.scheduler import generate_greedy
-from dataplane.tokenizer import ChatTokenizer
+from engine.scheduler import generate_greedy
+from engine.tokenizer import ChatTokenizer
 from exporter.sources import DEFAULT_MODEL, ModelSource, open_source
 
 DEFAULT_PROMPTS = (

@@ -33,7 +33,7 @@ class ExportCache:
     def get(self, ranges: list[tuple[int, int]], weights: str = "fp32",
             beam_idx: bool = True, static: tuple | None = None) -> Path:
         """``static``: (context, chunk[, kv_dtype]) of a static export (the NPU path)."""
-        from dataplane.manifest import StaticKV
+        from common.manifest import StaticKV
         from exporter.export import export_model
         from exporter.sources import open_source
 

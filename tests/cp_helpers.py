@@ -141,6 +141,6 @@ class CorruptingSource(ShardSource):
 
 
 def corrupting(export: Path, **kwargs: object) -> CorruptingSource:
-    from dataplane.manifest import load_manifest
+    from common.manifest import load_manifest
 
     return CorruptingSource(export, load_manifest(export), 64 << 10, **kwargs)  # type: ignore

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.balance import (
+from common.manifest import even_split, parse_layer_spec
+from exporter.balance import (
     balanced_split,
     decoder_layer_weights,
     format_layers,
@@ -14,7 +15,6 @@ from controlplane.balance import (
     stage_costs,
     suggest_layers,
 )
-from dataplane.manifest import even_split, parse_layer_spec
 
 SMOLLM2 = dict(hidden=576, intermediate=1536, num_heads=9, num_kv_heads=3, head_dim=64)
 LLAMA_1B = dict(hidden=2048, intermediate=8192, num_heads=32, num_kv_heads=8, head_dim=64)

@@ -63,7 +63,7 @@ def test_sequential_throughput_is_single_user_rate() -> None:
 @pytest.mark.skipif(os.environ.get("ZCTL_BASELINE_TESTS") != "1",
                     reason="set ZCTL_BASELINE_TESTS=1 (needs the optimum-intel baseline export)")
 def test_continuous_batching_matches_llm_pipeline() -> None:
-    from console.paths import zctl_home
+    from common.paths import zctl_home
     from tools.baseline import BaselinePipeline, export_baseline
     from tools.baseline_batching import STREAM_PROMPTS, ContinuousBatchingBaseline
     from tools.bench_parity import model_hf_dir

@@ -17,9 +17,9 @@ def test_interleaved_steps_cluster_and_stage1(tiny_exports, dp_hosts) -> None:
 
 
 def test_cluster_pipeline_equals_the_local_chain(tiny_exports, dp_hosts) -> None:
-    from dataplane.generate import LocalChain
+    from dataplane.local_chain import LocalChain
     from dataplane.runtime import RuntimeConfig
-    from dataplane.scheduler import generate_greedy
+    from engine.scheduler import generate_greedy
 
     export = tiny_exports.get([(0, 2), (2, 4)])
     local = LocalChain.load(str(export), RuntimeConfig())
@@ -30,7 +30,7 @@ def test_cluster_pipeline_equals_the_local_chain(tiny_exports, dp_hosts) -> None
 
 
 def test_host_ms_per_token_is_decode_time_minus_stage_time() -> None:
-    from dataplane.generate import GenerationStats
+    from engine.stats import GenerationStats
     from tools.bench_overhead import host_ms_per_token
 
     stats = GenerationStats(new_tokens=3, decode_ms=30.0, stage_ms=[[6.0, 7.5], [6.5, 7.0]])

@@ -34,9 +34,9 @@ def test_modes_rotate_and_an_unknown_mode_is_refused() -> None:
 
 
 def test_step_chain_decodes_greedily_in_every_mode(dp_export2) -> None:
-    from dataplane.generate import LocalChain
+    from dataplane.local_chain import LocalChain
     from dataplane.runtime import RuntimeConfig
-    from dataplane.scheduler import generate_greedy
+    from engine.scheduler import generate_greedy
 
     prompt = [0, 17, 42, 99]
     samples = step_chain(LocalChain.load(str(dp_export2), RuntimeConfig()), prompt, 6, 0.0005)
@@ -49,7 +49,7 @@ def test_step_chain_decodes_greedily_in_every_mode(dp_export2) -> None:
 
 
 def test_counted_chain_reports_op_time(dp_export2) -> None:
-    from dataplane.generate import LocalChain
+    from dataplane.local_chain import LocalChain
 
     chain = LocalChain.load(str(dp_export2), CountingConfig())
     samples = step_chain(chain, [3, 1, 4], 3, 0.0, count_ops=True)

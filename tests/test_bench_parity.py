@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataplane.generate import LocalChain
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
 from tools.bench_parity import paired_step_ms
 

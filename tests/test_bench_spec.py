@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dataplane.generate import LocalChain
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
 from tools.bench_spec import parse_k, render, run_bench
 from tools.spec_accounting import (

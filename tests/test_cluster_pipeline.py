@@ -11,12 +11,12 @@ import pytest
 import zmq
 
 from dataplane.cluster import ClusterPipeline, DataPlaneError, StageFailed, StageTimeout
-from dataplane.generate import GenerationStats, LocalChain
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner, load_runner
-from dataplane.scheduler import generate_greedy, generate_speculative
-from dataplane.speculative import SpeculativeStats
 from dataplane.transport import pull_socket
 from dataplane.worker import StageWorker
+from engine.scheduler import generate_greedy, generate_speculative
+from engine.stats import GenerationStats, SpeculativeStats
 
 PROMPTS = [[0, 17, 42, 99, 5, 230, 7], [0, 300, 301, 302]]
 

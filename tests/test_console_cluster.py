@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from console.cli import app
-from dataplane.generate import LocalChain
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.scheduler import generate_greedy
-from dataplane.tokenizer import ChatTokenizer
+from engine.scheduler import generate_greedy
+from engine.tokenizer import ChatTokenizer
 
 runner = CliRunner()
 PROMPT = "what is the capital of france?"

@@ -16,12 +16,12 @@ import pytest
 import zmq
 from cp_helpers import FAST, Cluster, FakeStage, RawNode, enrol_msg, node, wait_for
 
+from common.manifest import sha256_file
 from controlplane import messages as m
 from controlplane.client import query_status
 from controlplane.coordinator import Coordinator, CoordinatorConfig
 from controlplane.launch import StageAssignment, build_runner
 from controlplane.nodeinfo import load_or_create_node_id, openvino_version, zctl_version
-from dataplane.manifest import sha256_file
 
 
 # -- enrolment, transfer, wiring ----------------------------------------------------------
@@ -263,7 +263,7 @@ def test_local_cluster_helper(tmp_path: Path, cp_export: Path) -> None:
         status = cluster.start(timeout=20)
         assert status.pipeline == "serving" and len(status.nodes) == 2
         assert progress and progress[-1][1] == progress[-1][2]  # the bar reached 100%
-        from controlplane.view import status_table
+        from console.view import status_table
 
         assert status_table(status).row_count == 2
 
@@ -271,8 +271,8 @@ def test_local_cluster_helper(tmp_path: Path, cp_export: Path) -> None:
 def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Cluster) -> None:
     """The real data plane: ClusterPipeline on the coordinator, StageWorker on the node."""
     from controlplane.launch import default_launcher, head_launcher
-    from dataplane.generate import LocalChain
-    from dataplane.scheduler import generate_greedy
+    from dataplane.local_chain import LocalChain
+    from engine.scheduler import generate_greedy
 
     cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=cp_cluster.root / "coord",
                             host="127.0.0.1", **FAST)  # type: ignore[arg-type]
@@ -328,7 +328,7 @@ def test_transfer_progress_shows_only_while_a_shard_arrives() -> None:
 
     from rich.console import Console
 
-    from controlplane.view import TransferProgress
+    from console.view import TransferProgress
 
     out = io.StringIO()
     with TransferProgress(Console(file=out, force_terminal=False, width=100)) as progress:

@@ -9,9 +9,9 @@ import pytest
 import zmq
 from cp_helpers import FAST, Cluster, RawNode, corrupting, enrol_msg, node, wait_for
 
+from common.manifest import sha256_file
 from controlplane import messages as m
 from controlplane.client import ClusterUnreachable, query_status
-from dataplane.manifest import sha256_file
 
 
 def test_corrupted_chunk_is_rejected_and_retried(cp_cluster: Cluster) -> None:
@@ -164,9 +164,9 @@ def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_clust
     from controlplane.launch import default_launcher, head_launcher
     from controlplane.security import CurveClient, CurveServer
     from dataplane.frames import HiddenStateFrame, Kind, encode_frame
-    from dataplane.generate import LocalChain
-    from dataplane.scheduler import generate_greedy
+    from dataplane.local_chain import LocalChain
     from dataplane.transport import PipeCurve, PipeOptions, push_socket, send_parts
+    from engine.scheduler import generate_greedy
 
     server = CurveServer.from_state_dir(cp_cluster.root / "coord")  # encryption, any node
     node = CurveClient.from_state_dir(cp_cluster.root / "n1", server.public)

@@ -7,11 +7,11 @@ from pathlib import Path
 import openvino as ov
 import pytest
 
-from dataplane.generate import LocalChain
-from dataplane.manifest import load_manifest
+from common.manifest import load_manifest
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.scheduler import generate_greedy
-from dataplane.tokenizer import ChatTokenizer
+from engine.scheduler import generate_greedy
+from engine.tokenizer import ChatTokenizer
 from exporter import export as export_mod
 from exporter.export import ExportError, export_model
 from exporter.sources import SourceError, open_source

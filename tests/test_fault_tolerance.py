@@ -23,10 +23,10 @@ from console.cluster_procs import (
 )
 from controlplane.client import generate_many
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
-from dataplane.generate import LocalChain
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.scheduler import generate_greedy
-from dataplane.tokenizer import ChatTokenizer
+from engine.scheduler import generate_greedy
+from engine.tokenizer import ChatTokenizer
 
 DELAY_MS = 15  # per hop: a token takes >= 45 ms on 3 stages, time to kill a node mid-run
 TOKENS = 60

@@ -18,11 +18,9 @@ import pytest
 import zmq
 
 from dataplane.cluster import ClusterPipeline
-from dataplane.generate import LocalChain
 from dataplane.link import DelayedSender, link_options
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import StageRunner
-from dataplane.scheduler import generate_greedy, generate_speculative
-from dataplane.speculative import LookupDrafter
 from dataplane.transport import (
     PipeOptions,
     TransportError,
@@ -33,6 +31,8 @@ from dataplane.transport import (
     send_parts,
 )
 from dataplane.worker import StageWorker
+from engine.drafting import LookupDrafter
+from engine.scheduler import generate_greedy, generate_speculative
 
 STAMP = struct.Struct("<Id")  # sequence number, send time (monotonic s)
 PROMPT = [0, 17, 42, 99, 5, 230, 7]

@@ -7,13 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.manifest import (
-    ManifestError,
-    check_layer_cover,
-    even_split,
-    load_manifest,
-    parse_layer_spec,
-)
+from common.manifest import ManifestError, check_layer_cover, even_split, load_manifest, parse_layer_spec
 
 
 def test_parse_layer_spec_inclusive_to_half_open() -> None:

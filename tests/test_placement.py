@@ -151,7 +151,7 @@ def test_node_memory_uses_gpu_memory_when_reported() -> None:
 
 
 def test_costs_from_a_real_export(tiny_exports) -> None:
-    from dataplane.manifest import load_manifest
+    from common.manifest import load_manifest
 
     export: Path = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
     manifest = load_manifest(export)

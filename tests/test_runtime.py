@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dataplane.generate import LocalChain, prefill_chunks, reply_from_logits
-from dataplane.manifest import ManifestError, load_manifest
+from common.manifest import ManifestError, load_manifest
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig, StageError, StageRunner
+from engine.executor import reply_from_logits
+from engine.sessions import prefill_chunks
 
 EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
 PROMPT = np.array([0, 17, 33, 90, 12, 250, 7], dtype=np.int64)

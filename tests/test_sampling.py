@@ -8,12 +8,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from dataplane.generate import LocalChain, StepReply
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.sampling import SamplingParams, draw, speculative_sample, target_probs
-from dataplane.scheduler import generate_greedy, generate_speculative, run_sessions
-from dataplane.sessions import DecodeSession
-from dataplane.speculative import LookupDrafter
+from engine.drafting import LookupDrafter
+from engine.executor import StepReply
+from engine.sampling import SamplingParams, draw, speculative_sample, target_probs
+from engine.scheduler import generate_greedy, generate_speculative, run_sessions
+from engine.sessions import DecodeSession
 
 
 def tv(empirical: Counter, exact: dict, n: int) -> float:

@@ -13,10 +13,10 @@ from controlplane.client import ClusterUnreachable, generate_stream
 from controlplane.messages import Error, from_frames
 from controlplane.service import GenerationService
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
-from dataplane.generate import LocalChain
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.scheduler import generate_greedy
-from dataplane.tokenizer import ChatTokenizer
+from engine.scheduler import generate_greedy
+from engine.tokenizer import ChatTokenizer
 
 
 @pytest.fixture

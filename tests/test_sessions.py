@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataplane.generate import StepReply
 from dataplane.runtime import RuntimeConfig
-from dataplane.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
-from dataplane.sessions import DecodeSession
-from dataplane.speculative import LookupDrafter, SpeculativeStats
+from engine.drafting import LookupDrafter
+from engine.executor import StepReply
+from engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
+from engine.sessions import DecodeSession
+from engine.stats import SpeculativeStats
 
 EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
 PROMPTS = [[0, 17, 42, 99, 5, 230, 7], [0, 11, 12, 13, 11, 12, 13, 11], [0, 300, 301, 302],
@@ -115,7 +116,7 @@ def test_auto_k_measures_both_step_sizes_and_probes_at_zero() -> None:
 
 
 def test_width_changes_are_priced_into_the_fit_and_into_k() -> None:
-    from dataplane.speculative import StepCost, adapt_k, fit_step_cost, switch_penalty, width_changes
+    from engine.drafting import StepCost, adapt_k, fit_step_cost, switch_penalty, width_changes
 
     fed = [1, 1, 5, 5, 1, 1, 1, 2, 1, 1, 5, 1, 3, 3]
     changed = width_changes(fed)
@@ -273,8 +274,8 @@ def test_a_lone_stream_steps_outside_the_row_groups_until_another_decodes() -> N
 
 
 def test_stage_load_is_the_busiest_stages_share_of_the_wall_time() -> None:
-    from dataplane.scheduler import StageLoad
-    from dataplane.speculative import busiest_stage_share
+    from engine.drafting import busiest_stage_share
+    from engine.scheduler import StageLoad
 
     assert busiest_stage_share([3.0, 9.0], 10.0) == 0.9
     assert busiest_stage_share([], 10.0) == 0.0 and busiest_stage_share([1.0], 0.0) == 0.0
@@ -331,8 +332,8 @@ def test_streams_on_saturated_stages_stop_drafting(saturated: bool) -> None:
 
 
 def test_rejected_probes_back_off_and_an_accepted_one_resets_the_gap() -> None:
-    from dataplane.sessions import PROBE_EVERY
-    from dataplane.speculative import StepCost
+    from engine.drafting import StepCost
+    from engine.sessions import PROBE_EVERY
 
     class OneAhead:  # always proposes one token: the last token + 1
         def propose(self, history, k):
@@ -365,7 +366,7 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets_the_gap() -> None:
 
 
 def test_auto_k_does_not_start_measuring_near_the_end() -> None:
-    from dataplane.sessions import PROBE_EVERY
+    from engine.sessions import PROBE_EVERY
 
     session = DecodeSession(0, [1, 2, 3], PROBE_EVERY + 4, k=6, auto_k=True)
     assert session.choose_k() == 4  # enough budget left: measure

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from test_sessions import EXACT, PROMPTS, CountingModel, N, fake_greedy
 
-from dataplane.generate import LocalChain
-from dataplane.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
-from dataplane.sessions import DecodeSession
+from dataplane.local_chain import LocalChain
+from engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
+from engine.sessions import DecodeSession
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         # bad regroups are refused before anything is sent, and the pipeline keeps serving
         from dataplane.cluster import DataPlaneError
         from dataplane.runtime import StageError
-        from dataplane.scheduler import GROUP_ID_BASE
+        from engine.scheduler import GROUP_ID_BASE
 
         with pytest.raises(StageError, match="not open"):
             pipe.regroup(GROUP_ID_BASE, [99])

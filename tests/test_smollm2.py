@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.generate import LocalChain
-from dataplane.scheduler import generate_greedy
-from dataplane.tokenizer import ChatTokenizer
+from dataplane.local_chain import LocalChain
+from engine.scheduler import generate_greedy
+from engine.tokenizer import ChatTokenizer
 from exporter.export import export_model
 from exporter.sources import DEFAULT_MODEL, open_source
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, verify_export

@@ -7,13 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataplane.generate import LocalChain
+from dataplane.draft_model import ModelDrafter
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from dataplane.scheduler import generate_greedy, generate_speculative
-from dataplane.speculative import (
+from engine.drafting import (
     LookupDrafter,
-    ModelDrafter,
-    SpeculativeStats,
     StepCost,
     accept_prefix,
     adapt_k,
@@ -23,6 +21,8 @@ from dataplane.speculative import (
     lookup_draft,
     rewinding_step,
 )
+from engine.scheduler import generate_greedy, generate_speculative
+from engine.stats import SpeculativeStats
 
 EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
 REPEAT = [0, 11, 12, 13, 14, 15, 11, 12, 13, 14, 15, 11, 12, 13]

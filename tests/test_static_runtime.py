@@ -10,14 +10,14 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from dataplane.generate import LocalChain
-from dataplane.manifest import MANIFEST_NAME, ManifestError, StaticKV, load_manifest
+from common.manifest import MANIFEST_NAME, ManifestError, StaticKV, load_manifest
+from dataplane.local_chain import LocalChain
 from dataplane.masks import MASK_MIN, static_step_mask
 from dataplane.runtime import RuntimeConfig, StageError, StageRunner, load_runner
-from dataplane.scheduler import generate_greedy, generate_speculative, run_sessions
-from dataplane.sessions import DecodeSession
-from dataplane.speculative import SpeculativeStats
 from dataplane.static_runtime import StaticStageRunner, static_properties
+from engine.scheduler import generate_greedy, generate_speculative, run_sessions
+from engine.sessions import DecodeSession
+from engine.stats import SpeculativeStats
 
 EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
 CONTEXT, CHUNK = 48, 4
@@ -240,7 +240,7 @@ def test_a_static_draft_model(tiny_exports, stateful2: Path, tmp_path: Path) -> 
     from test_speculative import speculate
     from tiny_models import build_llama
 
-    from dataplane.speculative import ModelDrafter
+    from dataplane.draft_model import ModelDrafter
     from exporter.export import export_model
     from exporter.sources import open_source
 

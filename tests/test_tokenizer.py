@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dataplane.tokenizer import ChatTokenizer, StreamDecoder, TokenizerError
+from engine.tokenizer import ChatTokenizer, StreamDecoder, TokenizerError
 
 
 def test_chat_and_raw_encoding_match_transformers(tiny_exports) -> None:

@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
+from console.view import short_version, status_table
 from controlplane.placement import layer_range
 from controlplane.records import ClusterStatus, DeviceInfo, NodeStatus, StageStatus
-from controlplane.view import short_version, status_table
 
 OV = "2026.4.1-22982-e213a147257-releases/2026/4"
 

@@ -179,7 +179,7 @@ def measure(export_dir: Path | str, batches: list[int], tokens: int, runs: int,
     if not (runner.spec.first and runner.spec.last):
         raise ValueError("bench_batching needs a 1-stage export (token ids in, logits out)")
     if prompts is None:
-        from dataplane.tokenizer import ChatTokenizer
+        from engine.tokenizer import ChatTokenizer
 
         tok = ChatTokenizer(export_dir)
         prompts = [tok.encode(p) for p in PROMPTS]
@@ -215,7 +215,7 @@ def main(
                                                       "INT4, exported once like bench_parity)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    from console.paths import zctl_home
+    from common.paths import zctl_home
     from tools.bench_parity import cached_export, model_hf_dir
 
     if export_dir is None:

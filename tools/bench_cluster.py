@@ -28,9 +28,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from common.manifest import load_manifest
 from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
-from dataplane.manifest import load_manifest
-from dataplane.tokenizer import ChatTokenizer
+from engine.tokenizer import ChatTokenizer
 from tools.bench_parity import (
     PROMPT,
     cached_export,
@@ -62,7 +62,7 @@ def interleaved(export_dir: Path, stage1_dir: Path, stages: int, threads: int,
     processes on their loopback addresses) and the 1-stage chain, stepped token by token
     in rotating order: their step-time ratio without the drift between whole runs (the
     1-stage chain is what bench_parity compares with openvino_genai)."""
-    from dataplane.generate import LocalChain
+    from dataplane.local_chain import LocalChain
     from dataplane.runtime import RuntimeConfig
     from tools.bench_overhead import cluster_pipeline
 
@@ -114,7 +114,7 @@ def main(
                    "runners' weights are (ratio_vs_thp_baseline)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    from console.paths import zctl_home
+    from common.paths import zctl_home
     from tools.baseline import BaselinePipeline, export_baseline
 
     cache = zctl_home()

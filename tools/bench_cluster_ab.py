@@ -107,8 +107,8 @@ def main(
     precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT, or 'default'"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
+    from common.paths import zctl_home
     from console.cluster_procs import runtime_args
-    from console.paths import zctl_home
     from tools.bench_parity import model_export
 
     try:

@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.manifest import load_manifest
+from common.manifest import load_manifest
 
 
 def stage_param_bytes(model_dir: Path, ranges: list[tuple[int, int]]) -> tuple[list[int], int]:

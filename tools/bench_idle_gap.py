@@ -95,10 +95,10 @@ def op_ms(request: Any) -> float:
 
 def step_chain(chain: Any, prompt_ids: Sequence[int], tokens: int, gap_s: float,
                count_ops: bool = False, stream_id: int = 1) -> ChainSamples:
-    """Greedy-decode ``tokens`` steps through ``chain`` (a dataplane.generate.LocalChain),
+    """Greedy-decode ``tokens`` steps through ``chain`` (a dataplane.local_chain.LocalChain),
     each step in the next mode of the rotation, that mode's idle time spent before every
     stage's inference."""
-    from dataplane.generate import reply_from_logits
+    from engine.executor import reply_from_logits
 
     stages = chain.runners
     wall: dict[str, list[list[float]]] = {m: [[] for _ in stages] for m in MODES}
@@ -158,7 +158,7 @@ def _matmul_request(width: int) -> Any:
 def run(export_dir: str, prompt_ids: Sequence[int], tokens: int, gap_ms: float,
         count_ops: bool, precision: str = "f32", threads: int = 0) -> dict[str, Any]:
     """Every measurement of the tool on one export, as one JSON-ready dict."""
-    from dataplane.generate import LocalChain
+    from dataplane.local_chain import LocalChain
 
     gap_s = gap_ms / 1e3
     config = RuntimeConfig(precision=None if precision == "default" else precision,
@@ -190,7 +190,7 @@ def main(
     threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS (0: the plugin's)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    from dataplane.tokenizer import ChatTokenizer
+    from engine.tokenizer import ChatTokenizer
     from tools.bench_parity import PROMPT, model_export
 
     export_dir = model_export(model, stages, weights)

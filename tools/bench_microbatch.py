@@ -42,6 +42,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from common.manifest import load_manifest
 from console.cluster_procs import (
     local_row_groups,
     runtime_args,
@@ -49,7 +50,6 @@ from console.cluster_procs import (
     stop_processes,
     wait_serving,
 )
-from dataplane.manifest import load_manifest
 from tools.bench_parity import (
     cached_export,
     export_name,
@@ -129,7 +129,7 @@ def main(
     baseline: bool = typer.Option(True, help="also measure openvino_genai"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    from console.paths import zctl_home
+    from common.paths import zctl_home
 
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)

@@ -249,8 +249,9 @@ def host_ms_per_token(stats: Any) -> float:
 
 
 def run_local(export: str, threads: str, prompt: list[int], tokens: int):
-    from dataplane.generate import GenerationStats, LocalChain
-    from dataplane.scheduler import generate_greedy
+    from dataplane.local_chain import LocalChain
+    from engine.scheduler import generate_greedy
+    from engine.stats import GenerationStats
 
     chain = LocalChain.load(export, runtime_config(threads))
     list(generate_greedy(chain, prompt, 8))  # warm-up
@@ -286,8 +287,8 @@ def cluster_pipeline(export: str, stages: int, threads: str = "default",
 
 
 def run_cluster(export: str, stages: int, threads: str, prompt: list[int], tokens: int):
-    from dataplane.generate import GenerationStats
-    from dataplane.scheduler import generate_greedy
+    from engine.scheduler import generate_greedy
+    from engine.stats import GenerationStats
 
     with cluster_pipeline(export, stages, threads) as pipe:
         list(generate_greedy(pipe, prompt, 8))  # warm-up
@@ -316,7 +317,7 @@ def frame_sizes(hidden_size: int, stages: int) -> dict[str, int]:
 
 def measure(export: str, threads: str, tokens: int, prompt_len: int,
             rounds: int) -> ConfigResult:
-    from dataplane.manifest import load_manifest
+    from common.manifest import load_manifest
     from dataplane.timing import flatten, percentiles
 
     load_before = os.getloadavg()[0]
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         bare_main(export, int(stage), threads, bind, send_to)
         return 0
     if args.export_dir is None:
-        from console.paths import zctl_home
+        from common.paths import zctl_home
         from tools.bench_parity import cached_export, model_hf_dir
 
         cache = zctl_home()

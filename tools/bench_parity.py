@@ -38,11 +38,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.generate import GenerationStats, LocalChain
-from dataplane.manifest import ManifestError, StaticKV, load_manifest
+from common.manifest import ManifestError, StaticKV, load_manifest
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.scheduler import generate_greedy
-from dataplane.tokenizer import ChatTokenizer
+from engine.scheduler import generate_greedy
+from engine.stats import GenerationStats
+from engine.tokenizer import ChatTokenizer
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 SYSTEMS = ("baseline", "stage1", "stage1_nobeam", "stage2", "stage3")
@@ -76,7 +77,7 @@ def export_name(model: str, hf_dir: Path) -> str:
 def model_export(model: str, stages: int, weights: str) -> Path:
     """The cached export of ``model`` in ``stages`` cost-balanced stages (with beam_idx),
     made on first use."""
-    from console.paths import zctl_home
+    from common.paths import zctl_home
 
     cache = zctl_home()
     hf_dir = model_hf_dir(model, cache)
@@ -88,9 +89,9 @@ def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: 
     """Export once per (model, stages or layer split, weights, beam_idx, static KV); reuse
     while the manifest verifies. ``layers`` ("0-16,17-29") overrides ``stages``'
     cost-balanced split (the one ``zctl export --stages`` makes)."""
+    from common.manifest import parse_layer_spec
     from console.cli import default_split
     from console.export_view import RichExportProgress
-    from dataplane.manifest import parse_layer_spec
     from exporter.export import export_model
     from exporter.sources import open_source
 
@@ -198,7 +199,7 @@ def main(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     extras: bool = typer.Option(True, help="also run baseline_sdpa and stage1_sync (see above)"),
 ) -> None:
-    from console.paths import zctl_home
+    from common.paths import zctl_home
     from tools.baseline import BaselinePipeline, export_baseline
 
     cache = zctl_home()

@@ -86,16 +86,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.generate import GenerationStats, LocalChain
+from dataplane.draft_model import ModelDrafter
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from dataplane.scheduler import generate_greedy, generate_speculative
-from dataplane.speculative import (
-    LookupDrafter,
-    ModelDrafter,
-    SpeculativeStats,
-    StepCost,
-    adapt_k,
-)
+from engine.drafting import LookupDrafter, StepCost, adapt_k
+from engine.scheduler import generate_greedy, generate_speculative
+from engine.stats import GenerationStats, SpeculativeStats
 from tools.spec_accounting import (
     Calibration,
     StepRecord,
@@ -441,8 +437,8 @@ def main(
     stop_at_eos: bool = typer.Option(True, help="stop a generation at the model's EOS"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    from console.paths import zctl_home
-    from dataplane.tokenizer import ChatTokenizer
+    from common.paths import zctl_home
+    from engine.tokenizer import ChatTokenizer
     from tools.bench_parity import cached_export, export_name, model_hf_dir
 
     if drafter not in ("lookup", "draft", "both"):

@@ -25,10 +25,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.generate import LocalChain
-from dataplane.manifest import StaticKV
+from common.manifest import StaticKV
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from dataplane.tokenizer import ChatTokenizer
+from engine.tokenizer import ChatTokenizer
 from tools.bench_parity import PROMPT, cached_export, export_name, model_hf_dir, paired_step_ms
 
 err = Console(stderr=True)
@@ -68,7 +68,7 @@ def main(
     f16: bool = typer.Option(True, help="also the largest context with an f16 host KV"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    from console.paths import zctl_home
+    from common.paths import zctl_home
 
     sizes = parse_contexts(contexts)
     cache = zctl_home()

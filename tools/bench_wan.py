@@ -178,7 +178,7 @@ def main(
     plot_path: Path | None = typer.Option(None, "--plot", help="write a PNG of the sweep here"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    from console.paths import zctl_home
+    from common.paths import zctl_home
 
     try:
         sweep = [float(d) for d in delays.split(",") if d.strip()]

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from dataplane.generate import LocalChain, StepReply
+from dataplane.local_chain import LocalChain
 from dataplane.runtime import StageRunner
-from dataplane.speculative import LookupDrafter, StepCost, expected_tokens, fit_step_cost
+from engine.drafting import LookupDrafter, StepCost, expected_tokens, fit_step_cost
+from engine.executor import StepReply
 
 CALIBRATION_STREAM, REWIND_STREAM, DRAFT_CALIBRATION_STREAM = 1001, 1002, 1003
 

@@ -21,17 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from dataplane.generate import GenerationStats, Pipeline, StepReply
-from dataplane.sampling import SamplingParams
-from dataplane.sessions import DecodeSession, StepPlan
-from dataplane.speculative import (
-    SATURATED,
-    Drafter,
-    StepCost,
-    StepFn,
-    busiest_stage_share,
-    rewinding_step,
-)
+from engine.drafting import SATURATED, Drafter, StepCost, StepFn, busiest_stage_share, rewinding_step
+from engine.executor import Executor, StepReply
+from engine.sampling import SamplingParams
+from engine.sessions import DecodeSession, StepPlan
+from engine.stats import GenerationStats
 
 
 @dataclass
@@ -94,7 +88,7 @@ class StreamScheduler:
     Not thread-safe (nor are the pipelines): drive it from one thread.
     """
 
-    def __init__(self, pipeline: Pipeline, row_groups: int = 0, shared_cores: bool = False
+    def __init__(self, pipeline: Executor, row_groups: int = 0, shared_cores: bool = False
                  ) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
@@ -362,7 +356,7 @@ class StreamScheduler:
         return updates
 
 
-def run_sessions(pipeline: Pipeline, sessions: Sequence[DecodeSession], row_groups: int = 0
+def run_sessions(pipeline: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0
                  ) -> Iterator[SessionUpdate]:
     """Run sessions concurrently to the end, yielding every update (raises nothing:
     a failed session has ``error`` set). ``row_groups``: see ``StreamScheduler``."""
@@ -373,7 +367,7 @@ def run_sessions(pipeline: Pipeline, sessions: Sequence[DecodeSession], row_grou
         yield from scheduler.poll()
 
 
-def run_session(pipeline: Pipeline, session: DecodeSession) -> Iterator[int]:
+def run_session(pipeline: Executor, session: DecodeSession) -> Iterator[int]:
     """Yield one session's tokens as they come; raises the error that stopped it."""
     for update in run_sessions(pipeline, [session]):
         yield from update.tokens
@@ -381,7 +375,7 @@ def run_session(pipeline: Pipeline, session: DecodeSession) -> Iterator[int]:
             raise update.session.error
 
 
-def generate_greedy(pipeline: Pipeline, prompt_ids: Sequence[int], max_new_tokens: int,
+def generate_greedy(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                     stop_ids: Sequence[int] = (), stream_id: int = 0, prefill_chunk: int = 256,
                     stats: GenerationStats | None = None) -> Iterator[int]:
     """Yield greedy tokens one by one; the stream is reset first."""
@@ -390,7 +384,7 @@ def generate_greedy(pipeline: Pipeline, prompt_ids: Sequence[int], max_new_token
         stats=stats))
 
 
-def generate_speculative(pipeline: Pipeline, prompt_ids: Sequence[int], max_new_tokens: int,
+def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                          stop_ids: Sequence[int] = (), drafter: Drafter | None = None, k: int = 5,
                          stream_id: int = 0, stats: GenerationStats | None = None,
                          prefill_chunk: int = 256, cost: StepCost | None = None,

@@ -17,7 +17,7 @@ once more than a threshold of its slots are masked; on the cluster a COMPACT fra
 travels ahead of the next step).
 
 The helpers here are small pure functions, in the style of gpt-fast's generate.py, plus
-the drafters; the loop that uses them is ``dataplane.sessions.DecodeSession``. Exactness
+the drafters; the loop that uses them is ``engine.sessions.DecodeSession``. Exactness
 needs the same numbers from a 1-token and a K+1-token step: keep the KV cache in f32
 (the cluster's default); a quantised (u8) cache can flip a near-tie between them.
 """
@@ -26,18 +26,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from dataplane.generate import (
-    GenerationStats,
-    Pipeline,
-    StepReply,
-    prefill_chunks,
-)
-from dataplane.runtime import StageRunner
+from engine.executor import Executor, StepReply
 
 # -- pure helpers ------------------------------------------------------------------------
 
@@ -223,89 +217,10 @@ class LookupDrafter:
         pass
 
 
-class ModelDrafter:
-    """A small model (a 1-stage export sharing the target's tokenizer) drafting greedily.
-
-    It keeps its own KV for ``stream_id`` on its own StageRunner and rewinds it by mask:
-    each proposal rewinds to the longest common prefix of what it has fed and the new
-    history, feeds the rest, then decodes k tokens.
-    """
-
-    def __init__(self, runner: StageRunner, stream_id: int = 0, prefill_chunk: int = 256,
-                 compact_threshold: int = 64) -> None:
-        if not (runner.spec.first and runner.spec.last):
-            raise ValueError("a drafter model must be a 1-stage export")
-        self.runner, self.stream_id = runner, stream_id
-        self.prefill_chunk, self.compact_threshold = prefill_chunk, compact_threshold
-        runner.open_stream(stream_id)
-        runner.reset_stream(stream_id)
-        self.fed: list[int] = []
-
-    def _sync(self, history: Sequence[int]) -> int:
-        """Rewind to the common prefix with ``history`` (keeping one token to feed)."""
-        common = 0
-        for mine, theirs in zip(self.fed, history, strict=False):
-            if mine != theirs:
-                break
-            common += 1
-        common = min(common, len(history) - 1)
-        if common == 0:
-            self.runner.reset_stream(self.stream_id)
-        else:
-            self.runner.mask_tail(self.stream_id, len(self.fed) - common)
-            slots = self.runner.streams[self.stream_id]
-            if slots.physical - slots.logical > self.compact_threshold:
-                self.runner.compact(self.stream_id)
-        del self.fed[common:]
-        return common
-
-    def _feed(self, tokens: Sequence[int]) -> int:
-        start = len(self.fed)
-        logits = None
-        for lo, hi in prefill_chunks(len(tokens), self.prefill_chunk):
-            ids = np.asarray(tokens[lo:hi], dtype=np.int64)[None]
-            logits = self.runner.step(self.stream_id, ids, np.arange(start + lo, start + hi))
-        self.fed.extend(int(t) for t in tokens)
-        assert logits is not None
-        return int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
-
-    def propose(self, history: Sequence[int], k: int) -> list[int]:
-        if k < 1 or not history:
-            return []
-        common = self._sync(history)
-        out = [self._feed(history[common:])]
-        while len(out) < k:
-            out.append(self._feed(out[-1:]))
-        return out
-
-    def accept(self, n: int) -> None:
-        pass
-
-
-# -- the speculative loop ----------------------------------------------------------------
-
-
-@dataclass
-class SpeculativeStats(GenerationStats):
-    steps: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    rejections: int = 0  # steps where a draft token was rejected
-    fed: list[int] = field(default_factory=list)  # tokens fed per decode step
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return (self.new_tokens - 1) / self.steps if self.steps else 0.0
-
-
 StepFn = Callable[..., StepReply]  # (stream, ids, positions, logits_idx, rewind, want_logits)
 
 
-def rewinding_step(pipeline: Pipeline) -> StepFn:
+def rewinding_step(pipeline: Executor) -> StepFn:
     """``step(stream, ids, positions, logits_idx, rewind, want_logits=False)`` for any pipeline.
 
     A pipeline whose ``step`` takes ``mask_tail=`` (LocalChain, ClusterPipeline) gets the

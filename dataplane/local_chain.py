@@ -1,47 +1,19 @@
-"""Pipelines of stages and what a step returns; the loop that drives them is dataplane.sessions.
+"""LocalChain: every stage of an export in this process, an executor for the engine.
 
-A pipeline takes a chunk of token ids with explicit logical positions for a stream and
-returns a ``StepReply`` from the last stage. ``LocalChain`` runs every stage in this
-process; ``dataplane.cluster.ClusterPipeline`` runs them across nodes. Small pure
-helpers say how a prompt is chunked and when generation stops.
+Stages are stepped back to back, each fed the previous one's output tensor; rewinds mask
+(or trim) the streams' KV slots and compact them past a threshold.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import openvino as ov
 
 from dataplane.runtime import RuntimeConfig, StageRunner, StepInputs, load_runner
-
-
-@dataclass
-class StepReply:
-    """What the last stage returns: greedy token per requested position, logits if asked."""
-
-    tokens: np.ndarray
-    logits: np.ndarray | None = None
-    stage_ms: list[float] = field(default_factory=list)
-
-
-def reply_from_logits(logits: np.ndarray, want_logits: bool = False) -> StepReply:
-    """Top-1 per row of [1, K, V] (or [K, V]) logits; keep the logits only when asked."""
-    rows = logits.reshape(-1, logits.shape[-1])
-    return StepReply(tokens=rows.argmax(axis=-1), logits=rows.copy() if want_logits else None)
-
-
-class Pipeline(Protocol):
-    num_stages: int
-
-    def open(self, stream_id: int) -> None: ...
-    def reset(self, stream_id: int) -> None: ...
-    def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None, want_logits: bool = False) -> StepReply: ...
-
+from engine.executor import StepReply, reply_from_logits
 
 REWIND_MODES = ("mask", "trim")
 
@@ -68,7 +40,7 @@ class LocalChain:
     @classmethod
     def load(cls, export_dir: str, config: RuntimeConfig | None = None,
              rewind: str = "mask", compact_threshold: int | None = 64) -> LocalChain:
-        from dataplane.manifest import load_manifest
+        from common.manifest import load_manifest
 
         manifest = load_manifest(export_dir)
         return cls([
@@ -163,29 +135,3 @@ class LocalChain:
         reply = reply_from_logits(out.data, want_logits)
         reply.stage_ms = stage_ms
         return reply
-
-
-def prefill_chunks(num_tokens: int, chunk: int) -> list[tuple[int, int]]:
-    """Split a prompt of num_tokens into [start, end) chunks of at most ``chunk`` tokens."""
-    if chunk < 1:
-        raise ValueError("prefill chunk must be at least 1")
-    return [(s, min(s + chunk, num_tokens)) for s in range(0, num_tokens, chunk)]
-
-
-def should_stop(token: int, produced: int, max_new_tokens: int, stop_ids: frozenset[int]) -> bool:
-    return token in stop_ids or produced >= max_new_tokens
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    ttft_ms: float = 0.0
-    decode_ms: float = 0.0
-    step_ms: list[float] = field(default_factory=list)
-    stage_ms: list[list[float]] = field(default_factory=list)
-
-    @property
-    def tok_s(self) -> float:
-        """Decode throughput: tokens after the first over the time they took."""
-        return (self.new_tokens - 1) / (self.decode_ms / 1e3) if self.new_tokens > 1 else 0.0

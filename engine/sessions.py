@@ -3,12 +3,12 @@
 A ``DecodeSession`` is one stream's generation: it says what the stream feeds next (a
 prefill chunk, or the last token plus K draft tokens at contiguous logical positions)
 and what a reply emits; it never touches a pipeline. Greedy decoding is the K = 0 case.
-``dataplane.scheduler`` steps sessions on a pipeline.
+``engine.scheduler`` steps sessions on a pipeline.
 
 Speculative steps (paper §5): the reply's top-1 at each of the K+1 fed positions checks
 the drafts; ``accept_prefix`` of them are emitted plus the target's own next token, so
 the output equals greedy decoding. When sampling (temperature > 0) the reply carries the
-logits and drafts are checked by rejection sampling (``dataplane.sampling``), which keeps
+logits and drafts are checked by rejection sampling (``engine.sampling``), which keeps
 the target's distribution. The K - n rejected slots are rewound *with the next
 step* (``mask_tail``): no extra round trip. With ``auto_k``, K is re-chosen every step by
 ``adapt_k`` from the acceptance measured so far and a step-cost model fitted to this
@@ -23,12 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataplane.generate import GenerationStats, StepReply, prefill_chunks, should_stop
-from dataplane.sampling import SamplingParams, draw, speculative_sample, target_probs
-from dataplane.speculative import (
+from engine.drafting import (
     Drafter,
     LookupDrafter,
-    SpeculativeStats,
     StepCost,
     accept_prefix,
     adapt_k,
@@ -36,12 +33,27 @@ from dataplane.speculative import (
     fit_step_cost,
     width_changes,
 )
+from engine.executor import StepReply
+from engine.sampling import SamplingParams, draw, speculative_sample, target_probs
+from engine.stats import GenerationStats, SpeculativeStats
 
 COST_WINDOW = 64  # decode steps the online cost model is fitted to
 PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep measuring
 PROBE_MAX = 256  # ... and back off to this gap while the probes keep being rejected
 AUTO_K_START = 4  # adaptive K's first draft length, until a cost model is fitted
 MEASURE_STEPS = 2  # ... drafted for this many steps, then 1-token steps give the other size
+
+
+def prefill_chunks(num_tokens: int, chunk: int) -> list[tuple[int, int]]:
+    """Split a prompt of num_tokens into [start, end) chunks of at most ``chunk`` tokens."""
+    if chunk < 1:
+        raise ValueError("prefill chunk must be at least 1")
+    return [(s, min(s + chunk, num_tokens)) for s in range(0, num_tokens, chunk)]
+
+
+def should_stop(token: int, produced: int, max_new_tokens: int, stop_ids: frozenset[int]) -> bool:
+    return token in stop_ids or produced >= max_new_tokens
+
 
 
 @dataclass(frozen=True)
