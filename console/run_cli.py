@@ -61,7 +61,7 @@ def _stage_breakdown(stages: list[StageInfo], timing: dict[str, dict[str, float]
 
 def parse_k(value: str) -> int:
     """``--k``: 'auto' (0: adaptive) or a draft length 1..MAX_DRAFT_TOKENS."""
-    from controlplane.service_messages import MAX_DRAFT_TOKENS
+    from engine.requests import MAX_DRAFT_TOKENS
 
     if value == "auto":
         return 0

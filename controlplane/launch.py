@@ -112,7 +112,7 @@ def default_launcher(assignment: StageAssignment, options: Any = None) -> StageH
 
 
 class HeadHandle:
-    """Stage 0 on the coordinator: the data plane's ClusterPipeline, for the generator to drive.
+    """Stage 0 on the coordinator: the data plane's ClusterHead, for the generator to drive.
 
     The pipeline is not thread-safe: once handed over, only the generating thread uses
     it. A new wiring epoch replaces the handle (stop, then a new pipeline), so a
@@ -127,17 +127,17 @@ class HeadHandle:
 
 
 def head_launcher(assignment: StageAssignment, options: Any = None) -> HeadHandle:
-    """The coordinator's stage 0: StageRunner + dataplane.cluster.ClusterPipeline
+    """The coordinator's stage 0: StageRunner + dataplane.cluster.ClusterHead
     (``options``: PipeOptions for its pipes, as for ``default_launcher``)."""
     if assignment.num_stages < 2:
         raise LaunchError("a one-stage export runs in one process: no cluster is needed")
     try:
-        from dataplane.cluster import ClusterPipeline
+        from dataplane.cluster import ClusterHead
     except ImportError as exc:
         raise LaunchError(f"the data-plane head is not available ({exc})") from None
     options = assignment.pipe_options(options)
     runner = build_runner(assignment)
-    return HeadHandle(ClusterPipeline(runner, assignment.send_to, assignment.bind,
+    return HeadHandle(ClusterHead(runner, assignment.send_to, assignment.bind,
                                       **({"options": options} if options is not None else {})))
 
 

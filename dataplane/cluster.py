@@ -1,4 +1,4 @@
-"""ClusterPipeline: the coordinator's end of the data plane (a ``Pipeline`` over the network).
+"""ClusterHead: the coordinator's end of the data plane (an ``Executor`` over the network).
 
 The coordinator is a node too: it runs stage 0 locally, PUSHes the hidden state to
 stage 1 and receives the last stage's answer on its own bound PULL socket. Several
@@ -41,11 +41,10 @@ from dataplane.frames import (
     decode_frame,
     encode_frame,
     prepare_frame,
-    restamp_send,
-    seal_frame,
-    stamp,
     top_k_records,
 )
+from dataplane.hop import compute_step, seal_or_encode
+from dataplane.pipes import open_pipes, open_push
 from dataplane.runtime import StageRunner
 from dataplane.timing import TimingStamps, TimingWindow, compute_ms
 from dataplane.transport import (
@@ -55,8 +54,6 @@ from dataplane.transport import (
     TransportError,
     bound_endpoint,
     deadline_after,
-    open_pipes,
-    open_push,
     recv_parts,
     remaining,
     send_parts,
@@ -65,7 +62,7 @@ from dataplane.transport import (
 
 HIDDEN_DTYPE = DTYPES[1]  # float32: what stage 0 hands on
 log = logging.getLogger("zctl.dataplane.cluster")
-__all__ = ["ClusterPipeline", "ClusterReply", "ClusterStats", "DataPlaneError", "StageFailed",
+__all__ = ["ClusterHead", "ClusterReply", "ClusterStats", "DataPlaneError", "StageFailed",
            "StageTimeout"]
 
 
@@ -74,6 +71,7 @@ class _Stream:
     epoch: int
     next_step: int = 0
     broken: str = ""  # why the stream must be reset before its next step
+    rewind: int = 0  # tokens ``rewind`` dropped, applied with the next step
 
 
 @dataclass
@@ -87,7 +85,7 @@ class _Pending:
     deadline: float
 
 
-class ClusterPipeline:
+class ClusterHead:
     """The coordinator: runs ``stage0`` here, the other stages on the nodes down the chain.
 
     ``next_addr`` is stage 1's bind address; ``reply_bind_addr`` is bound here for the
@@ -132,7 +130,7 @@ class ClusterPipeline:
         self._pull.close(0)
         self._push.close(0)
 
-    def __enter__(self) -> ClusterPipeline:
+    def __enter__(self) -> ClusterHead:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -210,23 +208,44 @@ class ClusterPipeline:
         self._guard.release(stream_id)
         stream = self._streams[stream_id]
         stream.epoch, stream.next_step, stream.broken = next(self._epochs), 0, ""
+        stream.rewind = 0
         for rid in [r for r, p in self._pending.items() if p.stream_id == stream_id]:
             del self._pending[rid]
         self._send_control(stream_id, kind)
 
     def _compact(self, stream_id: int) -> None:
-        """Past ``compact_threshold`` masked slots, compact stage 0 and send a COMPACT: the
-        other stages apply it before this stream's next step (frames keep their order)."""
-        if (self.compact_threshold is None
-                or self.stage0.masked_slots(stream_id) <= self.compact_threshold):
-            return
+        """After a rewind: past ``compact_threshold`` masked slots, compact the stream."""
+        if self.stage0.compaction_due(stream_id, self.compact_threshold):
+            self.compact(stream_id)
+
+    def compact(self, stream_id: int) -> None:
+        """Drop the stream's masked slots: stage 0 here, then a COMPACT frame the other
+        stages apply before this stream's next step (frames keep their order). A row group
+        is re-formed instead, which compacts its rows."""
         group = self.stage0.groups.get(stream_id)
-        if group is not None:  # re-forming a group compacts its rows
+        if group is not None:
             self.regroup(stream_id, list(group.members))
         else:
             self.stage0.compact(stream_id)
             self._send_control(stream_id, Kind.COMPACT)
         self.compactions += 1
+
+    def rewind(self, stream_id: int, count: int) -> None:
+        """Drop the stream's last ``count`` tokens on every stage, with its next step (the
+        rewind travels in that step's frame). Row groups rewind per row with their steps."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise DataPlaneError(f"stream {stream_id} is not open")
+        if stream_id in self.stage0.groups:
+            raise DataPlaneError(f"row group {stream_id} rewinds per row, with its steps")
+        stream.rewind += int(count)
+
+    def timing_summary(self) -> dict[str, dict[str, float]]:
+        """Percentiles of the recent steps' compute, queueing, serialisation and network time."""
+        return self.timings.summary() if len(self.timings) else {}
+
+    def clear_timings(self) -> None:
+        self.timings.clear()
 
     def _send_control(self, stream_id: int, kind: Kind, payload: np.ndarray | None = None
                       ) -> None:
@@ -276,6 +295,8 @@ class ClusterPipeline:
         if group is not None:
             row_rewinds = as_int64_vector(mask_tail) if np.any(mask_tail) else EMPTY_INDEX
             mask_tail = 0
+        elif stream.rewind:
+            mask_tail, stream.rewind = int(mask_tail) + stream.rewind, 0
         self._guard.release(stream_id)
         rid = next(self._request_ids)
         mode = reply_mode(want_logits, top_k)
@@ -288,16 +309,8 @@ class ClusterPipeline:
         prepare_ns = time.perf_counter_ns() - t0
         t0 += prepare_ns
         try:
-            if row_rewinds.size:
-                self.stage0.mask_rows_tail(stream_id, row_rewinds)
-                self._compact(stream_id)
-            elif mask_tail:
-                self.stage0.mask_tail(stream_id, int(mask_tail))
-                self._compact(stream_id)
-            if group is not None:
-                hidden = self.stage0.step_rows(stream_id, ids, pos.reshape(rows, -1))
-            else:
-                hidden = self.stage0.step(stream_id, ids, pos)
+            hidden = compute_step(self.stage0, stream_id, ids, pos, int(mask_tail), row_rewinds,
+                                  after_rewind=lambda: self._compact(stream_id))
         except Exception as exc:
             if mask_tail or row_rewinds.size:
                 stream.broken = stream.broken or f"stage 0 failed after a rewind ({exc})"
@@ -305,12 +318,8 @@ class ClusterPipeline:
         t1 = time.perf_counter_ns()
         stream.next_step += 1
         try:
-            parts = seal_frame(prepared, hidden, time.time_ns(), 0, t1 - t0,
-                               prepare_ns + time.perf_counter_ns() - t1)
-            if parts is None:  # not the hidden states predicted: encode them now
-                header.timings = stamp(b"", 0, start_ns, start_ns, 0, 0, t1 - t0, 0)
-                parts = encode_frame(header, hidden)
-                restamp_send(parts, 0, time.time_ns(), time.perf_counter_ns() - t1)
+            parts = seal_or_encode(prepared, header, hidden, 0, start_ns, start_ns, 0, t1 - t0,
+                                   prepare_ns, t1)
             tracker = send_parts(self._push, parts)
         except TransportError as exc:
             stream.broken = f"a step did not reach stage 1 ({exc})"

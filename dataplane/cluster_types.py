@@ -12,12 +12,12 @@ import numpy as np
 
 from dataplane.frames import EMPTY_INDEX, ReplyMode
 from dataplane.timing import StepTiming, TimingStamps
-from engine.executor import StepReply
+from engine.executor import StepError, StepReply
 
 INT64 = np.dtype(np.int64)
 
 
-class DataPlaneError(RuntimeError):
+class DataPlaneError(StepError):
     """A pipelined step could not be completed."""
 
 
@@ -42,7 +42,6 @@ class StageFailed(DataPlaneError):
 class ClusterReply(StepReply):
     """A StepReply plus where it came from, top-k records and the timing breakdown."""
 
-    request_id: int = 0
     stream_id: int = 0
     top: np.ndarray | None = None  # (token, logit) records [positions, k], best first
     stamps: TimingStamps | None = None

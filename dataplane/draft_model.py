@@ -1,15 +1,19 @@
 """ModelDrafter: a small model (a 1-stage export) proposing draft tokens for speculation.
 
-It implements the engine's ``Drafter`` on its own ``StageRunner`` and rewinds its KV by mask.
+It implements the engine's ``Drafter`` on its own ``StageRunner`` and rewinds its KV by mask;
+``DraftModels`` loads each draft model once for the engine's speculative requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
-from dataplane.runtime import StageRunner
+from common.manifest import ManifestError, load_manifest
+from dataplane.runtime import RuntimeConfig, StageError, StageRunner, load_runner
+from engine.requests import RequestRefused
 from engine.sessions import prefill_chunks
 
 
@@ -70,3 +74,38 @@ class ModelDrafter:
 
     def accept(self, n: int) -> None:
         pass
+
+
+class DraftModels:
+    """The engine's ``load_drafter``: a ``ModelDrafter`` for a request's draft model path,
+    each model loaded once (with ``config``) and checked against the target's vocabulary."""
+
+    def __init__(self, vocab_size: int, config: RuntimeConfig | None = None) -> None:
+        self.vocab_size, self.config = vocab_size, config
+        self._runners: dict[Path, StageRunner] = {}
+
+    def __call__(self, path: str, stream_id: int) -> ModelDrafter:
+        return ModelDrafter(self.runner(path), stream_id)
+
+    def runner(self, path: str) -> StageRunner:
+        """The draft model at ``path`` (loaded once); RequestRefused if it cannot draft."""
+        export = Path(path).expanduser().resolve()
+        if export in self._runners:
+            return self._runners[export]
+        try:
+            manifest = load_manifest(export)
+        except (ManifestError, OSError) as exc:
+            raise RequestRefused(f"draft model {path}: {exc}") from None
+        if len(manifest.stages) != 1:
+            raise RequestRefused(f"draft model {path} has {len(manifest.stages)} stages; a drafter "
+                                 "must be a 1-stage export (zctl export MODEL --stages 1)")
+        if manifest.model.vocab_size != self.vocab_size:
+            raise RequestRefused(
+                f"draft model {path} has a {manifest.model.vocab_size}-token vocabulary, the "
+                f"target {self.vocab_size}: a drafter must share the tokenizer")
+        try:
+            runner = load_runner(export, 0, self.config, manifest=manifest, verify=False)
+        except StageError as exc:
+            raise RequestRefused(f"draft model {path}: {exc}") from None
+        self._runners[export] = runner
+        return runner

@@ -1,7 +1,7 @@
 """An emulated WAN link on a data-plane hop: one-way delay, jitter and a bandwidth cap.
 
 There is no netem here, so latency is injected in our own link layer: a
-``DelayedSender`` stands in for a hop's PUSH socket (``transport.open_push`` returns one
+``DelayedSender`` stands in for a hop's PUSH socket (``pipes.open_push`` returns one
 when ``PipeOptions`` set ``delay_ms``, ``jitter_ms`` or ``rate_mbit``). ``send_parts``
 copies the frame (the payload is often an OpenVINO output tensor the next inference
 overwrites), gives it a due time and returns at once, so the sender's compute never

@@ -13,24 +13,26 @@ import numpy as np
 import openvino as ov
 
 from dataplane.runtime import RuntimeConfig, StageRunner, StepInputs, load_runner
-from engine.executor import StepReply, reply_from_logits
+from engine.executor import InlineExecutor, StepReply, reply_from_logits
 
 REWIND_MODES = ("mask", "trim")
 
 
-class LocalChain:
-    """Every stage in this process, stepped one after another.
+class LocalChain(InlineExecutor):
+    """Every stage in this process, stepped one after another (an ``Executor``).
 
     ``rewind`` picks how ``rewind()`` (and ``step(mask_tail=n)``) drops the last tokens
     of a stream: "mask" zeroes their attention mask (cheap, the slots stay; once more
     than ``compact_threshold`` slots of a stream are masked they are compacted away),
     "trim" cuts them out of the state tensors (the slow path, kept for comparison).
+    ``submit`` computes the step at once (``InlineExecutor``).
     """
 
     def __init__(self, runners: Sequence[StageRunner], rewind: str = "mask",
                  compact_threshold: int | None = 64) -> None:
         if rewind not in REWIND_MODES:
             raise ValueError(f"rewind must be one of {REWIND_MODES}, not {rewind!r}")
+        super().__init__()
         self.runners = list(runners)
         self.num_stages = len(self.runners)
         self.rewind_mode = rewind
@@ -53,32 +55,42 @@ class LocalChain:
             runner.open_stream(stream_id)
 
     def reset(self, stream_id: int) -> None:
+        self.drop_answers(stream_id)
         for runner in self.runners:
             runner.reset_stream(stream_id)
 
-    def rewind(self, stream_id: int, count: int) -> None:
-        """Drop the stream's last ``count`` tokens on every stage (see ``rewind`` mode)."""
-        if not count:
+    def rewind(self, stream_id: int, count: int | np.ndarray) -> None:
+        """Drop the stream's last ``count`` tokens on every stage (see ``rewind`` mode); on
+        a row group, each row's own count (masking)."""
+        if self.rewind_mode == "trim" and stream_id not in self.runners[0].groups:
+            for runner in self.runners:
+                if count:
+                    runner.trim_tail(stream_id, int(count))
             return
+        masked = False
         for runner in self.runners:
-            if self.rewind_mode == "trim":
-                runner.trim_tail(stream_id, count)
-                continue
-            runner.mask_tail(stream_id, count)
-            if (self.compact_threshold is not None
-                    and runner.masked_slots(stream_id) > self.compact_threshold):
-                runner.compact(stream_id)
-                self.compactions += 1
+            masked = runner.mask_step_tail(stream_id, count)
+        if masked and self.runners[0].compaction_due(stream_id, self.compact_threshold):
+            self.compact(stream_id)
 
-    def rewind_rows(self, group_id: int, counts: np.ndarray) -> None:
-        """Drop each row's last ``counts[row]`` tokens on every stage (masking); past the
-        compaction threshold the group is re-formed, which compacts its rows."""
-        for runner in self.runners:
-            runner.mask_rows_tail(group_id, counts)
-        if (self.compact_threshold is not None
-                and self.runners[0].masked_slots(group_id) > self.compact_threshold):
-            self.regroup(group_id, list(self.runners[0].groups[group_id].members))
-            self.compactions += 1
+    def compact(self, stream_id: int) -> None:
+        """Drop the stream's masked slots on every stage (a row group is re-formed, which
+        compacts its rows)."""
+        group = self.runners[0].groups.get(stream_id)
+        if group is not None:
+            self.regroup(stream_id, list(group.members))
+        else:
+            for runner in self.runners:
+                runner.compact(stream_id)
+        self.compactions += 1
+
+    def abandon_all(self, why: str) -> None:
+        """Forget the answers not yet collected and dissolve the row groups (as the cluster
+        head does): every stream is then reset before it steps again."""
+        super().abandon_all(why)
+        for group_id in list(self.runners[0].groups):
+            for runner in self.runners:
+                runner.close_stream(group_id)
 
     @property
     def row_groups_supported(self) -> bool:
@@ -87,6 +99,7 @@ class LocalChain:
 
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (StageRunner.regroup)."""
+        self.drop_answers(group_id)
         for done, runner in enumerate(self.runners):
             try:
                 runner.regroup(group_id, members)
@@ -104,16 +117,14 @@ class LocalChain:
         On a row group, ids and positions are [rows, T], ``mask_tail`` holds one rewind
         per row, and the reply answers every row.
         """
+        if type(mask_tail) is not int or mask_tail:
+            self.rewind(stream_id, mask_tail)
         group = self.runners[0].groups.get(stream_id)
         if group is not None:
-            if np.any(mask_tail):
-                self.rewind_rows(stream_id, np.asarray(mask_tail))
-                group = self.runners[0].groups[stream_id]
             rows = len(group.members)
             x: np.ndarray = np.asarray(token_ids, dtype=np.int64).reshape(rows, -1)
             pos = np.asarray(positions, dtype=np.int64).reshape(rows, -1)
         else:
-            self.rewind(stream_id, int(mask_tail))
             x = np.asarray(token_ids, dtype=np.int64)[None]
             pos = np.asarray(positions, dtype=np.int64)[None]
         # Bind every stage's inputs first, building the RoPE tables and mask once (the

@@ -124,7 +124,32 @@ class MaskRewind:
     """Mask-based rewind over a runner's per-stream slot tables (a mixin: the runner
     provides ``_stream(stream_id)`` with a ``keep`` table)."""
 
+    groups: dict[int, Any]
+
     def _stream(self, stream_id: int) -> Any: ...
+
+    def mask_rows_tail(self, group_id: int, counts: np.ndarray) -> None: ...
+
+    def masked_slots(self, stream_id: int) -> int: ...
+
+    def mask_step_tail(self, stream_id: int, mask_tail: int | np.ndarray) -> bool:
+        """The rewind a step carries, on this stage: a row group's rows by their own counts,
+        a stream by one count. True when it masked anything."""
+        if stream_id in self.groups:
+            counts = np.asarray(mask_tail, dtype=np.int64).reshape(-1)
+            if not counts.any():
+                return False
+            self.mask_rows_tail(stream_id, counts)
+            return True
+        if not mask_tail:
+            return False
+        self.mask_tail(stream_id, int(mask_tail))
+        return True
+
+    def compaction_due(self, stream_id: int, threshold: int | None) -> bool:
+        """Whether the stream (or row group) has more than ``threshold`` masked slots
+        (None: never compact)."""
+        return threshold is not None and self.masked_slots(stream_id) > threshold
 
     def mask_tail(self, stream_id: int, count: int) -> None:
         """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""

@@ -195,32 +195,6 @@ def push_socket(ctx: zmq.Context, connect_addr: str,
     return sock
 
 
-def open_push(ctx: zmq.Context, connect_addr: str, options: PipeOptions = DEFAULT_OPTIONS
-              ) -> Any:
-    """The outbound pipe: a PUSH socket, or a DelayedSender when ``options`` shape the link.
-
-    Both take ``send_parts(pipe, parts)`` and ``pipe.close(linger)``.
-    """
-    if not options.shaped:
-        return push_socket(ctx, connect_addr, options)
-    from dataplane.link import DelayedSender
-
-    return DelayedSender(ctx, connect_addr, options)
-
-
-def open_pipes(ctx: zmq.Context, bind_addr: str, send_to: str,
-               options: PipeOptions = DEFAULT_OPTIONS) -> tuple[zmq.Socket, Any]:
-    """A hop's two ends on one process: the inbound PULL bound at ``bind_addr`` and the
-    outbound pipe to ``send_to`` (``open_push``); the PULL is closed again when the
-    outbound pipe cannot be opened."""
-    pull = pull_socket(ctx, bind_addr, options)
-    try:
-        return pull, open_push(ctx, send_to, options)
-    except BaseException:
-        pull.close(0)
-        raise
-
-
 def bound_endpoint(sock: zmq.Socket) -> str:
     """The address a bound socket actually listens on (resolves ``*`` ports)."""
     endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)

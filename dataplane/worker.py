@@ -8,8 +8,7 @@ full logits. Malformed frames are counted and logged, never fatal; a step the st
 refuses becomes an ERROR frame so the coordinator fails fast instead of hanging.
 
 Run in a thread (``start``/``stop``) or as a node's main loop (``run``, or as a process:
-``python -m dataplane.worker EXPORT --stage K --bind ADDR --send-to ADDR``, see
-dataplane.worker_main).
+``python -m dataplane.worker_main EXPORT --stage K --bind ADDR --send-to ADDR``).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-import sys
 import threading
 import time
 from collections import deque
@@ -38,11 +36,11 @@ from dataplane.frames import (
     decode_frame,
     encode_frame,
     prepare_frame,
-    restamp_send,
-    seal_frame,
     stamp,
     top1_record,
 )
+from dataplane.hop import compute_step, seal_or_encode
+from dataplane.pipes import open_pipes, open_push
 from dataplane.runtime import StageRunner
 from dataplane.transport import (
     DEFAULT_OPTIONS,
@@ -50,8 +48,6 @@ from dataplane.transport import (
     PipeOptions,
     TransportError,
     bound_endpoint,
-    open_pipes,
-    open_push,
     recv_parts,
     send_parts,
     wait_readable,
@@ -346,16 +342,8 @@ class StageWorker:
         prepare_ns = time.perf_counter_ns() - start
         start += prepare_ns
         try:
-            if header.mask_tail:
-                self.runner.mask_tail(sid, header.mask_tail)
-            answer_for = logits_idx if self.last and logits_idx.size else None
-            if sid in self.runner.groups:
-                if rewinds.size:
-                    self.runner.mask_rows_tail(sid, rewinds)
-                out = self.runner.step_rows(sid, payload, positions.reshape(header.rows, -1),
-                                            answer_for)
-            else:
-                out = self.runner.step(sid, payload, positions, answer_for)
+            out = compute_step(self.runner, sid, payload, positions, header.mask_tail, rewinds,
+                               logits_idx if self.last and logits_idx.size else None)
         except Exception as exc:  # a stage failure must reach the coordinator, not kill us
             self._send_error(header, str(exc), recv_ns, ready_ns)
             return
@@ -372,17 +360,13 @@ class StageWorker:
         # Hidden states and full logits are sent zero-copy out of the request's output
         # tensor, which the stream's next inference overwrites: guard it until sent.
         guard = sid if not self.last or header.reply == ReplyMode.LOGITS else None
-        parts = None if prepared is None else seal_frame(
-            prepared, body, time.time_ns(), decode_ns, compute_ns,
-            prepare_ns + time.perf_counter_ns() - start)
-        if parts is not None:
+        try:
+            parts = seal_or_encode(prepared, header, body, self.stage, recv_ns, ready_ns,
+                                   decode_ns, compute_ns, prepare_ns, start)
+        except FrameError as exc:
+            self._dropped(header, exc)
+        else:
             self._send_parts(header, parts, guard)
-        else:  # not the payload predicted: encode it now
-            if type(body) is bytes:
-                body = np.frombuffer(body, TOPK_DTYPE).reshape(1, 1)
-            header.timings = stamp(header.timings, self.stage, recv_ns, ready_ns, 0, decode_ns,
-                                   compute_ns, 0)  # send stamp and encode time: see _send
-            self._send(header, body, guard_key=guard, encode_start=start)
         with self._lock:
             self._compute.append(compute_ns / 1e6)
         self._stepped = sid
@@ -430,35 +414,27 @@ class StageWorker:
         self._send(header, None)
 
     def _send(self, header: HiddenStateFrame, body: np.ndarray | None,
-              guard_key: int | None = None, encode_start: int | None = None) -> None:
-        """Encode and send; with ``encode_start`` (perf_counter ns) the frame's last timing
-        record gets its send stamp and encode time just before the send."""
+              guard_key: int | None = None) -> None:
+        """Encode and send a frame the worker passes on or answers with."""
         try:
             parts = encode_frame(header, body)
-            if encode_start is not None:
-                restamp_send(parts, 0, time.time_ns(), time.perf_counter_ns() - encode_start)
         except FrameError as exc:
-            self._count("send_failures")
-            self._problem("send", f"stage {self.stage} dropped a {header.kind.name} frame of "
-                                  f"stream {header.stream_id}: {exc}")
+            self._dropped(header, exc)
             return
         self._send_parts(header, parts, guard_key)
+
+    def _dropped(self, header: HiddenStateFrame, exc: Exception) -> None:
+        self._count("send_failures")
+        self._problem("send", f"stage {self.stage} dropped a {header.kind.name} frame of "
+                              f"stream {header.stream_id}: {exc}")
 
     def _send_parts(self, header: HiddenStateFrame, parts: list[Any],
                     guard_key: int | None) -> None:
         try:
             tracker = send_parts(self._push, parts)
         except TransportError as exc:
-            self._count("send_failures")
-            self._problem("send", f"stage {self.stage} dropped a {header.kind.name} frame of "
-                                  f"stream {header.stream_id}: {exc}")
+            self._dropped(header, exc)
             return
         if guard_key is not None:
             self._guard.hold(guard_key, tracker)
         self._stats.frames_out += 1
-
-
-if __name__ == "__main__":  # ``python -m dataplane.worker``: the node process (worker_main)
-    from dataplane.worker_main import main
-
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The stage-worker process: load one stage of an export and serve it until signalled.
 
-``python -m dataplane.worker EXPORT --stage K --bind ADDR --send-to ADDR`` (or
-``python -m dataplane.worker_main ...``) prints ``ready <endpoint>`` once serving; tests,
+``python -m dataplane.worker_main EXPORT --stage K --bind ADDR --send-to ADDR`` prints
+``ready <endpoint>`` once serving; tests,
 benchmarks and bare deployments use it (a cluster node runs its worker inside the node
 agent instead, see controlplane.launch).
 """

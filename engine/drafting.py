@@ -9,10 +9,10 @@ Every emitted token is the one greedy decoding would have produced, so the outpu
 identical; only the number of steps changes.
 
 The KV state now holds ``K - n`` rejected slots. They are rewound *with the next step*
-(``step(..., mask_tail=K - n)``): on a ``ClusterPipeline`` the rewind travels in that
+(``step(..., mask_tail=K - n)``): on a ``ClusterHead`` the rewind travels in that
 step's frame, so it costs no extra round trip; ``LocalChain`` applies it before stepping
 (mask, or trim for comparison). Logical positions count accepted tokens only, physical
-slots keep growing until compacted (``LocalChain`` and ``ClusterPipeline`` compact a stream
+slots keep growing until compacted (``LocalChain`` and ``ClusterHead`` compact a stream
 once more than a threshold of its slots are masked; on the cluster a COMPACT frame
 travels ahead of the next step).
 
@@ -24,14 +24,11 @@ needs the same numbers from a 1-token and a K+1-token step: keep the KV cache in
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-
-from engine.executor import Executor, StepReply
 
 # -- pure helpers ------------------------------------------------------------------------
 
@@ -215,36 +212,3 @@ class LookupDrafter:
 
     def accept(self, n: int) -> None:
         pass
-
-
-StepFn = Callable[..., StepReply]  # (stream, ids, positions, logits_idx, rewind, want_logits)
-
-
-def rewinding_step(pipeline: Executor) -> StepFn:
-    """``step(stream, ids, positions, logits_idx, rewind, want_logits=False)`` for any pipeline.
-
-    A pipeline whose ``step`` takes ``mask_tail=`` (LocalChain, ClusterPipeline) gets the
-    rewind with the step itself; one that only has ``rewind(stream_id, count)`` is
-    rewound just before the step.
-    """
-    if "mask_tail" in inspect.signature(pipeline.step).parameters:
-        carrier = pipeline.step
-
-        def carried(sid: int, ids: np.ndarray, pos: np.ndarray, idx: np.ndarray | None,
-                    rewind: int, want_logits: bool = False) -> StepReply:
-            if rewind:
-                return carrier(sid, ids, pos, idx, want_logits,  # type: ignore[call-arg]
-                               mask_tail=rewind)
-            return carrier(sid, ids, pos, idx, want_logits)
-        return carried
-    rewinder = getattr(pipeline, "rewind", None)
-    if rewinder is None:
-        raise TypeError(f"{type(pipeline).__name__} can rewind neither with a step "
-                        "(step(mask_tail=)) nor by itself (rewind(stream_id, count))")
-
-    def separate(sid: int, ids: np.ndarray, pos: np.ndarray, idx: np.ndarray | None,
-                 rewind: int, want_logits: bool = False) -> StepReply:
-        if rewind:
-            rewinder(sid, rewind)
-        return pipeline.step(sid, ids, pos, idx, want_logits)
-    return separate

@@ -1,14 +1,18 @@
 """The engine's contract with whatever runs the stages: an ``Executor``.
 
-An executor takes a step (a chunk of token ids at explicit logical positions for a stream
-or a row group) and answers with the last stage's ``StepReply``. ``LocalChain``
+An executor takes steps (a chunk of token ids at explicit logical positions for a stream
+or a row group) and answers each with the last stage's ``StepReply``. ``LocalChain``
 (dataplane.local_chain) runs every stage in this process; ``ClusterHead``
 (dataplane.cluster) runs stage 0 here and the rest on nodes over ZeroMQ. The scheduler
-drives both the same way, through this Protocol only.
+drives both in the same way, through ``Executor`` only: ``submit`` a step, then
+``collect_any`` answers as they come. ``InlineExecutor`` gives an executor that computes
+a step when it is submitted (in process) that half of the contract, written once.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,11 +21,15 @@ import numpy as np
 
 @dataclass
 class StepReply:
-    """What the last stage returns: greedy token per requested position, logits if asked."""
+    """What the last stage returns: greedy token per requested position, logits if asked.
+
+    ``request_id`` is the id ``submit`` returned for the step; ``stage_ms`` each stage's
+    compute time."""
 
     tokens: np.ndarray
     logits: np.ndarray | None = None
     stage_ms: list[float] = field(default_factory=list)
+    request_id: int = 0
 
 
 def reply_from_logits(logits: np.ndarray, want_logits: bool = False) -> StepReply:
@@ -30,12 +38,86 @@ def reply_from_logits(logits: np.ndarray, want_logits: bool = False) -> StepRepl
     return StepReply(tokens=rows.argmax(axis=-1), logits=rows.copy() if want_logits else None)
 
 
+class StepError(RuntimeError):
+    """A submitted step could not be answered. ``request_id`` names it (0: the executor
+    cannot tell which step, so every step in flight is lost)."""
+
+    request_id: int = 0
+
+
 class Executor(Protocol):
+    """What the engine needs of a pipeline of stages.
+
+    Streams are opened and reset (a reset forgets the stream's KV on every stage) before
+    their first step. A step's ``mask_tail`` first drops that many of the stream's last
+    tokens on every stage (on a row group: one count per row); ``rewind`` does the same
+    on its own, applied before the stream's next step. ``regroup`` makes ``group_id`` the
+    row group of ``members`` (streams stepped as the rows of one inference per stage)
+    where ``row_groups_supported``; ``compact`` drops a stream's masked KV slots.
+    ``abandon_all`` forgets every step in flight (the stages are known to be broken):
+    streams must be reset before they step again.
+    """
+
     num_stages: int
 
+    @property
+    def row_groups_supported(self) -> bool: ...
     def open(self, stream_id: int) -> None: ...
     def reset(self, stream_id: int) -> None: ...
+    def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+               logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+               mask_tail: int | np.ndarray = 0) -> int: ...
+    def collect_any(self, timeout_s: float | None = None) -> StepReply | None: ...
+    def rewind(self, stream_id: int, count: int) -> None: ...
+    def compact(self, stream_id: int) -> None: ...
+    def regroup(self, group_id: int, members: list[int]) -> None: ...
+    def abandon_all(self, why: str) -> None: ...
+    def timing_summary(self) -> dict[str, dict[str, float]]: ...
+    def clear_timings(self) -> None: ...
+
+
+class InlineExecutor:
+    """The submit/collect half of ``Executor`` for an executor that computes a step as it is
+    submitted: ``submit`` runs ``step`` and keeps its reply until ``collect_any``.
+
+    Subclasses implement ``step`` (with ``mask_tail``), ``open`` and ``_forget`` hooks
+    through ``reset``; a reset or ``abandon_all`` drops the replies not yet collected."""
+
+    row_groups_supported = False  # an executor that can regroup says so
+
+    def __init__(self) -> None:
+        self._request_ids = itertools.count(1)
+        self._answered: deque[tuple[int, StepReply]] = deque()  # (stream id, reply)
+
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None, want_logits: bool = False) -> StepReply: ...
+             logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+             mask_tail: int | np.ndarray = 0) -> StepReply:
+        raise NotImplementedError
 
+    def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+               logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+               mask_tail: int | np.ndarray = 0) -> int:
+        """Run the step now; its reply waits for ``collect_any``. Raises what ``step`` raises."""
+        reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
+                          mask_tail=mask_tail)
+        reply.request_id = next(self._request_ids)
+        self._answered.append((stream_id, reply))
+        return reply.request_id
 
+    def collect_any(self, timeout_s: float | None = None) -> StepReply | None:
+        """The oldest answer not yet collected (None if there is none: nothing waits)."""
+        return self._answered.popleft()[1] if self._answered else None
+
+    def drop_answers(self, stream_id: int) -> None:
+        """Forget the stream's answers not yet collected (its KV was reset)."""
+        if any(sid == stream_id for sid, _ in self._answered):
+            self._answered = deque(a for a in self._answered if a[0] != stream_id)
+
+    def abandon_all(self, why: str) -> None:
+        self._answered.clear()
+
+    def timing_summary(self) -> dict[str, dict[str, float]]:
+        return {}
+
+    def clear_timings(self) -> None:
+        pass

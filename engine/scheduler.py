@@ -1,14 +1,13 @@
 """The coordinator's generation loop, written once: ``StreamScheduler`` steps many
-``DecodeSession``s on one pipeline.
+``DecodeSession``s on one ``Executor``.
 
-On a pipeline that can ``submit`` and ``collect_any`` (``ClusterPipeline``) it keeps one
-step of every active session (or row group) in flight, so stage 0 computes one stream
-while another's activations are on the wire or on later stages (micro-batching with async
-overlap, paper §7); on a pipeline that only has ``step`` (``LocalChain``) it steps them in
-turn. With row groups, sessions are stepped together as the rows of one inference per
-stage (``StageRunner.step_rows``); a group is scheduled like one stream.
-``run_session``, ``generate_greedy`` and ``generate_speculative`` are that loop with one
-session.
+It keeps one step of every active session (or row group) submitted, so on a
+``ClusterHead`` stage 0 computes one stream while another's activations are on the wire or
+on later stages (micro-batching with async overlap, paper §7); a ``LocalChain`` computes
+each step as it is submitted, so there the sessions take turns. With row groups, sessions
+are stepped together as the rows of one inference per stage (``StageRunner.step_rows``);
+a group is scheduled like one stream. ``run_session``, ``generate_greedy`` and
+``generate_speculative`` are that loop with one session.
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from engine.drafting import SATURATED, Drafter, StepCost, StepFn, busiest_stage_share, rewinding_step
-from engine.executor import Executor, StepReply
+from engine.drafting import SATURATED, Drafter, StepCost, busiest_stage_share
+from engine.executor import Executor, StepError, StepReply
 from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession, StepPlan
 from engine.stats import GenerationStats
@@ -74,7 +72,7 @@ class StageLoad:
 class StreamScheduler:
     """Steps many sessions on one pipeline: the coordinator's generation loop.
 
-    With ``row_groups`` > 0 (and a pipeline that can ``regroup``), sessions join one of
+    With ``row_groups`` > 0 (on stages that support row groups), sessions join one of
     that many row groups once their prompt is in: a group steps all its members in one
     batched inference per stage (``StageRunner.step_rows``). Rows feeding fewer tokens
     than the longest (a speculative row with fewer drafts, a plain one-token row) are
@@ -95,12 +93,7 @@ class StreamScheduler:
         self.pipeline = pipeline
         self.sessions: dict[int, DecodeSession] = {}  # active, by stream id
         self._in_flight: dict[int, list[DecodeSession]] = {}  # request id -> its sessions
-        self._pipelined = callable(getattr(pipeline, "submit", None)) and callable(
-            getattr(pipeline, "collect_any", None))
-        self._rewinding_step: StepFn | None = None  # made on the first rewind
-        self._turn = 0
-        batching = (row_groups and callable(getattr(pipeline, "regroup", None))
-                    and getattr(pipeline, "row_groups_supported", True))
+        batching = row_groups and pipeline.row_groups_supported
         self._groups: dict[int, list[DecodeSession]] = {
             GROUP_ID_BASE + i: [] for i in range(row_groups if batching else 0)}
         self._formed: dict[int, list[int]] = {gid: [] for gid in self._groups}  # on the stages
@@ -146,10 +139,7 @@ class StreamScheduler:
         """Advance: start a step for every idle session or group, then take one answer (or
         none within ``timeout_s``). Finished or failed sessions leave the schedule."""
         updates = self._join_groups()
-        if self._pipelined:
-            updates += self._poll_pipelined(timeout_s)
-        else:
-            updates += self._poll_in_turn()
+        updates += self._poll_executor(timeout_s)
         for update in updates:
             if update.session.done:
                 self.sessions.pop(update.session.stream_id, None)
@@ -199,7 +189,7 @@ class StreamScheduler:
             if gid in in_flight or wanted == self._formed[gid]:
                 continue
             try:
-                self.pipeline.regroup(gid, wanted)  # type: ignore[attr-defined]
+                self.pipeline.regroup(gid, wanted)
             except Exception as exc:  # noqa: BLE001 - the members carry it to their callers
                 self._formed[gid] = []
                 for session in members:
@@ -267,43 +257,20 @@ class StreamScheduler:
             session.fail(exc)
         return [SessionUpdate(s, []) for s in sessions]
 
-    # -- the two ways to drive a pipeline --------------------------------------------
-    def _poll_in_turn(self) -> list[SessionUpdate]:
-        units = self._units()
-        if not units:
-            return []
-        unit_id, sessions = units[self._turn % len(units)]
-        self._turn += 1
-        plan, row_lens = self._plan(unit_id, sessions)
-        try:
-            if row_lens is not None:
-                reply = self.pipeline.step(  # type: ignore[call-arg]
-                    unit_id, plan.token_ids, plan.positions, plan.logits_idx, plan.want_logits,
-                    mask_tail=plan.rewind)
-            elif plan.rewind:
-                self._rewinding_step = self._rewinding_step or rewinding_step(self.pipeline)
-                reply = self._rewinding_step(unit_id, plan.token_ids, plan.positions,
-                                             plan.logits_idx, plan.rewind, plan.want_logits)
-            else:
-                reply = self.pipeline.step(unit_id, plan.token_ids, plan.positions,
-                                           plan.logits_idx, plan.want_logits)
-        except Exception as exc:  # noqa: BLE001 - the session carries it to its caller
-            return self._fail(sessions, exc)
-        return self._advance(sessions, reply, row_lens)
-
-    def _poll_pipelined(self, timeout_s: float | None) -> list[SessionUpdate]:
+    # -- driving the executor ---------------------------------------------------------
+    def _poll_executor(self, timeout_s: float | None) -> list[SessionUpdate]:
         """Submit every ready unit, collect one reply, advance its sessions and submit
         their next steps before returning (where nothing is about to change: see
         ``_settled``): the caller's work on the updates (streaming text to clients) then
         overlaps the steps in flight instead of delaying them."""
-        pipe: Any = self.pipeline
-        updates = self._submit_ready(pipe)
+        pipe = self.pipeline
+        updates = self._submit_ready()
         if not self._in_flight:
             return updates
         try:
             reply = pipe.collect_any(timeout_s)
         except Exception as exc:  # noqa: BLE001 - a failed or expired request
-            rid = getattr(exc, "request_id", -1)
+            rid = exc.request_id if isinstance(exc, StepError) else 0
             failed = self._in_flight.pop(rid, None)
             self._group_steps.pop(rid, None)
             self._row_lens.pop(rid, None)
@@ -320,7 +287,7 @@ class StreamScheduler:
         row_lens = self._row_lens.pop(reply.request_id, None)
         if sessions is not None:
             updates += self._advance(sessions, reply, row_lens)
-            updates += self._submit_ready(pipe, settled_only=True)
+            updates += self._submit_ready(settled_only=True)
         return updates
 
     def _settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
@@ -333,7 +300,7 @@ class StreamScheduler:
             return [s.stream_id for s in sessions] == self._formed[unit_id]
         return not self._would_group(sessions[0])
 
-    def _submit_ready(self, pipe: Any, settled_only: bool = False) -> list[SessionUpdate]:
+    def _submit_ready(self, settled_only: bool = False) -> list[SessionUpdate]:
         """Submit the next step of every unit with nothing in flight (``settled_only``:
         and ``_settled``); the failures."""
         updates: list[SessionUpdate] = []
@@ -344,7 +311,7 @@ class StreamScheduler:
                 continue
             plan, row_lens = self._plan(unit_id, sessions)
             try:
-                rid = pipe.submit(unit_id, plan.token_ids, plan.positions,
+                rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions,
                                   plan.logits_idx, plan.want_logits, mask_tail=plan.rewind)
             except Exception as exc:  # noqa: BLE001
                 updates += self._fail(sessions, exc)

@@ -88,7 +88,7 @@ def dp_hosts() -> tuple[str, str]:
 
 @pytest.fixture
 def dp_spawn():
-    """Start ``python -m dataplane.worker`` processes; returns start(export, stage, bind,
+    """Start ``python -m dataplane.worker_main`` processes; returns start(export, stage, bind,
     send_to) -> bound endpoint. Every process is terminated after the test."""
     import os
     import subprocess
@@ -99,7 +99,7 @@ def dp_spawn():
     def start(export: Path, stage: int, bind: str, send_to: str) -> str:
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dataplane.worker", str(export), "--stage", str(stage),
+            [sys.executable, "-m", "dataplane.worker_main", str(export), "--stage", str(stage),
              "--bind", bind, "--send-to", send_to],
             stdout=subprocess.PIPE, stderr=log, text=True,
             cwd=Path(__file__).parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},

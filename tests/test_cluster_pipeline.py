@@ -1,4 +1,4 @@
-"""ClusterPipeline: greedy generation across stage processes equals LocalChain, and failures
+"""ClusterHead: greedy generation across stage processes equals LocalChain, and failures
 (timeouts, refused steps, resets with frames in flight) surface quickly and clearly."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
-from dataplane.cluster import ClusterPipeline, DataPlaneError, StageFailed, StageTimeout
+from dataplane.cluster import ClusterHead, DataPlaneError, StageFailed, StageTimeout
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner, load_runner
 from dataplane.transport import pull_socket
@@ -31,7 +31,7 @@ def chain_in_processes(export, hosts, spawn, stages: int, timeout_s: float = 20.
     """Coordinator here (stage 0); stages 1.. as worker processes on hosts[i - 1]."""
     addrs = [f"tcp://{hosts[(i - 1) % len(hosts)]}:{free_port(hosts[(i - 1) % len(hosts)])}"
              for i in range(1, stages)]
-    pipe = ClusterPipeline(load_runner(export, 0), addrs[0], "tcp://127.0.0.1:*",
+    pipe = ClusterHead(load_runner(export, 0), addrs[0], "tcp://127.0.0.1:*",
                            timeout_s=timeout_s)
     for i in reversed(range(1, stages)):
         send_to = addrs[i] if i < stages - 1 else pipe.reply_endpoint
@@ -82,7 +82,7 @@ def test_greedy_across_processes_equals_local_chain(stages, dp_export2, dp_expor
 @pytest.fixture
 def threaded2(dp_export2):
     """A 2-stage cluster with the last stage in a thread (fast to set up, easy to poke)."""
-    pipe = ClusterPipeline(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
+    pipe = ClusterHead(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
                            timeout_s=10)
     worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", pipe.reply_endpoint)
     pipe.rewire(worker.endpoint)
@@ -183,7 +183,7 @@ def test_a_silent_stage_times_out_naming_it(dp_export2):
     hole = pull_socket(zmq.Context.instance(), "tcp://127.0.0.1:*")  # takes frames, never answers
     from dataplane.transport import bound_endpoint
 
-    pipe = ClusterPipeline(StageRunner(dp_export2, 0), bound_endpoint(hole),
+    pipe = ClusterHead(StageRunner(dp_export2, 0), bound_endpoint(hole),
                            "tcp://127.0.0.1:*", timeout_s=0.3)
     try:
         pipe.open(0)
@@ -201,7 +201,7 @@ def test_a_silent_stage_times_out_naming_it(dp_export2):
 
 def test_constructor_checks(dp_export2):
     with pytest.raises(ValueError, match="runs stage 0"):
-        ClusterPipeline(StageRunner(dp_export2, 1), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*")
+        ClusterHead(StageRunner(dp_export2, 1), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*")
 
 
 def test_long_prompts_and_full_logits_take_the_zero_copy_path(threaded2, local2):
@@ -293,7 +293,7 @@ class SpoilingDrafter:
 def threaded3(dp_export3):
     """A 3-stage cluster (stages 1 and 2 in threads) compacting past 2 masked slots."""
     exact = RuntimeConfig(precision="f32", kv_cache_precision="f32")
-    pipe = ClusterPipeline(StageRunner(dp_export3, 0, exact), "tcp://127.0.0.1:1",
+    pipe = ClusterHead(StageRunner(dp_export3, 0, exact), "tcp://127.0.0.1:1",
                            "tcp://127.0.0.1:*", timeout_s=10, compact_threshold=2)
     last = StageWorker(StageRunner(dp_export3, 2, exact), "tcp://127.0.0.1:*",
                        pipe.reply_endpoint).start()

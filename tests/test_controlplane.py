@@ -269,7 +269,7 @@ def test_local_cluster_helper(tmp_path: Path, cp_export: Path) -> None:
 
 
 def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Cluster) -> None:
-    """The real data plane: ClusterPipeline on the coordinator, StageWorker on the node."""
+    """The real data plane: ClusterHead on the coordinator, StageWorker on the node."""
     from controlplane.launch import default_launcher, head_launcher
     from dataplane.local_chain import LocalChain
     from engine.scheduler import generate_greedy

@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 import zmq
 
-from dataplane.cluster import ClusterPipeline
+from dataplane.cluster import ClusterHead
 from dataplane.link import DelayedSender, link_options
 from dataplane.local_chain import LocalChain
+from dataplane.pipes import open_push
 from dataplane.runtime import StageRunner
 from dataplane.transport import (
     PipeOptions,
     TransportError,
     bound_endpoint,
-    open_push,
     pull_socket,
     recv_parts,
     send_parts,
@@ -149,7 +149,7 @@ def test_a_bad_address_fails_at_construction_and_close_stops_the_thread(pull):
 def delayed2(dp_export2):
     """A 2-stage cluster (stage 1 in a thread) with DELAY ms on both hops."""
     options = link_options(DELAY)
-    pipe = ClusterPipeline(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
+    pipe = ClusterHead(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
                            timeout_s=10, options=options)
     worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", pipe.reply_endpoint,
                          options=options)
@@ -198,11 +198,11 @@ def test_polling_in_short_waits_still_counts_the_delay_as_network(delayed2):
 
 
 def test_worker_process_takes_link_delay_ms(dp_export2, dp_hosts):
-    """``python -m dataplane.worker --link-delay-ms`` delays its replies (a process hop)."""
-    pipe = ClusterPipeline(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
+    """``python -m dataplane.worker_main --link-delay-ms`` delays its replies (a process hop)."""
+    pipe = ClusterHead(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
                            timeout_s=20)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dataplane.worker", str(dp_export2), "--stage", "1",
+        [sys.executable, "-m", "dataplane.worker_main", str(dp_export2), "--stage", "1",
          "--bind", f"tcp://{dp_hosts[0]}:*", "--send-to", pipe.reply_endpoint,
          "--link-delay-ms", str(DELAY)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

@@ -11,7 +11,7 @@ import pytest
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
 from engine.drafting import LookupDrafter
-from engine.executor import StepReply
+from engine.executor import InlineExecutor, StepReply
 from engine.sampling import SamplingParams, draw, speculative_sample, target_probs
 from engine.scheduler import generate_greedy, generate_speculative, run_sessions
 from engine.sessions import DecodeSession
@@ -73,13 +73,14 @@ def test_speculative_sample_keeps_the_target_distribution(stochastic_draft: bool
         speculative_sample([1, 2], probs[:2], rng)
 
 
-class TableModel:
+class TableModel(InlineExecutor):
     """A fake pipeline over a vocabulary of V tokens: logits of the token after t at position
     p are a fixed random row; replies carry logits when asked."""
 
     num_stages, V = 1, 4
 
     def __init__(self) -> None:
+        super().__init__()
         self.table = np.random.default_rng(3).normal(size=(self.V, 64, self.V)) * 1.5
 
     def open(self, stream_id: int) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -15,6 +17,7 @@ from controlplane.service import GenerationService
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
+from engine.executor import InlineExecutor
 from engine.scheduler import generate_greedy
 from engine.tokenizer import ChatTokenizer
 
@@ -77,12 +80,22 @@ def test_unwired_pipeline_reports_an_error(tiny_exports) -> None:
 
 
 def _done(endpoint: str, req: GenerateRequest) -> GenerateDone:
-    messages = list(generate_stream(endpoint, req))
-    done = messages[-1]
-    assert isinstance(done, GenerateDone)
-    streamed = [t for m in messages[:-1] if isinstance(m, GenerateChunk) for t in m.tokens]
-    assert streamed == done.tokens or done.error  # every token streamed before the done
-    return done
+    return _done_and_chunks(endpoint, req)[0]
+
+
+def _done_and_chunks(endpoint: str, req: GenerateRequest,
+                     seen: Callable[[Any], None] = lambda m: None
+                     ) -> tuple[GenerateDone, list[GenerateChunk]]:
+    """The request's GenerateDone and the chunks before it (``seen`` gets each message as it
+    comes); every token is streamed before the done, failed or not."""
+    messages = []
+    for message in generate_stream(endpoint, req):
+        seen(message)
+        messages.append(message)
+    done, chunks = messages[-1], messages[:-1]
+    assert isinstance(done, GenerateDone) and all(isinstance(m, GenerateChunk) for m in chunks)
+    assert [t for m in chunks for t in m.tokens] == done.tokens
+    return done, chunks
 
 
 def test_concurrent_requests_share_the_pipeline_and_queue_beyond_max_streams(tiny_exports) -> None:
@@ -155,15 +168,28 @@ def test_sampled_requests_follow_the_seed_and_top_k_one_is_greedy(service) -> No
         assert done.tokens == greedy
 
 
-class SlowChain:
+class SlowChain(InlineExecutor):
     """A LocalChain whose every step takes at least ``delay_s`` (a generation in progress
     stays in progress long enough to be interrupted)."""
 
     def __init__(self, chain: LocalChain, delay_s: float = 0.02) -> None:
+        super().__init__()
         self.chain, self.delay_s = chain, delay_s
 
     def __getattr__(self, name: str):
         return getattr(self.chain, name)
+
+    @property
+    def row_groups_supported(self) -> bool:
+        return self.chain.row_groups_supported
+
+    def reset(self, stream_id: int) -> None:
+        self.drop_answers(stream_id)
+        self.chain.reset(stream_id)
+
+    def abandon_all(self, why: str) -> None:
+        super().abandon_all(why)
+        self.chain.abandon_all(why)
 
     def step(self, *args, **kwargs):
         time.sleep(self.delay_s)
@@ -227,7 +253,7 @@ def test_generations_pause_while_a_stage_is_down_and_resume_as_if_nothing_happen
 
 def test_a_long_pause_keeps_clients_waiting(flaky, monkeypatch) -> None:
     """Paused longer than a client's idle timeout: the service's periodic notes keep it."""
-    import controlplane.service as service
+    import engine.service as service
 
     monkeypatch.setattr(service, "PAUSE_NOTE_S", 0.3)
     start, problem, expected = flaky
@@ -278,22 +304,33 @@ def test_concurrent_row_grouped_generations_resume_exactly(tiny_exports) -> None
     svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*", row_groups=1,
                             health=lambda: problem[0] if problem else None,
                             resume_timeout_s=30)
+    paused = threading.Event()
+
+    def note_pause(message: Any) -> None:
+        if isinstance(message, GenerateChunk) and message.note.startswith("paused"):
+            paused.set()
+
     svc.start()
     try:
         with ThreadPoolExecutor(3) as pool:
-            runs = [pool.submit(_done, svc.endpoint, GenerateRequest(f"g{i}", p, 40,
-                                                                     ignore_eos=True))
+            runs = [pool.submit(_done_and_chunks, svc.endpoint, GenerateRequest(f"g{i}", p, 40,
+                                                                     ignore_eos=True), note_pause)
                     for i, p in enumerate(prompts)]
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and (svc._scheduler is None
-                                                   or not svc._scheduler.row_steps):
+            while time.monotonic() < deadline and (svc.engine.scheduler is None
+                                                   or not svc.engine.scheduler.row_steps):
                 time.sleep(0.01)
-            assert svc._scheduler is not None and svc._scheduler.row_steps  # batched
+            assert svc.engine.scheduler is not None and svc.engine.scheduler.row_steps  # batched
             problem.append(DOWN)
-            time.sleep(0.8)
+            assert paused.wait(20), "the generations never paused"
             problem.clear()
-            dones = [r.result(60) for r in runs]
+            results = [r.result(60) for r in runs]
     finally:
         svc.stop()
+    dones = [done for done, _ in results]
+    for _, chunks in results:  # each stream was told it paused, then that it resumed
+        notes = [m.note for m in chunks if m.note]
+        assert any(n.startswith("paused") for n in notes), notes
+        assert any(n.startswith("resumed") for n in notes), notes
     assert [d.error for d in dones] == ["", "", ""]
     assert [d.tokens for d in dones] == expected

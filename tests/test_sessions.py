@@ -9,7 +9,7 @@ import pytest
 
 from dataplane.runtime import RuntimeConfig
 from engine.drafting import LookupDrafter
-from engine.executor import StepReply
+from engine.executor import InlineExecutor, StepReply
 from engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
 from engine.sessions import DecodeSession
 from engine.stats import SpeculativeStats
@@ -20,13 +20,14 @@ PROMPTS = [[0, 17, 42, 99, 5, 230, 7], [0, 11, 12, 13, 11, 12, 13, 11], [0, 300,
 N = 16
 
 
-class CountingModel:
+class CountingModel(InlineExecutor):
     """A fake pipeline: the token after t at position p is (t + p) % 7 (periodic, so lookup
     drafting is sometimes right); it records every step."""
 
     num_stages = 1
 
     def __init__(self) -> None:
+        super().__init__()
         self.steps: list[tuple[int, list[int], list[int], int]] = []
 
     def open(self, stream_id: int) -> None:
@@ -190,6 +191,8 @@ class PipelinedCounting(CountingModel):
 
 class GroupingCounting(PipelinedCounting):
     """PipelinedCounting that also steps row groups ([rows, T] ids, one-token rows)."""
+
+    row_groups_supported = True
 
     def __init__(self) -> None:
         super().__init__()

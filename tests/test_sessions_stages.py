@@ -171,3 +171,31 @@ def test_restart_replays_prompt_and_emitted_but_the_last_at_their_positions() ->
     decode = [s for s in model.steps if s[1]][6]
     assert decode[1] == [session.emitted[2]] and decode[2] == [7]
     assert session.emitted == fake_greedy([1, 2, 3, 4, 5], 8)
+
+
+def test_row_grouped_sessions_restarted_at_any_point_equal_each_alone(export2) -> None:
+    """Cut the schedule anywhere (steps answered but not collected, rows in a group), abandon
+    everything as a pause does, restart the sessions on a fresh schedule: each ends with its
+    own greedy tokens (a stale row group would give a member its old, advanced KV row)."""
+    chain = LocalChain.load(str(export2), EXACT)
+    expected = [alone(chain, p, False) for p in PROMPTS]
+    wrong = []
+    for cut in range(1, 40, 3):
+        sessions = [DecodeSession(i, p, N) for i, p in enumerate(PROMPTS)]
+        scheduler = StreamScheduler(chain, row_groups=1)
+        for session in sessions:
+            scheduler.add(session)
+        for _ in range(cut):
+            scheduler.poll()
+        chain.abandon_all("a stage went down")
+        assert not chain.runners[0].groups  # the groups went with it
+        scheduler = StreamScheduler(chain, row_groups=1)
+        for session in sessions:
+            if not session.done:
+                session.restart()
+                scheduler.add(session)
+        while scheduler.active:
+            scheduler.poll()
+        wrong += [(cut, s.stream_id) for s, want in zip(sessions, expected, strict=True)
+                  if s.emitted != want]
+    assert not wrong

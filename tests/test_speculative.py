@@ -19,8 +19,8 @@ from engine.drafting import (
     expected_tokens,
     fit_step_cost,
     lookup_draft,
-    rewinding_step,
 )
+from engine.executor import InlineExecutor
 from engine.scheduler import generate_greedy, generate_speculative
 from engine.stats import SpeculativeStats
 
@@ -153,10 +153,11 @@ def test_adaptive_k_still_matches_greedy(chains, expected) -> None:
     assert got == expected[1] and stats.accepted > 0
 
 
-class SkewedRewind:
+class SkewedRewind(InlineExecutor):
     """A LocalChain whose carried rewinds are off by ``delta``: the output must change."""
 
     def __init__(self, chain: LocalChain, delta: int) -> None:
+        super().__init__()
         self.chain, self.delta, self.num_stages = chain, delta, chain.num_stages
         self.open, self.reset = chain.open, chain.reset
 
@@ -175,34 +176,26 @@ def test_an_off_by_one_rewind_changes_the_output(delta, chains, expected) -> Non
         assert got != want
 
 
-class RewindOnly:
-    """A pipeline with ``rewind()`` but no ``mask_tail=`` on its step."""
+class RewindFirst(InlineExecutor):
+    """A LocalChain whose steps' rewinds go through ``rewind()`` before the step."""
 
     def __init__(self, chain: LocalChain) -> None:
+        super().__init__()
         self.chain, self.num_stages, self.rewinds = chain, chain.num_stages, 0
         self.open, self.reset = chain.open, chain.reset
 
-    def rewind(self, stream_id: int, count: int) -> None:
-        self.rewinds += 1
-        self.chain.rewind(stream_id, count)
-
-    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False):
+    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
+             mask_tail: int = 0):
+        if mask_tail:
+            self.rewinds += 1
+            self.chain.rewind(stream_id, mask_tail)
         return self.chain.step(stream_id, token_ids, positions, logits_idx, want_logits)
 
 
-class PlainStep:
-    num_stages = 1
-
-    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False):
-        raise AssertionError("never stepped")
-
-
-def test_rewind_adapter_and_compaction(export2, chains, expected) -> None:
-    pipe = RewindOnly(chains["mask"])
+def test_rewind_on_its_own_and_compaction(export2, chains, expected) -> None:
+    pipe = RewindFirst(chains["mask"])
     got, stats = speculate(pipe, REPEAT)
     assert got == expected[1] and pipe.rewinds == stats.rejections > 0
-    with pytest.raises(TypeError):
-        rewinding_step(PlainStep())  # type: ignore[arg-type]
     compacting = LocalChain.load(str(export2), EXACT, compact_threshold=1)
     for prompt, want in zip(PROMPTS, expected, strict=True):
         assert speculate(compacting, prompt)[0] == want

@@ -419,7 +419,7 @@ def test_row_groups_answer_each_row_and_refuse_bad_groups(last_stage):
 
 
 def test_a_bad_next_hop_fails_clearly_and_closes_the_inbound_pipe(monkeypatch) -> None:
-    from dataplane import transport
+    from dataplane import pipes
 
     opened: list[zmq.Socket] = []
 
@@ -427,7 +427,7 @@ def test_a_bad_next_hop_fails_clearly_and_closes_the_inbound_pipe(monkeypatch) -
         opened.append(pull_socket(*args, **kwargs))
         return opened[-1]
 
-    monkeypatch.setattr(transport, "pull_socket", recording_pull)
+    monkeypatch.setattr(pipes, "pull_socket", recording_pull)
     with pytest.raises(TransportError, match="cannot connect"):
-        transport.open_pipes(zmq.Context.instance(), "tcp://127.0.0.1:*", "tcp://no such host")
+        pipes.open_pipes(zmq.Context.instance(), "tcp://127.0.0.1:*", "tcp://no such host")
     assert len(opened) == 1 and opened[0].closed

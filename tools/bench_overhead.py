@@ -1,7 +1,7 @@
 """Measure the data plane's per-hop framework overhead on loopback.
 
 overhead per hop = (per-token time - sum of stage compute - wire time) / hops, where the
-per-token time is what ``generate_greedy`` sees through a ``ClusterPipeline`` whose
+per-token time is what ``generate_greedy`` sees through a ``ClusterHead`` whose
 stages 1.. run as separate worker processes on 127.0.0.2, 127.0.0.3, ..., and the wire
 time is, per step, the time frames spent between each sender's send stamp (taken after
 encoding, right before the send) and the receiver's arrival stamp: exactly what a raw
@@ -263,23 +263,23 @@ def run_local(export: str, threads: str, prompt: list[int], tokens: int):
 @contextmanager
 def cluster_pipeline(export: str, stages: int, threads: str = "default",
                      kv_cache_precision: str | None = KV_CACHE_PRECISION):
-    """A ClusterPipeline running stage 0 here and stages 1.. as ``dataplane.worker``
+    """A ClusterHead running stage 0 here and stages 1.. as ``dataplane.worker_main``
     processes on 127.0.0.2, ...; the workers stop on exit. ``kv_cache_precision`` None
     keeps the plugin's."""
-    from dataplane.cluster import ClusterPipeline
+    from dataplane.cluster import ClusterHead
     from dataplane.runtime import load_runner
 
     with ExitStack() as stack:
         addrs = chain_addresses(stages)
         config = replace(runtime_config(threads), kv_cache_precision=kv_cache_precision)
-        pipe = ClusterPipeline(load_runner(export, 0, config), addrs[0],
+        pipe = ClusterHead(load_runner(export, 0, config), addrs[0],
                                "tcp://127.0.0.1:*", timeout_s=60)
         stack.callback(pipe.close)
 
         def cmd(i: int, bind: str, send_to: str) -> list[str]:
             extra = ["--kv-cache-precision", kv_cache_precision or "default"]
             extra += [] if threads == "default" else ["--threads", threads]
-            return [sys.executable, "-m", "dataplane.worker", export, "--stage", str(i),
+            return [sys.executable, "-m", "dataplane.worker_main", export, "--stage", str(i),
                     "--bind", bind, "--send-to", send_to, *extra]
 
         start_chain(stack, addrs, pipe.reply_endpoint, cmd)

@@ -1,0 +1,350 @@
+"""GenerationEngine: requests in, streamed chunks out, over one executor. No sockets.
+
+Requests become ``DecodeSession``s on one ``StreamScheduler``: up to ``max_streams``
+generate concurrently (each on its own stream, so its own KV on every stage) and the
+rest wait their turn. Each request is answered with ``GenerationChunk``s and one
+``GenerationDone``, addressed to the ``client`` that submitted it. A front door (the
+coordinator's ZeroMQ service, an HTTP server) calls ``submit`` and ``cancel`` and drives
+``poll`` from the one thread that owns the executor (executors are not thread-safe).
+
+``health()`` says when the pipeline cannot serve (a stage's node is down, or it is being
+re-wired). Generations in flight then pause (a chunk with a note says why) instead of
+waiting out the data plane's timeout; when the pipeline serves again each resumes: its
+stream is reset and the session replays its prompt and tokens on the fresh KV, then goes
+on as if nothing happened. Not back within ``resume_timeout_s`` (0: do not wait), they
+end with ``PipelineDown`` and the tokens they have. New requests are refused meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from engine.drafting import Drafter, LookupDrafter
+from engine.executor import Executor
+from engine.requests import (
+    MAX_DRAFT_TOKENS,
+    GenerationChunk,
+    GenerationDone,
+    GenerationRequest,
+    RequestRefused,
+)
+from engine.sampling import SamplingParams
+from engine.scheduler import SessionUpdate, StreamScheduler
+from engine.sessions import DecodeSession
+from engine.tokenizer import ChatTokenizer, StreamDecoder
+
+log = logging.getLogger("zctl.engine")
+CHUNK_INTERVAL_S = 0.1  # how often a stream's new tokens and running figures are sent
+TIMING_REFRESH_S = 0.5  # how often the percentiles those chunks carry are recomputed
+AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
+POLL_S = 0.02  # how long a scheduler poll waits for a reply
+HEALTH_CHECK_S = 0.25  # how often generations in flight ask whether the pipeline is down
+RESUME_TIMEOUT_S = 120.0  # how long paused generations wait for the pipeline to be back
+PAUSE_NOTE_S = 10.0  # while paused, clients hear so this often (their idle timers restart)
+
+Event = GenerationChunk | GenerationDone
+Outgoing = tuple[Hashable, Event]  # (the client that asked, what it is told)
+DrafterLoader = Callable[[str, int], Drafter]  # (draft model path, stream id) -> drafter
+
+
+class PipelineDown(RuntimeError):
+    """A stage's node is dead, gone or failed: steps through it cannot complete."""
+
+
+def spec_summary(session: DecodeSession) -> dict[str, float]:
+    """Acceptance, the current K and tokens per verify step of a speculative session."""
+    spec = session.spec
+    if session.k == 0 or not spec.steps:
+        return {}
+    recent = session.k_used[-16:]
+    return {"acceptance": round(spec.acceptance_rate, 4), "k": float(session.last_k),
+            "k_mean": round(sum(recent) / len(recent), 2),
+            "tokens_per_step": round(spec.tokens_per_step, 3), "steps": float(spec.steps)}
+
+
+def stop_reason(produced: Sequence[int], request: GenerationRequest, stop_ids: Sequence[int],
+                error: Exception | None, cancelled: bool) -> str:
+    if error is not None:
+        return "error"
+    if cancelled:
+        return "cancelled"
+    if produced and not request.ignore_eos and produced[-1] in stop_ids:
+        return "eos"
+    return "max_tokens"
+
+
+@dataclass
+class _Job:
+    client: Hashable
+    request: GenerationRequest
+    session: DecodeSession
+    decoder: StreamDecoder
+    pending: list[int] = field(default_factory=list)
+    pending_text: str = ""
+    last_sent: float = 0.0
+    cancelled: bool = False
+
+
+class GenerationEngine:
+    """Serve generations on the executor ``get_executor()`` returns (None: not wired yet)."""
+
+    def __init__(self, tokenizer: ChatTokenizer, stop_ids: Sequence[int],
+                 get_executor: Callable[[], Executor | None], *, max_streams: int = 8,
+                 row_groups: int = 0, shared_cores: bool = False,
+                 health: Callable[[], str | None] | None = None,
+                 resume_timeout_s: float = RESUME_TIMEOUT_S,
+                 load_drafter: DrafterLoader | None = None) -> None:
+        if max_streams < 1:
+            raise ValueError("max_streams must be at least 1")
+        if row_groups < 0:
+            raise ValueError("row_groups must be >= 0")
+        self.tokenizer, self.stop_ids = tokenizer, sorted(set(stop_ids))
+        self.get_executor, self.health = get_executor, health
+        self.max_streams, self.row_groups = max_streams, row_groups
+        self.shared_cores = shared_cores  # the stages share this machine's cores (StageLoad)
+        self.resume_timeout_s = resume_timeout_s
+        self.load_drafter = load_drafter
+        self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0}
+        self._scheduler: StreamScheduler | None = None
+        self._jobs: dict[int, _Job] = {}  # by stream id
+        self._waiting: deque[tuple[Hashable, GenerationRequest]] = deque()
+        self._out: list[Outgoing] = []
+        self._health_checked = -1e9
+        self._paused: tuple[float, str] | None = None  # since when, and why
+        self._pause_noted = 0.0
+        self._timing: tuple[float, dict[str, dict[str, float]]] = (-1e9, {})
+
+    @property
+    def busy(self) -> bool:
+        """Whether generations run or wait."""
+        return bool(self._jobs or self._waiting)
+
+    @property
+    def active(self) -> int:
+        return len(self._jobs)
+
+    @property
+    def scheduler(self) -> StreamScheduler | None:
+        """The current schedule (None before the first request and while paused)."""
+        return self._scheduler
+
+    # -- the front door's calls ----------------------------------------------------------
+    def submit(self, client: Hashable, request: GenerationRequest) -> None:
+        """Queue a request; ``client`` is whom its chunks are for (a bad one is refused at
+        the next ``poll``)."""
+        self.counters["requests"] += 1
+        self._waiting.append((client, request))
+
+    def cancel(self, client: Hashable, request_id: str) -> bool:
+        """Stop ``client``'s generation ``request_id``: it ends at the next ``poll`` with the
+        tokens it has (stop_reason "cancelled"). False if there is no such generation."""
+        for waiting in list(self._waiting):
+            if waiting[0] == client and waiting[1].request_id == request_id:
+                self._waiting.remove(waiting)
+                self.counters["cancelled"] += 1
+                self._out.append((client, self._done_event(waiting[1], [], "", 0, 0.0, 0.0,
+                                                            "cancelled", "")))
+                return True
+        for job in self._jobs.values():
+            if job.client == client and job.request.request_id == request_id:
+                job.cancelled = True
+                if self._scheduler is not None:
+                    self._scheduler.cancel(job.session.stream_id)
+                job.session.done = True
+                self._finish(job)
+                return True
+        return False
+
+    def poll(self, timeout_s: float = POLL_S) -> list[Outgoing]:
+        """Start waiting requests, watch the pipeline's health, advance the generations
+        (waiting up to ``timeout_s`` for a reply); what to tell which client."""
+        self._start_waiting()
+        if self._jobs:
+            self._watch_pipeline()
+        if self._scheduler is not None and self._scheduler.active:
+            for update in self._scheduler.poll(timeout_s):
+                self._progress(update)
+        out, self._out = self._out, []
+        return out
+
+    # -- starting requests ---------------------------------------------------------------
+    def _start_waiting(self) -> None:
+        while self._waiting and len(self._jobs) < self.max_streams:
+            client, req = self._waiting.popleft()
+            problem = req.problem()
+            if problem is not None:
+                self._refuse(client, req, f"bad request: {problem}")
+                continue
+            executor = self.get_executor()
+            if executor is None:
+                self._refuse(client, req, "the pipeline is not wired yet")
+                continue
+            problem = self._paused[1] if self._paused else self._problem()
+            if problem is not None:
+                self._refuse(client, req, f"the pipeline cannot serve now: {problem}")
+                continue
+            if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not executor):
+                self._scheduler = StreamScheduler(executor, self.row_groups, self.shared_cores)
+            if not self._jobs:  # a new busy period: fresh per-stage figures
+                executor.clear_timings()
+            stream_id = min(set(range(self.max_streams)) - set(self._jobs))
+            try:
+                session = self._session(stream_id, req)
+                self._scheduler.add(session)
+            except (RequestRefused, ValueError, RuntimeError) as exc:
+                self._refuse(client, req, f"{type(exc).__name__}: {exc}")
+                continue
+            self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer))
+            self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
+
+    def _session(self, stream_id: int, req: GenerationRequest) -> DecodeSession:
+        ids = self.tokenizer.encode(req.prompt, chat=req.chat)
+        stops = () if req.ignore_eos else self.stop_ids
+        sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
+        if not req.speculative:
+            return DecodeSession(stream_id, ids, req.max_tokens, stops, sampling=sampling)
+        if req.speculative == "lookup":
+            drafter: Drafter = LookupDrafter()
+        elif self.load_drafter is None:
+            raise RequestRefused("this service has no draft models: use speculative='lookup'")
+        else:
+            drafter = self.load_drafter(req.speculative.removeprefix("draft:"), stream_id)
+        return DecodeSession(stream_id, ids, req.max_tokens, stops, drafter=drafter,
+                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0, sampling=sampling)
+
+    def _refuse(self, client: Hashable, req: GenerationRequest, error: str) -> None:
+        self.counters["failed"] += 1
+        self._out.append((client, self._done_event(req, [], "", 0, 0.0, 0.0, "error", error)))
+
+    @staticmethod
+    def _done_event(req: GenerationRequest, tokens: list[int], text: str, prompt_tokens: int,
+                    ttft_ms: float, tok_s: float, reason: str, error: str,
+                    timing: dict[str, dict[str, float]] | None = None,
+                    spec: dict[str, float] | None = None) -> GenerationDone:
+        return GenerationDone(req.request_id, tokens, text, prompt_tokens, ttft_ms, tok_s,
+                              timing or {}, reason, error, spec or {})
+
+    # -- the pipeline's health -----------------------------------------------------------
+    def _problem(self) -> str | None:
+        return self.health() if self.health is not None else None
+
+    def _watch_pipeline(self) -> None:
+        """Every HEALTH_CHECK_S while generating: pause when the pipeline cannot serve,
+        resume when it can again, give up after ``resume_timeout_s``."""
+        now = time.monotonic()
+        if self.health is None or now - self._health_checked < HEALTH_CHECK_S:
+            return
+        self._health_checked = now
+        problem = self._problem()
+        if self._paused is None:
+            if problem is not None:
+                self._pause(problem, now)
+            return
+        since, why = self._paused
+        executor = self.get_executor() if problem is None else None
+        if executor is not None:
+            self._resume(executor, now - since)
+        elif now - since >= self.resume_timeout_s:
+            self._paused = None
+            self._fail_all(PipelineDown(f"{problem or why} (not back within "
+                                        f"{self.resume_timeout_s:g} s)"))
+        elif now - self._pause_noted >= PAUSE_NOTE_S:
+            self._pause_noted = now
+            self._note_all(f"paused {now - since:.0f} s: {problem or why}")
+
+    def _pause(self, problem: str, now: float) -> None:
+        """Drop every step in flight (the data plane forgets them) and hold the sessions."""
+        if self._scheduler is not None:  # the resumed sessions get a fresh schedule
+            self._scheduler.pipeline.abandon_all(f"the pipeline went down: {problem}")
+            self._scheduler = None
+        if self.resume_timeout_s <= 0:
+            self._fail_all(PipelineDown(problem))
+            return
+        log.warning("the pipeline cannot serve (%s): %d generation(s) paused for up to %g s",
+                    problem, len(self._jobs), self.resume_timeout_s)
+        self._paused, self._pause_noted = (now, problem), now
+        self._note_all(f"paused: {problem}; resuming when it is back (up to "
+                       f"{self.resume_timeout_s:g} s)")
+
+    def _resume(self, executor: Executor, outage_s: float) -> None:
+        """Restart every held session on ``executor``: reset streams, replay, go on."""
+        self._paused = None
+        self._scheduler = StreamScheduler(executor, self.row_groups, self.shared_cores)
+        log.warning("the pipeline serves again after %.1f s: resuming %d generation(s)",
+                    outage_s, len(self._jobs))
+        for job in list(self._jobs.values()):
+            job.session.restart()
+            try:
+                self._scheduler.add(job.session)
+            except Exception as exc:  # noqa: BLE001 - its stream cannot be reset
+                job.session.fail(PipelineDown(f"could not resume: {exc}"))
+                self._progress(SessionUpdate(job.session, []))
+        self._note_all(f"resumed after {outage_s:.1f} s")
+
+    def _fail_all(self, error: Exception) -> None:
+        for job in list(self._jobs.values()):
+            job.session.fail(error)
+            self._progress(SessionUpdate(job.session, []))
+
+    def _note_all(self, note: str) -> None:
+        """Tell every client what happened to its generation (a chunk without tokens)."""
+        for job in self._jobs.values():
+            session = job.session
+            self._out.append((job.client, GenerationChunk(
+                job.request.request_id, [], "", len(session.emitted), session.stats.ttft_ms,
+                session.stats.tok_s or None, {}, spec_summary(session), note)))
+
+    # -- progress ------------------------------------------------------------------------
+    def _progress(self, update: SessionUpdate) -> None:
+        session = update.session
+        job = self._jobs.get(session.stream_id)
+        if job is None or job.session is not session:
+            return
+        stops = set() if job.request.ignore_eos else set(self.stop_ids)
+        for token in update.tokens:
+            if token not in stops:
+                job.pending.append(token)
+                job.pending_text += job.decoder.push(token)
+        now = time.monotonic()
+        first = len(session.emitted) == len(update.tokens) and update.tokens
+        if job.pending and (first or now - job.last_sent >= CHUNK_INTERVAL_S or session.done):
+            self._out.append((job.client, GenerationChunk(
+                job.request.request_id, job.pending, job.pending_text, len(session.emitted),
+                session.stats.ttft_ms, session.stats.tok_s or None,
+                self._timing_summary(now), spec_summary(session))))
+            job.pending, job.pending_text, job.last_sent = [], "", now
+        if session.done:
+            self._finish(job)
+
+    def _timing_summary(self, now: float, fresh: bool = False) -> dict[str, dict[str, float]]:
+        """The executor's step-timing percentiles, recomputed at most every TIMING_REFRESH_S
+        (between steps: every stream's chunk shares one summary) unless ``fresh``."""
+        at, summary = self._timing
+        if fresh or now - at >= TIMING_REFRESH_S:
+            summary = self._scheduler.pipeline.timing_summary() if self._scheduler else {}
+            self._timing = (now, summary)
+        return summary
+
+    def _finish(self, job: _Job) -> None:
+        session = job.session
+        del self._jobs[session.stream_id]
+        produced = session.emitted
+        reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled)
+        error = ""
+        if reason == "error":
+            self.counters["failed"] += 1
+            error = f"{type(session.error).__name__}: {session.error}"
+            log.warning("generation %s failed: %s", job.request.request_id, error)
+        elif reason == "cancelled":
+            self.counters["cancelled"] += 1
+        # The final text is decoded whole: a trailing incomplete character is not held back.
+        kept = produced[:-1] if reason == "eos" else produced
+        stats = session.stats
+        self._out.append((job.client, self._done_event(
+            job.request, list(produced), self.tokenizer.decode(kept), stats.prompt_tokens,
+            stats.ttft_ms, stats.tok_s, reason, error,
+            self._timing_summary(time.monotonic(), fresh=True), spec_summary(session))))
