@@ -147,10 +147,10 @@ def cluster_up(
         rt += ["--resume-timeout", str(resume_timeout)]  # (coordinator arguments from here)
         if reassign_after is not None:
             rt += ["--reassign-after", str(reassign_after)]
+        if foreground and local is not None:  # refused before anything is exported
+            _fail("--foreground runs only the coordinator; start nodes with zctl node join")
         export_dir = ensure_export(model, stage_count, weights)
         if foreground:
-            if local is not None:
-                _fail("--foreground runs only the coordinator; start nodes with zctl node join")
             groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
             raise typer.Exit(_serve_foreground(export_dir, bind, host, [*rt, *groups], curve))
         if curve:

@@ -61,7 +61,7 @@ from controlplane.nodeinfo import (
     route_host,
     zctl_version,
 )
-from controlplane.pipeline import Pipeline
+from controlplane.pipeline import PipelinePlan
 from controlplane.placement import LayerCost, stage_needs
 from controlplane.records import ClusterStatus, RefusalInfo, RuntimeSpec
 from controlplane.security import CurveServer
@@ -100,7 +100,7 @@ class Coordinator:
     def __init__(self, export_dir: Path | str, config: CoordinatorConfig | None = None,
                  launcher: StageLauncher | None = None, source: ShardSource | None = None) -> None:
         """Load (and verify) the export; ``launcher`` starts stage 0 here (default: the
-        data plane's ClusterPipeline); ``source`` serves shard chunks (default: the export).
+        data plane's ClusterHead); ``source`` serves shard chunks (default: the export).
         """
         self.config = config or CoordinatorConfig()
         cfg = self.config
@@ -129,7 +129,7 @@ class Coordinator:
         me = ms.Member(self.node_id, self.node_id.encode(), info, ms.READY, now, local=True,
                        shards=set(self.hashes))
         self.members: dict[str, ms.Member] = {self.node_id: me}
-        self.pipeline = Pipeline(self.manifest, stage_needs(self.manifest, self.export_dir, cost),
+        self.pipeline = PipelinePlan(self.manifest, stage_needs(self.manifest, self.export_dir, cost),
                                  self.node_id, cfg.runtime, cfg.expect_nodes, cfg.placement)
         self.refused: deque[tuple[str, str, str, float]] = deque(maxlen=32)
         self.counters: dict[str, int] = dict.fromkeys(

@@ -31,7 +31,7 @@ DOWN_REASONS = {ms.DEAD: "stopped answering (missed its heartbeats)",
                 ms.LEFT: "left the cluster", ms.FAILED: "failed"}
 
 
-class Pipeline:
+class PipelinePlan:
     """Placement and wiring of one export's stages over the enrolled nodes."""
 
     def __init__(self, manifest: ExportManifest, needs: list[StageNeed], head: str,

@@ -156,3 +156,17 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
             stranger.terminate()
             stranger.wait(10)
         runner.invoke(app, ["cluster", "down"])
+
+
+def test_foreground_local_is_refused_before_any_export(zctl_home: Path, monkeypatch) -> None:
+    """--foreground with --local is refused at once: nothing is exported or started."""
+    import console.cluster_cli as cluster_cli
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported before refusing")
+
+    monkeypatch.setattr(cluster_cli, "ensure_export", no_export)
+    result = runner.invoke(app, ["cluster", "up", "--foreground", "--local", "2"])
+    assert result.exit_code == 1
+    assert "--foreground runs only the coordinator" in result.output
+    assert not (zctl_home / "exports").exists() and not (zctl_home / "cluster.json").exists()
