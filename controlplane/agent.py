@@ -64,6 +64,7 @@ from controlplane.nodeinfo import (
 )
 from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
+from controlplane.sockets import dealer_socket
 
 log = logging.getLogger("zctl.controlplane")
 
@@ -179,10 +180,7 @@ class NodeAgent:
 
     def _connect(self) -> None:
         self._session += 1
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTING_ID, self.node_id.encode())
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        sock = dealer_socket(self._ctx, self.config.max_message_bytes, self.node_id.encode())
         if self.config.curve is not None:
             self.config.curve.apply(sock)
         sock.connect(self.config.coordinator)

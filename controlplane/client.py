@@ -18,6 +18,7 @@ from controlplane.messages import (
 from controlplane.records import ClusterStatus
 from controlplane.security import CurveClient
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+from controlplane.sockets import dealer_socket
 
 
 class ClusterUnreachable(RuntimeError):
@@ -28,11 +29,8 @@ def query_status(endpoint: str, timeout: float = 3.0,
                  curve: CurveClient | None = None) -> ClusterStatus:
     """One StatusRequest over a fresh DEALER; raise ClusterUnreachable on timeout or error."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
+    sock = dealer_socket(ctx, 64 << 20, f"status-{uuid.uuid4().hex[:12]}".encode())
     try:
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTING_ID, f"status-{uuid.uuid4().hex[:12]}".encode())
-        sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
         if curve is not None:
             curve.apply(sock)
         sock.connect(endpoint)
@@ -73,10 +71,8 @@ def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout:
         raise ValueError("request ids must be unique")
     open_ids = {r.request_id for r in requests}
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
+    sock = dealer_socket(ctx, 16 << 20)
     try:
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
         sock.connect(endpoint)
         for request in requests:
             sock.send_multipart(to_frames(request))

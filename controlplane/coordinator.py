@@ -66,6 +66,7 @@ from controlplane.placement import LayerCost, stage_needs
 from controlplane.records import ClusterStatus, RefusalInfo, RuntimeSpec
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
+from controlplane.sockets import router_socket
 
 log = logging.getLogger("zctl.controlplane")
 
@@ -150,12 +151,8 @@ class Coordinator:
         """Bind the ROUTER (done by start/run); returns the endpoint nodes connect to."""
         if self._sock is not None:
             return self.endpoint
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
-        sock.setsockopt(zmq.SNDHWM, 10000)
+        sock = router_socket(self._ctx, self.config.max_message_bytes, handover=True,
+                             send_hwm=10000)
         try:
             if self.config.curve is not None:
                 self.config.curve.apply(sock, self._ctx)

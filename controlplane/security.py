@@ -17,6 +17,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from dataplane.transport import curve_client, curve_server
+
 
 class SecurityError(RuntimeError):
     """CURVE keys are missing or unusable."""
@@ -93,9 +95,7 @@ class CurveServer:
             self._auth = ThreadAuthenticator(ctx)
             self._auth.start()
             self.reload()
-        sock.curve_secretkey = self.secret
-        sock.curve_publickey = self.public
-        sock.curve_server = True
+        curve_server(sock, self.public, self.secret)
 
     def reload(self) -> None:
         """Re-read the authorized keys (after ``authorize`` admitted a new node)."""
@@ -138,6 +138,4 @@ class CurveClient:
 
     def apply(self, sock: zmq.Socket) -> None:
         _require_curve()
-        sock.curve_serverkey = self.server_public
-        sock.curve_publickey = self.public
-        sock.curve_secretkey = self.secret
+        curve_client(sock, self.server_public, self.public, self.secret)

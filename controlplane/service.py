@@ -22,6 +22,7 @@ import zmq
 from common.manifest import load_manifest
 from controlplane.messages import Error, MessageError, from_frames, to_frames
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+from controlplane.sockets import router_socket
 from dataplane.draft_model import DraftModels
 from dataplane.runtime import RuntimeConfig
 from engine.executor import Executor
@@ -64,10 +65,7 @@ class GenerationService:
             resume_timeout_s=resume_timeout_s,
             load_drafter=DraftModels(manifest.model.vocab_size, draft_config))
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES)
         try:
             self._sock.bind(endpoint)
         except zmq.ZMQError as exc:

@@ -150,6 +150,23 @@ def _common(sock: zmq.Socket, options: PipeOptions) -> None:
     sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, options.keepalive_count)
 
 
+def curve_server(sock: zmq.Socket, public: bytes, secret: bytes, zap_domain: str = "") -> None:
+    """Make ``sock`` a CURVE server with this keypair (before it binds); ``zap_domain``
+    picks the ZAP handler that admits its peers. Both planes set CURVE up here."""
+    if zap_domain:
+        sock.zap_domain = zap_domain.encode()
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+
+
+def curve_client(sock: zmq.Socket, server_public: bytes, public: bytes, secret: bytes) -> None:
+    """Make ``sock`` a CURVE client of the server with ``server_public`` (before it connects)."""
+    sock.curve_serverkey = server_public
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
+
+
 def pull_socket(ctx: zmq.Context, bind_addr: str,
                 options: PipeOptions = DEFAULT_OPTIONS) -> zmq.Socket:
     """A PULL socket bound to ``bind_addr`` (``tcp://host:*`` picks a free port)."""
@@ -158,10 +175,8 @@ def pull_socket(ctx: zmq.Context, bind_addr: str,
     sock.setsockopt(zmq.RCVHWM, options.hwm)
     sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_bytes)
     if options.curve is not None:
-        sock.zap_domain = gate_for(ctx).domain(options.curve.admit).encode()
-        sock.curve_secretkey = options.curve.secret
-        sock.curve_publickey = options.curve.public
-        sock.curve_server = True
+        curve_server(sock, options.curve.public, options.curve.secret,
+                     gate_for(ctx).domain(options.curve.admit))
     try:
         sock.bind(bind_addr)
     except zmq.ZMQError as exc:
@@ -184,9 +199,7 @@ def push_socket(ctx: zmq.Context, connect_addr: str,
         if not options.curve.peer:
             sock.close(0)
             raise TransportError(f"CURVE is on but the public key of {connect_addr} is unknown")
-        sock.curve_serverkey = options.curve.peer
-        sock.curve_publickey = options.curve.public
-        sock.curve_secretkey = options.curve.secret
+        curve_client(sock, options.curve.peer, options.curve.public, options.curve.secret)
     try:
         sock.connect(connect_addr)
     except zmq.ZMQError as exc:
