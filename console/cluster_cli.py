@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from console.cluster_procs import (
     ClusterError,
     ClusterRecord,
     cluster_file,
+    link_args,
     read_record,
     runtime_args,
     start_coordinator,
@@ -21,6 +23,7 @@ from console.cluster_procs import (
     wait_serving,
     write_record,
 )
+from controlplane.processes import CoordinatorProcess, placement_of
 
 cluster_app = typer.Typer(help="Start, inspect and stop a cluster.", no_args_is_help=True)
 node_app = typer.Typer(help="Run this machine as a node of a cluster.", no_args_is_help=True)
@@ -91,6 +94,37 @@ def _running_record() -> ClusterRecord | None:
     return record
 
 
+Link = Annotated[float, typer.Option(
+    help="emulated one-way latency in ms on every data frame this cluster's processes send "
+         "(WAN experiments; 0: none)")]
+LinkJitter = Annotated[float, typer.Option(help="plus uniform random 0..J ms per frame")]
+LinkRate = Annotated[float, typer.Option(help="emulated bandwidth cap in Mbit/s (0: none)")]
+
+CpuSets = Annotated[str, typer.Option(
+    help="with --local: shared (every stage may use every core: lowest one-stream "
+         "latency) | split (each node its own cores, like separate PCs: stages "
+         "compute different streams at once)")]
+RowGroups = Annotated[int | None, typer.Option(
+    help="batch concurrent streams' decode steps into this many row groups (one "
+         "inference per stage per group); 0: each stream steps alone; default: 1 "
+         "for a --local cluster with shared CPUs, else one per stage")]
+ReassignAfter = Annotated[float | None, typer.Option(
+    help="give a dead node's stage to an idle spare node after this many seconds "
+         "(default: wait for the node to come back)")]
+ResumeTimeout = Annotated[float, typer.Option(
+    help="generations pause while a stage's node is down and resume where they were "
+         "once it is back or a spare took over; after this many seconds they end with "
+         "an error (0: at once)")]
+Curve = Annotated[bool, typer.Option(
+    "--curve", help="CURVE: encrypt and authenticate the control and data pipes; only "
+                    "nodes admitted with zctl cluster authorize may join (a --local "
+                    "cluster admits its own nodes)")]
+ExpectNodes = Annotated[int | None, typer.Option(
+    help="nodes to wait for before placing the stages (default: stages - 1)")]
+Place = Annotated[list[str] | None, typer.Option(
+    help="pin a stage to a node: STAGE=NODE_ID (repeatable)")]
+
+
 @cluster_app.command("up")
 def cluster_up(
     local: Annotated[int | None, typer.Option(help="N: a local cluster of N nodes (N stages)")] = None,
@@ -106,86 +140,52 @@ def cluster_up(
     threads: Annotated[int | None, typer.Option(help="INFERENCE_NUM_THREADS per stage")] = None,
     device: Annotated[str, typer.Option(help="CPU | GPU | NPU | AUTO")] = "CPU",
     timeout: Annotated[float, typer.Option(help="seconds to wait for the pipeline")] = 300.0,
-    cpu_sets: Annotated[str, typer.Option(
-        help="with --local: shared (every stage may use every core: lowest one-stream "
-             "latency) | split (each node its own cores, like separate PCs: stages "
-             "compute different streams at once)")] = "shared",
-    row_groups: Annotated[int | None, typer.Option(
-        help="batch concurrent streams' decode steps into this many row groups (one "
-             "inference per stage per group); 0: each stream steps alone; default: 1 "
-             "for a --local cluster with shared CPUs, else one per stage")] = None,
+    cpu_sets: CpuSets = "shared",
+    row_groups: RowGroups = None,
     foreground: Annotated[bool, typer.Option(help="run the coordinator in this process "
                                                   "(containers, service managers)")] = False,
-    reassign_after: Annotated[float | None, typer.Option(
-        help="give a dead node's stage to an idle spare node after this many seconds "
-             "(default: wait for the node to come back)")] = None,
-    resume_timeout: Annotated[float, typer.Option(
-        help="generations pause while a stage's node is down and resume where they were "
-             "once it is back or a spare took over; after this many seconds they end with "
-             "an error (0: at once)")] = 120.0,
-    curve: Annotated[bool, typer.Option(
-        "--curve", help="CURVE: encrypt and authenticate the control and data pipes; only "
-                        "nodes admitted with zctl cluster authorize may join (a --local "
-                        "cluster admits its own nodes)")] = False,
+    reassign_after: ReassignAfter = None,
+    resume_timeout: ResumeTimeout = 120.0,
+    curve: Curve = False,
+    expect_nodes: ExpectNodes = None,
+    place: Place = None,
+    link_delay_ms: Link = 0.0,
+    link_jitter_ms: LinkJitter = 0.0,
+    link_rate_mbit: LinkRate = 0.0,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
     if _running_record() is not None:
         _fail(f"a cluster is already up ({cluster_file()}); zctl cluster down first")
     stage_count = stages or local or 2
-    if local is not None and local != stage_count:
-        _fail(f"--local {local} runs {local} stages; drop --stages or make them equal")
-    if row_groups is not None and row_groups < 0:
-        _fail(f"--row-groups must be >= 0, not {row_groups}")
-    if local is None and cpu_sets != "shared":
-        _fail("--cpu-sets applies to --local clusters; a node sets its own with "
-              "zctl node join --cpus")
+    problem = _up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
+                          reassign_after)
+    if problem:
+        _fail(problem)
     try:
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
-        if resume_timeout < 0 or (reassign_after is not None and reassign_after < 0):
-            raise ValueError("--resume-timeout and --reassign-after must be >= 0 seconds")
-        rt = runtime_args(None if precision == "default" else precision, threads, device, kv, dq)
-        rt += ["--resume-timeout", str(resume_timeout)]  # (coordinator arguments from here)
-        if reassign_after is not None:
-            rt += ["--reassign-after", str(reassign_after)]
-        if foreground and local is not None:  # refused before anything is exported
-            _fail("--foreground runs only the coordinator; start nodes with zctl node join")
+        runtime = runtime_args(None if precision == "default" else precision, threads, device,
+                               kv, dq)
+        link = link_args(link_delay_ms, link_jitter_ms, link_rate_mbit)
+        coordinator = CoordinatorProcess(
+            "", bind=f"tcp://{bind}", host=host, expect_nodes=expect_nodes,
+            placement=placement_of(place or []), reassign_after=reassign_after,
+            resume_timeout=resume_timeout, curve=curve, row_groups=row_groups, runtime=runtime,
+            link=link)
         export_dir = ensure_export(model, stage_count, weights)
+        coordinator = replace(coordinator, export_dir=str(export_dir))
         if foreground:
-            groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
-            raise typer.Exit(_serve_foreground(export_dir, bind, host, [*rt, *groups], curve))
-        if curve:
-            rt.append("--curve")
-        if local is not None:
-            rt = [a for a in rt if a != "--curve"]  # start_local_cluster adds it, with keys
-            record = start_local_cluster(export_dir, local, rt, cpu_sets=cpu_sets,
-                                         row_groups=row_groups, curve=curve)
-        else:
-            import socket
-
-            bind_host, _, port = bind.rpartition(":")
-            public = host or (socket.gethostbyname(socket.gethostname())
-                              if bind_host in ("0.0.0.0", "*", "") else bind_host)
-            from common.paths import zctl_home
-
-            groups = ["--row-groups", str(row_groups)] if row_groups is not None else []
-            root = zctl_home() / "cluster"
-            if curve:  # made now so its public key can be shown (the coordinator reuses it)
-                from controlplane.security import key_dir, load_or_create_keypair
-
-                load_or_create_keypair(key_dir(root / "coordinator"), "coordinator")
-            record = start_coordinator(export_dir, bind_host or "0.0.0.0", public, int(port),
-                                       [*rt, *groups], None, root)
-            record.curve_dir = str(root / "coordinator") if curve else ""
-        write_record(record)
+            raise typer.Exit(_serve_foreground(coordinator))
         if local is None:
-            join = f"zctl node join {record.control}"
-            if curve:
-                server_key = Path(record.curve_dir) / "curve" / "coordinator.key"
-                join += f" --curve-server-key coordinator.key (a copy of {server_key})"
-                out.print("CURVE on: admit each node's key here with zctl cluster authorize "
-                          "NODE.key (its node.key, printed when it joins)")
-            out.print(f"coordinator up at {record.control}; on each node run: {join}")
+            record = _start_remote_coordinator(coordinator)
+            write_record(record)
+            _print_join(record, curve)
             return
+        record = start_local_cluster(
+            export_dir, local, runtime, link_delay_ms=link.delay_ms,
+            link_jitter_ms=link.jitter_ms, link_rate_mbit=link.rate_mbit, cpu_sets=cpu_sets,
+            row_groups=row_groups, curve=curve, resume_timeout=resume_timeout,
+            reassign_after=reassign_after)
+        write_record(record)
         status = wait_serving(record, timeout)
     except (ClusterError, ValueError, OSError) as exc:
         rec = read_record() if cluster_file().is_file() else None
@@ -200,28 +200,71 @@ def cluster_up(
               "zctl cluster down stops it")
 
 
-def _serve_foreground(export_dir: Path, bind: str, host: str | None, rt: list[str],
-                      curve: bool = False) -> int:
+def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets: str,
+                foreground: bool, resume_timeout: float, reassign_after: float | None) -> str:
+    """Why these ``zctl cluster up`` options cannot go together ("" when they can), found
+    before anything is exported or started."""
+    if local is not None and local != stages:
+        return f"--local {local} runs {local} stages; drop --stages or make them equal"
+    if row_groups is not None and row_groups < 0:
+        return f"--row-groups must be >= 0, not {row_groups}"
+    if local is None and cpu_sets != "shared":
+        return "--cpu-sets applies to --local clusters; a node sets its own with zctl node join --cpus"
+    if foreground and local is not None:
+        return "--foreground runs only the coordinator; start nodes with zctl node join"
+    if resume_timeout < 0 or (reassign_after is not None and reassign_after < 0):
+        return "--resume-timeout and --reassign-after must be >= 0 seconds"
+    return ""
+
+
+def _start_remote_coordinator(coordinator: CoordinatorProcess) -> ClusterRecord:
+    """The coordinator of a cluster of other machines, in the background; nodes reach it at
+    ``--host`` (default: this machine's address when it binds every interface)."""
+    import socket
+
+    from common.paths import zctl_home
+
+    bind_host, _, _ = coordinator.bind.removeprefix("tcp://").rpartition(":")
+    public = coordinator.host or (socket.gethostbyname(socket.gethostname())
+                                  if bind_host in ("0.0.0.0", "*", "") else bind_host)
+    root = zctl_home() / "cluster"
+    if coordinator.curve:  # made now so its public key can be shown (the coordinator reuses it)
+        from controlplane.security import key_dir, load_or_create_keypair
+
+        load_or_create_keypair(key_dir(root / "coordinator"), "coordinator")
+    record = start_coordinator(replace(coordinator, host=public), root)
+    record.curve_dir = str(root / "coordinator") if coordinator.curve else ""
+    return record
+
+
+def _print_join(record: ClusterRecord, curve: bool) -> None:
+    join = f"zctl node join {record.control}"
+    if curve:
+        server_key = Path(record.curve_dir) / "curve" / "coordinator.key"
+        join += f" --curve-server-key coordinator.key (a copy of {server_key})"
+        out.print("CURVE on: admit each node's key here with zctl cluster authorize "
+                  "NODE.key (its node.key, printed when it joins)")
+    out.print(f"coordinator up at {record.control}; on each node run: {join}")
+
+
+def _serve_foreground(coordinator: CoordinatorProcess) -> int:
     """Run the coordinator here (recorded in cluster.json so zctl run finds it)."""
     import os
 
     from common.paths import zctl_home
     from console.cluster_procs import free_port
-    from controlplane.__main__ import main as controlplane_main
+    from controlplane.processes import run_coordinator
 
-    bind_host, _, port = bind.rpartition(":")
-    public = host or bind_host
+    bind_host, _, port = coordinator.bind.removeprefix("tcp://").rpartition(":")
     serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     state = zctl_home() / "coordinator"  # the coordinator's default state dir
-    write_record(ClusterRecord(control=f"tcp://{public}:{port}", serve=serve,
-                               export_dir=str(export_dir), pids=[os.getpid()],
-                               curve_dir=str(state) if curve else ""))
-    args = ["coordinator", str(export_dir), "--bind", f"tcp://{bind_host}:{port}", "--serve", serve,
-            "--state-dir", str(state), *rt, *(["--curve"] if curve else [])]
-    if host:
-        args += ["--host", host]
+    write_record(ClusterRecord(control=f"tcp://{coordinator.host or bind_host}:{port}",
+                               serve=serve, export_dir=coordinator.export_dir,
+                               pids=[os.getpid()],
+                               curve_dir=str(state) if coordinator.curve else ""))
     try:
-        return controlplane_main(args)
+        return run_coordinator(replace(coordinator, serve=serve, state_dir=str(state)),
+                               lambda text: err.print(text, highlight=False))
     finally:
         cluster_file().unlink(missing_ok=True)
 
@@ -291,25 +334,33 @@ def cluster_authorize(
 def node_join(
     coordinator: Annotated[str, typer.Argument(help="tcp://HOST:PORT of the coordinator")],
     host: Annotated[str | None, typer.Option(help="address other nodes reach this one at")] = None,
+    data_port: Annotated[int, typer.Option(help="inbound data port (0: last used, or free)")] = 0,
     state_dir: Annotated[Path | None, typer.Option(help="node id and shard cache")] = None,
     cpus: Annotated[str | None, typer.Option(
         help="run on these CPUs only, e.g. 0-7 (several nodes on one machine)")] = None,
     curve_server_key: Annotated[Path | None, typer.Option(
         help="the coordinator's public key file (coordinator.key) of a --curve cluster")] = None,
+    tok_s: Annotated[float | None, typer.Option(help="this node's measured speed, for "
+                                                     "placement")] = None,
+    link_delay_ms: Link = 0.0,
+    link_jitter_ms: LinkJitter = 0.0,
+    link_rate_mbit: LinkRate = 0.0,
 ) -> None:
     """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
-    from controlplane.__main__ import main as controlplane_main
+    from console.view import TransferProgress
+    from controlplane.processes import NodeProcess, run_node
 
-    args = ["node", "--coordinator", coordinator]
-    if curve_server_key:
-        args += ["--curve-server-key", str(curve_server_key)]
-    if host:
-        args += ["--host", host]
-    if state_dir:
-        args += ["--state-dir", str(state_dir)]
-    if cpus:
-        args += ["--cpus", cpus]
-    raise typer.Exit(controlplane_main(args))
+    try:
+        node = NodeProcess(coordinator, host=host, data_port=data_port,
+                           state_dir=str(state_dir) if state_dir else None, tok_s=tok_s,
+                           curve_server_key=str(curve_server_key) if curve_server_key else None,
+                           link=link_args(link_delay_ms, link_jitter_ms, link_rate_mbit),
+                           cpus=cpus)
+        with TransferProgress() as progress:
+            code = run_node(node, lambda text: err.print(text, highlight=False), progress.update)
+    except (ClusterError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    raise typer.Exit(code)
 
 
 def numerics(exact: bool | None, kv_cache_precision: str | None,

@@ -15,11 +15,18 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from common.paths import zctl_home
+from controlplane.processes import (
+    CoordinatorProcess,
+    LinkShape,
+    NodeProcess,
+    process_command,
+)
+from controlplane.records import RuntimeSpec
 
 CLUSTER_FILE = "cluster.json"
 
@@ -109,11 +116,11 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _spawn(args: list[str], log_path: Path) -> int:
+def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "controlplane", *args], stdin=subprocess.DEVNULL,
+            [sys.executable, *process_command(config)], stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -125,53 +132,38 @@ KV_CACHE_TYPES = ("f32", "f16", "bf16", "u8", "u4", "default")
 
 def runtime_args(precision: str | None, threads: int | None, device: str,
                  kv_cache_precision: str | None = None, dynamic_quantization: bool = True
-                 ) -> list[str]:
-    """The coordinator's runtime flags; ``kv_cache_precision`` None or 'default' keeps the
-    plugin's (u8 on CPU); ``dynamic_quantization`` False: f32 activations."""
+                 ) -> RuntimeSpec:
+    """The stages' runtime; ``kv_cache_precision`` None or 'default' keeps the plugin's (u8
+    on CPU); ``dynamic_quantization`` False: f32 activations."""
     if kv_cache_precision and kv_cache_precision not in KV_CACHE_TYPES:
         raise ClusterError(f"unknown KV cache precision {kv_cache_precision!r}: use one of "
                            f"{', '.join(KV_CACHE_TYPES)}")
-    args = ["--device", device, "--precision", precision or "default"]
-    if threads:
-        args += ["--threads", str(threads)]
-    if kv_cache_precision:
-        args += ["--kv-cache-precision", kv_cache_precision]
-    if not dynamic_quantization:
-        args.append("--no-dynamic-quantization")
-    return args
+    kv = None if kv_cache_precision in (None, "default") else kv_cache_precision
+    return RuntimeSpec(device=device, precision=None if precision in (None, "default") else precision,
+                       num_threads=threads or None, kv_cache_precision=kv,
+                       dynamic_quantization=dynamic_quantization)
 
 
-def link_args(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0) -> list[str]:
-    """``--link-*`` arguments of an emulated WAN link (checked here: ClusterError if bad)."""
-    from dataplane.link import link_options
-
+def link_args(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0) -> LinkShape:
+    """An emulated WAN link's shape (checked here: ClusterError if bad)."""
+    link = LinkShape(delay_ms, jitter_ms, rate_mbit)
     try:
-        link_options(delay_ms, jitter_ms, rate_mbit)
+        link.check()
     except ValueError as exc:
         raise ClusterError(f"bad link shape: {exc}") from None
-    args = []
-    for flag, value in (("--link-delay-ms", delay_ms), ("--link-jitter-ms", jitter_ms),
-                        ("--link-rate-mbit", rate_mbit)):
-        if value:
-            args += [flag, f"{value:g}"]
-    return args
+    return link
 
 
-def start_coordinator(export_dir: Path, bind_host: str, public_host: str, port: int,
-                      runtime: list[str], expect_nodes: int | None, root: Path) -> ClusterRecord:
-    """Start only the coordinator (stage 0 + generation service), in the background."""
-    serve_port = free_port("127.0.0.1")
-    control = f"tcp://{public_host}:{port}"
+def start_coordinator(config: CoordinatorProcess, root: Path) -> ClusterRecord:
+    """Start only the coordinator (stage 0 + generation service) in the background; its
+    generation service binds a free loopback port and its state lives under ``root``."""
+    serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+    bind_host, _, port = config.bind.removeprefix("tcp://").rpartition(":")
+    control = f"tcp://{config.host or bind_host}:{port}"
     log = root / "logs" / "coordinator.log"
-    args = ["coordinator", str(export_dir), "--bind", f"tcp://{bind_host}:{port}",
-            "--host", public_host, "--serve", f"tcp://127.0.0.1:{serve_port}",
-            "--state-dir", str(root / "coordinator"), *runtime]
-    if expect_nodes is not None:
-        args += ["--expect-nodes", str(expect_nodes)]
-    pid = _spawn(args, log)
-    return ClusterRecord(control=control, serve=f"tcp://127.0.0.1:{serve_port}",
-                         export_dir=str(export_dir), pids=[pid], logs=[str(log)],
-                         started=time.time())
+    pid = _spawn(replace(config, serve=serve, state_dir=str(root / "coordinator")), log)
+    return ClusterRecord(control=control, serve=serve, export_dir=config.export_dir, pids=[pid],
+                         logs=[str(log)], started=time.time())
 
 
 def local_row_groups(cpu_sets: str, nodes: int, row_groups: int | None = None,
@@ -189,11 +181,12 @@ def local_row_groups(cpu_sets: str, nodes: int, row_groups: int | None = None,
     return row_groups
 
 
-def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
+def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         root: Path | None = None, *, link_delay_ms: float = 0.0,
                         link_jitter_ms: float = 0.0, link_rate_mbit: float = 0.0,
                         cpu_sets: str = "shared", row_groups: int | None = None,
-                        curve: bool = False) -> ClusterRecord:
+                        curve: bool = False, resume_timeout: float = 120.0,
+                        reassign_after: float | None = None) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
 
     ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
@@ -210,30 +203,28 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: list[str],
         raise ClusterError("a local cluster needs at least 2 nodes (the coordinator and one more)")
     link = link_args(link_delay_ms, link_jitter_ms, link_rate_mbit)
     try:
-        cpus = [[] if c is None else ["--cpus", c] for c in local_cpu_sets(cpu_sets, nodes)]
+        cpus = local_cpu_sets(cpu_sets, nodes)
     except ValueError as exc:
         raise ClusterError(str(exc)) from None
     root = root or zctl_home() / "local"
     host = loopback_host(0)
-    groups = ["--row-groups", str(local_row_groups(cpu_sets, nodes, row_groups, link_delay_ms))]
-    if cpu_sets == "shared":
-        groups.append("--shared-cores")
-    secure: list[str] = []
+    server_key = None
     if curve:
         server_key = prepare_local_curve(root / "coordinator",
                                          [root / f"node{i}" for i in range(1, nodes)])
-        groups.append("--curve")
-        secure = ["--curve-server-key", str(server_key)]
-    record = start_coordinator(export_dir, host, host, free_port(host),
-                               [*runtime, *link, *cpus[0], *groups], nodes - 1, root)
+    record = start_coordinator(CoordinatorProcess(
+        str(export_dir), bind=f"tcp://{host}:{free_port(host)}", host=host,
+        expect_nodes=nodes - 1, resume_timeout=resume_timeout, reassign_after=reassign_after,
+        curve=curve, row_groups=local_row_groups(cpu_sets, nodes, row_groups, link_delay_ms),
+        shared_cores=cpu_sets == "shared", runtime=runtime, link=link, cpus=cpus[0]), root)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
     for i in range(1, nodes):
         log = root / "logs" / f"node{i}.log"
-        record.pids.append(_spawn(
-            ["node", "--coordinator", record.control, "--host", loopback_host(i),
-             "--state-dir", str(root / f"node{i}"), "--reconnect-min", "0.2", *link, *cpus[i],
-             *secure], log))
+        record.pids.append(_spawn(NodeProcess(
+            record.control, host=loopback_host(i), state_dir=str(root / f"node{i}"),
+            reconnect_min=0.2, link=link, cpus=cpus[i],
+            curve_server_key=str(server_key) if server_key else None), log))
         record.logs.append(str(log))
     return record
 

@@ -105,7 +105,6 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     from console.cluster_procs import control_curve
     from controlplane.client import generate_many, query_status
     from controlplane.service_messages import GenerateDone, GenerateRequest
-    from exporter.balance import suggest_layers
 
     status = query_status(record.control, curve=control_curve(record))
     if speculative and not status.runtime.exact:
@@ -129,21 +128,11 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
             live.start()
         for msg in generate_many(record.serve, requests):
             i = index[msg.request_id]
-            view = snapshot.streams[i]
             now = time.monotonic()
             first_at.setdefault(i, now)
-            view.ttft_ms, view.tok_s, view.spec = msg.ttft_ms, msg.tok_s, msg.spec
-            snapshot.timing = msg.timing or snapshot.timing
+            apply_message(snapshot, i, msg)
             if isinstance(msg, GenerateDone):
                 dones[i] = msg
-                view.text, view.tokens = msg.text, len(msg.tokens)
-                view.status = "error" if msg.error else f"done ({msg.stop_reason})"
-            else:
-                view.text += msg.text
-                view.tokens = msg.produced
-                if msg.note:
-                    view.status = msg.note
-                    view.notes.append(msg.note)
             after_first = sum(max(v.tokens - 1, 0) for v in snapshot.streams)
             if len(prompts) > 1 and now > min(first_at.values()):
                 snapshot.aggregate_tok_s = after_first / (now - min(first_at.values()))
@@ -158,15 +147,41 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     if errors:
         raise ClusterError(errors[0])
     end = time.monotonic()
-    since_first = end - min(first_at.values(), default=start)  # every stream's decode
+    return run_report(snapshot, [dones[i] for i in range(len(prompts))], requests[0],
+                      end - start, end - min(first_at.values(), default=start), speculative, k)
+
+
+def apply_message(snapshot: RunSnapshot, i: int, msg: Any) -> None:
+    """Show stream ``i``'s chunk or done in the dashboard's snapshot."""
+    from controlplane.service_messages import GenerateDone
+
+    view = snapshot.streams[i]
+    view.ttft_ms, view.tok_s, view.spec = msg.ttft_ms, msg.tok_s, msg.spec
+    snapshot.timing = msg.timing or snapshot.timing
+    if isinstance(msg, GenerateDone):
+        view.text, view.tokens = msg.text, len(msg.tokens)
+        view.status = "error" if msg.error else f"done ({msg.stop_reason})"
+        return
+    view.text += msg.text
+    view.tokens = msg.produced
+    if msg.note:
+        view.status = msg.note
+        view.notes.append(msg.note)
+
+
+def run_report(snapshot: RunSnapshot, dones: list[Any], first: Any, wall_s: float,
+               since_first: float, speculative: str, k: int) -> dict[str, Any]:
+    """The run's report (``--json``): each stream's figures, the stages' breakdown and the
+    suggested split; one stream's figures at the top level."""
+    from exporter.balance import suggest_layers
+
     streams = [{"tokens": len(d.tokens), "text": d.text, "ttft_ms": round(d.ttft_ms, 2),
                 "tok_s": round(d.tok_s, 2), "prompt_tokens": d.prompt_tokens,
                 "stop_reason": d.stop_reason, "spec": d.spec,
-                "notes": snapshot.streams[i].notes}
-               for i, d in ((i, dones[i]) for i in range(len(prompts)))]
-    last = dones[len(prompts) - 1].timing if len(prompts) == 1 else snapshot.timing
+                "notes": snapshot.streams[i].notes} for i, d in enumerate(dones)]
+    last = dones[-1].timing if len(dones) == 1 else snapshot.timing
     report: dict[str, Any] = {
-        "streams": streams, "wall_s": round(end - start, 3),
+        "streams": streams, "wall_s": round(wall_s, 3),
         "aggregate_tok_s": round(sum(max(s["tokens"] - 1, 0) for s in streams)
                                  / max(since_first, 1e-9), 2),
         "stages": _stage_breakdown(snapshot.stages, last),
@@ -174,13 +189,12 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
             [info.layers for info in snapshot.stages],
             [last.get(f"stage{info.index}.compute", {}).get("p50", 0.0) for info in snapshot.stages]),
         "overhead_ms": last.get("overhead", {}), "step_ms": last.get("total", {}),
-        "speculative": speculative, "k": k or "auto", "sampling": requests[0].temperature and {
-            "temperature": requests[0].temperature, "top_k": requests[0].top_k,
-            "top_p": requests[0].top_p, "seed": requests[0].seed}}
+        "speculative": speculative, "k": k or "auto", "sampling": first.temperature and {
+            "temperature": first.temperature, "top_k": first.top_k,
+            "top_p": first.top_p, "seed": first.seed}}
     if len(streams) == 1:
-        report = {**streams[0], **report}
-    else:
-        report["tokens"] = sum(s["tokens"] for s in streams)
+        return {**streams[0], **report}
+    report["tokens"] = sum(s["tokens"] for s in streams)
     return report
 
 

@@ -24,6 +24,7 @@ from common.paths import zctl_home
 from controlplane import membership as ms
 from controlplane.launch import (
     BackgroundStage,
+    HeadHandle,
     StageAssignment,
     StageHandle,
     StageLauncher,
@@ -67,6 +68,7 @@ from controlplane.records import ClusterStatus, RefusalInfo, RuntimeSpec
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
+from engine.executor import Executor
 
 log = logging.getLogger("zctl.controlplane")
 
@@ -456,6 +458,12 @@ class Coordinator:
     def local_handle(self) -> StageHandle | None:
         """The running stage-0 handle (whatever the launcher returned), if wired."""
         return self.local.handle
+
+    def stage0_executor(self) -> Executor | None:
+        """The data plane's executor of stage 0 (a ``HeadHandle``'s ClusterHead) when wired;
+        what the generation service drives."""
+        handle = self.local.handle
+        return handle.pipeline if isinstance(handle, HeadHandle) else None
 
     # -- status --------------------------------------------------------------------------
     def _status(self) -> ClusterStatus:

@@ -133,9 +133,9 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
         server_key = Path(record.curve_dir) / "curve" / "coordinator.key"
         state = zctl_home / "stranger"
         stranger = subprocess.Popen(
-            [sys.executable, "-m", "controlplane", "node", "--coordinator", record.control,
+            [sys.executable, "-m", "console", "node", "join", record.control,
              "--host", "127.0.0.4", "--state-dir", str(state), "--curve-server-key",
-             str(server_key), "--reconnect-min", "0.2"],
+             str(server_key)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         node_key = state / "curve" / "node.key"
         deadline = time.monotonic() + 30

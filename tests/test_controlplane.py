@@ -296,8 +296,10 @@ def test_killed_node_process_is_marked_dead_and_reclaims_its_id(cp_cluster: Clus
 
     coord = cp_cluster.coordinator(liveness=5)
     state = cp_cluster.root / "proc-node"
-    cmd = [sys.executable, "-m", "controlplane", "node", "--coordinator", coord.endpoint,
-           "--state-dir", str(state), "--host", "127.0.0.1", "--reconnect-min", "0.1"]
+    from controlplane.processes import NodeProcess, process_command
+
+    cmd = [sys.executable, *process_command(NodeProcess(
+        coord.endpoint, state_dir=str(state), host="127.0.0.1", reconnect_min=0.1))]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -59,9 +59,12 @@ def test_confine_refuses_cpus_this_process_may_not_use() -> None:
 
 def test_bad_cpus_fail_clearly_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     from controlplane.__main__ import main
+    from controlplane.processes import NodeProcess, process_command
 
-    assert main(["node", "--coordinator", "tcp://127.0.0.1:9", "--cpus", "x"]) == 1
+    assert main(process_command(NodeProcess("tcp://127.0.0.1:9", cpus="x"))[2:]) == 1
     assert "bad CPU list" in capsys.readouterr().err
+    refused = runner.invoke(app, ["node", "join", "tcp://127.0.0.1:9", "--cpus", "x"])
+    assert refused.exit_code == 1 and "bad CPU list" in refused.output
 
 
 def _allowed(pid: int) -> str:
@@ -109,14 +112,12 @@ def test_local_row_groups_default_follows_the_cpu_sets() -> None:
 
 
 def test_coordinator_row_groups_default_to_one_per_stage(dp_export2: Path) -> None:
-    import argparse
+    from controlplane.processes import CoordinatorProcess, _row_groups
 
-    from controlplane.__main__ import _row_groups
-
-    assert _row_groups(argparse.Namespace(row_groups=None, export_dir=dp_export2)) == 2
-    assert _row_groups(argparse.Namespace(row_groups=0, export_dir=dp_export2)) == 0
-    with pytest.raises(ValueError, match="--row-groups"):
-        _row_groups(argparse.Namespace(row_groups=-2, export_dir=dp_export2))
+    assert _row_groups(CoordinatorProcess(str(dp_export2))) == 2
+    assert _row_groups(CoordinatorProcess(str(dp_export2), row_groups=0)) == 0
+    with pytest.raises(ValueError, match="row groups must be >= 0"):
+        _row_groups(CoordinatorProcess(str(dp_export2), row_groups=-2))
 
 
 def test_cluster_up_refuses_negative_row_groups(tmp_path: Path,
@@ -130,10 +131,12 @@ def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_exp
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from console.cluster_procs import runtime_args
 
-    assert runtime_args("f32", None, "CPU", "u8")[-2:] == ["--kv-cache-precision", "u8"]
-    assert "--kv-cache-precision" not in runtime_args("f32", None, "CPU")  # the plugin's
-    assert runtime_args("f32", None, "CPU", dynamic_quantization=False)[-1] == \
-        "--no-dynamic-quantization"
+    assert runtime_args("f32", None, "CPU", "u8").kv_cache_precision == "u8"
+    assert runtime_args("f32", None, "CPU").kv_cache_precision is None  # the plugin's
+    assert runtime_args("f32", None, "CPU", "default").kv_cache_precision is None
+    assert runtime_args("f32", None, "CPU", dynamic_quantization=False).dynamic_quantization is False
+    assert runtime_args("default", 3, "CPU").precision is None
+    assert runtime_args("default", 3, "CPU").num_threads == 3
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
     for command in (["cluster", "up", "--local", "2"], ["run", "hi"]):
         refused = runner.invoke(app, [*command, "--kv-cache-precision", "q3"])
@@ -141,14 +144,13 @@ def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_exp
     assert not (tmp_path / "home" / "exports").exists()
 
 
-def test_coordinator_runtime_flags_become_the_nodes_runtime_spec() -> None:
-    import argparse
+def test_coordinator_runtime_options_become_the_nodes_runtime_spec() -> None:
+    from console.cluster_procs import runtime_args
+    from controlplane.processes import CoordinatorProcess, parse_process, process_command
 
-    from controlplane.__main__ import _runtime
-
-    args = argparse.Namespace(device="CPU", precision="f32", threads=None,
-                              kv_cache_precision="default", no_dynamic_quantization=True)
-    spec = _runtime(args)
+    config = CoordinatorProcess("/x", runtime=runtime_args("f32", None, "CPU", "default", False))
+    spec = parse_process("coordinator", process_command(config)[3]).runtime  # as spawned
+    assert spec == config.runtime
     assert spec.kv_cache_precision is None and spec.dynamic_quantization is False
     from dataclasses import asdict
 

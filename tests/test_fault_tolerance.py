@@ -22,6 +22,7 @@ from console.cluster_procs import (
     wait_serving,
 )
 from controlplane.client import generate_many
+from controlplane.processes import NodeProcess
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
@@ -71,10 +72,9 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
         paused = [m.note for m in messages if getattr(m, "note", "")]
         assert paused and "at 127.0.0.3 stopped answering" in paused[0], paused
         # the node restarts with its state dir: same id, shard cached, re-wired
-        record.pids.append(_spawn(
-            ["node", "--coordinator", record.control, "--host", "127.0.0.3", "--state-dir",
-             str(root / "node2"), "--reconnect-min", "0.2", *link_args(DELAY_MS)],
-            root / "logs" / "node2-again.log"))
+        record.pids.append(_spawn(NodeProcess(
+            record.control, host="127.0.0.3", state_dir=str(root / "node2"),
+            reconnect_min=0.2, link=link_args(DELAY_MS)), root / "logs" / "node2-again.log"))
         client.join(120)
         assert not client.is_alive()
         dones = {m.request_id: m for m in messages if isinstance(m, GenerateDone)}

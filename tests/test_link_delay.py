@@ -116,17 +116,20 @@ def test_bad_link_shapes_are_refused(kwargs):
         PipeOptions(**kwargs)
 
 
-def test_bad_shapes_fail_clearly_on_the_command_line_and_cluster_start(capsys):
-    from console.cluster_procs import ClusterError, link_args, start_local_cluster
-    from controlplane.__main__ import main
+def test_bad_shapes_fail_clearly_on_the_command_line_and_cluster_start():
+    from typer.testing import CliRunner
 
-    assert main(["node", "--coordinator", "tcp://127.0.0.1:9", "--link-delay-ms", "-5"]) == 1
-    assert "--link-delay-ms" in capsys.readouterr().err
+    from console.cli import app
+    from console.cluster_procs import ClusterError, link_args, start_local_cluster
+    from controlplane.processes import LinkShape
+    from controlplane.records import RuntimeSpec
+
+    refused = CliRunner().invoke(app, ["node", "join", "tcp://127.0.0.1:9", "--link-delay-ms", "-5"])
+    assert refused.exit_code == 1 and "delay_ms" in refused.output
     with pytest.raises(ClusterError, match="delay_ms"):
-        start_local_cluster(Path("/nonexistent"), 2, [], link_delay_ms=-1)
-    assert link_args(25) == ["--link-delay-ms", "25"] and link_args() == []
-    assert link_args(10, 2, 100) == ["--link-delay-ms", "10", "--link-jitter-ms", "2",
-                                     "--link-rate-mbit", "100"]
+        start_local_cluster(Path("/nonexistent"), 2, RuntimeSpec(), link_delay_ms=-1)
+    assert link_args(25) == LinkShape(25.0) and not link_args().shaped
+    assert link_args(10, 2, 100) == LinkShape(10.0, 2.0, 100.0)
 
 
 def test_a_bad_address_fails_at_construction_and_close_stops_the_thread(pull):

@@ -1,0 +1,69 @@
+"""The coordinator and node processes' typed configurations: what zctl writes, the process
+entry rebuilds exactly, and a bad one is refused with a clear line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from controlplane.__main__ import main
+from controlplane.processes import (
+    CoordinatorProcess,
+    LinkShape,
+    NodeProcess,
+    parse_process,
+    placement_of,
+    process_command,
+)
+from controlplane.records import RuntimeSpec
+
+
+def test_configs_round_trip_through_the_process_command() -> None:
+    coordinator = CoordinatorProcess(
+        "/exports/m", bind="tcp://0.0.0.0:5550", host="10.0.0.1", expect_nodes=3,
+        placement={"1": "pc2-1a2b3c4d"}, reassign_after=5.0, curve=True, row_groups=0,
+        runtime=RuntimeSpec(precision=None, num_threads=2, kv_cache_precision="u8"),
+        link=LinkShape(25.0, 2.0, 100.0), cpus="0-1")
+    node = NodeProcess("tcp://10.0.0.1:5550", host="10.0.0.2", tok_s=12.5,
+                       curve_server_key="/k/coordinator.key", link=LinkShape(10.0))
+    for config in (coordinator, node):
+        argv = process_command(config)
+        assert argv[:2] == ["-m", "controlplane"]
+        assert parse_process(argv[2], argv[3]) == config
+
+
+@pytest.mark.parametrize("role, text, problem", [
+    ("worker", "{}", "unknown process role 'worker'"),
+    ("node", "not json", "bad node configuration"),
+    ("node", "{}", "missing required field 'coordinator'"),
+    ("node", json.dumps({"coordinator": "tcp://h:1", "heartbeat": "fast"}), "must be a number"),
+    ("node", json.dumps({"coordinator": "tcp://h:1", "cpu": "0"}), "unknown field(s) 'cpu'"),
+    ("coordinator", json.dumps({"export_dir": "/x", "link": {"delay_ms": [1]}}),
+     "coordinator.link.delay_ms must be a number"),
+])
+def test_a_bad_configuration_is_refused_clearly(role, text, problem, capsys) -> None:
+    with pytest.raises(ValueError, match="bad|unknown"):
+        parse_process(role, text)
+    assert main([role, text]) == 1
+    assert problem in capsys.readouterr().err
+
+
+def test_the_entry_takes_exactly_a_role_and_a_config(capsys) -> None:
+    assert main([]) == 2 and main(["node", "--coordinator", "tcp://h:1"]) == 2
+    assert "usage: python -m controlplane coordinator|node CONFIG_JSON" in capsys.readouterr().err
+
+
+def test_a_bad_link_fails_before_the_node_starts() -> None:
+    argv = process_command(NodeProcess("tcp://127.0.0.1:9", link=LinkShape(delay_ms=-5)))
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "bad emulated link" in done.stderr
+
+
+def test_placement_pins() -> None:
+    assert placement_of(["1=pc2", "2=pc3"]) == {"1": "pc2", "2": "pc3"}
+    for bad in ("1", "x=pc2", "1="):
+        with pytest.raises(ValueError, match="STAGE=NODE_ID"):
+            placement_of([bad])
