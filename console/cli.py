@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from exporter.balance import default_split
 
 app = typer.Typer(help="zctl: distributed LLM inference over OpenVINO stage shards.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -48,28 +50,15 @@ def quiet_ml_libraries() -> None:
 def default_export_dir(model: str, stages: int, weights: str, static: bool = False) -> Path:
     """Where ``zctl export`` writes and ``zctl run``/``cluster up`` look by default.
 
-    The suffix names the split policy ("stages": cost-balanced, see ``default_split``),
-    so an export made under an older policy is not silently reused.
+    The suffix names the split policy ("stages": cost-balanced, see
+    ``exporter.balance.default_split``), so an export made under an older policy is not
+    silently reused.
     """
     from common.paths import export_cache_dir
 
     safe = model.replace("/", "--").replace(".gguf", "")
     kind = "-static" if static else ""
     return export_cache_dir() / f"{Path(safe).name}-{weights}-{stages}stages{kind}"
-
-
-def default_split(source: Any, stages: int) -> list[tuple[int, int]]:
-    """The layer split ``--stages N`` means: stages of about equal compute.
-
-    The last stage also runs the LM head, so it gets fewer layers (SmolLM2 in 2 stages:
-    0-16 and 17-29); see controlplane/balance.py for the cost model.
-    """
-    from exporter.balance import balanced_split, head_cost_layers
-
-    shape = source.decoder_shape()
-    head = head_cost_layers(shape.hidden_size, shape.intermediate_size, shape.num_heads,
-                            shape.num_kv_heads, shape.head_dim, shape.vocab_size)
-    return balanced_split(source.num_layers, stages, head)
 
 
 @app.command()

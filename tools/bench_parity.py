@@ -90,8 +90,8 @@ def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: 
     while the manifest verifies. ``layers`` ("0-16,17-29") overrides ``stages``'
     cost-balanced split (the one ``zctl export --stages`` makes)."""
     from common.manifest import parse_layer_spec
-    from console.cli import default_split
     from console.export_view import RichExportProgress
+    from exporter.balance import default_split
     from exporter.export import export_model
     from exporter.sources import open_source
 
