@@ -66,7 +66,7 @@ def test_continuous_batching_matches_llm_pipeline() -> None:
     from common.paths import zctl_home
     from tools.baseline import BaselinePipeline, export_baseline
     from tools.baseline_batching import STREAM_PROMPTS, ContinuousBatchingBaseline
-    from tools.bench_parity import model_hf_dir
+    from tools.bench_common import model_hf_dir
 
     cache = zctl_home()
     model_dir = export_baseline(model_hf_dir("smollm2-135m", cache), "int4", 64)

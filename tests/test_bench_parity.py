@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from tools.bench_parity import paired_step_ms
+from tools.bench_common import paired_step_ms
 
 
 def test_chains_are_stepped_token_by_token_each_on_its_own_greedy_stream(tiny_exports) -> None:

@@ -216,7 +216,7 @@ def main(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     from common.paths import zctl_home
-    from tools.bench_parity import cached_export, model_hf_dir
+    from tools.bench_common import cached_export, model_hf_dir
 
     if export_dir is None:
         cache = zctl_home()

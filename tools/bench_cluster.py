@@ -31,7 +31,7 @@ from rich.table import Table
 from common.manifest import load_manifest
 from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
 from engine.tokenizer import ChatTokenizer
-from tools.bench_parity import (
+from tools.bench_common import (
     PROMPT,
     cached_export,
     export_name,

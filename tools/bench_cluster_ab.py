@@ -109,7 +109,7 @@ def main(
 ) -> None:
     from common.paths import zctl_home
     from console.cluster_procs import runtime_args
-    from tools.bench_parity import model_export
+    from tools.bench_common import model_export
 
     try:
         env_a, env_b = parse_env(a), parse_env(b)

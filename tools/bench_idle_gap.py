@@ -191,7 +191,7 @@ def main(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     from engine.tokenizer import ChatTokenizer
-    from tools.bench_parity import PROMPT, model_export
+    from tools.bench_common import PROMPT, model_export
 
     export_dir = model_export(model, stages, weights)
     result = run(str(export_dir), ChatTokenizer(export_dir).encode(PROMPT), tokens, gap_ms, ops,

@@ -50,7 +50,7 @@ from console.cluster_procs import (
     stop_processes,
     wait_serving,
 )
-from tools.bench_parity import (
+from tools.bench_common import (
     cached_export,
     export_name,
     model_hf_dir,

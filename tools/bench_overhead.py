@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.export_dir is None:
         from common.paths import zctl_home
-        from tools.bench_parity import cached_export, model_hf_dir
+        from tools.bench_common import cached_export, model_hf_dir
 
         cache = zctl_home()
         args.export_dir = str(cached_export(model_hf_dir("smollm2-135m", cache), "smollm2-135m",

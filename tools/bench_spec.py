@@ -439,7 +439,7 @@ def main(
 ) -> None:
     from common.paths import zctl_home
     from engine.tokenizer import ChatTokenizer
-    from tools.bench_parity import cached_export, export_name, model_hf_dir
+    from tools.bench_common import cached_export, export_name, model_hf_dir
 
     if drafter not in ("lookup", "draft", "both"):
         raise typer.BadParameter("--drafter must be lookup, draft or both")

@@ -29,7 +29,7 @@ from common.manifest import StaticKV
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
 from engine.tokenizer import ChatTokenizer
-from tools.bench_parity import PROMPT, cached_export, export_name, model_hf_dir, paired_step_ms
+from tools.bench_common import PROMPT, cached_export, export_name, model_hf_dir, paired_step_ms
 
 err = Console(stderr=True)
 

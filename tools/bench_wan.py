@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
-from tools.bench_parity import cached_export, export_name, model_hf_dir, plugin_properties
+from tools.bench_common import cached_export, export_name, model_hf_dir, plugin_properties
 
 err = Console(stderr=True)
 JSON = ('{"name": "zctl", "host": "10.0.0.1", "port": 5550, "stages": 2, "weights": "int4", '
