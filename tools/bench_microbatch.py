@@ -35,7 +35,8 @@ import json
 import statistics
 import time
 import uuid
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import typer
@@ -57,6 +58,9 @@ from tools.bench_common import (
     paired_ratio,
     plugin_properties,
 )
+
+if TYPE_CHECKING:
+    from tools.baseline import GenaiUsers
 
 err = Console(stderr=True)
 PROMPTS = [
@@ -109,6 +113,17 @@ def cluster_rss_mb(pids: list[int]) -> float:
     return total / 2**20
 
 
+def genai_users(hf_dir: Path, export_dir: Path, weights: str, props: dict[str, Any]) -> GenaiUsers:
+    """openvino_genai on the monolithic export of the same model and weights: one
+    LLMPipeline serving N users in turn ("genai_seq") and a ContinuousBatchingPipeline
+    serving them at once ("genai_cb")."""
+    from tools.baseline import GenaiUsers, export_baseline
+
+    model_dir = export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
+                                console=err)
+    return GenaiUsers(model_dir, props, PROMPTS, warmup_streams=max(STREAM_COUNTS))
+
+
 def main(
     model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
     stages: int = typer.Option(2, help="cluster nodes (= stages)"),
@@ -139,7 +154,7 @@ def main(
     groups = local_row_groups(cpu_sets, stages, None if row_groups < 0 else row_groups,
                               link_delay_ms)
     props = plugin_properties(precision, threads)
-    genai = Genai(hf_dir, export_dir, weights, props) if baseline else None
+    genai = genai_users(hf_dir, export_dir, weights, props) if baseline else None
     record = start_local_cluster(export_dir, stages, runtime_args(
         props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-microbatch",
         link_delay_ms=link_delay_ms, cpu_sets=cpu_sets, row_groups=groups)
@@ -156,7 +171,8 @@ def main(
                     if mode.startswith("genai"):
                         if genai is None:
                             continue
-                        result = genai.measure(mode, n, tokens)
+                        result = (genai.concurrent if mode == "genai_cb"
+                                  else genai.sequential)(n, tokens)
                     else:
                         result = cluster_aggregate(record.serve, prompts, tokens,
                                                    "lookup" if mode == "lookup" else "")
@@ -210,31 +226,6 @@ def main(
                       str(result.get("baseline_cb_tok_s", {}).get(n, "-")))
     Console().print(table)
     Console().print(f"memory per extra stream: {result['memory_per_stream_mb']} MB")
-
-
-class Genai:
-    """openvino_genai on the monolithic export of the same model and weights: one
-    LLMPipeline serving N users in turn ("genai_seq") and a ContinuousBatchingPipeline
-    serving them at once ("genai_cb")."""
-
-    def __init__(self, hf_dir: Any, export_dir: Any, weights: str, props: dict[str, Any]) -> None:
-        from tools.baseline import BaselinePipeline, export_baseline
-        from tools.baseline_batching import ContinuousBatchingBaseline
-
-        model_dir = export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
-                                    console=err)
-        self.single = BaselinePipeline(model_dir, props)
-        self.batched = ContinuousBatchingBaseline(model_dir, props,
-                                                  warmup_streams=max(STREAM_COUNTS))
-        self.ids = [self.single.encode(p) for p in PROMPTS]
-
-    def measure(self, mode: str, n: int, tokens: int) -> dict[str, Any]:
-        from tools.baseline_batching import sequential_throughput
-
-        ids = [self.ids[i % len(self.ids)] for i in range(n)]
-        if mode == "genai_cb":
-            return self.batched.measure(ids, tokens)
-        return sequential_throughput([self.single.generate_timed(x, tokens) for x in ids])
 
 
 if __name__ == "__main__":
