@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -48,6 +47,9 @@ from typing import Any
 
 import numpy as np
 import zmq
+
+from tools.bench_common import free_port, model_export, timed_greedy
+from tools.bench_common import median as bench_median
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 KV_CACHE_PRECISION: str | None = None  # the plugin's, as cluster nodes run by default
@@ -78,14 +80,9 @@ class ConfigResult:
     load_avg_1min: tuple[float, float] = (0.0, 0.0)  # before and after: other load skews all
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def median(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
+    """The median, NaN when there is nothing to take it of."""
+    return bench_median(values, math.nan)
 
 
 def p95(values: list[float]) -> float:
@@ -250,14 +247,10 @@ def host_ms_per_token(stats: Any) -> float:
 
 def run_local(export: str, threads: str, prompt: list[int], tokens: int):
     from dataplane.local_chain import LocalChain
-    from engine.scheduler import generate_greedy
-    from engine.stats import GenerationStats
 
     chain = LocalChain.load(export, runtime_config(threads))
-    list(generate_greedy(chain, prompt, 8))  # warm-up
-    stats = GenerationStats()
-    out = list(generate_greedy(chain, prompt, tokens, stats=stats))
-    return out, stats
+    timed_greedy(chain, prompt, 8)  # warm-up
+    return timed_greedy(chain, prompt, tokens)
 
 
 @contextmanager
@@ -287,15 +280,11 @@ def cluster_pipeline(export: str, stages: int, threads: str = "default",
 
 
 def run_cluster(export: str, stages: int, threads: str, prompt: list[int], tokens: int):
-    from engine.scheduler import generate_greedy
-    from engine.stats import GenerationStats
-
     with cluster_pipeline(export, stages, threads) as pipe:
-        list(generate_greedy(pipe, prompt, 8))  # warm-up
+        timed_greedy(pipe, prompt, 8)  # warm-up
         pipe.timings.clear()
-        stats = GenerationStats()
         cpu0 = time.process_time()
-        out = list(generate_greedy(pipe, prompt, tokens, stats=stats))
+        out, stats = timed_greedy(pipe, prompt, tokens)
         cpu_ms = (time.process_time() - cpu0) * 1e3
         timings = pipe.timings.samples()[-len(stats.step_ms):]
         return out, stats, timings, cpu_ms
@@ -411,12 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         bare_main(export, int(stage), threads, bind, send_to)
         return 0
     if args.export_dir is None:
-        from common.paths import zctl_home
-        from tools.bench_common import cached_export, model_hf_dir
-
-        cache = zctl_home()
-        args.export_dir = str(cached_export(model_hf_dir("smollm2-135m", cache), "smollm2-135m",
-                                            2, "int4", True, cache))
+        args.export_dir = str(model_export("smollm2-135m", 2, "int4"))
     if not Path(args.export_dir, "manifest.json").is_file():
         parser.error(f"{args.export_dir} is not an export directory")
     results = [measure(args.export_dir, t.strip(), args.tokens, args.prompt_len, args.rounds)
