@@ -36,6 +36,7 @@ from tools.bench_common import (
     Model,
     Nodes,
     Precision,
+    Runs,
     Threads,
     Tokens,
     Weights,
@@ -162,7 +163,7 @@ def main(
     stages: Nodes = 2,
     weights: Weights = "int4",
     tokens: Tokens = 128,
-    runs: Annotated[int, typer.Option(help="interleaved runs (median reported)")] = 5,
+    runs: Runs = 5,
     precision: Precision = "f32",
     threads: Threads = 0,
     kv_cache_precision: Annotated[str, typer.Option(
