@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from console.exports import default_export_dir, quiet_ml_libraries
+from exporter.balance import default_split
 
 app = typer.Typer(help="zctl: distributed LLM inference over OpenVINO stage shards.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -21,55 +25,9 @@ err = Console(stderr=True)
 out = Console()
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)
-
-
-def quiet_ml_libraries() -> None:
-    """Silence the export stack's own progress bars and warnings; zctl shows its own."""
-    import logging
-    import os
-    import warnings
-
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    warnings.filterwarnings("ignore")
-    logging.getLogger("nncf").setLevel(logging.ERROR)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
-
-
-def default_export_dir(model: str, stages: int, weights: str, static: bool = False) -> Path:
-    """Where ``zctl export`` writes and ``zctl run``/``cluster up`` look by default.
-
-    The suffix names the split policy ("stages": cost-balanced, see ``default_split``),
-    so an export made under an older policy is not silently reused.
-    """
-    from common.paths import export_cache_dir
-
-    safe = model.replace("/", "--").replace(".gguf", "")
-    kind = "-static" if static else ""
-    return export_cache_dir() / f"{Path(safe).name}-{weights}-{stages}stages{kind}"
-
-
-def default_split(source: Any, stages: int) -> list[tuple[int, int]]:
-    """The layer split ``--stages N`` means: stages of about equal compute.
-
-    The last stage also runs the LM head, so it gets fewer layers (SmolLM2 in 2 stages:
-    0-16 and 17-29); see controlplane/balance.py for the cost model.
-    """
-    from exporter.balance import balanced_split, head_cost_layers
-
-    shape = source.decoder_shape()
-    head = head_cost_layers(shape.hidden_size, shape.intermediate_size, shape.num_heads,
-                            shape.num_kv_heads, shape.head_dim, shape.vocab_size)
-    return balanced_split(source.num_layers, stages, head)
 
 
 @app.command()
@@ -169,23 +127,60 @@ def verify(
         raise typer.Exit(1)
 
 
+# ``zctl bench NAME`` runs the ``main`` of tools/<module>.py. tools/ is part of the source
+# checkout, not of the installed product, so a benchmark is imported only when its command
+# runs; the one-line summaries here are the first lines of the modules' docstrings.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "parity": ("bench_parity", "Decode-throughput parity: our stage shards against the "
+                               "monolithic model users would pick."),
+    "cluster": ("bench_cluster", "One-stream throughput of a local multi-node cluster against "
+                                 "the monolithic baseline."),
+    "spec": ("bench_spec", "Speculative decoding (paper §5-6): acceptance, speedup against its "
+                           "theory, rewind cost."),
+    "microbatch": ("bench_microbatch", "Micro-batching: aggregate decode throughput of 1, 2, 4 "
+                                       "concurrent streams on a local cluster."),
+    "wan": ("bench_wan", "WAN sweep: throughput against injected per-hop latency (the paper's "
+                         "Figure 2 / Table 10)."),
+    "static": ("bench_static", "The static NPU path's cost: static, stateless shards (KV on the "
+                               "host) against the stateful ones."),
+}
+
+
+def load_benchmark(module: str) -> Callable[..., Any]:
+    """``tools.<module>.main``; without tools/ (an installed zctl outside a source
+    checkout), one error line and exit 1."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"tools.{module}").main
+    except ModuleNotFoundError as exc:
+        if exc.name != "tools" and not (exc.name or "").startswith("tools."):
+            raise  # tools is there, one of its dependencies is not: say which
+        fail(f"benchmarks run from a source checkout: run `zctl bench` (or `python -m "
+             f"tools.{module}`) in a clone of the zctl repository; tools/ is not installed "
+             f"with zctl")
+
+
+def _bench_command(name: str, module: str, summary: str) -> None:
+    """Register ``zctl bench NAME``: every argument, --help included, goes to the
+    benchmark's own Typer command, imported only now."""
+
+    def command(ctx: typer.Context) -> Any:
+        bench = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        bench.command(help=summary)(load_benchmark(module))
+        click_command = typer.main.get_command(bench)
+        with click_command.make_context(name, list(ctx.args), parent=ctx.parent) as sub:
+            return click_command.invoke(sub)
+
+    bench_app.command(name, help=summary, add_help_option=False, context_settings={
+        "allow_extra_args": True, "ignore_unknown_options": True})(command)
+
+
 def _register() -> None:
     from console import cluster_cli, run_cli
-    from tools import (
-        bench_cluster,
-        bench_microbatch,
-        bench_parity,
-        bench_spec,
-        bench_static,
-        bench_wan,
-    )
 
-    bench_app.command("parity", help=bench_parity.__doc__.splitlines()[0])(bench_parity.main)
-    bench_app.command("cluster", help=bench_cluster.__doc__.splitlines()[0])(bench_cluster.main)
-    bench_app.command("spec", help=bench_spec.__doc__.splitlines()[0])(bench_spec.main)
-    bench_app.command("microbatch", help=bench_microbatch.__doc__.splitlines()[0])(bench_microbatch.main)
-    bench_app.command("wan", help=bench_wan.__doc__.splitlines()[0])(bench_wan.main)
-    bench_app.command("static", help=bench_static.__doc__.splitlines()[0])(bench_static.main)
+    for name, (module, summary) in BENCHMARKS.items():
+        _bench_command(name, module, summary)
     app.add_typer(cluster_cli.cluster_app, name="cluster")
     app.add_typer(cluster_cli.node_app, name="node")
     app.command("run")(run_cli.run)

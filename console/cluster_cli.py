@@ -23,6 +23,7 @@ from console.cluster_procs import (
     wait_serving,
     write_record,
 )
+from console.exports import ensure_export
 from controlplane.processes import CoordinatorProcess, placement_of
 
 cluster_app = typer.Typer(help="Start, inspect and stop a cluster.", no_args_is_help=True)
@@ -50,36 +51,6 @@ DynamicQuantization = Annotated[bool | None, typer.Option(
 def _fail(message: str, code: int = 1) -> None:
     err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)
-
-
-def ensure_export(model: str, stages: int, weights: str) -> Path:
-    """The cached export for (model, stages, weights); exported on first use with progress."""
-    from common.manifest import ManifestError, load_manifest
-    from console.cli import default_export_dir, default_split, quiet_ml_libraries
-
-    target = Path(model) if (Path(model) / "manifest.json").is_file() else default_export_dir(
-        model, stages, weights)
-    try:
-        load_manifest(target)
-        return target
-    except ManifestError:
-        if target == Path(model):
-            raise
-    err.print(f"exporting {model} in {stages} {weights} stages (first use) to {target}")
-    try:
-        from common.paths import source_cache_dir
-        from console.export_view import RichExportProgress
-        from exporter.export import export_model
-        from exporter.sources import open_source
-    except ImportError as exc:
-        raise ClusterError(f"exporting needs the export extra (pip install 'zctl[export]'): {exc}") \
-            from None
-    quiet_ml_libraries()
-    source = open_source(model, source_cache_dir())
-    with RichExportProgress(stages, err) as progress:
-        export_model(source, default_split(source, stages), weights, target, force=True,
-                     progress=progress)
-    return target
 
 
 def _running_record() -> ClusterRecord | None:

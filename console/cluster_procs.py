@@ -107,13 +107,18 @@ def loopback_host(index: int) -> str:
 
 
 def alive(pid: int) -> bool:
+    """Whether the process runs (an exited child not yet reaped does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc here: the signal said it exists
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path) -> int:
@@ -201,6 +206,9 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
 
     if nodes < 2:
         raise ClusterError("a local cluster needs at least 2 nodes (the coordinator and one more)")
+    if not isinstance(runtime, RuntimeSpec):
+        raise ClusterError(f"the stages' runtime must be a RuntimeSpec (runtime_args), not "
+                           f"{type(runtime).__name__}")
     link = link_args(link_delay_ms, link_jitter_ms, link_rate_mbit)
     try:
         cpus = local_cpu_sets(cpu_sets, nodes)

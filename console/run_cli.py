@@ -19,7 +19,6 @@ from console.cluster_cli import (
     Precision,
     _fail,
     _running_record,
-    ensure_export,
     err,
     numerics,
     out,
@@ -33,6 +32,7 @@ from console.cluster_procs import (
     wait_serving,
 )
 from console.dashboard import RunSnapshot, StageInfo, StreamView, render_run
+from console.exports import ensure_export
 
 
 def _stages_from_status(status: Any) -> list[StageInfo]:

@@ -11,6 +11,7 @@ several decoder layers. Costs here are in "decoder-layer equivalents": a stage w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 # The LM head's cost per weight relative to a decoder layer's, on CPU with INT4 layers
 # and an INT8 head (the export's default): measured with one core per stage, the head
@@ -97,6 +98,19 @@ def balanced_split(num_layers: int, num_stages: int, last_extra: float = 0.0,
         ranges.append((start, end))
         end = start
     return ranges[::-1]
+
+
+def default_split(source: Any, stages: int) -> list[tuple[int, int]]:
+    """The layer split ``--stages N`` means: stages of about equal compute.
+
+    ``source`` is a model source (exporter.sources: ``num_layers``, ``decoder_shape()``).
+    The last stage also runs the LM head, so it gets fewer layers (SmolLM2 in 2 stages:
+    0-16 and 17-29).
+    """
+    shape = source.decoder_shape()
+    head = head_cost_layers(shape.hidden_size, shape.intermediate_size, shape.num_heads,
+                            shape.num_kv_heads, shape.head_dim, shape.vocab_size)
+    return balanced_split(source.num_layers, stages, head)
 
 
 def measured_head_cost(ranges: Sequence[tuple[int, int]], stage_ms: Sequence[float]) -> float:

@@ -59,6 +59,17 @@ def test_sequential_throughput_is_single_user_rate() -> None:
         sequential_throughput([])
 
 
+def test_median_run_keeps_the_low_median_and_every_runs_figure() -> None:
+    from tools.baseline import batching_json, median_run
+
+    runs = [{"aggregate_tok_s": v, "token_ids": [[1]]} for v in (30.0, 10.0, 20.0, 40.0)]
+    mid = median_run(runs)
+    assert mid["aggregate_tok_s"] == 20.0
+    assert mid["runs_aggregate_tok_s"] == [30.0, 10.0, 20.0, 40.0]
+    rows = batching_json([{"streams": 2, "sequential": mid, "batched": mid}])
+    assert rows[0]["streams"] == 2 and "token_ids" not in rows[0]["batched"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("ZCTL_BASELINE_TESTS") != "1",
                     reason="set ZCTL_BASELINE_TESTS=1 (needs the optimum-intel baseline export)")
@@ -66,7 +77,7 @@ def test_continuous_batching_matches_llm_pipeline() -> None:
     from common.paths import zctl_home
     from tools.baseline import BaselinePipeline, export_baseline
     from tools.baseline_batching import STREAM_PROMPTS, ContinuousBatchingBaseline
-    from tools.bench_parity import model_hf_dir
+    from tools.bench_common import model_hf_dir
 
     cache = zctl_home()
     model_dir = export_baseline(model_hf_dir("smollm2-135m", cache), "int4", 64)

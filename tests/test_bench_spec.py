@@ -9,7 +9,8 @@ import pytest
 
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from tools.bench_spec import parse_k, render, run_bench
+from tools.bench_common import parse_k
+from tools.bench_spec import render, run_bench
 from tools.spec_accounting import (
     all_identical,
     first_mismatch,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -10,6 +12,13 @@ from typer.testing import CliRunner
 from console.cli import app
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter at the repository's top (as ``zctl`` starts)."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
 
 
 def test_export_then_verify_json(tiny_llama_dir: Path, tmp_path: Path) -> None:
@@ -50,3 +59,39 @@ def test_verify_refuses_a_corrupted_export(tiny_exports, tmp_path: Path) -> None
     result = runner.invoke(app, ["verify", str(broken)])
     assert result.exit_code == 1
     assert "corrupted" in result.output
+
+
+def test_zctl_starts_without_importing_the_benchmarks() -> None:
+    proc = _python("import sys, console.cli\n"
+                   "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tools'))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_bench_help_is_the_benchmarks_own() -> None:
+    result = runner.invoke(app, ["bench", "parity", "--help"])
+    assert result.exit_code == 0, result.output
+    for option in ("--model", "--weights", "--tokens", "--runs", "--threads", "--json",
+                   "--extras"):
+        assert option in result.output, result.output
+    result = runner.invoke(app, ["bench", "static", "--contexts", "0"])  # refused before work
+    assert result.exit_code == 2 and "--contexts" in result.output, result.output
+
+
+def test_bench_summaries_are_the_modules_first_lines() -> None:
+    import importlib
+
+    from console.cli import BENCHMARKS
+
+    for name, (module, summary) in BENCHMARKS.items():
+        doc = importlib.import_module(f"tools.{module}").__doc__
+        assert doc.splitlines()[0] == summary, name
+
+
+def test_bench_without_tools_says_so_in_one_line() -> None:
+    # an installed zctl outside a source checkout: no tools package to import
+    proc = _python("import sys\nsys.modules['tools'] = None\nfrom console.cli import app\n"
+                   "app(['bench', 'parity', '--help'])")
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "benchmarks run from a source checkout" in lines[0], proc.stderr

@@ -165,7 +165,7 @@ def test_foreground_local_is_refused_before_any_export(zctl_home: Path, monkeypa
     def no_export(*args, **kwargs):
         raise AssertionError("exported before refusing")
 
-    monkeypatch.setattr(cluster_cli, "ensure_export", no_export)
+    monkeypatch.setattr(cluster_cli, "ensure_export", no_export)  # as cluster up calls it
     result = runner.invoke(app, ["cluster", "up", "--foreground", "--local", "2"])
     assert result.exit_code == 1
     assert "--foreground runs only the coordinator" in result.output

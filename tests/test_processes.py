@@ -67,3 +67,34 @@ def test_placement_pins() -> None:
     for bad in ("1", "x=pc2", "1="):
         with pytest.raises(ValueError, match="STAGE=NODE_ID"):
             placement_of([bad])
+
+
+@pytest.mark.slow
+def test_a_coordinator_that_cannot_start_fails_the_cluster_start_at_once(tmp_path) -> None:
+    """Its process exits (and lingers unreaped): wait_serving says so with the log's reason
+    instead of waiting out its timeout."""
+    from console.cluster_procs import (
+        ClusterError,
+        alive,
+        start_local_cluster,
+        stop_processes,
+        wait_serving,
+    )
+
+    record = start_local_cluster(tmp_path / "no-export", 2, RuntimeSpec(), tmp_path / "c")
+    try:
+        with pytest.raises(ClusterError, match="exited during start-up") as failed:
+            wait_serving(record, 120)
+        assert "no-export" in str(failed.value)  # the coordinator's own error line
+        assert not alive(record.pids[0])
+    finally:
+        stop_processes(record.pids)
+
+
+def test_a_local_cluster_wants_a_runtime_spec() -> None:
+    from pathlib import Path
+
+    from console.cluster_procs import ClusterError, start_local_cluster
+
+    with pytest.raises(ClusterError, match="RuntimeSpec"):
+        start_local_cluster(Path("/x"), 2, ["--precision", "f32"])  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ benchmarks can interleave it run by run with our shards under the same CPU hints
 Script use: ``python -m tools.baseline HF_DIR --weight-format int4 --group-size 64 --f32``;
 add ``--streams 1,2,4`` for aggregate throughput of N users: one LLMPipeline serving them one
 after another vs a ContinuousBatchingPipeline serving them concurrently
-(``tools.baseline_batching``).
+(``tools.baseline_batching``; ``GenaiUsers`` here holds both).
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tools.baseline_batching import (
+    STREAM_PROMPTS,
+    ContinuousBatchingBaseline,
+    sequential_throughput,
+)
+from tools.bench_common import genai_greedy_config, genai_token_ids
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -251,7 +258,7 @@ class BaselinePipeline:
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of ``prompt`` as the pipeline tokenizes it (no chat template)."""
-        return [int(t) for t in self.tokenizer.encode(prompt).input_ids.data[0]]
+        return genai_token_ids(self.tokenizer, prompt)
 
     def generate_timed(self, prompt: str | Sequence[int], max_new_tokens: int) -> dict[str, Any]:
         """Generate exactly ``max_new_tokens`` greedy tokens; returns timings and token ids.
@@ -263,10 +270,7 @@ class BaselinePipeline:
         import openvino as ov
 
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        cfg = self._genai.GenerationConfig()
-        cfg.max_new_tokens = max_new_tokens
-        cfg.do_sample = False
-        cfg.ignore_eos = True
+        cfg = genai_greedy_config(self._genai, max_new_tokens)
         arr = np.asarray([ids], dtype=np.int64)
         inputs = self._genai.TokenizedInputs(ov.Tensor(arr), ov.Tensor(np.ones_like(arr)))
         start = time.perf_counter()
@@ -290,9 +294,59 @@ def measure_llm_pipeline(model_dir: Path, prompt: str | Sequence[int], max_new_t
     return {**mid, "runs_tok_s": [round(r["tok_s"], 2) for r in results], "load_s": bp.load_s}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from rich.console import Console
+class GenaiUsers:
+    """openvino_genai serving N users on one export: one LLMPipeline taking them in turn
+    (:meth:`sequential`) and a ContinuousBatchingPipeline serving them at once
+    (:meth:`concurrent`), the same prompts (as token ids of the LLMPipeline's tokenizer)
+    on both; user j gets prompt j (cycled)."""
 
+    def __init__(self, model_dir: Path, props: dict[str, Any] | None = None,
+                 prompts: Sequence[str] = STREAM_PROMPTS, warmup_streams: int = 4) -> None:
+        self.single = BaselinePipeline(model_dir, props)
+        self.batched = ContinuousBatchingBaseline(model_dir, props, warmup_streams=warmup_streams)
+        self.ids = [self.single.encode(p) for p in prompts]
+
+    def _users(self, n: int) -> list[list[int]]:
+        return [self.ids[i % len(self.ids)] for i in range(n)]
+
+    def sequential(self, n: int, max_new_tokens: int) -> dict[str, Any]:
+        """N users one after another on the LLMPipeline (``sequential_throughput``)."""
+        return sequential_throughput([self.single.generate_timed(x, max_new_tokens)
+                                      for x in self._users(n)])
+
+    def concurrent(self, n: int, max_new_tokens: int) -> dict[str, Any]:
+        """N concurrent requests on the ContinuousBatchingPipeline."""
+        return self.batched.measure(self._users(n), max_new_tokens)
+
+
+def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The (low) median run by decode aggregate, with every run's aggregate beside it."""
+    ranked = sorted(results, key=lambda r: r["aggregate_tok_s"])
+    mid = ranked[(len(ranked) - 1) // 2]
+    return {**mid, "runs_aggregate_tok_s": [round(r["aggregate_tok_s"], 2) for r in results]}
+
+
+def measure_batching(model_dir: Path, streams: Sequence[int], max_new_tokens: int,
+                     props: dict[str, Any] | None = None, runs: int = 3,
+                     prompts: Sequence[str] = STREAM_PROMPTS) -> list[dict[str, Any]]:
+    """For each N in ``streams``: N users one after another on LLMPipeline ("sequential")
+    and N concurrent requests on ContinuousBatchingPipeline ("batched"), the same N
+    prompts on both (:class:`GenaiUsers`); ``runs`` of each, the median run by decode
+    aggregate kept. Rows: {"streams", "sequential", "batched"}."""
+    if max(streams) > len(prompts):
+        raise ValueError(f"only {len(prompts)} prompts for {max(streams)} streams")
+    users = GenaiUsers(model_dir, props, prompts, warmup_streams=max(streams))
+    rows = []
+    for n in streams:
+        seq, cb = [], []
+        for _ in range(max(1, runs)):  # interleaved, so load drifts hit both alike
+            seq.append(users.sequential(n, max_new_tokens))
+            cb.append(users.concurrent(n, max_new_tokens))
+        rows.append({"streams": n, "sequential": median_run(seq), "batched": median_run(cb)})
+    return rows
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("hf_dir", type=Path)
     ap.add_argument("--weight-format", default="int4", choices=WEIGHT_FORMATS)
@@ -309,38 +363,61 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="e.g. 1,2,4: aggregate tok/s of N users, sequential LLMPipeline vs "
                          "ContinuousBatchingPipeline (instead of the single-prompt run)")
     ap.add_argument("--json", action="store_true", help="with --streams: print JSON rows")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def plugin_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The plugin properties the command line asks for."""
+    config: dict[str, Any] = {}
+    if args.f32:
+        config.update(INFERENCE_PRECISION_HINT="f32", PERFORMANCE_HINT="LATENCY")
+    if args.threads:
+        config["INFERENCE_NUM_THREADS"] = args.threads
+    if args.attention_backend:
+        config["ATTENTION_BACKEND"] = args.attention_backend
+    return config
+
+
+def batching_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``measure_batching``'s rows without the generated token ids."""
+    return [{"streams": r["streams"], **{
+        k: {f: v for f, v in r[k].items() if f != "token_ids"}
+        for k in ("sequential", "batched")}} for r in rows]
+
+
+def batching_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per stream count: sequential against batched."""
+    lines = []
+    for r in rows:
+        s, b = r["sequential"], r["batched"]
+        lines.append(
+            f"N={r['streams']}: sequential {s['aggregate_tok_s']:.1f} "
+            f"({s['aggregate_incl_prefill_tok_s']:.1f})  batched {b['aggregate_tok_s']:.1f} "
+            f"({b['aggregate_incl_prefill_tok_s']:.1f}), per stream "
+            f"{statistics.mean(b['per_stream_tok_s']):.1f}, wall {b['wall_s']:.2f} s "
+            f"vs {s['wall_s']:.2f} s, runs {b['runs_aggregate_tok_s']}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rich.console import Console
+
+    a = _parser().parse_args(argv)
     console = Console()
     out = export_baseline(a.hf_dir, a.weight_format, a.group_size, a.out_dir, sym=a.sym,
                           console=console)
-    config: dict[str, Any] = {}
-    if a.f32:
-        config.update(INFERENCE_PRECISION_HINT="f32", PERFORMANCE_HINT="LATENCY")
-    if a.threads:
-        config["INFERENCE_NUM_THREADS"] = a.threads
-    if a.attention_backend:
-        config["ATTENTION_BACKEND"] = a.attention_backend
+    config = plugin_config(a)
     if a.streams:
-        from tools.baseline_batching import measure_batching
-
         rows = measure_batching(out, [int(x) for x in a.streams.split(",")], a.tokens, config,
                                 runs=a.runs)
         if a.json:
-            print(json.dumps([{"streams": r["streams"], **{
-                k: {f: v for f, v in r[k].items() if f != "token_ids"}
-                for k in ("sequential", "batched")}} for r in rows]))
+            print(json.dumps(batching_json(rows)))
             return
         console.print(f"{out.name} {config or 'default hints'}, {a.tokens} new tokens per user; "
                       "decode aggregate tok/s (incl. prefill), per-stream decode tok/s",
                       soft_wrap=True)
-        for r in rows:
-            s, b = r["sequential"], r["batched"]
-            console.print(
-                f"N={r['streams']}: sequential {s['aggregate_tok_s']:.1f} "
-                f"({s['aggregate_incl_prefill_tok_s']:.1f})  batched {b['aggregate_tok_s']:.1f} "
-                f"({b['aggregate_incl_prefill_tok_s']:.1f}), per stream "
-                f"{statistics.mean(b['per_stream_tok_s']):.1f}, wall {b['wall_s']:.2f} s "
-                f"vs {s['wall_s']:.2f} s, runs {b['runs_aggregate_tok_s']}", soft_wrap=True)
+        for line in batching_lines(rows):
+            console.print(line, soft_wrap=True)
         return
     r = measure_llm_pipeline(out, a.prompt, a.tokens, config, runs=a.runs)
     console.print(f"{out.name} {config or 'default hints'}: {r['tok_s']:.1f} tok/s "

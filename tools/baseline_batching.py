@@ -1,6 +1,8 @@
-"""openvino_genai serving N users: one LLMPipeline taking them in turn, or its
-ContinuousBatchingPipeline serving them at once (the baseline of tools/bench_microbatch
-and ``python -m tools.baseline --streams``).
+"""openvino_genai serving N users at once: its ContinuousBatchingPipeline, and the
+arithmetic of N streams' throughput (served at once, or one after another by one
+LLMPipeline). tools.baseline puts the two side by side (``GenaiUsers``,
+``measure_batching``): the baseline of tools/bench_microbatch and of
+``python -m tools.baseline --streams``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.baseline import BaselinePipeline
+from tools.bench_common import genai_greedy_config, genai_token_ids
 
 # Distinct openers, one per concurrent user (N streams take the first N).
 STREAM_PROMPTS: tuple[str, ...] = (
@@ -74,7 +76,7 @@ def stream_throughput(step_s: Sequence[float],
 def sequential_throughput(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The same summary for N users served one after another (one LLMPipeline).
 
-    ``runs`` are :meth:`BaselinePipeline.generate_timed` results, one per user. Each run's
+    ``runs`` are ``tools.baseline.BaselinePipeline.generate_timed`` results, one per user. Each run's
     prefill is its TTFT, so decode = wall - TTFT; the decode aggregate equals a single
     user's decode rate (aggregate throughput does not grow with N, latency does).
     """
@@ -99,8 +101,9 @@ def sequential_throughput(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 class ContinuousBatchingBaseline:
     """openvino_genai.ContinuousBatchingPipeline serving N concurrent greedy requests.
 
-    The micro-batching baseline: same export and plugin ``props`` as :class:`BaselinePipeline`
-    (``ATTENTION_BACKEND`` is dropped: continuous batching is always paged attention).
+    The micro-batching baseline: same export and plugin ``props`` as tools.baseline's
+    ``BaselinePipeline`` (``ATTENTION_BACKEND`` is dropped: continuous batching is always
+    paged attention).
     The scheduler gets a fixed KV cache of ``cache_gb`` GB, no prefix caching (so repeated
     prompts pay their prefill every run) and the default 256-token batch budget with
     dynamic split-fuse. :meth:`measure` drives ``step()`` itself and timestamps every step,
@@ -129,8 +132,8 @@ class ContinuousBatchingBaseline:
             self.measure(prompts[:1], 8)
 
     def encode(self, prompt: str) -> list[int]:
-        """Token ids of ``prompt`` (no chat template), as :meth:`BaselinePipeline.encode`."""
-        return [int(t) for t in self.tokenizer.encode(prompt).input_ids.data[0]]
+        """Token ids of ``prompt`` (no chat template), as ``BaselinePipeline.encode``."""
+        return genai_token_ids(self.tokenizer, prompt)
 
     def measure(self, prompts: Sequence[str] | Sequence[Sequence[int]],
                 max_new_tokens: int) -> dict[str, Any]:
@@ -146,10 +149,7 @@ class ContinuousBatchingBaseline:
         ids = [self.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not ids:
             raise ValueError("no prompts")
-        cfg = self._genai.GenerationConfig()
-        cfg.max_new_tokens = max_new_tokens
-        cfg.do_sample = False
-        cfg.ignore_eos = True
+        cfg = genai_greedy_config(self._genai, max_new_tokens)
         tensors = [ov.Tensor(np.asarray([x], dtype=np.int64)) for x in ids]
         out: list[list[int]] = [[] for _ in ids]
         step_s: list[float] = []
@@ -175,32 +175,3 @@ class ContinuousBatchingBaseline:
             raise RuntimeError(f"streams {bad} stopped early ({statuses}): KV cache too small?")
         return {**stream_throughput(step_s, step_tokens), "token_ids": out,
                 "n_input": [len(x) for x in ids]}
-
-
-def measure_batching(model_dir: Path, streams: Sequence[int], max_new_tokens: int,
-                     props: dict[str, Any] | None = None, runs: int = 3,
-                     prompts: Sequence[str] = STREAM_PROMPTS) -> list[dict[str, Any]]:
-    """For each N in ``streams``: N users one after another on LLMPipeline ("sequential")
-    and N concurrent requests on ContinuousBatchingPipeline ("batched"), the same N
-    prompts (as token ids of the LLMPipeline tokenizer) on both; ``runs`` of each, the
-    median run by decode aggregate kept. Rows: {"streams", "sequential", "batched"}."""
-    if max(streams) > len(prompts):
-        raise ValueError(f"only {len(prompts)} prompts for {max(streams)} streams")
-    single = BaselinePipeline(model_dir, props)
-    batched = ContinuousBatchingBaseline(model_dir, props, warmup_streams=max(streams))
-    ids = [single.encode(p) for p in prompts]
-
-    def median(results: list[dict[str, Any]]) -> dict[str, Any]:
-        ranked = sorted(results, key=lambda r: r["aggregate_tok_s"])
-        mid = ranked[(len(ranked) - 1) // 2]
-        return {**mid, "runs_aggregate_tok_s": [round(r["aggregate_tok_s"], 2) for r in results]}
-
-    rows = []
-    for n in streams:
-        seq, cb = [], []
-        for _ in range(max(1, runs)):  # interleaved, so load drifts hit both alike
-            seq.append(sequential_throughput([single.generate_timed(x, max_new_tokens)
-                                              for x in ids[:n]]))
-            cb.append(batched.measure(ids[:n], max_new_tokens))
-        rows.append({"streams": n, "sequential": median(seq), "batched": median(cb)})
-    return rows

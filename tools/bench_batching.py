@@ -29,7 +29,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import typer
@@ -37,6 +37,7 @@ import typer
 from dataplane.masks import MASK_MIN
 from dataplane.rope import rope_tables
 from dataplane.runtime import RuntimeConfig, StageRunner
+from tools.bench_common import Json, Runs, Weights, model_export
 
 PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -205,23 +206,20 @@ def measure(export_dir: Path | str, batches: list[int], tokens: int, runs: int,
 
 
 def main(
-    batch: list[int] = typer.Option([2, 4], help="batch sizes to measure (repeatable)"),
-    tokens: int = typer.Option(64, help="decode steps per run"),
-    runs: int = typer.Option(3, help="interleaved runs (the median is reported)"),
-    weights: str = typer.Option("int4"),
-    kv_cache_precision: str | None = typer.Option(None, help="KV_CACHE_PRECISION (f32, u8; "
-                                                             "default: the plugin's)"),
-    export_dir: Path | None = typer.Option(None, help="a 1-stage export (default: SmolLM2 "
-                                                      "INT4, exported once like bench_parity)"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    batch: Annotated[list[int] | None, typer.Option(
+        help="batch sizes to measure (repeatable; default: 2 and 4)")] = None,
+    tokens: Annotated[int, typer.Option(help="decode steps per run")] = 64,
+    runs: Runs = 3,
+    weights: Weights = "int4",
+    kv_cache_precision: Annotated[str | None, typer.Option(
+        help="KV_CACHE_PRECISION (f32, u8; default: the plugin's)")] = None,
+    export_dir: Annotated[Path | None, typer.Option(
+        help="a 1-stage export (default: SmolLM2 INT4, exported once like bench_parity)")] = None,
+    as_json: Json = False,
 ) -> None:
-    from common.paths import zctl_home
-    from tools.bench_parity import cached_export, model_hf_dir
-
+    batch = batch or [2, 4]
     if export_dir is None:
-        cache = zctl_home()
-        export_dir = cached_export(model_hf_dir("smollm2-135m", cache), "smollm2-135m", 1,
-                                   weights, True, cache)
+        export_dir = model_export("smollm2-135m", 1, weights)
     config = RuntimeConfig(kv_cache_precision=kv_cache_precision)
     result = {"export": str(export_dir), "tokens": tokens, "runs": runs,
               "properties": config.properties(),

@@ -20,39 +20,43 @@ from __future__ import annotations
 
 import json
 import statistics
-import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from common.manifest import load_manifest
 from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
 from engine.tokenizer import ChatTokenizer
-from tools.bench_parity import (
+from tools.bench_common import (
     PROMPT,
-    cached_export,
-    export_name,
-    model_hf_dir,
+    BenchModel,
+    Json,
+    Model,
+    Nodes,
+    Precision,
+    Runs,
+    Threads,
+    Tokens,
+    Weights,
+    err,
+    generate_done,
+    metric_table,
     paired_ratio,
     paired_step_ms,
     plugin_properties,
 )
 
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    from tools.baseline import BaselinePipeline
+
 CLUSTER = object()  # the cluster's turn in a run's order
 
 
 def cluster_run(serve: str, prompt: str, tokens: int) -> dict[str, Any]:
-    from controlplane.client import generate_stream
-    from controlplane.service_messages import GenerateDone, GenerateRequest
-
-    request = GenerateRequest(uuid.uuid4().hex[:16], prompt, tokens, True, ignore_eos=True)
-    done = [m for m in generate_stream(serve, request) if isinstance(m, GenerateDone)][-1]
-    if done.error:
-        raise RuntimeError(done.error)
+    """One greedy request through the cluster's generation service: tok/s, TTFT, timings."""
+    done = generate_done(serve, prompt, tokens)
     return {"tok_s": done.tok_s, "ttft_ms": done.ttft_ms, "timing": done.timing}
 
 
@@ -94,107 +98,124 @@ def time_per_token(cluster_tok_s: float, baseline_tok_s: float,
     }
 
 
-def main(
-    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
-    stages: int = typer.Option(2, help="cluster nodes (= stages)"),
-    weights: str = typer.Option("int4"),
-    tokens: int = typer.Option(128, help="new tokens per run"),
-    runs: int = typer.Option(5, help="interleaved runs (median reported)"),
-    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides, or 'default'"),
-    threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
-    kv_cache_precision: str = typer.Option(
-        "default", help="KV_CACHE_PRECISION on both sides: 'default' (the plugin's, u8 on CPU: "
-                        "what the cluster runs unless --exact), f32, u8, ..."),
-    interleave: bool = typer.Option(
-        True, help="also step a cluster of the same stages and the 1-stage chain token by "
-                   "token in rotating order (cluster_over_stage1_interleaved: free of the "
-                   "drift between runs, but the 1-stage chain pays an idle gap too)"),
-    thp_baseline: bool = typer.Option(
-        True, help="also time openvino_genai with its memory on huge pages, as the stage "
-                   "runners' weights are (ratio_vs_thp_baseline)"),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    from common.paths import zctl_home
-    from tools.baseline import BaselinePipeline, export_baseline
+def alternated_runs(serve: str, baseline: BaselinePipeline, baseline_thp: BaselinePipeline | None,
+                    prompt_ids: list[int], tokens: int, runs: int
+                    ) -> tuple[list[float], list[dict[str, Any]], list[float]]:
+    """``runs`` runs of the baseline, the cluster and (if any) the huge-page baseline, the
+    baselines swapping sides of the cluster run every run (order effects): the baseline's
+    tok/s, the cluster's runs, the huge-page baseline's tok/s."""
+    base_runs: list[float] = []
+    cluster_runs: list[dict[str, Any]] = []
+    thp_runs: list[float] = []
+    for run in range(runs):
+        order = [baseline, CLUSTER, baseline_thp]
+        for system in order if run % 2 == 0 else order[::-1]:
+            if system is CLUSTER:
+                cluster_runs.append(cluster_run(serve, PROMPT, tokens))
+            elif system is baseline:
+                base_runs.append(baseline.generate_timed(prompt_ids, tokens)["tok_s"])
+            elif system is not None:
+                thp_runs.append(system.generate_timed(prompt_ids, tokens)["tok_s"])
+        err.print(f"run {run + 1}/{runs}: baseline {base_runs[-1]:.1f}  "
+                  f"cluster {cluster_runs[-1]['tok_s']:.1f} tok/s")
+    return base_runs, cluster_runs, thp_runs
 
-    cache = zctl_home()
-    hf_dir = model_hf_dir(model, cache)
-    name = export_name(model, hf_dir)
-    export_dir = cached_export(hf_dir, name, stages, weights, True, cache)
-    props = plugin_properties(precision, threads)
-    if kv_cache_precision != "default":
-        props["KV_CACHE_PRECISION"] = kv_cache_precision
-    baseline = BaselinePipeline(export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
-                                                console=err), props)
-    baseline_thp = (BaselinePipeline(export_baseline(hf_dir, weights, load_manifest(
-        export_dir).group_size, console=err), props, huge_pages=True) if thp_baseline else None)
-    prompt_ids = ChatTokenizer(export_dir).encode(PROMPT)
-    record = start_local_cluster(export_dir, stages, runtime_args(
-        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU", kv_cache_precision),
-        cache / "bench-cluster")
-    try:
-        wait_serving(record, 300)
-        cluster_run(record.serve, PROMPT, 8)  # warm-up
-        base_runs, cluster_runs, thp_runs = [], [], []
-        for run in range(runs):
-            # the baselines swap sides of the cluster run every run (order effects)
-            order = [baseline, CLUSTER, baseline_thp]
-            for system in order if run % 2 == 0 else order[::-1]:
-                if system is CLUSTER:
-                    cluster_runs.append(cluster_run(record.serve, PROMPT, tokens))
-                elif system is baseline:
-                    base_runs.append(baseline.generate_timed(prompt_ids, tokens)["tok_s"])
-                elif system is not None:
-                    thp_runs.append(system.generate_timed(prompt_ids, tokens)["tok_s"])
-            err.print(f"run {run + 1}/{runs}: baseline {base_runs[-1]:.1f}  "
-                      f"cluster {cluster_runs[-1]['tok_s']:.1f} tok/s")
-    finally:
-        stop_processes(record.pids)
+
+def cluster_figures(stages: int, base_runs: list[float], cluster_runs: list[dict[str, Any]]
+                    ) -> dict[str, Any]:
+    """The cluster against the baseline: ratios of medians and paired, and the median
+    cluster run's time split (against the baseline run beside it)."""
+    runs = len(cluster_runs)
     median_run = sorted(range(runs), key=lambda i: cluster_runs[i]["tok_s"])[runs // 2]
     best = cluster_runs[median_run]
     timing = best["timing"]
     cluster_tok_s = statistics.median(r["tok_s"] for r in cluster_runs)
     baseline_tok_s = statistics.median(base_runs)
-    hops = stages
-    result = {
-        "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
-        "properties": props,
+    return {
         "cluster_tok_s": round(cluster_tok_s, 2), "baseline_tok_s": round(baseline_tok_s, 2),
         "ratio": round(cluster_tok_s / baseline_tok_s, 3),
         # each run's cluster figure over the baseline run beside it: free of the
         # drift between runs (+-10% here), which the ratio of medians mixes in
         "ratio_paired": paired_ratio([r["tok_s"] for r in cluster_runs], base_runs),
-        "overhead_ms_per_hop": round(timing.get("overhead", {}).get("p50", 0.0) / hops, 3),
+        "overhead_ms_per_hop": round(timing.get("overhead", {}).get("p50", 0.0) / stages, 3),
         "step_ms_p50": round(timing.get("total", {}).get("p50", 0.0), 2),
         "compute_ms_p50": {f"stage{i}": round(timing.get(f"stage{i}.compute", {}).get("p50", 0.0), 2)
                            for i in range(stages)},
         "network_ms_p50": round(timing.get("network", {}).get("p50", 0.0), 3),
-        # the median cluster run against the baseline run beside it
         "ms_per_token": time_per_token(best["tok_s"], base_runs[median_run], timing, stages),
+    }
+
+
+def thp_figures(cluster_runs: list[dict[str, Any]], thp_runs: list[float]) -> dict[str, Any]:
+    """The cluster against openvino_genai on huge pages (nothing without those runs)."""
+    if not thp_runs:
+        return {}
+    cluster_tok_s = statistics.median(r["tok_s"] for r in cluster_runs)
+    thp_tok_s = statistics.median(thp_runs)
+    return {"baseline_thp_tok_s": round(thp_tok_s, 2),
+            "ratio_vs_thp_baseline": round(cluster_tok_s / thp_tok_s, 3),
+            "ratio_vs_thp_baseline_paired": paired_ratio([r["tok_s"] for r in cluster_runs],
+                                                         thp_runs)}
+
+
+def main(
+    model: Model = "smollm2-135m",
+    stages: Nodes = 2,
+    weights: Weights = "int4",
+    tokens: Tokens = 128,
+    runs: Runs = 5,
+    precision: Precision = "f32",
+    threads: Threads = 0,
+    kv_cache_precision: Annotated[str, typer.Option(
+        help="KV_CACHE_PRECISION on both sides: 'default' (the plugin's, u8 on CPU: what the "
+             "cluster runs unless --exact), f32, u8, ...")] = "default",
+    interleave: Annotated[bool, typer.Option(
+        help="also step a cluster of the same stages and the 1-stage chain token by token in "
+             "rotating order (cluster_over_stage1_interleaved: free of the drift between "
+             "runs, but the 1-stage chain pays an idle gap too)")] = True,
+    thp_baseline: Annotated[bool, typer.Option(
+        help="also time openvino_genai with its memory on huge pages, as the stage runners' "
+             "weights are (ratio_vs_thp_baseline)")] = True,
+    as_json: Json = False,
+) -> None:
+    from tools.baseline import BaselinePipeline, export_baseline
+
+    bench_model = BenchModel.resolve(model)
+    export_dir = bench_model.export(stages, weights)
+    props = plugin_properties(precision, threads)
+    if kv_cache_precision != "default":
+        props["KV_CACHE_PRECISION"] = kv_cache_precision
+    baseline_dir = export_baseline(bench_model.hf_dir, weights,
+                                   load_manifest(export_dir).group_size, console=err)
+    baseline = BaselinePipeline(baseline_dir, props)
+    baseline_thp = BaselinePipeline(baseline_dir, props, huge_pages=True) if thp_baseline else None
+    prompt_ids = ChatTokenizer(export_dir).encode(PROMPT)
+    record = start_local_cluster(export_dir, stages, runtime_args(
+        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU", kv_cache_precision),
+        bench_model.cache / "bench-cluster")
+    try:
+        wait_serving(record, 300)
+        cluster_run(record.serve, PROMPT, 8)  # warm-up
+        base_runs, cluster_runs, thp_runs = alternated_runs(
+            record.serve, baseline, baseline_thp, prompt_ids, tokens, runs)
+    finally:
+        stop_processes(record.pids)
+    result = {
+        "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
+        "properties": props, **cluster_figures(stages, base_runs, cluster_runs),
         "samples": {"baseline": [round(v, 2) for v in base_runs],
                     "cluster": [round(r["tok_s"], 2) for r in cluster_runs],
                     **({"baseline_thp": [round(v, 2) for v in thp_runs]} if thp_runs else {})},
+        **thp_figures(cluster_runs, thp_runs),
     }
-    if thp_runs:
-        thp_tok_s = statistics.median(thp_runs)
-        result.update(baseline_thp_tok_s=round(thp_tok_s, 2),
-                      ratio_vs_thp_baseline=round(cluster_tok_s / thp_tok_s, 3),
-                      ratio_vs_thp_baseline_paired=paired_ratio(
-                          [r["tok_s"] for r in cluster_runs], thp_runs))
     if interleave:
-        stage1_dir = cached_export(hf_dir, name, 1, weights, True, cache)
-        result.update(interleaved(export_dir, stage1_dir, stages, threads, props, prompt_ids,
-                                  tokens))
+        result.update(interleaved(export_dir, bench_model.export(1, weights), stages, threads,
+                                  props, prompt_ids, tokens))
     if as_json:
         print(json.dumps(result))
         return
-    table = Table(title=f"{stages}-node local cluster vs monolithic, {model} {weights}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        if key not in ("samples", "properties"):
-            table.add_row(key, str(value))
-    Console().print(table)
+    Console().print(metric_table(f"{stages}-node local cluster vs monolithic, {model} {weights}",
+                                 result, skip=("samples", "properties")))
 
 
 if __name__ == "__main__":

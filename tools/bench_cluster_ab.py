@@ -19,12 +19,23 @@ import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-err = Console(stderr=True)
+from controlplane.records import RuntimeSpec
+from tools.bench_common import (
+    CpuSets,
+    Json,
+    Model,
+    Precision,
+    Tokens,
+    Weights,
+    err,
+    fail,
+    model_export,
+)
 
 
 def parse_env(assignments: Sequence[str]) -> dict[str, str]:
@@ -67,7 +78,7 @@ def paired_summary(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
 
 
 def run_ab(export_dir: Path, env_a: dict[str, str], env_b: dict[str, str], pairs: int,
-           tokens: int, runtime: list[str], root: Path, cpu_sets: str = "shared",
+           tokens: int, runtime: RuntimeSpec, root: Path, cpu_sets: str = "shared",
            prompt: str = "Explain in detail how a bicycle's gears work.") -> dict[str, Any]:
     """Start a local cluster per environment under ``root``, alternate ``pairs`` runs of
     ``tokens`` greedy tokens on each (A first in even pairs, B first in odd ones)."""
@@ -97,24 +108,23 @@ def run_ab(export_dir: Path, env_a: dict[str, str], env_b: dict[str, str], pairs
 
 
 def main(
-    a: list[str] = typer.Option(..., "--a", help="VAR=VALUE for cluster A (repeatable)"),
-    b: list[str] = typer.Option(..., "--b", help="VAR=VALUE for cluster B (repeatable)"),
-    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
-    weights: str = typer.Option("int4"),
-    pairs: int = typer.Option(8, help="runs of each cluster, alternated"),
-    tokens: int = typer.Option(96, help="new tokens per run"),
-    cpu_sets: str = typer.Option("shared", help="shared, or split (a core per node)"),
-    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT, or 'default'"),
-    as_json: bool = typer.Option(False, "--json"),
+    a: Annotated[list[str], typer.Option("--a", help="VAR=VALUE for cluster A (repeatable)")],
+    b: Annotated[list[str], typer.Option("--b", help="VAR=VALUE for cluster B (repeatable)")],
+    model: Model = "smollm2-135m",
+    weights: Weights = "int4",
+    pairs: Annotated[int, typer.Option(help="runs of each cluster, alternated")] = 8,
+    tokens: Tokens = 96,
+    cpu_sets: CpuSets = "shared",
+    precision: Precision = "f32",
+    as_json: Json = False,
 ) -> None:
     from common.paths import zctl_home
     from console.cluster_procs import runtime_args
-    from tools.bench_parity import model_export
 
     try:
         env_a, env_b = parse_env(a), parse_env(b)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        fail(str(exc))
     export_dir = model_export(model, 2, weights)
     result = run_ab(export_dir, env_a, env_b, pairs, tokens,
                     runtime_args(None if precision == "default" else precision, None, "CPU"),

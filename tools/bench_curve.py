@@ -11,6 +11,7 @@ import json
 import statistics
 import threading
 import time
+from typing import Annotated
 
 import typer
 import zmq
@@ -23,6 +24,7 @@ from dataplane.transport import (
     pull_socket,
     push_socket,
 )
+from tools.bench_common import Json
 
 HEADER, PAYLOAD = b"h" * 130, b"x" * 2304  # a 1-token SmolLM2 step frame
 
@@ -63,8 +65,9 @@ def round_trip_us(curve: bool, messages: int) -> float:
     return statistics.median(times[messages // 10:]) * 1e6
 
 
-def main(runs: int = typer.Option(5), messages: int = typer.Option(3000),
-         as_json: bool = typer.Option(False, "--json")) -> None:
+def main(runs: Annotated[int, typer.Option(help="alternated runs of each")] = 5,
+         messages: Annotated[int, typer.Option(help="round trips per run")] = 3000,
+         as_json: Json = False) -> None:
     plain, curve = [], []
     for run in range(runs):  # alternate which goes first
         for use_curve in ((False, True) if run % 2 == 0 else (True, False)):

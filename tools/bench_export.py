@@ -17,12 +17,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from common.manifest import load_manifest
+from tools.bench_common import Json, Weights, metric_table
 
 
 def stage_param_bytes(model_dir: Path, ranges: list[tuple[int, int]]) -> tuple[list[int], int]:
@@ -73,12 +74,14 @@ def run_export(model: str, stages: int, weights: str, out: Path) -> tuple[float,
 
 
 def main(
-    model: str = typer.Option("smollm2-135m", help="model to export"),
-    stages: int = typer.Option(4, help="number of stages"),
-    weights: str = typer.Option("int4"),
-    random_1b: bool = typer.Option(False, "--random-1b", help="export a random 1B-shaped Llama"),
-    tokenizer_from: Path | None = typer.Option(None, help="tokenizer for the random model"),
-    as_json: bool = typer.Option(False, "--json"),
+    model: Annotated[str, typer.Option(help="model to export")] = "smollm2-135m",
+    stages: Annotated[int, typer.Option(help="number of stages")] = 4,
+    weights: Weights = "int4",
+    random_1b: Annotated[bool, typer.Option(
+        "--random-1b", help="export a random 1B-shaped Llama")] = False,
+    tokenizer_from: Annotated[Path | None, typer.Option(
+        help="tokenizer for the random model")] = None,
+    as_json: Json = False,
 ) -> None:
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="zctl-bench-export-") as tmp:
@@ -103,12 +106,7 @@ def main(
     if as_json:
         print(json.dumps(result))
         return
-    table = Table(title="zctl export: time and peak memory")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        table.add_row(key, str(value))
-    Console().print(table)
+    Console().print(metric_table("zctl export: time and peak memory", result))
 
 
 if __name__ == "__main__":

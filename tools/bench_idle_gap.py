@@ -25,7 +25,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import typer
@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dataplane.stage_base import RuntimeConfig
+from tools.bench_common import Json, Model, Precision, Weights, start_stream
 
 MODES = ("back_to_back", "sleep", "spin")
 
@@ -103,10 +104,7 @@ def step_chain(chain: Any, prompt_ids: Sequence[int], tokens: int, gap_s: float,
     stages = chain.runners
     wall: dict[str, list[list[float]]] = {m: [[] for _ in stages] for m in MODES}
     ops: dict[str, list[list[float]]] = {m: [[] for _ in stages] for m in MODES}
-    chain.open(stream_id)
-    chain.reset(stream_id)
-    reply = chain.step(stream_id, np.asarray(prompt_ids), np.arange(len(prompt_ids)))
-    token, position = int(reply.tokens[-1]), len(prompt_ids)
+    token, position = start_stream(chain, stream_id, prompt_ids)
     produced = [token]
     for step in range(tokens):
         mode = mode_of(step)
@@ -178,20 +176,22 @@ def run(export_dir: str, prompt_ids: Sequence[int], tokens: int, gap_ms: float,
 
 
 def main(
-    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
-    stages: int = typer.Option(2, help="stages of the export stepped as a chain"),
-    weights: str = typer.Option("int4"),
-    tokens: int = typer.Option(120, help="decode steps (rotated over the three modes)"),
-    gap_ms: float = typer.Option(12.0, help="idle time before each stage's step (about the "
-                                             "other stages' compute in a pipeline)"),
-    ops: bool = typer.Option(False, "--ops", help="also split the cost into op time and the "
-                                                  "rest (a second chain with PERF_COUNT)"),
-    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT, or 'default'"),
-    threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS (0: the plugin's)"),
-    as_json: bool = typer.Option(False, "--json"),
+    model: Model = "smollm2-135m",
+    stages: Annotated[int, typer.Option(help="stages of the export stepped as a chain")] = 2,
+    weights: Weights = "int4",
+    tokens: Annotated[int, typer.Option(help="decode steps (rotated over the three modes)")] = 120,
+    gap_ms: Annotated[float, typer.Option(
+        help="idle time before each stage's step (about the other stages' compute in a "
+             "pipeline)")] = 12.0,
+    ops: Annotated[bool, typer.Option(
+        "--ops", help="also split the cost into op time and the rest (a second chain with "
+                      "PERF_COUNT)")] = False,
+    precision: Precision = "f32",
+    threads: Annotated[int, typer.Option(help="INFERENCE_NUM_THREADS (0: the plugin's)")] = 0,
+    as_json: Json = False,
 ) -> None:
     from engine.tokenizer import ChatTokenizer
-    from tools.bench_parity import PROMPT, model_export
+    from tools.bench_common import PROMPT, model_export
 
     export_dir = model_export(model, stages, weights)
     result = run(str(export_dir), ChatTokenizer(export_dir).encode(PROMPT), tokens, gap_ms, ops,

@@ -34,8 +34,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import uuid
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import psutil
 import typer
@@ -50,15 +50,24 @@ from console.cluster_procs import (
     stop_processes,
     wait_serving,
 )
-from tools.bench_parity import (
-    cached_export,
-    export_name,
-    model_hf_dir,
+from tools.bench_common import (
+    BenchModel,
+    CpuSets,
+    Json,
+    Model,
+    Nodes,
+    Precision,
+    Threads,
+    Weights,
+    bench_request,
+    err,
     paired_ratio,
     plugin_properties,
 )
 
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    from tools.baseline import GenaiUsers
+
 PROMPTS = [
     "Explain in detail how a bicycle's gears work.",
     "Write a short story about a lighthouse keeper and a storm.",
@@ -73,10 +82,9 @@ def cluster_aggregate(serve: str, prompts: list[str], tokens: int,
                       speculative: str = "") -> dict[str, Any]:
     """Send ``prompts`` at once; aggregate and per-stream decode tok/s of the run."""
     from controlplane.client import generate_many
-    from controlplane.service_messages import GenerateDone, GenerateRequest
+    from controlplane.service_messages import GenerateDone
 
-    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, tokens, True, ignore_eos=True,
-                                speculative=speculative) for p in prompts]
+    requests = [bench_request(p, tokens, speculative=speculative) for p in prompts]
     first: dict[str, float] = {}
     dones: dict[str, GenerateDone] = {}
     for msg in generate_many(serve, requests):
@@ -109,132 +117,151 @@ def cluster_rss_mb(pids: list[int]) -> float:
     return total / 2**20
 
 
-def main(
-    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
-    stages: int = typer.Option(2, help="cluster nodes (= stages)"),
-    weights: str = typer.Option("int4"),
-    tokens: int = typer.Option(64, help="new tokens per stream"),
-    runs: int = typer.Option(3, help="interleaved runs per configuration (median reported)"),
-    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT on both sides"),
-    threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage and baseline (0: default)"),
-    link_delay_ms: float = typer.Option(0.0, help="emulated one-way latency on every cluster hop "
-                                                  "(the baseline has no hops)"),
-    cpu_sets: str = typer.Option("shared", help="shared: every stage may use every core | "
-                                                "split: each node its own cores (separate PCs)"),
-    layers: str = typer.Option("", help="layer split, e.g. 0-16,17-29 (default: --stages "
-                                        "even ranges)"),
-    row_groups: int = typer.Option(-1, help="coordinator --row-groups: batch decode steps "
-                                            "into this many row groups (0: none; -1: the "
-                                            "local default, see local_row_groups)"),
-    baseline: bool = typer.Option(True, help="also measure openvino_genai"),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    from common.paths import zctl_home
+def genai_users(hf_dir: Path, export_dir: Path, weights: str, props: dict[str, Any]) -> GenaiUsers:
+    """openvino_genai on the monolithic export of the same model and weights: one
+    LLMPipeline serving N users in turn ("genai_seq") and a ContinuousBatchingPipeline
+    serving them at once ("genai_cb")."""
+    from tools.baseline import GenaiUsers, export_baseline
 
-    cache = zctl_home()
-    hf_dir = model_hf_dir(model, cache)
-    export_dir = cached_export(hf_dir, export_name(model, hf_dir), stages, weights, True,
-                               cache, layers)
+    model_dir = export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
+                                console=err)
+    return GenaiUsers(model_dir, props, PROMPTS, warmup_streams=max(STREAM_COUNTS))
+
+
+SampleTable = dict[str, dict[str, list[float]]]  # mode -> stream count -> one figure a run
+
+
+def measure_mode(serve: str, genai: GenaiUsers | None, mode: str, n: int,
+                 tokens: int) -> dict[str, Any] | None:
+    """One run of ``mode`` with ``n`` streams (None: a genai mode without genai)."""
+    if mode.startswith("genai"):
+        if genai is None:
+            return None
+        return (genai.concurrent if mode == "genai_cb" else genai.sequential)(n, tokens)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    return cluster_aggregate(serve, prompts, tokens, "lookup" if mode == "lookup" else "")
+
+
+def interleaved_runs(serve: str, pids: list[int], genai: GenaiUsers | None, tokens: int,
+                     runs: int) -> tuple[SampleTable, SampleTable, float]:
+    """Every system and configuration once per run, so drift hits all: the aggregate and
+    the mean per-stream tok/s of each, and the cluster's memory per extra stream (MB,
+    from its resident memory before and after the first run)."""
+    samples: SampleTable = {m: {} for m in MODES}
+    per_stream: SampleTable = {m: {} for m in MODES}
+    cluster_aggregate(serve, PROMPTS[:1], 8)  # warm-up
+    rss_one = rss_four = cluster_rss_mb(pids)
+    for run in range(runs):
+        for n in STREAM_COUNTS:
+            for mode in MODES:
+                result = measure_mode(serve, genai, mode, n, tokens)
+                if result is None:
+                    continue
+                samples[mode].setdefault(str(n), []).append(result["aggregate_tok_s"])
+                per_stream[mode].setdefault(str(n), []).append(
+                    statistics.mean(result["per_stream_tok_s"]))
+                err.print(f"run {run + 1}/{runs} {mode:10s} {n} streams: "
+                          f"{result['aggregate_tok_s']:.1f} tok/s")
+        if run == 0:
+            rss_four = cluster_rss_mb(pids)
+    memory = round(max(rss_four - rss_one, 0.0) / (max(STREAM_COUNTS) - 1), 1)
+    return samples, per_stream, memory
+
+
+def medians(table: SampleTable, mode: str) -> dict[str, float]:
+    """``mode``'s median per stream count."""
+    return {n: round(statistics.median(v), 2) for n, v in table[mode].items()}
+
+
+def microbatch_figures(samples: SampleTable, per_stream: SampleTable, memory_mb: float,
+                       genai: bool) -> dict[str, Any]:
+    """The cluster's aggregates, scaling and memory, and (``genai``) openvino_genai's."""
+    cluster = medians(samples, "cluster")
+    figures: dict[str, Any] = {
+        "cluster_tok_s": cluster,
+        "cluster_spec_tok_s": medians(samples, "lookup"),
+        "cluster_per_stream_tok_s": medians(per_stream, "cluster"),
+        "scaling": {n: round(v / cluster["1"], 3) for n, v in cluster.items()},
+        "scaling_paired": paired_scaling(samples["cluster"]),
+        "memory_per_stream_mb": memory_mb,
+        "samples": samples,
+    }
+    if genai:
+        sequential = medians(samples, "genai_seq")
+        figures.update({
+            "baseline_tok_s": sequential["1"],  # one user on LLMPipeline
+            "baseline_sequential_tok_s": sequential,
+            "baseline_cb_tok_s": medians(samples, "genai_cb"),
+            "ratio_to_baseline": {n: round(v / sequential["1"], 3) for n, v in cluster.items()},
+        })
+    return figures
+
+
+def microbatch_table(result: dict[str, Any]) -> Table:
+    """The table printed without --json: one row per stream count."""
+    table = Table(title=f"aggregate decode tok/s, {result['stages']}-node local cluster, "
+                        f"{result['model']} {result['weights']}")
+    for column in ("streams", "cluster", "cluster + lookup", "scaling", "genai sequential",
+                   "genai continuous batching"):
+        table.add_column(column, justify="right")
+    for n in map(str, STREAM_COUNTS):
+        table.add_row(n, str(result["cluster_tok_s"][n]), str(result["cluster_spec_tok_s"][n]),
+                      f"{result['scaling'][n]:.2f}x",
+                      str(result.get("baseline_sequential_tok_s", {}).get(n, "-")),
+                      str(result.get("baseline_cb_tok_s", {}).get(n, "-")))
+    return table
+
+
+def main(
+    model: Model = "smollm2-135m",
+    stages: Nodes = 2,
+    weights: Weights = "int4",
+    tokens: Annotated[int, typer.Option(help="new tokens per stream")] = 64,
+    runs: Annotated[int, typer.Option(
+        help="interleaved runs per configuration (median reported)")] = 3,
+    precision: Precision = "f32",
+    threads: Threads = 0,
+    link_delay_ms: Annotated[float, typer.Option(
+        help="emulated one-way latency on every cluster hop (the baseline has no hops)")] = 0.0,
+    cpu_sets: CpuSets = "shared",
+    layers: Annotated[str, typer.Option(
+        help="layer split, e.g. 0-16,17-29 (default: --stages cost-balanced ranges)")] = "",
+    row_groups: Annotated[int, typer.Option(
+        help="coordinator --row-groups: batch decode steps into this many row groups (0: "
+             "none; -1: the local default, see local_row_groups)")] = -1,
+    baseline: Annotated[bool, typer.Option(help="also measure openvino_genai")] = True,
+    as_json: Json = False,
+) -> None:
+    bench_model = BenchModel.resolve(model)
+    export_dir = bench_model.export(stages, weights, layers=layers)
     stages = len(load_manifest(export_dir).stages)
     groups = local_row_groups(cpu_sets, stages, None if row_groups < 0 else row_groups,
                               link_delay_ms)
     props = plugin_properties(precision, threads)
-    genai = Genai(hf_dir, export_dir, weights, props) if baseline else None
+    genai = genai_users(bench_model.hf_dir, export_dir, weights, props) if baseline else None
     record = start_local_cluster(export_dir, stages, runtime_args(
-        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"), cache / "bench-microbatch",
-        link_delay_ms=link_delay_ms, cpu_sets=cpu_sets, row_groups=groups)
-    samples: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
-    per_stream: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
+        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"),
+        bench_model.cache / "bench-microbatch", link_delay_ms=link_delay_ms, cpu_sets=cpu_sets,
+        row_groups=groups)
     try:
         wait_serving(record, 300)
-        cluster_aggregate(record.serve, PROMPTS[:1], 8)  # warm-up
-        rss_one = cluster_rss_mb(record.pids)
-        for run in range(runs):  # every system and configuration once per run: drift hits all
-            for n in STREAM_COUNTS:
-                prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-                for mode in MODES:
-                    if mode.startswith("genai"):
-                        if genai is None:
-                            continue
-                        result = genai.measure(mode, n, tokens)
-                    else:
-                        result = cluster_aggregate(record.serve, prompts, tokens,
-                                                   "lookup" if mode == "lookup" else "")
-                    samples[mode].setdefault(str(n), []).append(result["aggregate_tok_s"])
-                    per_stream[mode].setdefault(str(n), []).append(
-                        statistics.mean(result["per_stream_tok_s"]))
-                    err.print(f"run {run + 1}/{runs} {mode:10s} {n} streams: "
-                              f"{result['aggregate_tok_s']:.1f} tok/s")
-            if run == 0:
-                rss_four = cluster_rss_mb(record.pids)
+        samples, per_stream, memory_mb = interleaved_runs(record.serve, record.pids, genai,
+                                                          tokens, runs)
     finally:
         stop_processes(record.pids)
-
-    def med(table: dict[str, dict[str, list[float]]], mode: str) -> dict[str, float]:
-        return {n: round(statistics.median(v), 2) for n, v in table[mode].items()}
-
-    cluster = med(samples, "cluster")
     result: dict[str, Any] = {
         "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
         "properties": props, "link_delay_ms": link_delay_ms,
         "cpu_sets": cpu_sets, "row_groups": groups,
         "layers": [f"{st.layer_start}-{st.layer_end - 1}"
                    for st in load_manifest(export_dir).stages],
-        "cluster_tok_s": cluster,
-        "cluster_spec_tok_s": med(samples, "lookup"),
-        "cluster_per_stream_tok_s": med(per_stream, "cluster"),
-        "scaling": {n: round(v / cluster["1"], 3) for n, v in cluster.items()},
-        "scaling_paired": paired_scaling(samples["cluster"]),
-        "memory_per_stream_mb": round(max(rss_four - rss_one, 0.0) / (max(STREAM_COUNTS) - 1), 1),
-        "samples": samples,
+        **microbatch_figures(samples, per_stream, memory_mb, genai is not None),
     }
-    if genai is not None:
-        sequential = med(samples, "genai_seq")
-        result.update({
-            "baseline_tok_s": sequential["1"],  # one user on LLMPipeline
-            "baseline_sequential_tok_s": sequential,
-            "baseline_cb_tok_s": med(samples, "genai_cb"),
-            "ratio_to_baseline": {n: round(v / sequential["1"], 3) for n, v in cluster.items()},
-        })
     if as_json:
         print(json.dumps(result))
         return
-    table = Table(title=f"aggregate decode tok/s, {stages}-node local cluster, {model} {weights}")
-    for column in ("streams", "cluster", "cluster + lookup", "scaling", "genai sequential",
-                   "genai continuous batching"):
-        table.add_column(column, justify="right")
-    for n in map(str, STREAM_COUNTS):
-        table.add_row(n, str(cluster[n]), str(result["cluster_spec_tok_s"][n]),
-                      f"{result['scaling'][n]:.2f}x",
-                      str(result.get("baseline_sequential_tok_s", {}).get(n, "-")),
-                      str(result.get("baseline_cb_tok_s", {}).get(n, "-")))
-    Console().print(table)
+    Console().print(microbatch_table(result))
     Console().print(f"memory per extra stream: {result['memory_per_stream_mb']} MB")
-
-
-class Genai:
-    """openvino_genai on the monolithic export of the same model and weights: one
-    LLMPipeline serving N users in turn ("genai_seq") and a ContinuousBatchingPipeline
-    serving them at once ("genai_cb")."""
-
-    def __init__(self, hf_dir: Any, export_dir: Any, weights: str, props: dict[str, Any]) -> None:
-        from tools.baseline import BaselinePipeline, export_baseline
-        from tools.baseline_batching import ContinuousBatchingBaseline
-
-        model_dir = export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
-                                    console=err)
-        self.single = BaselinePipeline(model_dir, props)
-        self.batched = ContinuousBatchingBaseline(model_dir, props,
-                                                  warmup_streams=max(STREAM_COUNTS))
-        self.ids = [self.single.encode(p) for p in PROMPTS]
-
-    def measure(self, mode: str, n: int, tokens: int) -> dict[str, Any]:
-        from tools.baseline_batching import sequential_throughput
-
-        ids = [self.ids[i % len(self.ids)] for i in range(n)]
-        if mode == "genai_cb":
-            return self.batched.measure(ids, tokens)
-        return sequential_throughput([self.single.generate_timed(x, tokens) for x in ids])
 
 
 if __name__ == "__main__":

@@ -34,20 +34,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import socket
-import statistics
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
+
+from tools.bench_common import free_port, model_export, timed_greedy
+from tools.bench_common import median as bench_median
+
+if TYPE_CHECKING:
+    from dataplane.cluster import ClusterHead
+    from dataplane.runtime import RuntimeConfig
+    from dataplane.timing import StepTiming
+    from engine.stats import GenerationStats
+
+HelperCmd = Callable[[int, str, str], list[str]]  # (stage, bind, send_to) -> argv
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 KV_CACHE_PRECISION: str | None = None  # the plugin's, as cluster nodes run by default
@@ -78,14 +89,9 @@ class ConfigResult:
     load_avg_1min: tuple[float, float] = (0.0, 0.0)  # before and after: other load skews all
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def median(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
+    """The median, NaN when there is nothing to take it of."""
+    return bench_median(values, math.nan)
 
 
 def p95(values: list[float]) -> float:
@@ -98,7 +104,7 @@ def overhead_per_hop(step_ms: list[float], compute_ms: list[list[float]],
     return [(t - sum(c) - w) / hops for t, c, w in zip(step_ms, compute_ms, wire_ms, strict=True)]
 
 
-def runtime_config(threads: str):
+def runtime_config(threads: str) -> RuntimeConfig:
     from dataplane.runtime import RuntimeConfig
 
     # the KV cache the cluster's nodes run by default (and the workers below are told)
@@ -108,7 +114,7 @@ def runtime_config(threads: str):
 
 # -- processes ------------------------------------------------------------------------
 @contextmanager
-def spawned(cmd: list[str]):
+def spawned(cmd: list[str]) -> Iterator[str]:
     """Run a helper process that prints 'ready <endpoint>' once serving; kill it after."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -131,7 +137,7 @@ def chain_addresses(stages: int) -> list[str]:
             for i in range(stages - 1)]
 
 
-def start_chain(stack: ExitStack, addrs: list[str], reply_addr: str, make_cmd) -> None:
+def start_chain(stack: ExitStack, addrs: list[str], reply_addr: str, make_cmd: HelperCmd) -> None:
     """Start a helper per stage 1.. from the last back; make_cmd(i, bind, send_to) -> argv."""
     for i in reversed(range(1, len(addrs) + 1)):
         send_to = addrs[i] if i < len(addrs) else reply_addr
@@ -143,7 +149,7 @@ def helper_cmd(*args: Any) -> list[str]:
 
 
 @contextmanager
-def coordinator_pipes(stages: int, make_cmd):
+def coordinator_pipes(stages: int, make_cmd: HelperCmd) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
     """(push to stage 1, pull for replies) with helper processes for stages 1.. running."""
     from dataplane.transport import bound_endpoint, pull_socket, push_socket
 
@@ -248,21 +254,20 @@ def host_ms_per_token(stats: Any) -> float:
     return stats.decode_ms / (stats.new_tokens - 1) - sum(map(sum, steps)) / len(steps)
 
 
-def run_local(export: str, threads: str, prompt: list[int], tokens: int):
+def run_local(export: str, threads: str, prompt: list[int], tokens: int
+              ) -> tuple[list[int], GenerationStats]:
+    """Greedy decoding through the in-process chain (warmed up): tokens and figures."""
     from dataplane.local_chain import LocalChain
-    from engine.scheduler import generate_greedy
-    from engine.stats import GenerationStats
 
     chain = LocalChain.load(export, runtime_config(threads))
-    list(generate_greedy(chain, prompt, 8))  # warm-up
-    stats = GenerationStats()
-    out = list(generate_greedy(chain, prompt, tokens, stats=stats))
-    return out, stats
+    timed_greedy(chain, prompt, 8)  # warm-up
+    return timed_greedy(chain, prompt, tokens)
 
 
 @contextmanager
 def cluster_pipeline(export: str, stages: int, threads: str = "default",
-                     kv_cache_precision: str | None = KV_CACHE_PRECISION):
+                     kv_cache_precision: str | None = KV_CACHE_PRECISION
+                     ) -> Iterator[ClusterHead]:
     """A ClusterHead running stage 0 here and stages 1.. as ``dataplane.worker_main``
     processes on 127.0.0.2, ...; the workers stop on exit. ``kv_cache_precision`` None
     keeps the plugin's."""
@@ -286,16 +291,15 @@ def cluster_pipeline(export: str, stages: int, threads: str = "default",
         yield pipe
 
 
-def run_cluster(export: str, stages: int, threads: str, prompt: list[int], tokens: int):
-    from engine.scheduler import generate_greedy
-    from engine.stats import GenerationStats
-
+def run_cluster(export: str, stages: int, threads: str, prompt: list[int], tokens: int
+                ) -> tuple[list[int], GenerationStats, list[StepTiming], float]:
+    """Greedy decoding through a cluster pipeline (warmed up): tokens, figures, each
+    decode step's timing record, the coordinator's CPU ms."""
     with cluster_pipeline(export, stages, threads) as pipe:
-        list(generate_greedy(pipe, prompt, 8))  # warm-up
+        timed_greedy(pipe, prompt, 8)  # warm-up
         pipe.timings.clear()
-        stats = GenerationStats()
         cpu0 = time.process_time()
-        out = list(generate_greedy(pipe, prompt, tokens, stats=stats))
+        out, stats = timed_greedy(pipe, prompt, tokens)
         cpu_ms = (time.process_time() - cpu0) * 1e3
         timings = pipe.timings.samples()[-len(stats.step_ms):]
         return out, stats, timings, cpu_ms
@@ -411,12 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         bare_main(export, int(stage), threads, bind, send_to)
         return 0
     if args.export_dir is None:
-        from common.paths import zctl_home
-        from tools.bench_parity import cached_export, model_hf_dir
-
-        cache = zctl_home()
-        args.export_dir = str(cached_export(model_hf_dir("smollm2-135m", cache), "smollm2-135m",
-                                            2, "int4", True, cache))
+        args.export_dir = str(model_export("smollm2-135m", 2, "int4"))
     if not Path(args.export_dir, "manifest.json").is_file():
         parser.error(f"{args.export_dir} is not an export directory")
     results = [measure(args.export_dir, t.strip(), args.tokens, args.prompt_len, args.rounds)

@@ -80,7 +80,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -89,55 +89,52 @@ from rich.table import Table
 from dataplane.draft_model import ModelDrafter
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig, StageRunner
-from engine.drafting import LookupDrafter, StepCost, adapt_k
-from engine.scheduler import generate_greedy, generate_speculative
-from engine.stats import GenerationStats, SpeculativeStats
+from engine.drafting import LookupDrafter, StepCost
+from engine.scheduler import generate_speculative
+from engine.stats import SpeculativeStats
+from tools.bench_common import (
+    BenchModel,
+    Json,
+    Model,
+    Precision,
+    Runs,
+    Threads,
+    Weights,
+    err,
+    fail,
+    parse_k,
+    timed_greedy,
+)
 from tools.spec_accounting import (
     Calibration,
-    StepRecord,
+    Generation,
     TimedDrafter,
     TimedPipeline,
-    all_identical,
     calibrate,
     filler_ids,
-    first_mismatch,
-    median,
-    theoretical_iid,
-    theoretical_speedup,
     time_rewinds,
 )
 from tools.spec_prompts import PROMPTS, BenchPrompt
+from tools.spec_report import adaptive_cost_json, bench_summary, prompt_entry
 
-err = Console(stderr=True)
 DRAFTERS = ("lookup", "draft")
 
 
 # -- one generation of each system -------------------------------------------------------
 
 
-@dataclass
-class Generation:
-    tokens: list[int]
-    tok_s: float
-    decode_ms: float
-    steps: list[StepRecord]
-    proposals: list[tuple[int, float]] = field(default_factory=list)
-    accepted: int = 0
-    proposed: int = 0
-
-
 def run_greedy(pipe: TimedPipeline, ids: list[int], tokens: int, stop_ids: Sequence[int],
                prefill_chunk: int) -> Generation:
+    """One greedy generation, its steps logged."""
     pipe.log.clear()
-    stats = GenerationStats()
-    out = list(generate_greedy(pipe, ids, tokens, stop_ids, prefill_chunk=prefill_chunk,
-                               stats=stats))
+    out, stats = timed_greedy(pipe, ids, tokens, stop_ids=stop_ids, prefill_chunk=prefill_chunk)
     return Generation(out, stats.tok_s, stats.decode_ms, pipe.decode_steps(len(ids)))
 
 
 def run_speculative(pipe: TimedPipeline, ids: list[int], tokens: int, stop_ids: Sequence[int],
                     prefill_chunk: int, drafter: Any, k: int, cost: StepCost | None
                     ) -> Generation:
+    """One speculative generation, its steps and proposals logged."""
     timed = TimedDrafter(drafter)
     pipe.log.clear()
     stats = SpeculativeStats()
@@ -148,6 +145,71 @@ def run_speculative(pipe: TimedPipeline, ids: list[int], tokens: int, stop_ids: 
 
 
 # -- the benchmark -----------------------------------------------------------------------
+
+
+@dataclass
+class Systems:
+    """Greedy decoding and each drafter's speculative decoding, on one timed pipeline.
+    ``ks[drafter]`` None: adaptive K (``adapt_k`` up to ``k_max`` on ``costs[drafter]``)."""
+
+    pipe: TimedPipeline
+    tokens: int
+    stop_ids: Sequence[int]
+    prefill_chunk: int
+    draft_runner: StageRunner | None
+    ks: dict[str, int | None]
+    k_max: int
+    costs: dict[str, StepCost | None] = field(default_factory=dict)
+
+    def drafter(self, name: str, ids: list[int]) -> Any:
+        """A fresh drafter for one generation of ``ids``."""
+        if name == "lookup":
+            return LookupDrafter()
+        drafter = ModelDrafter(self.draft_runner)  # type: ignore[arg-type]
+        drafter.propose(ids, 1)  # the draft model's prompt prefill, before the decode clock
+        return drafter
+
+    def run(self, system: str, ids: list[int], tokens: int | None = None) -> Generation:
+        """One generation of ``ids`` by ``system`` ("greedy" or a drafter's name)."""
+        tokens = self.tokens if tokens is None else tokens
+        if system == "greedy":
+            return run_greedy(self.pipe, ids, tokens, self.stop_ids, self.prefill_chunk)
+        k = self.ks[system]
+        return run_speculative(self.pipe, ids, tokens, self.stop_ids, self.prefill_chunk,
+                               self.drafter(system, ids), self.k_max if k is None else k,
+                               self.costs[system])
+
+
+def adaptive_costs(cal: Calibration, drafters: Sequence[str], ks: dict[str, int | None],
+                   k_max: int) -> dict[str, StepCost | None]:
+    """The StepCost ``adapt_k`` works with, per drafter whose K is adaptive (None for a
+    fixed K), fitted on calibration ``cal``."""
+    fitted = cal.fit()
+    switch_ms = max(cal.switched_ms(1) - cal.verify_ms(1), 0.0)  # a shape change
+    return {name: None if ks[name] is not None else StepCost(
+        fitted.step_ms, fitted.token_ms,
+        cal.draft_ms(name)(1) / (max(k_max, 1) if name == "lookup" else 1), switch_ms)
+        for name in drafters}
+
+
+def interleaved_runs(systems: Systems, prompts: Sequence[tuple[BenchPrompt, list[int]]],
+                     names: Sequence[str], runs: int, first_cal: Calibration,
+                     recalibrate: Callable[[], Calibration], say: Callable[[str], None]
+                     ) -> tuple[list[dict[str, list[Generation]]], list[Calibration]]:
+    """``runs`` runs of every system on every prompt, the systems' order rotated from run
+    to run, each run after its own calibration (the first: ``first_cal``). Per prompt,
+    each system's generations; and the calibrations, one per run."""
+    results: list[dict[str, list[Generation]]] = [{s: [] for s in names} for _ in prompts]
+    calibrations: list[Calibration] = []
+    for run in range(runs):
+        calibrations.append(first_cal if run == 0 else recalibrate())
+        order = list(names[run % len(names):]) + list(names[:run % len(names)])
+        for p, (prompt, ids) in enumerate(prompts):
+            for system in order:
+                results[p][system].append(systems.run(system, ids))
+            line = "  ".join(f"{s} {results[p][s][-1].tok_s:.1f}" for s in names)
+            say(f"run {run + 1}/{runs} {prompt.name}: {line} tok/s")
+    return results, calibrations
 
 
 def run_bench(
@@ -178,192 +240,44 @@ def run_bench(
         raise ValueError("the draft-model drafter needs a draft_runner")
     if not prompts:
         raise ValueError("no prompts")
-    pipe = TimedPipeline(chain)
     ids_all = [ids for _, ids in prompts]
     context_len = int(statistics.median(len(i) for i in ids_all)) + tokens // 2
     context = filler_ids(ids_all, context_len)
     ks = {"lookup": k, "draft": draft_k}
     max_fed = max(k_max if v is None else v for v in ks.values()) + 1
-    ks_draft_burst = max(1, k_max if draft_k is None else draft_k)
+    draft_burst = max(1, k_max if draft_k is None else draft_k)
 
+    def recalibrate() -> Calibration:
+        return calibrate(chain, context, max_fed, calib_reps, draft_runner, k_max, draft_burst)
+
+    systems = Systems(TimedPipeline(chain), tokens, stop_ids, prefill_chunk, draft_runner, ks, k_max)
     say("timing mask vs trim rewind ...")
     rewind = time_rewinds(chain, filler_ids(ids_all, rewind_slots), rewind_count, rewind_reps)
-    # warm-up: every system once on the first prompt
-    warm_ids = ids_all[0]
-    run_greedy(pipe, warm_ids, min(tokens, 8), stop_ids, prefill_chunk)
+    systems.run("greedy", ids_all[0], min(tokens, 8))  # warm-up: every system once
     say("calibrating step costs ...")
-    first_cal = calibrate(chain, context, max_fed, calib_reps, draft_runner, k_max, ks_draft_burst)
-    fitted = first_cal.fit()
-    switch_ms = max(first_cal.switched_ms(1) - first_cal.verify_ms(1), 0.0)  # a shape change
-    costs: dict[str, StepCost | None] = {}
+    first_cal = recalibrate()
+    systems.costs = adaptive_costs(first_cal, drafters, ks, k_max)
     for name in drafters:
-        costs[name] = None if ks[name] is not None else StepCost(
-            fitted.step_ms, fitted.token_ms,
-            first_cal.draft_ms(name)(1) / (max(k_max, 1) if name == "lookup" else 1), switch_ms)
-
-    def make_drafter(name: str, ids: list[int]) -> Any:
-        if name == "lookup":
-            return LookupDrafter()
-        drafter = ModelDrafter(draft_runner)  # type: ignore[arg-type]
-        drafter.propose(ids, 1)  # the draft model's prompt prefill, before the decode clock
-        return drafter
-
-    def spec(name: str, ids: list[int]) -> Generation:
-        kk = ks[name]
-        return run_speculative(pipe, ids, tokens, stop_ids, prefill_chunk,
-                               make_drafter(name, ids), k_max if kk is None else kk, costs[name])
-
-    for name in drafters:
-        spec(name, warm_ids)
-
-    systems = ["greedy", *drafters]
-    results: list[dict[str, list[Generation]]] = [{s: [] for s in systems} for _ in prompts]
-    calibrations: list[Calibration] = []
-    for run in range(runs):
-        cal = first_cal if run == 0 else calibrate(chain, context, max_fed, calib_reps,
-                                                   draft_runner, k_max, ks_draft_burst)
-        calibrations.append(cal)
-        order = systems[run % len(systems):] + systems[:run % len(systems)]
-        for p, (prompt, ids) in enumerate(prompts):
-            for system in order:
-                if system == "greedy":
-                    gen = run_greedy(pipe, ids, tokens, stop_ids, prefill_chunk)
-                else:
-                    gen = spec(system, ids)
-                results[p][system].append(gen)
-            line = "  ".join(f"{s} {results[p][s][-1].tok_s:.1f}" for s in systems)
-            say(f"run {run + 1}/{runs} {prompt.name}: {line} tok/s")
-
-    # -- report ----------------------------------------------------------------------
-    pairs: list[tuple[list[int], list[int]]] = []
-    greedy_deterministic = True
-    entries: list[dict[str, Any]] = []
-    ratios: dict[str, list[float]] = {d: [] for d in drafters}
-    for (prompt, ids), res in zip(prompts, results, strict=True):
-        greedy = res["greedy"]
-        greedy_deterministic &= all(g.tokens == greedy[0].tokens for g in greedy)
-        greedy_tok_s = median([g.tok_s for g in greedy])
-        entry: dict[str, Any] = {
-            "name": prompt.name, "kind": prompt.kind, "prompt_tokens": len(ids),
-            "new_tokens": len(greedy[0].tokens), "greedy_tok_s": round(greedy_tok_s, 2),
-            "greedy_time": time_split(greedy, []),
-        }
-        same = True
-        for name in drafters:
-            gens = res[name]
-            mismatches = []
-            for g, s in zip(greedy, gens, strict=True):
-                pairs.append((g.tokens, s.tokens))
-                mismatches.append(first_mismatch(g.tokens, s.tokens))
-            ok = all(m is None for m in mismatches)
-            same &= ok
-            first = gens[0]
-            acceptance = first.accepted / first.proposed if first.proposed else 0.0
-            decoded = len(first.tokens) - 1
-            fed = [r.fed for r in first.steps]
-            lengths = [n for n, _ in first.proposals]
-            theo = [theoretical_speedup(decoded, [r.fed for r in g.steps], [n for n, _ in g.proposals],
-                                        cal.verify_ms, cal.draft_ms(name), cal.step_ms)
-                    for g, cal in zip(gens, calibrations, strict=True)]
-            k_used = max(lengths, default=0)
-            iid = [theoretical_iid(acceptance, k_used, cal.verify_ms, cal.draft_ms(name))
-                   for cal in calibrations]
-            spec_tok_s = median([g.tok_s for g in gens])
-            # paired run by run (the same prompt, back to back), then the median: drift of
-            # the machine between runs cancels out of each pair
-            speedups = [s.tok_s / g.tok_s if g.tok_s else 0.0
-                        for g, s in zip(greedy, gens, strict=True)]
-            achieved = median(speedups)
-            theoretical = median(theo)
-            ratio = median([a / t if t else 0.0 for a, t in zip(speedups, theo, strict=True)])
-            ratios[name].append(ratio)
-            entry[name] = {
-                "identical": ok,
-                "first_mismatch": next((m for m in mismatches if m is not None), None),
-                "acceptance": round(acceptance, 4),
-                "k": ks[name] if ks[name] is not None else "auto",
-                "k_max_used": k_used,
-                "mean_draft_len": round(statistics.fmean(lengths), 3) if lengths else 0.0,
-                "proposals": len(lengths), "empty_proposals": sum(1 for n in lengths if n == 0),
-                "no_draft_steps": len(fed) - len(lengths),  # K was 0: the drafter not asked
-                "steps": len(fed), "tokens_per_step": round(decoded / len(fed), 3) if fed else 0.0,
-                "spec_tok_s": round(spec_tok_s, 2),
-                "achieved_speedup": round(achieved, 4),
-                "theoretical_speedup": round(theoretical, 4),
-                "theoretical_iid": round(median(iid), 4),
-                "achieved_over_theoretical": round(ratio, 4),
-                "time": time_split(gens, calibrations, name),
-                "samples_tok_s": [round(g.tok_s, 2) for g in gens],
-                "samples_speedup": [round(x, 3) for x in speedups],
-                "samples_theoretical": [round(x, 3) for x in theo],
-            }
-        entry["identical"] = same
-        entries.append(entry)
-
-    all_ratios = [r for values in ratios.values() for r in values]
-    result: dict[str, Any] = {
-        "identical": all_identical(pairs) and greedy_deterministic,
-        "greedy_deterministic": greedy_deterministic,
-        "achieved_over_theoretical": round(statistics.fmean(all_ratios), 4) if all_ratios else None,
-        "achieved_over_theoretical_by_drafter": {
-            d: round(statistics.fmean(v), 4) for d, v in ratios.items() if v},
-        "mean_speedup_by_drafter": {
-            d: round(statistics.fmean(e[d]["achieved_speedup"] for e in entries), 4)
-            for d in drafters},
+        systems.run(name, ids_all[0])
+    results, calibrations = interleaved_runs(systems, prompts, ["greedy", *drafters], runs,
+                                             first_cal, recalibrate, say)
+    reports = [prompt_entry(prompt, ids, res, drafters, ks, calibrations)
+               for (prompt, ids), res in zip(prompts, results, strict=True)]
+    entries = [entry for entry, _ in reports]
+    ratios = {d: [r[d] for _, r in reports] for d in drafters}
+    return {
+        **bench_summary(entries, ratios, results, drafters),
         **{k_: v for k_, v in rewind.items()},
         "stages": chain.num_stages, "tokens": tokens, "runs": runs,
         "k": {d: (ks[d] if ks[d] is not None else "auto") for d in drafters}, "k_max": k_max,
-        "adaptive_cost": {d: (None if c is None else {
-            "step_ms": round(c.step_ms, 3), "token_ms": round(c.token_ms, 3),
-            "draft_ms": round(c.draft_ms, 4), "switch_ms": round(c.switch_ms, 3),
-            # the K adapt_k picks at a few acceptance rates (0.5 is the first step's prior),
-            # staying at a width and leaving 1-token steps (two shape changes)
-            "k_at": {str(a): adapt_k(a, c, k_max=k_max) for a in (0.3, 0.5, 0.7, 0.9)},
-            "k_at_from_1_token": {str(a): adapt_k(a, c, k_max=k_max, prev_fed=1)
-                                  for a in (0.3, 0.5, 0.7, 0.9)}})
-            for d, c in costs.items()},
+        "adaptive_cost": {d: adaptive_cost_json(c, k_max) for d, c in systems.costs.items()},
         "calibration_context_slots": context_len,
         "step_costs": [c.as_json() for c in calibrations],
         "prompts": entries,
     }
-    return result
-
-
-def time_split(gens: Sequence[Generation], calibrations: Sequence[Calibration],
-               drafter: str | None = None) -> dict[str, float]:
-    """Median over runs of where decode time went, in ms per decoded token: verify steps
-    (measured, and as the cost model predicts), drafting (measured, and predicted), and the
-    rest of the loop."""
-    rows: dict[str, list[float]] = {"decode": [], "verify": [], "draft": [], "other": [],
-                                    "verify_model": [], "draft_model": []}
-    for i, g in enumerate(gens):
-        decoded = max(len(g.tokens) - 1, 1)
-        verify = sum(r.ms for r in g.steps)
-        draft = sum(ms for _, ms in g.proposals)
-        rows["decode"].append(g.decode_ms / decoded)
-        rows["verify"].append(verify / decoded)
-        rows["draft"].append(draft / decoded)
-        rows["other"].append((g.decode_ms - verify - draft) / decoded)
-        if calibrations:
-            cal = calibrations[i]
-            rows["verify_model"].append(sum(cal.step_ms([r.fed for r in g.steps])) / decoded)
-            if drafter is not None:
-                dm = cal.draft_ms(drafter)
-                rows["draft_model"].append(sum(dm(n) for n, _ in g.proposals) / decoded)
-    return {f"{key}_ms_per_token": round(median(v), 3) for key, v in rows.items() if v}
 
 
 # -- command line ------------------------------------------------------------------------
-
-
-def parse_k(value: str) -> int | None:
-    """'auto' -> None, else a non-negative int."""
-    if value.strip().lower() == "auto":
-        return None
-    k = int(value)
-    if k < 0:
-        raise typer.BadParameter(f"K must be >= 0 or 'auto', got {value}")
-    return k
 
 
 def truncated_source(hf_dir: Path, layers: int, cache: Path) -> Path:
@@ -371,7 +285,7 @@ def truncated_source(hf_dir: Path, layers: int, cache: Path) -> Path:
     symlinked: the exporter reads only the tensors of the layers it builds)."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     if not 0 < layers < int(cfg["num_hidden_layers"]):
-        raise typer.BadParameter(f"--draft-layers must be in 1..{cfg['num_hidden_layers'] - 1}")
+        fail(f"--draft-layers must be in 1..{cfg['num_hidden_layers'] - 1}")
     out = cache / "sources" / f"{hf_dir.name}-L{layers}"
     out.mkdir(parents=True, exist_ok=True)
     for path in hf_dir.iterdir():
@@ -383,6 +297,7 @@ def truncated_source(hf_dir: Path, layers: int, cache: Path) -> Path:
 
 
 def render(result: dict[str, Any], drafters: Sequence[str]) -> None:
+    """The table and the headline figures printed without --json."""
     console = Console()
     table = Table(title=f"speculative decoding, {result['stages']} stages, "
                         f"{result['tokens']} tokens, median of {result['runs']}")
@@ -410,63 +325,82 @@ def render(result: dict[str, Any], drafters: Sequence[str]) -> None:
         console.print(result["note"])
 
 
+SELF_DRAFT_NOTE = ("the draft model is the target itself (all layers, 1 stage): its drafts "
+                   "are accepted but each costs a full forward pass, so it cannot speed "
+                   "decoding up; it shows model drafting is lossless and the accounting "
+                   "holds. --draft-layers N drafts with the first N layers instead.")
+
+
+def runtime_config(precision: str, threads: int, kv_cache_precision: str,
+                   dynamic_quantization: bool) -> RuntimeConfig:
+    """The target's and the draft model's runtime settings ('default': the plugin's)."""
+    return RuntimeConfig(precision=None if precision == "default" else precision,
+                         num_threads=threads or None, performance_hint="LATENCY",
+                         kv_cache_precision=None if kv_cache_precision == "default"
+                         else kv_cache_precision, dynamic_quantization=dynamic_quantization)
+
+
+def draft_export(model: BenchModel, weights: str, draft_model: str, draft_layers: int) -> Path:
+    """The draft model's 1-stage export: ``draft_model``, else the model's first
+    ``draft_layers`` layers, else the whole model."""
+    if draft_model:
+        return Path(draft_model)
+    if draft_layers:
+        src = truncated_source(model.hf_dir, draft_layers, model.cache)
+        return BenchModel(src.name, src, model.cache).export(1, weights)
+    return model.export(1, weights)
+
+
+def load_draft(draft_dir: Path, config: RuntimeConfig) -> tuple[StageRunner, dict[str, Any]]:
+    """The draft model's runner, and what the JSON says of it."""
+    runner = StageRunner(draft_dir, 0, config)
+    spec = runner.manifest.stages[0]
+    return runner, {"dir": str(draft_dir), "layers": spec.layer_end - spec.layer_start,
+                    "target_layers": runner.manifest.model.num_layers}
+
+
 def main(
-    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
-    weights: str = typer.Option("int4", help="int4 | int8 | fp16 | fp32"),
-    stages: int = typer.Option(2, help="target stages, chained in this process"),
-    tokens: int = typer.Option(96, help="new tokens per generation"),
-    k: str = typer.Option("auto", help="draft length for lookup: an int, or 'auto' (adapt_k)"),
-    k_max: int = typer.Option(8, help="largest K under 'auto'"),
-    drafter: str = typer.Option("both", help="lookup | draft | both"),
-    draft_model: str = typer.Option("", help="a 1-stage export to draft with (default: the "
-                                    "model itself as 1 stage, or --draft-layers)"),
-    draft_layers: int = typer.Option(0, help="draft with the model's first N layers (exported "
-                                     "once); 0: the whole model"),
-    draft_k: str = typer.Option("4", help="draft length for the draft model (int or 'auto')"),
-    runs: int = typer.Option(3, help="interleaved runs (medians reported)"),
-    rewind_reps: int = typer.Option(100, help="timed mask/trim rewinds per stage"),
-    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT, or 'default'"),
-    threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS (0: plugin default)"),
-    kv_cache_precision: str = typer.Option(
-        "f32", help="KV_CACHE_PRECISION, or 'default' (the CPU plugin's u8: multi-token "
-        "verify steps then round differently from 1-token steps, and near-ties can flip)"),
-    dynamic_quantization: bool = typer.Option(
-        False, help="let the CPU plugin quantize activations to int8 dynamically (its default "
-        "on AVX-512-VNNI/AMX CPUs, ~40% faster there): verify steps then round differently "
-        "from 1-token steps, and near-ties can flip"),
-    stop_at_eos: bool = typer.Option(True, help="stop a generation at the model's EOS"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    model: Model = "smollm2-135m",
+    weights: Weights = "int4",
+    stages: Annotated[int, typer.Option(help="target stages, chained in this process")] = 2,
+    tokens: Annotated[int, typer.Option(help="new tokens per generation")] = 96,
+    k: Annotated[str, typer.Option(
+        help="draft length for lookup: an int, or 'auto' (adapt_k)")] = "auto",
+    k_max: Annotated[int, typer.Option(help="largest K under 'auto'")] = 8,
+    drafter: Annotated[str, typer.Option(help="lookup | draft | both")] = "both",
+    draft_model: Annotated[str, typer.Option(
+        help="a 1-stage export to draft with (default: the model itself as 1 stage, or "
+             "--draft-layers)")] = "",
+    draft_layers: Annotated[int, typer.Option(
+        help="draft with the model's first N layers (exported once); 0: the whole model")] = 0,
+    draft_k: Annotated[str, typer.Option(
+        help="draft length for the draft model (int or 'auto')")] = "4",
+    runs: Runs = 3,
+    rewind_reps: Annotated[int, typer.Option(help="timed mask/trim rewinds per stage")] = 100,
+    precision: Precision = "f32",
+    threads: Threads = 0,
+    kv_cache_precision: Annotated[str, typer.Option(
+        help="KV_CACHE_PRECISION, or 'default' (the CPU plugin's u8: multi-token verify steps "
+             "then round differently from 1-token steps, and near-ties can flip)")] = "f32",
+    dynamic_quantization: Annotated[bool, typer.Option(
+        help="let the CPU plugin quantize activations to int8 dynamically (its default on "
+             "AVX-512-VNNI/AMX CPUs, ~40% faster there): verify steps then round differently "
+             "from 1-token steps, and near-ties can flip")] = False,
+    stop_at_eos: Annotated[bool, typer.Option(help="stop a generation at the model's EOS")] = True,
+    as_json: Json = False,
 ) -> None:
-    from common.paths import zctl_home
     from engine.tokenizer import ChatTokenizer
-    from tools.bench_parity import cached_export, export_name, model_hf_dir
 
     if drafter not in ("lookup", "draft", "both"):
-        raise typer.BadParameter("--drafter must be lookup, draft or both")
+        fail("--drafter must be lookup, draft or both")
     names = list(DRAFTERS) if drafter == "both" else [drafter]
-    cache = zctl_home()
-    hf_dir = model_hf_dir(model, cache)
-    name = export_name(model, hf_dir)
-    target_dir = cached_export(hf_dir, name, stages, weights, True, cache)
-    config = RuntimeConfig(precision=None if precision == "default" else precision,
-                           num_threads=threads or None, performance_hint="LATENCY",
-                           kv_cache_precision=None if kv_cache_precision == "default"
-                           else kv_cache_precision, dynamic_quantization=dynamic_quantization)
+    bench_model = BenchModel.resolve(model)
+    target_dir = bench_model.export(stages, weights)
+    config = runtime_config(precision, threads, kv_cache_precision, dynamic_quantization)
     chain = LocalChain.load(str(target_dir), config, rewind="mask")
-    draft_runner = None
-    draft_desc = None
-    if "draft" in names:
-        if draft_model:
-            draft_dir = Path(draft_model)
-        elif draft_layers:
-            src = truncated_source(hf_dir, draft_layers, cache)
-            draft_dir = cached_export(src, src.name, 1, weights, True, cache)
-        else:
-            draft_dir = cached_export(hf_dir, name, 1, weights, True, cache)
-        draft_runner = StageRunner(draft_dir, 0, config)
-        spec = draft_runner.manifest.stages[0]
-        draft_desc = {"dir": str(draft_dir), "layers": spec.layer_end - spec.layer_start,
-                      "target_layers": draft_runner.manifest.model.num_layers}
+    draft_runner, draft_desc = (load_draft(draft_export(bench_model, weights, draft_model,
+                                                        draft_layers), config)
+                                if "draft" in names else (None, None))
     tok = ChatTokenizer(target_dir)
     prompts = [(p, tok.encode(p.text)) for p in PROMPTS]
     eos = tok.eos_token_id
@@ -475,13 +409,9 @@ def main(
                        stop_ids=[eos] if stop_at_eos and eos is not None else [],
                        rewind_reps=rewind_reps, progress=lambda s: err.print(s, highlight=False))
     result = {"model": model, "weights": weights, "target": str(target_dir),
-              "properties": config.properties(),
-              "draft_model": draft_desc, **result}
+              "properties": config.properties(), "draft_model": draft_desc, **result}
     if draft_desc is not None and draft_desc["layers"] >= chain.runners[-1].manifest.model.num_layers:
-        result["note"] = ("the draft model is the target itself (all layers, 1 stage): its drafts "
-                          "are accepted but each costs a full forward pass, so it cannot speed "
-                          "decoding up; it shows model drafting is lossless and the accounting "
-                          "holds. --draft-layers N drafts with the first N layers instead.")
+        result["note"] = SELF_DRAFT_NOTE
     if as_json:
         print(json.dumps(result))
         return

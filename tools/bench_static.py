@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
 import typer
@@ -29,9 +30,16 @@ from common.manifest import StaticKV
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
 from engine.tokenizer import ChatTokenizer
-from tools.bench_parity import PROMPT, cached_export, export_name, model_hf_dir, paired_step_ms
-
-err = Console(stderr=True)
+from tools.bench_common import (
+    PROMPT,
+    BenchModel,
+    Json,
+    Model,
+    Weights,
+    fail,
+    paired_step_ms,
+    parse_numbers,
+)
 
 
 def prefill_ms(chain: LocalChain, prompt_ids: list[int], repeats: int = 3,
@@ -48,69 +56,81 @@ def prefill_ms(chain: LocalChain, prompt_ids: list[int], repeats: int = 3,
 
 
 def parse_contexts(text: str) -> list[int]:
-    try:
-        contexts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"--contexts takes comma-separated slot counts, got {text!r}") from None
-    if not contexts or min(contexts) < 1:
-        raise typer.BadParameter(f"--contexts needs positive slot counts, got {text!r}")
-    return contexts
+    """``--contexts``: comma-separated positive slot counts."""
+    return parse_numbers(text, "--contexts", "slot counts", int, minimum=1)
 
 
-def main(
-    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
-    weights: str = typer.Option("int4", help="int4 | int8 | fp16 | fp32"),
-    stages: int = typer.Option(2, help="stages of every chain"),
-    contexts: str = typer.Option("256,1024", help="static KV slots per stream, comma-separated"),
-    chunk: int = typer.Option(16, help="the static exports' multi-token step shape"),
-    tokens: int = typer.Option(128, help="decode steps per system (token by token, rotating)"),
-    device: str = typer.Option("CPU", help="device for every chain"),
-    f16: bool = typer.Option(True, help="also the largest context with an f16 host KV"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-) -> None:
-    from common.paths import zctl_home
-
-    sizes = parse_contexts(contexts)
-    cache = zctl_home()
-    hf_dir = model_hf_dir(model, cache)
-    name = export_name(model, hf_dir)
-    exports = {"stateful": cached_export(hf_dir, name, stages, weights, True, cache)}
+def static_exports(model: BenchModel, weights: str, stages: int, sizes: list[int], chunk: int,
+                   f16: bool) -> dict[str, Path]:
+    """The stateful export and a static one per context size (and, ``f16``, the largest
+    with an f16 host KV), all with the same split."""
+    exports = {"stateful": model.export(stages, weights)}
     for size in sizes:
-        exports[f"static{size}"] = cached_export(hf_dir, name, stages, weights, True, cache,
-                                                 static_kv=StaticKV(size, min(chunk, size)))
+        exports[f"static{size}"] = model.export(stages, weights,
+                                                static_kv=StaticKV(size, min(chunk, size)))
     if f16:
         size = max(sizes)
-        exports[f"static{size}_f16"] = cached_export(
-            hf_dir, name, stages, weights, True, cache,
-            static_kv=StaticKV(size, min(chunk, size), "f16"))
-    prompt_ids = ChatTokenizer(exports["stateful"]).encode(PROMPT)
-    too_long = [s for s in sizes if len(prompt_ids) + tokens + 1 > s]
-    if too_long:
-        raise typer.BadParameter(f"contexts {too_long} hold fewer than the prompt's "
-                                 f"{len(prompt_ids)} tokens + {tokens} decode steps")
-    config = RuntimeConfig(device=device)
-    chains = {key: LocalChain.load(str(path), config) for key, path in exports.items()}
-    step_ms = paired_step_ms(chains, prompt_ids, tokens)
-    prefill = {key: prefill_ms(chain, prompt_ids) for key, chain in chains.items()}
+        exports[f"static{size}_f16"] = model.export(
+            stages, weights, static_kv=StaticKV(size, min(chunk, size), "f16"))
+    return exports
+
+
+def static_table(title: str, step_ms: dict[str, float], prefill: dict[str, float]) -> Table:
+    """The table printed without --json: one row per system."""
+    table = Table(title=title)
+    for column in ("system", "decode ms/token", "tok/s", "vs stateful", "prefill ms"):
+        table.add_column(column, justify="left" if column == "system" else "right")
     base = step_ms["stateful"]
-    result: dict[str, Any] = {
-        "model": model, "weights": weights, "stages": stages, "device": device, "chunk": chunk,
-        "tokens": tokens, "prompt_tokens": len(prompt_ids),
+    for key, value in step_ms.items():
+        table.add_row(key, f"{value:.2f}", f"{1e3 / value:.1f}", f"{base / value:.3f}x",
+                      f"{prefill[key]:.1f}")
+    return table
+
+
+def static_figures(step_ms: dict[str, float], prefill: dict[str, float]) -> dict[str, Any]:
+    """The JSON's figures: step times, tok/s, each static system against the stateful one."""
+    base = step_ms["stateful"]
+    return {
         "step_ms": {key: round(v, 3) for key, v in step_ms.items()},
         "tok_s": {key: round(1e3 / v, 2) for key, v in step_ms.items()},
         **{f"{key}_ratio": round(base / v, 3) for key, v in step_ms.items() if key != "stateful"},
         "prefill_ms": {key: round(v, 2) for key, v in prefill.items()},
     }
+
+
+def main(
+    model: Model = "smollm2-135m",
+    weights: Weights = "int4",
+    stages: Annotated[int, typer.Option(help="stages of every chain")] = 2,
+    contexts: Annotated[str, typer.Option(
+        help="static KV slots per stream, comma-separated")] = "256,1024",
+    chunk: Annotated[int, typer.Option(help="the static exports' multi-token step shape")] = 16,
+    tokens: Annotated[int, typer.Option(
+        help="decode steps per system (token by token, rotating)")] = 128,
+    device: Annotated[str, typer.Option(help="device for every chain")] = "CPU",
+    f16: Annotated[bool, typer.Option(help="also the largest context with an f16 host KV")] = True,
+    as_json: Json = False,
+) -> None:
+    sizes = parse_contexts(contexts)
+    exports = static_exports(BenchModel.resolve(model), weights, stages, sizes, chunk, f16)
+    prompt_ids = ChatTokenizer(exports["stateful"]).encode(PROMPT)
+    too_long = [s for s in sizes if len(prompt_ids) + tokens + 1 > s]
+    if too_long:
+        fail(f"contexts {too_long} hold fewer than the prompt's {len(prompt_ids)} tokens + "
+             f"{tokens} decode steps")
+    config = RuntimeConfig(device=device)
+    chains = {key: LocalChain.load(str(path), config) for key, path in exports.items()}
+    step_ms = paired_step_ms(chains, prompt_ids, tokens)
+    prefill = {key: prefill_ms(chain, prompt_ids) for key, chain in chains.items()}
+    result: dict[str, Any] = {
+        "model": model, "weights": weights, "stages": stages, "device": device, "chunk": chunk,
+        "tokens": tokens, "prompt_tokens": len(prompt_ids), **static_figures(step_ms, prefill),
+    }
     if as_json:
         print(json.dumps(result))
         return
-    table = Table(title=f"static vs stateful, {model} {weights}, {stages} stages, {device}")
-    for column in ("system", "decode ms/token", "tok/s", "vs stateful", "prefill ms"):
-        table.add_column(column, justify="left" if column == "system" else "right")
-    for key, value in step_ms.items():
-        table.add_row(key, f"{value:.2f}", f"{1e3 / value:.1f}", f"{base / value:.3f}x",
-                      f"{prefill[key]:.1f}")
-    Console().print(table)
+    Console().print(static_table(f"static vs stateful, {model} {weights}, {stages} stages, "
+                                 f"{device}", step_ms, prefill))
 
 
 if __name__ == "__main__":

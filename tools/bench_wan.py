@@ -27,18 +27,29 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import uuid
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
-from tools.bench_parity import cached_export, export_name, model_hf_dir, plugin_properties
+from controlplane.records import RuntimeSpec
+from tools.bench_common import (
+    BenchModel,
+    Json,
+    Model,
+    Precision,
+    Threads,
+    Weights,
+    err,
+    fail,
+    generate_done,
+    parse_numbers,
+    plugin_properties,
+)
 
-err = Console(stderr=True)
 JSON = ('{"name": "zctl", "host": "10.0.0.1", "port": 5550, "stages": 2, "weights": "int4", '
         '"nodes": ["pc1", "pc2", "pc3"], "curve": false}')
 PROMPTS = [  # (kind, prompt): "edit" prompts make the model repeat its input: lookup drafts hit
@@ -51,14 +62,7 @@ STREAMS = 4
 
 def run_one(serve: str, prompt: str, tokens: int, speculative: str = "") -> dict[str, Any]:
     """One request through the generation service: tok/s, step time, network, spec figures."""
-    from controlplane.client import generate_stream
-    from controlplane.service_messages import GenerateDone, GenerateRequest
-
-    request = GenerateRequest(uuid.uuid4().hex[:16], prompt, tokens, True, ignore_eos=True,
-                              speculative=speculative, k=0)
-    done = [m for m in generate_stream(serve, request) if isinstance(m, GenerateDone)][-1]
-    if done.error:
-        raise RuntimeError(done.error)
+    done = generate_done(serve, prompt, tokens, speculative=speculative, k=0)
     timing = done.timing
 
     def p50(name: str) -> float | None:
@@ -79,7 +83,7 @@ def run_streams(serve: str, tokens: int, n: int) -> float:
     return round(cluster_aggregate(serve, prompts, tokens)["aggregate_tok_s"], 2)
 
 
-def measure_delay(export_dir: Path, delay: float, runtime: list[str], root: Path, tokens: int,
+def measure_delay(export_dir: Path, delay: float, runtime: RuntimeSpec, root: Path, tokens: int,
                   runs: int) -> dict[str, Any]:
     """Start a cluster with ``delay`` ms per hop, measure every mode, stop it."""
     started = time.monotonic()
@@ -167,36 +171,43 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(
-    delays: str = typer.Option("0,5,10,25,50", help="one-way ms per hop, comma-separated"),
-    model: str = typer.Option("smollm2-135m", help="smollm2-135m, random-1b, or an HF directory"),
-    weights: str = typer.Option("int4"),
-    tokens: int = typer.Option(48, help="new tokens per request"),
-    runs: int = typer.Option(1, help="runs per delay (median per prompt)"),
-    precision: str = typer.Option("f32", help="INFERENCE_PRECISION_HINT, or 'default'"),
-    threads: int = typer.Option(0, help="INFERENCE_NUM_THREADS per stage (0: default)"),
-    plot_path: Path | None = typer.Option(None, "--plot", help="write a PNG of the sweep here"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-) -> None:
-    from common.paths import zctl_home
+def wan_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """The table printed without --json: one row per delay."""
+    table = Table(title=title)
+    for column in ("delay ms", "step ms", "network ms", "tok/s plain", "tok/s spec", "speedup",
+                   "speedup free-form", "mean K", "acceptance", f"{STREAMS}-stream tok/s"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(*(str(v) if v is not None else "-" for v in (
+            f"{r['delay_ms']:g}", r["step_ms"], r["network_ms"], r["plain_tok_s"],
+            r["spec_tok_s"], r["speedup"], r["speedup_free"], r["k_mean"], r["acceptance"],
+            r[f"streams{STREAMS}_tok_s"])))
+    return table
 
-    try:
-        sweep = [float(d) for d in delays.split(",") if d.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"--delays must be numbers separated by commas, got "
-                                 f"{delays!r}") from None
-    if not sweep or any(d < 0 for d in sweep):
-        raise typer.BadParameter("--delays must list one or more delays >= 0")
+
+def main(
+    delays: Annotated[str, typer.Option(help="one-way ms per hop, comma-separated")] = "0,5,10,25,50",
+    model: Model = "smollm2-135m",
+    weights: Weights = "int4",
+    tokens: Annotated[int, typer.Option(help="new tokens per request")] = 48,
+    runs: Annotated[int, typer.Option(help="runs per delay (median per prompt)")] = 1,
+    precision: Precision = "f32",
+    threads: Threads = 0,
+    plot_path: Annotated[Path | None, typer.Option(
+        "--plot", help="write a PNG of the sweep here")] = None,
+    as_json: Json = False,
+) -> None:
+    sweep = parse_numbers(delays, "--delays", "delays in ms", float, minimum=0)
     if tokens < 2 or runs < 1:
-        raise typer.BadParameter("--tokens must be >= 2 and --runs >= 1")
-    cache = zctl_home()
-    hf_dir = model_hf_dir(model, cache)
-    export_dir = cached_export(hf_dir, export_name(model, hf_dir), 2, weights, True, cache)
+        fail("--tokens must be >= 2 and --runs >= 1")
+    bench_model = BenchModel.resolve(model)
+    export_dir = bench_model.export(2, weights)
     props = plugin_properties(precision, threads)
     runtime = runtime_args(props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU")
     rows = []
     for delay in sweep:
-        row = measure_delay(export_dir, delay, runtime, cache / "bench-wan", tokens, runs)
+        row = measure_delay(export_dir, delay, runtime, bench_model.cache / "bench-wan", tokens,
+                            runs)
         rows.append(row)
         err.print(f"delay {delay:g} ms: step {row['step_ms']} ms, plain {row['plain_tok_s']}, "
                   f"spec {row['spec_tok_s']} tok/s (K {row['k_mean']}), {STREAMS} streams "
@@ -210,16 +221,7 @@ def main(
     if as_json:
         print(json.dumps(result))
         return
-    table = Table(title=title)
-    for column in ("delay ms", "step ms", "network ms", "tok/s plain", "tok/s spec", "speedup",
-                   "speedup free-form", "mean K", "acceptance", f"{STREAMS}-stream tok/s"):
-        table.add_column(column, justify="right")
-    for r in rows:
-        table.add_row(*(str(v) if v is not None else "-" for v in (
-            f"{r['delay_ms']:g}", r["step_ms"], r["network_ms"], r["plain_tok_s"],
-            r["spec_tok_s"], r["speedup"], r["speedup_free"], r["k_mean"], r["acceptance"],
-            r[f"streams{STREAMS}_tok_s"])))
-    Console().print(table)
+    Console().print(wan_table(title, rows))
     if plot_path is not None:
         Console().print(f"plot: {plot_path}")
 

@@ -8,7 +8,6 @@ then the measurements (see bench_spec's docstring for what is measured and why).
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from dataplane.local_chain import LocalChain
 from dataplane.runtime import StageRunner
 from engine.drafting import LookupDrafter, StepCost, expected_tokens, fit_step_cost
 from engine.executor import StepReply
+from tools.bench_common import median, start_stream
 
 CALIBRATION_STREAM, REWIND_STREAM, DRAFT_CALIBRATION_STREAM = 1001, 1002, 1003
 
@@ -70,10 +70,6 @@ def theoretical_iid(acceptance: float, k: int, verify_ms: Callable[[int], float]
     return expected_tokens(acceptance, k) * verify_ms(1) / (verify_ms(k + 1) + draft_ms(k))
 
 
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
-
-
 # -- instrumentation ---------------------------------------------------------------------
 
 
@@ -82,6 +78,20 @@ class StepRecord:
     first_position: int
     fed: int
     ms: float
+
+
+@dataclass
+class Generation:
+    """One timed generation: its tokens and decode figures, the logged decode steps and
+    (speculative) the drafter's proposals (tokens, ms) and acceptance counts."""
+
+    tokens: list[int]
+    tok_s: float
+    decode_ms: float
+    steps: list[StepRecord]
+    proposals: list[tuple[int, float]] = field(default_factory=list)
+    accepted: int = 0
+    proposed: int = 0
 
 
 class TimedPipeline:
@@ -214,6 +224,23 @@ class Calibration:
         }
 
 
+def draft_burst_ms(chain: LocalChain, sid: int, draft_runner: StageRunner, dsid: int,
+                   context: np.ndarray, burst: int) -> float:
+    """ms per draft-model step of a burst of ``burst`` right after a verify step, as in the
+    loop (the target's stream ``sid`` and the draft's ``dsid`` rewound after)."""
+    pos = len(context)
+    chain.step(sid, context[:burst + 1], np.arange(pos, pos + burst + 1), np.arange(burst + 1))
+    chain.rewind(sid, burst + 1)
+    # as ModelDrafter after a fully accepted draft: 2 tokens fed, then 1 at a time
+    start = time.perf_counter()
+    draft_runner.step(dsid, context[None, :2], np.arange(pos, pos + 2))
+    for i in range(2, burst + 1):
+        draft_runner.step(dsid, context[i:i + 1][None], np.arange(pos + i, pos + i + 1))
+    ms = (time.perf_counter() - start) * 1e3 / burst
+    draft_runner.mask_tail(dsid, burst + 1)
+    return ms
+
+
 def calibrate(chain: LocalChain, context: np.ndarray, max_fed: int, reps: int,
               draft_runner: StageRunner | None, lookup_k: int, draft_burst: int = 4
               ) -> Calibration:
@@ -222,10 +249,8 @@ def calibrate(chain: LocalChain, context: np.ndarray, max_fed: int, reps: int,
     of ``draft_burst`` after a verify step, as the drafter runs in the loop), interleaved
     rep by rep, on streams of ``len(context)`` slots."""
     sid, dsid = CALIBRATION_STREAM, DRAFT_CALIBRATION_STREAM
-    chain.open(sid)
-    chain.reset(sid)
+    start_stream(chain, sid, context)
     pos = len(context)
-    chain.step(sid, context, np.arange(pos))
     if draft_runner is not None:
         draft_runner.open_stream(dsid)
         draft_runner.reset_stream(dsid)
@@ -260,26 +285,12 @@ def calibrate(chain: LocalChain, context: np.ndarray, max_fed: int, reps: int,
         lookup.propose(history, lookup_k)
         lookup_ms.append((time.perf_counter() - start) * 1e3)
         if draft_runner is not None:
-            # as in the loop: a burst of draft steps right after a verify step, then rewound
-            chain.step(sid, context[:draft_burst + 1], np.arange(pos, pos + draft_burst + 1),
-                       np.arange(draft_burst + 1))
-            chain.rewind(sid, draft_burst + 1)
-            # as ModelDrafter after a fully accepted draft: 2 tokens fed, then 1 at a time
-            start = time.perf_counter()
-            draft_runner.step(dsid, context[None, :2], np.arange(pos, pos + 2))
-            for i in range(2, draft_burst + 1):
-                draft_runner.step(dsid, context[i:i + 1][None], np.arange(pos + i, pos + i + 1))
-            draft_ms.append((time.perf_counter() - start) * 1e3 / draft_burst)
-            draft_runner.mask_tail(dsid, draft_burst + 1)
+            draft_ms.append(draft_burst_ms(chain, sid, draft_runner, dsid, context, draft_burst))
             draft_r.append(draft_ms[-1] / row[1])
             # the verify step after a burst runs on caches the draft model just evicted
-            fed = draft_burst + 1
-            start = time.perf_counter()
-            chain.step(sid, context[:fed], np.arange(pos, pos + fed), np.arange(fed))
-            after = (time.perf_counter() - start) * 1e3
-            chain.rewind(sid, fed)
-            if fed in row:
-                switch_r.append(after / row[fed])
+            after = timed_step(draft_burst + 1)
+            if draft_burst + 1 in row:
+                switch_r.append(after / row[draft_burst + 1])
         lookup_r.append(lookup_ms[-1] / row[1])
         for fed, ms in row.items():
             samples[fed].append(ms)
@@ -303,9 +314,7 @@ def time_rewinds(chain: LocalChain, context: np.ndarray, count: int, reps: int
     """mask_tail vs trim_tail per call on every stage, interleaved; the slots are restored
     (untimed) after each: the keep table for mask, a re-fed step for trim."""
     sid = REWIND_STREAM
-    chain.open(sid)
-    chain.reset(sid)
-    chain.step(sid, context, np.arange(len(context)))
+    start_stream(chain, sid, context)
     tail = context[-count:]
     positions = np.arange(len(context) - count, len(context))
     mask = [[] for _ in chain.runners]
