@@ -70,6 +70,8 @@ Link = Annotated[float, typer.Option(
          "(WAN experiments; 0: none)")]
 LinkJitter = Annotated[float, typer.Option(help="plus uniform random 0..J ms per frame")]
 LinkRate = Annotated[float, typer.Option(help="emulated bandwidth cap in Mbit/s (0: none)")]
+Heartbeat = Annotated[float, typer.Option(help="seconds between heartbeats (until the "
+                                               "coordinator's welcome sets a node's)")]
 
 CpuSets = Annotated[str, typer.Option(
     help="with --local: shared (every stage may use every core: lowest one-stream "
@@ -123,6 +125,9 @@ def cluster_up(
     link_delay_ms: Link = 0.0,
     link_jitter_ms: LinkJitter = 0.0,
     link_rate_mbit: LinkRate = 0.0,
+    heartbeat: Heartbeat = 1.0,
+    liveness: Annotated[int, typer.Option(help="heartbeats a node may miss before it is "
+                                               "marked dead")] = 3,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
     if _running_record() is not None:
@@ -138,7 +143,8 @@ def cluster_up(
                                kv, dq)
         link = link_args(link_delay_ms, link_jitter_ms, link_rate_mbit)
         coordinator = CoordinatorProcess(
-            "", bind=f"tcp://{bind}", host=host, expect_nodes=expect_nodes,
+            "", bind=f"tcp://{bind}", host=host, heartbeat=heartbeat, liveness=liveness,
+            expect_nodes=expect_nodes,
             placement=placement_of(place or []), reassign_after=reassign_after,
             resume_timeout=resume_timeout, curve=curve, row_groups=row_groups, runtime=runtime,
             link=link)
@@ -259,6 +265,10 @@ def cluster_down() -> None:
 def cluster_status(
     endpoint: Annotated[str | None, typer.Option(help="coordinator control address")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    curve_server_key: Annotated[Path | None, typer.Option(
+        help="with --endpoint of a --curve cluster: the coordinator's public key file")] = None,
+    curve_keys: Annotated[Path | None, typer.Option(
+        help="with --curve-server-key: this client's admitted key pair (its .key_secret)")] = None,
 ) -> None:
     """Nodes, stages, layers, versions and liveness of the running cluster."""
     from console.view import status_table
@@ -268,16 +278,32 @@ def cluster_status(
     target = endpoint or (record.control if record else None)
     if target is None:
         _fail("no cluster is up (zctl cluster up), or give --endpoint tcp://HOST:PORT")
+    if bool(curve_server_key) != bool(curve_keys):
+        _fail("--curve-server-key and --curve-keys go together")
     from console.cluster_procs import control_curve
 
     try:
-        status = query_status(target, curve=control_curve(record) if endpoint is None else None)
-    except ClusterUnreachable as exc:
+        curve = (_client_curve(curve_server_key, curve_keys) if curve_server_key and curve_keys
+                 else control_curve(record) if endpoint is None else None)
+        status = query_status(target, curve=curve)
+    except (ClusterUnreachable, OSError, ValueError) as exc:
         _fail(str(exc))
     if as_json:
         print(json.dumps(status.to_dict()))
     else:
         out.print(status_table(status))
+
+
+def _client_curve(server_key: Path, key_pair: Path):  # noqa: ANN202 - a CurveClient
+    """The CURVE client of an admitted key pair for the coordinator with ``server_key``."""
+    import zmq.auth
+
+    from controlplane.security import CurveClient, read_public_key
+
+    public, secret = zmq.auth.load_certificate(str(key_pair))
+    if not secret:
+        raise ValueError(f"{key_pair} holds no secret key: give the .key_secret file")
+    return CurveClient(read_public_key(server_key), public, secret)
 
 
 @cluster_app.command("authorize")
@@ -316,13 +342,18 @@ def node_join(
     link_delay_ms: Link = 0.0,
     link_jitter_ms: LinkJitter = 0.0,
     link_rate_mbit: LinkRate = 0.0,
+    heartbeat: Heartbeat = 1.0,
+    reconnect_max: Annotated[float, typer.Option(
+        help="longest wait in seconds between tries to reach a lost coordinator (the wait "
+             "doubles from 1 s)")] = 32.0,
 ) -> None:
     """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
     from console.view import TransferProgress
     from controlplane.processes import NodeProcess, run_node
 
     try:
-        node = NodeProcess(coordinator, host=host, data_port=data_port,
+        node = NodeProcess(coordinator, host=host, data_port=data_port, heartbeat=heartbeat,
+                           reconnect_max=reconnect_max,
                            state_dir=str(state_dir) if state_dir else None, tok_s=tok_s,
                            curve_server_key=str(curve_server_key) if curve_server_key else None,
                            link=link_args(link_delay_ms, link_jitter_ms, link_rate_mbit),
