@@ -132,16 +132,22 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
         record = read_record()
         server_key = Path(record.curve_dir) / "curve" / "coordinator.key"
         state = zctl_home / "stranger"
-        stranger = subprocess.Popen(
-            [sys.executable, "-m", "controlplane", "node", "--coordinator", record.control,
-             "--host", "127.0.0.4", "--state-dir", str(state), "--curve-server-key",
-             str(server_key), "--reconnect-min", "0.2"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = zctl_home / "stranger.log"
+        with open(log, "w") as stderr:
+            stranger = subprocess.Popen(
+                [sys.executable, "-m", "controlplane", "node", "--coordinator", record.control,
+                 "--host", "127.0.0.4", "--state-dir", str(state), "--curve-server-key",
+                 str(server_key), "--reconnect-min", "0.2", "--heartbeat", "0.2"],
+                stdout=subprocess.DEVNULL, stderr=stderr)
         node_key = state / "curve" / "node.key"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not node_key.is_file():
             time.sleep(0.1)
-        time.sleep(2)
+        # it tried: a whole liveness period went by without an answer and it reconnects
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "silent; reconnecting" not in log.read_text():
+            time.sleep(0.1)
+        assert "silent; reconnecting" in log.read_text(), log.read_text()[-2000:]
         hosts = lambda: {n["host"] for n in json.loads(  # noqa: E731
             runner.invoke(app, ["cluster", "status", "--json"]).stdout)["nodes"]}
         assert "127.0.0.4" not in hosts()
