@@ -61,6 +61,18 @@ class Coordinator:
             self.push.close(0)
 
 
+def settled(worker: StageWorker, frames_out: int, timeout_s: float = 5.0):
+    """The worker's stats once it has counted ``frames_out`` frames sent and the compute time
+    of each step: its loop counts them just after the send, so an answer can come first."""
+    deadline = time.monotonic() + timeout_s
+    stats = worker.stats()
+    while (stats.frames_out < frames_out or len(stats.compute_ms) < stats.steps) \
+            and time.monotonic() < deadline:
+        time.sleep(0.005)
+        stats = worker.stats()
+    return stats
+
+
 def step(stream: int, x: np.ndarray, positions, *, step_no: int = 0, epoch: int = EPOCH,
          reply: ReplyMode = ReplyMode.TOP1, top_k: int = 1, mask_tail: int = 0,
          request_id: int = 1, logits_idx=()) -> list:
@@ -126,7 +138,7 @@ def test_last_stage_answers_like_a_local_runner(last_stage):
     header, payload = coord.recv()
     assert np.array_equal(payload, ref.step(0, x, np.array([3]))[0])
     assert worker.runner.streams[0].last is guess
-    stats = worker.stats()
+    stats = settled(worker, frames_out=2)
     assert stats.steps == 2 and stats.frames_out == 2 and len(stats.compute_ms) == 2
 
 
@@ -207,7 +219,7 @@ def test_compact_drops_masked_slots_and_keeps_the_answers(last_stage):
     assert slots.physical == slots.logical == 5 and ref.streams[0].physical == 7
     np.testing.assert_allclose(payload, expect, rtol=1e-5, atol=1e-5)
     assert payload.argmax(-1).tolist() == expect.argmax(-1).tolist()
-    stats = worker.stats()
+    stats = settled(worker, frames_out=3)
     assert (stats.compactions, stats.compact_failures, stats.stale) == (1, 1, 1)
     assert "never saw" in stats.last_problem and stats.frames_out == 3  # the last stage
     # does not pass control frames on
@@ -336,7 +348,7 @@ def test_rewire_moves_the_outbound_pipe(last_stage):
             time.sleep(0.01)
         coord.send_parts(step(0, hidden_for(first, [2], [1]), [1], step_no=1, request_id=2))
         assert coord.recv()[0].request_id == 2
-        assert worker.stats().frames_out == 2
+        assert settled(worker, frames_out=2).frames_out == 2
     finally:
         other.close()
 
