@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from console.cli import app
@@ -12,6 +13,7 @@ from console.cli import app
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_export_then_verify_json(tiny_llama_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "exp"
     result = runner.invoke(app, ["export", str(tiny_llama_dir), "--layers", "0-0,1-3",

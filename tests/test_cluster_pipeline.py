@@ -49,6 +49,7 @@ def local2(dp_export2):
     return LocalChain.load(str(dp_export2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages", [2, 3])
 def test_greedy_across_processes_equals_local_chain(stages, dp_export2, dp_export3, dp_hosts,
                                                     dp_spawn):

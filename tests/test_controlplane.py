@@ -291,6 +291,7 @@ def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Clus
     assert remote == local and len(remote) == 8
 
 
+@pytest.mark.slow
 def test_killed_node_process_is_marked_dead_and_reclaims_its_id(cp_cluster: Cluster) -> None:
     import os
     import signal

@@ -232,6 +232,7 @@ def test_polling_in_short_waits_still_counts_the_delay_as_network(dp_export2):
     assert all(h.queue_ms < SLOW / 2 for h in hops), hops
 
 
+@pytest.mark.slow
 def test_worker_process_takes_link_delay_ms(dp_export2, dp_hosts):
     """``python -m dataplane.worker --link-delay-ms`` delays its replies (a process hop)."""
     delay = 60.0
