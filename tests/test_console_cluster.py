@@ -30,6 +30,7 @@ def _expected_tokens(export_dir: Path, n: int) -> list[int]:
     return list(generate_greedy(chain, tokenizer.encode(PROMPT), n))
 
 
+@pytest.mark.slow
 def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     result = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "12",
@@ -52,6 +53,7 @@ def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     assert "fast numerics" in fast.output and "--exact" in fast.output  # told, not silent
 
 
+@pytest.mark.slow
 def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
     up = runner.invoke(app, ["cluster", "up", "--local", "3", "--model", str(export_dir),
@@ -106,6 +108,7 @@ def test_status_without_cluster_is_a_clear_error(zctl_home: Path) -> None:
     assert not (zctl_home / "cluster.json").exists()
 
 
+@pytest.mark.slow
 def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_exports,
                                                                      zctl_home: Path) -> None:
     import subprocess
@@ -137,7 +140,7 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
             stranger = subprocess.Popen(
                 [sys.executable, "-m", "controlplane", "node", "--coordinator", record.control,
                  "--host", "127.0.0.4", "--state-dir", str(state), "--curve-server-key",
-                 str(server_key), "--reconnect-min", "0.2", "--heartbeat", "0.2"],
+                 str(server_key), "--reconnect-min", "0.2"],
                 stdout=subprocess.DEVNULL, stderr=stderr)
         node_key = state / "curve" / "node.key"
         deadline = time.monotonic() + 30
