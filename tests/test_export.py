@@ -71,6 +71,7 @@ def test_int4_chains_equal_int4_single_stage(tiny_exports) -> None:
         assert _greedy(tiny_exports.get(SPLITS[stages], "int4"), prompts) == single
 
 
+@pytest.mark.slow
 def test_int4_weights_are_compressed_per_layer_and_head_int8(tiny_exports) -> None:
     export_dir = tiny_exports.get(SPLITS[2], "int4")
     manifest = load_manifest(export_dir)
@@ -171,6 +172,7 @@ def test_qwen2_style_biases_export_exactly(tmp_path: Path) -> None:
     assert results[0].exact
 
 
+@pytest.mark.slow
 def test_compression_keeps_stdout_clean(tiny_llama_dir: Path, tmp_path: Path, capfd) -> None:
     """stdout belongs to the caller (``zctl run --json`` exporting on first use): NNCF's
     progress bars go to stderr."""
