@@ -1,11 +1,12 @@
 # Two entry points for a fresh machine: `make demo` (install + a streamed generation
-# through a local multi-stage cluster) and `make test` (install + the test suite).
+# through a local multi-stage cluster) and `make test` (install + the whole test suite, what
+# CI runs). `make test-quick` leaves out the tests marked slow (processes, whole models).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Why is the sky blue? Answer in two sentences.
 
-.PHONY: install demo test lint
+.PHONY: install demo test test-quick lint
 
 $(BIN)/zctl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,9 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .

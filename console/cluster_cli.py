@@ -224,6 +224,13 @@ def _print_join(record: ClusterRecord, curve: bool) -> None:
     out.print(f"coordinator up at {record.control}; on each node run: {join}")
 
 
+def _log_to_stderr() -> None:
+    """A foreground process's log lines (enrolment, wiring, liveness) on stderr."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+
 def _serve_foreground(coordinator: CoordinatorProcess) -> int:
     """Run the coordinator here (recorded in cluster.json so zctl run finds it)."""
     import os
@@ -232,6 +239,7 @@ def _serve_foreground(coordinator: CoordinatorProcess) -> int:
     from console.cluster_procs import free_port
     from controlplane.processes import run_coordinator
 
+    _log_to_stderr()
     bind_host, _, port = coordinator.bind.removeprefix("tcp://").rpartition(":")
     serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     state = zctl_home() / "coordinator"  # the coordinator's default state dir
@@ -358,6 +366,7 @@ def node_join(
                            curve_server_key=str(curve_server_key) if curve_server_key else None,
                            link=link_args(link_delay_ms, link_jitter_ms, link_rate_mbit),
                            cpus=cpus)
+        _log_to_stderr()
         with TransferProgress() as progress:
             code = run_node(node, lambda text: err.print(text, highlight=False), progress.update)
     except (ClusterError, ValueError, OSError) as exc:

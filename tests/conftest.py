@@ -138,3 +138,34 @@ def cp_cluster(tmp_path: Path, cp_export: Path):
     cluster = Cluster(tmp_path, cp_export)
     yield cluster
     cluster.close()
+
+
+# -- the quick suite (make test-quick: -m "not slow") stays single-process ----------------
+
+@pytest.fixture(autouse=True)
+def _multi_process_tests_are_marked_slow(request: pytest.FixtureRequest,
+                                         monkeypatch: pytest.MonkeyPatch):
+    """A test not marked slow that starts a Python process (a worker, node, coordinator,
+    zctl) fails at teardown, naming what it started: every multi-process test must be
+    marked slow so that ``make test-quick`` stays quick. (Forks are not counted: OpenVINO's
+    telemetry forks a sender per event, in any test that exports; zctl itself never forks.)"""
+    import os
+    import subprocess
+
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    started: list[str] = []
+    popen_init = subprocess.Popen.__init__
+
+    def recording_init(self, args, *rest, **kwargs):
+        argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+        if argv and "python" in Path(os.fsdecode(argv[0])).name:
+            started.append(" ".join(os.fsdecode(a) for a in argv[:4]))
+        popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", recording_init)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} started {len(started)} process(es) ({started[0]} "
+                    "...) but is not marked slow", pytrace=False)

@@ -3,10 +3,13 @@ and the 1-stage chain stepped token by token."""
 
 from __future__ import annotations
 
+import pytest
+
 from tools.bench_cluster import interleaved
 from tools.bench_overhead import cluster_pipeline
 
 
+@pytest.mark.slow
 def test_interleaved_steps_cluster_and_stage1(tiny_exports, dp_hosts) -> None:
     two, one = tiny_exports.get([(0, 2), (2, 4)]), tiny_exports.get([(0, 4)])
     props = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
@@ -16,6 +19,7 @@ def test_interleaved_steps_cluster_and_stage1(tiny_exports, dp_hosts) -> None:
     assert result["cluster_over_stage1_interleaved"] > 0
 
 
+@pytest.mark.slow
 def test_cluster_pipeline_equals_the_local_chain(tiny_exports, dp_hosts) -> None:
     from dataplane.local_chain import LocalChain
     from dataplane.runtime import RuntimeConfig

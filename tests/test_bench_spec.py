@@ -77,6 +77,14 @@ def test_run_bench_on_a_tiny_export(tiny_exports, capsys) -> None:
     assert all(e["draft"]["acceptance"] == 1.0 for e in result["prompts"])
     assert result["prompts"][0]["lookup"]["acceptance"] > 0
     assert result["mask_rewind_ms"] >= 0 and result["trim_rewind_ms"] > 0
+    # timed, not defaulted: every stage's calls measured (a mask_tail takes microseconds,
+    # far above the 10 ns the figures are rounded to), and the medians of their union lie
+    # between the stages' own medians
+    assert (result["rewind_slots"], result["rewind_count"], result["rewind_reps"]) == (40, 4, 5)
+    for kind in ("mask", "trim"):
+        per_stage = result[f"{kind}_rewind_stage_ms"]
+        assert len(per_stage) == 2 and min(per_stage) > 0, per_stage
+        assert min(per_stage) <= result[f"{kind}_rewind_ms"] <= max(per_stage)
     render(result, ["lookup", "draft"])  # the Rich table (without --json)
     table = capsys.readouterr().out
     assert "identical: True" in table and "rewind per call" in table

@@ -24,6 +24,7 @@ def _run(tiny_llama_dir: Path, contexts: str, tokens: int, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_bench_static_reports_every_system(tiny_llama_dir: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))

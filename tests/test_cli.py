@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from console.cli import app
@@ -21,6 +22,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_export_then_verify_json(tiny_llama_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "exp"
     result = runner.invoke(app, ["export", str(tiny_llama_dir), "--layers", "0-0,1-3",

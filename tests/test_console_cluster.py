@@ -30,6 +30,7 @@ def _expected_tokens(export_dir: Path, n: int) -> list[int]:
     return list(generate_greedy(chain, tokenizer.encode(PROMPT), n))
 
 
+@pytest.mark.slow
 def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     result = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "12",
@@ -52,6 +53,7 @@ def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     assert "fast numerics" in fast.output and "--exact" in fast.output  # told, not silent
 
 
+@pytest.mark.slow
 def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
     up = runner.invoke(app, ["cluster", "up", "--local", "3", "--model", str(export_dir),
@@ -106,6 +108,7 @@ def test_status_without_cluster_is_a_clear_error(zctl_home: Path) -> None:
     assert not (zctl_home / "cluster.json").exists()
 
 
+@pytest.mark.slow
 def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_exports,
                                                                      zctl_home: Path) -> None:
     import subprocess
@@ -132,16 +135,22 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
         record = read_record()
         server_key = Path(record.curve_dir) / "curve" / "coordinator.key"
         state = zctl_home / "stranger"
-        stranger = subprocess.Popen(
-            [sys.executable, "-m", "console", "node", "join", record.control,
-             "--host", "127.0.0.4", "--state-dir", str(state), "--curve-server-key",
-             str(server_key)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = zctl_home / "stranger.log"
+        with open(log, "w") as stderr:
+            stranger = subprocess.Popen(
+                [sys.executable, "-m", "console", "node", "join", record.control,
+                 "--host", "127.0.0.4", "--state-dir", str(state), "--curve-server-key",
+                 str(server_key)],
+                stdout=subprocess.DEVNULL, stderr=stderr)
         node_key = state / "curve" / "node.key"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not node_key.is_file():
             time.sleep(0.1)
-        time.sleep(2)
+        # it tried: a whole liveness period went by without an answer and it reconnects
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "silent; reconnecting" not in log.read_text():
+            time.sleep(0.1)
+        assert "silent; reconnecting" in log.read_text(), log.read_text()[-2000:]
         hosts = lambda: {n["host"] for n in json.loads(  # noqa: E731
             runner.invoke(app, ["cluster", "status", "--json"]).stdout)["nodes"]}
         assert "127.0.0.4" not in hosts()
@@ -151,6 +160,17 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
         while time.monotonic() < deadline and "127.0.0.4" not in hosts():
             time.sleep(0.3)
         assert "127.0.0.4" in hosts()
+        # a client outside the record: by the coordinator's key and an admitted key pair
+        keys = ["--endpoint", record.control, "--curve-server-key", str(server_key)]
+        status = runner.invoke(app, ["cluster", "status", *keys, "--curve-keys",
+                                     str(server_key.with_suffix(".key_secret")), "--json"])
+        assert status.exit_code == 0, status.output
+        assert "127.0.0.4" in {n["host"] for n in json.loads(status.stdout)["nodes"]}
+        half = runner.invoke(app, ["cluster", "status", *keys])
+        assert half.exit_code == 1 and "go together" in half.output
+        public_only = runner.invoke(app, ["cluster", "status", *keys, "--curve-keys",
+                                          str(server_key)])
+        assert public_only.exit_code == 1 and "no secret key" in public_only.output
     finally:
         if stranger is not None:
             stranger.terminate()
@@ -170,3 +190,165 @@ def test_foreground_local_is_refused_before_any_export(zctl_home: Path, monkeypa
     assert result.exit_code == 1
     assert "--foreground runs only the coordinator" in result.output
     assert not (zctl_home / "exports").exists() and not (zctl_home / "cluster.json").exists()
+
+
+def _run_on_a_terminal(args: list[str], env: dict[str, str], timeout_s: float = 300.0
+                       ) -> tuple[int, bytes]:
+    """Run ``python -m console ARGS`` (the zctl command line of this tree) with a pseudo-
+    terminal of 150 x 50 as stdin, stdout and stderr; its exit code and all it wrote."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import signal
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 150, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "console", *args], stdin=slave, stdout=slave,
+                            stderr=slave, cwd=Path(__file__).parent.parent, env=env,
+                            close_fds=True)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    data = os.read(master, 1 << 16)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.send_signal(signal.SIGINT)  # zctl run stops its embedded cluster on ^C
+            raise AssertionError(f"zctl {args[0]} did not finish: {b''.join(chunks)[-3000:]!r}")
+        return proc.wait(60), b"".join(chunks)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _screen_lines(raw: bytes) -> list[str]:
+    """What a terminal shows, line by line: escape sequences removed."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07", "",
+                  raw.decode("utf-8", errors="replace"))
+    return [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+
+
+@pytest.mark.slow
+def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Path) -> None:
+    """``zctl run`` on a terminal, with its embedded local cluster: Rich's live display runs,
+    and its last frame holds the generated text, a row per stage with every column, and the
+    summary line."""
+    import os
+
+    from rich.control import strip_control_codes
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM_PROGRAM")}
+    env["TERM"] = "xterm-256color"
+    code, raw = _run_on_a_terminal(["run", PROMPT, "--model", str(export_dir), "--max-tokens",
+                                    "12", "--ignore-eos"], env)
+    lines = _screen_lines(raw)
+    screen = "\n".join(lines[-60:])  # shown with any failure below
+    assert code == 0, screen
+    assert b"\x1b[?25l" in raw and b"\x1b[?25h" in raw, screen  # the live display hid the
+    # cursor, and gave it back when it stopped: a terminal's dashboard, not the fallback
+    assert "no cluster is up: starting an embedded local 2-node cluster" in lines, screen
+    # the last frame: the text panel (top ╭, bottom ╰), then the stage table
+    top = max(i for i, line in enumerate(lines) if line.startswith("╭"))
+    bottom = next(i for i in range(top, len(lines)) if lines[i].startswith("╰"))
+    assert PROMPT in lines[top], screen
+    shown = "".join(line.strip().removeprefix("│").removesuffix("│") for line in
+                    lines[top + 1:bottom])
+    want = ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 12))
+    assert "".join(shown.split()) == "".join(strip_control_codes(want).split()), (
+        shown, want, screen)
+    cells = [[c.strip() for c in line.strip("┃│").split(line[0])] for line in lines[bottom:]
+             if line[:1] in ("┃", "│")]
+    assert ["#", "node", "layers", "dev", "p50", "p95", "queue", "ser", "net"] in cells, screen
+    stages = [row for row in cells if row[:1] in (["0"], ["1"])]
+    assert [row[:4] for row in stages] == [["0", "127.0.0.1", "0-1", "CPU"],
+                                           ["1", "127.0.0.2", "2-3", "CPU"]], screen
+    for row in stages:  # compute p50/p95 and the hop's queue, serialise and network time
+        assert len(row) == 9 and all(float(v) >= 0 for v in row[4:]), screen
+        assert float(row[4]) > 0, screen  # the stage computed
+    summary = [line for line in lines[bottom:] if line.startswith("tokens ")]
+    assert len(summary) == 1 and summary[0].startswith("tokens 12  ·  TTFT "), screen
+    assert summary[0].endswith("done (max_tokens)"), screen
+    assert not (zctl_home / "cluster.json").exists()  # the embedded cluster was torn down
+
+
+@pytest.mark.slow
+def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_home: Path
+                                                           ) -> None:
+    """``zctl cluster up`` (a coordinator alone), ``zctl node join`` in its own process on
+    127.0.0.2: the node is given stage 1 and serves, a generation runs through it, and when
+    the node process is stopped it leaves the cluster cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from console.cluster_procs import free_port
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    port = free_port("127.0.0.1")
+    up = runner.invoke(app, ["cluster", "up", "--model", str(export_dir), "--bind",
+                             f"127.0.0.1:{port}", "--exact"])
+    node = None
+    log = zctl_home / "node.log"
+    try:
+        assert up.exit_code == 0, up.output
+        assert f"zctl node join tcp://127.0.0.1:{port}" in " ".join(up.output.split())
+
+        def status() -> dict:
+            result = runner.invoke(app, ["cluster", "status", "--json"])
+            assert result.exit_code == 0, result.output
+            return json.loads(result.stdout)
+
+        assert status()["pipeline"] != "serving"  # stage 1 has no node yet
+        with open(log, "w") as stderr:
+            node = subprocess.Popen(
+                [sys.executable, "-m", "console", "node", "join", f"tcp://127.0.0.1:{port}",
+                 "--host", "127.0.0.2", "--state-dir", str(zctl_home / "node")],
+                stdout=stderr, stderr=stderr, cwd=Path(__file__).parent.parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and status()["pipeline"] != "serving":
+            assert node.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        info = status()
+        assert info["pipeline"] == "serving", (info, log.read_text()[-3000:])
+        joined = [n for n in info["nodes"] if n["host"] == "127.0.0.2"]
+        assert len(joined) == 1 and joined[0]["state"] == "serving" and joined[0]["stage"] == 1
+        node_id = (zctl_home / "node" / "node_id").read_text().strip()
+        assert joined[0]["node_id"] == node_id and "joining tcp://127.0.0.1:" in log.read_text()
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "8", "--ignore-eos", "--json"])
+        assert run.exit_code == 0, run.output
+        report = json.loads(run.stdout.strip().splitlines()[-1])
+        assert [s["node"] for s in report["stages"]] == ["127.0.0.1", "127.0.0.2"]
+        assert report["text"] == ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 8))
+        node.send_signal(signal.SIGTERM)  # as a service manager stops it
+        assert node.wait(30) == 0, log.read_text()[-3000:]
+        info = status()
+        gone = next(n for n in info["nodes"] if n["node_id"] == node_id)
+        assert gone["state"] == "left" and info["pipeline"] != "serving", info
+    finally:
+        if node is not None and node.poll() is None:
+            node.kill()
+        down = runner.invoke(app, ["cluster", "down"])
+    assert down.exit_code == 0 and "stopped 1" in down.output

@@ -74,6 +74,7 @@ def _allowed(pid: int) -> str:
     raise AssertionError("no Cpus_allowed_list")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_split_local_cluster_gives_each_node_its_own_cores(tiny_exports, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,14 @@ def test_dashboard_with_several_streams_has_a_row_each_and_the_aggregate() -> No
 def test_dashboard_before_any_token() -> None:
     text = _text(RunSnapshot([StageInfo(0, "h", "0-3", "CPU")], [StreamView(prompt="hi")]))
     assert "tokens 0" in text and "running" in text and "-" in text
+    # no timing yet: the stage's row shows its place and a dash in each of the 5 figures
+    rows = [line for line in text.splitlines() if line.startswith("│")]
+    cells = [[c.strip() for c in line.strip("│").split("│")] for line in rows]
+    assert ["0", "h", "0-3", "CPU", "-", "-", "-", "-", "-"] in cells, rows
+    assert ["…"] in cells  # the text panel waits for the first token
+    lines = [line.strip() for line in text.splitlines()]
+    assert "tokens 0  ·  running" in lines  # and the summary has no TTFT or tok/s yet
+    assert "TTFT" not in text and "tok/s" not in text
 
 
 def test_run_status_waits_for_every_stream_then_sums_up_the_endings() -> None:

@@ -29,6 +29,7 @@ def hf_model(tiny_llama_dir: Path):
     return open_source(str(tiny_llama_dir)).load_hf_model()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages", [1, 2, 3])
 def test_fp32_chain_matches_hf_greedy(tiny_exports, hf_model, stages: int) -> None:
     export_dir = tiny_exports.get(SPLITS[stages])
@@ -41,6 +42,7 @@ def test_fp32_chain_matches_hf_greedy(tiny_exports, hf_model, stages: int) -> No
     assert len(set(results[0].chain)) > 8
 
 
+@pytest.mark.slow
 def test_static_export_matches_hf_greedy(tiny_exports, hf_model) -> None:
     """The NPU path's static, stateless shards (KV on the host), run here on CPU."""
     export_dir = tiny_exports.get(SPLITS[2], static=(160, 8))
@@ -48,6 +50,7 @@ def test_static_export_matches_hf_greedy(tiny_exports, hf_model) -> None:
     assert [r.exact for r in results] == [True] * 4, [r.matched for r in results]
 
 
+@pytest.mark.slow
 def test_int4_static_chain_equals_int4_stateful(tiny_exports) -> None:
     prompts = list(DEFAULT_PROMPTS[:4])
     assert (_greedy(tiny_exports.get(SPLITS[2], "int4", static=(160, 8)), prompts)
@@ -60,6 +63,7 @@ def _greedy(export_dir: Path, prompts: list[str], n: int = 48) -> list[list[int]
     return [list(generate_greedy(chain, tokenizer.encode(p), n)) for p in prompts]
 
 
+@pytest.mark.slow
 def test_int4_chains_equal_int4_single_stage(tiny_exports) -> None:
     prompts = list(DEFAULT_PROMPTS[:4])
     single = _greedy(tiny_exports.get(SPLITS[1], "int4"), prompts)
@@ -67,6 +71,7 @@ def test_int4_chains_equal_int4_single_stage(tiny_exports) -> None:
         assert _greedy(tiny_exports.get(SPLITS[stages], "int4"), prompts) == single
 
 
+@pytest.mark.slow
 def test_int4_weights_are_compressed_per_layer_and_head_int8(tiny_exports) -> None:
     export_dir = tiny_exports.get(SPLITS[2], "int4")
     manifest = load_manifest(export_dir)
@@ -85,6 +90,7 @@ def test_int4_weights_are_compressed_per_layer_and_head_int8(tiny_exports) -> No
         assert model.get_rt_info(["zctl", "openvino_version"]).astype(str) == ov.get_version()
 
 
+@pytest.mark.slow
 def test_beam_idx_is_injected_or_left_out(tiny_exports) -> None:
     with_beam = load_manifest(tiny_exports.get(SPLITS[2]))
     assert with_beam.beam_idx and "beam_idx" in with_beam.stages[0].inputs
@@ -117,6 +123,7 @@ def test_bad_layer_split_is_refused_and_writes_nothing(tiny_llama_dir: Path, tmp
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_failure_mid_export_leaves_nothing_behind(tiny_llama_dir: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     source = open_source(str(tiny_llama_dir))
@@ -155,6 +162,7 @@ def test_unknown_model_type_and_missing_paths(tmp_path: Path) -> None:
         open_source("./does/not/exist")
 
 
+@pytest.mark.slow
 def test_qwen2_style_biases_export_exactly(tmp_path: Path) -> None:
     from tiny_models import build_llama
 
@@ -164,6 +172,7 @@ def test_qwen2_style_biases_export_exactly(tmp_path: Path) -> None:
     assert results[0].exact
 
 
+@pytest.mark.slow
 def test_compression_keeps_stdout_clean(tiny_llama_dir: Path, tmp_path: Path, capfd) -> None:
     """stdout belongs to the caller (``zctl run --json`` exporting on first use): NNCF's
     progress bars go to stderr."""

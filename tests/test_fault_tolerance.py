@@ -33,6 +33,7 @@ DELAY_MS = 15  # per hop: a token takes >= 45 ms on 3 stages, time to kill a nod
 TOKENS = 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("streams", [1, 2])
 def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
         tiny_exports, tmp_path: Path, streams: int) -> None:

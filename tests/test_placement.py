@@ -150,6 +150,7 @@ def test_node_memory_uses_gpu_memory_when_reported() -> None:
     assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(10) == "10 B"
 
 
+@pytest.mark.slow
 def test_costs_from_a_real_export(tiny_exports) -> None:
     from common.manifest import load_manifest
 

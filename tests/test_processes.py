@@ -56,6 +56,7 @@ def test_the_entry_takes_exactly_a_role_and_a_config(capsys) -> None:
     assert "usage: python -m controlplane coordinator|node CONFIG_JSON" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_bad_link_fails_before_the_node_starts() -> None:
     argv = process_command(NodeProcess("tcp://127.0.0.1:9", link=LinkShape(delay_ms=-5)))
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60)

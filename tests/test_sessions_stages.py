@@ -45,6 +45,7 @@ def test_interleaved_streams_on_one_compiled_model_equal_each_alone(export2, spe
         assert len(requests) == len(PROMPTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("speculative", [False, True])
 def test_pipelined_streams_across_processes_equal_each_alone(export2, dp_hosts, dp_spawn,
                                                              speculative) -> None:
@@ -59,6 +60,7 @@ def test_pipelined_streams_across_processes_equal_each_alone(export2, dp_hosts, 
         pipe.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row_groups", [1, 2])
 def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spawn,
                                                       row_groups) -> None:

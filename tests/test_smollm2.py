@@ -27,19 +27,35 @@ PROMPTS = DEFAULT_PROMPTS[:4]
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory: pytest.TempPathFactory):
+    """The default model's source and a directory for its exports (shared by the module;
+    each test asks for what it needs, so any one of them can run alone)."""
     cache = tmp_path_factory.mktemp("smol-sources")
-    source = open_source(DEFAULT_MODEL, cache)
-    return source, source.load_hf_model(), tmp_path_factory.mktemp("smol-exports")
+    return open_source(DEFAULT_MODEL, cache), tmp_path_factory.mktemp("smol-exports")
+
+
+@pytest.fixture(scope="module")
+def hf_model(smol):
+    return smol[0].load_hf_model()
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])
-def test_f32_chain_matches_hf_greedy(smol, stages: int) -> None:
-    source, hf_model, root = smol
+def test_f32_chain_matches_hf_greedy(smol, hf_model, stages: int) -> None:
+    source, root = smol
     out = root / f"f32-{stages}"
     export_model(source, F32_SPLITS[stages], "fp32", out)
     results = verify_export(out, PROMPTS, max_new_tokens=64, hf_model=hf_model)
     for result in results:
         assert result.exact, f"{result.prompt!r}: {result.matched}/64 tokens agree"
+
+
+@pytest.fixture(scope="module")
+def int4_exports(smol) -> tuple[Path, Path]:
+    """The INT4 model as one stage and as three (made once, whichever test asks first)."""
+    source, root = smol
+    single, three = root / "int4-1", root / "int4-3"
+    export_model(source, [(0, 30)], "int4", single)
+    export_model(source, [(0, 7), (7, 19), (19, 30)], "int4", three)
+    return single, three
 
 
 def _greedy(export_dir: Path, n: int = 48) -> list[list[int]]:
@@ -48,17 +64,16 @@ def _greedy(export_dir: Path, n: int = 48) -> list[list[int]]:
     return [list(generate_greedy(chain, tokenizer.encode(p), n)) for p in PROMPTS]
 
 
-def test_int4_chain_equals_int4_single_stage(smol) -> None:
-    source, _, root = smol
-    export_model(source, [(0, 30)], "int4", root / "int4-1")
-    export_model(source, [(0, 7), (7, 19), (19, 30)], "int4", root / "int4-3")
-    single = _greedy(root / "int4-1")
-    assert _greedy(root / "int4-3") == single
-    text = ChatTokenizer(root / "int4-1").decode(single[0])
+def test_int4_chain_equals_int4_single_stage(int4_exports) -> None:
+    one_stage, three_stages = int4_exports
+    single = _greedy(one_stage)
+    assert _greedy(three_stages) == single
+    text = ChatTokenizer(one_stage).decode(single[0])
     assert "Paris" in text  # INT4 SmolLM2 still answers "What is the capital of France?"
 
 
-def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(smol) -> None:
+def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
+        int4_exports, tmp_path: Path) -> None:
     """Both drafters, fixed K so every step drafts where it can, through a 3-node local
     cluster (processes on 127.0.0.1-3) with exact activations and KV: token for token
     the greedy output on each of bench_spec's 8 prompts."""
@@ -69,11 +84,9 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(smol)
     from controlplane.service_messages import GenerateDone, GenerateRequest
     from tools.spec_prompts import PROMPTS as BENCH_PROMPTS
 
-    _, _, root = smol
-    for name in ("int4-1", "int4-3"):
-        assert (root / name / "manifest.json").is_file(), "runs after the INT4 chain test"
-    record = start_local_cluster(root / "int4-3", 3, runtime_args(
-        "f32", None, "CPU", "f32", dynamic_quantization=False), root / "cluster")
+    one_stage, three_stages = int4_exports
+    record = start_local_cluster(three_stages, 3, runtime_args(
+        "f32", None, "CPU", "f32", dynamic_quantization=False), tmp_path / "cluster")
     try:
         wait_serving(record, 300)
 
@@ -88,7 +101,7 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(smol)
         per_step: dict[str, list[float]] = {"lookup": [], "draft": []}
         for prompt in BENCH_PROMPTS:
             greedy, _ = run(prompt.text)
-            for mode in ("lookup", f"draft:{root / 'int4-1'}"):
+            for mode in ("lookup", f"draft:{one_stage}"):
                 tokens, tokens_per_step = run(prompt.text, mode)
                 assert tokens == greedy, (prompt.name, mode)
                 per_step[mode.split(":")[0]].append(tokens_per_step)

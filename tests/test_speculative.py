@@ -223,6 +223,7 @@ def test_model_drafter(tiny_exports, chains, expected) -> None:
 
 # -- across processes --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_speculative_across_processes(export2, dp_hosts, dp_spawn) -> None:
     from test_cluster_pipeline import chain_in_processes
 

@@ -219,6 +219,7 @@ def test_bad_input_is_refused_and_the_stream_survives(static2: Path, stateful2: 
             load_manifest(broken)
 
 
+@pytest.mark.slow
 def test_a_static_chain_across_processes(static2: Path, dp_hosts, dp_spawn) -> None:
     from test_cluster_pipeline import chain_in_processes
 
@@ -235,6 +236,7 @@ def test_a_static_chain_across_processes(static2: Path, dp_hosts, dp_spawn) -> N
         pipe.close()
 
 
+@pytest.mark.slow
 def test_a_static_draft_model(tiny_exports, stateful2: Path, tmp_path: Path) -> None:
     """A static 1-stage export as the drafter: its own rewinds run on host KV."""
     from test_speculative import speculate
@@ -258,6 +260,7 @@ def test_a_static_draft_model(tiny_exports, stateful2: Path, tmp_path: Path) -> 
         assert got == want and stats.rejections > 0
 
 
+@pytest.mark.slow
 def test_f16_host_kv(tiny_exports, static2: Path) -> None:
     """An f16 host KV: half the bytes, the KV's I/O in f16, greedy output unchanged here."""
     half = tiny_exports.get([(0, 2), (2, 4)], static=(CONTEXT, CHUNK, "f16"))

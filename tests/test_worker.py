@@ -61,6 +61,18 @@ class Coordinator:
             self.push.close(0)
 
 
+def settled(worker: StageWorker, frames_out: int, timeout_s: float = 5.0):
+    """The worker's stats once it has counted ``frames_out`` frames sent and the compute time
+    of each step: its loop counts them just after the send, so an answer can come first."""
+    deadline = time.monotonic() + timeout_s
+    stats = worker.stats()
+    while (stats.frames_out < frames_out or len(stats.compute_ms) < stats.steps) \
+            and time.monotonic() < deadline:
+        time.sleep(0.005)
+        stats = worker.stats()
+    return stats
+
+
 def step(stream: int, x: np.ndarray, positions, *, step_no: int = 0, epoch: int = EPOCH,
          reply: ReplyMode = ReplyMode.TOP1, top_k: int = 1, mask_tail: int = 0,
          request_id: int = 1, logits_idx=()) -> list:
@@ -126,7 +138,7 @@ def test_last_stage_answers_like_a_local_runner(last_stage):
     header, payload = coord.recv()
     assert np.array_equal(payload, ref.step(0, x, np.array([3]))[0])
     assert worker.runner.streams[0].last is guess
-    stats = worker.stats()
+    stats = settled(worker, frames_out=2)
     assert stats.steps == 2 and stats.frames_out == 2 and len(stats.compute_ms) == 2
 
 
@@ -144,11 +156,12 @@ def test_stale_epochs_are_dropped(last_stage):
     worker, coord, first, _ = last_stage
     x = hidden_for(first, [1, 2], [0, 1])
     coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH + 1))
-    coord.send_parts(step(0, x, [0, 1], epoch=EPOCH))  # from before the reset
-    assert coord.recv(timeout_s=0.3) is None
-    coord.send_parts(step(0, x, [0, 1], epoch=EPOCH + 1))
-    header, _ = coord.recv()
-    assert header.epoch == EPOCH + 1
+    coord.send_parts(step(0, x, [0, 1], epoch=EPOCH, request_id=1))  # from before the reset
+    coord.send_parts(step(0, x, [0, 1], epoch=EPOCH + 1, request_id=2))
+    header, _ = coord.recv()  # frames are handled in order: the first answer is the later
+    # step's, so the stale one was dropped, not answered late
+    assert header.epoch == EPOCH + 1 and header.request_id == 2
+    assert worker.stats().stale == 1
     coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH))  # an old reset changes nothing
     coord.send_parts(step(0, hidden_for(first, [3], [2]), [2], step_no=1, epoch=EPOCH + 1))
     assert coord.recv() is not None
@@ -206,7 +219,7 @@ def test_compact_drops_masked_slots_and_keeps_the_answers(last_stage):
     assert slots.physical == slots.logical == 5 and ref.streams[0].physical == 7
     np.testing.assert_allclose(payload, expect, rtol=1e-5, atol=1e-5)
     assert payload.argmax(-1).tolist() == expect.argmax(-1).tolist()
-    stats = worker.stats()
+    stats = settled(worker, frames_out=3)
     assert (stats.compactions, stats.compact_failures, stats.stale) == (1, 1, 1)
     assert "never saw" in stats.last_problem and stats.frames_out == 3  # the last stage
     # does not pass control frames on
@@ -303,8 +316,14 @@ def test_middle_stage_forwards_steps_errors_and_resets(dp_export3):
             time.sleep(0.01)
         assert middle.stats().closes == 1 and last.stats().closes == 1
         assert 0 not in middle.runner.streams and 0 not in last.runner.streams
-        coord.send_parts(step(0, x, [0, 1, 2], epoch=EPOCH + 1))  # a closed epoch stays closed
-        assert coord.recv(timeout_s=0.3) is None and middle.stats().stale == 1
+        coord.send_parts(step(0, x, [0, 1, 2], epoch=EPOCH + 1, request_id=5))  # a closed
+        # epoch stays closed; a newer one opens the stream again, and its step is the first
+        # thing answered: the step of the closed epoch was dropped, not answered
+        coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH + 2))
+        coord.send_parts(step(0, x, [0, 1, 2], epoch=EPOCH + 2, request_id=6))
+        header, _ = coord.recv()
+        assert (header.kind, header.epoch, header.request_id) == (Kind.REPLY, EPOCH + 2, 6)
+        assert middle.stats().stale == 1 and last.stats().stale == 0
     finally:
         middle.stop()
         last.stop()
@@ -319,8 +338,17 @@ def test_rewire_moves_the_outbound_pipe(last_stage):
         deadline = time.monotonic() + 5
         while worker.send_to != other.reply_addr and time.monotonic() < deadline:
             time.sleep(0.01)
-        coord.send_parts(step(0, hidden_for(first, [1], [0]), [0]))
-        assert other.recv() is not None and coord.recv(timeout_s=0.2) is None
+        coord.send_parts(step(0, hidden_for(first, [1], [0]), [0], request_id=1))
+        assert other.recv()[0].request_id == 1
+        # back to the first end: what it gets first is the next step's answer, and the
+        # worker sent exactly two frames, so nothing of the first step went there too
+        worker.rewire(coord.reply_addr)
+        deadline = time.monotonic() + 5
+        while worker.send_to != coord.reply_addr and time.monotonic() < deadline:
+            time.sleep(0.01)
+        coord.send_parts(step(0, hidden_for(first, [2], [1]), [1], step_no=1, request_id=2))
+        assert coord.recv()[0].request_id == 2
+        assert settled(worker, frames_out=2).frames_out == 2
     finally:
         other.close()
 
@@ -328,9 +356,12 @@ def test_rewire_moves_the_outbound_pipe(last_stage):
 def test_stop_is_prompt_and_idempotent(dp_export2):
     worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", "tcp://127.0.0.1:9")
     worker.start()
+    join_s = 30.0
     start = time.monotonic()
-    worker.stop()
-    assert time.monotonic() - start < 1.0 and not worker._thread.is_alive()
+    worker.stop(timeout_s=join_s)
+    # the stop command woke the loop blocked in recv: it ended long before the join timeout
+    # (a loop that only noticed at some poll interval, or never, would use it up)
+    assert not worker._thread.is_alive() and time.monotonic() - start < join_s / 10
     worker.stop()
     never_ran = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", "tcp://127.0.0.1:9")
     never_ran.stop()
@@ -368,13 +399,34 @@ def test_large_payloads_go_zero_copy_and_wait_before_reuse():
 
 
 def test_unreachable_next_hop_fails_the_send_in_bounded_time():
+    """The send gives up after send_timeout_ms: not sooner, and later only by as much as a
+    longer timeout makes it wait (measured with two timeouts in one run)."""
+    import threading
+
     ctx = zmq.Context.instance()
-    push = push_socket(ctx, "tcp://127.0.0.1:9", PipeOptions(send_timeout_ms=100))
-    start = time.monotonic()
-    with pytest.raises(TransportError, match="timed out"):
-        send_parts(push, [b"head", b"body"])
-    assert time.monotonic() - start < 1.0
-    push.close(0)
+
+    def failing_send(timeout_ms: int) -> float:
+        push = push_socket(ctx, "tcp://127.0.0.1:9", PipeOptions(send_timeout_ms=timeout_ms))
+        outcome: list = []
+
+        def send() -> None:
+            start = time.monotonic()
+            try:
+                send_parts(push, [b"head", b"body"])
+            except TransportError as exc:
+                outcome.append((str(exc), time.monotonic() - start))
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        sender.join(60)  # a send without a timeout would block forever: fail, do not hang
+        assert not sender.is_alive(), "the send to an unreachable hop never gave up"
+        push.close(0)
+        assert outcome and "timed out" in outcome[0][0], outcome
+        return outcome[0][1]
+
+    short, long = failing_send(50), failing_send(1000)
+    assert short >= 0.05 and long >= 1.0  # the timeout is waited out, not cut short
+    assert short < long / 2  # and it is what ends the wait: 50 ms gives up much sooner
 
 
 def test_row_groups_answer_each_row_and_refuse_bad_groups(last_stage):
