@@ -63,6 +63,7 @@ def test_verify_refuses_a_corrupted_export(tiny_exports, tmp_path: Path) -> None
     assert "corrupted" in result.output
 
 
+@pytest.mark.slow
 def test_zctl_starts_without_importing_the_benchmarks() -> None:
     proc = _python("import sys, console.cli\n"
                    "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tools'))")
@@ -90,6 +91,7 @@ def test_bench_summaries_are_the_modules_first_lines() -> None:
         assert doc.splitlines()[0] == summary, name
 
 
+@pytest.mark.slow
 def test_bench_without_tools_says_so_in_one_line() -> None:
     # an installed zctl outside a source checkout: no tools package to import
     proc = _python("import sys\nsys.modules['tools'] = None\nfrom console.cli import app\n"

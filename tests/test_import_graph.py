@@ -1,6 +1,6 @@
 """The import graph of the product packages and tools, read with ``ast`` (nothing imported).
 
-The rules of the target layout (the layers of issue 16, lowest first: common, engine,
+The rules of the package layout (docs/design.md; the layers, lowest first: common, engine,
 dataplane, controlplane, exporter, console; tools on top, not part of the product):
 
 - no import circles between modules (imports inside functions count: a lazy import is still
