@@ -13,7 +13,7 @@ import json
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -184,11 +184,13 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
     service = None
     if config.serve:
         from controlplane.service import GenerationService
+        from dataplane.runtime import RuntimeConfig
 
         service = GenerationService(
             config.export_dir, coordinator.stage0_executor, config.serve,
             row_groups=_row_groups(config), shared_cores=config.shared_cores,
-            health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout)
+            health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,
+            draft_config=RuntimeConfig(**asdict(config.runtime)))  # drafts run as stage 0 does
         say(f"generation service on {service.start()}")
     try:
         coordinator.run()
@@ -230,5 +232,3 @@ def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | N
     return 0
 
 
-def with_runtime(config: CoordinatorProcess, runtime: RuntimeSpec) -> CoordinatorProcess:
-    return replace(config, runtime=runtime)

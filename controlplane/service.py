@@ -45,7 +45,8 @@ class GenerationService:
     """Serve generations on ``endpoint`` using the executor ``get_pipeline()`` returns.
 
     The engine's stop tokens and chat template come from ``export_dir``; draft models of
-    speculative requests are loaded with ``draft_config`` (default: the runtime's)."""
+    speculative requests are loaded with ``draft_config`` (None: RuntimeConfig's defaults;
+    the coordinator passes its stages' runtime)."""
 
     def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Executor | None],
                  endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8,
