@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from controlplane.messages import AssignStage
 from controlplane.records import RuntimeSpec
@@ -73,6 +73,14 @@ class StageAssignment:
 
 class StageHandle(Protocol):
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class RewirableStage(StageHandle, Protocol):
+    """A stage that can point its outbound pipe at a new next hop without restarting
+    (a ``StageWorker``); other stages are relaunched when their next hop moves."""
+
+    def rewire(self, send_to: str, peer_key: str = "") -> None: ...
 
 
 StageLauncher = Callable[[StageAssignment], StageHandle]
@@ -160,11 +168,10 @@ class StageSlot:
             if handle is not None and assignment.same_wiring(old):
                 self.assignment = assignment
                 return
-            rewire = getattr(handle, "rewire", None)
-            if handle is not None and old is not None and callable(rewire) and \
+            if isinstance(handle, RewirableStage) and old is not None and \
                     assignment.same_wiring(replace(old, send_to=assignment.send_to,
                                                    peer_key=assignment.peer_key)):
-                rewire(assignment.send_to, assignment.peer_key)
+                handle.rewire(assignment.send_to, assignment.peer_key)
                 self.assignment = assignment
                 return
             self._stop_locked()

@@ -4,6 +4,7 @@ and the background stage slot node 0 applies its wiring on."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,41 @@ def test_background_stage_reports_each_epoch_in_order() -> None:
     assert len(launched) == 1 and launched[0].stopped and stage.handle is None
     stage.stop()
     assert stage.handle is None
+
+
+def test_a_stage_slot_keeps_rewires_or_relaunches() -> None:
+    """Same wiring: kept; only the next hop moved: a rewirable stage is rewired in place,
+    any other stage relaunched; anything else moved: relaunched."""
+    from controlplane.launch import StageSlot
+
+    class Rewirable(FakeHandle):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rewired: list[tuple[str, str]] = []
+
+        def rewire(self, send_to: str, peer_key: str = "") -> None:
+            self.rewired.append((send_to, peer_key))
+
+    def slot_with(kind: type) -> tuple[StageSlot, list]:
+        launched: list = []
+
+        def launch(assignment: StageAssignment):
+            launched.append(kind())
+            return launched[-1]
+        return StageSlot(launch), launched
+
+    first = StageAssignment(Path("/r"), 1, 3, "tcp://a:1", "tcp://b:1", RuntimeSpec(), 1, "h")
+    moved = replace(first, epoch=2, send_to="tcp://c:1", peer_key="K")
+    for kind, relaunches in ((Rewirable, 1), (FakeHandle, 2)):
+        slot, launched = slot_with(kind)
+        slot.apply(first)
+        slot.apply(replace(first, epoch=5))  # same wiring, a new epoch: kept
+        assert len(launched) == 1 and not launched[0].stopped
+        slot.apply(moved)
+        assert len(launched) == relaunches
+        if kind is Rewirable:
+            assert launched[0].rewired == [("tcp://c:1", "K")] and not launched[0].stopped
+        else:
+            assert launched[0].stopped and not launched[1].stopped
+        slot.apply(replace(moved, epoch=3, bind="tcp://a:2"))  # its own pipe moved: relaunch
+        assert len(launched) == relaunches + 1 and launched[-2].stopped
