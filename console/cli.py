@@ -147,18 +147,32 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 
 
 def load_benchmark(module: str) -> Callable[..., Any]:
-    """``tools.<module>.main``; without tools/ (an installed zctl outside a source
+    """``tools.<module>.main``, from the checkout zctl was installed from (an editable
+    install) or the one it runs in; without tools/ (an installed zctl outside a source
     checkout), one error line and exit 1."""
     import importlib
 
-    try:
-        return importlib.import_module(f"tools.{module}").main
-    except ModuleNotFoundError as exc:
-        if exc.name != "tools" and not (exc.name or "").startswith("tools."):
-            raise  # tools is there, one of its dependencies is not: say which
-        fail(f"benchmarks run from a source checkout: run `zctl bench` (or `python -m "
-             f"tools.{module}`) in a clone of the zctl repository; tools/ is not installed "
-             f"with zctl")
+    for attempt in range(2):
+        try:
+            return importlib.import_module(f"tools.{module}").main
+        except ModuleNotFoundError as exc:
+            if exc.name != "tools" and not (exc.name or "").startswith("tools."):
+                raise  # tools is there, one of its dependencies is not: say which
+            checkout = _checkout_with_tools()
+            if attempt or checkout is None:
+                break
+            sys.path.insert(0, str(checkout))
+    fail(f"benchmarks run from a source checkout: tools/ is not installed with zctl; run "
+         f"`zctl bench` (or `python -m tools.{module}`) in a clone of the zctl repository")
+
+
+def _checkout_with_tools() -> Path | None:
+    """The source checkout holding tools/: where this console package lives (an editable
+    install), or the current directory."""
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "tools" / "bench_common.py").is_file():
+            return root
+    return None
 
 
 def _bench_command(name: str, module: str, summary: str) -> None:

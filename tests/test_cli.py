@@ -92,6 +92,17 @@ def test_bench_summaries_are_the_modules_first_lines() -> None:
 
 
 @pytest.mark.slow
+def test_bench_finds_the_checkout_it_was_installed_from(tmp_path: Path) -> None:
+    """The zctl script does not run with the checkout on sys.path: zctl bench finds it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys\nsys.path[:] = [p for p in sys.path if p not in "
+         "('', '.')]\nfrom console.cli import app\napp(['bench', 'parity', '--help'])"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--tokens" in proc.stdout and "--runs" in proc.stdout
+
+
+@pytest.mark.slow
 def test_bench_without_tools_says_so_in_one_line() -> None:
     # an installed zctl outside a source checkout: no tools package to import
     proc = _python("import sys\nsys.modules['tools'] = None\nfrom console.cli import app\n"
