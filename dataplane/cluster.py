@@ -153,7 +153,7 @@ class ClusterHead:
         for stream in self._streams.values():
             stream.broken = stream.broken or "the pipeline was rewired"
 
-    # -- streams (the Pipeline protocol) ---------------------------------------------
+    # -- streams (the Executor protocol) ---------------------------------------------
     def open(self, stream_id: int) -> None:
         self.stage0.open_stream(stream_id)
         if stream_id not in self._streams:
@@ -263,7 +263,7 @@ class ClusterHead:
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
              top_k: int = 0, mask_tail: int = 0) -> ClusterReply:
-        """Run one step through every stage and wait for the answer (the Pipeline protocol)."""
+        """Run one step through every stage and wait for the answer (submit, then collect)."""
         request_id = self.submit(stream_id, token_ids, positions, logits_idx, want_logits,
                                  top_k=top_k, mask_tail=mask_tail)
         return self.collect(request_id)

@@ -17,7 +17,8 @@ once more than a threshold of its slots are masked; on the cluster a COMPACT fra
 travels ahead of the next step).
 
 The helpers here are small pure functions, in the style of gpt-fast's generate.py, plus
-the drafters; the loop that uses them is ``engine.sessions.DecodeSession``. Exactness
+the prompt-lookup drafter (a model drafter: dataplane.draft_model); the loop that uses
+them is ``engine.sessions.DecodeSession``. Exactness
 needs the same numbers from a 1-token and a K+1-token step: keep the KV cache in f32
 (the cluster's default); a quantised (u8) cache can flip a near-tie between them.
 """
