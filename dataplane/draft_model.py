@@ -47,8 +47,7 @@ class ModelDrafter:
             self.runner.reset_stream(self.stream_id)
         else:
             self.runner.mask_tail(self.stream_id, len(self.fed) - common)
-            slots = self.runner.streams[self.stream_id]
-            if slots.physical - slots.logical > self.compact_threshold:
+            if self.runner.compaction_due(self.stream_id, self.compact_threshold):
                 self.runner.compact(self.stream_id)
         del self.fed[common:]
         return common

@@ -413,15 +413,14 @@ class StageWorker:
                                0, 0, 0)
         self._send(header, None)
 
-    def _send(self, header: HiddenStateFrame, body: np.ndarray | None,
-              guard_key: int | None = None) -> None:
+    def _send(self, header: HiddenStateFrame, body: np.ndarray | None) -> None:
         """Encode and send a frame the worker passes on or answers with."""
         try:
             parts = encode_frame(header, body)
         except FrameError as exc:
             self._dropped(header, exc)
             return
-        self._send_parts(header, parts, guard_key)
+        self._send_parts(header, parts, None)
 
     def _dropped(self, header: HiddenStateFrame, exc: Exception) -> None:
         self._count("send_failures")

@@ -80,8 +80,9 @@ class InlineExecutor:
     """The submit/collect half of ``Executor`` for an executor that computes a step as it is
     submitted: ``submit`` runs ``step`` and keeps its reply until ``collect_any``.
 
-    Subclasses implement ``step`` (with ``mask_tail``), ``open`` and ``_forget`` hooks
-    through ``reset``; a reset or ``abandon_all`` drops the replies not yet collected."""
+    Subclasses implement ``step`` (with ``mask_tail``) and the rest of ``Executor``, and
+    call ``drop_answers`` when they reset a stream; ``abandon_all`` drops every reply not
+    yet collected."""
 
     row_groups_supported = False  # an executor that can regroup says so
 
