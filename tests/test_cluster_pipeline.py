@@ -112,6 +112,37 @@ def test_logits_top_k_and_rewind_match_local_runners(threaded2, local2):
     assert got.top["token"][0].tolist() == np.argsort(-want.logits[0])[:5].tolist()
 
 
+def test_rewind_on_its_own_and_compact_equal_a_carried_rewind(threaded2, dp_export2):
+    """Executor.rewind (applied with the next step on the cluster, at once in process) and
+    Executor.compact give the tokens a rewind carried in the step gives."""
+    pipe, worker = threaded2
+    carried, alone = LocalChain.load(str(dp_export2)), LocalChain.load(str(dp_export2))
+    ids, pos = np.array([0, 8, 9, 10, 11]), np.arange(5)
+    answers = []
+    for executor in (carried, alone, pipe):
+        executor.open(0)
+        executor.reset(0)
+        executor.step(0, ids, pos)
+        if executor is carried:
+            first = executor.step(0, np.array([12]), np.array([3]), mask_tail=2)
+        else:
+            executor.rewind(0, 2)
+            first = executor.step(0, np.array([12]), np.array([3]))
+        executor.compact(0)
+        second = executor.step(0, np.array([13]), np.array([4]))
+        answers.append((first.tokens.tolist(), second.tokens.tolist()))
+    assert answers[0] == answers[1] == answers[2]
+    assert pipe.stage0.masked_slots(0) == 0 and alone.runners[1].masked_slots(0) == 0
+    assert pipe.compactions == alone.compactions == 1
+    assert worker.stats().compactions == 1  # the COMPACT frame reached stage 1
+    pipe.rewind(0, 1)
+    pipe.reset(0)  # a reset forgets a rewind not yet sent (else: a rewind of a fresh stream)
+    carried.reset(0)
+    assert pipe.step(0, ids, pos).tokens.tolist() == carried.step(0, ids, pos).tokens.tolist()
+    with pytest.raises(DataPlaneError, match="not open"):
+        pipe.rewind(99, 1)
+
+
 def test_streams_interleave_with_submit_and_collect(threaded2, local2):
     pipe, _ = threaded2
     expect = {s: greedy(local2, p, n=6) for s, p in enumerate(PROMPTS)}
