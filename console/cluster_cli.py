@@ -14,9 +14,9 @@ from console.cluster_procs import (
     ClusterError,
     ClusterRecord,
     cluster_file,
-    link_args,
+    link_shape,
     read_record,
-    runtime_args,
+    runtime_spec,
     start_coordinator,
     start_local_cluster,
     stop_processes,
@@ -139,17 +139,16 @@ def cluster_up(
         _fail(problem)
     try:
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
-        runtime = runtime_args(None if precision == "default" else precision, threads, device,
+        runtime = runtime_spec(None if precision == "default" else precision, threads, device,
                                kv, dq)
-        link = link_args(link_delay_ms, link_jitter_ms, link_rate_mbit)
-        coordinator = CoordinatorProcess(
-            "", bind=f"tcp://{bind}", host=host, heartbeat=heartbeat, liveness=liveness,
-            expect_nodes=expect_nodes,
-            placement=placement_of(place or []), reassign_after=reassign_after,
-            resume_timeout=resume_timeout, curve=curve, row_groups=row_groups, runtime=runtime,
-            link=link)
+        link = link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit)
+        placement = placement_of(place or [])  # (checked before anything is exported)
         export_dir = ensure_export(model, stage_count, weights)
-        coordinator = replace(coordinator, export_dir=str(export_dir))
+        coordinator = CoordinatorProcess(
+            str(export_dir), bind=f"tcp://{bind}", host=host, heartbeat=heartbeat,
+            liveness=liveness, expect_nodes=expect_nodes, placement=placement,
+            reassign_after=reassign_after, resume_timeout=resume_timeout, curve=curve,
+            row_groups=row_groups, runtime=runtime, link=link)
         if foreground:
             raise typer.Exit(_serve_foreground(coordinator))
         if local is None:
@@ -201,7 +200,7 @@ def _start_remote_coordinator(coordinator: CoordinatorProcess) -> ClusterRecord:
 
     from common.paths import zctl_home
 
-    bind_host, _, _ = coordinator.bind.removeprefix("tcp://").rpartition(":")
+    bind_host = coordinator.bind_host
     public = coordinator.host or (socket.gethostbyname(socket.gethostname())
                                   if bind_host in ("0.0.0.0", "*", "") else bind_host)
     root = zctl_home() / "cluster"
@@ -240,10 +239,9 @@ def _serve_foreground(coordinator: CoordinatorProcess) -> int:
     from controlplane.processes import run_coordinator
 
     _log_to_stderr()
-    bind_host, _, port = coordinator.bind.removeprefix("tcp://").rpartition(":")
     serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     state = zctl_home() / "coordinator"  # the coordinator's default state dir
-    write_record(ClusterRecord(control=f"tcp://{coordinator.host or bind_host}:{port}",
+    write_record(ClusterRecord(control=coordinator.control,
                                serve=serve, export_dir=coordinator.export_dir,
                                pids=[os.getpid()],
                                curve_dir=str(state) if coordinator.curve else ""))
@@ -364,7 +362,7 @@ def node_join(
                            reconnect_max=reconnect_max,
                            state_dir=str(state_dir) if state_dir else None, tok_s=tok_s,
                            curve_server_key=str(curve_server_key) if curve_server_key else None,
-                           link=link_args(link_delay_ms, link_jitter_ms, link_rate_mbit),
+                           link=link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit),
                            cpus=cpus)
         _log_to_stderr()
         with TransferProgress() as progress:

@@ -135,7 +135,7 @@ def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path) -> int:
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "u8", "u4", "default")
 
 
-def runtime_args(precision: str | None, threads: int | None, device: str,
+def runtime_spec(precision: str | None, threads: int | None, device: str,
                  kv_cache_precision: str | None = None, dynamic_quantization: bool = True
                  ) -> RuntimeSpec:
     """The stages' runtime; ``kv_cache_precision`` None or 'default' keeps the plugin's (u8
@@ -149,7 +149,7 @@ def runtime_args(precision: str | None, threads: int | None, device: str,
                        dynamic_quantization=dynamic_quantization)
 
 
-def link_args(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0) -> LinkShape:
+def link_shape(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0) -> LinkShape:
     """An emulated WAN link's shape (checked here: ClusterError if bad)."""
     link = LinkShape(delay_ms, jitter_ms, rate_mbit)
     try:
@@ -163,11 +163,9 @@ def start_coordinator(config: CoordinatorProcess, root: Path) -> ClusterRecord:
     """Start only the coordinator (stage 0 + generation service) in the background; its
     generation service binds a free loopback port and its state lives under ``root``."""
     serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
-    bind_host, _, port = config.bind.removeprefix("tcp://").rpartition(":")
-    control = f"tcp://{config.host or bind_host}:{port}"
     log = root / "logs" / "coordinator.log"
     pid = _spawn(replace(config, serve=serve, state_dir=str(root / "coordinator")), log)
-    return ClusterRecord(control=control, serve=serve, export_dir=config.export_dir, pids=[pid],
+    return ClusterRecord(control=config.control, serve=serve, export_dir=config.export_dir, pids=[pid],
                          logs=[str(log)], started=time.time())
 
 
@@ -207,9 +205,9 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     if nodes < 2:
         raise ClusterError("a local cluster needs at least 2 nodes (the coordinator and one more)")
     if not isinstance(runtime, RuntimeSpec):
-        raise ClusterError(f"the stages' runtime must be a RuntimeSpec (runtime_args), not "
+        raise ClusterError(f"the stages' runtime must be a RuntimeSpec (runtime_spec), not "
                            f"{type(runtime).__name__}")
-    link = link_args(link_delay_ms, link_jitter_ms, link_rate_mbit)
+    link = link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit)
     try:
         cpus = local_cpu_sets(cpu_sets, nodes)
     except ValueError as exc:

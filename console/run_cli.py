@@ -26,7 +26,7 @@ from console.cluster_cli import (
 from console.cluster_procs import (
     ClusterError,
     ClusterRecord,
-    runtime_args,
+    runtime_spec,
     start_local_cluster,
     stop_processes,
     wait_serving,
@@ -245,7 +245,7 @@ def run(
             # unless told otherwise (its output then equals greedy token for token)
             kv, dq = numerics(exact if told else bool(mode) or None,
                               kv_cache_precision, dynamic_quantization)
-            rt = runtime_args(None if precision == "default" else precision, None, "CPU", kv, dq)
+            rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)
             err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
             embedded = record = start_local_cluster(export_dir, stages, rt)

@@ -73,6 +73,16 @@ class CoordinatorProcess:
     link: LinkShape = field(default_factory=LinkShape)
     cpus: str | None = None
 
+    @property
+    def bind_host(self) -> str:
+        """The host part of ``bind`` (``0.0.0.0`` or ``*``: every interface)."""
+        return self.bind.removeprefix("tcp://").rpartition(":")[0]
+
+    @property
+    def control(self) -> str:
+        """The control address nodes and clients connect to: ``host``, else the bind host."""
+        return f"tcp://{self.host or self.bind_host}:{self.bind.rpartition(':')[2]}"
+
 
 @dataclass(frozen=True)
 class NodeProcess:

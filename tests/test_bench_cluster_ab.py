@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from console.cluster_procs import runtime_args
+from console.cluster_procs import runtime_spec
 from tools.bench_cluster_ab import environment, paired_summary, parse_env, run_ab
 
 
@@ -45,7 +45,7 @@ def test_run_ab_alternates_two_real_clusters(tiny_exports, dp_hosts, tmp_path: P
     before = os.environ.get("ZCTL_HUGE_PAGES")
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     result = run_ab(export_dir, {"ZCTL_HUGE_PAGES": "0"}, {"ZCTL_HUGE_PAGES": "1"}, 2, 4,
-                    runtime_args("f32", None, "CPU"), tmp_path / "ab")
+                    runtime_spec("f32", None, "CPU"), tmp_path / "ab")
     assert result["pairs"] == 2 and len(result["samples"]["a"]) == 2
     assert all(v > 0 for vs in result["samples"].values() for v in vs)
     for name in ("a", "b"):  # each cluster ran its own coordinator and node, now stopped

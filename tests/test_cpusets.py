@@ -130,14 +130,14 @@ def test_cluster_up_refuses_negative_row_groups(tmp_path: Path,
 
 def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_export(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from console.cluster_procs import runtime_args
+    from console.cluster_procs import runtime_spec
 
-    assert runtime_args("f32", None, "CPU", "u8").kv_cache_precision == "u8"
-    assert runtime_args("f32", None, "CPU").kv_cache_precision is None  # the plugin's
-    assert runtime_args("f32", None, "CPU", "default").kv_cache_precision is None
-    assert runtime_args("f32", None, "CPU", dynamic_quantization=False).dynamic_quantization is False
-    assert runtime_args("default", 3, "CPU").precision is None
-    assert runtime_args("default", 3, "CPU").num_threads == 3
+    assert runtime_spec("f32", None, "CPU", "u8").kv_cache_precision == "u8"
+    assert runtime_spec("f32", None, "CPU").kv_cache_precision is None  # the plugin's
+    assert runtime_spec("f32", None, "CPU", "default").kv_cache_precision is None
+    assert runtime_spec("f32", None, "CPU", dynamic_quantization=False).dynamic_quantization is False
+    assert runtime_spec("default", 3, "CPU").precision is None
+    assert runtime_spec("default", 3, "CPU").num_threads == 3
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
     for command in (["cluster", "up", "--local", "2"], ["run", "hi"]):
         refused = runner.invoke(app, [*command, "--kv-cache-precision", "q3"])
@@ -146,10 +146,10 @@ def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_exp
 
 
 def test_coordinator_runtime_options_become_the_nodes_runtime_spec() -> None:
-    from console.cluster_procs import runtime_args
+    from console.cluster_procs import runtime_spec
     from controlplane.processes import CoordinatorProcess, parse_process, process_command
 
-    config = CoordinatorProcess("/x", runtime=runtime_args("f32", None, "CPU", "default", False))
+    config = CoordinatorProcess("/x", runtime=runtime_spec("f32", None, "CPU", "default", False))
     spec = parse_process("coordinator", process_command(config)[3]).runtime  # as spawned
     assert spec == config.runtime
     assert spec.kv_cache_precision is None and spec.dynamic_quantization is False

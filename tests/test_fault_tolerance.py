@@ -15,8 +15,8 @@ import pytest
 
 from console.cluster_procs import (
     _spawn,
-    link_args,
-    runtime_args,
+    link_shape,
+    runtime_spec,
     start_local_cluster,
     stop_processes,
     wait_serving,
@@ -49,7 +49,7 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
     expected = [list(generate_greedy(chain, tokenizer.encode(r.prompt, chat=r.chat), TOKENS))
                 for r in requests]
     root = tmp_path / "cluster"
-    record = start_local_cluster(export_dir, 3, runtime_args(
+    record = start_local_cluster(export_dir, 3, runtime_spec(
         "f32", None, "CPU", "f32", dynamic_quantization=False), root, link_delay_ms=DELAY_MS)
     try:
         wait_serving(record, 120)
@@ -75,7 +75,7 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
         # the node restarts with its state dir: same id, shard cached, re-wired
         record.pids.append(_spawn(NodeProcess(
             record.control, host="127.0.0.3", state_dir=str(root / "node2"),
-            reconnect_min=0.2, link=link_args(DELAY_MS)), root / "logs" / "node2-again.log"))
+            reconnect_min=0.2, link=link_shape(DELAY_MS)), root / "logs" / "node2-again.log"))
         client.join(120)
         assert not client.is_alive()
         dones = {m.request_id: m for m in messages if isinstance(m, GenerateDone)}

@@ -131,7 +131,7 @@ def test_bad_shapes_fail_clearly_on_the_command_line_and_cluster_start():
     from typer.testing import CliRunner
 
     from console.cli import app
-    from console.cluster_procs import ClusterError, link_args, start_local_cluster
+    from console.cluster_procs import ClusterError, link_shape, start_local_cluster
     from controlplane.processes import LinkShape
     from controlplane.records import RuntimeSpec
 
@@ -139,8 +139,8 @@ def test_bad_shapes_fail_clearly_on_the_command_line_and_cluster_start():
     assert refused.exit_code == 1 and "delay_ms" in refused.output
     with pytest.raises(ClusterError, match="delay_ms"):
         start_local_cluster(Path("/nonexistent"), 2, RuntimeSpec(), link_delay_ms=-1)
-    assert link_args(25) == LinkShape(25.0) and not link_args().shaped
-    assert link_args(10, 2, 100) == LinkShape(10.0, 2.0, 100.0)
+    assert link_shape(25) == LinkShape(25.0) and not link_shape().shaped
+    assert link_shape(10, 2, 100) == LinkShape(10.0, 2.0, 100.0)
 
 
 def test_a_bad_address_fails_at_construction_and_close_stops_the_thread(pull):

@@ -99,3 +99,11 @@ def test_a_local_cluster_wants_a_runtime_spec() -> None:
 
     with pytest.raises(ClusterError, match="RuntimeSpec"):
         start_local_cluster(Path("/x"), 2, ["--precision", "f32"])  # type: ignore[arg-type]
+
+
+def test_the_control_address_nodes_reach() -> None:
+    wildcard = CoordinatorProcess("/x", bind="tcp://0.0.0.0:5550")
+    assert wildcard.bind_host == "0.0.0.0" and wildcard.control == "tcp://0.0.0.0:5550"
+    public = CoordinatorProcess("/x", bind="tcp://0.0.0.0:5550", host="10.0.0.1")
+    assert public.control == "tcp://10.0.0.1:5550"
+    assert CoordinatorProcess("/x", bind="tcp://127.0.0.2:41000").control == "tcp://127.0.0.2:41000"

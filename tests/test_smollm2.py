@@ -79,13 +79,13 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
     the greedy output on each of bench_spec's 8 prompts."""
     import uuid
 
-    from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
+    from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
     from controlplane.client import generate_stream
     from controlplane.service_messages import GenerateDone, GenerateRequest
     from tools.spec_prompts import PROMPTS as BENCH_PROMPTS
 
     one_stage, three_stages = int4_exports
-    record = start_local_cluster(three_stages, 3, runtime_args(
+    record = start_local_cluster(three_stages, 3, runtime_spec(
         "f32", None, "CPU", "f32", dynamic_quantization=False), tmp_path / "cluster")
     try:
         wait_serving(record, 300)

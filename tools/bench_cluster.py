@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 
 from common.manifest import load_manifest
-from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
+from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
 from engine.tokenizer import ChatTokenizer
 from tools.bench_common import (
     PROMPT,
@@ -190,7 +190,7 @@ def main(
     baseline = BaselinePipeline(baseline_dir, props)
     baseline_thp = BaselinePipeline(baseline_dir, props, huge_pages=True) if thp_baseline else None
     prompt_ids = ChatTokenizer(export_dir).encode(PROMPT)
-    record = start_local_cluster(export_dir, stages, runtime_args(
+    record = start_local_cluster(export_dir, stages, runtime_spec(
         props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU", kv_cache_precision),
         bench_model.cache / "bench-cluster")
     try:

@@ -119,7 +119,7 @@ def main(
     as_json: Json = False,
 ) -> None:
     from common.paths import zctl_home
-    from console.cluster_procs import runtime_args
+    from console.cluster_procs import runtime_spec
 
     try:
         env_a, env_b = parse_env(a), parse_env(b)
@@ -127,7 +127,7 @@ def main(
         fail(str(exc))
     export_dir = model_export(model, 2, weights)
     result = run_ab(export_dir, env_a, env_b, pairs, tokens,
-                    runtime_args(None if precision == "default" else precision, None, "CPU"),
+                    runtime_spec(None if precision == "default" else precision, None, "CPU"),
                     zctl_home() / "bench-ab", cpu_sets)
     if as_json:
         print(json.dumps(result))

@@ -45,7 +45,7 @@ from rich.table import Table
 from common.manifest import load_manifest
 from console.cluster_procs import (
     local_row_groups,
-    runtime_args,
+    runtime_spec,
     start_local_cluster,
     stop_processes,
     wait_serving,
@@ -239,7 +239,7 @@ def main(
                               link_delay_ms)
     props = plugin_properties(precision, threads)
     genai = genai_users(bench_model.hf_dir, export_dir, weights, props) if baseline else None
-    record = start_local_cluster(export_dir, stages, runtime_args(
+    record = start_local_cluster(export_dir, stages, runtime_spec(
         props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"),
         bench_model.cache / "bench-microbatch", link_delay_ms=link_delay_ms, cpu_sets=cpu_sets,
         row_groups=groups)

@@ -34,7 +34,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from console.cluster_procs import runtime_args, start_local_cluster, stop_processes, wait_serving
+from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
 from controlplane.records import RuntimeSpec
 from tools.bench_common import (
     BenchModel,
@@ -203,7 +203,7 @@ def main(
     bench_model = BenchModel.resolve(model)
     export_dir = bench_model.export(2, weights)
     props = plugin_properties(precision, threads)
-    runtime = runtime_args(props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU")
+    runtime = runtime_spec(props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU")
     rows = []
     for delay in sweep:
         row = measure_delay(export_dir, delay, runtime, bench_model.cache / "bench-wan", tokens,
