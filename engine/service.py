@@ -155,7 +155,7 @@ class GenerationEngine:
                 if self._scheduler is not None:
                     self._scheduler.cancel(job.session.stream_id)
                 job.session.done = True
-                self._finish(job)
+                self._progress(SessionUpdate(job.session, []))  # what it has, then its end
                 return True
         return False
 

@@ -62,7 +62,10 @@ def test_cancel_ends_one_generation_and_leaves_the_other(setup) -> None:
     engine = engine_for(setup)
     engine.submit("a", GenerationRequest("ra", "the sky is", 200, ignore_eos=True))
     engine.submit("b", GenerationRequest("rb", "one two three", 16, ignore_eos=True))
-    drive(engine, lambda s: any(c == "a" and isinstance(e, GenerationChunk) for c, e in s))
+    first = drive(engine, lambda s: any(c == "a" and isinstance(e, GenerationChunk)
+                                        for c, e in s))
+    for _ in range(6):  # tokens made since that chunk wait for the next one (every 0.1 s)
+        first += engine.poll(0.0)
     assert not engine.cancel("a", "rb") and not engine.cancel("nobody", "ra")  # not theirs
     assert engine.cancel("a", "ra")
     seen = engine.poll(0.0) + drive(engine, lambda s: not engine.busy)
@@ -71,6 +74,9 @@ def test_cancel_ends_one_generation_and_leaves_the_other(setup) -> None:
     assert 0 < len(cancelled.tokens) < 200
     want = list(generate_greedy(chain, tokenizer.encode("the sky is"), len(cancelled.tokens)))
     assert cancelled.tokens == want  # what it had, exactly
+    streamed = [t for c, e in seen if c == "a" and isinstance(e, GenerationChunk) for t in e.tokens]
+    assert [t for c, e in first if c == "a" and isinstance(e, GenerationChunk)
+            for t in e.tokens] + streamed == cancelled.tokens  # every token streamed first
     other = done_of(seen, "b")
     assert other.tokens == list(generate_greedy(chain, tokenizer.encode("one two three"), 16))
     assert engine.counters["cancelled"] == 1 and not engine.cancel("a", "ra")  # over now
