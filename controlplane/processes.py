@@ -37,11 +37,16 @@ class LinkShape:
     def shaped(self) -> bool:
         return bool(self.delay_ms or self.jitter_ms or self.rate_mbit)
 
-    def check(self) -> None:
-        """ValueError naming a bad value."""
+    def pipe_options(self) -> Any:
+        """The data pipes' options with this shape (dataplane.transport.PipeOptions);
+        ValueError naming a bad value."""
         from dataplane.link import link_options
 
-        link_options(self.delay_ms, self.jitter_ms, self.rate_mbit)
+        return link_options(self.delay_ms, self.jitter_ms, self.rate_mbit)
+
+    def check(self) -> None:
+        """ValueError naming a bad value."""
+        self.pipe_options()
 
     def describe(self) -> str:
         return (f"{self.delay_ms:g} ms one-way"
@@ -149,10 +154,8 @@ def _prepare(link: LinkShape, cpus: str | None, base: Any, say: Say) -> Any:
         return None
     from functools import partial
 
-    from dataplane.link import link_options
-
     try:
-        options = link_options(link.delay_ms, link.jitter_ms, link.rate_mbit)
+        options = link.pipe_options()
     except ValueError as exc:
         raise ValueError(f"bad emulated link: {exc}") from None
     say(f"emulated link on outbound frames: {link.describe()}")
