@@ -1,0 +1,344 @@
+"""Serving benchmark, modelled on vLLM's: ``zctl serve`` on a 2-node local cluster against
+openvino_genai's ContinuousBatchingPipeline, 1, 4, 8 and 16 concurrent clients.
+
+Each level sends the same fixed, seeded set of chat requests (mixed prompt lengths, 16..256
+``max_tokens``, greedy) through the OpenAI-compatible HTTP API with N clients
+(tools.serve_load: streamed, each client sends its next request when its last one ended),
+and the same requests to a ContinuousBatchingPipeline with N in flight (tools.serve_genai),
+in the same run, levels alternating which system goes first. Per level: aggregate output
+tok/s of both (completion tokens / the level's wall time), TTFT and inter-token latency
+p50/p99, errors. Output lengths are the models' own (EOS may end a request before
+``max_tokens``); the completion tokens counted are the server's ``usage``.
+
+The HTTP layer's cost: at 1 client, the same requests through the coordinator's ZeroMQ
+generation service (as ``zctl run`` sends them) and through the HTTP API, request by
+request in alternating order on the same cluster: ``http_overhead`` = 1 - http / direct
+tok/s (tokens / end-to-end time), and its paired form (median over requests).
+
+The cluster is ``zctl cluster up --local 2`` and ``zctl serve`` as subprocesses of this
+checkout, under a ZCTL_HOME of their own (<cache>/bench-serve/home, so a cluster of the
+shared cache is not touched), torn down on every exit, Ctrl-C included.
+
+    python -m tools.bench_serve [--concurrency 1,4,8,16] [--requests 32] [--json]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+from tools.bench_common import BenchModel, CpuSets, Json, err, fail, parse_numbers
+from tools.serve_load import (
+    LevelRun,
+    RequestRecord,
+    ServeRequest,
+    http_level,
+    model_id,
+    p50_p99_ms,
+    request_set,
+    stream_chat,
+    summarize,
+)
+from tools.serve_procs import served_cluster
+
+if TYPE_CHECKING:
+    from tools.serve_genai import GenaiServer
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_OVERHEAD = 0.03
+TARGET_RATIO_AT = 8
+TARGET_RATIO = 1.0
+
+
+# -- where and when ------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's model name (as lscpu shows it), its notable ISA extensions, the CPU count."""
+    name, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = [label for flag, label in (("avx512_vnni", "AVX-512-VNNI"), ("amx_tile", "AMX"),
+                                     ("avx2", "AVX2")) if flag in flags]
+    extras = ", ".join(isa[:2] if "AVX-512-VNNI" in isa else isa)
+    return f"{name} ({extras + ', ' if extras else ''}{os.cpu_count()} CPUs)"
+
+
+def commit() -> str:
+    """This checkout's commit (short), with "-dirty" when tracked files changed."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
+                              text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+# -- the engine driven directly, against the HTTP API ----------------------------------------------
+
+
+def direct_record(serve: str, request: ServeRequest) -> RequestRecord:
+    """One request through the coordinator's ZeroMQ generation service (as ``zctl run``:
+    chat template, greedy, EOS honoured), recorded as an HTTP stream is; never raises."""
+    from controlplane.client import generate_stream
+    from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+
+    record = RequestRecord(request.index, time.perf_counter())
+    message = GenerateRequest(uuid.uuid4().hex[:16], request.prompt, request.max_tokens, True,
+                              temperature=0.0)
+    try:
+        for msg in generate_stream(serve, message):
+            now = time.perf_counter()
+            if isinstance(msg, GenerateChunk) and msg.text:
+                record.chunk_times.append(now)
+            elif isinstance(msg, GenerateDone):
+                record.completion_tokens, record.usage = len(msg.tokens), True
+                record.prompt_tokens = msg.prompt_tokens
+                record.error = f"done with error: {msg.error}"[:300] if msg.error else ""
+    except Exception as exc:  # noqa: BLE001 (a counted error)
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
+    record.end = time.perf_counter()
+    return record
+
+
+def _tok_s(record: RequestRecord) -> float:
+    return record.completion_tokens / (record.end - record.start)
+
+
+def overhead_figures(direct: Sequence[RequestRecord],
+                     http: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The HTTP API against the engine driven directly, over the same requests (pairs by
+    position): tok/s of each (tokens / end-to-end time, summed over the successful
+    requests), ``http_overhead`` = 1 - http / direct, and the paired overhead (the median
+    over requests both served of 1 - http / direct tok/s)."""
+    def total(records: Sequence[RequestRecord]) -> float:
+        good = [r for r in records if r.ok]
+        wall = sum(r.end - r.start for r in good)
+        return sum(r.completion_tokens for r in good) / wall if wall > 0 else 0.0
+
+    direct_tok_s, http_tok_s = total(direct), total(http)
+    pairs = [(d, h) for d, h in zip(direct, http, strict=True)
+             if d.ok and h.ok and d.completion_tokens and h.completion_tokens]
+    ratio = http_tok_s / direct_tok_s if direct_tok_s else None
+    return {
+        "requests": len(direct),
+        "direct_tok_s": round(direct_tok_s, 2), "http_tok_s": round(http_tok_s, 2),
+        "ratio": None if ratio is None else round(ratio, 4),
+        "http_overhead": None if ratio is None else round(1.0 - ratio, 4),
+        "http_overhead_paired": round(1.0 - statistics.median(
+            _tok_s(h) / _tok_s(d) for d, h in pairs), 4) if pairs else None,
+        "same_tokens": sum(d.completion_tokens == h.completion_tokens for d, h in pairs),
+        "direct_ttft_ms": p50_p99_ms([t for r in direct if r.ok and (t := r.ttft_s) is not None]),
+        "http_ttft_ms": p50_p99_ms([t for r in http if r.ok and (t := r.ttft_s) is not None]),
+        "errors": sum(not r.ok for r in direct), "http_errors": sum(not r.ok for r in http),
+    }
+
+
+async def measure_overhead(base_url: str, model: str, serve: str,
+                           requests: Sequence[ServeRequest],
+                           api_key: str | None = None) -> dict[str, Any]:
+    """Each request directly and through HTTP, one client, the order alternating."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    direct: list[RequestRecord] = []
+    http: list[RequestRecord] = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(300.0, connect=10.0)) \
+            as client:
+        for i, request in enumerate(requests):
+            for path in (("direct", "http") if i % 2 == 0 else ("http", "direct")):
+                if path == "direct":
+                    direct.append(await asyncio.to_thread(direct_record, serve, request))
+                else:
+                    http.append(await stream_chat(client, model, request, headers))
+    return overhead_figures(direct, http)
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run measures."""
+
+    levels: list[int]
+    requests: list[ServeRequest]
+    overhead_requests: int
+    api_key: str | None = None
+
+
+def warmup_set(plan: Plan) -> list[ServeRequest]:
+    """Short requests, as many as the largest level: every batch size gets its first
+    (slow) steps before anything is measured."""
+    n = max(plan.levels)
+    return [replace(plan.requests[i % len(plan.requests)], max_tokens=8) for i in range(n)]
+
+
+def run_levels(plan: Plan, base_url: str, serve: str,
+               genai: GenaiServer | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Warm both systems up, measure the HTTP overhead, then every level on both."""
+    model = asyncio.run(model_id(base_url, plan.api_key))
+    warm = warmup_set(plan)
+    asyncio.run(http_level(base_url, model, warm, len(warm), plan.api_key))
+    if genai is not None:
+        genai.serve(warm, len(warm))
+    overhead = asyncio.run(measure_overhead(base_url, model, serve,
+                                            plan.requests[:plan.overhead_requests], plan.api_key))
+    err.print(f"1 client: direct {overhead['direct_tok_s']} tok/s, HTTP {overhead['http_tok_s']} "
+              f"tok/s, overhead {overhead['http_overhead']}")
+    rows = []
+    for i, n in enumerate(plan.levels):
+        runs: dict[str, LevelRun] = {}
+        for system in (("zctl", "genai") if i % 2 == 0 else ("genai", "zctl")):
+            if system == "zctl":
+                runs[system] = asyncio.run(http_level(base_url, model, plan.requests, n,
+                                                      plan.api_key))
+            elif genai is not None:
+                runs[system] = genai.serve(plan.requests, n)
+        rows.append(level_row(summarize(runs["zctl"]),
+                              summarize(runs["genai"]) if "genai" in runs else None))
+        err.print(f"{n} clients: zctl {rows[-1]['zctl_tok_s']} tok/s, genai CB "
+                  f"{rows[-1]['genai_cb_tok_s']} tok/s, errors {rows[-1]['errors']}")
+    return rows, overhead
+
+
+def level_row(zctl: dict[str, Any], genai: dict[str, Any] | None) -> dict[str, Any]:
+    """One level's row: the headline figures, then each system's whole summary."""
+    ratio = round(zctl["tok_s"] / genai["tok_s"], 3) if genai and genai["tok_s"] else None
+    return {
+        "concurrency": zctl["concurrency"],
+        "zctl_tok_s": zctl["tok_s"], "genai_cb_tok_s": genai["tok_s"] if genai else None,
+        "ratio": ratio, "ttft_ms": zctl["ttft_ms"], "itl_ms": zctl["itl_ms"],
+        "genai_ttft_ms": genai["ttft_ms"] if genai else None,
+        "genai_itl_ms": genai["itl_ms"] if genai else None,
+        "errors": zctl["errors"], "genai_errors": genai["errors"] if genai else None,
+        "zctl": zctl, "genai_cb": genai,
+    }
+
+
+def targets(rows: Sequence[dict[str, Any]], overhead: float | None) -> dict[str, Any]:
+    """The issue's targets, each with its value and whether it is met (None: not measured)."""
+    at = next((r for r in rows if r["concurrency"] == TARGET_RATIO_AT), None)
+    ratio = at["ratio"] if at else None
+    return {
+        "zero_errors": {"target": "0 errors at every concurrency",
+                        "value": sum(r["errors"] for r in rows),
+                        "met": all(r["errors"] == 0 for r in rows)},
+        "http_overhead": {"target": f"<= {TARGET_OVERHEAD}", "value": overhead,
+                          "met": None if overhead is None else overhead <= TARGET_OVERHEAD},
+        f"ratio_at_{TARGET_RATIO_AT}": {
+            "target": f">= {TARGET_RATIO}x genai CB at {TARGET_RATIO_AT} clients",
+            "value": ratio, "met": None if ratio is None else ratio >= TARGET_RATIO},
+    }
+
+
+def report(rows: list[dict[str, Any]], overhead: dict[str, Any],
+           settings: dict[str, Any]) -> dict[str, Any]:
+    """The one JSON object of ``--json``."""
+    return {"cpu": cpu_model(), "date": datetime.datetime.now(datetime.UTC).isoformat(
+                timespec="seconds"),
+            "commit": commit(), "levels": rows, "http_overhead": overhead["http_overhead"],
+            "overhead": overhead, "targets": targets(rows, overhead["http_overhead"]),
+            "settings": settings}
+
+
+def _pct(figure: dict[str, Any] | None) -> str:
+    return "-" if not figure else f"{figure['p50']} / {figure['p99']}"
+
+
+def print_table(result: dict[str, Any], console: Console) -> None:
+    """A row per concurrency level, then the HTTP overhead and the targets."""
+    from rich.table import Table
+
+    table = Table(title=f"zctl serve vs openvino_genai CB: {result['cpu']}, {result['date']}, "
+                        f"{result['commit']}")
+    for column in ("clients", "zctl tok/s", "genai CB tok/s", "ratio", "TTFT p50/p99 ms",
+                   "genai TTFT", "ITL p50/p99 ms", "genai ITL", "errors", "genai errors"):
+        table.add_column(column, justify="right")
+    for r in result["levels"]:
+        table.add_row(str(r["concurrency"]), str(r["zctl_tok_s"]), str(r["genai_cb_tok_s"] or "-"),
+                      f"{r['ratio']}x" if r["ratio"] else "-", _pct(r["ttft_ms"]),
+                      _pct(r["genai_ttft_ms"]), _pct(r["itl_ms"]), _pct(r["genai_itl_ms"]),
+                      str(r["errors"]), str("-" if r["genai_errors"] is None else r["genai_errors"]))
+    console.print(table)
+    o = result["overhead"]
+    console.print(f"HTTP at 1 client: {o['http_tok_s']} tok/s against {o['direct_tok_s']} "
+                  f"direct: overhead {o['http_overhead']} (paired {o['http_overhead_paired']}), "
+                  f"{o['requests']} requests each", soft_wrap=True)
+    for name, t in result["targets"].items():
+        console.print(f"target {name} ({t['target']}): {t['value']} -> "
+                      f"{'met' if t['met'] else 'not measured' if t['met'] is None else 'MISSED'}")
+
+
+def main(
+    concurrency: Annotated[str, typer.Option(help="client counts, comma-separated")] = "1,4,8,16",
+    requests: Annotated[int, typer.Option(help="requests per level (the same set each)")] = 32,
+    overhead_requests: Annotated[int, typer.Option(
+        help="requests sent both directly and over HTTP at 1 client")] = 8,
+    seed: Annotated[int, typer.Option(help="the request set's seed")] = 0,
+    cpu_sets: CpuSets = "split",
+    port: Annotated[int, typer.Option(help="zctl serve's port (0: a free one)")] = 0,
+    max_queue: Annotated[int, typer.Option(
+        help="zctl serve --max-queue (0: the largest client count)")] = 0,
+    api_key: Annotated[str | None, typer.Option(help="zctl serve --api-key")] = None,
+    skip_genai: Annotated[bool, typer.Option("--skip-genai", help="no openvino_genai")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds for the cluster and server to "
+                                                "come up")] = 300.0,
+    as_json: Json = False,
+) -> None:
+    levels = parse_numbers(concurrency, "--concurrency", "client counts")
+    if requests < 1 or overhead_requests < 1:
+        fail("--requests and --overhead-requests need at least 1")
+    plan = Plan(levels, request_set(requests, seed), min(overhead_requests, requests), api_key)
+    bench_model = BenchModel.resolve("smollm2-135m")
+    export_dir = bench_model.export(2, "int4")
+    props = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}  # cluster up's
+    genai = None if skip_genai else genai_server(bench_model, export_dir, props, max(levels))
+    with served_cluster(export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets, port,
+                        max_queue or max(levels), api_key, timeout, REPO) as served:
+        rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
+    settings = {"requests": requests, "seed": seed, "overhead_requests": plan.overhead_requests,
+                "cpu_sets": cpu_sets, "export": str(export_dir), "genai_properties": props,
+                "max_tokens": [r.max_tokens for r in plan.requests]}
+    result = report(rows, overhead, settings)
+    if as_json:
+        print(json.dumps(result))
+        return
+    print_table(result, Console())
+
+
+def genai_server(bench_model: BenchModel, export_dir: Path, props: dict[str, Any],
+                 max_level: int) -> GenaiServer:
+    """The ContinuousBatchingPipeline on the monolithic export of the same INT4 source
+    (the baseline tools.bench_microbatch builds), room for ``max_level`` sequences."""
+    from common.manifest import load_manifest
+    from tools.baseline import export_baseline
+    from tools.serve_genai import GenaiServer
+
+    model_dir = export_baseline(bench_model.hf_dir, "int4", load_manifest(export_dir).group_size,
+                                console=err)
+    return GenaiServer(model_dir, export_dir, props, max_num_seqs=max(16, max_level))
+
+
+if __name__ == "__main__":
+    typer.run(main)
