@@ -5,6 +5,7 @@ the ContinuousBatchingPipeline driver against a fake pipeline, and the report's 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import threading
 import time
@@ -15,8 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi import Request  # at module level: the fake server's handler annotations name it
+from rich.console import Console
 
-from tools.bench_serve import Plan, level_row, overhead_figures, report, targets, warmup_set
+from tools.bench_serve import (
+    Plan,
+    level_row,
+    overhead_figures,
+    print_table,
+    report,
+    targets,
+    warmup_set,
+)
 from tools.serve_genai import serve_on
 from tools.serve_load import (
     LevelRun,
@@ -91,7 +101,8 @@ def test_summarize_counts_only_good_requests() -> None:
     assert s["tokens_per_chunk"] == pytest.approx(10 / 7, abs=1e-3)
     assert s["prompt_tokens_mean"] == 20.0 and s["without_usage"] == 0
     # TPOT: (last - first) / (tokens - 1): 0.3/3 and 0.6/5
-    assert s["tpot_ms_p50"] == pytest.approx((100.0 + 120.0) / 2)
+    assert s["tpot_ms"]["p50"] == pytest.approx((100.0 + 120.0) / 2)
+    assert s["tpot_ms"]["p99"] == pytest.approx(100.0 + 20.0 * 0.99)
 
 
 def test_summarize_of_only_errors_has_no_latencies() -> None:
@@ -119,7 +130,8 @@ def test_overhead_figures() -> None:
 
 def _summary(n: int, tok_s: float, errors: int = 0) -> dict[str, Any]:
     return {"concurrency": n, "tok_s": tok_s, "ttft_ms": {"p50": 1.0, "p99": 2.0},
-            "itl_ms": {"p50": 3.0, "p99": 4.0}, "errors": errors}
+            "itl_ms": {"p50": 3.0, "p99": 4.0}, "tpot_ms": {"p50": 2.0, "p99": 3.0},
+            "tokens_per_chunk": 1.0, "errors": errors}
 
 
 def test_targets_and_report_keys() -> None:
@@ -141,6 +153,10 @@ def test_targets_and_report_keys() -> None:
         assert set(row["ttft_ms"]) == {"p50", "p99"} == set(row["itl_ms"])
     skipped = level_row(_summary(4, 1.0), None)
     assert skipped["genai_cb_tok_s"] is None and skipped["ratio"] is None
+    printed = io.StringIO()
+    print_table(report([*rows, skipped], overhead, {}), Console(file=printed, width=250))
+    text = printed.getvalue()
+    assert "1.05x" in text and "target ratio_at_8" in text and "overhead" in text
 
 
 def test_warmup_set_covers_the_largest_level_with_short_requests() -> None:

@@ -232,6 +232,8 @@ def level_row(zctl: dict[str, Any], genai: dict[str, Any] | None) -> dict[str, A
         "genai_ttft_ms": genai["ttft_ms"] if genai else None,
         "genai_itl_ms": genai["itl_ms"] if genai else None,
         "errors": zctl["errors"], "genai_errors": genai["errors"] if genai else None,
+        "tpot_ms": zctl["tpot_ms"], "genai_tpot_ms": genai["tpot_ms"] if genai else None,
+        "tokens_per_chunk": zctl["tokens_per_chunk"],
         "zctl": zctl, "genai_cb": genai,
     }
 
@@ -273,14 +275,18 @@ def print_table(result: dict[str, Any], console: Console) -> None:
     table = Table(title=f"zctl serve vs openvino_genai CB: {result['cpu']}, {result['date']}, "
                         f"{result['commit']}")
     for column in ("clients", "zctl tok/s", "genai CB tok/s", "ratio", "TTFT p50/p99 ms",
-                   "genai TTFT", "ITL p50/p99 ms", "genai ITL", "errors", "genai errors"):
+                   "genai TTFT", "ITL p50/p99 ms", "genai ITL", "tokens/chunk", "TPOT p50/p99",
+                   "genai TPOT", "errors", "genai errors"):
         table.add_column(column, justify="right")
     for r in result["levels"]:
         table.add_row(str(r["concurrency"]), str(r["zctl_tok_s"]), str(r["genai_cb_tok_s"] or "-"),
                       f"{r['ratio']}x" if r["ratio"] else "-", _pct(r["ttft_ms"]),
                       _pct(r["genai_ttft_ms"]), _pct(r["itl_ms"]), _pct(r["genai_itl_ms"]),
+                      str(r["tokens_per_chunk"]), _pct(r["tpot_ms"]), _pct(r["genai_tpot_ms"]),
                       str(r["errors"]), str("-" if r["genai_errors"] is None else r["genai_errors"]))
     console.print(table)
+    console.print("ITL: gaps between streamed chunks (genai: one token a step); TPOT: per "
+                  "request, time per token after the first", soft_wrap=True)
     o = result["overhead"]
     console.print(f"HTTP at 1 client: {o['http_tok_s']} tok/s against {o['direct_tok_s']} "
                   f"direct: overhead {o['http_overhead']} (paired {o['http_overhead_paired']}), "
@@ -314,12 +320,22 @@ def main(
     export_dir = bench_model.export(2, "int4")
     props = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}  # cluster up's
     genai = None if skip_genai else genai_server(bench_model, export_dir, props, max(levels))
-    with served_cluster(export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets, port,
-                        max_queue or max(levels), api_key, timeout, REPO) as served:
-        rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
+    load_before = os.getloadavg()
+    try:
+        with served_cluster(export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets,
+                            port, max_queue or max(levels), api_key, timeout, REPO) as served:
+            rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
+    except RuntimeError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        err.print("interrupted: the cluster and the server are stopped")
+        raise typer.Exit(130) from None
     settings = {"requests": requests, "seed": seed, "overhead_requests": plan.overhead_requests,
                 "cpu_sets": cpu_sets, "export": str(export_dir), "genai_properties": props,
-                "max_tokens": [r.max_tokens for r in plan.requests]}
+                "max_tokens": [r.max_tokens for r in plan.requests],
+                "load_average_before_after": [round(load_before[0], 2),
+                                              round(os.getloadavg()[0], 2)]}
     result = report(rows, overhead, settings)
     if as_json:
         print(json.dumps(result))

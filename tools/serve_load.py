@@ -8,9 +8,11 @@ measured. Definitions, the same for every system measured (tools.bench_serve):
 
 - TTFT: from sending the request to the first chunk carrying content.
 - ITL (inter-token latency): the gaps between successive content chunks, pooled over the
-  level's requests. A chunk may carry several tokens (a server coalescing its output);
-  the gaps are then chunk gaps, not token gaps, and ``tokens_per_chunk`` (completion
-  tokens / content chunks) says how many tokens a gap covered on average.
+  level's requests, as a client sees them. A chunk may carry several tokens (zctl's
+  generation service sends a stream's new tokens every 100 ms): the gaps are then chunk
+  gaps, not token gaps, and ``tokens_per_chunk`` (completion tokens / content chunks)
+  says how many tokens a gap covered on average. TPOT, per request (last chunk - first
+  chunk) / (completion tokens - 1), is the per-token figure whatever the chunking.
 - Aggregate tok/s: completion tokens of the level's successful requests (from the
   server's ``usage``, not assumed from ``max_tokens``) / the level's wall time (first
   request sent to last request ended).
@@ -181,8 +183,8 @@ def p50_p99_ms(values_s: Sequence[float]) -> dict[str, float | None]:
 
 
 def summarize(run: LevelRun) -> dict[str, Any]:
-    """A level's figures: aggregate tok/s over its successful requests, TTFT and ITL
-    p50/p99, TPOT and end-to-end p50, errors (and what they were), token counts."""
+    """A level's figures: aggregate tok/s over its successful requests, TTFT, ITL and
+    TPOT p50/p99, end-to-end p50, errors (and what they were), token counts."""
     good = [r for r in run.records if r.ok]
     tokens = sum(r.completion_tokens for r in good)
     chunks = sum(len(r.chunk_times) for r in good)
@@ -193,7 +195,7 @@ def summarize(run: LevelRun) -> dict[str, Any]:
         "tok_s": round(aggregate_tok_s(tokens, run.wall_s), 2),
         "ttft_ms": p50_p99_ms([r.ttft_s for r in good if r.ttft_s is not None]),
         "itl_ms": p50_p99_ms([g for r in good for g in r.gaps_s()]),
-        "tpot_ms_p50": _ms(percentile([t for r in good if (t := r.tpot_s()) is not None], 50)),
+        "tpot_ms": p50_p99_ms([t for r in good if (t := r.tpot_s()) is not None]),
         "e2e_ms_p50": _ms(percentile([r.end - r.start for r in good], 50)),
         "errors": len(run.records) - len(good),
         "error_kinds": dict(Counter(r.error.split(":")[0] for r in run.records if r.error)),

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,9 +99,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 @contextmanager
 def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_queue: int,
-                   api_key: str | None, timeout: float, repo: Path) -> Iterator[Served]:
+                   api_key: str | None, timeout: float, repo: Path,
+                   server: Sequence[str] = ("-m", "console", "serve")) -> Iterator[Served]:
     """A 2-node local cluster of ``export_dir`` and ``zctl serve`` on 127.0.0.1:``port``
-    (0: a free port), both under ZCTL_HOME=``home``; everything stopped on exit."""
+    (0: a free port), both under ZCTL_HOME=``home``; everything stopped on exit.
+    ``server``: the Python arguments that start the HTTP server (its --host, --port,
+    --max-queue and --api-key options follow)."""
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ZCTL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     port = port or free_port("127.0.0.1")
@@ -113,25 +116,25 @@ def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_q
         except BlockingIOError:
             raise RuntimeError(f"another bench_serve run holds {home}") from None
         zctl(repo, env, "cluster", "down", check=False)  # one an interrupted run left
-        server = None
+        proc = None
         try:
             err.print(f"starting a 2-node local cluster (--cpu-sets {cpu_sets}) ...")
             zctl(repo, env, "cluster", "up", "--local", "2", "--cpu-sets", cpu_sets,
                  "--model", str(export_dir), "--timeout", str(timeout), timeout=timeout + 60)
             record = json.loads((home / "cluster.json").read_text())
-            command = [sys.executable, "-m", "console", "serve", "--host", "127.0.0.1",
-                       "--port", str(port), "--max-queue", str(max_queue)]
+            command = [sys.executable, *server, "--host", "127.0.0.1", "--port", str(port),
+                       "--max-queue", str(max_queue)]
             if api_key:
                 command += ["--api-key", api_key]
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab") as out:
-                server = subprocess.Popen(command, cwd=repo, env=env, stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(command, cwd=repo, env=env, stdin=subprocess.DEVNULL,
                                           stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True)
-            wait_health(server, base_url, timeout, log)
+            wait_health(proc, base_url, timeout, log)
             err.print(f"zctl serve is up at {base_url}")
             yield Served(base_url, str(record["serve"]), home)
         finally:
-            if server is not None:
-                stop_server(server)
+            if proc is not None:
+                stop_server(proc)
             zctl(repo, env, "cluster", "down", check=False)
