@@ -305,7 +305,7 @@ def main(
     cpu_sets: CpuSets = "split",
     port: Annotated[int, typer.Option(help="zctl serve's port (0: a free one)")] = 0,
     max_queue: Annotated[int, typer.Option(
-        help="zctl serve --max-queue (0: the largest client count)")] = 0,
+        help="zctl serve --max-queue (0: the server's default)")] = 0,
     api_key: Annotated[str | None, typer.Option(help="zctl serve --api-key")] = None,
     skip_genai: Annotated[bool, typer.Option("--skip-genai", help="no openvino_genai")] = False,
     timeout: Annotated[float, typer.Option(help="seconds for the cluster and server to "
@@ -323,7 +323,7 @@ def main(
     load_before = os.getloadavg()
     try:
         with served_cluster(export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets,
-                            port, max_queue or max(levels), api_key, timeout, REPO) as served:
+                            port, max_queue, api_key, timeout, REPO) as served:
             rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
     except RuntimeError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)

@@ -103,8 +103,8 @@ def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_q
                    server: Sequence[str] = ("-m", "console", "serve")) -> Iterator[Served]:
     """A 2-node local cluster of ``export_dir`` and ``zctl serve`` on 127.0.0.1:``port``
     (0: a free port), both under ZCTL_HOME=``home``; everything stopped on exit.
-    ``server``: the Python arguments that start the HTTP server (its --host, --port,
-    --max-queue and --api-key options follow)."""
+    ``max_queue`` 0 keeps the server's default. ``server``: the Python arguments that
+    start the HTTP server (its --host, --port, --max-queue and --api-key options follow)."""
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ZCTL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     port = port or free_port("127.0.0.1")
@@ -122,8 +122,9 @@ def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_q
             zctl(repo, env, "cluster", "up", "--local", "2", "--cpu-sets", cpu_sets,
                  "--model", str(export_dir), "--timeout", str(timeout), timeout=timeout + 60)
             record = json.loads((home / "cluster.json").read_text())
-            command = [sys.executable, *server, "--host", "127.0.0.1", "--port", str(port),
-                       "--max-queue", str(max_queue)]
+            command = [sys.executable, *server, "--host", "127.0.0.1", "--port", str(port)]
+            if max_queue:
+                command += ["--max-queue", str(max_queue)]
             if api_key:
                 command += ["--api-key", api_key]
             log.parent.mkdir(parents=True, exist_ok=True)
