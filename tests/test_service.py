@@ -187,6 +187,10 @@ class SlowChain(InlineExecutor):
         self.drop_answers(stream_id)
         self.chain.reset(stream_id)
 
+    def close_stream(self, stream_id: int) -> None:
+        self.drop_answers(stream_id)
+        self.chain.close_stream(stream_id)
+
     def abandon_all(self, why: str) -> None:
         super().abandon_all(why)
         self.chain.abandon_all(why)
