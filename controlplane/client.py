@@ -17,7 +17,12 @@ from controlplane.messages import (
 )
 from controlplane.records import ClusterStatus
 from controlplane.security import CurveClient
-from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+from controlplane.service_messages import (
+    GenerateCancel,
+    GenerateChunk,
+    GenerateDone,
+    GenerateRequest,
+)
 from controlplane.sockets import dealer_socket
 
 
@@ -66,7 +71,8 @@ def generate_stream(endpoint: str, request: GenerateRequest, first_timeout: floa
 def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout: float = 120.0,
                   idle_timeout: float = 60.0) -> Iterator[GenerateChunk | GenerateDone]:
     """Send several GenerateRequests at once (the service runs them concurrently) and yield
-    every chunk and done as it arrives, until each request is done."""
+    every chunk and done as it arrives, until each request is done. Stopped early (Ctrl-C,
+    the generator closed, an error), it cancels the generations still running."""
     if len({r.request_id for r in requests}) != len(requests):
         raise ValueError("request ids must be unique")
     open_ids = {r.request_id for r in requests}
@@ -93,5 +99,19 @@ def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout:
                     open_ids.discard(msg.request_id)
                 yield msg
     finally:
+        cancel_open(sock, open_ids)
         sock.close(0)
         ctx.term()
+
+
+def cancel_open(sock: zmq.Socket, request_ids: set[str], linger_ms: int = 500) -> None:
+    """Ask the service to cancel these generations, giving the messages ``linger_ms`` to
+    leave before the socket closes."""
+    if not request_ids:
+        return
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    for request_id in sorted(request_ids):
+        try:
+            sock.send_multipart(to_frames(GenerateCancel(request_id)), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return

@@ -186,6 +186,12 @@ class GenerationEngine:
                 return True
         return False
 
+    def cancel_client(self, client: Hashable) -> int:
+        """Cancel every generation of ``client`` (it went away); how many there were."""
+        ids = [r.request_id for c, r in self._waiting if c == client]
+        ids += [j.request.request_id for j in self._jobs.values() if j.client == client]
+        return sum(self.cancel(client, request_id) for request_id in ids)
+
     def poll(self, timeout_s: float = POLL_S) -> list[Outgoing]:
         """Start waiting requests, watch the pipeline's health, advance the generations
         (waiting up to ``timeout_s`` for a reply); what to tell which client."""
