@@ -191,13 +191,14 @@ def _bench_command(name: str, module: str, summary: str) -> None:
 
 
 def _register() -> None:
-    from console import cluster_cli, run_cli
+    from console import cluster_cli, doctor, run_cli
 
     for name, (module, summary) in BENCHMARKS.items():
         _bench_command(name, module, summary)
     app.add_typer(cluster_cli.cluster_app, name="cluster")
     app.add_typer(cluster_cli.node_app, name="node")
     app.command("run")(run_cli.run)
+    app.command("doctor")(doctor.doctor)
 
 
 _register()

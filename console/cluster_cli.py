@@ -302,14 +302,12 @@ def cluster_status(
 
 def _client_curve(server_key: Path, key_pair: Path):  # noqa: ANN202 - a CurveClient
     """The CURVE client of an admitted key pair for the coordinator with ``server_key``."""
-    import zmq.auth
+    from controlplane.security import CurveClient, SecurityError
 
-    from controlplane.security import CurveClient, read_public_key
-
-    public, secret = zmq.auth.load_certificate(str(key_pair))
-    if not secret:
-        raise ValueError(f"{key_pair} holds no secret key: give the .key_secret file")
-    return CurveClient(read_public_key(server_key), public, secret)
+    try:
+        return CurveClient.from_files(server_key, key_pair)
+    except SecurityError as exc:
+        raise ValueError(str(exc)) from None
 
 
 @cluster_app.command("authorize")

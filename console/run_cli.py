@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -126,18 +127,20 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     try:
         if live is not None:
             live.start()
-        for msg in generate_many(record.serve, requests):
-            i = index[msg.request_id]
-            now = time.monotonic()
-            first_at.setdefault(i, now)
-            apply_message(snapshot, i, msg)
-            if isinstance(msg, GenerateDone):
-                dones[i] = msg
-            after_first = sum(max(v.tokens - 1, 0) for v in snapshot.streams)
-            if len(prompts) > 1 and now > min(first_at.values()):
-                snapshot.aggregate_tok_s = after_first / (now - min(first_at.values()))
-            if live is not None:
-                live.update(render_run(snapshot))
+        # closing() ends the stream here on Ctrl-C: its generations are cancelled at once
+        with closing(generate_many(record.serve, requests)) as messages:
+            for msg in messages:
+                i = index[msg.request_id]
+                now = time.monotonic()
+                first_at.setdefault(i, now)
+                apply_message(snapshot, i, msg)
+                if isinstance(msg, GenerateDone):
+                    dones[i] = msg
+                after_first = sum(max(v.tokens - 1, 0) for v in snapshot.streams)
+                if len(prompts) > 1 and now > min(first_at.values()):
+                    snapshot.aggregate_tok_s = after_first / (now - min(first_at.values()))
+                if live is not None:
+                    live.update(render_run(snapshot))
     finally:
         if live is not None:
             live.stop()

@@ -134,7 +134,7 @@ class Coordinator:
         self.members: dict[str, ms.Member] = {self.node_id: me}
         self.pipeline = PipelinePlan(self.manifest, stage_needs(self.manifest, self.export_dir, cost),
                                  self.node_id, cfg.runtime, cfg.expect_nodes, cfg.placement)
-        self.refused: deque[tuple[str, str, str, float]] = deque(maxlen=32)
+        self.refused: deque[tuple[str, str, str, float, str]] = deque(maxlen=32)
         self.counters: dict[str, int] = dict.fromkeys(
             ("received", "malformed", "unknown_type", "protocol_mismatch", "unexpected",
              "not_enrolled", "send_failed", "refused", "marked_dead", "chunks_served",
@@ -317,7 +317,7 @@ class Coordinator:
 
     def _refuse(self, identity: bytes, node_id: str, host: str, code: str, reason: str) -> None:
         self.counters["refused"] += 1
-        self.refused.append((node_id, host, reason, time.monotonic()))
+        self.refused.append((node_id, host, reason, time.monotonic(), code))
         log.warning("refused node %s: %s", node_id, reason)
         self._send(identity, Refuse(code, reason, node_id))
 
@@ -477,9 +477,10 @@ class Coordinator:
             uptime_s=round(now - self._started, 3), plan_error=pipe.plan_error,
             nodes=[m.status(now) for m in self.members.values()],
             stages=pipe.stage_status(self.members),
-            refused=[RefusalInfo(n, h, r, round(now - t, 3)) for n, h, r, t in self.refused],
+            refused=[RefusalInfo(n, h, r, round(now - t, 3), c) for n, h, r, t, c in self.refused],
             counters=dict(self.counters), runtime=self.config.runtime,
-            curve=self.config.curve is not None)
+            curve=self.config.curve is not None, time_s=time.time(),
+            heartbeat_interval=self.config.heartbeat_interval, liveness=self.config.liveness)
 
     def status(self) -> ClusterStatus:
         """A consistent snapshot (thread-safe)."""

@@ -68,6 +68,8 @@ class Member:
             openvino=info.openvino, zctl=info.zctl, cached_shards=len(self.shards),
             transfer_done=self.transfer_done(), transfer_total=self.transfer_total,
             error=self.error, local=self.local,
+            last_sent_s=(round(max(0.0, now - self.last_sent), 3)
+                         if self.last_sent and not self.local else None),
         )
 
 

@@ -20,6 +20,7 @@ from controlplane.records import DeviceInfo
 # (INT4 exports keep embedding and head in INT8; see exporter/compress.py).
 EMBED_BYTES_PER_WEIGHT = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int4": 1.0}
 DEFAULT_HEADROOM = 0.9
+RUNTIME_OVERHEAD = 1.2  # compiled-model buffers on top of a stage's weight files
 
 
 class PlacementError(ValueError):
@@ -57,7 +58,7 @@ class LayerCost:
     first_extra: int = 0
     last_extra: int = 0
     kv_bytes_per_layer: int = 0
-    overhead: float = 1.2  # compiled-model buffers on top of the raw weights
+    overhead: float = RUNTIME_OVERHEAD  # compiled-model buffers on top of the raw weights
 
     def stage_bytes(self, start: int, end: int, num_layers: int) -> int:
         weights = (end - start) * self.layer_bytes
@@ -69,7 +70,7 @@ class LayerCost:
 
     @classmethod
     def from_export(cls, manifest: ExportManifest, export_dir: Path | str, context: int = 4096,
-                    kv_bytes_per_value: int = 2, overhead: float = 1.2) -> LayerCost:
+                    kv_bytes_per_value: int = 2, overhead: float = RUNTIME_OVERHEAD) -> LayerCost:
         """Estimate per-layer weight bytes from the export's .bin sizes."""
         export_dir = Path(export_dir)
         try:

@@ -78,6 +78,7 @@ class NodeStatus:
     transfer_total: int = 0
     error: str = ""
     local: bool = False
+    last_sent_s: float | None = None  # since the coordinator last sent to it (None: never)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class RefusalInfo:
     host: str
     reason: str
     age_s: float
+    code: str = ""  # the Refuse code: openvino-version, protocol-version, ...
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ class ClusterStatus:
     counters: dict[str, int]
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)  # what every stage compiles with
     curve: bool = False  # CURVE on the control and data pipes
+    time_s: float = 0.0  # the coordinator's wall clock when it made this snapshot (0: unknown)
+    heartbeat_interval: float = 0.0  # seconds between heartbeats (0: not reported)
+    liveness: int = 0  # heartbeats a node may miss before it is marked dead (0: not reported)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

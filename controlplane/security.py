@@ -136,6 +136,18 @@ class CurveClient:
         public, secret = load_or_create_keypair(key_dir(state_dir), name)
         return cls(server_public, public, secret)
 
+    @classmethod
+    def from_files(cls, server_key: Path, key_pair: Path) -> CurveClient:
+        """The client of an admitted key pair (its ``.key_secret`` file) for the server
+        whose public key file is ``server_key``; SecurityError if either is unusable."""
+        try:
+            public, secret = zmq.auth.load_certificate(str(key_pair))
+        except (OSError, ValueError) as exc:
+            raise SecurityError(f"cannot read the CURVE key pair {key_pair}: {exc}") from None
+        if not secret:
+            raise SecurityError(f"{key_pair} holds no secret key: give the .key_secret file")
+        return cls(read_public_key(server_key), public, secret)
+
     def apply(self, sock: zmq.Socket) -> None:
         _require_curve()
         curve_client(sock, self.server_public, self.public, self.secret)

@@ -3,8 +3,9 @@
 One thread owns a ROUTER socket and drives a ``GenerationEngine`` (engine.service) on the
 coordinator's stage-0 executor: it takes ``GenerateRequest`` messages, hands them to the
 engine, and sends back the engine's chunks as ``GenerateChunk`` messages and one
-``GenerateDone`` per request, to the client that asked. Malformed requests get an
-``Error`` and the service keeps serving; a client that vanishes is forgotten. The
+``GenerateDone`` per request, to the client that asked; ``GenerateCancel`` stops one.
+Malformed requests get an ``Error`` and the service keeps serving. A client that vanishes
+(or stops reading) has its generations cancelled: they free the stages at once. The
 executor is never touched by another thread (``ClusterHead`` is not thread-safe).
 """
 
@@ -21,7 +22,12 @@ import zmq
 
 from common.manifest import load_manifest
 from controlplane.messages import Error, MessageError, from_frames, to_frames
-from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+from controlplane.service_messages import (
+    GenerateCancel,
+    GenerateChunk,
+    GenerateDone,
+    GenerateRequest,
+)
 from controlplane.sockets import router_socket
 from dataplane.draft_model import DraftModels
 from dataplane.runtime import RuntimeConfig
@@ -75,6 +81,7 @@ class GenerationService:
             raise OSError(f"generation service cannot bind {endpoint}: {exc}") from None
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._malformed = 0
+        self._gone: set[Any] = set()  # clients found unreachable (their events are dropped)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -105,6 +112,8 @@ class GenerationService:
                 self._receive_all()
             for client, event in self.engine.poll(POLL_S):
                 self._send(client, to_wire(event))
+            if self._gone and not self.engine.busy:
+                self._gone.clear()  # their cancellations have ended: forget them
 
     def _receive_all(self) -> None:
         while True:
@@ -113,18 +122,28 @@ class GenerationService:
             except zmq.Again:
                 return
             identity, body = frames[0], frames[1:]
+            self._gone.discard(identity)  # it is back
             try:
                 msg, _ = from_frames(body)
-                if not isinstance(msg, GenerateRequest):
-                    raise MessageError(f"the generation service takes generate_request, not {msg.TYPE}")
+                if not isinstance(msg, GenerateRequest | GenerateCancel):
+                    raise MessageError("the generation service takes generate_request and "
+                                       f"generate_cancel, not {msg.TYPE}")
             except MessageError as exc:
                 self._malformed += 1
                 self._send(identity, Error("bad-request", str(exc)))
                 continue
-            self.engine.submit(identity, msg)
+            if isinstance(msg, GenerateCancel):
+                self.engine.cancel(identity, msg.request_id)
+            else:
+                self.engine.submit(identity, msg)
 
     def _send(self, identity: Any, msg: Any) -> None:
+        if identity in self._gone:
+            return
         try:
-            self._sock.send_multipart([identity, *to_frames(msg)])
-        except zmq.ZMQError as exc:  # the client went away: keep serving others
-            log.info("client %r unreachable: %s", identity, exc)
+            self._sock.send_multipart([identity, *to_frames(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
+            self._gone.add(identity)
+            cancelled = self.engine.cancel_client(identity)
+            log.info("client %r unreachable (%s): %d generation(s) cancelled", identity, exc,
+                     cancelled)

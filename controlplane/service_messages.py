@@ -1,4 +1,5 @@
-"""The generation service's wire schema (client <-> coordinator): request, chunks, done.
+"""The generation service's wire schema (client <-> coordinator): request, cancel, chunks,
+done.
 
 The fields are the engine's own (engine.requests); these classes put them in the control
 plane's envelope, registry and validation.
@@ -40,3 +41,16 @@ class GenerateDone(GenerationDone, Message):
     """Coordinator -> client: the generation ended (error is empty on success)."""
 
     TYPE: ClassVar[str] = "generate_done"
+
+
+@register
+@dataclass(frozen=True)
+class GenerateCancel(Message):
+    """Client -> coordinator: stop my generation ``request_id`` (it ends with the tokens it
+    has, stop_reason "cancelled", and its KV slots are freed on every stage)."""
+
+    TYPE: ClassVar[str] = "generate_cancel"
+    request_id: str
+
+    def check(self) -> None:
+        need(0 < len(self.request_id) <= 64, "generate_cancel.request_id must be 1..64 chars")

@@ -59,6 +59,12 @@ class LocalChain(InlineExecutor):
         for runner in self.runners:
             runner.reset_stream(stream_id)
 
+    def close_stream(self, stream_id: int) -> None:
+        """Free the stream's KV slots on every stage."""
+        self.drop_answers(stream_id)
+        for runner in self.runners:
+            runner.close_stream(stream_id)
+
     def rewind(self, stream_id: int, count: int | np.ndarray) -> None:
         """Drop the stream's last ``count`` tokens on every stage (see ``rewind`` mode); on
         a row group, each row's own count (masking)."""

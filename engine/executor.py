@@ -49,7 +49,8 @@ class Executor(Protocol):
     """What the engine needs of a pipeline of stages.
 
     Streams are opened and reset (a reset forgets the stream's KV on every stage) before
-    their first step. A step's ``mask_tail`` first drops that many of the stream's last
+    their first step; ``close_stream`` frees a finished stream's KV slots on every stage.
+    A step's ``mask_tail`` first drops that many of the stream's last
     tokens on every stage (on a row group: one count per row); ``rewind`` does the same
     on its own, applied before the stream's next step. ``regroup`` makes ``group_id`` the
     row group of ``members`` (streams stepped as the rows of one inference per stage)
@@ -64,6 +65,7 @@ class Executor(Protocol):
     def row_groups_supported(self) -> bool: ...
     def open(self, stream_id: int) -> None: ...
     def reset(self, stream_id: int) -> None: ...
+    def close_stream(self, stream_id: int) -> None: ...
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
                mask_tail: int | np.ndarray = 0) -> int: ...

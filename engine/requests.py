@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 MAX_PROMPT_CHARS = 1 << 20
 MAX_NEW_TOKENS = 1 << 16
 MAX_DRAFT_TOKENS = 32
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
+MAX_TOP_LOGPROBS = 20
+MAX_MESSAGES = 4096
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 SPECULATIVE_MODES = ("", "lookup")  # or "draft:PATH" (a 1-stage export on the coordinator)
 
 
@@ -19,12 +24,35 @@ class RequestRefused(ValueError):
     """A well-formed request the engine cannot run (e.g. a missing draft model)."""
 
 
+# Why a generation failed, for a front door to map onto its own codes (HTTP 400/503/500).
+BAD_REQUEST, UNAVAILABLE, INTERNAL = "bad_request", "unavailable", "internal"
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of a conversation, rendered with the model's own chat template."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model, and the most likely
+    alternatives at its position (best first)."""
+
+    token: int
+    logprob: float
+    top_tokens: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """Generate for this prompt, streaming tokens back."""
 
     request_id: str
-    prompt: str
+    prompt: str = ""  # a user prompt, or raw text (chat=False); or else ``messages``
     max_tokens: int = 128
     chat: bool = True
     ignore_eos: bool = False
@@ -34,9 +62,15 @@ class GenerationRequest:
     top_k: int = 0  # 0 = no top-k truncation
     top_p: float = 1.0
     seed: int | None = None  # None: a fresh seed per request
+    messages: list[ChatMessage] = field(default_factory=list)  # a conversation (chat)
+    stop: list[str] = field(default_factory=list)  # stop strings: end before the first one
+    logprobs: bool = False  # chunks carry each token's TokenLogprob
+    top_logprobs: int = 0  # ... with this many alternatives
+    chunk_interval_ms: int = 100  # how often tokens are sent (0: each as it comes)
 
     def problem(self) -> str | None:
         """What is wrong with the request's values (the first thing found), or None."""
+        stop_chars = sum(len(s) for s in self.stop)
         checks = (
             (0.0 <= self.temperature <= 100.0, "temperature must be in 0..100"),
             (0 <= self.top_k <= 1 << 20, "top_k must be >= 0"),
@@ -47,8 +81,20 @@ class GenerationRequest:
              f"speculative must be '', 'lookup' or 'draft:PATH', got {self.speculative!r}"),
             (0 <= self.k <= MAX_DRAFT_TOKENS,
              f"k must be in 0..{MAX_DRAFT_TOKENS} (0 = adaptive)"),
-            (0 < len(self.prompt) <= MAX_PROMPT_CHARS,
-             f"prompt must have 1..{MAX_PROMPT_CHARS} characters"),
+            (bool(self.prompt) != bool(self.messages), "give a prompt or messages (not both)"),
+            (len(self.prompt) + sum(len(m.content) for m in self.messages) <= MAX_PROMPT_CHARS,
+             f"the prompt must have at most {MAX_PROMPT_CHARS} characters"),
+            (len(self.messages) <= MAX_MESSAGES, f"at most {MAX_MESSAGES} messages"),
+            (self.chat or not self.messages, "messages need the chat template (chat=True)"),
+            (all(m.role in CHAT_ROLES for m in self.messages),
+             f"a message's role is one of {', '.join(CHAT_ROLES)}"),
+            (len(self.stop) <= MAX_STOP_STRINGS and all(self.stop) and stop_chars <= MAX_STOP_CHARS,
+             f"stop takes up to {MAX_STOP_STRINGS} non-empty strings ({MAX_STOP_CHARS} "
+             "characters in all)"),
+            (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+             f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}"),
+            (self.logprobs or self.top_logprobs == 0, "top_logprobs needs logprobs"),
+            (0 <= self.chunk_interval_ms <= 60_000, "chunk_interval_ms must be in 0..60000"),
             (0 < self.max_tokens <= MAX_NEW_TOKENS, f"max_tokens must be in 1..{MAX_NEW_TOKENS}"),
             (0 < len(self.request_id) <= 64, "request_id must be 1..64 chars"),
         )
@@ -68,13 +114,15 @@ class GenerationChunk:
     timing: dict[str, dict[str, float]] = field(default_factory=dict)
     spec: dict[str, float] = field(default_factory=dict)  # acceptance, k, tokens_per_step
     note: str = ""  # what happened to the generation (paused: a stage is down; resumed)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, if asked
 
 
 @dataclass(frozen=True)
 class GenerationDone:
     """The generation ended: all its tokens and text (``error`` is empty on success).
 
-    ``stop_reason``: "eos", "max_tokens", "cancelled" or "error"."""
+    ``stop_reason``: "eos", "stop" (a stop string), "max_tokens", "cancelled" or "error";
+    ``error_kind`` says why an error happened (BAD_REQUEST, UNAVAILABLE, INTERNAL)."""
 
     request_id: str
     tokens: list[int]
@@ -86,3 +134,4 @@ class GenerationDone:
     stop_reason: str = ""
     error: str = ""
     spec: dict[str, float] = field(default_factory=dict)
+    error_kind: str = ""

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.requests import TokenLogprob
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -101,3 +103,28 @@ def speculative_sample(draft: Sequence[int], probs: np.ndarray, rng: np.random.G
             continue
         return i, draw(residual, rng)
     return k, draw(probs[k], rng)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-probabilities of ``logits`` [..., V] (float64)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def token_logprobs(logits: np.ndarray, tokens: Sequence[int], top: int = 0) -> list[TokenLogprob]:
+    """Each token's log-probability under the model's raw distribution at its row of
+    ``logits`` [len(tokens), V], and the ``top`` most likely tokens there (best first)."""
+    rows = np.asarray(logits).reshape(-1, np.asarray(logits).shape[-1])
+    if rows.shape[0] < len(tokens):
+        raise ValueError(f"{len(tokens)} tokens need {len(tokens)} rows of logits, got {rows.shape[0]}")
+    out = []
+    for row, token in zip(rows, tokens, strict=False):
+        lp = log_softmax(row)
+        best: list[int] = []
+        if top > 0:
+            best = np.argpartition(-lp, min(top, lp.size - 1))[:top].tolist()
+            best.sort(key=lambda t: (-lp[t], t))
+        out.append(TokenLogprob(int(token), float(lp[token]), [int(t) for t in best],
+                                [float(lp[t]) for t in best]))
+    return out

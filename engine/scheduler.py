@@ -120,8 +120,9 @@ class StreamScheduler:
             self.sessions[session.stream_id] = session
 
     def cancel(self, stream_id: int) -> None:
-        """Stop a session: its step in flight is abandoned (a reset gives a new epoch); in
-        a row group its row is dropped at the group's next step."""
+        """Stop a session: its step in flight is abandoned and its KV slots are freed on
+        every stage (closing gives a new epoch); in a row group its row is dropped when the
+        group is next re-formed, before its next step."""
         session = self.sessions.pop(stream_id, None)
         if session is None:
             return
@@ -133,7 +134,7 @@ class StreamScheduler:
             return
         for rid in [r for r, s in self._in_flight.items() if s == [session]]:
             del self._in_flight[rid]
-        self.pipeline.reset(stream_id)
+        self.pipeline.close_stream(stream_id)
 
     def poll(self, timeout_s: float | None = None) -> list[SessionUpdate]:
         """Advance: start a step for every idle session or group, then take one answer (or
@@ -142,10 +143,23 @@ class StreamScheduler:
         updates += self._poll_executor(timeout_s)
         for update in updates:
             if update.session.done:
-                self.sessions.pop(update.session.stream_id, None)
-                self._leave_group(update.session)
+                self._retire(update.session)
         updates += self._settle_groups()
         return updates
+
+    def _retire(self, session: DecodeSession) -> None:
+        """A finished session leaves the schedule: its row group drops its row at the next
+        settle; a stream stepped on its own is freed on every stage now (nothing of it is
+        in flight: it finished on its last reply)."""
+        if self.sessions.pop(session.stream_id, None) is None:
+            return
+        grouped = session.stream_id in self._group_of
+        self._leave_group(session)
+        if not grouped and not any(session in s for s in self._in_flight.values()):
+            try:
+                self.pipeline.close_stream(session.stream_id)
+            except Exception:  # noqa: BLE001 - a broken pipeline: the next reset starts over
+                pass
 
     # -- row groups ------------------------------------------------------------------
     def _busy(self) -> set[int]:

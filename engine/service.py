@@ -26,15 +26,20 @@ from dataclasses import dataclass, field
 from engine.drafting import Drafter, LookupDrafter
 from engine.executor import Executor
 from engine.requests import (
+    BAD_REQUEST,
+    INTERNAL,
     MAX_DRAFT_TOKENS,
+    UNAVAILABLE,
     GenerationChunk,
     GenerationDone,
     GenerationRequest,
     RequestRefused,
+    TokenLogprob,
 )
 from engine.sampling import SamplingParams
 from engine.scheduler import SessionUpdate, StreamScheduler
 from engine.sessions import DecodeSession
+from engine.stops import StopMatcher
 from engine.tokenizer import ChatTokenizer, StreamDecoder
 
 log = logging.getLogger("zctl.engine")
@@ -67,14 +72,21 @@ def spec_summary(session: DecodeSession) -> dict[str, float]:
 
 
 def stop_reason(produced: Sequence[int], request: GenerationRequest, stop_ids: Sequence[int],
-                error: Exception | None, cancelled: bool) -> str:
+                error: Exception | None, cancelled: bool, stopped: bool = False) -> str:
     if error is not None:
         return "error"
     if cancelled:
         return "cancelled"
+    if stopped:
+        return "stop"
     if produced and not request.ignore_eos and produced[-1] in stop_ids:
         return "eos"
     return "max_tokens"
+
+
+def error_kind(error: Exception) -> str:
+    """How a front door should report a generation's failure."""
+    return UNAVAILABLE if isinstance(error, PipelineDown) else INTERNAL
 
 
 @dataclass
@@ -83,10 +95,19 @@ class _Job:
     request: GenerationRequest
     session: DecodeSession
     decoder: StreamDecoder
+    stops: StopMatcher
     pending: list[int] = field(default_factory=list)
     pending_text: str = ""
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    raw_text: str = ""  # what the decoder gave, before stop strings were taken out
+    sent_text: str = ""  # what the client was sent
+    kept: int = 0  # tokens of session.emitted the client gets (a stop string cuts the rest)
     last_sent: float = 0.0
     cancelled: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        return self.stops.hit is not None
 
 
 class GenerationEngine:
@@ -97,7 +118,8 @@ class GenerationEngine:
                  row_groups: int = 0, shared_cores: bool = False,
                  health: Callable[[], str | None] | None = None,
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
-                 load_drafter: DrafterLoader | None = None) -> None:
+                 load_drafter: DrafterLoader | None = None,
+                 max_context: int | None = None) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
         if row_groups < 0:
@@ -108,6 +130,7 @@ class GenerationEngine:
         self.shared_cores = shared_cores  # the stages share this machine's cores (StageLoad)
         self.resume_timeout_s = resume_timeout_s
         self.load_drafter = load_drafter
+        self.max_context = max_context  # prompt + new tokens must fit (None: no limit)
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0}
         self._scheduler: StreamScheduler | None = None
         self._jobs: dict[int, _Job] = {}  # by stream id
@@ -128,6 +151,10 @@ class GenerationEngine:
         return len(self._jobs)
 
     @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
     def scheduler(self) -> StreamScheduler | None:
         """The current schedule (None before the first request and while paused)."""
         return self._scheduler
@@ -146,8 +173,8 @@ class GenerationEngine:
             if waiting[0] == client and waiting[1].request_id == request_id:
                 self._waiting.remove(waiting)
                 self.counters["cancelled"] += 1
-                self._out.append((client, self._done_event(waiting[1], [], "", 0, 0.0, 0.0,
-                                                            "cancelled", "")))
+                self._out.append((client, GenerationDone(waiting[1].request_id, [], "", 0, 0.0,
+                                                         0.0, stop_reason="cancelled")))
                 return True
         for job in self._jobs.values():
             if job.client == client and job.request.request_id == request_id:
@@ -158,6 +185,12 @@ class GenerationEngine:
                 self._progress(SessionUpdate(job.session, []))  # what it has, then its end
                 return True
         return False
+
+    def cancel_client(self, client: Hashable) -> int:
+        """Cancel every generation of ``client`` (it went away); how many there were."""
+        ids = [r.request_id for c, r in self._waiting if c == client]
+        ids += [j.request.request_id for j in self._jobs.values() if j.client == client]
+        return sum(self.cancel(client, request_id) for request_id in ids)
 
     def poll(self, timeout_s: float = POLL_S) -> list[Outgoing]:
         """Start waiting requests, watch the pipeline's health, advance the generations
@@ -177,15 +210,15 @@ class GenerationEngine:
             client, req = self._waiting.popleft()
             problem = req.problem()
             if problem is not None:
-                self._refuse(client, req, f"bad request: {problem}")
+                self._refuse(client, req, f"bad request: {problem}", BAD_REQUEST)
                 continue
             executor = self.get_executor()
             if executor is None:
-                self._refuse(client, req, "the pipeline is not wired yet")
+                self._refuse(client, req, "the pipeline is not wired yet", UNAVAILABLE)
                 continue
             problem = self._paused[1] if self._paused else self._problem()
             if problem is not None:
-                self._refuse(client, req, f"the pipeline cannot serve now: {problem}")
+                self._refuse(client, req, f"the pipeline cannot serve now: {problem}", UNAVAILABLE)
                 continue
             if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not executor):
                 self._scheduler = StreamScheduler(executor, self.row_groups, self.shared_cores)
@@ -194,19 +227,36 @@ class GenerationEngine:
             stream_id = min(set(range(self.max_streams)) - set(self._jobs))
             try:
                 session = self._session(stream_id, req)
-                self._scheduler.add(session)
-            except (RequestRefused, ValueError, RuntimeError) as exc:
-                self._refuse(client, req, f"{type(exc).__name__}: {exc}")
+            except (RequestRefused, ValueError) as exc:
+                self._refuse(client, req, f"{type(exc).__name__}: {exc}", BAD_REQUEST)
                 continue
-            self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer))
+            try:
+                self._scheduler.add(session)
+            except RuntimeError as exc:
+                self._refuse(client, req, f"{type(exc).__name__}: {exc}", UNAVAILABLE)
+                continue
+            self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer),
+                                         StopMatcher(req.stop))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
 
+    def prompt_ids(self, req: GenerationRequest) -> list[int]:
+        """The request's prompt as token ids (its messages through the chat template)."""
+        if req.messages:
+            return self.tokenizer.encode_chat([(m.role, m.content) for m in req.messages])
+        return self.tokenizer.encode(req.prompt, chat=req.chat)
+
     def _session(self, stream_id: int, req: GenerationRequest) -> DecodeSession:
-        ids = self.tokenizer.encode(req.prompt, chat=req.chat)
+        ids = self.prompt_ids(req)
+        if self.max_context is not None and len(ids) + req.max_tokens > self.max_context:
+            raise RequestRefused(
+                f"the prompt's {len(ids)} tokens plus max_tokens {req.max_tokens} exceed the "
+                f"model's context of {self.max_context} tokens")
         stops = () if req.ignore_eos else self.stop_ids
         sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
+        top = req.top_logprobs if req.logprobs else None
         if not req.speculative:
-            return DecodeSession(stream_id, ids, req.max_tokens, stops, sampling=sampling)
+            return DecodeSession(stream_id, ids, req.max_tokens, stops, sampling=sampling,
+                                 top_logprobs=top)
         if req.speculative == "lookup":
             drafter: Drafter = LookupDrafter()
         elif self.load_drafter is None:
@@ -214,19 +264,14 @@ class GenerationEngine:
         else:
             drafter = self.load_drafter(req.speculative.removeprefix("draft:"), stream_id)
         return DecodeSession(stream_id, ids, req.max_tokens, stops, drafter=drafter,
-                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0, sampling=sampling)
+                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0, sampling=sampling,
+                             top_logprobs=top)
 
-    def _refuse(self, client: Hashable, req: GenerationRequest, error: str) -> None:
+    def _refuse(self, client: Hashable, req: GenerationRequest, error: str, kind: str) -> None:
         self.counters["failed"] += 1
-        self._out.append((client, self._done_event(req, [], "", 0, 0.0, 0.0, "error", error)))
-
-    @staticmethod
-    def _done_event(req: GenerationRequest, tokens: list[int], text: str, prompt_tokens: int,
-                    ttft_ms: float, tok_s: float, reason: str, error: str,
-                    timing: dict[str, dict[str, float]] | None = None,
-                    spec: dict[str, float] | None = None) -> GenerationDone:
-        return GenerationDone(req.request_id, tokens, text, prompt_tokens, ttft_ms, tok_s,
-                              timing or {}, reason, error, spec or {})
+        self._out.append((client, GenerationDone(req.request_id, [], "", 0, 0.0, 0.0,
+                                                 stop_reason="error", error=error,
+                                                 error_kind=kind)))
 
     # -- the pipeline's health -----------------------------------------------------------
     def _problem(self) -> str | None:
@@ -304,21 +349,47 @@ class GenerationEngine:
         job = self._jobs.get(session.stream_id)
         if job is None or job.session is not session:
             return
-        stops = set() if job.request.ignore_eos else set(self.stop_ids)
-        for token in update.tokens:
-            if token not in stops:
-                job.pending.append(token)
-                job.pending_text += job.decoder.push(token)
+        self._take_tokens(job, update.tokens)
         now = time.monotonic()
         first = len(session.emitted) == len(update.tokens) and update.tokens
-        if job.pending and (first or now - job.last_sent >= CHUNK_INTERVAL_S or session.done):
-            self._out.append((job.client, GenerationChunk(
-                job.request.request_id, job.pending, job.pending_text, len(session.emitted),
-                session.stats.ttft_ms, session.stats.tok_s or None,
-                self._timing_summary(now), spec_summary(session))))
-            job.pending, job.pending_text, job.last_sent = [], "", now
+        interval = job.request.chunk_interval_ms / 1e3
+        if job.pending and (first or now - job.last_sent >= interval or session.done):
+            self._send_pending(job, now)
         if session.done:
             self._finish(job)
+
+    def _take_tokens(self, job: _Job, tokens: list[int]) -> None:
+        """Decode a session's new tokens into the job's pending chunk; a stop string ends
+        the generation (the tokens after it are not the client's)."""
+        session = job.session
+        stops = set() if job.request.ignore_eos else set(self.stop_ids)
+        first_index = len(session.emitted) - len(tokens)
+        for i, token in enumerate(tokens):
+            if job.stopped:
+                break
+            job.kept = first_index + i + 1
+            if token in stops:
+                continue
+            job.pending.append(token)
+            if session.top_logprobs is not None:
+                job.pending_logprobs.append(session.logprobs[first_index + i])
+            raw = job.decoder.push(token)
+            job.raw_text += raw
+            job.pending_text += job.stops.push(raw)
+        if job.stopped and not session.done:
+            if self._scheduler is not None:
+                self._scheduler.cancel(session.stream_id)  # frees its KV on every stage
+            session.done = True
+
+    def _send_pending(self, job: _Job, now: float) -> None:
+        session = job.session
+        self._out.append((job.client, GenerationChunk(
+            job.request.request_id, job.pending, job.pending_text, job.kept,
+            session.stats.ttft_ms, session.stats.tok_s or None,
+            self._timing_summary(now), spec_summary(session), logprobs=job.pending_logprobs)))
+        job.sent_text += job.pending_text
+        job.pending, job.pending_text, job.pending_logprobs = [], "", []
+        job.last_sent = now
 
     def _timing_summary(self, now: float, fresh: bool = False) -> dict[str, dict[str, float]]:
         """The executor's step-timing percentiles, recomputed at most every TIMING_REFRESH_S
@@ -332,19 +403,31 @@ class GenerationEngine:
     def _finish(self, job: _Job) -> None:
         session = job.session
         del self._jobs[session.stream_id]
-        produced = session.emitted
-        reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled)
-        error = ""
+        produced = session.emitted[:job.kept] if job.stopped else session.emitted
+        self._flush_text(job, produced)
+        reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled,
+                             job.stopped)
+        error, kind = "", ""
         if reason == "error":
             self.counters["failed"] += 1
             error = f"{type(session.error).__name__}: {session.error}"
+            kind = error_kind(session.error)
             log.warning("generation %s failed: %s", job.request.request_id, error)
         elif reason == "cancelled":
             self.counters["cancelled"] += 1
-        # The final text is decoded whole: a trailing incomplete character is not held back.
-        kept = produced[:-1] if reason == "eos" else produced
         stats = session.stats
-        self._out.append((job.client, self._done_event(
-            job.request, list(produced), self.tokenizer.decode(kept), stats.prompt_tokens,
-            stats.ttft_ms, stats.tok_s, reason, error,
-            self._timing_summary(time.monotonic(), fresh=True), spec_summary(session))))
+        self._out.append((job.client, GenerationDone(
+            job.request.request_id, list(produced), job.sent_text, stats.prompt_tokens,
+            stats.ttft_ms, stats.tok_s, self._timing_summary(time.monotonic(), fresh=True),
+            reason, error, spec_summary(session), kind)))
+
+    def _flush_text(self, job: _Job, produced: list[int]) -> None:
+        """Send what the streaming decoder and the stop strings still hold: the tail of
+        the whole text decoded at once (a trailing incomplete character is not held back)."""
+        if not job.stopped:
+            stops = set() if job.request.ignore_eos else set(self.stop_ids)
+            whole = self.tokenizer.decode([t for t in produced if t not in stops])
+            tail = whole[len(job.raw_text):] if whole.startswith(job.raw_text) else ""
+            job.pending_text += job.stops.push(tail) + job.stops.flush()
+        if job.pending_text or job.pending:
+            self._send_pending(job, time.monotonic())

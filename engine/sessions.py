@@ -34,7 +34,8 @@ from engine.drafting import (
     width_changes,
 )
 from engine.executor import StepReply
-from engine.sampling import SamplingParams, draw, speculative_sample, target_probs
+from engine.requests import TokenLogprob
+from engine.sampling import SamplingParams, draw, speculative_sample, target_probs, token_logprobs
 from engine.stats import GenerationStats, SpeculativeStats
 
 COST_WINDOW = 64  # decode steps the online cost model is fitted to
@@ -83,7 +84,8 @@ class DecodeSession:
                  stop_ids: Sequence[int] = (), *, drafter: Drafter | None = None, k: int = 0,
                  auto_k: bool = False, cost: StepCost | None = None, prefill_chunk: int = 256,
                  stats: GenerationStats | None = None,
-                 sampling: SamplingParams | None = None) -> None:
+                 sampling: SamplingParams | None = None,
+                 top_logprobs: int | None = None) -> None:
         if len(prompt_ids) == 0:
             raise ValueError("the prompt has no tokens")
         if k < 0:
@@ -98,6 +100,8 @@ class DecodeSession:
         self.k, self.auto_k, self.cost = k, auto_k or cost is not None, cost
         self.sampling = sampling if sampling is not None and not sampling.greedy else None
         self._rng = self.sampling.rng() if self.sampling is not None else None
+        self.top_logprobs = top_logprobs  # None: no logprobs; else the alternatives per token
+        self.logprobs: list[TokenLogprob] = []  # one per emitted token, when asked
         self.stats = stats if stats is not None else SpeculativeStats()
         self.spec = self.stats if isinstance(self.stats, SpeculativeStats) else SpeculativeStats()
         self.stats.prompt_tokens = self.prompt.size
@@ -127,6 +131,11 @@ class DecodeSession:
     @property
     def prefilling(self) -> bool:
         return self._chunk < len(self._chunks)
+
+    @property
+    def wants_logits(self) -> bool:
+        """Sampling draws from the logits; logprobs are read from them."""
+        return self.sampling is not None or self.top_logprobs is not None
 
     @property
     def last_k(self) -> int:
@@ -166,7 +175,7 @@ class DecodeSession:
                 self._started_at = now
             last_chunk = self._chunk == len(self._chunks) - 1
             return StepPlan(self.prompt[lo:hi], np.arange(lo, hi), None, 0,
-                            last_chunk and self.sampling is not None)
+                            last_chunk and self.wants_logits)
         if self._decode_start is None:
             self._decode_start = now
         k_now = min(self.choose_k(), self.max_new_tokens - self.stats.new_tokens - 1)
@@ -184,7 +193,7 @@ class DecodeSession:
         return StepPlan(np.array([token, *draft], dtype=np.int64),
                         np.arange(self._position, self._position + fed),
                         np.arange(fed) if draft else None, self._rewind,
-                        self.sampling is not None)
+                        self.wants_logits)
 
     def choose_k(self) -> int:
         """This step's draft length: ``k``, or ``adapt_k`` under the cost model (at most
@@ -236,7 +245,7 @@ class DecodeSession:
                 self._replay = None
                 return []
             self.stats.ttft_ms = (now - self._started_at) * 1e3
-            return self._emit([self._first_token(reply)], now)
+            return self._with_logprobs(reply, self._emit([self._first_token(reply)], now), last=True)
         draft = self._draft
         n, following = self._check(draft, reply)
         if self._probing and draft:
@@ -257,7 +266,17 @@ class DecodeSession:
         spec.fed.append(len(draft) + 1)
         self.stats.step_ms.append((now - self._planned_at) * 1e3)
         self.stats.stage_ms.append(reply.stage_ms)
-        return self._emit([*draft[:n], following], now)
+        return self._with_logprobs(reply, self._emit([*draft[:n], following], now))
+
+    def _with_logprobs(self, reply: StepReply, tokens: list[int], last: bool = False) -> list[int]:
+        """Record the emitted tokens' logprobs (when asked) from the reply's logits: the
+        last row after a prefill, else one row per fed position."""
+        if self.top_logprobs is not None and tokens:
+            if reply.logits is None:
+                raise RuntimeError("the pipeline returned no logits for a logprobs request")
+            rows = reply.logits.reshape(-1, reply.logits.shape[-1])
+            self.logprobs += token_logprobs(rows[-1:] if last else rows, tokens, self.top_logprobs)
+        return tokens
 
     def _first_token(self, reply: StepReply) -> int:
         if self.sampling is None:

@@ -2,7 +2,7 @@
 
 ``tokenizer.json`` is run by the ``tokenizers`` library; the chat template (from
 ``chat_template.jinja`` or ``tokenizer_config.json``) is rendered with jinja2 the way
-transformers renders it. Streaming decode emits text only once it is complete UTF-8.
+transformers renders it. ``StreamDecoder`` emits streamed text once it is complete UTF-8.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ class ChatTokenizer:
         self.chat_template: str | None = template if isinstance(template, str) else None
 
     @property
+    def backend(self) -> Any:
+        """The ``tokenizers.Tokenizer`` underneath."""
+        return self._tok
+
+    @property
     def eos_token_id(self) -> int | None:
         return None if self.eos_token is None else self._tok.token_to_id(self.eos_token)
 
@@ -69,23 +74,28 @@ class ChatTokenizer:
             return self._tok.encode(text, add_special_tokens=False).ids
         return self._tok.encode(prompt, add_special_tokens=True).ids
 
+    def encode_chat(self, messages: list[tuple[str, str]]) -> list[int]:
+        """Token ids of a conversation ((role, content) turns) through the chat template,
+        ready for the assistant's answer."""
+        text = self.render_chat([{"role": role, "content": content} for role, content in messages])
+        return self._tok.encode(text, add_special_tokens=False).ids
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 class StreamDecoder:
-    """Incremental detokenizer: feed ids one at a time, get newly completed text."""
+    """Incremental detokenizer: feed ids one at a time, get newly completed text.
+
+    The ``tokenizers`` library's ``DecodeStream`` keeps only the few ids of the current
+    word, so each token costs the same however long the stream is; it waits for the ids
+    of an incomplete UTF-8 character and skips special tokens."""
 
     def __init__(self, tokenizer: ChatTokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.emitted = 0
+        from tokenizers.decoders import DecodeStream
+
+        self._tok = tokenizer.backend
+        self._stream = DecodeStream(skip_special_tokens=True)
 
     def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more
-            return ""
-        new = text[self.emitted:]
-        self.emitted = len(text)
-        return new
+        return self._stream.step(self._tok, int(token_id)) or ""

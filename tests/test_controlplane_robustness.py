@@ -144,6 +144,18 @@ def test_status_of_nothing_is_a_clear_error() -> None:
 
 
 # -- CURVE --------------------------------------------------------------------------------
+def settled_frames(worker, quiet_s: float = 0.15, limit_s: float = 10.0) -> int:
+    """The worker's frames in, once none has come for ``quiet_s`` (a generation's CLOSE
+    follows its last reply)."""
+    seen, since, start = worker.stats().frames_in, time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() - start < limit_s:
+        time.sleep(0.02)
+        now = worker.stats().frames_in
+        if now != seen:
+            seen, since = now, time.monotonic()
+    return seen
+
+
 @pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
 def test_curve_admits_only_authorized_nodes(cp_cluster: Cluster) -> None:
     from controlplane.security import CurveClient, CurveServer, authorize, key_dir
@@ -197,9 +209,9 @@ def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_clust
     prompt = [0, 5, 17, 42, 99]
     local = list(generate_greedy(LocalChain.load(str(cp_cluster.export)), prompt, 8))
     worker = agent.slot.handle
-    frames_in = worker.stats().frames_in
+    frames_in = settled_frames(worker)
     assert list(generate_greedy(pipeline, prompt, 8)) == local
-    per_run = worker.stats().frames_in - frames_in  # what one generation sends the stage
+    per_run = settled_frames(worker) - frames_in  # what one generation sends the stage
     frames_in += per_run
     stranger = zmq.curve_keypair()
     ctx = zmq.Context()
@@ -217,7 +229,7 @@ def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_clust
         assert list(generate_greedy(pipeline, prompt, 8)) == local  # still serving
         # the stage has handled a whole generation since: it took exactly its frames,
         # none of the stranger's nor the plain-text one
-        assert worker.stats().frames_in - frames_in == per_run > 0
+        assert settled_frames(worker) - frames_in == per_run > 0
     finally:
         ctx.destroy(0)
 

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from engine.requests import GenerationChunk, GenerationDone, GenerationRequest
+from engine.requests import (
+    BAD_REQUEST,
+    UNAVAILABLE,
+    ChatMessage,
+    GenerationChunk,
+    GenerationDone,
+    GenerationRequest,
+)
+from engine.sampling import log_softmax
 from engine.scheduler import generate_greedy
 from engine.service import GenerationEngine
 from engine.tokenizer import ChatTokenizer
@@ -96,17 +105,22 @@ def test_cancel_a_waiting_request(setup) -> None:
 
 @pytest.mark.parametrize("request_, problem", [
     (GenerationRequest("x", "hi", 0), "bad request: max_tokens must be in 1.."),
-    (GenerationRequest("x", "", 4), "bad request: prompt must have 1.."),
+    (GenerationRequest("x", "", 4), "bad request: give a prompt or messages"),
+    (GenerationRequest("x", "hi", 4, stop=["a", "b", "c", "d", "e"]), "stop takes up to 4"),
+    (GenerationRequest("x", "hi", 4, logprobs=True, top_logprobs=21), "top_logprobs must be"),
+    (GenerationRequest("x", "", 4, messages=[ChatMessage("robot", "hi")]), "role is one of"),
+    (GenerationRequest("x", "hi", 60), "exceed the model's context of 64 tokens"),
     (GenerationRequest("x", "hi", 4, temperature=-1), "bad request: temperature"),
     (GenerationRequest("x", "hi", 4, speculative="draft:/m"), "has no draft models"),
 ])
 def test_bad_requests_are_refused_and_the_engine_keeps_serving(setup, request_, problem) -> None:
-    engine = engine_for(setup)
+    engine = engine_for(setup, max_context=64)
     engine.submit("a", request_)
     engine.submit("b", GenerationRequest("ok", "hello", 3, ignore_eos=True))
     seen = drive(engine, lambda s: not engine.busy)
     refused = done_of(seen, "a")
     assert refused.stop_reason == "error" and problem in refused.error and refused.tokens == []
+    assert refused.error_kind == BAD_REQUEST
     assert len(done_of(seen, "b").tokens) == 3 and not done_of(seen, "b").error
 
 
@@ -117,3 +131,93 @@ def test_no_executor_yet_is_refused_clearly(setup) -> None:
     (client, done), = engine.poll(0.0)
     assert client == "a" and isinstance(done, GenerationDone)
     assert "not wired yet" in done.error and not engine.busy
+
+
+def kv_slots(chain: LocalChain) -> list[int]:
+    """KV slots held on each stage, over its streams and row groups."""
+    return [sum(s.physical for s in r.streams.values()) + sum(
+        g.physical for g in r.groups.values()) for r in chain.runners]
+
+
+def test_a_cancelled_or_finished_stream_frees_its_kv_on_every_stage(setup) -> None:
+    _, chain, _ = setup
+    engine = engine_for(setup)
+    engine.submit("a", GenerationRequest("long", "count with me", 40, ignore_eos=True,
+                                         chunk_interval_ms=0))
+    engine.submit("b", GenerationRequest("short", "hello", 3, ignore_eos=True))
+    drive(engine, lambda s: any(c == "a" and isinstance(e, GenerationChunk) and e.produced >= 5
+                                for c, e in s))
+    assert all(n > 0 for n in kv_slots(chain))
+    assert engine.cancel("a", "long")
+    seen = drive(engine, lambda s: not engine.busy)
+    assert done_of(seen, "a").stop_reason == "cancelled"
+    assert kv_slots(chain) == [0, 0]  # both streams: freed on every stage
+
+
+def stream_of(seen: list, client: str) -> tuple[str, list[int]]:
+    chunks = [e for c, e in seen if c == client and isinstance(e, GenerationChunk)]
+    return "".join(e.text for e in chunks), [t for e in chunks for t in e.tokens]
+
+
+def test_a_stop_string_ends_the_generation_and_is_never_sent(setup) -> None:
+    _, chain, tokenizer = setup
+    free = engine_for(setup)
+    free.submit("a", GenerationRequest("free", "the sky is", 24, ignore_eos=True,
+                                       chunk_interval_ms=0))
+    full = done_of(drive(free, lambda s: not free.busy), "a").text
+    assert len(full) > 12
+    stop = full[5:9]  # whatever the model says there: a stop string inside some token
+    engine = engine_for(setup)
+    engine.submit("a", GenerationRequest("cut", "the sky is", 24, ignore_eos=True,
+                                         stop=["zzzz-never", stop], chunk_interval_ms=0))
+    seen = drive(engine, lambda s: not engine.busy)
+    done = done_of(seen, "a")
+    text, tokens = stream_of(seen, "a")
+    assert done.stop_reason == "stop" and done.text == text == full[:full.index(stop)]
+    assert tokens == done.tokens and len(tokens) < 24
+    assert kv_slots(chain) == [0, 0]
+
+
+def test_logprobs_are_the_models_log_softmax_at_each_token(setup) -> None:
+    _, chain, tokenizer = setup
+    engine = engine_for(setup)
+    engine.submit("a", GenerationRequest("lp", "one two three", 5, ignore_eos=True,
+                                         logprobs=True, top_logprobs=3, chunk_interval_ms=0))
+    seen = drive(engine, lambda s: not engine.busy)
+    chunks = [e for c, e in seen if isinstance(e, GenerationChunk)]
+    tokens = [t for e in chunks for t in e.tokens]
+    logprobs = [lp for e in chunks for lp in e.logprobs]
+    assert [lp.token for lp in logprobs] == tokens and len(tokens) == 5
+    ids = tokenizer.encode("one two three")
+    chain.open(99)
+    chain.reset(99)
+    rows = [chain.step(99, np.array(ids), np.arange(len(ids)), want_logits=True).logits]
+    for i, token in enumerate(tokens[:-1]):  # the engine's steps, one token each
+        rows.append(chain.step(99, np.array([token]), np.array([len(ids) + i]),
+                               want_logits=True).logits)
+    chain.close_stream(99)
+    want = log_softmax(np.concatenate([r.reshape(1, -1) for r in rows]))
+    for lp, row in zip(logprobs, want, strict=True):
+        assert lp.top_tokens[0] == lp.token  # greedy: the chosen token is the most likely
+        assert abs(lp.logprob - row[lp.token]) < 1e-4
+        assert lp.top_logprobs == sorted(lp.top_logprobs, reverse=True) and len(lp.top_tokens) == 3
+        assert abs(lp.top_logprobs[1] - np.sort(row)[-2]) < 1e-4
+
+
+def test_messages_go_through_the_chat_template(setup) -> None:
+    _, chain, tokenizer = setup
+    engine = engine_for(setup)
+    turns = [ChatMessage("system", "be brief"), ChatMessage("user", "hi"),
+             ChatMessage("assistant", "hello"), ChatMessage("user", "the sky is")]
+    engine.submit("a", GenerationRequest("m", messages=turns, max_tokens=6, ignore_eos=True))
+    done = done_of(drive(engine, lambda s: not engine.busy), "a")
+    ids = tokenizer.encode_chat([(m.role, m.content) for m in turns])
+    assert done.prompt_tokens == len(ids) and ids != tokenizer.encode("the sky is")
+    assert done.tokens == list(generate_greedy(chain, ids, 6))
+
+
+def test_a_failed_pipeline_is_reported_as_unavailable(setup) -> None:
+    engine = engine_for(setup, health=lambda: "stage 1 is down", resume_timeout_s=0)
+    engine.submit("a", GenerationRequest("x", "hi", 4))
+    done = done_of(drive(engine, lambda s: not engine.busy), "a")
+    assert done.stop_reason == "error" and done.error_kind == UNAVAILABLE

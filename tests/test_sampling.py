@@ -89,6 +89,9 @@ class TableModel(InlineExecutor):
     def reset(self, stream_id: int) -> None:
         pass
 
+    def close_stream(self, stream_id: int) -> None:
+        pass
+
     def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
              mask_tail=0):
         rows = self.table[np.asarray(token_ids), np.asarray(positions)]

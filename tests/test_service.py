@@ -11,10 +11,15 @@ from typing import Any
 import pytest
 import zmq
 
-from controlplane.client import ClusterUnreachable, generate_stream
-from controlplane.messages import Error, from_frames
+from controlplane.client import ClusterUnreachable, generate_many, generate_stream
+from controlplane.messages import Error, from_frames, to_frames
 from controlplane.service import GenerationService
-from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+from controlplane.service_messages import (
+    GenerateCancel,
+    GenerateChunk,
+    GenerateDone,
+    GenerateRequest,
+)
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
 from engine.executor import InlineExecutor
@@ -187,6 +192,10 @@ class SlowChain(InlineExecutor):
         self.drop_answers(stream_id)
         self.chain.reset(stream_id)
 
+    def close_stream(self, stream_id: int) -> None:
+        self.drop_answers(stream_id)
+        self.chain.close_stream(stream_id)
+
     def abandon_all(self, why: str) -> None:
         super().abandon_all(why)
         self.chain.abandon_all(why)
@@ -334,3 +343,67 @@ def test_concurrent_row_grouped_generations_resume_exactly(tiny_exports) -> None
         assert any(n.startswith("resumed") for n in notes), notes
     assert [d.error for d in dones] == ["", "", ""]
     assert [d.tokens for d in dones] == expected
+
+
+def stage_kv_slots(chain: LocalChain) -> list[int]:
+    return [sum(s.physical for s in r.streams.values()) for r in chain.runners]
+
+
+def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
+    """Closing the stream early (what Ctrl-C in zctl run does) sends a cancel; a client
+    that vanishes without one is cancelled when its next chunk cannot be delivered. Either
+    way the generation stops stepping and its KV slots are freed on every stage."""
+    start, _, _ = flaky
+    svc = start(30.0)
+    chain = svc.engine.get_executor().chain
+    stream = generate_many(svc.endpoint, [_long_request("early", 2000)])
+    first = next(stream)
+    assert isinstance(first, GenerateChunk) and first.tokens
+    stream.close()  # the consumer stops: GeneratorExit runs the client's cancel
+    wait_for(lambda: svc.counters["cancelled"] == 1 and not svc.engine.busy)
+    assert stage_kv_slots(chain) == [0, 0]
+    # a client that vanishes: a raw DEALER that sends a request and closes, saying nothing
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(svc.endpoint)
+    sock.send_multipart(to_frames(_long_request("vanish", 2000)))
+    wait_for(lambda: svc.engine.active == 1)
+    sock.close(0)
+    ctx.term()
+    wait_for(lambda: svc.counters["cancelled"] == 2 and not svc.engine.busy)
+    assert stage_kv_slots(chain) == [0, 0]
+    done = list(generate_stream(svc.endpoint, GenerateRequest("after", "hello", 3)))[-1]
+    assert isinstance(done, GenerateDone) and done.tokens and not done.error
+
+
+def test_cancel_message_for_a_request_stops_only_that_one(flaky) -> None:
+    start, _, expected = flaky
+    svc = start(30.0)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(svc.endpoint)
+    try:
+        for rid in ("keep", "stop"):
+            sock.send_multipart(to_frames(_long_request(rid)))
+        wait_for(lambda: svc.engine.active == 2)
+        sock.send_multipart(to_frames(GenerateCancel("stop")))
+        sock.send_multipart(to_frames(GenerateCancel("no-such-request")))  # ignored
+        dones: dict[str, GenerateDone] = {}
+        while len(dones) < 2:
+            assert sock.poll(10_000)
+            msg, _ = from_frames(sock.recv_multipart())
+            if isinstance(msg, GenerateDone):
+                dones[msg.request_id] = msg
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert dones["stop"].stop_reason == "cancelled" and len(dones["stop"].tokens) < 60
+    assert dones["keep"].tokens == expected and dones["keep"].stop_reason == "max_tokens"
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "not reached in time"
+        time.sleep(0.01)

@@ -36,6 +36,9 @@ class CountingModel(InlineExecutor):
     def reset(self, stream_id: int) -> None:
         self.steps.append((stream_id, [], [], 0))
 
+    def close_stream(self, stream_id: int) -> None:
+        pass
+
     def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
              mask_tail=0):
         ids, pos = list(map(int, token_ids)), list(map(int, positions))

@@ -197,11 +197,17 @@ def test_rewind_on_its_own_and_compaction(export2, chains, expected) -> None:
     got, stats = speculate(pipe, REPEAT)
     assert got == expected[1] and pipe.rewinds == stats.rejections > 0
     compacting = LocalChain.load(str(export2), EXACT, compact_threshold=1)
+    worst = 0
     for prompt, want in zip(PROMPTS, expected, strict=True):
-        assert speculate(compacting, prompt)[0] == want
+        got = []
+        for token in generate_speculative(compacting, prompt, N, k=4, prefill_chunk=4):
+            got.append(token)
+            slots = compacting.runners[0].streams.get(0)  # closed after the last token
+            if slots is not None:
+                worst = max(worst, slots.physical - slots.logical)
+        assert got == want
     assert compacting.compactions > 0
-    runner = compacting.runners[0].streams[0]
-    assert runner.physical - runner.logical <= 1 + 4
+    assert worst <= 1 + 4
     with pytest.raises(ValueError):
         LocalChain.load(str(export2), EXACT, rewind="undo")
 

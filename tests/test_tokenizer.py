@@ -52,3 +52,15 @@ def test_no_chat_template_falls_back_or_refuses(tiny_exports, tmp_path: Path) ->
     assert tokenizer.encode("hi", chat=True) == tokenizer.encode("hi", chat=False)
     with pytest.raises(TokenizerError, match="no chat template"):
         tokenizer.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_stream_decoder_cost_does_not_grow_with_the_stream(tiny_exports, monkeypatch) -> None:
+    """Each token is decoded on its own (tokenizers' DecodeStream), never the whole stream
+    again: the text still equals decoding all ids at once."""
+    tokenizer = ChatTokenizer(tiny_exports.get([(0, 4)]))
+    text = " ".join(["the quick brown fox jumps over ✓ the lazy dog"] * 40)
+    ids = tokenizer.encode(text, chat=False)[1:]
+    whole = tokenizer.decode(ids)
+    monkeypatch.setattr(ChatTokenizer, "decode", lambda *a, **k: pytest.fail("re-decoded"))
+    decoder = StreamDecoder(tokenizer)
+    assert "".join(decoder.push(i) for i in ids) == whole

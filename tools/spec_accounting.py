@@ -110,6 +110,9 @@ class TimedPipeline:
     def reset(self, stream_id: int) -> None:
         self.chain.reset(stream_id)
 
+    def close_stream(self, stream_id: int) -> None:
+        self.chain.close_stream(stream_id)
+
     def rewind(self, stream_id: int, count: int) -> None:
         self.chain.rewind(stream_id, count)
 
