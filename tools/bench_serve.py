@@ -11,8 +11,9 @@ p50/p99, errors. Output lengths are the models' own (EOS may end a request befor
 ``max_tokens``); the completion tokens counted are the server's ``usage``.
 
 The HTTP layer's cost: at 1 client, the same requests through the coordinator's ZeroMQ
-generation service (as ``zctl run`` sends them) and through the HTTP API, request by
-request in alternating order on the same cluster: ``http_overhead`` = 1 - http / direct
+generation service (the engine request zctl serve builds: chat messages, every token sent
+as it comes) and through the HTTP API, request by request in alternating order on the
+same cluster: ``http_overhead`` = 1 - http / direct
 tok/s (tokens / end-to-end time), and its paired form (median over requests).
 
 The cluster is ``zctl cluster up --local 2`` and ``zctl serve`` as subprocesses of this
@@ -98,14 +99,19 @@ def commit() -> str:
 
 
 def direct_record(serve: str, request: ServeRequest) -> RequestRecord:
-    """One request through the coordinator's ZeroMQ generation service (as ``zctl run``:
-    chat template, greedy, EOS honoured), recorded as an HTTP stream is; never raises."""
+    """One request through the coordinator's ZeroMQ generation service, as zctl serve
+    hands it on: the conversation through the model's chat template, greedy, EOS
+    honoured, every token sent as it comes (``chunk_interval_ms=0``; ``zctl run`` batches
+    a stream's tokens every 100 ms). Recorded as an HTTP stream is; never raises."""
     from controlplane.client import generate_stream
     from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
+    from engine.requests import ChatMessage
 
     record = RequestRecord(request.index, time.perf_counter())
-    message = GenerateRequest(uuid.uuid4().hex[:16], request.prompt, request.max_tokens, True,
-                              temperature=0.0)
+    message = GenerateRequest(
+        uuid.uuid4().hex[:16], max_tokens=request.max_tokens, temperature=0.0,
+        messages=[ChatMessage(m["role"], m["content"]) for m in request.messages()],
+        chunk_interval_ms=0)
     try:
         for msg in generate_stream(serve, message):
             now = time.perf_counter()
