@@ -28,12 +28,12 @@ from dataplane.cluster_types import (
     StageTimeout,
     as_int64_vector,
     check_logits_idx,
+    reply_from_frame,
     reply_mode,
 )
 from dataplane.frames import (
     DTYPES,
     EMPTY_INDEX,
-    TOP1,
     FrameError,
     HiddenStateFrame,
     Kind,
@@ -41,7 +41,6 @@ from dataplane.frames import (
     decode_frame,
     encode_frame,
     prepare_frame,
-    top_k_records,
 )
 from dataplane.hop import compute_step, seal_or_encode
 from dataplane.pipes import open_pipes, open_push
@@ -468,7 +467,7 @@ class ClusterHead:
         elif header.kind == Kind.REPLY and payload is not None:
             del self._pending[header.request_id]
             self.stats.replies += 1
-            reply = self._reply(header, payload, pending)
+            reply = reply_from_frame(header, payload, pending.top_k)
             reply.stamps = TimingStamps(header.timings, recv_ns, ready_ns, decode_ns,
                                         pending.start_ns, time.time_ns())
             reply.stage_ms = compute_ms(header.timings)
@@ -478,20 +477,6 @@ class ClusterHead:
             self.stats.unexpected += 1
             log.warning("dropped an unexpected %s frame on the reply pipe", header.kind.name)
         return True
-
-    @staticmethod
-    def _reply(header: HiddenStateFrame, payload: np.ndarray, pending: _Pending) -> ClusterReply:
-        if header.reply == ReplyMode.LOGITS:
-            top = top_k_records(payload, pending.top_k) if pending.top_k > 1 else None
-            return ClusterReply(tokens=payload.argmax(axis=-1), logits=payload,
-                                request_id=header.request_id, stream_id=header.stream_id,
-                                top=top)
-        if payload.size == 1:  # top-1 for one position: the per-token path
-            tokens = np.array(TOP1.unpack(payload)[:1], dtype=np.int64)
-        else:
-            tokens = payload["token"][:, 0].astype(np.int64)
-        return ClusterReply(tokens=tokens, request_id=header.request_id,
-                            stream_id=header.stream_id, top=payload)
 
 
 def _wait_s(request_deadline: float, caller_deadline: float | None) -> float:
