@@ -49,6 +49,7 @@ def sample(cls: type[m.Message]) -> m.Message:
                                            {"stage0.compute": {"p50": 1.5, "p95": 2.0}},
                                            note="paused: stage 1 is down"),
         sm.GenerateDone: sm.GenerateDone("r1", [5, 6, 2], "hi", 7, 12.5, 30.0, {}, "eos", ""),
+        sm.GenerateCancel: sm.GenerateCancel("r1"),
     }
     return samples[cls]
 
