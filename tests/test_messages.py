@@ -30,7 +30,7 @@ def sample(cls: type[m.Message]) -> m.Message:
                          16 << 30, 8 << 30, "2026.4.1", "0.1.0", [HASH], 12.5, 42, KEY),
         m.Welcome: m.Welcome("node-1", "coord", "s1", 1.0, 3),
         m.Refuse: m.Refuse("openvino-version", "because", "node-1"),
-        m.Heartbeat: m.Heartbeat("serving"),
+        m.Heartbeat: m.Heartbeat("serving", 17),
         m.Leave: m.Leave("bye"),
         m.ShardOffer: m.ShardOffer(HASH, 1, [r.FileSpec("stage1.bin", 10, HASH)], 4),
         m.ShardRequest: m.ShardRequest(HASH, "stage1.bin", 2, 8, 2),
@@ -121,6 +121,7 @@ def assign_body(**change: object) -> dict:
     (envelope({"shard_hash": HASH, "file": "f", "chunk": -1, "offset": 0, "size": 1},
               "shard_request"), "shard_request.chunk must be >= 0"),
     (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+    (envelope({"kv_slots": -5}, "heartbeat"), "heartbeat.kv_slots must be >= -1"),
 ])
 def test_bad_messages_raise_clear_errors(data: bytes, text: str) -> None:
     with pytest.raises(m.MessageError) as info:
