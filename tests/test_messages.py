@@ -50,6 +50,12 @@ def sample(cls: type[m.Message]) -> m.Message:
                                            note="paused: stage 1 is down"),
         sm.GenerateDone: sm.GenerateDone("r1", [5, 6, 2], "hi", 7, 12.5, 30.0, {}, "eos", ""),
         sm.GenerateCancel: sm.GenerateCancel("r1"),
+        sm.ServiceStatsRequest: sm.ServiceStatsRequest(),
+        sm.ServiceStats: sm.ServiceStats(
+            1, 2, {"requests": 3, "spec_drafted": 8}, [sm.StageStats(
+                0, "coordinator", True, 12, sm.HistogramSnapshot([0.5, 1.0], [1, 0, 2], 7.5))],
+            [sm.HopStats("0-1", 4096, sm.HistogramSnapshot([1.0], [3, 0], 0.9))],
+            {"coordinator": True, "n1": False}, "stage 1 is down", "tiny", 2048, 2),
     }
     return samples[cls]
 
@@ -90,6 +96,10 @@ def assign_body(**change: object) -> dict:
     return body
 
 
+def stats_body() -> dict:
+    return json.loads(m.encode_message(sample(sm.ServiceStats)))["body"]
+
+
 @pytest.mark.parametrize("data, text", [
     (b"\xff\xfe", "not a JSON message"),
     (b"hello", "not a JSON message"),
@@ -122,6 +132,13 @@ def assign_body(**change: object) -> dict:
               "shard_request"), "shard_request.chunk must be >= 0"),
     (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
     (envelope({"kv_slots": -5}, "heartbeat"), "heartbeat.kv_slots must be >= -1"),
+    (envelope({**stats_body(), "hops": [{"name": "0-1", "bytes": 1, "network_ms": {
+        "bounds": [1.0, 2.0], "counts": [1, 2]}}]}, "service_stats"),
+     "service_stats.hops[0].network_ms has 2 counts for 2 bounds"),
+    (envelope({**stats_body(), "stages": [{"index": 0, "node_id": "c", "up": True,
+                                           "kv_slots": 0, "compute_ms": {
+        "bounds": [2.0, 1.0], "counts": [1, 2, 0]}}]}, "service_stats"),
+     "service_stats.stages[0].compute_ms has bounds that are not strictly ascending"),
 ])
 def test_bad_messages_raise_clear_errors(data: bytes, text: str) -> None:
     with pytest.raises(m.MessageError) as info:
