@@ -17,7 +17,7 @@
   the coordinator's own node is called "coordinator". A stage is up while its node serves
   it; a node while it is alive (enrolled and heartbeating, spares included). Without a
   cluster status (an in-process executor), the stages run here are "coordinator"'s, the
-  others'  node is "", and every stage is up while the pipeline serves.
+  others' node is "", and every stage is up while the pipeline serves.
 - ``health``: the engine's health callback; "the pipeline is not wired yet" without an
   executor.
 """
