@@ -132,6 +132,7 @@ class GenerationEngine:
         self.load_drafter = load_drafter
         self.max_context = max_context  # prompt + new tokens must fit (None: no limit)
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0}
+        self._spec_finished = [0, 0]  # draft tokens proposed, accepted by finished generations
         self._scheduler: StreamScheduler | None = None
         self._jobs: dict[int, _Job] = {}  # by stream id
         self._waiting: deque[tuple[Hashable, GenerationRequest]] = deque()
@@ -153,6 +154,14 @@ class GenerationEngine:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    def speculative_totals(self) -> tuple[int, int]:
+        """Draft tokens proposed and accepted so far, by finished and running generations."""
+        proposed, accepted = self._spec_finished
+        for job in self._jobs.values():
+            proposed += job.session.spec.proposed
+            accepted += job.session.spec.accepted
+        return proposed, accepted
 
     @property
     def scheduler(self) -> StreamScheduler | None:
@@ -415,6 +424,8 @@ class GenerationEngine:
     def _finish(self, job: _Job) -> None:
         session = job.session
         del self._jobs[session.stream_id]
+        self._spec_finished[0] += session.spec.proposed
+        self._spec_finished[1] += session.spec.accepted
         produced = session.emitted[:job.kept] if job.stopped else session.emitted
         self._flush_text(job, produced)
         reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled,
