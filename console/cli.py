@@ -191,7 +191,7 @@ def _bench_command(name: str, module: str, summary: str) -> None:
 
 
 def _register() -> None:
-    from console import cluster_cli, doctor, run_cli
+    from console import cluster_cli, doctor, run_cli, serve_cli
 
     for name, (module, summary) in BENCHMARKS.items():
         _bench_command(name, module, summary)
@@ -199,6 +199,7 @@ def _register() -> None:
     app.add_typer(cluster_cli.node_app, name="node")
     app.command("run")(run_cli.run)
     app.command("doctor")(doctor.doctor)
+    app.command("serve")(serve_cli.serve)
 
 
 _register()

@@ -15,8 +15,10 @@ from console.cluster_procs import (
     ClusterRecord,
     cluster_file,
     link_shape,
+    parse_api,
     read_record,
     runtime_spec,
+    start_api,
     start_coordinator,
     start_local_cluster,
     stop_processes,
@@ -128,6 +130,9 @@ def cluster_up(
     heartbeat: Heartbeat = 1.0,
     liveness: Annotated[int, typer.Option(help="heartbeats a node may miss before it is "
                                                "marked dead")] = 3,
+    api: Annotated[str | None, typer.Option(
+        help="also serve the OpenAI API at HOST:PORT (zctl serve; its key from ZCTL_API_KEY)")
+    ] = None,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
     if _running_record() is not None:
@@ -138,6 +143,8 @@ def cluster_up(
     if problem:
         _fail(problem)
     try:
+        if api:
+            parse_api(api)  # checked before anything is exported
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
         runtime = runtime_spec(None if precision == "default" else precision, threads, device,
                                kv, dq)
@@ -154,6 +161,9 @@ def cluster_up(
         if local is None:
             record = _start_remote_coordinator(coordinator)
             write_record(record)
+            if api:
+                write_record(record := start_api(record, api))
+                out.print(f"OpenAI API at {record.api}/v1")
             _print_join(record, curve)
             return
         record = start_local_cluster(
@@ -163,6 +173,8 @@ def cluster_up(
             reassign_after=reassign_after)
         write_record(record)
         status = wait_serving(record, timeout)
+        if api:
+            write_record(record := start_api(record, api))
     except (ClusterError, ValueError, OSError) as exc:
         rec = read_record() if cluster_file().is_file() else None
         if rec is not None:
@@ -172,8 +184,9 @@ def cluster_up(
     from console.view import status_table
 
     out.print(status_table(status))
-    out.print(f"serving {status.model} on {len(status.stages)} stages; zctl run \"...\"; "
-              "zctl cluster down stops it")
+    served = f"; the OpenAI API at {record.api}/v1" if record.api else ""
+    out.print(f"serving {status.model} on {len(status.stages)} stages{served}; zctl run "
+              "\"...\"; zctl cluster down stops it")
 
 
 def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets: str,

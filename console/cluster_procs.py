@@ -45,6 +45,7 @@ class ClusterRecord:
     local_nodes: int = 0
     started: float = 0.0
     curve_dir: str = ""  # the coordinator's state dir when CURVE is on (its key pair)
+    api: str = ""  # the OpenAI API's address when cluster up --api started it
 
 
 def control_curve(record: ClusterRecord | None) -> Any:
@@ -293,3 +294,42 @@ def _reap(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+def parse_api(value: str) -> tuple[str, int]:
+    """HOST:PORT of ``cluster up --api`` (a bare PORT listens on 127.0.0.1)."""
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterError(f"--api takes HOST:PORT (e.g. 127.0.0.1:8000), not {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0) -> ClusterRecord:
+    """Start ``zctl serve`` for the cluster in the background (its key, if any, from
+    ZCTL_API_KEY) and wait for it to answer; the record gains its pid and address."""
+    import urllib.error
+    import urllib.request
+
+    host, port = parse_api(value)
+    log_path = Path(record.logs[0]).parent / "api.log" if record.logs else Path(os.devnull)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "console", "serve", "--host", host, "--port", str(port)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise ClusterError(f"zctl serve exited with {proc.returncode} (see {log_path})")
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            break
+        except urllib.error.HTTPError:
+            break  # it answers (503 while a stage is down)
+        except OSError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        raise ClusterError(f"zctl serve did not answer at {url} within {timeout_s:g} s")
+    return replace(record, pids=[*record.pids, proc.pid], api=url)

@@ -236,7 +236,7 @@ class NodeAgent:
             if now - last_recv > self._interval * self._liveness:
                 return "lost"
             if self.state == "enrolled" and now - self._last_sent >= self._interval:
-                self._send(Heartbeat(self.state))
+                self._send(Heartbeat(self.state, self._kv_slots()))
             self._collect_jobs()
             self._request_chunks()
         return "stopped"
@@ -425,6 +425,18 @@ class NodeAgent:
         self.slot.apply(assignment)
         log.info("node %s runs stage %d: bind %s, send to %s", self.node_id, msg.stage.index,
                  assignment.bind, assignment.send_to)
+
+    def _kv_slots(self) -> int:
+        """KV slots the running stage holds (a handle with ``kv_slots()``, a StageWorker);
+        -1 when none runs or it cannot say."""
+        kv_slots = getattr(self.slot.handle, "kv_slots", None)
+        if kv_slots is None:
+            return -1
+        try:
+            return int(kv_slots())
+        except Exception:  # noqa: BLE001 - a figure must never stop the heartbeat
+            log.debug("node %s could not count its KV slots", self.node_id, exc_info=True)
+            return -1
 
     def status(self) -> dict[str, Any]:
         """This node as it sees itself (for ``zctl node status``)."""

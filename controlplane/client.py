@@ -1,4 +1,5 @@
-"""Client side of a running coordinator: its status, and streamed generations."""
+"""Client side of a running coordinator: its status, streamed generations, and the
+generation service's stats."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from controlplane.service_messages import (
     GenerateChunk,
     GenerateDone,
     GenerateRequest,
+    ServiceStats,
+    ServiceStatsRequest,
 )
 from controlplane.sockets import dealer_socket
 
@@ -98,6 +101,37 @@ def _status_reply(endpoint: str, frames: list[bytes]) -> ClusterStatus:
     if not isinstance(msg, StatusReply):
         raise ClusterUnreachable(f"the coordinator at {endpoint} answered {msg.TYPE}")
     return msg.status
+
+
+def query_service_stats(endpoint: str, timeout: float = 3.0) -> ServiceStats:
+    """One ServiceStatsRequest to the generation service at ``endpoint`` (its ROUTER, the
+    one generations use) over a fresh DEALER; raise ClusterUnreachable on timeout or error."""
+    ctx = zmq.Context()
+    sock = dealer_socket(ctx, 16 << 20, f"stats-{uuid.uuid4().hex[:12]}".encode())
+    try:
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            raise ClusterUnreachable(f"{endpoint!r} is not a generation service address "
+                                     f"(tcp://HOST:PORT): {exc}") from None
+        sock.send_multipart(to_frames(ServiceStatsRequest()))
+        if not sock.poll(int(timeout * 1000)):
+            raise ClusterUnreachable(f"no answer from the generation service at {endpoint} "
+                                     f"within {timeout:.1f}s: is it running (and is the "
+                                     "address right)?")
+        try:
+            msg, _ = from_frames(sock.recv_multipart())
+        except MessageError as exc:
+            raise ClusterUnreachable(f"bad answer from {endpoint}: {exc}") from None
+        if isinstance(msg, Error):
+            raise ClusterUnreachable(f"the generation service at {endpoint} refused: "
+                                     f"{msg.detail}")
+        if not isinstance(msg, ServiceStats):
+            raise ClusterUnreachable(f"the generation service at {endpoint} answered {msg.TYPE}")
+        return msg
+    finally:
+        sock.close(0)
+        ctx.term()
 
 
 def generate_stream(endpoint: str, request: GenerateRequest, first_timeout: float = 120.0,

@@ -301,7 +301,7 @@ class Coordinator:
                 self._send(identity, Error("not-enrolled", "this node is not enrolled (or was "
                                            "marked dead): enrol again", msg.TYPE))
         elif isinstance(msg, Heartbeat):
-            pass
+            member.kv_slots = msg.kv_slots
         elif isinstance(msg, Leave):
             log.info("node %s left: %s", member.node_id, msg.reason or "no reason given")
             member.mark_down(ms.LEFT, time.monotonic())
@@ -353,7 +353,7 @@ class Coordinator:
         member.identity, member.info, member.state, member.last_seen = identity, msg, ms.IDLE, now
         member.shards = set(msg.cached_shards)
         member.offered, member.assigned, member.ready_epoch, member.error = None, None, -1, ""
-        member.served, member.transfer_total = {}, 0
+        member.served, member.transfer_total, member.kv_slots = {}, 0, -1
         self._send(identity, Welcome(msg.node_id, self.node_id, self.session,
                                      self.config.heartbeat_interval, self.config.liveness))
 

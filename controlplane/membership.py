@@ -48,13 +48,14 @@ class Member:
     transfer_total: int = 0
     error: str = ""
     down_since: float = 0.0  # when it was marked dead or left
+    kv_slots: int = -1  # KV slots its stage holds, from its last heartbeat (-1: unknown)
 
     @property
     def alive(self) -> bool:
         return self.state in ALIVE
 
     def mark_down(self, state: str, now: float) -> None:
-        self.state, self.down_since = state, now
+        self.state, self.down_since, self.kv_slots = state, now, -1
 
     def transfer_done(self) -> int:
         return sum(self.served.values())
@@ -70,6 +71,7 @@ class Member:
             error=self.error, local=self.local,
             last_sent_s=(round(max(0.0, now - self.last_sent), 3)
                          if self.last_sent and not self.local else None),
+            kv_slots=self.kv_slots,
         )
 
 

@@ -134,6 +134,12 @@ class Heartbeat(Message):
 
     TYPE: ClassVar[str] = "heartbeat"
     state: str = ""
+    # node -> coordinator: KV slots its stage holds now (all streams and row groups);
+    # -1: unknown (no stage running, or the coordinator's own beat)
+    kv_slots: int = -1
+
+    def check(self) -> None:
+        need(self.kv_slots >= -1, f"heartbeat.kv_slots must be >= -1, got {self.kv_slots}")
 
 
 @register

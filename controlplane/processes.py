@@ -203,7 +203,8 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
             config.export_dir, coordinator.stage0_executor, config.serve,
             row_groups=_row_groups(config), shared_cores=config.shared_cores,
             health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,
-            draft_config=RuntimeConfig(**asdict(config.runtime)))  # drafts run as stage 0 does
+            draft_config=RuntimeConfig(**asdict(config.runtime)),  # drafts run as stage 0 does
+            cluster=coordinator.status)
         say(f"generation service on {service.start()}")
     try:
         coordinator.run()

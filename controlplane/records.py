@@ -79,6 +79,7 @@ class NodeStatus:
     error: str = ""
     local: bool = False
     last_sent_s: float | None = None  # since the coordinator last sent to it (None: never)
+    kv_slots: int = -1  # KV slots its stage holds, as of its last heartbeat (-1: unknown)
 
 
 @dataclass(frozen=True)

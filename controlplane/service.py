@@ -3,7 +3,8 @@
 One thread owns a ROUTER socket and drives a ``GenerationEngine`` (engine.service) on the
 coordinator's stage-0 executor: it takes ``GenerateRequest`` messages, hands them to the
 engine, and sends back the engine's chunks as ``GenerateChunk`` messages and one
-``GenerateDone`` per request, to the client that asked; ``GenerateCancel`` stops one.
+``GenerateDone`` per request, to the client that asked; ``GenerateCancel`` stops one;
+``ServiceStatsRequest`` is answered with a ``ServiceStats`` snapshot (service_stats.py).
 Malformed requests get an ``Error`` and the service keeps serving. A client that vanishes
 (or stops reading) has its generations cancelled: they free the stages at once. The
 executor is never touched by another thread (``ClusterHead`` is not thread-safe).
@@ -27,7 +28,9 @@ from controlplane.service_messages import (
     GenerateChunk,
     GenerateDone,
     GenerateRequest,
+    ServiceStatsRequest,
 )
+from controlplane.service_stats import ClusterView, StatsCollector
 from controlplane.sockets import router_socket
 from dataplane.draft_model import DraftModels
 from dataplane.runtime import RuntimeConfig
@@ -52,14 +55,17 @@ class GenerationService:
 
     The engine's stop tokens and chat template come from ``export_dir``; draft models of
     speculative requests are loaded with ``draft_config`` (None: RuntimeConfig's defaults;
-    the coordinator passes its stages' runtime)."""
+    the coordinator passes its stages' runtime). ``cluster`` returns the coordinator's
+    cluster status, which stats read the stages' nodes and node liveness from (None: no
+    control plane, the executor is all there is)."""
 
     def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Executor | None],
                  endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8,
                  row_groups: int = 0, shared_cores: bool = False,
                  health: Callable[[], str | None] | None = None,
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
-                 draft_config: RuntimeConfig | None = None) -> None:
+                 draft_config: RuntimeConfig | None = None,
+                 cluster: ClusterView | None = None) -> None:
         self.export_dir = Path(export_dir)
         manifest = load_manifest(self.export_dir, verify_files=False)
         tokenizer = ChatTokenizer(self.export_dir)
@@ -71,6 +77,7 @@ class GenerationService:
             row_groups=row_groups, shared_cores=shared_cores, health=health,
             resume_timeout_s=resume_timeout_s,
             load_drafter=DraftModels(manifest.model.vocab_size, draft_config))
+        self._stats = StatsCollector(manifest, self.engine, cluster)
         self._ctx = zmq.Context()
         self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES)
         try:
@@ -87,8 +94,11 @@ class GenerationService:
 
     @property
     def counters(self) -> dict[str, int]:
-        """Requests taken, malformed, failed, cancelled, and the most streams at once."""
-        return {**self.engine.counters, "malformed": self._malformed}
+        """Requests taken, malformed, failed, cancelled, the most streams at once, and draft
+        tokens proposed and accepted (spec_drafted, spec_accepted)."""
+        drafted, accepted = self.engine.speculative_totals()
+        return {**self.engine.counters, "malformed": self._malformed, "spec_drafted": drafted,
+                "spec_accepted": accepted}
 
     @property
     def stop_ids(self) -> list[int]:
@@ -125,17 +135,29 @@ class GenerationService:
             self._gone.discard(identity)  # it is back
             try:
                 msg, _ = from_frames(body)
-                if not isinstance(msg, GenerateRequest | GenerateCancel):
-                    raise MessageError("the generation service takes generate_request and "
-                                       f"generate_cancel, not {msg.TYPE}")
+                if not isinstance(msg, GenerateRequest | GenerateCancel | ServiceStatsRequest):
+                    raise MessageError("the generation service takes generate_request, "
+                                       f"generate_cancel and service_stats_request, not "
+                                       f"{msg.TYPE}")
             except MessageError as exc:
                 self._malformed += 1
                 self._send(identity, Error("bad-request", str(exc)))
                 continue
             if isinstance(msg, GenerateCancel):
                 self.engine.cancel(identity, msg.request_id)
+            elif isinstance(msg, ServiceStatsRequest):
+                self._send_stats(identity)
             else:
                 self.engine.submit(identity, msg)
+
+    def _send_stats(self, identity: Any) -> None:
+        try:
+            stats: Any = self._stats.snapshot(self.counters)
+        except Exception as exc:  # noqa: BLE001 - a figure must never stop the service
+            log.exception("could not gather the service's stats")
+            stats = Error("internal", f"stats failed: {type(exc).__name__}: {exc}",
+                          ServiceStatsRequest.TYPE)
+        self._send(identity, stats)
 
     def _send(self, identity: Any, msg: Any) -> None:
         if identity in self._gone:

@@ -28,12 +28,13 @@ from dataplane.cluster_types import (
     StageTimeout,
     as_int64_vector,
     check_logits_idx,
+    reply_from_frame,
     reply_mode,
 )
+from dataplane.figures import StepFigures, frame_bytes
 from dataplane.frames import (
     DTYPES,
     EMPTY_INDEX,
-    TOP1,
     FrameError,
     HiddenStateFrame,
     Kind,
@@ -41,11 +42,11 @@ from dataplane.frames import (
     decode_frame,
     encode_frame,
     prepare_frame,
-    top_k_records,
 )
 from dataplane.hop import compute_step, seal_or_encode
 from dataplane.pipes import open_pipes, open_push
 from dataplane.runtime import StageRunner
+from dataplane.slots import held_slots
 from dataplane.timing import TimingStamps, TimingWindow, compute_ms
 from dataplane.transport import (
     DEFAULT_OPTIONS,
@@ -123,6 +124,7 @@ class ClusterHead:
         self._waiting_since = 0  # wall ns the current run of empty polls began (0: none)
         self.stats = ClusterStats()
         self.timings = TimingWindow(timing_window)
+        self.figures = StepFigures(self.num_stages, hops=True)  # cumulative, for stats
 
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
@@ -247,17 +249,23 @@ class ClusterHead:
     def clear_timings(self) -> None:
         self.timings.clear()
 
+    def kv_slots(self) -> dict[int, int]:
+        """KV slots held by the stages run here: stage 0's (see slots.held_slots)."""
+        return {0: held_slots(self.stage0)}
+
     def _send_control(self, stream_id: int, kind: Kind, payload: np.ndarray | None = None
                       ) -> None:
         stream = self._streams[stream_id]
         header = HiddenStateFrame(kind=kind, stream_id=stream_id, request_id=0,
                                   epoch=stream.epoch, step=stream.next_step)
+        parts = encode_frame(header, payload)
         try:
-            send_parts(self._push, encode_frame(header, payload))
+            send_parts(self._push, parts)
         except TransportError as exc:
             stream.broken = f"its {kind.name} did not reach stage 1 ({exc})"
             raise DataPlaneError(f"cannot {kind.name.lower()} stream {stream_id}: stage 1 at "
                                  f"{self.next_addr} is not taking frames ({exc})") from None
+        self.figures.sent_bytes += frame_bytes(parts)
 
     # -- stepping --------------------------------------------------------------------
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
@@ -326,6 +334,9 @@ class ClusterHead:
             raise DataPlaneError(f"stage 1 at {self.next_addr} is not taking frames: {exc}"
                                  ) from None
         self._guard.hold(stream_id, tracker)
+        figures = self.figures
+        figures.sent_bytes += len(parts[0]) + hidden.nbytes
+        figures.step_frames += 1
         self._pending[rid] = _Pending(stream_id, stream.epoch, header.step, mode, top_k,
                                       start_ns, time.monotonic() + self.timeout_s)
         self.stats.submitted += 1
@@ -434,6 +445,7 @@ class ClusterHead:
         """
         if timeout_s != 0 and self._pending and not wait_readable(self._pull, 0):
             self._prefetch_in_flight()
+            self.figures.drain_when_idle()
         ready_ns = self._waiting_since or time.time_ns()
         if not wait_readable(self._pull, timeout_s):
             self._waiting_since = ready_ns
@@ -444,6 +456,7 @@ class ClusterHead:
             return False
         recv_ns = time.time_ns()
         self._waiting_since = 0
+        self.figures.received_bytes += sum(map(len, parts))
         t0 = time.perf_counter_ns()
         try:
             header, payload = decode_frame(parts)
@@ -468,30 +481,17 @@ class ClusterHead:
         elif header.kind == Kind.REPLY and payload is not None:
             del self._pending[header.request_id]
             self.stats.replies += 1
-            reply = self._reply(header, payload, pending)
+            reply = reply_from_frame(header, payload, pending.top_k)
             reply.stamps = TimingStamps(header.timings, recv_ns, ready_ns, decode_ns,
                                         pending.start_ns, time.time_ns())
             reply.stage_ms = compute_ms(header.timings)
             self.timings.add(reply.stamps)
+            self.figures.add_stamps(reply.stamps)
             self._done[header.request_id] = reply
         else:
             self.stats.unexpected += 1
             log.warning("dropped an unexpected %s frame on the reply pipe", header.kind.name)
         return True
-
-    @staticmethod
-    def _reply(header: HiddenStateFrame, payload: np.ndarray, pending: _Pending) -> ClusterReply:
-        if header.reply == ReplyMode.LOGITS:
-            top = top_k_records(payload, pending.top_k) if pending.top_k > 1 else None
-            return ClusterReply(tokens=payload.argmax(axis=-1), logits=payload,
-                                request_id=header.request_id, stream_id=header.stream_id,
-                                top=top)
-        if payload.size == 1:  # top-1 for one position: the per-token path
-            tokens = np.array(TOP1.unpack(payload)[:1], dtype=np.int64)
-        else:
-            tokens = payload["token"][:, 0].astype(np.int64)
-        return ClusterReply(tokens=tokens, request_id=header.request_id,
-                            stream_id=header.stream_id, top=payload)
 
 
 def _wait_s(request_deadline: float, caller_deadline: float | None) -> float:

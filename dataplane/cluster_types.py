@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dataplane.frames import EMPTY_INDEX, ReplyMode
+from dataplane.frames import EMPTY_INDEX, TOP1, HiddenStateFrame, ReplyMode, top_k_records
 from dataplane.timing import StepTiming, TimingStamps
 from engine.executor import StepError, StepReply
 
@@ -61,6 +61,20 @@ class ClusterStats:
     unexpected: int = 0
     errors: int = 0
     timeouts: int = 0
+
+
+def reply_from_frame(header: HiddenStateFrame, payload: np.ndarray, top_k: int) -> ClusterReply:
+    """The ClusterReply a REPLY frame carries (``top_k``: what its step asked for)."""
+    if header.reply == ReplyMode.LOGITS:
+        top = top_k_records(payload, top_k) if top_k > 1 else None
+        return ClusterReply(tokens=payload.argmax(axis=-1), logits=payload,
+                            request_id=header.request_id, stream_id=header.stream_id, top=top)
+    if payload.size == 1:  # top-1 for one position: the per-token path
+        tokens = np.array(TOP1.unpack(payload)[:1], dtype=np.int64)
+    else:
+        tokens = payload["token"][:, 0].astype(np.int64)
+    return ClusterReply(tokens=tokens, request_id=header.request_id,
+                        stream_id=header.stream_id, top=payload)
 
 
 def reply_mode(want_logits: bool, top_k: int) -> ReplyMode:

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 import openvino as ov
 
+from dataplane.figures import StepFigures
 from dataplane.runtime import RuntimeConfig, StageRunner, StepInputs, load_runner
+from dataplane.slots import held_slots
 from engine.executor import InlineExecutor, StepReply, reply_from_logits
 
 REWIND_MODES = ("mask", "trim")
@@ -38,6 +40,7 @@ class LocalChain(InlineExecutor):
         self.rewind_mode = rewind
         self.compact_threshold = compact_threshold
         self.compactions = 0
+        self.figures = StepFigures(self.num_stages, hops=False)  # stage compute, for stats
 
     @classmethod
     def load(cls, export_dir: str, config: RuntimeConfig | None = None,
@@ -151,4 +154,9 @@ class LocalChain(InlineExecutor):
             stage_ms.append((time.perf_counter() - start) * 1e3)
         reply = reply_from_logits(out.data, want_logits)
         reply.stage_ms = stage_ms
+        self.figures.add_stage_ms(stage_ms)
         return reply
+
+    def kv_slots(self) -> dict[int, int]:
+        """KV slots every stage holds (all of them run here; see slots.held_slots)."""
+        return {i: held_slots(runner) for i, runner in enumerate(self.runners)}

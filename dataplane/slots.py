@@ -9,6 +9,7 @@ stages of a chain and bound ahead of time by ``StageRunner.prefetch``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -174,3 +175,17 @@ def shared_tensor(array: np.ndarray) -> ov.Tensor:
     if not array.flags.writeable:
         array = array.copy()
     return ov.Tensor(np.ascontiguousarray(array), shared_memory=True)
+
+
+def held_slots(runner: Any) -> int:
+    """Physical KV slots a stage runner holds now: every stream's, and every row group's
+    rows x slots. Safe to call from a thread other than the one stepping it (the tables are
+    copied first; a table that changed meanwhile is read again); -1 if it kept changing."""
+    for _ in range(8):
+        try:
+            streams = list(runner.streams.values())
+            groups = list(runner.groups.values())
+        except RuntimeError:  # changed size while being copied
+            continue
+        return sum(s.physical for s in streams) + sum(int(g.keep.size) for g in groups)
+    return -1

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
 
-from dataplane.frames import TIMING
+from dataplane.frames import TIMING, TIMING_DTYPE
 
 NS_PER_MS = 1e6
 
@@ -105,6 +106,23 @@ def derive_step_timing(timings: bytes, coord_recv_ns: int, coord_ready_ns: int,
         compute_ms=tuple(r[5] / NS_PER_MS for r in records), hops=tuple(hops),
         total_ms=total_ns / NS_PER_MS, transit_ms=max(0, total_ns - busy_ns) / NS_PER_MS,
     )
+
+
+def derive_compute_network(stamps: Sequence[TimingStamps]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-stage compute ms and per-hop network ms of many replies at once, each [N, S]
+    (S: the stage count; every reply must carry S records): ``derive_step_timing``'s
+    ``compute_ms`` and ``hops[i].network_ms``, in a few numpy calls for the whole batch."""
+    records = np.frombuffer(b"".join([s.timings for s in stamps]), TIMING_DTYPE)
+    records = records.reshape(len(stamps), -1)
+    if not records.shape[1]:
+        raise ValueError("a reply without timing records")
+    coordinator = np.array([(s.recv_ns, s.ready_ns) for s in stamps], dtype=np.int64)
+    next_recv = np.concatenate((records["recv_ns"][:, 1:], coordinator[:, :1]), axis=1)
+    next_ready = np.concatenate((records["ready_ns"][:, 1:], coordinator[:, 1:]), axis=1)
+    send = records["send_ns"]
+    gap = np.maximum(0, next_recv - send)
+    queue = np.minimum(gap, np.maximum(0, next_ready - send))
+    return records["compute_ns"] / NS_PER_MS, (gap - queue) / NS_PER_MS
 
 
 def flatten(timing: StepTiming) -> dict[str, float]:

@@ -42,6 +42,7 @@ from dataplane.frames import (
 from dataplane.hop import compute_step, seal_or_encode
 from dataplane.pipes import open_pipes, open_push
 from dataplane.runtime import StageRunner
+from dataplane.slots import held_slots
 from dataplane.transport import (
     DEFAULT_OPTIONS,
     BufferGuard,
@@ -191,6 +192,11 @@ class StageWorker:
                                   if f.name != "compute_ms"})
             snap.compute_ms = list(self._compute)
         return snap
+
+    def kv_slots(self) -> int:
+        """KV slots the stage holds now, all streams and row groups (any thread; see
+        slots.held_slots): what the node reports in its heartbeats."""
+        return held_slots(self.runner)
 
     def _count(self, name: str, n: int = 1) -> None:
         # Only the loop thread writes counters: no lock (readers may see one step late).

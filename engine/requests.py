@@ -45,6 +45,8 @@ class TokenLogprob:
     logprob: float
     top_tokens: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
+    text: str = ""  # each token's own text (the engine fills these in)
+    top_texts: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class GenerationRequest:
 
     request_id: str
     prompt: str = ""  # a user prompt, or raw text (chat=False); or else ``messages``
-    max_tokens: int = 128
+    max_tokens: int = 128  # 0: as many as the model's context holds
     chat: bool = True
     ignore_eos: bool = False
     speculative: str = ""  # "", "lookup" or "draft:PATH"
@@ -95,7 +97,8 @@ class GenerationRequest:
              f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}"),
             (self.logprobs or self.top_logprobs == 0, "top_logprobs needs logprobs"),
             (0 <= self.chunk_interval_ms <= 60_000, "chunk_interval_ms must be in 0..60000"),
-            (0 < self.max_tokens <= MAX_NEW_TOKENS, f"max_tokens must be in 1..{MAX_NEW_TOKENS}"),
+            (0 <= self.max_tokens <= MAX_NEW_TOKENS,
+             f"max_tokens must be in 0..{MAX_NEW_TOKENS} (0: as many as the context holds)"),
             (0 < len(self.request_id) <= 64, "request_id must be 1..64 chars"),
         )
         return next((text for ok, text in checks if not ok), None)

@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.drafting import Drafter, LookupDrafter
 from engine.executor import Executor
@@ -132,6 +132,7 @@ class GenerationEngine:
         self.load_drafter = load_drafter
         self.max_context = max_context  # prompt + new tokens must fit (None: no limit)
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0}
+        self._spec_finished = [0, 0]  # draft tokens proposed, accepted by finished generations
         self._scheduler: StreamScheduler | None = None
         self._jobs: dict[int, _Job] = {}  # by stream id
         self._waiting: deque[tuple[Hashable, GenerationRequest]] = deque()
@@ -153,6 +154,14 @@ class GenerationEngine:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    def speculative_totals(self) -> tuple[int, int]:
+        """Draft tokens proposed and accepted so far, by finished and running generations."""
+        proposed, accepted = self._spec_finished
+        for job in self._jobs.values():
+            proposed += job.session.spec.proposed
+            accepted += job.session.spec.accepted
+        return proposed, accepted
 
     @property
     def scheduler(self) -> StreamScheduler | None:
@@ -247,10 +256,16 @@ class GenerationEngine:
 
     def _session(self, stream_id: int, req: GenerationRequest) -> DecodeSession:
         ids = self.prompt_ids(req)
-        if self.max_context is not None and len(ids) + req.max_tokens > self.max_context:
+        limit = req.max_tokens or (self.max_context or 0) - len(ids)
+        if req.max_tokens == 0 and limit <= 0:
+            raise RequestRefused(f"the prompt's {len(ids)} tokens leave no room in the model's "
+                                 f"context of {self.max_context} tokens"
+                                 if self.max_context else "max_tokens must be given (> 0)")
+        if self.max_context is not None and len(ids) + limit > self.max_context:
             raise RequestRefused(
-                f"the prompt's {len(ids)} tokens plus max_tokens {req.max_tokens} exceed the "
+                f"the prompt's {len(ids)} tokens plus max_tokens {limit} exceed the "
                 f"model's context of {self.max_context} tokens")
+        req = replace(req, max_tokens=limit)
         stops = () if req.ignore_eos else self.stop_ids
         sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
         top = req.top_logprobs if req.logprobs else None
@@ -372,7 +387,7 @@ class GenerationEngine:
                 continue
             job.pending.append(token)
             if session.top_logprobs is not None:
-                job.pending_logprobs.append(session.logprobs[first_index + i])
+                job.pending_logprobs.append(self._texts_of(session.logprobs[first_index + i]))
             raw = job.decoder.push(token)
             job.raw_text += raw
             job.pending_text += job.stops.push(raw)
@@ -380,6 +395,12 @@ class GenerationEngine:
             if self._scheduler is not None:
                 self._scheduler.cancel(session.stream_id)  # frees its KV on every stage
             session.done = True
+
+    def _texts_of(self, lp: TokenLogprob) -> TokenLogprob:
+        """``lp`` with the text of its token and of each alternative."""
+        decode = self.tokenizer.decode
+        return replace(lp, text=decode([lp.token], skip_special_tokens=False),
+                       top_texts=[decode([t], skip_special_tokens=False) for t in lp.top_tokens])
 
     def _send_pending(self, job: _Job, now: float) -> None:
         session = job.session
@@ -403,6 +424,8 @@ class GenerationEngine:
     def _finish(self, job: _Job) -> None:
         session = job.session
         del self._jobs[session.stream_id]
+        self._spec_finished[0] += session.spec.proposed
+        self._spec_finished[1] += session.spec.accepted
         produced = session.emitted[:job.kept] if job.stopped else session.emitted
         self._flush_text(job, produced)
         reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled,

@@ -104,7 +104,8 @@ def test_cancel_a_waiting_request(setup) -> None:
 
 
 @pytest.mark.parametrize("request_, problem", [
-    (GenerationRequest("x", "hi", 0), "bad request: max_tokens must be in 1.."),
+    (GenerationRequest("x", "hi", -1), "bad request: max_tokens must be in 0.."),
+    (GenerationRequest("x", "hi " * 70, 0), "leave no room in the model's context of 64"),
     (GenerationRequest("x", "", 4), "bad request: give a prompt or messages"),
     (GenerationRequest("x", "hi", 4, stop=["a", "b", "c", "d", "e"]), "stop takes up to 4"),
     (GenerationRequest("x", "hi", 4, logprobs=True, top_logprobs=21), "top_logprobs must be"),

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LOWER = ("common", "engine", "dataplane", "controlplane", "exporter")  # below console
+LOWER = ("common", "engine", "dataplane", "controlplane", "exporter", "serve")  # below console
 PRODUCT = (*LOWER, "console")
 TOOLS = "tools"
 SCANNED = (*PRODUCT, TOOLS)

@@ -30,7 +30,7 @@ def sample(cls: type[m.Message]) -> m.Message:
                          16 << 30, 8 << 30, "2026.4.1", "0.1.0", [HASH], 12.5, 42, KEY),
         m.Welcome: m.Welcome("node-1", "coord", "s1", 1.0, 3),
         m.Refuse: m.Refuse("openvino-version", "because", "node-1"),
-        m.Heartbeat: m.Heartbeat("serving"),
+        m.Heartbeat: m.Heartbeat("serving", 17),
         m.Leave: m.Leave("bye"),
         m.ShardOffer: m.ShardOffer(HASH, 1, [r.FileSpec("stage1.bin", 10, HASH)], 4),
         m.ShardRequest: m.ShardRequest(HASH, "stage1.bin", 2, 8, 2),
@@ -49,6 +49,13 @@ def sample(cls: type[m.Message]) -> m.Message:
                                            {"stage0.compute": {"p50": 1.5, "p95": 2.0}},
                                            note="paused: stage 1 is down"),
         sm.GenerateDone: sm.GenerateDone("r1", [5, 6, 2], "hi", 7, 12.5, 30.0, {}, "eos", ""),
+        sm.GenerateCancel: sm.GenerateCancel("r1"),
+        sm.ServiceStatsRequest: sm.ServiceStatsRequest(),
+        sm.ServiceStats: sm.ServiceStats(
+            1, 2, {"requests": 3, "spec_drafted": 8}, [sm.StageStats(
+                0, "coordinator", True, 12, sm.HistogramSnapshot([0.5, 1.0], [1, 0, 2], 7.5))],
+            [sm.HopStats("0-1", 4096, sm.HistogramSnapshot([1.0], [3, 0], 0.9))],
+            {"coordinator": True, "n1": False}, "stage 1 is down", "tiny", 2048, 2),
     }
     return samples[cls]
 
@@ -89,6 +96,10 @@ def assign_body(**change: object) -> dict:
     return body
 
 
+def stats_body() -> dict:
+    return json.loads(m.encode_message(sample(sm.ServiceStats)))["body"]
+
+
 @pytest.mark.parametrize("data, text", [
     (b"\xff\xfe", "not a JSON message"),
     (b"hello", "not a JSON message"),
@@ -120,6 +131,14 @@ def assign_body(**change: object) -> dict:
     (envelope({"shard_hash": HASH, "file": "f", "chunk": -1, "offset": 0, "size": 1},
               "shard_request"), "shard_request.chunk must be >= 0"),
     (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+    (envelope({"kv_slots": -5}, "heartbeat"), "heartbeat.kv_slots must be >= -1"),
+    (envelope({**stats_body(), "hops": [{"name": "0-1", "bytes": 1, "network_ms": {
+        "bounds": [1.0, 2.0], "counts": [1, 2]}}]}, "service_stats"),
+     "service_stats.hops[0].network_ms has 2 counts for 2 bounds"),
+    (envelope({**stats_body(), "stages": [{"index": 0, "node_id": "c", "up": True,
+                                           "kv_slots": 0, "compute_ms": {
+        "bounds": [2.0, 1.0], "counts": [1, 2, 0]}}]}, "service_stats"),
+     "service_stats.stages[0].compute_ms has bounds that are not strictly ascending"),
 ])
 def test_bad_messages_raise_clear_errors(data: bytes, text: str) -> None:
     with pytest.raises(m.MessageError) as info:
@@ -150,7 +169,7 @@ def test_protocol_mismatch_carries_both_versions_and_best_effort_fields() -> Non
 
 @pytest.mark.parametrize(("body", "text"), [
     ({"request_id": "r", "prompt": ""}, "give a prompt or messages"),
-    ({"request_id": "r", "prompt": "x", "max_tokens": 0}, "max_tokens must be in"),
+    ({"request_id": "r", "prompt": "x", "max_tokens": -1}, "max_tokens must be in"),
     ({"request_id": "", "prompt": "x"}, "request_id must be"),
     ({"request_id": "r", "prompt": 5}, "must be a string"),
 ])

@@ -1,0 +1,101 @@
+"""``zctl serve``: the OpenAI-compatible HTTP API in front of the running cluster (or an
+embedded local one, for this command's lifetime)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from console.cluster_cli import (
+    DynamicQuantization,
+    Exact,
+    KvPrecision,
+    Precision,
+    _fail,
+    _running_record,
+    err,
+    numerics,
+)
+from console.cluster_procs import (
+    ClusterError,
+    ClusterRecord,
+    runtime_spec,
+    start_local_cluster,
+    stop_processes,
+    wait_serving,
+)
+from console.exports import ensure_export
+from console.run_cli import parse_k, parse_speculative
+
+
+def serve_problem(port: int, max_queue: int) -> str:
+    """Why these options cannot serve ("" when they can)."""
+    if not 0 < port < 65536:
+        return f"--port must be in 1..65535, not {port}"
+    if max_queue < 1:
+        return f"--max-queue must be >= 1, not {max_queue}"
+    return ""
+
+
+def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, max_queue: int,
+            speculation: tuple[str, int]) -> None:
+    """Serve the cluster's generation service over HTTP until interrupted."""
+    try:
+        import uvicorn
+
+        from serve.app import ServeSettings, create_app
+        from serve.backend import ServiceBackend
+    except ImportError as exc:
+        raise ClusterError(f"zctl serve needs the [serve] extra ({exc}): pip install "
+                           "'zctl[serve]'") from None
+    app = create_app(ServiceBackend(record.serve),
+                     ServeSettings(api_key=api_key, max_queue=max_queue, speculation=speculation))
+    err.print(f"serving the OpenAI API at http://{host}:{port}/v1 (Ctrl-C stops it)",
+              highlight=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="ZCTL_API_KEY", help="require this key (Authorization: Bearer KEY)")] = None,
+    max_queue: Annotated[int, typer.Option(
+        help="requests in flight (running or waiting) beyond which new ones get 429")] = 64,
+    speculative: Annotated[str, typer.Option(
+        help="default speculative decoding of requests that do not choose: '' (none), "
+             "'lookup' or 'draft:PATH'")] = "",
+    k: Annotated[str, typer.Option("--k", help="default draft tokens per step, or 'auto'")] = "auto",
+    model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
+    stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
+    weights: Annotated[str, typer.Option(help="weights of the embedded cluster")] = "int4",
+    cpu_sets: Annotated[str, typer.Option(
+        help="embedded cluster: shared | split (each node its own cores)")] = "shared",
+    precision: Precision = "f32",
+    exact: Exact = None,
+    kv_cache_precision: KvPrecision = None,
+    dynamic_quantization: DynamicQuantization = None,
+) -> None:
+    """Serve an OpenAI-compatible API (chat and text completions, models, /health,
+    /metrics) on the running cluster, or on an embedded local one."""
+    problem = serve_problem(port, max_queue)
+    if problem:
+        _fail(problem)
+    embedded = None
+    try:
+        speculation = (parse_speculative(speculative), parse_k(k))
+        record = _running_record()
+        if record is None:
+            kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
+            rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
+            export_dir = ensure_export(model, stages, weights)
+            err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
+            embedded = record = start_local_cluster(export_dir, stages, rt, cpu_sets=cpu_sets)
+            wait_serving(record, 300)
+        run_api(record, host, port, api_key, max_queue, speculation)
+    except (ClusterError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    finally:
+        if embedded is not None:
+            stop_processes(embedded.pids)

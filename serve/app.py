@@ -1,0 +1,302 @@
+"""The FastAPI application: OpenAI's completions, chat completions and models routes,
+``/health`` and ``/metrics``, over a ``ServiceBackend``.
+
+Every request is checked before anything runs: a bad field, an unknown model, a prompt
+and ``max_tokens`` beyond the context are 400s, a wrong key a 401, a full queue a 429, a
+pipeline that cannot serve a 503, each in OpenAI's error shape, and none of them touches
+the generations already running. A streamed reply is SSE ending ``data: [DONE]``; a client
+that disconnects (or closes its stream) has its generation cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from controlplane.service_messages import GenerateChunk, GenerateDone, ServiceStats
+from engine.requests import GenerationRequest, TokenLogprob
+from serve.backend import BackendUnavailable, ServiceBackend
+from serve.metrics import RequestClock, ServeMetrics
+from serve.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseShape,
+    engine_error,
+    finish_reason,
+    to_generation,
+)
+
+DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """``api_key``: required as a bearer token when set; ``max_queue``: requests in flight
+    (running or waiting) beyond which new ones get 429; ``speculation``: the default
+    (mode, K) of requests that do not choose."""
+
+    api_key: str | None = None
+    max_queue: int = 64
+    speculation: tuple[str, int] = ("", 0)
+
+
+def validation_error(exc: RequestValidationError) -> ApiError:
+    """The first problem pydantic found, as OpenAI reports a bad parameter."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {first.get('msg')}")
+    where = ".".join(loc)
+    return ApiError(400, f"{where}: {first.get('msg')}" if where else str(first.get("msg")),
+                    param=where or None)
+
+
+class ZctlApi:
+    """The routes' state: the backend, the settings, the metrics, what is in flight."""
+
+    def __init__(self, backend: ServiceBackend, settings: ServeSettings) -> None:
+        self.backend, self.settings = backend, settings
+        self.metrics = ServeMetrics()
+        self.in_flight = 0
+        self._model: ServiceStats | None = None
+
+    # -- what is served -----------------------------------------------------------------
+    async def served(self) -> ServiceStats:
+        """The model and stages served (asked once; 503 while the service is away)."""
+        if self._model is None:
+            try:
+                self._model = await self.backend.stats()
+            except BackendUnavailable as exc:
+                raise ApiError(503, str(exc), "service_unavailable", code="backend_down") from None
+        return self._model
+
+    async def models(self) -> dict[str, Any]:
+        info = await self.served()
+        return {"object": "list", "data": [{
+            "id": info.model, "object": "model", "created": 0, "owned_by": "zctl",
+            "max_model_len": info.max_context, "context_length": info.max_context,
+            "stages": [{"index": s.index, "node": s.node_id} for s in info.stages]}]}
+
+    async def health(self) -> JSONResponse:
+        try:
+            stats = await self.backend.stats()
+        except BackendUnavailable as exc:
+            return JSONResponse({"status": "down", "reason": str(exc)}, 503)
+        down = [s for s in stats.stages if not s.up]
+        reason = stats.health or (f"stage {down[0].index} on node {down[0].node_id} is down"
+                                  if down else "")
+        body = {"status": "down" if reason else "ok", "reason": reason or None,
+                "model": stats.model, "running": stats.running, "waiting": stats.waiting,
+                "stages": [{"index": s.index, "node": s.node_id, "up": s.up}
+                           for s in stats.stages]}
+        return JSONResponse(body, 503 if reason else 200)
+
+    async def render_metrics(self) -> Response:
+        try:
+            stats: ServiceStats | None = await self.backend.stats()
+        except BackendUnavailable:
+            stats = None  # the request figures still count
+        model = stats.model if stats is not None else (self._model.model if self._model else "")
+        return Response(self.metrics.render(stats, model), media_type=PROMETHEUS_TEXT)
+
+    # -- completions --------------------------------------------------------------------
+    def check_key(self, request: Request) -> None:
+        key = self.settings.api_key
+        if key and request.headers.get("authorization", "") != f"Bearer {key}":
+            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                           "authentication_error", code="invalid_api_key")
+
+    async def complete(self, body: ChatCompletionRequest | CompletionRequest,
+                       request: Request) -> Response:
+        self.check_key(request)
+        info = await self.served()
+        if body.model != info.model:
+            raise ApiError(400, f"the model {body.model!r} is not served here; this server "
+                           f"serves {info.model!r}", param="model", code="model_not_found")
+        gen = to_generation(body, uuid.uuid4().hex[:24], self.settings.speculation)
+        problem = gen.problem()
+        if problem is not None:
+            raise ApiError(400, problem)
+        if self.in_flight >= self.settings.max_queue:
+            raise ApiError(429, f"the server has {self.in_flight} requests in flight (its "
+                           f"limit, --max-queue): retry later", "rate_limit_exceeded",
+                           code="queue_full")
+        return await self._answer(body, gen, request, info.model)
+
+    async def _tracked(self, gen: GenerationRequest) -> AsyncIterator[Any]:
+        """The backend's events for ``gen``, counted in flight until they end or are left."""
+        self.in_flight += 1
+        inner = self.backend.generate(gen)
+        try:
+            async for msg in inner:
+                yield msg
+        finally:
+            self.in_flight -= 1
+            await inner.aclose()
+
+    async def _answer(self, body: ChatCompletionRequest | CompletionRequest,
+                      gen: GenerationRequest, request: Request, model: str) -> Response:
+        """Run the generation: the first answer decides between an error and a reply."""
+        clock = RequestClock(self.metrics, model, time.monotonic())
+        events = self._tracked(gen)
+        first = await self._next(events, request)
+        if isinstance(first, GenerateDone) and first.error:
+            await events.aclose()
+            raise engine_error(first)
+        shape = ResponseShape(isinstance(body, ChatCompletionRequest), gen.request_id, model)
+        if body.stream:
+            return StreamingResponse(self._sse(shape, first, events, clock, body.include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            return JSONResponse(await self._collect(shape, first, events, clock, request, gen))
+        finally:
+            await events.aclose()
+
+    async def _next(self, events: AsyncIterator[Any], request: Request) -> Any:
+        """The next event, cancelling the generation if the client goes meanwhile."""
+        step = asyncio.ensure_future(anext(events))
+        try:
+            while True:
+                done, _ = await asyncio.wait({step}, timeout=DISCONNECT_CHECK_S)
+                if done:
+                    return step.result()
+                if await request.is_disconnected():
+                    raise ApiError(499, "the client went away", "client_closed")
+        except StopAsyncIteration:  # a backend stream ends with a Done: never here
+            raise ApiError(500, "the generation ended without an answer", "internal_error") \
+                from None
+        except BackendUnavailable as exc:
+            raise ApiError(503, str(exc), "service_unavailable", code="backend_down") from None
+        except BaseException:
+            step.cancel()
+            await events.aclose()  # type: ignore[attr-defined]
+            raise
+
+    async def _collect(self, shape: ResponseShape, first: Any, events: AsyncIterator[Any],
+                       clock: RequestClock, request: Request,
+                       gen: GenerationRequest) -> dict[str, Any]:
+        logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
+        msg = first
+        while True:
+            if isinstance(msg, GenerateChunk):
+                clock.tokens(len(msg.tokens), time.monotonic())
+                if logprobs is not None:
+                    logprobs += msg.logprobs
+            else:
+                return self._finish(shape, msg, clock, logprobs)
+            msg = await self._next(events, request)
+
+    def _finish(self, shape: ResponseShape, done: GenerateDone, clock: RequestClock,
+                logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
+        if done.error:
+            raise engine_error(done)
+        clock.done(done.prompt_tokens, len(done.tokens), finish_reason(done), time.monotonic())
+        return shape.reply(done, logprobs)
+
+    async def _sse(self, shape: ResponseShape, first: Any, events: AsyncIterator[Any],
+                   clock: RequestClock, include_usage: bool) -> AsyncIterator[str]:
+        """SSE events until [DONE]; leaving early (a disconnect) cancels the generation."""
+        try:
+            yield sse(_with_usage(shape.chunk("", None, role=True), include_usage)
+                      if shape.chat else None)
+            msg = first
+            while True:
+                if isinstance(msg, GenerateChunk):
+                    clock.tokens(len(msg.tokens), time.monotonic())
+                    if msg.text or msg.logprobs:
+                        yield sse(_with_usage(shape.chunk(msg.text, msg.logprobs or None),
+                                              include_usage))
+                else:
+                    yield self._sse_end(shape, msg, clock, include_usage)
+                    return
+                msg = await anext(events)
+        except BackendUnavailable as exc:
+            yield sse(ApiError(503, str(exc), "service_unavailable").body()) + sse("[DONE]")
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def _sse_end(self, shape: ResponseShape, done: GenerateDone, clock: RequestClock,
+                 include_usage: bool) -> str:
+        if done.error:
+            self.metrics.errors.labels(str(engine_error(done).status)).inc()
+            return sse(engine_error(done).body()) + sse("[DONE]")
+        reason = finish_reason(done)
+        clock.done(done.prompt_tokens, len(done.tokens), reason, time.monotonic())
+        out = sse(_with_usage(shape.chunk("", None, reason), include_usage))
+        if include_usage:
+            out += sse(shape.usage_chunk(done))
+        return out + sse("[DONE]")
+
+
+def _with_usage(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:
+    return {**chunk, "usage": None} if include_usage else chunk
+
+
+def sse(data: Any) -> str:
+    """One server-sent event (nothing for None)."""
+    if data is None:
+        return ""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n"
+
+
+def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -> FastAPI:
+    """The application serving ``backend``'s model."""
+    api = ZctlApi(backend, settings or ServeSettings())
+    app = FastAPI(title="zctl", docs_url=None, redoc_url=None)
+    app.state.api = api
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        api.metrics.errors.labels(str(exc.status)).inc()
+        return JSONResponse(exc.body(), exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await _api_error(request, validation_error(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return await _api_error(request, ApiError(exc.status_code, str(exc.detail),
+                                                  "invalid_request_error"))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await api.complete(body, request)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await api.complete(body, request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        api.check_key(request)
+        return await api.models()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return await api.health()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return await api.render_metrics()
+
+    @app.on_event("shutdown")
+    async def _close() -> None:
+        await backend.close()
+
+    return app

@@ -1,0 +1,141 @@
+"""The HTTP server's link to the coordinator's generation service, on the event loop.
+
+``ServiceBackend`` owns one ZeroMQ DEALER (``zmq.asyncio``) to the service's ROUTER: the
+requests of every HTTP client go out on it, and one reader task hands each answer to the
+queue of the request it belongs to. ``generate`` yields a request's chunks and its end;
+leaving it early (a client that disconnects, a stream closed) sends ``GenerateCancel``,
+so the generation stops and frees the stages. The service's silence beyond the timeouts
+ends a request with ``BackendUnavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from controlplane.messages import Error, MessageError, from_frames, to_frames
+from controlplane.service_messages import (
+    GenerateCancel,
+    GenerateChunk,
+    GenerateDone,
+    GenerateRequest,
+    ServiceStats,
+    ServiceStatsRequest,
+)
+from controlplane.sockets import dealer_socket
+from engine.requests import GenerationRequest
+
+log = logging.getLogger("zctl.serve")
+MAX_ANSWER_BYTES = 64 << 20
+FIRST_TIMEOUT_S = 300.0  # a request's first answer (a queue, a prefill, a paused pipeline)
+IDLE_TIMEOUT_S = 60.0  # any later gap (paused generations hear a note every 10 s)
+STATS_TIMEOUT_S = 3.0
+
+
+class BackendUnavailable(RuntimeError):
+    """The generation service does not answer."""
+
+
+class ServiceBackend:
+    """Generations and stats from the generation service at ``endpoint``."""
+
+    def __init__(self, endpoint: str, first_timeout_s: float = FIRST_TIMEOUT_S,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+        self.endpoint = endpoint
+        self.first_timeout_s, self.idle_timeout_s = first_timeout_s, idle_timeout_s
+        self._ctx = zmq.asyncio.Context()
+        self._sock: Any = None
+        self._reader: asyncio.Task | None = None
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._stats_waiters: list[asyncio.Future] = []
+
+    def _socket(self) -> Any:
+        if self._sock is None:
+            self._sock = dealer_socket(self._ctx, MAX_ANSWER_BYTES,
+                                       f"serve-{uuid.uuid4().hex[:12]}".encode())
+            self._sock.connect(self.endpoint)
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+        return self._sock
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._sock is not None:
+            self._sock.close(0)
+        self._ctx.term()
+
+    async def _read(self) -> None:
+        """Hand every answer to whoever waits for it."""
+        while True:
+            frames = await self._sock.recv_multipart()
+            try:
+                msg, _ = from_frames(frames)
+            except MessageError as exc:
+                log.warning("bad answer from the generation service: %s", exc)
+                continue
+            if isinstance(msg, GenerateChunk | GenerateDone):
+                queue = self._queues.get(msg.request_id)
+                if queue is not None:
+                    queue.put_nowait(msg)
+            elif isinstance(msg, ServiceStats | Error):
+                waiters, self._stats_waiters = self._stats_waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(msg)
+
+    async def generate(self, request: GenerationRequest
+                       ) -> AsyncIterator[GenerateChunk | GenerateDone]:
+        """The request's chunks, then its GenerateDone."""
+        rid = request.request_id
+        if rid in self._queues:
+            raise ValueError(f"request {rid} is already running")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = queue
+        sock = self._socket()
+        finished = False
+        try:
+            await sock.send_multipart(to_frames(GenerateRequest(**vars(request))))
+            timeout = self.first_timeout_s
+            while True:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
+                    raise BackendUnavailable(
+                        f"the generation service at {self.endpoint} sent nothing for "
+                        f"{timeout:.0f} s") from None
+                timeout = self.idle_timeout_s
+                finished = isinstance(msg, GenerateDone)
+                yield msg
+                if finished:
+                    return
+        finally:
+            del self._queues[rid]
+            if not finished:  # the caller left early: stop the generation
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.send_multipart(to_frames(GenerateCancel(rid)), zmq.NOBLOCK)
+
+    async def stats(self, timeout_s: float = STATS_TIMEOUT_S) -> ServiceStats:
+        """The service's figures now (BackendUnavailable if it does not answer)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._stats_waiters.append(waiter)
+        await self._socket().send_multipart(to_frames(ServiceStatsRequest()))
+        try:
+            msg = await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            raise BackendUnavailable(f"the generation service at {self.endpoint} does not "
+                                     f"answer (waited {timeout_s:g} s)") from None
+        finally:
+            if waiter in self._stats_waiters:
+                self._stats_waiters.remove(waiter)
+        if isinstance(msg, Error):
+            raise BackendUnavailable(f"the generation service refused: {msg.detail}")
+        return msg

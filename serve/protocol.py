@@ -1,0 +1,251 @@
+"""The OpenAI API's request and response shapes, and how they map onto the engine's.
+
+Requests are pydantic models (unknown fields are ignored, as OpenAI clients send many);
+``to_generation`` turns one into an ``engine.requests.GenerationRequest``. Responses are
+built by small pure functions from the engine's chunks and end. ``ApiError`` is an
+error in the shape OpenAI clients parse: ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.requests import (
+    BAD_REQUEST,
+    MAX_NEW_TOKENS,
+    MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS,
+    UNAVAILABLE,
+    ChatMessage,
+    GenerationDone,
+    GenerationRequest,
+    TokenLogprob,
+)
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length"}
+
+
+class ApiError(Exception):
+    """An error reply: HTTP ``status`` and the OpenAI error object."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status, message, type_, param, code)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def engine_error(done: GenerationDone) -> ApiError:
+    """The API error for a generation the engine refused or could not finish."""
+    if done.error_kind == BAD_REQUEST:
+        return ApiError(400, done.error.removeprefix("bad request: "))
+    if done.error_kind == UNAVAILABLE:
+        return ApiError(503, done.error, "service_unavailable", code="pipeline_down")
+    return ApiError(500, done.error or "the generation failed", "internal_error")
+
+
+# -- requests -------------------------------------------------------------------------
+class ZctlOptions(BaseModel):
+    """zctl's own extras, sent by OpenAI clients through ``extra_body={"zctl": {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    top_k: int = Field(0, ge=0, le=1 << 20)
+    speculative: str | None = None  # "off", "lookup" or "draft:PATH"; None: the server's default
+    k: int | None = Field(None, ge=0, le=32)  # draft tokens per step (0: adaptive)
+    ignore_eos: bool = False
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str = ""
+
+
+class ChatTurn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            if any(p.type != "text" for p in self.content):
+                raise ApiError(400, "only text content parts are supported", param="messages")
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class SamplingFields(BaseModel):
+    """What chat and text completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=1 << 63)
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    zctl: ZctlOptions = Field(default_factory=ZctlOptions)
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS or not all(stops):
+            raise ValueError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings")
+        return value
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatTurn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = Field(False, description="not supported", le=False)
+    suffix: None = None
+
+    def prompt_text(self) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) != 1:
+            raise ApiError(400, "prompt takes one string (a batch of prompts is not supported)",
+                           param="prompt")
+        return self.prompt[0]
+
+
+def speculation(options: ZctlOptions, default: tuple[str, int]) -> tuple[str, int]:
+    """The request's (mode, k): its own, else the server's default; "off" is none."""
+    mode = default[0] if options.speculative is None else options.speculative
+    mode = "" if mode == "off" else mode
+    return mode, default[1] if options.k is None else options.k
+
+
+def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: str,
+                  default_speculation: tuple[str, int] = ("", 0)) -> GenerationRequest:
+    """The engine's request for an API request (chat turns or a raw text prompt)."""
+    mode, k = speculation(req.zctl, default_speculation)
+    common: dict[str, Any] = dict(
+        request_id=request_id, ignore_eos=req.zctl.ignore_eos, speculative=mode, k=k,
+        temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p, seed=req.seed,
+        stop=req.stop_list(), chunk_interval_ms=0)
+    if isinstance(req, ChatCompletionRequest):
+        limit = req.max_completion_tokens or req.max_tokens
+        return GenerationRequest(
+            messages=[ChatMessage(t.role, t.text()) for t in req.messages],
+            max_tokens=limit or 0, chat=True, logprobs=req.logprobs,
+            top_logprobs=req.top_logprobs or 0, **common)
+    return GenerationRequest(
+        prompt=req.prompt_text(), max_tokens=req.max_tokens or 16, chat=False,
+        logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0, **common)
+
+
+# -- responses ------------------------------------------------------------------------
+def usage(done: GenerationDone) -> dict[str, int]:
+    completion = len(done.tokens)
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": done.prompt_tokens + completion}
+
+
+def finish_reason(done: GenerationDone) -> str:
+    return FINISH_REASONS.get(done.stop_reason, "stop")
+
+
+def _piece(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def chat_logprobs(logprobs: list[TokenLogprob]) -> dict[str, Any]:
+    """The chat API's ``logprobs`` object for these tokens."""
+    return {"content": [
+        {**_piece(lp.text, lp.logprob),
+         "top_logprobs": [_piece(t, v) for t, v in zip(lp.top_texts, lp.top_logprobs,
+                                                        strict=True)]}
+        for lp in logprobs], "refusal": None}
+
+
+def text_logprobs(logprobs: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """The completions API's (legacy) ``logprobs`` object; ``offset`` is where the text of
+    the first token starts in the completion."""
+    offsets = []
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(lp.text)
+    return {"tokens": [lp.text for lp in logprobs],
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [dict(zip(lp.top_texts, lp.top_logprobs, strict=True))
+                             for lp in logprobs],
+            "text_offset": offsets}
+
+
+class ResponseShape:
+    """Builds one request's chunks and reply: ids, timestamps and the model are fixed."""
+
+    def __init__(self, chat: bool, request_id: str, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.created = int(time.time())
+        self.text_offset = 0
+
+    def _envelope(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str, logprobs: list[TokenLogprob] | None, finish: str | None = None,
+              role: bool = False) -> dict[str, Any]:
+        """One streamed chunk: new text (and its tokens' logprobs), or the end."""
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": text} if role else (
+                {"content": text} if text or finish is None else {})
+            choice = {"index": 0, "delta": delta,
+                      "logprobs": chat_logprobs(logprobs) if logprobs else None,
+                      "finish_reason": finish}
+            return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
+        lps = text_logprobs(logprobs, self.text_offset) if logprobs else None
+        self.text_offset += len(text)
+        choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": finish}
+        return {**self._envelope("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, done: GenerationDone) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._envelope(kind), "choices": [], "usage": usage(done)}
+
+    def reply(self, done: GenerationDone, logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
+        """The whole (non-streamed) answer."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
+                      "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
+                      "finish_reason": finish_reason(done)}
+            kind = "chat.completion"
+        else:
+            choice = {"index": 0, "text": done.text,
+                      "logprobs": text_logprobs(logprobs) if logprobs is not None else None,
+                      "finish_reason": finish_reason(done)}
+            kind = "text_completion"
+        return {**self._envelope(kind), "choices": [choice], "usage": usage(done)}

@@ -1,0 +1,87 @@
+"""zctl serve on a real local cluster (node processes on loopback): ``cluster up --api``,
+greedy output through the API equal to ``zctl run``'s, and ``/health`` following a node
+that is killed and comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from typer.testing import CliRunner
+
+from common.manifest import load_manifest
+from console.cli import app
+from console.cluster_procs import free_port, read_record, stop_processes
+
+runner = CliRunner()
+PROMPT = "what is the capital of france?"
+
+
+def wait_health(url: str, status: int, timeout_s: float = 60.0) -> dict:
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            resp = httpx.get(f"{url}/health", timeout=5)
+            if resp.status_code == status:
+                return resp.json()
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < end, f"/health never answered {status}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
+        tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    model = load_manifest(export_dir).model.name
+    port = free_port("127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
+                             "--heartbeat", "0.3", "--api", f"127.0.0.1:{port}"])
+    restarted: subprocess.Popen | None = None
+    try:
+        assert up.exit_code == 0, up.output
+        assert f"{url}/v1" in up.output
+        record = read_record()
+        assert record is not None and record.api == url and len(record.pids) == 3
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "12", "--ignore-eos", "--json"])
+        assert run.exit_code == 0, run.output
+        report = json.loads(run.stdout.strip().splitlines()[-1])
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
+            temperature=0, extra_body={"zctl": {"ignore_eos": True}})
+        assert reply.choices[0].message.content == report["text"]
+        assert reply.usage.completion_tokens == report["tokens"] == 12
+        assert wait_health(url, 200)["status"] == "ok"
+        # the node of stage 1 dies: /health says so, requests get 503, it comes back
+        node_pid = record.pids[1]
+        command = Path(f"/proc/{node_pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        os.kill(node_pid, signal.SIGKILL)
+        down = wait_health(url, 503)
+        assert down["status"] == "down" and down["reason"], down
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model=model, messages=[{"role": "user",
+                                                                   "content": "hi"}])
+        restarted = subprocess.Popen([c.decode() for c in command], start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert wait_health(url, 200, 120)["status"] == "ok"
+        again = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
+            temperature=0, extra_body={"zctl": {"ignore_eos": True}})
+        assert again.choices[0].message.content == report["text"]
+    finally:
+        runner.invoke(app, ["cluster", "down"])
+        if restarted is not None:
+            stop_processes([restarted.pid])
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=2)  # cluster down stopped the API server too
