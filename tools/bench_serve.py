@@ -270,27 +270,40 @@ def report(rows: list[dict[str, Any]], overhead: dict[str, Any],
             "settings": settings}
 
 
-def _pct(figure: dict[str, Any] | None) -> str:
-    return "-" if not figure else f"{figure['p50']} / {figure['p99']}"
+def _ms(figure: dict[str, Any] | None, key: str, digits: int = 1) -> str:
+    value = figure.get(key) if figure else None
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def print_table(result: dict[str, Any], console: Console) -> None:
-    """A row per concurrency level, then the HTTP overhead and the targets."""
+    """Throughput a row per concurrency level, latency a row per level and system, then
+    the HTTP overhead and the targets."""
     from rich.table import Table
 
-    table = Table(title=f"zctl serve vs openvino_genai CB: {result['cpu']}, {result['date']}, "
-                        f"{result['commit']}")
-    for column in ("clients", "zctl tok/s", "genai CB tok/s", "ratio", "TTFT p50/p99 ms",
-                   "genai TTFT", "ITL p50/p99 ms", "genai ITL", "tokens/chunk", "TPOT p50/p99",
-                   "genai TPOT", "errors", "genai errors"):
-        table.add_column(column, justify="right")
+    console.print(f"zctl serve (2-node local cluster) vs openvino_genai ContinuousBatching"
+                  f"Pipeline: {result['cpu']}, {result['date']}, commit {result['commit']}",
+                  soft_wrap=True, highlight=False)
+    tput = Table(title="aggregate output tok/s")
+    for column in ("clients", "zctl", "genai CB", "ratio", "errors", "genai errors"):
+        tput.add_column(column, justify="right")
     for r in result["levels"]:
-        table.add_row(str(r["concurrency"]), str(r["zctl_tok_s"]), str(r["genai_cb_tok_s"] or "-"),
-                      f"{r['ratio']}x" if r["ratio"] else "-", _pct(r["ttft_ms"]),
-                      _pct(r["genai_ttft_ms"]), _pct(r["itl_ms"]), _pct(r["genai_itl_ms"]),
-                      str(r["tokens_per_chunk"]), _pct(r["tpot_ms"]), _pct(r["genai_tpot_ms"]),
-                      str(r["errors"]), str("-" if r["genai_errors"] is None else r["genai_errors"]))
-    console.print(table)
+        tput.add_row(str(r["concurrency"]), str(r["zctl_tok_s"]), str(r["genai_cb_tok_s"] or "-"),
+                     f"{r['ratio']}x" if r["ratio"] else "-", str(r["errors"]),
+                     str("-" if r["genai_errors"] is None else r["genai_errors"]))
+    console.print(tput)
+    lat = Table(title="latency, ms")
+    for column in ("clients", "system", "TTFT p50", "p99", "ITL p50", "p99", "TPOT p50", "p99",
+                   "tok/chunk"):
+        lat.add_column(column, justify="right")
+    for r in result["levels"]:
+        for name, key in (("zctl", "zctl"), ("genai", "genai_cb")):
+            s = r[key]
+            if s is not None:
+                lat.add_row(str(r["concurrency"]), name, _ms(s["ttft_ms"], "p50", 0),
+                            _ms(s["ttft_ms"], "p99", 0), _ms(s["itl_ms"], "p50"),
+                            _ms(s["itl_ms"], "p99"), _ms(s["tpot_ms"], "p50"),
+                            _ms(s["tpot_ms"], "p99"), str(s["tokens_per_chunk"]))
+    console.print(lat)
     console.print("ITL: gaps between streamed chunks (genai: one token a step); TPOT: per "
                   "request, time per token after the first", soft_wrap=True)
     o = result["overhead"]
