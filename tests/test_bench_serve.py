@@ -121,6 +121,8 @@ def test_overhead_figures() -> None:
     assert o["ratio"] == pytest.approx(2.901 / 2.961, abs=1e-3)
     assert o["http_overhead_paired"] == pytest.approx((0 + 0.06 / 2.06) / 2, abs=1e-3)
     assert o["same_tokens"] == 2 and o["errors"] == o["http_errors"] == 0
+    # TPOT: 0.8/99 both for request 0; 1.899/199 against 1.959/199 for request 1
+    assert o["http_tpot_over_direct_paired"] == pytest.approx((1 + 1.959 / 1.899) / 2, abs=1e-4)
     failed = overhead_figures(direct, [_record(0, 0.0, [], 0, "x"), http[1]])
     assert failed["http_errors"] == 1 and failed["same_tokens"] == 1
 
