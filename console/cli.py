@@ -143,6 +143,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                          "Figure 2 / Table 10)."),
     "static": ("bench_static", "The static NPU path's cost: static, stateless shards (KV on the "
                                "host) against the stateful ones."),
+    "quality": ("bench_quality", "Each weight format against the fp32 Hugging Face model: top-1 "
+                                 "agreement, perplexity, speed."),
 }
 
 
