@@ -45,9 +45,12 @@ class Agreement:
     kl: float
 
     def rounded(self, digits: int = 4) -> dict[str, float | int]:
-        """The figures as a JSON-ready dict, rounded."""
-        return {key: value if isinstance(value, int) else round(value, digits)
-                for key, value in asdict(self).items()}
+        """The figures as a JSON-ready dict: ``digits`` decimals, KL to as many significant
+        digits (it is often 1e-5 and below)."""
+        out: dict[str, float | int] = {key: value if isinstance(value, int) else round(value, digits)
+                                       for key, value in asdict(self).items()}
+        out["kl"] = float(f"{self.kl:.{digits}g}")
+        return out
 
 
 def _log_softmax(rows: np.ndarray) -> np.ndarray:

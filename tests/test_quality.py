@@ -136,12 +136,13 @@ def test_bench_quality_report_keys(tiny_llama_dir: Path, tiny_exports) -> None:
     from tools.bench_quality import quality_report
 
     exports = {"fp32": tiny_exports.get(SPLIT2), "fp32-one-stage": tiny_exports.get([(0, 4)])}
-    report = quality_report(exports, tiny_llama_dir, limit=32, sample_tokens=6, tokens=3)
+    report = quality_report(exports, tiny_llama_dir, limit=32, sample_tokens=6, tokens=3, runs=2)
     assert report["text"] == {"prose": 32, "chat": 32} and report["speed_base"] == "fp32"
     assert isinstance(report["reference_sample"], str)
     for figures in report["formats"].values():
         assert {"top1_agreement", "perplexity", "ref_perplexity", "kl", "positions", "exact",
-                "passages", "greedy_sample", "tok_s_ratio"} <= set(figures)
+                "passages", "greedy_sample", "tok_s_ratio", "tok_s_ratio_runs"} <= set(figures)
+        assert len(figures["tok_s_ratio_runs"]) == 2
         assert figures["top1_agreement"] == 1.0 and isinstance(figures["greedy_sample"], str)
         assert set(figures["passages"]) == {"prose", "chat"}
     assert report["formats"]["fp32"]["tok_s_ratio"] == 1.0
@@ -155,7 +156,7 @@ def test_bench_quality_json_on_the_tiny_model(tiny_llama_dir: Path, tmp_path: Pa
 
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path))
     bench_quality.main(model=str(tiny_llama_dir), formats="int4,fp32", stages=2, chunk=0,
-                       limit=48, sample_tokens=8, tokens=4, as_json=True)
+                       limit=48, sample_tokens=8, tokens=4, runs=1, as_json=True)
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"model", "stages", "cpu", "date", "commit", "text", "formats", "speed_base",
             "reference_sample"} <= set(result)

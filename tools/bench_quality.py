@@ -15,7 +15,7 @@ numerics:
 The greedy sample (chat template, fast numerics, up to --sample-tokens, stops at EOS) is
 of "Write a short poem about the sea."; speed is the median decode step of each format's
 chain, the chains stepped token by token in turn, given as tok/s over int4's (ratios only:
-absolute figures drift +-20% between runs here).
+absolute figures drift +-20% between runs here), the median over --runs runs.
 
     python -m tools.bench_quality [--model smollm2-135m] [--formats int4,int8,fp16,fp32] [--json]
 """
@@ -32,7 +32,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tools.bench_common import BenchModel, Json, Model, err, fail, paired_step_ms, run_record
+from tools.bench_common import (
+    BenchModel,
+    Json,
+    Model,
+    err,
+    fail,
+    median,
+    paired_step_ms,
+    run_record,
+)
 
 POEM = "Write a short poem about the sea."
 FORMATS = "int4,int8,fp16,fp32"
@@ -96,17 +105,23 @@ def format_figures(export_dir: Path, passages: Sequence[Any], reference: Mapping
     return figures, chain
 
 
-def speed_ratios(chains: Mapping[str, Any], prompt_ids: list[int], tokens: int
-                 ) -> tuple[str, dict[str, float]]:
-    """Each chain's decode tok/s over the base format's (int4, else the first), the chains
-    stepped token by token in turn (bench_common.paired_step_ms)."""
+def speed_ratios(chains: Mapping[str, Any], prompt_ids: list[int], tokens: int, runs: int
+                 ) -> tuple[str, dict[str, list[float]]]:
+    """Each chain's decode tok/s over the base format's (int4, else the first), in each of
+    ``runs`` runs of ``tokens`` steps where the chains are stepped token by token in turn
+    (bench_common.paired_step_ms): the base and its list of per-run ratios."""
     base = SPEED_BASE if SPEED_BASE in chains else next(iter(chains))
-    step_ms = paired_step_ms(chains, prompt_ids, tokens)
-    return base, {key: round(step_ms[base] / ms, 3) for key, ms in step_ms.items()}
+    ratios: dict[str, list[float]] = {key: [] for key in chains}
+    for _ in range(runs):
+        step_ms = paired_step_ms(chains, prompt_ids, tokens)
+        for key, ms in step_ms.items():
+            ratios[key].append(round(step_ms[base] / ms, 3))
+    return base, ratios
 
 
 def quality_report(exports: Mapping[str, Path], hf_dir: Path, *, chunk: int = 0,
-                   limit: int = 0, sample_tokens: int = 48, tokens: int = 64) -> dict[str, Any]:
+                   limit: int = 0, sample_tokens: int = 48, tokens: int = 128,
+                   runs: int = 3) -> dict[str, Any]:
     """The figures of every export in ``exports`` (format -> directory, one tokenizer)
     against the fp32 model in ``hf_dir``."""
     from engine.tokenizer import ChatTokenizer
@@ -128,11 +143,12 @@ def quality_report(exports: Mapping[str, Path], hf_dir: Path, *, chunk: int = 0,
                                                      prompt_ids, sample_tokens)
         err.print(f"{name}: top-1 agreement {formats[name]['top1_agreement']:.2%} "
                   f"({time.perf_counter() - start:.0f} s)")
-    base, ratios = speed_ratios(chains, prompt_ids, tokens)
-    for name, ratio in ratios.items():
-        formats[name]["tok_s_ratio"] = ratio
+    base, ratios = speed_ratios(chains, prompt_ids, tokens, runs)
+    for name, per_run in ratios.items():
+        formats[name]["tok_s_ratio"] = median(per_run)
+        formats[name]["tok_s_ratio_runs"] = per_run
     return {"text": {p.name: len(p.token_ids) for p in passages}, "chunk": chunk,
-            "speed_base": base, "decode_tokens": tokens, "prompt": POEM,
+            "speed_base": base, "decode_tokens": tokens, "speed_runs": runs, "prompt": POEM,
             "reference_sample": tokenizer.decode(until_stop(ref_sample, stops)),
             "formats": formats}
 
@@ -151,7 +167,7 @@ def render(result: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column == "format" else "right")
     for name, f in result["formats"].items():
         table.add_row(name, f"{f['top1_agreement']:.2%}", f"{f['perplexity']:.3f}",
-                      f"{f['kl']:.4f}", f"{f['exact']['top1_agreement']:.2%}",
+                      f"{f['kl']:.3g}", f"{f['exact']['top1_agreement']:.2%}",
                       f"{f['exact']['perplexity']:.3f}", f"{f['tok_s_ratio']:.2f}x")
     console.print(table)
     ref_ppl = next(iter(result["formats"].values()))["ref_perplexity"]
@@ -173,12 +189,14 @@ def main(
              "reads the KV cache)")] = 0,
     limit: Annotated[int, typer.Option(help="at most this many tokens per passage (0: all)")] = 0,
     sample_tokens: Annotated[int, typer.Option(help="greedy sample length at most")] = 48,
-    tokens: Annotated[int, typer.Option(help="decode steps per format for the speed ratios")] = 64,
+    tokens: Annotated[int, typer.Option(help="decode steps per format and run for the speed "
+                                             "ratios")] = 128,
+    runs: Annotated[int, typer.Option(help="speed runs (the median ratio is reported)")] = 3,
     as_json: Json = False,
 ) -> None:
     names = parse_formats(formats)
-    if chunk < 0 or limit < 0 or limit == 1 or sample_tokens < 1 or tokens < 1:
-        fail("--chunk >= 0, --limit 0 or >= 2, --sample-tokens and --tokens >= 1")
+    if chunk < 0 or limit < 0 or limit == 1 or min(sample_tokens, tokens, runs) < 1:
+        fail("--chunk >= 0, --limit 0 or >= 2, --sample-tokens, --tokens and --runs >= 1")
     from console.exports import quiet_ml_libraries
 
     quiet_ml_libraries()
@@ -186,7 +204,7 @@ def main(
     exports = {name: bench_model.export(stages, name) for name in names}
     result = {"model": model, "stages": stages, **run_record(),
               **quality_report(exports, bench_model.hf_dir, chunk=chunk, limit=limit,
-                               sample_tokens=sample_tokens, tokens=tokens)}
+                               sample_tokens=sample_tokens, tokens=tokens, runs=runs)}
     if as_json:
         print(json.dumps(result))
         return
