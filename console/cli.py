@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from console.exports import default_export_dir, quiet_ml_libraries
+from console.exports import AUTO, WEIGHTS_HELP, default_export_dir, quiet_ml_libraries, resolve_weights
 from exporter.balance import default_split
 
 app = typer.Typer(help="zctl: distributed LLM inference over OpenVINO stage shards.",
@@ -39,7 +39,7 @@ def export(
         help="split into N stages of about equal compute (the last one also runs the LM "
              "head, so it gets fewer layers)")] = None,
     layers: Annotated[str | None, typer.Option(help="explicit inclusive ranges, e.g. 0-14,15-29")] = None,
-    weights: Annotated[str, typer.Option(help="int4 | int8 | fp16 | fp32")] = "int4",
+    weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     group_size: Annotated[int | None, typer.Option(help="INT4 group size (default: fits the model)")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="output directory")] = None,
     beam_idx: Annotated[
@@ -65,6 +65,7 @@ def export(
     if stages is not None and layers is not None:
         fail("give --stages or --layers, not both")
     quiet_ml_libraries()
+    weights = resolve_weights(model, weights)
     try:
         from common.paths import source_cache_dir
 
@@ -143,6 +144,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                          "Figure 2 / Table 10)."),
     "static": ("bench_static", "The static NPU path's cost: static, stateless shards (KV on the "
                                "host) against the stateful ones."),
+    "quality": ("bench_quality", "Each weight format against the fp32 Hugging Face model: top-1 "
+                                 "agreement, perplexity, speed."),
 }
 
 

@@ -25,7 +25,7 @@ from console.cluster_procs import (
     wait_serving,
     write_record,
 )
-from console.exports import ensure_export
+from console.exports import AUTO, WEIGHTS_HELP, ensure_export
 from controlplane.processes import CoordinatorProcess, placement_of
 
 cluster_app = typer.Typer(help="Start, inspect and stop a cluster.", no_args_is_help=True)
@@ -105,7 +105,7 @@ def cluster_up(
     local: Annotated[int | None, typer.Option(help="N: a local cluster of N nodes (N stages)")] = None,
     model: Annotated[str, typer.Option(help="model name/path or an export directory")] = "smollm2-135m",
     stages: Annotated[int | None, typer.Option(help="stages (default: --local N, else 2)")] = None,
-    weights: Annotated[str, typer.Option(help="int4 | int8 | fp16 | fp32")] = "int4",
+    weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     bind: Annotated[str, typer.Option(help="control address (without --local)")] = "0.0.0.0:5550",
     host: Annotated[str | None, typer.Option(help="address nodes reach the coordinator at")] = None,
     precision: Precision = "f32",

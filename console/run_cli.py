@@ -33,7 +33,7 @@ from console.cluster_procs import (
     wait_serving,
 )
 from console.dashboard import RunSnapshot, StageInfo, StreamView, render_run
-from console.exports import ensure_export
+from console.exports import AUTO, WEIGHTS_HELP, ensure_export
 
 
 def _stages_from_status(status: Any) -> list[StageInfo]:
@@ -221,7 +221,7 @@ def run(
     seed: Annotated[int | None, typer.Option(help="sampling seed (stream i uses seed + i)")] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
-    weights: Annotated[str, typer.Option(help="weights of the embedded cluster")] = "int4",
+    weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     precision: Precision = "f32",
     exact: Exact = None,
     kv_cache_precision: KvPrecision = None,

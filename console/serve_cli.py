@@ -25,7 +25,7 @@ from console.cluster_procs import (
     stop_processes,
     wait_serving,
 )
-from console.exports import ensure_export
+from console.exports import AUTO, WEIGHTS_HELP, ensure_export
 from console.run_cli import parse_k, parse_speculative
 
 
@@ -69,7 +69,7 @@ def serve(
     k: Annotated[str, typer.Option("--k", help="default draft tokens per step, or 'auto'")] = "auto",
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
-    weights: Annotated[str, typer.Option(help="weights of the embedded cluster")] = "int4",
+    weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     cpu_sets: Annotated[str, typer.Option(
         help="embedded cluster: shared | split (each node its own cores)")] = "shared",
     precision: Precision = "f32",

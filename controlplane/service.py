@@ -76,7 +76,8 @@ class GenerationService:
             tokenizer, sorted(stops), get_pipeline, max_streams=max_streams,
             row_groups=row_groups, shared_cores=shared_cores, health=health,
             resume_timeout_s=resume_timeout_s,
-            load_drafter=DraftModels(manifest.model.vocab_size, draft_config))
+            load_drafter=DraftModels(manifest.model.vocab_size, draft_config),
+            max_context=manifest.model.max_position_embeddings)
         self._stats = StatsCollector(manifest, self.engine, cluster)
         self._ctx = zmq.Context()
         self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES)

@@ -11,6 +11,7 @@ that disconnects (or closes its stream) has its generation cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -85,6 +86,8 @@ class ZctlApi:
 
     async def models(self) -> dict[str, Any]:
         info = await self.served()
+        with contextlib.suppress(BackendUnavailable):
+            info = await self.backend.stats()  # the stages as they are now
         return {"object": "list", "data": [{
             "id": info.model, "object": "model", "created": 0, "owned_by": "zctl",
             "max_model_len": info.max_context, "context_length": info.max_context,
@@ -182,7 +185,9 @@ class ZctlApi:
         except BackendUnavailable as exc:
             raise ApiError(503, str(exc), "service_unavailable", code="backend_down") from None
         except BaseException:
-            step.cancel()
+            step.cancel()  # its generator ends in the cancellation, cancelling the generation
+            with contextlib.suppress(BaseException):
+                await step
             await events.aclose()  # type: ignore[attr-defined]
             raise
 
@@ -190,14 +195,19 @@ class ZctlApi:
                        clock: RequestClock, request: Request,
                        gen: GenerationRequest) -> dict[str, Any]:
         logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
-        msg = first
+        msg, checked = first, time.monotonic()
         while True:
+            now = time.monotonic()
             if isinstance(msg, GenerateChunk):
-                clock.tokens(len(msg.tokens), time.monotonic())
+                clock.tokens(len(msg.tokens), now)
                 if logprobs is not None:
                     logprobs += msg.logprobs
             else:
                 return self._finish(shape, msg, clock, logprobs)
+            if now - checked >= DISCONNECT_CHECK_S:  # tokens keep coming: look anyway
+                checked = now
+                if await request.is_disconnected():
+                    raise ApiError(499, "the client went away", "client_closed")
             msg = await self._next(events, request)
 
     def _finish(self, shape: ResponseShape, done: GenerateDone, clock: RequestClock,

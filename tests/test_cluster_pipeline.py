@@ -66,8 +66,9 @@ def test_greedy_across_processes_equals_local_chain(stages, dp_export2, dp_expor
         # while it waited for replies, stage 0 bound streams' likely next steps (whenever a
         # reply was not already there: not every time on a loaded machine)
         assert any(bound)
-        reply = pipe.step(0, np.array([5]), np.array([len(PROMPTS[-1]) + 11]), top_k=4,
-                          want_logits=True)
+        pipe.open(0)  # the generations closed their stream on every stage when they ended
+        pipe.reset(0)
+        reply = pipe.step(0, np.array([5]), np.array([0]), top_k=4, want_logits=True)
         assert reply.logits is not None and reply.top is not None and reply.top.shape == (1, 4)
         timing = reply.timing
         assert timing is not None and len(timing.compute_ms) == stages

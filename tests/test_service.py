@@ -356,7 +356,7 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     start, _, _ = flaky
     svc = start(30.0)
     chain = svc.engine.get_executor().chain
-    stream = generate_many(svc.endpoint, [_long_request("early", 2000)])
+    stream = generate_many(svc.endpoint, [_long_request("early", 480)])
     first = next(stream)
     assert isinstance(first, GenerateChunk) and first.tokens
     stream.close()  # the consumer stops: GeneratorExit runs the client's cancel
@@ -366,7 +366,7 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.connect(svc.endpoint)
-    sock.send_multipart(to_frames(_long_request("vanish", 2000)))
+    sock.send_multipart(to_frames(_long_request("vanish", 480)))
     wait_for(lambda: svc.engine.active == 1)
     sock.close(0)
     ctx.term()

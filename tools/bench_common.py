@@ -277,6 +277,55 @@ def genai_token_ids(tokenizer: Any, prompt: str) -> list[int]:
 # -- output ------------------------------------------------------------------------------------
 
 
+# The instruction sets that change what the CPU plugin runs (int8 dynamic quantization on
+# VNNI/AMX, bf16 where the hint allows it): a figure names the ones its CPU has.
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), which every published figure names, with the
+    CPU_FEATURES it has in brackets."""
+    import platform
+
+    name, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not name:
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine()
+    features = [f for f in CPU_FEATURES if f in flags]
+    return f"{name} [{' '.join(features)}]" if features else name
+
+
+def run_record() -> dict[str, Any]:
+    """Where and when a benchmark ran: CPU model and count, UTC date, the checkout's commit
+    (with "-dirty" when it has uncommitted changes; "unknown" outside a git checkout)."""
+    import os
+    import subprocess
+    from datetime import UTC, datetime
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                                  text=True, timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if commit != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit}
+
+
+
 def metric_table(title: str, result: Mapping[str, Any], skip: Sequence[str] = ()) -> Table:
     """A two-column table of ``result``'s figures (the keys in ``skip`` left out)."""
     table = Table(title=title)
