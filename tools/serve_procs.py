@@ -106,7 +106,9 @@ def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_q
     ``max_queue`` 0 keeps the server's default. ``server``: the Python arguments that
     start the HTTP server (its --host, --port, --max-queue and --api-key options follow)."""
     home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "ZCTL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    # the key is the one given here or none (not a ZCTL_API_KEY this shell happens to set)
+    env = {**{k: v for k, v in os.environ.items() if k != "ZCTL_API_KEY"},
+           "ZCTL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     port = port or free_port("127.0.0.1")
     base_url = f"http://127.0.0.1:{port}"
     log = home / "logs" / "serve.log"
