@@ -121,6 +121,7 @@ def test_overhead_figures() -> None:
     assert o["ratio"] == pytest.approx(2.901 / 2.961, abs=1e-3)
     assert o["http_overhead_paired"] == pytest.approx((0 + 0.06 / 2.06) / 2, abs=1e-3)
     assert o["same_tokens"] == 2 and o["errors"] == o["http_errors"] == 0
+    assert o["pairs"][1] == {"index": 1, "tokens": [200, 200], "direct_s": 2.0, "http_s": 2.06}
     # TPOT: 0.8/99 both for request 0; 1.899/199 against 1.959/199 for request 1
     assert o["http_tpot_over_direct_paired"] == pytest.approx((1 + 1.959 / 1.899) / 2, abs=1e-4)
     failed = overhead_figures(direct, [_record(0, 0.0, [], 0, "x"), http[1]])
@@ -142,8 +143,9 @@ def test_targets_and_report_keys() -> None:
     assert rows[0]["ratio"] == 0.5 and rows[1]["ratio"] == 1.05
     t = targets(rows, 0.02)
     assert t["zero_errors"]["met"] and t["http_overhead"]["met"] and t["ratio_at_8"]["met"]
-    missed = targets([level_row(_summary(8, 150.0, errors=1), _summary(8, 200.0))], 0.05)
+    missed = targets([level_row(_summary(8, 150.0, errors=1), _summary(8, 200.0))], 0.05, 0.01)
     assert not any(v["met"] for v in missed.values()) and missed["zero_errors"]["value"] == 1
+    assert missed["http_overhead"]["met_paired"] and missed["http_overhead"]["paired"] == 0.01
     assert targets([level_row(_summary(4, 1.0), None)], None)["ratio_at_8"]["met"] is None
     overhead = overhead_figures([_record(0, 0.0, [0.5], 10)], [_record(0, 0.0, [0.5], 10)])
     result = json.loads(json.dumps(report(rows, overhead, {"requests": 2})))
