@@ -1,6 +1,7 @@
 """tools.bench_serve and its pieces: the request set, the statistics, the HTTP load generator
 against a fake OpenAI-compatible server (in this process: uvicorn on a free port in a thread),
-the ContinuousBatchingPipeline driver against a fake pipeline, and the report's keys."""
+the ContinuousBatchingPipeline driver against a fake pipeline, the report's keys; and (slow)
+a run against the real zctl serve on a local cluster of the tiny model, torn down after."""
 
 from __future__ import annotations
 
@@ -383,3 +384,30 @@ def test_genai_driver_counts_a_failing_step() -> None:
     errors = [r.error for r in run.records]
     assert errors[0].startswith("step failed") and errors[1].startswith("step failed")
     assert errors[2] == "not served"
+
+
+# -- the whole run on a real local cluster and zctl serve (the tiny model, no genai) -------------
+
+
+@pytest.mark.slow
+def test_a_run_on_a_real_cluster_and_server_is_torn_down(tiny_exports, tmp_path) -> None:
+    import httpx
+
+    from tools.bench_serve import REPO, run_levels
+    from tools.serve_procs import served_cluster
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    requests = [ServeRequest(i, f"tell me about the number {i}", 6 + i) for i in range(6)]
+    plan = Plan([1, 3], requests, 3)
+    home = tmp_path / "home"
+    with served_cluster(export_dir, home, "shared", 0, 0, None, 120, REPO) as served:
+        assert (home / "cluster.json").is_file()
+        rows, overhead = run_levels(plan, served.base_url, served.serve, None)
+    assert not (home / "cluster.json").exists()  # the cluster is down
+    with pytest.raises(httpx.ConnectError):  # and the server with it
+        asyncio.run(model_id(served.base_url))
+    assert [r["concurrency"] for r in rows] == [1, 3] and all(r["errors"] == 0 for r in rows)
+    assert all(r["zctl"]["completion_tokens"] > 0 and r["genai_cb_tok_s"] is None for r in rows)
+    assert rows[0]["zctl"]["completion_tokens"] == rows[1]["zctl"]["completion_tokens"]
+    assert overhead["errors"] == overhead["http_errors"] == 0
+    assert overhead["same_tokens"] == 3 and overhead["http_overhead"] is not None
