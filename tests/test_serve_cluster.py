@@ -85,3 +85,44 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
             stop_processes([restarted.pid])
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/health", timeout=2)  # cluster down stopped the API server too
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
+        tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted 1 s into a long generation, ``zctl run`` cancels it: the cluster stops
+    generating at once and no stage keeps its KV."""
+    import sys
+
+    from controlplane.client import query_service_stats
+
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    # 20 ms each way on every hop: 480 tokens would take over 20 s
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
+                             "--link-delay-ms", "20"])
+    try:
+        assert up.exit_code == 0, up.output
+        record = read_record()
+        run = subprocess.Popen([sys.executable, "-m", "console", "run", PROMPT, "--max-tokens",
+                                "480", "--ignore-eos", "--json"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 60
+        while query_service_stats(record.serve).running == 0:
+            assert time.monotonic() < end and run.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.0)
+        run.send_signal(signal.SIGINT)
+        assert run.wait(30) != 0
+        end = time.monotonic() + 10
+        while (stats := query_service_stats(record.serve)).running:
+            assert time.monotonic() < end, "the generation kept running after Ctrl-C"
+            time.sleep(0.05)
+        assert stats.counters["cancelled"] == 1
+        assert stats.counters["unreachable"] == 0  # zctl run said so: not found gone later
+        end = time.monotonic() + 10  # the node's slots arrive with its next heartbeat
+        while any(s.kv_slots != 0 for s in query_service_stats(record.serve).stages):
+            assert time.monotonic() < end, query_service_stats(record.serve).stages
+            time.sleep(0.2)
+    finally:
+        runner.invoke(app, ["cluster", "down"])

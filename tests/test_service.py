@@ -371,6 +371,7 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     sock.close(0)
     ctx.term()
     wait_for(lambda: svc.counters["cancelled"] == 2 and not svc.engine.busy)
+    assert svc.counters["unreachable"] == 1  # the first said so; this one was found gone
     assert stage_kv_slots(chain) == [0, 0]
     done = list(generate_stream(svc.endpoint, GenerateRequest("after", "hello", 3)))[-1]
     assert isinstance(done, GenerateDone) and done.tokens and not done.error
