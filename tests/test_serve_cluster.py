@@ -126,3 +126,45 @@ def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
             time.sleep(0.2)
     finally:
         runner.invoke(app, ["cluster", "down"])
+
+
+@pytest.mark.slow
+def test_zctl_serve_with_an_embedded_cluster_stops_it_on_sigterm(
+        tiny_exports, tmp_path: Path) -> None:
+    import sys
+
+    home = tmp_path / "home"
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    port = free_port("127.0.0.1")
+    serve = subprocess.Popen([sys.executable, "-m", "console", "serve", "--model",
+                              str(export_dir), "--port", str(port)],
+                             env={**os.environ, "ZCTL_HOME": str(home)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_health(f"http://127.0.0.1:{port}", 200, 120)
+        cluster = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and str(home).encode() in _cmdline(p)]
+        assert len(cluster) == 2  # its coordinator and node
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) != 0
+        end = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid) for pid in cluster):
+            assert time.monotonic() < end, "the embedded cluster outlived zctl serve"
+            time.sleep(0.1)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2][:3]
+    except OSError:
+        return b"Z"
