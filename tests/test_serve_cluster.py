@@ -63,6 +63,9 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
         assert reply.choices[0].message.content == report["text"]
         assert reply.usage.completion_tokens == report["tokens"] == 12
         assert wait_health(url, 200)["status"] == "ok"
+        doctor = runner.invoke(app, ["doctor", "--json"])
+        api = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "api"]
+        assert api and api[0]["status"] == "pass" and url in api[0]["detail"], doctor.stdout
         # the node of stage 1 dies: /health says so, requests get 503, it comes back
         node_pid = record.pids[1]
         command = Path(f"/proc/{node_pid}/cmdline").read_bytes().split(b"\0")[:-1]
