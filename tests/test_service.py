@@ -179,7 +179,7 @@ class SlowChain(InlineExecutor):
 
     def __init__(self, chain: LocalChain, delay_s: float = 0.02) -> None:
         super().__init__()
-        self.chain, self.delay_s = chain, delay_s
+        self.chain, self.delay_s, self.steps = chain, delay_s, 0
 
     def __getattr__(self, name: str):
         return getattr(self.chain, name)
@@ -201,6 +201,7 @@ class SlowChain(InlineExecutor):
         self.chain.abandon_all(why)
 
     def step(self, *args, **kwargs):
+        self.steps += 1
         time.sleep(self.delay_s)
         return self.chain.step(*args, **kwargs)
 
