@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from console.exports import AUTO, WEIGHTS_HELP, default_export_dir, quiet_ml_libraries, resolve_weights
@@ -26,7 +27,7 @@ out = Console()
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from console.cluster_procs import (
     ClusterError,
@@ -51,7 +52,7 @@ DynamicQuantization = Annotated[bool | None, typer.Option(
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)
 
 

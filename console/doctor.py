@@ -205,6 +205,18 @@ def render(checks: list[Check], console: Console) -> None:
                        style="bold red" if counts[dx.FAIL] else "bold"))
 
 
+def _recorded_api() -> str:
+    """The API that ``cluster up --api`` started with the cluster up here ("" if none):
+    it must answer."""
+    from console.cluster_procs import ClusterError, read_record
+
+    try:
+        record = read_record()
+    except ClusterError:
+        return ""
+    return record.api if record is not None else ""
+
+
 def doctor(
     endpoint: Annotated[str | None, typer.Option(
         help="coordinator control address (default: the cluster up here)")] = None,
@@ -216,14 +228,15 @@ def doctor(
         help="a node's state directory outside ZCTL_HOME (its id and shard cache; "
              "repeatable)")] = None,
     api: Annotated[str | None, typer.Option(
-        help=f"the HTTP API to ask for /health (default {DEFAULT_API}; a missing server "
-             "there only warns unless this is given)")] = None,
+        help=f"the HTTP API to ask for /health (default: the one cluster up --api started, "
+             f"else {DEFAULT_API}, where a missing server only warns)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the coordinator")] = 3.0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Check this machine and the cluster: devices, versions, ports, clock, shard hashes, memory."""
+    recorded = _recorded_api() if api is None else ""
     opts = DoctorOptions(endpoint, curve_server_key, curve_keys, list(state_dir or []),
-                         api or DEFAULT_API, api is not None, max(0.1, timeout))
+                         api or recorded or DEFAULT_API, bool(api or recorded), max(0.1, timeout))
     checks = run_checks(opts)
     ok = dx.all_ok(checks)
     if as_json:

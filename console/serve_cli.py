@@ -3,6 +3,8 @@ embedded local one, for this command's lifetime)."""
 
 from __future__ import annotations
 
+import signal
+import sys
 from typing import Annotated
 
 import typer
@@ -53,6 +55,9 @@ def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, ma
                      ServeSettings(api_key=api_key, max_queue=max_queue, speculation=speculation))
     err.print(f"serving the OpenAI API at http://{host}:{port}/v1 (Ctrl-C stops it)",
               highlight=False)
+    # uvicorn shuts down on SIGTERM, then re-raises it: exit through Python (SystemExit), so
+    # the caller's cleanup (an embedded cluster's processes) runs, as it does on Ctrl-C
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 

@@ -89,16 +89,19 @@ class GenerationService:
             raise OSError(f"generation service cannot bind {endpoint}: {exc}") from None
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._malformed = 0
+        self._unreachable = 0  # clients found gone (or not reading), their generations cancelled
         self._gone: set[Any] = set()  # clients found unreachable (their events are dropped)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def counters(self) -> dict[str, int]:
-        """Requests taken, malformed, failed, cancelled, the most streams at once, and draft
-        tokens proposed and accepted (spec_drafted, spec_accepted)."""
+        """Requests taken, malformed, failed, cancelled, the most streams at once, clients
+        found unreachable, and draft tokens proposed and accepted (spec_drafted,
+        spec_accepted)."""
         drafted, accepted = self.engine.speculative_totals()
-        return {**self.engine.counters, "malformed": self._malformed, "spec_drafted": drafted,
+        return {**self.engine.counters, "malformed": self._malformed,
+                "unreachable": self._unreachable, "spec_drafted": drafted,
                 "spec_accepted": accepted}
 
     @property
@@ -168,5 +171,6 @@ class GenerationService:
         except zmq.ZMQError as exc:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
             self._gone.add(identity)
             cancelled = self.engine.cancel_client(identity)
+            self._unreachable += cancelled > 0  # (not one whose last answer could not go)
             log.info("client %r unreachable (%s): %d generation(s) cancelled", identity, exc,
                      cancelled)

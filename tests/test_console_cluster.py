@@ -352,3 +352,11 @@ def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_ho
             node.kill()
         down = runner.invoke(app, ["cluster", "down"])
     assert down.exit_code == 0 and "stopped 1" in down.output
+
+
+def test_errors_print_brackets_as_they_are(zctl_home: Path) -> None:
+    """A message with [brackets] (an extra's name, a bad value) is not taken for markup."""
+    result = runner.invoke(app, ["cluster", "up", "--local", "2", "--api", "host[serve]"])
+    assert result.exit_code == 1 and "not 'host[serve]'" in result.output, result.output
+    result = runner.invoke(app, ["serve", "--port", "0"])
+    assert result.exit_code == 1 and "--port must be in 1..65535" in result.output

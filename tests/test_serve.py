@@ -18,51 +18,19 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from test_service import SlowChain
 
 from common.manifest import load_manifest
 from console.cluster_procs import free_port
 from controlplane.service import GenerationService
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
-from engine.executor import InlineExecutor
 from engine.scheduler import generate_greedy
 from engine.tokenizer import ChatTokenizer
 from serve.app import ServeSettings, create_app
 from serve.backend import ServiceBackend
 
 MODEL = ""  # the tiny export's model name, set by the ``tiny`` fixture
-
-
-class SlowChain(InlineExecutor):
-    """The chain with a pause per step: a generation lasts long enough to interrupt."""
-
-    def __init__(self, chain: LocalChain, delay_s: float = 0.0) -> None:
-        super().__init__()
-        self.chain, self.delay_s, self.steps = chain, delay_s, 0
-
-    def __getattr__(self, name: str):
-        return getattr(self.chain, name)
-
-    @property
-    def row_groups_supported(self) -> bool:
-        return self.chain.row_groups_supported
-
-    def reset(self, stream_id: int) -> None:
-        self.drop_answers(stream_id)
-        self.chain.reset(stream_id)
-
-    def close_stream(self, stream_id: int) -> None:
-        self.drop_answers(stream_id)
-        self.chain.close_stream(stream_id)
-
-    def abandon_all(self, why: str) -> None:
-        super().abandon_all(why)
-        self.chain.abandon_all(why)
-
-    def step(self, *args, **kwargs):
-        self.steps += 1
-        time.sleep(self.delay_s)
-        return self.chain.step(*args, **kwargs)
 
 
 class Server:
@@ -111,7 +79,7 @@ def tiny(tiny_exports):
 @pytest.fixture(scope="module")
 def server(tiny) -> Iterator[Server]:
     export_dir, chain, _ = tiny
-    srv = Server(export_dir, SlowChain(chain), ServeSettings())
+    srv = Server(export_dir, SlowChain(chain, 0.0), ServeSettings())
     yield srv
     srv.stop()
 

@@ -63,6 +63,9 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
         assert reply.choices[0].message.content == report["text"]
         assert reply.usage.completion_tokens == report["tokens"] == 12
         assert wait_health(url, 200)["status"] == "ok"
+        doctor = runner.invoke(app, ["doctor", "--json"])
+        api = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "api"]
+        assert api and api[0]["status"] == "pass" and url in api[0]["detail"], doctor.stdout
         # the node of stage 1 dies: /health says so, requests get 503, it comes back
         node_pid = record.pids[1]
         command = Path(f"/proc/{node_pid}/cmdline").read_bytes().split(b"\0")[:-1]
@@ -85,3 +88,86 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
             stop_processes([restarted.pid])
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/health", timeout=2)  # cluster down stopped the API server too
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
+        tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted 1 s into a long generation, ``zctl run`` cancels it: the cluster stops
+    generating at once and no stage keeps its KV."""
+    import sys
+
+    from controlplane.client import query_service_stats
+
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    # 20 ms each way on every hop: 480 tokens would take over 20 s
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
+                             "--link-delay-ms", "20"])
+    try:
+        assert up.exit_code == 0, up.output
+        record = read_record()
+        run = subprocess.Popen([sys.executable, "-m", "console", "run", PROMPT, "--max-tokens",
+                                "480", "--ignore-eos", "--json"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 60
+        while query_service_stats(record.serve).running == 0:
+            assert time.monotonic() < end and run.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.0)
+        run.send_signal(signal.SIGINT)
+        assert run.wait(30) != 0
+        end = time.monotonic() + 10
+        while (stats := query_service_stats(record.serve)).running:
+            assert time.monotonic() < end, "the generation kept running after Ctrl-C"
+            time.sleep(0.05)
+        assert stats.counters["cancelled"] == 1
+        assert stats.counters["unreachable"] == 0  # zctl run said so: not found gone later
+        end = time.monotonic() + 10  # the node's slots arrive with its next heartbeat
+        while any(s.kv_slots != 0 for s in query_service_stats(record.serve).stages):
+            assert time.monotonic() < end, query_service_stats(record.serve).stages
+            time.sleep(0.2)
+    finally:
+        runner.invoke(app, ["cluster", "down"])
+
+
+@pytest.mark.slow
+def test_zctl_serve_with_an_embedded_cluster_stops_it_on_sigterm(
+        tiny_exports, tmp_path: Path) -> None:
+    import sys
+
+    home = tmp_path / "home"
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    port = free_port("127.0.0.1")
+    serve = subprocess.Popen([sys.executable, "-m", "console", "serve", "--model",
+                              str(export_dir), "--port", str(port)],
+                             env={**os.environ, "ZCTL_HOME": str(home)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_health(f"http://127.0.0.1:{port}", 200, 120)
+        cluster = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and str(home).encode() in _cmdline(p)]
+        assert len(cluster) == 2  # its coordinator and node
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) != 0
+        end = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid) for pid in cluster):
+            assert time.monotonic() < end, "the embedded cluster outlived zctl serve"
+            time.sleep(0.1)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2][:3]
+    except OSError:
+        return b"Z"

@@ -179,7 +179,7 @@ class SlowChain(InlineExecutor):
 
     def __init__(self, chain: LocalChain, delay_s: float = 0.02) -> None:
         super().__init__()
-        self.chain, self.delay_s = chain, delay_s
+        self.chain, self.delay_s, self.steps = chain, delay_s, 0
 
     def __getattr__(self, name: str):
         return getattr(self.chain, name)
@@ -201,6 +201,7 @@ class SlowChain(InlineExecutor):
         self.chain.abandon_all(why)
 
     def step(self, *args, **kwargs):
+        self.steps += 1
         time.sleep(self.delay_s)
         return self.chain.step(*args, **kwargs)
 
@@ -371,6 +372,7 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     sock.close(0)
     ctx.term()
     wait_for(lambda: svc.counters["cancelled"] == 2 and not svc.engine.busy)
+    assert svc.counters["unreachable"] == 1  # the first said so; this one was found gone
     assert stage_kv_slots(chain) == [0, 0]
     done = list(generate_stream(svc.endpoint, GenerateRequest("after", "hello", 3)))[-1]
     assert isinstance(done, GenerateDone) and done.tokens and not done.error
