@@ -6,15 +6,15 @@ Each level sends the same fixed, seeded set of chat requests (mixed prompt lengt
 (tools.serve_load: streamed, each client sends its next request when its last one ended),
 and the same requests to a ContinuousBatchingPipeline with N in flight (tools.serve_genai),
 in the same run, levels alternating which system goes first. Per level: aggregate output
-tok/s of both (completion tokens / the level's wall time), TTFT and inter-token latency
-p50/p99, errors. Output lengths are the models' own (EOS may end a request before
+tok/s of both (completion tokens / the level's wall time), TTFT, inter-token latency and
+TPOT p50/p99, errors. Output lengths are the models' own (EOS may end a request before
 ``max_tokens``); the completion tokens counted are the server's ``usage``.
 
 The HTTP layer's cost: at 1 client, the same requests through the coordinator's ZeroMQ
 generation service (the engine request zctl serve builds: chat messages, every token sent
 as it comes) and through the HTTP API, request by request in alternating order on the
-same cluster: ``http_overhead`` = 1 - http / direct
-tok/s (tokens / end-to-end time), and its paired form (median over requests).
+same cluster: ``http_overhead`` = 1 - http / direct tok/s (tokens / end-to-end time,
+summed), and its paired form (the median over requests).
 
 The cluster is ``zctl cluster up --local 2`` and ``zctl serve`` as subprocesses of this
 checkout, under a ZCTL_HOME of their own (<cache>/bench-serve/home, so a cluster of the
