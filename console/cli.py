@@ -147,6 +147,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                "host) against the stateful ones."),
     "quality": ("bench_quality", "Each weight format against the fp32 Hugging Face model: top-1 "
                                  "agreement, perplexity, speed."),
+    "serve": ("bench_serve", "Serving: zctl serve under 1-16 concurrent clients against "
+                             "openvino_genai's ContinuousBatchingPipeline."),
 }
 
 

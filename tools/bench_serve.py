@@ -1,4 +1,6 @@
-"""Serving benchmark, modelled on vLLM's: ``zctl serve`` on a 2-node local cluster against
+"""Serving: zctl serve under 1-16 concurrent clients against openvino_genai's ContinuousBatchingPipeline.
+
+Modelled on vLLM's serving benchmark: ``zctl serve`` on a 2-node local cluster against
 openvino_genai's ContinuousBatchingPipeline, 1, 4, 8 and 16 concurrent clients.
 
 Each level sends the same fixed, seeded set of chat requests (mixed prompt lengths, 16..256
