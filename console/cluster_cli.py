@@ -95,6 +95,8 @@ Curve = Annotated[bool, typer.Option(
     "--curve", help="CURVE: encrypt and authenticate the control and data pipes; only "
                     "nodes admitted with zctl cluster authorize may join (a --local "
                     "cluster admits its own nodes)")]
+MaxStreams = Annotated[int, typer.Option(
+    help="generations at once (each its own KV on every stage; more wait their turn)")]
 ExpectNodes = Annotated[int | None, typer.Option(
     help="nodes to wait for before placing the stages (default: stages - 1)")]
 Place = Annotated[list[str] | None, typer.Option(
@@ -134,13 +136,14 @@ def cluster_up(
     api: Annotated[str | None, typer.Option(
         help="also serve the OpenAI API at HOST:PORT (zctl serve; its key from ZCTL_API_KEY)")
     ] = None,
+    max_streams: MaxStreams = 8,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
     if _running_record() is not None:
         _fail(f"a cluster is already up ({cluster_file()}); zctl cluster down first")
     stage_count = stages or local or 2
     problem = _up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
-                          reassign_after)
+                          reassign_after) or max_streams_problem(max_streams)
     if problem:
         _fail(problem)
     try:
@@ -156,7 +159,7 @@ def cluster_up(
             str(export_dir), bind=f"tcp://{bind}", host=host, heartbeat=heartbeat,
             liveness=liveness, expect_nodes=expect_nodes, placement=placement,
             reassign_after=reassign_after, resume_timeout=resume_timeout, curve=curve,
-            row_groups=row_groups, runtime=runtime, link=link)
+            row_groups=row_groups, max_streams=max_streams, runtime=runtime, link=link)
         if foreground:
             raise typer.Exit(_serve_foreground(coordinator))
         if local is None:
@@ -171,7 +174,7 @@ def cluster_up(
             export_dir, local, runtime, link_delay_ms=link.delay_ms,
             link_jitter_ms=link.jitter_ms, link_rate_mbit=link.rate_mbit, cpu_sets=cpu_sets,
             row_groups=row_groups, curve=curve, resume_timeout=resume_timeout,
-            reassign_after=reassign_after)
+            reassign_after=reassign_after, max_streams=max_streams)
         write_record(record)
         status = wait_serving(record, timeout)
         if api:
@@ -188,6 +191,16 @@ def cluster_up(
     served = f"; the OpenAI API at {record.api}/v1" if record.api else ""
     out.print(f"serving {status.model} on {len(status.stages)} stages{served}; zctl run "
               "\"...\"; zctl cluster down stops it")
+
+
+MAX_STREAMS_LIMIT = 256
+
+
+def max_streams_problem(max_streams: int) -> str:
+    """Why ``--max-streams`` cannot be used ("" when it can)."""
+    if not 1 <= max_streams <= MAX_STREAMS_LIMIT:
+        return f"--max-streams must be in 1..{MAX_STREAMS_LIMIT}, not {max_streams}"
+    return ""
 
 
 def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets: str,

@@ -13,10 +13,12 @@ from console.cluster_cli import (
     DynamicQuantization,
     Exact,
     KvPrecision,
+    MaxStreams,
     Precision,
     _fail,
     _running_record,
     err,
+    max_streams_problem,
     numerics,
 )
 from console.cluster_procs import (
@@ -77,6 +79,7 @@ def serve(
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     cpu_sets: Annotated[str, typer.Option(
         help="embedded cluster: shared | split (each node its own cores)")] = "shared",
+    max_streams: MaxStreams = 8,
     precision: Precision = "f32",
     exact: Exact = None,
     kv_cache_precision: KvPrecision = None,
@@ -84,7 +87,7 @@ def serve(
 ) -> None:
     """Serve an OpenAI-compatible API (chat and text completions, models, /health,
     /metrics) on the running cluster, or on an embedded local one."""
-    problem = serve_problem(port, max_queue)
+    problem = serve_problem(port, max_queue) or max_streams_problem(max_streams)
     if problem:
         _fail(problem)
     embedded = None
@@ -96,7 +99,8 @@ def serve(
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)
             err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
-            embedded = record = start_local_cluster(export_dir, stages, rt, cpu_sets=cpu_sets)
+            embedded = record = start_local_cluster(export_dir, stages, rt, cpu_sets=cpu_sets,
+                                                    max_streams=max_streams)
             wait_serving(record, 300)
         run_api(record, host, port, api_key, max_queue, speculation)
     except (ClusterError, ValueError, OSError) as exc:

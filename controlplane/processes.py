@@ -73,6 +73,7 @@ class CoordinatorProcess:
     curve: bool = False
     serve: str | None = None  # the generation service's bind address
     row_groups: int | None = None  # default: one per stage
+    max_streams: int = 8  # generations at once (more wait their turn)
     shared_cores: bool = False
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     link: LinkShape = field(default_factory=LinkShape)
@@ -201,7 +202,8 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
 
         service = GenerationService(
             config.export_dir, coordinator.stage0_executor, config.serve,
-            row_groups=_row_groups(config), shared_cores=config.shared_cores,
+            max_streams=config.max_streams, row_groups=_row_groups(config),
+            shared_cores=config.shared_cores,
             health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,
             draft_config=RuntimeConfig(**asdict(config.runtime)),  # drafts run as stage 0 does
             cluster=coordinator.status)

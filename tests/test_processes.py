@@ -24,7 +24,7 @@ from controlplane.records import RuntimeSpec
 def test_configs_round_trip_through_the_process_command() -> None:
     coordinator = CoordinatorProcess(
         "/exports/m", bind="tcp://0.0.0.0:5550", host="10.0.0.1", expect_nodes=3,
-        placement={"1": "pc2-1a2b3c4d"}, reassign_after=5.0, curve=True, row_groups=0,
+        placement={"1": "pc2-1a2b3c4d"}, reassign_after=5.0, curve=True, row_groups=0, max_streams=16,
         runtime=RuntimeSpec(precision=None, num_threads=2, kv_cache_precision="u8"),
         link=LinkShape(25.0, 2.0, 100.0), cpus="0-1")
     node = NodeProcess("tcp://10.0.0.1:5550", host="10.0.0.2", tok_s=12.5,
