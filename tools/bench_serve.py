@@ -346,6 +346,8 @@ def main(
     max_queue: Annotated[int, typer.Option(
         help="zctl serve --max-queue (0: the server's default)")] = 0,
     api_key: Annotated[str | None, typer.Option(help="zctl serve --api-key")] = None,
+    max_streams: Annotated[int, typer.Option(
+        help="the cluster's generations at once (cluster up --max-streams)")] = 8,
     skip_genai: Annotated[bool, typer.Option("--skip-genai", help="no openvino_genai")] = False,
     timeout: Annotated[float, typer.Option(help="seconds for the cluster and server to "
                                                 "come up")] = 300.0,
@@ -362,7 +364,8 @@ def main(
     load_before = os.getloadavg()
     try:
         with served_cluster(export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets,
-                            port, max_queue, api_key, timeout, REPO) as served:
+                            port, max_queue, api_key, timeout, REPO,
+                            max_streams=max_streams) as served:
             rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
     except RuntimeError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
@@ -371,6 +374,7 @@ def main(
         err.print("interrupted: the cluster and the server are stopped")
         raise typer.Exit(130) from None
     settings = {"requests": requests, "seed": seed, "overhead_requests": plan.overhead_requests,
+                "max_streams": max_streams,
                 "cpu_sets": cpu_sets, "export": str(export_dir), "genai_properties": props,
                 "max_tokens": [r.max_tokens for r in plan.requests],
                 "load_average_before_after": [round(load_before[0], 2),

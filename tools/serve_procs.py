@@ -100,11 +100,13 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 @contextmanager
 def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_queue: int,
                    api_key: str | None, timeout: float, repo: Path,
-                   server: Sequence[str] = ("-m", "console", "serve")) -> Iterator[Served]:
+                   server: Sequence[str] = ("-m", "console", "serve"),
+                   max_streams: int = 8) -> Iterator[Served]:
     """A 2-node local cluster of ``export_dir`` and ``zctl serve`` on 127.0.0.1:``port``
     (0: a free port), both under ZCTL_HOME=``home``; everything stopped on exit.
     ``max_queue`` 0 keeps the server's default. ``server``: the Python arguments that
-    start the HTTP server (its --host, --port, --max-queue and --api-key options follow)."""
+    start the HTTP server (its --host, --port, --max-queue and --api-key options follow).
+    ``max_streams``: the cluster's generations at once (cluster up --max-streams)."""
     home.mkdir(parents=True, exist_ok=True)
     # the key is the one given here or none (not a ZCTL_API_KEY this shell happens to set)
     env = {**{k: v for k, v in os.environ.items() if k != "ZCTL_API_KEY"},
@@ -122,6 +124,7 @@ def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_q
         try:
             err.print(f"starting a 2-node local cluster (--cpu-sets {cpu_sets}) ...")
             zctl(repo, env, "cluster", "up", "--local", "2", "--cpu-sets", cpu_sets,
+                 "--max-streams", str(max_streams),
                  "--model", str(export_dir), "--timeout", str(timeout), timeout=timeout + 60)
             record = json.loads((home / "cluster.json").read_text())
             command = [sys.executable, *server, "--host", "127.0.0.1", "--port", str(port)]
