@@ -298,10 +298,15 @@ def _reap(pids: list[int]) -> None:
             pass
 
 
+def valid_port(port: int) -> bool:
+    """Whether a TCP port can be listened on (1..65535)."""
+    return 0 < port < 65536
+
+
 def parse_api(value: str) -> tuple[str, int]:
     """HOST:PORT of ``cluster up --api`` (a bare PORT listens on 127.0.0.1)."""
     host, _, port = value.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not port.isdigit() or not valid_port(int(port)):
         raise ClusterError(f"--api takes HOST:PORT (e.g. 127.0.0.1:8000), not {value!r}")
     return host or "127.0.0.1", int(port)
 

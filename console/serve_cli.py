@@ -27,6 +27,7 @@ from console.cluster_procs import (
     runtime_spec,
     start_local_cluster,
     stop_processes,
+    valid_port,
     wait_serving,
 )
 from console.exports import AUTO, WEIGHTS_HELP, ensure_export
@@ -35,7 +36,7 @@ from console.run_cli import parse_k, parse_speculative
 
 def serve_problem(port: int, max_queue: int) -> str:
     """Why these options cannot serve ("" when they can)."""
-    if not 0 < port < 65536:
+    if not valid_port(port):
         return f"--port must be in 1..65535, not {port}"
     if max_queue < 1:
         return f"--max-queue must be >= 1, not {max_queue}"

@@ -43,7 +43,6 @@ from engine.stops import StopMatcher
 from engine.tokenizer import ChatTokenizer, StreamDecoder
 
 log = logging.getLogger("zctl.engine")
-CHUNK_INTERVAL_S = 0.1  # how often a stream's new tokens and running figures are sent
 TIMING_REFRESH_S = 0.5  # how often the percentiles those chunks carry are recomputed
 AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
 POLL_S = 0.02  # how long a scheduler poll waits for a reply
@@ -377,13 +376,12 @@ class GenerationEngine:
         """Decode a session's new tokens into the job's pending chunk; a stop string ends
         the generation (the tokens after it are not the client's)."""
         session = job.session
-        stops = set() if job.request.ignore_eos else set(self.stop_ids)
         first_index = len(session.emitted) - len(tokens)
         for i, token in enumerate(tokens):
             if job.stopped:
                 break
             job.kept = first_index + i + 1
-            if token in stops:
+            if token in session.stops:  # (none with ignore_eos)
                 continue
             job.pending.append(token)
             if session.top_logprobs is not None:
@@ -448,8 +446,7 @@ class GenerationEngine:
         """Send what the streaming decoder and the stop strings still hold: the tail of
         the whole text decoded at once (a trailing incomplete character is not held back)."""
         if not job.stopped:
-            stops = set() if job.request.ignore_eos else set(self.stop_ids)
-            whole = self.tokenizer.decode([t for t in produced if t not in stops])
+            whole = self.tokenizer.decode([t for t in produced if t not in job.session.stops])
             tail = whole[len(job.raw_text):] if whole.startswith(job.raw_text) else ""
             job.pending_text += job.stops.push(tail) + job.stops.flush()
         if job.pending_text or job.pending:

@@ -85,9 +85,10 @@ class ZctlApi:
         return self._model
 
     async def models(self) -> dict[str, Any]:
-        info = await self.served()
-        with contextlib.suppress(BackendUnavailable):
+        try:
             info = await self.backend.stats()  # the stages as they are now
+        except BackendUnavailable:
+            info = await self.served()  # as last seen (503 if never)
         return {"object": "list", "data": [{
             "id": info.model, "object": "model", "created": 0, "owned_by": "zctl",
             "max_model_len": info.max_context, "context_length": info.max_context,
