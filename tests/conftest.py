@@ -87,6 +87,24 @@ def dp_hosts() -> tuple[str, str]:
 
 
 @pytest.fixture
+def dp_threaded2(dp_export2: Path):
+    """A 2-stage cluster with the last stage in a thread (fast to set up, easy to poke):
+    yields (ClusterHead, StageWorker)."""
+    from dataplane.cluster import ClusterHead
+    from dataplane.runtime import StageRunner
+    from dataplane.worker import StageWorker
+
+    pipe = ClusterHead(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
+                       timeout_s=10)
+    worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", pipe.reply_endpoint)
+    pipe.rewire(worker.endpoint)
+    worker.start()
+    yield pipe, worker
+    worker.stop()
+    pipe.close()
+
+
+@pytest.fixture
 def dp_spawn():
     """Start ``python -m dataplane.worker_main`` processes; returns start(export, stage, bind,
     send_to) -> bound endpoint. Every process is terminated after the test."""

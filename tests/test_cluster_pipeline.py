@@ -81,21 +81,8 @@ def test_greedy_across_processes_equals_local_chain(stages, dp_export2, dp_expor
         pipe.close()
 
 
-@pytest.fixture
-def threaded2(dp_export2):
-    """A 2-stage cluster with the last stage in a thread (fast to set up, easy to poke)."""
-    pipe = ClusterHead(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
-                           timeout_s=10)
-    worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", pipe.reply_endpoint)
-    pipe.rewire(worker.endpoint)
-    worker.start()
-    yield pipe, worker
-    worker.stop()
-    pipe.close()
-
-
-def test_logits_top_k_and_rewind_match_local_runners(threaded2, local2):
-    pipe, _ = threaded2
+def test_logits_top_k_and_rewind_match_local_runners(dp_threaded2, local2):
+    pipe, _ = dp_threaded2
     pipe.open(0)
     pipe.reset(0)
     local2.open(0)
@@ -113,10 +100,10 @@ def test_logits_top_k_and_rewind_match_local_runners(threaded2, local2):
     assert got.top["token"][0].tolist() == np.argsort(-want.logits[0])[:5].tolist()
 
 
-def test_rewind_on_its_own_and_compact_equal_a_carried_rewind(threaded2, dp_export2):
+def test_rewind_on_its_own_and_compact_equal_a_carried_rewind(dp_threaded2, dp_export2):
     """Executor.rewind (applied with the next step on the cluster, at once in process) and
     Executor.compact give the tokens a rewind carried in the step gives."""
-    pipe, worker = threaded2
+    pipe, worker = dp_threaded2
     carried, alone = LocalChain.load(str(dp_export2)), LocalChain.load(str(dp_export2))
     ids, pos = np.array([0, 8, 9, 10, 11]), np.arange(5)
     answers = []
@@ -144,8 +131,8 @@ def test_rewind_on_its_own_and_compact_equal_a_carried_rewind(threaded2, dp_expo
         pipe.rewind(99, 1)
 
 
-def test_streams_interleave_with_submit_and_collect(threaded2, local2):
-    pipe, _ = threaded2
+def test_streams_interleave_with_submit_and_collect(dp_threaded2, local2):
+    pipe, _ = dp_threaded2
     expect = {s: greedy(local2, p, n=6) for s, p in enumerate(PROMPTS)}
     tokens: dict[int, list[int]] = {}
     position = {}
@@ -168,8 +155,8 @@ def test_streams_interleave_with_submit_and_collect(threaded2, local2):
     assert pipe.collect_any(timeout_s=0.05) is None
 
 
-def test_replies_of_an_old_epoch_are_discarded(threaded2, local2):
-    pipe, _ = threaded2
+def test_replies_of_an_old_epoch_are_discarded(dp_threaded2, local2):
+    pipe, _ = dp_threaded2
     prompt = PROMPTS[0]
     pipe.open(0)
     pipe.reset(0)
@@ -181,8 +168,8 @@ def test_replies_of_an_old_epoch_are_discarded(threaded2, local2):
         pipe.collect(old)
 
 
-def test_a_refused_step_fails_fast_with_the_stage_message(threaded2):
-    pipe, worker = threaded2
+def test_a_refused_step_fails_fast_with_the_stage_message(dp_threaded2):
+    pipe, worker = dp_threaded2
     worker.runner.hidden_size = 32  # the stage now refuses stage 0's 64-wide hidden states
     pipe.open(0)
     pipe.reset(0)
@@ -199,10 +186,10 @@ def test_a_refused_step_fails_fast_with_the_stage_message(threaded2):
     assert pipe.step(0, np.array([1, 2]), np.arange(2)).tokens.shape == (1,)
 
 
-def test_hidden_states_other_than_predicted_are_encoded_as_they_are(threaded2):
+def test_hidden_states_other_than_predicted_are_encoded_as_they_are(dp_threaded2):
     """Stage 0's header is packed before it computes, for float32 [1, T, H]; any other
     output is encoded after the fact, so it still reaches stage 1 (which refuses it)."""
-    pipe, _ = threaded2
+    pipe, _ = dp_threaded2
     step = pipe.stage0.step
     pipe.stage0.step = lambda *args, **kwargs: step(*args, **kwargs).astype(np.float16)
     pipe.open(0)
@@ -239,12 +226,12 @@ def test_constructor_checks(dp_export2):
         ClusterHead(StageRunner(dp_export2, 1), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*")
 
 
-def test_long_prompts_and_full_logits_take_the_zero_copy_path(threaded2, local2):
+def test_long_prompts_and_full_logits_take_the_zero_copy_path(dp_threaded2, local2):
     rng = np.random.default_rng(3)
     prompt = [0, *(int(t) for t in rng.integers(4, 384, 299))]  # 300 x 64 x 4 B = 77 kB
-    got = list(generate_greedy(threaded2[0], prompt, 4, prefill_chunk=300))
+    got = list(generate_greedy(dp_threaded2[0], prompt, 4, prefill_chunk=300))
     assert got == list(generate_greedy(local2, prompt, 4, prefill_chunk=300))
-    pipe = threaded2[0]
+    pipe = dp_threaded2[0]
     pipe.reset(0)
     local2.reset(0)
     idx = np.arange(200)  # 200 x 384 x 4 B = 307 kB of logits back
@@ -253,8 +240,8 @@ def test_long_prompts_and_full_logits_take_the_zero_copy_path(threaded2, local2)
     assert np.array_equal(a.logits, b.logits)
 
 
-def test_garbage_on_the_reply_pipe_is_dropped(threaded2, local2):
-    pipe, _ = threaded2
+def test_garbage_on_the_reply_pipe_is_dropped(dp_threaded2, local2):
+    pipe, _ = dp_threaded2
     junk = zmq.Context.instance().socket(zmq.PUSH)
     junk.connect(pipe.reply_endpoint)
     try:
@@ -266,8 +253,8 @@ def test_garbage_on_the_reply_pipe_is_dropped(threaded2, local2):
         junk.close(0)
 
 
-def test_close_stream_frees_it_on_every_stage(threaded2):
-    pipe, worker = threaded2
+def test_close_stream_frees_it_on_every_stage(dp_threaded2):
+    pipe, worker = dp_threaded2
     pipe.open(5)
     pipe.reset(5)
     pipe.step(5, np.array([1, 2]), np.arange(2))
@@ -280,8 +267,8 @@ def test_close_stream_frees_it_on_every_stage(threaded2):
         pipe.step(5, np.array([3]), np.array([2]))
 
 
-def test_rewire_requires_a_reset(threaded2, local2):
-    pipe, worker = threaded2
+def test_rewire_requires_a_reset(dp_threaded2, local2):
+    pipe, worker = dp_threaded2
     pipe.open(0)
     pipe.reset(0)
     pipe.step(0, np.array([1, 2]), np.arange(2))
@@ -291,8 +278,8 @@ def test_rewire_requires_a_reset(threaded2, local2):
     assert greedy(pipe, PROMPTS[1], n=4) == greedy(local2, PROMPTS[1], n=4)
 
 
-def test_abandon_all_forgets_steps_in_flight_and_needs_resets(threaded2, local2):
-    pipe, _ = threaded2
+def test_abandon_all_forgets_steps_in_flight_and_needs_resets(dp_threaded2, local2):
+    pipe, _ = dp_threaded2
     for sid in (0, 1):
         pipe.open(sid)
         pipe.reset(sid)

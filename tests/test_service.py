@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,19 +54,13 @@ def test_stream_matches_greedy_and_ends_with_done(service) -> None:
 
 def test_bad_requests_get_errors_and_service_keeps_serving(service) -> None:
     svc, _ = service
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(svc.endpoint)
-    try:
+    with raw_client(svc.endpoint) as sock:
         for frames in ([b"not json"], [b'{"protocol":1,"type":"status_request","body":{}}'],
                        [b'{"protocol":1,"type":"generate_request","body":{"request_id":"x","prompt":""}}']):
             sock.send_multipart(frames)
             assert sock.poll(5000)
             msg, _ = from_frames(sock.recv_multipart())
             assert isinstance(msg, Error) and msg.code == "bad-request"
-    finally:
-        sock.close(0)
     assert svc.counters["malformed"] == 3
     done = list(generate_stream(svc.endpoint, GenerateRequest("b", "hello", 3)))[-1]
     assert isinstance(done, GenerateDone) and done.tokens
@@ -364,13 +359,9 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     wait_for(lambda: svc.counters["cancelled"] == 1 and not svc.engine.busy)
     assert stage_kv_slots(chain) == [0, 0]
     # a client that vanishes: a raw DEALER that sends a request and closes, saying nothing
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(svc.endpoint)
-    sock.send_multipart(to_frames(_long_request("vanish", 480)))
-    wait_for(lambda: svc.engine.active == 1)
-    sock.close(0)
-    ctx.term()
+    with raw_client(svc.endpoint) as sock:  # closed at the end of the block
+        sock.send_multipart(to_frames(_long_request("vanish", 480)))
+        wait_for(lambda: svc.engine.active == 1)
     wait_for(lambda: svc.counters["cancelled"] == 2 and not svc.engine.busy)
     assert svc.counters["unreachable"] == 1  # the first said so; this one was found gone
     assert stage_kv_slots(chain) == [0, 0]
@@ -381,11 +372,7 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
 def test_cancel_message_for_a_request_stops_only_that_one(flaky) -> None:
     start, _, expected = flaky
     svc = start(30.0)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(svc.endpoint)
-    try:
+    with raw_client(svc.endpoint) as sock:
         for rid in ("keep", "stop"):
             sock.send_multipart(to_frames(_long_request(rid)))
         wait_for(lambda: svc.engine.active == 2)
@@ -397,11 +384,22 @@ def test_cancel_message_for_a_request_stops_only_that_one(flaky) -> None:
             msg, _ = from_frames(sock.recv_multipart())
             if isinstance(msg, GenerateDone):
                 dones[msg.request_id] = msg
+    assert dones["stop"].stop_reason == "cancelled" and len(dones["stop"].tokens) < 60
+    assert dones["keep"].tokens == expected and dones["keep"].stop_reason == "max_tokens"
+
+
+@contextmanager
+def raw_client(endpoint: str) -> Iterator[zmq.Socket]:
+    """A bare DEALER to the service (its own context), closed when the block ends."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        yield sock
     finally:
         sock.close(0)
         ctx.term()
-    assert dones["stop"].stop_reason == "cancelled" and len(dones["stop"].tokens) < 60
-    assert dones["keep"].tokens == expected and dones["keep"].stop_reason == "max_tokens"
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:

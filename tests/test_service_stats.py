@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import zmq
 from cp_helpers import Cluster, FakeStage, node, wait_for
-from test_service import SlowChain
+from test_service import SlowChain, raw_client
 
 from common.manifest import load_manifest
 from controlplane import messages as m
@@ -20,11 +19,9 @@ from controlplane.client import ClusterUnreachable, generate_stream, query_servi
 from controlplane.service import GenerationService
 from controlplane.service_messages import GenerateDone, GenerateRequest, ServiceStats
 from controlplane.service_stats import COORDINATOR, NOT_WIRED, StatsCollector
-from dataplane.cluster import ClusterHead
 from dataplane.figures import StepFigures
 from dataplane.local_chain import LocalChain
-from dataplane.runtime import RuntimeConfig, StageRunner
-from dataplane.worker import StageWorker
+from dataplane.runtime import RuntimeConfig
 from engine.service import GenerationEngine
 from engine.tokenizer import ChatTokenizer
 
@@ -75,22 +72,17 @@ def test_stats_while_generating_show_running_waiting_and_kv_slots(export: Path) 
     chain = SlowChain(LocalChain.load(str(export), RuntimeConfig(precision="f32")))
     svc = GenerationService(export, lambda: chain, "tcp://127.0.0.1:*", max_streams=1)
     svc.start()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(svc.endpoint)
     try:
-        for rid in ("a", "b"):
-            sock.send_multipart(m.to_frames(GenerateRequest(rid, "the sky is", 200,
-                                                            ignore_eos=True)))
-        wait_for(lambda: svc.engine.active == 1 and svc.engine.waiting == 1, what="a queue")
-        stats = query_service_stats(svc.endpoint)
-        assert (stats.running, stats.waiting) == (1, 1)
-        assert all(s.kv_slots > 3 for s in stats.stages)  # the prompt and tokens so far
-        assert sum(stats.stages[0].compute_ms.counts) >= 1
+        with raw_client(svc.endpoint) as sock:
+            for rid in ("a", "b"):
+                sock.send_multipart(m.to_frames(GenerateRequest(rid, "the sky is", 200,
+                                                                ignore_eos=True)))
+            wait_for(lambda: svc.engine.active == 1 and svc.engine.waiting == 1, what="a queue")
+            stats = query_service_stats(svc.endpoint)
+            assert (stats.running, stats.waiting) == (1, 1)
+            assert all(s.kv_slots > 3 for s in stats.stages)  # the prompt and tokens so far
+            assert sum(stats.stages[0].compute_ms.counts) >= 1
     finally:
-        sock.close(0)
-        ctx.term()
         svc.stop()
 
 
@@ -105,28 +97,23 @@ def test_a_malformed_stats_request_gets_an_error_and_serving_goes_on(export: Pat
 
     svc = GenerationService(export, lambda: chain, "tcp://127.0.0.1:*", cluster=cluster)
     svc.start()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(svc.endpoint)
     try:
-        sock.send_multipart([json.dumps({"protocol": 1, "type": "service_stats_request",
-                                         "body": {"detail": True}}).encode()])
-        assert sock.poll(5000)
-        reply, _ = m.from_frames(sock.recv_multipart())
-        assert isinstance(reply, m.Error) and reply.code == "bad-request"
-        assert "unknown field(s) 'detail'" in reply.detail
-        failing.append(True)  # gathering fails: an Error, and the service goes on
-        with pytest.raises(ClusterUnreachable, match="refused: stats failed: RuntimeError"):
-            query_service_stats(svc.endpoint)
-        failing.clear()
-        done = list(generate_stream(svc.endpoint, GenerateRequest("x", "hello", 3)))[-1]
-        assert isinstance(done, GenerateDone) and done.tokens and not done.error
-        stats = query_service_stats(svc.endpoint)
-        assert stats.counters["malformed"] == 1 and stats.counters["requests"] == 1
+        with raw_client(svc.endpoint) as sock:
+            sock.send_multipart([json.dumps({"protocol": 1, "type": "service_stats_request",
+                                             "body": {"detail": True}}).encode()])
+            assert sock.poll(5000)
+            reply, _ = m.from_frames(sock.recv_multipart())
+            assert isinstance(reply, m.Error) and reply.code == "bad-request"
+            assert "unknown field(s) 'detail'" in reply.detail
+            failing.append(True)  # gathering fails: an Error, and the service goes on
+            with pytest.raises(ClusterUnreachable, match="refused: stats failed: RuntimeError"):
+                query_service_stats(svc.endpoint)
+            failing.clear()
+            done = list(generate_stream(svc.endpoint, GenerateRequest("x", "hello", 3)))[-1]
+            assert isinstance(done, GenerateDone) and done.tokens and not done.error
+            stats = query_service_stats(svc.endpoint)
+            assert stats.counters["malformed"] == 1 and stats.counters["requests"] == 1
     finally:
-        sock.close(0)
-        ctx.term()
         svc.stop()
     with pytest.raises(ClusterUnreachable, match="no answer from the generation service"):
         query_service_stats("tcp://127.0.0.1:1", timeout=0.3)
@@ -160,20 +147,8 @@ def test_figures_of_a_replaced_executor_are_kept(export: Path) -> None:
 
 
 # -- over a cluster head -------------------------------------------------------------------
-@pytest.fixture
-def threaded2(dp_export2):
-    pipe = ClusterHead(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
-                       timeout_s=10)
-    worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", pipe.reply_endpoint)
-    pipe.rewire(worker.endpoint)
-    worker.start()
-    yield pipe, worker
-    worker.stop()
-    pipe.close()
-
-
-def test_kv_slots_on_both_sides_of_a_hop(threaded2) -> None:
-    pipe, worker = threaded2
+def test_kv_slots_on_both_sides_of_a_hop(dp_threaded2) -> None:
+    pipe, worker = dp_threaded2
     pipe.open(0)
     pipe.reset(0)
     pipe.step(0, np.array([0, 8, 9, 10, 11]), np.arange(5))
@@ -184,8 +159,8 @@ def test_kv_slots_on_both_sides_of_a_hop(threaded2) -> None:
     assert pipe.kv_slots() == {0: 0}
 
 
-def test_service_stats_over_a_cluster_head(threaded2, dp_export2) -> None:
-    pipe, _ = threaded2
+def test_service_stats_over_a_cluster_head(dp_threaded2, dp_export2) -> None:
+    pipe, _ = dp_threaded2
     svc = GenerationService(dp_export2, lambda: pipe, "tcp://127.0.0.1:*")
     svc.start()
     try:
