@@ -156,6 +156,10 @@ class ClusterHead:
             stream.broken = stream.broken or "the pipeline was rewired"
 
     # -- streams (the Executor protocol) ---------------------------------------------
+    # stage 0 computes a step in ``submit`` and the later stages while it computes the
+    # next: a stream may have several steps in flight (pipelined prefill)
+    overlaps_steps = True
+
     def open(self, stream_id: int) -> None:
         self.stage0.open_stream(stream_id)
         if stream_id not in self._streams:

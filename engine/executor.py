@@ -56,10 +56,12 @@ class Executor(Protocol):
     row group of ``members`` (streams stepped as the rows of one inference per stage)
     where ``row_groups_supported``; ``compact`` drops a stream's masked KV slots.
     ``abandon_all`` forgets every step in flight (the stages are known to be broken):
-    streams must be reset before they step again.
+    streams must be reset before they step again. ``overlaps_steps``: later stages compute
+    a step while ``submit`` computes the next on stage 0 (a stream's steps answer in order).
     """
 
     num_stages: int
+    overlaps_steps: bool
 
     @property
     def row_groups_supported(self) -> bool: ...
@@ -87,6 +89,7 @@ class InlineExecutor:
     yet collected."""
 
     row_groups_supported = False  # an executor that can regroup says so
+    overlaps_steps = False  # a step is computed whole when it is submitted
 
     def __init__(self) -> None:
         self._request_ids = itertools.count(1)

@@ -12,8 +12,9 @@ a group is scheduled like one stream. ``run_session``, ``generate_greedy`` and
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ import numpy as np
 
 from engine.drafting import SATURATED, Drafter, StepCost, busiest_stage_share
 from engine.executor import Executor, StepError, StepReply
+from engine.prefill import PrefillCost, fair_chunk, lone_chunk
+from engine.prefix_cache import PrefixCache
 from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession, StepPlan
 from engine.stats import GenerationStats
@@ -35,6 +38,8 @@ class SessionUpdate:
 
 
 GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
+DECODE_MS_PRIOR = 10.0  # a decode step's busiest-stage ms until one is measured
+log = logging.getLogger(__name__)
 
 
 class StageLoad:
@@ -83,11 +88,21 @@ class StreamScheduler:
     ``shared_cores``, the stages together), adaptive-K sessions draft nothing; a fixed K
     is left as asked.
 
+    A prompt is prefilled in chunks sized from the stages' measured step costs
+    (``engine.prefill``): alone, the chunking that gives its first token soonest, its
+    chunks following each other through the stages without waiting for answers (on an
+    executor whose ``overlaps_steps``); beside streams that are decoding, chunks that cost
+    about one of their steps, one at a time, interleaved with theirs. With
+    ``prefix_cache_tokens`` > 0 (on stages that support it), a finished stream's KV stays
+    on the stages as a prefix entry and a running stream's prompt is a source: a new
+    prompt starting with either's tokens loads that KV and prefills only the rest
+    (``engine.prefix_cache``).
+
     Not thread-safe (nor are the pipelines): drive it from one thread.
     """
 
-    def __init__(self, pipeline: Executor, row_groups: int = 0, shared_cores: bool = False
-                 ) -> None:
+    def __init__(self, pipeline: Executor, row_groups: int = 0, shared_cores: bool = False,
+                 prefix_cache_tokens: int = 0) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
         self.pipeline = pipeline
@@ -104,6 +119,17 @@ class StreamScheduler:
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
         self.load = StageLoad(shared_cores=shared_cores)
+        self.prefill_cost = PrefillCost()
+        self.decode_ms = 0.0  # recent decode steps' busiest-stage compute (EWMA)
+        self._prefill_steps: dict[int, tuple[int, int]] = {}  # request id -> (tokens, past)
+        self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
+        self.cache: PrefixCache | None = None
+        if prefix_cache_tokens > 0 and getattr(pipeline, "prefix_cache_supported", False):
+            self.cache = PrefixCache(prefix_cache_tokens)
+            try:  # a fresh index: whatever the stages hold from before is nobody's
+                pipeline.drop_all_prefixes()
+            except Exception as exc:  # noqa: BLE001 - the stages are down: nothing to free
+                log.debug("could not clear the stages' prefix entries: %s", exc)
 
     @property
     def active(self) -> bool:
@@ -118,6 +144,60 @@ class StreamScheduler:
         self.pipeline.reset(session.stream_id)
         if not session.done:
             self.sessions[session.stream_id] = session
+            self._load_cached_prefix(session)
+
+    # -- the prefix cache --------------------------------------------------------------
+    def _load_cached_prefix(self, session: DecodeSession) -> None:
+        """Give a new session the KV of the longest cached start of its prompt."""
+        cache = self.cache
+        if cache is None or session.restarts or session.prefill_position:
+            return
+        hit = cache.lookup(session.prompt)
+        if hit is None:
+            return
+        entry, pipe, sid = hit.entry, self.pipeline, session.stream_id
+        try:
+            if entry.live:  # copied out of the running stream, then moved in
+                assert entry.stream_id is not None
+                scratch = cache.new_id()
+                pipe.save_prefix(entry.stream_id, scratch, hit.length)
+                pipe.load_prefix(sid, scratch, hit.length, take=True)
+            else:  # the new stream will cover the whole entry: take it, else copy
+                take = hit.length == entry.tokens.size
+                pipe.load_prefix(sid, entry.entry_id, hit.length, take=take)
+                if take:
+                    cache.remove(entry.entry_id)
+        except Exception as exc:  # noqa: BLE001 - prefill it all instead
+            log.warning("stream %s: the cached prefix could not be loaded (%s); "
+                        "prefilling the whole prompt", sid, exc)
+            cache.remove(entry.entry_id)
+            cache.stats.hits -= 1
+            cache.stats.tokens_saved -= hit.length
+            pipe.reset(sid)
+            return
+        session.skip_prefix(hit.length)
+
+    def _save_prefix(self, session: DecodeSession, alone: bool) -> None:
+        """Keep a finished session's KV on the stages as a prefix entry (``alone``: it
+        steps outside the row groups, so its own KV becomes the entry, without a copy)."""
+        cache = self.cache
+        if cache is None:
+            return
+        cache.untrack_live(session.stream_id)
+        tokens = session.kv_history
+        if session.error is not None or len(tokens) < cache.min_hit:
+            return
+        entry, dropped = cache.store(tokens)
+        pipe = self.pipeline
+        try:
+            for old in dropped:
+                if old is not entry:
+                    pipe.drop_prefix(old.entry_id)
+            if entry not in dropped:
+                pipe.save_prefix(session.stream_id, entry.entry_id, len(tokens), take=alone)
+        except Exception as exc:  # noqa: BLE001 - the pipeline broke: the next reset starts over
+            log.debug("stream %s: its prefix was not kept: %s", session.stream_id, exc)
+            cache.remove(entry.entry_id)
 
     def cancel(self, stream_id: int) -> None:
         """Stop a session: its step in flight is abandoned and its KV slots are freed on
@@ -126,6 +206,8 @@ class StreamScheduler:
         session = self.sessions.pop(stream_id, None)
         if session is None:
             return
+        if self.cache is not None:
+            self.cache.untrack_live(stream_id)
         self._pads.pop(stream_id, None)
         if self._group_of.pop(stream_id, None) is not None:
             for members in self._groups.values():
@@ -134,6 +216,7 @@ class StreamScheduler:
             return
         for rid in [r for r, s in self._in_flight.items() if s == [session]]:
             del self._in_flight[rid]
+            self._prefill_steps.pop(rid, None)
         self.pipeline.close_stream(stream_id)
 
     def poll(self, timeout_s: float | None = None) -> list[SessionUpdate]:
@@ -154,16 +237,20 @@ class StreamScheduler:
         if self.sessions.pop(session.stream_id, None) is None:
             return
         grouped = session.stream_id in self._group_of
+        in_flight = any(session in s for s in self._in_flight.values())
+        if not in_flight:
+            self._save_prefix(session, alone=not grouped)
         self._leave_group(session)
-        if not grouped and not any(session in s for s in self._in_flight.values()):
+        if not grouped and not in_flight:
             try:
                 self.pipeline.close_stream(session.stream_id)
             except Exception:  # noqa: BLE001 - a broken pipeline: the next reset starts over
                 pass
 
     # -- row groups ------------------------------------------------------------------
-    def _busy(self) -> set[int]:
-        return {id(s) for sessions in self._in_flight.values() for s in sessions}
+    def _busy(self) -> Counter[int]:
+        """Steps in flight per session (by id)."""
+        return Counter(id(s) for sessions in self._in_flight.values() for s in sessions)
 
     def _join_groups(self) -> list[SessionUpdate]:
         """Put idle one-token-a-step sessions into the smallest row group."""
@@ -254,7 +341,14 @@ class StreamScheduler:
                  row_lens: list[int] | None) -> list[SessionUpdate]:
         self.load.observe(time.perf_counter(), reply.stage_ms)
         if row_lens is None:
-            return [SessionUpdate(sessions[0], sessions[0].advance(reply))]
+            session = sessions[0]
+            if session.done:  # failed while this step was in flight
+                return []
+            prefilling = session.prefilling
+            update = SessionUpdate(session, session.advance(reply))
+            if prefilling and not session.prefilling and self.cache is not None:
+                self.cache.track_live(session.stream_id, session.prompt)
+            return [update]
         updates = []
         per_row = reply.tokens.size // len(sessions)  # answers per row: all fed, or the last
         for row, (session, n) in enumerate(zip(sessions, row_lens, strict=True)):
@@ -267,8 +361,13 @@ class StreamScheduler:
         return updates
 
     def _fail(self, sessions: list[DecodeSession], exc: Exception) -> list[SessionUpdate]:
+        """Fail the sessions; their other steps in flight (pipelined prefill chunks) are
+        forgotten, so their answers are ignored."""
         for session in sessions:
             session.fail(exc)
+        for rid in [r for r, ss in self._in_flight.items() if all(s.done for s in ss)]:
+            del self._in_flight[rid]
+            self._prefill_steps.pop(rid, None)
         return [SessionUpdate(s, []) for s in sessions]
 
     # -- driving the executor ---------------------------------------------------------
@@ -299,6 +398,7 @@ class StreamScheduler:
         sessions = self._in_flight.pop(reply.request_id, None)
         self._group_steps.pop(reply.request_id, None)
         row_lens = self._row_lens.pop(reply.request_id, None)
+        self._observe(reply.request_id, reply)
         if sessions is not None:
             updates += self._advance(sessions, reply, row_lens)
             updates += self._submit_ready(settled_only=True)
@@ -316,25 +416,83 @@ class StreamScheduler:
 
     def _submit_ready(self, settled_only: bool = False) -> list[SessionUpdate]:
         """Submit the next step of every unit with nothing in flight (``settled_only``:
-        and ``_settled``); the failures."""
+        and ``_settled``), and further chunks of a prefill while ``_prefill_depth``
+        allows; the failures."""
         updates: list[SessionUpdate] = []
         busy = self._busy()
         for unit_id, sessions in self._units():
-            if any(id(s) in busy for s in sessions) or (
-                    settled_only and not self._settled(unit_id, sessions)):
+            if settled_only and not self._settled(unit_id, sessions):
                 continue
-            plan, row_lens = self._plan(unit_id, sessions)
-            try:
-                rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions,
-                                  plan.logits_idx, plan.want_logits, mask_tail=plan.rewind)
-            except Exception as exc:  # noqa: BLE001
-                updates += self._fail(sessions, exc)
-                continue
-            self._in_flight[rid] = list(sessions)
-            if row_lens is not None:
-                self._group_steps[rid] = unit_id
-                self._row_lens[rid] = row_lens
+            while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(
+                    unit_id, sessions, busy):
+                if not self._submit(unit_id, sessions, updates):
+                    break
+                for session in sessions:
+                    busy[id(session)] += 1
         return updates
+
+    def _submit(self, unit_id: int, sessions: list[DecodeSession],
+                updates: list[SessionUpdate]) -> bool:
+        """Plan and submit one step of a unit; False (and the failure in ``updates``) if
+        the pipeline refused it."""
+        prefill = unit_id not in self._groups and sessions[0].prefilling
+        if prefill:
+            self._size_prefill(sessions[0])
+            past = sessions[0].prefill_position
+        plan, row_lens = self._plan(unit_id, sessions)
+        try:
+            rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions,
+                                       plan.logits_idx, plan.want_logits, mask_tail=plan.rewind)
+        except Exception as exc:  # noqa: BLE001
+            updates += self._fail(sessions, exc)
+            return False
+        self._in_flight[rid] = list(sessions)
+        if prefill:
+            self._prefill_steps[rid] = (int(plan.token_ids.size), past)
+        if row_lens is not None:
+            self._group_steps[rid] = unit_id
+            self._row_lens[rid] = row_lens
+        return True
+
+    # -- prefill ------------------------------------------------------------------------
+    def _others_decoding(self, session: DecodeSession) -> bool:
+        return any(s is not session and not s.prefilling and not s.done
+                   for s in self.sessions.values())
+
+    def _prefill_depth(self, session: DecodeSession) -> int:
+        """Prefill steps of one session in flight at once: enough to keep every stage
+        busy (on an executor whose steps overlap), one beside streams decoding."""
+        if not self.overlaps or self._others_decoding(session):
+            return 1
+        return self.pipeline.num_stages
+
+    def _may_plan_ahead(self, unit_id: int, sessions: list[DecodeSession],
+                        busy: Counter[int]) -> bool:
+        if unit_id in self._groups or len(sessions) != 1:
+            return False
+        session = sessions[0]
+        return (session.stream_id in self.sessions and session.can_plan_ahead
+                and busy[id(session)] < self._prefill_depth(session))
+
+    def _size_prefill(self, session: DecodeSession) -> None:
+        """Set the session's next prefill chunk from the measured step costs."""
+        cost = self.prefill_cost.model
+        past = session.prefill_position
+        if self._others_decoding(session):
+            chunk = fair_chunk(self.decode_ms or DECODE_MS_PRIOR, past, cost)
+        else:
+            stages = 1 if self.load.shared_cores or not self.overlaps else self.pipeline.num_stages
+            chunk = lone_chunk(session.prefill_left, past, stages, cost)
+        session.prefill_chunk = min(chunk, session.max_prefill_chunk)
+
+    def _observe(self, request_id: int, reply: StepReply) -> None:
+        """Feed a reply's stage compute to the prefill cost model or the decode figure."""
+        busiest = max(reply.stage_ms, default=0.0)
+        step = self._prefill_steps.pop(request_id, None)
+        if step is not None:
+            self.prefill_cost.observe(step[0], step[1], busiest)
+        elif busiest > 0:
+            self.decode_ms = busiest if not self.decode_ms else 0.8 * self.decode_ms + 0.2 * busiest
 
 
 def run_sessions(pipeline: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0
@@ -357,7 +515,8 @@ def run_session(pipeline: Executor, session: DecodeSession) -> Iterator[int]:
 
 
 def generate_greedy(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
-                    stop_ids: Sequence[int] = (), stream_id: int = 0, prefill_chunk: int = 256,
+                    stop_ids: Sequence[int] = (), stream_id: int = 0,
+                    prefill_chunk: int | None = None,
                     stats: GenerationStats | None = None) -> Iterator[int]:
     """Yield greedy tokens one by one; the stream is reset first."""
     return run_session(pipeline, DecodeSession(
@@ -368,7 +527,7 @@ def generate_greedy(pipeline: Executor, prompt_ids: Sequence[int], max_new_token
 def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                          stop_ids: Sequence[int] = (), drafter: Drafter | None = None, k: int = 5,
                          stream_id: int = 0, stats: GenerationStats | None = None,
-                         prefill_chunk: int = 256, cost: StepCost | None = None,
+                         prefill_chunk: int | None = None, cost: StepCost | None = None,
                          auto_k: bool = False, sampling: SamplingParams | None = None
                          ) -> Iterator[int]:
     """Yield exactly the tokens ``generate_greedy`` yields, verifying up to ``k`` drafts a step.

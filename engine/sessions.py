@@ -18,6 +18,7 @@ session's own steps (and the drafter's measured time per token).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from engine.drafting import (
     width_changes,
 )
 from engine.executor import StepReply
+from engine.prefill import MAX_CHUNK
 from engine.requests import TokenLogprob
 from engine.sampling import SamplingParams, draw, speculative_sample, target_probs, token_logprobs
 from engine.stats import GenerationStats, SpeculativeStats
@@ -82,7 +84,8 @@ class DecodeSession:
 
     def __init__(self, stream_id: int, prompt_ids: Sequence[int], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), *, drafter: Drafter | None = None, k: int = 0,
-                 auto_k: bool = False, cost: StepCost | None = None, prefill_chunk: int = 256,
+                 auto_k: bool = False, cost: StepCost | None = None,
+                 prefill_chunk: int | None = None,
                  stats: GenerationStats | None = None,
                  sampling: SamplingParams | None = None,
                  top_logprobs: int | None = None) -> None:
@@ -109,10 +112,18 @@ class DecodeSession:
         self.emitted: list[int] = []
         self.k_used: list[int] = []  # draft length asked for, per decode step
         self.error: Exception | None = None
-        self._prefill_chunk = prefill_chunk
-        self._chunks = prefill_chunks(self.prompt.size, prefill_chunk)
-        self._chunk = 0
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError("prefill chunk must be at least 1")
+        # the most tokens a prefill step may feed, and what the next one feeds (the
+        # scheduler sets it from the stages' costs, up to the most)
+        self.max_prefill_chunk = prefill_chunk or MAX_CHUNK
+        self.prefill_chunk = self.max_prefill_chunk
         self._replay: np.ndarray | None = None  # tokens to prefill again after a restart
+        self._prefill_from = 0  # the first position prefilled (after a prefix-cache hit: > 0)
+        self._planned_to = 0  # prefill positions planned so far
+        self._answered_to = 0  # ... and answered
+        self._chunk_ends: deque[int] = deque()  # ends of prefill steps planned, not answered
+        self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
         self.restarts = 0
         self._position = self.prompt.size  # logical position of the last emitted token
         self._draft: list[int] = []
@@ -130,7 +141,47 @@ class DecodeSession:
     # -- state -----------------------------------------------------------------------
     @property
     def prefilling(self) -> bool:
-        return self._chunk < len(self._chunks)
+        return self._answered_to < self._prefill_tokens.size
+
+    @property
+    def can_plan_ahead(self) -> bool:
+        """Whether another prefill step may be planned before the last one is answered
+        (pipelined prefill: chunk k+1 enters stage 0 while chunk k is on later stages)."""
+        return not self.done and self._planned_to < self._prefill_tokens.size
+
+    @property
+    def _prefill_tokens(self) -> np.ndarray:
+        return self._replay if self._replay is not None else self.prompt
+
+    @property
+    def prefill_left(self) -> int:
+        """Prefill tokens not yet planned."""
+        return self._prefill_tokens.size - self._planned_to
+
+    @property
+    def kv_tokens(self) -> int:
+        """The most KV slots the stream can hold: its prompt plus every new token."""
+        return self.prompt.size + self.max_new_tokens
+
+    @property
+    def prefill_position(self) -> int:
+        """The position the next prefill step starts at."""
+        return self._planned_to
+
+    @property
+    def kv_history(self) -> list[int]:
+        """The tokens whose KV the stream holds for certain (rejected drafts not counted):
+        the prompt and every emitted token but the last, which has not been fed yet."""
+        return self.history[:self._position] if self.emitted else []
+
+    def skip_prefix(self, length: int) -> None:
+        """Start the prefill at position ``length``: the stream's KV already holds the
+        prompt's first ``length`` tokens (a prefix-cache hit loaded them)."""
+        if self._planned_to or self._replay is not None or not 0 <= length < self.prompt.size:
+            raise ValueError(f"cannot skip {length} tokens of a {self.prompt.size}-token "
+                             "prompt once its prefill has started")
+        self._prefill_from = self._planned_to = self._answered_to = length
+        self.cached_tokens = length
 
     @property
     def wants_logits(self) -> bool:
@@ -153,12 +204,11 @@ class DecodeSession:
         del self.k_used[self.spec.steps:]  # a decode step planned but never answered
         self._probing = False
         self.restarts += 1
-        if not self.emitted:  # still in the prompt: prefill it from the start
-            self._chunk = 0
-            return
-        self._replay = np.asarray(self.history[:self._position], dtype=np.int64)
-        self._chunks = prefill_chunks(self._replay.size, self._prefill_chunk)
-        self._chunk = 0
+        self._prefill_from = self._planned_to = self._answered_to = 0
+        self._chunk_ends.clear()
+        self.cached_tokens = 0
+        if self.emitted:  # else still in the prompt: prefill it from the start
+            self._replay = np.asarray(self.history[:self._position], dtype=np.int64)
 
     # -- planning --------------------------------------------------------------------
     def plan(self) -> StepPlan:
@@ -168,14 +218,7 @@ class DecodeSession:
         now = time.perf_counter()
         self._planned_at = now
         if self.prefilling:
-            lo, hi = self._chunks[self._chunk]
-            if self._replay is not None:  # after a restart: the answer is known already
-                return StepPlan(self._replay[lo:hi], np.arange(lo, hi), None, 0)
-            if self._chunk == 0:
-                self._started_at = now
-            last_chunk = self._chunk == len(self._chunks) - 1
-            return StepPlan(self.prompt[lo:hi], np.arange(lo, hi), None, 0,
-                            last_chunk and self.wants_logits)
+            return self._plan_prefill(now)
         if self._decode_start is None:
             self._decode_start = now
         k_now = min(self.choose_k(), self.max_new_tokens - self.stats.new_tokens - 1)
@@ -194,6 +237,23 @@ class DecodeSession:
                         np.arange(self._position, self._position + fed),
                         np.arange(fed) if draft else None, self._rewind,
                         self.wants_logits)
+
+    def _plan_prefill(self, now: float) -> StepPlan:
+        """The next ``prefill_chunk`` tokens of the prompt (or of the replay)."""
+        if not self.can_plan_ahead:
+            raise RuntimeError(f"stream {self.stream_id}'s prefill is planned to its end: "
+                               "its next step waits for the last chunk's answer")
+        tokens = self._prefill_tokens
+        lo = self._planned_to
+        hi = min(lo + max(1, min(self.prefill_chunk, self.max_prefill_chunk)), tokens.size)
+        self._planned_to = hi
+        self._chunk_ends.append(hi)
+        if self._replay is not None:  # after a restart: the answer is known already
+            return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0)
+        if lo == self._prefill_from:
+            self._started_at = now
+        return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0,
+                        hi == tokens.size and self.wants_logits)
 
     def choose_k(self) -> int:
         """This step's draft length: ``k``, or ``adapt_k`` under the cost model (at most
@@ -238,7 +298,7 @@ class DecodeSession:
         """Take the reply to the planned step; returns the tokens it emits."""
         now = time.perf_counter()
         if self.prefilling:
-            self._chunk += 1
+            self._answered_to = self._chunk_ends.popleft()
             if self.prefilling:
                 return []
             if self._replay is not None:  # caught up: the next step feeds emitted[-1]

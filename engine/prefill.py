@@ -1,0 +1,117 @@
+"""How a prompt is cut into prefill steps, from what the stages' steps cost (pure).
+
+A prefill step of ``t`` tokens over ``p`` tokens already in the KV costs a stage about
+``fixed + per_token * t + per_past * t * p`` ms: the last term is attention over the past.
+On the CPU plugin with a stateful KV it dominates: a step with a past runs the plugin's
+one-query-at-a-time attention kernel (a 256-token chunk over a 1,792-token past cost
+~13x the same chunk with no past, measured on SmolLM2), so a lone prompt is prefilled
+best in one step. ``PrefillCost`` fits the three terms to the steps the stages report;
+``lone_chunk`` picks the chunk that gets a lone prompt's first token soonest when its
+chunks are pipelined through the stages; ``fair_chunk`` the chunk that costs about one
+decode step, so a prompt shares the stages with streams that are decoding (chunked
+prefill) without more than doubling their inter-token latency.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_CHUNK = 16  # a lone prompt's chunks are no smaller
+FAIR_MIN_CHUNK = 4  # nor a shared prefill's (with a costly past a token costs the same either way)
+MAX_CHUNK = 4096  # one step's mask is [T, past + T] floats: 64 MB at 4,096 tokens
+FIT_WINDOW = 64
+MIN_FIT = 6  # prefill steps observed before the fit replaces the prior
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """One stage's prefill step cost in ms: fixed + per_token * t + per_past * t * p."""
+
+    fixed_ms: float = 2.0
+    per_token_ms: float = 0.2
+    per_past_ms: float = 1.5e-3
+
+    def ms(self, tokens: int, past: int) -> float:
+        return self.fixed_ms + tokens * (self.per_token_ms + self.per_past_ms * past)
+
+
+class PrefillCost:
+    """``StepCostModel`` of the busiest stage, fitted (least squares, clamped >= 0) to the
+    last ``FIT_WINDOW`` prefill steps observed; the prior until ``MIN_FIT`` are."""
+
+    def __init__(self, prior: StepCostModel | None = None) -> None:
+        self.prior = prior or StepCostModel()
+        self._samples: deque[tuple[int, int, float]] = deque(maxlen=FIT_WINDOW)
+        self._model: StepCostModel | None = None
+
+    def observe(self, tokens: int, past: int, stage_ms: float) -> None:
+        if tokens > 1 and stage_ms > 0:
+            self._samples.append((tokens, past, stage_ms))
+            self._model = None
+
+    @property
+    def model(self) -> StepCostModel:
+        if self._model is None:
+            self._model = self._fit()
+        return self._model
+
+    def _fit(self) -> StepCostModel:
+        if len(self._samples) < MIN_FIT:
+            return self.prior
+        t, p, ms = (np.array(c, dtype=np.float64) for c in zip(*self._samples, strict=True))
+        if np.ptp(t) == 0 and np.ptp(p) == 0:
+            return self.prior
+        design = np.stack([np.ones_like(t), t, t * p], axis=1)
+        coef, *_ = np.linalg.lstsq(design, ms, rcond=None)
+        fixed, per_token, per_past = (float(max(c, 0.0)) for c in coef)
+        if not np.ptp(p):  # every sample at one past: the past term is not identified
+            per_past = self.prior.per_past_ms
+        return StepCostModel(fixed, per_token, per_past)
+
+
+def pipelined_ms(chunks: list[int], past: int, stages: int, cost: StepCostModel) -> float:
+    """When the last of ``chunks`` (token counts, prefilled in order from ``past``) leaves
+    the last of ``stages`` equal stages, its chunks following each other without waiting."""
+    done = [0.0] * stages
+    for tokens in chunks:
+        step = cost.ms(tokens, past)
+        for stage in range(stages):
+            done[stage] = max(done[stage], done[stage - 1] if stage else 0.0) + step
+        past += tokens
+    return done[-1]
+
+
+def split(tokens: int, chunk: int) -> list[int]:
+    return [min(chunk, tokens - s) for s in range(0, tokens, chunk)]
+
+
+def lone_chunk(tokens: int, past: int, stages: int, cost: StepCostModel,
+               cap: int = MAX_CHUNK) -> int:
+    """The chunk size that gets a lone prompt of ``tokens`` (from ``past``) through the
+    pipeline soonest: the whole prompt, or an even split into 2, 4, ... chunks."""
+    best, best_ms = min(tokens, cap), float("inf")
+    parts = 1
+    while True:
+        chunk = min(cap, -(-tokens // parts))
+        if chunk < MIN_CHUNK and parts > 1:
+            break
+        ms = pipelined_ms(split(tokens, chunk), past, stages, cost)
+        if ms < best_ms:
+            best, best_ms = chunk, ms
+        if chunk <= MIN_CHUNK:
+            break
+        parts *= 2
+    return max(1, best)
+
+
+def fair_chunk(decode_ms: float, past: int, cost: StepCostModel, cap: int = MAX_CHUNK) -> int:
+    """The largest chunk that costs a stage about one decode step (``decode_ms``), at least
+    ``FAIR_MIN_CHUNK`` tokens: a prompt's prefill interleaved with decode steps at most
+    about doubles their inter-token time."""
+    per = cost.per_token_ms + cost.per_past_ms * past
+    room = decode_ms - cost.fixed_ms
+    tokens = int(room / per) if per > 0 and room > 0 else FAIR_MIN_CHUNK
+    return int(min(cap, max(FAIR_MIN_CHUNK, tokens)))

@@ -1,0 +1,149 @@
+"""Prefill planning: the step-cost fit, chunk choice, and pipelined prefill on a cluster
+giving the same tokens as one chunk at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataplane.local_chain import LocalChain
+from engine.prefill import (
+    FAIR_MIN_CHUNK,
+    MAX_CHUNK,
+    MIN_CHUNK,
+    PrefillCost,
+    StepCostModel,
+    fair_chunk,
+    lone_chunk,
+    pipelined_ms,
+    split,
+)
+from engine.scheduler import StreamScheduler, generate_greedy, run_sessions
+from engine.sessions import DecodeSession
+
+
+def test_the_fit_recovers_the_three_terms() -> None:
+    truth = StepCostModel(3.0, 0.1, 2e-3)
+    cost = PrefillCost(prior=StepCostModel(9.0, 9.0, 9.0))
+    assert cost.model == cost.prior  # nothing observed yet
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        t, p = int(rng.integers(16, 512)), int(rng.integers(0, 4000))
+        cost.observe(t, p, truth.ms(t, p))
+    fitted = cost.model
+    assert fitted.fixed_ms == pytest.approx(3.0, rel=1e-6)
+    assert fitted.per_token_ms == pytest.approx(0.1, rel=1e-6)
+    assert fitted.per_past_ms == pytest.approx(2e-3, rel=1e-6)
+
+
+def test_one_token_steps_and_one_past_do_not_break_the_fit() -> None:
+    cost = PrefillCost()
+    for _ in range(10):
+        cost.observe(1, 100, 5.0)  # decode-like steps are not prefill samples
+    assert cost.model == cost.prior
+    for t in (32, 64, 128, 256, 512, 1024):
+        cost.observe(t, 0, 2.0 + 0.3 * t)  # every sample at past 0
+    assert cost.model.per_token_ms == pytest.approx(0.3)
+    assert cost.model.per_past_ms == cost.prior.per_past_ms  # not identified: the prior's
+
+
+def test_pipelined_makespan() -> None:
+    flat = StepCostModel(0.0, 1.0, 0.0)
+    assert pipelined_ms([100], 0, 2, flat) == 200  # one chunk: the stages one after another
+    assert pipelined_ms([50, 50], 0, 2, flat) == 150  # two: stage 0 takes chunk 2 meanwhile
+    assert pipelined_ms([25] * 4, 0, 1, flat) == 100
+    assert split(10, 4) == [4, 4, 2]
+
+
+def test_a_costly_past_keeps_a_lone_prompt_in_one_step() -> None:
+    slow_past = StepCostModel(2.0, 0.2, 1.5e-3)  # the stateful CPU kernel, as measured
+    assert lone_chunk(2048, 0, 2, slow_past) == 2048
+    free_past = StepCostModel(2.0, 0.2, 0.0)  # a kernel whose past costs nothing
+    chunk = lone_chunk(2048, 0, 2, free_past)
+    assert MIN_CHUNK <= chunk < 2048  # pipelined through the two stages
+    assert pipelined_ms(split(2048, chunk), 0, 2, free_past) < pipelined_ms([2048], 0, 2,
+                                                                              free_past)
+    assert lone_chunk(20_000, 0, 1, slow_past) <= MAX_CHUNK
+
+
+def test_a_fair_chunk_costs_about_one_decode_step() -> None:
+    cost = StepCostModel(2.0, 0.2, 1e-3)
+    chunk = fair_chunk(12.0, 1000, cost)
+    assert cost.ms(chunk, 1000) <= 12.0 < cost.ms(chunk + 1, 1000)
+    assert fair_chunk(1.0, 1000, cost) == FAIR_MIN_CHUNK  # never below the floor
+    assert fair_chunk(1e6, 0, cost) == MAX_CHUNK
+
+
+class _Counting:
+    """An executor wrapper that records the most steps of one stream in flight at once."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.in_flight, self.most = pipe, {}, 0
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+    def submit(self, stream_id, *args, **kwargs):
+        rid = self.pipe.submit(stream_id, *args, **kwargs)
+        self.in_flight[rid] = stream_id
+        self.most = max(self.most, list(self.in_flight.values()).count(stream_id))
+        return rid
+
+    def collect_any(self, timeout_s=None):
+        reply = self.pipe.collect_any(timeout_s)
+        if reply is not None:
+            self.in_flight.pop(reply.request_id, None)
+        return reply
+
+
+def test_pipelined_prefill_gives_the_tokens_of_one_chunk_at_a_time(dp_threaded2, dp_export2):
+    local = LocalChain.load(str(dp_export2))
+    rng = np.random.default_rng(5)
+    prompt = [0, *(int(t) for t in rng.integers(4, 384, 90))]
+    want = list(generate_greedy(local, prompt, 8, prefill_chunk=8))  # one chunk at a time
+    pipe = _Counting(dp_threaded2[0])
+    session = DecodeSession(3, prompt, 8, prefill_chunk=8)
+    scheduler = StreamScheduler(pipe)
+    scheduler.prefill_cost.prior = StepCostModel(1.0, 1.0, 0.0)  # chunks pay: pipeline them
+    scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll(5.0)
+    assert session.error is None and session.emitted == want
+    assert pipe.most == pipe.num_stages  # chunk k+1 entered stage 0 while chunk k was on stage 1
+
+
+def test_a_prefill_beside_decoding_streams_is_cut_into_fair_chunks(dp_export2):
+    local = LocalChain.load(str(dp_export2))
+    short = [[0, 5, 6, 7], [0, 9, 10, 11]]
+    long = [0, *range(20, 260)]
+    want = [list(generate_greedy(local, p, 12, stream_id=30 + i))
+            for i, p in enumerate([*short, long])]
+    sessions = [DecodeSession(i, p, 12) for i, p in enumerate(short)]
+    late = DecodeSession(2, long, 12)
+    chunks = []  # (tokens planned by a poll, whether the short streams were decoding)
+    scheduler = StreamScheduler(local)
+    for s in sessions:
+        scheduler.add(s)
+    for _ in range(3):
+        scheduler.poll()
+    scheduler.decode_ms = 1.0  # decode steps are cheap next to the prior's chunk cost
+    scheduler.add(late)
+    while scheduler.active:
+        left, decoding = late.prefill_left, not all(s.done for s in sessions)
+        scheduler.poll()
+        if late.prefill_left != left:
+            chunks.append((left - late.prefill_left, decoding))
+    assert [s.emitted for s in [*sessions, late]] == want
+    beside = [n for n, decoding in chunks if decoding]
+    assert len(beside) >= 2 and max(beside) == FAIR_MIN_CHUNK  # the decoders kept stepping
+    alone = [n for n, decoding in chunks if not decoding]
+    assert alone and alone[0] > FAIR_MIN_CHUNK  # the rest in one step once they were done
+
+
+def test_run_sessions_still_steps_everything(dp_export2):
+    local = LocalChain.load(str(dp_export2))
+    prompts = [[0, 3, 4], [0, 8, 9, 10, 11]]
+    want = [list(generate_greedy(local, p, 6, stream_id=20 + i)) for i, p in enumerate(prompts)]
+    sessions = [DecodeSession(i, p, 6) for i, p in enumerate(prompts)]
+    list(run_sessions(local, sessions))
+    assert [s.emitted for s in sessions] == want
