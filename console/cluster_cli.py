@@ -97,6 +97,12 @@ Curve = Annotated[bool, typer.Option(
                     "cluster admits its own nodes)")]
 MaxStreams = Annotated[int, typer.Option(
     help="generations at once (each its own KV on every stage; more wait their turn)")]
+KvMemory = Annotated[int, typer.Option(
+    "--kv-memory-mb", help="KV memory a stage may hold for running streams and cached "
+    "prefixes; a request that does not fit waits, one that never can is refused")]
+PrefixCacheMb = Annotated[int, typer.Option(
+    "--prefix-cache-mb", help="of --kv-memory-mb, how much may keep finished streams' KV for "
+    "prompts that start the same way (0: no prefix cache)")]
 ExpectNodes = Annotated[int | None, typer.Option(
     help="nodes to wait for before placing the stages (default: stages - 1)")]
 Place = Annotated[list[str] | None, typer.Option(
@@ -137,13 +143,16 @@ def cluster_up(
         help="also serve the OpenAI API at HOST:PORT (zctl serve; its key from ZCTL_API_KEY)")
     ] = None,
     max_streams: MaxStreams = 8,
+    kv_memory_mb: KvMemory = 2048,
+    prefix_cache_mb: PrefixCacheMb = 512,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
     if _running_record() is not None:
         _fail(f"a cluster is already up ({cluster_file()}); zctl cluster down first")
     stage_count = stages or local or 2
     problem = _up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
-                          reassign_after) or max_streams_problem(max_streams)
+                          reassign_after) or max_streams_problem(max_streams) or kv_problem(
+                              kv_memory_mb, prefix_cache_mb)
     if problem:
         _fail(problem)
     try:
@@ -159,7 +168,8 @@ def cluster_up(
             str(export_dir), bind=f"tcp://{bind}", host=host, heartbeat=heartbeat,
             liveness=liveness, expect_nodes=expect_nodes, placement=placement,
             reassign_after=reassign_after, resume_timeout=resume_timeout, curve=curve,
-            row_groups=row_groups, max_streams=max_streams, runtime=runtime, link=link)
+            row_groups=row_groups, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
+            prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link)
         if foreground:
             raise typer.Exit(_serve_foreground(coordinator))
         if local is None:
@@ -174,7 +184,8 @@ def cluster_up(
             export_dir, local, runtime, link_delay_ms=link.delay_ms,
             link_jitter_ms=link.jitter_ms, link_rate_mbit=link.rate_mbit, cpu_sets=cpu_sets,
             row_groups=row_groups, curve=curve, resume_timeout=resume_timeout,
-            reassign_after=reassign_after, max_streams=max_streams)
+            reassign_after=reassign_after, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
+            prefix_cache_mb=prefix_cache_mb)
         write_record(record)
         status = wait_serving(record, timeout)
         if api:
@@ -194,6 +205,16 @@ def cluster_up(
 
 
 MAX_STREAMS_LIMIT = 256
+
+
+def kv_problem(kv_memory_mb: int, prefix_cache_mb: int) -> str:
+    """Why ``--kv-memory-mb``/``--prefix-cache-mb`` cannot be used ("" when they can)."""
+    if kv_memory_mb < 1:
+        return f"--kv-memory-mb must be at least 1, not {kv_memory_mb}"
+    if not 0 <= prefix_cache_mb <= kv_memory_mb:
+        return (f"--prefix-cache-mb must be in 0..--kv-memory-mb ({kv_memory_mb}), not "
+                f"{prefix_cache_mb}")
+    return ""
 
 
 def max_streams_problem(max_streams: int) -> str:

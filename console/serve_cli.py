@@ -12,12 +12,15 @@ import typer
 from console.cluster_cli import (
     DynamicQuantization,
     Exact,
+    KvMemory,
     KvPrecision,
     MaxStreams,
     Precision,
+    PrefixCacheMb,
     _fail,
     _running_record,
     err,
+    kv_problem,
     max_streams_problem,
     numerics,
 )
@@ -81,6 +84,8 @@ def serve(
     cpu_sets: Annotated[str, typer.Option(
         help="embedded cluster: shared | split (each node its own cores)")] = "shared",
     max_streams: MaxStreams = 8,
+    kv_memory_mb: KvMemory = 2048,
+    prefix_cache_mb: PrefixCacheMb = 512,
     precision: Precision = "f32",
     exact: Exact = None,
     kv_cache_precision: KvPrecision = None,
@@ -88,7 +93,8 @@ def serve(
 ) -> None:
     """Serve an OpenAI-compatible API (chat and text completions, models, /health,
     /metrics) on the running cluster, or on an embedded local one."""
-    problem = serve_problem(port, max_queue) or max_streams_problem(max_streams)
+    problem = (serve_problem(port, max_queue) or max_streams_problem(max_streams)
+               or kv_problem(kv_memory_mb, prefix_cache_mb))
     if problem:
         _fail(problem)
     embedded = None
@@ -100,8 +106,9 @@ def serve(
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)
             err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
-            embedded = record = start_local_cluster(export_dir, stages, rt, cpu_sets=cpu_sets,
-                                                    max_streams=max_streams)
+            embedded = record = start_local_cluster(
+                export_dir, stages, rt, cpu_sets=cpu_sets, max_streams=max_streams,
+                kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb)
             wait_serving(record, 300)
         run_api(record, host, port, api_key, max_queue, speculation)
     except (ClusterError, ValueError, OSError) as exc:

@@ -74,6 +74,8 @@ class CoordinatorProcess:
     serve: str | None = None  # the generation service's bind address
     row_groups: int | None = None  # default: one per stage
     max_streams: int = 8  # generations at once (more wait their turn)
+    kv_memory_mb: int = 2048  # KV a stage may hold: running streams + cached prefixes
+    prefix_cache_mb: int = 512  # of which cached prefixes (0: no prefix cache)
     shared_cores: bool = False
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     link: LinkShape = field(default_factory=LinkShape)
@@ -203,6 +205,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         service = GenerationService(
             config.export_dir, coordinator.stage0_executor, config.serve,
             max_streams=config.max_streams, row_groups=_row_groups(config),
+            kv_memory_mb=config.kv_memory_mb, prefix_cache_mb=config.prefix_cache_mb,
             shared_cores=config.shared_cores,
             health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,
             draft_config=RuntimeConfig(**asdict(config.runtime)),  # drafts run as stage 0 does

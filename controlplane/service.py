@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from common.manifest import load_manifest
+from common.manifest import ExportManifest, load_manifest
 from controlplane.messages import Error, MessageError, from_frames, to_frames
 from controlplane.service_messages import (
     GenerateCancel,
@@ -50,6 +50,22 @@ def to_wire(event: Event) -> GenerateChunk | GenerateDone:
     return cls(**{f.name: getattr(event, f.name) for f in fields(event)})
 
 
+KV_BYTES_PER_VALUE = 4  # what a KV value is budgeted at: a copied-out prefix is f32
+
+
+def kv_bytes_per_token(manifest: ExportManifest) -> int:
+    """Bytes one token's KV takes on the fullest stage (keys and values of its layers),
+    at ``KV_BYTES_PER_VALUE``: an upper bound (the CPU plugin keeps its own KV in u8)."""
+    model = manifest.model
+    layers = max(s.layer_end - s.layer_start for s in manifest.stages)
+    return layers * 2 * model.num_kv_heads * model.head_dim * KV_BYTES_PER_VALUE
+
+
+def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
+    """Tokens of KV that ``megabytes`` hold on the fullest stage."""
+    return megabytes * 2**20 // kv_bytes_per_token(manifest)
+
+
 class GenerationService:
     """Serve generations on ``endpoint`` using the executor ``get_pipeline()`` returns.
 
@@ -57,7 +73,9 @@ class GenerationService:
     speculative requests are loaded with ``draft_config`` (None: RuntimeConfig's defaults;
     the coordinator passes its stages' runtime). ``cluster`` returns the coordinator's
     cluster status, which stats read the stages' nodes and node liveness from (None: no
-    control plane, the executor is all there is)."""
+    control plane, the executor is all there is). ``kv_memory_mb``: the KV a stage may hold
+    for running streams and cached prefixes together (None: no limit), ``prefix_cache_mb``
+    how much of it cached prefixes may (0: no prefix cache); see ``kv_tokens``."""
 
     def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Executor | None],
                  endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8,
@@ -65,7 +83,8 @@ class GenerationService:
                  health: Callable[[], str | None] | None = None,
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
                  draft_config: RuntimeConfig | None = None,
-                 cluster: ClusterView | None = None) -> None:
+                 cluster: ClusterView | None = None, kv_memory_mb: int | None = None,
+                 prefix_cache_mb: int = 0) -> None:
         self.export_dir = Path(export_dir)
         manifest = load_manifest(self.export_dir, verify_files=False)
         tokenizer = ChatTokenizer(self.export_dir)
@@ -77,7 +96,9 @@ class GenerationService:
             row_groups=row_groups, shared_cores=shared_cores, health=health,
             resume_timeout_s=resume_timeout_s,
             load_drafter=DraftModels(manifest.model.vocab_size, draft_config),
-            max_context=manifest.model.max_position_embeddings)
+            max_context=manifest.model.max_position_embeddings,
+            kv_budget_tokens=None if kv_memory_mb is None else kv_tokens(manifest, kv_memory_mb),
+            prefix_cache_tokens=kv_tokens(manifest, prefix_cache_mb))
         self._stats = StatsCollector(manifest, self.engine, cluster)
         self._ctx = zmq.Context()
         self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES)
@@ -98,11 +119,11 @@ class GenerationService:
     def counters(self) -> dict[str, int]:
         """Requests taken, malformed, failed, cancelled, the most streams at once, clients
         found unreachable, and draft tokens proposed and accepted (spec_drafted,
-        spec_accepted)."""
+        spec_accepted), and the prefix cache's (prefix_*: GenerationEngine.prefix_counters)."""
         drafted, accepted = self.engine.speculative_totals()
         return {**self.engine.counters, "malformed": self._malformed,
                 "unreachable": self._unreachable, "spec_drafted": drafted,
-                "spec_accepted": accepted}
+                "spec_accepted": accepted, **self.engine.prefix_counters()}
 
     @property
     def stop_ids(self) -> list[int]:

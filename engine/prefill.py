@@ -21,6 +21,7 @@ import numpy as np
 
 MIN_CHUNK = 16  # a lone prompt's chunks are no smaller
 FAIR_MIN_CHUNK = 4  # nor a shared prefill's (with a costly past a token costs the same either way)
+SHORT_PREFILL = 64  # a prefill this short goes in one step, even beside decoding streams
 MAX_CHUNK = 4096  # one step's mask is [T, past + T] floats: 64 MB at 4,096 tokens
 FIT_WINDOW = 64
 MIN_FIT = 6  # prefill steps observed before the fit replaces the prior
@@ -107,10 +108,14 @@ def lone_chunk(tokens: int, past: int, stages: int, cost: StepCostModel,
     return max(1, best)
 
 
-def fair_chunk(decode_ms: float, past: int, cost: StepCostModel, cap: int = MAX_CHUNK) -> int:
+def fair_chunk(decode_ms: float, past: int, cost: StepCostModel, cap: int = MAX_CHUNK,
+               left: int | None = None) -> int:
     """The largest chunk that costs a stage about one decode step (``decode_ms``), at least
     ``FAIR_MIN_CHUNK`` tokens: a prompt's prefill interleaved with decode steps at most
-    about doubles their inter-token time."""
+    about doubles their inter-token time. A prefill with at most ``SHORT_PREFILL`` tokens
+    ``left`` goes whole (it costs about a decode step; cutting it only adds steps)."""
+    if left is not None and left <= SHORT_PREFILL:
+        return max(1, min(cap, left))
     per = cost.per_token_ms + cost.per_past_ms * past
     room = decode_ms - cost.fixed_ms
     tokens = int(room / per) if per > 0 and room > 0 else FAIR_MIN_CHUNK

@@ -63,6 +63,8 @@ class PrefixHit:
 
 @dataclass
 class PrefixCacheStats:
+    """Cumulative figures of the prefix cache (shown in the metrics)."""
+
     lookups: int = 0
     hits: int = 0
     tokens_saved: int = 0  # prompt tokens not prefilled thanks to a hit
@@ -75,7 +77,7 @@ class PrefixCache:
     only: a live source's KV is its stream's)."""
 
     def __init__(self, budget_tokens: int, block: int = BLOCK_TOKENS,
-                 min_hit: int = MIN_HIT_TOKENS) -> None:
+                 min_hit: int = MIN_HIT_TOKENS, stats: PrefixCacheStats | None = None) -> None:
         if budget_tokens < 0 or block < 1:
             raise ValueError("the prefix cache needs budget_tokens >= 0 and block >= 1")
         self.budget_tokens, self.block, self.min_hit = budget_tokens, block, max(1, min_hit)
@@ -83,7 +85,7 @@ class PrefixCache:
         self._by_hash: dict[int, set[int]] = {}
         self._live: dict[int, int] = {}  # stream id -> its live entry id
         self._next_id = 1
-        self.stats = PrefixCacheStats()
+        self.stats = stats if stats is not None else PrefixCacheStats()  # may outlive the index
 
     @property
     def tokens(self) -> int:

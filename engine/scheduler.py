@@ -23,7 +23,7 @@ import numpy as np
 from engine.drafting import SATURATED, Drafter, StepCost, busiest_stage_share
 from engine.executor import Executor, StepError, StepReply
 from engine.prefill import PrefillCost, fair_chunk, lone_chunk
-from engine.prefix_cache import PrefixCache
+from engine.prefix_cache import PrefixCache, PrefixCacheStats
 from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession, StepPlan
 from engine.stats import GenerationStats
@@ -102,7 +102,8 @@ class StreamScheduler:
     """
 
     def __init__(self, pipeline: Executor, row_groups: int = 0, shared_cores: bool = False,
-                 prefix_cache_tokens: int = 0) -> None:
+                 prefix_cache_tokens: int = 0, prefix_stats: PrefixCacheStats | None = None
+                 ) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
         self.pipeline = pipeline
@@ -125,7 +126,7 @@ class StreamScheduler:
         self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
         self.cache: PrefixCache | None = None
         if prefix_cache_tokens > 0 and getattr(pipeline, "prefix_cache_supported", False):
-            self.cache = PrefixCache(prefix_cache_tokens)
+            self.cache = PrefixCache(prefix_cache_tokens, stats=prefix_stats)
             try:  # a fresh index: whatever the stages hold from before is nobody's
                 pipeline.drop_all_prefixes()
             except Exception as exc:  # noqa: BLE001 - the stages are down: nothing to free
@@ -176,6 +177,17 @@ class StreamScheduler:
             pipe.reset(sid)
             return
         session.skip_prefix(hit.length)
+
+    def evict_prefixes(self, limit: int) -> None:
+        """Free cached prefixes, least recently used first, until they hold at most
+        ``limit`` tokens of KV (room for streams' KV: admission)."""
+        if self.cache is None or self.cache.tokens <= limit:
+            return
+        for entry in self.cache.evict(self.cache.budget_tokens - max(0, limit)):
+            try:
+                self.pipeline.drop_prefix(entry.entry_id)
+            except Exception as exc:  # noqa: BLE001 - a broken pipeline frees them anyway
+                log.debug("could not drop prefix entry %s: %s", entry.entry_id, exc)
 
     def _save_prefix(self, session: DecodeSession, alone: bool) -> None:
         """Keep a finished session's KV on the stages as a prefix entry (``alone``: it
@@ -479,7 +491,8 @@ class StreamScheduler:
         cost = self.prefill_cost.model
         past = session.prefill_position
         if self._others_decoding(session):
-            chunk = fair_chunk(self.decode_ms or DECODE_MS_PRIOR, past, cost)
+            chunk = fair_chunk(self.decode_ms or DECODE_MS_PRIOR, past, cost,
+                               left=session.prefill_left)
         else:
             stages = 1 if self.load.shared_cores or not self.overlaps else self.pipeline.num_stages
             chunk = lone_chunk(session.prefill_left, past, stages, cost)

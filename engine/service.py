@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from engine.drafting import Drafter, LookupDrafter
 from engine.executor import Executor
+from engine.prefix_cache import PrefixCacheStats
 from engine.requests import (
     BAD_REQUEST,
     INTERNAL,
@@ -118,7 +119,8 @@ class GenerationEngine:
                  health: Callable[[], str | None] | None = None,
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
                  load_drafter: DrafterLoader | None = None,
-                 max_context: int | None = None) -> None:
+                 max_context: int | None = None, kv_budget_tokens: int | None = None,
+                 prefix_cache_tokens: int = 0) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
         if row_groups < 0:
@@ -130,6 +132,13 @@ class GenerationEngine:
         self.resume_timeout_s = resume_timeout_s
         self.load_drafter = load_drafter
         self.max_context = max_context  # prompt + new tokens must fit (None: no limit)
+        # KV tokens a stage may hold for running streams and cached prefixes together (the
+        # fullest stage's memory budget over its KV bytes per token; None: no limit).
+        # A stream reserves its prompt + max_tokens when it starts; one that does not fit
+        # waits (cached prefixes are evicted first), one that could never fit is refused.
+        self.kv_budget_tokens = kv_budget_tokens
+        self.prefix_cache_tokens = prefix_cache_tokens  # 0: no prefix cache
+        self.prefix_stats = PrefixCacheStats()
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0}
         self._spec_finished = [0, 0]  # draft tokens proposed, accepted by finished generations
         self._scheduler: StreamScheduler | None = None
@@ -161,6 +170,15 @@ class GenerationEngine:
             proposed += job.session.spec.proposed
             accepted += job.session.spec.accepted
         return proposed, accepted
+
+    def prefix_counters(self) -> dict[str, int]:
+        """The prefix cache's figures: lookups, hits, prompt tokens saved, evictions (all
+        cumulative) and the tokens cached now."""
+        stats, sched = self.prefix_stats, self._scheduler
+        cached = sched.cache.tokens if sched is not None and sched.cache is not None else 0
+        return {"prefix_lookups": stats.lookups, "prefix_hits": stats.hits,
+                "prefix_tokens_saved": stats.tokens_saved,
+                "prefix_evictions": stats.evictions, "prefix_cached_tokens": cached}
 
     @property
     def scheduler(self) -> StreamScheduler | None:
@@ -229,7 +247,7 @@ class GenerationEngine:
                 self._refuse(client, req, f"the pipeline cannot serve now: {problem}", UNAVAILABLE)
                 continue
             if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not executor):
-                self._scheduler = StreamScheduler(executor, self.row_groups, self.shared_cores)
+                self._scheduler = self._new_scheduler(executor)
             if not self._jobs:  # a new busy period: fresh per-stage figures
                 executor.clear_timings()
             stream_id = min(set(range(self.max_streams)) - set(self._jobs))
@@ -238,6 +256,13 @@ class GenerationEngine:
             except (RequestRefused, ValueError) as exc:
                 self._refuse(client, req, f"{type(exc).__name__}: {exc}", BAD_REQUEST)
                 continue
+            room = self._kv_room(session)
+            if room is not None:
+                if room == "never":
+                    self._refuse(client, req, self._kv_too_big(session), BAD_REQUEST)
+                    continue
+                self._waiting.appendleft((client, req))  # its turn comes when KV frees up
+                break
             try:
                 self._scheduler.add(session)
             except RuntimeError as exc:
@@ -246,6 +271,32 @@ class GenerationEngine:
             self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer),
                                          StopMatcher(req.stop))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
+
+    def _new_scheduler(self, executor: Executor) -> StreamScheduler:
+        return StreamScheduler(executor, self.row_groups, self.shared_cores,
+                               prefix_cache_tokens=self.prefix_cache_tokens,
+                               prefix_stats=self.prefix_stats)
+
+    def _kv_room(self, session: DecodeSession) -> str | None:
+        """None when the session's KV fits the budget now (cached prefixes evicted to make
+        room if needed), "wait" when it will once streams finish, "never" if it cannot."""
+        budget = self.kv_budget_tokens
+        if budget is None:
+            return None
+        need = session.kv_tokens
+        if need > budget:
+            return "never"
+        free = budget - sum(job.session.kv_tokens for job in self._jobs.values())
+        if need > free:
+            return "wait"
+        if self._scheduler is not None:
+            self._scheduler.evict_prefixes(free - need)
+        return None
+
+    def _kv_too_big(self, session: DecodeSession) -> str:
+        return (f"bad request: the prompt's {session.prompt.size} tokens plus max_tokens "
+                f"{session.max_new_tokens} need more KV than a stage may hold for one stream "
+                f"({self.kv_budget_tokens} tokens: its KV memory budget)")
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
         """The request's prompt as token ids (its messages through the chat template)."""
@@ -332,7 +383,7 @@ class GenerationEngine:
     def _resume(self, executor: Executor, outage_s: float) -> None:
         """Restart every held session on ``executor``: reset streams, replay, go on."""
         self._paused = None
-        self._scheduler = StreamScheduler(executor, self.row_groups, self.shared_cores)
+        self._scheduler = self._new_scheduler(executor)
         log.warning("the pipeline serves again after %.1f s: resuming %d generation(s)",
                     outage_s, len(self._jobs))
         for job in list(self._jobs.values()):

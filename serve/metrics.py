@@ -56,6 +56,17 @@ def cluster_metrics(stats: ServiceStats, model: str) -> list[Metric]:
     accepted = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens", "Speculative "
                                    "tokens accepted", labels=["model_name"])
     accepted.add_metric([model], stats.counters.get("spec_accepted", 0))
+    prefix = [CounterMetricFamily(name, doc, labels=["model_name"]) for name, doc in (
+        ("vllm:prefix_cache_queries", "Prompts looked up in the prefix cache"),
+        ("vllm:prefix_cache_hits", "Prompts whose start was found in the prefix cache"),
+        ("zctl_prefix_cache_tokens_saved", "Prompt tokens not prefilled: their KV was cached"),
+        ("zctl_prefix_cache_evictions", "Cached prefixes evicted (budget, or room for streams)"))]
+    for family, key in zip(prefix, ("prefix_lookups", "prefix_hits", "prefix_tokens_saved",
+                                    "prefix_evictions"), strict=True):
+        family.add_metric([model], stats.counters.get(key, 0))
+    cached = GaugeMetricFamily("zctl_prefix_cache_tokens", "Tokens of KV held as cached "
+                               "prefixes on each stage", labels=["model_name"])
+    cached.add_metric([model], stats.counters.get("prefix_cached_tokens", 0))
     node_up = GaugeMetricFamily("zctl_node_up", "1 while the node is alive", labels=["node"])
     for node, up in sorted(stats.nodes.items()):
         node_up.add_metric([node], float(up))
@@ -77,8 +88,8 @@ def cluster_metrics(stats: ServiceStats, model: str) -> list[Metric]:
                                {str(s.index): s.compute_ms for s in stats.stages})
     network = histogram_family("zctl_hop_network_seconds", "Network time of a step's frame "
                                "on the hop", "hop", {h.name: h.network_ms for h in stats.hops})
-    return [running, waiting, drafted, accepted, node_up, stage_up, kv, hop_bytes, compute,
-            network]
+    return [running, waiting, drafted, accepted, *prefix, cached, node_up, stage_up, kv,
+            hop_bytes, compute, network]
 
 
 class ClusterCollector:

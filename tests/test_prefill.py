@@ -11,6 +11,7 @@ from engine.prefill import (
     FAIR_MIN_CHUNK,
     MAX_CHUNK,
     MIN_CHUNK,
+    SHORT_PREFILL,
     PrefillCost,
     StepCostModel,
     fair_chunk,
@@ -72,6 +73,8 @@ def test_a_fair_chunk_costs_about_one_decode_step() -> None:
     assert cost.ms(chunk, 1000) <= 12.0 < cost.ms(chunk + 1, 1000)
     assert fair_chunk(1.0, 1000, cost) == FAIR_MIN_CHUNK  # never below the floor
     assert fair_chunk(1e6, 0, cost) == MAX_CHUNK
+    assert fair_chunk(1.0, 1000, cost, left=SHORT_PREFILL) == SHORT_PREFILL  # short: whole
+    assert fair_chunk(1.0, 1000, cost, left=SHORT_PREFILL + 1) == FAIR_MIN_CHUNK
 
 
 class _Counting:
