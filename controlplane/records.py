@@ -52,6 +52,7 @@ class RuntimeSpec:
     performance_hint: str = "LATENCY"
     kv_cache_precision: str | None = None
     dynamic_quantization: bool = True
+    paged_attention: bool = False
 
     @property
     def exact(self) -> bool:

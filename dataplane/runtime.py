@@ -38,9 +38,15 @@ __all__ = ["DEVICES", "MaskRewind", "RuntimeConfig", "StageError", "StageRunner"
 def load_runner(export_dir: Path | str, index: int, config: RuntimeConfig | None = None,
                 manifest: ExportManifest | None = None, core: ov.Core | None = None,
                 verify: bool = True) -> Any:
-    """The runner for stage ``index`` of an export: a StageRunner (stateful KV), or a
+    """The runner for stage ``index`` of an export: a StageRunner (stateful KV), a
+    dataplane.paged_runtime.PagedStageRunner (``config.paged_attention``), or a
     dataplane.static_runtime.StaticStageRunner for a static export (the NPU path)."""
     manifest = manifest or load_manifest(export_dir, verify_files=False)
+    if manifest.static_kv is None and config is not None and config.paged_attention:
+        from dataplane.paged_runtime import PagedStageRunner
+
+        return PagedStageRunner(export_dir, index, config, manifest=manifest, core=core,
+                                verify=verify)
     if manifest.static_kv is None:
         return StageRunner(export_dir, index, config, manifest=manifest, core=core, verify=verify)
     from dataplane.static_runtime import StaticStageRunner

@@ -50,6 +50,9 @@ class RuntimeConfig:
     # 3-stage chain diverged from the 1-stage export within 48 tokens with it on and
     # matched with it off. Off costs ~30% of decode speed; exact comparisons turn it off.
     dynamic_quantization: bool = True
+    # True: run a stateful export's stages on PagedAttention (dataplane.paged_runtime):
+    # KV in blocks, every stream its own sequence of one batched inference (CPU only).
+    paged_attention: bool = False
 
     # Not dataclass fields (controlplane.messages.RuntimeSpec mirrors the fields); a subclass
     # may override them, e.g. to benchmark other settings (tools/bench_parity does).

@@ -1,0 +1,175 @@
+"""PagedStageRunner: a stateful export's stages on PagedAttention give the stateful
+stages' tokens (prefill in any chunks, rewinds, row groups, prefixes sharing blocks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataplane.blocks import BlockPool
+from dataplane.local_chain import LocalChain
+from dataplane.paged_runtime import PagedStageRunner
+from dataplane.runtime import RuntimeConfig, StageError, load_runner
+from engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
+from engine.sessions import DecodeSession
+
+EXACT = dict(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
+PROMPT = [0, *range(5, 80)]
+N = 16
+
+
+@pytest.fixture(scope="module")
+def stateful(dp_export2):
+    return LocalChain.load(str(dp_export2), RuntimeConfig(**EXACT))
+
+
+@pytest.fixture(scope="module")
+def paged(dp_export2):
+    return LocalChain.load(str(dp_export2), RuntimeConfig(**EXACT, paged_attention=True))
+
+
+@pytest.fixture(scope="module")
+def want(stateful):
+    return list(generate_greedy(stateful, PROMPT, N))
+
+
+def test_load_runner_picks_the_paged_runner(dp_export2) -> None:
+    runner = load_runner(dp_export2, 0, RuntimeConfig(paged_attention=True))
+    assert isinstance(runner, PagedStageRunner) and runner.block_size > 0
+    assert runner.kv_bytes_per_token > 0
+
+
+@pytest.mark.parametrize("chunk", [None, 7, 32])
+def test_greedy_equals_the_stateful_stages(paged, want, chunk) -> None:
+    assert list(generate_greedy(paged, PROMPT, N, prefill_chunk=chunk)) == want
+
+
+def test_rewinds_shorten_the_sequence(paged, want) -> None:
+    got = list(generate_speculative(paged, [*PROMPT, *PROMPT[1:20]], N, k=4, prefill_chunk=16))
+    assert got == list(generate_greedy(paged, [*PROMPT, *PROMPT[1:20]], N))
+    runner = paged.runners[0]
+    runner.open_stream(9)
+    runner.reset_stream(9)
+    runner.step(9, np.array([PROMPT[:10]]), np.arange(10))
+    with pytest.raises(StageError, match="cannot rewind 11"):
+        runner.mask_tail(9, 11)
+    runner.mask_tail(9, 4)
+    assert runner.streams[9].length == 6
+    runner.close_stream(9)
+
+
+def test_row_groups_step_every_member_as_its_own_sequence(paged, stateful) -> None:
+    prompts = [PROMPT[:30], PROMPT[:50], [0, 3, 4, 5]]
+    want = [list(generate_greedy(stateful, p, N, stream_id=40 + i)) for i, p in enumerate(prompts)]
+    sessions = [DecodeSession(i, p, N) for i, p in enumerate(prompts)]
+    list(run_sessions(paged, sessions, row_groups=1))
+    assert [s.emitted for s in sessions] == want
+    assert all(not r.groups and not r.streams for r in paged.runners)  # all freed
+    assert all(r.pool.used == 0 for r in paged.runners)
+
+
+def _prefill(chain, stream, tokens, start=0):
+    chain.open(stream)
+    if not start:
+        chain.reset(stream)
+    reply = chain.step(stream, np.array(tokens[start:]), np.arange(start, len(tokens)))
+    return int(reply.tokens[-1])
+
+
+def test_a_loaded_prefix_gives_the_tokens_of_a_full_prefill(paged, stateful) -> None:
+    text = [0, *range(100, 180)]
+    first = _prefill(paged, 1, text)
+    for runner in paged.runners:
+        runner.save_prefix(1, 77, len(text))
+    assert all(r.prefix_bytes() > 0 for r in paged.runners)
+    follow = [*text, first, 7, 8, 9]
+    want = list(generate_greedy(stateful, follow, 8, stream_id=3))
+    for length in (len(text), 45):  # the whole entry, and one ending inside a block
+        paged.open(2)
+        paged.reset(2)
+        for runner in paged.runners:
+            runner.load_prefix(2, 77, length)
+        session = DecodeSession(2, follow, 8)
+        session.skip_prefix(length)
+        scheduler = StreamScheduler(paged)
+        scheduler.sessions[2] = session  # already reset and loaded: schedule it as it is
+        while scheduler.active:
+            scheduler.poll()
+        assert session.emitted == want
+    # the source stream is intact: its blocks were shared, and copied before being written
+    assert _prefill(stateful, 8, text) == first
+    after = stateful.step(8, np.array([first]), np.array([len(text)]))
+    reply = paged.step(1, np.array([first]), np.array([len(text)]))
+    assert int(reply.tokens[-1]) == int(after.tokens[-1])
+    stateful.close_stream(8)
+    for runner in paged.runners:
+        runner.drop_all_prefixes()
+        assert runner.prefix_bytes() == 0
+    paged.close_stream(1)
+    paged.close_stream(2)
+
+
+def test_bad_prefix_operations_are_refused(paged) -> None:
+    runner = paged.runners[0]
+    runner.open_stream(5)
+    runner.reset_stream(5)
+    with pytest.raises(StageError, match="not held"):
+        runner.load_prefix(5, 12345, 4)
+    runner.step(5, np.array([PROMPT[:10]]), np.arange(10))
+    with pytest.raises(StageError, match="cannot keep 11"):
+        runner.save_prefix(5, 1, 11)
+    runner.save_prefix(5, 1, 10)
+    with pytest.raises(StageError, match="holding 10"):
+        runner.load_prefix(5, 1, 4)  # not reset first
+    with pytest.raises(StageError, match="not open"):
+        runner.save_prefix(999, 1, 1)
+    runner.drop_prefix(1)
+    runner.drop_prefix(1)  # unknown ids: no error
+    runner.close_stream(5)
+    assert runner.pool.used == 0
+
+
+def test_the_cache_grows_when_its_blocks_run_out(dp_export2, want) -> None:
+    config = RuntimeConfig(**EXACT, paged_attention=True)
+    runners = [PagedStageRunner(dp_export2, i, config, blocks=1) for i in range(2)]
+    chain = LocalChain(runners)
+    assert list(generate_greedy(chain, PROMPT, N)) == want
+    assert runners[0].pool.capacity > 1
+
+
+def test_the_block_pool_counts_references() -> None:
+    pool = BlockPool(2)
+    a, b = pool.alloc(), pool.alloc()
+    assert (a, b) == (0, 1) and pool.alloc() is None
+    pool.retain([a])
+    assert pool.shared(a) and not pool.shared(b)
+    pool.release([a, a])
+    with pytest.raises(ValueError):
+        pool.release([a])
+    pool.grow(4)
+    assert pool.capacity == 4 and pool.used == 1
+    assert pool.alloc() == 0
+
+
+def test_a_cluster_of_paged_stages_serves_streams_and_row_groups(dp_export2, stateful) -> None:
+    from dataplane.cluster import ClusterHead
+    from dataplane.worker import StageWorker
+
+    config = RuntimeConfig(**EXACT, paged_attention=True)
+    pipe = ClusterHead(PagedStageRunner(dp_export2, 0, config), "tcp://127.0.0.1:1",
+                       "tcp://127.0.0.1:*", timeout_s=10)
+    worker = StageWorker(PagedStageRunner(dp_export2, 1, config), "tcp://127.0.0.1:*",
+                         pipe.reply_endpoint)
+    pipe.rewire(worker.endpoint)
+    worker.start()
+    try:
+        prompts = [PROMPT, PROMPT[:40], [0, 9, 8, 7]]
+        want = [list(generate_greedy(stateful, p, N, stream_id=50 + i, prefill_chunk=8))
+                for i, p in enumerate(prompts)]
+        assert list(generate_greedy(pipe, PROMPT, N, prefill_chunk=8)) == want[0]
+        sessions = [DecodeSession(i, p, N, prefill_chunk=8) for i, p in enumerate(prompts)]
+        list(run_sessions(pipe, sessions, row_groups=1))
+        assert [s.emitted for s in sessions] == want
+    finally:
+        worker.stop()
+        pipe.close()
