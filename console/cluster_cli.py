@@ -45,6 +45,10 @@ Exact = Annotated[bool | None, typer.Option(
 KvPrecision = Annotated[str | None, typer.Option(
     help="KV cache element type (f32, f16, bf16, u8, u4, or 'default': the plugin's); "
          "default: as --exact/--fast say", show_default=False)]
+PagedAttention = Annotated[bool, typer.Option(
+    "--paged-attention/--stateful-attention",
+    help="KV in blocks on PagedAttention (fast prompt chunks over a long past, row groups "
+         "without copies, shared prefixes), or each stream's KV as OpenVINO state (CPU: paged)")]
 DynamicQuantization = Annotated[bool | None, typer.Option(
     "--dynamic-quantization/--no-dynamic-quantization",
     help="int8 activations for compressed matmuls where the CPU supports them; default: as "
@@ -121,6 +125,7 @@ def cluster_up(
     exact: Exact = None,
     kv_cache_precision: KvPrecision = None,
     dynamic_quantization: DynamicQuantization = None,
+    paged_attention: PagedAttention = True,
     threads: Annotated[int | None, typer.Option(help="INFERENCE_NUM_THREADS per stage")] = None,
     device: Annotated[str, typer.Option(help="CPU | GPU | NPU | AUTO")] = "CPU",
     timeout: Annotated[float, typer.Option(help="seconds to wait for the pipeline")] = 300.0,
@@ -160,7 +165,7 @@ def cluster_up(
             parse_api(api)  # checked before anything is exported
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
         runtime = runtime_spec(None if precision == "default" else precision, threads, device,
-                               kv, dq)
+                               kv, dq, paged_attention)
         link = link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit)
         placement = placement_of(place or [])  # (checked before anything is exported)
         export_dir = ensure_export(model, stage_count, weights)

@@ -181,6 +181,11 @@ class ClusterHead:
         del self._streams[stream_id]
 
     @property
+    def paged_attention(self) -> bool:
+        """Whether the stages keep KV in blocks (stage 0 tells: they share one runtime)."""
+        return bool(getattr(self.stage0, "block_size", 0))
+
+    @property
     def row_groups_supported(self) -> bool:
         """Whether the stages can batch streams as rows (not a static export's)."""
         return self.stage0.row_groups_supported

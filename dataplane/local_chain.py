@@ -102,6 +102,11 @@ class LocalChain(InlineExecutor):
                 runner.close_stream(group_id)
 
     @property
+    def paged_attention(self) -> bool:
+        """Whether the stages keep KV in blocks (dataplane.paged_runtime)."""
+        return bool(getattr(self.runners[0], "block_size", 0))
+
+    @property
     def row_groups_supported(self) -> bool:
         """Whether the stages can batch streams as rows (not a static export's)."""
         return self.runners[0].row_groups_supported

@@ -62,6 +62,7 @@ class Executor(Protocol):
 
     num_stages: int
     overlaps_steps: bool
+    paged_attention: bool  # the stages keep KV in blocks (a past costs a prefill step little)
 
     @property
     def row_groups_supported(self) -> bool: ...
@@ -90,6 +91,7 @@ class InlineExecutor:
 
     row_groups_supported = False  # an executor that can regroup says so
     overlaps_steps = False  # a step is computed whole when it is submitted
+    paged_attention = False
 
     def __init__(self) -> None:
         self._request_ids = itertools.count(1)

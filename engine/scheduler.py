@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.drafting import SATURATED, Drafter, StepCost, busiest_stage_share
 from engine.executor import Executor, StepError, StepReply
-from engine.prefill import PrefillCost, fair_chunk, lone_chunk
+from engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR, PrefillCost, fair_chunk, lone_chunk
 from engine.prefix_cache import PrefixCache, PrefixCacheStats
 from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession, StepPlan
@@ -120,7 +120,8 @@ class StreamScheduler:
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
         self.load = StageLoad(shared_cores=shared_cores)
-        self.prefill_cost = PrefillCost()
+        paged = bool(getattr(pipeline, "paged_attention", False))
+        self.prefill_cost = PrefillCost(PAGED_PRIOR if paged else STATEFUL_PRIOR)
         self.decode_ms = 0.0  # recent decode steps' busiest-stage compute (EWMA)
         self._prefill_steps: dict[int, tuple[int, int]] = {}  # request id -> (tokens, past)
         self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
