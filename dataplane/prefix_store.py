@@ -84,12 +84,14 @@ class PrefixEntry:
     slots: StreamSlots | None = None
 
 
-def first_kept(states: dict[str, np.ndarray], row: int, keep: np.ndarray,
-               length: int) -> dict[str, np.ndarray]:
-    """Copies [1, heads, length, dim] of the first ``length`` kept slots of row ``row`` of
-    ``states`` ([rows, heads, slots, dim] by name), whose slot table is ``keep``."""
+def first_kept(states: dict[str, np.ndarray], row: int, keep: np.ndarray, length: int,
+               copy: bool = True) -> dict[str, np.ndarray]:
+    """The first ``length`` kept slots [1, heads, length, dim] of row ``row`` of ``states``
+    ([rows, heads, slots, dim] by name), whose slot table is ``keep``: copies, or with
+    ``copy=False`` views where a slice will do (to be used at once)."""
     if keep[:length].all():  # no masked slot among them: one slice
-        return {name: data[row:row + 1, :, :length].copy() for name, data in states.items()}
+        views = {name: data[row:row + 1, :, :length] for name, data in states.items()}
+        return {name: view.copy() for name, view in views.items()} if copy else views
     slots = np.flatnonzero(keep)[:length]
     return {name: np.ascontiguousarray(data[row:row + 1][:, :, slots])
             for name, data in states.items()}
@@ -222,7 +224,8 @@ class PrefixCache:
             states = entry.states
         else:
             assert entry.slots is not None
-            states = first_kept(request_states(entry.slots.request), 0, entry.slots.keep, length)
+            states = first_kept(request_states(entry.slots.request), 0, entry.slots.keep, length,
+                                copy=False)
         self._set_states(slots, states, length)
         if take:
             del self.prefixes.entries[entry_id]
@@ -236,8 +239,9 @@ class PrefixCache:
         for variable in variables:
             data = states[variable.name]
             if data.shape[SLOT_AXIS] != length:
-                data = np.ascontiguousarray(data[:, :, :length])
-            tensors.append(ov.Tensor(data, shared_memory=True))  # the plugin copies it in
+                data = data[:, :, :length]
+            # shared: no copy here, the plugin copies it in
+            tensors.append(ov.Tensor(np.ascontiguousarray(data), shared_memory=True))
         try:
             for variable, tensor in zip(variables, tensors, strict=True):
                 variable.state = tensor

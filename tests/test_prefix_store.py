@@ -42,6 +42,8 @@ def test_first_kept_slots_and_prefix_tables() -> None:
     whole = first_kept(states, 0, np.ones(6, bool), 4)  # no masked slot: one slice, a copy
     np.testing.assert_array_equal(whole["k"][0], states["k"][0][:, :4])
     assert not np.shares_memory(whole["k"], states["k"])
+    assert np.shares_memory(first_kept(states, 0, np.ones(6, bool), 4, copy=False)["k"],
+                            states["k"])  # views, for a load that uses them at once
     assert prefix_table(keep, 2).tolist() == [True, False, True, False, False, False]
     assert prefix_table(keep, 9).tolist() == keep.tolist()
 
