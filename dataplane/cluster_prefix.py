@@ -52,6 +52,7 @@ class HeadPrefixes:
         KV the entry and closes it. Stage 0 refusing raises its StageError (and no stage
         keeps an entry of that id); a later stage refusing logs it there, and loads of the
         entry then fail at that stage."""
+        self._require_prefix_cache()
         found = None if stream_id in self.stage0.streams else self.stage0.row_of(stream_id)
         owner = stream_id if found is None else found[0]
         self._check_prefix_stream(stream_id, owner)
@@ -80,6 +81,7 @@ class HeadPrefixes:
         every stage; its next step continues at position ``length``. Stage 0 refusing raises
         its StageError and changes nothing; a later stage refusing fails the stream's next
         step there with an ERROR naming the stage and why."""
+        self._require_prefix_cache()
         found = None if stream_id in self._streams else self.stage0.row_of(stream_id)
         if found is not None:
             raise DataPlaneError(f"stream {stream_id} is a row of row group {found[0]}: a "
@@ -91,12 +93,14 @@ class HeadPrefixes:
         self._send_control(stream_id, Kind.PREFIX,
                            prefix_payload(PrefixOp.LOAD, entry_id, length, take, stream_id))
 
-    def _check_prefix_stream(self, stream_id: int, owner: int) -> None:
-        """Refuse a save or load now unless the cache is supported, the stream (or the row
-        group ``owner`` it is a row of) is open and sound, and no drop is left unsent."""
+    def _require_prefix_cache(self) -> None:
         if not self.prefix_cache_supported:
             raise PrefixCacheUnsupported("a static (NPU) export keeps no prefix cache: prefix "
                                          "entries need the stateful export")
+
+    def _check_prefix_stream(self, stream_id: int, owner: int) -> None:
+        """Refuse a save or load now unless the stream (or the row group ``owner`` it is a
+        row of) is open and sound and no drop is left unsent."""
         stream = self._streams.get(owner)
         if stream is None:
             raise DataPlaneError(f"stream {stream_id} is not open")

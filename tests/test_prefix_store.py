@@ -221,8 +221,12 @@ class NoCache(InlineExecutor):
 
 
 def test_executors_without_a_prefix_cache_refuse(tiny_exports) -> None:  # noqa: ANN001
-    static = LocalChain.load(str(tiny_exports.get([(0, 2), (2, 4)], static=(48, 4))), EXACT)
-    for ex in (static, NoCache()):
+    from dataplane.cluster import ClusterHead
+
+    export = tiny_exports.get([(0, 2), (2, 4)], static=(48, 4))
+    static = LocalChain.load(str(export), EXACT)
+    head = ClusterHead(static.runners[0], "tcp://127.0.0.1:1", "tcp://127.0.0.1:*")
+    for ex in (static, NoCache(), head):
         assert not ex.prefix_cache_supported
         for call in (ex.save_prefix, ex.load_prefix):
             with pytest.raises(PrefixCacheUnsupported, match="no prefix cache"):
@@ -230,6 +234,8 @@ def test_executors_without_a_prefix_cache_refuse(tiny_exports) -> None:  # noqa:
         ex.drop_prefix(1)  # nothing is held: nothing to drop, no error
         ex.drop_all_prefixes()
     assert static.prefix_bytes() == {0: 0, 1: 0} and NoCache().prefix_bytes() == {}
+    assert head.prefix_bytes() == {0: 0}
+    head.close()
     static.open(0)
     with pytest.raises(StageError, match="static \\(NPU\\) export keeps no prefix cache"):
         static.runners[0].load_prefix(0, 1, 3)
