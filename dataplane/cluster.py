@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from dataplane.cluster_prefix import HeadPrefixes
 from dataplane.cluster_types import (
     ClusterReply,
     ClusterStats,
@@ -86,7 +87,7 @@ class _Pending:
     deadline: float
 
 
-class ClusterHead:
+class ClusterHead(HeadPrefixes):
     """The coordinator: runs ``stage0`` here, the other stages on the nodes down the chain.
 
     ``next_addr`` is stage 1's bind address; ``reply_bind_addr`` is bound here for the
@@ -94,7 +95,8 @@ class ClusterHead:
     to give the last stage as its ``send_to``). ``timeout_s`` bounds each step's wait.
     Like LocalChain, once a rewind leaves more than ``compact_threshold`` masked slots on
     stage 0 (None: never), every stage compacts the stream: stage 0 here, the others on
-    a COMPACT frame sent ahead of the step (``compactions`` counts them).
+    a COMPACT frame sent ahead of the step (``compactions`` counts them). Prefix entries:
+    dataplane.cluster_prefix.
     """
 
     def __init__(self, stage0: StageRunner, next_addr: str, reply_bind_addr: str, *,

@@ -26,6 +26,7 @@ MAX_STAGES = 255  # timing records in one frame
 MAX_TOP_K = 1024
 MAX_PAYLOAD_BYTES = 1 << 31
 MAX_ERROR_BYTES = 1 << 16
+PREFIX_FIELDS = 5  # a PREFIX payload: op, entry id, length, take, stream id (int64)
 
 
 class FrameError(ValueError):
@@ -50,6 +51,15 @@ class Kind(IntEnum):
     # (int64 [rows]), in order with its steps: members leave their own KV for a row of the
     # group's; rows not listed any more are dropped (see dataplane.rows).
     GROUP = 7
+    # A prefix (KV) cache op, in order with the steps: payload int64 [PrefixOp, entry id,
+    # length, take (0/1), stream id] (dataplane.prefix_store packs and reads it). A SAVE or
+    # LOAD carries the epoch of the stream it names in the header: that stream, or for a
+    # SAVE of a row group's row the group (the payload names the row's stream). DROP and
+    # DROP_ALL concern no stream: stream id 0, epoch 0, never checked against an epoch (they
+    # are idempotent, and the pipe keeps them in order with the SAVEs and LOADs of their
+    # entries). Added without a version bump, as COMPACT: an older node rejects the kind as
+    # malformed (the control plane admits only nodes of the coordinator's zctl version).
+    PREFIX = 8
 
 
 class ReplyMode(IntEnum):
@@ -391,6 +401,11 @@ def check_semantics(header: HiddenStateFrame) -> None:
                 header.dtype != DTYPES[4] or len(header.shape) != 1):
             raise FrameError("a GROUP frame carries only its member stream ids (int64 "
                              "[members]; none: disband)", header)
+    elif header.kind == Kind.PREFIX:
+        if (tokens or header.mask_tail or header.rows != 1 or header.dtype != DTYPES[4]
+                or header.shape != (PREFIX_FIELDS,)):
+            raise FrameError(f"a PREFIX frame carries only int64 [{PREFIX_FIELDS}] (op, entry, "
+                             "length, take, stream)", header)
     elif header.dtype is not None:
         raise FrameError(f"a {header.kind.name} frame carries no payload", header)
     elif header.kind == Kind.COMPACT and (tokens or header.mask_tail):

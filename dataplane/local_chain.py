@@ -1,7 +1,8 @@
 """LocalChain: every stage of an export in this process, an executor for the engine.
 
 Stages are stepped back to back, each fed the previous one's output tensor; rewinds mask
-(or trim) the streams' KV slots and compact them past a threshold.
+(or trim) the streams' KV slots and compact them past a threshold; prefix entries are
+saved and loaded on every stage in turn.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import openvino as ov
 from dataplane.figures import StepFigures
 from dataplane.runtime import RuntimeConfig, StageRunner, StepInputs, load_runner
 from dataplane.slots import held_slots
-from engine.executor import InlineExecutor, StepReply, reply_from_logits
+from engine.executor import InlineExecutor, PrefixCacheUnsupported, StepReply, reply_from_logits
 
 REWIND_MODES = ("mask", "trim")
 
@@ -165,3 +166,61 @@ class LocalChain(InlineExecutor):
     def kv_slots(self) -> dict[int, int]:
         """KV slots every stage holds (all of them run here; see slots.held_slots)."""
         return {i: held_slots(runner) for i, runner in enumerate(self.runners)}
+
+    # -- prefix entries (dataplane.prefix_store) -------------------------------------
+    @property
+    def prefix_cache_supported(self) -> bool:
+        """Whether the stages keep prefix entries (not a static export's)."""
+        return self.runners[0].prefix_cache_supported
+
+    def _check_prefix_cache(self) -> None:
+        if not self.prefix_cache_supported:
+            raise PrefixCacheUnsupported("a static (NPU) export keeps no prefix cache: prefix "
+                                         "entries need the stateful export")
+
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None:
+        """Keep the stream's first ``length`` logical KV slots as entry ``entry_id`` on every
+        stage (StageRunner.save_prefix). If a stage refuses, no stage keeps an entry of
+        that id (and a stream taken by earlier stages is closed on all of them)."""
+        self._check_prefix_cache()
+        for done, runner in enumerate(self.runners):
+            try:
+                runner.save_prefix(stream_id, entry_id, length, take)
+            except Exception:
+                for other in self.runners:
+                    other.drop_prefix(entry_id)
+                    if take and done:
+                        other.close_stream(stream_id)
+                raise
+
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None:
+        """Give the stream entry ``entry_id``'s first ``length`` slots on every stage
+        (StageRunner.load_prefix). If the first stage refuses nothing changes; if a later
+        one does, the stream is reset on every stage (and a taken entry dropped)."""
+        self._check_prefix_cache()
+        self.drop_answers(stream_id)
+        for done, runner in enumerate(self.runners):
+            try:
+                runner.load_prefix(stream_id, entry_id, length, take)
+            except Exception:
+                if done:  # earlier stages loaded it: leave the stream empty on every stage
+                    for other in self.runners:
+                        other.reset_stream(stream_id)
+                        if take:
+                            other.drop_prefix(entry_id)
+                raise
+
+    def drop_prefix(self, entry_id: int) -> None:
+        """Free entry ``entry_id`` on every stage (an unknown id is no error)."""
+        for runner in self.runners:
+            runner.drop_prefix(entry_id)
+
+    def drop_all_prefixes(self) -> None:
+        for runner in self.runners:
+            runner.drop_all_prefixes()
+
+    def prefix_bytes(self) -> dict[int, int]:
+        """Bytes of prefix entries every stage holds (all of them run here)."""
+        return {i: runner.prefix_bytes() for i, runner in enumerate(self.runners)}

@@ -365,6 +365,13 @@ class PagedStageRunner(MaskRewind):
         return tensor.data.reshape(len(step.seqs), step.answers, -1)
 
     # -- prefixes (the prefix cache's entries) ---------------------------------------------
+    def row_of(self, stream_id: int) -> tuple[int, int] | None:
+        """(row group, row) of a stream that is a row of a group, else None."""
+        for group_id, group in self.groups.items():
+            if stream_id in group.members:
+                return group_id, group.members.index(stream_id)
+        return None
+
     def _any_seq(self, stream_id: int) -> Sequence:
         seq = self.streams.get(stream_id) or self._members.get(stream_id)
         if seq is None:

@@ -16,9 +16,17 @@ import openvino as ov
 from common.manifest import ExportManifest, load_manifest, verify_export_files
 from dataplane.hugepages import HugePageScope
 from dataplane.masks import MASK_MIN, one_token_mask, step_mask
+from dataplane.prefix_store import PrefixCache, PrefixStore, kv_bytes_per_token
 from dataplane.rope import RopeRows, rope_tables
 from dataplane.rows import RowSource, merge_rows, rows_step_mask
-from dataplane.slots import DecodeBuffers, RowGroup, StepInputs, StepOutput, StreamSlots
+from dataplane.slots import (
+    DecodeBuffers,
+    RowGroup,
+    StepInputs,
+    StepOutput,
+    StreamSlots,
+    request_states,
+)
 from dataplane.slots import shared_tensor as _shared
 from dataplane.stage_base import (  # re-exported: callers import them from here
     DEVICES,
@@ -55,11 +63,12 @@ def load_runner(export_dir: Path | str, index: int, config: RuntimeConfig | None
                              verify=verify)
 
 
-class StageRunner(MaskRewind):
+class StageRunner(MaskRewind, PrefixCache):
     """Loads stage ``index`` of an export and steps streams through it.
 
     Streams step alone (``step``) or, once moved into a row group (``regroup``), as the
-    rows of one batched inference (``step_rows``).
+    rows of one batched inference (``step_rows``). Prefix entries (``save_prefix``,
+    ``load_prefix``: dataplane.prefix_store) keep KV for streams that start alike.
     """
 
     # One-row decode steps write their inputs into per-stream DecodeBuffers bound once,
@@ -110,6 +119,10 @@ class StageRunner(MaskRewind):
         self._beam_tensor = _shared(self._beam)  # read-only, bound to every one-row step
         self.streams: dict[int, StreamSlots] = {}
         self.groups: dict[int, RowGroup] = {}
+        self.prefixes = PrefixStore()
+        # what one token's KV costs here, in the cache precision compiled (an int, bytes)
+        self.kv_bytes_per_token = kv_bytes_per_token(self.compiled, self.spec.num_layers,
+                                                     model.num_kv_heads, model.head_dim)
 
     def warm_up(self, stream_id: int = -1) -> None:
         """Run a prefill-shaped and a decode-shaped step on a scratch stream, then drop it,
@@ -360,7 +373,7 @@ class StageRunner(MaskRewind):
         if not members:
             self.groups.pop(group_id, None)
             return
-        old_states = _states(old.request) if old is not None else {}
+        old_states = request_states(old.request) if old is not None else {}
         sources = []
         for sid in members:
             if old is not None and sid in old.members:
@@ -371,7 +384,7 @@ class StageRunner(MaskRewind):
             if slots is None:
                 raise StageError(f"stream {sid} is not open on stage {self.spec.index}: it "
                                  f"cannot join row group {group_id}")
-            sources.append(RowSource(_states(slots.request), 0, slots.keep))
+            sources.append(RowSource(request_states(slots.request), 0, slots.keep))
         try:
             merged, keep = merge_rows(sources)
         except ValueError as exc:
@@ -442,7 +455,3 @@ class StageRunner(MaskRewind):
         answers = (1 if logits_idx is None else len(logits_idx)) if self.spec.last else tokens
         return output.view((rows, answers, output.tensor_dim))
 
-
-def _states(request: ov.InferRequest) -> dict[str, np.ndarray]:
-    """A request's KV state tensors by variable name (views, valid until its next step)."""
-    return {state.name: state.state.data for state in request.query_state()}

@@ -177,6 +177,12 @@ def shared_tensor(array: np.ndarray) -> ov.Tensor:
     return ov.Tensor(np.ascontiguousarray(array), shared_memory=True)
 
 
+def request_states(request: ov.InferRequest) -> dict[str, np.ndarray]:
+    """A request's KV state tensors by variable name (the CPU plugin hands out copies; treat
+    them as views, valid until the request's next step)."""
+    return {state.name: state.state.data for state in request.query_state()}
+
+
 def held_slots(runner: Any) -> int:
     """Physical KV slots a stage runner holds now: every stream's, and every row group's
     rows x slots. Safe to call from a thread other than the one stepping it (the tables are

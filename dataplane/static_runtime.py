@@ -96,6 +96,7 @@ class StaticStageRunner(MaskRewind):
     """Loads stage ``index`` of a static export and steps streams through it."""
 
     row_groups_supported: ClassVar[bool] = False
+    prefix_cache_supported: ClassVar[bool] = False  # no prefix entries either
 
     def __init__(
         self,
@@ -357,3 +358,20 @@ class StaticStageRunner(MaskRewind):
     def step_rows(self, group_id: int, x: np.ndarray, positions: np.ndarray,
                   logits_idx: np.ndarray | None = None) -> np.ndarray:
         raise self._no_groups()
+
+    # -- prefix entries: not on a static stage ---------------------------------------
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
+        raise StageError("a static (NPU) export keeps no prefix cache: prefix entries need "
+                         "the stateful export")
+
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
+        self.save_prefix(stream_id, entry_id, length, take)
+
+    def drop_prefix(self, entry_id: int) -> None:
+        """Nothing to drop: a static stage never holds an entry."""
+
+    def drop_all_prefixes(self) -> None:
+        """Nothing to drop: a static stage never holds an entry."""
+
+    def prefix_bytes(self) -> int:
+        return 0

@@ -2,8 +2,9 @@
 
 A worker PULL-binds its inbound address and PUSH-connects to its next hop (the next
 stage, or the coordinator's reply address when it runs the last stage). It drops
-frames of stale epochs, applies resets, rewinds and compactions, steps the stage, stamps its
-timing record and passes the frame on; the last stage answers with top-1, top-k or
+frames of stale epochs, applies resets, rewinds, compactions, row groups and prefix
+entries (all in order with the steps: one pipe), steps the stage, stamps its timing
+record and passes the frame on; the last stage answers with top-1, top-k or
 full logits. Malformed frames are counted and logged, never fatal; a step the stage
 refuses becomes an ERROR frame so the coordinator fails fast instead of hanging.
 
@@ -53,6 +54,7 @@ from dataplane.transport import (
     send_parts,
     wait_readable,
 )
+from dataplane.worker_prefix import WorkerPrefixes
 from dataplane.worker_state import WorkerStats, _StreamState, _Throttle, admit, reply_payload
 
 log = logging.getLogger("zctl.dataplane.worker")
@@ -61,7 +63,7 @@ _ids = itertools.count()
 CONTROL_PREFIX = b"ZCTL-CMD"  # never the start of a data frame (those start with b"ZCDP")
 
 
-class StageWorker:
+class StageWorker(WorkerPrefixes):
     """Serves ``runner``'s stage: PULL-binds ``bind_addr``, PUSH-connects to ``send_to``.
 
     ``bind_addr`` may use a wildcard port (``tcp://127.0.0.2:*``); ``endpoint`` gives
@@ -198,6 +200,10 @@ class StageWorker:
         slots.held_slots): what the node reports in its heartbeats."""
         return held_slots(self.runner)
 
+    def prefix_bytes(self) -> int:
+        """Bytes of the prefix entries the stage holds now (any thread)."""
+        return self.runner.prefix_bytes()
+
     def _count(self, name: str, n: int = 1) -> None:
         # Only the loop thread writes counters: no lock (readers may see one step late).
         setattr(self._stats, name, getattr(self._stats, name) + n)
@@ -219,6 +225,8 @@ class StageWorker:
             self._problem("malformed", f"stage {self.stage} dropped a malformed frame: {exc}")
             if exc.header is not None and exc.header.kind == Kind.STEP:
                 self._send_error(exc.header, f"malformed frame: {exc}", recv_ns, ready_ns)
+            elif exc.header is not None and exc.header.kind == Kind.PREFIX:
+                self._unknown_prefix_op(exc.header, exc)
             return
         decode_ns = time.perf_counter_ns() - t0
         try:
@@ -230,6 +238,8 @@ class StageWorker:
                 self._on_compact(header)
             elif header.kind == Kind.GROUP:
                 self._on_group(header, payload)
+            elif header.kind == Kind.PREFIX:
+                self._on_prefix(header, payload)
             elif header.kind == Kind.ERROR:
                 self._count("errors_forwarded")
                 self._send(header, None)

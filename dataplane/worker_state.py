@@ -33,6 +33,10 @@ class WorkerStats:
     compact_failures: int = 0  # COMPACTs this stage could not apply (logged)
     regroups: int = 0  # GROUP frames applied (streams moved into rows of a row group)
     group_failures: int = 0  # GROUP frames this stage could not apply (logged)
+    prefix_saves: int = 0  # PREFIX frames applied: entries saved, loaded, dropped
+    prefix_loads: int = 0
+    prefix_drops: int = 0
+    prefix_failures: int = 0  # SAVEs and LOADs this stage could not apply (logged)
     errors_sent: int = 0  # steps this stage refused
     errors_forwarded: int = 0  # ERROR frames from earlier stages passed on
     send_failures: int = 0  # frames dropped because the next hop did not take them
@@ -45,7 +49,7 @@ class _StreamState:
     epoch: int
     next_step: int = 0
     closed: bool = False  # a tombstone: frames of this epoch are stale, a newer one reopens
-    broken: str = ""  # a compaction failed: the epoch's steps are refused with this reason
+    broken: str = ""  # a compaction or prefix load failed: the epoch's steps are refused
 
 
 def admit(known_epoch: int | None, epoch: int) -> str:

@@ -45,6 +45,10 @@ class StepError(RuntimeError):
     request_id: int = 0
 
 
+class PrefixCacheUnsupported(RuntimeError):
+    """The executor's stages keep no prefix cache (``prefix_cache_supported`` is False)."""
+
+
 class Executor(Protocol):
     """What the engine needs of a pipeline of stages.
 
@@ -58,6 +62,16 @@ class Executor(Protocol):
     ``abandon_all`` forgets every step in flight (the stages are known to be broken):
     streams must be reset before they step again. ``overlaps_steps``: later stages compute
     a step while ``submit`` computes the next on stage 0 (a stream's steps answer in order).
+
+    Where ``prefix_cache_supported``, the stages keep prefix entries by id, in order with
+    the steps: ``save_prefix`` stores the first ``length`` logical KV slots of a stream
+    (alone, or a row of a row group) as an entry, replacing one of that id (``take``, for a
+    finishing stream alone: its own KV becomes the entry and the stream is closed);
+    ``load_prefix`` gives an open, just reset stream stepped alone an entry's first
+    ``length`` slots, so its next step continues at position ``length`` (``take`` moves the
+    entry to the stream instead of copying it); ``drop_prefix`` / ``drop_all_prefixes``
+    free entries; ``prefix_bytes`` is what the entries of the stages run in this process
+    hold (stage index -> bytes). Elsewhere saves and loads raise PrefixCacheUnsupported.
     """
 
     num_stages: int
@@ -79,6 +93,15 @@ class Executor(Protocol):
     def abandon_all(self, why: str) -> None: ...
     def timing_summary(self) -> dict[str, dict[str, float]]: ...
     def clear_timings(self) -> None: ...
+    @property
+    def prefix_cache_supported(self) -> bool: ...
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None: ...
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None: ...
+    def drop_prefix(self, entry_id: int) -> None: ...
+    def drop_all_prefixes(self) -> None: ...
+    def prefix_bytes(self) -> dict[int, int]: ...
 
 
 class InlineExecutor:
@@ -87,11 +110,12 @@ class InlineExecutor:
 
     Subclasses implement ``step`` (with ``mask_tail``) and the rest of ``Executor``, and
     call ``drop_answers`` when they reset a stream; ``abandon_all`` drops every reply not
-    yet collected."""
+    yet collected. Prefix entries are refused unless a subclass keeps them."""
 
     row_groups_supported = False  # an executor that can regroup says so
     overlaps_steps = False  # a step is computed whole when it is submitted
     paged_attention = False
+    prefix_cache_supported = False  # one that keeps prefix entries says so
 
     def __init__(self) -> None:
         self._request_ids = itertools.count(1)
@@ -129,3 +153,20 @@ class InlineExecutor:
 
     def clear_timings(self) -> None:
         pass
+
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None:
+        raise PrefixCacheUnsupported(f"{type(self).__name__} keeps no prefix cache")
+
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None:
+        raise PrefixCacheUnsupported(f"{type(self).__name__} keeps no prefix cache")
+
+    def drop_prefix(self, entry_id: int) -> None:
+        """Nothing to drop: no entry is ever held."""
+
+    def drop_all_prefixes(self) -> None:
+        """Nothing to drop: no entry is ever held."""
+
+    def prefix_bytes(self) -> dict[int, int]:
+        return {}
