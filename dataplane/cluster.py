@@ -121,6 +121,7 @@ class ClusterHead(HeadPrefixes):
         self._request_ids = itertools.count(1)
         self._streams: dict[int, _Stream] = {}
         self._pending: dict[int, _Pending] = {}
+        self.wirings = 0  # rewires and abandons: the later stages' KV may be gone
         self._done: dict[int, ClusterReply | DataPlaneError] = {}
         self._guard = BufferGuard()
         self._waiting_since = 0  # wall ns the current run of empty polls began (0: none)
@@ -146,6 +147,7 @@ class ClusterHead(HeadPrefixes):
         Requests in flight are abandoned and every stream must be reset: the stages'
         KV state does not move with the wiring.
         """
+        self.wirings += 1
         options = self.options
         if options.curve is not None and peer_key:
             options = replace(options, curve=replace(options.curve, peer=peer_key.encode()))
@@ -418,6 +420,7 @@ class ClusterHead(HeadPrefixes):
         is known to be broken (a stage's node is down). Late frames of the forgotten
         requests are dropped as stale; a stream's next reset, or a new GROUP frame, starts
         it afresh on every stage."""
+        self.wirings += 1
         self._pending.clear()
         self._done.clear()
         for group_id in list(self.stage0.groups):

@@ -126,12 +126,19 @@ class StreamScheduler:
         self._prefill_steps: dict[int, tuple[int, int]] = {}  # request id -> (tokens, past)
         self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
         self.cache: PrefixCache | None = None
+        self._wirings = getattr(pipeline, "wirings", 0)
         if prefix_cache_tokens > 0 and getattr(pipeline, "prefix_cache_supported", False):
             self.cache = PrefixCache(prefix_cache_tokens, stats=prefix_stats)
-            try:  # a fresh index: whatever the stages hold from before is nobody's
-                pipeline.drop_all_prefixes()
-            except Exception as exc:  # noqa: BLE001 - the stages are down: nothing to free
-                log.debug("could not clear the stages' prefix entries: %s", exc)
+            self._clear_prefixes()  # a fresh index: what the stages hold is nobody's
+
+    def _clear_prefixes(self) -> None:
+        """Forget every cached prefix, here and on the stages."""
+        if self.cache is not None:
+            self.cache.clear()
+        try:
+            self.pipeline.drop_all_prefixes()
+        except Exception as exc:  # noqa: BLE001 - the stages are down: nothing to free
+            log.debug("could not clear the stages' prefix entries: %s", exc)
 
     @property
     def active(self) -> bool:
@@ -154,6 +161,10 @@ class StreamScheduler:
         cache = self.cache
         if cache is None or session.restarts or session.prefill_position:
             return
+        wirings = getattr(self.pipeline, "wirings", 0)
+        if wirings != self._wirings:  # rewired or abandoned: later stages lost their entries
+            self._wirings = wirings
+            self._clear_prefixes()
         hit = cache.lookup(session.prompt)
         if hit is None:
             return
@@ -178,6 +189,23 @@ class StreamScheduler:
             pipe.reset(sid)
             return
         session.skip_prefix(hit.length)
+
+    def _prefill_again(self, session: DecodeSession) -> bool:
+        """Restart a session whose cached prefix may be what failed, from no cache."""
+        if not session.cached_tokens or session.emitted or session.done:
+            return False
+        log.warning("stream %s: a step after loading its cached prefix failed; prefilling "
+                    "its whole prompt (the prefix cache starts empty)", session.stream_id)
+        for rid in [r for r, ss in self._in_flight.items() if session in ss]:
+            del self._in_flight[rid]
+            self._prefill_steps.pop(rid, None)
+        self._clear_prefixes()
+        try:
+            self.pipeline.reset(session.stream_id)
+        except Exception:  # noqa: BLE001 - the pipeline is broken: fail it after all
+            return False
+        session.restart()
+        return True
 
     def evict_prefixes(self, limit: int) -> None:
         """Free cached prefixes, least recently used first, until they hold at most
@@ -375,7 +403,10 @@ class StreamScheduler:
 
     def _fail(self, sessions: list[DecodeSession], exc: Exception) -> list[SessionUpdate]:
         """Fail the sessions; their other steps in flight (pipelined prefill chunks) are
-        forgotten, so their answers are ignored."""
+        forgotten, so their answers are ignored. A session that started from a cached
+        prefix and has not emitted yet starts over without it instead (a later stage may
+        not have had the entry: a node that came back empty)."""
+        sessions = [s for s in sessions if not self._prefill_again(s)]
         for session in sessions:
             session.fail(exc)
         for rid in [r for r, ss in self._in_flight.items() if all(s.done for s in ss)]:

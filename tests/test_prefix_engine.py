@@ -35,7 +35,7 @@ def run(eng: GenerationEngine, *requests: tuple[str, GenerationRequest]) -> dict
         eng.submit(client, req)
     done: dict[str, GenerationDone] = {}
     for _ in range(5000):
-        for client, event in eng.poll(0.0):
+        for client, event in eng.poll(0.01):
             if isinstance(event, GenerationDone):
                 done[client] = event
         if not eng.busy:
@@ -117,3 +117,30 @@ def test_kv_admission_waits_or_refuses(chain_and_tokenizer) -> None:
     assert done["a"].tokens == done["b"].tokens and not done["b"].error
     refused = run(eng, ("c", turn(TEXT * 2, 20, "c")))["c"]
     assert refused.error_kind == BAD_REQUEST and "KV memory budget" in refused.error
+
+
+def test_an_entry_missing_on_a_later_stage_costs_a_full_prefill_not_the_request(
+        dp_threaded2, tiny_exports) -> None:
+    pipe, worker = dp_threaded2
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    tokenizer = ChatTokenizer(export_dir)
+    eng = GenerationEngine(tokenizer, [], lambda: pipe, prefix_cache_tokens=4096)
+    first = run(eng, ("a", turn(TEXT)))["a"]
+    want = run(GenerationEngine(tokenizer, [], lambda: pipe), ("a", turn(TEXT + " more", 8)))
+    worker.runner.drop_all_prefixes()  # as if stage 1's node came back empty
+    got = run(eng, ("a", turn(TEXT + " more", 8)))["a"]
+    assert not first.error and not got.error
+    assert got.tokens == want["a"].tokens
+    assert eng.scheduler.cache.stats.hits == 1  # it hit, the load failed on stage 1, it healed
+    assert worker.stats().prefix_failures >= 1
+
+
+def test_a_rewired_pipeline_starts_the_index_empty(dp_threaded2, tiny_exports) -> None:
+    pipe, _ = dp_threaded2
+    tokenizer = ChatTokenizer(tiny_exports.get([(0, 2), (2, 4)]))
+    eng = GenerationEngine(tokenizer, [], lambda: pipe, prefix_cache_tokens=4096)
+    run(eng, ("a", turn(TEXT)))
+    assert eng.scheduler.cache.entries()
+    pipe.abandon_all("a node went down")  # what a pause does; a rewire counts the same
+    done = run(eng, ("a", turn(TEXT + " more", 8)))["a"]
+    assert not done.error and eng.scheduler.cache.stats.hits == 0
