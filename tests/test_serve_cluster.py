@@ -62,6 +62,16 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
             temperature=0, extra_body={"zctl": {"ignore_eos": True}})
         assert reply.choices[0].message.content == report["text"]
         assert reply.usage.completion_tokens == report["tokens"] == 12
+        # the next turn of that chat starts with its KV: a prefix-cache hit on every stage
+        client.chat.completions.create(
+            model=model, max_tokens=4, messages=[
+                {"role": "user", "content": PROMPT},
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": "and then?"}])
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        hits = [line for line in metrics.splitlines()
+                if line.startswith("vllm:prefix_cache_hits_total{")]
+        assert hits and float(hits[0].split()[-1]) >= 1, metrics
         assert wait_health(url, 200)["status"] == "ok"
         doctor = runner.invoke(app, ["doctor", "--json"])
         api = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "api"]
