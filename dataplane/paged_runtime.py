@@ -27,7 +27,7 @@ from openvino import opset13 as ops
 
 from common.manifest import ExportManifest, verify_export_files
 from dataplane.blocks import BlockPool, PrefixBlocks, Sequence, blocks_for
-from dataplane.rope import rope_tables
+from dataplane.rope import RopeRows, rope_tables
 from dataplane.stage_base import (
     MaskRewind,
     RuntimeConfig,
@@ -67,6 +67,40 @@ def paged_model(model: ov.Model, first: bool, last: bool, hidden_size: int) -> o
     if any(op.get_type_name() in ("ReadValue", "Assign") for op in model.get_ordered_ops()):
         raise StageError("PagedAttention did not replace every KV state of the stage")
     return model
+
+
+class BoundInputs:
+    """A request's inputs as tensors bound once and written in place: a fresh ov.Tensor and
+    set_tensor per input cost tens of microseconds each right after an inference, and so do
+    a bound tensor's own pybind getters; writing into a kept numpy view of its memory
+    (reshaped within its capacity when the shape changes) costs about a microsecond."""
+
+    def __init__(self, request: ov.InferRequest) -> None:
+        self.request = request
+        # name -> (tensor, capacity, dtype, shape, numpy view of the current shape)
+        self._bound: dict[str, tuple[ov.Tensor, int, np.dtype, tuple[int, ...], np.ndarray]] = {}
+
+    def put(self, name: str, values: np.ndarray) -> None:
+        bound = self._bound.get(name)
+        if bound is not None and bound[3] == values.shape and bound[2] == values.dtype:
+            bound[4][...] = values
+            return
+        if bound is None or bound[1] < values.size or bound[2] != values.dtype:
+            capacity = max(values.size, 2 * bound[1] if bound is not None else 1)
+            tensor = ov.Tensor(_ov_type(values), [capacity])
+            tensor.shape = list(values.shape)
+            self.request.set_tensor(name, tensor)
+        else:
+            tensor, capacity = bound[0], bound[1]
+            tensor.shape = list(values.shape)
+        view = tensor.data
+        view[...] = values
+        self._bound[name] = (tensor, capacity, values.dtype, values.shape, view)
+
+
+def _ov_type(values: np.ndarray) -> ov.Type:
+    return {np.dtype(np.int32): ov.Type.i32, np.dtype(np.int64): ov.Type.i64,
+            np.dtype(np.float32): ov.Type.f32}[values.dtype]
 
 
 @dataclass
@@ -110,6 +144,7 @@ class PagedStageRunner(MaskRewind):
         self.hidden_size = model.hidden_size
         self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
         self.rope_scaling = model.rope_attention_scaling
+        self._rope_rows = RopeRows(self.inv_freq, self.rope_scaling)
         core = core or shared_core()
         try:
             graph = paged_model(core.read_model(str(self.export_dir / self.spec.xml)),
@@ -119,6 +154,7 @@ class PagedStageRunner(MaskRewind):
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} with paged attention: {exc}") from None
         self.request = self.compiled.create_infer_request()
+        self._inputs = BoundInputs(self.request)
         self.input_name = self.compiled.inputs[0].get_any_name()
         self._cache_ports = [p for p in self.compiled.inputs if "_cache." in p.get_any_name()]
         value = next(p for p in self._cache_ports if p.get_any_name().startswith("value_cache"))
@@ -324,7 +360,10 @@ class PagedStageRunner(MaskRewind):
             self._set("logits_idx", flat.astype(np.int64))
         for seq in seqs:
             self._reserve(seq, tokens)
-        cos, sin = rope_tables(positions.reshape(1, -1), self.inv_freq, self.rope_scaling)
+        if positions.size == 1:
+            cos, sin = self._rope_rows.one(int(positions[0, 0]))
+        else:
+            cos, sin = rope_tables(positions.reshape(1, -1), self.inv_freq, self.rope_scaling)
         self._set("rope_cos", cos.reshape(rows * tokens, 1, -1))
         self._set("rope_sin", sin.reshape(rows * tokens, 1, -1))
         need = [blocks_for(s.length + tokens, self.block_size) for s in seqs]
@@ -338,7 +377,7 @@ class PagedStageRunner(MaskRewind):
         return PagedStep(list(seqs), tokens, answers)
 
     def _set(self, name: str, array: np.ndarray) -> None:
-        self.request.set_tensor(name, ov.Tensor(np.require(array, requirements="C")))
+        self._inputs.put(name, array)
 
     def run(self, stream_id: int, x: np.ndarray | ov.Tensor, step: PagedStep) -> ov.Tensor:
         """Run the step ``prepare`` bound on x (token ids [rows, T], hidden states
@@ -351,7 +390,7 @@ class PagedStageRunner(MaskRewind):
             if data.size != n * self.hidden_size:
                 raise StageError(f"x {list(data.shape)} does not hold {n} hidden states")
             flat = data.astype(np.float32, copy=False).reshape(n, self.hidden_size)
-        self.request.set_tensor(self.input_name, ov.Tensor(np.ascontiguousarray(flat)))
+        self._set(self.input_name, flat)
         if self.config.async_infer:
             self.request.start_async()
             self.request.wait()
