@@ -1,15 +1,17 @@
 """How a prompt is cut into prefill steps, from what the stages' steps cost (pure).
 
 A prefill step of ``t`` tokens over ``p`` tokens already in the KV costs a stage about
-``fixed + per_token * t + per_past * t * p`` ms: the last term is attention over the past.
-On the CPU plugin with a stateful KV it dominates: a step with a past runs the plugin's
-one-query-at-a-time attention kernel (a 256-token chunk over a 1,792-token past cost
-~13x the same chunk with no past, measured on SmolLM2), so a lone prompt is prefilled
-best in one step. ``PrefillCost`` fits the three terms to the steps the stages report;
-``lone_chunk`` picks the chunk that gets a lone prompt's first token soonest when its
-chunks are pipelined through the stages; ``fair_chunk`` the chunk that costs about one
-decode step, so a prompt shares the stages with streams that are decoding (chunked
-prefill) without more than doubling their inter-token latency.
+``fixed + per_token * t + per_past * t * p + per_self * t * t`` ms: attention over the
+past, and among the step's own tokens. With a stateful KV on the CPU plugin the past term
+dominates: a step with a past runs the plugin's one-query-at-a-time attention kernel (a
+256-token chunk over a 1,792-token past cost ~17x the same chunk with no past, measured on
+SmolLM2), so a lone prompt is prefilled best in one step. On PagedAttention a past costs
+what the step's own tokens do, so a long prompt is best cut and pipelined. ``PrefillCost``
+fits the four terms to the steps the stages report; ``lone_chunk`` picks the chunk that
+gets a lone prompt's first token soonest when its chunks are pipelined through the
+stages; ``fair_chunk`` the chunk that costs about one decode step, so a prompt shares the
+stages with streams that are decoding (chunked prefill) without more than doubling their
+inter-token latency.
 """
 
 from __future__ import annotations
@@ -29,26 +31,38 @@ MIN_FIT = 6  # prefill steps observed before the fit replaces the prior
 
 @dataclass(frozen=True)
 class StepCostModel:
-    """One stage's prefill step cost in ms: fixed + per_token * t + per_past * t * p."""
+    """One stage's prefill step cost in ms: fixed + per_token * t + per_past * t * p +
+    per_self * t * t."""
 
     fixed_ms: float = 2.0
-    per_token_ms: float = 0.2
-    per_past_ms: float = 1.5e-3
+    per_token_ms: float = 0.17
+    per_past_ms: float = 1.6e-3
+    per_self_ms: float = 6e-5
 
     def ms(self, tokens: int, past: int) -> float:
-        return self.fixed_ms + tokens * (self.per_token_ms + self.per_past_ms * past)
+        return self.fixed_ms + tokens * (self.per_token_ms + self.per_past_ms * past
+                                         + self.per_self_ms * tokens)
+
+    def terms(self) -> np.ndarray:
+        return np.array([self.fixed_ms, self.per_token_ms, self.per_past_ms, self.per_self_ms])
 
 
-# Priors, until a stage's own steps are fitted (SmolLM2 stage 0, 2 threads, Intel Xeon):
-# the stateful KV's fused attention over a past costs ~1.6e-3 ms a token per past token;
-# PagedAttention ~1.1e-4 (a 256-token chunk over 1,792 past tokens: 796 / 96 ms).
-STATEFUL_PRIOR = StepCostModel(2.0, 0.2, 1.5e-3)
-PAGED_PRIOR = StepCostModel(2.0, 0.2, 1.1e-4)
+# Priors, until a stage's own steps are fitted (SmolLM2 stage 0, 2 threads, Intel Xeon,
+# 2026-12-01): 256 tokens with no past ~45 ms on both; over a 1,792-token past 796 ms with
+# the stateful KV's fused attention, 96 ms on PagedAttention; 2,048 tokens in one step
+# ~600 ms.
+STATEFUL_PRIOR = StepCostModel(2.0, 0.17, 1.6e-3, 6e-5)
+PAGED_PRIOR = StepCostModel(2.0, 0.17, 1.1e-4, 5.5e-5)
+
+
+def _design(t: np.ndarray, p: np.ndarray) -> np.ndarray:
+    return np.stack([np.ones_like(t), t, t * p, t * t], axis=1)
 
 
 class PrefillCost:
-    """``StepCostModel`` of the busiest stage, fitted (least squares, clamped >= 0) to the
-    last ``FIT_WINDOW`` prefill steps observed; the prior until ``MIN_FIT`` are."""
+    """``StepCostModel`` of the busiest stage, fitted by least squares to the last
+    ``FIT_WINDOW`` prefill steps observed (terms the samples cannot tell apart keep the
+    prior's value); the prior until ``MIN_FIT`` are."""
 
     def __init__(self, prior: StepCostModel | None = None) -> None:
         self.prior = prior or STATEFUL_PRIOR
@@ -70,14 +84,25 @@ class PrefillCost:
         if len(self._samples) < MIN_FIT:
             return self.prior
         t, p, ms = (np.array(c, dtype=np.float64) for c in zip(*self._samples, strict=True))
-        if np.ptp(t) == 0 and np.ptp(p) == 0:
-            return self.prior
-        design = np.stack([np.ones_like(t), t, t * p], axis=1)
-        coef, *_ = np.linalg.lstsq(design, ms, rcond=None)
-        fixed, per_token, per_past = (float(max(c, 0.0)) for c in coef)
-        if not np.ptp(p):  # every sample at one past: the past term is not identified
-            per_past = self.prior.per_past_ms
-        return StepCostModel(fixed, per_token, per_past)
+        design = _design(t, p)
+        scale = np.abs(design).max(axis=0)
+        scale[scale == 0] = 1.0
+        design = design / scale  # columns of one size, for the rank test
+        prior = self.prior.terms() * scale
+        fitted: list[int] = []
+        for column in range(design.shape[1]):  # keep the columns that add information
+            trial = [*fitted, column]
+            if np.linalg.matrix_rank(design[:, trial], tol=1e-6) == len(trial):
+                fitted = trial
+        fixed = [c for c in range(design.shape[1]) if c not in fitted]
+        rest = ms - design[:, fixed] @ prior[fixed]
+        coef, *_ = np.linalg.lstsq(design[:, fitted], rest, rcond=None)
+        if (coef < 0).any():  # the samples disagree with the prior's shape: scale it instead
+            ratio = float(np.median(ms / (design @ prior)))
+            return StepCostModel(*(float(v) * ratio for v in self.prior.terms()))
+        terms = prior.copy()
+        terms[fitted] = coef
+        return StepCostModel(*(float(v) for v in terms / scale))
 
 
 def pipelined_ms(chunks: list[int], past: int, stages: int, cost: StepCostModel) -> float:
@@ -123,7 +148,12 @@ def fair_chunk(decode_ms: float, past: int, cost: StepCostModel, cap: int = MAX_
     ``left`` goes whole (it costs about a decode step; cutting it only adds steps)."""
     if left is not None and left <= SHORT_PREFILL:
         return max(1, min(cap, left))
-    per = cost.per_token_ms + cost.per_past_ms * past
+    per, quad = cost.per_token_ms + cost.per_past_ms * past, cost.per_self_ms
     room = decode_ms - cost.fixed_ms
-    tokens = int(room / per) if per > 0 and room > 0 else FAIR_MIN_CHUNK
+    if room <= 0 or (per <= 0 and quad <= 0):
+        tokens = FAIR_MIN_CHUNK if room <= 0 else cap
+    elif quad > 0:  # the largest t with quad t^2 + per t <= room
+        tokens = int((-per + np.sqrt(per * per + 4 * quad * room)) / (2 * quad))
+    else:
+        tokens = int(room / per)
     return int(min(cap, max(FAIR_MIN_CHUNK, tokens)))

@@ -11,7 +11,9 @@ from engine.prefill import (
     FAIR_MIN_CHUNK,
     MAX_CHUNK,
     MIN_CHUNK,
+    PAGED_PRIOR,
     SHORT_PREFILL,
+    STATEFUL_PRIOR,
     PrefillCost,
     StepCostModel,
     fair_chunk,
@@ -23,9 +25,9 @@ from engine.scheduler import StreamScheduler, generate_greedy, run_sessions
 from engine.sessions import DecodeSession
 
 
-def test_the_fit_recovers_the_three_terms() -> None:
-    truth = StepCostModel(3.0, 0.1, 2e-3)
-    cost = PrefillCost(prior=StepCostModel(9.0, 9.0, 9.0))
+def test_the_fit_recovers_the_four_terms() -> None:
+    truth = StepCostModel(3.0, 0.1, 2e-3, 5e-5)
+    cost = PrefillCost(prior=StepCostModel(9.0, 9.0, 9.0, 9.0))
     assert cost.model == cost.prior  # nothing observed yet
     rng = np.random.default_rng(0)
     for _ in range(40):
@@ -35,21 +37,31 @@ def test_the_fit_recovers_the_three_terms() -> None:
     assert fitted.fixed_ms == pytest.approx(3.0, rel=1e-6)
     assert fitted.per_token_ms == pytest.approx(0.1, rel=1e-6)
     assert fitted.per_past_ms == pytest.approx(2e-3, rel=1e-6)
+    assert fitted.per_self_ms == pytest.approx(5e-5, rel=1e-6)
 
 
-def test_one_token_steps_and_one_past_do_not_break_the_fit() -> None:
-    cost = PrefillCost()
+def test_terms_the_samples_cannot_tell_keep_the_prior() -> None:
+    prior = StepCostModel(2.0, 0.2, 1e-3, 1e-4)
+    cost = PrefillCost(prior)
     for _ in range(10):
         cost.observe(1, 100, 5.0)  # decode-like steps are not prefill samples
-    assert cost.model == cost.prior
+    assert cost.model == prior
+    truth = StepCostModel(1.0, 0.3, 1e-3, 2e-5)
     for t in (32, 64, 128, 256, 512, 1024):
-        cost.observe(t, 0, 2.0 + 0.3 * t)  # every sample at past 0
+        cost.observe(t, 0, truth.ms(t, 0))  # every sample with no past
     assert cost.model.per_token_ms == pytest.approx(0.3)
-    assert cost.model.per_past_ms == cost.prior.per_past_ms  # not identified: the prior's
+    assert cost.model.per_self_ms == pytest.approx(2e-5)
+    assert cost.model.per_past_ms == prior.per_past_ms  # not identified: the prior's
+    same = PrefillCost(prior)
+    for _ in range(8):
+        same.observe(256, 0, 50.0)  # one shape, cheaper than the prior says: it is scaled
+    ratio = same.model.per_token_ms / prior.per_token_ms
+    assert same.model.per_past_ms == pytest.approx(prior.per_past_ms * ratio)
+    assert same.model.ms(256, 0) == pytest.approx(50.0)
 
 
 def test_pipelined_makespan() -> None:
-    flat = StepCostModel(0.0, 1.0, 0.0)
+    flat = StepCostModel(0.0, 1.0, 0.0, 0.0)
     assert pipelined_ms([100], 0, 2, flat) == 200  # one chunk: the stages one after another
     assert pipelined_ms([50, 50], 0, 2, flat) == 150  # two: stage 0 takes chunk 2 meanwhile
     assert pipelined_ms([25] * 4, 0, 1, flat) == 100
@@ -57,18 +69,17 @@ def test_pipelined_makespan() -> None:
 
 
 def test_a_costly_past_keeps_a_lone_prompt_in_one_step() -> None:
-    slow_past = StepCostModel(2.0, 0.2, 1.5e-3)  # the stateful CPU kernel, as measured
-    assert lone_chunk(2048, 0, 2, slow_past) == 2048
-    free_past = StepCostModel(2.0, 0.2, 0.0)  # a kernel whose past costs nothing
-    chunk = lone_chunk(2048, 0, 2, free_past)
+    assert lone_chunk(2048, 0, 2, STATEFUL_PRIOR) == 2048  # the stateful CPU kernel
+    chunk = lone_chunk(2048, 0, 2, PAGED_PRIOR)  # a past costs what the step's own tokens do
+    free_past = PAGED_PRIOR
     assert MIN_CHUNK <= chunk < 2048  # pipelined through the two stages
     assert pipelined_ms(split(2048, chunk), 0, 2, free_past) < pipelined_ms([2048], 0, 2,
                                                                               free_past)
-    assert lone_chunk(20_000, 0, 1, slow_past) <= MAX_CHUNK
+    assert lone_chunk(20_000, 0, 1, STATEFUL_PRIOR) <= MAX_CHUNK
 
 
 def test_a_fair_chunk_costs_about_one_decode_step() -> None:
-    cost = StepCostModel(2.0, 0.2, 1e-3)
+    cost = StepCostModel(2.0, 0.2, 1e-3, 0.0)
     chunk = fair_chunk(12.0, 1000, cost)
     assert cost.ms(chunk, 1000) <= 12.0 < cost.ms(chunk + 1, 1000)
     assert fair_chunk(1.0, 1000, cost) == FAIR_MIN_CHUNK  # never below the floor
@@ -107,7 +118,7 @@ def test_pipelined_prefill_gives_the_tokens_of_one_chunk_at_a_time(dp_threaded2,
     pipe = _Counting(dp_threaded2[0])
     session = DecodeSession(3, prompt, 8, prefill_chunk=8)
     scheduler = StreamScheduler(pipe)
-    scheduler.prefill_cost.prior = StepCostModel(1.0, 1.0, 0.0)  # chunks pay: pipeline them
+    scheduler.prefill_cost.prior = StepCostModel(1.0, 1.0, 0.0, 0.0)  # chunks pay: pipeline
     scheduler.add(session)
     while scheduler.active:
         scheduler.poll(5.0)
