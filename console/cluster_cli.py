@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -185,16 +185,7 @@ def cluster_up(
                 out.print(f"OpenAI API at {record.api}/v1")
             _print_join(record, curve)
             return
-        record = start_local_cluster(
-            export_dir, local, runtime, link_delay_ms=link.delay_ms,
-            link_jitter_ms=link.jitter_ms, link_rate_mbit=link.rate_mbit, cpu_sets=cpu_sets,
-            row_groups=row_groups, curve=curve, resume_timeout=resume_timeout,
-            reassign_after=reassign_after, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
-            prefix_cache_mb=prefix_cache_mb)
-        write_record(record)
-        status = wait_serving(record, timeout)
-        if api:
-            write_record(record := start_api(record, api))
+        record, status = _up_local(coordinator, local, cpu_sets, timeout, api)
     except (ClusterError, ValueError, OSError) as exc:
         rec = read_record() if cluster_file().is_file() else None
         if rec is not None:
@@ -207,6 +198,24 @@ def cluster_up(
     served = f"; the OpenAI API at {record.api}/v1" if record.api else ""
     out.print(f"serving {status.model} on {len(status.stages)} stages{served}; zctl run "
               "\"...\"; zctl cluster down stops it")
+
+
+def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeout: float,
+              api: str | None) -> tuple[ClusterRecord, Any]:
+    """Start a local cluster of ``nodes`` with the coordinator's settings, wait until it
+    serves (and start the API); its record and status."""
+    c, link = coordinator, coordinator.link
+    record = start_local_cluster(
+        Path(c.export_dir), nodes, c.runtime, link_delay_ms=link.delay_ms,
+        link_jitter_ms=link.jitter_ms, link_rate_mbit=link.rate_mbit, cpu_sets=cpu_sets,
+        row_groups=c.row_groups, curve=c.curve, resume_timeout=c.resume_timeout,
+        reassign_after=c.reassign_after, max_streams=c.max_streams,
+        kv_memory_mb=c.kv_memory_mb, prefix_cache_mb=c.prefix_cache_mb)
+    write_record(record)
+    status = wait_serving(record, timeout)
+    if api:
+        write_record(record := start_api(record, api))
+    return record, status
 
 
 MAX_STREAMS_LIMIT = 256

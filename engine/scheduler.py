@@ -12,7 +12,6 @@ a group is scheduled like one stream. ``run_session``, ``generate_greedy`` and
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,7 @@ from engine.drafting import SATURATED, Drafter, StepCost, busiest_stage_share
 from engine.executor import Executor, StepError, StepReply
 from engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR, PrefillCost, fair_chunk, lone_chunk
 from engine.prefix_cache import PrefixCache, PrefixCacheStats
+from engine.prefix_scheduling import PrefixScheduling
 from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession, StepPlan
 from engine.stats import GenerationStats
@@ -39,7 +39,6 @@ class SessionUpdate:
 
 GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
 DECODE_MS_PRIOR = 10.0  # a decode step's busiest-stage ms until one is measured
-log = logging.getLogger(__name__)
 
 
 class StageLoad:
@@ -74,7 +73,7 @@ class StageLoad:
         return len(self._replies) < self.MIN_REPLIES or self.share() >= SATURATED
 
 
-class StreamScheduler:
+class StreamScheduler(PrefixScheduling):
     """Steps many sessions on one pipeline: the coordinator's generation loop.
 
     With ``row_groups`` > 0 (on stages that support row groups), sessions join one of
@@ -131,15 +130,6 @@ class StreamScheduler:
             self.cache = PrefixCache(prefix_cache_tokens, stats=prefix_stats)
             self._clear_prefixes()  # a fresh index: what the stages hold is nobody's
 
-    def _clear_prefixes(self) -> None:
-        """Forget every cached prefix, here and on the stages."""
-        if self.cache is not None:
-            self.cache.clear()
-        try:
-            self.pipeline.drop_all_prefixes()
-        except Exception as exc:  # noqa: BLE001 - the stages are down: nothing to free
-            log.debug("could not clear the stages' prefix entries: %s", exc)
-
     @property
     def active(self) -> bool:
         return bool(self.sessions)
@@ -154,91 +144,6 @@ class StreamScheduler:
         if not session.done:
             self.sessions[session.stream_id] = session
             self._load_cached_prefix(session)
-
-    # -- the prefix cache --------------------------------------------------------------
-    def _load_cached_prefix(self, session: DecodeSession) -> None:
-        """Give a new session the KV of the longest cached start of its prompt."""
-        cache = self.cache
-        if cache is None or session.restarts or session.prefill_position:
-            return
-        wirings = getattr(self.pipeline, "wirings", 0)
-        if wirings != self._wirings:  # rewired or abandoned: later stages lost their entries
-            self._wirings = wirings
-            self._clear_prefixes()
-        hit = cache.lookup(session.prompt)
-        if hit is None:
-            return
-        entry, pipe, sid = hit.entry, self.pipeline, session.stream_id
-        try:
-            if entry.live:  # copied out of the running stream, then moved in
-                assert entry.stream_id is not None
-                scratch = cache.new_id()
-                pipe.save_prefix(entry.stream_id, scratch, hit.length)
-                pipe.load_prefix(sid, scratch, hit.length, take=True)
-            else:  # the new stream will cover the whole entry: take it, else copy
-                take = hit.length == entry.tokens.size
-                pipe.load_prefix(sid, entry.entry_id, hit.length, take=take)
-                if take:
-                    cache.remove(entry.entry_id)
-        except Exception as exc:  # noqa: BLE001 - prefill it all instead
-            log.warning("stream %s: the cached prefix could not be loaded (%s); "
-                        "prefilling the whole prompt", sid, exc)
-            cache.remove(entry.entry_id)
-            cache.stats.hits -= 1
-            cache.stats.tokens_saved -= hit.length
-            pipe.reset(sid)
-            return
-        session.skip_prefix(hit.length)
-
-    def _prefill_again(self, session: DecodeSession) -> bool:
-        """Restart a session whose cached prefix may be what failed, from no cache."""
-        if not session.cached_tokens or session.emitted or session.done:
-            return False
-        log.warning("stream %s: a step after loading its cached prefix failed; prefilling "
-                    "its whole prompt (the prefix cache starts empty)", session.stream_id)
-        for rid in [r for r, ss in self._in_flight.items() if session in ss]:
-            del self._in_flight[rid]
-            self._prefill_steps.pop(rid, None)
-        self._clear_prefixes()
-        try:
-            self.pipeline.reset(session.stream_id)
-        except Exception:  # noqa: BLE001 - the pipeline is broken: fail it after all
-            return False
-        session.restart()
-        return True
-
-    def evict_prefixes(self, limit: int) -> None:
-        """Free cached prefixes, least recently used first, until they hold at most
-        ``limit`` tokens of KV (room for streams' KV: admission)."""
-        if self.cache is None or self.cache.tokens <= limit:
-            return
-        for entry in self.cache.evict(self.cache.budget_tokens - max(0, limit)):
-            try:
-                self.pipeline.drop_prefix(entry.entry_id)
-            except Exception as exc:  # noqa: BLE001 - a broken pipeline frees them anyway
-                log.debug("could not drop prefix entry %s: %s", entry.entry_id, exc)
-
-    def _save_prefix(self, session: DecodeSession, alone: bool) -> None:
-        """Keep a finished session's KV on the stages as a prefix entry (``alone``: it
-        steps outside the row groups, so its own KV becomes the entry, without a copy)."""
-        cache = self.cache
-        if cache is None:
-            return
-        cache.untrack_live(session.stream_id)
-        tokens = session.kv_history
-        if session.error is not None or len(tokens) < cache.min_hit:
-            return
-        entry, dropped = cache.store(tokens)
-        pipe = self.pipeline
-        try:
-            for old in dropped:
-                if old is not entry:
-                    pipe.drop_prefix(old.entry_id)
-            if entry not in dropped:
-                pipe.save_prefix(session.stream_id, entry.entry_id, len(tokens), take=alone)
-        except Exception as exc:  # noqa: BLE001 - the pipeline broke: the next reset starts over
-            log.debug("stream %s: its prefix was not kept: %s", session.stream_id, exc)
-            cache.remove(entry.entry_id)
 
     def cancel(self, stream_id: int) -> None:
         """Stop a session: its step in flight is abandoned and its KV slots are freed on

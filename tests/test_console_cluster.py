@@ -24,9 +24,12 @@ def zctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-def _expected_tokens(export_dir: Path, n: int) -> list[int]:
+def _expected_tokens(export_dir: Path, n: int, exact: bool = False) -> list[int]:
     tokenizer = ChatTokenizer(export_dir)
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    # the runtime a local cluster's stages get: paged KV, the plugin's u8 cache (or --exact)
+    numerics = dict(kv_cache_precision="f32", dynamic_quantization=False) if exact else {}
+    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32", paged_attention=True,
+                                                            **numerics))
     return list(generate_greedy(chain, tokenizer.encode(PROMPT), n))
 
 
@@ -82,7 +85,7 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
         assert multi.exit_code == 0, multi.output
         report = json.loads(multi.stdout.strip().splitlines()[-1])
         tokenizer = ChatTokenizer(export_dir)
-        want = tokenizer.decode(_expected_tokens(export_dir, 8))
+        want = tokenizer.decode(_expected_tokens(export_dir, 8, exact=True))
         assert [s["text"] for s in report["streams"]] == [want] * 3
         assert report["tokens"] == 24 and report["aggregate_tok_s"] > 0
         assert all(s["spec"]["steps"] >= 1 for s in report["streams"])
@@ -341,7 +344,8 @@ def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_ho
         assert run.exit_code == 0, run.output
         report = json.loads(run.stdout.strip().splitlines()[-1])
         assert [s["node"] for s in report["stages"]] == ["127.0.0.1", "127.0.0.2"]
-        assert report["text"] == ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 8))
+        want = _expected_tokens(export_dir, 8, exact=True)  # (cluster up --exact)
+        assert report["text"] == ChatTokenizer(export_dir).decode(want)
         node.send_signal(signal.SIGTERM)  # as a service manager stops it
         assert node.wait(30) == 0, log.read_text()[-3000:]
         info = status()
