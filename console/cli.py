@@ -149,6 +149,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                  "agreement, perplexity, speed."),
     "serve": ("bench_serve", "Serving: zctl serve under 1-16 concurrent clients against "
                              "openvino_genai's ContinuousBatchingPipeline."),
+    "prefill": ("bench_prefill", "Long prompts: TTFT cold and on a follow-up turn, decode at "
+                                 "context, streams under a long prefill."),
 }
 
 

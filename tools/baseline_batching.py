@@ -104,21 +104,23 @@ class ContinuousBatchingBaseline:
     The micro-batching baseline: same export and plugin ``props`` as tools.baseline's
     ``BaselinePipeline`` (``ATTENTION_BACKEND`` is dropped: continuous batching is always
     paged attention).
-    The scheduler gets a fixed KV cache of ``cache_gb`` GB, no prefix caching (so repeated
-    prompts pay their prefill every run) and the default 256-token batch budget with
-    dynamic split-fuse. :meth:`measure` drives ``step()`` itself and timestamps every step,
-    so prefill and decode are split by time (see :func:`stream_throughput`).
+    The scheduler gets a fixed KV cache of ``cache_gb`` GB, no prefix caching unless
+    ``prefix_caching`` (so repeated prompts pay their prefill every run) and the default
+    256-token batch budget with dynamic split-fuse. :meth:`measure` drives ``step()``
+    itself and timestamps every step, so prefill and decode are split by time (see
+    :func:`stream_throughput`).
     """
 
     def __init__(self, model_dir: Path, props: dict[str, Any] | None = None, device: str = "CPU",
-                 cache_gb: int = 1, max_num_seqs: int = 16, warmup_streams: int = 4) -> None:
+                 cache_gb: int = 1, max_num_seqs: int = 16, warmup_streams: int = 4,
+                 prefix_caching: bool = False) -> None:
         import openvino_genai as ov_genai
 
         self._genai = ov_genai
         sched = ov_genai.SchedulerConfig()
         sched.cache_size = cache_gb
         sched.max_num_seqs = max_num_seqs
-        sched.enable_prefix_caching = False
+        sched.enable_prefix_caching = prefix_caching
         sched.dynamic_split_fuse = True
         self.props = {k: v for k, v in (props or {}).items() if k != "ATTENTION_BACKEND"}
         start = time.perf_counter()
