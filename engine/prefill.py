@@ -62,7 +62,7 @@ def _design(t: np.ndarray, p: np.ndarray) -> np.ndarray:
 class PrefillCost:
     """``StepCostModel`` of the busiest stage, fitted by least squares to the last
     ``FIT_WINDOW`` prefill steps observed (terms the samples cannot tell apart keep the
-    prior's value); the prior until ``MIN_FIT`` are."""
+    prior's value, and none is negative); the prior until ``MIN_FIT`` are."""
 
     def __init__(self, prior: StepCostModel | None = None) -> None:
         self.prior = prior or STATEFUL_PRIOR
@@ -94,14 +94,17 @@ class PrefillCost:
             trial = [*fitted, column]
             if np.linalg.matrix_rank(design[:, trial], tol=1e-6) == len(trial):
                 fitted = trial
-        fixed = [c for c in range(design.shape[1]) if c not in fitted]
-        rest = ms - design[:, fixed] @ prior[fixed]
-        coef, *_ = np.linalg.lstsq(design[:, fitted], rest, rcond=None)
-        if (coef < 0).any():  # the samples disagree with the prior's shape: scale it instead
-            ratio = float(np.median(ms / (design @ prior)))
-            return StepCostModel(*(float(v) * ratio for v in self.prior.terms()))
         terms = prior.copy()
-        terms[fitted] = coef
+        while fitted:  # least squares, a term that comes out negative pinned at 0 (NNLS-like)
+            fixed = [c for c in range(design.shape[1]) if c not in fitted]
+            coef, *_ = np.linalg.lstsq(design[:, fitted], ms - design[:, fixed] @ terms[fixed],
+                                       rcond=None)
+            if (coef >= 0).all():
+                terms[fitted] = coef
+                break
+            worst = fitted[int(np.argmin(coef))]
+            terms[worst] = 0.0
+            fitted.remove(worst)
         return StepCostModel(*(float(v) for v in terms / scale))
 
 

@@ -350,7 +350,7 @@ class StreamScheduler(PrefixScheduling):
         self._observe(reply.request_id, reply)
         if sessions is not None:
             updates += self._advance(sessions, reply, row_lens)
-            updates += self._submit_ready(settled_only=True)
+            updates += self._submit_ready(settled_only=True, decode_only=True)
         return updates
 
     def _settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
@@ -363,14 +363,18 @@ class StreamScheduler(PrefixScheduling):
             return [s.stream_id for s in sessions] == self._formed[unit_id]
         return not self._would_group(sessions[0])
 
-    def _submit_ready(self, settled_only: bool = False) -> list[SessionUpdate]:
+    def _submit_ready(self, settled_only: bool = False, decode_only: bool = False
+                      ) -> list[SessionUpdate]:
         """Submit the next step of every unit with nothing in flight (``settled_only``:
-        and ``_settled``), and further chunks of a prefill while ``_prefill_depth``
-        allows; the failures."""
+        and ``_settled``; ``decode_only``: no prefill steps, whose stage-0 compute would
+        hold back the updates the caller is about to deliver), and further chunks of a
+        prefill while ``_prefill_depth`` allows; the failures."""
         updates: list[SessionUpdate] = []
         busy = self._busy()
         for unit_id, sessions in self._units():
             if settled_only and not self._settled(unit_id, sessions):
+                continue
+            if decode_only and unit_id not in self._groups and sessions[0].prefilling:
                 continue
             while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(
                     unit_id, sessions, busy):

@@ -54,10 +54,24 @@ def test_terms_the_samples_cannot_tell_keep_the_prior() -> None:
     assert cost.model.per_past_ms == prior.per_past_ms  # not identified: the prior's
     same = PrefillCost(prior)
     for _ in range(8):
-        same.observe(256, 0, 50.0)  # one shape, cheaper than the prior says: it is scaled
-    ratio = same.model.per_token_ms / prior.per_token_ms
-    assert same.model.per_past_ms == pytest.approx(prior.per_past_ms * ratio)
-    assert same.model.ms(256, 0) == pytest.approx(50.0)
+        same.observe(256, 0, 80.0)  # one shape only: the fixed term takes up the rest
+    assert same.model.per_token_ms == prior.per_token_ms
+    assert same.model.ms(256, 0) == pytest.approx(80.0)
+    cheap = PrefillCost(prior)
+    for _ in range(8):
+        cheap.observe(256, 0, 20.0)  # cheaper than the prior's other terms allow
+    assert cheap.model.fixed_ms == 0.0 and all(v >= 0 for v in cheap.model.terms())
+
+
+def test_small_steps_with_a_large_fixed_cost_fit_sanely() -> None:
+    truth = StepCostModel(15.0, 0.2, 1e-4, 5e-5)  # what chunks beside decoders cost
+    cost = PrefillCost(PAGED_PRIOR)
+    for t, p in [(4, 400), (5, 500), (8, 600), (9, 700), (4, 800), (104, 0), (104, 104),
+                 (1660, 0)]:
+        cost.observe(t, p, truth.ms(t, p))
+    fitted = cost.model
+    assert fitted.fixed_ms == pytest.approx(15.0, rel=0.05)
+    assert fitted.per_token_ms == pytest.approx(0.2, rel=0.2)
 
 
 def test_pipelined_makespan() -> None:
