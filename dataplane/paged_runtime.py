@@ -36,6 +36,7 @@ from dataplane.stage_base import (
     device_kind,
     open_stage,
     shared_core,
+    warm_up_steps,
 )
 
 INITIAL_BLOCKS = 256  # the cache doubles when it runs out
@@ -218,15 +219,7 @@ class PagedStageRunner(MaskRewind):
     # -- streams -----------------------------------------------------------------------
     def warm_up(self, stream_id: int = -1) -> None:
         """A prefill-shaped and a decode-shaped step on a scratch stream, then drop it."""
-        self.open_stream(stream_id)
-        try:
-            for positions in (np.arange(8), np.arange(8, 9)):
-                shape = (1, len(positions))
-                x = (np.zeros(shape, np.int64) if self.spec.first
-                     else np.zeros((*shape, self.hidden_size), np.float32))
-                self.step(stream_id, x, positions)
-        finally:
-            self.close_stream(stream_id)
+        warm_up_steps(self, stream_id)
 
     def open_stream(self, stream_id: int) -> Sequence:
         if stream_id not in self.streams:

@@ -37,6 +37,7 @@ from dataplane.stage_base import (  # re-exported: callers import them from here
     device_kind,
     open_stage,
     shared_core,
+    warm_up_steps,
 )
 
 __all__ = ["DEVICES", "MaskRewind", "RuntimeConfig", "StageError", "StageRunner",
@@ -127,15 +128,7 @@ class StageRunner(MaskRewind, PrefixCache):
     def warm_up(self, stream_id: int = -1) -> None:
         """Run a prefill-shaped and a decode-shaped step on a scratch stream, then drop it,
         so the first real request does not pay the plugin's first-inference costs."""
-        self.open_stream(stream_id)
-        try:
-            for positions in (np.arange(8), np.arange(8, 9)):
-                shape = (1, len(positions))
-                x = (np.zeros(shape, np.int64) if self.spec.first
-                     else np.zeros((*shape, self.hidden_size), np.float32))
-                self.step(stream_id, x, positions)
-        finally:
-            self.close_stream(stream_id)
+        warm_up_steps(self, stream_id)
 
     # -- streams ---------------------------------------------------------------------
     def open_stream(self, stream_id: int) -> StreamSlots:

@@ -123,6 +123,21 @@ def open_stage(export_dir: Path, index: int, config: RuntimeConfig | None,
     return manifest, manifest.stages[index], config
 
 
+def warm_up_steps(runner: Any, stream_id: int, prefill_tokens: int = 8) -> None:
+    """Run a prefill-shaped and a decode-shaped step of ``runner`` on a scratch stream,
+    then drop it, so the first real request does not pay the plugin's first-inference
+    costs."""
+    runner.open_stream(stream_id)
+    try:
+        for positions in (np.arange(prefill_tokens), np.arange(8, 9)):
+            shape = (1, len(positions))
+            x = (np.zeros(shape, np.int64) if runner.spec.first
+                 else np.zeros((*shape, runner.hidden_size), np.float32))
+            runner.step(stream_id, x, positions)
+    finally:
+        runner.close_stream(stream_id)
+
+
 class MaskRewind:
     """Mask-based rewind over a runner's per-stream slot tables (a mixin: the runner
     provides ``_stream(stream_id)`` with a ``keep`` table)."""

@@ -34,6 +34,7 @@ from dataplane.stage_base import (
     device_kind,
     open_stage,
     shared_core,
+    warm_up_steps,
 )
 
 PAST_PREFIX = "past_key_values."
@@ -160,15 +161,7 @@ class StaticStageRunner(MaskRewind):
 
     def warm_up(self, stream_id: int = -1) -> None:
         """Run a chunk-shaped and a decode-shaped step on a scratch stream, then drop it."""
-        self.open_stream(stream_id)
-        try:
-            for positions in (np.arange(min(8, self.chunk)), np.arange(8, 9)):
-                shape = (1, len(positions))
-                x = (np.zeros(shape, np.int64) if self.spec.first
-                     else np.zeros((*shape, self.hidden_size), np.float32))
-                self.step(stream_id, x, positions)
-        finally:
-            self.close_stream(stream_id)
+        warm_up_steps(self, stream_id, min(8, self.chunk))
 
     # -- streams ---------------------------------------------------------------------
     def open_stream(self, stream_id: int) -> HostKV:
