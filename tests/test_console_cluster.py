@@ -367,3 +367,8 @@ def test_errors_print_brackets_as_they_are(zctl_home: Path) -> None:
     for command in (["cluster", "up", "--local", "2"], ["serve"]):
         result = runner.invoke(app, [*command, "--max-streams", "0"])
         assert result.exit_code == 1 and "--max-streams must be in 1..256" in result.output
+        result = runner.invoke(app, [*command, "--kv-memory-mb", "0"])
+        assert result.exit_code == 1 and "--kv-memory-mb must be at least 1" in result.output
+        result = runner.invoke(app, [*command, "--kv-memory-mb", "100", "--prefix-cache-mb", "200"])
+        assert result.exit_code == 1 and "--prefix-cache-mb must be in 0..--kv-memory-mb (100)" in (
+            result.output.replace("\n", " ")), result.output

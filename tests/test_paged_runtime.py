@@ -173,3 +173,13 @@ def test_a_cluster_of_paged_stages_serves_streams_and_row_groups(dp_export2, sta
     finally:
         worker.stop()
         pipe.close()
+
+
+def test_paged_attention_is_a_cpu_runtime(dp_export2) -> None:
+    from console.cluster_procs import runtime_spec
+
+    assert runtime_spec("f32", None, "CPU").paged_attention
+    assert not runtime_spec("f32", None, "GPU.1").paged_attention  # GPU: the stateful KV
+    assert not runtime_spec("f32", None, "CPU", paged_attention=False).paged_attention
+    with pytest.raises(StageError, match="CPU plugin only"):
+        PagedStageRunner(dp_export2, 0, RuntimeConfig(device="GPU", paged_attention=True))
