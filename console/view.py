@@ -113,7 +113,9 @@ def status_table(status: ClusterStatus) -> Table:
         table.add_row(*row)
     rt = status.runtime
     caption = (f"* coordinator · pipeline {status.pipeline}, epoch {status.epoch}, {rt.device}, "
-               f"{'exact' if rt.exact else 'fast'} numerics{', CURVE' if status.curve else ''} · "
+               f"{'exact' if rt.exact else 'fast'} numerics, "
+               f"{'paged' if rt.paged_attention else 'stateful'} KV"
+               f"{', CURVE' if status.curve else ''} · "
                + ("OpenVINO / zctl versions differ" if mixed else
                   f"OpenVINO {short_version(status.openvino)}, zctl {status.zctl} on every node"))
     if status.plan_error:

@@ -74,7 +74,8 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
         assert {n["openvino"] for n in info["nodes"]} == {info["openvino"]}
         assert info["runtime"]["kv_cache_precision"] == "f32"  # --exact
         assert info["runtime"]["dynamic_quantization"] is False
-        assert "exact numerics" in runner.invoke(app, ["cluster", "status"]).output
+        assert "exact numerics, paged KV" in " ".join(
+            runner.invoke(app, ["cluster", "status"]).output.split())
         run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "8", "--ignore-eos", "--json"])
         assert run.exit_code == 0, run.output
         report = json.loads(run.stdout.strip().splitlines()[-1])
