@@ -127,7 +127,11 @@ def split(tokens: int, chunk: int) -> list[int]:
 def lone_chunk(tokens: int, past: int, stages: int, cost: StepCostModel,
                cap: int = MAX_CHUNK) -> int:
     """The chunk size that gets a lone prompt of ``tokens`` (from ``past``) through the
-    pipeline soonest: the whole prompt, or an even split into 2, 4, ... chunks."""
+    pipeline soonest: the whole prompt, or an even split into 2, 4, ... chunks. With one
+    stage (or stages that take turns) nothing overlaps: a token attends to the same tokens
+    whichever step it is in, so cutting only adds steps: the whole prompt, up to ``cap``."""
+    if stages <= 1:
+        return max(1, min(tokens, cap))
     best, best_ms = min(tokens, cap), float("inf")
     parts = 1
     while True:

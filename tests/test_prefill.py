@@ -89,7 +89,9 @@ def test_a_costly_past_keeps_a_lone_prompt_in_one_step() -> None:
     assert MIN_CHUNK <= chunk < 2048  # pipelined through the two stages
     assert pipelined_ms(split(2048, chunk), 0, 2, free_past) < pipelined_ms([2048], 0, 2,
                                                                               free_past)
-    assert lone_chunk(20_000, 0, 1, STATEFUL_PRIOR) <= MAX_CHUNK
+    assert lone_chunk(20_000, 0, 1, STATEFUL_PRIOR) == MAX_CHUNK
+    no_past_cost = StepCostModel(2.0, 0.2, 0.0, 1e-3)  # a fit that says cutting would pay
+    assert lone_chunk(2048, 0, 1, no_past_cost) == 2048  # nothing overlaps on one stage
 
 
 def test_a_fair_chunk_costs_about_one_decode_step() -> None:
