@@ -409,7 +409,7 @@ def test_a_tiny_run_on_both_layouts(tiny_llama_dir: Path, tmp_path: Path,
         "--model", str(tiny_llama_dir), "--weights", "fp32", "--skip-genai", "--json",
         "--lengths", "96,140", "--decode-lengths", "96,160", "--repeats", "1",
         "--tokens", "4", "--decode-tokens", "8", "--follow-up", "30",
-        "--itl-streams", "2", "--itl-tokens", "24", "--itl-length", "160", "--timeout", "120"])
+        "--itl-streams", "2", "--itl-tokens", "96", "--itl-length", "160", "--timeout", "120"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert REQUIRED_KEYS <= set(out) and set(out["layouts"]) == {"shared", "split"}
