@@ -187,7 +187,7 @@ class ClusterHead(HeadPrefixes):
     @property
     def paged_attention(self) -> bool:
         """Whether the stages keep KV in blocks (stage 0 tells: they share one runtime)."""
-        return bool(getattr(self.stage0, "block_size", 0))
+        return self.stage0.paged_attention
 
     @property
     def row_groups_supported(self) -> bool:

@@ -105,7 +105,7 @@ class LocalChain(InlineExecutor):
     @property
     def paged_attention(self) -> bool:
         """Whether the stages keep KV in blocks (dataplane.paged_runtime)."""
-        return bool(getattr(self.runners[0], "block_size", 0))
+        return self.runners[0].paged_attention
 
     @property
     def row_groups_supported(self) -> bool:

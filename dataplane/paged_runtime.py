@@ -32,6 +32,8 @@ from dataplane.stage_base import (
     MaskRewind,
     RuntimeConfig,
     StageError,
+    check_row_rewinds,
+    check_rows_step,
     check_step_input,
     device_kind,
     open_stage,
@@ -130,6 +132,7 @@ class PagedStageRunner(MaskRewind):
 
     row_groups_supported: ClassVar[bool] = True
     prefix_cache_supported: ClassVar[bool] = True
+    paged_attention: ClassVar[bool] = True
 
     def __init__(self, export_dir: Path | str, index: int, config: RuntimeConfig | None = None,
                  manifest: ExportManifest | None = None, core: ov.Core | None = None,
@@ -260,13 +263,7 @@ class PagedStageRunner(MaskRewind):
 
     def mask_rows_tail(self, group_id: int, counts: np.ndarray) -> None:
         group = self._group(group_id)
-        counts = np.asarray(counts, dtype=np.int64).reshape(-1)
-        if counts.size != len(group.seqs):
-            raise StageError(f"row group {group_id} has {len(group.seqs)} rows, got "
-                             f"{counts.size} rewinds")
-        if any(not 0 <= c <= s.length for c, s in zip(counts, group.seqs, strict=True)):
-            raise StageError(f"cannot rewind rows by {counts.tolist()}: they hold "
-                             f"{[s.length for s in group.seqs]} tokens")
+        counts = check_row_rewinds(group_id, counts, [s.length for s in group.seqs])
         for count, seq in zip(counts, group.seqs, strict=True):
             self._shorten(seq, int(count))
 
@@ -326,9 +323,7 @@ class PagedStageRunner(MaskRewind):
         ``positions`` [rows, T]; returns [rows, T, H] or logits [rows, K, V] (a view)."""
         rows = len(self._group(group_id).members)
         positions = np.asarray(positions, dtype=np.int64)
-        if x.ndim < 2 or x.shape[0] != rows or positions.shape != x.shape[:2]:
-            raise StageError(f"row group {group_id} has {rows} rows: it takes x [{rows}, T, ...] "
-                             f"and positions [{rows}, T], got {x.shape} and {positions.shape}")
+        check_rows_step(group_id, rows, x, positions)
         step = self.prepare(group_id, positions, logits_idx)
         return self._output(self.run(group_id, x, step), step)
 

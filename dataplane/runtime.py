@@ -33,6 +33,8 @@ from dataplane.stage_base import (  # re-exported: callers import them from here
     MaskRewind,
     RuntimeConfig,
     StageError,
+    check_row_rewinds,
+    check_rows_step,
     check_step_input,
     device_kind,
     open_stage,
@@ -76,6 +78,7 @@ class StageRunner(MaskRewind, PrefixCache):
     # rather than binding fresh tensors (bit-identical; off only to test that).
     decode_buffers: ClassVar[bool] = True
     row_groups_supported: ClassVar[bool] = True  # (a static export's runner: False)
+    paged_attention: ClassVar[bool] = False  # KV as OpenVINO state (PagedStageRunner: True)
 
     def __init__(
         self,
@@ -394,14 +397,8 @@ class StageRunner(MaskRewind, PrefixCache):
         group = self.groups.get(group_id)
         if group is None:
             raise StageError(f"row group {group_id} does not exist on stage {self.spec.index}")
-        counts = np.asarray(counts, dtype=np.int64).reshape(-1)
-        if counts.size != len(group.members):
-            raise StageError(f"row group {group_id} has {len(group.members)} rows, got "
-                             f"{counts.size} rewinds")
         kept = [np.flatnonzero(row) for row in group.keep]
-        if (counts < 0).any() or any(c > k.size for c, k in zip(counts, kept, strict=True)):
-            raise StageError(f"cannot rewind rows by {counts.tolist()}: they hold "
-                             f"{[k.size for k in kept]} tokens")
+        counts = check_row_rewinds(group_id, counts, [k.size for k in kept])
         keep = group.keep.copy()
         for row, (count, k) in enumerate(zip(counts, kept, strict=True)):
             if count:
@@ -431,9 +428,7 @@ class StageRunner(MaskRewind, PrefixCache):
             raise StageError(f"row group {group_id} does not exist on stage {self.spec.index}")
         rows = len(group.members)
         positions = np.asarray(positions, dtype=np.int64)
-        if x.ndim < 2 or x.shape[0] != rows or positions.shape != x.shape[:2]:
-            raise StageError(f"row group {group_id} has {rows} rows: it takes x [{rows}, T, ...] "
-                             f"and positions [{rows}, T], got {x.shape} and {positions.shape}")
+        check_rows_step(group_id, rows, x, positions)
         inputs = self.prepare(group_id, positions, logits_idx)
         return self._output_data(group, self.run(group_id, x, inputs), rows, positions.shape[1],
                                  logits_idx)

@@ -7,6 +7,7 @@ re-exports them, so callers import from there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -121,6 +122,27 @@ def open_stage(export_dir: Path, index: int, config: RuntimeConfig | None,
     if device_kind(config) not in DEVICES:
         raise StageError(f"unknown device {config.device!r}; expected one of {DEVICES}")
     return manifest, manifest.stages[index], config
+
+
+def check_rows_step(group_id: int, rows: int, x: np.ndarray, positions: np.ndarray) -> None:
+    """Raise StageError unless x and positions have a ``rows``-row group step's shapes:
+    x [rows, T] or [rows, T, H], positions [rows, T]."""
+    if x.ndim < 2 or x.shape[0] != rows or positions.shape != x.shape[:2]:
+        raise StageError(f"row group {group_id} has {rows} rows: it takes x [{rows}, T, ...] "
+                         f"and positions [{rows}, T], got {x.shape} and {positions.shape}")
+
+
+def check_row_rewinds(group_id: int, counts: np.ndarray, held: Sequence[int]) -> np.ndarray:
+    """The per-row rewind counts as int64, checked against the tokens each row ``held``:
+    StageError unless there is one count per row, each in 0..held."""
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+    if counts.size != len(held):
+        raise StageError(f"row group {group_id} has {len(held)} rows, got {counts.size} "
+                         "rewinds")
+    if any(not 0 <= c <= h for c, h in zip(counts, held, strict=True)):
+        raise StageError(f"cannot rewind rows by {counts.tolist()}: they hold "
+                         f"{list(held)} tokens")
+    return counts
 
 
 def warm_up_steps(runner: Any, stream_id: int, prefill_tokens: int = 8) -> None:

@@ -98,6 +98,7 @@ class StaticStageRunner(MaskRewind):
 
     row_groups_supported: ClassVar[bool] = False
     prefix_cache_supported: ClassVar[bool] = False  # no prefix entries either
+    paged_attention: ClassVar[bool] = False
 
     def __init__(
         self,
