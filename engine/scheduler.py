@@ -374,7 +374,7 @@ class StreamScheduler(PrefixScheduling):
         for unit_id, sessions in self._units():
             if settled_only and not self._settled(unit_id, sessions):
                 continue
-            if decode_only and unit_id not in self._groups and sessions[0].prefilling:
+            if decode_only and self._prefilling(unit_id, sessions):
                 continue
             while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(
                     unit_id, sessions, busy):
@@ -388,7 +388,7 @@ class StreamScheduler(PrefixScheduling):
                 updates: list[SessionUpdate]) -> bool:
         """Plan and submit one step of a unit; False (and the failure in ``updates``) if
         the pipeline refused it."""
-        prefill = unit_id not in self._groups and sessions[0].prefilling
+        prefill = self._prefilling(unit_id, sessions)
         if prefill:
             self._size_prefill(sessions[0])
             past = sessions[0].prefill_position
@@ -408,6 +408,10 @@ class StreamScheduler(PrefixScheduling):
         return True
 
     # -- prefill ------------------------------------------------------------------------
+    def _prefilling(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
+        """Whether the unit's next step is a prefill step (a stream alone, in its prompt)."""
+        return unit_id not in self._groups and sessions[0].prefilling
+
     def _others_decoding(self, session: DecodeSession) -> bool:
         return any(s is not session and not s.prefilling and not s.done
                    for s in self.sessions.values())
@@ -421,7 +425,7 @@ class StreamScheduler(PrefixScheduling):
 
     def _may_plan_ahead(self, unit_id: int, sessions: list[DecodeSession],
                         busy: Counter[int]) -> bool:
-        if unit_id in self._groups or len(sessions) != 1:
+        if not self._prefilling(unit_id, sessions):
             return False
         session = sessions[0]
         return (session.stream_id in self.sessions and session.can_plan_ahead

@@ -119,11 +119,11 @@ class DecodeSession:
         self.max_prefill_chunk = prefill_chunk or MAX_CHUNK
         self.prefill_chunk = self.max_prefill_chunk
         self._replay: np.ndarray | None = None  # tokens to prefill again after a restart
-        self._prefill_from = 0  # the first position prefilled (after a prefix-cache hit: > 0)
         self._planned_to = 0  # prefill positions planned so far
         self._answered_to = 0  # ... and answered
         self._chunk_ends: deque[int] = deque()  # ends of prefill steps planned, not answered
-        self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
+        self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache (the
+        # prefill starts there)
         self.restarts = 0
         self._position = self.prompt.size  # logical position of the last emitted token
         self._draft: list[int] = []
@@ -180,8 +180,7 @@ class DecodeSession:
         if self._planned_to or self._replay is not None or not 0 <= length < self.prompt.size:
             raise ValueError(f"cannot skip {length} tokens of a {self.prompt.size}-token "
                              "prompt once its prefill has started")
-        self._prefill_from = self._planned_to = self._answered_to = length
-        self.cached_tokens = length
+        self.cached_tokens = self._planned_to = self._answered_to = length
 
     @property
     def wants_logits(self) -> bool:
@@ -204,9 +203,8 @@ class DecodeSession:
         del self.k_used[self.spec.steps:]  # a decode step planned but never answered
         self._probing = False
         self.restarts += 1
-        self._prefill_from = self._planned_to = self._answered_to = 0
+        self.cached_tokens = self._planned_to = self._answered_to = 0
         self._chunk_ends.clear()
-        self.cached_tokens = 0
         if self.emitted:  # else still in the prompt: prefill it from the start
             self._replay = np.asarray(self.history[:self._position], dtype=np.int64)
 
@@ -250,7 +248,7 @@ class DecodeSession:
         self._chunk_ends.append(hi)
         if self._replay is not None:  # after a restart: the answer is known already
             return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0)
-        if lo == self._prefill_from:
+        if lo == self.cached_tokens:
             self._started_at = now
         return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0,
                         hi == tokens.size and self.wants_logits)
