@@ -60,6 +60,7 @@ from tools.prefill_prompts import (
 )
 from tools.prefill_report import Samples, itl_figures, layout_result, print_report, report
 from tools.prefill_systems import Turn
+from tools.serve_procs import exit_on_failure
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUTS = ("shared", "split")
@@ -307,18 +308,12 @@ def main(
         fail(problem)
     book = PromptBook(tokenizer)
     load_before = os.getloadavg()[0]
-    try:
+    with exit_on_failure():
         genai = [] if skip_genai else genai_systems(bench_model, export_dir, weights, tokenizer,
                                                     plan, book)
         results = {name: run_layout(plan, name, export_dir,
                                     bench_model.cache / "bench-prefill" / "home", genai, book,
                                     timeout) for name in names}
-    except RuntimeError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        err.print("interrupted: the cluster and the server are stopped")
-        raise typer.Exit(130) from None
     settings = {**asdict(plan), "layouts": names, "model": model, "weights": weights,
                 "export": str(export_dir), "properties": PROPS, "skip_genai": skip_genai,
                 "prompts": "chat, exact token ids after the template", "ignore_eos": True,

@@ -56,7 +56,7 @@ from tools.serve_load import (
     stream_chat,
     summarize,
 )
-from tools.serve_procs import served_cluster
+from tools.serve_procs import exit_on_failure, served_cluster
 
 if TYPE_CHECKING:
     from tools.serve_genai import GenaiServer
@@ -362,17 +362,10 @@ def main(
     props = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}  # cluster up's
     genai = None if skip_genai else genai_server(bench_model, export_dir, props, max(levels))
     load_before = os.getloadavg()
-    try:
-        with served_cluster(export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets,
-                            port, max_queue, api_key, timeout, REPO,
-                            max_streams=max_streams) as served:
-            rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
-    except RuntimeError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        err.print("interrupted: the cluster and the server are stopped")
-        raise typer.Exit(130) from None
+    with exit_on_failure(), served_cluster(
+            export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets, port, max_queue,
+            api_key, timeout, REPO, max_streams=max_streams) as served:
+        rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
     settings = {"requests": requests, "seed": seed, "overhead_requests": plan.overhead_requests,
                 "max_streams": max_streams,
                 "cpu_sets": cpu_sets, "export": str(export_dir), "genai_properties": props,

@@ -85,6 +85,22 @@ def stop_server(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 @contextmanager
+def exit_on_failure() -> Iterator[None]:
+    """Around a benchmark's served run: a RuntimeError is printed and exits 1, an interrupt
+    (after served_cluster's teardown) exits 130."""
+    import typer
+
+    try:
+        yield
+    except RuntimeError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        err.print("interrupted: the cluster and the server are stopped")
+        raise typer.Exit(130) from None
+
+
+@contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt meanwhile, so the teardown runs for it too."""
     def interrupt(signum: int, frame: object) -> None:
