@@ -38,7 +38,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
-@dataclass
+@dataclass(eq=False)  # entries are compared by identity: their tokens are arrays
 class PrefixEntry:
     """Tokens whose KV the stages hold: as entry ``entry_id`` (``stream_id`` None), or as a
     running stream's own KV (``stream_id``: a live source, not charged to the budget)."""
