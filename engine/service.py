@@ -256,11 +256,7 @@ class GenerationEngine:
             except (RequestRefused, ValueError) as exc:
                 self._refuse(client, req, f"{type(exc).__name__}: {exc}", BAD_REQUEST)
                 continue
-            room = self._kv_room(session)
-            if room is not None:
-                if room == "never":
-                    self._refuse(client, req, self._kv_too_big(session), BAD_REQUEST)
-                    continue
+            if not self._kv_fits(session):
                 self._waiting.appendleft((client, req))  # its turn comes when KV frees up
                 break
             try:
@@ -277,26 +273,18 @@ class GenerationEngine:
                                prefix_cache_tokens=self.prefix_cache_tokens,
                                prefix_stats=self.prefix_stats)
 
-    def _kv_room(self, session: DecodeSession) -> str | None:
-        """None when the session's KV fits the budget now (cached prefixes evicted to make
-        room if needed), "wait" when it will once streams finish, "never" if it cannot."""
+    def _kv_fits(self, session: DecodeSession) -> bool:
+        """Whether the session's KV fits the budget beside the running streams' now
+        (cached prefixes are evicted to make room); False: it waits for streams to end."""
         budget = self.kv_budget_tokens
         if budget is None:
-            return None
-        need = session.kv_tokens
-        if need > budget:
-            return "never"
+            return True
         free = budget - sum(job.session.kv_tokens for job in self._jobs.values())
-        if need > free:
-            return "wait"
+        if session.kv_tokens > free:
+            return False
         if self._scheduler is not None:
-            self._scheduler.evict_prefixes(free - need)
-        return None
-
-    def _kv_too_big(self, session: DecodeSession) -> str:
-        return (f"bad request: the prompt's {session.prompt.size} tokens plus max_tokens "
-                f"{session.max_new_tokens} need more KV than a stage may hold for one stream "
-                f"({self.kv_budget_tokens} tokens: its KV memory budget)")
+            self._scheduler.evict_prefixes(free - session.kv_tokens)
+        return True
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
         """The request's prompt as token ids (its messages through the chat template)."""
@@ -315,6 +303,11 @@ class GenerationEngine:
             raise RequestRefused(
                 f"the prompt's {len(ids)} tokens plus max_tokens {limit} exceed the "
                 f"model's context of {self.max_context} tokens")
+        if self.kv_budget_tokens is not None and len(ids) + limit > self.kv_budget_tokens:
+            raise RequestRefused(
+                f"the prompt's {len(ids)} tokens plus max_tokens {limit} need more KV than "
+                f"a stage may hold for one stream ({self.kv_budget_tokens} tokens: its KV "
+                "memory budget)")
         req = replace(req, max_tokens=limit)
         stops = () if req.ignore_eos else self.stop_ids
         sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
