@@ -291,14 +291,18 @@ class ClusterHead(HeadPrefixes):
 
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-               top_k: int = 0, mask_tail: int | np.ndarray = 0) -> int:
+               top_k: int = 0, mask_tail: int | np.ndarray = 0,
+               row_tokens: np.ndarray | None = None) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
 
         ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
         asks for the k best (token, logit) pairs, ``want_logits`` for the full logits.
         On a row group (``regroup``) ids and positions are [rows, T], one row per member,
         ``mask_tail`` holds one rewind per row, and the reply answers every row (rows x
-        positions), in member order.
+        positions), in member order. With ``row_tokens`` (paged stages) the rows are
+        ragged: ids and positions hold row i's ``row_tokens[i]`` tokens after row i-1's,
+        ``logits_idx`` indexes them all (None: every row's last), and the reply answers
+        those positions in order.
         """
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -309,7 +313,8 @@ class ClusterHead(HeadPrefixes):
         self._waiting_since = 0  # busy with stage 0: a reply arriving now waits in the queue
         group = self.stage0.groups.get(stream_id)
         rows = len(group.members) if group is not None else 1
-        ids = as_int64_vector(token_ids).reshape(rows, -1)
+        counts = EMPTY_INDEX if row_tokens is None else as_int64_vector(row_tokens)
+        ids = as_int64_vector(token_ids).reshape(1 if counts.size else rows, -1)
         pos = as_int64_vector(positions)
         idx = check_logits_idx(logits_idx, ids.shape[1])
         row_rewinds = EMPTY_INDEX
@@ -323,15 +328,16 @@ class ClusterHead(HeadPrefixes):
         mode = reply_mode(want_logits, top_k)
         header = HiddenStateFrame(Kind.STEP, stream_id, rid, stream.epoch, stream.next_step, pos,
                                   idx, mode, max(1, top_k), int(mask_tail), 0, b"", "",
-                                  rows=rows, row_rewinds=row_rewinds)
+                                  rows=rows, row_rewinds=row_rewinds, row_tokens=counts)
         t0 = time.perf_counter_ns()
-        prepared = prepare_frame(header, (rows, ids.shape[1], self.stage0.hidden_size),
+        prepared = prepare_frame(header, (ids.shape[0], ids.shape[1], self.stage0.hidden_size),
                                  HIDDEN_DTYPE, 0, start_ns, start_ns)
         prepare_ns = time.perf_counter_ns() - t0
         t0 += prepare_ns
         try:
             hidden = compute_step(self.stage0, stream_id, ids, pos, int(mask_tail), row_rewinds,
-                                  after_rewind=lambda: self._compact(stream_id))
+                                  after_rewind=lambda: self._compact(stream_id),
+                                  row_tokens=counts)
         except Exception as exc:
             if mask_tail or row_rewinds.size:
                 stream.broken = stream.broken or f"stage 0 failed after a rewind ({exc})"

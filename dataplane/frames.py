@@ -18,7 +18,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 MAGIC = b"ZCDP"
-PROTOCOL_VERSION = 2  # 2: a ``rows`` field (several streams batched in one step)
+# 2: a ``rows`` field (several streams batched in one step); 3: ``row_tokens`` (a row
+# group's rows step different token counts: ragged rows)
+PROTOCOL_VERSION = 3
 MAX_ROWS = 1024  # rows (streams) in one batched step
 MAX_NDIM = 4
 MAX_TOKENS = 1 << 17  # positions in one step
@@ -98,8 +100,8 @@ DTYPE_CODES: dict[np.dtype, int] = {dt: code for code, dt in DTYPES.items()}
 
 # magic, version, kind, reply mode, dtype code, top_k, ndim, n_timing, source stage,
 # stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes, rows,
-# n_row_rewinds.
-FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIHH")
+# n_row_rewinds, n_row_tokens.
+FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIHHH")
 SHAPE_STRUCTS = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
 POSITION_ITEM = np.dtype("<i8")
 SMALL_COUNT = 16  # up to this many int64s are checked with one struct unpack
@@ -119,6 +121,11 @@ class HiddenStateFrame:
     applies to every row and a reply answers rows x (len(logits_idx) or 1) positions;
     ``row_rewinds`` (empty, or one count per row) rewinds each row's last kept slots
     before the step, as ``mask_tail`` does for a single stream;
+    ``row_tokens`` (empty, or one count per row) makes the rows ragged: row i steps
+    ``row_tokens[i]`` tokens, the payload is [1, sum, ...] (the rows' tokens one after
+    the other), ``positions`` holds them in that order, ``logits_idx`` indexes that flat
+    list (empty = every row's last token) and a reply answers len(logits_idx) (or rows)
+    positions;
     ``mask_tail`` rewinds that many kept KV slots before the step; ``timings`` holds one
     packed ``TIMING`` record per stage passed (see ``stamp``). ``shape`` and ``dtype``
     describe the payload: ``encode_frame`` takes them from the array it sends. A node
@@ -143,16 +150,25 @@ class HiddenStateFrame:
     version: int = PROTOCOL_VERSION
     rows: int = 1
     row_rewinds: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
+    row_tokens: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
+
+    @property
+    def ragged(self) -> bool:
+        return bool(self.row_tokens.shape[0])
 
     @property
     def tokens(self) -> int:
-        """Tokens per row of the step."""
+        """Tokens per row of the step (ragged rows: of the whole step)."""
+        if self.row_tokens.shape[0]:
+            return int(self.positions.shape[0])
         return int(self.positions.shape[0]) // max(1, self.rows)
 
     @property
     def answer_rows(self) -> int:
         """How many positions the last stage answers for (logits_idx, or the last token),
         over all rows."""
+        if self.row_tokens.shape[0]:
+            return int(self.logits_idx.shape[0]) or self.rows
         return (int(self.logits_idx.shape[0]) or 1) * max(1, self.rows)
 
 
@@ -215,6 +231,8 @@ def pack_header(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtyp
     logits_idx = EMPTY_INDEX if header.logits_idx is EMPTY_INDEX else _int64s(header.logits_idx)
     row_rewinds = (EMPTY_INDEX if header.row_rewinds is EMPTY_INDEX
                    else _int64s(header.row_rewinds))
+    row_tokens = (EMPTY_INDEX if header.row_tokens is EMPTY_INDEX
+                  else _int64s(header.row_tokens))
     timings = header.timings
     if len(timings) % TIMING.size:
         raise FrameError(f"timings hold {len(timings)} bytes, not whole {TIMING.size}-byte records")
@@ -225,12 +243,13 @@ def pack_header(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtyp
             len(shape), len(timings) // TIMING.size, header.source_stage, header.stream_id,
             header.request_id, header.epoch, header.step, positions.shape[0],
             logits_idx.shape[0], header.mask_tail, len(error), header.rows,
-            row_rewinds.shape[0],
+            row_rewinds.shape[0], row_tokens.shape[0],
         )
         dims = SHAPE_STRUCTS[len(shape)].pack(*shape)
     except struct.error as exc:
         raise FrameError(f"header field out of range: {exc}") from None
-    return b"".join((fixed, dims, positions, logits_idx, row_rewinds, timings, error))
+    return b"".join((fixed, dims, positions, logits_idx, row_rewinds, row_tokens, timings,
+                     error))
 
 
 class PreparedFrame(NamedTuple):
@@ -305,16 +324,17 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
                          f"{FIXED.size}")
     (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, source_stage,
      stream_id, request_id, epoch, step, tokens, n_idx, mask_tail,
-     error_len, rows, n_rewinds) = fields = FIXED.unpack_from(raw)
+     error_len, rows, n_rewinds, n_row_tokens) = fields = FIXED.unpack_from(raw)
     o_pos = FIXED.size + ndim * 4
-    o_tim = o_pos + (tokens + n_idx + n_rewinds) * 8
+    o_tim = o_pos + (tokens + n_idx + n_rewinds + n_row_tokens) * 8
     o_err = o_tim + n_timing * TIMING.size
     if (magic != MAGIC or version != PROTOCOL_VERSION or kind_code not in KINDS
             or reply_code not in REPLY_MODES or dtype_code not in DTYPE_OK or ndim > MAX_NDIM
             or tokens > MAX_TOKENS or n_timing > MAX_STAGES or top_k > MAX_TOP_K
             or error_len > MAX_ERROR_BYTES or not 1 <= rows <= MAX_ROWS
-            or (n_rewinds and n_rewinds != rows) or tokens % rows or n_idx > tokens // rows
-            or size != o_err + error_len):
+            or (n_rewinds and n_rewinds != rows) or (n_row_tokens and n_row_tokens != rows)
+            or (not n_row_tokens and (tokens % rows or n_idx > tokens // rows))
+            or n_idx > tokens or size != o_err + error_len):
         raise FrameError(_header_problem(fields, size, o_err + error_len))
     if tokens:
         if tokens <= SMALL_COUNT:  # the per-token path: one unpack, no numpy reduction
@@ -326,13 +346,19 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
         positions = np.frombuffer(raw, POSITION_ITEM, tokens, o_pos)
     else:
         positions = EMPTY_INDEX
-    row_rewinds = EMPTY_INDEX
+    row_rewinds = row_tokens = EMPTY_INDEX
+    o_rows = o_pos + (tokens + n_idx) * 8
     if n_rewinds:
-        row_rewinds = np.frombuffer(raw, POSITION_ITEM, n_rewinds, o_tim - n_rewinds * 8)
+        row_rewinds = np.frombuffer(raw, POSITION_ITEM, n_rewinds, o_rows)
         if int(row_rewinds.min()) < 0:
             raise FrameError("negative row rewind")
+    if n_row_tokens:
+        row_tokens = np.frombuffer(raw, POSITION_ITEM, n_row_tokens, o_rows + n_rewinds * 8)
+        if int(row_tokens.min()) < 1 or int(row_tokens.sum()) != tokens:
+            raise FrameError(f"row tokens {row_tokens.tolist()} are not positive counts that "
+                             f"add up to the step's {tokens} positions")
     shape = SHAPE_STRUCTS[ndim].unpack_from(raw, FIXED.size)
-    plain = rows == 1 and not (n_idx or n_rewinds) and (
+    plain = rows == 1 and not (n_idx or n_rewinds or n_row_tokens) and (
         (kind_code == STEP_CODE and ndim > 1 and shape[0] == 1 and shape[1] == tokens) or
         (kind_code == REPLY_CODE and reply_code == TOP1_CODE and dtype_code == TOPK_CODE
          and shape == (1, 1)))
@@ -341,13 +367,13 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
         np.frombuffer(raw, POSITION_ITEM, n_idx, o_pos + tokens * 8) if n_idx else EMPTY_INDEX,
         REPLY_MODES[reply_code], top_k, mask_tail, source_stage, bytes(raw[o_tim:o_err]),
         bytes(raw[o_err:]).decode("utf-8", errors="replace") if error_len else "",
-        shape, DTYPES.get(dtype_code), version, rows, row_rewinds), plain
+        shape, DTYPES.get(dtype_code), version, rows, row_rewinds, row_tokens), plain
 
 
 def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
     """What is wrong with a header whose FIXED fields failed ``_parse_header``'s test."""
     (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, _, _, _, _, _,
-     tokens, n_idx, _, error_len, rows, n_rewinds) = fields
+     tokens, n_idx, _, error_len, rows, n_rewinds, n_row_tokens) = fields
     if magic != MAGIC:
         return f"bad magic {bytes(magic)!r}: not a zctl data-plane frame"
     if version != PROTOCOL_VERSION:
@@ -367,9 +393,13 @@ def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
                 f"{rows} rows (1 to {MAX_ROWS})")
     if n_rewinds and n_rewinds != rows:
         return f"{n_rewinds} row rewinds for {rows} rows"
-    if tokens % rows:
+    if n_row_tokens and n_row_tokens != rows:
+        return f"{n_row_tokens} row token counts for {rows} rows"
+    if n_idx > tokens:
+        return f"{n_idx} logits indices for a {tokens}-token step"
+    if not n_row_tokens and tokens % rows:
         return f"{tokens} positions do not split into {rows} equal rows"
-    if n_idx > tokens // rows:
+    if not n_row_tokens and n_idx > tokens // rows:
         return f"{n_idx} logits indices for a {tokens // rows}-token step"
     what = "truncated header" if size < declared else "trailing bytes after header"
     return f"{what}: {size} bytes, the header declares {declared}"
@@ -388,7 +418,14 @@ def check_semantics(header: HiddenStateFrame) -> None:
                          "mask_tail", header)
     if header.row_rewinds.size and header.kind not in (Kind.STEP, Kind.ERROR):
         raise FrameError(f"a {header.kind.name} frame carries no row rewinds", header)
-    if header.kind == Kind.STEP:
+    if header.ragged and header.kind not in (Kind.STEP, Kind.REPLY, Kind.ERROR):
+        raise FrameError(f"a {header.kind.name} frame has no ragged rows", header)
+    if header.kind == Kind.STEP and header.ragged:
+        if header.dtype is None or len(header.shape) < 2 or header.shape[:2] != (1, tokens):
+            raise FrameError(f"a ragged step's payload must be [1, {tokens}, ...] for its "
+                             f"{header.rows} rows of {header.row_tokens.tolist()} tokens, got "
+                             f"shape {list(header.shape)}", header)
+    elif header.kind == Kind.STEP:
         if (header.dtype is None or len(header.shape) < 2 or header.shape[1] != tokens
                 or header.shape[0] != header.rows):
             raise FrameError(f"a step payload must be [{header.rows}, {tokens}, ...] for its "

@@ -29,10 +29,16 @@ from dataplane.runtime import StageError, StageRunner
 
 def compute_step(runner: StageRunner, stream_id: int, x: np.ndarray, positions: np.ndarray,
                  mask_tail: int, row_rewinds: np.ndarray, answer_for: np.ndarray | None = None,
-                 after_rewind: Callable[[], None] | None = None) -> np.ndarray:
+                 after_rewind: Callable[[], None] | None = None,
+                 row_tokens: np.ndarray | None = None) -> np.ndarray:
     """Apply a step's rewind on this stage (a stream's ``mask_tail``, or a row group's
     ``row_rewinds``, one per row), run ``after_rewind`` if it masked anything, then compute
-    the step (``positions`` flat; a row group's rows are ``x``'s first axis)."""
+    the step (``positions`` flat; a row group's rows are ``x``'s first axis, or with
+    ``row_tokens`` its rows' tokens follow each other on its second: ragged rows)."""
+    ragged = row_tokens is not None and row_tokens.size > 0
+    if ragged and not getattr(runner, "paged_attention", False):
+        raise StageError("ragged rows (rows of different token counts) need paged attention "
+                         "on every stage; this stage runs stateful KV")
     group = runner.groups.get(stream_id)
     if group is not None and mask_tail:
         raise StageError(f"row group {stream_id} rewinds per row (row_rewinds), not by mask_tail")
@@ -40,6 +46,10 @@ def compute_step(runner: StageRunner, stream_id: int, x: np.ndarray, positions: 
     if runner.mask_step_tail(stream_id, rewind) and after_rewind is not None:
         after_rewind()
         group = runner.groups.get(stream_id)  # re-formed by a compaction
+    if ragged:
+        if group is None:
+            raise StageError(f"{stream_id} is not a row group: only a row group steps ragged rows")
+        return runner.step_ragged(stream_id, x, positions, row_tokens, answer_for)
     if group is not None:
         return runner.step_rows(stream_id, x, positions.reshape(x.shape[0], -1), answer_for)
     return runner.step(stream_id, x, positions, answer_for)

@@ -16,6 +16,7 @@ import openvino as ov
 from dataplane.figures import StepFigures
 from dataplane.runtime import RuntimeConfig, StageRunner, StepInputs, load_runner
 from dataplane.slots import held_slots
+from dataplane.stage_base import StageError, check_ragged_step
 from engine.executor import InlineExecutor, PrefixCacheUnsupported, StepReply, reply_from_logits
 
 REWIND_MODES = ("mask", "trim")
@@ -126,18 +127,28 @@ class LocalChain(InlineExecutor):
 
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-             mask_tail: int | np.ndarray = 0) -> StepReply:
+             mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
+             ) -> StepReply:
         """One step through every stage; ``mask_tail`` rewinds that many tokens first.
 
         On a row group, ids and positions are [rows, T], ``mask_tail`` holds one rewind
-        per row, and the reply answers every row.
+        per row, and the reply answers every row; with ``row_tokens`` (paged stages) the
+        rows are ragged: ids and positions hold each row's tokens after the previous
+        row's and ``logits_idx`` indexes them all (None: every row's last).
         """
         if type(mask_tail) is not int or mask_tail:
             self.rewind(stream_id, mask_tail)
         group = self.runners[0].groups.get(stream_id)
-        if group is not None:
+        counts = None
+        if row_tokens is not None:
+            if group is None or not self.paged_attention:
+                raise StageError("ragged rows need a row group on paged stages")
+            x: np.ndarray = np.asarray(token_ids, dtype=np.int64).reshape(1, -1)
+            pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+            counts = check_ragged_step(stream_id, len(group.members), x, pos, row_tokens)
+        elif group is not None:
             rows = len(group.members)
-            x: np.ndarray = np.asarray(token_ids, dtype=np.int64).reshape(rows, -1)
+            x = np.asarray(token_ids, dtype=np.int64).reshape(rows, -1)
             pos = np.asarray(positions, dtype=np.int64).reshape(rows, -1)
         else:
             x = np.asarray(token_ids, dtype=np.int64)[None]
@@ -149,8 +160,9 @@ class LocalChain(InlineExecutor):
         prepared: list[StepInputs] = []
         inputs: StepInputs | None = None
         for runner in self.runners:
-            inputs = runner.prepare(stream_id, pos, logits_idx if runner.spec.last else None,
-                                    inputs)
+            last_idx = logits_idx if runner.spec.last else None
+            inputs = (runner.prepare(stream_id, pos, last_idx, inputs) if counts is None else
+                      runner.prepare(stream_id, pos, last_idx, inputs, row_tokens=counts))
             prepared.append(inputs)
         out: np.ndarray | ov.Tensor = x
         stage_ms = []

@@ -32,6 +32,7 @@ from dataplane.stage_base import (
     MaskRewind,
     RuntimeConfig,
     StageError,
+    check_ragged_step,
     check_row_rewinds,
     check_rows_step,
     check_step_input,
@@ -120,11 +121,12 @@ class PagedGroup:
 
 @dataclass(frozen=True)
 class PagedStep:
-    """One step's bound inputs but x: the sequences it steps and how many tokens each."""
+    """One step's bound inputs but x: the sequences it steps, how many tokens each, and
+    the output's leading shape (rows and answers per row, or 1 and all of a ragged step's)."""
 
     seqs: list[Sequence]
-    tokens: int  # per sequence
-    answers: int  # output rows per sequence (tokens, or logits positions on the last stage)
+    counts: list[int]  # tokens per sequence
+    out_shape: tuple[int, int]
 
 
 class PagedStageRunner(MaskRewind):
@@ -327,42 +329,74 @@ class PagedStageRunner(MaskRewind):
         step = self.prepare(group_id, positions, logits_idx)
         return self._output(self.run(group_id, x, step), step)
 
+    def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None) -> np.ndarray:
+        """One step of every row of a group, row i stepping ``row_tokens[i]`` tokens (a
+        decoding row's one beside a prompt's chunk): x [1, N] ids or [1, N, H] hidden
+        states, the rows' tokens one after the other, ``positions`` [N] in that order;
+        ``logits_idx`` indexes those N tokens (None: every row's last). Returns [1, N, H]
+        or logits [1, K, V] (a view)."""
+        rows = len(self._group(group_id).members)
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        counts = check_ragged_step(group_id, rows, x, positions, row_tokens)
+        step = self.prepare(group_id, positions, logits_idx, row_tokens=counts)
+        return self._output(self.run(group_id, x, step), step)
+
     def prepare(self, stream_id: int, positions: np.ndarray,
-                logits_idx: np.ndarray | None = None, inputs: Any = None) -> PagedStep:
+                logits_idx: np.ndarray | None = None, inputs: Any = None,
+                row_tokens: np.ndarray | None = None) -> PagedStep:
         """Bind every input of a stream's (or row group's) next step but x: RoPE rows,
-        each sequence's past length and block table (``inputs``, from another stage, is
-        not reused: every stage has its own blocks)."""
+        each sequence's past length and block table. ``positions`` is [rows, T], or with
+        ``row_tokens`` (ragged rows) the rows' positions one after the other (``inputs``,
+        from another stage, is not reused: every stage has its own blocks)."""
         group = self.groups.get(stream_id)
         seqs = group.seqs if group is not None else [self._stream(stream_id)]
-        rows, tokens = positions.shape
-        if rows != len(seqs):
-            raise StageError(f"{rows} rows of positions for {len(seqs)} sequences")
-        answers = tokens
+        if row_tokens is None:
+            rows, tokens = positions.shape
+            counts = [tokens] * rows
+        else:
+            counts = [int(c) for c in row_tokens]
+        if len(counts) != len(seqs):
+            raise StageError(f"{len(counts)} rows of positions for {len(seqs)} sequences")
+        total = sum(counts)
+        out_shape = (len(seqs), counts[0]) if row_tokens is None else (1, total)
         if self.spec.last:
-            idx = (np.array([tokens - 1]) if logits_idx is None
-                   else np.asarray(logits_idx, dtype=np.int64).reshape(-1))
-            if idx.size == 0 or idx.min() < 0 or idx.max() >= tokens:
-                raise StageError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
-            answers = idx.size
-            flat = (np.arange(rows)[:, None] * tokens + idx[None]).reshape(-1)
-            self._set("logits_idx", flat.astype(np.int64))
-        for seq in seqs:
-            self._reserve(seq, tokens)
+            flat = self._answer_index(counts, logits_idx, ragged=row_tokens is not None)
+            out_shape = (len(seqs), flat.size // len(seqs)) if row_tokens is None else (1, flat.size)
+            self._set("logits_idx", flat)
+        for seq, count in zip(seqs, counts, strict=True):
+            self._reserve(seq, count)
         if positions.size == 1:
-            cos, sin = self._rope_rows.one(int(positions[0, 0]))
+            cos, sin = self._rope_rows.one(int(positions.reshape(-1)[0]))
         else:
             cos, sin = rope_tables(positions.reshape(1, -1), self.inv_freq, self.rope_scaling)
-        self._set("rope_cos", cos.reshape(rows * tokens, 1, -1))
-        self._set("rope_sin", sin.reshape(rows * tokens, 1, -1))
-        need = [blocks_for(s.length + tokens, self.block_size) for s in seqs]
+        self._set("rope_cos", cos.reshape(total, 1, -1))
+        self._set("rope_sin", sin.reshape(total, 1, -1))
+        need = [blocks_for(s.length + c, self.block_size) for s, c in zip(seqs, counts, strict=True)]
         self._set("past_lens", np.array([s.length for s in seqs], dtype=np.int32))
-        self._set("subsequence_begins", (np.arange(rows + 1) * tokens).astype(np.int32))
+        self._set("subsequence_begins", np.cumsum([0, *counts]).astype(np.int32))
         self._set("block_indices", np.array([b for s, n in zip(seqs, need, strict=True)
                                              for b in s.blocks[:n]], dtype=np.int32))
         self._set("block_indices_begins", np.cumsum([0, *need]).astype(np.int32))
-        self._set("max_context_len", np.array(max(s.length for s in seqs) + tokens,
-                                               dtype=np.int32))
-        return PagedStep(list(seqs), tokens, answers)
+        self._set("max_context_len", np.array(max(s.length + c for s, c in zip(
+            seqs, counts, strict=True)), dtype=np.int32))
+        return PagedStep(list(seqs), counts, out_shape)
+
+    @staticmethod
+    def _answer_index(counts: list[int], logits_idx: np.ndarray | None, ragged: bool
+                      ) -> np.ndarray:
+        """The flat token indices the last stage answers for: ``logits_idx`` in every row
+        (uniform rows) or of the whole step (ragged rows); None: every row's last token."""
+        total = sum(counts)
+        if logits_idx is None:
+            return (np.cumsum(counts) - 1).astype(np.int64)
+        idx = np.asarray(logits_idx, dtype=np.int64).reshape(-1)
+        span = total if ragged else counts[0]
+        if idx.size == 0 or idx.min() < 0 or idx.max() >= span:
+            raise StageError(f"logits_idx {idx.tolist()} out of range for {span} tokens")
+        if ragged:
+            return idx
+        return (np.arange(len(counts))[:, None] * span + idx[None]).reshape(-1)
 
     def _set(self, name: str, array: np.ndarray) -> None:
         self._inputs.put(name, array)
@@ -370,7 +404,7 @@ class PagedStageRunner(MaskRewind):
     def run(self, stream_id: int, x: np.ndarray | ov.Tensor, step: PagedStep) -> ov.Tensor:
         """Run the step ``prepare`` bound on x (token ids [rows, T], hidden states
         [rows, T, H], or the previous stage's output tensor); the sequences grow by T."""
-        n = len(step.seqs) * step.tokens
+        n = sum(step.counts)
         data = x.data if isinstance(x, ov.Tensor) else np.asarray(x)
         if self.spec.first:
             flat = data.astype(np.int64, copy=False).reshape(n)
@@ -384,12 +418,12 @@ class PagedStageRunner(MaskRewind):
             self.request.wait()
         else:
             self.request.infer()
-        for seq in step.seqs:
-            seq.length += step.tokens
+        for seq, count in zip(step.seqs, step.counts, strict=True):
+            seq.length += count
         return self.request.get_output_tensor(0)
 
     def _output(self, tensor: ov.Tensor, step: PagedStep) -> np.ndarray:
-        return tensor.data.reshape(len(step.seqs), step.answers, -1)
+        return tensor.data.reshape(*step.out_shape, -1)
 
     # -- prefixes (the prefix cache's entries) ---------------------------------------------
     def row_of(self, stream_id: int) -> tuple[int, int] | None:

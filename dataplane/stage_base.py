@@ -132,6 +132,22 @@ def check_rows_step(group_id: int, rows: int, x: np.ndarray, positions: np.ndarr
                          f"and positions [{rows}, T], got {x.shape} and {positions.shape}")
 
 
+def check_ragged_step(group_id: int, rows: int, x: np.ndarray, positions: np.ndarray,
+                      row_tokens: np.ndarray) -> np.ndarray:
+    """The rows' token counts of a ragged step, checked: StageError unless there is one
+    positive count per row, they add up to the step's positions [N], and x is [1, N] or
+    [1, N, H]."""
+    counts = np.asarray(row_tokens, dtype=np.int64).reshape(-1)
+    if counts.size != rows or (counts.size and int(counts.min()) < 1):
+        raise StageError(f"row group {group_id} has {rows} rows: a ragged step needs one "
+                         f"positive token count per row, got {counts.tolist()}")
+    total = int(counts.sum())
+    if positions.shape != (total,) or x.ndim < 2 or x.shape[:2] != (1, total):
+        raise StageError(f"a ragged step of rows {counts.tolist()} takes x [1, {total}, ...] and "
+                         f"positions [{total}], got {x.shape} and {positions.shape}")
+    return counts
+
+
 def check_row_rewinds(group_id: int, counts: np.ndarray, held: Sequence[int]) -> np.ndarray:
     """The per-row rewind counts as int64, checked against the tokens each row ``held``:
     StageError unless there is one count per row, each in 0..held."""

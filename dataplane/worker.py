@@ -314,6 +314,11 @@ class StageWorker(WorkerPrefixes):
         ids = [] if members is None else [int(m) for m in members]
         for sid in (gid, *ids):  # their last outputs may still be on the wire
             self._guard.release(sid)
+        broken = [self._streams[sid].broken for sid in ids
+                  if sid in self._streams and self._streams[sid].broken]
+        if broken:  # a row whose KV is wrong here (a prefix it could not load): refuse
+            state.broken = f"row group {gid} takes a broken stream: {broken[0]}"
+            self._problem("group", f"stage {self.stage}: {state.broken}")
         try:
             self.runner.regroup(gid, ids)
         except Exception as exc:  # nothing changed here; the group's steps are refused
@@ -353,13 +358,15 @@ class StageWorker(WorkerPrefixes):
             return
         self._guard.release(sid)
         positions, logits_idx, rewinds = header.positions, header.logits_idx, header.row_rewinds
+        row_tokens = header.row_tokens  # _prepare_out clears these on a reply's header
         start = time.perf_counter_ns()
         prepared = self._prepare_out(header, payload, recv_ns, ready_ns)
         prepare_ns = time.perf_counter_ns() - start
         start += prepare_ns
         try:
             out = compute_step(self.runner, sid, payload, positions, header.mask_tail, rewinds,
-                               logits_idx if self.last and logits_idx.size else None)
+                               logits_idx if self.last and logits_idx.size else None,
+                               row_tokens=row_tokens)
         except Exception as exc:  # a stage failure must reach the coordinator, not kill us
             self._send_error(header, str(exc), recv_ns, ready_ns)
             return
@@ -400,6 +407,7 @@ class StageWorker(WorkerPrefixes):
             header.row_rewinds = EMPTY_INDEX  # applied; a reply carries none
             if not header.logits_idx.size:  # answering for the last token: the coordinator
                 header.positions = EMPTY_INDEX  # knows its position, save the bytes
+                header.row_tokens = EMPTY_INDEX
             if header.reply != ReplyMode.TOP1:
                 return None
             shape, dtype = (header.answer_rows, 1), TOPK_DTYPE

@@ -59,7 +59,11 @@ class Executor(Protocol):
     on its own, applied before the stream's next step. ``regroup`` makes ``group_id`` the
     row group of ``members`` (streams stepped as the rows of one inference per stage)
     where ``row_groups_supported``; ``compact`` drops a stream's masked KV slots.
-    ``abandon_all`` forgets every step in flight (the stages are known to be broken):
+    Where ``paged_attention``, a row group's step may be ragged: ``row_tokens`` gives each
+    row's token count, ids and positions hold the rows' tokens one after the other,
+    ``logits_idx`` indexes them all (None: every row's last token) and the reply answers
+    those positions in order (a decoding row's token beside a prompt's chunk: one
+    inference, split-fuse). ``abandon_all`` forgets every step in flight (the stages are known to be broken):
     streams must be reset before they step again. ``overlaps_steps``: later stages compute
     a step while ``submit`` computes the next on stage 0 (a stream's steps answer in order).
 
@@ -85,7 +89,8 @@ class Executor(Protocol):
     def close_stream(self, stream_id: int) -> None: ...
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-               mask_tail: int | np.ndarray = 0) -> int: ...
+               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
+               ) -> int: ...
     def collect_any(self, timeout_s: float | None = None) -> StepReply | None: ...
     def rewind(self, stream_id: int, count: int) -> None: ...
     def compact(self, stream_id: int) -> None: ...
@@ -123,15 +128,20 @@ class InlineExecutor:
 
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-             mask_tail: int | np.ndarray = 0) -> StepReply:
+             mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
+             ) -> StepReply:
         raise NotImplementedError
 
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-               mask_tail: int | np.ndarray = 0) -> int:
+               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None) -> int:
         """Run the step now; its reply waits for ``collect_any``. Raises what ``step`` raises."""
-        reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
-                          mask_tail=mask_tail)
+        if row_tokens is None:  # subclasses whose stages take no ragged rows omit it
+            reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
+                              mask_tail=mask_tail)
+        else:
+            reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
+                              mask_tail=mask_tail, row_tokens=row_tokens)
         reply.request_id = next(self._request_ids)
         self._answered.append((stream_id, reply))
         return reply.request_id

@@ -25,6 +25,7 @@ MIN_CHUNK = 16  # a lone prompt's chunks are no smaller
 FAIR_MIN_CHUNK = 4  # nor a shared prefill's (with a costly past a token costs the same either way)
 SHORT_PREFILL = 64  # a prefill this short goes in one step, even beside decoding streams
 MAX_CHUNK = 4096  # one step's mask is [T, past + T] floats: 64 MB at 4,096 tokens
+FUSED_SHARE = 0.75  # a chunk riding in a decode step adds at most this share of its cost
 FIT_WINDOW = 64
 MIN_FIT = 6  # prefill steps observed before the fit replaces the prior
 
@@ -55,8 +56,11 @@ STATEFUL_PRIOR = StepCostModel(2.0, 0.17, 1.6e-3, 6e-5)
 PAGED_PRIOR = StepCostModel(2.0, 0.17, 1.1e-4, 5.5e-5)
 
 
-def _design(t: np.ndarray, p: np.ndarray) -> np.ndarray:
-    return np.stack([np.ones_like(t), t, t * p, t * t], axis=1)
+def step_features(rows: list[tuple[int, int]]) -> tuple[float, float, float, float]:
+    """The cost model's terms of one step whose rows (sequences) feed (tokens, past)
+    each: the fixed cost once, the others summed over the rows."""
+    return (1.0, float(sum(t for t, _ in rows)), float(sum(t * p for t, p in rows)),
+            float(sum(t * t for t, _ in rows)))
 
 
 class PrefillCost:
@@ -66,12 +70,17 @@ class PrefillCost:
 
     def __init__(self, prior: StepCostModel | None = None) -> None:
         self.prior = prior or STATEFUL_PRIOR
-        self._samples: deque[tuple[int, int, float]] = deque(maxlen=FIT_WINDOW)
+        self._samples: deque[tuple[tuple[float, ...], float]] = deque(maxlen=FIT_WINDOW)
         self._model: StepCostModel | None = None
 
     def observe(self, tokens: int, past: int, stage_ms: float) -> None:
-        if tokens > 1 and stage_ms > 0:
-            self._samples.append((tokens, past, stage_ms))
+        """A step of one sequence: ``tokens`` over ``past``, costing ``stage_ms``."""
+        self.observe_rows([(tokens, past)], stage_ms)
+
+    def observe_rows(self, rows: list[tuple[int, int]], stage_ms: float) -> None:
+        """A step of several sequences (a prompt's chunk beside decoding rows)."""
+        if sum(t for t, _ in rows) > 1 and stage_ms > 0:
+            self._samples.append((step_features(rows), stage_ms))
             self._model = None
 
     @property
@@ -83,8 +92,8 @@ class PrefillCost:
     def _fit(self) -> StepCostModel:
         if len(self._samples) < MIN_FIT:
             return self.prior
-        t, p, ms = (np.array(c, dtype=np.float64) for c in zip(*self._samples, strict=True))
-        design = _design(t, p)
+        design = np.array([f for f, _ in self._samples], dtype=np.float64)
+        ms = np.array([m for _, m in self._samples], dtype=np.float64)
         scale = np.abs(design).max(axis=0)
         scale[scale == 0] = 1.0
         design = design / scale  # columns of one size, for the rank test
@@ -148,15 +157,17 @@ def lone_chunk(tokens: int, past: int, stages: int, cost: StepCostModel,
 
 
 def fair_chunk(decode_ms: float, past: int, cost: StepCostModel, cap: int = MAX_CHUNK,
-               left: int | None = None) -> int:
+               left: int | None = None, fused: bool = False) -> int:
     """The largest chunk that costs a stage about one decode step (``decode_ms``), at least
     ``FAIR_MIN_CHUNK`` tokens: a prompt's prefill interleaved with decode steps at most
-    about doubles their inter-token time. A prefill with at most ``SHORT_PREFILL`` tokens
-    ``left`` goes whole (it costs about a decode step; cutting it only adds steps)."""
+    about doubles their inter-token time. ``fused``: the chunk rides in a decode step (a
+    ragged row), whose fixed cost is paid already: it may add ``FUSED_SHARE`` of that
+    step. A prefill with at most ``SHORT_PREFILL`` tokens ``left`` goes whole (it costs
+    about a decode step; cutting it only adds steps)."""
     if left is not None and left <= SHORT_PREFILL:
         return max(1, min(cap, left))
     per, quad = cost.per_token_ms + cost.per_past_ms * past, cost.per_self_ms
-    room = decode_ms - cost.fixed_ms
+    room = FUSED_SHARE * decode_ms if fused else decode_ms - cost.fixed_ms
     if room <= 0 or (per <= 0 and quad <= 0):
         tokens = FAIR_MIN_CHUNK if room <= 0 else cap
     elif quad > 0:  # the largest t with quad t^2 + per t <= room

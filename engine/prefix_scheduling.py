@@ -26,7 +26,7 @@ class PrefixScheduling:
     cache: PrefixCache | None
     sessions: dict[int, DecodeSession]
     _in_flight: dict[int, list[DecodeSession]]
-    _prefill_steps: dict[int, tuple[int, int]]
+    _prefill_steps: dict[int, list[tuple[int, int]]]
     _wirings: int
 
     def _clear_prefixes(self) -> None:

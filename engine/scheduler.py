@@ -17,13 +17,12 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.drafting import SATURATED, Drafter, StepCost, busiest_stage_share
 from engine.executor import Executor, StepError, StepReply
 from engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR, PrefillCost, fair_chunk, lone_chunk
 from engine.prefix_cache import PrefixCache, PrefixCacheStats
 from engine.prefix_scheduling import PrefixScheduling
+from engine.row_plans import RowsPlan, padded_rows, ragged_rows
 from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession, StepPlan
 from engine.stats import GenerationStats
@@ -115,14 +114,18 @@ class StreamScheduler(PrefixScheduling):
         self._group_of: dict[int, int] = {}  # stream id -> its row group
         self._group_steps: dict[int, int] = {}  # request id -> group id
         self._pads: dict[int, int] = {}  # stream id -> padding slots of its last row step
-        self._row_lens: dict[int, list[int]] = {}  # request id -> real tokens per row
+        self._row_answers: dict[int, list[tuple[int, int]]] = {}  # request id -> each row's
+        # slice of the reply's answers
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
         self.load = StageLoad(shared_cores=shared_cores)
         paged = bool(getattr(pipeline, "paged_attention", False))
+        # paged stages step a group's rows ragged: a prompt's chunks ride in its decode steps
+        self.ragged = paged and bool(self._groups)
         self.prefill_cost = PrefillCost(PAGED_PRIOR if paged else STATEFUL_PRIOR)
         self.decode_ms = 0.0  # recent decode steps' busiest-stage compute (EWMA)
-        self._prefill_steps: dict[int, tuple[int, int]] = {}  # request id -> (tokens, past)
+        # request id -> (tokens, past) of each row of a step that carries a prefill
+        self._prefill_steps: dict[int, list[tuple[int, int]]] = {}
         self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
         self.cache: PrefixCache | None = None
         self._wirings = getattr(pipeline, "wirings", 0)
@@ -212,14 +215,28 @@ class StreamScheduler(PrefixScheduling):
         return self._settle_groups()
 
     def _would_group(self, session: DecodeSession) -> bool:
-        """Whether a session outside the row groups joins one when next idle: once its
-        prompt is in, if groups exist and it is not the only stream decoding. A lone stream
-        steps on its own: a one-row group computes the same, but its per-row inputs cost
-        ~0.3 ms more host time a token (measured on SmolLM2, 2 stages)."""
-        if not self._groups or session.prefilling or session.done:
+        """Whether a session outside the row groups joins one when next idle: if groups
+        exist and it is not the only stream decoding, once its prompt is in, or on paged
+        stages (ragged rows) while others decode, so its chunks ride in their steps. A lone
+        stream steps on its own: a one-row group computes the same, but its per-row inputs
+        cost ~0.3 ms more host time a token (measured on SmolLM2, 2 stages); so does a lone
+        prompt, whose chunks pipeline through the stages instead."""
+        if not self._groups or session.done:
             return False
-        return bool(self._group_of) or sum(
-            not s.prefilling and not s.done for s in self.sessions.values()) >= 2
+        if session.prefilling and not (self.ragged and self._others_decoding(session)
+                                       and not self._loaded_unchecked(session)):
+            return False
+        if self._group_of:
+            return True
+        active = [s for s in self.sessions.values()
+                  if not s.done and (self.ragged or not s.prefilling)]
+        return len(active) >= 2 and any(not s.prefilling for s in active)
+
+    @staticmethod
+    def _loaded_unchecked(session: DecodeSession) -> bool:
+        """A prompt that started from a cached prefix and has not stepped since: its first
+        chunk steps alone, so a stage that lacks the entry fails that step, not a group's."""
+        return bool(session.cached_tokens) and session.prefill_position == session.cached_tokens
 
     def _leave_group(self, session: DecodeSession) -> None:
         gid = self._group_of.pop(session.stream_id, None)
@@ -256,9 +273,9 @@ class StreamScheduler(PrefixScheduling):
         return units
 
     def _plan(self, unit_id: int, sessions: list[DecodeSession]
-              ) -> tuple[StepPlan, list[int] | None]:
-        """One session's plan, or the plans of a group's rows padded to one length (and
-        each row's real token count)."""
+              ) -> tuple[StepPlan, RowsPlan | None]:
+        """One session's plan, or a group's rows as one step (ragged on paged stages, else
+        padded to one length)."""
         # Several streams on saturated stages: adaptive K drafts nothing (drafts would only
         # take compute from the other streams); a lone stream's drafts fill its own idle time.
         cap = 0 if len(self.sessions) > 1 and self.load.saturated() else None
@@ -266,44 +283,38 @@ class StreamScheduler(PrefixScheduling):
             session.k_cap = cap
         if unit_id not in self._groups:
             return sessions[0].plan(), None
+        for session in sessions:
+            if session.prefilling:
+                self._size_prefill(session)
         plans = [s.plan() for s in sessions]
         self.row_steps += 1
         self.rows_stepped += len(plans)
-        lens = [len(p.token_ids) for p in plans]
-        tokens = max(lens)
-        ids = np.empty((len(plans), tokens), dtype=np.int64)
-        positions = np.empty((len(plans), tokens), dtype=np.int64)
-        rewinds = np.empty(len(plans), dtype=np.int64)
-        for row, (session, plan, n) in enumerate(zip(sessions, plans, lens, strict=True)):
-            ids[row, :n] = plan.token_ids
-            ids[row, n:] = plan.token_ids[-1]  # padding: masked by the next step's rewind
-            positions[row] = plan.positions[0] + np.arange(tokens)
-            rewinds[row] = int(plan.rewind) + self._pads.get(session.stream_id, 0)
-            self._pads[session.stream_id] = tokens - n
-        return StepPlan(ids, positions, np.arange(tokens) if tokens > 1 else None, rewinds,
-                        any(p.want_logits for p in plans)), lens
+        if self.ragged:
+            rows = ragged_rows(plans)
+        else:
+            rows = padded_rows(plans, [self._pads.get(s.stream_id, 0) for s in sessions])
+            for session, pad in zip(sessions, rows.pads, strict=True):
+                self._pads[session.stream_id] = pad
+        return rows.plan, rows
 
     def _advance(self, sessions: list[DecodeSession], reply: StepReply,
-                 row_lens: list[int] | None) -> list[SessionUpdate]:
+                 answers: list[tuple[int, int]] | None) -> list[SessionUpdate]:
+        """Hand each session its part of the reply (a group's rows: their ``answers``)."""
         self.load.observe(time.perf_counter(), reply.stage_ms)
-        if row_lens is None:
-            session = sessions[0]
-            if session.done:  # failed while this step was in flight
-                return []
+        updates = []
+        for row, session in enumerate(sessions):
+            if session.done or session.stream_id not in self.sessions:
+                continue  # failed or cancelled while its step was in flight
+            if answers is None:
+                row_reply = reply
+            else:
+                lo, hi = answers[row]
+                logits = reply.logits[lo:hi] if reply.logits is not None else None
+                row_reply = StepReply(reply.tokens[lo:hi], logits, reply.stage_ms)
             prefilling = session.prefilling
-            update = SessionUpdate(session, session.advance(reply))
+            updates.append(SessionUpdate(session, session.advance(row_reply)))
             if prefilling and not session.prefilling and self.cache is not None:
                 self.cache.track_live(session.stream_id, session.prompt)
-            return [update]
-        updates = []
-        per_row = reply.tokens.size // len(sessions)  # answers per row: all fed, or the last
-        for row, (session, n) in enumerate(zip(sessions, row_lens, strict=True)):
-            if session.done or session.stream_id not in self.sessions:
-                continue  # cancelled while its row was in flight
-            lo, hi = row * per_row, row * per_row + (n if per_row > 1 else 1)
-            logits = reply.logits[lo:hi] if reply.logits is not None else None
-            row_reply = StepReply(reply.tokens[lo:hi], logits, reply.stage_ms)
-            updates.append(SessionUpdate(session, session.advance(row_reply)))
         return updates
 
     def _fail(self, sessions: list[DecodeSession], exc: Exception) -> list[SessionUpdate]:
@@ -335,21 +346,21 @@ class StreamScheduler(PrefixScheduling):
             rid = exc.request_id if isinstance(exc, StepError) else 0
             failed = self._in_flight.pop(rid, None)
             self._group_steps.pop(rid, None)
-            self._row_lens.pop(rid, None)
+            self._row_answers.pop(rid, None)
             if failed is None:
                 failed = [s for sessions in self._in_flight.values() for s in sessions]
                 self._in_flight.clear()
                 self._group_steps.clear()
-                self._row_lens.clear()
+                self._row_answers.clear()
             return updates + self._fail(failed, exc)
         if reply is None:
             return updates
         sessions = self._in_flight.pop(reply.request_id, None)
         self._group_steps.pop(reply.request_id, None)
-        row_lens = self._row_lens.pop(reply.request_id, None)
+        answers = self._row_answers.pop(reply.request_id, None)
         self._observe(reply.request_id, reply)
         if sessions is not None:
-            updates += self._advance(sessions, reply, row_lens)
+            updates += self._advance(sessions, reply, answers)
             updates += self._submit_ready(settled_only=True, decode_only=True)
         return updates
 
@@ -392,19 +403,23 @@ class StreamScheduler(PrefixScheduling):
         if prefill:
             self._size_prefill(sessions[0])
             past = sessions[0].prefill_position
-        plan, row_lens = self._plan(unit_id, sessions)
+        fused = unit_id in self._groups and any(s.prefilling for s in sessions)
+        plan, rows = self._plan(unit_id, sessions)
+        ragged = {} if rows is None or rows.row_tokens is None else {"row_tokens": rows.row_tokens}
         try:
-            rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions,
-                                       plan.logits_idx, plan.want_logits, mask_tail=plan.rewind)
+            rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions, plan.logits_idx,
+                                       plan.want_logits, mask_tail=plan.rewind, **ragged)
         except Exception as exc:  # noqa: BLE001
             updates += self._fail(sessions, exc)
             return False
         self._in_flight[rid] = list(sessions)
         if prefill:
-            self._prefill_steps[rid] = (int(plan.token_ids.size), past)
-        if row_lens is not None:
+            self._prefill_steps[rid] = [(int(plan.token_ids.size), past)]
+        elif fused and rows is not None:  # a prompt's chunk rode in the group's step
+            self._prefill_steps[rid] = rows.shapes()
+        if rows is not None:
             self._group_steps[rid] = unit_id
-            self._row_lens[rid] = row_lens
+            self._row_answers[rid] = rows.answers
         return True
 
     # -- prefill ------------------------------------------------------------------------
@@ -437,7 +452,8 @@ class StreamScheduler(PrefixScheduling):
         past = session.prefill_position
         if self._others_decoding(session):
             chunk = fair_chunk(self.decode_ms or DECODE_MS_PRIOR, past, cost,
-                               left=session.prefill_left)
+                               left=session.prefill_left,
+                               fused=session.stream_id in self._group_of)
         else:
             stages = 1 if self.load.shared_cores or not self.overlaps else self.pipeline.num_stages
             chunk = lone_chunk(session.prefill_left, past, stages, cost)
@@ -446,9 +462,9 @@ class StreamScheduler(PrefixScheduling):
     def _observe(self, request_id: int, reply: StepReply) -> None:
         """Feed a reply's stage compute to the prefill cost model or the decode figure."""
         busiest = max(reply.stage_ms, default=0.0)
-        step = self._prefill_steps.pop(request_id, None)
-        if step is not None:
-            self.prefill_cost.observe(step[0], step[1], busiest)
+        rows = self._prefill_steps.pop(request_id, None)
+        if rows is not None:
+            self.prefill_cost.observe_rows(rows, busiest)
         elif busiest > 0:
             self.decode_ms = busiest if not self.decode_ms else 0.8 * self.decode_ms + 0.2 * busiest
 

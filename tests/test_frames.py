@@ -404,3 +404,37 @@ def test_row_group_frames_round_trip_and_are_checked():
     head, body = encode_frame(rows, x)
     with pytest.raises(FrameError, match="rows"):
         decode_frame(patched([head, body], f17=0))
+
+
+def test_ragged_row_frames_round_trip_and_are_checked():
+    """A ragged row group's step: rows of different token counts laid one after the other."""
+    ragged = step_header(rows=2, positions=np.array([30, 12, 13, 14]), logits_idx=EMPTY_INDEX,
+                         mask_tail=0, row_tokens=np.array([1, 3]))
+    x = hidden(4)
+    got, payload = decode_frame(encode_frame(ragged, x))
+    assert got.ragged and got.row_tokens.tolist() == [1, 3] and got.rows == 2
+    assert got.tokens == 4 and got.answer_rows == 2 and payload.shape == (1, 4, 8)
+    ragged.logits_idx = np.array([0, 1, 2, 3])
+    ragged.row_rewinds = np.array([0, 2])
+    got, _ = decode_frame(encode_frame(ragged, x))
+    assert got.answer_rows == 4 and got.row_rewinds.tolist() == [0, 2]
+    assert got.logits_idx.tolist() == [0, 1, 2, 3]
+    reply = step_header(kind=Kind.REPLY, rows=2, reply=ReplyMode.TOP1, positions=np.arange(4),
+                        logits_idx=np.array([0, 1, 3]), mask_tail=0, row_tokens=np.array([1, 3]))
+    got, _ = decode_frame(encode_frame(reply, top_k_records(np.eye(3, 9, dtype=np.float32), 1)))
+    assert got.answer_rows == 3
+    base = dict(rows=2, positions=np.arange(4), logits_idx=EMPTY_INDEX, mask_tail=0)
+    cases = [
+        (step_header(**base, row_tokens=np.array([1, 2])), x, "add up to the step's 4"),
+        (step_header(**base, row_tokens=np.array([0, 4])), x, "not positive counts"),
+        (step_header(**base, row_tokens=np.array([4])), x, "1 row token counts for 2 rows"),
+        (step_header(**base, row_tokens=np.array([1, 3])), hidden(4).reshape(2, 2, 8),
+         "ragged step's payload must be \\[1, 4"),
+        (step_header(**{**base, "logits_idx": np.array([4])}, row_tokens=np.array([1, 3])), x,
+         "out of range for 4 tokens"),
+        (HiddenStateFrame(Kind.RESET, 1, 0, 3, positions=np.arange(2), rows=2,
+                          row_tokens=np.array([1, 1])), None, "has no ragged rows"),
+    ]
+    for header, body, message in cases:
+        with pytest.raises(FrameError, match=message):
+            decode_frame(encode_frame(header, body))

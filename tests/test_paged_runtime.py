@@ -175,6 +175,47 @@ def test_a_cluster_of_paged_stages_serves_streams_and_row_groups(dp_export2, sta
         pipe.close()
 
 
+def test_ragged_rows_on_a_stateful_stage_are_refused_clearly(dp_export2, stateful) -> None:
+    """A ragged step reaching a stage that keeps stateful KV (a mixed cluster) fails with a
+    clear error and leaves the stage serving; stage 0 refuses one before sending it."""
+    from dataplane.cluster import ClusterHead, DataPlaneError
+    from dataplane.runtime import StageRunner
+    from dataplane.worker import StageWorker
+
+    config = RuntimeConfig(**EXACT, paged_attention=True)
+    pipe = ClusterHead(PagedStageRunner(dp_export2, 0, config), "tcp://127.0.0.1:1",
+                       "tcp://127.0.0.1:*", timeout_s=10)
+    worker = StageWorker(StageRunner(dp_export2, 1, RuntimeConfig(**EXACT)), "tcp://127.0.0.1:*",
+                         pipe.reply_endpoint)
+    pipe.rewire(worker.endpoint)
+    worker.start()
+    try:
+        for sid in (1, 2):
+            pipe.open(sid)
+            pipe.reset(sid)
+            pipe.step(sid, np.array(PROMPT[:5]), np.arange(5))
+        pipe.regroup(70, [1, 2])
+        rid = pipe.submit(70, np.array([5, 6, 7]), np.array([5, 5, 6]),
+                          row_tokens=np.array([1, 2]))
+        with pytest.raises(DataPlaneError, match="ragged rows .* need paged attention"):
+            pipe.collect(rid)
+        want = list(generate_greedy(stateful, PROMPT[:30], 4, stream_id=80))
+        pipe.regroup(70, [])  # the broken group disbands; streams still serve
+        assert list(generate_greedy(pipe, PROMPT[:30], 4, stream_id=9)) == want
+    finally:
+        worker.stop()
+        pipe.close()
+    head = StageRunner(dp_export2, 0, RuntimeConfig(**EXACT))
+    for sid in (1, 2):
+        head.open_stream(sid)
+        head.step(sid, np.array([PROMPT[:3]]), np.arange(3))
+    head.regroup(71, [1, 2])
+    from dataplane.hop import compute_step
+    with pytest.raises(StageError, match="need paged attention"):
+        compute_step(head, 71, np.zeros((1, 3), np.int64), np.arange(3), 0, np.zeros(0, np.int64),
+                     row_tokens=np.array([1, 2]))
+
+
 def test_paged_attention_is_a_cpu_runtime(dp_export2) -> None:
     from console.cluster_procs import runtime_spec
 
@@ -183,3 +224,40 @@ def test_paged_attention_is_a_cpu_runtime(dp_export2) -> None:
     assert not runtime_spec("f32", None, "CPU", paged_attention=False).paged_attention
     with pytest.raises(StageError, match="CPU plugin only"):
         PagedStageRunner(dp_export2, 0, RuntimeConfig(device="GPU", paged_attention=True))
+
+
+def test_a_ragged_step_computes_each_row_as_its_own_step(paged) -> None:
+    """Rows of different token counts in one inference (a decoding row beside a prompt's
+    chunk) give each row the logits it gets stepped alone."""
+    a, b = PROMPT[:20], PROMPT[:45]
+    alone = {}
+    for sid, tokens in ((50, a), (51, b)):
+        paged.open(sid)
+        paged.reset(sid)
+        alone[sid] = paged.step(sid, np.array(tokens), np.arange(len(tokens)),
+                                np.arange(len(tokens)), want_logits=True)
+        paged.close_stream(sid)
+    for sid, tokens in ((52, a[:19]), (53, b[:30])):  # row 52 decodes, 53 prefills on
+        paged.open(sid)
+        paged.reset(sid)
+        paged.step(sid, np.array(tokens), np.arange(len(tokens)))
+    paged.regroup(60, [52, 53])
+    ids = np.array([a[19], *b[30:]])
+    positions = np.array([19, *range(30, 45)])
+    reply = paged.step(60, ids, positions, want_logits=True, row_tokens=np.array([1, 15]))
+    assert reply.logits.shape[0] == 2
+    np.testing.assert_allclose(reply.logits[0], alone[50].logits[-1], atol=1e-4)
+    np.testing.assert_allclose(reply.logits[1], alone[51].logits[-1], atol=1e-4)
+    # logits_idx indexes the whole step: every token of row 53's chunk, none of 52's
+    paged.rewind(60, np.array([1, 15]))
+    reply = paged.step(60, ids, positions, np.arange(1, 16), want_logits=True,
+                       row_tokens=np.array([1, 15]))
+    np.testing.assert_allclose(reply.logits, alone[51].logits[30:45], atol=1e-4)
+    runner = paged.runners[0]
+    with pytest.raises(StageError, match="positive token count per row"):
+        runner.step_ragged(60, ids[None], positions, np.array([16]))
+    with pytest.raises(StageError, match="takes x"):
+        runner.step_ragged(60, ids[None], positions, np.array([2, 15]))
+    assert [s.length for s in runner.groups[60].seqs] == [20, 45]  # refused: nothing changed
+    paged.close_stream(60)
+    assert all(r.pool.used == 0 for r in paged.runners)

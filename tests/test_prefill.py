@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from dataplane.local_chain import LocalChain
+from dataplane.runtime import RuntimeConfig
 from engine.prefill import (
     FAIR_MIN_CHUNK,
+    FUSED_SHARE,
     MAX_CHUNK,
     MIN_CHUNK,
     PAGED_PRIOR,
@@ -104,6 +106,26 @@ def test_a_fair_chunk_costs_about_one_decode_step() -> None:
     assert fair_chunk(1.0, 1000, cost, left=SHORT_PREFILL + 1) == FAIR_MIN_CHUNK
 
 
+def test_a_fused_chunk_adds_a_share_of_the_decode_step_it_rides_in() -> None:
+    cost = StepCostModel(5.0, 0.2, 1e-3, 0.0)
+    chunk = fair_chunk(12.0, 1000, cost, fused=True)  # the step's fixed cost is paid
+    added = cost.ms(chunk, 1000) - cost.fixed_ms
+    assert added <= FUSED_SHARE * 12.0 < added + cost.ms(1, 1000) - cost.fixed_ms
+    assert chunk > fair_chunk(12.0, 1000, cost)
+
+
+def test_steps_of_several_rows_fit_the_same_terms() -> None:
+    truth = StepCostModel(3.0, 0.15, 2e-4, 4e-5)
+    fit = PrefillCost(StepCostModel(1.0, 1.0, 1.0, 1.0))
+    rng = np.random.default_rng(2)
+    for _ in range(40):  # a chunk beside 1 to 4 decoding rows at their own contexts
+        rows = [(int(rng.integers(8, 300)), int(rng.integers(0, 2000)))]
+        rows += [(1, int(rng.integers(10, 3000))) for _ in range(int(rng.integers(1, 5)))]
+        ms = truth.fixed_ms + sum(truth.ms(t, p) - truth.fixed_ms for t, p in rows)
+        fit.observe_rows(rows, ms)
+    np.testing.assert_allclose(fit.model.terms(), truth.terms(), rtol=1e-3)
+
+
 class _Counting:
     """An executor wrapper that records the most steps of one stream in flight at once."""
 
@@ -168,6 +190,55 @@ def test_a_prefill_beside_decoding_streams_is_cut_into_fair_chunks(dp_export2):
     assert len(beside) >= 2 and max(beside) == FAIR_MIN_CHUNK  # the decoders kept stepping
     alone = [n for n, decoding in chunks if not decoding]
     assert alone and alone[0] > FAIR_MIN_CHUNK  # the rest in one step once they were done
+
+
+class _RowSteps:
+    """An executor wrapper that records each ragged step's rows (their token counts)."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.ragged, self.alone = pipe, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+    def submit(self, stream_id, *args, row_tokens=None, **kwargs):
+        if row_tokens is not None:
+            self.ragged.append(list(row_tokens))
+        else:
+            self.alone.append(stream_id)
+        return self.pipe.submit(stream_id, *args, row_tokens=row_tokens, **kwargs)
+
+
+def test_a_prompt_beside_decoding_streams_rides_in_their_steps_on_paged_stages(dp_export2):
+    """Split-fuse: on paged stages a prompt arriving while streams decode joins their row
+    group, each chunk a ragged row of their step: they never wait for a prefill step."""
+    exact = dict(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
+    stateful = LocalChain.load(str(dp_export2), RuntimeConfig(**exact))
+    paged = _RowSteps(LocalChain.load(str(dp_export2),
+                                      RuntimeConfig(**exact, paged_attention=True)))
+    short = [[0, 5, 6, 7], [0, 9, 10, 11]]
+    long = [0, *range(20, 260)]
+    want = [list(generate_greedy(stateful, p, 12, stream_id=30 + i))
+            for i, p in enumerate([*short, long])]
+    sessions = [DecodeSession(i, p, 12) for i, p in enumerate(short)]
+    late = DecodeSession(2, long, 12)
+    scheduler = StreamScheduler(paged, row_groups=1)
+    assert scheduler.ragged
+    for s in sessions:
+        scheduler.add(s)
+    for _ in range(4):
+        scheduler.poll()
+    scheduler.decode_ms = 2.0  # chunks of a few tokens: several steps carry one
+    before = len(paged.ragged)
+    paged.alone.clear()
+    scheduler.add(late)
+    while scheduler.active:
+        scheduler.poll()
+    assert [s.emitted for s in [*sessions, late]] == want
+    fused = [rows for rows in paged.ragged[before:] if max(rows) > 1]
+    assert len(fused) >= 3 and all(sorted(rows)[:2] == [1, 1] for rows in fused)
+    assert 2 not in paged.alone  # no prefill step of its own while the others decoded
+    assert scheduler.prefill_cost._samples  # the fused steps fed the cost model
 
 
 def test_run_sessions_still_steps_everything(dp_export2):
