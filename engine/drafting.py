@@ -17,14 +17,16 @@ once more than a threshold of its slots are masked; on the cluster a COMPACT fra
 travels ahead of the next step).
 
 The helpers here are small pure functions, in the style of gpt-fast's generate.py, plus
-the prompt-lookup drafter (a model drafter: dataplane.draft_model); the loop that uses
-them is ``engine.sessions.DecodeSession``. Exactness
+the prompt-lookup drafter (a model drafter: dataplane.draft_model) and ``StageLoad``,
+which tells when the stages are too busy for drafts to pay; the loop that uses them is
+``engine.sessions.DecodeSession``. Exactness
 needs the same numbers from a 1-token and a K+1-token step: keep the KV cache in f32
 (the cluster's default); a quantised (u8) cache can flip a near-tie between them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -213,3 +215,35 @@ class LookupDrafter:
 
     def accept(self, n: int) -> None:
         pass
+
+
+class StageLoad:
+    """How busy the stages are: their compute over the wall time of the last ``window``
+    replies (each reply's ``stage_ms``, arrival times from ``observe``). With
+    ``shared_cores`` the stages run on one machine's cores (a local cluster whose nodes
+    share them), so their compute adds up."""
+
+    MIN_REPLIES = 4
+
+    def __init__(self, window: int = 32, shared_cores: bool = False) -> None:
+        self._replies: deque[tuple[float, Sequence[float]]] = deque(maxlen=window)
+        self.shared_cores = shared_cores
+
+    def observe(self, now_s: float, stage_ms: Sequence[float]) -> None:
+        self._replies.append((now_s, stage_ms))
+
+    def share(self) -> float:
+        """The busiest stage's share of the time computing (0.0 until enough replies)."""
+        if len(self._replies) < self.MIN_REPLIES:
+            return 0.0
+        replies = list(self._replies)
+        wall_ms = (replies[-1][0] - replies[0][0]) * 1e3
+        stages = max(len(ms) for _, ms in replies)
+        # the first reply's compute ran before the window opened
+        busy = [sum(ms[i] for _, ms in replies[1:] if i < len(ms)) for i in range(stages)]
+        return busiest_stage_share(busy, wall_ms, self.shared_cores)
+
+    def saturated(self) -> bool:
+        """Whether the busiest stage computes >= SATURATED of the time; True until enough
+        replies tell (several streams starting together: no drafts before the load is known)."""
+        return len(self._replies) < self.MIN_REPLIES or self.share() >= SATURATED

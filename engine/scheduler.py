@@ -13,11 +13,11 @@ a group is scheduled like one stream. ``run_session``, ``generate_greedy`` and
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from engine.drafting import SATURATED, Drafter, StepCost, busiest_stage_share
+from engine.drafting import Drafter, StageLoad, StepCost
 from engine.executor import Executor, StepError, StepReply
 from engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR, PrefillCost, fair_chunk, lone_chunk
 from engine.prefix_cache import PrefixCache, PrefixCacheStats
@@ -40,46 +40,17 @@ GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
 DECODE_MS_PRIOR = 10.0  # a decode step's busiest-stage ms until one is measured
 
 
-class StageLoad:
-    """How busy the stages are: their compute over the wall time of the last ``window``
-    replies (each reply's ``stage_ms``, arrival times from ``observe``). With
-    ``shared_cores`` the stages run on one machine's cores (a local cluster whose nodes
-    share them), so their compute adds up."""
-
-    MIN_REPLIES = 4
-
-    def __init__(self, window: int = 32, shared_cores: bool = False) -> None:
-        self._replies: deque[tuple[float, Sequence[float]]] = deque(maxlen=window)
-        self.shared_cores = shared_cores
-
-    def observe(self, now_s: float, stage_ms: Sequence[float]) -> None:
-        self._replies.append((now_s, stage_ms))
-
-    def share(self) -> float:
-        """The busiest stage's share of the time computing (0.0 until enough replies)."""
-        if len(self._replies) < self.MIN_REPLIES:
-            return 0.0
-        replies = list(self._replies)
-        wall_ms = (replies[-1][0] - replies[0][0]) * 1e3
-        stages = max(len(ms) for _, ms in replies)
-        # the first reply's compute ran before the window opened
-        busy = [sum(ms[i] for _, ms in replies[1:] if i < len(ms)) for i in range(stages)]
-        return busiest_stage_share(busy, wall_ms, self.shared_cores)
-
-    def saturated(self) -> bool:
-        """Whether the busiest stage computes >= SATURATED of the time; True until enough
-        replies tell (several streams starting together: no drafts before the load is known)."""
-        return len(self._replies) < self.MIN_REPLIES or self.share() >= SATURATED
-
-
 class StreamScheduler(PrefixScheduling):
     """Steps many sessions on one pipeline: the coordinator's generation loop.
 
     With ``row_groups`` > 0 (on stages that support row groups), sessions join one of
     that many row groups once their prompt is in: a group steps all its members in one
-    batched inference per stage (``StageRunner.step_rows``). Rows feeding fewer tokens
-    than the longest (a speculative row with fewer drafts, a plain one-token row) are
-    padded with masked slots, rewound per row with the next step. Prefill runs per stream. Groups are
+    batched inference per stage (``StageRunner.step_rows``). On paged stages the rows are
+    ragged (``engine.row_plans``): each feeds its own token count, and a prompt arriving
+    while others decode joins a group so its chunks ride in their steps (split-fuse). On
+    stateful stages rows feeding fewer tokens than the longest (a speculative row with
+    fewer drafts, a plain one-token row) are padded with masked slots, rewound per row
+    with the next step, and prefill runs per stream. Groups are
     pipelined like streams, so ``row_groups`` = the number of stages keeps every stage
     busy across PCs; on one machine whose stages share cores, 1 batches the most.
     While several streams keep a stage computing >= SATURATED of the time (``load``; with
@@ -89,8 +60,9 @@ class StreamScheduler(PrefixScheduling):
     A prompt is prefilled in chunks sized from the stages' measured step costs
     (``engine.prefill``): alone, the chunking that gives its first token soonest, its
     chunks following each other through the stages without waiting for answers (on an
-    executor whose ``overlaps_steps``); beside streams that are decoding, chunks that cost
-    about one of their steps, one at a time, interleaved with theirs. With
+    executor whose ``overlaps_steps``); beside streams that are decoding, chunks that add
+    a share of one of their steps, riding in their group's steps (paged) or one at a time
+    between them (stateful). With
     ``prefix_cache_tokens`` > 0 (on stages that support it), a finished stream's KV stays
     on the stages as a prefix entry and a running stream's prompt is a source: a new
     prompt starting with either's tokens loads that KV and prefills only the rest

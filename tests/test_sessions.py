@@ -280,8 +280,7 @@ def test_a_lone_stream_steps_outside_the_row_groups_until_another_decodes() -> N
 
 
 def test_stage_load_is_the_busiest_stages_share_of_the_wall_time() -> None:
-    from engine.drafting import busiest_stage_share
-    from engine.scheduler import StageLoad
+    from engine.drafting import StageLoad, busiest_stage_share
 
     assert busiest_stage_share([3.0, 9.0], 10.0) == 0.9
     assert busiest_stage_share([], 10.0) == 0.0 and busiest_stage_share([1.0], 0.0) == 0.0
