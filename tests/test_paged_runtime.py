@@ -262,18 +262,3 @@ def test_a_ragged_step_computes_each_row_as_its_own_step(paged) -> None:
     paged.close_stream(60)
     assert all(r.pool.used == 0 for r in paged.runners)
 
-
-def test_speculative_rows_of_a_ragged_group_give_the_greedy_tokens(paged, stateful) -> None:
-    """Drafting rows feed their own token counts beside plain ones: nothing is padded, and
-    the rejected drafts are rewound per row."""
-    prompts = [[*PROMPT[:30], *PROMPT[1:20]], PROMPT[:25], [0, 3, 4, 5, 3, 4, 5, 3, 4]]
-    want = [list(generate_greedy(stateful, p, N, stream_id=40 + i)) for i, p in enumerate(prompts)]
-    sessions = [DecodeSession(i, p, N, k=k) for i, (p, k) in enumerate(zip(prompts, (4, 0, 3)))]
-    scheduler = StreamScheduler(paged, row_groups=1)
-    for session in sessions:
-        scheduler.add(session)
-    while scheduler.active:
-        scheduler.poll()
-    assert [s.emitted for s in sessions] == want
-    assert scheduler.row_steps and sum(s.spec.proposed for s in sessions) > 0
-    assert all(r.pool.used == 0 for r in paged.runners)

@@ -164,14 +164,19 @@ def test_pipelined_prefill_gives_the_tokens_of_one_chunk_at_a_time(dp_threaded2,
     assert pipe.most == pipe.num_stages  # chunk k+1 entered stage 0 while chunk k was on stage 1
 
 
-def test_a_prefill_beside_decoding_streams_is_cut_into_fair_chunks(dp_export2):
-    local = LocalChain.load(str(dp_export2))
+def _two_short_and_a_long(reference):
+    """Two short prompts' sessions, a 241-token one's, and their tokens alone on
+    ``reference``."""
     short = [[0, 5, 6, 7], [0, 9, 10, 11]]
     long = [0, *range(20, 260)]
-    want = [list(generate_greedy(local, p, 12, stream_id=30 + i))
+    want = [list(generate_greedy(reference, p, 12, stream_id=30 + i))
             for i, p in enumerate([*short, long])]
-    sessions = [DecodeSession(i, p, 12) for i, p in enumerate(short)]
-    late = DecodeSession(2, long, 12)
+    return [DecodeSession(i, p, 12) for i, p in enumerate(short)], DecodeSession(2, long, 12), want
+
+
+def test_a_prefill_beside_decoding_streams_is_cut_into_fair_chunks(dp_export2):
+    local = LocalChain.load(str(dp_export2))
+    sessions, late, want = _two_short_and_a_long(local)
     chunks = []  # (tokens planned by a poll, whether the short streams were decoding)
     scheduler = StreamScheduler(local)
     for s in sessions:
@@ -216,12 +221,7 @@ def test_a_prompt_beside_decoding_streams_rides_in_their_steps_on_paged_stages(d
     stateful = LocalChain.load(str(dp_export2), RuntimeConfig(**exact))
     paged = _RowSteps(LocalChain.load(str(dp_export2),
                                       RuntimeConfig(**exact, paged_attention=True)))
-    short = [[0, 5, 6, 7], [0, 9, 10, 11]]
-    long = [0, *range(20, 260)]
-    want = [list(generate_greedy(stateful, p, 12, stream_id=30 + i))
-            for i, p in enumerate([*short, long])]
-    sessions = [DecodeSession(i, p, 12) for i, p in enumerate(short)]
-    late = DecodeSession(2, long, 12)
+    sessions, late, want = _two_short_and_a_long(stateful)
     scheduler = StreamScheduler(paged, row_groups=1)
     assert scheduler.ragged
     for s in sessions:

@@ -5,6 +5,8 @@ nothing happened."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from test_sessions import EXACT, PROMPTS, CountingModel, N, fake_greedy
@@ -107,13 +109,16 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         pipe.close()
 
 
+@pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("speculative", [False, True])
-def test_row_groups_in_one_process_equal_each_alone(export2, speculative) -> None:
+def test_row_groups_in_one_process_equal_each_alone(export2, speculative, paged) -> None:
     """Rows of one group: plain one-token rows, or speculative rows whose drafts differ in
-    length (padded, then rewound per row with the next step); compaction re-forms the
-    group (a low threshold makes it happen)."""
-    chain = LocalChain.load(str(export2), EXACT, compact_threshold=3)
-    want = [alone(chain, p, speculative=False) for p in PROMPTS]
+    length (stateful stages: padded, then rewound per row with the next step, compaction
+    re-forming the group as a low threshold makes it happen; paged stages: ragged rows,
+    each rewound by its own rejected drafts)."""
+    want = [alone(LocalChain.load(str(export2), EXACT), p, speculative=False) for p in PROMPTS]
+    config = replace(EXACT, paged_attention=paged)
+    chain = LocalChain.load(str(export2), config, compact_threshold=3)
     sessions = [DecodeSession(10 + i, p, N, prefill_chunk=4,
                               k=(1 + i) if speculative else 0) for i, p in enumerate(PROMPTS)]
     scheduler = StreamScheduler(chain, row_groups=1)
@@ -124,8 +129,10 @@ def test_row_groups_in_one_process_equal_each_alone(export2, speculative) -> Non
     assert [s.emitted for s in sessions] == want
     assert scheduler.rows_stepped > scheduler.row_steps > 0
     assert all(not runner.groups for runner in chain.runners)
-    if speculative:
-        assert sum(s.spec.accepted for s in sessions) > 0 and chain.compactions > 0
+    assert scheduler.ragged == paged
+    if speculative:  # paged stages rewind by shortening: nothing is ever compacted
+        assert sum(s.spec.accepted for s in sessions) > 0
+        assert (chain.compactions > 0) != paged
     with pytest.raises(ValueError, match=">= 0"):
         StreamScheduler(chain, row_groups=-1)
 
