@@ -43,6 +43,7 @@ from dataplane.frames import (
     decode_frame,
     encode_frame,
     prepare_frame,
+    top_k_records,
 )
 from dataplane.hop import compute_step, seal_or_encode
 from dataplane.pipes import open_pipes, open_push
@@ -141,12 +142,18 @@ class ClusterHead(HeadPrefixes):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def rewire(self, next_addr: str, peer_key: str = "") -> None:
-        """Send to a new stage 1 address (the control plane moved the chain).
+    def rewire(self, next_addr: str, peer_key: str = "", stage0: Any = None) -> None:
+        """Send to a new next-hop address (the control plane moved the chain); with
+        ``stage0``, run those stages here from now on (a StageChain that took a lost
+        node's stages; every stream's KV here starts empty).
 
         Requests in flight are abandoned and every stream must be reset: the stages'
         KV state does not move with the wiring.
         """
+        if stage0 is not None:
+            if not stage0.spec.first:
+                raise ValueError(f"the coordinator runs stage 0, not stage {stage0.spec.index}")
+            self.stage0 = stage0
         self.wirings += 1
         options = self.options
         if options.curve is not None and peer_key:
@@ -266,8 +273,35 @@ class ClusterHead(HeadPrefixes):
         """KV slots held by the stages run here: stage 0's (see slots.held_slots)."""
         return {0: held_slots(self.stage0)}
 
+    @property
+    def answers_here(self) -> bool:
+        """Whether the head runs the last stage too (a StageChain of every stage: the nodes
+        that ran the others are gone): steps are answered here and no frame is sent."""
+        return bool(self.stage0.spec.last)
+
+    def _answer_here(self, rid: int, stream_id: int, logits: np.ndarray, mode: ReplyMode,
+                     top_k: int, compute_ms: float) -> int:
+        """File the answer of a step whose last stage ran here (see ``answers_here``)."""
+        rows = logits.reshape(-1, logits.shape[-1])
+        if mode == ReplyMode.LOGITS:
+            reply = ClusterReply(tokens=rows.argmax(axis=-1), logits=rows.copy(),
+                                 request_id=rid, stream_id=stream_id,
+                                 top=top_k_records(rows, top_k) if top_k > 1 else None)
+        else:
+            top = top_k_records(rows, max(1, top_k))
+            reply = ClusterReply(tokens=top["token"][:, 0].astype(np.int64), request_id=rid,
+                                 stream_id=stream_id, top=top)
+        reply.stage_ms = [compute_ms]
+        self.figures.add_stage_ms(reply.stage_ms)
+        self.stats.submitted += 1
+        self.stats.replies += 1
+        self._done[rid] = reply
+        return rid
+
     def _send_control(self, stream_id: int, kind: Kind, payload: np.ndarray | None = None
                       ) -> None:
+        if self.answers_here:
+            return  # no stage runs elsewhere
         stream = self._streams[stream_id]
         header = HiddenStateFrame(kind=kind, stream_id=stream_id, request_id=0,
                                   epoch=stream.epoch, step=stream.next_step)
@@ -344,6 +378,8 @@ class ClusterHead(HeadPrefixes):
             raise
         t1 = time.perf_counter_ns()
         stream.next_step += 1
+        if self.answers_here:
+            return self._answer_here(rid, stream_id, hidden, mode, top_k, (t1 - t0) / 1e6)
         try:
             parts = seal_or_encode(prepared, header, hidden, 0, start_ns, start_ns, 0, t1 - t0,
                                    prepare_ns, t1)

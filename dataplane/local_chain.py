@@ -17,6 +17,7 @@ from dataplane.figures import StepFigures
 from dataplane.runtime import RuntimeConfig, StageRunner, StepInputs, load_runner
 from dataplane.slots import held_slots
 from dataplane.stage_base import StageError, check_ragged_step
+from dataplane.stage_chain import StageChain
 from engine.executor import InlineExecutor, PrefixCacheUnsupported, StepReply, reply_from_logits
 
 REWIND_MODES = ("mask", "trim")
@@ -38,6 +39,7 @@ class LocalChain(InlineExecutor):
             raise ValueError(f"rewind must be one of {REWIND_MODES}, not {rewind!r}")
         super().__init__()
         self.runners = list(runners)
+        self.chain = StageChain(self.runners)  # stream, group and prefix ops on every stage
         self.num_stages = len(self.runners)
         self.rewind_mode = rewind
         self.compact_threshold = compact_threshold
@@ -56,19 +58,16 @@ class LocalChain(InlineExecutor):
         ], rewind=rewind, compact_threshold=compact_threshold)
 
     def open(self, stream_id: int) -> None:
-        for runner in self.runners:
-            runner.open_stream(stream_id)
+        self.chain.open_stream(stream_id)
 
     def reset(self, stream_id: int) -> None:
         self.drop_answers(stream_id)
-        for runner in self.runners:
-            runner.reset_stream(stream_id)
+        self.chain.reset_stream(stream_id)
 
     def close_stream(self, stream_id: int) -> None:
         """Free the stream's KV slots on every stage."""
         self.drop_answers(stream_id)
-        for runner in self.runners:
-            runner.close_stream(stream_id)
+        self.chain.close_stream(stream_id)
 
     def rewind(self, stream_id: int, count: int | np.ndarray) -> None:
         """Drop the stream's last ``count`` tokens on every stage (see ``rewind`` mode); on
@@ -78,9 +77,7 @@ class LocalChain(InlineExecutor):
                 if count:
                     runner.trim_tail(stream_id, int(count))
             return
-        masked = False
-        for runner in self.runners:
-            masked = runner.mask_step_tail(stream_id, count)
+        masked = self.chain.mask_step_tail(stream_id, count)
         if masked and self.runners[0].compaction_due(stream_id, self.compact_threshold):
             self.compact(stream_id)
 
@@ -116,14 +113,7 @@ class LocalChain(InlineExecutor):
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (StageRunner.regroup)."""
         self.drop_answers(group_id)
-        for done, runner in enumerate(self.runners):
-            try:
-                runner.regroup(group_id, members)
-            except Exception:
-                if done:  # stages before this one moved the rows: the chain disagrees now
-                    for earlier in self.runners[:done]:
-                        earlier.close_stream(group_id)
-                raise
+        self.chain.regroup(group_id, members)
 
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
@@ -196,15 +186,7 @@ class LocalChain(InlineExecutor):
         stage (StageRunner.save_prefix). If a stage refuses, no stage keeps an entry of
         that id (and a stream taken by earlier stages is closed on all of them)."""
         self._check_prefix_cache()
-        for done, runner in enumerate(self.runners):
-            try:
-                runner.save_prefix(stream_id, entry_id, length, take)
-            except Exception:
-                for other in self.runners:
-                    other.drop_prefix(entry_id)
-                    if take and done:
-                        other.close_stream(stream_id)
-                raise
+        self.chain.save_prefix(stream_id, entry_id, length, take)
 
     def load_prefix(self, stream_id: int, entry_id: int, length: int, *,
                     take: bool = False) -> None:
@@ -213,25 +195,14 @@ class LocalChain(InlineExecutor):
         one does, the stream is reset on every stage (and a taken entry dropped)."""
         self._check_prefix_cache()
         self.drop_answers(stream_id)
-        for done, runner in enumerate(self.runners):
-            try:
-                runner.load_prefix(stream_id, entry_id, length, take)
-            except Exception:
-                if done:  # earlier stages loaded it: leave the stream empty on every stage
-                    for other in self.runners:
-                        other.reset_stream(stream_id)
-                        if take:
-                            other.drop_prefix(entry_id)
-                raise
+        self.chain.load_prefix(stream_id, entry_id, length, take)
 
     def drop_prefix(self, entry_id: int) -> None:
         """Free entry ``entry_id`` on every stage (an unknown id is no error)."""
-        for runner in self.runners:
-            runner.drop_prefix(entry_id)
+        self.chain.drop_prefix(entry_id)
 
     def drop_all_prefixes(self) -> None:
-        for runner in self.runners:
-            runner.drop_all_prefixes()
+        self.chain.drop_all_prefixes()
 
     def prefix_bytes(self) -> dict[int, int]:
         """Bytes of prefix entries every stage holds (all of them run here)."""
