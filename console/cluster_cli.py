@@ -91,6 +91,12 @@ RowGroups = Annotated[int | None, typer.Option(
 ReassignAfter = Annotated[float | None, typer.Option(
     help="give a dead node's stage to an idle spare node after this many seconds "
          "(default: wait for the node to come back)")]
+Heal = Annotated[bool, typer.Option(
+    help="when a node is lost and no spare can take its stages, its neighbours in the "
+         "chain take them (memory permitting) and generations resume; --no-heal waits "
+         "for the node or a spare")]
+HealAfter = Annotated[float, typer.Option(
+    help="seconds a node may be down before its stages go to the survivors")]
 ResumeTimeout = Annotated[float, typer.Option(
     help="generations pause while a stage's node is down and resume where they were "
          "once it is back or a spare took over; after this many seconds they end with "
@@ -134,6 +140,8 @@ def cluster_up(
     foreground: Annotated[bool, typer.Option(help="run the coordinator in this process "
                                                   "(containers, service managers)")] = False,
     reassign_after: ReassignAfter = None,
+    heal: Heal = True,
+    heal_after: HealAfter = 0.0,
     resume_timeout: ResumeTimeout = 120.0,
     curve: Curve = False,
     expect_nodes: ExpectNodes = None,
@@ -156,7 +164,7 @@ def cluster_up(
         _fail(f"a cluster is already up ({cluster_file()}); zctl cluster down first")
     stage_count = stages or local or 2
     problem = _up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
-                          reassign_after) or max_streams_problem(max_streams) or kv_problem(
+                          reassign_after, heal_after) or max_streams_problem(max_streams) or kv_problem(
                               kv_memory_mb, prefix_cache_mb)
     if problem:
         _fail(problem)
@@ -172,7 +180,8 @@ def cluster_up(
         coordinator = CoordinatorProcess(
             str(export_dir), bind=f"tcp://{bind}", host=host, heartbeat=heartbeat,
             liveness=liveness, expect_nodes=expect_nodes, placement=placement,
-            reassign_after=reassign_after, resume_timeout=resume_timeout, curve=curve,
+            reassign_after=reassign_after, heal_after=heal_after if heal else None,
+            resume_timeout=resume_timeout, curve=curve,
             row_groups=row_groups, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
             prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link)
         if foreground:
@@ -209,7 +218,7 @@ def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeou
         Path(c.export_dir), nodes, c.runtime, link_delay_ms=link.delay_ms,
         link_jitter_ms=link.jitter_ms, link_rate_mbit=link.rate_mbit, cpu_sets=cpu_sets,
         row_groups=c.row_groups, curve=c.curve, resume_timeout=c.resume_timeout,
-        reassign_after=c.reassign_after, max_streams=c.max_streams,
+        reassign_after=c.reassign_after, heal_after=c.heal_after, max_streams=c.max_streams,
         kv_memory_mb=c.kv_memory_mb, prefix_cache_mb=c.prefix_cache_mb)
     write_record(record)
     status = wait_serving(record, timeout)
@@ -239,7 +248,8 @@ def max_streams_problem(max_streams: int) -> str:
 
 
 def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets: str,
-                foreground: bool, resume_timeout: float, reassign_after: float | None) -> str:
+                foreground: bool, resume_timeout: float, reassign_after: float | None,
+                heal_after: float = 0.0) -> str:
     """Why these ``zctl cluster up`` options cannot go together ("" when they can), found
     before anything is exported or started."""
     if local is not None and local != stages:
@@ -250,8 +260,8 @@ def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets
         return "--cpu-sets applies to --local clusters; a node sets its own with zctl node join --cpus"
     if foreground and local is not None:
         return "--foreground runs only the coordinator; start nodes with zctl node join"
-    if resume_timeout < 0 or (reassign_after is not None and reassign_after < 0):
-        return "--resume-timeout and --reassign-after must be >= 0 seconds"
+    if resume_timeout < 0 or heal_after < 0 or (reassign_after is not None and reassign_after < 0):
+        return "--resume-timeout, --heal-after and --reassign-after must be >= 0 seconds"
     return ""
 
 

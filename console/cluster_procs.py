@@ -193,7 +193,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         link_jitter_ms: float = 0.0, link_rate_mbit: float = 0.0,
                         cpu_sets: str = "shared", row_groups: int | None = None,
                         curve: bool = False, resume_timeout: float = 120.0,
-                        reassign_after: float | None = None, max_streams: int = 8,
+                        reassign_after: float | None = None,
+                        heal_after: float | None = 0.0, max_streams: int = 8,
                         kv_memory_mb: int = 2048, prefix_cache_mb: int = 512
                         ) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
@@ -204,7 +205,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     its own cores (as if each node were its own PC); "shared" lets every stage use all.
     ``row_groups`` batches concurrent streams' decode steps into that many row groups
     (0: none; None: ``local_row_groups``). ``curve``: CURVE on the control and data
-    pipes, every local node's key admitted. ``max_streams``: generations at once;
+    pipes, every local node's key admitted. ``heal_after``: seconds before a lost node's
+    stages go to its neighbours (None: never). ``max_streams``: generations at once;
     ``kv_memory_mb``/``prefix_cache_mb``: the KV a stage may hold, and how much of it
     cached prefixes may (see CoordinatorProcess).
     """
@@ -229,6 +231,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     record = start_coordinator(CoordinatorProcess(
         str(export_dir), bind=f"tcp://{host}:{free_port(host)}", host=host,
         expect_nodes=nodes - 1, resume_timeout=resume_timeout, reassign_after=reassign_after,
+        heal_after=heal_after,
         curve=curve, row_groups=local_row_groups(cpu_sets, nodes, row_groups, link_delay_ms),
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=link,

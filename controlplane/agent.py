@@ -62,6 +62,7 @@ from controlplane.nodeinfo import (
     route_host,
     zctl_version,
 )
+from controlplane.records import StageInfo
 from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
 from controlplane.sockets import dealer_socket
@@ -293,7 +294,8 @@ class NodeAgent:
             curve = self.config.curve
             assignment = StageAssignment.from_message(
                 msg, self.cache.path(msg.shard_hash),
-                None if curve is None else (curve.public, curve.secret))
+                None if curve is None else (curve.public, curve.secret),
+                tuple(self.cache.path(h) for h in msg.more_hashes))
             self._submit("stage", msg, self._launch, assignment, msg)
         elif isinstance(msg, Release):
             log.info("node %s released from its stage: %s", self.node_id, msg.reason)
@@ -418,12 +420,15 @@ class NodeAgent:
     # -- the stage -----------------------------------------------------------------------
     def _launch(self, assignment: StageAssignment, msg: AssignStage) -> None:
         """Start (or keep) the assigned stage; runs on the worker thread."""
-        if not self.cache.has(msg.shard_hash):
-            raise LaunchError(f"shard {msg.shard_hash[:12]} of stage {msg.stage.index} is not "
-                              "cached here")
-        check_runner_dir(assignment.runner_dir, msg)
+        dirs = [assignment.runner_dir, *assignment.more_dirs]
+        for info, shard_hash, runner_dir in zip(msg.stages, msg.shard_hashes, dirs, strict=True):
+            if not self.cache.has(shard_hash):
+                raise LaunchError(f"shard {shard_hash[:12]} of stage {info.index} is not "
+                                  "cached here")
+            check_runner_dir(runner_dir, info, shard_hash, msg.num_stages)
         self.slot.apply(assignment)
-        log.info("node %s runs stage %d: bind %s, send to %s", self.node_id, msg.stage.index,
+        stages = ", ".join(str(i.index) for i in msg.stages)
+        log.info("node %s runs stage %s: bind %s, send to %s", self.node_id, stages,
                  assignment.bind, assignment.send_to)
 
     def _kv_slots(self) -> int:
@@ -452,18 +457,18 @@ class NodeAgent:
         }
 
 
-def check_runner_dir(runner_dir: Path, msg: AssignStage) -> None:
+def check_runner_dir(runner_dir: Path, info: StageInfo, shard_hash: str, num_stages: int
+                     ) -> None:
     """Raise LaunchError unless the cached manifest describes the stage as assigned."""
     manifest = load_manifest(runner_dir, verify_files=False)
-    index = msg.stage.index
+    index = info.index
     spec = manifest.stages[index] if index < len(manifest.stages) else None
-    if spec is None or len(manifest.stages) != msg.num_stages or \
-            manifest.stage_hash(index) != msg.shard_hash or \
+    if spec is None or len(manifest.stages) != num_stages or \
+            manifest.stage_hash(index) != shard_hash or \
             (spec.layer_start, spec.layer_end, spec.xml, spec.bin, spec.first, spec.last) != \
-            (msg.stage.layer_start, msg.stage.layer_end, msg.stage.xml, msg.stage.bin,
-             msg.stage.first, msg.stage.last):
-        raise LaunchError(f"the cached shard {msg.shard_hash[:12]} does not describe stage "
-                          f"{index} of {msg.num_stages} as the assignment does")
+            (info.layer_start, info.layer_end, info.xml, info.bin, info.first, info.last):
+        raise LaunchError(f"the cached shard {shard_hash[:12]} does not describe stage "
+                          f"{index} of {num_stages} as the assignment does")
 
 
 @dataclass

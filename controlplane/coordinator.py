@@ -87,6 +87,9 @@ class CoordinatorConfig:
     expect_nodes: int | None = None  # remote nodes to wait for before placing; default stages-1
     placement: dict[int, str] = field(default_factory=dict)  # explicit {stage: node id}
     reassign_after: float | None = None  # move a down node's stage to a spare after s seconds
+    # give a down node's stages to its live neighbours after s seconds when no spare can
+    # take them (None: wait for the node or a spare)
+    heal_after: float | None = 0.0
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     max_message_bytes: int = 1 << 20
     verify_export: bool = True
@@ -422,8 +425,11 @@ class Coordinator:
     def _advance(self) -> None:
         if not self.pipeline.try_plan(self.members):
             return
+        now = time.monotonic()
         if self.config.reassign_after is not None:
-            self.pipeline.reassign(self.members, time.monotonic(), self.config.reassign_after)
+            self.pipeline.reassign(self.members, now, self.config.reassign_after)
+        if self.config.heal_after is not None:
+            self.pipeline.heal(self.members, now, self.config.heal_after)
         for member, stage in self.pipeline.offers_due(self.members):
             offer = self.source.offer_for(stage)
             member.offered, member.served = offer.shard_hash, {}

@@ -44,6 +44,14 @@ class StageAssignment:
     peer_key: str = ""
     admit_keys: tuple[str, ...] = ()
     keys: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    # stages after ``stage_index`` run here with it as one (dataplane.stage_chain), and the
+    # runner directory of each
+    more_stages: tuple[int, ...] = ()
+    more_dirs: tuple[Path, ...] = ()
+
+    @property
+    def stages(self) -> list[int]:
+        return [self.stage_index, *self.more_stages]
 
     def same_wiring(self, other: StageAssignment | None) -> bool:
         """Equal in everything but the epoch (so a running stage can be kept)."""
@@ -51,10 +59,15 @@ class StageAssignment:
 
     @classmethod
     def from_message(cls, msg: AssignStage, runner_dir: Path,
-                     keys: tuple[bytes, bytes] | None = None) -> StageAssignment:
+                     keys: tuple[bytes, bytes] | None = None,
+                     more_dirs: tuple[Path, ...] | None = None) -> StageAssignment:
+        """``more_dirs``: the runner directory of each of ``msg.more_stages`` (default: all
+        in ``runner_dir``, as an export directory holds every stage)."""
+        more = tuple(s.index for s in msg.more_stages)
+        dirs = (runner_dir,) * len(more) if more_dirs is None else tuple(more_dirs)
         return cls(runner_dir, msg.stage.index, msg.num_stages, msg.bind, msg.send_to,
                    msg.runtime, msg.epoch, msg.shard_hash, msg.peer_key,
-                   tuple(msg.admit_keys), keys)
+                   tuple(msg.admit_keys), keys, more, dirs)
 
     def pipe_options(self, base: Any = None) -> Any:
         """``base`` PipeOptions (or the defaults) with this assignment's CURVE, if any."""
@@ -87,17 +100,28 @@ StageLauncher = Callable[[StageAssignment], StageHandle]
 
 
 def build_runner(assignment: StageAssignment) -> Any:  # see dataplane.runtime.load_runner
-    """Compile the assigned stage from its runner directory (verifies the IR hashes)."""
+    """Compile the assigned stage from its runner directory (verifies the IR hashes); with
+    more stages, each from its own directory, chained into one (dataplane.stage_chain)."""
     from common.manifest import ManifestError
     from dataplane.runtime import RuntimeConfig, StageError, load_runner
 
+    config = RuntimeConfig(**asdict(assignment.runtime))
+    dirs = [assignment.runner_dir, *assignment.more_dirs]
     try:
-        runner = load_runner(assignment.runner_dir, assignment.stage_index,
-                             RuntimeConfig(**asdict(assignment.runtime)))
+        runners = [load_runner(d, i, config) for d, i in zip(dirs, assignment.stages,
+                                                             strict=True)]
+        if len(runners) == 1:
+            runner = runners[0]
+        else:
+            from dataplane.stage_chain import StageChain
+
+            runner = StageChain(runners)
         runner.warm_up()
         return runner
     except (StageError, ManifestError, OSError) as exc:
-        raise LaunchError(f"cannot load stage {assignment.stage_index}: {exc}") from None
+        first, last = assignment.stages[0], assignment.stages[-1]
+        what = str(first) if first == last else f"{first}-{last}"
+        raise LaunchError(f"cannot load stage {what}: {exc}") from None
 
 
 def default_launcher(assignment: StageAssignment, options: Any = None) -> StageHandle:

@@ -238,16 +238,36 @@ class AssignStage(Message):
     # to this stage's inbound pipe (the previous hop's)
     peer_key: str = ""
     admit_keys: list[str] = field(default_factory=list)
+    # the stages that follow ``stage`` on this node, run with it as one (a node that took
+    # a lost neighbour's stages), and their shards' hashes
+    more_stages: list[StageInfo] = field(default_factory=list)
+    more_hashes: list[str] = field(default_factory=list)
+
+    @property
+    def stages(self) -> list[StageInfo]:
+        return [self.stage, *self.more_stages]
+
+    @property
+    def shard_hashes(self) -> list[str]:
+        return [self.shard_hash, *self.more_hashes]
 
     def check(self) -> None:
         check_sha(self.shard_hash, "assign_stage.shard_hash")
+        need(len(self.more_stages) == len(self.more_hashes),
+             "assign_stage: more_stages and more_hashes differ in length")
+        for shard_hash in self.more_hashes:
+            check_sha(shard_hash, "assign_stage.more_hashes entry")
+        for before, after in zip(self.stages, self.more_stages, strict=False):
+            need(after.index == before.index + 1 and after.layer_start == before.layer_end,
+                 f"assign_stage: stage {after.index} does not follow stage {before.index}")
         check_key(self.peer_key, "assign_stage.peer_key")
         for key in self.admit_keys:
             check_key(key, "assign_stage.admit_keys entry", required=True)
         need(bool(self.peer_key) == bool(self.admit_keys),
               "assign_stage: peer_key and admit_keys come together (CURVE) or not at all")
-        need(0 <= self.stage.index < self.num_stages,
-              f"assign_stage.stage.index {self.stage.index} is outside 0-{self.num_stages - 1}")
+        need(0 <= self.stage.index and self.stages[-1].index < self.num_stages,
+              f"assign_stage: stages {self.stage.index}-{self.stages[-1].index} are outside "
+              f"0-{self.num_stages - 1}")
         for name in ("bind", "send_to"):
             value = getattr(self, name)
             need(value.startswith("tcp://"), f"assign_stage.{name} {value!r} must be tcp://")

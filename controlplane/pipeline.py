@@ -2,8 +2,10 @@
 
 No sockets: given the membership table it decides the placement (once enough nodes
 are alive), which nodes are due a shard offer, and which nodes need a new
-``AssignStage``. Every change of wiring bumps the epoch. Stage s binds its node's data
-address and sends to stage s+1's; the last stage sends to stage 0 (the coordinator).
+``AssignStage``. Every change of wiring bumps the epoch. A node runs a contiguous run of
+stages (one, or more once it took a lost neighbour's: ``heal``); each node in the chain
+binds its data address and sends to the next node's; the last sends to the coordinator,
+which runs stage 0 (and every stage, once it is the only node left).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Mapping
 
 from common.manifest import ExportManifest
 from controlplane import membership as ms
+from controlplane.heal import heal_plan, hosts
 from controlplane.messages import AssignStage
 from controlplane.placement import (
     NodeCapacity,
@@ -47,6 +50,7 @@ class PipelinePlan:
         self.hashes = [manifest.stage_hash(i) for i in range(self.num_stages)]
         self.plan: dict[int, str] | None = None
         self.plan_error = ""
+        self.heal_error = ""  # why a lost node's stages found no survivor to take them
         self.epoch = 0
         self._wiring: dict[int, tuple[str, str, str]] | None = None
 
@@ -71,8 +75,7 @@ class PipelinePlan:
             self.plan_error = str(exc)
             return False
         self.plan, self.plan_error = plan, ""
-        for stage, node_id in plan.items():
-            members[node_id].stage = stage
+        self._mark_stages(members)
         log.info("placement: %s", ", ".join(f"stage {s} -> {n}" for s, n in sorted(plan.items())))
         return True
 
@@ -98,49 +101,114 @@ class PipelinePlan:
             best = max(fitting, key=lambda c: (need.shard_hash in c.cached, c.tok_s or 0.0,
                                                c.memory_bytes))
             self.plan[stage] = best.node_id
-            members[best.node_id].stage, old.stage = stage, None
+            self._mark_stages(members)
             log.warning("stage %d moves from %s (%s) to spare %s", stage, node_id, old.state,
                         best.node_id)
             moved.append(stage)
         return moved
 
-    def offers_due(self, members: Mapping[str, ms.Member]) -> list[tuple[ms.Member, int]]:
-        """Planned remote nodes that (re-)enrolled and have not been offered their shard."""
+    def heal(self, members: Mapping[str, ms.Member], now: float, grace: float) -> list[int]:
+        """Give the stages of a node down for ``grace`` seconds to its live neighbours in the
+        chain (``controlplane.heal``) when no idle spare could take them; returns the stages
+        moved. The node that comes back later is a spare. When the survivors cannot hold
+        them, ``heal_error`` says why and the pipeline stays down."""
         if self.plan is None:
             return []
-        return [(members[n], s) for s, n in sorted(self.plan.items())
-                if not members[n].local and members[n].state == ms.IDLE]
+        moved: list[int] = []
+        for node_id, stages in hosts(self.plan):
+            old = members[node_id]
+            if old.local or old.state not in (ms.DEAD, ms.LEFT) or now - old.down_since < grace:
+                continue
+            if any(self._spare_for(members, s) for s in stages):
+                continue  # ``reassign`` gives the stage to the spare
+            live = {n: self.capacity(members[n]) for n in set(self.plan.values())
+                    if n != node_id and members[n].alive}
+            try:
+                plan = heal_plan(self.plan, node_id, self.needs, live)
+            except PlacementError as exc:
+                if str(exc) != self.heal_error:
+                    log.error("cannot heal: %s", exc)
+                self.heal_error = str(exc)
+                continue
+            self.plan, self.heal_error = plan, ""
+            self._mark_stages(members)
+            log.warning("node %s (%s) is lost: %s", node_id, old.state, ", ".join(
+                f"stage {s} -> {plan[s]}" for s in stages))
+            moved += stages
+        return moved
+
+    def _spare_for(self, members: Mapping[str, ms.Member], stage: int) -> bool:
+        assert self.plan is not None
+        need = self.needs[stage].bytes
+        return any(not m.local and m.state == ms.IDLE and m.node_id not in self.plan.values()
+                   and self.capacity(m).memory_bytes >= need for m in members.values())
+
+    def _mark_stages(self, members: Mapping[str, ms.Member]) -> None:
+        """Each member's ``stage``: the first of the stages it runs (None: a spare)."""
+        assert self.plan is not None
+        first = {node: stages[0] for node, stages in hosts(self.plan)}
+        for member in members.values():
+            member.stage = first.get(member.node_id)
+
+    def offers_due(self, members: Mapping[str, ms.Member]) -> list[tuple[ms.Member, int]]:
+        """Planned remote nodes due a shard offer, with the stage: one that (re-)enrolled
+        (its first stage: cached shards are checked too), or one that lacks the shard of a
+        stage it now runs (it took a lost node's)."""
+        if self.plan is None:
+            return []
+        due = []
+        for node_id, stages in hosts(self.plan):
+            member = members[node_id]
+            if member.local or member.offered is not None:
+                continue
+            missing = [s for s in stages if self.hashes[s] not in member.shards]
+            if member.state == ms.IDLE:
+                due.append((member, stages[0]))
+            elif missing and member.state in (ms.READY, ms.WIRING, ms.SERVING):
+                due.append((member, missing[0]))
+        return due
 
     def assignments(self, members: Mapping[str, ms.Member]) -> list[tuple[ms.Member, AssignStage]]:
         """AssignStage messages for nodes whose wiring changed (empty until all hold shards)."""
         if self.plan is None:
             return []
-        chain = [members[self.plan[s]] for s in range(self.num_stages)]
-        for stage, member in enumerate(chain):
+        chain = [(members[n], stages) for n, stages in hosts(self.plan)]
+        for member, stages in chain:
             if not member.alive or member.state == ms.TRANSFERRING or \
-                    self.hashes[stage] not in member.shards:
+                    any(self.hashes[s] not in member.shards for s in stages):
                 return []
-        wiring = {s: (m.node_id, m.info.data_addr, chain[(s + 1) % self.num_stages].info.data_addr,
-                      m.info.data_key) for s, m in enumerate(chain)}
+        count = len(chain)
+        wiring = {m.node_id: (tuple(stages), m.info.data_addr,
+                              chain[(k + 1) % count][0].info.data_addr, m.info.data_key)
+                  for k, (m, stages) in enumerate(chain)}
         if wiring != self._wiring:
             self.epoch += 1
             self._wiring = wiring
             log.info("wiring the pipeline (epoch %d): %s", self.epoch,
-                     " -> ".join(f"{m.node_id}@{m.info.data_addr}" for m in chain))
+                     " -> ".join(f"{m.node_id}@{m.info.data_addr} (stage "
+                                 f"{layer_range(stages[0], stages[-1] + 1)})"
+                                 for m, stages in chain))
         due = []
         curve = bool(members[self.head].info.data_key)  # the coordinator runs CURVE
-        for stage, (_node, bind, send_to, _key) in wiring.items():
-            spec = self.manifest.stages[stage]
-            info = StageInfo(spec.index, spec.layer_start, spec.layer_end, spec.xml, spec.bin,
-                             spec.first, spec.last)
-            keys = ({"peer_key": chain[(stage + 1) % self.num_stages].info.data_key,
-                     "admit_keys": [chain[stage - 1].info.data_key]} if curve else {})
-            msg = AssignStage(self.epoch, info, self.num_stages, self.manifest.model.name,
-                              self.hashes[stage], bind, send_to, self.runtime, **keys)
-            if chain[stage].assigned != msg:
-                chain[stage].assigned = msg
-                due.append((chain[stage], msg))
+        for k, (member, stages) in enumerate(chain):
+            after, before = chain[(k + 1) % count][0], chain[k - 1][0]
+            infos = [self._stage_info(s) for s in stages]
+            keys = ({"peer_key": after.info.data_key, "admit_keys": [before.info.data_key]}
+                    if curve else {})
+            msg = AssignStage(self.epoch, infos[0], self.num_stages, self.manifest.model.name,
+                              self.hashes[stages[0]], member.info.data_addr,
+                              after.info.data_addr, self.runtime, **keys,
+                              more_stages=infos[1:],
+                              more_hashes=[self.hashes[s] for s in stages[1:]])
+            if member.assigned != msg:
+                member.assigned = msg
+                due.append((member, msg))
         return due
+
+    def _stage_info(self, stage: int) -> StageInfo:
+        spec = self.manifest.stages[stage]
+        return StageInfo(spec.index, spec.layer_start, spec.layer_end, spec.xml, spec.bin,
+                         spec.first, spec.last)
 
     def state(self, members: Mapping[str, ms.Member]) -> str:
         """waiting, degraded, failed, transferring, wiring or serving."""
@@ -171,6 +239,8 @@ class PipelinePlan:
                 continue
             spec = self.manifest.stages[stage]
             detail = f": {member.error}" if member.state == ms.FAILED and member.error else ""
+            if self.heal_error and member.state in (ms.DEAD, ms.LEFT):
+                detail = f"; {self.heal_error}"
             return (f"stage {stage} (layers {layer_range(spec.layer_start, spec.layer_end)}) "
                     f"on node {node_id} at {member.info.host} {why}{detail}")
         state = self.state(members)

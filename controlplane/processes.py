@@ -69,6 +69,7 @@ class CoordinatorProcess:
     expect_nodes: int | None = None
     placement: dict[str, str] = field(default_factory=dict)  # {stage: node id}
     reassign_after: float | None = None
+    heal_after: float | None = 0.0  # None: no healing onto the survivors
     resume_timeout: float = 120.0
     curve: bool = False
     serve: str | None = None  # the generation service's bind address
@@ -193,7 +194,8 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         heartbeat_interval=config.heartbeat, liveness=config.liveness,
         expect_nodes=config.expect_nodes,
         placement={int(stage): node for stage, node in config.placement.items()},
-        runtime=config.runtime, reassign_after=config.reassign_after, curve=curve),
+        runtime=config.runtime, reassign_after=config.reassign_after,
+        heal_after=config.heal_after, curve=curve),
         launcher=launcher)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")

@@ -51,9 +51,12 @@ class Cluster:
         self.agents: list[NodeAgent] = []
 
     def coordinator(self, source: ShardSource | None = None, **config: object) -> Coordinator:
+        """A coordinator; a lost node's stage waits for it to come back (what these tests
+        mostly check) unless ``heal_after`` is given."""
         cfg = CoordinatorConfig(endpoint=str(config.pop("endpoint", "tcp://127.0.0.1:*")),
                                 state_dir=self.root / "coord", host="127.0.0.1",
-                                **{"chunk_size": 64 << 10, **FAST, **config})  # type: ignore
+                                **{"chunk_size": 64 << 10, "heal_after": None, **FAST,
+                                   **config})  # type: ignore
         coord = Coordinator(self.export, cfg, launcher=FakeStage, source=source)
         self.coordinators.append(coord)
         coord.start()

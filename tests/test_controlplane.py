@@ -125,6 +125,26 @@ def test_dead_nodes_stage_moves_to_a_spare(cp_cluster: Cluster) -> None:
     assert coord.status().pipeline == "serving"
 
 
+def test_a_lost_nodes_stage_heals_onto_the_survivor(cp_cluster: Cluster) -> None:
+    """No spare: the coordinator takes the lost node's stage and runs both; the node that
+    comes back is a spare."""
+    coord = cp_cluster.coordinator(heal_after=0.0)
+    agent = cp_cluster.agent(coord.endpoint)
+    coord.wait_serving(20)
+    agent.stop()
+    wait_for(lambda: coord.status().epoch == 2 and coord.status().pipeline == "serving",
+             what="healed onto the coordinator")
+    status = coord.status()
+    assert [s.node_id for s in status.stages] == [coord.node_id, coord.node_id]
+    head = [x for x in FakeStage.launched if x.epoch == 2]
+    assert [(x.stage_index, x.more_stages) for x in head] == [(0, (1,))]
+    assert head[0].more_dirs == (coord.export_dir,)
+    back = cp_cluster.agent(coord.endpoint)
+    wait_for(lambda: node(coord.status(), back.node_id).state == "idle", what="spare again")
+    assert node(coord.status(), back.node_id).stage is None
+    assert coord.status().pipeline == "serving" and coord.status().epoch == 2
+
+
 def test_placement_error_is_reported(cp_cluster: Cluster) -> None:
     coord = cp_cluster.coordinator(placement={1: "nobody"})
     cp_cluster.agent(coord.endpoint)
@@ -289,6 +309,45 @@ def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Clus
     remote = list(generate_greedy(pipeline, prompt, 8))
     local = list(generate_greedy(LocalChain.load(str(cp_cluster.export)), prompt, 8))
     assert remote == local and len(remote) == 8
+
+
+def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
+        tmp_path: Path, dp_export3: Path) -> None:
+    """The real data plane, 3 stages and no spare: the node of stage 2 leaves and the node
+    of stage 1 runs both (its worker a StageChain, the shard fetched now); then that node
+    leaves too and the coordinator runs all three, answering steps itself. The tokens
+    are one process's every time."""
+    from controlplane.launch import default_launcher, head_launcher
+    from dataplane.local_chain import LocalChain
+    from engine.scheduler import generate_greedy
+
+    cluster = Cluster(tmp_path, dp_export3)
+    try:
+        cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=tmp_path / "coord",
+                                host="127.0.0.1", expect_nodes=2, **FAST)  # type: ignore[arg-type]
+        coord = Coordinator(dp_export3, cfg, launcher=head_launcher)
+        cluster.coordinators.append(coord)
+        coord.start()
+        a = cluster.agent(coord.endpoint, "a", launcher=default_launcher)
+        b = cluster.agent(coord.endpoint, "b", launcher=default_launcher)
+        status = coord.wait_serving(60)
+        last, middle = (a, b) if node(status, a.node_id).stage == 2 else (b, a)
+        prompt = [0, 5, 17, 42, 99, 7, 7]
+        want = list(generate_greedy(LocalChain.load(str(dp_export3)), prompt, 8))
+        for gone, hosts_left in ((last, [coord.node_id, middle.node_id, middle.node_id]),
+                                 (middle, [coord.node_id] * 3)):
+            epoch = coord.status().epoch
+            gone.stop()
+            wait_for(lambda e=epoch: coord.status().epoch > e and coord.status().pipeline ==
+                     "serving", timeout=60, what="healed")
+            status = coord.status()
+            assert [s.node_id for s in status.stages] == hosts_left
+            pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
+            assert list(generate_greedy(pipeline, prompt, 8)) == want
+        assert pipeline.answers_here
+        assert len(middle.cache.hashes()) == 2  # it fetched stage 2's shard when it took it
+    finally:
+        cluster.close()
 
 
 @pytest.mark.slow
