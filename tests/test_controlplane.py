@@ -145,6 +145,27 @@ def test_a_lost_nodes_stage_heals_onto_the_survivor(cp_cluster: Cluster) -> None
     assert coord.status().pipeline == "serving" and coord.status().epoch == 2
 
 
+def test_survivors_without_room_say_what_is_missing(cp_cluster: Cluster) -> None:
+    """A lost node whose stage fits no survivor: the pipeline stays down, its problem (what
+    paused generations are told) names the stage and what the survivors have; the node
+    coming back serves again."""
+    from controlplane.placement import NodeCapacity
+
+    coord = cp_cluster.coordinator(heal_after=0.0)
+    agent = cp_cluster.agent(coord.endpoint)
+    coord.wait_serving(20)
+    coord.pipeline.capacity = lambda member: NodeCapacity(member.node_id, 1)  # type: ignore
+    agent.stop()
+    wait_for(lambda: "cannot hold" in (coord.pipeline_problem() or ""), what="heal refused")
+    problem = coord.pipeline_problem() or ""
+    assert problem.startswith("stage 1 (layers ") and "left the cluster" in problem
+    assert f"the survivors cannot hold stage(s) 1 of lost node {agent.node_id}" in problem
+    assert f"node {coord.node_id} has 0 B to spare" in problem
+    assert coord.status().pipeline == "degraded"
+    cp_cluster.agent(coord.endpoint)
+    assert coord.wait_serving(20).stages[1].node_id == agent.node_id
+
+
 def test_placement_error_is_reported(cp_cluster: Cluster) -> None:
     coord = cp_cluster.coordinator(placement={1: "nobody"})
     cp_cluster.agent(coord.endpoint)

@@ -1,6 +1,7 @@
-"""A node killed mid-generation: the generation pauses, and when the node comes back (a
-new process with the same state dir reclaims its id) it resumes where it was, with the
-same tokens as a run nothing happened to. Real processes on loopback addresses."""
+"""A node killed mid-generation: the generation pauses, and resumes where it was with the
+same tokens as a run nothing happened to: once the node comes back (a new process with
+the same state dir reclaims its id; healing off), or at once on the survivors (healing,
+the default). Real processes on loopback addresses."""
 
 from __future__ import annotations
 
@@ -43,35 +44,15 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
     prompts = ["the sky is", "one two three one two three"][:streams]
     requests = [GenerateRequest(uuid.uuid4().hex[:16], p, TOKENS, ignore_eos=True)
                 for p in prompts]
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32",
-                                                           kv_cache_precision="f32"))
-    tokenizer = ChatTokenizer(export_dir)
-    expected = [list(generate_greedy(chain, tokenizer.encode(r.prompt, chat=r.chat), TOKENS))
-                for r in requests]
+    expected = _fault_free(export_dir, requests)
     root = tmp_path / "cluster"
-    record = start_local_cluster(export_dir, 3, runtime_spec(
-        "f32", None, "CPU", "f32", dynamic_quantization=False), root, link_delay_ms=DELAY_MS)
+    record = start_local_cluster(export_dir, 3, EXACT, root, link_delay_ms=DELAY_MS,
+                                 heal_after=None)
     try:
         wait_serving(record, 120)
         messages: list = []
-        generating = threading.Event()
-
-        def run() -> None:
-            for msg in generate_many(record.serve, requests):
-                messages.append(msg)
-                if isinstance(msg, GenerateChunk) and msg.tokens:
-                    generating.set()
-
-        client = threading.Thread(target=run, daemon=True)
-        client.start()
-        assert generating.wait(60)
-        os.killpg(record.pids[2], signal.SIGKILL)  # the node on 127.0.0.3, mid-generation
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(
-                getattr(m, "note", "").startswith("paused") for m in messages):
-            time.sleep(0.1)
-        paused = [m.note for m in messages if getattr(m, "note", "")]
-        assert paused and "at 127.0.0.3 stopped answering" in paused[0], paused
+        client = _kill_mid_generation(record, requests, messages, 2,  # the node on 127.0.0.3
+                                      "at 127.0.0.3 stopped answering")
         # the node restarts with its state dir: same id, shard cached, re-wired
         record.pids.append(_spawn(NodeProcess(
             record.control, host="127.0.0.3", state_dir=str(root / "node2"),
@@ -85,3 +66,70 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
         assert notes[-1].startswith("resumed after "), notes
     finally:
         stop_processes(record.pids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("node", [1, 2])
+def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
+        tiny_exports, tmp_path: Path, node: int) -> None:
+    """No spare and no restart: the killed node's stage goes to a neighbour (the middle
+    node's to the coordinator or the last node, the last node's to the middle one), which
+    fetches its shard; the generation resumes there and ends with the tokens of a run
+    nothing happened to."""
+    export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
+    requests = [GenerateRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)]
+    expected = _fault_free(export_dir, requests)
+    record = start_local_cluster(export_dir, 3, EXACT, tmp_path / "cluster",
+                                 link_delay_ms=DELAY_MS)
+    try:
+        wait_serving(record, 120)
+        messages: list = []
+        client = _kill_mid_generation(record, requests, messages, node)
+        client.join(120)
+        assert not client.is_alive()
+        (done,) = [m for m in messages if isinstance(m, GenerateDone)]
+        assert done.error == "" and done.tokens == expected[0]
+        notes = [m.note for m in messages if getattr(m, "note", "")]
+        assert notes[-1].startswith("resumed after "), notes  # (the first note said paused)
+        status = wait_serving(record, 30)
+        hosts = {s.node_id for s in status.stages}
+        assert len(hosts) == 2 and status.pipeline == "serving"  # 2 of 3 nodes carry on
+    finally:
+        stop_processes(record.pids)
+
+
+EXACT = runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
+
+
+def _fault_free(export_dir: Path, requests: list[GenerateRequest]) -> list[list[int]]:
+    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32",
+                                                           kv_cache_precision="f32"))
+    tokenizer = ChatTokenizer(export_dir)
+    return [list(generate_greedy(chain, tokenizer.encode(r.prompt, chat=r.chat), TOKENS))
+            for r in requests]
+
+
+def _kill_mid_generation(record, requests: list[GenerateRequest], messages: list,
+                         node: int, why: str = "") -> threading.Thread:
+    """Start the requests on a client thread (every message into ``messages``), SIGKILL
+    node ``node``'s process once tokens flow, and wait until the client is told its
+    generation paused (``why`` in the note); the running client thread."""
+    generating = threading.Event()
+
+    def run() -> None:
+        for msg in generate_many(record.serve, requests):
+            messages.append(msg)
+            if isinstance(msg, GenerateChunk) and msg.tokens:
+                generating.set()
+
+    client = threading.Thread(target=run, daemon=True)
+    client.start()
+    assert generating.wait(60)
+    os.killpg(record.pids[node], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+            getattr(m, "note", "").startswith("paused") for m in messages):
+        time.sleep(0.1)
+    paused = [m.note for m in messages if getattr(m, "note", "")]
+    assert paused and why in paused[0], paused
+    return client
