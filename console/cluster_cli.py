@@ -28,6 +28,7 @@ from console.cluster_procs import (
 )
 from console.exports import AUTO, WEIGHTS_HELP, ensure_export
 from controlplane.processes import CoordinatorProcess, placement_of
+from controlplane.records import HEARTBEAT_S, LIVENESS
 
 cluster_app = typer.Typer(help="Start, inspect and stop a cluster.", no_args_is_help=True)
 node_app = typer.Typer(help="Run this machine as a node of a cluster.", no_args_is_help=True)
@@ -149,9 +150,9 @@ def cluster_up(
     link_delay_ms: Link = 0.0,
     link_jitter_ms: LinkJitter = 0.0,
     link_rate_mbit: LinkRate = 0.0,
-    heartbeat: Heartbeat = 1.0,
+    heartbeat: Heartbeat = HEARTBEAT_S,
     liveness: Annotated[int, typer.Option(help="heartbeats a node may miss before it is "
-                                               "marked dead")] = 3,
+                                               "marked dead")] = LIVENESS,
     api: Annotated[str | None, typer.Option(
         help="also serve the OpenAI API at HOST:PORT (zctl serve; its key from ZCTL_API_KEY)")
     ] = None,
@@ -418,7 +419,7 @@ def node_join(
     link_delay_ms: Link = 0.0,
     link_jitter_ms: LinkJitter = 0.0,
     link_rate_mbit: LinkRate = 0.0,
-    heartbeat: Heartbeat = 1.0,
+    heartbeat: Heartbeat = HEARTBEAT_S,
     reconnect_max: Annotated[float, typer.Option(
         help="longest wait in seconds between tries to reach a lost coordinator (the wait "
              "doubles from 1 s)")] = 32.0,

@@ -62,7 +62,7 @@ from controlplane.nodeinfo import (
     route_host,
     zctl_version,
 )
-from controlplane.records import StageInfo
+from controlplane.records import HEARTBEAT_S, LIVENESS, StageInfo
 from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
 from controlplane.sockets import dealer_socket
@@ -80,8 +80,8 @@ class AgentConfig:
     state_dir: Path = field(default_factory=lambda: zctl_home() / "node")
     data_host: str | None = None  # address other nodes reach this one at; default: guessed
     data_port: int = 0  # inbound data pipe; 0: the one used last time, else a free one
-    heartbeat_interval: float = 1.0  # until the coordinator's Welcome sets it
-    liveness: int = 3
+    heartbeat_interval: float = HEARTBEAT_S  # until the coordinator's Welcome sets it
+    liveness: int = LIVENESS
     reconnect_min: float = 1.0
     reconnect_max: float = 32.0
     window: int = 8  # shard chunk requests in flight (credit-based flow)

@@ -64,7 +64,7 @@ from controlplane.nodeinfo import (
 )
 from controlplane.pipeline import PipelinePlan
 from controlplane.placement import LayerCost, stage_needs
-from controlplane.records import ClusterStatus, RefusalInfo, RuntimeSpec
+from controlplane.records import HEARTBEAT_S, LIVENESS, ClusterStatus, RefusalInfo, RuntimeSpec
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
@@ -81,8 +81,8 @@ class CoordinatorConfig:
     state_dir: Path = field(default_factory=lambda: zctl_home() / "coordinator")
     host: str | None = None  # address nodes reach this machine at; default: guessed
     data_port: int = 0  # return pipe (stage 0 inbound); 0: last used or a free one
-    heartbeat_interval: float = 1.0
-    liveness: int = 3  # heartbeats a node may miss before it is marked dead
+    heartbeat_interval: float = HEARTBEAT_S
+    liveness: int = LIVENESS  # heartbeats a node may miss before it is marked dead
     chunk_size: int = DEFAULT_CHUNK_SIZE
     expect_nodes: int | None = None  # remote nodes to wait for before placing; default stages-1
     placement: dict[int, str] = field(default_factory=dict)  # explicit {stage: node id}

@@ -99,17 +99,55 @@ class RewirableStage(StageHandle, Protocol):
 StageLauncher = Callable[[StageAssignment], StageHandle]
 
 
-def build_runner(assignment: StageAssignment) -> Any:  # see dataplane.runtime.load_runner
+class CompiledStages:
+    """The compiled runners of the stages each node of this process ran last (by its data
+    address), so that a relaunch that still runs one of them (a node taking a lost
+    neighbour's stage beside its own) reuses it, emptied of streams and prefixes, instead
+    of compiling it again (~1 s a stage of SmolLM2). Only ``build_runner`` takes them, and
+    only after the node's last stage was stopped (``StageSlot`` stops before it launches)."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, dict[tuple[str, int, RuntimeSpec], Any]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, node: str, key: tuple[str, int, RuntimeSpec]) -> Any:
+        with self._lock:
+            runner = self._by_node.get(node, {}).pop(key, None)
+        if runner is not None:
+            for stream_id in [*runner.groups, *runner.streams]:
+                runner.close_stream(stream_id)
+            runner.drop_all_prefixes()
+        return runner
+
+    def keep(self, node: str, runners: dict[tuple[str, int, RuntimeSpec], Any]) -> None:
+        with self._lock:
+            self._by_node[node] = dict(runners)
+
+    def forget(self, node: str) -> None:
+        with self._lock:
+            self._by_node.pop(node, None)
+
+
+COMPILED = CompiledStages()
+
+
+def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
     """Compile the assigned stage from its runner directory (verifies the IR hashes); with
-    more stages, each from its own directory, chained into one (dataplane.stage_chain)."""
+    more stages, each from its own directory, chained into one (dataplane.stage_chain).
+    With ``reuse``, a stage this node ran in its last assignment is reused (``COMPILED``):
+    nothing steps the old one any more (a StageWorker's thread has ended, a ClusterHead
+    is retired, before ``StageSlot`` launches the next)."""
     from common.manifest import ManifestError
     from dataplane.runtime import RuntimeConfig, StageError, load_runner
 
     config = RuntimeConfig(**asdict(assignment.runtime))
     dirs = [assignment.runner_dir, *assignment.more_dirs]
+    keys = [(str(d), i, assignment.runtime) for d, i in zip(dirs, assignment.stages, strict=True)]
     try:
-        runners = [load_runner(d, i, config) for d, i in zip(dirs, assignment.stages,
-                                                             strict=True)]
+        runners = [(COMPILED.take(assignment.bind, key) if reuse else None)
+                   or load_runner(key[0], key[1], config) for key in keys]
+        if reuse:
+            COMPILED.keep(assignment.bind, dict(zip(keys, runners, strict=True)))
         if len(runners) == 1:
             runner = runners[0]
         else:
@@ -155,6 +193,9 @@ class HeadHandle:
         self.pipeline = pipeline
 
     def stop(self) -> None:
+        retire = getattr(self.pipeline, "retire", None)
+        if retire is not None:  # no step computes on its runner from here on
+            retire()
         self.pipeline.close()
 
 
@@ -168,7 +209,7 @@ def head_launcher(assignment: StageAssignment, options: Any = None) -> HeadHandl
     except ImportError as exc:
         raise LaunchError(f"the data-plane head is not available ({exc})") from None
     options = assignment.pipe_options(options)
-    runner = build_runner(assignment)
+    runner = build_runner(assignment)  # the old head, retired when stopped, is not using it
     return HeadHandle(ClusterHead(runner, assignment.send_to, assignment.bind,
                                       **({"options": options} if options is not None else {})))
 
@@ -203,7 +244,10 @@ class StageSlot:
             self.assignment = assignment
 
     def stop(self) -> None:
+        """Stop the stage for good (released): its compiled runners are let go too."""
         with self._lock:
+            if self.assignment is not None:
+                COMPILED.forget(self.assignment.bind)
             self._stop_locked()
 
     def _stop_locked(self) -> None:

@@ -14,7 +14,7 @@ from common.paths import zctl_home
 from controlplane.agent import AgentConfig, NodeAgent, ProgressCallback
 from controlplane.coordinator import Coordinator, CoordinatorConfig
 from controlplane.launch import StageLauncher
-from controlplane.records import ClusterStatus, RuntimeSpec
+from controlplane.records import HEARTBEAT_S, LIVENESS, ClusterStatus, RuntimeSpec
 
 
 class LocalCluster:
@@ -22,8 +22,8 @@ class LocalCluster:
 
     def __init__(self, export_dir: Path | str, nodes: int | None = None,
                  root: Path | None = None, host: str = "127.0.0.1",
-                 runtime: RuntimeSpec | None = None, heartbeat_interval: float = 1.0,
-                 liveness: int = 3, head_launcher: StageLauncher | None = None,
+                 runtime: RuntimeSpec | None = None, heartbeat_interval: float = HEARTBEAT_S,
+                 liveness: int = LIVENESS, head_launcher: StageLauncher | None = None,
                  node_launcher: StageLauncher | None = None,
                  on_progress: ProgressCallback | None = None) -> None:
         self.root = root or zctl_home() / "local"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.records import RuntimeSpec
+from controlplane.records import HEARTBEAT_S, LIVENESS, RuntimeSpec
 from controlplane.schema import SchemaError, build
 
 log = logging.getLogger("zctl.processes")
@@ -64,8 +64,8 @@ class CoordinatorProcess:
     host: str | None = None  # address nodes reach this machine at
     data_port: int = 0
     state_dir: str | None = None  # default: ZCTL_HOME/coordinator
-    heartbeat: float = 1.0
-    liveness: int = 3
+    heartbeat: float = HEARTBEAT_S
+    liveness: int = LIVENESS
     expect_nodes: int | None = None
     placement: dict[str, str] = field(default_factory=dict)  # {stage: node id}
     reassign_after: float | None = None
@@ -101,7 +101,7 @@ class NodeProcess:
     host: str | None = None  # address other nodes reach this one at
     data_port: int = 0
     state_dir: str | None = None  # default: ZCTL_HOME/node
-    heartbeat: float = 1.0
+    heartbeat: float = HEARTBEAT_S
     reconnect_min: float = 1.0
     reconnect_max: float = 32.0
     tok_s: float | None = None  # measured speed, for placement

@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# Liveness defaults: a node silent for LIVENESS beats of HEARTBEAT_S is marked dead (2.5 s:
+# what a lost node costs before its stages move to the survivors); any traffic counts.
+HEARTBEAT_S = 0.5
+LIVENESS = 5
+
 
 @dataclass(frozen=True)
 class DeviceInfo:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -109,7 +110,9 @@ class ClusterHead(HeadPrefixes):
         self.num_stages = len(stage0.manifest.stages)
         if self.num_stages < 2:
             raise ValueError("a one-stage export needs no cluster: use LocalChain")
-        self.stage0 = stage0
+        self._stage0 = stage0
+        self._retired = False  # replaced by a new pipeline: stage 0 is not ours any more
+        self._busy = threading.Lock()  # held while a step computes on stage 0
         self.timeout_s = timeout_s
         self.compact_threshold = compact_threshold
         self.compactions = 0
@@ -131,6 +134,19 @@ class ClusterHead(HeadPrefixes):
         self.figures = StepFigures(self.num_stages, hops=True)  # cumulative, for stats
 
     # -- lifecycle -------------------------------------------------------------------
+    @property
+    def stage0(self) -> StageRunner:
+        """The stages run here; DataPlaneError once ``retire`` handed them on."""
+        if self._retired:
+            raise DataPlaneError("this pipeline was replaced (the cluster was re-wired)")
+        return self._stage0
+
+    def retire(self) -> None:
+        """Hand stage 0 on (to the pipeline that replaces this one): wait for a step that is
+        computing, then refuse every use of it, so its compiled runner can be reused."""
+        with self._busy:
+            self._retired = True
+
     def close(self) -> None:
         """Close the sockets (streams on the nodes stay until their next reset/close)."""
         self._pull.close(0)
@@ -153,7 +169,7 @@ class ClusterHead(HeadPrefixes):
         if stage0 is not None:
             if not stage0.spec.first:
                 raise ValueError(f"the coordinator runs stage 0, not stage {stage0.spec.index}")
-            self.stage0 = stage0
+            self._stage0 = stage0
         self.wirings += 1
         options = self.options
         if options.curve is not None and peer_key:
@@ -328,6 +344,15 @@ class ClusterHead(HeadPrefixes):
                top_k: int = 0, mask_tail: int | np.ndarray = 0,
                row_tokens: np.ndarray | None = None) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
+        (See ``_submit``; a step computes under ``_busy``, which ``retire`` waits for.)"""
+        with self._busy:
+            return self._submit(stream_id, token_ids, positions, logits_idx, want_logits,
+                                top_k=top_k, mask_tail=mask_tail, row_tokens=row_tokens)
+
+    def _submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+                logits_idx: np.ndarray | None, want_logits: bool, *, top_k: int,
+                mask_tail: int | np.ndarray, row_tokens: np.ndarray | None) -> int:
+        """Run stage 0 for a step and send it on; returns the request id to collect.
 
         ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
         asks for the k best (token, logit) pairs, ``want_logits`` for the full logits.
@@ -465,6 +490,8 @@ class ClusterHead(HeadPrefixes):
         self.wirings += 1
         self._pending.clear()
         self._done.clear()
+        if self._retired:  # stage 0 is another pipeline's now: nothing of it to dissolve
+            return
         for group_id in list(self.stage0.groups):
             self.stage0.close_stream(group_id)
             self._streams.pop(group_id, None)

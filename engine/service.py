@@ -225,10 +225,28 @@ class GenerationEngine:
         if self._jobs:
             self._watch_pipeline()
         if self._scheduler is not None and self._scheduler.active:
-            for update in self._scheduler.poll(timeout_s):
-                self._progress(update)
+            updates = self._scheduler.poll(timeout_s)
+            outage = self._outage() if any(u.session.error for u in updates) else None
+            for update in updates:
+                if outage is not None and update.session.error is not None:
+                    update.session.clear_failure()  # held: it resumes by replay
+                else:
+                    self._progress(update)
+            if outage is not None and self._paused is None:
+                self._pause(outage, time.monotonic())
         out, self._out = self._out, []
         return out
+
+    def _outage(self) -> str | None:
+        """Why a step just failed, when the pipeline went down or was re-wired under it (the
+        executor it ran on is not the one to use any more): its generations pause and
+        resume instead of failing. None: the failure is the step's own."""
+        problem = self._problem()
+        if problem is not None:
+            return problem
+        if self._scheduler is not None and self.get_executor() is not self._scheduler.pipeline:
+            return "the pipeline was re-wired"
+        return None
 
     # -- starting requests ---------------------------------------------------------------
     def _start_waiting(self) -> None:

@@ -194,6 +194,11 @@ class DecodeSession:
     def fail(self, error: Exception) -> None:
         self.error, self.done = error, True
 
+    def clear_failure(self) -> None:
+        """Undo ``fail`` for a failure that was the pipeline's, not the stream's (it went
+        down under the step): ``restart`` then replays the stream onto fresh KV."""
+        self.error, self.done = None, False  # (a stream that had ended would not have failed)
+
     def restart(self) -> None:
         """Go on from fresh KV (the stages lost this stream's: a node went down, the
         pipeline was rewired): the next steps prefill the prompt and every emitted token

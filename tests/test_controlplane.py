@@ -355,6 +355,7 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
         last, middle = (a, b) if node(status, a.node_id).stage == 2 else (b, a)
         prompt = [0, 5, 17, 42, 99, 7, 7]
         want = list(generate_greedy(LocalChain.load(str(dp_export3)), prompt, 8))
+        compiled = middle.slot.handle.runner  # type: ignore[union-attr]
         for gone, hosts_left in ((last, [coord.node_id, middle.node_id, middle.node_id]),
                                  (middle, [coord.node_id] * 3)):
             epoch = coord.status().epoch
@@ -365,6 +366,9 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
             assert [s.node_id for s in status.stages] == hosts_left
             pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
             assert list(generate_greedy(pipeline, prompt, 8)) == want
+            if gone is last:  # the middle node kept its compiled stage 1 and added stage 2
+                chain = middle.slot.handle.runner  # type: ignore[union-attr]
+                assert chain.runners[0] is compiled and chain.spec.last
         assert pipeline.answers_here
         assert len(middle.cache.hashes()) == 2  # it fetched stage 2's shard when it took it
     finally:

@@ -256,6 +256,43 @@ def test_generations_pause_while_a_stage_is_down_and_resume_as_if_nothing_happen
     assert _done(svc.endpoint, _long_request("after", 5)).tokens == expected[:5]
 
 
+def test_a_step_failing_because_the_pipeline_was_replaced_resumes_it(tiny_exports) -> None:
+    """The coordinator re-wired the pipeline (a heal) between two health checks: the old
+    executor's sockets are closed and its next step fails; the generation is held and
+    resumed on the new executor by replay, not failed."""
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    config = RuntimeConfig(precision="f32")
+    old, new = (SlowChain(LocalChain.load(str(export_dir), config)) for _ in range(2))
+    expected = list(generate_greedy(old.chain, ChatTokenizer(export_dir).encode("the sky is"),
+                                    60))
+    current = [old]
+    broken = []
+
+    def step(*args, **kwargs):
+        if broken:
+            raise RuntimeError("Socket operation on non-socket")  # what a closed head raises
+        return SlowChain.step(old, *args, **kwargs)
+
+    old.step = step  # type: ignore[method-assign]
+    svc = GenerationService(export_dir, lambda: current[0], "tcp://127.0.0.1:*",
+                            health=lambda: None, resume_timeout_s=30.0)
+    svc.start()
+    try:
+        stream = generate_stream(svc.endpoint, _long_request("swap"))
+        assert isinstance(next(stream), GenerateChunk)
+        current[0] = new
+        broken.append(True)
+        messages = list(stream)
+        notes = [m.note for m in messages if getattr(m, "note", "")]
+        assert notes[0].startswith("paused: the pipeline was re-wired"), notes
+        assert notes[-1].startswith("resumed after ")
+        done = messages[-1]
+        assert isinstance(done, GenerateDone) and not done.error and done.tokens == expected
+        assert new.steps > 0
+    finally:
+        svc.stop()
+
+
 def test_a_long_pause_keeps_clients_waiting(flaky, monkeypatch) -> None:
     """Paused longer than a client's idle timeout: the service's periodic notes keep it."""
     import engine.service as service
