@@ -64,6 +64,7 @@ class Plan:
     hold_s: float
     weights: str
     heal: bool = True
+    link_delay_ms: float = 0.0  # emulated one-way delay of every data frame
 
 
 @dataclass
@@ -75,12 +76,15 @@ class Cluster:
     nodes: dict[int, int]
     root: Path
     net: Namespaces | Loopback
+    link_delay_ms: float = 0.0
 
     def spawn_node(self, node: int) -> int:
+        from console.cluster_procs import link_shape
         from controlplane.processes import NodeProcess, process_command
 
         config = NodeProcess(self.record.control, host=self.net.host(node),
-                             state_dir=str(self.root / f"node{node}"), reconnect_min=0.2)
+                             state_dir=str(self.root / f"node{node}"), reconnect_min=0.2,
+                             link=link_shape(self.link_delay_ms))
         log = self.root / "logs" / f"node{node}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
@@ -98,10 +102,16 @@ class Cluster:
 
 
 def start_cluster(net: Namespaces | Loopback, export_dir: Path, nodes: int, heal: bool,
-                  root: Path) -> Cluster:
+                  root: Path, link_delay_ms: float = 0.0) -> Cluster:
     """The coordinator on the host (its control port on the bridge) and ``nodes - 1`` nodes
     in their namespaces; returns once the pipeline serves."""
-    from console.cluster_procs import free_port, runtime_spec, start_coordinator, wait_serving
+    from console.cluster_procs import (
+        free_port,
+        link_shape,
+        runtime_spec,
+        start_coordinator,
+        wait_serving,
+    )
     from controlplane.processes import CoordinatorProcess
 
     (root / "logs").mkdir(parents=True, exist_ok=True)
@@ -110,8 +120,8 @@ def start_cluster(net: Namespaces | Loopback, export_dir: Path, nodes: int, heal
     record = start_coordinator(CoordinatorProcess(
         str(export_dir), bind=f"tcp://{host}:{free_port(host)}", host=host,
         expect_nodes=nodes - 1, heal_after=0.0 if heal else None, resume_timeout=90.0,
-        runtime=runtime), root)
-    cluster = Cluster(record, {}, root, net)
+        runtime=runtime, link=link_shape(link_delay_ms)), root)
+    cluster = Cluster(record, {}, root, net, link_delay_ms)
     try:
         for node in range(1, nodes):
             cluster.spawn_node(node)
@@ -222,7 +232,8 @@ def run_fault(fault: str, plan: Plan, net: Namespaces | Loopback, exports: Calla
     nodes = 3 if fault == "heal" else 2
     trials: list[dict[str, Any]] = []
     for i in range(plan.trials):
-        cluster = start_cluster(net, exports(nodes), nodes, plan.heal, root / f"{fault}{i}")
+        cluster = start_cluster(net, exports(nodes), nodes, plan.heal, root / f"{fault}{i}",
+                                plan.link_delay_ms)
         try:
             expected = fault_free(cluster, plan)
             victim = 1 + i % 2 if fault == "heal" else 1  # the middle node, then the last
@@ -289,15 +300,18 @@ def main(
         False,
     heal: Annotated[bool, typer.Option(help="heal around a lost node (the product's "
                                             "default); --no-heal: wait for it")] = True,
+    link_delay_ms: Annotated[float, typer.Option(
+        help="emulated one-way delay of every data frame (slower tokens)")] = 0.0,
     as_json: Json = False,
 ) -> None:
     chosen = tuple(f.strip() for f in faults.split(",") if f.strip())
     unknown = [f for f in chosen if f not in FAULTS]
     if unknown or not chosen:
         fail(f"unknown fault(s) {unknown}: choose from {', '.join(FAULTS)}")
-    if trials < 1 or tokens < 2 or not 1 <= fault_at < tokens or hold <= 0:
-        fail("--trials >= 1, --tokens >= 2, 1 <= --fault-at < --tokens and --hold > 0")
-    plan = Plan(chosen, trials, tokens, fault_at, hold, weights, heal)
+    if trials < 1 or tokens < 2 or not 1 <= fault_at < tokens or hold <= 0 or link_delay_ms < 0:
+        fail("--trials >= 1, --tokens >= 2, 1 <= --fault-at < --tokens, --hold > 0 and "
+             "--link-delay-ms >= 0")
+    plan = Plan(chosen, trials, tokens, fault_at, hold, weights, heal, link_delay_ms)
     bench_model = BenchModel.resolve(model)
     cache: dict[int, Path] = {}
 
@@ -315,7 +329,8 @@ def main(
     where = (net.kind if isinstance(net, Namespaces) else f"loopback fallback: {net.why}")
     report = {**run_record(), "network": where, "model": bench_model.name,
               "settings": {"trials": trials, "tokens": tokens, "fault_at": fault_at,
-                           "hold_s": hold, "weights": weights, "heal": heal},
+                           "hold_s": hold, "weights": weights, "heal": heal,
+                           "link_delay_ms": link_delay_ms},
               "faults": results, "targets": targets(results)}
     if as_json:
         print(json.dumps(report))
