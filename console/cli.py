@@ -151,8 +151,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                              "openvino_genai's ContinuousBatchingPipeline."),
     "prefill": ("bench_prefill", "Long prompts: TTFT cold and on a follow-up turn, decode at "
                                  "context, streams under a long prefill."),
-    "chaos": ("chaos", "Faults during generation (kill, hang, link down, flapping, slow link, "
-                       "heal), nodes in their own network namespaces."),
+    "chaos": ("chaos", "Chaos: faults mid-generation (kill, hang, link down, flapping, slow "
+                       "link, heal), and how each is survived."),
 }
 
 

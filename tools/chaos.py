@@ -1,5 +1,7 @@
-"""Chaos harness: scripted faults during generation on a local cluster whose nodes each
-live in their own network namespace (``zctl bench chaos``).
+"""Chaos: faults mid-generation (kill, hang, link down, flapping, slow link, heal), and how each is survived.
+
+``zctl bench chaos``: scripted faults on a local cluster whose nodes each live in their
+own network namespace.
 
     python -m tools.chaos --trials 20 --json
 
