@@ -45,8 +45,10 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
     model = load_manifest(export_dir).model.name
     port = free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
+    # --no-heal: the pipeline stays down until the node is back (with healing the
+    # coordinator would take stage 1 within seconds, and /health would follow that instead)
     up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
-                             "--heartbeat", "0.3", "--api", f"127.0.0.1:{port}"])
+                             "--heartbeat", "0.3", "--no-heal", "--api", f"127.0.0.1:{port}"])
     restarted: subprocess.Popen | None = None
     try:
         assert up.exit_code == 0, up.output
