@@ -231,6 +231,15 @@ class StageSlot:
         with self._lock:
             old, handle = self.assignment, self.handle
             if handle is not None and assignment.same_wiring(old):
+                if old is not None and old.epoch != assignment.epoch:
+                    # a new epoch: the next hop may be a new socket at the same address (its
+                    # node re-launched its stages), and frames sent on the old connection
+                    # are lost: connect afresh (a head, not thread-safe, is replaced)
+                    if not isinstance(handle, RewirableStage):
+                        self._stop_locked()
+                        self.handle = self.launcher(assignment)
+                    else:
+                        handle.rewire(assignment.send_to, assignment.peer_key)
                 self.assignment = assignment
                 return
             if isinstance(handle, RewirableStage) and old is not None and \
