@@ -112,8 +112,8 @@ def test_background_stage_reports_each_epoch_in_order() -> None:
 
 
 def test_a_stage_slot_keeps_rewires_or_relaunches() -> None:
-    """Same wiring: kept; only the next hop moved: a rewirable stage is rewired in place,
-    any other stage relaunched; anything else moved: relaunched."""
+    """Same wiring and epoch: kept; a new epoch or only the next hop moved: a rewirable
+    stage is rewired in place, any other stage relaunched; anything else moved: relaunched."""
     from controlplane.launch import StageSlot
 
     class Rewirable(FakeHandle):
@@ -134,16 +134,20 @@ def test_a_stage_slot_keeps_rewires_or_relaunches() -> None:
 
     first = StageAssignment(Path("/r"), 1, 3, "tcp://a:1", "tcp://b:1", RuntimeSpec(), 1, "h")
     moved = replace(first, epoch=2, send_to="tcp://c:1", peer_key="K")
-    for kind, relaunches in ((Rewirable, 1), (FakeHandle, 2)):
+    for kind, relaunches in ((Rewirable, 1), (FakeHandle, 3)):
         slot, launched = slot_with(kind)
         slot.apply(first)
-        slot.apply(replace(first, epoch=5))  # same wiring, a new epoch: kept
+        slot.apply(replace(first, epoch=1))  # the same assignment again: kept as it is
         assert len(launched) == 1 and not launched[0].stopped
+        # same wiring, a new epoch: the next hop may be a new socket at the same address,
+        # so the outbound pipe connects afresh (rewired in place, or the stage relaunched)
+        slot.apply(replace(first, epoch=5))
         slot.apply(moved)
         assert len(launched) == relaunches
         if kind is Rewirable:
-            assert launched[0].rewired == [("tcp://c:1", "K")] and not launched[0].stopped
+            assert launched[0].rewired == [("tcp://b:1", ""), ("tcp://c:1", "K")]
+            assert not launched[0].stopped
         else:
-            assert launched[0].stopped and not launched[1].stopped
+            assert launched[0].stopped and launched[1].stopped and not launched[2].stopped
         slot.apply(replace(moved, epoch=3, bind="tcp://a:2"))  # its own pipe moved: relaunch
         assert len(launched) == relaunches + 1 and launched[-2].stopped
