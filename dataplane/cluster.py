@@ -378,7 +378,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         t1 = time.perf_counter_ns()
         stream.next_step += 1
         if self.answers_here:
-            return self._answer_here(rid, stream_id, hidden, mode, top_k, (t1 - t0) / 1e6)
+            return self._answer_here(header, hidden, top_k, (t1 - t0) / 1e6)
         try:
             parts = seal_or_encode(prepared, header, hidden, 0, start_ns, start_ns, 0, t1 - t0,
                                    prepare_ns, t1)

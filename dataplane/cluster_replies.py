@@ -24,9 +24,10 @@ from dataplane.cluster_types import (
     reply_from_frame,
 )
 from dataplane.figures import StepFigures
-from dataplane.frames import FrameError, Kind, ReplyMode, decode_frame, top_k_records
+from dataplane.frames import FrameError, HiddenStateFrame, Kind, ReplyMode, decode_frame
 from dataplane.timing import TimingStamps, TimingWindow, compute_ms
 from dataplane.transport import deadline_after, recv_parts, remaining, wait_readable
+from dataplane.worker_state import reply_payload
 
 log = logging.getLogger("zctl.dataplane.cluster")
 
@@ -108,18 +109,15 @@ class HeadReplies:
         self._mark_broken(pending.stream_id, pending.epoch, message)
         self._done[request_id] = StageTimeout(message, pending.stream_id, request_id, stages)
 
-    def _answer_here(self, rid: int, stream_id: int, logits: np.ndarray, mode: ReplyMode,
-                     top_k: int, compute_ms: float) -> int:
-        """File the answer of a step whose last stage ran here (see ``answers_here``)."""
-        rows = logits.reshape(-1, logits.shape[-1])
-        if mode == ReplyMode.LOGITS:
-            reply = ClusterReply(tokens=rows.argmax(axis=-1), logits=rows.copy(),
-                                 request_id=rid, stream_id=stream_id,
-                                 top=top_k_records(rows, top_k) if top_k > 1 else None)
-        else:
-            top = top_k_records(rows, max(1, top_k))
-            reply = ClusterReply(tokens=top["token"][:, 0].astype(np.int64), request_id=rid,
-                                 stream_id=stream_id, top=top)
+    def _answer_here(self, header: HiddenStateFrame, logits: np.ndarray, top_k: int,
+                     compute_ms: float) -> int:
+        """File the answer of a step whose last stage ran here (see ``answers_here``): the
+        payload a last stage would send (``reply_payload``), read as its reply would be."""
+        payload = reply_payload(logits, header.reply, top_k)
+        if header.reply == ReplyMode.LOGITS:
+            payload = payload.copy()  # a view of the output tensor the next step overwrites
+        reply = reply_from_frame(header, payload, top_k)
+        rid = header.request_id
         reply.stage_ms = [compute_ms]
         self.figures.add_stage_ms(reply.stage_ms)
         self.stats.submitted += 1
