@@ -62,12 +62,23 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _running_record() -> ClusterRecord | None:
-    from console.cluster_procs import alive
+    """The cluster in cluster.json if its coordinator runs. A file whose coordinator
+    exited is removed, and the processes it started with it (local nodes, the API) are
+    stopped, so that the next cluster up starts afresh on their state dirs (the nodes'
+    cached shards are kept; nodes that joined from other machines enrol again by
+    themselves with a coordinator started again on the same address)."""
+    from console.cluster_procs import alive, stop_processes, zctl_process
 
     record = read_record()
     if record is None:
         return None
     if not record.pids or not alive(record.pids[0]):
+        leftovers = [pid for pid in record.pids[1:] if alive(pid) and zctl_process(pid)]
+        if leftovers:
+            err.print(f"[yellow]note:[/] the coordinator in {cluster_file()} had exited: "
+                      f"stopping the {len(leftovers)} process(es) it started with it",
+                      soft_wrap=True)
+            stop_processes(leftovers)
         cluster_file().unlink(missing_ok=True)  # a stale file from a cluster that died
         return None
     return record

@@ -107,6 +107,17 @@ def loopback_host(index: int) -> str:
     return f"127.0.0.{index + 1}"
 
 
+def zctl_process(pid: int) -> bool:
+    """Whether ``pid`` runs one of zctl's own processes (a coordinator, a node, the API):
+    a pid in an old cluster.json may belong to some other program by now."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a == b"-m" and b in (b"controlplane", b"console") for a, b in
+               zip(argv, argv[1:], strict=False))
+
+
 def alive(pid: int) -> bool:
     """Whether the process runs (an exited child not yet reaped does not)."""
     try:

@@ -28,7 +28,7 @@ from controlplane.service_messages import (
     ServiceStats,
     ServiceStatsRequest,
 )
-from controlplane.sockets import dealer_socket
+from controlplane.sockets import dealer_socket, disconnect_monitor, was_disconnected
 
 
 class ClusterUnreachable(RuntimeError):
@@ -153,16 +153,25 @@ def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout:
         raise ValueError("request ids must be unique")
     open_ids = {r.request_id for r in requests}
     ctx = zmq.Context()
-    sock = dealer_socket(ctx, 16 << 20)
+    sock = dealer_socket(ctx, 16 << 20, ping=True)
+    monitor = disconnect_monitor(sock)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(monitor, zmq.POLLIN)
     try:
         sock.connect(endpoint)
         for request in requests:
             sock.send_multipart(to_frames(request))
         timeout = first_timeout
         while open_ids:
-            if not sock.poll(int(timeout * 1000)):
+            ready = dict(poller.poll(int(timeout * 1000)))
+            if not ready:
                 raise ClusterUnreachable(f"no answer from the generation service at {endpoint} "
                                          f"within {timeout:.0f}s")
+            if monitor in ready and was_disconnected(monitor.recv_multipart()):
+                raise ClusterUnreachable(lost_service(endpoint, len(open_ids)))
+            if sock not in ready:
+                continue
             timeout = idle_timeout
             try:
                 msg, _ = from_frames(sock.recv_multipart())
@@ -176,8 +185,19 @@ def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout:
                 yield msg
     finally:
         cancel_open(sock, open_ids)
+        sock.disable_monitor()
+        monitor.close(0)
         sock.close(0)
         ctx.term()
+
+
+def lost_service(endpoint: str, running: int) -> str:
+    """What a client is told when its connection to the generation service breaks: the
+    service's process ended (its coordinator stopped, crashed or restarted) or its machine
+    went silent, and a service keeps no generation across a restart."""
+    return (f"the generation service at {endpoint} went away (its coordinator stopped or "
+            f"restarted, or its machine went silent): {running} generation(s) in flight "
+            "lost; send them again once the cluster serves (zctl cluster status)")
 
 
 def cancel_open(sock: zmq.Socket, request_ids: set[str], linger_ms: int = 500) -> None:

@@ -5,7 +5,9 @@ requests of every HTTP client go out on it, and one reader task hands each answe
 queue of the request it belongs to. ``generate`` yields a request's chunks and its end;
 leaving it early (a client that disconnects, a stream closed) sends ``GenerateCancel``,
 so the generation stops and frees the stages. The service's silence beyond the timeouts
-ends a request with ``BackendUnavailable``.
+ends a request with ``BackendUnavailable``, and so does, at once, a broken connection (the
+coordinator stopped or restarted: its generations are gone); the DEALER reconnects by
+itself, so requests after a coordinator's restart are served again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from controlplane.client import lost_service
 from controlplane.messages import Error, MessageError, from_frames, to_frames
 from controlplane.service_messages import (
     GenerateCancel,
@@ -29,7 +32,7 @@ from controlplane.service_messages import (
     ServiceStats,
     ServiceStatsRequest,
 )
-from controlplane.sockets import dealer_socket
+from controlplane.sockets import dealer_socket, disconnect_monitor, was_disconnected
 from engine.requests import GenerationRequest
 
 log = logging.getLogger("zctl.serve")
@@ -53,25 +56,43 @@ class ServiceBackend:
         self._ctx = zmq.asyncio.Context()
         self._sock: Any = None
         self._reader: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats_waiters: list[asyncio.Future] = []
 
     def _socket(self) -> Any:
         if self._sock is None:
             self._sock = dealer_socket(self._ctx, MAX_ANSWER_BYTES,
-                                       f"serve-{uuid.uuid4().hex[:12]}".encode())
+                                       f"serve-{uuid.uuid4().hex[:12]}".encode(), ping=True)
+            monitor = disconnect_monitor(self._sock)
             self._sock.connect(self.endpoint)
-            self._reader = asyncio.get_running_loop().create_task(self._read())
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read())
+            self._watcher = loop.create_task(self._watch(monitor))
         return self._sock
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._sock is not None:
+            self._sock.disable_monitor()
             self._sock.close(0)
         self._ctx.term()
+
+    async def _watch(self, monitor: Any) -> None:
+        """End every request in flight when the connection to the service breaks."""
+        try:
+            while True:
+                if was_disconnected(await monitor.recv_multipart()):
+                    lost = BackendUnavailable(lost_service(self.endpoint, len(self._queues)))
+                    log.warning("%s", lost)
+                    for queue in self._queues.values():
+                        queue.put_nowait(lost)
+        finally:
+            monitor.close(0)
 
     async def _read(self) -> None:
         """Hand every answer to whoever waits for it."""
@@ -112,6 +133,9 @@ class ServiceBackend:
                     raise BackendUnavailable(
                         f"the generation service at {self.endpoint} sent nothing for "
                         f"{timeout:.0f} s") from None
+                if isinstance(msg, BackendUnavailable):
+                    finished = True  # nothing to cancel: the service that ran it is gone
+                    raise msg
                 timeout = self.idle_timeout_s
                 finished = isinstance(msg, GenerateDone)
                 yield msg
