@@ -27,6 +27,17 @@ def first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
     return min(found, key=lambda hit: hit[0]) if found else None
 
 
+def pending_start(text: str, stops: Sequence[str], before: int) -> int | None:
+    """The earliest position before ``before`` from which ``text`` is a proper prefix of a
+    stop string: one that starts earlier than a stop already found may still complete."""
+    longest = max((len(s) for s in stops), default=0)
+    for start in range(max(0, len(text) - longest + 1), before):
+        tail = text[start:]
+        if any(len(s) > len(tail) and s.startswith(tail) for s in stops):
+            return start
+    return None
+
+
 class StopMatcher:
     """Filter a stream of text pieces for the first of ``stops`` (empty strings ignored)."""
 
@@ -44,6 +55,10 @@ class StopMatcher:
         buffer = self._held + text
         found = first_stop(buffer, self.stops)
         if found is not None:
+            earlier = pending_start(buffer, self.stops, found[0])
+            if earlier is not None:  # wait: the stop that starts first wins, however split
+                self._held = buffer[earlier:]
+                return buffer[:earlier]
             self.hit, self._held = found[1], ""
             return buffer[:found[0]]
         keep = held_suffix(buffer, self.stops)
@@ -53,4 +68,10 @@ class StopMatcher:
     def flush(self) -> str:
         """The text held back, once no more comes (nothing after a stop string)."""
         held, self._held = self._held, ""
-        return "" if self.hit is not None else held
+        if self.hit is not None:
+            return ""
+        found = first_stop(held, self.stops)
+        if found is not None:  # held back for a longer stop that never completed
+            self.hit = found[1]
+            return held[:found[0]]
+        return held

@@ -27,6 +27,12 @@ def test_a_stop_split_over_pieces_is_cut_and_the_rest_dropped() -> None:
     assert run(["a", "b"], ["abc"]) == ("ab", None)  # never completed: flushed at the end
 
 
+def test_a_stop_that_starts_first_wins_over_one_that_completes_first() -> None:
+    assert run(["ba", "a"], ["a", "baa"]) == ("", "baa")  # as if "baa" came in one piece
+    assert run(["ba", "ax"], ["a", "bab"]) == ("b", "a")  # "bab" never came: "a" it is
+    assert run(["ba"], ["a", "baa"]) == ("b", "a")  # the end settles it
+
+
 def test_nothing_is_sent_early_that_could_be_a_stop() -> None:
     matcher = StopMatcher(["</s>"])
     assert matcher.push("text </") == "text "
