@@ -257,11 +257,22 @@ def fuzz_cluster(cluster: Cluster, count: int, seed: int) -> dict[str, Any]:
             **jsonable(tally), "address": target.address, "cap_bytes": target.cap,
             **({"caps": caps} if caps else {}), "crashes": len(after["dead"]) + internal,
             "serving_after": after["serving"], "pipeline_after": after["pipeline"],
-            "outputs_unchanged_after": again == expected}
+            "outputs_unchanged_after": again == expected, "kv_slots_after": kv_slots(cluster)}
     return {"reference": expected, "sockets": sockets,
             "outputs_unchanged": all(s["outputs_unchanged_after"] for s in sockets.values()),
             "processes_alive": not health(cluster)["dead"],
             "coordinator_counters": coordinator_counters(cluster)}
+
+
+def kv_slots(cluster: Cluster) -> dict[str, int]:
+    """KV slots each node's stage holds, by its last heartbeat (what forged steps for
+    streams no generation uses leave behind)."""
+    from console.cluster_procs import control_curve
+    from controlplane.client import query_status
+
+    record = cluster.record
+    status = query_status(record.control, 10, control_curve(record))
+    return {n.node_id: n.kv_slots for n in status.nodes}
 
 
 def coordinator_counters(cluster: Cluster) -> dict[str, int]:
