@@ -33,7 +33,7 @@ class Tally:
     over_cap: int = 0  # messages just over the socket's cap (or a huge length field)
     stalled: int = 0  # sends that waited SEND_TIMEOUT_MS (the listener stopped reading)
     statuses: Counter = field(default_factory=Counter)  # HTTP: answers by status code
-    failures: int = 0  # HTTP: requests that got no answer at all
+    failures: Counter = field(default_factory=Counter)  # HTTP: no answer, by exception
 
 
 def endpoint_host_port(address: str) -> tuple[str, int]:
@@ -156,8 +156,8 @@ def fuzz_http(base_url: str, count: int, make: Callable[[], HttpCase],
                                         content=case.body)
                 tally.statuses[answer.status_code] += 1
                 tally.replies += 1
-            except httpx.HTTPError:
-                tally.failures += 1
+            except httpx.HTTPError as exc:  # a ReadTimeout: no answer within 60 s
+                tally.failures[type(exc).__name__] += 1
             tally.messages += i < count
             tally.over_cap += i >= count
     return tally
@@ -225,5 +225,5 @@ def jsonable(tally: Tally) -> dict[str, Any]:
                            "over_cap": tally.over_cap, "stalled": tally.stalled}
     if tally.statuses or tally.failures:
         out["statuses"] = {str(k): v for k, v in sorted(tally.statuses.items())}
-        out["failures"] = tally.failures
+        out["failures"] = dict(tally.failures)
     return out
