@@ -153,6 +153,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                  "context, streams under a long prefill."),
     "chaos": ("chaos", "Chaos: faults mid-generation (kill, hang, link down, flapping, slow "
                        "link, heal), and how each is survived."),
+    "fuzz": ("fuzz_live", "Live fuzzing: hostile messages to every socket a running local "
+                          "cluster listens on."),
 }
 
 

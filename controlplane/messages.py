@@ -342,7 +342,7 @@ def decode_message(data: bytes) -> Message:
     """Parse and validate one JSON frame; raise MessageError (or ProtocolMismatch)."""
     try:
         raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8, an integer of > 4300 digits
         raise MessageError(f"not a JSON message ({len(data)} bytes): {exc}") from None
     except RecursionError:
         raise MessageError("JSON nested too deeply") from None

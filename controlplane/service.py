@@ -40,7 +40,10 @@ from engine.service import POLL_S, RESUME_TIMEOUT_S, Event, GenerationEngine
 from engine.tokenizer import ChatTokenizer
 
 log = logging.getLogger("zctl.service")
-MAX_REQUEST_BYTES = 4 << 20
+# The largest request the engine accepts: MAX_PROMPT_CHARS characters, each up to 12 bytes
+# of JSON (an escaped surrogate pair, ``\ud83d\ude00``), with room for its other fields.
+# Anything bigger drops the sender's connection (MAXMSGSIZE), so this must hold them all.
+MAX_REQUEST_BYTES = 16 << 20
 IDLE_WAIT_MS = 200  # how long the loop waits for a request while nothing generates
 
 

@@ -4,8 +4,10 @@
 Every request is checked before anything runs: a bad field, an unknown model, a prompt
 and ``max_tokens`` beyond the context are 400s, a wrong key a 401, a full queue a 429, a
 pipeline that cannot serve a 503, each in OpenAI's error shape, and none of them touches
-the generations already running. A streamed reply is SSE ending ``data: [DONE]``; a client
-that disconnects (or closes its stream) has its generation cancelled.
+the generations already running. A body over MAX_BODY_BYTES is a 413 before it is read
+whole (by its Content-Length, or as its bytes arrive). A streamed reply is SSE ending
+``data: [DONE]``; a client that disconnects (or closes its stream) has its generation
+cancelled.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,9 @@ from serve.protocol import (
 )
 
 DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client
+# The largest body a request the engine accepts needs: MAX_PROMPT_CHARS characters at up
+# to 12 bytes of JSON each (an escaped surrogate pair), with room for the other fields.
+MAX_BODY_BYTES = 16 << 20
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -265,11 +270,67 @@ def sse(data: Any) -> str:
     return f"data: {text}\n\n"
 
 
+class BodyTooLarge(Exception):
+    """A request's body passed the limit while it was being read."""
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body is over ``limit`` bytes gets a 413 in OpenAI's
+    error shape, at once when its Content-Length says so, else once the bytes read pass
+    the limit (a chunked body); ``on_refused`` counts it."""
+
+    def __init__(self, app: Any, limit: int, on_refused: Callable[[], None]) -> None:
+        self.app, self.limit, self.on_refused = app, limit, on_refused
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send)
+            return
+        received, over, answered = 0, False, False
+
+        async def counted_receive() -> dict[str, Any]:
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    over = True
+                    raise BodyTooLarge
+            return message
+
+        async def guarded_send(message: dict[str, Any]) -> None:
+            nonlocal answered
+            if over and not answered:  # the app's answer to the cut-off body: ours instead
+                answered = True
+                await self._refuse(send)
+            elif not over:
+                answered = answered or message["type"] == "http.response.start"
+                await send(message)
+
+        try:
+            await self.app(scope, counted_receive, guarded_send)
+        except BodyTooLarge:
+            if not answered:
+                await self._refuse(send)
+
+    async def _refuse(self, send: Any) -> None:
+        self.on_refused()
+        error = ApiError(413, f"the request body is over {self.limit} bytes",
+                         code="request_too_large")
+        await JSONResponse(error.body(), 413)({"type": "http"}, None, send)
+
+
 def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -> FastAPI:
     """The application serving ``backend``'s model."""
     api = ZctlApi(backend, settings or ServeSettings())
     app = FastAPI(title="zctl", docs_url=None, redoc_url=None)
     app.state.api = api
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES,
+                       on_refused=lambda: api.metrics.errors.labels("413").inc())
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:

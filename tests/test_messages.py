@@ -131,6 +131,11 @@ def stats_body() -> dict:
     (envelope({"shard_hash": HASH, "file": "f", "chunk": -1, "offset": 0, "size": 1},
               "shard_request"), "shard_request.chunk must be >= 0"),
     (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+    # Python refuses to read an integer of more than 4300 digits with a bare ValueError,
+    # which escaped and ended the coordinator (found by tools.fuzz_live)
+    (b"1" * 5000, "not a JSON message"),
+    (b'{"protocol":1,"type":"heartbeat","body":{"kv_slots":' + b"9" * 5000 + b"}}",
+     "not a JSON message"),
     (envelope({"kv_slots": -5}, "heartbeat"), "heartbeat.kv_slots must be >= -1"),
     (envelope({**stats_body(), "hops": [{"name": "0-1", "bytes": 1, "network_ms": {
         "bounds": [1.0, 2.0], "counts": [1, 2]}}]}, "service_stats"),

@@ -27,7 +27,7 @@ from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
 from engine.scheduler import generate_greedy
 from engine.tokenizer import ChatTokenizer
-from serve.app import ServeSettings, create_app
+from serve.app import MAX_BODY_BYTES, ServeSettings, create_app
 from serve.backend import ServiceBackend
 
 MODEL = ""  # the tiny export's model name, set by the ``tiny`` fixture
@@ -309,6 +309,32 @@ def test_bad_requests_are_400s_in_openai_shape(server) -> None:
     assert httpx.get(f"{server.url}/v1/nothing").json()["error"]["message"]
     # none of that disturbed the server
     assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices
+
+
+def test_a_body_over_the_limit_is_413_in_openai_shape(server) -> None:
+    """By its Content-Length, or (chunked, no length) once the bytes read pass the limit;
+    a body just under it is read and judged (400 here), and the server keeps serving."""
+    url = f"{server.url}/v1/completions"
+    head = json.dumps({"model": MODEL, "max_tokens": -1, "prompt": ""}).encode()
+    over = head[:-2] + b"x" * (MAX_BODY_BYTES + 1 - len(head)) + head[-2:]
+    under = head[:-2] + b"x" * (MAX_BODY_BYTES - 100 - len(head)) + head[-2:]
+    assert len(over) == MAX_BODY_BYTES + 1 and len(under) < MAX_BODY_BYTES
+
+    def chunked(body: bytes) -> Iterator[bytes]:
+        for at in range(0, len(body), 1 << 20):
+            yield body[at:at + (1 << 20)]
+
+    for content in (over, chunked(over)):
+        resp = httpx.post(url, content=content, headers={"content-type": "application/json"},
+                          timeout=60)
+        assert resp.status_code == 413, resp.text
+        assert resp.json()["error"]["code"] == "request_too_large"
+        assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    resp = httpx.post(url, content=under, headers={"content-type": "application/json"},
+                      timeout=60)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_tokens", resp.text
+    assert 'zctl_api_errors_total{status="413"} 2.0' in httpx.get(f"{server.url}/metrics").text
+    assert server.client().completions.create(model=MODEL, prompt="hi", max_tokens=2).choices
 
 
 def test_a_wrong_key_is_401_and_the_right_one_serves(started) -> None:

@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from controlplane.client import ClusterUnreachable, generate_many, generate_stream
-from controlplane.messages import Error, from_frames, to_frames
-from controlplane.service import GenerationService
+from controlplane.messages import Error, encode_message, from_frames, to_frames
+from controlplane.service import MAX_REQUEST_BYTES, GenerationService
 from controlplane.service_messages import (
     GenerateCancel,
     GenerateChunk,
@@ -24,6 +24,7 @@ from controlplane.service_messages import (
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
 from engine.executor import InlineExecutor
+from engine.requests import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from engine.scheduler import generate_greedy
 from engine.tokenizer import ChatTokenizer
 
@@ -64,6 +65,31 @@ def test_bad_requests_get_errors_and_service_keeps_serving(service) -> None:
     assert svc.counters["malformed"] == 3
     done = list(generate_stream(svc.endpoint, GenerateRequest("b", "hello", 3)))[-1]
     assert isinstance(done, GenerateDone) and done.tokens
+
+
+def test_the_largest_request_the_engine_accepts_fits_the_service_cap() -> None:
+    """A prompt of MAX_PROMPT_CHARS characters outside the BMP is JSON-escaped at 12 bytes
+    each; with a 4 MiB cap such a request (valid to the engine) dropped the client's
+    connection and was never answered."""
+    biggest = GenerateRequest("r" * 64, "\U0001F600" * MAX_PROMPT_CHARS, MAX_NEW_TOKENS,
+                              messages=[], stop=["\U0001F600" * 64] * 4)
+    assert biggest.problem() is None
+    assert len(encode_message(biggest)) <= MAX_REQUEST_BYTES
+
+
+def test_a_request_of_many_megabytes_is_answered(service) -> None:
+    """Over 4 MiB of escaped prompt (and a bad temperature, so nothing is tokenized): the
+    service reads it and refuses it with an Error, and keeps serving."""
+    svc, _ = service
+    body = GenerateRequest("big", "\x01" * (MAX_PROMPT_CHARS - 1), 1, temperature=-1.0)
+    frame = encode_message(body)
+    assert len(frame) > 4 << 20
+    with raw_client(svc.endpoint) as sock:
+        sock.send_multipart([frame])
+        assert sock.poll(10_000), "no answer: the service dropped the connection"
+        msg, _ = from_frames(sock.recv_multipart())
+    assert isinstance(msg, Error) and "temperature" in msg.detail
+    assert list(generate_stream(svc.endpoint, GenerateRequest("b", "hello", 2)))[-1].tokens
 
 
 def test_unwired_pipeline_reports_an_error(tiny_exports) -> None:

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from engine.stats import GenerationStats
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-MODEL_HELP = "smollm2-135m, random-1b, or an HF directory"
+MODEL_HELP = "smollm2-135m, random-1b, random-tiny, or an HF directory"
+RANDOM_MODELS = {"random-1b": "llama-3.2-1b", "random-tiny": "tiny"}  # name -> SHAPES key
 err = Console(stderr=True)
 
 # -- the Typer options that recur (each benchmark gives its own default) -----------------
@@ -97,18 +98,20 @@ def parse_numbers(text: str, option: str, what: str, kind: type = int,
 
 
 def model_hf_dir(model: str, cache: Path) -> Path:
-    """An HF directory for the model (the default GGUF dequantised; random-1b generated)."""
+    """An HF directory for the model (the default GGUF dequantised; random-1b and
+    random-tiny generated)."""
     from exporter.sources import DEFAULT_MODEL, default_model_hf_dir
 
     if model == DEFAULT_MODEL:
         return default_model_hf_dir(cache / "sources")
-    if model == "random-1b":
+    if model in RANDOM_MODELS:
         from tools.random_llama import write_random_llama
 
-        path = cache / "sources" / "random-llama-3.2-1b"
+        shape = RANDOM_MODELS[model]
+        path = cache / "sources" / f"random-llama-{shape}"
         if not (path / "config.json").is_file():
-            err.print("writing a random Llama-3.2-1B-shaped checkpoint ...")
-            write_random_llama(path)
+            err.print(f"writing a random Llama checkpoint of shape {shape} ...")
+            write_random_llama(path, shape)
         return path
     return Path(model)
 
@@ -116,7 +119,7 @@ def model_hf_dir(model: str, cache: Path) -> Path:
 def export_name(model: str, hf_dir: Path) -> str:
     """The export cache's name for ``model``: a known model's short name, else its HF
     directory's name."""
-    return model if model in ("smollm2-135m", "random-1b") else hf_dir.name
+    return model if model == "smollm2-135m" or model in RANDOM_MODELS else hf_dir.name
 
 
 def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,

@@ -1,6 +1,7 @@
 """Write a random-weight Llama checkpoint of a given shape, one layer at a time.
 
-Used by the benchmarks for a model with Llama-3.2-1B's shape (no hub here). Tensors
+Used by the benchmarks for a model with Llama-3.2-1B's shape (no hub here), and a tiny
+one that exports and serves in seconds (``--shape tiny``, the live fuzzer's). Tensors
 are written shard by shard as bf16 safetensors, so making a model never holds more
 than one layer in memory. The tokenizer is borrowed from an existing export or HF
 directory, or a small BPE tokenizer is trained on the spot (token ids stay below the
@@ -26,7 +27,17 @@ SHAPES = {
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192},
     ),
+    # Seconds to export and to serve: the live fuzzer's and the tests' scale of model.
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=384, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=512,
+    ),
 }
+# Weights are drawn N(0, std): a tiny model needs a larger spread for its greedy output to
+# vary from token to token (at 0.02 it repeats one token).
+INIT_STD = {"tiny": 0.25}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json")
 
@@ -99,7 +110,7 @@ def write_random_llama(out_dir: Path, shape: str = "llama-3.2-1b", seed: int = 0
     heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
 
     def rand(*dims: int) -> np.ndarray:
-        return _bf16(rng.standard_normal(dims, dtype=np.float32) * 0.02)
+        return _bf16(rng.standard_normal(dims, dtype=np.float32) * INIT_STD.get(shape, 0.02))
 
     weight_map: dict[str, str] = {}
 
@@ -129,7 +140,7 @@ def write_random_llama(out_dir: Path, shape: str = "llama-3.2-1b", seed: int = 0
               "torch_dtype": "bfloat16", **cfg}
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if tokenizer_from is None:
-        build_tokenizer(out_dir)
+        build_tokenizer(out_dir, vocab_size=min(cfg["vocab_size"], 384))
     else:
         for name in TOKENIZER_FILES:
             if (tokenizer_from / name).is_file():
