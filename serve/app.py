@@ -114,7 +114,8 @@ class ZctlApi:
         except BackendUnavailable:
             stats = None  # the request figures still count
         model = stats.model if stats is not None else (self._model.model if self._model else "")
-        return Response(self.metrics.render(stats, model), media_type=PROMETHEUS_TEXT)
+        body = self.metrics.render(stats, model, self.in_flight, self.settings.max_queue)
+        return Response(body, media_type=PROMETHEUS_TEXT)
 
     # -- completions --------------------------------------------------------------------
     def check_key(self, request: Request) -> None:

@@ -381,6 +381,8 @@ def test_metrics_in_prometheus_text(server) -> None:
                  "vllm:num_requests_waiting", "vllm:spec_decode_num_draft_tokens_total",
                  "zctl_stage_compute_seconds_bucket", "zctl_stage_up"):
         assert name in text, name
+    assert "\nzctl_api_requests_in_flight 0.0\n" in text  # the request above has ended
+    assert "\nzctl_api_max_queue 64.0\n" in text  # ServeSettings' default
     generated = [line for line in text.splitlines()
                  if line.startswith("vllm:generation_tokens_total")]
     assert float(generated[0].split()[-1]) >= 4
