@@ -153,6 +153,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                  "context, streams under a long prefill."),
     "chaos": ("chaos", "Chaos: faults mid-generation (kill, hang, link down, flapping, slow "
                        "link, heal), and how each is survived."),
+    "soak": ("soak", "Soak: streams through the OpenAI API for minutes; memory of every "
+                     "process, leaks, bounded queues."),
 }
 
 
