@@ -155,6 +155,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                        "link, heal), and how each is survived."),
     "fuzz": ("fuzz_live", "Live fuzzing: hostile messages to every socket a running local "
                           "cluster listens on."),
+    "soak": ("soak", "Soak: streams through the OpenAI API for minutes; memory of every "
+                     "process, leaks, bounded queues."),
 }
 
 

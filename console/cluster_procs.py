@@ -332,17 +332,22 @@ def parse_api(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0) -> ClusterRecord:
+def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
+              max_queue: int | None = None) -> ClusterRecord:
     """Start ``zctl serve`` for the cluster in the background (its key, if any, from
-    ZCTL_API_KEY) and wait for it to answer; the record gains its pid and address."""
+    ZCTL_API_KEY; ``max_queue``: its --max-queue, None its default) and wait for it to
+    answer; the record gains its pid and address."""
     import urllib.error
     import urllib.request
 
     host, port = parse_api(value)
     log_path = Path(record.logs[0]).parent / "api.log" if record.logs else Path(os.devnull)
+    command = [sys.executable, "-m", "console", "serve", "--host", host, "--port", str(port)]
+    if max_queue is not None:
+        command += ["--max-queue", str(max_queue)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "console", "serve", "--host", host, "--port", str(port)],
+            command,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"

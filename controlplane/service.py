@@ -148,10 +148,10 @@ class GenerationService:
         while not self._stop.is_set():
             if self._sock.poll(0 if self.engine.busy else IDLE_WAIT_MS):
                 self._receive_all()
-            for client, event in self.engine.poll(POLL_S):
+            settled = set(self._gone)  # their generations were cancelled when found gone:
+            for client, event in self.engine.poll(POLL_S):  # their ends come out now
                 self._send(client, to_wire(event))
-            if self._gone and not self.engine.busy:
-                self._gone.clear()  # their cancellations have ended: forget them
+            self._gone -= settled  # nothing more is meant for them: forget them
 
     def _receive_all(self) -> None:
         while True:

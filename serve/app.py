@@ -119,7 +119,8 @@ class ZctlApi:
         except BackendUnavailable:
             stats = None  # the request figures still count
         model = stats.model if stats is not None else (self._model.model if self._model else "")
-        return Response(self.metrics.render(stats, model), media_type=PROMETHEUS_TEXT)
+        body = self.metrics.render(stats, model, self.in_flight, self.settings.max_queue)
+        return Response(body, media_type=PROMETHEUS_TEXT)
 
     # -- completions --------------------------------------------------------------------
     def check_key(self, request: Request) -> None:
@@ -145,23 +146,40 @@ class ZctlApi:
                            code="queue_full")
         return await self._answer(body, gen, request, info.model)
 
-    async def _tracked(self, gen: GenerationRequest) -> AsyncIterator[Any]:
-        """The backend's events for ``gen``, counted in flight until they end or are left."""
+    def _admit(self, gen: GenerationRequest) -> tuple[AsyncIterator[Any], Callable[[], None]]:
+        """Count ``gen`` in flight now, before anything awaits (requests arriving together
+        would otherwise all pass the --max-queue check), and return its events (the
+        backend's, uncounted when they end or are left) and the release (idempotent: for a
+        request that ends before its events are first asked for)."""
         self.in_flight += 1
-        inner = self.backend.generate(gen)
-        try:
-            async for msg in inner:
-                yield msg
-        finally:
-            self.in_flight -= 1
-            await inner.aclose()
+        held = [True]
+
+        def release() -> None:
+            if held[0]:
+                held[0] = False
+                self.in_flight -= 1
+
+        async def events() -> AsyncIterator[Any]:
+            inner = self.backend.generate(gen)
+            try:
+                async for msg in inner:
+                    yield msg
+            finally:
+                release()
+                await inner.aclose()
+
+        return events(), release
 
     async def _answer(self, body: ChatCompletionRequest | CompletionRequest,
                       gen: GenerationRequest, request: Request, model: str) -> Response:
         """Run the generation: the first answer decides between an error and a reply."""
         clock = RequestClock(self.metrics, model, time.monotonic())
-        events = self._tracked(gen)
-        first = await self._next(events, request)
+        events, release = self._admit(gen)
+        try:
+            first = await self._next(events, request)
+        except BaseException:
+            release()  # (its events may never have started)
+            raise
         if isinstance(first, GenerateDone) and first.error:
             await events.aclose()
             raise engine_error(first)

@@ -2,18 +2,19 @@
 metric means what one of vLLM's means.
 
 Request figures (time to first token, inter-token latency, end-to-end latency, tokens,
-finished requests) are measured here, as the HTTP clients see them. The cluster's figures
-(requests running and waiting, nodes up, KV slots per stage, per-stage compute and
-per-hop network histograms, bytes per hop, speculative tokens) come from the generation
-service's ``ServiceStats`` at scrape time and are exported as they are, through
-``ClusterCollector``.
+finished requests) are measured here, as the HTTP clients see them, and so is the server's
+own queue (requests in flight, and the ``--max-queue`` beyond which it answers 429). The
+cluster's figures (requests running and waiting, nodes up, KV slots per stage, per-stage
+compute and per-hop network histograms, bytes per hop, speculative tokens) come from the
+generation service's ``ServiceStats`` at scrape time and are exported as they are,
+through ``ClusterCollector``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -124,11 +125,21 @@ class ServeMetrics:
                                 [*labels, "finished_reason"], registry=self.registry)
         self.errors = Counter("zctl_api_errors", "Requests answered with an error",
                               ["status"], registry=self.registry)
+        self.in_flight = Gauge("zctl_api_requests_in_flight", "Requests the server holds now "
+                               "(running or waiting); beyond zctl_api_max_queue it answers 429",
+                               registry=self.registry)
+        self.max_queue = Gauge("zctl_api_max_queue", "Requests in flight beyond which new ones "
+                               "get 429 (--max-queue)", registry=self.registry)
         self.cluster = ClusterCollector()
         self.registry.register(self.cluster)  # type: ignore[arg-type]
 
-    def render(self, stats: ServiceStats | None, model: str) -> bytes:
+    def render(self, stats: ServiceStats | None, model: str, in_flight: int = 0,
+               max_queue: int = 0) -> bytes:
+        """The text format: the request figures, the server's queue (``in_flight`` of
+        ``max_queue``) and the cluster's ``stats`` (none: the service did not answer)."""
         self.cluster.stats, self.cluster.model = stats, model
+        self.in_flight.set(in_flight)
+        self.max_queue.set(max_queue)
         return generate_latest(self.registry)
 
 

@@ -363,6 +363,25 @@ def test_a_full_queue_is_429_and_running_ones_finish(started) -> None:
     assert finish[-1] == "length"
 
 
+def test_a_burst_beyond_the_queue_is_429_for_exactly_the_excess(started) -> None:
+    """Requests arriving together are counted in flight as each is admitted, so no more
+    than --max-queue of them are taken, however many pass the door at once."""
+    srv = started(ServeSettings(max_queue=2), delay_s=0.01)
+    body = {"model": MODEL, "prompt": "count", "max_tokens": 40, "temperature": 0,
+            "stream": True, "zctl": {"ignore_eos": True}}
+
+    async def burst(count: int) -> list[int]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+            async def one() -> int:
+                async with client.stream("POST", "/v1/completions", json=body) as resp:
+                    await resp.aread()
+                    return resp.status_code
+
+            return sorted(await asyncio.gather(*(one() for _ in range(count))))
+
+    assert asyncio.run(burst(8)) == [200] * 2 + [429] * 6
+
+
 def test_a_pipeline_that_cannot_serve_is_503_and_health_says_why(started) -> None:
     problem: list[str] = []
     srv = started(health=lambda: problem[0] if problem else None)
@@ -388,6 +407,8 @@ def test_metrics_in_prometheus_text(server) -> None:
                  "vllm:num_requests_waiting", "vllm:spec_decode_num_draft_tokens_total",
                  "zctl_stage_compute_seconds_bucket", "zctl_stage_up"):
         assert name in text, name
+    assert "\nzctl_api_requests_in_flight 0.0\n" in text  # the request above has ended
+    assert "\nzctl_api_max_queue 64.0\n" in text  # ServeSettings' default
     generated = [line for line in text.splitlines()
                  if line.startswith("vllm:generation_tokens_total")]
     assert float(generated[0].split()[-1]) >= 4

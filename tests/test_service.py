@@ -432,6 +432,23 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     assert isinstance(done, GenerateDone) and done.tokens and not done.error
 
 
+def test_clients_found_gone_are_forgotten_while_others_keep_the_service_busy(flaky) -> None:
+    """The service drops what is meant for a client found gone until its cancelled
+    generations have ended (the next poll), then forgets it: under a load that never lets
+    up, vanished clients do not pile up."""
+    start, _, _ = flaky
+    svc = start(30.0)
+    with raw_client(svc.endpoint) as busy:
+        busy.send_multipart(to_frames(_long_request("busy", 480)))
+        for i in range(3):
+            with raw_client(svc.endpoint) as sock:
+                sock.send_multipart(to_frames(_long_request(f"vanish{i}", 480)))
+                wait_for(lambda: svc.engine.active == 2)
+            wait_for(lambda i=i: svc.counters["cancelled"] == i + 1)
+        wait_for(lambda: not svc._gone)  # (the set of clients found gone)
+        assert svc.engine.active == 1 and svc.counters["unreachable"] == 3
+
+
 def test_cancel_message_for_a_request_stops_only_that_one(flaky) -> None:
     start, _, expected = flaky
     svc = start(30.0)

@@ -1,0 +1,199 @@
+"""What tools.soak watches while it runs: the resident memory of every process of the
+cluster (each root pid and every process under it, read from /proc), the generation
+service's running and waiting requests and KV slots, and the HTTP API's requests in
+flight; and the figures made from those samples (resident memory after warm-up, at the
+end, its maximum and growth; the idle state the cluster returns to)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROC = Path("/proc")
+
+
+# -- resident memory, from /proc ---------------------------------------------------------
+
+
+def vm_rss_kb(status_text: str) -> int | None:
+    """The ``VmRSS`` line of a /proc/PID/status text, in kB (None: no such line, as for a
+    kernel thread or a zombie)."""
+    match = re.search(r"^VmRSS:\s+(\d+)\s+kB", status_text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def read_rss_kb(pid: int, proc: Path = PROC) -> int | None:
+    """The process's resident memory in kB now (None: it is gone or has none)."""
+    try:
+        return vm_rss_kb((proc / str(pid) / "status").read_text())
+    except OSError:
+        return None
+
+
+def child_pids(pid: int, proc: Path = PROC) -> list[int]:
+    """The process's children, from every one of its threads' ``children`` file."""
+    out: set[int] = set()
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            out.update(int(p) for p in (task / "children").read_text().split())
+        except (OSError, ValueError):
+            continue
+    return sorted(out)
+
+
+def command_name(pid: int, proc: Path = PROC) -> str:
+    try:
+        return (proc / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def process_tree(roots: Mapping[str, int], proc: Path = PROC) -> dict[int, str]:
+    """Every process of ``roots`` (name -> pid) and all their descendants, pid -> name; a
+    descendant is named after its root and its command (``node1/python3``)."""
+    named: dict[int, str] = {}
+    for root_name, root in roots.items():
+        named[root] = root_name
+        todo = [root]
+        while todo:
+            for child in child_pids(todo.pop(), proc):
+                if child not in named:
+                    named[child] = f"{root_name}/{command_name(child, proc)}"
+                    todo.append(child)
+    return named
+
+
+# -- figures from the samples ----------------------------------------------------------------
+
+
+def growth_pct(before: float, after: float) -> float:
+    """How much ``after`` exceeds ``before``, in % of ``before`` (negative: it shrank)."""
+    if before <= 0:
+        raise ValueError(f"growth from {before} is undefined")
+    return round(100.0 * (after - before) / before, 2)
+
+
+@dataclass
+class RssSeries:
+    """One process's resident memory samples: (seconds since the soak started, kB)."""
+
+    name: str
+    pid: int
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+    def figures(self, warm_s: float, end_s: float) -> dict[str, Any] | None:
+        """RSS at the end of warm-up (the first sample at or after ``warm_s``), at the end
+        of the load (the last sample at or before ``end_s``), the largest sample, and the
+        growth from the first to the second (MB, %). None: no sample after warm-up (a
+        process that started late, or ended early)."""
+        warm = next((kb for t, kb in self.samples if t >= warm_s), None)
+        during = [kb for t, kb in self.samples if warm_s <= t <= end_s]
+        if warm is None or not during:
+            return None
+        end = during[-1]
+        return {"name": self.name, "pid": self.pid, "rss_warm_mb": round(warm / 1024, 1),
+                "rss_end_mb": round(end / 1024, 1),
+                "rss_max_mb": round(max(kb for _, kb in self.samples) / 1024, 1),
+                "growth_pct": growth_pct(warm, end), "samples": len(self.samples)}
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The first sample of metric ``name`` (any labels) in a Prometheus text, or None."""
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})?\s+(\S+)", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+# -- the sampler -----------------------------------------------------------------------------
+
+
+@dataclass
+class ServiceSample:
+    """The generation service and the API at one moment."""
+
+    t: float
+    running: int
+    waiting: int
+    kv_slots: list[int]  # per stage (-1: unknown)
+    prefix_cached_tokens: int
+    api_in_flight: int | None  # None: the API does not export it, or did not answer
+
+
+def service_sample(serve: str, api_url: str, t: float) -> ServiceSample:
+    """One look at the generation service (ServiceStats) and the API's /metrics."""
+    import httpx
+
+    from controlplane.client import query_service_stats
+
+    stats = query_service_stats(serve, timeout=5.0)
+    in_flight = None
+    try:
+        text = httpx.get(f"{api_url}/metrics", timeout=5.0).text
+        value = metric_value(text, "zctl_api_requests_in_flight")
+        in_flight = None if value is None else int(value)
+    except httpx.HTTPError:
+        pass
+    return ServiceSample(t, stats.running, stats.waiting, [s.kv_slots for s in stats.stages],
+                         stats.counters.get("prefix_cached_tokens", 0), in_flight)
+
+
+class Sampler:
+    """A thread sampling every process under ``roots`` and the service every
+    ``every_s`` seconds until stopped; ``clock`` gives the seconds since the soak began."""
+
+    def __init__(self, roots: Mapping[str, int], serve: str, api_url: str, every_s: float,
+                 clock: Callable[[], float]) -> None:
+        self.roots, self.serve, self.api_url = dict(roots), serve, api_url
+        self.every_s, self.clock = every_s, clock
+        self.rss: dict[int, RssSeries] = {}
+        self.service: list[ServiceSample] = []
+        self.problems: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def sample_once(self) -> None:
+        now = self.clock()
+        for pid, name in process_tree(self.roots).items():
+            kb = read_rss_kb(pid)
+            if kb is not None:
+                self.rss.setdefault(pid, RssSeries(name, pid)).samples.append((now, kb))
+        try:
+            self.service.append(service_sample(self.serve, self.api_url, now))
+        except Exception as exc:  # noqa: BLE001 - a missed look is reported, not fatal
+            self.problems.append(f"{now:.0f} s: {type(exc).__name__}: {exc}")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.sample_once()
+            self._stop.wait(max(0.0, self.every_s - (time.monotonic() - started)))
+
+    def processes(self, warm_s: float, end_s: float) -> list[dict[str, Any]]:
+        """Every sampled process's figures (see RssSeries.figures), roots first."""
+        order = {pid: i for i, pid in enumerate(self.roots.values())}
+        rows = [s.figures(warm_s, end_s) for s in self.rss.values()]
+        return sorted((r for r in rows if r is not None),
+                      key=lambda r: (order.get(r["pid"], len(order)), r["name"], r["pid"]))
+
+    def peaks(self) -> dict[str, int]:
+        """The most requests running, waiting (in the engine) and in flight (in the API)
+        seen in any sample."""
+        s = self.service
+        return {"running": max((x.running for x in s), default=0),
+                "waiting": max((x.waiting for x in s), default=0),
+                "api_in_flight": max((x.api_in_flight or 0 for x in s), default=0)}
