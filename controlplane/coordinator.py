@@ -353,6 +353,7 @@ class Coordinator:
                      msg.host, len(msg.devices), msg.data_addr)
         else:
             log.info("node %s re-enrolled (was %s)", msg.node_id, member.state)
+            member.enrolments += 1
         member.identity, member.info, member.state, member.last_seen = identity, msg, ms.IDLE, now
         member.shards = set(msg.cached_shards)
         member.offered, member.assigned, member.ready_epoch, member.error = None, None, -1, ""

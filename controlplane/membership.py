@@ -49,6 +49,7 @@ class Member:
     error: str = ""
     down_since: float = 0.0  # when it was marked dead or left
     kv_slots: int = -1  # KV slots its stage holds, from its last heartbeat (-1: unknown)
+    enrolments: int = 1  # a node that enrols again has lost what its stage held
 
     @property
     def alive(self) -> bool:

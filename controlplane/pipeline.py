@@ -178,8 +178,12 @@ class PipelinePlan:
                     any(self.hashes[s] not in member.shards for s in stages):
                 return []
         count = len(chain)
+        # a node that enrolled again is a new process (or lost its coordinator's link): its
+        # stage starts empty, so the wiring is new even at the same addresses, and steps
+        # still queued for the old process are dropped as stale, not taken as lost frames
         wiring = {m.node_id: (tuple(stages), m.info.data_addr,
-                              chain[(k + 1) % count][0].info.data_addr, m.info.data_key)
+                              chain[(k + 1) % count][0].info.data_addr, m.info.data_key,
+                              m.enrolments)
                   for k, (m, stages) in enumerate(chain)}
         if wiring != self._wiring:
             self.epoch += 1

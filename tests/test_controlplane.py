@@ -81,7 +81,7 @@ def test_node_runs_a_real_stage_from_its_cache(cp_cluster: Cluster) -> None:
 def test_restarted_node_reclaims_its_id_and_cache(cp_cluster: Cluster) -> None:
     coord = cp_cluster.coordinator()
     first = cp_cluster.agent(coord.endpoint)
-    coord.wait_serving(20)
+    epoch = coord.wait_serving(20).epoch
     served = coord.status().counters["chunks_served"]
     first.stop()
     wait_for(lambda: node(coord.status(), first.node_id).state == "left", what="left")
@@ -92,6 +92,9 @@ def test_restarted_node_reclaims_its_id_and_cache(cp_cluster: Cluster) -> None:
     assert len(status.nodes) == 2 and node(status, second.node_id).stage == 1
     assert status.counters["chunks_served"] == served  # cached: nothing sent again
     assert node(status, second.node_id).transfer_total == 0
+    # the same wiring, but a new process with an empty stage: a new epoch, so steps still
+    # queued for the old one are dropped as stale
+    assert status.epoch == epoch + 1
 
 
 def test_explicit_placement_and_spares(cp_cluster: Cluster) -> None:
