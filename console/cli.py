@@ -153,6 +153,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                  "context, streams under a long prefill."),
     "chaos": ("chaos", "Chaos: faults mid-generation (kill, hang, link down, flapping, slow "
                        "link, heal), and how each is survived."),
+    "experiment": ("experiment", "Scripted WAN experiments: `run FILE` measures a scenario's "
+                                 "grid on local clusters into CSV and plots."),
 }
 
 
