@@ -225,9 +225,11 @@ def test_every_figure_the_rows_can_fill_is_written(tmp_path):
         (20.0, "top1", "1mbit"), (0.5, "logits", "1mbit"), (22.0, "top1", "100mbit"),
         (15.0, "logits", "100mbit"), (18.0, "top1", "relay-1mbit"),
         (0.25, "logits", "relay-1mbit")]]
-    written = draw_all(LATENCY_ROWS + bandwidth, tmp_path, "test")
+    jitter = [{**row(50, "plain", t), "jitter_ms": j} for t, j in [(5.0, 0.0), (4.0, 25.0)]]
+    written = draw_all(LATENCY_ROWS + bandwidth + jitter, tmp_path, "test")
     assert {p.name for p in written} == {"throughput_vs_latency.png", "best_k_vs_latency.png",
-                                         "payload_vs_bandwidth.png", "streams_vs_latency.png"}
+                                         "payload_vs_bandwidth.png", "streams_vs_latency.png",
+                                         "throughput_vs_jitter.png"}
     assert all(p.stat().st_size > 1000 for p in written)
     assert draw_all([row(0, "plain", 1.0)], tmp_path / "none", "one cell") == []
 

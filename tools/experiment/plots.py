@@ -8,7 +8,8 @@ Each figure is drawn only when the rows vary along its x axis (two or more value
 - ``payload_vs_bandwidth.png``: tok/s per payload mode against link bandwidth, with and
   without a relay;
 - ``streams_vs_latency.png``: aggregate tok/s against the stream count, one line per
-  latency.
+  latency;
+- ``throughput_vs_jitter.png``: tok/s against the jitter on every hop.
 """
 
 from __future__ import annotations
@@ -138,11 +139,22 @@ def streams_vs_latency(rows: Rows, path: Path, title: str) -> Path | None:
     return _save(fig, path)
 
 
+def throughput_vs_jitter(rows: Rows, path: Path, title: str) -> Path | None:
+    if _distinct(rows, "jitter_ms") < 2:
+        return None
+    fig, (ax,) = _figure(1, f"{title}: throughput against jitter")
+    _draw(ax, _series(rows, "jitter_ms", lambda r: (
+        f"{r['delay_ms']:g} ms/hop, {r['config']} x{r['streams']} {r['payload']}")),
+        "jitter per frame, uniform 0..J (ms)")
+    return _save(fig, path)
+
+
 FIGURES = {
     "throughput_vs_latency.png": throughput_vs_latency,
     "best_k_vs_latency.png": best_k_vs_latency,
     "payload_vs_bandwidth.png": payload_vs_bandwidth,
     "streams_vs_latency.png": streams_vs_latency,
+    "throughput_vs_jitter.png": throughput_vs_jitter,
 }
 
 
