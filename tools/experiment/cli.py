@@ -156,7 +156,7 @@ def main(
         else:
             Console().print(" ".join(f"{k}={v}" for k, v in summary.items()))
         return
-    out = out or Path("experiment-results") / scenario.name
+    out = (out or Path("experiment-results") / scenario.name).resolve()
     result = run(scenario, out, precision, threads)
     if as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
