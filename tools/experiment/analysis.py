@@ -94,11 +94,12 @@ def _varies(rows: Sequence[dict[str, Any]], column: str) -> bool:
 
 def latency_key(row: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     """The per-hop latency in ms (``100``), naming the stage count and the link as well
-    (``100@3stages@relay-20mbit``) where the rows have more than one of them."""
+    (``100@3stages@relay-20mbit``) where the rows have more than one of them. (The hops'
+    shapes follow from the swept link: [[hop]] overrides are fixed.)"""
     key = f"{row['delay_ms']:g}"
     if _varies(rows, "stages"):
         key += f"@{row['stages']}stages"
-    for column in ("link", "jitter_ms", "relay_delay_ms", "hops"):
+    for column in ("link", "jitter_ms", "relay_delay_ms"):
         if _varies(rows, column):
             key += f"@{row['link']}" if column == "link" else f"@{column}={row[column]}"
     return key
