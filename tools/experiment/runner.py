@@ -3,7 +3,7 @@
 Each topology gets a fresh local cluster (``console.cluster_procs.start_local_cluster``)
 whose every process shapes what it sends (``links``: hop i is stage i's frames to the next
 stage, the last hop the replies to the coordinator; a relayed hop passes one
-store-and-forward relay, see ``dataplane.link``). After a warm-up request, the
+store-and-forward relay, see ``dataplane.link``). After warm-up requests, the
 repetitions run in turn, each stepping through every workload, so drift spreads over all
 cells alike. One measurement sends ``streams`` requests at once through the generation
 service (stream j of repetition r gets prompt (j + r) mod len(prompts)), EOS ignored, and
@@ -110,6 +110,19 @@ def measure(serve: str, work: Workload, prompts: Sequence[str], tokens: int,
             "seconds": time.monotonic() - started}
 
 
+WARM_UP_TOKENS = 16
+
+
+def warm_up(serve: str, scenario: Scenario, streams: int, first_timeout_s: float) -> None:
+    """Requests before the first measurement, so that it pays no first-use costs (kernels
+    compiled for new shapes, memory first touched): one stream, then ``streams`` at once."""
+    plain = Workload("plain", None, 1, "top1")
+    measure(serve, plain, scenario.prompts[:1], WARM_UP_TOKENS, first_timeout_s)
+    if streams > 1:
+        measure(serve, Workload("plain", None, streams, "top1"),
+                stream_prompts(scenario.prompts, streams, 0), 4, first_timeout_s)
+
+
 def run_topology(scenario: Scenario, topology: Topology, export_dir: Path,
                  settings: RunSettings, report: Reporter) -> dict[Workload, list[dict[str, Any]]]:
     """Start the topology's cluster, measure every workload ``repetitions`` times, stop it.
@@ -128,8 +141,7 @@ def run_topology(scenario: Scenario, topology: Topology, export_dir: Path,
         return {w: [{"error": f"cluster: {exc}"}] for w in samples}
     try:
         wait_serving(record, settings.start_timeout_s)
-        measure(record.serve, scenario.workloads[0], scenario.prompts[:1], 4,
-                settings.first_answer_timeout_s)  # warm-up: compiles, first-request costs
+        warm_up(record.serve, scenario, streams, settings.first_answer_timeout_s)
         for rep in range(scenario.repetitions):
             for work in scenario.workloads:
                 prompts = stream_prompts(scenario.prompts, work.streams, rep)
