@@ -33,7 +33,7 @@ fit gets a ``ScenarioError`` whose text is one line naming the file, the table a
     k = [0, 3, 5]                         # lookup's draft length (0: adaptive K)
     streams = [1, 4]                      # concurrent generations
     payload = ["top1", "logits"]          # the last stage's reply: top-1 or fp32 logits
-    tokens = 32
+    tokens = 48
     repetitions = 1
     prompts = ["..."]                     # optional (default: rewrite prompts)
 """
@@ -53,6 +53,9 @@ DECODINGS = ("plain", "lookup")
 # what a request with logprobs asks for, see engine.sessions.StepPlan.want_logits).
 PAYLOADS = ("top1", "logits")
 MAX_K = 32  # engine.requests.MAX_DRAFT_TOKENS
+# Adaptive K measures (drafts, probes) only while more than 16 tokens remain
+# (engine.sessions.PROBE_EVERY): far fewer tokens than 48 would keep it at K = 0.
+DEFAULT_TOKENS = 48
 MAX_STREAMS = 64
 MAX_STAGES = 8
 
@@ -316,7 +319,7 @@ def parse_scenario(data: dict[str, Any], name: str, base: Path = Path(".")) -> S
     return Scenario(
         name=title, description=description, model=model, weights=weights, exports=exports,
         topologies=topologies, workloads=_workloads(workload),
-        tokens=_integer(workload.get("tokens", 32), "[workload].tokens", 2, 4096),
+        tokens=_integer(workload.get("tokens", DEFAULT_TOKENS), "[workload].tokens", 2, 4096),
         repetitions=_integer(workload.get("repetitions", 1), "[workload].repetitions", 1, 100),
         prompts=_prompts(workload))
 
