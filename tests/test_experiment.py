@@ -327,6 +327,23 @@ def _experiment(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess
                           capture_output=True, text=True, timeout=timeout)
 
 
+def test_zctl_experiment_and_zctl_bench_experiment_check_a_scenario(tmp_path):
+    from typer.testing import CliRunner
+
+    from console.cli import app
+
+    path = str(ROOT / "tools" / "experiments" / "relay.toml")
+    for args in (["experiment", "check", path, "--json"],
+                 ["bench", "experiment", "check", path, "--json"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout) == {
+            "scenario": "relay", "clusters": 2, "workloads": 4, "cells": 8,
+            "measurements": 8, "tokens": 48, "stages": [2]}
+    refused = CliRunner().invoke(app, ["experiment", "walk", path])
+    assert refused.exit_code == 2 and "run or check" in refused.output
+
+
 @pytest.mark.slow
 def test_the_command_refuses_a_bad_file_in_one_line_and_checks_a_good_one(tmp_path):
     bad = _experiment("run", str(scenario_of("[link]\ndelay_ms = 'x'", tmp_path)))

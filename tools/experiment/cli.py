@@ -1,4 +1,5 @@
-"""``python -m tools.experiment run FILE`` (``zctl bench experiment run FILE``): run a scenario.
+"""``python -m tools.experiment run FILE`` (``zctl experiment run FILE``, ``zctl bench
+experiment run FILE``): run a scenario.
 
 ``run`` measures every cell of the scenario's grid (tools/experiment/scenario.py) on local
 clusters with emulated WAN links, with a progress bar over the grid, and writes into the
