@@ -26,12 +26,13 @@ Rows = Sequence[dict[str, Any]]
 
 def _series(rows: Rows, x: str, label: Callable[[dict[str, Any]], str]
             ) -> dict[str, list[tuple[float, float]]]:
-    """label -> sorted (x, tok/s) points of the rows that have a throughput."""
+    """label -> sorted (x, tok/s) points of the rows that have a throughput (labels in the
+    rows' order)."""
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         if r.get("tok_s"):
             out[label(r)].append((float(r[x]), float(r["tok_s"])))
-    return {k: sorted(v) for k, v in sorted(out.items())}
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _figure(panels: int, title: str) -> tuple[Any, list[Any]]:
@@ -40,8 +41,8 @@ def _figure(panels: int, title: str) -> tuple[Any, list[Any]]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
-    fig.suptitle(title)
+    fig, axes = plt.subplots(1, panels, figsize=(max(7.5, 5.5 * panels), 4.6), squeeze=False)
+    fig.suptitle(title, fontsize="medium")
     return fig, list(axes[0])
 
 
@@ -132,9 +133,11 @@ def streams_vs_latency(rows: Rows, path: Path, title: str) -> Path | None:
     groups = _by_stages(picked)
     fig, axes = _figure(len(groups), f"{title}: aggregate throughput against streams")
     for ax, (stages, group) in zip(axes, groups.items(), strict=True):
+        group = sorted(group, key=lambda r: (r["delay_ms"], r["config"]))
         _draw(ax, _series(group, "streams",
                           lambda r: f"{r['delay_ms']:g} ms/hop, {r['config']}"),
               "concurrent streams")
+        ax.set_yscale("log")
         ax.set_title(f"{stages} stages")
     return _save(fig, path)
 
