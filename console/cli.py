@@ -157,6 +157,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                           "cluster listens on."),
     "soak": ("soak", "Soak: streams through the OpenAI API for minutes; memory of every "
                      "process, leaks, bounded queues."),
+    "experiment": ("experiment", "Scripted WAN experiments: `run FILE` measures a scenario's "
+                                 "grid on local clusters into CSV and plots."),
 }
 
 
@@ -189,9 +191,9 @@ def _checkout_with_tools() -> Path | None:
     return None
 
 
-def _bench_command(name: str, module: str, summary: str) -> None:
-    """Register ``zctl bench NAME``: every argument, --help included, goes to the
-    benchmark's own Typer command, imported only now."""
+def _bench_command(name: str, module: str, summary: str, parent: typer.Typer = bench_app) -> None:
+    """Register ``zctl bench NAME`` (or NAME under ``parent``): every argument, --help
+    included, goes to the benchmark's own Typer command, imported only now."""
 
     def command(ctx: typer.Context) -> Any:
         bench = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -200,7 +202,7 @@ def _bench_command(name: str, module: str, summary: str) -> None:
         with click_command.make_context(name, list(ctx.args), parent=ctx.parent) as sub:
             return click_command.invoke(sub)
 
-    bench_app.command(name, help=summary, add_help_option=False, context_settings={
+    parent.command(name, help=summary, add_help_option=False, context_settings={
         "allow_extra_args": True, "ignore_unknown_options": True})(command)
 
 
@@ -209,6 +211,7 @@ def _register() -> None:
 
     for name, (module, summary) in BENCHMARKS.items():
         _bench_command(name, module, summary)
+    _bench_command("experiment", *BENCHMARKS["experiment"], parent=app)  # zctl experiment run
     app.add_typer(cluster_cli.cluster_app, name="cluster")
     app.add_typer(cluster_cli.node_app, name="node")
     app.command("run")(run_cli.run)

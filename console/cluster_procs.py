@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -164,14 +165,33 @@ def runtime_spec(precision: str | None, threads: int | None, device: str,
                        paged_attention=paged_attention and device.split(":")[0].split(".")[0] == "CPU")
 
 
-def link_shape(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0) -> LinkShape:
+def link_shape(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0,
+               relays: int = 0, relay_delay_ms: float = 0.0) -> LinkShape:
     """An emulated WAN link's shape (checked here: ClusterError if bad)."""
-    link = LinkShape(delay_ms, jitter_ms, rate_mbit)
+    link = LinkShape(delay_ms, jitter_ms, rate_mbit, relays, relay_delay_ms)
     try:
         link.check()
     except ValueError as exc:
         raise ClusterError(f"bad link shape: {exc}") from None
     return link
+
+
+def stage_links(nodes: int, link: LinkShape, links: Sequence[LinkShape] | None) -> list[LinkShape]:
+    """Each process's outbound link shape, coordinator first: ``links`` when given (one
+    per node, each checked), else ``link`` for all; ClusterError if bad."""
+    if links is None:
+        return [link] * nodes
+    if link.shaped:
+        raise ClusterError("give one link shape for all (link_*) or one per hop (links), "
+                           "not both")
+    if len(links) != nodes:
+        raise ClusterError(f"{nodes} nodes send on {nodes} hops: links has {len(links)} shapes")
+    for i, shape in enumerate(links):
+        try:
+            shape.check()
+        except ValueError as exc:
+            raise ClusterError(f"bad link shape of hop {i}: {exc}") from None
+    return list(links)
 
 
 def start_coordinator(config: CoordinatorProcess, root: Path) -> ClusterRecord:
@@ -206,8 +226,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         curve: bool = False, resume_timeout: float = 120.0,
                         reassign_after: float | None = None,
                         heal_after: float | None = 0.0, max_streams: int = 8,
-                        kv_memory_mb: int = 2048, prefix_cache_mb: int = 512
-                        ) -> ClusterRecord:
+                        kv_memory_mb: int = 2048, prefix_cache_mb: int = 512,
+                        links: Sequence[LinkShape] | None = None) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
 
     ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
@@ -219,7 +239,10 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     pipes, every local node's key admitted. ``heal_after``: seconds before a lost node's
     stages go to its neighbours (None: never). ``max_streams``: generations at once;
     ``kv_memory_mb``/``prefix_cache_mb``: the KV a stage may hold, and how much of it
-    cached prefixes may (see CoordinatorProcess).
+    cached prefixes may (see CoordinatorProcess). ``links`` (instead of the ``link_*``
+    shape for all): one shape per process, coordinator first, i.e. per hop, as each
+    process shapes what it sends (hop i: stage i to i+1; the last: the replies to the
+    coordinator). Shapes that differ pin stage i to node i (``stage_links``).
     """
     from controlplane.cpusets import local_cpu_sets
 
@@ -228,7 +251,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     if not isinstance(runtime, RuntimeSpec):
         raise ClusterError(f"the stages' runtime must be a RuntimeSpec (runtime_spec), not "
                            f"{type(runtime).__name__}")
-    link = link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit)
+    shapes = stage_links(nodes, link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit), links)
     try:
         cpus = local_cpu_sets(cpu_sets, nodes)
     except ValueError as exc:
@@ -239,13 +262,19 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     if curve:
         server_key = prepare_local_curve(root / "coordinator",
                                          [root / f"node{i}" for i in range(1, nodes)])
+    placement = {}
+    if len(set(shapes)) > 1:  # every hop its own shape: node i must serve stage i
+        from controlplane.nodeinfo import load_or_create_node_id
+
+        placement = {str(i): load_or_create_node_id(root / f"node{i}") for i in range(1, nodes)}
     record = start_coordinator(CoordinatorProcess(
         str(export_dir), bind=f"tcp://{host}:{free_port(host)}", host=host,
-        expect_nodes=nodes - 1, resume_timeout=resume_timeout, reassign_after=reassign_after,
-        heal_after=heal_after,
-        curve=curve, row_groups=local_row_groups(cpu_sets, nodes, row_groups, link_delay_ms),
+        expect_nodes=nodes - 1, placement=placement, resume_timeout=resume_timeout,
+        reassign_after=reassign_after, heal_after=heal_after, curve=curve,
+        row_groups=local_row_groups(cpu_sets, nodes, row_groups,
+                                    max(s.delay_ms for s in shapes)),
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
-        shared_cores=cpu_sets == "shared", runtime=runtime, link=link,
+        shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
         cpus=cpus[0]), root)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
@@ -253,7 +282,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         log = root / "logs" / f"node{i}.log"
         record.pids.append(_spawn(NodeProcess(
             record.control, host=loopback_host(i), state_dir=str(root / f"node{i}"),
-            reconnect_min=0.2, link=link, cpus=cpus[i],
+            reconnect_min=0.2, link=shapes[i], cpus=cpus[i],
             curve_server_key=str(server_key) if server_key else None), log))
         record.logs.append(str(log))
     return record

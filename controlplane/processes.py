@@ -32,26 +32,34 @@ class LinkShape:
     delay_ms: float = 0.0  # one-way latency
     jitter_ms: float = 0.0  # plus uniform random 0..J ms per frame (order is kept)
     rate_mbit: float = 0.0  # bandwidth cap (0: none)
+    relays: int = 0  # store-and-forward relays on the path (see dataplane.link)
+    relay_delay_ms: float = 0.0  # each relay's own delay
 
     @property
     def shaped(self) -> bool:
-        return bool(self.delay_ms or self.jitter_ms or self.rate_mbit)
+        return bool(self.delay_ms or self.jitter_ms or self.rate_mbit or self.relays)
 
     def pipe_options(self) -> Any:
         """The data pipes' options with this shape (dataplane.transport.PipeOptions);
         ValueError naming a bad value."""
         from dataplane.link import link_options
 
-        return link_options(self.delay_ms, self.jitter_ms, self.rate_mbit)
+        return link_options(self.delay_ms, self.jitter_ms, self.rate_mbit, relays=self.relays,
+                            relay_delay_ms=self.relay_delay_ms)
 
     def check(self) -> None:
         """ValueError naming a bad value."""
         self.pipe_options()
 
     def describe(self) -> str:
+        relayed = ""
+        if self.relays:
+            relayed = (f", through {self.relays} store-and-forward relay"
+                       + ("s" if self.relays > 1 else "")
+                       + (f" (+{self.relay_delay_ms:g} ms each)" if self.relay_delay_ms else ""))
         return (f"{self.delay_ms:g} ms one-way"
                 + (f" + 0..{self.jitter_ms:g} ms jitter" if self.jitter_ms else "")
-                + (f", {self.rate_mbit:g} Mbit/s" if self.rate_mbit else ""))
+                + (f", {self.rate_mbit:g} Mbit/s" if self.rate_mbit else "") + relayed)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,13 @@ The link model, per frame of S bytes sent at time t:
     link_free = start + 8 * S / rate       # only with a rate cap
     due = max(link_free + delay + U(0, jitter), previous due)   # FIFO: jitter never reorders
 
+A relayed link (``relays`` > 0, e.g. a DERP relay between two sites) passes through that
+many store-and-forward relays: each takes the whole frame in before it sends it on, over
+its own leg at the same rate, after ``relay_delay_ms`` of its own. ``delay`` stays the
+whole path's propagation, so a relay costs one more serialisation of the frame (8 S /
+rate) plus its own delay: what makes big payloads (full logits) so slow over a relay.
+``path_free`` is that part of the model, a pure function.
+
 The sender stamps its timing record before handing the frame over, so the injected time
 shows up as the hop's network time (``dataplane.timing``). A frame the thread cannot
 deliver (the peer gone for ``send_timeout_ms``) is dropped, counted and logged: as with
@@ -53,12 +60,29 @@ class LinkStats:
 
 
 def link_options(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0,
-                 base: PipeOptions | None = None) -> PipeOptions:
+                 base: PipeOptions | None = None, relays: int = 0,
+                 relay_delay_ms: float = 0.0) -> PipeOptions:
     """``base`` (default options) with a link shape; ValueError names a bad value."""
     from dataclasses import replace
 
     return replace(base or PipeOptions(), delay_ms=delay_ms, jitter_ms=jitter_ms,
-                   rate_mbit=rate_mbit)
+                   rate_mbit=rate_mbit, relays=relays, relay_delay_ms=relay_delay_ms)
+
+
+def path_free(legs_free: tuple[float, ...], now: float, serialise_s: float,
+              relay_delay_s: float) -> tuple[float, ...]:
+    """When each leg of a path is free again after a frame sent at ``now``: the sender's
+    link first, then one leg per store-and-forward relay. A leg starts the frame once it
+    is free and the frame is wholly in (a relay also waits its own ``relay_delay_s``) and
+    takes ``serialise_s`` over it; the last leg's time is when the frame has left the
+    last relay (the link's propagation delay comes on top)."""
+    out = []
+    ready = now
+    for i, free in enumerate(legs_free):
+        start = max(ready + (relay_delay_s if i else 0.0), free)
+        ready = start + serialise_s
+        out.append(ready)
+    return tuple(out)
 
 
 def frame_bytes(parts: list[Any]) -> int:
@@ -82,10 +106,11 @@ class DelayedSender:
         self._delay_s = options.delay_ms / 1e3
         self._jitter_s = options.jitter_ms / 1e3
         self._bit_s = 1.0 / (options.rate_mbit * 1e6) if options.rate_mbit else 0.0
+        self._relay_delay_s = options.relay_delay_ms / 1e3
         self._rng = random.Random(seed)
         self._cond = threading.Condition()
         self._queue: deque[tuple[float, list[Any]]] = deque()
-        self._link_free = 0.0
+        self._legs_free = (0.0,) * (1 + options.relays)  # the link, then each relay's leg
         self._last_due = 0.0
         self._closing = False
         self._flush_until: float | None = None  # at close: send what is due before this
@@ -115,12 +140,14 @@ class DelayedSender:
                         raise TransportError(
                             f"send to {self.address} timed out: {len(self._queue)} frames wait "
                             f"on the emulated link (delay {self.options.delay_ms:g} ms, rate "
-                            f"{self.options.rate_mbit or 'unlimited'} Mbit/s)")
+                            f"{self.options.rate_mbit or 'unlimited'} Mbit/s, "
+                            f"{self.options.relays} relays)")
                     self._cond.wait(left)
                 now = time.monotonic()
-            start = max(now, self._link_free)
-            self._link_free = start + frame_bytes(frame) * 8 * self._bit_s
-            due = self._link_free + self._delay_s
+            self._legs_free = path_free(self._legs_free, now,
+                                        frame_bytes(frame) * 8 * self._bit_s,
+                                        self._relay_delay_s)
+            due = self._legs_free[-1] + self._delay_s
             if self._jitter_s:
                 due += self._rng.uniform(0.0, self._jitter_s)
             due = max(due, self._last_due)

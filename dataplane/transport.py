@@ -102,6 +102,9 @@ def close_gate(ctx: zmq.Context) -> None:
         gate.stop()
 
 
+MAX_RELAYS = 4  # store-and-forward relays an emulated link may pass through
+
+
 @dataclass(frozen=True)
 class PipeOptions:
     """Socket options shared by every data-plane pipe (defaults suit a LAN)."""
@@ -119,23 +122,31 @@ class PipeOptions:
     delay_ms: float = 0.0  # one-way latency added to every outbound frame
     jitter_ms: float = 0.0  # plus a uniform random 0..jitter_ms (order is kept)
     rate_mbit: float = 0.0  # bandwidth cap: size / rate of serialisation delay (0: none)
+    # Store-and-forward relays on the path (a DERP-like relay): each takes the whole frame
+    # in before it sends it on at the link's rate, and adds relay_delay_ms of its own.
+    relays: int = 0
+    relay_delay_ms: float = 0.0
     curve: PipeCurve | None = None  # CURVE encryption and authentication (see PipeCurve)
 
     def __post_init__(self) -> None:
         for name, top in (("delay_ms", 60_000.0), ("jitter_ms", 60_000.0),
-                          ("rate_mbit", 1e6)):
+                          ("rate_mbit", 1e6), ("relay_delay_ms", 60_000.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not math.isfinite(value) or not 0 <= value <= top:
                 raise ValueError(f"PipeOptions.{name} must be a number in 0..{top:g}, "
                                  f"got {value!r}")
+        if isinstance(self.relays, bool) or not isinstance(self.relays, int) \
+                or not 0 <= self.relays <= MAX_RELAYS:
+            raise ValueError(f"PipeOptions.relays must be an integer in 0..{MAX_RELAYS}, "
+                             f"got {self.relays!r}")
         if self.hwm < 1:
             raise ValueError(f"PipeOptions.hwm must be >= 1, got {self.hwm!r}")
 
     @property
     def shaped(self) -> bool:
         """True when outbound frames go through a DelayedSender (some link shape is set)."""
-        return bool(self.delay_ms or self.jitter_ms or self.rate_mbit)
+        return bool(self.delay_ms or self.jitter_ms or self.rate_mbit or self.relays)
 
 
 DEFAULT_OPTIONS = PipeOptions()

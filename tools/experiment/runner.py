@@ -1,0 +1,181 @@
+"""Run a scenario's grid on local clusters: one cluster per topology, every workload on it.
+
+Each topology gets a fresh local cluster (``console.cluster_procs.start_local_cluster``)
+whose every process shapes what it sends (``links``: hop i is stage i's frames to the next
+stage, the last hop the replies to the coordinator; a relayed hop passes one
+store-and-forward relay, see ``dataplane.link``). After warm-up requests, the
+repetitions run in turn, each stepping through every workload, so drift spreads over all
+cells alike. One measurement sends ``streams`` requests at once through the generation
+service (stream j of repetition r gets prompt (j + r) mod len(prompts)), EOS ignored, and
+takes the aggregate decode throughput: the tokens after each stream's first over the time
+from the first answer to the last one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from controlplane.processes import LinkShape
+from controlplane.records import RuntimeSpec
+from tools.experiment.analysis import cell_parameters, summarise_samples
+from tools.experiment.scenario import Cell, Link, Scenario, Topology, Workload
+
+
+class Reporter(Protocol):
+    """Where a run says how far it got (a progress bar, or nothing)."""
+
+    def cluster(self, text: str) -> None: ...  # a topology's cluster is starting
+
+    def sample(self, text: str) -> None: ...  # one measurement is done
+
+    def cluster_done(self) -> None: ...  # the topology's every measurement is done
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the clusters run: the stages' runtime, where their state and logs go, and the
+    seconds to wait for one to serve."""
+
+    runtime: RuntimeSpec
+    root: Path
+    start_timeout_s: float = 300.0
+    first_answer_timeout_s: float = 300.0
+
+
+def link_shape_of(link: Link) -> LinkShape:
+    """The product's link shape for a scenario's link (a relay: one store-and-forward hop)."""
+    return LinkShape(link.delay_ms, link.jitter_ms, link.rate_mbit, 1 if link.relay else 0,
+                     link.relay_delay_ms)
+
+
+def request_fields(work: Workload) -> dict[str, Any]:
+    """The GenerateRequest fields of a workload: lookup speculation with its K, and full
+    logits from the last stage when the payload is ``logits`` (a logprobs request needs
+    them; greedy decoding otherwise asks only for the top-1)."""
+    fields: dict[str, Any] = {}
+    if work.decoding == "lookup":
+        fields.update(speculative="lookup", k=work.k or 0)
+    if work.payload == "logits":
+        fields["logprobs"] = True
+    return fields
+
+
+def stream_prompts(prompts: Sequence[str], streams: int, repetition: int) -> list[str]:
+    return [prompts[(j + repetition) % len(prompts)] for j in range(streams)]
+
+
+def _p50(timing: dict[str, dict[str, float]], name: str) -> float | None:
+    value = timing.get(name, {}).get("p50")
+    return None if value is None else float(value)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def measure(serve: str, work: Workload, prompts: Sequence[str], tokens: int,
+            first_timeout_s: float) -> dict[str, Any]:
+    """One measurement of a workload (see the module's text): its sample's figures."""
+    from controlplane.client import generate_many
+    from controlplane.service_messages import GenerateDone, GenerateRequest
+
+    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, tokens, True, ignore_eos=True,
+                                **request_fields(work)) for p in prompts]
+    started = time.monotonic()
+    first: dict[str, float] = {}
+    dones: dict[str, GenerateDone] = {}
+    for msg in generate_many(serve, requests, first_timeout=first_timeout_s):
+        first.setdefault(msg.request_id, time.monotonic())
+        if isinstance(msg, GenerateDone):
+            if msg.error:
+                raise RuntimeError(msg.error)
+            dones[msg.request_id] = msg
+    span = time.monotonic() - min(first.values())
+    after_first = sum(max(0, len(d.tokens) - 1) for d in dones.values())
+    done = list(dones.values())
+    return {"tok_s": after_first / span if span > 0 else None,
+            "per_stream_tok_s": _mean([d.tok_s for d in done]),
+            "k_mean": _mean([d.spec.get("k_mean") for d in done]),
+            "acceptance": _mean([d.spec.get("acceptance") for d in done]),
+            "tokens_per_step": _mean([d.spec.get("tokens_per_step") for d in done]),
+            "step_ms": _mean([_p50(d.timing, "total") for d in done]),
+            "network_ms": _mean([_p50(d.timing, "network") for d in done]),
+            "ttft_ms": _mean([d.ttft_ms for d in done]),
+            "seconds": time.monotonic() - started}
+
+
+WARM_UP_TOKENS = 16
+
+
+def warm_up(serve: str, scenario: Scenario, streams: int, first_timeout_s: float) -> None:
+    """Requests before the first measurement, so that it pays no first-use costs (kernels
+    compiled for new shapes, memory first touched): one stream, then ``streams`` at once."""
+    plain = Workload("plain", None, 1, "top1")
+    measure(serve, plain, scenario.prompts[:1], WARM_UP_TOKENS, first_timeout_s)
+    if streams > 1:
+        measure(serve, Workload("plain", None, streams, "top1"),
+                stream_prompts(scenario.prompts, streams, 0), 4, first_timeout_s)
+
+
+def run_topology(scenario: Scenario, topology: Topology, export_dir: Path,
+                 settings: RunSettings, report: Reporter) -> dict[Workload, list[dict[str, Any]]]:
+    """Start the topology's cluster, measure every workload ``repetitions`` times, stop it.
+    A failed measurement is kept as a sample with its error; a cluster that does not start
+    fails every workload with that error."""
+    from console.cluster_procs import ClusterError, start_local_cluster, stop_processes, wait_serving
+
+    samples: dict[Workload, list[dict[str, Any]]] = {w: [] for w in scenario.workloads}
+    streams = max(w.streams for w in scenario.workloads)
+    try:
+        record = start_local_cluster(
+            export_dir, topology.stages, settings.runtime,
+            settings.root / f"cluster-{topology.stages}", max_streams=max(8, streams),
+            links=[link_shape_of(h) for h in topology.hops])
+    except ClusterError as exc:
+        return {w: [{"error": f"cluster: {exc}"}] for w in samples}
+    try:
+        wait_serving(record, settings.start_timeout_s)
+        warm_up(record.serve, scenario, streams, settings.first_answer_timeout_s)
+        for rep in range(scenario.repetitions):
+            for work in scenario.workloads:
+                prompts = stream_prompts(scenario.prompts, work.streams, rep)
+                try:
+                    sample = measure(record.serve, work, prompts, scenario.tokens,
+                                     settings.first_answer_timeout_s)
+                except Exception as exc:  # a cell's failure is a result, not the run's end
+                    sample = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                samples[work].append(sample)
+                report.sample(f"{topology.stages} stages, {topology.link.delay_ms:g} ms, "
+                          f"{topology.link.label}: {work.config} x{work.streams} {work.payload}")
+    except Exception as exc:
+        for got in samples.values():
+            if len(got) < scenario.repetitions:
+                got.append({"error": f"cluster: {type(exc).__name__}: {exc}"[:300]})
+    finally:
+        stop_processes(record.pids)
+    return samples
+
+
+def run_scenario(scenario: Scenario, exports: dict[int, Path], settings: RunSettings,
+                 record: dict[str, Any], report: Reporter) -> list[dict[str, Any]]:
+    """Every cell of the scenario, measured: one row per cell (analysis.COLUMNS)."""
+    rows = []
+    for topology in scenario.topologies:
+        report.cluster(f"{topology.stages} stages, {topology.link.delay_ms:g} ms per hop, "
+                   f"{topology.link.label}")
+        samples = run_topology(scenario, topology, exports[topology.stages], settings, report)
+        report.cluster_done()
+        for work in scenario.workloads:
+            cell = Cell(topology, work)
+            rows.append({**cell_parameters(scenario.name, cell, scenario.tokens,
+                                           scenario.repetitions),
+                         **summarise_samples(samples[work]),
+                         "date": record["date"], "cpu": record["cpu"],
+                         "commit": record["commit"]})
+    return rows
