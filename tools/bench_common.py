@@ -260,6 +260,26 @@ def generate_done(serve: str, prompt: str, tokens: int, **fields: Any) -> Genera
     return done
 
 
+def generate_together(serve: str, requests: Sequence[GenerateRequest],
+                      first_timeout: float = 120.0) -> tuple[list[GenerateDone], float]:
+    """Send ``requests`` at once through the service at ``serve``: each one's closing
+    message, in the requests' order, and the seconds from the first answer to the last
+    (an error the service reports is raised)."""
+    from controlplane.client import generate_many
+    from controlplane.service_messages import GenerateDone
+
+    first: float | None = None
+    dones: dict[str, GenerateDone] = {}
+    for msg in generate_many(serve, list(requests), first_timeout=first_timeout):
+        first = time.monotonic() if first is None else first
+        if isinstance(msg, GenerateDone):
+            if msg.error:
+                raise RuntimeError(msg.error)
+            dones[msg.request_id] = msg
+    span = time.monotonic() - first if first is not None else 0.0
+    return [dones[r.request_id] for r in requests], span
+
+
 # -- openvino_genai, the baseline ---------------------------------------------------------------
 
 

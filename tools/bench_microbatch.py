@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -61,6 +60,7 @@ from tools.bench_common import (
     Weights,
     bench_request,
     err,
+    generate_together,
     paired_ratio,
     plugin_properties,
 )
@@ -81,23 +81,12 @@ MODES = ("cluster", "lookup", "genai_seq", "genai_cb")
 def cluster_aggregate(serve: str, prompts: list[str], tokens: int,
                       speculative: str = "") -> dict[str, Any]:
     """Send ``prompts`` at once; aggregate and per-stream decode tok/s of the run."""
-    from controlplane.client import generate_many
-    from controlplane.service_messages import GenerateDone
-
     requests = [bench_request(p, tokens, speculative=speculative) for p in prompts]
-    first: dict[str, float] = {}
-    dones: dict[str, GenerateDone] = {}
-    for msg in generate_many(serve, requests):
-        first.setdefault(msg.request_id, time.monotonic())
-        if isinstance(msg, GenerateDone):
-            if msg.error:
-                raise RuntimeError(msg.error)
-            dones[msg.request_id] = msg
-    span = time.monotonic() - min(first.values())
-    after_first = sum(len(d.tokens) - 1 for d in dones.values())
+    dones, span = generate_together(serve, requests)
+    after_first = sum(len(d.tokens) - 1 for d in dones)
     return {"aggregate_tok_s": after_first / span,
-            "per_stream_tok_s": [round(dones[r.request_id].tok_s, 2) for r in requests],
-            "acceptance": [dones[r.request_id].spec.get("acceptance") for r in requests]}
+            "per_stream_tok_s": [round(d.tok_s, 2) for d in dones],
+            "acceptance": [d.spec.get("acceptance") for d in dones]}
 
 
 def paired_scaling(samples: dict[str, list[float]]) -> dict[str, float]:

@@ -14,7 +14,6 @@ from the first answer to the last one.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,23 +81,12 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def measure(serve: str, work: Workload, prompts: Sequence[str], tokens: int,
             first_timeout_s: float) -> dict[str, Any]:
     """One measurement of a workload (see the module's text): its sample's figures."""
-    from controlplane.client import generate_many
-    from controlplane.service_messages import GenerateDone, GenerateRequest
+    from tools.bench_common import bench_request, generate_together
 
-    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, tokens, True, ignore_eos=True,
-                                **request_fields(work)) for p in prompts]
+    requests = [bench_request(p, tokens, **request_fields(work)) for p in prompts]
     started = time.monotonic()
-    first: dict[str, float] = {}
-    dones: dict[str, GenerateDone] = {}
-    for msg in generate_many(serve, requests, first_timeout=first_timeout_s):
-        first.setdefault(msg.request_id, time.monotonic())
-        if isinstance(msg, GenerateDone):
-            if msg.error:
-                raise RuntimeError(msg.error)
-            dones[msg.request_id] = msg
-    span = time.monotonic() - min(first.values())
-    after_first = sum(max(0, len(d.tokens) - 1) for d in dones.values())
-    done = list(dones.values())
+    done, span = generate_together(serve, requests, first_timeout=first_timeout_s)
+    after_first = sum(max(0, len(d.tokens) - 1) for d in done)
     return {"tok_s": after_first / span if span > 0 else None,
             "per_stream_tok_s": _mean([d.tok_s for d in done]),
             "k_mean": _mean([d.spec.get("k_mean") for d in done]),
