@@ -193,6 +193,7 @@ class GenerationService:
         try:
             self._sock.send_multipart([identity, *to_frames(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
+            self._receive_all()  # first what it said before it went (Ctrl-C: a cancel)
             self._gone.add(identity)
             cancelled = self.engine.cancel_client(identity)
             self._unreachable += cancelled > 0  # (not one whose last answer could not go)

@@ -432,6 +432,43 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     assert isinstance(done, GenerateDone) and done.tokens and not done.error
 
 
+def test_a_client_that_cancels_and_leaves_at_once_is_not_counted_as_found_gone(
+        tiny_exports) -> None:
+    """Ctrl-C in zctl run: the cancel goes out and the client is gone straight after, maybe
+    before the service reads it. A send that finds the client gone first reads what it
+    sent, so the cancel counts as one and not as a vanished client. (The service is driven
+    by hand here, its thread never started, to make that order certain.)"""
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    svc = GenerationService(export_dir, lambda: LocalChain.load(
+        str(export_dir), RuntimeConfig(precision="f32")), "tcp://127.0.0.1:*")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.ROUTING_ID, b"quitter")
+    sock.connect(svc.endpoint)
+    try:
+        sock.send_multipart(to_frames(_long_request("q", 480)))
+        assert svc._sock.poll(10_000)
+        svc._receive_all()
+        wait_for(lambda: svc.engine.poll(0.05) and svc.engine.active == 1)
+        sock.send_multipart(to_frames(GenerateCancel("q")))
+        sock.close(1000)  # the cancel leaves, then the connection goes
+        ctx.term()
+        chunk = GenerateChunk("q", [1], "x", 1, 1.0, None, {}, {})
+
+        def route_gone() -> bool:  # the service's ROUTER has seen the connection go
+            try:
+                svc._sock.send_multipart([b"quitter", *to_frames(chunk)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return True
+            return False
+
+        wait_for(route_gone)
+        svc._send(b"quitter", chunk)
+        assert svc.counters["unreachable"] == 0 and svc.counters["cancelled"] == 1
+    finally:
+        svc.stop()
+
+
 def test_clients_found_gone_are_forgotten_while_others_keep_the_service_busy(flaky) -> None:
     """The service drops what is meant for a client found gone until its cancelled
     generations have ended (the next poll), then forgets it: under a load that never lets
