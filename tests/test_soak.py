@@ -1,4 +1,4 @@
-"""tools.soak: resident memory read from /proc and the figures made of it, the process
+"""tools.soak: resident memory (psutil) and the figures made of it, the process
 tree, the idle state after the load, the request mix, the options; and (slow) a short
 soak of a real local cluster of the tiny model behind the OpenAI API."""
 
@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -22,17 +25,19 @@ from tools.soak_probe import (
     metric_value,
     process_tree,
     read_rss_kb,
-    vm_rss_kb,
 )
 
-STATUS = "Name:\tpython3\nVmPeak:\t  900000 kB\nVmRSS:\t  123456 kB\nRssAnon:\t 100 kB\n"
 
-
-def test_resident_memory_is_the_vmrss_line() -> None:
-    assert vm_rss_kb(STATUS) == 123456
-    assert vm_rss_kb("Name:\tkthreadd\nState:\tS (sleeping)\n") is None  # a kernel thread
-    assert read_rss_kb(os.getpid()) > 0  # this process, from the real /proc
+def test_resident_memory_of_a_process_and_of_none() -> None:
+    assert read_rss_kb(os.getpid()) > 0  # this process
     assert read_rss_kb(2**22 + 1) is None  # no such process
+    zombie = subprocess.Popen(["true"])
+    wait_until = time.monotonic() + 10
+    while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < wait_until
+        time.sleep(0.01)
+    assert read_rss_kb(zombie.pid) is None  # exited, not yet reaped
+    zombie.wait()
 
 
 def test_growth_is_from_the_end_of_warm_up_to_the_end_of_the_load() -> None:
@@ -47,23 +52,23 @@ def test_growth_is_from_the_end_of_warm_up_to_the_end_of_the_load() -> None:
     assert RssSeries("late", 8, [(30.0, 1000)]).figures(4.0, 16.0) is None
 
 
-def _fake_proc(root: Path, tree: dict[int, list[int]], names: dict[int, str]) -> Path:
-    for pid, children in tree.items():
-        for task, part in ((pid, children[:1]), (pid + 1000, children[1:])):  # two threads
-            path = root / str(pid) / "task" / str(task)
-            path.mkdir(parents=True)
-            (path / "children").write_text(" ".join(map(str, part)) + " ")
-        (root / str(pid) / "comm").write_text(names.get(pid, "python3") + "\n")
-    return root
-
-
-def test_the_process_tree_holds_every_descendant_named_after_its_root(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, {10: [11, 12], 11: [13], 12: [], 13: [], 20: []},
-                      {12: "ov-worker", 13: "helper"})
-    assert process_tree({"coordinator": 10, "api": 20}, proc) == {
-        10: "coordinator", 11: "coordinator/python3", 12: "coordinator/ov-worker",
-        13: "coordinator/helper", 20: "api"}
-    assert process_tree({"gone": 99}, proc) == {99: "gone"}
+def test_the_process_tree_holds_every_descendant_named_after_its_root() -> None:
+    root = subprocess.Popen(["sh", "-c", "sh -c 'sleep 30 & wait' & wait"])  # 2 levels below
+    try:
+        wait_until = time.monotonic() + 10
+        while len(psutil.Process(root.pid).children(recursive=True)) < 2:
+            assert time.monotonic() < wait_until
+            time.sleep(0.01)
+        (inner,) = psutil.Process(root.pid).children()
+        (sleeper,) = inner.children()
+        tree = process_tree({"coordinator": root.pid, "gone": 2**22 + 1})
+        assert tree == {root.pid: "coordinator", inner.pid: "coordinator/sh",
+                        sleeper.pid: "coordinator/sleep", 2**22 + 1: "gone"}
+    finally:
+        for process in psutil.Process(root.pid).children(recursive=True):
+            process.kill()
+        root.kill()
+        root.wait()
 
 
 class _Record:

@@ -1,74 +1,50 @@
 """What tools.soak watches while it runs: the resident memory of every process of the
-cluster (each root pid and every process under it, read from /proc), the generation
+cluster (each root pid and every process under it, by psutil), the generation
 service's running and waiting requests and KV slots, and the HTTP API's requests in
 flight; and the figures made from those samples (resident memory after warm-up, at the
 end, its maximum and growth; the idle state the cluster returns to)."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-PROC = Path("/proc")
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+# -- resident memory, by psutil -----------------------------------------------------------
 
 
-# -- resident memory, from /proc ---------------------------------------------------------
-
-
-def vm_rss_kb(status_text: str) -> int | None:
-    """The ``VmRSS`` line of a /proc/PID/status text, in kB (None: no such line, as for a
-    kernel thread or a zombie)."""
-    match = re.search(r"^VmRSS:\s+(\d+)\s+kB", status_text, re.MULTILINE)
-    return int(match.group(1)) if match else None
-
-
-def read_rss_kb(pid: int, proc: Path = PROC) -> int | None:
-    """The process's resident memory in kB now (None: it is gone or has none)."""
+def read_rss_kb(pid: int) -> int | None:
+    """The process's resident memory in kB now (None: it is gone, or has none, as a
+    zombie)."""
     try:
-        return vm_rss_kb((proc / str(pid) / "status").read_text())
-    except OSError:
+        rss = psutil.Process(pid).memory_info().rss
+    except psutil.Error:
         return None
+    return rss // 1024 if rss else None
 
 
-def child_pids(pid: int, proc: Path = PROC) -> list[int]:
-    """The process's children, from every one of its threads' ``children`` file."""
-    out: set[int] = set()
-    try:
-        tasks = list((proc / str(pid) / "task").iterdir())
-    except OSError:
-        return []
-    for task in tasks:
-        try:
-            out.update(int(p) for p in (task / "children").read_text().split())
-        except (OSError, ValueError):
-            continue
-    return sorted(out)
-
-
-def command_name(pid: int, proc: Path = PROC) -> str:
-    try:
-        return (proc / str(pid) / "comm").read_text().strip()
-    except OSError:
-        return "?"
-
-
-def process_tree(roots: Mapping[str, int], proc: Path = PROC) -> dict[int, str]:
+def process_tree(roots: Mapping[str, int]) -> dict[int, str]:
     """Every process of ``roots`` (name -> pid) and all their descendants, pid -> name; a
     descendant is named after its root and its command (``node1/python3``)."""
     named: dict[int, str] = {}
     for root_name, root in roots.items():
         named[root] = root_name
-        todo = [root]
-        while todo:
-            for child in child_pids(todo.pop(), proc):
-                if child not in named:
-                    named[child] = f"{root_name}/{command_name(child, proc)}"
-                    todo.append(child)
+        try:
+            descendants = psutil.Process(root).children(recursive=True)
+        except psutil.Error:  # the root is gone
+            continue
+        for child in descendants:
+            if child.pid not in named:
+                try:
+                    command = child.name()
+                except psutil.Error:
+                    command = "?"
+                named[child.pid] = f"{root_name}/{command}"
     return named
 
 
@@ -108,8 +84,11 @@ class RssSeries:
 
 def metric_value(text: str, name: str) -> float | None:
     """The first sample of metric ``name`` (any labels) in a Prometheus text, or None."""
-    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})?\s+(\S+)", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
 
 
 # -- the sampler -----------------------------------------------------------------------------
