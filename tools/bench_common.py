@@ -175,6 +175,15 @@ class BenchModel:
                              layers, static_kv)
 
 
+def export_or_cached(model: str, stages: int, weights: str) -> Path:
+    """``model`` as it is when it is an export directory (it holds a manifest.json), else
+    its cached export in ``stages`` stages (``model_export``)."""
+    path = Path(model).expanduser()
+    if (path / "manifest.json").is_file():
+        return path
+    return model_export(model, stages, weights)
+
+
 def model_export(model: str, stages: int, weights: str) -> Path:
     """The cached export of ``model`` in ``stages`` cost-balanced stages (with beam_idx),
     made on first use."""

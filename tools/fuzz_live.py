@@ -33,7 +33,7 @@ from typing import Annotated, Any
 import typer
 import zmq
 
-from tools.bench_common import BenchModel, Json, err, fail, free_port, run_record
+from tools.bench_common import Json, err, export_or_cached, fail, free_port, run_record
 from tools.fuzz_messages import (
     ModelShape,
     control_seeds,
@@ -72,18 +72,6 @@ def exact_runtime() -> Any:
     from console.cluster_procs import runtime_spec
 
     return runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
-
-
-def resolve_export(model: str, nodes: int) -> Path:
-    """An export directory as given, or ``model``'s cached fp32 export in ``nodes`` stages."""
-    from common.manifest import ManifestError, load_manifest
-
-    path = Path(model).expanduser()
-    try:
-        load_manifest(path, verify_files=False)
-        return path
-    except (ManifestError, OSError):
-        return BenchModel.resolve(model).export(nodes, "fp32")
 
 
 @contextmanager
@@ -340,7 +328,7 @@ def main(
 ) -> None:
     if messages < 1 or not 2 <= nodes <= 3:
         fail("--messages >= 1 and --nodes 2 or 3")
-    export_dir = resolve_export(model, nodes)
+    export_dir = export_or_cached(model, nodes, "fp32")
     from common.paths import zctl_home
 
     root = zctl_home() / "fuzz" / uuid.uuid4().hex[:8]

@@ -35,7 +35,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tools.bench_common import BenchModel, Json, err, fail, free_port, run_record
+from tools.bench_common import Json, err, export_or_cached, fail, free_port, run_record
 from tools.soak_load import LoadTally, Prompt, drive, prompt_pool, queue_burst
 from tools.soak_probe import Sampler
 
@@ -89,14 +89,6 @@ def roots(record: Any) -> dict[str, int]:
     named.update({f"node{i}": pid for i, pid in enumerate(pids[1:-1], start=1)})
     named["api"] = pids[-1]
     return named
-
-
-def resolve_export(model: str, nodes: int, weights: str) -> Path:
-    """``model`` as it is when it is an export (a manifest.json), else its cached export
-    in ``nodes`` stages (tools.bench_common.BenchModel)."""
-    if (Path(model) / "manifest.json").is_file():
-        return Path(model)
-    return BenchModel.resolve(model).export(nodes, weights)
 
 
 # -- the idle state after the load -----------------------------------------------------------
@@ -250,7 +242,7 @@ def main(
             "warmup_s": round(min(120.0, 12.0 * minutes) if warmup_s is None else warmup_s, 1),
             "sample_s": sample_s, "drain_s": drain_s, "max_queue": max_queue or 2 * streams,
             "max_streams": max_streams, "seed": seed, "start_timeout_s": 300.0}
-    export_dir = resolve_export(model, nodes, weights)
+    export_dir = export_or_cached(model, nodes, weights)
     root = Path(os.environ.get("ZCTL_HOME") or Path.home() / ".zctl") / "soak" / \
         time.strftime("%Y%m%d-%H%M%S")
     err.print(f"soak: {streams} streams for {minutes:g} min on a {nodes}-node cluster of "
