@@ -205,8 +205,11 @@ class Drafter(Protocol):
 
 @dataclass
 class LookupDrafter:
-    """Prompt-lookup (n-gram) drafting: free to run, good on repetitive text and code."""
+    """Prompt-lookup (n-gram) drafting: free to run, good on repetitive text and code.
+    ``replayable``: its draft is a cheap function of the history alone, so adaptive K can
+    ask what it would have drafted anywhere (``engine.hindsight``)."""
 
+    replayable = True  # a class attribute, not a field
     max_ngram: int = 3
     min_ngram: int = 1
 

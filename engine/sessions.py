@@ -10,9 +10,11 @@ the drafts; ``accept_prefix`` of them are emitted plus the target's own next tok
 the output equals greedy decoding. When sampling (temperature > 0) the reply carries the
 logits and drafts are checked by rejection sampling (``engine.sampling``), which keeps
 the target's distribution. The K - n rejected slots are rewound *with the next
-step* (``mask_tail``): no extra round trip. With ``auto_k``, K is re-chosen every step by
-``adapt_k`` from the acceptance measured so far and a step-cost model fitted to this
-session's own steps (and the drafter's measured time per token).
+step* (``mask_tail``): no extra round trip. With ``auto_k``, K is re-chosen every step
+under a step-cost model fitted to this session's own steps (and the drafter's measured
+time per token): for a drafter that can be replayed (prompt lookup) as the fixed K that
+would have been fastest over the recent tokens (``engine.hindsight``), else by
+``adapt_k`` from the acceptance measured so far.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from engine.drafting import (
     width_changes,
 )
 from engine.executor import StepReply
+from engine.hindsight import DraftHindsight, best_fixed_k
 from engine.prefill import MAX_CHUNK
 from engine.requests import TokenLogprob
 from engine.sampling import SamplingParams, draw, speculative_sample, target_probs, token_logprobs
@@ -133,6 +136,12 @@ class DecodeSession:
         self._probe_gap = PROBE_EVERY  # steps between probes at K = 0 (see choose_k)
         self._next_probe = PROBE_EVERY - 1
         self._probing = False
+        # adaptive K over a drafter that can be replayed: measured match lengths at every
+        # position (engine.hindsight), and no probes
+        self._hindsight = (DraftHindsight(self.drafter, k)
+                           if self.auto_k and k > 0 and getattr(self.drafter, "replayable", False)
+                           else None)
+        self._last_cost: StepCost | None = None  # the latest cost fit the steps identified
         self._planned_at = 0.0
         self._started_at = 0.0
         self._decode_start: float | None = None
@@ -207,6 +216,8 @@ class DecodeSession:
         self._rewind, self._draft = 0, []  # the rejected slots went with the old KV
         del self.k_used[self.spec.steps:]  # a decode step planned but never answered
         self._probing = False
+        if self._hindsight is not None:
+            self._hindsight.reset()
         self.restarts += 1
         self.cached_tokens = self._planned_to = self._answered_to = 0
         self._chunk_ends.clear()
@@ -259,8 +270,8 @@ class DecodeSession:
                         hi == tokens.size and self.wants_logits)
 
     def choose_k(self) -> int:
-        """This step's draft length: ``k``, or ``adapt_k`` under the cost model (at most
-        ``k_cap`` when the scheduler sets one)."""
+        """This step's draft length: ``k``, or under the cost model the hindsight K (or
+        ``adapt_k``'s), at most ``k_cap`` when the scheduler sets one."""
         if not self.auto_k or self.k == 0:
             return self.k
         k_max = self.k if self.k_cap is None else min(self.k, self.k_cap)
@@ -270,15 +281,23 @@ class DecodeSession:
         # shape changes): not worth it with too few tokens left to use what it learns.
         measuring = self.max_new_tokens - self.stats.new_tokens > PROBE_EVERY
         cost = self.cost or self.fitted_cost()
+        hindsight = self._hindsight if self._hindsight and self._hindsight.ready() else None
         if cost is None:  # not enough distinct step sizes yet
-            if measuring and self.spec.steps < MEASURE_STEPS:
+            wide = sum(1 for fed in self.spec.fed if fed > 1)
+            promising = hindsight is None or any(m > 0 for m in hindsight.recent)
+            if measuring and wide < MEASURE_STEPS and promising:
                 return min(k_max, AUTO_K_START)  # drafts of one width: one shape change
             k_now = 0  # the 1-token steps that follow are the other size; probes go on
+        elif hindsight is not None:  # the K that was fastest over the recent tokens
+            k_now = best_fixed_k(hindsight.recent, cost, k_max,
+                                 width=self.spec.fed[-1] if self.spec.fed else 1,
+                                 horizon=self.max_new_tokens - self.stats.new_tokens)
         else:
             acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
             prev_fed = self.spec.fed[-1] if self.spec.fed else None
             k_now = adapt_k(acceptance, cost, k_max=k_max, prev_fed=prev_fed)
-        if k_now == 0 and measuring and self.spec.steps >= self._next_probe:
+        if (k_now == 0 and measuring and self._hindsight is None
+                and self.spec.steps >= self._next_probe):
             # K = 0 learns nothing: probe now and then. A probe costs more than its token
             # (two shape changes on a CPU), so rejected probes double the gap to the next.
             k_now, self._probing = 1, True
@@ -291,10 +310,11 @@ class DecodeSession:
         changed = width_changes(log)[len(log) - min(len(log), COST_WINDOW):]
         fed, ms = log[-COST_WINDOW:], self.stats.step_ms[-COST_WINDOW:]
         cost = fit_step_cost(fed, ms[-len(fed):], changed) if fed else None
-        if cost is None:
-            return None
+        if cost is None:  # the window holds one step size now: keep the last fit
+            return self._last_cost
         draft_ms = float(np.median(self._draft_ms[-COST_WINDOW:])) if self._draft_ms else 0.0
-        return StepCost(cost.step_ms, cost.token_ms, draft_ms, cost.switch_ms)
+        self._last_cost = StepCost(cost.step_ms, cost.token_ms, draft_ms, cost.switch_ms)
+        return self._last_cost
 
     # -- replies ---------------------------------------------------------------------
     def advance(self, reply: StepReply) -> list[int]:
@@ -370,4 +390,6 @@ class DecodeSession:
                 break
         if self._decode_start is not None:
             self.stats.decode_ms = (now - self._decode_start) * 1e3
+        if self._hindsight is not None and out:
+            self._hindsight.observe(self.history)
         return out

@@ -99,15 +99,31 @@ def test_session_stops_on_stop_token_and_budget() -> None:
         DecodeSession(0, [1], 4, k=-1)
 
 
-def test_auto_k_measures_both_step_sizes_and_probes_at_zero() -> None:
-    session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=LookupDrafter())
-    # no cost model yet: a moderate K for MEASURE_STEPS steps (one width: one shape
-    # change), then 1-token steps give the fit its other size
+class ModelDrafter:
+    """A drafter adaptive K cannot replay (as a draft model): lookup drafts, no
+    ``replayable``."""
+
+    def propose(self, history, k):
+        return LookupDrafter().propose(history, k)
+
+    def accept(self, n):
+        pass
+
+
+@pytest.mark.parametrize("drafter", [LookupDrafter(), ModelDrafter()])
+def test_auto_k_measures_both_step_sizes(drafter) -> None:
+    session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=drafter)
+    # no cost model yet: a moderate K until MEASURE_STEPS steps fed drafts (one width:
+    # one shape change), then 1-token steps give the fit its other size
     assert session.choose_k() == 4
-    session.spec.steps = 1
+    session.spec.fed, session.stats.step_ms, session.spec.steps = [5], [12.0], 1
     assert session.choose_k() == 4
-    session.spec.steps = 2
+    session.spec.fed, session.stats.step_ms, session.spec.steps = [5, 5], [12.0, 11.0], 2
     assert session.choose_k() == 0
+
+
+def test_auto_k_probes_at_zero_a_drafter_it_cannot_replay() -> None:
+    session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=ModelDrafter())
     # a cost where drafting never pays (huge per-token cost, nothing accepted): K = 0,
     # but every PROBE_EVERY-th step drafts one token to keep measuring
     session.spec.fed, session.stats.step_ms = [1, 7] * 4, [10.0, 1000.0] * 4
