@@ -48,6 +48,7 @@ PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep mea
 PROBE_MAX = 256  # ... and back off to this gap while the probes keep being rejected
 AUTO_K_START = 4  # adaptive K's first draft length, until a cost model is fitted
 MEASURE_STEPS = 2  # ... drafted for this many steps, then 1-token steps give the other size
+HOPS_DOMINATE = 2.0  # hindsight K once a step takes this many times the stages' compute
 
 
 def prefill_chunks(num_tokens: int, chunk: int) -> list[tuple[int, int]]:
@@ -281,13 +282,18 @@ class DecodeSession:
         # shape changes): not worth it with too few tokens left to use what it learns.
         measuring = self.max_new_tokens - self.stats.new_tokens > PROBE_EVERY
         cost = self.cost or self.fitted_cost()
-        hindsight = self._hindsight if self._hindsight and self._hindsight.ready() else None
+        # hindsight where hops dominate the step: its optimism tries drafts at two width
+        # changes each, cheap behind WAN hops; on a LAN it cost chat prompts 10-15%
+        # against plain decoding, so there the per-token estimate and its probes decide
+        hindsight = (self._hindsight if self._hindsight and self._hindsight.ready()
+                     and self._hops_dominate() else None)
         if cost is None:  # not enough distinct step sizes yet
-            wide = sum(1 for fed in self.spec.fed if fed > 1)
+            wide = (sum(1 for fed in self.spec.fed if fed > 1) if hindsight is not None
+                    else self.spec.steps)  # behind hops: until drafts were really fed
             promising = hindsight is None or any(m > 0 for m in hindsight.recent)
             if measuring and wide < MEASURE_STEPS and promising:
                 return min(k_max, AUTO_K_START)  # drafts of one width: one shape change
-            k_now = 0  # the 1-token steps that follow are the other size; probes go on
+            k_now, hindsight = 0, None  # 1-token steps are the other size; probes go on
         elif hindsight is not None:  # the K that was fastest over the recent tokens
             k_now = best_fixed_k(hindsight.recent, cost, k_max,
                                  width=self.spec.fed[-1] if self.spec.fed else 1,
@@ -296,13 +302,22 @@ class DecodeSession:
             acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
             prev_fed = self.spec.fed[-1] if self.spec.fed else None
             k_now = adapt_k(acceptance, cost, k_max=k_max, prev_fed=prev_fed)
-        if (k_now == 0 and measuring and self._hindsight is None
+        if (k_now == 0 and measuring and hindsight is None
                 and self.spec.steps >= self._next_probe):
             # K = 0 learns nothing: probe now and then. A probe costs more than its token
             # (two shape changes on a CPU), so rejected probes double the gap to the next.
             k_now, self._probing = 1, True
             self._next_probe = self.spec.steps + self._probe_gap
         return k_now
+
+    def _hops_dominate(self) -> bool:
+        """Whether the recent steps took ``HOPS_DOMINATE`` times the stages' compute (the
+        rest is hops and queues), over the decode steps measured so far."""
+        steps, stages = self.stats.step_ms[-COST_WINDOW:], self.stats.stage_ms[-COST_WINDOW:]
+        if not steps:
+            return False
+        compute = float(np.median([sum(ms) for ms in stages])) if stages else 0.0
+        return float(np.median(steps)) >= HOPS_DOMINATE * compute
 
     def fitted_cost(self) -> StepCost | None:
         """``fit_step_cost`` over this session's recent decode steps, plus draft time."""

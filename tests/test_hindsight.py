@@ -98,15 +98,17 @@ def copy_run_target(prompt: list[int], n: int) -> list[int]:
     return prompt[::-1][:12] + (prompt * 8)[:n - 12]
 
 
-def drive(session: DecodeSession, target: list[int]) -> None:
-    """Run a session against a target that emits ``target`` (greedy, exact replies)."""
+def drive(session: DecodeSession, target: list[int], compute_ms: float = 0.0) -> None:
+    """Run a session against a target that emits ``target`` (greedy, exact replies),
+    each step's stages reporting ``compute_ms`` (0: the steps are all hops)."""
     session.plan()
     session.advance(StepReply(tokens=np.array([target[0]])))
     while not session.done:
         plan = session.plan()
         done = len(session.emitted)
         fed = len(plan.token_ids)
-        session.advance(StepReply(tokens=np.array(target[done:done + fed])))
+        session.advance(StepReply(tokens=np.array(target[done:done + fed]),
+                                  stage_ms=[compute_ms]))
 
 
 def test_auto_k_drafts_the_copied_run_after_early_misses() -> None:
@@ -114,7 +116,7 @@ def test_auto_k_drafts_the_copied_run_after_early_misses() -> None:
     # for its probes; the copied run that follows is seen at once in hindsight
     prompt = [int(t) for t in np.random.default_rng(3).permutation(500)[:40]]
     target = copy_run_target(prompt, 100)
-    cost = StepCost(step_ms=10.0, token_ms=0.5, switch_ms=6.0)  # a LAN on a CPU
+    cost = StepCost(step_ms=60.0, token_ms=0.5, switch_ms=6.0)  # hops dominate the step
     session = DecodeSession(0, prompt, 100, k=16, drafter=LookupDrafter(), cost=cost)
     drive(session, target)
     assert session.emitted == target
@@ -126,7 +128,30 @@ def test_auto_k_stays_off_where_drafts_never_match() -> None:
     prompt = list(range(30))
     target = [1000 + i for i in range(60)]  # never what lookup proposes
     session = DecodeSession(0, prompt, 60, k=8, drafter=LookupDrafter(),
-                            cost=StepCost(step_ms=10.0, token_ms=2.0, switch_ms=5.0))
+                            cost=StepCost(step_ms=40.0, token_ms=2.0, switch_ms=5.0))
     drive(session, target)
     assert session.emitted == target
-    assert sum(session.k_used[10:]) == 0
+    assert sum(session.k_used[10:]) == 0  # and no probes: the replay learns at K = 0
+
+
+@pytest.mark.parametrize(("compute_ms", "replayed"), [(1e6, False), (0.0, True)])
+def test_the_replay_decides_only_where_hops_dominate_the_step(monkeypatch, compute_ms,
+                                                              replayed) -> None:
+    # steps that are all the stages' compute (a LAN) keep the per-token estimate and its
+    # probes; steps that are mostly hops (compute 0 here) take the replay's K
+    import engine.sessions as sessions
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return best_fixed_k(*args, **kwargs)
+
+    monkeypatch.setattr(sessions, "best_fixed_k", spy)
+    prompt = [int(t) for t in np.random.default_rng(3).permutation(500)[:40]]
+    session = DecodeSession(0, prompt, 60, k=8, drafter=LookupDrafter(),
+                            cost=StepCost(step_ms=60.0, token_ms=0.5, switch_ms=7.0))
+    target = copy_run_target(prompt, 60)
+    drive(session, target, compute_ms)
+    assert session.emitted == target
+    assert bool(calls) is replayed
