@@ -338,8 +338,8 @@ def test_zctl_experiment_and_zctl_bench_experiment_check_a_scenario(tmp_path):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout) == {
-            "scenario": "relay", "clusters": 2, "workloads": 4, "cells": 8,
-            "measurements": 8, "tokens": 48, "stages": [2]}
+            "scenario": "relay", "clusters": 4, "workloads": 4, "cells": 16,
+            "measurements": 16, "tokens": 48, "stages": [2]}
     refused = CliRunner().invoke(app, ["experiment", "walk", path])
     assert refused.exit_code == 2 and "run or check" in refused.output
 
