@@ -55,7 +55,7 @@ def best_fixed_k(matches: Sequence[int], cost: StepCost, k_max: int, k_min: int 
         raise ValueError(f"k_max {k_max} < k_min {k_min}")
     best, best_ms = k_min, float("inf")
     for k in range(k_min, k_max + 1):
-        switch = cost.switch_ms if (k + 1 if k else 1) != width else 0.0
+        switch = cost.switch_ms if k + 1 != width else 0.0  # K drafts: a step of K + 1
         ms = walk_ms_per_token(matches, k, cost) * max(horizon, 1) + switch
         if ms < best_ms * (1 - 1e-9):
             best, best_ms = k, ms
@@ -90,10 +90,13 @@ class DraftHindsight:
             n = accept_prefix(draft[:len(known)], known)
             resolved = not draft or n < len(known) or len(known) == len(draft)
             lengths.append((n if draft else NO_DRAFT, resolved))
-        while self._pending and lengths[0][1]:  # resolved ones leave in order
-            self.matches.append(lengths.pop(0)[0])
+        done = 0  # resolved ones leave in order
+        while done < len(lengths) and lengths[done][1]:
+            self.matches.append(lengths[done][0])
             self._pending.popleft()
-        self._open = [n if n == NO_DRAFT or resolved else self.k_max for n, resolved in lengths]
+            done += 1
+        self._open = [n if n == NO_DRAFT or resolved else self.k_max
+                      for n, resolved in lengths[done:]]
 
     @property
     def recent(self) -> list[int]:

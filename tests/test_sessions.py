@@ -99,7 +99,7 @@ def test_session_stops_on_stop_token_and_budget() -> None:
         DecodeSession(0, [1], 4, k=-1)
 
 
-class ModelDrafter:
+class UnreplayableDrafter:
     """A drafter adaptive K cannot replay (as a draft model): lookup drafts, no
     ``replayable``."""
 
@@ -110,7 +110,7 @@ class ModelDrafter:
         pass
 
 
-@pytest.mark.parametrize("drafter", [LookupDrafter(), ModelDrafter()])
+@pytest.mark.parametrize("drafter", [LookupDrafter(), UnreplayableDrafter()])
 def test_auto_k_measures_both_step_sizes(drafter) -> None:
     session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=drafter)
     # no cost model yet: a moderate K until MEASURE_STEPS steps fed drafts (one width:
@@ -123,7 +123,7 @@ def test_auto_k_measures_both_step_sizes(drafter) -> None:
 
 
 def test_auto_k_probes_at_zero_a_drafter_it_cannot_replay() -> None:
-    session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=ModelDrafter())
+    session = DecodeSession(0, [1, 2, 3], 100, k=6, auto_k=True, drafter=UnreplayableDrafter())
     # a cost where drafting never pays (huge per-token cost, nothing accepted): K = 0,
     # but every PROBE_EVERY-th step drafts one token to keep measuring
     session.spec.fed, session.stats.step_ms = [1, 7] * 4, [10.0, 1000.0] * 4
