@@ -15,12 +15,14 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import zmq
 
+from dataplane.cancels import cancel_payload
 from dataplane.cluster_prefix import HeadPrefixes
 from dataplane.cluster_replies import HeadReplies
 from dataplane.cluster_types import (
@@ -270,6 +272,35 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         if stream_id in self.stage0.groups:
             raise DataPlaneError(f"row group {stream_id} rewinds per row, with its steps")
         stream.rewind += int(count)
+
+    def cancel(self, stream_id: int, request_ids: Sequence[int], keep: int) -> None:
+        """Cancel the stream's steps ``request_ids`` (its newest: every step submitted after
+        the last one answered) and rewind it to its first ``keep`` logical tokens on every
+        stage, in order with its steps: stage 0 here now, the others on a CANCEL frame (a
+        stage that has not computed a cancelled step yet skips it). Their answers are
+        dropped, arrived or not."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise DataPlaneError(f"stream {stream_id} is not open")
+        if stream_id in self.stage0.groups:
+            raise DataPlaneError(f"row group {stream_id}'s steps cannot be cancelled")
+        steps = []
+        for rid in request_ids:
+            pending = self._pending.get(rid)
+            if pending is not None and pending.stream_id == stream_id:
+                steps.append(pending.step)
+                del self._pending[rid]
+            self._done.pop(rid, None)
+        try:
+            self.stage0.truncate(stream_id, keep)
+        except Exception as exc:
+            stream.broken = stream.broken or f"stage 0 could not take a cancel ({exc})"
+            raise
+        stream.rewind = 0  # the cancel rewinds to an absolute length
+        self.stats.cancelled += len(steps)
+        self._send_control(stream_id, Kind.CANCEL, cancel_payload(
+            min(steps, default=stream.next_step), stream.next_step - 1, keep))
+        self._compact(stream_id)  # after the CANCEL: the stages compact what it masked
 
     def timing_summary(self) -> dict[str, dict[str, float]]:
         """Percentiles of the recent steps' compute, queueing, serialisation and network time."""

@@ -61,6 +61,7 @@ class ClusterStats:
     unexpected: int = 0
     errors: int = 0
     timeouts: int = 0
+    cancelled: int = 0  # steps cancelled in flight (pipelined speculation's wrong guesses)
 
 
 def reply_from_frame(header: HiddenStateFrame, payload: np.ndarray, top_k: int) -> ClusterReply:

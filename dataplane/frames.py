@@ -29,6 +29,7 @@ MAX_TOP_K = 1024
 MAX_PAYLOAD_BYTES = 1 << 31
 MAX_ERROR_BYTES = 1 << 16
 PREFIX_FIELDS = 5  # a PREFIX payload: op, entry id, length, take, stream id (int64)
+CANCEL_FIELDS = 3  # a CANCEL payload: first step, last step, logical tokens kept (int64)
 
 
 class FrameError(ValueError):
@@ -62,6 +63,13 @@ class Kind(IntEnum):
     # entries). Added without a version bump, as COMPACT: an older node rejects the kind as
     # malformed (the control plane admits only nodes of the coordinator's zctl version).
     PREFIX = 8
+    # Cancel a stream's newest steps, in order with its steps: payload int64 [first step,
+    # last step, keep]: a stage that has not computed steps first..last skips them, and
+    # every stage rewinds the stream to its first ``keep`` logical tokens (so a stage that
+    # computed some of them and one that skipped them agree). The coordinator sends it as
+    # soon as it knows those steps were computed on a wrong speculation (pipelined
+    # speculation). Added without a version bump, as COMPACT and PREFIX.
+    CANCEL = 9
 
 
 class ReplyMode(IntEnum):
@@ -443,6 +451,11 @@ def check_semantics(header: HiddenStateFrame) -> None:
                 or header.shape != (PREFIX_FIELDS,)):
             raise FrameError(f"a PREFIX frame carries only int64 [{PREFIX_FIELDS}] (op, entry, "
                              "length, take, stream)", header)
+    elif header.kind == Kind.CANCEL:
+        if (tokens or header.mask_tail or header.rows != 1 or header.dtype != DTYPES[4]
+                or header.shape != (CANCEL_FIELDS,)):
+            raise FrameError(f"a CANCEL frame carries only int64 [{CANCEL_FIELDS}] (first step, "
+                             "last step, tokens kept)", header)
     elif header.dtype is not None:
         raise FrameError(f"a {header.kind.name} frame carries no payload", header)
     elif header.kind == Kind.COMPACT and (tokens or header.mask_tail):

@@ -81,6 +81,14 @@ class LocalChain(InlineExecutor):
         if masked and self.runners[0].compaction_due(stream_id, self.compact_threshold):
             self.compact(stream_id)
 
+    def cancel(self, stream_id: int, request_ids: Sequence[int], keep: int) -> None:
+        """Forget the steps' answers and rewind the stream to its first ``keep`` logical
+        tokens on every stage (they were computed when submitted: nothing to skip)."""
+        self.drop_requests(request_ids)
+        if self.chain.truncate(stream_id, keep) and self.runners[0].compaction_due(
+                stream_id, self.compact_threshold):
+            self.compact(stream_id)
+
     def compact(self, stream_id: int) -> None:
         """Drop the stream's masked slots on every stage (a row group is re-formed, which
         compacts its rows)."""

@@ -255,6 +255,9 @@ class PagedStageRunner(MaskRewind):
 
     trim_tail = mask_tail
 
+    def kept_tokens(self, stream_id: int) -> int:
+        return int(self._stream(stream_id).length)
+
     def _shorten(self, seq: Sequence, count: int) -> None:
         if not 0 <= count <= seq.length:
             raise StageError(f"cannot rewind {count} tokens of a {seq.length}-token stream")

@@ -207,6 +207,23 @@ class MaskRewind:
         (None: never compact)."""
         return threshold is not None and self.masked_slots(stream_id) > threshold
 
+    def kept_tokens(self, stream_id: int) -> int:
+        """The stream's logical length: the KV slots still part of its sequence."""
+        return int(self._stream(stream_id).logical)
+
+    def truncate(self, stream_id: int, length: int) -> bool:
+        """Rewind the stream to its first ``length`` logical tokens (a cancel: whatever
+        this stage computed past them goes; a stage that skipped those steps holds
+        ``length`` already). True when it masked anything; StageError if it holds fewer."""
+        count = self.kept_tokens(stream_id) - int(length)
+        if count < 0:
+            raise StageError(f"cannot rewind stream {stream_id} to {length} tokens: it holds "
+                             f"{self.kept_tokens(stream_id)}")
+        if not count:
+            return False
+        self.mask_tail(stream_id, count)
+        return True
+
     def mask_tail(self, stream_id: int, count: int) -> None:
         """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
         slots = self._stream(stream_id)

@@ -111,6 +111,9 @@ class StageChain:
             masked = runner.mask_step_tail(stream_id, mask_tail) or masked
         return masked
 
+    def truncate(self, stream_id: int, length: int) -> bool:
+        return any([r.truncate(stream_id, length) for r in self.runners])
+
     def compact(self, stream_id: int) -> int:
         return [r.compact(stream_id) for r in self.runners][0]
 

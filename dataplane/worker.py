@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from dataplane.cancels import CancelMarks, is_cancel, read_cancel
 from dataplane.frames import (
     EMPTY_INDEX,
     TOPK_DTYPE,
@@ -61,6 +62,7 @@ log = logging.getLogger("zctl.dataplane.worker")
 __all__ = ["CONTROL_PREFIX", "StageWorker", "WorkerStats", "admit", "reply_payload"]
 _ids = itertools.count()
 CONTROL_PREFIX = b"ZCTL-CMD"  # never the start of a data frame (those start with b"ZCDP")
+BACKLOG_MAX = 64  # frames a worker takes off its pipe ahead of their turn (to see cancels)
 
 
 class StageWorker(WorkerPrefixes):
@@ -90,6 +92,9 @@ class StageWorker(WorkerPrefixes):
         self._ctrl_key = CONTROL_PREFIX + secrets.token_bytes(16)
         self._pull.bind(self._ctrl_addr)
         self._streams: dict[int, _StreamState] = {}
+        # frames taken off the pipe ahead of their turn (see _drain), with their arrival
+        self._backlog: deque[tuple[list[Any], int]] = deque()
+        self._cancels = CancelMarks()  # cancels among them: the steps they cover are skipped
         self._guard = BufferGuard()
         self._stepped: int | None = None  # the stream whose step was handled last
         self._stats = WorkerStats()
@@ -151,8 +156,11 @@ class StageWorker(WorkerPrefixes):
         ready_ns = time.time_ns()
         try:
             while True:
-                parts = recv_parts(self._pull)
-                recv_ns = time.time_ns()
+                if self._backlog:
+                    parts, recv_ns = self._backlog.popleft()
+                else:
+                    parts = recv_parts(self._pull)
+                    recv_ns = time.time_ns()
                 if parts[0] == self._ctrl_key:
                     if not self._on_command(parts[1:]):
                         break
@@ -240,6 +248,8 @@ class StageWorker(WorkerPrefixes):
                 self._on_group(header, payload)
             elif header.kind == Kind.PREFIX:
                 self._on_prefix(header, payload)
+            elif header.kind == Kind.CANCEL:
+                self._on_cancel(header, payload)
             elif header.kind == Kind.ERROR:
                 self._count("errors_forwarded")
                 self._send(header, None)
@@ -335,6 +345,63 @@ class StageWorker(WorkerPrefixes):
             header.source_stage = self.stage
             self._send(header, members)
 
+    def _on_cancel(self, header: HiddenStateFrame, payload: np.ndarray | None) -> None:
+        """Cancel the stream's steps first..last (those not computed here yet are skipped
+        when their turn comes, or were already: see _drain) and rewind it to the tokens the
+        cancel keeps; passed on in order, so the next stage does the same."""
+        sid = header.stream_id
+        admitted = self._admitted(header)
+        if admitted is None:
+            return
+        state, verdict = admitted
+        try:
+            rng = read_cancel(payload)
+        except ValueError as exc:
+            self._count("malformed")
+            self._problem("cancel", f"stage {self.stage} dropped a CANCEL of stream {sid}: {exc}")
+            return
+        self._cancels.applied(sid, header.epoch, rng)
+        if state is None or verdict == "new":  # it missed the epoch: its next step fails
+            self._problem("cancel", f"stage {self.stage} got a CANCEL for epoch {header.epoch} "
+                                    f"of stream {sid}, which it never saw")
+        else:
+            state.next_step = max(state.next_step, rng.last + 1)
+            try:
+                self.runner.truncate(sid, rng.keep)
+                self._count("cancels")
+            except Exception as exc:  # its KV is not what the coordinator's is: refuse steps
+                state.broken = f"a cancel of stream {sid} failed: {exc}"
+                self._problem("cancel", f"stage {self.stage}: {state.broken}")
+        if not self.last:
+            header.source_stage = self.stage
+            self._send(header, payload)
+
+    def _drain(self) -> None:
+        """Take the frames waiting on the pipe (up to BACKLOG_MAX) into the backlog, so a
+        cancel queued behind steps it cancels is seen before they are computed."""
+        while len(self._backlog) < BACKLOG_MAX:
+            try:
+                parts = recv_parts(self._pull, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._backlog.append((parts, time.time_ns()))
+            if is_cancel(parts):
+                try:
+                    header, payload = decode_frame(parts)
+                    self._cancels.note(header.stream_id, header.epoch, read_cancel(payload))
+                except (FrameError, ValueError):
+                    pass  # refused in full when its turn comes
+
+    def _skipped(self, header: HiddenStateFrame, state: _StreamState) -> bool:
+        """Whether a cancel waiting behind this step covers it: then it is not computed
+        (nor passed on) and its step number is used up."""
+        self._drain()
+        if not self._cancels.skips(header.stream_id, header.epoch, header.step):
+            return False
+        state.next_step += 1
+        self._count("skipped")
+        return True
+
     def _on_step(self, header: HiddenStateFrame, payload: np.ndarray | None, recv_ns: int,
                  ready_ns: int, decode_ns: int) -> None:
         sid = header.stream_id
@@ -355,6 +422,8 @@ class StageWorker(WorkerPrefixes):
             self._send_error(header, f"expected step {state.next_step} of stream {sid}, got "
                                      f"step {header.step}: a frame was lost upstream",
                              recv_ns, ready_ns)
+            return
+        if self._skipped(header, state):
             return
         self._guard.release(sid)
         positions, logits_idx, rewinds = header.positions, header.logits_idx, header.row_rewinds
@@ -420,7 +489,7 @@ class StageWorker(WorkerPrefixes):
         """With no frame waiting, bind the last stepped stream's likely next inputs now
         (StageRunner.prefetch), off the path of the frame that will need them."""
         sid, self._stepped = self._stepped, None
-        if sid is not None and not wait_readable(self._pull, 0):
+        if sid is not None and not self._backlog and not wait_readable(self._pull, 0):
             try:
                 self.runner.prefetch(sid)
             except Exception as exc:  # a guess must never take the worker down

@@ -37,6 +37,8 @@ class WorkerStats:
     prefix_loads: int = 0
     prefix_drops: int = 0
     prefix_failures: int = 0  # SAVEs and LOADs this stage could not apply (logged)
+    cancels: int = 0  # CANCEL frames applied (the stream rewound to what it keeps)
+    skipped: int = 0  # steps not computed: a cancel behind them in the pipe covered them
     errors_sent: int = 0  # steps this stage refused
     errors_forwarded: int = 0  # ERROR frames from earlier stages passed on
     send_failures: int = 0  # frames dropped because the next hop did not take them

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -63,7 +64,10 @@ class Executor(Protocol):
     row's token count, ids and positions hold the rows' tokens one after the other,
     ``logits_idx`` indexes them all (None: every row's last token) and the reply answers
     those positions in order (a decoding row's token beside a prompt's chunk: one
-    inference, split-fuse). ``abandon_all`` forgets every step in flight (the stages are known to be broken):
+    inference, split-fuse). ``cancel`` drops a stream's newest steps (those submitted after
+    its last answered one; their answers are never collected) and rewinds it to its first
+    ``keep`` logical tokens on every stage, in order with its steps: pipelined speculation's
+    steps on a wrong guess. ``abandon_all`` forgets every step in flight (the stages are known to be broken):
     streams must be reset before they step again. ``overlaps_steps``: later stages compute
     a step while ``submit`` computes the next on stage 0 (a stream's steps answer in order).
 
@@ -94,6 +98,7 @@ class Executor(Protocol):
     def collect_any(self, timeout_s: float | None = None) -> StepReply | None: ...
     def rewind(self, stream_id: int, count: int) -> None: ...
     def compact(self, stream_id: int) -> None: ...
+    def cancel(self, stream_id: int, request_ids: Sequence[int], keep: int) -> None: ...
     def regroup(self, group_id: int, members: list[int]) -> None: ...
     def abandon_all(self, why: str) -> None: ...
     def timing_summary(self) -> dict[str, dict[str, float]]: ...
@@ -149,6 +154,12 @@ class InlineExecutor:
     def collect_any(self, timeout_s: float | None = None) -> StepReply | None:
         """The oldest answer not yet collected (None if there is none: nothing waits)."""
         return self._answered.popleft()[1] if self._answered else None
+
+    def drop_requests(self, request_ids: Sequence[int]) -> None:
+        """Forget the answers of these requests (cancelled steps)."""
+        dropped = set(request_ids)
+        if any(reply.request_id in dropped for _, reply in self._answered):
+            self._answered = deque(a for a in self._answered if a[1].request_id not in dropped)
 
     def drop_answers(self, stream_id: int) -> None:
         """Forget the stream's answers not yet collected (its KV was reset)."""

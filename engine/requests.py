@@ -17,7 +17,9 @@ MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 4096
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
-SPECULATIVE_MODES = ("", "lookup")  # or "draft:PATH" (a 1-stage export on the coordinator)
+# "pipelined": lookup guesses keep every stage busy for one stream (engine.pipelined)
+SPECULATIVE_MODES = ("", "lookup", "pipelined")  # or "draft:PATH" (a 1-stage export on the
+# coordinator)
 
 
 class RequestRefused(ValueError):
@@ -58,8 +60,9 @@ class GenerationRequest:
     max_tokens: int = 128  # 0: as many as the model's context holds
     chat: bool = True
     ignore_eos: bool = False
-    speculative: str = ""  # "", "lookup" or "draft:PATH"
-    k: int = 0  # draft tokens per step; 0 = adaptive (up to MAX_DRAFT_TOKENS // 2)
+    speculative: str = ""  # "", "lookup", "pipelined" or "draft:PATH"
+    k: int = 0  # draft tokens per step; 0 = adaptive (up to MAX_DRAFT_TOKENS // 2); with
+    # "pipelined", drafts per run after its first token (0: one-token runs)
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = no top-k truncation
     top_p: float = 1.0
@@ -80,7 +83,8 @@ class GenerationRequest:
             (self.seed is None or 0 <= self.seed < 1 << 63, "seed must be >= 0"),
             (self.speculative in SPECULATIVE_MODES or (
                 self.speculative.startswith("draft:") and len(self.speculative) > 6),
-             f"speculative must be '', 'lookup' or 'draft:PATH', got {self.speculative!r}"),
+             f"speculative must be '', 'lookup', 'pipelined' or 'draft:PATH', got "
+             f"{self.speculative!r}"),
             (0 <= self.k <= MAX_DRAFT_TOKENS,
              f"k must be in 0..{MAX_DRAFT_TOKENS} (0 = adaptive)"),
             (bool(self.prompt) != bool(self.messages), "give a prompt or messages (not both)"),

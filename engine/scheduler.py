@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from engine.drafting import Drafter, StageLoad, StepCost
 from engine.executor import Executor, StepError, StepReply
+from engine.pipelined import PipelinedSession
 from engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR, PrefillCost, fair_chunk, lone_chunk
 from engine.prefix_cache import PrefixCache, PrefixCacheStats
 from engine.prefix_scheduling import PrefixScheduling
@@ -285,9 +286,26 @@ class StreamScheduler(PrefixScheduling):
                 row_reply = StepReply(reply.tokens[lo:hi], logits, reply.stage_ms)
             prefilling = session.prefilling
             updates.append(SessionUpdate(session, session.advance(row_reply)))
+            if isinstance(session, PipelinedSession):
+                updates += self._cancel_runs(session)
             if prefilling and not session.prefilling and self.cache is not None:
                 self.cache.track_live(session.stream_id, session.prompt)
         return updates
+
+    def _cancel_runs(self, session: PipelinedSession) -> list[SessionUpdate]:
+        """Cancel the runs in flight the session's last answer showed to be wrong: on every
+        stage, in order with its steps; their answers are never collected."""
+        cancel = session.take_cancel()
+        if cancel is None:
+            return []
+        rids = [r for r, s in self._in_flight.items() if s == [session]]  # oldest first
+        for rid in rids:
+            del self._in_flight[rid]
+        try:
+            self.pipeline.cancel(session.stream_id, rids, cancel.keep)
+        except Exception as exc:  # noqa: BLE001 - the stream's KV is unknown now
+            return self._fail([session], exc)
+        return []
 
     def _fail(self, sessions: list[DecodeSession], exc: Exception) -> list[SessionUpdate]:
         """Fail the sessions; their other steps in flight (pipelined prefill chunks) are
@@ -412,9 +430,16 @@ class StreamScheduler(PrefixScheduling):
 
     def _may_plan_ahead(self, unit_id: int, sessions: list[DecodeSession],
                         busy: Counter[int]) -> bool:
+        session = sessions[0]
+        if isinstance(session, PipelinedSession) and unit_id not in self._groups:
+            # Pipelined speculation where steps overlap, unless several streams already
+            # keep the stages busy (then each runs one step at a time, or in a row group).
+            alone = len(self.sessions) == 1 or not self.load.saturated()
+            session.depth_cap = None if self.overlaps and alone else 1
+            if not session.prefilling:
+                return session.stream_id in self.sessions and session.can_run_ahead
         if not self._prefilling(unit_id, sessions):
             return False
-        session = sessions[0]
         return (session.stream_id in self.sessions and session.can_plan_ahead
                 and busy[id(session)] < self._prefill_depth(session))
 
@@ -487,3 +512,18 @@ def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_
     return run_session(pipeline, DecodeSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, k=k, auto_k=auto_k,
         cost=cost, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))
+
+
+def generate_pipelined(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+                       stop_ids: Sequence[int] = (), drafter: Drafter | None = None,
+                       width: int = 0, depth: int | None = None, stream_id: int = 0,
+                       stats: GenerationStats | None = None, prefill_chunk: int | None = None,
+                       sampling: SamplingParams | None = None) -> Iterator[int]:
+    """Yield exactly the tokens ``generate_greedy`` yields, by pipelined speculation
+    (``engine.pipelined``): while a step is on later stages, stage 0 starts the next on a
+    guessed continuation (``drafter``, prompt lookup by default), up to ``depth`` steps in
+    flight (None: adaptive); wrong guesses are cancelled on every stage. On an executor
+    whose steps do not overlap it decodes one step at a time."""
+    return run_session(pipeline, PipelinedSession(
+        stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, width=width,
+        depth=depth, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))

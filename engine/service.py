@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from engine.drafting import Drafter, LookupDrafter
 from engine.executor import Executor
+from engine.pipelined import PipelinedSession
 from engine.prefix_cache import PrefixCacheStats
 from engine.requests import (
     BAD_REQUEST,
@@ -333,6 +334,9 @@ class GenerationEngine:
         if not req.speculative:
             return DecodeSession(stream_id, ids, req.max_tokens, stops, sampling=sampling,
                                  top_logprobs=top)
+        if req.speculative == "pipelined":
+            return PipelinedSession(stream_id, ids, req.max_tokens, stops, width=req.k,
+                                    sampling=sampling, top_logprobs=top)
         if req.speculative == "lookup":
             drafter: Drafter = LookupDrafter()
         elif self.load_drafter is None:

@@ -105,6 +105,28 @@ def dp_threaded2(dp_export2: Path):
 
 
 @pytest.fixture
+def last_stage(dp_export2: Path):
+    """A running worker for stage 1 (the last) of 2, the coordinator end, and references."""
+    import zmq
+    from worker_helpers import Coordinator
+
+    from dataplane.runtime import StageRunner
+    from dataplane.transport import push_socket
+    from dataplane.worker import StageWorker
+
+    coord = Coordinator("")
+    worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", coord.reply_addr)
+    coord.push = push_socket(zmq.Context.instance(), worker.endpoint)
+    worker.start()
+    first, ref = StageRunner(dp_export2, 0), StageRunner(dp_export2, 1)
+    first.open_stream(0)
+    ref.open_stream(0)
+    yield worker, coord, first, ref
+    worker.stop()
+    coord.close()
+
+
+@pytest.fixture
 def dp_spawn():
     """Start ``python -m dataplane.worker_main`` processes; returns start(export, stage, bind,
     send_to) -> bound endpoint. Every process is terminated after the test."""

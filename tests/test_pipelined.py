@@ -1,0 +1,216 @@
+"""Pipelined speculation (engine.pipelined) on a fake pipeline whose steps overlap: the output
+is greedy's (and with sampling, plain sampling's for the same seed), wrong guesses are
+cancelled with the stream rewound to what it keeps, and a cancel that rewinds wrongly shows."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from engine.drafting import LookupDrafter
+from engine.executor import StepReply
+from engine.pipelined import (
+    GUESS_MIN,
+    PipelinedSession,
+    Run,
+    pipeline_depth,
+    stands,
+)
+from engine.sampling import SamplingParams
+from engine.scheduler import (
+    StreamScheduler,
+    generate_greedy,
+    generate_pipelined,
+    run_session,
+)
+from engine.sessions import DecodeSession
+from engine.stats import SpeculativeStats
+
+VOCAB = 64
+# the "true" text: periodic with a perturbation now and then, so prompt-lookup guesses are
+# right for a while, then wrong
+TEXT = [(i % 5) + (7 if i % 13 == 0 else 0) for i in range(400)]
+PROMPT = TEXT[:12]
+
+
+class OverlappingModel:
+    """A fake two-stage pipeline whose steps overlap (answers wait until collected) and whose
+    answer at a position depends on the whole sequence before it: the next token of TEXT
+    while the sequence is TEXT's prefix, else a function of all its tokens. So a wrong
+    token left in the KV (a cancel that did not rewind) changes every later answer, and a
+    step that does not start where the KV ends fails."""
+
+    num_stages = 2
+    overlaps_steps = True
+    paged_attention = False
+    row_groups_supported = False
+    prefix_cache_supported = False
+    wirings = 0
+
+    def __init__(self, skew_cancel: int = 0) -> None:
+        self.kv: dict[int, list[int]] = {}
+        self.answers: deque[StepReply] = deque()
+        self.cancels: list[tuple[int, list[int], int]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.skew_cancel = skew_cancel  # a broken cancel keeps this many tokens too many
+        self._rid = 0
+
+    def open(self, stream_id: int) -> None:
+        self.kv.setdefault(stream_id, [])
+
+    def reset(self, stream_id: int) -> None:
+        self.kv[stream_id] = []
+
+    def close_stream(self, stream_id: int) -> None:
+        self.kv.pop(stream_id, None)
+
+    @staticmethod
+    def next_token(seq: list[int]) -> int:
+        if seq == TEXT[:len(seq)]:
+            return TEXT[len(seq)]
+        return (sum((i + 1) * t for i, t in enumerate(seq)) % (VOCAB - 20)) + 20
+
+    def submit(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
+               mask_tail=0, row_tokens=None) -> int:
+        kv = self.kv[stream_id]
+        if mask_tail:
+            del kv[len(kv) - int(mask_tail):]
+        ids, pos = [int(t) for t in token_ids], [int(p) for p in positions]
+        if pos[0] != len(kv) or pos != list(range(pos[0], pos[0] + len(ids))):
+            raise RuntimeError(f"a step at {pos} on a stream holding {len(kv)} tokens")
+        kv += ids
+        nxt = [self.next_token(kv[:p + 1]) for p in pos]
+        answered = nxt if logits_idx is not None else nxt[-1:]
+        logits = None
+        if want_logits:
+            logits = np.zeros((len(answered), VOCAB), np.float32)
+            for row, token in enumerate(answered):
+                logits[row, token], logits[row, (token + 1) % VOCAB] = 2.0, 1.6
+        self._rid += 1
+        self.answers.append(StepReply(np.array(answered), logits, [1.0, 1.0], self._rid))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        return self._rid
+
+    def collect_any(self, timeout_s=None):
+        if not self.answers:
+            return None
+        self.in_flight -= 1
+        return self.answers.popleft()
+
+    def cancel(self, stream_id, request_ids, keep) -> None:
+        self.cancels.append((stream_id, list(request_ids), keep))
+        dropped = set(request_ids)
+        self.in_flight -= sum(1 for a in self.answers if a.request_id in dropped)
+        self.answers = deque(a for a in self.answers if a.request_id not in dropped)
+        kv = self.kv[stream_id]
+        if keep > len(kv):
+            raise RuntimeError(f"cannot keep {keep} of {len(kv)} tokens")
+        del kv[keep + self.skew_cancel:]
+
+
+def greedy_reference(n: int) -> list[int]:
+    return list(generate_greedy(OverlappingModel(), PROMPT, n))
+
+
+def test_pipelined_output_is_greedys_and_wrong_guesses_are_cancelled() -> None:
+    model, stats, n = OverlappingModel(), SpeculativeStats(), 120
+    want = greedy_reference(n)
+    assert want == TEXT[len(PROMPT):len(PROMPT) + n]
+    got = list(generate_pipelined(model, PROMPT, n, depth=3, stats=stats))
+    assert got == want
+    assert model.most_in_flight == 3  # runs ahead on guesses
+    assert model.cancels  # the perturbations made guesses wrong
+    for _sid, rids, keep in model.cancels:
+        assert rids and keep > len(PROMPT)
+    assert stats.accepted > len(model.cancels)  # most guesses stood
+    assert model.kv == {} and model.in_flight == 0  # closed, nothing left in flight
+
+
+def test_a_cancel_that_rewinds_wrongly_is_caught() -> None:
+    with pytest.raises(RuntimeError, match="holding"):
+        list(generate_pipelined(OverlappingModel(skew_cancel=1), PROMPT, 120, depth=3))
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_wider_runs_verify_their_drafts_and_stay_greedy(width: int) -> None:
+    model, n = OverlappingModel(), 100
+    got = list(generate_pipelined(model, PROMPT, n, width=width, depth=2))
+    assert got == greedy_reference(n)
+    assert model.cancels
+
+
+def test_a_stop_token_cancels_the_runs_after_it() -> None:
+    model = OverlappingModel()
+    stop = TEXT[len(PROMPT) + 20]
+    got = list(generate_pipelined(model, PROMPT, 100, stop_ids=[stop], depth=4))
+    want = greedy_reference(100)
+    assert got == want[:want.index(stop) + 1]
+    assert model.kv == {} and model.in_flight == 0
+
+
+def test_sampling_draws_what_plain_sampling_draws() -> None:
+    sampling = SamplingParams(temperature=1.0, seed=7)
+    plain = list(run_session(OverlappingModel(), DecodeSession(
+        0, PROMPT, 80, sampling=sampling)))
+    model = OverlappingModel()
+    got = list(run_session(model, PipelinedSession(0, PROMPT, 80, depth=3, sampling=sampling)))
+    assert got == plain
+    assert model.cancels and model.most_in_flight == 3
+
+
+def test_where_steps_do_not_overlap_it_decodes_one_step_at_a_time() -> None:
+    model = OverlappingModel()
+    model.overlaps_steps = False
+    assert list(generate_pipelined(model, PROMPT, 60, depth=4)) == greedy_reference(60)
+    assert model.most_in_flight == 1 and not model.cancels
+
+
+def test_several_busy_streams_turn_it_off() -> None:
+    model = OverlappingModel()
+    scheduler = StreamScheduler(model)
+    scheduler.load.saturated = lambda: True  # the stages are kept busy by the streams
+    sessions = [PipelinedSession(i, PROMPT, 40, depth=4) for i in range(2)]
+    for session in sessions:
+        scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    assert [s.emitted for s in sessions] == [greedy_reference(40)] * 2
+    assert model.most_in_flight == 2 and not model.cancels  # one step per stream
+
+
+def test_the_drafter_must_be_replayable() -> None:
+    class Stateful:
+        def propose(self, history, k):
+            return []
+
+        def accept(self, n):
+            pass
+
+    with pytest.raises(ValueError, match="lookup"):
+        PipelinedSession(0, PROMPT, 8, drafter=Stateful())
+    with pytest.raises(ValueError, match="depth"):
+        PipelinedSession(0, PROMPT, 8, depth=0)
+    PipelinedSession(0, PROMPT, 8, drafter=LookupDrafter())
+
+
+def test_stands_needs_every_draft_and_the_guess() -> None:
+    answered = Run(10, [4, 5, 6], False, 0.0)
+    assert stands(answered, 2, 9, Run(13, [9], True, 0.0))
+    assert not stands(answered, 1, 9, Run(13, [9], True, 0.0))  # a draft was rejected
+    assert not stands(answered, 2, 8, Run(13, [9], True, 0.0))  # the guess was wrong
+
+
+def test_pipeline_depth_covers_the_round_trip_and_follows_the_guesses() -> None:
+    assert pipeline_depth([], [], []) == 2  # nothing measured yet
+    lan = pipeline_depth([10.5] * 8, [[5.0, 5.0]] * 8, [])
+    assert lan == 3  # (10 ms compute + 0.5 ms hops) / 5 ms busiest
+    wan = pipeline_depth([62.0, 70.0] * 4, [[6.0, 6.0]] * 8, [])
+    assert wan == 11  # 12 ms compute + the least gap, 50 ms, over 6 ms: 10.3
+    assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, [1] * GUESS_MIN, cap=5) == 5
+    half = [1, 0] * GUESS_MIN
+    assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, half) == 2  # h / (1 - h) = 1
+    assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, [0] * GUESS_MIN) == 1  # rarely stand

@@ -1,0 +1,102 @@
+"""Pipelined speculation through a ClusterHead and stage workers in threads: the output is
+greedy's, wrong guesses are cancelled on every stage (skipped where not computed yet),
+masked slots stay bounded, and the stream's KV is freed on every stage at the end."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dataplane.cluster import ClusterHead
+from dataplane.runtime import RuntimeConfig, StageRunner
+from dataplane.slots import held_slots
+from dataplane.worker import StageWorker
+from engine.scheduler import generate_greedy, generate_pipelined
+from engine.stats import SpeculativeStats
+
+EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+PROMPT = [0, 17, 42, 99, 5, 230, 7, 17, 42]
+
+
+class SpoilingGuesser:
+    """Guesses the true continuation, spoiled wherever the history's length is a multiple
+    of ``every``: a function of the history alone (replayable), as pipelining needs."""
+
+    replayable = True
+
+    def __init__(self, text: list[int], every: int = 6) -> None:
+        self.text, self.every = text, every
+
+    def propose(self, history, k):
+        draft = self.text[len(history):len(history) + k]
+        return [(t + 1) % 384 if (len(history) + i) % self.every == 0 else t
+                for i, t in enumerate(draft)]
+
+    def accept(self, n: int) -> None:
+        pass
+
+
+@pytest.fixture
+def chain3(dp_export3):
+    """A 3-stage cluster (stages 1 and 2 in threads) compacting past 2 masked slots."""
+    pipe = ClusterHead(StageRunner(dp_export3, 0, EXACT), "tcp://127.0.0.1:1",
+                       "tcp://127.0.0.1:*", timeout_s=10, compact_threshold=2)
+    last = StageWorker(StageRunner(dp_export3, 2, EXACT), "tcp://127.0.0.1:*",
+                       pipe.reply_endpoint).start()
+    middle = StageWorker(StageRunner(dp_export3, 1, EXACT), "tcp://127.0.0.1:*",
+                         last.endpoint).start()
+    pipe.rewire(middle.endpoint)
+    yield pipe, [middle, last]
+    middle.stop()
+    last.stop()
+    pipe.close()
+
+
+@pytest.fixture
+def chain2(dp_threaded2):
+    pipe, worker = dp_threaded2
+    return pipe, [worker]
+
+
+def freed(pipe: ClusterHead, workers: list[StageWorker], timeout_s: float = 5.0) -> bool:
+    """Whether every stage holds no KV slot (the close travels behind the last reply)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if held_slots(pipe.stage0) == 0 and all(w.kv_slots() == 0 for w in workers):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize("chain,depth,width", [("chain2", 2, 0), ("chain2", None, 0),
+                                               ("chain3", 3, 0), ("chain3", 3, 2)])
+def test_pipelined_equals_greedy_and_cancels_on_every_stage(chain, depth, width, request):
+    pipe, workers = request.getfixturevalue(chain)
+    n = 40
+    want = list(generate_greedy(pipe, PROMPT, n, prefill_chunk=4))
+    assert freed(pipe, workers)
+    stats = SpeculativeStats()
+    got = list(generate_pipelined(pipe, PROMPT, n, drafter=SpoilingGuesser(PROMPT + want),
+                                  width=width, depth=depth, stats=stats, prefill_chunk=4))
+    assert got == want
+    assert pipe.stats.cancelled > 0 and stats.accepted > 0
+    assert pipe.stats.errors == 0 and pipe.stats.timeouts == 0
+    assert freed(pipe, workers)  # no slot left behind on any stage
+    for worker in workers:
+        s = worker.stats()
+        assert s.errors_sent == 0 and s.malformed == 0 and s.cancels > 0
+    if chain == "chain3":
+        assert pipe.compactions > 0  # the cancels' masked slots were compacted away
+        assert [w.stats().compactions for w in workers] == [pipe.compactions] * 2
+
+
+def test_the_stream_serves_again_after_a_pipelined_generation(chain2):
+    pipe, workers = chain2
+    want = list(generate_greedy(pipe, PROMPT, 24, prefill_chunk=4))
+    guesser = SpoilingGuesser(PROMPT + want, every=3)
+    for _ in range(2):
+        assert list(generate_pipelined(pipe, PROMPT, 24, drafter=guesser, depth=3,
+                                       prefill_chunk=4)) == want
+    assert list(generate_greedy(pipe, PROMPT, 24, prefill_chunk=4)) == want
+    assert freed(pipe, workers)
