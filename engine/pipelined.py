@@ -37,6 +37,7 @@ import numpy as np
 
 from engine.drafting import Drafter, LookupDrafter
 from engine.executor import StepReply
+from engine.hindsight import DraftHindsight
 from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession, StepPlan
 from engine.stats import GenerationStats
@@ -48,6 +49,9 @@ GUESS_WINDOW = 32  # guesses whose outcome the depth rule weighs
 GUESS_MIN = 8  # guesses judged before their rate limits the depth
 HIT_FLOOR = 0.2  # below this rate of standing guesses, guess only to probe
 PROBE_EVERY = 16  # ... once every this many runs
+WIDE = 8  # drafts a run may carry where hops dominate (adaptive width)
+HOPS_DOMINATE = 1.0  # ... i.e. where the hops take this many times the stages' compute
+LONG_MATCH = 4  # ... or where the drafter's recent drafts matched this many tokens (median)
 
 
 @dataclass
@@ -84,6 +88,16 @@ def stands(answered: Run, accepted: int, following: int, successor: Run) -> bool
     return accepted == len(answered.drafts) and successor.fed[0] == following
 
 
+def hops_dominate(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]) -> bool:
+    """Whether the hops (the least gap between a run's round trip and its compute: queueing
+    excluded) take ``HOPS_DOMINATE`` times the stages' compute or more."""
+    if len(step_ms) < 2 or not stage_ms:
+        return False
+    computes = [sum(ms) for ms in stage_ms]
+    gap = min(max(0.0, s - c) for s, c in zip(step_ms, computes, strict=False))
+    return gap >= HOPS_DOMINATE * float(np.median(computes))
+
+
 def pipeline_depth(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]],
                    hits: Sequence[int], cap: int = DEPTH_MAX) -> int:
     """Runs to keep in flight: enough to cover a run's round trip (the stages' compute
@@ -109,7 +123,9 @@ class PipelinedSession(DecodeSession):
     """A stream's generation by pipelined speculation (see the module docstring).
 
     ``width`` drafts ride in every run after its first token (0: one-token runs, the step
-    width of plain decoding); ``depth`` fixes the runs in flight (None: ``pipeline_depth``);
+    width of plain decoding; None: adaptive, one-token runs unless the hops dominate the
+    round trip, then up to ``WIDE``, as far as the drafter proposes); ``depth`` fixes the
+    runs in flight (None: ``pipeline_depth``);
     ``depth_cap`` (set by the scheduler) bounds it: 1 turns the guessing off. The drafter
     must be replayable (its draft a function of the history alone: prompt lookup), since
     runs ahead are drafted on histories that may never happen.
@@ -117,26 +133,29 @@ class PipelinedSession(DecodeSession):
 
     def __init__(self, stream_id: int, prompt_ids: Sequence[int], max_new_tokens: int,
                  stop_ids: Sequence[int] = (), *, drafter: Drafter | None = None,
-                 width: int = 0, depth: int | None = None, prefill_chunk: int | None = None,
+                 width: int | None = None, depth: int | None = None, prefill_chunk: int | None = None,
                  stats: GenerationStats | None = None, sampling: SamplingParams | None = None,
                  top_logprobs: int | None = None) -> None:
         drafter = drafter if drafter is not None else LookupDrafter()
         if not getattr(drafter, "replayable", False):
             raise ValueError("pipelined speculation drafts ahead of the answers: it needs a "
                              "drafter whose draft depends on the history alone (lookup)")
-        if width < 0 or (depth is not None and not 1 <= depth <= DEPTH_MAX):
+        if (width is not None and width < 0) or (depth is not None and not 1 <= depth <= DEPTH_MAX):
             raise ValueError(f"width must be >= 0 and depth in 1..{DEPTH_MAX}")
         super().__init__(stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter,
-                         k=width, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling,
-                         top_logprobs=top_logprobs)
+                         k=WIDE if width is None else width, prefill_chunk=prefill_chunk,
+                         stats=stats, sampling=sampling, top_logprobs=top_logprobs)
         self.width, self.fixed_depth = width, depth
         self.depth_cap: int | None = None
         self.runs: deque[Run] = deque()
         self.hits: deque[int] = deque(maxlen=GUESS_WINDOW)  # 1: a guess that stood
         self.cancelled = 0  # runs cancelled in flight
         self._cancel: Cancel | None = None
-        self._ahead: list[int] | None = None  # the next run's tokens, drafted once
+        self._ahead: tuple[int, list[int]] | None = None  # the next run's width and tokens,
+        # drafted once
         self._since_probe = 0
+        # what the drafter would have matched at every recent position (adaptive width)
+        self._hindsight = DraftHindsight(self.drafter, WIDE) if width is None else None
 
     # -- how far ahead ---------------------------------------------------------------
     def depth(self) -> int:
@@ -157,6 +176,17 @@ class PipelinedSession(DecodeSession):
             return False  # the runs in flight already reach the token budget
         return bool(self._next_tokens())
 
+    def run_width(self) -> int:
+        """Drafts the next run may carry (see ``width``)."""
+        if self.width is not None:
+            return self.width
+        window = slice(-TIMING_WINDOW, None)
+        if hops_dominate(self.stats.step_ms[window], self.stats.stage_ms[window]):
+            return WIDE
+        matches = self._hindsight
+        long = matches is not None and matches.ready() and np.median(matches.recent) >= LONG_MATCH
+        return WIDE if long else 0
+
     def _tokens_left(self) -> int:
         return self.max_new_tokens - self.stats.new_tokens
 
@@ -168,15 +198,17 @@ class PipelinedSession(DecodeSession):
         return history
 
     def _next_tokens(self) -> list[int]:
-        """The next run's guess and drafts (drafted once per run: see ``_ahead``)."""
-        if self._ahead is None:
+        """The next run's guess and drafts (drafted once per run and width: ``_ahead``), no
+        more than the token budget has room for beyond the runs in flight."""
+        room = self._tokens_left() - (self.runs[-1].end - self._position)
+        size = max(0, min(self.run_width() + 1, room))
+        if self._ahead is None or self._ahead[0] != size:
             start = time.perf_counter()
-            ahead = [int(t) for t in self.drafter.propose(self._assumed_history(),
-                                                          self.width + 1)][:self.width + 1]
+            ahead = [int(t) for t in self.drafter.propose(self._assumed_history(), size)][:size]
             if ahead:
                 self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(ahead))
-            self._ahead = ahead
-        return self._ahead
+            self._ahead = (size, ahead)
+        return self._ahead[1]
 
     # -- planning --------------------------------------------------------------------
     def plan(self) -> StepPlan:
@@ -191,7 +223,7 @@ class PipelinedSession(DecodeSession):
             fed, guessed, rewind = self._next_tokens(), True, 0
             start = self.runs[-1].end
         else:
-            room = max(0, min(self.width, self._tokens_left() - 1))
+            room = max(0, min(self.run_width(), self._tokens_left() - 1))
             drafts = [int(t) for t in self.drafter.propose(self.history, room)][:room] if room else []
             fed, guessed, rewind = [self.emitted[-1], *drafts], False, self._rewind
             start = self._position

@@ -61,8 +61,8 @@ class GenerationRequest:
     chat: bool = True
     ignore_eos: bool = False
     speculative: str = ""  # "", "lookup", "pipelined" or "draft:PATH"
-    k: int = 0  # draft tokens per step; 0 = adaptive (up to MAX_DRAFT_TOKENS // 2); with
-    # "pipelined", drafts per run after its first token (0: one-token runs)
+    k: int = 0  # draft tokens per step (with "pipelined": per run, after its first token);
+    # 0 = adaptive (up to MAX_DRAFT_TOKENS // 2; pipelined: engine.pipelined.WIDE)
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = no top-k truncation
     top_p: float = 1.0

@@ -516,7 +516,7 @@ def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_
 
 def generate_pipelined(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                        stop_ids: Sequence[int] = (), drafter: Drafter | None = None,
-                       width: int = 0, depth: int | None = None, stream_id: int = 0,
+                       width: int | None = None, depth: int | None = None, stream_id: int = 0,
                        stats: GenerationStats | None = None, prefill_chunk: int | None = None,
                        sampling: SamplingParams | None = None) -> Iterator[int]:
     """Yield exactly the tokens ``generate_greedy`` yields, by pipelined speculation

@@ -64,12 +64,16 @@ class PipelineDown(RuntimeError):
 def spec_summary(session: DecodeSession) -> dict[str, float]:
     """Acceptance, the current K and tokens per verify step of a speculative session."""
     spec = session.spec
-    if session.k == 0 or not spec.steps:
+    pipelined = isinstance(session, PipelinedSession)
+    if (session.k == 0 and not pipelined) or not spec.steps:
         return {}
     recent = session.k_used[-16:]
-    return {"acceptance": round(spec.acceptance_rate, 4), "k": float(session.last_k),
-            "k_mean": round(sum(recent) / len(recent), 2),
-            "tokens_per_step": round(spec.tokens_per_step, 3), "steps": float(spec.steps)}
+    summary = {"acceptance": round(spec.acceptance_rate, 4), "k": float(session.last_k),
+               "k_mean": round(sum(recent) / len(recent), 2),
+               "tokens_per_step": round(spec.tokens_per_step, 3), "steps": float(spec.steps)}
+    if pipelined:  # runs in flight at most now, and runs cancelled on a wrong guess
+        summary.update(depth=float(session.depth()), cancelled=float(session.cancelled))
+    return summary
 
 
 def stop_reason(produced: Sequence[int], request: GenerationRequest, stop_ids: Sequence[int],
@@ -335,7 +339,7 @@ class GenerationEngine:
             return DecodeSession(stream_id, ids, req.max_tokens, stops, sampling=sampling,
                                  top_logprobs=top)
         if req.speculative == "pipelined":
-            return PipelinedSession(stream_id, ids, req.max_tokens, stops, width=req.k,
+            return PipelinedSession(stream_id, ids, req.max_tokens, stops, width=req.k or None,
                                     sampling=sampling, top_logprobs=top)
         if req.speculative == "lookup":
             drafter: Drafter = LookupDrafter()
