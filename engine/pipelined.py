@@ -57,7 +57,8 @@ LONG_MATCH = 4  # ... or where the drafter's recent drafts matched this many tok
 @dataclass
 class Run:
     """One step in flight: ``fed`` tokens at positions ``start``.. (the first is the last
-    emitted token, or a guess of the token the run before answers; drafts follow)."""
+    emitted token, or while ``guessed`` a guess of the token the run before answers;
+    drafts follow)."""
 
     start: int
     fed: list[int]
@@ -258,7 +259,9 @@ class PipelinedSession(DecodeSession):
             self.hits.append(int(standing))
             spec.proposed += 1
             spec.accepted += int(standing)
-            if not standing:
+            if standing:  # its first token is emitted now: no guess any more
+                self.runs[0].guessed = False
+            else:
                 self._cancel = Cancel(len(self.runs), self._position)
                 self.cancelled += len(self.runs)
                 self.runs.clear()

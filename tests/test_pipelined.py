@@ -214,3 +214,23 @@ def test_pipeline_depth_covers_the_round_trip_and_follows_the_guesses() -> None:
     half = [1, 0] * GUESS_MIN
     assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, half) == 2  # h / (1 - h) = 1
     assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, [0] * GUESS_MIN) == 1  # rarely stand
+
+
+def test_a_guess_that_stood_is_history_not_a_guess_again() -> None:
+    """With an oracle drafter every guess stands: none is cancelled (a run whose guess was
+    confirmed must not be counted twice in the history the next guesses are drafted on)."""
+    text = greedy_reference(60)
+
+    class Oracle:
+        replayable = True
+
+        def propose(self, history, k):
+            return (PROMPT + text)[len(history):len(history) + k]
+
+        def accept(self, n):
+            pass
+
+    model, stats = OverlappingModel(), SpeculativeStats()
+    assert list(generate_pipelined(model, PROMPT, 60, drafter=Oracle(), width=0, depth=3,
+                                   stats=stats)) == text
+    assert not model.cancels and stats.accepted == stats.proposed > 50
