@@ -37,7 +37,6 @@ import numpy as np
 
 from engine.drafting import Drafter, LookupDrafter
 from engine.executor import StepReply
-from engine.hindsight import DraftHindsight
 from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession, StepPlan
 from engine.stats import GenerationStats
@@ -49,9 +48,10 @@ GUESS_WINDOW = 32  # guesses whose outcome the depth rule weighs
 GUESS_MIN = 8  # guesses judged before their rate limits the depth
 HIT_FLOOR = 0.2  # below this rate of standing guesses, guess only to probe
 PROBE_EVERY = 16  # ... once every this many runs
-WIDE = 8  # drafts a run may carry where hops dominate (adaptive width)
+WIDE = 16  # drafts a run may carry where hops dominate (adaptive width: today's adaptive K)
 HOPS_DOMINATE = 1.0  # ... i.e. where the hops take this many times the stages' compute
-LONG_MATCH = 4  # ... or where the drafter's recent drafts matched this many tokens (median)
+LONG = 8  # drafts a run carries elsewhere while the drafter's recent drafts matched long
+LONG_MATCH = 4  # ... at least this many tokens (the median of the recent positions)
 
 
 @dataclass
@@ -144,7 +144,8 @@ class PipelinedSession(DecodeSession):
         if (width is not None and width < 0) or (depth is not None and not 1 <= depth <= DEPTH_MAX):
             raise ValueError(f"width must be >= 0 and depth in 1..{DEPTH_MAX}")
         super().__init__(stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter,
-                         k=WIDE if width is None else width, prefill_chunk=prefill_chunk,
+                         k=WIDE if width is None else width, auto_k=width is None,
+                         prefill_chunk=prefill_chunk,
                          stats=stats, sampling=sampling, top_logprobs=top_logprobs)
         self.width, self.fixed_depth = width, depth
         self.depth_cap: int | None = None
@@ -152,11 +153,9 @@ class PipelinedSession(DecodeSession):
         self.hits: deque[int] = deque(maxlen=GUESS_WINDOW)  # 1: a guess that stood
         self.cancelled = 0  # runs cancelled in flight
         self._cancel: Cancel | None = None
-        self._ahead: tuple[int, list[int]] | None = None  # the next run's width and tokens,
+        self._ahead: tuple[int, list[int]] | None = None  # the next run's size and tokens,
         # drafted once
         self._since_probe = 0
-        # what the drafter would have matched at every recent position (adaptive width)
-        self._hindsight = DraftHindsight(self.drafter, WIDE) if width is None else None
 
     # -- how far ahead ---------------------------------------------------------------
     def depth(self) -> int:
@@ -178,15 +177,18 @@ class PipelinedSession(DecodeSession):
         return bool(self._next_tokens())
 
     def run_width(self) -> int:
-        """Drafts the next run may carry (see ``width``)."""
+        """Drafts the next run may carry (see ``width``): where hops dominate, the K today's
+        adaptive speculation would draft (``choose_k``: the fixed K that would have been
+        fastest over the recent tokens); elsewhere one-token runs, or ``LONG`` while the
+        drafter's recent drafts matched ``LONG_MATCH`` tokens or more."""
         if self.width is not None:
             return self.width
         window = slice(-TIMING_WINDOW, None)
         if hops_dominate(self.stats.step_ms[window], self.stats.stage_ms[window]):
-            return WIDE
+            return self.choose_k()
         matches = self._hindsight
         long = matches is not None and matches.ready() and np.median(matches.recent) >= LONG_MATCH
-        return WIDE if long else 0
+        return LONG if long else 0
 
     def _tokens_left(self) -> int:
         return self.max_new_tokens - self.stats.new_tokens
@@ -199,11 +201,11 @@ class PipelinedSession(DecodeSession):
         return history
 
     def _next_tokens(self) -> list[int]:
-        """The next run's guess and drafts (drafted once per run and width: ``_ahead``), no
+        """The next run's guess and drafts (drafted once per run: ``_ahead``), no
         more than the token budget has room for beyond the runs in flight."""
-        room = self._tokens_left() - (self.runs[-1].end - self._position)
-        size = max(0, min(self.run_width() + 1, room))
-        if self._ahead is None or self._ahead[0] != size:
+        if self._ahead is None:
+            room = self._tokens_left() - (self.runs[-1].end - self._position)
+            size = max(0, min(self.run_width() + 1, room))
             start = time.perf_counter()
             ahead = [int(t) for t in self.drafter.propose(self._assumed_history(), size)][:size]
             if ahead:
