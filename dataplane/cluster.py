@@ -347,16 +347,18 @@ class ClusterHead(HeadReplies, HeadPrefixes):
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
                top_k: int = 0, mask_tail: int | np.ndarray = 0,
-               row_tokens: np.ndarray | None = None) -> int:
+               row_tokens: np.ndarray | None = None, guessed: bool | None = None) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
         (See ``_submit``; a step computes under ``_busy``, which ``retire`` waits for.)"""
         with self._busy:
             return self._submit(stream_id, token_ids, positions, logits_idx, want_logits,
-                                top_k=top_k, mask_tail=mask_tail, row_tokens=row_tokens)
+                                top_k=top_k, mask_tail=mask_tail, row_tokens=row_tokens,
+                                guessed=guessed)
 
     def _submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                 logits_idx: np.ndarray | None, want_logits: bool, *, top_k: int,
-                mask_tail: int | np.ndarray, row_tokens: np.ndarray | None) -> int:
+                mask_tail: int | np.ndarray, row_tokens: np.ndarray | None,
+                guessed: bool | None = None) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
 
         ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
@@ -366,7 +368,10 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         positions), in member order. With ``row_tokens`` (paged stages) the rows are
         ragged: ids and positions hold row i's ``row_tokens[i]`` tokens after row i-1's,
         ``logits_idx`` indexes them all (None: every row's last), and the reply answers
-        those positions in order.
+        those positions in order. With ``guessed`` (not None; a stream's step, greedy) the
+        frame carries the step's token ids so the last stage can check a guess: True, they
+        were guessed on the previous step's answer (a pipelined run ahead); False, they
+        were not, but a guessed step may follow this one.
         """
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -393,6 +398,8 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         header = HiddenStateFrame(Kind.STEP, stream_id, rid, stream.epoch, stream.next_step, pos,
                                   idx, mode, max(1, top_k), int(mask_tail), 0, b"", "",
                                   rows=rows, row_rewinds=row_rewinds, row_tokens=counts)
+        if guessed is not None and group is None and not counts.size:
+            header.fed, header.guessed = ids[0], bool(guessed)
         t0 = time.perf_counter_ns()
         prepared = prepare_frame(header, (ids.shape[0], ids.shape[1], self.stage0.hidden_size),
                                  HIDDEN_DTYPE, 0, start_ns, start_ns)

@@ -19,8 +19,9 @@ import numpy as np
 
 MAGIC = b"ZCDP"
 # 2: a ``rows`` field (several streams batched in one step); 3: ``row_tokens`` (a row
-# group's rows step different token counts: ragged rows)
-PROTOCOL_VERSION = 3
+# group's rows step different token counts: ragged rows); 4: ``fed`` and ``guessed`` (a
+# pipelined step's token ids, which the last stage checks against the step before)
+PROTOCOL_VERSION = 4
 MAX_ROWS = 1024  # rows (streams) in one batched step
 MAX_NDIM = 4
 MAX_TOKENS = 1 << 17  # positions in one step
@@ -108,8 +109,9 @@ DTYPE_CODES: dict[np.dtype, int] = {dt: code for code, dt in DTYPES.items()}
 
 # magic, version, kind, reply mode, dtype code, top_k, ndim, n_timing, source stage,
 # stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes, rows,
-# n_row_rewinds, n_row_tokens.
-FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIHHH")
+# n_row_rewinds, n_row_tokens, n_fed, flags (GUESSED).
+FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIHHHHB")
+GUESSED = 1  # flags: the step's fed tokens are a guess of the previous step's answer
 SHAPE_STRUCTS = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
 POSITION_ITEM = np.dtype("<i8")
 SMALL_COUNT = 16  # up to this many int64s are checked with one struct unpack
@@ -134,6 +136,10 @@ class HiddenStateFrame:
     the other), ``positions`` holds them in that order, ``logits_idx`` indexes that flat
     list (empty = every row's last token) and a reply answers len(logits_idx) (or rows)
     positions;
+    ``fed`` (empty, or a 1-row step's token ids) lets the last stage check a pipelined
+    step: with ``guessed`` its tokens were fed on a guess that the stream's previous step
+    answers the drafts that step fed, then ``fed[0]``; a last stage that computed that
+    step and sees otherwise skips this one (its cancel follows);
     ``mask_tail`` rewinds that many kept KV slots before the step; ``timings`` holds one
     packed ``TIMING`` record per stage passed (see ``stamp``). ``shape`` and ``dtype``
     describe the payload: ``encode_frame`` takes them from the array it sends. A node
@@ -159,6 +165,8 @@ class HiddenStateFrame:
     rows: int = 1
     row_rewinds: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
     row_tokens: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
+    fed: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
+    guessed: bool = False
 
     @property
     def ragged(self) -> bool:
@@ -241,6 +249,7 @@ def pack_header(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtyp
                    else _int64s(header.row_rewinds))
     row_tokens = (EMPTY_INDEX if header.row_tokens is EMPTY_INDEX
                   else _int64s(header.row_tokens))
+    fed = EMPTY_INDEX if header.fed is EMPTY_INDEX else _int64s(header.fed)
     timings = header.timings
     if len(timings) % TIMING.size:
         raise FrameError(f"timings hold {len(timings)} bytes, not whole {TIMING.size}-byte records")
@@ -251,12 +260,13 @@ def pack_header(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtyp
             len(shape), len(timings) // TIMING.size, header.source_stage, header.stream_id,
             header.request_id, header.epoch, header.step, positions.shape[0],
             logits_idx.shape[0], header.mask_tail, len(error), header.rows,
-            row_rewinds.shape[0], row_tokens.shape[0],
+            row_rewinds.shape[0], row_tokens.shape[0], fed.shape[0],
+            GUESSED if header.guessed else 0,
         )
         dims = SHAPE_STRUCTS[len(shape)].pack(*shape)
     except struct.error as exc:
         raise FrameError(f"header field out of range: {exc}") from None
-    return b"".join((fixed, dims, positions, logits_idx, row_rewinds, row_tokens, timings,
+    return b"".join((fixed, dims, positions, logits_idx, row_rewinds, row_tokens, fed, timings,
                      error))
 
 
@@ -332,9 +342,9 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
                          f"{FIXED.size}")
     (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, source_stage,
      stream_id, request_id, epoch, step, tokens, n_idx, mask_tail,
-     error_len, rows, n_rewinds, n_row_tokens) = fields = FIXED.unpack_from(raw)
+     error_len, rows, n_rewinds, n_row_tokens, n_fed, flags) = fields = FIXED.unpack_from(raw)
     o_pos = FIXED.size + ndim * 4
-    o_tim = o_pos + (tokens + n_idx + n_rewinds + n_row_tokens) * 8
+    o_tim = o_pos + (tokens + n_idx + n_rewinds + n_row_tokens + n_fed) * 8
     o_err = o_tim + n_timing * TIMING.size
     if (magic != MAGIC or version != PROTOCOL_VERSION or kind_code not in KINDS
             or reply_code not in REPLY_MODES or dtype_code not in DTYPE_OK or ndim > MAX_NDIM
@@ -342,7 +352,8 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
             or error_len > MAX_ERROR_BYTES or not 1 <= rows <= MAX_ROWS
             or (n_rewinds and n_rewinds != rows) or (n_row_tokens and n_row_tokens != rows)
             or (not n_row_tokens and (tokens % rows or n_idx > tokens // rows))
-            or n_idx > tokens or size != o_err + error_len):
+            or n_idx > tokens or n_fed > tokens or flags & ~GUESSED
+            or size != o_err + error_len):
         raise FrameError(_header_problem(fields, size, o_err + error_len))
     if tokens:
         if tokens <= SMALL_COUNT:  # the per-token path: one unpack, no numpy reduction
@@ -365,8 +376,10 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
         if int(row_tokens.min()) < 1 or int(row_tokens.sum()) != tokens:
             raise FrameError(f"row tokens {row_tokens.tolist()} are not positive counts that "
                              f"add up to the step's {tokens} positions")
+    fed = (np.frombuffer(raw, POSITION_ITEM, n_fed, o_rows + (n_rewinds + n_row_tokens) * 8)
+           if n_fed else EMPTY_INDEX)
     shape = SHAPE_STRUCTS[ndim].unpack_from(raw, FIXED.size)
-    plain = rows == 1 and not (n_idx or n_rewinds or n_row_tokens) and (
+    plain = rows == 1 and not (n_idx or n_rewinds or n_row_tokens or n_fed or flags) and (
         (kind_code == STEP_CODE and ndim > 1 and shape[0] == 1 and shape[1] == tokens) or
         (kind_code == REPLY_CODE and reply_code == TOP1_CODE and dtype_code == TOPK_CODE
          and shape == (1, 1)))
@@ -375,13 +388,14 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
         np.frombuffer(raw, POSITION_ITEM, n_idx, o_pos + tokens * 8) if n_idx else EMPTY_INDEX,
         REPLY_MODES[reply_code], top_k, mask_tail, source_stage, bytes(raw[o_tim:o_err]),
         bytes(raw[o_err:]).decode("utf-8", errors="replace") if error_len else "",
-        shape, DTYPES.get(dtype_code), version, rows, row_rewinds, row_tokens), plain
+        shape, DTYPES.get(dtype_code), version, rows, row_rewinds, row_tokens, fed,
+        bool(flags & GUESSED)), plain
 
 
 def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
     """What is wrong with a header whose FIXED fields failed ``_parse_header``'s test."""
     (magic, version, kind_code, reply_code, dtype_code, top_k, ndim, n_timing, _, _, _, _, _,
-     tokens, n_idx, _, error_len, rows, n_rewinds, n_row_tokens) = fields
+     tokens, n_idx, _, error_len, rows, n_rewinds, n_row_tokens, n_fed, flags) = fields
     if magic != MAGIC:
         return f"bad magic {bytes(magic)!r}: not a zctl data-plane frame"
     if version != PROTOCOL_VERSION:
@@ -405,6 +419,10 @@ def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
         return f"{n_row_tokens} row token counts for {rows} rows"
     if n_idx > tokens:
         return f"{n_idx} logits indices for a {tokens}-token step"
+    if n_fed > tokens:
+        return f"{n_fed} fed tokens for a {tokens}-token step"
+    if flags & ~GUESSED:
+        return f"unknown flags {flags:#x}"
     if not n_row_tokens and tokens % rows:
         return f"{tokens} positions do not split into {rows} equal rows"
     if not n_row_tokens and n_idx > tokens // rows:
@@ -424,6 +442,11 @@ def check_semantics(header: HiddenStateFrame) -> None:
     if header.rows > 1 and header.mask_tail:
         raise FrameError("a row group's step rewinds per row (row_rewinds), not with "
                          "mask_tail", header)
+    if (header.fed.size or header.guessed) and (
+            header.kind not in (Kind.STEP, Kind.ERROR) or header.rows != 1 or header.ragged
+            or header.fed.size != tokens):
+        raise FrameError("only a 1-row step carries its fed tokens (one per position; "
+                         "guessed needs them)", header)
     if header.row_rewinds.size and header.kind not in (Kind.STEP, Kind.ERROR):
         raise FrameError(f"a {header.kind.name} frame carries no row rewinds", header)
     if header.ragged and header.kind not in (Kind.STEP, Kind.REPLY, Kind.ERROR):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dataplane.cancels import CancelMarks, is_cancel, read_cancel
+from dataplane.cancels import CancelMarks
 from dataplane.frames import (
     EMPTY_INDEX,
     TOPK_DTYPE,
@@ -55,6 +55,7 @@ from dataplane.transport import (
     send_parts,
     wait_readable,
 )
+from dataplane.worker_cancels import WorkerCancels
 from dataplane.worker_prefix import WorkerPrefixes
 from dataplane.worker_state import WorkerStats, _StreamState, _Throttle, admit, reply_payload
 
@@ -62,10 +63,9 @@ log = logging.getLogger("zctl.dataplane.worker")
 __all__ = ["CONTROL_PREFIX", "StageWorker", "WorkerStats", "admit", "reply_payload"]
 _ids = itertools.count()
 CONTROL_PREFIX = b"ZCTL-CMD"  # never the start of a data frame (those start with b"ZCDP")
-BACKLOG_MAX = 64  # frames a worker takes off its pipe ahead of their turn (to see cancels)
 
 
-class StageWorker(WorkerPrefixes):
+class StageWorker(WorkerPrefixes, WorkerCancels):
     """Serves ``runner``'s stage: PULL-binds ``bind_addr``, PUSH-connects to ``send_to``.
 
     ``bind_addr`` may use a wildcard port (``tcp://127.0.0.2:*``); ``endpoint`` gives
@@ -345,63 +345,6 @@ class StageWorker(WorkerPrefixes):
             header.source_stage = self.stage
             self._send(header, members)
 
-    def _on_cancel(self, header: HiddenStateFrame, payload: np.ndarray | None) -> None:
-        """Cancel the stream's steps first..last (those not computed here yet are skipped
-        when their turn comes, or were already: see _drain) and rewind it to the tokens the
-        cancel keeps; passed on in order, so the next stage does the same."""
-        sid = header.stream_id
-        admitted = self._admitted(header)
-        if admitted is None:
-            return
-        state, verdict = admitted
-        try:
-            rng = read_cancel(payload)
-        except ValueError as exc:
-            self._count("malformed")
-            self._problem("cancel", f"stage {self.stage} dropped a CANCEL of stream {sid}: {exc}")
-            return
-        self._cancels.applied(sid, header.epoch, rng)
-        if state is None or verdict == "new":  # it missed the epoch: its next step fails
-            self._problem("cancel", f"stage {self.stage} got a CANCEL for epoch {header.epoch} "
-                                    f"of stream {sid}, which it never saw")
-        else:
-            state.next_step = max(state.next_step, rng.last + 1)
-            try:
-                self.runner.truncate(sid, rng.keep)
-                self._count("cancels")
-            except Exception as exc:  # its KV is not what the coordinator's is: refuse steps
-                state.broken = f"a cancel of stream {sid} failed: {exc}"
-                self._problem("cancel", f"stage {self.stage}: {state.broken}")
-        if not self.last:
-            header.source_stage = self.stage
-            self._send(header, payload)
-
-    def _drain(self) -> None:
-        """Take the frames waiting on the pipe (up to BACKLOG_MAX) into the backlog, so a
-        cancel queued behind steps it cancels is seen before they are computed."""
-        while len(self._backlog) < BACKLOG_MAX:
-            try:
-                parts = recv_parts(self._pull, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._backlog.append((parts, time.time_ns()))
-            if is_cancel(parts):
-                try:
-                    header, payload = decode_frame(parts)
-                    self._cancels.note(header.stream_id, header.epoch, read_cancel(payload))
-                except (FrameError, ValueError):
-                    pass  # refused in full when its turn comes
-
-    def _skipped(self, header: HiddenStateFrame, state: _StreamState) -> bool:
-        """Whether a cancel waiting behind this step covers it: then it is not computed
-        (nor passed on) and its step number is used up."""
-        self._drain()
-        if not self._cancels.skips(header.stream_id, header.epoch, header.step):
-            return False
-        state.next_step += 1
-        self._count("skipped")
-        return True
-
     def _on_step(self, header: HiddenStateFrame, payload: np.ndarray | None, recv_ns: int,
                  ready_ns: int, decode_ns: int) -> None:
         sid = header.stream_id
@@ -423,10 +366,11 @@ class StageWorker(WorkerPrefixes):
                                      f"step {header.step}: a frame was lost upstream",
                              recv_ns, ready_ns)
             return
-        if self._skipped(header, state):
+        if self._skipped(header, state) or self._refuted(header, state):
             return
         self._guard.release(sid)
         positions, logits_idx, rewinds = header.positions, header.logits_idx, header.row_rewinds
+        fed = header.fed
         row_tokens = header.row_tokens  # _prepare_out clears these on a reply's header
         start = time.perf_counter_ns()
         prepared = self._prepare_out(header, payload, recv_ns, ready_ns)
@@ -440,6 +384,8 @@ class StageWorker(WorkerPrefixes):
             self._send_error(header, str(exc), recv_ns, ready_ns)
             return
         compute_ns = time.perf_counter_ns() - start
+        if self.last:
+            self._answered(state, fed, out)
         start = time.perf_counter_ns()
         state.next_step += 1
         self._stats.steps += 1
@@ -474,6 +420,7 @@ class StageWorker(WorkerPrefixes):
         else:
             header.kind = Kind.REPLY
             header.row_rewinds = EMPTY_INDEX  # applied; a reply carries none
+            header.fed, header.guessed = EMPTY_INDEX, False
             if not header.logits_idx.size:  # answering for the last token: the coordinator
                 header.positions = EMPTY_INDEX  # knows its position, save the bytes
                 header.row_tokens = EMPTY_INDEX

@@ -52,6 +52,11 @@ class _StreamState:
     next_step: int = 0
     closed: bool = False  # a tombstone: frames of this epoch are stale, a newer one reopens
     broken: str = ""  # a compaction or prefix load failed: the epoch's steps are refused
+    # the last stage's record of the stream's last step that carried its fed tokens, and
+    # its answers (top-1 per answered position): what a guessed step is checked against
+    fed: np.ndarray | None = None
+    answered: np.ndarray | None = None
+    refuted: bool = False  # a guess was refuted: guessed steps are skipped until a cancel
 
 
 def admit(known_epoch: int | None, epoch: int) -> str:

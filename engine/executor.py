@@ -64,7 +64,10 @@ class Executor(Protocol):
     row's token count, ids and positions hold the rows' tokens one after the other,
     ``logits_idx`` indexes them all (None: every row's last token) and the reply answers
     those positions in order (a decoding row's token beside a prompt's chunk: one
-    inference, split-fuse). ``cancel`` drops a stream's newest steps (those submitted after
+    inference, split-fuse). A pipelined greedy step says whether its tokens are a guess
+    (``guessed``: True, or False for a step a guessed one may follow; None: neither), so
+    a last stage that knows the answer to the step before can skip a refuted one early.
+    ``cancel`` drops a stream's newest steps (those submitted after
     its last answered one; their answers are never collected) and rewinds it to its first
     ``keep`` logical tokens on every stage, in order with its steps: pipelined speculation's
     steps on a wrong guess. ``abandon_all`` forgets every step in flight (the stages are known to be broken):
@@ -93,8 +96,8 @@ class Executor(Protocol):
     def close_stream(self, stream_id: int) -> None: ...
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
-               ) -> int: ...
+               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
+               guessed: bool | None = None) -> int: ...
     def collect_any(self, timeout_s: float | None = None) -> StepReply | None: ...
     def rewind(self, stream_id: int, count: int) -> None: ...
     def compact(self, stream_id: int) -> None: ...
@@ -139,8 +142,11 @@ class InlineExecutor:
 
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
                logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
-               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None) -> int:
-        """Run the step now; its reply waits for ``collect_any``. Raises what ``step`` raises."""
+               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
+               guessed: bool | None = None) -> int:
+        """Run the step now; its reply waits for ``collect_any``. Raises what ``step`` raises.
+        (``guessed`` asks stages that check a pipelined guess to do so: nothing to check
+        here, the step is computed whole before the next is submitted.)"""
         if row_tokens is None:  # subclasses whose stages take no ragged rows omit it
             reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
                               mask_tail=mask_tail)

@@ -234,9 +234,11 @@ class PipelinedSession(DecodeSession):
         self._since_probe = 0 if guessed else self._since_probe + 1
         self.k_used.append(len(fed) - 1)
         self.runs.append(Run(start, list(fed), guessed, time.perf_counter()))
+        # greedy: the last stage can check a guess against the answer it gave before
+        check = guessed if self.sampling is None else None
         return StepPlan(np.array(fed, dtype=np.int64), np.arange(start, start + len(fed)),
                         np.arange(len(fed)) if len(fed) > 1 else None, rewind,
-                        self.wants_logits)
+                        self.wants_logits, check)
 
     # -- replies ---------------------------------------------------------------------
     def advance(self, reply: StepReply) -> list[int]:

@@ -396,6 +396,8 @@ class StreamScheduler(PrefixScheduling):
         fused = unit_id in self._groups and any(s.prefilling for s in sessions)
         plan, rows = self._plan(unit_id, sessions)
         ragged = {} if rows is None or rows.row_tokens is None else {"row_tokens": rows.row_tokens}
+        if plan.guessed is not None and rows is None:
+            ragged["guessed"] = plan.guessed
         try:
             rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions, plan.logits_idx,
                                        plan.want_logits, mask_tail=plan.rewind, **ragged)

@@ -72,6 +72,7 @@ class StepPlan:
     logits_idx: np.ndarray | None  # None: only the last position
     rewind: int | np.ndarray  # rejected slots of the previous step (per row for a group)
     want_logits: bool = False  # sampling needs the logits, greedy only the top-1
+    guessed: bool | None = None  # a pipelined greedy run: its tokens are (not) a guess
 
 
 class DecodeSession:

@@ -168,3 +168,48 @@ def test_bad_cancels_leave_the_worker_serving(last_stage) -> None:
     coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH + 1))  # a reset starts it afresh
     coord.send_parts(step(0, x0, [0, 1, 2], epoch=EPOCH + 1, request_id=3))
     assert coord.recv()[0].kind == Kind.REPLY
+
+
+def guessed_step(x: np.ndarray, position: int, fed: list[int], guessed: bool, step_no: int,
+                 request_id: int) -> list:
+    """A pipelined run's STEP frame: it carries its fed tokens for the last stage to check."""
+    parts = step(0, x, [position], step_no=step_no, request_id=request_id)
+    header, payload = decode_frame(parts)
+    header.fed, header.guessed = np.asarray(fed, np.int64), guessed
+    return encode_frame(header, np.array(payload))
+
+
+def test_the_last_stage_skips_a_guess_its_own_answer_refutes(last_stage) -> None:
+    worker, coord, first, ref = last_stage
+    x0 = hidden_for(first, [1, 2, 3], [0, 1, 2])
+    coord.send_parts(step(0, x0, [0, 1, 2]))
+    coord.recv()
+    x1 = hidden_for(first, [4], [3])
+    coord.send_parts(guessed_step(x1, 3, [4], False, 1, 2))
+    answer = int(coord.recv()[1]["token"][0, 0])  # what the stage answered after token 4
+    x2 = hidden_for(first, [answer], [4])
+    coord.send_parts(guessed_step(x2, 4, [answer], True, 2, 3))  # the right guess
+    assert coord.recv()[0].request_id == 3
+    coord.send_parts(guessed_step(x2, 5, [answer + 1], True, 3, 4))  # a guess it refutes...
+    coord.send_parts(guessed_step(x2, 6, [7], True, 4, 5))  # ... and one built on it
+    coord.send_parts(cancel(3, 4, 5))
+    x5 = hidden_for(first, [9], [5])
+    coord.send_parts(guessed_step(x5, 5, [9], False, 5, 6))
+    header, _ = coord.recv()
+    assert header.request_id == 6  # 4 and 5 were never computed, nor answered
+    stats = settled(worker, 4)
+    assert (stats.skipped, stats.cancels, stats.steps, stats.errors_sent) == (2, 1, 4, 0)
+    assert worker.runner.kept_tokens(0) == 6
+
+
+def test_fed_tokens_go_only_on_one_row_steps() -> None:
+    header, payload = decode_frame(step(0, np.zeros((1, 2, 4), np.float32), [0, 1]))
+    header.fed, header.guessed = np.array([5, 6], np.int64), True
+    got, _ = decode_frame(encode_frame(header, np.array(payload)))
+    assert got.fed.tolist() == [5, 6] and got.guessed
+    header.fed = np.array([5], np.int64)  # one per position, or none
+    with pytest.raises(FrameError, match="fed tokens"):
+        decode_frame(encode_frame(header, np.array(payload)))
+    reset = HiddenStateFrame(Kind.RESET, 0, 0, 1, guessed=True)
+    with pytest.raises(FrameError, match="fed tokens"):
+        decode_frame(encode_frame(reset))

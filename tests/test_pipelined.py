@@ -56,6 +56,7 @@ class OverlappingModel:
         self.in_flight = 0
         self.most_in_flight = 0
         self.skew_cancel = skew_cancel  # a broken cancel keeps this many tokens too many
+        self.guessed: list[bool | None] = []  # what each decode step said of its tokens
         self._rid = 0
 
     def open(self, stream_id: int) -> None:
@@ -74,8 +75,10 @@ class OverlappingModel:
         return (sum((i + 1) * t for i, t in enumerate(seq)) % (VOCAB - 20)) + 20
 
     def submit(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-               mask_tail=0, row_tokens=None) -> int:
+               mask_tail=0, row_tokens=None, guessed=None) -> int:
         kv = self.kv[stream_id]
+        if kv:
+            self.guessed.append(guessed)
         if mask_tail:
             del kv[len(kv) - int(mask_tail):]
         ids, pos = [int(t) for t in token_ids], [int(p) for p in positions]
@@ -127,6 +130,7 @@ def test_pipelined_output_is_greedys_and_wrong_guesses_are_cancelled() -> None:
     for _sid, rids, keep in model.cancels:
         assert rids and keep > len(PROMPT)
     assert stats.accepted > len(model.cancels)  # most guesses stood
+    assert True in model.guessed and False in model.guessed  # the last stage may check
     assert model.kv == {} and model.in_flight == 0  # closed, nothing left in flight
 
 
@@ -160,6 +164,7 @@ def test_sampling_draws_what_plain_sampling_draws() -> None:
     got = list(run_session(model, PipelinedSession(0, PROMPT, 80, depth=3, sampling=sampling)))
     assert got == plain
     assert model.cancels and model.most_in_flight == 3
+    assert set(model.guessed) == {None}  # a sampled token is not the top-1 a stage sees
 
 
 def test_where_steps_do_not_overlap_it_decodes_one_step_at_a_time() -> None:
