@@ -139,6 +139,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                  "the monolithic baseline."),
     "spec": ("bench_spec", "Speculative decoding (paper §5-6): acceptance, speedup against its "
                            "theory, rewind cost."),
+    "pipespec": ("bench_pipespec", "Pipelined speculation against plain greedy, today's "
+                                   "speculation and openvino_genai on one core."),
     "microbatch": ("bench_microbatch", "Micro-batching: aggregate decode throughput of 1, 2, 4 "
                                        "concurrent streams on a local cluster."),
     "wan": ("bench_wan", "WAN sweep: throughput against injected per-hop latency (the paper's "

@@ -72,11 +72,11 @@ def parse_k(value: str) -> int:
 
 
 def parse_speculative(value: str) -> str:
-    """``--speculative``: '' (off), 'lookup', or 'draft:PATH' with PATH made absolute (the
-    coordinator loads it, possibly from another working directory)."""
+    """``--speculative``: '' (off), 'lookup', 'pipelined', or 'draft:PATH' with PATH made
+    absolute (the coordinator loads it, possibly from another working directory)."""
     if value in ("", "off", "none"):
         return ""
-    if value == "lookup":
+    if value in ("lookup", "pipelined"):
         return value
     if value.startswith("draft:") and len(value) > 6:
         path = Path(value.removeprefix("draft:")).expanduser()
@@ -84,7 +84,8 @@ def parse_speculative(value: str) -> str:
             raise ValueError(f"draft model {path} is not a directory (export one with "
                              "zctl export MODEL --stages 1 --out DIR)")
         return f"draft:{path.resolve()}"
-    raise ValueError(f"--speculative must be 'lookup' or 'draft:PATH', not {value!r}")
+    raise ValueError(f"--speculative must be 'lookup', 'pipelined' or 'draft:PATH', not "
+                     f"{value!r}")
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float,
@@ -209,7 +210,8 @@ def run(
     streams: Annotated[int, typer.Option(
         help="concurrent streams (the prompts are repeated to fill them); 0: one per prompt")] = 0,
     speculative: Annotated[str, typer.Option(
-        help="speculative decoding: 'lookup' (prompt n-grams) or 'draft:PATH' (a 1-stage export "
+        help="speculative decoding: 'lookup' (prompt n-grams), 'pipelined' (prompt-n-gram "
+             "guesses keep every stage busy for one stream) or 'draft:PATH' (a 1-stage export "
              "sharing the tokenizer); output stays identical to greedy on a cluster with exact "
              "numerics (zctl cluster up --exact; the embedded cluster of a speculative run "
              "has them)")] = "",

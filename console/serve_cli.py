@@ -76,7 +76,7 @@ def serve(
         help="requests in flight (running or waiting) beyond which new ones get 429")] = 64,
     speculative: Annotated[str, typer.Option(
         help="default speculative decoding of requests that do not choose: '' (none), "
-             "'lookup' or 'draft:PATH'")] = "",
+             "'lookup', 'pipelined' or 'draft:PATH'")] = "",
     k: Annotated[str, typer.Option("--k", help="default draft tokens per step, or 'auto'")] = "auto",
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,

@@ -57,7 +57,8 @@ class ZctlOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     top_k: int = Field(0, ge=0, le=1 << 20)
-    speculative: str | None = None  # "off", "lookup" or "draft:PATH"; None: the server's default
+    speculative: str | None = None  # "off", "lookup", "pipelined" or "draft:PATH"; None: the
+    # server's default
     k: int | None = Field(None, ge=0, le=32)  # draft tokens per step (0: adaptive)
     ignore_eos: bool = False
 

@@ -239,3 +239,24 @@ def test_a_guess_that_stood_is_history_not_a_guess_again() -> None:
     assert list(generate_pipelined(model, PROMPT, 60, drafter=Oracle(), width=0, depth=3,
                                    stats=stats)) == text
     assert not model.cancels and stats.accepted == stats.proposed > 50
+
+
+def test_a_restart_with_runs_in_flight_replays_and_stays_greedy() -> None:
+    """The pipeline goes down mid-generation (the service restarts its sessions on fresh
+    KV): the runs in flight are forgotten and the output is still greedy's."""
+    model = OverlappingModel()
+    session = PipelinedSession(0, PROMPT, 80, depth=3)
+    scheduler = StreamScheduler(model)
+    scheduler.add(session)
+    while len(session.emitted) < 30:
+        scheduler.poll()
+    assert session.runs  # runs in flight when it goes down
+    model.answers.clear()
+    model.in_flight = 0
+    session.restart()
+    assert not session.runs and session.take_cancel() is None
+    scheduler = StreamScheduler(model)  # a fresh schedule; adding resets the stream
+    scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    assert session.emitted == greedy_reference(80) and session.restarts == 1

@@ -100,3 +100,29 @@ def test_the_stream_serves_again_after_a_pipelined_generation(chain2):
                                        prefill_chunk=4)) == want
     assert list(generate_greedy(pipe, PROMPT, 24, prefill_chunk=4)) == want
     assert freed(pipe, workers)
+
+
+def test_a_pipelined_stream_beside_a_row_grouped_one(chain2):
+    """Another stream arrives: the pipelined one keeps its own steps (or joins the row
+    group when idle); both outputs are greedy's and every stage is freed."""
+    from engine.pipelined import PipelinedSession
+    from engine.scheduler import StreamScheduler
+    from engine.sessions import DecodeSession
+
+    pipe, workers = chain2
+    other = [0, 300, 301, 302, 11, 12]
+    want = list(generate_greedy(pipe, PROMPT, 30, prefill_chunk=4))
+    want_other = list(generate_greedy(pipe, other, 30, prefill_chunk=4))
+    scheduler = StreamScheduler(pipe, row_groups=1)
+    pipelined = PipelinedSession(1, PROMPT, 30, drafter=SpoilingGuesser(PROMPT + want),
+                                 depth=3, prefill_chunk=4)
+    plain = DecodeSession(2, other, 30, prefill_chunk=4)
+    scheduler.add(pipelined)
+    while len(pipelined.emitted) < 8:
+        scheduler.poll()
+    scheduler.add(plain)
+    while scheduler.active:
+        scheduler.poll()
+    assert pipelined.error is None and plain.error is None
+    assert pipelined.emitted == want and plain.emitted == want_other
+    assert pipe.stats.cancelled > 0 and freed(pipe, workers)

@@ -7,8 +7,8 @@ systems, interleaved prompt by prompt, their order rotated from run to run:
 
 * ``plain``: greedy through the cluster (``speculative=""``);
 * ``spec``: today's speculation, prompt lookup with adaptive K (``"lookup"``, k=0);
-* ``pipelined``: pipelined speculation (``"pipelined"``, k=0: one-token runs on guessed
-  continuations, their depth in flight adaptive; engine.pipelined);
+* ``pipelined``: pipelined speculation (``"pipelined"``, k=0: runs on guessed
+  continuations, their width and depth in flight adaptive; engine.pipelined);
 * ``genai``: openvino_genai's LLMPipeline on the monolithic export of the same model and
   weights (tools.baseline), on ONE core (one PC): this process's thread confined to one
   core while the pipeline is built and while it generates, and INFERENCE_NUM_THREADS=1.
@@ -234,7 +234,7 @@ def genai_properties() -> dict[str, Any]:
 
 def cluster_run(serve: str, text: str, tokens: int, speculative: str) -> Sample:
     """One request through the cluster's generation service, k=0 (lookup: adaptive K;
-    pipelined: one-token runs)."""
+    pipelined: adaptive run width and depth)."""
     done = generate_done(serve, text, tokens, speculative=speculative, k=0)
     return Sample(done.tok_s, list(done.tokens), dict(done.spec))
 
