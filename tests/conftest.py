@@ -127,6 +127,28 @@ def last_stage(dp_export2: Path):
 
 
 @pytest.fixture
+def dp_threaded3(dp_export3: Path):
+    """A 3-stage cluster (stages 1 and 2 in threads, exact numerics) compacting past 2 masked
+    slots: yields (ClusterHead, middle StageWorker, last StageWorker)."""
+    from dataplane.cluster import ClusterHead
+    from dataplane.runtime import RuntimeConfig, StageRunner
+    from dataplane.worker import StageWorker
+
+    exact = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+    pipe = ClusterHead(StageRunner(dp_export3, 0, exact), "tcp://127.0.0.1:1",
+                       "tcp://127.0.0.1:*", timeout_s=10, compact_threshold=2)
+    last = StageWorker(StageRunner(dp_export3, 2, exact), "tcp://127.0.0.1:*",
+                       pipe.reply_endpoint).start()
+    middle = StageWorker(StageRunner(dp_export3, 1, exact), "tcp://127.0.0.1:*",
+                         last.endpoint).start()
+    pipe.rewire(middle.endpoint)
+    yield pipe, middle, last
+    middle.stop()
+    last.stop()
+    pipe.close()
+
+
+@pytest.fixture
 def dp_spawn():
     """Start ``python -m dataplane.worker_main`` processes; returns start(export, stage, bind,
     send_to) -> bound endpoint. Every process is terminated after the test."""

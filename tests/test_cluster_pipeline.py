@@ -12,9 +12,8 @@ import zmq
 
 from dataplane.cluster import ClusterHead, DataPlaneError, StageFailed, StageTimeout
 from dataplane.local_chain import LocalChain
-from dataplane.runtime import RuntimeConfig, StageRunner, load_runner
+from dataplane.runtime import StageRunner, load_runner
 from dataplane.transport import pull_socket
-from dataplane.worker import StageWorker
 from engine.scheduler import generate_greedy, generate_speculative
 from engine.stats import GenerationStats, SpeculativeStats
 
@@ -311,25 +310,8 @@ class SpoilingDrafter:
         pass
 
 
-@pytest.fixture
-def threaded3(dp_export3):
-    """A 3-stage cluster (stages 1 and 2 in threads) compacting past 2 masked slots."""
-    exact = RuntimeConfig(precision="f32", kv_cache_precision="f32")
-    pipe = ClusterHead(StageRunner(dp_export3, 0, exact), "tcp://127.0.0.1:1",
-                           "tcp://127.0.0.1:*", timeout_s=10, compact_threshold=2)
-    last = StageWorker(StageRunner(dp_export3, 2, exact), "tcp://127.0.0.1:*",
-                       pipe.reply_endpoint).start()
-    middle = StageWorker(StageRunner(dp_export3, 1, exact), "tcp://127.0.0.1:*",
-                         last.endpoint).start()
-    pipe.rewire(middle.endpoint)
-    yield pipe, middle, last
-    middle.stop()
-    last.stop()
-    pipe.close()
-
-
-def test_speculative_decoding_compacts_every_stage(threaded3):
-    pipe, middle, last = threaded3
+def test_speculative_decoding_compacts_every_stage(dp_threaded3):
+    pipe, middle, last = dp_threaded3
     prompt, k, n = PROMPTS[0], 4, 24
     want = greedy(pipe, prompt, n=n)
     stats, worst, got = SpeculativeStats(), 0, []

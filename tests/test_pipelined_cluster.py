@@ -9,13 +9,11 @@ import time
 import pytest
 
 from dataplane.cluster import ClusterHead
-from dataplane.runtime import RuntimeConfig, StageRunner
 from dataplane.slots import held_slots
 from dataplane.worker import StageWorker
 from engine.scheduler import generate_greedy, generate_pipelined
 from engine.stats import SpeculativeStats
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
 PROMPT = [0, 17, 42, 99, 5, 230, 7, 17, 42]
 
 
@@ -38,19 +36,9 @@ class SpoilingGuesser:
 
 
 @pytest.fixture
-def chain3(dp_export3):
-    """A 3-stage cluster (stages 1 and 2 in threads) compacting past 2 masked slots."""
-    pipe = ClusterHead(StageRunner(dp_export3, 0, EXACT), "tcp://127.0.0.1:1",
-                       "tcp://127.0.0.1:*", timeout_s=10, compact_threshold=2)
-    last = StageWorker(StageRunner(dp_export3, 2, EXACT), "tcp://127.0.0.1:*",
-                       pipe.reply_endpoint).start()
-    middle = StageWorker(StageRunner(dp_export3, 1, EXACT), "tcp://127.0.0.1:*",
-                         last.endpoint).start()
-    pipe.rewire(middle.endpoint)
-    yield pipe, [middle, last]
-    middle.stop()
-    last.stop()
-    pipe.close()
+def chain3(dp_threaded3):
+    pipe, middle, last = dp_threaded3
+    return pipe, [middle, last]
 
 
 @pytest.fixture
