@@ -57,6 +57,8 @@ class _StreamState:
     fed: np.ndarray | None = None
     answered: np.ndarray | None = None
     refuted: bool = False  # a guess was refuted: guessed steps are skipped until a cancel
+    pipelined: bool = False  # the stream's steps were cancelled before, or carry fed tokens:
+    # look ahead in the pipe for cancels before computing one (see worker_cancels._drain)
 
 
 def admit(known_epoch: int | None, epoch: int) -> str:

@@ -23,6 +23,16 @@ def cancel(first: int, last: int, keep: int, stream: int = 0, epoch: int = EPOCH
                         cancel_payload(first, last, keep))
 
 
+def fed_step(x: np.ndarray, positions, fed: list[int], guessed: bool = False, step_no: int = 0,
+             request_id: int = 1, reply: ReplyMode = ReplyMode.TOP1) -> list:
+    """A pipelined run's STEP frame: it carries its fed tokens (which also makes the stages
+    look ahead for cancels before computing the stream's steps)."""
+    parts = step(0, x, positions, step_no=step_no, request_id=request_id, reply=reply)
+    header, payload = decode_frame(parts)
+    header.fed, header.guessed = np.asarray(fed, np.int64), guessed
+    return encode_frame(header, np.array(payload))
+
+
 def test_payload_round_trip_and_bad_ranges() -> None:
     header, payload = decode_frame(cancel(3, 5, 40))
     assert header.kind == Kind.CANCEL and read_cancel(payload) == CancelRange(3, 5, 40)
@@ -96,10 +106,10 @@ def test_a_step_not_computed_yet_is_skipped(dp_export2) -> None:
     try:
         x0 = hidden_for(first, [1, 2, 3], [0, 1, 2])
         x2 = hidden_for(first, [4], [3])
-        for parts in (step(0, x0, [0, 1, 2]),
-                      step(0, hidden_for(first, [9], [3]), [3], step_no=1, request_id=2),
+        for parts in (fed_step(x0, [0, 1, 2], [1, 2, 3]),
+                      fed_step(hidden_for(first, [9], [3]), [3], [9], step_no=1, request_id=2),
                       cancel(1, 1, 3),
-                      step(0, x2, [3], step_no=2, request_id=3, reply=ReplyMode.LOGITS)):
+                      fed_step(x2, [3], [4], step_no=2, request_id=3, reply=ReplyMode.LOGITS)):
             push.send_multipart(parts)
         time.sleep(0.3)  # every frame waits in the worker's pipe before it starts
         worker.start()
@@ -128,10 +138,10 @@ def test_a_cancel_passed_on_reaches_a_stage_that_has_not_computed_the_step(dp_ex
     try:
         x0 = hidden_for(first, [1, 2, 3], [0, 1, 2])
         x2 = hidden_for(first, [4], [3])
-        frames = (step(0, x0, [0, 1, 2]),
-                  step(0, hidden_for(first, [9], [3]), [3], step_no=1, request_id=2),
+        frames = (fed_step(x0, [0, 1, 2], [1, 2, 3]),
+                  fed_step(hidden_for(first, [9], [3]), [3], [9], step_no=1, request_id=2),
                   cancel(1, 1, 3),
-                  step(0, x2, [3], step_no=2, request_id=3, reply=ReplyMode.LOGITS))
+                  fed_step(x2, [3], [4], step_no=2, request_id=3, reply=ReplyMode.LOGITS))
         for sent, parts in enumerate(frames, 1):
             coord.send_parts(parts)
             settled(middle, sent)  # the middle stage computes (or passes on) each in turn
@@ -170,31 +180,22 @@ def test_bad_cancels_leave_the_worker_serving(last_stage) -> None:
     assert coord.recv()[0].kind == Kind.REPLY
 
 
-def guessed_step(x: np.ndarray, position: int, fed: list[int], guessed: bool, step_no: int,
-                 request_id: int) -> list:
-    """A pipelined run's STEP frame: it carries its fed tokens for the last stage to check."""
-    parts = step(0, x, [position], step_no=step_no, request_id=request_id)
-    header, payload = decode_frame(parts)
-    header.fed, header.guessed = np.asarray(fed, np.int64), guessed
-    return encode_frame(header, np.array(payload))
-
-
 def test_the_last_stage_skips_a_guess_its_own_answer_refutes(last_stage) -> None:
     worker, coord, first, ref = last_stage
     x0 = hidden_for(first, [1, 2, 3], [0, 1, 2])
     coord.send_parts(step(0, x0, [0, 1, 2]))
     coord.recv()
     x1 = hidden_for(first, [4], [3])
-    coord.send_parts(guessed_step(x1, 3, [4], False, 1, 2))
+    coord.send_parts(fed_step(x1, [3], [4], False, 1, 2))
     answer = int(coord.recv()[1]["token"][0, 0])  # what the stage answered after token 4
     x2 = hidden_for(first, [answer], [4])
-    coord.send_parts(guessed_step(x2, 4, [answer], True, 2, 3))  # the right guess
+    coord.send_parts(fed_step(x2, [4], [answer], True, 2, 3))  # the right guess
     assert coord.recv()[0].request_id == 3
-    coord.send_parts(guessed_step(x2, 5, [answer + 1], True, 3, 4))  # a guess it refutes...
-    coord.send_parts(guessed_step(x2, 6, [7], True, 4, 5))  # ... and one built on it
+    coord.send_parts(fed_step(x2, [5], [answer + 1], True, 3, 4))  # a guess it refutes...
+    coord.send_parts(fed_step(x2, [6], [7], True, 4, 5))  # ... and one built on it
     coord.send_parts(cancel(3, 4, 5))
     x5 = hidden_for(first, [9], [5])
-    coord.send_parts(guessed_step(x5, 5, [9], False, 5, 6))
+    coord.send_parts(fed_step(x5, [5], [9], False, 5, 6))
     header, _ = coord.recv()
     assert header.request_id == 6  # 4 and 5 were never computed, nor answered
     stats = settled(worker, 4)
@@ -213,3 +214,34 @@ def test_fed_tokens_go_only_on_one_row_steps() -> None:
     reset = HiddenStateFrame(Kind.RESET, 0, 0, 1, guessed=True)
     with pytest.raises(FrameError, match="fed tokens"):
         decode_frame(encode_frame(reset))
+
+
+def test_a_plain_streams_steps_do_not_look_ahead(dp_export2) -> None:
+    """Without fed tokens or an earlier cancel a stream's steps are computed in turn (no
+    look-ahead: it would cost every plain step); a cancel still rewinds when it comes."""
+    coord = Coordinator("")
+    worker, push = queued_worker(dp_export2, 1, coord.reply_addr)
+    first, ref = StageRunner(dp_export2, 0), StageRunner(dp_export2, 1)
+    first.open_stream(0)
+    ref.open_stream(0)
+    try:
+        x0 = hidden_for(first, [1, 2, 3], [0, 1, 2])
+        x2 = hidden_for(first, [4], [3])
+        for parts in (step(0, x0, [0, 1, 2]),
+                      step(0, hidden_for(first, [9], [3]), [3], step_no=1, request_id=2),
+                      cancel(1, 1, 3),
+                      step(0, x2, [3], step_no=2, request_id=3, reply=ReplyMode.LOGITS)):
+            push.send_multipart(parts)
+        time.sleep(0.3)
+        worker.start()
+        assert [coord.recv()[0].request_id for _ in range(2)] == [1, 2]  # computed
+        header, payload = coord.recv()
+        assert header.request_id == 3
+        ref.step(0, x0, np.arange(3))
+        assert np.allclose(payload, reference_logits(ref, x2, [3]), atol=1e-5)
+        stats = settled(worker, 3)
+        assert (stats.cancels, stats.skipped, stats.steps) == (1, 0, 3)
+    finally:
+        worker.stop()
+        push.close(0)
+        coord.close()
