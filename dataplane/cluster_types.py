@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from dataplane.frames import EMPTY_INDEX, TOP1, HiddenStateFrame, ReplyMode, top_k_records
+from dataplane.frames import EMPTY_INDEX, TOP1, HiddenStateFrame, ReplyMode
+from dataplane.reply_records import top_k_records
 from dataplane.timing import StepTiming, TimingStamps
 from engine.executor import StepError, StepReply
 

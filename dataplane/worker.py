@@ -39,10 +39,10 @@ from dataplane.frames import (
     encode_frame,
     prepare_frame,
     stamp,
-    top1_record,
 )
 from dataplane.hop import compute_step, seal_or_encode
 from dataplane.pipes import open_pipes, open_push
+from dataplane.reply_records import top1_record
 from dataplane.runtime import StageRunner
 from dataplane.slots import held_slots
 from dataplane.transport import (

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dataplane.frames import ReplyMode, top_k_records
+from dataplane.frames import ReplyMode
+from dataplane.reply_records import top_k_records
 
 log = logging.getLogger("zctl.dataplane.worker")
 

@@ -25,9 +25,8 @@ from dataplane.frames import (
     seal_frame,
     stamp,
     timing_records,
-    top1_record,
-    top_k_records,
 )
+from dataplane.reply_records import top1_record, top_k_records
 from dataplane.timing import TimingWindow, derive_step_timing, flatten, percentiles
 
 # Index of each field in FIXED's unpacked tuple.

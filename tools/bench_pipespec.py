@@ -32,7 +32,7 @@ near-tie the other way). ``--link-delay-ms`` delays every cluster hop (genai has
 
     python -m tools.bench_pipespec [--model smollm2-135m] [--weights int4] [--tokens 128]
         [--runs 3] [--cpu-sets split] [--link-delay-ms 0]
-        [--systems plain,spec,pipelined,genai] [--json]
+        [--systems plain,spec,pipelined,genai] [--pipelined-k 0] [--json]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from engine.requests import MAX_DRAFT_TOKENS
 from tools.bench_common import (
     BenchModel,
     CpuSets,
@@ -232,35 +233,38 @@ def genai_properties() -> dict[str, Any]:
                          dynamic_quantization=False).properties()
 
 
-def cluster_run(serve: str, text: str, tokens: int, speculative: str) -> Sample:
-    """One request through the cluster's generation service, k=0 (lookup: adaptive K;
-    pipelined: adaptive run width and depth)."""
-    done = generate_done(serve, text, tokens, speculative=speculative, k=0)
+def cluster_run(serve: str, text: str, tokens: int, speculative: str, k: int = 0) -> Sample:
+    """One request through the cluster's generation service (k=0: lookup's adaptive K,
+    pipelined's adaptive run width; else that many drafts per step or run)."""
+    done = generate_done(serve, text, tokens, speculative=speculative, k=k)
     return Sample(done.tok_s, list(done.tokens), dict(done.spec))
 
 
 def run_system(system: str, serve: str, genai: GenaiOneCore | None, text: str,
-               ids: Sequence[int], tokens: int) -> Sample:
+               ids: Sequence[int], tokens: int, pipelined_k: int = 0) -> Sample:
     """One generation of ``system`` (genai from ``ids``, the cluster from ``text``)."""
     if system == "genai":
         assert genai is not None
         return genai.run(ids, tokens)
-    return cluster_run(serve, text, tokens, SPECULATIVE[system])
+    return cluster_run(serve, text, tokens, SPECULATIVE[system],
+                       pipelined_k if system == "pipelined" else 0)
 
 
 def interleaved_runs(serve: str, genai: GenaiOneCore | None, prompts: Sequence[Prompt],
-                     systems: Sequence[str], tokens: int, runs: int) -> list[Samples]:
+                     systems: Sequence[str], tokens: int, runs: int, pipelined_k: int = 0
+                     ) -> list[Samples]:
     """Every system once on the first prompt (warm-up), then ``runs`` runs of every
     prompt by every system, the systems' order rotated run by run: per prompt, each
     system's samples."""
     _, text, ids = prompts[0]
     for system in systems:
-        run_system(system, serve, genai, text, ids, min(tokens, WARMUP_TOKENS))
+        run_system(system, serve, genai, text, ids, min(tokens, WARMUP_TOKENS), pipelined_k)
     results: list[Samples] = [{s: [] for s in systems} for _ in prompts]
     for run in range(runs):
         for p, (name, text, ids) in enumerate(prompts):
             for system in rotated(systems, run):
-                results[p][system].append(run_system(system, serve, genai, text, ids, tokens))
+                results[p][system].append(run_system(system, serve, genai, text, ids, tokens,
+                                                     pipelined_k))
             line = "  ".join(f"{s} {results[p][s][-1].tok_s:.1f}" for s in systems)
             err.print(f"run {run + 1}/{runs} {name}: {line} tok/s", highlight=False)
     return results
@@ -296,7 +300,7 @@ def measure(bench_model: BenchModel, export_dir: Path, weights: str, systems: Se
     try:
         wait_serving(record, 300)
         return interleaved_runs(record.serve, genai, prompts, systems, settings["tokens"],
-                                settings["runs"])
+                                settings["runs"], settings["pipelined_k"])
     finally:
         stop_processes(record.pids)
 
@@ -350,11 +354,15 @@ def main(
         help="emulated one-way latency on every cluster hop (genai has no hops)")] = 0.0,
     systems: Annotated[str, typer.Option(
         help=f"comma-separated, of {','.join(SYSTEMS)}")] = ",".join(SYSTEMS),
+    pipelined_k: Annotated[int, typer.Option(
+        help="drafts per pipelined run after its first token; 0: adaptive (one-token runs "
+             "on a LAN)")] = 0,
     as_json: Json = False,
 ) -> None:
     names = parse_systems(systems)
-    if tokens < 2 or runs < 1 or link_delay_ms < 0:
-        fail("--tokens needs at least 2, --runs at least 1, --link-delay-ms at least 0")
+    if tokens < 2 or runs < 1 or link_delay_ms < 0 or not 0 <= pipelined_k <= MAX_DRAFT_TOKENS:
+        fail("--tokens needs at least 2, --runs at least 1, --link-delay-ms at least 0, "
+             f"--pipelined-k 0..{MAX_DRAFT_TOKENS}")
     if problem := refused(names):
         fail(problem)
     bench_model = BenchModel.resolve(model)
@@ -362,7 +370,8 @@ def main(
     genai = "genai" in names
     settings: dict[str, Any] = {
         "model": model, "weights": weights, "tokens": tokens, "runs": runs,
-        "cpu_sets": cpu_sets, "link_delay_ms": link_delay_ms, "systems": names, "k": 0,
+        "cpu_sets": cpu_sets, "link_delay_ms": link_delay_ms, "systems": names,
+        "pipelined_k": pipelined_k,
         "export": str(export_dir), "stage_runtime": "exact (f32, f32 KV, no dynamic quant.)",
         "genai_core": max(os.sched_getaffinity(0)) if genai else None,
         "genai_properties": genai_properties() if genai else None}
