@@ -179,6 +179,9 @@ def frame_seed(rng: random.Random, shape: ModelShape) -> Parts:
             np.array([[rng.randrange(shape.vocab) for _ in range(tokens)]], np.int64)]))
         header.reply = rng.choice(list(ReplyMode))
         header.top_k = rng.randint(1, 8) if header.reply == ReplyMode.TOPK else 1
+        if rng.random() < 0.3:  # a pipelined run's step: its fed tokens, maybe a guess
+            header.fed = np.array([rng.randrange(shape.vocab) for _ in range(tokens)], np.int64)
+            header.guessed = rng.random() < 0.5
     elif kind == Kind.REPLY:
         header.positions = positions[-1:]
         payload = np.zeros((1, 1), np.dtype([("token", "<i4"), ("logit", "<f4")]))
@@ -189,13 +192,16 @@ def frame_seed(rng: random.Random, shape: ModelShape) -> Parts:
     elif kind == Kind.PREFIX:
         payload = np.array([rng.randint(0, 4), rng.getrandbits(31), rng.randint(0, 64),
                             rng.randint(0, 1), sid], np.int64)
+    elif kind == Kind.CANCEL:
+        first = rng.randint(0, 50)
+        payload = np.array([first, first + rng.randint(-1, 4), rng.randint(0, 400)], np.int64)
     return [bytes(memoryview(p)) for p in encode_frame(header, payload)]
 
 
-FIXED_FIELDS = 20  # magic, version, kind, ... n_row_tokens (dataplane.frames.FIXED)
+FIXED_FIELDS = 22  # magic, version, kind, ... n_row_tokens, n_fed, flags (frames.FIXED)
 FIELD_LIMITS = (None, 255, 255, 255, 255, 65535, 255, 255, 65535, 2 ** 32 - 1, 2 ** 64 - 1,
                 2 ** 64 - 1, 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 32 - 1, 2 ** 32 - 1,
-                65535, 65535, 65535)
+                65535, 65535, 65535, 65535, 255)
 
 
 def changed_header(rng: random.Random, head: bytes) -> bytes:
