@@ -97,5 +97,9 @@ class CancelMarks:
         if not held[1]:
             del self._marks[stream_id]
 
-    def forget(self, stream_id: int) -> None:
-        self._marks.pop(stream_id, None)
+    def drop_older(self, stream_id: int, epoch: int) -> None:
+        """The stream is at ``epoch`` now (a RESET or CLOSE): marks of older epochs go
+        (those of a cancel that was dropped as stale when its turn came, say)."""
+        held = self._marks.get(stream_id)
+        if held is not None and held[0] < epoch:
+            del self._marks[stream_id]

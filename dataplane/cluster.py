@@ -178,9 +178,12 @@ class ClusterHead(HeadReplies, HeadPrefixes):
             stream.broken = stream.broken or "the pipeline was rewired"
 
     # -- streams (the Executor protocol) ---------------------------------------------
-    # stage 0 computes a step in ``submit`` and the later stages while it computes the
-    # next: a stream may have several steps in flight (pipelined prefill)
-    overlaps_steps = True
+    @property
+    def overlaps_steps(self) -> bool:
+        """Stage 0 computes a step in ``submit`` and the later stages while it computes the
+        next: a stream may have several steps in flight (pipelined prefill, pipelined
+        speculation). Not once the head runs every stage itself (``answers_here``)."""
+        return not self._stage0.spec.last
 
     def open(self, stream_id: int) -> None:
         self.stage0.open_stream(stream_id)
@@ -284,20 +287,20 @@ class ClusterHead(HeadReplies, HeadPrefixes):
             raise DataPlaneError(f"stream {stream_id} is not open")
         if stream_id in self.stage0.groups:
             raise DataPlaneError(f"row group {stream_id}'s steps cannot be cancelled")
-        steps = []
+        steps, answered = [], 0
         for rid in request_ids:
             pending = self._pending.get(rid)
             if pending is not None and pending.stream_id == stream_id:
                 steps.append(pending.step)
                 del self._pending[rid]
-            self._done.pop(rid, None)
+            answered += self._done.pop(rid, None) is not None
         try:
             self.stage0.truncate(stream_id, keep)
         except Exception as exc:
             stream.broken = stream.broken or f"stage 0 could not take a cancel ({exc})"
             raise
         stream.rewind = 0  # the cancel rewinds to an absolute length
-        self.stats.cancelled += len(steps)
+        self.stats.cancelled += len(steps) + answered
         self._send_control(stream_id, Kind.CANCEL, cancel_payload(
             min(steps, default=stream.next_step), stream.next_step - 1, keep))
         self._compact(stream_id)  # after the CANCEL: the stages compact what it masked
@@ -406,8 +409,10 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         prepare_ns = time.perf_counter_ns() - t0
         t0 += prepare_ns
         try:
+            # run here to the last stage: answer the positions asked (a verify step's all)
+            answer_for = idx if idx.size and self.answers_here else None
             hidden = compute_step(self.stage0, stream_id, ids, pos, int(mask_tail), row_rewinds,
-                                  after_rewind=lambda: self._compact(stream_id),
+                                  answer_for, after_rewind=lambda: self._compact(stream_id),
                                   row_tokens=counts)
         except Exception as exc:
             if mask_tail or row_rewinds.size:

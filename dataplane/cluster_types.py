@@ -62,7 +62,8 @@ class ClusterStats:
     unexpected: int = 0
     errors: int = 0
     timeouts: int = 0
-    cancelled: int = 0  # steps cancelled in flight (pipelined speculation's wrong guesses)
+    cancelled: int = 0  # steps cancelled (pipelined speculation's wrong guesses), answered
+    # or not
 
 
 def reply_from_frame(header: HiddenStateFrame, payload: np.ndarray, top_k: int) -> ClusterReply:

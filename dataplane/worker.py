@@ -268,6 +268,7 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
             self._count("stale")
             return
         self._guard.release(sid)
+        self._cancels.drop_older(sid, header.epoch)
         if header.kind == Kind.RESET:
             self.runner.reset_stream(sid)
             self._streams[sid] = _StreamState(header.epoch)

@@ -47,7 +47,7 @@ TIMING_WINDOW = 32  # runs the depth is measured over
 GUESS_WINDOW = 32  # guesses whose outcome the depth rule weighs
 GUESS_MIN = 8  # guesses judged before their rate limits the depth
 HIT_FLOOR = 0.2  # below this rate of standing guesses, guess only to probe
-PROBE_EVERY = 16  # ... once every this many runs
+GUESS_PROBE_EVERY = 16  # ... once every this many runs
 WIDE = 16  # drafts a run may carry where hops dominate (adaptive width: today's adaptive K)
 HOPS_DOMINATE = 1.0  # ... i.e. where the hops take this many times the stages' compute
 LONG = 8  # drafts a run carries elsewhere while the drafter's recent drafts matched long
@@ -163,7 +163,7 @@ class PipelinedSession(DecodeSession):
         depth = self.fixed_depth or pipeline_depth(
             self.stats.step_ms[-TIMING_WINDOW:], self.stats.stage_ms[-TIMING_WINDOW:],
             self.hits)
-        if depth == 1 and self.fixed_depth is None and self._since_probe >= PROBE_EVERY:
+        if depth == 1 and self.fixed_depth is None and self._since_probe >= GUESS_PROBE_EVERY:
             depth = 2  # guesses rarely stand: try one now and then
         return depth if self.depth_cap is None else max(1, min(depth, self.depth_cap))
 
@@ -248,6 +248,7 @@ class PipelinedSession(DecodeSession):
         run = self.runs.popleft()
         self._ahead = None  # drafted on a history that just changed
         n, following = self._check(run.drafts, reply)
+        self._probe_answered(bool(run.drafts), n)
         spec = self.spec
         spec.steps += 1
         spec.proposed += len(run.drafts)
@@ -261,14 +262,14 @@ class PipelinedSession(DecodeSession):
         if self.runs:
             standing = not self.done and stands(run, n, following, self.runs[0])
             self.hits.append(int(standing))
-            spec.proposed += 1
+            spec.proposed += 1  # a guess is a one-token draft
             spec.accepted += int(standing)
+            spec.rejections += int(not standing)
             if standing:  # its first token is emitted now: no guess any more
                 self.runs[0].guessed = False
             else:
                 self._cancel = Cancel(len(self.runs), self._position)
-                self.cancelled += len(self.runs)
-                self.runs.clear()
+                self._forget_runs()
         else:
             self._rewind = len(run.drafts) - n
         return emitted
@@ -278,7 +279,14 @@ class PipelinedSession(DecodeSession):
         cancel, self._cancel = self._cancel, None
         return cancel
 
-    def restart(self) -> None:
+    def _forget_runs(self) -> None:
+        """The runs in flight will never be answered: they leave, and so do their widths
+        in ``k_used`` (one entry per answered run, as ``restart`` expects)."""
+        self.cancelled += len(self.runs)
+        del self.k_used[len(self.k_used) - len(self.runs):]
         self.runs.clear()
+
+    def restart(self) -> None:
+        self._forget_runs()
         self._cancel, self._ahead = None, None
         super().restart()

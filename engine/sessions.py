@@ -347,13 +347,7 @@ class DecodeSession:
             return self._with_logprobs(reply, self._emit([self._first_token(reply)], now), last=True)
         draft = self._draft
         n, following = self._check(draft, reply)
-        if self._probing and draft:
-            if n:  # drafts pay again, maybe: probe at the usual rate from here
-                self._probe_gap = PROBE_EVERY
-                self._next_probe = min(self._next_probe, self.spec.steps + PROBE_EVERY)
-            else:
-                self._probe_gap = min(2 * self._probe_gap, PROBE_MAX)
-        self._probing = False
+        self._probe_answered(bool(draft), n)
         self.drafter.accept(n)
         self._rewind = len(draft) - n
         self._position += n + 1
@@ -366,6 +360,16 @@ class DecodeSession:
         self.stats.step_ms.append((now - self._planned_at) * 1e3)
         self.stats.stage_ms.append(reply.stage_ms)
         return self._with_logprobs(reply, self._emit([*draft[:n], following], now))
+
+    def _probe_answered(self, drafted: bool, accepted: int) -> None:
+        """A probe's answer (see ``choose_k``) sets the gap to the next one."""
+        if self._probing and drafted:
+            if accepted:  # drafts pay again, maybe: probe at the usual rate from here
+                self._probe_gap = PROBE_EVERY
+                self._next_probe = min(self._next_probe, self.spec.steps + PROBE_EVERY)
+            else:
+                self._probe_gap = min(2 * self._probe_gap, PROBE_MAX)
+        self._probing = False
 
     def _with_logprobs(self, reply: StepReply, tokens: list[int], last: bool = False) -> list[int]:
         """Record the emitted tokens' logprobs (when asked) from the reply's logits: the

@@ -260,3 +260,11 @@ def test_a_restart_with_runs_in_flight_replays_and_stays_greedy() -> None:
     while scheduler.active:
         scheduler.poll()
     assert session.emitted == greedy_reference(80) and session.restarts == 1
+
+
+def test_cancelled_runs_leave_no_width_behind_and_count_as_rejections() -> None:
+    model, stats = OverlappingModel(), SpeculativeStats()
+    session = PipelinedSession(0, PROMPT, 120, depth=3, stats=stats)
+    assert list(run_session(model, session)) == greedy_reference(120)
+    assert session.cancelled > 0 and len(session.k_used) == stats.steps  # one per answer
+    assert stats.rejections >= len(model.cancels)  # a wrong guess is a rejected draft

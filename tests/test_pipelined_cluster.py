@@ -114,3 +114,25 @@ def test_a_pipelined_stream_beside_a_row_grouped_one(chain2):
     assert pipelined.error is None and plain.error is None
     assert pipelined.emitted == want and plain.emitted == want_other
     assert pipe.stats.cancelled > 0 and freed(pipe, workers)
+
+
+def test_no_guessing_once_the_head_runs_every_stage(dp_threaded2, dp_export2):
+    """After a heal onto the coordinator alone (its StageChain runs every stage) steps no
+    longer overlap: a guess would cost a whole model's step, so none is made; wide steps
+    (pipelined or speculative) are answered at every position they ask for."""
+    from dataplane.runtime import StageRunner
+    from dataplane.stage_chain import StageChain
+
+    pipe, worker = dp_threaded2
+    want = list(generate_greedy(pipe, PROMPT, 20, prefill_chunk=4))
+    assert pipe.overlaps_steps
+    pipe.rewire(worker.endpoint, stage0=StageChain(
+        [StageRunner(dp_export2, 0), StageRunner(dp_export2, 1)]))
+    assert pipe.answers_here and not pipe.overlaps_steps
+    got = list(generate_pipelined(pipe, PROMPT, 20, drafter=SpoilingGuesser(PROMPT + want),
+                                  depth=3, prefill_chunk=4))
+    assert got == want and pipe.stats.cancelled == 0
+    # a verify step run here to the last stage answers every position it asks for
+    from engine.scheduler import generate_speculative
+    assert list(generate_speculative(pipe, PROMPT, 20, drafter=SpoilingGuesser(PROMPT + want),
+                                     k=4, prefill_chunk=4)) == want
