@@ -372,9 +372,13 @@ class StreamScheduler(PrefixScheduling):
         prefill while ``_prefill_depth`` allows; the failures."""
         updates: list[SessionUpdate] = []
         busy = self._busy()
+        stepping = set(self._group_steps.values())
         for unit_id, sessions in self._units():
             if settled_only and not self._settled(unit_id, sessions):
                 continue
+            if unit_id in self._groups and (unit_id in stepping or [
+                    s.stream_id for s in sessions] != self._formed[unit_id]):
+                continue  # its stages hold other rows: it steps once re-formed (settle)
             if decode_only and self._prefilling(unit_id, sessions):
                 continue
             while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(

@@ -208,3 +208,33 @@ def test_row_grouped_sessions_restarted_at_any_point_equal_each_alone(export2) -
         wrong += [(cut, s.stream_id) for s, want in zip(sessions, expected, strict=True)
                   if s.emitted != want]
     assert not wrong
+
+
+def test_a_group_whose_rows_all_left_with_a_step_in_flight_is_re_formed_first(export2) -> None:
+    """Every row of a row group is cancelled while its step is in flight and a new prompt
+    joins the emptied group: the group is re-formed on the stages before it steps again
+    (a step for the new membership on the old group failed: "row group ... has 2 rows: a
+    ragged step needs one positive token count per row, got [1]")."""
+    chain = LocalChain.load(str(export2), replace(EXACT, paged_attention=True))
+    scheduler = StreamScheduler(chain, row_groups=2)
+    sessions = [DecodeSession(10 + i, p, 64, prefill_chunk=4) for i, p in enumerate(PROMPTS[:3])]
+    for session in sessions:
+        scheduler.add(session)
+    gid = None
+    for _ in range(200):
+        scheduler.poll()
+        busy = {g for g in scheduler._group_steps.values()
+                if len(scheduler._formed[g]) == len(scheduler._groups[g]) >= 2}
+        if busy and len(scheduler._group_of) == 3:
+            gid = busy.pop()
+            break
+    assert gid is not None, "no two-row group with a step in flight"
+    leaving = list(scheduler._groups[gid])
+    for session in leaving:
+        scheduler.cancel(session.stream_id)
+    newcomer = DecodeSession(20, PROMPTS[3], N, prefill_chunk=4)
+    scheduler.add(newcomer)
+    while scheduler.active:
+        scheduler.poll()
+    assert newcomer.error is None and not any(s.error for s in sessions)
+    assert newcomer.emitted == alone(LocalChain.load(str(export2), EXACT), PROMPTS[3], False)
