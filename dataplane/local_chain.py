@@ -77,16 +77,19 @@ class LocalChain(InlineExecutor):
                 if count:
                     runner.trim_tail(stream_id, int(count))
             return
-        masked = self.chain.mask_step_tail(stream_id, count)
-        if masked and self.runners[0].compaction_due(stream_id, self.compact_threshold):
-            self.compact(stream_id)
+        if self.chain.mask_step_tail(stream_id, count):
+            self._compact_if_due(stream_id)
 
     def cancel(self, stream_id: int, request_ids: Sequence[int], keep: int) -> None:
         """Forget the steps' answers and rewind the stream to its first ``keep`` logical
         tokens on every stage (they were computed when submitted: nothing to skip)."""
         self.drop_requests(request_ids)
-        if self.chain.truncate(stream_id, keep) and self.runners[0].compaction_due(
-                stream_id, self.compact_threshold):
+        if self.chain.truncate(stream_id, keep):
+            self._compact_if_due(stream_id)
+
+    def _compact_if_due(self, stream_id: int) -> None:
+        """After a rewind: past ``compact_threshold`` masked slots, compact the stream."""
+        if self.runners[0].compaction_due(stream_id, self.compact_threshold):
             self.compact(stream_id)
 
     def compact(self, stream_id: int) -> None:

@@ -21,6 +21,7 @@ from dataplane.frames import FrameError, HiddenStateFrame, decode_frame
 from dataplane.runtime import StageRunner
 from dataplane.transport import recv_parts
 from dataplane.worker_state import _StreamState
+from engine.drafting import accept_prefix
 
 BACKLOG_MAX = 64  # frames a worker takes off its pipe ahead of their turn (to see cancels)
 
@@ -102,10 +103,14 @@ class WorkerCancels:
                 return False  # nothing here to check it against: compute it
             drafts = fed[1:]
             state.refuted = not (answered.size > drafts.size
-                                 and np.array_equal(answered[:drafts.size], drafts)
+                                 and accept_prefix(drafts, answered) == drafts.size
                                  and int(answered[drafts.size]) == int(header.fed[0]))
             if not state.refuted:
                 return False
+        return self._skip(state)
+
+    def _skip(self, state: _StreamState) -> bool:
+        """Skip the step whose turn it is: its step number is used up, nothing is computed."""
         state.next_step += 1
         self._count("skipped")
         return True
@@ -130,6 +135,4 @@ class WorkerCancels:
         self._drain()
         if not self._cancels.skips(header.stream_id, header.epoch, header.step):
             return False
-        state.next_step += 1
-        self._count("skipped")
-        return True
+        return self._skip(state)

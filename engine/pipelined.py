@@ -89,14 +89,21 @@ def stands(answered: Run, accepted: int, following: int, successor: Run) -> bool
     return accepted == len(answered.drafts) and successor.fed[0] == following
 
 
-def hops_dominate(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]) -> bool:
-    """Whether the hops (the least gap between a run's round trip and its compute: queueing
-    excluded) take ``HOPS_DOMINATE`` times the stages' compute or more."""
+def round_trip(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]
+               ) -> tuple[float, float] | None:
+    """The runs' median compute over all stages and the hops: the least gap between a run's
+    round trip and its compute (queueing excluded); None before two runs are measured."""
     if len(step_ms) < 2 or not stage_ms:
-        return False
+        return None
     computes = [sum(ms) for ms in stage_ms]
     gap = min(max(0.0, s - c) for s, c in zip(step_ms, computes, strict=False))
-    return gap >= HOPS_DOMINATE * float(np.median(computes))
+    return float(np.median(computes)), gap
+
+
+def hops_dominate(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]) -> bool:
+    """Whether the hops take ``HOPS_DOMINATE`` times the stages' compute or more."""
+    measured = round_trip(step_ms, stage_ms)
+    return measured is not None and measured[1] >= HOPS_DOMINATE * measured[0]
 
 
 def pipeline_depth(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]],
@@ -105,13 +112,12 @@ def pipeline_depth(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]
     plus the hops, the least gap measured: queueing excluded) with runs of the busiest
     stage's compute, no more than the guesses usually stand in a row (a rate ``h`` of
     standing guesses stands h / (1 - h) in a row on average) and at most ``cap``."""
-    if len(step_ms) < 2 or not stage_ms:
+    measured = round_trip(step_ms, stage_ms)
+    busiest = float(np.median([max(ms, default=0.0) for ms in stage_ms])) if stage_ms else 0.0
+    if measured is None or busiest <= 0:
         depth = DEPTH_START
     else:
-        computes = [sum(ms) for ms in stage_ms]
-        busiest = float(np.median([max(ms, default=0.0) for ms in stage_ms]))
-        gap = min(max(0.0, s - c) for s, c in zip(step_ms, computes, strict=False))
-        depth = math.ceil((float(np.median(computes)) + gap) / busiest) if busiest > 0 else 2
+        depth = math.ceil((measured[0] + measured[1]) / busiest)
     if len(hits) >= GUESS_MIN:
         rate = sum(hits) / len(hits)
         if rate < HIT_FLOOR:
@@ -153,8 +159,7 @@ class PipelinedSession(DecodeSession):
         self.hits: deque[int] = deque(maxlen=GUESS_WINDOW)  # 1: a guess that stood
         self.cancelled = 0  # runs cancelled in flight
         self._cancel: Cancel | None = None
-        self._ahead: tuple[int, list[int]] | None = None  # the next run's size and tokens,
-        # drafted once
+        self._ahead: list[int] | None = None  # the next run's tokens, drafted once
         self._since_probe = 0
 
     # -- how far ahead ---------------------------------------------------------------
@@ -205,13 +210,19 @@ class PipelinedSession(DecodeSession):
         more than the token budget has room for beyond the runs in flight."""
         if self._ahead is None:
             room = self._tokens_left() - (self.runs[-1].end - self._position)
-            size = max(0, min(self.run_width() + 1, room))
-            start = time.perf_counter()
-            ahead = [int(t) for t in self.drafter.propose(self._assumed_history(), size)][:size]
-            if ahead:
-                self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(ahead))
-            self._ahead = (size, ahead)
-        return self._ahead[1]
+            self._ahead = self._propose(self._assumed_history(),
+                                        min(self.run_width() + 1, room))
+        return self._ahead
+
+    def _propose(self, history: list[int], size: int) -> list[int]:
+        """Up to ``size`` drafted tokens after ``history``, the drafter's time recorded."""
+        if size < 1:
+            return []
+        start = time.perf_counter()
+        tokens = [int(t) for t in self.drafter.propose(history, size)][:size]
+        if tokens:
+            self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(tokens))
+        return tokens
 
     # -- planning --------------------------------------------------------------------
     def plan(self) -> StepPlan:
@@ -226,8 +237,7 @@ class PipelinedSession(DecodeSession):
             fed, guessed, rewind = self._next_tokens(), True, 0
             start = self.runs[-1].end
         else:
-            room = max(0, min(self.run_width(), self._tokens_left() - 1))
-            drafts = [int(t) for t in self.drafter.propose(self.history, room)][:room] if room else []
+            drafts = self._propose(self.history, min(self.run_width(), self._tokens_left() - 1))
             fed, guessed, rewind = [self.emitted[-1], *drafts], False, self._rewind
             start = self._position
         self._ahead, self._rewind = None, 0

@@ -361,8 +361,12 @@ class StreamScheduler(PrefixScheduling):
         if any(s.done or s.stream_id not in self.sessions for s in sessions):
             return False
         if unit_id in self._groups:
-            return [s.stream_id for s in sessions] == self._formed[unit_id]
+            return self._formed_as(unit_id, sessions)
         return not self._would_group(sessions[0])
+
+    def _formed_as(self, group_id: int, sessions: list[DecodeSession]) -> bool:
+        """Whether the group's stages hold exactly these sessions' rows, in this order."""
+        return [s.stream_id for s in sessions] == self._formed[group_id]
 
     def _submit_ready(self, settled_only: bool = False, decode_only: bool = False
                       ) -> list[SessionUpdate]:
@@ -376,8 +380,8 @@ class StreamScheduler(PrefixScheduling):
         for unit_id, sessions in self._units():
             if settled_only and not self._settled(unit_id, sessions):
                 continue
-            if unit_id in self._groups and (unit_id in stepping or [
-                    s.stream_id for s in sessions] != self._formed[unit_id]):
+            if unit_id in self._groups and (unit_id in stepping
+                                            or not self._formed_as(unit_id, sessions)):
                 continue  # its stages hold other rows: it steps once re-formed (settle)
             if decode_only and self._prefilling(unit_id, sessions):
                 continue
