@@ -58,6 +58,7 @@ from dataplane.transport import (
     bound_endpoint,
     send_parts,
 )
+from engine.payloads import Want
 
 HIDDEN_DTYPE = DTYPES[1]  # float32: what stage 0 hands on
 log = logging.getLogger("zctl.dataplane.cluster")
@@ -80,6 +81,7 @@ class _Pending:
     step: int
     mode: ReplyMode
     top_k: int
+    vocab: int  # > 0: a top-k reply's dense log-probability rows are wanted (engine's step)
     start_ns: int
     deadline: float
 
@@ -103,6 +105,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         if not stage0.spec.first:
             raise ValueError(f"the coordinator runs stage 0, not stage {stage0.spec.index}")
         self.num_stages = len(stage0.manifest.stages)
+        self.vocab_size = stage0.manifest.model.vocab_size
         if self.num_stages < 2:
             raise ValueError("a one-stage export needs no cluster: use LocalChain")
         self._stage0 = stage0
@@ -340,7 +343,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
 
     # -- stepping --------------------------------------------------------------------
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+             logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
              top_k: int = 0, mask_tail: int = 0) -> ClusterReply:
         """Run one step through every stage and wait for the answer (submit, then collect)."""
         request_id = self.submit(stream_id, token_ids, positions, logits_idx, want_logits,
@@ -348,7 +351,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         return self.collect(request_id)
 
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-               logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+               logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
                top_k: int = 0, mask_tail: int | np.ndarray = 0,
                row_tokens: np.ndarray | None = None, guessed: bool | None = None) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
@@ -359,13 +362,15 @@ class ClusterHead(HeadReplies, HeadPrefixes):
                                 guessed=guessed)
 
     def _submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-                logits_idx: np.ndarray | None, want_logits: bool, *, top_k: int,
+                logits_idx: np.ndarray | None, want_logits: Want, *, top_k: int,
                 mask_tail: int | np.ndarray, row_tokens: np.ndarray | None,
                 guessed: bool | None = None) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
 
         ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
-        asks for the k best (token, logit) pairs, ``want_logits`` for the full logits.
+        asks for the k best (token, log-probability) pairs, ``want_logits`` for logits (a
+        payload of engine.payloads: full float32 or float16 logits, or top-k log-probability
+        rows, which the reply's ``logits`` then holds as dense rows).
         On a row group (``regroup``) ids and positions are [rows, T], one row per member,
         ``mask_tail`` holds one rewind per row, and the reply answers every row (rows x
         positions), in member order. With ``row_tokens`` (paged stages) the rows are
@@ -397,9 +402,10 @@ class ClusterHead(HeadReplies, HeadPrefixes):
             mask_tail, stream.rewind = int(mask_tail) + stream.rewind, 0
         self._guard.release(stream_id)
         rid = next(self._request_ids)
-        mode = reply_mode(want_logits, top_k)
+        mode, top_k = reply_mode(want_logits, top_k)
+        vocab = self.vocab_size if mode == ReplyMode.TOPK and want_logits else 0
         header = HiddenStateFrame(Kind.STEP, stream_id, rid, stream.epoch, stream.next_step, pos,
-                                  idx, mode, max(1, top_k), int(mask_tail), 0, b"", "",
+                                  idx, mode, top_k, int(mask_tail), 0, b"", "",
                                   rows=rows, row_rewinds=row_rewinds, row_tokens=counts)
         if guessed is not None and group is None and not counts.size:
             header.fed, header.guessed = ids[0], bool(guessed)
@@ -421,7 +427,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         t1 = time.perf_counter_ns()
         stream.next_step += 1
         if self.answers_here:
-            return self._answer_here(header, hidden, top_k, (t1 - t0) / 1e6)
+            return self._answer_here(header, hidden, top_k, vocab, (t1 - t0) / 1e6)
         try:
             parts = seal_or_encode(prepared, header, hidden, 0, start_ns, start_ns, 0, t1 - t0,
                                    prepare_ns, t1)
@@ -434,7 +440,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         figures = self.figures
         figures.sent_bytes += len(parts[0]) + hidden.nbytes
         figures.step_frames += 1
-        self._pending[rid] = _Pending(stream_id, stream.epoch, header.step, mode, top_k,
+        self._pending[rid] = _Pending(stream_id, stream.epoch, header.step, mode, top_k, vocab,
                                       start_ns, time.monotonic() + self.timeout_s)
         self.stats.submitted += 1
         return rid

@@ -110,13 +110,13 @@ class HeadReplies:
         self._done[request_id] = StageTimeout(message, pending.stream_id, request_id, stages)
 
     def _answer_here(self, header: HiddenStateFrame, logits: np.ndarray, top_k: int,
-                     compute_ms: float) -> int:
+                     vocab: int, compute_ms: float) -> int:
         """File the answer of a step whose last stage ran here (see ``answers_here``): the
         payload a last stage would send (``reply_payload``), read as its reply would be."""
         payload = reply_payload(logits, header.reply, top_k)
         if header.reply == ReplyMode.LOGITS:
             payload = payload.copy()  # a view of the output tensor the next step overwrites
-        reply = reply_from_frame(header, payload, top_k)
+        reply = reply_from_frame(header, payload, top_k, vocab)
         rid = header.request_id
         reply.stage_ms = [compute_ms]
         self.figures.add_stage_ms(reply.stage_ms)
@@ -179,7 +179,7 @@ class HeadReplies:
         elif header.kind == Kind.REPLY and payload is not None:
             del self._pending[header.request_id]
             self.stats.replies += 1
-            reply = reply_from_frame(header, payload, pending.top_k)
+            reply = reply_from_frame(header, payload, pending.top_k, pending.vocab)
             reply.stamps = TimingStamps(header.timings, recv_ns, ready_ns, decode_ns,
                                         pending.start_ns, time.time_ns())
             reply.stage_ms = compute_ms(header.timings)

@@ -14,6 +14,7 @@ from dataplane.frames import EMPTY_INDEX, TOP1, HiddenStateFrame, ReplyMode
 from dataplane.reply_records import top_k_records
 from dataplane.timing import StepTiming, TimingStamps
 from engine.executor import StepError, StepReply
+from engine.payloads import Want, as_payload, logprob_rows
 
 INT64 = np.dtype(np.int64)
 
@@ -44,7 +45,8 @@ class ClusterReply(StepReply):
     """A StepReply plus where it came from, top-k records and the timing breakdown."""
 
     stream_id: int = 0
-    top: np.ndarray | None = None  # (token, logit) records [positions, k], best first
+    top: np.ndarray | None = None  # top-1 (token, logit) or top-k (token, log-probability)
+    # records [positions, k], best first
     stamps: TimingStamps | None = None
 
     @cached_property
@@ -66,24 +68,37 @@ class ClusterStats:
     # or not
 
 
-def reply_from_frame(header: HiddenStateFrame, payload: np.ndarray, top_k: int) -> ClusterReply:
-    """The ClusterReply a REPLY frame carries (``top_k``: what its step asked for)."""
-    if header.reply == ReplyMode.LOGITS:
-        top = top_k_records(payload, top_k) if top_k > 1 else None
-        return ClusterReply(tokens=payload.argmax(axis=-1), logits=payload,
+def reply_from_frame(header: HiddenStateFrame, payload: np.ndarray, top_k: int,
+                     vocab: int = 0) -> ClusterReply:
+    """The ClusterReply a REPLY frame carries (``top_k``: what its step asked for). A top-k
+    reply to an engine's step (``vocab`` > 0) also gets the dense log-probability rows a
+    session reads (engine.payloads.logprob_rows)."""
+    if header.reply in (ReplyMode.LOGITS, ReplyMode.LOGITS16):
+        logits = payload if header.reply == ReplyMode.LOGITS else payload.astype(np.float32)
+        top = top_k_records(logits, top_k) if top_k > 1 else None
+        return ClusterReply(tokens=logits.argmax(axis=-1), logits=logits,
                             request_id=header.request_id, stream_id=header.stream_id, top=top)
     if payload.size == 1:  # top-1 for one position: the per-token path
         tokens = np.array(TOP1.unpack(payload)[:1], dtype=np.int64)
     else:
         tokens = payload["token"][:, 0].astype(np.int64)
-    return ClusterReply(tokens=tokens, request_id=header.request_id,
-                        stream_id=header.stream_id, top=payload)
+    reply = ClusterReply(tokens=tokens, request_id=header.request_id,
+                         stream_id=header.stream_id, top=payload)
+    if header.reply == ReplyMode.TOPK and vocab:
+        reply.logits = logprob_rows(payload["token"], payload["logit"], vocab)
+        reply.logprob_rows = True
+    return reply
 
 
-def reply_mode(want_logits: bool, top_k: int) -> ReplyMode:
-    if want_logits:
-        return ReplyMode.LOGITS
-    return ReplyMode.TOPK if top_k > 1 else ReplyMode.TOP1
+def reply_mode(want_logits: Want, top_k: int) -> tuple[ReplyMode, int]:
+    """The reply mode and top-k of a step asking ``want_logits`` (engine.payloads) or,
+    without logits, the ``top_k`` best tokens."""
+    payload = as_payload(want_logits)
+    if payload is None:
+        return (ReplyMode.TOPK, top_k) if top_k > 1 else (ReplyMode.TOP1, 1)
+    if payload.top:
+        return ReplyMode.TOPK, payload.top
+    return (ReplyMode.LOGITS16 if payload.fp16 else ReplyMode.LOGITS), max(1, top_k)
 
 
 def as_int64_vector(values: Any) -> np.ndarray:

@@ -20,8 +20,9 @@ import numpy as np
 MAGIC = b"ZCDP"
 # 2: a ``rows`` field (several streams batched in one step); 3: ``row_tokens`` (a row
 # group's rows step different token counts: ragged rows); 4: ``fed`` and ``guessed`` (a
-# pipelined step's token ids, which the last stage checks against the step before)
-PROTOCOL_VERSION = 4
+# pipelined step's token ids, which the last stage checks against the step before);
+# 5: top-k records carry log-probabilities, and float16 logits replies (LOGITS16)
+PROTOCOL_VERSION = 5
 MAX_ROWS = 1024  # rows (streams) in one batched step
 MAX_NDIM = 4
 MAX_TOKENS = 1 << 17  # positions in one step
@@ -75,11 +76,13 @@ class Kind(IntEnum):
 
 class ReplyMode(IntEnum):
     TOP1 = 0  # one (token, logit) record per requested position (8 bytes)
-    TOPK = 1  # top_k records per position, best first
+    TOPK = 1  # top_k (token, log-probability) records per position, best first
     LOGITS = 2  # full float32 logits [positions, vocab]
+    LOGITS16 = 3  # full logits as float16 [positions, vocab]: half the bytes
 
 
-# One (token, logit) pair of a top-1 / top-k reply.
+# One record of a top-1 reply (token, logit) or of a top-k reply (token, log-probability:
+# the logit less the log-sum-exp of its row, so that logprobs need no other figure).
 TOPK_DTYPE = np.dtype([("token", "<i4"), ("logit", "<f4")])
 TOP1 = struct.Struct("<if")
 
@@ -487,13 +490,15 @@ def check_semantics(header: HiddenStateFrame) -> None:
 
 def check_reply_shape(header: HiddenStateFrame) -> None:
     rows = header.answer_rows
-    if header.reply == ReplyMode.LOGITS:
-        ok = header.dtype is DTYPES[1] and len(header.shape) == 2 and header.shape[0] == rows
-        want = f"float32 [{rows}, vocab]"
+    if header.reply in (ReplyMode.LOGITS, ReplyMode.LOGITS16):
+        dtype = DTYPES[1 if header.reply == ReplyMode.LOGITS else 2]
+        ok = header.dtype is dtype and len(header.shape) == 2 and header.shape[0] == rows
+        want = f"{dtype.name} [{rows}, vocab]"
     else:
         k = 1 if header.reply == ReplyMode.TOP1 else header.top_k
         ok = header.dtype is TOPK_DTYPE and header.shape == (rows, k)
-        want = f"(token, logit) records [{rows}, {k}]"
+        value = "logit" if header.reply == ReplyMode.TOP1 else "log-probability"
+        want = f"(token, {value}) records [{rows}, {k}]"
     if not ok:
         raise FrameError(f"a {header.reply.name} reply must be {want}, got {header.dtype} "
                          f"{list(header.shape)}", header)

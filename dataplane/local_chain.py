@@ -19,6 +19,7 @@ from dataplane.slots import held_slots
 from dataplane.stage_base import StageError, check_ragged_step
 from dataplane.stage_chain import StageChain
 from engine.executor import InlineExecutor, PrefixCacheUnsupported, StepReply, reply_from_logits
+from engine.payloads import Want
 
 REWIND_MODES = ("mask", "trim")
 
@@ -127,7 +128,7 @@ class LocalChain(InlineExecutor):
         self.chain.regroup(group_id, members)
 
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+             logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
              mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
              ) -> StepReply:
         """One step through every stage; ``mask_tail`` rewinds that many tokens first.

@@ -1,11 +1,13 @@
 """The last stage's answer records (pure): the best (token, logit) of each answered position,
-or the k best, packed as a top-1 / top-k reply's payload (dataplane.frames.TOPK_DTYPE)."""
+or the k best (token, log-probability), packed as a top-1 / top-k reply's payload
+(dataplane.frames.TOPK_DTYPE)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from dataplane.frames import TOP1, TOPK_DTYPE
+from engine.payloads import top_logprobs
 
 
 def top1_record(logits: np.ndarray) -> bytes:
@@ -15,20 +17,22 @@ def top1_record(logits: np.ndarray) -> bytes:
     return TOP1.pack(token, logits.item(token))
 
 
-def top_k_records(logits: np.ndarray, k: int) -> np.ndarray:
-    """Top-k (token, logit) records [rows, k], best first, of logits [..., vocab]."""
-    if k == 1 and logits.size == logits.shape[-1]:  # one row: the per-token hot path
+def top1_records(logits: np.ndarray) -> np.ndarray:
+    """The best (token, logit) record [rows, 1] of each row of logits [..., vocab]."""
+    if logits.size == logits.shape[-1]:  # one row: the per-token hot path
         return np.ndarray((1, 1), TOPK_DTYPE, top1_record(logits))
     rows = logits.reshape(-1, logits.shape[-1])
-    out = np.empty((rows.shape[0], k), dtype=TOPK_DTYPE)
-    if k == 1:
-        ids = rows.argmax(axis=-1)
-        out["token"][:, 0] = ids
-        out["logit"][:, 0] = rows[np.arange(rows.shape[0]), ids]
-        return out
-    part = np.sort(np.argpartition(rows, -k, axis=-1)[:, -k:], axis=-1)
-    values = np.take_along_axis(rows, part, axis=-1)
-    order = np.argsort(-values, axis=-1, kind="stable")  # ties: lowest id first, as argmax
-    out["token"] = np.take_along_axis(part, order, axis=-1)
-    out["logit"] = np.take_along_axis(values, order, axis=-1)
+    out = np.empty((rows.shape[0], 1), dtype=TOPK_DTYPE)
+    ids = rows.argmax(axis=-1)
+    out["token"][:, 0] = ids
+    out["logit"][:, 0] = rows[np.arange(rows.shape[0]), ids]
+    return out
+
+
+def top_k_records(logits: np.ndarray, k: int) -> np.ndarray:
+    """Top-k (token, log-probability) records [rows, k], best first, of logits [..., vocab]
+    (engine.payloads.top_logprobs)."""
+    tokens, logprobs = top_logprobs(logits, k)
+    out = np.empty(tokens.shape, dtype=TOPK_DTYPE)
+    out["token"], out["logit"] = tokens, logprobs
     return out

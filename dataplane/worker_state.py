@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dataplane.frames import ReplyMode
-from dataplane.reply_records import top_k_records
+from dataplane.reply_records import top1_records, top_k_records
+from engine.payloads import as_float16
 
 log = logging.getLogger("zctl.dataplane.worker")
 
@@ -73,7 +74,11 @@ def reply_payload(logits: np.ndarray, mode: ReplyMode, top_k: int) -> np.ndarray
     """The last stage's answer for logits [1, P, V]: records [P, k] or logits [P, V]."""
     if mode == ReplyMode.LOGITS:
         return logits.reshape(-1, logits.shape[-1])
-    return top_k_records(logits, 1 if mode == ReplyMode.TOP1 else max(1, top_k))
+    if mode == ReplyMode.LOGITS16:
+        return as_float16(logits.reshape(-1, logits.shape[-1]))
+    if mode == ReplyMode.TOP1:
+        return top1_records(logits)
+    return top_k_records(logits, max(1, top_k))
 
 
 class _Throttle:

@@ -19,6 +19,8 @@ from typing import Protocol
 
 import numpy as np
 
+from engine.payloads import Want, as_payload, reply_rows
+
 
 @dataclass
 class StepReply:
@@ -31,12 +33,19 @@ class StepReply:
     logits: np.ndarray | None = None
     stage_ms: list[float] = field(default_factory=list)
     request_id: int = 0
+    logprob_rows: bool = False  # logits holds a top-k payload's log-probabilities (payloads)
 
 
-def reply_from_logits(logits: np.ndarray, want_logits: bool = False) -> StepReply:
-    """Top-1 per row of [1, K, V] (or [K, V]) logits; keep the logits only when asked."""
+def reply_from_logits(logits: np.ndarray, want_logits: Want = False) -> StepReply:
+    """Top-1 per row of [1, K, V] (or [K, V]) logits, and the logits rows the step asked
+    for (``want_logits``, see engine.payloads), as a cluster's reply would carry them."""
     rows = logits.reshape(-1, logits.shape[-1])
-    return StepReply(tokens=rows.argmax(axis=-1), logits=rows.copy() if want_logits else None)
+    payload = as_payload(want_logits)
+    if payload is None:
+        return StepReply(tokens=rows.argmax(axis=-1))
+    shaped = reply_rows(rows, payload)
+    tokens = rows.argmax(axis=-1) if payload.top else shaped.argmax(axis=-1)
+    return StepReply(tokens=tokens, logits=shaped, logprob_rows=bool(payload.top))
 
 
 class StepError(RuntimeError):
@@ -95,7 +104,7 @@ class Executor(Protocol):
     def reset(self, stream_id: int) -> None: ...
     def close_stream(self, stream_id: int) -> None: ...
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-               logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+               logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
                mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
                guessed: bool | None = None) -> int: ...
     def collect_any(self, timeout_s: float | None = None) -> StepReply | None: ...
@@ -135,13 +144,13 @@ class InlineExecutor:
         self._answered: deque[tuple[int, StepReply]] = deque()  # (stream id, reply)
 
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+             logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
              mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
              ) -> StepReply:
         raise NotImplementedError
 
     def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-               logits_idx: np.ndarray | None = None, want_logits: bool = False, *,
+               logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
                mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
                guessed: bool | None = None) -> int:
         """Run the step now; its reply waits for ``collect_any``. Raises what ``step`` raises.

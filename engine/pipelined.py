@@ -142,7 +142,7 @@ class PipelinedSession(DecodeSession):
                  stop_ids: Sequence[int] = (), *, drafter: Drafter | None = None,
                  width: int | None = None, depth: int | None = None, prefill_chunk: int | None = None,
                  stats: GenerationStats | None = None, sampling: SamplingParams | None = None,
-                 top_logprobs: int | None = None) -> None:
+                 top_logprobs: int | None = None, logits_payload: str = "auto") -> None:
         drafter = drafter if drafter is not None else LookupDrafter()
         if not getattr(drafter, "replayable", False):
             raise ValueError("pipelined speculation drafts ahead of the answers: it needs a "
@@ -152,7 +152,8 @@ class PipelinedSession(DecodeSession):
         super().__init__(stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter,
                          k=WIDE if width is None else width, auto_k=width is None,
                          prefill_chunk=prefill_chunk,
-                         stats=stats, sampling=sampling, top_logprobs=top_logprobs)
+                         stats=stats, sampling=sampling, top_logprobs=top_logprobs,
+                         logits_payload=logits_payload)
         self.width, self.fixed_depth = width, depth
         self.depth_cap: int | None = None
         self.runs: deque[Run] = deque()

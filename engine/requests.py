@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.payloads import PAYLOAD_POLICIES
+
 MAX_PROMPT_CHARS = 1 << 20
 MAX_NEW_TOKENS = 1 << 16
 MAX_DRAFT_TOKENS = 32
@@ -71,6 +73,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)  # stop strings: end before the first one
     logprobs: bool = False  # chunks carry each token's TokenLogprob
     top_logprobs: int = 0  # ... with this many alternatives
+    logits_payload: str = "auto"  # what the last stage sends when logits are needed: "auto"
+    # (the smallest exact: top-k where it answers exactly), "fp16" or "fp32" (engine.payloads)
     chunk_interval_ms: int = 100  # how often tokens are sent (0: each as it comes)
 
     def problem(self) -> str | None:
@@ -100,6 +104,8 @@ class GenerationRequest:
             (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
              f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}"),
             (self.logprobs or self.top_logprobs == 0, "top_logprobs needs logprobs"),
+            (self.logits_payload in PAYLOAD_POLICIES,
+             f"logits_payload must be one of {', '.join(PAYLOAD_POLICIES)}"),
             (0 <= self.chunk_interval_ms <= 60_000, "chunk_interval_ms must be in 0..60000"),
             (0 <= self.max_tokens <= MAX_NEW_TOKENS,
              f"max_tokens must be in 0..{MAX_NEW_TOKENS} (0: as many as the context holds)"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.payloads import merge_wants
 from engine.sessions import StepPlan
 
 
@@ -61,7 +62,7 @@ def padded_rows(plans: Sequence[StepPlan], pads_before: Sequence[int]) -> RowsPl
     answers = [(row * per_row, row * per_row + (n if per_row > 1 else 1))
                for row, n in enumerate(lens)]
     step = StepPlan(ids, positions, np.arange(tokens) if tokens > 1 else None, rewinds,
-                    any(p.want_logits for p in plans))
+                    merge_wants(p.want_logits for p in plans))
     return RowsPlan(step, None, answers, [tokens - n for n in lens])
 
 
@@ -81,5 +82,5 @@ def ragged_rows(plans: Sequence[StepPlan]) -> RowsPlan:
                     np.concatenate([np.asarray(p.positions, dtype=np.int64) for p in plans]),
                     None if every_last else np.concatenate(wanted),
                     np.array([int(p.rewind) for p in plans], dtype=np.int64),
-                    any(p.want_logits for p in plans))
+                    merge_wants(p.want_logits for p in plans))
     return RowsPlan(step, np.array(lens, dtype=np.int64), answers, [0] * len(plans))

@@ -112,15 +112,18 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def token_logprobs(logits: np.ndarray, tokens: Sequence[int], top: int = 0) -> list[TokenLogprob]:
+def token_logprobs(logits: np.ndarray, tokens: Sequence[int], top: int = 0, *,
+                   normalised: bool = False) -> list[TokenLogprob]:
     """Each token's log-probability under the model's raw distribution at its row of
-    ``logits`` [len(tokens), V], and the ``top`` most likely tokens there (best first)."""
+    ``logits`` [len(tokens), V], and the ``top`` most likely tokens there (best first).
+    ``normalised``: the rows hold log-probabilities already (a top-k reply's, -inf off
+    its tokens), which a softmax over the row would wrongly renormalise."""
     rows = np.asarray(logits).reshape(-1, np.asarray(logits).shape[-1])
     if rows.shape[0] < len(tokens):
         raise ValueError(f"{len(tokens)} tokens need {len(tokens)} rows of logits, got {rows.shape[0]}")
     out = []
     for row, token in zip(rows, tokens, strict=False):
-        lp = log_softmax(row)
+        lp = np.asarray(row, dtype=np.float64) if normalised else log_softmax(row)
         best: list[int] = []
         if top > 0:
             best = np.argpartition(-lp, min(top, lp.size - 1))[:top].tolist()

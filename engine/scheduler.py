@@ -283,7 +283,8 @@ class StreamScheduler(PrefixScheduling):
             else:
                 lo, hi = answers[row]
                 logits = reply.logits[lo:hi] if reply.logits is not None else None
-                row_reply = StepReply(reply.tokens[lo:hi], logits, reply.stage_ms)
+                row_reply = StepReply(reply.tokens[lo:hi], logits, reply.stage_ms,
+                                      logprob_rows=reply.logprob_rows)
             prefilling = session.prefilling
             updates.append(SessionUpdate(session, session.advance(row_reply)))
             if isinstance(session, PipelinedSession):

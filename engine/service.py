@@ -335,12 +335,12 @@ class GenerationEngine:
         stops = () if req.ignore_eos else self.stop_ids
         sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
         top = req.top_logprobs if req.logprobs else None
+        reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
         if not req.speculative:
-            return DecodeSession(stream_id, ids, req.max_tokens, stops, sampling=sampling,
-                                 top_logprobs=top)
+            return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads)
         if req.speculative == "pipelined":
             return PipelinedSession(stream_id, ids, req.max_tokens, stops, width=req.k or None,
-                                    sampling=sampling, top_logprobs=top)
+                                    **reads)
         if req.speculative == "lookup":
             drafter: Drafter = LookupDrafter()
         elif self.load_drafter is None:
@@ -348,8 +348,7 @@ class GenerationEngine:
         else:
             drafter = self.load_drafter(req.speculative.removeprefix("draft:"), stream_id)
         return DecodeSession(stream_id, ids, req.max_tokens, stops, drafter=drafter,
-                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0, sampling=sampling,
-                             top_logprobs=top)
+                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0, **reads)
 
     def _refuse(self, client: Hashable, req: GenerationRequest, error: str, kind: str) -> None:
         self.counters["failed"] += 1

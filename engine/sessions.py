@@ -38,6 +38,7 @@ from engine.drafting import (
 )
 from engine.executor import StepReply
 from engine.hindsight import DraftHindsight, best_fixed_k
+from engine.payloads import PAYLOAD_POLICIES, Want, payload_for
 from engine.prefill import MAX_CHUNK
 from engine.requests import TokenLogprob
 from engine.sampling import SamplingParams, draw, speculative_sample, target_probs, token_logprobs
@@ -71,7 +72,7 @@ class StepPlan:
     positions: np.ndarray
     logits_idx: np.ndarray | None  # None: only the last position
     rewind: int | np.ndarray  # rejected slots of the previous step (per row for a group)
-    want_logits: bool = False  # sampling needs the logits, greedy only the top-1
+    want_logits: Want = False  # sampling and logprobs need logits (engine.payloads)
     guessed: bool | None = None  # a pipelined greedy run: its tokens are (not) a guess
 
 
@@ -93,7 +94,7 @@ class DecodeSession:
                  prefill_chunk: int | None = None,
                  stats: GenerationStats | None = None,
                  sampling: SamplingParams | None = None,
-                 top_logprobs: int | None = None) -> None:
+                 top_logprobs: int | None = None, logits_payload: str = "auto") -> None:
         if len(prompt_ids) == 0:
             raise ValueError("the prompt has no tokens")
         if k < 0:
@@ -109,6 +110,10 @@ class DecodeSession:
         self.sampling = sampling if sampling is not None and not sampling.greedy else None
         self._rng = self.sampling.rng() if self.sampling is not None else None
         self.top_logprobs = top_logprobs  # None: no logprobs; else the alternatives per token
+        if logits_payload not in PAYLOAD_POLICIES:
+            raise ValueError(f"logits_payload must be one of {', '.join(PAYLOAD_POLICIES)}, "
+                             f"got {logits_payload!r}")
+        self.logits_payload = logits_payload
         self.logprobs: list[TokenLogprob] = []  # one per emitted token, when asked
         self.stats = stats if stats is not None else SpeculativeStats()
         self.spec = self.stats if isinstance(self.stats, SpeculativeStats) else SpeculativeStats()
@@ -194,9 +199,11 @@ class DecodeSession:
         self.cached_tokens = self._planned_to = self._answered_to = length
 
     @property
-    def wants_logits(self) -> bool:
-        """Sampling draws from the logits; logprobs are read from them."""
-        return self.sampling is not None or self.top_logprobs is not None
+    def wants_logits(self) -> Want:
+        """Sampling draws from the logits, logprobs are read from them: the smallest reply
+        that answers them exactly, or the one ``logits_payload`` asks for."""
+        return payload_for(self.logits_payload, top_logprobs=self.top_logprobs,
+                           sampling_top_k=None if self.sampling is None else self.sampling.top_k)
 
     @property
     def last_k(self) -> int:
@@ -378,7 +385,8 @@ class DecodeSession:
             if reply.logits is None:
                 raise RuntimeError("the pipeline returned no logits for a logprobs request")
             rows = reply.logits.reshape(-1, reply.logits.shape[-1])
-            self.logprobs += token_logprobs(rows[-1:] if last else rows, tokens, self.top_logprobs)
+            self.logprobs += token_logprobs(rows[-1:] if last else rows, tokens, self.top_logprobs,
+                                            normalised=reply.logprob_rows)
         return tokens
 
     def _first_token(self, reply: StepReply) -> int:

@@ -61,6 +61,8 @@ class ZctlOptions(BaseModel):
     # server's default
     k: int | None = Field(None, ge=0, le=32)  # draft tokens per step (0: adaptive)
     ignore_eos: bool = False
+    # what the last stage sends back when logits are needed (engine.payloads)
+    logits_payload: Literal["auto", "fp16", "fp32"] = "auto"
 
 
 class StreamOptions(BaseModel):
@@ -156,7 +158,7 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
     common: dict[str, Any] = dict(
         request_id=request_id, ignore_eos=req.zctl.ignore_eos, speculative=mode, k=k,
         temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p, seed=req.seed,
-        stop=req.stop_list(), chunk_interval_ms=0)
+        stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload)
     if isinstance(req, ChatCompletionRequest):
         limit = req.max_completion_tokens or req.max_tokens
         return GenerationRequest(

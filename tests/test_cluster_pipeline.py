@@ -14,6 +14,7 @@ from dataplane.cluster import ClusterHead, DataPlaneError, StageFailed, StageTim
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import StageRunner, load_runner
 from dataplane.transport import pull_socket
+from engine.payloads import FULL_FP16, LogitsPayload
 from engine.scheduler import generate_greedy, generate_speculative
 from engine.stats import GenerationStats, SpeculativeStats
 
@@ -329,3 +330,25 @@ def test_speculative_decoding_compacts_every_stage(dp_threaded3):
     assert middle.stats().compactions == last.stats().compactions == pipe.compactions
     assert middle.stats().compact_failures == last.stats().compact_failures == 0
     assert pipe.stats.errors == pipe.stats.stale_replies == 0
+
+
+@pytest.mark.parametrize("want", [LogitsPayload(top=5), FULL_FP16, True],
+                         ids=["top5", "fp16", "fp32"])
+def test_each_logits_payload_reads_as_the_local_chain_answers_it(want, dp_threaded2, local2):
+    pipe, _ = dp_threaded2
+    for chain in (pipe, local2):
+        chain.open(0)
+        chain.reset(0)
+    ids, pos, idx = np.array([0, 8, 9, 10, 11]), np.arange(5), np.array([1, 2, 4])
+    received = pipe.figures.received_bytes
+    got = pipe.step(0, ids, pos, idx, want_logits=want)
+    local = local2.step(0, ids, pos, idx, want_logits=want)
+    payload_bytes = {True: 4, FULL_FP16: 2}.get(want, 0) * 3 * local.logits.shape[-1]
+    reply_bytes = pipe.figures.received_bytes - received
+    assert payload_bytes <= reply_bytes < payload_bytes + 1024  # what was asked: no more
+    assert got.logits is not None and local.logits is not None
+    assert got.logits.dtype == np.float32 and got.logits.shape == local.logits.shape
+    assert np.allclose(got.logits, local.logits, atol=1e-6, equal_nan=False)
+    assert np.array_equal(np.isneginf(got.logits), np.isneginf(local.logits))
+    assert got.tokens.tolist() == local.tokens.tolist()
+    assert got.logprob_rows == local.logprob_rows == (want is not True and bool(want.top))

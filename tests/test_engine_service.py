@@ -109,6 +109,7 @@ def test_cancel_a_waiting_request(setup) -> None:
     (GenerationRequest("x", "", 4), "bad request: give a prompt or messages"),
     (GenerationRequest("x", "hi", 4, stop=["a", "b", "c", "d", "e"]), "stop takes up to 4"),
     (GenerationRequest("x", "hi", 4, logprobs=True, top_logprobs=21), "top_logprobs must be"),
+    (GenerationRequest("x", "hi", 4, logits_payload="fp8"), "logits_payload must be one of"),
     (GenerationRequest("x", "", 4, messages=[ChatMessage("robot", "hi")]), "role is one of"),
     (GenerationRequest("x", "hi", 60), "exceed the model's context of 64 tokens"),
     (GenerationRequest("x", "hi", 4, temperature=-1), "bad request: temperature"),
@@ -179,11 +180,13 @@ def test_a_stop_string_ends_the_generation_and_is_never_sent(setup) -> None:
     assert kv_slots(chain) == [0, 0]
 
 
-def test_logprobs_are_the_models_log_softmax_at_each_token(setup) -> None:
+@pytest.mark.parametrize(("payload", "within"), [("auto", 1e-4), ("fp32", 1e-4), ("fp16", 2e-2)])
+def test_logprobs_are_the_models_log_softmax_at_each_token(setup, payload, within) -> None:
     _, chain, tokenizer = setup
     engine = engine_for(setup)
     engine.submit("a", GenerationRequest("lp", "one two three", 5, ignore_eos=True,
-                                         logprobs=True, top_logprobs=3, chunk_interval_ms=0))
+                                         logprobs=True, top_logprobs=3, chunk_interval_ms=0,
+                                         logits_payload=payload))
     seen = drive(engine, lambda s: not engine.busy)
     chunks = [e for c, e in seen if isinstance(e, GenerationChunk)]
     tokens = [t for e in chunks for t in e.tokens]
@@ -200,9 +203,20 @@ def test_logprobs_are_the_models_log_softmax_at_each_token(setup) -> None:
     want = log_softmax(np.concatenate([r.reshape(1, -1) for r in rows]))
     for lp, row in zip(logprobs, want, strict=True):
         assert lp.top_tokens[0] == lp.token  # greedy: the chosen token is the most likely
-        assert abs(lp.logprob - row[lp.token]) < 1e-4
+        assert abs(lp.logprob - row[lp.token]) < within
         assert lp.top_logprobs == sorted(lp.top_logprobs, reverse=True) and len(lp.top_tokens) == 3
-        assert abs(lp.top_logprobs[1] - np.sort(row)[-2]) < 1e-4
+        assert abs(lp.top_logprobs[1] - np.sort(row)[-2]) < within
+
+
+def test_top_k_sampling_draws_the_same_tokens_from_a_top_k_reply_as_from_logits(setup) -> None:
+    outputs = []
+    for payload in ("auto", "fp32"):  # auto: the last stage sends the 8 best tokens only
+        engine = engine_for(setup)
+        engine.submit("a", GenerationRequest("s", "one two three", 12, ignore_eos=True,
+                                             temperature=1.3, top_k=8, top_p=0.95, seed=11,
+                                             logits_payload=payload, chunk_interval_ms=0))
+        outputs.append(done_of(drive(engine, lambda s, e=engine: not e.busy), "a").tokens)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 12
 
 
 def test_messages_go_through_the_chat_template(setup) -> None:

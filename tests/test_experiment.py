@@ -19,6 +19,7 @@ from tools.experiment.analysis import (
     best_fixed_k,
     best_over_plain,
     comparisons,
+    payload_over_full,
     top1_over_full,
     write_csv,
 )
@@ -101,7 +102,7 @@ def test_link_labels_and_configuration_names():
     ("[workload]\ndecoding = 'beam'", "decoding must be one of plain, lookup"),
     ("[workload]\nk = 3", "k is set but no decoding is 'lookup'"),
     ("[workload]\ndecoding = 'lookup'\nk = 40", r"k must be an integer in 0\.\.32"),
-    ("[workload]\npayload = 'fp16'", "payload must be one of top1, logits"),
+    ("[workload]\npayload = 'fp8'", "payload must be one of top1, topk, fp16, logits"),
     ("[workload]\nprompts = []", "prompts must be a non-empty list"),
     ("[workload]\ntokens = 1", r"tokens must be an integer in 2\.\.4096"),
     ("[[hop]]\nindex = 2\ndelay_ms = 5", r"index must be an integer in 0\.\.1"),
@@ -139,17 +140,21 @@ def test_the_shipped_scenarios_read_and_cover_the_paper():
     bandwidth = names["bandwidth"]
     assert {t.link.rate_mbit for t in bandwidth.topologies} == {1, 10, 100, 1000}
     assert {t.link.relay for t in bandwidth.topologies} == {False, True}
-    assert {w.payload for w in names["relay"].workloads} == {"top1", "logits"}
+    assert {w.payload for w in names["relay"].workloads} == {"top1", "topk", "fp16", "logits"}
 
 
 # -- what a workload asks the service for ---------------------------------------------------
 
 
-def test_request_fields_ask_for_speculation_and_full_logits():
+def test_request_fields_ask_for_speculation_and_each_payload():
     assert request_fields(Workload("plain", None, 1, "top1")) == {}
     assert request_fields(Workload("lookup", 0, 1, "top1")) == {"speculative": "lookup", "k": 0}
     assert request_fields(Workload("lookup", 5, 2, "logits")) == {
-        "speculative": "lookup", "k": 5, "logprobs": True}
+        "speculative": "lookup", "k": 5, "logprobs": True, "top_logprobs": 5,
+        "logits_payload": "fp32"}
+    for payload, policy in (("topk", "auto"), ("fp16", "fp16")):
+        assert request_fields(Workload("plain", None, 1, payload)) == {
+            "logprobs": True, "top_logprobs": 5, "logits_payload": policy}
     assert stream_prompts(["a", "b"], 3, 1) == ["b", "a", "b"]
     shape = link_shape_of(Link(20.0, 1.0, 20.0, relay=True, relay_delay_ms=2.0))
     assert (shape.relays, shape.rate_mbit, shape.relay_delay_ms) == (1, 20.0, 2.0)
@@ -288,6 +293,8 @@ def test_top1_over_full_per_link_pairs_the_same_configuration():
             row(20, "plain", 5.0, payload="logits", link="20mbit"),
             row(20, "lookup-auto", 30.0, link="20mbit")]  # no logits twin: not paired
     assert top1_over_full(rows) == {"relay-20mbit": 8.0, "20mbit": 5.0}
+    rows.append(row(20, "plain", 11.0, payload="topk", link="relay-20mbit"))
+    assert payload_over_full(rows, "topk") == {"relay-20mbit": 4.0}
 
 
 def test_failed_cells_are_left_out_of_the_ratios():
@@ -338,8 +345,8 @@ def test_zctl_experiment_and_zctl_bench_experiment_check_a_scenario(tmp_path):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout) == {
-            "scenario": "relay", "clusters": 4, "workloads": 4, "cells": 16,
-            "measurements": 16, "tokens": 48, "stages": [2]}
+            "scenario": "relay", "clusters": 4, "workloads": 8, "cells": 32,
+            "measurements": 32, "tokens": 48, "stages": [2]}
     refused = CliRunner().invoke(app, ["experiment", "walk", path])
     assert refused.exit_code == 2 and "run or check" in refused.output
 
@@ -357,7 +364,7 @@ def test_the_command_refuses_a_bad_file_in_one_line_and_checks_a_good_one(tmp_pa
 @pytest.mark.slow
 def test_a_small_scenario_runs_end_to_end_on_the_tiny_model(dp_export2, tmp_path):
     """Two latencies, a relayed last hop (so stage 1 is pinned to its node), plain and lookup
-    decoding, 1 and 2 streams, top-1 and full-logits payloads: every cell measured, the CSV
+    decoding, 1 and 2 streams, each payload: every cell measured, the CSV
     and JSON written with the scenario's parameters, and the figures drawn."""
     scenario = scenario_of(f"""
 name = "tiny"
@@ -373,7 +380,7 @@ relay = true
 decoding = ["plain", "lookup"]
 k = [0, 2]
 streams = [1, 2]
-payload = ["top1", "logits"]
+payload = ["top1", "topk", "fp16", "logits"]
 tokens = 6
 prompts = ["one two three one two three one two", "a b c a b c a b"]
 """, tmp_path)
@@ -384,13 +391,14 @@ prompts = ["one two three one two three one two", "a b c a b c a b"]
     result = json.loads(proc.stdout)
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == list(COLUMNS) and len(rows) == 2 * (2 + 4) * 2
+    assert list(rows[0]) == list(COLUMNS) and len(rows) == 2 * (2 + 4) * 4
     assert all(r["error"] == "" and float(r["tok_s"]) > 0 for r in rows), rows
     assert {r["hops"] for r in rows} == {"0ms/unlimited|0ms/relay-200mbit",
                                          "5ms/unlimited|5ms/relay-200mbit"}
     assert {r["config"] for r in rows} == {"plain", "lookup-auto", "lookup-k2"}
     assert set(result["best_over_plain"]) == {"0", "5"}
-    assert set(result["top1_over_full"]) == {"unlimited@0ms", "unlimited@5ms"}
+    for ratio in ("top1_over_full", "topk_over_full", "fp16_over_full"):
+        assert set(result[ratio]) == {"unlimited@0ms", "unlimited@5ms"}
     assert set(result["auto_k_over_best_fixed"]) == {"0", "5"}
     assert {Path(p).name for p in result["plots"]} >= {"throughput_vs_latency.png",
                                                        "streams_vs_latency.png"}

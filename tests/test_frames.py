@@ -26,7 +26,7 @@ from dataplane.frames import (
     stamp,
     timing_records,
 )
-from dataplane.reply_records import top1_record, top_k_records
+from dataplane.reply_records import top1_record, top1_records, top_k_records
 from dataplane.timing import TimingWindow, derive_step_timing, flatten, percentiles
 
 # Index of each field in FIXED's unpacked tuple.
@@ -75,9 +75,9 @@ def test_token_ids_and_replies_round_trip():
     _, payload = decode_frame(encode_frame(step_header(), ids))
     assert payload.dtype == np.int64 and payload.tolist() == [[5, 6, 7]]
     logits = np.random.default_rng(0).standard_normal((2, 50)).astype(np.float32)
-    for mode, body in ((ReplyMode.TOP1, top_k_records(logits, 1)),
+    for mode, body in ((ReplyMode.TOP1, top1_records(logits)),
                        (ReplyMode.TOPK, top_k_records(logits, 4)),
-                       (ReplyMode.LOGITS, logits)):
+                       (ReplyMode.LOGITS, logits), (ReplyMode.LOGITS16, logits.astype(np.float16))):
         got, payload = decode_frame(encode_frame(step_header(kind=Kind.REPLY, reply=mode), body))
         assert got.reply == mode and np.array_equal(payload, body)
 
@@ -171,7 +171,7 @@ def test_semantic_checks():
          "must be \\[1, 3, ...\\]"),
         (step_header(kind=Kind.REPLY, reply=ReplyMode.TOP1, logits_idx=EMPTY_INDEX,
                      positions=EMPTY_INDEX, rows=2, mask_tail=0),
-         top_k_records(np.zeros((1, 9), np.float32), 1), "TOP1 reply must be .* \\[2, 1\\]"),
+         top1_records(np.zeros((1, 9), np.float32)), "TOP1 reply must be .* \\[2, 1\\]"),
     ]
     for header, payload, message in cases:
         with pytest.raises(FrameError, match=message):
@@ -232,14 +232,16 @@ def test_garbage_only_ever_raises_frame_error():
     assert outcomes["refused"] > 1000 and outcomes["valid"] > 500, outcomes
 
 
-def test_top_k_records_are_sorted_and_break_ties_like_argmax():
+def test_top_k_records_are_sorted_log_probabilities_and_break_ties_like_argmax():
     rng = np.random.default_rng(2)
     logits = rng.standard_normal((3, 1000)).astype(np.float32)
     top = top_k_records(logits[None], 5)
     assert top.dtype == TOPK_DTYPE and top.shape == (3, 5)
     expect = np.argsort(-logits, axis=-1, kind="stable")[:, :5]
     assert np.array_equal(top["token"], expect)
-    assert np.array_equal(top["logit"], np.take_along_axis(logits, expect, axis=-1))
+    z = logits.astype(np.float64)
+    logprobs = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    assert np.allclose(top["logit"], np.take_along_axis(logprobs, expect, axis=-1), atol=1e-5)
     tied = np.zeros((1, 10), np.float32)
     tied[0, [7, 3, 5]] = 1.0
     assert top_k_records(tied, 1)["token"].tolist() == [[3]] == [[int(tied.argmax())]]
@@ -328,7 +330,10 @@ def test_restamp_send_fills_the_last_record_in_place():
 def test_top1_record_packs_the_best_token_and_its_logit():
     logits = np.array([[[0.5, 3.0, -1.0, 3.0]]], dtype=np.float32)
     assert top1_record(logits) == TOP1.pack(1, 3.0)  # ties: the lowest id, as argmax
-    assert top_k_records(logits, 1).tobytes() == top1_record(logits)
+    assert top1_records(logits).tobytes() == top1_record(logits)
+    rows = np.concatenate([logits[0], -logits[0]])
+    assert top1_records(rows)["token"][:, 0].tolist() == [1, 2]
+    assert top1_records(rows)["logit"][:, 0].tolist() == [3.0, 1.0]
 
 
 def test_a_prepared_frame_equals_one_encoded_after_the_fact():
@@ -392,7 +397,7 @@ def test_row_group_frames_round_trip_and_are_checked():
                      row_rewinds=np.array([1, -1])), x, "negative row rewind"),
         (step_header(rows=2, positions=np.arange(4), logits_idx=EMPTY_INDEX, mask_tail=0,
                      row_rewinds=np.array([1])), x, "1 row rewinds for 2 rows"),
-        (reply, top_k_records(np.zeros((2, 9), np.float32), 1), "TOP1 reply must be"),
+        (reply, top1_records(np.zeros((2, 9), np.float32)), "TOP1 reply must be"),
         (group, members.astype(np.float32), "only its member stream ids"),
         (HiddenStateFrame(Kind.GROUP, 1, 0, 3, positions=np.arange(2)), members,
          "only its member"),
@@ -420,7 +425,7 @@ def test_ragged_row_frames_round_trip_and_are_checked():
     assert got.logits_idx.tolist() == [0, 1, 2, 3]
     reply = step_header(kind=Kind.REPLY, rows=2, reply=ReplyMode.TOP1, positions=np.arange(4),
                         logits_idx=np.array([0, 1, 3]), mask_tail=0, row_tokens=np.array([1, 3]))
-    got, _ = decode_frame(encode_frame(reply, top_k_records(np.eye(3, 9, dtype=np.float32), 1)))
+    got, _ = decode_frame(encode_frame(reply, top1_records(np.eye(3, 9, dtype=np.float32))))
     assert got.answer_rows == 3
     base = dict(rows=2, positions=np.arange(4), logits_idx=EMPTY_INDEX, mask_tail=0)
     cases = [

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import uvicorn
@@ -190,6 +191,12 @@ def test_logprobs_of_chat_and_completions(server) -> None:
         tops = [t.logprob for t in token.top_logprobs]
         assert len(tops) == 3 and tops == sorted(tops, reverse=True)
         assert token.logprob <= 0 and abs(token.logprob - tops[0]) < 1e-6  # greedy: the best
+    full = client.chat.completions.create(  # the same read from float32 logits
+        model=MODEL, messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
+        extra_body={"zctl": {"ignore_eos": True, "logits_payload": "fp32"}})
+    assert [t.token for t in full.choices[0].logprobs.content] == [t.token for t in content]
+    assert np.allclose([t.logprob for t in full.choices[0].logprobs.content],
+                       [t.logprob for t in content], atol=1e-4)
     text = client.completions.create(model=MODEL, prompt="one two", max_tokens=4, temperature=0,
                                      logprobs=2, extra_body={"zctl": {"ignore_eos": True}})
     lp = text.choices[0].logprobs
@@ -296,6 +303,8 @@ def test_bad_requests_are_400s_in_openai_shape(server) -> None:
         ({"model": MODEL, "messages": []}, "messages"),
         ({"model": MODEL, "messages": ASK, "zctl": {"speculative": "magic"}}, None),
         ({"model": MODEL, "messages": ASK, "zctl": {"unknown": 1}}, "zctl.unknown"),
+        ({"model": MODEL, "messages": ASK, "zctl": {"logits_payload": "fp8"}},
+         "zctl.logits_payload"),
     ]
     for body, param in cases:
         resp = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)

@@ -1,6 +1,7 @@
 """An experiment's results: one row per cell, the CSV they are written to, and the ratios the
-paper's evaluation reports (best K per latency, speedups over plain decoding, top-1 over full
-logits, adaptive K against the best fixed K). Pure functions over the rows.
+paper's evaluation reports (best K per latency, speedups over plain decoding, top-1 (and
+top-k, float16) over full logits, adaptive K against the best fixed K). Pure functions over
+the rows.
 
 A row is a dict with ``COLUMNS``; ``tok_s`` is the cell's aggregate decode throughput (the
 median over its repetitions). Ratios compare cells that differ only in what is compared.
@@ -156,16 +157,16 @@ def best_configuration(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     return {key: f"{r['config']} x{r['streams']} {r['payload']}" for key, r in best.items()}
 
 
-def top1_over_full(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+def payload_over_full(rows: Sequence[dict[str, Any]], payload: str = "top1") -> dict[str, float]:
     """Per link (its label, e.g. ``relay-20mbit``; with the latency and stage count where
-    those vary): top-1 payload tok/s over full-logits tok/s, for the same decoding, K and
+    those vary): ``payload`` tok/s over full-logits tok/s, for the same decoding, K and
     streams on the same cluster; the median over those pairs."""
     rows = _measured(rows)
     same = (*LINK_KEY, "config", "streams")
     full = {_key(r, same): r for r in rows if r["payload"] == "logits"}
     ratios: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        if r["payload"] == "top1" and _key(r, same) in full:
+        if r["payload"] == payload and _key(r, same) in full:
             key = r["link"]
             if _varies(rows, "delay_ms"):
                 key += f"@{r['delay_ms']:g}ms"
@@ -173,6 +174,11 @@ def top1_over_full(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
                 key += f"@{r['stages']}stages"
             ratios[key].append(r["tok_s"] / full[_key(r, same)]["tok_s"])
     return {key: round(statistics.median(values), 3) for key, values in ratios.items()}
+
+
+def top1_over_full(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``payload_over_full`` for top-1 replies (the paper's comparison)."""
+    return payload_over_full(rows, "top1")
 
 
 def auto_k_over_best_fixed(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -193,5 +199,7 @@ def comparisons(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"best_over_plain": best_over_plain(rows),
             "best_configuration": best_configuration(rows),
             "top1_over_full": top1_over_full(rows),
+            "topk_over_full": payload_over_full(rows, "topk"),
+            "fp16_over_full": payload_over_full(rows, "fp16"),
             "auto_k_over_best_fixed": auto_k_over_best_fixed(rows),
             "best_k": {key: value["k"] for key, value in best_fixed_k(rows).items()}}

@@ -12,7 +12,9 @@ output directory (default ``experiment-results/NAME``):
 It prints a summary table, or with ``--json`` one object: the rows' ratios
 ``best_over_plain`` (per per-hop latency ms: the fastest cell over plain single-stream
 greedy), ``top1_over_full`` (per link, e.g. ``relay-20mbit``: top-1 payload over full
-logits), ``auto_k_over_best_fixed`` (per latency), ``best_k`` and ``best_configuration``.
+logits), ``topk_over_full`` and ``fp16_over_full`` (likewise, for a logprobs request's
+top-k and float16 payloads), ``auto_k_over_best_fixed`` (per latency), ``best_k`` and
+``best_configuration``.
 ``check`` reads the file and shows its grid without running anything. A bad scenario file
 is one line on stderr and exit status 2.
 """
@@ -166,6 +168,7 @@ def main(
     console.print(results_table(f"{scenario.name} ({result['date']}, {result['cpu']}, "
                                 f"commit {result['commit']})", result["rows"]))
     console.print(ratios_table({k: result[k] for k in (
-        "best_over_plain", "top1_over_full", "auto_k_over_best_fixed", "best_k",
+        "best_over_plain", "top1_over_full", "topk_over_full", "fp16_over_full",
+        "auto_k_over_best_fixed", "best_k",
         "best_configuration")}))
     console.print(f"results: {result['csv']}; figures: {', '.join(result['plots']) or 'none'}")

@@ -52,15 +52,22 @@ def link_shape_of(link: Link) -> LinkShape:
                      link.relay_delay_ms)
 
 
+# The logprobs a request asks for in the cells whose payload is not top-1: the top-k
+# payload then carries this many records per position.
+CELL_TOP_LOGPROBS = 5
+PAYLOAD_POLICY = {"topk": "auto", "fp16": "fp16", "logits": "fp32"}
+
+
 def request_fields(work: Workload) -> dict[str, Any]:
-    """The GenerateRequest fields of a workload: lookup speculation with its K, and full
-    logits from the last stage when the payload is ``logits`` (a logprobs request needs
-    them; greedy decoding otherwise asks only for the top-1)."""
+    """The GenerateRequest fields of a workload: lookup speculation with its K; greedy
+    decoding asks for the top-1 only, so the other payloads are asked through logprobs
+    (the same request in each: only what the last stage sends differs)."""
     fields: dict[str, Any] = {}
     if work.decoding == "lookup":
         fields.update(speculative="lookup", k=work.k or 0)
-    if work.payload == "logits":
-        fields["logprobs"] = True
+    if work.payload != "top1":
+        fields.update(logprobs=True, top_logprobs=CELL_TOP_LOGPROBS,
+                      logits_payload=PAYLOAD_POLICY[work.payload])
     return fields
 
 

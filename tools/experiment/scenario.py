@@ -32,7 +32,7 @@ fit gets a ``ScenarioError`` whose text is one line naming the file, the table a
     decoding = ["plain", "lookup"]        # plain greedy, or prompt-lookup speculation
     k = [0, 3, 5]                         # lookup's draft length (0: adaptive K)
     streams = [1, 4]                      # concurrent generations
-    payload = ["top1", "logits"]          # the last stage's reply: top-1 or fp32 logits
+    payload = ["top1", "logits"]          # the last stage's reply: top1, topk, fp16 or logits
     tokens = 48
     repetitions = 1
     prompts = ["..."]                     # optional (default: rewrite prompts)
@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Any
 
 DECODINGS = ("plain", "lookup")
-# What the last stage sends back per answered position: its top-1 (token, logit) record
-# (8 bytes; what greedy decoding asks for), or the full float32 logits (vocab x 4 bytes;
-# what a request with logprobs asks for, see engine.sessions.StepPlan.want_logits).
-PAYLOADS = ("top1", "logits")
+# What the last stage sends back per answered position (engine.payloads): its top-1
+# (token, logit) record (8 bytes; what greedy decoding asks for), or, for a request with
+# logprobs, the top-k (token, log-probability) records (k x 8 bytes; what such a request
+# gets by default), the full logits as float16 (vocab x 2 bytes) or as float32 (vocab x 4).
+PAYLOADS = ("top1", "topk", "fp16", "logits")
 MAX_K = 32  # engine.requests.MAX_DRAFT_TOKENS
 # Adaptive K measures (drafts, probes) only while more than 16 tokens remain
 # (engine.sessions.PROBE_EVERY): far fewer tokens than 48 would keep it at K = 0.
