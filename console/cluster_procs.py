@@ -15,10 +15,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from common.paths import zctl_home
 from controlplane.processes import (
@@ -134,11 +135,22 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path) -> int:
+class LocalNetwork(Protocol):
+    """Where a local cluster's processes live (default: distinct loopback addresses): node
+    i's address (0: the coordinator's), and a command wrapped to run at node i (e.g. inside
+    its network namespace)."""
+
+    def host(self, node: int) -> str: ...
+    def command(self, node: int, argv: list[str]) -> list[str]: ...
+
+
+def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path,
+           wrap: Callable[[list[str]], list[str]] | None = None) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, *process_command(config)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, *process_command(config)], stdin=subprocess.DEVNULL,
+            wrap(argv) if wrap is not None else argv, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -227,7 +239,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         reassign_after: float | None = None,
                         heal_after: float | None = 0.0, max_streams: int = 8,
                         kv_memory_mb: int = 2048, prefix_cache_mb: int = 512,
-                        links: Sequence[LinkShape] | None = None) -> ClusterRecord:
+                        links: Sequence[LinkShape] | None = None,
+                        network: LocalNetwork | None = None) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
 
     ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
@@ -242,7 +255,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     cached prefixes may (see CoordinatorProcess). ``links`` (instead of the ``link_*``
     shape for all): one shape per process, coordinator first, i.e. per hop, as each
     process shapes what it sends (hop i: stage i to i+1; the last: the replies to the
-    coordinator). Shapes that differ pin stage i to node i (``stage_links``).
+    coordinator). Shapes that differ pin stage i to node i (``stage_links``). ``network``
+    places the processes elsewhere than on 127.0.0.x (e.g. nodes in network namespaces).
     """
     from controlplane.cpusets import local_cpu_sets
 
@@ -257,7 +271,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     except ValueError as exc:
         raise ClusterError(str(exc)) from None
     root = root or zctl_home() / "local"
-    host = loopback_host(0)
+    host = network.host(0) if network is not None else loopback_host(0)
     server_key = None
     if curve:
         server_key = prepare_local_curve(root / "coordinator",
@@ -281,9 +295,10 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     for i in range(1, nodes):
         log = root / "logs" / f"node{i}.log"
         record.pids.append(_spawn(NodeProcess(
-            record.control, host=loopback_host(i), state_dir=str(root / f"node{i}"),
-            reconnect_min=0.2, link=shapes[i], cpus=cpus[i],
-            curve_server_key=str(server_key) if server_key else None), log))
+            record.control, host=network.host(i) if network is not None else loopback_host(i),
+            state_dir=str(root / f"node{i}"), reconnect_min=0.2, link=shapes[i], cpus=cpus[i],
+            curve_server_key=str(server_key) if server_key else None), log,
+            partial(network.command, i) if network is not None else None))
         record.logs.append(str(log))
     return record
 

@@ -98,6 +98,12 @@ def test_link_labels_and_configuration_names():
     ("[link]\ndelay_ms = []", "delay_ms is an empty list"),
     ("[link]\ndelay_ms = [5, 5]", "lists a value twice"),
     ("[link]\nrelay = 'yes'", "relay must be true or false"),
+    ("[link]\nshaper = 'netem'", "shaper must be one of ours, tbf"),
+    ("[link]\nshaper = 'tbf'", "caps a bandwidth"),
+    ("[link]\nshaper = 'tbf'\nrate_mbit = 5\nrelay = true", "has no relay"),
+    ("[link]\nshaper = 'tbf'\nrate_mbit = 5\n[[hop]]\nindex = 1\ndelay_ms = 3",
+     "cannot be used with shaper"),
+    ("[[hop]]\nindex = 1\nshaper = 'tbf'", "unknown key 'shaper'"),
     ("[topology]\nstages = 1", r"stages must be an integer in 2\.\.8"),
     ("[workload]\ndecoding = 'beam'", "decoding must be one of plain, lookup"),
     ("[workload]\nk = 3", "k is set but no decoding is 'lookup'"),
@@ -131,7 +137,8 @@ def test_exports_are_relative_to_the_scenario_file(tmp_path):
 
 def test_the_shipped_scenarios_read_and_cover_the_paper():
     names = {p.stem: load_scenario(p) for p in SHIPPED}
-    assert {"latency", "streams", "bandwidth", "relay", "jitter"} <= set(names)
+    assert {"latency", "streams", "bandwidth", "relay", "jitter", "tbf"} <= set(names)
+    assert {t.link.shaper for t in names["tbf"].topologies} == {"ours", "tbf"}
     latency = names["latency"]
     assert {t.link.delay_ms for t in latency.topologies} == {0, 10, 25, 50, 100, 200}
     assert {t.stages for t in latency.topologies} == {2, 3}
@@ -252,9 +259,12 @@ def row(delay: float, config: str, tok_s: float, streams: int = 1, payload: str 
         link: str = "unlimited", k_mean: float | None = None, stages: int = 2) -> dict:
     decoding, _, k = config.partition("-")
     k = {"auto": "auto", "": ""}.get(k, k.removeprefix("k"))
-    rate = 0.0 if link == "unlimited" else float(link.removeprefix("relay-").removesuffix("mbit"))
+    bandwidth = link.removesuffix("-tbf")
+    rate = 0.0 if link == "unlimited" else float(
+        bandwidth.removeprefix("relay-").removesuffix("mbit"))
     return {"scenario": "t", "stages": stages, "delay_ms": delay, "jitter_ms": 0.0,
             "rate_mbit": rate, "relay": link.startswith("relay"), "relay_delay_ms": 0.0,
+            "shaper": "tbf" if link.endswith("-tbf") else "ours",
             "link": link, "hops": "", "decoding": decoding, "k": k, "config": config,
             "streams": streams, "payload": payload, "tok_s": tok_s, "k_mean": k_mean,
             "error": ""}

@@ -28,12 +28,12 @@ class Namespaces:
     kind = "namespaces"
     link_faults = True
 
-    def __init__(self, nodes: int, prefix: str = "zcx") -> None:
-        self.nodes, self.prefix = nodes, prefix
+    def __init__(self, nodes: int, prefix: str = "zcx", subnet: str = SUBNET) -> None:
+        self.nodes, self.prefix, self.subnet = nodes, prefix, subnet
         self.bridge = f"{prefix}br0"
 
     def host(self, node: int) -> str:
-        return f"{SUBNET}.{node + 1}"
+        return f"{self.subnet}.{node + 1}"
 
     def ns(self, node: int) -> str:
         return f"{self.prefix}n{node}"

@@ -20,15 +20,16 @@ from tools.experiment.scenario import Cell
 
 # Parameters of a cell, then its figures, then where and when it was measured.
 PARAMETERS = ("scenario", "stages", "delay_ms", "jitter_ms", "rate_mbit", "relay",
-              "relay_delay_ms", "link", "hops", "decoding", "k", "config", "streams", "payload",
-              "tokens", "repetitions")
+              "relay_delay_ms", "shaper", "link", "hops", "decoding", "k", "config", "streams",
+              "payload", "tokens", "repetitions")
 FIGURES = ("tok_s", "tok_s_runs", "per_stream_tok_s", "k_mean", "acceptance",
            "tokens_per_step", "step_ms", "network_ms", "ttft_ms", "seconds", "error")
 RECORD = ("date", "cpu", "commit")
 COLUMNS = PARAMETERS + FIGURES + RECORD
 
 # What a cell's throughput is compared within: the cluster (stage count and link).
-LINK_KEY = ("stages", "delay_ms", "jitter_ms", "rate_mbit", "relay", "relay_delay_ms", "hops")
+LINK_KEY = ("stages", "delay_ms", "jitter_ms", "rate_mbit", "relay", "relay_delay_ms", "shaper",
+            "hops")
 
 
 def hops_text(cell: Cell) -> str:
@@ -44,7 +45,8 @@ def cell_parameters(scenario: str, cell: Cell, tokens: int, repetitions: int) ->
     link, work = cell.topology.link, cell.workload
     return {"scenario": scenario, "stages": cell.topology.stages, "delay_ms": link.delay_ms,
             "jitter_ms": link.jitter_ms, "rate_mbit": link.rate_mbit, "relay": link.relay,
-            "relay_delay_ms": link.relay_delay_ms, "link": link.label, "hops": hops_text(cell),
+            "relay_delay_ms": link.relay_delay_ms, "shaper": link.shaper, "link": link.label,
+            "hops": hops_text(cell),
             "decoding": work.decoding, "k": work.k_label, "config": work.config,
             "streams": work.streams, "payload": work.payload, "tokens": tokens,
             "repetitions": repetitions}
@@ -181,6 +183,25 @@ def top1_over_full(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     return payload_over_full(rows, "top1")
 
 
+def tbf_over_ours(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per link and payload (e.g. ``10mbit/logits``; with the latency and stage count where
+    those vary): tok/s over the kernel's tbf over tok/s over our link layer's shaping at the
+    same rate, for the same decoding, K and streams; the median over those pairs."""
+    rows = _measured(rows)
+    same = ("stages", "delay_ms", "jitter_ms", "rate_mbit", "config", "streams", "payload")
+    ours = {_key(r, same): r for r in rows if r["shaper"] == "ours" and not r["relay"]}
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["shaper"] == "tbf" and _key(r, same) in ours:
+            key = f"{r['rate_mbit']:g}mbit/{r['payload']}"
+            if _varies(rows, "delay_ms"):
+                key += f"@{r['delay_ms']:g}ms"
+            if _varies(rows, "stages"):
+                key += f"@{r['stages']}stages"
+            ratios[key].append(r["tok_s"] / ours[_key(r, same)]["tok_s"])
+    return {key: round(statistics.median(values), 3) for key, values in ratios.items()}
+
+
 def auto_k_over_best_fixed(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Per latency: adaptive K's tok/s over the best fixed K's (single stream, top-1)."""
     best = best_fixed_k(rows)
@@ -201,5 +222,6 @@ def comparisons(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "top1_over_full": top1_over_full(rows),
             "topk_over_full": payload_over_full(rows, "topk"),
             "fp16_over_full": payload_over_full(rows, "fp16"),
+            "tbf_over_ours": tbf_over_ours(rows),
             "auto_k_over_best_fixed": auto_k_over_best_fixed(rows),
             "best_k": {key: value["k"] for key, value in best_fixed_k(rows).items()}}

@@ -3,7 +3,9 @@
 Each topology gets a fresh local cluster (``console.cluster_procs.start_local_cluster``)
 whose every process shapes what it sends (``links``: hop i is stage i's frames to the next
 stage, the last hop the replies to the coordinator; a relayed hop passes one
-store-and-forward relay, see ``dataplane.link``). After warm-up requests, the
+store-and-forward relay, see ``dataplane.link``); a ``shaper = "tbf"`` topology's nodes
+run in network namespaces whose veths the kernel's tbf caps (kernel_links.py), the link
+layer adding only the delay. After warm-up requests, the
 repetitions run in turn, each stepping through every workload, so drift spreads over all
 cells alike. One measurement sends ``streams`` requests at once through the generation
 service (stream j of repetition r gets prompt (j + r) mod len(prompts)), EOS ignored, and
@@ -14,15 +16,18 @@ from the first answer to the last one.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.processes import LinkShape
 from controlplane.records import RuntimeSpec
 from tools.experiment.analysis import cell_parameters, summarise_samples
 from tools.experiment.scenario import Cell, Link, Scenario, Topology, Workload
+
+if TYPE_CHECKING:
+    from console.cluster_procs import LocalNetwork
 
 
 class Reporter(Protocol):
@@ -47,8 +52,10 @@ class RunSettings:
 
 
 def link_shape_of(link: Link) -> LinkShape:
-    """The product's link shape for a scenario's link (a relay: one store-and-forward hop)."""
-    return LinkShape(link.delay_ms, link.jitter_ms, link.rate_mbit, 1 if link.relay else 0,
+    """The product's link shape for a scenario's link (a relay: one store-and-forward hop;
+    where tbf caps the rate, the link layer adds only the delay and jitter)."""
+    rate = 0.0 if link.shaper == "tbf" else link.rate_mbit
+    return LinkShape(link.delay_ms, link.jitter_ms, rate, 1 if link.relay else 0,
                      link.relay_delay_ms)
 
 
@@ -122,7 +129,25 @@ def run_topology(scenario: Scenario, topology: Topology, export_dir: Path,
                  settings: RunSettings, report: Reporter) -> dict[Workload, list[dict[str, Any]]]:
     """Start the topology's cluster, measure every workload ``repetitions`` times, stop it.
     A failed measurement is kept as a sample with its error; a cluster that does not start
-    fails every workload with that error."""
+    (or whose kernel links cannot be made) fails every workload with that error."""
+    if topology.link.shaper != "tbf":
+        return measure_topology(scenario, topology, export_dir, settings, report)
+    from tools.experiment.kernel_links import KernelLinks, KernelLinksUnavailable
+
+    try:
+        with KernelLinks(topology.stages, topology.link.rate_mbit) as net:
+            return measure_topology(scenario, topology, export_dir, settings, report, net,
+                                    net.shape)
+    except KernelLinksUnavailable as exc:
+        return {w: [{"error": f"kernel links: {exc}"}] for w in scenario.workloads}
+
+
+def measure_topology(scenario: Scenario, topology: Topology, export_dir: Path,
+                     settings: RunSettings, report: Reporter, network: LocalNetwork | None = None,
+                     serving: Callable[[], None] | None = None
+                     ) -> dict[Workload, list[dict[str, Any]]]:
+    """``run_topology`` on a network made for it (None: 127.0.0.x); ``serving`` is called
+    once the cluster serves, before the warm-up (kernel links are capped then)."""
     from console.cluster_procs import ClusterError, start_local_cluster, stop_processes, wait_serving
 
     samples: dict[Workload, list[dict[str, Any]]] = {w: [] for w in scenario.workloads}
@@ -131,11 +156,13 @@ def run_topology(scenario: Scenario, topology: Topology, export_dir: Path,
         record = start_local_cluster(
             export_dir, topology.stages, settings.runtime,
             settings.root / f"cluster-{topology.stages}", max_streams=max(8, streams),
-            links=[link_shape_of(h) for h in topology.hops])
+            links=[link_shape_of(h) for h in topology.hops], network=network)
     except ClusterError as exc:
         return {w: [{"error": f"cluster: {exc}"}] for w in samples}
     try:
         wait_serving(record, settings.start_timeout_s)
+        if serving is not None:
+            serving()
         warm_up(record.serve, scenario, streams, settings.first_answer_timeout_s)
         for rep in range(scenario.repetitions):
             for work in scenario.workloads:

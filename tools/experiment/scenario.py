@@ -23,6 +23,8 @@ fit gets a ``ScenarioError`` whose text is one line naming the file, the table a
     rate_mbit = 0                         # bandwidth cap (0: none)
     relay = false                         # through a store-and-forward relay
     relay_delay_ms = 0                    # the relay's own delay
+    shaper = "ours"                       # who caps rate_mbit: our link layer, or the
+                                          # kernel's tbf on veths between namespaces
 
     [[hop]]                               # optional: one hop differs (scalars only)
     index = 1                             # hop i: stage i to i+1; the last: the replies
@@ -70,8 +72,12 @@ DEFAULT_PROMPTS = (  # rewrite prompts: the answer repeats the input, so lookup 
 TOP_KEYS = {"name", "description", "model", "topology", "link", "hop", "workload"}
 MODEL_KEYS = {"name", "weights", "exports"}
 TOPOLOGY_KEYS = {"stages"}
-LINK_KEYS = {"delay_ms", "jitter_ms", "rate_mbit", "relay", "relay_delay_ms"}
-HOP_KEYS = LINK_KEYS | {"index"}
+HOP_KEYS = {"delay_ms", "jitter_ms", "rate_mbit", "relay", "relay_delay_ms", "index"}
+LINK_KEYS = HOP_KEYS - {"index"} | {"shaper"}
+# Who caps a link's bandwidth: our link layer (dataplane.link), or the kernel's tbf qdisc on
+# veth links between network namespaces (tools/experiment/kernel_links.py; the link layer
+# then adds only the delay and jitter).
+SHAPERS = ("ours", "tbf")
 WORKLOAD_KEYS = {"decoding", "k", "streams", "payload", "tokens", "repetitions", "prompts"}
 LINK_LIMITS = {"delay_ms": 60_000.0, "jitter_ms": 60_000.0, "rate_mbit": 1e6,
                "relay_delay_ms": 60_000.0}
@@ -90,12 +96,15 @@ class Link:
     rate_mbit: float = 0.0  # 0: no cap
     relay: bool = False
     relay_delay_ms: float = 0.0
+    shaper: str = "ours"  # SHAPERS
 
     @property
     def label(self) -> str:
-        """Names the link's bandwidth and relay, e.g. ``relay-20mbit``, ``unlimited``."""
+        """Names the link's bandwidth, relay and shaper, e.g. ``relay-20mbit``,
+        ``unlimited``, ``20mbit-tbf``."""
         rate = f"{self.rate_mbit:g}mbit" if self.rate_mbit else "unlimited"
-        return f"relay-{rate}" if self.relay else rate
+        rate = f"relay-{rate}" if self.relay else rate
+        return f"{rate}-tbf" if self.shaper == "tbf" else rate
 
 
 @dataclass(frozen=True)
@@ -212,6 +221,8 @@ def _sweep(table: dict[str, Any], key: str, where: str, default: Any, read: Any)
 def _link_value(key: str, value: Any, where: str) -> Any:
     if key == "relay":
         return _flag(value, where)
+    if key == "shaper":
+        return _choice(value, where, SHAPERS)
     return _number(value, where, LINK_LIMITS[key])
 
 
@@ -225,8 +236,13 @@ def _links(table: dict[str, Any]) -> list[Link]:
               for key in sorted(LINK_KEYS)}
     links = [Link(**dict(zip(sweeps, values, strict=True)))
              for values in itertools.product(*sweeps.values())]
+    for link in links:
+        if link.shaper == "tbf" and (link.relay or not link.rate_mbit):
+            raise ScenarioError("[link] shaper = 'tbf' caps a bandwidth (rate_mbit > 0) and "
+                                "has no relay (a relay exists only in our link layer)")
     return sorted(links, key=lambda lk: (lk.relay, lk.rate_mbit == 0, lk.rate_mbit,
-                                         lk.delay_ms, lk.jitter_ms, lk.relay_delay_ms))
+                                         lk.delay_ms, lk.jitter_ms, lk.relay_delay_ms,
+                                         lk.shaper))
 
 
 def _hop_overrides(raw: Any, min_stages: int) -> dict[int, dict[str, Any]]:
@@ -253,6 +269,9 @@ def _topologies(data: dict[str, Any]) -> tuple[Topology, ...]:
                     lambda v, w: _integer(v, w, 2, MAX_STAGES))
     links = _links(data.get("link", {}))
     overrides = _hop_overrides(data.get("hop", []), min(stages))
+    if overrides and any(link.shaper == "tbf" for link in links):
+        raise ScenarioError("[[hop]] cannot be used with shaper = 'tbf' (the kernel shapes "
+                            "every hop alike)")
     out = []
     for count in sorted(stages):
         for link in links:
