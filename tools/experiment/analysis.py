@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,23 +159,33 @@ def best_configuration(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     return {key: f"{r['config']} x{r['streams']} {r['payload']}" for key, r in best.items()}
 
 
-def payload_over_full(rows: Sequence[dict[str, Any]], payload: str = "top1") -> dict[str, float]:
-    """Per link (its label, e.g. ``relay-20mbit``; with the latency and stage count where
-    those vary): ``payload`` tok/s over full-logits tok/s, for the same decoding, K and
-    streams on the same cluster; the median over those pairs."""
+def paired_ratios(rows: Sequence[dict[str, Any]], same: Sequence[str],
+                  is_base: Callable[[dict[str, Any]], bool],
+                  is_compared: Callable[[dict[str, Any]], bool],
+                  name: Callable[[dict[str, Any]], str]) -> dict[str, float]:
+    """Compared rows' tok/s over their base twin's (equal in the ``same`` columns), the
+    median per ``name`` (with the latency and stage count appended where those vary)."""
     rows = _measured(rows)
-    same = (*LINK_KEY, "config", "streams")
-    full = {_key(r, same): r for r in rows if r["payload"] == "logits"}
+    base = {_key(r, same): r for r in rows if is_base(r)}
     ratios: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        if r["payload"] == payload and _key(r, same) in full:
-            key = r["link"]
+        if is_compared(r) and _key(r, same) in base:
+            key = name(r)
             if _varies(rows, "delay_ms"):
                 key += f"@{r['delay_ms']:g}ms"
             if _varies(rows, "stages"):
                 key += f"@{r['stages']}stages"
-            ratios[key].append(r["tok_s"] / full[_key(r, same)]["tok_s"])
+            ratios[key].append(r["tok_s"] / base[_key(r, same)]["tok_s"])
     return {key: round(statistics.median(values), 3) for key, values in ratios.items()}
+
+
+def payload_over_full(rows: Sequence[dict[str, Any]], payload: str = "top1") -> dict[str, float]:
+    """Per link (its label, e.g. ``relay-20mbit``; with the latency and stage count where
+    those vary): ``payload`` tok/s over full-logits tok/s, for the same decoding, K and
+    streams on the same cluster; the median over those pairs."""
+    return paired_ratios(rows, (*LINK_KEY, "config", "streams"),
+                         lambda r: r["payload"] == "logits", lambda r: r["payload"] == payload,
+                         lambda r: r["link"])
 
 
 def top1_over_full(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -184,22 +194,14 @@ def top1_over_full(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def tbf_over_ours(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Per link and payload (e.g. ``10mbit/logits``; with the latency and stage count where
+    """Per rate and payload (e.g. ``10mbit/logits``; with the latency and stage count where
     those vary): tok/s over the kernel's tbf over tok/s over our link layer's shaping at the
     same rate, for the same decoding, K and streams; the median over those pairs."""
-    rows = _measured(rows)
-    same = ("stages", "delay_ms", "jitter_ms", "rate_mbit", "config", "streams", "payload")
-    ours = {_key(r, same): r for r in rows if r["shaper"] == "ours" and not r["relay"]}
-    ratios: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        if r["shaper"] == "tbf" and _key(r, same) in ours:
-            key = f"{r['rate_mbit']:g}mbit/{r['payload']}"
-            if _varies(rows, "delay_ms"):
-                key += f"@{r['delay_ms']:g}ms"
-            if _varies(rows, "stages"):
-                key += f"@{r['stages']}stages"
-            ratios[key].append(r["tok_s"] / ours[_key(r, same)]["tok_s"])
-    return {key: round(statistics.median(values), 3) for key, values in ratios.items()}
+    return paired_ratios(rows, ("stages", "delay_ms", "jitter_ms", "rate_mbit", "config",
+                                "streams", "payload"),
+                         lambda r: r["shaper"] == "ours" and not r["relay"],
+                         lambda r: r["shaper"] == "tbf",
+                         lambda r: f"{r['rate_mbit']:g}mbit/{r['payload']}")
 
 
 def auto_k_over_best_fixed(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
