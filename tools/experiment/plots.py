@@ -119,7 +119,8 @@ def payload_vs_bandwidth(rows: Rows, path: Path, title: str) -> Path | None:
         return None
     fig, (ax,) = _figure(1, f"{title}: the last stage's payload against bandwidth")
     _draw(ax, _series(capped, "rate_mbit", lambda r: (
-        f"{r['payload']}{' via relay' if r['relay'] else ''}, {r['config']} x{r['streams']}")),
+        f"{r['payload']}{' via relay' if r['relay'] else ''}"
+        f"{' over tbf' if r.get('shaper') == 'tbf' else ''}, {r['config']} x{r['streams']}")),
         "link bandwidth (Mbit/s)")
     ax.set_xscale("log")
     ax.set_yscale("log")
