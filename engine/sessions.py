@@ -85,7 +85,8 @@ class DecodeSession:
     ``k`` is the draft length (the maximum when ``auto_k``); ``cost`` fixes the cost
     model for ``auto_k`` instead of fitting it online. ``sampling`` with a temperature
     > 0 samples (drafts are then checked by rejection sampling, so the output keeps the
-    target's distribution); otherwise decoding is greedy.
+    target's distribution); otherwise decoding is greedy. ``logits_payload`` says what the
+    last stage sends when logits are read (engine.payloads: auto, fp16, fp32).
     """
 
     def __init__(self, stream_id: int, prompt_ids: Sequence[int], max_new_tokens: int,
