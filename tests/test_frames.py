@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -398,6 +399,10 @@ def test_row_group_frames_round_trip_and_are_checked():
         (step_header(rows=2, positions=np.arange(4), logits_idx=EMPTY_INDEX, mask_tail=0,
                      row_rewinds=np.array([1])), x, "1 row rewinds for 2 rows"),
         (reply, top1_records(np.zeros((2, 9), np.float32)), "TOP1 reply must be"),
+        (replace(reply, reply=ReplyMode.LOGITS16), np.zeros((3, 9), np.float32),
+         r"LOGITS16 reply must be float16 \[3, vocab\], got float32"),
+        (replace(reply, reply=ReplyMode.LOGITS), np.zeros((3, 9), np.float16),
+         r"LOGITS reply must be float32 \[3, vocab\], got float16"),
         (group, members.astype(np.float32), "only its member stream ids"),
         (HiddenStateFrame(Kind.GROUP, 1, 0, 3, positions=np.arange(2)), members,
          "only its member"),
