@@ -217,7 +217,7 @@ class Coordinator:
         assert self._sock is not None
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        tick = self.config.heartbeat_interval / 4
+        tick = self.config.heartbeat_interval / 8  # a verdict is at most 1/8 beat late
         try:
             while not self._stop.is_set():
                 if poller.poll(int(tick * 1000)):
@@ -267,7 +267,7 @@ class Coordinator:
         if member is not None and (member.identity != identity or member.local):
             member = None
         if member is not None and member.alive:
-            member.last_seen = time.monotonic()  # any traffic counts as a heartbeat
+            member.heard(time.monotonic(), self.config.heartbeat_interval)  # any traffic counts
         try:
             msg, payload = from_frames(body)
         except ProtocolMismatch as exc:
@@ -358,6 +358,7 @@ class Coordinator:
         member.shards = set(msg.cached_shards)
         member.offered, member.assigned, member.ready_epoch, member.error = None, None, -1, ""
         member.served, member.transfer_total, member.kv_slots = {}, 0, -1
+        member.lapses.clear()
         self._send(identity, Welcome(msg.node_id, self.node_id, self.session,
                                      self.config.heartbeat_interval, self.config.liveness))
 
@@ -410,13 +411,12 @@ class Coordinator:
     def _tick(self, now: float) -> None:
         cfg = self.config
         for member in self.members.values():
-            action = ms.liveness_action(member, now, cfg.heartbeat_interval, cfg.liveness)
-            if action == ms.DEAD:
+            verdict = ms.silence_verdict(member, now, cfg.heartbeat_interval, cfg.liveness)
+            if verdict is not None:
                 member.mark_down(ms.DEAD, now)
                 self.counters["marked_dead"] += 1
-                log.warning("node %s missed %d heartbeats: marked dead", member.node_id,
-                            cfg.liveness)
-            elif action is not None:
+                log.warning("node %s %s: marked dead", member.node_id, verdict)
+            elif ms.beat_due(member, now, cfg.heartbeat_interval):
                 self._send(member.identity, Heartbeat(member.state))
         self._collect_local_jobs()
         self._advance()

@@ -4,10 +4,18 @@ States: ``idle`` (enrolled, no stage: a spare), ``transferring`` (fetching its s
 ``ready`` (shard cached, waiting for the pipeline to be wired), ``wiring`` (stage
 assigned, starting), ``serving``, ``failed`` (transfer or start failed; see error),
 ``dead`` (missed its heartbeats), ``left`` (said goodbye).
+
+Liveness: a node is dead once it has been silent for ``liveness`` heartbeat intervals, or
+once it is late again (silent past ``LATE_BEATS`` intervals) after lapses (silences past
+``LAPSE_BEATS`` intervals) that, with the silence now, add up to as much within
+``2 x liveness`` intervals. The second rule is what catches a flapping link: its
+heartbeats get through in bursts between stalls, each burst restarting the first rule's
+clock.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from controlplane.messages import AssignStage, Enrol
@@ -22,6 +30,10 @@ SERVING = "serving"
 FAILED = "failed"
 DEAD = "dead"
 LEFT = "left"
+
+LAPSE_BEATS = 2.0  # a silence of more than 2 intervals is a lapse (healthy gaps: ~1.25)
+LATE_BEATS = 1.3  # after lapses, a silence of 1.3 intervals (healthy: <= 1.25) is late
+LAPSE_WINDOW = 2  # lapses count for 2 x liveness intervals after they end
 
 STATES = (IDLE, TRANSFERRING, READY, WIRING, SERVING, FAILED, DEAD, LEFT)
 ALIVE = (IDLE, TRANSFERRING, READY, WIRING, SERVING, FAILED)
@@ -50,10 +62,26 @@ class Member:
     down_since: float = 0.0  # when it was marked dead or left
     kv_slots: int = -1  # KV slots its stage holds, from its last heartbeat (-1: unknown)
     enrolments: int = 1  # a node that enrols again has lost what its stage held
+    lapses: deque[tuple[float, float]] = field(default_factory=deque)  # (end, seconds)
 
     @property
     def alive(self) -> bool:
         return self.state in ALIVE
+
+    def heard(self, now: float, interval: float) -> None:
+        """Traffic from the node at ``now`` (any traffic counts as a heartbeat); the silence
+        it ends is kept as a lapse when it outlasted ``LAPSE_BEATS`` intervals."""
+        silence = now - self.last_seen
+        if silence > LAPSE_BEATS * interval:
+            self.lapses.append((now, silence))
+        self.last_seen = now
+
+    def recent_lapses(self, now: float, window: float) -> float:
+        """Seconds of lapses that ended within ``window`` seconds of ``now`` (older ones are
+        forgotten)."""
+        while self.lapses and self.lapses[0][0] < now - window:
+            self.lapses.popleft()
+        return sum(seconds for _, seconds in self.lapses)
 
     def mark_down(self, state: str, now: float) -> None:
         self.state, self.down_since, self.kv_slots = state, now, -1
@@ -98,14 +126,24 @@ def enrol_refusal(msg: Enrol, identity: bytes, coordinator_id: str, openvino: st
     return None
 
 
-def liveness_action(member: Member, now: float, interval: float, liveness: int) -> str | None:
-    """What a remote, live member needs on a tick: DEAD once it has been silent for
-    ``liveness`` heartbeat intervals, "beat" when nothing was sent to it for an interval
-    (any traffic counts both ways), else None."""
+def silence_verdict(member: Member, now: float, interval: float, liveness: int) -> str | None:
+    """Why a remote, live member is dead at ``now``, or None while it is not: silent for
+    ``liveness`` intervals, or late again after lapses that add up to as much (the module
+    docstring)."""
     if member.local or not member.alive:
         return None
-    if now - member.last_seen > interval * liveness:
-        return DEAD
-    if now - member.last_sent >= interval:
-        return "beat"
+    deadline = interval * liveness
+    silence = now - member.last_seen
+    if silence > deadline:
+        return f"missed {liveness} heartbeats ({silence:.1f} s silent)"
+    lapsed = member.recent_lapses(now, LAPSE_WINDOW * deadline)
+    if lapsed and silence > LATE_BEATS * interval and silence + lapsed > deadline:
+        return (f"silent {silence:.1f} s after lapses of {lapsed:.1f} s within "
+                f"{LAPSE_WINDOW * deadline:.0f} s: its link stalls again and again")
     return None
+
+
+def beat_due(member: Member, now: float, interval: float) -> bool:
+    """Whether a remote, live member is owed a heartbeat: nothing was sent to it for an
+    interval (any traffic counts both ways)."""
+    return not member.local and member.alive and now - member.last_sent >= interval

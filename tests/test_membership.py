@@ -58,15 +58,51 @@ def member(**change: object) -> ms.Member:
 
 def test_liveness_marks_silent_nodes_dead_and_beats_quiet_ones() -> None:
     # interval 1 s, 3 beats of liveness
-    assert ms.liveness_action(member(), 100.5, 1.0, 3) is None
-    assert ms.liveness_action(member(), 101.0, 1.0, 3) == "beat"
-    assert ms.liveness_action(member(last_sent=101.0), 102.9, 1.0, 3) == "beat"
-    assert ms.liveness_action(member(last_sent=102.9), 103.0, 1.0, 3) is None
-    assert ms.liveness_action(member(last_sent=102.9), 103.1, 1.0, 3) == ms.DEAD
+    assert ms.silence_verdict(member(), 102.9, 1.0, 3) is None
+    assert "missed 3 heartbeats" in (ms.silence_verdict(member(), 103.1, 1.0, 3) or "")
+    assert not ms.beat_due(member(), 100.5, 1.0)
+    assert ms.beat_due(member(), 101.0, 1.0)
+    assert not ms.beat_due(member(last_sent=102.9), 103.0, 1.0)
     # the coordinator's own record, and nodes already down, need nothing
-    assert ms.liveness_action(member(local=True), 200.0, 1.0, 3) is None
-    assert ms.liveness_action(member(state=ms.DEAD), 200.0, 1.0, 3) is None
-    assert ms.liveness_action(member(state=ms.LEFT), 200.0, 1.0, 3) is None
+    for quiet in (member(local=True), member(state=ms.DEAD), member(state=ms.LEFT)):
+        assert ms.silence_verdict(quiet, 200.0, 1.0, 3) is None
+        assert not ms.beat_due(quiet, 200.0, 1.0)
+
+
+def heard_at(times: list[float], interval: float = 0.5) -> ms.Member:
+    """A member whose traffic arrived at ``times`` (the first is its enrolment)."""
+    m = member(last_seen=times[0])
+    for t in times[1:]:
+        m.heard(t, interval)
+    return m
+
+
+def test_a_flapping_link_is_dead_once_its_lapses_and_silence_add_up() -> None:
+    # beats every 0.5 s, 5 of liveness (2.5 s); the link fails at 10.0
+    healthy = [10.0 - 0.5 * i for i in range(8, -1, -1)]
+    # a burst gets through at 12.06 after a 2.06 s lapse: the plain rule would wait to 14.56
+    flapping = heard_at([*healthy, 12.06], interval=0.5)
+    assert ms.silence_verdict(flapping, 12.06 + 0.6, 0.5, 5) is None  # not yet late
+    verdict = ms.silence_verdict(flapping, 12.06 + 0.7, 0.5, 5)
+    assert verdict is not None and "lapses of 2.1 s" in verdict
+    # a shorter lapse needs a longer silence after it: 1.2 + 1.3 > 2.5
+    short = heard_at([*healthy, 11.2], interval=0.5)
+    assert ms.silence_verdict(short, 11.2 + 1.25, 0.5, 5) is None
+    assert ms.silence_verdict(short, 11.2 + 1.35, 0.5, 5) is not None
+
+
+def test_a_healthy_node_and_an_old_lapse_are_not_held_against_it() -> None:
+    # healthy beats up to 0.625 s apart never lapse, however long it runs
+    steady = heard_at([100.0 + 0.625 * i for i in range(200)])
+    assert not steady.lapses
+    assert ms.silence_verdict(steady, steady.last_seen + 2.4, 0.5, 5) is None
+    # one lapse of 2 s, then healthy beats for 5 s: it is forgotten after 2 x 2.5 s
+    once = heard_at([100.0, 102.0, *(102.0 + 0.5 * i for i in range(1, 12))])
+    assert ms.silence_verdict(once, once.last_seen + 1.0, 0.5, 5) is None
+    assert not once.lapses
+    # within the window, the same silence after it is fatal
+    recent = heard_at([100.0, 102.0, 102.5])
+    assert ms.silence_verdict(recent, 102.5 + 1.0, 0.5, 5) is not None
 
 
 class FakeHandle:
