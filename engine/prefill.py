@@ -11,7 +11,11 @@ fits the four terms to the steps the stages report; ``lone_chunk`` picks the chu
 gets a lone prompt's first token soonest when its chunks are pipelined through the
 stages; ``fair_chunk`` the chunk that costs about one decode step, so a prompt shares the
 stages with streams that are decoding (chunked prefill) without more than doubling their
-inter-token latency.
+inter-token latency. A chunk that rides in the decoding rows' step (split-fuse) is then
+held to ``FUSED_BUDGET`` times their step by ``FusedChunkBudget``, which measures instead
+of modelling: on the CPU plugin's PagedAttention a row over a long past costs a step far
+more than its share of the terms above (one token over 2,048 past ones made four rows'
+18 ms step 27 ms), however few tokens it carries.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ FAIR_MIN_CHUNK = 4  # nor a shared prefill's (with a costly past a token costs t
 SHORT_PREFILL = 64  # a prefill this short goes in one step, even beside decoding streams
 MAX_CHUNK = 4096  # one step's mask is [T, past + T] floats: 64 MB at 4,096 tokens
 FUSED_SHARE = 0.75  # a chunk riding in a decode step adds at most this share of its cost
+FUSED_BUDGET = 1.4  # ... and the step it rides in costs at most this many decode steps
+FUSED_GROW_BELOW = 0.8  # a step under this share of the budget lets the next chunk grow
 FIT_WINDOW = 64
 MIN_FIT = 6  # prefill steps observed before the fit replaces the prior
 
@@ -175,3 +181,34 @@ def fair_chunk(decode_ms: float, past: int, cost: StepCostModel, cap: int = MAX_
     else:
         tokens = int(room / per)
     return int(min(cap, max(FAIR_MIN_CHUNK, tokens)))
+
+
+@dataclass
+class FusedChunkBudget:
+    """The chunk a prompt may add to the decoding rows' step it rides in, held by feedback
+    to ``budget`` times their step alone: each fused step's measured cost halves the next
+    chunk when over the budget (at least 1 token), keeps it when near, and grows it by a
+    quarter when under ``FUSED_GROW_BELOW`` of the budget. ``limit`` None: not measured
+    yet."""
+
+    budget: float = FUSED_BUDGET
+    limit: int | None = None
+
+    def chunk(self, modelled: int) -> int:
+        """The next chunk: the measured limit, or before any measurement ``modelled`` up to
+        ``FAIR_MIN_CHUNK`` (grown from there: a first chunk over the budget costs every
+        decoding stream a slow token)."""
+        return max(1, min(modelled, FAIR_MIN_CHUNK) if self.limit is None else self.limit)
+
+    def observe(self, tokens: int, step_ms: float, decode_ms: float) -> None:
+        """A fused step that carried ``tokens`` of the prompt cost ``step_ms`` (busiest
+        stage), against ``decode_ms`` for the decoding rows' step alone."""
+        if tokens < 1 or step_ms <= 0 or decode_ms <= 0:
+            return
+        ratio = step_ms / decode_ms
+        if ratio > self.budget:
+            self.limit = max(1, tokens // 2)
+        elif ratio < FUSED_GROW_BELOW * self.budget:
+            self.limit = min(MAX_CHUNK, tokens + max(1, tokens // 4))
+        else:
+            self.limit = tokens

@@ -95,9 +95,11 @@ class PrefixCache:
     def entries(self) -> list[PrefixEntry]:
         return list(self._entries.values())
 
-    def lookup(self, prompt: Sequence[int] | np.ndarray) -> PrefixHit | None:
+    def lookup(self, prompt: Sequence[int] | np.ndarray, min_hit: int | None = None
+               ) -> PrefixHit | None:
         """The longest cached start of ``prompt`` (at most all but its last token, whose
-        logits the prefill must compute), or None below ``min_hit`` tokens."""
+        logits the prefill must compute), or None below ``min_hit`` tokens (None: the
+        cache's own)."""
         ids = np.asarray(prompt, dtype=np.int64).reshape(-1)
         self.stats.lookups += 1
         best: PrefixHit | None = None
@@ -113,7 +115,7 @@ class PrefixCache:
             if best is None or length > best.length or (
                     length == best.length and best.entry.live and not entry.live):
                 best = PrefixHit(entry, length)
-        if best is None or best.length < self.min_hit:
+        if best is None or best.length < max(self.min_hit, min_hit or 0):
             return None
         self._entries.move_to_end(best.entry.entry_id)
         self.stats.hits += 1

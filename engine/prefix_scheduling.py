@@ -38,8 +38,9 @@ class PrefixScheduling:
         except Exception as exc:  # noqa: BLE001 - the stages are down: nothing to free
             log.debug("could not clear the stages' prefix entries: %s", exc)
 
-    def _load_cached_prefix(self, session: DecodeSession) -> None:
-        """Give a new session the KV of the longest cached start of its prompt."""
+    def _load_cached_prefix(self, session: DecodeSession, min_hit: int | None = None) -> None:
+        """Give a new session the KV of the longest cached start of its prompt (of at least
+        ``min_hit`` tokens; None: the cache's own least)."""
         cache = self.cache
         if cache is None or session.restarts or session.prefill_position:
             return
@@ -47,7 +48,7 @@ class PrefixScheduling:
         if wirings != self._wirings:  # rewired or abandoned: later stages lost their entries
             self._wirings = wirings
             self._clear_prefixes()
-        hit = cache.lookup(session.prompt)
+        hit = cache.lookup(session.prompt, min_hit)
         if hit is None:
             return
         entry, pipe, sid = hit.entry, self.pipeline, session.stream_id

@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from engine.drafting import Drafter, StageLoad, StepCost
 from engine.executor import Executor, StepError, StepReply
 from engine.pipelined import PipelinedSession
-from engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR, PrefillCost, fair_chunk, lone_chunk
+from engine.prefill import (
+    PAGED_PRIOR,
+    SHORT_PREFILL,
+    STATEFUL_PRIOR,
+    FusedChunkBudget,
+    PrefillCost,
+    fair_chunk,
+    lone_chunk,
+)
 from engine.prefix_cache import PrefixCache, PrefixCacheStats
 from engine.prefix_scheduling import PrefixScheduling
 from engine.row_plans import RowsPlan, padded_rows, ragged_rows
@@ -99,6 +107,9 @@ class StreamScheduler(PrefixScheduling):
         self.decode_ms = 0.0  # recent decode steps' busiest-stage compute (EWMA)
         # request id -> (tokens, past) of each row of a step that carries a prefill
         self._prefill_steps: dict[int, list[tuple[int, int]]] = {}
+        self._fused_budgets: dict[int, FusedChunkBudget] = {}  # stream id -> its chunks'
+        # request id -> (stream id, tokens) of each prompt riding in that group step
+        self._fused_chunks: dict[int, list[tuple[int, int]]] = {}
         self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
         self.cache: PrefixCache | None = None
         self._wirings = getattr(pipeline, "wirings", 0)
@@ -119,7 +130,7 @@ class StreamScheduler(PrefixScheduling):
         self.pipeline.reset(session.stream_id)
         if not session.done:
             self.sessions[session.stream_id] = session
-            self._load_cached_prefix(session)
+            self._load_cached_prefix(session, self._min_prefix_hit(session))
 
     def cancel(self, stream_id: int) -> None:
         """Stop a session: its step in flight is abandoned and its KV slots are freed on
@@ -131,6 +142,7 @@ class StreamScheduler(PrefixScheduling):
         if self.cache is not None:
             self.cache.untrack_live(stream_id)
         self._pads.pop(stream_id, None)
+        self._fused_budgets.pop(stream_id, None)
         if self._group_of.pop(stream_id, None) is not None:
             for members in self._groups.values():
                 if session in members:
@@ -158,6 +170,7 @@ class StreamScheduler(PrefixScheduling):
         in flight: it finished on its last reply)."""
         if self.sessions.pop(session.stream_id, None) is None:
             return
+        self._fused_budgets.pop(session.stream_id, None)
         grouped = session.stream_id in self._group_of
         in_flight = any(session in s for s in self._in_flight.values())
         if not in_flight:
@@ -289,8 +302,10 @@ class StreamScheduler(PrefixScheduling):
             updates.append(SessionUpdate(session, session.advance(row_reply)))
             if isinstance(session, PipelinedSession):
                 updates += self._cancel_runs(session)
-            if prefilling and not session.prefilling and self.cache is not None:
-                self.cache.track_live(session.stream_id, session.prompt)
+            if prefilling and not session.prefilling:
+                self._fused_budgets.pop(session.stream_id, None)
+                if self.cache is not None:
+                    self.cache.track_live(session.stream_id, session.prompt)
         return updates
 
     def _cancel_runs(self, session: PipelinedSession) -> list[SessionUpdate]:
@@ -417,7 +432,9 @@ class StreamScheduler(PrefixScheduling):
         if prefill:
             self._prefill_steps[rid] = [(int(plan.token_ids.size), past)]
         elif fused and rows is not None:  # a prompt's chunk rode in the group's step
-            self._prefill_steps[rid] = rows.shapes()
+            self._prefill_steps[rid] = shapes = rows.shapes()
+            self._fused_chunks[rid] = [(s.stream_id, tokens) for s, (tokens, _) in
+                                       zip(sessions, shapes, strict=True) if s.prefilling]
         if rows is not None:
             self._group_steps[rid] = unit_id
             self._row_answers[rid] = rows.answers
@@ -427,6 +444,14 @@ class StreamScheduler(PrefixScheduling):
     def _prefilling(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
         """Whether the unit's next step is a prefill step (a stream alone, in its prompt)."""
         return unit_id not in self._groups and sessions[0].prefilling
+
+    def _min_prefix_hit(self, session: DecodeSession) -> int | None:
+        """The least cached prefix worth loading for ``session`` (None: the cache's own).
+        On ragged stages a prompt arriving while others decode rides in their steps from
+        its first chunk, but one that loads a cached prefix takes its first step alone (a
+        stage without the entry then fails that step, not the group's), which costs the
+        decoding streams a step: a prefix of under ``SHORT_PREFILL`` tokens saves less."""
+        return SHORT_PREFILL if self.ragged and self._others_decoding(session) else None
 
     def _others_decoding(self, session: DecodeSession) -> bool:
         return any(s is not session and not s.prefilling and not s.done
@@ -459,9 +484,12 @@ class StreamScheduler(PrefixScheduling):
         cost = self.prefill_cost.model
         past = session.prefill_position
         if self._others_decoding(session):
+            fused = session.stream_id in self._group_of
             chunk = fair_chunk(self.decode_ms or DECODE_MS_PRIOR, past, cost,
-                               left=session.prefill_left,
-                               fused=session.stream_id in self._group_of)
+                               left=session.prefill_left, fused=fused)
+            if fused:  # held to the budget by what its steps measured
+                budget = self._fused_budgets.setdefault(session.stream_id, FusedChunkBudget())
+                chunk = budget.chunk(chunk)
         else:
             stages = 1 if self.load.shared_cores or not self.overlaps else self.pipeline.num_stages
             chunk = lone_chunk(session.prefill_left, past, stages, cost)
@@ -471,6 +499,13 @@ class StreamScheduler(PrefixScheduling):
         """Feed a reply's stage compute to the prefill cost model or the decode figure."""
         busiest = max(reply.stage_ms, default=0.0)
         rows = self._prefill_steps.pop(request_id, None)
+        for stream_id, tokens in self._fused_chunks.pop(request_id, []):
+            budget = self._fused_budgets.get(stream_id)
+            if budget is not None and self.decode_ms:
+                budget.observe(tokens, busiest, self.decode_ms)
+        if len(self._fused_chunks) > len(self._in_flight):  # steps failed or abandoned
+            self._fused_chunks = {r: c for r, c in self._fused_chunks.items()
+                                  if r in self._in_flight}
         if rows is not None:
             self.prefill_cost.observe_rows(rows, busiest)
         elif busiest > 0:

@@ -40,6 +40,7 @@ class ChatTokenizer:
         template_path = export_dir / "chat_template.jinja"
         template = template_path.read_text() if template_path.is_file() else config.get("chat_template")
         self.chat_template: str | None = template if isinstance(template, str) else None
+        self._compiled: Any = None  # the template, compiled on first use
 
     @property
     def backend(self) -> Any:
@@ -53,14 +54,16 @@ class ChatTokenizer:
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         if not self.chat_template:
             raise TokenizerError("this model has no chat template: use raw mode")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        if self._compiled is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str) -> None:
-            raise TokenizerError(f"chat template error: {message}")
+            def raise_exception(message: str) -> None:
+                raise TokenizerError(f"chat template error: {message}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            self._compiled = env.from_string(self.chat_template)
+        return self._compiled.render(
             messages=messages,
             add_generation_prompt=True,
             bos_token=self.bos_token or "",

@@ -3,6 +3,8 @@ giving the same tokens as one chunk at a time."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,12 +12,14 @@ from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
 from engine.prefill import (
     FAIR_MIN_CHUNK,
+    FUSED_BUDGET,
     FUSED_SHARE,
     MAX_CHUNK,
     MIN_CHUNK,
     PAGED_PRIOR,
     SHORT_PREFILL,
     STATEFUL_PRIOR,
+    FusedChunkBudget,
     PrefillCost,
     StepCostModel,
     fair_chunk,
@@ -112,6 +116,26 @@ def test_a_fused_chunk_adds_a_share_of_the_decode_step_it_rides_in() -> None:
     added = cost.ms(chunk, 1000) - cost.fixed_ms
     assert added <= FUSED_SHARE * 12.0 < added + cost.ms(1, 1000) - cost.fixed_ms
     assert chunk > fair_chunk(12.0, 1000, cost)
+
+
+def test_a_fused_chunk_budget_halves_over_it_and_grows_well_under_it() -> None:
+    budget = FusedChunkBudget()
+    assert budget.chunk(40) == FAIR_MIN_CHUNK  # nothing measured: a small start
+    assert budget.chunk(2) == 2  # ... or the modelled chunk where it is smaller
+    budget.observe(40, step_ms=10.0 * FUSED_BUDGET + 1, decode_ms=10.0)
+    assert budget.chunk(40) == 20  # over: halved, whatever the model says
+    budget.observe(20, step_ms=10.0 * FUSED_BUDGET - 1, decode_ms=10.0)
+    assert budget.chunk(40) == 20  # near the budget: kept
+    budget.observe(20, step_ms=10.0, decode_ms=10.0)
+    assert budget.chunk(40) == 25  # well under: a quarter more
+    for _ in range(8):
+        budget.observe(max(1, budget.chunk(0)), step_ms=100.0, decode_ms=10.0)
+    assert budget.chunk(40) == 1  # never below one token
+    budget.observe(1, step_ms=0.0, decode_ms=10.0)  # nothing measured: nothing learnt
+    budget.observe(1, step_ms=5.0, decode_ms=0.0)
+    assert budget.chunk(40) == 1
+    budget.observe(1, step_ms=10.0, decode_ms=10.0)
+    assert budget.chunk(40) == 2  # one token more at the least
 
 
 def test_steps_of_several_rows_fit_the_same_terms() -> None:
@@ -237,10 +261,112 @@ def test_a_prompt_beside_decoding_streams_rides_in_their_steps_on_paged_stages(d
     while scheduler.active:
         scheduler.poll()
     assert [s.emitted for s in [*sessions, late]] == want
-    fused = [rows for rows in paged.ragged[before:] if max(rows) > 1]
-    assert len(fused) >= 3 and all(sorted(rows)[:2] == [1, 1] for rows in fused)
+    fused = [rows for rows in paged.ragged[before:] if max(rows) > 1 and len(rows) > 1]
+    assert len(fused) >= 3 and all(min(rows) == 1 for rows in fused)
+    assert sorted(fused[0])[:2] == [1, 1]  # it joined both decoding streams' step
     assert 2 not in paged.alone  # no prefill step of its own while the others decoded
     assert scheduler.prefill_cost._samples  # the fused steps fed the cost model
+
+
+class _CostedSteps(_RowSteps):
+    """Ragged steps whose replies report a made-up stage cost: ``decode_ms``, plus
+    ``token_ms`` for each token the prompt of stream ``prompt_id`` carries in the step
+    while ``prefilling()``. ``members(group id)`` names a group step's rows in order."""
+
+    def __init__(self, pipe, decode_ms: float, token_ms: float, prompt_id: int) -> None:
+        super().__init__(pipe)
+        self.decode_ms, self.token_ms, self.prompt_id = decode_ms, token_ms, prompt_id
+        self.members, self.prefilling = (lambda group_id: []), (lambda: False)
+        self.chunks, self._chunk = [], {}
+
+    def submit(self, stream_id, *args, row_tokens=None, **kwargs):
+        rid = super().submit(stream_id, *args, row_tokens=row_tokens, **kwargs)
+        if row_tokens is not None and self.prefilling():
+            rows = dict(zip(self.members(stream_id), (int(t) for t in row_tokens), strict=True))
+            self._chunk[rid] = rows.get(self.prompt_id, 0)
+        return rid
+
+    def collect_any(self, timeout_s=None):
+        reply = self.pipe.collect_any(timeout_s)
+        if reply is not None:
+            chunk = self._chunk.pop(reply.request_id, 0)
+            if chunk:
+                self.chunks.append(chunk)
+            reply = replace(reply, stage_ms=[self.decode_ms + self.token_ms * chunk])
+        return reply
+
+
+def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2):
+    """A prompt's chunks riding in the decoding rows' steps start small and, however cheap
+    the cost model thinks them, once a fused step measures over FUSED_BUDGET decode steps
+    the chunks shrink until the steps fit; the tokens are those of any chunking."""
+    exact = dict(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
+    stateful = LocalChain.load(str(dp_export2), RuntimeConfig(**exact))
+    short = [[0, 5, 6, 7], [0, 9, 10, 11]]
+    long = [0, *range(20, 260)]
+    want = [list(generate_greedy(stateful, p, n, stream_id=30 + i))
+            for i, (p, n) in enumerate([(short[0], 40), (short[1], 40), (long, 8)])]
+    paged = _CostedSteps(LocalChain.load(str(dp_export2),
+                                         RuntimeConfig(**exact, paged_attention=True)),
+                         decode_ms=10.0, token_ms=3.0, prompt_id=2)  # t prompt tokens: 10 + 3t
+    sessions = [DecodeSession(i, p, 40) for i, p in enumerate(short)]
+    late = DecodeSession(2, long, 8)
+    scheduler = StreamScheduler(paged, row_groups=1)
+    paged.members = lambda group_id: scheduler._formed[group_id]
+    paged.prefilling = lambda: late.prefilling
+    for s in sessions:
+        scheduler.add(s)
+    for _ in range(4):
+        scheduler.poll()
+    assert scheduler.decode_ms == pytest.approx(10.0)
+    scheduler.add(late)
+    while scheduler.active:
+        scheduler.poll()
+    assert [s.emitted for s in [*sessions, late]] == want
+    fused, rest = paged.chunks[:-1], paged.chunks[-1]  # the rest went in once they ended
+    assert rest > 1 and fused and fused[0] == FAIR_MIN_CHUNK  # the first: a small start
+    within = int((FUSED_BUDGET - 1) * 10.0 / 3.0 + 1e-9)  # 10 + 3t <= 14: t <= 1
+    settled = fused.index(within)
+    assert settled <= 3  # halved after each step over the budget, down to it
+    assert all(b == max(1, a // 2) for a, b in zip(fused[:settled], fused[1:settled + 1], strict=True))
+    assert len(fused) > settled + 5 and all(c <= within for c in fused[settled:])
+
+
+def test_a_short_cached_prefix_is_not_loaded_beside_decoding_streams(dp_export2):
+    """Loading a cached prefix makes a prompt's first step go alone, a step the decoding
+    streams wait for: beside them, a prefix under SHORT_PREFILL tokens is not worth it
+    (the prompt rides in their steps from its first chunk); alone, it is loaded."""
+    exact = dict(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
+    paged = _RowSteps(LocalChain.load(str(dp_export2),
+                                      RuntimeConfig(**exact, paged_attention=True)))
+    scheduler = StreamScheduler(paged, row_groups=1, prefix_cache_tokens=4096)
+    first = DecodeSession(0, [0, *range(40, 60)], 4)  # leaves a 24-token entry
+    list(run_sessions_on(scheduler, [first]))
+    follow = [*first.prompt, *first.emitted, *range(100, 200)]
+    assert scheduler.cache is not None
+    hits = scheduler.cache.stats.hits
+    decoders = [DecodeSession(1, [0, 5, 6, 7], 30), DecodeSession(2, [0, 9, 10, 11], 30)]
+    for s in decoders:
+        scheduler.add(s)
+    for _ in range(4):
+        scheduler.poll()
+    paged.alone.clear()
+    late = DecodeSession(3, follow, 4)
+    scheduler.add(late)
+    list(run_sessions_on(scheduler, []))
+    assert scheduler.cache.stats.hits == hits and 3 not in paged.alone
+    alone = DecodeSession(4, follow, 4)  # nothing decoding now: the entry is worth loading
+    list(run_sessions_on(scheduler, [alone]))
+    assert scheduler.cache.stats.hits == hits + 1
+    assert alone.emitted == late.emitted
+
+
+def run_sessions_on(scheduler: StreamScheduler, sessions: list[DecodeSession]):
+    """Add ``sessions`` and poll until the scheduler is idle."""
+    for session in sessions:
+        scheduler.add(session)
+    while scheduler.active:
+        yield scheduler.poll()
 
 
 def test_run_sessions_still_steps_everything(dp_export2):
