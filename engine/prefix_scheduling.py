@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from engine.executor import Executor
+from engine.prefill_planner import PrefillPlanner
 from engine.prefix_cache import PrefixCache
 from engine.sessions import DecodeSession
 
@@ -26,7 +27,7 @@ class PrefixScheduling:
     cache: PrefixCache | None
     sessions: dict[int, DecodeSession]
     _in_flight: dict[int, list[DecodeSession]]
-    _prefill_steps: dict[int, list[tuple[int, int]]]
+    prefill: PrefillPlanner
     _wirings: int
 
     def _clear_prefixes(self) -> None:
@@ -81,7 +82,7 @@ class PrefixScheduling:
                     "its whole prompt (the prefix cache starts empty)", session.stream_id)
         for rid in [r for r, ss in self._in_flight.items() if session in ss]:
             del self._in_flight[rid]
-            self._prefill_steps.pop(rid, None)
+            self.prefill.forget_step(rid)
         self._clear_prefixes()
         try:
             self.pipeline.reset(session.stream_id)

@@ -20,15 +20,8 @@ from dataclasses import dataclass
 from engine.drafting import Drafter, StageLoad, StepCost
 from engine.executor import Executor, StepError, StepReply
 from engine.pipelined import PipelinedSession
-from engine.prefill import (
-    PAGED_PRIOR,
-    SHORT_PREFILL,
-    STATEFUL_PRIOR,
-    FusedChunkBudget,
-    PrefillCost,
-    fair_chunk,
-    lone_chunk,
-)
+from engine.prefill import PAGED_PRIOR, SHORT_PREFILL, STATEFUL_PRIOR
+from engine.prefill_planner import PrefillPlanner
 from engine.prefix_cache import PrefixCache, PrefixCacheStats
 from engine.prefix_scheduling import PrefixScheduling
 from engine.row_plans import RowsPlan, padded_rows, ragged_rows
@@ -46,7 +39,6 @@ class SessionUpdate:
 
 
 GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
-DECODE_MS_PRIOR = 10.0  # a decode step's busiest-stage ms until one is measured
 
 
 class StreamScheduler(PrefixScheduling):
@@ -67,7 +59,7 @@ class StreamScheduler(PrefixScheduling):
     is left as asked.
 
     A prompt is prefilled in chunks sized from the stages' measured step costs
-    (``engine.prefill``): alone, the chunking that gives its first token soonest, its
+    (``engine.prefill``; the figures are kept by ``engine.prefill_planner``): alone, the chunking that gives its first token soonest, its
     chunks following each other through the stages without waiting for answers (on an
     executor whose ``overlaps_steps``); beside streams that are decoding, chunks that add
     a share of one of their steps, riding in their group's steps (paged) or one at a time
@@ -103,13 +95,7 @@ class StreamScheduler(PrefixScheduling):
         paged = bool(getattr(pipeline, "paged_attention", False))
         # paged stages step a group's rows ragged: a prompt's chunks ride in its decode steps
         self.ragged = paged and bool(self._groups)
-        self.prefill_cost = PrefillCost(PAGED_PRIOR if paged else STATEFUL_PRIOR)
-        self.decode_ms = 0.0  # recent decode steps' busiest-stage compute (EWMA)
-        # request id -> (tokens, past) of each row of a step that carries a prefill
-        self._prefill_steps: dict[int, list[tuple[int, int]]] = {}
-        self._fused_budgets: dict[int, FusedChunkBudget] = {}  # stream id -> its chunks'
-        # request id -> (stream id, tokens) of each prompt riding in that group step
-        self._fused_chunks: dict[int, list[tuple[int, int]]] = {}
+        self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR)
         self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
         self.cache: PrefixCache | None = None
         self._wirings = getattr(pipeline, "wirings", 0)
@@ -142,7 +128,7 @@ class StreamScheduler(PrefixScheduling):
         if self.cache is not None:
             self.cache.untrack_live(stream_id)
         self._pads.pop(stream_id, None)
-        self._fused_budgets.pop(stream_id, None)
+        self.prefill.forget_stream(stream_id)
         if self._group_of.pop(stream_id, None) is not None:
             for members in self._groups.values():
                 if session in members:
@@ -150,7 +136,7 @@ class StreamScheduler(PrefixScheduling):
             return
         for rid in [r for r, s in self._in_flight.items() if s == [session]]:
             del self._in_flight[rid]
-            self._prefill_steps.pop(rid, None)
+            self.prefill.forget_step(rid)
         self.pipeline.close_stream(stream_id)
 
     def poll(self, timeout_s: float | None = None) -> list[SessionUpdate]:
@@ -170,7 +156,7 @@ class StreamScheduler(PrefixScheduling):
         in flight: it finished on its last reply)."""
         if self.sessions.pop(session.stream_id, None) is None:
             return
-        self._fused_budgets.pop(session.stream_id, None)
+        self.prefill.forget_stream(session.stream_id)
         grouped = session.stream_id in self._group_of
         in_flight = any(session in s for s in self._in_flight.values())
         if not in_flight:
@@ -303,7 +289,7 @@ class StreamScheduler(PrefixScheduling):
             if isinstance(session, PipelinedSession):
                 updates += self._cancel_runs(session)
             if prefilling and not session.prefilling:
-                self._fused_budgets.pop(session.stream_id, None)
+                self.prefill.forget_stream(session.stream_id)
                 if self.cache is not None:
                     self.cache.track_live(session.stream_id, session.prompt)
         return updates
@@ -333,7 +319,7 @@ class StreamScheduler(PrefixScheduling):
             session.fail(exc)
         for rid in [r for r, ss in self._in_flight.items() if all(s.done for s in ss)]:
             del self._in_flight[rid]
-            self._prefill_steps.pop(rid, None)
+            self.prefill.forget_step(rid)
         return [SessionUpdate(s, []) for s in sessions]
 
     # -- driving the executor ---------------------------------------------------------
@@ -353,8 +339,11 @@ class StreamScheduler(PrefixScheduling):
             failed = self._in_flight.pop(rid, None)
             self._group_steps.pop(rid, None)
             self._row_answers.pop(rid, None)
+            self.prefill.forget_step(rid)
             if failed is None:
                 failed = [s for sessions in self._in_flight.values() for s in sessions]
+                for lost in self._in_flight:
+                    self.prefill.forget_step(lost)
                 self._in_flight.clear()
                 self._group_steps.clear()
                 self._row_answers.clear()
@@ -364,7 +353,7 @@ class StreamScheduler(PrefixScheduling):
         sessions = self._in_flight.pop(reply.request_id, None)
         self._group_steps.pop(reply.request_id, None)
         answers = self._row_answers.pop(reply.request_id, None)
-        self._observe(reply.request_id, reply)
+        self.prefill.answered(reply.request_id, reply.stage_ms)
         if sessions is not None:
             updates += self._advance(sessions, reply, answers)
             updates += self._submit_ready(settled_only=True, decode_only=True)
@@ -430,11 +419,12 @@ class StreamScheduler(PrefixScheduling):
             return False
         self._in_flight[rid] = list(sessions)
         if prefill:
-            self._prefill_steps[rid] = [(int(plan.token_ids.size), past)]
+            self.prefill.submitted(rid, [(int(plan.token_ids.size), past)])
         elif fused and rows is not None:  # a prompt's chunk rode in the group's step
-            self._prefill_steps[rid] = shapes = rows.shapes()
-            self._fused_chunks[rid] = [(s.stream_id, tokens) for s, (tokens, _) in
-                                       zip(sessions, shapes, strict=True) if s.prefilling]
+            shapes = rows.shapes()
+            self.prefill.submitted(rid, shapes, [
+                (s.stream_id, tokens) for s, (tokens, _) in zip(sessions, shapes, strict=True)
+                if s.prefilling])
         if rows is not None:
             self._group_steps[rid] = unit_id
             self._row_answers[rid] = rows.answers
@@ -481,35 +471,10 @@ class StreamScheduler(PrefixScheduling):
 
     def _size_prefill(self, session: DecodeSession) -> None:
         """Set the session's next prefill chunk from the measured step costs."""
-        cost = self.prefill_cost.model
-        past = session.prefill_position
-        if self._others_decoding(session):
-            fused = session.stream_id in self._group_of
-            chunk = fair_chunk(self.decode_ms or DECODE_MS_PRIOR, past, cost,
-                               left=session.prefill_left, fused=fused)
-            if fused:  # held to the budget by what its steps measured
-                budget = self._fused_budgets.setdefault(session.stream_id, FusedChunkBudget())
-                chunk = budget.chunk(chunk)
-        else:
-            stages = 1 if self.load.shared_cores or not self.overlaps else self.pipeline.num_stages
-            chunk = lone_chunk(session.prefill_left, past, stages, cost)
-        session.prefill_chunk = min(chunk, session.max_prefill_chunk)
-
-    def _observe(self, request_id: int, reply: StepReply) -> None:
-        """Feed a reply's stage compute to the prefill cost model or the decode figure."""
-        busiest = max(reply.stage_ms, default=0.0)
-        rows = self._prefill_steps.pop(request_id, None)
-        for stream_id, tokens in self._fused_chunks.pop(request_id, []):
-            budget = self._fused_budgets.get(stream_id)
-            if budget is not None and self.decode_ms:
-                budget.observe(tokens, busiest, self.decode_ms)
-        if len(self._fused_chunks) > len(self._in_flight):  # steps failed or abandoned
-            self._fused_chunks = {r: c for r, c in self._fused_chunks.items()
-                                  if r in self._in_flight}
-        if rows is not None:
-            self.prefill_cost.observe_rows(rows, busiest)
-        elif busiest > 0:
-            self.decode_ms = busiest if not self.decode_ms else 0.8 * self.decode_ms + 0.2 * busiest
+        stages = 1 if self.load.shared_cores or not self.overlaps else self.pipeline.num_stages
+        session.prefill_chunk = self.prefill.chunk(
+            session, self._others_decoding(session), session.stream_id in self._group_of,
+            stages)
 
 
 def run_sessions(pipeline: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0

@@ -180,7 +180,7 @@ def test_pipelined_prefill_gives_the_tokens_of_one_chunk_at_a_time(dp_threaded2,
     pipe = _Counting(dp_threaded2[0])
     session = DecodeSession(3, prompt, 8, prefill_chunk=8)
     scheduler = StreamScheduler(pipe)
-    scheduler.prefill_cost.prior = StepCostModel(1.0, 1.0, 0.0, 0.0)  # chunks pay: pipeline
+    scheduler.prefill.cost.prior = StepCostModel(1.0, 1.0, 0.0, 0.0)  # chunks pay: pipeline
     scheduler.add(session)
     while scheduler.active:
         scheduler.poll(5.0)
@@ -212,7 +212,7 @@ def test_a_prefill_beside_decoding_streams_is_cut_into_fair_chunks(dp_export2):
         left, decoding = late.prefill_left, not all(s.done for s in sessions)
         # decode steps far cheaper than any chunk: the fair chunk is the least one. (The
         # measured figure, which each decode step moves, made chunks of 6 on a slower run.)
-        scheduler.decode_ms = 1e-6
+        scheduler.prefill.decode_ms = 1e-6
         scheduler.poll()
         if late.prefill_left != left:
             chunks.append((left - late.prefill_left, decoding))
@@ -254,7 +254,7 @@ def test_a_prompt_beside_decoding_streams_rides_in_their_steps_on_paged_stages(d
         scheduler.add(s)
     for _ in range(4):
         scheduler.poll()
-    scheduler.decode_ms = 2.0  # chunks of a few tokens: several steps carry one
+    scheduler.prefill.decode_ms = 2.0  # chunks of a few tokens: several steps carry one
     before = len(paged.ragged)
     paged.alone.clear()
     scheduler.add(late)
@@ -265,7 +265,7 @@ def test_a_prompt_beside_decoding_streams_rides_in_their_steps_on_paged_stages(d
     assert len(fused) >= 3 and all(min(rows) == 1 for rows in fused)
     assert sorted(fused[0])[:2] == [1, 1]  # it joined both decoding streams' step
     assert 2 not in paged.alone  # no prefill step of its own while the others decoded
-    assert scheduler.prefill_cost._samples  # the fused steps fed the cost model
+    assert scheduler.prefill.cost._samples  # the fused steps fed the cost model
 
 
 class _CostedSteps(_RowSteps):
@@ -318,7 +318,7 @@ def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2):
         scheduler.add(s)
     for _ in range(4):
         scheduler.poll()
-    assert scheduler.decode_ms == pytest.approx(10.0)
+    assert scheduler.prefill.decode_ms == pytest.approx(10.0)
     scheduler.add(late)
     while scheduler.active:
         scheduler.poll()
@@ -330,6 +330,7 @@ def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2):
     assert settled <= 3  # halved after each step over the budget, down to it
     assert all(b == max(1, a // 2) for a, b in zip(fused[:settled], fused[1:settled + 1], strict=True))
     assert len(fused) > settled + 5 and all(c <= within for c in fused[settled:])
+    assert scheduler.prefill.notes == 0  # every step answered, every budget dropped
 
 
 def test_a_short_cached_prefix_is_not_loaded_beside_decoding_streams(dp_export2):
