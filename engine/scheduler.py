@@ -59,14 +59,15 @@ class StreamScheduler(PrefixScheduling):
     is left as asked.
 
     A prompt is prefilled in chunks sized from the stages' measured step costs
-    (``engine.prefill``; the figures are kept by ``engine.prefill_planner``): alone, the chunking that gives its first token soonest, its
-    chunks following each other through the stages without waiting for answers (on an
-    executor whose ``overlaps_steps``); beside streams that are decoding, chunks that add
-    a share of one of their steps, riding in their group's steps (paged) or one at a time
-    between them (stateful). With
-    ``prefix_cache_tokens`` > 0 (on stages that support it), a finished stream's KV stays
-    on the stages as a prefix entry and a running stream's prompt is a source: a new
-    prompt starting with either's tokens loads that KV and prefills only the rest
+    (``engine.prefill``; the figures are kept by ``engine.prefill_planner``): alone, the
+    chunking that gives its first token soonest, its chunks following each other through
+    the stages without waiting for answers (on an executor whose ``overlaps_steps``);
+    beside streams that are decoding, chunks that add a share of one of their steps,
+    riding in their group's steps (paged, held to a measured budget) or one at a time
+    between them (stateful). With ``prefix_cache_tokens`` > 0 (on stages that support
+    it), a finished stream's KV stays on the stages as a prefix entry and a running
+    stream's prompt is a source: a new prompt starting with either's tokens loads that KV
+    and prefills only the rest
     (``engine.prefix_cache``).
 
     Not thread-safe (nor are the pipelines): drive it from one thread.
