@@ -99,6 +99,18 @@ def stage_table(snapshot: RunSnapshot) -> Table:
     return table
 
 
+# Control characters a model (or a prompt) may carry, shown as symbols rather than sent to
+# the terminal: C0 (but tab and newline) as their Control Pictures (ESC is "␛"), DEL "␡",
+# C1 as U+FFFD. Sent raw, an ESC sequence in generated text would drive the user's terminal.
+_SHOWN_CONTROLS = ({c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+                   | {0x7F: 0x2421} | {c: 0xFFFD for c in range(0x80, 0xA0)})
+
+
+def terminal_text(text: str) -> str:
+    """``text`` safe to show on a terminal: its control characters as visible symbols."""
+    return text.translate(_SHOWN_CONTROLS)
+
+
 def _tail(text: str, width: int) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
@@ -113,13 +125,13 @@ def stream_table(snapshot: RunSnapshot, tail: int = 32) -> Table:
     table.add_column("latest", no_wrap=True, ratio=2)
     for i, s in enumerate(snapshot.streams):
         table.add_row(
-            str(i), s.prompt, str(s.tokens),
+            str(i), terminal_text(s.prompt), str(s.tokens),
             "-" if s.ttft_ms is None else f"{s.ttft_ms:.0f}",
             "-" if s.tok_s is None else f"{s.tok_s:.1f}",
             f"{s.spec['acceptance']:.0%}" if "acceptance" in s.spec else "-",
             f"{s.spec['k']:.0f}" if "k" in s.spec else "-",
             s.status.removeprefix("done (").removesuffix(")"),
-            _tail(s.text.replace("\n", " "), tail),
+            _tail(terminal_text(s.text.replace("\n", " ")), tail),
         )
     return table
 
@@ -151,8 +163,8 @@ def render_run(snapshot: RunSnapshot) -> RenderableType:
     """The whole dashboard: generated text (or a row per stream), the stage table, a summary."""
     if len(snapshot.streams) == 1:
         one = snapshot.streams[0]
-        top: RenderableType = Panel(Text(one.text or "…"),
-                                    title=Text(one.prompt[:80], style="italic"),
+        top: RenderableType = Panel(Text(terminal_text(one.text) or "…"),
+                                    title=Text(terminal_text(one.prompt[:80]), style="italic"),
                                     border_style="cyan")
     else:
         top = stream_table(snapshot)

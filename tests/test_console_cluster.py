@@ -242,12 +242,15 @@ def _run_on_a_terminal(args: list[str], env: dict[str, str], timeout_s: float = 
 
 
 def _screen_lines(raw: bytes) -> list[str]:
-    """What a terminal shows, line by line: escape sequences removed."""
+    """What a terminal shows, line by line: escape sequences removed, and a line that a
+    carriage return started again (a live display's next frame) shown from there."""
     import re
 
     text = re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07", "",
                   raw.decode("utf-8", errors="replace"))
-    return [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    lines = text.replace("\r\n", "\n").split("\n")
+    return [next((part for part in reversed(line.split("\r")) if part), "").rstrip()
+            for line in lines]
 
 
 @pytest.mark.slow
@@ -257,7 +260,7 @@ def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Pat
     summary line."""
     import os
 
-    from rich.control import strip_control_codes
+    from console.dashboard import terminal_text
 
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     env = {k: v for k, v in os.environ.items()
@@ -281,8 +284,7 @@ def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Pat
     shown = "".join(line.strip().removeprefix("│").removesuffix("│") for line in
                     lines[top + 1:bottom])
     want = ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 12, exact=True))
-    assert "".join(shown.split()) == "".join(strip_control_codes(want).split()), (
-        shown, want, screen)
+    assert "".join(shown.split()) == "".join(terminal_text(want).split()), (shown, want, screen)
     cells = [[c.strip() for c in line.strip("┃│").split(line[0])] for line in lines[bottom:]
              if line[:1] in ("┃", "│")]
     assert ["#", "node", "layers", "dev", "p50", "p95", "queue", "ser", "net"] in cells, screen

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
+
 from rich.console import Console
 
-from console.dashboard import RunSnapshot, StageInfo, StreamView, render_run
+from console.dashboard import RunSnapshot, StageInfo, StreamView, render_run, terminal_text
 
 STAGES = [StageInfo(0, "127.0.0.1", "0-14", "CPU"), StageInfo(1, "127.0.0.2", "15-29", "GPU")]
 TIMING = {"stage0.compute": {"p50": 12.25, "p95": 13.5}, "stage1.compute": {"p50": 15.0, "p95": 16.0},
@@ -67,3 +69,24 @@ def test_run_status_waits_for_every_stream_then_sums_up_the_endings() -> None:
     streams[1].status = "done (eos)"
     assert snapshot.status == "done (eos)"
     assert RunSnapshot([], []).status == "running"
+
+
+def test_control_characters_in_text_are_shown_not_sent_to_the_terminal() -> None:
+    """A model's (or a prompt's) escape sequence must not drive the user's terminal: the
+    dashboard shows control characters as symbols, in one stream's panel and in the rows."""
+    assert terminal_text("a\x1b[2Jb\x12c\x7fd\x9be\tf\ng") == "a␛[2Jb␒c␡d\ufffde\tf\ng"
+    one = StreamView(prompt="hi\x1b]0;title\x07", text="ok\x1b[2Jgone\x12", tokens=3)
+    raw = _raw(RunSnapshot(STAGES, [one], TIMING))
+    assert "\x1b[2J" not in raw and "\x1b]0;" not in raw and "\x12" not in raw
+    assert "ok␛[2Jgone␒" in raw and "hi␛]0;title␇" in raw
+    many = [StreamView(prompt=f"p{i}\x1b[H", text=f"t{i}\x1b[K", tokens=1) for i in range(2)]
+    raw = _raw(RunSnapshot(STAGES, many, TIMING))
+    assert "\x1b[H" not in raw and "\x1b[K" not in raw and "t1␛[K" in raw
+
+
+def _raw(snapshot: RunSnapshot) -> str:
+    """What the dashboard writes to a terminal, escape sequences and all."""
+    buffer = io.StringIO()
+    Console(width=140, file=buffer, force_terminal=True, color_system=None).print(
+        render_run(snapshot))
+    return buffer.getvalue()
