@@ -30,8 +30,9 @@ FAIR_MIN_CHUNK = 4  # nor a shared prefill's (with a costly past a token costs t
 SHORT_PREFILL = 64  # a prefill this short goes in one step, even beside decoding streams
 MAX_CHUNK = 4096  # one step's mask is [T, past + T] floats: 64 MB at 4,096 tokens
 FUSED_SHARE = 0.75  # a chunk riding in a decode step adds at most this share of its cost
+MODELLED_PROMPT = 512  # a prompt this short rides in decode steps in chunks the model sizes
 FUSED_BUDGET = 1.4  # ... and the step it rides in costs at most this many decode steps
-FUSED_GROW_BELOW = 0.8  # a step under this share of the budget lets the next chunk grow
+FUSED_GROW_BELOW = 0.8  # a step under this share of the budget lets the next allowance grow
 FIT_WINDOW = 64
 MIN_FIT = 6  # prefill steps observed before the fit replaces the prior
 
@@ -185,30 +186,25 @@ def fair_chunk(decode_ms: float, past: int, cost: StepCostModel, cap: int = MAX_
 
 @dataclass
 class FusedChunkBudget:
-    """The chunk a prompt may add to the decoding rows' step it rides in, held by feedback
-    to ``budget`` times their step alone: each fused step's measured cost halves the next
-    chunk when over the budget (at least 1 token), keeps it when near, and grows it by a
-    quarter when under ``FUSED_GROW_BELOW`` of the budget. ``limit`` None: not measured
-    yet."""
+    """How many prompt tokens a decoding group's step may carry (split-fuse), held by
+    feedback to ``budget`` times the step without them: after each such step the allowance
+    is halved if the step cost more than the budget, kept if near it, and grown by a
+    quarter if under ``FUSED_GROW_BELOW`` of it. It belongs to the group, not to a prompt,
+    so the next prompt starts where the last one left it."""
 
     budget: float = FUSED_BUDGET
-    limit: int | None = None
-
-    def chunk(self, modelled: int) -> int:
-        """The next chunk: the measured limit, or before any measurement ``modelled`` up to
-        ``FAIR_MIN_CHUNK`` (grown from there: a first chunk over the budget costs every
-        decoding stream a slow token)."""
-        return max(1, min(modelled, FAIR_MIN_CHUNK) if self.limit is None else self.limit)
+    tokens: int = FAIR_MIN_CHUNK  # the allowance of the next step
 
     def observe(self, tokens: int, step_ms: float, decode_ms: float) -> None:
-        """A fused step that carried ``tokens`` of the prompt cost ``step_ms`` (busiest
-        stage), against ``decode_ms`` for the decoding rows' step alone."""
-        if tokens < 1 or step_ms <= 0 or decode_ms <= 0:
+        """A step that carried ``tokens`` prompt tokens cost ``step_ms`` (busiest stage),
+        against ``decode_ms`` for the decoding rows' step alone. A step that carried more
+        than the allowance (prompts chunked by the cost model) says nothing of it."""
+        if tokens < 1 or tokens > self.tokens or step_ms <= 0 or decode_ms <= 0:
             return
         ratio = step_ms / decode_ms
         if ratio > self.budget:
-            self.limit = max(1, tokens // 2)
+            self.tokens = max(1, tokens // 2)
         elif ratio < FUSED_GROW_BELOW * self.budget:
-            self.limit = min(MAX_CHUNK, tokens + max(1, tokens // 4))
-        else:
-            self.limit = tokens
+            self.tokens = min(MAX_CHUNK, max(self.tokens, tokens + max(1, tokens // 4)))
+        # near the budget: the allowance stays (a step that carried less, a prompt's last
+        # chunk, leaves it as it was)

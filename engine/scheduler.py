@@ -129,7 +129,6 @@ class StreamScheduler(PrefixScheduling):
         if self.cache is not None:
             self.cache.untrack_live(stream_id)
         self._pads.pop(stream_id, None)
-        self.prefill.forget_stream(stream_id)
         if self._group_of.pop(stream_id, None) is not None:
             for members in self._groups.values():
                 if session in members:
@@ -157,7 +156,6 @@ class StreamScheduler(PrefixScheduling):
         in flight: it finished on its last reply)."""
         if self.sessions.pop(session.stream_id, None) is None:
             return
-        self.prefill.forget_stream(session.stream_id)
         grouped = session.stream_id in self._group_of
         in_flight = any(session in s for s in self._in_flight.values())
         if not in_flight:
@@ -256,9 +254,7 @@ class StreamScheduler(PrefixScheduling):
             session.k_cap = cap
         if unit_id not in self._groups:
             return sessions[0].plan(), None
-        for session in sessions:
-            if session.prefilling:
-                self._size_prefill(session)
+        self._size_fused(unit_id, [s for s in sessions if s.prefilling])
         plans = [s.plan() for s in sessions]
         self.row_steps += 1
         self.rows_stepped += len(plans)
@@ -289,10 +285,8 @@ class StreamScheduler(PrefixScheduling):
             updates.append(SessionUpdate(session, session.advance(row_reply)))
             if isinstance(session, PipelinedSession):
                 updates += self._cancel_runs(session)
-            if prefilling and not session.prefilling:
-                self.prefill.forget_stream(session.stream_id)
-                if self.cache is not None:
-                    self.cache.track_live(session.stream_id, session.prompt)
+            if prefilling and not session.prefilling and self.cache is not None:
+                self.cache.track_live(session.stream_id, session.prompt)
         return updates
 
     def _cancel_runs(self, session: PipelinedSession) -> list[SessionUpdate]:
@@ -423,9 +417,9 @@ class StreamScheduler(PrefixScheduling):
             self.prefill.submitted(rid, [(int(plan.token_ids.size), past)])
         elif fused and rows is not None:  # a prompt's chunk rode in the group's step
             shapes = rows.shapes()
-            self.prefill.submitted(rid, shapes, [
-                (s.stream_id, tokens) for s, (tokens, _) in zip(sessions, shapes, strict=True)
-                if s.prefilling])
+            prompt_tokens = sum(tokens for s, (tokens, _) in zip(sessions, shapes, strict=True)
+                                if s.prefilling)
+            self.prefill.submitted(rid, shapes, (unit_id, prompt_tokens))
         if rows is not None:
             self._group_steps[rid] = unit_id
             self._row_answers[rid] = rows.answers
@@ -473,9 +467,20 @@ class StreamScheduler(PrefixScheduling):
     def _size_prefill(self, session: DecodeSession) -> None:
         """Set the session's next prefill chunk from the measured step costs."""
         stages = 1 if self.load.shared_cores or not self.overlaps else self.pipeline.num_stages
-        session.prefill_chunk = self.prefill.chunk(
-            session, self._others_decoding(session), session.stream_id in self._group_of,
-            stages)
+        session.prefill_chunk = self.prefill.chunk(session, self._others_decoding(session),
+                                                   stages)
+
+    def _size_fused(self, group_id: int, prompts: list[DecodeSession]) -> None:
+        """Set the chunks of the prompts riding in a group's step: beside streams that are
+        decoding, the group's measured allowance of prompt tokens (split-fuse held to a
+        budget); else each as a prompt alone."""
+        if prompts and self._others_decoding(prompts[0]):
+            chunks = self.prefill.fused_chunks(group_id, prompts)
+            for session, chunk in zip(prompts, chunks, strict=True):
+                session.prefill_chunk = chunk
+            return
+        for session in prompts:
+            self._size_prefill(session)
 
 
 def run_sessions(pipeline: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0

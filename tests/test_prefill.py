@@ -10,12 +10,14 @@ import pytest
 
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
+from engine import prefill_planner
 from engine.prefill import (
     FAIR_MIN_CHUNK,
     FUSED_BUDGET,
     FUSED_SHARE,
     MAX_CHUNK,
     MIN_CHUNK,
+    MODELLED_PROMPT,
     PAGED_PRIOR,
     SHORT_PREFILL,
     STATEFUL_PRIOR,
@@ -27,6 +29,7 @@ from engine.prefill import (
     pipelined_ms,
     split,
 )
+from engine.prefill_planner import PrefillPlanner
 from engine.scheduler import StreamScheduler, generate_greedy, run_sessions
 from engine.sessions import DecodeSession
 
@@ -118,24 +121,61 @@ def test_a_fused_chunk_adds_a_share_of_the_decode_step_it_rides_in() -> None:
     assert chunk > fair_chunk(12.0, 1000, cost)
 
 
-def test_a_fused_chunk_budget_halves_over_it_and_grows_well_under_it() -> None:
+def test_a_fused_allowance_halves_over_the_budget_and_grows_well_under_it() -> None:
     budget = FusedChunkBudget()
-    assert budget.chunk(40) == FAIR_MIN_CHUNK  # nothing measured: a small start
-    assert budget.chunk(2) == 2  # ... or the modelled chunk where it is smaller
+    assert budget.tokens == FAIR_MIN_CHUNK  # nothing measured: a small start
+    budget.observe(4, step_ms=10.0, decode_ms=10.0)
+    assert budget.tokens == 5  # well under: a quarter more, one token at the least
+    budget.tokens = 40
     budget.observe(40, step_ms=10.0 * FUSED_BUDGET + 1, decode_ms=10.0)
-    assert budget.chunk(40) == 20  # over: halved, whatever the model says
+    assert budget.tokens == 20  # over: halved
     budget.observe(20, step_ms=10.0 * FUSED_BUDGET - 1, decode_ms=10.0)
-    assert budget.chunk(40) == 20  # near the budget: kept
+    assert budget.tokens == 20  # near the budget: kept
+    budget.observe(3, step_ms=10.0 * FUSED_BUDGET - 1, decode_ms=10.0)
+    budget.observe(3, step_ms=10.0, decode_ms=10.0)
+    assert budget.tokens == 20  # a prompt's short last chunk never shrinks it
+    budget.observe(64, step_ms=100.0, decode_ms=10.0)
+    assert budget.tokens == 20  # nor a step that carried more (chunks the model sized)
     budget.observe(20, step_ms=10.0, decode_ms=10.0)
-    assert budget.chunk(40) == 25  # well under: a quarter more
+    assert budget.tokens == 25
     for _ in range(8):
-        budget.observe(max(1, budget.chunk(0)), step_ms=100.0, decode_ms=10.0)
-    assert budget.chunk(40) == 1  # never below one token
+        budget.observe(budget.tokens, step_ms=100.0, decode_ms=10.0)
+    assert budget.tokens == 1  # never below one token
     budget.observe(1, step_ms=0.0, decode_ms=10.0)  # nothing measured: nothing learnt
     budget.observe(1, step_ms=5.0, decode_ms=0.0)
-    assert budget.chunk(40) == 1
-    budget.observe(1, step_ms=10.0, decode_ms=10.0)
-    assert budget.chunk(40) == 2  # one token more at the least
+    budget.observe(0, step_ms=50.0, decode_ms=10.0)
+    assert budget.tokens == 1
+
+
+def test_long_prompts_in_one_group_step_share_its_allowance_first_come_first_served() -> None:
+    planner = PrefillPlanner(PAGED_PRIOR)
+    first = DecodeSession(0, list(range(MODELLED_PROMPT + 100)), 4)
+    second = DecodeSession(1, list(range(MODELLED_PROMPT + 1)), 4)
+    assert planner.fused_chunks(7, [first, second]) == [FAIR_MIN_CHUNK, 1]  # one token at least
+    planner.submitted(1, [(FAIR_MIN_CHUNK, 0), (1, 0)], (7, FAIR_MIN_CHUNK))
+    planner.answered(1, [10.0])  # no decode figure yet: nothing learnt of the group
+    planner.answered(2, [10.0])  # a decode step: the figure
+    planner.submitted(3, [(4, 0)], (7, 4))
+    planner.answered(3, [10.5])  # 4 prompt tokens cost 0.5 ms: the allowance grows
+    assert planner.fused_chunks(7, [second, first]) == [5, 1]
+    assert planner.fused_chunks(8, [first]) == [FAIR_MIN_CHUNK]  # another group: its own
+    planner.submitted(4, [(1, 0)], (8, 1))
+    planner.forget_step(4)
+    assert planner.notes == 0
+
+
+def test_shorter_prompts_ride_in_chunks_the_cost_model_sizes() -> None:
+    """A prompt of at most MODELLED_PROMPT tokens (whose rows the model prices well) takes
+    the model's fused chunk, whole if short, and leaves the allowance to the long ones."""
+    planner = PrefillPlanner(PAGED_PRIOR)
+    planner.answered(1, [20.0])  # a decode step: the figure
+    short = DecodeSession(0, list(range(SHORT_PREFILL)), 4)
+    medium = DecodeSession(1, list(range(MODELLED_PROMPT)), 4)
+    long = DecodeSession(2, list(range(MODELLED_PROMPT + 1)), 4)
+    modelled = fair_chunk(20.0, 0, planner.cost.model, left=MODELLED_PROMPT, fused=True)
+    assert FAIR_MIN_CHUNK < modelled < MODELLED_PROMPT
+    assert planner.fused_chunks(7, [short, medium, long]) == [SHORT_PREFILL, modelled,
+                                                              FAIR_MIN_CHUNK]
 
 
 def test_steps_of_several_rows_fit_the_same_terms() -> None:
@@ -296,10 +336,11 @@ class _CostedSteps(_RowSteps):
         return reply
 
 
-def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2):
-    """A prompt's chunks riding in the decoding rows' steps start small and, however cheap
-    the cost model thinks them, once a fused step measures over FUSED_BUDGET decode steps
-    the chunks shrink until the steps fit; the tokens are those of any chunking."""
+def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2, monkeypatch):
+    """A long prompt's chunks riding in the decoding rows' steps start small and, however
+    cheap the cost model thinks them, are then held by the steps' measured cost to
+    FUSED_BUDGET decode steps; the tokens are those of any chunking."""
+    monkeypatch.setattr(prefill_planner, "MODELLED_PROMPT", 64)  # a tiny model's long prompt
     exact = dict(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
     stateful = LocalChain.load(str(dp_export2), RuntimeConfig(**exact))
     short = [[0, 5, 6, 7], [0, 9, 10, 11]]
@@ -330,7 +371,7 @@ def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2):
     assert settled <= 3  # halved after each step over the budget, down to it
     assert all(b == max(1, a // 2) for a, b in zip(fused[:settled], fused[1:settled + 1], strict=True))
     assert len(fused) > settled + 5 and all(c <= within for c in fused[settled:])
-    assert scheduler.prefill.notes == 0  # every step answered, every budget dropped
+    assert scheduler.prefill.notes == 0  # every step answered
 
 
 def test_a_short_cached_prefix_is_not_loaded_beside_decoding_streams(dp_export2):
