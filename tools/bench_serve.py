@@ -10,7 +10,9 @@ and the same requests to a ContinuousBatchingPipeline with N in flight (tools.se
 in the same run, levels alternating which system goes first. Per level: aggregate output
 tok/s of both (completion tokens / the level's wall time), TTFT, inter-token latency and
 TPOT p50/p99, errors. Output lengths are the models' own (EOS may end a request before
-``max_tokens``); the completion tokens counted are the server's ``usage``.
+``max_tokens``); the completion tokens counted are the server's ``usage``. Both systems
+keep prompts' KV for later requests (zctl's prefix cache, on by default; the pipeline's
+``enable_prefix_caching``), so a level after the first finds its prompts cached on both.
 
 The HTTP layer's cost: at 1 client, the same requests through the coordinator's ZeroMQ
 generation service (the engine request zctl serve builds: chat messages, every token sent
@@ -367,7 +369,7 @@ def main(
             api_key, timeout, REPO, max_streams=max_streams) as served:
         rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
     settings = {"requests": requests, "seed": seed, "overhead_requests": plan.overhead_requests,
-                "max_streams": max_streams,
+                "max_streams": max_streams, "genai_prefix_caching": True,
                 "cpu_sets": cpu_sets, "export": str(export_dir), "genai_properties": props,
                 "max_tokens": [r.max_tokens for r in plan.requests],
                 "load_average_before_after": [round(load_before[0], 2),
@@ -389,7 +391,8 @@ def genai_server(bench_model: BenchModel, export_dir: Path, props: dict[str, Any
 
     model_dir = export_baseline(bench_model.hf_dir, "int4", load_manifest(export_dir).group_size,
                                 console=err)
-    return GenaiServer(model_dir, export_dir, props, max_num_seqs=max(16, max_level))
+    return GenaiServer(model_dir, export_dir, props, max_num_seqs=max(16, max_level),
+                       prefix_caching=True)
 
 
 if __name__ == "__main__":

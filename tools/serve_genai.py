@@ -32,15 +32,18 @@ REQUEST_IDS = itertools.count(1 << 20)
 class GenaiServer:
     """A ContinuousBatchingPipeline on the monolithic export at ``model_dir`` serving
     :class:`ServeRequest` s; ``export_dir`` (a zctl export of the same model) gives the
-    tokenizer and chat template, so both systems see the same input ids."""
+    tokenizer and chat template, so both systems see the same input ids. ``prefix_caching``:
+    its scheduler keeps prompts' KV for later requests, as zctl's prefix cache does."""
 
     def __init__(self, model_dir: Path, export_dir: Path, props: dict[str, Any] | None = None,
-                 max_num_seqs: int = 16, warmup_streams: int = 4) -> None:
+                 max_num_seqs: int = 16, warmup_streams: int = 4,
+                 prefix_caching: bool = True) -> None:
         from engine.tokenizer import ChatTokenizer
         from tools.baseline_batching import ContinuousBatchingBaseline
 
         self.baseline = ContinuousBatchingBaseline(model_dir, props, max_num_seqs=max_num_seqs,
-                                                   warmup_streams=warmup_streams)
+                                                   warmup_streams=warmup_streams,
+                                                   prefix_caching=prefix_caching)
         self.pipe = self.baseline.pipe
         self.tokenizer = ChatTokenizer(export_dir)
         self.eos_token_id = self.tokenizer.eos_token_id
