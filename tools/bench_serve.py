@@ -67,6 +67,7 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET_OVERHEAD = 0.03
 TARGET_RATIO_AT = 8
 TARGET_RATIO = 1.0
+GENAI_PREFIX_CACHING = True  # the baseline keeps prompts' KV as zctl's prefix cache does
 
 
 # -- where and when ------------------------------------------------------------------------------
@@ -369,7 +370,7 @@ def main(
             api_key, timeout, REPO, max_streams=max_streams) as served:
         rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
     settings = {"requests": requests, "seed": seed, "overhead_requests": plan.overhead_requests,
-                "max_streams": max_streams, "genai_prefix_caching": True,
+                "max_streams": max_streams, "genai_prefix_caching": GENAI_PREFIX_CACHING,
                 "cpu_sets": cpu_sets, "export": str(export_dir), "genai_properties": props,
                 "max_tokens": [r.max_tokens for r in plan.requests],
                 "load_average_before_after": [round(load_before[0], 2),
@@ -392,7 +393,7 @@ def genai_server(bench_model: BenchModel, export_dir: Path, props: dict[str, Any
     model_dir = export_baseline(bench_model.hf_dir, "int4", load_manifest(export_dir).group_size,
                                 console=err)
     return GenaiServer(model_dir, export_dir, props, max_num_seqs=max(16, max_level),
-                       prefix_caching=True)
+                       prefix_caching=GENAI_PREFIX_CACHING)
 
 
 if __name__ == "__main__":

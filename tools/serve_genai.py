@@ -37,7 +37,7 @@ class GenaiServer:
 
     def __init__(self, model_dir: Path, export_dir: Path, props: dict[str, Any] | None = None,
                  max_num_seqs: int = 16, warmup_streams: int = 4,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = False) -> None:
         from engine.tokenizer import ChatTokenizer
         from tools.baseline_batching import ContinuousBatchingBaseline
 
