@@ -23,8 +23,10 @@ from tools.bench_serve import (
     Plan,
     level_row,
     overhead_figures,
+    pool,
     print_table,
     report,
+    round_ratios,
     targets,
     warmup_set,
 )
@@ -162,6 +164,27 @@ def test_targets_and_report_keys() -> None:
     print_table(report([*rows, skipped], overhead, {}), Console(file=printed, width=250))
     text = printed.getvalue()
     assert "1.05x" in text and "target ratio_at_8" in text and "overhead" in text
+
+
+def test_rounds_pair_up_and_the_ratio_is_their_median() -> None:
+    def run(tokens: int, wall: float) -> LevelRun:
+        return LevelRun(8, [_record(0, 0.0, [0.5], tokens)], wall_s=wall)
+
+    # the machine slows down in the second round: both systems feel it
+    zctl = [run(100, 1.0), run(100, 2.0), run(100, 1.0)]    # 100, 50, 100 tok/s
+    genai = [run(100, 1.25), run(100, 2.0), run(100, 0.8)]  # 80, 50, 125 tok/s
+    assert round_ratios(zctl, genai) == [1.25, 1.0, 0.8]
+    pooled = pool(zctl)
+    assert len(pooled.records) == 3 and pooled.wall_s == 4.0 and pooled.concurrency == 8
+    row = level_row(summarize(pool(zctl)), summarize(pool(genai)), round_ratios(zctl, genai))
+    assert row["ratio"] == 1.0 and row["round_ratios"] == [1.25, 1.0, 0.8]
+    assert row["zctl_tok_s"] == 75.0 and row["genai_cb_tok_s"] == round(300 / 4.05, 2)
+    # one round: the two summaries' ratio, as before
+    assert level_row(summarize(zctl[0]), summarize(genai[0]), round_ratios(zctl[:1], genai[:1]))[
+        "ratio"] == 1.25
+    assert round_ratios(zctl, []) == [] and round_ratios(zctl, [run(0, 1.0)]) == []
+    with pytest.raises(ValueError, match="no rounds"):
+        pool([])
 
 
 def test_warmup_set_covers_the_largest_level_with_short_requests() -> None:

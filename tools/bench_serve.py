@@ -7,9 +7,12 @@ Each level sends the same fixed, seeded set of chat requests (mixed prompt lengt
 ``max_tokens``, greedy) through the OpenAI-compatible HTTP API with N clients
 (tools.serve_load: streamed, each client sends its next request when its last one ended),
 and the same requests to a ContinuousBatchingPipeline with N in flight (tools.serve_genai),
-in the same run, levels alternating which system goes first. Per level: aggregate output
-tok/s of both (completion tokens / the level's wall time), TTFT, inter-token latency and
-TPOT p50/p99, errors. Output lengths are the models' own (EOS may end a request before
+in the same run, levels alternating which system goes first. With ``--rounds R`` each level
+runs R times on both, the first system alternating round by round, and the level's ratio
+is the median of the rounds' ratios: on a machine whose speed drifts over minutes, each
+pair of runs sees the same machine. Per level: aggregate output tok/s of both (completion
+tokens / the level's wall time, over every round), TTFT, inter-token latency and TPOT
+p50/p99, errors. Output lengths are the models' own (EOS may end a request before
 ``max_tokens``); the completion tokens counted are the server's ``usage``. Both systems
 keep prompts' KV for later requests (zctl's prefix cache, on by default; the pipeline's
 ``enable_prefix_caching``), so a level after the first finds its prompts cached on both.
@@ -24,7 +27,7 @@ The cluster is ``zctl cluster up --local 2`` and ``zctl serve`` as subprocesses 
 checkout, under a ZCTL_HOME of their own (<cache>/bench-serve/home, so a cluster of the
 shared cache is not touched), torn down on every exit, Ctrl-C included.
 
-    python -m tools.bench_serve [--concurrency 1,4,8,16] [--requests 32] [--json]
+    python -m tools.bench_serve [--concurrency 1,4,8,16] [--requests 32] [--rounds 1] [--json]
 """
 
 from __future__ import annotations
@@ -203,6 +206,7 @@ class Plan:
     requests: list[ServeRequest]
     overhead_requests: int
     api_key: str | None = None
+    rounds: int = 1
 
 
 def warmup_set(plan: Plan) -> list[ServeRequest]:
@@ -214,7 +218,8 @@ def warmup_set(plan: Plan) -> list[ServeRequest]:
 
 def run_levels(plan: Plan, base_url: str, serve: str,
                genai: GenaiServer | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Warm both systems up, measure the HTTP overhead, then every level on both."""
+    """Warm both systems up, measure the HTTP overhead, then every level on both, each
+    level ``plan.rounds`` times, the system that goes first alternating round by round."""
     model = asyncio.run(model_id(base_url, plan.api_key))
     warm = warmup_set(plan)
     asyncio.run(http_level(base_url, model, warm, len(warm), plan.api_key))
@@ -226,27 +231,58 @@ def run_levels(plan: Plan, base_url: str, serve: str,
               f"tok/s, overhead {overhead['http_overhead']}")
     rows = []
     for i, n in enumerate(plan.levels):
-        runs: dict[str, LevelRun] = {}
-        for system in (("zctl", "genai") if i % 2 == 0 else ("genai", "zctl")):
-            if system == "zctl":
-                runs[system] = asyncio.run(http_level(base_url, model, plan.requests, n,
-                                                      plan.api_key))
-            elif genai is not None:
-                runs[system] = genai.serve(plan.requests, n)
-        rows.append(level_row(summarize(runs["zctl"]),
-                              summarize(runs["genai"]) if "genai" in runs else None))
+        zctl_runs: list[LevelRun] = []
+        genai_runs: list[LevelRun] = []
+        for r in range(plan.rounds):
+            for system in (("zctl", "genai") if (i + r) % 2 == 0 else ("genai", "zctl")):
+                if system == "zctl":
+                    zctl_runs.append(asyncio.run(http_level(base_url, model, plan.requests, n,
+                                                            plan.api_key)))
+                elif genai is not None:
+                    genai_runs.append(genai.serve(plan.requests, n))
+        rows.append(level_row(summarize(pool(zctl_runs)),
+                              summarize(pool(genai_runs)) if genai_runs else None,
+                              round_ratios(zctl_runs, genai_runs)))
         err.print(f"{n} clients: zctl {rows[-1]['zctl_tok_s']} tok/s, genai CB "
-                  f"{rows[-1]['genai_cb_tok_s']} tok/s, errors {rows[-1]['errors']}")
+                  f"{rows[-1]['genai_cb_tok_s']} tok/s, ratio {rows[-1]['ratio']} (rounds "
+                  f"{rows[-1]['round_ratios']}), errors {rows[-1]['errors']}")
     return rows, overhead
 
 
-def level_row(zctl: dict[str, Any], genai: dict[str, Any] | None) -> dict[str, Any]:
-    """One level's row: the headline figures, then each system's whole summary."""
-    ratio = round(zctl["tok_s"] / genai["tok_s"], 3) if genai and genai["tok_s"] else None
+def pool(runs: Sequence[LevelRun]) -> LevelRun:
+    """Rounds of one level as one run: every round's requests, their wall times summed
+    (so its aggregate tok/s is every round's tokens over every round's time)."""
+    if not runs:
+        raise ValueError("no rounds to pool")
+    return LevelRun(runs[0].concurrency, [r for run in runs for r in run.records],
+                    sum(run.wall_s for run in runs))
+
+
+def round_ratios(zctl: Sequence[LevelRun], genai: Sequence[LevelRun]) -> list[float]:
+    """zctl over genai aggregate tok/s, round by round (the rounds of both systems paired
+    by position; none without the baseline)."""
+    out = []
+    for z, g in zip(zctl, genai, strict=False):
+        g_tok_s = summarize(g)["tok_s"]
+        if g_tok_s:
+            out.append(round(summarize(z)["tok_s"] / g_tok_s, 3))
+    return out
+
+
+def level_row(zctl: dict[str, Any], genai: dict[str, Any] | None,
+              ratios: Sequence[float] = ()) -> dict[str, Any]:
+    """One level's row: the headline figures, then each system's whole summary. The ratio
+    is the median of the rounds' paired ``ratios`` when there are any (a drift in the
+    machine's speed between rounds then moves both systems of a pair alike), else the
+    two summaries' tok/s."""
+    if ratios:
+        ratio: float | None = round(statistics.median(ratios), 3)
+    else:
+        ratio = round(zctl["tok_s"] / genai["tok_s"], 3) if genai and genai["tok_s"] else None
     return {
         "concurrency": zctl["concurrency"],
         "zctl_tok_s": zctl["tok_s"], "genai_cb_tok_s": genai["tok_s"] if genai else None,
-        "ratio": ratio, "ttft_ms": zctl["ttft_ms"], "itl_ms": zctl["itl_ms"],
+        "ratio": ratio, "round_ratios": list(ratios), "ttft_ms": zctl["ttft_ms"], "itl_ms": zctl["itl_ms"],
         "genai_ttft_ms": genai["ttft_ms"] if genai else None,
         "genai_itl_ms": genai["itl_ms"] if genai else None,
         "errors": zctl["errors"], "genai_errors": genai["errors"] if genai else None,
@@ -302,11 +338,14 @@ def print_table(result: dict[str, Any], console: Console) -> None:
                   f"Pipeline: {result['cpu']}, {result['date']}, commit {result['commit']}",
                   soft_wrap=True, highlight=False)
     tput = Table(title="aggregate output tok/s")
-    for column in ("clients", "zctl", "genai CB", "ratio", "errors", "genai errors"):
+    for column in ("clients", "zctl", "genai CB", "ratio", "rounds' ratios", "errors",
+                   "genai errors"):
         tput.add_column(column, justify="right")
     for r in result["levels"]:
         tput.add_row(str(r["concurrency"]), str(r["zctl_tok_s"]), str(r["genai_cb_tok_s"] or "-"),
-                     f"{r['ratio']}x" if r["ratio"] else "-", str(r["errors"]),
+                     f"{r['ratio']}x" if r["ratio"] else "-",
+                     " ".join(str(x) for x in r.get("round_ratios") or []) or "-",
+                     str(r["errors"]),
                      str("-" if r["genai_errors"] is None else r["genai_errors"]))
     console.print(tput)
     lat = Table(title="latency, ms")
@@ -354,12 +393,16 @@ def main(
     skip_genai: Annotated[bool, typer.Option("--skip-genai", help="no openvino_genai")] = False,
     timeout: Annotated[float, typer.Option(help="seconds for the cluster and server to "
                                                 "come up")] = 300.0,
+    rounds: Annotated[int, typer.Option(
+        help="times each level is run on both systems, which goes first alternating; the "
+             "ratio is the median of the rounds' ratios")] = 1,
     as_json: Json = False,
 ) -> None:
     levels = parse_numbers(concurrency, "--concurrency", "client counts")
-    if requests < 1 or overhead_requests < 1:
-        fail("--requests and --overhead-requests need at least 1")
-    plan = Plan(levels, request_set(requests, seed), min(overhead_requests, requests), api_key)
+    if requests < 1 or overhead_requests < 1 or rounds < 1:
+        fail("--requests, --overhead-requests and --rounds need at least 1")
+    plan = Plan(levels, request_set(requests, seed), min(overhead_requests, requests), api_key,
+                rounds)
     bench_model = BenchModel.resolve("smollm2-135m")
     export_dir = bench_model.export(2, "int4")
     props = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}  # cluster up's
@@ -369,7 +412,8 @@ def main(
             export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets, port, max_queue,
             api_key, timeout, REPO, max_streams=max_streams) as served:
         rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
-    settings = {"requests": requests, "seed": seed, "overhead_requests": plan.overhead_requests,
+    settings = {"requests": requests, "seed": seed, "rounds": rounds,
+                "overhead_requests": plan.overhead_requests,
                 "max_streams": max_streams, "genai_prefix_caching": GENAI_PREFIX_CACHING,
                 "cpu_sets": cpu_sets, "export": str(export_dir), "genai_properties": props,
                 "max_tokens": [r.max_tokens for r in plan.requests],
