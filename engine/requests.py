@@ -124,7 +124,8 @@ class GenerationChunk:
     produced: int
     ttft_ms: float | None = None
     tok_s: float | None = None
-    timing: dict[str, dict[str, float]] = field(default_factory=dict)
+    timing: dict[str, dict[str, float]] = field(default_factory=dict)  # step figures, only
+    # when newer than the ones this stream last got (a client keeps the last it got)
     spec: dict[str, float] = field(default_factory=dict)  # acceptance, k, tokens_per_step
     note: str = ""  # what happened to the generation (paused: a stage is down; resumed)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, if asked

@@ -108,6 +108,7 @@ class _Job:
     sent_text: str = ""  # what the client was sent
     kept: int = 0  # tokens of session.emitted the client gets (a stop string cuts the rest)
     last_sent: float = 0.0
+    timing_sent: float = -1.0  # when the timing summary the client last got was computed
     cancelled: bool = False
 
     @property
@@ -474,10 +475,21 @@ class GenerationEngine:
         self._out.append((job.client, GenerationChunk(
             job.request.request_id, job.pending, job.pending_text, job.kept,
             session.stats.ttft_ms, session.stats.tok_s or None,
-            self._timing_summary(now), spec_summary(session), logprobs=job.pending_logprobs)))
+            self._new_timing(job, now), spec_summary(session), logprobs=job.pending_logprobs)))
         job.sent_text += job.pending_text
         job.pending, job.pending_text, job.pending_logprobs = [], "", []
         job.last_sent = now
+
+    def _new_timing(self, job: _Job, now: float) -> dict[str, dict[str, float]]:
+        """The timing summary for ``job``'s next chunk: the current one if the client has
+        not had it yet, else nothing (a client keeps the figures it last got). With a
+        chunk per token, most chunks then carry no figures to encode and decode."""
+        summary = self._timing_summary(now)
+        at = self._timing[0]
+        if at == job.timing_sent:
+            return {}
+        job.timing_sent = at
+        return summary
 
     def _timing_summary(self, now: float, fresh: bool = False) -> dict[str, dict[str, float]]:
         """The executor's step-timing percentiles, recomputed at most every TIMING_REFRESH_S

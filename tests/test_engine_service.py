@@ -236,3 +236,30 @@ def test_a_failed_pipeline_is_reported_as_unavailable(setup) -> None:
     engine.submit("a", GenerationRequest("x", "hi", 4))
     done = done_of(drive(engine, lambda s: not engine.busy), "a")
     assert done.stop_reason == "error" and done.error_kind == UNAVAILABLE
+
+
+def test_a_chunk_carries_the_timing_figures_only_when_they_are_new_to_its_client(
+        setup, monkeypatch) -> None:
+    _, chain, _ = setup
+    summaries = iter(range(1, 1000))
+    monkeypatch.setattr(chain, "timing_summary",
+                        lambda: {"stage0": {"compute": float(next(summaries))}})
+    engine = engine_for(setup)
+    for client in ("a", "b"):  # a chunk per token
+        engine.submit(client, GenerationRequest(client, "the sky is", 12, ignore_eos=True,
+                                                chunk_interval_ms=0))
+    seen = drive(engine, lambda s: not engine.busy)
+    for client in ("a", "b"):
+        chunks = [e for c, e in seen if c == client and isinstance(e, GenerationChunk)]
+        assert len(chunks) >= 6
+        carried = [e.timing for e in chunks if e.timing]
+        # each client gets the figures on its first chunk, then only when recomputed
+        # (at most every TIMING_REFRESH_S): not one summary twice, none left out
+        assert chunks[0].timing and len(carried) == len({str(t) for t in carried})
+        assert len(carried) < len(chunks)
+        assert done_of(seen, client).timing  # the end carries fresh figures
+    monkeypatch.setattr("engine.service.TIMING_REFRESH_S", 0.0)  # recomputed every time
+    engine.submit("c", GenerationRequest("c", "one two", 6, ignore_eos=True,
+                                         chunk_interval_ms=0))
+    seen = drive(engine, lambda s: not engine.busy)
+    assert all(e.timing for c, e in seen if isinstance(e, GenerationChunk))
