@@ -23,6 +23,7 @@ from tools.bench_serve import (
     Plan,
     level_row,
     overhead_figures,
+    overhead_steps,
     pool,
     print_table,
     report,
@@ -129,6 +130,17 @@ def test_overhead_figures() -> None:
     assert o["http_tpot_over_direct_paired"] == pytest.approx((1 + 1.959 / 1.899) / 2, abs=1e-4)
     failed = overhead_figures(direct, [_record(0, 0.0, [], 0, "x"), http[1]])
     assert failed["http_errors"] == 1 and failed["same_tokens"] == 1
+
+
+def test_each_overhead_pair_finds_its_prompt_cached_by_a_warm_request_first() -> None:
+    requests = request_set(3)
+    steps = overhead_steps(requests)
+    assert [path for path, _ in steps] == ["warm", "direct", "http", "warm", "http", "direct",
+                                           "warm", "direct", "http"]
+    for i, request in enumerate(requests):
+        warm, first, second = steps[3 * i:3 * i + 3]
+        assert warm[1].max_tokens == 1 and warm[1].prompt == request.prompt
+        assert first[1] == second[1] == request
 
 
 # -- the report ------------------------------------------------------------------------------------
