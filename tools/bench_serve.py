@@ -22,7 +22,8 @@ generation service (the engine request zctl serve builds: chat messages, every t
 as it comes) and through the HTTP API, request by request in alternating order on the
 same cluster, each prompt cached beforehand so that neither of a pair prefills it:
 ``http_overhead`` = 1 - http / direct tok/s (tokens / end-to-end time, summed), and its
-paired form (the median over requests).
+paired form (the median over requests). 32 pairs by default: on a noisy machine one pair
+that hit a slow spell moved 12 pairs' figure by several percent.
 
 The cluster is ``zctl cluster up --local 2`` and ``zctl serve`` as subprocesses of this
 checkout, under a ZCTL_HOME of their own (<cache>/bench-serve/home, so a cluster of the
@@ -398,7 +399,7 @@ def main(
     concurrency: Annotated[str, typer.Option(help="client counts, comma-separated")] = "1,4,8,16",
     requests: Annotated[int, typer.Option(help="requests per level (the same set each)")] = 32,
     overhead_requests: Annotated[int, typer.Option(
-        help="requests sent both directly and over HTTP at 1 client")] = 12,
+        help="requests sent both directly and over HTTP at 1 client (at most --requests)")] = 32,
     seed: Annotated[int, typer.Option(help="the request set's seed")] = 0,
     cpu_sets: CpuSets = "split",
     port: Annotated[int, typer.Option(help="zctl serve's port (0: a free one)")] = 0,
