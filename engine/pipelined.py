@@ -21,8 +21,8 @@ A run that stands costs no more than the plain step it replaces (one-token runs 
 step width fixed, which the CPU plugin needs to avoid re-planning); a wrong guess costs
 stage compute nobody waits for on a later stage, and at most a run's compute on stage 0.
 The depth in flight adapts (``pipeline_depth``): the stages' compute plus the hops over the
-busiest stage's compute (more behind slow hops), no deeper than the measured guesses
-usually stand, and 1 (no guessing) while they rarely do, probing now and then.
+busiest stage's compute (more behind slow hops), on a LAN no deeper than the measured
+guesses usually stand, and 1 (no guessing) while they rarely do, probing now and then.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ GUESS_WINDOW = 32  # guesses whose outcome the depth rule weighs
 GUESS_MIN = 8  # guesses judged before their rate limits the depth
 HIT_FLOOR = 0.2  # below this rate of standing guesses, guess only to probe
 GUESS_PROBE_EVERY = 16  # ... once every this many runs
-WIDE = 16  # drafts a run may carry where hops dominate (adaptive width: today's adaptive K)
-HOPS_DOMINATE = 1.0  # ... i.e. where the hops take this many times the stages' compute
-LONG = 8  # drafts a run carries elsewhere while the drafter's recent drafts matched long
+WIDE = 16  # drafts the adaptive width replays to measure how far the drafts match
+HOPS_DOMINATE = 1.0  # hops that take this many times the stages' compute are slow hops
+LONG = 8  # drafts a run carries while the drafter's recent drafts matched long
 LONG_MATCH = 4  # ... at least this many tokens (the median of the recent positions)
 
 
@@ -100,18 +100,16 @@ def round_trip(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]
     return float(np.median(computes)), gap
 
 
-def hops_dominate(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]) -> bool:
-    """Whether the hops take ``HOPS_DOMINATE`` times the stages' compute or more."""
-    measured = round_trip(step_ms, stage_ms)
-    return measured is not None and measured[1] >= HOPS_DOMINATE * measured[0]
-
-
 def pipeline_depth(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]],
                    hits: Sequence[int], cap: int = DEPTH_MAX) -> int:
     """Runs to keep in flight: enough to cover a run's round trip (the stages' compute
     plus the hops, the least gap measured: queueing excluded) with runs of the busiest
-    stage's compute, no more than the guesses usually stand in a row (a rate ``h`` of
-    standing guesses stands h / (1 - h) in a row on average) and at most ``cap``."""
+    stage's compute, at most ``cap``, and 1 while fewer than ``HIT_FLOOR`` of the guesses
+    stand. Where the hops do not dominate, no more runs than the guesses usually stand in
+    a row (a rate ``h`` of standing guesses stands h / (1 - h) in a row on average): there
+    a wrong guess's compute on stage 0 delays the run that replaces it by a good part of
+    a round trip. Behind slow hops it delays it by a small part, and every guess that
+    stands saves a whole round trip, so the runs cover the round trip."""
     measured = round_trip(step_ms, stage_ms)
     busiest = float(np.median([max(ms, default=0.0) for ms in stage_ms])) if stage_ms else 0.0
     if measured is None or busiest <= 0:
@@ -122,7 +120,8 @@ def pipeline_depth(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]
         rate = sum(hits) / len(hits)
         if rate < HIT_FLOOR:
             return 1
-        depth = min(depth, 1 + (cap if rate >= 1 else math.ceil(rate / (1 - rate))))
+        if measured is None or measured[1] < HOPS_DOMINATE * measured[0]:
+            depth = min(depth, 1 + (cap if rate >= 1 else math.ceil(rate / (1 - rate))))
     return max(1, min(depth, cap))
 
 
@@ -130,8 +129,8 @@ class PipelinedSession(DecodeSession):
     """A stream's generation by pipelined speculation (see the module docstring).
 
     ``width`` drafts ride in every run after its first token (0: one-token runs, the step
-    width of plain decoding; None: adaptive, one-token runs unless the hops dominate the
-    round trip, then up to ``WIDE``, as far as the drafter proposes); ``depth`` fixes the
+    width of plain decoding; None: adaptive, one-token runs unless the recent drafts
+    matched long, see ``run_width``); ``depth`` fixes the
     runs in flight (None: ``pipeline_depth``);
     ``depth_cap`` (set by the scheduler) bounds it: 1 turns the guessing off. The drafter
     must be replayable (its draft a function of the history alone: prompt lookup), since
@@ -183,15 +182,13 @@ class PipelinedSession(DecodeSession):
         return bool(self._next_tokens())
 
     def run_width(self) -> int:
-        """Drafts the next run may carry (see ``width``): where hops dominate, the K today's
-        adaptive speculation would draft (``choose_k``: the fixed K that would have been
-        fastest over the recent tokens); elsewhere one-token runs, or ``LONG`` while the
-        drafter's recent drafts matched ``LONG_MATCH`` tokens or more."""
+        """Drafts the next run may carry (see ``width``): one-token runs, or ``LONG``
+        while the drafter's recent drafts matched ``LONG_MATCH`` tokens or more (median).
+        Behind slow hops too: a wide run stands only if every draft in it does, while
+        one-token runs deep enough to cover the round trip lose only the runs after
+        the first wrong guess."""
         if self.width is not None:
             return self.width
-        window = slice(-TIMING_WINDOW, None)
-        if hops_dominate(self.stats.step_ms[window], self.stats.stage_ms[window]):
-            return self.choose_k()
         matches = self._hindsight
         long = matches is not None and matches.ready() and np.median(matches.recent) >= LONG_MATCH
         return LONG if long else 0

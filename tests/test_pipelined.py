@@ -13,6 +13,8 @@ from engine.drafting import LookupDrafter
 from engine.executor import StepReply
 from engine.pipelined import (
     GUESS_MIN,
+    LONG,
+    LONG_MATCH,
     PipelinedSession,
     Run,
     pipeline_depth,
@@ -217,8 +219,11 @@ def test_pipeline_depth_covers_the_round_trip_and_follows_the_guesses() -> None:
     assert wan == 11  # 12 ms compute + the least gap, 50 ms, over 6 ms: 10.3
     assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, [1] * GUESS_MIN, cap=5) == 5
     half = [1, 0] * GUESS_MIN
-    assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, half) == 2  # h / (1 - h) = 1
+    assert pipeline_depth([10.5] * 8, [[5.0, 5.0]] * 8, half) == 2  # LAN: h / (1 - h) = 1
+    # behind slow hops a wrong guess costs little next to the round trip a right one saves
+    assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, half) == 11
     assert pipeline_depth([62.0] * 8, [[6.0, 6.0]] * 8, [0] * GUESS_MIN) == 1  # rarely stand
+    assert pipeline_depth([10.5] * 8, [[5.0, 5.0]] * 8, [0] * GUESS_MIN) == 1
 
 
 def test_a_guess_that_stood_is_history_not_a_guess_again() -> None:
@@ -268,3 +273,18 @@ def test_cancelled_runs_leave_no_width_behind_and_count_as_rejections() -> None:
     assert list(run_session(model, session)) == greedy_reference(120)
     assert session.cancelled > 0 and len(session.k_used) == stats.steps  # one per answer
     assert stats.rejections >= len(model.cancels)  # a wrong guess is a rejected draft
+
+
+@pytest.mark.parametrize("step_ms", [10.5, 62.0])  # a LAN, and hops 4x the stages' compute
+def test_runs_stay_one_token_wide_behind_slow_hops_too(step_ms: float) -> None:
+    """Wide runs stand only if every draft in them does: behind slow hops too the adaptive
+    width keeps one-token runs (deep enough to cover the round trip) while drafts match
+    short, and goes wide only while they match long."""
+    session = PipelinedSession(0, PROMPT, 120)
+    session.stats.step_ms = [step_ms] * 8
+    session.stats.stage_ms = [[6.0, 6.0]] * 8
+    assert session.run_width() == 0
+    hindsight = session._hindsight
+    assert hindsight is not None
+    hindsight.matches.extend([LONG_MATCH] * (hindsight.matches.maxlen or 0))
+    assert hindsight.ready() and session.run_width() == LONG
