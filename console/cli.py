@@ -141,6 +141,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                            "theory, rewind cost."),
     "pipespec": ("bench_pipespec", "Pipelined speculation against plain greedy, today's "
                                    "speculation and openvino_genai on one core."),
+    "draft-ceiling": ("draft_ceiling", "Prompt lookup's ceiling behind slow hops: the tokens a "
+                                       "round trip yields, one guess or many."),
     "microbatch": ("bench_microbatch", "Micro-batching: aggregate decode throughput of 1, 2, 4 "
                                        "concurrent streams on a local cluster."),
     "wan": ("bench_wan", "WAN sweep: throughput against injected per-hop latency (the paper's "
