@@ -132,7 +132,8 @@ class PipelinedSession(DecodeSession):
     width of plain decoding; None: adaptive, one-token runs unless the recent drafts
     matched long, see ``run_width``); ``depth`` fixes the
     runs in flight (None: ``pipeline_depth``);
-    ``depth_cap`` (set by the scheduler) bounds it: 1 turns the guessing off. The drafter
+    ``depth_cap`` (set by the scheduler) bounds it: 1 turns the guessing off, and the
+    stream speculates as today's adaptive speculation does. The drafter
     must be replayable (its draft a function of the history alone: prompt lookup), since
     runs ahead are drafted on histories that may never happen.
     """
@@ -186,9 +187,12 @@ class PipelinedSession(DecodeSession):
         while the drafter's recent drafts matched ``LONG_MATCH`` tokens or more (median).
         Behind slow hops too: a wide run stands only if every draft in it does, while
         one-token runs deep enough to cover the round trip lose only the runs after
-        the first wrong guess."""
+        the first wrong guess. While the scheduler keeps the stream to one step at a
+        time (``depth_cap`` 1), the K today's adaptive speculation would draft."""
         if self.width is not None:
             return self.width
+        if self.depth_cap == 1:
+            return self.choose_k()
         matches = self._hindsight
         long = matches is not None and matches.ready() and np.median(matches.recent) >= LONG_MATCH
         return LONG if long else 0

@@ -453,10 +453,13 @@ class StreamScheduler(PrefixScheduling):
                         busy: Counter[int]) -> bool:
         session = sessions[0]
         if isinstance(session, PipelinedSession) and unit_id not in self._groups:
-            # Pipelined speculation where steps overlap, unless several streams already
-            # keep the stages busy (then each runs one step at a time, or in a row group).
+            # Pipelined speculation where steps overlap on stages of their own cores, unless
+            # several streams already keep the stages busy (then each runs one step at a
+            # time, or in a row group). Where the stages share cores, a guessed run takes
+            # them from the run it guesses after: one step at a time there too.
             alone = len(self.sessions) == 1 or not self.load.saturated()
-            session.depth_cap = None if self.overlaps and alone else 1
+            own_cores = self.overlaps and not self.load.shared_cores
+            session.depth_cap = None if own_cores and alone else 1
             if not session.prefilling:
                 return session.stream_id in self.sessions and session.can_run_ahead
         if not self._prefilling(unit_id, sessions):

@@ -288,3 +288,25 @@ def test_runs_stay_one_token_wide_behind_slow_hops_too(step_ms: float) -> None:
     assert hindsight is not None
     hindsight.matches.extend([LONG_MATCH] * (hindsight.matches.maxlen or 0))
     assert hindsight.ready() and session.run_width() == LONG
+
+
+def test_stages_sharing_cores_take_one_step_at_a_time_as_speculation() -> None:
+    """On one machine's shared cores a guessed run would take the cores from the run it
+    guesses after: the stream steps one run at a time, drafting today's adaptive K."""
+    model = OverlappingModel()
+    scheduler = StreamScheduler(model, shared_cores=True)
+    session = PipelinedSession(0, PROMPT, 80)
+    scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    assert session.emitted == greedy_reference(80)
+    assert session.depth_cap == 1 and model.most_in_flight == 1 and not model.cancels
+    assert max(session.k_used) > 1  # drafts, as speculation drafts them
+
+
+def test_one_step_at_a_time_it_drafts_what_adaptive_speculation_drafts() -> None:
+    session = PipelinedSession(0, PROMPT, 120)
+    session.depth_cap = 1
+    assert session.run_width() == session.choose_k()
+    session.k_cap = 0  # the scheduler's cap under load
+    assert session.run_width() == 0
