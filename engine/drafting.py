@@ -70,12 +70,18 @@ def lookup_draft(history: Sequence[int], k: int, max_ngram: int = 3,
         windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # starts < length - n
         hits = np.flatnonzero((windows == seq[length - n:]).all(axis=1))
         if hits.size:
-            period = length - n - int(hits[-1])
-            out = list(seq.tolist())
-            for _ in range(k):
-                out.append(out[len(out) - period])
-            return out[length:]
+            return periodic_continuation(seq, length - n - int(hits[-1]), k)
     return []
+
+
+def periodic_continuation(history: Sequence[int], period: int, k: int) -> list[int]:
+    """The ``k`` tokens after ``history`` that repeat its last ``period`` tokens: each the
+    token ``period`` places before it (what follows an earlier occurrence ``period``
+    tokens back, extended with that period where it runs into the end)."""
+    if not 1 <= period <= len(history):
+        raise ValueError(f"period must be in 1..{len(history)}, got {period}")
+    tail = [int(t) for t in history[len(history) - period:]]
+    return [tail[i % period] for i in range(k)]
 
 
 def expected_tokens(acceptance: float, k: int) -> float:

@@ -19,6 +19,7 @@ from engine.drafting import (
     expected_tokens,
     fit_step_cost,
     lookup_draft,
+    periodic_continuation,
 )
 from engine.executor import InlineExecutor
 from engine.scheduler import generate_greedy, generate_speculative
@@ -53,6 +54,15 @@ def test_lookup_draft() -> None:
     assert lookup_draft([5, 1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]
     assert lookup_draft([4, 4, 4], 3) == [4, 4, 4]
     assert lookup_draft([1, 2, 3, 1, 2], 2, max_ngram=1) == [3, 1]
+
+
+def test_periodic_continuation() -> None:
+    assert periodic_continuation([9, 1, 2, 3], 3, 7) == [1, 2, 3, 1, 2, 3, 1]
+    assert periodic_continuation([5, 4], 1, 3) == [4, 4, 4]
+    assert periodic_continuation([5, 4], 2, 0) == []
+    for bad in (0, 3):
+        with pytest.raises(ValueError):
+            periodic_continuation([5, 4], bad, 2)
     assert lookup_draft([1, 2, 9, 2], 2, min_ngram=2) == []
 
 
