@@ -17,6 +17,7 @@ no masked slots, so nothing is ever compacted.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,6 +28,7 @@ from openvino import opset13 as ops
 
 from common.manifest import ExportManifest, verify_export_files
 from dataplane.blocks import BlockPool, PrefixBlocks, Sequence, blocks_for
+from dataplane.bound_inputs import BoundInputs
 from dataplane.rope import RopeRows, rope_tables
 from dataplane.stage_base import (
     MaskRewind,
@@ -41,7 +43,9 @@ from dataplane.stage_base import (
     shared_core,
     warm_up_steps,
 )
+from dataplane.step_shapes import LARGE, ShapeKeeper, measure_padding_limit
 
+log = logging.getLogger("zctl.dataplane.runtime")
 INITIAL_BLOCKS = 256  # the cache doubles when it runs out
 CACHE_TYPES = {ov.Type.u8: np.uint8, ov.Type.i8: np.int8, ov.Type.f32: np.float32,
                ov.Type.f16: np.float16, ov.Type.bf16: np.uint16}
@@ -73,40 +77,6 @@ def paged_model(model: ov.Model, first: bool, last: bool, hidden_size: int) -> o
     return model
 
 
-class BoundInputs:
-    """A request's inputs as tensors bound once and written in place: a fresh ov.Tensor and
-    set_tensor per input cost tens of microseconds each right after an inference, and so do
-    a bound tensor's own pybind getters; writing into a kept numpy view of its memory
-    (reshaped within its capacity when the shape changes) costs about a microsecond."""
-
-    def __init__(self, request: ov.InferRequest) -> None:
-        self.request = request
-        # name -> (tensor, capacity, dtype, shape, numpy view of the current shape)
-        self._bound: dict[str, tuple[ov.Tensor, int, np.dtype, tuple[int, ...], np.ndarray]] = {}
-
-    def put(self, name: str, values: np.ndarray) -> None:
-        bound = self._bound.get(name)
-        if bound is not None and bound[3] == values.shape and bound[2] == values.dtype:
-            bound[4][...] = values
-            return
-        if bound is None or bound[1] < values.size or bound[2] != values.dtype:
-            capacity = max(values.size, 2 * bound[1] if bound is not None else 1)
-            tensor = ov.Tensor(_ov_type(values), [capacity])
-            tensor.shape = list(values.shape)
-            self.request.set_tensor(name, tensor)
-        else:
-            tensor, capacity = bound[0], bound[1]
-            tensor.shape = list(values.shape)
-        view = tensor.data
-        view[...] = values
-        self._bound[name] = (tensor, capacity, values.dtype, values.shape, view)
-
-
-def _ov_type(values: np.ndarray) -> ov.Type:
-    return {np.dtype(np.int32): ov.Type.i32, np.dtype(np.int64): ov.Type.i64,
-            np.dtype(np.float32): ov.Type.f32}[values.dtype]
-
-
 @dataclass
 class PagedGroup:
     """A row group: its members' sequences, stepped as the sequences of one inference."""
@@ -127,6 +97,7 @@ class PagedStep:
     seqs: list[Sequence]
     counts: list[int]  # tokens per sequence
     out_shape: tuple[int, int]
+    pad: int = 0  # padding tokens after the real ones (dataplane.step_shapes)
 
 
 class PagedStageRunner(MaskRewind):
@@ -166,7 +137,8 @@ class PagedStageRunner(MaskRewind):
         value = next(p for p in self._cache_ports if p.get_any_name().startswith("value_cache"))
         self.block_size = int(value.get_partial_shape()[2].get_length())
         self.pool = BlockPool(blocks)
-        self._caches: list[np.ndarray] = []
+        self.shapes = ShapeKeeper()  # no padding until warm_up measures what a change costs
+        self._caches: list[np.ndarray] = []  # the pool's blocks, then the padding's block
         self._bind_caches(blocks)
         self.streams: dict[int, Sequence] = {}
         self.groups: dict[int, PagedGroup] = {}
@@ -175,11 +147,12 @@ class PagedStageRunner(MaskRewind):
 
     # -- the block cache ---------------------------------------------------------------
     def _bind_caches(self, blocks: int) -> None:
-        """(Re)allocate every layer's cache for ``blocks`` blocks, keeping what they hold."""
+        """(Re)allocate every layer's cache for ``blocks`` blocks and the padding's scratch
+        block (id ``blocks``, after the pool's), keeping what they hold."""
         caches = []
         for i, port in enumerate(self._cache_ports):
             dims = [d.get_length() for d in list(port.get_partial_shape())[1:]]
-            array = np.zeros([blocks, *dims], dtype=CACHE_TYPES[port.get_element_type()])
+            array = np.zeros([blocks + 1, *dims], dtype=CACHE_TYPES[port.get_element_type()])
             if i < len(self._caches):
                 array[:self._caches[i].shape[0]] = self._caches[i]
             self.request.set_tensor(port.get_any_name(), ov.Tensor(array, shared_memory=True))
@@ -223,8 +196,22 @@ class PagedStageRunner(MaskRewind):
 
     # -- streams -----------------------------------------------------------------------
     def warm_up(self, stream_id: int = -1) -> None:
-        """A prefill-shaped and a decode-shaped step on a scratch stream, then drop it."""
+        """A prefill-shaped and a decode-shaped step on a scratch stream, then the padding
+        limit (what a change of the step's token count costs here, in tokens)."""
         warm_up_steps(self, stream_id)
+        self.open_stream(stream_id)
+        try:
+            def step(tokens: int) -> None:
+                start = self.streams[stream_id].length
+                shape = (1, tokens) if self.spec.first else (1, tokens, self.hidden_size)
+                self.step(stream_id, np.zeros(shape, np.int64 if self.spec.first else
+                                              np.float32), np.arange(start, start + tokens))
+            self.shapes.limit = 0
+            self.shapes.limit = measure_padding_limit(step, cap=min(self.block_size, 4 * LARGE))
+        finally:
+            self.close_stream(stream_id)
+        log.info("stage %d pads a step by up to %d tokens to keep its shape", self.spec.index,
+                 self.shapes.limit)
 
     def open_stream(self, stream_id: int) -> Sequence:
         if stream_id not in self.streams:
@@ -369,21 +356,33 @@ class PagedStageRunner(MaskRewind):
             self._set("logits_idx", flat)
         for seq, count in zip(seqs, counts, strict=True):
             self._reserve(seq, count)
-        if positions.size == 1:
-            cos, sin = self._rope_rows.one(int(positions.reshape(-1)[0]))
+        pad = self.shapes.pad(total)
+        flat_positions = positions.reshape(-1)
+        if pad:  # one more sequence: ``pad`` tokens from 0 in the scratch block
+            flat_positions = np.concatenate([flat_positions, np.arange(pad)])
+        if flat_positions.size == 1:
+            cos, sin = self._rope_rows.one(int(flat_positions[0]))
         else:
-            cos, sin = rope_tables(positions.reshape(1, -1), self.inv_freq, self.rope_scaling)
-        self._set("rope_cos", cos.reshape(total, 1, -1))
-        self._set("rope_sin", sin.reshape(total, 1, -1))
-        need = [blocks_for(s.length + c, self.block_size) for s, c in zip(seqs, counts, strict=True)]
-        self._set("past_lens", np.array([s.length for s in seqs], dtype=np.int32))
+            cos, sin = rope_tables(flat_positions[None], self.inv_freq, self.rope_scaling)
+        self._set("rope_cos", cos.reshape(total + pad, 1, -1))
+        self._set("rope_sin", sin.reshape(total + pad, 1, -1))
+        self._bind_tables(seqs, counts, pad)
+        return PagedStep(list(seqs), counts, out_shape, pad)
+
+    def _bind_tables(self, seqs: list[Sequence], counts: list[int], pad: int) -> None:
+        """Each sequence's past length, where its tokens begin and its block table, the
+        padding's scratch block last when ``pad``."""
+        pasts = [s.length for s in seqs]
+        tables = [s.blocks[:blocks_for(s.length + c, self.block_size)]
+                  for s, c in zip(seqs, counts, strict=True)]
+        if pad:
+            pasts, counts, tables = [*pasts, 0], [*counts, pad], [*tables, [self.pool.capacity]]
+        self._set("past_lens", np.array(pasts, dtype=np.int32))
         self._set("subsequence_begins", np.cumsum([0, *counts]).astype(np.int32))
-        self._set("block_indices", np.array([b for s, n in zip(seqs, need, strict=True)
-                                             for b in s.blocks[:n]], dtype=np.int32))
-        self._set("block_indices_begins", np.cumsum([0, *need]).astype(np.int32))
-        self._set("max_context_len", np.array(max(s.length + c for s, c in zip(
-            seqs, counts, strict=True)), dtype=np.int32))
-        return PagedStep(list(seqs), counts, out_shape)
+        self._set("block_indices", np.array([b for t in tables for b in t], dtype=np.int32))
+        self._set("block_indices_begins", np.cumsum([0, *map(len, tables)]).astype(np.int32))
+        self._set("max_context_len", np.array(max(p + c for p, c in zip(
+            pasts, counts, strict=True)), dtype=np.int32))
 
     @staticmethod
     def _answer_index(counts: list[int], logits_idx: np.ndarray | None, ragged: bool
@@ -409,12 +408,16 @@ class PagedStageRunner(MaskRewind):
         [rows, T, H], or the previous stage's output tensor); the sequences grow by T."""
         n = sum(step.counts)
         data = x.data if isinstance(x, ov.Tensor) else np.asarray(x)
+        if isinstance(x, ov.Tensor) and data.size > n * self.hidden_size:
+            data = data.reshape(-1, self.hidden_size)[:n]  # a padded step's output
         if self.spec.first:
             flat = data.astype(np.int64, copy=False).reshape(n)
         else:
             if data.size != n * self.hidden_size:
                 raise StageError(f"x {list(data.shape)} does not hold {n} hidden states")
             flat = data.astype(np.float32, copy=False).reshape(n, self.hidden_size)
+        if step.pad:
+            flat = np.concatenate([flat, np.zeros((step.pad, *flat.shape[1:]), flat.dtype)])
         self._set(self.input_name, flat)
         if self.config.async_infer:
             self.request.start_async()
@@ -426,7 +429,10 @@ class PagedStageRunner(MaskRewind):
         return self.request.get_output_tensor(0)
 
     def _output(self, tensor: ov.Tensor, step: PagedStep) -> np.ndarray:
-        return tensor.data.reshape(*step.out_shape, -1)
+        data = tensor.data
+        if step.pad and not self.spec.last:  # the last stage answers for real tokens only
+            data = data.reshape(-1, self.hidden_size)[:sum(step.counts)]
+        return data.reshape(*step.out_shape, -1)
 
     # -- prefixes (the prefix cache's entries) ---------------------------------------------
     def row_of(self, stream_id: int) -> tuple[int, int] | None:

@@ -68,6 +68,65 @@ def test_row_groups_step_every_member_as_its_own_sequence(paged, stateful) -> No
     assert all(r.pool.used == 0 for r in paged.runners)
 
 
+def test_padded_steps_give_the_tokens_of_unpadded_ones(dp_export2, stateful) -> None:
+    """Rows leave the group at different steps, so later steps are padded up to the
+    earlier size (dataplane.step_shapes): the tokens are those of each stream alone."""
+    chain = LocalChain.load(str(dp_export2), RuntimeConfig(**EXACT, paged_attention=True))
+    pads: list[int] = []
+    for runner in chain.runners:
+        runner.shapes.limit = 8
+        runner.shapes.pad = lambda t, pad=runner.shapes.pad: pads.append(pad(t)) or pads[-1]
+    prompts = [PROMPT[:30], PROMPT[:50], [0, 3, 4, 5], PROMPT[:12]]
+    lengths = [16, 5, 9, 12]
+    want = [list(generate_greedy(stateful, p, n, stream_id=60 + i))
+            for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]
+    sessions = [DecodeSession(i, p, n) for i, (p, n) in enumerate(zip(prompts, lengths,
+                                                                      strict=True))]
+    list(run_sessions(chain, sessions, row_groups=1))
+    assert [s.emitted for s in sessions] == want
+    assert sum(1 for p in pads if p) >= 4  # both stages padded the steps after rows left
+    assert all(r.pool.used == 0 and not r.streams and not r.groups for r in chain.runners)
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_padded_step_answers_as_the_unpadded_one(dp_export2, stage) -> None:
+    """A row leaves a group of 4: the padded runner's 3-row step (hidden states of stage 0,
+    logits of the last stage) equals the unpadded runner's."""
+    runners = [load_runner(dp_export2, stage, RuntimeConfig(**EXACT, paged_attention=True))
+               for _ in range(2)]
+    runners[0].shapes.limit = 4
+    rng = np.random.default_rng(3)
+    hidden = runners[0].hidden_size
+
+    def x_of(rows, tokens):
+        if stage == 0:
+            return rng.integers(5, 200, size=(rows, tokens))
+        return rng.standard_normal((rows, tokens, hidden)).astype(np.float32)
+
+    prompts = [x_of(1, n) for n in (7, 12, 3, 9)]
+    steps = [x_of(4, 1), x_of(3, 1)]
+    outs = []
+    for runner in runners:
+        for sid, prompt in enumerate(prompts):
+            runner.open_stream(sid)
+            runner.step(sid, prompt, np.arange(prompt.shape[1]))
+        runner.regroup(100, [0, 1, 2, 3])
+        lengths = [p.shape[1] for p in prompts]
+        runner.step_rows(100, steps[0], np.array(lengths)[:, None])
+        runner.regroup(100, [0, 1, 2])
+        outs.append(runner.step_rows(100, steps[1], np.array(lengths[:3])[:, None] + 1).copy())
+    assert runners[0].shapes.pad(3) == 1 and runners[1].shapes.pad(3) == 0  # it was padded
+    assert outs[0].shape == outs[1].shape
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_warm_up_measures_the_padding_limit_and_keeps_nothing(dp_export2) -> None:
+    runner = load_runner(dp_export2, 1, RuntimeConfig(paged_attention=True))
+    runner.warm_up()
+    assert 0 <= runner.shapes.limit <= runner.block_size
+    assert not runner.streams and runner.pool.used == 0
+
+
 def _prefill(chain, stream, tokens, start=0):
     chain.open(stream)
     if not start:
