@@ -357,6 +357,8 @@ class PagedStageRunner(MaskRewind):
         for seq, count in zip(seqs, counts, strict=True):
             self._reserve(seq, count)
         pad = self.shapes.pad(total)
+        if pad > self.block_size:  # the scratch block holds no more (warm_up caps the limit)
+            pad = 0
         flat_positions = positions.reshape(-1)
         if pad:  # one more sequence: ``pad`` tokens from 0 in the scratch block
             flat_positions = np.concatenate([flat_positions, np.arange(pad)])

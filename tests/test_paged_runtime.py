@@ -120,6 +120,25 @@ def test_a_padded_step_answers_as_the_unpadded_one(dp_export2, stage) -> None:
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
+def test_no_step_is_padded_beyond_the_scratch_block(dp_export2) -> None:
+    """A limit past the scratch block's size (warm_up never sets one) pads nothing: the
+    stream's next steps answer as on a runner that never pads."""
+    runners = [load_runner(dp_export2, 0, RuntimeConfig(**EXACT, paged_attention=True))
+               for _ in range(2)]
+    runners[0].shapes.limit = 4 * runners[0].block_size
+    big = runners[0].block_size + 8
+    outs = []
+    for runner in runners:
+        runner.open_stream(1)
+        runner.step(1, np.arange(5, 5 + big)[None], np.arange(big))
+        steps = [runner.step(1, np.array([[7 + i]]), np.array([big + i])).copy()
+                 for i in range(3)]  # the first would pad by block_size + 7
+        outs.append(np.concatenate(steps, axis=1))
+        runner.close_stream(1)
+        assert runner.pool.used == 0
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
 def test_warm_up_measures_the_padding_limit_and_keeps_nothing(dp_export2) -> None:
     runner = load_runner(dp_export2, 1, RuntimeConfig(paged_attention=True))
     runner.warm_up()
