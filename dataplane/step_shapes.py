@@ -10,8 +10,9 @@ once alone between two steps of its group, two row groups of 4 and 3 rows altern
 stage therefore pads a step up to the largest token count of its last few steps that is
 at most ``limit`` tokens more, with padding tokens on a scratch sequence whose outputs are
 dropped. The limit is measured per stage when it warms up (the cost of a
-change against the cost of a token): on CPUs where a change costs nothing (an AMD EPYC
-with AVX2 measured so) it is 0 and no step is padded.
+change against the cost of a token). Where a change costs under a quarter of a step the
+limit is 0 and no step is padded: an AMD EPYC (AVX2) measured no cost for a change on
+these graphs, and a padded token costs real compute there.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 WINDOW = 4  # steps a token count is kept after the last step that needed it
 SMALL, LARGE = 1, 8  # the token counts the warm-up alternates (a lone row, a row group)
+MIN_CHANGE = 0.25  # a change costing less than this share of a step is not worth padding for
 
 
 class ShapeKeeper:
@@ -45,10 +47,11 @@ class ShapeKeeper:
 def padding_limit(same_ms: float, changed_ms: float, token_ms: float, cap: int) -> int:
     """Padding tokens worth one change of shape: the change's cost (``changed_ms`` less
     ``same_ms``, the median steps right after a change and after a step of the same size)
-    over one token's (``token_ms``), at most ``cap``; 0 when a change costs under 10% of a
-    step or the figures say nothing."""
+    over one token's (``token_ms``), at most ``cap``; 0 when a change costs under
+    ``MIN_CHANGE`` of a step (timing noise on a busy machine stays under it) or the figures
+    say nothing."""
     change = changed_ms - same_ms
-    if change <= 0.1 * same_ms or token_ms <= 0:
+    if change <= MIN_CHANGE * same_ms or token_ms <= 0:
         return 0
     return max(0, min(cap, int(change / token_ms + 1e-9)))
 

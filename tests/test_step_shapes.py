@@ -34,7 +34,8 @@ def test_bad_settings_are_refused() -> None:
 def test_the_limit_is_a_change_over_a_token() -> None:
     assert padding_limit(same_ms=4.0, changed_ms=7.0, token_ms=0.4, cap=32) == 7
     assert padding_limit(same_ms=4.0, changed_ms=7.0, token_ms=0.01, cap=16) == 16
-    assert padding_limit(same_ms=40.0, changed_ms=42.0, token_ms=0.1, cap=32) == 0  # < 10%
+    assert padding_limit(same_ms=40.0, changed_ms=42.0, token_ms=0.1, cap=32) == 0  # 5%
+    assert padding_limit(same_ms=10.0, changed_ms=12.0, token_ms=0.1, cap=32) == 0  # 20%
     assert padding_limit(same_ms=4.0, changed_ms=9.0, token_ms=0.0, cap=32) == 0
 
 
