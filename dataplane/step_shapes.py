@@ -10,21 +10,21 @@ once alone between two steps of its group, two row groups of 4 and 3 rows altern
 stage therefore pads a step up to the largest token count of its last few steps that is
 at most ``limit`` tokens more, with padding tokens on a scratch sequence whose outputs are
 dropped. The limit is measured per stage when it warms up (the cost of a
-change against the cost of a token). Where a change costs under a quarter of a step the
-limit is 0 and no step is padded: an AMD EPYC (AVX2) measured no cost for a change on
-these graphs, and a padded token costs real compute there.
+change against the cost of a token, at most a full row group's 8 tokens). Where a change
+costs under 15% of a step the limit is 0 and no step is padded: an AMD EPYC (AVX2)
+measured no cost for a change on these graphs, and a padded token costs real compute
+there.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
 
 WINDOW = 4  # steps a token count is kept after the last step that needed it
 SMALL, LARGE = 1, 8  # the token counts the warm-up alternates (a lone row, a row group)
-MIN_CHANGE = 0.25  # a change costing less than this share of a step is not worth padding for
+MIN_CHANGE = 0.15  # a change costing less than this share of a step is not worth padding for
 
 
 class ShapeKeeper:
@@ -46,7 +46,7 @@ class ShapeKeeper:
 
 def padding_limit(same_ms: float, changed_ms: float, token_ms: float, cap: int) -> int:
     """Padding tokens worth one change of shape: the change's cost (``changed_ms`` less
-    ``same_ms``, the median steps right after a change and after a step of the same size)
+    ``same_ms``, the quickest steps right after a change and after a step of the same size)
     over one token's (``token_ms``), at most ``cap``; 0 when a change costs under
     ``MIN_CHANGE`` of a step (timing noise on a busy machine stays under it) or the figures
     say nothing."""
@@ -56,12 +56,12 @@ def padding_limit(same_ms: float, changed_ms: float, token_ms: float, cap: int) 
     return max(0, min(cap, int(change / token_ms + 1e-9)))
 
 
-def measure_padding_limit(step: Callable[[int], None], cap: int, rounds: int = 4,
+def measure_padding_limit(step: Callable[[int], None], cap: int, rounds: int = 6,
                           clock: Callable[[], float] = time.perf_counter) -> int:
     """The padding limit of a stage, from steps of SMALL and LARGE tokens taken through
     ``step(tokens)`` and timed by ``clock`` (seconds): each size in turn twice (one right
     after a change, one after a step of its own size), ``rounds`` times, after one of each
-    to warm both shapes."""
+    to warm both shapes; the quickest step of each kind counts."""
     for tokens in (SMALL, LARGE):
         step(tokens)
     same: dict[int, list[float]] = {SMALL: [], LARGE: []}
@@ -72,8 +72,10 @@ def measure_padding_limit(step: Callable[[int], None], cap: int, rounds: int = 4
                 start = clock()
                 step(tokens)
                 times[tokens].append((clock() - start) * 1e3)
-    med = {k: (statistics.median(same[k]), statistics.median(changed[k])) for k in same}
-    token_ms = (med[LARGE][0] - med[SMALL][0]) / (LARGE - SMALL)
-    same_ms = (med[SMALL][0] + med[LARGE][0]) / 2
-    changed_ms = (med[SMALL][1] + med[LARGE][1]) / 2
+    # The least of each: another process sharing the cores (a second stage warming up at
+    # the same time) only ever adds time to a step.
+    least = {k: (min(same[k]), min(changed[k])) for k in same}
+    token_ms = (least[LARGE][0] - least[SMALL][0]) / (LARGE - SMALL)
+    same_ms = (least[SMALL][0] + least[LARGE][0]) / 2
+    changed_ms = (least[SMALL][1] + least[LARGE][1]) / 2
     return padding_limit(same_ms, changed_ms, token_ms, cap)

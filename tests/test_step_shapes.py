@@ -35,7 +35,7 @@ def test_the_limit_is_a_change_over_a_token() -> None:
     assert padding_limit(same_ms=4.0, changed_ms=7.0, token_ms=0.4, cap=32) == 7
     assert padding_limit(same_ms=4.0, changed_ms=7.0, token_ms=0.01, cap=16) == 16
     assert padding_limit(same_ms=40.0, changed_ms=42.0, token_ms=0.1, cap=32) == 0  # 5%
-    assert padding_limit(same_ms=10.0, changed_ms=12.0, token_ms=0.1, cap=32) == 0  # 20%
+    assert padding_limit(same_ms=10.0, changed_ms=11.4, token_ms=0.1, cap=32) == 0  # 14%
     assert padding_limit(same_ms=4.0, changed_ms=9.0, token_ms=0.0, cap=32) == 0
 
 
@@ -60,3 +60,18 @@ class FakeStage:
 def test_the_measured_limit_follows_the_stage(change, want) -> None:
     stage = FakeStage(base=2.0, per_token=0.3, change=change)
     assert measure_padding_limit(stage.step, cap=16, clock=stage.clock) == want
+
+
+def test_steps_slowed_by_another_process_do_not_hide_the_change() -> None:
+    """Every third step 5 ms slower (a second stage warming up on the same cores): the
+    quickest steps of each kind still show the change."""
+    stage = FakeStage(base=2.0, per_token=0.3, change=3.0)
+    plain_step, count = stage.step, [0]
+
+    def busy_step(tokens: int) -> None:
+        count[0] += 1
+        plain_step(tokens)
+        if count[0] % 3 == 0:
+            stage.now += 5.0 / 1e3
+
+    assert measure_padding_limit(busy_step, cap=16, clock=stage.clock) == 10
