@@ -42,6 +42,7 @@ from dataplane.stage_base import (
     open_stage,
     shared_core,
     warm_up_steps,
+    zero_input,
 )
 from dataplane.step_shapes import LARGE, ShapeKeeper, measure_padding_limit
 
@@ -203,11 +204,10 @@ class PagedStageRunner(MaskRewind):
         try:
             def step(tokens: int) -> None:
                 start = self.streams[stream_id].length
-                shape = (1, tokens) if self.spec.first else (1, tokens, self.hidden_size)
-                self.step(stream_id, np.zeros(shape, np.int64 if self.spec.first else
-                                              np.float32), np.arange(start, start + tokens))
-            self.shapes.limit = 0  # twice: a second stage warming up on these cores can
-            # hide a change's cost from one measurement, never add one to both
+                self.step(stream_id, zero_input(self, tokens), np.arange(start, start + tokens))
+            self.shapes.limit = 0
+            # Twice, keeping the larger: a second stage warming up on these cores can hide a
+            # change's cost from one measurement, never add one to both.
             self.shapes.limit = max(measure_padding_limit(step, cap=min(self.block_size, LARGE))
                                     for _ in range(2))
         finally:

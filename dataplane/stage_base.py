@@ -161,6 +161,14 @@ def check_row_rewinds(group_id: int, counts: np.ndarray, held: Sequence[int]) ->
     return counts
 
 
+def zero_input(runner: Any, tokens: int) -> np.ndarray:
+    """A scratch step's input for ``runner``: ``tokens`` zero ids [1, T] on the first stage,
+    zero hidden states [1, T, H] on the others."""
+    if runner.spec.first:
+        return np.zeros((1, tokens), np.int64)
+    return np.zeros((1, tokens, runner.hidden_size), np.float32)
+
+
 def warm_up_steps(runner: Any, stream_id: int, prefill_tokens: int = 8) -> None:
     """Run a prefill-shaped and a decode-shaped step of ``runner`` on a scratch stream,
     then drop it, so the first real request does not pay the plugin's first-inference
@@ -168,10 +176,7 @@ def warm_up_steps(runner: Any, stream_id: int, prefill_tokens: int = 8) -> None:
     runner.open_stream(stream_id)
     try:
         for positions in (np.arange(prefill_tokens), np.arange(8, 9)):
-            shape = (1, len(positions))
-            x = (np.zeros(shape, np.int64) if runner.spec.first
-                 else np.zeros((*shape, runner.hidden_size), np.float32))
-            runner.step(stream_id, x, positions)
+            runner.step(stream_id, zero_input(runner, len(positions)), positions)
     finally:
         runner.close_stream(stream_id)
 
