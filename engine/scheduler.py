@@ -322,7 +322,8 @@ class StreamScheduler(PrefixScheduling):
         """Submit every ready unit, collect one reply, advance its sessions and submit
         their next steps before returning (where nothing is about to change: see
         ``_settled``): the caller's work on the updates (streaming text to clients) then
-        overlaps the steps in flight instead of delaying them."""
+        overlaps the steps in flight instead of delaying them. A lone stream's first token
+        is the exception (``_first_token_alone``): it goes to its client first."""
         pipe = self.pipeline
         updates = self._submit_ready()
         if not self._in_flight:
@@ -346,12 +347,14 @@ class StreamScheduler(PrefixScheduling):
         if reply is None:
             return updates
         sessions = self._in_flight.pop(reply.request_id, None)
-        self._group_steps.pop(reply.request_id, None)
+        group = self._group_steps.pop(reply.request_id, None)
         answers = self._row_answers.pop(reply.request_id, None)
         self.prefill.answered(reply.request_id, reply.stage_ms)
         if sessions is not None:
-            updates += self._advance(sessions, reply, answers)
-            updates += self._submit_ready(settled_only=True, decode_only=True)
+            advanced = self._advance(sessions, reply, answers)
+            updates += advanced
+            if group is not None or not _first_token_alone(advanced):
+                updates += self._submit_ready(settled_only=True, decode_only=True)
         return updates
 
     def _settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
@@ -484,6 +487,15 @@ class StreamScheduler(PrefixScheduling):
             return
         for session in prompts:
             self._size_prefill(session)
+
+
+def _first_token_alone(updates: Sequence[SessionUpdate]) -> bool:
+    """Whether a unit stepped alone (not a row group) just gave its session its first
+    tokens. Its next step then waits for the next poll: started now, stage 0's compute
+    of it (in the caller's thread on a cluster's head) would come between the prompt's
+    last step and the first token reaching the client, one more step in the time to
+    first token. A row group's step goes first even then: it carries every row's pace."""
+    return any(u.tokens and len(u.session.emitted) == len(u.tokens) for u in updates)
 
 
 def run_sessions(pipeline: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0
