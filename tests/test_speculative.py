@@ -54,6 +54,7 @@ def test_lookup_draft() -> None:
     assert lookup_draft([5, 1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]
     assert lookup_draft([4, 4, 4], 3) == [4, 4, 4]
     assert lookup_draft([1, 2, 3, 1, 2], 2, max_ngram=1) == [3, 1]
+    assert lookup_draft([1, 2, 9, 2], 2, min_ngram=2) == []
 
 
 def test_periodic_continuation() -> None:
@@ -63,7 +64,6 @@ def test_periodic_continuation() -> None:
     for bad in (0, 3):
         with pytest.raises(ValueError):
             periodic_continuation([5, 4], bad, 2)
-    assert lookup_draft([1, 2, 9, 2], 2, min_ngram=2) == []
 
 
 def test_adapt_k_follows_the_cost_model() -> None:
