@@ -27,7 +27,7 @@ needs the same numbers from a 1-token and a K+1-token step: keep the KV cache in
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,16 +62,24 @@ def lookup_draft(history: Sequence[int], k: int, max_ngram: int = 3,
     continuation runs into the end of the history it is extended with the same period
     (``a b a b`` proposes ``a b a ...``). Returns [] when no suffix n-gram occurred before.
     """
-    length = len(history)
-    if k < 1 or min_ngram < 1 or length < min_ngram + 1:
+    if k < 1 or min_ngram < 1:
         return []
     seq = np.asarray(history, dtype=np.int64)
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+    period = next(suffix_periods(seq, max_ngram, min_ngram), None)
+    return [] if period is None else periodic_continuation(seq, period, k)
+
+
+def suffix_periods(history: Sequence[int], max_ngram: int = 3, min_ngram: int = 1
+                   ) -> Iterator[int]:
+    """Where the history's last n tokens occurred before, as periods (how far back each
+    occurrence is): n from ``max_ngram`` down to ``min_ngram``, and for each n the most
+    recent occurrence first."""
+    seq = np.asarray(history, dtype=np.int64)
+    length = len(seq)
+    for n in range(min(max_ngram, length - 1), max(min_ngram, 1) - 1, -1):
         windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # starts < length - n
-        hits = np.flatnonzero((windows == seq[length - n:]).all(axis=1))
-        if hits.size:
-            return periodic_continuation(seq, length - n - int(hits[-1]), k)
-    return []
+        for hit in np.flatnonzero((windows == seq[length - n:]).all(axis=1))[::-1]:
+            yield length - n - int(hit)
 
 
 def periodic_continuation(history: Sequence[int], period: int, k: int) -> list[int]:

@@ -35,7 +35,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine.drafting import accept_prefix, lookup_draft, periodic_continuation
+from engine.drafting import accept_prefix, lookup_draft, periodic_continuation, suffix_periods
 from tools.bench_common import BenchModel, Json, Model, Weights, fail, run_record
 from tools.spec_prompts import PROMPTS
 
@@ -48,14 +48,11 @@ def lookup_continuations(history: Sequence[int], k: int, max_ngram: int = 3) -> 
     last n tokens, n from ``max_ngram`` down to 1, most recent occurrence first
     (``periodic_continuation``, as ``lookup_draft`` drafts)."""
     seq = np.asarray(history, dtype=np.int64)
-    length = len(seq)
     found: list[list[int]] = []
-    for n in range(min(max_ngram, length - 1), 0, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
-        for hit in np.flatnonzero((windows == seq[length - n:]).all(axis=1))[::-1]:
-            continuation = periodic_continuation(seq, length - n - int(hit), k)
-            if continuation not in found:
-                found.append(continuation)
+    for period in suffix_periods(seq, max_ngram):
+        continuation = periodic_continuation(seq, period, k)
+        if continuation not in found:
+            found.append(continuation)
     return found
 
 
