@@ -88,15 +88,18 @@ def parse_speculative(value: str) -> str:
                      f"{value!r}")
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float,
-                   seed: int | None) -> dict[str, Any]:
+def check_sampling(temperature: float, top_k: int, top_p: float, seed: int | None,
+                   presence_penalty: float = 0.0, frequency_penalty: float = 0.0
+                   ) -> dict[str, Any]:
     """The sampling options, validated here so a bad one fails before a cluster starts."""
     from engine.sampling import SamplingParams
 
-    SamplingParams(temperature, top_k, top_p, seed)  # raises ValueError with the reason
+    # raises ValueError with the reason
+    SamplingParams(temperature, top_k, top_p, seed, presence_penalty, frequency_penalty)
     if seed is not None and seed < 0:
         raise ValueError(f"--seed must be >= 0, not {seed}")
-    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
+            "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
 
 
 def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat: bool,
@@ -221,6 +224,10 @@ def run(
     top_k: Annotated[int, typer.Option(help="sample among the k most likely tokens (0: all)")] = 0,
     top_p: Annotated[float, typer.Option(help="nucleus sampling mass")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="sampling seed (stream i uses seed + i)")] = None,
+    presence_penalty: Annotated[float, typer.Option(
+        help="-2..2, taken off the logit of every token generated so far (greedy too)")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option(
+        help="-2..2, taken off a token's logit once per time it was generated")] = 0.0,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
@@ -234,7 +241,8 @@ def run(
     embedded = None
     try:
         draft_k, mode = parse_k(k), parse_speculative(speculative)
-        sampling = check_sampling(temperature, top_k, top_p, seed)
+        sampling = check_sampling(temperature, top_k, top_p, seed, presence_penalty,
+                                  frequency_penalty)
         if streams < 0:
             raise ValueError(f"--streams must be >= 0, not {streams}")
         wanted = streams or len(prompts)

@@ -18,6 +18,9 @@ MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 4096
+MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: -2..2
+MAX_LOGIT_BIAS = 100.0  # ... for a token's logit bias: -100..100
+MAX_BIASED_TOKENS = 1024  # the most tokens one request's logit_bias names
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 # "pipelined": lookup guesses keep every stage busy for one stream (engine.pipelined)
 SPECULATIVE_MODES = ("", "lookup", "pipelined")  # or "draft:PATH" (a 1-stage export on the
@@ -69,6 +72,9 @@ class GenerationRequest:
     top_k: int = 0  # 0 = no top-k truncation
     top_p: float = 1.0
     seed: int | None = None  # None: a fresh seed per request
+    presence_penalty: float = 0.0  # off each generated token's logit (engine.sampling)
+    frequency_penalty: float = 0.0  # ... once per time it was generated
+    logit_bias: dict[str, float] = field(default_factory=dict)  # token id (decimal) -> bias
     messages: list[ChatMessage] = field(default_factory=list)  # a conversation (chat)
     stop: list[str] = field(default_factory=list)  # stop strings: end before the first one
     logprobs: bool = False  # chunks carry each token's TokenLogprob
@@ -76,6 +82,11 @@ class GenerationRequest:
     logits_payload: str = "auto"  # what the last stage sends when logits are needed: "auto"
     # (the smallest exact: top-k where it answers exactly), "fp16" or "fp32" (engine.payloads)
     chunk_interval_ms: int = 100  # how often tokens are sent (0: each as it comes)
+
+    def biases(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as (token id, bias) pairs in id order (check ``problem`` first;
+        of two spellings of one id, such as "7" and "07", the later wins)."""
+        return tuple(sorted({int(k): float(b) for k, b in self.logit_bias.items()}.items()))
 
     def problem(self) -> str | None:
         """What is wrong with the request's values (the first thing found), or None."""
@@ -85,6 +96,15 @@ class GenerationRequest:
             (0 <= self.top_k <= 1 << 20, "top_k must be >= 0"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (self.seed is None or 0 <= self.seed < 1 << 63, "seed must be >= 0"),
+            (-MAX_PENALTY <= self.presence_penalty <= MAX_PENALTY,
+             f"presence_penalty must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}"),
+            (-MAX_PENALTY <= self.frequency_penalty <= MAX_PENALTY,
+             f"frequency_penalty must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}"),
+            (len(self.logit_bias) <= MAX_BIASED_TOKENS and all(
+                k.isascii() and k.isdecimal() and len(k) <= 9 for k in self.logit_bias) and all(
+                -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in self.logit_bias.values()),
+             f"logit_bias maps up to {MAX_BIASED_TOKENS} token ids (decimal strings) to "
+             f"-{MAX_LOGIT_BIAS:g}..{MAX_LOGIT_BIAS:g}"),
             (self.speculative in SPECULATIVE_MODES or (
                 self.speculative.startswith("draft:") and len(self.speculative) > 6),
              f"speculative must be '', 'lookup', 'pipelined' or 'draft:PATH', got "

@@ -1,8 +1,10 @@
 """Sampling, and lossless speculative sampling (rejection sampling), as small pure functions.
 
 ``SamplingParams`` turn a row of target logits into the distribution a token is drawn
-from (temperature, then top-k and top-p truncation). With temperature 0 decoding is
-greedy and speculation checks drafts by equality (``accept_prefix``). With temperature
+from (temperature, then top-k and top-p truncation). ``adjust_logits`` first applies
+OpenAI's presence and frequency penalties (over the tokens generated so far) and a
+logit bias. With temperature 0 decoding is greedy (over the adjusted logits) and
+speculation checks drafts by equality (``accept_prefix``). With temperature
 > 0 ``speculative_sample`` checks drafts by rejection sampling (Leviathan et al. 2023,
 Chen et al. 2023): draft ``d_i`` proposed with probability ``q_i(d_i)`` is accepted with
 probability ``min(1, p_i(d_i) / q_i(d_i))``; at the first rejection a token is drawn from
@@ -20,17 +22,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.requests import TokenLogprob
+from engine.requests import MAX_LOGIT_BIAS, MAX_PENALTY, TokenLogprob
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; top_k 0 and top_p 1.0 = no truncation; seed for repeatability."""
+    """temperature 0 = greedy; top_k 0 and top_p 1.0 = no truncation; seed for repeatability.
+
+    ``presence_penalty`` is taken off the logit of every token generated so far, and
+    ``frequency_penalty`` once for each time it was (OpenAI's and vLLM's meaning: the
+    prompt's tokens are not counted); ``logit_bias`` holds (token id, bias) pairs added to
+    those tokens' logits. They apply under greedy decoding too."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -39,13 +49,51 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}, "
+                                 f"got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias maps token ids >= 0 to -{MAX_LOGIT_BIAS:g}.."
+                                 f"{MAX_LOGIT_BIAS:g}, got {token}: {bias}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def adjusts_logits(self) -> bool:
+        """Penalties or a bias change the logits, so even greedy decoding reads them."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+
     def rng(self) -> np.random.Generator:
         return np.random.default_rng(self.seed)
+
+
+def adjust_logits(logits: np.ndarray, params: SamplingParams, generated: Sequence[int],
+                  drafts: Sequence[int] = ()) -> np.ndarray:
+    """The rows of ``logits`` [K+1, V] (float64) with ``params``' bias and penalties.
+
+    Row 0 follows the ``generated`` tokens; row i > 0 follows them and ``drafts[:i]`` (a
+    speculative step's row i is read only once the drafts before it are accepted)."""
+    rows = np.array(logits, dtype=np.float64).reshape(-1, np.shape(logits)[-1])
+    if params.logit_bias:
+        ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
+        if ids.max() >= rows.shape[1]:
+            raise ValueError(f"logit_bias names token {int(ids.max())}, beyond the "
+                             f"vocabulary of {rows.shape[1]}")
+        rows[:, ids] += np.array([b for _, b in params.logit_bias])
+    presence, frequency = params.presence_penalty, params.frequency_penalty
+    if not (presence or frequency):
+        return rows
+    ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+    rows[:, ids] -= frequency * counts + presence
+    seen = set(ids.tolist())
+    for i, token in enumerate(int(t) for t in drafts[:rows.shape[0] - 1]):
+        rows[i + 1:, token] -= frequency + (0.0 if token in seen else presence)
+        seen.add(token)
+    return rows
 
 
 def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -334,7 +334,12 @@ class GenerationEngine:
                 "memory budget)")
         req = replace(req, max_tokens=limit)
         stops = () if req.ignore_eos else self.stop_ids
-        sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
+        biases = req.biases()
+        if biases and biases[-1][0] >= self.tokenizer.vocab_size:
+            raise RequestRefused(f"logit_bias names token {biases[-1][0]}, beyond the "
+                                 f"vocabulary of {self.tokenizer.vocab_size}")
+        sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed,
+                                  req.presence_penalty, req.frequency_penalty, biases)
         top = req.top_logprobs if req.logprobs else None
         reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
         if not req.speculative:

@@ -41,7 +41,14 @@ from engine.hindsight import DraftHindsight, best_fixed_k
 from engine.payloads import PAYLOAD_POLICIES, Want, payload_for
 from engine.prefill import MAX_CHUNK
 from engine.requests import TokenLogprob
-from engine.sampling import SamplingParams, draw, speculative_sample, target_probs, token_logprobs
+from engine.sampling import (
+    SamplingParams,
+    adjust_logits,
+    draw,
+    speculative_sample,
+    target_probs,
+    token_logprobs,
+)
 from engine.stats import GenerationStats, SpeculativeStats
 
 COST_WINDOW = 64  # decode steps the online cost model is fitted to
@@ -108,7 +115,10 @@ class DecodeSession:
         self.stops = frozenset(int(t) for t in stop_ids)
         self.drafter = drafter if drafter is not None else LookupDrafter()
         self.k, self.auto_k, self.cost = k, auto_k or cost is not None, cost
-        self.sampling = sampling if sampling is not None and not sampling.greedy else None
+        # None: plain greedy, read from the reply's best tokens; else the logits are read
+        # (to sample, or for greedy decoding over penalised or biased logits)
+        self.sampling = sampling if sampling is not None and (
+            not sampling.greedy or sampling.adjusts_logits) else None
         self._rng = self.sampling.rng() if self.sampling is not None else None
         self.top_logprobs = top_logprobs  # None: no logprobs; else the alternatives per token
         if logits_payload not in PAYLOAD_POLICIES:
@@ -203,8 +213,10 @@ class DecodeSession:
     def wants_logits(self) -> Want:
         """Sampling draws from the logits, logprobs are read from them: the smallest reply
         that answers them exactly, or the one ``logits_payload`` asks for."""
+        sampling = self.sampling
+        top_k = None if sampling is None else 0 if sampling.adjusts_logits else sampling.top_k
         return payload_for(self.logits_payload, top_logprobs=self.top_logprobs,
-                           sampling_top_k=None if self.sampling is None else self.sampling.top_k)
+                           sampling_top_k=top_k)  # 0: every logit (a penalty may lift any)
 
     @property
     def last_k(self) -> int:
@@ -394,8 +406,11 @@ class DecodeSession:
         if self.sampling is None:
             return int(reply.tokens[-1])
         assert self._rng is not None and reply.logits is not None
-        return draw(target_probs(reply.logits.reshape(-1, reply.logits.shape[-1])[-1],
-                                 self.sampling), self._rng)
+        row = adjust_logits(reply.logits.reshape(-1, reply.logits.shape[-1])[-1:],
+                            self.sampling, self.emitted)
+        if self.sampling.greedy:
+            return int(row[0].argmax())
+        return draw(target_probs(row[0], self.sampling), self._rng)
 
     def _check(self, draft: list[int], reply: StepReply) -> tuple[int, int]:
         """How many drafts the target accepts, and the token that follows them."""
@@ -404,7 +419,11 @@ class DecodeSession:
             n = accept_prefix(draft, target)
             return n, target[n]
         assert self._rng is not None and reply.logits is not None
-        rows = reply.logits.reshape(-1, reply.logits.shape[-1])
+        rows = adjust_logits(reply.logits, self.sampling, self.emitted, draft)
+        if self.sampling.greedy:
+            target = rows.argmax(axis=-1).tolist()
+            n = accept_prefix(draft, target)
+            return n, target[n]
         return speculative_sample(draft, target_probs(rows, self.sampling), self._rng)
 
     def _emit(self, tokens: list[int], now: float) -> list[int]:

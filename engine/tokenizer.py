@@ -48,6 +48,11 @@ class ChatTokenizer:
         return self._tok
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids run 0..vocab_size-1 (added tokens included)."""
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
     def eos_token_id(self) -> int | None:
         return None if self.eos_token is None else self._tok.token_to_id(self.eos_token)
 

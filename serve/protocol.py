@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from engine.requests import (
     BAD_REQUEST,
     MAX_NEW_TOKENS,
+    MAX_PENALTY,
     MAX_STOP_STRINGS,
     MAX_TOP_LOGPROBS,
     UNAVAILABLE,
@@ -102,8 +103,9 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=1 << 63)
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    logit_bias: dict[str, float] | None = None
     zctl: ZctlOptions = Field(default_factory=ZctlOptions)
 
     @field_validator("stop")
@@ -158,7 +160,9 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
     common: dict[str, Any] = dict(
         request_id=request_id, ignore_eos=req.zctl.ignore_eos, speculative=mode, k=k,
         temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p, seed=req.seed,
-        stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload)
+        stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        logit_bias=dict(req.logit_bias or {}))
     if isinstance(req, ChatCompletionRequest):
         limit = req.max_completion_tokens or req.max_tokens
         return GenerationRequest(

@@ -92,7 +92,8 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
         assert all(s["spec"]["steps"] >= 1 for s in report["streams"])
         for bad, why in ((["--k", "many"], "--k must be"), (["--speculative", "guess"], "lookup"),
                          (["--speculative", "draft:/nonexistent"], "not a directory"),
-                         (["--temperature", "-1"], "temperature"), (["--top-p", "2"], "top_p")):
+                         (["--temperature", "-1"], "temperature"), (["--top-p", "2"], "top_p"),
+                         (["--frequency-penalty", "2.5"], "frequency_penalty must be in -2..2")):
             refused = runner.invoke(app, ["run", PROMPT, "--json", *bad])
             assert refused.exit_code == 1 and why in refused.output, refused.output
     finally:

@@ -217,6 +217,28 @@ def test_lookup_speculation_returns_exactly_the_greedy_text(server) -> None:
     assert spec.usage.completion_tokens == plain.usage.completion_tokens == 20
 
 
+def test_penalties_and_a_logit_bias_steer_the_answer(server, tiny) -> None:
+    client = server.client()
+    tokenizer = tiny[2]
+
+    def answer(**kwargs) -> tuple[str, list[str]]:
+        reply = client.completions.create(
+            model=MODEL, prompt="again and again", max_tokens=24, temperature=0,
+            logprobs=0, extra_body={"zctl": {"ignore_eos": True}}, **kwargs)
+        return reply.choices[0].text, reply.choices[0].logprobs.tokens
+
+    plain, penalised = answer()[1], answer(frequency_penalty=2.0, presence_penalty=1.0)[1]
+    assert len(set(penalised)) > len(set(plain))  # the random model repeats itself less
+    assert answer(frequency_penalty=2.0, presence_penalty=1.0)[1] == penalised  # still greedy
+    favourite = tokenizer.encode("again", chat=False)[-1]
+    text, _ = answer(logit_bias={str(favourite): 100})
+    assert text == tokenizer.decode([favourite] * 24)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "say it again"}], max_tokens=8,
+        temperature=0.9, seed=3, frequency_penalty=-1.5, extra_body={"zctl": {"ignore_eos": True}})
+    assert chat.usage.completion_tokens == 8
+
+
 def test_the_async_client_streams(server, tiny) -> None:
     want, _ = greedy_text(tiny, [("user", "the sky is")], 10)
 
@@ -305,6 +327,10 @@ def test_bad_requests_are_400s_in_openai_shape(server) -> None:
         ({"model": MODEL, "messages": ASK, "zctl": {"unknown": 1}}, "zctl.unknown"),
         ({"model": MODEL, "messages": ASK, "zctl": {"logits_payload": "fp8"}},
          "zctl.logits_payload"),
+        ({"model": MODEL, "messages": ASK, "presence_penalty": 2.5}, "presence_penalty"),
+        ({"model": MODEL, "messages": ASK, "logit_bias": {"5": 101}}, None),
+        ({"model": MODEL, "messages": ASK, "logit_bias": {"ab": 1}}, None),
+        ({"model": MODEL, "messages": ASK, "logit_bias": {"99999999": 1}}, None),  # no such id
     ]
     for body, param in cases:
         resp = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
