@@ -29,6 +29,7 @@ from console.cluster_procs import (
 from console.exports import AUTO, WEIGHTS_HELP, ensure_export
 from controlplane.processes import CoordinatorProcess, placement_of
 from controlplane.records import HEARTBEAT_S, LIVENESS
+from engine.requests import DEFAULT_MAX_STREAMS
 
 cluster_app = typer.Typer(help="Start, inspect and stop a cluster.", no_args_is_help=True)
 node_app = typer.Typer(help="Run this machine as a node of a cluster.", no_args_is_help=True)
@@ -167,7 +168,7 @@ def cluster_up(
     api: Annotated[str | None, typer.Option(
         help="also serve the OpenAI API at HOST:PORT (zctl serve; its key from ZCTL_API_KEY)")
     ] = None,
-    max_streams: MaxStreams = 8,
+    max_streams: MaxStreams = DEFAULT_MAX_STREAMS,
     kv_memory_mb: KvMemory = 2048,
     prefix_cache_mb: PrefixCacheMb = 512,
 ) -> None:

@@ -29,6 +29,7 @@ from controlplane.processes import (
     process_command,
 )
 from controlplane.records import RuntimeSpec
+from engine.requests import DEFAULT_MAX_STREAMS
 
 CLUSTER_FILE = "cluster.json"
 
@@ -237,7 +238,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         cpu_sets: str = "shared", row_groups: int | None = None,
                         curve: bool = False, resume_timeout: float = 120.0,
                         reassign_after: float | None = None,
-                        heal_after: float | None = 0.0, max_streams: int = 8,
+                        heal_after: float | None = 0.0, max_streams: int = DEFAULT_MAX_STREAMS,
                         kv_memory_mb: int = 2048, prefix_cache_mb: int = 512,
                         links: Sequence[LinkShape] | None = None,
                         network: LocalNetwork | None = None) -> ClusterRecord:

@@ -35,6 +35,7 @@ from console.cluster_procs import (
 )
 from console.exports import AUTO, WEIGHTS_HELP, ensure_export
 from console.run_cli import parse_k, parse_speculative
+from engine.requests import DEFAULT_MAX_STREAMS
 
 
 def serve_problem(port: int, max_queue: int) -> str:
@@ -83,7 +84,7 @@ def serve(
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     cpu_sets: Annotated[str, typer.Option(
         help="embedded cluster: shared | split (each node its own cores)")] = "shared",
-    max_streams: MaxStreams = 8,
+    max_streams: MaxStreams = DEFAULT_MAX_STREAMS,
     kv_memory_mb: KvMemory = 2048,
     prefix_cache_mb: PrefixCacheMb = 512,
     precision: Precision = "f32",

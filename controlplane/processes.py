@@ -19,6 +19,7 @@ from typing import Any
 
 from controlplane.records import HEARTBEAT_S, LIVENESS, RuntimeSpec
 from controlplane.schema import SchemaError, build
+from engine.requests import DEFAULT_MAX_STREAMS
 
 log = logging.getLogger("zctl.processes")
 Say = Callable[[str], None]  # where a process tells its operator what it does
@@ -82,7 +83,7 @@ class CoordinatorProcess:
     curve: bool = False
     serve: str | None = None  # the generation service's bind address
     row_groups: int | None = None  # default: one per stage
-    max_streams: int = 8  # generations at once (more wait their turn)
+    max_streams: int = DEFAULT_MAX_STREAMS  # generations at once (more wait their turn)
     kv_memory_mb: int = 2048  # KV a stage may hold: running streams + cached prefixes
     prefix_cache_mb: int = 512  # of which cached prefixes (0: no prefix cache)
     shared_cores: bool = False

@@ -35,7 +35,7 @@ from controlplane.sockets import router_socket
 from dataplane.draft_model import DraftModels
 from dataplane.runtime import RuntimeConfig
 from engine.executor import Executor
-from engine.requests import GenerationChunk
+from engine.requests import DEFAULT_MAX_STREAMS, GenerationChunk
 from engine.service import POLL_S, RESUME_TIMEOUT_S, Event, GenerationEngine
 from engine.tokenizer import ChatTokenizer
 
@@ -81,7 +81,7 @@ class GenerationService:
     how much of it cached prefixes may (0: no prefix cache); see ``kv_tokens``."""
 
     def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Executor | None],
-                 endpoint: str = "tcp://127.0.0.1:*", max_streams: int = 8,
+                 endpoint: str = "tcp://127.0.0.1:*", max_streams: int = DEFAULT_MAX_STREAMS,
                  row_groups: int = 0, shared_cores: bool = False,
                  health: Callable[[], str | None] | None = None,
                  resume_timeout_s: float = RESUME_TIMEOUT_S,

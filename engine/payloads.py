@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PAYLOAD_POLICIES = ("auto", "fp16", "fp32")
+from engine.requests import PAYLOAD_POLICIES
+
 TOP_MAX = 64  # the most tokens a top-k reply carries; a session wanting more gets logits
 
 

@@ -29,6 +29,7 @@ from engine.pipelined import PipelinedSession
 from engine.prefix_cache import PrefixCacheStats
 from engine.requests import (
     BAD_REQUEST,
+    DEFAULT_MAX_STREAMS,
     INTERNAL,
     MAX_DRAFT_TOKENS,
     UNAVAILABLE,
@@ -120,7 +121,7 @@ class GenerationEngine:
     """Serve generations on the executor ``get_executor()`` returns (None: not wired yet)."""
 
     def __init__(self, tokenizer: ChatTokenizer, stop_ids: Sequence[int],
-                 get_executor: Callable[[], Executor | None], *, max_streams: int = 8,
+                 get_executor: Callable[[], Executor | None], *, max_streams: int = DEFAULT_MAX_STREAMS,
                  row_groups: int = 0, shared_cores: bool = False,
                  health: Callable[[], str | None] | None = None,
                  resume_timeout_s: float = RESUME_TIMEOUT_S,

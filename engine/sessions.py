@@ -38,9 +38,9 @@ from engine.drafting import (
 )
 from engine.executor import StepReply
 from engine.hindsight import DraftHindsight, best_fixed_k
-from engine.payloads import PAYLOAD_POLICIES, Want, payload_for
+from engine.payloads import Want, payload_for
 from engine.prefill import MAX_CHUNK
-from engine.requests import TokenLogprob
+from engine.requests import PAYLOAD_POLICIES, TokenLogprob
 from engine.sampling import (
     SamplingParams,
     adjust_logits,

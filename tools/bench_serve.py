@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from engine.requests import DEFAULT_MAX_STREAMS
 from tools.bench_common import BenchModel, CpuSets, Json, err, fail, parse_numbers
 from tools.serve_load import (
     LevelRun,
@@ -407,7 +408,7 @@ def main(
         help="zctl serve --max-queue (0: the server's default)")] = 0,
     api_key: Annotated[str | None, typer.Option(help="zctl serve --api-key")] = None,
     max_streams: Annotated[int, typer.Option(
-        help="the cluster's generations at once (cluster up --max-streams)")] = 8,
+        help="the cluster's generations at once (cluster up --max-streams)")] = DEFAULT_MAX_STREAMS,
     skip_genai: Annotated[bool, typer.Option("--skip-genai", help="no openvino_genai")] = False,
     timeout: Annotated[float, typer.Option(help="seconds for the cluster and server to "
                                                 "come up")] = 300.0,

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.requests import DEFAULT_MAX_STREAMS
 from tools.bench_common import err, free_port
 
 
@@ -117,7 +118,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_queue: int,
                    api_key: str | None, timeout: float, repo: Path,
                    server: Sequence[str] = ("-m", "console", "serve"),
-                   max_streams: int = 8) -> Iterator[Served]:
+                   max_streams: int = DEFAULT_MAX_STREAMS) -> Iterator[Served]:
     """A 2-node local cluster of ``export_dir`` and ``zctl serve`` on 127.0.0.1:``port``
     (0: a free port), both under ZCTL_HOME=``home``; everything stopped on exit.
     ``max_queue`` 0 keeps the server's default. ``server``: the Python arguments that

@@ -35,6 +35,7 @@ from typing import Annotated, Any
 
 import typer
 
+from engine.requests import DEFAULT_MAX_STREAMS
 from tools.bench_common import Json, err, export_or_cached, fail, free_port, run_record
 from tools.soak_load import LoadTally, Prompt, drive, prompt_pool, queue_burst
 from tools.soak_probe import Sampler
@@ -228,7 +229,7 @@ def main(
         help="seconds the requests in flight at the deadline get to end")] = 60.0,
     max_queue: Annotated[int, typer.Option(
         help="the API's --max-queue (default: 2 x --streams)")] = 0,
-    max_streams: Annotated[int, typer.Option(help="the cluster's generations at once")] = 8,
+    max_streams: Annotated[int, typer.Option(help="the cluster's generations at once")] = DEFAULT_MAX_STREAMS,
     seed: Annotated[int, typer.Option(help="seed of the request mix")] = 0,
     as_json: Json = False,
 ) -> None:
