@@ -172,3 +172,4 @@ class GenerationDone:
     error: str = ""
     spec: dict[str, float] = field(default_factory=dict)
     error_kind: str = ""
+    cached_tokens: int = 0  # of prompt_tokens, those whose KV came from the prefix cache

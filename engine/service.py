@@ -527,7 +527,7 @@ class GenerationEngine:
         self._out.append((job.client, GenerationDone(
             job.request.request_id, list(produced), job.sent_text, stats.prompt_tokens,
             stats.ttft_ms, stats.tok_s, self._timing_summary(time.monotonic(), fresh=True),
-            reason, error, spec_summary(session), kind)))
+            reason, error, spec_summary(session), kind, session.cached_tokens)))
 
     def _flush_text(self, job: _Job, produced: list[int]) -> None:
         """Send what the streaming decoder and the stop strings still hold: the tail of

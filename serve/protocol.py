@@ -175,10 +175,12 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
 
 
 # -- responses ------------------------------------------------------------------------
-def usage(done: GenerationDone) -> dict[str, int]:
+def usage(done: GenerationDone) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens``: the prompt's tokens the prefix cache held."""
     completion = len(done.tokens)
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": done.prompt_tokens + completion}
+            "total_tokens": done.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
 
 def finish_reason(done: GenerationDone) -> str:

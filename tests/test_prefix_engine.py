@@ -59,6 +59,7 @@ def test_a_follow_up_turn_hits_the_cache_and_gives_the_same_tokens(chain_and_tok
     got = run(cached, ("a", turn(follow, 12)))["a"]
     counters = cached.prefix_counters()
     assert got.tokens == want.tokens
+    assert first.cached_tokens == 0 and got.cached_tokens == counters["prefix_tokens_saved"]
     assert counters["prefix_hits"] == 1 and counters["prefix_tokens_saved"] >= len(
         chain_and_tokenizer[1].encode(TEXT, chat=False)) - 16
     assert counters["prefix_cached_tokens"] > 0  # the follow-up's own KV is kept in turn

@@ -37,11 +37,13 @@ MODEL = ""  # the tiny export's model name, set by the ``tiny`` fixture
 class Server:
     """uvicorn in a thread over a GenerationService on ``chain``."""
 
-    def __init__(self, export_dir: Path, chain: SlowChain, settings: ServeSettings,
-                 health: Callable[[], str | None] | None = None) -> None:
+    def __init__(self, export_dir: Path, chain: SlowChain | LocalChain, settings: ServeSettings,
+                 health: Callable[[], str | None] | None = None, prefix_cache_mb: int = 0
+                 ) -> None:
         self.chain = chain
         self.service = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*",
-                                         health=health, resume_timeout_s=0)
+                                         health=health, resume_timeout_s=0,
+                                         prefix_cache_mb=prefix_cache_mb)
         self.service.start()
         port = free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{port}"
@@ -131,6 +133,30 @@ def test_chat_whole_and_streamed_equal_greedy_with_usage(server, tiny) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_held(tiny) -> None:
+    export_dir, chain, _ = tiny  # (the chain itself: SlowChain keeps no prefix cache)
+    srv = Server(export_dir, chain, ServeSettings(), prefix_cache_mb=64)
+    try:
+        cached_follow_up(srv.client())
+    finally:
+        srv.stop()
+
+
+def cached_follow_up(client: openai.OpenAI) -> None:
+    turns = [{"role": "user", "content": "tell me about the sea and the sky " * 8}]
+    first = client.chat.completions.create(model=MODEL, messages=turns, max_tokens=6,
+                                           temperature=0, extra_body={"zctl": {"ignore_eos": True}})
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    turns += [{"role": "assistant", "content": first.choices[0].message.content},
+              {"role": "user", "content": "and then?"}]
+    follow = client.chat.completions.create(model=MODEL, messages=turns, max_tokens=6,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    usage = [c for c in follow][-1].usage
+    assert first.usage.prompt_tokens < usage.prompt_tokens_details.cached_tokens < (
+        usage.prompt_tokens)
 
 
 def test_completions_whole_and_streamed(server, tiny) -> None:
