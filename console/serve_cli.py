@@ -48,7 +48,7 @@ def serve_problem(port: int, max_queue: int) -> str:
 
 
 def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, max_queue: int,
-            speculation: tuple[str, int]) -> None:
+            speculation: tuple[str, int], cors_origins: tuple[str, ...] = ()) -> None:
     """Serve the cluster's generation service over HTTP until interrupted."""
     try:
         import uvicorn
@@ -59,7 +59,8 @@ def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, ma
         raise ClusterError(f"zctl serve needs the [serve] extra ({exc}): pip install "
                            "'zctl[serve]'") from None
     app = create_app(ServiceBackend(record.serve),
-                     ServeSettings(api_key=api_key, max_queue=max_queue, speculation=speculation))
+                     ServeSettings(api_key=api_key, max_queue=max_queue, speculation=speculation,
+                                   cors_origins=cors_origins))
     err.print(f"serving the OpenAI API at http://{host}:{port}/v1 (Ctrl-C stops it)",
               highlight=False)
     # uvicorn shuts down on SIGTERM, then re-raises it: exit through Python (SystemExit), so
@@ -79,6 +80,9 @@ def serve(
         help="default speculative decoding of requests that do not choose: '' (none), "
              "'lookup', 'pipelined' or 'draft:PATH'")] = "",
     k: Annotated[str, typer.Option("--k", help="default draft tokens per step, or 'auto'")] = "auto",
+    cors_origin: Annotated[list[str] | None, typer.Option(
+        help="a web origin whose pages may call the API from a browser (repeatable; '*': "
+             "any); none by default")] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
@@ -111,7 +115,7 @@ def serve(
                 export_dir, stages, rt, cpu_sets=cpu_sets, max_streams=max_streams,
                 kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb)
             wait_serving(record, 300)
-        run_api(record, host, port, api_key, max_queue, speculation)
+        run_api(record, host, port, api_key, max_queue, speculation, tuple(cors_origin or ()))
     except (ClusterError, ValueError, OSError) as exc:
         _fail(str(exc))
     finally:

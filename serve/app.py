@@ -1,5 +1,6 @@
 """The FastAPI application: OpenAI's completions, chat completions and models routes,
-``/health`` and ``/metrics``, over a ``ServiceBackend``.
+``/health`` and ``/metrics``, over a ``ServiceBackend`` (and CORS for the web origins
+``ServeSettings`` names).
 
 Every request is checked before anything runs: a bad field, an unknown model, a prompt
 and ``max_tokens`` beyond the context are 400s, a wrong key a 401, a full queue a 429, a
@@ -23,6 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -51,11 +53,14 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 class ServeSettings:
     """``api_key``: required as a bearer token when set; ``max_queue``: requests in flight
     (running or waiting) beyond which new ones get 429; ``speculation``: the default
-    (mode, K) of requests that do not choose."""
+    (mode, K) of requests that do not choose; ``cors_origins``: the web origins whose pages
+    may call the API from a browser ("*": any; none by default, so a page the user visits
+    cannot drive a local server)."""
 
     api_key: str | None = None
     max_queue: int = 64
     speculation: tuple[str, int] = ("", 0)
+    cors_origins: tuple[str, ...] = ()
 
 
 def validation_error(exc: RequestValidationError) -> ApiError:
@@ -90,14 +95,20 @@ class ZctlApi:
         return self._model
 
     async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [await self.model()]}
+
+    async def model(self, model_id: str | None = None) -> dict[str, Any]:
+        """The served model's object (``model_id``: it must be that one, else a 404)."""
         try:
             info = await self.backend.stats()  # the stages as they are now
         except BackendUnavailable:
             info = await self.served()  # as last seen (503 if never)
-        return {"object": "list", "data": [{
-            "id": info.model, "object": "model", "created": 0, "owned_by": "zctl",
-            "max_model_len": info.max_context, "context_length": info.max_context,
-            "stages": [{"index": s.index, "node": s.node_id} for s in info.stages]}]}
+        if model_id is not None and model_id != info.model:
+            raise ApiError(404, f"the model {model_id!r} is not served here; this server "
+                           f"serves {info.model!r}", param="model", code="model_not_found")
+        return {"id": info.model, "object": "model", "created": 0, "owned_by": "zctl",
+                "max_model_len": info.max_context, "context_length": info.max_context,
+                "stages": [{"index": s.index, "node": s.node_id} for s in info.stages]}
 
     async def health(self) -> JSONResponse:
         try:
@@ -349,6 +360,10 @@ def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -
     app.state.api = api
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES,
                        on_refused=lambda: api.metrics.errors.labels("413").inc())
+    if api.settings.cors_origins:  # outermost: a preflight never reaches the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(api.settings.cors_origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -376,6 +391,11 @@ def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -
     async def models(request: Request) -> dict[str, Any]:
         api.check_key(request)
         return await api.models()
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        api.check_key(request)
+        return await api.model(model_id)
 
     @app.get("/health")
     async def health() -> JSONResponse:

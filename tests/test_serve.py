@@ -288,6 +288,32 @@ def test_models_lists_the_served_model(server) -> None:
     assert [m.id for m in models] == [MODEL]
     raw = httpx.get(f"{server.url}/v1/models").json()["data"][0]
     assert raw["max_model_len"] == 512 and [s["index"] for s in raw["stages"]] == [0, 1]
+    assert server.client().models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        server.client().models.retrieve("gpt-4")
+
+
+def test_browsers_may_call_only_from_the_origins_named(server, started) -> None:
+    page = "http://ui.example:3000"
+    preflight = {"Origin": page, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    # by default no origin may: a page the user visits cannot drive a local server
+    assert "access-control-allow-origin" not in httpx.get(
+        f"{server.url}/v1/models", headers={"Origin": page}).headers
+    assert "access-control-allow-origin" not in httpx.options(
+        f"{server.url}/v1/chat/completions", headers=preflight).headers
+    srv = started(ServeSettings(api_key="k", cors_origins=(page,)))
+    answer = httpx.options(f"{srv.url}/v1/chat/completions", headers=preflight)
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == page
+    assert "authorization" in answer.headers["access-control-allow-headers"].lower()
+    reply = httpx.post(f"{srv.url}/v1/completions", headers={
+        "Origin": page, "Authorization": "Bearer k"}, json={
+        "model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == page
+    refused = httpx.options(f"{srv.url}/v1/chat/completions",
+                            headers={**preflight, "Origin": "http://evil.example"})
+    assert refused.status_code == 400
+    assert "access-control-allow-origin" not in refused.headers
 
 
 # -- the wire -------------------------------------------------------------------------
