@@ -34,6 +34,7 @@ from console.cluster_procs import (
 )
 from console.dashboard import RunSnapshot, StageInfo, StreamView, render_run
 from console.exports import AUTO, WEIGHTS_HELP, ensure_export
+from engine.requests import GenerationRequest
 
 
 def _stages_from_status(status: Any) -> list[StageInfo]:
@@ -100,6 +101,16 @@ def check_sampling(temperature: float, top_k: int, top_p: float, seed: int | Non
         raise ValueError(f"--seed must be >= 0, not {seed}")
     return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
             "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
+
+
+def sampling_report(req: GenerationRequest) -> dict[str, Any] | None:
+    """The run's sampling settings (None: plain greedy decoding)."""
+    penalties = {"presence_penalty": req.presence_penalty,
+                 "frequency_penalty": req.frequency_penalty}
+    if req.temperature:
+        return {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p,
+                "seed": req.seed, **penalties}
+    return {"temperature": 0.0, **penalties} if any(penalties.values()) else None
 
 
 def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat: bool,
@@ -196,9 +207,7 @@ def run_report(snapshot: RunSnapshot, dones: list[Any], first: Any, wall_s: floa
             [info.layers for info in snapshot.stages],
             [last.get(f"stage{info.index}.compute", {}).get("p50", 0.0) for info in snapshot.stages]),
         "overhead_ms": last.get("overhead", {}), "step_ms": last.get("total", {}),
-        "speculative": speculative, "k": k or "auto", "sampling": first.temperature and {
-            "temperature": first.temperature, "top_k": first.top_k,
-            "top_p": first.top_p, "seed": first.seed}}
+        "speculative": speculative, "k": k or "auto", "sampling": sampling_report(first)}
     if len(streams) == 1:
         return {**streams[0], **report}
     report["tokens"] = sum(s["tokens"] for s in streams)

@@ -47,6 +47,18 @@ def serve_problem(port: int, max_queue: int) -> str:
     return ""
 
 
+def cors_origin(value: str) -> str:
+    """An origin as browsers send it (``scheme://host[:port]``, no path), or "*"; raises
+    ValueError with the reason."""
+    origin = value.strip().rstrip("/")
+    if origin == "*":
+        return origin
+    scheme, sep, rest = origin.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+        raise ValueError(f"--cors-origin takes '*' or scheme://host[:port], not {value!r}")
+    return origin
+
+
 def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, max_queue: int,
             speculation: tuple[str, int], cors_origins: tuple[str, ...] = ()) -> None:
     """Serve the cluster's generation service over HTTP until interrupted."""
@@ -80,8 +92,8 @@ def serve(
         help="default speculative decoding of requests that do not choose: '' (none), "
              "'lookup', 'pipelined' or 'draft:PATH'")] = "",
     k: Annotated[str, typer.Option("--k", help="default draft tokens per step, or 'auto'")] = "auto",
-    cors_origin: Annotated[list[str] | None, typer.Option(
-        help="a web origin whose pages may call the API from a browser (repeatable; '*': "
+    cors_origin_list: Annotated[list[str] | None, typer.Option(
+        "--cors-origin", help="a web origin whose pages may call the API from a browser (repeatable; '*': "
              "any); none by default")] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
@@ -105,6 +117,7 @@ def serve(
     embedded = None
     try:
         speculation = (parse_speculative(speculative), parse_k(k))
+        origins = tuple(cors_origin(o) for o in cors_origin_list or ())
         record = _running_record()
         if record is None:
             kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
@@ -115,7 +128,7 @@ def serve(
                 export_dir, stages, rt, cpu_sets=cpu_sets, max_streams=max_streams,
                 kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb)
             wait_serving(record, 300)
-        run_api(record, host, port, api_key, max_queue, speculation, tuple(cors_origin or ()))
+        run_api(record, host, port, api_key, max_queue, speculation, origins)
     except (ClusterError, ValueError, OSError) as exc:
         _fail(str(exc))
     finally:

@@ -100,6 +100,7 @@ class GenerationService:
             resume_timeout_s=resume_timeout_s,
             load_drafter=DraftModels(manifest.model.vocab_size, draft_config),
             max_context=manifest.model.max_position_embeddings,
+            vocab_size=manifest.model.vocab_size,
             kv_budget_tokens=None if kv_memory_mb is None else kv_tokens(manifest, kv_memory_mb),
             prefix_cache_tokens=kv_tokens(manifest, prefix_cache_mb))
         self._stats = StatsCollector(manifest, self.engine, cluster)

@@ -127,7 +127,7 @@ class GenerationEngine:
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
                  load_drafter: DrafterLoader | None = None,
                  max_context: int | None = None, kv_budget_tokens: int | None = None,
-                 prefix_cache_tokens: int = 0) -> None:
+                 prefix_cache_tokens: int = 0, vocab_size: int | None = None) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
         if row_groups < 0:
@@ -139,6 +139,8 @@ class GenerationEngine:
         self.resume_timeout_s = resume_timeout_s
         self.load_drafter = load_drafter
         self.max_context = max_context  # prompt + new tokens must fit (None: no limit)
+        # the token ids a logit_bias may name: the model's logits (None: the tokenizer's)
+        self.vocab_size = vocab_size if vocab_size is not None else tokenizer.vocab_size
         # KV tokens a stage may hold for running streams and cached prefixes together (the
         # fullest stage's memory budget over its KV bytes per token; None: no limit).
         # A stream reserves its prompt + max_tokens when it starts; one that does not fit
@@ -336,9 +338,9 @@ class GenerationEngine:
         req = replace(req, max_tokens=limit)
         stops = () if req.ignore_eos else self.stop_ids
         biases = req.biases()
-        if biases and biases[-1][0] >= self.tokenizer.vocab_size:
+        if biases and biases[-1][0] >= self.vocab_size:
             raise RequestRefused(f"logit_bias names token {biases[-1][0]}, beyond the "
-                                 f"vocabulary of {self.tokenizer.vocab_size}")
+                                 f"model's vocabulary of {self.vocab_size}")
         sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed,
                                   req.presence_penalty, req.frequency_penalty, biases)
         top = req.top_logprobs if req.logprobs else None

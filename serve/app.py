@@ -362,8 +362,7 @@ def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -
                        on_refused=lambda: api.metrics.errors.labels("413").inc())
     if api.settings.cors_origins:  # outermost: a preflight never reaches the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(api.settings.cors_origins),
-                           allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_methods=["GET", "POST"], allow_headers=["*"])
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from engine.requests import (
     BAD_REQUEST,
@@ -107,6 +107,13 @@ class SamplingFields(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: dict[str, float] | None = None
     zctl: ZctlOptions = Field(default_factory=ZctlOptions)
+
+    @field_validator("temperature", "top_p", "n", "presence_penalty", "frequency_penalty",
+                     mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """OpenAI's API takes null for these: the default."""
+        return cls.model_fields[info.field_name].default if value is None else value
 
     @field_validator("stop")
     @classmethod

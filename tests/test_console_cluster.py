@@ -379,6 +379,9 @@ def test_errors_print_brackets_as_they_are(zctl_home: Path) -> None:
     assert result.exit_code == 1 and "not 'host[serve]'" in result.output, result.output
     result = runner.invoke(app, ["serve", "--port", "0"])
     assert result.exit_code == 1 and "--port must be in 1..65535" in result.output
+    for origin in ("localhost:3000", "http://ui.example/chat", "ftp://ui.example"):
+        result = runner.invoke(app, ["serve", "--cors-origin", origin])
+        assert result.exit_code == 1 and "--cors-origin takes" in result.output, result.output
     for command in (["cluster", "up", "--local", "2"], ["serve"]):
         result = runner.invoke(app, [*command, "--max-streams", "0"])
         assert result.exit_code == 1 and "--max-streams must be in 1..256" in result.output

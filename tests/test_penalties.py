@@ -32,7 +32,7 @@ def naive_adjusted(row: np.ndarray, params: SamplingParams, history: list[int]) 
 def test_adjust_logits_counts_the_generated_tokens_and_each_rows_drafts() -> None:
     rng = np.random.default_rng(0)
     for trial in range(200):
-        vocab, k = 12, int(rng.integers(0, 5))
+        vocab, k = 6, int(rng.integers(0, 5))  # small: drafts repeat generated tokens
         params = SamplingParams(presence_penalty=float(rng.uniform(-2, 2)),
                                 frequency_penalty=float(rng.uniform(-2, 2)),
                                 logit_bias=((int(rng.integers(vocab)), 5.0),) if trial % 2 else ())
@@ -118,4 +118,8 @@ def test_pipelined_speculation_applies_the_penalties_as_plain_decoding_does() ->
     got = list(run_session(model, PipelinedSession(0, TEXT_PROMPT, 60, depth=3,
                                                    sampling=params)))
     assert got == plain
+    assert model.most_in_flight == 3 and model.cancels  # it ran ahead, and guessed wrong too
+    # the last stage may not check a guess against its own best token: that is not the
+    # penalised one
+    assert set(model.guessed) == {None}
     assert model.kv == {} and model.in_flight == 0

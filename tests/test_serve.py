@@ -23,6 +23,7 @@ from test_service import SlowChain
 
 from common.manifest import load_manifest
 from console.cluster_procs import free_port
+from console.serve_cli import cors_origin
 from controlplane.service import GenerationService
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
@@ -259,10 +260,18 @@ def test_penalties_and_a_logit_bias_steer_the_answer(server, tiny) -> None:
     favourite = tokenizer.encode("again", chat=False)[-1]
     text, _ = answer(logit_bias={str(favourite): 100})
     assert text == tokenizer.decode([favourite] * 24)
-    chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "say it again"}], max_tokens=8,
-        temperature=0.9, seed=3, frequency_penalty=-1.5, extra_body={"zctl": {"ignore_eos": True}})
-    assert chat.usage.completion_tokens == 8
+
+    def sampled(**kwargs) -> str:
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "say it again"}], max_tokens=16,
+            temperature=0.9, seed=3, extra_body={"zctl": {"ignore_eos": True}},
+            **kwargs).choices[0].message.content
+
+    assert sampled(frequency_penalty=-2.0) == sampled(frequency_penalty=-2.0) != sampled()
+    nulls = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+             "temperature": None, "top_p": None, "n": None, "presence_penalty": None,
+             "frequency_penalty": None}  # OpenAI's API takes null for these: the defaults
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=nulls).status_code == 200
 
 
 def test_the_async_client_streams(server, tiny) -> None:
@@ -293,10 +302,18 @@ def test_models_lists_the_served_model(server) -> None:
         server.client().models.retrieve("gpt-4")
 
 
+def test_an_origin_is_taken_as_browsers_send_it() -> None:
+    assert cors_origin(" http://ui.example:3000/ ") == "http://ui.example:3000"
+    assert cors_origin("*") == "*" and cors_origin("https://a.b") == "https://a.b"
+    for bad in ("ui.example", "http://", "http://a.b/path", "file:///x"):
+        with pytest.raises(ValueError, match="--cors-origin takes"):
+            cors_origin(bad)
+
+
 def test_browsers_may_call_only_from_the_origins_named(server, started) -> None:
     page = "http://ui.example:3000"
-    preflight = {"Origin": page, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization,content-type"}
+    preflight = {"Origin": page, "Access-Control-Request-Method": "POST",  # as OpenAI's JS SDK
+                 "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os"}
     # by default no origin may: a page the user visits cannot drive a local server
     assert "access-control-allow-origin" not in httpx.get(
         f"{server.url}/v1/models", headers={"Origin": page}).headers

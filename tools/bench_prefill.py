@@ -50,6 +50,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from engine.requests import DEFAULT_MAX_STREAMS
 from tools.bench_common import BenchModel, Json, err, fail, parse_numbers, run_record
 from tools.prefill_prompts import (
     Message,
@@ -234,7 +235,7 @@ def run_layout(plan: Plan, layout: str, export_dir: Path, home: Path, genai: Seq
     from tools.serve_procs import served_cluster
 
     with served_cluster(export_dir, home, layout, 0, 0, None, timeout, REPO,
-                        max_streams=max(8, plan.itl_streams + 1)) as served:
+                        max_streams=max(DEFAULT_MAX_STREAMS, plan.itl_streams + 1)) as served:
         zctl = ZctlHttp(served.base_url)
         warm_up(zctl, plan, book, f"{layout}/zctl")
         systems = [zctl, *genai]

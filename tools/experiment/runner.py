@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.processes import LinkShape
 from controlplane.records import RuntimeSpec
+from engine.requests import DEFAULT_MAX_STREAMS
 from tools.experiment.analysis import cell_parameters, summarise_samples
 from tools.experiment.scenario import Cell, Link, Scenario, Topology, Workload
 
@@ -155,7 +156,7 @@ def measure_topology(scenario: Scenario, topology: Topology, export_dir: Path,
     try:
         record = start_local_cluster(
             export_dir, topology.stages, settings.runtime,
-            settings.root / f"cluster-{topology.stages}", max_streams=max(8, streams),
+            settings.root / f"cluster-{topology.stages}", max_streams=max(DEFAULT_MAX_STREAMS, streams),
             links=[link_shape_of(h) for h in topology.hops], network=network)
     except ClusterError as exc:
         return {w: [{"error": f"cluster: {exc}"}] for w in samples}
