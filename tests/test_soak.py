@@ -48,7 +48,9 @@ def test_growth_is_from_the_end_of_warm_up_to_the_end_of_the_load() -> None:
                                     (15.0, 104_448), (20.0, 300_000)])
     got = series.figures(warm_s=4.0, end_s=16.0)
     assert got == {"name": "node1", "pid": 7, "rss_warm_mb": 100.0, "rss_end_mb": 102.0,
-                   "rss_max_mb": 293.0, "growth_pct": 2.0, "samples": 5}
+                   "rss_max_mb": 293.0, "growth_pct": 2.0,
+                   "growth_second_half_pct": round((104_448 / 110_000 - 1) * 100, 2),
+                   "samples": 5, "rss_by_minute_mb": [293.0]}
     assert RssSeries("late", 8, [(30.0, 1000)]).figures(4.0, 16.0) is None
 
 

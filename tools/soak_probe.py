@@ -69,17 +69,25 @@ class RssSeries:
     def figures(self, warm_s: float, end_s: float) -> dict[str, Any] | None:
         """RSS at the end of warm-up (the first sample at or after ``warm_s``), at the end
         of the load (the last sample at or before ``end_s``), the largest sample, and the
-        growth from the first to the second (MB, %). None: no sample after warm-up (a
-        process that started late, or ended early)."""
+        growth from the first to the second (MB, %); the growth over the second half of
+        that window (a leak grows in both halves, a pool that settles does not), and the
+        last sample of each minute (MB). None: no sample after warm-up (a process that
+        started late, or ended early)."""
         warm = next((kb for t, kb in self.samples if t >= warm_s), None)
-        during = [kb for t, kb in self.samples if warm_s <= t <= end_s]
+        during = [(t, kb) for t, kb in self.samples if warm_s <= t <= end_s]
         if warm is None or not during:
             return None
-        end = during[-1]
+        end = during[-1][1]
+        middle = next(kb for t, kb in during if t >= (warm_s + during[-1][0]) / 2)
+        minutes: dict[int, int] = {}
+        for t, kb in self.samples:
+            minutes[int(t // 60)] = kb
         return {"name": self.name, "pid": self.pid, "rss_warm_mb": round(warm / 1024, 1),
                 "rss_end_mb": round(end / 1024, 1),
                 "rss_max_mb": round(max(kb for _, kb in self.samples) / 1024, 1),
-                "growth_pct": growth_pct(warm, end), "samples": len(self.samples)}
+                "growth_pct": growth_pct(warm, end),
+                "growth_second_half_pct": growth_pct(middle, end), "samples": len(self.samples),
+                "rss_by_minute_mb": [round(kb / 1024, 1) for _, kb in sorted(minutes.items())]}
 
 
 def metric_value(text: str, name: str) -> float | None:
