@@ -66,6 +66,13 @@ class RuntimeConfig:
     # thread: 6% (1 stage) and 11% (2 stages) faster per decode step here, step-by-step
     # interleaved A/B on the same export, faster in every paired run.
     async_infer: ClassVar[bool] = True
+    # CPU_RUNTIME_CACHE_CAPACITY on CPU devices: the plugin keeps a compiled primitive per
+    # operation and input shape, 5,000 by default, and a paged stage's ragged steps change
+    # shape with their rows' token and block counts, so a serving stage's memory grows with
+    # every new prompt length until the cap (both stages in one process: +1,035 MB after
+    # 320 token counts, +740 MB with 1,000 entries). 1,000 served 8 and 16 clients as fast
+    # as the default (docs/measurements.md, "Soak"). None keeps the plugin's default.
+    runtime_cache_capacity: ClassVar[int | None] = 1000
 
     def properties(self) -> dict[str, Any]:
         props: dict[str, Any] = {"PERFORMANCE_HINT": self.performance_hint}
@@ -79,6 +86,8 @@ class RuntimeConfig:
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         if self.cpu_pinning is not None and device_kind(self) == "CPU":
             props["ENABLE_CPU_PINNING"] = bool(self.cpu_pinning)
+        if self.runtime_cache_capacity is not None and device_kind(self) == "CPU":
+            props["CPU_RUNTIME_CACHE_CAPACITY"] = int(self.runtime_cache_capacity)
         return props
 
 

@@ -6,10 +6,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import openvino as ov
 import pytest
 
 from common.manifest import ManifestError, load_manifest
 from dataplane.local_chain import LocalChain
+from dataplane.paged_runtime import PagedStageRunner
 from dataplane.runtime import RuntimeConfig, StageError, StageRunner
 from engine.executor import reply_from_logits
 from engine.sessions import prefill_chunks
@@ -81,6 +83,22 @@ def test_dynamic_quantization_can_be_turned_off_on_cpu(two_stage: Path) -> None:
         device="NPU", dynamic_quantization=False).properties()  # a CPU/GPU plugin property
     runner = StageRunner(two_stage, 0, off)
     assert int(runner.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 0
+
+
+def test_the_plugins_primitive_cache_is_bounded_on_cpu(two_stage: Path) -> None:
+    """Each new step shape adds compiled primitives; a serving stage sees many shapes."""
+    assert RuntimeConfig().properties()["CPU_RUNTIME_CACHE_CAPACITY"] == 1000
+    assert "CPU_RUNTIME_CACHE_CAPACITY" not in RuntimeConfig(device="GPU").properties()
+    compiled_with: list[dict] = []
+
+    class RecordingCore(ov.Core):  # (a compiled model cannot report this property)
+        def compile_model(self, model, device, properties):  # noqa: ANN001, ANN201
+            compiled_with.append(dict(properties))
+            return super().compile_model(model, device, properties)
+
+    for runner in (StageRunner, PagedStageRunner):
+        runner(two_stage, 0, RuntimeConfig(), core=RecordingCore())
+        assert compiled_with.pop()["CPU_RUNTIME_CACHE_CAPACITY"] == 1000
 
 
 def test_streams_have_independent_kv(two_stage: Path) -> None:

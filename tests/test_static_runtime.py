@@ -63,7 +63,7 @@ def test_static_mask_is_the_dynamic_mask_over_filled_slots() -> None:
 def test_compile_properties_per_device() -> None:
     cpu = static_properties(RuntimeConfig(num_threads=2, kv_cache_precision="u8"))
     assert cpu == {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
-                   "INFERENCE_NUM_THREADS": 2}
+                   "INFERENCE_NUM_THREADS": 2, "CPU_RUNTIME_CACHE_CAPACITY": 1000}
     assert static_properties(RuntimeConfig(device="NPU", num_threads=2)) == {
         "PERFORMANCE_HINT": "LATENCY"}
 
