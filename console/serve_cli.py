@@ -93,8 +93,8 @@ def serve(
              "'lookup', 'pipelined' or 'draft:PATH'")] = "",
     k: Annotated[str, typer.Option("--k", help="default draft tokens per step, or 'auto'")] = "auto",
     cors_origin_list: Annotated[list[str] | None, typer.Option(
-        "--cors-origin", help="a web origin whose pages may call the API from a browser (repeatable; '*': "
-             "any); none by default")] = None,
+        "--cors-origin", help="a web origin whose pages may call the API from a browser "
+                              "(repeatable; '*': any); none by default")] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,

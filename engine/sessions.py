@@ -416,15 +416,14 @@ class DecodeSession:
         """How many drafts the target accepts, and the token that follows them."""
         if self.sampling is None:
             target = [int(t) for t in reply.tokens]
-            n = accept_prefix(draft, target)
-            return n, target[n]
-        assert self._rng is not None and reply.logits is not None
-        rows = adjust_logits(reply.logits, self.sampling, self.emitted, draft)
-        if self.sampling.greedy:
-            target = rows.argmax(axis=-1).tolist()
-            n = accept_prefix(draft, target)
-            return n, target[n]
-        return speculative_sample(draft, target_probs(rows, self.sampling), self._rng)
+        else:
+            assert self._rng is not None and reply.logits is not None
+            rows = adjust_logits(reply.logits, self.sampling, self.emitted, draft)
+            if not self.sampling.greedy:
+                return speculative_sample(draft, target_probs(rows, self.sampling), self._rng)
+            target = rows.argmax(axis=-1).tolist()  # greedy over penalised or biased logits
+        n = accept_prefix(draft, target)
+        return n, target[n]
 
     def _emit(self, tokens: list[int], now: float) -> list[int]:
         out = []

@@ -63,6 +63,13 @@ class ServeSettings:
     cors_origins: tuple[str, ...] = ()
 
 
+def unknown_model(status: int, asked: str, served: str) -> ApiError:
+    """A request named a model this server does not serve (OpenAI: 404 when the route
+    names it, 400 when a completion's body does)."""
+    return ApiError(status, f"the model {asked!r} is not served here; this server serves "
+                    f"{served!r}", param="model", code="model_not_found")
+
+
 def validation_error(exc: RequestValidationError) -> ApiError:
     """The first problem pydantic found, as OpenAI reports a bad parameter."""
     errors = exc.errors()
@@ -104,8 +111,7 @@ class ZctlApi:
         except BackendUnavailable:
             info = await self.served()  # as last seen (503 if never)
         if model_id is not None and model_id != info.model:
-            raise ApiError(404, f"the model {model_id!r} is not served here; this server "
-                           f"serves {info.model!r}", param="model", code="model_not_found")
+            raise unknown_model(404, model_id, info.model)
         return {"id": info.model, "object": "model", "created": 0, "owned_by": "zctl",
                 "max_model_len": info.max_context, "context_length": info.max_context,
                 "stages": [{"index": s.index, "node": s.node_id} for s in info.stages]}
@@ -145,8 +151,7 @@ class ZctlApi:
         self.check_key(request)
         info = await self.served()
         if body.model != info.model:
-            raise ApiError(400, f"the model {body.model!r} is not served here; this server "
-                           f"serves {info.model!r}", param="model", code="model_not_found")
+            raise unknown_model(400, body.model, info.model)
         gen = to_generation(body, uuid.uuid4().hex[:24], self.settings.speculation)
         problem = gen.problem()
         if problem is not None:

@@ -73,11 +73,10 @@ class RssSeries:
         that window (a leak grows in both halves, a pool that settles does not), and the
         last sample of each minute (MB). None: no sample after warm-up (a process that
         started late, or ended early)."""
-        warm = next((kb for t, kb in self.samples if t >= warm_s), None)
         during = [(t, kb) for t, kb in self.samples if warm_s <= t <= end_s]
-        if warm is None or not during:
+        if not during:
             return None
-        end = during[-1][1]
+        warm, end = during[0][1], during[-1][1]
         middle = next(kb for t, kb in during if t >= (warm_s + during[-1][0]) / 2)
         minutes: dict[int, int] = {}
         for t, kb in self.samples:
