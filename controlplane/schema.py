@@ -107,3 +107,38 @@ def build(cls: type, raw: Any, path: str) -> Any:
             continue
         kwargs[name] = _convert(raw[name], hints[name], f"{path}.{name}")
     return cls(**kwargs)
+
+
+def describe(cls: type) -> str:
+    """A canonical text of a dataclass's wire schema: each field's name, annotation and
+    whether it may be omitted, then each nested dataclass's own, in a fixed order. Two
+    sides whose descriptions differ may refuse each other's messages."""
+    seen: dict[str, str] = {}
+    _describe(cls, seen)
+    return "\n".join(seen[name] for name in sorted(seen))
+
+
+def _describe(cls: type, seen: dict[str, str]) -> None:
+    name = cls.__qualname__
+    if name in seen:
+        return
+    seen[name] = ""  # claimed before recursing, for records that nest themselves
+    hints = _hints(cls)
+    parts = []
+    for spec in fields(cls):
+        optional = spec.default is not MISSING or spec.default_factory is not MISSING
+        parts.append(f"{spec.name}:{_annotation(hints[spec.name], seen)}{'?' if optional else ''}")
+    seen[name] = f"{name}({', '.join(parts)})"
+
+
+def _annotation(tp: Any, seen: dict[str, str]) -> str:
+    """An annotation's canonical name; nested dataclasses are described beside it."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return "|".join(sorted(_annotation(a, seen) for a in args))
+    if args:
+        origin = typing.get_origin(tp)
+        return f"{origin.__name__}[{','.join(_annotation(a, seen) for a in args)}]"
+    if is_dataclass(tp) and isinstance(tp, type):
+        _describe(tp, seen)
+    return "null" if tp is type(None) else _type_name(tp)

@@ -240,7 +240,7 @@ def test_agent_survives_a_silent_and_garbled_coordinator(cp_cluster: Cluster) ->
         assert identity == agent.node_id.encode()
         assert isinstance(m.decode_message(first), m.Enrol)
         for junk in ([b"\x00garbage"], [b"{}"], [m.encode_message(m.Heartbeat()), b"x"],
-                     [json.dumps({"protocol": 1, "type": "warp", "body": {}}).encode()]):
+                     [json.dumps({"protocol": m.PROTOCOL_VERSION, "type": "warp", "body": {}}).encode()]):
             router.send_multipart([identity, *junk])
         router.send_multipart([identity, m.encode_message(
             m.Welcome(agent.node_id, "fake", "s", 0.05, 3))])

@@ -74,10 +74,10 @@ def test_malformed_and_unknown_messages_leave_the_cluster_serving(cp_cluster: Cl
         expectations = [
             ([b"\xff\xfe\xfd"], "malformed"),
             ([b"[" * 50000], "malformed"),
-            ([b'{"protocol": 1, "type": "heartbeat"}', b"extra"], "malformed"),
-            ([json.dumps({"protocol": 1, "type": "enrol", "body": {"node_id": 5}}).encode()],
+            ([b'{"protocol": %d, "type": "heartbeat"}' % m.PROTOCOL_VERSION, b"extra"], "malformed"),
+            ([json.dumps({"protocol": m.PROTOCOL_VERSION, "type": "enrol", "body": {"node_id": 5}}).encode()],
              "malformed"),
-            ([json.dumps({"protocol": 1, "type": "self_destruct", "body": {}}).encode()],
+            ([json.dumps({"protocol": m.PROTOCOL_VERSION, "type": "self_destruct", "body": {}}).encode()],
              "unknown-type"),
             ([json.dumps({"protocol": 99, "type": "heartbeat", "body": {}}).encode()],
              "protocol-version"),

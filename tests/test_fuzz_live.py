@@ -14,7 +14,7 @@ import typer
 import zmq
 from typer.testing import CliRunner
 
-from controlplane.messages import from_frames
+from controlplane.messages import PROTOCOL_VERSION, from_frames
 from dataplane.frames import decode_frame
 from tools.fuzz_live import main
 from tools.fuzz_messages import (
@@ -60,7 +60,7 @@ def test_the_same_seed_gives_the_same_messages_and_none_reaches_the_cap() -> Non
 
 def test_mutations_change_the_bytes_and_over_cap_is_just_over() -> None:
     rng = random.Random(3)
-    data = b'{"protocol":1,"type":"status_request","body":{}}'
+    data = b'{"protocol":%d,"type":"status_request","body":{}}' % PROTOCOL_VERSION
     changed = [mutate(rng, data) for _ in range(200)]
     assert sum(c != data for c in changed) >= 190
     assert all(1 << 10 < len(over_cap(rng, 1 << 10)[0]) <= (1 << 10) + 64 for _ in range(20))

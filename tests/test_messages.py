@@ -80,7 +80,7 @@ def test_runtime_spec_mirrors_runtime_config() -> None:
     assert r.RuntimeSpec() == r.RuntimeSpec(**RuntimeConfig().__dict__)
 
 
-def envelope(body: object, type_: str = "enrol", protocol: object = 1) -> bytes:
+def envelope(body: object, type_: str = "enrol", protocol: object = m.PROTOCOL_VERSION) -> bytes:
     return json.dumps({"protocol": protocol, "type": type_, "body": body}).encode()
 
 
@@ -104,9 +104,10 @@ def stats_body() -> dict:
     (b"\xff\xfe", "not a JSON message"),
     (b"hello", "not a JSON message"),
     (b"[1, 2]", "must be a JSON object, got list"),
-    (b'{"protocol": 1, "body": {}}', "no string 'type'"),
+    (b'{"protocol": %d, "body": {}}' % m.PROTOCOL_VERSION, "no string 'type'"),
     (b'{"type": "heartbeat", "body": {}}', "no 'protocol' version"),
-    (b'{"protocol": 1, "type": "heartbeat", "body": {}, "x": 1}', "unknown field(s) 'x'"),
+    (b'{"protocol": %d, "type": "heartbeat", "body": {}, "x": 1}' % m.PROTOCOL_VERSION,
+     "unknown field(s) 'x'"),
     (envelope({}, "heartbeat") .replace(b'"body": {}', b'"body": []'), "must be an object"),
     (envelope(enrol_body(ram_total="lots")), "enrol.ram_total must be an integer, got string"),
     (envelope(enrol_body(ram_total=True)), "enrol.ram_total must be an integer, got boolean"),
@@ -134,7 +135,7 @@ def stats_body() -> dict:
     # Python refuses to read an integer of more than 4300 digits with a bare ValueError,
     # which escaped and ended the coordinator (found by tools.fuzz_live)
     (b"1" * 5000, "not a JSON message"),
-    (b'{"protocol":1,"type":"heartbeat","body":{"kv_slots":' + b"9" * 5000 + b"}}",
+    (b'{"protocol":%d,"type":"heartbeat","body":{"kv_slots":' % m.PROTOCOL_VERSION + b"9" * 5000 + b"}}",
      "not a JSON message"),
     (envelope({"kv_slots": -5}, "heartbeat"), "heartbeat.kv_slots must be >= -1"),
     (envelope({**stats_body(), "hops": [{"name": "0-1", "bytes": 1, "network_ms": {
@@ -168,7 +169,7 @@ def test_protocol_mismatch_carries_both_versions_and_best_effort_fields() -> Non
         m.decode_message(envelope(enrol_body(), "enrol", 0))
     assert m.peer_node_id(info.value) == "node-1" and m.refusal_text(info.value) is None
     with pytest.raises(m.ProtocolMismatch) as info:
-        m.decode_message(envelope({"node_id": "x/../y"}, "enrol", 2))
+        m.decode_message(envelope({"node_id": "x/../y"}, "enrol", m.PROTOCOL_VERSION + 1))
     assert m.peer_node_id(info.value) == "?"
 
 

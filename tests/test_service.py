@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from controlplane.client import ClusterUnreachable, generate_many, generate_stream
-from controlplane.messages import Error, encode_message, from_frames, to_frames
+from controlplane.messages import PROTOCOL_VERSION, Error, encode_message, from_frames, to_frames
 from controlplane.service import MAX_REQUEST_BYTES, GenerationService
 from controlplane.service_messages import (
     GenerateCancel,
@@ -56,8 +56,10 @@ def test_stream_matches_greedy_and_ends_with_done(service) -> None:
 def test_bad_requests_get_errors_and_service_keeps_serving(service) -> None:
     svc, _ = service
     with raw_client(svc.endpoint) as sock:
-        for frames in ([b"not json"], [b'{"protocol":1,"type":"status_request","body":{}}'],
-                       [b'{"protocol":1,"type":"generate_request","body":{"request_id":"x","prompt":""}}']):
+        status = b'{"protocol":%d,"type":"status_request","body":{}}' % PROTOCOL_VERSION
+        empty = (b'{"protocol":%d,"type":"generate_request","body":{"request_id":"x","prompt":""}}'
+                 % PROTOCOL_VERSION)
+        for frames in ([b"not json"], [status], [empty]):
             sock.send_multipart(frames)
             assert sock.poll(5000)
             msg, _ = from_frames(sock.recv_multipart())

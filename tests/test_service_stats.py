@@ -99,7 +99,7 @@ def test_a_malformed_stats_request_gets_an_error_and_serving_goes_on(export: Pat
     svc.start()
     try:
         with raw_client(svc.endpoint) as sock:
-            sock.send_multipart([json.dumps({"protocol": 1, "type": "service_stats_request",
+            sock.send_multipart([json.dumps({"protocol": m.PROTOCOL_VERSION, "type": "service_stats_request",
                                              "body": {"detail": True}}).encode()])
             assert sock.poll(5000)
             reply, _ = m.from_frames(sock.recv_multipart())
@@ -186,7 +186,7 @@ def test_service_stats_over_a_cluster_head(dp_threaded2, dp_export2) -> None:
 def test_heartbeat_kv_slots_round_trip_and_old_heartbeats_decode() -> None:
     beat = m.Heartbeat("enrolled", 123)
     assert m.from_frames(m.to_frames(beat))[0] == beat
-    old = json.dumps({"protocol": 1, "type": "heartbeat", "body": {"state": "x"}}).encode()
+    old = json.dumps({"protocol": m.PROTOCOL_VERSION, "type": "heartbeat", "body": {"state": "x"}}).encode()
     assert m.decode_message(old) == m.Heartbeat("x", -1)
     with pytest.raises(m.MessageError, match="kv_slots must be >= -1"):
         m.decode_message(m.encode_message(m.Heartbeat("x", -2)))

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from controlplane.messages import (
+    PROTOCOL_VERSION,
     Enrol,
     Heartbeat,
     Leave,
@@ -87,7 +88,8 @@ def changed_envelope(rng: random.Random, frame: bytes) -> bytes:
     body = raw.setdefault("body", {})
     choice = rng.randrange(6)
     if choice == 0:
-        raw["protocol"] = rng.choice([0, 2, 99, -1, "1", None, 1.5, True])
+        raw["protocol"] = rng.choice([0, PROTOCOL_VERSION + 1, 99, -1, str(PROTOCOL_VERSION), None,
+                                      1.5, True])
     elif choice == 1:
         raw["type"] = rng.choice(["", "nope", "STATUS_REQUEST", "error ", 7, None,
                                   "generate_request", "status_reply", "welcome"])
@@ -100,8 +102,9 @@ def changed_envelope(rng: random.Random, frame: bytes) -> bytes:
                           {**raw, "body": [body]}])
     else:  # nested past any parser's depth (json.dumps would not write it)
         depth = rng.choice([50, 5000])
-        return (b'{"protocol":1,"type":"' + str(raw["type"]).encode() + b'","body":{"x":'
-                + b"[" * depth + b"]" * depth + b"}}")
+        head = b'{"protocol":%d,"type":"%s","body":{"x":' % (PROTOCOL_VERSION,
+                                                               str(raw["type"]).encode())
+        return head + b"[" * depth + b"]" * depth + b"}}"
     return json.dumps(raw, allow_nan=True).encode()
 
 

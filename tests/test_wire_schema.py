@@ -1,0 +1,65 @@
+"""The control and service messages' wire schema is pinned to the protocol version.
+
+A decoder refuses fields it does not know, so a side that adds even an optional field can
+no longer talk to a side without it. Bumping ``PROTOCOL_VERSION`` with every schema change
+turns that into the clear "speaks control protocol N" refusal (a node that cannot enrol, a
+``zctl serve`` that names the mismatch) instead of "unknown field" errors mid-request."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from controlplane import messages as m
+from controlplane import service_messages  # noqa: F401 - registers the service messages
+from controlplane.schema import describe
+
+# The digest of every registered message's schema, for each protocol version since it was
+# pinned. A failure here means a schema changed: bump PROTOCOL_VERSION in
+# controlplane/messages.py and add the new version's digest below.
+PINNED = {
+    2: "be925e012bbe67ff",
+}
+
+
+def wire_schema() -> str:
+    return "\n".join(f"{name}={describe(m.REGISTRY[name])}" for name in sorted(m.REGISTRY))
+
+
+def test_the_schema_matches_the_protocol_version() -> None:
+    digest = hashlib.sha256(wire_schema().encode()).hexdigest()[:16]
+    assert PINNED.get(m.PROTOCOL_VERSION) == digest, (
+        f"the wire schema's digest is {digest}, but protocol {m.PROTOCOL_VERSION} was pinned "
+        f"to {PINNED.get(m.PROTOCOL_VERSION)}: bump PROTOCOL_VERSION and pin the new digest")
+
+
+@dataclass(frozen=True)
+class Inner:
+    values: list[int]
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
+class Outer:
+    name: str
+    inner: Inner
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OuterWithMore:
+    name: str
+    inner: Inner
+    tags: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+
+def test_the_description_names_every_field_type_and_nested_record() -> None:
+    text = describe(Outer)
+    assert text == ("Inner(values:list[int], scale:float|null?)\n"
+                    "Outer(name:str, inner:Inner, tags:dict[str,str]?)")
+
+
+def test_an_added_optional_field_changes_the_description() -> None:
+    assert describe(Outer).replace("Outer(", "X(") != describe(OuterWithMore).replace(
+        "OuterWithMore(", "X(")
