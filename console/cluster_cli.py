@@ -15,6 +15,7 @@ from console.cluster_procs import (
     ClusterError,
     ClusterRecord,
     cluster_file,
+    cors_origin,
     link_shape,
     parse_api,
     read_record,
@@ -168,6 +169,9 @@ def cluster_up(
     api: Annotated[str | None, typer.Option(
         help="also serve the OpenAI API at HOST:PORT (zctl serve; its key from ZCTL_API_KEY)")
     ] = None,
+    api_cors_origins: Annotated[list[str] | None, typer.Option(
+        "--api-cors-origin", help="a web origin whose pages may call that API from a browser "
+                                  "(scheme://host[:port], or '*'); repeat for more")] = None,
     max_streams: MaxStreams = DEFAULT_MAX_STREAMS,
     kv_memory_mb: KvMemory = 2048,
     prefix_cache_mb: PrefixCacheMb = 512,
@@ -184,6 +188,9 @@ def cluster_up(
     try:
         if api:
             parse_api(api)  # checked before anything is exported
+        origins = tuple(cors_origin(o, "--api-cors-origin") for o in api_cors_origins or ())
+        if origins and not api:
+            raise ValueError("--api-cors-origin needs --api HOST:PORT")
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
         runtime = runtime_spec(None if precision == "default" else precision, threads, device,
                                kv, dq, paged_attention)
@@ -203,11 +210,11 @@ def cluster_up(
             record = _start_remote_coordinator(coordinator)
             write_record(record)
             if api:
-                write_record(record := start_api(record, api))
+                write_record(record := start_api(record, api, cors_origins=origins))
                 out.print(f"OpenAI API at {record.api}/v1")
             _print_join(record, curve)
             return
-        record, status = _up_local(coordinator, local, cpu_sets, timeout, api)
+        record, status = _up_local(coordinator, local, cpu_sets, timeout, api, origins)
     except (ClusterError, ValueError, OSError) as exc:
         rec = read_record() if cluster_file().is_file() else None
         if rec is not None:
@@ -223,9 +230,9 @@ def cluster_up(
 
 
 def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeout: float,
-              api: str | None) -> tuple[ClusterRecord, Any]:
+              api: str | None, cors_origins: tuple[str, ...]) -> tuple[ClusterRecord, Any]:
     """Start a local cluster of ``nodes`` with the coordinator's settings, wait until it
-    serves (and start the API); its record and status."""
+    serves (and start the API, for ``cors_origins``); its record and status."""
     c, link = coordinator, coordinator.link
     record = start_local_cluster(
         Path(c.export_dir), nodes, c.runtime, link_delay_ms=link.delay_ms,
@@ -236,7 +243,7 @@ def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeou
     write_record(record)
     status = wait_serving(record, timeout)
     if api:
-        write_record(record := start_api(record, api))
+        write_record(record := start_api(record, api, cors_origins=cors_origins))
     return record, status
 
 

@@ -377,11 +377,23 @@ def parse_api(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def cors_origin(value: str, option: str = "--cors-origin") -> str:
+    """An origin as browsers send it (``scheme://host[:port]``, no path), or "*"; raises
+    ValueError with the reason."""
+    origin = value.strip().rstrip("/")
+    if origin == "*":
+        return origin
+    scheme, sep, rest = origin.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+        raise ValueError(f"{option} takes '*' or scheme://host[:port], not {value!r}")
+    return origin
+
+
 def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
-              max_queue: int | None = None) -> ClusterRecord:
+              max_queue: int | None = None, cors_origins: tuple[str, ...] = ()) -> ClusterRecord:
     """Start ``zctl serve`` for the cluster in the background (its key, if any, from
-    ZCTL_API_KEY; ``max_queue``: its --max-queue, None its default) and wait for it to
-    answer; the record gains its pid and address."""
+    ZCTL_API_KEY; ``max_queue``: its --max-queue, None its default; ``cors_origins``: its
+    --cors-origin values) and wait for it to answer; the record gains its pid and address."""
     import urllib.error
     import urllib.request
 
@@ -390,6 +402,8 @@ def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
     command = [sys.executable, "-m", "console", "serve", "--host", host, "--port", str(port)]
     if max_queue is not None:
         command += ["--max-queue", str(max_queue)]
+    for origin in cors_origins:
+        command += ["--cors-origin", origin]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             command,

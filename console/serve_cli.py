@@ -27,6 +27,7 @@ from console.cluster_cli import (
 from console.cluster_procs import (
     ClusterError,
     ClusterRecord,
+    cors_origin,
     runtime_spec,
     start_local_cluster,
     stop_processes,
@@ -45,18 +46,6 @@ def serve_problem(port: int, max_queue: int) -> str:
     if max_queue < 1:
         return f"--max-queue must be >= 1, not {max_queue}"
     return ""
-
-
-def cors_origin(value: str) -> str:
-    """An origin as browsers send it (``scheme://host[:port]``, no path), or "*"; raises
-    ValueError with the reason."""
-    origin = value.strip().rstrip("/")
-    if origin == "*":
-        return origin
-    scheme, sep, rest = origin.partition("://")
-    if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
-        raise ValueError(f"--cors-origin takes '*' or scheme://host[:port], not {value!r}")
-    return origin
 
 
 def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, max_queue: int,

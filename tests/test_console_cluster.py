@@ -382,6 +382,11 @@ def test_errors_print_brackets_as_they_are(zctl_home: Path) -> None:
     for origin in ("localhost:3000", "http://ui.example/chat", "ftp://ui.example"):
         result = runner.invoke(app, ["serve", "--cors-origin", origin])
         assert result.exit_code == 1 and "--cors-origin takes" in result.output, result.output
+        result = runner.invoke(app, ["cluster", "up", "--local", "2", "--api", "127.0.0.1:8000",
+                                     "--api-cors-origin", origin])
+        assert result.exit_code == 1 and "--api-cors-origin takes" in result.output
+    result = runner.invoke(app, ["cluster", "up", "--local", "2", "--api-cors-origin", "*"])
+    assert result.exit_code == 1 and "--api-cors-origin needs --api" in result.output
     for command in (["cluster", "up", "--local", "2"], ["serve"]):
         result = runner.invoke(app, [*command, "--max-streams", "0"])
         assert result.exit_code == 1 and "--max-streams must be in 1..256" in result.output

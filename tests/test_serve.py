@@ -22,8 +22,7 @@ import uvicorn
 from test_service import SlowChain
 
 from common.manifest import load_manifest
-from console.cluster_procs import free_port
-from console.serve_cli import cors_origin
+from console.cluster_procs import cors_origin, free_port
 from controlplane.service import GenerationService
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig

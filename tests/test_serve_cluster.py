@@ -22,6 +22,7 @@ from console.cluster_procs import free_port, read_record, stop_processes
 
 runner = CliRunner()
 PROMPT = "what is the capital of france?"
+PAGE = "http://ui.example:3000"  # a web page allowed to call the API
 
 
 def wait_health(url: str, status: int, timeout_s: float = 60.0) -> dict:
@@ -48,7 +49,8 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
     # --no-heal: the pipeline stays down until the node is back (with healing the
     # coordinator would take stage 1 within seconds, and /health would follow that instead)
     up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
-                             "--heartbeat", "0.3", "--no-heal", "--api", f"127.0.0.1:{port}"])
+                             "--heartbeat", "0.3", "--no-heal", "--api", f"127.0.0.1:{port}",
+                             "--api-cors-origin", PAGE])
     restarted: subprocess.Popen | None = None
     try:
         assert up.exit_code == 0, up.output
@@ -75,6 +77,9 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
                 if line.startswith("vllm:prefix_cache_hits_total{")]
         assert hits and float(hits[0].split()[-1]) >= 1, metrics
         assert wait_health(url, 200)["status"] == "ok"
+        for origin, allowed in ((PAGE, PAGE), ("http://elsewhere.example", None)):
+            answer = httpx.get(f"{url}/v1/models", headers={"Origin": origin}, timeout=10)
+            assert answer.headers.get("access-control-allow-origin") == allowed
         doctor = runner.invoke(app, ["doctor", "--json"])
         api = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "api"]
         assert api and api[0]["status"] == "pass" and url in api[0]["detail"], doctor.stdout
