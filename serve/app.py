@@ -18,9 +18,9 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,7 +39,7 @@ from serve.protocol import (
     ResponseShape,
     engine_error,
     finish_reason,
-    to_generation,
+    to_generations,
 )
 
 DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client
@@ -47,6 +47,7 @@ DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its clien
 # to 12 bytes of JSON each (an escaped surrogate pair), with room for the other fields.
 MAX_BODY_BYTES = 16 << 20
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -152,15 +153,17 @@ class ZctlApi:
         info = await self.served()
         if body.model != info.model:
             raise unknown_model(400, body.model, info.model)
-        gen = to_generation(body, uuid.uuid4().hex[:24], self.settings.speculation)
-        problem = gen.problem()
+        request_id = uuid.uuid4().hex[:24]
+        gens = to_generations(body, request_id, self.settings.speculation)
+        problem = gens[0].problem()
         if problem is not None:
             raise ApiError(400, problem)
-        if self.in_flight >= self.settings.max_queue:
+        if self.in_flight + len(gens) > self.settings.max_queue:
             raise ApiError(429, f"the server has {self.in_flight} requests in flight (its "
-                           f"limit, --max-queue): retry later", "rate_limit_exceeded",
+                           f"limit, --max-queue, is {self.settings.max_queue}; each of n "
+                           "choices counts): retry later", "rate_limit_exceeded",
                            code="queue_full")
-        return await self._answer(body, gen, request, info.model)
+        return await self._answer(body, request_id, gens, request, info.model)
 
     def _admit(self, gen: GenerationRequest) -> tuple[AsyncIterator[Any], Callable[[], None]]:
         """Count ``gen`` in flight now, before anything awaits (requests arriving together
@@ -186,28 +189,45 @@ class ZctlApi:
 
         return events(), release
 
-    async def _answer(self, body: ChatCompletionRequest | CompletionRequest,
-                      gen: GenerationRequest, request: Request, model: str) -> Response:
-        """Run the generation: the first answer decides between an error and a reply."""
-        clock = RequestClock(self.metrics, model, time.monotonic())
-        events, release = self._admit(gen)
+    async def _answer(self, body: ChatCompletionRequest | CompletionRequest, request_id: str,
+                      gens: list[GenerationRequest], request: Request, model: str) -> Response:
+        """Run a generation per choice: their first answers decide between an error and a
+        reply."""
+        start = time.monotonic()
+        clocks = [RequestClock(self.metrics, model, start) for _ in gens]
+        admitted = [self._admit(gen) for gen in gens]
+        events = [e for e, _ in admitted]
         try:
-            first = await self._next(events, request)
+            firsts = await self._firsts(events, request)
+            failed = next((f for f in firsts if isinstance(f, GenerateDone) and f.error), None)
+            if failed is not None:
+                raise engine_error(failed)
         except BaseException:
-            release()  # (its events may never have started)
+            for _, release in admitted:
+                release()  # (a choice's events may never have started)
+            await close_all(events)
             raise
-        if isinstance(first, GenerateDone) and first.error:
-            await events.aclose()
-            raise engine_error(first)
-        shape = ResponseShape(isinstance(body, ChatCompletionRequest), gen.request_id, model)
+        shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model)
         if body.stream:
-            return StreamingResponse(self._sse(shape, first, events, clock, body.include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                self._sse(shape, firsts, events, clocks, body.include_usage),
+                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
-            return JSONResponse(await self._collect(shape, first, events, clock, request, gen))
+            return JSONResponse(await self._collect_all(shape, firsts, events, clocks, request,
+                                                        gens))
         finally:
-            await events.aclose()
+            await close_all(events)
+
+    async def _firsts(self, events: list[AsyncIterator[Any]], request: Request) -> list[Any]:
+        """Each choice's first event. The first choice starts alone: once it answers, its
+        prompt is in the prefix cache (a running stream's prompt is a source), so the other
+        choices, started together then, prefill only its last token rather than all of it."""
+        first = await self._next(events[0], request)
+        if len(events) == 1:
+            return [first]
+        if isinstance(first, GenerateDone) and first.error:
+            raise engine_error(first)
+        return [first, *await together([self._next(e, request) for e in events[1:]])]
 
     async def _next(self, events: AsyncIterator[Any], request: Request) -> Any:
         """The next event, cancelling the generation if the client goes meanwhile."""
@@ -231,9 +251,18 @@ class ZctlApi:
             await events.aclose()  # type: ignore[attr-defined]
             raise
 
-    async def _collect(self, shape: ResponseShape, first: Any, events: AsyncIterator[Any],
-                       clock: RequestClock, request: Request,
-                       gen: GenerationRequest) -> dict[str, Any]:
+    async def _collect_all(self, shape: ResponseShape, firsts: list[Any],
+                           events: list[AsyncIterator[Any]], clocks: list[RequestClock],
+                           request: Request, gens: list[GenerationRequest]) -> dict[str, Any]:
+        """The whole reply: every choice's tokens collected (together), then its end."""
+        ends = await together([self._collect(f, e, c, request, g)
+                               for f, e, c, g in zip(firsts, events, clocks, gens, strict=True)])
+        return shape.reply([done for done, _ in ends], [lps for _, lps in ends])
+
+    async def _collect(self, first: Any, events: AsyncIterator[Any], clock: RequestClock,
+                       request: Request, gen: GenerationRequest,
+                       ) -> tuple[GenerateDone, list[TokenLogprob] | None]:
+        """One choice's end and its tokens' logprobs (if asked for)."""
         logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
         msg, checked = first, time.monotonic()
         while True:
@@ -243,53 +272,100 @@ class ZctlApi:
                 if logprobs is not None:
                     logprobs += msg.logprobs
             else:
-                return self._finish(shape, msg, clock, logprobs)
+                if msg.error:
+                    raise engine_error(msg)
+                clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg), now)
+                return msg, logprobs
             if now - checked >= DISCONNECT_CHECK_S:  # tokens keep coming: look anyway
                 checked = now
                 if await request.is_disconnected():
                     raise ApiError(499, "the client went away", "client_closed")
             msg = await self._next(events, request)
 
-    def _finish(self, shape: ResponseShape, done: GenerateDone, clock: RequestClock,
-                logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
-        if done.error:
-            raise engine_error(done)
-        clock.done(done.prompt_tokens, len(done.tokens), finish_reason(done), time.monotonic())
-        return shape.reply(done, logprobs)
-
-    async def _sse(self, shape: ResponseShape, first: Any, events: AsyncIterator[Any],
-                   clock: RequestClock, include_usage: bool) -> AsyncIterator[str]:
-        """SSE events until [DONE]; leaving early (a disconnect) cancels the generation."""
+    async def _sse(self, shape: ResponseShape, firsts: list[Any],
+                   events: list[AsyncIterator[Any]], clocks: list[RequestClock],
+                   include_usage: bool) -> AsyncIterator[str]:
+        """SSE events until [DONE]; leaving early (a disconnect) cancels the generations."""
         try:
-            yield sse(_with_usage(shape.chunk("", None, role=True), include_usage)
-                      if shape.chat else None)
-            msg = first
-            while True:
-                if isinstance(msg, GenerateChunk):
-                    clock.tokens(len(msg.tokens), time.monotonic())
-                    if msg.text or msg.logprobs:
-                        yield sse(_with_usage(shape.chunk(msg.text, msg.logprobs or None),
-                                              include_usage))
-                else:
-                    yield self._sse_end(shape, msg, clock, include_usage)
-                    return
-                msg = await anext(events)
+            if shape.chat:
+                for index in range(len(events)):
+                    yield sse(_with_usage(shape.chunk("", None, role=True, index=index),
+                                          include_usage))
+            dones: dict[int, GenerateDone] = {}
+            async with contextlib.aclosing(merged(firsts, events)) as stream:
+                async for index, msg in stream:
+                    if isinstance(msg, GenerateChunk):
+                        clocks[index].tokens(len(msg.tokens), time.monotonic())
+                        if msg.text or msg.logprobs:
+                            yield sse(_with_usage(shape.chunk(msg.text, msg.logprobs or None,
+                                                              index=index), include_usage))
+                        continue
+                    if msg.error:
+                        self.metrics.errors.labels(str(engine_error(msg).status)).inc()
+                        yield sse(engine_error(msg).body()) + sse("[DONE]")
+                        return
+                    dones[index] = msg
+                    reason = finish_reason(msg)
+                    clocks[index].done(msg.prompt_tokens, len(msg.tokens), reason,
+                                       time.monotonic())
+                    yield sse(_with_usage(shape.chunk("", None, reason, index=index),
+                                          include_usage))
+            if include_usage:
+                yield sse(shape.usage_chunk([dones[i] for i in sorted(dones)]))
+            yield sse("[DONE]")
         except BackendUnavailable as exc:
             yield sse(ApiError(503, str(exc), "service_unavailable").body()) + sse("[DONE]")
         finally:
-            await events.aclose()  # type: ignore[attr-defined]
+            await close_all(events)
 
-    def _sse_end(self, shape: ResponseShape, done: GenerateDone, clock: RequestClock,
-                 include_usage: bool) -> str:
-        if done.error:
-            self.metrics.errors.labels(str(engine_error(done).status)).inc()
-            return sse(engine_error(done).body()) + sse("[DONE]")
-        reason = finish_reason(done)
-        clock.done(done.prompt_tokens, len(done.tokens), reason, time.monotonic())
-        out = sse(_with_usage(shape.chunk("", None, reason), include_usage))
-        if include_usage:
-            out += sse(shape.usage_chunk(done))
-        return out + sse("[DONE]")
+
+async def together(jobs: list[Awaitable[T]]) -> list[T]:
+    """The jobs' results, run concurrently (one alone is simply awaited); the first to fail
+    cancels the others, and its exception is raised."""
+    if len(jobs) == 1:
+        return [await jobs[0]]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(job) for job in jobs]  # type: ignore[arg-type]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+async def close_all(events: list[AsyncIterator[Any]]) -> None:
+    """Close every choice's events (cancelling the generations still running)."""
+    for stream in events:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def merged(firsts: list[Any], events: list[AsyncIterator[Any]],
+                 ) -> AsyncIterator[tuple[int, Any]]:
+    """(choice, event) from every choice as they come, each choice's first event first,
+    until each has ended (a GenerateDone). Left early, it stops waiting on them."""
+    if len(events) == 1:  # the common case, without a task per event
+        msg = firsts[0]
+        while True:
+            yield 0, msg
+            if isinstance(msg, GenerateDone):
+                return
+            msg = await anext(events[0])
+    for index, msg in enumerate(firsts):
+        yield index, msg
+    waiting = {asyncio.ensure_future(anext(events[i])): i
+               for i, msg in enumerate(firsts) if not isinstance(msg, GenerateDone)}
+    try:
+        while waiting:
+            ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(ready, key=waiting.__getitem__):
+                index = waiting.pop(task)
+                msg = task.result()
+                yield index, msg
+                if not isinstance(msg, GenerateDone):
+                    waiting[asyncio.ensure_future(anext(events[index]))] = index
+    finally:
+        for task in waiting:
+            task.cancel()  # each choice's generator ends in the cancellation
+        await asyncio.gather(*waiting, return_exceptions=True)
 
 
 def _with_usage(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:

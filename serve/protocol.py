@@ -1,8 +1,8 @@
 """The OpenAI API's request and response shapes, and how they map onto the engine's.
 
 Requests are pydantic models (unknown fields are ignored, as OpenAI clients send many);
-``to_generation`` turns one into an ``engine.requests.GenerationRequest``. Responses are
-built by small pure functions from the engine's chunks and end. ``ApiError`` is an
+``to_generations`` turns one into an ``engine.requests.GenerationRequest`` per choice (``n``).
+Responses are built by small pure functions from the engine's chunks and ends. ``ApiError`` is an
 error in the shape OpenAI clients parse: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -27,6 +27,7 @@ from engine.requests import (
 )
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length"}
+MAX_CHOICES = 16  # n: each choice is a generation of its own, counted against --max-queue
 
 
 class ApiError(Exception):
@@ -98,7 +99,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -160,13 +161,28 @@ def speculation(options: ZctlOptions, default: tuple[str, int]) -> tuple[str, in
     return mode, default[1] if options.k is None else options.k
 
 
+def to_generations(req: ChatCompletionRequest | CompletionRequest, request_id: str,
+                   default_speculation: tuple[str, int] = ("", 0)) -> list[GenerationRequest]:
+    """The engine's requests for an API request's ``n`` choices: the same prompt, ids
+    ``request_id`` (one choice) or ``request_id-i``, and with a seed, seed + i for choice i
+    (each reproducible, and different from the others when sampling)."""
+    if req.n == 1:
+        return [to_generation(req, request_id, default_speculation)]
+    return [to_generation(req, f"{request_id}-{i}", default_speculation,
+                          None if req.seed is None else (req.seed + i) % (1 << 63))
+            for i in range(req.n)]
+
+
 def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: str,
-                  default_speculation: tuple[str, int] = ("", 0)) -> GenerationRequest:
-    """The engine's request for an API request (chat turns or a raw text prompt)."""
+                  default_speculation: tuple[str, int] = ("", 0),
+                  seed: int | None = None) -> GenerationRequest:
+    """The engine's request for an API request (chat turns or a raw text prompt);
+    ``seed``: instead of the request's own."""
     mode, k = speculation(req.zctl, default_speculation)
     common: dict[str, Any] = dict(
         request_id=request_id, ignore_eos=req.zctl.ignore_eos, speculative=mode, k=k,
-        temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p, seed=req.seed,
+        temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p,
+        seed=req.seed if seed is None else seed,
         stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         logit_bias=dict(req.logit_bias or {}))
@@ -182,12 +198,14 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
 
 
 # -- responses ------------------------------------------------------------------------
-def usage(done: GenerationDone) -> dict[str, Any]:
-    """OpenAI's usage object; ``cached_tokens``: the prompt's tokens the prefix cache held."""
-    completion = len(done.tokens)
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": done.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+def usage(dones: list[GenerationDone]) -> dict[str, Any]:
+    """OpenAI's usage object for a request's choices: the prompt counted once (as OpenAI
+    does for ``n``), every choice's tokens; ``cached_tokens``: the prompt's tokens the prefix
+    cache held for the first choice."""
+    prompt, completion = dones[0].prompt_tokens, sum(len(d.tokens) for d in dones)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": dones[0].cached_tokens}}
 
 
 def finish_reason(done: GenerationDone) -> str:
@@ -222,46 +240,53 @@ def text_logprobs(logprobs: list[TokenLogprob], offset: int = 0) -> dict[str, An
 
 
 class ResponseShape:
-    """Builds one request's chunks and reply: ids, timestamps and the model are fixed."""
+    """Builds one request's chunks and reply: ids, timestamps and the model are fixed;
+    ``index`` names the choice a chunk belongs to."""
 
     def __init__(self, chat: bool, request_id: str, model: str) -> None:
         self.chat, self.model = chat, model
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
-        self.text_offset = 0
+        self.text_offsets: dict[int, int] = {}  # per choice: where its next chunk's text starts
 
     def _envelope(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def chunk(self, text: str, logprobs: list[TokenLogprob] | None, finish: str | None = None,
-              role: bool = False) -> dict[str, Any]:
-        """One streamed chunk: new text (and its tokens' logprobs), or the end."""
+              role: bool = False, index: int = 0) -> dict[str, Any]:
+        """One streamed chunk of choice ``index``: new text (and its tokens' logprobs), or
+        its end."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if role else (
                 {"content": text} if text or finish is None else {})
-            choice = {"index": 0, "delta": delta,
+            choice = {"index": index, "delta": delta,
                       "logprobs": chat_logprobs(logprobs) if logprobs else None,
                       "finish_reason": finish}
             return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
-        lps = text_logprobs(logprobs, self.text_offset) if logprobs else None
-        self.text_offset += len(text)
-        choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": finish}
+        offset = self.text_offsets.get(index, 0)
+        lps = text_logprobs(logprobs, offset) if logprobs else None
+        self.text_offsets[index] = offset + len(text)
+        choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
         return {**self._envelope("text_completion"), "choices": [choice]}
 
-    def usage_chunk(self, done: GenerationDone) -> dict[str, Any]:
+    def usage_chunk(self, dones: list[GenerationDone]) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._envelope(kind), "choices": [], "usage": usage(done)}
+        return {**self._envelope(kind), "choices": [], "usage": usage(dones)}
 
-    def reply(self, done: GenerationDone, logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
-        """The whole (non-streamed) answer."""
+    def reply(self, dones: list[GenerationDone],
+              logprobs: list[list[TokenLogprob] | None]) -> dict[str, Any]:
+        """The whole (non-streamed) answer: a choice per generation, in order."""
+        choices = [self._choice(i, done, lps)
+                   for i, (done, lps) in enumerate(zip(dones, logprobs, strict=True))]
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {**self._envelope(kind), "choices": choices, "usage": usage(dones)}
+
+    def _choice(self, index: int, done: GenerationDone,
+                logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
-                      "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
-                      "finish_reason": finish_reason(done)}
-            kind = "chat.completion"
-        else:
-            choice = {"index": 0, "text": done.text,
-                      "logprobs": text_logprobs(logprobs) if logprobs is not None else None,
-                      "finish_reason": finish_reason(done)}
-            kind = "text_completion"
-        return {**self._envelope(kind), "choices": [choice], "usage": usage(done)}
+            return {"index": index, "message": {"role": "assistant", "content": done.text},
+                    "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
+                    "finish_reason": finish_reason(done)}
+        return {"index": index, "text": done.text,
+                "logprobs": text_logprobs(logprobs) if logprobs is not None else None,
+                "finish_reason": finish_reason(done)}

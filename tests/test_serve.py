@@ -386,7 +386,7 @@ def test_bad_requests_are_400s_in_openai_shape(server) -> None:
     with pytest.raises(openai.BadRequestError, match="not served here"):
         client.chat.completions.create(model="gpt-4", messages=ASK)
     cases = [
-        ({"model": MODEL, "messages": ASK, "n": 2}, "n"),
+        ({"model": MODEL, "messages": ASK, "n": 17}, "n"),
         ({"model": MODEL, "messages": ASK, "temperature": 3}, "temperature"),
         ({"model": MODEL, "messages": ASK, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"model": MODEL, "messages": ASK, "max_tokens": 600}, None),  # beyond the 512 context
