@@ -156,8 +156,12 @@ def _home(state_dir: str | None, name: str) -> Path:
 
 
 def _prepare(link: LinkShape, cpus: str | None, base: Any, say: Say) -> Any:
-    """Apply the CPU set (before anything starts a thread or compiles a stage); ``base`` (a
-    launcher) with the emulated link applied, or None for the default one."""
+    """Apply the CPU set and hold the allocator's mmap threshold (before anything starts a
+    thread or compiles a stage); ``base`` (a launcher) with the emulated link applied, or
+    None for the default one."""
+    from dataplane.heap import hold_mmap_threshold
+
+    hold_mmap_threshold()  # freed step buffers go back to the system (dataplane/heap.py)
     if cpus:
         from controlplane.cpusets import confine_to
 
