@@ -44,7 +44,13 @@ from dataplane.stage_base import (
     warm_up_steps,
     zero_input,
 )
-from dataplane.step_shapes import LARGE, ShapeKeeper, measure_padding_limit
+from dataplane.step_shapes import (
+    BUCKET,
+    LARGE,
+    ShapeKeeper,
+    bucket_pad,
+    measure_padding_limit,
+)
 
 log = logging.getLogger("zctl.dataplane.runtime")
 INITIAL_BLOCKS = 256  # the cache doubles when it runs out
@@ -358,9 +364,11 @@ class PagedStageRunner(MaskRewind):
             self._set("logits_idx", flat)
         for seq, count in zip(seqs, counts, strict=True):
             self._reserve(seq, count)
+        bucket = min(BUCKET, self.block_size)
         pad = self.shapes.pad(total)
-        if pad > self.block_size:  # the scratch block holds no more (warm_up caps the limit)
-            pad = 0
+        pad += bucket_pad(total + pad, bucket)
+        if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
+            pad = bucket_pad(total, bucket)
         flat_positions = positions.reshape(-1)
         if pad:  # one more sequence: ``pad`` tokens from 0 in the scratch block
             flat_positions = np.concatenate([flat_positions, np.arange(pad)])

@@ -14,6 +14,13 @@ change against the cost of a token, at most a full row group's 8 tokens). Where 
 costs under 15% of a step the limit is 0 and no step is padded: an AMD EPYC (AVX2)
 measured no cost for a change on these graphs, and a padded token costs real compute
 there.
+
+Steps over ``BUCKET_FROM`` tokens (a prompt's chunk, alone or beside decoding rows) are also
+padded up to a multiple of ``BUCKET`` tokens, on every CPU. The plugin keeps state for
+each token count a stage has run (compiled kernels and their buffers, about 0.5-0.8 MB
+per count on SmolLM2's stages), so prompts of every length would otherwise grow a stage's
+memory for every new length; in buckets there are at most (max chunk - 64) / 16 such
+counts above 64. It costs a prompt's last chunk up to 15 tokens of compute.
 """
 
 from __future__ import annotations
@@ -25,6 +32,13 @@ from collections.abc import Callable
 WINDOW = 4  # steps a token count is kept after the last step that needed it
 SMALL, LARGE = 1, 8  # the token counts the warm-up alternates (a lone row, a row group)
 MIN_CHANGE = 0.15  # a change costing less than this share of a step is not worth padding for
+BUCKET_FROM, BUCKET = 64, 16  # steps over 64 tokens run padded to a multiple of 16
+
+
+def bucket_pad(tokens: int, bucket: int = BUCKET, start: int = BUCKET_FROM) -> int:
+    """Padding tokens that bring a step of over ``start`` tokens to a multiple of
+    ``bucket`` (0 for a step of ``start`` tokens or fewer)."""
+    return (-tokens) % bucket if tokens > start else 0
 
 
 class ShapeKeeper:

@@ -139,6 +139,37 @@ def test_no_step_is_padded_beyond_the_scratch_block(dp_export2) -> None:
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
+        dp_export2, stage, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 70-token prompt runs as 80 tokens (dataplane.step_shapes.bucket_pad); its output
+    and the next steps' equal a runner's that never pads."""
+    import dataplane.paged_runtime as paged
+
+    runners = [load_runner(dp_export2, stage, RuntimeConfig(**EXACT, paged_attention=True))
+               for _ in range(2)]
+    rng = np.random.default_rng(5)
+    hidden = runners[0].hidden_size
+    prompt = (rng.integers(5, 200, size=(1, 70)) if stage == 0
+              else rng.standard_normal((1, 70, hidden)).astype(np.float32))
+    nexts = [prompt[:, i:i + 1] for i in range(3)]
+    outs, ran = [], []
+    for runner, pads in zip(runners, (True, False), strict=True):
+        if not pads:
+            monkeypatch.setattr(paged, "bucket_pad", lambda tokens, bucket: 0)
+        runner.open_stream(1)
+        first = runner.step(1, prompt, np.arange(70)).copy()
+        ran.append(runner.request.get_input_tensor(0).shape[0])
+        later = [runner.step(1, x, np.array([70 + i])).copy() for i, x in enumerate(nexts)]
+        outs.append([first, *later])
+        runner.close_stream(1)
+        assert runner.pool.used == 0
+    assert ran == [80, 70]
+    for padded, plain in zip(*outs, strict=True):
+        assert padded.shape == plain.shape
+        np.testing.assert_allclose(padded, plain, rtol=1e-4, atol=1e-4)
+
+
 def test_warm_up_measures_the_padding_limit_and_keeps_nothing(dp_export2) -> None:
     runner = load_runner(dp_export2, 1, RuntimeConfig(paged_attention=True))
     runner.warm_up()

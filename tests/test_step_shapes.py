@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.step_shapes import ShapeKeeper, measure_padding_limit, padding_limit
+from dataplane.step_shapes import (
+    ShapeKeeper,
+    bucket_pad,
+    measure_padding_limit,
+    padding_limit,
+)
 
 
 def test_a_step_is_padded_up_to_the_recent_largest_within_the_limit() -> None:
@@ -75,3 +80,9 @@ def test_steps_slowed_by_another_process_do_not_hide_the_change() -> None:
             stage.now += 5.0 / 1e3
 
     assert measure_padding_limit(busy_step, cap=16, clock=stage.clock) == 10
+
+
+def test_steps_over_64_tokens_are_padded_to_a_multiple_of_16() -> None:
+    assert [bucket_pad(t) for t in (1, 16, 63, 64)] == [0, 0, 0, 0]
+    assert [bucket_pad(t) for t in (65, 79, 80, 81, 256, 257)] == [15, 1, 0, 15, 0, 15]
+    assert bucket_pad(70, bucket=8) == 2 and bucket_pad(70, start=70) == 0
