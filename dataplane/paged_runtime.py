@@ -45,7 +45,6 @@ from dataplane.stage_base import (
     zero_input,
 )
 from dataplane.step_shapes import (
-    BUCKET,
     LARGE,
     ShapeKeeper,
     bucket_pad,
@@ -364,11 +363,10 @@ class PagedStageRunner(MaskRewind):
             self._set("logits_idx", flat)
         for seq, count in zip(seqs, counts, strict=True):
             self._reserve(seq, count)
-        bucket = min(BUCKET, self.block_size)
         pad = self.shapes.pad(total)
-        pad += bucket_pad(total + pad, bucket)
+        pad += bucket_pad(total + pad, most=self.block_size)
         if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
-            pad = bucket_pad(total, bucket)
+            pad = bucket_pad(total, most=self.block_size)
         flat_positions = positions.reshape(-1)
         if pad:  # one more sequence: ``pad`` tokens from 0 in the scratch block
             flat_positions = np.concatenate([flat_positions, np.arange(pad)])

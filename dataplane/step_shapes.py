@@ -15,12 +15,12 @@ costs under 15% of a step the limit is 0 and no step is padded: an AMD EPYC (AVX
 measured no cost for a change on these graphs, and a padded token costs real compute
 there.
 
-Steps over ``BUCKET_FROM`` tokens (a prompt's chunk, alone or beside decoding rows) are also
-padded up to a multiple of ``BUCKET`` tokens, on every CPU. The plugin keeps state for
-each token count a stage has run (compiled kernels and their buffers, about 0.5-0.8 MB
-per count on SmolLM2's stages), so prompts of every length would otherwise grow a stage's
-memory for every new length; in buckets there are at most (max chunk - 64) / 16 such
-counts above 64. It costs a prompt's last chunk up to 15 tokens of compute.
+Steps over 64 tokens (a prompt's chunk, alone or beside decoding rows) are also padded
+up to a bucket, on every CPU: a multiple of 8 tokens up to 128, of 16 above (at most 11%
+more tokens). The plugin keeps state for each token count a stage has run (compiled
+kernels and their buffers, about 0.5-0.8 MB per count on SmolLM2's stages), so prompts
+of every length would otherwise grow a stage's memory with every new length; in buckets
+there are 8 counts up to 128 and one per 16 tokens above.
 """
 
 from __future__ import annotations
@@ -32,13 +32,18 @@ from collections.abc import Callable
 WINDOW = 4  # steps a token count is kept after the last step that needed it
 SMALL, LARGE = 1, 8  # the token counts the warm-up alternates (a lone row, a row group)
 MIN_CHANGE = 0.15  # a change costing less than this share of a step is not worth padding for
-BUCKET_FROM, BUCKET = 64, 16  # steps over 64 tokens run padded to a multiple of 16
+# A step of over ``tokens`` tokens runs padded to a multiple of ``bucket`` (the last that
+# applies); none of 64 tokens or fewer.
+BUCKETS = ((64, 8), (128, 16))
+BUCKET = max(bucket for _, bucket in BUCKETS)  # the most padding a step takes, plus one
 
 
-def bucket_pad(tokens: int, bucket: int = BUCKET, start: int = BUCKET_FROM) -> int:
-    """Padding tokens that bring a step of over ``start`` tokens to a multiple of
-    ``bucket`` (0 for a step of ``start`` tokens or fewer)."""
-    return (-tokens) % bucket if tokens > start else 0
+def bucket_pad(tokens: int, buckets: tuple[tuple[int, int], ...] = BUCKETS,
+               most: int = BUCKET) -> int:
+    """Padding tokens that bring a step of ``tokens`` to its bucket (``buckets`` as
+    BUCKETS; each bucket at most ``most`` tokens: a scratch block's size)."""
+    bucket = next((min(b, most) for start, b in reversed(buckets) if tokens > start), 1)
+    return (-tokens) % bucket
 
 
 class ShapeKeeper:

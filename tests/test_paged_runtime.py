@@ -142,7 +142,7 @@ def test_no_step_is_padded_beyond_the_scratch_block(dp_export2) -> None:
 @pytest.mark.parametrize("stage", [0, 1])
 def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
         dp_export2, stage, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 70-token prompt runs as 80 tokens (dataplane.step_shapes.bucket_pad); its output
+    """A 70-token prompt runs as 72 tokens (dataplane.step_shapes.bucket_pad); its output
     and the next steps' equal a runner's that never pads."""
     import dataplane.paged_runtime as paged
 
@@ -156,7 +156,7 @@ def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
     outs, ran = [], []
     for runner, pads in zip(runners, (True, False), strict=True):
         if not pads:
-            monkeypatch.setattr(paged, "bucket_pad", lambda tokens, bucket: 0)
+            monkeypatch.setattr(paged, "bucket_pad", lambda tokens, most: 0)
         runner.open_stream(1)
         first = runner.step(1, prompt, np.arange(70)).copy()
         ran.append(runner.request.get_input_tensor(0).shape[0])
@@ -164,7 +164,7 @@ def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
         outs.append([first, *later])
         runner.close_stream(1)
         assert runner.pool.used == 0
-    assert ran == [80, 70]
+    assert ran == [72, 70]
     for padded, plain in zip(*outs, strict=True):
         assert padded.shape == plain.shape
         np.testing.assert_allclose(padded, plain, rtol=1e-4, atol=1e-4)

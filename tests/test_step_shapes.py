@@ -82,7 +82,9 @@ def test_steps_slowed_by_another_process_do_not_hide_the_change() -> None:
     assert measure_padding_limit(busy_step, cap=16, clock=stage.clock) == 10
 
 
-def test_steps_over_64_tokens_are_padded_to_a_multiple_of_16() -> None:
+def test_steps_over_64_tokens_are_padded_to_their_bucket() -> None:
     assert [bucket_pad(t) for t in (1, 16, 63, 64)] == [0, 0, 0, 0]
-    assert [bucket_pad(t) for t in (65, 79, 80, 81, 256, 257)] == [15, 1, 0, 15, 0, 15]
-    assert bucket_pad(70, bucket=8) == 2 and bucket_pad(70, start=70) == 0
+    assert [bucket_pad(t) for t in (65, 71, 72, 127, 128)] == [7, 1, 0, 1, 0]  # by 8
+    assert [bucket_pad(t) for t in (129, 143, 144, 256, 257)] == [15, 1, 0, 0, 15]  # by 16
+    assert bucket_pad(257, most=8) == 7  # a smaller scratch block: smaller buckets
+    assert bucket_pad(70, buckets=((32, 4),)) == 2
