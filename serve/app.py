@@ -194,7 +194,8 @@ class ZctlApi:
         """Run a generation per choice: their first answers decide between an error and a
         reply."""
         start = time.monotonic()
-        clocks = [RequestClock(self.metrics, model, start) for _ in gens]
+        clocks = [RequestClock(self.metrics, model, start, counts_prompt=i == 0)
+                  for i in range(len(gens))]
         admitted = [self._admit(gen) for gen in gens]
         events = [e for e, _ in admitted]
         try:

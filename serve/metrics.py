@@ -146,10 +146,14 @@ class ServeMetrics:
 class RequestClock:
     """Feeds one request's latencies into the metrics as its tokens arrive."""
 
-    def __init__(self, metrics: ServeMetrics, model: str, start: float) -> None:
+    def __init__(self, metrics: ServeMetrics, model: str, start: float,
+                 counts_prompt: bool = True) -> None:
+        """``counts_prompt``: False for a request's second and later choices (``n``), whose
+        prompt is the first's."""
         self.metrics, self.model = metrics, model
         self.start = self.last = start
         self.first = True
+        self.counts_prompt = counts_prompt
 
     def tokens(self, count: int, now: float) -> None:
         if count <= 0:
@@ -166,6 +170,7 @@ class RequestClock:
     def done(self, prompt_tokens: int, generated: int, reason: str, now: float) -> None:
         m = self.metrics
         m.e2e.labels(self.model).observe(now - self.start)
-        m.prompt_tokens.labels(self.model).inc(prompt_tokens)
+        if self.counts_prompt:
+            m.prompt_tokens.labels(self.model).inc(prompt_tokens)
         m.generation_tokens.labels(self.model).inc(generated)
         m.finished.labels(self.model, reason).inc()

@@ -82,20 +82,25 @@ class RecordingBackend:
 
 def test_the_first_choice_answers_before_the_others_are_asked_for() -> None:
     backend = RecordingBackend()
+    app = create_app(backend)  # type: ignore[arg-type]
 
-    async def ask() -> dict:
-        transport = httpx.ASGITransport(app=create_app(backend))  # type: ignore[arg-type]
+    async def ask() -> tuple[dict, str]:
+        transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
             reply = await client.post("/v1/completions", json={
                 "model": "m", "prompt": "hi", "max_tokens": 1, "n": 3})
-        return reply.json()
+            metrics = await client.get("/metrics")
+        return reply.json(), metrics.text
 
-    reply = asyncio.run(ask())
+    reply, metrics = asyncio.run(ask())
     assert [c["text"] for c in reply["choices"]] == ["a"] * 3
     assert reply["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
                               "prompt_tokens_details": {"cached_tokens": 0}}
     assert backend.log[:2] == [("asked", "0"), ("answered", "0")]
     assert sorted(backend.log[2:4]) == [("asked", "1"), ("asked", "2")]  # then together
+    counted = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith(("vllm:prompt_tokens_total{", "vllm:generation_tokens_total{"))}
+    assert counted == {"vllm:prompt_tokens_total": 5, "vllm:generation_tokens_total": 3}
 
 
 def test_the_other_choices_take_the_first_ones_prompt_from_the_prefix_cache(tiny) -> None:
