@@ -200,9 +200,6 @@ class ZctlApi:
         events = [e for e, _ in admitted]
         try:
             firsts = await self._firsts(events, request)
-            failed = next((f for f in firsts if isinstance(f, GenerateDone) and f.error), None)
-            if failed is not None:
-                raise engine_error(failed)
         except BaseException:
             for _, release in admitted:
                 release()  # (a choice's events may never have started)
@@ -220,15 +217,17 @@ class ZctlApi:
             await close_all(events)
 
     async def _firsts(self, events: list[AsyncIterator[Any]], request: Request) -> list[Any]:
-        """Each choice's first event. The first choice starts alone: once it answers, its
-        prompt is in the prefix cache (a running stream's prompt is a source), so the other
-        choices, started together then, prefill only its last token rather than all of it."""
-        first = await self._next(events[0], request)
-        if len(events) == 1:
-            return [first]
-        if isinstance(first, GenerateDone) and first.error:
-            raise engine_error(first)
-        return [first, *await together([self._next(e, request) for e in events[1:]])]
+        """Each choice's first event, or the API error of the first that failed. The first
+        choice starts alone: once it answers, its prompt is in the prefix cache (a running
+        stream's prompt is a source), so the other choices, started together then, prefill
+        only its last token rather than all of it (and never start if it failed)."""
+        firsts = [await self._next(events[0], request)]
+        raise_failed(firsts)
+        if len(events) > 1:
+            rest = await together([self._next(e, request) for e in events[1:]])
+            raise_failed(rest)
+            firsts += rest
+        return firsts
 
     async def _next(self, events: AsyncIterator[Any], request: Request) -> Any:
         """The next event, cancelling the generation if the client goes meanwhile."""
@@ -302,8 +301,9 @@ class ZctlApi:
                                                               index=index), include_usage))
                         continue
                     if msg.error:
-                        self.metrics.errors.labels(str(engine_error(msg).status)).inc()
-                        yield sse(engine_error(msg).body()) + sse("[DONE]")
+                        error = engine_error(msg)
+                        self.metrics.errors.labels(str(error.status)).inc()
+                        yield sse(error.body()) + sse("[DONE]")
                         return
                     dones[index] = msg
                     reason = finish_reason(msg)
@@ -318,6 +318,13 @@ class ZctlApi:
             yield sse(ApiError(503, str(exc), "service_unavailable").body()) + sse("[DONE]")
         finally:
             await close_all(events)
+
+
+def raise_failed(answers: list[Any]) -> None:
+    """Raise the API error of the first generation among ``answers`` that ended failed."""
+    failed = next((a for a in answers if isinstance(a, GenerateDone) and a.error), None)
+    if failed is not None:
+        raise engine_error(failed)
 
 
 async def together(jobs: list[Awaitable[T]]) -> list[T]:

@@ -15,7 +15,7 @@ import test_serve as ts
 from test_serve import ASK, Server, greedy_text, wait_for
 
 from controlplane.service_messages import GenerateChunk, GenerateDone, ServiceStats
-from engine.requests import GenerationRequest
+from engine.requests import BAD_REQUEST, GenerationRequest
 from serve.app import ServeSettings, create_app
 
 IGNORE_EOS = {"zctl": {"ignore_eos": True}}
@@ -62,8 +62,9 @@ class RecordingBackend:
     """A backend without a model: every generation answers one token after a pause, and
     the order of what was asked for and answered is recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: bool = False) -> None:
         self.log: list[tuple[str, str]] = []
+        self.refuse = refuse  # every generation ends at once with the engine's refusal
 
     async def stats(self, timeout_s: float = 0.0) -> ServiceStats:
         return ServiceStats(0, 0, {}, [], [], {}, model="m", max_context=512, num_stages=1)
@@ -73,6 +74,10 @@ class RecordingBackend:
         self.log.append(("asked", choice))
         await asyncio.sleep(0.05)
         self.log.append(("answered", choice))
+        if self.refuse:
+            yield GenerateDone(gen.request_id, [], "", 5, 0.0, 0.0, stop_reason="error",
+                               error="bad request: no", error_kind=BAD_REQUEST)
+            return
         yield GenerateChunk(gen.request_id, [1], "a", 1)
         yield GenerateDone(gen.request_id, [1], "a", 5, 50.0, 20.0, stop_reason="max_tokens")
 
@@ -101,6 +106,20 @@ def test_the_first_choice_answers_before_the_others_are_asked_for() -> None:
     counted = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
                if line.startswith(("vllm:prompt_tokens_total{", "vllm:generation_tokens_total{"))}
     assert counted == {"vllm:prompt_tokens_total": 5, "vllm:generation_tokens_total": 3}
+
+
+def test_a_first_choice_refused_is_the_answer_and_the_others_never_start() -> None:
+    backend = RecordingBackend(refuse=True)
+
+    async def ask() -> httpx.Response:
+        transport = httpx.ASGITransport(app=create_app(backend))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            return await client.post("/v1/completions", json={
+                "model": "m", "prompt": "hi", "max_tokens": 1, "n": 3})
+
+    reply = asyncio.run(ask())
+    assert reply.status_code == 400 and reply.json()["error"]["message"] == "no"
+    assert backend.log == [("asked", "0"), ("answered", "0")]
 
 
 def test_the_other_choices_take_the_first_ones_prompt_from_the_prefix_cache(tiny) -> None:
