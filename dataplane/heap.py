@@ -8,7 +8,8 @@ plugin sizes its buffers by shape, so the holes add up: both stages of SmolLM2 i
 process, after prefill steps of 320 distinct lengths, held 877 MB with the moving threshold
 and 668 MB with it held at 128 KB (671 MB after a ``malloc_trim`` of the former: the
 difference was free heap). Holding the threshold costs a mapping per large buffer the
-plugin allocates; it allocates when a shape outgrows a buffer, not per step.
+plugin allocates; serving 16 clients measured no change in throughput beyond the runs'
+spread (docs/measurements.md, "Soak").
 
 Best effort: on other C libraries nothing happens, and a threshold the user set with
 ``MALLOC_MMAP_THRESHOLD_`` is left to them.
