@@ -28,6 +28,10 @@ CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 # "pipelined": lookup guesses keep every stage busy for one stream (engine.pipelined)
 SPECULATIVE_MODES = ("", "lookup", "pipelined")  # or "draft:PATH" (a 1-stage export on the
 # coordinator)
+# what a request's output may be held to (engine.constraints): a JSON Schema, a regular
+# expression, a grammar (Lark or llama.cpp's GBNF) or a JSON list of choices
+GRAMMAR_KINDS = ("json_schema", "regex", "grammar", "choice")
+MAX_GRAMMAR_CHARS = 1 << 16
 
 
 class RequestRefused(ValueError):
@@ -85,6 +89,8 @@ class GenerationRequest:
     logits_payload: str = "auto"  # what the last stage sends when logits are needed: "auto"
     # (the smallest exact: top-k where it answers exactly), "fp16" or "fp32" (engine.payloads)
     chunk_interval_ms: int = 100  # how often tokens are sent (0: each as it comes)
+    grammar_kind: str = ""  # "": free text; else one of GRAMMAR_KINDS, and the output
+    grammar: str = ""  # ... matches this (decoded without speculation: engine.constraints)
 
     def biases(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (token id, bias) pairs in id order (check ``problem`` first;
@@ -132,6 +138,12 @@ class GenerationRequest:
             (0 <= self.chunk_interval_ms <= 60_000, "chunk_interval_ms must be in 0..60000"),
             (0 <= self.max_tokens <= MAX_NEW_TOKENS,
              f"max_tokens must be in 0..{MAX_NEW_TOKENS} (0: as many as the context holds)"),
+            (self.grammar_kind in ("", *GRAMMAR_KINDS),
+             f"grammar_kind is '' or one of {', '.join(GRAMMAR_KINDS)}"),
+            (bool(self.grammar_kind) == bool(self.grammar), "a grammar needs its kind, and a kind "
+             "its grammar"),
+            (len(self.grammar) <= MAX_GRAMMAR_CHARS,
+             f"the grammar must have at most {MAX_GRAMMAR_CHARS} characters"),
             (0 < len(self.request_id) <= 64, "request_id must be 1..64 chars"),
         )
         return next((text for ok, text in checks if not ok), None)

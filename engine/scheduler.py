@@ -283,7 +283,13 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
                 row_reply = StepReply(reply.tokens[lo:hi], logits, reply.stage_ms,
                                       logprob_rows=reply.logprob_rows)
             prefilling = session.prefilling
-            updates.append(SessionUpdate(session, session.advance(row_reply)))
+            try:
+                emitted = session.advance(row_reply)
+            except Exception as exc:  # noqa: BLE001 - the stream's own (its grammar refused
+                session.fail(exc)  # every token): it fails alone, its KV freed as it retires
+                updates.append(SessionUpdate(session, []))
+                continue
+            updates.append(SessionUpdate(session, emitted))
             if isinstance(session, PipelinedSession):
                 updates += self._cancel_runs(session)
             if prefilling and not session.prefilling and self.cache is not None:

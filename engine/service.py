@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
+from engine.constraints import GrammarCompiler
 from engine.drafting import Drafter, LookupDrafter
 from engine.executor import Executor
 from engine.pipelined import PipelinedSession
@@ -158,6 +159,7 @@ class GenerationEngine:
         self._paused: tuple[float, str] | None = None  # since when, and why
         self._pause_noted = 0.0
         self._timing: tuple[float, dict[str, dict[str, float]]] = (-1e9, {})
+        self._grammar_compiler: GrammarCompiler | None = None
 
     @property
     def busy(self) -> bool:
@@ -345,6 +347,10 @@ class GenerationEngine:
                                   req.presence_penalty, req.frequency_penalty, biases)
         top = req.top_logprobs if req.logprobs else None
         reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
+        if req.grammar_kind:  # held to a grammar: decoded without speculation
+            return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads,
+                                 constraint=self._grammars().constraint(req.grammar_kind,
+                                                                        req.grammar))
         if not req.speculative:
             return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads)
         if req.speculative == "pipelined":
@@ -358,6 +364,13 @@ class GenerationEngine:
             drafter = self.load_drafter(req.speculative.removeprefix("draft:"), stream_id)
         return DecodeSession(stream_id, ids, req.max_tokens, stops, drafter=drafter,
                              k=req.k or AUTO_K_MAX, auto_k=req.k == 0, **reads)
+
+    def _grammars(self) -> GrammarCompiler:
+        """The compiler of requests' grammars, made at the first one that has a grammar."""
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer.backend.to_str(),
+                                                     self.vocab_size, self.stop_ids)
+        return self._grammar_compiler
 
     def _refuse(self, client: Hashable, req: GenerationRequest, error: str, kind: str) -> None:
         self.counters["failed"] += 1
@@ -516,7 +529,7 @@ class GenerationEngine:
         produced = session.emitted[:job.kept] if job.stopped else session.emitted
         self._flush_text(job, produced)
         reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled,
-                             job.stopped)
+                             job.stopped or session.grammar_complete)
         error, kind = "", ""
         if reason == "error":
             self.counters["failed"] += 1

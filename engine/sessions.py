@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.constraints import TokenConstraint
 from engine.drafting import (
     Drafter,
     LookupDrafter,
@@ -102,7 +103,8 @@ class DecodeSession:
                  prefill_chunk: int | None = None,
                  stats: GenerationStats | None = None,
                  sampling: SamplingParams | None = None,
-                 top_logprobs: int | None = None, logits_payload: str = "auto") -> None:
+                 top_logprobs: int | None = None, logits_payload: str = "auto",
+                 constraint: TokenConstraint | None = None) -> None:
         if len(prompt_ids) == 0:
             raise ValueError("the prompt has no tokens")
         if k < 0:
@@ -119,6 +121,13 @@ class DecodeSession:
         # (to sample, or for greedy decoding over penalised or biased logits)
         self.sampling = sampling if sampling is not None and (
             not sampling.greedy or sampling.adjusts_logits) else None
+        # the grammar the output is held to (engine.constraints): the logits are read, and
+        # a constrained stream decodes without drafts (a mask per draft position is not kept)
+        self.constraint = constraint
+        if constraint is not None:
+            if k:
+                raise ValueError("a constrained stream decodes without drafts (k = 0)")
+            self.sampling = self.sampling or sampling or SamplingParams()
         self._rng = self.sampling.rng() if self.sampling is not None else None
         self.top_logprobs = top_logprobs  # None: no logprobs; else the alternatives per token
         if logits_payload not in PAYLOAD_POLICIES:
@@ -214,7 +223,8 @@ class DecodeSession:
         """Sampling draws from the logits, logprobs are read from them: the smallest reply
         that answers them exactly, or the one ``logits_payload`` asks for."""
         sampling = self.sampling
-        top_k = None if sampling is None else 0 if sampling.adjusts_logits else sampling.top_k
+        top_k = (None if sampling is None else
+                 0 if sampling.adjusts_logits or self.constraint is not None else sampling.top_k)
         return payload_for(self.logits_payload, top_logprobs=self.top_logprobs,
                            sampling_top_k=top_k)  # 0: every logit (a penalty may lift any)
 
@@ -406,8 +416,8 @@ class DecodeSession:
         if self.sampling is None:
             return int(reply.tokens[-1])
         assert self._rng is not None and reply.logits is not None
-        row = adjust_logits(reply.logits.reshape(-1, reply.logits.shape[-1])[-1:],
-                            self.sampling, self.emitted)
+        row = self._constrained(adjust_logits(
+            reply.logits.reshape(-1, reply.logits.shape[-1])[-1:], self.sampling, self.emitted))
         if self.sampling.greedy:
             return int(row[0].argmax())
         return draw(target_probs(row[0], self.sampling), self._rng)
@@ -418,21 +428,37 @@ class DecodeSession:
             target = [int(t) for t in reply.tokens]
         else:
             assert self._rng is not None and reply.logits is not None
-            rows = adjust_logits(reply.logits, self.sampling, self.emitted, draft)
+            rows = self._constrained(adjust_logits(reply.logits, self.sampling, self.emitted,
+                                                   draft))
             if not self.sampling.greedy:
                 return speculative_sample(draft, target_probs(rows, self.sampling), self._rng)
             target = rows.argmax(axis=-1).tolist()  # greedy over penalised or biased logits
         n = accept_prefix(draft, target)
         return n, target[n]
 
+    def _constrained(self, rows: np.ndarray) -> np.ndarray:
+        """Row 0 of a step's adjusted logits masked to the tokens the grammar allows (a
+        constrained step feeds no drafts, so it is the only row read)."""
+        if self.constraint is not None:
+            rows[0] = self.constraint.mask(rows[0])
+        return rows
+
+    @property
+    def grammar_complete(self) -> bool:
+        """The output is a whole match of the stream's grammar (it ended there)."""
+        return self.constraint is not None and self.constraint.complete
+
     def _emit(self, tokens: list[int], now: float) -> list[int]:
         out = []
         for token in tokens:
+            if self.constraint is not None:
+                self.constraint.accept(token)
             self.history.append(token)
             self.emitted.append(token)
             self.stats.new_tokens += 1
             out.append(token)
-            if should_stop(token, self.stats.new_tokens, self.max_new_tokens, self.stops):
+            if should_stop(token, self.stats.new_tokens, self.max_new_tokens,
+                           self.stops) or self.grammar_complete:
                 self.done = True
                 break
         if self._decode_start is not None:

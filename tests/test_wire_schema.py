@@ -19,6 +19,7 @@ from controlplane.schema import describe
 # controlplane/messages.py and add the new version's digest below.
 PINNED = {
     2: "be925e012bbe67ff",
+    3: "133cc69c0970c7d0",  # generate_request: grammar_kind, grammar
 }
 
 

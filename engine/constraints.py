@@ -1,0 +1,130 @@
+"""Structured output: hold a stream's output to a JSON Schema, a regular expression, a
+grammar (Lark, or llama.cpp's GBNF) or a list of choices.
+
+llguidance, the grammar engine behind vLLM's and llama.cpp's structured outputs, compiles
+the grammar against the model's tokenizer. A ``TokenConstraint`` follows one stream's
+output: before each token is chosen it masks the logits to the tokens that keep the output
+inside the grammar, and it ends the stream once the grammar is complete. It is host work
+on the coordinator (the sessions apply it, engine.sessions): the stages are unchanged.
+
+JSON is held to one layout (``", "`` between items, ``": "`` after keys, no other
+whitespace) unless the schema's ``x-guidance`` options say otherwise: free whitespace
+lets a small model pad its output with newlines until it runs out of tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from engine.requests import GRAMMAR_KINDS, RequestRefused
+
+# llguidance's JSON options before a schema's own ``x-guidance`` (json.dumps' layout)
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_CHOICES = 256  # the most choices a "choice" grammar lists
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError as exc:  # a coordinator installed without it
+        raise RequestRefused("structured output needs the llguidance package on the "
+                             "coordinator (pip install llguidance)") from exc
+    return llguidance
+
+
+def _reason(matcher: Any) -> str:
+    """The matcher's error, without the grammar text llguidance appends to some."""
+    return str(matcher.get_error()).split("\n<grammar>")[0].strip()
+
+
+def grammar_definition(kind: str, text: str) -> str:
+    """llguidance's grammar for a request's ``grammar_kind`` and ``grammar`` (validated by
+    compiling it: ``GrammarCompiler.constraint``)."""
+    llg = _llguidance()
+    if kind == "json_schema":
+        try:
+            schema = json.loads(text)
+        except ValueError as exc:
+            raise RequestRefused(f"the JSON schema is not JSON: {exc}") from exc
+        if not isinstance(schema, dict | bool):
+            raise RequestRefused("a JSON schema is an object (or true / false)")
+        return llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
+    if kind == "regex":  # \d means [0-9], as users mean it (Rust's is any Unicode digit)
+        return llg.LLMatcher.grammar_from_regex(llg.regex_to_lark(text, "d"))
+    if kind == "grammar":
+        try:
+            return llg.grammar_from("grammar", text)  # Lark, or GBNF converted to Lark
+        except ValueError as exc:
+            raise RequestRefused(str(exc)) from exc
+    if kind == "choice":
+        try:
+            choices = json.loads(text)
+        except ValueError as exc:
+            raise RequestRefused(f"the choices are not a JSON list: {exc}") from exc
+        if not (isinstance(choices, list) and 0 < len(choices) <= MAX_CHOICES
+                and all(isinstance(c, str) and c for c in choices)):
+            raise RequestRefused(f"choices are a list of 1..{MAX_CHOICES} non-empty strings")
+        return llg.grammar_from("choice", choices)
+    raise RequestRefused(f"grammar_kind is one of {', '.join(GRAMMAR_KINDS)}, got {kind!r}")
+
+
+def allowed_tokens(bitmask: bytes, vocab: int) -> np.ndarray:
+    """llguidance's token bitmask (bit i of the little-endian words: token i allowed) as
+    booleans over the model's ``vocab`` logits."""
+    bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")
+    allowed = np.zeros(vocab, dtype=bool)
+    n = min(vocab, bits.size)
+    allowed[:n] = bits[:n].astype(bool)
+    return allowed
+
+
+class TokenConstraint:
+    """One stream's grammar: which tokens may come next, and whether it is complete."""
+
+    def __init__(self, matcher: Any, vocab: int) -> None:
+        self._matcher, self.vocab = matcher, vocab
+
+    def mask(self, row: np.ndarray) -> np.ndarray:
+        """``row`` (one position's logits) with every token the grammar forbids at -inf."""
+        allowed = allowed_tokens(self._matcher.compute_bitmask(), self.vocab)
+        if not allowed.any():
+            raise RuntimeError(f"the grammar allows no token here: {_reason(self._matcher)}")
+        out = np.array(row, dtype=np.float64)
+        out[~allowed] = -np.inf
+        return out
+
+    def accept(self, token: int) -> None:
+        """Follow the output with its next ``token`` (one the mask allowed)."""
+        if not self._matcher.consume_token(int(token)):
+            raise RuntimeError(f"token {token} breaks the grammar: {_reason(self._matcher)}")
+
+    @property
+    def complete(self) -> bool:
+        """The output is whole: the grammar lets nothing more follow."""
+        return bool(self._matcher.is_stopped())
+
+
+class GrammarCompiler:
+    """Compiles requests' grammars against one model's tokenizer (made once, ~0.2 s for a
+    49k-token vocabulary). ``eos_ids`` end an output the grammar accepts."""
+
+    def __init__(self, tokenizer_json: str, vocab: int, eos_ids: Sequence[int]) -> None:
+        llg = _llguidance()
+        if not eos_ids:
+            raise ValueError("structured output needs the model's end-of-sequence token")
+        self.vocab = vocab
+        self._tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=eos_ids[0])
+        self._llg = llg
+
+    def constraint(self, kind: str, text: str) -> TokenConstraint:
+        """A fresh constraint for one stream; RequestRefused says what is wrong with the
+        grammar."""
+        matcher = self._llg.LLMatcher(self._tokenizer, grammar_definition(kind, text), log_level=0)
+        if matcher.is_error():
+            raise RequestRefused(f"the {kind.replace('_', ' ')} cannot be used: "
+                                 f"{_reason(matcher)}")
+        return TokenConstraint(matcher, self.vocab)

@@ -1,0 +1,201 @@
+"""Structured output in the engine (engine.constraints): grammars compiled against the tiny
+tokenizer hold a random model's output to a JSON Schema, a regex, a GBNF grammar or a list
+of choices, greedy and sampled; bad grammars are refused with the reason; a stream whose
+grammar fails mid-way fails alone."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.constraints import GrammarCompiler, TokenConstraint, allowed_tokens
+from engine.executor import InlineExecutor, StepReply
+from engine.requests import GenerationRequest, RequestRefused
+from engine.sampling import SamplingParams
+from engine.scheduler import run_session, run_sessions
+from engine.sessions import DecodeSession
+from engine.tokenizer import ChatTokenizer
+
+# a schema whose every value is bounded, so a random model's output ends within max_tokens
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pet"],
+          "properties": {"name": {"type": "string", "maxLength": 6},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "pet": {"enum": ["cat", "dog", None]}}}
+
+
+class RandomModel(InlineExecutor):
+    """A fake single-stage pipeline whose logits for (token, position) are a fixed random
+    row over the tiny tokenizer's vocabulary."""
+
+    num_stages = 1
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def open(self, stream_id: int) -> None:
+        pass
+
+    def reset(self, stream_id: int) -> None:
+        pass
+
+    def close_stream(self, stream_id: int) -> None:
+        pass
+
+    def row(self, token: int, position: int) -> np.ndarray:
+        return np.random.default_rng([int(token), int(position)]).normal(size=self.vocab) * 3
+
+    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
+             mask_tail=0):
+        rows = np.stack([self.row(t, p) for t, p in zip(token_ids, positions, strict=True)])
+        rows = rows if logits_idx is not None else rows[-1:]
+        return StepReply(tokens=rows.argmax(-1), logits=rows if want_logits else None)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir: Path) -> ChatTokenizer:
+    return ChatTokenizer(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer: ChatTokenizer) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
+                           [tokenizer.eos_token_id])
+
+
+def generate(tokenizer: ChatTokenizer, constraint: TokenConstraint | None, max_tokens: int = 200,
+             sampling: SamplingParams | None = None) -> tuple[str, DecodeSession]:
+    session = DecodeSession(0, tokenizer.encode("tell me", chat=True), max_tokens,
+                            [tokenizer.eos_token_id], sampling=sampling, constraint=constraint)
+    tokens = list(run_session(RandomModel(tokenizer.vocab_size), session))
+    return tokenizer.decode([t for t in tokens if t != tokenizer.eos_token_id]), session
+
+
+def test_the_bitmask_is_read_little_endian_per_token() -> None:
+    words = np.array([0b1010, 1 << 31], dtype="<u4").tobytes()
+    assert np.nonzero(allowed_tokens(words, 64))[0].tolist() == [1, 3, 63]
+    assert np.nonzero(allowed_tokens(words, 40))[0].tolist() == [1, 3]
+    wide = allowed_tokens(words, 80)  # logits beyond the tokenizer's tokens: never allowed
+    assert wide.size == 80 and not wide[64:].any()
+
+
+def test_free_text_from_the_random_model_is_not_json(tokenizer) -> None:
+    text, _ = generate(tokenizer, None, max_tokens=40)
+    with pytest.raises(ValueError):
+        json.loads(text)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_json_schema_holds_greedy_and_sampled_output(tokenizer, compiler, temperature) -> None:
+    for seed in range(3):
+        sampling = SamplingParams(temperature, seed=seed)
+        text, session = generate(tokenizer, compiler.constraint("json_schema", json.dumps(PERSON)),
+                                 sampling=sampling)
+        value = json.loads(text)
+        assert set(value) == {"name", "age", "pet"}
+        assert isinstance(value["name"], str) and len(value["name"]) <= 6
+        assert isinstance(value["age"], int) and 0 <= value["age"] <= 120
+        assert value["pet"] in ("cat", "dog", None)
+        assert session.grammar_complete and session.done
+        assert session.wants_logits is True  # every logit, to mask
+        assert text == json.dumps(value, ensure_ascii=False)  # json.dumps' layout
+
+
+def test_a_regex_a_gbnf_grammar_and_choices_hold_the_output(tokenizer, compiler) -> None:
+    text, _ = generate(tokenizer, compiler.constraint("regex", r"\d{3}-[a-z]{2,4}/\d"))
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}/[0-9]", text), text  # \d: ASCII digits only
+    gbnf = 'root ::= "The answer is " ("yes" | "no") "."'
+    text, _ = generate(tokenizer, compiler.constraint("grammar", gbnf))
+    assert text in ("The answer is yes.", "The answer is no."), text
+    lark = 'start: "colour: " COLOUR\nCOLOUR: "red" | "green" | "blue"'
+    text, _ = generate(tokenizer, compiler.constraint("grammar", lark))
+    assert text in ("colour: red", "colour: green", "colour: blue"), text
+    choices = ["alpha", "beta gamma", "delta"]
+    for seed in range(4):
+        text, _ = generate(tokenizer, compiler.constraint("choice", json.dumps(choices)),
+                           sampling=SamplingParams(1.0, seed=seed))
+        assert text in choices
+
+
+def test_a_regex_digit_is_an_ascii_digit(tokenizer, compiler) -> None:
+    def fits(text: str) -> bool:
+        constraint = compiler.constraint("regex", r"\d\d")
+        try:
+            for token in tokenizer.backend.encode(text, add_special_tokens=False).ids:
+                constraint.accept(token)
+        except RuntimeError:
+            return False
+        return True
+
+    assert fits("42") and not fits("4\u0663") and not fits("x")  # ARABIC-INDIC DIGIT THREE
+
+
+def test_an_output_cut_by_max_tokens_is_a_prefix_of_the_grammar(tokenizer, compiler) -> None:
+    text, session = generate(tokenizer, compiler.constraint("json_schema", json.dumps(PERSON)),
+                             max_tokens=3)
+    assert not session.grammar_complete and len(session.emitted) == 3
+    assert text.startswith('{"')
+
+
+@pytest.mark.parametrize(("kind", "text", "why"), [
+    ("json_schema", '{"type": "frob"}', "frob"),
+    ("json_schema", "{not json", "not JSON"),
+    ("json_schema", "[1, 2]", "is an object"),
+    ("regex", "[a-z+", "unclosed character class"),
+    ("grammar", "root ::= (", ""),
+    ("choice", "[]", "1..256 non-empty strings"),
+    ("choice", '["a", 3]', "non-empty strings"),
+    ("choice", "nope", "not a JSON list"),
+    ("xml", "<a/>", "grammar_kind is one of"),
+])
+def test_bad_grammars_are_refused_with_the_reason(compiler, kind, text, why) -> None:
+    with pytest.raises(RequestRefused, match=re.escape(why)):
+        compiler.constraint(kind, text)
+
+
+def test_requests_name_a_grammar_with_its_kind() -> None:
+    assert GenerationRequest("r", "hi", grammar_kind="regex", grammar="a+").problem() is None
+    for bad in (dict(grammar_kind="regex"), dict(grammar="a+"),
+                dict(grammar_kind="xml", grammar="<a/>"),
+                dict(grammar_kind="regex", grammar="a" * (1 << 16 + 1))):
+        assert GenerationRequest("r", "hi", **bad).problem() is not None
+
+
+def test_a_constrained_stream_takes_no_drafts(compiler) -> None:
+    with pytest.raises(ValueError, match="without drafts"):
+        DecodeSession(0, [1, 2], 8, k=2, constraint=compiler.constraint("regex", "a+"))
+
+
+class BrokenConstraint(TokenConstraint):
+    """Allows every token, then refuses the third it is given."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__(None, vocab)
+        self.taken = 0
+
+    def mask(self, row: np.ndarray) -> np.ndarray:
+        return np.array(row, dtype=np.float64)
+
+    def accept(self, token: int) -> None:
+        self.taken += 1
+        if self.taken == 3:
+            raise RuntimeError(f"token {token} breaks the grammar")
+
+    @property
+    def complete(self) -> bool:
+        return False
+
+
+def test_a_stream_whose_grammar_breaks_fails_alone(tokenizer) -> None:
+    vocab = tokenizer.vocab_size
+    broken = DecodeSession(0, [5, 6, 7], 10, constraint=BrokenConstraint(vocab))
+    healthy = DecodeSession(1, [5, 6, 7], 10)
+    updates = list(run_sessions(RandomModel(vocab), [broken, healthy]))
+    assert isinstance(broken.error, RuntimeError) and "breaks the grammar" in str(broken.error)
+    assert len(broken.emitted) == 2
+    assert healthy.error is None and len(healthy.emitted) == 10
+    assert sum(len(u.tokens) for u in updates if u.session is healthy) == 10
