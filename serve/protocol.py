@@ -8,6 +8,7 @@ error in the shape OpenAI clients parse: ``{"error": {"message", "type", "param"
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal
 
@@ -65,6 +66,27 @@ class ZctlOptions(BaseModel):
     ignore_eos: bool = False
     # what the last stage sends back when logits are needed (engine.payloads)
     logits_payload: Literal["auto", "fp16", "fp32"] = "auto"
+    # the output held to one of these (engine.constraints), as vLLM's guided_* fields
+    regex: str | None = Field(None, min_length=1)
+    grammar: str | None = Field(None, min_length=1)  # Lark, or llama.cpp's GBNF
+    choice: list[str] | None = Field(None, min_length=1)
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema and OpenAI's name for it."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = "response"
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: free text, any JSON object, or JSON of a schema."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(BaseModel):
@@ -107,6 +129,7 @@ class SamplingFields(BaseModel):
     presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
     zctl: ZctlOptions = Field(default_factory=ZctlOptions)
 
     @field_validator("temperature", "top_p", "n", "presence_penalty", "frequency_penalty",
@@ -130,6 +153,29 @@ class SamplingFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def grammar(self) -> tuple[str, str]:
+        """The engine's (grammar_kind, grammar) for the output: ("", "") for free text."""
+        found: list[tuple[str, str]] = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            found.append(("json_schema", '{"type": "object"}'))
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise ApiError(400, "response_format json_schema needs json_schema.schema",
+                               param="response_format")
+            found.append(("json_schema", json.dumps(fmt.json_schema.schema_)))
+        options = self.zctl
+        if options.regex is not None:
+            found.append(("regex", options.regex))
+        if options.grammar is not None:
+            found.append(("grammar", options.grammar))
+        if options.choice is not None:
+            found.append(("choice", json.dumps(options.choice)))
+        if len(found) > 1:
+            raise ApiError(400, "give one of response_format (JSON), zctl.regex, zctl.grammar "
+                           "and zctl.choice", param="response_format")
+        return found[0] if found else ("", "")
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -186,6 +232,7 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
         stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         logit_bias=dict(req.logit_bias or {}))
+    common["grammar_kind"], common["grammar"] = req.grammar()
     if isinstance(req, ChatCompletionRequest):
         limit = req.max_completion_tokens or req.max_tokens
         return GenerationRequest(
