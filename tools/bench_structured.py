@@ -1,0 +1,199 @@
+"""Structured output against free text: what holding the output to a JSON Schema costs.
+
+One stream on a 2-node local cluster, driven through the generation service as
+``zctl serve`` drives it, with the stages' default runtime. Per task (a prompt asking
+for a JSON object, and its schema), interleaved, the order alternated run by run:
+
+* ``schema``: the request holds the output to the schema (``grammar_kind="json_schema"``,
+  engine.constraints); it ends when the object is complete;
+* ``free``: the same prompt unconstrained, for as many tokens as the schema run took
+  (EOS ignored), the baseline.
+
+A warm-up pass first builds the grammar compiler (``first_request_extra_ms``: how much
+longer the first schema request took end to end than the same request's median later)
+and fixes each task's token count. Decode throughput is the
+service's ``GenerateDone.tok_s`` (tokens after the first over their time); per task the
+medians, and the ratio schema / free paired run by run; ``mean_ratio`` is the mean over
+tasks. ``schema_valid`` counts schema outputs that parse and hold every required key of
+the right JSON type; ``free_json`` counts free outputs that parse as JSON at all (the
+model asked for JSON, without a constraint).
+
+    python -m tools.bench_structured [--model smollm2-135m] [--weights int8] [--runs 3]
+        [--cpu-sets shared] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tools.bench_common import (
+    BenchModel,
+    CpuSets,
+    Json,
+    Model,
+    Runs,
+    Weights,
+    fail,
+    generate_done,
+    paired_ratio,
+    run_record,
+)
+
+NODES = 2
+MAX_TOKENS = 200  # a schema run's limit (each task's object is far shorter)
+
+
+def _obj(required: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": dict(required), "required": list(required),
+            "additionalProperties": False}
+
+
+TASKS: list[tuple[str, str, dict[str, Any]]] = [
+    ("person", "Invent a person. Give their name, age and city as JSON.",
+     _obj({"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}})),
+    ("book", "Describe a famous novel as JSON: its title, author and year of publication.",
+     _obj({"title": {"type": "string"}, "author": {"type": "string"},
+           "year": {"type": "integer"}})),
+    ("weather", "Report today's weather in Paris as JSON.",
+     _obj({"city": {"type": "string"}, "temperature_c": {"type": "number"},
+           "sky": {"enum": ["sunny", "cloudy", "rainy", "snowy"]}})),
+    ("recipe", "Give a simple pancake recipe as JSON with a name and a list of ingredients.",
+     _obj({"name": {"type": "string"},
+           "ingredients": {"type": "array", "items": {"type": "string", "maxLength": 40},
+                           "maxItems": 6}})),
+    ("review", "Write a short review of a coffee shop as JSON: a rating from 1 to 5 and a "
+     "one-sentence summary.",
+     _obj({"rating": {"type": "integer", "minimum": 1, "maximum": 5},
+           "summary": {"type": "string"}})),
+    ("event", "Plan a team meeting as JSON: its topic, its date (YYYY-MM-DD) and whether it "
+     "is online.",
+     _obj({"topic": {"type": "string"}, "date": {"type": "string",
+                                                 "pattern": r"^\d{4}-\d{2}-\d{2}$"},
+           "online": {"type": "boolean"}})),
+]
+JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+              "array": list}
+
+
+def holds(text: str, schema: Mapping[str, Any]) -> bool:
+    """``text`` parses as an object with exactly the schema's keys, each of its type."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(value, dict) or set(value) != set(schema["required"]):
+        return False
+    for key, spec in schema["properties"].items():
+        if "enum" in spec:
+            if value[key] not in spec["enum"]:
+                return False
+        elif not isinstance(value[key], JSON_TYPES[spec["type"]]) or (
+                spec["type"] in ("integer", "number") and isinstance(value[key], bool)):
+            return False
+    return True
+
+
+def parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def run_schema(serve: str, text: str, schema: Mapping[str, Any]) -> Any:
+    return generate_done(serve, text, MAX_TOKENS, grammar_kind="json_schema",
+                         grammar=json.dumps(schema))
+
+
+def measure(serve: str, runs: int) -> tuple[list[dict[str, Any]], float]:
+    """Every task's entry, and how much longer the first schema request took, end to end,
+    than the same request's median later (the engine builds its grammar compiler)."""
+    start = time.perf_counter()
+    warm = [run_schema(serve, TASKS[0][1], TASKS[0][2])]
+    first_ms = (time.perf_counter() - start) * 1e3
+    warm += [run_schema(serve, text, schema) for _, text, schema in TASKS[1:]]
+    counts = [max(2, len(done.tokens)) for done in warm]
+    samples: list[dict[str, list[Any]]] = [{"schema": [], "free": []} for _ in TASKS]
+    later_ms: list[float] = []
+    for run in range(runs):
+        for i, (_, text, schema) in enumerate(TASKS):
+            order = ("schema", "free") if run % 2 == 0 else ("free", "schema")
+            for system in order:
+                start = time.perf_counter()
+                done = (run_schema(serve, text, schema) if system == "schema"
+                        else generate_done(serve, text, counts[i]))
+                samples[i][system].append(done)
+                if i == 0 and system == "schema":
+                    later_ms.append((time.perf_counter() - start) * 1e3)
+    entries = [task_entry(name, schema, counts[i], samples[i])
+               for i, (name, _, schema) in enumerate(TASKS)]
+    return entries, first_ms - statistics.median(later_ms)
+
+
+def task_entry(name: str, schema: Mapping[str, Any], tokens: int,
+               samples: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    schema_runs, free_runs = samples["schema"], samples["free"]
+    return {
+        "task": name, "tokens": tokens,
+        "schema_tok_s": statistics.median(d.tok_s for d in schema_runs),
+        "free_tok_s": statistics.median(d.tok_s for d in free_runs),
+        "ratio": paired_ratio([d.tok_s for d in schema_runs], [d.tok_s for d in free_runs]),
+        "schema_ttft_ms": statistics.median(d.ttft_ms for d in schema_runs),
+        "free_ttft_ms": statistics.median(d.ttft_ms for d in free_runs),
+        "schema_valid": sum(holds(d.text, schema) for d in schema_runs),
+        "free_json": sum(parses(d.text) for d in free_runs), "runs": len(schema_runs),
+        "schema_text": schema_runs[-1].text, "free_text": free_runs[-1].text,
+    }
+
+
+def render(result: Mapping[str, Any], console: Console) -> None:
+    table = Table(title=f"structured output vs free text ({result['cpu']}, {result['commit']})")
+    for column in ("task", "tokens", "schema tok/s", "free tok/s", "ratio", "TTFT schema / free ms",
+                   "schema valid", "free parses"):
+        table.add_column(column)
+    for e in result["tasks"]:
+        table.add_row(e["task"], str(e["tokens"]), f"{e['schema_tok_s']:.1f}",
+                      f"{e['free_tok_s']:.1f}", f"{e['ratio']:.3f}",
+                      f"{e['schema_ttft_ms']:.0f} / {e['free_ttft_ms']:.0f}",
+                      f"{e['schema_valid']}/{e['runs']}", f"{e['free_json']}/{e['runs']}")
+    console.print(table)
+    console.print(f"mean ratio {result['mean_ratio']:.3f}; the first schema request took "
+                  f"{result['first_request_extra_ms']:.0f} ms longer (it builds the grammar "
+                  "compiler)")
+
+
+def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 3,
+         cpu_sets: CpuSets = "shared", as_json: Json = False) -> None:
+    from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
+
+    if runs < 1:
+        fail("--runs needs at least 1")
+    bench_model = BenchModel.resolve(model)
+    export_dir = bench_model.export(NODES, weights)
+    record = start_local_cluster(export_dir, NODES, runtime_spec(None, None, "CPU"),
+                                 bench_model.cache / "bench-structured", cpu_sets=cpu_sets)
+    try:
+        wait_serving(record, 300)
+        entries, first_extra = measure(record.serve, runs)
+    finally:
+        stop_processes(record.pids)
+    result = {"mean_ratio": statistics.mean(e["ratio"] for e in entries),
+              "first_request_extra_ms": first_extra, **run_record(), "model": model,
+              "weights": weights, "runs": runs, "cpu_sets": cpu_sets, "tasks": entries}
+    if as_json:
+        print(json.dumps(result))
+        return
+    render(result, Console())
+
+
+if __name__ == "__main__":
+    typer.run(main)
