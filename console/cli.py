@@ -153,6 +153,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                  "agreement, perplexity, speed."),
     "serve": ("bench_serve", "Serving: zctl serve under 1-16 concurrent clients against "
                              "openvino_genai's ContinuousBatchingPipeline."),
+    "structured": ("bench_structured", "Structured output against free text: what holding the "
+                                       "output to a JSON Schema costs."),
     "prefill": ("bench_prefill", "Long prompts: TTFT cold and on a follow-up turn, decode at "
                                  "context, streams under a long prefill."),
     "chaos": ("chaos", "Chaos: faults mid-generation (kill, hang, link down, flapping, slow "
