@@ -4,8 +4,10 @@ grammar (Lark, or llama.cpp's GBNF) or a list of choices.
 llguidance, the grammar engine behind vLLM's and llama.cpp's structured outputs, compiles
 the grammar against the model's tokenizer. A ``TokenConstraint`` follows one stream's
 output: before each token is chosen it masks the logits to the tokens that keep the output
-inside the grammar, and it ends the stream once the grammar is complete. It is host work
-on the coordinator (the sessions apply it, engine.sessions): the stages are unchanged.
+inside the grammar, and it ends the stream once the grammar is complete. Where the grammar
+allows only one continuation (a schema's keys and punctuation), those tokens are fed in
+one step without choosing them (jump-forward decoding). It is host work on the
+coordinator (the sessions apply it, engine.sessions): the stages are unchanged.
 
 JSON is held to one layout (``", "`` between items, ``": "`` after keys, no other
 whitespace) unless the schema's ``x-guidance`` options say otherwise: free whitespace
@@ -101,6 +103,11 @@ class TokenConstraint:
         """Follow the output with its next ``token`` (one the mask allowed)."""
         if not self._matcher.consume_token(int(token)):
             raise RuntimeError(f"token {token} breaks the grammar: {_reason(self._matcher)}")
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows alone from here (e.g. a schema's next key), in
+        llguidance's tokenization: they need no choosing, so a step feeds them at once."""
+        return [int(t) for t in self._matcher.compute_ff_tokens()]
 
     @property
     def complete(self) -> bool:

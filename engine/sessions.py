@@ -55,6 +55,7 @@ from engine.stats import GenerationStats, SpeculativeStats
 COST_WINDOW = 64  # decode steps the online cost model is fitted to
 PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep measuring
 PROBE_MAX = 256  # ... and back off to this gap while the probes keep being rejected
+MAX_FORCED = 32  # the most grammar-forced tokens one step feeds (engine.constraints)
 AUTO_K_START = 4  # adaptive K's first draft length, until a cost model is fitted
 MEASURE_STEPS = 2  # ... drafted for this many steps, then 1-token steps give the other size
 HOPS_DOMINATE = 2.0  # hindsight K once a step takes this many times the stages' compute
@@ -65,6 +66,14 @@ def prefill_chunks(num_tokens: int, chunk: int) -> list[tuple[int, int]]:
     if chunk < 1:
         raise ValueError("prefill chunk must be at least 1")
     return [(s, min(s + chunk, num_tokens)) for s in range(0, num_tokens, chunk)]
+
+
+def last_row(reply: StepReply) -> StepReply:
+    """A reply's answer for the step's last position only (a padded row group answers
+    every position of a row that fed several tokens)."""
+    logits = None if reply.logits is None else reply.logits.reshape(-1, reply.logits.shape[-1])[-1:]
+    return StepReply(np.asarray(reply.tokens).reshape(-1)[-1:], logits, reply.stage_ms,
+                     reply.request_id, reply.logprob_rows)
 
 
 def should_stop(token: int, produced: int, max_new_tokens: int, stop_ids: frozenset[int]) -> bool:
@@ -157,6 +166,7 @@ class DecodeSession:
         self.restarts = 0
         self._position = self.prompt.size  # logical position of the last emitted token
         self._draft: list[int] = []
+        self._forced: list[int] = []  # tokens the grammar forces, fed after the last one
         self._rewind = 0
         self._draft_ms: list[float] = []  # drafter time per proposed token
         self.k_cap: int | None = None  # adaptive K's ceiling, set by the scheduler under load
@@ -245,7 +255,8 @@ class DecodeSession:
         pipeline was rewired): the next steps prefill the prompt and every emitted token
         but the last again, then decoding continues where it stopped, with the same
         drafter, sampler and figures. Reset the pipeline's stream first."""
-        self._rewind, self._draft = 0, []  # the rejected slots went with the old KV
+        self._rewind, self._draft, self._forced = 0, [], []  # the rejected slots went with
+        # the old KV, the forced tokens with the step in flight
         del self.k_used[self.spec.steps:]  # a decode step planned but never answered
         self._probing = False
         if self._hindsight is not None:
@@ -276,13 +287,23 @@ class DecodeSession:
             if draft:
                 self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(draft))
         self._draft = draft
+        self._forced = [] if draft else self._forced_tokens()
         self._planned_at = time.perf_counter()  # the step's cost excludes drafting
-        fed = len(draft) + 1
+        fed = len(draft) + 1 + len(self._forced)
         token = self.emitted[-1]
-        return StepPlan(np.array([token, *draft], dtype=np.int64),
+        return StepPlan(np.array([token, *draft, *self._forced], dtype=np.int64),
                         np.arange(self._position, self._position + fed),
                         np.arange(fed) if draft else None, self._rewind,
                         self.wants_logits)
+
+    def _forced_tokens(self) -> list[int]:
+        """The tokens the grammar allows alone after the last one (jump-forward: they are
+        fed in this step instead of one step each), leaving room for the token the step
+        answers; none when logprobs are asked (a forced token's position is not read)."""
+        room = min(MAX_FORCED, self.max_new_tokens - self.stats.new_tokens - 1)
+        if self.constraint is None or self.top_logprobs is not None or room <= 0:
+            return []
+        return self.constraint.forced()[:room]
 
     def _plan_prefill(self, now: float) -> StepPlan:
         """The next ``prefill_chunk`` tokens of the prompt (or of the replay)."""
@@ -375,7 +396,17 @@ class DecodeSession:
                 return []
             self.stats.ttft_ms = (now - self._started_at) * 1e3
             return self._with_logprobs(reply, self._emit([self._first_token(reply)], now), last=True)
-        draft = self._draft
+        draft, forced = self._draft, self._forced
+        self.stats.step_ms.append((now - self._planned_at) * 1e3)
+        self.stats.stage_ms.append(reply.stage_ms)
+        if forced:  # emitted first (the grammar follows them); the step's last row answers
+            self._forced, reply = [], last_row(reply)
+            out = self._emit(forced, now)
+            self._position += len(forced)
+            if self.done:  # they completed the grammar
+                return out
+        else:
+            out = []
         n, following = self._check(draft, reply)
         self._probe_answered(bool(draft), n)
         self.drafter.accept(n)
@@ -387,9 +418,7 @@ class DecodeSession:
         spec.accepted += n
         spec.rejections += int(self._rewind > 0)
         spec.fed.append(len(draft) + 1)
-        self.stats.step_ms.append((now - self._planned_at) * 1e3)
-        self.stats.stage_ms.append(reply.stage_ms)
-        return self._with_logprobs(reply, self._emit([*draft[:n], following], now))
+        return out + self._with_logprobs(reply, self._emit([*draft[:n], following], now))
 
     def _probe_answered(self, drafted: bool, accepted: int) -> None:
         """A probe's answer (see ``choose_k``) sets the gap to the next one."""

@@ -17,7 +17,7 @@ from engine.executor import InlineExecutor, StepReply
 from engine.requests import GenerationRequest, RequestRefused
 from engine.sampling import SamplingParams
 from engine.scheduler import run_session, run_sessions
-from engine.sessions import DecodeSession
+from engine.sessions import DecodeSession, last_row
 from engine.tokenizer import ChatTokenizer
 
 # a schema whose every value is bounded, so a random model's output ends within max_tokens
@@ -36,6 +36,7 @@ class RandomModel(InlineExecutor):
     def __init__(self, vocab: int) -> None:
         super().__init__()
         self.vocab = vocab
+        self.steps = 0
 
     def open(self, stream_id: int) -> None:
         pass
@@ -51,6 +52,7 @@ class RandomModel(InlineExecutor):
 
     def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
              mask_tail=0):
+        self.steps += 1
         rows = np.stack([self.row(t, p) for t, p in zip(token_ids, positions, strict=True)])
         rows = rows if logits_idx is not None else rows[-1:]
         return StepReply(tokens=rows.argmax(-1), logits=rows if want_logits else None)
@@ -68,10 +70,13 @@ def compiler(tokenizer: ChatTokenizer) -> GrammarCompiler:
 
 
 def generate(tokenizer: ChatTokenizer, constraint: TokenConstraint | None, max_tokens: int = 200,
-             sampling: SamplingParams | None = None) -> tuple[str, DecodeSession]:
+             sampling: SamplingParams | None = None, **fields) -> tuple[str, DecodeSession]:
     session = DecodeSession(0, tokenizer.encode("tell me", chat=True), max_tokens,
-                            [tokenizer.eos_token_id], sampling=sampling, constraint=constraint)
-    tokens = list(run_session(RandomModel(tokenizer.vocab_size), session))
+                            [tokenizer.eos_token_id], sampling=sampling, constraint=constraint,
+                            **fields)
+    model = RandomModel(tokenizer.vocab_size)
+    tokens = list(run_session(model, session))
+    session.steps_taken = model.steps  # prefill included
     return tokenizer.decode([t for t in tokens if t != tokenizer.eos_token_id]), session
 
 
@@ -170,6 +175,40 @@ def test_a_constrained_stream_takes_no_drafts(compiler) -> None:
         DecodeSession(0, [1, 2], 8, k=2, constraint=compiler.constraint("regex", "a+"))
 
 
+def test_forced_tokens_ride_in_one_step(tokenizer, compiler) -> None:
+    """A schema's keys and punctuation are forced: fed in one step each run of them, so the
+    output takes fewer steps than tokens; logprobs turn that off (each position is read)."""
+    schema = json.dumps(PERSON)
+    text, session = generate(tokenizer, compiler.constraint("json_schema", schema))
+    check = json.loads(text)
+    assert set(check) == {"name", "age", "pet"}
+    assert session.steps_taken <= len(session.emitted) - 10, (session.steps_taken, text)
+    read_text, read = generate(tokenizer, compiler.constraint("json_schema", schema),
+                               top_logprobs=0)
+    assert read.steps_taken == len(read.emitted) == len(read.logprobs)  # a step per token
+    assert set(json.loads(read_text)) == {"name", "age", "pet"}
+
+
+def test_forced_tokens_keep_to_max_tokens(tokenizer, compiler) -> None:
+    schema = json.dumps({"type": "object", "required": ["a_rather_long_key_name_to_force"],
+                         "additionalProperties": False,
+                         "properties": {"a_rather_long_key_name_to_force": {"type": "boolean"}}})
+    whole, _ = generate(tokenizer, compiler.constraint("json_schema", schema))
+    assert whole in ('{"a_rather_long_key_name_to_force": true}',
+                     '{"a_rather_long_key_name_to_force": false}')
+    for limit in range(1, 12):
+        text, session = generate(tokenizer, compiler.constraint("json_schema", schema),
+                                 max_tokens=limit)
+        assert len(session.emitted) == limit and whole.startswith(text), (limit, text)
+
+
+def test_last_row_takes_a_replys_last_answer() -> None:
+    reply = StepReply(np.array([4, 5, 6]), np.arange(12.0).reshape(3, 4), [1.0], 7)
+    last = last_row(reply)
+    assert last.tokens.tolist() == [6] and last.logits.tolist() == [[8.0, 9.0, 10.0, 11.0]]
+    assert (last.stage_ms, last.request_id) == ([1.0], 7)
+
+
 class BrokenConstraint(TokenConstraint):
     """Allows every token, then refuses the third it is given."""
 
@@ -185,6 +224,9 @@ class BrokenConstraint(TokenConstraint):
         if self.taken == 3:
             raise RuntimeError(f"token {token} breaks the grammar")
 
+    def forced(self) -> list[int]:
+        return []
+
     @property
     def complete(self) -> bool:
         return False
@@ -199,3 +241,33 @@ def test_a_stream_whose_grammar_breaks_fails_alone(tokenizer) -> None:
     assert len(broken.emitted) == 2
     assert healthy.error is None and len(healthy.emitted) == 10
     assert sum(len(u.tokens) for u in updates if u.session is healthy) == 10
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["stateful-padded", "paged-ragged"])
+def test_constrained_rows_in_a_row_group_answer_as_alone(dp_export2, paged) -> None:
+    """Forced runs make rows of several tokens beside one-token rows: padded on stateful
+    stages, ragged on paged ones; every row's tokens are those of its stream alone."""
+    from dataplane.local_chain import LocalChain
+    from dataplane.runtime import RuntimeConfig
+
+    chain = LocalChain.load(str(dp_export2), RuntimeConfig(
+        precision="f32", kv_cache_precision="f32", dynamic_quantization=False,
+        paged_attention=paged))
+    tokenizer = ChatTokenizer(dp_export2)
+    compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
+                               [tokenizer.eos_token_id])
+    eos = [tokenizer.eos_token_id]
+    prompts = [tokenizer.encode(p, chat=True) for p in ("tell me", "one two", "three")]
+
+    def sessions() -> list[DecodeSession]:
+        held = [DecodeSession(i, p, 60, eos, constraint=compiler.constraint(
+            "json_schema", json.dumps(PERSON))) for i, p in enumerate(prompts[:2])]
+        return [*held, DecodeSession(2, prompts[2], 24, eos)]
+
+    alone = [list(run_session(chain, s)) for s in sessions()]
+    grouped = sessions()
+    list(run_sessions(chain, grouped, row_groups=1))
+    assert [s.emitted for s in grouped] == alone
+    for session in grouped[:2]:
+        assert session.grammar_complete
+    assert all(not r.streams for r in chain.runners)  # every stream freed
