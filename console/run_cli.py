@@ -103,6 +103,29 @@ def check_sampling(temperature: float, top_k: int, top_p: float, seed: int | Non
             "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
 
 
+def output_grammar(json_schema: str | None, regex: str | None, grammar: Path | None
+                   ) -> dict[str, str]:
+    """The request's grammar fields for ``--json-schema`` (a file, or ``object``: any JSON
+    object), ``--regex`` or ``--grammar`` (a Lark or GBNF file), read and checked before a
+    cluster starts (the coordinator compiles them: engine.constraints)."""
+    given = [o for o, v in (("--json-schema", json_schema), ("--regex", regex),
+                            ("--grammar", grammar)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one of {', '.join(given)}")
+    if json_schema is not None:
+        text = '{"type": "object"}' if json_schema == "object" else Path(json_schema).read_text()
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"--json-schema {json_schema} is not JSON: {exc}") from None
+        return {"grammar_kind": "json_schema", "grammar": text}
+    if regex is not None:
+        return {"grammar_kind": "regex", "grammar": regex}
+    if grammar is not None:
+        return {"grammar_kind": "grammar", "grammar": grammar.read_text()}
+    return {}
+
+
 def sampling_report(req: GenerationRequest) -> dict[str, Any] | None:
     """The run's sampling settings (None: plain greedy decoding)."""
     penalties = {"presence_penalty": req.presence_penalty,
@@ -207,7 +230,8 @@ def run_report(snapshot: RunSnapshot, dones: list[Any], first: Any, wall_s: floa
             [info.layers for info in snapshot.stages],
             [last.get(f"stage{info.index}.compute", {}).get("p50", 0.0) for info in snapshot.stages]),
         "overhead_ms": last.get("overhead", {}), "step_ms": last.get("total", {}),
-        "speculative": speculative, "k": k or "auto", "sampling": sampling_report(first)}
+        "speculative": speculative, "k": k or "auto", "sampling": sampling_report(first),
+        "grammar": first.grammar_kind or None}
     if len(streams) == 1:
         return {**streams[0], **report}
     report["tokens"] = sum(s["tokens"] for s in streams)
@@ -245,6 +269,12 @@ def run(
     kv_cache_precision: KvPrecision = None,
     dynamic_quantization: DynamicQuantization = None,
     ignore_eos: Annotated[bool, typer.Option(help="always produce max-tokens tokens")] = False,
+    json_schema: Annotated[str | None, typer.Option(
+        help="hold the output to this JSON Schema (a file; 'object': any JSON object)")] = None,
+    regex: Annotated[str | None, typer.Option(
+        help="hold the output to this regular expression")] = None,
+    grammar: Annotated[Path | None, typer.Option(
+        help="hold the output to this grammar (a Lark or GBNF file)")] = None,
 ) -> None:
     """Stream a generation through the running cluster (or an embedded local one)."""
     embedded = None
@@ -252,6 +282,7 @@ def run(
         draft_k, mode = parse_k(k), parse_speculative(speculative)
         sampling = check_sampling(temperature, top_k, top_p, seed, presence_penalty,
                                   frequency_penalty)
+        sampling.update(output_grammar(json_schema, regex, grammar))
         if streams < 0:
             raise ValueError(f"--streams must be >= 0, not {streams}")
         wanted = streams or len(prompts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,22 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
         assert [s["text"] for s in report["streams"]] == [want] * 3
         assert report["tokens"] == 24 and report["aggregate_tok_s"] > 0
         assert all(s["spec"]["steps"] >= 1 for s in report["streams"])
+        # the output held to a grammar (the coordinator compiles it: engine.constraints)
+        held = runner.invoke(app, ["run", PROMPT, "--regex", "[0-9]{4}-ok", "--json"])
+        assert held.exit_code == 0, held.output
+        report = json.loads(held.stdout.strip().splitlines()[-1])
+        assert re.fullmatch("[0-9]{4}-ok", report["text"]) and report["grammar"] == "regex"
+        obj = runner.invoke(app, ["run", PROMPT, "--json-schema", "object", "--max-tokens",
+                                  "400", "--json"])
+        assert obj.exit_code == 0, obj.output
+        assert json.loads(obj.stdout.strip().splitlines()[-1])["text"].startswith("{")
+        (zctl_home / "bad.json").write_text("{nope")
         for bad, why in ((["--k", "many"], "--k must be"), (["--speculative", "guess"], "lookup"),
+                         (["--regex", "a", "--json-schema", "object"],
+                          "give one of --json-schema, --regex"),
+                         (["--json-schema", str(zctl_home / "bad.json")], "is not JSON"),
+                         (["--grammar", str(zctl_home / "missing.lark")], "missing.lark"),
+                         (["--regex", "[a-z+"], "unclosed character class"),
                          (["--speculative", "draft:/nonexistent"], "not a directory"),
                          (["--temperature", "-1"], "temperature"), (["--top-p", "2"], "top_p"),
                          (["--frequency-penalty", "2.5"], "frequency_penalty must be in -2..2")):
