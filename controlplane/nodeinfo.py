@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import uuid
 from importlib import metadata
@@ -21,6 +22,8 @@ from controlplane.checks import NODE_ID_RE
 from controlplane.records import DeviceInfo
 
 log = logging.getLogger("zctl.controlplane")
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_DATA_PORT = 10000  # a fresh data port is chosen from here up to the ephemeral range
 
 
 class NodeIdentityError(RuntimeError):
@@ -132,8 +135,38 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def ephemeral_ports(path: Path = EPHEMERAL_RANGE) -> tuple[int, int]:
+    """The kernel's range of ephemeral ports (Linux's default where it cannot be read)."""
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def fresh_port(host: str, ephemeral: tuple[int, int] | None = None) -> int:
+    """A free port below the kernel's ephemeral range, else any free one.
+
+    A data port is chosen when a node starts and bound only when a stage is wired, maybe
+    seconds later. A port from the ephemeral range can be taken in between as the source
+    port of an outgoing connection (one of the node's own), and the stage then cannot
+    bind; below the range only an explicit bind takes it."""
+    low, _ = ephemeral or ephemeral_ports()
+    rng = random.Random()
+    for _ in range(64):
+        if low - 1 <= LOWEST_DATA_PORT:
+            break
+        port = rng.randrange(LOWEST_DATA_PORT, low)
+        if _port_free(host, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def choose_data_port(host: str, state_dir: Path, port: int = 0) -> int:
-    """The data-plane port: the configured one, else the one used last time, else a free one.
+    """The data-plane port: the configured one, else the one used last time, else a free one
+    (``fresh_port``).
 
     Reusing the last port keeps the pipeline wiring unchanged when a node restarts.
     """
@@ -146,9 +179,7 @@ def choose_data_port(host: str, state_dir: Path, port: int = 0) -> int:
         last = 0
     if last and _port_free(host, last):
         return last
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        chosen = int(sock.getsockname()[1])
+    chosen = fresh_port(host)
     state_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{chosen}\n")
     return chosen
