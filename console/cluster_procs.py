@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from common.paths import zctl_home
+from controlplane.nodeinfo import fresh_port
 from controlplane.processes import (
     CoordinatorProcess,
     LinkShape,
@@ -98,9 +98,9 @@ def write_record(record: ClusterRecord) -> None:
 
 
 def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A free port for a process about to start to bind: below the ephemeral range, where
+    no outgoing connection takes it while the process starts (nodeinfo.fresh_port)."""
+    return fresh_port(host)
 
 
 def loopback_host(index: int) -> str:
