@@ -194,18 +194,18 @@ class ZctlApi:
         """Run a generation per choice: their first answers decide between an error and a
         reply."""
         start = time.monotonic()
-        clocks = [RequestClock(self.metrics, model, start, counts_prompt=i == 0)
+        clocks = [RequestClock(self.metrics, model, start, counts_prompt=i % body.n == 0)
                   for i in range(len(gens))]
         admitted = [self._admit(gen) for gen in gens]
         events = [e for e, _ in admitted]
         try:
-            firsts = await self._firsts(events, request)
+            firsts = await self._firsts(events, request, body.n)
         except BaseException:
             for _, release in admitted:
                 release()  # (a choice's events may never have started)
             await close_all(events)
             raise
-        shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model)
+        shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model, body.n)
         if body.stream:
             return StreamingResponse(
                 self._sse(shape, firsts, events, clocks, body.include_usage),
@@ -216,18 +216,24 @@ class ZctlApi:
         finally:
             await close_all(events)
 
-    async def _firsts(self, events: list[AsyncIterator[Any]], request: Request) -> list[Any]:
-        """Each choice's first event, or the API error of the first that failed. The first
-        choice starts alone: once it answers, its prompt is in the prefix cache (a running
-        stream's prompt is a source), so the other choices, started together then, prefill
-        only its last token rather than all of it (and never start if it failed)."""
-        firsts = [await self._next(events[0], request)]
-        raise_failed(firsts)
-        if len(events) > 1:
-            rest = await together([self._next(e, request) for e in events[1:]])
-            raise_failed(rest)
-            firsts += rest
-        return firsts
+    async def _firsts(self, events: list[AsyncIterator[Any]], request: Request,
+                      per_prompt: int = 1) -> list[Any]:
+        """Each choice's first event, or the API error of the first that failed; the
+        choices are ``per_prompt`` (``n``) for each prompt in turn. A prompt's first choice
+        starts first (the prompts' together): once it answers, its prompt is in the prefix
+        cache (a running stream's prompt is a source), so the prompt's other choices,
+        started together then, prefill only its last token rather than all of it (and
+        none starts if a first choice failed)."""
+        leads = range(0, len(events), per_prompt)
+        answers = dict(zip(leads, await together([self._next(events[i], request)
+                                                  for i in leads]), strict=True))
+        raise_failed(list(answers.values()))
+        rest = [i for i in range(len(events)) if i not in answers]
+        if rest:
+            more = await together([self._next(events[i], request) for i in rest])
+            raise_failed(more)
+            answers.update(zip(rest, more, strict=True))
+        return [answers[i] for i in range(len(events))]
 
     async def _next(self, events: AsyncIterator[Any], request: Request) -> Any:
         """The next event, cancelling the generation if the client goes meanwhile."""

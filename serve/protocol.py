@@ -29,6 +29,7 @@ from engine.requests import (
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length"}
 MAX_CHOICES = 16  # n: each choice is a generation of its own, counted against --max-queue
+MAX_PROMPTS = 64  # a text completion's batch of prompts (each prompt's n choices count too)
 
 
 class ApiError(Exception):
@@ -191,13 +192,14 @@ class CompletionRequest(SamplingFields):
     echo: bool = Field(False, description="not supported", le=False)
     suffix: None = None
 
-    def prompt_text(self) -> str:
-        if isinstance(self.prompt, str):
-            return self.prompt
-        if len(self.prompt) != 1:
-            raise ApiError(400, "prompt takes one string (a batch of prompts is not supported)",
+    def prompt_texts(self) -> list[str]:
+        """The prompts: one string, or a batch of them (each answered by its own ``n``
+        choices, in order)."""
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        if not 1 <= len(prompts) <= MAX_PROMPTS:
+            raise ApiError(400, f"prompt takes a string or a list of 1..{MAX_PROMPTS} strings",
                            param="prompt")
-        return self.prompt[0]
+        return prompts
 
 
 def speculation(options: ZctlOptions, default: tuple[str, int]) -> tuple[str, int]:
@@ -209,21 +211,24 @@ def speculation(options: ZctlOptions, default: tuple[str, int]) -> tuple[str, in
 
 def to_generations(req: ChatCompletionRequest | CompletionRequest, request_id: str,
                    default_speculation: tuple[str, int] = ("", 0)) -> list[GenerationRequest]:
-    """The engine's requests for an API request's ``n`` choices: the same prompt, ids
-    ``request_id`` (one choice) or ``request_id-i``, and with a seed, seed + i for choice i
-    (each reproducible, and different from the others when sampling)."""
-    if req.n == 1:
-        return [to_generation(req, request_id, default_speculation)]
-    return [to_generation(req, f"{request_id}-{i}", default_speculation,
-                          None if req.seed is None else (req.seed + i) % (1 << 63))
-            for i in range(req.n)]
+    """The engine's requests for an API request's choices: ``n`` for each prompt (a text
+    completion may give a batch), prompt by prompt; ids ``request_id`` (one choice) or
+    ``request_id-i`` for choice i, and with a seed, seed + j for a prompt's choice j (each
+    reproducible, and different from the prompt's others when sampling)."""
+    prompts = req.prompt_texts() if isinstance(req, CompletionRequest) else [None]
+    if req.n == 1 and len(prompts) == 1:
+        return [to_generation(req, request_id, default_speculation, prompt=prompts[0])]
+    return [to_generation(req, f"{request_id}-{p * req.n + j}", default_speculation,
+                          None if req.seed is None else (req.seed + j) % (1 << 63), prompt)
+            for p, prompt in enumerate(prompts) for j in range(req.n)]
 
 
 def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: str,
                   default_speculation: tuple[str, int] = ("", 0),
-                  seed: int | None = None) -> GenerationRequest:
+                  seed: int | None = None, prompt: str | None = None) -> GenerationRequest:
     """The engine's request for an API request (chat turns or a raw text prompt);
-    ``seed``: instead of the request's own."""
+    ``seed``: instead of the request's own; ``prompt``: one of a text completion's batch
+    (None: its only one)."""
     mode, k = speculation(req.zctl, default_speculation)
     common: dict[str, Any] = dict(
         request_id=request_id, ignore_eos=req.zctl.ignore_eos, speculative=mode, k=k,
@@ -240,19 +245,22 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
             max_tokens=limit or 0, chat=True, logprobs=req.logprobs,
             top_logprobs=req.top_logprobs or 0, **common)
     return GenerationRequest(
-        prompt=req.prompt_text(), max_tokens=req.max_tokens or 16, chat=False,
+        prompt=req.prompt_texts()[0] if prompt is None else prompt,
+        max_tokens=req.max_tokens or 16, chat=False,
         logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0, **common)
 
 
 # -- responses ------------------------------------------------------------------------
-def usage(dones: list[GenerationDone]) -> dict[str, Any]:
-    """OpenAI's usage object for a request's choices: the prompt counted once (as OpenAI
-    does for ``n``), every choice's tokens; ``cached_tokens``: the prompt's tokens the prefix
-    cache held for the first choice."""
-    prompt, completion = dones[0].prompt_tokens, sum(len(d.tokens) for d in dones)
+def usage(dones: list[GenerationDone], per_prompt: int = 1) -> dict[str, Any]:
+    """OpenAI's usage object for a request's choices, ``per_prompt`` (``n``) for each of its
+    prompts in turn: each prompt counted once (as OpenAI does for ``n``), every choice's
+    tokens; ``cached_tokens``: the prompts' tokens the prefix cache held for their first
+    choices."""
+    leaders = dones[::per_prompt]
+    prompt, completion = sum(d.prompt_tokens for d in leaders), sum(len(d.tokens) for d in dones)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": dones[0].cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": sum(d.cached_tokens for d in leaders)}}
 
 
 def finish_reason(done: GenerationDone) -> str:
@@ -290,8 +298,9 @@ class ResponseShape:
     """Builds one request's chunks and reply: ids, timestamps and the model are fixed;
     ``index`` names the choice a chunk belongs to."""
 
-    def __init__(self, chat: bool, request_id: str, model: str) -> None:
+    def __init__(self, chat: bool, request_id: str, model: str, per_prompt: int = 1) -> None:
         self.chat, self.model = chat, model
+        self.per_prompt = per_prompt  # choices per prompt (n): a batch's prompts in turn
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
         self.text_offsets: dict[int, int] = {}  # per choice: where its next chunk's text starts
@@ -318,7 +327,7 @@ class ResponseShape:
 
     def usage_chunk(self, dones: list[GenerationDone]) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._envelope(kind), "choices": [], "usage": usage(dones)}
+        return {**self._envelope(kind), "choices": [], "usage": usage(dones, self.per_prompt)}
 
     def reply(self, dones: list[GenerationDone],
               logprobs: list[list[TokenLogprob] | None]) -> dict[str, Any]:
@@ -326,7 +335,8 @@ class ResponseShape:
         choices = [self._choice(i, done, lps)
                    for i, (done, lps) in enumerate(zip(dones, logprobs, strict=True))]
         kind = "chat.completion" if self.chat else "text_completion"
-        return {**self._envelope(kind), "choices": choices, "usage": usage(dones)}
+        return {**self._envelope(kind), "choices": choices,
+                "usage": usage(dones, self.per_prompt)}
 
     def _choice(self, index: int, done: GenerationDone,
                 logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
