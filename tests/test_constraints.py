@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_sampling import TableModel
 
 from engine.constraints import GrammarCompiler, TokenConstraint, allowed_tokens
 from engine.executor import InlineExecutor, StepReply
@@ -27,25 +28,13 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "pet": {"enum": ["cat", "dog", None]}}}
 
 
-class RandomModel(InlineExecutor):
-    """A fake single-stage pipeline whose logits for (token, position) are a fixed random
-    row over the tiny tokenizer's vocabulary."""
-
-    num_stages = 1
+class RandomModel(TableModel):
+    """TableModel's fake pipeline, its logits for (token, position) a fixed random row over
+    the tiny tokenizer's vocabulary (made when asked); it counts its steps."""
 
     def __init__(self, vocab: int) -> None:
-        super().__init__()
-        self.vocab = vocab
-        self.steps = 0
-
-    def open(self, stream_id: int) -> None:
-        pass
-
-    def reset(self, stream_id: int) -> None:
-        pass
-
-    def close_stream(self, stream_id: int) -> None:
-        pass
+        InlineExecutor.__init__(self)
+        self.vocab, self.steps = vocab, 0
 
     def row(self, token: int, position: int) -> np.ndarray:
         return np.random.default_rng([int(token), int(position)]).normal(size=self.vocab) * 3

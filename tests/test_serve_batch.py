@@ -12,9 +12,9 @@ import openai
 import pytest
 import test_serve as ts
 from test_serve import Server
-from test_serve_choices import IGNORE_EOS, sse_payloads
+from test_serve_choices import IGNORE_EOS, RecordingBackend, sse_payloads
 
-from controlplane.service_messages import GenerateChunk, GenerateDone, ServiceStats
+from controlplane.service_messages import GenerateChunk, GenerateDone
 from engine.requests import GenerationRequest
 from engine.scheduler import generate_greedy
 from serve.app import ServeSettings, create_app
@@ -24,16 +24,9 @@ tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, sh
 PROMPTS = ["one two three", "four five", "six"]
 
 
-class EchoBackend:
-    """A backend without a model: a generation answers its prompt upper-cased, after a
-    pause; its prompt tokens are its prompt's characters; what was asked for and
-    answered is recorded."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, str]] = []
-
-    async def stats(self, timeout_s: float = 0.0) -> ServiceStats:
-        return ServiceStats(0, 0, {}, [], [], {}, model="m", max_context=512, num_stages=1)
+class EchoBackend(RecordingBackend):
+    """RecordingBackend's fake, answering each prompt upper-cased, with the prompt's
+    characters as its prompt tokens."""
 
     async def generate(self, gen: GenerationRequest):  # noqa: ANN201 - an async generator
         choice = gen.request_id.rpartition("-")[2]
@@ -44,9 +37,6 @@ class EchoBackend:
         yield GenerateChunk(gen.request_id, [1], text, 1)
         yield GenerateDone(gen.request_id, [1], text, len(gen.prompt), 50.0, 20.0,
                            stop_reason="max_tokens", cached_tokens=1)
-
-    async def close(self) -> None:
-        pass
 
 
 def ask(backend: EchoBackend, body: dict) -> tuple[httpx.Response, str]:
