@@ -17,7 +17,8 @@ lets a small model pad its output with newlines until it runs out of tokens.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -135,3 +136,55 @@ class GrammarCompiler:
             raise RequestRefused(f"the {kind.replace('_', ' ')} cannot be used: "
                                  f"{_reason(matcher)}")
         return TokenConstraint(matcher, self.vocab)
+
+
+class GrammarQueue:
+    """Compiles requests' grammars on a thread of its own, so that the generation thread
+    never waits for one (llguidance releases the GIL while it builds; the compiler itself
+    takes ~0.25 s to make, at the first grammar). ``start`` a request's when it arrives,
+    ``take`` its constraint once ``ready``, ``forget`` it once the request started or
+    ended."""
+
+    def __init__(self, make_compiler: Callable[[], GrammarCompiler]) -> None:
+        self._make = make_compiler
+        self._compiler: GrammarCompiler | None = None  # made on the worker thread
+        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: dict[Hashable, Future[TokenConstraint]] = {}
+
+    def _compile(self, kind: str, text: str) -> TokenConstraint:
+        if self._compiler is None:
+            self._compiler = self._make()
+        return self._compiler.constraint(kind, text)
+
+    def start(self, key: Hashable, kind: str, text: str) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="zctl-grammar")
+        self._jobs[key] = self._pool.submit(self._compile, kind, text)
+
+    def ready(self, key: Hashable, wait_s: float = 0.0) -> bool:
+        """Whether ``key``'s grammar is compiled (or failed; True for a key not started),
+        waiting up to ``wait_s``."""
+        job = self._jobs.get(key)
+        if job is None:
+            return True
+        if not job.done() and wait_s > 0:
+            try:
+                job.exception(timeout=wait_s)
+            except TimeoutError:
+                pass
+        return job.done()
+
+    def take(self, key: Hashable) -> TokenConstraint:
+        """``key``'s constraint (raises what compiling it raised: RequestRefused); it stays
+        until ``forget``, for a request that goes back to wait before it starts."""
+        return self._jobs[key].result()
+
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key``'s job: its request started, was refused or was cancelled."""
+        job = self._jobs.pop(key, None)
+        if job is not None:
+            job.cancel()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
-from engine.constraints import GrammarCompiler
+from engine.constraints import GrammarCompiler, GrammarQueue
 from engine.drafting import Drafter, LookupDrafter
 from engine.executor import Executor
 from engine.pipelined import PipelinedSession
@@ -159,7 +159,9 @@ class GenerationEngine:
         self._paused: tuple[float, str] | None = None  # since when, and why
         self._pause_noted = 0.0
         self._timing: tuple[float, dict[str, dict[str, float]]] = (-1e9, {})
-        self._grammar_compiler: GrammarCompiler | None = None
+        # requests' grammars, compiled off this thread as they arrive (engine.constraints)
+        self.grammars = GrammarQueue(lambda: GrammarCompiler(
+            self.tokenizer.backend.to_str(), self.vocab_size, self.stop_ids))
 
     @property
     def busy(self) -> bool:
@@ -202,6 +204,8 @@ class GenerationEngine:
         the next ``poll``)."""
         self.counters["requests"] += 1
         self._waiting.append((client, request))
+        if request.grammar_kind and request.problem() is None:
+            self.grammars.start(id(request), request.grammar_kind, request.grammar)
 
     def cancel(self, client: Hashable, request_id: str) -> bool:
         """Stop ``client``'s generation ``request_id``: it ends at the next ``poll`` with the
@@ -209,6 +213,7 @@ class GenerationEngine:
         for waiting in list(self._waiting):
             if waiting[0] == client and waiting[1].request_id == request_id:
                 self._waiting.remove(waiting)
+                self.grammars.forget(id(waiting[1]))
                 self.counters["cancelled"] += 1
                 self._out.append((client, GenerationDone(waiting[1].request_id, [], "", 0, 0.0,
                                                          0.0, stop_reason="cancelled")))
@@ -262,7 +267,12 @@ class GenerationEngine:
     # -- starting requests ---------------------------------------------------------------
     def _start_waiting(self) -> None:
         while self._waiting and len(self._jobs) < self.max_streams:
-            client, req = self._waiting.popleft()
+            client, req = self._waiting[0]
+            # a grammar still compiling: the queue waits (a moment here when nothing runs,
+            # instead of spinning; else the scheduler's poll is the wait)
+            if not self.grammars.ready(id(req), 0.0 if self._jobs else POLL_S):
+                break
+            self._waiting.popleft()
             problem = req.problem()
             if problem is not None:
                 self._refuse(client, req, f"bad request: {problem}", BAD_REQUEST)
@@ -293,6 +303,7 @@ class GenerationEngine:
             except RuntimeError as exc:
                 self._refuse(client, req, f"{type(exc).__name__}: {exc}", UNAVAILABLE)
                 continue
+            self.grammars.forget(id(req))
             self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer),
                                          StopMatcher(req.stop))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
@@ -322,6 +333,8 @@ class GenerationEngine:
         return self.tokenizer.encode(req.prompt, chat=req.chat)
 
     def _session(self, stream_id: int, req: GenerationRequest) -> DecodeSession:
+        # its grammar's constraint, compiled since it arrived (raises RequestRefused)
+        constraint = self.grammars.take(id(req)) if req.grammar_kind else None
         ids = self.prompt_ids(req)
         limit = req.max_tokens or (self.max_context or 0) - len(ids)
         if req.max_tokens == 0 and limit <= 0:
@@ -347,10 +360,9 @@ class GenerationEngine:
                                   req.presence_penalty, req.frequency_penalty, biases)
         top = req.top_logprobs if req.logprobs else None
         reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
-        if req.grammar_kind:  # held to a grammar: decoded without speculation
+        if constraint is not None:  # held to a grammar: decoded without speculation
             return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads,
-                                 constraint=self._grammars().constraint(req.grammar_kind,
-                                                                        req.grammar))
+                                 constraint=constraint)
         if not req.speculative:
             return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads)
         if req.speculative == "pipelined":
@@ -365,14 +377,8 @@ class GenerationEngine:
         return DecodeSession(stream_id, ids, req.max_tokens, stops, drafter=drafter,
                              k=req.k or AUTO_K_MAX, auto_k=req.k == 0, **reads)
 
-    def _grammars(self) -> GrammarCompiler:
-        """The compiler of requests' grammars, made at the first one that has a grammar."""
-        if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.tokenizer.backend.to_str(),
-                                                     self.vocab_size, self.stop_ids)
-        return self._grammar_compiler
-
     def _refuse(self, client: Hashable, req: GenerationRequest, error: str, kind: str) -> None:
+        self.grammars.forget(id(req))
         self.counters["failed"] += 1
         self._out.append((client, GenerationDone(req.request_id, [], "", 0, 0.0, 0.0,
                                                  stop_reason="error", error=error,

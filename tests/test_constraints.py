@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_sampling import TableModel
 
-from engine.constraints import GrammarCompiler, TokenConstraint, allowed_tokens
+from engine.constraints import GrammarCompiler, GrammarQueue, TokenConstraint, allowed_tokens
 from engine.executor import InlineExecutor, StepReply
 from engine.requests import GenerationRequest, RequestRefused
 from engine.sampling import SamplingParams
@@ -260,3 +260,90 @@ def test_constrained_rows_in_a_row_group_answer_as_alone(dp_export2, paged) -> N
     for session in grouped[:2]:
         assert session.grammar_complete
     assert all(not r.streams for r in chain.runners)  # every stream freed
+
+
+def test_the_grammar_queue_compiles_off_the_calling_thread(tokenizer) -> None:
+    import threading
+
+    made_on: list[int] = []
+
+    def make() -> GrammarCompiler:
+        made_on.append(threading.get_ident())
+        return GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
+                               [tokenizer.eos_token_id])
+
+    queue = GrammarQueue(make)
+    try:
+        assert queue.ready("nothing")  # not started: nothing to wait for
+        queue.start("a", "regex", "[0-9]+")
+        queue.start("b", "regex", "[a-z+")
+        assert queue.ready("a", 5.0) and queue.ready("b", 5.0)
+        assert made_on and made_on[0] != threading.get_ident() and len(made_on) == 1
+        assert isinstance(queue.take("a"), TokenConstraint)
+        assert queue.take("a") is queue.take("a")  # kept until forgotten
+        with pytest.raises(RequestRefused, match="unclosed character class"):
+            queue.take("b")
+        queue.forget("a")
+        queue.forget("b")
+        queue.forget("never")
+        with pytest.raises(KeyError):
+            queue.take("a")
+    finally:
+        queue.close()
+
+
+def test_the_engine_steps_other_streams_while_a_grammar_compiles(dp_export2) -> None:
+    """A slow compile (the first grammar builds the compiler) holds only its own request:
+    a running stream keeps getting tokens meanwhile; a bad grammar is refused; a cancelled
+    compiling request ends at once."""
+    import threading
+    import time
+
+    from dataplane.local_chain import LocalChain
+    from dataplane.runtime import RuntimeConfig
+    from engine.requests import GenerationChunk, GenerationDone
+    from engine.service import GenerationEngine
+
+    chain = LocalChain.load(str(dp_export2), RuntimeConfig(precision="f32"))
+    tokenizer = ChatTokenizer(dp_export2)
+    engine = GenerationEngine(tokenizer, [tokenizer.eos_token_id], lambda: chain)
+    gate = threading.Event()
+    make = engine.grammars._make
+
+    def slow_make() -> GrammarCompiler:
+        gate.wait(30)
+        return make()
+
+    engine.grammars._make = slow_make
+    try:
+        engine.submit("free", GenerationRequest("f", "one two", 400, ignore_eos=True,
+                                                chunk_interval_ms=0))
+        seen: list = []
+        while not any(c == "free" and isinstance(e, GenerationChunk) for c, e in seen):
+            seen += engine.poll(0.0)
+        engine.submit("held", GenerationRequest("h", "tell me", 40, grammar_kind="regex",
+                                                grammar="[0-9]{3}"))
+        engine.submit("gone", GenerationRequest("g", "tell me", 40, grammar_kind="regex",
+                                                grammar="[a-z]+"))
+        assert engine.cancel("gone", "g")
+        start = time.monotonic()
+        while time.monotonic() - start < 0.3:  # the compiler is not made yet
+            seen += engine.poll(0.0)
+        free_tokens = sum(len(e.tokens) for c, e in seen
+                          if c == "free" and isinstance(e, GenerationChunk))
+        assert free_tokens >= 5 and engine.waiting == 1  # only the held request waits
+        gate.set()
+        engine.submit("bad", GenerationRequest("b", "tell me", 40, grammar_kind="regex",
+                                               grammar="[a-z+"))
+        while sum(isinstance(e, GenerationDone) for _, e in seen) < 4:
+            seen += engine.poll(0.02)
+        dones = {c: e for c, e in seen if isinstance(e, GenerationDone)}
+        assert dones["gone"].stop_reason == "cancelled"
+        assert dones["free"].stop_reason == "max_tokens" and len(dones["free"].tokens) == 400
+        held = tokenizer.decode([t for t in dones["held"].tokens if t != tokenizer.eos_token_id])
+        assert re.fullmatch("[0-9]{3}", held) and dones["held"].stop_reason == "stop"
+        assert dones["bad"].error_kind == "bad_request" and "unclosed" in dones["bad"].error
+        assert not engine.grammars._jobs  # every job forgotten
+    finally:
+        gate.set()
+        engine.grammars.close()
