@@ -72,6 +72,10 @@ def run_checks(opts: DoctorOptions) -> list[Check]:
             Path(cluster.status.export_dir).resolve() not in {e.resolve() for e in exports}:
         exports.append(Path(cluster.status.export_dir))
     checks += _integrity_checks(home, exports, opts.state_dirs)
+    served = Path(cluster.status.export_dir) if cluster.status is not None else \
+        next(iter(exports), None)
+    if served is not None and served.is_dir():
+        checks.append(dx.grammar_check(probes.grammar_probe(served, _label(served, home))))
     total, available = ram()
     if cluster.status is not None:
         needs = probes.stage_needs_here(cluster.status, here)

@@ -191,6 +191,26 @@ def api_check(url: str, facts: HttpFacts, explicit: bool) -> Check:
     return Check("api", FAIL if explicit else WARN, f"{where}: {facts.error}")
 
 
+@dataclass(frozen=True)
+class GrammarFacts:
+    """Whether llguidance compiles a grammar against an export's tokenizer here (the
+    coordinator's engine does, for structured output), and how long making it took."""
+
+    label: str
+    vocab: int = 0
+    build_ms: float = 0.0
+    error: str = ""
+
+
+def grammar_check(facts: GrammarFacts) -> Check:
+    """Compiled: pass; else warn (only requests that ask for a structured output fail)."""
+    if facts.error:
+        return Check("structured output", WARN, f"{facts.label}: {facts.error}: requests with "
+                     "response_format or a grammar would be refused here")
+    return Check("structured output", PASS, f"{facts.label}: llguidance compiles against its "
+                 f"tokenizer ({facts.vocab:,} tokens) in {facts.build_ms:.0f} ms")
+
+
 # -- the cluster ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TcpFacts:

@@ -17,7 +17,13 @@ from typing import Any
 
 from common.manifest import MANIFEST_NAME, ExportManifest, ManifestError, load_manifest, sha256_file
 from controlplane.checks import NODE_ID_RE, SHA256_RE
-from controlplane.diagnostics import DeviceFacts, IntegrityFacts, MemoryNeed, TcpFacts
+from controlplane.diagnostics import (
+    DeviceFacts,
+    GrammarFacts,
+    IntegrityFacts,
+    MemoryNeed,
+    TcpFacts,
+)
 from controlplane.placement import (
     RUNTIME_OVERHEAD,
     LayerCost,
@@ -247,6 +253,24 @@ def stage_needs_here(status: ClusterStatus, here: dict[str, Path]) -> list[Memor
                               f"{layer_range(stage.layer_start, stage.layer_end)}) of "
                               f"{node.node_id}", stage.bytes, min(held, stage.bytes)))
     return out
+
+
+def grammar_probe(export_dir: Path, label: str) -> GrammarFacts:
+    """Make the engine's grammar compiler from the export's tokenizer and compile any JSON
+    object with it, as the coordinator does at its first structured-output request."""
+    from engine.constraints import GrammarCompiler
+    from engine.tokenizer import ChatTokenizer
+
+    start = time.perf_counter()
+    try:
+        tokenizer = ChatTokenizer(export_dir)
+        eos = tokenizer.eos_token_id
+        compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
+                                   [] if eos is None else [eos])
+        compiler.constraint("json_schema", '{"type": "object"}')
+    except Exception as exc:  # noqa: BLE001 - doctor reports what breaks, it does not raise
+        return GrammarFacts(label, error=f"{type(exc).__name__}: {exc}")
+    return GrammarFacts(label, tokenizer.vocab_size, (time.perf_counter() - start) * 1e3)
 
 
 def largest_export_need(exports: Iterable[Path]) -> MemoryNeed | None:

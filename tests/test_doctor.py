@@ -311,6 +311,8 @@ def test_without_a_cluster_the_local_checks_run_and_the_rest_warn(home: Path) ->
     assert checks["shard cache node"]["status"] == "pass"
     assert checks["memory"]["status"] == "pass" and "tiny-2stages" in checks["memory"]["detail"]
     assert {"device CPU", "cpu features"} <= set(checks)
+    grammar = checks["structured output"]  # the fake export carries no tokenizer
+    assert grammar["status"] == "warn" and "tokenizer.json" in grammar["detail"]
     assert all(c["status"] in ("pass", "warn") for c in report["checks"])
     human = runner.invoke(app, ["doctor"])  # one line per check and the tally
     assert human.exit_code == 0
@@ -393,3 +395,13 @@ def test_doctor_against_a_live_coordinator_and_node(cp_cluster, tmp_path: Path,
     assert checks["shard cache n1"].status == FAIL and "stage1.bin" in checks["shard cache n1"].detail
     assert checks["pipeline"].status == FAIL and "is left" in checks["pipeline"].detail
     assert checks[f"heartbeats {agent.node_id}"].status == WARN
+
+
+def test_structured_output_compiles_against_an_exports_tokenizer(dp_export2, tmp_path) -> None:
+    facts = probes.grammar_probe(dp_export2, "tiny")
+    check = dx.grammar_check(facts)
+    assert facts.error == "" and facts.vocab == 384 and facts.build_ms > 0
+    assert check.status == dx.PASS and "384 tokens" in check.detail
+    broken = dx.grammar_check(probes.grammar_probe(tmp_path, "empty"))
+    assert broken.status == dx.WARN and "tokenizer.json" in broken.detail
+    assert "would be refused" in broken.detail
