@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
+from engine.admission import DrafterLoader, SessionLimits, new_session
 from engine.constraints import GrammarCompiler, GrammarQueue
-from engine.drafting import Drafter, LookupDrafter
 from engine.executor import Executor
 from engine.pipelined import PipelinedSession
 from engine.prefix_cache import PrefixCacheStats
@@ -32,7 +32,6 @@ from engine.requests import (
     BAD_REQUEST,
     DEFAULT_MAX_STREAMS,
     INTERNAL,
-    MAX_DRAFT_TOKENS,
     UNAVAILABLE,
     GenerationChunk,
     GenerationDone,
@@ -40,7 +39,6 @@ from engine.requests import (
     RequestRefused,
     TokenLogprob,
 )
-from engine.sampling import SamplingParams
 from engine.scheduler import SessionUpdate, StreamScheduler
 from engine.sessions import DecodeSession
 from engine.stops import StopMatcher
@@ -48,7 +46,6 @@ from engine.tokenizer import ChatTokenizer, StreamDecoder
 
 log = logging.getLogger("zctl.engine")
 TIMING_REFRESH_S = 0.5  # how often the percentiles those chunks carry are recomputed
-AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
 POLL_S = 0.02  # how long a scheduler poll waits for a reply
 HEALTH_CHECK_S = 0.25  # how often generations in flight ask whether the pipeline is down
 RESUME_TIMEOUT_S = 120.0  # how long paused generations wait for the pipeline to be back
@@ -56,7 +53,6 @@ PAUSE_NOTE_S = 10.0  # while paused, clients hear so this often (their idle time
 
 Event = GenerationChunk | GenerationDone
 Outgoing = tuple[Hashable, Event]  # (the client that asked, what it is told)
-DrafterLoader = Callable[[str, int], Drafter]  # (draft model path, stream id) -> drafter
 
 
 class PipelineDown(RuntimeError):
@@ -335,47 +331,10 @@ class GenerationEngine:
     def _session(self, stream_id: int, req: GenerationRequest) -> DecodeSession:
         # its grammar's constraint, compiled since it arrived (raises RequestRefused)
         constraint = self.grammars.take(id(req)) if req.grammar_kind else None
-        ids = self.prompt_ids(req)
-        limit = req.max_tokens or (self.max_context or 0) - len(ids)
-        if req.max_tokens == 0 and limit <= 0:
-            raise RequestRefused(f"the prompt's {len(ids)} tokens leave no room in the model's "
-                                 f"context of {self.max_context} tokens"
-                                 if self.max_context else "max_tokens must be given (> 0)")
-        if self.max_context is not None and len(ids) + limit > self.max_context:
-            raise RequestRefused(
-                f"the prompt's {len(ids)} tokens plus max_tokens {limit} exceed the "
-                f"model's context of {self.max_context} tokens")
-        if self.kv_budget_tokens is not None and len(ids) + limit > self.kv_budget_tokens:
-            raise RequestRefused(
-                f"the prompt's {len(ids)} tokens plus max_tokens {limit} need more KV than "
-                f"a stage may hold for one stream ({self.kv_budget_tokens} tokens: its KV "
-                "memory budget)")
-        req = replace(req, max_tokens=limit)
-        stops = () if req.ignore_eos else self.stop_ids
-        biases = req.biases()
-        if biases and biases[-1][0] >= self.vocab_size:
-            raise RequestRefused(f"logit_bias names token {biases[-1][0]}, beyond the "
-                                 f"model's vocabulary of {self.vocab_size}")
-        sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed,
-                                  req.presence_penalty, req.frequency_penalty, biases)
-        top = req.top_logprobs if req.logprobs else None
-        reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
-        if constraint is not None:  # held to a grammar: decoded without speculation
-            return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads,
-                                 constraint=constraint)
-        if not req.speculative:
-            return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads)
-        if req.speculative == "pipelined":
-            return PipelinedSession(stream_id, ids, req.max_tokens, stops, width=req.k or None,
-                                    **reads)
-        if req.speculative == "lookup":
-            drafter: Drafter = LookupDrafter()
-        elif self.load_drafter is None:
-            raise RequestRefused("this service has no draft models: use speculative='lookup'")
-        else:
-            drafter = self.load_drafter(req.speculative.removeprefix("draft:"), stream_id)
-        return DecodeSession(stream_id, ids, req.max_tokens, stops, drafter=drafter,
-                             k=req.k or AUTO_K_MAX, auto_k=req.k == 0, **reads)
+        limits = SessionLimits(self.max_context, self.kv_budget_tokens, self.vocab_size,
+                               self.stop_ids)
+        return new_session(stream_id, req, self.prompt_ids(req), limits, constraint,
+                           self.load_drafter)
 
     def _refuse(self, client: Hashable, req: GenerationRequest, error: str, kind: str) -> None:
         self.grammars.forget(id(req))
