@@ -347,3 +347,46 @@ def test_the_engine_steps_other_streams_while_a_grammar_compiles(dp_export2) -> 
     finally:
         gate.set()
         engine.grammars.close()
+
+
+def test_a_constrained_session_restarted_mid_way_gives_the_same_output(dp_export2) -> None:
+    """The stream's KV lost between steps, or with a step of forced tokens planned and
+    never answered (a node went down under it): the session replays onto fresh KV and
+    its grammar goes on where the emitted tokens left it."""
+    from dataplane.local_chain import LocalChain
+    from dataplane.runtime import RuntimeConfig
+
+    chain = LocalChain.load(str(dp_export2), RuntimeConfig(
+        precision="f32", kv_cache_precision="f32", dynamic_quantization=False))
+    tokenizer = ChatTokenizer(dp_export2)
+    compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
+                               [tokenizer.eos_token_id])
+    prompt = tokenizer.encode("tell me", chat=True)
+
+    def session() -> DecodeSession:
+        return DecodeSession(3, prompt, 60, [tokenizer.eos_token_id], prefill_chunk=4,
+                             constraint=compiler.constraint("json_schema", json.dumps(PERSON)))
+
+    want = list(run_session(chain, session()))
+    dropped: list[int] = []  # tokens fed by each lost decode step (0: a prefill step)
+    for lost_at in (2, 4, 6, 9):
+        s = session()
+        chain.open(3)
+        chain.reset(3)
+        steps = 0
+        while not s.done:
+            decoding = bool(s.emitted)
+            plan = s.plan()
+            if steps == lost_at:  # this step never answers: the node went down under it
+                dropped.append(len(plan.token_ids) if decoding else 0)
+                chain.reset(3)
+                s.restart()
+                plan = s.plan()
+            reply = chain.step(3, plan.token_ids, plan.positions, plan.logits_idx,
+                               plan.want_logits, mask_tail=plan.rewind)
+            s.advance(reply)
+            steps += 1
+        chain.close_stream(3)
+        assert s.emitted == want, lost_at
+    assert max(dropped) > 1 and 0 in dropped, dropped  # lost: forced tokens, a prefill chunk
+    assert json.loads(tokenizer.decode([t for t in want if t != tokenizer.eos_token_id]))
