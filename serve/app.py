@@ -205,7 +205,8 @@ class ZctlApi:
                 release()  # (a choice's events may never have started)
             await close_all(events)
             raise
-        shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model, body.n)
+        shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model, body.n,
+                              tools=bool(body.functions()))
         if body.stream:
             return StreamingResponse(
                 self._sse(shape, firsts, events, clocks, body.include_usage),
@@ -302,7 +303,7 @@ class ZctlApi:
                 async for index, msg in stream:
                     if isinstance(msg, GenerateChunk):
                         clocks[index].tokens(len(msg.tokens), time.monotonic())
-                        if msg.text or msg.logprobs:
+                        if (msg.text or msg.logprobs) and not shape.tools:  # a call: whole
                             yield sse(_with_usage(shape.chunk(msg.text, msg.logprobs or None,
                                                               index=index), include_usage))
                         continue
@@ -313,6 +314,12 @@ class ZctlApi:
                         return
                     dones[index] = msg
                     reason = finish_reason(msg)
+                    if shape.tools:  # the call at its end (or the text it was cut to)
+                        calls = shape.calls(msg)
+                        reason = "tool_calls" if calls else reason
+                        yield sse(_with_usage(shape.tool_chunk(index, calls) if calls else
+                                              shape.chunk(msg.text, None, index=index),
+                                              include_usage))
                     clocks[index].done(msg.prompt_tokens, len(msg.tokens), reason,
                                        time.monotonic())
                     yield sse(_with_usage(shape.chunk("", None, reason, index=index),

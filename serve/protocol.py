@@ -26,6 +26,18 @@ from engine.requests import (
     GenerationRequest,
     TokenLogprob,
 )
+from serve.tools import (
+    MAX_TOOLS,
+    FunctionDef,
+    ToolChoice,
+    ToolDef,
+    ToolError,
+    call_schema,
+    called_text,
+    functions_to_call,
+    tool_calls,
+    with_tools_prompt,
+)
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length"}
 MAX_CHOICES = 16  # n: each choice is a generation of its own, counted against --max-queue
@@ -105,12 +117,15 @@ class ChatTurn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's earlier calls
 
     def text(self) -> str:
         if isinstance(self.content, list):
             if any(p.type != "text" for p in self.content):
                 raise ApiError(400, "only text content parts are supported", param="messages")
             return "".join(p.text for p in self.content)
+        if not self.content and self.tool_calls:
+            return called_text(self.tool_calls)  # the calls, as the model wrote them
         return self.content or ""
 
 
@@ -155,9 +170,15 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def functions(self) -> list[FunctionDef]:
+        """The functions one of which the reply must call (serve.tools; none: text)."""
+        return []
+
     def grammar(self) -> tuple[str, str]:
         """The engine's (grammar_kind, grammar) for the output: ("", "") for free text."""
         found: list[tuple[str, str]] = []
+        if functions := self.functions():
+            found.append(("json_schema", json.dumps(call_schema(functions))))
         fmt = self.response_format
         if fmt is not None and fmt.type == "json_object":
             found.append(("json_schema", '{"type": "object"}'))
@@ -174,8 +195,8 @@ class SamplingFields(BaseModel):
         if options.choice is not None:
             found.append(("choice", json.dumps(options.choice)))
         if len(found) > 1:
-            raise ApiError(400, "give one of response_format (JSON), zctl.regex, zctl.grammar "
-                           "and zctl.choice", param="response_format")
+            raise ApiError(400, "give one of tools with a tool_choice, response_format (JSON), "
+                           "zctl.regex, zctl.grammar and zctl.choice", param="response_format")
         return found[0] if found else ("", "")
 
 
@@ -184,6 +205,21 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[ToolDef] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+
+    def functions(self) -> list[FunctionDef]:
+        try:
+            return functions_to_call(self.tools, self.tool_choice)
+        except ToolError as exc:
+            raise ApiError(400, str(exc), param="tool_choice") from None
+
+    def turns(self) -> list[tuple[str, str]]:
+        """The conversation as (role, text), the functions to call shown in its system
+        message."""
+        turns = [(t.role, t.text()) for t in self.messages]
+        functions = self.functions()
+        return with_tools_prompt(turns, functions) if functions else turns
 
 
 class CompletionRequest(SamplingFields):
@@ -241,7 +277,7 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
     if isinstance(req, ChatCompletionRequest):
         limit = req.max_completion_tokens or req.max_tokens
         return GenerationRequest(
-            messages=[ChatMessage(t.role, t.text()) for t in req.messages],
+            messages=[ChatMessage(role, text) for role, text in req.turns()],
             max_tokens=limit or 0, chat=True, logprobs=req.logprobs,
             top_logprobs=req.top_logprobs or 0, **common)
     return GenerationRequest(
@@ -298,9 +334,11 @@ class ResponseShape:
     """Builds one request's chunks and reply: ids, timestamps and the model are fixed;
     ``index`` names the choice a chunk belongs to."""
 
-    def __init__(self, chat: bool, request_id: str, model: str, per_prompt: int = 1) -> None:
+    def __init__(self, chat: bool, request_id: str, model: str, per_prompt: int = 1,
+                 tools: bool = False) -> None:
         self.chat, self.model = chat, model
         self.per_prompt = per_prompt  # choices per prompt (n): a batch's prompts in turn
+        self.tools = tools  # each choice is a tool call (serve.tools)
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
         self.text_offsets: dict[int, int] = {}  # per choice: where its next chunk's text starts
@@ -338,12 +376,26 @@ class ResponseShape:
         return {**self._envelope(kind), "choices": choices,
                 "usage": usage(dones, self.per_prompt)}
 
+    def calls(self, done: GenerationDone) -> list[dict[str, Any]] | None:
+        """A finished choice's tool calls (None: it is text, or was cut short)."""
+        return tool_calls(done.text) if self.tools and done.stop_reason in ("eos", "stop") \
+            else None
+
+    def tool_chunk(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        """A streamed choice's tool calls, whole, in one chunk."""
+        delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
+
     def _choice(self, index: int, done: GenerationDone,
                 logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": done.text},
+            calls = self.calls(done)
+            message = {"role": "assistant", "content": None, "tool_calls": calls} if calls \
+                else {"role": "assistant", "content": done.text}
+            return {"index": index, "message": message,
                     "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
-                    "finish_reason": finish_reason(done)}
+                    "finish_reason": "tool_calls" if calls else finish_reason(done)}
         return {"index": index, "text": done.text,
                 "logprobs": text_logprobs(logprobs) if logprobs is not None else None,
                 "finish_reason": finish_reason(done)}
