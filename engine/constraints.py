@@ -53,9 +53,15 @@ def grammar_definition(kind: str, text: str) -> str:
             schema = json.loads(text)
         except ValueError as exc:
             raise RequestRefused(f"the JSON schema is not JSON: {exc}") from exc
+        if schema is False:
+            raise RequestRefused("the JSON schema false admits no output")
         if not isinstance(schema, dict | bool):
-            raise RequestRefused("a JSON schema is an object (or true / false)")
-        return llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
+            raise RequestRefused("a JSON schema is an object (or true)")
+        try:
+            return llg.LLMatcher.grammar_from_json_schema({} if schema is True else schema,
+                                                          defaults=JSON_LAYOUT)
+        except ValueError as exc:
+            raise RequestRefused(f"the JSON schema cannot be used: {exc}") from exc
     if kind == "regex":  # \d means [0-9], as users mean it (Rust's is any Unicode digit)
         return llg.LLMatcher.grammar_from_regex(llg.regex_to_lark(text, "d"))
     if kind == "grammar":

@@ -139,6 +139,7 @@ def test_an_output_cut_by_max_tokens_is_a_prefix_of_the_grammar(tokenizer, compi
     ("json_schema", '{"type": "frob"}', "frob"),
     ("json_schema", "{not json", "not JSON"),
     ("json_schema", "[1, 2]", "is an object"),
+    ("json_schema", "false", "admits no output"),
     ("regex", "[a-z+", "unclosed character class"),
     ("grammar", "root ::= (", ""),
     ("choice", "[]", "1..256 non-empty strings"),
@@ -149,6 +150,16 @@ def test_an_output_cut_by_max_tokens_is_a_prefix_of_the_grammar(tokenizer, compi
 def test_bad_grammars_are_refused_with_the_reason(compiler, kind, text, why) -> None:
     with pytest.raises(RequestRefused, match=re.escape(why)):
         compiler.constraint(kind, text)
+
+
+def test_the_schema_true_admits_any_json(tokenizer, compiler) -> None:
+    text, session = generate(tokenizer, compiler.constraint("json_schema", "true"),
+                             max_tokens=300)
+    if session.grammar_complete:
+        json.loads(text)  # a whole JSON value
+    else:
+        assert len(session.emitted) == 300  # cut by max_tokens
+    assert text[:1] and text[0] in '{["-0123456789tfn', text
 
 
 def test_requests_name_a_grammar_with_its_kind() -> None:

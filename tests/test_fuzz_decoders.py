@@ -124,13 +124,23 @@ def test_any_multipart_is_a_service_message_or_refused(frames_: list[bytes]) -> 
 @pytest.mark.parametrize("model", ["chat", "completion"])
 def test_any_json_is_an_api_request_or_a_validation_error(model: str) -> None:
     pydantic = pytest.importorskip("pydantic")
-    from serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, to_generation
+    from serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, to_generations
 
     cls = ChatCompletionRequest if model == "chat" else CompletionRequest
+    shaped = {  # near-valid shapes of the structured-output and tool fields, and any JSON
+        "response_format": JSON | st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "json_object", "json_schema"])},
+            optional={"json_schema": st.fixed_dictionaries({}, optional={"schema": JSON})}),
+        "tools": JSON | st.lists(st.fixed_dictionaries(
+            {"type": st.just("function"), "function": st.fixed_dictionaries(
+                {"name": st.text(max_size=8)}, optional={"parameters": JSON})}), max_size=3),
+        "tool_choice": JSON | st.sampled_from(["none", "auto", "required"]),
+        "zctl": JSON | st.fixed_dictionaries({}, optional={
+            "regex": st.text(max_size=12), "grammar": st.text(max_size=12), "choice": JSON})}
     fields = {"model": st.text(max_size=8), "messages": JSON, "prompt": JSON,
               "max_tokens": JSON, "temperature": JSON, "top_p": JSON, "stop": JSON,
               "n": JSON, "logprobs": JSON, "top_logprobs": JSON, "seed": JSON,
-              "stream": JSON, "zctl": JSON}
+              "stream": JSON, **shaped}
 
     @settings(FUZZ, max_examples=API_EXAMPLES)
     @given(st.fixed_dictionaries({}, optional=fields))
@@ -140,7 +150,8 @@ def test_any_json_is_an_api_request_or_a_validation_error(model: str) -> None:
         except pydantic.ValidationError:
             return
         try:
-            to_generation(req, "r")
+            for gen in to_generations(req, "r"):
+                gen.problem()
         except ApiError as exc:
             assert str(exc)
 
@@ -149,3 +160,36 @@ def test_any_json_is_an_api_request_or_a_validation_error(model: str) -> None:
 
 def test_the_fuzzed_shapes_stay_inside_the_limits() -> None:
     assert MAX_ROWS >= 4  # the frames strategy stays within what a header may hold
+
+
+def test_any_grammar_compiles_or_is_refused(tiny_llama_dir) -> None:
+    """What a request may hold its output to (engine.constraints), fuzzed: any JSON as a
+    schema, any text as a regex, a grammar or choices, compiles to a constraint whose
+    mask and forced tokens can be read, or is refused with RequestRefused."""
+    from engine.constraints import GrammarCompiler
+    from engine.requests import RequestRefused
+    from engine.tokenizer import ChatTokenizer
+
+    tokenizer = ChatTokenizer(tiny_llama_dir)
+    compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
+                               [tokenizer.eos_token_id])
+    texts = st.text(max_size=24) | JSON.map(json.dumps)
+    kinds = st.sampled_from(["json_schema", "regex", "grammar", "choice"])
+
+    @settings(FUZZ, max_examples=300)
+    @given(kinds, texts)
+    def check(kind: str, text: str) -> None:
+        try:
+            constraint = compiler.constraint(kind, text)
+        except RequestRefused as exc:
+            assert str(exc)
+            return
+        try:
+            row = constraint.mask(np.zeros(tokenizer.vocab_size))
+        except RuntimeError as exc:  # a grammar nothing can satisfy: the stream fails alone
+            assert "allows no token" in str(exc)
+            return
+        assert row.shape == (tokenizer.vocab_size,) and np.isfinite(row).any()
+        assert all(0 <= t < tokenizer.vocab_size for t in constraint.forced())
+
+    check()
