@@ -123,11 +123,13 @@ class GenerationService:
     def counters(self) -> dict[str, int]:
         """Requests taken, malformed, failed, cancelled, the most streams at once, clients
         found unreachable, and draft tokens proposed and accepted (spec_drafted,
-        spec_accepted), and the prefix cache's (prefix_*: GenerationEngine.prefix_counters)."""
+        spec_accepted), the prefix cache's (prefix_*: GenerationEngine.prefix_counters), and
+        structured output's (structured_requests, forced_tokens)."""
         drafted, accepted = self.engine.speculative_totals()
         return {**self.engine.counters, "malformed": self._malformed,
                 "unreachable": self._unreachable, "spec_drafted": drafted,
-                "spec_accepted": accepted, **self.engine.prefix_counters()}
+                "spec_accepted": accepted, **self.engine.prefix_counters(),
+                **self.engine.structured_counters()}
 
     @property
     def stop_ids(self) -> list[int]:

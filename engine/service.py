@@ -145,8 +145,10 @@ class GenerationEngine:
         self.kv_budget_tokens = kv_budget_tokens
         self.prefix_cache_tokens = prefix_cache_tokens  # 0: no prefix cache
         self.prefix_stats = PrefixCacheStats()
-        self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0}
+        self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0,
+                         "structured": 0}  # structured: generations held to a grammar
         self._spec_finished = [0, 0]  # draft tokens proposed, accepted by finished generations
+        self._forced_finished = 0  # grammar-forced tokens of finished generations
         self._scheduler: StreamScheduler | None = None
         self._jobs: dict[int, _Job] = {}  # by stream id
         self._waiting: deque[tuple[Hashable, GenerationRequest]] = deque()
@@ -179,6 +181,12 @@ class GenerationEngine:
             proposed += job.session.spec.proposed
             accepted += job.session.spec.accepted
         return proposed, accepted
+
+    def structured_counters(self) -> dict[str, int]:
+        """Generations held to a grammar (started so far), and the tokens their grammars
+        forced, fed without a step of their own (finished and running generations)."""
+        forced = self._forced_finished + sum(j.session.forced_fed for j in self._jobs.values())
+        return {"structured_requests": self.counters["structured"], "forced_tokens": forced}
 
     def prefix_counters(self) -> dict[str, int]:
         """The prefix cache's figures: lookups, hits, prompt tokens saved, evictions (all
@@ -300,6 +308,7 @@ class GenerationEngine:
                 self._refuse(client, req, f"{type(exc).__name__}: {exc}", UNAVAILABLE)
                 continue
             self.grammars.forget(id(req))
+            self.counters["structured"] += bool(req.grammar_kind)
             self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer),
                                          StopMatcher(req.stop))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
@@ -491,6 +500,7 @@ class GenerationEngine:
         del self._jobs[session.stream_id]
         self._spec_finished[0] += session.spec.proposed
         self._spec_finished[1] += session.spec.accepted
+        self._forced_finished += session.forced_fed
         produced = session.emitted[:job.kept] if job.stopped else session.emitted
         self._flush_text(job, produced)
         reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled,

@@ -167,6 +167,7 @@ class DecodeSession:
         self._position = self.prompt.size  # logical position of the last emitted token
         self._draft: list[int] = []
         self._forced: list[int] = []  # tokens the grammar forces, fed after the last one
+        self.forced_fed = 0  # ... so far: emitted without a step of their own (jump-forward)
         self._rewind = 0
         self._draft_ms: list[float] = []  # drafter time per proposed token
         self.k_cap: int | None = None  # adaptive K's ceiling, set by the scheduler under load
@@ -402,6 +403,7 @@ class DecodeSession:
         if forced:  # emitted first (the grammar follows them); the step's last row answers
             self._forced, reply = [], last_row(reply)
             out = self._emit(forced, now)
+            self.forced_fed += len(forced)
             self._position += len(forced)
             if self.done:  # they completed the grammar
                 return out

@@ -65,6 +65,13 @@ def cluster_metrics(stats: ServiceStats, model: str) -> list[Metric]:
     for family, key in zip(prefix, ("prefix_lookups", "prefix_hits", "prefix_tokens_saved",
                                     "prefix_evictions"), strict=True):
         family.add_metric([model], stats.counters.get(key, 0))
+    structured = [CounterMetricFamily(name, doc, labels=["model_name"]) for name, doc in (
+        ("zctl_structured_requests", "Generations held to a grammar (a JSON Schema, regex, "
+                                     "grammar, choices or a tool call)"),
+        ("zctl_forced_tokens", "Tokens a grammar forced, fed without a step of their own "
+                               "(jump-forward)"))]
+    for family, key in zip(structured, ("structured_requests", "forced_tokens"), strict=True):
+        family.add_metric([model], stats.counters.get(key, 0))
     cached = GaugeMetricFamily("zctl_prefix_cache_tokens", "Tokens of KV held as cached "
                                "prefixes on each stage", labels=["model_name"])
     cached.add_metric([model], stats.counters.get("prefix_cached_tokens", 0))
@@ -89,7 +96,7 @@ def cluster_metrics(stats: ServiceStats, model: str) -> list[Metric]:
                                {str(s.index): s.compute_ms for s in stats.stages})
     network = histogram_family("zctl_hop_network_seconds", "Network time of a step's frame "
                                "on the hop", "hop", {h.name: h.network_ms for h in stats.hops})
-    return [running, waiting, drafted, accepted, *prefix, cached, node_up, stage_up, kv,
+    return [running, waiting, drafted, accepted, *prefix, cached, *structured, node_up, stage_up, kv,
             hop_bytes, compute, network]
 
 

@@ -120,3 +120,22 @@ def test_bad_formats_are_400s_and_the_server_keeps_serving(server, body, why) ->
     reply = client.chat.completions.create(model=ts.MODEL, messages=ASK, max_tokens=4,
                                            extra_body={"zctl": {"regex": "ok"}})
     assert reply.choices[0].message.content == "ok"
+
+
+def test_metrics_count_structured_requests_and_forced_tokens(server) -> None:
+    import httpx
+
+    def counted() -> dict[str, float]:
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith(("zctl_structured_requests_total{",
+                                    "zctl_forced_tokens_total{"))}
+
+    before = counted()
+    server.client().chat.completions.create(model=ts.MODEL, messages=ASK, max_tokens=200,
+                                            temperature=0, response_format=PERSON_FORMAT)
+    server.client().chat.completions.create(model=ts.MODEL, messages=ASK, max_tokens=4)
+    after = counted()
+    assert after["zctl_structured_requests_total"] == before["zctl_structured_requests_total"] + 1
+    # the schema's keys and punctuation: '{"name": "', '", "age": ', ... fed by jump-forward
+    assert after["zctl_forced_tokens_total"] >= before["zctl_forced_tokens_total"] + 8
