@@ -70,10 +70,9 @@ def new_session(stream_id: int, req: GenerationRequest, ids: Sequence[int],
                               req.presence_penalty, req.frequency_penalty, biases)
     top = req.top_logprobs if req.logprobs else None
     reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
-    if constraint is not None:  # held to a grammar: decoded without speculation
-        return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads,
-                             constraint=constraint)
-    if not req.speculative:
+    if constraint is not None:  # held to a grammar: drafts checked by it, not pipelined
+        reads["constraint"] = constraint
+    if not req.speculative or (constraint is not None and req.speculative == "pipelined"):
         return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads)
     if req.speculative == "pipelined":
         return PipelinedSession(stream_id, ids, req.max_tokens, stops, width=req.k or None,

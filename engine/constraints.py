@@ -106,6 +106,38 @@ class TokenConstraint:
         out[~allowed] = -np.inf
         return out
 
+    def mask_rows(self, rows: np.ndarray, draft: Sequence[int]) -> np.ndarray:
+        """A speculative step's rows masked: row i with the grammar after ``draft[:i]``
+        (the drafts are ones ``usable_drafts`` kept); the grammar is left as it was."""
+        taken = 0
+        try:
+            for i in range(rows.shape[0]):
+                rows[i] = self.mask(rows[i])
+                if i < len(draft):
+                    self.accept(draft[i])
+                    taken += 1
+        finally:
+            if taken:
+                self._matcher.rollback(taken)
+        return rows
+
+    def usable_drafts(self, draft: Sequence[int]) -> list[int]:
+        """The drafts a constrained step may feed: the longest prefix the grammar allows
+        after which no forced run begins (there plain decoding feeds llguidance's forced
+        tokens, which a draft or the token after it could spell otherwise, so the output
+        stays what plain decoding gives). The grammar is left as it was."""
+        matcher, taken = self._matcher, 0
+        for token in list(draft)[:matcher.validate_tokens(list(draft))]:
+            matcher.consume_token(int(token))
+            taken += 1
+            if matcher.compute_ff_tokens() or matcher.is_stopped():
+                taken -= 1
+                matcher.rollback(1)
+                break
+        if taken:
+            matcher.rollback(taken)
+        return [int(t) for t in draft[:taken]]
+
     def accept(self, token: int) -> None:
         """Follow the output with its next ``token`` (one the mask allowed)."""
         if not self._matcher.consume_token(int(token)):

@@ -130,12 +130,9 @@ class DecodeSession:
         # (to sample, or for greedy decoding over penalised or biased logits)
         self.sampling = sampling if sampling is not None and (
             not sampling.greedy or sampling.adjusts_logits) else None
-        # the grammar the output is held to (engine.constraints): the logits are read, and
-        # a constrained stream decodes without drafts (a mask per draft position is not kept)
+        # the grammar the output is held to (engine.constraints): the logits are read
         self.constraint = constraint
         if constraint is not None:
-            if k:
-                raise ValueError("a constrained stream decodes without drafts (k = 0)")
             self.sampling = self.sampling or sampling or SamplingParams()
         self._rng = self.sampling.rng() if self.sampling is not None else None
         self.top_logprobs = top_logprobs  # None: no logprobs; else the alternatives per token
@@ -280,6 +277,9 @@ class DecodeSession:
         if self._decode_start is None:
             self._decode_start = now
         k_now = min(self.choose_k(), self.max_new_tokens - self.stats.new_tokens - 1)
+        self._forced = self._forced_tokens()
+        if self._forced:  # the grammar's forced tokens ride instead of drafts
+            k_now = 0
         self.k_used.append(k_now)
         draft: list[int] = []
         if k_now > 0:
@@ -287,8 +287,9 @@ class DecodeSession:
             draft = [int(t) for t in self.drafter.propose(self.history, k_now)][:k_now]
             if draft:
                 self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(draft))
+            if self.constraint is not None:
+                draft = self.constraint.usable_drafts(draft)
         self._draft = draft
-        self._forced = [] if draft else self._forced_tokens()
         self._planned_at = time.perf_counter()  # the step's cost excludes drafting
         fed = len(draft) + 1 + len(self._forced)
         token = self.emitted[-1]
@@ -460,18 +461,18 @@ class DecodeSession:
         else:
             assert self._rng is not None and reply.logits is not None
             rows = self._constrained(adjust_logits(reply.logits, self.sampling, self.emitted,
-                                                   draft))
+                                                   draft), draft)
             if not self.sampling.greedy:
                 return speculative_sample(draft, target_probs(rows, self.sampling), self._rng)
             target = rows.argmax(axis=-1).tolist()  # greedy over penalised or biased logits
         n = accept_prefix(draft, target)
         return n, target[n]
 
-    def _constrained(self, rows: np.ndarray) -> np.ndarray:
-        """Row 0 of a step's adjusted logits masked to the tokens the grammar allows (a
-        constrained step feeds no drafts, so it is the only row read)."""
+    def _constrained(self, rows: np.ndarray, draft: Sequence[int] = ()) -> np.ndarray:
+        """A step's adjusted logits masked to the tokens the grammar allows: row i after
+        the drafts before it."""
         if self.constraint is not None:
-            rows[0] = self.constraint.mask(rows[0])
+            rows = self.constraint.mask_rows(rows, draft)
         return rows
 
     @property

@@ -41,7 +41,11 @@ def test_the_session_a_request_becomes() -> None:
     grammar = new_session(0, GenerationRequest("r", "hi", 8, speculative="lookup", k=4,
                                                grammar_kind="regex", grammar="a+"),
                           ids, LIMITS, held)
-    assert grammar.constraint is held and grammar.k == 0  # no drafts beside a grammar
+    assert grammar.constraint is held and grammar.k == 4  # drafts, checked by the grammar
+    piped = new_session(0, GenerationRequest("r", "hi", 8, speculative="pipelined",
+                                             grammar_kind="regex", grammar="a+"),
+                        ids, LIMITS, held)
+    assert type(piped).__name__ == "DecodeSession" and piped.constraint is held  # not piped
     with pytest.raises(RequestRefused, match="no draft models"):
         new_session(0, GenerationRequest("r", "hi", 8, speculative="draft:/x"), ids, LIMITS)
     with pytest.raises(RequestRefused, match="beyond the model's vocabulary of 50"):

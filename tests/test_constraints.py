@@ -170,9 +170,64 @@ def test_requests_name_a_grammar_with_its_kind() -> None:
         assert GenerationRequest("r", "hi", **bad).problem() is not None
 
 
-def test_a_constrained_stream_takes_no_drafts(compiler) -> None:
-    with pytest.raises(ValueError, match="without drafts"):
-        DecodeSession(0, [1, 2], 8, k=2, constraint=compiler.constraint("regex", "a+"))
+def test_drafts_stop_where_the_grammar_forces_tokens(tokenizer, compiler) -> None:
+    """usable_drafts keeps the drafts the grammar allows up to where a forced run begins,
+    and leaves the grammar as it was; mask_rows masks each row after the drafts before it."""
+    constraint = compiler.constraint("json_schema", json.dumps(PERSON))
+    start = constraint.forced()
+    assert start  # '{"name": "' is forced at first
+    for token in start:
+        constraint.accept(token)
+    text = 'Ann", "age": 7, "pet": "cat"}'
+    draft = tokenizer.backend.encode(text, add_special_tokens=False).ids
+    kept = constraint.usable_drafts(draft)
+    assert draft[:len(kept)] == kept and tokenizer.decode(kept) == "Ann"  # the string's
+    # closing quote is dropped: the forced run ', "age": ' begins after it
+    assert not constraint.forced()  # the grammar is where it was
+    newline = tokenizer.backend.encode("\n", add_special_tokens=False).ids
+    assert constraint.usable_drafts(newline) == []  # a raw newline inside a JSON string
+    rows = constraint.mask_rows(np.zeros((len(kept) + 1, tokenizer.vocab_size)), kept)
+    for i, token in enumerate(kept):
+        assert np.isfinite(rows[i, token])
+    assert not constraint.forced() and np.isfinite(constraint.mask(np.zeros(
+        tokenizer.vocab_size))[kept[0]])  # the grammar is where it was
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["stateful", "paged"])
+def test_lookup_drafts_checked_by_the_grammar_give_plain_decodings_tokens(dp_export2,
+                                                                           paged) -> None:
+    """With drafts (prompt lookup) a constrained stream emits exactly the tokens it emits
+    without: each draft is masked and verified, and drafts stop where forced runs begin."""
+    from dataplane.local_chain import LocalChain
+    from dataplane.runtime import RuntimeConfig
+    from engine.drafting import LookupDrafter
+
+    chain = LocalChain.load(str(dp_export2), RuntimeConfig(
+        precision="f32", kv_cache_precision="f32", dynamic_quantization=False,
+        paged_attention=paged))
+    tokenizer = ChatTokenizer(dp_export2)
+    compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
+                               [tokenizer.eos_token_id])
+    eos = [tokenizer.eos_token_id]
+    schema = json.dumps({"type": "object", "required": ["a", "b"], "additionalProperties": False,
+                         "properties": {"a": {"type": "string", "maxLength": 24},
+                                        "b": {"type": "string", "maxLength": 24}}})
+    prompt = tokenizer.encode('copy {"a": "one two three", "b": "one two three"} and '
+                              '{"a": "one two three"', chat=True)
+    for temperature in (0.0, 1.0):
+        sampling = SamplingParams(temperature, seed=5)
+        plain = DecodeSession(1, prompt, 60, eos, sampling=sampling,
+                              constraint=compiler.constraint("json_schema", schema))
+        want = list(run_session(chain, plain))
+        drafted = DecodeSession(2, prompt, 60, eos, sampling=sampling, k=4,
+                                drafter=LookupDrafter(),
+                                constraint=compiler.constraint("json_schema", schema))
+        got = list(run_session(chain, drafted))
+        assert drafted.spec.proposed > 0  # drafts were checked
+        if temperature == 0:
+            assert got == want
+        text = tokenizer.decode([t for t in got if t not in eos])
+        assert drafted.grammar_complete and set(json.loads(text)) == {"a", "b"}
 
 
 def test_forced_tokens_ride_in_one_step(tokenizer, compiler) -> None:
