@@ -7,7 +7,14 @@ for a JSON object, and its schema), interleaved, the order alternated run by run
 * ``schema``: the request holds the output to the schema (``grammar_kind="json_schema"``,
   engine.constraints); it ends when the object is complete;
 * ``free``: the same prompt unconstrained, for as many tokens as the schema run took
-  (EOS ignored), the baseline.
+  (EOS ignored), the baseline;
+* with ``--lookup``, ``lookup``: held to the schema with prompt-lookup speculation
+  (adaptive K), its drafts checked by the grammar (``lookup_ratio`` over free,
+  ``lookup_over_schema`` over the schema run, ``lookup_same``: runs whose output equals
+  the schema run's of the same round).
+
+Six tasks invent an object; two extract one from text in the prompt, whose values
+lookup can copy.
 
 A warm-up pass first builds the grammar compiler (``first_request_extra_ms``: how much
 longer the first schema request took end to end than the same request's median later)
@@ -19,7 +26,7 @@ the right JSON type; ``free_json`` counts free outputs that parse as JSON at all
 model asked for JSON, without a constraint).
 
     python -m tools.bench_structured [--model smollm2-135m] [--weights int8] [--runs 3]
-        [--cpu-sets shared] [--json]
+        [--cpu-sets shared] [--lookup] [--json]
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import json
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -78,6 +85,16 @@ TASKS: list[tuple[str, str, dict[str, Any]]] = [
      _obj({"topic": {"type": "string"}, "date": {"type": "string",
                                                  "pattern": r"^\d{4}-\d{2}-\d{2}$"},
            "online": {"type": "boolean"}})),
+    ("contact", "Extract the name, the email and the city from this message as JSON: 'Hi, "
+     "I am Maria Lopez (maria.lopez@example.com), writing from Valencia about my order.'",
+     _obj({"name": {"type": "string"}, "email": {"type": "string", "maxLength": 60},
+           "city": {"type": "string", "maxLength": 40}})),
+    ("invoice", "Extract the invoice number, the due date and the total as JSON from: "
+     "'Invoice INV-2041 for the Harbor Street office is due on 2024-03-15; the total is "
+     "1250.50.'",
+     _obj({"invoice": {"type": "string", "maxLength": 20},
+           "due": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"},
+           "total": {"type": "number"}})),
 ]
 JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
               "array": list}
@@ -109,12 +126,12 @@ def parses(text: str) -> bool:
     return True
 
 
-def run_schema(serve: str, text: str, schema: Mapping[str, Any]) -> Any:
+def run_schema(serve: str, text: str, schema: Mapping[str, Any], speculative: str = "") -> Any:
     return generate_done(serve, text, MAX_TOKENS, grammar_kind="json_schema",
-                         grammar=json.dumps(schema))
+                         grammar=json.dumps(schema), speculative=speculative)
 
 
-def measure(serve: str, runs: int) -> tuple[list[dict[str, Any]], float]:
+def measure(serve: str, runs: int, lookup: bool = False) -> tuple[list[dict[str, Any]], float]:
     """Every task's entry, and how much longer the first schema request took, end to end,
     than the same request's median later (the engine builds its grammar compiler)."""
     start = time.perf_counter()
@@ -122,15 +139,17 @@ def measure(serve: str, runs: int) -> tuple[list[dict[str, Any]], float]:
     first_ms = (time.perf_counter() - start) * 1e3
     warm += [run_schema(serve, text, schema) for _, text, schema in TASKS[1:]]
     counts = [max(2, len(done.tokens)) for done in warm]
-    samples: list[dict[str, list[Any]]] = [{"schema": [], "free": []} for _ in TASKS]
+    systems = ("schema", "free", "lookup") if lookup else ("schema", "free")
+    samples: list[dict[str, list[Any]]] = [{s: [] for s in systems} for _ in TASKS]
     later_ms: list[float] = []
     for run in range(runs):
         for i, (_, text, schema) in enumerate(TASKS):
-            order = ("schema", "free") if run % 2 == 0 else ("free", "schema")
+            order = systems if run % 2 == 0 else systems[::-1]
             for system in order:
                 start = time.perf_counter()
-                done = (run_schema(serve, text, schema) if system == "schema"
-                        else generate_done(serve, text, counts[i]))
+                done = (generate_done(serve, text, counts[i]) if system == "free"
+                        else run_schema(serve, text, schema,
+                                        "lookup" if system == "lookup" else ""))
                 samples[i][system].append(done)
                 if i == 0 and system == "schema":
                     later_ms.append((time.perf_counter() - start) * 1e3)
@@ -152,7 +171,22 @@ def task_entry(name: str, schema: Mapping[str, Any], tokens: int,
         "schema_valid": sum(holds(d.text, schema) for d in schema_runs),
         "free_json": sum(parses(d.text) for d in free_runs), "runs": len(schema_runs),
         "schema_text": schema_runs[-1].text, "free_text": free_runs[-1].text,
+        **lookup_figures(samples.get("lookup", []), schema_runs, free_runs, schema),
     }
+
+
+def lookup_figures(lookup_runs: Sequence[Any], schema_runs: Sequence[Any],
+                   free_runs: Sequence[Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The lookup system's figures for a task (none when it did not run)."""
+    if not lookup_runs:
+        return {}
+    speeds = [d.tok_s for d in lookup_runs]
+    return {"lookup_tok_s": statistics.median(speeds),
+            "lookup_ratio": paired_ratio(speeds, [d.tok_s for d in free_runs]),
+            "lookup_over_schema": paired_ratio(speeds, [d.tok_s for d in schema_runs]),
+            "lookup_valid": sum(holds(d.text, schema) for d in lookup_runs),
+            "lookup_same": sum(a.text == b.text for a, b in zip(lookup_runs, schema_runs,
+                                                                 strict=True))}
 
 
 def render(result: Mapping[str, Any], console: Console) -> None:
@@ -166,13 +200,24 @@ def render(result: Mapping[str, Any], console: Console) -> None:
                       f"{e['schema_ttft_ms']:.0f} / {e['free_ttft_ms']:.0f}",
                       f"{e['schema_valid']}/{e['runs']}", f"{e['free_json']}/{e['runs']}")
     console.print(table)
+    if "mean_lookup_ratio" in result:
+        for e in result["tasks"]:
+            console.print(f"{e['task']}: lookup {e['lookup_tok_s']:.1f} tok/s, "
+                          f"{e['lookup_ratio']:.3f}x free, {e['lookup_over_schema']:.3f}x "
+                          f"schema, valid {e['lookup_valid']}/{e['runs']}, same as schema "
+                          f"{e['lookup_same']}/{e['runs']}")
+        console.print(f"mean lookup ratio {result['mean_lookup_ratio']:.3f} "
+                      f"(over schema {result['mean_lookup_over_schema']:.3f})")
     console.print(f"mean ratio {result['mean_ratio']:.3f}; the first schema request took "
                   f"{result['first_request_extra_ms']:.0f} ms longer (it builds the grammar "
                   "compiler)")
 
 
 def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 3,
-         cpu_sets: CpuSets = "shared", as_json: Json = False) -> None:
+         cpu_sets: CpuSets = "shared",
+         lookup: Annotated[bool, typer.Option(help="also run each schema request with "
+                                                   "prompt-lookup speculation")] = False,
+         as_json: Json = False) -> None:
     from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
 
     if runs < 1:
@@ -183,10 +228,14 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 
                                  bench_model.cache / "bench-structured", cpu_sets=cpu_sets)
     try:
         wait_serving(record, 300)
-        entries, first_extra = measure(record.serve, runs)
+        entries, first_extra = measure(record.serve, runs, lookup)
     finally:
         stop_processes(record.pids)
     result = {"mean_ratio": statistics.mean(e["ratio"] for e in entries),
+              **({"mean_lookup_ratio": statistics.mean(e["lookup_ratio"] for e in entries),
+                  "mean_lookup_over_schema": statistics.mean(e["lookup_over_schema"]
+                                                             for e in entries)}
+                 if lookup else {}),
               "first_request_extra_ms": first_extra, **run_record(), "model": model,
               "weights": weights, "runs": runs, "cpu_sets": cpu_sets, "tasks": entries}
     if as_json:
