@@ -28,7 +28,8 @@ def test_holds_checks_keys_types_and_enums() -> None:
 
 def test_a_task_entry_pairs_its_runs() -> None:
     def done(tok_s: float, text: str) -> SimpleNamespace:
-        return SimpleNamespace(tok_s=tok_s, ttft_ms=20.0, text=text)
+        return SimpleNamespace(tok_s=tok_s, ttft_ms=20.0, text=text,
+                               stop_reason="eos" if text.endswith("}") else "max_tokens")
 
     good = '{"name": "Ann", "age": 30, "city": "Oslo"}'
     entry = task_entry("person", PERSON, 12, {
@@ -37,6 +38,7 @@ def test_a_task_entry_pairs_its_runs() -> None:
     assert entry["ratio"] == pytest.approx(0.9)  # the median of 0.9, 1.0, 0.8
     assert (entry["schema_tok_s"], entry["free_tok_s"]) == (45.0, 50.0)
     assert (entry["schema_valid"], entry["free_json"], entry["runs"]) == (2, 1, 3)
+    assert entry["schema_cut"] == 1
     assert "lookup_ratio" not in entry  # the lookup system did not run
     with_lookup = task_entry("person", PERSON, 12, {
         "schema": [done(40.0, good), done(50.0, good)], "free": [done(50.0, "x")] * 2,
@@ -44,6 +46,7 @@ def test_a_task_entry_pairs_its_runs() -> None:
     assert with_lookup["lookup_ratio"] == pytest.approx(1.1)  # median of 1.2 and 1.0
     assert with_lookup["lookup_over_schema"] == pytest.approx(1.25)  # of 1.5 and 1.0
     assert (with_lookup["lookup_valid"], with_lookup["lookup_same"]) == (1, 1)
+    assert with_lookup["lookup_cut"] == 1
 
 
 def test_every_task_schema_compiles(tiny_llama_dir) -> None:

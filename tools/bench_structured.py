@@ -18,12 +18,13 @@ lookup can copy.
 
 A warm-up pass first builds the grammar compiler (``first_request_extra_ms``: how much
 longer the first schema request took end to end than the same request's median later)
-and fixes each task's token count. Decode throughput is the
-service's ``GenerateDone.tok_s`` (tokens after the first over their time); per task the
-medians, and the ratio schema / free paired run by run; ``mean_ratio`` is the mean over
-tasks. ``schema_valid`` counts schema outputs that parse and hold every required key of
-the right JSON type; ``free_json`` counts free outputs that parse as JSON at all (the
-model asked for JSON, without a constraint).
+and fixes each task's token count. Decode throughput is the service's
+``GenerateDone.tok_s`` (tokens after the first over their time); per task the medians,
+and the ratio schema / free paired run by run; ``mean_ratio`` is the mean over tasks.
+``schema_valid`` counts schema outputs that parse and hold every required key of the
+right JSON type (``schema_cut``: those ``MAX_TOKENS`` cut short, a valid prefix);
+``free_json`` counts free outputs that parse as JSON at all (the model asked for JSON,
+without a constraint).
 
     python -m tools.bench_structured [--model smollm2-135m] [--weights int8] [--runs 3]
         [--cpu-sets shared] [--lookup] [--json]
@@ -169,6 +170,7 @@ def task_entry(name: str, schema: Mapping[str, Any], tokens: int,
         "schema_ttft_ms": statistics.median(d.ttft_ms for d in schema_runs),
         "free_ttft_ms": statistics.median(d.ttft_ms for d in free_runs),
         "schema_valid": sum(holds(d.text, schema) for d in schema_runs),
+        "schema_cut": sum(d.stop_reason == "max_tokens" for d in schema_runs),
         "free_json": sum(parses(d.text) for d in free_runs), "runs": len(schema_runs),
         "schema_text": schema_runs[-1].text, "free_text": free_runs[-1].text,
         **lookup_figures(samples.get("lookup", []), schema_runs, free_runs, schema),
@@ -185,6 +187,7 @@ def lookup_figures(lookup_runs: Sequence[Any], schema_runs: Sequence[Any],
             "lookup_ratio": paired_ratio(speeds, [d.tok_s for d in free_runs]),
             "lookup_over_schema": paired_ratio(speeds, [d.tok_s for d in schema_runs]),
             "lookup_valid": sum(holds(d.text, schema) for d in lookup_runs),
+            "lookup_cut": sum(d.stop_reason == "max_tokens" for d in lookup_runs),
             "lookup_same": sum(a.text == b.text for a, b in zip(lookup_runs, schema_runs,
                                                                  strict=True))}
 
