@@ -163,7 +163,8 @@ class GrammarCompiler:
         if not eos_ids:
             raise ValueError("structured output needs the model's end-of-sequence token")
         self.vocab = vocab
-        self._tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=eos_ids[0])
+        self._tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=vocab,
+                                          eos_token=[int(t) for t in eos_ids])
         self._llg = llg
 
     def constraint(self, kind: str, text: str) -> TokenConstraint:

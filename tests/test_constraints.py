@@ -162,6 +162,16 @@ def test_the_schema_true_admits_any_json(tokenizer, compiler) -> None:
     assert text[:1] and text[0] in '{["-0123456789tfn', text
 
 
+def test_every_stop_token_may_end_an_output_the_grammar_accepts(tokenizer) -> None:
+    stops = [tokenizer.eos_token_id, tokenizer.backend.token_to_id("</s>")]
+    compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size, stops)
+    constraint = compiler.constraint("regex", "a+")
+    for token in tokenizer.backend.encode("a", add_special_tokens=False).ids:
+        constraint.accept(token)
+    row = constraint.mask(np.zeros(tokenizer.vocab_size))
+    assert all(np.isfinite(row[t]) for t in stops) and not constraint.complete
+
+
 def test_requests_name_a_grammar_with_its_kind() -> None:
     assert GenerationRequest("r", "hi", grammar_kind="regex", grammar="a+").problem() is None
     for bad in (dict(grammar_kind="regex"), dict(grammar="a+"),
