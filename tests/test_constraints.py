@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,6 +57,20 @@ def tokenizer(tiny_llama_dir: Path) -> ChatTokenizer:
 def compiler(tokenizer: ChatTokenizer) -> GrammarCompiler:
     return GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
                            [tokenizer.eos_token_id])
+
+
+def exact_chain(export_dir: Path, paged: bool) -> tuple[Any, ChatTokenizer, GrammarCompiler]:
+    """The tiny export's 2-stage chain in one process with exact numerics (stateful or
+    paged KV), its tokenizer and a grammar compiler for it."""
+    from dataplane.local_chain import LocalChain
+    from dataplane.runtime import RuntimeConfig
+
+    chain = LocalChain.load(str(export_dir), RuntimeConfig(
+        precision="f32", kv_cache_precision="f32", dynamic_quantization=False,
+        paged_attention=paged))
+    tokenizer = ChatTokenizer(export_dir)
+    return chain, tokenizer, GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
+                                             [tokenizer.eos_token_id])
 
 
 def generate(tokenizer: ChatTokenizer, constraint: TokenConstraint | None, max_tokens: int = 200,
@@ -208,16 +223,9 @@ def test_lookup_drafts_checked_by_the_grammar_give_plain_decodings_tokens(dp_exp
                                                                            paged) -> None:
     """With drafts (prompt lookup) a constrained stream emits exactly the tokens it emits
     without: each draft is masked and verified, and drafts stop where forced runs begin."""
-    from dataplane.local_chain import LocalChain
-    from dataplane.runtime import RuntimeConfig
     from engine.drafting import LookupDrafter
 
-    chain = LocalChain.load(str(dp_export2), RuntimeConfig(
-        precision="f32", kv_cache_precision="f32", dynamic_quantization=False,
-        paged_attention=paged))
-    tokenizer = ChatTokenizer(dp_export2)
-    compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
-                               [tokenizer.eos_token_id])
+    chain, tokenizer, compiler = exact_chain(dp_export2, paged)
     eos = [tokenizer.eos_token_id]
     schema = json.dumps({"type": "object", "required": ["a", "b"], "additionalProperties": False,
                          "properties": {"a": {"type": "string", "maxLength": 24},
@@ -312,15 +320,7 @@ def test_a_stream_whose_grammar_breaks_fails_alone(tokenizer) -> None:
 def test_constrained_rows_in_a_row_group_answer_as_alone(dp_export2, paged) -> None:
     """Forced runs make rows of several tokens beside one-token rows: padded on stateful
     stages, ragged on paged ones; every row's tokens are those of its stream alone."""
-    from dataplane.local_chain import LocalChain
-    from dataplane.runtime import RuntimeConfig
-
-    chain = LocalChain.load(str(dp_export2), RuntimeConfig(
-        precision="f32", kv_cache_precision="f32", dynamic_quantization=False,
-        paged_attention=paged))
-    tokenizer = ChatTokenizer(dp_export2)
-    compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
-                               [tokenizer.eos_token_id])
+    chain, tokenizer, compiler = exact_chain(dp_export2, paged)
     eos = [tokenizer.eos_token_id]
     prompts = [tokenizer.encode(p, chat=True) for p in ("tell me", "one two", "three")]
 
@@ -429,14 +429,7 @@ def test_a_constrained_session_restarted_mid_way_gives_the_same_output(dp_export
     """The stream's KV lost between steps, or with a step of forced tokens planned and
     never answered (a node went down under it): the session replays onto fresh KV and
     its grammar goes on where the emitted tokens left it."""
-    from dataplane.local_chain import LocalChain
-    from dataplane.runtime import RuntimeConfig
-
-    chain = LocalChain.load(str(dp_export2), RuntimeConfig(
-        precision="f32", kv_cache_precision="f32", dynamic_quantization=False))
-    tokenizer = ChatTokenizer(dp_export2)
-    compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
-                               [tokenizer.eos_token_id])
+    chain, tokenizer, compiler = exact_chain(dp_export2, paged=False)
     prompt = tokenizer.encode("tell me", chat=True)
 
     def session() -> DecodeSession:
