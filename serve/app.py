@@ -155,7 +155,7 @@ class ZctlApi:
             raise unknown_model(400, body.model, info.model)
         request_id = uuid.uuid4().hex[:24]
         gens = to_generations(body, request_id, self.settings.speculation)
-        problem = gens[0].problem()
+        problem = next(filter(None, (gen.problem() for gen in gens)), None)  # any prompt's
         if problem is not None:
             raise ApiError(400, problem)
         if self.in_flight + len(gens) > self.settings.max_queue:
@@ -313,15 +313,13 @@ class ZctlApi:
                         yield sse(error.body()) + sse("[DONE]")
                         return
                     dones[index] = msg
-                    reason = finish_reason(msg)
+                    calls, reason = shape.ending(msg)
                     if shape.tools:  # the call at its end (or the text it was cut to)
-                        calls = shape.calls(msg)
-                        reason = "tool_calls" if calls else reason
                         yield sse(_with_usage(shape.tool_chunk(index, calls) if calls else
                                               shape.chunk(msg.text, None, index=index),
                                               include_usage))
-                    clocks[index].done(msg.prompt_tokens, len(msg.tokens), reason,
-                                       time.monotonic())
+                    clocks[index].done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
+                                       time.monotonic())  # stop / length, as whole replies
                     yield sse(_with_usage(shape.chunk("", None, reason, index=index),
                                           include_usage))
             if include_usage:

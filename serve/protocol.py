@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -251,25 +252,23 @@ def to_generations(req: ChatCompletionRequest | CompletionRequest, request_id: s
     completion may give a batch), prompt by prompt; ids ``request_id`` (one choice) or
     ``request_id-i`` for choice i, and with a seed, seed + j for a prompt's choice j (each
     reproducible, and different from the prompt's others when sampling)."""
-    prompts = req.prompt_texts() if isinstance(req, CompletionRequest) else [None]
+    first = to_generation(req, request_id, default_speculation)  # grammar, turns: once
+    prompts = req.prompt_texts() if isinstance(req, CompletionRequest) else [first.prompt]
     if req.n == 1 and len(prompts) == 1:
-        return [to_generation(req, request_id, default_speculation, prompt=prompts[0])]
-    return [to_generation(req, f"{request_id}-{p * req.n + j}", default_speculation,
-                          None if req.seed is None else (req.seed + j) % (1 << 63), prompt)
+        return [first]
+    return [replace(first, request_id=f"{request_id}-{p * req.n + j}", prompt=prompt,
+                    seed=None if req.seed is None else (req.seed + j) % (1 << 63))
             for p, prompt in enumerate(prompts) for j in range(req.n)]
 
 
 def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: str,
-                  default_speculation: tuple[str, int] = ("", 0),
-                  seed: int | None = None, prompt: str | None = None) -> GenerationRequest:
-    """The engine's request for an API request (chat turns or a raw text prompt);
-    ``seed``: instead of the request's own; ``prompt``: one of a text completion's batch
-    (None: its only one)."""
+                  default_speculation: tuple[str, int] = ("", 0)) -> GenerationRequest:
+    """The engine's request for an API request (chat turns, or a text completion's first
+    prompt)."""
     mode, k = speculation(req.zctl, default_speculation)
     common: dict[str, Any] = dict(
         request_id=request_id, ignore_eos=req.zctl.ignore_eos, speculative=mode, k=k,
-        temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p,
-        seed=req.seed if seed is None else seed,
+        temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p, seed=req.seed,
         stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         logit_bias=dict(req.logit_bias or {}))
@@ -281,8 +280,7 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
             max_tokens=limit or 0, chat=True, logprobs=req.logprobs,
             top_logprobs=req.top_logprobs or 0, **common)
     return GenerationRequest(
-        prompt=req.prompt_texts()[0] if prompt is None else prompt,
-        max_tokens=req.max_tokens or 16, chat=False,
+        prompt=req.prompt_texts()[0], max_tokens=req.max_tokens or 16, chat=False,
         logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0, **common)
 
 
@@ -376,10 +374,12 @@ class ResponseShape:
         return {**self._envelope(kind), "choices": choices,
                 "usage": usage(dones, self.per_prompt)}
 
-    def calls(self, done: GenerationDone) -> list[dict[str, Any]] | None:
-        """A finished choice's tool calls (None: it is text, or was cut short)."""
-        return tool_calls(done.text) if self.tools and done.stop_reason in ("eos", "stop") \
+    def ending(self, done: GenerationDone) -> tuple[list[dict[str, Any]] | None, str]:
+        """A finished choice's tool calls (None: it is text, or was cut short) and its
+        finish reason."""
+        calls = tool_calls(done.text) if self.tools and done.stop_reason in ("eos", "stop") \
             else None
+        return calls, "tool_calls" if calls else finish_reason(done)
 
     def tool_chunk(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
         """A streamed choice's tool calls, whole, in one chunk."""
@@ -390,12 +390,12 @@ class ResponseShape:
     def _choice(self, index: int, done: GenerationDone,
                 logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
         if self.chat:
-            calls = self.calls(done)
+            calls, reason = self.ending(done)
             message = {"role": "assistant", "content": None, "tool_calls": calls} if calls \
                 else {"role": "assistant", "content": done.text}
             return {"index": index, "message": message,
                     "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
-                    "finish_reason": "tool_calls" if calls else finish_reason(done)}
+                    "finish_reason": reason}
         return {"index": index, "text": done.text,
                 "logprobs": text_logprobs(logprobs) if logprobs is not None else None,
                 "finish_reason": finish_reason(done)}
