@@ -90,7 +90,7 @@ class GenerationRequest:
     # (the smallest exact: top-k where it answers exactly), "fp16" or "fp32" (engine.payloads)
     chunk_interval_ms: int = 100  # how often tokens are sent (0: each as it comes)
     grammar_kind: str = ""  # "": free text; else one of GRAMMAR_KINDS, and the output
-    grammar: str = ""  # ... matches this (decoded without speculation: engine.constraints)
+    grammar: str = ""  # ... matches this (engine.constraints; drafts are checked by it)
 
     def biases(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (token id, bias) pairs in id order (check ``problem`` first;

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -72,6 +72,12 @@ def spec_summary(session: DecodeSession) -> dict[str, float]:
     if pipelined:  # runs in flight at most now, and runs cancelled on a wrong guess
         summary.update(depth=float(session.depth()), cancelled=float(session.cancelled))
     return summary
+
+
+def session_tokens(session: DecodeSession) -> Counter[str]:
+    """A generation's draft tokens proposed and accepted, and grammar-forced tokens."""
+    return Counter(proposed=session.spec.proposed, accepted=session.spec.accepted,
+                   forced=session.forced_fed)
 
 
 def stop_reason(produced: Sequence[int], request: GenerationRequest, stop_ids: Sequence[int],
@@ -147,8 +153,7 @@ class GenerationEngine:
         self.prefix_stats = PrefixCacheStats()
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0,
                          "structured": 0}  # structured: generations held to a grammar
-        self._spec_finished = [0, 0]  # draft tokens proposed, accepted by finished generations
-        self._forced_finished = 0  # grammar-forced tokens of finished generations
+        self._finished_tokens: Counter[str] = Counter()  # session_tokens of finished ones
         self._scheduler: StreamScheduler | None = None
         self._jobs: dict[int, _Job] = {}  # by stream id
         self._waiting: deque[tuple[Hashable, GenerationRequest]] = deque()
@@ -174,19 +179,21 @@ class GenerationEngine:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def _token_totals(self) -> Counter[str]:
+        """session_tokens so far, of finished and running generations."""
+        return sum((session_tokens(j.session) for j in self._jobs.values()),
+                   Counter(self._finished_tokens))
+
     def speculative_totals(self) -> tuple[int, int]:
         """Draft tokens proposed and accepted so far, by finished and running generations."""
-        proposed, accepted = self._spec_finished
-        for job in self._jobs.values():
-            proposed += job.session.spec.proposed
-            accepted += job.session.spec.accepted
-        return proposed, accepted
+        totals = self._token_totals()
+        return totals["proposed"], totals["accepted"]
 
     def structured_counters(self) -> dict[str, int]:
         """Generations held to a grammar (started so far), and the tokens their grammars
         forced, fed without a step of their own (finished and running generations)."""
-        forced = self._forced_finished + sum(j.session.forced_fed for j in self._jobs.values())
-        return {"structured_requests": self.counters["structured"], "forced_tokens": forced}
+        return {"structured_requests": self.counters["structured"],
+                "forced_tokens": self._token_totals()["forced"]}
 
     def prefix_counters(self) -> dict[str, int]:
         """The prefix cache's figures: lookups, hits, prompt tokens saved, evictions (all
@@ -498,9 +505,7 @@ class GenerationEngine:
     def _finish(self, job: _Job) -> None:
         session = job.session
         del self._jobs[session.stream_id]
-        self._spec_finished[0] += session.spec.proposed
-        self._spec_finished[1] += session.spec.accepted
-        self._forced_finished += session.forced_fed
+        self._finished_tokens += session_tokens(session)
         produced = session.emitted[:job.kept] if job.stopped else session.emitted
         self._flush_text(job, produced)
         reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled,

@@ -448,8 +448,8 @@ class DecodeSession:
         if self.sampling is None:
             return int(reply.tokens[-1])
         assert self._rng is not None and reply.logits is not None
-        row = self._constrained(adjust_logits(
-            reply.logits.reshape(-1, reply.logits.shape[-1])[-1:], self.sampling, self.emitted))
+        row = self._constrained(adjust_logits(last_row(reply).logits, self.sampling,
+                                              self.emitted))
         if self.sampling.greedy:
             return int(row[0].argmax())
         return draw(target_probs(row[0], self.sampling), self._rng)
