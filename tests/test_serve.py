@@ -104,6 +104,13 @@ def started(tiny) -> Iterator[Callable[..., Server]]:
         srv.stop()
 
 
+def metric_values(text: str, *names: str) -> dict[str, float]:
+    """The values of one-sample metric families ``names`` (counters: ``..._total``) in
+    Prometheus text, by family name."""
+    return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
+            if line.startswith(tuple(f"{name}{{" for name in names))}
+
+
 def greedy_text(tiny, messages: list[tuple[str, str]], n: int) -> tuple[str, list[int]]:
     _, chain, tokenizer = tiny
     tokens = list(generate_greedy(chain, tokenizer.encode_chat(messages), n))

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 import test_serve as ts
-from test_serve import Server
+from test_serve import Server, metric_values
 from test_serve_choices import IGNORE_EOS, RecordingBackend, sse_payloads
 
 from controlplane.service_messages import GenerateChunk, GenerateDone
@@ -63,8 +63,7 @@ def test_each_prompt_gets_its_n_choices_in_order_and_counts_once() -> None:
     assert set(backend.log[:3]) == leaders  # every prompt's first choice, together
     assert backend.log.index(("asked", "1")) > max(
         backend.log.index(("answered", c)) for c in "024")  # the others once they answered
-    counted = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
-               if line.startswith(("vllm:prompt_tokens_total{", "vllm:generation_tokens_total{"))}
+    counted = metric_values(metrics, "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
     assert counted == {"vllm:prompt_tokens_total": prompt_chars,
                        "vllm:generation_tokens_total": 6}
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 import test_serve as ts
-from test_serve import ASK, Server, greedy_text, wait_for
+from test_serve import ASK, Server, greedy_text, metric_values, wait_for
 
 from controlplane.service_messages import GenerateChunk, GenerateDone, ServiceStats
 from engine.requests import BAD_REQUEST, GenerationRequest
@@ -103,8 +103,7 @@ def test_the_first_choice_answers_before_the_others_are_asked_for() -> None:
                               "prompt_tokens_details": {"cached_tokens": 0}}
     assert backend.log[:2] == [("asked", "0"), ("answered", "0")]
     assert sorted(backend.log[2:4]) == [("asked", "1"), ("asked", "2")]  # then together
-    counted = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
-               if line.startswith(("vllm:prompt_tokens_total{", "vllm:generation_tokens_total{"))}
+    counted = metric_values(metrics, "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
     assert counted == {"vllm:prompt_tokens_total": 5, "vllm:generation_tokens_total": 3}
 
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 import test_serve as ts
 from test_constraints import PERSON
-from test_serve import ASK, greedy_text
+from test_serve import ASK, greedy_text, metric_values
 from test_serve_choices import sse_payloads
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
@@ -126,10 +126,8 @@ def test_metrics_count_structured_requests_and_forced_tokens(server) -> None:
     import httpx
 
     def counted() -> dict[str, float]:
-        text = httpx.get(f"{server.url}/metrics", timeout=30).text
-        return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
-                if line.startswith(("zctl_structured_requests_total{",
-                                    "zctl_forced_tokens_total{"))}
+        return metric_values(httpx.get(f"{server.url}/metrics", timeout=30).text,
+                             "zctl_structured_requests_total", "zctl_forced_tokens_total")
 
     before = counted()
     server.client().chat.completions.create(model=ts.MODEL, messages=ASK, max_tokens=200,
