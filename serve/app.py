@@ -206,7 +206,7 @@ class ZctlApi:
             await close_all(events)
             raise
         shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model, body.n,
-                              tools=bool(body.functions()))
+                              tools=body.tool_plan())
         if body.stream:
             return StreamingResponse(
                 self._sse(shape, firsts, events, clocks, body.include_usage),
@@ -303,7 +303,7 @@ class ZctlApi:
                 async for index, msg in stream:
                     if isinstance(msg, GenerateChunk):
                         clocks[index].tokens(len(msg.tokens), time.monotonic())
-                        if (msg.text or msg.logprobs) and not shape.tools:  # a call: whole
+                        if (msg.text or msg.logprobs) and not shape.holds(index, msg.text):
                             yield sse(_with_usage(shape.chunk(msg.text, msg.logprobs or None,
                                                               index=index), include_usage))
                         continue
@@ -314,7 +314,7 @@ class ZctlApi:
                         return
                     dones[index] = msg
                     calls, reason = shape.ending(msg)
-                    if shape.tools:  # the call at its end (or the text it was cut to)
+                    if shape.holds(index):  # a call at its end (or the text it was cut to)
                         yield sse(_with_usage(shape.tool_chunk(index, calls) if calls else
                                               shape.chunk(msg.text, None, index=index),
                                               include_usage))

@@ -29,14 +29,14 @@ from engine.requests import (
 )
 from serve.tools import (
     MAX_TOOLS,
-    FunctionDef,
     ToolChoice,
     ToolDef,
     ToolError,
-    call_schema,
+    ToolPlan,
     called_text,
-    functions_to_call,
+    plan_tools,
     tool_calls,
+    tool_grammar,
     with_tools_prompt,
 )
 
@@ -171,15 +171,15 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def functions(self) -> list[FunctionDef]:
-        """The functions one of which the reply must call (serve.tools; none: text)."""
-        return []
+    def tool_plan(self) -> ToolPlan:
+        """The functions the reply may call, and whether it must (serve.tools)."""
+        return ToolPlan([])
 
     def grammar(self) -> tuple[str, str]:
         """The engine's (grammar_kind, grammar) for the output: ("", "") for free text."""
         found: list[tuple[str, str]] = []
-        if functions := self.functions():
-            found.append(("json_schema", json.dumps(call_schema(functions))))
+        if (plan := self.tool_plan()).functions:
+            found.append(tool_grammar(plan))
         fmt = self.response_format
         if fmt is not None and fmt.type == "json_object":
             found.append(("json_schema", '{"type": "object"}'))
@@ -209,18 +209,18 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDef] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
 
-    def functions(self) -> list[FunctionDef]:
+    def tool_plan(self) -> ToolPlan:
         try:
-            return functions_to_call(self.tools, self.tool_choice)
+            return plan_tools(self.tools, self.tool_choice)
         except ToolError as exc:
             raise ApiError(400, str(exc), param="tool_choice") from None
 
     def turns(self) -> list[tuple[str, str]]:
-        """The conversation as (role, text), the functions to call shown in its system
+        """The conversation as (role, text), the functions it may call shown in its system
         message."""
         turns = [(t.role, t.text()) for t in self.messages]
-        functions = self.functions()
-        return with_tools_prompt(turns, functions) if functions else turns
+        plan = self.tool_plan()
+        return with_tools_prompt(turns, plan) if plan.functions else turns
 
 
 class CompletionRequest(SamplingFields):
@@ -333,10 +333,11 @@ class ResponseShape:
     ``index`` names the choice a chunk belongs to."""
 
     def __init__(self, chat: bool, request_id: str, model: str, per_prompt: int = 1,
-                 tools: bool = False) -> None:
+                 tools: ToolPlan = ToolPlan([])) -> None:
         self.chat, self.model = chat, model
         self.per_prompt = per_prompt  # choices per prompt (n): a batch's prompts in turn
-        self.tools = tools  # each choice is a tool call (serve.tools)
+        self.tools = tools  # the functions a choice may call (serve.tools)
+        self._calling: dict[int, bool] = {}  # "auto": whether choice i's output is a call
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
         self.text_offsets: dict[int, int] = {}  # per choice: where its next chunk's text starts
@@ -374,11 +375,25 @@ class ResponseShape:
         return {**self._envelope(kind), "choices": choices,
                 "usage": usage(dones, self.per_prompt)}
 
+    def holds(self, index: int, text: str = "") -> bool:
+        """Whether choice ``index``'s streamed text is held back, as a call is (it comes
+        whole at its end); ``text`` is its next chunk's. Under "auto" the output's first
+        character tells: a call begins with ``{`` and text never does (serve.tools)."""
+        if not self.tools.functions:
+            return False
+        if not self.tools.optional:
+            return True
+        if index not in self._calling:
+            if not text:
+                return True  # nothing shown yet: undecided
+            self._calling[index] = text.startswith("{")
+        return self._calling[index]
+
     def ending(self, done: GenerationDone) -> tuple[list[dict[str, Any]] | None, str]:
         """A finished choice's tool calls (None: it is text, or was cut short) and its
         finish reason."""
-        calls = tool_calls(done.text) if self.tools and done.stop_reason in ("eos", "stop") \
-            else None
+        calls = tool_calls(done.text) if self.tools.functions and \
+            done.stop_reason in ("eos", "stop") else None
         return calls, "tool_calls" if calls else finish_reason(done)
 
     def tool_chunk(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:

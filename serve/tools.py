@@ -1,28 +1,33 @@
-"""OpenAI tool calls (pure): the functions a chat reply must call, the grammar that holds
-the reply to a call of one of them, the system prompt that shows them to the model, and
-the reply's ``tool_calls``.
+"""OpenAI tool calls (pure): which functions a chat reply may call, the grammar that holds
+the reply to a call of one of them (or to text), the system prompt that shows them to the
+model, and the reply's ``tool_calls``.
 
-A request with ``tools`` and ``tool_choice: "required"`` (or a named function) is
-answered with a call: the engine holds the output to ``{"name": ..., "arguments": ...}``
-for one of the functions, its arguments to the function's parameters schema
-(engine.constraints), so the call always parses and names a function that exists.
-``"none"`` leaves the tools out. ``"auto"`` (the default with tools) would need a parser
-of the model's own tool-call format to tell a call from text, so it is refused, as vLLM
-refuses it without ``--tool-call-parser``.
+A call is the JSON object ``{"name": ..., "arguments": ...}`` for one of the functions,
+its arguments held to the function's parameters schema (engine.constraints), so a call
+always parses and names a function that exists. ``tool_choice: "required"`` (or a named
+function) holds the reply to a call. ``"auto"`` (the default with tools) lets it be a call
+or text: the grammar is a call or text that does not begin with ``{``, so the reply's
+first character tells which, with no parser of a model's own tool-call format (vLLM's
+``--tool-call-parser``). ``"none"`` leaves the tools out.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.constraints import JSON_LAYOUT
+
 MAX_TOOLS = 128
-TOOLS_PROMPT = ("You can call one of these functions. Answer with a JSON object "
-                '{"name": <the function\'s name>, "arguments": <its arguments>} and nothing '
-                "else.\nFunctions:\n")
+CALL_FORM = '{"name": <the function\'s name>, "arguments": <its arguments>}'
+TOOLS_PROMPT = (f"You can call one of these functions. Answer with a JSON object {CALL_FORM} "
+                "and nothing else.\nFunctions:\n")
+AUTO_TOOLS_PROMPT = ("You can call one of these functions. To call one, answer with a JSON "
+                     f"object {CALL_FORM} and nothing else; otherwise answer in text."
+                     "\nFunctions:\n")
 
 
 class ToolError(ValueError):
@@ -56,29 +61,33 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-def functions_to_call(tools: list[ToolDef] | None, choice: ToolChoice | None
-                      ) -> list[FunctionDef]:
-    """The functions one of which the reply must call (empty: it answers in text)."""
+class ToolPlan(NamedTuple):
+    """What a chat reply does with its tools: it calls one of ``functions`` (none: it
+    answers in text), or, ``optional`` ("auto"), either calls one or answers in text."""
+    functions: list[FunctionDef]
+    optional: bool = False
+
+
+def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None) -> ToolPlan:
+    """The request's ``tools`` and ``tool_choice`` as a plan (ToolError: a 400)."""
     if not tools:
         if choice is not None and choice != "none":
             raise ToolError("tool_choice needs tools")
-        return []
+        return ToolPlan([])
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise ToolError("tools must have distinct function names")
     if choice == "none":
-        return []
+        return ToolPlan([])
     if choice is None or choice == "auto":
-        raise ToolError("tool_choice 'auto' needs a parser of the model's tool-call format, "
-                        "which this server does not have: ask for 'required' or a named "
-                        "function (the reply is then held to a call), or 'none'")
+        return ToolPlan([t.function for t in tools], optional=True)
     if choice == "required":
-        return [t.function for t in tools]
+        return ToolPlan([t.function for t in tools])
     named = [t.function for t in tools if t.function.name == choice.function.name]
     if not named:
         raise ToolError(f"tool_choice names {choice.function.name!r}, which is not among "
                         "the tools")
-    return named
+    return ToolPlan(named)
 
 
 def call_schema(functions: list[FunctionDef]) -> dict[str, Any]:
@@ -90,20 +99,31 @@ def call_schema(functions: list[FunctionDef]) -> dict[str, Any]:
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
-def tools_prompt(functions: list[FunctionDef]) -> str:
+def tool_grammar(plan: ToolPlan) -> tuple[str, str]:
+    """The engine's (grammar_kind, grammar) for a reply under ``plan`` (which has
+    functions): a call, or with ``optional`` a Lark grammar of a call or text that does not
+    begin with ``{`` (the call in the layout a JSON schema's output has)."""
+    schema = call_schema(plan.functions)
+    if not plan.optional:
+        return "json_schema", json.dumps(schema)
+    call = json.dumps({**schema, "x-guidance": JSON_LAYOUT})
+    return "grammar", f"start: call | TEXT\ncall: %json {call}\nTEXT: /[^{{](.|\\n)*/\n"
+
+
+def tools_prompt(plan: ToolPlan) -> str:
     """What the system prompt says of the functions."""
     lines = [json.dumps({"name": f.name, **({"description": f.description} if f.description
                                             else {}),
                          "parameters": f.parameters or {"type": "object"}})
-             for f in functions]
-    return TOOLS_PROMPT + "\n".join(lines)
+             for f in plan.functions]
+    return (AUTO_TOOLS_PROMPT if plan.optional else TOOLS_PROMPT) + "\n".join(lines)
 
 
-def with_tools_prompt(messages: list[tuple[str, str]], functions: list[FunctionDef]
+def with_tools_prompt(messages: list[tuple[str, str]], plan: ToolPlan
                       ) -> list[tuple[str, str]]:
-    """The conversation with the functions shown in its system message (one is added
-    first when it has none)."""
-    text = tools_prompt(functions)
+    """The conversation with the plan's functions shown in its system message (one is
+    added first when it has none)."""
+    text = tools_prompt(plan)
     if messages and messages[0][0] in ("system", "developer"):
         role, content = messages[0]
         return [(role, f"{content}\n\n{text}" if content else text), *messages[1:]]
@@ -112,7 +132,10 @@ def with_tools_prompt(messages: list[tuple[str, str]], functions: list[FunctionD
 
 def tool_calls(text: str) -> list[dict[str, Any]] | None:
     """The reply's ``tool_calls`` from the call the engine generated (None: the text is
-    not a whole call, as when ``max_tokens`` cut it)."""
+    not a whole call, as when ``max_tokens`` cut it, or text that does not begin as a
+    call does)."""
+    if not text.startswith("{"):
+        return None
     try:
         call = json.loads(text)
     except ValueError:

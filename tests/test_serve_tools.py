@@ -1,7 +1,8 @@
 """Tool calls through the API (serve.tools): ``tool_choice`` "required" or a named function
 holds the reply to a call of one of the tools, answered as ``tool_calls`` (whole and
-streamed, with the official client); "none" leaves the tools out; "auto" and bad tools
-are 400s; a conversation carrying earlier calls and their results goes on."""
+streamed, with the official client); "auto" (the default) answers with a call or with
+text, streamed as text; "none" leaves the tools out; bad tools are 400s; a conversation
+carrying earlier calls and their results goes on."""
 
 from __future__ import annotations
 
@@ -15,14 +16,18 @@ from test_serve import ASK
 from serve.tools import (
     FunctionDef,
     ToolDef,
+    ToolPlan,
     call_schema,
     called_text,
-    functions_to_call,
+    plan_tools,
     tool_calls,
+    tool_grammar,
     with_tools_prompt,
 )
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
+
+
 # small, for the tiny model's 512-token context; every value bounded, so a call ends
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "additionalProperties": False, "required": ["city"],
@@ -105,9 +110,63 @@ def test_none_leaves_the_tools_out_and_a_conversation_goes_on(server) -> None:
     assert after.choices[0].finish_reason in ("stop", "length")
 
 
+def streamed(client, **kwargs) -> tuple[str, list, str | None, int]:  # noqa: ANN001
+    """A streamed chat reply's content, tool calls, finish reason and content chunks."""
+    content, calls, finish, pieces = "", [], None, 0
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        delta = chunk.choices[0].delta
+        pieces += bool(delta.content)
+        content += delta.content or ""
+        calls += delta.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+    return content, calls, finish, pieces
+
+
+@pytest.mark.parametrize("choice", [None, "auto"])
+def test_auto_answers_with_a_call_or_with_text(server, tiny, choice) -> None:
+    client = server.client()
+    brace = tiny[2].encode("{", chat=False)[-1]
+    ask = dict(model=ts.MODEL, messages=ASK, max_tokens=60, temperature=0, tools=[TIME],
+               **({"tool_choice": choice} if choice else {}))
+    # a random model's first token: "{" favoured, the reply is a call...
+    call = client.chat.completions.create(logit_bias={str(brace): 100}, **ask)
+    assert call.choices[0].finish_reason == "tool_calls"
+    assert call.choices[0].message.content is None
+    check_call(call.choices[0].message.tool_calls[0])
+    content, calls, finish, pieces = streamed(client, logit_bias={str(brace): 100}, **ask)
+    assert (content, finish, len(calls)) == ("", "tool_calls", 1)
+    whole = call.choices[0].message.tool_calls[0].function
+    assert (calls[0].function.name, calls[0].function.arguments) == (whole.name, whole.arguments)
+    # ... "{" barred, it is text: never beginning as a call, and streamed as it comes
+    text = client.chat.completions.create(logit_bias={str(brace): -100}, **ask)
+    content = text.choices[0].message.content
+    assert text.choices[0].finish_reason in ("stop", "length") and content
+    assert not text.choices[0].message.tool_calls and not content.startswith("{")
+    assert streamed(client, logit_bias={str(brace): -100}, **ask)[:3] == (
+        content, [], text.choices[0].finish_reason)
+    assert streamed(client, logit_bias={str(brace): -100}, **ask)[3] > 1
+
+
+def test_auto_samples_both_branches(server, tiny) -> None:
+    """Sampled replies under "auto", "{" favoured so that about half begin with it: each
+    is a call that parses or text that does not begin with "{", and both come."""
+    brace = tiny[2].encode("{", chat=False)[-1]
+    reply = server.client().chat.completions.create(
+        model=ts.MODEL, messages=ASK, max_tokens=60, temperature=1.0, seed=11, n=12,
+        tools=[TIME], tool_choice="auto", logit_bias={str(brace): 8})
+    kinds = set()
+    for choice in reply.choices:
+        kinds.add(bool(choice.message.tool_calls))
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls"
+            check_call(choice.message.tool_calls[0])
+        else:
+            assert not choice.message.content.startswith("{")
+    assert kinds == {True, False}
+
+
 @pytest.mark.parametrize(("extra", "why"), [
-    ({"tools": [WEATHER]}, "tool_choice 'auto'"),
-    ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice 'auto'"),
+    ({"tool_choice": "auto"}, "tool_choice needs tools"),
     ({"tool_choice": "required"}, "tool_choice needs tools"),
     ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "distinct function names"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
@@ -126,20 +185,29 @@ def test_bad_tool_requests_are_400s(server, extra, why) -> None:
 def test_the_pure_parts() -> None:
     weather = ToolDef.model_validate(WEATHER)
     time_fn = ToolDef.model_validate(TIME)
-    assert functions_to_call([weather, time_fn], "required") == [weather.function,
-                                                                  time_fn.function]
-    assert functions_to_call([weather], "none") == [] and functions_to_call(None, None) == []
+    both = [weather.function, time_fn.function]
+    assert plan_tools([weather, time_fn], "required") == ToolPlan(both)
+    assert plan_tools([weather, time_fn], None) == plan_tools([weather, time_fn], "auto") \
+        == ToolPlan(both, optional=True)
+    assert plan_tools([weather], "none") == ToolPlan([]) == plan_tools(None, None)
+    assert tool_grammar(ToolPlan(both))[0] == "json_schema"
+    kind, lark = tool_grammar(ToolPlan(both, optional=True))
+    assert kind == "grammar" and "%json" in lark and '"anyOf"' in lark
     one = call_schema([weather.function])
     assert one["properties"]["name"] == {"const": "weather"} and "anyOf" not in one
     assert len(call_schema([weather.function, time_fn.function])["anyOf"]) == 2
     assert call_schema([FunctionDef(name="f")])["properties"]["arguments"] == {"type": "object"}
-    merged = with_tools_prompt([("system", "Be brief."), ("user", "hi")], [weather.function])
+    merged = with_tools_prompt([("system", "Be brief."), ("user", "hi")],
+                               ToolPlan([weather.function]))
     assert merged[0][0] == "system" and merged[0][1].startswith("Be brief.\n\nYou can call")
     assert '"name": "weather"' in merged[0][1] and merged[1] == ("user", "hi")
-    added = with_tools_prompt([("user", "hi")], [weather.function])
+    added = with_tools_prompt([("user", "hi")], ToolPlan([weather.function], optional=True))
+    assert "otherwise answer in text" in added[0][1]
+    assert "otherwise" not in merged[0][1]
     assert added[0][0] == "system" and added[1] == ("user", "hi")
     (call,) = tool_calls('{"name": "time", "arguments": {"zone": "UTC"}}')
     assert call["function"] == {"name": "time", "arguments": '{"zone": "UTC"}'}
     assert tool_calls('{"name": "time"') is None and tool_calls('{"x": 1}') is None
+    assert tool_calls(' {"name": "time", "arguments": {}}') is None  # text, not a call
     assert json.loads(called_text([call])) == {"name": "time", "arguments": {"zone": "UTC"}}
-    assert '"description"' not in with_tools_prompt([], [time_fn.function])[0][1]
+    assert '"description"' not in with_tools_prompt([], ToolPlan([time_fn.function]))[0][1]
