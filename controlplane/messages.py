@@ -26,7 +26,7 @@ from controlplane.checks import (  # noqa: F401 - NODE_ID_RE, MessageError: part
 from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, RuntimeSpec, StageInfo
 from controlplane.schema import SchemaError, build
 
-PROTOCOL_VERSION = 3  # bump with every change to a message schema (tests/test_wire_schema.py)
+PROTOCOL_VERSION = 4  # bump with every change to a message schema (tests/test_wire_schema.py)
 
 class UnknownMessage(MessageError):
     """A well-formed envelope of a type this side does not know."""

@@ -4,7 +4,8 @@ One thread owns a ROUTER socket and drives a ``GenerationEngine`` (engine.servic
 coordinator's stage-0 executor: it takes ``GenerateRequest`` messages, hands them to the
 engine, and sends back the engine's chunks as ``GenerateChunk`` messages and one
 ``GenerateDone`` per request, to the client that asked; ``GenerateCancel`` stops one;
-``ServiceStatsRequest`` is answered with a ``ServiceStats`` snapshot (service_stats.py).
+``ServiceStatsRequest`` is answered with a ``ServiceStats`` snapshot (service_stats.py);
+``TokenizeRequest`` and ``DetokenizeRequest`` with a ``TokensReply``.
 Malformed requests get an ``Error`` and the service keeps serving. A client that vanishes
 (or stops reading) has its generations cancelled: they free the stages at once. The
 executor is never touched by another thread (``ClusterHead`` is not thread-safe).
@@ -24,11 +25,14 @@ import zmq
 from common.manifest import ExportManifest, load_manifest
 from controlplane.messages import Error, MessageError, from_frames, to_frames
 from controlplane.service_messages import (
+    DetokenizeRequest,
     GenerateCancel,
     GenerateChunk,
     GenerateDone,
     GenerateRequest,
     ServiceStatsRequest,
+    TokenizeRequest,
+    TokensReply,
 )
 from controlplane.service_stats import ClusterView, StatsCollector
 from controlplane.sockets import router_socket
@@ -37,7 +41,7 @@ from dataplane.runtime import RuntimeConfig
 from engine.executor import Executor
 from engine.requests import DEFAULT_MAX_STREAMS, GenerationChunk
 from engine.service import POLL_S, RESUME_TIMEOUT_S, Event, GenerationEngine
-from engine.tokenizer import ChatTokenizer
+from engine.tokenizer import ChatTokenizer, TokenizerError
 
 log = logging.getLogger("zctl.service")
 # The largest request the engine accepts: MAX_PROMPT_CHARS characters, each up to 12 bytes
@@ -47,10 +51,33 @@ MAX_REQUEST_BYTES = 16 << 20
 IDLE_WAIT_MS = 200  # how long the loop waits for a request while nothing generates
 
 
+SERVED = (GenerateRequest, GenerateCancel, ServiceStatsRequest, TokenizeRequest,
+          DetokenizeRequest)
+
+
 def to_wire(event: Event) -> GenerateChunk | GenerateDone:
     """The engine's chunk or end as the message that carries it."""
     cls = GenerateChunk if isinstance(event, GenerationChunk) else GenerateDone
     return cls(**{f.name: getattr(event, f.name) for f in fields(event)})
+
+
+def tokens_reply(engine: GenerationEngine, msg: TokenizeRequest | DetokenizeRequest
+                 ) -> TokensReply:
+    """A tokenize request's prompt ids (as its generation would see them) and their token
+    strings, or a detokenize request's text; what is wrong with either in ``error``."""
+    tokenizer, rid = engine.tokenizer, msg.request_id
+    if isinstance(msg, DetokenizeRequest):
+        bad = next((t for t in msg.tokens if not 0 <= t < engine.vocab_size), None)
+        if bad is not None:
+            return TokensReply(rid, [], [], error=f"token id {bad} is outside the model's "
+                               f"vocabulary of {engine.vocab_size}")
+        return TokensReply(rid, list(msg.tokens), [],
+                           text=tokenizer.decode(list(msg.tokens), skip_special_tokens=False))
+    try:
+        ids = engine.prompt_ids(msg)
+    except TokenizerError as exc:
+        return TokensReply(rid, [], [], error=str(exc))
+    return TokensReply(rid, ids, [tokenizer.backend.id_to_token(t) or "" for t in ids])
 
 
 KV_BYTES_PER_VALUE = 4  # what a KV value is budgeted at: a copied-out prefix is f32
@@ -166,10 +193,9 @@ class GenerationService:
             self._gone.discard(identity)  # it is back
             try:
                 msg, _ = from_frames(body)
-                if not isinstance(msg, GenerateRequest | GenerateCancel | ServiceStatsRequest):
-                    raise MessageError("the generation service takes generate_request, "
-                                       f"generate_cancel and service_stats_request, not "
-                                       f"{msg.TYPE}")
+                if not isinstance(msg, SERVED):
+                    raise MessageError("the generation service takes "
+                                       f"{', '.join(c.TYPE for c in SERVED)}, not {msg.TYPE}")
             except MessageError as exc:
                 self._malformed += 1
                 self._send(identity, Error("bad-request", str(exc)))
@@ -178,6 +204,8 @@ class GenerationService:
                 self.engine.cancel(identity, msg.request_id)
             elif isinstance(msg, ServiceStatsRequest):
                 self._send_stats(identity)
+            elif isinstance(msg, TokenizeRequest | DetokenizeRequest):
+                self._send(identity, tokens_reply(self.engine, msg))
             else:
                 self.engine.submit(identity, msg)
 

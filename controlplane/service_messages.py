@@ -1,5 +1,6 @@
 """The generation service's wire schema (client <-> coordinator): request, cancel, chunks,
-done, and the stats snapshot a metrics endpoint is built from.
+done, the stats snapshot a metrics endpoint is built from, and tokenizing (a prompt's
+token ids as a generation would see them, and ids back to text).
 
 The generation fields are the engine's own (engine.requests); these classes put them in
 the control plane's envelope, registry and validation.
@@ -13,6 +14,8 @@ from typing import ClassVar
 from controlplane.checks import need
 from controlplane.messages import Message, register
 from engine.requests import GenerationChunk, GenerationDone, GenerationRequest
+
+MAX_DETOKENIZE = 1 << 20  # token ids one detokenize_request may carry
 
 
 @register
@@ -54,6 +57,51 @@ class GenerateCancel(Message):
 
     def check(self) -> None:
         need(0 < len(self.request_id) <= 64, "generate_cancel.request_id must be 1..64 chars")
+
+
+@register
+@dataclass(frozen=True)
+class TokenizeRequest(GenerationRequest, Message):
+    """Client -> generation service: the token ids a generation of this request would be
+    prompted with (its messages through the chat template, or its prompt); nothing runs.
+    Answered by a TokensReply with the same ``request_id``."""
+
+    TYPE: ClassVar[str] = "tokenize_request"
+
+    def check(self) -> None:
+        problem = self.problem()
+        need(problem is None, f"tokenize_request.{problem}")
+
+
+@register
+@dataclass(frozen=True)
+class DetokenizeRequest(Message):
+    """Client -> generation service: the text of these token ids (special tokens kept).
+    Answered by a TokensReply with the same ``request_id``."""
+
+    TYPE: ClassVar[str] = "detokenize_request"
+    request_id: str
+    tokens: list[int]
+
+    def check(self) -> None:
+        need(0 < len(self.request_id) <= 64, "detokenize_request.request_id must be 1..64 chars")
+        need(len(self.tokens) <= MAX_DETOKENIZE,
+             f"detokenize_request.tokens: at most {MAX_DETOKENIZE} ids")
+
+
+@register
+@dataclass(frozen=True)
+class TokensReply(Message):
+    """Generation service -> client: a tokenize_request's ids and each one's token string
+    (``pieces``), or a detokenize_request's ``text``; ``error`` says why neither came (a
+    chat template that refused the messages, an id outside the vocabulary)."""
+
+    TYPE: ClassVar[str] = "tokens_reply"
+    request_id: str
+    tokens: list[int]
+    pieces: list[str]
+    text: str = ""
+    error: str = ""
 
 
 # -- stats: what the HTTP server's /metrics is built from ------------------------------

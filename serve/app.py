@@ -1,6 +1,6 @@
 """The FastAPI application: OpenAI's completions, chat completions and models routes,
-``/health`` and ``/metrics``, over a ``ServiceBackend`` (and CORS for the web origins
-``ServeSettings`` names).
+``/tokenize`` and ``/detokenize`` (vLLM's), ``/health`` and ``/metrics``, over a
+``ServiceBackend`` (and CORS for the web origins ``ServeSettings`` names).
 
 Every request is checked before anything runs: a bad field, an unknown model, a prompt
 and ``max_tokens`` beyond the context are 400s, a wrong key a 401, a full queue a 429, a
@@ -28,15 +28,25 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from controlplane.service_messages import GenerateChunk, GenerateDone, ServiceStats
+from controlplane.service_messages import (
+    DetokenizeRequest,
+    GenerateChunk,
+    GenerateDone,
+    ServiceStats,
+    TokenizeRequest,
+    TokensReply,
+)
 from engine.requests import GenerationRequest, TokenLogprob
 from serve.backend import BackendUnavailable, ServiceBackend
+from serve.limits import BodyLimit
 from serve.metrics import RequestClock, ServeMetrics
 from serve.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeBody,
     ResponseShape,
+    TokenizeBody,
     engine_error,
     finish_reason,
     to_generations,
@@ -140,19 +150,52 @@ class ZctlApi:
         body = self.metrics.render(stats, model, self.in_flight, self.settings.max_queue)
         return Response(body, media_type=PROMETHEUS_TEXT)
 
-    # -- completions --------------------------------------------------------------------
     def check_key(self, request: Request) -> None:
         key = self.settings.api_key
         if key and request.headers.get("authorization", "") != f"Bearer {key}":
             raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
                            "authentication_error", code="invalid_api_key")
 
-    async def complete(self, body: ChatCompletionRequest | CompletionRequest,
-                       request: Request) -> Response:
+    async def served_model(self, request: Request, model: str | None,
+                           status: int = 400) -> ServiceStats:
+        """The key checked and the model served, which ``model`` must name (if given)."""
         self.check_key(request)
         info = await self.served()
-        if body.model != info.model:
-            raise unknown_model(400, body.model, info.model)
+        if model is not None and model != info.model:
+            raise unknown_model(status, model, info.model)
+        return info
+
+    # -- tokens ---------------------------------------------------------------------------
+    async def tokenize(self, body: TokenizeBody, request: Request) -> dict[str, Any]:
+        """The ids a generation of the same prompt (or chat, with its tools) would see."""
+        info = await self.served_model(request, body.model)
+        gen = body.generation(uuid.uuid4().hex[:24])
+        problem = gen.problem()
+        if problem is not None:
+            raise ApiError(400, problem)
+        reply = await self._tokens(TokenizeRequest(**vars(gen)))
+        return {"count": len(reply.tokens), "max_model_len": info.max_context,
+                "tokens": reply.tokens,
+                "token_strs": reply.pieces if body.return_token_strs else None}
+
+    async def detokenize(self, body: DetokenizeBody, request: Request) -> dict[str, Any]:
+        await self.served_model(request, body.model)
+        reply = await self._tokens(DetokenizeRequest(uuid.uuid4().hex[:24], body.tokens))
+        return {"prompt": reply.text}
+
+    async def _tokens(self, msg: TokenizeRequest | DetokenizeRequest) -> TokensReply:
+        try:
+            reply = await self.backend.tokens(msg)
+        except BackendUnavailable as exc:
+            raise ApiError(503, str(exc), "service_unavailable", code="backend_down") from None
+        if reply.error:
+            raise ApiError(400, reply.error)
+        return reply
+
+    # -- completions --------------------------------------------------------------------
+    async def complete(self, body: ChatCompletionRequest | CompletionRequest,
+                       request: Request) -> Response:
+        info = await self.served_model(request, body.model)
         request_id = uuid.uuid4().hex[:24]
         gens = to_generations(body, request_id, self.settings.speculation)
         problem = next(filter(None, (gen.problem() for gen in gens)), None)  # any prompt's
@@ -399,60 +442,6 @@ def sse(data: Any) -> str:
     return f"data: {text}\n\n"
 
 
-class BodyTooLarge(Exception):
-    """A request's body passed the limit while it was being read."""
-
-
-class BodyLimit:
-    """ASGI middleware: a request whose body is over ``limit`` bytes gets a 413 in OpenAI's
-    error shape, at once when its Content-Length says so, else once the bytes read pass
-    the limit (a chunked body); ``on_refused`` counts it."""
-
-    def __init__(self, app: Any, limit: int, on_refused: Callable[[], None]) -> None:
-        self.app, self.limit, self.on_refused = app, limit, on_refused
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(send)
-            return
-        received, over, answered = 0, False, False
-
-        async def counted_receive() -> dict[str, Any]:
-            nonlocal received, over
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    over = True
-                    raise BodyTooLarge
-            return message
-
-        async def guarded_send(message: dict[str, Any]) -> None:
-            nonlocal answered
-            if over and not answered:  # the app's answer to the cut-off body: ours instead
-                answered = True
-                await self._refuse(send)
-            elif not over:
-                answered = answered or message["type"] == "http.response.start"
-                await send(message)
-
-        try:
-            await self.app(scope, counted_receive, guarded_send)
-        except BodyTooLarge:
-            if not answered:
-                await self._refuse(send)
-
-    async def _refuse(self, send: Any) -> None:
-        self.on_refused()
-        error = ApiError(413, f"the request body is over {self.limit} bytes",
-                         code="request_too_large")
-        await JSONResponse(error.body(), 413)({"type": "http"}, None, send)
-
-
 def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -> FastAPI:
     """The application serving ``backend``'s model."""
     api = ZctlApi(backend, settings or ServeSettings())
@@ -485,6 +474,14 @@ def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await api.complete(body, request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeBody, request: Request) -> dict[str, Any]:
+        return await api.tokenize(body, request)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
+        return await api.detokenize(body, request)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

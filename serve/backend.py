@@ -25,12 +25,15 @@ import zmq.asyncio
 from controlplane.client import lost_service
 from controlplane.messages import Error, MessageError, from_frames, to_frames
 from controlplane.service_messages import (
+    DetokenizeRequest,
     GenerateCancel,
     GenerateChunk,
     GenerateDone,
     GenerateRequest,
     ServiceStats,
     ServiceStatsRequest,
+    TokenizeRequest,
+    TokensReply,
 )
 from controlplane.sockets import dealer_socket, disconnect_monitor, was_disconnected
 from engine.requests import GenerationRequest
@@ -40,6 +43,7 @@ MAX_ANSWER_BYTES = 64 << 20
 FIRST_TIMEOUT_S = 300.0  # a request's first answer (a queue, a prefill, a paused pipeline)
 IDLE_TIMEOUT_S = 60.0  # any later gap (paused generations hear a note every 10 s)
 STATS_TIMEOUT_S = 3.0
+TOKENS_TIMEOUT_S = 10.0  # a tokenize answer (the service answers between its steps)
 
 
 class BackendUnavailable(RuntimeError):
@@ -59,6 +63,7 @@ class ServiceBackend:
         self._watcher: asyncio.Task | None = None
         self._queues: dict[str, asyncio.Queue] = {}
         self._stats_waiters: list[asyncio.Future] = []
+        self._token_waiters: dict[str, asyncio.Future] = {}  # request id -> its TokensReply
 
     def _socket(self) -> Any:
         if self._sock is None:
@@ -91,6 +96,9 @@ class ServiceBackend:
                     log.warning("%s", lost)
                     for queue in self._queues.values():
                         queue.put_nowait(lost)
+                    for waiter in self._token_waiters.values():
+                        if not waiter.done():
+                            waiter.set_exception(lost)
         finally:
             monitor.close(0)
 
@@ -107,6 +115,10 @@ class ServiceBackend:
                 queue = self._queues.get(msg.request_id)
                 if queue is not None:
                     queue.put_nowait(msg)
+            elif isinstance(msg, TokensReply):
+                waiter = self._token_waiters.get(msg.request_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(msg)
             elif isinstance(msg, ServiceStats | Error):
                 waiters, self._stats_waiters = self._stats_waiters, []
                 for waiter in waiters:
@@ -163,3 +175,20 @@ class ServiceBackend:
         if isinstance(msg, Error):
             raise BackendUnavailable(f"the generation service refused: {msg.detail}")
         return msg
+
+    async def tokens(self, request: TokenizeRequest | DetokenizeRequest,
+                     timeout_s: float = TOKENS_TIMEOUT_S) -> TokensReply:
+        """The service's answer to a tokenize or detokenize request (BackendUnavailable if
+        it does not answer)."""
+        rid = request.request_id
+        if rid in self._token_waiters:
+            raise ValueError(f"request {rid} is already waiting")
+        waiter = self._token_waiters[rid] = asyncio.get_running_loop().create_future()
+        try:
+            await self._socket().send_multipart(to_frames(request))
+            return await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            raise BackendUnavailable(f"the generation service at {self.endpoint} does not "
+                                     f"answer (waited {timeout_s:g} s)") from None
+        finally:
+            del self._token_waiters[rid]

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from controlplane.service_messages import MAX_DETOKENIZE
 from engine.requests import (
     BAD_REQUEST,
     MAX_NEW_TOKENS,
@@ -237,6 +238,39 @@ class CompletionRequest(SamplingFields):
             raise ApiError(400, f"prompt takes a string or a list of 1..{MAX_PROMPTS} strings",
                            param="prompt")
         return prompts
+
+
+class TokenizeBody(BaseModel):
+    """``POST /tokenize`` (vLLM's route): a text completion's ``prompt``, or a chat's
+    ``messages`` (with its ``tools``), as the ids its generation would be prompted with;
+    ``model`` may be left out."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatTurn] | None = Field(None, min_length=1)
+    tools: list[ToolDef] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    return_token_strs: bool = False
+
+    def generation(self, request_id: str) -> GenerationRequest:
+        """The engine's request the ids are those of (nothing is generated)."""
+        if (self.prompt is None) == (self.messages is None):
+            raise ApiError(400, "give a prompt or messages", param="prompt")
+        model = self.model or ""
+        req: ChatCompletionRequest | CompletionRequest = (
+            CompletionRequest(model=model, prompt=self.prompt) if self.messages is None else
+            ChatCompletionRequest(model=model, messages=self.messages, tools=self.tools,
+                                  tool_choice=self.tool_choice))
+        return to_generation(req, request_id)
+
+
+class DetokenizeBody(BaseModel):
+    """``POST /detokenize`` (vLLM's route): token ids back to text, special tokens kept."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int] = Field(max_length=MAX_DETOKENIZE)
 
 
 def speculation(options: ZctlOptions, default: tuple[str, int]) -> tuple[str, int]:
