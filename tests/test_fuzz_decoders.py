@@ -121,12 +121,19 @@ def test_any_multipart_is_a_service_message_or_refused(frames_: list[bytes]) -> 
         assert str(exc)
 
 
-@pytest.mark.parametrize("model", ["chat", "completion"])
+@pytest.mark.parametrize("model", ["chat", "completion", "tokenize"])
 def test_any_json_is_an_api_request_or_a_validation_error(model: str) -> None:
     pydantic = pytest.importorskip("pydantic")
-    from serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, to_generations
+    from serve.protocol import (
+        ApiError,
+        ChatCompletionRequest,
+        CompletionRequest,
+        TokenizeBody,
+        to_generations,
+    )
 
-    cls = ChatCompletionRequest if model == "chat" else CompletionRequest
+    cls = {"chat": ChatCompletionRequest, "completion": CompletionRequest,
+           "tokenize": TokenizeBody}[model]
     shaped = {  # near-valid shapes of the structured-output and tool fields, and any JSON
         "response_format": JSON | st.fixed_dictionaries(
             {"type": st.sampled_from(["text", "json_object", "json_schema"])},
@@ -140,7 +147,7 @@ def test_any_json_is_an_api_request_or_a_validation_error(model: str) -> None:
     fields = {"model": st.text(max_size=8), "messages": JSON, "prompt": JSON,
               "max_tokens": JSON, "temperature": JSON, "top_p": JSON, "stop": JSON,
               "n": JSON, "logprobs": JSON, "top_logprobs": JSON, "seed": JSON,
-              "stream": JSON, **shaped}
+              "stream": JSON, "return_token_strs": JSON, **shaped}
 
     @settings(FUZZ, max_examples=API_EXAMPLES)
     @given(st.fixed_dictionaries({}, optional=fields))
@@ -150,7 +157,9 @@ def test_any_json_is_an_api_request_or_a_validation_error(model: str) -> None:
         except pydantic.ValidationError:
             return
         try:
-            for gen in to_generations(req, "r"):
+            gens = [req.generation("r")] if isinstance(req, TokenizeBody) else \
+                to_generations(req, "r")
+            for gen in gens:
                 gen.problem()
         except ApiError as exc:
             assert str(exc)

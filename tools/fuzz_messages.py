@@ -32,7 +32,13 @@ from controlplane.messages import (
     encode_message,
 )
 from controlplane.records import DeviceInfo
-from controlplane.service_messages import GenerateCancel, GenerateRequest, ServiceStatsRequest
+from controlplane.service_messages import (
+    DetokenizeRequest,
+    GenerateCancel,
+    GenerateRequest,
+    ServiceStatsRequest,
+    TokenizeRequest,
+)
 from dataplane.frames import FIXED, HiddenStateFrame, Kind, ReplyMode, encode_frame
 
 Parts = list[bytes]
@@ -123,11 +129,12 @@ def control_seeds() -> list[Parts]:
 
 def service_seeds() -> list[Parts]:
     """Valid generation-service messages: short generations, a cancel, a stats request,
-    and a control message sent to the wrong ROUTER."""
+    tokenize and detokenize requests, and a control message sent to the wrong ROUTER."""
     return [[encode_message(m)] for m in (
         GenerateRequest("fuzz-a", "the sky is", 2, ignore_eos=True),
         GenerateRequest("fuzz-b", "one two", 1, chat=False, temperature=0.7, seed=3),
-        GenerateCancel("fuzz-a"), ServiceStatsRequest(), StatusRequest())]
+        GenerateCancel("fuzz-a"), ServiceStatsRequest(), StatusRequest(),
+        TokenizeRequest("fuzz-c", "the sky is", 1), DetokenizeRequest("fuzz-d", [1, 2, 3]))]
 
 
 def json_message(rng: random.Random, seeds: list[Parts], cap: int) -> Parts:
@@ -252,7 +259,8 @@ class HttpCase:
     body: bytes
 
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+POSTS = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
+ROUTES = (*POSTS, "/v1/models", "/health", "/metrics")
 ODD_PATHS = ("/", "/v1", "/v1/", "/v2/completions", "/v1/chat/completions/x", "/%00", "/..%2f",
              "/v1/models/../../etc/passwd", "/" + "a" * 4000, "/docs", "/openapi.json")
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE", "FOO")
@@ -268,12 +276,14 @@ def api_body(rng: random.Random, model: str) -> dict[str, Any]:
         body["prompt"] = "the sky is"
     if rng.random() < 0.2:
         body["stream"] = True
+    if rng.random() < 0.2:  # what /detokenize takes
+        body["tokens"] = [rng.randint(0, 64) for _ in range(rng.randint(0, 8))]
     return body
 
 
 def odd_body(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
     key = rng.choice([*sorted(body), "n", "stop", "seed", "top_p", "logprobs", "top_logprobs",
-                      "zctl", "stream_options", "messages", "max_completion_tokens"])
+                      "zctl", "stream_options", "messages", "max_completion_tokens", "tokens"])
     body[key] = rng.choice([*ODD_VALUES, -5, 10 ** 9, [{"role": "wizard"}],
                             [{"role": "user", "content": [{"type": "image_url"}]}],
                             {"speculative": "draft:/etc"}, {"k": 99}, ["", "a"]])
@@ -283,7 +293,7 @@ def odd_body(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
 def http_case(rng: random.Random, model: str, cap: int) -> HttpCase:
     """One hostile HTTP request (``cap``: the API's body limit; none here reach it)."""
     json_type = {"content-type": "application/json"}
-    route = rng.choice(ROUTES[:2])
+    route = rng.choice(POSTS)
     pick = rng.random()
     if pick < 0.08:  # a valid short generation
         return HttpCase("POST", route, json_type, json.dumps(api_body(rng, model)).encode())
@@ -310,7 +320,7 @@ def http_case(rng: random.Random, model: str, cap: int) -> HttpCase:
             ["word " * (cap // rng.choice([64, 16])), "\x01" * (cap // 8),
              json.loads("[" * 500 + "]" * 500)])
         return HttpCase("POST", route, json_type, json.dumps(big).encode()[:cap - 1])
-    return HttpCase("GET", rng.choice(ROUTES[2:]), {}, b"")
+    return HttpCase("GET", rng.choice(ROUTES[len(POSTS):]), {}, b"")
 
 
 def over_cap_body(rng: random.Random, model: str, cap: int) -> HttpCase:
