@@ -10,6 +10,7 @@ import pytest
 from controlplane import messages as m
 from controlplane import records as r
 from controlplane import service_messages as sm
+from engine.requests import ChatMessage
 
 HASH = "ab" * 32
 KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"  # a Z85 CURVE public key
@@ -56,6 +57,9 @@ def sample(cls: type[m.Message]) -> m.Message:
                 0, "coordinator", True, 12, sm.HistogramSnapshot([0.5, 1.0], [1, 0, 2], 7.5))],
             [sm.HopStats("0-1", 4096, sm.HistogramSnapshot([1.0], [3, 0], 0.9))],
             {"coordinator": True, "n1": False}, "stage 1 is down", "tiny", 2048, 2),
+        sm.TokenizeRequest: sm.TokenizeRequest("t1", messages=[ChatMessage("user", "hi")]),
+        sm.DetokenizeRequest: sm.DetokenizeRequest("t2", [1, 2, 3]),
+        sm.TokensReply: sm.TokensReply("t1", [1, 2], ["<s>", "hi"], "", ""),
     }
     return samples[cls]
 
