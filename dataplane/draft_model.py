@@ -13,8 +13,8 @@ import numpy as np
 
 from common.manifest import ManifestError, load_manifest
 from dataplane.runtime import RuntimeConfig, StageError, StageRunner, load_runner
+from engine.prefill import prefill_chunks
 from engine.requests import RequestRefused
-from engine.sessions import prefill_chunks
 
 
 class ModelDrafter:

@@ -69,10 +69,12 @@ def new_session(stream_id: int, req: GenerationRequest, ids: Sequence[int],
     sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed,
                               req.presence_penalty, req.frequency_penalty, biases)
     top = req.top_logprobs if req.logprobs else None
-    reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
+    reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload,
+                 prompt_logprobs=req.prompt_logprobs)
     if constraint is not None:  # held to a grammar: drafts checked by it, not pipelined
         reads["constraint"] = constraint
-    if not req.speculative or (constraint is not None and req.speculative == "pipelined"):
+    plain = constraint is not None or req.prompt_logprobs  # ... and so is a prompt scored
+    if not req.speculative or (plain and req.speculative == "pipelined"):
         return DecodeSession(stream_id, ids, req.max_tokens, stops, **reads)
     if req.speculative == "pipelined":
         return PipelinedSession(stream_id, ids, req.max_tokens, stops, width=req.k or None,

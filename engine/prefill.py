@@ -63,6 +63,13 @@ STATEFUL_PRIOR = StepCostModel(2.0, 0.17, 1.6e-3, 6e-5)
 PAGED_PRIOR = StepCostModel(2.0, 0.17, 1.1e-4, 5.5e-5)
 
 
+def prefill_chunks(num_tokens: int, chunk: int) -> list[tuple[int, int]]:
+    """Split a prompt of num_tokens into [start, end) chunks of at most ``chunk`` tokens."""
+    if chunk < 1:
+        raise ValueError("prefill chunk must be at least 1")
+    return [(s, min(s + chunk, num_tokens)) for s in range(0, num_tokens, chunk)]
+
+
 def step_features(rows: list[tuple[int, int]]) -> tuple[float, float, float, float]:
     """The cost model's terms of one step whose rows (sequences) feed (tokens, past)
     each: the fixed cost once, the others summed over the rows."""

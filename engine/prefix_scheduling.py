@@ -43,7 +43,8 @@ class PrefixScheduling:
         """Give a new session the KV of the longest cached start of its prompt (of at least
         ``min_hit`` tokens; None: the cache's own least)."""
         cache = self.cache
-        if cache is None or session.restarts or session.prefill_position:
+        if cache is None or session.restarts or session.prefill_position or \
+                session.prompt_logprobs is not None:  # (its prompt is scored: all of it runs)
             return
         wirings = getattr(self.pipeline, "wirings", 0)
         if wirings != self._wirings:  # rewired or abandoned: later stages lost their entries

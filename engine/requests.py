@@ -91,6 +91,9 @@ class GenerationRequest:
     chunk_interval_ms: int = 100  # how often tokens are sent (0: each as it comes)
     grammar_kind: str = ""  # "": free text; else one of GRAMMAR_KINDS, and the output
     grammar: str = ""  # ... matches this (engine.constraints; drafts are checked by it)
+    prompt_logprobs: bool = False  # the first chunk carries the prompt's tokens' logprobs
+    # (each after the ones before it, with top_logprobs alternatives; needs logprobs): the
+    # whole prompt is prefilled, no cached prefix used
 
     def biases(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (token id, bias) pairs in id order (check ``problem`` first;
@@ -133,6 +136,7 @@ class GenerationRequest:
             (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
              f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}"),
             (self.logprobs or self.top_logprobs == 0, "top_logprobs needs logprobs"),
+            (self.logprobs or not self.prompt_logprobs, "prompt_logprobs needs logprobs"),
             (self.logits_payload in PAYLOAD_POLICIES,
              f"logits_payload must be one of {', '.join(PAYLOAD_POLICIES)}"),
             (0 <= self.chunk_interval_ms <= 60_000, "chunk_interval_ms must be in 0..60000"),
@@ -164,6 +168,9 @@ class GenerationChunk:
     spec: dict[str, float] = field(default_factory=dict)  # acceptance, k, tokens_per_step
     note: str = ""  # what happened to the generation (paused: a stage is down; resumed)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, if asked
+    # the prompt's tokens, each after the ones before it (the first, with none before it,
+    # at 0), in the stream's first chunk when prompt_logprobs asked
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -21,17 +21,16 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from engine.admission import DrafterLoader, SessionLimits, new_session
 from engine.constraints import GrammarCompiler, GrammarQueue
 from engine.executor import Executor
-from engine.pipelined import PipelinedSession
+from engine.outcomes import PipelineDown, error_kind, session_tokens, spec_summary, stop_reason
 from engine.prefix_cache import PrefixCacheStats
 from engine.requests import (
     BAD_REQUEST,
     DEFAULT_MAX_STREAMS,
-    INTERNAL,
     UNAVAILABLE,
     GenerationChunk,
     GenerationDone,
@@ -42,7 +41,7 @@ from engine.requests import (
 from engine.scheduler import SessionUpdate, StreamScheduler
 from engine.sessions import DecodeSession
 from engine.stops import StopMatcher
-from engine.tokenizer import ChatTokenizer, StreamDecoder
+from engine.tokenizer import ChatTokenizer, StreamDecoder, prompt_logprob_texts, with_texts
 
 log = logging.getLogger("zctl.engine")
 TIMING_REFRESH_S = 0.5  # how often the percentiles those chunks carry are recomputed
@@ -55,49 +54,6 @@ Event = GenerationChunk | GenerationDone
 Outgoing = tuple[Hashable, Event]  # (the client that asked, what it is told)
 
 
-class PipelineDown(RuntimeError):
-    """A stage's node is dead, gone or failed: steps through it cannot complete."""
-
-
-def spec_summary(session: DecodeSession) -> dict[str, float]:
-    """Acceptance, the current K and tokens per verify step of a speculative session."""
-    spec = session.spec
-    pipelined = isinstance(session, PipelinedSession)
-    if (session.k == 0 and not pipelined) or not spec.steps:
-        return {}
-    recent = session.k_used[-16:]
-    summary = {"acceptance": round(spec.acceptance_rate, 4), "k": float(session.last_k),
-               "k_mean": round(sum(recent) / len(recent), 2),
-               "tokens_per_step": round(spec.tokens_per_step, 3), "steps": float(spec.steps)}
-    if pipelined:  # runs in flight at most now, and runs cancelled on a wrong guess
-        summary.update(depth=float(session.depth()), cancelled=float(session.cancelled))
-    return summary
-
-
-def session_tokens(session: DecodeSession) -> Counter[str]:
-    """A generation's draft tokens proposed and accepted, and grammar-forced tokens."""
-    return Counter(proposed=session.spec.proposed, accepted=session.spec.accepted,
-                   forced=session.forced_fed)
-
-
-def stop_reason(produced: Sequence[int], request: GenerationRequest, stop_ids: Sequence[int],
-                error: Exception | None, cancelled: bool, stopped: bool = False) -> str:
-    if error is not None:
-        return "error"
-    if cancelled:
-        return "cancelled"
-    if stopped:
-        return "stop"
-    if produced and not request.ignore_eos and produced[-1] in stop_ids:
-        return "eos"
-    return "max_tokens"
-
-
-def error_kind(error: Exception) -> str:
-    """How a front door should report a generation's failure."""
-    return UNAVAILABLE if isinstance(error, PipelineDown) else INTERNAL
-
-
 @dataclass
 class _Job:
     client: Hashable
@@ -108,6 +64,7 @@ class _Job:
     pending: list[int] = field(default_factory=list)
     pending_text: str = ""
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs_due: bool = False  # the prompt's logprobs go with the next chunk
     raw_text: str = ""  # what the decoder gave, before stop strings were taken out
     sent_text: str = ""  # what the client was sent
     kept: int = 0  # tokens of session.emitted the client gets (a stop string cuts the rest)
@@ -438,8 +395,11 @@ class GenerationEngine:
         self._take_tokens(job, update.tokens)
         now = time.monotonic()
         first = len(session.emitted) == len(update.tokens) and update.tokens
+        if first and session.prompt_logprobs is not None:
+            job.prompt_logprobs_due = True  # (even if the first token is a stop token)
         interval = job.request.chunk_interval_ms / 1e3
-        if job.pending and (first or now - job.last_sent >= interval or session.done):
+        if (job.pending or job.prompt_logprobs_due) and (
+                first or now - job.last_sent >= interval or session.done):
             self._send_pending(job, now)
         if session.done:
             self._finish(job)
@@ -457,7 +417,7 @@ class GenerationEngine:
                 continue
             job.pending.append(token)
             if session.top_logprobs is not None:
-                job.pending_logprobs.append(self._texts_of(session.logprobs[first_index + i]))
+                job.pending_logprobs.append(with_texts(self.tokenizer, session.logprobs[first_index + i]))
             raw = job.decoder.push(token)
             job.raw_text += raw
             job.pending_text += job.stops.push(raw)
@@ -466,18 +426,22 @@ class GenerationEngine:
                 self._scheduler.cancel(session.stream_id)  # frees its KV on every stage
             session.done = True
 
-    def _texts_of(self, lp: TokenLogprob) -> TokenLogprob:
-        """``lp`` with the text of its token and of each alternative."""
-        decode = self.tokenizer.decode
-        return replace(lp, text=decode([lp.token], skip_special_tokens=False),
-                       top_texts=[decode([t], skip_special_tokens=False) for t in lp.top_tokens])
+    def _prompt_logprobs(self, job: _Job) -> list[TokenLogprob]:
+        """The prompt's logprobs for the job's first chunk (after it: none)."""
+        session = job.session
+        if not job.prompt_logprobs_due or session.prompt_logprobs is None:
+            return []
+        job.prompt_logprobs_due = False
+        return prompt_logprob_texts(self.tokenizer, int(session.prompt[0]),
+                                    session.prompt_logprobs)
 
     def _send_pending(self, job: _Job, now: float) -> None:
         session = job.session
         self._out.append((job.client, GenerationChunk(
             job.request.request_id, job.pending, job.pending_text, job.kept,
             session.stats.ttft_ms, session.stats.tok_s or None,
-            self._new_timing(job, now), spec_summary(session), logprobs=job.pending_logprobs)))
+            self._new_timing(job, now), spec_summary(session), logprobs=job.pending_logprobs,
+            prompt_logprobs=self._prompt_logprobs(job))))
         job.sent_text += job.pending_text
         job.pending, job.pending_text, job.pending_logprobs = [], "", []
         job.last_sent = now

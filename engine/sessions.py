@@ -56,16 +56,11 @@ COST_WINDOW = 64  # decode steps the online cost model is fitted to
 PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep measuring
 PROBE_MAX = 256  # ... and back off to this gap while the probes keep being rejected
 MAX_FORCED = 32  # the most grammar-forced tokens one step feeds (engine.constraints)
+PROMPT_LOGPROBS_CHUNK = 16  # prompt positions a step answers with their logits (~3 MB of
+# float32 for a 49k vocabulary), for a prompt's logprobs
 AUTO_K_START = 4  # adaptive K's first draft length, until a cost model is fitted
 MEASURE_STEPS = 2  # ... drafted for this many steps, then 1-token steps give the other size
 HOPS_DOMINATE = 2.0  # hindsight K once a step takes this many times the stages' compute
-
-
-def prefill_chunks(num_tokens: int, chunk: int) -> list[tuple[int, int]]:
-    """Split a prompt of num_tokens into [start, end) chunks of at most ``chunk`` tokens."""
-    if chunk < 1:
-        raise ValueError("prefill chunk must be at least 1")
-    return [(s, min(s + chunk, num_tokens)) for s in range(0, num_tokens, chunk)]
 
 
 def last_row(reply: StepReply) -> StepReply:
@@ -113,7 +108,8 @@ class DecodeSession:
                  stats: GenerationStats | None = None,
                  sampling: SamplingParams | None = None,
                  top_logprobs: int | None = None, logits_payload: str = "auto",
-                 constraint: TokenConstraint | None = None) -> None:
+                 constraint: TokenConstraint | None = None, prompt_logprobs: bool = False
+                 ) -> None:
         if len(prompt_ids) == 0:
             raise ValueError("the prompt has no tokens")
         if k < 0:
@@ -153,6 +149,12 @@ class DecodeSession:
         # the most tokens a prefill step may feed, and what the next one feeds (the
         # scheduler sets it from the stages' costs, up to the most)
         self.max_prefill_chunk = prefill_chunk or MAX_CHUNK
+        # with prompt_logprobs: token i's (i >= 1) under the tokens before it, once the
+        # chunk holding position i - 1 is answered; its chunks answer every position
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        if prompt_logprobs:
+            self.prompt_logprobs = [None] * (self.prompt.size - 1)
+            self.max_prefill_chunk = min(self.max_prefill_chunk, PROMPT_LOGPROBS_CHUNK)
         self.prefill_chunk = self.max_prefill_chunk
         self._replay: np.ndarray | None = None  # tokens to prefill again after a restart
         self._planned_to = 0  # prefill positions planned so far
@@ -321,6 +323,8 @@ class DecodeSession:
             return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0)
         if lo == self.cached_tokens:
             self._started_at = now
+        if self.prompt_logprobs is not None:  # every position's logits, exactly
+            return StepPlan(tokens[lo:hi], np.arange(lo, hi), np.arange(hi - lo), 0, True)
         return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0,
                         hi == tokens.size and self.wants_logits)
 
@@ -390,7 +394,9 @@ class DecodeSession:
         """Take the reply to the planned step; returns the tokens it emits."""
         now = time.perf_counter()
         if self.prefilling:
-            self._answered_to = self._chunk_ends.popleft()
+            lo, self._answered_to = self._answered_to, self._chunk_ends.popleft()
+            if self.prompt_logprobs is not None and self._replay is None:
+                self._note_prompt_logprobs(reply, lo)
             if self.prefilling:
                 return []
             if self._replay is not None:  # caught up: the next step feeds emitted[-1]
@@ -443,6 +449,17 @@ class DecodeSession:
             self.logprobs += token_logprobs(rows[-1:] if last else rows, tokens, self.top_logprobs,
                                             normalised=reply.logprob_rows)
         return tokens
+
+    def _note_prompt_logprobs(self, reply: StepReply, lo: int) -> None:
+        """The prompt's tokens after positions ``lo``.. of a prefill chunk's reply (row i
+        answers position lo + i, so it gives token lo + i + 1's logprob)."""
+        if reply.logits is None:
+            raise RuntimeError("the pipeline returned no logits for a prompt's logprobs")
+        assert self.prompt_logprobs is not None
+        rows = reply.logits.reshape(-1, reply.logits.shape[-1])
+        lps = token_logprobs(rows, self.prompt[lo + 1:lo + 1 + rows.shape[0]].tolist(),
+                             self.top_logprobs or 0, normalised=reply.logprob_rows)
+        self.prompt_logprobs[lo:lo + len(lps)] = lps
 
     def _first_token(self, reply: StepReply) -> int:
         if self.sampling is None:

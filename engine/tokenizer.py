@@ -2,14 +2,19 @@
 
 ``tokenizer.json`` is run by the ``tokenizers`` library; the chat template (from
 ``chat_template.jinja`` or ``tokenizer_config.json``) is rendered with jinja2 the way
-transformers renders it. ``StreamDecoder`` emits streamed text once it is complete UTF-8.
+transformers renders it. ``StreamDecoder`` emits streamed text once it is complete UTF-8;
+``with_texts`` and ``prompt_logprob_texts`` give logprobs their tokens' texts.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from engine.requests import TokenLogprob
 
 
 class TokenizerError(ValueError):
@@ -107,3 +112,20 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         return self._stream.step(self._tok, int(token_id)) or ""
+
+
+def with_texts(tokenizer: ChatTokenizer, lp: TokenLogprob) -> TokenLogprob:
+    """``lp`` with the text of its token and of each alternative."""
+    decode = tokenizer.decode
+    return replace(lp, text=decode([lp.token], skip_special_tokens=False),
+                   top_texts=[decode([t], skip_special_tokens=False) for t in lp.top_tokens])
+
+
+def prompt_logprob_texts(tokenizer: ChatTokenizer, first: int,
+                         rest: Sequence[TokenLogprob | None]) -> list[TokenLogprob]:
+    """A prompt's logprobs, one per token: ``first`` (nothing before it: at 0), then
+    ``rest``. Each token's text is what it adds to the prompt's text (a special token
+    nothing), so the texts join into the prompt and offsets follow it."""
+    decoder = StreamDecoder(tokenizer)
+    return [replace(with_texts(tokenizer, lp), text=decoder.push(lp.token))
+            for lp in (TokenLogprob(first, 0.0), *rest) if lp is not None]

@@ -248,8 +248,10 @@ class ZctlApi:
                 release()  # (a choice's events may never have started)
             await close_all(events)
             raise
+        echo = body.prompt_texts() if isinstance(body, CompletionRequest) and body.echo \
+            else None
         shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model, body.n,
-                              tools=body.tool_plan())
+                              tools=body.tool_plan(), echo=echo)
         if body.stream:
             return StreamingResponse(
                 self._sse(shape, firsts, events, clocks, body.include_usage),
@@ -307,25 +309,29 @@ class ZctlApi:
         """The whole reply: every choice's tokens collected (together), then its end."""
         ends = await together([self._collect(f, e, c, request, g)
                                for f, e, c, g in zip(firsts, events, clocks, gens, strict=True)])
-        return shape.reply([done for done, _ in ends], [lps for _, lps in ends])
+        return shape.reply([done for done, _, _ in ends], [lps for _, lps, _ in ends],
+                           [prompt for _, _, prompt in ends])
 
     async def _collect(self, first: Any, events: AsyncIterator[Any], clock: RequestClock,
                        request: Request, gen: GenerationRequest,
-                       ) -> tuple[GenerateDone, list[TokenLogprob] | None]:
-        """One choice's end and its tokens' logprobs (if asked for)."""
+                       ) -> tuple[GenerateDone, list[TokenLogprob] | None, list[TokenLogprob]]:
+        """One choice's end, its tokens' logprobs (if asked for) and its prompt's (if
+        asked for: an echo's)."""
         logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
+        prompt: list[TokenLogprob] = []
         msg, checked = first, time.monotonic()
         while True:
             now = time.monotonic()
             if isinstance(msg, GenerateChunk):
                 clock.tokens(len(msg.tokens), now)
+                prompt = msg.prompt_logprobs or prompt
                 if logprobs is not None:
                     logprobs += msg.logprobs
             else:
                 if msg.error:
                     raise engine_error(msg)
                 clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg), now)
-                return msg, logprobs
+                return msg, logprobs, prompt
             if now - checked >= DISCONNECT_CHECK_S:  # tokens keep coming: look anyway
                 checked = now
                 if await request.is_disconnected():
@@ -344,6 +350,8 @@ class ZctlApi:
             dones: dict[int, GenerateDone] = {}
             async with contextlib.aclosing(merged(firsts, events)) as stream:
                 async for index, msg in stream:
+                    if echo := shape.echo_chunk(index, getattr(msg, "prompt_logprobs", None)):
+                        yield sse(_with_usage(echo, include_usage))  # before its first text
                     if isinstance(msg, GenerateChunk):
                         clocks[index].tokens(len(msg.tokens), time.monotonic())
                         if (msg.text or msg.logprobs) and not shape.holds(index, msg.text):

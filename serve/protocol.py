@@ -227,7 +227,7 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str]
     logprobs: int | None = Field(None, ge=0, le=5)
-    echo: bool = Field(False, description="not supported", le=False)
+    echo: bool = False  # the prompt before the completion (with logprobs: the prompt's too)
     suffix: None = None
 
     def prompt_texts(self) -> list[str]:
@@ -315,7 +315,8 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
             top_logprobs=req.top_logprobs or 0, **common)
     return GenerationRequest(
         prompt=req.prompt_texts()[0], max_tokens=req.max_tokens or 16, chat=False,
-        logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0, **common)
+        logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0,
+        prompt_logprobs=req.echo and req.logprobs is not None, **common)
 
 
 # -- responses ------------------------------------------------------------------------
@@ -348,18 +349,32 @@ def chat_logprobs(logprobs: list[TokenLogprob]) -> dict[str, Any]:
         for lp in logprobs], "refusal": None}
 
 
-def text_logprobs(logprobs: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+def text_logprobs(logprobs: list[TokenLogprob], offset: int = 0,
+                  first_unscored: bool = False) -> dict[str, Any]:
     """The completions API's (legacy) ``logprobs`` object; ``offset`` is where the text of
-    the first token starts in the completion."""
+    the first token starts in the completion. ``first_unscored``: the first token is a
+    prompt's first, which nothing comes before (null, as OpenAI has it)."""
     offsets = []
     for lp in logprobs:
         offsets.append(offset)
         offset += len(lp.text)
-    return {"tokens": [lp.text for lp in logprobs],
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [dict(zip(lp.top_texts, lp.top_logprobs, strict=True))
-                             for lp in logprobs],
-            "text_offset": offsets}
+    out = {"tokens": [lp.text for lp in logprobs],
+           "token_logprobs": [lp.logprob for lp in logprobs],
+           "top_logprobs": [dict(zip(lp.top_texts, lp.top_logprobs, strict=True))
+                            for lp in logprobs],
+           "text_offset": offsets}
+    if first_unscored and logprobs:
+        out["token_logprobs"][0] = out["top_logprobs"][0] = None
+    return out
+
+
+def echoed_logprobs(prompt: str, prompt_lps: list[TokenLogprob],
+                    logprobs: list[TokenLogprob]) -> dict[str, Any]:
+    """An echoed completion's ``logprobs``: the prompt's tokens (the first unscored), then
+    the completion's, whose offsets start where the prompt's text ends."""
+    head, tail = text_logprobs(prompt_lps, 0, first_unscored=True), text_logprobs(logprobs,
+                                                                                   len(prompt))
+    return {key: head[key] + tail[key] for key in head}
 
 
 class ResponseShape:
@@ -367,10 +382,12 @@ class ResponseShape:
     ``index`` names the choice a chunk belongs to."""
 
     def __init__(self, chat: bool, request_id: str, model: str, per_prompt: int = 1,
-                 tools: ToolPlan = ToolPlan([])) -> None:
+                 tools: ToolPlan = ToolPlan([]), echo: list[str] | None = None) -> None:
         self.chat, self.model = chat, model
         self.per_prompt = per_prompt  # choices per prompt (n): a batch's prompts in turn
         self.tools = tools  # the functions a choice may call (serve.tools)
+        self.echo = echo  # a completion's prompts, echoed before their choices' text
+        self._echoed: set[int] = set()  # streamed choices whose prompt went out
         self._calling: dict[int, bool] = {}  # "auto": whether choice i's output is a call
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
@@ -396,15 +413,30 @@ class ResponseShape:
         choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
         return {**self._envelope("text_completion"), "choices": [choice]}
 
+    def echo_chunk(self, index: int, prompt_lps: list[TokenLogprob] | None
+                   ) -> dict[str, Any] | None:
+        """A streamed completion's echoed prompt (and its logprobs, if asked), once per
+        choice, before its text; None when not echoing or already sent."""
+        if self.echo is None or index in self._echoed:
+            return None
+        self._echoed.add(index)
+        prompt = self.echo[index // self.per_prompt]
+        self.text_offsets[index] = len(prompt)
+        lps = text_logprobs(prompt_lps, 0, first_unscored=True) if prompt_lps else None
+        choice = {"index": index, "text": prompt, "logprobs": lps, "finish_reason": None}
+        return {**self._envelope("text_completion"), "choices": [choice]}
+
     def usage_chunk(self, dones: list[GenerationDone]) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._envelope(kind), "choices": [], "usage": usage(dones, self.per_prompt)}
 
-    def reply(self, dones: list[GenerationDone],
-              logprobs: list[list[TokenLogprob] | None]) -> dict[str, Any]:
-        """The whole (non-streamed) answer: a choice per generation, in order."""
-        choices = [self._choice(i, done, lps)
-                   for i, (done, lps) in enumerate(zip(dones, logprobs, strict=True))]
+    def reply(self, dones: list[GenerationDone], logprobs: list[list[TokenLogprob] | None],
+              prompt_logprobs: list[list[TokenLogprob]] | None = None) -> dict[str, Any]:
+        """The whole (non-streamed) answer: a choice per generation, in order (an echoed
+        completion's prompts' logprobs in ``prompt_logprobs``)."""
+        prompts = prompt_logprobs or [[] for _ in dones]
+        choices = [self._choice(i, done, lps, plps) for i, (done, lps, plps)
+                   in enumerate(zip(dones, logprobs, prompts, strict=True))]
         kind = "chat.completion" if self.chat else "text_completion"
         return {**self._envelope(kind), "choices": choices,
                 "usage": usage(dones, self.per_prompt)}
@@ -436,8 +468,8 @@ class ResponseShape:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
 
-    def _choice(self, index: int, done: GenerationDone,
-                logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
+    def _choice(self, index: int, done: GenerationDone, logprobs: list[TokenLogprob] | None,
+                prompt_lps: list[TokenLogprob]) -> dict[str, Any]:
         if self.chat:
             calls, reason = self.ending(done)
             message = {"role": "assistant", "content": None, "tool_calls": calls} if calls \
@@ -445,6 +477,11 @@ class ResponseShape:
             return {"index": index, "message": message,
                     "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
                     "finish_reason": reason}
-        return {"index": index, "text": done.text,
-                "logprobs": text_logprobs(logprobs) if logprobs is not None else None,
+        text, lps = done.text, text_logprobs(logprobs) if logprobs is not None else None
+        if self.echo is not None:
+            prompt = self.echo[index // self.per_prompt]
+            text = prompt + text
+            if logprobs is not None:
+                lps = echoed_logprobs(prompt, prompt_lps, logprobs)
+        return {"index": index, "text": text, "logprobs": lps,
                 "finish_reason": finish_reason(done)}

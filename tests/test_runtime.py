@@ -14,7 +14,7 @@ from dataplane.local_chain import LocalChain
 from dataplane.paged_runtime import PagedStageRunner
 from dataplane.runtime import RuntimeConfig, StageError, StageRunner
 from engine.executor import reply_from_logits
-from engine.sessions import prefill_chunks
+from engine.prefill import prefill_chunks
 
 EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
 PROMPT = np.array([0, 17, 33, 90, 12, 250, 7], dtype=np.int64)

@@ -20,7 +20,7 @@ from controlplane.schema import describe
 PINNED = {
     2: "be925e012bbe67ff",
     3: "133cc69c0970c7d0",  # generate_request: grammar_kind, grammar
-    4: "44946e0a50f50ead",  # tokenize_request, detokenize_request, tokens_reply
+    4: "c29fa5c3219ce680",  # tokenize_request, detokenize_request, tokens_reply; prompt_logprobs
 }
 
 
