@@ -20,6 +20,9 @@ from engine.sampling import SamplingParams
 from engine.sessions import DecodeSession
 
 AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
+# a scored prompt's step answers every position with float32 logits: its chunks hold
+# about this many bytes of them (170 positions of a 49k vocabulary, 65 of a 128k one)
+SCORING_STEP_BYTES = 32 << 20
 DrafterLoader = Callable[[str, int], Drafter]  # (draft model path, stream id) -> drafter
 
 
@@ -55,6 +58,12 @@ def new_tokens_allowed(prompt_tokens: int, max_tokens: int, limits: SessionLimit
     return limit
 
 
+def scoring_chunk(vocab_size: int) -> int:
+    """A scored prompt's (``prompt_logprobs``) prefill chunk: the positions whose float32
+    logits fill about SCORING_STEP_BYTES, at least 16."""
+    return max(16, SCORING_STEP_BYTES // (4 * max(1, vocab_size)))
+
+
 def new_session(stream_id: int, req: GenerationRequest, ids: Sequence[int],
                 limits: SessionLimits, constraint: TokenConstraint | None = None,
                 load_drafter: DrafterLoader | None = None) -> DecodeSession:
@@ -69,8 +78,9 @@ def new_session(stream_id: int, req: GenerationRequest, ids: Sequence[int],
     sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed,
                               req.presence_penalty, req.frequency_penalty, biases)
     top = req.top_logprobs if req.logprobs else None
-    reads = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload,
-                 prompt_logprobs=req.prompt_logprobs)
+    reads: dict = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
+    if req.prompt_logprobs:
+        reads.update(prompt_logprobs=True, prefill_chunk=scoring_chunk(limits.vocab_size))
     if constraint is not None:  # held to a grammar: drafts checked by it, not pipelined
         reads["constraint"] = constraint
     plain = constraint is not None or req.prompt_logprobs  # ... and so is a prompt scored

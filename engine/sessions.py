@@ -56,8 +56,6 @@ COST_WINDOW = 64  # decode steps the online cost model is fitted to
 PROBE_EVERY = 16  # with adaptive K at 0, draft one token this often to keep measuring
 PROBE_MAX = 256  # ... and back off to this gap while the probes keep being rejected
 MAX_FORCED = 32  # the most grammar-forced tokens one step feeds (engine.constraints)
-PROMPT_LOGPROBS_CHUNK = 16  # prompt positions a step answers with their logits (~3 MB of
-# float32 for a 49k vocabulary), for a prompt's logprobs
 AUTO_K_START = 4  # adaptive K's first draft length, until a cost model is fitted
 MEASURE_STEPS = 2  # ... drafted for this many steps, then 1-token steps give the other size
 HOPS_DOMINATE = 2.0  # hindsight K once a step takes this many times the stages' compute
@@ -151,10 +149,8 @@ class DecodeSession:
         self.max_prefill_chunk = prefill_chunk or MAX_CHUNK
         # with prompt_logprobs: token i's (i >= 1) under the tokens before it, once the
         # chunk holding position i - 1 is answered; its chunks answer every position
-        self.prompt_logprobs: list[TokenLogprob | None] | None = None
-        if prompt_logprobs:
-            self.prompt_logprobs = [None] * (self.prompt.size - 1)
-            self.max_prefill_chunk = min(self.max_prefill_chunk, PROMPT_LOGPROBS_CHUNK)
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            [None] * (self.prompt.size - 1) if prompt_logprobs else None)
         self.prefill_chunk = self.max_prefill_chunk
         self._replay: np.ndarray | None = None  # tokens to prefill again after a restart
         self._planned_to = 0  # prefill positions planned so far

@@ -13,14 +13,24 @@ from test_engine_service import drive, engine_for
 
 from dataplane.local_chain import LocalChain
 from dataplane.runtime import RuntimeConfig
+from engine import admission
 from engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from engine.sampling import log_softmax
 from engine.scheduler import generate_greedy
-from engine.sessions import PROMPT_LOGPROBS_CHUNK, DecodeSession
+from engine.sessions import DecodeSession
 from engine.tokenizer import ChatTokenizer
 
 PROMPT = ("the quick brown fox jumps over the lazy dog while the sky is blue and one two "
           "three four five six seven")
+
+
+CHUNK = 16  # a scored prompt's steps here (the tiny vocabulary would take it whole)
+
+
+@pytest.fixture(autouse=True)
+def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "SCORING_STEP_BYTES", 0)  # scoring_chunk's least: 16
+    assert admission.scoring_chunk(512) == CHUNK
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +67,7 @@ def scored(engine, request: GenerationRequest) -> tuple[list, GenerationDone]:
 def test_a_prompts_logprobs_are_one_steps_over_the_whole_prompt(setup, top) -> None:
     _, chain, tokenizer = setup
     ids = tokenizer.encode(PROMPT, chat=False)
-    assert len(ids) > 2 * PROMPT_LOGPROBS_CHUNK  # several chunks
+    assert len(ids) > 2 * CHUNK  # several chunks
     every, done = scored(engine_for(setup), GenerationRequest(
         "p", PROMPT, 4, chat=False, ignore_eos=True, logprobs=True, top_logprobs=top,
         prompt_logprobs=True, chunk_interval_ms=0))
@@ -105,7 +115,7 @@ def test_a_scored_prompt_runs_whole_beside_the_prefix_cache(setup) -> None:
 def test_a_restart_mid_prompt_scores_it_the_same(setup) -> None:
     _, chain, tokenizer = setup
     ids = tokenizer.encode(PROMPT, chat=False)
-    session = DecodeSession(7, ids, 2, top_logprobs=0, prompt_logprobs=True)
+    session = DecodeSession(7, ids, 2, top_logprobs=0, prompt_logprobs=True, prefill_chunk=CHUNK)
     chain.open(7)
     chain.reset(7)
     plan = session.plan()
