@@ -155,6 +155,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                              "openvino_genai's ContinuousBatchingPipeline."),
     "structured": ("bench_structured", "Structured output against free text: what holding the "
                                        "output to a JSON Schema costs."),
+    "scoring": ("bench_scoring", "Scoring a prompt (echo, logprobs) against the fp32 model: "
+                                 "perplexity, top-1, cost over prefill."),
     "prefill": ("bench_prefill", "Long prompts: TTFT cold and on a follow-up turn, decode at "
                                  "context, streams under a long prefill."),
     "chaos": ("chaos", "Chaos: faults mid-generation (kill, hang, link down, flapping, slow "

@@ -1,6 +1,8 @@
-"""Scoring a prompt (``echo`` with ``logprobs``; the engine's ``prompt_logprobs``): how
-near the cluster's scores are to the fp32 Hugging Face model's, and what scoring costs
-against the same prompt's plain prefill.
+"""Scoring a prompt (echo, logprobs) against the fp32 model: perplexity, top-1, cost over prefill.
+
+How near the cluster's scores of a prompt (``echo`` with ``logprobs``; the engine's
+``prompt_logprobs``) are to the fp32 Hugging Face model's, and what scoring costs against
+the same prompt's plain prefill.
 
 A 2-node local cluster of the export, with fast numerics (the default: a u8 KV cache,
 int8 activations where the CPU has them) and then with exact ones (``--exact``: f32
