@@ -1,5 +1,7 @@
 """Structured output: hold a stream's output to a JSON Schema, a regular expression, a
-grammar (Lark, or llama.cpp's GBNF) or a list of choices.
+grammar (Lark, or llama.cpp's GBNF), a list of choices, or JSON of a schema or else text
+(``json_or_text``: text never begins with ``{``, and once the first token shows the
+output is text the constraint lets go, so the rest decodes as free text does).
 
 llguidance, the grammar engine behind vLLM's and llama.cpp's structured outputs, compiles
 the grammar against the model's tokenizer. A ``TokenConstraint`` follows one stream's
@@ -44,22 +46,45 @@ def _reason(matcher: Any) -> str:
     return str(matcher.get_error()).split("\n<grammar>")[0].strip()
 
 
+def _schema(text: str) -> dict[str, Any]:
+    """A request's JSON schema (``true``: any JSON, ``{}``); RequestRefused if it is not one."""
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise RequestRefused(f"the JSON schema is not JSON: {exc}") from exc
+    if schema is False:
+        raise RequestRefused("the JSON schema false admits no output")
+    if not isinstance(schema, dict | bool):
+        raise RequestRefused("a JSON schema is an object (or true)")
+    return {} if schema is True else schema
+
+
+def _objects_only(schema: dict[str, Any]) -> bool:
+    """The schema admits only JSON objects (which begin with "{")."""
+    if "anyOf" in schema:
+        return bool(schema["anyOf"]) and all(isinstance(s, dict) and _objects_only(s)
+                                             for s in schema["anyOf"])
+    return schema.get("type") == "object"
+
+
 def grammar_definition(kind: str, text: str) -> str:
     """llguidance's grammar for a request's ``grammar_kind`` and ``grammar`` (validated by
     compiling it: ``GrammarCompiler.constraint``)."""
     llg = _llguidance()
-    if kind == "json_schema":
+    if kind in ("json_schema", "json_or_text"):
+        schema = _schema(text)
+        if kind == "json_or_text" and not _objects_only(schema):
+            raise RequestRefused("json_or_text holds a JSON object or text: its schema's type "
+                                 "is object (or anyOf objects)")
         try:
-            schema = json.loads(text)
-        except ValueError as exc:
-            raise RequestRefused(f"the JSON schema is not JSON: {exc}") from exc
-        if schema is False:
-            raise RequestRefused("the JSON schema false admits no output")
-        if not isinstance(schema, dict | bool):
-            raise RequestRefused("a JSON schema is an object (or true)")
-        try:
-            return llg.LLMatcher.grammar_from_json_schema({} if schema is True else schema,
-                                                          defaults=JSON_LAYOUT)
+            if kind == "json_or_text":  # the JSON in JSON_LAYOUT, or text not starting "{"
+                options = schema.get("x-guidance", {})
+                if not isinstance(options, dict):
+                    raise RequestRefused("the JSON schema's x-guidance is an object")
+                call = json.dumps({**schema, "x-guidance": {**JSON_LAYOUT, **options}})
+                return llg.grammar_from("lark", f"start: json | TEXT\njson: %json {call}\n"
+                                                "TEXT: /[^{](.|\\n)*/\n")
+            return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
         except ValueError as exc:
             raise RequestRefused(f"the JSON schema cannot be used: {exc}") from exc
     if kind == "regex":  # \d means [0-9], as users mean it (Rust's is any Unicode digit)
@@ -92,10 +117,16 @@ def allowed_tokens(bitmask: bytes, vocab: int) -> np.ndarray:
 
 
 class TokenConstraint:
-    """One stream's grammar: which tokens may come next, and whether it is complete."""
+    """One stream's grammar: which tokens may come next, and whether it is complete.
+    ``text_lets_go``: a function of the first token, true when it shows the output is free
+    text from there on (``json_or_text``); ``released`` then says the grammar holds no
+    more."""
 
-    def __init__(self, matcher: Any, vocab: int) -> None:
+    def __init__(self, matcher: Any, vocab: int,
+                 text_lets_go: Callable[[int], bool] | None = None) -> None:
         self._matcher, self.vocab = matcher, vocab
+        self._lets_go = text_lets_go
+        self.released = False
 
     def mask(self, row: np.ndarray) -> np.ndarray:
         """``row`` (one position's logits) with every token the grammar forbids at -inf."""
@@ -142,6 +173,8 @@ class TokenConstraint:
         """Follow the output with its next ``token`` (one the mask allowed)."""
         if not self._matcher.consume_token(int(token)):
             raise RuntimeError(f"token {token} breaks the grammar: {_reason(self._matcher)}")
+        if self._lets_go is not None:  # the first token decides
+            self.released, self._lets_go = self._lets_go(int(token)), None
 
     def forced(self) -> list[int]:
         """The tokens the grammar allows alone from here (e.g. a schema's next key), in
@@ -174,7 +207,13 @@ class GrammarCompiler:
         if matcher.is_error():
             raise RequestRefused(f"the {kind.replace('_', ' ')} cannot be used: "
                                  f"{_reason(matcher)}")
-        return TokenConstraint(matcher, self.vocab)
+        lets_go = self._begins_text if kind == "json_or_text" else None
+        return TokenConstraint(matcher, self.vocab, lets_go)
+
+    def _begins_text(self, token: int) -> bool:
+        """A ``json_or_text`` output whose first token is ``token`` is text (JSON begins
+        with "{"; the grammar lets no other first token begin JSON)."""
+        return not self._tokenizer.decode_bytes([token]).startswith(b"{")
 
 
 class GrammarQueue:

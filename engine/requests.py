@@ -29,8 +29,10 @@ CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 SPECULATIVE_MODES = ("", "lookup", "pipelined")  # or "draft:PATH" (a 1-stage export on the
 # coordinator)
 # what a request's output may be held to (engine.constraints): a JSON Schema, a regular
-# expression, a grammar (Lark or llama.cpp's GBNF) or a JSON list of choices
-GRAMMAR_KINDS = ("json_schema", "regex", "grammar", "choice")
+# expression, a grammar (Lark or llama.cpp's GBNF), a JSON list of choices, or JSON of a
+# schema or else text that does not begin with "{" (a tool call or an answer: free text
+# once its first token shows it is text)
+GRAMMAR_KINDS = ("json_schema", "regex", "grammar", "choice", "json_or_text")
 MAX_GRAMMAR_CHARS = 1 << 16
 
 

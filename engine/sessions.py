@@ -126,6 +126,7 @@ class DecodeSession:
             not sampling.greedy or sampling.adjusts_logits) else None
         # the grammar the output is held to (engine.constraints): the logits are read
         self.constraint = constraint
+        self._free_sampling = self.sampling  # ... and when it lets go (released)
         if constraint is not None:
             self.sampling = self.sampling or sampling or SamplingParams()
         self._rng = self.sampling.rng() if self.sampling is not None else None
@@ -498,6 +499,8 @@ class DecodeSession:
         for token in tokens:
             if self.constraint is not None:
                 self.constraint.accept(token)
+                if self.constraint.released:  # free text from here: no mask, no logits
+                    self.constraint, self.sampling = None, self._free_sampling
             self.history.append(token)
             self.emitted.append(token)
             self.stats.new_tokens += 1

@@ -19,8 +19,6 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.constraints import JSON_LAYOUT
-
 MAX_TOOLS = 128
 CALL_FORM = '{"name": <the function\'s name>, "arguments": <its arguments>}'
 TOOLS_PROMPT = (f"You can call one of these functions. Answer with a JSON object {CALL_FORM} "
@@ -101,13 +99,10 @@ def call_schema(functions: list[FunctionDef]) -> dict[str, Any]:
 
 def tool_grammar(plan: ToolPlan) -> tuple[str, str]:
     """The engine's (grammar_kind, grammar) for a reply under ``plan`` (which has
-    functions): a call, or with ``optional`` a Lark grammar of a call or text that does not
-    begin with ``{`` (the call in the layout a JSON schema's output has)."""
-    schema = call_schema(plan.functions)
-    if not plan.optional:
-        return "json_schema", json.dumps(schema)
-    call = json.dumps({**schema, "x-guidance": JSON_LAYOUT})
-    return "grammar", f"start: call | TEXT\ncall: %json {call}\nTEXT: /[^{{](.|\\n)*/\n"
+    functions): a call, or with ``optional`` a call or text that does not begin with ``{``
+    (engine.constraints' ``json_or_text``: free text once its first token shows it)."""
+    return "json_or_text" if plan.optional else "json_schema", \
+        json.dumps(call_schema(plan.functions))
 
 
 def tools_prompt(plan: ToolPlan) -> str:

@@ -114,6 +114,29 @@ def test_a_json_schema_holds_greedy_and_sampled_output(tokenizer, compiler, temp
         assert text == json.dumps(value, ensure_ascii=False)  # json.dumps' layout
 
 
+def test_json_or_text_holds_json_or_lets_go_at_the_first_text_token(tokenizer,
+                                                                     compiler) -> None:
+    brace = tokenizer.backend.encode("{", add_special_tokens=False).ids[-1]
+    schema = json.dumps(PERSON)
+    # "{" first: held to the schema to the end
+    text, session = generate(tokenizer, compiler.constraint("json_or_text", schema),
+                             sampling=SamplingParams(logit_bias=((brace, 100.0),)))
+    assert set(json.loads(text)) == {"name", "age", "pet"} and session.grammar_complete
+    assert text == json.dumps(json.loads(text), ensure_ascii=False)  # the schema's layout
+    # text first: the grammar lets go, and the rest is what free decoding gives
+    free, plain = generate(tokenizer, None, max_tokens=30)
+    assert not free.startswith("{")
+    text, session = generate(tokenizer, compiler.constraint("json_or_text", schema),
+                             max_tokens=30)
+    assert text == free and session.constraint is None and session.sampling is None
+    assert session.wants_logits is False  # the best token only, as plain decoding reads
+    assert session.steps_taken == plain.steps_taken
+    for bad in ('{"type": "array"}', '{"anyOf": [{"type": "object"}, {"type": "string"}]}',
+                "true"):
+        with pytest.raises(RequestRefused, match="type is object"):
+            compiler.constraint("json_or_text", bad)
+
+
 def test_a_regex_a_gbnf_grammar_and_choices_hold_the_output(tokenizer, compiler) -> None:
     text, _ = generate(tokenizer, compiler.constraint("regex", r"\d{3}-[a-z]{2,4}/\d"))
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}/[0-9]", text), text  # \d: ASCII digits only

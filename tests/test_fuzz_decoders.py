@@ -173,7 +173,8 @@ def test_the_fuzzed_shapes_stay_inside_the_limits() -> None:
 
 def test_any_grammar_compiles_or_is_refused(tiny_llama_dir) -> None:
     """What a request may hold its output to (engine.constraints), fuzzed: any JSON as a
-    schema, any text as a regex, a grammar or choices, compiles to a constraint whose
+    schema (or a schema's JSON or text), any text as a regex, a grammar or choices,
+    compiles to a constraint whose
     mask and forced tokens can be read, or is refused with RequestRefused."""
     from engine.constraints import GrammarCompiler
     from engine.requests import RequestRefused
@@ -182,8 +183,12 @@ def test_any_grammar_compiles_or_is_refused(tiny_llama_dir) -> None:
     tokenizer = ChatTokenizer(tiny_llama_dir)
     compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
                                [tokenizer.eos_token_id])
-    texts = st.text(max_size=24) | JSON.map(json.dumps)
-    kinds = st.sampled_from(["json_schema", "regex", "grammar", "choice"])
+    from engine.requests import GRAMMAR_KINDS
+
+    objects = st.fixed_dictionaries({"type": st.just("object")}, optional={
+        "properties": JSON, "required": JSON, "x-guidance": JSON}).map(json.dumps)
+    texts = st.text(max_size=24) | JSON.map(json.dumps) | objects
+    kinds = st.sampled_from(GRAMMAR_KINDS)
 
     @settings(FUZZ, max_examples=300)
     @given(kinds, texts)

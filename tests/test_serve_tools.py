@@ -191,8 +191,8 @@ def test_the_pure_parts() -> None:
         == ToolPlan(both, optional=True)
     assert plan_tools([weather], "none") == ToolPlan([]) == plan_tools(None, None)
     assert tool_grammar(ToolPlan(both))[0] == "json_schema"
-    kind, lark = tool_grammar(ToolPlan(both, optional=True))
-    assert kind == "grammar" and "%json" in lark and '"anyOf"' in lark
+    kind, schema = tool_grammar(ToolPlan(both, optional=True))
+    assert kind == "json_or_text" and json.loads(schema) == call_schema(both)
     one = call_schema([weather.function])
     assert one["properties"]["name"] == {"const": "weather"} and "anyOf" not in one
     assert len(call_schema([weather.function, time_fn.function])["anyOf"]) == 2

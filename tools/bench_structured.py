@@ -16,6 +16,13 @@ for a JSON object, and its schema), interleaved, the order alternated run by run
 Six tasks invent an object; two extract one from text in the prompt, whose values
 lookup can copy.
 
+With ``--auto``, a text answer under ``tool_choice: "auto"`` (the default when a request
+gives tools): four questions no tool answers, each with a tool shown in the system
+message as ``zctl serve`` shows it, the output held to a call or text
+(``json_or_text``, which lets go once the first token is text) against the same
+messages free, for AUTO_TOKENS tokens (EOS ignored); ``auto_ratio`` per question and
+``mean_auto_ratio``, ``auto_text``: runs that answered in text.
+
 A warm-up pass first builds the grammar compiler (``first_request_extra_ms``: how much
 longer the first schema request took end to end than the same request's median later)
 and fixes each task's token count. Decode throughput is the service's
@@ -27,7 +34,7 @@ right JSON type (``schema_cut``: those ``MAX_TOKENS`` cut short, a valid prefix)
 without a constraint).
 
     python -m tools.bench_structured [--model smollm2-135m] [--weights int8] [--runs 3]
-        [--cpu-sets shared] [--lookup] [--json]
+        [--cpu-sets shared] [--lookup] [--auto] [--json]
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ from tools.bench_common import (
 
 NODES = 2
 MAX_TOKENS = 200  # a schema run's limit (each task's object is far shorter)
+AUTO_TOKENS = 96  # an --auto run's tokens
+AUTO_QUESTIONS = ["Tell me a joke about cats.", "What is the capital of France?",
+                  "Write a haiku about rain.", "Explain photosynthesis briefly."]
 
 
 def _obj(required: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,6 +74,8 @@ def _obj(required: Mapping[str, Any]) -> dict[str, Any]:
             "additionalProperties": False}
 
 
+AUTO_TOOL = {"name": "get_weather", "description": "Get the current weather in a city",
+             "parameters": _obj({"city": {"type": "string"}})}
 TASKS: list[tuple[str, str, dict[str, Any]]] = [
     ("person", "Invent a person. Give their name, age and city as JSON.",
      _obj({"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}})),
@@ -159,6 +171,36 @@ def measure(serve: str, runs: int, lookup: bool = False) -> tuple[list[dict[str,
     return entries, first_ms - statistics.median(later_ms)
 
 
+def measure_auto(serve: str, runs: int) -> list[dict[str, Any]]:
+    """Each --auto question's entry: tok/s of its text answer held to a call or text,
+    against the same messages free, interleaved with the order alternated."""
+    from engine.requests import ChatMessage
+    from serve.tools import FunctionDef, ToolPlan, tool_grammar, with_tools_prompt
+
+    plan = ToolPlan([FunctionDef.model_validate(AUTO_TOOL)], optional=True)
+    kind, grammar = tool_grammar(plan)
+
+    def run(question: str, held: bool) -> Any:
+        messages = [ChatMessage(r, t) for r, t in with_tools_prompt([("user", question)], plan)]
+        fields: dict[str, Any] = {"grammar_kind": kind, "grammar": grammar} if held else {}
+        return generate_done(serve, "", AUTO_TOKENS, messages=messages, **fields)
+
+    run(AUTO_QUESTIONS[0], True)  # warm-up
+    entries = []
+    for question in AUTO_QUESTIONS:
+        samples: dict[bool, list[Any]] = {True: [], False: []}
+        for r in range(runs):
+            for held in ((True, False) if r % 2 == 0 else (False, True)):
+                samples[held].append(run(question, held))
+        entries.append({
+            "question": question, "auto_tok_s": statistics.median(d.tok_s for d in samples[True]),
+            "free_tok_s": statistics.median(d.tok_s for d in samples[False]),
+            "auto_ratio": paired_ratio([d.tok_s for d in samples[True]],
+                                       [d.tok_s for d in samples[False]]),
+            "auto_text": sum(not d.text.startswith("{") for d in samples[True])})
+    return entries
+
+
 def task_entry(name: str, schema: Mapping[str, Any], tokens: int,
                samples: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
     schema_runs, free_runs = samples["schema"], samples["free"]
@@ -211,6 +253,12 @@ def render(result: Mapping[str, Any], console: Console) -> None:
                           f"{e['lookup_same']}/{e['runs']}")
         console.print(f"mean lookup ratio {result['mean_lookup_ratio']:.3f} "
                       f"(over schema {result['mean_lookup_over_schema']:.3f})")
+    for e in result.get("auto", []):
+        console.print(f"auto, {e['question']!r}: {e['auto_tok_s']:.1f} tok/s against free "
+                      f"{e['free_tok_s']:.1f} ({e['auto_ratio']:.3f}x), text "
+                      f"{e['auto_text']}/{result['runs']}")
+    if "mean_auto_ratio" in result:
+        console.print(f"mean auto ratio {result['mean_auto_ratio']:.3f}")
     console.print(f"mean ratio {result['mean_ratio']:.3f}; the first schema request took "
                   f"{result['first_request_extra_ms']:.0f} ms longer (it builds the grammar "
                   "compiler)")
@@ -220,6 +268,8 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 
          cpu_sets: CpuSets = "shared",
          lookup: Annotated[bool, typer.Option(help="also run each schema request with "
                                                    "prompt-lookup speculation")] = False,
+         auto: Annotated[bool, typer.Option(help="also time text answers under "
+                                                 "tool_choice auto against free text")] = False,
          as_json: Json = False) -> None:
     from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
 
@@ -232,6 +282,7 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 
     try:
         wait_serving(record, 300)
         entries, first_extra = measure(record.serve, runs, lookup)
+        auto_entries = measure_auto(record.serve, runs) if auto else []
     finally:
         stop_processes(record.pids)
     result = {"mean_ratio": statistics.mean(e["ratio"] for e in entries),
@@ -239,6 +290,8 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 
                   "mean_lookup_over_schema": statistics.mean(e["lookup_over_schema"]
                                                              for e in entries)}
                  if lookup else {}),
+              **({"mean_auto_ratio": statistics.mean(e["auto_ratio"] for e in auto_entries),
+                  "auto": auto_entries} if auto else {}),
               "first_request_extra_ms": first_extra, **run_record(), "model": model,
               "weights": weights, "runs": runs, "cpu_sets": cpu_sets, "tasks": entries}
     if as_json:
