@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import time
 import uuid
@@ -151,8 +152,10 @@ class ZctlApi:
         return Response(body, media_type=PROMETHEUS_TEXT)
 
     def check_key(self, request: Request) -> None:
+        """401 unless the request carries the key (compared in constant time)."""
         key = self.settings.api_key
-        if key and request.headers.get("authorization", "") != f"Bearer {key}":
+        given = request.headers.get("authorization", "").encode("latin-1")  # its raw bytes
+        if key and not hmac.compare_digest(given, f"Bearer {key}".encode()):
             raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
                            "authentication_error", code="invalid_api_key")
 

@@ -455,6 +455,10 @@ def test_a_wrong_key_is_401_and_the_right_one_serves(started) -> None:
         srv.client("wrong").models.list()
     assert srv.client("sesame").chat.completions.create(model=MODEL, messages=ASK,
                                                         max_tokens=2).choices
+    for header in (b"Bearer sesam", b"Bearer sesame2", b"bearer sesame", b"Bearer \xc3\xa9",
+                   b"\xff" * 300):  # a prefix, more, the case, non-ASCII bytes
+        answer = httpx.get(f"{srv.url}/v1/models", headers=[(b"authorization", header)])
+        assert answer.status_code == 401, header
 
 
 def test_a_full_queue_is_429_and_running_ones_finish(started) -> None:
