@@ -131,3 +131,25 @@ def test_a_restart_mid_prompt_scores_it_the_same(setup) -> None:
     want = whole_prompt_logprobs(chain, ids)
     assert all(abs(lp.logprob - want[i, lp.token]) < 1e-4
                for i, lp in enumerate(session.prompt_logprobs))
+
+
+def test_a_prompt_scored_beside_a_decoding_stream(setup) -> None:
+    """A scored prompt arriving while another stream decodes (its chunks may ride in the
+    other's steps): both come out as they do alone."""
+    _, chain, tokenizer = setup
+    ids = tokenizer.encode(PROMPT, chat=False)
+    engine = engine_for(setup)
+    engine.submit("a", GenerationRequest("a", "one two three", 40, chat=False, ignore_eos=True,
+                                         chunk_interval_ms=0))
+    seen = drive(engine, lambda s: any(isinstance(e, GenerationChunk) for _, e in s))
+    engine.submit("b", GenerationRequest("b", PROMPT, 4, chat=False, ignore_eos=True,
+                                         logprobs=True, prompt_logprobs=True))
+    seen += drive(engine, lambda s: not engine.busy)
+    done = {e.request_id: e for _, e in seen if isinstance(e, GenerationDone)}
+    assert done["a"].tokens == list(generate_greedy(chain, tokenizer.encode("one two three",
+                                                                            chat=False), 40))
+    assert done["b"].tokens == list(generate_greedy(chain, ids, 4))
+    lps = next(e.prompt_logprobs for c, e in seen if c == "b" and isinstance(e, GenerationChunk)
+               and e.prompt_logprobs)
+    want = whole_prompt_logprobs(chain, ids)
+    assert all(abs(lp.logprob - want[i, lp.token]) < 1e-4 for i, lp in enumerate(lps[1:]))
