@@ -90,17 +90,19 @@ def parse_speculative(value: str) -> str:
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float, seed: int | None,
-                   presence_penalty: float = 0.0, frequency_penalty: float = 0.0
-                   ) -> dict[str, Any]:
+                   presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                   repetition_penalty: float = 1.0) -> dict[str, Any]:
     """The sampling options, validated here so a bad one fails before a cluster starts."""
     from engine.sampling import SamplingParams
 
     # raises ValueError with the reason
-    SamplingParams(temperature, top_k, top_p, seed, presence_penalty, frequency_penalty)
+    SamplingParams(temperature, top_k, top_p, seed, presence_penalty, frequency_penalty,
+                   repetition_penalty=repetition_penalty)
     if seed is not None and seed < 0:
         raise ValueError(f"--seed must be >= 0, not {seed}")
     return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-            "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
+            "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty,
+            "repetition_penalty": repetition_penalty}
 
 
 def output_grammar(json_schema: str | None, regex: str | None, grammar: Path | None
@@ -129,11 +131,13 @@ def output_grammar(json_schema: str | None, regex: str | None, grammar: Path | N
 def sampling_report(req: GenerationRequest) -> dict[str, Any] | None:
     """The run's sampling settings (None: plain greedy decoding)."""
     penalties = {"presence_penalty": req.presence_penalty,
-                 "frequency_penalty": req.frequency_penalty}
+                 "frequency_penalty": req.frequency_penalty,
+                 "repetition_penalty": req.repetition_penalty}
     if req.temperature:
         return {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p,
                 "seed": req.seed, **penalties}
-    return {"temperature": 0.0, **penalties} if any(penalties.values()) else None
+    adjusted = req.presence_penalty or req.frequency_penalty or req.repetition_penalty != 1.0
+    return {"temperature": 0.0, **penalties} if adjusted else None
 
 
 def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat: bool,
@@ -261,6 +265,9 @@ def run(
         help="-2..2, taken off the logit of every token generated so far (greedy too)")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option(
         help="-2..2, taken off a token's logit once per time it was generated")] = 0.0,
+    repetition_penalty: Annotated[float, typer.Option(
+        help="(0, 2]: the logit of every token of the prompt or output so far divided by it "
+             "(multiplied when negative); 1: none")] = 1.0,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
@@ -281,7 +288,7 @@ def run(
     try:
         draft_k, mode = parse_k(k), parse_speculative(speculative)
         sampling = check_sampling(temperature, top_k, top_p, seed, presence_penalty,
-                                  frequency_penalty)
+                                  frequency_penalty, repetition_penalty)
         sampling.update(output_grammar(json_schema, regex, grammar))
         if streams < 0:
             raise ValueError(f"--streams must be >= 0, not {streams}")

@@ -76,7 +76,8 @@ def new_session(stream_id: int, req: GenerationRequest, ids: Sequence[int],
         raise RequestRefused(f"logit_bias names token {biases[-1][0]}, beyond the "
                              f"model's vocabulary of {limits.vocab_size}")
     sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed,
-                              req.presence_penalty, req.frequency_penalty, biases)
+                              req.presence_penalty, req.frequency_penalty, biases,
+                              req.repetition_penalty)
     top = req.top_logprobs if req.logprobs else None
     reads: dict = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
     if req.prompt_logprobs:

@@ -22,6 +22,7 @@ MAX_MESSAGES = 4096
 # 16 streams serve 16 clients ~20% faster than 8 (docs/measurements.md, "Serving")
 DEFAULT_MAX_STREAMS = 16
 MAX_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: -2..2
+MAX_REPETITION_PENALTY = 2.0  # a repetition penalty is in (0, 2] (1: none)
 MAX_LOGIT_BIAS = 100.0  # ... for a token's logit bias: -100..100
 MAX_BIASED_TOKENS = 1024  # the most tokens one request's logit_bias names
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -83,6 +84,8 @@ class GenerationRequest:
     seed: int | None = None  # None: a fresh seed per request
     presence_penalty: float = 0.0  # off each generated token's logit (engine.sampling)
     frequency_penalty: float = 0.0  # ... once per time it was generated
+    repetition_penalty: float = 1.0  # a prompt's or output's token's logit divided by it
+    # (multiplied when negative): Hugging Face's and llama.cpp's; 1 is none
     logit_bias: dict[str, float] = field(default_factory=dict)  # token id (decimal) -> bias
     messages: list[ChatMessage] = field(default_factory=list)  # a conversation (chat)
     stop: list[str] = field(default_factory=list)  # stop strings: end before the first one
@@ -114,6 +117,8 @@ class GenerationRequest:
              f"presence_penalty must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}"),
             (-MAX_PENALTY <= self.frequency_penalty <= MAX_PENALTY,
              f"frequency_penalty must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}"),
+            (0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+             f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}]"),
             (len(self.logit_bias) <= MAX_BIASED_TOKENS and all(
                 k.isascii() and k.isdecimal() and len(k) <= 9 for k in self.logit_bias) and all(
                 -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in self.logit_bias.values()),

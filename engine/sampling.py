@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.requests import MAX_LOGIT_BIAS, MAX_PENALTY, TokenLogprob
+from engine.requests import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,11 @@ class SamplingParams:
 
     ``presence_penalty`` is taken off the logit of every token generated so far, and
     ``frequency_penalty`` once for each time it was (OpenAI's and vLLM's meaning: the
-    prompt's tokens are not counted); ``logit_bias`` holds (token id, bias) pairs added to
-    those tokens' logits. They apply under greedy decoding too."""
+    prompt's tokens are not counted); ``repetition_penalty`` divides the logit of every
+    token of the prompt or the output so far when it is positive and multiplies it when
+    it is negative (Hugging Face's, vLLM's and llama.cpp's ``repeat_penalty``: 1 is none);
+    ``logit_bias`` holds (token id, bias) pairs added to those tokens' logits. They apply
+    under greedy decoding too."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -41,6 +44,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -53,6 +57,9 @@ class SamplingParams:
             if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
                 raise ValueError(f"{name} must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}, "
                                  f"got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], "
+                             f"got {self.repetition_penalty}")
         for token, bias in self.logit_bias:
             if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise ValueError(f"logit_bias maps token ids >= 0 to -{MAX_LOGIT_BIAS:g}.."
@@ -65,19 +72,25 @@ class SamplingParams:
     @property
     def adjusts_logits(self) -> bool:
         """Penalties or a bias change the logits, so even greedy decoding reads them."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0)
 
     def rng(self) -> np.random.Generator:
         return np.random.default_rng(self.seed)
 
 
 def adjust_logits(logits: np.ndarray, params: SamplingParams, generated: Sequence[int],
-                  drafts: Sequence[int] = ()) -> np.ndarray:
-    """The rows of ``logits`` [K+1, V] (float64) with ``params``' bias and penalties.
+                  drafts: Sequence[int] = (), prompt: Sequence[int] = ()) -> np.ndarray:
+    """The rows of ``logits`` [K+1, V] (float64) with ``params``' penalties and bias.
 
-    Row 0 follows the ``generated`` tokens; row i > 0 follows them and ``drafts[:i]`` (a
-    speculative step's row i is read only once the drafts before it are accepted)."""
+    Row 0 follows the ``prompt`` and the ``generated`` tokens; row i > 0 follows them and
+    ``drafts[:i]`` (a speculative step's row i is read only once the drafts before it are
+    accepted)."""
     rows = np.array(logits, dtype=np.float64).reshape(-1, np.shape(logits)[-1])
+    if params.repetition_penalty != 1.0:
+        repeat_penalise(rows, params.repetition_penalty,
+                        np.concatenate([np.asarray(prompt, dtype=np.int64),
+                                        np.asarray(generated, dtype=np.int64)]), drafts)
     if params.logit_bias:
         ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
         if ids.max() >= rows.shape[1]:
@@ -94,6 +107,24 @@ def adjust_logits(logits: np.ndarray, params: SamplingParams, generated: Sequenc
         rows[i + 1:, token] -= frequency + (0.0 if token in seen else presence)
         seen.add(token)
     return rows
+
+
+def repeat_penalise(rows: np.ndarray, penalty: float, seen: np.ndarray,
+                    drafts: Sequence[int]) -> None:
+    """Penalise in place, in every row, the tokens ``seen`` (each once, however often it
+    came), and in row i > 0 also ``drafts[:i]``: a positive logit divided by ``penalty``, a
+    negative one multiplied by it."""
+    def penalise(view: np.ndarray) -> np.ndarray:
+        return np.where(view > 0, view / penalty, view * penalty)
+
+    ids = np.unique(seen)
+    ids = ids[(ids >= 0) & (ids < rows.shape[1])]
+    rows[:, ids] = penalise(rows[:, ids])
+    done = set(ids.tolist())
+    for i, token in enumerate(int(t) for t in drafts[:rows.shape[0] - 1]):
+        if token not in done and 0 <= token < rows.shape[1]:
+            rows[i + 1:, token] = penalise(rows[i + 1:, token])
+            done.add(token)
 
 
 def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -463,7 +463,7 @@ class DecodeSession:
             return int(reply.tokens[-1])
         assert self._rng is not None and reply.logits is not None
         row = self._constrained(adjust_logits(last_row(reply).logits, self.sampling,
-                                              self.emitted))
+                                              self.emitted, prompt=self.prompt))
         if self.sampling.greedy:
             return int(row[0].argmax())
         return draw(target_probs(row[0], self.sampling), self._rng)
@@ -475,7 +475,7 @@ class DecodeSession:
         else:
             assert self._rng is not None and reply.logits is not None
             rows = self._constrained(adjust_logits(reply.logits, self.sampling, self.emitted,
-                                                   draft), draft)
+                                                   draft, self.prompt), draft)
             if not self.sampling.greedy:
                 return speculative_sample(draft, target_probs(rows, self.sampling), self._rng)
             target = rows.argmax(axis=-1).tolist()  # greedy over penalised or biased logits

@@ -20,6 +20,7 @@ from engine.requests import (
     BAD_REQUEST,
     MAX_NEW_TOKENS,
     MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
     MAX_STOP_STRINGS,
     MAX_TOP_LOGPROBS,
     UNAVAILABLE,
@@ -146,12 +147,13 @@ class SamplingFields(BaseModel):
     seed: int | None = Field(None, ge=0, lt=1 << 63)
     presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=MAX_REPETITION_PENALTY)  # vLLM's extra
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     zctl: ZctlOptions = Field(default_factory=ZctlOptions)
 
     @field_validator("temperature", "top_p", "n", "presence_penalty", "frequency_penalty",
-                     mode="before")
+                     "repetition_penalty", mode="before")
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         """OpenAI's API takes null for these: the default."""
@@ -305,7 +307,7 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
         temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p, seed=req.seed,
         stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        logit_bias=dict(req.logit_bias or {}))
+        repetition_penalty=req.repetition_penalty, logit_bias=dict(req.logit_bias or {}))
     common["grammar_kind"], common["grammar"] = req.grammar()
     if isinstance(req, ChatCompletionRequest):
         limit = req.max_completion_tokens or req.max_tokens

@@ -1,4 +1,5 @@
-"""Presence and frequency penalties and the logit bias (engine.sampling.adjust_logits):
+"""Presence, frequency and repetition penalties and the logit bias
+(engine.sampling.adjust_logits):
 the pure function against a naive reference, then sessions that apply them under greedy
 decoding, speculation, pipelined speculation and sampling, and requests that ask for
 them wrongly."""
@@ -20,8 +21,12 @@ from engine.scheduler import run_session
 from engine.sessions import DecodeSession
 
 
-def naive_adjusted(row: np.ndarray, params: SamplingParams, history: list[int]) -> np.ndarray:
+def naive_adjusted(row: np.ndarray, params: SamplingParams, history: list[int],
+                   prompt: list[int] = ()) -> np.ndarray:
     out = np.array(row, dtype=np.float64)
+    for token in set(prompt) | set(history):  # Hugging Face's rule, each token once
+        r = params.repetition_penalty
+        out[token] = out[token] / r if out[token] > 0 else out[token] * r
     for token, bias in params.logit_bias:
         out[token] += bias
     for token in set(history):
@@ -35,19 +40,22 @@ def test_adjust_logits_counts_the_generated_tokens_and_each_rows_drafts() -> Non
         vocab, k = 6, int(rng.integers(0, 5))  # small: drafts repeat generated tokens
         params = SamplingParams(presence_penalty=float(rng.uniform(-2, 2)),
                                 frequency_penalty=float(rng.uniform(-2, 2)),
-                                logit_bias=((int(rng.integers(vocab)), 5.0),) if trial % 2 else ())
+                                logit_bias=((int(rng.integers(vocab)), 5.0),) if trial % 2 else (),
+                                repetition_penalty=float(rng.uniform(0.5, 2)) if trial % 3 else 1.0)
         logits = rng.normal(size=(k + 1, vocab))
         generated = rng.integers(0, vocab, size=int(rng.integers(0, 9))).tolist()
         drafts = rng.integers(0, vocab, size=k).tolist()
-        got = adjust_logits(logits, params, generated, drafts)
+        prompt = rng.integers(0, vocab, size=int(rng.integers(1, 4))).tolist()
+        got = adjust_logits(logits, params, generated, drafts, prompt)
         for i in range(k + 1):
-            want = naive_adjusted(logits[i], params, generated + drafts[:i])
+            want = naive_adjusted(logits[i], params, generated + drafts[:i], prompt)
             np.testing.assert_allclose(got[i], want, err_msg=f"trial {trial}, row {i}")
     assert np.array_equal(adjust_logits(logits, SamplingParams(), [1, 2]), logits)
 
 
 def test_bad_penalties_and_biases_are_refused() -> None:
     for bad in (dict(presence_penalty=2.5), dict(frequency_penalty=-3.0),
+                dict(repetition_penalty=0.0), dict(repetition_penalty=2.01),
                 dict(logit_bias=((3, 101.0),)), dict(logit_bias=((-1, 1.0),))):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
@@ -59,7 +67,8 @@ def test_bad_penalties_and_biases_are_refused() -> None:
     for bad_request in (GenerationRequest("r", "hi", presence_penalty=-2.01),
                         GenerationRequest("r", "hi", logit_bias={"x7": 1.0}),
                         GenerationRequest("r", "hi", logit_bias={"-7": 1.0}),
-                        GenerationRequest("r", "hi", logit_bias={"7": 100.5})):
+                        GenerationRequest("r", "hi", logit_bias={"7": 100.5}),
+                        GenerationRequest("r", "hi", repetition_penalty=0.0)):
         assert bad_request.problem() is not None
 
 
@@ -70,17 +79,19 @@ def table_reference(model: TableModel, prompt: list[int], n: int,
     out: list[int] = []
     last, position = prompt[-1], len(prompt) - 1
     for _ in range(n):
-        last = int(naive_adjusted(model.table[last, position], params, out).argmax())
+        last = int(naive_adjusted(model.table[last, position], params, out, prompt).argmax())
         out.append(last)
         position += 1
     return out
 
 
-@pytest.mark.parametrize("k", [0, 3])
-def test_greedy_decoding_follows_the_penalised_logits(k: int) -> None:
+@pytest.mark.parametrize(("k", "params"), [
+    (k, params) for k in (0, 3) for params in (
+        SamplingParams(frequency_penalty=0.8, presence_penalty=0.3),
+        SamplingParams(repetition_penalty=1.3))])
+def test_greedy_decoding_follows_the_penalised_logits(k: int, params: SamplingParams) -> None:
     model = TableModel()
     prompt = [1, 2, 1, 2, 1, 2, 1]  # repetitive: lookup drafts
-    params = SamplingParams(frequency_penalty=0.8, presence_penalty=0.3)
     want = table_reference(model, prompt, 30, params)
     assert want != table_reference(model, prompt, 30, SamplingParams())  # penalties bite
     session = DecodeSession(0, prompt, 30, k=k, drafter=LookupDrafter(), sampling=params)

@@ -254,15 +254,17 @@ def test_penalties_and_a_logit_bias_steer_the_answer(server, tiny) -> None:
     client = server.client()
     tokenizer = tiny[2]
 
-    def answer(**kwargs) -> tuple[str, list[str]]:
+    def answer(extra: dict | None = None, **kwargs) -> tuple[str, list[str]]:
         reply = client.completions.create(
             model=MODEL, prompt="again and again", max_tokens=24, temperature=0,
-            logprobs=0, extra_body={"zctl": {"ignore_eos": True}}, **kwargs)
+            logprobs=0, extra_body={"zctl": {"ignore_eos": True}, **(extra or {})}, **kwargs)
         return reply.choices[0].text, reply.choices[0].logprobs.tokens
 
     plain, penalised = answer()[1], answer(frequency_penalty=2.0, presence_penalty=1.0)[1]
     assert len(set(penalised)) > len(set(plain))  # the random model repeats itself less
     assert answer(frequency_penalty=2.0, presence_penalty=1.0)[1] == penalised  # still greedy
+    repeated = answer({"repetition_penalty": 2.0})[1]
+    assert len(set(repeated)) > len(set(plain))  # vLLM's extra field, top-level
     favourite = tokenizer.encode("again", chat=False)[-1]
     text, _ = answer(logit_bias={str(favourite): 100})
     assert text == tokenizer.decode([favourite] * 24)
@@ -403,6 +405,7 @@ def test_bad_requests_are_400s_in_openai_shape(server) -> None:
         ({"model": MODEL, "messages": ASK, "zctl": {"logits_payload": "fp8"}},
          "zctl.logits_payload"),
         ({"model": MODEL, "messages": ASK, "presence_penalty": 2.5}, "presence_penalty"),
+        ({"model": MODEL, "messages": ASK, "repetition_penalty": 0}, "repetition_penalty"),
         ({"model": MODEL, "messages": ASK, "logit_bias": {"5": 101}}, None),
         ({"model": MODEL, "messages": ASK, "logit_bias": {"ab": 1}}, None),
         ({"model": MODEL, "messages": ASK, "logit_bias": {"99999999": 1}}, None),  # no such id
