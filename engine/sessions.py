@@ -148,11 +148,11 @@ class DecodeSession:
         # the most tokens a prefill step may feed, and what the next one feeds (the
         # scheduler sets it from the stages' costs, up to the most)
         self.max_prefill_chunk = prefill_chunk or MAX_CHUNK
+        self.prefill_chunk = self.max_prefill_chunk
         # with prompt_logprobs: token i's (i >= 1) under the tokens before it, once the
         # chunk holding position i - 1 is answered; its chunks answer every position
         self.prompt_logprobs: list[TokenLogprob | None] | None = (
             [None] * (self.prompt.size - 1) if prompt_logprobs else None)
-        self.prefill_chunk = self.max_prefill_chunk
         self._replay: np.ndarray | None = None  # tokens to prefill again after a restart
         self._planned_to = 0  # prefill positions planned so far
         self._answered_to = 0  # ... and answered
