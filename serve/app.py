@@ -19,9 +19,9 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +39,7 @@ from controlplane.service_messages import (
 )
 from engine.requests import GenerationRequest, TokenLogprob
 from serve.backend import BackendUnavailable, ServiceBackend
+from serve.choices import close_all, merged, together
 from serve.limits import BodyLimit
 from serve.metrics import RequestClock, ServeMetrics
 from serve.protocol import (
@@ -58,7 +59,6 @@ DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its clien
 # to 12 bytes of JSON each (an escaped surrogate pair), with room for the other fields.
 MAX_BODY_BYTES = 16 << 20
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -390,55 +390,6 @@ def raise_failed(answers: list[Any]) -> None:
     failed = next((a for a in answers if isinstance(a, GenerateDone) and a.error), None)
     if failed is not None:
         raise engine_error(failed)
-
-
-async def together(jobs: list[Awaitable[T]]) -> list[T]:
-    """The jobs' results, run concurrently (one alone is simply awaited); the first to fail
-    cancels the others, and its exception is raised."""
-    if len(jobs) == 1:
-        return [await jobs[0]]
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(job) for job in jobs]  # type: ignore[arg-type]
-    except BaseExceptionGroup as failed:
-        raise failed.exceptions[0] from None
-    return [task.result() for task in tasks]
-
-
-async def close_all(events: list[AsyncIterator[Any]]) -> None:
-    """Close every choice's events (cancelling the generations still running)."""
-    for stream in events:
-        await stream.aclose()  # type: ignore[attr-defined]
-
-
-async def merged(firsts: list[Any], events: list[AsyncIterator[Any]],
-                 ) -> AsyncIterator[tuple[int, Any]]:
-    """(choice, event) from every choice as they come, each choice's first event first,
-    until each has ended (a GenerateDone). Left early, it stops waiting on them."""
-    if len(events) == 1:  # the common case, without a task per event
-        msg = firsts[0]
-        while True:
-            yield 0, msg
-            if isinstance(msg, GenerateDone):
-                return
-            msg = await anext(events[0])
-    for index, msg in enumerate(firsts):
-        yield index, msg
-    waiting = {asyncio.ensure_future(anext(events[i])): i
-               for i, msg in enumerate(firsts) if not isinstance(msg, GenerateDone)}
-    try:
-        while waiting:
-            ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(ready, key=waiting.__getitem__):
-                index = waiting.pop(task)
-                msg = task.result()
-                yield index, msg
-                if not isinstance(msg, GenerateDone):
-                    waiting[asyncio.ensure_future(anext(events[index]))] = index
-    finally:
-        for task in waiting:
-            task.cancel()  # each choice's generator ends in the cancellation
-        await asyncio.gather(*waiting, return_exceptions=True)
 
 
 def _with_usage(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:
