@@ -278,12 +278,17 @@ def api_body(rng: random.Random, model: str) -> dict[str, Any]:
         body["stream"] = True
     if rng.random() < 0.2:  # what /detokenize takes
         body["tokens"] = [rng.randint(0, 64) for _ in range(rng.randint(0, 8))]
+    if "prompt" in body and rng.random() < 0.2:  # a scored prompt
+        body.update(echo=True, logprobs=rng.randint(0, 2))
+    if rng.random() < 0.1:
+        body["repetition_penalty"] = rng.choice([1.0, 1.3, 2.0])
     return body
 
 
 def odd_body(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
     key = rng.choice([*sorted(body), "n", "stop", "seed", "top_p", "logprobs", "top_logprobs",
-                      "zctl", "stream_options", "messages", "max_completion_tokens", "tokens"])
+                      "zctl", "stream_options", "messages", "max_completion_tokens", "tokens",
+                      "echo", "repetition_penalty", "tools", "tool_choice"])
     body[key] = rng.choice([*ODD_VALUES, -5, 10 ** 9, [{"role": "wizard"}],
                             [{"role": "user", "content": [{"type": "image_url"}]}],
                             {"speculative": "draft:/etc"}, {"k": 99}, ["", "a"]])
