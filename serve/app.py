@@ -187,10 +187,16 @@ class ZctlApi:
         return {"prompt": reply.text}
 
     async def _tokens(self, msg: TokenizeRequest | DetokenizeRequest) -> TokensReply:
+        """The service's answer; in flight meanwhile (the generation thread tokenizes, so
+        --max-queue bounds these as it bounds generations)."""
+        self.check_room(1)
+        self.in_flight += 1
         try:
             reply = await self.backend.tokens(msg)
         except BackendUnavailable as exc:
             raise ApiError(503, str(exc), "service_unavailable", code="backend_down") from None
+        finally:
+            self.in_flight -= 1
         if reply.error:
             raise ApiError(400, reply.error)
         return reply
@@ -204,12 +210,16 @@ class ZctlApi:
         problem = next(filter(None, (gen.problem() for gen in gens)), None)  # any prompt's
         if problem is not None:
             raise ApiError(400, problem)
-        if self.in_flight + len(gens) > self.settings.max_queue:
+        self.check_room(len(gens))
+        return await self._answer(body, request_id, gens, request, info.model)
+
+    def check_room(self, wanted: int) -> None:
+        """429 unless ``wanted`` more requests fit under --max-queue."""
+        if self.in_flight + wanted > self.settings.max_queue:
             raise ApiError(429, f"the server has {self.in_flight} requests in flight (its "
                            f"limit, --max-queue, is {self.settings.max_queue}; each of n "
                            "choices counts): retry later", "rate_limit_exceeded",
                            code="queue_full")
-        return await self._answer(body, request_id, gens, request, info.model)
 
     def _admit(self, gen: GenerationRequest) -> tuple[AsyncIterator[Any], Callable[[], None]]:
         """Count ``gen`` in flight now, before anything awaits (requests arriving together

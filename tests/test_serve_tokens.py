@@ -76,3 +76,19 @@ def test_the_token_routes_need_the_key(started) -> None:
     ok = httpx.post(f"{srv.url}/tokenize", json={"prompt": "hi"}, timeout=30,
                     headers={"Authorization": "Bearer secret"})
     assert ok.status_code == 200 and ok.json()["count"] > 0
+
+
+def test_the_token_routes_count_against_the_queue(started) -> None:
+    """The generation thread tokenizes: --max-queue bounds these requests as it bounds
+    generations (a flood of them cannot starve the running streams)."""
+    srv = started(ServeSettings(max_queue=1), delay_s=0.01)
+    body = {"model": ts.MODEL, "prompt": "count", "max_tokens": 40, "temperature": 0,
+            "stream": True, "zctl": {"ignore_eos": True}}
+    with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=30) as resp:
+        lines = resp.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+        for route, extra in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+            busy = post(srv, route, **extra)
+            assert busy.status_code == 429 and "in flight" in busy.text
+        assert [line for line in lines if line][-1] == "data: [DONE]"
+    assert post(srv, "/tokenize", prompt="hi").status_code == 200  # room again
