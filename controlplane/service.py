@@ -39,7 +39,7 @@ from controlplane.sockets import router_socket
 from dataplane.draft_model import DraftModels
 from dataplane.runtime import RuntimeConfig
 from engine.executor import Executor
-from engine.requests import DEFAULT_MAX_STREAMS, GenerationChunk
+from engine.requests import DEFAULT_MAX_STREAMS, GenerationChunk, RequestRefused
 from engine.service import POLL_S, RESUME_TIMEOUT_S, Event, GenerationEngine
 from engine.tokenizer import ChatTokenizer, TokenizerError
 
@@ -71,11 +71,11 @@ def tokens_reply(engine: GenerationEngine, msg: TokenizeRequest | DetokenizeRequ
         if bad is not None:
             return TokensReply(rid, [], [], error=f"token id {bad} is outside the model's "
                                f"vocabulary of {engine.vocab_size}")
-        return TokensReply(rid, list(msg.tokens), [],
-                           text=tokenizer.decode(list(msg.tokens), skip_special_tokens=False))
+        return TokensReply(rid, list(msg.tokens), [], text=tokenizer.decode(
+            list(msg.tokens), skip_special_tokens=msg.skip_special_tokens))
     try:
         ids = engine.prompt_ids(msg)
-    except TokenizerError as exc:
+    except (TokenizerError, RequestRefused) as exc:
         return TokensReply(rid, [], [], error=str(exc))
     return TokensReply(rid, ids, [tokenizer.backend.id_to_token(t) or "" for t in ids])
 

@@ -76,12 +76,14 @@ class TokenizeRequest(GenerationRequest, Message):
 @register
 @dataclass(frozen=True)
 class DetokenizeRequest(Message):
-    """Client -> generation service: the text of these token ids (special tokens kept).
+    """Client -> generation service: the text of these token ids (special tokens kept
+    unless ``skip_special_tokens``).
     Answered by a TokensReply with the same ``request_id``."""
 
     TYPE: ClassVar[str] = "detokenize_request"
     request_id: str
     tokens: list[int]
+    skip_special_tokens: bool = False  # True: the text a completion's reader sees
 
     def check(self) -> None:
         need(0 < len(self.request_id) <= 64, "detokenize_request.request_id must be 1..64 chars")

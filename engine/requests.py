@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_PROMPT_CHARS = 1 << 20
+MAX_PROMPT_IDS = 1 << 18  # a prompt given as token ids
 # what a request's ``logits_payload`` may ask of the last stage (engine.payloads)
 PAYLOAD_POLICIES = ("auto", "fp16", "fp32")
 MAX_NEW_TOKENS = 1 << 16
@@ -88,6 +89,7 @@ class GenerationRequest:
     # (multiplied when negative): Hugging Face's and llama.cpp's; 1 is none
     logit_bias: dict[str, float] = field(default_factory=dict)  # token id (decimal) -> bias
     messages: list[ChatMessage] = field(default_factory=list)  # a conversation (chat)
+    prompt_ids: list[int] = field(default_factory=list)  # or the prompt as token ids (raw)
     stop: list[str] = field(default_factory=list)  # stop strings: end before the first one
     logprobs: bool = False  # chunks carry each token's TokenLogprob
     top_logprobs: int = 0  # ... with this many alternatives
@@ -130,9 +132,14 @@ class GenerationRequest:
              f"{self.speculative!r}"),
             (0 <= self.k <= MAX_DRAFT_TOKENS,
              f"k must be in 0..{MAX_DRAFT_TOKENS} (0 = adaptive)"),
-            (bool(self.prompt) != bool(self.messages), "give a prompt or messages (not both)"),
+            (bool(self.prompt) + bool(self.messages) + bool(self.prompt_ids) == 1,
+             "give one of a prompt, messages or prompt token ids"),
             (len(self.prompt) + sum(len(m.content) for m in self.messages) <= MAX_PROMPT_CHARS,
              f"the prompt must have at most {MAX_PROMPT_CHARS} characters"),
+            (len(self.prompt_ids) <= MAX_PROMPT_IDS and all(0 <= t < 1 << 31
+                                                             for t in self.prompt_ids),
+             f"prompt token ids are up to {MAX_PROMPT_IDS} ids >= 0"),
+            (not (self.prompt_ids and self.chat), "prompt token ids are raw (chat=False)"),
             (len(self.messages) <= MAX_MESSAGES, f"at most {MAX_MESSAGES} messages"),
             (self.chat or not self.messages, "messages need the chat template (chat=True)"),
             (all(m.role in CHAT_ROLES for m in self.messages),

@@ -296,7 +296,13 @@ class GenerationEngine:
         return True
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
-        """The request's prompt as token ids (its messages through the chat template)."""
+        """The request's prompt as token ids (its messages through the chat template, or
+        its own ids: RequestRefused for one outside the vocabulary)."""
+        if req.prompt_ids:
+            if max(req.prompt_ids) >= self.vocab_size:
+                raise RequestRefused(f"prompt token id {max(req.prompt_ids)} is outside the "
+                                     f"model's vocabulary of {self.vocab_size}")
+            return list(req.prompt_ids)
         if req.messages:
             return self.tokenizer.encode_chat([(m.role, m.content) for m in req.messages])
         return self.tokenizer.encode(req.prompt, chat=req.chat)

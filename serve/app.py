@@ -186,17 +186,27 @@ class ZctlApi:
         reply = await self._tokens(DetokenizeRequest(uuid.uuid4().hex[:24], body.tokens))
         return {"prompt": reply.text}
 
-    async def _tokens(self, msg: TokenizeRequest | DetokenizeRequest) -> TokensReply:
-        """The service's answer; in flight meanwhile (the generation thread tokenizes, so
-        --max-queue bounds these as it bounds generations)."""
-        self.check_room(1)
-        self.in_flight += 1
+    async def _echoed(self, body: CompletionRequest) -> list[str]:
+        """The texts an echoing completion's prompts are answered with (token ids
+        detokenized as a reader sees them: special tokens left out)."""
+        return [prompt if isinstance(prompt, str) else (await self._tokens(DetokenizeRequest(
+            uuid.uuid4().hex[:24], prompt, skip_special_tokens=True), counted=False)).text
+                for prompt in body.prompts()]
+
+    async def _tokens(self, msg: TokenizeRequest | DetokenizeRequest,
+                      counted: bool = True) -> TokensReply:
+        """The service's answer; ``counted``, in flight meanwhile (the generation thread
+        tokenizes, so --max-queue bounds these as it bounds generations; a completion's
+        own detokenizing is its request's)."""
+        if counted:
+            self.check_room(1)
+        self.in_flight += counted
         try:
             reply = await self.backend.tokens(msg)
         except BackendUnavailable as exc:
             raise ApiError(503, str(exc), "service_unavailable", code="backend_down") from None
         finally:
-            self.in_flight -= 1
+            self.in_flight -= counted
         if reply.error:
             raise ApiError(400, reply.error)
         return reply
@@ -250,6 +260,8 @@ class ZctlApi:
         """Run a generation per choice: their first answers decide between an error and a
         reply."""
         start = time.monotonic()
+        echo = await self._echoed(body) if isinstance(body, CompletionRequest) and body.echo \
+            else None  # (before any generation starts: a failure here leaves none running)
         clocks = [RequestClock(self.metrics, model, start, counts_prompt=i % body.n == 0)
                   for i in range(len(gens))]
         admitted = [self._admit(gen) for gen in gens]
@@ -261,8 +273,6 @@ class ZctlApi:
                 release()  # (a choice's events may never have started)
             await close_all(events)
             raise
-        echo = body.prompt_texts() if isinstance(body, CompletionRequest) and body.echo \
-            else None
         shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model, body.n,
                               tools=body.tool_plan(), echo=echo)
         if body.stream:

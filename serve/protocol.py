@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 from controlplane.service_messages import MAX_DETOKENIZE
 from engine.requests import (
@@ -226,19 +226,25 @@ class ChatCompletionRequest(SamplingFields):
         return with_tools_prompt(turns, plan) if plan.functions else turns
 
 
+TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
+Prompt = str | list[int]  # a text completion's prompt: text, or token ids
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    prompt: str | list[str] | TokenIds | list[TokenIds]  # OpenAI's four forms
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False  # the prompt before the completion (with logprobs: the prompt's too)
     suffix: None = None
 
-    def prompt_texts(self) -> list[str]:
-        """The prompts: one string, or a batch of them (each answered by its own ``n``
-        choices, in order)."""
-        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
-        if not 1 <= len(prompts) <= MAX_PROMPTS:
-            raise ApiError(400, f"prompt takes a string or a list of 1..{MAX_PROMPTS} strings",
-                           param="prompt")
+    def prompts(self) -> list[Prompt]:
+        """The prompts: one (text or token ids), or a batch of them (each answered by its
+        own ``n`` choices, in order)."""
+        given = self.prompt
+        one = isinstance(given, str) or (bool(given) and isinstance(given[0], int))
+        prompts: list[Prompt] = [given] if one else list(given)  # type: ignore[list-item]
+        if not 1 <= len(prompts) <= MAX_PROMPTS or not all(prompts):
+            raise ApiError(400, f"prompt takes a string, token ids, or a list of 1.."
+                           f"{MAX_PROMPTS} of either (none empty)", param="prompt")
         return prompts
 
 
@@ -289,12 +295,23 @@ def to_generations(req: ChatCompletionRequest | CompletionRequest, request_id: s
     ``request_id-i`` for choice i, and with a seed, seed + j for a prompt's choice j (each
     reproducible, and different from the prompt's others when sampling)."""
     first = to_generation(req, request_id, default_speculation)  # grammar, turns: once
-    prompts = req.prompt_texts() if isinstance(req, CompletionRequest) else [first.prompt]
+    if not isinstance(req, CompletionRequest):
+        return [first] if req.n == 1 else [
+            replace(first, request_id=f"{request_id}-{j}",
+                    seed=None if req.seed is None else (req.seed + j) % (1 << 63))
+            for j in range(req.n)]
+    prompts = req.prompts()
     if req.n == 1 and len(prompts) == 1:
         return [first]
-    return [replace(first, request_id=f"{request_id}-{p * req.n + j}", prompt=prompt,
+    return [replace(first, request_id=f"{request_id}-{p * req.n + j}", **prompt_fields(prompt),
                     seed=None if req.seed is None else (req.seed + j) % (1 << 63))
             for p, prompt in enumerate(prompts) for j in range(req.n)]
+
+
+def prompt_fields(prompt: Prompt) -> dict[str, Any]:
+    """A completion prompt as the engine's request fields: text, or token ids."""
+    return {"prompt": prompt, "prompt_ids": []} if isinstance(prompt, str) else \
+        {"prompt": "", "prompt_ids": list(prompt)}
 
 
 def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: str,
@@ -316,7 +333,7 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
             max_tokens=limit or 0, chat=True, logprobs=req.logprobs,
             top_logprobs=req.top_logprobs or 0, **common)
     return GenerationRequest(
-        prompt=req.prompt_texts()[0], max_tokens=req.max_tokens or 16, chat=False,
+        **prompt_fields(req.prompts()[0]), max_tokens=req.max_tokens or 16, chat=False,
         logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0,
         prompt_logprobs=req.echo and req.logprobs is not None, **common)
 

@@ -106,7 +106,7 @@ def test_cancel_a_waiting_request(setup) -> None:
 @pytest.mark.parametrize("request_, problem", [
     (GenerationRequest("x", "hi", -1), "bad request: max_tokens must be in 0.."),
     (GenerationRequest("x", "hi " * 70, 0), "leave no room in the model's context of 64"),
-    (GenerationRequest("x", "", 4), "bad request: give a prompt or messages"),
+    (GenerationRequest("x", "", 4), "bad request: give one of a prompt, messages or prompt token ids"),
     (GenerationRequest("x", "hi", 4, stop=["a", "b", "c", "d", "e"]), "stop takes up to 4"),
     (GenerationRequest("x", "hi", 4, logprobs=True, top_logprobs=21), "top_logprobs must be"),
     (GenerationRequest("x", "hi", 4, logits_payload="fp8"), "logits_payload must be one of"),

@@ -178,7 +178,7 @@ def test_protocol_mismatch_carries_both_versions_and_best_effort_fields() -> Non
 
 
 @pytest.mark.parametrize(("body", "text"), [
-    ({"request_id": "r", "prompt": ""}, "give a prompt or messages"),
+    ({"request_id": "r", "prompt": ""}, "give one of a prompt, messages or prompt token ids"),
     ({"request_id": "r", "prompt": "x", "max_tokens": -1}, "max_tokens must be in"),
     ({"request_id": "", "prompt": "x"}, "request_id must be"),
     ({"request_id": "r", "prompt": 5}, "must be a string"),

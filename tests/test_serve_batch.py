@@ -69,7 +69,7 @@ def test_each_prompt_gets_its_n_choices_in_order_and_counts_once() -> None:
 
 
 @pytest.mark.parametrize(("prompt", "why"), [
-    ([], "a list of 1..64 strings"), (["x"] * (MAX_PROMPTS + 1), "a list of 1..64 strings"),
+    ([], "a list of 1..64 of either"), (["x"] * (MAX_PROMPTS + 1), "a list of 1..64 of either"),
     (["a", 3], "valid string"), ([["a"]], "valid string")])
 def test_bad_batches_are_refused(prompt, why) -> None:
     backend = EchoBackend()

@@ -20,8 +20,9 @@ from controlplane.schema import describe
 PINNED = {
     2: "be925e012bbe67ff",
     3: "133cc69c0970c7d0",  # generate_request: grammar_kind, grammar
-    4: "386c189d9c06b15b",  # tokenize_request, detokenize_request, tokens_reply;
-    # generate_request: prompt_logprobs, repetition_penalty; generate_chunk: prompt_logprobs
+    4: "2459df44a0fb3675",  # tokenize_request, detokenize_request, tokens_reply;
+    # generate_request: prompt_logprobs, repetition_penalty, prompt_ids; generate_chunk:
+    # prompt_logprobs
 }
 
 
