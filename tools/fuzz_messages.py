@@ -134,7 +134,8 @@ def service_seeds() -> list[Parts]:
         GenerateRequest("fuzz-a", "the sky is", 2, ignore_eos=True),
         GenerateRequest("fuzz-b", "one two", 1, chat=False, temperature=0.7, seed=3),
         GenerateCancel("fuzz-a"), ServiceStatsRequest(), StatusRequest(),
-        TokenizeRequest("fuzz-c", "the sky is", 1), DetokenizeRequest("fuzz-d", [1, 2, 3]))]
+        TokenizeRequest("fuzz-c", "the sky is", 1), DetokenizeRequest("fuzz-d", [1, 2, 3]),
+        GenerateRequest("fuzz-e", max_tokens=1, chat=False, prompt_ids=[1, 2, 3]))]
 
 
 def json_message(rng: random.Random, seeds: list[Parts], cap: int) -> Parts:
@@ -278,6 +279,8 @@ def api_body(rng: random.Random, model: str) -> dict[str, Any]:
         body["stream"] = True
     if rng.random() < 0.2:  # what /detokenize takes
         body["tokens"] = [rng.randint(0, 64) for _ in range(rng.randint(0, 8))]
+    if "prompt" in body and rng.random() < 0.2:  # the prompt as token ids
+        body["prompt"] = [rng.randint(0, 64) for _ in range(rng.randint(1, 8))]
     if "prompt" in body and rng.random() < 0.2:  # a scored prompt
         body.update(echo=True, logprobs=rng.randint(0, 2))
     if rng.random() < 0.1:
