@@ -91,18 +91,18 @@ def parse_speculative(value: str) -> str:
 
 def check_sampling(temperature: float, top_k: int, top_p: float, seed: int | None,
                    presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                   repetition_penalty: float = 1.0) -> dict[str, Any]:
+                   repetition_penalty: float = 1.0, min_p: float = 0.0) -> dict[str, Any]:
     """The sampling options, validated here so a bad one fails before a cluster starts."""
     from engine.sampling import SamplingParams
 
     # raises ValueError with the reason
     SamplingParams(temperature, top_k, top_p, seed, presence_penalty, frequency_penalty,
-                   repetition_penalty=repetition_penalty)
+                   repetition_penalty=repetition_penalty, min_p=min_p)
     if seed is not None and seed < 0:
         raise ValueError(f"--seed must be >= 0, not {seed}")
-    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-            "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty,
-            "repetition_penalty": repetition_penalty}
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+            "seed": seed, "presence_penalty": presence_penalty,
+            "frequency_penalty": frequency_penalty, "repetition_penalty": repetition_penalty}
 
 
 def output_grammar(json_schema: str | None, regex: str | None, grammar: Path | None
@@ -135,7 +135,7 @@ def sampling_report(req: GenerationRequest) -> dict[str, Any] | None:
                  "repetition_penalty": req.repetition_penalty}
     if req.temperature:
         return {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p,
-                "seed": req.seed, **penalties}
+                "min_p": req.min_p, "seed": req.seed, **penalties}
     adjusted = req.presence_penalty or req.frequency_penalty or req.repetition_penalty != 1.0
     return {"temperature": 0.0, **penalties} if adjusted else None
 
@@ -260,6 +260,9 @@ def run(
         help="0: greedy; > 0 samples (speculation then keeps the model's distribution)")] = 0.0,
     top_k: Annotated[int, typer.Option(help="sample among the k most likely tokens (0: all)")] = 0,
     top_p: Annotated[float, typer.Option(help="nucleus sampling mass")] = 1.0,
+    min_p: Annotated[float, typer.Option(
+        help="keep the tokens at least this fraction as likely as the most likely (0: all)")
+    ] = 0.0,
     seed: Annotated[int | None, typer.Option(help="sampling seed (stream i uses seed + i)")] = None,
     presence_penalty: Annotated[float, typer.Option(
         help="-2..2, taken off the logit of every token generated so far (greedy too)")] = 0.0,
@@ -288,7 +291,7 @@ def run(
     try:
         draft_k, mode = parse_k(k), parse_speculative(speculative)
         sampling = check_sampling(temperature, top_k, top_p, seed, presence_penalty,
-                                  frequency_penalty, repetition_penalty)
+                                  frequency_penalty, repetition_penalty, min_p)
         sampling.update(output_grammar(json_schema, regex, grammar))
         if streams < 0:
             raise ValueError(f"--streams must be >= 0, not {streams}")

@@ -77,7 +77,7 @@ def new_session(stream_id: int, req: GenerationRequest, ids: Sequence[int],
                              f"model's vocabulary of {limits.vocab_size}")
     sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed,
                               req.presence_penalty, req.frequency_penalty, biases,
-                              req.repetition_penalty)
+                              req.repetition_penalty, req.min_p)
     top = req.top_logprobs if req.logprobs else None
     reads: dict = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
     if req.prompt_logprobs:

@@ -101,6 +101,7 @@ class GenerationRequest:
     prompt_logprobs: bool = False  # the first chunk carries the prompt's tokens' logprobs
     # (each after the ones before it, with top_logprobs alternatives; needs logprobs): the
     # whole prompt is prefilled, no cached prefix used
+    min_p: float = 0.0  # keep tokens at least this fraction as likely as the best (0: all)
 
     def biases(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (token id, bias) pairs in id order (check ``problem`` first;
@@ -114,6 +115,7 @@ class GenerationRequest:
             (0.0 <= self.temperature <= 100.0, "temperature must be in 0..100"),
             (0 <= self.top_k <= 1 << 20, "top_k must be >= 0"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
             (self.seed is None or 0 <= self.seed < 1 << 63, "seed must be >= 0"),
             (-MAX_PENALTY <= self.presence_penalty <= MAX_PENALTY,
              f"presence_penalty must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}"),

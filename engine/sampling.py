@@ -27,7 +27,9 @@ from engine.requests import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY,
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; top_k 0 and top_p 1.0 = no truncation; seed for repeatability.
+    """temperature 0 = greedy; top_k 0, top_p 1.0 and min_p 0 = no truncation (min_p keeps
+    the tokens at least that fraction as likely as the most likely one, after top-k and
+    top-p, as llama.cpp and vLLM do); seed for repeatability.
 
     ``presence_penalty`` is taken off the logit of every token generated so far, and
     ``frequency_penalty`` once for each time it was (OpenAI's and vLLM's meaning: the
@@ -45,6 +47,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     repetition_penalty: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -53,6 +56,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
                 raise ValueError(f"{name} must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}, "
@@ -147,6 +152,9 @@ def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         keep = np.zeros_like(keep_sorted)
         np.put_along_axis(keep, order, keep_sorted, axis=-1)
         p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    if params.min_p > 0.0:
+        p = np.where(p >= params.min_p * p.max(axis=-1, keepdims=True), p, 0.0)
         p /= p.sum(axis=-1, keepdims=True)
     return p
 

@@ -147,13 +147,17 @@ class SamplingFields(BaseModel):
     seed: int | None = Field(None, ge=0, lt=1 << 63)
     presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=MAX_REPETITION_PENALTY)  # vLLM's extra
+    # vLLM's extras, top-level as vLLM takes them (top_k and ignore_eos also in ``zctl``)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=MAX_REPETITION_PENALTY)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, le=1 << 20)  # -1 or 0: none
+    ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     zctl: ZctlOptions = Field(default_factory=ZctlOptions)
 
     @field_validator("temperature", "top_p", "n", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty", mode="before")
+                     "repetition_penalty", "min_p", mode="before")
     @classmethod
     def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         """OpenAI's API takes null for these: the default."""
@@ -319,9 +323,11 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
     """The engine's request for an API request (chat turns, or a text completion's first
     prompt)."""
     mode, k = speculation(req.zctl, default_speculation)
+    top_k = req.zctl.top_k if req.top_k is None else max(0, req.top_k)
     common: dict[str, Any] = dict(
-        request_id=request_id, ignore_eos=req.zctl.ignore_eos, speculative=mode, k=k,
-        temperature=req.temperature, top_k=req.zctl.top_k, top_p=req.top_p, seed=req.seed,
+        request_id=request_id, ignore_eos=req.zctl.ignore_eos or bool(req.ignore_eos),
+        speculative=mode, k=k, temperature=req.temperature, top_k=top_k, top_p=req.top_p,
+        min_p=req.min_p, seed=req.seed,
         stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty, logit_bias=dict(req.logit_bias or {}))

@@ -33,8 +33,16 @@ def test_target_probs_temperature_top_k_top_p() -> None:
     assert np.allclose(target_probs(logits, SamplingParams(1.0, top_p=0.71)),
                        [[0, 2 / 9, 3 / 9, 4 / 9]])
     assert np.allclose(target_probs(logits, SamplingParams(1.0, top_p=0.3)), [[0, 0, 0, 1]])
+    # min_p keeps the tokens at least that fraction as likely as the most likely one
+    assert np.allclose(target_probs(logits, SamplingParams(1.0, min_p=0.5)),
+                       [[0, 2 / 9, 3 / 9, 4 / 9]])  # 0.1 < 0.5 * 0.4
+    assert np.allclose(target_probs(logits, SamplingParams(1.0, min_p=0.7)),
+                       [[0, 0, 3 / 7, 4 / 7]])
+    assert np.allclose(target_probs(logits, SamplingParams(1.0, min_p=1.0)), [[0, 0, 0, 1]])
+    assert np.allclose(target_probs(logits, SamplingParams(1.0, top_k=3, min_p=0.6)),
+                       [[0, 0, 3 / 7, 4 / 7]])  # after top-k: 0.2 / 0.9 < 0.6 * 0.4 / 0.9
     for bad in ({"temperature": -1.0}, {"temperature": float("nan")}, {"top_k": -2},
-                {"top_p": 0.0}, {"top_p": 1.5}):
+                {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": -0.1}, {"min_p": 1.5}):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     with pytest.raises(ValueError):

@@ -20,8 +20,8 @@ from controlplane.schema import describe
 PINNED = {
     2: "be925e012bbe67ff",
     3: "133cc69c0970c7d0",  # generate_request: grammar_kind, grammar
-    4: "2459df44a0fb3675",  # tokenize_request, detokenize_request, tokens_reply;
-    # generate_request: prompt_logprobs, repetition_penalty, prompt_ids; generate_chunk:
+    4: "9fda7286ba5dd0ee",  # tokenize_request, detokenize_request, tokens_reply;
+    # generate_request: prompt_logprobs, repetition_penalty, prompt_ids, min_p; generate_chunk:
     # prompt_logprobs
 }
 
