@@ -211,3 +211,28 @@ def test_the_pure_parts() -> None:
     assert tool_calls(' {"name": "time", "arguments": {}}') is None  # text, not a call
     assert json.loads(called_text([call])) == {"name": "time", "arguments": {"zone": "UTC"}}
     assert '"description"' not in with_tools_prompt([], ToolPlan([time_fn.function]))[0][1]
+
+
+def test_streamed_auto_choices_each_decide_alone(server, tiny) -> None:
+    """Streamed, each of n sampled choices under "auto" streams its text or sends its call
+    whole at its end, whatever the others do."""
+    brace = tiny[2].encode("{", chat=False)[-1]
+    content: dict[int, str] = {}
+    calls: dict[int, list] = {}
+    finish: dict[int, str] = {}
+    for chunk in server.client().chat.completions.create(
+            model=ts.MODEL, messages=ASK, max_tokens=60, temperature=1.0, seed=11, n=12,
+            tools=[TIME], tool_choice="auto", logit_bias={str(brace): 8}, stream=True):
+        for choice in chunk.choices:
+            content[choice.index] = content.get(choice.index, "") + (choice.delta.content or "")
+            calls.setdefault(choice.index, []).extend(choice.delta.tool_calls or [])
+            finish[choice.index] = choice.finish_reason or finish.get(choice.index)
+    assert sorted(finish) == list(range(12))
+    for i in range(12):
+        if calls[i]:
+            assert content[i] == "" and len(calls[i]) == 1 and finish[i] == "tool_calls"
+            assert calls[i][0].function.name == "time"
+        else:
+            assert content[i] and not content[i].startswith("{")
+            assert finish[i] in ("stop", "length")
+    assert {bool(calls[i]) for i in range(12)} == {True, False}  # both, side by side
