@@ -70,7 +70,7 @@ def new_session(stream_id: int, req: GenerationRequest, ids: Sequence[int],
     """The session for ``req`` (its prompt tokenized as ``ids``, its grammar compiled as
     ``constraint``)."""
     req = replace(req, max_tokens=new_tokens_allowed(len(ids), req.max_tokens, limits))
-    stops = () if req.ignore_eos else limits.stop_ids
+    stops = [*(() if req.ignore_eos else limits.stop_ids), *req.stop_token_ids]
     biases = req.biases()
     if biases and biases[-1][0] >= limits.vocab_size:
         raise RequestRefused(f"logit_bias names token {biases[-1][0]}, beyond the "

@@ -42,7 +42,7 @@ def stop_reason(produced: Sequence[int], request: GenerationRequest, stop_ids: S
         return "error"
     if cancelled:
         return "cancelled"
-    if stopped:
+    if stopped or (produced and produced[-1] in request.stop_token_ids):
         return "stop"
     if produced and not request.ignore_eos and produced[-1] in stop_ids:
         return "eos"

@@ -16,6 +16,7 @@ PAYLOAD_POLICIES = ("auto", "fp16", "fp32")
 MAX_NEW_TOKENS = 1 << 16
 MAX_DRAFT_TOKENS = 32
 MAX_STOP_STRINGS = 4
+MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
 MAX_MESSAGES = 4096
@@ -102,6 +103,8 @@ class GenerationRequest:
     # (each after the ones before it, with top_logprobs alternatives; needs logprobs): the
     # whole prompt is prefilled, no cached prefix used
     min_p: float = 0.0  # keep tokens at least this fraction as likely as the best (0: all)
+    stop_token_ids: list[int] = field(default_factory=list)  # these end it too (not shown;
+    # also with ignore_eos), as vLLM's stop_token_ids
 
     def biases(self) -> tuple[tuple[int, float], ...]:
         """``logit_bias`` as (token id, bias) pairs in id order (check ``problem`` first;
@@ -116,6 +119,9 @@ class GenerationRequest:
             (0 <= self.top_k <= 1 << 20, "top_k must be >= 0"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS and all(
+                0 <= t < 1 << 31 for t in self.stop_token_ids),
+             f"stop_token_ids takes up to {MAX_STOP_TOKEN_IDS} ids >= 0"),
             (self.seed is None or 0 <= self.seed < 1 << 63, "seed must be >= 0"),
             (-MAX_PENALTY <= self.presence_penalty <= MAX_PENALTY,
              f"presence_penalty must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}"),

@@ -419,7 +419,7 @@ class GenerationEngine:
             if job.stopped:
                 break
             job.kept = first_index + i + 1
-            if token in session.stops:  # (none with ignore_eos)
+            if token in session.stops:  # (with ignore_eos: only the request's stop_token_ids)
                 continue
             job.pending.append(token)
             if session.top_logprobs is not None:

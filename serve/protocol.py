@@ -22,6 +22,7 @@ from engine.requests import (
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
     MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
     UNAVAILABLE,
     ChatMessage,
@@ -152,6 +153,8 @@ class SamplingFields(BaseModel):
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1, le=1 << 20)  # -1 or 0: none
     ignore_eos: bool | None = None
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = Field(
+        None, max_length=MAX_STOP_TOKEN_IDS)
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     zctl: ZctlOptions = Field(default_factory=ZctlOptions)
@@ -330,7 +333,8 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
         min_p=req.min_p, seed=req.seed,
         stop=req.stop_list(), chunk_interval_ms=0, logits_payload=req.zctl.logits_payload,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-        repetition_penalty=req.repetition_penalty, logit_bias=dict(req.logit_bias or {}))
+        repetition_penalty=req.repetition_penalty, logit_bias=dict(req.logit_bias or {}),
+        stop_token_ids=list(req.stop_token_ids or []))
     common["grammar_kind"], common["grammar"] = req.grammar()
     if isinstance(req, ChatCompletionRequest):
         limit = req.max_completion_tokens or req.max_tokens

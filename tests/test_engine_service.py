@@ -263,3 +263,23 @@ def test_a_chunk_carries_the_timing_figures_only_when_they_are_new_to_its_client
                                          chunk_interval_ms=0))
     seen = drive(engine, lambda s: not engine.busy)
     assert all(e.timing for c, e in seen if isinstance(e, GenerationChunk))
+
+
+def test_stop_token_ids_end_a_generation_as_a_stop(setup) -> None:
+    """vLLM's stop_token_ids: the first of them generated ends the stream with "stop",
+    its text left out; with ignore_eos too."""
+    _, chain, tokenizer = setup
+    ids = tokenizer.encode("one two three", chat=False)
+    greedy = list(generate_greedy(chain, ids, 12))
+    stop = greedy[4]
+    cut = greedy.index(stop)
+    for ignore_eos in (False, True):
+        engine = engine_for(setup)
+        engine.submit("a", GenerationRequest("s", "one two three", 12, chat=False,
+                                             ignore_eos=ignore_eos, stop_token_ids=[stop]))
+        seen = drive(engine, lambda s, e=engine: not e.busy)
+        done = next(e for _, e in seen if isinstance(e, GenerationDone))
+        assert done.stop_reason == "stop" and done.tokens == greedy[:cut + 1]
+        assert done.text == tokenizer.decode(greedy[:cut])
+    assert GenerationRequest("s", "x", stop_token_ids=[-1]).problem() is not None
+    assert GenerationRequest("s", "x", stop_token_ids=list(range(65))).problem() is not None

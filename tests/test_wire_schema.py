@@ -20,9 +20,9 @@ from controlplane.schema import describe
 PINNED = {
     2: "be925e012bbe67ff",
     3: "133cc69c0970c7d0",  # generate_request: grammar_kind, grammar
-    4: "9fda7286ba5dd0ee",  # tokenize_request, detokenize_request, tokens_reply;
-    # generate_request: prompt_logprobs, repetition_penalty, prompt_ids, min_p; generate_chunk:
-    # prompt_logprobs
+    4: "25fb90e1c2975b9b",  # tokenize_request, detokenize_request, tokens_reply;
+    # generate_request: prompt_logprobs, repetition_penalty, prompt_ids, min_p,
+    # stop_token_ids; generate_chunk: prompt_logprobs
 }
 
 
