@@ -9,10 +9,11 @@ them: ``--help`` of a benchmark stays quick.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -356,6 +357,16 @@ def run_record() -> dict[str, Any]:
     return {"cpu": cpu_model(), "cpus": os.cpu_count(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit}
 
+
+
+def print_result(result: Mapping[str, Any], as_json: bool,
+                 render: Callable[[Mapping[str, Any], Console], None]) -> None:
+    """A benchmark's result: one JSON object on stdout (``--json``), else ``render``'s
+    tables."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        render(result, Console())
 
 
 def metric_table(title: str, result: Mapping[str, Any], skip: Sequence[str] = ()) -> Table:

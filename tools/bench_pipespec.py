@@ -37,7 +37,6 @@ near-tie the other way). ``--link-delay-ms`` delays every cluster hop (genai has
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
@@ -66,6 +65,7 @@ from tools.bench_common import (
     median,
     metric_table,
     paired_ratio,
+    print_result,
     run_record,
 )
 from tools.spec_prompts import PROMPTS
@@ -378,10 +378,7 @@ def main(
     results = measure(bench_model, export_dir, weights, names, settings)
     entries = [prompt_entry(p.name, samples) for p, samples in zip(PROMPTS, results, strict=True)]
     result = {**summary(entries, names), **run_record(), **settings, "prompts": entries}
-    if as_json:
-        print(json.dumps(result))
-        return
-    render(result, Console())
+    print_result(result, as_json, render)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ rest, for the first layout at the top and every layout under ``layouts``.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -48,10 +47,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from engine.requests import DEFAULT_MAX_STREAMS
-from tools.bench_common import BenchModel, Json, err, fail, parse_numbers, run_record
+from tools.bench_common import BenchModel, Json, err, fail, parse_numbers, print_result, run_record
 from tools.prefill_prompts import (
     Message,
     PromptBook,
@@ -322,10 +320,7 @@ def main(
                 "load_average_before_after": [round(load_before, 2),
                                               round(os.getloadavg()[0], 2)]}
     result = report(results, run_record(), settings)
-    if as_json:
-        print(json.dumps(result))
-        return
-    print_report(result, Console())
+    print_result(result, as_json, print_report)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ model's log-softmax at the position before it (one forward pass over the passage
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -40,7 +39,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tools.bench_common import BenchModel, CpuSets, Json, Model, Weights, fail, run_record
+from tools.bench_common import BenchModel, CpuSets, Json, Model, Weights, fail, print_result, run_record
 
 NODES = 2
 MIN_PARAGRAPH_CHARS = 200  # shorter paragraphs of the prose are headings and the like
@@ -172,10 +171,7 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8",
     runs = [numerics_run(bench_model, export_dir, texts, kind, cpu_sets, hf) for kind in kinds]
     result = {**run_record(), "model": model, "weights": weights, "passages": len(texts),
               "cpu_sets": cpu_sets, "runs": runs}
-    if as_json:
-        print(json.dumps(result))
-        return
-    render(result, Console())
+    print_result(result, as_json, render)
 
 
 if __name__ == "__main__":

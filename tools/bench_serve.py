@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -52,7 +51,7 @@ import typer
 from rich.console import Console
 
 from engine.requests import DEFAULT_MAX_STREAMS
-from tools.bench_common import BenchModel, CpuSets, Json, err, fail, parse_numbers
+from tools.bench_common import BenchModel, CpuSets, Json, err, fail, parse_numbers, print_result
 from tools.serve_load import (
     LevelRun,
     RequestRecord,
@@ -439,10 +438,7 @@ def main(
                 "load_average_before_after": [round(load_before[0], 2),
                                               round(os.getloadavg()[0], 2)]}
     result = report(rows, overhead, settings)
-    if as_json:
-        print(json.dumps(result))
-        return
-    print_table(result, Console())
+    print_result(result, as_json, print_table)
 
 
 def genai_server(bench_model: BenchModel, export_dir: Path, props: dict[str, Any],

@@ -59,6 +59,7 @@ from tools.bench_common import (
     fail,
     generate_done,
     paired_ratio,
+    print_result,
     run_record,
 )
 
@@ -294,10 +295,7 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 
                   "auto": auto_entries} if auto else {}),
               "first_request_extra_ms": first_extra, **run_record(), "model": model,
               "weights": weights, "runs": runs, "cpu_sets": cpu_sets, "tasks": entries}
-    if as_json:
-        print(json.dumps(result))
-        return
-    render(result, Console())
+    print_result(result, as_json, render)
 
 
 if __name__ == "__main__":
