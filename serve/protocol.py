@@ -302,15 +302,11 @@ def to_generations(req: ChatCompletionRequest | CompletionRequest, request_id: s
     ``request_id-i`` for choice i, and with a seed, seed + j for a prompt's choice j (each
     reproducible, and different from the prompt's others when sampling)."""
     first = to_generation(req, request_id, default_speculation)  # grammar, turns: once
-    if not isinstance(req, CompletionRequest):
-        return [first] if req.n == 1 else [
-            replace(first, request_id=f"{request_id}-{j}",
-                    seed=None if req.seed is None else (req.seed + j) % (1 << 63))
-            for j in range(req.n)]
-    prompts = req.prompts()
+    prompts = [prompt_fields(p) for p in req.prompts()] if isinstance(req, CompletionRequest) \
+        else [{}]  # (a chat's one conversation is first's)
     if req.n == 1 and len(prompts) == 1:
         return [first]
-    return [replace(first, request_id=f"{request_id}-{p * req.n + j}", **prompt_fields(prompt),
+    return [replace(first, request_id=f"{request_id}-{p * req.n + j}", **prompt,
                     seed=None if req.seed is None else (req.seed + j) % (1 << 63))
             for p, prompt in enumerate(prompts) for j in range(req.n)]
 
