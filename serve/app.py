@@ -159,13 +159,13 @@ class ZctlApi:
             raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
                            "authentication_error", code="invalid_api_key")
 
-    async def served_model(self, request: Request, model: str | None,
-                           status: int = 400) -> ServiceStats:
-        """The key checked and the model served, which ``model`` must name (if given)."""
+    async def served_model(self, request: Request, model: str | None) -> ServiceStats:
+        """The key checked and the model served, which ``model`` must name (if given: a
+        400, as OpenAI answers a body naming another model)."""
         self.check_key(request)
         info = await self.served()
         if model is not None and model != info.model:
-            raise unknown_model(status, model, info.model)
+            raise unknown_model(400, model, info.model)
         return info
 
     # -- tokens ---------------------------------------------------------------------------
