@@ -1,4 +1,5 @@
-"""The FastAPI application: OpenAI's completions, chat completions and models routes,
+"""The FastAPI application: OpenAI's completions, chat completions, responses
+(serve.responses_route) and models routes,
 ``/tokenize`` and ``/detokenize`` (vLLM's), ``/health`` and ``/metrics``, over a
 ``ServiceBackend`` (and CORS for the web origins ``ServeSettings`` names).
 
@@ -53,6 +54,7 @@ from serve.protocol import (
     finish_reason,
     to_generations,
 )
+from serve.responses_route import add_responses_routes
 
 DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client
 # The largest body a request the engine accepts needs: MAX_PROMPT_CHARS characters at up
@@ -262,17 +264,7 @@ class ZctlApi:
         start = time.monotonic()
         echo = await self._echoed(body) if isinstance(body, CompletionRequest) and body.echo \
             else None  # (before any generation starts: a failure here leaves none running)
-        clocks = [RequestClock(self.metrics, model, start, counts_prompt=i % body.n == 0)
-                  for i in range(len(gens))]
-        admitted = [self._admit(gen) for gen in gens]
-        events = [e for e, _ in admitted]
-        try:
-            firsts = await self._firsts(events, request, body.n)
-        except BaseException:
-            for _, release in admitted:
-                release()  # (a choice's events may never have started)
-            await close_all(events)
-            raise
+        firsts, events, clocks = await self.start(gens, request, model, start, body.n)
         shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model, body.n,
                               tools=body.tool_plan(), echo=echo)
         if body.stream:
@@ -284,6 +276,25 @@ class ZctlApi:
                                                         gens))
         finally:
             await close_all(events)
+
+    async def start(self, gens: list[GenerationRequest], request: Request, model: str,
+                    start: float, per_prompt: int = 1,
+                    ) -> tuple[list[Any], list[AsyncIterator[Any]], list[RequestClock]]:
+        """Start the generations of a request's choices (``per_prompt`` for each prompt):
+        each one's first event, its events, and its clock from ``start``. Raises the API
+        error of the first that failed, with none left running."""
+        clocks = [RequestClock(self.metrics, model, start, counts_prompt=i % per_prompt == 0)
+                  for i in range(len(gens))]
+        admitted = [self._admit(gen) for gen in gens]
+        events = [e for e, _ in admitted]
+        try:
+            firsts = await self._firsts(events, request, per_prompt)
+        except BaseException:
+            for _, release in admitted:
+                release()  # (a choice's events may never have started)
+            await close_all(events)
+            raise
+        return firsts, events, clocks
 
     async def _firsts(self, events: list[AsyncIterator[Any]], request: Request,
                       per_prompt: int = 1) -> list[Any]:
@@ -330,12 +341,12 @@ class ZctlApi:
                            events: list[AsyncIterator[Any]], clocks: list[RequestClock],
                            request: Request, gens: list[GenerationRequest]) -> dict[str, Any]:
         """The whole reply: every choice's tokens collected (together), then its end."""
-        ends = await together([self._collect(f, e, c, request, g)
+        ends = await together([self.collect(f, e, c, request, g)
                                for f, e, c, g in zip(firsts, events, clocks, gens, strict=True)])
         return shape.reply([done for done, _, _ in ends], [lps for _, lps, _ in ends],
                            [prompt for _, _, prompt in ends])
 
-    async def _collect(self, first: Any, events: AsyncIterator[Any], clock: RequestClock,
+    async def collect(self, first: Any, events: AsyncIterator[Any], clock: RequestClock,
                        request: Request, gen: GenerationRequest,
                        ) -> tuple[GenerateDone, list[TokenLogprob] | None, list[TokenLogprob]]:
         """One choice's end, its tokens' logprobs (if asked for) and its prompt's (if
@@ -433,7 +444,7 @@ def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -
                        on_refused=lambda: api.metrics.errors.labels("413").inc())
     if api.settings.cors_origins:  # outermost: a preflight never reaches the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(api.settings.cors_origins),
-                           allow_methods=["GET", "POST"], allow_headers=["*"])
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"])
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -464,6 +475,8 @@ def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
         return await api.detokenize(body, request)
+
+    add_responses_routes(app, api)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

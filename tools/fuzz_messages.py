@@ -260,8 +260,8 @@ class HttpCase:
     body: bytes
 
 
-POSTS = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
-ROUTES = (*POSTS, "/v1/models", "/health", "/metrics")
+POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize")
+ROUTES = (*POSTS, "/v1/models", "/health", "/metrics", "/v1/responses/resp_0")
 ODD_PATHS = ("/", "/v1", "/v1/", "/v2/completions", "/v1/chat/completions/x", "/%00", "/..%2f",
              "/v1/models/../../etc/passwd", "/" + "a" * 4000, "/docs", "/openapi.json")
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE", "FOO")
@@ -285,13 +285,19 @@ def api_body(rng: random.Random, model: str) -> dict[str, Any]:
         body.update(echo=True, logprobs=rng.randint(0, 2))
     if rng.random() < 0.1:
         body["repetition_penalty"] = rng.choice([1.0, 1.3, 2.0])
+    if rng.random() < 0.3:  # what /v1/responses takes
+        body.update(input=rng.choice(["hi", [{"role": "user", "content": "hi"}], [
+            {"type": "function_call_output", "call_id": "c", "output": "r"}]]),
+            max_output_tokens=rng.randint(1, 3))
     return body
 
 
 def odd_body(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
     key = rng.choice([*sorted(body), "n", "stop", "seed", "top_p", "logprobs", "top_logprobs",
                       "zctl", "stream_options", "messages", "max_completion_tokens", "tokens",
-                      "echo", "repetition_penalty", "tools", "tool_choice"])
+                      "echo", "repetition_penalty", "tools", "tool_choice", "input",
+                      "instructions", "text", "include", "previous_response_id",
+                      "max_output_tokens"])
     body[key] = rng.choice([*ODD_VALUES, -5, 10 ** 9, [{"role": "wizard"}],
                             [{"role": "user", "content": [{"type": "image_url"}]}],
                             {"speculative": "draft:/etc"}, {"k": 99}, ["", "a"]])

@@ -1,0 +1,145 @@
+"""The Responses API's routes: ``POST /v1/responses`` (whole, or streamed as named SSE
+events), ``GET`` and ``DELETE /v1/responses/{id}``, over the completions' machinery in
+serve.app (admission, --max-queue, metrics, cancellation when the client goes) and the
+shapes in serve.responses."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from controlplane.service_messages import GenerateChunk, GenerateDone
+from engine.requests import GenerationRequest, TokenLogprob
+from serve.backend import BackendUnavailable
+from serve.choices import close_all, merged
+from serve.metrics import RequestClock
+from serve.protocol import ApiError, ResponseShape, engine_error, finish_reason, to_generations
+from serve.responses import (
+    ResponseEvents,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseStore,
+    new_id,
+    output_turns,
+    sse_event,
+)
+
+if TYPE_CHECKING:  # serve.app adds these routes
+    from serve.app import ZctlApi
+
+
+class ResponsesRoute:
+    """Responses over ``api``; stored ones kept in ``store``."""
+
+    def __init__(self, api: ZctlApi, store: ResponseStore | None = None) -> None:
+        self.api = api
+        self.store = store or ResponseStore()
+
+    async def respond(self, body: ResponsesRequest, request: Request) -> Response:
+        start = time.monotonic()
+        info = await self.api.served_model(request, body.model)
+        history = self.store.conversation(body.previous_response_id) \
+            if body.previous_response_id else []
+        chat = body.chat(history)
+        (gen,) = to_generations(chat, uuid.uuid4().hex[:24], self.api.settings.speculation)
+        problem = gen.problem()
+        if problem is not None:
+            raise ApiError(400, problem)
+        self.api.check_room(1)
+        (first,), (events,), (clock,) = await self.api.start([gen], request, info.model, start)
+        shape = ResponseShape(True, gen.request_id, info.model, tools=chat.tool_plan())
+        response = ResponseObject(body, info.model, shape)
+        turns = [t.model_dump(exclude_none=True) for t in chat.messages
+                 if body.instructions is None or t is not chat.messages[0]]
+        if body.stream:
+            return StreamingResponse(self._events(response, first, events, clock, gen, turns),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            done, logprobs, _ = await self.api.collect(first, events, clock, request, gen)
+        finally:
+            await close_all([events])
+        response.finish(done, logprobs, new_id("msg"))
+        self._keep(response, turns)
+        return JSONResponse(response.body())
+
+    def _keep(self, response: ResponseObject, turns: list[dict[str, Any]]) -> None:
+        """Store a finished response (if asked to) with the conversation it ends."""
+        if response.req.store:
+            self.store.put(response.body(), turns + output_turns(response.output))
+
+    async def _events(self, response: ResponseObject, first: Any, events: AsyncIterator[Any],
+                      clock: RequestClock, gen: GenerationRequest, turns: list[dict[str, Any]]
+                      ) -> AsyncIterator[str]:
+        """The stream's events until the response's end; leaving early (a disconnect)
+        cancels the generation."""
+        stream = ResponseEvents(response)
+        shape = response.shape
+        logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
+        try:
+            for event in stream.opening():
+                yield sse_event(event)
+            async with contextlib.aclosing(merged([first], [events])) as chunks:
+                async for _, msg in chunks:
+                    if isinstance(msg, GenerateChunk):
+                        clock.tokens(len(msg.tokens), time.monotonic())
+                        if logprobs is not None:
+                            logprobs += msg.logprobs
+                        if (msg.text or msg.logprobs) and not shape.holds(0, msg.text):
+                            for event in stream.delta(msg.text, msg.logprobs):
+                                yield sse_event(event)
+                        continue
+                    yield "".join(sse_event(e) for e in self._end(stream, msg, clock,
+                                                                   logprobs, turns))
+        except BackendUnavailable as exc:
+            error = ApiError(503, str(exc), "service_unavailable", code="backend_down")
+            yield "".join(sse_event(e) for e in stream.failed(error))
+        finally:
+            await close_all([events])
+
+    def _end(self, stream: ResponseEvents, done: GenerateDone, clock: RequestClock,
+             logprobs: list[TokenLogprob] | None, turns: list[dict[str, Any]]
+             ) -> list[dict[str, Any]]:
+        if done.error:
+            error = engine_error(done)
+            self.api.metrics.errors.labels(str(error.status)).inc()
+            return stream.failed(error)
+        clock.done(done.prompt_tokens, len(done.tokens), finish_reason(done), time.monotonic())
+        events = stream.ending(done, logprobs, held=stream.response.shape.holds(0))
+        self._keep(stream.response, turns)
+        return events
+
+    def retrieve(self, response_id: str, request: Request) -> dict[str, Any]:
+        self.api.check_key(request)
+        return self.store.body(response_id)
+
+    def delete(self, response_id: str, request: Request) -> dict[str, Any]:
+        self.api.check_key(request)
+        self.store.body(response_id)  # 404 if not stored
+        self.store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+
+def add_responses_routes(app: FastAPI, api: ZctlApi) -> ResponsesRoute:
+    """Serve the Responses API on ``app``."""
+    route = ResponsesRoute(api)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await route.respond(body, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str, request: Request) -> JSONResponse:
+        return JSONResponse(route.retrieve(response_id, request))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str, request: Request) -> JSONResponse:
+        return JSONResponse(route.delete(response_id, request))
+
+    return route
