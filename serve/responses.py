@@ -427,10 +427,11 @@ class ResponseStore:
             self.used -= old
 
     def body(self, response_id: str) -> dict[str, Any]:
-        return self._get(response_id)[0]
+        return self._get(response_id, None)[0]
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
-        return self._get(response_id)[1]
+        """The conversation a response ended, for the one that continues it."""
+        return self._get(response_id, "previous_response_id")[1]
 
     def delete(self, response_id: str) -> bool:
         entry = self._entries.pop(response_id, None)
@@ -438,12 +439,13 @@ class ResponseStore:
             self.used -= entry[2]
         return entry is not None
 
-    def _get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    def _get(self, response_id: str, param: str | None
+             ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
         entry = self._entries.get(response_id)
         if entry is None:
             raise ApiError(404, f"no stored response has the id {response_id!r} (responses "
                            "made with store: false are not kept, and the oldest are dropped "
-                           "when the store is full)", param="previous_response_id",
+                           "when the store is full)", param=param,
                            code="response_not_found")
         self._entries.move_to_end(response_id)
         return entry
