@@ -16,9 +16,12 @@ import test_serve as ts
 from test_serve import ASK, greedy_text, wait_for
 from test_serve_tools import TIME, WEATHER
 
-from serve.protocol import ApiError
+from engine.requests import GenerationDone
+from serve.protocol import ApiError, ResponseShape
 from serve.responses import (
     InputItem,
+    ResponseEvents,
+    ResponseObject,
     ResponsesRequest,
     ResponseStore,
     items_as_turns,
@@ -260,3 +263,48 @@ def test_the_pure_parts() -> None:
     assert store.delete(f"r{held[0]}") and not store.delete(f"r{held[0]}")
     store.put({"id": "huge", "pad": "x" * 5000}, [])  # beyond the budget: not kept
     assert "huge" not in store and store.used <= store.budget
+
+
+def streamed(req: ResponsesRequest, pieces: list[str], done: GenerationDone) -> list[dict]:
+    """The events of a stream of ``pieces`` ending in ``done``, as the route sends them."""
+    chat = req.chat([])
+    shape = ResponseShape(True, "r", "m", tools=chat.tool_plan())
+    stream = ResponseEvents(ResponseObject(req, "m", shape))
+    events = stream.opening()
+    for text in pieces:
+        if not shape.holds(0, text):
+            events += stream.delta(text, [])
+    return events + stream.ending(done, None, held=shape.holds(0))
+
+
+def test_the_events_of_text_calls_and_failures() -> None:
+    ended = GenerationDone("r", [1, 2], '{"name": "time", "arguments": {"zone": "UTC"}}', 5,
+                           0, 0, stop_reason="eos")
+    tools = ResponsesRequest(model="m", input="q", tools=FLAT, tool_choice="required")
+    events = streamed(tools, ['{"name"', ': "time", ...'], ended)
+    kinds = [e["type"] for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta",
+                     "response.function_call_arguments.done", "response.output_item.done",
+                     "response.completed"]  # the call, whole at its end: no text events
+    assert events[-1]["response"]["output"][0]["arguments"] == '{"zone": "UTC"}'
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # a call cut by max_output_tokens is the text it was cut to, whole at the end
+    cut = GenerationDone("r", [1], '{"na', 5, 0, 0, stop_reason="max_tokens")
+    events = streamed(tools, ['{"na'], cut)
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ['{"na']
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["output"][0]["status"] == "incomplete"
+    # under "auto" a text answer streams as it comes
+    text = GenerationDone("r", [1, 2], "hi there", 5, 0, 0, stop_reason="eos")
+    auto = ResponsesRequest(model="m", input="q", tools=FLAT)
+    events = streamed(auto, ["hi", " there"], text)
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == [
+        "hi", " there"]
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "hi there"
+    # a failure after the stream started: response.failed with the error
+    stream = ResponseEvents(ResponseObject(auto, "m", ResponseShape(True, "r", "m")))
+    (failed,) = stream.failed(ApiError(503, "stage 1 is down", "service_unavailable",
+                                       code="pipeline_down"))
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "pipeline_down", "message": "stage 1 is down"}
