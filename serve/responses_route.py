@@ -55,8 +55,8 @@ class ResponsesRoute:
         (first,), (events,), (clock,) = await self.api.start([gen], request, info.model, start)
         shape = ResponseShape(True, gen.request_id, info.model, tools=chat.tool_plan())
         response = ResponseObject(body, info.model, shape)
-        turns = [t.model_dump(exclude_none=True) for t in chat.messages
-                 if body.instructions is None or t is not chat.messages[0]]
+        turns = [t.model_dump(exclude_none=True)  # what a later response continues
+                 for t in chat.messages[1 if body.instructions else 0:]]
         if body.stream:
             return StreamingResponse(self._events(response, first, events, clock, gen, turns),
                                      media_type="text/event-stream",

@@ -115,6 +115,13 @@ def test_previous_response_id_continues_the_conversation(server, tiny) -> None:
     want, _ = greedy_text(tiny, turns, 6)
     assert second.output_text == want and second.previous_response_id == first.id
     assert client.responses.retrieve(first.id).output_text == first.output_text
+    empty = client.responses.create(model=ts.MODEL, instructions="", input="the sky is",
+                                    max_output_tokens=6, temperature=0, extra_body=NO_EOS)
+    again = client.responses.create(model=ts.MODEL, previous_response_id=empty.id,
+                                    input="and the sea?", max_output_tokens=6, temperature=0,
+                                    extra_body=NO_EOS)
+    turns[1] = ("assistant", empty.output_text)  # empty instructions are none: all is kept
+    assert again.output_text == greedy_text(tiny, turns, 6)[0]
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError, match="no stored response"):
         client.responses.retrieve(first.id)
