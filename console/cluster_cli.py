@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import typer
 from rich.console import Console
@@ -28,6 +28,7 @@ from console.cluster_procs import (
     write_record,
 )
 from console.exports import AUTO, WEIGHTS_HELP, ensure_export
+from console.tls import ApiTls, api_tls
 from controlplane.processes import CoordinatorProcess, placement_of
 from controlplane.records import HEARTBEAT_S, LIVENESS
 from engine.requests import DEFAULT_MAX_STREAMS
@@ -172,6 +173,10 @@ def cluster_up(
     api_cors_origins: Annotated[list[str] | None, typer.Option(
         "--api-cors-origin", help="a web origin whose pages may call that API from a browser "
                                   "(scheme://host[:port], or '*'); repeat for more")] = None,
+    api_ssl_certfile: Annotated[Path | None, typer.Option(
+        help="serve that API over HTTPS with this PEM certificate")] = None,
+    api_ssl_keyfile: Annotated[Path | None, typer.Option(
+        help="the certificate's PEM private key")] = None,
     max_streams: MaxStreams = DEFAULT_MAX_STREAMS,
     kv_memory_mb: KvMemory = 2048,
     prefix_cache_mb: PrefixCacheMb = 512,
@@ -186,11 +191,7 @@ def cluster_up(
     if problem:
         _fail(problem)
     try:
-        if api:
-            parse_api(api)  # checked before anything is exported
-        origins = tuple(cors_origin(o, "--api-cors-origin") for o in api_cors_origins or ())
-        if origins and not api:
-            raise ValueError("--api-cors-origin needs --api HOST:PORT")
+        api_opts = api_options(api, api_cors_origins, api_ssl_certfile, api_ssl_keyfile)
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
         runtime = runtime_spec(None if precision == "default" else precision, threads, device,
                                kv, dq, paged_attention)
@@ -209,12 +210,12 @@ def cluster_up(
         if local is None:
             record = _start_remote_coordinator(coordinator)
             write_record(record)
-            if api:
-                write_record(record := start_api(record, api, cors_origins=origins))
+            if api_opts is not None:
+                write_record(record := api_opts.start(record))
                 out.print(f"OpenAI API at {record.api}/v1")
             _print_join(record, curve)
             return
-        record, status = _up_local(coordinator, local, cpu_sets, timeout, api, origins)
+        record, status = _up_local(coordinator, local, cpu_sets, timeout, api_opts)
     except (ClusterError, ValueError, OSError) as exc:
         rec = read_record() if cluster_file().is_file() else None
         if rec is not None:
@@ -229,10 +230,34 @@ def cluster_up(
               "\"...\"; zctl cluster down stops it")
 
 
+class ApiOptions(NamedTuple):
+    """``cluster up --api``: where zctl serve listens, the origins it lets call it, its TLS."""
+
+    address: str
+    cors_origins: tuple[str, ...]
+    tls: ApiTls | None
+
+    def start(self, record: ClusterRecord) -> ClusterRecord:
+        return start_api(record, self.address, cors_origins=self.cors_origins, tls=self.tls)
+
+
+def api_options(api: str | None, origins: list[str] | None, certfile: Path | None,
+                keyfile: Path | None) -> ApiOptions | None:
+    """The API's options, checked before anything is exported (None: no API)."""
+    cors = tuple(cors_origin(o, "--api-cors-origin") for o in origins or ())
+    tls = api_tls(certfile, keyfile, "--api-ssl-certfile and --api-ssl-keyfile")
+    if not api:
+        if cors or tls:
+            raise ValueError(f"--api-{'cors-origin' if cors else 'ssl-*'} needs --api HOST:PORT")
+        return None
+    parse_api(api)
+    return ApiOptions(api, cors, tls)
+
+
 def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeout: float,
-              api: str | None, cors_origins: tuple[str, ...]) -> tuple[ClusterRecord, Any]:
+              api: ApiOptions | None) -> tuple[ClusterRecord, Any]:
     """Start a local cluster of ``nodes`` with the coordinator's settings, wait until it
-    serves (and start the API, for ``cors_origins``); its record and status."""
+    serves (and start the API); its record and status."""
     c, link = coordinator, coordinator.link
     record = start_local_cluster(
         Path(c.export_dir), nodes, c.runtime, link_delay_ms=link.delay_ms,
@@ -242,8 +267,8 @@ def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeou
         kv_memory_mb=c.kv_memory_mb, prefix_cache_mb=c.prefix_cache_mb)
     write_record(record)
     status = wait_serving(record, timeout)
-    if api:
-        write_record(record := start_api(record, api, cors_origins=cors_origins))
+    if api is not None:
+        write_record(record := api.start(record))
     return record, status
 
 

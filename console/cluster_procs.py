@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from common.paths import zctl_home
+from console.tls import ApiTls, own_server_context, scheme
 from controlplane.nodeinfo import fresh_port
 from controlplane.processes import (
     CoordinatorProcess,
@@ -390,10 +391,12 @@ def cors_origin(value: str, option: str = "--cors-origin") -> str:
 
 
 def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
-              max_queue: int | None = None, cors_origins: tuple[str, ...] = ()) -> ClusterRecord:
+              max_queue: int | None = None, cors_origins: tuple[str, ...] = (),
+              tls: ApiTls | None = None) -> ClusterRecord:
     """Start ``zctl serve`` for the cluster in the background (its key, if any, from
     ZCTL_API_KEY; ``max_queue``: its --max-queue, None its default; ``cors_origins``: its
-    --cors-origin values) and wait for it to answer; the record gains its pid and address."""
+    --cors-origin values; ``tls``: HTTPS with these files) and wait for it to answer; the
+    record gains its pid and address."""
     import urllib.error
     import urllib.request
 
@@ -404,18 +407,21 @@ def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
         command += ["--max-queue", str(max_queue)]
     for origin in cors_origins:
         command += ["--cors-origin", origin]
+    if tls is not None:
+        command += tls.serve_args()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    url = f"{scheme(tls)}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise ClusterError(f"zctl serve exited with {proc.returncode} (see {log_path})")
         try:
-            urllib.request.urlopen(f"{url}/health", timeout=2)
+            urllib.request.urlopen(f"{url}/health", timeout=2,  # noqa: S310
+                                   context=own_server_context(url))
             break
         except urllib.error.HTTPError:
             break  # it answers (503 while a stage is down)

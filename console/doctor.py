@@ -13,9 +13,10 @@ The verdicts are ``controlplane.diagnostics``'s, the facts ``controlplane.probes
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from console.tls import own_server_context
 from controlplane import diagnostics as dx
 from controlplane import probes
 from controlplane.diagnostics import Check
@@ -179,18 +181,27 @@ def _curve(opts: DoctorOptions, record: Any) -> Any:
         raise ValueError(str(exc)) from None
 
 
-def http_health(url: str, timeout: float = 2.0) -> dx.HttpFacts:
-    """GET URL/health: its status and the start of its body, or why there was no answer."""
+def http_health(url: str, timeout: float = 2.0, verify: bool = True) -> dx.HttpFacts:
+    """GET URL/health: its status and the start of its body, or why there was no answer.
+    An HTTPS server whose certificate this machine does not trust is asked again without
+    checking it (``untrusted`` in the facts)."""
     target = url.rstrip("/") + "/health"
     if not target.startswith(("http://", "https://")):
         return dx.HttpFacts(error=f"{url!r} is not an http:// or https:// URL")
+    context = None if verify else own_server_context(target)
     try:
-        with urllib.request.urlopen(target, timeout=timeout) as reply:  # noqa: S310
-            return dx.HttpFacts(reply.status, reply.read(2048).decode("utf-8", "replace"))
+        with urllib.request.urlopen(target, timeout=timeout,  # noqa: S310
+                                    context=context) as reply:
+            return dx.HttpFacts(reply.status, reply.read(2048).decode("utf-8", "replace"),
+                                untrusted=not verify)
     except urllib.error.HTTPError as exc:
-        return dx.HttpFacts(exc.code, exc.read(2048).decode("utf-8", "replace"))
+        return dx.HttpFacts(exc.code, exc.read(2048).decode("utf-8", "replace"),
+                            untrusted=not verify)
     except urllib.error.URLError as exc:
         reason = exc.reason
+        if verify and isinstance(reason, ssl.SSLCertVerificationError):
+            return replace(http_health(url, timeout, verify=False),
+                           error=reason.verify_message or str(reason))
         refused = isinstance(reason, ConnectionRefusedError)
         text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
         return dx.HttpFacts(error=text, refused=refused)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -36,6 +37,7 @@ from console.cluster_procs import (
 )
 from console.exports import AUTO, WEIGHTS_HELP, ensure_export
 from console.run_cli import parse_k, parse_speculative
+from console.tls import ApiTls, api_tls, scheme
 from engine.requests import DEFAULT_MAX_STREAMS
 
 
@@ -49,8 +51,10 @@ def serve_problem(port: int, max_queue: int) -> str:
 
 
 def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, max_queue: int,
-            speculation: tuple[str, int], cors_origins: tuple[str, ...] = ()) -> None:
-    """Serve the cluster's generation service over HTTP until interrupted."""
+            speculation: tuple[str, int], cors_origins: tuple[str, ...] = (),
+            tls: ApiTls | None = None) -> None:
+    """Serve the cluster's generation service over HTTP (HTTPS with ``tls``) until
+    interrupted."""
     try:
         import uvicorn
 
@@ -62,12 +66,13 @@ def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, ma
     app = create_app(ServiceBackend(record.serve),
                      ServeSettings(api_key=api_key, max_queue=max_queue, speculation=speculation,
                                    cors_origins=cors_origins))
-    err.print(f"serving the OpenAI API at http://{host}:{port}/v1 (Ctrl-C stops it)",
+    err.print(f"serving the OpenAI API at {scheme(tls)}://{host}:{port}/v1 (Ctrl-C stops it)",
               highlight=False)
     # uvicorn shuts down on SIGTERM, then re-raises it: exit through Python (SystemExit), so
     # the caller's cleanup (an embedded cluster's processes) runs, as it does on Ctrl-C
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    files = {"ssl_certfile": tls.certfile, "ssl_keyfile": tls.keyfile} if tls else {}
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, **files)
 
 
 def serve(
@@ -84,6 +89,10 @@ def serve(
     cors_origin_list: Annotated[list[str] | None, typer.Option(
         "--cors-origin", help="a web origin whose pages may call the API from a browser "
                               "(repeatable; '*': any); none by default")] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option(
+        help="serve HTTPS with this PEM certificate (chain); with --ssl-keyfile")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(
+        help="the certificate's PEM private key")] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
@@ -107,6 +116,7 @@ def serve(
     try:
         speculation = (parse_speculative(speculative), parse_k(k))
         origins = tuple(cors_origin(o) for o in cors_origin_list or ())
+        tls = api_tls(ssl_certfile, ssl_keyfile)  # (checked before a cluster starts)
         record = _running_record()
         if record is None:
             kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
@@ -117,7 +127,7 @@ def serve(
                 export_dir, stages, rt, cpu_sets=cpu_sets, max_streams=max_streams,
                 kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb)
             wait_serving(record, 300)
-        run_api(record, host, port, api_key, max_queue, speculation, origins)
+        run_api(record, host, port, api_key, max_queue, speculation, origins, tls)
     except (ClusterError, ValueError, OSError) as exc:
         _fail(str(exc))
     finally:

@@ -174,13 +174,19 @@ class HttpFacts:
     body: str = ""
     error: str = ""
     refused: bool = False
+    untrusted: bool = False  # HTTPS whose certificate this machine does not trust
 
 
 def api_check(url: str, facts: HttpFacts, explicit: bool) -> Check:
-    """GET URL/health: 200 passes, 503 (up, not ready) warns, any other answer fails;
-    nothing listening warns unless the user named the URL."""
+    """GET URL/health: 200 passes (warns if its certificate is not trusted here), 503 (up,
+    not ready) warns, any other answer fails; nothing listening warns unless the user named
+    the URL."""
     where = f"GET {url.rstrip('/')}/health"
     body = " ".join(facts.body.split())[:160]
+    if facts.status == 200 and facts.untrusted:
+        return Check("api", WARN, f"{where}: 200, but its TLS certificate is not trusted here "
+                     f"({facts.error or 'unverified'}): clients need it (SSL_CERT_FILE) or a "
+                     "certificate from a CA they trust")
     if facts.status == 200:
         return Check("api", PASS, f"{where}: 200 {body}".rstrip())
     if facts.status is not None:
