@@ -1,5 +1,5 @@
 """The FastAPI application: OpenAI's completions, chat completions, responses
-(serve.responses_route) and models routes,
+(serve.responses_route) and models routes, Anthropic's messages (serve.anthropic_route),
 ``/tokenize`` and ``/detokenize`` (vLLM's), ``/health`` and ``/metrics``, over a
 ``ServiceBackend`` (and CORS for the web origins ``ServeSettings`` names).
 
@@ -39,8 +39,12 @@ from controlplane.service_messages import (
     TokensReply,
 )
 from engine.requests import GenerationRequest, TokenLogprob
+from serve.anthropic import error_body
+from serve.anthropic_route import PATH as MESSAGES_PATH
+from serve.anthropic_route import add_messages_routes
 from serve.backend import BackendUnavailable, ServiceBackend
 from serve.choices import close_all, merged, together
+from serve.errors import raise_failed, unknown_model, validation_error
 from serve.limits import BodyLimit
 from serve.metrics import RequestClock, ServeMetrics
 from serve.protocol import (
@@ -75,25 +79,6 @@ class ServeSettings:
     max_queue: int = 64
     speculation: tuple[str, int] = ("", 0)
     cors_origins: tuple[str, ...] = ()
-
-
-def unknown_model(status: int, asked: str, served: str) -> ApiError:
-    """A request named a model this server does not serve (OpenAI: 404 when the route
-    names it, 400 when a completion's body does)."""
-    return ApiError(status, f"the model {asked!r} is not served here; this server serves "
-                    f"{served!r}", param="model", code="model_not_found")
-
-
-def validation_error(exc: RequestValidationError) -> ApiError:
-    """The first problem pydantic found, as OpenAI reports a bad parameter."""
-    errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    if first.get("type") == "json_invalid":
-        return ApiError(400, f"the body is not valid JSON: {first.get('msg')}")
-    where = ".".join(loc)
-    return ApiError(400, f"{where}: {first.get('msg')}" if where else str(first.get("msg")),
-                    param=where or None)
 
 
 class ZctlApi:
@@ -178,24 +163,24 @@ class ZctlApi:
         problem = gen.problem()
         if problem is not None:
             raise ApiError(400, problem)
-        reply = await self._tokens(TokenizeRequest(**vars(gen)))
+        reply = await self.tokens(TokenizeRequest(**vars(gen)))
         return {"count": len(reply.tokens), "max_model_len": info.max_context,
                 "tokens": reply.tokens,
                 "token_strs": reply.pieces if body.return_token_strs else None}
 
     async def detokenize(self, body: DetokenizeBody, request: Request) -> dict[str, Any]:
         await self.served_model(request, body.model)
-        reply = await self._tokens(DetokenizeRequest(uuid.uuid4().hex[:24], body.tokens))
+        reply = await self.tokens(DetokenizeRequest(uuid.uuid4().hex[:24], body.tokens))
         return {"prompt": reply.text}
 
     async def _echoed(self, body: CompletionRequest) -> list[str]:
         """The texts an echoing completion's prompts are answered with (token ids
         detokenized as a reader sees them: special tokens left out)."""
-        return [prompt if isinstance(prompt, str) else (await self._tokens(DetokenizeRequest(
+        return [prompt if isinstance(prompt, str) else (await self.tokens(DetokenizeRequest(
             uuid.uuid4().hex[:24], prompt, skip_special_tokens=True), counted=False)).text
                 for prompt in body.prompts()]
 
-    async def _tokens(self, msg: TokenizeRequest | DetokenizeRequest,
+    async def tokens(self, msg: TokenizeRequest | DetokenizeRequest,
                       counted: bool = True) -> TokensReply:
         """The service's answer; ``counted``, in flight meanwhile (the generation thread
         tokenizes, so --max-queue bounds these as it bounds generations; a completion's
@@ -276,6 +261,19 @@ class ZctlApi:
                                                         gens))
         finally:
             await close_all(events)
+
+    async def start_chat(self, chat: ChatCompletionRequest, request: Request, model: str,
+                         start: float
+                         ) -> tuple[GenerationRequest, Any, AsyncIterator[Any], RequestClock]:
+        """Start the one generation another API's request reads as ``chat`` (its request,
+        first event, events and clock), as a chat completion's starts."""
+        (gen,) = to_generations(chat, uuid.uuid4().hex[:24], self.settings.speculation)
+        problem = gen.problem()
+        if problem is not None:
+            raise ApiError(400, problem)
+        self.check_room(1)
+        (first,), (events,), (clock,) = await self.start([gen], request, model, start)
+        return gen, first, events, clock
 
     async def start(self, gens: list[GenerationRequest], request: Request, model: str,
                     start: float, per_prompt: int = 1,
@@ -416,13 +414,6 @@ class ZctlApi:
             await close_all(events)
 
 
-def raise_failed(answers: list[Any]) -> None:
-    """Raise the API error of the first generation among ``answers`` that ended failed."""
-    failed = next((a for a in answers if isinstance(a, GenerateDone) and a.error), None)
-    if failed is not None:
-        raise engine_error(failed)
-
-
 def _with_usage(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:
     return {**chunk, "usage": None} if include_usage else chunk
 
@@ -447,9 +438,10 @@ def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"])
 
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         api.metrics.errors.labels(str(exc.status)).inc()
-        return JSONResponse(exc.body(), exc.status)
+        anthropic = request.url.path.startswith(MESSAGES_PATH)  # its clients' error shape
+        return JSONResponse(error_body(exc) if anthropic else exc.body(), exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -477,6 +469,7 @@ def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -
         return await api.detokenize(body, request)
 
     add_responses_routes(app, api)
+    add_messages_routes(app, api)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

@@ -1,14 +1,19 @@
 """A request's choices run together on the event loop (pure asyncio, no HTTP): awaited
 concurrently with the first failure cancelling the rest, their event streams merged as
-events come, and closed (which cancels the generations still running)."""
+events come, and closed (which cancels the generations still running); one choice's
+events as its client is shown them."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from controlplane.service_messages import GenerateDone
+from controlplane.service_messages import GenerateChunk, GenerateDone
+from engine.requests import TokenLogprob
+from serve.metrics import RequestClock
 
 T = TypeVar("T")
 
@@ -60,3 +65,21 @@ async def merged(firsts: list[Any], events: list[AsyncIterator[Any]],
         for task in waiting:
             task.cancel()  # each choice's generator ends in the cancellation
         await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def shown(first: Any, events: AsyncIterator[Any], clock: RequestClock,
+                holds: Callable[[str], bool], logprobs: list[TokenLogprob] | None
+                ) -> AsyncIterator[GenerateChunk | GenerateDone]:
+    """One choice's events as its client sees them: the chunks whose text is shown (not
+    ``holds(text)``, as a call is held to its end), then its end. The clock is fed as
+    tokens come, and ``logprobs`` (if a list) gathers every token's."""
+    async with contextlib.aclosing(merged([first], [events])) as stream:
+        async for _, msg in stream:
+            if isinstance(msg, GenerateDone):
+                yield msg
+                return
+            clock.tokens(len(msg.tokens), time.monotonic())
+            if logprobs is not None:
+                logprobs += msg.logprobs
+            if (msg.text or msg.logprobs) and not holds(msg.text):
+                yield msg

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -17,9 +17,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from controlplane.service_messages import GenerateChunk, GenerateDone
 from engine.requests import GenerationRequest, TokenLogprob
 from serve.backend import BackendUnavailable
-from serve.choices import close_all, merged
+from serve.choices import close_all, shown
 from serve.metrics import RequestClock
-from serve.protocol import ApiError, ResponseShape, engine_error, finish_reason, to_generations
+from serve.protocol import ApiError, ResponseShape, engine_error, finish_reason
 from serve.responses import (
     ResponseEvents,
     ResponseObject,
@@ -47,12 +47,7 @@ class ResponsesRoute:
         history = self.store.conversation(body.previous_response_id) \
             if body.previous_response_id else []
         chat = body.chat(history)
-        (gen,) = to_generations(chat, uuid.uuid4().hex[:24], self.api.settings.speculation)
-        problem = gen.problem()
-        if problem is not None:
-            raise ApiError(400, problem)
-        self.api.check_room(1)
-        (first,), (events,), (clock,) = await self.api.start([gen], request, info.model, start)
+        gen, first, events, clock = await self.api.start_chat(chat, request, info.model, start)
         shape = ResponseShape(True, gen.request_id, info.model, tools=chat.tool_plan())
         response = ResponseObject(body, info.model, shape)
         turns = [t.model_dump(exclude_none=True)  # what a later response continues
@@ -80,23 +75,17 @@ class ResponsesRoute:
         """The stream's events until the response's end; leaving early (a disconnect)
         cancels the generation."""
         stream = ResponseEvents(response)
-        shape = response.shape
         logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
         try:
             for event in stream.opening():
                 yield sse_event(event)
-            async with contextlib.aclosing(merged([first], [events])) as chunks:
-                async for _, msg in chunks:
-                    if isinstance(msg, GenerateChunk):
-                        clock.tokens(len(msg.tokens), time.monotonic())
-                        if logprobs is not None:
-                            logprobs += msg.logprobs
-                        if (msg.text or msg.logprobs) and not shape.holds(0, msg.text):
-                            for event in stream.delta(msg.text, msg.logprobs):
-                                yield sse_event(event)
-                        continue
-                    yield "".join(sse_event(e) for e in self._end(stream, msg, clock,
-                                                                   logprobs, turns))
+            holds = partial(response.shape.holds, 0)
+            async with contextlib.aclosing(shown(first, events, clock, holds, logprobs)) as msgs:
+                async for msg in msgs:
+                    events_now = stream.delta(msg.text, msg.logprobs) \
+                        if isinstance(msg, GenerateChunk) \
+                        else self._end(stream, msg, clock, logprobs, turns)
+                    yield "".join(sse_event(e) for e in events_now)
         except BackendUnavailable as exc:
             error = ApiError(503, str(exc), "service_unavailable", code="backend_down")
             yield "".join(sse_event(e) for e in stream.failed(error))

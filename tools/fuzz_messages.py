@@ -260,7 +260,8 @@ class HttpCase:
     body: bytes
 
 
-POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize")
+POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+         "/v1/messages/count_tokens", "/tokenize", "/detokenize")
 ROUTES = (*POSTS, "/v1/models", "/health", "/metrics", "/v1/responses/resp_0")
 ODD_PATHS = ("/", "/v1", "/v1/", "/v2/completions", "/v1/chat/completions/x", "/%00", "/..%2f",
              "/v1/models/../../etc/passwd", "/" + "a" * 4000, "/docs", "/openapi.json")
@@ -297,7 +298,7 @@ def odd_body(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
                       "zctl", "stream_options", "messages", "max_completion_tokens", "tokens",
                       "echo", "repetition_penalty", "tools", "tool_choice", "input",
                       "instructions", "text", "include", "previous_response_id",
-                      "max_output_tokens"])
+                      "max_output_tokens", "system", "stop_sequences", "output_config"])
     body[key] = rng.choice([*ODD_VALUES, -5, 10 ** 9, [{"role": "wizard"}],
                             [{"role": "user", "content": [{"type": "image_url"}]}],
                             {"speculative": "draft:/etc"}, {"k": 99}, ["", "a"]])

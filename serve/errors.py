@@ -1,0 +1,37 @@
+"""How failures become API errors (serve.protocol's ``ApiError``): a request pydantic
+refused, a model this server does not serve, a generation that failed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+
+from controlplane.service_messages import GenerateDone
+from serve.protocol import ApiError, engine_error
+
+
+def unknown_model(status: int, asked: str, served: str) -> ApiError:
+    """A request named a model this server does not serve (OpenAI: 404 when the route
+    names it, 400 when a completion's body does)."""
+    return ApiError(status, f"the model {asked!r} is not served here; this server serves "
+                    f"{served!r}", param="model", code="model_not_found")
+
+
+def validation_error(exc: RequestValidationError) -> ApiError:
+    """The first problem pydantic found, as OpenAI reports a bad parameter."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {first.get('msg')}")
+    where = ".".join(loc)
+    return ApiError(400, f"{where}: {first.get('msg')}" if where else str(first.get("msg")),
+                    param=where or None)
+
+
+def raise_failed(answers: list[Any]) -> None:
+    """Raise the API error of the first generation among ``answers`` that ended failed."""
+    failed = next((a for a in answers if isinstance(a, GenerateDone) and a.error), None)
+    if failed is not None:
+        raise engine_error(failed)
