@@ -122,8 +122,10 @@ class MessagesRoute:
                     ending = stream.end(msg, calls, shape.holds(0),
                                         await self._stop_sequence(msg, gen))
                     yield "".join(sse_event(e) for e in ending)
-        except BackendUnavailable as exc:
-            yield sse_event(error_body(ApiError(503, str(exc), "service_unavailable")))
+        except (BackendUnavailable, ApiError) as exc:  # (the service went, mid-stream)
+            error = exc if isinstance(exc, ApiError) else ApiError(503, str(exc),
+                                                                    "service_unavailable")
+            yield sse_event(error_body(error))
         finally:
             await close_all([events])
 
