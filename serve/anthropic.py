@@ -16,9 +16,10 @@ import json
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.requests import MAX_NEW_TOKENS, MAX_STOP_STRINGS, GenerationDone
+from serve.errors import chat_request
 from serve.protocol import ApiError, ChatCompletionRequest, ZctlOptions
 from serve.tools import MAX_TOOLS
 
@@ -139,12 +140,7 @@ class MessagesRequest(BaseModel):
         if choice is not None and (self.tools or choice.type != "none"):
             body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
                 choice.type) or {"type": "function", "function": {"name": choice.name or ""}}
-        try:
-            return ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise ApiError(400, f"{where}: {first.get('msg')}", param=where or None) from None
+        return chat_request(body)
 
 
 class CountTokensRequest(MessagesRequest):
@@ -258,11 +254,6 @@ class MessageEvents:
                  "stop_sequence": stop_sequence}
         return events + [{"type": "message_delta", "delta": delta, "usage": message_usage(done)},
                          {"type": "message_stop"}]
-
-
-def sse_event(event: dict[str, Any]) -> str:
-    """An Anthropic server-sent event: named by its type."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
 
 def matched_stop(text: str, full: str, stops: list[str]) -> str | None:

@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from controlplane.service_messages import (
     DetokenizeRequest,
@@ -32,13 +32,13 @@ from serve.anthropic import (
     matched_stop,
     message,
     new_message_id,
-    sse_event,
 )
 from serve.backend import BackendUnavailable
 from serve.choices import close_all, shown
 from serve.errors import unknown_model
 from serve.metrics import RequestClock
 from serve.protocol import ApiError, ResponseShape, engine_error, finish_reason, to_generation
+from serve.sse import event_stream, named_events
 
 if TYPE_CHECKING:  # serve.app adds these routes
     from serve.app import ZctlApi
@@ -71,13 +71,8 @@ class MessagesRoute:
         shape = ResponseShape(True, gen.request_id, info.model, tools=chat.tool_plan())
         message_id = new_message_id()
         if body.stream:
-            return StreamingResponse(self._events(message_id, shape, first, events, clock, gen),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        try:
-            done, _, _ = await self.api.collect(first, events, clock, request, gen)
-        finally:
-            await close_all([events])
+            return event_stream(self._events(message_id, shape, first, events, clock, gen))
+        done, _ = await self.api.collect_one(first, events, clock, request, gen)
         calls, _ = shape.ending(done)
         stop = await self._stop_sequence(done, gen)
         return JSONResponse(message(message_id, info.model, done, calls, stop))
@@ -104,28 +99,28 @@ class MessagesRoute:
         cancels the generation."""
         stream = MessageEvents(message_id, shape.model)
         try:
-            yield "".join(sse_event(e) for e in stream.start())
+            yield named_events(stream.start())
             holds = partial(shape.holds, 0)
             async with contextlib.aclosing(shown(first, events, clock, holds, None)) as msgs:
                 async for msg in msgs:
                     if isinstance(msg, GenerateChunk):
-                        yield "".join(sse_event(e) for e in stream.text(msg.text))
+                        yield named_events(stream.text(msg.text))
                         continue
                     if msg.error:
                         error = engine_error(msg)
                         self.api.metrics.errors.labels(str(error.status)).inc()
-                        yield sse_event(error_body(error))
+                        yield named_events([error_body(error)])
                         return
                     clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
                                time.monotonic())
                     calls, _ = shape.ending(msg)
                     ending = stream.end(msg, calls, shape.holds(0),
                                         await self._stop_sequence(msg, gen))
-                    yield "".join(sse_event(e) for e in ending)
+                    yield named_events(ending)
         except (BackendUnavailable, ApiError) as exc:  # (the service went, mid-stream)
             error = exc if isinstance(exc, ApiError) else ApiError(503, str(exc),
                                                                     "service_unavailable")
-            yield sse_event(error_body(error))
+            yield named_events([error_body(error)])
         finally:
             await close_all([events])
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from controlplane.service_messages import (
@@ -59,6 +58,7 @@ from serve.protocol import (
     to_generations,
 )
 from serve.responses_route import add_responses_routes
+from serve.sse import event_stream, sse
 
 DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client
 # The largest body a request the engine accepts needs: MAX_PROMPT_CHARS characters at up
@@ -253,9 +253,7 @@ class ZctlApi:
         shape = ResponseShape(isinstance(body, ChatCompletionRequest), request_id, model, body.n,
                               tools=body.tool_plan(), echo=echo)
         if body.stream:
-            return StreamingResponse(
-                self._sse(shape, firsts, events, clocks, body.include_usage),
-                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return event_stream(self._sse(shape, firsts, events, clocks, body.include_usage))
         try:
             return JSONResponse(await self._collect_all(shape, firsts, events, clocks, request,
                                                         gens))
@@ -344,6 +342,16 @@ class ZctlApi:
         return shape.reply([done for done, _, _ in ends], [lps for _, lps, _ in ends],
                            [prompt for _, _, prompt in ends])
 
+    async def collect_one(self, first: Any, events: AsyncIterator[Any], clock: RequestClock,
+                          request: Request, gen: GenerationRequest,
+                          ) -> tuple[GenerateDone, list[TokenLogprob] | None]:
+        """One choice collected whole (``collect``), its events closed after."""
+        try:
+            done, logprobs, _ = await self.collect(first, events, clock, request, gen)
+        finally:
+            await close_all([events])
+        return done, logprobs
+
     async def collect(self, first: Any, events: AsyncIterator[Any], clock: RequestClock,
                        request: Request, gen: GenerationRequest,
                        ) -> tuple[GenerateDone, list[TokenLogprob] | None, list[TokenLogprob]]:
@@ -416,14 +424,6 @@ class ZctlApi:
 
 def _with_usage(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:
     return {**chunk, "usage": None} if include_usage else chunk
-
-
-def sse(data: Any) -> str:
-    """One server-sent event (nothing for None)."""
-    if data is None:
-        return ""
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {text}\n\n"
 
 
 def create_app(backend: ServiceBackend, settings: ServeSettings | None = None) -> FastAPI:

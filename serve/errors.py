@@ -1,14 +1,16 @@
 """How failures become API errors (serve.protocol's ``ApiError``): a request pydantic
-refused, a model this server does not serve, a generation that failed."""
+refused (or a chat completion another API's request was read as), a model this server does
+not serve, a generation that failed."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from controlplane.service_messages import GenerateDone
-from serve.protocol import ApiError, engine_error
+from serve.protocol import ApiError, ChatCompletionRequest, engine_error
 
 
 def unknown_model(status: int, asked: str, served: str) -> ApiError:
@@ -35,3 +37,14 @@ def raise_failed(answers: list[Any]) -> None:
     failed = next((a for a in answers if isinstance(a, GenerateDone) and a.error), None)
     if failed is not None:
         raise engine_error(failed)
+
+
+def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    """The chat completion another API's request reads as, checked (a 400 that names the
+    first problem)."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ApiError(400, f"{where}: {first.get('msg')}", param=where or None) from None

@@ -22,12 +22,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from engine.requests import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, GenerationDone, TokenLogprob
+from serve.errors import chat_request
 from serve.protocol import ApiError, ChatCompletionRequest, ResponseShape, ZctlOptions, chat_logprobs
 from serve.tools import MAX_TOOLS
 
@@ -193,12 +193,7 @@ class ResponsesRequest(BaseModel):
         elif fmt is not None and fmt.type == "json_schema":
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict}}
-        try:
-            return ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise ApiError(400, f"{where}: {first.get('msg')}", param=where or None) from None
+        return chat_request(body)
 
 
 def items_as_turns(items: list[InputItem]) -> list[dict[str, Any]]:
@@ -389,11 +384,6 @@ class ResponseEvents:
     def failed(self, error: ApiError) -> list[dict[str, Any]]:
         self.response.fail(error)
         return [self.event("response.failed", response=self.response.body())]
-
-
-def sse_event(event: dict[str, Any]) -> str:
-    """A Responses API server-sent event: named by its type."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
 
 # -- the store ------------------------------------------------------------------------

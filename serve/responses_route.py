@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from controlplane.service_messages import GenerateChunk, GenerateDone
 from engine.requests import GenerationRequest, TokenLogprob
@@ -27,8 +27,8 @@ from serve.responses import (
     ResponseStore,
     new_id,
     output_turns,
-    sse_event,
 )
+from serve.sse import event_stream, named_events
 
 if TYPE_CHECKING:  # serve.app adds these routes
     from serve.app import ZctlApi
@@ -53,13 +53,8 @@ class ResponsesRoute:
         turns = [t.model_dump(exclude_none=True)  # what a later response continues
                  for t in chat.messages[1 if body.instructions else 0:]]
         if body.stream:
-            return StreamingResponse(self._events(response, first, events, clock, gen, turns),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        try:
-            done, logprobs, _ = await self.api.collect(first, events, clock, request, gen)
-        finally:
-            await close_all([events])
+            return event_stream(self._events(response, first, events, clock, gen, turns))
+        done, logprobs = await self.api.collect_one(first, events, clock, request, gen)
         response.finish(done, logprobs, new_id("msg"))
         self._keep(response, turns)
         return JSONResponse(response.body())
@@ -77,18 +72,17 @@ class ResponsesRoute:
         stream = ResponseEvents(response)
         logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
         try:
-            for event in stream.opening():
-                yield sse_event(event)
+            yield named_events(stream.opening())
             holds = partial(response.shape.holds, 0)
             async with contextlib.aclosing(shown(first, events, clock, holds, logprobs)) as msgs:
                 async for msg in msgs:
                     events_now = stream.delta(msg.text, msg.logprobs) \
                         if isinstance(msg, GenerateChunk) \
                         else self._end(stream, msg, clock, logprobs, turns)
-                    yield "".join(sse_event(e) for e in events_now)
+                    yield named_events(events_now)
         except BackendUnavailable as exc:
             error = ApiError(503, str(exc), "service_unavailable", code="backend_down")
-            yield "".join(sse_event(e) for e in stream.failed(error))
+            yield named_events(stream.failed(error))
         finally:
             await close_all([events])
 
