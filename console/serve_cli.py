@@ -50,9 +50,17 @@ def serve_problem(port: int, max_queue: int) -> str:
     return ""
 
 
+def model_names(given: list[str]) -> tuple[str, ...]:
+    """--served-model-name's names, in order, each once (ValueError for an empty one)."""
+    names = [n.strip() for n in given]
+    if not all(names):
+        raise ValueError("--served-model-name takes a non-empty name")
+    return tuple(dict.fromkeys(names))
+
+
 def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, max_queue: int,
             speculation: tuple[str, int], cors_origins: tuple[str, ...] = (),
-            tls: ApiTls | None = None) -> None:
+            tls: ApiTls | None = None, model_names: tuple[str, ...] = ()) -> None:
     """Serve the cluster's generation service over HTTP (HTTPS with ``tls``) until
     interrupted."""
     try:
@@ -65,7 +73,7 @@ def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, ma
                            "'zctl[serve]'") from None
     app = create_app(ServiceBackend(record.serve),
                      ServeSettings(api_key=api_key, max_queue=max_queue, speculation=speculation,
-                                   cors_origins=cors_origins))
+                                   cors_origins=cors_origins, model_names=model_names))
     err.print(f"serving the OpenAI API at {scheme(tls)}://{host}:{port}/v1 (Ctrl-C stops it)",
               highlight=False)
     # uvicorn shuts down on SIGTERM, then re-raises it: exit through Python (SystemExit), so
@@ -89,6 +97,10 @@ def serve(
     cors_origin_list: Annotated[list[str] | None, typer.Option(
         "--cors-origin", help="a web origin whose pages may call the API from a browser "
                               "(repeatable; '*': any); none by default")] = None,
+    served_model_names: Annotated[list[str] | None, typer.Option(
+        "--served-model-name", envvar="ZCTL_SERVED_MODEL_NAME",
+        help="a name requests may give the model (repeatable; the first is the one replies "
+             "carry); default: the export's own")] = None,
     ssl_certfile: Annotated[Path | None, typer.Option(
         help="serve HTTPS with this PEM certificate (chain); with --ssl-keyfile")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(
@@ -117,6 +129,7 @@ def serve(
         speculation = (parse_speculative(speculative), parse_k(k))
         origins = tuple(cors_origin(o) for o in cors_origin_list or ())
         tls = api_tls(ssl_certfile, ssl_keyfile)  # (checked before a cluster starts)
+        names = model_names(served_model_names or [])
         record = _running_record()
         if record is None:
             kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
@@ -127,7 +140,7 @@ def serve(
                 export_dir, stages, rt, cpu_sets=cpu_sets, max_streams=max_streams,
                 kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb)
             wait_serving(record, 300)
-        run_api(record, host, port, api_key, max_queue, speculation, origins, tls)
+        run_api(record, host, port, api_key, max_queue, speculation, origins, tls, names)
     except (ClusterError, ValueError, OSError) as exc:
         _fail(str(exc))
     finally:

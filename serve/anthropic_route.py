@@ -77,9 +77,8 @@ class MessagesRoute:
         stop = await self._stop_sequence(done, gen)
         return JSONResponse(message(message_id, info.model, done, calls, stop))
 
-    @staticmethod
-    def _served(info: ServiceStats, model: str) -> ServiceStats:
-        if model != info.model:
+    def _served(self, info: ServiceStats, model: str) -> ServiceStats:
+        if model not in self.api.names(info):
             raise unknown_model(404, model, info.model)  # (a body naming it: Anthropic's 404)
         return info
 

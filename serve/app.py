@@ -20,7 +20,7 @@ import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -73,12 +73,21 @@ class ServeSettings:
     (running or waiting) beyond which new ones get 429; ``speculation``: the default
     (mode, K) of requests that do not choose; ``cors_origins``: the web origins whose pages
     may call the API from a browser ("*": any; none by default, so a page the user visits
-    cannot drive a local server)."""
+    cannot drive a local server); ``model_names``: the names requests may give the model,
+    the first the one replies carry (none: the export's own)."""
 
     api_key: str | None = None
     max_queue: int = 64
     speculation: tuple[str, int] = ("", 0)
     cors_origins: tuple[str, ...] = ()
+    model_names: tuple[str, ...] = ()
+
+
+def model_card(name: str, info: ServiceStats) -> dict[str, Any]:
+    """The model's object in /v1/models under ``name``."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "zctl",
+            "max_model_len": info.max_context, "context_length": info.max_context,
+            "stages": [{"index": s.index, "node": s.node_id} for s in info.stages]}
 
 
 class ZctlApi:
@@ -95,25 +104,37 @@ class ZctlApi:
         """The model and stages served (asked once; 503 while the service is away)."""
         if self._model is None:
             try:
-                self._model = await self.backend.stats()
+                self._model = self.named(await self.backend.stats())
             except BackendUnavailable as exc:
                 raise ApiError(503, str(exc), "service_unavailable", code="backend_down") from None
         return self._model
 
-    async def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [await self.model()]}
+    def names(self, stats: ServiceStats) -> tuple[str, ...]:
+        """The names requests may give the model, the first the one replies carry."""
+        return self.settings.model_names or (stats.model,)
 
-    async def model(self, model_id: str | None = None) -> dict[str, Any]:
-        """The served model's object (``model_id``: it must be that one, else a 404)."""
-        try:
-            info = await self.backend.stats()  # the stages as they are now
-        except BackendUnavailable:
-            info = await self.served()  # as last seen (503 if never)
-        if model_id is not None and model_id != info.model:
+    def named(self, stats: ServiceStats) -> ServiceStats:
+        """``stats`` with the model under the name replies carry."""
+        return replace(stats, model=self.names(stats)[0])
+
+    async def models(self) -> dict[str, Any]:
+        info = await self._now()
+        return {"object": "list", "data": [model_card(name, info) for name in self.names(info)]}
+
+    async def model(self, model_id: str) -> dict[str, Any]:
+        """The served model's object under ``model_id``, one of its names (else a 404)."""
+        info = await self._now()
+        if model_id not in self.names(info):
             raise unknown_model(404, model_id, info.model)
-        return {"id": info.model, "object": "model", "created": 0, "owned_by": "zctl",
-                "max_model_len": info.max_context, "context_length": info.max_context,
-                "stages": [{"index": s.index, "node": s.node_id} for s in info.stages]}
+        return model_card(model_id, info)
+
+    async def _now(self) -> ServiceStats:
+        """The stages as they are now (as last seen while the service is away; 503 if
+        never)."""
+        try:
+            return self.named(await self.backend.stats())
+        except BackendUnavailable:
+            return await self.served()
 
     async def health(self) -> JSONResponse:
         try:
@@ -124,7 +145,7 @@ class ZctlApi:
         reason = stats.health or (f"stage {down[0].index} on node {down[0].node_id} is down"
                                   if down else "")
         body = {"status": "down" if reason else "ok", "reason": reason or None,
-                "model": stats.model, "running": stats.running, "waiting": stats.waiting,
+                "model": self.names(stats)[0], "running": stats.running, "waiting": stats.waiting,
                 "stages": [{"index": s.index, "node": s.node_id, "up": s.up}
                            for s in stats.stages]}
         return JSONResponse(body, 503 if reason else 200)
@@ -134,7 +155,8 @@ class ZctlApi:
             stats: ServiceStats | None = await self.backend.stats()
         except BackendUnavailable:
             stats = None  # the request figures still count
-        model = stats.model if stats is not None else (self._model.model if self._model else "")
+        model = self.names(stats)[0] if stats is not None else \
+            (self._model.model if self._model else "")
         body = self.metrics.render(stats, model, self.in_flight, self.settings.max_queue)
         return Response(body, media_type=PROMETHEUS_TEXT)
 
@@ -151,7 +173,7 @@ class ZctlApi:
         400, as OpenAI answers a body naming another model)."""
         self.check_key(request)
         info = await self.served()
-        if model is not None and model != info.model:
+        if model is not None and model not in self.names(info):
             raise unknown_model(400, model, info.model)
         return info
 

@@ -11,11 +11,13 @@ import json
 
 import anthropic
 import httpx
+import openai
 import pytest
 import test_serve as ts
 from test_serve import ASK, greedy_text, wait_for
 from test_serve_tools import TIME, WEATHER
 
+from console.serve_cli import model_names
 from engine.requests import GenerationDone
 from serve.anthropic import MessageEvents, MessagesRequest, matched_stop, turn_as_chat
 
@@ -178,6 +180,26 @@ def test_keys_models_and_a_full_queue(started) -> None:
     wait_for(lambda: srv.service.counters["cancelled"] == 1 and not srv.service.engine.busy)
     assert srv.chain.steps < 200
     assert client.messages.create(model=ts.MODEL, messages=USER, max_tokens=2).usage
+
+
+def test_the_model_under_the_names_it_is_served_as(started) -> None:
+    srv = started(ts.ServeSettings(model_names=("claude-haiku-4-5", "smol")))
+    reply = client_of(srv).messages.create(model="claude-haiku-4-5", messages=USER,
+                                           max_tokens=2)
+    assert reply.model == "claude-haiku-4-5"
+    chat = srv.client().chat.completions.create(model="smol", messages=USER, max_tokens=2)
+    assert chat.model == "claude-haiku-4-5"  # replies carry the first name
+    assert [m.id for m in srv.client().models.list()] == ["claude-haiku-4-5", "smol"]
+    assert srv.client().models.retrieve("smol").id == "smol"
+    with pytest.raises(anthropic.NotFoundError):  # the export's own name is not one of them
+        client_of(srv).messages.create(model=ts.MODEL, messages=USER, max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        srv.client().chat.completions.create(model=ts.MODEL, messages=USER, max_tokens=2)
+    assert httpx.get(f"{srv.url}/health").json()["model"] == "claude-haiku-4-5"
+    assert 'model_name="claude-haiku-4-5"' in httpx.get(f"{srv.url}/metrics").text
+    assert model_names([" a", "b", "a"]) == ("a", "b")
+    with pytest.raises(ValueError, match="non-empty"):
+        model_names(["a", " "])
 
 
 def test_the_pure_parts() -> None:
