@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -252,15 +253,22 @@ def fuzz_cluster(cluster: Cluster, count: int, seed: int) -> dict[str, Any]:
             "coordinator_counters": coordinator_counters(cluster)}
 
 
-def kv_slots(cluster: Cluster) -> dict[str, int]:
-    """KV slots each node's stage holds, by its last heartbeat (what forged steps for
-    streams no generation uses leave behind)."""
+def kv_slots(cluster: Cluster, settle_s: float = 6.0) -> dict[str, int]:
+    """KV slots each node's stage holds, by its heartbeats (what forged steps for streams
+    no generation uses, or requests left mid-way, leave behind): read until every node
+    reports none, for up to ``settle_s`` (a heartbeat may predate the reference
+    generation's end), so a count left here is held."""
     from console.cluster_procs import control_curve
     from controlplane.client import query_status
 
     record = cluster.record
-    status = query_status(record.control, 10, control_curve(record))
-    return {n.node_id: n.kv_slots for n in status.nodes}
+    end = time.monotonic() + settle_s
+    while True:
+        status = query_status(record.control, 10, control_curve(record))
+        held = {n.node_id: n.kv_slots for n in status.nodes}
+        if not any(v > 0 for v in held.values()) or time.monotonic() > end:
+            return held
+        time.sleep(0.25)
 
 
 def coordinator_counters(cluster: Cluster) -> dict[str, int]:
