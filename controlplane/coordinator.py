@@ -71,6 +71,9 @@ from controlplane.sockets import router_socket
 from engine.executor import Executor
 
 log = logging.getLogger("zctl.controlplane")
+# heartbeats a spare must have been enrolled for, without a lapse, before it takes back
+# stages a healed node carries (a node that flaps is not given stages to lose again)
+REBALANCE_BEATS = 5
 
 
 @dataclass
@@ -355,6 +358,7 @@ class Coordinator:
             log.info("node %s re-enrolled (was %s)", msg.node_id, member.state)
             member.enrolments += 1
         member.identity, member.info, member.state, member.last_seen = identity, msg, ms.IDLE, now
+        member.enrolled_at = now
         member.shards = set(msg.cached_shards)
         member.offered, member.assigned, member.ready_epoch, member.error = None, None, -1, ""
         member.served, member.transfer_total, member.kv_slots = {}, 0, -1
@@ -431,6 +435,8 @@ class Coordinator:
             self.pipeline.reassign(self.members, now, self.config.reassign_after)
         if self.config.heal_after is not None:
             self.pipeline.heal(self.members, now, self.config.heal_after)
+            self.pipeline.rebalance(self.members, now,
+                                    REBALANCE_BEATS * self.config.heartbeat_interval)
         for member, stage in self.pipeline.offers_due(self.members):
             offer = self.source.offer_for(stage)
             member.offered, member.served = offer.shard_hash, {}

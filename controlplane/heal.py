@@ -1,4 +1,5 @@
-"""Healing onto the survivors: which surviving nodes take a lost node's stages (pure).
+"""Healing onto the survivors, and giving stages back (pure): which surviving nodes take
+a lost node's stages, and which of a node's stages a spare that appears takes over.
 
 A fleet of PCs rarely has a spare: when a node is lost, its neighbours in the chain carry
 its stages. A node runs a contiguous run of stages (dataplane.stage_chain), so the lost
@@ -6,6 +7,10 @@ node's run goes to the node before it, the node after it, or is cut between the 
 the cuts whose stages fit the nodes' memory, the one whose busiest node holds the fewest
 bytes wins (the pipeline runs at its slowest node's pace). Memory is the stages' needs
 (weights, runtime overhead, KV reserve) against what each node reported usable.
+
+When a node comes back (or a new one joins) while another carries several stages, the
+newcomer takes the head or the tail of the busiest such run, so that every node keeps a
+contiguous run and the busiest one holds the fewest bytes: the fleet spreads out again.
 """
 
 from __future__ import annotations
@@ -84,3 +89,33 @@ def _no_room(run: list[int], lost: str, needs: Sequence[StageNeed], held: Mappin
     where = "; ".join(offers) or "no node is left beside it"
     return (f"the survivors cannot hold stage(s) {stages} of lost node {lost} "
             f"({fmt_bytes(wanted)}): {where}")
+
+
+def rebalance_plan(plan: Mapping[int, str], head: str, spare: NodeCapacity,
+                   needs: Sequence[StageNeed]) -> dict[int, str] | None:
+    """``plan`` with part of the busiest multi-stage run given to ``spare`` (a node that
+    runs no stage), or None when no node runs more than one stage or no part fits the
+    spare's memory. ``head`` (the coordinator) keeps stage 0, so the spare takes only the
+    tail of its run; another node's run gives its head or its tail. Of the moves that fit,
+    the one whose busier side holds the fewest bytes wins, then one whose shards the spare
+    has cached, then the most even split, then the one that leaves the coordinator (which
+    also runs the generation loop) the least."""
+    held = {node: sum(needs[s].bytes for s in stages) for node, stages in hosts(plan)}
+    best: tuple[tuple[int, ...], list[int]] | None = None
+    for node, stages in hosts(plan):
+        if len(stages) < 2:
+            continue
+        for cut in range(1, len(stages)):
+            parts = [stages[cut:]] if node == head else [stages[cut:], stages[:cut]]
+            for moved in parts:
+                size = sum(needs[s].bytes for s in moved)
+                if size > spare.memory_bytes:
+                    continue
+                uncached = any(needs[s].shard_hash not in spare.cached for s in moved)
+                score = (-held[node], max(held[node] - size, size), int(uncached),
+                         abs(len(stages) - 2 * len(moved)), -len(moved) * (node == head))
+                if best is None or score < best[0]:
+                    best = (score, moved)
+    if best is None:
+        return None
+    return {**plan, **{s: spare.node_id for s in best[1]}}

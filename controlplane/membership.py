@@ -62,6 +62,7 @@ class Member:
     down_since: float = 0.0  # when it was marked dead or left
     kv_slots: int = -1  # KV slots its stage holds, from its last heartbeat (-1: unknown)
     enrolments: int = 1  # a node that enrols again has lost what its stage held
+    enrolled_at: float = 0.0  # when it last enrolled
     lapses: deque[tuple[float, float]] = field(default_factory=deque)  # (end, seconds)
 
     @property

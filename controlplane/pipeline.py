@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from common.manifest import ExportManifest
 from controlplane import membership as ms
-from controlplane.heal import heal_plan, hosts
+from controlplane.heal import heal_plan, hosts, rebalance_plan
 from controlplane.messages import AssignStage
 from controlplane.placement import (
     NodeCapacity,
@@ -136,6 +136,37 @@ class PipelinePlan:
                 f"stage {s} -> {plan[s]}" for s in stages))
             moved += stages
         return moved
+
+    def rebalance(self, members: Mapping[str, ms.Member], now: float, settled: float
+                  ) -> list[int]:
+        """While the pipeline serves and a node runs several stages (it took a lost node's),
+        give part of its run to a spare: a node that runs none and has been enrolled for
+        ``settled`` seconds without a lapse (a node that flaps gets nothing). One move per
+        call, to the spare whose move leaves the busiest node lightest. Returns the stages
+        moved; the spare is offered their shards and the pipeline is re-wired once it holds
+        them (generations pause for that, and resume as after any re-wiring)."""
+        if self.plan is None or self.state(members) != "serving":
+            return []
+        spares = [m for m in members.values()
+                  if not m.local and m.state == ms.IDLE and m.node_id not in self.plan.values()
+                  and now - m.enrolled_at >= settled and not m.recent_lapses(now, settled)]
+        moves = [(m, rebalance_plan(self.plan, self.head, self.capacity(m), self.needs))
+                 for m in spares]
+        moves = [(m, plan) for m, plan in moves if plan is not None]
+        if not moves:
+            return []
+        member, plan = min(moves, key=lambda mp: (self._busiest(mp[1]), mp[0].node_id))
+        moved = sorted(s for s, n in plan.items() if n == member.node_id)
+        self.plan = plan
+        self._mark_stages(members)
+        log.warning("node %s takes stage(s) %s back: %s", member.node_id,
+                    ", ".join(map(str, moved)), ", ".join(f"stage {s} -> {n}" for s, n in
+                                                          sorted(plan.items())))
+        return moved
+
+    def _busiest(self, plan: Mapping[int, str]) -> int:
+        """The bytes the busiest node of ``plan`` holds."""
+        return max(sum(self.needs[s].bytes for s in stages) for _, stages in hosts(plan))
 
     def _spare_for(self, members: Mapping[str, ms.Member], stage: int) -> bool:
         assert self.plan is not None

@@ -130,7 +130,7 @@ def test_dead_nodes_stage_moves_to_a_spare(cp_cluster: Cluster) -> None:
 
 def test_a_lost_nodes_stage_heals_onto_the_survivor(cp_cluster: Cluster) -> None:
     """No spare: the coordinator takes the lost node's stage and runs both; the node that
-    comes back is a spare."""
+    comes back takes its stage back once it has stayed a while."""
     coord = cp_cluster.coordinator(heal_after=0.0)
     agent = cp_cluster.agent(coord.endpoint)
     coord.wait_serving(20)
@@ -143,9 +143,13 @@ def test_a_lost_nodes_stage_heals_onto_the_survivor(cp_cluster: Cluster) -> None
     assert [(x.stage_index, x.more_stages) for x in head] == [(0, (1,))]
     assert head[0].more_dirs == (coord.export_dir,)
     back = cp_cluster.agent(coord.endpoint)
-    wait_for(lambda: node(coord.status(), back.node_id).state == "idle", what="spare again")
-    assert node(coord.status(), back.node_id).stage is None
-    assert coord.status().pipeline == "serving" and coord.status().epoch == 2
+    wait_for(lambda: coord.status().epoch == 3 and coord.status().pipeline == "serving",
+             what="stage 1 given back")
+    status = coord.status()
+    assert [s.node_id for s in status.stages] == [coord.node_id, back.node_id]
+    assert node(status, back.node_id).stage == 1
+    head = [x for x in FakeStage.launched if x.epoch == 3 and x.stage_index == 0]
+    assert head and head[-1].more_stages == () and head[-1].send_to == back.data_addr
 
 
 def test_survivors_without_room_say_what_is_missing(cp_cluster: Cluster) -> None:
@@ -374,6 +378,14 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
                 assert chain.runners[0] is compiled and chain.spec.last
         assert pipeline.answers_here
         assert len(middle.cache.hashes()) == 2  # it fetched stage 2's shard when it took it
+        # both come back: the fleet spreads out again, a stage per node, the same tokens
+        back = [cluster.agent(coord.endpoint, name, launcher=default_launcher)
+                for name in ("a", "b")]
+        wait_for(lambda: len({s.node_id for s in coord.status().stages}) == 3 and
+                 coord.status().pipeline == "serving", timeout=60, what="spread out again")
+        assert {s.node_id for s in coord.status().stages[1:]} == {n.node_id for n in back}
+        pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
+        assert list(generate_greedy(pipeline, prompt, 8)) == want
     finally:
         cluster.close()
 

@@ -22,7 +22,7 @@ from console.cluster_procs import (
     stop_processes,
     wait_serving,
 )
-from controlplane.client import generate_many
+from controlplane.client import generate_many, query_status
 from controlplane.processes import NodeProcess
 from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
 from dataplane.local_chain import LocalChain
@@ -98,22 +98,63 @@ def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
         stop_processes(record.pids)
 
 
+@pytest.mark.slow
+def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
+        tiny_exports, tmp_path: Path) -> None:
+    """The last node is lost and the middle one carries its stage; restarted, the node takes
+    its stage back while a generation runs, which pauses for the re-wiring and ends with
+    the tokens of a run nothing happened to, on a stage per node again."""
+    export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
+    long = GenerateRequest(uuid.uuid4().hex[:16], "the sky is", 420, ignore_eos=True)
+    expected = _fault_free(export_dir, [long], 420)
+    root = tmp_path / "cluster"
+    record = start_local_cluster(export_dir, 3, EXACT, root, link_delay_ms=DELAY_MS)
+    try:
+        spread = {s.node_id for s in wait_serving(record, 120).stages}
+        os.killpg(record.pids[2], signal.SIGKILL)
+        healed = _wait_status(record, lambda st: len({s.node_id for s in st.stages}) == 2
+                              and st.pipeline == "serving")
+        messages: list = []
+        client = _client(record, [long], messages)
+        record.pids.append(_spawn(NodeProcess(
+            record.control, host="127.0.0.3", state_dir=str(root / "node2"),
+            reconnect_min=0.2, link=link_shape(DELAY_MS)), root / "logs" / "node2-again.log"))
+        client.join(120)
+        (done,) = [m for m in messages if isinstance(m, GenerateDone)]
+        assert done.error == "" and done.tokens == expected[0]
+        notes = [m.note for m in messages if getattr(m, "note", "")]
+        assert notes and notes[-1].startswith("resumed after "), notes  # it was re-wired
+        status = _wait_status(record, lambda st: st.pipeline == "serving")
+        assert {s.node_id for s in status.stages} == spread and status.epoch > healed.epoch
+    finally:
+        stop_processes(record.pids)
+
+
 EXACT = runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
 
 
-def _fault_free(export_dir: Path, requests: list[GenerateRequest]) -> list[list[int]]:
+def _fault_free(export_dir: Path, requests: list[GenerateRequest],
+                tokens: int = TOKENS) -> list[list[int]]:
     chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32",
                                                            kv_cache_precision="f32"))
     tokenizer = ChatTokenizer(export_dir)
-    return [list(generate_greedy(chain, tokenizer.encode(r.prompt, chat=r.chat), TOKENS))
+    return [list(generate_greedy(chain, tokenizer.encode(r.prompt, chat=r.chat), tokens))
             for r in requests]
 
 
-def _kill_mid_generation(record, requests: list[GenerateRequest], messages: list,
-                         node: int, why: str = "") -> threading.Thread:
-    """Start the requests on a client thread (every message into ``messages``), SIGKILL
-    node ``node``'s process once tokens flow, and wait until the client is told its
-    generation paused (``why`` in the note); the running client thread."""
+def _wait_status(record, ready, timeout: float = 60.0):  # noqa: ANN001, ANN202
+    """The cluster's status once ``ready(status)`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = query_status(record.control, 10)
+        if ready(status):
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+
+
+def _client(record, requests: list[GenerateRequest], messages: list) -> threading.Thread:  # noqa: ANN001
+    """The requests on a client thread (every message into ``messages``), once tokens flow."""
     generating = threading.Event()
 
     def run() -> None:
@@ -125,6 +166,15 @@ def _kill_mid_generation(record, requests: list[GenerateRequest], messages: list
     client = threading.Thread(target=run, daemon=True)
     client.start()
     assert generating.wait(60)
+    return client
+
+
+def _kill_mid_generation(record, requests: list[GenerateRequest], messages: list,
+                         node: int, why: str = "") -> threading.Thread:
+    """Start the requests on a client thread (every message into ``messages``), SIGKILL
+    node ``node``'s process once tokens flow, and wait until the client is told its
+    generation paused (``why`` in the note); the running client thread."""
+    client = _client(record, requests, messages)
     os.killpg(record.pids[node], signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not any(

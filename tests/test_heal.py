@@ -1,11 +1,12 @@
 """Healing onto the survivors (controlplane.heal): a lost node's stages go to its live
-neighbours in the chain, each node keeping a contiguous run, memory permitting."""
+neighbours in the chain, each node keeping a contiguous run, memory permitting; a spare
+that appears takes part of the busiest run back."""
 
 from __future__ import annotations
 
 import pytest
 
-from controlplane.heal import heal_plan, hosts
+from controlplane.heal import heal_plan, hosts, rebalance_plan
 from controlplane.placement import NodeCapacity, PlacementError, StageNeed
 
 MB = 1 << 20
@@ -61,3 +62,30 @@ def test_memory_decides_and_no_room_is_a_clear_error() -> None:
 def test_a_node_not_in_the_plan_changes_nothing() -> None:
     plan = {0: "c", 1: "a"}
     assert heal_plan(plan, "spare", _needs(10, 10), _room(c=100)) == plan
+
+
+def test_a_spare_takes_part_of_the_busiest_run_back() -> None:
+    needs = _needs(10, 10, 10)
+    spare, other = NodeCapacity("s", 100 * MB), NodeCapacity("t", 100 * MB)
+    # the coordinator runs every stage after two losses: it keeps stage 0, the spare
+    # takes the rest, then a second spare splits that run
+    once = rebalance_plan({0: "c", 1: "c", 2: "c"}, "c", spare, needs)
+    assert once == {0: "c", 1: "s", 2: "s"}
+    assert rebalance_plan(once, "c", other, needs) == {0: "c", 1: "s", 2: "t"}
+    # a node's run gives its head or its tail: the part whose shard the spare has cached
+    plan = {0: "c", 1: "a", 2: "a"}
+    cached = NodeCapacity("s", 100 * MB, cached=frozenset({needs[1].shard_hash}))
+    assert rebalance_plan(plan, "c", cached, needs) == {0: "c", 1: "s", 2: "a"}
+    assert rebalance_plan(plan, "c", spare, needs) == {0: "c", 1: "a", 2: "s"}
+    # the busier run is split first, and so that its busier side holds least
+    busy = {0: "c", 1: "c", 2: "a", 3: "a", 4: "a"}
+    assert rebalance_plan(busy, "c", spare, _needs(10, 10, 10, 10, 10)) in (
+        {0: "c", 1: "c", 2: "a", 3: "s", 4: "s"}, {0: "c", 1: "c", 2: "s", 3: "s", 4: "a"})
+
+
+def test_no_run_to_split_or_no_room_moves_nothing() -> None:
+    needs = _needs(10, 10, 10)
+    assert rebalance_plan({0: "c", 1: "a", 2: "b"}, "c", NodeCapacity("s", 100 * MB),
+                          needs) is None
+    assert rebalance_plan({0: "c", 1: "c", 2: "a"}, "c", NodeCapacity("s", 5 * MB),
+                          needs) is None
