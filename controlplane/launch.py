@@ -134,9 +134,11 @@ COMPILED = CompiledStages()
 def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
     """Compile the assigned stage from its runner directory (verifies the IR hashes); with
     more stages, each from its own directory, chained into one (dataplane.stage_chain).
-    With ``reuse``, a stage this node ran in its last assignment is reused (``COMPILED``):
-    nothing steps the old one any more (a StageWorker's thread has ended, a ClusterHead
-    is retired, before ``StageSlot`` launches the next)."""
+    With ``reuse``, a stage this node ran in its last assignment is reused (``COMPILED``),
+    as it was warmed up: nothing steps the old one any more (a StageWorker's thread has
+    ended, a ClusterHead is retired, before ``StageSlot`` launches the next). A stage
+    compiled now is warmed up (a paged one measures its padding limit: ~1 s a stage of
+    SmolLM2), which a re-wiring's pause then no longer pays for the stages kept."""
     from common.manifest import ManifestError
     from dataplane.runtime import RuntimeConfig, StageError, load_runner
 
@@ -144,18 +146,22 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
     dirs = [assignment.runner_dir, *assignment.more_dirs]
     keys = [(str(d), i, assignment.runtime) for d, i in zip(dirs, assignment.stages, strict=True)]
     try:
-        runners = [(COMPILED.take(assignment.bind, key) if reuse else None)
-                   or load_runner(key[0], key[1], config) for key in keys]
+        runners, fresh = [], []
+        for key in keys:
+            runner = COMPILED.take(assignment.bind, key) if reuse else None
+            if runner is None:
+                runner = load_runner(key[0], key[1], config)
+                fresh.append(runner)
+            runners.append(runner)
         if reuse:
             COMPILED.keep(assignment.bind, dict(zip(keys, runners, strict=True)))
+        for runner in fresh:  # a reused one was warmed (and its padding measured) when built
+            runner.warm_up()
         if len(runners) == 1:
-            runner = runners[0]
-        else:
-            from dataplane.stage_chain import StageChain
+            return runners[0]
+        from dataplane.stage_chain import StageChain
 
-            runner = StageChain(runners)
-        runner.warm_up()
-        return runner
+        return StageChain(runners)
     except (StageError, ManifestError, OSError) as exc:
         first, last = assignment.stages[0], assignment.stages[-1]
         what = str(first) if first == last else f"{first}-{last}"

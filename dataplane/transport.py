@@ -12,6 +12,7 @@ PUSH connects with its node's key pair to the server key of the next hop.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import math
 import threading
@@ -103,6 +104,7 @@ def close_gate(ctx: zmq.Context) -> None:
 
 
 MAX_RELAYS = 4  # store-and-forward relays an emulated link may pass through
+BIND_WAIT_S = 2.0  # how long a stage's pipe waits for its address to be free again
 
 
 @dataclass(frozen=True)
@@ -189,11 +191,27 @@ def pull_socket(ctx: zmq.Context, bind_addr: str,
         curve_server(sock, options.curve.public, options.curve.secret,
                      gate_for(ctx).domain(options.curve.admit))
     try:
-        sock.bind(bind_addr)
+        bind_when_free(sock, bind_addr)
     except zmq.ZMQError as exc:
         sock.close(0)
         raise TransportError(f"cannot bind {bind_addr}: {exc}") from None
     return sock
+
+
+def bind_when_free(sock: zmq.Socket, addr: str, wait_s: float = BIND_WAIT_S) -> None:
+    """Bind ``sock`` to ``addr``, waiting up to ``wait_s`` while the address is in use: a
+    stage relaunched on its address (a re-wiring) binds right after the last one's socket
+    closed, and ZeroMQ releases a closed socket's port a moment later, in its I/O thread.
+    Raises the ZMQError when it stays in use, or on any other error."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            sock.bind(addr)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def push_socket(ctx: zmq.Context, connect_addr: str,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,30 @@ def test_node_runs_a_real_stage_from_its_cache(cp_cluster: Cluster) -> None:
     hidden = np.random.default_rng(0).standard_normal((1, 3, 64)).astype(np.float32)
     logits = runner.step(0, hidden, np.arange(3))
     assert logits.shape[-1] == runner.manifest.model.vocab_size
+
+
+def test_a_relaunch_reuses_a_compiled_stage_without_warming_it_again(
+        dp_export3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node re-wired to run its stage and the next one keeps the compiled runner of its
+    own, already warmed up (a paged stage's warm-up measures its padding, ~1 s of a
+    re-wiring's pause), and compiles and warms up only the new one."""
+    from controlplane.launch import COMPILED
+    from controlplane.records import RuntimeSpec
+    from dataplane.paged_runtime import PagedStageRunner
+
+    warmed: list[int] = []
+    original = PagedStageRunner.warm_up
+    monkeypatch.setattr(PagedStageRunner, "warm_up",
+                        lambda self, *a: (warmed.append(self.spec.index), original(self, *a)))
+    one = StageAssignment(dp_export3, 1, 3, "tcp://127.0.0.9:1", "tcp://127.0.0.1:2",
+                          RuntimeSpec(precision="f32", paged_attention=True), 1, "h")
+    try:
+        first = build_runner(one)
+        assert warmed == [1] and first.shapes.limit >= 0
+        both = build_runner(replace(one, epoch=2, more_stages=(2,), more_dirs=(dp_export3,)))
+        assert both.runners[0] is first and warmed == [1, 2]
+    finally:
+        COMPILED.forget("tcp://127.0.0.9:1")
 
 
 def test_restarted_node_reclaims_its_id_and_cache(cp_cluster: Cluster) -> None:

@@ -37,3 +37,32 @@ def test_the_configured_then_the_last_then_a_fresh_port(tmp_path: Path) -> None:
         holder.listen()
         second = choose_data_port("127.0.0.1", tmp_path)
     assert second != first and (tmp_path / "data_port").read_text().strip() == str(second)
+
+
+def test_a_stage_pipe_waits_for_its_address_to_be_free_again() -> None:
+    """A stage relaunched on its address (a re-wiring) binds while the last one's port is
+    still being released: its pipe waits for it, briefly, instead of failing the stage."""
+    import threading
+    import time
+
+    import pytest
+    import zmq
+
+    from dataplane.transport import PipeOptions, TransportError, pull_socket
+
+    port = fresh_port("127.0.0.1", (32768, 60999))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    threading.Timer(0.3, holder.close).start()  # released a moment later
+    ctx = zmq.Context.instance()
+    start = time.monotonic()
+    sock = pull_socket(ctx, f"tcp://127.0.0.1:{port}", PipeOptions())
+    assert 0.2 < time.monotonic() - start < 2.0
+    sock.close(0)
+    other = fresh_port("127.0.0.1", (32768, 60999))
+    with socket.socket() as held:  # never released: the same clear error as before
+        held.bind(("127.0.0.1", other))
+        held.listen()
+        with pytest.raises(TransportError, match="Address already in use"):
+            pull_socket(ctx, f"tcp://127.0.0.1:{other}", PipeOptions())
