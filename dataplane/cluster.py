@@ -111,6 +111,10 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         self._stage0 = stage0
         self._retired = False  # replaced by a new pipeline: stage 0 is not ours any more
         self._busy = threading.Lock()  # held while a step computes on stage 0
+        # held while the pipes are used: the generating thread uses them, and ``close`` may
+        # come from the thread that re-wires the cluster (a ZeroMQ socket is one thread's)
+        self._io = threading.Lock()
+        self._closed = False
         self.timeout_s = timeout_s
         self.compact_threshold = compact_threshold
         self.compactions = 0
@@ -146,9 +150,23 @@ class ClusterHead(HeadReplies, HeadPrefixes):
             self._retired = True
 
     def close(self) -> None:
-        """Close the sockets (streams on the nodes stay until their next reset/close)."""
-        self._pull.close(0)
-        self._push.close(0)
+        """Close the sockets (streams on the nodes stay until their next reset/close); any
+        thread, once the generating thread's use of them in hand ends. Using the pipeline
+        afterwards raises DataPlaneError."""
+        with self._io:
+            self._closed = True
+            self._pull.close(0)
+            self._push.close(0)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DataPlaneError("this pipeline was replaced (the cluster was re-wired)")
+
+    def _send(self, parts: list[Any]) -> Any:
+        """Send to stage 1 (TransportError if it takes nothing); its MessageTracker."""
+        with self._io:
+            self._check_open()
+            return send_parts(self._push, parts)
 
     def __enter__(self) -> ClusterHead:
         return self
@@ -172,9 +190,11 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         options = self.options
         if options.curve is not None and peer_key:
             options = replace(options, curve=replace(options.curve, peer=peer_key.encode()))
-        push = open_push(self._ctx, next_addr, options)
-        self._push.close(0)
-        self._push, self.next_addr, self.options = push, next_addr, options
+        with self._io:
+            self._check_open()
+            push = open_push(self._ctx, next_addr, options)
+            self._push.close(0)
+            self._push, self.next_addr, self.options = push, next_addr, options
         for rid in list(self._pending):
             self._abandon(rid, "the pipeline was rewired")
         for stream in self._streams.values():
@@ -334,7 +354,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
                                   epoch=stream.epoch, step=stream.next_step)
         parts = encode_frame(header, payload)
         try:
-            send_parts(self._push, parts)
+            self._send(parts)
         except TransportError as exc:
             stream.broken = f"its {kind.name} did not reach stage 1 ({exc})"
             raise DataPlaneError(f"cannot {kind.name.lower()} stream {stream_id}: stage 1 at "
@@ -431,7 +451,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         try:
             parts = seal_or_encode(prepared, header, hidden, 0, start_ns, start_ns, 0, t1 - t0,
                                    prepare_ns, t1)
-            tracker = send_parts(self._push, parts)
+            tracker = self._send(parts)
         except TransportError as exc:
             stream.broken = f"a step did not reach stage 1 ({exc})"
             raise DataPlaneError(f"stage 1 at {self.next_addr} is not taking frames: {exc}"

@@ -19,7 +19,7 @@ from dataplane.figures import StepFigures, frame_bytes
 from dataplane.frames import HiddenStateFrame, Kind, encode_frame
 from dataplane.prefix_store import PrefixOp, prefix_payload
 from dataplane.runtime import StageError, StageRunner
-from dataplane.transport import BufferGuard, TransportError, send_parts
+from dataplane.transport import BufferGuard, TransportError
 from engine.executor import PrefixCacheUnsupported
 
 log = logging.getLogger("zctl.dataplane.cluster")
@@ -33,9 +33,10 @@ class HeadPrefixes:
     figures: StepFigures
     _streams: dict[int, Any]
     _guard: BufferGuard
-    _push: Any
     _unsent_drops: frozenset[int] = frozenset()  # entries dropped here, not yet down the chain
     _unsent_drop_all: bool = False
+
+    def _send(self, parts: list[Any]) -> Any: ...
 
     def _send_control(self, stream_id: int, kind: Kind, payload: np.ndarray | None = None
                       ) -> None: ...
@@ -146,7 +147,7 @@ class HeadPrefixes:
         parts = encode_frame(HiddenStateFrame(Kind.PREFIX, 0, 0, 0),
                              prefix_payload(op, entry_id))
         try:
-            send_parts(self._push, parts)
+            self._send(parts)
         except TransportError as exc:
             log.warning("prefix %s not sent to stage 1 at %s (sent later): %s", op.name,
                         self.next_addr, exc)

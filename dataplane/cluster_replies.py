@@ -30,6 +30,7 @@ from dataplane.transport import deadline_after, recv_parts, remaining, wait_read
 from dataplane.worker_state import reply_payload
 
 log = logging.getLogger("zctl.dataplane.cluster")
+IO_SLICE_S = 0.05  # the longest one wait on the reply pipe holds it (callers loop)
 
 
 class HeadReplies:
@@ -47,6 +48,9 @@ class HeadReplies:
     _pending: dict[int, Any]
     _done: dict[int, ClusterReply | DataPlaneError]
     _waiting_since: int
+    _io: Any  # a lock: the pipes' use, against ``close`` from another thread
+
+    def _check_open(self) -> None: ...
 
     def _mark_broken(self, stream_id: int, epoch: int, why: str) -> None: ...
 
@@ -141,17 +145,20 @@ class HeadReplies:
         Back-to-back empty polls count as one wait: the reply's hop is ready since the
         first (else a slow hop's time would show as queueing behind the poll interval).
         """
-        if timeout_s != 0 and self._pending and not wait_readable(self._pull, 0):
-            self._prefetch_in_flight()
-            self.figures.drain_when_idle()
-        ready_ns = self._waiting_since or time.time_ns()
-        if not wait_readable(self._pull, timeout_s):
-            self._waiting_since = ready_ns
-            return False
-        try:
-            parts = recv_parts(self._pull, zmq.NOBLOCK)
-        except zmq.Again:
-            return False
+        with self._io:  # (in slices: a ``close`` from another thread waits one at most)
+            self._check_open()
+            if timeout_s != 0 and self._pending and not wait_readable(self._pull, 0):
+                self._prefetch_in_flight()
+                self.figures.drain_when_idle()
+            ready_ns = self._waiting_since or time.time_ns()
+            wait_s = IO_SLICE_S if timeout_s is None else min(timeout_s, IO_SLICE_S)
+            if not wait_readable(self._pull, wait_s):
+                self._waiting_since = ready_ns
+                return False
+            try:
+                parts = recv_parts(self._pull, zmq.NOBLOCK)
+            except zmq.Again:
+                return False
         recv_ns = time.time_ns()
         self._waiting_since = 0
         self.figures.received_bytes += sum(map(len, parts))

@@ -352,3 +352,39 @@ def test_each_logits_payload_reads_as_the_local_chain_answers_it(want, dp_thread
     assert np.array_equal(np.isneginf(got.logits), np.isneginf(local.logits))
     assert got.tokens.tolist() == local.tokens.tolist()
     assert got.logprob_rows == local.logprob_rows == (want is not True and bool(want.top))
+
+
+def test_a_head_closed_from_another_thread_while_it_waits_fails_its_waiter_cleanly(
+        dp_threaded2) -> None:
+    """A re-wiring closes the old head from the control plane's thread while the
+    generating thread may be waiting on its reply pipe (ZeroMQ sockets are one thread's: a
+    close in the middle of a poll aborted the process): the close waits for the wait in
+    hand, and the waiter gets a DataPlaneError it can pause on."""
+    import threading
+    import time
+
+    from dataplane.cluster_types import DataPlaneError
+
+    pipe, worker = dp_threaded2
+    pipe.open(0)
+    pipe.reset(0)
+    worker.handle = lambda *args: time.sleep(2)  # a stage that answers nothing for a while
+    rid = pipe.submit(0, np.array([1, 2, 3]), np.arange(3))
+    caught: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            pipe.collect(rid, timeout_s=20)
+        except BaseException as exc:  # noqa: BLE001 - what the waiter gets is the point
+            caught.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    start = time.monotonic()
+    pipe.close()
+    assert time.monotonic() - start < 1.0
+    waiter.join(5)
+    assert not waiter.is_alive()
+    assert len(caught) == 1 and isinstance(caught[0], DataPlaneError)
+    assert "replaced" in str(caught[0])
