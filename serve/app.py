@@ -20,7 +20,7 @@ import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -58,6 +58,7 @@ from serve.protocol import (
     to_generations,
 )
 from serve.responses_route import add_responses_routes
+from serve.settings import ServeSettings, model_card
 from serve.sse import event_stream, sse
 
 DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client
@@ -65,29 +66,6 @@ DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its clien
 # to 12 bytes of JSON each (an escaped surrogate pair), with room for the other fields.
 MAX_BODY_BYTES = 16 << 20
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """``api_key``: required as a bearer token when set; ``max_queue``: requests in flight
-    (running or waiting) beyond which new ones get 429; ``speculation``: the default
-    (mode, K) of requests that do not choose; ``cors_origins``: the web origins whose pages
-    may call the API from a browser ("*": any; none by default, so a page the user visits
-    cannot drive a local server); ``model_names``: the names requests may give the model,
-    the first the one replies carry (none: the export's own)."""
-
-    api_key: str | None = None
-    max_queue: int = 64
-    speculation: tuple[str, int] = ("", 0)
-    cors_origins: tuple[str, ...] = ()
-    model_names: tuple[str, ...] = ()
-
-
-def model_card(name: str, info: ServiceStats) -> dict[str, Any]:
-    """The model's object in /v1/models under ``name``."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "zctl",
-            "max_model_len": info.max_context, "context_length": info.max_context,
-            "stages": [{"index": s.index, "node": s.node_id} for s in info.stages]}
 
 
 class ZctlApi:
