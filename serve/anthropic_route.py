@@ -6,7 +6,6 @@ shapes in serve.anthropic. Anthropic's clients send their key as ``x-api-key``."
 from __future__ import annotations
 
 import contextlib
-import hmac
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,8 +19,6 @@ from controlplane.service_messages import (
     DetokenizeRequest,
     GenerateChunk,
     GenerateDone,
-    ServiceStats,
-    TokenizeRequest,
 )
 from engine.requests import GenerationRequest
 from serve.anthropic import (
@@ -35,9 +32,8 @@ from serve.anthropic import (
 )
 from serve.backend import BackendUnavailable
 from serve.choices import close_all, shown
-from serve.errors import unknown_model
 from serve.metrics import RequestClock
-from serve.protocol import ApiError, ResponseShape, engine_error, finish_reason, to_generation
+from serve.protocol import ApiError, ResponseShape, to_generation
 from serve.sse import event_stream, named_events
 
 if TYPE_CHECKING:  # serve.app adds these routes
@@ -52,20 +48,9 @@ class MessagesRoute:
     def __init__(self, api: ZctlApi) -> None:
         self.api = api
 
-    def check_key(self, request: Request) -> None:
-        """The key as ``x-api-key`` (Anthropic's header) or as a bearer token."""
-        key, given = self.api.settings.api_key, request.headers.get("x-api-key")
-        if key and given is not None:
-            if not hmac.compare_digest(given.encode("latin-1"), key.encode()):
-                raise ApiError(401, "wrong API key (x-api-key)", "authentication_error",
-                               code="invalid_api_key")
-            return
-        self.api.check_key(request)
-
     async def create(self, body: MessagesRequest, request: Request) -> Response:
         start = time.monotonic()
-        self.check_key(request)
-        info = self._served(await self.api.served(), body.model)
+        info = await self.api.served_model(request, body.model, 404, x_api_key=True)
         chat = body.chat()
         gen, first, events, clock = await self.api.start_chat(chat, request, info.model, start)
         shape = ResponseShape(True, gen.request_id, info.model, tools=chat.tool_plan())
@@ -76,11 +61,6 @@ class MessagesRoute:
         calls, _ = shape.ending(done)
         stop = await self._stop_sequence(done, gen)
         return JSONResponse(message(message_id, info.model, done, calls, stop))
-
-    def _served(self, info: ServiceStats, model: str) -> ServiceStats:
-        if model not in self.api.names(info):
-            raise unknown_model(404, model, info.model)  # (a body naming it: Anthropic's 404)
-        return info
 
     async def _stop_sequence(self, done: GenerateDone, gen: GenerationRequest) -> str | None:
         """Which stop sequence ended the message, if one did: the text of its tokens
@@ -106,12 +86,8 @@ class MessagesRoute:
                         yield named_events(stream.text(msg.text))
                         continue
                     if msg.error:
-                        error = engine_error(msg)
-                        self.api.metrics.errors.labels(str(error.status)).inc()
-                        yield named_events([error_body(error)])
+                        yield named_events([error_body(self.api.failure(msg))])
                         return
-                    clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
-                               time.monotonic())
                     calls, _ = shape.ending(msg)
                     ending = stream.end(msg, calls, shape.holds(0),
                                         await self._stop_sequence(msg, gen))
@@ -125,13 +101,9 @@ class MessagesRoute:
 
     async def count_tokens(self, body: CountTokensRequest, request: Request) -> dict[str, int]:
         """The prompt's tokens, as the message would count them."""
-        self.check_key(request)
-        self._served(await self.api.served(), body.model)
-        gen = to_generation(body.chat(), uuid.uuid4().hex[:24])
-        problem = gen.problem()
-        if problem is not None:
-            raise ApiError(400, problem)
-        return {"input_tokens": len((await self.api.tokens(TokenizeRequest(**vars(gen)))).tokens)}
+        await self.api.served_model(request, body.model, 404, x_api_key=True)
+        reply = await self.api.prompt_tokens(to_generation(body.chat(), uuid.uuid4().hex[:24]))
+        return {"input_tokens": len(reply.tokens)}
 
 
 def add_messages_routes(app: FastAPI, api: ZctlApi) -> MessagesRoute:

@@ -43,7 +43,7 @@ from serve.anthropic_route import PATH as MESSAGES_PATH
 from serve.anthropic_route import add_messages_routes
 from serve.backend import BackendUnavailable, ServiceBackend
 from serve.choices import close_all, merged, together
-from serve.errors import raise_failed, unknown_model, validation_error
+from serve.errors import checked, raise_failed, unknown_model, validation_error
 from serve.limits import BodyLimit
 from serve.metrics import RequestClock, ServeMetrics
 from serve.protocol import (
@@ -101,10 +101,7 @@ class ZctlApi:
 
     async def model(self, model_id: str) -> dict[str, Any]:
         """The served model's object under ``model_id``, one of its names (else a 404)."""
-        info = await self._now()
-        if model_id not in self.names(info):
-            raise unknown_model(404, model_id, info.model)
-        return model_card(model_id, info)
+        return model_card(model_id, self.check_model(await self._now(), model_id, 404))
 
     async def _now(self) -> ServiceStats:
         """The stages as they are now (as last seen while the service is away; 503 if
@@ -138,35 +135,53 @@ class ZctlApi:
         body = self.metrics.render(stats, model, self.in_flight, self.settings.max_queue)
         return Response(body, media_type=PROMETHEUS_TEXT)
 
-    def check_key(self, request: Request) -> None:
-        """401 unless the request carries the key (compared in constant time)."""
+    def check_key(self, request: Request, x_api_key: bool = False) -> None:
+        """401 unless the request carries the key (compared in constant time) as a bearer
+        token, or with ``x_api_key`` in that header (Anthropic's clients send it so)."""
         key = self.settings.api_key
-        given = request.headers.get("authorization", "").encode("latin-1")  # its raw bytes
-        if key and not hmac.compare_digest(given, f"Bearer {key}".encode()):
-            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                           "authentication_error", code="invalid_api_key")
+        if not key:
+            return
+        given = request.headers.get("x-api-key") if x_api_key else None
+        expected, header = (key, "x-api-key") if given is not None else \
+            (f"Bearer {key}", "Authorization: Bearer KEY")
+        if given is None:
+            given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode("latin-1"), expected.encode()):  # raw bytes
+            raise ApiError(401, f"missing or wrong API key ({header})", "authentication_error",
+                           code="invalid_api_key")
 
-    async def served_model(self, request: Request, model: str | None) -> ServiceStats:
-        """The key checked and the model served, which ``model`` must name (if given: a
-        400, as OpenAI answers a body naming another model)."""
-        self.check_key(request)
-        info = await self.served()
+    async def served_model(self, request: Request, model: str | None, status: int = 400,
+                           x_api_key: bool = False) -> ServiceStats:
+        """The key checked and the model served, which ``model`` must name if given (else
+        ``status``: OpenAI answers a body naming another model with a 400, Anthropic with
+        a 404)."""
+        self.check_key(request, x_api_key)
+        return self.check_model(await self.served(), model, status)
+
+    def check_model(self, info: ServiceStats, model: str | None, status: int) -> ServiceStats:
+        """``info``, if ``model`` (when given) is one of the names it is served as."""
         if model is not None and model not in self.names(info):
-            raise unknown_model(400, model, info.model)
+            raise unknown_model(status, model, info.model)
         return info
+
+    def failure(self, done: GenerateDone) -> ApiError:
+        """The API error of a generation that failed after its reply started, counted."""
+        error = engine_error(done)
+        self.metrics.errors.labels(str(error.status)).inc()
+        return error
 
     # -- tokens ---------------------------------------------------------------------------
     async def tokenize(self, body: TokenizeBody, request: Request) -> dict[str, Any]:
         """The ids a generation of the same prompt (or chat, with its tools) would see."""
         info = await self.served_model(request, body.model)
-        gen = body.generation(uuid.uuid4().hex[:24])
-        problem = gen.problem()
-        if problem is not None:
-            raise ApiError(400, problem)
-        reply = await self.tokens(TokenizeRequest(**vars(gen)))
+        reply = await self.prompt_tokens(body.generation(uuid.uuid4().hex[:24]))
         return {"count": len(reply.tokens), "max_model_len": info.max_context,
                 "tokens": reply.tokens,
                 "token_strs": reply.pieces if body.return_token_strs else None}
+
+    async def prompt_tokens(self, gen: GenerationRequest) -> TokensReply:
+        """The ids ``gen`` would be prompted with (nothing is generated)."""
+        return await self.tokens(TokenizeRequest(**vars(checked(gen))))
 
     async def detokenize(self, body: DetokenizeBody, request: Request) -> dict[str, Any]:
         await self.served_model(request, body.model)
@@ -203,10 +218,8 @@ class ZctlApi:
                        request: Request) -> Response:
         info = await self.served_model(request, body.model)
         request_id = uuid.uuid4().hex[:24]
-        gens = to_generations(body, request_id, self.settings.speculation)
-        problem = next(filter(None, (gen.problem() for gen in gens)), None)  # any prompt's
-        if problem is not None:
-            raise ApiError(400, problem)
+        gens = [checked(gen) for gen in to_generations(body, request_id,
+                                                       self.settings.speculation)]
         self.check_room(len(gens))
         return await self._answer(body, request_id, gens, request, info.model)
 
@@ -266,9 +279,7 @@ class ZctlApi:
         """Start the one generation another API's request reads as ``chat`` (its request,
         first event, events and clock), as a chat completion's starts."""
         (gen,) = to_generations(chat, uuid.uuid4().hex[:24], self.settings.speculation)
-        problem = gen.problem()
-        if problem is not None:
-            raise ApiError(400, problem)
+        checked(gen)
         self.check_room(1)
         (first,), (events,), (clock,) = await self.start([gen], request, model, start)
         return gen, first, events, clock
@@ -399,9 +410,7 @@ class ZctlApi:
                                                               index=index), include_usage))
                         continue
                     if msg.error:
-                        error = engine_error(msg)
-                        self.metrics.errors.labels(str(error.status)).inc()
-                        yield sse(error.body()) + sse("[DONE]")
+                        yield sse(self.failure(msg).body()) + sse("[DONE]")
                         return
                     dones[index] = msg
                     calls, reason = shape.ending(msg)

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from controlplane.service_messages import GenerateChunk, GenerateDone
 from engine.requests import TokenLogprob
 from serve.metrics import RequestClock
+from serve.protocol import finish_reason
 
 T = TypeVar("T")
 
@@ -72,10 +73,14 @@ async def shown(first: Any, events: AsyncIterator[Any], clock: RequestClock,
                 ) -> AsyncIterator[GenerateChunk | GenerateDone]:
     """One choice's events as its client sees them: the chunks whose text is shown (not
     ``holds(text)``, as a call is held to its end), then its end. The clock is fed as
-    tokens come, and ``logprobs`` (if a list) gathers every token's."""
+    tokens come and at a successful end, and ``logprobs`` (if a list) gathers every
+    token's."""
     async with contextlib.aclosing(merged([first], [events])) as stream:
         async for _, msg in stream:
             if isinstance(msg, GenerateDone):
+                if not msg.error:
+                    clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
+                               time.monotonic())
                 yield msg
                 return
             clock.tokens(len(msg.tokens), time.monotonic())

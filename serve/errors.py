@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from controlplane.service_messages import GenerateDone
+from engine.requests import GenerationRequest
 from serve.protocol import ApiError, ChatCompletionRequest, engine_error
 
 
@@ -20,7 +21,7 @@ def unknown_model(status: int, asked: str, served: str) -> ApiError:
                     f"{served!r}", param="model", code="model_not_found")
 
 
-def validation_error(exc: RequestValidationError) -> ApiError:
+def validation_error(exc: RequestValidationError | ValidationError) -> ApiError:
     """The first problem pydantic found, as OpenAI reports a bad parameter."""
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
@@ -30,6 +31,14 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     where = ".".join(loc)
     return ApiError(400, f"{where}: {first.get('msg')}" if where else str(first.get("msg")),
                     param=where or None)
+
+
+def checked(gen: GenerationRequest) -> GenerationRequest:
+    """``gen``, unless the engine would refuse it (a 400 saying why)."""
+    problem = gen.problem()
+    if problem is not None:
+        raise ApiError(400, problem)
+    return gen
 
 
 def raise_failed(answers: list[Any]) -> None:
@@ -45,6 +54,4 @@ def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise ApiError(400, f"{where}: {first.get('msg')}", param=where or None) from None
+        raise validation_error(exc) from None

@@ -19,7 +19,7 @@ from engine.requests import GenerationRequest, TokenLogprob
 from serve.backend import BackendUnavailable
 from serve.choices import close_all, shown
 from serve.metrics import RequestClock
-from serve.protocol import ApiError, ResponseShape, engine_error, finish_reason
+from serve.protocol import ApiError, ResponseShape
 from serve.responses import (
     ResponseEvents,
     ResponseObject,
@@ -78,7 +78,7 @@ class ResponsesRoute:
                 async for msg in msgs:
                     events_now = stream.delta(msg.text, msg.logprobs) \
                         if isinstance(msg, GenerateChunk) \
-                        else self._end(stream, msg, clock, logprobs, turns)
+                        else self._end(stream, msg, logprobs, turns)
                     yield named_events(events_now)
         except BackendUnavailable as exc:
             error = ApiError(503, str(exc), "service_unavailable", code="backend_down")
@@ -86,14 +86,11 @@ class ResponsesRoute:
         finally:
             await close_all([events])
 
-    def _end(self, stream: ResponseEvents, done: GenerateDone, clock: RequestClock,
+    def _end(self, stream: ResponseEvents, done: GenerateDone,
              logprobs: list[TokenLogprob] | None, turns: list[dict[str, Any]]
              ) -> list[dict[str, Any]]:
         if done.error:
-            error = engine_error(done)
-            self.api.metrics.errors.labels(str(error.status)).inc()
-            return stream.failed(error)
-        clock.done(done.prompt_tokens, len(done.tokens), finish_reason(done), time.monotonic())
+            return stream.failed(self.api.failure(done))
         events = stream.ending(done, logprobs, held=stream.response.shape.holds(0))
         self._keep(stream.response, turns)
         return events
