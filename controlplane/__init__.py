@@ -8,5 +8,5 @@ messages of ``controlplane.messages``:
 - ``NodeAgent(AgentConfig(coordinator=endpoint)).run()`` joins, fetches its shard,
   serves the stage it is assigned, reconnects with backoff when the coordinator goes.
 - ``client.query_status(endpoint)`` is ``zctl cluster status``; ``local.LocalCluster``
-  runs a whole cluster on loopback; ``python -m controlplane`` has process entry points.
+  runs a whole cluster on loopback; ``python -m zctl.launcher`` has process entry points.
 """

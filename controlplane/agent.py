@@ -21,8 +21,6 @@ from typing import Any
 
 import zmq
 
-from common.manifest import ManifestError, load_manifest
-from common.paths import zctl_home
 from controlplane.launch import (
     LaunchError,
     StageAssignment,
@@ -66,6 +64,8 @@ from controlplane.records import HEARTBEAT_S, LIVENESS, StageInfo
 from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
 from controlplane.sockets import dealer_socket
+from zctl.manifest import ManifestError, load_manifest
+from zctl.paths import zctl_home
 
 log = logging.getLogger("zctl.controlplane")
 

@@ -19,8 +19,6 @@ from typing import Any
 
 import zmq
 
-from common.manifest import load_manifest
-from common.paths import zctl_home
 from controlplane import membership as ms
 from controlplane.launch import (
     BackgroundStage,
@@ -62,13 +60,15 @@ from controlplane.nodeinfo import (
     route_host,
     zctl_version,
 )
-from controlplane.pipeline import PipelinePlan
 from controlplane.placement import LayerCost, stage_needs
 from controlplane.records import HEARTBEAT_S, LIVENESS, ClusterStatus, RefusalInfo, RuntimeSpec
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
-from engine.executor import Executor
+from controlplane.wiring import PipelinePlan
+from zctl.engine.executor import Executor
+from zctl.manifest import load_manifest
+from zctl.paths import zctl_home
 
 log = logging.getLogger("zctl.controlplane")
 # heartbeats a spare must have been enrolled for, without a lapse, before it takes back

@@ -2,7 +2,7 @@
 a lost node's stages, and which of a node's stages a spare that appears takes over.
 
 A fleet of PCs rarely has a spare: when a node is lost, its neighbours in the chain carry
-its stages. A node runs a contiguous run of stages (dataplane.stage_chain), so the lost
+its stages. A node runs a contiguous run of stages (dataplane.runtime.stage_chain), so the lost
 node's run goes to the node before it, the node after it, or is cut between the two; of
 the cuts whose stages fit the nodes' memory, the one whose busiest node holds the fewest
 bytes wins (the pipeline runs at its slowest node's pace). Memory is the stages' needs

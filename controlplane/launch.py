@@ -2,8 +2,8 @@
 
 The control plane only decides *what* runs *where*; a ``StageLauncher`` turns a
 ``StageAssignment`` into a running data-plane worker and returns a handle with
-``stop()``. The default launcher builds a ``dataplane.runtime.StageRunner`` on the
-cached shard directory and a ``dataplane.worker.StageWorker`` around it; tests and
+``stop()``. The default launcher builds a ``dataplane.runtime.stateful.StageRunner`` on the
+cached shard directory and a ``dataplane.worker.stage_worker.StageWorker`` around it; tests and
 embedders pass their own.
 """
 
@@ -39,12 +39,12 @@ class StageAssignment:
     runtime: RuntimeSpec
     epoch: int
     shard_hash: str
-    # CURVE data pipes (see dataplane.transport.PipeCurve): the next hop's public key, the
+    # CURVE data pipes (see dataplane.wire.transport.PipeCurve): the next hop's public key, the
     # keys admitted inbound, and this node's (public, secret) key pair; empty: plain pipes
     peer_key: str = ""
     admit_keys: tuple[str, ...] = ()
     keys: tuple[bytes, bytes] | None = field(default=None, repr=False)
-    # stages after ``stage_index`` run here with it as one (dataplane.stage_chain), and the
+    # stages after ``stage_index`` run here with it as one (dataplane.runtime.stage_chain), and the
     # runner directory of each
     more_stages: tuple[int, ...] = ()
     more_dirs: tuple[Path, ...] = ()
@@ -73,7 +73,7 @@ class StageAssignment:
         """``base`` PipeOptions (or the defaults) with this assignment's CURVE, if any."""
         if not self.peer_key:
             return base
-        from dataplane.transport import PipeCurve, PipeOptions
+        from dataplane.wire.transport import PipeCurve, PipeOptions
 
         if self.keys is None:
             raise LaunchError("the cluster encrypts its data pipes (CURVE) but this node has "
@@ -133,14 +133,14 @@ COMPILED = CompiledStages()
 
 def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
     """Compile the assigned stage from its runner directory (verifies the IR hashes); with
-    more stages, each from its own directory, chained into one (dataplane.stage_chain).
+    more stages, each from its own directory, chained into one (dataplane.runtime.stage_chain).
     With ``reuse``, a stage this node ran in its last assignment is reused (``COMPILED``),
     as it was warmed up: nothing steps the old one any more (a StageWorker's thread has
     ended, a ClusterHead is retired, before ``StageSlot`` launches the next). A stage
     compiled now is warmed up (a paged one measures its padding limit: ~1 s a stage of
     SmolLM2), which a re-wiring's pause then no longer pays for the stages kept."""
-    from common.manifest import ManifestError
-    from dataplane.runtime import RuntimeConfig, StageError, load_runner
+    from dataplane.runtime.stateful import RuntimeConfig, StageError, load_runner
+    from zctl.manifest import ManifestError
 
     config = RuntimeConfig(**asdict(assignment.runtime))
     dirs = [assignment.runner_dir, *assignment.more_dirs]
@@ -159,7 +159,7 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
             runner.warm_up()
         if len(runners) == 1:
             return runners[0]
-        from dataplane.stage_chain import StageChain
+        from dataplane.runtime.stage_chain import StageChain
 
         return StageChain(runners)
     except (StageError, ManifestError, OSError) as exc:
@@ -169,13 +169,13 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
 
 
 def default_launcher(assignment: StageAssignment, options: Any = None) -> StageHandle:
-    """StageRunner + dataplane.worker.StageWorker(runner, bind, send_to), started.
+    """StageRunner + dataplane.worker.stage_worker.StageWorker(runner, bind, send_to), started.
 
-    ``options`` (a dataplane.transport.PipeOptions, e.g. with an emulated link delay on
+    ``options`` (a dataplane.wire.transport.PipeOptions, e.g. with an emulated link delay on
     what this node sends) replace the default pipe options; bind it with functools.partial.
     """
     try:
-        from dataplane.worker import StageWorker
+        from dataplane.worker.stage_worker import StageWorker
     except ImportError as exc:
         raise LaunchError(f"the data-plane worker is not available ({exc}); pass a launcher "
                           "to the coordinator or agent") from None
@@ -206,12 +206,12 @@ class HeadHandle:
 
 
 def head_launcher(assignment: StageAssignment, options: Any = None) -> HeadHandle:
-    """The coordinator's stage 0: StageRunner + dataplane.cluster.ClusterHead
+    """The coordinator's stage 0: StageRunner + dataplane.head.cluster_head.ClusterHead
     (``options``: PipeOptions for its pipes, as for ``default_launcher``)."""
     if assignment.num_stages < 2:
         raise LaunchError("a one-stage export runs in one process: no cluster is needed")
     try:
-        from dataplane.cluster import ClusterHead
+        from dataplane.head.cluster_head import ClusterHead
     except ImportError as exc:
         raise LaunchError(f"the data-plane head is not available ({exc})") from None
     options = assignment.pipe_options(options)

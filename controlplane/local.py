@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common.manifest import load_manifest
-from common.paths import zctl_home
 from controlplane.agent import AgentConfig, NodeAgent, ProgressCallback
 from controlplane.coordinator import Coordinator, CoordinatorConfig
 from controlplane.launch import StageLauncher
 from controlplane.records import HEARTBEAT_S, LIVENESS, ClusterStatus, RuntimeSpec
+from zctl.manifest import load_manifest
+from zctl.paths import zctl_home
 
 
 class LocalCluster:

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.manifest import ExportManifest, ManifestError, check_layer_cover
 from controlplane.records import DeviceInfo
+from zctl.manifest import ExportManifest, ManifestError, check_layer_cover
 
 # Bytes per weight of embedding/head and of decoder MatMuls for each export format
 # (INT4 exports keep embedding and head in INT8; see exporter/compress.py).

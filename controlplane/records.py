@@ -49,7 +49,7 @@ class StageInfo:
 
 @dataclass(frozen=True)
 class RuntimeSpec:
-    """Mirror of dataplane.runtime.RuntimeConfig, kept here so schemas need no OpenVINO."""
+    """Mirror of dataplane.runtime.stateful.RuntimeConfig, kept here so schemas need no OpenVINO."""
 
     device: str = "CPU"
     precision: str | None = "f32"

@@ -17,7 +17,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from dataplane.transport import curve_client, curve_server
+from dataplane.wire.transport import curve_client, curve_server
 
 
 class SecurityError(RuntimeError):

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.manifest import MANIFEST_NAME, ExportManifest, sha256_file
 from controlplane.checks import SHA256_RE
 from controlplane.messages import ShardChunk, ShardOffer, ShardRequest
 from controlplane.records import FileSpec
+from zctl.manifest import MANIFEST_NAME, ExportManifest, sha256_file
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 

@@ -19,7 +19,11 @@ from pathlib import Path
 import openvino as ov
 import torch
 
-from common.manifest import (
+from exporter import graph
+from exporter.compress import WEIGHT_FORMATS, compress_stage, pick_group_size
+from exporter.sources import ModelSource
+from exporter.stage_module import StageModule
+from zctl.manifest import (
     MANIFEST_NAME,
     ExportManifest,
     ManifestError,
@@ -30,10 +34,6 @@ from common.manifest import (
     sha256_file,
     write_manifest,
 )
-from exporter import graph
-from exporter.compress import WEIGHT_FORMATS, compress_stage, pick_group_size
-from exporter.sources import ModelSource
-from exporter.stage_module import StageModule
 
 PHASES = ("load", "trace", "convert", "compress", "save")
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from dataplane.local_chain import LocalChain
+    from dataplane.head.local_chain import LocalChain
 
 PROSE_FILE = Path(__file__).with_name("quality_prose.txt")
 CHAT_FILE = Path(__file__).with_name("quality_chat.json")
@@ -127,7 +127,7 @@ def eval_passages(export_dir: Path | str, limit: int = 0) -> list[Passage]:
     that many tokens per passage (0: all)."""
     from tokenizers import Tokenizer
 
-    from engine.tokenizer import ChatTokenizer
+    from zctl.engine.tokenizer import ChatTokenizer
 
     export_dir = Path(export_dir)
     chat = ChatTokenizer(export_dir)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from common.manifest import ExportManifest, load_manifest
-from dataplane.local_chain import LocalChain
-from dataplane.runtime import RuntimeConfig
-from engine.scheduler import generate_greedy
-from engine.tokenizer import ChatTokenizer
+from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.stateful import RuntimeConfig
 from exporter.sources import DEFAULT_MODEL, ModelSource, open_source
+from zctl.engine.scheduler import generate_greedy
+from zctl.engine.tokenizer import ChatTokenizer
+from zctl.manifest import ExportManifest, load_manifest
 
 DEFAULT_PROMPTS = (
     "What is the capital of France?",

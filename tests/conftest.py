@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny_models import build_llama  # noqa: E402
+from tests.helpers.tiny_models import build_llama
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +31,9 @@ class ExportCache:
     def get(self, ranges: list[tuple[int, int]], weights: str = "fp32",
             beam_idx: bool = True, static: tuple | None = None) -> Path:
         """``static``: (context, chunk[, kv_dtype]) of a static export (the NPU path)."""
-        from common.manifest import StaticKV
         from exporter.export import export_model
         from exporter.sources import open_source
+        from zctl.manifest import StaticKV
 
         key = (tuple(ranges), weights, beam_idx, static)
         if key not in self.done:
@@ -90,9 +88,9 @@ def dp_hosts() -> tuple[str, str]:
 def dp_threaded2(dp_export2: Path):
     """A 2-stage cluster with the last stage in a thread (fast to set up, easy to poke):
     yields (ClusterHead, StageWorker)."""
-    from dataplane.cluster import ClusterHead
-    from dataplane.runtime import StageRunner
-    from dataplane.worker import StageWorker
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.runtime.stateful import StageRunner
+    from dataplane.worker.stage_worker import StageWorker
 
     pipe = ClusterHead(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
                        timeout_s=10)
@@ -108,11 +106,11 @@ def dp_threaded2(dp_export2: Path):
 def last_stage(dp_export2: Path):
     """A running worker for stage 1 (the last) of 2, the coordinator end, and references."""
     import zmq
-    from worker_helpers import Coordinator
 
-    from dataplane.runtime import StageRunner
-    from dataplane.transport import push_socket
-    from dataplane.worker import StageWorker
+    from dataplane.runtime.stateful import StageRunner
+    from dataplane.wire.transport import push_socket
+    from dataplane.worker.stage_worker import StageWorker
+    from tests.helpers.worker import Coordinator
 
     coord = Coordinator("")
     worker = StageWorker(StageRunner(dp_export2, 1), "tcp://127.0.0.1:*", coord.reply_addr)
@@ -130,9 +128,9 @@ def last_stage(dp_export2: Path):
 def dp_threaded3(dp_export3: Path):
     """A 3-stage cluster (stages 1 and 2 in threads, exact numerics) compacting past 2 masked
     slots: yields (ClusterHead, middle StageWorker, last StageWorker)."""
-    from dataplane.cluster import ClusterHead
-    from dataplane.runtime import RuntimeConfig, StageRunner
-    from dataplane.worker import StageWorker
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+    from dataplane.worker.stage_worker import StageWorker
 
     exact = RuntimeConfig(precision="f32", kv_cache_precision="f32")
     pipe = ClusterHead(StageRunner(dp_export3, 0, exact), "tcp://127.0.0.1:1",
@@ -150,7 +148,7 @@ def dp_threaded3(dp_export3: Path):
 
 @pytest.fixture
 def dp_spawn():
-    """Start ``python -m dataplane.worker_main`` processes; returns start(export, stage, bind,
+    """Start ``python -m dataplane.worker`` processes; returns start(export, stage, bind,
     send_to) -> bound endpoint. Every process is terminated after the test."""
     import os
     import subprocess
@@ -161,7 +159,7 @@ def dp_spawn():
     def start(export: Path, stage: int, bind: str, send_to: str) -> str:
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dataplane.worker_main", str(export), "--stage", str(stage),
+            [sys.executable, "-m", "dataplane.worker", str(export), "--stage", str(stage),
              "--bind", bind, "--send-to", send_to],
             stdout=subprocess.PIPE, stderr=log, text=True,
             cwd=Path(__file__).parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -193,8 +191,8 @@ def cp_export(tiny_exports: ExportCache) -> Path:
 
 @pytest.fixture
 def cp_cluster(tmp_path: Path, cp_export: Path):
-    """Builds coordinators and agents for one test (tests/cp_helpers.py) and stops them all."""
-    from cp_helpers import Cluster, FakeStage
+    """Builds coordinators and agents for one test (tests/helpers/control.py) and stops them all."""
+    from tests.helpers.control import Cluster, FakeStage
 
     FakeStage.launched = []
     cluster = Cluster(tmp_path, cp_export)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 import yaml
 
-from console.cli import app
+from tests.helpers.repo import ROOT
+from zctl.cli.app import app
 
-COMPOSE = Path(__file__).parent.parent / "compose" / "compose.yaml"
+COMPOSE = ROOT / "compose" / "compose.yaml"
 
 
 def parse_zctl(args: list[str]):  # noqa: ANN201 - typer's (possibly vendored) click Context

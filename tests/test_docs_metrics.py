@@ -4,18 +4,18 @@ a metric added or renamed without its documentation fails here."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.repo import ROOT
+
 NAME = re.compile(r"`((?:vllm:|zctl_)[a-z0-9_:]+)(?:\{[^}]*\})?`")
 
 
 def served() -> set[str]:
     pytest.importorskip("prometheus_client")
-    from controlplane import service_messages as sm
-    from serve.metrics import ServeMetrics
+    from zctl.serve.metrics import ServeMetrics
+    from zctl.service import messages as sm
 
     histogram = sm.HistogramSnapshot([1.0], [1, 0], 0.5)
     stats = sm.ServiceStats(1, 0, {"requests": 1}, [sm.StageStats(0, "coordinator", True, 4,

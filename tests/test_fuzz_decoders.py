@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.messages import PROTOCOL_VERSION, REGISTRY, MessageError, decode_message, from_frames
-from dataplane.frames import (
+from dataplane.wire.frames import (
     MAX_ROWS,
     FrameError,
     HiddenStateFrame,
@@ -124,7 +124,7 @@ def test_any_multipart_is_a_service_message_or_refused(frames_: list[bytes]) -> 
 @pytest.mark.parametrize("model", ["chat", "completion", "tokenize"])
 def test_any_json_is_an_api_request_or_a_validation_error(model: str) -> None:
     pydantic = pytest.importorskip("pydantic")
-    from serve.protocol import (
+    from zctl.serve.protocol import (
         ApiError,
         ChatCompletionRequest,
         CompletionRequest,
@@ -172,18 +172,18 @@ def test_the_fuzzed_shapes_stay_inside_the_limits() -> None:
 
 
 def test_any_grammar_compiles_or_is_refused(tiny_llama_dir) -> None:
-    """What a request may hold its output to (engine.constraints), fuzzed: any JSON as a
+    """What a request may hold its output to (zctl.engine.constraints), fuzzed: any JSON as a
     schema (or a schema's JSON or text), any text as a regex, a grammar or choices,
     compiles to a constraint whose
     mask and forced tokens can be read, or is refused with RequestRefused."""
-    from engine.constraints import GrammarCompiler
-    from engine.requests import RequestRefused
-    from engine.tokenizer import ChatTokenizer
+    from zctl.engine.constraints import GrammarCompiler
+    from zctl.engine.requests import RequestRefused
+    from zctl.engine.tokenizer import ChatTokenizer
 
     tokenizer = ChatTokenizer(tiny_llama_dir)
     compiler = GrammarCompiler(tokenizer.backend.to_str(), tokenizer.vocab_size,
                                [tokenizer.eos_token_id])
-    from engine.requests import GRAMMAR_KINDS
+    from zctl.engine.requests import GRAMMAR_KINDS
 
     objects = st.fixed_dictionaries({"type": st.just("object")}, optional={
         "properties": JSON, "required": JSON, "x-guidance": JSON}).map(json.dumps)

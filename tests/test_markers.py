@@ -35,8 +35,7 @@ def test_quick_and_starts_another_program():
 
 @pytest.mark.slow
 def test_a_test_starting_python_without_the_slow_mark_fails(tmp_path: Path) -> None:
-    for helper in ("conftest.py", "tiny_models.py"):
-        shutil.copy(HERE / helper, tmp_path / helper)
+    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_module.py").write_text(MODULE)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "-o", "markers=slow", str(tmp_path / "test_module.py")],

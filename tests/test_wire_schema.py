@@ -11,8 +11,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 from controlplane import messages as m
-from controlplane import service_messages  # noqa: F401 - registers the service messages
 from controlplane.schema import describe
+from zctl.service import messages as service_messages  # noqa: F401 - registers the service messages
 
 # The digest of every registered message's schema, for each protocol version since it was
 # pinned. A failure here means a schema changed: bump PROTOCOL_VERSION in

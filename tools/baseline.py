@@ -238,11 +238,11 @@ class BaselinePipeline:
     def __init__(self, model_dir: Path, config: dict[str, Any] | None = None,
                  device: str = "CPU", warmup_tokens: int = 4, huge_pages: bool = False) -> None:
         """``huge_pages``: give the pipeline's memory (weights, and the KV cache its warm-up
-        allocates) the huge pages zctl's stage runners get (dataplane.hugepages), for a
+        allocates) the huge pages zctl's stage runners get (dataplane.runtime.hugepages), for a
         like-for-like reading; users running openvino_genai get 4 KB pages."""
         import openvino_genai as ov_genai
 
-        from dataplane.hugepages import HugePageScope
+        from dataplane.runtime.hugepages import HugePageScope
 
         self._genai = ov_genai
         with HugePageScope() if huge_pages else nullcontext() as scope:

@@ -17,7 +17,7 @@ rows of SmolLM2 drifted from their 1-row streams after 21 and 47 tokens).
     python -m tools.bench_batching [--batch 2 --batch 4] [--tokens 64] [--runs 3] [--json]
 
 The runtime does this as *row groups* (``StageRunner.regroup``/``step_rows``,
-``dataplane.rows``, the scheduler's ``row_groups``): streams prefill alone, then their KV
+``dataplane.runtime.kv.rows``, the scheduler's ``row_groups``): streams prefill alone, then their KV
 is copied into rows of a group's request (compacted, shorter rows padded with masked
 slots); this tool measures the raw cost of a B-row step on one shard.
 """
@@ -34,9 +34,9 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from dataplane.masks import MASK_MIN
-from dataplane.rope import rope_tables
-from dataplane.runtime import RuntimeConfig, StageRunner
+from dataplane.runtime.kv.masks import MASK_MIN
+from dataplane.runtime.rope import rope_tables
+from dataplane.runtime.stateful import RuntimeConfig, StageRunner
 from tools.bench_common import Json, Runs, Weights, model_export
 
 PROMPTS = (
@@ -180,7 +180,7 @@ def measure(export_dir: Path | str, batches: list[int], tokens: int, runs: int,
     if not (runner.spec.first and runner.spec.last):
         raise ValueError("bench_batching needs a 1-stage export (token ids in, logits out)")
     if prompts is None:
-        from engine.tokenizer import ChatTokenizer
+        from zctl.engine.tokenizer import ChatTokenizer
 
         tok = ChatTokenizer(export_dir)
         prompts = [tok.encode(p) for p in PROMPTS]

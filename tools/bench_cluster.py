@@ -26,9 +26,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from common.manifest import load_manifest
-from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
-from engine.tokenizer import ChatTokenizer
 from tools.bench_common import (
     PROMPT,
     BenchModel,
@@ -47,6 +44,9 @@ from tools.bench_common import (
     paired_step_ms,
     plugin_properties,
 )
+from zctl.engine.tokenizer import ChatTokenizer
+from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
+from zctl.manifest import load_manifest
 
 if TYPE_CHECKING:
     from tools.baseline import BaselinePipeline
@@ -66,8 +66,8 @@ def interleaved(export_dir: Path, stage1_dir: Path, stages: int, threads: int,
     processes on their loopback addresses) and the 1-stage chain, stepped token by token
     in rotating order: their step-time ratio without the drift between whole runs (the
     1-stage chain is what bench_parity compares with openvino_genai)."""
-    from dataplane.local_chain import LocalChain
-    from dataplane.runtime import RuntimeConfig
+    from dataplane.head.local_chain import LocalChain
+    from dataplane.runtime.stateful import RuntimeConfig
     from tools.bench_overhead import cluster_pipeline
 
     kv = props.get("KV_CACHE_PRECISION")

@@ -82,8 +82,8 @@ def run_ab(export_dir: Path, env_a: dict[str, str], env_b: dict[str, str], pairs
            prompt: str = "Explain in detail how a bicycle's gears work.") -> dict[str, Any]:
     """Start a local cluster per environment under ``root``, alternate ``pairs`` runs of
     ``tokens`` greedy tokens on each (A first in even pairs, B first in odd ones)."""
-    from console.cluster_procs import start_local_cluster, stop_processes, wait_serving
     from tools.bench_cluster import cluster_run
+    from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
 
     records = {}
     try:
@@ -118,8 +118,8 @@ def main(
     precision: Precision = "f32",
     as_json: Json = False,
 ) -> None:
-    from common.paths import zctl_home
-    from console.cluster_procs import runtime_spec
+    from zctl.launcher.local import runtime_spec
+    from zctl.paths import zctl_home
 
     try:
         env_a, env_b = parse_env(a), parse_env(b)

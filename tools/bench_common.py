@@ -24,13 +24,13 @@ from rich.console import Console
 from rich.table import Table
 
 # One free-port helper for the repository (the local cluster's): tools may import console.
-from console.cluster_procs import free_port as free_port
+from zctl.launcher.local import free_port as free_port
 
 if TYPE_CHECKING:
-    from common.manifest import StaticKV
-    from controlplane.service_messages import GenerateDone, GenerateRequest
-    from engine.executor import Executor
-    from engine.stats import GenerationStats
+    from zctl.engine.executor import Executor
+    from zctl.engine.stats import GenerationStats
+    from zctl.manifest import StaticKV
+    from zctl.service.messages import GenerateDone, GenerateRequest
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 MODEL_HELP = "smollm2-135m, random-1b, random-tiny, or an HF directory"
@@ -128,11 +128,11 @@ def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: 
     """Export once per (model, stages or layer split, weights, beam_idx, static KV); reuse
     while the manifest verifies. ``layers`` ("0-16,17-29") overrides ``stages``'
     cost-balanced split (the one ``zctl export --stages`` makes)."""
-    from common.manifest import ManifestError, load_manifest, parse_layer_spec
-    from console.export_view import RichExportProgress
     from exporter.balance import default_split
     from exporter.export import export_model
     from exporter.sources import open_source
+    from zctl.cli.export_view import RichExportProgress
+    from zctl.manifest import ManifestError, load_manifest, parse_layer_spec
 
     split = f"L{layers.replace(',', '_')}" if layers else f"{stages}stages"
     kind = ("" if beam_idx else "-nobeam") + (
@@ -163,7 +163,7 @@ class BenchModel:
     @classmethod
     def resolve(cls, model: str, cache: Path | None = None) -> BenchModel:
         """``model`` (smollm2-135m, random-1b, an HF directory) under ``cache`` (ZCTL_HOME)."""
-        from common.paths import zctl_home
+        from zctl.paths import zctl_home
 
         cache = zctl_home() if cache is None else cache
         hf_dir = model_hf_dir(model, cache)
@@ -238,8 +238,8 @@ def paired_step_ms(chains: Mapping[str, Executor], prompt_ids: Sequence[int], to
 def timed_greedy(pipeline: Executor, prompt_ids: Sequence[int], tokens: int,
                  **options: Any) -> tuple[list[int], GenerationStats]:
     """One greedy generation through the engine's loop: its tokens and figures."""
-    from engine.scheduler import generate_greedy
-    from engine.stats import GenerationStats
+    from zctl.engine.scheduler import generate_greedy
+    from zctl.engine.stats import GenerationStats
 
     stats = GenerationStats()
     out = list(generate_greedy(pipeline, list(prompt_ids), tokens, stats=stats, **options))
@@ -251,7 +251,7 @@ def timed_greedy(pipeline: Executor, prompt_ids: Sequence[int], tokens: int,
 
 def bench_request(prompt: str, tokens: int, **fields: Any) -> GenerateRequest:
     """A chat-templated request for exactly ``tokens`` tokens (EOS ignored)."""
-    from controlplane.service_messages import GenerateRequest
+    from zctl.service.messages import GenerateRequest
 
     return GenerateRequest(uuid.uuid4().hex[:16], prompt, tokens, True, ignore_eos=True,
                            **fields)
@@ -260,8 +260,8 @@ def bench_request(prompt: str, tokens: int, **fields: Any) -> GenerateRequest:
 def generate_done(serve: str, prompt: str, tokens: int, **fields: Any) -> GenerateDone:
     """One request through the service at ``serve``: its closing message (an error the
     service reports is raised)."""
-    from controlplane.client import generate_stream
-    from controlplane.service_messages import GenerateDone
+    from zctl.service.client import generate_stream
+    from zctl.service.messages import GenerateDone
 
     stream = generate_stream(serve, bench_request(prompt, tokens, **fields))
     done = [m for m in stream if isinstance(m, GenerateDone)][-1]
@@ -275,8 +275,8 @@ def generate_together(serve: str, requests: Sequence[GenerateRequest],
     """Send ``requests`` at once through the service at ``serve``: each one's closing
     message, in the requests' order, and the seconds from the first answer to the last
     (an error the service reports is raised)."""
-    from controlplane.client import generate_many
-    from controlplane.service_messages import GenerateDone
+    from zctl.service.client import generate_many
+    from zctl.service.messages import GenerateDone
 
     first: float | None = None
     dones: dict[str, GenerateDone] = {}

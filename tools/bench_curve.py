@@ -1,5 +1,5 @@
 """What CURVE costs a data-plane hop: frame-sized ping-pong over two PUSH/PULL pipes (the
-data plane's own sockets, dataplane.transport) with and without CURVE, alternated run by
+data plane's own sockets, dataplane.wire.transport) with and without CURVE, alternated run by
 run in one process; prints the median round trip of each and their ratio.
 
     python -m tools.bench_curve [--runs 5] [--messages 3000] [--json]
@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 import zmq
 
-from dataplane.transport import (
+from dataplane.wire.transport import (
     PipeCurve,
     PipeOptions,
     bound_endpoint,

@@ -22,8 +22,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from common.manifest import load_manifest
 from tools.bench_common import Json, Weights, metric_table
+from zctl.manifest import load_manifest
 
 
 def stage_param_bytes(model_dir: Path, ranges: list[tuple[int, int]]) -> tuple[list[int], int]:

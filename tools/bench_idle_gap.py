@@ -32,7 +32,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.stage_base import RuntimeConfig
+from dataplane.runtime.base import RuntimeConfig
 from tools.bench_common import Json, Model, Precision, Weights, start_stream
 
 MODES = ("back_to_back", "sleep", "spin")
@@ -96,10 +96,10 @@ def op_ms(request: Any) -> float:
 
 def step_chain(chain: Any, prompt_ids: Sequence[int], tokens: int, gap_s: float,
                count_ops: bool = False, stream_id: int = 1) -> ChainSamples:
-    """Greedy-decode ``tokens`` steps through ``chain`` (a dataplane.local_chain.LocalChain),
+    """Greedy-decode ``tokens`` steps through ``chain`` (a dataplane.head.local_chain.LocalChain),
     each step in the next mode of the rotation, that mode's idle time spent before every
     stage's inference."""
-    from engine.executor import reply_from_logits
+    from zctl.engine.executor import reply_from_logits
 
     stages = chain.runners
     wall: dict[str, list[list[float]]] = {m: [[] for _ in stages] for m in MODES}
@@ -156,7 +156,7 @@ def _matmul_request(width: int) -> Any:
 def run(export_dir: str, prompt_ids: Sequence[int], tokens: int, gap_ms: float,
         count_ops: bool, precision: str = "f32", threads: int = 0) -> dict[str, Any]:
     """Every measurement of the tool on one export, as one JSON-ready dict."""
-    from dataplane.local_chain import LocalChain
+    from dataplane.head.local_chain import LocalChain
 
     gap_s = gap_ms / 1e3
     config = RuntimeConfig(precision=None if precision == "default" else precision,
@@ -190,8 +190,8 @@ def main(
     threads: Annotated[int, typer.Option(help="INFERENCE_NUM_THREADS (0: the plugin's)")] = 0,
     as_json: Json = False,
 ) -> None:
-    from engine.tokenizer import ChatTokenizer
     from tools.bench_common import PROMPT, model_export
+    from zctl.engine.tokenizer import ChatTokenizer
 
     export_dir = model_export(model, stages, weights)
     result = run(str(export_dir), ChatTokenizer(export_dir).encode(PROMPT), tokens, gap_ms, ops,

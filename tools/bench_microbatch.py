@@ -41,14 +41,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from common.manifest import load_manifest
-from console.cluster_procs import (
-    local_row_groups,
-    runtime_spec,
-    start_local_cluster,
-    stop_processes,
-    wait_serving,
-)
 from tools.bench_common import (
     BenchModel,
     CpuSets,
@@ -64,6 +56,14 @@ from tools.bench_common import (
     paired_ratio,
     plugin_properties,
 )
+from zctl.launcher.local import (
+    local_row_groups,
+    runtime_spec,
+    start_local_cluster,
+    stop_processes,
+    wait_serving,
+)
+from zctl.manifest import load_manifest
 
 if TYPE_CHECKING:
     from tools.baseline import GenaiUsers

@@ -53,10 +53,10 @@ from tools.bench_common import free_port, model_export, timed_greedy
 from tools.bench_common import median as bench_median
 
 if TYPE_CHECKING:
-    from dataplane.cluster import ClusterHead
-    from dataplane.runtime import RuntimeConfig
-    from dataplane.timing import StepTiming
-    from engine.stats import GenerationStats
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.wire.timing import StepTiming
+    from zctl.engine.stats import GenerationStats
 
 HelperCmd = Callable[[int, str, str], list[str]]  # (stage, bind, send_to) -> argv
 
@@ -105,7 +105,7 @@ def overhead_per_hop(step_ms: list[float], compute_ms: list[list[float]],
 
 
 def runtime_config(threads: str) -> RuntimeConfig:
-    from dataplane.runtime import RuntimeConfig
+    from dataplane.runtime.stateful import RuntimeConfig
 
     # the KV cache the cluster's nodes run by default (and the workers below are told)
     return RuntimeConfig(num_threads=None if threads == "default" else int(threads),
@@ -151,7 +151,7 @@ def helper_cmd(*args: Any) -> list[str]:
 @contextmanager
 def coordinator_pipes(stages: int, make_cmd: HelperCmd) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
     """(push to stage 1, pull for replies) with helper processes for stages 1.. running."""
-    from dataplane.transport import bound_endpoint, pull_socket, push_socket
+    from dataplane.wire.transport import bound_endpoint, pull_socket, push_socket
 
     ctx = zmq.Context.instance()
     pull = pull_socket(ctx, "tcp://127.0.0.1:*")
@@ -167,7 +167,7 @@ def coordinator_pipes(stages: int, make_cmd: HelperCmd) -> Iterator[tuple[zmq.So
 # -- references -----------------------------------------------------------------------
 def ping_main(bind: str, send_to: str, reply: tuple[int, int]) -> None:
     """A raw PULL -> PUSH relay; with a reply size (header, payload bytes) it answers so."""
-    from dataplane.transport import bound_endpoint, pull_socket, push_socket
+    from dataplane.wire.transport import bound_endpoint, pull_socket, push_socket
 
     ctx = zmq.Context.instance()
     pull, push = pull_socket(ctx, bind), push_socket(ctx, send_to)
@@ -200,8 +200,8 @@ def raw_ping_ms(stages: int, forward: tuple[int, int], reply: tuple[int, int],
 def bare_main(export: str, stage: int, threads: str, bind: str, send_to: str) -> None:
     """One stage behind a bare relay: position + raw hidden state in, the same (or the
     greedy token) out, with the stages' compute time summed along."""
-    from dataplane.runtime import StageRunner
-    from dataplane.transport import bound_endpoint, pull_socket, push_socket
+    from dataplane.runtime.stateful import StageRunner
+    from dataplane.wire.transport import bound_endpoint, pull_socket, push_socket
 
     runner = StageRunner(export, stage, runtime_config(threads))
     runner.open_stream(0)
@@ -223,7 +223,7 @@ def bare_main(export: str, stage: int, threads: str, bind: str, send_to: str) ->
 
 def bare_relay(export: str, stages: int, threads: str, tokens: int) -> tuple[float, float]:
     """(ms per token, ms per token minus all compute) of greedy decoding via bare relays."""
-    from dataplane.runtime import StageRunner
+    from dataplane.runtime.stateful import StageRunner
 
     def cmd(i: int, bind: str, send_to: str) -> list[str]:
         return helper_cmd("--bare", export, i, threads, bind, send_to)
@@ -257,7 +257,7 @@ def host_ms_per_token(stats: Any) -> float:
 def run_local(export: str, threads: str, prompt: list[int], tokens: int
               ) -> tuple[list[int], GenerationStats]:
     """Greedy decoding through the in-process chain (warmed up): tokens and figures."""
-    from dataplane.local_chain import LocalChain
+    from dataplane.head.local_chain import LocalChain
 
     chain = LocalChain.load(export, runtime_config(threads))
     timed_greedy(chain, prompt, 8)  # warm-up
@@ -268,11 +268,11 @@ def run_local(export: str, threads: str, prompt: list[int], tokens: int
 def cluster_pipeline(export: str, stages: int, threads: str = "default",
                      kv_cache_precision: str | None = KV_CACHE_PRECISION
                      ) -> Iterator[ClusterHead]:
-    """A ClusterHead running stage 0 here and stages 1.. as ``dataplane.worker_main``
+    """A ClusterHead running stage 0 here and stages 1.. as ``dataplane.worker``
     processes on 127.0.0.2, ...; the workers stop on exit. ``kv_cache_precision`` None
     keeps the plugin's."""
-    from dataplane.cluster import ClusterHead
-    from dataplane.runtime import load_runner
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.runtime.stateful import load_runner
 
     with ExitStack() as stack:
         addrs = chain_addresses(stages)
@@ -284,7 +284,7 @@ def cluster_pipeline(export: str, stages: int, threads: str = "default",
         def cmd(i: int, bind: str, send_to: str) -> list[str]:
             extra = ["--kv-cache-precision", kv_cache_precision or "default"]
             extra += [] if threads == "default" else ["--threads", threads]
-            return [sys.executable, "-m", "dataplane.worker_main", export, "--stage", str(i),
+            return [sys.executable, "-m", "dataplane.worker", export, "--stage", str(i),
                     "--bind", bind, "--send-to", send_to, *extra]
 
         start_chain(stack, addrs, pipe.reply_endpoint, cmd)
@@ -307,7 +307,7 @@ def run_cluster(export: str, stages: int, threads: str, prompt: list[int], token
 
 def frame_sizes(hidden_size: int, stages: int) -> dict[str, int]:
     """Bytes of a decode step's frames: stage 0's forward hop and the last stage's top-1 reply."""
-    from dataplane.frames import TOPK_DTYPE, HiddenStateFrame, Kind, encode_frame, stamp
+    from dataplane.wire.frames import TOPK_DTYPE, HiddenStateFrame, Kind, encode_frame, stamp
 
     timings = stamp(b"", 0, 0, 0, 0, 0, 0, 0)
     header = HiddenStateFrame(Kind.STEP, 0, 1, 1, positions=np.zeros(1, np.int64),
@@ -321,8 +321,8 @@ def frame_sizes(hidden_size: int, stages: int) -> dict[str, int]:
 
 def measure(export: str, threads: str, tokens: int, prompt_len: int,
             rounds: int) -> ConfigResult:
-    from common.manifest import load_manifest
-    from dataplane.timing import flatten, percentiles
+    from dataplane.wire.timing import flatten, percentiles
+    from zctl.manifest import load_manifest
 
     load_before = os.getloadavg()[0]
     manifest = load_manifest(export, verify_files=False)

@@ -14,7 +14,7 @@ Extra columns (``--extras``, on by default), for like-for-like reading:
   baseline_sdpa openvino_genai with ATTENTION_BACKEND=SDPA: the stateful-model path, the same
                 kind of graph as our shards (the default LLMPipeline on CPU uses paged attention)
   baseline_thp  openvino_genai with its memory on huge pages, as zctl's stage runners put
-                their compiled weights (dataplane.hugepages): the like-for-like baseline
+                their compiled weights (dataplane.runtime.hugepages): the like-for-like baseline
   stage1_sync   our 1-stage shard stepped with a synchronous infer() on the calling thread
                 (the runtime before it switched to start_async()+wait(), as genai does)
 The plain ``baseline`` column stays what users would pick: a default LLMPipeline with the
@@ -36,10 +36,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from common.manifest import load_manifest
-from dataplane.local_chain import LocalChain
-from dataplane.runtime import RuntimeConfig
-from engine.tokenizer import ChatTokenizer
+from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.stateful import RuntimeConfig
 from tools.bench_common import (
     PROMPT,
     BenchModel,
@@ -55,6 +53,8 @@ from tools.bench_common import (
     plugin_properties,
     timed_greedy,
 )
+from zctl.engine.tokenizer import ChatTokenizer
+from zctl.manifest import load_manifest
 
 SYSTEMS = ("baseline", "stage1", "stage1_nobeam", "stage2", "stage3")
 EXTRA_SYSTEMS = ("baseline_sdpa", "baseline_thp", "stage1_sync")

@@ -8,14 +8,14 @@ systems, interleaved prompt by prompt, their order rotated from run to run:
 * ``plain``: greedy through the cluster (``speculative=""``);
 * ``spec``: today's speculation, prompt lookup with adaptive K (``"lookup"``, k=0);
 * ``pipelined``: pipelined speculation (``"pipelined"``, k=0: runs on guessed
-  continuations, their width and depth in flight adaptive; engine.pipelined);
+  continuations, their width and depth in flight adaptive; zctl.engine.pipelined);
 * ``genai``: openvino_genai's LLMPipeline on the monolithic export of the same model and
   weights (tools.baseline), on ONE core (one PC): this process's thread confined to one
   core while the pipeline is built and while it generates, and INFERENCE_NUM_THREADS=1.
   It is fed the chat-templated token ids the cluster's engine feeds.
 
 Decode throughput is tokens after the first over the time they took (prefill
-excluded): the cluster's ``GenerateDone.tok_s`` (engine.stats), and for openvino_genai
+excluded): the cluster's ``GenerateDone.tok_s`` (zctl.engine.stats), and for openvino_genai
 (n - 1) / (wall - TTFT) (tools.baseline_batching.sequential_throughput), as
 tools/bench_microbatch reports both. Per prompt: each system's median over runs, and
 each ratio paired run by run (``paired_ratio``: the median over runs of a over b, both
@@ -50,7 +50,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from engine.requests import MAX_DRAFT_TOKENS
 from tools.bench_common import (
     BenchModel,
     CpuSets,
@@ -69,6 +68,7 @@ from tools.bench_common import (
     run_record,
 )
 from tools.spec_prompts import PROMPTS
+from zctl.engine.requests import MAX_DRAFT_TOKENS
 
 if TYPE_CHECKING:
     from tools.baseline import BaselinePipeline
@@ -208,8 +208,8 @@ class GenaiOneCore:
              props: dict[str, Any], core: int) -> GenaiOneCore:
         """The monolithic export of the same model and weights (tools.baseline's, cached),
         its pipeline built on ``core`` (OpenVINO sizes its threads from the affinity)."""
-        from common.manifest import load_manifest
         from tools.baseline import BaselinePipeline, export_baseline
+        from zctl.manifest import load_manifest
 
         model_dir = export_baseline(bench_model.hf_dir, weights,
                                     load_manifest(export_dir).group_size, console=err)
@@ -227,7 +227,7 @@ class GenaiOneCore:
 
 def genai_properties() -> dict[str, Any]:
     """The stages' exact numerics (EXACT's plugin properties) on one inference thread."""
-    from dataplane.runtime import RuntimeConfig
+    from dataplane.runtime.stateful import RuntimeConfig
 
     return RuntimeConfig(precision="f32", num_threads=1, kv_cache_precision="f32",
                          dynamic_quantization=False).properties()
@@ -285,8 +285,8 @@ def measure(bench_model: BenchModel, export_dir: Path, weights: str, systems: Se
     """Build the one-core baseline (before the cluster: OpenVINO first loads in this
     process confined to its core), start the cluster, run everything, stop the cluster:
     the samples per prompt."""
-    from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
-    from engine.tokenizer import ChatTokenizer
+    from zctl.engine.tokenizer import ChatTokenizer
+    from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
 
     tokenizer = ChatTokenizer(export_dir)
     prompts = [(p.name, p.text, tokenizer.encode(p.text, chat=True)) for p in PROMPTS]

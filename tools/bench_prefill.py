@@ -48,7 +48,6 @@ from typing import Annotated, Any
 
 import typer
 
-from engine.requests import DEFAULT_MAX_STREAMS
 from tools.bench_common import BenchModel, Json, err, fail, parse_numbers, print_result, run_record
 from tools.prefill_prompts import (
     Message,
@@ -60,6 +59,7 @@ from tools.prefill_prompts import (
 from tools.prefill_report import Samples, itl_figures, layout_result, print_report, report
 from tools.prefill_systems import Turn
 from tools.serve_procs import exit_on_failure
+from zctl.engine.requests import DEFAULT_MAX_STREAMS
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUTS = ("shared", "split")
@@ -246,9 +246,9 @@ def genai_systems(bench_model: BenchModel, export_dir: Path, weights: str, token
                   plan: Plan, book: PromptBook) -> list[Any]:
     """LLMPipeline and ContinuousBatchingPipeline on the optimum-intel export of the same
     source and weight format, warmed up."""
-    from common.manifest import load_manifest
     from tools.baseline import export_baseline
     from tools.prefill_systems import GenaiCB, GenaiLLM
+    from zctl.manifest import load_manifest
 
     model_dir = export_baseline(bench_model.hf_dir, weights, load_manifest(export_dir).group_size
                                 if weights == "int4" else None, console=err)
@@ -283,10 +283,10 @@ def main(
                                                 "come up")] = 300.0,
     as_json: Json = False,
 ) -> None:
-    from common.manifest import load_manifest
-    from console.exports import resolve_weights
-    from engine.tokenizer import ChatTokenizer
     from exporter.compress import WEIGHT_FORMATS
+    from zctl.cli.exports import resolve_weights
+    from zctl.engine.tokenizer import ChatTokenizer
+    from zctl.manifest import load_manifest
 
     started = time.monotonic()
     plan = Plan(sorted(set(parse_numbers(lengths, "--lengths", "token counts"))),

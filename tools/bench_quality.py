@@ -85,12 +85,12 @@ def format_figures(export_dir: Path, passages: Sequence[Any], reference: Mapping
                    chunk: int, prompt_ids: list[int], sample_tokens: int) -> tuple[dict, Any]:
     """One format's figures (fast numerics at the top, exact under "exact", fast per
     passage under "passages") and its fast chain, kept for the speed comparison."""
-    from dataplane.local_chain import LocalChain
-    from dataplane.runtime import RuntimeConfig
-    from engine.scheduler import generate_greedy
-    from engine.tokenizer import ChatTokenizer
+    from dataplane.head.local_chain import LocalChain
+    from dataplane.runtime.stateful import RuntimeConfig
     from exporter.quality import measure_chain
     from exporter.verify import EXACT_CONFIG
+    from zctl.engine.scheduler import generate_greedy
+    from zctl.engine.tokenizer import ChatTokenizer
 
     exact = measure_chain(LocalChain.load(str(export_dir), EXACT_CONFIG), passages, reference,
                           chunk)
@@ -124,8 +124,8 @@ def quality_report(exports: Mapping[str, Path], hf_dir: Path, *, chunk: int = 0,
                    runs: int = 3) -> dict[str, Any]:
     """The figures of every export in ``exports`` (format -> directory, one tokenizer)
     against the fp32 model in ``hf_dir``."""
-    from engine.tokenizer import ChatTokenizer
     from exporter.quality import eval_passages
+    from zctl.engine.tokenizer import ChatTokenizer
 
     first = next(iter(exports.values()))
     passages = eval_passages(first, limit)
@@ -197,7 +197,7 @@ def main(
     names = parse_formats(formats)
     if chunk < 0 or limit < 0 or limit == 1 or min(sample_tokens, tokens, runs) < 1:
         fail("--chunk >= 0, --limit 0 or >= 2, --sample-tokens, --tokens and --runs >= 1")
-    from console.exports import quiet_ml_libraries
+    from zctl.cli.exports import quiet_ml_libraries
 
     quiet_ml_libraries()
     bench_model = BenchModel.resolve(model)

@@ -84,8 +84,8 @@ def measure(serve: str, texts: Sequence[str]) -> tuple[list[list[float]], list[l
                                                         list[list[int]], list[float]]:
     """Per passage: the scored request's prompt scores (token 1 on), its top tokens, the
     prompt's ids, and the scored request's time over the plain one's."""
-    from controlplane.client import generate_stream
-    from controlplane.service_messages import GenerateChunk, GenerateRequest
+    from zctl.service.client import generate_stream
+    from zctl.service.messages import GenerateChunk, GenerateRequest
 
     def run(request: GenerateRequest) -> list[Any]:
         messages = list(generate_stream(serve, request))
@@ -116,9 +116,9 @@ def measure(serve: str, texts: Sequence[str]) -> tuple[list[list[float]], list[l
 def numerics_run(bench_model: BenchModel, export_dir: Any, texts: Sequence[str],
                  numerics: str, cpu_sets: str, hf: Any) -> dict[str, Any]:
     """One cluster of the given numerics: its figures against the fp32 model ``hf``."""
-    from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
-    from engine.sampling import log_softmax
     from exporter.quality import hf_logits
+    from zctl.engine.sampling import log_softmax
+    from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
 
     exact = numerics == "exact"
     spec = runtime_spec("f32" if exact else None, None, "CPU", "f32" if exact else None,

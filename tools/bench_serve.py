@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from engine.requests import DEFAULT_MAX_STREAMS
 from tools.bench_common import BenchModel, CpuSets, Json, err, fail, parse_numbers, print_result
 from tools.serve_load import (
     LevelRun,
@@ -64,6 +63,7 @@ from tools.serve_load import (
     summarize,
 )
 from tools.serve_procs import exit_on_failure, served_cluster
+from zctl.engine.requests import DEFAULT_MAX_STREAMS
 
 if TYPE_CHECKING:
     from tools.serve_genai import GenaiServer
@@ -113,9 +113,9 @@ def direct_record(serve: str, request: ServeRequest) -> RequestRecord:
     hands it on: the conversation through the model's chat template, greedy, EOS
     honoured, every token sent as it comes (``chunk_interval_ms=0``; ``zctl run`` batches
     a stream's tokens every 100 ms). Recorded as an HTTP stream is; never raises."""
-    from controlplane.client import generate_stream
-    from controlplane.service_messages import GenerateChunk, GenerateDone, GenerateRequest
-    from engine.requests import ChatMessage
+    from zctl.engine.requests import ChatMessage
+    from zctl.service.client import generate_stream
+    from zctl.service.messages import GenerateChunk, GenerateDone, GenerateRequest
 
     record = RequestRecord(request.index, time.perf_counter())
     message = GenerateRequest(
@@ -445,9 +445,9 @@ def genai_server(bench_model: BenchModel, export_dir: Path, props: dict[str, Any
                  max_level: int) -> GenaiServer:
     """The ContinuousBatchingPipeline on the monolithic export of the same INT4 source
     (the baseline tools.bench_microbatch builds), room for ``max_level`` sequences."""
-    from common.manifest import load_manifest
     from tools.baseline import export_baseline
     from tools.serve_genai import GenaiServer
+    from zctl.manifest import load_manifest
 
     model_dir = export_baseline(bench_model.hf_dir, "int4", load_manifest(export_dir).group_size,
                                 console=err)

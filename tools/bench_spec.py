@@ -86,12 +86,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.draft_model import ModelDrafter
-from dataplane.local_chain import LocalChain
-from dataplane.runtime import RuntimeConfig, StageRunner
-from engine.drafting import LookupDrafter, StepCost
-from engine.scheduler import generate_speculative
-from engine.stats import SpeculativeStats
+from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.draft_model import ModelDrafter
+from dataplane.runtime.stateful import RuntimeConfig, StageRunner
 from tools.bench_common import (
     BenchModel,
     Json,
@@ -116,6 +113,9 @@ from tools.spec_accounting import (
 )
 from tools.spec_prompts import PROMPTS, BenchPrompt
 from tools.spec_report import adaptive_cost_json, bench_summary, prompt_entry
+from zctl.engine.drafting import LookupDrafter, StepCost
+from zctl.engine.scheduler import generate_speculative
+from zctl.engine.stats import SpeculativeStats
 
 DRAFTERS = ("lookup", "draft")
 
@@ -389,7 +389,7 @@ def main(
     stop_at_eos: Annotated[bool, typer.Option(help="stop a generation at the model's EOS")] = True,
     as_json: Json = False,
 ) -> None:
-    from engine.tokenizer import ChatTokenizer
+    from zctl.engine.tokenizer import ChatTokenizer
 
     if drafter not in ("lookup", "draft", "both"):
         fail("--drafter must be lookup, draft or both")

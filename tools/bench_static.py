@@ -26,10 +26,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from common.manifest import StaticKV
-from dataplane.local_chain import LocalChain
-from dataplane.runtime import RuntimeConfig
-from engine.tokenizer import ChatTokenizer
+from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.stateful import RuntimeConfig
 from tools.bench_common import (
     PROMPT,
     BenchModel,
@@ -40,6 +38,8 @@ from tools.bench_common import (
     paired_step_ms,
     parse_numbers,
 )
+from zctl.engine.tokenizer import ChatTokenizer
+from zctl.manifest import StaticKV
 
 
 def prefill_ms(chain: LocalChain, prompt_ids: list[int], repeats: int = 3,

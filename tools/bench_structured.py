@@ -5,7 +5,7 @@ One stream on a 2-node local cluster, driven through the generation service as
 for a JSON object, and its schema), interleaved, the order alternated run by run:
 
 * ``schema``: the request holds the output to the schema (``grammar_kind="json_schema"``,
-  engine.constraints); it ends when the object is complete;
+  zctl.engine.constraints); it ends when the object is complete;
 * ``free``: the same prompt unconstrained, for as many tokens as the schema run took
   (EOS ignored), the baseline;
 * with ``--lookup``, ``lookup``: held to the schema with prompt-lookup speculation
@@ -175,8 +175,8 @@ def measure(serve: str, runs: int, lookup: bool = False) -> tuple[list[dict[str,
 def measure_auto(serve: str, runs: int) -> list[dict[str, Any]]:
     """Each --auto question's entry: tok/s of its text answer held to a call or text,
     against the same messages free, interleaved with the order alternated."""
-    from engine.requests import ChatMessage
-    from serve.tools import FunctionDef, ToolPlan, tool_grammar, with_tools_prompt
+    from zctl.engine.requests import ChatMessage
+    from zctl.serve.tools import FunctionDef, ToolPlan, tool_grammar, with_tools_prompt
 
     plan = ToolPlan([FunctionDef.model_validate(AUTO_TOOL)], optional=True)
     kind, grammar = tool_grammar(plan)
@@ -272,7 +272,7 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 
          auto: Annotated[bool, typer.Option(help="also time text answers under "
                                                  "tool_choice auto against free text")] = False,
          as_json: Json = False) -> None:
-    from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
 
     if runs < 1:
         fail("--runs needs at least 1")

@@ -1,7 +1,7 @@
 """WAN sweep: throughput against injected per-hop latency (the paper's Figure 2 / Table 10).
 
 No netem here: every process of a local 2-node cluster delays each data frame it sends
-by a fixed one-way latency in its own link layer (``dataplane.link``; ``zctl``'s
+by a fixed one-way latency in its own link layer (``dataplane.wire.link``; ``zctl``'s
 ``start_local_cluster(..., link_delay_ms=D)``), so each hop (stage 0 -> 1 and the last
 stage's reply -> coordinator) gets D ms. The cluster is restarted per delay and driven
 through the generation service as ``zctl run`` drives it. For each delay:
@@ -34,7 +34,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from console.cluster_procs import runtime_spec, start_local_cluster, stop_processes, wait_serving
 from controlplane.records import RuntimeSpec
 from tools.bench_common import (
     BenchModel,
@@ -49,6 +48,7 @@ from tools.bench_common import (
     parse_numbers,
     plugin_properties,
 )
+from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
 
 JSON = ('{"name": "zctl", "host": "10.0.0.1", "port": 5550, "stages": 2, "weights": "int4", '
         '"nodes": ["pc1", "pc2", "pc3"], "curve": false}')

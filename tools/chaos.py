@@ -71,7 +71,7 @@ class Plan:
 
 @dataclass
 class Cluster:
-    """A running cluster: its record (console.cluster_procs.ClusterRecord), the node
+    """A running cluster: its record (zctl.launcher.local.ClusterRecord), the node
     processes by node index, and where it lives."""
 
     record: Any
@@ -81,8 +81,8 @@ class Cluster:
     link_delay_ms: float = 0.0
 
     def spawn_node(self, node: int) -> int:
-        from console.cluster_procs import link_shape
-        from controlplane.processes import NodeProcess, process_command
+        from zctl.launcher.local import link_shape
+        from zctl.launcher.processes import NodeProcess, process_command
 
         config = NodeProcess(self.record.control, host=self.net.host(node),
                              state_dir=str(self.root / f"node{node}"), reconnect_min=0.2,
@@ -98,7 +98,7 @@ class Cluster:
         return proc.pid
 
     def stop(self) -> None:
-        from console.cluster_procs import stop_processes
+        from zctl.launcher.local import stop_processes
 
         stop_processes(self.record.pids)
 
@@ -107,14 +107,14 @@ def start_cluster(net: Namespaces | Loopback, export_dir: Path, nodes: int, heal
                   root: Path, link_delay_ms: float = 0.0) -> Cluster:
     """The coordinator on the host (its control port on the bridge) and ``nodes - 1`` nodes
     in their namespaces; returns once the pipeline serves."""
-    from console.cluster_procs import (
+    from zctl.launcher.local import (
         free_port,
         link_shape,
         runtime_spec,
         start_coordinator,
         wait_serving,
     )
-    from controlplane.processes import CoordinatorProcess
+    from zctl.launcher.processes import CoordinatorProcess
 
     (root / "logs").mkdir(parents=True, exist_ok=True)
     host = net.host(0)
@@ -174,8 +174,8 @@ def inject(fault: str, cluster: Cluster, node: int, hold_s: float) -> None:
 def run_trial(cluster: Cluster, fault: str, node: int, plan: Plan, expected: list[int]
               ) -> dict[str, Any]:
     """One generation with ``fault`` injected on ``node`` mid-stream; its figures."""
-    from controlplane.client import generate_many
-    from controlplane.service_messages import GenerateChunk, GenerateRequest
+    from zctl.service.client import generate_many
+    from zctl.service.messages import GenerateChunk, GenerateRequest
 
     request = GenerateRequest(uuid.uuid4().hex[:16], PROMPT, plan.tokens, ignore_eos=True)
     events: list[tuple[float, Any]] = []
@@ -207,7 +207,7 @@ def run_trial(cluster: Cluster, fault: str, node: int, plan: Plan, expected: lis
 def trial_figures(events: list[tuple[float, Any]], start: float, expected: list[int],
                   failure: list[str], hung: bool) -> dict[str, Any]:
     """A trial's figures from the client's (time, message) log and the fault's time."""
-    from controlplane.service_messages import GenerateChunk, GenerateDone
+    from zctl.service.messages import GenerateChunk, GenerateDone
 
     paused = [t for t, m in events if t >= start and getattr(m, "note", "").startswith("paused")]
     detect = paused[0] - start if paused else None

@@ -11,7 +11,7 @@ bench_spec's prompts (tools/spec_prompts, chat-templated), replayed position by 
 at each round trip the drafts are the ``--k``-token continuations after the history's
 suffix, and the round trip yields the longest accepted prefix among them plus one token.
 
-* ``chain``: ``engine.drafting.lookup_draft``'s one continuation (the most recent
+* ``chain``: ``zctl.engine.drafting.lookup_draft``'s one continuation (the most recent
   occurrence of the longest suffix n-gram, n = 3..1);
 * ``branches B``: up to B distinct continuations (every earlier occurrence of every
   suffix n-gram, longest n first, most recent first); ``all`` takes every one.
@@ -35,9 +35,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine.drafting import accept_prefix, lookup_draft, periodic_continuation, suffix_periods
 from tools.bench_common import BenchModel, Json, Model, Weights, fail, run_record
 from tools.spec_prompts import PROMPTS
+from zctl.engine.drafting import accept_prefix, lookup_draft, periodic_continuation, suffix_periods
 
 Drafts = Callable[[list[int], int], list[list[int]]]  # (history, k) -> continuations
 ALL = 0  # --branches "all"
@@ -95,10 +95,10 @@ def parse_branches(text: str) -> list[int]:
 
 def greedy_outputs(model: str, weights: str, tokens: int) -> list[tuple[str, list[int], list[int]]]:
     """Each prompt's name, chat-templated ids and greedy output (openvino_genai, exact)."""
-    from common.manifest import load_manifest
-    from dataplane.runtime import RuntimeConfig
-    from engine.tokenizer import ChatTokenizer
+    from dataplane.runtime.stateful import RuntimeConfig
     from tools.baseline import BaselinePipeline, export_baseline
+    from zctl.engine.tokenizer import ChatTokenizer
+    from zctl.manifest import load_manifest
 
     bench_model = BenchModel.resolve(model)
     export_dir = bench_model.export(2, weights)

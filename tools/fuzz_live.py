@@ -64,13 +64,13 @@ class Target:
 
 @dataclass
 class Cluster:
-    record: Any  # console.cluster_procs.ClusterRecord
+    record: Any  # zctl.launcher.local.ClusterRecord
     export_dir: Path
     model: str  # the name the API serves it by ("" without the API)
 
 
 def exact_runtime() -> Any:
-    from console.cluster_procs import runtime_spec
+    from zctl.launcher.local import runtime_spec
 
     return runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
 
@@ -92,14 +92,14 @@ def zctl_home_at(path: Path) -> Iterator[None]:
 @contextmanager
 def running_cluster(export_dir: Path, root: Path, curve: bool, api: bool) -> Iterator[Cluster]:
     """A local cluster (as many nodes as the export has stages), serving, and its API."""
-    from common.manifest import load_manifest
-    from console.cluster_procs import (
+    from zctl.launcher.local import (
         start_api,
         start_local_cluster,
         stop_processes,
         wait_serving,
         write_record,
     )
+    from zctl.manifest import load_manifest
 
     nodes = len(load_manifest(export_dir, verify_files=False).stages)
     record = start_local_cluster(export_dir, nodes, exact_runtime(), root, curve=curve,
@@ -128,8 +128,8 @@ def reference(cluster: Cluster) -> dict[str, Any]:
     text through the API (when it runs)."""
     import httpx
 
-    from controlplane.client import generate_many
-    from controlplane.service_messages import GenerateDone, GenerateRequest
+    from zctl.service.client import generate_many
+    from zctl.service.messages import GenerateDone, GenerateRequest
 
     request = GenerateRequest(uuid.uuid4().hex[:16], PROMPT, REFERENCE_TOKENS, ignore_eos=True)
     done = [m for m in generate_many(cluster.record.serve, [request], 120, 60)
@@ -147,21 +147,22 @@ def reference(cluster: Cluster) -> dict[str, Any]:
 def checked_reference(cluster: Cluster) -> dict[str, Any]:
     """The reference generation again, or what stopped it (the cluster no longer serves)."""
     from controlplane.client import ClusterUnreachable
+    from zctl.service.client import ServiceUnavailable
 
     try:
         return reference(cluster)
-    except (ClusterUnreachable, OSError, KeyError, ValueError) as exc:
+    except (ClusterUnreachable, ServiceUnavailable, OSError, KeyError, ValueError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "tokens": None}
 
 
 def listening_sockets(cluster: Cluster) -> list[Target]:
     """Every socket the cluster listens on, with its inbound size cap."""
-    from console.cluster_procs import control_curve
     from controlplane.client import query_status
     from controlplane.coordinator import CoordinatorConfig
-    from controlplane.service import MAX_REQUEST_BYTES
-    from dataplane.transport import DEFAULT_OPTIONS
-    from serve.app import MAX_BODY_BYTES
+    from dataplane.wire.transport import DEFAULT_OPTIONS
+    from zctl.launcher.local import control_curve
+    from zctl.serve.app import MAX_BODY_BYTES
+    from zctl.service.server import MAX_REQUEST_BYTES
 
     record = cluster.record
     status = query_status(record.control, 10, control_curve(record))
@@ -180,8 +181,8 @@ def health(cluster: Cluster) -> dict[str, Any]:
     """Which processes are alive, whether the pipeline serves and the API answers 200."""
     import httpx
 
-    from console.cluster_procs import alive, control_curve
     from controlplane.client import ClusterUnreachable, query_status
+    from zctl.launcher.local import alive, control_curve
 
     record = cluster.record
     dead = [pid for pid in record.pids if not alive(pid)]
@@ -222,7 +223,7 @@ def zmtp_caps(target: Target) -> dict[str, bool]:
 
 
 def model_shape(export_dir: Path) -> ModelShape:
-    from common.manifest import load_manifest
+    from zctl.manifest import load_manifest
 
     model = load_manifest(export_dir, verify_files=False).model
     return ModelShape(model.hidden_size, model.vocab_size)
@@ -258,8 +259,8 @@ def kv_slots(cluster: Cluster, settle_s: float = 6.0) -> dict[str, int]:
     no generation uses, or requests left mid-way, leave behind): read until every node
     reports none, for up to ``settle_s`` (a heartbeat may predate the reference
     generation's end), so a count left here is held."""
-    from console.cluster_procs import control_curve
     from controlplane.client import query_status
+    from zctl.launcher.local import control_curve
 
     record = cluster.record
     end = time.monotonic() + settle_s
@@ -272,8 +273,8 @@ def kv_slots(cluster: Cluster, settle_s: float = 6.0) -> dict[str, int]:
 
 
 def coordinator_counters(cluster: Cluster) -> dict[str, int]:
-    from console.cluster_procs import control_curve
     from controlplane.client import query_status
+    from zctl.launcher.local import control_curve
 
     record = cluster.record
     return dict(query_status(record.control, 10, control_curve(record)).counters)
@@ -281,9 +282,9 @@ def coordinator_counters(cluster: Cluster) -> dict[str, int]:
 
 def curve_keys(root: Path, cluster: Cluster) -> dict[str, bytes]:
     """Each listening data PULL's (and the control ROUTER's) real public key."""
-    from console.cluster_procs import control_curve
     from controlplane.client import query_status
     from controlplane.security import key_dir, read_public_key
+    from zctl.launcher.local import control_curve
 
     record = cluster.record
     coordinator = read_public_key(key_dir(root / "coordinator") / "coordinator.key")
@@ -337,7 +338,7 @@ def main(
     if messages < 1 or not 2 <= nodes <= 3:
         fail("--messages >= 1 and --nodes 2 or 3")
     export_dir = export_or_cached(model, nodes, "fp32")
-    from common.paths import zctl_home
+    from zctl.paths import zctl_home
 
     root = zctl_home() / "fuzz" / uuid.uuid4().hex[:8]
     with running_cluster(export_dir, root / "plain", curve=False, api=True) as cluster:

@@ -3,7 +3,7 @@
 Each generator returns what one send puts on a socket: the frames of a ZeroMQ multipart
 message (control ROUTER, generation service ROUTER, data PULL), or one HTTP request. The
 mix: random bytes, random multipart, valid messages built with the product's own encoders
-(controlplane.messages, controlplane.service_messages, dataplane.frames) then changed
+(controlplane.messages, zctl.service.messages, dataplane.wire.frames) then changed
 (bits flipped, truncated, extended, a field given the wrong type or value, a wrong
 version or type tag, huge counts and lengths, wrong shapes, frames added or dropped).
 The same seed gives the same messages.
@@ -32,14 +32,14 @@ from controlplane.messages import (
     encode_message,
 )
 from controlplane.records import DeviceInfo
-from controlplane.service_messages import (
+from dataplane.wire.frames import FIXED, HiddenStateFrame, Kind, ReplyMode, encode_frame
+from zctl.service.messages import (
     DetokenizeRequest,
     GenerateCancel,
     GenerateRequest,
     ServiceStatsRequest,
     TokenizeRequest,
 )
-from dataplane.frames import FIXED, HiddenStateFrame, Kind, ReplyMode, encode_frame
 
 Parts = list[bytes]
 # Values that a field of the wrong type or range gets.

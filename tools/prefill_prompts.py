@@ -5,7 +5,7 @@ prompts share more than the chat template's system turn and the header's first w
 document of shipped prose (exporter/quality_prose.txt, its paragraphs shuffled by the key
 and repeated to length) cut at a word and padded with " ." pieces, and an instruction.
 It is fitted so that the conversation, rendered by the export's own chat template and
-tokenizer (engine.tokenizer.ChatTokenizer, the one zctl's engine uses), is exactly N token
+tokenizer (zctl.engine.tokenizer.ChatTokenizer, the one zctl's engine uses), is exactly N token
 ids, generation prompt included: what ``usage.prompt_tokens`` reports and what both
 systems are fed.
 
@@ -33,7 +33,7 @@ Message = tuple[str, str]  # (role, content)
 
 
 class Encoder(Protocol):
-    """What the prompts need of a tokenizer (engine.tokenizer.ChatTokenizer has it)."""
+    """What the prompts need of a tokenizer (zctl.engine.tokenizer.ChatTokenizer has it)."""
 
     def encode_chat(self, messages: list[Message]) -> list[int]: ...
 

@@ -38,8 +38,8 @@ class GenaiServer:
     def __init__(self, model_dir: Path, export_dir: Path, props: dict[str, Any] | None = None,
                  max_num_seqs: int = 16, warmup_streams: int = 4,
                  prefix_caching: bool = False) -> None:
-        from engine.tokenizer import ChatTokenizer
         from tools.baseline_batching import ContinuousBatchingBaseline
+        from zctl.engine.tokenizer import ChatTokenizer
 
         self.baseline = ContinuousBatchingBaseline(model_dir, props, max_num_seqs=max_num_seqs,
                                                    warmup_streams=warmup_streams,

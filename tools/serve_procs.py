@@ -1,7 +1,7 @@
 """``zctl cluster up --local 2`` and ``zctl serve`` as subprocesses for tools.bench_serve,
 under a ZCTL_HOME of their own, and torn down on every exit (an exception, Ctrl-C, SIGTERM).
 
-The commands run as ``python -m console ...`` from the checkout ``repo``, so the processes
+The commands run as ``python -m zctl ...`` from the checkout ``repo``, so the processes
 run this checkout's code. One run at a time holds the home (a lock file); a cluster an
 interrupted run left behind is stopped before a new one starts.
 """
@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.requests import DEFAULT_MAX_STREAMS
 from tools.bench_common import err, free_port
+from zctl.engine.requests import DEFAULT_MAX_STREAMS
 
 
 @dataclass(frozen=True)

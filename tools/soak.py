@@ -35,10 +35,10 @@ from typing import Annotated, Any
 
 import typer
 
-from engine.requests import DEFAULT_MAX_STREAMS
 from tools.bench_common import Json, err, export_or_cached, fail, free_port, run_record
 from tools.soak_load import LoadTally, Prompt, drive, prompt_pool, queue_burst
 from tools.soak_probe import Sampler
+from zctl.engine.requests import DEFAULT_MAX_STREAMS
 
 RSS_TARGET_PCT = 5.0
 BURST_EXTRA = 8  # requests beyond --max-queue in the closing burst
@@ -50,8 +50,8 @@ def soak_cluster(export_dir: Path, nodes: int, root: Path, max_queue: int, max_s
                  timeout_s: float) -> Iterator[Any]:
     """A local cluster of ``export_dir`` with the OpenAI API in front, as ``zctl cluster up
     --local N --api`` starts them, under a ZCTL_HOME of its own (``root/home``); its
-    record (console.cluster_procs.ClusterRecord). Every process is stopped on exit."""
-    from console.cluster_procs import (
+    record (zctl.launcher.local.ClusterRecord). Every process is stopped on exit."""
+    from zctl.launcher.local import (
         cluster_file,
         runtime_spec,
         start_api,
@@ -135,8 +135,8 @@ def wait_idle(serve: str, api_url: str, before: Any, prefix_cap_tokens: int,
 
 def prefix_cap(export_dir: Path, prefix_cache_mb: int = 512) -> int:
     """Tokens of cached prefixes the cluster may hold (its --prefix-cache-mb, the default)."""
-    from common.manifest import load_manifest
-    from controlplane.service import kv_tokens
+    from zctl.manifest import load_manifest
+    from zctl.service.server import kv_tokens
 
     return kv_tokens(load_manifest(export_dir, verify_files=False), prefix_cache_mb)
 
@@ -147,8 +147,8 @@ def prefix_cap(export_dir: Path, prefix_cache_mb: int = 512) -> int:
 def soak(export_dir: Path, plan: dict[str, Any], root: Path) -> dict[str, Any]:
     """Start the cluster, load it for ``plan["minutes"]``, burst its queue, check it comes
     back to idle; the report (without the run record)."""
-    from engine.tokenizer import ChatTokenizer
     from tools.soak_probe import service_sample
+    from zctl.engine.tokenizer import ChatTokenizer
 
     with soak_cluster(export_dir, plan["nodes"], root, plan["max_queue"], plan["max_streams"],
                       plan["start_timeout_s"]) as record:

@@ -117,7 +117,7 @@ def service_sample(serve: str, api_url: str, t: float) -> ServiceSample:
     """One look at the generation service (ServiceStats) and the API's /metrics."""
     import httpx
 
-    from controlplane.client import query_service_stats
+    from zctl.service.client import query_service_stats
 
     stats = query_service_stats(serve, timeout=5.0)
     in_flight = None

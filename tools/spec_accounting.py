@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from dataplane.local_chain import LocalChain
-from dataplane.runtime import StageRunner
-from engine.drafting import LookupDrafter, StepCost, expected_tokens, fit_step_cost
-from engine.executor import StepReply
+from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.stateful import StageRunner
 from tools.bench_common import median, start_stream
+from zctl.engine.drafting import LookupDrafter, StepCost, expected_tokens, fit_step_cost
+from zctl.engine.executor import StepReply
 
 CALIBRATION_STREAM, REWIND_STREAM, DRAFT_CALIBRATION_STREAM = 1001, 1002, 1003
 

@@ -10,7 +10,6 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from engine.drafting import StepCost, adapt_k
 from tools.bench_common import median
 from tools.spec_accounting import (
     Calibration,
@@ -21,6 +20,7 @@ from tools.spec_accounting import (
     theoretical_speedup,
 )
 from tools.spec_prompts import BenchPrompt
+from zctl.engine.drafting import StepCost, adapt_k
 
 
 def drafter_entry(name: str, k: int | None, greedy: Sequence[Generation],

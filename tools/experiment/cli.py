@@ -106,10 +106,10 @@ def export_dirs(scenario: Scenario) -> dict[int, Path]:
 
 def run(scenario: Scenario, out: Path, precision: str, threads: int) -> dict[str, Any]:
     """Measure the grid, write results.csv, results.json and the figures; the result."""
-    from console.cluster_procs import runtime_spec
     from tools.bench_common import plugin_properties
     from tools.experiment.plots import draw_all
     from tools.experiment.runner import RunSettings, run_scenario
+    from zctl.launcher.local import runtime_spec
 
     props = plugin_properties(precision, threads)
     settings = RunSettings(runtime_spec(props.get("INFERENCE_PRECISION_HINT"), threads or None,

@@ -1,9 +1,9 @@
 """Run a scenario's grid on local clusters: one cluster per topology, every workload on it.
 
-Each topology gets a fresh local cluster (``console.cluster_procs.start_local_cluster``)
+Each topology gets a fresh local cluster (``zctl.launcher.local.start_local_cluster``)
 whose every process shapes what it sends (``links``: hop i is stage i's frames to the next
 stage, the last hop the replies to the coordinator; a relayed hop passes one
-store-and-forward relay, see ``dataplane.link``); a ``shaper = "tbf"`` topology's nodes
+store-and-forward relay, see ``dataplane.wire.link``); a ``shaper = "tbf"`` topology's nodes
 run in network namespaces whose veths the kernel's tbf caps (kernel_links.py), the link
 layer adding only the delay. After warm-up requests, the
 repetitions run in turn, each stepping through every workload, so drift spreads over all
@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from controlplane.processes import LinkShape
 from controlplane.records import RuntimeSpec
-from engine.requests import DEFAULT_MAX_STREAMS
 from tools.experiment.analysis import cell_parameters, summarise_samples
 from tools.experiment.scenario import Cell, Link, Scenario, Topology, Workload
+from zctl.engine.requests import DEFAULT_MAX_STREAMS
+from zctl.launcher.processes import LinkShape
 
 if TYPE_CHECKING:
-    from console.cluster_procs import LocalNetwork
+    from zctl.launcher.local import LocalNetwork
 
 
 class Reporter(Protocol):
@@ -149,7 +149,7 @@ def measure_topology(scenario: Scenario, topology: Topology, export_dir: Path,
                      ) -> dict[Workload, list[dict[str, Any]]]:
     """``run_topology`` on a network made for it (None: 127.0.0.x); ``serving`` is called
     once the cluster serves, before the warm-up (kernel links are capped then)."""
-    from console.cluster_procs import ClusterError, start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.local import ClusterError, start_local_cluster, stop_processes, wait_serving
 
     samples: dict[Workload, list[dict[str, Any]]] = {w: [] for w in scenario.workloads}
     streams = max(w.streams for w in scenario.workloads)

@@ -50,14 +50,14 @@ from pathlib import Path
 from typing import Any
 
 DECODINGS = ("plain", "lookup")
-# What the last stage sends back per answered position (engine.payloads): its top-1
+# What the last stage sends back per answered position (zctl.engine.payloads): its top-1
 # (token, logit) record (8 bytes; what greedy decoding asks for), or, for a request with
 # logprobs, the top-k (token, log-probability) records (k x 8 bytes; what such a request
 # gets by default), the full logits as float16 (vocab x 2 bytes) or as float32 (vocab x 4).
 PAYLOADS = ("top1", "topk", "fp16", "logits")
-MAX_K = 32  # engine.requests.MAX_DRAFT_TOKENS
+MAX_K = 32  # zctl.engine.requests.MAX_DRAFT_TOKENS
 # Adaptive K measures (drafts, probes) only while more than 16 tokens remain
-# (engine.sessions.PROBE_EVERY): far fewer tokens than 48 would keep it at K = 0.
+# (zctl.engine.sessions.PROBE_EVERY): far fewer tokens than 48 would keep it at K = 0.
 DEFAULT_TOKENS = 48
 MAX_STREAMS = 64
 MAX_STAGES = 8
@@ -74,7 +74,7 @@ MODEL_KEYS = {"name", "weights", "exports"}
 TOPOLOGY_KEYS = {"stages"}
 HOP_KEYS = {"delay_ms", "jitter_ms", "rate_mbit", "relay", "relay_delay_ms", "index"}
 LINK_KEYS = HOP_KEYS - {"index"} | {"shaper"}
-# Who caps a link's bandwidth: our link layer (dataplane.link), or the kernel's tbf qdisc on
+# Who caps a link's bandwidth: our link layer (dataplane.wire.link), or the kernel's tbf qdisc on
 # veth links between network namespaces (tools/experiment/kernel_links.py; the link layer
 # then adds only the delay and jitter).
 SHAPERS = ("ours", "tbf")

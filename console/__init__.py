@@ -1,1 +1,0 @@
-"""Console: the ``zctl`` Typer command line and its Rich views."""

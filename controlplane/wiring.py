@@ -1,0 +1,291 @@
+"""The coordinator's pipeline state machine: which node runs which stage, and the wiring.
+
+No sockets: given the membership table it decides the placement (once enough nodes
+are alive), which nodes are due a shard offer, and which nodes need a new
+``AssignStage``. Every change of wiring bumps the epoch. A node runs a contiguous run of
+stages (one, or more once it took a lost neighbour's: ``heal``); each node in the chain
+binds its data address and sends to the next node's; the last sends to the coordinator,
+which runs stage 0 (and every stage, once it is the only node left).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from controlplane import membership as ms
+from controlplane.heal import heal_plan, hosts, rebalance_plan
+from controlplane.messages import AssignStage
+from controlplane.placement import (
+    NodeCapacity,
+    PlacementError,
+    StageNeed,
+    assign_stages,
+    layer_range,
+    node_memory,
+)
+from controlplane.records import RuntimeSpec, StageInfo, StageStatus
+from zctl.manifest import ExportManifest
+
+log = logging.getLogger("zctl.controlplane")
+
+# What a planned node's state means for the steps running through it.
+DOWN_REASONS = {ms.DEAD: "stopped answering (missed its heartbeats)",
+                ms.LEFT: "left the cluster", ms.FAILED: "failed"}
+
+
+class PipelinePlan:
+    """Placement and wiring of one export's stages over the enrolled nodes."""
+
+    def __init__(self, manifest: ExportManifest, needs: list[StageNeed], head: str,
+                 runtime: RuntimeSpec, expect_nodes: int | None = None,
+                 explicit: Mapping[int, str] | None = None) -> None:
+        self.manifest = manifest
+        self.needs = needs
+        self.head = head
+        self.runtime = runtime
+        self.num_stages = len(manifest.stages)
+        self.expect_nodes = self.num_stages - 1 if expect_nodes is None else expect_nodes
+        self.explicit = dict(explicit or {})
+        self.hashes = [manifest.stage_hash(i) for i in range(self.num_stages)]
+        self.plan: dict[int, str] | None = None
+        self.plan_error = ""
+        self.heal_error = ""  # why a lost node's stages found no survivor to take them
+        self.epoch = 0
+        self._wiring: dict[int, tuple[str, str, str]] | None = None
+
+    def capacity(self, member: ms.Member) -> NodeCapacity:
+        info = member.info
+        memory = node_memory(info.devices, info.ram_free, self.runtime.device)
+        return NodeCapacity(member.node_id, memory, info.tok_s, frozenset(member.shards))
+
+    def try_plan(self, members: Mapping[str, ms.Member]) -> bool:
+        """Place the stages once enough nodes are alive; False while waiting (or failing)."""
+        if self.plan is not None:
+            return True
+        remote = [m for m in members.values() if not m.local and m.state in (ms.IDLE, ms.READY)]
+        if len(remote) < self.expect_nodes:
+            return False
+        nodes = [self.capacity(members[self.head])] + [self.capacity(m) for m in remote]
+        try:
+            plan = assign_stages(self.needs, nodes, head=self.head, explicit=self.explicit)
+        except PlacementError as exc:
+            if str(exc) != self.plan_error:
+                log.error("placement failed: %s", exc)
+            self.plan_error = str(exc)
+            return False
+        self.plan, self.plan_error = plan, ""
+        self._mark_stages(members)
+        log.info("placement: %s", ", ".join(f"stage {s} -> {n}" for s, n in sorted(plan.items())))
+        return True
+
+    def reassign(self, members: Mapping[str, ms.Member], now: float, grace: float) -> list[int]:
+        """Give the stage of a node down for ``grace`` seconds to an idle spare that fits.
+
+        Returns the stages moved. The node that comes back later is a spare itself.
+        """
+        if self.plan is None:
+            return []
+        moved = []
+        for stage, node_id in sorted(self.plan.items()):
+            old = members[node_id]
+            if old.local or old.state not in (ms.DEAD, ms.LEFT) or now - old.down_since < grace:
+                continue
+            need = self.needs[stage]
+            spares = [self.capacity(m) for m in members.values()
+                      if not m.local and m.state == ms.IDLE and m.node_id not in
+                      self.plan.values()]
+            fitting = [c for c in spares if c.memory_bytes >= need.bytes]
+            if not fitting:
+                continue
+            best = max(fitting, key=lambda c: (need.shard_hash in c.cached, c.tok_s or 0.0,
+                                               c.memory_bytes))
+            self.plan[stage] = best.node_id
+            self._mark_stages(members)
+            log.warning("stage %d moves from %s (%s) to spare %s", stage, node_id, old.state,
+                        best.node_id)
+            moved.append(stage)
+        return moved
+
+    def heal(self, members: Mapping[str, ms.Member], now: float, grace: float) -> list[int]:
+        """Give the stages of a node down for ``grace`` seconds to its live neighbours in the
+        chain (``controlplane.heal``) when no idle spare could take them; returns the stages
+        moved. The node that comes back later is a spare. When the survivors cannot hold
+        them, ``heal_error`` says why and the pipeline stays down."""
+        if self.plan is None:
+            return []
+        moved: list[int] = []
+        for node_id, stages in hosts(self.plan):
+            old = members[node_id]
+            if old.local or old.state not in (ms.DEAD, ms.LEFT) or now - old.down_since < grace:
+                continue
+            if any(self._spare_for(members, s) for s in stages):
+                continue  # ``reassign`` gives the stage to the spare
+            live = {n: self.capacity(members[n]) for n in set(self.plan.values())
+                    if n != node_id and members[n].alive}
+            try:
+                plan = heal_plan(self.plan, node_id, self.needs, live)
+            except PlacementError as exc:
+                if str(exc) != self.heal_error:
+                    log.error("cannot heal: %s", exc)
+                self.heal_error = str(exc)
+                continue
+            self.plan, self.heal_error = plan, ""
+            self._mark_stages(members)
+            log.warning("node %s (%s) is lost: %s", node_id, old.state, ", ".join(
+                f"stage {s} -> {plan[s]}" for s in stages))
+            moved += stages
+        return moved
+
+    def rebalance(self, members: Mapping[str, ms.Member], now: float, settled: float
+                  ) -> list[int]:
+        """While the pipeline serves and a node runs several stages (it took a lost node's),
+        give part of its run to a spare: a node that runs none and has been enrolled for
+        ``settled`` seconds without a lapse (a node that flaps gets nothing). One move per
+        call, to the spare whose move leaves the busiest node lightest. Returns the stages
+        moved; the spare is offered their shards and the pipeline is re-wired once it holds
+        them (generations pause for that, and resume as after any re-wiring)."""
+        if self.plan is None or self.state(members) != "serving":
+            return []
+        spares = [m for m in members.values()
+                  if not m.local and m.state == ms.IDLE and m.node_id not in self.plan.values()
+                  and now - m.enrolled_at >= settled and not m.recent_lapses(now, settled)]
+        moves = [(m, rebalance_plan(self.plan, self.head, self.capacity(m), self.needs))
+                 for m in spares]
+        moves = [(m, plan) for m, plan in moves if plan is not None]
+        if not moves:
+            return []
+        member, plan = min(moves, key=lambda mp: (self._busiest(mp[1]), mp[0].node_id))
+        moved = sorted(s for s, n in plan.items() if n == member.node_id)
+        self.plan = plan
+        self._mark_stages(members)
+        log.warning("node %s takes stage(s) %s back: %s", member.node_id,
+                    ", ".join(map(str, moved)), ", ".join(f"stage {s} -> {n}" for s, n in
+                                                          sorted(plan.items())))
+        return moved
+
+    def _busiest(self, plan: Mapping[int, str]) -> int:
+        """The bytes the busiest node of ``plan`` holds."""
+        return max(sum(self.needs[s].bytes for s in stages) for _, stages in hosts(plan))
+
+    def _spare_for(self, members: Mapping[str, ms.Member], stage: int) -> bool:
+        assert self.plan is not None
+        need = self.needs[stage].bytes
+        return any(not m.local and m.state == ms.IDLE and m.node_id not in self.plan.values()
+                   and self.capacity(m).memory_bytes >= need for m in members.values())
+
+    def _mark_stages(self, members: Mapping[str, ms.Member]) -> None:
+        """Each member's ``stage``: the first of the stages it runs (None: a spare)."""
+        assert self.plan is not None
+        first = {node: stages[0] for node, stages in hosts(self.plan)}
+        for member in members.values():
+            member.stage = first.get(member.node_id)
+
+    def offers_due(self, members: Mapping[str, ms.Member]) -> list[tuple[ms.Member, int]]:
+        """Planned remote nodes due a shard offer, with the stage: one that (re-)enrolled
+        (its first stage: cached shards are checked too), or one that lacks the shard of a
+        stage it now runs (it took a lost node's)."""
+        if self.plan is None:
+            return []
+        due = []
+        for node_id, stages in hosts(self.plan):
+            member = members[node_id]
+            if member.local or member.offered is not None:
+                continue
+            missing = [s for s in stages if self.hashes[s] not in member.shards]
+            if member.state == ms.IDLE:
+                due.append((member, stages[0]))
+            elif missing and member.state in (ms.READY, ms.WIRING, ms.SERVING):
+                due.append((member, missing[0]))
+        return due
+
+    def assignments(self, members: Mapping[str, ms.Member]) -> list[tuple[ms.Member, AssignStage]]:
+        """AssignStage messages for nodes whose wiring changed (empty until all hold shards)."""
+        if self.plan is None:
+            return []
+        chain = [(members[n], stages) for n, stages in hosts(self.plan)]
+        for member, stages in chain:
+            if not member.alive or member.state == ms.TRANSFERRING or \
+                    any(self.hashes[s] not in member.shards for s in stages):
+                return []
+        count = len(chain)
+        # a node that enrolled again is a new process (or lost its coordinator's link): its
+        # stage starts empty, so the wiring is new even at the same addresses, and steps
+        # still queued for the old process are dropped as stale, not taken as lost frames
+        wiring = {m.node_id: (tuple(stages), m.info.data_addr,
+                              chain[(k + 1) % count][0].info.data_addr, m.info.data_key,
+                              m.enrolments)
+                  for k, (m, stages) in enumerate(chain)}
+        if wiring != self._wiring:
+            self.epoch += 1
+            self._wiring = wiring
+            log.info("wiring the pipeline (epoch %d): %s", self.epoch,
+                     " -> ".join(f"{m.node_id}@{m.info.data_addr} (stage "
+                                 f"{layer_range(stages[0], stages[-1] + 1)})"
+                                 for m, stages in chain))
+        due = []
+        curve = bool(members[self.head].info.data_key)  # the coordinator runs CURVE
+        for k, (member, stages) in enumerate(chain):
+            after, before = chain[(k + 1) % count][0], chain[k - 1][0]
+            infos = [self._stage_info(s) for s in stages]
+            keys = ({"peer_key": after.info.data_key, "admit_keys": [before.info.data_key]}
+                    if curve else {})
+            msg = AssignStage(self.epoch, infos[0], self.num_stages, self.manifest.model.name,
+                              self.hashes[stages[0]], member.info.data_addr,
+                              after.info.data_addr, self.runtime, **keys,
+                              more_stages=infos[1:],
+                              more_hashes=[self.hashes[s] for s in stages[1:]])
+            if member.assigned != msg:
+                member.assigned = msg
+                due.append((member, msg))
+        return due
+
+    def _stage_info(self, stage: int) -> StageInfo:
+        spec = self.manifest.stages[stage]
+        return StageInfo(spec.index, spec.layer_start, spec.layer_end, spec.xml, spec.bin,
+                         spec.first, spec.last)
+
+    def state(self, members: Mapping[str, ms.Member]) -> str:
+        """waiting, degraded, failed, transferring, wiring or serving."""
+        if self.plan is None:
+            return "waiting"
+        planned = [members[n] for n in self.plan.values()]
+        if any(m.state in (ms.DEAD, ms.LEFT) for m in planned):
+            return "degraded"
+        if any(m.state == ms.FAILED for m in planned):
+            return "failed"
+        if any(m.state == ms.TRANSFERRING for m in planned):
+            return "transferring"
+        if all(m.state == ms.SERVING and m.ready_epoch == self.epoch for m in planned):
+            return "serving"
+        return "wiring"
+
+    def problem(self, members: Mapping[str, ms.Member]) -> str | None:
+        """Why the placed pipeline cannot run steps now: a planned node is dead, gone or
+        failed (the first such stage, named with its layers and node), or the pipeline is
+        being re-wired (shards moving, stages starting); None when it serves, and before
+        it is first placed."""
+        if self.plan is None:
+            return None
+        for stage, node_id in sorted(self.plan.items()):
+            member = members[node_id]
+            why = DOWN_REASONS.get(member.state)
+            if why is None:
+                continue
+            spec = self.manifest.stages[stage]
+            detail = f": {member.error}" if member.state == ms.FAILED and member.error else ""
+            if self.heal_error and member.state in (ms.DEAD, ms.LEFT):
+                detail = f"; {self.heal_error}"
+            return (f"stage {stage} (layers {layer_range(spec.layer_start, spec.layer_end)}) "
+                    f"on node {node_id} at {member.info.host} {why}{detail}")
+        state = self.state(members)
+        return None if state == "serving" else f"the pipeline is {state} (epoch {self.epoch})"
+
+    def stage_status(self, members: Mapping[str, ms.Member]) -> list[StageStatus]:
+        out = []
+        for spec, need in zip(self.manifest.stages, self.needs, strict=True):
+            node_id = self.plan.get(spec.index) if self.plan else None
+            state = members[node_id].state if node_id else "unplaced"
+            out.append(StageStatus(spec.index, spec.layer_start, spec.layer_end,
+                                   self.hashes[spec.index], need.bytes, node_id, state))
+        return out

@@ -1,7 +1,0 @@
-"""The generation engine: sessions, the scheduler, sampling, drafting, the tokenizer and
-the service that turns requests into streamed tokens.
-
-It drives pipelines through the ``engine.executor.Executor`` contract only, and imports
-neither OpenVINO nor ZeroMQ: ``dataplane.local_chain.LocalChain`` (in process) and
-``dataplane.cluster.ClusterHead`` (over ZeroMQ) are its executors.
-"""

@@ -1,0 +1,68 @@
+"""A node's data-plane port (controlplane.nodeinfo): the configured one, else the last one,
+else a fresh one below the kernel's ephemeral range, where an outgoing connection cannot
+take it between the node's start and the stage's bind."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from controlplane.nodeinfo import LOWEST_DATA_PORT, choose_data_port, ephemeral_ports, fresh_port
+
+
+def test_the_ephemeral_range_is_read_or_linux_default(tmp_path: Path) -> None:
+    (tmp_path / "range").write_text("20000\t50000\n")
+    assert ephemeral_ports(tmp_path / "range") == (20000, 50000)
+    (tmp_path / "bad").write_text("lots")
+    assert ephemeral_ports(tmp_path / "bad") == ephemeral_ports(tmp_path / "none") == (32768, 60999)
+
+
+def test_a_fresh_port_is_below_the_ephemeral_range_and_free() -> None:
+    for _ in range(20):
+        port = fresh_port("127.0.0.1", (32768, 60999))
+        assert LOWEST_DATA_PORT <= port < 32768
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    # no room below the range: any free port
+    assert 0 < fresh_port("127.0.0.1", (LOWEST_DATA_PORT, 60999)) < 65536
+
+
+def test_the_configured_then_the_last_then_a_fresh_port(tmp_path: Path) -> None:
+    assert choose_data_port("127.0.0.1", tmp_path, 5555) == 5555
+    first = choose_data_port("127.0.0.1", tmp_path)
+    assert LOWEST_DATA_PORT <= first < ephemeral_ports()[0]
+    assert choose_data_port("127.0.0.1", tmp_path) == first  # kept across restarts
+    with socket.socket() as holder:  # taken by someone else: a fresh one, remembered
+        holder.bind(("127.0.0.1", first))
+        holder.listen()
+        second = choose_data_port("127.0.0.1", tmp_path)
+    assert second != first and (tmp_path / "data_port").read_text().strip() == str(second)
+
+
+def test_a_stage_pipe_waits_for_its_address_to_be_free_again() -> None:
+    """A stage relaunched on its address (a re-wiring) binds while the last one's port is
+    still being released: its pipe waits for it, briefly, instead of failing the stage."""
+    import threading
+    import time
+
+    import pytest
+    import zmq
+
+    from dataplane.wire.transport import PipeOptions, TransportError, pull_socket
+
+    port = fresh_port("127.0.0.1", (32768, 60999))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    threading.Timer(0.3, holder.close).start()  # released a moment later
+    ctx = zmq.Context.instance()
+    start = time.monotonic()
+    sock = pull_socket(ctx, f"tcp://127.0.0.1:{port}", PipeOptions())
+    assert 0.2 < time.monotonic() - start < 2.0
+    sock.close(0)
+    other = fresh_port("127.0.0.1", (32768, 60999))
+    with socket.socket() as held:  # never released: the same clear error as before
+        held.bind(("127.0.0.1", other))
+        held.listen()
+        with pytest.raises(TransportError, match="Address already in use"):
+            pull_socket(ctx, f"tcp://127.0.0.1:{other}", PipeOptions())

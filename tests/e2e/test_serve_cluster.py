@@ -1,0 +1,193 @@
+"""zctl serve on a real local cluster (node processes on loopback): ``cluster up --api``,
+greedy output through the API equal to ``zctl run``'s, and ``/health`` following a node
+that is killed and comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from typer.testing import CliRunner
+
+from zctl.cli.app import app
+from zctl.launcher.local import free_port, read_record, stop_processes
+from zctl.manifest import load_manifest
+
+runner = CliRunner()
+PROMPT = "what is the capital of france?"
+PAGE = "http://ui.example:3000"  # a web page allowed to call the API
+
+
+def wait_health(url: str, status: int, timeout_s: float = 60.0) -> dict:
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            resp = httpx.get(f"{url}/health", timeout=5)
+            if resp.status_code == status:
+                return resp.json()
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < end, f"/health never answered {status}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
+        tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    model = load_manifest(export_dir).model.name
+    port = free_port("127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    # --no-heal: the pipeline stays down until the node is back (with healing the
+    # coordinator would take stage 1 within seconds, and /health would follow that instead)
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
+                             "--heartbeat", "0.3", "--no-heal", "--api", f"127.0.0.1:{port}",
+                             "--api-cors-origin", PAGE])
+    restarted: subprocess.Popen | None = None
+    try:
+        assert up.exit_code == 0, up.output
+        assert f"{url}/v1" in up.output
+        record = read_record()
+        assert record is not None and record.api == url and len(record.pids) == 3
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "12", "--ignore-eos", "--json"])
+        assert run.exit_code == 0, run.output
+        report = json.loads(run.stdout.strip().splitlines()[-1])
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
+            temperature=0, extra_body={"zctl": {"ignore_eos": True}})
+        assert reply.choices[0].message.content == report["text"]
+        assert reply.usage.completion_tokens == report["tokens"] == 12
+        # the next turn of that chat starts with its KV: a prefix-cache hit on every stage
+        client.chat.completions.create(
+            model=model, max_tokens=4, messages=[
+                {"role": "user", "content": PROMPT},
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": "and then?"}])
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        hits = [line for line in metrics.splitlines()
+                if line.startswith("vllm:prefix_cache_hits_total{")]
+        assert hits and float(hits[0].split()[-1]) >= 1, metrics
+        assert wait_health(url, 200)["status"] == "ok"
+        for origin, allowed in ((PAGE, PAGE), ("http://elsewhere.example", None)):
+            answer = httpx.get(f"{url}/v1/models", headers={"Origin": origin}, timeout=10)
+            assert answer.headers.get("access-control-allow-origin") == allowed
+        doctor = runner.invoke(app, ["doctor", "--json"])
+        api = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "api"]
+        assert api and api[0]["status"] == "pass" and url in api[0]["detail"], doctor.stdout
+        # the node of stage 1 dies: /health says so, requests get 503, it comes back
+        node_pid = record.pids[1]
+        command = Path(f"/proc/{node_pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        os.kill(node_pid, signal.SIGKILL)
+        down = wait_health(url, 503)
+        assert down["status"] == "down" and down["reason"], down
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model=model, messages=[{"role": "user",
+                                                                   "content": "hi"}])
+        restarted = subprocess.Popen([c.decode() for c in command], start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert wait_health(url, 200, 120)["status"] == "ok"
+        again = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
+            temperature=0, extra_body={"zctl": {"ignore_eos": True}})
+        assert again.choices[0].message.content == report["text"]
+    finally:
+        runner.invoke(app, ["cluster", "down"])
+        if restarted is not None:
+            stop_processes([restarted.pid])
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=2)  # cluster down stopped the API server too
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
+        tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted 1 s into a long generation, ``zctl run`` cancels it: the cluster stops
+    generating at once and no stage keeps its KV."""
+    import sys
+
+    from zctl.service.client import query_service_stats
+
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    # 20 ms each way on every hop: 480 tokens would take over 20 s
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
+                             "--link-delay-ms", "20"])
+    try:
+        assert up.exit_code == 0, up.output
+        record = read_record()
+        # SIGINT as a terminal gives it, even where this test runs with it ignored (a
+        # background job of a shell without job control): Python then installs no handler
+        run = subprocess.Popen([sys.executable, "-m", "console", "run", PROMPT, "--max-tokens",
+                                "480", "--ignore-eos", "--json"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        end = time.monotonic() + 60
+        while query_service_stats(record.serve).running == 0:
+            assert time.monotonic() < end and run.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.0)
+        run.send_signal(signal.SIGINT)
+        assert run.wait(30) != 0
+        end = time.monotonic() + 10
+        while (stats := query_service_stats(record.serve)).running:
+            assert time.monotonic() < end, "the generation kept running after Ctrl-C"
+            time.sleep(0.05)
+        assert stats.counters["cancelled"] == 1
+        assert stats.counters["unreachable"] == 0  # zctl run said so: not found gone later
+        end = time.monotonic() + 10  # the node's slots arrive with its next heartbeat
+        while any(s.kv_slots != 0 for s in query_service_stats(record.serve).stages):
+            assert time.monotonic() < end, query_service_stats(record.serve).stages
+            time.sleep(0.2)
+    finally:
+        runner.invoke(app, ["cluster", "down"])
+
+
+@pytest.mark.slow
+def test_zctl_serve_with_an_embedded_cluster_stops_it_on_sigterm(
+        tiny_exports, tmp_path: Path) -> None:
+    import sys
+
+    home = tmp_path / "home"
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    port = free_port("127.0.0.1")
+    serve = subprocess.Popen([sys.executable, "-m", "console", "serve", "--model",
+                              str(export_dir), "--port", str(port)],
+                             env={**os.environ, "ZCTL_HOME": str(home)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_health(f"http://127.0.0.1:{port}", 200, 120)
+        cluster = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and str(home).encode() in _cmdline(p)]
+        assert len(cluster) == 2  # its coordinator and node
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) != 0
+        end = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid) for pid in cluster):
+            assert time.monotonic() < end, "the embedded cluster outlived zctl serve"
+            time.sleep(0.1)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2][:3]
+    except OSError:
+        return b"Z"

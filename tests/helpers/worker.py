@@ -1,0 +1,71 @@
+"""Helpers for driving a StageWorker frame by frame: a hand-driven coordinator end and
+STEP frames as stage 0 would send them (the ``last_stage`` fixture is in conftest)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from dataplane.runtime.stateful import StageRunner
+from dataplane.wire.frames import HiddenStateFrame, Kind, ReplyMode, decode_frame, encode_frame, stamp
+from dataplane.wire.transport import bound_endpoint, pull_socket, push_socket
+from dataplane.worker.stage_worker import StageWorker
+
+EPOCH = 1000
+
+
+class Coordinator:
+    """A hand-driven coordinator end: PUSH frames to a worker, PULL what comes back."""
+
+    def __init__(self, target: str) -> None:
+        ctx = zmq.Context.instance()
+        self.pull = pull_socket(ctx, "tcp://127.0.0.1:*")
+        self.reply_addr = bound_endpoint(self.pull)
+        self.push = push_socket(ctx, target) if target else None
+
+    def send_parts(self, parts: list) -> None:
+        assert self.push is not None
+        self.push.send_multipart(parts)
+
+    def send(self, header: HiddenStateFrame, payload: np.ndarray | None = None) -> None:
+        self.send_parts(encode_frame(header, payload))
+
+    def recv(self, timeout_s: float = 5.0):
+        if not self.pull.poll(int(timeout_s * 1000)):
+            return None
+        return decode_frame(self.pull.recv_multipart(copy=False))
+
+    def close(self) -> None:
+        self.pull.close(0)
+        if self.push is not None:
+            self.push.close(0)
+
+
+def settled(worker: StageWorker, frames_out: int, timeout_s: float = 5.0):
+    """The worker's stats once it has counted ``frames_out`` frames sent and the compute time
+    of each step: its loop counts them just after the send, so an answer can come first."""
+    deadline = time.monotonic() + timeout_s
+    stats = worker.stats()
+    while (stats.frames_out < frames_out or len(stats.compute_ms) < stats.steps) \
+            and time.monotonic() < deadline:
+        time.sleep(0.005)
+        stats = worker.stats()
+    return stats
+
+
+def step(stream: int, x: np.ndarray, positions, *, step_no: int = 0, epoch: int = EPOCH,
+         reply: ReplyMode = ReplyMode.TOP1, top_k: int = 1, mask_tail: int = 0,
+         request_id: int = 1, logits_idx=()) -> list:
+    """The encoded parts of a STEP frame as stage 0 would send it."""
+    header = HiddenStateFrame(kind=Kind.STEP, stream_id=stream, request_id=request_id,
+                              epoch=epoch, step=step_no, positions=np.asarray(positions),
+                              logits_idx=np.asarray(logits_idx, dtype=np.int64), reply=reply,
+                              top_k=top_k, mask_tail=mask_tail,
+                              timings=stamp(b"", 0, 1, 1, 2, 0, 5, 0))
+    return encode_frame(header, x)
+
+
+def hidden_for(first: StageRunner, ids: list[int], positions) -> np.ndarray:
+    return first.step(0, np.array([ids]), np.asarray(positions)).copy()

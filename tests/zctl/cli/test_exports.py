@@ -1,0 +1,102 @@
+"""The default weight format: per model (zctl/cli/exports.py DEFAULT_WEIGHTS, chosen in
+docs/quality.md), taken by `zctl export`, `zctl run` and `zctl cluster up` unless --weights
+says otherwise, and never mistaken for a cached export of another format."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from exporter.compress import WEIGHT_FORMATS
+from zctl.cli.app import app
+from zctl.cli.exports import (
+    AUTO,
+    AUTO_WEIGHTS_OTHERWISE,
+    DEFAULT_WEIGHTS,
+    default_export_dir,
+    ensure_export,
+    resolve_weights,
+)
+from zctl.launcher.local import ClusterError
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_auto_is_the_models_own_format_and_a_named_format_is_kept() -> None:
+    assert resolve_weights("smollm2-135m", AUTO) == DEFAULT_WEIGHTS["smollm2-135m"] == "int8"
+    assert resolve_weights("some/other-model", AUTO) == AUTO_WEIGHTS_OTHERWISE == "int4"
+    assert set(DEFAULT_WEIGHTS.values()) <= set(WEIGHT_FORMATS)
+    for weights in WEIGHT_FORMATS:
+        assert resolve_weights("smollm2-135m", weights) == weights
+
+
+def test_the_default_export_dir_names_the_resolved_format(home: Path) -> None:
+    auto = default_export_dir("smollm2-135m", 2, AUTO)
+    assert auto == default_export_dir("smollm2-135m", 2, "int8") == (
+        home / "exports" / "smollm2-135m-int8-2stages")
+    assert auto != default_export_dir("smollm2-135m", 2, "int4")
+
+
+def test_a_cached_export_of_another_format_is_exported_again(home: Path, tiny_llama_dir: Path,
+                                                             tiny_exports, monkeypatch) -> None:
+    import exporter.export
+
+    fp32_export = tiny_exports.get([(0, 4)], "fp32")
+    made: list[tuple[str, Path]] = []
+
+    def fake_export(source, ranges, weights, target, **kwargs):
+        made.append((weights, Path(target)))
+
+    monkeypatch.setattr(exporter.export, "export_model", fake_export)
+    model = str(tiny_llama_dir)
+    target = default_export_dir(model, 1, "int8")
+    shutil.copytree(fp32_export, target)  # an fp32 export sits where the int8 one belongs
+    assert ensure_export(model, 1, "int8") == target
+    assert made == [("int8", target)]
+    made.clear()
+    fp32_target = default_export_dir(model, 1, "fp32")
+    shutil.copytree(target, fp32_target)
+    assert ensure_export(model, 1, "fp32") == fp32_target and made == []  # it is reused
+
+
+def _weights_asked(monkeypatch: pytest.MonkeyPatch, module: object) -> list[str]:
+    """Make ``module.ensure_export`` record the weights it is asked for, then stop the
+    command (ClusterError: one error line, exit 1) before anything starts."""
+    asked: list[str] = []
+
+    def record(model: str, stages: int, weights: str = AUTO) -> Path:
+        asked.append(weights)
+        raise ClusterError("stopped by the test")
+
+    monkeypatch.setattr(module, "ensure_export", record)
+    return asked
+
+
+@pytest.mark.parametrize("command", [["run", "hello"], ["cluster", "up", "--local", "2"],
+                                     ["serve"]])
+def test_run_and_cluster_up_take_the_default_unless_told(command: list[str], home: Path,
+                                                          monkeypatch) -> None:
+    from zctl.cli import cluster, run, serve
+
+    module = {"run": run, "serve": serve}.get(command[0], cluster)
+    asked = _weights_asked(monkeypatch, module)
+    for extra, expected in (([], AUTO), (["--weights", "int4"], "int4")):
+        result = runner.invoke(app, [*command, *extra])
+        assert result.exit_code == 1 and "stopped by the test" in result.output, result.output
+        assert asked[-1] == expected
+
+
+def test_zctl_export_help_names_the_default() -> None:
+    result = runner.invoke(app, ["export", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "int8 for smollm2-135m" in text.replace("│ ", "").replace(" │", "")

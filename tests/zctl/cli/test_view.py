@@ -1,0 +1,68 @@
+"""The cluster status table: stages with their layers, versions, liveness (pure rendering)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from controlplane.placement import layer_range
+from controlplane.records import ClusterStatus, DeviceInfo, NodeStatus, StageStatus
+from zctl.cli.view import short_version, status_table
+
+OV = "2026.4.1-22982-e213a147257-releases/2026/4"
+
+
+def node(node_id: str, stage: int | None, host: str, **kw) -> NodeStatus:
+    fields = dict(node_id=node_id, host=host, state="serving", stage=stage,
+                  data_addr=f"tcp://{host}:5000", last_seen_s=0.4,
+                  devices=[DeviceInfo("CPU", "x86", 8 << 30)], ram_free=6 << 30,
+                  ram_total=8 << 30, openvino=OV, zctl="0.1.0", cached_shards=1,
+                  local=node_id == "coord")
+    fields.update(kw)
+    return NodeStatus(**fields)
+
+
+def cluster(nodes: list[NodeStatus]) -> ClusterStatus:
+    stages = [StageStatus(0, 0, 12, "h0", 1, "coord", "serving"),
+              StageStatus(1, 12, 23, "h1", 1, "n1", "serving"),
+              StageStatus(2, 23, 30, "h2", 1, "n2", "serving")]
+    return ClusterStatus("coord", "s", "tcp://127.0.0.1:5550", 1, OV, "0.1.0", "/x", "m",
+                         "serving", 1, 1.0, "", nodes, stages, [], {})
+
+
+def render(status: ClusterStatus, width: int = 140) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=width).print(status_table(status))
+    return buf.getvalue()
+
+
+def test_rows_in_stage_order_with_layers_and_versions_in_the_caption() -> None:
+    status = cluster([node("coord", 0, "127.0.0.1"), node("n2", 2, "127.0.0.3"),
+                      node("n1", 1, "127.0.0.2"), node("spare", None, "127.0.0.4",
+                                                       state="idle")])
+    text = render(status)
+    lines = [line for line in text.splitlines() if "127.0.0." in line and "5550" not in line]
+    assert [line.split()[0] for line in lines] == ["coord*", "n1", "n2", "spare"]
+    assert "0-11" in lines[0] and "12-22" in lines[1] and "23-29" in lines[2]
+    assert "OpenVINO 2026.4.1, zctl 0.1.0 on every node" in " ".join(text.split())
+    assert "transfer" not in text and "note" not in text  # nothing arriving, no problems
+    assert "OpenVINO / zctl" not in text
+    narrow = render(status, width=80)  # ids, hosts and layers stay whole on 80 columns
+    assert all(s in narrow for s in ("coord*", "127.0.0.3", "23-29"))
+
+
+def test_differing_versions_transfers_and_problems_get_columns() -> None:
+    status = cluster([node("coord", 0, "127.0.0.1"),
+                      node("n1", 1, "127.0.0.2", zctl="0.2.0", state="transferring",
+                           transfer_done=25, transfer_total=100),
+                      node("n2", 2, "127.0.0.3", state="failed", error="compile failed: x")])
+    text = render(status)
+    assert "OpenVINO / zctl" in text and "2026.4.1 / 0.2.0" in text
+    assert "25%" in text and "compile failed: x" in text
+    assert "versions differ" in " ".join(text.split())
+
+
+def test_helpers() -> None:
+    assert short_version(OV) == "2026.4.1" and short_version("2025.1") == "2025.1"
+    assert layer_range(0, 12) == "0-11" and layer_range(29, 30) == "29"

@@ -1,0 +1,109 @@
+"""The coordinator and node processes' typed configurations: what zctl writes, the process
+entry rebuilds exactly, and a bad one is refused with a clear line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from controlplane.records import RuntimeSpec
+from zctl.launcher.__main__ import main
+from zctl.launcher.processes import (
+    CoordinatorProcess,
+    LinkShape,
+    NodeProcess,
+    parse_process,
+    placement_of,
+    process_command,
+)
+
+
+def test_configs_round_trip_through_the_process_command() -> None:
+    coordinator = CoordinatorProcess(
+        "/exports/m", bind="tcp://0.0.0.0:5550", host="10.0.0.1", expect_nodes=3,
+        placement={"1": "pc2-1a2b3c4d"}, reassign_after=5.0, curve=True, row_groups=0, max_streams=16,
+        runtime=RuntimeSpec(precision=None, num_threads=2, kv_cache_precision="u8"),
+        link=LinkShape(25.0, 2.0, 100.0), cpus="0-1")
+    node = NodeProcess("tcp://10.0.0.1:5550", host="10.0.0.2", tok_s=12.5,
+                       curve_server_key="/k/coordinator.key", link=LinkShape(10.0))
+    for config in (coordinator, node):
+        argv = process_command(config)
+        assert argv[:2] == ["-m", "zctl.launcher"]
+        assert parse_process(argv[2], argv[3]) == config
+
+
+@pytest.mark.parametrize("role, text, problem", [
+    ("worker", "{}", "unknown process role 'worker'"),
+    ("node", "not json", "bad node configuration"),
+    ("node", "{}", "missing required field 'coordinator'"),
+    ("node", json.dumps({"coordinator": "tcp://h:1", "heartbeat": "fast"}), "must be a number"),
+    ("node", json.dumps({"coordinator": "tcp://h:1", "cpu": "0"}), "unknown field(s) 'cpu'"),
+    ("coordinator", json.dumps({"export_dir": "/x", "link": {"delay_ms": [1]}}),
+     "coordinator.link.delay_ms must be a number"),
+])
+def test_a_bad_configuration_is_refused_clearly(role, text, problem, capsys) -> None:
+    with pytest.raises(ValueError, match="bad|unknown"):
+        parse_process(role, text)
+    assert main([role, text]) == 1
+    assert problem in capsys.readouterr().err
+
+
+def test_the_entry_takes_exactly_a_role_and_a_config(capsys) -> None:
+    assert main([]) == 2 and main(["node", "--coordinator", "tcp://h:1"]) == 2
+    assert "usage: python -m zctl.launcher coordinator|node CONFIG_JSON" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_bad_link_fails_before_the_node_starts() -> None:
+    argv = process_command(NodeProcess("tcp://127.0.0.1:9", link=LinkShape(delay_ms=-5)))
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "bad emulated link" in done.stderr
+
+
+def test_placement_pins() -> None:
+    assert placement_of(["1=pc2", "2=pc3"]) == {"1": "pc2", "2": "pc3"}
+    for bad in ("1", "x=pc2", "1="):
+        with pytest.raises(ValueError, match="STAGE=NODE_ID"):
+            placement_of([bad])
+
+
+@pytest.mark.slow
+def test_a_coordinator_that_cannot_start_fails_the_cluster_start_at_once(tmp_path) -> None:
+    """Its process exits (and lingers unreaped): wait_serving says so with the log's reason
+    instead of waiting out its timeout."""
+    from zctl.launcher.local import (
+        ClusterError,
+        alive,
+        start_local_cluster,
+        stop_processes,
+        wait_serving,
+    )
+
+    record = start_local_cluster(tmp_path / "no-export", 2, RuntimeSpec(), tmp_path / "c")
+    try:
+        with pytest.raises(ClusterError, match="exited during start-up") as failed:
+            wait_serving(record, 120)
+        assert "no-export" in str(failed.value)  # the coordinator's own error line
+        assert not alive(record.pids[0])
+    finally:
+        stop_processes(record.pids)
+
+
+def test_a_local_cluster_wants_a_runtime_spec() -> None:
+    from pathlib import Path
+
+    from zctl.launcher.local import ClusterError, start_local_cluster
+
+    with pytest.raises(ClusterError, match="RuntimeSpec"):
+        start_local_cluster(Path("/x"), 2, ["--precision", "f32"])  # type: ignore[arg-type]
+
+
+def test_the_control_address_nodes_reach() -> None:
+    wildcard = CoordinatorProcess("/x", bind="tcp://0.0.0.0:5550")
+    assert wildcard.bind_host == "0.0.0.0" and wildcard.control == "tcp://0.0.0.0:5550"
+    public = CoordinatorProcess("/x", bind="tcp://0.0.0.0:5550", host="10.0.0.1")
+    assert public.control == "tcp://10.0.0.1:5550"
+    assert CoordinatorProcess("/x", bind="tcp://127.0.0.2:41000").control == "tcp://127.0.0.2:41000"

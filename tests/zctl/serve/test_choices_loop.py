@@ -1,0 +1,84 @@
+"""zctl/serve/choices.py alone: choices awaited together (the first failure cancels the rest),
+their events merged as they come (each choice's first first, each until its end), and a
+merge left early stops waiting on them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from zctl.serve.choices import close_all, merged, together
+from zctl.service.messages import GenerateChunk, GenerateDone
+
+
+def chunk(name: str) -> GenerateChunk:
+    return GenerateChunk(name, [1], name, 1)
+
+
+def done(name: str) -> GenerateDone:
+    return GenerateDone(name, [1], name, 1, 1.0, 1.0, {}, "eos", "")
+
+
+async def events(name: str, gaps: list[float], closed: list[str]) -> AsyncIterator[object]:
+    """A choice's events after its first: a chunk after each gap, then its end."""
+    try:
+        for gap in gaps:
+            await asyncio.sleep(gap)
+            yield chunk(name)
+        yield done(name)
+    finally:
+        closed.append(name)
+
+
+def test_together_returns_in_order_and_a_failure_cancels_the_rest() -> None:
+    cancelled: list[int] = []
+
+    async def job(i: int, delay: float, fail: bool = False) -> int:
+        try:
+            await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+        if fail:
+            raise ValueError(f"job {i} failed")
+        return i
+
+    assert asyncio.run(together([job(0, 0.02), job(1, 0.0)])) == [0, 1]
+    with pytest.raises(ValueError, match="job 1 failed"):
+        asyncio.run(together([job(0, 1.0), job(1, 0.01, fail=True)]))
+    assert cancelled == [0]
+
+
+def test_merged_yields_firsts_then_events_as_they_come() -> None:
+    closed: list[str] = []
+
+    async def run() -> list[tuple[int, str]]:
+        streams = [events("a", [0.05], closed), events("b", [0.0, 0.0], closed)]
+        seen = [(i, type(m).__name__[8])
+                async for i, m in merged([chunk("a"), chunk("b")], streams)]
+        await close_all(streams)
+        return seen
+
+    seen = asyncio.run(run())
+    assert seen[:2] == [(0, "C"), (1, "C")]  # each choice's first event first
+    assert [s for s in seen if s[0] == 1] == [(1, "C"), (1, "C"), (1, "C"), (1, "D")]
+    assert seen[-1] == (0, "D")  # b's quick events came before a's slow one
+    assert sorted(closed) == ["a", "b"]
+
+
+def test_a_merge_left_early_stops_waiting() -> None:
+    closed: list[str] = []
+
+    async def run() -> None:
+        streams = [events("a", [10.0], closed), events("b", [10.0], closed)]
+        async with asyncio.timeout(2.0):  # (not the choices' 10 s)
+            stream = merged([chunk("a"), chunk("b")], streams)
+            assert [(await anext(stream))[0] for _ in range(2)] == [0, 1]
+            with pytest.raises(TimeoutError):  # a client gone while both choices wait
+                await asyncio.wait_for(anext(stream), 0.05)
+            await close_all(streams)
+
+    asyncio.run(run())
+    assert sorted(closed) == ["a", "b"]  # each choice's generator ran to its end

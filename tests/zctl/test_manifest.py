@@ -1,0 +1,78 @@
+"""Manifest parsing, layer splits and integrity checks (no OpenVINO needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zctl.manifest import ManifestError, check_layer_cover, even_split, load_manifest, parse_layer_spec
+
+
+def test_parse_layer_spec_inclusive_to_half_open() -> None:
+    assert parse_layer_spec("0-9,10-29") == [(0, 10), (10, 30)]
+    assert parse_layer_spec(" 0-0 , 1-3") == [(0, 1), (1, 4)]
+
+
+@pytest.mark.parametrize("spec", ["0-9;10-19", "a-b", "0-", "0-9-12", ""])
+def test_parse_layer_spec_rejects_garbage(spec: str) -> None:
+    with pytest.raises(ManifestError, match="bad layer range"):
+        parse_layer_spec(spec)
+
+
+def test_even_split_gives_remainder_to_early_stages() -> None:
+    assert even_split(30, 2) == [(0, 15), (15, 30)]
+    assert even_split(30, 4) == [(0, 8), (8, 16), (16, 23), (23, 30)]
+    with pytest.raises(ManifestError):
+        even_split(4, 5)
+
+
+@pytest.mark.parametrize(
+    ("ranges", "message"),
+    [
+        ([(1, 4)], "starting at layer 0"),
+        ([(0, 2), (3, 4)], "starting at layer 2"),
+        ([(0, 2), (2, 3)], "model has 4 layers"),
+        ([(0, 5)], "model has 4 layers"),
+        ([(0, 0), (0, 4)], "empty or reversed"),
+        ([], "no stages"),
+    ],
+)
+def test_layer_cover_must_be_exact(ranges: list[tuple[int, int]], message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        check_layer_cover(ranges, 4)
+
+
+def test_missing_manifest_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="not a zctl export directory|not found"):
+        load_manifest(tmp_path)
+
+
+def test_invalid_json_manifest(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        load_manifest(tmp_path)
+
+
+def test_manifest_round_trip_and_tamper(tiny_exports) -> None:
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    manifest = load_manifest(export_dir)
+    assert [(s.layer_start, s.layer_end) for s in manifest.stages] == [(0, 2), (2, 4)]
+    assert manifest.stages[0].first and manifest.stages[1].last
+    assert manifest.versions["openvino"]
+    assert len(manifest.stage_hash(0)) == 64 and manifest.stage_hash(0) != manifest.stage_hash(1)
+    raw = json.loads((export_dir / "manifest.json").read_text())
+    for mutate, message in [
+        (lambda r: r.pop("stages"), "missing 'stages'"),
+        (lambda r: r.update(format="other/9"), "format"),
+        (lambda r: r["stages"][1].update(layer_start=3), "starting at layer 2"),
+        (lambda r: r["model"].pop("hidden_size"), "model section is malformed"),
+    ]:
+        broken = json.loads(json.dumps(raw))
+        mutate(broken)
+        copy = export_dir.parent / "tampered"
+        copy.mkdir(exist_ok=True)
+        (copy / "manifest.json").write_text(json.dumps(broken))
+        with pytest.raises(ManifestError, match=message):
+            load_manifest(copy, verify_files=False)

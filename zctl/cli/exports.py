@@ -1,0 +1,103 @@
+"""Exports the console uses: where each lives by default, and made on first use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from zctl.launcher.local import ClusterError
+
+err = Console(stderr=True)
+
+
+def quiet_ml_libraries() -> None:
+    """Silence the export stack's own progress bars and warnings; zctl shows its own."""
+    import logging
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("nncf").setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+# The weight format a model is exported in when --weights is "auto" (every command's
+# default), chosen from the teacher-forced figures of docs/quality.md (zctl bench quality):
+# SmolLM2-135M in INT4 agrees with its fp32 model on the next token at 70% of positions
+# (perplexity 25.1 against 20.4) and repeats one line in greedy output; in INT8 at 96%
+# (20.6), for ~0.85x INT4's decode speed. Models not listed get AUTO_WEIGHTS_OTHERWISE
+# (not measured; `zctl bench quality --model DIR` measures one); --weights overrides.
+AUTO = "auto"
+DEFAULT_WEIGHTS = {"smollm2-135m": "int8"}
+AUTO_WEIGHTS_OTHERWISE = "int4"
+WEIGHTS_HELP = (f"auto | int4 | int8 | fp16 | fp32; auto: the model's default "
+                f"({', '.join(f'{w} for {m}' for m, w in DEFAULT_WEIGHTS.items())}, else "
+                f"{AUTO_WEIGHTS_OTHERWISE}; docs/quality.md)")
+
+
+def resolve_weights(model: str, weights: str) -> str:
+    """``weights`` itself, or for "auto" the model's default format (DEFAULT_WEIGHTS, keyed
+    by the model argument as given)."""
+    if weights != AUTO:
+        return weights
+    return DEFAULT_WEIGHTS.get(model, AUTO_WEIGHTS_OTHERWISE)
+
+
+def default_export_dir(model: str, stages: int, weights: str, static: bool = False) -> Path:
+    """Where ``zctl export`` writes and ``zctl run``/``cluster up`` look by default.
+
+    The name holds the weight format ("auto" resolved first, so the default format's
+    export never shares a directory with another format's) and the split policy
+    ("stages": cost-balanced, see ``exporter.balance.default_split``), so an export made
+    under an older policy is not silently reused.
+    """
+    from zctl.paths import export_cache_dir
+
+    safe = model.replace("/", "--").replace(".gguf", "")
+    kind = "-static" if static else ""
+    return export_cache_dir() / (f"{Path(safe).name}-{resolve_weights(model, weights)}-"
+                                 f"{stages}stages{kind}")
+
+
+def ensure_export(model: str, stages: int, weights: str = AUTO) -> Path:
+    """The cached export for (model, stages, weights); exported on first use with progress.
+    A cached directory whose manifest names another weight format is exported again."""
+    from exporter.balance import default_split
+    from zctl.manifest import ManifestError, load_manifest
+
+    if (Path(model) / "manifest.json").is_file():
+        load_manifest(model)  # an export directory is used as it is
+        return Path(model)
+    weights = resolve_weights(model, weights)
+    target = default_export_dir(model, stages, weights)
+    try:
+        found = load_manifest(target).weight_format
+        if found == weights:
+            return target
+        err.print(f"{target} holds {found} weights, not {weights}: exporting again")
+    except ManifestError:
+        pass
+    err.print(f"exporting {model} in {stages} {weights} stages (first use) to {target}")
+    try:
+        from exporter.export import export_model
+        from exporter.sources import open_source
+        from zctl.cli.export_view import RichExportProgress
+        from zctl.paths import source_cache_dir
+    except ImportError as exc:
+        raise ClusterError(f"exporting needs the export extra (pip install 'zctl[export]'): {exc}") \
+            from None
+    quiet_ml_libraries()
+    source = open_source(model, source_cache_dir())
+    with RichExportProgress(stages, err) as progress:
+        export_model(source, default_split(source, stages), weights, target, force=True,
+                     progress=progress)
+    return target

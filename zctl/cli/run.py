@@ -1,0 +1,327 @@
+"""``zctl run``: stream generations through the running cluster (or an embedded local one)
+with a live per-stage dashboard, or print one JSON report."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from contextlib import closing
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+
+from zctl.cli.cluster import (
+    DynamicQuantization,
+    Exact,
+    KvPrecision,
+    Precision,
+    _fail,
+    _running_record,
+    err,
+    numerics,
+    out,
+)
+from zctl.cli.dashboard import RunSnapshot, StageInfo, StreamView, render_run
+from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export
+from zctl.engine.requests import GenerationRequest
+from zctl.launcher.local import (
+    ClusterError,
+    ClusterRecord,
+    runtime_spec,
+    start_local_cluster,
+    stop_processes,
+    wait_serving,
+)
+
+
+def _stages_from_status(status: Any) -> list[StageInfo]:
+    nodes = {n.node_id: n for n in status.nodes}
+    rows = []
+    for stage in status.stages:
+        node = nodes.get(stage.node_id or "")
+        device = node.devices[0].name if node and node.devices else "?"
+        rows.append(StageInfo(stage.index, node.host if node else "-",
+                              f"{stage.layer_start}-{stage.layer_end - 1}", device))
+    return rows
+
+
+def _stage_breakdown(stages: list[StageInfo], timing: dict[str, dict[str, float]]) -> list[dict]:
+    rows = []
+    for info in stages:
+        i = info.index
+        hop = f"hop{i}-{i + 1}"
+        rows.append({"stage": i, "node": info.node, "layers": info.layers, "device": info.device,
+                     **{f"{k}_ms": timing.get(name, {})
+                        for k, name in [("compute", f"stage{i}.compute"), ("queue", f"{hop}.queue"),
+                                        ("serialise", f"{hop}.serialise"),
+                                        ("network", f"{hop}.network")]}})
+    return rows
+
+
+def parse_k(value: str) -> int:
+    """``--k``: 'auto' (0: adaptive) or a draft length 1..MAX_DRAFT_TOKENS."""
+    from zctl.engine.requests import MAX_DRAFT_TOKENS
+
+    if value == "auto":
+        return 0
+    if not value.isdigit() or not 1 <= int(value) <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"--k must be 'auto' or a draft length 1..{MAX_DRAFT_TOKENS}, not {value!r}")
+    return int(value)
+
+
+def parse_speculative(value: str) -> str:
+    """``--speculative``: '' (off), 'lookup', 'pipelined', or 'draft:PATH' with PATH made
+    absolute (the coordinator loads it, possibly from another working directory)."""
+    if value in ("", "off", "none"):
+        return ""
+    if value in ("lookup", "pipelined"):
+        return value
+    if value.startswith("draft:") and len(value) > 6:
+        path = Path(value.removeprefix("draft:")).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"draft model {path} is not a directory (export one with "
+                             "zctl export MODEL --stages 1 --out DIR)")
+        return f"draft:{path.resolve()}"
+    raise ValueError(f"--speculative must be 'lookup', 'pipelined' or 'draft:PATH', not "
+                     f"{value!r}")
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, seed: int | None,
+                   presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                   repetition_penalty: float = 1.0, min_p: float = 0.0) -> dict[str, Any]:
+    """The sampling options, validated here so a bad one fails before a cluster starts."""
+    from zctl.engine.sampling import SamplingParams
+
+    # raises ValueError with the reason
+    SamplingParams(temperature, top_k, top_p, seed, presence_penalty, frequency_penalty,
+                   repetition_penalty=repetition_penalty, min_p=min_p)
+    if seed is not None and seed < 0:
+        raise ValueError(f"--seed must be >= 0, not {seed}")
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+            "seed": seed, "presence_penalty": presence_penalty,
+            "frequency_penalty": frequency_penalty, "repetition_penalty": repetition_penalty}
+
+
+def output_grammar(json_schema: str | None, regex: str | None, grammar: Path | None
+                   ) -> dict[str, str]:
+    """The request's grammar fields for ``--json-schema`` (a file, or ``object``: any JSON
+    object), ``--regex`` or ``--grammar`` (a Lark or GBNF file), read and checked before a
+    cluster starts (the coordinator compiles them: zctl.engine.constraints)."""
+    given = [o for o, v in (("--json-schema", json_schema), ("--regex", regex),
+                            ("--grammar", grammar)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"give one of {', '.join(given)}")
+    if json_schema is not None:
+        text = '{"type": "object"}' if json_schema == "object" else Path(json_schema).read_text()
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"--json-schema {json_schema} is not JSON: {exc}") from None
+        return {"grammar_kind": "json_schema", "grammar": text}
+    if regex is not None:
+        return {"grammar_kind": "regex", "grammar": regex}
+    if grammar is not None:
+        return {"grammar_kind": "grammar", "grammar": grammar.read_text()}
+    return {}
+
+
+def sampling_report(req: GenerationRequest) -> dict[str, Any] | None:
+    """The run's sampling settings (None: plain greedy decoding)."""
+    penalties = {"presence_penalty": req.presence_penalty,
+                 "frequency_penalty": req.frequency_penalty,
+                 "repetition_penalty": req.repetition_penalty}
+    if req.temperature:
+        return {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p,
+                "min_p": req.min_p, "seed": req.seed, **penalties}
+    adjusted = req.presence_penalty or req.frequency_penalty or req.repetition_penalty != 1.0
+    return {"temperature": 0.0, **penalties} if adjusted else None
+
+
+def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat: bool,
+               as_json: bool, ignore_eos: bool = False, speculative: str = "",
+               k: int = 0, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Send the prompts to the generation service (run concurrently, one stream each);
+    live dashboard unless --json. Returns the run's report."""
+    from controlplane.client import query_status
+    from zctl.launcher.local import control_curve
+    from zctl.service.client import generate_many
+    from zctl.service.messages import GenerateDone, GenerateRequest
+
+    status = query_status(record.control, curve=control_curve(record))
+    if speculative and not status.runtime.exact:
+        err.print("[yellow]note:[/] this cluster runs fast numerics (a quantised KV cache or "
+                  "int8 activations): speculative output can differ from greedy at near-tied "
+                  "tokens; zctl cluster up --exact makes it identical", soft_wrap=True)
+    sampling = sampling or {}
+    seed = sampling.pop("seed", None)
+    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, max_tokens, chat, ignore_eos,
+                                speculative, k, **sampling,
+                                seed=None if seed is None else seed + i)  # streams differ
+                for i, p in enumerate(prompts)]
+    index = {r.request_id: i for i, r in enumerate(requests)}
+    snapshot = RunSnapshot(_stages_from_status(status), [StreamView(p) for p in prompts])
+    dones: dict[int, GenerateDone] = {}
+    first_at: dict[int, float] = {}
+    start = time.monotonic()
+    live = None if as_json else Live(render_run(snapshot), console=out, refresh_per_second=8)
+    try:
+        if live is not None:
+            live.start()
+        # closing() ends the stream here on Ctrl-C: its generations are cancelled at once
+        with closing(generate_many(record.serve, requests)) as messages:
+            for msg in messages:
+                i = index[msg.request_id]
+                now = time.monotonic()
+                first_at.setdefault(i, now)
+                apply_message(snapshot, i, msg)
+                if isinstance(msg, GenerateDone):
+                    dones[i] = msg
+                after_first = sum(max(v.tokens - 1, 0) for v in snapshot.streams)
+                if len(prompts) > 1 and now > min(first_at.values()):
+                    snapshot.aggregate_tok_s = after_first / (now - min(first_at.values()))
+                if live is not None:
+                    live.update(render_run(snapshot))
+    finally:
+        if live is not None:
+            live.stop()
+            if not out.is_terminal:  # Live ends a redirected dashboard without a newline
+                out.line()
+    errors = [d.error for d in dones.values() if d.error]
+    if errors:
+        raise ClusterError(errors[0])
+    end = time.monotonic()
+    return run_report(snapshot, [dones[i] for i in range(len(prompts))], requests[0],
+                      end - start, end - min(first_at.values(), default=start), speculative, k)
+
+
+def apply_message(snapshot: RunSnapshot, i: int, msg: Any) -> None:
+    """Show stream ``i``'s chunk or done in the dashboard's snapshot."""
+    from zctl.service.messages import GenerateDone
+
+    view = snapshot.streams[i]
+    view.ttft_ms, view.tok_s, view.spec = msg.ttft_ms, msg.tok_s, msg.spec
+    snapshot.timing = msg.timing or snapshot.timing
+    if isinstance(msg, GenerateDone):
+        view.text, view.tokens = msg.text, len(msg.tokens)
+        view.status = "error" if msg.error else f"done ({msg.stop_reason})"
+        return
+    view.text += msg.text
+    view.tokens = msg.produced
+    if msg.note:
+        view.status = msg.note
+        view.notes.append(msg.note)
+
+
+def run_report(snapshot: RunSnapshot, dones: list[Any], first: Any, wall_s: float,
+               since_first: float, speculative: str, k: int) -> dict[str, Any]:
+    """The run's report (``--json``): each stream's figures, the stages' breakdown and the
+    suggested split; one stream's figures at the top level."""
+    from exporter.balance import suggest_layers
+
+    streams = [{"tokens": len(d.tokens), "text": d.text, "ttft_ms": round(d.ttft_ms, 2),
+                "tok_s": round(d.tok_s, 2), "prompt_tokens": d.prompt_tokens,
+                "stop_reason": d.stop_reason, "spec": d.spec,
+                "notes": snapshot.streams[i].notes} for i, d in enumerate(dones)]
+    last = dones[-1].timing if len(dones) == 1 else snapshot.timing
+    report: dict[str, Any] = {
+        "streams": streams, "wall_s": round(wall_s, 3),
+        "aggregate_tok_s": round(sum(max(s["tokens"] - 1, 0) for s in streams)
+                                 / max(since_first, 1e-9), 2),
+        "stages": _stage_breakdown(snapshot.stages, last),
+        "suggested_layers": suggest_layers(
+            [info.layers for info in snapshot.stages],
+            [last.get(f"stage{info.index}.compute", {}).get("p50", 0.0) for info in snapshot.stages]),
+        "overhead_ms": last.get("overhead", {}), "step_ms": last.get("total", {}),
+        "speculative": speculative, "k": k or "auto", "sampling": sampling_report(first),
+        "grammar": first.grammar_kind or None}
+    if len(streams) == 1:
+        return {**streams[0], **report}
+    report["tokens"] = sum(s["tokens"] for s in streams)
+    return report
+
+
+def run(
+    prompts: Annotated[list[str], typer.Argument(help="what to ask (several: one stream each)")],
+    max_tokens: Annotated[int, typer.Option(help="new tokens at most, per stream")] = 128,
+    chat: Annotated[bool, typer.Option("--chat/--raw", help="apply the chat template")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object, no dashboard")] = False,
+    streams: Annotated[int, typer.Option(
+        help="concurrent streams (the prompts are repeated to fill them); 0: one per prompt")] = 0,
+    speculative: Annotated[str, typer.Option(
+        help="speculative decoding: 'lookup' (prompt n-grams), 'pipelined' (prompt-n-gram "
+             "guesses keep every stage busy for one stream) or 'draft:PATH' (a 1-stage export "
+             "sharing the tokenizer); output stays identical to greedy on a cluster with exact "
+             "numerics (zctl cluster up --exact; the embedded cluster of a speculative run "
+             "has them)")] = "",
+    k: Annotated[str, typer.Option("--k", help="draft tokens per step, or 'auto'")] = "auto",
+    temperature: Annotated[float, typer.Option(
+        help="0: greedy; > 0 samples (speculation then keeps the model's distribution)")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="sample among the k most likely tokens (0: all)")] = 0,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling mass")] = 1.0,
+    min_p: Annotated[float, typer.Option(
+        help="keep the tokens at least this fraction as likely as the most likely (0: all)")
+    ] = 0.0,
+    seed: Annotated[int | None, typer.Option(help="sampling seed (stream i uses seed + i)")] = None,
+    presence_penalty: Annotated[float, typer.Option(
+        help="-2..2, taken off the logit of every token generated so far (greedy too)")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option(
+        help="-2..2, taken off a token's logit once per time it was generated")] = 0.0,
+    repetition_penalty: Annotated[float, typer.Option(
+        help="(0, 2]: the logit of every token of the prompt or output so far divided by it "
+             "(multiplied when negative); 1: none")] = 1.0,
+    model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
+    stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
+    weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
+    precision: Precision = "f32",
+    exact: Exact = None,
+    kv_cache_precision: KvPrecision = None,
+    dynamic_quantization: DynamicQuantization = None,
+    ignore_eos: Annotated[bool, typer.Option(help="always produce max-tokens tokens")] = False,
+    json_schema: Annotated[str | None, typer.Option(
+        help="hold the output to this JSON Schema (a file; 'object': any JSON object)")] = None,
+    regex: Annotated[str | None, typer.Option(
+        help="hold the output to this regular expression")] = None,
+    grammar: Annotated[Path | None, typer.Option(
+        help="hold the output to this grammar (a Lark or GBNF file)")] = None,
+) -> None:
+    """Stream a generation through the running cluster (or an embedded local one)."""
+    embedded = None
+    try:
+        draft_k, mode = parse_k(k), parse_speculative(speculative)
+        sampling = check_sampling(temperature, top_k, top_p, seed, presence_penalty,
+                                  frequency_penalty, repetition_penalty, min_p)
+        sampling.update(output_grammar(json_schema, regex, grammar))
+        if streams < 0:
+            raise ValueError(f"--streams must be >= 0, not {streams}")
+        wanted = streams or len(prompts)
+        prompts = [prompts[i % len(prompts)] for i in range(wanted)]
+        record = _running_record()
+        told = exact is not None or kv_cache_precision is not None or dynamic_quantization is not None
+        if record is not None and told:
+            err.print("[yellow]note:[/] --exact/--fast, --kv-cache-precision and "
+                      "--dynamic-quantization shape an embedded cluster; the running one keeps "
+                      "its own (zctl cluster status)", soft_wrap=True)
+        if record is None:
+            # the cluster is this command's own: a speculative run gets exact numerics
+            # unless told otherwise (its output then equals greedy token for token)
+            kv, dq = numerics(exact if told else bool(mode) or None,
+                              kv_cache_precision, dynamic_quantization)
+            rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
+            export_dir = ensure_export(model, stages, weights)
+            err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
+            embedded = record = start_local_cluster(export_dir, stages, rt)
+            wait_serving(record, 300)
+        result = stream_run(record, prompts, max_tokens, chat, as_json, ignore_eos, mode, draft_k,
+                            sampling)
+    except (ClusterError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    except RuntimeError as exc:  # ClusterUnreachable and data-plane errors
+        _fail(str(exc))
+    finally:
+        if embedded is not None:
+            stop_processes(embedded.pids)
+    if as_json:
+        print(json.dumps(result))

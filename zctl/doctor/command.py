@@ -1,0 +1,262 @@
+"""``zctl doctor``: what to run when something is wrong. One line per check, pass, warn or
+fail, and exit 1 on any failure.
+
+The checks: this machine's OpenVINO devices and the CPU features that change numerics;
+versions here, on the coordinator and on every enrolled node; the control port (a status
+round trip), each node's heartbeats both ways as the coordinator sees them, each data
+pipe (the coordinator's record and a TCP connect from here); the clock offset to the
+coordinator; the hashes of the local exports and shard caches; free memory against the
+stages placed here; the HTTP API's /health. Without a cluster the local checks still run.
+The verdicts are ``zctl.doctor.verdicts``'s, the facts ``zctl.doctor.probes``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from zctl.doctor import probes
+from zctl.doctor import verdicts as dx
+from zctl.doctor.verdicts import Check
+from zctl.serve.tls import own_server_context
+
+DEFAULT_API = "http://127.0.0.1:8000"  # where zctl serve listens by default
+STYLE = {dx.PASS: "bold green", dx.WARN: "bold yellow", dx.FAIL: "bold red"}
+
+
+@dataclass
+class DoctorOptions:
+    """Where to find the cluster and the API (as ``zctl cluster status`` finds a cluster)."""
+
+    endpoint: str | None = None
+    curve_server_key: Path | None = None
+    curve_keys: Path | None = None
+    state_dirs: list[Path] = field(default_factory=list)
+    api: str = DEFAULT_API
+    api_explicit: bool = False
+    timeout: float = 3.0
+
+
+@dataclass
+class _Cluster:
+    """What the cluster section found: its checks, and the status if there was one."""
+
+    checks: list[Check]
+    status: Any = None  # a ClusterStatus
+
+
+def run_checks(opts: DoctorOptions) -> list[Check]:
+    """Every check, in order: this machine, the cluster, the API."""
+    from controlplane.messages import PROTOCOL_VERSION
+    from controlplane.nodeinfo import openvino_version, ram, zctl_version
+    from zctl.paths import export_cache_dir, zctl_home
+
+    versions = (_openvino_version(openvino_version), zctl_version(), PROTOCOL_VERSION)
+    home = zctl_home()
+    here = probes.node_ids(probes.state_dirs(home, opts.state_dirs))
+    checks = [dx.versions_here_check(*versions)]
+    devices, error = probes.openvino_devices()
+    checks += dx.device_checks(devices, error)
+    cpu = next((d for d in devices if d.name == "CPU"), None)
+    checks.append(dx.cpu_features_check(probes.cpu_flags(), cpu.capabilities if cpu else ()))
+    cluster = _cluster_checks(opts, versions, here)
+    exports = probes.export_dirs(export_cache_dir())
+    if cluster.status is not None and Path(cluster.status.export_dir).is_dir() and \
+            Path(cluster.status.export_dir).resolve() not in {e.resolve() for e in exports}:
+        exports.append(Path(cluster.status.export_dir))
+    checks += _integrity_checks(home, exports, opts.state_dirs)
+    served = Path(cluster.status.export_dir) if cluster.status is not None else \
+        next(iter(exports), None)
+    if served is not None and served.is_dir():
+        checks.append(dx.grammar_check(probes.grammar_probe(served, _label(served, home))))
+    total, available = ram()
+    if cluster.status is not None:
+        needs = probes.stage_needs_here(cluster.status, here)
+        checks.append(dx.memory_check(available, total, needs))
+    else:
+        need = probes.largest_export_need(exports)
+        checks.append(dx.memory_check(available, total, [need] if need else [],
+                                      without="no cluster status and no local export"))
+    checks += cluster.checks
+    checks.append(dx.api_check(opts.api, http_health(opts.api), opts.api_explicit))
+    return checks
+
+
+def _openvino_version(get: Any) -> str:
+    try:
+        return str(get())
+    except Exception as exc:  # noqa: BLE001 - doctor reports a broken install, not raises
+        return f"not importable ({type(exc).__name__})"
+
+
+def _integrity_checks(home: Path, exports: list[Path], extra: list[Path]) -> list[Check]:
+    out = [dx.integrity_check(probes.check_export(e, _label(e, home))) for e in exports]
+    for state in probes.state_dirs(home, extra):
+        if (state / "shards").is_dir():
+            out.append(dx.integrity_check(probes.check_shard_cache(state / "shards",
+                                                                   _label(state, home))))
+    if not out:
+        out.append(Check("shard files", dx.PASS, f"no export or shard cache under {home} "
+                                                 "(nothing to check)"))
+    return out
+
+
+def _label(path: Path, home: Path) -> str:
+    """A path as short as it stays clear: relative to ZCTL_HOME (or its exports) if inside."""
+    for base in (home / "exports", home):
+        try:
+            return str(path.resolve().relative_to(base.resolve()))
+        except ValueError:
+            continue
+    return str(path)
+
+
+def _cluster_checks(opts: DoctorOptions, versions: tuple[str, str, int],
+                    here: dict[str, Path]) -> _Cluster:
+    """The coordinator's status and everything judged from it; a skip (warn) without a
+    cluster, a fail when the one named does not answer."""
+    from controlplane.client import ClusterUnreachable, query_status_timed
+    from zctl.launcher.local import ClusterError, alive, read_record
+
+    try:
+        record = read_record()
+    except ClusterError as exc:
+        return _Cluster([Check("cluster", dx.FAIL, str(exc))])
+    if opts.endpoint is None and record is None:
+        return _Cluster([dx.skipped_cluster_check(
+            "no cluster is up here (no cluster.json) and no --endpoint was given")])
+    if opts.endpoint is None and record is not None and record.pids and not alive(record.pids[0]):
+        return _Cluster([dx.skipped_cluster_check(
+            f"cluster.json names a coordinator (pid {record.pids[0]}) that is not running; "
+            "give --endpoint to ask one elsewhere")])
+    target = opts.endpoint or record.control  # type: ignore[union-attr]
+    try:
+        curve = _curve(opts, record)
+    except ValueError as exc:
+        return _Cluster([Check("control port", dx.FAIL, f"{target}: CURVE keys: {exc}")])
+    try:
+        timed = query_status_timed(target, opts.timeout, curve)
+    except (ClusterUnreachable, OSError, RuntimeError) as exc:
+        try:  # a TCP connect tells nothing listening from a peer that does not answer
+            probes.split_address(target)
+            tcp = probes.tcp_connect(target, min(opts.timeout, 2.0))
+        except ValueError:
+            tcp = None
+        return _Cluster([dx.control_check(target, None, str(exc), tcp, curve=curve is not None)])
+    status = timed.status
+    on_coordinator = status.coordinator_id in here
+    note = " (the coordinator runs on this machine: one clock)" if on_coordinator else ""
+    addresses = [n.data_addr for n in status.nodes if n.stage is not None]
+    checks = [dx.control_check(target, timed.rtt_s),
+              dx.clock_check(timed.sent, status.time_s, timed.received, note=note),
+              dx.pipeline_check(status),
+              *dx.version_checks(status, *versions),
+              *dx.refusal_checks(status),
+              *dx.heartbeat_checks(status),
+              *dx.data_pipe_checks(status, probes.tcp_connect_all(addresses), on_coordinator)]
+    return _Cluster(checks, status)
+
+
+def _curve(opts: DoctorOptions, record: Any) -> Any:
+    """The CURVE client as ``zctl cluster status`` picks it (ValueError on bad options)."""
+    from controlplane.security import CurveClient, SecurityError
+    from zctl.launcher.local import control_curve
+
+    if bool(opts.curve_server_key) != bool(opts.curve_keys):
+        raise ValueError("--curve-server-key and --curve-keys go together")
+    try:
+        if opts.curve_server_key and opts.curve_keys:
+            return CurveClient.from_files(opts.curve_server_key, opts.curve_keys)
+        return control_curve(record) if opts.endpoint is None else None
+    except SecurityError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def http_health(url: str, timeout: float = 2.0, verify: bool = True) -> dx.HttpFacts:
+    """GET URL/health: its status and the start of its body, or why there was no answer.
+    An HTTPS server whose certificate this machine does not trust is asked again without
+    checking it (``untrusted`` in the facts)."""
+    target = url.rstrip("/") + "/health"
+    if not target.startswith(("http://", "https://")):
+        return dx.HttpFacts(error=f"{url!r} is not an http:// or https:// URL")
+    context = None if verify else own_server_context(target)
+    try:
+        with urllib.request.urlopen(target, timeout=timeout,  # noqa: S310
+                                    context=context) as reply:
+            return dx.HttpFacts(reply.status, reply.read(2048).decode("utf-8", "replace"),
+                                untrusted=not verify)
+    except urllib.error.HTTPError as exc:
+        return dx.HttpFacts(exc.code, exc.read(2048).decode("utf-8", "replace"),
+                            untrusted=not verify)
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if verify and isinstance(reason, ssl.SSLCertVerificationError):
+            return replace(http_health(url, timeout, verify=False),
+                           error=reason.verify_message or str(reason))
+        refused = isinstance(reason, ConnectionRefusedError)
+        text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+        return dx.HttpFacts(error=text, refused=refused)
+    except (TimeoutError, OSError, ValueError) as exc:
+        return dx.HttpFacts(error=str(exc) or type(exc).__name__)
+
+
+def render(checks: list[Check], console: Console) -> None:
+    """One line per check (coloured PASS/WARN/FAIL), then the tally."""
+    width = min(30, max(len(c.name) for c in checks))
+    for c in checks:
+        console.print(Text.assemble((f"{c.status.upper():4}", STYLE[c.status]), "  ",
+                                    (c.name.ljust(width), "bold"), "  ", c.detail))
+    counts = {s: sum(c.status == s for c in checks) for s in dx.STATUSES}
+    console.print(Text(f"{counts[dx.PASS]} pass, {counts[dx.WARN]} warn, {counts[dx.FAIL]} fail",
+                       style="bold red" if counts[dx.FAIL] else "bold"))
+
+
+def _recorded_api() -> str:
+    """The API that ``cluster up --api`` started with the cluster up here ("" if none):
+    it must answer."""
+    from zctl.launcher.local import ClusterError, read_record
+
+    try:
+        record = read_record()
+    except ClusterError:
+        return ""
+    return record.api if record is not None else ""
+
+
+def doctor(
+    endpoint: Annotated[str | None, typer.Option(
+        help="coordinator control address (default: the cluster up here)")] = None,
+    curve_server_key: Annotated[Path | None, typer.Option(
+        help="with --endpoint of a --curve cluster: the coordinator's public key file")] = None,
+    curve_keys: Annotated[Path | None, typer.Option(
+        help="with --curve-server-key: this client's admitted key pair (its .key_secret)")] = None,
+    state_dir: Annotated[list[Path] | None, typer.Option(
+        help="a node's state directory outside ZCTL_HOME (its id and shard cache; "
+             "repeatable)")] = None,
+    api: Annotated[str | None, typer.Option(
+        help=f"the HTTP API to ask for /health (default: the one cluster up --api started, "
+             f"else {DEFAULT_API}, where a missing server only warns)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the coordinator")] = 3.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Check this machine and the cluster: devices, versions, ports, clock, shard hashes, memory."""
+    recorded = _recorded_api() if api is None else ""
+    opts = DoctorOptions(endpoint, curve_server_key, curve_keys, list(state_dir or []),
+                         api or recorded or DEFAULT_API, bool(api or recorded), max(0.1, timeout))
+    checks = run_checks(opts)
+    ok = dx.all_ok(checks)
+    if as_json:
+        print(json.dumps({"checks": [c.to_dict() for c in checks], "ok": ok}))
+    else:
+        render(checks, Console(highlight=False, soft_wrap=True))
+    if not ok:
+        raise typer.Exit(1)

@@ -1,0 +1,208 @@
+"""The engine's contract with whatever runs the stages: an ``Executor``.
+
+An executor takes steps (a chunk of token ids at explicit logical positions for a stream
+or a row group) and answers each with the last stage's ``StepReply``. ``LocalChain``
+(dataplane.head.local_chain) runs every stage in this process; ``ClusterHead``
+(dataplane.head.cluster_head) runs stage 0 here and the rest on nodes over ZeroMQ. The scheduler
+drives both in the same way, through ``Executor`` only: ``submit`` a step, then
+``collect_any`` answers as they come. ``InlineExecutor`` gives an executor that computes
+a step when it is submitted (in process) that half of the contract, written once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from zctl.engine.payloads import Want, as_payload, reply_rows
+
+
+@dataclass
+class StepReply:
+    """What the last stage returns: greedy token per requested position, logits if asked.
+
+    ``request_id`` is the id ``submit`` returned for the step; ``stage_ms`` each stage's
+    compute time."""
+
+    tokens: np.ndarray
+    logits: np.ndarray | None = None
+    stage_ms: list[float] = field(default_factory=list)
+    request_id: int = 0
+    logprob_rows: bool = False  # logits holds a top-k payload's log-probabilities (payloads)
+
+
+def reply_from_logits(logits: np.ndarray, want_logits: Want = False) -> StepReply:
+    """Top-1 per row of [1, K, V] (or [K, V]) logits, and the logits rows the step asked
+    for (``want_logits``, see zctl.engine.payloads), as a cluster's reply would carry them."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    payload = as_payload(want_logits)
+    if payload is None:
+        return StepReply(tokens=rows.argmax(axis=-1))
+    shaped = reply_rows(rows, payload)
+    tokens = rows.argmax(axis=-1) if payload.top else shaped.argmax(axis=-1)
+    return StepReply(tokens=tokens, logits=shaped, logprob_rows=bool(payload.top))
+
+
+class StepError(RuntimeError):
+    """A submitted step could not be answered. ``request_id`` names it (0: the executor
+    cannot tell which step, so every step in flight is lost)."""
+
+    request_id: int = 0
+
+
+class PrefixCacheUnsupported(RuntimeError):
+    """The executor's stages keep no prefix cache (``prefix_cache_supported`` is False)."""
+
+
+class Executor(Protocol):
+    """What the engine needs of a pipeline of stages.
+
+    Streams are opened and reset (a reset forgets the stream's KV on every stage) before
+    their first step; ``close_stream`` frees a finished stream's KV slots on every stage.
+    A step's ``mask_tail`` first drops that many of the stream's last
+    tokens on every stage (on a row group: one count per row); ``rewind`` does the same
+    on its own, applied before the stream's next step. ``regroup`` makes ``group_id`` the
+    row group of ``members`` (streams stepped as the rows of one inference per stage)
+    where ``row_groups_supported``; ``compact`` drops a stream's masked KV slots.
+    Where ``paged_attention``, a row group's step may be ragged: ``row_tokens`` gives each
+    row's token count, ids and positions hold the rows' tokens one after the other,
+    ``logits_idx`` indexes them all (None: every row's last token) and the reply answers
+    those positions in order (a decoding row's token beside a prompt's chunk: one
+    inference, split-fuse). A pipelined greedy step says whether its tokens are a guess
+    (``guessed``: True, or False for a step a guessed one may follow; None: neither), so
+    a last stage that knows the answer to the step before can skip a refuted one early.
+    ``cancel`` drops a stream's newest steps (those submitted after
+    its last answered one; their answers are never collected) and rewinds it to its first
+    ``keep`` logical tokens on every stage, in order with its steps: pipelined speculation's
+    steps on a wrong guess. ``abandon_all`` forgets every step in flight (the stages are known to be broken):
+    streams must be reset before they step again. ``overlaps_steps``: later stages compute
+    a step while ``submit`` computes the next on stage 0 (a stream's steps answer in order).
+
+    Where ``prefix_cache_supported``, the stages keep prefix entries by id, in order with
+    the steps: ``save_prefix`` stores the first ``length`` logical KV slots of a stream
+    (alone, or a row of a row group) as an entry, replacing one of that id (``take``, for a
+    finishing stream alone: its own KV becomes the entry and the stream is closed);
+    ``load_prefix`` gives an open, just reset stream stepped alone an entry's first
+    ``length`` slots, so its next step continues at position ``length`` (``take`` moves the
+    entry to the stream instead of copying it); ``drop_prefix`` / ``drop_all_prefixes``
+    free entries; ``prefix_bytes`` is what the entries of the stages run in this process
+    hold (stage index -> bytes). Elsewhere saves and loads raise PrefixCacheUnsupported.
+    """
+
+    num_stages: int
+    overlaps_steps: bool
+    paged_attention: bool  # the stages keep KV in blocks (a past costs a prefill step little)
+
+    @property
+    def row_groups_supported(self) -> bool: ...
+    def open(self, stream_id: int) -> None: ...
+    def reset(self, stream_id: int) -> None: ...
+    def close_stream(self, stream_id: int) -> None: ...
+    def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+               logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
+               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
+               guessed: bool | None = None) -> int: ...
+    def collect_any(self, timeout_s: float | None = None) -> StepReply | None: ...
+    def rewind(self, stream_id: int, count: int) -> None: ...
+    def compact(self, stream_id: int) -> None: ...
+    def cancel(self, stream_id: int, request_ids: Sequence[int], keep: int) -> None: ...
+    def regroup(self, group_id: int, members: list[int]) -> None: ...
+    def abandon_all(self, why: str) -> None: ...
+    def timing_summary(self) -> dict[str, dict[str, float]]: ...
+    def clear_timings(self) -> None: ...
+    @property
+    def prefix_cache_supported(self) -> bool: ...
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None: ...
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None: ...
+    def drop_prefix(self, entry_id: int) -> None: ...
+    def drop_all_prefixes(self) -> None: ...
+    def prefix_bytes(self) -> dict[int, int]: ...
+
+
+class InlineExecutor:
+    """The submit/collect half of ``Executor`` for an executor that computes a step as it is
+    submitted: ``submit`` runs ``step`` and keeps its reply until ``collect_any``.
+
+    Subclasses implement ``step`` (with ``mask_tail``) and the rest of ``Executor``, and
+    call ``drop_answers`` when they reset a stream; ``abandon_all`` drops every reply not
+    yet collected. Prefix entries are refused unless a subclass keeps them."""
+
+    row_groups_supported = False  # an executor that can regroup says so
+    overlaps_steps = False  # a step is computed whole when it is submitted
+    paged_attention = False
+    prefix_cache_supported = False  # one that keeps prefix entries says so
+
+    def __init__(self) -> None:
+        self._request_ids = itertools.count(1)
+        self._answered: deque[tuple[int, StepReply]] = deque()  # (stream id, reply)
+
+    def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+             logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
+             mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
+             ) -> StepReply:
+        raise NotImplementedError
+
+    def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
+               logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
+               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
+               guessed: bool | None = None) -> int:
+        """Run the step now; its reply waits for ``collect_any``. Raises what ``step`` raises.
+        (``guessed`` asks stages that check a pipelined guess to do so: nothing to check
+        here, the step is computed whole before the next is submitted.)"""
+        if row_tokens is None:  # subclasses whose stages take no ragged rows omit it
+            reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
+                              mask_tail=mask_tail)
+        else:
+            reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
+                              mask_tail=mask_tail, row_tokens=row_tokens)
+        reply.request_id = next(self._request_ids)
+        self._answered.append((stream_id, reply))
+        return reply.request_id
+
+    def collect_any(self, timeout_s: float | None = None) -> StepReply | None:
+        """The oldest answer not yet collected (None if there is none: nothing waits)."""
+        return self._answered.popleft()[1] if self._answered else None
+
+    def drop_requests(self, request_ids: Sequence[int]) -> None:
+        """Forget the answers of these requests (cancelled steps)."""
+        dropped = set(request_ids)
+        if any(reply.request_id in dropped for _, reply in self._answered):
+            self._answered = deque(a for a in self._answered if a[1].request_id not in dropped)
+
+    def drop_answers(self, stream_id: int) -> None:
+        """Forget the stream's answers not yet collected (its KV was reset)."""
+        if any(sid == stream_id for sid, _ in self._answered):
+            self._answered = deque(a for a in self._answered if a[0] != stream_id)
+
+    def abandon_all(self, why: str) -> None:
+        self._answered.clear()
+
+    def timing_summary(self) -> dict[str, dict[str, float]]:
+        return {}
+
+    def clear_timings(self) -> None:
+        pass
+
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None:
+        raise PrefixCacheUnsupported(f"{type(self).__name__} keeps no prefix cache")
+
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None:
+        raise PrefixCacheUnsupported(f"{type(self).__name__} keeps no prefix cache")
+
+    def drop_prefix(self, entry_id: int) -> None:
+        """Nothing to drop: no entry is ever held."""
+
+    def drop_all_prefixes(self) -> None:
+        """Nothing to drop: no entry is ever held."""
+
+    def prefix_bytes(self) -> dict[int, int]:
+        return {}

@@ -1,0 +1,86 @@
+"""How the plans of a row group's sessions become one step (pure).
+
+A row group steps all its members in one inference per stage. On stateful stages its
+rows share one token count: ``padded_rows`` pads the shorter plans (a plain one-token row
+beside a speculative one) with slots the next step rewinds. On paged stages every row is
+a sequence of its own, so ``ragged_rows`` lays the rows' tokens one after the other: a
+decoding row's token and a prompt's prefill chunk ride in the same inference (split-fuse),
+and nothing is padded. Either way a ``RowsPlan`` says which of the reply's answers each
+row takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zctl.engine.payloads import merge_wants
+from zctl.engine.sessions import StepPlan
+
+
+@dataclass(frozen=True)
+class RowsPlan:
+    """One step of a row group: the executor's plan, each row's token count when the
+    rows are ragged (None: they share one), each row's slice of the reply's answers
+    (lo, hi), and the padding each row's step leaves (rewound with its next step)."""
+
+    plan: StepPlan
+    row_tokens: np.ndarray | None
+    answers: list[tuple[int, int]]
+    pads: list[int]
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Each row's (tokens, past: the KV it holds before the step), for the prefill cost
+        model of a step that carries a prompt's chunk."""
+        positions = self.plan.positions.reshape(-1)
+        if self.row_tokens is None:
+            tokens = self.plan.positions.shape[-1]
+            return [(tokens - pad, int(p)) for pad, p in zip(
+                self.pads, self.plan.positions.reshape(len(self.pads), -1)[:, 0], strict=True)]
+        starts = np.cumsum([0, *self.row_tokens[:-1]])
+        return [(int(n), int(positions[start])) for n, start in zip(
+            self.row_tokens, starts, strict=True)]
+
+
+def padded_rows(plans: Sequence[StepPlan], pads_before: Sequence[int]) -> RowsPlan:
+    """The rows padded to the longest plan; ``pads_before``: each row's padding from its
+    last step, rewound now with the row's own rewind. Every position is answered when a
+    row feeds several tokens (a row takes its real ones), else the last."""
+    lens = [len(p.token_ids) for p in plans]
+    tokens = max(lens)
+    ids = np.empty((len(plans), tokens), dtype=np.int64)
+    positions = np.empty((len(plans), tokens), dtype=np.int64)
+    rewinds = np.empty(len(plans), dtype=np.int64)
+    for row, (plan, n, pad) in enumerate(zip(plans, lens, pads_before, strict=True)):
+        ids[row, :n] = plan.token_ids
+        ids[row, n:] = plan.token_ids[-1]  # padding: masked by the next step's rewind
+        positions[row] = plan.positions[0] + np.arange(tokens)
+        rewinds[row] = int(plan.rewind) + pad
+    per_row = tokens if tokens > 1 else 1
+    answers = [(row * per_row, row * per_row + (n if per_row > 1 else 1))
+               for row, n in enumerate(lens)]
+    step = StepPlan(ids, positions, np.arange(tokens) if tokens > 1 else None, rewinds,
+                    merge_wants(p.want_logits for p in plans))
+    return RowsPlan(step, None, answers, [tokens - n for n in lens])
+
+
+def ragged_rows(plans: Sequence[StepPlan]) -> RowsPlan:
+    """The rows' tokens one after the other, each row answered where its plan asks (its
+    last token by default): ``logits_idx`` indexes the whole step, or is None when every
+    row asks only for its last token."""
+    lens = [len(p.token_ids) for p in plans]
+    starts = np.cumsum([0, *lens[:-1]])
+    wanted = [start + (np.asarray(p.logits_idx, dtype=np.int64) if p.logits_idx is not None
+                       else np.array([n - 1], dtype=np.int64))
+              for p, n, start in zip(plans, lens, starts, strict=True)]
+    every_last = all(p.logits_idx is None for p in plans)
+    bounds = np.cumsum([0, *(w.size for w in wanted)])
+    answers = [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    step = StepPlan(np.concatenate([np.asarray(p.token_ids, dtype=np.int64) for p in plans]),
+                    np.concatenate([np.asarray(p.positions, dtype=np.int64) for p in plans]),
+                    None if every_last else np.concatenate(wanted),
+                    np.array([int(p.rewind) for p in plans], dtype=np.int64),
+                    merge_wants(p.want_logits for p in plans))
+    return RowsPlan(step, np.array(lens, dtype=np.int64), answers, [0] * len(plans))

@@ -1,0 +1,508 @@
+"""The coordinator's generation loop, written once: ``StreamScheduler`` steps many
+``DecodeSession``s on one ``Executor``.
+
+It keeps one step of every active session (or row group) submitted, so on a
+``ClusterHead`` stage 0 computes one stream while another's activations are on the wire or
+on later stages (micro-batching with async overlap, paper §7); a ``LocalChain`` computes
+each step as it is submitted, so there the sessions take turns. With row groups, sessions
+are stepped together as the rows of one inference per stage (``StageRunner.step_rows``);
+a group is scheduled like one stream. ``run_session``, ``generate_greedy`` and
+``generate_speculative`` are that loop with one session.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from zctl.engine.drafting import Drafter, StageLoad, StepCost
+from zctl.engine.executor import Executor, StepError, StepReply
+from zctl.engine.pipelined import PipelinedSession
+from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
+from zctl.engine.prefill_planner import PrefillPlanner
+from zctl.engine.prefill_scheduling import PrefillScheduling
+from zctl.engine.prefix_index import PrefixCache, PrefixCacheStats
+from zctl.engine.prefix_scheduling import PrefixScheduling
+from zctl.engine.row_plans import RowsPlan, padded_rows, ragged_rows
+from zctl.engine.sampling import SamplingParams
+from zctl.engine.sessions import DecodeSession, StepPlan
+from zctl.engine.stats import GenerationStats
+
+
+@dataclass
+class SessionUpdate:
+    """Tokens a session emitted in one scheduler poll; ``session.done`` / ``.error`` tell the rest."""
+
+    session: DecodeSession
+    tokens: list[int]
+
+
+GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
+
+
+class StreamScheduler(PrefixScheduling, PrefillScheduling):
+    """Steps many sessions on one pipeline: the coordinator's generation loop.
+
+    With ``row_groups`` > 0 (on stages that support row groups), sessions join one of
+    that many row groups once their prompt is in: a group steps all its members in one
+    batched inference per stage (``StageRunner.step_rows``). On paged stages the rows are
+    ragged (``zctl.engine.row_plans``): each feeds its own token count, and a prompt arriving
+    while others decode joins a group so its chunks ride in their steps (split-fuse). On
+    stateful stages rows feeding fewer tokens than the longest (a speculative row with
+    fewer drafts, a plain one-token row) are padded with masked slots, rewound per row
+    with the next step, and prefill runs per stream. Groups are
+    pipelined like streams, so ``row_groups`` = the number of stages keeps every stage
+    busy across PCs; on one machine whose stages share cores, 1 batches the most.
+    While several streams keep a stage computing >= SATURATED of the time (``load``; with
+    ``shared_cores``, the stages together), adaptive-K sessions draft nothing; a fixed K
+    is left as asked.
+
+    A prompt is prefilled in chunks sized from the stages' measured step costs
+    (``zctl.engine.prefill``; the figures are kept by ``zctl.engine.prefill_planner``): alone, the
+    chunking that gives its first token soonest, its chunks following each other through
+    the stages without waiting for answers (on an executor whose ``overlaps_steps``);
+    beside streams that are decoding, chunks that add a share of one of their steps,
+    riding in their group's steps (paged, held to a measured budget) or one at a time
+    between them (stateful). With ``prefix_cache_tokens`` > 0 (on stages that support
+    it), a finished stream's KV stays on the stages as a prefix entry and a running
+    stream's prompt is a source: a new prompt starting with either's tokens loads that KV
+    and prefills only the rest
+    (``zctl.engine.prefix_index``).
+
+    Not thread-safe (nor are the pipelines): drive it from one thread.
+    """
+
+    def __init__(self, pipeline: Executor, row_groups: int = 0, shared_cores: bool = False,
+                 prefix_cache_tokens: int = 0, prefix_stats: PrefixCacheStats | None = None
+                 ) -> None:
+        if row_groups < 0:
+            raise ValueError(f"row_groups must be >= 0, got {row_groups}")
+        self.pipeline = pipeline
+        self.sessions: dict[int, DecodeSession] = {}  # active, by stream id
+        self._in_flight: dict[int, list[DecodeSession]] = {}  # request id -> its sessions
+        batching = row_groups and pipeline.row_groups_supported
+        self._groups: dict[int, list[DecodeSession]] = {
+            GROUP_ID_BASE + i: [] for i in range(row_groups if batching else 0)}
+        self._formed: dict[int, list[int]] = {gid: [] for gid in self._groups}  # on the stages
+        self._group_of: dict[int, int] = {}  # stream id -> its row group
+        self._group_steps: dict[int, int] = {}  # request id -> group id
+        self._pads: dict[int, int] = {}  # stream id -> padding slots of its last row step
+        self._row_answers: dict[int, list[tuple[int, int]]] = {}  # request id -> each row's
+        # slice of the reply's answers
+        self.row_steps = 0  # batched steps run (one inference per stage for all rows)
+        self.rows_stepped = 0  # stream steps they carried
+        self.load = StageLoad(shared_cores=shared_cores)
+        paged = bool(getattr(pipeline, "paged_attention", False))
+        # paged stages step a group's rows ragged: a prompt's chunks ride in its decode steps
+        self.ragged = paged and bool(self._groups)
+        self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR)
+        self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
+        self.cache: PrefixCache | None = None
+        self._wirings = getattr(pipeline, "wirings", 0)
+        if prefix_cache_tokens > 0 and getattr(pipeline, "prefix_cache_supported", False):
+            self.cache = PrefixCache(prefix_cache_tokens, stats=prefix_stats)
+            self._clear_prefixes()  # a fresh index: what the stages hold is nobody's
+
+    @property
+    def active(self) -> bool:
+        return bool(self.sessions)
+
+    def add(self, session: DecodeSession) -> None:
+        """Reset the session's stream on every stage and schedule it."""
+        if session.stream_id in self.sessions or session.stream_id >= GROUP_ID_BASE:
+            raise ValueError(f"stream {session.stream_id} is already generating, or its id is "
+                             f"in the row groups' range (>= {GROUP_ID_BASE})")
+        self.pipeline.open(session.stream_id)
+        self.pipeline.reset(session.stream_id)
+        if not session.done:
+            self.sessions[session.stream_id] = session
+            self._load_cached_prefix(session, self._min_prefix_hit(session))
+
+    def cancel(self, stream_id: int) -> None:
+        """Stop a session: its step in flight is abandoned and its KV slots are freed on
+        every stage (closing gives a new epoch); in a row group its row is dropped when the
+        group is next re-formed, before its next step."""
+        session = self.sessions.pop(stream_id, None)
+        if session is None:
+            return
+        if self.cache is not None:
+            self.cache.untrack_live(stream_id)
+        self._pads.pop(stream_id, None)
+        if self._group_of.pop(stream_id, None) is not None:
+            for members in self._groups.values():
+                if session in members:
+                    members.remove(session)
+            return
+        for rid in [r for r, s in self._in_flight.items() if s == [session]]:
+            del self._in_flight[rid]
+            self.prefill.forget_step(rid)
+        self.pipeline.close_stream(stream_id)
+
+    def poll(self, timeout_s: float | None = None) -> list[SessionUpdate]:
+        """Advance: start a step for every idle session or group, then take one answer (or
+        none within ``timeout_s``). Finished or failed sessions leave the schedule."""
+        updates = self._join_groups()
+        updates += self._poll_executor(timeout_s)
+        for update in updates:
+            if update.session.done:
+                self._retire(update.session)
+        updates += self._settle_groups()
+        return updates
+
+    def _retire(self, session: DecodeSession) -> None:
+        """A finished session leaves the schedule: its row group drops its row at the next
+        settle; a stream stepped on its own is freed on every stage now (nothing of it is
+        in flight: it finished on its last reply)."""
+        if self.sessions.pop(session.stream_id, None) is None:
+            return
+        grouped = session.stream_id in self._group_of
+        in_flight = any(session in s for s in self._in_flight.values())
+        if not in_flight:
+            self._save_prefix(session, alone=not grouped)
+        self._leave_group(session)
+        if not grouped and not in_flight:
+            try:
+                self.pipeline.close_stream(session.stream_id)
+            except Exception:  # noqa: BLE001 - a broken pipeline: the next reset starts over
+                pass
+
+    # -- row groups ------------------------------------------------------------------
+    def _busy(self) -> Counter[int]:
+        """Steps in flight per session (by id)."""
+        return Counter(id(s) for sessions in self._in_flight.values() for s in sessions)
+
+    def _join_groups(self) -> list[SessionUpdate]:
+        """Put idle one-token-a-step sessions into the smallest row group."""
+        if not self._groups:
+            return []
+        busy = self._busy()
+        joining = [s for s in self.sessions.values() if s.stream_id not in self._group_of
+                   and id(s) not in busy and self._would_group(s)]
+        for session in joining:
+            gid = min(self._groups, key=lambda g: len(self._groups[g]))
+            self._groups[gid].append(session)
+            self._group_of[session.stream_id] = gid
+        return self._settle_groups()
+
+    def _would_group(self, session: DecodeSession) -> bool:
+        """Whether a session outside the row groups joins one when next idle: if groups
+        exist and it is not the only stream decoding, once its prompt is in, or on paged
+        stages (ragged rows) while others decode, so its chunks ride in their steps. A lone
+        stream steps on its own: a one-row group computes the same, but its per-row inputs
+        cost ~0.3 ms more host time a token (measured on SmolLM2, 2 stages); so does a lone
+        prompt, whose chunks pipeline through the stages instead."""
+        if not self._groups or session.done:
+            return False
+        if session.prefilling and not (self.ragged and self._others_decoding(session)
+                                       and not self._loaded_unchecked(session)):
+            return False
+        if self._group_of:
+            return True
+        active = [s for s in self.sessions.values()
+                  if not s.done and (self.ragged or not s.prefilling)]
+        return len(active) >= 2 and any(not s.prefilling for s in active)
+
+    @staticmethod
+    def _loaded_unchecked(session: DecodeSession) -> bool:
+        """A prompt that started from a cached prefix and has not stepped since: its first
+        chunk steps alone, so a stage that lacks the entry fails that step, not a group's."""
+        return bool(session.cached_tokens) and session.prefill_position == session.cached_tokens
+
+    def _leave_group(self, session: DecodeSession) -> None:
+        gid = self._group_of.pop(session.stream_id, None)
+        self._pads.pop(session.stream_id, None)
+        if gid is not None and session in self._groups[gid]:
+            self._groups[gid].remove(session)
+
+    def _settle_groups(self) -> list[SessionUpdate]:
+        """Send the stages each idle group's new membership (rows join, leave, disband)."""
+        updates: list[SessionUpdate] = []
+        in_flight = set(self._group_steps.values())
+        for gid, members in self._groups.items():
+            wanted = [s.stream_id for s in members]
+            if gid in in_flight or wanted == self._formed[gid]:
+                continue
+            try:
+                self.pipeline.regroup(gid, wanted)
+            except Exception as exc:  # noqa: BLE001 - the members carry it to their callers
+                self._formed[gid] = []
+                for session in members:
+                    session.fail(exc)
+                    updates.append(SessionUpdate(session, []))
+                    self.sessions.pop(session.stream_id, None)
+                    self._group_of.pop(session.stream_id, None)
+                members.clear()
+                continue
+            self._formed[gid] = wanted
+        return updates
+
+    def _units(self) -> list[tuple[int, list[DecodeSession]]]:
+        """What steps next: (stream or group id, its sessions), groups first."""
+        units = [(gid, members) for gid, members in self._groups.items() if members]
+        units += [(sid, [s]) for sid, s in self.sessions.items() if sid not in self._group_of]
+        return units
+
+    def _plan(self, unit_id: int, sessions: list[DecodeSession]
+              ) -> tuple[StepPlan, RowsPlan | None]:
+        """One session's plan, or a group's rows as one step (ragged on paged stages, else
+        padded to one length)."""
+        # Several streams on saturated stages: adaptive K drafts nothing (drafts would only
+        # take compute from the other streams); a lone stream's drafts fill its own idle time.
+        cap = 0 if len(self.sessions) > 1 and self.load.saturated() else None
+        for session in sessions:
+            session.k_cap = cap
+        if unit_id not in self._groups:
+            return sessions[0].plan(), None
+        self._size_fused(unit_id, [s for s in sessions if s.prefilling])
+        plans = [s.plan() for s in sessions]
+        self.row_steps += 1
+        self.rows_stepped += len(plans)
+        if self.ragged:
+            rows = ragged_rows(plans)
+        else:
+            rows = padded_rows(plans, [self._pads.get(s.stream_id, 0) for s in sessions])
+            for session, pad in zip(sessions, rows.pads, strict=True):
+                self._pads[session.stream_id] = pad
+        return rows.plan, rows
+
+    def _advance(self, sessions: list[DecodeSession], reply: StepReply,
+                 answers: list[tuple[int, int]] | None) -> list[SessionUpdate]:
+        """Hand each session its part of the reply (a group's rows: their ``answers``)."""
+        self.load.observe(time.perf_counter(), reply.stage_ms)
+        updates = []
+        for row, session in enumerate(sessions):
+            if session.done or session.stream_id not in self.sessions:
+                continue  # failed or cancelled while its step was in flight
+            if answers is None:
+                row_reply = reply
+            else:
+                lo, hi = answers[row]
+                logits = reply.logits[lo:hi] if reply.logits is not None else None
+                row_reply = StepReply(reply.tokens[lo:hi], logits, reply.stage_ms,
+                                      logprob_rows=reply.logprob_rows)
+            prefilling = session.prefilling
+            try:
+                emitted = session.advance(row_reply)
+            except Exception as exc:  # noqa: BLE001 - the stream's own (its grammar refused
+                session.fail(exc)  # every token): it fails alone, its KV freed as it retires
+                updates.append(SessionUpdate(session, []))
+                continue
+            updates.append(SessionUpdate(session, emitted))
+            if isinstance(session, PipelinedSession):
+                updates += self._cancel_runs(session)
+            if prefilling and not session.prefilling and self.cache is not None:
+                self.cache.track_live(session.stream_id, session.prompt)
+        return updates
+
+    def _cancel_runs(self, session: PipelinedSession) -> list[SessionUpdate]:
+        """Cancel the runs in flight the session's last answer showed to be wrong: on every
+        stage, in order with its steps; their answers are never collected."""
+        cancel = session.take_cancel()
+        if cancel is None:
+            return []
+        rids = [r for r, s in self._in_flight.items() if s == [session]]  # oldest first
+        for rid in rids:
+            del self._in_flight[rid]
+        try:
+            self.pipeline.cancel(session.stream_id, rids, cancel.keep)
+        except Exception as exc:  # noqa: BLE001 - the stream's KV is unknown now
+            return self._fail([session], exc)
+        return []
+
+    def _fail(self, sessions: list[DecodeSession], exc: Exception) -> list[SessionUpdate]:
+        """Fail the sessions; their other steps in flight (pipelined prefill chunks) are
+        forgotten, so their answers are ignored. A session that started from a cached
+        prefix and has not emitted yet starts over without it instead (a later stage may
+        not have had the entry: a node that came back empty)."""
+        sessions = [s for s in sessions if not self._prefill_again(s)]
+        for session in sessions:
+            session.fail(exc)
+        for rid in [r for r, ss in self._in_flight.items() if all(s.done for s in ss)]:
+            del self._in_flight[rid]
+            self.prefill.forget_step(rid)
+        return [SessionUpdate(s, []) for s in sessions]
+
+    # -- driving the executor ---------------------------------------------------------
+    def _poll_executor(self, timeout_s: float | None) -> list[SessionUpdate]:
+        """Submit every ready unit, collect one reply, advance its sessions and submit
+        their next steps before returning (where nothing is about to change: see
+        ``_settled``): the caller's work on the updates (streaming text to clients) then
+        overlaps the steps in flight instead of delaying them. A lone stream's first token
+        is the exception (``_first_token_alone``): it goes to its client first."""
+        pipe = self.pipeline
+        updates = self._submit_ready()
+        if not self._in_flight:
+            return updates
+        try:
+            reply = pipe.collect_any(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a failed or expired request
+            rid = exc.request_id if isinstance(exc, StepError) else 0
+            failed = self._in_flight.pop(rid, None)
+            self._group_steps.pop(rid, None)
+            self._row_answers.pop(rid, None)
+            self.prefill.forget_step(rid)
+            if failed is None:
+                failed = [s for sessions in self._in_flight.values() for s in sessions]
+                for lost in self._in_flight:
+                    self.prefill.forget_step(lost)
+                self._in_flight.clear()
+                self._group_steps.clear()
+                self._row_answers.clear()
+            return updates + self._fail(failed, exc)
+        if reply is None:
+            return updates
+        sessions = self._in_flight.pop(reply.request_id, None)
+        group = self._group_steps.pop(reply.request_id, None)
+        answers = self._row_answers.pop(reply.request_id, None)
+        self.prefill.answered(reply.request_id, reply.stage_ms)
+        if sessions is not None:
+            advanced = self._advance(sessions, reply, answers)
+            updates += advanced
+            if group is not None or not _first_token_alone(advanced):
+                updates += self._submit_ready(settled_only=True, decode_only=True)
+        return updates
+
+    def _settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
+        """Whether a unit may step before poll retires finished sessions and settles row
+        groups: none of its sessions is done or cancelled, a group's members are the rows
+        its stages hold, and a session outside the groups is not about to join one."""
+        if any(s.done or s.stream_id not in self.sessions for s in sessions):
+            return False
+        if unit_id in self._groups:
+            return self._formed_as(unit_id, sessions)
+        return not self._would_group(sessions[0])
+
+    def _formed_as(self, group_id: int, sessions: list[DecodeSession]) -> bool:
+        """Whether the group's stages hold exactly these sessions' rows, in this order."""
+        return [s.stream_id for s in sessions] == self._formed[group_id]
+
+    def _submit_ready(self, settled_only: bool = False, decode_only: bool = False
+                      ) -> list[SessionUpdate]:
+        """Submit the next step of every unit with nothing in flight (``settled_only``:
+        and ``_settled``; ``decode_only``: no prefill steps, whose stage-0 compute would
+        hold back the updates the caller is about to deliver), and further chunks of a
+        prefill while ``_prefill_depth`` allows; the failures."""
+        updates: list[SessionUpdate] = []
+        busy = self._busy()
+        stepping = set(self._group_steps.values())
+        for unit_id, sessions in self._units():
+            if settled_only and not self._settled(unit_id, sessions):
+                continue
+            if unit_id in self._groups and (unit_id in stepping
+                                            or not self._formed_as(unit_id, sessions)):
+                continue  # its stages hold other rows: it steps once re-formed (settle)
+            if decode_only and self._prefilling(unit_id, sessions):
+                continue
+            while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(
+                    unit_id, sessions, busy):
+                if not self._submit(unit_id, sessions, updates):
+                    break
+                for session in sessions:
+                    busy[id(session)] += 1
+        return updates
+
+    def _submit(self, unit_id: int, sessions: list[DecodeSession],
+                updates: list[SessionUpdate]) -> bool:
+        """Plan and submit one step of a unit; False (and the failure in ``updates``) if
+        the pipeline refused it."""
+        prefill = self._prefilling(unit_id, sessions)
+        if prefill:
+            self._size_prefill(sessions[0])
+            past = sessions[0].prefill_position
+        fused = unit_id in self._groups and any(s.prefilling for s in sessions)
+        plan, rows = self._plan(unit_id, sessions)
+        ragged = {} if rows is None or rows.row_tokens is None else {"row_tokens": rows.row_tokens}
+        if plan.guessed is not None and rows is None:
+            ragged["guessed"] = plan.guessed
+        try:
+            rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions, plan.logits_idx,
+                                       plan.want_logits, mask_tail=plan.rewind, **ragged)
+        except Exception as exc:  # noqa: BLE001
+            updates += self._fail(sessions, exc)
+            return False
+        self._in_flight[rid] = list(sessions)
+        if prefill:
+            self.prefill.submitted(rid, [(int(plan.token_ids.size), past)])
+        elif fused and rows is not None:  # a prompt's chunk rode in the group's step
+            shapes = rows.shapes()
+            prompt_tokens = sum(tokens for s, (tokens, _) in zip(sessions, shapes, strict=True)
+                                if s.prefilling)
+            self.prefill.submitted(rid, shapes, (unit_id, prompt_tokens))
+        if rows is not None:
+            self._group_steps[rid] = unit_id
+            self._row_answers[rid] = rows.answers
+        return True
+
+
+def _first_token_alone(updates: Sequence[SessionUpdate]) -> bool:
+    """Whether a unit stepped alone (not a row group) just gave its session its first
+    tokens. Its next step then waits for the next poll: started now, stage 0's compute
+    of it (in the caller's thread on a cluster's head) would come between the prompt's
+    last step and the first token reaching the client, one more step in the time to
+    first token. A row group's step goes first even then: it carries every row's pace."""
+    return any(u.tokens and len(u.session.emitted) == len(u.tokens) for u in updates)
+
+
+def run_sessions(pipeline: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0
+                 ) -> Iterator[SessionUpdate]:
+    """Run sessions concurrently to the end, yielding every update (raises nothing:
+    a failed session has ``error`` set). ``row_groups``: see ``StreamScheduler``."""
+    scheduler = StreamScheduler(pipeline, row_groups)
+    for session in sessions:
+        scheduler.add(session)
+    while scheduler.active:
+        yield from scheduler.poll()
+
+
+def run_session(pipeline: Executor, session: DecodeSession) -> Iterator[int]:
+    """Yield one session's tokens as they come; raises the error that stopped it."""
+    for update in run_sessions(pipeline, [session]):
+        yield from update.tokens
+        if update.session.error is not None:
+            raise update.session.error
+
+
+def generate_greedy(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+                    stop_ids: Sequence[int] = (), stream_id: int = 0,
+                    prefill_chunk: int | None = None,
+                    stats: GenerationStats | None = None) -> Iterator[int]:
+    """Yield greedy tokens one by one; the stream is reset first."""
+    return run_session(pipeline, DecodeSession(
+        stream_id, prompt_ids, max_new_tokens, stop_ids, prefill_chunk=prefill_chunk,
+        stats=stats))
+
+
+def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+                         stop_ids: Sequence[int] = (), drafter: Drafter | None = None, k: int = 5,
+                         stream_id: int = 0, stats: GenerationStats | None = None,
+                         prefill_chunk: int | None = None, cost: StepCost | None = None,
+                         auto_k: bool = False, sampling: SamplingParams | None = None
+                         ) -> Iterator[int]:
+    """Yield exactly the tokens ``generate_greedy`` yields, verifying up to ``k`` drafts a step.
+
+    ``drafter`` defaults to a LookupDrafter. With a ``cost`` model (or ``auto_k``, which
+    fits one online) K is re-chosen every step by ``adapt_k`` (``k`` is then the maximum).
+    A ``SpeculativeStats`` passed as ``stats`` also gets the draft counters. The stream is
+    reset first; rejected slots of the last step are left in its KV. With ``sampling``
+    (temperature > 0) the tokens are sampled and keep the target's distribution instead.
+    """
+    return run_session(pipeline, DecodeSession(
+        stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, k=k, auto_k=auto_k,
+        cost=cost, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))
+
+
+def generate_pipelined(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+                       stop_ids: Sequence[int] = (), drafter: Drafter | None = None,
+                       width: int | None = None, depth: int | None = None, stream_id: int = 0,
+                       stats: GenerationStats | None = None, prefill_chunk: int | None = None,
+                       sampling: SamplingParams | None = None) -> Iterator[int]:
+    """Yield exactly the tokens ``generate_greedy`` yields, by pipelined speculation
+    (``zctl.engine.pipelined``): while a step is on later stages, stage 0 starts the next on a
+    guessed continuation (``drafter``, prompt lookup by default), up to ``depth`` steps in
+    flight (None: adaptive); wrong guesses are cancelled on every stage. On an executor
+    whose steps do not overlap it decodes one step at a time."""
+    return run_session(pipeline, PipelinedSession(
+        stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, width=width,
+        depth=depth, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))

@@ -1,0 +1,268 @@
+"""The coordinator and node processes, started from typed configurations.
+
+``CoordinatorProcess`` and ``NodeProcess`` say everything a process needs; ``run_coordinator``
+and ``run_node`` run one until it is stopped (SIGTERM or Ctrl-C) and return its exit code.
+``zctl`` builds them from its options (zctl.cli.cluster) and either runs one here or
+starts ``python -m zctl.launcher ROLE CONFIG_JSON`` (``process_command``), whose entry
+(zctl.launcher.__main__) only rebuilds the same dataclass from that JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane.records import HEARTBEAT_S, LIVENESS, RuntimeSpec
+from controlplane.schema import SchemaError, build
+from zctl.engine.requests import DEFAULT_MAX_STREAMS
+
+log = logging.getLogger("zctl.processes")
+Say = Callable[[str], None]  # where a process tells its operator what it does
+Progress = Callable[[str, int, int], None]  # (shard hash, bytes done, bytes in all)
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """An emulated WAN link on every data frame a process sends (zeros: a plain link)."""
+
+    delay_ms: float = 0.0  # one-way latency
+    jitter_ms: float = 0.0  # plus uniform random 0..J ms per frame (order is kept)
+    rate_mbit: float = 0.0  # bandwidth cap (0: none)
+    relays: int = 0  # store-and-forward relays on the path (see dataplane.wire.link)
+    relay_delay_ms: float = 0.0  # each relay's own delay
+
+    @property
+    def shaped(self) -> bool:
+        return bool(self.delay_ms or self.jitter_ms or self.rate_mbit or self.relays)
+
+    def pipe_options(self) -> Any:
+        """The data pipes' options with this shape (dataplane.wire.transport.PipeOptions);
+        ValueError naming a bad value."""
+        from dataplane.wire.link import link_options
+
+        return link_options(self.delay_ms, self.jitter_ms, self.rate_mbit, relays=self.relays,
+                            relay_delay_ms=self.relay_delay_ms)
+
+    def check(self) -> None:
+        """ValueError naming a bad value."""
+        self.pipe_options()
+
+    def describe(self) -> str:
+        relayed = ""
+        if self.relays:
+            relayed = (f", through {self.relays} store-and-forward relay"
+                       + ("s" if self.relays > 1 else "")
+                       + (f" (+{self.relay_delay_ms:g} ms each)" if self.relay_delay_ms else ""))
+        return (f"{self.delay_ms:g} ms one-way"
+                + (f" + 0..{self.jitter_ms:g} ms jitter" if self.jitter_ms else "")
+                + (f", {self.rate_mbit:g} Mbit/s" if self.rate_mbit else "") + relayed)
+
+
+@dataclass(frozen=True)
+class CoordinatorProcess:
+    """A coordinator: serves ``export_dir``, runs stage 0 and (with ``serve``) the
+    generation service that ``zctl run`` talks to."""
+
+    export_dir: str
+    bind: str = "tcp://*:5550"
+    host: str | None = None  # address nodes reach this machine at
+    data_port: int = 0
+    state_dir: str | None = None  # default: ZCTL_HOME/coordinator
+    heartbeat: float = HEARTBEAT_S
+    liveness: int = LIVENESS
+    expect_nodes: int | None = None
+    placement: dict[str, str] = field(default_factory=dict)  # {stage: node id}
+    reassign_after: float | None = None
+    heal_after: float | None = 0.0  # None: no healing onto the survivors
+    resume_timeout: float = 120.0
+    curve: bool = False
+    serve: str | None = None  # the generation service's bind address
+    row_groups: int | None = None  # default: one per stage
+    max_streams: int = DEFAULT_MAX_STREAMS  # generations at once (more wait their turn)
+    kv_memory_mb: int = 2048  # KV a stage may hold: running streams + cached prefixes
+    prefix_cache_mb: int = 512  # of which cached prefixes (0: no prefix cache)
+    shared_cores: bool = False
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    link: LinkShape = field(default_factory=LinkShape)
+    cpus: str | None = None
+
+    @property
+    def bind_host(self) -> str:
+        """The host part of ``bind`` (``0.0.0.0`` or ``*``: every interface)."""
+        return self.bind.removeprefix("tcp://").rpartition(":")[0]
+
+    @property
+    def control(self) -> str:
+        """The control address nodes and clients connect to: ``host``, else the bind host."""
+        return f"tcp://{self.host or self.bind_host}:{self.bind.rpartition(':')[2]}"
+
+
+@dataclass(frozen=True)
+class NodeProcess:
+    """A node: joins ``coordinator`` and serves the stage it is assigned."""
+
+    coordinator: str
+    host: str | None = None  # address other nodes reach this one at
+    data_port: int = 0
+    state_dir: str | None = None  # default: ZCTL_HOME/node
+    heartbeat: float = HEARTBEAT_S
+    reconnect_min: float = 1.0
+    reconnect_max: float = 32.0
+    tok_s: float | None = None  # measured speed, for placement
+    curve_server_key: str | None = None  # the coordinator's public key file: CURVE on
+    link: LinkShape = field(default_factory=LinkShape)
+    cpus: str | None = None
+
+
+ROLES: dict[str, type] = {"coordinator": CoordinatorProcess, "node": NodeProcess}
+
+
+def process_command(config: CoordinatorProcess | NodeProcess) -> list[str]:
+    """The arguments after ``python`` that start this process: the role and its config."""
+    role = "coordinator" if isinstance(config, CoordinatorProcess) else "node"
+    return ["-m", "zctl.launcher", role, json.dumps(asdict(config))]
+
+
+def parse_process(role: str, text: str) -> CoordinatorProcess | NodeProcess:
+    """The typed config ``process_command`` wrote; ValueError if it is not one."""
+    if role not in ROLES:
+        raise ValueError(f"unknown process role {role!r}: expected {' or '.join(ROLES)}")
+    try:
+        return build(ROLES[role], json.loads(text), role)
+    except (json.JSONDecodeError, SchemaError) as exc:
+        raise ValueError(f"bad {role} configuration: {exc}") from None
+
+
+def placement_of(pins: list[str]) -> dict[str, str]:
+    """``STAGE=NODE_ID`` pins as a placement; ValueError names a bad one."""
+    out = {}
+    for pin in pins:
+        stage, sep, node_id = pin.partition("=")
+        if not sep or not stage.isdigit() or not node_id:
+            raise ValueError(f"bad --place {pin!r}: expected STAGE=NODE_ID, e.g. 1=pc2-1a2b3c4d")
+        out[stage] = node_id
+    return out
+
+
+def _home(state_dir: str | None, name: str) -> Path:
+    from zctl.paths import zctl_home
+
+    return Path(state_dir) if state_dir else zctl_home() / name
+
+
+def _prepare(link: LinkShape, cpus: str | None, base: Any, say: Say) -> Any:
+    """Apply the CPU set and hold the allocator's mmap threshold (before anything starts a
+    thread or compiles a stage); ``base`` (a launcher) with the emulated link applied, or
+    None for the default one."""
+    from dataplane.runtime.heap import hold_mmap_threshold
+
+    hold_mmap_threshold()  # freed step buffers go back to the system (dataplane/runtime/heap.py)
+    if cpus:
+        from zctl.launcher.cpusets import confine_to
+
+        say(f"confined to CPUs {cpus}")
+        confine_to(cpus)
+    if not link.shaped:
+        return None
+    from functools import partial
+
+    try:
+        options = link.pipe_options()
+    except ValueError as exc:
+        raise ValueError(f"bad emulated link: {exc}") from None
+    say(f"emulated link on outbound frames: {link.describe()}")
+    return partial(base, options=options)
+
+
+def _row_groups(config: CoordinatorProcess) -> int:
+    if config.row_groups is None:  # one group per stage: every stage busy
+        from zctl.manifest import load_manifest
+
+        return len(load_manifest(config.export_dir, verify_files=False).stages)
+    if config.row_groups < 0:
+        raise ValueError(f"row groups must be >= 0, not {config.row_groups}")
+    return config.row_groups
+
+
+def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
+    """Run the coordinator (and its generation service) until SIGTERM or Ctrl-C."""
+    from controlplane.coordinator import Coordinator, CoordinatorConfig
+    from controlplane.launch import head_launcher
+    from controlplane.security import CurveServer, key_dir
+
+    launcher = _prepare(config.link, config.cpus, head_launcher, say)
+    state_dir = _home(config.state_dir, "coordinator")
+    curve = None
+    if config.curve:
+        curve = CurveServer.from_state_dir(state_dir, state_dir / "authorized")
+        say(f"CURVE on: give nodes {key_dir(state_dir) / 'coordinator.key'}; admit a node with "
+            "zctl cluster authorize NODE.key")
+    coordinator = Coordinator(config.export_dir, CoordinatorConfig(
+        endpoint=config.bind, state_dir=state_dir, host=config.host, data_port=config.data_port,
+        heartbeat_interval=config.heartbeat, liveness=config.liveness,
+        expect_nodes=config.expect_nodes,
+        placement={int(stage): node for stage, node in config.placement.items()},
+        runtime=config.runtime, reassign_after=config.reassign_after,
+        heal_after=config.heal_after, curve=curve),
+        launcher=launcher)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")
+    service = None
+    if config.serve:
+        from dataplane.runtime.stateful import RuntimeConfig
+        from zctl.service.server import GenerationService
+
+        service = GenerationService(
+            config.export_dir, coordinator.stage0_executor, config.serve,
+            max_streams=config.max_streams, row_groups=_row_groups(config),
+            kv_memory_mb=config.kv_memory_mb, prefix_cache_mb=config.prefix_cache_mb,
+            shared_cores=config.shared_cores,
+            health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,
+            draft_config=RuntimeConfig(**asdict(config.runtime)),  # drafts run as stage 0 does
+            cluster=coordinator.status)
+        say(f"generation service on {service.start()}")
+    try:
+        coordinator.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if service is not None:
+            service.stop()
+    return 0
+
+
+def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | None = None) -> int:
+    """Run a node agent until SIGTERM or Ctrl-C; 2 if the coordinator refused it."""
+    from controlplane.agent import AgentConfig, NodeAgent
+    from controlplane.launch import default_launcher
+    from controlplane.security import CurveClient, key_dir, read_public_key
+
+    launcher = _prepare(config.link, config.cpus, default_launcher, say)
+    state_dir = _home(config.state_dir, "node")
+    curve = (CurveClient.from_state_dir(state_dir, read_public_key(Path(config.curve_server_key)))
+             if config.curve_server_key else None)
+    agent = NodeAgent(AgentConfig(
+        config.coordinator, state_dir=state_dir, data_host=config.host,
+        data_port=config.data_port, heartbeat_interval=config.heartbeat,
+        reconnect_min=config.reconnect_min, reconnect_max=config.reconnect_max,
+        tok_s=config.tok_s, curve=curve), launcher=launcher, on_progress=on_progress)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    say(f"node {agent.node_id} (data {agent.data_addr}) joining {config.coordinator}")
+    if curve is not None:
+        say(f"CURVE: this node's public key is {key_dir(state_dir) / 'node.key'}; the "
+            "coordinator must admit it (zctl cluster authorize NODE.key)")
+    try:
+        agent.run()
+    except KeyboardInterrupt:
+        pass
+    if agent.refusal:
+        say(f"refused: {agent.refusal}")
+        return 2
+    return 0
+
+

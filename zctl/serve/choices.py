@@ -1,0 +1,90 @@
+"""A request's choices run together on the event loop (pure asyncio, no HTTP): awaited
+concurrently with the first failure cancelling the rest, their event streams merged as
+events come, and closed (which cancels the generations still running); one choice's
+events as its client is shown them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from zctl.engine.requests import TokenLogprob
+from zctl.serve.metrics import RequestClock
+from zctl.serve.protocol import finish_reason
+from zctl.service.messages import GenerateChunk, GenerateDone
+
+T = TypeVar("T")
+
+
+async def together(jobs: list[Awaitable[T]]) -> list[T]:
+    """The jobs' results, run concurrently (one alone is simply awaited); the first to fail
+    cancels the others, and its exception is raised."""
+    if len(jobs) == 1:
+        return [await jobs[0]]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(job) for job in jobs]  # type: ignore[arg-type]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+async def close_all(events: list[AsyncIterator[Any]]) -> None:
+    """Close every choice's events (cancelling the generations still running)."""
+    for stream in events:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def merged(firsts: list[Any], events: list[AsyncIterator[Any]],
+                 ) -> AsyncIterator[tuple[int, Any]]:
+    """(choice, event) from every choice as they come, each choice's first event first,
+    until each has ended (a GenerateDone). Left early, it stops waiting on them."""
+    if len(events) == 1:  # the common case, without a task per event
+        msg = firsts[0]
+        while True:
+            yield 0, msg
+            if isinstance(msg, GenerateDone):
+                return
+            msg = await anext(events[0])
+    for index, msg in enumerate(firsts):
+        yield index, msg
+    waiting = {asyncio.ensure_future(anext(events[i])): i
+               for i, msg in enumerate(firsts) if not isinstance(msg, GenerateDone)}
+    try:
+        while waiting:
+            ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(ready, key=waiting.__getitem__):
+                index = waiting.pop(task)
+                msg = task.result()
+                yield index, msg
+                if not isinstance(msg, GenerateDone):
+                    waiting[asyncio.ensure_future(anext(events[index]))] = index
+    finally:
+        for task in waiting:
+            task.cancel()  # each choice's generator ends in the cancellation
+        await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def shown(first: Any, events: AsyncIterator[Any], clock: RequestClock,
+                holds: Callable[[str], bool], logprobs: list[TokenLogprob] | None
+                ) -> AsyncIterator[GenerateChunk | GenerateDone]:
+    """One choice's events as its client sees them: the chunks whose text is shown (not
+    ``holds(text)``, as a call is held to its end), then its end. The clock is fed as
+    tokens come and at a successful end, and ``logprobs`` (if a list) gathers every
+    token's."""
+    async with contextlib.aclosing(merged([first], [events])) as stream:
+        async for _, msg in stream:
+            if isinstance(msg, GenerateDone):
+                if not msg.error:
+                    clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
+                               time.monotonic())
+                yield msg
+                return
+            clock.tokens(len(msg.tokens), time.monotonic())
+            if logprobs is not None:
+                logprobs += msg.logprobs
+            if (msg.text or msg.logprobs) and not holds(msg.text):
+                yield msg

@@ -1,0 +1,452 @@
+"""OpenAI's Responses API (``/v1/responses``) as shapes (pure): its request, read as the chat
+completion it asks for; the response object and its streamed events, built from the
+engine's chunks and end; and the store that ``previous_response_id`` reads.
+
+A request's ``input`` (text, or items: messages, earlier ``function_call`` items and their
+``function_call_output``) and ``instructions`` become a chat conversation, its flat
+function ``tools`` and ``text.format`` the chat API's tools and ``response_format``, so a
+response runs the generation a chat completion runs. Only what zctl can answer is taken:
+text in and out, function tools, JSON output; anything else (images, built-in tools,
+background runs) is a 400 that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from zctl.engine.requests import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, GenerationDone, TokenLogprob
+from zctl.serve.errors import chat_request
+from zctl.serve.protocol import ApiError, ChatCompletionRequest, ResponseShape, ZctlOptions, chat_logprobs
+from zctl.serve.tools import MAX_TOOLS
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # ``include`` asks for the tokens' logprobs
+MAX_METADATA = 16
+STORE_BYTES = 64 << 20  # responses kept for previous_response_id and GET, by their JSON size
+
+
+# -- requests -------------------------------------------------------------------------
+class InputPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str = ""
+
+    @model_validator(mode="after")
+    def _text_only(self) -> InputPart:
+        if self.type not in ("input_text", "output_text", "text"):
+            raise ValueError(f"content of type {self.type!r} is not supported (text only)")
+        return self
+
+
+class InputItem(BaseModel):
+    """One input item: a message, an earlier function call, or a call's output."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: str | list[InputPart] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | list[InputPart] | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> InputItem:
+        need = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
+                "function_call_output": ("call_id", "output")}[self.type]
+        missing = [f for f in need if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"a {self.type} item needs {', '.join(missing)}")
+        return self
+
+    def text(self) -> str:
+        value = self.output if self.type == "function_call_output" else self.content
+        return value if isinstance(value, str) else "".join(p.text for p in value or [])
+
+
+class FunctionTool(BaseModel):
+    """A function the model may call (the Responses API's flat form)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    name: str = ""
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _function_only(self) -> FunctionTool:
+        if self.type != "function":
+            raise ValueError(f"tools of type {self.type!r} are not supported (function only)")
+        return self
+
+
+class NamedFunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    """``text.format``: plain text, any JSON object, or JSON of a schema (flat)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str = "response"
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+class ResponsesRequest(BaseModel):
+    """``POST /v1/responses``."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=1 << 63)
+    stream: bool = False
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextOptions | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    previous_response_id: str | None = None
+    store: bool = True
+    metadata: dict[str, str] | None = Field(None, max_length=MAX_METADATA)
+    background: bool = False
+    truncation: Literal["disabled"] | None = None  # "auto" (dropping turns) is not done
+    zctl: ZctlOptions = Field(default_factory=ZctlOptions)
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, value: str | list[InputItem]) -> str | list[InputItem]:
+        if isinstance(value, list) and not value:
+            raise ValueError("input is empty")
+        return value
+
+    @field_validator("background")
+    @classmethod
+    def _foreground(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("background responses are not supported")
+        return value
+
+    @field_validator("include")
+    @classmethod
+    def _includable(cls, value: list[str] | None) -> list[str] | None:
+        unknown = set(value or []) - {LOGPROBS_INCLUDE}
+        if unknown:
+            raise ValueError(f"{sorted(unknown)} is not supported (only {LOGPROBS_INCLUDE!r})")
+        return value
+
+    @property
+    def logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or [])
+
+    def input_turns(self) -> list[dict[str, Any]]:
+        """This request's input as chat messages (instructions not included)."""
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        return items_as_turns(self.input)
+
+    def chat(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
+        """The chat completion this response runs: ``history`` (a previous response's
+        conversation), then the input, the instructions first as the system message."""
+        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        body: dict[str, Any] = {
+            "model": self.model, "messages": system + history + self.input_turns(),
+            "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
+            "top_p": self.top_p, "seed": self.seed, "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs if self.logprobs else None,
+            "zctl": self.zctl.model_dump(exclude_unset=True)}
+        if self.tools:
+            body["tools"] = [{"type": "function", "function": {
+                "name": t.name, "description": t.description or "", "parameters": t.parameters}}
+                for t in self.tools]
+        choice = self.tool_choice
+        if choice is not None:
+            body["tool_choice"] = choice if isinstance(choice, str) else {
+                "type": "function", "function": {"name": choice.name}}
+        fmt = self.text.format if self.text else None
+        if fmt is not None and fmt.type == "json_object":
+            body["response_format"] = {"type": "json_object"}
+        elif fmt is not None and fmt.type == "json_schema":
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict}}
+        return chat_request(body)
+
+
+def items_as_turns(items: list[InputItem]) -> list[dict[str, Any]]:
+    """Input items as chat messages: consecutive function calls as one assistant turn's
+    ``tool_calls``, a call's output as a ``tool`` turn."""
+    turns: list[dict[str, Any]] = []
+    for item in items:
+        if item.type == "message":
+            turns.append({"role": item.role, "content": item.text()})
+        elif item.type == "function_call_output":
+            turns.append({"role": "tool", "content": item.text()})
+        else:
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if turns and turns[-1]["role"] == "assistant" and turns[-1].get("tool_calls"):
+                turns[-1]["tool_calls"].append(call)
+            else:
+                turns.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    return turns
+
+
+# -- responses ------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def output_items(shape: ResponseShape, done: GenerationDone, message_id: str,
+                 logprobs: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+    """A finished generation's output items: its function calls, or one message."""
+    calls, _ = shape.ending(done)
+    if calls:
+        return [function_call_item(call) for call in calls]
+    return [message_item(message_id, done.text, logprobs, "completed")]
+
+
+def function_call_item(call: dict[str, Any]) -> dict[str, Any]:
+    """A chat API tool call (zctl.serve.tools) as a Responses ``function_call`` item."""
+    return {"type": "function_call", "id": new_id("fc"), "call_id": call["id"],
+            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+            "status": "completed"}
+
+
+def text_part(text: str, logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [],
+            "logprobs": chat_logprobs(logprobs)["content"] if logprobs else []}
+
+
+def message_item(item_id: str, text: str | None, logprobs: list[TokenLogprob] | None,
+                 status: str) -> dict[str, Any]:
+    """An assistant message item (``text`` None: no content part yet)."""
+    content = [] if text is None else [text_part(text, logprobs)]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": content}
+
+
+def response_usage(done: GenerationDone) -> dict[str, Any]:
+    output = len(done.tokens)
+    return {"input_tokens": done.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": done.cached_tokens},
+            "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": done.prompt_tokens + output}
+
+
+class ResponseObject:
+    """One response's object as it goes: ``in_progress``, then its end (``completed``,
+    ``incomplete`` when ``max_output_tokens`` cut it, or ``failed``)."""
+
+    def __init__(self, req: ResponsesRequest, model: str, shape: ResponseShape) -> None:
+        self.req, self.model, self.shape = req, model, shape
+        self.id = new_id("resp")
+        self.created_at = int(time.time())
+        self.output: list[dict[str, Any]] = []
+        self.status = "in_progress"
+        self.usage: dict[str, Any] | None = None
+        self.incomplete: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+
+    def finish(self, done: GenerationDone, logprobs: list[TokenLogprob] | None,
+               message_id: str) -> None:
+        self.output = output_items(self.shape, done, message_id, logprobs)
+        cut = done.stop_reason == "max_tokens"
+        self.status = "incomplete" if cut else "completed"
+        self.incomplete = {"reason": "max_output_tokens"} if cut else None
+        if cut:
+            for item in self.output:
+                item["status"] = "incomplete"
+        self.usage = response_usage(done)
+
+    def fail(self, error: ApiError) -> None:
+        self.status = "failed"
+        self.error = {"code": error.code or error.type, "message": error.message}
+
+    def body(self) -> dict[str, Any]:
+        req = self.req
+        fmt = req.text.format if req.text else TextFormat()
+        choice = req.tool_choice
+        return {
+            "id": self.id, "object": "response", "created_at": self.created_at,
+            "status": self.status, "error": self.error, "incomplete_details": self.incomplete,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "model": self.model, "output": self.output,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id, "reasoning": None,
+            "store": req.store, "temperature": 1.0 if req.temperature is None else req.temperature,
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
+            "tool_choice": (choice or "auto") if isinstance(choice, str | None)
+            else choice.model_dump(),
+            "tools": [{**t.model_dump(), "strict": True} for t in req.tools or []],
+            "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": "disabled",
+            "usage": self.usage, "metadata": req.metadata or {}}
+
+
+class ResponseEvents:
+    """A streamed response's events, each numbered in turn: the opening, the message's
+    text as it comes, and its end (a call comes whole there, as a chat stream's does)."""
+
+    def __init__(self, response: ResponseObject) -> None:
+        self.response = response
+        self.seq = 0
+        self.message_id = new_id("msg")
+        self.text = ""
+        self.opened = False  # the message item and its text part announced
+        self.logprobs: list[TokenLogprob] = []
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq - 1, **fields}
+
+    def opening(self) -> list[dict[str, Any]]:
+        body = self.response.body()
+        return [self.event("response.created", response=body),
+                self.event("response.in_progress", response=body)]
+
+    def _part(self) -> dict[str, Any]:
+        return {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+
+    def _open(self) -> list[dict[str, Any]]:
+        if self.opened:
+            return []
+        self.opened = True
+        return [self.event("response.output_item.added", output_index=0,
+                           item=message_item(self.message_id, None, None, "in_progress")),
+                self.event("response.content_part.added", **self._part(),
+                           part=text_part("", None))]
+
+    def delta(self, text: str, logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+        """New text of the message (and its tokens' logprobs)."""
+        self.text += text
+        self.logprobs += logprobs
+        lps = chat_logprobs(logprobs)["content"] if logprobs else []
+        return self._open() + [self.event("response.output_text.delta", **self._part(),
+                                          delta=text, logprobs=lps)]
+
+    def ending(self, done: GenerationDone, logprobs: list[TokenLogprob] | None,
+               held: bool) -> list[dict[str, Any]]:
+        """The events closing the output (``held``: nothing was streamed of it yet), then
+        the response's end."""
+        self.response.finish(done, logprobs, self.message_id)
+        events = []
+        for index, item in enumerate(self.response.output):
+            if item["type"] == "function_call":
+                events += self._call(index, item)
+            else:
+                if held:  # text held back while it might have been a call: whole here
+                    self.text = ""
+                    events += self.delta(done.text, logprobs or [])
+                events += self._open()
+                part = item["content"][0]
+                events += [self.event("response.output_text.done", **self._part(),
+                                      text=part["text"], logprobs=part["logprobs"]),
+                           self.event("response.content_part.done", **self._part(), part=part),
+                           self.event("response.output_item.done", output_index=index,
+                                      item=item)]
+        kind = "response.incomplete" if self.response.status == "incomplete" \
+            else "response.completed"
+        return events + [self.event(kind, response=self.response.body())]
+
+    def _call(self, index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+        at = {"item_id": item["id"], "output_index": index}
+        return [self.event("response.output_item.added", output_index=index,
+                           item={**item, "arguments": "", "status": "in_progress"}),
+                self.event("response.function_call_arguments.delta", **at,
+                           delta=item["arguments"]),
+                self.event("response.function_call_arguments.done", **at,
+                           arguments=item["arguments"]),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def failed(self, error: ApiError) -> list[dict[str, Any]]:
+        self.response.fail(error)
+        return [self.event("response.failed", response=self.response.body())]
+
+
+# -- the store ------------------------------------------------------------------------
+class ResponseStore:
+    """Stored responses (``store``, the default), for ``previous_response_id`` and
+    ``GET /v1/responses/{id}``: each one's object and its conversation (the input turns
+    before it and its output, instructions left out as OpenAI leaves them), bounded by
+    ``budget`` bytes of JSON, least recently used first out."""
+
+    def __init__(self, budget: int = STORE_BYTES) -> None:
+        self.budget = budget
+        self.used = 0
+        self._entries: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], int]] = \
+            OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, response_id: object) -> bool:
+        return response_id in self._entries
+
+    def put(self, body: dict[str, Any], turns: list[dict[str, Any]]) -> None:
+        size = len(json.dumps(body)) + len(json.dumps(turns))
+        if size > self.budget:
+            return  # would evict everything and still not fit
+        self.delete(body["id"])
+        self._entries[body["id"]] = (body, turns, size)
+        self.used += size
+        while self.used > self.budget:
+            _, (_, _, old) = self._entries.popitem(last=False)
+            self.used -= old
+
+    def body(self, response_id: str) -> dict[str, Any]:
+        return self._get(response_id, None)[0]
+
+    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+        """The conversation a response ended, for the one that continues it."""
+        return self._get(response_id, "previous_response_id")[1]
+
+    def delete(self, response_id: str) -> bool:
+        entry = self._entries.pop(response_id, None)
+        if entry is not None:
+            self.used -= entry[2]
+        return entry is not None
+
+    def _get(self, response_id: str, param: str | None
+             ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+        entry = self._entries.get(response_id)
+        if entry is None:
+            raise ApiError(404, f"no stored response has the id {response_id!r} (responses "
+                           "made with store: false are not kept, and the oldest are dropped "
+                           "when the store is full)", param=param,
+                           code="response_not_found")
+        self._entries.move_to_end(response_id)
+        return entry
+
+
+def output_turns(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output as chat turns, for the conversation a later one continues."""
+    calls = [{"id": i["call_id"], "type": "function",
+              "function": {"name": i["name"], "arguments": i["arguments"]}}
+             for i in output if i["type"] == "function_call"]
+    if calls:
+        return [{"role": "assistant", "content": None, "tool_calls": calls}]
+    text = "".join(p["text"] for i in output if i["type"] == "message" for p in i["content"])
+    return [{"role": "assistant", "content": text}]

@@ -1,0 +1,232 @@
+"""The generation service: the coordinator's ZeroMQ front door for ``zctl run``.
+
+One thread owns a ROUTER socket and drives a ``GenerationEngine`` (zctl.engine.core) on the
+coordinator's stage-0 executor: it takes ``GenerateRequest`` messages, hands them to the
+engine, and sends back the engine's chunks as ``GenerateChunk`` messages and one
+``GenerateDone`` per request, to the client that asked; ``GenerateCancel`` stops one;
+``ServiceStatsRequest`` is answered with a ``ServiceStats`` snapshot (service_stats.py);
+``TokenizeRequest`` and ``DetokenizeRequest`` with a ``TokensReply``.
+Malformed requests get an ``Error`` and the service keeps serving. A client that vanishes
+(or stops reading) has its generations cancelled: they free the stages at once. The
+executor is never touched by another thread (``ClusterHead`` is not thread-safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from controlplane.messages import Error, MessageError, from_frames, to_frames
+from controlplane.sockets import router_socket
+from dataplane.runtime.draft_model import DraftModels
+from dataplane.runtime.stateful import RuntimeConfig
+from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, Event, GenerationEngine
+from zctl.engine.executor import Executor
+from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationChunk, RequestRefused
+from zctl.engine.tokenizer import ChatTokenizer, TokenizerError
+from zctl.manifest import ExportManifest, load_manifest
+from zctl.service.messages import (
+    DetokenizeRequest,
+    GenerateCancel,
+    GenerateChunk,
+    GenerateDone,
+    GenerateRequest,
+    ServiceStatsRequest,
+    TokenizeRequest,
+    TokensReply,
+)
+from zctl.service.stats import ClusterView, StatsCollector
+
+log = logging.getLogger("zctl.service")
+# The largest request the engine accepts: MAX_PROMPT_CHARS characters, each up to 12 bytes
+# of JSON (an escaped surrogate pair, ``\ud83d\ude00``), with room for its other fields.
+# Anything bigger drops the sender's connection (MAXMSGSIZE), so this must hold them all.
+MAX_REQUEST_BYTES = 16 << 20
+IDLE_WAIT_MS = 200  # how long the loop waits for a request while nothing generates
+
+
+SERVED = (GenerateRequest, GenerateCancel, ServiceStatsRequest, TokenizeRequest,
+          DetokenizeRequest)
+
+
+def to_wire(event: Event) -> GenerateChunk | GenerateDone:
+    """The engine's chunk or end as the message that carries it."""
+    cls = GenerateChunk if isinstance(event, GenerationChunk) else GenerateDone
+    return cls(**{f.name: getattr(event, f.name) for f in fields(event)})
+
+
+def tokens_reply(engine: GenerationEngine, msg: TokenizeRequest | DetokenizeRequest
+                 ) -> TokensReply:
+    """A tokenize request's prompt ids (as its generation would see them) and their token
+    strings, or a detokenize request's text; what is wrong with either in ``error``."""
+    tokenizer, rid = engine.tokenizer, msg.request_id
+    if isinstance(msg, DetokenizeRequest):
+        bad = next((t for t in msg.tokens if not 0 <= t < engine.vocab_size), None)
+        if bad is not None:
+            return TokensReply(rid, [], [], error=f"token id {bad} is outside the model's "
+                               f"vocabulary of {engine.vocab_size}")
+        return TokensReply(rid, list(msg.tokens), [], text=tokenizer.decode(
+            list(msg.tokens), skip_special_tokens=msg.skip_special_tokens))
+    try:
+        ids = engine.prompt_ids(msg)
+    except (TokenizerError, RequestRefused) as exc:
+        return TokensReply(rid, [], [], error=str(exc))
+    return TokensReply(rid, ids, [tokenizer.backend.id_to_token(t) or "" for t in ids])
+
+
+KV_BYTES_PER_VALUE = 4  # what a KV value is budgeted at: a copied-out prefix is f32
+
+
+def kv_bytes_per_token(manifest: ExportManifest) -> int:
+    """Bytes one token's KV takes on the fullest stage (keys and values of its layers),
+    at ``KV_BYTES_PER_VALUE``: an upper bound (the CPU plugin keeps its own KV in u8)."""
+    model = manifest.model
+    layers = max(s.layer_end - s.layer_start for s in manifest.stages)
+    return layers * 2 * model.num_kv_heads * model.head_dim * KV_BYTES_PER_VALUE
+
+
+def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
+    """Tokens of KV that ``megabytes`` hold on the fullest stage."""
+    return megabytes * 2**20 // kv_bytes_per_token(manifest)
+
+
+class GenerationService:
+    """Serve generations on ``endpoint`` using the executor ``get_pipeline()`` returns.
+
+    The engine's stop tokens and chat template come from ``export_dir``; draft models of
+    speculative requests are loaded with ``draft_config`` (None: RuntimeConfig's defaults;
+    the coordinator passes its stages' runtime). ``cluster`` returns the coordinator's
+    cluster status, which stats read the stages' nodes and node liveness from (None: no
+    control plane, the executor is all there is). ``kv_memory_mb``: the KV a stage may hold
+    for running streams and cached prefixes together (None: no limit), ``prefix_cache_mb``
+    how much of it cached prefixes may (0: no prefix cache); see ``kv_tokens``."""
+
+    def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Executor | None],
+                 endpoint: str = "tcp://127.0.0.1:*", max_streams: int = DEFAULT_MAX_STREAMS,
+                 row_groups: int = 0, shared_cores: bool = False,
+                 health: Callable[[], str | None] | None = None,
+                 resume_timeout_s: float = RESUME_TIMEOUT_S,
+                 draft_config: RuntimeConfig | None = None,
+                 cluster: ClusterView | None = None, kv_memory_mb: int | None = None,
+                 prefix_cache_mb: int = 0) -> None:
+        self.export_dir = Path(export_dir)
+        manifest = load_manifest(self.export_dir, verify_files=False)
+        tokenizer = ChatTokenizer(self.export_dir)
+        stops = set(manifest.model.eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            stops.add(tokenizer.eos_token_id)
+        self.engine = GenerationEngine(
+            tokenizer, sorted(stops), get_pipeline, max_streams=max_streams,
+            row_groups=row_groups, shared_cores=shared_cores, health=health,
+            resume_timeout_s=resume_timeout_s,
+            load_drafter=DraftModels(manifest.model.vocab_size, draft_config),
+            max_context=manifest.model.max_position_embeddings,
+            vocab_size=manifest.model.vocab_size,
+            kv_budget_tokens=None if kv_memory_mb is None else kv_tokens(manifest, kv_memory_mb),
+            prefix_cache_tokens=kv_tokens(manifest, prefix_cache_mb))
+        self._stats = StatsCollector(manifest, self.engine, cluster)
+        self._ctx = zmq.Context()
+        self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES)
+        try:
+            self._sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            self._sock.close(0)
+            self._ctx.term()
+            raise OSError(f"generation service cannot bind {endpoint}: {exc}") from None
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._malformed = 0
+        self._unreachable = 0  # clients found gone (or not reading), their generations cancelled
+        self._gone: set[Any] = set()  # clients found unreachable (their events are dropped)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Requests taken, malformed, failed, cancelled, the most streams at once, clients
+        found unreachable, and draft tokens proposed and accepted (spec_drafted,
+        spec_accepted), the prefix cache's (prefix_*: GenerationEngine.prefix_counters), and
+        structured output's (structured_requests, forced_tokens)."""
+        drafted, accepted = self.engine.speculative_totals()
+        return {**self.engine.counters, "malformed": self._malformed,
+                "unreachable": self._unreachable, "spec_drafted": drafted,
+                "spec_accepted": accepted, **self.engine.prefix_counters(),
+                **self.engine.structured_counters()}
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return self.engine.stop_ids
+
+    def start(self) -> str:
+        self._thread = threading.Thread(target=self.run, name="zctl-generation", daemon=True)
+        self._thread.start()
+        return self.endpoint
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._sock.close(0)
+        self._ctx.term()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            if self._sock.poll(0 if self.engine.busy else IDLE_WAIT_MS):
+                self._receive_all()
+            settled = set(self._gone)  # their generations were cancelled when found gone:
+            for client, event in self.engine.poll(POLL_S):  # their ends come out now
+                self._send(client, to_wire(event))
+            self._gone -= settled  # nothing more is meant for them: forget them
+
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, body = frames[0], frames[1:]
+            self._gone.discard(identity)  # it is back
+            try:
+                msg, _ = from_frames(body)
+                if not isinstance(msg, SERVED):
+                    raise MessageError("the generation service takes "
+                                       f"{', '.join(c.TYPE for c in SERVED)}, not {msg.TYPE}")
+            except MessageError as exc:
+                self._malformed += 1
+                self._send(identity, Error("bad-request", str(exc)))
+                continue
+            if isinstance(msg, GenerateCancel):
+                self.engine.cancel(identity, msg.request_id)
+            elif isinstance(msg, ServiceStatsRequest):
+                self._send_stats(identity)
+            elif isinstance(msg, TokenizeRequest | DetokenizeRequest):
+                self._send(identity, tokens_reply(self.engine, msg))
+            else:
+                self.engine.submit(identity, msg)
+
+    def _send_stats(self, identity: Any) -> None:
+        try:
+            stats: Any = self._stats.snapshot(self.counters)
+        except Exception as exc:  # noqa: BLE001 - a figure must never stop the service
+            log.exception("could not gather the service's stats")
+            stats = Error("internal", f"stats failed: {type(exc).__name__}: {exc}",
+                          ServiceStatsRequest.TYPE)
+        self._send(identity, stats)
+
+    def _send(self, identity: Any, msg: Any) -> None:
+        if identity in self._gone:
+            return
+        try:
+            self._sock.send_multipart([identity, *to_frames(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # gone (EHOSTUNREACH) or not reading (EAGAIN)
+            self._receive_all()  # first what it said before it went (Ctrl-C: a cancel)
+            self._gone.add(identity)
+            cancelled = self.engine.cancel_client(identity)
+            self._unreachable += cancelled > 0  # (not one whose last answer could not go)
+            log.info("client %r unreachable (%s): %d generation(s) cancelled", identity, exc,
+                     cancelled)
