@@ -138,7 +138,7 @@ class Coordinator:
         me = ms.Member(self.node_id, self.node_id.encode(), info, ms.READY, now, local=True,
                        shards=set(self.hashes))
         self.members: dict[str, ms.Member] = {self.node_id: me}
-        self.pipeline = PipelinePlan(self.manifest, stage_needs(self.manifest, self.export_dir, cost),
+        self.plan = PipelinePlan(self.manifest, stage_needs(self.manifest, self.export_dir, cost),
                                  self.node_id, cfg.runtime, cfg.expect_nodes, cfg.placement)
         self.refused: deque[tuple[str, str, str, float, str]] = deque(maxlen=32)
         self.counters: dict[str, int] = dict.fromkeys(
@@ -428,23 +428,23 @@ class Coordinator:
             self.config.curve.maybe_reload()
 
     def _advance(self) -> None:
-        if not self.pipeline.try_plan(self.members):
+        if not self.plan.try_plan(self.members):
             return
         now = time.monotonic()
         if self.config.reassign_after is not None:
-            self.pipeline.reassign(self.members, now, self.config.reassign_after)
+            self.plan.reassign(self.members, now, self.config.reassign_after)
         if self.config.heal_after is not None:
-            self.pipeline.heal(self.members, now, self.config.heal_after)
-            self.pipeline.rebalance(self.members, now,
+            self.plan.heal(self.members, now, self.config.heal_after)
+            self.plan.rebalance(self.members, now,
                                     REBALANCE_BEATS * self.config.heartbeat_interval)
-        for member, stage in self.pipeline.offers_due(self.members):
+        for member, stage in self.plan.offers_due(self.members):
             offer = self.source.offer_for(stage)
             member.offered, member.served = offer.shard_hash, {}
             member.transfer_total = (0 if offer.shard_hash in member.shards
                                      else sum(f.size for f in offer.files))
             if self._send(member.identity, offer):
                 member.state = ms.TRANSFERRING
-        for member, msg in self.pipeline.assignments(self.members):
+        for member, msg in self.plan.assignments(self.members):
             if member.local:
                 member.state = ms.WIRING
                 self._launch_local(msg)
@@ -481,15 +481,15 @@ class Coordinator:
     # -- status --------------------------------------------------------------------------
     def _status(self) -> ClusterStatus:
         now = time.monotonic()
-        pipe = self.pipeline
+        plan = self.plan
         return ClusterStatus(
             coordinator_id=self.node_id, session=self.session, endpoint=self.endpoint,
             protocol=PROTOCOL_VERSION, openvino=self.openvino, zctl=self.zctl,
             export_dir=str(self.export_dir), model=self.manifest.model.name,
-            pipeline=pipe.state(self.members), epoch=pipe.epoch,
-            uptime_s=round(now - self._started, 3), plan_error=pipe.plan_error,
+            pipeline=plan.state(self.members), epoch=plan.epoch,
+            uptime_s=round(now - self._started, 3), plan_error=plan.plan_error,
             nodes=[m.status(now) for m in self.members.values()],
-            stages=pipe.stage_status(self.members),
+            stages=plan.stage_status(self.members),
             refused=[RefusalInfo(n, h, r, round(now - t, 3), c) for n, h, r, t, c in self.refused],
             counters=dict(self.counters), runtime=self.config.runtime,
             curve=self.config.curve is not None, time_s=time.time(),
@@ -501,9 +501,9 @@ class Coordinator:
             return self._status()
 
     def pipeline_problem(self) -> str | None:
-        """Why the wired pipeline cannot run steps now (Pipeline.problem; thread-safe)."""
+        """Why the wired pipeline cannot run steps now (PipelinePlan.problem; thread-safe)."""
         with self._lock:
-            return self.pipeline.problem(self.members)
+            return self.plan.problem(self.members)
 
     def status_dict(self) -> dict[str, Any]:
         return self.status().to_dict()

@@ -187,7 +187,7 @@ def test_survivors_without_room_say_what_is_missing(cp_cluster: Cluster) -> None
     coord = cp_cluster.coordinator(heal_after=0.0)
     agent = cp_cluster.agent(coord.endpoint)
     coord.wait_serving(20)
-    coord.pipeline.capacity = lambda member: NodeCapacity(member.node_id, 1)  # type: ignore
+    coord.plan.capacity = lambda member: NodeCapacity(member.node_id, 1)  # type: ignore
     agent.stop()
     wait_for(lambda: "cannot hold" in (coord.pipeline_problem() or ""), what="heal refused")
     problem = coord.pipeline_problem() or ""
