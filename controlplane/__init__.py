@@ -7,6 +7,7 @@ messages of ``controlplane.messages``:
   runs stage 0 itself and waits for nodes; ``wait_serving(timeout)`` and ``status()``.
 - ``NodeAgent(AgentConfig(coordinator=endpoint)).run()`` joins, fetches its shard,
   serves the stage it is assigned, reconnects with backoff when the coordinator goes.
-- ``client.query_status(endpoint)`` is ``zctl cluster status``; ``local.LocalCluster``
-  runs a whole cluster on loopback; ``python -m zctl.launcher`` has process entry points.
+- ``client.query_status(endpoint)`` is ``zctl cluster status``.
+
+The processes that run these (and local clusters of them) are ``zctl.launcher``'s.
 """

@@ -329,20 +329,19 @@ def test_protocol_mismatch_is_refused_on_both_sides(cp_cluster: Cluster) -> None
 
 
 # -- whole clusters -------------------------------------------------------------------------
-def test_local_cluster_helper(tmp_path: Path, cp_export: Path) -> None:
-    from controlplane.local import LocalCluster
+def test_a_node_reports_its_shard_transfer_to_the_end(cp_cluster: Cluster) -> None:
+    """What ``zctl node join``'s progress bar shows: the transfer reaches 100%, the cluster
+    serves, and its status renders as one row per node."""
+    from zctl.cli.view import status_table
 
     FakeStage.launched = []
     progress: list[tuple[str, int, int]] = []
-    with LocalCluster(cp_export, root=tmp_path, heartbeat_interval=0.1, head_launcher=FakeStage,
-                      node_launcher=FakeStage,
-                      on_progress=lambda *a: progress.append(a)) as cluster:
-        status = cluster.start(timeout=20)
-        assert status.pipeline == "serving" and len(status.nodes) == 2
-        assert progress and progress[-1][1] == progress[-1][2]  # the bar reached 100%
-        from zctl.cli.view import status_table
-
-        assert status_table(status).row_count == 2
+    coord = cp_cluster.coordinator()
+    cp_cluster.agent(coord.bind(), on_progress=lambda *a: progress.append(a))
+    status = coord.wait_serving(20)
+    assert status.pipeline == "serving" and len(status.nodes) == 2
+    assert progress and progress[-1][1] == progress[-1][2]  # the bar reached 100%
+    assert status_table(status).row_count == 2
 
 
 def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Cluster) -> None:

@@ -63,11 +63,12 @@ class Cluster:
         return coord
 
     def agent(self, endpoint: str, name: str = "n1", host: str = "127.0.0.1",
-              launcher: Callable | None = None, **config: object) -> NodeAgent:
+              launcher: Callable | None = None, on_progress: Callable | None = None,
+              **config: object) -> NodeAgent:
         cfg = AgentConfig(endpoint, state_dir=self.root / name, data_host=host,
                           reconnect_min=0.05, reconnect_max=0.4, chunk_timeout=2.0,
                           **{**FAST, **config})  # type: ignore[arg-type]
-        agent = NodeAgent(cfg, launcher=launcher or FakeStage)
+        agent = NodeAgent(cfg, launcher=launcher or FakeStage, on_progress=on_progress)
         self.agents.append(agent)
         agent.start()
         return agent
