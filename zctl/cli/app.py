@@ -209,9 +209,9 @@ def _bench_command(name: str, module: str, summary: str, parent: typer.Typer = b
 
 def _register() -> None:
     from zctl.cli import cluster as cluster_cli
+    from zctl.cli import doctor
     from zctl.cli import run as run_cli
     from zctl.cli import serve as serve_cli
-    from zctl.doctor import command as doctor
 
     for name, (module, summary) in BENCHMARKS.items():
         _bench_command(name, module, summary)

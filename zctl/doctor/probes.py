@@ -9,9 +9,13 @@ by raising.
 from __future__ import annotations
 
 import socket
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +31,13 @@ from controlplane.records import ClusterStatus
 from zctl.doctor.verdicts import (
     DeviceFacts,
     GrammarFacts,
+    HttpFacts,
     IntegrityFacts,
     MemoryNeed,
     TcpFacts,
 )
 from zctl.manifest import MANIFEST_NAME, ExportManifest, ManifestError, load_manifest, sha256_file
+from zctl.serve.tls import own_server_context
 
 STATE_DEPTH = 2  # state dirs (node ids, shard caches) sit this deep under ZCTL_HOME at most
 
@@ -289,3 +295,31 @@ def largest_export_need(exports: Iterable[Path]) -> MemoryNeed | None:
             best = MemoryNeed(f"the largest local export, {export_dir.name} ({len(needs)} "
                               "stage(s), all on this machine as in an embedded zctl run)", total)
     return best
+
+
+def http_health(url: str, timeout: float = 2.0, verify: bool = True) -> HttpFacts:
+    """GET URL/health: its status and the start of its body, or why there was no answer.
+    An HTTPS server whose certificate this machine does not trust is asked again without
+    checking it (``untrusted`` in the facts)."""
+    target = url.rstrip("/") + "/health"
+    if not target.startswith(("http://", "https://")):
+        return HttpFacts(error=f"{url!r} is not an http:// or https:// URL")
+    context = None if verify else own_server_context(target)
+    try:
+        with urllib.request.urlopen(target, timeout=timeout,  # noqa: S310
+                                    context=context) as reply:
+            return HttpFacts(reply.status, reply.read(2048).decode("utf-8", "replace"),
+                                untrusted=not verify)
+    except urllib.error.HTTPError as exc:
+        return HttpFacts(exc.code, exc.read(2048).decode("utf-8", "replace"),
+                            untrusted=not verify)
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if verify and isinstance(reason, ssl.SSLCertVerificationError):
+            return replace(http_health(url, timeout, verify=False),
+                           error=reason.verify_message or str(reason))
+        refused = isinstance(reason, ConnectionRefusedError)
+        text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+        return HttpFacts(error=text, refused=refused)
+    except (TimeoutError, OSError, ValueError) as exc:
+        return HttpFacts(error=str(exc) or type(exc).__name__)

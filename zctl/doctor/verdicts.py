@@ -2,7 +2,7 @@
 
 Nothing here opens a socket or a file or asks OpenVINO: ``zctl.doctor.probes`` gathers
 the facts (the status round trip, TCP connects, hashes, CPU flags, memory needs) and
-``zctl.doctor.command`` runs both and prints one line per ``Check``, so every verdict can be
+``zctl.doctor.checks`` runs both and prints one line per ``Check``, so every verdict can be
 tested without a cluster.
 """
 

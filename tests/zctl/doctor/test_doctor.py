@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from controlplane.client import ClusterUnreachable, query_status, query_status_timed
 from controlplane.records import ClusterStatus, NodeStatus, RefusalInfo, StageStatus
 from zctl.cli.app import app
-from zctl.doctor import command as doctor
+from zctl.doctor import checks as doctor
 from zctl.doctor import probes
 from zctl.doctor import verdicts as dx
 from zctl.doctor.verdicts import FAIL, PASS, WARN, Check, MemoryNeed, TcpFacts
@@ -268,13 +268,13 @@ def test_tcp_probes_and_the_health_get(tmp_path: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
-        assert doctor.http_health(base) == dx.HttpFacts(200, '{"status": "ok"}')
-        sick = doctor.http_health(base + "/sub")  # /sub/health: 503 with its reason
+        assert probes.http_health(base) == dx.HttpFacts(200, '{"status": "ok"}')
+        sick = probes.http_health(base + "/sub")  # /sub/health: 503 with its reason
         assert sick.status == 503 and sick.body == "stage 1 is down"
     finally:
         server.shutdown()
         server.server_close()
-    gone = doctor.http_health(closed_url())
+    gone = probes.http_health(closed_url())
     assert gone.status is None and gone.refused
 
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from controlplane.records import RuntimeSpec
 from zctl.cli.app import app
-from zctl.doctor import command as doctor
+from zctl.doctor import probes
 from zctl.doctor.verdicts import PASS, WARN, api_check
 from zctl.launcher.local import (
     free_port,
@@ -98,15 +98,15 @@ def test_doctor_tells_a_trusted_certificate_from_one_that_is_not(pair, monkeypat
             time.sleep(0.01)
         url = f"https://127.0.0.1:{port}"
         monkeypatch.delenv("SSL_CERT_FILE", raising=False)
-        facts = doctor.http_health(url)
+        facts = probes.http_health(url)
         assert facts.status == 200 and facts.untrusted and "self" in facts.error.lower()
         check = api_check(url, facts, explicit=True)
         assert check.status == WARN and "not trusted here" in check.detail
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # as a client that trusts it
-        facts = doctor.http_health(url)
+        facts = probes.http_health(url)
         assert facts.status == 200 and not facts.untrusted
         assert api_check(url, facts, explicit=True).status == PASS
-        plain = doctor.http_health(f"http://127.0.0.1:{port}")  # TLS only
+        plain = probes.http_health(f"http://127.0.0.1:{port}")  # TLS only
         assert plain.status is None and plain.error
     finally:
         server.should_exit = True

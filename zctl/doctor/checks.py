@@ -1,5 +1,4 @@
-"""``zctl doctor``: what to run when something is wrong. One line per check, pass, warn or
-fail, and exit 1 on any failure.
+"""``zctl doctor``'s checks, in order: this machine, the cluster, the API.
 
 The checks: this machine's OpenVINO devices and the CPU features that change numerics;
 versions here, on the coordinator and on every enrolled node; the control port (a status
@@ -7,30 +6,21 @@ round trip), each node's heartbeats both ways as the coordinator sees them, each
 pipe (the coordinator's record and a TCP connect from here); the clock offset to the
 coordinator; the hashes of the local exports and shard caches; free memory against the
 stages placed here; the HTTP API's /health. Without a cluster the local checks still run.
-The verdicts are ``zctl.doctor.verdicts``'s, the facts ``zctl.doctor.probes``'s.
+The verdicts are ``zctl.doctor.verdicts``'s, the facts ``zctl.doctor.probes``'s; the
+command that prints them is ``zctl.cli.doctor``.
 """
 
 from __future__ import annotations
 
-import json
-import ssl
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
-from rich.console import Console
-from rich.text import Text
+from typing import Any
 
 from zctl.doctor import probes
 from zctl.doctor import verdicts as dx
 from zctl.doctor.verdicts import Check
-from zctl.serve.tls import own_server_context
 
 DEFAULT_API = "http://127.0.0.1:8000"  # where zctl serve listens by default
-STYLE = {dx.PASS: "bold green", dx.WARN: "bold yellow", dx.FAIL: "bold red"}
 
 
 @dataclass
@@ -87,7 +77,7 @@ def run_checks(opts: DoctorOptions) -> list[Check]:
         checks.append(dx.memory_check(available, total, [need] if need else [],
                                       without="no cluster status and no local export"))
     checks += cluster.checks
-    checks.append(dx.api_check(opts.api, http_health(opts.api), opts.api_explicit))
+    checks.append(dx.api_check(opts.api, probes.http_health(opts.api), opts.api_explicit))
     return checks
 
 
@@ -181,46 +171,7 @@ def _curve(opts: DoctorOptions, record: Any) -> Any:
         raise ValueError(str(exc)) from None
 
 
-def http_health(url: str, timeout: float = 2.0, verify: bool = True) -> dx.HttpFacts:
-    """GET URL/health: its status and the start of its body, or why there was no answer.
-    An HTTPS server whose certificate this machine does not trust is asked again without
-    checking it (``untrusted`` in the facts)."""
-    target = url.rstrip("/") + "/health"
-    if not target.startswith(("http://", "https://")):
-        return dx.HttpFacts(error=f"{url!r} is not an http:// or https:// URL")
-    context = None if verify else own_server_context(target)
-    try:
-        with urllib.request.urlopen(target, timeout=timeout,  # noqa: S310
-                                    context=context) as reply:
-            return dx.HttpFacts(reply.status, reply.read(2048).decode("utf-8", "replace"),
-                                untrusted=not verify)
-    except urllib.error.HTTPError as exc:
-        return dx.HttpFacts(exc.code, exc.read(2048).decode("utf-8", "replace"),
-                            untrusted=not verify)
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if verify and isinstance(reason, ssl.SSLCertVerificationError):
-            return replace(http_health(url, timeout, verify=False),
-                           error=reason.verify_message or str(reason))
-        refused = isinstance(reason, ConnectionRefusedError)
-        text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
-        return dx.HttpFacts(error=text, refused=refused)
-    except (TimeoutError, OSError, ValueError) as exc:
-        return dx.HttpFacts(error=str(exc) or type(exc).__name__)
-
-
-def render(checks: list[Check], console: Console) -> None:
-    """One line per check (coloured PASS/WARN/FAIL), then the tally."""
-    width = min(30, max(len(c.name) for c in checks))
-    for c in checks:
-        console.print(Text.assemble((f"{c.status.upper():4}", STYLE[c.status]), "  ",
-                                    (c.name.ljust(width), "bold"), "  ", c.detail))
-    counts = {s: sum(c.status == s for c in checks) for s in dx.STATUSES}
-    console.print(Text(f"{counts[dx.PASS]} pass, {counts[dx.WARN]} warn, {counts[dx.FAIL]} fail",
-                       style="bold red" if counts[dx.FAIL] else "bold"))
-
-
-def _recorded_api() -> str:
+def recorded_api() -> str:
     """The API that ``cluster up --api`` started with the cluster up here ("" if none):
     it must answer."""
     from zctl.launcher.local import ClusterError, read_record
@@ -230,33 +181,3 @@ def _recorded_api() -> str:
     except ClusterError:
         return ""
     return record.api if record is not None else ""
-
-
-def doctor(
-    endpoint: Annotated[str | None, typer.Option(
-        help="coordinator control address (default: the cluster up here)")] = None,
-    curve_server_key: Annotated[Path | None, typer.Option(
-        help="with --endpoint of a --curve cluster: the coordinator's public key file")] = None,
-    curve_keys: Annotated[Path | None, typer.Option(
-        help="with --curve-server-key: this client's admitted key pair (its .key_secret)")] = None,
-    state_dir: Annotated[list[Path] | None, typer.Option(
-        help="a node's state directory outside ZCTL_HOME (its id and shard cache; "
-             "repeatable)")] = None,
-    api: Annotated[str | None, typer.Option(
-        help=f"the HTTP API to ask for /health (default: the one cluster up --api started, "
-             f"else {DEFAULT_API}, where a missing server only warns)")] = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for the coordinator")] = 3.0,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-) -> None:
-    """Check this machine and the cluster: devices, versions, ports, clock, shard hashes, memory."""
-    recorded = _recorded_api() if api is None else ""
-    opts = DoctorOptions(endpoint, curve_server_key, curve_keys, list(state_dir or []),
-                         api or recorded or DEFAULT_API, bool(api or recorded), max(0.1, timeout))
-    checks = run_checks(opts)
-    ok = dx.all_ok(checks)
-    if as_json:
-        print(json.dumps({"checks": [c.to_dict() for c in checks], "ok": ok}))
-    else:
-        render(checks, Console(highlight=False, soft_wrap=True))
-    if not ok:
-        raise typer.Exit(1)
