@@ -60,7 +60,7 @@ def run_export(model: str, stages: int, weights: str, out: Path) -> tuple[float,
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "console", "export", model, "--stages", str(stages),
+        [sys.executable, "-m", "zctl", "export", model, "--stages", str(stages),
          "--weights", weights, "--out", str(out), "--force"],
         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
     )

@@ -37,7 +37,7 @@ def zctl(repo: Path, env: dict[str, str], *args: str, timeout: float = 600.0,
          check: bool = True) -> str:
     """Run ``zctl ARGS`` (this checkout's) to completion; its stdout. RuntimeError with its
     output's tail when it fails and ``check``."""
-    proc = subprocess.run([sys.executable, "-m", "console", *args], cwd=repo, env=env,
+    proc = subprocess.run([sys.executable, "-m", "zctl", *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
@@ -117,7 +117,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 @contextmanager
 def served_cluster(export_dir: Path, home: Path, cpu_sets: str, port: int, max_queue: int,
                    api_key: str | None, timeout: float, repo: Path,
-                   server: Sequence[str] = ("-m", "console", "serve"),
+                   server: Sequence[str] = ("-m", "zctl", "serve"),
                    max_streams: int = DEFAULT_MAX_STREAMS) -> Iterator[Served]:
     """A 2-node local cluster of ``export_dir`` and ``zctl serve`` on 127.0.0.1:``port``
     (0: a free port), both under ZCTL_HOME=``home``; everything stopped on exit.

@@ -160,7 +160,7 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
         log = zctl_home / "stranger.log"
         with open(log, "w") as stderr:
             stranger = subprocess.Popen(
-                [sys.executable, "-m", "console", "node", "join", record.control,
+                [sys.executable, "-m", "zctl", "node", "join", record.control,
                  "--host", "127.0.0.4", "--state-dir", str(state), "--curve-server-key",
                  str(server_key)],
                 stdout=subprocess.DEVNULL, stderr=stderr)
@@ -231,7 +231,7 @@ def _run_on_a_terminal(args: list[str], env: dict[str, str], timeout_s: float = 
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 150, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "console", *args], stdin=slave, stdout=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "zctl", *args], stdin=slave, stdout=slave,
                             stderr=slave, cwd=ROOT, env=env,
                             close_fds=True)
     os.close(slave)
@@ -351,7 +351,7 @@ def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_ho
         assert status()["pipeline"] != "serving"  # stage 1 has no node yet
         with open(log, "w") as stderr:
             node = subprocess.Popen(
-                [sys.executable, "-m", "console", "node", "join", f"tcp://127.0.0.1:{port}",
+                [sys.executable, "-m", "zctl", "node", "join", f"tcp://127.0.0.1:{port}",
                  "--host", "127.0.0.2", "--state-dir", str(zctl_home / "node")],
                 stdout=stderr, stderr=stderr, cwd=ROOT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

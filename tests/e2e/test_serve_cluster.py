@@ -126,7 +126,7 @@ def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
         record = read_record()
         # SIGINT as a terminal gives it, even where this test runs with it ignored (a
         # background job of a shell without job control): Python then installs no handler
-        run = subprocess.Popen([sys.executable, "-m", "console", "run", PROMPT, "--max-tokens",
+        run = subprocess.Popen([sys.executable, "-m", "zctl", "run", PROMPT, "--max-tokens",
                                 "480", "--ignore-eos", "--json"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -159,7 +159,7 @@ def test_zctl_serve_with_an_embedded_cluster_stops_it_on_sigterm(
     home = tmp_path / "home"
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     port = free_port("127.0.0.1")
-    serve = subprocess.Popen([sys.executable, "-m", "console", "serve", "--model",
+    serve = subprocess.Popen([sys.executable, "-m", "zctl", "serve", "--model",
                               str(export_dir), "--port", str(port)],
                              env={**os.environ, "ZCTL_HOME": str(home)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

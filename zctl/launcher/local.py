@@ -118,7 +118,7 @@ def zctl_process(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return any(a == b"-m" and b in (b"controlplane", b"console") for a, b in
+    return any(a == b"-m" and b in (b"controlplane", b"zctl") for a, b in
                zip(argv, argv[1:], strict=False))
 
 
@@ -402,7 +402,7 @@ def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
 
     host, port = parse_api(value)
     log_path = Path(record.logs[0]).parent / "api.log" if record.logs else Path(os.devnull)
-    command = [sys.executable, "-m", "console", "serve", "--host", host, "--port", str(port)]
+    command = [sys.executable, "-m", "zctl", "serve", "--host", host, "--port", str(port)]
     if max_queue is not None:
         command += ["--max-queue", str(max_queue)]
     for origin in cors_origins:
