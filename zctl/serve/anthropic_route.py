@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from zctl.engine.requests import GenerationRequest
+from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.serve.anthropic import (
     CountTokensRequest,
     MessageEvents,
@@ -29,12 +29,8 @@ from zctl.serve.choices import close_all, shown
 from zctl.serve.metrics import RequestClock
 from zctl.serve.protocol import ApiError, ResponseShape, to_generation
 from zctl.serve.sse import event_stream, named_events
-from zctl.service.client import ServiceUnavailable
-from zctl.service.messages import (
-    DetokenizeRequest,
-    GenerateChunk,
-    GenerateDone,
-)
+from zctl.service.errors import ServiceUnavailable
+from zctl.service.messages import DetokenizeRequest
 
 if TYPE_CHECKING:  # zctl.serve.app adds these routes
     from zctl.serve.app import ZctlApi
@@ -62,7 +58,7 @@ class MessagesRoute:
         stop = await self._stop_sequence(done, gen)
         return JSONResponse(message(message_id, info.model, done, calls, stop))
 
-    async def _stop_sequence(self, done: GenerateDone, gen: GenerationRequest) -> str | None:
+    async def _stop_sequence(self, done: GenerationDone, gen: GenerationRequest) -> str | None:
         """Which stop sequence ended the message, if one did: the text of its tokens
         tells (a grammar or a stop token ends a message as "stop" too)."""
         if done.stop_reason != "stop" or not gen.stop:
@@ -82,7 +78,7 @@ class MessagesRoute:
             holds = partial(shape.holds, 0)
             async with contextlib.aclosing(shown(first, events, clock, holds, None)) as msgs:
                 async for msg in msgs:
-                    if isinstance(msg, GenerateChunk):
+                    if isinstance(msg, GenerationChunk):
                         yield named_events(stream.text(msg.text))
                         continue
                     if msg.error:

@@ -29,7 +29,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from zctl.engine.requests import GenerationRequest, TokenLogprob
+from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest, TokenLogprob
 from zctl.serve.anthropic import error_body
 from zctl.serve.anthropic_route import PATH as MESSAGES_PATH
 from zctl.serve.anthropic_route import add_messages_routes
@@ -52,11 +52,9 @@ from zctl.serve.responses_route import add_responses_routes
 from zctl.serve.settings import ServeSettings, model_card
 from zctl.serve.sse import event_stream, sse
 from zctl.service.async_client import AsyncServiceClient
-from zctl.service.client import ServiceUnavailable
+from zctl.service.errors import ServiceUnavailable
 from zctl.service.messages import (
     DetokenizeRequest,
-    GenerateChunk,
-    GenerateDone,
     ServiceStats,
     TokenizeRequest,
     TokensReply,
@@ -165,7 +163,7 @@ class ZctlApi:
             raise unknown_model(status, model, info.model)
         return info
 
-    def failure(self, done: GenerateDone) -> ApiError:
+    def failure(self, done: GenerationDone) -> ApiError:
         """The API error of a generation that failed after its reply started, counted."""
         error = engine_error(done)
         self.metrics.errors.labels(str(error.status)).inc()
@@ -182,7 +180,7 @@ class ZctlApi:
 
     async def prompt_tokens(self, gen: GenerationRequest) -> TokensReply:
         """The ids ``gen`` would be prompted with (nothing is generated)."""
-        return await self.tokens(TokenizeRequest(**vars(checked(gen))))
+        return await self.tokens(TokenizeRequest(checked(gen)))
 
     async def detokenize(self, body: DetokenizeBody, request: Request) -> dict[str, Any]:
         await self.served_model(request, body.model)
@@ -356,7 +354,7 @@ class ZctlApi:
 
     async def collect_one(self, first: Any, events: AsyncIterator[Any], clock: RequestClock,
                           request: Request, gen: GenerationRequest,
-                          ) -> tuple[GenerateDone, list[TokenLogprob] | None]:
+                          ) -> tuple[GenerationDone, list[TokenLogprob] | None]:
         """One choice collected whole (``collect``), its events closed after."""
         try:
             done, logprobs, _ = await self.collect(first, events, clock, request, gen)
@@ -366,7 +364,7 @@ class ZctlApi:
 
     async def collect(self, first: Any, events: AsyncIterator[Any], clock: RequestClock,
                        request: Request, gen: GenerationRequest,
-                       ) -> tuple[GenerateDone, list[TokenLogprob] | None, list[TokenLogprob]]:
+                       ) -> tuple[GenerationDone, list[TokenLogprob] | None, list[TokenLogprob]]:
         """One choice's end, its tokens' logprobs (if asked for) and its prompt's (if
         asked for: an echo's)."""
         logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
@@ -374,7 +372,7 @@ class ZctlApi:
         msg, checked = first, time.monotonic()
         while True:
             now = time.monotonic()
-            if isinstance(msg, GenerateChunk):
+            if isinstance(msg, GenerationChunk):
                 clock.tokens(len(msg.tokens), now)
                 prompt = msg.prompt_logprobs or prompt
                 if logprobs is not None:
@@ -399,12 +397,12 @@ class ZctlApi:
                 for index in range(len(events)):
                     yield sse(_with_usage(shape.chunk("", None, role=True, index=index),
                                           include_usage))
-            dones: dict[int, GenerateDone] = {}
+            dones: dict[int, GenerationDone] = {}
             async with contextlib.aclosing(merged(firsts, events)) as stream:
                 async for index, msg in stream:
                     if echo := shape.echo_chunk(index, getattr(msg, "prompt_logprobs", None)):
                         yield sse(_with_usage(echo, include_usage))  # before its first text
-                    if isinstance(msg, GenerateChunk):
+                    if isinstance(msg, GenerationChunk):
                         clocks[index].tokens(len(msg.tokens), time.monotonic())
                         if (msg.text or msg.logprobs) and not shape.holds(index, msg.text):
                             yield sse(_with_usage(shape.chunk(msg.text, msg.logprobs or None,

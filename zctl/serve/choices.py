@@ -11,10 +11,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from zctl.engine.requests import TokenLogprob
+from zctl.engine.requests import GenerationChunk, GenerationDone, TokenLogprob
 from zctl.serve.metrics import RequestClock
 from zctl.serve.protocol import finish_reason
-from zctl.service.messages import GenerateChunk, GenerateDone
 
 T = TypeVar("T")
 
@@ -41,18 +40,18 @@ async def close_all(events: list[AsyncIterator[Any]]) -> None:
 async def merged(firsts: list[Any], events: list[AsyncIterator[Any]],
                  ) -> AsyncIterator[tuple[int, Any]]:
     """(choice, event) from every choice as they come, each choice's first event first,
-    until each has ended (a GenerateDone). Left early, it stops waiting on them."""
+    until each has ended (a GenerationDone). Left early, it stops waiting on them."""
     if len(events) == 1:  # the common case, without a task per event
         msg = firsts[0]
         while True:
             yield 0, msg
-            if isinstance(msg, GenerateDone):
+            if isinstance(msg, GenerationDone):
                 return
             msg = await anext(events[0])
     for index, msg in enumerate(firsts):
         yield index, msg
     waiting = {asyncio.ensure_future(anext(events[i])): i
-               for i, msg in enumerate(firsts) if not isinstance(msg, GenerateDone)}
+               for i, msg in enumerate(firsts) if not isinstance(msg, GenerationDone)}
     try:
         while waiting:
             ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -60,7 +59,7 @@ async def merged(firsts: list[Any], events: list[AsyncIterator[Any]],
                 index = waiting.pop(task)
                 msg = task.result()
                 yield index, msg
-                if not isinstance(msg, GenerateDone):
+                if not isinstance(msg, GenerationDone):
                     waiting[asyncio.ensure_future(anext(events[index]))] = index
     finally:
         for task in waiting:
@@ -70,14 +69,14 @@ async def merged(firsts: list[Any], events: list[AsyncIterator[Any]],
 
 async def shown(first: Any, events: AsyncIterator[Any], clock: RequestClock,
                 holds: Callable[[str], bool], logprobs: list[TokenLogprob] | None
-                ) -> AsyncIterator[GenerateChunk | GenerateDone]:
+                ) -> AsyncIterator[GenerationChunk | GenerationDone]:
     """One choice's events as its client sees them: the chunks whose text is shown (not
     ``holds(text)``, as a call is held to its end), then its end. The clock is fed as
     tokens come and at a successful end, and ``logprobs`` (if a list) gathers every
     token's."""
     async with contextlib.aclosing(merged([first], [events])) as stream:
         async for _, msg in stream:
-            if isinstance(msg, GenerateDone):
+            if isinstance(msg, GenerationDone):
                 if not msg.error:
                     clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
                                time.monotonic())

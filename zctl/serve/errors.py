@@ -9,9 +9,8 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from zctl.engine.requests import GenerationRequest
+from zctl.engine.requests import GenerationDone, GenerationRequest
 from zctl.serve.protocol import ApiError, ChatCompletionRequest, engine_error
-from zctl.service.messages import GenerateDone
 
 
 def unknown_model(status: int, asked: str, served: str) -> ApiError:
@@ -43,7 +42,7 @@ def checked(gen: GenerationRequest) -> GenerationRequest:
 
 def raise_failed(answers: list[Any]) -> None:
     """Raise the API error of the first generation among ``answers`` that ended failed."""
-    failed = next((a for a in answers if isinstance(a, GenerateDone) and a.error), None)
+    failed = next((a for a in answers if isinstance(a, GenerationDone) and a.error), None)
     if failed is not None:
         raise engine_error(failed)
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from zctl.engine.requests import GenerationRequest, TokenLogprob
+from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest, TokenLogprob
 from zctl.serve.choices import close_all, shown
 from zctl.serve.metrics import RequestClock
 from zctl.serve.protocol import ApiError, ResponseShape
@@ -27,8 +27,7 @@ from zctl.serve.responses import (
     output_turns,
 )
 from zctl.serve.sse import event_stream, named_events
-from zctl.service.client import ServiceUnavailable
-from zctl.service.messages import GenerateChunk, GenerateDone
+from zctl.service.errors import ServiceUnavailable
 
 if TYPE_CHECKING:  # zctl.serve.app adds these routes
     from zctl.serve.app import ZctlApi
@@ -77,7 +76,7 @@ class ResponsesRoute:
             async with contextlib.aclosing(shown(first, events, clock, holds, logprobs)) as msgs:
                 async for msg in msgs:
                     events_now = stream.delta(msg.text, msg.logprobs) \
-                        if isinstance(msg, GenerateChunk) \
+                        if isinstance(msg, GenerationChunk) \
                         else self._end(stream, msg, logprobs, turns)
                     yield named_events(events_now)
         except ServiceUnavailable as exc:
@@ -86,7 +85,7 @@ class ResponsesRoute:
         finally:
             await close_all([events])
 
-    def _end(self, stream: ResponseEvents, done: GenerateDone,
+    def _end(self, stream: ResponseEvents, done: GenerationDone,
              logprobs: list[TokenLogprob] | None, turns: list[dict[str, Any]]
              ) -> list[dict[str, Any]]:
         if done.error:

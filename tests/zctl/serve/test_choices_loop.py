@@ -9,16 +9,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from zctl.engine.requests import GenerationChunk, GenerationDone
 from zctl.serve.choices import close_all, merged, together
-from zctl.service.messages import GenerateChunk, GenerateDone
 
 
-def chunk(name: str) -> GenerateChunk:
-    return GenerateChunk(name, [1], name, 1)
+def chunk(name: str) -> GenerationChunk:
+    return GenerationChunk(name, [1], name, 1)
 
 
-def done(name: str) -> GenerateDone:
-    return GenerateDone(name, [1], name, 1, 1.0, 1.0, {}, "eos", "")
+def done(name: str) -> GenerationDone:
+    return GenerationDone(name, [1], name, 1, 1.0, 1.0, {}, "eos", "")
 
 
 async def events(name: str, gaps: list[float], closed: list[str]) -> AsyncIterator[object]:
