@@ -12,12 +12,13 @@ import openai
 import pytest
 
 import tests.zctl.serve.test_app as ts
+from tests.zctl.serve.openai.test_choices import IGNORE_EOS, RecordingBackend, sse_payloads
 from tests.zctl.serve.test_app import Server, metric_values
-from tests.zctl.serve.test_choices import IGNORE_EOS, RecordingBackend, sse_payloads
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.scheduler import generate_greedy
-from zctl.serve.app import ServeSettings, create_app
-from zctl.serve.protocol import MAX_PROMPTS
+from zctl.serve.app import create_app
+from zctl.serve.openai.protocol import MAX_PROMPTS
+from zctl.serve.settings import ServeSettings
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 PROMPTS = ["one two three", "four five", "six"]

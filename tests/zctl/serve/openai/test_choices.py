@@ -15,7 +15,8 @@ import pytest
 import tests.zctl.serve.test_app as ts
 from tests.zctl.serve.test_app import ASK, Server, greedy_text, metric_values, wait_for
 from zctl.engine.requests import BAD_REQUEST, GenerationChunk, GenerationDone, GenerationRequest
-from zctl.serve.app import ServeSettings, create_app
+from zctl.serve.app import create_app
+from zctl.serve.settings import ServeSettings
 from zctl.service.messages import ServiceStats
 
 IGNORE_EOS = {"zctl": {"ignore_eos": True}}
