@@ -22,7 +22,7 @@ from zctl.engine.requests import GenerationDone, GenerationRequest, TokenLogprob
 from zctl.serve.admission import Admission, Events
 from zctl.serve.errors import (
     ApiError,
-    backend_down,
+    backend_down_error,
     engine_error,
     raise_first_failure,
     unknown_model,
@@ -74,7 +74,7 @@ class ServingContext:
             try:
                 self._model = self.with_reply_name(await self.backend.stats())
             except ServiceUnavailable as exc:
-                raise backend_down(exc) from None
+                raise backend_down_error(exc) from None
         return self._model
 
     async def current_stats(self) -> ServiceStats:
@@ -174,7 +174,7 @@ class ServingContext:
             try:
                 reply = await self.backend.tokens(msg)
             except ServiceUnavailable as exc:
-                raise backend_down(exc) from None
+                raise backend_down_error(exc) from None
         if reply.error:
             raise ApiError(400, reply.error)
         return reply
@@ -241,7 +241,7 @@ class ServingContext:
             raise ApiError(500, "the generation ended without an answer", "internal_error") \
                 from None
         except ServiceUnavailable as exc:
-            raise backend_down(exc) from None
+            raise backend_down_error(exc) from None
         except BaseException:
             step.cancel()  # its generator ends in the cancellation, cancelling the generation
             with contextlib.suppress(BaseException):

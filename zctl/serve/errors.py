@@ -27,7 +27,7 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
-def backend_down(exc: Exception) -> ApiError:
+def backend_down_error(exc: Exception) -> ApiError:
     """The 503 of a generation service that does not answer or went away."""
     return ApiError(503, str(exc), "service_unavailable", code="backend_down")
 

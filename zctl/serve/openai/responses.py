@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 from zctl.engine.requests import GenerationDone, GenerationRequest, TokenLogprob
 from zctl.serve.context import ServingContext, new_request_id
-from zctl.serve.errors import backend_down
+from zctl.serve.errors import backend_down_error
 from zctl.serve.event_streams import Events, close_all, visible_events
 from zctl.serve.metrics import RequestClock
 from zctl.serve.openai.protocol import to_generation
@@ -33,7 +33,7 @@ from zctl.service.errors import ServiceUnavailable
 from zctl.service.messages import GenerationEvent
 
 
-def named(events: list[ResponseEvent]) -> str:
+def named_sse(events: list[ResponseEvent]) -> str:
     """The events as named SSE events."""
     return named_events([event.model_dump() for event in events])
 
@@ -78,16 +78,16 @@ class Responses:
         stream = ResponseEvents(response)
         logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
         try:
-            yield named(stream.opening())
+            yield named_sse(stream.opening())
             shown = visible_events(first, events, clock, lambda text: response.tools.holds(
                 0, text), logprobs)
             async with contextlib.aclosing(shown) as msgs:
                 async for msg in msgs:
-                    yield named(self._end(stream, msg, logprobs, turns)
+                    yield named_sse(self._end(stream, msg, logprobs, turns)
                                 if isinstance(msg, GenerationDone)
                                 else stream.delta(msg.text, msg.logprobs))
         except ServiceUnavailable as exc:
-            yield named(stream.failed(backend_down(exc)))
+            yield named_sse(stream.failure(backend_down_error(exc)))
         finally:
             await close_all([events])
 
@@ -95,7 +95,7 @@ class Responses:
              logprobs: list[TokenLogprob] | None, turns: list[dict[str, Any]]
              ) -> list[ResponseEvent]:
         if done.error:
-            return stream.failed(self.context.count_failure(done))
+            return stream.failure(self.context.count_failure(done))
         events = stream.ending(done, logprobs, held=stream.response.tools.holds(0))
         self._keep(stream.response, turns)
         return events

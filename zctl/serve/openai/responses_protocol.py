@@ -540,6 +540,6 @@ class ResponseEvents:
                                    output_index=index, arguments=item.arguments),
                 self._item("response.output_item.done", index, item)]
 
-    def failed(self, error: ApiError) -> list[ResponseEvent]:
+    def failure(self, error: ApiError) -> list[ResponseEvent]:
         self.response.fail(error)
         return [self._state("response.failed")]

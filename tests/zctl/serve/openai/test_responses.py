@@ -313,7 +313,7 @@ def test_the_events_of_text_calls_and_failures() -> None:
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == "hi there"
     # a failure after the stream started: response.failed with the error
     stream = ResponseEvents(ResponseObject(auto, "m", ToolOutput()))
-    (failed,) = [e.model_dump() for e in stream.failed(ApiError(
+    (failed,) = [e.model_dump() for e in stream.failure(ApiError(
         503, "stage 1 is down", "service_unavailable", code="pipeline_down"))]
     assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "pipeline_down", "message": "stage 1 is down"}
