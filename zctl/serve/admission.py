@@ -4,13 +4,11 @@ moment they are admitted, and the 429 a request that would pass the limit gets."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from zctl.serve.errors import ApiError
-from zctl.service.messages import GenerationEvent
-
-Events = AsyncIterator[GenerationEvent]
+from zctl.serve.event_streams import Events
 
 
 class Admission:

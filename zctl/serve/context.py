@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from zctl.engine.requests import GenerationDone, GenerationRequest, TokenLogprob
-from zctl.serve.admission import Admission, Events
+from zctl.serve.admission import Admission
 from zctl.serve.errors import (
     ApiError,
     backend_down_error,
@@ -28,7 +28,7 @@ from zctl.serve.errors import (
     unknown_model,
     validate_generation,
 )
-from zctl.serve.event_streams import close_all, run_concurrently
+from zctl.serve.event_streams import Events, close_all, run_concurrently
 from zctl.serve.metrics import RequestClock, ServeMetrics, finish_reason
 from zctl.serve.settings import ServeSettings
 from zctl.service.async_client import AsyncServiceClient
@@ -186,7 +186,7 @@ class ServingContext:
         chat completion's starts."""
         validate_generation(gen)
         self.admission.check_room(1)
-        started = await self.start(([gen]), request, model, start)
+        started = await self.start([gen], request, model, start)
         return started.firsts[0], started.events[0], started.clocks[0]
 
     async def start(self, gens: list[GenerationRequest], request: Request, model: str,

@@ -56,8 +56,8 @@ class AsyncServiceClient:
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._queues: dict[str, asyncio.Queue[GenerationEvent | ServiceUnavailable]] = {}
-        self._stats_waiters: list[asyncio.Future] = []
-        self._token_waiters: dict[str, asyncio.Future] = {}  # request id -> its TokensReply
+        self._stats_waiters: list[asyncio.Future[ServiceStats | Error]] = []
+        self._token_waiters: dict[str, asyncio.Future[TokensReply]] = {}  # by request id
 
     def _socket(self) -> Any:
         if self._sock is None:
