@@ -1,19 +1,23 @@
 """Control-plane message schemas: typed, versioned, validated on receipt.
 
-Schemas only, no sockets. Every message is a frozen dataclass registered under a
-``TYPE`` tag; on the wire it is one JSON frame ``{"protocol": N, "type": tag, "body":
-{...}}``, followed by one raw binary frame for the messages that carry a payload (shard
-chunks). ``decode_message`` checks the protocol version, the type tag and every field's
-type (nested dataclasses, lists, dicts, optionals) and raises ``MessageError`` with a
-readable reason; it never returns a half-valid message.
+Schemas only, no sockets. Every message is a frozen dataclass registered under a type
+tag: the control plane's own ``Message`` classes under their ``TYPE`` (``register``), and
+dataclasses another room defines, such as the engine's requests and chunks, as they are
+(``register_record``, with the check their values must pass). On the wire a message is
+one JSON frame ``{"protocol": N, "type": tag, "body": {...}}``, followed by one raw binary
+frame for the messages that carry a payload (shard chunks). ``decode_message`` checks the
+protocol version, the type tag and every field's type (nested dataclasses, lists, dicts,
+optionals) and raises ``MessageError`` with a readable reason; it never returns a
+half-valid message.
 """
 
 from __future__ import annotations
 
 import json
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from controlplane.checks import (  # noqa: F401 - NODE_ID_RE, MessageError: part of the API
     NODE_ID_RE,
@@ -26,7 +30,7 @@ from controlplane.checks import (  # noqa: F401 - NODE_ID_RE, MessageError: part
 from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, RuntimeSpec, StageInfo
 from controlplane.schema import SchemaError, build
 
-PROTOCOL_VERSION = 4  # bump with every change to a message schema (tests/test_wire_schema.py)
+PROTOCOL_VERSION = 5  # bump with every change to a message schema (tests/test_wire_schema.py)
 
 class UnknownMessage(MessageError):
     """A well-formed envelope of a type this side does not know."""
@@ -56,16 +60,54 @@ class Message:
         """Semantic checks beyond field types; raise MessageError."""
 
 
-REGISTRY: dict[str, type[Message]] = {}
+class Registration(NamedTuple):
+    """How one message class travels: its type tag, the check a decoded value must pass
+    (raising MessageError), and whether a payload frame follows it."""
+
+    tag: str
+    check: Callable[[Any], None]
+    has_payload: bool = False
+
+
+REGISTRY: dict[str, type] = {}  # type tag -> message class
+_REGISTRATIONS: dict[type, Registration] = {}
 
 M = typing.TypeVar("M", bound=type[Message])
+R = typing.TypeVar("R", bound=type)
 
 
 def register(cls: M) -> M:
-    if not cls.TYPE or cls.TYPE in REGISTRY:
-        raise TypeError(f"message class {cls.__name__} needs a unique TYPE (got {cls.TYPE!r})")
-    REGISTRY[cls.TYPE] = cls
+    """Register a control-plane ``Message`` class under its ``TYPE``."""
+    _add(cls, Registration(cls.TYPE, cls.check, cls.HAS_PAYLOAD))
     return cls
+
+
+def register_record(tag: str, cls: R, check: Callable[[Any], None] = lambda _: None) -> R:
+    """Carry ``cls``, a frozen dataclass defined outside the control plane, under ``tag``;
+    ``check`` refuses a decoded value that is not sound (raising MessageError)."""
+    _add(cls, Registration(tag, check))
+    return cls
+
+
+def _add(cls: type, registration: Registration) -> None:
+    tag = registration.tag
+    if not tag or tag in REGISTRY or cls in _REGISTRATIONS:
+        raise TypeError(f"message class {cls.__name__} needs a unique type tag (got {tag!r})")
+    REGISTRY[tag] = cls
+    _REGISTRATIONS[cls] = registration
+
+
+def registration(cls: type) -> Registration:
+    """How messages of ``cls`` travel (TypeError if it is not registered)."""
+    found = _REGISTRATIONS.get(cls)
+    if found is None:
+        raise TypeError(f"{cls.__name__} is not a registered message")
+    return found
+
+
+def type_tag(msg: object) -> str:
+    """The type tag ``msg`` travels under."""
+    return registration(type(msg)).tag
 
 
 # -- messages --------------------------------------------------------------------------
@@ -321,11 +363,10 @@ class StatusReply(Message):
 
 
 # -- encoding --------------------------------------------------------------------------
-def encode_message(msg: Message, protocol: int = PROTOCOL_VERSION) -> bytes:
-    """One JSON frame for ``msg`` (``protocol`` is overridable only to test refusals)."""
-    if type(msg).TYPE not in REGISTRY:
-        raise TypeError(f"{type(msg).__name__} is not a registered message")
-    envelope = {"protocol": protocol, "type": msg.TYPE, "body": _json_fields(msg)}
+def encode_message(msg: object, protocol: int = PROTOCOL_VERSION) -> bytes:
+    """One JSON frame for ``msg``, a registered message (``protocol`` is overridable only
+    to test refusals)."""
+    envelope = {"protocol": protocol, "type": type_tag(msg), "body": _json_fields(msg)}
     return json.dumps(envelope, separators=(",", ":"), default=_json_fields).encode()
 
 
@@ -338,7 +379,7 @@ def _json_fields(obj: Any) -> dict[str, Any]:
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
-def decode_message(data: bytes) -> Message:
+def decode_message(data: bytes) -> Any:
     """Parse and validate one JSON frame; raise MessageError (or ProtocolMismatch)."""
     try:
         raw = json.loads(data)
@@ -366,38 +407,40 @@ def decode_message(data: bytes) -> Message:
         msg = build(cls, raw.get("body", {}), msg_type)
     except SchemaError as exc:
         raise MessageError(str(exc)) from None
-    msg.check()
+    _REGISTRATIONS[cls].check(msg)
     return msg
 
 
-def to_frames(msg: Message, payload: bytes | memoryview | None = None,
+def to_frames(msg: object, payload: bytes | memoryview | None = None,
               protocol: int = PROTOCOL_VERSION) -> list[Any]:
     """The frames of one message: [json] or [json, payload]."""
-    if msg.HAS_PAYLOAD != (payload is not None):
-        raise TypeError(f"{msg.TYPE} {'needs' if msg.HAS_PAYLOAD else 'takes no'} payload frame")
+    tag, _, has_payload = registration(type(msg))
+    if has_payload != (payload is not None):
+        raise TypeError(f"{tag} {'needs' if has_payload else 'takes no'} payload frame")
     frames: list[Any] = [encode_message(msg, protocol)]
     if payload is not None:
         frames.append(payload)
     return frames
 
 
-def from_frames(frames: list[bytes]) -> tuple[Message, bytes | None]:
+def from_frames(frames: list[bytes]) -> tuple[Any, bytes | None]:
     """Decode [json] or [json, payload]; the frame count must fit the message type."""
     if not frames:
         raise MessageError("empty message (no frames)")
     if len(frames) > 2:
         raise MessageError(f"a message has 1 or 2 frames, got {len(frames)}")
     msg = decode_message(frames[0])
-    if msg.HAS_PAYLOAD:
+    tag, _, has_payload = registration(type(msg))
+    if has_payload:
         if len(frames) != 2:
-            raise MessageError(f"{msg.TYPE} needs a payload frame")
+            raise MessageError(f"{tag} needs a payload frame")
         payload = frames[1]
         size = getattr(msg, "size", len(payload))
         if len(payload) != size:
-            raise MessageError(f"{msg.TYPE} says {size} bytes but its payload has {len(payload)}")
+            raise MessageError(f"{tag} says {size} bytes but its payload has {len(payload)}")
         return msg, payload
     if len(frames) != 1:
-        raise MessageError(f"{msg.TYPE} takes no payload frame")
+        raise MessageError(f"{tag} takes no payload frame")
     return msg, None
 
 

@@ -124,8 +124,8 @@ def test_any_multipart_is_a_service_message_or_refused(frames_: list[bytes]) -> 
 @pytest.mark.parametrize("model", ["chat", "completion", "tokenize"])
 def test_any_json_is_an_api_request_or_a_validation_error(model: str) -> None:
     pydantic = pytest.importorskip("pydantic")
-    from zctl.serve.protocol import (
-        ApiError,
+    from zctl.serve.errors import ApiError
+    from zctl.serve.openai.protocol import (
         ChatCompletionRequest,
         CompletionRequest,
         TokenizeBody,

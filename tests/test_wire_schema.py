@@ -23,6 +23,10 @@ PINNED = {
     4: "25fb90e1c2975b9b",  # tokenize_request, detokenize_request, tokens_reply;
     # generate_request: prompt_logprobs, repetition_penalty, prompt_ids, min_p,
     # stop_token_ids; generate_chunk: prompt_logprobs
+    5: "31e6f2e7e2fd2644",  # tokenize_request: the generation it tokenizes as one field,
+    # ``generation`` (the engine's GenerationRequest), not its fields at the top; the
+    # generate_* messages are the engine's GenerationRequest, GenerationChunk and
+    # GenerationDone themselves (their JSON as before, their schemas' names changed)
 }
 
 

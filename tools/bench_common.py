@@ -28,9 +28,9 @@ from zctl.launcher.local import free_port as free_port
 
 if TYPE_CHECKING:
     from zctl.engine.executor import Executor
+    from zctl.engine.requests import GenerationDone, GenerationRequest
     from zctl.engine.stats import GenerationStats
     from zctl.manifest import StaticKV
-    from zctl.service.messages import GenerateDone, GenerateRequest
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 MODEL_HELP = "smollm2-135m, random-1b, random-tiny, or an HF directory"
@@ -249,40 +249,40 @@ def timed_greedy(pipeline: Executor, prompt_ids: Sequence[int], tokens: int,
 # -- a local cluster's generation service ------------------------------------------------------
 
 
-def bench_request(prompt: str, tokens: int, **fields: Any) -> GenerateRequest:
+def bench_request(prompt: str, tokens: int, **fields: Any) -> GenerationRequest:
     """A chat-templated request for exactly ``tokens`` tokens (EOS ignored)."""
-    from zctl.service.messages import GenerateRequest
+    from zctl.engine.requests import GenerationRequest
 
-    return GenerateRequest(uuid.uuid4().hex[:16], prompt, tokens, True, ignore_eos=True,
+    return GenerationRequest(uuid.uuid4().hex[:16], prompt, tokens, True, ignore_eos=True,
                            **fields)
 
 
-def generate_done(serve: str, prompt: str, tokens: int, **fields: Any) -> GenerateDone:
+def generate_done(serve: str, prompt: str, tokens: int, **fields: Any) -> GenerationDone:
     """One request through the service at ``serve``: its closing message (an error the
     service reports is raised)."""
+    from zctl.engine.requests import GenerationDone
     from zctl.service.client import generate_stream
-    from zctl.service.messages import GenerateDone
 
     stream = generate_stream(serve, bench_request(prompt, tokens, **fields))
-    done = [m for m in stream if isinstance(m, GenerateDone)][-1]
+    done = [m for m in stream if isinstance(m, GenerationDone)][-1]
     if done.error:
         raise RuntimeError(done.error)
     return done
 
 
-def generate_together(serve: str, requests: Sequence[GenerateRequest],
-                      first_timeout: float = 120.0) -> tuple[list[GenerateDone], float]:
+def generate_together(serve: str, requests: Sequence[GenerationRequest],
+                      first_timeout: float = 120.0) -> tuple[list[GenerationDone], float]:
     """Send ``requests`` at once through the service at ``serve``: each one's closing
     message, in the requests' order, and the seconds from the first answer to the last
     (an error the service reports is raised)."""
+    from zctl.engine.requests import GenerationDone
     from zctl.service.client import generate_many
-    from zctl.service.messages import GenerateDone
 
     first: float | None = None
-    dones: dict[str, GenerateDone] = {}
+    dones: dict[str, GenerationDone] = {}
     for msg in generate_many(serve, list(requests), first_timeout=first_timeout):
         first = time.monotonic() if first is None else first
-        if isinstance(msg, GenerateDone):
+        if isinstance(msg, GenerationDone):
             if msg.error:
                 raise RuntimeError(msg.error)
             dones[msg.request_id] = msg

@@ -15,7 +15,7 @@ systems, interleaved prompt by prompt, their order rotated from run to run:
   It is fed the chat-templated token ids the cluster's engine feeds.
 
 Decode throughput is tokens after the first over the time they took (prefill
-excluded): the cluster's ``GenerateDone.tok_s`` (zctl.engine.stats), and for openvino_genai
+excluded): the cluster's ``GenerationDone.tok_s`` (zctl.engine.stats), and for openvino_genai
 (n - 1) / (wall - TTFT) (tools.baseline_batching.sequential_throughput), as
 tools/bench_microbatch reports both. Per prompt: each system's median over runs, and
 each ratio paired run by run (``paired_ratio``: the median over runs of a over b, both
@@ -83,7 +83,7 @@ RATIOS = (("pipelined_over_plain", "pipelined", "plain"),
           ("spec_over_plain", "spec", "plain"),
           ("spec_over_genai_one_core", "spec", "genai"),
           ("plain_over_genai_one_core", "plain", "genai"))
-SPEC_KEYS = ("acceptance", "tokens_per_step", "k_mean")  # of GenerateDone.spec
+SPEC_KEYS = ("acceptance", "tokens_per_step", "k_mean")  # of GenerationDone.spec
 WARMUP_TOKENS = 16
 
 

@@ -84,28 +84,28 @@ def measure(serve: str, texts: Sequence[str]) -> tuple[list[list[float]], list[l
                                                         list[list[int]], list[float]]:
     """Per passage: the scored request's prompt scores (token 1 on), its top tokens, the
     prompt's ids, and the scored request's time over the plain one's."""
+    from zctl.engine.requests import GenerationChunk, GenerationRequest
     from zctl.service.client import generate_stream
-    from zctl.service.messages import GenerateChunk, GenerateRequest
 
-    def run(request: GenerateRequest) -> list[Any]:
+    def run(request: GenerationRequest) -> list[Any]:
         messages = list(generate_stream(serve, request))
         if messages[-1].error:
             raise RuntimeError(messages[-1].error)
         return messages
 
-    run(GenerateRequest("warm-up", "a short warm-up prompt", 2, chat=False))
+    run(GenerationRequest("warm-up", "a short warm-up prompt", 2, chat=False))
     scores, tops, ids, costs = [], [], [], []
     for i, text in enumerate(texts):
         seconds = []
-        plain = GenerateRequest(f"plain-{i}", text, 1, chat=False, ignore_eos=True)
-        scored = GenerateRequest(f"scored-{i}", text, 1, chat=False, ignore_eos=True,
+        plain = GenerationRequest(f"plain-{i}", text, 1, chat=False, ignore_eos=True)
+        scored = GenerationRequest(f"scored-{i}", text, 1, chat=False, ignore_eos=True,
                                  logprobs=True, top_logprobs=1, prompt_logprobs=True)
         for request in (plain, scored):  # plain first: a scored prompt uses no cached prefix
             start = time.perf_counter()
             messages = run(request)
             seconds.append(time.perf_counter() - start)
         lps = next(m.prompt_logprobs for m in messages
-                   if isinstance(m, GenerateChunk) and m.prompt_logprobs)
+                   if isinstance(m, GenerationChunk) and m.prompt_logprobs)
         ids.append([lp.token for lp in lps])
         scores.append([lp.logprob for lp in lps[1:]])
         tops.append([lp.top_tokens[0] for lp in lps[1:]])

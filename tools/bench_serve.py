@@ -113,21 +113,20 @@ def direct_record(serve: str, request: ServeRequest) -> RequestRecord:
     hands it on: the conversation through the model's chat template, greedy, EOS
     honoured, every token sent as it comes (``chunk_interval_ms=0``; ``zctl run`` batches
     a stream's tokens every 100 ms). Recorded as an HTTP stream is; never raises."""
-    from zctl.engine.requests import ChatMessage
+    from zctl.engine.requests import ChatMessage, GenerationChunk, GenerationDone, GenerationRequest
     from zctl.service.client import generate_stream
-    from zctl.service.messages import GenerateChunk, GenerateDone, GenerateRequest
 
     record = RequestRecord(request.index, time.perf_counter())
-    message = GenerateRequest(
+    message = GenerationRequest(
         uuid.uuid4().hex[:16], max_tokens=request.max_tokens, temperature=0.0,
         messages=[ChatMessage(m["role"], m["content"]) for m in request.messages()],
         chunk_interval_ms=0)
     try:
         for msg in generate_stream(serve, message):
             now = time.perf_counter()
-            if isinstance(msg, GenerateChunk) and msg.text:
+            if isinstance(msg, GenerationChunk) and msg.text:
                 record.chunk_times.append(now)
-            elif isinstance(msg, GenerateDone):
+            elif isinstance(msg, GenerationDone):
                 record.completion_tokens, record.usage = len(msg.tokens), True
                 record.prompt_tokens = msg.prompt_tokens
                 record.error = f"done with error: {msg.error}"[:300] if msg.error else ""

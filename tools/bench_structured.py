@@ -26,7 +26,7 @@ messages free, for AUTO_TOKENS tokens (EOS ignored); ``auto_ratio`` per question
 A warm-up pass first builds the grammar compiler (``first_request_extra_ms``: how much
 longer the first schema request took end to end than the same request's median later)
 and fixes each task's token count. Decode throughput is the service's
-``GenerateDone.tok_s`` (tokens after the first over their time); per task the medians,
+``GenerationDone.tok_s`` (tokens after the first over their time); per task the medians,
 and the ratio schema / free paired run by run; ``mean_ratio`` is the mean over tasks.
 ``schema_valid`` counts schema outputs that parse and hold every required key of the
 right JSON type (``schema_cut``: those ``MAX_TOKENS`` cut short, a valid prefix);

@@ -174,10 +174,10 @@ def inject(fault: str, cluster: Cluster, node: int, hold_s: float) -> None:
 def run_trial(cluster: Cluster, fault: str, node: int, plan: Plan, expected: list[int]
               ) -> dict[str, Any]:
     """One generation with ``fault`` injected on ``node`` mid-stream; its figures."""
+    from zctl.engine.requests import GenerationChunk, GenerationRequest
     from zctl.service.client import generate_many
-    from zctl.service.messages import GenerateChunk, GenerateRequest
 
-    request = GenerateRequest(uuid.uuid4().hex[:16], PROMPT, plan.tokens, ignore_eos=True)
+    request = GenerationRequest(uuid.uuid4().hex[:16], PROMPT, plan.tokens, ignore_eos=True)
     events: list[tuple[float, Any]] = []
     streamed = threading.Event()
     failure: list[str] = []
@@ -187,7 +187,7 @@ def run_trial(cluster: Cluster, fault: str, node: int, plan: Plan, expected: lis
         try:
             for msg in generate_many(cluster.record.serve, [request], idle_timeout=90.0):
                 events.append((time.monotonic(), msg))
-                if isinstance(msg, GenerateChunk):
+                if isinstance(msg, GenerationChunk):
                     tokens += len(msg.tokens)
                     if tokens >= plan.fault_at:
                         streamed.set()
@@ -207,14 +207,14 @@ def run_trial(cluster: Cluster, fault: str, node: int, plan: Plan, expected: lis
 def trial_figures(events: list[tuple[float, Any]], start: float, expected: list[int],
                   failure: list[str], hung: bool) -> dict[str, Any]:
     """A trial's figures from the client's (time, message) log and the fault's time."""
-    from zctl.service.messages import GenerateChunk, GenerateDone
+    from zctl.engine.requests import GenerationChunk, GenerationDone
 
     paused = [t for t, m in events if t >= start and getattr(m, "note", "").startswith("paused")]
     detect = paused[0] - start if paused else None
     after = paused[0] if paused else start
     tokens_after = [t for t, m in events
-                    if isinstance(m, GenerateChunk) and m.tokens and t >= after]
-    done = next((m for _, m in events if isinstance(m, GenerateDone)), None)
+                    if isinstance(m, GenerationChunk) and m.tokens and t >= after]
+    done = next((m for _, m in events if isinstance(m, GenerationDone)), None)
     lost = hung or bool(failure) or done is None or bool(done.error)
     why = ("the client still waited" if hung else failure[0] if failure else
            "no answer" if done is None else done.error)

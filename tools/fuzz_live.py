@@ -128,12 +128,12 @@ def reference(cluster: Cluster) -> dict[str, Any]:
     text through the API (when it runs)."""
     import httpx
 
+    from zctl.engine.requests import GenerationDone, GenerationRequest
     from zctl.service.client import generate_many
-    from zctl.service.messages import GenerateDone, GenerateRequest
 
-    request = GenerateRequest(uuid.uuid4().hex[:16], PROMPT, REFERENCE_TOKENS, ignore_eos=True)
+    request = GenerationRequest(uuid.uuid4().hex[:16], PROMPT, REFERENCE_TOKENS, ignore_eos=True)
     done = [m for m in generate_many(cluster.record.serve, [request], 120, 60)
-            if isinstance(m, GenerateDone)][-1]
+            if isinstance(m, GenerationDone)][-1]
     out: dict[str, Any] = {"tokens": done.tokens, "text": done.text, "error": done.error}
     if cluster.model:
         answer = httpx.post(f"{cluster.record.api}/v1/chat/completions", timeout=120, json={
@@ -147,7 +147,7 @@ def reference(cluster: Cluster) -> dict[str, Any]:
 def checked_reference(cluster: Cluster) -> dict[str, Any]:
     """The reference generation again, or what stopped it (the cluster no longer serves)."""
     from controlplane.client import ClusterUnreachable
-    from zctl.service.client import ServiceUnavailable
+    from zctl.service.errors import ServiceUnavailable
 
     try:
         return reference(cluster)

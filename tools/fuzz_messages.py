@@ -33,10 +33,10 @@ from controlplane.messages import (
 )
 from controlplane.records import DeviceInfo
 from dataplane.wire.frames import FIXED, HiddenStateFrame, Kind, ReplyMode, encode_frame
+from zctl.engine.requests import GenerationRequest
 from zctl.service.messages import (
     DetokenizeRequest,
     GenerateCancel,
-    GenerateRequest,
     ServiceStatsRequest,
     TokenizeRequest,
 )
@@ -122,7 +122,7 @@ def control_seeds() -> list[Parts]:
                   "0.0.0-fuzz", "0.0.0-fuzz")
     messages = [StatusRequest(), Heartbeat("ok", 3), Leave("fuzz"), enrol,
                 ShardRequest("0" * 64, "stage.bin", 0, 0, 1024), ShardDone("0" * 64, True),
-                StageReady(1, 1, True), GenerateRequest("r", "hi", 1)]
+                StageReady(1, 1, True), GenerationRequest("r", "hi", 1)]
     chunk = ShardChunk("0" * 64, "stage.bin", 0, 0, 4, "0" * 64)
     return [[encode_message(m)] for m in messages] + [[encode_message(chunk), b"\0" * 4]]
 
@@ -131,11 +131,12 @@ def service_seeds() -> list[Parts]:
     """Valid generation-service messages: short generations, a cancel, a stats request,
     tokenize and detokenize requests, and a control message sent to the wrong ROUTER."""
     return [[encode_message(m)] for m in (
-        GenerateRequest("fuzz-a", "the sky is", 2, ignore_eos=True),
-        GenerateRequest("fuzz-b", "one two", 1, chat=False, temperature=0.7, seed=3),
+        GenerationRequest("fuzz-a", "the sky is", 2, ignore_eos=True),
+        GenerationRequest("fuzz-b", "one two", 1, chat=False, temperature=0.7, seed=3),
         GenerateCancel("fuzz-a"), ServiceStatsRequest(), StatusRequest(),
-        TokenizeRequest("fuzz-c", "the sky is", 1), DetokenizeRequest("fuzz-d", [1, 2, 3]),
-        GenerateRequest("fuzz-e", max_tokens=1, chat=False, prompt_ids=[1, 2, 3]))]
+        TokenizeRequest(GenerationRequest("fuzz-c", "the sky is", 1)),
+        DetokenizeRequest("fuzz-d", [1, 2, 3]),
+        GenerationRequest("fuzz-e", max_tokens=1, chat=False, prompt_ids=[1, 2, 3]))]
 
 
 def json_message(rng: random.Random, seeds: list[Parts], cap: int) -> Parts:

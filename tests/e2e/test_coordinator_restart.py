@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_fault_tolerance import EXACT, TOKENS, _fault_free
+from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.launcher.local import (
     alive,
@@ -29,8 +30,8 @@ from zctl.launcher.local import (
     wait_serving,
     write_record,
 )
-from zctl.service.client import ServiceUnavailable, generate_many
-from zctl.service.messages import GenerateChunk, GenerateDone, GenerateRequest
+from zctl.service.client import generate_many
+from zctl.service.errors import ServiceUnavailable
 
 DELAY_MS = 15  # per hop: the generations are still running when the coordinator dies
 
@@ -39,11 +40,11 @@ def _command_of(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
 
 
-def _service_client(record, request: GenerateRequest, outcome: list,  # noqa: ANN001
+def _service_client(record, request: GenerationRequest, outcome: list,  # noqa: ANN001
                     generating: threading.Event) -> None:
     try:
         for msg in generate_many(record.serve, [request]):
-            if isinstance(msg, GenerateChunk) and msg.tokens:
+            if isinstance(msg, GenerationChunk) and msg.tokens:
                 generating.set()
             outcome.append(msg)
     except ServiceUnavailable as exc:
@@ -70,7 +71,7 @@ def test_a_restarted_coordinator_gets_its_nodes_back_and_serves_the_same_tokens(
         tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))  # where zctl serve finds it
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    request = GenerateRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)
+    request = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)
     expected = _fault_free(export_dir, [request])[0]
     root = tmp_path / "cluster"
     record = start_local_cluster(export_dir, 3, EXACT, root, link_delay_ms=DELAY_MS)
@@ -109,9 +110,9 @@ def test_a_restarted_coordinator_gets_its_nodes_back_and_serves_the_same_tokens(
                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}).pid
         status = wait_serving(record, 90)
         assert [s.index for s in status.stages] == [0, 1, 2]
-        again = GenerateRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)
+        again = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)
         (done,) = [m for m in generate_many(record.serve, [again])
-                   if isinstance(m, GenerateDone)]
+                   if isinstance(m, GenerationDone)]
         assert done.error == "" and done.tokens == expected
         chat = _completion(record.api, messages=[{"role": "user", "content": "the sky is"}])
         del chat["prompt"]
@@ -178,7 +179,7 @@ def test_a_client_hears_at_once_that_its_service_went_away() -> None:
     endpoint, _ = _service_that_vanishes(ctx)
     start = time.monotonic()
     with pytest.raises(ServiceUnavailable, match="went away.*1 generation"):
-        list(generate_many(endpoint, [GenerateRequest("r1", "hi", 4)], first_timeout=30))
+        list(generate_many(endpoint, [GenerationRequest("r1", "hi", 4)], first_timeout=30))
     assert time.monotonic() - start < 10  # not the 30 s first-answer timeout
     ctx.term()
 
@@ -190,7 +191,7 @@ def test_the_api_backend_ends_its_requests_when_the_service_goes_away() -> None:
 
     from zctl.engine.requests import GenerationRequest
     from zctl.service.async_client import AsyncServiceClient
-    from zctl.service.client import ServiceUnavailable
+    from zctl.service.errors import ServiceUnavailable
 
     ctx = zmq.Context()
     endpoint, _ = _service_that_vanishes(ctx)

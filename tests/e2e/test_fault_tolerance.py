@@ -17,6 +17,7 @@ import pytest
 from controlplane.client import query_status
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.stateful import RuntimeConfig
+from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.launcher.local import (
@@ -29,7 +30,6 @@ from zctl.launcher.local import (
 )
 from zctl.launcher.processes import NodeProcess
 from zctl.service.client import generate_many
-from zctl.service.messages import GenerateChunk, GenerateDone, GenerateRequest
 
 DELAY_MS = 15  # per hop: a token takes >= 45 ms on 3 stages, time to kill a node mid-run
 TOKENS = 60
@@ -43,7 +43,7 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
     the outage dissolves on stage 0 and the resumed schedule forms again on every stage."""
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
     prompts = ["the sky is", "one two three one two three"][:streams]
-    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, TOKENS, ignore_eos=True)
+    requests = [GenerationRequest(uuid.uuid4().hex[:16], p, TOKENS, ignore_eos=True)
                 for p in prompts]
     expected = _fault_free(export_dir, requests)
     root = tmp_path / "cluster"
@@ -60,7 +60,7 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
             reconnect_min=0.2, link=link_shape(DELAY_MS)), root / "logs" / "node2-again.log"))
         client.join(120)
         assert not client.is_alive()
-        dones = {m.request_id: m for m in messages if isinstance(m, GenerateDone)}
+        dones = {m.request_id: m for m in messages if isinstance(m, GenerationDone)}
         assert [dones[r.request_id].error for r in requests] == [""] * streams
         assert [dones[r.request_id].tokens for r in requests] == expected
         notes = [m.note for m in messages if getattr(m, "note", "")]
@@ -78,7 +78,7 @@ def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
     fetches its shard; the generation resumes there and ends with the tokens of a run
     nothing happened to."""
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    requests = [GenerateRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)]
+    requests = [GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)]
     expected = _fault_free(export_dir, requests)
     record = start_local_cluster(export_dir, 3, EXACT, tmp_path / "cluster",
                                  link_delay_ms=DELAY_MS)
@@ -88,7 +88,7 @@ def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
         client = _kill_mid_generation(record, requests, messages, node)
         client.join(120)
         assert not client.is_alive()
-        (done,) = [m for m in messages if isinstance(m, GenerateDone)]
+        (done,) = [m for m in messages if isinstance(m, GenerationDone)]
         assert done.error == "" and done.tokens == expected[0]
         notes = [m.note for m in messages if getattr(m, "note", "")]
         assert notes[-1].startswith("resumed after "), notes  # (the first note said paused)
@@ -106,7 +106,7 @@ def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
     its stage back while a generation runs, which pauses for the re-wiring and ends with
     the tokens of a run nothing happened to, on a stage per node again."""
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    long = GenerateRequest(uuid.uuid4().hex[:16], "the sky is", 420, ignore_eos=True)
+    long = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", 420, ignore_eos=True)
     expected = _fault_free(export_dir, [long], 420)
     root = tmp_path / "cluster"
     record = start_local_cluster(export_dir, 3, EXACT, root, link_delay_ms=DELAY_MS)
@@ -121,7 +121,7 @@ def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
             record.control, host="127.0.0.3", state_dir=str(root / "node2"),
             reconnect_min=0.2, link=link_shape(DELAY_MS)), root / "logs" / "node2-again.log"))
         client.join(120)
-        (done,) = [m for m in messages if isinstance(m, GenerateDone)]
+        (done,) = [m for m in messages if isinstance(m, GenerationDone)]
         assert done.error == "" and done.tokens == expected[0]
         notes = [m.note for m in messages if getattr(m, "note", "")]
         assert notes and notes[-1].startswith("resumed after "), notes  # it was re-wired
@@ -134,7 +134,7 @@ def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
 EXACT = runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
 
 
-def _fault_free(export_dir: Path, requests: list[GenerateRequest],
+def _fault_free(export_dir: Path, requests: list[GenerationRequest],
                 tokens: int = TOKENS) -> list[list[int]]:
     chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32",
                                                            kv_cache_precision="f32"))
@@ -154,14 +154,14 @@ def _wait_status(record, ready, timeout: float = 60.0):  # noqa: ANN001, ANN202
         time.sleep(0.2)
 
 
-def _client(record, requests: list[GenerateRequest], messages: list) -> threading.Thread:  # noqa: ANN001
+def _client(record, requests: list[GenerationRequest], messages: list) -> threading.Thread:  # noqa: ANN001
     """The requests on a client thread (every message into ``messages``), once tokens flow."""
     generating = threading.Event()
 
     def run() -> None:
         for msg in generate_many(record.serve, requests):
             messages.append(msg)
-            if isinstance(msg, GenerateChunk) and msg.tokens:
+            if isinstance(msg, GenerationChunk) and msg.tokens:
                 generating.set()
 
     client = threading.Thread(target=run, daemon=True)
@@ -170,7 +170,7 @@ def _client(record, requests: list[GenerateRequest], messages: list) -> threadin
     return client
 
 
-def _kill_mid_generation(record, requests: list[GenerateRequest], messages: list,
+def _kill_mid_generation(record, requests: list[GenerationRequest], messages: list,
                          node: int, why: str = "") -> threading.Thread:
     """Start the requests on a client thread (every message into ``messages``), SIGKILL
     node ``node``'s process once tokens flow, and wait until the client is told its

@@ -80,9 +80,9 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
     import uuid
 
     from tools.spec_prompts import PROMPTS as BENCH_PROMPTS
+    from zctl.engine.requests import GenerationDone, GenerationRequest
     from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
     from zctl.service.client import generate_stream
-    from zctl.service.messages import GenerateDone, GenerateRequest
 
     one_stage, three_stages = int4_exports
     record = start_local_cluster(three_stages, 3, runtime_spec(
@@ -91,10 +91,10 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
         wait_serving(record, 300)
 
         def run(prompt: str, speculative: str = "") -> tuple[list[int], float]:
-            request = GenerateRequest(uuid.uuid4().hex[:16], prompt, 48, True, ignore_eos=True,
+            request = GenerationRequest(uuid.uuid4().hex[:16], prompt, 48, True, ignore_eos=True,
                                       speculative=speculative, k=4 if speculative else 0)
             done = [m for m in generate_stream(record.serve, request)
-                    if isinstance(m, GenerateDone)][-1]
+                    if isinstance(m, GenerationDone)][-1]
             assert not done.error, done.error
             return list(done.tokens), done.spec.get("tokens_per_step", 1.0)
 

@@ -13,15 +13,15 @@ import typer
 from typer.testing import CliRunner
 
 from tools.chaos import main, summarize, targets, trial_figures
-from zctl.service.messages import GenerateChunk, GenerateDone
+from zctl.engine.requests import GenerationChunk, GenerationDone
 
 
-def _chunk(tokens: list[int], note: str = "") -> GenerateChunk:
-    return GenerateChunk("r", tokens, "", 0, None, None, {}, {}, note)
+def _chunk(tokens: list[int], note: str = "") -> GenerationChunk:
+    return GenerationChunk("r", tokens, "", 0, None, None, {}, {}, note)
 
 
-def _done(tokens: list[int], error: str = "") -> GenerateDone:
-    return GenerateDone("r", tokens, "", 5, 1.0, 1.0, error=error)
+def _done(tokens: list[int], error: str = "") -> GenerationDone:
+    return GenerationDone("r", tokens, "", 5, 1.0, 1.0, error=error)
 
 
 def test_a_trial_is_timed_from_the_fault_to_the_pause_and_the_next_token() -> None:

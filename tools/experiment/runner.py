@@ -67,7 +67,7 @@ PAYLOAD_POLICY = {"topk": "auto", "fp16": "fp16", "logits": "fp32"}
 
 
 def request_fields(work: Workload) -> dict[str, Any]:
-    """The GenerateRequest fields of a workload: lookup speculation with its K; greedy
+    """The GenerationRequest fields of a workload: lookup speculation with its K; greedy
     decoding asks for the top-1 only, so the other payloads are asked through logprobs
     (the same request in each: only what the last stage sends differs)."""
     fields: dict[str, Any] = {}

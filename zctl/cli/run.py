@@ -146,9 +146,9 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     """Send the prompts to the generation service (run concurrently, one stream each);
     live dashboard unless --json. Returns the run's report."""
     from controlplane.client import query_status
+    from zctl.engine.requests import GenerationDone, GenerationRequest
     from zctl.launcher.local import control_curve
     from zctl.service.client import generate_many
-    from zctl.service.messages import GenerateDone, GenerateRequest
 
     status = query_status(record.control, curve=control_curve(record))
     if speculative and not status.runtime.exact:
@@ -157,13 +157,13 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
                   "tokens; zctl cluster up --exact makes it identical", soft_wrap=True)
     sampling = sampling or {}
     seed = sampling.pop("seed", None)
-    requests = [GenerateRequest(uuid.uuid4().hex[:16], p, max_tokens, chat, ignore_eos,
+    requests = [GenerationRequest(uuid.uuid4().hex[:16], p, max_tokens, chat, ignore_eos,
                                 speculative, k, **sampling,
                                 seed=None if seed is None else seed + i)  # streams differ
                 for i, p in enumerate(prompts)]
     index = {r.request_id: i for i, r in enumerate(requests)}
     snapshot = RunSnapshot(_stages_from_status(status), [StreamView(p) for p in prompts])
-    dones: dict[int, GenerateDone] = {}
+    dones: dict[int, GenerationDone] = {}
     first_at: dict[int, float] = {}
     start = time.monotonic()
     live = None if as_json else Live(render_run(snapshot), console=out, refresh_per_second=8)
@@ -177,7 +177,7 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
                 now = time.monotonic()
                 first_at.setdefault(i, now)
                 apply_message(snapshot, i, msg)
-                if isinstance(msg, GenerateDone):
+                if isinstance(msg, GenerationDone):
                     dones[i] = msg
                 after_first = sum(max(v.tokens - 1, 0) for v in snapshot.streams)
                 if len(prompts) > 1 and now > min(first_at.values()):
@@ -199,12 +199,12 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
 
 def apply_message(snapshot: RunSnapshot, i: int, msg: Any) -> None:
     """Show stream ``i``'s chunk or done in the dashboard's snapshot."""
-    from zctl.service.messages import GenerateDone
+    from zctl.engine.requests import GenerationDone
 
     view = snapshot.streams[i]
     view.ttft_ms, view.tok_s, view.spec = msg.ttft_ms, msg.tok_s, msg.spec
     snapshot.timing = msg.timing or snapshot.timing
-    if isinstance(msg, GenerateDone):
+    if isinstance(msg, GenerationDone):
         view.text, view.tokens = msg.text, len(msg.tokens)
         view.status = "error" if msg.error else f"done ({msg.stop_reason})"
         return

@@ -1,6 +1,6 @@
-"""How failures become API errors (zctl.serve.protocol's ``ApiError``): a request pydantic
-refused (or a chat completion another API's request was read as), a model this server does
-not serve, a generation that failed."""
+"""API errors (``ApiError``, in OpenAI's error shape; Anthropic's front door reshapes them)
+and how failures become them: a request pydantic refused, a model this server does not
+serve, a generation the engine would refuse, one that failed."""
 
 from __future__ import annotations
 
@@ -9,9 +9,36 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from zctl.engine.requests import GenerationRequest
-from zctl.serve.protocol import ApiError, ChatCompletionRequest, engine_error
-from zctl.service.messages import GenerateDone
+from zctl.engine.requests import BAD_REQUEST, UNAVAILABLE, GenerationDone, GenerationRequest
+from zctl.service.messages import GenerationEvent
+
+
+class ApiError(Exception):
+    """An error reply: HTTP ``status`` and the OpenAI error object."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status, message, type_, param, code)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def backend_down_error(exc: Exception) -> ApiError:
+    """The 503 of a generation service that does not answer or went away."""
+    return ApiError(503, str(exc), "service_unavailable", code="backend_down")
+
+
+def engine_error(done: GenerationDone) -> ApiError:
+    """The API error for a generation the engine refused or could not finish."""
+    if done.error_kind == BAD_REQUEST:
+        return ApiError(400, done.error.removeprefix("bad request: "))
+    if done.error_kind == UNAVAILABLE:
+        return ApiError(503, done.error, "service_unavailable", code="pipeline_down")
+    return ApiError(500, done.error or "the generation failed", "internal_error")
 
 
 def unknown_model(status: int, asked: str, served: str) -> ApiError:
@@ -33,7 +60,7 @@ def validation_error(exc: RequestValidationError | ValidationError) -> ApiError:
                     param=where or None)
 
 
-def checked(gen: GenerationRequest) -> GenerationRequest:
+def validate_generation(gen: GenerationRequest) -> GenerationRequest:
     """``gen``, unless the engine would refuse it (a 400 saying why)."""
     problem = gen.problem()
     if problem is not None:
@@ -41,17 +68,8 @@ def checked(gen: GenerationRequest) -> GenerationRequest:
     return gen
 
 
-def raise_failed(answers: list[Any]) -> None:
+def raise_first_failure(answers: list[GenerationEvent]) -> None:
     """Raise the API error of the first generation among ``answers`` that ended failed."""
-    failed = next((a for a in answers if isinstance(a, GenerateDone) and a.error), None)
+    failed = next((a for a in answers if isinstance(a, GenerationDone) and a.error), None)
     if failed is not None:
         raise engine_error(failed)
-
-
-def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
-    """The chat completion another API's request reads as, checked (a 400 that names the
-    first problem)."""
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(exc) from None

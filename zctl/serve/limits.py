@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from zctl.serve.protocol import ApiError
+from zctl.serve.errors import ApiError
 
 
 class BodyTooLarge(Exception):

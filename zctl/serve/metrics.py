@@ -22,12 +22,20 @@ from prometheus_client.core import (
     Metric,
 )
 
+from zctl.engine.requests import GenerationDone
 from zctl.service.messages import HistogramSnapshot, ServiceStats
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# how a generation ended, as vLLM's ``finished_reason`` and OpenAI's ``finish_reason`` say it
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length"}
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+
+def finish_reason(done: GenerationDone) -> str:
+    """"stop" or "length": how ``done`` ended, as the metrics and OpenAI's replies say it."""
+    return FINISH_REASONS.get(done.stop_reason, "stop")
 
 
 def histogram_family(name: str, doc: str, label: str,

@@ -1,11 +1,8 @@
-"""What a server is started with (``ServeSettings``), and the model as /v1/models shows it."""
+"""What a server is started with (``ServeSettings``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from zctl.service.messages import ServiceStats
 
 
 @dataclass(frozen=True)
@@ -22,10 +19,3 @@ class ServeSettings:
     speculation: tuple[str, int] = ("", 0)
     cors_origins: tuple[str, ...] = ()
     model_names: tuple[str, ...] = ()
-
-
-def model_card(name: str, info: ServiceStats) -> dict[str, Any]:
-    """The model's object in /v1/models under ``name``."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "zctl",
-            "max_model_len": info.max_context, "context_length": info.max_context,
-            "stages": [{"index": s.index, "node": s.node_id} for s in info.stages]}

@@ -19,6 +19,8 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zctl.engine.requests import GenerationDone
+
 MAX_TOOLS = 128
 CALL_FORM = '{"name": <the function\'s name>, "arguments": <its arguments>}'
 TOOLS_PROMPT = (f"You can call one of these functions. Answer with a JSON object {CALL_FORM} "
@@ -64,6 +66,36 @@ class ToolPlan(NamedTuple):
     answers in text), or, ``optional`` ("auto"), either calls one or answers in text."""
     functions: list[FunctionDef]
     optional: bool = False
+
+
+class ToolOutput:
+    """A reply's output under a ``ToolPlan``, choice by choice: whether a choice's text is
+    held back while streaming (a call comes whole at its end), and the calls it ended
+    with."""
+
+    def __init__(self, plan: ToolPlan = ToolPlan([])) -> None:
+        self.plan = plan
+        self._calling: dict[int, bool] = {}  # "auto": whether choice i's output is a call
+
+    def holds(self, index: int, text: str = "") -> bool:
+        """Whether choice ``index``'s streamed text is held back, as a call is (it comes
+        whole at its end); ``text`` is its next chunk's. Under "auto" the output's first
+        character tells: a call begins with ``{`` and text never does."""
+        if not self.plan.functions:
+            return False
+        if not self.plan.optional:
+            return True
+        if index not in self._calling:
+            if not text:
+                return True  # nothing shown yet: undecided
+            self._calling[index] = text.startswith("{")
+        return self._calling[index]
+
+    def calls(self, done: GenerationDone) -> list[dict[str, Any]] | None:
+        """A finished choice's tool calls (None: it is text, or was cut short)."""
+        if self.plan.functions and done.stop_reason in ("eos", "stop"):
+            return tool_calls(done.text)
+        return None
 
 
 def plan_tools(tools: list[ToolDef] | None, choice: ToolChoice | None) -> ToolPlan:

@@ -24,14 +24,12 @@ import zmq.asyncio
 
 from controlplane.messages import Error, MessageError, from_frames, to_frames
 from controlplane.sockets import dealer_socket, disconnect_monitor, was_disconnected
-from zctl.engine.requests import GenerationRequest
-from zctl.service.client import ServiceUnavailable, lost_service
+from zctl.engine.requests import GenerationDone, GenerationRequest
+from zctl.service.errors import ServiceUnavailable, lost_service
 from zctl.service.messages import (
     DetokenizeRequest,
     GenerateCancel,
-    GenerateChunk,
-    GenerateDone,
-    GenerateRequest,
+    GenerationEvent,
     ServiceStats,
     ServiceStatsRequest,
     TokenizeRequest,
@@ -57,9 +55,9 @@ class AsyncServiceClient:
         self._sock: Any = None
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
-        self._queues: dict[str, asyncio.Queue] = {}
-        self._stats_waiters: list[asyncio.Future] = []
-        self._token_waiters: dict[str, asyncio.Future] = {}  # request id -> its TokensReply
+        self._queues: dict[str, asyncio.Queue[GenerationEvent | ServiceUnavailable]] = {}
+        self._stats_waiters: list[asyncio.Future[ServiceStats | Error]] = []
+        self._token_waiters: dict[str, asyncio.Future[TokensReply]] = {}  # by request id
 
     def _socket(self) -> Any:
         if self._sock is None:
@@ -107,7 +105,7 @@ class AsyncServiceClient:
             except MessageError as exc:
                 log.warning("bad answer from the generation service: %s", exc)
                 continue
-            if isinstance(msg, GenerateChunk | GenerateDone):
+            if isinstance(msg, GenerationEvent):
                 queue = self._queues.get(msg.request_id)
                 if queue is not None:
                     queue.put_nowait(msg)
@@ -121,18 +119,17 @@ class AsyncServiceClient:
                     if not waiter.done():
                         waiter.set_result(msg)
 
-    async def generate(self, request: GenerationRequest
-                       ) -> AsyncIterator[GenerateChunk | GenerateDone]:
-        """The request's chunks, then its GenerateDone."""
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """The request's chunks, then its GenerationDone."""
         rid = request.request_id
         if rid in self._queues:
             raise ValueError(f"request {rid} is already running")
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[GenerationEvent | ServiceUnavailable] = asyncio.Queue()
         self._queues[rid] = queue
         sock = self._socket()
         finished = False
         try:
-            await sock.send_multipart(to_frames(GenerateRequest(**vars(request))))
+            await sock.send_multipart(to_frames(request))
             timeout = self.first_timeout_s
             while True:
                 try:
@@ -145,7 +142,7 @@ class AsyncServiceClient:
                     finished = True  # nothing to cancel: the service that ran it is gone
                     raise msg
                 timeout = self.idle_timeout_s
-                finished = isinstance(msg, GenerateDone)
+                finished = isinstance(msg, GenerationDone)
                 yield msg
                 if finished:
                     return

@@ -9,20 +9,16 @@ from collections.abc import Iterator
 
 import zmq
 
-from controlplane.messages import Error, MessageError, from_frames, to_frames
+from controlplane.messages import Error, MessageError, from_frames, to_frames, type_tag
 from controlplane.sockets import dealer_socket, disconnect_monitor, was_disconnected
+from zctl.engine.requests import GenerationDone, GenerationRequest
+from zctl.service.errors import ServiceUnavailable, lost_service
 from zctl.service.messages import (
     GenerateCancel,
-    GenerateChunk,
-    GenerateDone,
-    GenerateRequest,
+    GenerationEvent,
     ServiceStats,
     ServiceStatsRequest,
 )
-
-
-class ServiceUnavailable(RuntimeError):
-    """The generation service does not answer, answered with an error, or went away."""
 
 
 def query_service_stats(endpoint: str, timeout: float = 3.0) -> ServiceStats:
@@ -49,16 +45,16 @@ def query_service_stats(endpoint: str, timeout: float = 3.0) -> ServiceStats:
             raise ServiceUnavailable(f"the generation service at {endpoint} refused: "
                                      f"{msg.detail}")
         if not isinstance(msg, ServiceStats):
-            raise ServiceUnavailable(f"the generation service at {endpoint} answered {msg.TYPE}")
+            raise ServiceUnavailable(f"the generation service at {endpoint} answered {type_tag(msg)}")
         return msg
     finally:
         sock.close(0)
         ctx.term()
 
 
-def generate_stream(endpoint: str, request: GenerateRequest, first_timeout: float = 120.0,
-                    idle_timeout: float = 60.0) -> Iterator[GenerateChunk | GenerateDone]:
-    """Send a GenerateRequest and yield its chunks, ending with the GenerateDone.
+def generate_stream(endpoint: str, request: GenerationRequest, first_timeout: float = 120.0,
+                    idle_timeout: float = 60.0) -> Iterator[GenerationEvent]:
+    """Send a GenerationRequest and yield its chunks, ending with the GenerationDone.
 
     ``first_timeout`` bounds the wait for the first answer (prefill, a cold pipeline);
     ``idle_timeout`` bounds every later gap. Raises ServiceUnavailable on silence or error.
@@ -66,9 +62,10 @@ def generate_stream(endpoint: str, request: GenerateRequest, first_timeout: floa
     yield from generate_many(endpoint, [request], first_timeout, idle_timeout)
 
 
-def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout: float = 120.0,
-                  idle_timeout: float = 60.0) -> Iterator[GenerateChunk | GenerateDone]:
-    """Send several GenerateRequests at once (the service runs them concurrently) and yield
+def generate_many(endpoint: str, requests: list[GenerationRequest],
+                  first_timeout: float = 120.0, idle_timeout: float = 60.0,
+                  ) -> Iterator[GenerationEvent]:
+    """Send several GenerationRequests at once (the service runs them concurrently) and yield
     every chunk and done as it arrives, until each request is done. Stopped early (Ctrl-C,
     the generator closed, an error), it cancels the generations still running."""
     if len({r.request_id for r in requests}) != len(requests):
@@ -101,8 +98,8 @@ def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout:
                 raise ServiceUnavailable(f"bad answer from {endpoint}: {exc}") from None
             if isinstance(msg, Error):
                 raise ServiceUnavailable(f"the generation service refused: {msg.detail}")
-            if isinstance(msg, GenerateChunk | GenerateDone) and msg.request_id in open_ids:
-                if isinstance(msg, GenerateDone):
+            if isinstance(msg, GenerationEvent) and msg.request_id in open_ids:
+                if isinstance(msg, GenerationDone):
                     open_ids.discard(msg.request_id)
                 yield msg
     finally:
@@ -111,15 +108,6 @@ def generate_many(endpoint: str, requests: list[GenerateRequest], first_timeout:
         monitor.close(0)
         sock.close(0)
         ctx.term()
-
-
-def lost_service(endpoint: str, running: int) -> str:
-    """What a client is told when its connection to the generation service breaks: the
-    service's process ended (its coordinator stopped, crashed or restarted) or its machine
-    went silent, and a service keeps no generation across a restart."""
-    return (f"the generation service at {endpoint} went away (its coordinator stopped or "
-            f"restarted, or its machine went silent): {running} generation(s) in flight "
-            "lost; send them again once the cluster serves (zctl cluster status)")
 
 
 def cancel_open(sock: zmq.Socket, request_ids: set[str], linger_ms: int = 500) -> None:

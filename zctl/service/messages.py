@@ -2,8 +2,10 @@
 done, the stats snapshot a metrics endpoint is built from, and tokenizing (a prompt's
 token ids as a generation would see them, and ids back to text).
 
-The generation fields are the engine's own (zctl.engine.requests); these classes put them in
-the control plane's envelope, registry and validation.
+A generation's request, chunks and end are the engine's own dataclasses
+(zctl.engine.requests), carried in the control plane's envelope under their type tags
+(``generate_request``, ``generate_chunk``, ``generate_done``), a request checked as the
+engine checks it; the service's other messages are defined here.
 """
 
 from __future__ import annotations
@@ -12,38 +14,25 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from controlplane.checks import need
-from controlplane.messages import Message, register
+from controlplane.messages import Message, register, register_record
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 
 MAX_DETOKENIZE = 1 << 20  # token ids one detokenize_request may carry
 
-
-@register
-@dataclass(frozen=True)
-class GenerateRequest(GenerationRequest, Message):
-    """Client -> coordinator: generate for this prompt, streaming tokens back."""
-
-    TYPE: ClassVar[str] = "generate_request"
-
-    def check(self) -> None:
-        problem = self.problem()
-        need(problem is None, f"generate_request.{problem}")
+GenerationEvent = GenerationChunk | GenerationDone  # what a generation's stream carries
 
 
-@register
-@dataclass(frozen=True)
-class GenerateChunk(GenerationChunk, Message):
-    """Coordinator -> client: newly generated tokens and text, with running figures."""
-
-    TYPE: ClassVar[str] = "generate_chunk"
+def check_generation(request: GenerationRequest, where: str = "generate_request") -> None:
+    """Refuse a generation request the engine would refuse (MessageError, saying where)."""
+    problem = request.problem()
+    need(problem is None, f"{where}.{problem}")
 
 
-@register
-@dataclass(frozen=True)
-class GenerateDone(GenerationDone, Message):
-    """Coordinator -> client: the generation ended (error is empty on success)."""
-
-    TYPE: ClassVar[str] = "generate_done"
+# Client -> coordinator: generate for this prompt, streaming tokens back; coordinator ->
+# client: newly generated tokens and text, then how the generation ended.
+register_record("generate_request", GenerationRequest, check_generation)
+register_record("generate_chunk", GenerationChunk)
+register_record("generate_done", GenerationDone)
 
 
 @register
@@ -61,16 +50,20 @@ class GenerateCancel(Message):
 
 @register
 @dataclass(frozen=True)
-class TokenizeRequest(GenerationRequest, Message):
-    """Client -> generation service: the token ids a generation of this request would be
-    prompted with (its messages through the chat template, or its prompt); nothing runs.
-    Answered by a TokensReply with the same ``request_id``."""
+class TokenizeRequest(Message):
+    """Client -> generation service: the token ids ``generation`` would be prompted with
+    (its messages through the chat template, or its prompt); nothing runs. Answered by a
+    TokensReply with the generation's ``request_id``."""
 
     TYPE: ClassVar[str] = "tokenize_request"
+    generation: GenerationRequest
+
+    @property
+    def request_id(self) -> str:
+        return self.generation.request_id
 
     def check(self) -> None:
-        problem = self.problem()
-        need(problem is None, f"tokenize_request.{problem}")
+        check_generation(self.generation, "tokenize_request.generation")
 
 
 @register

@@ -1,10 +1,10 @@
 """The generation service: the coordinator's ZeroMQ front door for ``zctl run``.
 
 One thread owns a ROUTER socket and drives a ``GenerationEngine`` (zctl.engine.core) on the
-coordinator's stage-0 executor: it takes ``GenerateRequest`` messages, hands them to the
-engine, and sends back the engine's chunks as ``GenerateChunk`` messages and one
-``GenerateDone`` per request, to the client that asked; ``GenerateCancel`` stops one;
-``ServiceStatsRequest`` is answered with a ``ServiceStats`` snapshot (service_stats.py);
+coordinator's stage-0 executor: it takes ``GenerationRequest`` messages, hands them to the
+engine, and sends back the engine's ``GenerationChunk`` events and one ``GenerationDone``
+per request, as they are, to the client that asked; ``GenerateCancel`` stops one;
+``ServiceStatsRequest`` is answered with a ``ServiceStats`` snapshot (zctl.service.stats);
 ``TokenizeRequest`` and ``DetokenizeRequest`` with a ``TokensReply``.
 Malformed requests get an ``Error`` and the service keeps serving. A client that vanishes
 (or stops reading) has its generations cancelled: they free the stages at once. The
@@ -16,27 +16,30 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from controlplane.messages import Error, MessageError, from_frames, to_frames
+from controlplane.messages import (
+    Error,
+    MessageError,
+    from_frames,
+    registration,
+    to_frames,
+    type_tag,
+)
 from controlplane.sockets import router_socket
 from dataplane.runtime.draft_model import DraftModels
 from dataplane.runtime.stateful import RuntimeConfig
-from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, Event, GenerationEngine
+from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, GenerationEngine
 from zctl.engine.executor import Executor
-from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationChunk, RequestRefused
+from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationRequest, RequestRefused
 from zctl.engine.tokenizer import ChatTokenizer, TokenizerError
 from zctl.manifest import ExportManifest, load_manifest
 from zctl.service.messages import (
     DetokenizeRequest,
     GenerateCancel,
-    GenerateChunk,
-    GenerateDone,
-    GenerateRequest,
     ServiceStatsRequest,
     TokenizeRequest,
     TokensReply,
@@ -51,14 +54,9 @@ MAX_REQUEST_BYTES = 16 << 20
 IDLE_WAIT_MS = 200  # how long the loop waits for a request while nothing generates
 
 
-SERVED = (GenerateRequest, GenerateCancel, ServiceStatsRequest, TokenizeRequest,
+SERVED = (GenerationRequest, GenerateCancel, ServiceStatsRequest, TokenizeRequest,
           DetokenizeRequest)
-
-
-def to_wire(event: Event) -> GenerateChunk | GenerateDone:
-    """The engine's chunk or end as the message that carries it."""
-    cls = GenerateChunk if isinstance(event, GenerationChunk) else GenerateDone
-    return cls(**{f.name: getattr(event, f.name) for f in fields(event)})
+SERVED_TAGS = [registration(cls).tag for cls in SERVED]
 
 
 def tokens_reply(engine: GenerationEngine, msg: TokenizeRequest | DetokenizeRequest
@@ -74,7 +72,7 @@ def tokens_reply(engine: GenerationEngine, msg: TokenizeRequest | DetokenizeRequ
         return TokensReply(rid, list(msg.tokens), [], text=tokenizer.decode(
             list(msg.tokens), skip_special_tokens=msg.skip_special_tokens))
     try:
-        ids = engine.prompt_ids(msg)
+        ids = engine.prompt_ids(msg.generation)
     except (TokenizerError, RequestRefused) as exc:
         return TokensReply(rid, [], [], error=str(exc))
     return TokensReply(rid, ids, [tokenizer.backend.id_to_token(t) or "" for t in ids])
@@ -180,7 +178,7 @@ class GenerationService:
                 self._receive_all()
             settled = set(self._gone)  # their generations were cancelled when found gone:
             for client, event in self.engine.poll(POLL_S):  # their ends come out now
-                self._send(client, to_wire(event))
+                self._send(client, event)
             self._gone -= settled  # nothing more is meant for them: forget them
 
     def _receive_all(self) -> None:
@@ -195,7 +193,7 @@ class GenerationService:
                 msg, _ = from_frames(body)
                 if not isinstance(msg, SERVED):
                     raise MessageError("the generation service takes "
-                                       f"{', '.join(c.TYPE for c in SERVED)}, not {msg.TYPE}")
+                                       f"{', '.join(SERVED_TAGS)}, not {type_tag(msg)}")
             except MessageError as exc:
                 self._malformed += 1
                 self._send(identity, Error("bad-request", str(exc)))

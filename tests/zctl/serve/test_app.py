@@ -1,6 +1,7 @@
-"""The OpenAI-compatible API, driven by the official ``openai`` client (sync and async)
-and by raw HTTP: streamed and whole answers, stop strings, usage, seeds, logprobs,
-speculation, errors in OpenAI's shape, cancellation on disconnect, health and metrics.
+"""The application (zctl.serve.app) driven by the official ``openai`` client and by raw
+HTTP: CORS, the SSE wire format, cancellation on disconnect, errors in OpenAI's shape,
+the body limit, the key, the queue, health and metrics. Its fixtures serve every API's
+tests (tests.zctl.serve.openai, tests.zctl.serve.anthropic).
 
 The server runs in a thread (uvicorn) over a generation service on an in-process
 two-stage chain of the tiny model: no processes are started."""
@@ -15,7 +16,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import openai
 import pytest
 import uvicorn
@@ -27,7 +27,8 @@ from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.launcher.local import cors_origin, free_port
 from zctl.manifest import load_manifest
-from zctl.serve.app import MAX_BODY_BYTES, ServeSettings, create_app
+from zctl.serve.app import MAX_BODY_BYTES, create_app
+from zctl.serve.settings import ServeSettings
 from zctl.service.async_client import AsyncServiceClient
 from zctl.service.server import GenerationService
 
@@ -118,194 +119,6 @@ def greedy_text(tiny, messages: list[tuple[str, str]], n: int) -> tuple[str, lis
 
 
 ASK = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the sky is"}]
-
-
-# -- answers --------------------------------------------------------------------------
-def test_chat_whole_and_streamed_equal_greedy_with_usage(server, tiny) -> None:
-    client = server.client()
-    want, tokens = greedy_text(tiny, [(m["role"], m["content"]) for m in ASK], 12)
-    reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=12,
-                                           temperature=0, extra_body={"zctl": {"ignore_eos": True}})
-    assert reply.choices[0].message.content == want
-    assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.role == "assistant"
-    prompt_tokens = len(tiny[2].encode_chat([(m["role"], m["content"]) for m in ASK]))
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (prompt_tokens, 12)
-    assert reply.model == MODEL and reply.id.startswith("chatcmpl-")
-    stream = client.chat.completions.create(
-        model=MODEL, messages=ASK, max_tokens=12, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"zctl": {"ignore_eos": True}})
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == want
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
-    assert all(c.usage is None for c in chunks[:-1])
-
-
-def test_usage_counts_the_prompt_tokens_the_prefix_cache_held(tiny) -> None:
-    export_dir, chain, _ = tiny  # (the chain itself: SlowChain keeps no prefix cache)
-    srv = Server(export_dir, chain, ServeSettings(), prefix_cache_mb=64)
-    try:
-        cached_follow_up(srv.client())
-    finally:
-        srv.stop()
-
-
-def cached_follow_up(client: openai.OpenAI) -> None:
-    turns = [{"role": "user", "content": "tell me about the sea and the sky " * 8}]
-    first = client.chat.completions.create(model=MODEL, messages=turns, max_tokens=6,
-                                           temperature=0, extra_body={"zctl": {"ignore_eos": True}})
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
-    turns += [{"role": "assistant", "content": first.choices[0].message.content},
-              {"role": "user", "content": "and then?"}]
-    follow = client.chat.completions.create(model=MODEL, messages=turns, max_tokens=6,
-                                            temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
-    usage = [c for c in follow][-1].usage
-    assert first.usage.prompt_tokens < usage.prompt_tokens_details.cached_tokens < (
-        usage.prompt_tokens)
-
-
-def test_completions_whole_and_streamed(server, tiny) -> None:
-    _, chain, tokenizer = tiny
-    client = server.client()
-    tokens = list(generate_greedy(chain, tokenizer.encode("one two three", chat=False), 8))
-    want = tokenizer.decode(tokens)
-    reply = client.completions.create(model=MODEL, prompt="one two three", max_tokens=8,
-                                      temperature=0, extra_body={"zctl": {"ignore_eos": True}})
-    assert reply.choices[0].text == want and reply.usage.completion_tokens == 8
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt="one two three", max_tokens=8, temperature=0, stream=True,
-        extra_body={"zctl": {"ignore_eos": True}}) if c.choices)
-    assert streamed == want
-
-
-def test_stop_strings_cut_the_text_and_finish_with_stop(server, tiny) -> None:
-    want, _ = greedy_text(tiny, [("user", "the sky is")], 24)
-    stop = want[6:9]
-    client = server.client()
-    for stream in (False, True):
-        kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "the sky is"}],
-                      max_tokens=24, temperature=0, stop=["@@never@@", stop],
-                      extra_body={"zctl": {"ignore_eos": True}})
-        if stream:
-            chunks = [c for c in client.chat.completions.create(stream=True, **kwargs)
-                      if c.choices]
-            text = "".join(c.choices[0].delta.content or "" for c in chunks)
-            reason = chunks[-1].choices[0].finish_reason
-        else:
-            choice = client.chat.completions.create(**kwargs).choices[0]
-            text, reason = choice.message.content, choice.finish_reason
-        assert text == want[:want.index(stop)] and reason == "stop"
-
-
-def test_a_seed_makes_sampling_reproducible(server) -> None:
-    client = server.client()
-
-    def sample(seed: int) -> str:
-        return client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "tell me"}], max_tokens=16,
-            temperature=1.0, top_p=0.95, seed=seed,
-            extra_body={"zctl": {"ignore_eos": True}}).choices[0].message.content
-
-    first = sample(7)
-    assert sample(7) == first
-    assert any(sample(s) != first for s in (8, 9, 10))
-
-
-def test_logprobs_of_chat_and_completions(server) -> None:
-    client = server.client()
-    reply = client.chat.completions.create(
-        model=MODEL, messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
-        extra_body={"zctl": {"ignore_eos": True}})
-    content = reply.choices[0].logprobs.content
-    assert len(content) == 6 and "".join(t.token for t in content) == reply.choices[0].message.content
-    for token in content:
-        tops = [t.logprob for t in token.top_logprobs]
-        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
-        assert token.logprob <= 0 and abs(token.logprob - tops[0]) < 1e-6  # greedy: the best
-    full = client.chat.completions.create(  # the same read from float32 logits
-        model=MODEL, messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
-        extra_body={"zctl": {"ignore_eos": True, "logits_payload": "fp32"}})
-    assert [t.token for t in full.choices[0].logprobs.content] == [t.token for t in content]
-    assert np.allclose([t.logprob for t in full.choices[0].logprobs.content],
-                       [t.logprob for t in content], atol=1e-4)
-    text = client.completions.create(model=MODEL, prompt="one two", max_tokens=4, temperature=0,
-                                     logprobs=2, extra_body={"zctl": {"ignore_eos": True}})
-    lp = text.choices[0].logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
-    # (the legacy format keys alternatives by text: two ids of the same text are one)
-    assert lp.text_offset[0] == 0 and all(1 <= len(t) <= 2 for t in lp.top_logprobs)
-
-
-def test_lookup_speculation_returns_exactly_the_greedy_text(server) -> None:
-    client = server.client()
-    ask = [{"role": "user", "content": "one two three one two three one two"}]
-    plain = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=20,
-                                           temperature=0, extra_body={"zctl": {"ignore_eos": True}})
-    spec = client.chat.completions.create(
-        model=MODEL, messages=ask, max_tokens=20, temperature=0,
-        extra_body={"zctl": {"ignore_eos": True, "speculative": "lookup", "k": 3}})
-    assert spec.choices[0].message.content == plain.choices[0].message.content
-    assert spec.usage.completion_tokens == plain.usage.completion_tokens == 20
-
-
-def test_penalties_and_a_logit_bias_steer_the_answer(server, tiny) -> None:
-    client = server.client()
-    tokenizer = tiny[2]
-
-    def answer(extra: dict | None = None, **kwargs) -> tuple[str, list[str]]:
-        reply = client.completions.create(
-            model=MODEL, prompt="again and again", max_tokens=24, temperature=0,
-            logprobs=0, extra_body={"zctl": {"ignore_eos": True}, **(extra or {})}, **kwargs)
-        return reply.choices[0].text, reply.choices[0].logprobs.tokens
-
-    plain, penalised = answer()[1], answer(frequency_penalty=2.0, presence_penalty=1.0)[1]
-    assert len(set(penalised)) > len(set(plain))  # the random model repeats itself less
-    assert answer(frequency_penalty=2.0, presence_penalty=1.0)[1] == penalised  # still greedy
-    favourite = tokenizer.encode("again", chat=False)[-1]
-    text, _ = answer(logit_bias={str(favourite): 100})
-    assert text == tokenizer.decode([favourite] * 24)
-
-    def sampled(**kwargs) -> str:
-        return client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "say it again"}], max_tokens=16,
-            temperature=0.9, seed=3, extra_body={"zctl": {"ignore_eos": True}},
-            **kwargs).choices[0].message.content
-
-    assert sampled(frequency_penalty=-2.0) == sampled(frequency_penalty=-2.0) != sampled()
-    nulls = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-             "temperature": None, "top_p": None, "n": None, "presence_penalty": None,
-             "frequency_penalty": None}  # OpenAI's API takes null for these: the defaults
-    assert httpx.post(f"{server.url}/v1/chat/completions", json=nulls).status_code == 200
-
-
-def test_the_async_client_streams(server, tiny) -> None:
-    want, _ = greedy_text(tiny, [("user", "the sky is")], 10)
-
-    async def run() -> list[str]:
-        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-        async def one() -> str:
-            stream = await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "the sky is"}], max_tokens=10,
-                temperature=0, stream=True, extra_body={"zctl": {"ignore_eos": True}})
-            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-        try:
-            return await asyncio.gather(one(), one(), one())
-        finally:
-            await client.close()
-
-    assert asyncio.run(run()) == [want] * 3
-
-
-def test_models_lists_the_served_model(server) -> None:
-    models = server.client().models.list().data
-    assert [m.id for m in models] == [MODEL]
-    raw = httpx.get(f"{server.url}/v1/models").json()["data"][0]
-    assert raw["max_model_len"] == 512 and [s["index"] for s in raw["stages"]] == [0, 1]
-    assert server.client().models.retrieve(MODEL).id == MODEL
-    with pytest.raises(openai.NotFoundError, match="not served here"):
-        server.client().models.retrieve("gpt-4")
 
 
 def test_an_origin_is_taken_as_browsers_send_it() -> None:

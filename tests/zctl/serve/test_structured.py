@@ -13,8 +13,8 @@ import pytest
 
 import tests.zctl.serve.test_app as ts
 from tests.zctl.engine.test_constraints import PERSON
+from tests.zctl.serve.openai.test_choices import sse_payloads
 from tests.zctl.serve.test_app import ASK, greedy_text, metric_values
-from tests.zctl.serve.test_choices import sse_payloads
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 PERSON_FORMAT = {"type": "json_schema",

@@ -16,16 +16,18 @@ from controlplane.messages import PROTOCOL_VERSION, Error, encode_message, from_
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.stateful import RuntimeConfig
 from zctl.engine.executor import InlineExecutor
-from zctl.engine.requests import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
+from zctl.engine.requests import (
+    MAX_NEW_TOKENS,
+    MAX_PROMPT_CHARS,
+    GenerationChunk,
+    GenerationDone,
+    GenerationRequest,
+)
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.service.client import ServiceUnavailable, generate_many, generate_stream
-from zctl.service.messages import (
-    GenerateCancel,
-    GenerateChunk,
-    GenerateDone,
-    GenerateRequest,
-)
+from zctl.service.client import generate_many, generate_stream
+from zctl.service.errors import ServiceUnavailable
+from zctl.service.messages import GenerateCancel
 from zctl.service.server import MAX_REQUEST_BYTES, GenerationService
 
 
@@ -41,10 +43,10 @@ def service(tiny_exports):
 
 def test_stream_matches_greedy_and_ends_with_done(service) -> None:
     svc, export_dir = service
-    messages = list(generate_stream(svc.endpoint, GenerateRequest("a", "the sky is", 10,
+    messages = list(generate_stream(svc.endpoint, GenerationRequest("a", "the sky is", 10,
                                                                   ignore_eos=True)))
-    assert isinstance(messages[-1], GenerateDone) and not messages[-1].error
-    chunks = [m for m in messages if isinstance(m, GenerateChunk)]
+    assert isinstance(messages[-1], GenerationDone) and not messages[-1].error
+    chunks = [m for m in messages if isinstance(m, GenerationChunk)]
     streamed = [t for c in chunks for t in c.tokens]
     tokenizer = ChatTokenizer(export_dir)
     chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
@@ -65,15 +67,15 @@ def test_bad_requests_get_errors_and_service_keeps_serving(service) -> None:
             msg, _ = from_frames(sock.recv_multipart())
             assert isinstance(msg, Error) and msg.code == "bad-request"
     assert svc.counters["malformed"] == 3
-    done = list(generate_stream(svc.endpoint, GenerateRequest("b", "hello", 3)))[-1]
-    assert isinstance(done, GenerateDone) and done.tokens
+    done = list(generate_stream(svc.endpoint, GenerationRequest("b", "hello", 3)))[-1]
+    assert isinstance(done, GenerationDone) and done.tokens
 
 
 def test_the_largest_request_the_engine_accepts_fits_the_service_cap() -> None:
     """A prompt of MAX_PROMPT_CHARS characters outside the BMP is JSON-escaped at 12 bytes
     each; with a 4 MiB cap such a request (valid to the engine) dropped the client's
     connection and was never answered."""
-    biggest = GenerateRequest("r" * 64, "\U0001F600" * MAX_PROMPT_CHARS, MAX_NEW_TOKENS,
+    biggest = GenerationRequest("r" * 64, "\U0001F600" * MAX_PROMPT_CHARS, MAX_NEW_TOKENS,
                               messages=[], stop=["\U0001F600" * 64] * 4)
     assert biggest.problem() is None
     assert len(encode_message(biggest)) <= MAX_REQUEST_BYTES
@@ -83,7 +85,7 @@ def test_a_request_of_many_megabytes_is_answered(service) -> None:
     """Over 4 MiB of escaped prompt (and a bad temperature, so nothing is tokenized): the
     service reads it and refuses it with an Error, and keeps serving."""
     svc, _ = service
-    body = GenerateRequest("big", "\x01" * (MAX_PROMPT_CHARS - 1), 1, temperature=-1.0)
+    body = GenerationRequest("big", "\x01" * (MAX_PROMPT_CHARS - 1), 1, temperature=-1.0)
     frame = encode_message(body)
     assert len(frame) > 4 << 20
     with raw_client(svc.endpoint) as sock:
@@ -91,7 +93,7 @@ def test_a_request_of_many_megabytes_is_answered(service) -> None:
         assert sock.poll(10_000), "no answer: the service dropped the connection"
         msg, _ = from_frames(sock.recv_multipart())
     assert isinstance(msg, Error) and "temperature" in msg.detail
-    assert list(generate_stream(svc.endpoint, GenerateRequest("b", "hello", 2)))[-1].tokens
+    assert list(generate_stream(svc.endpoint, GenerationRequest("b", "hello", 2)))[-1].tokens
 
 
 def test_unwired_pipeline_reports_an_error(tiny_exports) -> None:
@@ -99,29 +101,29 @@ def test_unwired_pipeline_reports_an_error(tiny_exports) -> None:
     svc = GenerationService(export_dir, lambda: None, "tcp://127.0.0.1:*")
     svc.start()
     try:
-        done = list(generate_stream(svc.endpoint, GenerateRequest("c", "hi", 3)))[-1]
-        assert isinstance(done, GenerateDone) and "not wired" in done.error
+        done = list(generate_stream(svc.endpoint, GenerationRequest("c", "hi", 3)))[-1]
+        assert isinstance(done, GenerationDone) and "not wired" in done.error
     finally:
         svc.stop()
     with pytest.raises(ServiceUnavailable, match="no answer"):
-        list(generate_stream("tcp://127.0.0.1:1", GenerateRequest("d", "hi", 3), first_timeout=0.5))
+        list(generate_stream("tcp://127.0.0.1:1", GenerationRequest("d", "hi", 3), first_timeout=0.5))
 
 
-def _done(endpoint: str, req: GenerateRequest) -> GenerateDone:
+def _done(endpoint: str, req: GenerationRequest) -> GenerationDone:
     return _done_and_chunks(endpoint, req)[0]
 
 
-def _done_and_chunks(endpoint: str, req: GenerateRequest,
+def _done_and_chunks(endpoint: str, req: GenerationRequest,
                      seen: Callable[[Any], None] = lambda m: None
-                     ) -> tuple[GenerateDone, list[GenerateChunk]]:
-    """The request's GenerateDone and the chunks before it (``seen`` gets each message as it
+                     ) -> tuple[GenerationDone, list[GenerationChunk]]:
+    """The request's GenerationDone and the chunks before it (``seen`` gets each message as it
     comes); every token is streamed before the done, failed or not."""
     messages = []
     for message in generate_stream(endpoint, req):
         seen(message)
         messages.append(message)
     done, chunks = messages[-1], messages[:-1]
-    assert isinstance(done, GenerateDone) and all(isinstance(m, GenerateChunk) for m in chunks)
+    assert isinstance(done, GenerationDone) and all(isinstance(m, GenerationChunk) for m in chunks)
     assert [t for m in chunks for t in m.tokens] == done.tokens
     return done, chunks
 
@@ -137,7 +139,7 @@ def test_concurrent_requests_share_the_pipeline_and_queue_beyond_max_streams(tin
     svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*", max_streams=2)
     svc.start()
     try:
-        requests = [GenerateRequest(f"r{i}", p, 12, ignore_eos=True) for i, p in enumerate(prompts)]
+        requests = [GenerationRequest(f"r{i}", p, 12, ignore_eos=True) for i, p in enumerate(prompts)]
         with ThreadPoolExecutor(len(requests)) as pool:
             dones = list(pool.map(lambda r: _done(svc.endpoint, r), requests))
     finally:
@@ -157,16 +159,16 @@ def test_speculative_requests_equal_greedy_and_report_acceptance(tiny_exports) -
     svc.start()
     try:
         for mode, k in (("lookup", 4), ("lookup", 0), (f"draft:{draft_dir}", 3)):
-            done = _done(svc.endpoint, GenerateRequest(f"s{k}", prompt, 16, ignore_eos=True,
+            done = _done(svc.endpoint, GenerationRequest(f"s{k}", prompt, 16, ignore_eos=True,
                                                         speculative=mode, k=k))
             assert not done.error and done.tokens == expected, mode
             assert done.spec["steps"] >= 1 and 0.0 <= done.spec["acceptance"] <= 1.0
-        assert _done(svc.endpoint, GenerateRequest("g", prompt, 16, ignore_eos=True)).spec == {}
+        assert _done(svc.endpoint, GenerationRequest("g", prompt, 16, ignore_eos=True)).spec == {}
         # a drafter that is missing, or not a 1-stage export, is refused; serving goes on
         for bad, why in ((export_dir.parent / "nope", "draft model"), (export_dir, "1-stage")):
-            done = _done(svc.endpoint, GenerateRequest("x", prompt, 4, speculative=f"draft:{bad}"))
+            done = _done(svc.endpoint, GenerationRequest("x", prompt, 4, speculative=f"draft:{bad}"))
             assert why in done.error and not done.tokens
-        assert _done(svc.endpoint, GenerateRequest("y", prompt, 16, ignore_eos=True)).tokens == expected
+        assert _done(svc.endpoint, GenerationRequest("y", prompt, 16, ignore_eos=True)).tokens == expected
     finally:
         svc.stop()
 
@@ -177,7 +179,7 @@ def test_bad_speculative_fields_are_refused() -> None:
     for kw in ({"speculative": "magic"}, {"speculative": "draft:"}, {"k": 99}, {"k": -1},
                {"temperature": -0.5}, {"top_p": 0.0}, {"top_k": -1}, {"seed": -3}):
         with pytest.raises(MessageError):
-            decode_message(encode_message(GenerateRequest("z", "hi", 4, **kw)))
+            decode_message(encode_message(GenerationRequest("z", "hi", 4, **kw)))
 
 
 def test_sampled_requests_follow_the_seed_and_top_k_one_is_greedy(service) -> None:
@@ -185,13 +187,13 @@ def test_sampled_requests_follow_the_seed_and_top_k_one_is_greedy(service) -> No
     prompt = "one two three one two three one two"
     chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
     greedy = list(generate_greedy(chain, ChatTokenizer(export_dir).encode(prompt), 12))
-    sampled = [_done(svc.endpoint, GenerateRequest(f"t{i}", prompt, 12, ignore_eos=True,
+    sampled = [_done(svc.endpoint, GenerationRequest(f"t{i}", prompt, 12, ignore_eos=True,
                                                    temperature=1.5, seed=42, speculative=spec))
                for i, spec in enumerate(("", "", "lookup"))]
     assert sampled[0].tokens == sampled[1].tokens and not sampled[2].error  # same seed
     assert sampled[0].tokens != greedy  # (a 1-in-vocab^12 coincidence otherwise)
     for spec in ("", "lookup"):
-        done = _done(svc.endpoint, GenerateRequest("u", prompt, 12, ignore_eos=True,
+        done = _done(svc.endpoint, GenerationRequest("u", prompt, 12, ignore_eos=True,
                                                    temperature=0.9, top_k=1, speculative=spec))
         assert done.tokens == greedy
 
@@ -232,8 +234,8 @@ class SlowChain(InlineExecutor):
 DOWN = "stage 1 (layers 2-3) on node n1 at 127.0.0.2 left the cluster"
 
 
-def _long_request(rid: str, n: int = 60) -> GenerateRequest:
-    return GenerateRequest(rid, "the sky is", n, ignore_eos=True)
+def _long_request(rid: str, n: int = 60) -> GenerationRequest:
+    return GenerationRequest(rid, "the sky is", n, ignore_eos=True)
 
 
 @pytest.fixture
@@ -263,14 +265,14 @@ def test_generations_pause_while_a_stage_is_down_and_resume_as_if_nothing_happen
     start, problem, expected = flaky
     svc = start(30.0)
     stream = generate_stream(svc.endpoint, _long_request("long"))
-    assert isinstance(next(stream), GenerateChunk)  # generating
+    assert isinstance(next(stream), GenerationChunk)  # generating
     problem.append(DOWN)
     messages = []
     for msg in stream:
         messages.append(msg)
         if getattr(msg, "note", "").startswith("paused"):
             # new requests are refused with the reason while it is down
-            refused = _done(svc.endpoint, GenerateRequest("r", "hi", 3))
+            refused = _done(svc.endpoint, GenerationRequest("r", "hi", 3))
             assert f"the pipeline cannot serve now: {DOWN}" in refused.error
             time.sleep(0.5)
             problem.clear()  # back (the node returned, or a spare took the stage)
@@ -278,8 +280,8 @@ def test_generations_pause_while_a_stage_is_down_and_resume_as_if_nothing_happen
     assert notes[0] == f"paused: {DOWN}; resuming when it is back (up to 30 s)"
     assert notes[1].startswith("resumed after ")
     done = messages[-1]
-    assert isinstance(done, GenerateDone) and not done.error and done.tokens == expected
-    streamed = [t for m in messages[:-1] if isinstance(m, GenerateChunk) for t in m.tokens]
+    assert isinstance(done, GenerationDone) and not done.error and done.tokens == expected
+    streamed = [t for m in messages[:-1] if isinstance(m, GenerationChunk) for t in m.tokens]
     assert streamed == done.tokens[len(done.tokens) - len(streamed):]  # nothing twice
     assert _done(svc.endpoint, _long_request("after", 5)).tokens == expected[:5]
 
@@ -307,7 +309,7 @@ def test_a_step_failing_because_the_pipeline_was_replaced_resumes_it(tiny_export
     svc.start()
     try:
         stream = generate_stream(svc.endpoint, _long_request("swap"))
-        assert isinstance(next(stream), GenerateChunk)
+        assert isinstance(next(stream), GenerationChunk)
         current[0] = new
         broken.append(True)
         messages = list(stream)
@@ -315,7 +317,7 @@ def test_a_step_failing_because_the_pipeline_was_replaced_resumes_it(tiny_export
         assert notes[0].startswith("paused: the pipeline was re-wired"), notes
         assert notes[-1].startswith("resumed after ")
         done = messages[-1]
-        assert isinstance(done, GenerateDone) and not done.error and done.tokens == expected
+        assert isinstance(done, GenerationDone) and not done.error and done.tokens == expected
         assert new.steps > 0
     finally:
         svc.stop()
@@ -329,7 +331,7 @@ def test_a_long_pause_keeps_clients_waiting(flaky, monkeypatch) -> None:
     start, problem, expected = flaky
     svc = start(30.0)
     stream = generate_stream(svc.endpoint, _long_request("long"), idle_timeout=1.0)
-    assert isinstance(next(stream), GenerateChunk)
+    assert isinstance(next(stream), GenerationChunk)
     problem.append(DOWN)
     threading.Timer(2.5, problem.clear).start()  # back after 2.5 s, more than 1 s idle
     messages = list(stream)
@@ -344,12 +346,12 @@ def test_paused_generations_end_with_their_tokens_when_it_is_not_back_in_time(
     start, problem, expected = flaky
     svc = start(resume_timeout_s)
     stream = generate_stream(svc.endpoint, _long_request("long"))
-    assert isinstance(next(stream), GenerateChunk)
+    assert isinstance(next(stream), GenerationChunk)
     problem.append(DOWN)
     t0 = time.monotonic()
     messages = list(stream)
     done = messages[-1]
-    assert isinstance(done, GenerateDone) and time.monotonic() - t0 < resume_timeout_s + 2
+    assert isinstance(done, GenerationDone) and time.monotonic() - t0 < resume_timeout_s + 2
     assert done.error.startswith(f"PipelineDown: {DOWN}") and done.stop_reason == "error"
     if resume_timeout_s:
         assert f"(not back within {resume_timeout_s:g} s)" in done.error
@@ -377,13 +379,13 @@ def test_concurrent_row_grouped_generations_resume_exactly(tiny_exports) -> None
     paused = threading.Event()
 
     def note_pause(message: Any) -> None:
-        if isinstance(message, GenerateChunk) and message.note.startswith("paused"):
+        if isinstance(message, GenerationChunk) and message.note.startswith("paused"):
             paused.set()
 
     svc.start()
     try:
         with ThreadPoolExecutor(3) as pool:
-            runs = [pool.submit(_done_and_chunks, svc.endpoint, GenerateRequest(f"g{i}", p, 40,
+            runs = [pool.submit(_done_and_chunks, svc.endpoint, GenerationRequest(f"g{i}", p, 40,
                                                                      ignore_eos=True), note_pause)
                     for i, p in enumerate(prompts)]
             deadline = time.monotonic() + 20
@@ -419,7 +421,7 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     chain = svc.engine.get_executor().chain
     stream = generate_many(svc.endpoint, [_long_request("early", 480)])
     first = next(stream)
-    assert isinstance(first, GenerateChunk) and first.tokens
+    assert isinstance(first, GenerationChunk) and first.tokens
     stream.close()  # the consumer stops: GeneratorExit runs the client's cancel
     wait_for(lambda: svc.counters["cancelled"] == 1 and not svc.engine.busy)
     assert stage_kv_slots(chain) == [0, 0]
@@ -430,8 +432,8 @@ def test_a_client_that_stops_reading_or_cancels_frees_the_stages(flaky) -> None:
     wait_for(lambda: svc.counters["cancelled"] == 2 and not svc.engine.busy)
     assert svc.counters["unreachable"] == 1  # the first said so; this one was found gone
     assert stage_kv_slots(chain) == [0, 0]
-    done = list(generate_stream(svc.endpoint, GenerateRequest("after", "hello", 3)))[-1]
-    assert isinstance(done, GenerateDone) and done.tokens and not done.error
+    done = list(generate_stream(svc.endpoint, GenerationRequest("after", "hello", 3)))[-1]
+    assert isinstance(done, GenerationDone) and done.tokens and not done.error
 
 
 def test_a_client_that_cancels_and_leaves_at_once_is_not_counted_as_found_gone(
@@ -455,7 +457,7 @@ def test_a_client_that_cancels_and_leaves_at_once_is_not_counted_as_found_gone(
         sock.send_multipart(to_frames(GenerateCancel("q")))
         sock.close(1000)  # the cancel leaves, then the connection goes
         ctx.term()
-        chunk = GenerateChunk("q", [1], "x", 1, 1.0, None, {}, {})
+        chunk = GenerationChunk("q", [1], "x", 1, 1.0, None, {}, {})
 
         def route_gone() -> bool:  # the service's ROUTER has seen the connection go
             try:
@@ -497,11 +499,11 @@ def test_cancel_message_for_a_request_stops_only_that_one(flaky) -> None:
         wait_for(lambda: svc.engine.active == 2)
         sock.send_multipart(to_frames(GenerateCancel("stop")))
         sock.send_multipart(to_frames(GenerateCancel("no-such-request")))  # ignored
-        dones: dict[str, GenerateDone] = {}
+        dones: dict[str, GenerationDone] = {}
         while len(dones) < 2:
             assert sock.poll(10_000)
             msg, _ = from_frames(sock.recv_multipart())
-            if isinstance(msg, GenerateDone):
+            if isinstance(msg, GenerationDone):
                 dones[msg.request_id] = msg
     assert dones["stop"].stop_reason == "cancelled" and len(dones["stop"].tokens) < 60
     assert dones["keep"].tokens == expected and dones["keep"].stop_reason == "max_tokens"

@@ -18,10 +18,12 @@ from dataplane.runtime.stateful import RuntimeConfig
 from tests.helpers.control import Cluster, FakeStage, node, wait_for
 from tests.zctl.service.test_server import SlowChain, raw_client
 from zctl.engine.core import GenerationEngine
+from zctl.engine.requests import GenerationDone, GenerationRequest
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.manifest import load_manifest
-from zctl.service.client import ServiceUnavailable, generate_stream, query_service_stats
-from zctl.service.messages import GenerateDone, GenerateRequest, ServiceStats
+from zctl.service.client import generate_stream, query_service_stats
+from zctl.service.errors import ServiceUnavailable
+from zctl.service.messages import ServiceStats
 from zctl.service.server import GenerationService
 from zctl.service.stats import COORDINATOR, NOT_WIRED, StatsCollector
 
@@ -42,13 +44,13 @@ def test_stats_of_a_local_chain_after_generations(export: Path) -> None:
     svc = GenerationService(export, lambda: chain, "tcp://127.0.0.1:*")
     svc.start()
     try:
-        plain = list(generate_stream(svc.endpoint, GenerateRequest("g", "hello", 6)))[-1]
-        spec = list(generate_stream(svc.endpoint, GenerateRequest(
+        plain = list(generate_stream(svc.endpoint, GenerationRequest("g", "hello", 6)))[-1]
+        spec = list(generate_stream(svc.endpoint, GenerationRequest(
             "s", PROMPT, 16, ignore_eos=True, speculative="lookup", k=3)))[-1]
         stats = query_service_stats(svc.endpoint)
     finally:
         svc.stop()
-    assert isinstance(plain, GenerateDone) and isinstance(spec, GenerateDone) and spec.spec
+    assert isinstance(plain, GenerationDone) and isinstance(spec, GenerationDone) and spec.spec
     manifest = load_manifest(export)
     assert (stats.model, stats.max_context, stats.num_stages) == (
         manifest.model.name, manifest.model.max_position_embeddings, 2)
@@ -75,7 +77,7 @@ def test_stats_while_generating_show_running_waiting_and_kv_slots(export: Path) 
     try:
         with raw_client(svc.endpoint) as sock:
             for rid in ("a", "b"):
-                sock.send_multipart(m.to_frames(GenerateRequest(rid, "the sky is", 200,
+                sock.send_multipart(m.to_frames(GenerationRequest(rid, "the sky is", 200,
                                                                 ignore_eos=True)))
             wait_for(lambda: svc.engine.active == 1 and svc.engine.waiting == 1, what="a queue")
             stats = query_service_stats(svc.endpoint)
@@ -109,8 +111,8 @@ def test_a_malformed_stats_request_gets_an_error_and_serving_goes_on(export: Pat
             with pytest.raises(ServiceUnavailable, match="refused: stats failed: RuntimeError"):
                 query_service_stats(svc.endpoint)
             failing.clear()
-            done = list(generate_stream(svc.endpoint, GenerateRequest("x", "hello", 3)))[-1]
-            assert isinstance(done, GenerateDone) and done.tokens and not done.error
+            done = list(generate_stream(svc.endpoint, GenerationRequest("x", "hello", 3)))[-1]
+            assert isinstance(done, GenerationDone) and done.tokens and not done.error
             stats = query_service_stats(svc.endpoint)
             assert stats.counters["malformed"] == 1 and stats.counters["requests"] == 1
     finally:
@@ -164,12 +166,12 @@ def test_service_stats_over_a_cluster_head(dp_threaded2, dp_export2) -> None:
     svc = GenerationService(dp_export2, lambda: pipe, "tcp://127.0.0.1:*")
     svc.start()
     try:
-        done = list(generate_stream(svc.endpoint, GenerateRequest("c", "the sky is", 10,
+        done = list(generate_stream(svc.endpoint, GenerationRequest("c", "the sky is", 10,
                                                                   ignore_eos=True)))[-1]
         stats = query_service_stats(svc.endpoint)
     finally:
         svc.stop()
-    assert isinstance(done, GenerateDone) and len(done.tokens) == 10
+    assert isinstance(done, GenerationDone) and len(done.tokens) == 10
     replies = pipe.stats.replies
     assert replies == 10  # the prompt, then nine decode steps
     assert [sum(s.compute_ms.counts) for s in stats.stages] == [replies, replies]
@@ -247,10 +249,10 @@ def test_stats_of_a_local_cluster_of_processes(tiny_exports, tmp_path: Path) -> 
     try:
         wait_serving(record, 120)
         dones: list[Any] = []
-        request = GenerateRequest("long", PROMPT, 300, ignore_eos=True, speculative="lookup")
+        request = GenerationRequest("long", PROMPT, 300, ignore_eos=True, speculative="lookup")
         client = threading.Thread(target=lambda: dones.extend(
             msg for msg in generate_many(record.serve, [request])
-            if isinstance(msg, GenerateDone)), daemon=True)
+            if isinstance(msg, GenerationDone)), daemon=True)
         client.start()
         # mid-generation, the last stage's node has reported the slots it holds
         wait_for(lambda: query_service_stats(record.serve).stages[2].kv_slots > 0, 30,

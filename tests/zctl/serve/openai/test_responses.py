@@ -1,5 +1,5 @@
-"""The Responses API (zctl.serve.responses, zctl.serve.responses_route) through the official ``openai``
-client, sync and async, and raw SSE: a response equals the chat completion of the same
+"""The Responses API (zctl.serve.openai.responses and its protocol and store) through the
+official ``openai`` client, sync and async, and raw SSE: a response equals the chat completion of the same
 conversation, whole and streamed; ``previous_response_id`` continues a stored
 conversation; function calls and JSON output; logprobs; errors in OpenAI's shape;
 a client that leaves has its generation cancelled; the store stays in its budget."""
@@ -17,16 +17,19 @@ import tests.zctl.serve.test_app as ts
 from tests.zctl.serve.test_app import ASK, greedy_text, wait_for
 from tests.zctl.serve.test_tools import TIME, WEATHER
 from zctl.engine.requests import GenerationDone
-from zctl.serve.protocol import ApiError, ResponseShape
-from zctl.serve.responses import (
+from zctl.serve.errors import ApiError
+from zctl.serve.openai.response_store import ResponseStore, output_turns
+from zctl.serve.openai.responses_protocol import (
     InputItem,
+    MessageItem,
+    OutputText,
+    ResponseEvent,
     ResponseEvents,
     ResponseObject,
     ResponsesRequest,
-    ResponseStore,
     items_as_turns,
-    output_turns,
 )
+from zctl.serve.tools import ToolOutput
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 
@@ -251,8 +254,8 @@ def test_the_pure_parts() -> None:
     chat = ResponsesRequest(model="m", input=items, instructions="sys").chat([])
     assert [t.role for t in chat.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert chat.messages[1].text() == "q" and '"name": "g"' in chat.messages[2].text()
-    assert output_turns([{"type": "message", "content": [{"text": "a"}, {"text": "b"}]}]) == [
-        {"role": "assistant", "content": "ab"}]
+    assert output_turns([MessageItem(id="m", status="completed", content=[
+        OutputText(text="a"), OutputText(text="b")])]) == [{"role": "assistant", "content": "ab"}]
 
     store = ResponseStore(budget=2000)
     for i in range(20):
@@ -274,14 +277,13 @@ def test_the_pure_parts() -> None:
 
 def streamed(req: ResponsesRequest, pieces: list[str], done: GenerationDone) -> list[dict]:
     """The events of a stream of ``pieces`` ending in ``done``, as the route sends them."""
-    chat = req.chat([])
-    shape = ResponseShape(True, "r", "m", tools=chat.tool_plan())
-    stream = ResponseEvents(ResponseObject(req, "m", shape))
-    events = stream.opening()
+    tools = ToolOutput(req.chat([]).tool_plan())
+    stream = ResponseEvents(ResponseObject(req, "m", tools))
+    events: list[ResponseEvent] = stream.opening()
     for text in pieces:
-        if not shape.holds(0, text):
+        if not tools.holds(0, text):
             events += stream.delta(text, [])
-    return events + stream.ending(done, None, held=shape.holds(0))
+    return [e.model_dump() for e in events + stream.ending(done, None, held=tools.holds(0))]
 
 
 def test_the_events_of_text_calls_and_failures() -> None:
@@ -310,8 +312,8 @@ def test_the_events_of_text_calls_and_failures() -> None:
         "hi", " there"]
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == "hi there"
     # a failure after the stream started: response.failed with the error
-    stream = ResponseEvents(ResponseObject(auto, "m", ResponseShape(True, "r", "m")))
-    (failed,) = stream.failed(ApiError(503, "stage 1 is down", "service_unavailable",
-                                       code="pipeline_down"))
+    stream = ResponseEvents(ResponseObject(auto, "m", ToolOutput()))
+    (failed,) = [e.model_dump() for e in stream.failure(ApiError(
+        503, "stage 1 is down", "service_unavailable", code="pipeline_down"))]
     assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "pipeline_down", "message": "stage 1 is down"}

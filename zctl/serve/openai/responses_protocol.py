@@ -1,6 +1,7 @@
 """OpenAI's Responses API (``/v1/responses``) as shapes (pure): its request, read as the chat
-completion it asks for; the response object and its streamed events, built from the
-engine's chunks and end; and the store that ``previous_response_id`` reads.
+completion it asks for; the response object, its output items and its streamed events
+(pydantic models, as the API's reference has them), built from the engine's chunks and
+end.
 
 A request's ``input`` (text, or items: messages, earlier ``function_call`` items and their
 ``function_call_output``) and ``instructions`` become a chat conversation, its flat
@@ -12,10 +13,8 @@ background runs) is a 400 that names it.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections import OrderedDict
 from typing import Any, Literal
 
 from pydantic import (
@@ -27,13 +26,13 @@ from pydantic import (
 )
 
 from zctl.engine.requests import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, GenerationDone, TokenLogprob
-from zctl.serve.errors import chat_request
-from zctl.serve.protocol import ApiError, ChatCompletionRequest, ResponseShape, ZctlOptions, chat_logprobs
-from zctl.serve.tools import MAX_TOOLS
+from zctl.serve.errors import ApiError
+from zctl.serve.openai.protocol import ChatCompletionRequest, ZctlOptions, chat_request
+from zctl.serve.openai.replies import chat_logprobs
+from zctl.serve.tools import MAX_TOOLS, ToolOutput
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # ``include`` asks for the tokens' logprobs
 MAX_METADATA = 16
-STORE_BYTES = 64 << 20  # responses kept for previous_response_id and GET, by their JSON size
 
 
 # -- requests -------------------------------------------------------------------------
@@ -215,95 +214,243 @@ def items_as_turns(items: list[InputItem]) -> list[dict[str, Any]]:
     return turns
 
 
-# -- responses ------------------------------------------------------------------------
+# -- the response object --------------------------------------------------------------
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def output_items(shape: ResponseShape, done: GenerationDone, message_id: str,
-                 logprobs: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+class OutputText(BaseModel):
+    """A message's text part."""
+
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[dict[str, Any]] = Field(default_factory=list)  # chat_logprobs' content
+
+
+class MessageItem(BaseModel):
+    """An assistant message output item (no content part yet while it opens)."""
+
+    type: Literal["message"] = "message"
+    id: str
+    status: str
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText] = Field(default_factory=list)
+
+
+class FunctionCallItem(BaseModel):
+    """A function call output item."""
+
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str
+
+
+OutputItem = MessageItem | FunctionCallItem
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"] = "max_output_tokens"
+
+
+class ResponseBody(BaseModel):
+    """The response object, as ``POST`` and ``GET /v1/responses`` answer with it."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: str
+    error: ResponseError | None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    model: str
+    output: list[OutputItem]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    reasoning: None = None
+    store: bool
+    temperature: float
+    text: dict[str, Any]
+    tool_choice: str | dict[str, Any]
+    tools: list[dict[str, Any]]
+    top_p: float
+    truncation: Literal["disabled"] = "disabled"
+    usage: ResponseUsage | None
+    metadata: dict[str, str]
+
+
+def output_items(tools: ToolOutput, done: GenerationDone, message_id: str,
+                 logprobs: list[TokenLogprob] | None) -> list[OutputItem]:
     """A finished generation's output items: its function calls, or one message."""
-    calls, _ = shape.ending(done)
+    calls = tools.calls(done)
     if calls:
         return [function_call_item(call) for call in calls]
     return [message_item(message_id, done.text, logprobs, "completed")]
 
 
-def function_call_item(call: dict[str, Any]) -> dict[str, Any]:
+def function_call_item(call: dict[str, Any]) -> FunctionCallItem:
     """A chat API tool call (zctl.serve.tools) as a Responses ``function_call`` item."""
-    return {"type": "function_call", "id": new_id("fc"), "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-            "status": "completed"}
+    return FunctionCallItem(id=new_id("fc"), call_id=call["id"], name=call["function"]["name"],
+                            arguments=call["function"]["arguments"], status="completed")
 
 
-def text_part(text: str, logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [],
-            "logprobs": chat_logprobs(logprobs)["content"] if logprobs else []}
+def text_part(text: str, logprobs: list[TokenLogprob] | None) -> OutputText:
+    return OutputText(text=text, logprobs=chat_logprobs(logprobs)["content"] if logprobs else [])
 
 
 def message_item(item_id: str, text: str | None, logprobs: list[TokenLogprob] | None,
-                 status: str) -> dict[str, Any]:
+                 status: str) -> MessageItem:
     """An assistant message item (``text`` None: no content part yet)."""
     content = [] if text is None else [text_part(text, logprobs)]
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": content}
+    return MessageItem(id=item_id, status=status, content=content)
 
 
-def response_usage(done: GenerationDone) -> dict[str, Any]:
+def response_usage(done: GenerationDone) -> ResponseUsage:
     output = len(done.tokens)
-    return {"input_tokens": done.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": done.cached_tokens},
-            "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": done.prompt_tokens + output}
+    return ResponseUsage(input_tokens=done.prompt_tokens,
+                         input_tokens_details=InputTokensDetails(
+                             cached_tokens=done.cached_tokens),
+                         output_tokens=output, total_tokens=done.prompt_tokens + output)
 
 
 class ResponseObject:
     """One response's object as it goes: ``in_progress``, then its end (``completed``,
     ``incomplete`` when ``max_output_tokens`` cut it, or ``failed``)."""
 
-    def __init__(self, req: ResponsesRequest, model: str, shape: ResponseShape) -> None:
-        self.req, self.model, self.shape = req, model, shape
+    def __init__(self, req: ResponsesRequest, model: str, tools: ToolOutput) -> None:
+        self.req, self.model, self.tools = req, model, tools
         self.id = new_id("resp")
         self.created_at = int(time.time())
-        self.output: list[dict[str, Any]] = []
+        self.output: list[OutputItem] = []
         self.status = "in_progress"
-        self.usage: dict[str, Any] | None = None
-        self.incomplete: dict[str, Any] | None = None
-        self.error: dict[str, Any] | None = None
+        self.usage: ResponseUsage | None = None
+        self.incomplete: IncompleteDetails | None = None
+        self.error: ResponseError | None = None
 
     def finish(self, done: GenerationDone, logprobs: list[TokenLogprob] | None,
                message_id: str) -> None:
-        self.output = output_items(self.shape, done, message_id, logprobs)
+        self.output = output_items(self.tools, done, message_id, logprobs)
         cut = done.stop_reason == "max_tokens"
         self.status = "incomplete" if cut else "completed"
-        self.incomplete = {"reason": "max_output_tokens"} if cut else None
+        self.incomplete = IncompleteDetails() if cut else None
         if cut:
             for item in self.output:
-                item["status"] = "incomplete"
+                item.status = "incomplete"
         self.usage = response_usage(done)
 
     def fail(self, error: ApiError) -> None:
         self.status = "failed"
-        self.error = {"code": error.code or error.type, "message": error.message}
+        self.error = ResponseError(code=error.code or error.type, message=error.message)
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ResponseBody:
         req = self.req
         fmt = req.text.format if req.text else TextFormat()
         choice = req.tool_choice
-        return {
-            "id": self.id, "object": "response", "created_at": self.created_at,
-            "status": self.status, "error": self.error, "incomplete_details": self.incomplete,
-            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-            "model": self.model, "output": self.output,
-            "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "previous_response_id": req.previous_response_id, "reasoning": None,
-            "store": req.store, "temperature": 1.0 if req.temperature is None else req.temperature,
-            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
-            "tool_choice": (choice or "auto") if isinstance(choice, str | None)
+        return ResponseBody(
+            id=self.id, created_at=self.created_at, status=self.status, error=self.error,
+            incomplete_details=self.incomplete, instructions=req.instructions,
+            max_output_tokens=req.max_output_tokens, model=self.model,
+            output=[item.model_copy(deep=True) for item in self.output],
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            previous_response_id=req.previous_response_id, store=req.store,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            text={"format": fmt.model_dump(by_alias=True, exclude_none=True)},
+            tool_choice=(choice or "auto") if isinstance(choice, str | None)
             else choice.model_dump(),
-            "tools": [{**t.model_dump(), "strict": True} for t in req.tools or []],
-            "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": "disabled",
-            "usage": self.usage, "metadata": req.metadata or {}}
+            tools=[{**t.model_dump(), "strict": True} for t in req.tools or []],
+            top_p=1.0 if req.top_p is None else req.top_p, usage=self.usage,
+            metadata=req.metadata or {})
+
+
+# -- its streamed events --------------------------------------------------------------
+class ResponseEvent(BaseModel):
+    """One streamed event, numbered in its stream."""
+
+    type: str
+    sequence_number: int
+
+
+class ResponseStateEvent(ResponseEvent):
+    """``response.created``, ``.in_progress``, ``.completed``, ``.incomplete``, ``.failed``."""
+
+    response: ResponseBody
+
+
+class OutputItemEvent(ResponseEvent):
+    """``response.output_item.added`` and ``.done``."""
+
+    output_index: int
+    item: OutputItem
+
+
+class ContentPartEvent(ResponseEvent):
+    """``response.content_part.added`` and ``.done``."""
+
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class TextDeltaEvent(ResponseEvent):
+    """``response.output_text.delta``."""
+
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[dict[str, Any]]
+
+
+class TextDoneEvent(ResponseEvent):
+    """``response.output_text.done``."""
+
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[dict[str, Any]]
+
+
+class ArgumentsDeltaEvent(ResponseEvent):
+    """``response.function_call_arguments.delta``."""
+
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ArgumentsDoneEvent(ResponseEvent):
+    """``response.function_call_arguments.done``."""
+
+    item_id: str
+    output_index: int
+    arguments: str
 
 
 class ResponseEvents:
@@ -318,135 +465,81 @@ class ResponseEvents:
         self.opened = False  # the message item and its text part announced
         self.logprobs: list[TokenLogprob] = []
 
-    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def _next(self) -> int:
         self.seq += 1
-        return {"type": kind, "sequence_number": self.seq - 1, **fields}
+        return self.seq - 1
 
-    def opening(self) -> list[dict[str, Any]]:
+    def _state(self, kind: str) -> ResponseStateEvent:
+        return ResponseStateEvent(type=kind, sequence_number=self._next(),
+                                  response=self.response.body())
+
+    def _item(self, kind: str, index: int, item: OutputItem) -> OutputItemEvent:
+        return OutputItemEvent(type=kind, sequence_number=self._next(), output_index=index,
+                               item=item)
+
+    def _part(self, kind: str, part: OutputText) -> ContentPartEvent:
+        return ContentPartEvent(type=kind, sequence_number=self._next(),
+                                item_id=self.message_id, output_index=0, content_index=0,
+                                part=part)
+
+    def opening(self) -> list[ResponseEvent]:
         body = self.response.body()
-        return [self.event("response.created", response=body),
-                self.event("response.in_progress", response=body)]
+        return [ResponseStateEvent(type=kind, sequence_number=self._next(), response=body)
+                for kind in ("response.created", "response.in_progress")]
 
-    def _part(self) -> dict[str, Any]:
-        return {"item_id": self.message_id, "output_index": 0, "content_index": 0}
-
-    def _open(self) -> list[dict[str, Any]]:
+    def _open(self) -> list[ResponseEvent]:
         if self.opened:
             return []
         self.opened = True
-        return [self.event("response.output_item.added", output_index=0,
-                           item=message_item(self.message_id, None, None, "in_progress")),
-                self.event("response.content_part.added", **self._part(),
-                           part=text_part("", None))]
+        return [self._item("response.output_item.added", 0,
+                           message_item(self.message_id, None, None, "in_progress")),
+                self._part("response.content_part.added", text_part("", None))]
 
-    def delta(self, text: str, logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+    def delta(self, text: str, logprobs: list[TokenLogprob]) -> list[ResponseEvent]:
         """New text of the message (and its tokens' logprobs)."""
         self.text += text
         self.logprobs += logprobs
         lps = chat_logprobs(logprobs)["content"] if logprobs else []
-        return self._open() + [self.event("response.output_text.delta", **self._part(),
-                                          delta=text, logprobs=lps)]
+        return self._open() + [TextDeltaEvent(
+            type="response.output_text.delta", sequence_number=self._next(),
+            item_id=self.message_id, output_index=0, content_index=0, delta=text, logprobs=lps)]
 
     def ending(self, done: GenerationDone, logprobs: list[TokenLogprob] | None,
-               held: bool) -> list[dict[str, Any]]:
+               held: bool) -> list[ResponseEvent]:
         """The events closing the output (``held``: nothing was streamed of it yet), then
         the response's end."""
         self.response.finish(done, logprobs, self.message_id)
-        events = []
+        events: list[ResponseEvent] = []
         for index, item in enumerate(self.response.output):
-            if item["type"] == "function_call":
+            if isinstance(item, FunctionCallItem):
                 events += self._call(index, item)
             else:
                 if held:  # text held back while it might have been a call: whole here
                     self.text = ""
                     events += self.delta(done.text, logprobs or [])
                 events += self._open()
-                part = item["content"][0]
-                events += [self.event("response.output_text.done", **self._part(),
-                                      text=part["text"], logprobs=part["logprobs"]),
-                           self.event("response.content_part.done", **self._part(), part=part),
-                           self.event("response.output_item.done", output_index=index,
-                                      item=item)]
+                part = item.content[0]
+                events += [TextDoneEvent(type="response.output_text.done",
+                                         sequence_number=self._next(), item_id=self.message_id,
+                                         output_index=0, content_index=0, text=part.text,
+                                         logprobs=part.logprobs),
+                           self._part("response.content_part.done", part),
+                           self._item("response.output_item.done", index, item)]
         kind = "response.incomplete" if self.response.status == "incomplete" \
             else "response.completed"
-        return events + [self.event(kind, response=self.response.body())]
+        return events + [self._state(kind)]
 
-    def _call(self, index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
-        at = {"item_id": item["id"], "output_index": index}
-        return [self.event("response.output_item.added", output_index=index,
-                           item={**item, "arguments": "", "status": "in_progress"}),
-                self.event("response.function_call_arguments.delta", **at,
-                           delta=item["arguments"]),
-                self.event("response.function_call_arguments.done", **at,
-                           arguments=item["arguments"]),
-                self.event("response.output_item.done", output_index=index, item=item)]
+    def _call(self, index: int, item: FunctionCallItem) -> list[ResponseEvent]:
+        opened = item.model_copy(update={"arguments": "", "status": "in_progress"})
+        return [self._item("response.output_item.added", index, opened),
+                ArgumentsDeltaEvent(type="response.function_call_arguments.delta",
+                                    sequence_number=self._next(), item_id=item.id,
+                                    output_index=index, delta=item.arguments),
+                ArgumentsDoneEvent(type="response.function_call_arguments.done",
+                                   sequence_number=self._next(), item_id=item.id,
+                                   output_index=index, arguments=item.arguments),
+                self._item("response.output_item.done", index, item)]
 
-    def failed(self, error: ApiError) -> list[dict[str, Any]]:
+    def failure(self, error: ApiError) -> list[ResponseEvent]:
         self.response.fail(error)
-        return [self.event("response.failed", response=self.response.body())]
-
-
-# -- the store ------------------------------------------------------------------------
-class ResponseStore:
-    """Stored responses (``store``, the default), for ``previous_response_id`` and
-    ``GET /v1/responses/{id}``: each one's object and its conversation (the input turns
-    before it and its output, instructions left out as OpenAI leaves them), bounded by
-    ``budget`` bytes of JSON, least recently used first out."""
-
-    def __init__(self, budget: int = STORE_BYTES) -> None:
-        self.budget = budget
-        self.used = 0
-        self._entries: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], int]] = \
-            OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, response_id: object) -> bool:
-        return response_id in self._entries
-
-    def put(self, body: dict[str, Any], turns: list[dict[str, Any]]) -> None:
-        size = len(json.dumps(body)) + len(json.dumps(turns))
-        if size > self.budget:
-            return  # would evict everything and still not fit
-        self.delete(body["id"])
-        self._entries[body["id"]] = (body, turns, size)
-        self.used += size
-        while self.used > self.budget:
-            _, (_, _, old) = self._entries.popitem(last=False)
-            self.used -= old
-
-    def body(self, response_id: str) -> dict[str, Any]:
-        return self._get(response_id, None)[0]
-
-    def conversation(self, response_id: str) -> list[dict[str, Any]]:
-        """The conversation a response ended, for the one that continues it."""
-        return self._get(response_id, "previous_response_id")[1]
-
-    def delete(self, response_id: str) -> bool:
-        entry = self._entries.pop(response_id, None)
-        if entry is not None:
-            self.used -= entry[2]
-        return entry is not None
-
-    def _get(self, response_id: str, param: str | None
-             ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
-        entry = self._entries.get(response_id)
-        if entry is None:
-            raise ApiError(404, f"no stored response has the id {response_id!r} (responses "
-                           "made with store: false are not kept, and the oldest are dropped "
-                           "when the store is full)", param=param,
-                           code="response_not_found")
-        self._entries.move_to_end(response_id)
-        return entry
-
-
-def output_turns(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A response's output as chat turns, for the conversation a later one continues."""
-    calls = [{"id": i["call_id"], "type": "function",
-              "function": {"name": i["name"], "arguments": i["arguments"]}}
-             for i in output if i["type"] == "function_call"]
-    if calls:
-        return [{"role": "assistant", "content": None, "tool_calls": calls}]
-    text = "".join(p["text"] for i in output if i["type"] == "message" for p in i["content"])
-    return [{"role": "assistant", "content": text}]
+        return [self._state("response.failed")]

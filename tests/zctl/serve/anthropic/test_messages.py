@@ -1,6 +1,6 @@
-"""Anthropic's Messages API (zctl.serve.anthropic, zctl.serve.anthropic_route) through the official
-``anthropic`` client, sync and async, and raw SSE: a message equals the chat completion of
-the same conversation, whole and streamed; stop sequences; tool use and its results;
+"""Anthropic's Messages API (zctl.serve.anthropic.protocol, zctl.serve.anthropic.messages)
+through the official ``anthropic`` client, sync and async, and raw SSE: a message equals
+the chat completion of the same conversation, whole and streamed; stop sequences; tool use and its results;
 count_tokens; errors in Anthropic's shape; a client that leaves has its generation
 cancelled."""
 
@@ -19,7 +19,7 @@ from tests.zctl.serve.test_app import ASK, greedy_text, wait_for
 from tests.zctl.serve.test_tools import TIME, WEATHER
 from zctl.cli.serve import model_names
 from zctl.engine.requests import GenerationDone
-from zctl.serve.anthropic import MessageEvents, MessagesRequest, matched_stop, turn_as_chat
+from zctl.serve.anthropic.protocol import MessageEvents, MessagesRequest, matched_stop, turn_as_chat
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 

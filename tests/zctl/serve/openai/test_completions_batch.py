@@ -12,13 +12,13 @@ import openai
 import pytest
 
 import tests.zctl.serve.test_app as ts
+from tests.zctl.serve.openai.test_choices import IGNORE_EOS, RecordingBackend, sse_payloads
 from tests.zctl.serve.test_app import Server, metric_values
-from tests.zctl.serve.test_choices import IGNORE_EOS, RecordingBackend, sse_payloads
-from zctl.engine.requests import GenerationRequest
+from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.scheduler import generate_greedy
-from zctl.serve.app import ServeSettings, create_app
-from zctl.serve.protocol import MAX_PROMPTS
-from zctl.service.messages import GenerateChunk, GenerateDone
+from zctl.serve.app import create_app
+from zctl.serve.openai.protocol import MAX_PROMPTS
+from zctl.serve.settings import ServeSettings
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 PROMPTS = ["one two three", "four five", "six"]
@@ -34,8 +34,8 @@ class EchoBackend(RecordingBackend):
         await asyncio.sleep(0.05)
         self.log.append(("answered", choice))
         text = gen.prompt.upper()
-        yield GenerateChunk(gen.request_id, [1], text, 1)
-        yield GenerateDone(gen.request_id, [1], text, len(gen.prompt), 50.0, 20.0,
+        yield GenerationChunk(gen.request_id, [1], text, 1)
+        yield GenerationDone(gen.request_id, [1], text, len(gen.prompt), 50.0, 20.0,
                            stop_reason="max_tokens", cached_tokens=1)
 
 

@@ -11,7 +11,7 @@ import pytest
 import tests.zctl.serve.test_app as ts
 from tests.zctl.serve.test_app import ASK
 from tests.zctl.serve.test_tools import TIME
-from zctl.serve.app import ServeSettings
+from zctl.serve.settings import ServeSettings
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 

@@ -11,9 +11,10 @@ import httpx
 import pytest
 
 import tests.zctl.serve.test_app as ts
+from zctl.engine.requests import GenerationDone, GenerationRequest
 from zctl.service.async_client import AsyncServiceClient
 from zctl.service.client import generate_stream
-from zctl.service.messages import GenerateDone, GenerateRequest, TokenizeRequest
+from zctl.service.messages import TokenizeRequest
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 TEXTS = ["the sky is", "one two three four"]
@@ -71,21 +72,21 @@ def test_bad_token_prompts_are_400s(server, prompt, why) -> None:
 
 def test_the_service_refuses_ids_outside_the_vocabulary_and_serves_on(server) -> None:
     endpoint = server.service.endpoint
-    done = list(generate_stream(endpoint, GenerateRequest("x", max_tokens=2, chat=False,
+    done = list(generate_stream(endpoint, GenerationRequest("x", max_tokens=2, chat=False,
                                                           prompt_ids=[1, 10**6])))[-1]
-    assert isinstance(done, GenerateDone) and "outside" in done.error
+    assert isinstance(done, GenerationDone) and "outside" in done.error
 
     async def tokenize() -> str:
         backend = AsyncServiceClient(endpoint)
         try:
-            return (await backend.tokens(TokenizeRequest("t", chat=False,
-                                                         prompt_ids=[10**6]))).error
+            return (await backend.tokens(TokenizeRequest(GenerationRequest(
+                "t", chat=False, prompt_ids=[10**6])))).error
         finally:
             await backend.close()
 
     assert "outside" in asyncio.run(tokenize())
-    ok = list(generate_stream(endpoint, GenerateRequest("y", max_tokens=2, chat=False,
+    ok = list(generate_stream(endpoint, GenerationRequest("y", max_tokens=2, chat=False,
                                                         prompt_ids=[1, 2, 3])))[-1]
     assert not ok.error and len(ok.tokens) >= 1
-    assert GenerateRequest("z", "hi", prompt_ids=[1]).problem() is not None  # one of them
-    assert GenerateRequest("z", prompt_ids=[1]).problem() is not None  # raw only
+    assert GenerationRequest("z", "hi", prompt_ids=[1]).problem() is not None  # one of them
+    assert GenerationRequest("z", prompt_ids=[1]).problem() is not None  # raw only

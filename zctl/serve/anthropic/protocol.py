@@ -19,8 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from zctl.engine.requests import MAX_NEW_TOKENS, MAX_STOP_STRINGS, GenerationDone
-from zctl.serve.errors import chat_request
-from zctl.serve.protocol import ApiError, ChatCompletionRequest, ZctlOptions
+from zctl.serve.errors import ApiError
+from zctl.serve.openai.protocol import ChatCompletionRequest, ZctlOptions, chat_request
 from zctl.serve.tools import MAX_TOOLS
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",

@@ -1,34 +1,38 @@
-"""The OpenAI API's request and response shapes, and how they map onto the engine's.
+"""The OpenAI API's requests, and how they map onto the engine's.
 
 Requests are pydantic models (unknown fields are ignored, as OpenAI clients send many);
-``to_generations`` turns one into an ``zctl.engine.requests.GenerationRequest`` per choice (``n``).
-Responses are built by small pure functions from the engine's chunks and ends. ``ApiError`` is an
-error in the shape OpenAI clients parse: ``{"error": {"message", "type", "param", "code"}}``.
+``to_generations`` turns one into a ``zctl.engine.requests.GenerationRequest`` per choice
+(``n``). The other APIs' requests are read as the chat completion they ask for
+(``chat_request``). Replies are built in zctl.serve.openai.replies.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from zctl.engine.requests import (
-    BAD_REQUEST,
     MAX_NEW_TOKENS,
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
-    UNAVAILABLE,
     ChatMessage,
-    GenerationDone,
     GenerationRequest,
-    TokenLogprob,
 )
+from zctl.serve.errors import ApiError, validation_error
 from zctl.serve.tools import (
     MAX_TOOLS,
     ToolChoice,
@@ -37,38 +41,13 @@ from zctl.serve.tools import (
     ToolPlan,
     called_text,
     plan_tools,
-    tool_calls,
     tool_grammar,
     with_tools_prompt,
 )
 from zctl.service.messages import MAX_DETOKENIZE
 
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "max_tokens": "length"}
 MAX_CHOICES = 16  # n: each choice is a generation of its own, counted against --max-queue
 MAX_PROMPTS = 64  # a text completion's batch of prompts (each prompt's n choices count too)
-
-
-class ApiError(Exception):
-    """An error reply: HTTP ``status`` and the OpenAI error object."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status, message, type_, param, code)
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def engine_error(done: GenerationDone) -> ApiError:
-    """The API error for a generation the engine refused or could not finish."""
-    if done.error_kind == BAD_REQUEST:
-        return ApiError(400, done.error.removeprefix("bad request: "))
-    if done.error_kind == UNAVAILABLE:
-        return ApiError(503, done.error, "service_unavailable", code="pipeline_down")
-    return ApiError(500, done.error or "the generation failed", "internal_error")
 
 
 # -- requests -------------------------------------------------------------------------
@@ -233,6 +212,15 @@ class ChatCompletionRequest(SamplingFields):
         return with_tools_prompt(turns, plan) if plan.functions else turns
 
 
+def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    """The chat completion another API's request reads as, checked (a 400 that names the
+    first problem)."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 Prompt = str | list[int]  # a text completion's prompt: text, or token ids
 
@@ -342,171 +330,3 @@ def to_generation(req: ChatCompletionRequest | CompletionRequest, request_id: st
         **prompt_fields(req.prompts()[0]), max_tokens=req.max_tokens or 16, chat=False,
         logprobs=req.logprobs is not None, top_logprobs=req.logprobs or 0,
         prompt_logprobs=req.echo and req.logprobs is not None, **common)
-
-
-# -- responses ------------------------------------------------------------------------
-def usage(dones: list[GenerationDone], per_prompt: int = 1) -> dict[str, Any]:
-    """OpenAI's usage object for a request's choices, ``per_prompt`` (``n``) for each of its
-    prompts in turn: each prompt counted once (as OpenAI does for ``n``), every choice's
-    tokens; ``cached_tokens``: the prompts' tokens the prefix cache held for their first
-    choices."""
-    leaders = dones[::per_prompt]
-    prompt, completion = sum(d.prompt_tokens for d in leaders), sum(len(d.tokens) for d in dones)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(d.cached_tokens for d in leaders)}}
-
-
-def finish_reason(done: GenerationDone) -> str:
-    return FINISH_REASONS.get(done.stop_reason, "stop")
-
-
-def _piece(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-
-def chat_logprobs(logprobs: list[TokenLogprob]) -> dict[str, Any]:
-    """The chat API's ``logprobs`` object for these tokens."""
-    return {"content": [
-        {**_piece(lp.text, lp.logprob),
-         "top_logprobs": [_piece(t, v) for t, v in zip(lp.top_texts, lp.top_logprobs,
-                                                        strict=True)]}
-        for lp in logprobs], "refusal": None}
-
-
-def text_logprobs(logprobs: list[TokenLogprob], offset: int = 0,
-                  first_unscored: bool = False) -> dict[str, Any]:
-    """The completions API's (legacy) ``logprobs`` object; ``offset`` is where the text of
-    the first token starts in the completion. ``first_unscored``: the first token is a
-    prompt's first, which nothing comes before (null, as OpenAI has it)."""
-    offsets = []
-    for lp in logprobs:
-        offsets.append(offset)
-        offset += len(lp.text)
-    out = {"tokens": [lp.text for lp in logprobs],
-           "token_logprobs": [lp.logprob for lp in logprobs],
-           "top_logprobs": [dict(zip(lp.top_texts, lp.top_logprobs, strict=True))
-                            for lp in logprobs],
-           "text_offset": offsets}
-    if first_unscored and logprobs:
-        out["token_logprobs"][0] = out["top_logprobs"][0] = None
-    return out
-
-
-def echoed_logprobs(prompt: str, prompt_lps: list[TokenLogprob],
-                    logprobs: list[TokenLogprob]) -> dict[str, Any]:
-    """An echoed completion's ``logprobs``: the prompt's tokens (the first unscored), then
-    the completion's, whose offsets start where the prompt's text ends."""
-    head, tail = text_logprobs(prompt_lps, 0, first_unscored=True), text_logprobs(logprobs,
-                                                                                   len(prompt))
-    return {key: head[key] + tail[key] for key in head}
-
-
-class ResponseShape:
-    """Builds one request's chunks and reply: ids, timestamps and the model are fixed;
-    ``index`` names the choice a chunk belongs to."""
-
-    def __init__(self, chat: bool, request_id: str, model: str, per_prompt: int = 1,
-                 tools: ToolPlan = ToolPlan([]), echo: list[str] | None = None) -> None:
-        self.chat, self.model = chat, model
-        self.per_prompt = per_prompt  # choices per prompt (n): a batch's prompts in turn
-        self.tools = tools  # the functions a choice may call (zctl.serve.tools)
-        self.echo = echo  # a completion's prompts, echoed before their choices' text
-        self._echoed: set[int] = set()  # streamed choices whose prompt went out
-        self._calling: dict[int, bool] = {}  # "auto": whether choice i's output is a call
-        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
-        self.created = int(time.time())
-        self.text_offsets: dict[int, int] = {}  # per choice: where its next chunk's text starts
-
-    def _envelope(self, kind: str) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def chunk(self, text: str, logprobs: list[TokenLogprob] | None, finish: str | None = None,
-              role: bool = False, index: int = 0) -> dict[str, Any]:
-        """One streamed chunk of choice ``index``: new text (and its tokens' logprobs), or
-        its end."""
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if role else (
-                {"content": text} if text or finish is None else {})
-            choice = {"index": index, "delta": delta,
-                      "logprobs": chat_logprobs(logprobs) if logprobs else None,
-                      "finish_reason": finish}
-            return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
-        offset = self.text_offsets.get(index, 0)
-        lps = text_logprobs(logprobs, offset) if logprobs else None
-        self.text_offsets[index] = offset + len(text)
-        choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
-        return {**self._envelope("text_completion"), "choices": [choice]}
-
-    def echo_chunk(self, index: int, prompt_lps: list[TokenLogprob] | None
-                   ) -> dict[str, Any] | None:
-        """A streamed completion's echoed prompt (and its logprobs, if asked), once per
-        choice, before its text; None when not echoing or already sent."""
-        if self.echo is None or index in self._echoed:
-            return None
-        self._echoed.add(index)
-        prompt = self.echo[index // self.per_prompt]
-        self.text_offsets[index] = len(prompt)
-        lps = text_logprobs(prompt_lps, 0, first_unscored=True) if prompt_lps else None
-        choice = {"index": index, "text": prompt, "logprobs": lps, "finish_reason": None}
-        return {**self._envelope("text_completion"), "choices": [choice]}
-
-    def usage_chunk(self, dones: list[GenerationDone]) -> dict[str, Any]:
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._envelope(kind), "choices": [], "usage": usage(dones, self.per_prompt)}
-
-    def reply(self, dones: list[GenerationDone], logprobs: list[list[TokenLogprob] | None],
-              prompt_logprobs: list[list[TokenLogprob]] | None = None) -> dict[str, Any]:
-        """The whole (non-streamed) answer: a choice per generation, in order (an echoed
-        completion's prompts' logprobs in ``prompt_logprobs``)."""
-        prompts = prompt_logprobs or [[] for _ in dones]
-        choices = [self._choice(i, done, lps, plps) for i, (done, lps, plps)
-                   in enumerate(zip(dones, logprobs, prompts, strict=True))]
-        kind = "chat.completion" if self.chat else "text_completion"
-        return {**self._envelope(kind), "choices": choices,
-                "usage": usage(dones, self.per_prompt)}
-
-    def holds(self, index: int, text: str = "") -> bool:
-        """Whether choice ``index``'s streamed text is held back, as a call is (it comes
-        whole at its end); ``text`` is its next chunk's. Under "auto" the output's first
-        character tells: a call begins with ``{`` and text never does (zctl.serve.tools)."""
-        if not self.tools.functions:
-            return False
-        if not self.tools.optional:
-            return True
-        if index not in self._calling:
-            if not text:
-                return True  # nothing shown yet: undecided
-            self._calling[index] = text.startswith("{")
-        return self._calling[index]
-
-    def ending(self, done: GenerationDone) -> tuple[list[dict[str, Any]] | None, str]:
-        """A finished choice's tool calls (None: it is text, or was cut short) and its
-        finish reason."""
-        calls = tool_calls(done.text) if self.tools.functions and \
-            done.stop_reason in ("eos", "stop") else None
-        return calls, "tool_calls" if calls else finish_reason(done)
-
-    def tool_chunk(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
-        """A streamed choice's tool calls, whole, in one chunk."""
-        delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
-
-    def _choice(self, index: int, done: GenerationDone, logprobs: list[TokenLogprob] | None,
-                prompt_lps: list[TokenLogprob]) -> dict[str, Any]:
-        if self.chat:
-            calls, reason = self.ending(done)
-            message = {"role": "assistant", "content": None, "tool_calls": calls} if calls \
-                else {"role": "assistant", "content": done.text}
-            return {"index": index, "message": message,
-                    "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
-                    "finish_reason": reason}
-        text, lps = done.text, text_logprobs(logprobs) if logprobs is not None else None
-        if self.echo is not None:
-            prompt = self.echo[index // self.per_prompt]
-            text = prompt + text
-            if logprobs is not None:
-                lps = echoed_logprobs(prompt, prompt_lps, logprobs)
-        return {"index": index, "text": text, "logprobs": lps,
-                "finish_reason": finish_reason(done)}

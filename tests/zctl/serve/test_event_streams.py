@@ -1,6 +1,6 @@
-"""zctl/serve/choices.py alone: choices awaited together (the first failure cancels the rest),
-their events merged as they come (each choice's first first, each until its end), and a
-merge left early stops waiting on them."""
+"""zctl/serve/event_streams.py alone: generations awaited concurrently (the first failure
+cancels the rest), their events merged as they come (each one's first first, each until
+its end), and a merge left early stops waiting on them."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from zctl.serve.choices import close_all, merged, together
-from zctl.service.messages import GenerateChunk, GenerateDone
+from zctl.engine.requests import GenerationChunk, GenerationDone
+from zctl.serve.event_streams import close_all, merge_events, run_concurrently
 
 
-def chunk(name: str) -> GenerateChunk:
-    return GenerateChunk(name, [1], name, 1)
+def chunk(name: str) -> GenerationChunk:
+    return GenerationChunk(name, [1], name, 1)
 
 
-def done(name: str) -> GenerateDone:
-    return GenerateDone(name, [1], name, 1, 1.0, 1.0, {}, "eos", "")
+def done(name: str) -> GenerationDone:
+    return GenerationDone(name, [1], name, 1, 1.0, 1.0, {}, "eos", "")
 
 
 async def events(name: str, gaps: list[float], closed: list[str]) -> AsyncIterator[object]:
@@ -32,7 +32,7 @@ async def events(name: str, gaps: list[float], closed: list[str]) -> AsyncIterat
         closed.append(name)
 
 
-def test_together_returns_in_order_and_a_failure_cancels_the_rest() -> None:
+def test_run_concurrently_returns_in_order_and_a_failure_cancels_the_rest() -> None:
     cancelled: list[int] = []
 
     async def job(i: int, delay: float, fail: bool = False) -> int:
@@ -45,19 +45,19 @@ def test_together_returns_in_order_and_a_failure_cancels_the_rest() -> None:
             raise ValueError(f"job {i} failed")
         return i
 
-    assert asyncio.run(together([job(0, 0.02), job(1, 0.0)])) == [0, 1]
+    assert asyncio.run(run_concurrently([job(0, 0.02), job(1, 0.0)])) == [0, 1]
     with pytest.raises(ValueError, match="job 1 failed"):
-        asyncio.run(together([job(0, 1.0), job(1, 0.01, fail=True)]))
+        asyncio.run(run_concurrently([job(0, 1.0), job(1, 0.01, fail=True)]))
     assert cancelled == [0]
 
 
-def test_merged_yields_firsts_then_events_as_they_come() -> None:
+def test_merge_events_yields_firsts_then_events_as_they_come() -> None:
     closed: list[str] = []
 
     async def run() -> list[tuple[int, str]]:
         streams = [events("a", [0.05], closed), events("b", [0.0, 0.0], closed)]
-        seen = [(i, type(m).__name__[8])
-                async for i, m in merged([chunk("a"), chunk("b")], streams)]
+        seen = [(i, type(m).__name__[10])
+                async for i, m in merge_events([chunk("a"), chunk("b")], streams)]
         await close_all(streams)
         return seen
 
@@ -74,7 +74,7 @@ def test_a_merge_left_early_stops_waiting() -> None:
     async def run() -> None:
         streams = [events("a", [10.0], closed), events("b", [10.0], closed)]
         async with asyncio.timeout(2.0):  # (not the choices' 10 s)
-            stream = merged([chunk("a"), chunk("b")], streams)
+            stream = merge_events([chunk("a"), chunk("b")], streams)
             assert [(await anext(stream))[0] for _ in range(2)] == [0, 1]
             with pytest.raises(TimeoutError):  # a client gone while both choices wait
                 await asyncio.wait_for(anext(stream), 0.05)

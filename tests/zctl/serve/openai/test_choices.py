@@ -14,9 +14,10 @@ import pytest
 
 import tests.zctl.serve.test_app as ts
 from tests.zctl.serve.test_app import ASK, Server, greedy_text, metric_values, wait_for
-from zctl.engine.requests import BAD_REQUEST, GenerationRequest
-from zctl.serve.app import ServeSettings, create_app
-from zctl.service.messages import GenerateChunk, GenerateDone, ServiceStats
+from zctl.engine.requests import BAD_REQUEST, GenerationChunk, GenerationDone, GenerationRequest
+from zctl.serve.app import create_app
+from zctl.serve.settings import ServeSettings
+from zctl.service.messages import ServiceStats
 
 IGNORE_EOS = {"zctl": {"ignore_eos": True}}
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
@@ -75,11 +76,11 @@ class RecordingBackend:
         await asyncio.sleep(0.05)
         self.log.append(("answered", choice))
         if self.refuse:
-            yield GenerateDone(gen.request_id, [], "", 5, 0.0, 0.0, stop_reason="error",
+            yield GenerationDone(gen.request_id, [], "", 5, 0.0, 0.0, stop_reason="error",
                                error="bad request: no", error_kind=BAD_REQUEST)
             return
-        yield GenerateChunk(gen.request_id, [1], "a", 1)
-        yield GenerateDone(gen.request_id, [1], "a", 5, 50.0, 20.0, stop_reason="max_tokens")
+        yield GenerationChunk(gen.request_id, [1], "a", 1)
+        yield GenerationDone(gen.request_id, [1], "a", 5, 50.0, 20.0, stop_reason="max_tokens")
 
     async def close(self) -> None:
         pass

@@ -1,0 +1,29 @@
+"""``POST /v1/chat/completions``: a conversation's ``n`` choices (zctl.serve.openai.choices),
+with its tools (zctl.serve.tools) and output format, whole or streamed."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from zctl.serve.context import ServingContext
+from zctl.serve.openai.choices import answer_choices, generations_for
+from zctl.serve.openai.protocol import ChatCompletionRequest
+from zctl.serve.openai.replies import ReplyShape
+
+
+class ChatCompletions:
+    """Chat completions over ``context``."""
+
+    def __init__(self, context: ServingContext) -> None:
+        self.context = context
+
+    async def create(self, body: ChatCompletionRequest, request: Request) -> Response:
+        context = self.context
+        info, request_id, gens = await generations_for(context, body, request)
+        start = time.monotonic()
+        shape = ReplyShape(True, request_id, info.model, body.n, tools=body.tool_plan())
+        return await answer_choices(context, shape, gens, request, start, body.stream,
+                                    body.include_usage)
