@@ -12,6 +12,7 @@ import pytest
 
 from dataplane.head.local_chain import LocalChain
 from tests.zctl.engine.test_scheduler import EXACT, PROMPTS, CountingModel, N, fake_greedy
+from zctl.engine.executor import Step
 from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
 
@@ -100,7 +101,7 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
             pipe.regroup(GROUP_ID_BASE, [99])
         pipe.open(30)
         pipe.reset(30)
-        rid = pipe.submit(30, np.array(PROMPTS[0]), np.arange(len(PROMPTS[0])))
+        rid = pipe.submit(Step(30, np.array(PROMPTS[0]), np.arange(len(PROMPTS[0]))))
         with pytest.raises(DataPlaneError, match="in flight"):
             pipe.regroup(GROUP_ID_BASE, [30])
         pipe.collect(rid)
@@ -148,10 +149,7 @@ def drive_with_kv_losses(chain, session: DecodeSession, lose_at: set[int]) -> li
         if steps in lose_at:
             chain.reset(sid)
             session.restart()
-        plan = session.plan()
-        reply = chain.step(sid, plan.token_ids, plan.positions, plan.logits_idx,
-                           plan.want_logits, mask_tail=plan.rewind)
-        session.advance(reply)
+        session.advance(chain.compute(session.plan()))
         steps += 1
     return session.emitted
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from zctl.engine.drafting import Drafter, LookupDrafter
-from zctl.engine.executor import StepReply
+from zctl.engine.executor import Step, StepReply
 from zctl.engine.sampling import SamplingParams
-from zctl.engine.sessions import DecodeSession, StepPlan
+from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import GenerationStats
 
 DEPTH_MAX = 16  # runs of one stream in flight at most
@@ -227,7 +227,7 @@ class PipelinedSession(DecodeSession):
         return tokens
 
     # -- planning --------------------------------------------------------------------
-    def plan(self) -> StepPlan:
+    def plan(self) -> Step:
         if self.done or self.prefilling:
             return super().plan()
         now = time.perf_counter()
@@ -248,9 +248,10 @@ class PipelinedSession(DecodeSession):
         self.runs.append(Run(start, list(fed), guessed, time.perf_counter()))
         # greedy: the last stage can check a guess against the answer it gave before
         check = guessed if self.sampling is None else None
-        return StepPlan(np.array(fed, dtype=np.int64), np.arange(start, start + len(fed)),
-                        np.arange(len(fed)) if len(fed) > 1 else None, rewind,
-                        self.wants_logits, check)
+        return Step(self.stream_id, np.array(fed, dtype=np.int64),
+                    np.arange(start, start + len(fed)),
+                    np.arange(len(fed)) if len(fed) > 1 else None, self.wants_logits,
+                    mask_tail=rewind, guessed=check)
 
     # -- replies ---------------------------------------------------------------------
     def advance(self, reply: StepReply) -> list[int]:

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from zctl.engine.drafting import Drafter, StageLoad, StepCost
-from zctl.engine.executor import Executor, StepError, StepReply
+from zctl.engine.executor import Executor, Step, StepError, StepReply
 from zctl.engine.pipelined import PipelinedSession
 from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
 from zctl.engine.prefill_planner import PrefillPlanner
@@ -27,7 +27,7 @@ from zctl.engine.prefix_index import PrefixCache, PrefixCacheStats
 from zctl.engine.prefix_scheduling import PrefixScheduling
 from zctl.engine.row_plans import RowsPlan, padded_rows, ragged_rows
 from zctl.engine.sampling import SamplingParams
-from zctl.engine.sessions import DecodeSession, StepPlan
+from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import GenerationStats
 
 
@@ -245,7 +245,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         return units
 
     def _plan(self, unit_id: int, sessions: list[DecodeSession]
-              ) -> tuple[StepPlan, RowsPlan | None]:
+              ) -> tuple[Step, RowsPlan | None]:
         """One session's plan, or a group's rows as one step (ragged on paged stages, else
         padded to one length)."""
         # Several streams on saturated stages: adaptive K drafts nothing (drafts would only
@@ -260,12 +260,13 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         self.row_steps += 1
         self.rows_stepped += len(plans)
         if self.ragged:
-            rows = ragged_rows(plans)
+            rows = ragged_rows(unit_id, plans)
         else:
-            rows = padded_rows(plans, [self._pads.get(s.stream_id, 0) for s in sessions])
+            rows = padded_rows(unit_id, plans,
+                               [self._pads.get(s.stream_id, 0) for s in sessions])
             for session, pad in zip(sessions, rows.pads, strict=True):
                 self._pads[session.stream_id] = pad
-        return rows.plan, rows
+        return rows.step, rows
 
     def _advance(self, sessions: list[DecodeSession], reply: StepReply,
                  answers: list[tuple[int, int]] | None) -> list[SessionUpdate]:
@@ -412,19 +413,15 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
             self._size_prefill(sessions[0])
             past = sessions[0].prefill_position
         fused = unit_id in self._groups and any(s.prefilling for s in sessions)
-        plan, rows = self._plan(unit_id, sessions)
-        ragged = {} if rows is None or rows.row_tokens is None else {"row_tokens": rows.row_tokens}
-        if plan.guessed is not None and rows is None:
-            ragged["guessed"] = plan.guessed
+        step, rows = self._plan(unit_id, sessions)
         try:
-            rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions, plan.logits_idx,
-                                       plan.want_logits, mask_tail=plan.rewind, **ragged)
+            rid = self.pipeline.submit(step)
         except Exception as exc:  # noqa: BLE001
             updates += self._fail(sessions, exc)
             return False
         self._in_flight[rid] = list(sessions)
         if prefill:
-            self.prefill.submitted(rid, [(int(plan.token_ids.size), past)])
+            self.prefill.submitted(rid, [(int(step.token_ids.size), past)])
         elif fused and rows is not None:  # a prompt's chunk rode in the group's step
             shapes = rows.shapes()
             prompt_tokens = sum(tokens for s, (tokens, _) in zip(sessions, shapes, strict=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,7 +36,7 @@ from zctl.engine.drafting import (
     fit_step_cost,
     width_changes,
 )
-from zctl.engine.executor import StepReply
+from zctl.engine.executor import Step, StepReply
 from zctl.engine.hindsight import DraftHindsight, best_fixed_k
 from zctl.engine.payloads import Want, payload_for
 from zctl.engine.prefill import MAX_CHUNK
@@ -72,18 +71,6 @@ def last_row(reply: StepReply) -> StepReply:
 def should_stop(token: int, produced: int, max_new_tokens: int, stop_ids: frozenset[int]) -> bool:
     return token in stop_ids or produced >= max_new_tokens
 
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What a session feeds in its next step."""
-
-    token_ids: np.ndarray
-    positions: np.ndarray
-    logits_idx: np.ndarray | None  # None: only the last position
-    rewind: int | np.ndarray  # rejected slots of the previous step (per row for a group)
-    want_logits: Want = False  # sampling and logprobs need logits (zctl.engine.payloads)
-    guessed: bool | None = None  # a pipelined greedy run: its tokens are (not) a guess
 
 
 class DecodeSession:
@@ -265,8 +252,9 @@ class DecodeSession:
             self._replay = np.asarray(self.history[:self._position], dtype=np.int64)
 
     # -- planning --------------------------------------------------------------------
-    def plan(self) -> StepPlan:
-        """The next step to run (prefill chunk, or last token + drafts)."""
+    def plan(self) -> Step:
+        """The next step to run (prefill chunk, or last token + drafts; its ``mask_tail``
+        the previous step's rejected slots)."""
         if self.done:
             raise RuntimeError(f"stream {self.stream_id}'s generation is over")
         now = time.perf_counter()
@@ -292,10 +280,9 @@ class DecodeSession:
         self._planned_at = time.perf_counter()  # the step's cost excludes drafting
         fed = len(draft) + 1 + len(self._forced)
         token = self.emitted[-1]
-        return StepPlan(np.array([token, *draft, *self._forced], dtype=np.int64),
-                        np.arange(self._position, self._position + fed),
-                        np.arange(fed) if draft else None, self._rewind,
-                        self.wants_logits)
+        return Step(self.stream_id, np.array([token, *draft, *self._forced], dtype=np.int64),
+                    np.arange(self._position, self._position + fed),
+                    np.arange(fed) if draft else None, self.wants_logits, self._rewind)
 
     def _forced_tokens(self) -> list[int]:
         """The tokens the grammar allows alone after the last one (jump-forward: they are
@@ -306,7 +293,7 @@ class DecodeSession:
             return []
         return self.constraint.forced()[:room]
 
-    def _plan_prefill(self, now: float) -> StepPlan:
+    def _plan_prefill(self, now: float) -> Step:
         """The next ``prefill_chunk`` tokens of the prompt (or of the replay)."""
         if not self.can_plan_ahead:
             raise RuntimeError(f"stream {self.stream_id}'s prefill is planned to its end: "
@@ -317,13 +304,14 @@ class DecodeSession:
         self._planned_to = hi
         self._chunk_ends.append(hi)
         if self._replay is not None:  # after a restart: the answer is known already
-            return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0)
+            return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi))
         if lo == self.cached_tokens:
             self._started_at = now
         if self.prompt_logprobs is not None:  # every position's logits, exactly
-            return StepPlan(tokens[lo:hi], np.arange(lo, hi), np.arange(hi - lo), 0, True)
-        return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0,
-                        hi == tokens.size and self.wants_logits)
+            return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi), np.arange(hi - lo),
+                        True)
+        return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi), None,
+                    hi == tokens.size and self.wants_logits)
 
     def choose_k(self) -> int:
         """This step's draft length: ``k``, or under the cost model the hindsight K (or

@@ -199,10 +199,10 @@ class _Counting:
     def __getattr__(self, name):
         return getattr(self.pipe, name)
 
-    def submit(self, stream_id, *args, **kwargs):
-        rid = self.pipe.submit(stream_id, *args, **kwargs)
-        self.in_flight[rid] = stream_id
-        self.most = max(self.most, list(self.in_flight.values()).count(stream_id))
+    def submit(self, step):
+        rid = self.pipe.submit(step)
+        self.in_flight[rid] = step.stream_id
+        self.most = max(self.most, list(self.in_flight.values()).count(step.stream_id))
         return rid
 
     def collect_any(self, timeout_s=None):
@@ -272,12 +272,12 @@ class _RowSteps:
     def __getattr__(self, name):
         return getattr(self.pipe, name)
 
-    def submit(self, stream_id, *args, row_tokens=None, **kwargs):
-        if row_tokens is not None:
-            self.ragged.append(list(row_tokens))
+    def submit(self, step):
+        if step.row_tokens is not None:
+            self.ragged.append(list(step.row_tokens))
         else:
-            self.alone.append(stream_id)
-        return self.pipe.submit(stream_id, *args, row_tokens=row_tokens, **kwargs)
+            self.alone.append(step.stream_id)
+        return self.pipe.submit(step)
 
 
 def test_a_prompt_beside_decoding_streams_rides_in_their_steps_on_paged_stages(dp_export2):
@@ -319,10 +319,11 @@ class _CostedSteps(_RowSteps):
         self.members, self.prefilling = (lambda group_id: []), (lambda: False)
         self.chunks, self._chunk = [], {}
 
-    def submit(self, stream_id, *args, row_tokens=None, **kwargs):
-        rid = super().submit(stream_id, *args, row_tokens=row_tokens, **kwargs)
-        if row_tokens is not None and self.prefilling():
-            rows = dict(zip(self.members(stream_id), (int(t) for t in row_tokens), strict=True))
+    def submit(self, step):
+        rid = super().submit(step)
+        if step.row_tokens is not None and self.prefilling():
+            rows = dict(zip(self.members(step.stream_id), (int(t) for t in step.row_tokens),
+                            strict=True))
             self._chunk[rid] = rows.get(self.prompt_id, 0)
         return rid
 
