@@ -116,11 +116,14 @@ class Executor(Protocol):
     entry to the stream instead of copying it); ``drop_prefix`` / ``drop_all_prefixes``
     free entries; ``prefix_bytes`` is what the entries of the stages run in this process
     hold (stage index -> bytes). Elsewhere saves and loads raise PrefixCacheUnsupported.
+    ``wirings`` counts the times the stages were rewired or abandoned: when it has moved,
+    the later stages may have lost their prefix entries.
     """
 
     num_stages: int
     overlaps_steps: bool
     paged_attention: bool  # the stages keep KV in blocks (a past costs a prefill step little)
+    wirings: int
 
     @property
     def row_groups_supported(self) -> bool: ...
@@ -159,6 +162,7 @@ class InlineExecutor:
     overlaps_steps = False  # a step is computed whole when it is submitted
     paged_attention = False
     prefix_cache_supported = False  # one that keeps prefix entries says so
+    wirings = 0  # every stage runs here: never rewired
 
     def __init__(self) -> None:
         self._request_ids = itertools.count(1)

@@ -144,7 +144,7 @@ class PipelinedSession(DecodeSession):
                  stats: GenerationStats | None = None, sampling: SamplingParams | None = None,
                  top_logprobs: int | None = None, logits_payload: str = "auto") -> None:
         drafter = drafter if drafter is not None else LookupDrafter()
-        if not getattr(drafter, "replayable", False):
+        if not drafter.replayable:
             raise ValueError("pipelined speculation drafts ahead of the answers: it needs a "
                              "drafter whose draft depends on the history alone (lookup)")
         if (width is not None and width < 0) or (depth is not None and not 1 <= depth <= DEPTH_MAX):

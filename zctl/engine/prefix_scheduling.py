@@ -46,7 +46,7 @@ class PrefixScheduling:
         if cache is None or session.restarts or session.prefill_position or \
                 session.prompt_logprobs is not None:  # (its prompt is scored: all of it runs)
             return
-        wirings = getattr(self.pipeline, "wirings", 0)
+        wirings = self.pipeline.wirings
         if wirings != self._wirings:  # rewired or abandoned: later stages lost their entries
             self._wirings = wirings
             self._clear_prefixes()

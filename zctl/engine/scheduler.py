@@ -94,14 +94,14 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
         self.load = StageLoad(shared_cores=shared_cores)
-        paged = bool(getattr(pipeline, "paged_attention", False))
+        paged = pipeline.paged_attention
         # paged stages step a group's rows ragged: a prompt's chunks ride in its decode steps
         self.ragged = paged and bool(self._groups)
         self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR)
-        self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
+        self.overlaps = pipeline.overlaps_steps
         self.cache: PrefixCache | None = None
-        self._wirings = getattr(pipeline, "wirings", 0)
-        if prefix_cache_tokens > 0 and getattr(pipeline, "prefix_cache_supported", False):
+        self._wirings = pipeline.wirings
+        if prefix_cache_tokens > 0 and pipeline.prefix_cache_supported:
             self.cache = PrefixCache(prefix_cache_tokens, stats=prefix_stats)
             self._clear_prefixes()  # a fresh index: what the stages hold is nobody's
 

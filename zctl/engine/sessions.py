@@ -160,7 +160,7 @@ class DecodeSession:
         # adaptive K over a drafter that can be replayed: measured match lengths at every
         # position (zctl.engine.hindsight), and no probes
         self._hindsight = (DraftHindsight(self.drafter, k)
-                           if self.auto_k and k > 0 and getattr(self.drafter, "replayable", False)
+                           if self.auto_k and k > 0 and self.drafter.replayable
                            else None)
         self._last_cost: StepCost | None = None  # the latest cost fit the steps identified
         self._planned_at = 0.0

@@ -114,6 +114,8 @@ class ScriptedDrafter:
     spoiled index cycling 0..k, so every accept count (none, some, all + bonus) and every
     rewind length 0..k occurs. It also checks the history it is given."""
 
+    replayable = False
+
     def __init__(self, prompt: list[int], greedy: list[int], check: bool = True) -> None:
         self.full, self.check, self.calls, self.counts = prompt + greedy, check, 0, []
 

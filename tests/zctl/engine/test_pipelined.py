@@ -190,6 +190,8 @@ def test_several_busy_streams_turn_it_off() -> None:
 
 def test_the_drafter_must_be_replayable() -> None:
     class Stateful:
+        replayable = False
+
         def propose(self, history, k):
             return []
 

@@ -99,8 +99,10 @@ def test_session_stops_on_stop_token_and_budget() -> None:
 
 
 class UnreplayableDrafter:
-    """A drafter adaptive K cannot replay (as a draft model): lookup drafts, no
+    """A drafter adaptive K cannot replay (as a draft model): lookup drafts, not
     ``replayable``."""
+
+    replayable = False
 
     def propose(self, history, k):
         return LookupDrafter().propose(history, k)
@@ -359,6 +361,8 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets_the_gap() -> None:
     from zctl.engine.sessions import PROBE_EVERY
 
     class OneAhead:  # always proposes one token: the last token + 1
+        replayable = False
+
         def propose(self, history, k):
             return [history[-1] + 1]
 
