@@ -27,7 +27,7 @@ from zctl.engine.admission import DrafterLoader, SessionLimits, new_session
 from zctl.engine.constraints import GrammarCompiler, GrammarQueue
 from zctl.engine.executor import Executor
 from zctl.engine.outcomes import PipelineDown, error_kind, session_tokens, spec_summary, stop_reason
-from zctl.engine.prefix_index import PrefixCacheStats
+from zctl.engine.prefix_index import PrefixIndexStats
 from zctl.engine.requests import (
     BAD_REQUEST,
     DEFAULT_MAX_STREAMS,
@@ -107,7 +107,7 @@ class GenerationEngine:
         # waits (cached prefixes are evicted first), one that could never fit is refused.
         self.kv_budget_tokens = kv_budget_tokens
         self.prefix_cache_tokens = prefix_cache_tokens  # 0: no prefix cache
-        self.prefix_stats = PrefixCacheStats()
+        self.prefix_stats = PrefixIndexStats()
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0,
                          "structured": 0}  # structured: generations held to a grammar
         self._finished_tokens: Counter[str] = Counter()  # session_tokens of finished ones
@@ -156,7 +156,7 @@ class GenerationEngine:
         """The prefix cache's figures: lookups, hits, prompt tokens saved, evictions (all
         cumulative) and the tokens cached now."""
         stats, sched = self.prefix_stats, self._scheduler
-        cached = sched.cache.tokens if sched is not None and sched.cache is not None else 0
+        cached = sched.prefixes.cached_tokens if sched is not None else 0
         return {"prefix_lookups": stats.lookups, "prefix_hits": stats.hits,
                 "prefix_tokens_saved": stats.tokens_saved,
                 "prefix_evictions": stats.evictions, "prefix_cached_tokens": cached}
@@ -292,7 +292,7 @@ class GenerationEngine:
         if session.kv_tokens > free:
             return False
         if self._scheduler is not None:
-            self._scheduler.evict_prefixes(free - session.kv_tokens)
+            self._scheduler.prefixes.evict(free - session.kv_tokens)
         return True
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:

@@ -12,6 +12,7 @@ a group is scheduled like one stream. ``run_session``, ``generate_greedy`` and
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -22,14 +23,14 @@ from zctl.engine.executor import Executor, Step, StepError, StepReply
 from zctl.engine.pipelined import PipelinedSession
 from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
 from zctl.engine.prefill_planner import PrefillPlanner
-from zctl.engine.prefill_scheduling import PrefillScheduling
-from zctl.engine.prefix_index import PrefixCache, PrefixCacheStats
-from zctl.engine.prefix_scheduling import PrefixScheduling
+from zctl.engine.prefix_cache_manager import PrefixCacheManager
+from zctl.engine.prefix_index import PrefixIndexStats
 from zctl.engine.row_plans import RowsPlan, padded_rows, ragged_rows
 from zctl.engine.sampling import SamplingParams
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import GenerationStats
 
+log = logging.getLogger("zctl.engine.scheduler")
 
 @dataclass
 class SessionUpdate:
@@ -42,7 +43,7 @@ class SessionUpdate:
 GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
 
 
-class StreamScheduler(PrefixScheduling, PrefillScheduling):
+class StreamScheduler:
     """Steps many sessions on one pipeline: the coordinator's generation loop.
 
     With ``row_groups`` > 0 (on stages that support row groups), sessions join one of
@@ -60,7 +61,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
     is left as asked.
 
     A prompt is prefilled in chunks sized from the stages' measured step costs
-    (``zctl.engine.prefill``; the figures are kept by ``zctl.engine.prefill_planner``): alone, the
+    (``zctl.engine.prefill``; the scheduler's ``PrefillPlanner`` keeps the figures): alone, the
     chunking that gives its first token soonest, its chunks following each other through
     the stages without waiting for answers (on an executor whose ``overlaps_steps``);
     beside streams that are decoding, chunks that add a share of one of their steps,
@@ -68,14 +69,14 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
     between them (stateful). With ``prefix_cache_tokens`` > 0 (on stages that support
     it), a finished stream's KV stays on the stages as a prefix entry and a running
     stream's prompt is a source: a new prompt starting with either's tokens loads that KV
-    and prefills only the rest
-    (``zctl.engine.prefix_index``).
+    and prefills only the rest (the scheduler's ``PrefixCacheManager``); a session whose
+    cached prefix failed to load on a later stage is prefilled in full.
 
     Not thread-safe (nor are the pipelines): drive it from one thread.
     """
 
     def __init__(self, pipeline: Executor, row_groups: int = 0, shared_cores: bool = False,
-                 prefix_cache_tokens: int = 0, prefix_stats: PrefixCacheStats | None = None
+                 prefix_cache_tokens: int = 0, prefix_stats: PrefixIndexStats | None = None
                  ) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
@@ -97,13 +98,10 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         paged = pipeline.paged_attention
         # paged stages step a group's rows ragged: a prompt's chunks ride in its decode steps
         self.ragged = paged and bool(self._groups)
-        self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR)
         self.overlaps = pipeline.overlaps_steps
-        self.cache: PrefixCache | None = None
-        self._wirings = pipeline.wirings
-        if prefix_cache_tokens > 0 and pipeline.prefix_cache_supported:
-            self.cache = PrefixCache(prefix_cache_tokens, stats=prefix_stats)
-            self._clear_prefixes()  # a fresh index: what the stages hold is nobody's
+        self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR,
+                                      pipeline.num_stages, self.overlaps, shared_cores)
+        self.prefixes = PrefixCacheManager(pipeline, prefix_cache_tokens, prefix_stats)
 
     @property
     def active(self) -> bool:
@@ -118,7 +116,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         self.pipeline.reset(session.stream_id)
         if not session.done:
             self.sessions[session.stream_id] = session
-            self._load_cached_prefix(session, self._min_prefix_hit(session))
+            self.prefixes.load(session, fused=self.ragged and self._others_decoding(session))
 
     def cancel(self, stream_id: int) -> None:
         """Stop a session: its step in flight is abandoned and its KV slots are freed on
@@ -127,8 +125,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         session = self.sessions.pop(stream_id, None)
         if session is None:
             return
-        if self.cache is not None:
-            self.cache.untrack_live(stream_id)
+        self.prefixes.untrack(stream_id)
         self._pads.pop(stream_id, None)
         if self._group_of.pop(stream_id, None) is not None:
             for members in self._groups.values():
@@ -160,7 +157,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         grouped = session.stream_id in self._group_of
         in_flight = any(session in s for s in self._in_flight.values())
         if not in_flight:
-            self._save_prefix(session, alone=not grouped)
+            self.prefixes.save(session, alone=not grouped)
         self._leave_group(session)
         if not grouped and not in_flight:
             try:
@@ -293,8 +290,8 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
             updates.append(SessionUpdate(session, emitted))
             if isinstance(session, PipelinedSession):
                 updates += self._cancel_runs(session)
-            if prefilling and not session.prefilling and self.cache is not None:
-                self.cache.track_live(session.stream_id, session.prompt)
+            if prefilling and not session.prefilling:
+                self.prefixes.track(session)
         return updates
 
     def _cancel_runs(self, session: PipelinedSession) -> list[SessionUpdate]:
@@ -324,6 +321,68 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
             del self._in_flight[rid]
             self.prefill.forget_step(rid)
         return [SessionUpdate(s, []) for s in sessions]
+
+    def _prefill_again(self, session: DecodeSession) -> bool:
+        """Restart a session whose cached prefix may be what failed, from no cache."""
+        if not session.cached_tokens or session.emitted or session.done:
+            return False
+        log.warning("stream %s: a step after loading its cached prefix failed; prefilling "
+                    "its whole prompt (the prefix cache starts empty)", session.stream_id)
+        for rid in [r for r, ss in self._in_flight.items() if session in ss]:
+            del self._in_flight[rid]
+            self.prefill.forget_step(rid)
+        self.prefixes.clear()
+        try:
+            self.pipeline.reset(session.stream_id)
+        except Exception:  # noqa: BLE001 - the executor is broken: fail it after all
+            return False
+        session.restart()
+        return True
+
+    # -- prompts ----------------------------------------------------------------------
+    def _prefilling(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
+        """Whether the unit's next step is a prefill step (a stream alone, in its prompt)."""
+        return unit_id not in self._groups and sessions[0].prefilling
+
+    def _others_decoding(self, session: DecodeSession) -> bool:
+        return any(s is not session and not s.prefilling and not s.done
+                   for s in self.sessions.values())
+
+    def _may_plan_ahead(self, unit_id: int, sessions: list[DecodeSession],
+                        busy: Counter[int]) -> bool:
+        """Whether a unit with steps in flight may submit another: a pipelined session's
+        run ahead, or a lone prompt's next chunk (``PrefillPlanner.depth`` in flight)."""
+        session = sessions[0]
+        if isinstance(session, PipelinedSession) and unit_id not in self._groups:
+            # Pipelined speculation where steps overlap on stages of their own cores, unless
+            # several streams already keep the stages busy (then each runs one step at a
+            # time, or in a row group). Where the stages share cores, a guessed run takes
+            # them from the run it guesses after: one step at a time there too.
+            alone = len(self.sessions) == 1 or not self.load.saturated()
+            own_cores = self.overlaps and not self.load.shared_cores
+            session.depth_cap = None if own_cores and alone else 1
+            if not session.prefilling:
+                return session.stream_id in self.sessions and session.can_run_ahead
+        if not self._prefilling(unit_id, sessions):
+            return False
+        return (session.stream_id in self.sessions and session.can_plan_ahead
+                and busy[id(session)] < self.prefill.depth(self._others_decoding(session)))
+
+    def _size_prefill(self, session: DecodeSession) -> None:
+        """Set the session's next prefill chunk from the measured step costs."""
+        session.prefill_chunk = self.prefill.chunk(session, self._others_decoding(session))
+
+    def _size_fused(self, group_id: int, prompts: list[DecodeSession]) -> None:
+        """Set the chunks of the prompts riding in a group's step: beside streams that are
+        decoding, the group's measured allowance of prompt tokens (split-fuse held to a
+        budget); else each as a prompt alone."""
+        if prompts and self._others_decoding(prompts[0]):
+            chunks = self.prefill.fused_chunks(group_id, prompts)
+            for session, chunk in zip(prompts, chunks, strict=True):
+                session.prefill_chunk = chunk
+            return
+        for session in prompts:
+            self._size_prefill(session)
 
     # -- driving the executor ---------------------------------------------------------
     def _poll_executor(self, timeout_s: float | None) -> list[SessionUpdate]:
@@ -384,7 +443,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         """Submit the next step of every unit with nothing in flight (``settled_only``:
         and ``_settled``; ``decode_only``: no prefill steps, whose stage-0 compute would
         hold back the updates the caller is about to deliver), and further chunks of a
-        prefill while ``_prefill_depth`` allows; the failures."""
+        prefill while ``PrefillPlanner.depth`` allows; the failures."""
         updates: list[SessionUpdate] = []
         busy = self._busy()
         stepping = set(self._group_steps.values())

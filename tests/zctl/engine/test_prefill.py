@@ -386,8 +386,8 @@ def test_a_short_cached_prefix_is_not_loaded_beside_decoding_streams(dp_export2)
     first = DecodeSession(0, [0, *range(40, 60)], 4)  # leaves a 24-token entry
     list(run_sessions_on(scheduler, [first]))
     follow = [*first.prompt, *first.emitted, *range(100, 200)]
-    assert scheduler.cache is not None
-    hits = scheduler.cache.stats.hits
+    assert scheduler.prefixes.index is not None
+    hits = scheduler.prefixes.index.stats.hits
     decoders = [DecodeSession(1, [0, 5, 6, 7], 30), DecodeSession(2, [0, 9, 10, 11], 30)]
     for s in decoders:
         scheduler.add(s)
@@ -397,10 +397,10 @@ def test_a_short_cached_prefix_is_not_loaded_beside_decoding_streams(dp_export2)
     late = DecodeSession(3, follow, 4)
     scheduler.add(late)
     list(run_sessions_on(scheduler, []))
-    assert scheduler.cache.stats.hits == hits and 3 not in paged.alone
+    assert scheduler.prefixes.index.stats.hits == hits and 3 not in paged.alone
     alone = DecodeSession(4, follow, 4)  # nothing decoding now: the entry is worth loading
     list(run_sessions_on(scheduler, [alone]))
-    assert scheduler.cache.stats.hits == hits + 1
+    assert scheduler.prefixes.index.stats.hits == hits + 1
     assert alone.emitted == late.emitted
 
 
