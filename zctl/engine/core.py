@@ -228,7 +228,7 @@ class GenerationEngine:
         problem = self._problem()
         if problem is not None:
             return problem
-        if self._scheduler is not None and self.get_executor() is not self._scheduler.pipeline:
+        if self._scheduler is not None and self.get_executor() is not self._scheduler.executor:
             return "the pipeline was re-wired"
         return None
 
@@ -253,7 +253,7 @@ class GenerationEngine:
             if problem is not None:
                 self._refuse(client, req, f"the pipeline cannot serve now: {problem}", UNAVAILABLE)
                 continue
-            if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not executor):
+            if self._scheduler is None or (not self._jobs and self._scheduler.executor is not executor):
                 self._scheduler = self._new_scheduler(executor)
             if not self._jobs:  # a new busy period: fresh per-stage figures
                 executor.clear_timings()
@@ -353,7 +353,7 @@ class GenerationEngine:
     def _pause(self, problem: str, now: float) -> None:
         """Drop every step in flight (the data plane forgets them) and hold the sessions."""
         if self._scheduler is not None:  # the resumed sessions get a fresh schedule
-            self._scheduler.pipeline.abandon_all(f"the pipeline went down: {problem}")
+            self._scheduler.executor.abandon_all(f"the pipeline went down: {problem}")
             self._scheduler = None
         if self.resume_timeout_s <= 0:
             self._fail_all(PipelineDown(problem))
@@ -468,7 +468,7 @@ class GenerationEngine:
         (between steps: every stream's chunk shares one summary) unless ``fresh``."""
         at, summary = self._timing
         if fresh or now - at >= TIMING_REFRESH_S:
-            summary = self._scheduler.pipeline.timing_summary() if self._scheduler else {}
+            summary = self._scheduler.executor.timing_summary() if self._scheduler else {}
             self._timing = (now, summary)
         return summary
 

@@ -83,7 +83,7 @@ class PrefixCacheUnsupported(RuntimeError):
 
 
 class Executor(Protocol):
-    """What the engine needs of a pipeline of stages.
+    """What the engine needs of whatever runs the stages.
 
     Streams are opened and reset (a reset forgets the stream's KV on every stage) before
     their first step; ``close_stream`` frees a finished stream's KV slots on every stage.

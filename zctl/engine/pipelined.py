@@ -1,4 +1,4 @@
-"""Pipelined speculation: one stream keeps every stage busy (pure: no pipeline, no sockets).
+"""Pipelined speculation: one stream keeps every stage busy (pure: no executor, no sockets).
 
 With one stream, a pipeline of N stages leaves each stage idle (N-1)/N of the time: stage 0
 waits for the last stage's answer before it can feed the next token. A

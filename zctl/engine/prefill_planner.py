@@ -83,7 +83,7 @@ class PrefillPlanner:
             chunks.append(min(chunk, session.max_prefill_chunk))
         return chunks
 
-    def submitted(self, request_id: int, rows: list[tuple[int, int]],
+    def note_step(self, request_id: int, rows: list[tuple[int, int]],
                   group: tuple[int, int] | None = None) -> None:
         """A step carrying a prompt's chunk went out: its rows' (tokens, past), and for a
         decoding group's step (group id, the prompt tokens it carried)."""
@@ -91,7 +91,7 @@ class PrefillPlanner:
         if group is not None:
             self._fused[request_id] = group
 
-    def answered(self, request_id: int, stage_ms: Sequence[float]) -> None:
+    def note_answer(self, request_id: int, stage_ms: Sequence[float]) -> None:
         """A step's answer came back, with each stage's compute."""
         busiest = max(stage_ms, default=0.0)
         rows = self._steps.pop(request_id, None)

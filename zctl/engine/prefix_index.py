@@ -1,4 +1,4 @@
-"""The prefix cache's index (pure: no pipeline): which token prefixes the stages hold KV for.
+"""The prefix cache's index (pure: no executor): which token prefixes the stages hold KV for.
 
 A finished stream's KV (its prompt and answer) is kept on every stage as a *prefix entry*;
 a running stream's prompt is a *live* source. A new prompt that starts with tokens of

@@ -44,7 +44,7 @@ GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
 
 
 class StreamScheduler:
-    """Steps many sessions on one pipeline: the coordinator's generation loop.
+    """Steps many sessions on one executor: the coordinator's generation loop.
 
     With ``row_groups`` > 0 (on stages that support row groups), sessions join one of
     that many row groups once their prompt is in: a group steps all its members in one
@@ -72,18 +72,18 @@ class StreamScheduler:
     and prefills only the rest (the scheduler's ``PrefixCacheManager``); a session whose
     cached prefix failed to load on a later stage is prefilled in full.
 
-    Not thread-safe (nor are the pipelines): drive it from one thread.
+    Not thread-safe (nor are the executors): drive it from one thread.
     """
 
-    def __init__(self, pipeline: Executor, row_groups: int = 0, shared_cores: bool = False,
+    def __init__(self, executor: Executor, row_groups: int = 0, shared_cores: bool = False,
                  prefix_cache_tokens: int = 0, prefix_stats: PrefixIndexStats | None = None
                  ) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
-        self.pipeline = pipeline
+        self.executor = executor
         self.sessions: dict[int, DecodeSession] = {}  # active, by stream id
         self._in_flight: dict[int, list[DecodeSession]] = {}  # request id -> its sessions
-        batching = row_groups and pipeline.row_groups_supported
+        batching = row_groups and executor.row_groups_supported
         self._groups: dict[int, list[DecodeSession]] = {
             GROUP_ID_BASE + i: [] for i in range(row_groups if batching else 0)}
         self._formed: dict[int, list[int]] = {gid: [] for gid in self._groups}  # on the stages
@@ -95,13 +95,13 @@ class StreamScheduler:
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
         self.load = StageLoad(shared_cores=shared_cores)
-        paged = pipeline.paged_attention
+        paged = executor.paged_attention
         # paged stages step a group's rows ragged: a prompt's chunks ride in its decode steps
         self.ragged = paged and bool(self._groups)
-        self.overlaps = pipeline.overlaps_steps
+        self.overlaps = executor.overlaps_steps
         self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR,
-                                      pipeline.num_stages, self.overlaps, shared_cores)
-        self.prefixes = PrefixCacheManager(pipeline, prefix_cache_tokens, prefix_stats)
+                                      executor.num_stages, self.overlaps, shared_cores)
+        self.prefixes = PrefixCacheManager(executor, prefix_cache_tokens, prefix_stats)
 
     @property
     def active(self) -> bool:
@@ -112,11 +112,11 @@ class StreamScheduler:
         if session.stream_id in self.sessions or session.stream_id >= GROUP_ID_BASE:
             raise ValueError(f"stream {session.stream_id} is already generating, or its id is "
                              f"in the row groups' range (>= {GROUP_ID_BASE})")
-        self.pipeline.open(session.stream_id)
-        self.pipeline.reset(session.stream_id)
+        self.executor.open(session.stream_id)
+        self.executor.reset(session.stream_id)
         if not session.done:
             self.sessions[session.stream_id] = session
-            self.prefixes.load(session, fused=self.ragged and self._others_decoding(session))
+            self.prefixes.load(session, fused=self.ragged and self._beside_decoders(session))
 
     def cancel(self, stream_id: int) -> None:
         """Stop a session: its step in flight is abandoned and its KV slots are freed on
@@ -135,7 +135,7 @@ class StreamScheduler:
         for rid in [r for r, s in self._in_flight.items() if s == [session]]:
             del self._in_flight[rid]
             self.prefill.forget_step(rid)
-        self.pipeline.close_stream(stream_id)
+        self.executor.close_stream(stream_id)
 
     def poll(self, timeout_s: float | None = None) -> list[SessionUpdate]:
         """Advance: start a step for every idle session or group, then take one answer (or
@@ -161,8 +161,8 @@ class StreamScheduler:
         self._leave_group(session)
         if not grouped and not in_flight:
             try:
-                self.pipeline.close_stream(session.stream_id)
-            except Exception:  # noqa: BLE001 - a broken pipeline: the next reset starts over
+                self.executor.close_stream(session.stream_id)
+            except Exception:  # noqa: BLE001 - a broken executor: the next reset starts over
                 pass
 
     # -- row groups ------------------------------------------------------------------
@@ -192,8 +192,8 @@ class StreamScheduler:
         prompt, whose chunks pipeline through the stages instead."""
         if not self._groups or session.done:
             return False
-        if session.prefilling and not (self.ragged and self._others_decoding(session)
-                                       and not self._loaded_unchecked(session)):
+        if session.prefilling and not (self.ragged and self._beside_decoders(session)
+                                       and not self._prefix_unchecked(session)):
             return False
         if self._group_of:
             return True
@@ -202,7 +202,7 @@ class StreamScheduler:
         return len(active) >= 2 and any(not s.prefilling for s in active)
 
     @staticmethod
-    def _loaded_unchecked(session: DecodeSession) -> bool:
+    def _prefix_unchecked(session: DecodeSession) -> bool:
         """A prompt that started from a cached prefix and has not stepped since: its first
         chunk steps alone, so a stage that lacks the entry fails that step, not a group's."""
         return bool(session.cached_tokens) and session.prefill_position == session.cached_tokens
@@ -222,7 +222,7 @@ class StreamScheduler:
             if gid in in_flight or wanted == self._formed[gid]:
                 continue
             try:
-                self.pipeline.regroup(gid, wanted)
+                self.executor.regroup(gid, wanted)
             except Exception as exc:  # noqa: BLE001 - the members carry it to their callers
                 self._formed[gid] = []
                 for session in members:
@@ -304,7 +304,7 @@ class StreamScheduler:
         for rid in rids:
             del self._in_flight[rid]
         try:
-            self.pipeline.cancel(session.stream_id, rids, cancel.keep)
+            self.executor.cancel(session.stream_id, rids, cancel.keep)
         except Exception as exc:  # noqa: BLE001 - the stream's KV is unknown now
             return self._fail([session], exc)
         return []
@@ -333,18 +333,19 @@ class StreamScheduler:
             self.prefill.forget_step(rid)
         self.prefixes.clear()
         try:
-            self.pipeline.reset(session.stream_id)
+            self.executor.reset(session.stream_id)
         except Exception:  # noqa: BLE001 - the executor is broken: fail it after all
             return False
         session.restart()
         return True
 
     # -- prompts ----------------------------------------------------------------------
-    def _prefilling(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
+    def _is_prefill_step(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
         """Whether the unit's next step is a prefill step (a stream alone, in its prompt)."""
         return unit_id not in self._groups and sessions[0].prefilling
 
-    def _others_decoding(self, session: DecodeSession) -> bool:
+    def _beside_decoders(self, session: DecodeSession) -> bool:
+        """Whether streams other than ``session`` are decoding."""
         return any(s is not session and not s.prefilling and not s.done
                    for s in self.sessions.values())
 
@@ -363,20 +364,20 @@ class StreamScheduler:
             session.depth_cap = None if own_cores and alone else 1
             if not session.prefilling:
                 return session.stream_id in self.sessions and session.can_run_ahead
-        if not self._prefilling(unit_id, sessions):
+        if not self._is_prefill_step(unit_id, sessions):
             return False
         return (session.stream_id in self.sessions and session.can_plan_ahead
-                and busy[id(session)] < self.prefill.depth(self._others_decoding(session)))
+                and busy[id(session)] < self.prefill.depth(self._beside_decoders(session)))
 
     def _size_prefill(self, session: DecodeSession) -> None:
         """Set the session's next prefill chunk from the measured step costs."""
-        session.prefill_chunk = self.prefill.chunk(session, self._others_decoding(session))
+        session.prefill_chunk = self.prefill.chunk(session, self._beside_decoders(session))
 
     def _size_fused(self, group_id: int, prompts: list[DecodeSession]) -> None:
         """Set the chunks of the prompts riding in a group's step: beside streams that are
         decoding, the group's measured allowance of prompt tokens (split-fuse held to a
         budget); else each as a prompt alone."""
-        if prompts and self._others_decoding(prompts[0]):
+        if prompts and self._beside_decoders(prompts[0]):
             chunks = self.prefill.fused_chunks(group_id, prompts)
             for session, chunk in zip(prompts, chunks, strict=True):
                 session.prefill_chunk = chunk
@@ -388,15 +389,15 @@ class StreamScheduler:
     def _poll_executor(self, timeout_s: float | None) -> list[SessionUpdate]:
         """Submit every ready unit, collect one reply, advance its sessions and submit
         their next steps before returning (where nothing is about to change: see
-        ``_settled``): the caller's work on the updates (streaming text to clients) then
+        ``_is_settled``): the caller's work on the updates (streaming text to clients) then
         overlaps the steps in flight instead of delaying them. A lone stream's first token
         is the exception (``_first_token_alone``): it goes to its client first."""
-        pipe = self.pipeline
+        executor = self.executor
         updates = self._submit_ready()
         if not self._in_flight:
             return updates
         try:
-            reply = pipe.collect_any(timeout_s)
+            reply = executor.collect_any(timeout_s)
         except Exception as exc:  # noqa: BLE001 - a failed or expired request
             rid = exc.request_id if isinstance(exc, StepError) else 0
             failed = self._in_flight.pop(rid, None)
@@ -416,7 +417,7 @@ class StreamScheduler:
         sessions = self._in_flight.pop(reply.request_id, None)
         group = self._group_steps.pop(reply.request_id, None)
         answers = self._row_answers.pop(reply.request_id, None)
-        self.prefill.answered(reply.request_id, reply.stage_ms)
+        self.prefill.note_answer(reply.request_id, reply.stage_ms)
         if sessions is not None:
             advanced = self._advance(sessions, reply, answers)
             updates += advanced
@@ -424,36 +425,36 @@ class StreamScheduler:
                 updates += self._submit_ready(settled_only=True, decode_only=True)
         return updates
 
-    def _settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
+    def _is_settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
         """Whether a unit may step before poll retires finished sessions and settles row
         groups: none of its sessions is done or cancelled, a group's members are the rows
         its stages hold, and a session outside the groups is not about to join one."""
         if any(s.done or s.stream_id not in self.sessions for s in sessions):
             return False
         if unit_id in self._groups:
-            return self._formed_as(unit_id, sessions)
+            return self._stages_hold(unit_id, sessions)
         return not self._would_group(sessions[0])
 
-    def _formed_as(self, group_id: int, sessions: list[DecodeSession]) -> bool:
+    def _stages_hold(self, group_id: int, sessions: list[DecodeSession]) -> bool:
         """Whether the group's stages hold exactly these sessions' rows, in this order."""
         return [s.stream_id for s in sessions] == self._formed[group_id]
 
     def _submit_ready(self, settled_only: bool = False, decode_only: bool = False
                       ) -> list[SessionUpdate]:
         """Submit the next step of every unit with nothing in flight (``settled_only``:
-        and ``_settled``; ``decode_only``: no prefill steps, whose stage-0 compute would
+        and ``_is_settled``; ``decode_only``: no prefill steps, whose stage-0 compute would
         hold back the updates the caller is about to deliver), and further chunks of a
         prefill while ``PrefillPlanner.depth`` allows; the failures."""
         updates: list[SessionUpdate] = []
         busy = self._busy()
         stepping = set(self._group_steps.values())
         for unit_id, sessions in self._units():
-            if settled_only and not self._settled(unit_id, sessions):
+            if settled_only and not self._is_settled(unit_id, sessions):
                 continue
             if unit_id in self._groups and (unit_id in stepping
-                                            or not self._formed_as(unit_id, sessions)):
+                                            or not self._stages_hold(unit_id, sessions)):
                 continue  # its stages hold other rows: it steps once re-formed (settle)
-            if decode_only and self._prefilling(unit_id, sessions):
+            if decode_only and self._is_prefill_step(unit_id, sessions):
                 continue
             while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(
                     unit_id, sessions, busy):
@@ -466,26 +467,26 @@ class StreamScheduler:
     def _submit(self, unit_id: int, sessions: list[DecodeSession],
                 updates: list[SessionUpdate]) -> bool:
         """Plan and submit one step of a unit; False (and the failure in ``updates``) if
-        the pipeline refused it."""
-        prefill = self._prefilling(unit_id, sessions)
+        the executor refused it."""
+        prefill = self._is_prefill_step(unit_id, sessions)
         if prefill:
             self._size_prefill(sessions[0])
             past = sessions[0].prefill_position
         fused = unit_id in self._groups and any(s.prefilling for s in sessions)
         step, rows = self._plan(unit_id, sessions)
         try:
-            rid = self.pipeline.submit(step)
+            rid = self.executor.submit(step)
         except Exception as exc:  # noqa: BLE001
             updates += self._fail(sessions, exc)
             return False
         self._in_flight[rid] = list(sessions)
         if prefill:
-            self.prefill.submitted(rid, [(int(step.token_ids.size), past)])
+            self.prefill.note_step(rid, [(int(step.token_ids.size), past)])
         elif fused and rows is not None:  # a prompt's chunk rode in the group's step
             shapes = rows.shapes()
             prompt_tokens = sum(tokens for s, (tokens, _) in zip(sessions, shapes, strict=True)
                                 if s.prefilling)
-            self.prefill.submitted(rid, shapes, (unit_id, prompt_tokens))
+            self.prefill.note_step(rid, shapes, (unit_id, prompt_tokens))
         if rows is not None:
             self._group_steps[rid] = unit_id
             self._row_answers[rid] = rows.answers
@@ -501,36 +502,36 @@ def _first_token_alone(updates: Sequence[SessionUpdate]) -> bool:
     return any(u.tokens and len(u.session.emitted) == len(u.tokens) for u in updates)
 
 
-def run_sessions(pipeline: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0
+def run_sessions(executor: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0
                  ) -> Iterator[SessionUpdate]:
     """Run sessions concurrently to the end, yielding every update (raises nothing:
     a failed session has ``error`` set). ``row_groups``: see ``StreamScheduler``."""
-    scheduler = StreamScheduler(pipeline, row_groups)
+    scheduler = StreamScheduler(executor, row_groups)
     for session in sessions:
         scheduler.add(session)
     while scheduler.active:
         yield from scheduler.poll()
 
 
-def run_session(pipeline: Executor, session: DecodeSession) -> Iterator[int]:
+def run_session(executor: Executor, session: DecodeSession) -> Iterator[int]:
     """Yield one session's tokens as they come; raises the error that stopped it."""
-    for update in run_sessions(pipeline, [session]):
+    for update in run_sessions(executor, [session]):
         yield from update.tokens
         if update.session.error is not None:
             raise update.session.error
 
 
-def generate_greedy(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+def generate_greedy(executor: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                     stop_ids: Sequence[int] = (), stream_id: int = 0,
                     prefill_chunk: int | None = None,
                     stats: GenerationStats | None = None) -> Iterator[int]:
     """Yield greedy tokens one by one; the stream is reset first."""
-    return run_session(pipeline, DecodeSession(
+    return run_session(executor, DecodeSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, prefill_chunk=prefill_chunk,
         stats=stats))
 
 
-def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+def generate_speculative(executor: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                          stop_ids: Sequence[int] = (), drafter: Drafter | None = None, k: int = 5,
                          stream_id: int = 0, stats: GenerationStats | None = None,
                          prefill_chunk: int | None = None, cost: StepCost | None = None,
@@ -544,12 +545,12 @@ def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_
     reset first; rejected slots of the last step are left in its KV. With ``sampling``
     (temperature > 0) the tokens are sampled and keep the target's distribution instead.
     """
-    return run_session(pipeline, DecodeSession(
+    return run_session(executor, DecodeSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, k=k, auto_k=auto_k,
         cost=cost, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))
 
 
-def generate_pipelined(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+def generate_pipelined(executor: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                        stop_ids: Sequence[int] = (), drafter: Drafter | None = None,
                        width: int | None = None, depth: int | None = None, stream_id: int = 0,
                        stats: GenerationStats | None = None, prefill_chunk: int | None = None,
@@ -559,6 +560,6 @@ def generate_pipelined(pipeline: Executor, prompt_ids: Sequence[int], max_new_to
     guessed continuation (``drafter``, prompt lookup by default), up to ``depth`` steps in
     flight (None: adaptive); wrong guesses are cancelled on every stage. On an executor
     whose steps do not overlap it decodes one step at a time."""
-    return run_session(pipeline, PipelinedSession(
+    return run_session(executor, PipelinedSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, width=width,
         depth=depth, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))

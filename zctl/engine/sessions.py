@@ -1,9 +1,9 @@
-"""Generation as per-stream state machines (pure: no pipeline, no sockets).
+"""Generation as per-stream state machines (pure: no executor, no sockets).
 
 A ``DecodeSession`` is one stream's generation: it says what the stream feeds next (a
 prefill chunk, or the last token plus K draft tokens at contiguous logical positions)
-and what a reply emits; it never touches a pipeline. Greedy decoding is the K = 0 case.
-``zctl.engine.scheduler`` steps sessions on a pipeline.
+and what a reply emits; it never touches an executor. Greedy decoding is the K = 0 case.
+``zctl.engine.scheduler`` steps sessions on an executor.
 
 Speculative steps (paper §5): the reply's top-1 at each of the K+1 fed positions checks
 the drafts; ``accept_prefix`` of them are emitted plus the target's own next token, so
@@ -76,9 +76,9 @@ def should_stop(token: int, produced: int, max_new_tokens: int, stop_ids: frozen
 class DecodeSession:
     """One stream's generation, greedy (``k=0``) or speculative, as a state machine.
 
-    Call ``plan()`` for the next step, run it on a pipeline, hand the reply to
+    Call ``plan()`` for the next step, run it on an executor, hand the reply to
     ``advance()``, which returns the tokens it emits; ``done`` tells when to stop. The
-    pipeline's stream must be reset before the first step (the drivers do it).
+    executor's stream must be reset before the first step (the drivers do it).
     ``k`` is the draft length (the maximum when ``auto_k``); ``cost`` fixes the cost
     model for ``auto_k`` instead of fitting it online. ``sampling`` with a temperature
     > 0 samples (drafts are then checked by rejection sampling, so the output keeps the
@@ -238,7 +238,7 @@ class DecodeSession:
         """Go on from fresh KV (the stages lost this stream's: a node went down, the
         pipeline was rewired): the next steps prefill the prompt and every emitted token
         but the last again, then decoding continues where it stopped, with the same
-        drafter, sampler and figures. Reset the pipeline's stream first."""
+        drafter, sampler and figures. Reset the executor's stream first."""
         self._rewind, self._draft, self._forced = 0, [], []  # the rejected slots went with
         # the old KV, the forced tokens with the step in flight
         del self.k_used[self.spec.steps:]  # a decode step planned but never answered

@@ -152,14 +152,14 @@ def test_long_prompts_in_one_group_step_share_its_allowance_first_come_first_ser
     first = DecodeSession(0, list(range(MODELLED_PROMPT + 100)), 4)
     second = DecodeSession(1, list(range(MODELLED_PROMPT + 1)), 4)
     assert planner.fused_chunks(7, [first, second]) == [FAIR_MIN_CHUNK, 1]  # one token at least
-    planner.submitted(1, [(FAIR_MIN_CHUNK, 0), (1, 0)], (7, FAIR_MIN_CHUNK))
-    planner.answered(1, [10.0])  # no decode figure yet: nothing learnt of the group
-    planner.answered(2, [10.0])  # a decode step: the figure
-    planner.submitted(3, [(4, 0)], (7, 4))
-    planner.answered(3, [10.5])  # 4 prompt tokens cost 0.5 ms: the allowance grows
+    planner.note_step(1, [(FAIR_MIN_CHUNK, 0), (1, 0)], (7, FAIR_MIN_CHUNK))
+    planner.note_answer(1, [10.0])  # no decode figure yet: nothing learnt of the group
+    planner.note_answer(2, [10.0])  # a decode step: the figure
+    planner.note_step(3, [(4, 0)], (7, 4))
+    planner.note_answer(3, [10.5])  # 4 prompt tokens cost 0.5 ms: the allowance grows
     assert planner.fused_chunks(7, [second, first]) == [5, 1]
     assert planner.fused_chunks(8, [first]) == [FAIR_MIN_CHUNK]  # another group: its own
-    planner.submitted(4, [(1, 0)], (8, 1))
+    planner.note_step(4, [(1, 0)], (8, 1))
     planner.forget_step(4)
     assert planner.notes == 0
 
@@ -168,7 +168,7 @@ def test_shorter_prompts_ride_in_chunks_the_cost_model_sizes() -> None:
     """A prompt of at most MODELLED_PROMPT tokens (whose rows the model prices well) takes
     the model's fused chunk, whole if short, and leaves the allowance to the long ones."""
     planner = PrefillPlanner(PAGED_PRIOR)
-    planner.answered(1, [20.0])  # a decode step: the figure
+    planner.note_answer(1, [20.0])  # a decode step: the figure
     short = DecodeSession(0, list(range(SHORT_PREFILL)), 4)
     medium = DecodeSession(1, list(range(MODELLED_PROMPT)), 4)
     long = DecodeSession(2, list(range(MODELLED_PROMPT + 1)), 4)
