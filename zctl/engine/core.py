@@ -191,7 +191,7 @@ class GenerationEngine:
                 job.cancelled = True
                 if self._scheduler is not None:
                     self._scheduler.cancel(job.session.stream_id)
-                job.session.done = True
+                job.session.finish()
                 self._progress(SessionUpdate(job.session, []))  # what it has, then its end
                 return True
         return False
@@ -430,7 +430,7 @@ class GenerationEngine:
         if job.stopped and not session.done:
             if self._scheduler is not None:
                 self._scheduler.cancel(session.stream_id)  # frees its KV on every stage
-            session.done = True
+            session.finish()
 
     def _prompt_logprobs(self, job: _Job) -> list[TokenLogprob]:
         """The prompt's logprobs for the job's first chunk (after it: none)."""

@@ -126,7 +126,9 @@ def pipeline_depth(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]
 
 
 class PipelinedSession(DecodeSession):
-    """A stream's generation by pipelined speculation (see the module docstring).
+    """A stream's generation by pipelined speculation (see the module docstring): a
+    ``DecodeSession`` with its states and transitions, whose DECODING state keeps runs in
+    flight (``runs``) and asks for the wrong ones to be cancelled (``take_cancel``).
 
     ``width`` drafts ride in every run after its first token (0: one-token runs, the step
     width of plain decoding; None: adaptive, one-token runs unless the recent drafts
@@ -193,7 +195,7 @@ class PipelinedSession(DecodeSession):
             return self.width
         if self.depth_cap == 1:
             return self.choose_k()
-        matches = self._hindsight
+        matches = self.draft_length.hindsight
         long = matches is not None and matches.ready() and np.median(matches.recent) >= LONG_MATCH
         return LONG if long else 0
 
@@ -215,16 +217,6 @@ class PipelinedSession(DecodeSession):
             self._ahead = self._propose(self._assumed_history(),
                                         min(self.run_width() + 1, room))
         return self._ahead
-
-    def _propose(self, history: list[int], size: int) -> list[int]:
-        """Up to ``size`` drafted tokens after ``history``, the drafter's time recorded."""
-        if size < 1:
-            return []
-        start = time.perf_counter()
-        tokens = [int(t) for t in self.drafter.propose(history, size)][:size]
-        if tokens:
-            self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(tokens))
-        return tokens
 
     # -- planning --------------------------------------------------------------------
     def plan(self) -> Step:
@@ -261,7 +253,7 @@ class PipelinedSession(DecodeSession):
         run = self.runs.popleft()
         self._ahead = None  # drafted on a history that just changed
         n, following = self._check(run.drafts, reply)
-        self._probe_answered(bool(run.drafts), n)
+        self.draft_length.judge_probe(bool(run.drafts), n)
         spec = self.spec
         spec.steps += 1
         spec.proposed += len(run.drafts)

@@ -285,7 +285,7 @@ def test_runs_stay_one_token_wide_behind_slow_hops_too(step_ms: float) -> None:
     session.stats.step_ms = [step_ms] * 8
     session.stats.stage_ms = [[6.0, 6.0]] * 8
     assert session.run_width() == 0
-    hindsight = session._hindsight
+    hindsight = session.draft_length.hindsight
     assert hindsight is not None
     hindsight.matches.extend([LONG_MATCH] * (hindsight.matches.maxlen or 0))
     assert hindsight.ready() and session.run_width() == LONG
