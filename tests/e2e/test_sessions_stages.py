@@ -95,7 +95,7 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         # bad regroups are refused before anything is sent, and the pipeline keeps serving
         from dataplane.head.cluster_head import DataPlaneError
         from dataplane.runtime.stateful import StageError
-        from zctl.engine.scheduler import GROUP_ID_BASE
+        from zctl.engine.row_groups import GROUP_ID_BASE
 
         with pytest.raises(StageError, match="not open"):
             pipe.regroup(GROUP_ID_BASE, [99])
@@ -222,12 +222,12 @@ def test_a_group_whose_rows_all_left_with_a_step_in_flight_is_re_formed_first(ex
     for _ in range(200):
         scheduler.poll()
         busy = {g for g in scheduler._group_steps.values()
-                if len(scheduler._formed[g]) == len(scheduler._groups[g]) >= 2}
-        if busy and len(scheduler._group_of) == 3:
+                if len(scheduler.row_groups.formed[g]) == len(scheduler.row_groups.members[g]) >= 2}
+        if busy and len(scheduler.row_groups.group_of) == 3:
             gid = busy.pop()
             break
     assert gid is not None, "no two-row group with a step in flight"
-    leaving = list(scheduler._groups[gid])
+    leaving = list(scheduler.row_groups.members[gid])
     for session in leaving:
         scheduler.cancel(session.stream_id)
     newcomer = DecodeSession(20, PROMPTS[3], N, prefill_chunk=4)

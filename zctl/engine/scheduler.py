@@ -25,7 +25,8 @@ from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
 from zctl.engine.prefill_planner import PrefillPlanner
 from zctl.engine.prefix_cache_manager import PrefixCacheManager
 from zctl.engine.prefix_index import PrefixIndexStats
-from zctl.engine.row_plans import RowsPlan, padded_rows, ragged_rows
+from zctl.engine.row_groups import GROUP_ID_BASE, RowGroups
+from zctl.engine.row_plans import RowsPlan
 from zctl.engine.sampling import SamplingParams
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import GenerationStats
@@ -40,15 +41,13 @@ class SessionUpdate:
     tokens: list[int]
 
 
-GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
-
-
 class StreamScheduler:
     """Steps many sessions on one executor: the coordinator's generation loop.
 
     With ``row_groups`` > 0 (on stages that support row groups), sessions join one of
     that many row groups once their prompt is in: a group steps all its members in one
-    batched inference per stage (``StageRunner.step_rows``). On paged stages the rows are
+    batched inference per stage (``StageRunner.step_rows``; the scheduler's ``RowGroups``
+    keep who steps in which). On paged stages the rows are
     ragged (``zctl.engine.row_plans``): each feeds its own token count, and a prompt arriving
     while others decode joins a group so its chunks ride in their steps (split-fuse). On
     stateful stages rows feeding fewer tokens than the longest (a speculative row with
@@ -84,12 +83,8 @@ class StreamScheduler:
         self.sessions: dict[int, DecodeSession] = {}  # active, by stream id
         self._in_flight: dict[int, list[DecodeSession]] = {}  # request id -> its sessions
         batching = row_groups and executor.row_groups_supported
-        self._groups: dict[int, list[DecodeSession]] = {
-            GROUP_ID_BASE + i: [] for i in range(row_groups if batching else 0)}
-        self._formed: dict[int, list[int]] = {gid: [] for gid in self._groups}  # on the stages
-        self._group_of: dict[int, int] = {}  # stream id -> its row group
+        self.row_groups = RowGroups(row_groups if batching else 0)
         self._group_steps: dict[int, int] = {}  # request id -> group id
-        self._pads: dict[int, int] = {}  # stream id -> padding slots of its last row step
         self._row_answers: dict[int, list[tuple[int, int]]] = {}  # request id -> each row's
         # slice of the reply's answers
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
@@ -97,7 +92,7 @@ class StreamScheduler:
         self.load = StageLoad(shared_cores=shared_cores)
         paged = executor.paged_attention
         # paged stages step a group's rows ragged: a prompt's chunks ride in its decode steps
-        self.ragged = paged and bool(self._groups)
+        self.ragged = paged and bool(self.row_groups)
         self.overlaps = executor.overlaps_steps
         self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR,
                                       executor.num_stages, self.overlaps, shared_cores)
@@ -126,11 +121,7 @@ class StreamScheduler:
         if session is None:
             return
         self.prefixes.untrack(stream_id)
-        self._pads.pop(stream_id, None)
-        if self._group_of.pop(stream_id, None) is not None:
-            for members in self._groups.values():
-                if session in members:
-                    members.remove(session)
+        if self.row_groups.leave(session):
             return
         for rid in [r for r, s in self._in_flight.items() if s == [session]]:
             del self._in_flight[rid]
@@ -154,11 +145,11 @@ class StreamScheduler:
         in flight: it finished on its last reply)."""
         if self.sessions.pop(session.stream_id, None) is None:
             return
-        grouped = session.stream_id in self._group_of
+        grouped = session.stream_id in self.row_groups.group_of
         in_flight = any(session in s for s in self._in_flight.values())
         if not in_flight:
             self.prefixes.save(session, alone=not grouped)
-        self._leave_group(session)
+        self.row_groups.leave(session)
         if not grouped and not in_flight:
             try:
                 self.executor.close_stream(session.stream_id)
@@ -172,15 +163,14 @@ class StreamScheduler:
 
     def _join_groups(self) -> list[SessionUpdate]:
         """Put idle one-token-a-step sessions into the smallest row group."""
-        if not self._groups:
+        groups = self.row_groups
+        if not groups:
             return []
         busy = self._busy()
-        joining = [s for s in self.sessions.values() if s.stream_id not in self._group_of
+        joining = [s for s in self.sessions.values() if s.stream_id not in groups.group_of
                    and id(s) not in busy and self._would_group(s)]
         for session in joining:
-            gid = min(self._groups, key=lambda g: len(self._groups[g]))
-            self._groups[gid].append(session)
-            self._group_of[session.stream_id] = gid
+            groups.join(session)
         return self._settle_groups()
 
     def _would_group(self, session: DecodeSession) -> bool:
@@ -190,12 +180,12 @@ class StreamScheduler:
         stream steps on its own: a one-row group computes the same, but its per-row inputs
         cost ~0.3 ms more host time a token (measured on SmolLM2, 2 stages); so does a lone
         prompt, whose chunks pipeline through the stages instead."""
-        if not self._groups or session.done:
+        if not self.row_groups or session.done:
             return False
         if session.prefilling and not (self.ragged and self._beside_decoders(session)
                                        and not self._prefix_unchecked(session)):
             return False
-        if self._group_of:
+        if self.row_groups.group_of:
             return True
         active = [s for s in self.sessions.values()
                   if not s.done and (self.ragged or not s.prefilling)]
@@ -207,38 +197,27 @@ class StreamScheduler:
         chunk steps alone, so a stage that lacks the entry fails that step, not a group's."""
         return bool(session.cached_tokens) and session.prefill_position == session.cached_tokens
 
-    def _leave_group(self, session: DecodeSession) -> None:
-        gid = self._group_of.pop(session.stream_id, None)
-        self._pads.pop(session.stream_id, None)
-        if gid is not None and session in self._groups[gid]:
-            self._groups[gid].remove(session)
-
     def _settle_groups(self) -> list[SessionUpdate]:
         """Send the stages each idle group's new membership (rows join, leave, disband)."""
         updates: list[SessionUpdate] = []
-        in_flight = set(self._group_steps.values())
-        for gid, members in self._groups.items():
-            wanted = [s.stream_id for s in members]
-            if gid in in_flight or wanted == self._formed[gid]:
-                continue
+        groups = self.row_groups
+        for gid, wanted in groups.regroups_due(set(self._group_steps.values())):
             try:
                 self.executor.regroup(gid, wanted)
             except Exception as exc:  # noqa: BLE001 - the members carry it to their callers
-                self._formed[gid] = []
-                for session in members:
+                for session in groups.disband(gid):
                     session.fail(exc)
                     updates.append(SessionUpdate(session, []))
                     self.sessions.pop(session.stream_id, None)
-                    self._group_of.pop(session.stream_id, None)
-                members.clear()
                 continue
-            self._formed[gid] = wanted
+            groups.mark_formed(gid, wanted)
         return updates
 
     def _units(self) -> list[tuple[int, list[DecodeSession]]]:
         """What steps next: (stream or group id, its sessions), groups first."""
-        units = [(gid, members) for gid, members in self._groups.items() if members]
-        units += [(sid, [s]) for sid, s in self.sessions.items() if sid not in self._group_of]
+        units = self.row_groups.units()
+        group_of = self.row_groups.group_of
+        units += [(sid, [s]) for sid, s in self.sessions.items() if sid not in group_of]
         return units
 
     def _plan(self, unit_id: int, sessions: list[DecodeSession]
@@ -250,19 +229,13 @@ class StreamScheduler:
         cap = 0 if len(self.sessions) > 1 and self.load.saturated() else None
         for session in sessions:
             session.k_cap = cap
-        if unit_id not in self._groups:
+        if unit_id not in self.row_groups:
             return sessions[0].plan(), None
         self._size_fused(unit_id, [s for s in sessions if s.prefilling])
         plans = [s.plan() for s in sessions]
         self.row_steps += 1
         self.rows_stepped += len(plans)
-        if self.ragged:
-            rows = ragged_rows(unit_id, plans)
-        else:
-            rows = padded_rows(unit_id, plans,
-                               [self._pads.get(s.stream_id, 0) for s in sessions])
-            for session, pad in zip(sessions, rows.pads, strict=True):
-                self._pads[session.stream_id] = pad
+        rows = self.row_groups.step(unit_id, sessions, plans, self.ragged)
         return rows.step, rows
 
     def _advance(self, sessions: list[DecodeSession], reply: StepReply,
@@ -342,7 +315,7 @@ class StreamScheduler:
     # -- prompts ----------------------------------------------------------------------
     def _is_prefill_step(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
         """Whether the unit's next step is a prefill step (a stream alone, in its prompt)."""
-        return unit_id not in self._groups and sessions[0].prefilling
+        return unit_id not in self.row_groups and sessions[0].prefilling
 
     def _beside_decoders(self, session: DecodeSession) -> bool:
         """Whether streams other than ``session`` are decoding."""
@@ -354,7 +327,7 @@ class StreamScheduler:
         """Whether a unit with steps in flight may submit another: a pipelined session's
         run ahead, or a lone prompt's next chunk (``PrefillPlanner.depth`` in flight)."""
         session = sessions[0]
-        if isinstance(session, PipelinedSession) and unit_id not in self._groups:
+        if isinstance(session, PipelinedSession) and unit_id not in self.row_groups:
             # Pipelined speculation where steps overlap on stages of their own cores, unless
             # several streams already keep the stages busy (then each runs one step at a
             # time, or in a row group). Where the stages share cores, a guessed run takes
@@ -431,13 +404,9 @@ class StreamScheduler:
         its stages hold, and a session outside the groups is not about to join one."""
         if any(s.done or s.stream_id not in self.sessions for s in sessions):
             return False
-        if unit_id in self._groups:
-            return self._stages_hold(unit_id, sessions)
+        if unit_id in self.row_groups:
+            return self.row_groups.stages_hold(unit_id, sessions)
         return not self._would_group(sessions[0])
-
-    def _stages_hold(self, group_id: int, sessions: list[DecodeSession]) -> bool:
-        """Whether the group's stages hold exactly these sessions' rows, in this order."""
-        return [s.stream_id for s in sessions] == self._formed[group_id]
 
     def _submit_ready(self, settled_only: bool = False, decode_only: bool = False
                       ) -> list[SessionUpdate]:
@@ -447,12 +416,12 @@ class StreamScheduler:
         prefill while ``PrefillPlanner.depth`` allows; the failures."""
         updates: list[SessionUpdate] = []
         busy = self._busy()
-        stepping = set(self._group_steps.values())
+        groups, stepping = self.row_groups, set(self._group_steps.values())
         for unit_id, sessions in self._units():
             if settled_only and not self._is_settled(unit_id, sessions):
                 continue
-            if unit_id in self._groups and (unit_id in stepping
-                                            or not self._stages_hold(unit_id, sessions)):
+            if unit_id in groups and (unit_id in stepping
+                                      or not groups.stages_hold(unit_id, sessions)):
                 continue  # its stages hold other rows: it steps once re-formed (settle)
             if decode_only and self._is_prefill_step(unit_id, sessions):
                 continue
@@ -472,7 +441,7 @@ class StreamScheduler:
         if prefill:
             self._size_prefill(sessions[0])
             past = sessions[0].prefill_position
-        fused = unit_id in self._groups and any(s.prefilling for s in sessions)
+        fused = unit_id in self.row_groups and any(s.prefilling for s in sessions)
         step, rows = self._plan(unit_id, sessions)
         try:
             rid = self.executor.submit(step)

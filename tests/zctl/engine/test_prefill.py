@@ -354,7 +354,7 @@ def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2, monke
     sessions = [DecodeSession(i, p, 40) for i, p in enumerate(short)]
     late = DecodeSession(2, long, 8)
     scheduler = StreamScheduler(paged, row_groups=1)
-    paged.members = lambda group_id: scheduler._formed[group_id]
+    paged.members = lambda group_id: scheduler.row_groups.formed[group_id]
     paged.prefilling = lambda: late.prefilling
     for s in sessions:
         scheduler.add(s)

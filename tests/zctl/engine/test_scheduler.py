@@ -267,7 +267,7 @@ def test_row_groups_submit_their_next_step_before_the_updates_are_handled() -> N
     ahead = behind = 0
     while scheduler.active:
         for update in scheduler.poll():
-            gid = scheduler._group_of.get(update.session.stream_id)
+            gid = scheduler.row_groups.group_of.get(update.session.stream_id)
             if gid is None or update.session.done:
                 continue
             in_flight = [unit for _, unit, _ in model.queue]
@@ -288,7 +288,7 @@ def test_a_lone_stream_steps_outside_the_row_groups_until_another_decodes() -> N
     scheduler.add(first)
     for _ in range(6):
         scheduler.poll()
-    assert scheduler.row_steps == 0 and not scheduler._group_of
+    assert scheduler.row_steps == 0 and not scheduler.row_groups.group_of
     assert model.submitted.count(0) == len(first.emitted) + 1  # the next one already out
     second = DecodeSession(1, PROMPTS[1], 10)
     scheduler.add(second)
