@@ -135,7 +135,10 @@ class TimedPipeline:
 
 
 class TimedDrafter:
-    """Logs every proposal of a drafter: (tokens proposed, ms)."""
+    """Logs every proposal of a drafter: (tokens proposed, ms). Not replayable: a replay
+    would log proposals nobody asked for."""
+
+    replayable = False
 
     def __init__(self, drafter: Any) -> None:
         self.drafter = drafter

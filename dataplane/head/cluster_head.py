@@ -58,6 +58,7 @@ from dataplane.wire.transport import (
     send_parts,
 )
 from dataplane.worker.hop import compute_step, seal_or_encode
+from zctl.engine.executor import Step
 from zctl.engine.payloads import Want
 
 HIDDEN_DTYPE = DTYPES[1]  # float32: what stage 0 hands on
@@ -366,28 +367,20 @@ class ClusterHead(HeadReplies, HeadPrefixes):
              logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
              top_k: int = 0, mask_tail: int = 0) -> ClusterReply:
         """Run one step through every stage and wait for the answer (submit, then collect)."""
-        request_id = self.submit(stream_id, token_ids, positions, logits_idx, want_logits,
-                                 top_k=top_k, mask_tail=mask_tail)
+        request_id = self.submit(Step(stream_id, token_ids, positions, logits_idx, want_logits,
+                                      mask_tail), top_k=top_k)
         return self.collect(request_id)
 
-    def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-               logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
-               top_k: int = 0, mask_tail: int | np.ndarray = 0,
-               row_tokens: np.ndarray | None = None, guessed: bool | None = None) -> int:
+    def submit(self, step: Step, *, top_k: int = 0) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
         (See ``_submit``; a step computes under ``_busy``, which ``retire`` waits for.)"""
         with self._busy:
-            return self._submit(stream_id, token_ids, positions, logits_idx, want_logits,
-                                top_k=top_k, mask_tail=mask_tail, row_tokens=row_tokens,
-                                guessed=guessed)
+            return self._submit(step, top_k)
 
-    def _submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-                logits_idx: np.ndarray | None, want_logits: Want, *, top_k: int,
-                mask_tail: int | np.ndarray, row_tokens: np.ndarray | None,
-                guessed: bool | None = None) -> int:
+    def _submit(self, step: Step, top_k: int) -> int:
         """Run stage 0 for a step and send it on; returns the request id to collect.
 
-        ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
+        Its ``mask_tail`` rewinds that many kept tokens on every stage first; ``top_k`` > 1
         asks for the k best (token, log-probability) pairs, ``want_logits`` for logits (a
         payload of zctl.engine.payloads: full float32 or float16 logits, or top-k log-probability
         rows, which the reply's ``logits`` then holds as dense rows).
@@ -401,6 +394,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         were guessed on the previous step's answer (a pipelined run ahead); False, they
         were not, but a guessed step may follow this one.
         """
+        stream_id, mask_tail, row_tokens = step.stream_id, step.mask_tail, step.row_tokens
         stream = self._streams.get(stream_id)
         if stream is None:
             raise DataPlaneError(f"stream {stream_id} is not open")
@@ -411,9 +405,9 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         group = self.stage0.groups.get(stream_id)
         rows = len(group.members) if group is not None else 1
         counts = EMPTY_INDEX if row_tokens is None else as_int64_vector(row_tokens)
-        ids = as_int64_vector(token_ids).reshape(1 if counts.size else rows, -1)
-        pos = as_int64_vector(positions)
-        idx = check_logits_idx(logits_idx, ids.shape[1])
+        ids = as_int64_vector(step.token_ids).reshape(1 if counts.size else rows, -1)
+        pos = as_int64_vector(step.positions)
+        idx = check_logits_idx(step.logits_idx, ids.shape[1])
         row_rewinds = EMPTY_INDEX
         if group is not None:
             row_rewinds = as_int64_vector(mask_tail) if np.any(mask_tail) else EMPTY_INDEX
@@ -422,13 +416,14 @@ class ClusterHead(HeadReplies, HeadPrefixes):
             mask_tail, stream.rewind = int(mask_tail) + stream.rewind, 0
         self._guard.release(stream_id)
         rid = next(self._request_ids)
+        want_logits = step.want_logits
         mode, top_k = reply_mode(want_logits, top_k)
         vocab = self.vocab_size if mode == ReplyMode.TOPK and want_logits else 0
         header = HiddenStateFrame(Kind.STEP, stream_id, rid, stream.epoch, stream.next_step, pos,
                                   idx, mode, top_k, int(mask_tail), 0, b"", "",
                                   rows=rows, row_rewinds=row_rewinds, row_tokens=counts)
-        if guessed is not None and group is None and not counts.size:
-            header.fed, header.guessed = ids[0], bool(guessed)
+        if step.guessed is not None and group is None and not counts.size:
+            header.fed, header.guessed = ids[0], bool(step.guessed)
         t0 = time.perf_counter_ns()
         prepared = prepare_frame(header, (ids.shape[0], ids.shape[1], self.stage0.hidden_size),
                                  HIDDEN_DTYPE, 0, start_ns, start_ns)

@@ -18,7 +18,13 @@ from dataplane.runtime.base import StageError, check_ragged_step
 from dataplane.runtime.kv.slots import held_slots
 from dataplane.runtime.stage_chain import StageChain
 from dataplane.runtime.stateful import RuntimeConfig, StageRunner, StepInputs, load_runner
-from zctl.engine.executor import InlineExecutor, PrefixCacheUnsupported, StepReply, reply_from_logits
+from zctl.engine.executor import (
+    InlineExecutor,
+    PrefixCacheUnsupported,
+    Step,
+    StepReply,
+    reply_from_logits,
+)
 from zctl.engine.payloads import Want
 
 REWIND_MODES = ("mask", "trim")
@@ -27,7 +33,7 @@ REWIND_MODES = ("mask", "trim")
 class LocalChain(InlineExecutor):
     """Every stage in this process, stepped one after another (an ``Executor``).
 
-    ``rewind`` picks how ``rewind()`` (and ``step(mask_tail=n)``) drops the last tokens
+    ``rewind`` picks how ``rewind()`` (and a step's ``mask_tail``) drops the last tokens
     of a stream: "mask" zeroes their attention mask (cheap, the slots stay; once more
     than ``compact_threshold`` slots of a stream are masked they are compacted away),
     "trim" cuts them out of the state tensors (the slow path, kept for comparison).
@@ -131,13 +137,20 @@ class LocalChain(InlineExecutor):
              logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
              mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
              ) -> StepReply:
-        """One step through every stage; ``mask_tail`` rewinds that many tokens first.
+        """The reply to one ``Step`` of these fields, computed now (see ``compute``)."""
+        return self.compute(Step(stream_id, token_ids, positions, logits_idx, want_logits,
+                                 mask_tail, row_tokens))
+
+    def compute(self, step: Step) -> StepReply:
+        """One step through every stage; its ``mask_tail`` rewinds that many tokens first.
 
         On a row group, ids and positions are [rows, T], ``mask_tail`` holds one rewind
         per row, and the reply answers every row; with ``row_tokens`` (paged stages) the
         rows are ragged: ids and positions hold each row's tokens after the previous
         row's and ``logits_idx`` indexes them all (None: every row's last).
         """
+        stream_id, token_ids, positions = step.stream_id, step.token_ids, step.positions
+        logits_idx, mask_tail, row_tokens = step.logits_idx, step.mask_tail, step.row_tokens
         if type(mask_tail) is not int or mask_tail:
             self.rewind(stream_id, mask_tail)
         group = self.runners[0].groups.get(stream_id)
@@ -172,7 +185,7 @@ class LocalChain(InlineExecutor):
             start = time.perf_counter()
             out = runner.run(stream_id, out, inputs)
             stage_ms.append((time.perf_counter() - start) * 1e3)
-        reply = reply_from_logits(out.data, want_logits)
+        reply = reply_from_logits(out.data, step.want_logits)
         reply.stage_ms = stage_ms
         self.figures.add_stage_ms(stage_ms)
         return reply

@@ -22,8 +22,11 @@ class ModelDrafter:
 
     It keeps its own KV for ``stream_id`` on its own StageRunner and rewinds it by mask:
     each proposal rewinds to the longest common prefix of what it has fed and the new
-    history, feeds the rest, then decodes k tokens.
+    history, feeds the rest, then decodes k tokens. Not replayable: every draft costs the
+    draft model's steps.
     """
+
+    replayable = False
 
     def __init__(self, runner: StageRunner, stream_id: int = 0, prefill_chunk: int = 256,
                  compact_threshold: int = 64) -> None:

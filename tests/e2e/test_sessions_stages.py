@@ -12,6 +12,7 @@ import pytest
 
 from dataplane.head.local_chain import LocalChain
 from tests.zctl.engine.test_scheduler import EXACT, PROMPTS, CountingModel, N, fake_greedy
+from zctl.engine.executor import Step
 from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
 
@@ -94,13 +95,13 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         # bad regroups are refused before anything is sent, and the pipeline keeps serving
         from dataplane.head.cluster_head import DataPlaneError
         from dataplane.runtime.stateful import StageError
-        from zctl.engine.scheduler import GROUP_ID_BASE
+        from zctl.engine.row_groups import GROUP_ID_BASE
 
         with pytest.raises(StageError, match="not open"):
             pipe.regroup(GROUP_ID_BASE, [99])
         pipe.open(30)
         pipe.reset(30)
-        rid = pipe.submit(30, np.array(PROMPTS[0]), np.arange(len(PROMPTS[0])))
+        rid = pipe.submit(Step(30, np.array(PROMPTS[0]), np.arange(len(PROMPTS[0]))))
         with pytest.raises(DataPlaneError, match="in flight"):
             pipe.regroup(GROUP_ID_BASE, [30])
         pipe.collect(rid)
@@ -148,10 +149,7 @@ def drive_with_kv_losses(chain, session: DecodeSession, lose_at: set[int]) -> li
         if steps in lose_at:
             chain.reset(sid)
             session.restart()
-        plan = session.plan()
-        reply = chain.step(sid, plan.token_ids, plan.positions, plan.logits_idx,
-                           plan.want_logits, mask_tail=plan.rewind)
-        session.advance(reply)
+        session.advance(chain.compute(session.plan()))
         steps += 1
     return session.emitted
 
@@ -224,12 +222,12 @@ def test_a_group_whose_rows_all_left_with_a_step_in_flight_is_re_formed_first(ex
     for _ in range(200):
         scheduler.poll()
         busy = {g for g in scheduler._group_steps.values()
-                if len(scheduler._formed[g]) == len(scheduler._groups[g]) >= 2}
-        if busy and len(scheduler._group_of) == 3:
+                if len(scheduler.row_groups.formed[g]) == len(scheduler.row_groups.members[g]) >= 2}
+        if busy and len(scheduler.row_groups.group_of) == 3:
             gid = busy.pop()
             break
     assert gid is not None, "no two-row group with a step in flight"
-    leaving = list(scheduler._groups[gid])
+    leaving = list(scheduler.row_groups.members[gid])
     for session in leaving:
         scheduler.cancel(session.stream_id)
     newcomer = DecodeSession(20, PROMPTS[3], N, prefill_chunk=4)

@@ -27,7 +27,7 @@ from zctl.engine.admission import DrafterLoader, SessionLimits, new_session
 from zctl.engine.constraints import GrammarCompiler, GrammarQueue
 from zctl.engine.executor import Executor
 from zctl.engine.outcomes import PipelineDown, error_kind, session_tokens, spec_summary, stop_reason
-from zctl.engine.prefix_index import PrefixCacheStats
+from zctl.engine.prefix_index import PrefixIndexStats
 from zctl.engine.requests import (
     BAD_REQUEST,
     DEFAULT_MAX_STREAMS,
@@ -107,7 +107,7 @@ class GenerationEngine:
         # waits (cached prefixes are evicted first), one that could never fit is refused.
         self.kv_budget_tokens = kv_budget_tokens
         self.prefix_cache_tokens = prefix_cache_tokens  # 0: no prefix cache
-        self.prefix_stats = PrefixCacheStats()
+        self.prefix_stats = PrefixIndexStats()
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0,
                          "structured": 0}  # structured: generations held to a grammar
         self._finished_tokens: Counter[str] = Counter()  # session_tokens of finished ones
@@ -156,7 +156,7 @@ class GenerationEngine:
         """The prefix cache's figures: lookups, hits, prompt tokens saved, evictions (all
         cumulative) and the tokens cached now."""
         stats, sched = self.prefix_stats, self._scheduler
-        cached = sched.cache.tokens if sched is not None and sched.cache is not None else 0
+        cached = sched.prefixes.cached_tokens if sched is not None else 0
         return {"prefix_lookups": stats.lookups, "prefix_hits": stats.hits,
                 "prefix_tokens_saved": stats.tokens_saved,
                 "prefix_evictions": stats.evictions, "prefix_cached_tokens": cached}
@@ -191,7 +191,7 @@ class GenerationEngine:
                 job.cancelled = True
                 if self._scheduler is not None:
                     self._scheduler.cancel(job.session.stream_id)
-                job.session.done = True
+                job.session.finish()
                 self._progress(SessionUpdate(job.session, []))  # what it has, then its end
                 return True
         return False
@@ -228,7 +228,7 @@ class GenerationEngine:
         problem = self._problem()
         if problem is not None:
             return problem
-        if self._scheduler is not None and self.get_executor() is not self._scheduler.pipeline:
+        if self._scheduler is not None and self.get_executor() is not self._scheduler.executor:
             return "the pipeline was re-wired"
         return None
 
@@ -253,7 +253,7 @@ class GenerationEngine:
             if problem is not None:
                 self._refuse(client, req, f"the pipeline cannot serve now: {problem}", UNAVAILABLE)
                 continue
-            if self._scheduler is None or (not self._jobs and self._scheduler.pipeline is not executor):
+            if self._scheduler is None or (not self._jobs and self._scheduler.executor is not executor):
                 self._scheduler = self._new_scheduler(executor)
             if not self._jobs:  # a new busy period: fresh per-stage figures
                 executor.clear_timings()
@@ -292,7 +292,7 @@ class GenerationEngine:
         if session.kv_tokens > free:
             return False
         if self._scheduler is not None:
-            self._scheduler.evict_prefixes(free - session.kv_tokens)
+            self._scheduler.prefixes.evict(free - session.kv_tokens)
         return True
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
@@ -353,7 +353,7 @@ class GenerationEngine:
     def _pause(self, problem: str, now: float) -> None:
         """Drop every step in flight (the data plane forgets them) and hold the sessions."""
         if self._scheduler is not None:  # the resumed sessions get a fresh schedule
-            self._scheduler.pipeline.abandon_all(f"the pipeline went down: {problem}")
+            self._scheduler.executor.abandon_all(f"the pipeline went down: {problem}")
             self._scheduler = None
         if self.resume_timeout_s <= 0:
             self._fail_all(PipelineDown(problem))
@@ -430,7 +430,7 @@ class GenerationEngine:
         if job.stopped and not session.done:
             if self._scheduler is not None:
                 self._scheduler.cancel(session.stream_id)  # frees its KV on every stage
-            session.done = True
+            session.finish()
 
     def _prompt_logprobs(self, job: _Job) -> list[TokenLogprob]:
         """The prompt's logprobs for the job's first chunk (after it: none)."""
@@ -468,7 +468,7 @@ class GenerationEngine:
         (between steps: every stream's chunk shares one summary) unless ``fresh``."""
         at, summary = self._timing
         if fresh or now - at >= TIMING_REFRESH_S:
-            summary = self._scheduler.pipeline.timing_summary() if self._scheduler else {}
+            summary = self._scheduler.executor.timing_summary() if self._scheduler else {}
             self._timing = (now, summary)
         return summary
 

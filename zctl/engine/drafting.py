@@ -208,6 +208,12 @@ def width_changes(fed: Sequence[int]) -> list[bool]:
 
 
 class Drafter(Protocol):
+    """Proposes draft tokens. ``replayable``: its draft is a cheap function of the history
+    alone, so it may be asked what it would have drafted anywhere (adaptive K by
+    hindsight, ``zctl.engine.hindsight``) or ahead of the answers (pipelined speculation)."""
+
+    replayable: bool
+
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         """Up to k tokens likely to follow ``history`` (prompt + every emitted token)."""
         ...
@@ -219,9 +225,8 @@ class Drafter(Protocol):
 
 @dataclass
 class LookupDrafter:
-    """Prompt-lookup (n-gram) drafting: free to run, good on repetitive text and code.
-    ``replayable``: its draft is a cheap function of the history alone, so adaptive K can
-    ask what it would have drafted anywhere (``zctl.engine.hindsight``)."""
+    """Prompt-lookup (n-gram) drafting: free to run, good on repetitive text and code;
+    replayable (its draft is a cheap function of the history alone)."""
 
     replayable = True  # a class attribute, not a field
     max_ngram: int = 3

@@ -1,7 +1,7 @@
 """The engine's contract with whatever runs the stages: an ``Executor``.
 
-An executor takes steps (a chunk of token ids at explicit logical positions for a stream
-or a row group) and answers each with the last stage's ``StepReply``. ``LocalChain``
+An executor takes ``Step``s (a chunk of token ids at explicit logical positions for a
+stream or a row group) and answers each with the last stage's ``StepReply``. ``LocalChain``
 (dataplane.head.local_chain) runs every stage in this process; ``ClusterHead``
 (dataplane.head.cluster_head) runs stage 0 here and the rest on nodes over ZeroMQ. The scheduler
 drives both in the same way, through ``Executor`` only: ``submit`` a step, then
@@ -20,6 +20,29 @@ from typing import Protocol
 import numpy as np
 
 from zctl.engine.payloads import Want, as_payload, reply_rows
+
+
+# Not frozen: one is built every step, and a frozen one costs ~2 us to build where this
+# costs ~0.3. Compared by identity: it holds arrays.
+@dataclass(slots=True, eq=False)
+class Step:
+    """One step of a stream (or of a row group: ``stream_id`` is the group's id).
+
+    ``token_ids`` at logical ``positions``; ``logits_idx`` the positions answered (None:
+    the last only); ``want_logits`` what of the logits the reply carries
+    (zctl.engine.payloads); ``mask_tail`` the stream's last tokens dropped first, on
+    every stage (one count per row on a row group); ``row_tokens`` each row's token count
+    when a row group's rows are ragged (None: they share one); ``guessed`` whether a
+    pipelined greedy step's tokens are a guess (see ``Executor``)."""
+
+    stream_id: int
+    token_ids: np.ndarray
+    positions: np.ndarray
+    logits_idx: np.ndarray | None = None
+    want_logits: Want = False
+    mask_tail: int | np.ndarray = 0
+    row_tokens: np.ndarray | None = None
+    guessed: bool | None = None
 
 
 @dataclass
@@ -60,11 +83,12 @@ class PrefixCacheUnsupported(RuntimeError):
 
 
 class Executor(Protocol):
-    """What the engine needs of a pipeline of stages.
+    """What the engine needs of whatever runs the stages.
 
     Streams are opened and reset (a reset forgets the stream's KV on every stage) before
     their first step; ``close_stream`` frees a finished stream's KV slots on every stage.
-    A step's ``mask_tail`` first drops that many of the stream's last
+    ``submit`` takes a ``Step`` and returns its request id. A step's ``mask_tail`` first
+    drops that many of the stream's last
     tokens on every stage (on a row group: one count per row); ``rewind`` does the same
     on its own, applied before the stream's next step. ``regroup`` makes ``group_id`` the
     row group of ``members`` (streams stepped as the rows of one inference per stage)
@@ -92,21 +116,21 @@ class Executor(Protocol):
     entry to the stream instead of copying it); ``drop_prefix`` / ``drop_all_prefixes``
     free entries; ``prefix_bytes`` is what the entries of the stages run in this process
     hold (stage index -> bytes). Elsewhere saves and loads raise PrefixCacheUnsupported.
+    ``wirings`` counts the times the stages were rewired or abandoned: when it has moved,
+    the later stages may have lost their prefix entries.
     """
 
     num_stages: int
     overlaps_steps: bool
     paged_attention: bool  # the stages keep KV in blocks (a past costs a prefill step little)
+    wirings: int
 
     @property
     def row_groups_supported(self) -> bool: ...
     def open(self, stream_id: int) -> None: ...
     def reset(self, stream_id: int) -> None: ...
     def close_stream(self, stream_id: int) -> None: ...
-    def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-               logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
-               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
-               guessed: bool | None = None) -> int: ...
+    def submit(self, step: Step) -> int: ...
     def collect_any(self, timeout_s: float | None = None) -> StepReply | None: ...
     def rewind(self, stream_id: int, count: int) -> None: ...
     def compact(self, stream_id: int) -> None: ...
@@ -128,9 +152,9 @@ class Executor(Protocol):
 
 class InlineExecutor:
     """The submit/collect half of ``Executor`` for an executor that computes a step as it is
-    submitted: ``submit`` runs ``step`` and keeps its reply until ``collect_any``.
+    submitted: ``submit`` runs ``compute`` and keeps its reply until ``collect_any``.
 
-    Subclasses implement ``step`` (with ``mask_tail``) and the rest of ``Executor``, and
+    Subclasses implement ``compute`` (with ``mask_tail``) and the rest of ``Executor``, and
     call ``drop_answers`` when they reset a stream; ``abandon_all`` drops every reply not
     yet collected. Prefix entries are refused unless a subclass keeps them."""
 
@@ -138,32 +162,23 @@ class InlineExecutor:
     overlaps_steps = False  # a step is computed whole when it is submitted
     paged_attention = False
     prefix_cache_supported = False  # one that keeps prefix entries says so
+    wirings = 0  # every stage runs here: never rewired
 
     def __init__(self) -> None:
         self._request_ids = itertools.count(1)
         self._answered: deque[tuple[int, StepReply]] = deque()  # (stream id, reply)
 
-    def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
-             mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
-             ) -> StepReply:
+    def compute(self, step: Step) -> StepReply:
+        """The step's reply, computed now (nothing is kept for ``collect_any``)."""
         raise NotImplementedError
 
-    def submit(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
-               logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
-               mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
-               guessed: bool | None = None) -> int:
-        """Run the step now; its reply waits for ``collect_any``. Raises what ``step`` raises.
-        (``guessed`` asks stages that check a pipelined guess to do so: nothing to check
-        here, the step is computed whole before the next is submitted.)"""
-        if row_tokens is None:  # subclasses whose stages take no ragged rows omit it
-            reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
-                              mask_tail=mask_tail)
-        else:
-            reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
-                              mask_tail=mask_tail, row_tokens=row_tokens)
+    def submit(self, step: Step) -> int:
+        """Run the step now; its reply waits for ``collect_any``. Raises what ``compute``
+        raises. (``step.guessed`` asks stages that check a pipelined guess to do so:
+        nothing to check here, the step is computed whole before the next is submitted.)"""
+        reply = self.compute(step)
         reply.request_id = next(self._request_ids)
-        self._answered.append((stream_id, reply))
+        self._answered.append((step.stream_id, reply))
         return reply.request_id
 
     def collect_any(self, timeout_s: float | None = None) -> StepReply | None:

@@ -1,4 +1,4 @@
-"""Pipelined speculation: one stream keeps every stage busy (pure: no pipeline, no sockets).
+"""Pipelined speculation: one stream keeps every stage busy (pure: no executor, no sockets).
 
 With one stream, a pipeline of N stages leaves each stage idle (N-1)/N of the time: stage 0
 waits for the last stage's answer before it can feed the next token. A
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from zctl.engine.drafting import Drafter, LookupDrafter
-from zctl.engine.executor import StepReply
+from zctl.engine.executor import Step, StepReply
 from zctl.engine.sampling import SamplingParams
-from zctl.engine.sessions import DecodeSession, StepPlan
+from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import GenerationStats
 
 DEPTH_MAX = 16  # runs of one stream in flight at most
@@ -126,7 +126,9 @@ def pipeline_depth(step_ms: Sequence[float], stage_ms: Sequence[Sequence[float]]
 
 
 class PipelinedSession(DecodeSession):
-    """A stream's generation by pipelined speculation (see the module docstring).
+    """A stream's generation by pipelined speculation (see the module docstring): a
+    ``DecodeSession`` with its states and transitions, whose DECODING state keeps runs in
+    flight (``runs``) and asks for the wrong ones to be cancelled (``take_cancel``).
 
     ``width`` drafts ride in every run after its first token (0: one-token runs, the step
     width of plain decoding; None: adaptive, one-token runs unless the recent drafts
@@ -144,7 +146,7 @@ class PipelinedSession(DecodeSession):
                  stats: GenerationStats | None = None, sampling: SamplingParams | None = None,
                  top_logprobs: int | None = None, logits_payload: str = "auto") -> None:
         drafter = drafter if drafter is not None else LookupDrafter()
-        if not getattr(drafter, "replayable", False):
+        if not drafter.replayable:
             raise ValueError("pipelined speculation drafts ahead of the answers: it needs a "
                              "drafter whose draft depends on the history alone (lookup)")
         if (width is not None and width < 0) or (depth is not None and not 1 <= depth <= DEPTH_MAX):
@@ -193,7 +195,7 @@ class PipelinedSession(DecodeSession):
             return self.width
         if self.depth_cap == 1:
             return self.choose_k()
-        matches = self._hindsight
+        matches = self.draft_length.hindsight
         long = matches is not None and matches.ready() and np.median(matches.recent) >= LONG_MATCH
         return LONG if long else 0
 
@@ -216,18 +218,8 @@ class PipelinedSession(DecodeSession):
                                         min(self.run_width() + 1, room))
         return self._ahead
 
-    def _propose(self, history: list[int], size: int) -> list[int]:
-        """Up to ``size`` drafted tokens after ``history``, the drafter's time recorded."""
-        if size < 1:
-            return []
-        start = time.perf_counter()
-        tokens = [int(t) for t in self.drafter.propose(history, size)][:size]
-        if tokens:
-            self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(tokens))
-        return tokens
-
     # -- planning --------------------------------------------------------------------
-    def plan(self) -> StepPlan:
+    def plan(self) -> Step:
         if self.done or self.prefilling:
             return super().plan()
         now = time.perf_counter()
@@ -248,9 +240,10 @@ class PipelinedSession(DecodeSession):
         self.runs.append(Run(start, list(fed), guessed, time.perf_counter()))
         # greedy: the last stage can check a guess against the answer it gave before
         check = guessed if self.sampling is None else None
-        return StepPlan(np.array(fed, dtype=np.int64), np.arange(start, start + len(fed)),
-                        np.arange(len(fed)) if len(fed) > 1 else None, rewind,
-                        self.wants_logits, check)
+        return Step(self.stream_id, np.array(fed, dtype=np.int64),
+                    np.arange(start, start + len(fed)),
+                    np.arange(len(fed)) if len(fed) > 1 else None, self.wants_logits,
+                    mask_tail=rewind, guessed=check)
 
     # -- replies ---------------------------------------------------------------------
     def advance(self, reply: StepReply) -> list[int]:
@@ -260,7 +253,7 @@ class PipelinedSession(DecodeSession):
         run = self.runs.popleft()
         self._ahead = None  # drafted on a history that just changed
         n, following = self._check(run.drafts, reply)
-        self._probe_answered(bool(run.drafts), n)
+        self.draft_length.judge_probe(bool(run.drafts), n)
         spec = self.spec
         spec.steps += 1
         spec.proposed += len(run.drafts)

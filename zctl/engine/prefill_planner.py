@@ -1,12 +1,14 @@
-"""The scheduler's prefill bookkeeping: what each step carried, what its answer measured,
-and from both the next chunk of a prompt (the rules of ``zctl.engine.prefill``).
+"""The scheduler's prefill decisions and bookkeeping: what each step carried, what its
+answer measured, and from both the next chunk of a prompt (the rules of
+``zctl.engine.prefill``) and how many of a lone prompt's chunks go in flight at once.
 
 A ``PrefillPlanner`` notes the rows (tokens, past) of every step that carries a prompt's
 chunk when it is submitted, and feeds each answer's busiest-stage compute back: to the
 prefill cost fit for such steps, to the decode figure (``decode_ms``) for the others, and
-to the allowance of prompt tokens of each decoding group whose step carried prompts. No
-pipeline, no sessions of its own: the scheduler asks it for chunks and tells it what
-happened.
+to the allowance of prompt tokens of each decoding group whose step carried prompts. It
+knows the executor's shape (its stages, whether their steps overlap, whether they share
+cores), but holds no executor and no sessions: the scheduler asks it for chunks, telling
+it whether streams are decoding beside the prompt, and tells it what happened.
 """
 
 from __future__ import annotations
@@ -28,27 +30,38 @@ DECODE_EWMA = 0.2  # weight of the newest decode step in ``decode_ms``
 
 
 class PrefillPlanner:
-    """Chunks for prompts, from the steps' measured costs (see the module docstring)."""
+    """Chunks for prompts, from the steps' measured costs (see the module docstring), on
+    ``num_stages`` stages whose steps overlap (``overlaps``: a stage computes a step while
+    the next computes the one before) on cores of their own (unless ``shared_cores``)."""
 
-    def __init__(self, prior: StepCostModel) -> None:
+    def __init__(self, prior: StepCostModel, num_stages: int = 1, overlaps: bool = False,
+                 shared_cores: bool = False) -> None:
         self.cost = PrefillCost(prior)
+        self.num_stages, self.overlaps = num_stages, overlaps
+        # stages a lone prompt's chunks go through one after another (1: they take turns)
+        self._pipelined_stages = num_stages if overlaps and not shared_cores else 1
         self.decode_ms = 0.0  # recent decode steps' busiest-stage compute (EWMA)
         self._steps: dict[int, list[tuple[int, int]]] = {}  # request id -> rows (tokens, past)
         self._fused: dict[int, tuple[int, int]] = {}  # request id -> (group id, prompt
         # tokens) of a group step that carried prompts
         self._budgets: dict[int, FusedChunkBudget] = {}  # group id -> its steps' allowance
 
-    def chunk(self, session: DecodeSession, beside_decoders: bool, stages: int) -> int:
+    def depth(self, beside_decoders: bool) -> int:
+        """Prefill steps of one prompt in flight at once: enough to keep every stage busy
+        (where steps overlap), one beside streams that are decoding."""
+        return self.num_stages if self.overlaps and not beside_decoders else 1
+
+    def chunk(self, session: DecodeSession, beside_decoders: bool) -> int:
         """The next chunk of ``session``'s prompt stepped on its own: beside streams that
         are decoding, one that costs about one of their steps; alone, the chunking that
-        gets its first token soonest through ``stages`` overlapping stages (1: stages that
-        take turns)."""
+        gets its first token soonest through the stages (pipelined where they overlap on
+        cores of their own; else they take turns)."""
         cost, past = self.cost.model, session.prefill_position
         if beside_decoders:
             chunk = fair_chunk(self.decode_ms or DECODE_MS_PRIOR, past, cost,
                                left=session.prefill_left)
         else:
-            chunk = lone_chunk(session.prefill_left, past, stages, cost)
+            chunk = lone_chunk(session.prefill_left, past, self._pipelined_stages, cost)
         return min(chunk, session.max_prefill_chunk)
 
     def fused_chunks(self, group_id: int, sessions: Sequence[DecodeSession]) -> list[int]:
@@ -70,7 +83,7 @@ class PrefillPlanner:
             chunks.append(min(chunk, session.max_prefill_chunk))
         return chunks
 
-    def submitted(self, request_id: int, rows: list[tuple[int, int]],
+    def note_step(self, request_id: int, rows: list[tuple[int, int]],
                   group: tuple[int, int] | None = None) -> None:
         """A step carrying a prompt's chunk went out: its rows' (tokens, past), and for a
         decoding group's step (group id, the prompt tokens it carried)."""
@@ -78,7 +91,7 @@ class PrefillPlanner:
         if group is not None:
             self._fused[request_id] = group
 
-    def answered(self, request_id: int, stage_ms: Sequence[float]) -> None:
+    def note_answer(self, request_id: int, stage_ms: Sequence[float]) -> None:
         """A step's answer came back, with each stage's compute."""
         busiest = max(stage_ms, default=0.0)
         rows = self._steps.pop(request_id, None)

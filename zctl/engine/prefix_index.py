@@ -1,4 +1,4 @@
-"""The prefix cache's index (pure: no pipeline): which token prefixes the stages hold KV for.
+"""The prefix cache's index (pure: no executor): which token prefixes the stages hold KV for.
 
 A finished stream's KV (its prompt and answer) is kept on every stage as a *prefix entry*;
 a running stream's prompt is a *live* source. A new prompt that starts with tokens of
@@ -39,9 +39,10 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 @dataclass(eq=False)  # entries are compared by identity: their tokens are arrays
-class PrefixEntry:
-    """Tokens whose KV the stages hold: as entry ``entry_id`` (``stream_id`` None), or as a
-    running stream's own KV (``stream_id``: a live source, not charged to the budget)."""
+class CachedPrefix:
+    """An entry of the index: tokens whose KV the stages hold, as their prefix entry
+    ``entry_id`` (``stream_id`` None), or as a running stream's own KV (``stream_id``: a
+    live source, not charged to the budget)."""
 
     entry_id: int
     tokens: np.ndarray
@@ -57,13 +58,13 @@ class PrefixEntry:
 class PrefixHit:
     """A new prompt's first ``length`` tokens are ``entry``'s."""
 
-    entry: PrefixEntry
+    entry: CachedPrefix
     length: int
 
 
 @dataclass
-class PrefixCacheStats:
-    """Cumulative figures of the prefix cache (shown in the metrics)."""
+class PrefixIndexStats:
+    """Cumulative figures of the prefix cache's index (shown in the metrics)."""
 
     lookups: int = 0
     hits: int = 0
@@ -72,27 +73,27 @@ class PrefixCacheStats:
     saved: int = 0  # entries stored
 
 
-class PrefixCache:
+class PrefixIndex:
     """Entries by id, least recently used first, within ``budget_tokens`` (stored entries
     only: a live source's KV is its stream's)."""
 
     def __init__(self, budget_tokens: int, block: int = BLOCK_TOKENS,
-                 min_hit: int = MIN_HIT_TOKENS, stats: PrefixCacheStats | None = None) -> None:
+                 min_hit: int = MIN_HIT_TOKENS, stats: PrefixIndexStats | None = None) -> None:
         if budget_tokens < 0 or block < 1:
             raise ValueError("the prefix cache needs budget_tokens >= 0 and block >= 1")
         self.budget_tokens, self.block, self.min_hit = budget_tokens, block, max(1, min_hit)
-        self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # LRU first
+        self._entries: OrderedDict[int, CachedPrefix] = OrderedDict()  # LRU first
         self._by_hash: dict[int, set[int]] = {}
         self._live: dict[int, int] = {}  # stream id -> its live entry id
         self._next_id = 1
-        self.stats = stats if stats is not None else PrefixCacheStats()  # may outlive the index
+        self.stats = stats if stats is not None else PrefixIndexStats()  # may outlive the index
 
     @property
     def tokens(self) -> int:
         """Tokens held by stored entries (what the budget bounds)."""
         return sum(e.tokens.size for e in self._entries.values() if not e.live)
 
-    def entries(self) -> list[PrefixEntry]:
+    def entries(self) -> list[CachedPrefix]:
         return list(self._entries.values())
 
     def lookup(self, prompt: Sequence[int] | np.ndarray, min_hit: int | None = None
@@ -122,13 +123,13 @@ class PrefixCache:
         self.stats.tokens_saved += best.length
         return best
 
-    def store(self, tokens: Sequence[int] | np.ndarray) -> tuple[PrefixEntry, list[PrefixEntry]]:
+    def store(self, tokens: Sequence[int] | np.ndarray) -> tuple[CachedPrefix, list[CachedPrefix]]:
         """Record a stored entry of ``tokens`` (most recently used); returns it and the
         entries to drop from the stages: those it covers (a prefix of its tokens) and the
         least recently used beyond the budget. An entry larger than the budget is dropped
         itself (returned in the list)."""
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1).copy()
-        entry = self._add(PrefixEntry(self.new_id(), ids))
+        entry = self._add(CachedPrefix(self.new_id(), ids))
         self.stats.saved += 1
         dropped = [e for e in self.entries() if not e.live and e is not entry
                    and e.tokens.size <= ids.size and common_prefix(e.tokens, ids) == e.tokens.size]
@@ -136,10 +137,10 @@ class PrefixCache:
             self.remove(old.entry_id)
         return entry, dropped + self.evict(0)
 
-    def track_live(self, stream_id: int, tokens: Sequence[int] | np.ndarray) -> PrefixEntry:
+    def track_live(self, stream_id: int, tokens: Sequence[int] | np.ndarray) -> CachedPrefix:
         """A running stream's KV holds ``tokens``: offer them as a source."""
         self.untrack_live(stream_id)
-        entry = self._add(PrefixEntry(self.new_id(), np.asarray(tokens, dtype=np.int64)
+        entry = self._add(CachedPrefix(self.new_id(), np.asarray(tokens, dtype=np.int64)
                                       .reshape(-1).copy(), stream_id=stream_id))
         self._live[stream_id] = entry.entry_id
         return entry
@@ -149,7 +150,7 @@ class PrefixCache:
         if entry_id is not None:
             self.remove(entry_id)
 
-    def evict(self, room: int) -> list[PrefixEntry]:
+    def evict(self, room: int) -> list[CachedPrefix]:
         """Drop least recently used stored entries until ``room`` more tokens fit the
         budget; returns them (for the stages to free)."""
         dropped = []
@@ -165,7 +166,7 @@ class PrefixCache:
             self.stats.evictions += 1
         return dropped
 
-    def remove(self, entry_id: int) -> PrefixEntry | None:
+    def remove(self, entry_id: int) -> CachedPrefix | None:
         entry = self._entries.pop(entry_id, None)
         if entry is None:
             return None
@@ -179,7 +180,7 @@ class PrefixCache:
             del self._live[entry.stream_id]  # type: ignore[arg-type]
         return entry
 
-    def clear(self) -> list[PrefixEntry]:
+    def clear(self) -> list[CachedPrefix]:
         """Forget every entry (the stages lost them); returns the stored ones."""
         stored = [e for e in self.entries() if not e.live]
         self._entries.clear()
@@ -192,7 +193,7 @@ class PrefixCache:
         entry_id, self._next_id = self._next_id, self._next_id + 1
         return entry_id
 
-    def _add(self, entry: PrefixEntry) -> PrefixEntry:
+    def _add(self, entry: CachedPrefix) -> CachedPrefix:
         entry.hashes = block_hashes(entry.tokens, self.block)
         self._entries[entry.entry_id] = entry
         for h in entry.hashes:

@@ -12,24 +12,26 @@ a group is scheduled like one stream. ``run_session``, ``generate_greedy`` and
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from zctl.engine.drafting import Drafter, StageLoad, StepCost
-from zctl.engine.executor import Executor, StepError, StepReply
+from zctl.engine.executor import Executor, Step, StepError, StepReply
 from zctl.engine.pipelined import PipelinedSession
 from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
 from zctl.engine.prefill_planner import PrefillPlanner
-from zctl.engine.prefill_scheduling import PrefillScheduling
-from zctl.engine.prefix_index import PrefixCache, PrefixCacheStats
-from zctl.engine.prefix_scheduling import PrefixScheduling
-from zctl.engine.row_plans import RowsPlan, padded_rows, ragged_rows
+from zctl.engine.prefix_cache_manager import PrefixCacheManager
+from zctl.engine.prefix_index import PrefixIndexStats
+from zctl.engine.row_groups import GROUP_ID_BASE, RowGroups
+from zctl.engine.row_plans import RowsPlan
 from zctl.engine.sampling import SamplingParams
-from zctl.engine.sessions import DecodeSession, StepPlan
+from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import GenerationStats
 
+log = logging.getLogger("zctl.engine.scheduler")
 
 @dataclass
 class SessionUpdate:
@@ -39,15 +41,13 @@ class SessionUpdate:
     tokens: list[int]
 
 
-GROUP_ID_BASE = 1 << 30  # row group ids, clear of the stream ids callers use
-
-
-class StreamScheduler(PrefixScheduling, PrefillScheduling):
-    """Steps many sessions on one pipeline: the coordinator's generation loop.
+class StreamScheduler:
+    """Steps many sessions on one executor: the coordinator's generation loop.
 
     With ``row_groups`` > 0 (on stages that support row groups), sessions join one of
     that many row groups once their prompt is in: a group steps all its members in one
-    batched inference per stage (``StageRunner.step_rows``). On paged stages the rows are
+    batched inference per stage (``StageRunner.step_rows``; the scheduler's ``RowGroups``
+    keep who steps in which). On paged stages the rows are
     ragged (``zctl.engine.row_plans``): each feeds its own token count, and a prompt arriving
     while others decode joins a group so its chunks ride in their steps (split-fuse). On
     stateful stages rows feeding fewer tokens than the longest (a speculative row with
@@ -60,7 +60,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
     is left as asked.
 
     A prompt is prefilled in chunks sized from the stages' measured step costs
-    (``zctl.engine.prefill``; the figures are kept by ``zctl.engine.prefill_planner``): alone, the
+    (``zctl.engine.prefill``; the scheduler's ``PrefillPlanner`` keeps the figures): alone, the
     chunking that gives its first token soonest, its chunks following each other through
     the stages without waiting for answers (on an executor whose ``overlaps_steps``);
     beside streams that are decoding, chunks that add a share of one of their steps,
@@ -68,42 +68,35 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
     between them (stateful). With ``prefix_cache_tokens`` > 0 (on stages that support
     it), a finished stream's KV stays on the stages as a prefix entry and a running
     stream's prompt is a source: a new prompt starting with either's tokens loads that KV
-    and prefills only the rest
-    (``zctl.engine.prefix_index``).
+    and prefills only the rest (the scheduler's ``PrefixCacheManager``); a session whose
+    cached prefix failed to load on a later stage is prefilled in full.
 
-    Not thread-safe (nor are the pipelines): drive it from one thread.
+    Not thread-safe (nor are the executors): drive it from one thread.
     """
 
-    def __init__(self, pipeline: Executor, row_groups: int = 0, shared_cores: bool = False,
-                 prefix_cache_tokens: int = 0, prefix_stats: PrefixCacheStats | None = None
+    def __init__(self, executor: Executor, row_groups: int = 0, shared_cores: bool = False,
+                 prefix_cache_tokens: int = 0, prefix_stats: PrefixIndexStats | None = None
                  ) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
-        self.pipeline = pipeline
+        self.executor = executor
         self.sessions: dict[int, DecodeSession] = {}  # active, by stream id
         self._in_flight: dict[int, list[DecodeSession]] = {}  # request id -> its sessions
-        batching = row_groups and pipeline.row_groups_supported
-        self._groups: dict[int, list[DecodeSession]] = {
-            GROUP_ID_BASE + i: [] for i in range(row_groups if batching else 0)}
-        self._formed: dict[int, list[int]] = {gid: [] for gid in self._groups}  # on the stages
-        self._group_of: dict[int, int] = {}  # stream id -> its row group
+        batching = row_groups and executor.row_groups_supported
+        self.row_groups = RowGroups(row_groups if batching else 0)
         self._group_steps: dict[int, int] = {}  # request id -> group id
-        self._pads: dict[int, int] = {}  # stream id -> padding slots of its last row step
         self._row_answers: dict[int, list[tuple[int, int]]] = {}  # request id -> each row's
         # slice of the reply's answers
         self.row_steps = 0  # batched steps run (one inference per stage for all rows)
         self.rows_stepped = 0  # stream steps they carried
         self.load = StageLoad(shared_cores=shared_cores)
-        paged = bool(getattr(pipeline, "paged_attention", False))
+        paged = executor.paged_attention
         # paged stages step a group's rows ragged: a prompt's chunks ride in its decode steps
-        self.ragged = paged and bool(self._groups)
-        self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR)
-        self.overlaps = bool(getattr(pipeline, "overlaps_steps", False))
-        self.cache: PrefixCache | None = None
-        self._wirings = getattr(pipeline, "wirings", 0)
-        if prefix_cache_tokens > 0 and getattr(pipeline, "prefix_cache_supported", False):
-            self.cache = PrefixCache(prefix_cache_tokens, stats=prefix_stats)
-            self._clear_prefixes()  # a fresh index: what the stages hold is nobody's
+        self.ragged = paged and bool(self.row_groups)
+        self.overlaps = executor.overlaps_steps
+        self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR,
+                                      executor.num_stages, self.overlaps, shared_cores)
+        self.prefixes = PrefixCacheManager(executor, prefix_cache_tokens, prefix_stats)
 
     @property
     def active(self) -> bool:
@@ -114,11 +107,11 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         if session.stream_id in self.sessions or session.stream_id >= GROUP_ID_BASE:
             raise ValueError(f"stream {session.stream_id} is already generating, or its id is "
                              f"in the row groups' range (>= {GROUP_ID_BASE})")
-        self.pipeline.open(session.stream_id)
-        self.pipeline.reset(session.stream_id)
+        self.executor.open(session.stream_id)
+        self.executor.reset(session.stream_id)
         if not session.done:
             self.sessions[session.stream_id] = session
-            self._load_cached_prefix(session, self._min_prefix_hit(session))
+            self.prefixes.load(session, fused=self.ragged and self._beside_decoders(session))
 
     def cancel(self, stream_id: int) -> None:
         """Stop a session: its step in flight is abandoned and its KV slots are freed on
@@ -127,18 +120,13 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         session = self.sessions.pop(stream_id, None)
         if session is None:
             return
-        if self.cache is not None:
-            self.cache.untrack_live(stream_id)
-        self._pads.pop(stream_id, None)
-        if self._group_of.pop(stream_id, None) is not None:
-            for members in self._groups.values():
-                if session in members:
-                    members.remove(session)
+        self.prefixes.untrack(stream_id)
+        if self.row_groups.leave(session):
             return
         for rid in [r for r, s in self._in_flight.items() if s == [session]]:
             del self._in_flight[rid]
             self.prefill.forget_step(rid)
-        self.pipeline.close_stream(stream_id)
+        self.executor.close_stream(stream_id)
 
     def poll(self, timeout_s: float | None = None) -> list[SessionUpdate]:
         """Advance: start a step for every idle session or group, then take one answer (or
@@ -157,15 +145,15 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         in flight: it finished on its last reply)."""
         if self.sessions.pop(session.stream_id, None) is None:
             return
-        grouped = session.stream_id in self._group_of
+        grouped = session.stream_id in self.row_groups.group_of
         in_flight = any(session in s for s in self._in_flight.values())
         if not in_flight:
-            self._save_prefix(session, alone=not grouped)
-        self._leave_group(session)
+            self.prefixes.save(session, alone=not grouped)
+        self.row_groups.leave(session)
         if not grouped and not in_flight:
             try:
-                self.pipeline.close_stream(session.stream_id)
-            except Exception:  # noqa: BLE001 - a broken pipeline: the next reset starts over
+                self.executor.close_stream(session.stream_id)
+            except Exception:  # noqa: BLE001 - a broken executor: the next reset starts over
                 pass
 
     # -- row groups ------------------------------------------------------------------
@@ -175,15 +163,14 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
 
     def _join_groups(self) -> list[SessionUpdate]:
         """Put idle one-token-a-step sessions into the smallest row group."""
-        if not self._groups:
+        groups = self.row_groups
+        if not groups:
             return []
         busy = self._busy()
-        joining = [s for s in self.sessions.values() if s.stream_id not in self._group_of
+        joining = [s for s in self.sessions.values() if s.stream_id not in groups.group_of
                    and id(s) not in busy and self._would_group(s)]
         for session in joining:
-            gid = min(self._groups, key=lambda g: len(self._groups[g]))
-            self._groups[gid].append(session)
-            self._group_of[session.stream_id] = gid
+            groups.join(session)
         return self._settle_groups()
 
     def _would_group(self, session: DecodeSession) -> bool:
@@ -193,59 +180,48 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         stream steps on its own: a one-row group computes the same, but its per-row inputs
         cost ~0.3 ms more host time a token (measured on SmolLM2, 2 stages); so does a lone
         prompt, whose chunks pipeline through the stages instead."""
-        if not self._groups or session.done:
+        if not self.row_groups or session.done:
             return False
-        if session.prefilling and not (self.ragged and self._others_decoding(session)
-                                       and not self._loaded_unchecked(session)):
+        if session.prefilling and not (self.ragged and self._beside_decoders(session)
+                                       and not self._prefix_unchecked(session)):
             return False
-        if self._group_of:
+        if self.row_groups.group_of:
             return True
         active = [s for s in self.sessions.values()
                   if not s.done and (self.ragged or not s.prefilling)]
         return len(active) >= 2 and any(not s.prefilling for s in active)
 
     @staticmethod
-    def _loaded_unchecked(session: DecodeSession) -> bool:
+    def _prefix_unchecked(session: DecodeSession) -> bool:
         """A prompt that started from a cached prefix and has not stepped since: its first
         chunk steps alone, so a stage that lacks the entry fails that step, not a group's."""
         return bool(session.cached_tokens) and session.prefill_position == session.cached_tokens
 
-    def _leave_group(self, session: DecodeSession) -> None:
-        gid = self._group_of.pop(session.stream_id, None)
-        self._pads.pop(session.stream_id, None)
-        if gid is not None and session in self._groups[gid]:
-            self._groups[gid].remove(session)
-
     def _settle_groups(self) -> list[SessionUpdate]:
         """Send the stages each idle group's new membership (rows join, leave, disband)."""
         updates: list[SessionUpdate] = []
-        in_flight = set(self._group_steps.values())
-        for gid, members in self._groups.items():
-            wanted = [s.stream_id for s in members]
-            if gid in in_flight or wanted == self._formed[gid]:
-                continue
+        groups = self.row_groups
+        for gid, wanted in groups.regroups_due(set(self._group_steps.values())):
             try:
-                self.pipeline.regroup(gid, wanted)
+                self.executor.regroup(gid, wanted)
             except Exception as exc:  # noqa: BLE001 - the members carry it to their callers
-                self._formed[gid] = []
-                for session in members:
+                for session in groups.disband(gid):
                     session.fail(exc)
                     updates.append(SessionUpdate(session, []))
                     self.sessions.pop(session.stream_id, None)
-                    self._group_of.pop(session.stream_id, None)
-                members.clear()
                 continue
-            self._formed[gid] = wanted
+            groups.mark_formed(gid, wanted)
         return updates
 
     def _units(self) -> list[tuple[int, list[DecodeSession]]]:
         """What steps next: (stream or group id, its sessions), groups first."""
-        units = [(gid, members) for gid, members in self._groups.items() if members]
-        units += [(sid, [s]) for sid, s in self.sessions.items() if sid not in self._group_of]
+        units = self.row_groups.units()
+        group_of = self.row_groups.group_of
+        units += [(sid, [s]) for sid, s in self.sessions.items() if sid not in group_of]
         return units
 
     def _plan(self, unit_id: int, sessions: list[DecodeSession]
-              ) -> tuple[StepPlan, RowsPlan | None]:
+              ) -> tuple[Step, RowsPlan | None]:
         """One session's plan, or a group's rows as one step (ragged on paged stages, else
         padded to one length)."""
         # Several streams on saturated stages: adaptive K drafts nothing (drafts would only
@@ -253,19 +229,14 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         cap = 0 if len(self.sessions) > 1 and self.load.saturated() else None
         for session in sessions:
             session.k_cap = cap
-        if unit_id not in self._groups:
+        if unit_id not in self.row_groups:
             return sessions[0].plan(), None
         self._size_fused(unit_id, [s for s in sessions if s.prefilling])
         plans = [s.plan() for s in sessions]
         self.row_steps += 1
         self.rows_stepped += len(plans)
-        if self.ragged:
-            rows = ragged_rows(plans)
-        else:
-            rows = padded_rows(plans, [self._pads.get(s.stream_id, 0) for s in sessions])
-            for session, pad in zip(sessions, rows.pads, strict=True):
-                self._pads[session.stream_id] = pad
-        return rows.plan, rows
+        rows = self.row_groups.step(unit_id, sessions, plans, self.ragged)
+        return rows.step, rows
 
     def _advance(self, sessions: list[DecodeSession], reply: StepReply,
                  answers: list[tuple[int, int]] | None) -> list[SessionUpdate]:
@@ -292,8 +263,8 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
             updates.append(SessionUpdate(session, emitted))
             if isinstance(session, PipelinedSession):
                 updates += self._cancel_runs(session)
-            if prefilling and not session.prefilling and self.cache is not None:
-                self.cache.track_live(session.stream_id, session.prompt)
+            if prefilling and not session.prefilling:
+                self.prefixes.track(session)
         return updates
 
     def _cancel_runs(self, session: PipelinedSession) -> list[SessionUpdate]:
@@ -306,7 +277,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         for rid in rids:
             del self._in_flight[rid]
         try:
-            self.pipeline.cancel(session.stream_id, rids, cancel.keep)
+            self.executor.cancel(session.stream_id, rids, cancel.keep)
         except Exception as exc:  # noqa: BLE001 - the stream's KV is unknown now
             return self._fail([session], exc)
         return []
@@ -324,19 +295,82 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
             self.prefill.forget_step(rid)
         return [SessionUpdate(s, []) for s in sessions]
 
+    def _prefill_again(self, session: DecodeSession) -> bool:
+        """Restart a session whose cached prefix may be what failed, from no cache."""
+        if not session.cached_tokens or session.emitted or session.done:
+            return False
+        log.warning("stream %s: a step after loading its cached prefix failed; prefilling "
+                    "its whole prompt (the prefix cache starts empty)", session.stream_id)
+        for rid in [r for r, ss in self._in_flight.items() if session in ss]:
+            del self._in_flight[rid]
+            self.prefill.forget_step(rid)
+        self.prefixes.clear()
+        try:
+            self.executor.reset(session.stream_id)
+        except Exception:  # noqa: BLE001 - the executor is broken: fail it after all
+            return False
+        session.restart()
+        return True
+
+    # -- prompts ----------------------------------------------------------------------
+    def _is_prefill_step(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
+        """Whether the unit's next step is a prefill step (a stream alone, in its prompt)."""
+        return unit_id not in self.row_groups and sessions[0].prefilling
+
+    def _beside_decoders(self, session: DecodeSession) -> bool:
+        """Whether streams other than ``session`` are decoding."""
+        return any(s is not session and not s.prefilling and not s.done
+                   for s in self.sessions.values())
+
+    def _may_plan_ahead(self, unit_id: int, sessions: list[DecodeSession],
+                        busy: Counter[int]) -> bool:
+        """Whether a unit with steps in flight may submit another: a pipelined session's
+        run ahead, or a lone prompt's next chunk (``PrefillPlanner.depth`` in flight)."""
+        session = sessions[0]
+        if isinstance(session, PipelinedSession) and unit_id not in self.row_groups:
+            # Pipelined speculation where steps overlap on stages of their own cores, unless
+            # several streams already keep the stages busy (then each runs one step at a
+            # time, or in a row group). Where the stages share cores, a guessed run takes
+            # them from the run it guesses after: one step at a time there too.
+            alone = len(self.sessions) == 1 or not self.load.saturated()
+            own_cores = self.overlaps and not self.load.shared_cores
+            session.depth_cap = None if own_cores and alone else 1
+            if not session.prefilling:
+                return session.stream_id in self.sessions and session.can_run_ahead
+        if not self._is_prefill_step(unit_id, sessions):
+            return False
+        return (session.stream_id in self.sessions and session.can_plan_ahead
+                and busy[id(session)] < self.prefill.depth(self._beside_decoders(session)))
+
+    def _size_prefill(self, session: DecodeSession) -> None:
+        """Set the session's next prefill chunk from the measured step costs."""
+        session.prefill_chunk = self.prefill.chunk(session, self._beside_decoders(session))
+
+    def _size_fused(self, group_id: int, prompts: list[DecodeSession]) -> None:
+        """Set the chunks of the prompts riding in a group's step: beside streams that are
+        decoding, the group's measured allowance of prompt tokens (split-fuse held to a
+        budget); else each as a prompt alone."""
+        if prompts and self._beside_decoders(prompts[0]):
+            chunks = self.prefill.fused_chunks(group_id, prompts)
+            for session, chunk in zip(prompts, chunks, strict=True):
+                session.prefill_chunk = chunk
+            return
+        for session in prompts:
+            self._size_prefill(session)
+
     # -- driving the executor ---------------------------------------------------------
     def _poll_executor(self, timeout_s: float | None) -> list[SessionUpdate]:
         """Submit every ready unit, collect one reply, advance its sessions and submit
         their next steps before returning (where nothing is about to change: see
-        ``_settled``): the caller's work on the updates (streaming text to clients) then
+        ``_is_settled``): the caller's work on the updates (streaming text to clients) then
         overlaps the steps in flight instead of delaying them. A lone stream's first token
         is the exception (``_first_token_alone``): it goes to its client first."""
-        pipe = self.pipeline
+        executor = self.executor
         updates = self._submit_ready()
         if not self._in_flight:
             return updates
         try:
-            reply = pipe.collect_any(timeout_s)
+            reply = executor.collect_any(timeout_s)
         except Exception as exc:  # noqa: BLE001 - a failed or expired request
             rid = exc.request_id if isinstance(exc, StepError) else 0
             failed = self._in_flight.pop(rid, None)
@@ -356,7 +390,7 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
         sessions = self._in_flight.pop(reply.request_id, None)
         group = self._group_steps.pop(reply.request_id, None)
         answers = self._row_answers.pop(reply.request_id, None)
-        self.prefill.answered(reply.request_id, reply.stage_ms)
+        self.prefill.note_answer(reply.request_id, reply.stage_ms)
         if sessions is not None:
             advanced = self._advance(sessions, reply, answers)
             updates += advanced
@@ -364,36 +398,32 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
                 updates += self._submit_ready(settled_only=True, decode_only=True)
         return updates
 
-    def _settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
+    def _is_settled(self, unit_id: int, sessions: list[DecodeSession]) -> bool:
         """Whether a unit may step before poll retires finished sessions and settles row
         groups: none of its sessions is done or cancelled, a group's members are the rows
         its stages hold, and a session outside the groups is not about to join one."""
         if any(s.done or s.stream_id not in self.sessions for s in sessions):
             return False
-        if unit_id in self._groups:
-            return self._formed_as(unit_id, sessions)
+        if unit_id in self.row_groups:
+            return self.row_groups.stages_hold(unit_id, sessions)
         return not self._would_group(sessions[0])
-
-    def _formed_as(self, group_id: int, sessions: list[DecodeSession]) -> bool:
-        """Whether the group's stages hold exactly these sessions' rows, in this order."""
-        return [s.stream_id for s in sessions] == self._formed[group_id]
 
     def _submit_ready(self, settled_only: bool = False, decode_only: bool = False
                       ) -> list[SessionUpdate]:
         """Submit the next step of every unit with nothing in flight (``settled_only``:
-        and ``_settled``; ``decode_only``: no prefill steps, whose stage-0 compute would
+        and ``_is_settled``; ``decode_only``: no prefill steps, whose stage-0 compute would
         hold back the updates the caller is about to deliver), and further chunks of a
-        prefill while ``_prefill_depth`` allows; the failures."""
+        prefill while ``PrefillPlanner.depth`` allows; the failures."""
         updates: list[SessionUpdate] = []
         busy = self._busy()
-        stepping = set(self._group_steps.values())
+        groups, stepping = self.row_groups, set(self._group_steps.values())
         for unit_id, sessions in self._units():
-            if settled_only and not self._settled(unit_id, sessions):
+            if settled_only and not self._is_settled(unit_id, sessions):
                 continue
-            if unit_id in self._groups and (unit_id in stepping
-                                            or not self._formed_as(unit_id, sessions)):
+            if unit_id in groups and (unit_id in stepping
+                                      or not groups.stages_hold(unit_id, sessions)):
                 continue  # its stages hold other rows: it steps once re-formed (settle)
-            if decode_only and self._prefilling(unit_id, sessions):
+            if decode_only and self._is_prefill_step(unit_id, sessions):
                 continue
             while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(
                     unit_id, sessions, busy):
@@ -406,30 +436,26 @@ class StreamScheduler(PrefixScheduling, PrefillScheduling):
     def _submit(self, unit_id: int, sessions: list[DecodeSession],
                 updates: list[SessionUpdate]) -> bool:
         """Plan and submit one step of a unit; False (and the failure in ``updates``) if
-        the pipeline refused it."""
-        prefill = self._prefilling(unit_id, sessions)
+        the executor refused it."""
+        prefill = self._is_prefill_step(unit_id, sessions)
         if prefill:
             self._size_prefill(sessions[0])
             past = sessions[0].prefill_position
-        fused = unit_id in self._groups and any(s.prefilling for s in sessions)
-        plan, rows = self._plan(unit_id, sessions)
-        ragged = {} if rows is None or rows.row_tokens is None else {"row_tokens": rows.row_tokens}
-        if plan.guessed is not None and rows is None:
-            ragged["guessed"] = plan.guessed
+        fused = unit_id in self.row_groups and any(s.prefilling for s in sessions)
+        step, rows = self._plan(unit_id, sessions)
         try:
-            rid = self.pipeline.submit(unit_id, plan.token_ids, plan.positions, plan.logits_idx,
-                                       plan.want_logits, mask_tail=plan.rewind, **ragged)
+            rid = self.executor.submit(step)
         except Exception as exc:  # noqa: BLE001
             updates += self._fail(sessions, exc)
             return False
         self._in_flight[rid] = list(sessions)
         if prefill:
-            self.prefill.submitted(rid, [(int(plan.token_ids.size), past)])
+            self.prefill.note_step(rid, [(int(step.token_ids.size), past)])
         elif fused and rows is not None:  # a prompt's chunk rode in the group's step
             shapes = rows.shapes()
             prompt_tokens = sum(tokens for s, (tokens, _) in zip(sessions, shapes, strict=True)
                                 if s.prefilling)
-            self.prefill.submitted(rid, shapes, (unit_id, prompt_tokens))
+            self.prefill.note_step(rid, shapes, (unit_id, prompt_tokens))
         if rows is not None:
             self._group_steps[rid] = unit_id
             self._row_answers[rid] = rows.answers
@@ -445,36 +471,36 @@ def _first_token_alone(updates: Sequence[SessionUpdate]) -> bool:
     return any(u.tokens and len(u.session.emitted) == len(u.tokens) for u in updates)
 
 
-def run_sessions(pipeline: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0
+def run_sessions(executor: Executor, sessions: Sequence[DecodeSession], row_groups: int = 0
                  ) -> Iterator[SessionUpdate]:
     """Run sessions concurrently to the end, yielding every update (raises nothing:
     a failed session has ``error`` set). ``row_groups``: see ``StreamScheduler``."""
-    scheduler = StreamScheduler(pipeline, row_groups)
+    scheduler = StreamScheduler(executor, row_groups)
     for session in sessions:
         scheduler.add(session)
     while scheduler.active:
         yield from scheduler.poll()
 
 
-def run_session(pipeline: Executor, session: DecodeSession) -> Iterator[int]:
+def run_session(executor: Executor, session: DecodeSession) -> Iterator[int]:
     """Yield one session's tokens as they come; raises the error that stopped it."""
-    for update in run_sessions(pipeline, [session]):
+    for update in run_sessions(executor, [session]):
         yield from update.tokens
         if update.session.error is not None:
             raise update.session.error
 
 
-def generate_greedy(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+def generate_greedy(executor: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                     stop_ids: Sequence[int] = (), stream_id: int = 0,
                     prefill_chunk: int | None = None,
                     stats: GenerationStats | None = None) -> Iterator[int]:
     """Yield greedy tokens one by one; the stream is reset first."""
-    return run_session(pipeline, DecodeSession(
+    return run_session(executor, DecodeSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, prefill_chunk=prefill_chunk,
         stats=stats))
 
 
-def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+def generate_speculative(executor: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                          stop_ids: Sequence[int] = (), drafter: Drafter | None = None, k: int = 5,
                          stream_id: int = 0, stats: GenerationStats | None = None,
                          prefill_chunk: int | None = None, cost: StepCost | None = None,
@@ -488,12 +514,12 @@ def generate_speculative(pipeline: Executor, prompt_ids: Sequence[int], max_new_
     reset first; rejected slots of the last step are left in its KV. With ``sampling``
     (temperature > 0) the tokens are sampled and keep the target's distribution instead.
     """
-    return run_session(pipeline, DecodeSession(
+    return run_session(executor, DecodeSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, k=k, auto_k=auto_k,
         cost=cost, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))
 
 
-def generate_pipelined(pipeline: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
+def generate_pipelined(executor: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
                        stop_ids: Sequence[int] = (), drafter: Drafter | None = None,
                        width: int | None = None, depth: int | None = None, stream_id: int = 0,
                        stats: GenerationStats | None = None, prefill_chunk: int | None = None,
@@ -503,6 +529,6 @@ def generate_pipelined(pipeline: Executor, prompt_ids: Sequence[int], max_new_to
     guessed continuation (``drafter``, prompt lookup by default), up to ``depth`` steps in
     flight (None: adaptive); wrong guesses are cancelled on every stage. On an executor
     whose steps do not overlap it decodes one step at a time."""
-    return run_session(pipeline, PipelinedSession(
+    return run_session(executor, PipelinedSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, drafter=drafter, width=width,
         depth=depth, prefill_chunk=prefill_chunk, stats=stats, sampling=sampling))

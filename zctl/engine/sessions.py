@@ -1,9 +1,10 @@
-"""Generation as per-stream state machines (pure: no pipeline, no sockets).
+"""Generation as per-stream state machines (pure: no executor, no sockets).
 
 A ``DecodeSession`` is one stream's generation: it says what the stream feeds next (a
 prefill chunk, or the last token plus K draft tokens at contiguous logical positions)
-and what a reply emits; it never touches a pipeline. Greedy decoding is the K = 0 case.
-``zctl.engine.scheduler`` steps sessions on a pipeline.
+and what a reply emits; it never touches an executor. Greedy decoding is the K = 0 case.
+``zctl.engine.scheduler`` steps sessions on an executor. Where a session is, is its
+``SessionState``; it moves by named transitions only (see ``DecodeSession``).
 
 Speculative steps (paper §5): the reply's top-1 at each of the K+1 fed positions checks
 the drafts; ``accept_prefix`` of them are emitted plus the target's own next token, so
@@ -11,18 +12,18 @@ the output equals greedy decoding. When sampling (temperature > 0) the reply car
 logits and drafts are checked by rejection sampling (``zctl.engine.sampling``), which keeps
 the target's distribution. The K - n rejected slots are rewound *with the next
 step* (``mask_tail``): no extra round trip. With ``auto_k``, K is re-chosen every step
-under a step-cost model fitted to this session's own steps (and the drafter's measured
-time per token): for a drafter that can be replayed (prompt lookup) as the fixed K that
-would have been fastest over the recent tokens (``zctl.engine.hindsight``), else by
-``adapt_k`` from the acceptance measured so far.
+(``DraftLength``) under a step-cost model fitted to this session's own steps (and the
+drafter's measured time per token): for a drafter that can be replayed (prompt lookup) as
+the fixed K that would have been fastest over the recent tokens (``zctl.engine.hindsight``),
+else by ``adapt_k`` from the acceptance measured so far.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from zctl.engine.drafting import (
     fit_step_cost,
     width_changes,
 )
-from zctl.engine.executor import StepReply
+from zctl.engine.executor import Step, StepReply
 from zctl.engine.hindsight import DraftHindsight, best_fixed_k
 from zctl.engine.payloads import Want, payload_for
 from zctl.engine.prefill import MAX_CHUNK
@@ -73,25 +74,167 @@ def should_stop(token: int, produced: int, max_new_tokens: int, stop_ids: frozen
     return token in stop_ids or produced >= max_new_tokens
 
 
+class SessionState(enum.Enum):
+    """Where a ``DecodeSession`` is. Its transitions:
 
-@dataclass(frozen=True)
-class StepPlan:
-    """What a session feeds in its next step."""
+    - PREFILLING -> DECODING: its prompt's last chunk is answered (the first token);
+    - REPLAYING -> DECODING: the last chunk of what it replays is answered;
+    - PREFILLING or DECODING -> FINISHED: a stop token, the token budget, a complete
+      grammar (``advance``), or the caller's ``finish`` (a cancel, a stop string);
+    - any -> FAILED: ``fail`` (an error: the stream's own, or its executor's);
+    - FAILED -> HELD: ``clear_failure`` (the failure was the executor's);
+    - any -> PREFILLING or REPLAYING: ``restart`` onto fresh KV (REPLAYING once it has
+      emitted tokens).
+    """
 
-    token_ids: np.ndarray
-    positions: np.ndarray
-    logits_idx: np.ndarray | None  # None: only the last position
-    rewind: int | np.ndarray  # rejected slots of the previous step (per row for a group)
-    want_logits: Want = False  # sampling and logprobs need logits (zctl.engine.payloads)
-    guessed: bool | None = None  # a pipelined greedy run: its tokens are (not) a guess
+    PREFILLING = "prefilling"  # feeding its prompt (from its cached prefix on)
+    REPLAYING = "replaying"  # after a restart: feeding its prompt and emitted tokens again
+    DECODING = "decoding"  # a token a step (and the drafts of it when speculating)
+    FINISHED = "finished"
+    FAILED = "failed"  # ``error`` says why
+    HELD = "held"  # its executor failed under it: it waits to be restarted
+
+
+class PrefillProgress:
+    """How far a session's prefill (its prompt, or after a restart the tokens it replays)
+    has been planned into steps, and answered, from ``start`` (a cached prefix) on."""
+
+    def __init__(self, tokens: np.ndarray, start: int = 0) -> None:
+        self.tokens = tokens
+        self.planned = self.answered = start
+        self._chunk_ends: deque[int] = deque()  # ends of the steps planned, not answered
+
+    @property
+    def left(self) -> int:
+        """Tokens not yet planned."""
+        return self.tokens.size - self.planned
+
+    @property
+    def all_answered(self) -> bool:
+        return self.answered >= self.tokens.size
+
+    def plan(self, chunk: int) -> tuple[int, int]:
+        """The next step's [lo, hi): up to ``chunk`` tokens after the ones planned."""
+        lo = self.planned
+        hi = self.planned = min(lo + chunk, self.tokens.size)
+        self._chunk_ends.append(hi)
+        return lo, hi
+
+    def answer(self) -> int:
+        """The oldest step planned is answered; where it started."""
+        lo, self.answered = self.answered, self._chunk_ends.popleft()
+        return lo
+
+
+class DraftLength:
+    """A session's draft length K, each decode step: ``k``, or with ``auto`` re-chosen
+    under a step-cost model (``cost``, else one fitted to the session's recent decode steps
+    plus the drafter's time per token ``draft_ms``): where hops dominate the step and the
+    drafter is replayable, the K that would have been fastest over the recent tokens
+    (``hindsight``); else ``adapt_k``'s from the acceptance measured so far, probing
+    now and then while that K is 0. ``stats`` and ``spec`` are the session's figures."""
+
+    def __init__(self, k: int, auto: bool, cost: StepCost | None, drafter: Drafter,
+                 stats: GenerationStats, spec: SpeculativeStats) -> None:
+        self.k, self.auto, self.cost = k, auto, cost
+        self.draft_ms: list[float] = []  # drafter time per proposed token
+        self._stats, self._spec = stats, spec
+        self._probe_gap = PROBE_EVERY  # steps between probes at K = 0 (see choose)
+        self._next_probe = PROBE_EVERY - 1
+        self._probing = False
+        # over a drafter that can be replayed: measured match lengths at every position
+        # (zctl.engine.hindsight), and no probes
+        self.hindsight = (DraftHindsight(drafter, k)
+                          if auto and k > 0 and drafter.replayable else None)
+        self._last_cost: StepCost | None = None  # the latest cost fit the steps identified
+
+    def choose(self, tokens_left: int, cap: int | None = None) -> int:
+        """This step's draft length: ``k``, or under the cost model the hindsight K (or
+        ``adapt_k``'s), at most ``cap`` when one is set; ``tokens_left`` the tokens the
+        session may still emit."""
+        if not self.auto or self.k == 0:
+            return self.k
+        k_max = self.k if cap is None else min(self.k, cap)
+        if k_max == 0:
+            return 0
+        spec = self._spec
+        # Measuring (the alternation below, a probe) costs more than its tokens on a CPU (two
+        # shape changes): not worth it with too few tokens left to use what it learns.
+        measuring = tokens_left > PROBE_EVERY
+        cost = self.cost or self.fit_cost()
+        # hindsight where hops dominate the step: its optimism tries drafts at two width
+        # changes each, cheap behind WAN hops; on a LAN it cost chat prompts 10-15%
+        # against plain decoding, so there the per-token estimate and its probes decide
+        hindsight = (self.hindsight if self.hindsight and self.hindsight.ready()
+                     and self._hops_dominate() else None)
+        if cost is None:  # not enough distinct step sizes yet
+            wide = (sum(1 for fed in spec.fed if fed > 1) if hindsight is not None
+                    else spec.steps)  # behind hops: until drafts were really fed
+            promising = hindsight is None or any(m > 0 for m in hindsight.recent)
+            if measuring and wide < MEASURE_STEPS and promising:
+                return min(k_max, AUTO_K_START)  # drafts of one width: one shape change
+            k_now, hindsight = 0, None  # 1-token steps are the other size; probes go on
+        elif hindsight is not None:  # the K that was fastest over the recent tokens
+            k_now = best_fixed_k(hindsight.recent, cost, k_max,
+                                 width=spec.fed[-1] if spec.fed else 1, horizon=tokens_left)
+        else:
+            acceptance = estimate_acceptance(spec.accepted, spec.rejections)
+            prev_fed = spec.fed[-1] if spec.fed else None
+            k_now = adapt_k(acceptance, cost, k_max=k_max, prev_fed=prev_fed)
+        if (k_now == 0 and measuring and hindsight is None
+                and spec.steps >= self._next_probe):
+            # K = 0 learns nothing: probe now and then. A probe costs more than its token
+            # (two shape changes on a CPU), so rejected probes double the gap to the next.
+            k_now, self._probing = 1, True
+            self._next_probe = spec.steps + self._probe_gap
+        return k_now
+
+    def _hops_dominate(self) -> bool:
+        """Whether the recent steps took ``HOPS_DOMINATE`` times the stages' compute (the
+        rest is hops and queues), over the decode steps measured so far."""
+        steps, stages = self._stats.step_ms[-COST_WINDOW:], self._stats.stage_ms[-COST_WINDOW:]
+        if not steps:
+            return False
+        compute = float(np.median([sum(ms) for ms in stages])) if stages else 0.0
+        return float(np.median(steps)) >= HOPS_DOMINATE * compute
+
+    def fit_cost(self) -> StepCost | None:
+        """``fit_step_cost`` over the session's recent decode steps, plus draft time."""
+        log = self._spec.fed[-COST_WINDOW - 1:]
+        changed = width_changes(log)[len(log) - min(len(log), COST_WINDOW):]
+        fed, ms = log[-COST_WINDOW:], self._stats.step_ms[-COST_WINDOW:]
+        cost = fit_step_cost(fed, ms[-len(fed):], changed) if fed else None
+        if cost is None:  # the window holds one step size now: keep the last fit
+            return self._last_cost
+        draft_ms = float(np.median(self.draft_ms[-COST_WINDOW:])) if self.draft_ms else 0.0
+        self._last_cost = StepCost(cost.step_ms, cost.token_ms, draft_ms, cost.switch_ms)
+        return self._last_cost
+
+    def judge_probe(self, drafted: bool, accepted: int) -> None:
+        """A step was answered: if it was a probe (see ``choose``), its answer sets the
+        gap to the next one."""
+        if self._probing and drafted:
+            if accepted:  # drafts pay again, maybe: probe at the usual rate from here
+                self._probe_gap = PROBE_EVERY
+                self._next_probe = min(self._next_probe, self._spec.steps + PROBE_EVERY)
+            else:
+                self._probe_gap = min(2 * self._probe_gap, PROBE_MAX)
+        self._probing = False
+
+    def restart(self) -> None:
+        """The session goes on from fresh KV: no probe is in flight, the replay starts over."""
+        self._probing = False
+        if self.hindsight is not None:
+            self.hindsight.reset()
 
 
 class DecodeSession:
     """One stream's generation, greedy (``k=0``) or speculative, as a state machine.
 
-    Call ``plan()`` for the next step, run it on a pipeline, hand the reply to
-    ``advance()``, which returns the tokens it emits; ``done`` tells when to stop. The
-    pipeline's stream must be reset before the first step (the drivers do it).
+    Call ``plan()`` for the next step, run it on an executor, hand the reply to
+    ``advance()``, which returns the tokens it emits; ``done`` tells when to stop, and
+    ``state`` where it is (``SessionState``). The
+    executor's stream must be reset before the first step (the drivers do it).
     ``k`` is the draft length (the maximum when ``auto_k``); ``cost`` fixes the cost
     model for ``auto_k`` instead of fitting it online. ``sampling`` with a temperature
     > 0 samples (drafts are then checked by rejection sampling, so the output keeps the
@@ -119,7 +262,6 @@ class DecodeSession:
         self.max_new_tokens = max_new_tokens
         self.stops = frozenset(int(t) for t in stop_ids)
         self.drafter = drafter if drafter is not None else LookupDrafter()
-        self.k, self.auto_k, self.cost = k, auto_k or cost is not None, cost
         # None: plain greedy, read from the reply's best tokens; else the logits are read
         # (to sample, or for greedy decoding over penalised or biased logits)
         self.sampling = sampling if sampling is not None and (
@@ -142,6 +284,9 @@ class DecodeSession:
         self.history = [int(t) for t in self.prompt]
         self.emitted: list[int] = []
         self.k_used: list[int] = []  # draft length asked for, per decode step
+        self.draft_length = DraftLength(k, auto_k or cost is not None, cost, self.drafter,
+                                        self.stats, self.spec)
+        self.k_cap: int | None = None  # adaptive K's ceiling, set by the scheduler under load
         self.error: Exception | None = None
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError("prefill chunk must be at least 1")
@@ -149,57 +294,56 @@ class DecodeSession:
         # scheduler sets it from the stages' costs, up to the most)
         self.max_prefill_chunk = prefill_chunk or MAX_CHUNK
         self.prefill_chunk = self.max_prefill_chunk
+        self._prefill = PrefillProgress(self.prompt)
         # with prompt_logprobs: token i's (i >= 1) under the tokens before it, once the
         # chunk holding position i - 1 is answered; its chunks answer every position
         self.prompt_logprobs: list[TokenLogprob | None] | None = (
             [None] * (self.prompt.size - 1) if prompt_logprobs else None)
-        self._replay: np.ndarray | None = None  # tokens to prefill again after a restart
-        self._planned_to = 0  # prefill positions planned so far
-        self._answered_to = 0  # ... and answered
-        self._chunk_ends: deque[int] = deque()  # ends of prefill steps planned, not answered
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache (the
         # prefill starts there)
         self.restarts = 0
+        # the decode step planned: its drafts, the tokens the grammar forces after the last
+        # one, and the rejected slots of the step before, rewound with it
         self._position = self.prompt.size  # logical position of the last emitted token
         self._draft: list[int] = []
-        self._forced: list[int] = []  # tokens the grammar forces, fed after the last one
-        self.forced_fed = 0  # ... so far: emitted without a step of their own (jump-forward)
+        self._forced: list[int] = []
+        self.forced_fed = 0  # forced tokens so far: emitted without a step of their own
         self._rewind = 0
-        self._draft_ms: list[float] = []  # drafter time per proposed token
-        self.k_cap: int | None = None  # adaptive K's ceiling, set by the scheduler under load
-        self._probe_gap = PROBE_EVERY  # steps between probes at K = 0 (see choose_k)
-        self._next_probe = PROBE_EVERY - 1
-        self._probing = False
-        # adaptive K over a drafter that can be replayed: measured match lengths at every
-        # position (zctl.engine.hindsight), and no probes
-        self._hindsight = (DraftHindsight(self.drafter, k)
-                           if self.auto_k and k > 0 and getattr(self.drafter, "replayable", False)
-                           else None)
-        self._last_cost: StepCost | None = None  # the latest cost fit the steps identified
         self._planned_at = 0.0
         self._started_at = 0.0
         self._decode_start: float | None = None
-        self.done = max_new_tokens == 0
+        self.state = SessionState.FINISHED if max_new_tokens == 0 else SessionState.PREFILLING
 
     # -- state -----------------------------------------------------------------------
     @property
+    def done(self) -> bool:
+        """Whether the generation is over (finished, or failed)."""
+        return self.state is SessionState.FINISHED or self.state is SessionState.FAILED
+
+    @property
     def prefilling(self) -> bool:
-        return self._answered_to < self._prefill_tokens.size
+        """Whether its next steps feed its prompt (or, after a restart, a replay)."""
+        return self.state is SessionState.PREFILLING or self.state is SessionState.REPLAYING
+
+    @property
+    def k(self) -> int:
+        """The draft length (the most, when adaptive)."""
+        return self.draft_length.k
+
+    @property
+    def auto_k(self) -> bool:
+        return self.draft_length.auto
 
     @property
     def can_plan_ahead(self) -> bool:
         """Whether another prefill step may be planned before the last one is answered
         (pipelined prefill: chunk k+1 enters stage 0 while chunk k is on later stages)."""
-        return not self.done and self._planned_to < self._prefill_tokens.size
-
-    @property
-    def _prefill_tokens(self) -> np.ndarray:
-        return self._replay if self._replay is not None else self.prompt
+        return self.prefilling and self._prefill.left > 0
 
     @property
     def prefill_left(self) -> int:
         """Prefill tokens not yet planned."""
-        return self._prefill_tokens.size - self._planned_to
+        return self._prefill.left
 
     @property
     def kv_tokens(self) -> int:
@@ -209,21 +353,13 @@ class DecodeSession:
     @property
     def prefill_position(self) -> int:
         """The position the next prefill step starts at."""
-        return self._planned_to
+        return self._prefill.planned
 
     @property
     def kv_history(self) -> list[int]:
         """The tokens whose KV the stream holds for certain (rejected drafts not counted):
         the prompt and every emitted token but the last, which has not been fed yet."""
         return self.history[:self._position] if self.emitted else []
-
-    def skip_prefix(self, length: int) -> None:
-        """Start the prefill at position ``length``: the stream's KV already holds the
-        prompt's first ``length`` tokens (a prefix-cache hit loaded them)."""
-        if self._planned_to or self._replay is not None or not 0 <= length < self.prompt.size:
-            raise ValueError(f"cannot skip {length} tokens of a {self.prompt.size}-token "
-                             "prompt once its prefill has started")
-        self.cached_tokens = self._planned_to = self._answered_to = length
 
     @property
     def wants_logits(self) -> Want:
@@ -239,34 +375,53 @@ class DecodeSession:
     def last_k(self) -> int:
         return self.k_used[-1] if self.k_used else 0
 
+    # -- transitions -----------------------------------------------------------------
+    def skip_prefix(self, length: int) -> None:
+        """Start the prefill at position ``length``: the stream's KV already holds the
+        prompt's first ``length`` tokens (a prefix-cache hit loaded them)."""
+        if (self._prefill.planned or self.state is SessionState.REPLAYING
+                or not 0 <= length < self.prompt.size):
+            raise ValueError(f"cannot skip {length} tokens of a {self.prompt.size}-token "
+                             "prompt once its prefill has started")
+        self.cached_tokens = length
+        self._prefill = PrefillProgress(self.prompt, length)
+
+    def finish(self) -> None:
+        """End the generation where it is (the caller's stop: a cancel, a stop string)."""
+        self.state = SessionState.FINISHED
+
     def fail(self, error: Exception) -> None:
-        self.error, self.done = error, True
+        self.error, self.state = error, SessionState.FAILED
 
     def clear_failure(self) -> None:
-        """Undo ``fail`` for a failure that was the pipeline's, not the stream's (it went
-        down under the step): ``restart`` then replays the stream onto fresh KV."""
-        self.error, self.done = None, False  # (a stream that had ended would not have failed)
+        """Undo ``fail`` for a failure that was the executor's, not the stream's (it went
+        down under the step): held, the session waits for ``restart``, which replays the
+        stream onto fresh KV. (A stream that had ended would not have failed.)"""
+        self.error, self.state = None, SessionState.HELD
 
     def restart(self) -> None:
         """Go on from fresh KV (the stages lost this stream's: a node went down, the
-        pipeline was rewired): the next steps prefill the prompt and every emitted token
+        executor was rewired): the next steps prefill the prompt and every emitted token
         but the last again, then decoding continues where it stopped, with the same
-        drafter, sampler and figures. Reset the pipeline's stream first."""
+        drafter, sampler and figures. Reset the executor's stream first."""
         self._rewind, self._draft, self._forced = 0, [], []  # the rejected slots went with
         # the old KV, the forced tokens with the step in flight
         del self.k_used[self.spec.steps:]  # a decode step planned but never answered
-        self._probing = False
-        if self._hindsight is not None:
-            self._hindsight.reset()
+        self.draft_length.restart()
         self.restarts += 1
-        self.cached_tokens = self._planned_to = self._answered_to = 0
-        self._chunk_ends.clear()
-        if self.emitted:  # else still in the prompt: prefill it from the start
-            self._replay = np.asarray(self.history[:self._position], dtype=np.int64)
+        self.cached_tokens = 0
+        if self.emitted:  # replay what its KV held, then decode on
+            self._prefill = PrefillProgress(np.asarray(self.history[:self._position],
+                                                       dtype=np.int64))
+            self.state = SessionState.REPLAYING
+        else:  # still in the prompt: prefill it from the start
+            self._prefill = PrefillProgress(self.prompt)
+            self.state = SessionState.PREFILLING
 
     # -- planning --------------------------------------------------------------------
-    def plan(self) -> StepPlan:
-        """The next step to run (prefill chunk, or last token + drafts)."""
+    def plan(self) -> Step:
+        """The next step to run (prefill chunk, or last token + drafts; its ``mask_tail``
+        the previous step's rejected slots)."""
         if self.done:
             raise RuntimeError(f"stream {self.stream_id}'s generation is over")
         now = time.perf_counter()
@@ -280,22 +435,26 @@ class DecodeSession:
         if self._forced:  # the grammar's forced tokens ride instead of drafts
             k_now = 0
         self.k_used.append(k_now)
-        draft: list[int] = []
-        if k_now > 0:
-            start = time.perf_counter()
-            draft = [int(t) for t in self.drafter.propose(self.history, k_now)][:k_now]
-            if draft:
-                self._draft_ms.append((time.perf_counter() - start) * 1e3 / len(draft))
-            if self.constraint is not None:
-                draft = self.constraint.usable_drafts(draft)
+        draft = self._propose(self.history, k_now)
+        if draft and self.constraint is not None:
+            draft = self.constraint.usable_drafts(draft)
         self._draft = draft
         self._planned_at = time.perf_counter()  # the step's cost excludes drafting
         fed = len(draft) + 1 + len(self._forced)
         token = self.emitted[-1]
-        return StepPlan(np.array([token, *draft, *self._forced], dtype=np.int64),
-                        np.arange(self._position, self._position + fed),
-                        np.arange(fed) if draft else None, self._rewind,
-                        self.wants_logits)
+        return Step(self.stream_id, np.array([token, *draft, *self._forced], dtype=np.int64),
+                    np.arange(self._position, self._position + fed),
+                    np.arange(fed) if draft else None, self.wants_logits, self._rewind)
+
+    def _propose(self, history: list[int], size: int) -> list[int]:
+        """Up to ``size`` drafted tokens after ``history``, the drafter's time recorded."""
+        if size < 1:
+            return []
+        start = time.perf_counter()
+        tokens = [int(t) for t in self.drafter.propose(history, size)][:size]
+        if tokens:
+            self.draft_length.draft_ms.append((time.perf_counter() - start) * 1e3 / len(tokens))
+        return tokens
 
     def _forced_tokens(self) -> list[int]:
         """The tokens the grammar allows alone after the last one (jump-forward: they are
@@ -306,101 +465,34 @@ class DecodeSession:
             return []
         return self.constraint.forced()[:room]
 
-    def _plan_prefill(self, now: float) -> StepPlan:
+    def _plan_prefill(self, now: float) -> Step:
         """The next ``prefill_chunk`` tokens of the prompt (or of the replay)."""
         if not self.can_plan_ahead:
             raise RuntimeError(f"stream {self.stream_id}'s prefill is planned to its end: "
                                "its next step waits for the last chunk's answer")
-        tokens = self._prefill_tokens
-        lo = self._planned_to
-        hi = min(lo + max(1, min(self.prefill_chunk, self.max_prefill_chunk)), tokens.size)
-        self._planned_to = hi
-        self._chunk_ends.append(hi)
-        if self._replay is not None:  # after a restart: the answer is known already
-            return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0)
+        lo, hi = self._prefill.plan(max(1, min(self.prefill_chunk, self.max_prefill_chunk)))
+        tokens = self._prefill.tokens
+        if self.state is SessionState.REPLAYING:  # the answer is known already
+            return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi))
         if lo == self.cached_tokens:
             self._started_at = now
         if self.prompt_logprobs is not None:  # every position's logits, exactly
-            return StepPlan(tokens[lo:hi], np.arange(lo, hi), np.arange(hi - lo), 0, True)
-        return StepPlan(tokens[lo:hi], np.arange(lo, hi), None, 0,
-                        hi == tokens.size and self.wants_logits)
+            return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi), np.arange(hi - lo),
+                        True)
+        return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi), None,
+                    hi == tokens.size and self.wants_logits)
 
     def choose_k(self) -> int:
-        """This step's draft length: ``k``, or under the cost model the hindsight K (or
-        ``adapt_k``'s), at most ``k_cap`` when the scheduler sets one."""
-        if not self.auto_k or self.k == 0:
-            return self.k
-        k_max = self.k if self.k_cap is None else min(self.k, self.k_cap)
-        if k_max == 0:
-            return 0
-        # Measuring (the alternation below, a probe) costs more than its tokens on a CPU (two
-        # shape changes): not worth it with too few tokens left to use what it learns.
-        measuring = self.max_new_tokens - self.stats.new_tokens > PROBE_EVERY
-        cost = self.cost or self.fitted_cost()
-        # hindsight where hops dominate the step: its optimism tries drafts at two width
-        # changes each, cheap behind WAN hops; on a LAN it cost chat prompts 10-15%
-        # against plain decoding, so there the per-token estimate and its probes decide
-        hindsight = (self._hindsight if self._hindsight and self._hindsight.ready()
-                     and self._hops_dominate() else None)
-        if cost is None:  # not enough distinct step sizes yet
-            wide = (sum(1 for fed in self.spec.fed if fed > 1) if hindsight is not None
-                    else self.spec.steps)  # behind hops: until drafts were really fed
-            promising = hindsight is None or any(m > 0 for m in hindsight.recent)
-            if measuring and wide < MEASURE_STEPS and promising:
-                return min(k_max, AUTO_K_START)  # drafts of one width: one shape change
-            k_now, hindsight = 0, None  # 1-token steps are the other size; probes go on
-        elif hindsight is not None:  # the K that was fastest over the recent tokens
-            k_now = best_fixed_k(hindsight.recent, cost, k_max,
-                                 width=self.spec.fed[-1] if self.spec.fed else 1,
-                                 horizon=self.max_new_tokens - self.stats.new_tokens)
-        else:
-            acceptance = estimate_acceptance(self.spec.accepted, self.spec.rejections)
-            prev_fed = self.spec.fed[-1] if self.spec.fed else None
-            k_now = adapt_k(acceptance, cost, k_max=k_max, prev_fed=prev_fed)
-        if (k_now == 0 and measuring and hindsight is None
-                and self.spec.steps >= self._next_probe):
-            # K = 0 learns nothing: probe now and then. A probe costs more than its token
-            # (two shape changes on a CPU), so rejected probes double the gap to the next.
-            k_now, self._probing = 1, True
-            self._next_probe = self.spec.steps + self._probe_gap
-        return k_now
-
-    def _hops_dominate(self) -> bool:
-        """Whether the recent steps took ``HOPS_DOMINATE`` times the stages' compute (the
-        rest is hops and queues), over the decode steps measured so far."""
-        steps, stages = self.stats.step_ms[-COST_WINDOW:], self.stats.stage_ms[-COST_WINDOW:]
-        if not steps:
-            return False
-        compute = float(np.median([sum(ms) for ms in stages])) if stages else 0.0
-        return float(np.median(steps)) >= HOPS_DOMINATE * compute
-
-    def fitted_cost(self) -> StepCost | None:
-        """``fit_step_cost`` over this session's recent decode steps, plus draft time."""
-        log = self.spec.fed[-COST_WINDOW - 1:]
-        changed = width_changes(log)[len(log) - min(len(log), COST_WINDOW):]
-        fed, ms = log[-COST_WINDOW:], self.stats.step_ms[-COST_WINDOW:]
-        cost = fit_step_cost(fed, ms[-len(fed):], changed) if fed else None
-        if cost is None:  # the window holds one step size now: keep the last fit
-            return self._last_cost
-        draft_ms = float(np.median(self._draft_ms[-COST_WINDOW:])) if self._draft_ms else 0.0
-        self._last_cost = StepCost(cost.step_ms, cost.token_ms, draft_ms, cost.switch_ms)
-        return self._last_cost
+        """This step's draft length (``DraftLength.choose``), at most ``k_cap`` when the
+        scheduler sets one."""
+        return self.draft_length.choose(self.max_new_tokens - self.stats.new_tokens, self.k_cap)
 
     # -- replies ---------------------------------------------------------------------
     def advance(self, reply: StepReply) -> list[int]:
         """Take the reply to the planned step; returns the tokens it emits."""
         now = time.perf_counter()
         if self.prefilling:
-            lo, self._answered_to = self._answered_to, self._chunk_ends.popleft()
-            if self.prompt_logprobs is not None and self._replay is None:
-                self._note_prompt_logprobs(reply, lo)
-            if self.prefilling:
-                return []
-            if self._replay is not None:  # caught up: the next step feeds emitted[-1]
-                self._replay = None
-                return []
-            self.stats.ttft_ms = (now - self._started_at) * 1e3
-            return self._with_logprobs(reply, self._emit([self._first_token(reply)], now), last=True)
+            return self._advance_prefill(reply, now)
         draft, forced = self._draft, self._forced
         self.stats.step_ms.append((now - self._planned_at) * 1e3)
         self.stats.stage_ms.append(reply.stage_ms)
@@ -414,7 +506,7 @@ class DecodeSession:
         else:
             out = []
         n, following = self._check(draft, reply)
-        self._probe_answered(bool(draft), n)
+        self.draft_length.judge_probe(bool(draft), n)
         self.drafter.accept(n)
         self._rewind = len(draft) - n
         self._position += n + 1
@@ -426,22 +518,27 @@ class DecodeSession:
         spec.fed.append(len(draft) + 1)
         return out + self._with_logprobs(reply, self._emit([*draft[:n], following], now))
 
-    def _probe_answered(self, drafted: bool, accepted: int) -> None:
-        """A probe's answer (see ``choose_k``) sets the gap to the next one."""
-        if self._probing and drafted:
-            if accepted:  # drafts pay again, maybe: probe at the usual rate from here
-                self._probe_gap = PROBE_EVERY
-                self._next_probe = min(self._next_probe, self.spec.steps + PROBE_EVERY)
-            else:
-                self._probe_gap = min(2 * self._probe_gap, PROBE_MAX)
-        self._probing = False
+    def _advance_prefill(self, reply: StepReply, now: float) -> list[int]:
+        """A prefill step's reply: the prompt's logprobs when asked; the first token after
+        its last chunk (none after a replay's: the last emitted token is fed next)."""
+        lo = self._prefill.answer()
+        replaying = self.state is SessionState.REPLAYING
+        if self.prompt_logprobs is not None and not replaying:
+            self._note_prompt_logprobs(reply, lo)
+        if not self._prefill.all_answered:
+            return []
+        self.state = SessionState.DECODING
+        if replaying:
+            return []
+        self.stats.ttft_ms = (now - self._started_at) * 1e3
+        return self._with_logprobs(reply, self._emit([self._first_token(reply)], now), last=True)
 
     def _with_logprobs(self, reply: StepReply, tokens: list[int], last: bool = False) -> list[int]:
         """Record the emitted tokens' logprobs (when asked) from the reply's logits: the
         last row after a prefill, else one row per fed position."""
         if self.top_logprobs is not None and tokens:
             if reply.logits is None:
-                raise RuntimeError("the pipeline returned no logits for a logprobs request")
+                raise RuntimeError("the executor returned no logits for a logprobs request")
             rows = reply.logits.reshape(-1, reply.logits.shape[-1])
             self.logprobs += token_logprobs(rows[-1:] if last else rows, tokens, self.top_logprobs,
                                             normalised=reply.logprob_rows)
@@ -451,7 +548,7 @@ class DecodeSession:
         """The prompt's tokens after positions ``lo``.. of a prefill chunk's reply (row i
         answers position lo + i, so it gives token lo + i + 1's logprob)."""
         if reply.logits is None:
-            raise RuntimeError("the pipeline returned no logits for a prompt's logprobs")
+            raise RuntimeError("the executor returned no logits for a prompt's logprobs")
         assert self.prompt_logprobs is not None
         rows = reply.logits.reshape(-1, reply.logits.shape[-1])
         lps = token_logprobs(rows, self.prompt[lo + 1:lo + 1 + rows.shape[0]].tolist(),
@@ -462,8 +559,8 @@ class DecodeSession:
         if self.sampling is None:
             return int(reply.tokens[-1])
         assert self._rng is not None and reply.logits is not None
-        row = self._constrained(adjust_logits(last_row(reply).logits, self.sampling,
-                                              self.emitted, prompt=self.prompt))
+        row = self._mask_to_grammar(adjust_logits(last_row(reply).logits, self.sampling,
+                                                  self.emitted, prompt=self.prompt))
         if self.sampling.greedy:
             return int(row[0].argmax())
         return draw(target_probs(row[0], self.sampling), self._rng)
@@ -474,15 +571,15 @@ class DecodeSession:
             target = [int(t) for t in reply.tokens]
         else:
             assert self._rng is not None and reply.logits is not None
-            rows = self._constrained(adjust_logits(reply.logits, self.sampling, self.emitted,
-                                                   draft, self.prompt), draft)
+            rows = self._mask_to_grammar(adjust_logits(reply.logits, self.sampling,
+                                                       self.emitted, draft, self.prompt), draft)
             if not self.sampling.greedy:
                 return speculative_sample(draft, target_probs(rows, self.sampling), self._rng)
             target = rows.argmax(axis=-1).tolist()  # greedy over penalised or biased logits
         n = accept_prefix(draft, target)
         return n, target[n]
 
-    def _constrained(self, rows: np.ndarray, draft: Sequence[int] = ()) -> np.ndarray:
+    def _mask_to_grammar(self, rows: np.ndarray, draft: Sequence[int] = ()) -> np.ndarray:
         """A step's adjusted logits masked to the tokens the grammar allows: row i after
         the drafts before it."""
         if self.constraint is not None:
@@ -507,10 +604,11 @@ class DecodeSession:
             out.append(token)
             if should_stop(token, self.stats.new_tokens, self.max_new_tokens,
                            self.stops) or self.grammar_complete:
-                self.done = True
+                self.state = SessionState.FINISHED
                 break
         if self._decode_start is not None:
             self.stats.decode_ms = (now - self._decode_start) * 1e3
-        if self._hindsight is not None and out:
-            self._hindsight.observe(self.history)
+        hindsight = self.draft_length.hindsight
+        if hindsight is not None and out:
+            hindsight.observe(self.history)
         return out

@@ -14,6 +14,7 @@ from dataplane.head.cluster_head import ClusterHead, DataPlaneError, StageFailed
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.stateful import StageRunner, load_runner
 from dataplane.wire.transport import pull_socket
+from zctl.engine.executor import Step
 from zctl.engine.payloads import FULL_FP16, LogitsPayload
 from zctl.engine.scheduler import generate_greedy, generate_speculative
 from zctl.engine.stats import GenerationStats, SpeculativeStats
@@ -140,7 +141,8 @@ def test_streams_interleave_with_submit_and_collect(dp_threaded2, local2):
         pipe.open(s)
         pipe.reset(s)
         position[s] = len(prompt)
-    requests = {pipe.submit(s, np.array(p), np.arange(len(p))): s for s, p in enumerate(PROMPTS)}
+    requests = {pipe.submit(Step(s, np.array(p), np.arange(len(p)))): s
+                for s, p in enumerate(PROMPTS)}
     assert len(pipe.in_flight) == 2
     while requests:
         reply = pipe.collect_any()
@@ -148,7 +150,7 @@ def test_streams_interleave_with_submit_and_collect(dp_threaded2, local2):
         assert reply.stream_id == s
         tokens.setdefault(s, []).append(int(reply.tokens[-1]))
         if len(tokens[s]) < 6:
-            rid = pipe.submit(s, np.array([tokens[s][-1]]), np.array([position[s]]))
+            rid = pipe.submit(Step(s, np.array([tokens[s][-1]]), np.array([position[s]])))
             position[s] += 1
             requests[rid] = s
     assert tokens == expect
@@ -160,7 +162,7 @@ def test_replies_of_an_old_epoch_are_discarded(dp_threaded2, local2):
     prompt = PROMPTS[0]
     pipe.open(0)
     pipe.reset(0)
-    old = pipe.submit(0, np.array(prompt), np.arange(len(prompt)))
+    old = pipe.submit(Step(0, np.array(prompt), np.arange(len(prompt))))
     pipe.reset(0)  # the old request's answer is now stale wherever it is
     assert greedy(pipe, prompt, n=5) == greedy(local2, prompt, n=5)
     assert pipe.stats.stale_replies == 1
@@ -215,7 +217,7 @@ def test_a_silent_stage_times_out_naming_it(dp_export2):
             pipe.step(0, np.array([1, 2]), np.arange(2))
         assert info.value.stages == (1,) and pipe.stats.timeouts == 1
         with pytest.raises(DataPlaneError, match="must be reset"):
-            pipe.submit(0, np.array([3]), np.array([2]))
+            pipe.submit(Step(0, np.array([3]), np.array([2])))
     finally:
         pipe.close()
         hole.close(0)
@@ -283,12 +285,12 @@ def test_abandon_all_forgets_steps_in_flight_and_needs_resets(dp_threaded2, loca
     for sid in (0, 1):
         pipe.open(sid)
         pipe.reset(sid)
-    pipe.submit(0, np.array(PROMPTS[0]), np.arange(len(PROMPTS[0])))
-    pipe.submit(1, np.array(PROMPTS[1]), np.arange(len(PROMPTS[1])))
+    pipe.submit(Step(0, np.array(PROMPTS[0]), np.arange(len(PROMPTS[0]))))
+    pipe.submit(Step(1, np.array(PROMPTS[1]), np.arange(len(PROMPTS[1]))))
     pipe.abandon_all("stage 1 went away")
     assert pipe.in_flight == [] and pipe.collect_any(0.5) is None
     with pytest.raises(DataPlaneError, match="must be reset: stage 1 went away"):
-        pipe.submit(0, np.array([3]), np.array([len(PROMPTS[0])]))
+        pipe.submit(Step(0, np.array([3]), np.array([len(PROMPTS[0])])))
     assert greedy(pipe, PROMPTS[1], n=4, stream_id=1) == greedy(local2, PROMPTS[1], n=4)
     assert pipe.stats.stale_replies == 2  # the forgotten steps' late answers
 
@@ -369,7 +371,7 @@ def test_a_head_closed_from_another_thread_while_it_waits_fails_its_waiter_clean
     pipe.open(0)
     pipe.reset(0)
     worker.handle = lambda *args: time.sleep(2)  # a stage that answers nothing for a while
-    rid = pipe.submit(0, np.array([1, 2, 3]), np.arange(3))
+    rid = pipe.submit(Step(0, np.array([1, 2, 3]), np.arange(3)))
     caught: list[BaseException] = []
 
     def wait() -> None:

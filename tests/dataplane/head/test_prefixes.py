@@ -19,6 +19,7 @@ from dataplane.wire.prefix_ops import PrefixOp, prefix_payload
 from dataplane.wire.transport import PipeOptions, bound_endpoint, pull_socket, push_socket
 from dataplane.worker.stage_worker import StageWorker
 from tests.helpers.prefixes import EXACT, MORE, P, Q, assert_same_continuation, logits, run_on, scratch
+from zctl.engine.executor import Step
 
 EPOCH = 1000
 
@@ -63,7 +64,7 @@ def test_a_loaded_prefix_continues_like_a_full_prefill(exact2, save_take: bool, 
     pipe.save_prefix(1, 7, len(P), take=save_take)
     if save_take:  # closed on every stage
         with pytest.raises(DataPlaneError, match="not open"):
-            pipe.submit(1, np.array([1]), np.array([len(P) + 2]))
+            pipe.submit(Step(1, np.array([1]), np.array([len(P) + 2])))
     pipe.open(2)
     pipe.reset(2)
     pipe.load_prefix(2, 7, length, take=load_take)

@@ -10,6 +10,7 @@ from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.kv.blocks import BlockPool
 from dataplane.runtime.paged import PagedStageRunner
 from dataplane.runtime.stateful import RuntimeConfig, StageError, load_runner
+from zctl.engine.executor import Step
 from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
 
@@ -304,8 +305,8 @@ def test_ragged_rows_on_a_stateful_stage_are_refused_clearly(dp_export2, statefu
             pipe.reset(sid)
             pipe.step(sid, np.array(PROMPT[:5]), np.arange(5))
         pipe.regroup(70, [1, 2])
-        rid = pipe.submit(70, np.array([5, 6, 7]), np.array([5, 5, 6]),
-                          row_tokens=np.array([1, 2]))
+        rid = pipe.submit(Step(70, np.array([5, 6, 7]), np.array([5, 5, 6]),
+                               row_tokens=np.array([1, 2])))
         with pytest.raises(DataPlaneError, match="ragged rows .* need paged attention"):
             pipe.collect(rid)
         want = list(generate_greedy(stateful, PROMPT[:30], 4, stream_id=80))

@@ -33,6 +33,7 @@ from dataplane.wire.transport import (
 from dataplane.worker.stage_worker import StageWorker
 from tests.helpers.repo import ROOT
 from zctl.engine.drafting import LookupDrafter
+from zctl.engine.executor import Step
 from zctl.engine.scheduler import generate_greedy, generate_speculative
 
 STAMP = struct.Struct("<Id")  # sequence number, send time (monotonic s)
@@ -218,7 +219,7 @@ def test_polling_in_short_waits_still_counts_the_delay_as_network(dp_export2):
         # the RESET has passed: stage 1 is idle when the step lands
         wait_until(lambda: worker.stats().resets == 1, "stage 1 to apply the reset")
         t0 = time.monotonic()
-        pipe.submit(0, np.array(PROMPT), np.arange(len(PROMPT)))
+        pipe.submit(Step(0, np.array(PROMPT), np.arange(len(PROMPT))))
         submit_ms = (time.monotonic() - t0) * 1e3
         assert pipe._push.backlog == 1  # stage 0 computed, the frame queued: submit did not
         # wait for the link (nor for the reply)

@@ -40,12 +40,12 @@ class RandomModel(TableModel):
     def row(self, token: int, position: int) -> np.ndarray:
         return np.random.default_rng([int(token), int(position)]).normal(size=self.vocab) * 3
 
-    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-             mask_tail=0):
+    def compute(self, step):
         self.steps += 1
-        rows = np.stack([self.row(t, p) for t, p in zip(token_ids, positions, strict=True)])
-        rows = rows if logits_idx is not None else rows[-1:]
-        return StepReply(tokens=rows.argmax(-1), logits=rows if want_logits else None)
+        rows = np.stack([self.row(t, p) for t, p in zip(step.token_ids, step.positions,
+                                                        strict=True)])
+        rows = rows if step.logits_idx is not None else rows[-1:]
+        return StepReply(tokens=rows.argmax(-1), logits=rows if step.want_logits else None)
 
 
 @pytest.fixture(scope="module")
@@ -474,9 +474,7 @@ def test_a_constrained_session_restarted_mid_way_gives_the_same_output(dp_export
                 chain.reset(3)
                 s.restart()
                 plan = s.plan()
-            reply = chain.step(3, plan.token_ids, plan.positions, plan.logits_idx,
-                               plan.want_logits, mask_tail=plan.rewind)
-            s.advance(reply)
+            s.advance(chain.compute(plan))
             steps += 1
         chain.close_stream(3)
         assert s.emitted == want, lost_at

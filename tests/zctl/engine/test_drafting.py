@@ -4,6 +4,8 @@ across stage processes (the rewind carried in the next step's frame)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,8 @@ class ScriptedDrafter:
     spoiled index cycling 0..k, so every accept count (none, some, all + bonus) and every
     rewind length 0..k occurs. It also checks the history it is given."""
 
+    replayable = False
+
     def __init__(self, prompt: list[int], greedy: list[int], check: bool = True) -> None:
         self.full, self.check, self.calls, self.counts = prompt + greedy, check, 0, []
 
@@ -171,10 +175,10 @@ class SkewedRewind(InlineExecutor):
         self.chain, self.delta, self.num_stages = chain, delta, chain.num_stages
         self.open, self.reset = chain.open, chain.reset
 
-    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-             mask_tail: int = 0):
-        return self.chain.step(stream_id, token_ids, positions, logits_idx, want_logits,
-                               mask_tail=mask_tail + self.delta if mask_tail else 0)
+    def compute(self, step):
+        mask_tail = step.mask_tail
+        return self.chain.compute(replace(step, mask_tail=mask_tail + self.delta if mask_tail
+                                          else 0))
 
 
 @pytest.mark.parametrize("delta", [-1, 1])
@@ -194,12 +198,11 @@ class RewindFirst(InlineExecutor):
         self.chain, self.num_stages, self.rewinds = chain, chain.num_stages, 0
         self.open, self.reset = chain.open, chain.reset
 
-    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-             mask_tail: int = 0):
-        if mask_tail:
+    def compute(self, step):
+        if step.mask_tail:
             self.rewinds += 1
-            self.chain.rewind(stream_id, mask_tail)
-        return self.chain.step(stream_id, token_ids, positions, logits_idx, want_logits)
+            self.chain.rewind(step.stream_id, step.mask_tail)
+        return self.chain.compute(replace(step, mask_tail=0))
 
 
 def test_rewind_on_its_own_and_compaction(export2, chains, expected) -> None:

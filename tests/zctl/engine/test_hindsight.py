@@ -49,6 +49,8 @@ def test_best_k_follows_the_runs_the_hops_and_the_width_changes() -> None:
 class Scripted:
     """Drafts from a table: position -> draft (none elsewhere)."""
 
+    replayable = True
+
     def __init__(self, drafts: dict[int, list[int]]) -> None:
         self.drafts = drafts
 

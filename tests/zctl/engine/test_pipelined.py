@@ -76,21 +76,20 @@ class OverlappingModel:
             return TEXT[len(seq)]
         return (sum((i + 1) * t for i, t in enumerate(seq)) % (VOCAB - 20)) + 20
 
-    def submit(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-               mask_tail=0, row_tokens=None, guessed=None) -> int:
-        kv = self.kv[stream_id]
+    def submit(self, step) -> int:
+        kv = self.kv[step.stream_id]
         if kv:
-            self.guessed.append(guessed)
-        if mask_tail:
-            del kv[len(kv) - int(mask_tail):]
-        ids, pos = [int(t) for t in token_ids], [int(p) for p in positions]
+            self.guessed.append(step.guessed)
+        if step.mask_tail:
+            del kv[len(kv) - int(step.mask_tail):]
+        ids, pos = [int(t) for t in step.token_ids], [int(p) for p in step.positions]
         if pos[0] != len(kv) or pos != list(range(pos[0], pos[0] + len(ids))):
             raise RuntimeError(f"a step at {pos} on a stream holding {len(kv)} tokens")
         kv += ids
         nxt = [self.next_token(kv[:p + 1]) for p in pos]
-        answered = nxt if logits_idx is not None else nxt[-1:]
+        answered = nxt if step.logits_idx is not None else nxt[-1:]
         logits = None
-        if want_logits:
+        if step.want_logits:
             logits = np.zeros((len(answered), VOCAB), np.float32)
             for row, token in enumerate(answered):
                 logits[row, token], logits[row, (token + 1) % VOCAB] = 2.0, 1.6
@@ -191,6 +190,8 @@ def test_several_busy_streams_turn_it_off() -> None:
 
 def test_the_drafter_must_be_replayable() -> None:
     class Stateful:
+        replayable = False
+
         def propose(self, history, k):
             return []
 
@@ -284,7 +285,7 @@ def test_runs_stay_one_token_wide_behind_slow_hops_too(step_ms: float) -> None:
     session.stats.step_ms = [step_ms] * 8
     session.stats.stage_ms = [[6.0, 6.0]] * 8
     assert session.run_width() == 0
-    hindsight = session._hindsight
+    hindsight = session.draft_length.hindsight
     assert hindsight is not None
     hindsight.matches.extend([LONG_MATCH] * (hindsight.matches.maxlen or 0))
     assert hindsight.ready() and session.run_width() == LONG

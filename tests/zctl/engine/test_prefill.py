@@ -152,14 +152,14 @@ def test_long_prompts_in_one_group_step_share_its_allowance_first_come_first_ser
     first = DecodeSession(0, list(range(MODELLED_PROMPT + 100)), 4)
     second = DecodeSession(1, list(range(MODELLED_PROMPT + 1)), 4)
     assert planner.fused_chunks(7, [first, second]) == [FAIR_MIN_CHUNK, 1]  # one token at least
-    planner.submitted(1, [(FAIR_MIN_CHUNK, 0), (1, 0)], (7, FAIR_MIN_CHUNK))
-    planner.answered(1, [10.0])  # no decode figure yet: nothing learnt of the group
-    planner.answered(2, [10.0])  # a decode step: the figure
-    planner.submitted(3, [(4, 0)], (7, 4))
-    planner.answered(3, [10.5])  # 4 prompt tokens cost 0.5 ms: the allowance grows
+    planner.note_step(1, [(FAIR_MIN_CHUNK, 0), (1, 0)], (7, FAIR_MIN_CHUNK))
+    planner.note_answer(1, [10.0])  # no decode figure yet: nothing learnt of the group
+    planner.note_answer(2, [10.0])  # a decode step: the figure
+    planner.note_step(3, [(4, 0)], (7, 4))
+    planner.note_answer(3, [10.5])  # 4 prompt tokens cost 0.5 ms: the allowance grows
     assert planner.fused_chunks(7, [second, first]) == [5, 1]
     assert planner.fused_chunks(8, [first]) == [FAIR_MIN_CHUNK]  # another group: its own
-    planner.submitted(4, [(1, 0)], (8, 1))
+    planner.note_step(4, [(1, 0)], (8, 1))
     planner.forget_step(4)
     assert planner.notes == 0
 
@@ -168,7 +168,7 @@ def test_shorter_prompts_ride_in_chunks_the_cost_model_sizes() -> None:
     """A prompt of at most MODELLED_PROMPT tokens (whose rows the model prices well) takes
     the model's fused chunk, whole if short, and leaves the allowance to the long ones."""
     planner = PrefillPlanner(PAGED_PRIOR)
-    planner.answered(1, [20.0])  # a decode step: the figure
+    planner.note_answer(1, [20.0])  # a decode step: the figure
     short = DecodeSession(0, list(range(SHORT_PREFILL)), 4)
     medium = DecodeSession(1, list(range(MODELLED_PROMPT)), 4)
     long = DecodeSession(2, list(range(MODELLED_PROMPT + 1)), 4)
@@ -199,10 +199,10 @@ class _Counting:
     def __getattr__(self, name):
         return getattr(self.pipe, name)
 
-    def submit(self, stream_id, *args, **kwargs):
-        rid = self.pipe.submit(stream_id, *args, **kwargs)
-        self.in_flight[rid] = stream_id
-        self.most = max(self.most, list(self.in_flight.values()).count(stream_id))
+    def submit(self, step):
+        rid = self.pipe.submit(step)
+        self.in_flight[rid] = step.stream_id
+        self.most = max(self.most, list(self.in_flight.values()).count(step.stream_id))
         return rid
 
     def collect_any(self, timeout_s=None):
@@ -272,12 +272,12 @@ class _RowSteps:
     def __getattr__(self, name):
         return getattr(self.pipe, name)
 
-    def submit(self, stream_id, *args, row_tokens=None, **kwargs):
-        if row_tokens is not None:
-            self.ragged.append(list(row_tokens))
+    def submit(self, step):
+        if step.row_tokens is not None:
+            self.ragged.append(list(step.row_tokens))
         else:
-            self.alone.append(stream_id)
-        return self.pipe.submit(stream_id, *args, row_tokens=row_tokens, **kwargs)
+            self.alone.append(step.stream_id)
+        return self.pipe.submit(step)
 
 
 def test_a_prompt_beside_decoding_streams_rides_in_their_steps_on_paged_stages(dp_export2):
@@ -319,10 +319,11 @@ class _CostedSteps(_RowSteps):
         self.members, self.prefilling = (lambda group_id: []), (lambda: False)
         self.chunks, self._chunk = [], {}
 
-    def submit(self, stream_id, *args, row_tokens=None, **kwargs):
-        rid = super().submit(stream_id, *args, row_tokens=row_tokens, **kwargs)
-        if row_tokens is not None and self.prefilling():
-            rows = dict(zip(self.members(stream_id), (int(t) for t in row_tokens), strict=True))
+    def submit(self, step):
+        rid = super().submit(step)
+        if step.row_tokens is not None and self.prefilling():
+            rows = dict(zip(self.members(step.stream_id), (int(t) for t in step.row_tokens),
+                            strict=True))
             self._chunk[rid] = rows.get(self.prompt_id, 0)
         return rid
 
@@ -353,7 +354,7 @@ def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2, monke
     sessions = [DecodeSession(i, p, 40) for i, p in enumerate(short)]
     late = DecodeSession(2, long, 8)
     scheduler = StreamScheduler(paged, row_groups=1)
-    paged.members = lambda group_id: scheduler._formed[group_id]
+    paged.members = lambda group_id: scheduler.row_groups.formed[group_id]
     paged.prefilling = lambda: late.prefilling
     for s in sessions:
         scheduler.add(s)
@@ -385,8 +386,8 @@ def test_a_short_cached_prefix_is_not_loaded_beside_decoding_streams(dp_export2)
     first = DecodeSession(0, [0, *range(40, 60)], 4)  # leaves a 24-token entry
     list(run_sessions_on(scheduler, [first]))
     follow = [*first.prompt, *first.emitted, *range(100, 200)]
-    assert scheduler.cache is not None
-    hits = scheduler.cache.stats.hits
+    assert scheduler.prefixes.index is not None
+    hits = scheduler.prefixes.index.stats.hits
     decoders = [DecodeSession(1, [0, 5, 6, 7], 30), DecodeSession(2, [0, 9, 10, 11], 30)]
     for s in decoders:
         scheduler.add(s)
@@ -396,10 +397,10 @@ def test_a_short_cached_prefix_is_not_loaded_beside_decoding_streams(dp_export2)
     late = DecodeSession(3, follow, 4)
     scheduler.add(late)
     list(run_sessions_on(scheduler, []))
-    assert scheduler.cache.stats.hits == hits and 3 not in paged.alone
+    assert scheduler.prefixes.index.stats.hits == hits and 3 not in paged.alone
     alone = DecodeSession(4, follow, 4)  # nothing decoding now: the entry is worth loading
     list(run_sessions_on(scheduler, [alone]))
-    assert scheduler.cache.stats.hits == hits + 1
+    assert scheduler.prefixes.index.stats.hits == hits + 1
     assert alone.emitted == late.emitted
 
 

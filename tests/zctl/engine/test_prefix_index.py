@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zctl.engine.prefix_index import PrefixCache, block_hashes, common_prefix
+from zctl.engine.prefix_index import PrefixIndex, block_hashes, common_prefix
 
 
 def test_block_hashes_chain() -> None:
@@ -21,7 +21,7 @@ def test_block_hashes_chain() -> None:
 
 
 def test_the_longest_start_is_found_and_the_last_token_is_left_to_prefill() -> None:
-    cache = PrefixCache(10_000, block=4, min_hit=4)
+    cache = PrefixIndex(10_000, block=4, min_hit=4)
     short, _ = cache.store(list(range(10)))
     long, _ = cache.store([*range(10), 50, 51, 52, 53, 54, 55])
     assert cache.entries() == [long]  # the short entry is a start of the long one: dropped
@@ -35,13 +35,13 @@ def test_the_longest_start_is_found_and_the_last_token_is_left_to_prefill() -> N
 
 
 def test_short_matches_are_not_hits() -> None:
-    cache = PrefixCache(1000, block=4, min_hit=8)
+    cache = PrefixIndex(1000, block=4, min_hit=8)
     cache.store(list(range(20)))
     assert cache.lookup([0, 1, 2, 3, 4, 5, 99, 98, 97]) is None
 
 
 def test_eviction_keeps_the_budget_least_recently_used_first() -> None:
-    cache = PrefixCache(50, block=4, min_hit=4)
+    cache = PrefixIndex(50, block=4, min_hit=4)
     a, _ = cache.store([1] * 20)
     b, _ = cache.store([2] * 20)
     assert cache.lookup([1] * 25) is not None  # a is now the most recently used
@@ -54,7 +54,7 @@ def test_eviction_keeps_the_budget_least_recently_used_first() -> None:
 
 
 def test_live_sources_are_found_but_not_charged() -> None:
-    cache = PrefixCache(10, block=4, min_hit=4)
+    cache = PrefixIndex(10, block=4, min_hit=4)
     cache.track_live(7, list(range(30)))
     hit = cache.lookup([*range(30), 1])
     assert hit is not None and hit.entry.live and hit.entry.stream_id == 7
@@ -64,7 +64,7 @@ def test_live_sources_are_found_but_not_charged() -> None:
 
 
 def test_a_stored_entry_is_preferred_to_a_live_one_of_the_same_length() -> None:
-    cache = PrefixCache(1000, block=4, min_hit=4)
+    cache = PrefixIndex(1000, block=4, min_hit=4)
     cache.track_live(1, list(range(16)))
     stored, _ = cache.store(list(range(16)))
     hit = cache.lookup(list(range(17)))
@@ -72,7 +72,7 @@ def test_a_stored_entry_is_preferred_to_a_live_one_of_the_same_length() -> None:
 
 
 def test_clear_returns_the_stored_entries() -> None:
-    cache = PrefixCache(1000, block=4, min_hit=4)
+    cache = PrefixIndex(1000, block=4, min_hit=4)
     cache.track_live(1, list(range(16)))
     stored, _ = cache.store([5] * 16)
     assert cache.clear() == [stored] and cache.entries() == []
@@ -80,16 +80,16 @@ def test_clear_returns_the_stored_entries() -> None:
 
 def test_bad_settings() -> None:
     with pytest.raises(ValueError):
-        PrefixCache(-1)
+        PrefixIndex(-1)
     with pytest.raises(ValueError):
-        PrefixCache(10, block=0)
+        PrefixIndex(10, block=0)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=40), min_size=1, max_size=12),
        st.integers(0, 120))
 def test_the_budget_always_holds_and_hits_are_true_prefixes(stores, budget) -> None:
-    cache = PrefixCache(budget, block=4, min_hit=4)
+    cache = PrefixIndex(budget, block=4, min_hit=4)
     for tokens in stores:
         cache.store(tokens)
         assert cache.tokens <= budget

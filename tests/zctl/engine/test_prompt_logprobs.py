@@ -118,15 +118,11 @@ def test_a_restart_mid_prompt_scores_it_the_same(setup) -> None:
     session = DecodeSession(7, ids, 2, top_logprobs=0, prompt_logprobs=True, prefill_chunk=CHUNK)
     chain.open(7)
     chain.reset(7)
-    plan = session.plan()
-    session.advance(chain.step(7, plan.token_ids, plan.positions, plan.logits_idx,
-                               want_logits=plan.want_logits))
+    session.advance(chain.compute(session.plan()))
     session.restart()  # the stages lost the stream after its first chunk
     chain.reset(7)
     while not session.done:
-        plan = session.plan()
-        session.advance(chain.step(7, plan.token_ids, plan.positions, plan.logits_idx,
-                                   want_logits=plan.want_logits))
+        session.advance(chain.compute(session.plan()))
     chain.close_stream(7)
     want = whole_prompt_logprobs(chain, ids)
     assert all(abs(lp.logprob - want[i, lp.token]) < 1e-4

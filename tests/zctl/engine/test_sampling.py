@@ -100,11 +100,10 @@ class TableModel(InlineExecutor):
     def close_stream(self, stream_id: int) -> None:
         pass
 
-    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-             mask_tail=0):
-        rows = self.table[np.asarray(token_ids), np.asarray(positions)]
-        rows = rows if logits_idx is not None else rows[-1:]
-        return StepReply(tokens=rows.argmax(-1), logits=rows if want_logits else None)
+    def compute(self, step):
+        rows = self.table[np.asarray(step.token_ids), np.asarray(step.positions)]
+        rows = rows if step.logits_idx is not None else rows[-1:]
+        return StepReply(tokens=rows.argmax(-1), logits=rows if step.want_logits else None)
 
 
 def test_speculative_sampling_session_matches_the_exact_joint_distribution() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from dataplane.runtime.stateful import RuntimeConfig
 from zctl.engine.drafting import LookupDrafter
-from zctl.engine.executor import InlineExecutor, StepReply
+from zctl.engine.executor import InlineExecutor, Step, StepReply
 from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
@@ -39,12 +39,11 @@ class CountingModel(InlineExecutor):
     def close_stream(self, stream_id: int) -> None:
         pass
 
-    def step(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-             mask_tail=0):
-        ids, pos = list(map(int, token_ids)), list(map(int, positions))
-        self.steps.append((stream_id, ids, pos, mask_tail))
+    def compute(self, step):
+        ids, pos = list(map(int, step.token_ids)), list(map(int, step.positions))
+        self.steps.append((step.stream_id, ids, pos, step.mask_tail))
         nxt = [(t + p) % 7 for t, p in zip(ids, pos, strict=True)]
-        return StepReply(tokens=np.array(nxt if logits_idx is not None else nxt[-1:]))
+        return StepReply(tokens=np.array(nxt if step.logits_idx is not None else nxt[-1:]))
 
 
 def fake_greedy(prompt: list[int], n: int) -> list[int]:
@@ -100,8 +99,10 @@ def test_session_stops_on_stop_token_and_budget() -> None:
 
 
 class UnreplayableDrafter:
-    """A drafter adaptive K cannot replay (as a draft model): lookup drafts, no
+    """A drafter adaptive K cannot replay (as a draft model): lookup drafts, not
     ``replayable``."""
+
+    replayable = False
 
     def propose(self, history, k):
         return LookupDrafter().propose(history, k)
@@ -159,10 +160,10 @@ def test_width_changes_are_priced_into_the_fit_and_into_k() -> None:
 
 def test_a_failing_session_does_not_stop_the_others() -> None:
     class Flaky(CountingModel):
-        def step(self, stream_id, *args, **kwargs):
-            if stream_id == 1 and len([s for s in self.steps if s[0] == 1 and s[1]]) >= 3:
+        def compute(self, step):
+            if step.stream_id == 1 and len([s for s in self.steps if s[0] == 1 and s[1]]) >= 3:
                 raise RuntimeError("stage 1 is gone")
-            return super().step(stream_id, *args, **kwargs)
+            return super().compute(step)
 
     sessions = [DecodeSession(i, PROMPTS[i], 8) for i in range(3)]
     updates = list(run_sessions(Flaky(), sessions))
@@ -192,16 +193,14 @@ class PipelinedCounting(CountingModel):
         self.submitted: list[int] = []  # stream id per submission
         self._next = 0
 
-    def submit(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-               top_k=0, mask_tail=0):
+    def submit(self, step):
         from dataplane.head.types import ClusterReply
 
-        reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
-                          mask_tail=mask_tail)
+        reply = self.compute(step)
         self._next += 1
-        self.queue.append((self._next, stream_id, ClusterReply(
-            tokens=reply.tokens, request_id=self._next, stream_id=stream_id)))
-        self.submitted.append(stream_id)
+        self.queue.append((self._next, step.stream_id, ClusterReply(
+            tokens=reply.tokens, request_id=self._next, stream_id=step.stream_id)))
+        self.submitted.append(step.stream_id)
         return self._next
 
     def collect_any(self, timeout_s=None):
@@ -220,16 +219,15 @@ class GroupingCounting(PipelinedCounting):
     def regroup(self, group_id: int, members: list[int]) -> None:
         self.groups[group_id] = list(members)
 
-    def submit(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
-               top_k=0, mask_tail=0):
-        if np.ndim(token_ids) == 1:
-            return super().submit(stream_id, token_ids, positions, logits_idx, want_logits,
-                                  mask_tail=mask_tail)
+    def submit(self, step):
+        if np.ndim(step.token_ids) == 1:
+            return super().submit(step)
         from dataplane.head.types import ClusterReply
 
-        assert np.shape(token_ids)[1] == 1 and stream_id in self.groups
-        rows = [self.step(sid, ids, pos) for sid, ids, pos in
-                zip(self.groups[stream_id], token_ids, positions, strict=True)]
+        stream_id = step.stream_id
+        assert np.shape(step.token_ids)[1] == 1 and stream_id in self.groups
+        rows = [self.compute(Step(sid, ids, pos)) for sid, ids, pos in
+                zip(self.groups[stream_id], step.token_ids, step.positions, strict=True)]
         self._next += 1
         self.queue.append((self._next, stream_id, ClusterReply(
             tokens=np.concatenate([r.tokens for r in rows]), request_id=self._next,
@@ -269,7 +267,7 @@ def test_row_groups_submit_their_next_step_before_the_updates_are_handled() -> N
     ahead = behind = 0
     while scheduler.active:
         for update in scheduler.poll():
-            gid = scheduler._group_of.get(update.session.stream_id)
+            gid = scheduler.row_groups.group_of.get(update.session.stream_id)
             if gid is None or update.session.done:
                 continue
             in_flight = [unit for _, unit, _ in model.queue]
@@ -290,7 +288,7 @@ def test_a_lone_stream_steps_outside_the_row_groups_until_another_decodes() -> N
     scheduler.add(first)
     for _ in range(6):
         scheduler.poll()
-    assert scheduler.row_steps == 0 and not scheduler._group_of
+    assert scheduler.row_steps == 0 and not scheduler.row_groups.group_of
     assert model.submitted.count(0) == len(first.emitted) + 1  # the next one already out
     second = DecodeSession(1, PROMPTS[1], 10)
     scheduler.add(second)
@@ -363,6 +361,8 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets_the_gap() -> None:
     from zctl.engine.sessions import PROBE_EVERY
 
     class OneAhead:  # always proposes one token: the last token + 1
+        replayable = False
+
         def propose(self, history, k):
             return [history[-1] + 1]
 

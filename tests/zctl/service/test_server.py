@@ -225,10 +225,10 @@ class SlowChain(InlineExecutor):
         super().abandon_all(why)
         self.chain.abandon_all(why)
 
-    def step(self, *args, **kwargs):
+    def compute(self, step):
         self.steps += 1
         time.sleep(self.delay_s)
-        return self.chain.step(*args, **kwargs)
+        return self.chain.compute(step)
 
 
 DOWN = "stage 1 (layers 2-3) on node n1 at 127.0.0.2 left the cluster"
@@ -298,12 +298,12 @@ def test_a_step_failing_because_the_pipeline_was_replaced_resumes_it(tiny_export
     current = [old]
     broken = []
 
-    def step(*args, **kwargs):
+    def compute(step):
         if broken:
             raise RuntimeError("Socket operation on non-socket")  # what a closed head raises
-        return SlowChain.step(old, *args, **kwargs)
+        return SlowChain.compute(old, step)
 
-    old.step = step  # type: ignore[method-assign]
+    old.compute = compute  # type: ignore[method-assign]
     svc = GenerationService(export_dir, lambda: current[0], "tcp://127.0.0.1:*",
                             health=lambda: None, resume_timeout_s=30.0)
     svc.start()

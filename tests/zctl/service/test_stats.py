@@ -39,8 +39,8 @@ def export(tiny_exports) -> Path:
 def test_stats_of_a_local_chain_after_generations(export: Path) -> None:
     chain = LocalChain.load(str(export), RuntimeConfig(precision="f32"))
     steps: list[int] = []
-    step = chain.step
-    chain.step = lambda *a, **k: steps.append(1) or step(*a, **k)  # type: ignore[method-assign]
+    compute = chain.compute
+    chain.compute = lambda step: steps.append(1) or compute(step)  # type: ignore[method-assign]
     svc = GenerationService(export, lambda: chain, "tcp://127.0.0.1:*")
     svc.start()
     try:

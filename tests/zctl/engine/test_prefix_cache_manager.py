@@ -65,7 +65,7 @@ def test_a_follow_up_turn_hits_the_cache_and_gives_the_same_tokens(chain_and_tok
     assert counters["prefix_cached_tokens"] > 0  # the follow-up's own KV is kept in turn
     chain = chain_and_tokenizer[0]
     assert all(v > 0 for v in chain.prefix_bytes().values())
-    cached.scheduler.evict_prefixes(0)
+    cached.scheduler.prefixes.evict(0)
     assert cached.prefix_counters()["prefix_cached_tokens"] == 0
     assert all(v == 0 for v in chain.prefix_bytes().values())  # freed on every stage
 
@@ -91,7 +91,7 @@ def test_eviction_keeps_the_cache_in_its_budget(chain_and_tokenizer) -> None:
         run(eng, ("a", turn(f"{i} {i} {i} " + TEXT[:200], 6)))
         assert eng.prefix_counters()["prefix_cached_tokens"] <= 150
     assert eng.prefix_counters()["prefix_evictions"] >= 2
-    held = len(eng.scheduler.cache.entries())
+    held = len(eng.scheduler.prefixes.index.entries())
     assert held <= 2 and all(v >= 0 for v in chain.prefix_bytes().values())
 
 
@@ -132,7 +132,8 @@ def test_an_entry_missing_on_a_later_stage_costs_a_full_prefill_not_the_request(
     got = run(eng, ("a", turn(TEXT + " more", 8)))["a"]
     assert not first.error and not got.error
     assert got.tokens == want["a"].tokens
-    assert eng.scheduler.cache.stats.hits == 1  # it hit, the load failed on stage 1, it healed
+    # it hit, the load failed on stage 1, it healed
+    assert eng.scheduler.prefixes.index.stats.hits == 1
     assert worker.stats().prefix_failures >= 1
 
 
@@ -141,7 +142,7 @@ def test_a_rewired_pipeline_starts_the_index_empty(dp_threaded2, tiny_exports) -
     tokenizer = ChatTokenizer(tiny_exports.get([(0, 2), (2, 4)]))
     eng = GenerationEngine(tokenizer, [], lambda: pipe, prefix_cache_tokens=4096)
     run(eng, ("a", turn(TEXT)))
-    assert eng.scheduler.cache.entries()
+    assert eng.scheduler.prefixes.index.entries()
     pipe.abandon_all("a node went down")  # what a pause does; a rewire counts the same
     done = run(eng, ("a", turn(TEXT + " more", 8)))["a"]
-    assert not done.error and eng.scheduler.cache.stats.hits == 0
+    assert not done.error and eng.scheduler.prefixes.index.stats.hits == 0
