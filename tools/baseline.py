@@ -7,22 +7,18 @@ runtime deps; torchvision is only needed by optimum's vision-language paths. The
 directory is then run *in this environment* with openvino_genai (``BaselinePipeline``), so
 benchmarks can interleave it run by run with our shards under the same CPU hints.
 
-Script use: ``python -m tools.baseline HF_DIR --weight-format int4 --group-size 64 --f32``;
-add ``--streams 1,2,4`` for aggregate throughput of N users: one LLMPipeline serving them one
-after another vs a ContinuousBatchingPipeline serving them concurrently
-(``tools.baseline_batching``; ``GenaiUsers`` here holds both).
+``GenaiUsers`` serves N users with one LLMPipeline taking them in turn and a
+ContinuousBatchingPipeline (``tools.baseline_batching``) serving them at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -283,17 +279,6 @@ class BaselinePipeline:
                 "tokens": [int(t) for t in res.tokens[0]]}
 
 
-def measure_llm_pipeline(model_dir: Path, prompt: str | Sequence[int], max_new_tokens: int,
-                         config: dict[str, Any] | None = None, runs: int = 3) -> dict[str, Any]:
-    """Build a :class:`BaselinePipeline`, time ``runs`` generations, return the median run
-    (by TPOT) with ``runs_tok_s`` listing every run and ``load_s`` the pipeline build time."""
-    bp = BaselinePipeline(model_dir, config)
-    results = [bp.generate_timed(prompt, max_new_tokens) for _ in range(max(1, runs))]
-    median = statistics.median_low(r["tpot_ms"] for r in results)
-    mid = next(r for r in results if r["tpot_ms"] == median)
-    return {**mid, "runs_tok_s": [round(r["tok_s"], 2) for r in results], "load_s": bp.load_s}
-
-
 class GenaiUsers:
     """openvino_genai serving N users on one export: one LLMPipeline taking them in turn
     (:meth:`sequential`) and a ContinuousBatchingPipeline serving them at once
@@ -317,113 +302,3 @@ class GenaiUsers:
     def concurrent(self, n: int, max_new_tokens: int) -> dict[str, Any]:
         """N concurrent requests on the ContinuousBatchingPipeline."""
         return self.batched.measure(self._users(n), max_new_tokens)
-
-
-def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The (low) median run by decode aggregate, with every run's aggregate beside it."""
-    ranked = sorted(results, key=lambda r: r["aggregate_tok_s"])
-    mid = ranked[(len(ranked) - 1) // 2]
-    return {**mid, "runs_aggregate_tok_s": [round(r["aggregate_tok_s"], 2) for r in results]}
-
-
-def measure_batching(model_dir: Path, streams: Sequence[int], max_new_tokens: int,
-                     props: dict[str, Any] | None = None, runs: int = 3,
-                     prompts: Sequence[str] = STREAM_PROMPTS) -> list[dict[str, Any]]:
-    """For each N in ``streams``: N users one after another on LLMPipeline ("sequential")
-    and N concurrent requests on ContinuousBatchingPipeline ("batched"), the same N
-    prompts on both (:class:`GenaiUsers`); ``runs`` of each, the median run by decode
-    aggregate kept. Rows: {"streams", "sequential", "batched"}."""
-    if max(streams) > len(prompts):
-        raise ValueError(f"only {len(prompts)} prompts for {max(streams)} streams")
-    users = GenaiUsers(model_dir, props, prompts, warmup_streams=max(streams))
-    rows = []
-    for n in streams:
-        seq, cb = [], []
-        for _ in range(max(1, runs)):  # interleaved, so load drifts hit both alike
-            seq.append(users.sequential(n, max_new_tokens))
-            cb.append(users.concurrent(n, max_new_tokens))
-        rows.append({"streams": n, "sequential": median_run(seq), "batched": median_run(cb)})
-    return rows
-
-
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("hf_dir", type=Path)
-    ap.add_argument("--weight-format", default="int4", choices=WEIGHT_FORMATS)
-    ap.add_argument("--group-size", type=int, default=None)
-    ap.add_argument("--sym", action="store_true")
-    ap.add_argument("--out-dir", type=Path, default=None)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--prompt", default="The history of the printing press begins")
-    ap.add_argument("--f32", action="store_true", help="INFERENCE_PRECISION_HINT=f32, LATENCY")
-    ap.add_argument("--threads", type=int, default=0, help="INFERENCE_NUM_THREADS (0: default)")
-    ap.add_argument("--attention-backend", choices=("PA", "SDPA"), default=None)
-    ap.add_argument("--streams", default=None,
-                    help="e.g. 1,2,4: aggregate tok/s of N users, sequential LLMPipeline vs "
-                         "ContinuousBatchingPipeline (instead of the single-prompt run)")
-    ap.add_argument("--json", action="store_true", help="with --streams: print JSON rows")
-    return ap
-
-
-def plugin_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The plugin properties the command line asks for."""
-    config: dict[str, Any] = {}
-    if args.f32:
-        config.update(INFERENCE_PRECISION_HINT="f32", PERFORMANCE_HINT="LATENCY")
-    if args.threads:
-        config["INFERENCE_NUM_THREADS"] = args.threads
-    if args.attention_backend:
-        config["ATTENTION_BACKEND"] = args.attention_backend
-    return config
-
-
-def batching_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``measure_batching``'s rows without the generated token ids."""
-    return [{"streams": r["streams"], **{
-        k: {f: v for f, v in r[k].items() if f != "token_ids"}
-        for k in ("sequential", "batched")}} for r in rows]
-
-
-def batching_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per stream count: sequential against batched."""
-    lines = []
-    for r in rows:
-        s, b = r["sequential"], r["batched"]
-        lines.append(
-            f"N={r['streams']}: sequential {s['aggregate_tok_s']:.1f} "
-            f"({s['aggregate_incl_prefill_tok_s']:.1f})  batched {b['aggregate_tok_s']:.1f} "
-            f"({b['aggregate_incl_prefill_tok_s']:.1f}), per stream "
-            f"{statistics.mean(b['per_stream_tok_s']):.1f}, wall {b['wall_s']:.2f} s "
-            f"vs {s['wall_s']:.2f} s, runs {b['runs_aggregate_tok_s']}")
-    return lines
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    from rich.console import Console
-
-    a = _parser().parse_args(argv)
-    console = Console()
-    out = export_baseline(a.hf_dir, a.weight_format, a.group_size, a.out_dir, sym=a.sym,
-                          console=console)
-    config = plugin_config(a)
-    if a.streams:
-        rows = measure_batching(out, [int(x) for x in a.streams.split(",")], a.tokens, config,
-                                runs=a.runs)
-        if a.json:
-            print(json.dumps(batching_json(rows)))
-            return
-        console.print(f"{out.name} {config or 'default hints'}, {a.tokens} new tokens per user; "
-                      "decode aggregate tok/s (incl. prefill), per-stream decode tok/s",
-                      soft_wrap=True)
-        for line in batching_lines(rows):
-            console.print(line, soft_wrap=True)
-        return
-    r = measure_llm_pipeline(out, a.prompt, a.tokens, config, runs=a.runs)
-    console.print(f"{out.name} {config or 'default hints'}: {r['tok_s']:.1f} tok/s "
-                  f"(TPOT {r['tpot_ms']:.2f} ms, TTFT {r['ttft_ms']:.1f} ms, "
-                  f"runs {r['runs_tok_s']}, load {r['load_s']:.1f} s)")
-
-
-if __name__ == "__main__":
-    main()

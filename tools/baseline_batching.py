@@ -1,8 +1,7 @@
 """openvino_genai serving N users at once: its ContinuousBatchingPipeline, and the
 arithmetic of N streams' throughput (served at once, or one after another by one
-LLMPipeline). tools.baseline puts the two side by side (``GenaiUsers``,
-``measure_batching``): the baseline of tools/bench_microbatch and of
-``python -m tools.baseline --streams``.
+LLMPipeline). tools.baseline puts the two side by side (``GenaiUsers``): the baseline of
+tools/bench_microbatch.
 """
 
 from __future__ import annotations

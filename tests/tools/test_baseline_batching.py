@@ -59,17 +59,6 @@ def test_sequential_throughput_is_single_user_rate() -> None:
         sequential_throughput([])
 
 
-def test_median_run_keeps_the_low_median_and_every_runs_figure() -> None:
-    from tools.baseline import batching_json, median_run
-
-    runs = [{"aggregate_tok_s": v, "token_ids": [[1]]} for v in (30.0, 10.0, 20.0, 40.0)]
-    mid = median_run(runs)
-    assert mid["aggregate_tok_s"] == 20.0
-    assert mid["runs_aggregate_tok_s"] == [30.0, 10.0, 20.0, 40.0]
-    rows = batching_json([{"streams": 2, "sequential": mid, "batched": mid}])
-    assert rows[0]["streams"] == 2 and "token_ids" not in rows[0]["batched"]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("ZCTL_BASELINE_TESTS") != "1",
                     reason="set ZCTL_BASELINE_TESTS=1 (needs the optimum-intel baseline export)")

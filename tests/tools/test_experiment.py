@@ -20,7 +20,9 @@ from tools.experiment.analysis import (
     best_fixed_k,
     best_over_plain,
     comparisons,
+    lookup_over_plain,
     payload_over_full,
+    streams_over_one,
     top1_over_full,
     write_csv,
 )
@@ -148,6 +150,11 @@ def test_the_shipped_scenarios_read_and_cover_the_paper():
     assert {t.link.rate_mbit for t in bandwidth.topologies} == {1, 10, 100, 1000}
     assert {t.link.relay for t in bandwidth.topologies} == {False, True}
     assert {w.payload for w in names["relay"].workloads} == {"top1", "topk", "fp16", "logits"}
+    sweep = names["sweep"]  # the latency sweep: plain, lookup and 4 streams, 0-50 ms a hop
+    assert {t.link.delay_ms for t in sweep.topologies} == {0, 5, 10, 25, 50}
+    assert {(w.config, w.streams) for w in sweep.workloads} == {
+        ("plain", 1), ("plain", 4), ("lookup-auto", 1), ("lookup-auto", 4)}
+    assert len(sweep.prompts) == sweep.repetitions == 3 and sweep.weights == "int4"
 
 
 # -- what a workload asks the service for ---------------------------------------------------
@@ -288,6 +295,16 @@ def test_best_fixed_k_per_latency_with_adaptive_ks_mean():
 def test_best_over_plain_and_adaptive_k_over_best_fixed():
     assert best_over_plain(LATENCY_ROWS) == {"0": 1.05, "100": 6.5}
     assert auto_k_over_best_fixed(LATENCY_ROWS) == {"0": 1.026, "100": 0.975}
+
+
+def test_lookup_over_plain_and_streams_over_one_pair_the_same_cluster():
+    assert lookup_over_plain(LATENCY_ROWS) == {
+        "lookup-k1 x1@0ms": 0.95, "lookup-k3 x1@0ms": 0.9, "lookup-auto x1@0ms": 0.975,
+        "lookup-k1 x1@100ms": 1.5, "lookup-k3 x1@100ms": 2.0, "lookup-auto x1@100ms": 1.95,
+        "lookup-auto x4@100ms": 1.857}
+    assert streams_over_one(LATENCY_ROWS) == {
+        "plain x4@0ms": 1.05, "plain x4@100ms": 3.5, "lookup-auto x4@100ms": 3.333}
+    assert {"lookup_over_plain", "streams_over_one"} <= set(comparisons(LATENCY_ROWS))
 
 
 def test_keys_name_stage_counts_when_several_were_run():

@@ -1,7 +1,7 @@
 """An experiment's results: one row per cell, the CSV they are written to, and the ratios the
 paper's evaluation reports (best K per latency, speedups over plain decoding, top-1 (and
-top-k, float16) over full logits, adaptive K against the best fixed K). Pure functions over
-the rows.
+top-k, float16) over full logits, adaptive K against the best fixed K, concurrent streams
+over one). Pure functions over the rows.
 
 A row is a dict with ``COLUMNS``; ``tok_s`` is the cell's aggregate decode throughput (the
 median over its repetitions). Ratios compare cells that differ only in what is compared.
@@ -204,6 +204,24 @@ def tbf_over_ours(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
                          lambda r: f"{r['rate_mbit']:g}mbit/{r['payload']}")
 
 
+def lookup_over_plain(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per lookup configuration and stream count (e.g. ``lookup-auto x1``; with the latency
+    and stage count where those vary): its tok/s over plain greedy decoding's with the same
+    streams and payload on the same cluster (speculation's speedup)."""
+    return paired_ratios(rows, (*LINK_KEY, "streams", "payload"),
+                         lambda r: r["config"] == "plain", lambda r: r["decoding"] == "lookup",
+                         lambda r: f"{r['config']} x{r['streams']}")
+
+
+def streams_over_one(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per configuration and stream count above one (e.g. ``plain x4``; with the latency and
+    stage count where those vary): the streams' aggregate tok/s over one stream's of the
+    same configuration and payload on the same cluster."""
+    return paired_ratios(rows, (*LINK_KEY, "config", "payload"),
+                         lambda r: r["streams"] == 1, lambda r: r["streams"] > 1,
+                         lambda r: f"{r['config']} x{r['streams']}")
+
+
 def auto_k_over_best_fixed(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Per latency: adaptive K's tok/s over the best fixed K's (single stream, top-1)."""
     best = best_fixed_k(rows)
@@ -225,5 +243,7 @@ def comparisons(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "topk_over_full": payload_over_full(rows, "topk"),
             "fp16_over_full": payload_over_full(rows, "fp16"),
             "tbf_over_ours": tbf_over_ours(rows),
+            "lookup_over_plain": lookup_over_plain(rows),
+            "streams_over_one": streams_over_one(rows),
             "auto_k_over_best_fixed": auto_k_over_best_fixed(rows),
             "best_k": {key: value["k"] for key, value in best_fixed_k(rows).items()}}

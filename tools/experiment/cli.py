@@ -14,8 +14,10 @@ It prints a summary table, or with ``--json`` one object: the rows' ratios
 greedy), ``top1_over_full`` (per link, e.g. ``relay-20mbit``: top-1 payload over full
 logits), ``topk_over_full`` and ``fp16_over_full`` (likewise, for a logprobs request's
 top-k and float16 payloads), ``tbf_over_ours`` (per rate and payload: the kernel's tbf
-over our link layer's shaping), ``auto_k_over_best_fixed`` (per latency), ``best_k`` and
-``best_configuration``.
+over our link layer's shaping), ``lookup_over_plain`` (per lookup configuration and stream
+count: speculation's speedup), ``streams_over_one`` (per configuration and stream count:
+the streams' aggregate over one stream), ``auto_k_over_best_fixed`` (per latency),
+``best_k`` and ``best_configuration``.
 ``check`` reads the file and shows its grid without running anything. A bad scenario file
 is one line on stderr and exit status 2.
 """
@@ -170,6 +172,7 @@ def main(
                                 f"commit {result['commit']})", result["rows"]))
     console.print(ratios_table({k: result[k] for k in (
         "best_over_plain", "top1_over_full", "topk_over_full", "fp16_over_full",
-        "tbf_over_ours", "auto_k_over_best_fixed", "best_k",
+        "tbf_over_ours", "lookup_over_plain", "streams_over_one", "auto_k_over_best_fixed",
+        "best_k",
         "best_configuration")}))
     console.print(f"results: {result['csv']}; figures: {', '.join(result['plots']) or 'none'}")

@@ -145,8 +145,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                        "round trip yields, one guess or many."),
     "microbatch": ("bench_microbatch", "Micro-batching: aggregate decode throughput of 1, 2, 4 "
                                        "concurrent streams on a local cluster."),
-    "wan": ("bench_wan", "WAN sweep: throughput against injected per-hop latency (the paper's "
-                         "Figure 2 / Table 10)."),
     "static": ("bench_static", "The static NPU path's cost: static, stateless shards (KV on the "
                                "host) against the stateful ones."),
     "quality": ("bench_quality", "Each weight format against the fp32 Hugging Face model: top-1 "
