@@ -111,6 +111,21 @@ def test_the_data_plane_alone_generates_what_one_process_does(tiny_exports,
 
 
 @pytest.mark.slow
+def test_the_data_plane_with_the_default_runtime_equals_the_local_chain(tiny_exports, dp_hosts,
+                                                                        tmp_path: Path) -> None:
+    from dataplane.head.local_chain import LocalChain
+    from dataplane.runtime.stateful import RuntimeConfig
+    from zctl.engine.scheduler import generate_greedy
+
+    export = tiny_exports.get([(0, 2), (2, 4)])
+    local = LocalChain.load(str(export), RuntimeConfig())
+    with local_data_plane(export, RuntimeSpec(), tmp_path) as pipe:
+        got = list(generate_greedy(pipe, [0, 17, 42], 8))
+        assert pipe.stats.errors == 0
+    assert got == list(generate_greedy(local, [0, 17, 42], 8)) and len(got) == 8
+
+
+@pytest.mark.slow
 def test_a_lost_node_started_again_rejoins_and_the_cluster_serves(tiny_exports,
                                                                    tmp_path: Path) -> None:
     export_dir = tiny_exports.get([(0, 2), (2, 4)])

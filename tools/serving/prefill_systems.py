@@ -1,0 +1,298 @@
+"""tools.serving.prefill's three systems, each serving a chat turn and timing every token
+as its client sees it.
+
+- ``ZctlHttp``: ``zctl serve``'s OpenAI-compatible API (POST /v1/chat/completions,
+  streamed, greedy, ``zctl.ignore_eos``), what users call; the server renders the
+  conversation with the export's chat template. A chunk's arrival is a token's time (the
+  server sends every token as it comes; ``usage`` gives the token counts).
+- ``GenaiLLM``: openvino_genai's LLMPipeline fed the same token ids (the export's
+  ChatTokenizer renders the conversation, as zctl's engine does), a streamer stamping
+  each token. It keeps a prefix cache between calls (its default).
+- ``GenaiCB``: openvino_genai's ContinuousBatchingPipeline with prefix caching on, stepped
+  here: a token's time is the end of the step that made it.
+
+``itl_run`` on ZctlHttp and GenaiCB: N short streams decoding, and (``long`` given) one
+long prompt sent once each stream has ``warm`` tokens (tools.serving.prefill_report reads the
+inter-token gaps of the short streams inside the long prompt's prefill).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tools.serving.prefill_prompts import Message
+
+REQUEST_IDS = itertools.count(1 << 24)  # the CB pipeline's request ids, never reused
+
+
+@dataclass
+class Turn:
+    """One request: when it was sent, when each token (or chunk) arrived, what came back."""
+
+    start: float
+    times: list[float] = field(default_factory=list)
+    tokens: int = 0  # completion tokens (the server's usage, or the ids produced)
+    prompt_tokens: int | None = None
+    text: str = ""
+    error: str = ""
+    done: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return (self.times[0] - self.start) * 1e3 if self.ok and self.times else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens after the first over the time from the first to the last."""
+        if not self.ok or self.tokens < 2 or len(self.times) < 2 \
+                or self.times[-1] <= self.times[0]:
+            return None
+        return (self.tokens - 1) / (self.times[-1] - self.times[0])
+
+
+@dataclass
+class ItlRun:
+    """Short streams decoding, and maybe one long prompt among them."""
+
+    streams: list[Turn]
+    ready: float  # when every short stream had its ``warm`` tokens
+    long: Turn | None = None
+
+
+# -- zctl through its HTTP API -------------------------------------------------------------------
+
+
+def chat_payload(model: str, messages: Sequence[Message], max_tokens: int) -> dict[str, Any]:
+    """A streamed, greedy chat completion of exactly ``max_tokens`` tokens."""
+    return {"model": model, "messages": [{"role": r, "content": c} for r, c in messages],
+            "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "zctl": {"ignore_eos": True}}
+
+
+def read_sse(turn: Turn, data: str, now: float) -> bool:
+    """Apply one SSE ``data:`` payload to ``turn``; True at ``[DONE]``."""
+    if data == "[DONE]":
+        return True
+    chunk = json.loads(data)
+    if chunk.get("error"):
+        raise ValueError(f"error in stream: {str(chunk['error'])[:200]}")
+    for choice in chunk.get("choices") or []:
+        content = (choice.get("delta") or {}).get("content")
+        if content:
+            turn.times.append(now)
+            turn.text += content
+    if chunk.get("usage"):
+        turn.tokens = int(chunk["usage"]["completion_tokens"])
+        turn.prompt_tokens = int(chunk["usage"]["prompt_tokens"])
+    return False
+
+
+async def stream_turn(client: Any, model: str, messages: Sequence[Message], max_tokens: int,
+                      turn: Turn) -> Turn:
+    """Stream one chat turn into ``turn`` (filled as tokens arrive); errors are recorded."""
+    turn.start = time.perf_counter()
+    finished = False
+    try:
+        async with client.stream("POST", "/v1/chat/completions",
+                                 json=chat_payload(model, messages, max_tokens)) as response:
+            if response.status_code != 200:
+                body = (await response.aread())[:300].decode(errors="replace")
+                turn.error = f"http {response.status_code}: {body}"
+            else:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:") and read_sse(turn, line[5:].strip(),
+                                                             time.perf_counter()):
+                        finished = True
+                if not finished:
+                    turn.error = "no [DONE]: the stream ended early"
+    except Exception as exc:  # noqa: BLE001 (recorded: the run goes on)
+        turn.error = f"{type(exc).__name__}: {exc}"[:300]
+    turn.done = True
+    return turn
+
+
+class ZctlHttp:
+    """zctl serve at ``base_url``."""
+
+    name = "zctl"
+
+    def __init__(self, base_url: str, timeout_s: float = 900.0) -> None:
+        import httpx
+
+        self.base_url, self.timeout_s = base_url, timeout_s
+        answer = httpx.get(f"{base_url}/v1/models", timeout=30.0)
+        answer.raise_for_status()
+        self.model = str(answer.json()["data"][0]["id"])
+
+    def _client(self) -> Any:
+        import httpx
+
+        return httpx.AsyncClient(base_url=self.base_url,
+                                 timeout=httpx.Timeout(self.timeout_s, connect=10.0),
+                                 limits=httpx.Limits(max_connections=16))
+
+    def turn(self, messages: Sequence[Message], max_tokens: int) -> Turn:
+        async def one() -> Turn:
+            async with self._client() as client:
+                return await stream_turn(client, self.model, messages, max_tokens, Turn(0.0))
+        return asyncio.run(one())
+
+    def itl_run(self, shorts: Sequence[Sequence[Message]], short_tokens: int, warm: int,
+                long: Sequence[Message] | None, long_tokens: int) -> ItlRun:
+        return asyncio.run(self._itl(shorts, short_tokens, warm, long, long_tokens))
+
+    async def _itl(self, shorts: Sequence[Sequence[Message]], short_tokens: int, warm: int,
+                   long: Sequence[Message] | None, long_tokens: int) -> ItlRun:
+        async with self._client() as client:
+            turns = [Turn(time.perf_counter()) for _ in shorts]
+            tasks = [asyncio.create_task(stream_turn(client, self.model, m, short_tokens, t))
+                     for m, t in zip(shorts, turns, strict=True)]
+            while not all(t.done or len(t.times) >= warm for t in turns):
+                await asyncio.sleep(0.002)
+            run = ItlRun(turns, time.perf_counter())
+            if long is not None:
+                run.long = Turn(time.perf_counter())
+                tasks.append(asyncio.create_task(
+                    stream_turn(client, self.model, long, long_tokens, run.long)))
+            await asyncio.gather(*tasks)
+            return run
+
+
+# -- openvino_genai ----------------------------------------------------------------------------
+
+
+def _ids_tensor(ids: Sequence[int]) -> Any:
+    import numpy as np
+    import openvino as ov
+
+    return ov.Tensor(np.asarray([list(ids)], dtype=np.int64))
+
+
+class GenaiLLM:
+    """openvino_genai's LLMPipeline on ``model_dir``; ``tokenizer`` (the zctl export's
+    ChatTokenizer) makes the ids."""
+
+    name = "genai"
+
+    def __init__(self, model_dir: Path, tokenizer: Any, props: dict[str, Any]) -> None:
+        import openvino_genai as ov_genai
+
+        from tools.harness.baseline import BaselinePipeline
+
+        self._genai = ov_genai
+        self.baseline = BaselinePipeline(model_dir, props)
+        self.tokenizer = tokenizer
+
+    def turn(self, messages: Sequence[Message], max_tokens: int) -> Turn:
+        from tools.harness.baseline import genai_greedy_config
+
+        genai = self._genai
+        ids = self.tokenizer.encode_chat(list(messages))
+        turn = Turn(0.0, prompt_tokens=len(ids))
+
+        class Stamps(genai.StreamerBase):
+            def write(self, token: Any) -> Any:
+                turn.times.append(time.perf_counter())
+                return genai.StreamingStatus.RUNNING
+
+            def end(self) -> None:
+                pass
+
+        inputs = genai.TokenizedInputs(_ids_tensor(ids), _ids_tensor([1] * len(ids)))
+        turn.start = time.perf_counter()
+        try:
+            result = self.baseline.pipe.generate(inputs, genai_greedy_config(genai, max_tokens),
+                                                 Stamps())
+            out = [int(t) for t in result.tokens[0]]
+            turn.tokens, turn.text = len(out), self.tokenizer.decode(out)
+        except Exception as exc:  # noqa: BLE001 (recorded)
+            turn.error = f"{type(exc).__name__}: {exc}"[:300]
+        turn.done = True
+        return turn
+
+
+class GenaiCB:
+    """openvino_genai's ContinuousBatchingPipeline on ``model_dir`` with prefix caching,
+    stepped in this thread."""
+
+    name = "genai_cb"
+
+    def __init__(self, model_dir: Path, tokenizer: Any, props: dict[str, Any],
+                 max_num_seqs: int = 8) -> None:
+        import openvino_genai as ov_genai
+
+        from tools.harness.baseline import ContinuousBatchingBaseline
+
+        self._genai = ov_genai
+        self.baseline = ContinuousBatchingBaseline(model_dir, props, max_num_seqs=max_num_seqs,
+                                                   prefix_caching=True)
+        self.pipe = self.baseline.pipe
+        self.tokenizer = tokenizer
+
+    def _add(self, messages: Sequence[Message], max_tokens: int) -> tuple[Any, Turn, list[int]]:
+        from tools.harness.baseline import genai_greedy_config
+
+        ids = self.tokenizer.encode_chat(list(messages))
+        turn = Turn(time.perf_counter(), prompt_tokens=len(ids))
+        handle = self.pipe.add_request(next(REQUEST_IDS), _ids_tensor(ids),
+                                       genai_greedy_config(self._genai, max_tokens))
+        return handle, turn, []
+
+    def _step(self, live: list[tuple[Any, Turn, list[int]]]) -> list[tuple[Any, Turn, list[int]]]:
+        """One step; each request's new tokens stamped with its end; the ones still running."""
+        running = self._genai.GenerationStatus.RUNNING
+        try:
+            self.pipe.step()
+        except Exception as exc:  # noqa: BLE001 (every live request failed)
+            for _, turn, _ in live:
+                turn.error, turn.done = f"step failed: {type(exc).__name__}: {exc}"[:300], True
+            return []
+        now = time.perf_counter()
+        still = []
+        for handle, turn, out in live:
+            got = []
+            while handle.can_read():
+                got += [int(t) for o in handle.read().values() for t in o.generated_ids]
+            if got:
+                turn.times.append(now)
+                out += got
+            status = handle.get_status()
+            if status == running:
+                still.append((handle, turn, out))
+                continue
+            turn.tokens, turn.text, turn.done = len(out), self.tokenizer.decode(out), True
+            if status != self._genai.GenerationStatus.FINISHED:
+                turn.error = f"status {status.name}"
+        return still
+
+    def turn(self, messages: Sequence[Message], max_tokens: int) -> Turn:
+        live = [self._add(messages, max_tokens)]
+        turn = live[0][1]
+        while live:
+            live = self._step(live)
+        return turn
+
+    def itl_run(self, shorts: Sequence[Sequence[Message]], short_tokens: int, warm: int,
+                long: Sequence[Message] | None, long_tokens: int) -> ItlRun:
+        live = [self._add(m, short_tokens) for m in shorts]
+        turns = [turn for _, turn, _ in live]
+        run: ItlRun | None = None
+        while live:
+            live = self._step(live)
+            if run is None and all(t.done or len(t.times) >= warm for t in turns):
+                run = ItlRun(turns, time.perf_counter())
+                if long is not None:
+                    live.append(self._add(long, long_tokens))
+                    run.long = live[-1][1]
+        return run or ItlRun(turns, time.perf_counter())
