@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from tools.harness.cluster import local_cluster
 from tools.harness.greedy import paired_step_ms
 from tools.harness.models import PROMPT, BenchModel, plugin_properties
 from tools.harness.options import Json, Model, Nodes, Precision, Runs, Threads, Tokens, Weights
@@ -33,7 +34,7 @@ from tools.harness.report import err, metric_table
 from tools.harness.service import generate_done
 from tools.harness.stats import paired_ratio
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
+from zctl.launcher.local import runtime_spec
 from zctl.manifest import load_manifest
 
 if TYPE_CHECKING:
@@ -181,16 +182,12 @@ def main(
     baseline = BaselinePipeline(baseline_dir, props)
     baseline_thp = BaselinePipeline(baseline_dir, props, huge_pages=True) if thp_baseline else None
     prompt_ids = ChatTokenizer(export_dir).encode(PROMPT)
-    record = start_local_cluster(export_dir, stages, runtime_spec(
-        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU", kv_cache_precision),
-        bench_model.cache / "bench-cluster")
-    try:
-        wait_serving(record, 300)
+    with local_cluster(export_dir, stages, runtime_spec(
+            props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU", kv_cache_precision),
+            bench_model.cache / "bench-cluster") as record:
         cluster_run(record.serve, PROMPT, 8)  # warm-up
         base_runs, cluster_runs, thp_runs = alternated_runs(
             record.serve, baseline, baseline_thp, prompt_ids, tokens, runs)
-    finally:
-        stop_processes(record.pids)
     result = {
         "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
         "properties": props, **cluster_figures(stages, base_runs, cluster_runs),

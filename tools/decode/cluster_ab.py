@@ -17,7 +17,7 @@ import json
 import os
 import statistics
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 
 from controlplane.records import RuntimeSpec
+from tools.harness.cluster import local_cluster
 from tools.harness.models import model_export
 from tools.harness.options import CpuSets, Json, Model, Precision, Tokens, Weights, fail
 from tools.harness.report import err
@@ -75,25 +76,20 @@ def run_ab(export_dir: Path, env_a: dict[str, str], env_b: dict[str, str], pairs
     """Start a local cluster per environment under ``root``, alternate ``pairs`` runs of
     ``tokens`` greedy tokens on each (A first in even pairs, B first in odd ones)."""
     from tools.decode.cluster import cluster_run
-    from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
 
-    records = {}
-    try:
+    with ExitStack() as clusters:
+        records = {}
         for name, env in (("a", env_a), ("b", env_b)):
             with environment(env):
-                records[name] = start_local_cluster(export_dir, 2, runtime, root / name,
-                                                    cpu_sets=cpu_sets)
+                records[name] = clusters.enter_context(local_cluster(
+                    export_dir, 2, runtime, root / name, cpu_sets=cpu_sets))
         for record in records.values():
-            wait_serving(record, 300)
             cluster_run(record.serve, prompt, 8)  # warm-up
         tok_s: dict[str, list[float]] = {"a": [], "b": []}
         for i in range(pairs):
             for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
                 tok_s[name].append(cluster_run(records[name].serve, prompt, tokens)["tok_s"])
             err.print(f"pair {i + 1}/{pairs}: A {tok_s['a'][-1]:.1f}  B {tok_s['b'][-1]:.1f} tok/s")
-    finally:
-        for record in records.values():
-            stop_processes(record.pids)
     return {"a": env_a, "b": env_b, "tokens": tokens, "cpu_sets": cpu_sets,
             **paired_summary(tok_s["a"], tok_s["b"]),
             "samples": {k: [round(v, 2) for v in vs] for k, vs in tok_s.items()}}

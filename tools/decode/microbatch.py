@@ -41,6 +41,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tools.harness.cluster import local_cluster
 from tools.harness.models import BenchModel, plugin_properties
 from tools.harness.options import CpuSets, Json, Model, Nodes, Precision, Threads, Weights
 from tools.harness.report import err
@@ -49,9 +50,6 @@ from tools.harness.stats import paired_ratio
 from zctl.launcher.local import (
     local_row_groups,
     runtime_spec,
-    start_local_cluster,
-    stop_processes,
-    wait_serving,
 )
 from zctl.manifest import load_manifest
 
@@ -218,16 +216,12 @@ def main(
                               link_delay_ms)
     props = plugin_properties(precision, threads)
     genai = genai_users(bench_model.hf_dir, export_dir, weights, props) if baseline else None
-    record = start_local_cluster(export_dir, stages, runtime_spec(
-        props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"),
-        bench_model.cache / "bench-microbatch", link_delay_ms=link_delay_ms, cpu_sets=cpu_sets,
-        row_groups=groups)
-    try:
-        wait_serving(record, 300)
+    with local_cluster(export_dir, stages, runtime_spec(
+            props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"),
+            bench_model.cache / "bench-microbatch", link_delay_ms=link_delay_ms,
+            cpu_sets=cpu_sets, row_groups=groups) as record:
         samples, per_stream, memory_mb = interleaved_runs(record.serve, record.pids, genai,
                                                           tokens, runs)
-    finally:
-        stop_processes(record.pids)
     result: dict[str, Any] = {
         "model": model, "stages": stages, "weights": weights, "tokens": tokens, "runs": runs,
         "properties": props, "link_delay_ms": link_delay_ms,

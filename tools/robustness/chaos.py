@@ -36,8 +36,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -83,21 +81,14 @@ class Cluster:
     link_delay_ms: float = 0.0
 
     def spawn_node(self, node: int) -> int:
-        from zctl.launcher.local import link_shape
-        from zctl.launcher.processes import NodeProcess, process_command
+        """Start node ``node`` again with its state dir (as a service manager would)."""
+        from zctl.launcher.local import link_shape, start_local_node
 
-        config = NodeProcess(self.record.control, host=self.net.host(node),
-                             state_dir=str(self.root / f"node{node}"), reconnect_min=0.2,
-                             link=link_shape(self.link_delay_ms))
-        log = self.root / "logs" / f"node{node}.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                self.net.command(node, [sys.executable, *process_command(config)]),
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.nodes[node] = proc.pid
-        self.record.pids.append(proc.pid)
-        return proc.pid
+        pid, _ = start_local_node(self.record, node, self.root,
+                                  link=link_shape(self.link_delay_ms), network=self.net)
+        self.nodes[node] = pid
+        self.record.pids.append(pid)
+        return pid
 
     def stop(self) -> None:
         from zctl.launcher.local import stop_processes
@@ -107,28 +98,18 @@ class Cluster:
 
 def start_cluster(net: Namespaces | Loopback, export_dir: Path, nodes: int, heal: bool,
                   root: Path, link_delay_ms: float = 0.0) -> Cluster:
-    """The coordinator on the host (its control port on the bridge) and ``nodes - 1`` nodes
-    in their namespaces; returns once the pipeline serves."""
-    from zctl.launcher.local import (
-        free_port,
-        link_shape,
-        runtime_spec,
-        start_coordinator,
-        wait_serving,
-    )
-    from zctl.launcher.processes import CoordinatorProcess
+    """A local cluster placed by ``net`` (zctl.launcher.local.start_local_cluster): the
+    coordinator on the host (its control port on the bridge), ``nodes - 1`` nodes in their
+    namespaces, a row group per stage; returns once the pipeline serves."""
+    from zctl.launcher.local import runtime_spec, start_local_cluster, wait_serving
 
-    (root / "logs").mkdir(parents=True, exist_ok=True)
-    host = net.host(0)
     runtime = runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
-    record = start_coordinator(CoordinatorProcess(
-        str(export_dir), bind=f"tcp://{host}:{free_port(host)}", host=host,
-        expect_nodes=nodes - 1, heal_after=0.0 if heal else None, resume_timeout=90.0,
-        runtime=runtime, link=link_shape(link_delay_ms)), root)
-    cluster = Cluster(record, {}, root, net, link_delay_ms)
+    record = start_local_cluster(export_dir, nodes, runtime, root, link_delay_ms=link_delay_ms,
+                                 row_groups=nodes, heal_after=0.0 if heal else None,
+                                 resume_timeout=90.0, network=net)
+    cluster = Cluster(record, dict(enumerate(record.pids[1:], start=1)), root, net,
+                      link_delay_ms)
     try:
-        for node in range(1, nodes):
-            cluster.spawn_node(node)
         wait_serving(record, 180)
     except BaseException:
         cluster.stop()

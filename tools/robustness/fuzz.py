@@ -21,7 +21,6 @@ unchanged, and 0 answers to an unknown CURVE key.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 import uuid
@@ -34,6 +33,7 @@ from typing import Annotated, Any
 import typer
 import zmq
 
+from tools.harness.cluster import local_cluster, served_cluster
 from tools.harness.models import export_or_cached
 from tools.harness.options import Json, fail
 from tools.harness.report import err, run_record
@@ -49,7 +49,6 @@ from tools.robustness.fuzz_messages import (
     service_seeds,
 )
 from tools.robustness.fuzz_send import Tally, curve_probe, fuzz_http, fuzz_zmq, jsonable, seeded, zmtp_dropped
-from zctl.launcher.local import free_port
 
 PROMPT = "Tell me about the lighthouse on the hill."
 REFERENCE_TOKENS = 16
@@ -79,45 +78,20 @@ def exact_runtime() -> Any:
 
 
 @contextmanager
-def zctl_home_at(path: Path) -> Iterator[None]:
-    """ZCTL_HOME set to ``path`` (where the API's ``zctl serve`` finds the cluster)."""
-    before = os.environ.get("ZCTL_HOME")
-    os.environ["ZCTL_HOME"] = str(path)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("ZCTL_HOME", None)
-        else:
-            os.environ["ZCTL_HOME"] = before
-
-
-@contextmanager
 def running_cluster(export_dir: Path, root: Path, curve: bool, api: bool) -> Iterator[Cluster]:
-    """A local cluster (as many nodes as the export has stages), serving, and its API."""
-    from zctl.launcher.local import (
-        start_api,
-        start_local_cluster,
-        stop_processes,
-        wait_serving,
-        write_record,
-    )
+    """A local cluster (as many nodes as the export has stages), serving: with its API in
+    front (``served_cluster``, its zctl home ``root``), or without (its state in ``root``)."""
     from zctl.manifest import load_manifest
 
     nodes = len(load_manifest(export_dir, verify_files=False).stages)
-    record = start_local_cluster(export_dir, nodes, exact_runtime(), root, curve=curve,
-                                 heal_after=None)
-    try:
-        wait_serving(record, 300)
-        model = ""
-        if api:
-            with zctl_home_at(root / "home"):
-                write_record(record)
-                record = start_api(record, f"127.0.0.1:{free_port('127.0.0.1')}")
-            model = api_model(record.api)
-        yield Cluster(record, export_dir, model)
-    finally:
-        stop_processes(record.pids)
+    if api:
+        with served_cluster(export_dir, nodes, exact_runtime(), root, curve=curve,
+                            heal_after=None) as record:
+            yield Cluster(record, export_dir, api_model(record.api))
+    else:
+        with local_cluster(export_dir, nodes, exact_runtime(), root, curve=curve,
+                           heal_after=None) as record:
+            yield Cluster(record, export_dir, "")
 
 
 def api_model(base_url: str) -> str:

@@ -28,62 +28,23 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from tools.harness.cluster import served_cluster
 from tools.harness.models import export_or_cached
 from tools.harness.options import Json, fail
 from tools.harness.report import err, run_record
 from tools.robustness.soak_load import LoadTally, Prompt, drive, prompt_pool, queue_burst
 from tools.robustness.soak_probe import Sampler
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
-from zctl.launcher.local import free_port
+from zctl.launcher.local import runtime_spec
 
 RSS_TARGET_PCT = 5.0
 BURST_EXTRA = 8  # requests beyond --max-queue in the closing burst
 IDLE_TIMEOUT_S = 30.0  # how long the cluster may take to be idle once the load stops
-
-
-@contextmanager
-def soak_cluster(export_dir: Path, nodes: int, root: Path, max_queue: int, max_streams: int,
-                 timeout_s: float) -> Iterator[Any]:
-    """A local cluster of ``export_dir`` with the OpenAI API in front, as ``zctl cluster up
-    --local N --api`` starts them, under a ZCTL_HOME of its own (``root/home``); its
-    record (zctl.launcher.local.ClusterRecord). Every process is stopped on exit."""
-    from zctl.launcher.local import (
-        cluster_file,
-        runtime_spec,
-        start_api,
-        start_local_cluster,
-        stop_processes,
-        wait_serving,
-        write_record,
-    )
-
-    previous = os.environ.get("ZCTL_HOME")
-    os.environ["ZCTL_HOME"] = str(root / "home")
-    record = None
-    try:
-        record = start_local_cluster(export_dir, nodes, runtime_spec("f32", None, "CPU"), root,
-                                     max_streams=max_streams)
-        write_record(record)
-        wait_serving(record, timeout_s)
-        record = start_api(record, f"127.0.0.1:{free_port('127.0.0.1')}", timeout_s,
-                           max_queue=max_queue)
-        write_record(record)
-        yield record
-    finally:
-        if record is not None:
-            stop_processes(record.pids)
-        cluster_file().unlink(missing_ok=True)
-        if previous is None:
-            os.environ.pop("ZCTL_HOME", None)
-        else:
-            os.environ["ZCTL_HOME"] = previous
 
 
 def roots(record: Any) -> dict[str, int]:
@@ -153,8 +114,9 @@ def soak(export_dir: Path, plan: dict[str, Any], root: Path) -> dict[str, Any]:
     from tools.robustness.soak_probe import service_sample
     from zctl.engine.tokenizer import ChatTokenizer
 
-    with soak_cluster(export_dir, plan["nodes"], root, plan["max_queue"], plan["max_streams"],
-                      plan["start_timeout_s"]) as record:
+    with served_cluster(export_dir, plan["nodes"], runtime_spec("f32", None, "CPU"), root,
+                        max_queue=plan["max_queue"], timeout_s=plan["start_timeout_s"],
+                        max_streams=plan["max_streams"]) as record:
         api = record.api
         begin = time.monotonic()
 
@@ -250,7 +212,7 @@ def main(
     root = Path(os.environ.get("ZCTL_HOME") or Path.home() / ".zctl") / "soak" / \
         time.strftime("%Y%m%d-%H%M%S")
     err.print(f"soak: {streams} streams for {minutes:g} min on a {nodes}-node cluster of "
-              f"{export_dir} (logs under {root / 'logs'})")
+              f"{export_dir} (logs under {root / 'local' / 'logs'})")
     report = {**run_record(), "model": str(export_dir),
               **soak(export_dir, plan, root)}
     if as_json:

@@ -48,10 +48,10 @@ from typing import Annotated, Any
 
 import typer
 
+from tools.harness.cluster import exit_on_failure
 from tools.harness.models import BenchModel
 from tools.harness.options import Json, fail, parse_numbers
 from tools.harness.report import err, print_result, run_record
-from tools.harness.serve_procs import exit_on_failure
 from tools.serving.prefill_prompts import (
     Message,
     PromptBook,
@@ -63,7 +63,6 @@ from tools.serving.prefill_report import Samples, itl_figures, layout_result, pr
 from tools.serving.prefill_systems import Turn
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 
-REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = ("shared", "split")
 PROPS = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}  # cluster up's
 WARM_TOKENS = 4
@@ -231,12 +230,14 @@ def run_layout(plan: Plan, layout: str, export_dir: Path, home: Path, genai: Seq
                book: PromptBook, timeout: float) -> dict[str, Any]:
     """A fresh cluster with ``layout``'s cores and zctl serve on it; every measurement on it
     and on the genai pipelines."""
-    from tools.harness.serve_procs import served_cluster
+    from tools.harness.cluster import served_cluster
     from tools.serving.prefill_systems import ZctlHttp
+    from zctl.launcher.local import runtime_spec
 
-    with served_cluster(export_dir, home, layout, 0, 0, None, timeout, REPO,
+    with served_cluster(export_dir, 2, runtime_spec("f32", None, "CPU"), home, timeout_s=timeout,
+                        cpu_sets=layout,
                         max_streams=max(DEFAULT_MAX_STREAMS, plan.itl_streams + 1)) as served:
-        zctl = ZctlHttp(served.base_url)
+        zctl = ZctlHttp(served.api)
         warm_up(zctl, plan, book, f"{layout}/zctl")
         systems = [zctl, *genai]
         samples = measure_lengths(plan, systems, book, layout)

@@ -119,19 +119,16 @@ def numerics_run(bench_model: BenchModel, export_dir: Any, texts: Sequence[str],
                  numerics: str, cpu_sets: str, hf: Any) -> dict[str, Any]:
     """One cluster of the given numerics: its figures against the fp32 model ``hf``."""
     from exporter.quality import hf_logits
+    from tools.harness.cluster import local_cluster
     from zctl.engine.sampling import log_softmax
-    from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.local import runtime_spec
 
     exact = numerics == "exact"
     spec = runtime_spec("f32" if exact else None, None, "CPU", "f32" if exact else None,
                         dynamic_quantization=not exact)
-    record = start_local_cluster(export_dir, NODES, spec, bench_model.cache / "bench-scoring",
-                                 cpu_sets=cpu_sets)
-    try:
-        wait_serving(record, 300)
+    with local_cluster(export_dir, NODES, spec, bench_model.cache / "bench-scoring",
+                       cpu_sets=cpu_sets) as record:
         scores, tops, ids, costs = measure(record.serve, texts)
-    finally:
-        stop_processes(record.pids)
     references = [log_softmax(hf_logits(hf, toks)) for toks in ids]
     return {"numerics": numerics, **score_figures(scores, references, ids, tops),
             "scoring_cost": statistics.median(costs), "costs": costs}

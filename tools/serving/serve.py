@@ -25,9 +25,10 @@ same cluster, each prompt cached beforehand so that neither of a pair prefills i
 paired form (the median over requests). 32 pairs by default: on a noisy machine one pair
 that hit a slow spell moved 12 pairs' figure by several percent.
 
-The cluster is ``zctl cluster up --local 2`` and ``zctl serve`` as subprocesses of this
-checkout, under a ZCTL_HOME of their own (<cache>/bench-serve/home, so a cluster of the
-shared cache is not touched), torn down on every exit, Ctrl-C included.
+The cluster is a 2-node local cluster and ``zctl serve`` in front of it, started as ``zctl
+cluster up --local 2 --api`` starts them (tools.harness.cluster.served_cluster), under a
+ZCTL_HOME of their own (<cache>/bench-serve/home, so a cluster of the shared cache is not
+touched), torn down on every exit, Ctrl-C included.
 
     python -m tools.serving.serve [--concurrency 1,4,8,16] [--requests 32] [--rounds 1] [--json]
 """
@@ -35,11 +36,8 @@ shared cache is not touched), torn down on every exit, Ctrl-C included.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
-import platform
 import statistics
-import subprocess
 import time
 import uuid
 from collections.abc import Sequence
@@ -50,6 +48,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from tools.harness.cluster import exit_on_failure, served_cluster
 from tools.harness.load import (
     LevelRun,
     RequestRecord,
@@ -62,49 +61,18 @@ from tools.harness.load import (
 )
 from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, fail, parse_numbers
-from tools.harness.report import err, print_result
-from tools.harness.serve_procs import exit_on_failure, served_cluster
+from tools.harness.report import err, print_result, run_record
 from tools.harness.stats import p50_p99_ms
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
+from zctl.launcher.local import runtime_spec
 
 if TYPE_CHECKING:
     from tools.harness.baseline import GenaiServer
 
-REPO = Path(__file__).resolve().parents[2]
 TARGET_OVERHEAD = 0.03
 TARGET_RATIO_AT = 8
 TARGET_RATIO = 1.0
 GENAI_PREFIX_CACHING = True  # the baseline keeps prompts' KV as zctl's prefix cache does
-
-
-# -- where and when ------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    """The CPU's model name (as lscpu shows it), its notable ISA extensions, the CPU count."""
-    name, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    isa = [label for flag, label in (("avx512_vnni", "AVX-512-VNNI"), ("amx_tile", "AMX"),
-                                     ("avx2", "AVX2")) if flag in flags]
-    extras = ", ".join(isa[:2] if "AVX-512-VNNI" in isa else isa)
-    return f"{name} ({extras + ', ' if extras else ''}{os.cpu_count()} CPUs)"
-
-
-def commit() -> str:
-    """This checkout's commit (short), with "-dirty" when tracked files changed."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
-                              text=True).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 # -- the engine driven directly, against the HTTP API ----------------------------------------------
@@ -336,9 +304,7 @@ def targets(rows: Sequence[dict[str, Any]], overhead: float | None,
 def report(rows: list[dict[str, Any]], overhead: dict[str, Any],
            settings: dict[str, Any]) -> dict[str, Any]:
     """The one JSON object of ``--json``."""
-    return {"cpu": cpu_model(), "date": datetime.datetime.now(datetime.UTC).isoformat(
-                timespec="seconds"),
-            "commit": commit(), "levels": rows, "http_overhead": overhead["http_overhead"],
+    return {**run_record(), "levels": rows, "http_overhead": overhead["http_overhead"],
             "overhead": overhead, "targets": targets(rows, overhead["http_overhead"],
                                                         overhead["http_overhead_paired"]),
             "settings": settings}
@@ -428,10 +394,12 @@ def main(
     props = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}  # cluster up's
     genai = None if skip_genai else genai_server(bench_model, export_dir, props, max(levels))
     load_before = os.getloadavg()
+    runtime = runtime_spec("f32", None, "CPU")  # zctl cluster up's
     with exit_on_failure(), served_cluster(
-            export_dir, bench_model.cache / "bench-serve" / "home", cpu_sets, port, max_queue,
-            api_key, timeout, REPO, max_streams=max_streams) as served:
-        rows, overhead = run_levels(plan, served.base_url, served.serve, genai)
+            export_dir, 2, runtime, bench_model.cache / "bench-serve" / "home", port=port,
+            api_key=api_key, max_queue=max_queue or None, timeout_s=timeout, cpu_sets=cpu_sets,
+            max_streams=max_streams) as record:
+        rows, overhead = run_levels(plan, record.api, record.serve, genai)
     settings = {"requests": requests, "seed": seed, "rounds": rounds,
                 "overhead_requests": plan.overhead_requests,
                 "max_streams": max_streams, "genai_prefix_caching": GENAI_PREFIX_CACHING,

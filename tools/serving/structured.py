@@ -264,20 +264,17 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 
          auto: Annotated[bool, typer.Option(help="also time text answers under "
                                                  "tool_choice auto against free text")] = False,
          as_json: Json = False) -> None:
-    from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
+    from tools.harness.cluster import local_cluster
+    from zctl.launcher.local import runtime_spec
 
     if runs < 1:
         fail("--runs needs at least 1")
     bench_model = BenchModel.resolve(model)
     export_dir = bench_model.export(NODES, weights)
-    record = start_local_cluster(export_dir, NODES, runtime_spec(None, None, "CPU"),
-                                 bench_model.cache / "bench-structured", cpu_sets=cpu_sets)
-    try:
-        wait_serving(record, 300)
+    with local_cluster(export_dir, NODES, runtime_spec(None, None, "CPU"),
+                       bench_model.cache / "bench-structured", cpu_sets=cpu_sets) as record:
         entries, first_extra = measure(record.serve, runs, lookup)
         auto_entries = measure_auto(record.serve, runs) if auto else []
-    finally:
-        stop_processes(record.pids)
     result = {"mean_ratio": statistics.mean(e["ratio"] for e in entries),
               **({"mean_lookup_ratio": statistics.mean(e["lookup_ratio"] for e in entries),
                   "mean_lookup_over_schema": statistics.mean(e["lookup_over_schema"]

@@ -273,24 +273,21 @@ def measure(bench_model: BenchModel, export_dir: Path, weights: str, systems: Se
     """Build the one-core baseline (before the cluster: OpenVINO first loads in this
     process confined to its core), start the cluster, run everything, stop the cluster:
     the samples per prompt."""
+    from tools.harness.cluster import local_cluster
     from zctl.engine.tokenizer import ChatTokenizer
-    from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.local import runtime_spec
 
     tokenizer = ChatTokenizer(export_dir)
     prompts = [(p.name, p.text, tokenizer.encode(p.text, chat=True)) for p in PROMPTS]
     genai = None if settings["genai_core"] is None else GenaiOneCore.load(
         bench_model, export_dir, weights, settings["genai_properties"], settings["genai_core"])
     err.print(f"starting a {NODES}-node local cluster (--cpu-sets {settings['cpu_sets']}) ...")
-    record = start_local_cluster(
-        export_dir, NODES, runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False),
-        bench_model.cache / "bench-pipespec", link_delay_ms=settings["link_delay_ms"],
-        cpu_sets=settings["cpu_sets"])
-    try:
-        wait_serving(record, 300)
+    with local_cluster(
+            export_dir, NODES, runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False),
+            bench_model.cache / "bench-pipespec", link_delay_ms=settings["link_delay_ms"],
+            cpu_sets=settings["cpu_sets"]) as record:
         return interleaved_runs(record.serve, genai, prompts, systems, settings["tokens"],
                                 settings["runs"], settings["pipelined_k"])
-    finally:
-        stop_processes(record.pids)
 
 
 # -- output ------------------------------------------------------------------------------------

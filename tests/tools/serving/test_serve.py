@@ -427,19 +427,21 @@ def test_genai_driver_counts_a_failing_step() -> None:
 def test_a_run_on_a_real_cluster_and_server_is_torn_down(tiny_exports, tmp_path) -> None:
     import httpx
 
-    from tools.harness.serve_procs import served_cluster
-    from tools.serving.serve import REPO, run_levels
+    from tools.harness.cluster import served_cluster
+    from tools.serving.serve import run_levels
+    from zctl.launcher.local import runtime_spec
 
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     requests = [ServeRequest(i, f"tell me about the number {i}", 6 + i) for i in range(6)]
     plan = Plan([1, 3], requests, 3)
     home = tmp_path / "home"
-    with served_cluster(export_dir, home, "shared", 0, 0, None, 120, REPO) as served:
+    with served_cluster(export_dir, 2, runtime_spec("f32", None, "CPU"), home,
+                        timeout_s=120) as served:
         assert (home / "cluster.json").is_file()
-        rows, overhead = run_levels(plan, served.base_url, served.serve, None)
+        rows, overhead = run_levels(plan, served.api, served.serve, None)
     assert not (home / "cluster.json").exists()  # the cluster is down
     with pytest.raises(httpx.ConnectError):  # and the server with it
-        asyncio.run(model_id(served.base_url))
+        asyncio.run(model_id(served.api))
     assert [r["concurrency"] for r in rows] == [1, 3] and all(r["errors"] == 0 for r in rows)
     assert all(r["zctl"]["completion_tokens"] > 0 and r["genai_cb_tok_s"] is None for r in rows)
     assert rows[0]["zctl"]["completion_tokens"] == rows[1]["zctl"]["completion_tokens"]
