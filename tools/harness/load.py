@@ -1,10 +1,11 @@
-"""A serving benchmark's pieces, modelled on vLLM's benchmark_serving: a fixed set of mixed
-requests, what one request's stream recorded, the statistics over a concurrency level, and
-N concurrent clients streaming chat completions from an OpenAI-compatible HTTP API.
+"""The benchmarks' one HTTP load client, for any OpenAI-compatible server (zctl serve):
+chat completions streamed over SSE (POST /v1/chat/completions with ``stream`` and
+``stream_options.include_usage``) or whole, each recorded as its client saw it
+(``RequestRecord``); N concurrent clients through a shared list of requests, modelled on
+vLLM's benchmark_serving (``http_level``); the model a server serves (GET /v1/models);
+and the request set of the serving benchmark, mixed prompts and ``max_tokens``.
 
-Only the public HTTP interface is used (POST /v1/chat/completions with ``stream`` and
-``stream_options.include_usage``, GET /v1/models), so any OpenAI-compatible server can be
-measured. Definitions, the same for every system measured (tools.serving.serve):
+Definitions, the same for every system measured (tools.serving.serve):
 
 - TTFT: from sending the request to the first chunk carrying content.
 - ITL (inter-token latency): the gaps between successive content chunks, pooled over the
@@ -17,7 +18,8 @@ measured. Definitions, the same for every system measured (tools.serving.serve):
   server's ``usage``, not assumed from ``max_tokens``) / the level's wall time (first
   request sent to last request ended).
 - An error: HTTP status != 200, an exception (connection, timeout, bad JSON), an error
-  object in the stream, or a stream that ended without ``data: [DONE]``.
+  object in the stream, or a stream that ended without ``data: [DONE]`` (unless the client
+  left it on purpose: ``leave_after``).
 """
 
 from __future__ import annotations
@@ -112,25 +114,48 @@ def request_set(n: int, seed: int = 0) -> list[ServeRequest]:
 
 @dataclass
 class RequestRecord:
-    """One request's stream: when it was sent, when each content chunk arrived, how it
-    ended (``end``: when its stream closed), and its token counts."""
+    """One request as its client saw it: when it was sent, when each content chunk arrived,
+    when its stream closed (``end``), its token counts (``usage``: the completion tokens
+    are the server's), the text that came back, why it failed (``error``), and whether the
+    client left the stream on purpose (``left``)."""
 
-    index: int
-    start: float
+    index: int = 0
+    start: float = 0.0
     chunk_times: list[float] = field(default_factory=list)
     end: float = 0.0
     completion_tokens: int = 0
     prompt_tokens: int | None = None
     usage: bool = False  # completion_tokens came from the server's usage
     error: str = ""
+    text: str = ""
+    left: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.error
 
     @property
+    def done(self) -> bool:
+        """Whether the request has ended (its stream closed, or it failed)."""
+        return self.end > 0.0
+
+    @property
     def ttft_s(self) -> float | None:
         return self.chunk_times[0] - self.start if self.chunk_times else None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """TTFT in ms of a request that succeeded (None otherwise)."""
+        return (self.chunk_times[0] - self.start) * 1e3 if self.ok and self.chunk_times else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens after the first over the time from the first to the last (None: fewer
+        than two, or a failed request)."""
+        t = self.chunk_times
+        if not self.ok or self.completion_tokens < 2 or len(t) < 2 or t[-1] <= t[0]:
+            return None
+        return (self.completion_tokens - 1) / (t[-1] - t[0])
 
     def gaps_s(self) -> list[float]:
         """The gaps between successive content chunks."""
@@ -202,7 +227,7 @@ async def run_clients(requests: Sequence[ServeRequest], concurrency: int,
 
 
 def chat_payload(model: str, request: ServeRequest) -> dict[str, Any]:
-    """The streamed, greedy chat completion a request is sent as."""
+    """The streamed, greedy chat completion a request of the set is sent as."""
     return {"model": model, "messages": request.messages(), "max_tokens": request.max_tokens,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
 
@@ -217,9 +242,10 @@ def read_event(record: RequestRecord, data: str, now: float) -> bool:
     if chunk.get("error"):
         raise ValueError(f"error in stream: {str(chunk['error'])[:200]}")
     for choice in chunk.get("choices") or []:
-        delta = choice.get("delta") or {}
-        if delta.get("content") or choice.get("text"):
+        content = (choice.get("delta") or {}).get("content") or choice.get("text")
+        if content:
             record.chunk_times.append(now)
+            record.text += content
             break
     usage = chunk.get("usage")
     if usage:
@@ -229,24 +255,31 @@ def read_event(record: RequestRecord, data: str, now: float) -> bool:
     return False
 
 
-async def stream_chat(client: Any, model: str, request: ServeRequest,
-                      headers: dict[str, str] | None = None) -> RequestRecord:
+async def stream_chat(client: Any, payload: dict[str, Any], record: RequestRecord | None = None,
+                      headers: dict[str, str] | None = None,
+                      leave_after: int = 0) -> RequestRecord:
     """One streamed chat completion through ``client`` (an httpx.AsyncClient on the
-    server's base URL); errors are recorded, never raised."""
-    record = RequestRecord(request.index, time.perf_counter())
-    done = False
+    server's base URL), filling ``record`` as its chunks arrive (a fresh one if None);
+    ``leave_after`` > 0: the client closes the stream once that many content chunks came
+    (``left``). Errors are recorded, never raised."""
+    record = RequestRecord() if record is None else record
+    record.start = time.perf_counter()
+    finished = False
     try:
         async with client.stream("POST", "/v1/chat/completions", headers=headers,
-                                 json=chat_payload(model, request)) as response:
+                                 json=payload) as response:
             if response.status_code != 200:
-                body = (await response.aread())[:200].decode(errors="replace")
+                body = (await response.aread())[:300].decode(errors="replace")
                 record.error = f"http {response.status_code}: {body}"
             else:
                 async for line in response.aiter_lines():
                     if line.startswith("data:") and read_event(
                             record, line[5:].strip(), time.perf_counter()):
-                        done = True
-                if not done:
+                        finished = True
+                    if leave_after and len(record.chunk_times) >= leave_after:
+                        record.left = True
+                        break  # leaving the block closes the connection
+                if not finished and not record.left:
                     record.error = "no [DONE]: the stream ended early"
     except Exception as exc:  # noqa: BLE001 (every failure is a counted error)
         record.error = f"{type(exc).__name__}: {exc}"[:300]
@@ -256,26 +289,69 @@ async def stream_chat(client: Any, model: str, request: ServeRequest,
     return record
 
 
+async def complete_chat(client: Any, payload: dict[str, Any],
+                        headers: dict[str, str] | None = None) -> RequestRecord:
+    """One whole (not streamed) chat completion through ``client``: its text and token
+    counts, the answer's arrival its one chunk. Errors are recorded, never raised."""
+    record = RequestRecord(start=time.perf_counter())
+    try:
+        answer = await client.post("/v1/chat/completions", headers=headers,
+                                   json={**payload, "stream": False})
+        if answer.status_code != 200:
+            record.error = f"http {answer.status_code}: {answer.text[:300]}"
+        elif not (body := answer.json()).get("choices"):
+            record.error = f"no choices: {answer.text[:200]}"
+        else:
+            record.chunk_times.append(time.perf_counter())
+            record.text = body["choices"][0].get("message", {}).get("content") or ""
+            record.completion_tokens = int(body["usage"]["completion_tokens"])
+            record.prompt_tokens = body["usage"].get("prompt_tokens")
+            record.usage = True
+    except Exception as exc:  # noqa: BLE001 (every failure is a counted error)
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
+    record.end = time.perf_counter()
+    return record
+
+
+def async_client(base_url: str, connections: int, timeout_s: float = 300.0) -> Any:
+    """An httpx.AsyncClient on ``base_url`` for ``connections`` requests at once."""
+    import httpx
+
+    return httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
+                             limits=httpx.Limits(max_connections=connections,
+                                                 max_keepalive_connections=connections))
+
+
+def auth_headers(api_key: str | None) -> dict[str, str] | None:
+    """The header that carries ``api_key`` (None without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else None
+
+
 async def http_level(base_url: str, model: str, requests: Sequence[ServeRequest],
                      concurrency: int, api_key: str | None = None,
                      timeout_s: float = 300.0) -> LevelRun:
     """``concurrency`` clients streaming ``requests`` from the server at ``base_url``."""
+    headers = auth_headers(api_key)
+    async with async_client(base_url, concurrency, timeout_s) as client:
+        return await run_clients(requests, concurrency, lambda r: stream_chat(
+            client, chat_payload(model, r), RequestRecord(r.index), headers))
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The model a server serves: its id and (zctl serve says it) its context length."""
+
+    id: str
+    max_model_len: int | None
+
+
+async def served_model(base_url: str, api_key: str | None = None) -> ServedModel:
+    """The server's first model (GET /v1/models: data[0])."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits,
-                                 timeout=httpx.Timeout(timeout_s, connect=10.0)) as client:
-        return await run_clients(requests, concurrency,
-                                 lambda r: stream_chat(client, model, r, headers))
-
-
-async def model_id(base_url: str, api_key: str | None = None) -> str:
-    """The server's model id (GET /v1/models: data[0].id)."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     async with httpx.AsyncClient(base_url=base_url, timeout=30.0) as client:
-        response = await client.get("/v1/models", headers=headers)
+        response = await client.get("/v1/models", headers=auth_headers(api_key))
         response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
+        data = response.json()["data"][0]
+        context = data.get("max_model_len")
+        return ServedModel(str(data["id"]), None if context is None else int(context))

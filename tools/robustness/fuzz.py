@@ -20,6 +20,7 @@ unchanged, and 0 answers to an unknown CURVE key.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -34,6 +35,7 @@ import typer
 import zmq
 
 from tools.harness.cluster import local_cluster, served_cluster
+from tools.harness.load import served_model
 from tools.harness.models import export_or_cached
 from tools.harness.options import Json, fail
 from tools.harness.report import err, run_record
@@ -87,17 +89,11 @@ def running_cluster(export_dir: Path, root: Path, curve: bool, api: bool) -> Ite
     if api:
         with served_cluster(export_dir, nodes, exact_runtime(), root, curve=curve,
                             heal_after=None) as record:
-            yield Cluster(record, export_dir, api_model(record.api))
+            yield Cluster(record, export_dir, asyncio.run(served_model(record.api)).id)
     else:
         with local_cluster(export_dir, nodes, exact_runtime(), root, curve=curve,
                            heal_after=None) as record:
             yield Cluster(record, export_dir, "")
-
-
-def api_model(base_url: str) -> str:
-    import httpx
-
-    return str(httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"])
 
 
 def reference(cluster: Cluster) -> dict[str, Any]:

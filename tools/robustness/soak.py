@@ -34,6 +34,7 @@ from typing import Annotated, Any
 import typer
 
 from tools.harness.cluster import served_cluster
+from tools.harness.load import served_model
 from tools.harness.models import export_or_cached
 from tools.harness.options import Json, fail
 from tools.harness.report import err, run_record
@@ -123,7 +124,7 @@ def soak(export_dir: Path, plan: dict[str, Any], root: Path) -> dict[str, Any]:
         def clock() -> float:
             return time.monotonic() - begin
 
-        model, max_context = asyncio.run(served_model(api))
+        model, max_context = model_and_context(api)
         prompts = prompt_pool(ChatTokenizer(export_dir), max_context)
         before = service_sample(record.serve, api, clock())
         sampler = Sampler(roots(record), record.serve, api, plan["sample_s"], clock)
@@ -142,15 +143,12 @@ def soak(export_dir: Path, plan: dict[str, Any], root: Path) -> dict[str, Any]:
     return figures(plan, tally, load_end, processes, sampler, burst, leaks, prompts)
 
 
-async def served_model(api: str) -> tuple[str, int]:
+def model_and_context(api: str) -> tuple[str, int]:
     """The model id the API serves and its context length (GET /v1/models)."""
-    import httpx
-
-    async with httpx.AsyncClient(base_url=api, timeout=30.0) as client:
-        answer = await client.get("/v1/models")
-        answer.raise_for_status()
-        data = answer.json()["data"][0]
-        return str(data["id"]), int(data["max_model_len"])
+    served = asyncio.run(served_model(api))
+    if served.max_model_len is None:
+        raise RuntimeError(f"{api}/v1/models does not say the model's context (max_model_len)")
+    return served.id, served.max_model_len
 
 
 def figures(plan: dict[str, Any], tally: LoadTally, load_s: float,

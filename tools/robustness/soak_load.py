@@ -1,6 +1,7 @@
-"""The load tools.robustness.soak puts on the OpenAI API: a pool of prompts that fit the model's
-context, a mix of requests drawn from it, N clients sending them one after another until
-a deadline, and a burst that fills the server's queue.
+"""The load tools.robustness.soak puts on the OpenAI API, through the harness's HTTP client
+(tools.harness.load): a pool of prompts that fit the model's context, a mix of requests
+drawn from it, N clients sending them one after another until a deadline, and a burst
+that fills the server's queue.
 
 Every request is a chat completion. The mix, per request: 15% cancelled mid-stream (the
 client closes the connection after a few chunks), 15% whole (not streamed), 15% with stop
@@ -15,14 +16,21 @@ the stream, a stream that ended early).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tools.harness.load import ABOUT_TEXT, CONTEXT, STANDALONE
+from tools.harness.load import (
+    ABOUT_TEXT,
+    CONTEXT,
+    STANDALONE,
+    RequestRecord,
+    async_client,
+    complete_chat,
+    stream_chat,
+)
 
 MAX_TOKENS = (16, 128)
 CONTEXT_SENTENCES = (0, 1, 3, 6, 12, 24)
@@ -108,47 +116,18 @@ class LoadTally:
 
 
 async def send(client: Any, request: SoakRequest) -> tuple[str, int]:
-    """Send one request: ("completed" | "cancelled", completion tokens), or ("error: ...",
-    0). Never raises but for a cancellation of the task."""
-    try:
-        if not request.payload["stream"]:
-            answer = await client.post("/v1/chat/completions", json=request.payload)
-            if answer.status_code != 200:
-                return f"http {answer.status_code}: {answer.text[:200]}", 0
-            body = answer.json()
-            if not body.get("choices"):
-                return f"no choices: {answer.text[:200]}", 0
-            return "completed", int(body["usage"]["completion_tokens"])
-        return await _stream(client, request)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - every failure is a counted error
-        return f"{type(exc).__name__}: {exc}", 0
-
-
-async def _stream(client: Any, request: SoakRequest) -> tuple[str, int]:
-    chunks, tokens = 0, 0
-    async with client.stream("POST", "/v1/chat/completions", json=request.payload) as answer:
-        if answer.status_code != 200:
-            return f"http {answer.status_code}: {(await answer.aread())[:200]!r}", 0
-        async for line in answer.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return "completed", tokens
-            chunk = json.loads(data)
-            if chunk.get("error"):
-                return f"error in stream: {str(chunk['error'])[:200]}", 0
-            if (chunk.get("usage") or {}).get("completion_tokens"):
-                tokens = int(chunk["usage"]["completion_tokens"])
-            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
-                chunks += 1
-                if request.cancel_after and chunks >= request.cancel_after:
-                    return "cancelled", chunks  # leaving the block closes the connection
-    if request.cancel_after:
-        return "completed", chunks  # it ended before the client meant to leave
-    return "no [DONE]: the stream ended early", 0
+    """Send one request (tools.harness.load): ("completed" | "cancelled", completion tokens,
+    or the content chunks read before leaving), or ("error: ...", 0). Never raises but for
+    a cancellation of the task."""
+    if not request.payload["stream"]:
+        record = await complete_chat(client, request.payload)
+    else:
+        record = await stream_chat(client, request.payload, leave_after=request.cancel_after)
+    if not record.ok:
+        return record.error, 0
+    if record.left:
+        return "cancelled", len(record.chunk_times)
+    return "completed", record.completion_tokens
 
 
 async def client_loop(client: Any, rng: random.Random, model: str, prompts: list[Prompt],
@@ -174,13 +153,9 @@ async def drive(api: str, model: str, prompts: list[Prompt], streams: int, load_
                 drain_s: float, seed: int) -> LoadTally:
     """``streams`` clients for ``load_s`` seconds; the requests still in flight then get
     ``drain_s`` seconds before they are cut (their connections closed)."""
-    import httpx
-
     tally = LoadTally()
     deadline = time.monotonic() + load_s
-    limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
-    async with httpx.AsyncClient(base_url=api, limits=limits,
-                                 timeout=httpx.Timeout(HTTP_TIMEOUT_S, connect=10.0)) as client:
+    async with async_client(api, streams, HTTP_TIMEOUT_S) as client:
         tasks = [asyncio.create_task(client_loop(client, random.Random(seed * 1000 + i), model,
                                                  prompts, deadline, tally))
                  for i in range(streams)]
@@ -191,28 +166,24 @@ async def drive(api: str, model: str, prompts: list[Prompt], streams: int, load_
     return tally
 
 
+def answer_kind(record: RequestRecord) -> str:
+    """What a burst's request got: "200" (served whole), the HTTP status it was refused
+    with ("429": over the queue), "200 without [DONE]", or the exception's name."""
+    if record.ok:
+        return "200"
+    if record.error.startswith("no [DONE]"):
+        return "200 without [DONE]"
+    return record.error.split(":")[0].removeprefix("http ")
+
+
 async def queue_burst(api: str, model: str, prompt: Prompt, count: int) -> dict[str, Any]:
     """``count`` streamed requests at once: how many the server took (200), how many it
     refused as over its queue (429), and any other answer (errors)."""
-    import httpx
-
     payload = {"model": model, "messages": [{"role": "user", "content": prompt.text}],
                "max_tokens": MAX_TOKENS[0], "stream": True}
-    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
-    async with httpx.AsyncClient(base_url=api, limits=limits,
-                                 timeout=httpx.Timeout(HTTP_TIMEOUT_S, connect=10.0)) as client:
-        async def one() -> str:
-            try:
-                async with client.stream("POST", "/v1/chat/completions",
-                                         json=payload) as answer:
-                    if answer.status_code != 200:
-                        return str(answer.status_code)
-                    lines = [line async for line in answer.aiter_lines()]
-                    return "200" if "data: [DONE]" in lines else "200 without [DONE]"
-            except Exception as exc:  # noqa: BLE001 - counted
-                return type(exc).__name__
-
-        answers = Counter(await asyncio.gather(*(one() for _ in range(count))))
+    async with async_client(api, count, HTTP_TIMEOUT_S) as client:
+        records = await asyncio.gather(*(stream_chat(client, payload) for _ in range(count)))
+    answers = Counter(answer_kind(r) for r in records)
     errors = {k: v for k, v in answers.items() if k not in ("200", "429")}
     return {"sent": count, "served": answers["200"], "rejected": answers["429"],
             "errors": errors}

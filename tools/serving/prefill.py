@@ -49,6 +49,7 @@ from typing import Annotated, Any
 import typer
 
 from tools.harness.cluster import exit_on_failure
+from tools.harness.load import RequestRecord
 from tools.harness.models import BenchModel
 from tools.harness.options import Json, fail, parse_numbers
 from tools.harness.report import err, print_result, run_record
@@ -60,7 +61,6 @@ from tools.serving.prefill_prompts import (
     follow_up_turn,
 )
 from tools.serving.prefill_report import Samples, itl_figures, layout_result, print_report, report
-from tools.serving.prefill_systems import Turn
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 
 LAYOUTS = ("shared", "split")
@@ -134,7 +134,7 @@ def parse_layouts(text: str) -> list[str]:
 # -- the measurements -------------------------------------------------------------------------
 
 
-def checked(turn: Turn, expected: int) -> Turn:
+def checked(turn: RequestRecord, expected: int) -> RequestRecord:
     """``turn``, marked failed when its prompt was not ``expected`` tokens long."""
     if turn.ok and turn.prompt_tokens is not None and turn.prompt_tokens != expected:
         turn.error = f"prompt of {turn.prompt_tokens} tokens, expected {expected}"
@@ -142,18 +142,19 @@ def checked(turn: Turn, expected: int) -> Turn:
 
 
 def conversation(system: Any, book: PromptBook, plan: Plan, length: int,
-                 key: str) -> tuple[Turn, Turn]:
+                 key: str) -> tuple[RequestRecord, RequestRecord]:
     """A fresh first turn of ``length`` tokens, then its follow-up turn right after."""
     first = book.turn(length, key)
     one = checked(system.turn(first, plan.tokens), length)
     if not one.ok:
-        return one, Turn(0.0, error="the first turn failed")
+        return one, RequestRecord(error="the first turn failed")
     try:
-        second = follow_up_turn(book.tokenizer, first, one.text, one.tokens, plan.follow_up)
+        second = follow_up_turn(book.tokenizer, first, one.text, one.completion_tokens,
+                                plan.follow_up)
     except ValueError as exc:  # an answer whose text re-encodes much longer
-        return one, Turn(0.0, error=f"no follow-up turn: {exc}")
+        return one, RequestRecord(error=f"no follow-up turn: {exc}")
     two = system.turn(second, plan.tokens)
-    return one, checked(two, length + one.tokens + plan.follow_up)
+    return one, checked(two, length + one.completion_tokens + plan.follow_up)
 
 
 def measure_lengths(plan: Plan, systems: Sequence[Any], book: PromptBook,

@@ -13,8 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tools.harness.load import RequestRecord
 from tools.harness.stats import percentile
-from tools.serving.prefill_systems import ItlRun, Turn
+from tools.serving.prefill_systems import ItlRun
 
 SYSTEMS = ("zctl", "genai", "genai_cb")
 # JSON key of each (system, kind)'s medians, keyed by prompt length
@@ -46,7 +47,7 @@ class Samples:
     values: dict[str, dict[str, dict[int, list[float]]]] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)
 
-    def add(self, system: str, kind: str, length: int, turn: Turn) -> None:
+    def add(self, system: str, kind: str, length: int, turn: RequestRecord) -> None:
         """Record ``turn``'s figure of ``kind`` (or its error)."""
         value = turn.decode_tok_s if kind == "decode" else turn.ttft_ms
         if not turn.ok or value is None:
@@ -102,15 +103,15 @@ def itl_figures(alone: ItlRun, during: ItlRun) -> dict[str, Any]:
     one's end: all of them decoding) against inside the long prompt's prefill (from its
     request to its first token), and the ratios during / alone."""
     errors = [t.error for t in (*alone.streams, *during.streams, during.long) if t and t.error]
-    end_alone = min((t.times[-1] for t in alone.streams if t.times), default=alone.ready)
-    quiet = [g for t in alone.streams for g in overlapping_gaps(t.times, alone.ready, end_alone)]
+    end_alone = min((t.chunk_times[-1] for t in alone.streams if t.chunk_times), default=alone.ready)
+    quiet = [g for t in alone.streams for g in overlapping_gaps(t.chunk_times, alone.ready, end_alone)]
     long = during.long
-    if long is None or not long.times:
+    if long is None or not long.chunk_times:
         busy: list[float] = []
         window = None
     else:
-        window = (long.start, long.times[0])
-        busy = [g for t in during.streams for g in overlapping_gaps(t.times, *window)]
+        window = (long.start, long.chunk_times[0])
+        busy = [g for t in during.streams for g in overlapping_gaps(t.chunk_times, *window)]
     a, d = gap_stats(quiet), gap_stats(busy)
     return {
         "alone_ms": a, "during_ms": d,
@@ -119,7 +120,7 @@ def itl_figures(alone: ItlRun, during: ItlRun) -> dict[str, Any]:
         "long_prompt_tokens": long.prompt_tokens if long else None,
         "long_ttft_ms": round(long.ttft_ms, 1) if long and long.ttft_ms else None,
         # short streams still decoding when the long prompt's first token came
-        "streams_through_prefill": sum(bool(t.times) and t.times[-1] >= window[1]
+        "streams_through_prefill": sum(bool(t.chunk_times) and t.chunk_times[-1] >= window[1]
                                        for t in during.streams) if window else 0,
         "streams": len(during.streams), "errors": errors,
     }

@@ -20,54 +20,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tools.harness.load import RequestRecord, async_client, served_model, stream_chat
 from tools.serving.prefill_prompts import Message
 
 REQUEST_IDS = itertools.count(1 << 24)  # the CB pipeline's request ids, never reused
 
 
 @dataclass
-class Turn:
-    """One request: when it was sent, when each token (or chunk) arrived, what came back."""
-
-    start: float
-    times: list[float] = field(default_factory=list)
-    tokens: int = 0  # completion tokens (the server's usage, or the ids produced)
-    prompt_tokens: int | None = None
-    text: str = ""
-    error: str = ""
-    done: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
-
-    @property
-    def ttft_ms(self) -> float | None:
-        return (self.times[0] - self.start) * 1e3 if self.ok and self.times else None
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        """Tokens after the first over the time from the first to the last."""
-        if not self.ok or self.tokens < 2 or len(self.times) < 2 \
-                or self.times[-1] <= self.times[0]:
-            return None
-        return (self.tokens - 1) / (self.times[-1] - self.times[0])
-
-
-@dataclass
 class ItlRun:
     """Short streams decoding, and maybe one long prompt among them."""
 
-    streams: list[Turn]
+    streams: list[RequestRecord]
     ready: float  # when every short stream had its ``warm`` tokens
-    long: Turn | None = None
+    long: RequestRecord | None = None
 
 
 # -- zctl through its HTTP API -------------------------------------------------------------------
@@ -80,72 +51,19 @@ def chat_payload(model: str, messages: Sequence[Message], max_tokens: int) -> di
             "stream_options": {"include_usage": True}, "zctl": {"ignore_eos": True}}
 
 
-def read_sse(turn: Turn, data: str, now: float) -> bool:
-    """Apply one SSE ``data:`` payload to ``turn``; True at ``[DONE]``."""
-    if data == "[DONE]":
-        return True
-    chunk = json.loads(data)
-    if chunk.get("error"):
-        raise ValueError(f"error in stream: {str(chunk['error'])[:200]}")
-    for choice in chunk.get("choices") or []:
-        content = (choice.get("delta") or {}).get("content")
-        if content:
-            turn.times.append(now)
-            turn.text += content
-    if chunk.get("usage"):
-        turn.tokens = int(chunk["usage"]["completion_tokens"])
-        turn.prompt_tokens = int(chunk["usage"]["prompt_tokens"])
-    return False
-
-
-async def stream_turn(client: Any, model: str, messages: Sequence[Message], max_tokens: int,
-                      turn: Turn) -> Turn:
-    """Stream one chat turn into ``turn`` (filled as tokens arrive); errors are recorded."""
-    turn.start = time.perf_counter()
-    finished = False
-    try:
-        async with client.stream("POST", "/v1/chat/completions",
-                                 json=chat_payload(model, messages, max_tokens)) as response:
-            if response.status_code != 200:
-                body = (await response.aread())[:300].decode(errors="replace")
-                turn.error = f"http {response.status_code}: {body}"
-            else:
-                async for line in response.aiter_lines():
-                    if line.startswith("data:") and read_sse(turn, line[5:].strip(),
-                                                             time.perf_counter()):
-                        finished = True
-                if not finished:
-                    turn.error = "no [DONE]: the stream ended early"
-    except Exception as exc:  # noqa: BLE001 (recorded: the run goes on)
-        turn.error = f"{type(exc).__name__}: {exc}"[:300]
-    turn.done = True
-    return turn
-
-
 class ZctlHttp:
-    """zctl serve at ``base_url``."""
+    """zctl serve at ``base_url``, through the harness's HTTP client (tools.harness.load)."""
 
     name = "zctl"
 
     def __init__(self, base_url: str, timeout_s: float = 900.0) -> None:
-        import httpx
-
         self.base_url, self.timeout_s = base_url, timeout_s
-        answer = httpx.get(f"{base_url}/v1/models", timeout=30.0)
-        answer.raise_for_status()
-        self.model = str(answer.json()["data"][0]["id"])
+        self.model = asyncio.run(served_model(base_url)).id
 
-    def _client(self) -> Any:
-        import httpx
-
-        return httpx.AsyncClient(base_url=self.base_url,
-                                 timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                                 limits=httpx.Limits(max_connections=16))
-
-    def turn(self, messages: Sequence[Message], max_tokens: int) -> Turn:
-        async def one() -> Turn:
-            async with self._client() as client:
-                return await stream_turn(client, self.model, messages, max_tokens, Turn(0.0))
+    def turn(self, messages: Sequence[Message], max_tokens: int) -> RequestRecord:
+        async def one() -> RequestRecord:
+            async with async_client(self.base_url, 16, self.timeout_s) as client:
+                return await stream_chat(client, chat_payload(self.model, messages, max_tokens))
         return asyncio.run(one())
 
     def itl_run(self, shorts: Sequence[Sequence[Message]], short_tokens: int, warm: int,
@@ -154,17 +72,18 @@ class ZctlHttp:
 
     async def _itl(self, shorts: Sequence[Sequence[Message]], short_tokens: int, warm: int,
                    long: Sequence[Message] | None, long_tokens: int) -> ItlRun:
-        async with self._client() as client:
-            turns = [Turn(time.perf_counter()) for _ in shorts]
-            tasks = [asyncio.create_task(stream_turn(client, self.model, m, short_tokens, t))
-                     for m, t in zip(shorts, turns, strict=True)]
-            while not all(t.done or len(t.times) >= warm for t in turns):
+        async with async_client(self.base_url, 16, self.timeout_s) as client:
+            records = [RequestRecord(start=time.perf_counter()) for _ in shorts]
+            tasks = [asyncio.create_task(stream_chat(
+                client, chat_payload(self.model, m, short_tokens), r))
+                for m, r in zip(shorts, records, strict=True)]
+            while not all(r.done or len(r.chunk_times) >= warm for r in records):
                 await asyncio.sleep(0.002)
-            run = ItlRun(turns, time.perf_counter())
+            run = ItlRun(records, time.perf_counter())
             if long is not None:
-                run.long = Turn(time.perf_counter())
-                tasks.append(asyncio.create_task(
-                    stream_turn(client, self.model, long, long_tokens, run.long)))
+                run.long = RequestRecord(start=time.perf_counter())
+                tasks.append(asyncio.create_task(stream_chat(
+                    client, chat_payload(self.model, long, long_tokens), run.long)))
             await asyncio.gather(*tasks)
             return run
 
@@ -194,16 +113,16 @@ class GenaiLLM:
         self.baseline = BaselinePipeline(model_dir, props)
         self.tokenizer = tokenizer
 
-    def turn(self, messages: Sequence[Message], max_tokens: int) -> Turn:
+    def turn(self, messages: Sequence[Message], max_tokens: int) -> RequestRecord:
         from tools.harness.baseline import genai_greedy_config
 
         genai = self._genai
         ids = self.tokenizer.encode_chat(list(messages))
-        turn = Turn(0.0, prompt_tokens=len(ids))
+        turn = RequestRecord(prompt_tokens=len(ids))
 
         class Stamps(genai.StreamerBase):
             def write(self, token: Any) -> Any:
-                turn.times.append(time.perf_counter())
+                turn.chunk_times.append(time.perf_counter())
                 return genai.StreamingStatus.RUNNING
 
             def end(self) -> None:
@@ -215,10 +134,10 @@ class GenaiLLM:
             result = self.baseline.pipe.generate(inputs, genai_greedy_config(genai, max_tokens),
                                                  Stamps())
             out = [int(t) for t in result.tokens[0]]
-            turn.tokens, turn.text = len(out), self.tokenizer.decode(out)
+            turn.completion_tokens, turn.text = len(out), self.tokenizer.decode(out)
         except Exception as exc:  # noqa: BLE001 (recorded)
             turn.error = f"{type(exc).__name__}: {exc}"[:300]
-        turn.done = True
+        turn.end = time.perf_counter()
         return turn
 
 
@@ -240,23 +159,25 @@ class GenaiCB:
         self.pipe = self.baseline.pipe
         self.tokenizer = tokenizer
 
-    def _add(self, messages: Sequence[Message], max_tokens: int) -> tuple[Any, Turn, list[int]]:
+    def _add(self, messages: Sequence[Message], max_tokens: int) -> tuple[Any, RequestRecord, list[int]]:
         from tools.harness.baseline import genai_greedy_config
 
         ids = self.tokenizer.encode_chat(list(messages))
-        turn = Turn(time.perf_counter(), prompt_tokens=len(ids))
+        turn = RequestRecord(start=time.perf_counter(), prompt_tokens=len(ids))
         handle = self.pipe.add_request(next(REQUEST_IDS), _ids_tensor(ids),
                                        genai_greedy_config(self._genai, max_tokens))
         return handle, turn, []
 
-    def _step(self, live: list[tuple[Any, Turn, list[int]]]) -> list[tuple[Any, Turn, list[int]]]:
+    def _step(self, live: list[tuple[Any, RequestRecord, list[int]]]
+              ) -> list[tuple[Any, RequestRecord, list[int]]]:
         """One step; each request's new tokens stamped with its end; the ones still running."""
         running = self._genai.GenerationStatus.RUNNING
         try:
             self.pipe.step()
         except Exception as exc:  # noqa: BLE001 (every live request failed)
             for _, turn, _ in live:
-                turn.error, turn.done = f"step failed: {type(exc).__name__}: {exc}"[:300], True
+                turn.error = f"step failed: {type(exc).__name__}: {exc}"[:300]
+                turn.end = time.perf_counter()
             return []
         now = time.perf_counter()
         still = []
@@ -265,18 +186,19 @@ class GenaiCB:
             while handle.can_read():
                 got += [int(t) for o in handle.read().values() for t in o.generated_ids]
             if got:
-                turn.times.append(now)
+                turn.chunk_times.append(now)
                 out += got
             status = handle.get_status()
             if status == running:
                 still.append((handle, turn, out))
                 continue
-            turn.tokens, turn.text, turn.done = len(out), self.tokenizer.decode(out), True
+            turn.completion_tokens, turn.text = len(out), self.tokenizer.decode(out)
+            turn.end = now
             if status != self._genai.GenerationStatus.FINISHED:
                 turn.error = f"status {status.name}"
         return still
 
-    def turn(self, messages: Sequence[Message], max_tokens: int) -> Turn:
+    def turn(self, messages: Sequence[Message], max_tokens: int) -> RequestRecord:
         live = [self._add(messages, max_tokens)]
         turn = live[0][1]
         while live:
@@ -290,7 +212,7 @@ class GenaiCB:
         run: ItlRun | None = None
         while live:
             live = self._step(live)
-            if run is None and all(t.done or len(t.times) >= warm for t in turns):
+            if run is None and all(t.done or len(t.chunk_times) >= warm for t in turns):
                 run = ItlRun(turns, time.perf_counter())
                 if long is not None:
                     live.append(self._add(long, long_tokens))

@@ -53,9 +53,12 @@ from tools.harness.load import (
     LevelRun,
     RequestRecord,
     ServeRequest,
+    async_client,
+    auth_headers,
+    chat_payload,
     http_level,
-    model_id,
     request_set,
+    served_model,
     stream_chat,
     summarize,
 )
@@ -166,16 +169,14 @@ async def measure_overhead(base_url: str, model: str, serve: str,
                            requests: Sequence[ServeRequest],
                            api_key: str | None = None) -> dict[str, Any]:
     """Each request directly and through HTTP, one client, its prompt cached for both."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     direct: list[RequestRecord] = []
     http: list[RequestRecord] = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(300.0, connect=10.0)) \
-            as client:
+    async with async_client(base_url, 1) as client:
         for path, request in overhead_steps(requests):
             if path == "http":
-                http.append(await stream_chat(client, model, request, headers))
+                http.append(await stream_chat(client, chat_payload(model, request),
+                                              RequestRecord(request.index),
+                                              auth_headers(api_key)))
             else:
                 record = await asyncio.to_thread(direct_record, serve, request)
                 if path == "direct":
@@ -208,7 +209,7 @@ def run_levels(plan: Plan, base_url: str, serve: str,
                genai: GenaiServer | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Warm both systems up, measure the HTTP overhead, then every level on both, each
     level ``plan.rounds`` times, the system that goes first alternating round by round."""
-    model = asyncio.run(model_id(base_url, plan.api_key))
+    model = asyncio.run(served_model(base_url, plan.api_key)).id
     warm = warmup_set(plan)
     asyncio.run(http_level(base_url, model, warm, len(warm), plan.api_key))
     if genai is not None:

@@ -1,4 +1,6 @@
-"""Micro-batching baseline: aggregation math (fast), and the real pipelines (opt-in).
+"""The openvino_genai baseline (tools.harness.baseline): the arithmetic of N streams'
+throughput, the continuous-batching driver against a fake pipeline (fast), and the real
+pipelines (opt-in).
 
 The real-model test needs the cached optimum-intel export of SmolLM2 (built in the baseline
 venv on first use, minutes): run it with ZCTL_BASELINE_TESTS=1.
@@ -7,10 +9,13 @@ venv on first use, minutes): run it with ZCTL_BASELINE_TESTS=1.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
-from tools.harness.baseline import sequential_throughput, stream_throughput
+from tests.tools.harness.test_load import requests_of
+from tools.harness.baseline import sequential_throughput, serve_on, stream_throughput
+from tools.harness.load import summarize
 
 
 def test_stream_throughput_separates_prefill() -> None:
@@ -57,6 +62,69 @@ def test_sequential_throughput_is_single_user_rate() -> None:
     assert r["ttft_ms"] == pytest.approx([100.0, 1200.0, 2300.0])  # users queue
     with pytest.raises(ValueError):
         sequential_throughput([])
+
+
+# -- the ContinuousBatchingPipeline driver against a fake pipeline -------------------------------
+
+
+class FakeHandle:
+    def __init__(self, n: int) -> None:
+        self.left, self.ready, self.status = n, 0, "RUNNING"
+
+    def can_read(self) -> bool:
+        return self.ready > 0
+
+    def read(self) -> dict[int, Any]:
+        out = type("Out", (), {"generated_ids": [5] * self.ready})()
+        self.ready = 0
+        return {0: out}
+
+    def get_status(self) -> Any:
+        import openvino_genai as ov_genai
+
+        return getattr(ov_genai.GenerationStatus, self.status)
+
+
+class FakePipe:
+    """One token per live request per step; the step numbered ``fail_at`` raises."""
+
+    def __init__(self, fail_at: int = -1) -> None:
+        self.handles: list[FakeHandle] = []
+        self.steps, self.most_live, self.fail_at = 0, 0, fail_at
+
+    def add_request(self, request_id: int, tensor: Any, max_tokens: int) -> FakeHandle:
+        self.handles.append(FakeHandle(max_tokens))
+        return self.handles[-1]
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("out of KV cache")
+        live = [h for h in self.handles if h.status == "RUNNING"]
+        self.most_live = max(self.most_live, len(live))
+        for h in live:
+            h.ready, h.left = h.ready + 1, h.left - 1
+            if h.left == 0:
+                h.status = "FINISHED"
+
+
+def test_genai_driver_keeps_the_concurrency_and_records_tokens() -> None:
+    pipe = FakePipe()
+    requests = requests_of(3, 5, 2, 4, 6)
+    run = serve_on(pipe, requests, 2, lambda r: [1, 2, 3], lambda n: n)
+    assert pipe.most_live == 2 and len(pipe.handles) == 5
+    assert all(r.ok for r in run.records) and [r.index for r in run.records] == list(range(5))
+    assert [r.completion_tokens for r in run.records] == [3, 5, 2, 4, 6]
+    assert [len(r.chunk_times) for r in run.records] == [3, 5, 2, 4, 6]
+    assert all(r.prompt_tokens == 3 and r.ttft_s and r.ttft_s > 0 for r in run.records)
+    assert summarize(run)["tok_s"] > 0
+
+
+def test_genai_driver_counts_a_failing_step() -> None:
+    run = serve_on(FakePipe(fail_at=3), requests_of(4, 4, 4), 2, lambda r: [1], lambda n: n)
+    errors = [r.error for r in run.records]
+    assert errors[0].startswith("step failed") and errors[1].startswith("step failed")
+    assert errors[2] == "not served"
 
 
 @pytest.mark.slow

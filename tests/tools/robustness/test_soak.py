@@ -16,8 +16,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from tools.harness.load import RequestRecord
 from tools.robustness.soak import leak_figures, main, roots
-from tools.robustness.soak_load import MAX_TOKENS, Prompt, draw_request, prompt_pool
+from tools.robustness.soak_load import MAX_TOKENS, Prompt, answer_kind, draw_request, prompt_pool
 from tools.robustness.soak_probe import (
     RssSeries,
     ServiceSample,
@@ -132,6 +133,14 @@ def test_the_mix_has_every_kind_within_each_prompts_room() -> None:
         assert (r.cancel_after > 0) == (r.kind == "cancel")
         assert ("stop" in r.payload) == (r.kind == "stop")
         assert ("seed" in r.payload) == (r.kind == "sampled")
+
+
+def test_a_bursts_answers_are_named_by_their_status() -> None:
+    assert answer_kind(RequestRecord()) == "200"
+    assert answer_kind(RequestRecord(error="http 429: over the queue")) == "429"
+    assert answer_kind(RequestRecord(error="no [DONE]: the stream ended early")) == \
+        "200 without [DONE]"
+    assert answer_kind(RequestRecord(error="ReadTimeout: timed out")) == "ReadTimeout"
 
 
 def _app() -> typer.Typer:

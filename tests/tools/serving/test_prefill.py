@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
+from tools.harness.load import RequestRecord, read_event
 from tools.serving.prefill import (
     Plan,
     checked,
@@ -43,7 +45,17 @@ from tools.serving.prefill_report import (
     report,
     targets,
 )
-from tools.serving.prefill_systems import ItlRun, Turn, read_sse
+from tools.serving.prefill_systems import ItlRun
+
+
+def record_of(start: float, times: Sequence[float] = (), tokens: int = 0,
+              prompt_tokens: int | None = None, text: str = "",
+              error: str = "") -> RequestRecord:
+    """A request's record as a system makes it: sent at ``start``, its tokens' times and
+    count, the prompt's tokens, what came back, why it failed."""
+    return RequestRecord(start=start, chunk_times=list(times), completion_tokens=tokens,
+                         prompt_tokens=prompt_tokens, text=text, error=error)
+
 
 REQUIRED_KEYS = {"ttft_ms", "genai_ttft_ms", "cached_ttft_ms", "genai_cached_ttft_ms",
                  "decode_ratio", "ttft_ratio", "cached_ratio", "itl_ratio", "targets"}
@@ -152,13 +164,13 @@ class FakeSystem:
         self.sent: list[tuple[int, int]] = []  # (prompt tokens, max tokens)
         self.log = [] if log is None else log  # (shared) system names, in call order
 
-    def turn(self, messages: list[tuple[str, str]], max_tokens: int) -> Turn:
+    def turn(self, messages: list[tuple[str, str]], max_tokens: int) -> RequestRecord:
         n = len(self.tokenizer.encode_chat(list(messages)))
         self.sent.append((n, max_tokens))
         self.log.append(self.name)
         ttft = n / 1e4 / (20 if self.cache and len(messages) > 1 else 1)
         times = [ttft + i / self.rate for i in range(max_tokens)]
-        return Turn(0.0, times, max_tokens, n + self.wrong_prompt, " the" * max_tokens)
+        return record_of(0.0, times, max_tokens, n + self.wrong_prompt, " the" * max_tokens)
 
 
 class FakeStreams(FakeSystem):
@@ -168,11 +180,11 @@ class FakeStreams(FakeSystem):
     def itl_run(self, shorts: Any, short_tokens: int, warm: int, long: Any,
                 long_tokens: int) -> ItlRun:
         gap = 0.05 if long is not None else 0.01
-        streams = [Turn(0.0, [0.1 + i * gap for i in range(short_tokens)], short_tokens)
+        streams = [record_of(0.0, [0.1 + i * gap for i in range(short_tokens)], short_tokens)
                    for _ in shorts]
         run = ItlRun(streams, 0.1 + warm * gap)
         if long is not None:
-            run.long = Turn(run.ready, [run.ready + 1.0], 1,
+            run.long = record_of(run.ready, [run.ready + 1.0], 1,
                             len(self.tokenizer.encode_chat(list(long))))
         return run
 
@@ -185,7 +197,7 @@ def test_conversation_sends_the_follow_up_right_after(tokenizer: Any) -> None:
     bad = FakeSystem("zctl", tokenizer, wrong_prompt=True)
     one, two = conversation(bad, PromptBook(tokenizer), plan, 200, "k")
     assert one.error == "prompt of 201 tokens, expected 200" and not two.ok
-    assert checked(Turn(0.0, prompt_tokens=5), 5).ok
+    assert checked(record_of(0.0, prompt_tokens=5), 5).ok
 
 
 def test_measure_lengths_interleaves_and_keys_by_length(tokenizer: Any) -> None:
@@ -215,7 +227,7 @@ def test_every_measurement_gets_a_prompt_never_sent_before(tokenizer: Any) -> No
     plan = Plan([120], [120], repeats=3, tokens=2, decode_tokens=2, follow_up=30)
     system = FakeSystem("genai", tokenizer)
     sent: list[str] = []
-    system.turn = lambda m, n: (sent.append(m[0][1]), Turn(0.0, [0.1, 0.2], n, None))[1]
+    system.turn = lambda m, n: (sent.append(m[0][1]), record_of(0.0, [0.1, 0.2], n, None))[1]
     for layout in ("shared", "split"):
         measure_lengths(plan, [system], book, layout)
     assert len(sent) == 2 * 3 * 3  # layouts x repeats x (turn 1, turn 2, decode)
@@ -250,13 +262,13 @@ def test_overlapping_gaps_count_the_stall_across_the_window_edges() -> None:
 
 
 def test_itl_figures_compare_the_prefill_window_with_the_streams_alone() -> None:
-    def stream(times: list[float]) -> Turn:
-        return Turn(0.0, times, len(times))
+    def stream(times: list[float]) -> RequestRecord:
+        return record_of(0.0, times, len(times))
 
     alone = ItlRun([stream([0.1 * i for i in range(30)]), stream([0.1 * i for i in range(20)])],
                    ready=0.5)
     during = ItlRun([stream([0.1, 0.2, 0.3, 1.3, 1.4, 1.5]), stream([0.15, 0.25, 0.35])],
-                    ready=0.3, long=Turn(0.32, [1.2], 16, 4096))
+                    ready=0.3, long=record_of(0.32, [1.2], 16, 4096))
     it = itl_figures(alone, during)
     assert it["alone_ms"]["gaps"] == 14 + 14  # from ready (0.5) to the first end (1.9)
     assert it["alone_ms"]["p50"] == pytest.approx(100.0)
@@ -269,23 +281,24 @@ def test_itl_figures_compare_the_prefill_window_with_the_streams_alone() -> None
     assert no_long["during_ms"]["gaps"] == 0 and no_long["ratio_p99"] is None
 
 
-def test_read_sse_collects_text_times_and_usage() -> None:
-    turn = Turn(0.0)
-    assert not read_sse(turn, json.dumps({"choices": [{"delta": {"role": "assistant"}}]}), 1.0)
-    assert not read_sse(turn, json.dumps({"choices": [{"delta": {"content": "Hi"}}]}), 2.0)
-    assert not read_sse(turn, json.dumps({"choices": [], "usage": {
+def test_read_event_collects_text_times_and_usage() -> None:
+    record = record_of(0.0)
+    assert not read_event(record, json.dumps({"choices": [{"delta": {"role": "assistant"}}]}), 1.0)
+    assert not read_event(record, json.dumps({"choices": [{"delta": {"content": "Hi"}}]}), 2.0)
+    assert not read_event(record, json.dumps({"choices": [], "usage": {
         "prompt_tokens": 7, "completion_tokens": 3}}), 3.0)
-    assert read_sse(turn, "[DONE]", 4.0)
-    assert (turn.times, turn.text, turn.tokens, turn.prompt_tokens) == ([2.0], "Hi", 3, 7)
+    assert read_event(record, "[DONE]", 4.0)
+    assert (record.chunk_times, record.text, record.completion_tokens,
+            record.prompt_tokens) == ([2.0], "Hi", 3, 7)
     with pytest.raises(ValueError, match="error in stream"):
-        read_sse(turn, json.dumps({"error": {"message": "context"}}), 5.0)
+        read_event(record, json.dumps({"error": {"message": "context"}}), 5.0)
 
 
 def test_turn_figures() -> None:
-    turn = Turn(1.0, [1.5, 1.6, 1.7, 1.9], 5)
+    turn = record_of(1.0, [1.5, 1.6, 1.7, 1.9], 5)
     assert turn.ttft_ms == pytest.approx(500.0) and turn.decode_tok_s == pytest.approx(4 / 0.4)
-    assert Turn(1.0, [1.5], 1).decode_tok_s is None
-    assert Turn(1.0, [1.5, 2.0], 2, error="x").ttft_ms is None
+    assert record_of(1.0, [1.5], 1).decode_tok_s is None
+    assert record_of(1.0, [1.5, 2.0], 2, error="x").ttft_ms is None
 
 
 # -- figures, targets, the JSON ----------------------------------------------------------------
@@ -296,17 +309,17 @@ def _layout(ttft: float, cached: float, decode: float, itl: float | None) -> dic
     lengths, decode_lengths = [256, 1024, 4096], [256, 2048, 4096]
     for n in lengths:
         for system, t, c in (("zctl", ttft, cached), ("genai", 1.0, 1.0), ("genai_cb", 1.0, 1.0)):
-            samples.add(system, "ttft", n, Turn(0.0, [n * t / 1e3, 1.0], 2))
-            samples.add(system, "cached", n, Turn(0.0, [n * c / 1e3, 1.0], 2))
+            samples.add(system, "ttft", n, record_of(0.0, [n * t / 1e3, 1.0], 2))
+            samples.add(system, "cached", n, record_of(0.0, [n * c / 1e3, 1.0], 2))
     for n in decode_lengths:
         for system, rate in (("zctl", decode), ("genai", 1.0)):
-            samples.add(system, "decode", n, Turn(0.0, [0.0, 10.0 / rate], 11))
-    samples.add("zctl", "ttft", 256, Turn(0.0, error="http 400: too long"))
+            samples.add(system, "decode", n, record_of(0.0, [0.0, 10.0 / rate], 11))
+    samples.add("zctl", "ttft", 256, record_of(0.0, error="http 400: too long"))
     if itl is None:
         return layout_result(samples, lengths, decode_lengths, {})
-    alone = ItlRun([Turn(0.0, [0.01 * i for i in range(50)], 50)], ready=0.1)
-    during = ItlRun([Turn(0.0, [0.01 * itl * i for i in range(50)], 50)], ready=0.1,
-                    long=Turn(0.1, [0.4], 16, 4096))
+    alone = ItlRun([record_of(0.0, [0.01 * i for i in range(50)], 50)], ready=0.1)
+    during = ItlRun([record_of(0.0, [0.01 * itl * i for i in range(50)], 50)], ready=0.1,
+                    long=record_of(0.1, [0.4], 16, 4096))
     return layout_result(samples, lengths, decode_lengths, {"zctl": itl_figures(alone, during)})
 
 
@@ -347,7 +360,7 @@ def test_the_report_has_the_keys_at_the_top_and_per_layout() -> None:
 
 def test_a_run_without_genai_has_the_keys_with_nothing_measured() -> None:
     samples = Samples()
-    samples.add("zctl", "ttft", 256, Turn(0.0, [0.2, 0.3], 2))
+    samples.add("zctl", "ttft", 256, record_of(0.0, [0.2, 0.3], 2))
     lay = layout_result(samples, [256], [256], {})
     assert lay["genai_ttft_ms"] == {"256": None} and lay["ttft_ratio"] == {"256": None}
     assert lay["decode_ratio"] == {"256": None} and lay["itl_ratio"] is None
