@@ -35,7 +35,6 @@ from tools.harness.service import generate_done
 from tools.harness.stats import paired_ratio
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.launcher.local import runtime_spec
-from zctl.manifest import load_manifest
 
 if TYPE_CHECKING:
     from tools.harness.baseline import BaselinePipeline
@@ -170,15 +169,14 @@ def main(
              "weights are (ratio_vs_thp_baseline)")] = True,
     as_json: Json = False,
 ) -> None:
-    from tools.harness.baseline import BaselinePipeline, export_baseline
+    from tools.harness.baseline import BaselinePipeline, export_baseline_like
 
     bench_model = BenchModel.resolve(model)
     export_dir = bench_model.export(stages, weights)
     props = plugin_properties(precision, threads)
     if kv_cache_precision != "default":
         props["KV_CACHE_PRECISION"] = kv_cache_precision
-    baseline_dir = export_baseline(bench_model.hf_dir, weights,
-                                   load_manifest(export_dir).group_size, console=err)
+    baseline_dir = export_baseline_like(bench_model.hf_dir, export_dir, weights, console=err)
     baseline = BaselinePipeline(baseline_dir, props)
     baseline_thp = BaselinePipeline(baseline_dir, props, huge_pages=True) if thp_baseline else None
     prompt_ids = ChatTokenizer(export_dir).encode(PROMPT)

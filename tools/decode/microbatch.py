@@ -98,10 +98,9 @@ def genai_users(hf_dir: Path, export_dir: Path, weights: str, props: dict[str, A
     """openvino_genai on the monolithic export of the same model and weights: one
     LLMPipeline serving N users in turn ("genai_seq") and a ContinuousBatchingPipeline
     serving them at once ("genai_cb")."""
-    from tools.harness.baseline import GenaiUsers, export_baseline
+    from tools.harness.baseline import GenaiUsers, export_baseline_like
 
-    model_dir = export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
-                                console=err)
+    model_dir = export_baseline_like(hf_dir, export_dir, weights, console=err)
     return GenaiUsers(model_dir, props, PROMPTS, warmup_streams=max(STREAM_COUNTS))
 
 

@@ -44,7 +44,6 @@ from tools.harness.options import Json, Model, Precision, Threads, Tokens, Weigh
 from tools.harness.report import err
 from tools.harness.stats import paired_ratio
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.manifest import load_manifest
 
 SYSTEMS = ("baseline", "stage1", "stage1_nobeam", "stage2", "stage3")
 EXTRA_SYSTEMS = ("baseline_sdpa", "baseline_thp", "stage1_sync")
@@ -201,12 +200,12 @@ def main(
     extras: Annotated[bool, typer.Option(
         help="also run baseline_sdpa and stage1_sync (see above)")] = True,
 ) -> None:
-    from tools.harness.baseline import export_baseline
+    from tools.harness.baseline import export_baseline_like
 
     bench_model = BenchModel.resolve(model)
     exports = parity_exports(bench_model, weights)
-    group = load_manifest(exports["stage1"]).group_size
-    baseline_dir = export_baseline(bench_model.hf_dir, weights, group, console=err)
+    baseline_dir = export_baseline_like(bench_model.hf_dir, exports["stage1"], weights,
+                                        console=err)
     props = plugin_properties(precision, threads)
     config = RuntimeConfig(precision=props.get("INFERENCE_PRECISION_HINT"),
                            num_threads=threads or None, performance_hint="LATENCY")

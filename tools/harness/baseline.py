@@ -7,9 +7,10 @@ runtime deps; torchvision is only needed by optimum's vision-language paths. The
 directory is then run *in this environment* with openvino_genai, so benchmarks can
 interleave it run by run with our shards under the same CPU hints:
 
-- ``BaselinePipeline``: an LLMPipeline built once and timed many times (greedy);
+- ``BaselinePipeline``: an LLMPipeline built once and timed many times (greedy), or
+  streamed with every token stamped;
 - ``ContinuousBatchingBaseline``: a ContinuousBatchingPipeline serving N requests at once,
-  stepped here, every step timestamped (``stream_throughput``);
+  stepped here (``step_requests``), every step timestamped (``stream_throughput``);
 - ``GenaiUsers``: N users served one after another by the LLMPipeline
   (``sequential_throughput``) and at once by continuous batching;
 - ``GenaiServer``: continuous batching serving a request set to N concurrent clients,
@@ -31,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +67,9 @@ _SMOKE = (
     "assert importlib.util.find_spec('torchvision') is None, 'torchvision installed'\n"
     "print(json.dumps({m.__name__: m.__version__ for m in (torch, transformers, nncf)}))\n"
 )
+
+
+# -- the monolithic export, in the baseline venv ------------------------------------------------
 
 
 def genai_greedy_config(genai: Any, max_new_tokens: int) -> Any:
@@ -239,6 +244,9 @@ def export_baseline(hf_dir: Path, weight_format: str = "int4", group_size: int |
     return out_dir
 
 
+# -- one user at a time: LLMPipeline -----------------------------------------------------------
+
+
 class BaselinePipeline:
     """An openvino_genai.LLMPipeline built once and timed many times (greedy, ignore_eos).
 
@@ -294,6 +302,54 @@ class BaselinePipeline:
                 "n_input": len(ids), "n_generated": int(pm.get_num_generated_tokens()),
                 "tokens": [int(t) for t in res.tokens[0]]}
 
+    def stream(self, ids: Sequence[int], max_new_tokens: int) -> tuple[RequestRecord, list[int]]:
+        """Generate exactly ``max_new_tokens`` greedy tokens from ``ids``, each stamped as the
+        pipeline's streamer receives it (a chunk of the record): the record and the
+        generated ids. An error is recorded, not raised."""
+        genai = self._genai
+        record = RequestRecord(prompt_tokens=len(ids), usage=True)
+
+        class Stamps(genai.StreamerBase):
+            def write(self, token: Any) -> Any:
+                record.chunk_times.append(time.perf_counter())
+                return genai.StreamingStatus.RUNNING
+
+            def end(self) -> None:
+                pass
+
+        inputs = genai.TokenizedInputs(_ids_tensor(ids), _ids_tensor([1] * len(ids)))
+        out: list[int] = []
+        record.start = time.perf_counter()
+        try:
+            result = self.pipe.generate(inputs, genai_greedy_config(genai, max_new_tokens),
+                                        Stamps())
+            out = [int(t) for t in result.tokens[0]]
+            record.completion_tokens = len(out)
+        except Exception as exc:  # noqa: BLE001 (recorded)
+            record.error = f"{type(exc).__name__}: {exc}"[:300]
+        record.end = time.perf_counter()
+        return record, out
+
+
+def _ids_tensor(ids: Sequence[int]) -> Any:
+    """``ids`` as the [1, N] int64 tensor openvino_genai takes."""
+    import numpy as np
+    import openvino as ov
+
+    return ov.Tensor(np.asarray([list(ids)], dtype=np.int64))
+
+
+def export_baseline_like(hf_dir: Path, export_dir: Path, weights: str,
+                         console: Console | None = None) -> Path:
+    """The monolithic optimum-intel export of ``hf_dir`` in ``weights`` with the INT4 group
+    size of zctl's export ``export_dir``: what the other side of a comparison runs."""
+    from zctl.manifest import load_manifest
+
+    return export_baseline(hf_dir, weights, load_manifest(export_dir).group_size,
+                           console=console)
+
+
+# -- N users: one after another, or at once by continuous batching -----------------------------
 
 # Distinct openers, one per concurrent user (N streams take the first N).
 STREAM_PROMPTS: tuple[str, ...] = (
@@ -408,7 +464,6 @@ class ContinuousBatchingBaseline:
         self.pipe = ov_genai.ContinuousBatchingPipeline(str(model_dir), sched, device, self.props)
         self.load_s = time.perf_counter() - start
         self.tokenizer = self.pipe.get_tokenizer()
-        self._next_id = 0
         if warmup_streams > 0:  # first steps pay one-off kernel compilation (~0.5 s)
             prompts = [self.encode(p) for p in STREAM_PROMPTS[:warmup_streams]]
             self.measure(prompts, 8)
@@ -418,6 +473,13 @@ class ContinuousBatchingBaseline:
         """Token ids of ``prompt`` (no chat template), as ``BaselinePipeline.encode``."""
         return genai_token_ids(self.tokenizer, prompt)
 
+    def submit(self, ids: Sequence[int], max_new_tokens: int, config: Any = None,
+               index: int = 0) -> LiveRequest:
+        """Add a request of ``ids`` for exactly ``max_new_tokens`` greedy tokens (or per
+        ``config``, a GenerationConfig), sent now."""
+        return submit(self.pipe, ids, config or genai_greedy_config(self._genai, max_new_tokens),
+                      index)
+
     def measure(self, prompts: Sequence[str] | Sequence[Sequence[int]],
                 max_new_tokens: int) -> dict[str, Any]:
         """Submit one request per prompt at once, step until all finish, summarise.
@@ -426,37 +488,24 @@ class ContinuousBatchingBaseline:
         Returns :func:`stream_throughput`'s dict plus ``token_ids`` (per stream) and
         ``n_input`` (prompt lengths); ``aggregate_tok_s`` is the decode-only aggregate.
         """
-        import numpy as np
-        import openvino as ov
-
         ids = [self.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not ids:
             raise ValueError("no prompts")
-        cfg = genai_greedy_config(self._genai, max_new_tokens)
-        tensors = [ov.Tensor(np.asarray([x], dtype=np.int64)) for x in ids]
-        out: list[list[int]] = [[] for _ in ids]
+        start = time.perf_counter()
+        requests = [self.submit(x, max_new_tokens) for x in ids]
+        live = list(requests)
         step_s: list[float] = []
         step_tokens: list[list[int]] = []
-        start = time.perf_counter()
-        handles = []
-        for t in tensors:
-            handles.append(self.pipe.add_request(self._next_id, t, cfg))
-            self._next_id += 1
-        while self.pipe.has_non_finished_requests():
-            self.pipe.step()
+        while live:
+            before = [len(r.ids) for r in requests]
+            live = step_requests(self.pipe, live)
             step_s.append(time.perf_counter() - start)
-            row = []
-            for j, h in enumerate(handles):
-                got = [int(x) for o in h.read().values() for x in o.generated_ids] \
-                    if h.can_read() else []
-                out[j] += got
-                row.append(len(got))
-            step_tokens.append(row)
-        statuses = [h.get_status() for h in handles]
-        bad = [j for j, o in enumerate(out) if len(o) != max_new_tokens]
+            step_tokens.append([len(r.ids) - b for r, b in zip(requests, before, strict=True)])
+        bad = [j for j, r in enumerate(requests) if len(r.ids) != max_new_tokens]
         if bad:
-            raise RuntimeError(f"streams {bad} stopped early ({statuses}): KV cache too small?")
-        return {**stream_throughput(step_s, step_tokens), "token_ids": out,
+            raise RuntimeError(f"streams {bad} stopped early "
+                               f"({[r.record.error for r in requests]}): KV cache too small?")
+        return {**stream_throughput(step_s, step_tokens), "token_ids": [r.ids for r in requests],
                 "n_input": [len(x) for x in ids]}
 
 
@@ -485,16 +534,21 @@ class GenaiUsers:
         return self.batched.measure(self._users(n), max_new_tokens)
 
 
-# Request ids, never reused in a process; clear of those ContinuousBatchingBaseline.measure
-# hands out (from 0).
-REQUEST_IDS = itertools.count(1 << 20)
-
-
 class GenaiServer:
     """A ContinuousBatchingPipeline on the monolithic export at ``model_dir`` serving
-    :class:`ServeRequest` s; ``export_dir`` (a zctl export of the same model) gives the
-    tokenizer and chat template, so both systems see the same input ids. ``prefix_caching``:
-    its scheduler keeps prompts' KV for later requests, as zctl's prefix cache does."""
+    :class:`ServeRequest` s to N concurrent clients, the baseline of tools.serving.serve.
+
+    This thread drives ``add_request`` + ``step()`` (``serve_on``): N requests are in flight
+    from the start, and as soon as a step ends one of them, the next request of the set is
+    added (the client whose request ended sends its next one). Every token read after a
+    step is stamped with that step's end, so TTFT, inter-token gaps and end-to-end latency
+    are recorded per request as tools.harness.load records them from an HTTP stream (a
+    step delivering several tokens to a request is one chunk). The pipeline is set up as
+    ``ContinuousBatchingBaseline`` (same export, plugin properties, KV cache and
+    scheduler); ``export_dir`` (a zctl export of the same model) gives the tokenizer and
+    chat template, so both systems see the same input ids; generation is greedy with the
+    same ``max_tokens``, stopping at the same EOS token. ``prefix_caching``: its scheduler
+    keeps prompts' KV for later requests, as zctl's prefix cache does."""
 
     def __init__(self, model_dir: Path, export_dir: Path, props: dict[str, Any] | None = None,
                  max_num_seqs: int = 16, warmup_streams: int = 4,
@@ -527,7 +581,7 @@ class GenaiServer:
         return cfg
 
     def serve(self, requests: Sequence[ServeRequest], concurrency: int) -> LevelRun:
-        """Serve ``requests`` with ``concurrency`` in flight (see the module's docstring)."""
+        """Serve ``requests`` with ``concurrency`` in flight (see the class's docstring)."""
         return serve_on(self.pipe, requests, concurrency, self.prompt_ids, self.config)
 
 
@@ -538,42 +592,27 @@ def serve_on(pipe: Any, requests: Sequence[ServeRequest], concurrency: int,
     ``requests`` with ``concurrency`` of them in flight; ``config(max_tokens)`` is each
     request's GenerationConfig. A failing step ends every live request with an error and
     leaves the rest unsent (errors too)."""
-    import numpy as np
-    import openvino as ov
-
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     pending = deque(requests)
 
-    def submit(request: ServeRequest) -> tuple[Any, RequestRecord]:
-        ids = prompt_ids(request)
-        record = RequestRecord(request.index, time.perf_counter(), prompt_tokens=len(ids),
-                               usage=True)
-        tensor = ov.Tensor(np.asarray([ids], dtype=np.int64))
-        return pipe.add_request(next(REQUEST_IDS), tensor, config(request.max_tokens)), record
+    def send(request: ServeRequest) -> LiveRequest:
+        return submit(pipe, prompt_ids(request), config(request.max_tokens), request.index)
 
     start = time.perf_counter()
-    live = [submit(pending.popleft()) for _ in range(min(concurrency, len(pending)))]
+    live = [send(pending.popleft()) for _ in range(min(concurrency, len(pending)))]
     done: list[RequestRecord] = []
     while live:
         try:
-            pipe.step()
-        except Exception as exc:  # noqa: BLE001 (counted: every live request failed)
-            for _, record in live:
-                _end(record, f"step failed: {type(exc).__name__}: {exc}"[:300])
-            done += [r for _, r in live]
+            still = step_requests(pipe, live)
+        except StepFailed:  # counted: every live request failed
+            done += [r.record for r in live]
             break
-        now = time.perf_counter()
-        still = []
-        for handle, record in live:
-            status = _read(handle, record, now)
-            if status is None:
-                still.append((handle, record))
-                continue
-            _end(record, status)
-            done.append(record)
-            if pending:
-                still.append(submit(pending.popleft()))
+        for request in live:
+            if request not in still:
+                done.append(request.record)
+                if pending:  # its client sends the next request of the set
+                    still.append(send(pending.popleft()))
         live = still
     for request in pending:  # never sent: the pipeline failed
         done.append(RequestRecord(request.index, start, end=start, error="not served"))
@@ -581,23 +620,61 @@ def serve_on(pipe: Any, requests: Sequence[ServeRequest], concurrency: int,
     return LevelRun(concurrency, sorted(done, key=lambda r: r.index), end - start)
 
 
-def _read(handle: Any, record: RequestRecord, now: float) -> str | None:
-    """Take the tokens a step gave the request (one chunk at ``now``); None while it runs,
-    else "" when it finished, or why it did not."""
+# -- continuous batching, stepped here ---------------------------------------------------------
+
+REQUEST_IDS = itertools.count()  # a ContinuousBatchingPipeline's request ids, never reused
+
+
+class StepFailed(RuntimeError):
+    """A ContinuousBatchingPipeline's step raised: every live request ended with an error."""
+
+
+@dataclass(eq=False)
+class LiveRequest:
+    """A request in a ContinuousBatchingPipeline: its handle, its record (a chunk per step
+    that gave it tokens, stamped with the step's end) and the token ids it got."""
+
+    handle: Any
+    record: RequestRecord
+    ids: list[int] = field(default_factory=list)
+
+
+def submit(pipe: Any, ids: Sequence[int], config: Any, index: int = 0) -> LiveRequest:
+    """Add a request of ``ids`` with ``config`` (a GenerationConfig) to ``pipe``, sent now."""
+    record = RequestRecord(index, time.perf_counter(), prompt_tokens=len(ids), usage=True)
+    return LiveRequest(pipe.add_request(next(REQUEST_IDS), _ids_tensor(ids), config), record)
+
+
+def step_requests(pipe: Any, live: Sequence[LiveRequest]) -> list[LiveRequest]:
+    """One step of ``pipe``: the tokens each live request got are one chunk of its record,
+    stamped with the step's end; a request that stopped running gets its end (and an error
+    unless it FINISHED). The ones still running are returned. StepFailed, after every live
+    request got the error, if the step raised."""
     import openvino_genai as ov_genai
 
-    got = 0
-    while handle.can_read():
-        got += sum(len(out.generated_ids) for out in handle.read().values())
-    if got:
-        record.chunk_times.append(now)
-        record.completion_tokens += got
-    status = handle.get_status()  # settled: step() ran in this thread
-    if status == ov_genai.GenerationStatus.RUNNING:
-        return None
-    return "" if status == ov_genai.GenerationStatus.FINISHED else f"status {status.name}"
-
-
-def _end(record: RequestRecord, error: str) -> None:
-    record.end = time.perf_counter()
-    record.error = error
+    try:
+        pipe.step()
+    except Exception as exc:  # noqa: BLE001 (every live request failed)
+        now = time.perf_counter()
+        for request in live:
+            request.record.error = f"step failed: {type(exc).__name__}: {exc}"[:300]
+            request.record.end = now
+        raise StepFailed(str(exc)) from exc
+    now = time.perf_counter()
+    still = []
+    for request in live:
+        got: list[int] = []
+        while request.handle.can_read():  # settled: step() ran in this thread
+            got += [int(t) for out in request.handle.read().values() for t in out.generated_ids]
+        if got:
+            request.record.chunk_times.append(now)
+            request.record.completion_tokens += len(got)
+            request.ids += got
+        status = request.handle.get_status()
+        if status == ov_genai.GenerationStatus.RUNNING:
+            still.append(request)
+            continue
+        request.record.end = now
+        if status != ov_genai.GenerationStatus.FINISHED:
+            request.record.error = f"status {status.name}"
+    return still

@@ -250,12 +250,10 @@ def genai_systems(bench_model: BenchModel, export_dir: Path, weights: str, token
                   plan: Plan, book: PromptBook) -> list[Any]:
     """LLMPipeline and ContinuousBatchingPipeline on the optimum-intel export of the same
     source and weight format, warmed up."""
-    from tools.harness.baseline import export_baseline
+    from tools.harness.baseline import export_baseline_like
     from tools.serving.prefill_systems import GenaiCB, GenaiLLM
-    from zctl.manifest import load_manifest
 
-    model_dir = export_baseline(bench_model.hf_dir, weights, load_manifest(export_dir).group_size
-                                if weights == "int4" else None, console=err)
+    model_dir = export_baseline_like(bench_model.hf_dir, export_dir, weights, console=err)
     systems = [GenaiLLM(model_dir, tokenizer, PROPS),
                GenaiCB(model_dir, tokenizer, PROPS, max_num_seqs=max(8, plan.itl_streams + 1))]
     for system in systems:

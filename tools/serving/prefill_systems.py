@@ -19,7 +19,6 @@ inter-token gaps of the short streams inside the long prompt's prefill).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,8 +27,6 @@ from typing import Any
 
 from tools.harness.load import RequestRecord, async_client, served_model, stream_chat
 from tools.serving.prefill_prompts import Message
-
-REQUEST_IDS = itertools.count(1 << 24)  # the CB pipeline's request ids, never reused
 
 
 @dataclass
@@ -91,130 +88,71 @@ class ZctlHttp:
 # -- openvino_genai ----------------------------------------------------------------------------
 
 
-def _ids_tensor(ids: Sequence[int]) -> Any:
-    import numpy as np
-    import openvino as ov
-
-    return ov.Tensor(np.asarray([list(ids)], dtype=np.int64))
-
-
 class GenaiLLM:
-    """openvino_genai's LLMPipeline on ``model_dir``; ``tokenizer`` (the zctl export's
-    ChatTokenizer) makes the ids."""
+    """openvino_genai's LLMPipeline on ``model_dir`` (tools.harness.baseline), every token
+    stamped as its streamer receives it; ``tokenizer`` (the zctl export's ChatTokenizer)
+    makes the ids and reads the answer."""
 
     name = "genai"
 
     def __init__(self, model_dir: Path, tokenizer: Any, props: dict[str, Any]) -> None:
-        import openvino_genai as ov_genai
-
         from tools.harness.baseline import BaselinePipeline
 
-        self._genai = ov_genai
         self.baseline = BaselinePipeline(model_dir, props)
         self.tokenizer = tokenizer
 
     def turn(self, messages: Sequence[Message], max_tokens: int) -> RequestRecord:
-        from tools.harness.baseline import genai_greedy_config
-
-        genai = self._genai
-        ids = self.tokenizer.encode_chat(list(messages))
-        turn = RequestRecord(prompt_tokens=len(ids))
-
-        class Stamps(genai.StreamerBase):
-            def write(self, token: Any) -> Any:
-                turn.chunk_times.append(time.perf_counter())
-                return genai.StreamingStatus.RUNNING
-
-            def end(self) -> None:
-                pass
-
-        inputs = genai.TokenizedInputs(_ids_tensor(ids), _ids_tensor([1] * len(ids)))
-        turn.start = time.perf_counter()
-        try:
-            result = self.baseline.pipe.generate(inputs, genai_greedy_config(genai, max_tokens),
-                                                 Stamps())
-            out = [int(t) for t in result.tokens[0]]
-            turn.completion_tokens, turn.text = len(out), self.tokenizer.decode(out)
-        except Exception as exc:  # noqa: BLE001 (recorded)
-            turn.error = f"{type(exc).__name__}: {exc}"[:300]
-        turn.end = time.perf_counter()
-        return turn
+        record, out = self.baseline.stream(self.tokenizer.encode_chat(list(messages)),
+                                           max_tokens)
+        record.text = self.tokenizer.decode(out)
+        return record
 
 
 class GenaiCB:
     """openvino_genai's ContinuousBatchingPipeline on ``model_dir`` with prefix caching,
-    stepped in this thread."""
+    stepped in this thread (tools.harness.baseline.step_requests)."""
 
     name = "genai_cb"
 
     def __init__(self, model_dir: Path, tokenizer: Any, props: dict[str, Any],
                  max_num_seqs: int = 8) -> None:
-        import openvino_genai as ov_genai
-
         from tools.harness.baseline import ContinuousBatchingBaseline
 
-        self._genai = ov_genai
         self.baseline = ContinuousBatchingBaseline(model_dir, props, max_num_seqs=max_num_seqs,
                                                    prefix_caching=True)
-        self.pipe = self.baseline.pipe
         self.tokenizer = tokenizer
 
-    def _add(self, messages: Sequence[Message], max_tokens: int) -> tuple[Any, RequestRecord, list[int]]:
-        from tools.harness.baseline import genai_greedy_config
+    def _add(self, messages: Sequence[Message], max_tokens: int) -> Any:
+        return self.baseline.submit(self.tokenizer.encode_chat(list(messages)), max_tokens)
 
-        ids = self.tokenizer.encode_chat(list(messages))
-        turn = RequestRecord(start=time.perf_counter(), prompt_tokens=len(ids))
-        handle = self.pipe.add_request(next(REQUEST_IDS), _ids_tensor(ids),
-                                       genai_greedy_config(self._genai, max_tokens))
-        return handle, turn, []
+    def _step(self, live: list[Any]) -> list[Any]:
+        """One step: the requests still running (none once a step failed: each ended with
+        the error)."""
+        from tools.harness.baseline import StepFailed, step_requests
 
-    def _step(self, live: list[tuple[Any, RequestRecord, list[int]]]
-              ) -> list[tuple[Any, RequestRecord, list[int]]]:
-        """One step; each request's new tokens stamped with its end; the ones still running."""
-        running = self._genai.GenerationStatus.RUNNING
         try:
-            self.pipe.step()
-        except Exception as exc:  # noqa: BLE001 (every live request failed)
-            for _, turn, _ in live:
-                turn.error = f"step failed: {type(exc).__name__}: {exc}"[:300]
-                turn.end = time.perf_counter()
+            return step_requests(self.baseline.pipe, live)
+        except StepFailed:
             return []
-        now = time.perf_counter()
-        still = []
-        for handle, turn, out in live:
-            got = []
-            while handle.can_read():
-                got += [int(t) for o in handle.read().values() for t in o.generated_ids]
-            if got:
-                turn.chunk_times.append(now)
-                out += got
-            status = handle.get_status()
-            if status == running:
-                still.append((handle, turn, out))
-                continue
-            turn.completion_tokens, turn.text = len(out), self.tokenizer.decode(out)
-            turn.end = now
-            if status != self._genai.GenerationStatus.FINISHED:
-                turn.error = f"status {status.name}"
-        return still
 
     def turn(self, messages: Sequence[Message], max_tokens: int) -> RequestRecord:
-        live = [self._add(messages, max_tokens)]
-        turn = live[0][1]
+        request = self._add(messages, max_tokens)
+        live = [request]
         while live:
             live = self._step(live)
-        return turn
+        request.record.text = self.tokenizer.decode(request.ids)
+        return request.record
 
     def itl_run(self, shorts: Sequence[Sequence[Message]], short_tokens: int, warm: int,
                 long: Sequence[Message] | None, long_tokens: int) -> ItlRun:
         live = [self._add(m, short_tokens) for m in shorts]
-        turns = [turn for _, turn, _ in live]
+        records = [request.record for request in live]
         run: ItlRun | None = None
         while live:
             live = self._step(live)
-            if run is None and all(t.done or len(t.chunk_times) >= warm for t in turns):
-                run = ItlRun(turns, time.perf_counter())
+            if run is None and all(r.done or len(r.chunk_times) >= warm for r in records):
+                run = ItlRun(records, time.perf_counter())
                 if long is not None:
                     live.append(self._add(long, long_tokens))
-                    run.long = live[-1][1]
-        return run or ItlRun(turns, time.perf_counter())
+                    run.long = live[-1].record
+        return run or ItlRun(records, time.perf_counter())

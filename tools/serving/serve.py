@@ -416,11 +416,9 @@ def genai_server(bench_model: BenchModel, export_dir: Path, props: dict[str, Any
                  max_level: int) -> GenaiServer:
     """The ContinuousBatchingPipeline on the monolithic export of the same INT4 source
     (the baseline tools.decode.microbatch builds), room for ``max_level`` sequences."""
-    from tools.harness.baseline import GenaiServer, export_baseline
-    from zctl.manifest import load_manifest
+    from tools.harness.baseline import GenaiServer, export_baseline_like
 
-    model_dir = export_baseline(bench_model.hf_dir, "int4", load_manifest(export_dir).group_size,
-                                console=err)
+    model_dir = export_baseline_like(bench_model.hf_dir, export_dir, "int4", console=err)
     return GenaiServer(model_dir, export_dir, props, max_num_seqs=max(16, max_level),
                        prefix_caching=GENAI_PREFIX_CACHING)
 

@@ -196,11 +196,9 @@ class GenaiOneCore:
              props: dict[str, Any], core: int) -> GenaiOneCore:
         """The monolithic export of the same model and weights (tools.harness.baseline's, cached),
         its pipeline built on ``core`` (OpenVINO sizes its threads from the affinity)."""
-        from tools.harness.baseline import BaselinePipeline, export_baseline
-        from zctl.manifest import load_manifest
+        from tools.harness.baseline import BaselinePipeline, export_baseline_like
 
-        model_dir = export_baseline(bench_model.hf_dir, weights,
-                                    load_manifest(export_dir).group_size, console=err)
+        model_dir = export_baseline_like(bench_model.hf_dir, export_dir, weights, console=err)
         with on_cores({core}):
             return cls(BaselinePipeline(model_dir, props), core)
 
