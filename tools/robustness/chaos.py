@@ -213,7 +213,7 @@ def run_fault(fault: str, plan: Plan, net: Namespaces | Loopback, exports: Calla
     """``plan.trials`` trials of ``fault``, each on a fresh cluster (a heal changes which
     node runs what); its summary (``skipped`` when it cannot run here)."""
     if fault in LINK_FAULTS and not net.link_faults:
-        return {"trials": 0, "skipped": f"needs network namespaces ({getattr(net, 'why', '')})"}
+        return {"trials": 0, "skipped": f"needs network namespaces ({net.why})"}
     nodes = 3 if fault == "heal" else 2
     trials: list[dict[str, Any]] = []
     for i in range(plan.trials):

@@ -27,6 +27,7 @@ class Namespaces:
 
     kind = "namespaces"
     link_faults = True
+    why = ""  # nothing is missing (the fallback says why it is one)
 
     def __init__(self, nodes: int, prefix: str = "zcx", subnet: str = SUBNET) -> None:
         self.nodes, self.prefix, self.subnet = nodes, prefix, subnet

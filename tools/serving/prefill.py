@@ -203,7 +203,7 @@ def measure_itl(plan: Plan, systems: Sequence[Any], book: PromptBook,
         return out
     shorts = short_prompts(plan.itl_streams)
     for system in systems:
-        if not hasattr(system, "itl_run"):
+        if not system.serves_streams:
             continue
         long = book.turn(plan.itl_length, f"{layout}/itl")
         alone = system.itl_run(shorts, plan.itl_tokens, plan.itl_warm, None, 0)
@@ -223,7 +223,7 @@ def warm_up(system: Any, plan: Plan, book: PromptBook, key: str) -> None:
     once, unmeasured (one-off kernel compilation, first allocations)."""
     for length in (min(plan.lengths + plan.decode_lengths), max(plan.lengths)):
         system.turn(book.turn(length, f"{key}/warm"), WARM_TOKENS)
-    if plan.itl_length and hasattr(system, "itl_run"):
+    if plan.itl_length and system.serves_streams:
         system.itl_run(short_prompts(plan.itl_streams), WARM_TOKENS * 2, 1, None, 0)
 
 

@@ -11,7 +11,8 @@ as its client sees it.
 - ``GenaiCB``: openvino_genai's ContinuousBatchingPipeline with prefix caching on, stepped
   here: a token's time is the end of the step that made it.
 
-``itl_run`` on ZctlHttp and GenaiCB: N short streams decoding, and (``long`` given) one
+``itl_run`` on the systems that serve streams at once (``serves_streams``: ZctlHttp and
+GenaiCB): N short streams decoding, and (``long`` given) one
 long prompt sent once each stream has ``warm`` tokens (tools.serving.prefill_report reads the
 inter-token gaps of the short streams inside the long prompt's prefill).
 """
@@ -52,6 +53,7 @@ class ZctlHttp:
     """zctl serve at ``base_url``, through the harness's HTTP client (tools.harness.load)."""
 
     name = "zctl"
+    serves_streams = True  # itl_run: short streams at once, a long prompt among them
 
     def __init__(self, base_url: str, timeout_s: float = 900.0) -> None:
         self.base_url, self.timeout_s = base_url, timeout_s
@@ -94,6 +96,7 @@ class GenaiLLM:
     makes the ids and reads the answer."""
 
     name = "genai"
+    serves_streams = False  # one request at a time
 
     def __init__(self, model_dir: Path, tokenizer: Any, props: dict[str, Any]) -> None:
         from tools.harness.baseline import BaselinePipeline
@@ -113,6 +116,7 @@ class GenaiCB:
     stepped in this thread (tools.harness.baseline.step_requests)."""
 
     name = "genai_cb"
+    serves_streams = True
 
     def __init__(self, model_dir: Path, tokenizer: Any, props: dict[str, Any],
                  max_num_seqs: int = 8) -> None:

@@ -157,6 +157,8 @@ class FakeSystem:
     """Answers a turn of N prompt tokens with a TTFT of N/10 ms (a twentieth for a
     follow-up turn when ``cache``) and ``rate`` tok/s; logs what it was sent."""
 
+    serves_streams = False
+
     def __init__(self, name: str, tokenizer: Any, cache: bool = False, rate: float = 100.0,
                  wrong_prompt: bool = False, log: list[str] | None = None) -> None:
         self.name, self.tokenizer, self.cache, self.rate = name, tokenizer, cache, rate
@@ -176,6 +178,8 @@ class FakeSystem:
 class FakeStreams(FakeSystem):
     """Serves short streams at once: a token every 10 ms, every 50 ms with a long prompt
     among them (whose first token comes 1 s after it is sent)."""
+
+    serves_streams = True
 
     def itl_run(self, shorts: Any, short_tokens: int, warm: int, long: Any,
                 long_tokens: int) -> ItlRun:
