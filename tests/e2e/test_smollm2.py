@@ -79,7 +79,7 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
     the greedy output on each of bench_spec's 8 prompts."""
     import uuid
 
-    from tools.spec_prompts import PROMPTS as BENCH_PROMPTS
+    from tools.spec.prompts import PROMPTS as BENCH_PROMPTS
     from zctl.engine.requests import GenerationDone, GenerationRequest
     from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
     from zctl.service.client import generate_stream

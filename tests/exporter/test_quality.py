@@ -1,6 +1,5 @@
 """Teacher-forced quality figures (exporter/quality.py) on logits with hand-computed values,
-the shipped evaluation text, the stage chain against Hugging Face on the tiny model, and
-the keys of tools/bench_quality's report."""
+the shipped evaluation text, and the stage chain against Hugging Face on the tiny model."""
 
 from __future__ import annotations
 
@@ -130,38 +129,3 @@ def test_an_fp32_chain_agrees_with_hugging_face_at_every_position(tiny_exports,
     # a reference one position off is caught (the figures read positions, not a bag)
     shifted = compare_logits(reference["prose"][1:], stepped[:-1], passages[0].token_ids[1:])
     assert shifted.top1_agreement < 0.5
-
-
-def test_bench_quality_report_keys(tiny_llama_dir: Path, tiny_exports) -> None:
-    from tools.bench_quality import quality_report
-
-    exports = {"fp32": tiny_exports.get(SPLIT2), "fp32-one-stage": tiny_exports.get([(0, 4)])}
-    report = quality_report(exports, tiny_llama_dir, limit=32, sample_tokens=6, tokens=3, runs=2)
-    assert report["text"] == {"prose": 32, "chat": 32} and report["speed_base"] == "fp32"
-    assert isinstance(report["reference_sample"], str)
-    for figures in report["formats"].values():
-        assert {"top1_agreement", "perplexity", "ref_perplexity", "kl", "positions", "exact",
-                "passages", "greedy_sample", "tok_s_ratio", "tok_s_ratio_runs"} <= set(figures)
-        assert len(figures["tok_s_ratio_runs"]) == 2
-        assert figures["top1_agreement"] == 1.0 and isinstance(figures["greedy_sample"], str)
-        assert set(figures["passages"]) == {"prose", "chat"}
-    assert report["formats"]["fp32"]["tok_s_ratio"] == 1.0
-
-
-@pytest.mark.slow
-def test_bench_quality_json_on_the_tiny_model(tiny_llama_dir: Path, tmp_path: Path,
-                                              monkeypatch, capsys) -> None:
-    """The command end to end: int4 and fp32 exported into ZCTL_HOME, one JSON object."""
-    from tools import bench_quality
-
-    monkeypatch.setenv("ZCTL_HOME", str(tmp_path))
-    bench_quality.main(model=str(tiny_llama_dir), formats="int4,fp32", stages=2, chunk=0,
-                       limit=48, sample_tokens=8, tokens=4, runs=1, as_json=True)
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {"model", "stages", "cpu", "date", "commit", "text", "formats", "speed_base",
-            "reference_sample"} <= set(result)
-    assert list(result["formats"]) == ["int4", "fp32"] and result["speed_base"] == "int4"
-    int4, fp32 = result["formats"]["int4"], result["formats"]["fp32"]
-    assert fp32["top1_agreement"] == 1.0 and int4["exact"]["kl"] > fp32["exact"]["kl"]
-    assert int4["tok_s_ratio"] == 1.0 and fp32["tok_s_ratio"] > 0
-    assert (tmp_path / "exports" / "bench").is_dir()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.random_llama import build_tokenizer
+from tools.harness.random_llama import build_tokenizer
 
 
 def build_llama(out_dir: Path, *, layers: int = 4, hidden: int = 64, heads: int = 4,

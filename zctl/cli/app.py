@@ -129,44 +129,43 @@ def verify(
         raise typer.Exit(1)
 
 
-# ``zctl bench NAME`` runs the ``main`` of tools/<module>.py. tools/ is part of the source
-# checkout, not of the installed product, so a benchmark is imported only when its command
-# runs; the one-line summaries here are the first lines of the modules' docstrings.
+# ``zctl bench NAME`` runs ``python -m tools.<module>`` (e.g. tools/decode/parity.py). tools/
+# is part of the source checkout, not of the installed product, so a benchmark is imported
+# only when its command runs; the one-line summaries here are the first lines of the
+# modules' docstrings.
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "parity": ("bench_parity", "Decode-throughput parity: our stage shards against the "
-                               "monolithic model users would pick."),
-    "cluster": ("bench_cluster", "One-stream throughput of a local multi-node cluster against "
-                                 "the monolithic baseline."),
-    "spec": ("bench_spec", "Speculative decoding (paper §5-6): acceptance, speedup against its "
-                           "theory, rewind cost."),
-    "pipespec": ("bench_pipespec", "Pipelined speculation against plain greedy, today's "
+    "parity": ("decode.parity", "Decode-throughput parity: our stage shards against the "
+                                "monolithic model users would pick."),
+    "cluster": ("decode.cluster", "One-stream throughput of a local multi-node cluster "
+                                  "against the monolithic baseline."),
+    "spec": ("spec.speedup", "Speculative decoding (paper §5-6): acceptance, speedup against "
+                             "its theory, rewind cost."),
+    "pipespec": ("spec.pipelined", "Pipelined speculation against plain greedy, today's "
                                    "speculation and openvino_genai on one core."),
-    "draft-ceiling": ("draft_ceiling", "Prompt lookup's ceiling behind slow hops: the tokens a "
-                                       "round trip yields, one guess or many."),
-    "microbatch": ("bench_microbatch", "Micro-batching: aggregate decode throughput of 1, 2, 4 "
-                                       "concurrent streams on a local cluster."),
-    "wan": ("bench_wan", "WAN sweep: throughput against injected per-hop latency (the paper's "
-                         "Figure 2 / Table 10)."),
-    "static": ("bench_static", "The static NPU path's cost: static, stateless shards (KV on the "
-                               "host) against the stateful ones."),
-    "quality": ("bench_quality", "Each weight format against the fp32 Hugging Face model: top-1 "
-                                 "agreement, perplexity, speed."),
-    "serve": ("bench_serve", "Serving: zctl serve under 1-16 concurrent clients against "
-                             "openvino_genai's ContinuousBatchingPipeline."),
-    "structured": ("bench_structured", "Structured output against free text: what holding the "
-                                       "output to a JSON Schema costs."),
-    "scoring": ("bench_scoring", "Scoring a prompt (echo, logprobs) against the fp32 model: "
-                                 "perplexity, top-1, cost over prefill."),
-    "prefill": ("bench_prefill", "Long prompts: TTFT cold and on a follow-up turn, decode at "
-                                 "context, streams under a long prefill."),
-    "chaos": ("chaos", "Chaos: faults mid-generation (kill, hang, link down, flapping, slow "
-                       "link, heal), and how each is survived."),
-    "fuzz": ("fuzz_live", "Live fuzzing: hostile messages to every socket a running local "
-                          "cluster listens on."),
-    "soak": ("soak", "Soak: streams through the OpenAI API for minutes; memory of every "
-                     "process, leaks, bounded queues."),
-    "experiment": ("experiment", "Scripted WAN experiments: `run FILE` measures a scenario's "
-                                 "grid on local clusters into CSV and plots."),
+    "draft-ceiling": ("spec.draft_ceiling", "Prompt lookup's ceiling behind slow hops: the "
+                                            "tokens a round trip yields, one guess or many."),
+    "microbatch": ("decode.microbatch", "Micro-batching: aggregate decode throughput of 1, 2, "
+                                        "4 concurrent streams on a local cluster."),
+    "static": ("decode.static", "The static NPU path's cost: static, stateless shards (KV on "
+                                "the host) against the stateful ones."),
+    "quality": ("decode.quality", "Each weight format against the fp32 Hugging Face model: "
+                                  "top-1 agreement, perplexity, speed."),
+    "serve": ("serving.serve", "Serving: zctl serve under 1-16 concurrent clients against "
+                               "openvino_genai's ContinuousBatchingPipeline."),
+    "structured": ("serving.structured", "Structured output against free text: what holding "
+                                         "the output to a JSON Schema costs."),
+    "scoring": ("serving.scoring", "Scoring a prompt (echo, logprobs) against the fp32 model: "
+                                   "perplexity, top-1, cost over prefill."),
+    "prefill": ("serving.prefill", "Long prompts: TTFT cold and on a follow-up turn, decode at "
+                                   "context, streams under a long prefill."),
+    "chaos": ("robustness.chaos", "Chaos: faults mid-generation (kill, hang, link down, "
+                                  "flapping, slow link, heal), and how each is survived."),
+    "fuzz": ("robustness.fuzz", "Live fuzzing: hostile messages to every socket a running "
+                                "local cluster listens on."),
+    "soak": ("robustness.soak", "Soak: streams through the OpenAI API for minutes; memory of "
+                                "every process, leaks, bounded queues."),
+    "experiment": ("wan", "Scripted WAN experiments: `run FILE` measures a scenario's grid on "
+                          "local clusters into CSV and plots."),
 }
 
 

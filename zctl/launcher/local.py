@@ -4,6 +4,7 @@ A local cluster is one coordinator process (stage 0, on 127.0.0.1) and N-1 node
 processes, each on its own loopback address (127.0.0.2, 127.0.0.3, ...), started in
 their own sessions so they outlive the command. ``cluster.json`` in the zctl home
 records where they listen and their pids, so ``down`` and ``run`` can find them.
+``local_data_plane`` is a local cluster's data plane without its control plane.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.nodeinfo import fresh_port
 from controlplane.records import RuntimeSpec
@@ -31,6 +33,9 @@ from zctl.launcher.processes import (
 )
 from zctl.paths import zctl_home
 from zctl.serve.tls import ApiTls, own_server_context, scheme
+
+if TYPE_CHECKING:
+    from dataplane.head.cluster_head import ClusterHead
 
 CLUSTER_FILE = "cluster.json"
 
@@ -295,14 +300,32 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
     for i in range(1, nodes):
-        log = root / "logs" / f"node{i}.log"
-        record.pids.append(_spawn(NodeProcess(
-            record.control, host=network.host(i) if network is not None else loopback_host(i),
-            state_dir=str(root / f"node{i}"), reconnect_min=0.2, link=shapes[i], cpus=cpus[i],
-            curve_server_key=str(server_key) if server_key else None), log,
-            partial(network.command, i) if network is not None else None))
-        record.logs.append(str(log))
+        pid, log = start_local_node(record, i, root, link=shapes[i], cpus=cpus[i],
+                                    curve_server_key=server_key, network=network)
+        record.pids.append(pid)
+        record.logs.append(log)
     return record
+
+
+def start_local_node(record: ClusterRecord, index: int, root: Path, *,
+                     link: LinkShape | None = None, cpus: str | None = None,
+                     curve_server_key: Path | None = None,
+                     network: LocalNetwork | None = None) -> tuple[int, str]:
+    """Start node ``index`` (1..) of the local cluster ``record`` describes, as
+    ``start_local_cluster`` does, or again after it was lost: its state dir
+    (``root/node<index>``) keeps its identity and cached shards, its log
+    (``root/logs/node<index>.log``) is appended to. Its pid and log path (the caller adds
+    them to the record)."""
+    if index < 1:
+        raise ClusterError(f"node 0 is the coordinator: local nodes are 1.., not {index}")
+    log = root / "logs" / f"node{index}.log"
+    host = network.host(index) if network is not None else loopback_host(index)
+    pid = _spawn(NodeProcess(
+        record.control, host=host, state_dir=str(root / f"node{index}"), reconnect_min=0.2,
+        link=link or LinkShape(), cpus=cpus,
+        curve_server_key=str(curve_server_key) if curve_server_key else None), log,
+        partial(network.command, index) if network is not None else None)
+    return pid, str(log)
 
 
 def wait_serving(record: ClusterRecord, timeout: float, on_status=None):  # noqa: ANN001, ANN201
@@ -365,6 +388,78 @@ def _reap(pids: list[int]) -> None:
             pass
 
 
+STATEFUL_WORKERS = ("a stage-worker process runs stateful stages: give a runtime without "
+                    "paged attention")
+
+
+def worker_command(export_dir: Path, stage: int, bind: str, send_to: str,
+                   runtime: RuntimeSpec) -> list[str]:
+    """The arguments after ``python`` of the stage-worker process entry
+    (``python -m dataplane.worker``) serving ``stage`` with ``runtime`` (stateful KV)."""
+    if runtime.paged_attention:
+        raise ClusterError(STATEFUL_WORKERS)
+    argv = ["-m", "dataplane.worker", str(export_dir), "--stage", str(stage), "--bind", bind,
+            "--send-to", send_to, "--device", runtime.device,
+            "--precision", runtime.precision or "default",
+            "--kv-cache-precision", runtime.kv_cache_precision or "default"]
+    if runtime.num_threads:
+        argv += ["--threads", str(runtime.num_threads)]
+    return argv + ([] if runtime.dynamic_quantization else ["--no-dynamic-quantization"])
+
+
+@contextmanager
+def local_data_plane(export_dir: Path, runtime: RuntimeSpec, root: Path | None = None, *,
+                     timeout_s: float = 60.0) -> Iterator[ClusterHead]:
+    """A local cluster's data plane without its control plane: stage 0 as the engine's
+    executor in this process (a ClusterHead, waiting up to ``timeout_s`` for a reply) and
+    every other stage a stage-worker process (``worker_command``) on its own loopback
+    address (127.0.0.2, ...), chained in stage order, the last answering stage 0. For
+    measuring and testing the data plane alone. The workers log to ``root/logs`` (default
+    root: <zctl home>/local) and are stopped on exit. ClusterError for a one-stage export,
+    or a worker that does not start."""
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.runtime.stateful import RuntimeConfig, load_runner
+    from zctl.manifest import load_manifest
+
+    stages = len(load_manifest(export_dir, verify_files=False).stages)
+    if stages < 2:
+        raise ClusterError("a one-stage export has no data plane to run: it runs in one process")
+    if runtime.paged_attention:
+        raise ClusterError(STATEFUL_WORKERS)
+    binds = {i: f"tcp://{loopback_host(i)}:{free_port(loopback_host(i))}" for i in range(1, stages)}
+    logs = (root or zctl_home() / "local") / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    head = ClusterHead(load_runner(export_dir, 0, RuntimeConfig(**asdict(runtime))), binds[1],
+                       "tcp://127.0.0.1:*", timeout_s=timeout_s)
+    workers: list[subprocess.Popen] = []
+    try:
+        for i in reversed(binds):  # the last first: each sends to the next one's address
+            command = worker_command(export_dir, i, binds[i], binds.get(i + 1, head.reply_endpoint),
+                                     runtime)
+            with open(logs / f"stage{i}.log", "ab") as log:
+                workers.append(subprocess.Popen(
+                    [sys.executable, *command], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=log, text=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+            ready = workers[-1].stdout.readline() if workers[-1].stdout else ""
+            if not ready.startswith("ready "):
+                raise ClusterError(f"the worker of stage {i} did not start:\n"
+                                   f"{log_tail(str(logs / f'stage{i}.log'))}")
+        yield head
+    finally:
+        head.close()
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            try:
+                worker.wait(10)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+            if worker.stdout is not None:
+                worker.stdout.close()
+
+
 def valid_port(port: int) -> bool:
     """Whether a TCP port can be listened on (1..65535)."""
     return 0 < port < 65536
@@ -392,11 +487,12 @@ def cors_origin(value: str, option: str = "--cors-origin") -> str:
 
 def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
               max_queue: int | None = None, cors_origins: tuple[str, ...] = (),
-              tls: ApiTls | None = None) -> ClusterRecord:
-    """Start ``zctl serve`` for the cluster in the background (its key, if any, from
-    ZCTL_API_KEY; ``max_queue``: its --max-queue, None its default; ``cors_origins``: its
-    --cors-origin values; ``tls``: HTTPS with these files) and wait for it to answer; the
-    record gains its pid and address."""
+              tls: ApiTls | None = None, api_key: str | None = None) -> ClusterRecord:
+    """Start ``zctl serve`` for the cluster in the background (it serves the cluster.json of
+    this process's zctl home: write the record there first) and wait for it to answer; the
+    record gains its pid and address. ``max_queue``: its --max-queue, None its default;
+    ``cors_origins``: its --cors-origin values; ``tls``: HTTPS with these files;
+    ``api_key``: the key it requires ("": none), None: ZCTL_API_KEY's, if that is set."""
     import urllib.error
     import urllib.request
 
@@ -409,11 +505,15 @@ def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
         command += ["--cors-origin", origin]
     if tls is not None:
         command += tls.serve_args()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if api_key is not None:  # in its environment, as ZCTL_API_KEY: not on its command line
+        env.pop("ZCTL_API_KEY", None)
+        env.update({"ZCTL_API_KEY": api_key} if api_key else {})
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            start_new_session=True, env=env)
     url = f"{scheme(tls)}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
