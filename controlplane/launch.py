@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -139,10 +139,9 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
     ended, a ClusterHead is retired, before ``StageSlot`` launches the next). A stage
     compiled now is warmed up (a paged one measures its padding limit: ~1 s a stage of
     SmolLM2), which a re-wiring's pause then no longer pays for the stages kept."""
-    from dataplane.runtime.stateful import RuntimeConfig, StageError, load_runner
+    from dataplane.runtime.stateful import StageError, load_runner
     from zctl.manifest import ManifestError
 
-    config = RuntimeConfig(**asdict(assignment.runtime))
     dirs = [assignment.runner_dir, *assignment.more_dirs]
     keys = [(str(d), i, assignment.runtime) for d, i in zip(dirs, assignment.stages, strict=True)]
     try:
@@ -150,7 +149,7 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
         for key in keys:
             runner = COMPILED.take(assignment.bind, key) if reuse else None
             if runner is None:
-                runner = load_runner(key[0], key[1], config)
+                runner = load_runner(key[0], key[1], assignment.runtime)
                 fresh.append(runner)
             runners.append(runner)
         if reuse:

@@ -34,9 +34,10 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.masks import MASK_MIN
 from dataplane.runtime.rope import rope_tables
-from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+from dataplane.runtime.stateful import StageRunner
 from tools.bench_common import Json, Runs, Weights, model_export
 
 PROMPTS = (
@@ -174,9 +175,9 @@ def compare(runner: StageRunner, prompts: list[list[int]], tokens: int) -> dict[
 
 
 def measure(export_dir: Path | str, batches: list[int], tokens: int, runs: int,
-            config: RuntimeConfig | None = None,
+            config: RuntimeSpec | None = None,
             prompts: list[list[int]] | None = None) -> dict[str, Any]:
-    runner = StageRunner(export_dir, 0, config or RuntimeConfig(), verify=False)
+    runner = StageRunner(export_dir, 0, config or RuntimeSpec(), verify=False)
     if not (runner.spec.first and runner.spec.last):
         raise ValueError("bench_batching needs a 1-stage export (token ids in, logits out)")
     if prompts is None:
@@ -220,7 +221,7 @@ def main(
     batch = batch or [2, 4]
     if export_dir is None:
         export_dir = model_export("smollm2-135m", 1, weights)
-    config = RuntimeConfig(kv_cache_precision=kv_cache_precision)
+    config = RuntimeSpec(kv_cache_precision=kv_cache_precision)
     result = {"export": str(export_dir), "tokens": tokens, "runs": runs,
               "properties": config.properties(),
               "batches": measure(export_dir, batch, tokens, runs, config)}

@@ -67,12 +67,12 @@ def interleaved(export_dir: Path, stage1_dir: Path, stages: int, threads: int,
     in rotating order: their step-time ratio without the drift between whole runs (the
     1-stage chain is what bench_parity compares with openvino_genai)."""
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from tools.bench_overhead import cluster_pipeline
 
     kv = props.get("KV_CACHE_PRECISION")
-    config = RuntimeConfig(precision=props.get("INFERENCE_PRECISION_HINT"),
-                           num_threads=threads or None, kv_cache_precision=kv)
+    config = RuntimeSpec(precision=props.get("INFERENCE_PRECISION_HINT"),
+                         num_threads=threads or None, kv_cache_precision=kv)
     with cluster_pipeline(str(export_dir), stages, str(threads or "default"), kv) as pipe:
         step_ms = paired_step_ms({"stage1": LocalChain.load(str(stage1_dir), config),
                                   "cluster": pipe}, prompt_ids, tokens)

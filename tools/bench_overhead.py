@@ -54,7 +54,7 @@ from tools.bench_common import median as bench_median
 
 if TYPE_CHECKING:
     from dataplane.head.cluster_head import ClusterHead
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from dataplane.wire.timing import StepTiming
     from zctl.engine.stats import GenerationStats
 
@@ -104,12 +104,12 @@ def overhead_per_hop(step_ms: list[float], compute_ms: list[list[float]],
     return [(t - sum(c) - w) / hops for t, c, w in zip(step_ms, compute_ms, wire_ms, strict=True)]
 
 
-def runtime_config(threads: str) -> RuntimeConfig:
-    from dataplane.runtime.stateful import RuntimeConfig
+def runtime_config(threads: str) -> RuntimeSpec:
+    from dataplane.runtime.config import RuntimeSpec
 
     # the KV cache the cluster's nodes run by default (and the workers below are told)
-    return RuntimeConfig(num_threads=None if threads == "default" else int(threads),
-                         kv_cache_precision=KV_CACHE_PRECISION)
+    return RuntimeSpec(num_threads=None if threads == "default" else int(threads),
+                       kv_cache_precision=KV_CACHE_PRECISION)
 
 
 # -- processes ------------------------------------------------------------------------

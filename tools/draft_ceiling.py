@@ -95,7 +95,7 @@ def parse_branches(text: str) -> list[int]:
 
 def greedy_outputs(model: str, weights: str, tokens: int) -> list[tuple[str, list[int], list[int]]]:
     """Each prompt's name, chat-templated ids and greedy output (openvino_genai, exact)."""
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from tools.baseline import BaselinePipeline, export_baseline
     from zctl.engine.tokenizer import ChatTokenizer
     from zctl.manifest import load_manifest
@@ -104,8 +104,8 @@ def greedy_outputs(model: str, weights: str, tokens: int) -> list[tuple[str, lis
     export_dir = bench_model.export(2, weights)
     tokenizer = ChatTokenizer(export_dir)
     model_dir = export_baseline(bench_model.hf_dir, weights, load_manifest(export_dir).group_size)
-    props = RuntimeConfig(precision="f32", kv_cache_precision="f32",
-                          dynamic_quantization=False).properties()
+    props = RuntimeSpec(precision="f32", kv_cache_precision="f32",
+                        dynamic_quantization=False).properties()
     pipe = BaselinePipeline(model_dir, props)
     outputs = []
     for prompt in PROMPTS:

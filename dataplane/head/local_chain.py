@@ -15,9 +15,10 @@ import openvino as ov
 
 from dataplane.head.figures import StepFigures
 from dataplane.runtime.base import StageError, check_ragged_step
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.slots import held_slots
 from dataplane.runtime.stage_chain import StageChain
-from dataplane.runtime.stateful import RuntimeConfig, StageRunner, StepInputs, load_runner
+from dataplane.runtime.stateful import StageRunner, StepInputs, load_runner
 from zctl.engine.executor import InlineExecutor, PrefixCacheUnsupported, StepReply, reply_from_logits
 from zctl.engine.payloads import Want
 
@@ -48,7 +49,7 @@ class LocalChain(InlineExecutor):
         self.figures = StepFigures(self.num_stages, hops=False)  # stage compute, for stats
 
     @classmethod
-    def load(cls, export_dir: str, config: RuntimeConfig | None = None,
+    def load(cls, export_dir: str, config: RuntimeSpec | None = None,
              rewind: str = "mask", compact_threshold: int | None = 64) -> LocalChain:
         from zctl.manifest import load_manifest
 

@@ -8,18 +8,15 @@ re-exports them, so callers import from there.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import openvino as ov
 
+from dataplane.runtime.config import DEVICES, RuntimeSpec, device_kind
 from dataplane.runtime.kv.masks import drop_kept_tail
 from zctl.manifest import ExportManifest, StageSpec, load_manifest
-
-DEVICES = ("CPU", "GPU", "NPU", "AUTO")
-
 
 _CORE: ov.Core | None = None
 
@@ -34,61 +31,6 @@ def shared_core() -> ov.Core:
 
 class StageError(RuntimeError):
     """A stage cannot be loaded, or a step's inputs do not fit it."""
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """Explicit compile properties, so benchmarks compare like with like."""
-
-    device: str = "CPU"
-    precision: str | None = "f32"  # INFERENCE_PRECISION_HINT; None keeps the plugin default
-    num_threads: int | None = None
-    performance_hint: str = "LATENCY"
-    kv_cache_precision: str | None = None  # e.g. "f32", "u8"; None keeps the plugin default
-    # False: no dynamic quantization of activations (DYNAMIC_QUANTIZATION_GROUP_SIZE 0 on
-    # CPU). The CPU plugin quantizes the inputs of INT4/INT8-compressed matmuls to int8 on
-    # AVX-512-VNNI/AMX machines, in ways that depend on where a graph is cut: there an INT4
-    # 3-stage chain diverged from the 1-stage export within 48 tokens with it on and
-    # matched with it off. Off costs ~30% of decode speed; exact comparisons turn it off.
-    dynamic_quantization: bool = True
-    # True: run a stateful export's stages on PagedAttention (dataplane.runtime.paged):
-    # KV in blocks, every stream its own sequence of one batched inference (CPU only).
-    paged_attention: bool = False
-
-    # Not dataclass fields (controlplane.messages.RuntimeSpec mirrors the fields); a subclass
-    # may override them, e.g. to benchmark other settings (tools/bench_parity does).
-    # ENABLE_CPU_PINNING on CPU devices; None keeps the plugin default (YES on Linux), the
-    # same as openvino_genai. With synchronous infer() pinning cost 2-10% per decode step on
-    # 2 busy shared cores; with start_async()+wait() pinned and unpinned were within noise.
-    cpu_pinning: ClassVar[bool | None] = None
-    # Step with start_async() + wait(), so the plugin runs the graph on its own stream thread
-    # (as openvino_genai's decode loop does), not a synchronous infer() on the calling
-    # thread: 6% (1 stage) and 11% (2 stages) faster per decode step here, step-by-step
-    # interleaved A/B on the same export, faster in every paired run.
-    async_infer: ClassVar[bool] = True
-    # CPU_RUNTIME_CACHE_CAPACITY on CPU devices: the plugin keeps a compiled primitive per
-    # operation and input shape, 5,000 by default, and a paged stage's ragged steps change
-    # shape with their rows' token and block counts, so a serving stage's memory grows with
-    # every new prompt length until the cap (both stages in one process: +1,035 MB after
-    # 320 token counts, +740 MB with 1,000 entries). 1,000 served 8 and 16 clients as fast
-    # as the default (docs/measurements.md, "Soak"). None keeps the plugin's default.
-    runtime_cache_capacity: ClassVar[int | None] = 1000
-
-    def properties(self) -> dict[str, Any]:
-        props: dict[str, Any] = {"PERFORMANCE_HINT": self.performance_hint}
-        if self.precision:
-            props["INFERENCE_PRECISION_HINT"] = self.precision
-        if self.num_threads:
-            props["INFERENCE_NUM_THREADS"] = int(self.num_threads)
-        if self.kv_cache_precision:
-            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
-        if not self.dynamic_quantization and device_kind(self) == "CPU":
-            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
-        if self.cpu_pinning is not None and device_kind(self) == "CPU":
-            props["ENABLE_CPU_PINNING"] = bool(self.cpu_pinning)
-        if self.runtime_cache_capacity is not None and device_kind(self) == "CPU":
-            props["CPU_RUNTIME_CACHE_CAPACITY"] = int(self.runtime_cache_capacity)
-        return props
 
 
 def check_step_input(spec: StageSpec, hidden_size: int, x: np.ndarray,
@@ -109,14 +51,9 @@ def check_step_input(spec: StageSpec, hidden_size: int, x: np.ndarray,
         raise StageError(f"positions shape {positions.shape} does not match {x.shape[1]} tokens")
 
 
-def device_kind(config: RuntimeConfig) -> str:
-    """The plugin of ``config.device``: "GPU" for "GPU.1", "NPU" for "NPU:0"."""
-    return config.device.split(":")[0].split(".")[0]
-
-
-def open_stage(export_dir: Path, index: int, config: RuntimeConfig | None,
+def open_stage(export_dir: Path, index: int, config: RuntimeSpec | None,
                manifest: ExportManifest | None, static: bool
-               ) -> tuple[ExportManifest, StageSpec, RuntimeConfig]:
+               ) -> tuple[ExportManifest, StageSpec, RuntimeSpec]:
     """The manifest, stage spec and config of stage ``index``, checked: the stage exists,
     the device is known, and the export's KV kind (static or stateful) is ``static``."""
     manifest = manifest or load_manifest(export_dir, verify_files=False)
@@ -127,7 +64,7 @@ def open_stage(export_dir: Path, index: int, config: RuntimeConfig | None,
     if not 0 <= index < len(manifest.stages):
         raise StageError(f"stage {index} does not exist: the export has {len(manifest.stages)} "
                          "stages")
-    config = config or RuntimeConfig()
+    config = config or RuntimeSpec()
     if device_kind(config) not in DEVICES:
         raise StageError(f"unknown device {config.device!r}; expected one of {DEVICES}")
     return manifest, manifest.stages[index], config

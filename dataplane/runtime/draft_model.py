@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dataplane.runtime.stateful import RuntimeConfig, StageError, StageRunner, load_runner
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.stateful import StageError, StageRunner, load_runner
 from zctl.engine.prefill import prefill_chunks
 from zctl.engine.requests import RequestRefused
 from zctl.manifest import ManifestError, load_manifest
@@ -79,7 +80,7 @@ class DraftModels:
     """The engine's ``load_drafter``: a ``ModelDrafter`` for a request's draft model path,
     each model loaded once (with ``config``) and checked against the target's vocabulary."""
 
-    def __init__(self, vocab_size: int, config: RuntimeConfig | None = None) -> None:
+    def __init__(self, vocab_size: int, config: RuntimeSpec | None = None) -> None:
         self.vocab_size, self.config = vocab_size, config
         self._runners: dict[Path, StageRunner] = {}
 

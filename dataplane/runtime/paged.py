@@ -28,19 +28,18 @@ from openvino import opset13 as ops
 
 from dataplane.runtime.base import (
     MaskRewind,
-    RuntimeConfig,
     StageError,
     check_ragged_step,
     check_row_rewinds,
     check_rows_step,
     check_step_input,
-    device_kind,
     open_stage,
     shared_core,
     warm_up_steps,
     zero_input,
 )
 from dataplane.runtime.bound_inputs import BoundInputs
+from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.kv.blocks import BlockPool, PrefixBlocks, Sequence, blocks_for
 from dataplane.runtime.rope import RopeRows, rope_tables
 from dataplane.runtime.step_shapes import (
@@ -113,7 +112,7 @@ class PagedStageRunner(MaskRewind):
     prefix_cache_supported: ClassVar[bool] = True
     paged_attention: ClassVar[bool] = True
 
-    def __init__(self, export_dir: Path | str, index: int, config: RuntimeConfig | None = None,
+    def __init__(self, export_dir: Path | str, index: int, config: RuntimeSpec | None = None,
                  manifest: ExportManifest | None = None, core: ov.Core | None = None,
                  verify: bool = True, blocks: int = INITIAL_BLOCKS) -> None:
         self.export_dir = Path(export_dir)

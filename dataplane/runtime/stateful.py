@@ -14,18 +14,16 @@ import numpy as np
 import openvino as ov
 
 from dataplane.runtime.base import (  # re-exported: callers import them from here
-    DEVICES,
     MaskRewind,
-    RuntimeConfig,
     StageError,
     check_row_rewinds,
     check_rows_step,
     check_step_input,
-    device_kind,
     open_stage,
     shared_core,
     warm_up_steps,
 )
+from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import MASK_MIN, one_token_mask, step_mask
 from dataplane.runtime.kv.prefix_store import PrefixCache, PrefixStore, kv_bytes_per_token
@@ -42,11 +40,11 @@ from dataplane.runtime.kv.slots import shared_tensor as _shared
 from dataplane.runtime.rope import RopeRows, rope_tables
 from zctl.manifest import ExportManifest, load_manifest, verify_export_files
 
-__all__ = ["DEVICES", "MaskRewind", "RuntimeConfig", "StageError", "StageRunner",
-           "check_step_input", "device_kind", "load_runner", "open_stage", "shared_core"]
+__all__ = ["MaskRewind", "StageError", "StageRunner", "check_step_input", "load_runner",
+           "open_stage", "shared_core"]
 
 
-def load_runner(export_dir: Path | str, index: int, config: RuntimeConfig | None = None,
+def load_runner(export_dir: Path | str, index: int, config: RuntimeSpec | None = None,
                 manifest: ExportManifest | None = None, core: ov.Core | None = None,
                 verify: bool = True) -> Any:
     """The runner for stage ``index`` of an export: a StageRunner (stateful KV), a
@@ -84,7 +82,7 @@ class StageRunner(MaskRewind, PrefixCache):
         self,
         export_dir: Path | str,
         index: int,
-        config: RuntimeConfig | None = None,
+        config: RuntimeSpec | None = None,
         manifest: ExportManifest | None = None,
         core: ov.Core | None = None,
         verify: bool = True,

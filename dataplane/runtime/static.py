@@ -23,14 +23,13 @@ import openvino as ov
 
 from dataplane.runtime.base import (
     MaskRewind,
-    RuntimeConfig,
     StageError,
     check_step_input,
-    device_kind,
     open_stage,
     shared_core,
     warm_up_steps,
 )
+from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import static_step_mask
 from dataplane.runtime.kv.slots import SlotCounts
@@ -47,12 +46,12 @@ def present_name(past: str) -> str:
     return PRESENT_PREFIX + past.removeprefix(PAST_PREFIX)
 
 
-# What an NPU compile takes of RuntimeConfig.properties(): it computes in f16 and has
+# What an NPU compile takes of RuntimeSpec.properties(): it computes in f16 and has
 # no CPU threads, and a stateless model has no KV cache precision to set.
 NPU_PROPERTIES = ("PERFORMANCE_HINT",)
 
 
-def static_properties(config: RuntimeConfig) -> dict[str, object]:
+def static_properties(config: RuntimeSpec) -> dict[str, object]:
     """Compile properties for a static stage on ``config.device``: all of them on CPU/GPU,
     the ones the NPU plugin takes on an NPU; never KV_CACHE_PRECISION (no KV state)."""
     props = {k: v for k, v in config.properties().items() if k != "KV_CACHE_PRECISION"}
@@ -104,7 +103,7 @@ class StaticStageRunner(MaskRewind):
         self,
         export_dir: Path | str,
         index: int,
-        config: RuntimeConfig | None = None,
+        config: RuntimeSpec | None = None,
         manifest: ExportManifest | None = None,
         core: ov.Core | None = None,
         verify: bool = True,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.masks import MASK_MIN
-from dataplane.runtime.stateful import RuntimeConfig
 from tools.bench_batching import measure, prefill_mask
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+EXACT = RuntimeSpec(precision="f32", kv_cache_precision="f32")
 PROMPTS = [[0, 17, 33, 90, 12, 250, 7], [5, 6, 7], [100, 3, 9, 44, 2], [8]]
 
 

@@ -22,11 +22,11 @@ def test_interleaved_steps_cluster_and_stage1(tiny_exports, dp_hosts) -> None:
 @pytest.mark.slow
 def test_cluster_pipeline_equals_the_local_chain(tiny_exports, dp_hosts) -> None:
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.engine.scheduler import generate_greedy
 
     export = tiny_exports.get([(0, 2), (2, 4)])
-    local = LocalChain.load(str(export), RuntimeConfig())
+    local = LocalChain.load(str(export), RuntimeSpec())
     with cluster_pipeline(str(export), 2) as pipe:
         got = list(generate_greedy(pipe, [0, 17, 42], 8))
         assert pipe.stats.errors == 0

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.stateful import StageRunner
 from tools.bench_common import parse_k
 from tools.bench_spec import render, run_bench
 from tools.spec_accounting import (
@@ -19,7 +20,7 @@ from tools.spec_accounting import (
 )
 from tools.spec_prompts import BenchPrompt
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+EXACT = RuntimeSpec(precision="f32", kv_cache_precision="f32")
 
 
 def test_comparison_helpers() -> None:

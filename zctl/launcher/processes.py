@@ -214,7 +214,6 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")
     service = None
     if config.serve:
-        from dataplane.runtime.stateful import RuntimeConfig
         from zctl.service.server import GenerationService
 
         service = GenerationService(
@@ -223,7 +222,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
             kv_memory_mb=config.kv_memory_mb, prefix_cache_mb=config.prefix_cache_mb,
             shared_cores=config.shared_cores,
             health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,
-            draft_config=RuntimeConfig(**asdict(config.runtime)),  # drafts run as stage 0 does
+            draft_config=config.runtime,  # drafts run as stage 0 does
             cluster=coordinator.status)
         say(f"generation service on {service.start()}")
     try:

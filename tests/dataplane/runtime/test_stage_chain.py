@@ -9,8 +9,9 @@ import pytest
 
 from dataplane.head.cluster_head import ClusterHead
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.stage_chain import StageChain, chain_spec
-from dataplane.runtime.stateful import RuntimeConfig, StageError, load_runner
+from dataplane.runtime.stateful import StageError, load_runner
 from dataplane.worker.stage_worker import StageWorker
 from zctl.engine.scheduler import generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
@@ -22,7 +23,7 @@ N = 12
 
 @pytest.fixture(scope="module", params=[False, True], ids=["stateful", "paged"])
 def config(request):
-    return RuntimeConfig(**EXACT, paged_attention=request.param)
+    return RuntimeSpec(**EXACT, paged_attention=request.param)
 
 
 @pytest.fixture(scope="module")

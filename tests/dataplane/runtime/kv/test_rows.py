@@ -57,9 +57,10 @@ def test_rows_mask_is_each_rows_stream_mask() -> None:
 # -- row groups on real stages (tiny random Llama, 2 fp32 stages) -------------------------
 
 def _runners(export_dir):  # noqa: ANN001, ANN202
-    from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+    from dataplane.runtime.config import RuntimeSpec
+    from dataplane.runtime.stateful import StageRunner
 
-    return [StageRunner(export_dir, i, RuntimeConfig(precision="f32", kv_cache_precision="f32"))
+    return [StageRunner(export_dir, i, RuntimeSpec(precision="f32", kv_cache_precision="f32"))
             for i in range(2)]
 
 
