@@ -139,7 +139,8 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
     ended, a ClusterHead is retired, before ``StageSlot`` launches the next). A stage
     compiled now is warmed up (a paged one measures its padding limit: ~1 s a stage of
     SmolLM2), which a re-wiring's pause then no longer pays for the stages kept."""
-    from dataplane.runtime.stateful import StageError, load_runner
+    from dataplane.runtime.base import StageError
+    from dataplane.runtime.load import load_runner
     from zctl.manifest import ManifestError
 
     dirs = [assignment.runner_dir, *assignment.more_dirs]

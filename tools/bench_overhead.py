@@ -272,7 +272,7 @@ def cluster_pipeline(export: str, stages: int, threads: str = "default",
     processes on 127.0.0.2, ...; the workers stop on exit. ``kv_cache_precision`` None
     keeps the plugin's."""
     from dataplane.head.cluster_head import ClusterHead
-    from dataplane.runtime.stateful import load_runner
+    from dataplane.runtime.load import load_runner
 
     with ExitStack() as stack:
         addrs = chain_addresses(stages)

@@ -35,8 +35,8 @@ from dataplane.head.types import (
     check_logits_idx,
     reply_mode,
 )
+from dataplane.runtime.base import StageRuntime
 from dataplane.runtime.kv.slots import held_slots
-from dataplane.runtime.stateful import StageRunner
 from dataplane.wire.cancels import cancel_payload
 from dataplane.wire.frames import (
     DTYPES,
@@ -98,7 +98,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
     dataplane.head.prefixes.
     """
 
-    def __init__(self, stage0: StageRunner, next_addr: str, reply_bind_addr: str, *,
+    def __init__(self, stage0: StageRuntime, next_addr: str, reply_bind_addr: str, *,
                  timeout_s: float = 30.0, context: zmq.Context | None = None,
                  options: PipeOptions = DEFAULT_OPTIONS, timing_window: int = 512,
                  compact_threshold: int | None = 64) -> None:
@@ -137,7 +137,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
 
     # -- lifecycle -------------------------------------------------------------------
     @property
-    def stage0(self) -> StageRunner:
+    def stage0(self) -> StageRuntime:
         """The stages run here; DataPlaneError once ``retire`` handed them on."""
         if self._retired:
             raise DataPlaneError("this pipeline was replaced (the cluster was re-wired)")
@@ -240,7 +240,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
 
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (see
-        ``StageRunner.regroup``): stage 0 here, the others on a GROUP frame that reaches
+        ``StageRuntime.regroup``): stage 0 here, the others on a GROUP frame that reaches
         them in order with the steps. None of the group's or members' steps may be in
         flight. ``submit``/``step`` on ``group_id`` then take [rows, T] ids and positions."""
         busy = {p.stream_id for p in self._pending.values()} & {group_id, *members}

@@ -1,6 +1,6 @@
 """The cluster head's prefix entries: stage 0 applies each op here at once, then a PREFIX
 frame carries it down the chain, in order with the steps (one pipe; see
-dataplane.runtime.kv.prefix_store for what an entry is, dataplane.wire.frames.Kind.PREFIX for the frame).
+dataplane.runtime.kv.prefix_entries for what an entry is, dataplane.wire.frames.Kind.PREFIX for the frame).
 
 Drops that cannot be sent (the chain is broken) are kept and sent before the next save
 or load, which are refused until they are: a stage never sees a SAVE or LOAD of an entry
@@ -16,7 +16,7 @@ import numpy as np
 
 from dataplane.head.figures import StepFigures, frame_bytes
 from dataplane.head.types import DataPlaneError
-from dataplane.runtime.stateful import StageError, StageRunner
+from dataplane.runtime.base import StageError, StageRuntime
 from dataplane.wire.frames import HiddenStateFrame, Kind, encode_frame
 from dataplane.wire.prefix_ops import PrefixOp, prefix_payload
 from dataplane.wire.transport import BufferGuard, TransportError
@@ -28,7 +28,7 @@ log = logging.getLogger("zctl.dataplane.cluster")
 class HeadPrefixes:
     """ClusterHead's part of the Executor's prefix cache (a mixin)."""
 
-    stage0: StageRunner
+    stage0: StageRuntime
     next_addr: str
     figures: StepFigures
     _streams: dict[int, Any]

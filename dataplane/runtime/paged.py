@@ -27,21 +27,19 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from dataplane.runtime.base import (
-    MaskRewind,
     StageError,
     check_ragged_step,
     check_row_rewinds,
     check_rows_step,
     check_step_input,
-    open_stage,
-    shared_core,
-    warm_up_steps,
-    zero_input,
 )
 from dataplane.runtime.bound_inputs import BoundInputs
 from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.kv.blocks import BlockPool, PrefixBlocks, Sequence, blocks_for
+from dataplane.runtime.kv.rows import find_row
+from dataplane.runtime.rewind import apply_step_rewind, truncate_stream
 from dataplane.runtime.rope import RopeRows, rope_tables
+from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps, zero_input
 from dataplane.runtime.step_shapes import (
     LARGE,
     ShapeKeeper,
@@ -105,8 +103,8 @@ class PagedStep:
     pad: int = 0  # padding tokens after the real ones (dataplane.runtime.step_shapes)
 
 
-class PagedStageRunner(MaskRewind):
-    """Stage ``index`` of a stateful export on PagedAttention; the StageRunner interface."""
+class PagedStageRunner:
+    """Stage ``index`` of a stateful export on PagedAttention (a ``StageRuntime``)."""
 
     row_groups_supported: ClassVar[bool] = True
     prefix_cache_supported: ClassVar[bool] = True
@@ -242,7 +240,16 @@ class PagedStageRunner(MaskRewind):
     def check_input(self, x: np.ndarray, positions: np.ndarray) -> None:
         check_step_input(self.spec, self.hidden_size, x, positions)
 
-    # -- rewind: a shorter sequence (MaskRewind's interface) ---------------------------
+    # -- rewinds: a shorter sequence (nothing is masked) --------------------------------
+    def mask_step_tail(self, stream_id: int, mask_tail: int | np.ndarray) -> bool:
+        """The rewind a step carries (dataplane.runtime.rewind.apply_step_rewind)."""
+        return apply_step_rewind(self, stream_id, mask_tail)
+
+    def truncate(self, stream_id: int, length: int) -> bool:
+        """Shorten the stream to its first ``length`` tokens
+        (dataplane.runtime.rewind.truncate_stream)."""
+        return truncate_stream(self, stream_id, length)
+
     def mask_tail(self, stream_id: int, count: int) -> None:
         self._shorten(self._stream(stream_id), count)
 
@@ -267,6 +274,11 @@ class PagedStageRunner(MaskRewind):
 
     def masked_slots(self, stream_id: int) -> int:
         return 0
+
+    def compaction_due(self, stream_id: int, threshold: int | None) -> bool:
+        """Whether more than ``threshold`` slots are masked (None: never): a paged stream
+        has none."""
+        return threshold is not None and self.masked_slots(stream_id) > threshold
 
     def compact(self, stream_id: int) -> int:
         return 0
@@ -446,10 +458,7 @@ class PagedStageRunner(MaskRewind):
     # -- prefixes (the prefix cache's entries) ---------------------------------------------
     def row_of(self, stream_id: int) -> tuple[int, int] | None:
         """(row group, row) of a stream that is a row of a group, else None."""
-        for group_id, group in self.groups.items():
-            if stream_id in group.members:
-                return group_id, group.members.index(stream_id)
-        return None
+        return find_row(self.groups, stream_id)
 
     def _any_seq(self, stream_id: int) -> Sequence:
         seq = self.streams.get(stream_id) or self._members.get(stream_id)

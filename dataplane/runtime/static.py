@@ -22,18 +22,18 @@ import numpy as np
 import openvino as ov
 
 from dataplane.runtime.base import (
-    MaskRewind,
+    RowGroupKV,
     StageError,
     check_step_input,
-    open_stage,
-    shared_core,
-    warm_up_steps,
+    ragged_needs_paged_attention,
 )
 from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import static_step_mask
 from dataplane.runtime.kv.slots import SlotCounts
+from dataplane.runtime.rewind import apply_step_rewind, mask_kept_tail, truncate_stream
 from dataplane.runtime.rope import rope_tables
+from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
 PAST_PREFIX = "past_key_values."
@@ -92,8 +92,9 @@ class StaticStep:
     logits_idx: np.ndarray | None
 
 
-class StaticStageRunner(MaskRewind):
-    """Loads stage ``index`` of a static export and steps streams through it."""
+class StaticStageRunner:
+    """Loads stage ``index`` of a static export and steps streams through it (a
+    ``StageRuntime`` without row groups or prefix entries)."""
 
     row_groups_supported: ClassVar[bool] = False
     prefix_cache_supported: ClassVar[bool] = False  # no prefix entries either
@@ -142,7 +143,10 @@ class StaticStageRunner(MaskRewind):
                              f"{exc}") from None
         self.huge_page_bytes = pages.collapsed
         self.streams: dict[int, HostKV] = {}
-        self.groups: dict[int, object] = {}  # always empty: no row groups on a static stage
+        self.groups: dict[int, RowGroupKV] = {}  # always empty: no row groups on a static stage
+        # one token's KV: a key and a value of every layer, in the host buffers' type
+        self.kv_bytes_per_token = (len(self.past_names) * model.num_kv_heads * model.head_dim
+                                   * self.kv_dtype.itemsize)
 
     def _shapes(self, tokens: int) -> dict[str, ov.PartialShape]:
         """Every input's fixed shape for a ``tokens``-token step."""
@@ -196,9 +200,13 @@ class StaticStageRunner(MaskRewind):
         return self.run(stream_id, x, self.prepare(stream_id, positions[None], logits_idx)).data
 
     def prepare(self, stream_id: int, positions: np.ndarray,
-                logits_idx: np.ndarray | None = None, inputs: object = None) -> StaticStep:
+                logits_idx: np.ndarray | None = None, inputs: object = None,
+                row_tokens: np.ndarray | None = None) -> StaticStep:
         """Check a stream's next step (``positions`` [1, T]); ``inputs`` from another stage
-        are ignored: a static stage fills its own fixed-shape buffers in ``run``."""
+        are ignored: a static stage fills its own fixed-shape buffers in ``run``. Ragged
+        rows (``row_tokens``) need paged attention: StageError."""
+        if row_tokens is not None:
+            raise ragged_needs_paged_attention()
         self._stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         if positions.ndim != 2 or positions.shape[0] != 1 or positions.shape[1] < 1:
@@ -314,7 +322,28 @@ class StaticStageRunner(MaskRewind):
         """Nothing to bind ahead: a static step writes into buffers bound once."""
         return False
 
-    # -- rewind (mask_tail: MaskRewind) ----------------------------------------------
+    # -- rewinds ----------------------------------------------------------------------
+    def mask_step_tail(self, stream_id: int, mask_tail: int | np.ndarray) -> bool:
+        """The rewind a step carries (dataplane.runtime.rewind.apply_step_rewind)."""
+        return apply_step_rewind(self, stream_id, mask_tail)
+
+    def truncate(self, stream_id: int, length: int) -> bool:
+        """Rewind the stream to its first ``length`` logical tokens, by mask
+        (dataplane.runtime.rewind.truncate_stream)."""
+        return truncate_stream(self, stream_id, length)
+
+    def kept_tokens(self, stream_id: int) -> int:
+        """The stream's logical length: the filled slots still part of its sequence."""
+        return self._stream(stream_id).logical
+
+    def mask_tail(self, stream_id: int, count: int) -> None:
+        """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
+        mask_kept_tail(self._stream(stream_id), count)
+
+    def compaction_due(self, stream_id: int, threshold: int | None) -> bool:
+        """Whether the stream has more than ``threshold`` masked slots (None: never)."""
+        return threshold is not None and self.masked_slots(stream_id) > threshold
+
     def trim_tail(self, stream_id: int, count: int) -> None:
         """Trim-based rewind: the last ``count`` filled slots become free again (no copy)."""
         kv = self._stream(stream_id)
@@ -351,6 +380,15 @@ class StaticStageRunner(MaskRewind):
     def step_rows(self, group_id: int, x: np.ndarray, positions: np.ndarray,
                   logits_idx: np.ndarray | None = None) -> np.ndarray:
         raise self._no_groups()
+
+    def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None
+                    ) -> np.ndarray:
+        raise ragged_needs_paged_attention()
+
+    def row_of(self, stream_id: int) -> tuple[int, int] | None:
+        """Never a row: a static stage has no row groups."""
+        return None
 
     # -- prefix entries: not on a static stage ---------------------------------------
     def save_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from dataplane.runtime.config import RuntimeSpec
-from dataplane.runtime.stateful import load_runner
+from dataplane.runtime.load import load_runner
 from dataplane.wire.transport import PipeOptions
 from dataplane.worker.stage_worker import StageWorker
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dataplane.runtime.stateful import StageRunner
+from dataplane.runtime.base import StageRuntime
 from dataplane.wire.cancels import CancelMarks, is_cancel, read_cancel
 from dataplane.wire.frames import FrameError, HiddenStateFrame, decode_frame
 from dataplane.wire.transport import recv_parts
@@ -29,7 +29,7 @@ BACKLOG_MAX = 64  # frames a worker takes off its pipe ahead of their turn (to s
 class WorkerCancels:
     """StageWorker's handling of CANCEL frames and early skips (a mixin)."""
 
-    runner: StageRunner
+    runner: StageRuntime
     stage: int
     last: bool
     _pull: Any

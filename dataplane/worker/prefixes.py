@@ -1,5 +1,5 @@
 """A stage worker's prefix entries: the PREFIX frames it applies, in order with the steps
-(one pipe), and passes on (dataplane.runtime.kv.prefix_store for what an entry is).
+(one pipe), and passes on (dataplane.runtime.kv.prefix_entries for what an entry is).
 
 A LOAD this stage cannot apply refuses the stream's steps of that epoch with the reason
 (an ERROR reply naming the stage), so a stream never steps on KV it does not have; a SAVE
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataplane.runtime.stateful import StageRunner
+from dataplane.runtime.base import StageRuntime
 from dataplane.wire.frames import FrameError, HiddenStateFrame
 from dataplane.wire.prefix_ops import PrefixCommand, PrefixOp, prefix_command
 from dataplane.wire.transport import BufferGuard
@@ -20,7 +20,7 @@ from dataplane.worker.state import _StreamState
 class WorkerPrefixes:
     """StageWorker's handling of PREFIX frames (a mixin)."""
 
-    runner: StageRunner
+    runner: StageRuntime
     stage: int
     last: bool
     _streams: dict[int, _StreamState]
@@ -32,7 +32,7 @@ class WorkerPrefixes:
     def _admitted(self, header: HiddenStateFrame) -> tuple[_StreamState | None, str] | None: ...
 
     def _on_prefix(self, header: HiddenStateFrame, payload: np.ndarray | None) -> None:
-        """Save, load or drop a prefix entry (dataplane.runtime.kv.prefix_store) and pass the frame on."""
+        """Save, load or drop a prefix entry (dataplane.runtime.kv.prefix_entries) and pass the frame on."""
         try:
             command = prefix_command(header, payload)
         except FrameError as exc:

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import zmq
 
+from dataplane.runtime.base import StageRuntime
 from dataplane.runtime.kv.slots import held_slots
-from dataplane.runtime.stateful import StageRunner
 from dataplane.wire.cancels import CancelMarks
 from dataplane.wire.frames import (
     EMPTY_INDEX,
@@ -74,7 +74,7 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
     bad address fails at construction) and used only by the loop thread afterwards.
     """
 
-    def __init__(self, runner: StageRunner, bind_addr: str, send_to: str, *,
+    def __init__(self, runner: StageRuntime, bind_addr: str, send_to: str, *,
                  context: zmq.Context | None = None, options: PipeOptions = DEFAULT_OPTIONS,
                  samples: int = 1024) -> None:
         self.runner = runner
@@ -435,7 +435,7 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
 
     def _prefetch_when_idle(self) -> None:
         """With no frame waiting, bind the last stepped stream's likely next inputs now
-        (StageRunner.prefetch), off the path of the frame that will need them."""
+        (StageRuntime.prefetch), off the path of the frame that will need them."""
         sid, self._stepped = self._stepped, None
         if sid is not None and not self._backlog and not wait_readable(self._pull, 0):
             try:

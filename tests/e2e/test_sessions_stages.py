@@ -93,7 +93,7 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         assert pipe.stats.errors == 0 and pipe.stats.timeouts == 0
         # bad regroups are refused before anything is sent, and the pipeline keeps serving
         from dataplane.head.cluster_head import DataPlaneError
-        from dataplane.runtime.stateful import StageError
+        from dataplane.runtime.base import StageError
         from zctl.engine.scheduler import GROUP_ID_BASE
 
         with pytest.raises(StageError, match="not open"):

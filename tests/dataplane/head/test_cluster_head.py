@@ -12,7 +12,8 @@ import zmq
 
 from dataplane.head.cluster_head import ClusterHead, DataPlaneError, StageFailed, StageTimeout
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import StageRunner, load_runner
+from dataplane.runtime.load import load_runner
+from dataplane.runtime.stateful import StageRunner
 from dataplane.wire.transport import pull_socket
 from zctl.engine.payloads import FULL_FP16, LogitsPayload
 from zctl.engine.scheduler import generate_greedy, generate_speculative

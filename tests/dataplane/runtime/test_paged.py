@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.blocks import BlockPool
+from dataplane.runtime.load import load_runner
 from dataplane.runtime.paged import PagedStageRunner
-from dataplane.runtime.stateful import StageError, load_runner
 from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
 

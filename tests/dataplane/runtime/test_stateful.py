@@ -10,9 +10,10 @@ import openvino as ov
 import pytest
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.paged import PagedStageRunner
-from dataplane.runtime.stateful import StageError, StageRunner
+from dataplane.runtime.stateful import StageRunner
 from zctl.engine.executor import reply_from_logits
 from zctl.engine.prefill import prefill_chunks
 from zctl.manifest import ManifestError, load_manifest

@@ -11,9 +11,11 @@ import openvino as ov
 import pytest
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.masks import MASK_MIN, static_step_mask
-from dataplane.runtime.stateful import StageError, StageRunner, load_runner
+from dataplane.runtime.load import load_runner
+from dataplane.runtime.stateful import StageRunner
 from dataplane.runtime.static import StaticStageRunner, static_properties
 from zctl.engine.scheduler import generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession

@@ -90,7 +90,7 @@ def _greedy_alone(runners, sid: int, prompt: list[int], n: int) -> list[int]:  #
 
 
 def test_row_groups_decode_like_streams_alone_as_rows_join_and_leave(dp_export2) -> None:  # noqa: ANN001
-    from dataplane.runtime.stateful import StageError
+    from dataplane.runtime.base import StageError
 
     runners = _runners(dp_export2)
     prompts = {1: [5, 9, 3, 7, 2], 2: [11, 4], 3: [8, 8, 1, 6, 2, 9, 4]}
@@ -138,7 +138,7 @@ def test_row_groups_decode_like_streams_alone_as_rows_join_and_leave(dp_export2)
 
 
 def test_rows_rewind_per_row_and_refuse_bad_counts(dp_export2) -> None:  # noqa: ANN001
-    from dataplane.runtime.stateful import StageError
+    from dataplane.runtime.base import StageError
 
     runner = _runners(dp_export2)[0]
     for sid, n in ((1, 4), (2, 2)):

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
 from dataplane.runtime.config import RuntimeSpec
-from dataplane.runtime.kv.prefix_store import first_kept, prefix_table
+from dataplane.runtime.kv.prefix_entries import first_kept, prefix_table
 from dataplane.runtime.kv.slots import request_states
-from dataplane.runtime.stateful import StageError
 from dataplane.wire.frames import FrameError, HiddenStateFrame, Kind, decode_frame, encode_frame
 from dataplane.wire.prefix_ops import PrefixOp, prefix_command, prefix_payload
 from tests.helpers.prefixes import EXACT, MORE, P, Q, assert_same_continuation, logits, run_on, scratch
