@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import zmq
 
-from dataplane.head.cluster_head import ClusterHead, DataPlaneError, StageFailed
+from dataplane.head.cluster_head import ClusterHead
+from dataplane.head.errors import DataPlaneError, StageFailed
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.base import StageError
 from dataplane.runtime.stateful import StageRunner

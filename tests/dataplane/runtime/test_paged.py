@@ -289,7 +289,8 @@ def test_a_cluster_of_paged_stages_serves_streams_and_row_groups(dp_export2, sta
 def test_ragged_rows_on_a_stateful_stage_are_refused_clearly(dp_export2, stateful) -> None:
     """A ragged step reaching a stage that keeps stateful KV (a mixed cluster) fails with a
     clear error and leaves the stage serving; stage 0 refuses one before sending it."""
-    from dataplane.head.cluster_head import ClusterHead, DataPlaneError
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.head.errors import DataPlaneError
     from dataplane.runtime.stateful import StageRunner
     from dataplane.worker.stage_worker import StageWorker
 

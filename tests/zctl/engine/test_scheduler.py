@@ -194,7 +194,7 @@ class PipelinedCounting(CountingModel):
 
     def submit(self, stream_id, token_ids, positions, logits_idx=None, want_logits=False, *,
                top_k=0, mask_tail=0):
-        from dataplane.head.types import ClusterReply
+        from dataplane.head.replies import ClusterReply
 
         reply = self.step(stream_id, token_ids, positions, logits_idx, want_logits,
                           mask_tail=mask_tail)
@@ -225,7 +225,7 @@ class GroupingCounting(PipelinedCounting):
         if np.ndim(token_ids) == 1:
             return super().submit(stream_id, token_ids, positions, logits_idx, want_logits,
                                   mask_tail=mask_tail)
-        from dataplane.head.types import ClusterReply
+        from dataplane.head.replies import ClusterReply
 
         assert np.shape(token_ids)[1] == 1 and stream_id in self.groups
         rows = [self.step(sid, ids, pos) for sid, ids, pos in
