@@ -68,6 +68,9 @@ def test_node_runs_a_real_stage_from_its_cache(cp_cluster: Cluster) -> None:
         def stop(self) -> None:
             pass
 
+        def kv_slots(self) -> int:
+            return -1
+
     coord = cp_cluster.coordinator()
     cp_cluster.agent(coord.endpoint, launcher=RunnerStage)
     coord.wait_serving(30)

@@ -112,6 +112,9 @@ class FakeHandle:
     def stop(self) -> None:
         self.stopped = True
 
+    def kv_slots(self) -> int:
+        return -1  # holds no KV it could count
+
 
 def test_background_stage_reports_each_epoch_in_order() -> None:
     gate = threading.Event()
