@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 
 from dataplane.head.errors import DataPlaneError
-from dataplane.head.figures import StepFigures, frame_bytes
+from dataplane.head.figures import StepFigures
 from dataplane.head.inbox import ClusterStats, Pending, ReplyInbox
 from dataplane.head.prefix_drops import PrefixDrops
 from dataplane.head.replies import ClusterReply, reply_mode
@@ -39,6 +39,7 @@ from dataplane.wire.frames import (
     Kind,
     ReplyMode,
     encode_frame,
+    frame_bytes,
     prepare_frame,
 )
 from dataplane.wire.pipes import open_pipes, open_push

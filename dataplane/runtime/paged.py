@@ -35,7 +35,7 @@ from dataplane.runtime.base import (
 )
 from dataplane.runtime.bound_inputs import BoundInputs
 from dataplane.runtime.config import RuntimeSpec, device_kind
-from dataplane.runtime.kv.blocks import BlockPool, PrefixBlocks, Sequence, blocks_for
+from dataplane.runtime.kv.blocks import BlockPool, PagedSequence, PrefixBlocks, blocks_for
 from dataplane.runtime.kv.rows import find_row
 from dataplane.runtime.rewind import apply_step_rewind, truncate_stream
 from dataplane.runtime.rope import RopeRows, rope_tables
@@ -85,7 +85,7 @@ class PagedGroup:
     """A row group: its members' sequences, stepped as the sequences of one inference."""
 
     members: list[int]
-    seqs: list[Sequence]
+    seqs: list[PagedSequence]
 
     @property
     def keep(self) -> np.ndarray:  # the slot count held_slots reads
@@ -97,7 +97,7 @@ class PagedStep:
     """One step's bound inputs but x: the sequences it steps, how many tokens each, and
     the output's leading shape (rows and answers per row, or 1 and all of a ragged step's)."""
 
-    seqs: list[Sequence]
+    seqs: list[PagedSequence]
     counts: list[int]  # tokens per sequence
     out_shape: tuple[int, int]
     pad: int = 0  # padding tokens after the real ones (dataplane.runtime.step_shapes)
@@ -143,9 +143,9 @@ class PagedStageRunner:
         self.shapes = ShapeKeeper()  # no padding until warm_up measures what a change costs
         self._caches: list[np.ndarray] = []  # the pool's blocks, then the padding's block
         self._bind_caches(blocks)
-        self.streams: dict[int, Sequence] = {}
+        self.streams: dict[int, PagedSequence] = {}
         self.groups: dict[int, PagedGroup] = {}
-        self._members: dict[int, Sequence] = {}  # row group members' sequences
+        self._members: dict[int, PagedSequence] = {}  # row group members' sequences
         self.prefixes: dict[int, PrefixBlocks] = {}
 
     # -- the block cache ---------------------------------------------------------------
@@ -179,7 +179,7 @@ class PagedStageRunner:
             assert block is not None
         return block
 
-    def _reserve(self, seq: Sequence, tokens: int) -> None:
+    def _reserve(self, seq: PagedSequence, tokens: int) -> None:
         """Blocks for ``tokens`` more slots; a shared block about to be written is copied."""
         size = self.block_size
         first = seq.length // size
@@ -192,7 +192,7 @@ class PagedStageRunner:
         while len(seq.blocks) < blocks_for(seq.length + tokens, size):
             seq.blocks.append(self._alloc())
 
-    def _release(self, seq: Sequence | None) -> None:
+    def _release(self, seq: PagedSequence | None) -> None:
         if seq is not None:
             self.pool.release(seq.blocks)
             seq.blocks, seq.length = [], 0
@@ -217,9 +217,9 @@ class PagedStageRunner:
         log.info("stage %d pads a step by up to %d tokens to keep its shape", self.spec.index,
                  self.shapes.limit)
 
-    def open_stream(self, stream_id: int) -> Sequence:
+    def open_stream(self, stream_id: int) -> PagedSequence:
         if stream_id not in self.streams:
-            self.streams[stream_id] = Sequence()
+            self.streams[stream_id] = PagedSequence()
         return self.streams[stream_id]
 
     def reset_stream(self, stream_id: int) -> None:
@@ -231,7 +231,7 @@ class PagedStageRunner:
         for member in group.members if group is not None else ():
             self._release(self._members.pop(member, None))
 
-    def _stream(self, stream_id: int) -> Sequence:
+    def _stream(self, stream_id: int) -> PagedSequence:
         seq = self.streams.get(stream_id)
         if seq is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
@@ -258,7 +258,7 @@ class PagedStageRunner:
     def kept_tokens(self, stream_id: int) -> int:
         return int(self._stream(stream_id).length)
 
-    def _shorten(self, seq: Sequence, count: int) -> None:
+    def _shorten(self, seq: PagedSequence, count: int) -> None:
         if not 0 <= count <= seq.length:
             raise StageError(f"cannot rewind {count} tokens of a {seq.length}-token stream")
         seq.length -= count
@@ -390,7 +390,7 @@ class PagedStageRunner:
         self._bind_tables(seqs, counts, pad)
         return PagedStep(list(seqs), counts, out_shape, pad)
 
-    def _bind_tables(self, seqs: list[Sequence], counts: list[int], pad: int) -> None:
+    def _bind_tables(self, seqs: list[PagedSequence], counts: list[int], pad: int) -> None:
         """Each sequence's past length, where its tokens begin and its block table, the
         padding's scratch block last when ``pad``."""
         pasts = [s.length for s in seqs]
@@ -460,7 +460,7 @@ class PagedStageRunner:
         """(row group, row) of a stream that is a row of a group, else None."""
         return find_row(self.groups, stream_id)
 
-    def _any_seq(self, stream_id: int) -> Sequence:
+    def _any_seq(self, stream_id: int) -> PagedSequence:
         seq = self.streams.get(stream_id) or self._members.get(stream_id)
         if seq is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")

@@ -21,6 +21,7 @@ from dataplane.wire.frames import (
     ReplyMode,
     decode_frame,
     encode_frame,
+    frame_bytes,
     prepare_frame,
     restamp_send,
     seal_frame,
@@ -461,3 +462,7 @@ def test_fed_tokens_go_only_on_one_row_steps() -> None:
     reset = HiddenStateFrame(Kind.RESET, 0, 0, 1, guessed=True)
     with pytest.raises(FrameError, match="fed tokens"):
         decode_frame(encode_frame(reset))
+
+
+def test_frame_bytes_count_every_parts_buffer():
+    assert frame_bytes([b"abc", np.zeros((2, 4), np.float32), b""]) == 3 + 32
