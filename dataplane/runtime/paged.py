@@ -26,6 +26,7 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
+from dataplane.runtime import rewind
 from dataplane.runtime.base import (
     StageError,
     check_ragged_step,
@@ -37,7 +38,6 @@ from dataplane.runtime.bound_inputs import BoundInputs
 from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.kv.blocks import BlockPool, PagedSequence, PrefixBlocks, blocks_for
 from dataplane.runtime.kv.rows import find_row
-from dataplane.runtime.rewind import apply_step_rewind, truncate_stream
 from dataplane.runtime.rope import RopeRows, rope_tables
 from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps, zero_input
 from dataplane.runtime.step_shapes import (
@@ -231,7 +231,8 @@ class PagedStageRunner:
         for member in group.members if group is not None else ():
             self._release(self._members.pop(member, None))
 
-    def _stream(self, stream_id: int) -> PagedSequence:
+    def stream(self, stream_id: int) -> PagedSequence:
+        """The stream\'s KV bookkeeping; StageError unless it is open here (stepped alone)."""
         seq = self.streams.get(stream_id)
         if seq is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
@@ -241,22 +242,17 @@ class PagedStageRunner:
         check_step_input(self.spec, self.hidden_size, x, positions)
 
     # -- rewinds: a shorter sequence (nothing is masked) --------------------------------
-    def mask_step_tail(self, stream_id: int, mask_tail: int | np.ndarray) -> bool:
-        """The rewind a step carries (dataplane.runtime.rewind.apply_step_rewind)."""
-        return apply_step_rewind(self, stream_id, mask_tail)
-
-    def truncate(self, stream_id: int, length: int) -> bool:
-        """Shorten the stream to its first ``length`` tokens
-        (dataplane.runtime.rewind.truncate_stream)."""
-        return truncate_stream(self, stream_id, length)
+    mask_step_tail = rewind.mask_step_tail
+    truncate = rewind.truncate
+    compaction_due = rewind.compaction_due  # (nothing is ever masked here)
 
     def mask_tail(self, stream_id: int, count: int) -> None:
-        self._shorten(self._stream(stream_id), count)
+        self._shorten(self.stream(stream_id), count)
 
     trim_tail = mask_tail
 
     def kept_tokens(self, stream_id: int) -> int:
-        return int(self._stream(stream_id).length)
+        return int(self.stream(stream_id).length)
 
     def _shorten(self, seq: PagedSequence, count: int) -> None:
         if not 0 <= count <= seq.length:
@@ -274,11 +270,6 @@ class PagedStageRunner:
 
     def masked_slots(self, stream_id: int) -> int:
         return 0
-
-    def compaction_due(self, stream_id: int, threshold: int | None) -> bool:
-        """Whether more than ``threshold`` slots are masked (None: never): a paged stream
-        has none."""
-        return threshold is not None and self.masked_slots(stream_id) > threshold
 
     def compact(self, stream_id: int) -> int:
         return 0
@@ -358,7 +349,7 @@ class PagedStageRunner:
         ``row_tokens`` (ragged rows) the rows' positions one after the other (``inputs``,
         from another stage, is not reused: every stage has its own blocks)."""
         group = self.groups.get(stream_id)
-        seqs = group.seqs if group is not None else [self._stream(stream_id)]
+        seqs = group.seqs if group is not None else [self.stream(stream_id)]
         if row_tokens is None:
             rows, tokens = positions.shape
             counts = [tokens] * rows
@@ -482,7 +473,7 @@ class PagedStageRunner:
     def load_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
         """Start a just-reset stream with prefix ``entry_id``'s first ``length`` tokens;
         ``take`` removes the entry (its blocks pass to the stream)."""
-        seq = self._stream(stream_id)
+        seq = self.stream(stream_id)
         entry = self.prefixes.get(entry_id)
         if entry is None:
             raise StageError(f"prefix {entry_id} is not held on stage {self.spec.index}")

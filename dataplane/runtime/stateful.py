@@ -13,6 +13,7 @@ from typing import ClassVar
 import numpy as np
 import openvino as ov
 
+from dataplane.runtime import rewind
 from dataplane.runtime.base import (
     StageError,
     check_row_rewinds,
@@ -34,7 +35,6 @@ from dataplane.runtime.kv.slots import (
     request_states,
 )
 from dataplane.runtime.kv.slots import shared_tensor as _shared
-from dataplane.runtime.rewind import apply_step_rewind, mask_kept_tail, truncate_stream
 from dataplane.runtime.rope import RopeRows, rope_tables
 from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
@@ -148,7 +148,8 @@ class StageRunner:
         self.streams.pop(stream_id, None)
         self.groups.pop(stream_id, None)
 
-    def _stream(self, stream_id: int) -> StreamSlots:
+    def stream(self, stream_id: int) -> StreamSlots:
+        """The stream\'s KV bookkeeping; StageError unless it is open here (stepped alone)."""
         slots = self.streams.get(stream_id)
         if slots is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
@@ -172,7 +173,7 @@ class StageRunner:
         picks which of them get logits on the last stage (default: the last one).
         The returned array is a view into the request's output: copy it to keep it.
         """
-        slots = self._stream(stream_id)
+        slots = self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
         inputs = self.prepare(stream_id, positions[None], logits_idx)
@@ -294,7 +295,7 @@ class StageRunner:
     def _target(self, stream_id: int) -> StreamSlots | RowGroup:
         """The row group ``stream_id``, else the stream."""
         group = self.groups.get(stream_id)
-        return group if group is not None else self._stream(stream_id)
+        return group if group is not None else self.stream(stream_id)
 
     def _step_inputs(self, positions: np.ndarray, keep: np.ndarray,
                      target: StreamSlots | RowGroup | None = None) -> StepInputs:
@@ -330,32 +331,16 @@ class StageRunner:
         return StepInputs(positions, keep, after, _shared(mask), _shared(cos), _shared(sin),
                           _shared(beam))
 
-    # -- rewinds ----------------------------------------------------------------------
-    def mask_step_tail(self, stream_id: int, mask_tail: int | np.ndarray) -> bool:
-        """The rewind a step carries (dataplane.runtime.rewind.apply_step_rewind)."""
-        return apply_step_rewind(self, stream_id, mask_tail)
-
-    def truncate(self, stream_id: int, length: int) -> bool:
-        """Rewind the stream to its first ``length`` logical tokens, by mask
-        (dataplane.runtime.rewind.truncate_stream)."""
-        return truncate_stream(self, stream_id, length)
-
-    def kept_tokens(self, stream_id: int) -> int:
-        """The stream's logical length: the KV slots still part of its sequence."""
-        return self._stream(stream_id).logical
-
-    def mask_tail(self, stream_id: int, count: int) -> None:
-        """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
-        mask_kept_tail(self._stream(stream_id), count)
-
-    def compaction_due(self, stream_id: int, threshold: int | None) -> bool:
-        """Whether the stream (or row group) has more than ``threshold`` masked slots
-        (None: never compact)."""
-        return threshold is not None and self.masked_slots(stream_id) > threshold
+    # -- rewinds: by mask, or by trimming the state -------------------------------------
+    mask_step_tail = rewind.mask_step_tail
+    truncate = rewind.truncate
+    compaction_due = rewind.compaction_due
+    kept_tokens = rewind.kept_tokens
+    mask_tail = rewind.mask_tail
 
     def trim_tail(self, stream_id: int, count: int) -> None:
         """Trim-based rewind: cut the last ``count`` physical slots out of every state tensor."""
-        slots = self._stream(stream_id)
+        slots = self.stream(stream_id)
         if count < 0 or count > slots.physical:
             raise StageError(f"cannot trim {count} slots of a {slots.physical}-slot stream")
         if not count:
@@ -368,7 +353,7 @@ class StageRunner:
 
     def compact(self, stream_id: int) -> int:
         """Physically drop masked slots from the state; returns how many were removed."""
-        slots = self._stream(stream_id)
+        slots = self.stream(stream_id)
         masked = int((~slots.keep).sum())
         if not masked:
             return 0
@@ -441,7 +426,7 @@ class StageRunner:
         group = self.groups.get(stream_id)
         if group is not None:
             return int(group.keep.shape[1] - group.keep.sum(axis=1).max(initial=0))
-        slots = self._stream(stream_id)
+        slots = self.stream(stream_id)
         return slots.physical - slots.logical
 
     def step_rows(

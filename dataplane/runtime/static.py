@@ -21,6 +21,7 @@ from typing import ClassVar
 import numpy as np
 import openvino as ov
 
+from dataplane.runtime import rewind
 from dataplane.runtime.base import (
     RowGroupKV,
     StageError,
@@ -31,7 +32,6 @@ from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import static_step_mask
 from dataplane.runtime.kv.slots import SlotCounts
-from dataplane.runtime.rewind import apply_step_rewind, mask_kept_tail, truncate_stream
 from dataplane.runtime.rope import rope_tables
 from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
@@ -180,7 +180,8 @@ class StaticStageRunner:
     def close_stream(self, stream_id: int) -> None:
         self.streams.pop(stream_id, None)
 
-    def _stream(self, stream_id: int) -> HostKV:
+    def stream(self, stream_id: int) -> HostKV:
+        """The stream\'s KV bookkeeping; StageError unless it is open here (stepped alone)."""
         kv = self.streams.get(stream_id)
         if kv is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
@@ -194,7 +195,7 @@ class StaticStageRunner:
              logits_idx: np.ndarray | None = None) -> np.ndarray:
         """Run one step for a stream; returns hidden states [1, T, H] or logits [1, K, V]
         (as StageRunner.step; a view, valid until the stream's next step)."""
-        self._stream(stream_id)
+        self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
         return self.run(stream_id, x, self.prepare(stream_id, positions[None], logits_idx)).data
@@ -207,7 +208,7 @@ class StaticStageRunner:
         rows (``row_tokens``) need paged attention: StageError."""
         if row_tokens is not None:
             raise ragged_needs_paged_attention()
-        self._stream(stream_id)
+        self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         if positions.ndim != 2 or positions.shape[0] != 1 or positions.shape[1] < 1:
             raise StageError("a static stage steps one stream at a time: positions must be "
@@ -224,7 +225,7 @@ class StaticStageRunner:
         """Run ``step`` on x (token ids [1, T], hidden states [1, T, H], or the previous
         stage's output tensor): piece by piece of at most ``chunk`` tokens, each written
         into the stream's KV. Returns the output tensor (as StageRunner.run)."""
-        kv = self._stream(stream_id)
+        kv = self.stream(stream_id)
         data = x.data if isinstance(x, ov.Tensor) else x
         positions = step.positions[0]
         tokens = positions.shape[0]
@@ -322,38 +323,23 @@ class StaticStageRunner:
         """Nothing to bind ahead: a static step writes into buffers bound once."""
         return False
 
-    # -- rewinds ----------------------------------------------------------------------
-    def mask_step_tail(self, stream_id: int, mask_tail: int | np.ndarray) -> bool:
-        """The rewind a step carries (dataplane.runtime.rewind.apply_step_rewind)."""
-        return apply_step_rewind(self, stream_id, mask_tail)
-
-    def truncate(self, stream_id: int, length: int) -> bool:
-        """Rewind the stream to its first ``length`` logical tokens, by mask
-        (dataplane.runtime.rewind.truncate_stream)."""
-        return truncate_stream(self, stream_id, length)
-
-    def kept_tokens(self, stream_id: int) -> int:
-        """The stream's logical length: the filled slots still part of its sequence."""
-        return self._stream(stream_id).logical
-
-    def mask_tail(self, stream_id: int, count: int) -> None:
-        """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
-        mask_kept_tail(self._stream(stream_id), count)
-
-    def compaction_due(self, stream_id: int, threshold: int | None) -> bool:
-        """Whether the stream has more than ``threshold`` masked slots (None: never)."""
-        return threshold is not None and self.masked_slots(stream_id) > threshold
+    # -- rewinds: by mask, or by moving the fill point back ---------------------------
+    mask_step_tail = rewind.mask_step_tail
+    truncate = rewind.truncate
+    compaction_due = rewind.compaction_due
+    kept_tokens = rewind.kept_tokens
+    mask_tail = rewind.mask_tail
 
     def trim_tail(self, stream_id: int, count: int) -> None:
         """Trim-based rewind: the last ``count`` filled slots become free again (no copy)."""
-        kv = self._stream(stream_id)
+        kv = self.stream(stream_id)
         if count < 0 or count > kv.physical:
             raise StageError(f"cannot trim {count} slots of a {kv.physical}-slot stream")
         kv.keep = kv.keep[:kv.physical - count].copy()
 
     def compact(self, stream_id: int) -> int:
         """Move the kept slots to the front of the buffers; returns how many were dropped."""
-        kv = self._stream(stream_id)
+        kv = self.stream(stream_id)
         kept = np.flatnonzero(kv.keep)
         masked = kv.physical - kept.size
         if masked:
@@ -363,7 +349,7 @@ class StaticStageRunner:
         return masked
 
     def masked_slots(self, stream_id: int) -> int:
-        kv = self._stream(stream_id)
+        kv = self.stream(stream_id)
         return kv.physical - kv.logical
 
     # -- row groups: not on a static stage -------------------------------------------
