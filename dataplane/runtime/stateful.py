@@ -61,7 +61,6 @@ def kv_bytes_per_token(compiled: ov.CompiledModel, layers: int, kv_heads: int,
     return layers * kv_heads * head_dim * (key + value) // 8
 
 
-
 class StageRunner:
     """Loads stage ``index`` of an export and steps streams through it.
 
