@@ -17,7 +17,8 @@ from dataplane.runtime.base import StageRuntime
 
 
 class SlotCounts:
-    """``physical`` and ``logical`` slot counts of a ``keep`` slot table (a mixin)."""
+    """``physical`` and ``logical`` slot counts of a record holding a ``keep`` slot table (the
+    base of a stateful stream's ``StreamSlots`` and a static one's ``HostKV``)."""
 
     keep: np.ndarray
 
