@@ -432,13 +432,13 @@ class NodeAgent:
                  assignment.bind, assignment.send_to)
 
     def _kv_slots(self) -> int:
-        """KV slots the running stage holds (a handle with ``kv_slots()``, a StageWorker);
-        -1 when none runs or it cannot say."""
-        kv_slots = getattr(self.slot.handle, "kv_slots", None)
-        if kv_slots is None:
+        """KV slots the running stage holds (its handle's ``kv_slots()``); -1 when none runs
+        or it cannot say."""
+        handle = self.slot.handle
+        if handle is None:
             return -1
         try:
-            return int(kv_slots())
+            return int(handle.kv_slots())
         except Exception:  # noqa: BLE001 - a figure must never stop the heartbeat
             log.debug("node %s could not count its KV slots", self.node_id, exc_info=True)
             return -1

@@ -61,11 +61,12 @@ from controlplane.nodeinfo import (
     zctl_version,
 )
 from controlplane.placement import LayerCost, stage_needs
-from controlplane.records import HEARTBEAT_S, LIVENESS, ClusterStatus, RefusalInfo, RuntimeSpec
+from controlplane.records import HEARTBEAT_S, LIVENESS, ClusterStatus, RefusalInfo
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
 from controlplane.wiring import PipelinePlan
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.executor import Executor
 from zctl.manifest import load_manifest
 from zctl.paths import zctl_home

@@ -1,10 +1,10 @@
 """Starting a node's stage once it is wired: the hand-over from control to data plane.
 
 The control plane only decides *what* runs *where*; a ``StageLauncher`` turns a
-``StageAssignment`` into a running data-plane worker and returns a handle with
-``stop()``. The default launcher builds a ``dataplane.runtime.stateful.StageRunner`` on the
-cached shard directory and a ``dataplane.worker.stage_worker.StageWorker`` around it; tests and
-embedders pass their own.
+``StageAssignment`` into a running data-plane worker and returns a ``StageHandle`` (``stop()``,
+``kv_slots()``). The default launcher builds the stage's runtime (dataplane.runtime.load) on
+the cached shard directory and a ``dataplane.worker.stage_worker.StageWorker`` around it;
+tests and embedders pass their own.
 """
 
 from __future__ import annotations
@@ -13,12 +13,16 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from controlplane.messages import AssignStage
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
+
+if TYPE_CHECKING:
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.runtime.base import StageRuntime
 
 log = logging.getLogger("zctl.controlplane")
 
@@ -85,7 +89,13 @@ class StageAssignment:
 
 
 class StageHandle(Protocol):
+    """A stage a launcher started."""
+
     def stop(self) -> None: ...
+
+    def kv_slots(self) -> int:
+        """KV slots the stage holds now (any thread; -1 if it cannot say): what its node
+        reports in its heartbeats."""
 
 
 @runtime_checkable
@@ -107,10 +117,10 @@ class CompiledStages:
     only after the node's last stage was stopped (``StageSlot`` stops before it launches)."""
 
     def __init__(self) -> None:
-        self._by_node: dict[str, dict[tuple[str, int, RuntimeSpec], Any]] = {}
+        self._by_node: dict[str, dict[tuple[str, int, RuntimeSpec], StageRuntime]] = {}
         self._lock = threading.Lock()
 
-    def take(self, node: str, key: tuple[str, int, RuntimeSpec]) -> Any:
+    def take(self, node: str, key: tuple[str, int, RuntimeSpec]) -> StageRuntime | None:
         with self._lock:
             runner = self._by_node.get(node, {}).pop(key, None)
         if runner is not None:
@@ -119,7 +129,7 @@ class CompiledStages:
             runner.drop_all_prefixes()
         return runner
 
-    def keep(self, node: str, runners: dict[tuple[str, int, RuntimeSpec], Any]) -> None:
+    def keep(self, node: str, runners: dict[tuple[str, int, RuntimeSpec], StageRuntime]) -> None:
         with self._lock:
             self._by_node[node] = dict(runners)
 
@@ -131,7 +141,7 @@ class CompiledStages:
 COMPILED = CompiledStages()
 
 
-def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
+def build_runner(assignment: StageAssignment, reuse: bool = True) -> StageRuntime:
     """Compile the assigned stage from its runner directory (verifies the IR hashes); with
     more stages, each from its own directory, chained into one (dataplane.runtime.stage_chain).
     With ``reuse``, a stage this node ran in its last assignment is reused (``COMPILED``),
@@ -139,10 +149,10 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
     ended, a ClusterHead is retired, before ``StageSlot`` launches the next). A stage
     compiled now is warmed up (a paged one measures its padding limit: ~1 s a stage of
     SmolLM2), which a re-wiring's pause then no longer pays for the stages kept."""
-    from dataplane.runtime.stateful import RuntimeConfig, StageError, load_runner
+    from dataplane.runtime.base import StageError
+    from dataplane.runtime.load import load_runner
     from zctl.manifest import ManifestError
 
-    config = RuntimeConfig(**asdict(assignment.runtime))
     dirs = [assignment.runner_dir, *assignment.more_dirs]
     keys = [(str(d), i, assignment.runtime) for d, i in zip(dirs, assignment.stages, strict=True)]
     try:
@@ -150,7 +160,7 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
         for key in keys:
             runner = COMPILED.take(assignment.bind, key) if reuse else None
             if runner is None:
-                runner = load_runner(key[0], key[1], config)
+                runner = load_runner(key[0], key[1], assignment.runtime)
                 fresh.append(runner)
             runners.append(runner)
         if reuse:
@@ -169,7 +179,8 @@ def build_runner(assignment: StageAssignment, reuse: bool = True) -> Any:
 
 
 def default_launcher(assignment: StageAssignment, options: Any = None) -> StageHandle:
-    """StageRunner + dataplane.worker.stage_worker.StageWorker(runner, bind, send_to), started.
+    """The stage's runtime + dataplane.worker.stage_worker.StageWorker(runner, bind, send_to),
+    started.
 
     ``options`` (a dataplane.wire.transport.PipeOptions, e.g. with an emulated link delay on
     what this node sends) replace the default pipe options; bind it with functools.partial.
@@ -195,18 +206,20 @@ class HeadHandle:
     generator should fetch ``Coordinator.local_handle`` again after the epoch changes.
     """
 
-    def __init__(self, pipeline: Any) -> None:
+    def __init__(self, pipeline: ClusterHead) -> None:
         self.pipeline = pipeline
 
     def stop(self) -> None:
-        retire = getattr(self.pipeline, "retire", None)
-        if retire is not None:  # no step computes on its runner from here on
-            retire()
+        self.pipeline.retire()  # no step computes on its runner from here on
         self.pipeline.close()
+
+    def kv_slots(self) -> int:
+        """KV slots the stages run here hold."""
+        return sum(self.pipeline.kv_slots().values())
 
 
 def head_launcher(assignment: StageAssignment, options: Any = None) -> HeadHandle:
-    """The coordinator's stage 0: StageRunner + dataplane.head.cluster_head.ClusterHead
+    """The coordinator's stage 0: its runtime + dataplane.head.cluster_head.ClusterHead
     (``options``: PipeOptions for its pipes, as for ``default_launcher``)."""
     if assignment.num_stages < 2:
         raise LaunchError("a one-stage export runs in one process: no cluster is needed")

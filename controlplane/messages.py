@@ -27,8 +27,9 @@ from controlplane.checks import (  # noqa: F401 - NODE_ID_RE, MessageError: part
     check_sha,
     need,
 )
-from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, RuntimeSpec, StageInfo
+from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, StageInfo
 from controlplane.schema import SchemaError, build
+from dataplane.runtime.config import RuntimeSpec
 
 PROTOCOL_VERSION = 5  # bump with every change to a message schema (tests/test_wire_schema.py)
 

@@ -2,13 +2,16 @@
 manifest, the runtime settings, and the cluster status snapshot.
 
 Plain frozen dataclasses, no sockets and no OpenVINO; ``controlplane.messages`` nests them
-in its messages and validates them field by field on receipt.
+in its messages and validates them field by field on receipt. The runtime settings are the
+runners' own ``RuntimeSpec`` (dataplane.runtime.config, which imports no OpenVINO either).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from dataplane.runtime.config import RuntimeSpec
 
 # Liveness defaults: a node silent for LIVENESS beats of HEARTBEAT_S is marked dead (2.5 s:
 # what a lost node costs before its stages move to the survivors); any traffic counts.
@@ -45,25 +48,6 @@ class StageInfo:
     bin: str
     first: bool
     last: bool
-
-
-@dataclass(frozen=True)
-class RuntimeSpec:
-    """Mirror of dataplane.runtime.stateful.RuntimeConfig, kept here so schemas need no OpenVINO."""
-
-    device: str = "CPU"
-    precision: str | None = "f32"
-    num_threads: int | None = None
-    performance_hint: str = "LATENCY"
-    kv_cache_precision: str | None = None
-    dynamic_quantization: bool = True
-    paged_attention: bool = False
-
-    @property
-    def exact(self) -> bool:
-        """f32 activations and an f32 KV cache: speculative output equals greedy."""
-        return (self.precision == "f32" and self.kv_cache_precision == "f32"
-                and not self.dynamic_quantization)
 
 
 @dataclass(frozen=True)

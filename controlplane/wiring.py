@@ -24,7 +24,8 @@ from controlplane.placement import (
     layer_range,
     node_memory,
 )
-from controlplane.records import RuntimeSpec, StageInfo, StageStatus
+from controlplane.records import StageInfo, StageStatus
+from dataplane.runtime.config import RuntimeSpec
 from zctl.manifest import ExportManifest
 
 log = logging.getLogger("zctl.controlplane")

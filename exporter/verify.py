@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from exporter.sources import DEFAULT_MODEL, ModelSource, open_source
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
@@ -28,8 +28,8 @@ DEFAULT_PROMPTS = (
     "Once upon a time, in a small village by the sea,",
 )
 
-# f32 throughout: activations too (no dynamic int8 quantization, see RuntimeConfig)
-EXACT_CONFIG = RuntimeConfig(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
+# f32 throughout: activations too (no dynamic int8 quantization, see RuntimeSpec)
+EXACT_CONFIG = RuntimeSpec(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
 
 
 @dataclass

@@ -129,10 +129,11 @@ def dp_threaded3(dp_export3: Path):
     """A 3-stage cluster (stages 1 and 2 in threads, exact numerics) compacting past 2 masked
     slots: yields (ClusterHead, middle StageWorker, last StageWorker)."""
     from dataplane.head.cluster_head import ClusterHead
-    from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+    from dataplane.runtime.config import RuntimeSpec
+    from dataplane.runtime.stateful import StageRunner
     from dataplane.worker.stage_worker import StageWorker
 
-    exact = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+    exact = RuntimeSpec(precision="f32", kv_cache_precision="f32")
     pipe = ClusterHead(StageRunner(dp_export3, 0, exact), "tcp://127.0.0.1:1",
                        "tcp://127.0.0.1:*", timeout_s=10, compact_threshold=2)
     last = StageWorker(StageRunner(dp_export3, 2, exact), "tcp://127.0.0.1:*",

@@ -3,10 +3,12 @@
 The coordinator is a node too: it runs stage 0 locally, PUSHes the hidden state to
 stage 1 and receives the last stage's answer on its own bound PULL socket. Several
 requests (of one or many streams) may be in flight: ``submit`` returns a request id,
-``collect`` / ``collect_any`` wait for answers; ``step`` is the blocking pair used by
-``generate_greedy``. Each reset gives a stream a new epoch, so frames and replies of
-an older epoch are dropped wherever they turn up. Not thread-safe: drive it from one
-thread (stats and timing windows may be read from others).
+``collect`` / ``collect_any`` wait for answers (its ``ReplyInbox``, dataplane.head.inbox);
+``step`` is the blocking pair used by ``generate_greedy``. Each reset gives a stream a new
+epoch, so frames and replies of an older epoch are dropped wherever they turn up. Every
+operation on a stream (resets, row groups, rewinds, cancels, compactions, prefix entries)
+is applied on stage 0 here and sent down the chain in order with the steps. Not
+thread-safe: drive it from one thread (stats and timing windows may be read from others).
 """
 
 from __future__ import annotations
@@ -22,21 +24,13 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dataplane.head.figures import StepFigures, frame_bytes
-from dataplane.head.prefixes import HeadPrefixes
-from dataplane.head.replies import HeadReplies
-from dataplane.head.types import (
-    ClusterReply,
-    ClusterStats,
-    DataPlaneError,
-    StageFailed,
-    StageTimeout,
-    as_int64_vector,
-    check_logits_idx,
-    reply_mode,
-)
+from dataplane.head.errors import DataPlaneError
+from dataplane.head.figures import StepFigures
+from dataplane.head.inbox import ClusterStats, Pending, ReplyInbox
+from dataplane.head.prefix_drops import PrefixDrops
+from dataplane.head.replies import ClusterReply, reply_mode
+from dataplane.runtime.base import StageError, StageRuntime
 from dataplane.runtime.kv.slots import held_slots
-from dataplane.runtime.stateful import StageRunner
 from dataplane.wire.cancels import cancel_payload
 from dataplane.wire.frames import (
     DTYPES,
@@ -45,26 +39,26 @@ from dataplane.wire.frames import (
     Kind,
     ReplyMode,
     encode_frame,
+    frame_bytes,
     prepare_frame,
 )
 from dataplane.wire.pipes import open_pipes, open_push
+from dataplane.wire.prefix_ops import PrefixOp, prefix_payload
 from dataplane.wire.timing import TimingWindow
 from dataplane.wire.transport import (
     DEFAULT_OPTIONS,
     BufferGuard,
     PipeOptions,
     TransportError,
-    bound_endpoint,
     send_parts,
 )
 from dataplane.worker.hop import compute_step, seal_or_encode
-from zctl.engine.executor import Step
+from zctl.engine.executor import PrefixCacheUnsupported, Step
 from zctl.engine.payloads import Want
 
 HIDDEN_DTYPE = DTYPES[1]  # float32: what stage 0 hands on
+INT64 = np.dtype(np.int64)
 log = logging.getLogger("zctl.dataplane.cluster")
-__all__ = ["ClusterHead", "ClusterReply", "ClusterStats", "DataPlaneError", "StageFailed",
-           "StageTimeout"]
 
 
 @dataclass
@@ -75,19 +69,7 @@ class _Stream:
     rewind: int = 0  # tokens ``rewind`` dropped, applied with the next step
 
 
-@dataclass
-class _Pending:
-    stream_id: int
-    epoch: int
-    step: int
-    mode: ReplyMode
-    top_k: int
-    vocab: int  # > 0: a top-k reply's dense log-probability rows are wanted (engine's step)
-    start_ns: int
-    deadline: float
-
-
-class ClusterHead(HeadReplies, HeadPrefixes):
+class ClusterHead:
     """The coordinator: runs ``stage0`` here, the other stages on the nodes down the chain.
 
     ``next_addr`` is stage 1's bind address; ``reply_bind_addr`` is bound here for the
@@ -95,11 +77,11 @@ class ClusterHead(HeadReplies, HeadPrefixes):
     to give the last stage as its ``send_to``). ``timeout_s`` bounds each step's wait.
     Like LocalChain, once a rewind leaves more than ``compact_threshold`` masked slots on
     stage 0 (None: never), every stage compacts the stream: stage 0 here, the others on
-    a COMPACT frame sent ahead of the step (``compactions`` counts them). Prefix entries:
-    dataplane.head.prefixes.
+    a COMPACT frame sent ahead of the step (``compactions`` counts them). It owns its
+    inbox of answers (``inbox``) and the prefix drops the chain has not taken yet.
     """
 
-    def __init__(self, stage0: StageRunner, next_addr: str, reply_bind_addr: str, *,
+    def __init__(self, stage0: StageRuntime, next_addr: str, reply_bind_addr: str, *,
                  timeout_s: float = 30.0, context: zmq.Context | None = None,
                  options: PipeOptions = DEFAULT_OPTIONS, timing_window: int = 512,
                  compact_threshold: int | None = 64) -> None:
@@ -112,33 +94,40 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         self._stage0 = stage0
         self._retired = False  # replaced by a new pipeline: stage 0 is not ours any more
         self._busy = threading.Lock()  # held while a step computes on stage 0
-        # held while the pipes are used: the generating thread uses them, and ``close`` may
-        # come from the thread that re-wires the cluster (a ZeroMQ socket is one thread's)
+        # held while the outbound pipe is used: the generating thread uses it, and ``close``
+        # may come from the thread that re-wires the cluster (a ZeroMQ socket is one
+        # thread's; the inbox holds its reply pipe the same way)
         self._io = threading.Lock()
         self._closed = False
-        self.timeout_s = timeout_s
         self.compact_threshold = compact_threshold
         self.compactions = 0
         self.options = options
         self.next_addr = next_addr
         self._ctx = context or zmq.Context.instance()
-        self._pull, self._push = open_pipes(self._ctx, reply_bind_addr, next_addr, options)
-        self.reply_endpoint = bound_endpoint(self._pull)
+        pull, self._push = open_pipes(self._ctx, reply_bind_addr, next_addr, options)
         self._epochs = itertools.count(time.time_ns())  # unique, rising across restarts
         self._request_ids = itertools.count(1)
         self._streams: dict[int, _Stream] = {}
-        self._pending: dict[int, _Pending] = {}
         self.wirings = 0  # rewires and abandons: the later stages' KV may be gone
-        self._done: dict[int, ClusterReply | DataPlaneError] = {}
         self._guard = BufferGuard()
-        self._waiting_since = 0  # wall ns the current run of empty polls began (0: none)
         self.stats = ClusterStats()
         self.timings = TimingWindow(timing_window)
         self.figures = StepFigures(self.num_stages, hops=True)  # cumulative, for stats
+        self.inbox = ReplyInbox(pull, self.num_stages, timeout_s, self.stats, self.timings,
+                                self.figures, next_hop=lambda: self.next_addr,
+                                prefetch=lambda sid: self.stage0.prefetch(sid),
+                                broken=self._mark_broken)
+        self.reply_endpoint = self.inbox.reply_endpoint
+        self._unsent_drops = PrefixDrops()  # prefix drops the chain has not taken yet
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a step may take to be answered (then it fails with StageTimeout)."""
+        return self.inbox.timeout_s
 
     # -- lifecycle -------------------------------------------------------------------
     @property
-    def stage0(self) -> StageRunner:
+    def stage0(self) -> StageRuntime:
         """The stages run here; DataPlaneError once ``retire`` handed them on."""
         if self._retired:
             raise DataPlaneError("this pipeline was replaced (the cluster was re-wired)")
@@ -154,9 +143,9 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         """Close the sockets (streams on the nodes stay until their next reset/close); any
         thread, once the generating thread's use of them in hand ends. Using the pipeline
         afterwards raises DataPlaneError."""
+        self.inbox.close()
         with self._io:
             self._closed = True
-            self._pull.close(0)
             self._push.close(0)
 
     def _check_open(self) -> None:
@@ -175,7 +164,8 @@ class ClusterHead(HeadReplies, HeadPrefixes):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def rewire(self, next_addr: str, peer_key: str = "", stage0: Any = None) -> None:
+    def rewire(self, next_addr: str, peer_key: str = "", stage0: StageRuntime | None = None
+               ) -> None:
         """Send to a new next-hop address (the control plane moved the chain); with
         ``stage0``, run those stages here from now on (a StageChain that took a lost
         node's stages; every stream's KV here starts empty).
@@ -196,8 +186,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
             push = open_push(self._ctx, next_addr, options)
             self._push.close(0)
             self._push, self.next_addr, self.options = push, next_addr, options
-        for rid in list(self._pending):
-            self._abandon(rid, "the pipeline was rewired")
+        self.inbox.abandon("the pipeline was rewired")
         for stream in self._streams.values():
             stream.broken = stream.broken or "the pipeline was rewired"
 
@@ -241,10 +230,10 @@ class ClusterHead(HeadReplies, HeadPrefixes):
 
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (see
-        ``StageRunner.regroup``): stage 0 here, the others on a GROUP frame that reaches
+        ``StageRuntime.regroup``): stage 0 here, the others on a GROUP frame that reaches
         them in order with the steps. None of the group's or members' steps may be in
         flight. ``submit``/``step`` on ``group_id`` then take [rows, T] ids and positions."""
-        busy = {p.stream_id for p in self._pending.values()} & {group_id, *members}
+        busy = self.inbox.streams_in_flight() & {group_id, *members}
         if busy:
             raise DataPlaneError(f"cannot regroup while streams {sorted(busy)} have steps "
                                  "in flight")
@@ -269,8 +258,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         stream = self._streams[stream_id]
         stream.epoch, stream.next_step, stream.broken = next(self._epochs), 0, ""
         stream.rewind = 0
-        for rid in [r for r, p in self._pending.items() if p.stream_id == stream_id]:
-            del self._pending[rid]
+        self.inbox.forget_stream(stream_id)
         self._send_control(stream_id, kind)
 
     def _compact(self, stream_id: int) -> None:
@@ -311,13 +299,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
             raise DataPlaneError(f"stream {stream_id} is not open")
         if stream_id in self.stage0.groups:
             raise DataPlaneError(f"row group {stream_id}'s steps cannot be cancelled")
-        steps, answered = [], 0
-        for rid in request_ids:
-            pending = self._pending.get(rid)
-            if pending is not None and pending.stream_id == stream_id:
-                steps.append(pending.step)
-                del self._pending[rid]
-            answered += self._done.pop(rid, None) is not None
+        steps, answered = self.inbox.cancel(stream_id, request_ids)
         try:
             self.stage0.truncate(stream_id, keep)
         except Exception as exc:
@@ -362,6 +344,24 @@ class ClusterHead(HeadReplies, HeadPrefixes):
                                  f"{self.next_addr} is not taking frames ({exc})") from None
         self.figures.sent_bytes += frame_bytes(parts)
 
+    # -- answers (the inbox) -----------------------------------------------------------
+    @property
+    def in_flight(self) -> list[int]:
+        """Request ids submitted and not yet answered, oldest first."""
+        return self.inbox.in_flight
+
+    def collect(self, request_id: int, timeout_s: float | None = None) -> ClusterReply:
+        """Wait for one request's answer (others arriving meanwhile are kept for later)."""
+        return self.inbox.collect(request_id, timeout_s)
+
+    def collect_any(self, timeout_s: float | None = None) -> ClusterReply | None:
+        """The next answered request, in arrival order; None if none within ``timeout_s``.
+
+        Raises the request's DataPlaneError (with its request_id) when it failed or
+        outlived the pipeline's ``timeout_s``.
+        """
+        return self.inbox.collect_any(timeout_s)
+
     # -- stepping --------------------------------------------------------------------
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
@@ -401,7 +401,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         if stream.broken:
             raise DataPlaneError(f"stream {stream_id} must be reset: {stream.broken}")
         start_ns = time.time_ns()
-        self._waiting_since = 0  # busy with stage 0: a reply arriving now waits in the queue
+        self.inbox.waiting_since = 0  # busy with stage 0: a reply arriving now waits in the queue
         group = self.stage0.groups.get(stream_id)
         rows = len(group.members) if group is not None else 1
         counts = EMPTY_INDEX if row_tokens is None else as_int64_vector(row_tokens)
@@ -442,7 +442,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         t1 = time.perf_counter_ns()
         stream.next_step += 1
         if self.answers_here:
-            return self._answer_here(header, hidden, top_k, vocab, (t1 - t0) / 1e6)
+            return self.inbox.answer_here(header, hidden, top_k, vocab, (t1 - t0) / 1e6)
         try:
             parts = seal_or_encode(prepared, header, hidden, 0, start_ns, start_ns, 0, t1 - t0,
                                    prepare_ns, t1)
@@ -455,8 +455,8 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         figures = self.figures
         figures.sent_bytes += len(parts[0]) + hidden.nbytes
         figures.step_frames += 1
-        self._pending[rid] = _Pending(stream_id, stream.epoch, header.step, mode, top_k, vocab,
-                                      start_ns, time.monotonic() + self.timeout_s)
+        self.inbox.expect(rid, Pending(stream_id, stream.epoch, header.step, mode, top_k, vocab,
+                                       start_ns, time.monotonic() + self.timeout_s))
         self.stats.submitted += 1
         return rid
 
@@ -467,8 +467,7 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         requests are dropped as stale; a stream's next reset, or a new GROUP frame, starts
         it afresh on every stage."""
         self.wirings += 1
-        self._pending.clear()
-        self._done.clear()
+        self.inbox.clear()
         if self._retired:  # stage 0 is another pipeline's now: nothing of it to dissolve
             return
         for group_id in list(self.stage0.groups):
@@ -478,13 +477,132 @@ class ClusterHead(HeadReplies, HeadPrefixes):
         for stream in self._streams.values():
             stream.broken = stream.broken or why
 
-    def _abandon(self, request_id: int, why: str) -> None:
-        pending = self._pending.pop(request_id)
-        self._mark_broken(pending.stream_id, pending.epoch, why)
-        self._done[request_id] = DataPlaneError(f"request {request_id} of stream "
-                                                f"{pending.stream_id} abandoned: {why}")
-
     def _mark_broken(self, stream_id: int, epoch: int, why: str) -> None:
         stream = self._streams.get(stream_id)
         if stream is not None and stream.epoch == epoch and not stream.broken:
             stream.broken = why
+
+    # -- prefix entries (stage 0 here, a PREFIX frame down the chain) -------------------
+    @property
+    def prefix_cache_supported(self) -> bool:
+        """Whether the stages keep prefix entries (not a static export's)."""
+        return self.stage0.prefix_cache_supported
+
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None:
+        """Keep the stream's first ``length`` logical KV slots (a stream alone, or a row of a
+        row group) as entry ``entry_id`` on every stage; ``take`` (a stream alone) makes its
+        KV the entry and closes it. Stage 0 refusing raises its StageError (and no stage
+        keeps an entry of that id); a later stage refusing logs it there, and loads of the
+        entry then fail at that stage."""
+        self._require_prefix_cache()
+        found = None if stream_id in self.stage0.streams else self.stage0.row_of(stream_id)
+        owner = stream_id if found is None else found[0]
+        self._check_prefix_stream(stream_id, owner)
+        if take:
+            self._guard.release(stream_id)  # its last output may still be on the wire
+        try:
+            self.stage0.save_prefix(stream_id, entry_id, length, take)
+        except StageError:
+            self._unsent_drops.add(entry_id)  # the stages after keep no old entry of the id
+            self._flush_prefix_drops(strict=False)
+            raise
+        try:
+            self._send_control(owner, Kind.PREFIX,
+                               prefix_payload(PrefixOp.SAVE, entry_id, length, take, stream_id))
+        except DataPlaneError:
+            self.stage0.drop_prefix(entry_id)
+            raise
+        finally:
+            if take:  # closed on stage 0 either way
+                del self._streams[stream_id]
+                self._guard.forget(stream_id)
+
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, *,
+                    take: bool = False) -> None:
+        """Give an open stream stepped alone entry ``entry_id``'s first ``length`` slots on
+        every stage; its next step continues at position ``length``. Stage 0 refusing raises
+        its StageError and changes nothing; a later stage refusing fails the stream's next
+        step there with an ERROR naming the stage and why."""
+        self._require_prefix_cache()
+        found = None if stream_id in self._streams else self.stage0.row_of(stream_id)
+        if found is not None:
+            raise DataPlaneError(f"stream {stream_id} is a row of row group {found[0]}: a "
+                                 "prefix loads only into a stream stepped alone")
+        self._check_prefix_stream(stream_id, stream_id)
+        self._guard.release(stream_id)  # its request may be replaced
+        self.stage0.load_prefix(stream_id, entry_id, length, take)
+        self._streams[stream_id].rewind = 0  # a rewind of the KV just replaced
+        self._send_control(stream_id, Kind.PREFIX,
+                           prefix_payload(PrefixOp.LOAD, entry_id, length, take, stream_id))
+
+    def _require_prefix_cache(self) -> None:
+        if not self.prefix_cache_supported:
+            raise PrefixCacheUnsupported("a static (NPU) export keeps no prefix cache: prefix "
+                                         "entries need the stateful export")
+
+    def _check_prefix_stream(self, stream_id: int, owner: int) -> None:
+        """Refuse a save or load now unless the stream (or the row group ``owner`` it is a
+        row of) is open and sound and no drop is left unsent."""
+        stream = self._streams.get(owner)
+        if stream is None:
+            raise DataPlaneError(f"stream {stream_id} is not open")
+        if stream.broken:
+            raise DataPlaneError(f"stream {owner} must be reset: {stream.broken}")
+        self._flush_prefix_drops(strict=True)
+
+    def drop_prefix(self, entry_id: int) -> None:
+        """Free entry ``entry_id`` on every stage (an unknown id is no error; when the chain
+        does not take the frame, it is sent before the next save or load)."""
+        self.stage0.drop_prefix(entry_id)
+        if self.prefix_cache_supported:
+            self._unsent_drops.add(entry_id)
+            self._flush_prefix_drops(strict=False)
+
+    def drop_all_prefixes(self) -> None:
+        """Free every entry on every stage; never raises (a broken chain gets it later)."""
+        self.stage0.drop_all_prefixes()
+        if self.prefix_cache_supported:
+            self._unsent_drops.add_all()
+            self._flush_prefix_drops(strict=False)
+
+    def prefix_bytes(self) -> dict[int, int]:
+        """Bytes of prefix entries held by the stages run here: stage 0's."""
+        return {0: self.stage0.prefix_bytes()}
+
+    def _flush_prefix_drops(self, strict: bool) -> None:
+        """Send the drops not sent yet; ``strict``: raise DataPlaneError if any is left."""
+        if not self._unsent_drops.flush(self._send_drop) and strict:
+            raise DataPlaneError(f"stage 1 at {self.next_addr} is not taking frames: prefix "
+                                 "drops are still to be sent")
+
+    def _send_drop(self, op: PrefixOp, entry_id: int) -> bool:
+        if self.stage0.spec.last:
+            return True  # the head runs every stage: nothing to tell
+        parts = encode_frame(HiddenStateFrame(Kind.PREFIX, 0, 0, 0),
+                             prefix_payload(op, entry_id))
+        try:
+            self._send(parts)
+        except TransportError as exc:
+            log.warning("prefix %s not sent to stage 1 at %s (sent later): %s", op.name,
+                        self.next_addr, exc)
+            return False
+        self.figures.sent_bytes += frame_bytes(parts)
+        return True
+
+
+def as_int64_vector(values: Any) -> np.ndarray:
+    """``values`` as a 1-D int64 array, without a copy (or a numpy call) when it is one."""
+    if type(values) is np.ndarray and values.dtype is INT64 and values.ndim == 1:
+        return values
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def check_logits_idx(logits_idx: np.ndarray | None, tokens: int) -> np.ndarray:
+    """The logits indices to send (empty = the last token); ValueError if out of range."""
+    if logits_idx is None:
+        return EMPTY_INDEX
+    idx = np.asarray(logits_idx, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= tokens):
+        raise ValueError(f"logits_idx {idx.tolist()} out of range for {tokens} tokens")
+    return idx

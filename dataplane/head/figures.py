@@ -15,7 +15,6 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -77,11 +76,6 @@ class CumulativeHistogram:
         out = CumulativeHistogram(self.bounds)
         out.merge(self)
         return out
-
-
-def frame_bytes(parts: Sequence[Any]) -> int:
-    """Bytes of a frame's parts as sent (arrays by their buffer, others by length)."""
-    return sum(p.nbytes if isinstance(p, np.ndarray) else len(p) for p in parts)
 
 
 def hop_names(num_stages: int) -> list[str]:

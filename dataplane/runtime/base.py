@@ -1,94 +1,196 @@
-"""What every stage runner shares: the runtime config, errors, input and stage checks.
+"""The stage runtime's contract: ``StageRuntime``, what a head, a stage worker and a chain
+of stages drive, the ``StageError`` it raises, and the checks of a step's arguments every
+runtime applies alike.
 
-``dataplane.runtime.stateful.StageRunner`` (stateful KV) and ``dataplane.runtime.static.
-StaticStageRunner`` (the static NPU path) both build on these; ``dataplane.runtime.stateful``
-re-exports them, so callers import from there.
+``StageRunner`` (dataplane.runtime.stateful: KV as OpenVINO state), ``PagedStageRunner``
+(dataplane.runtime.paged: KV in blocks), ``StaticStageRunner`` (dataplane.runtime.static:
+the static NPU path, KV on the host) and ``StageChain`` (dataplane.runtime.stage_chain:
+consecutive stages as one) are StageRuntimes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import openvino as ov
 
-from dataplane.runtime.kv.masks import drop_kept_tail
-from zctl.manifest import ExportManifest, StageSpec, load_manifest
+from zctl.manifest import ExportManifest, StageSpec
 
-DEVICES = ("CPU", "GPU", "NPU", "AUTO")
-
-
-_CORE: ov.Core | None = None
-
-
-def shared_core() -> ov.Core:
-    """One OpenVINO Core per process, so every stage here shares its plugins and executors."""
-    global _CORE
-    if _CORE is None:
-        _CORE = ov.Core()
-    return _CORE
+if TYPE_CHECKING:
+    import openvino as ov
 
 
 class StageError(RuntimeError):
     """A stage cannot be loaded, or a step's inputs do not fit it."""
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """Explicit compile properties, so benchmarks compare like with like."""
+class StreamKV(Protocol):
+    """A stream's KV bookkeeping on a stage, as others read it."""
 
-    device: str = "CPU"
-    precision: str | None = "f32"  # INFERENCE_PRECISION_HINT; None keeps the plugin default
-    num_threads: int | None = None
-    performance_hint: str = "LATENCY"
-    kv_cache_precision: str | None = None  # e.g. "f32", "u8"; None keeps the plugin default
-    # False: no dynamic quantization of activations (DYNAMIC_QUANTIZATION_GROUP_SIZE 0 on
-    # CPU). The CPU plugin quantizes the inputs of INT4/INT8-compressed matmuls to int8 on
-    # AVX-512-VNNI/AMX machines, in ways that depend on where a graph is cut: there an INT4
-    # 3-stage chain diverged from the 1-stage export within 48 tokens with it on and
-    # matched with it off. Off costs ~30% of decode speed; exact comparisons turn it off.
-    dynamic_quantization: bool = True
-    # True: run a stateful export's stages on PagedAttention (dataplane.runtime.paged):
-    # KV in blocks, every stream its own sequence of one batched inference (CPU only).
-    paged_attention: bool = False
+    @property
+    def physical(self) -> int:
+        """KV slots the stream holds (kept or masked)."""
 
-    # Not dataclass fields (controlplane.messages.RuntimeSpec mirrors the fields); a subclass
-    # may override them, e.g. to benchmark other settings (tools/bench_parity does).
-    # ENABLE_CPU_PINNING on CPU devices; None keeps the plugin default (YES on Linux), the
-    # same as openvino_genai. With synchronous infer() pinning cost 2-10% per decode step on
-    # 2 busy shared cores; with start_async()+wait() pinned and unpinned were within noise.
-    cpu_pinning: ClassVar[bool | None] = None
-    # Step with start_async() + wait(), so the plugin runs the graph on its own stream thread
-    # (as openvino_genai's decode loop does), not a synchronous infer() on the calling
-    # thread: 6% (1 stage) and 11% (2 stages) faster per decode step here, step-by-step
-    # interleaved A/B on the same export, faster in every paired run.
-    async_infer: ClassVar[bool] = True
-    # CPU_RUNTIME_CACHE_CAPACITY on CPU devices: the plugin keeps a compiled primitive per
-    # operation and input shape, 5,000 by default, and a paged stage's ragged steps change
-    # shape with their rows' token and block counts, so a serving stage's memory grows with
-    # every new prompt length until the cap (both stages in one process: +1,035 MB after
-    # 320 token counts, +740 MB with 1,000 entries). 1,000 served 8 and 16 clients as fast
-    # as the default (docs/measurements.md, "Soak"). None keeps the plugin's default.
-    runtime_cache_capacity: ClassVar[int | None] = 1000
 
-    def properties(self) -> dict[str, Any]:
-        props: dict[str, Any] = {"PERFORMANCE_HINT": self.performance_hint}
-        if self.precision:
-            props["INFERENCE_PRECISION_HINT"] = self.precision
-        if self.num_threads:
-            props["INFERENCE_NUM_THREADS"] = int(self.num_threads)
-        if self.kv_cache_precision:
-            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
-        if not self.dynamic_quantization and device_kind(self) == "CPU":
-            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
-        if self.cpu_pinning is not None and device_kind(self) == "CPU":
-            props["ENABLE_CPU_PINNING"] = bool(self.cpu_pinning)
-        if self.runtime_cache_capacity is not None and device_kind(self) == "CPU":
-            props["CPU_RUNTIME_CACHE_CAPACITY"] = int(self.runtime_cache_capacity)
-        return props
+class RowGroupKV(Protocol):
+    """A row group's KV bookkeeping on a stage, as others read it."""
+
+    @property
+    def members(self) -> list[int]:
+        """The rows' stream ids, in row order."""
+
+    @property
+    def keep(self) -> np.ndarray:
+        """The rows' slot tables, bool [rows, slots] (its size: the slots the group holds)."""
+
+
+class StageRuntime(Protocol):
+    """One stage of an export (or consecutive stages run as one) and the KV of every stream
+    it serves.
+
+    Streams are opened, reset (their KV forgotten) and closed (freed), and step alone;
+    where ``row_groups_supported``, ``regroup`` makes streams the rows of a row group that
+    steps them in one inference (``step_rows``; where ``paged_attention``, rows of
+    different token counts too: ``step_ragged``). ``prepare`` binds a step's inputs but x
+    ahead of ``run``, so the stages of a chain can be bound before any runs; ``prefetch``
+    binds a stream's likely next step while the stage is idle. A rewind drops a stream's
+    last tokens: a step's own (``mask_step_tail``: a stream's count, or a row group's one
+    per row), to a length (``truncate``, a cancel's), by mask (``mask_tail``, cheap: the
+    slots stay, ``compact`` drops them once ``compaction_due``) or by trimming the state
+    (``trim_tail``). Where ``prefix_cache_supported``, prefix entries keep the KV of a
+    stream's first tokens by id for streams that start alike (``save_prefix``,
+    ``load_prefix``, ``drop_prefix``, ``drop_all_prefixes``); elsewhere saves and loads
+    raise StageError. Anything a runtime refuses raises StageError and leaves its streams
+    as they were, unless a method says otherwise.
+    """
+
+    spec: StageSpec  # the stage (a chain's: its first stage's index, every stage's layers)
+    manifest: ExportManifest
+    hidden_size: int
+    paged_attention: bool  # KV in blocks: a row group's step may be ragged
+    row_groups_supported: bool  # streams can be batched as rows (not a static export's)
+    prefix_cache_supported: bool  # prefix entries are kept (not a static export's)
+
+    @property
+    def streams(self) -> Mapping[int, StreamKV]:
+        """The streams stepped alone, by id (a row group's members are its rows)."""
+
+    @property
+    def groups(self) -> Mapping[int, RowGroupKV]:
+        """The row groups, by id."""
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """What one token's KV costs here, in bytes."""
+
+    # -- streams -------------------------------------------------------------------------
+    def warm_up(self, stream_id: int = -1) -> None:
+        """Step a scratch stream ``stream_id`` and drop it, so the first real request does not
+        pay the plugin's first-inference costs."""
+
+    def open_stream(self, stream_id: int) -> object:
+        """Open the stream (an open one stays as it is)."""
+
+    def reset_stream(self, stream_id: int) -> None:
+        """Forget the stream's KV (opening it if need be)."""
+
+    def close_stream(self, stream_id: int) -> None:
+        """Free the stream, or the row group ``stream_id`` and its rows (unknown: no error)."""
+
+    def check_input(self, x: np.ndarray, positions: np.ndarray) -> None:
+        """Raise StageError unless x and positions have the shapes a stream's step takes."""
+
+    # -- stepping ------------------------------------------------------------------------
+    def step(self, stream_id: int, x: np.ndarray, positions: np.ndarray,
+             logits_idx: np.ndarray | None = None) -> np.ndarray:
+        """One step of a stream: x token ids [1, T] (the first stage) or hidden states
+        [1, T, H], ``positions`` [T] logical; returns hidden states [1, T, H] or, on the
+        last stage, logits [1, K, V] of the ``logits_idx`` tokens (default: the last). The
+        result is a view, valid until the stream's next step."""
+
+    def step_rows(self, group_id: int, x: np.ndarray, positions: np.ndarray,
+                  logits_idx: np.ndarray | None = None) -> np.ndarray:
+        """One step of every row of a group: x [rows, T] or [rows, T, H], positions
+        [rows, T]; returns [rows, T, H] or logits [rows, K, V] (a view)."""
+
+    def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None
+                    ) -> np.ndarray:
+        """One step of every row of a group, row i stepping ``row_tokens[i]`` tokens, one
+        row's after another: x [1, N] or [1, N, H], positions [N]; ``logits_idx`` indexes
+        the N tokens (None: every row's last). StageError unless ``paged_attention``."""
+
+    def prepare(self, stream_id: int, positions: np.ndarray,
+                logits_idx: np.ndarray | None = None, inputs: Any = None,
+                row_tokens: np.ndarray | None = None) -> Any:
+        """Bind every input of a stream's (or row group's) next step but x: ``positions``
+        [rows, T], or with ``row_tokens`` (ragged rows) the rows' positions one after the
+        other. ``inputs``, the step an earlier stage of a chain prepared, may be reused.
+        Returns the prepared step, for ``run`` (and the next stage's ``prepare``)."""
+
+    def run(self, stream_id: int, x: np.ndarray | ov.Tensor, step: Any) -> ov.Tensor:
+        """Run the step ``prepare`` bound on x (token ids, hidden states, or the previous
+        stage's output tensor as it is); returns the output tensor, valid until the stream's
+        next step."""
+
+    def prefetch(self, stream_id: int) -> bool:
+        """Bind the stream's (or row group's) likely next step while the stage is idle;
+        whether anything was bound."""
+
+    # -- row groups ------------------------------------------------------------------------
+    def regroup(self, group_id: int, members: list[int]) -> None:
+        """Make ``group_id`` the row group of ``members`` (open streams, or its rows), in that
+        row order; rows not listed any more are dropped, no members disbands it."""
+
+    def row_of(self, stream_id: int) -> tuple[int, int] | None:
+        """(group id, row) of the row group the stream is a row of, if any."""
+
+    # -- rewinds ---------------------------------------------------------------------------
+    def mask_step_tail(self, stream_id: int, mask_tail: int | np.ndarray) -> bool:
+        """The rewind a step carries: a row group's rows by their own counts, a stream by
+        one count. Whether anything was rewound."""
+
+    def truncate(self, stream_id: int, length: int) -> bool:
+        """Rewind the stream to its first ``length`` logical tokens (it may hold that many
+        already). Whether anything was rewound; StageError if it holds fewer."""
+
+    def mask_tail(self, stream_id: int, count: int) -> None:
+        """Drop the stream's last ``count`` tokens by mask (the slots stay until compacted)."""
+
+    def trim_tail(self, stream_id: int, count: int) -> None:
+        """Drop the stream's last ``count`` physical slots from its state."""
+
+    def masked_slots(self, stream_id: int) -> int:
+        """The slots of a stream (or row group) that compaction would free."""
+
+    def compaction_due(self, stream_id: int, threshold: int | None) -> bool:
+        """Whether the stream (or row group) has more than ``threshold`` masked slots (None:
+        never)."""
+
+    def compact(self, stream_id: int) -> int:
+        """Drop the stream's masked slots; how many went."""
+
+    # -- prefix entries ----------------------------------------------------------------------
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False
+                    ) -> None:
+        """Keep the first ``length`` logical KV slots of the stream (alone, or a row of a row
+        group) as entry ``entry_id``, replacing one of that id; ``take`` (a stream alone):
+        the stream's own KV becomes the entry and the stream is closed."""
+
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False
+                    ) -> None:
+        """Give an open stream stepped alone entry ``entry_id``'s first ``length`` slots: its
+        next step continues at position ``length``; ``take`` moves the entry to it."""
+
+    def drop_prefix(self, entry_id: int) -> None:
+        """Free entry ``entry_id`` (unknown: no error)."""
+
+    def drop_all_prefixes(self) -> None:
+        """Free every entry."""
+
+    def prefix_bytes(self) -> int:
+        """Bytes the prefix entries hold (safe to call from another thread)."""
 
 
 def check_step_input(spec: StageSpec, hidden_size: int, x: np.ndarray,
@@ -107,30 +209,6 @@ def check_step_input(spec: StageSpec, hidden_size: int, x: np.ndarray,
         raise StageError(f"a stream step takes batch 1 and at least one token, got {x.shape}")
     if positions.shape != (x.shape[1],):
         raise StageError(f"positions shape {positions.shape} does not match {x.shape[1]} tokens")
-
-
-def device_kind(config: RuntimeConfig) -> str:
-    """The plugin of ``config.device``: "GPU" for "GPU.1", "NPU" for "NPU:0"."""
-    return config.device.split(":")[0].split(".")[0]
-
-
-def open_stage(export_dir: Path, index: int, config: RuntimeConfig | None,
-               manifest: ExportManifest | None, static: bool
-               ) -> tuple[ExportManifest, StageSpec, RuntimeConfig]:
-    """The manifest, stage spec and config of stage ``index``, checked: the stage exists,
-    the device is known, and the export's KV kind (static or stateful) is ``static``."""
-    manifest = manifest or load_manifest(export_dir, verify_files=False)
-    if (manifest.static_kv is not None) != static:
-        raise StageError(
-            f"{export_dir} is a static export: load it with StaticStageRunner" if not static
-            else f"{export_dir} is a stateful export: load it with StageRunner")
-    if not 0 <= index < len(manifest.stages):
-        raise StageError(f"stage {index} does not exist: the export has {len(manifest.stages)} "
-                         "stages")
-    config = config or RuntimeConfig()
-    if device_kind(config) not in DEVICES:
-        raise StageError(f"unknown device {config.device!r}; expected one of {DEVICES}")
-    return manifest, manifest.stages[index], config
 
 
 def check_rows_step(group_id: int, rows: int, x: np.ndarray, positions: np.ndarray) -> None:
@@ -170,78 +248,7 @@ def check_row_rewinds(group_id: int, counts: np.ndarray, held: Sequence[int]) ->
     return counts
 
 
-def zero_input(runner: Any, tokens: int) -> np.ndarray:
-    """A scratch step's input for ``runner``: ``tokens`` zero ids [1, T] on the first stage,
-    zero hidden states [1, T, H] on the others."""
-    if runner.spec.first:
-        return np.zeros((1, tokens), np.int64)
-    return np.zeros((1, tokens, runner.hidden_size), np.float32)
-
-
-def warm_up_steps(runner: Any, stream_id: int, prefill_tokens: int = 8) -> None:
-    """Run a prefill-shaped and a decode-shaped step of ``runner`` on a scratch stream,
-    then drop it, so the first real request does not pay the plugin's first-inference
-    costs."""
-    runner.open_stream(stream_id)
-    try:
-        for positions in (np.arange(prefill_tokens), np.arange(8, 9)):
-            runner.step(stream_id, zero_input(runner, len(positions)), positions)
-    finally:
-        runner.close_stream(stream_id)
-
-
-class MaskRewind:
-    """Mask-based rewind over a runner's per-stream slot tables (a mixin: the runner
-    provides ``_stream(stream_id)`` with a ``keep`` table)."""
-
-    groups: dict[int, Any]
-
-    def _stream(self, stream_id: int) -> Any: ...
-
-    def mask_rows_tail(self, group_id: int, counts: np.ndarray) -> None: ...
-
-    def masked_slots(self, stream_id: int) -> int: ...
-
-    def mask_step_tail(self, stream_id: int, mask_tail: int | np.ndarray) -> bool:
-        """The rewind a step carries, on this stage: a row group's rows by their own counts,
-        a stream by one count. True when it masked anything."""
-        if stream_id in self.groups:
-            counts = np.asarray(mask_tail, dtype=np.int64).reshape(-1)
-            if not counts.any():
-                return False
-            self.mask_rows_tail(stream_id, counts)
-            return True
-        if not mask_tail:
-            return False
-        self.mask_tail(stream_id, int(mask_tail))
-        return True
-
-    def compaction_due(self, stream_id: int, threshold: int | None) -> bool:
-        """Whether the stream (or row group) has more than ``threshold`` masked slots
-        (None: never compact)."""
-        return threshold is not None and self.masked_slots(stream_id) > threshold
-
-    def kept_tokens(self, stream_id: int) -> int:
-        """The stream's logical length: the KV slots still part of its sequence."""
-        return int(self._stream(stream_id).logical)
-
-    def truncate(self, stream_id: int, length: int) -> bool:
-        """Rewind the stream to its first ``length`` logical tokens (a cancel: whatever
-        this stage computed past them goes; a stage that skipped those steps holds
-        ``length`` already). True when it masked anything; StageError if it holds fewer."""
-        count = self.kept_tokens(stream_id) - int(length)
-        if count < 0:
-            raise StageError(f"cannot rewind stream {stream_id} to {length} tokens: it holds "
-                             f"{self.kept_tokens(stream_id)}")
-        if not count:
-            return False
-        self.mask_tail(stream_id, count)
-        return True
-
-    def mask_tail(self, stream_id: int, count: int) -> None:
-        """Mask-based rewind: drop the last ``count`` *kept* slots from attention."""
-        slots = self._stream(stream_id)
-        try:
-            slots.keep = drop_kept_tail(slots.keep, count)
-        except ValueError as exc:
-            raise StageError(str(exc)) from None
+def ragged_needs_paged_attention() -> StageError:
+    """What a stage without paged attention raises for ragged rows."""
+    return StageError("ragged rows (rows of different token counts) need paged attention on "
+                      "every stage; this stage runs stateful KV")

@@ -1,6 +1,6 @@
 """ModelDrafter: a small model (a 1-stage export) proposing draft tokens for speculation.
 
-It implements the engine's ``Drafter`` on its own ``StageRunner`` and rewinds its KV by mask;
+It implements the engine's ``Drafter`` on its own stage runtime and rewinds its KV by mask;
 ``DraftModels`` loads each draft model once for the engine's speculative requests.
 """
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dataplane.runtime.stateful import RuntimeConfig, StageError, StageRunner, load_runner
+from dataplane.runtime.base import StageError, StageRuntime
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.load import load_runner
 from zctl.engine.prefill import prefill_chunks
 from zctl.engine.requests import RequestRefused
 from zctl.manifest import ManifestError, load_manifest
@@ -20,7 +22,7 @@ from zctl.manifest import ManifestError, load_manifest
 class ModelDrafter:
     """A small model (a 1-stage export sharing the target's tokenizer) drafting greedily.
 
-    It keeps its own KV for ``stream_id`` on its own StageRunner and rewinds it by mask:
+    It keeps its own KV for ``stream_id`` on its own runtime and rewinds it by mask:
     each proposal rewinds to the longest common prefix of what it has fed and the new
     history, feeds the rest, then decodes k tokens. Not replayable: every draft costs the
     draft model's steps.
@@ -28,7 +30,7 @@ class ModelDrafter:
 
     replayable = False
 
-    def __init__(self, runner: StageRunner, stream_id: int = 0, prefill_chunk: int = 256,
+    def __init__(self, runner: StageRuntime, stream_id: int = 0, prefill_chunk: int = 256,
                  compact_threshold: int = 64) -> None:
         if not (runner.spec.first and runner.spec.last):
             raise ValueError("a drafter model must be a 1-stage export")
@@ -82,14 +84,14 @@ class DraftModels:
     """The engine's ``load_drafter``: a ``ModelDrafter`` for a request's draft model path,
     each model loaded once (with ``config``) and checked against the target's vocabulary."""
 
-    def __init__(self, vocab_size: int, config: RuntimeConfig | None = None) -> None:
+    def __init__(self, vocab_size: int, config: RuntimeSpec | None = None) -> None:
         self.vocab_size, self.config = vocab_size, config
-        self._runners: dict[Path, StageRunner] = {}
+        self._runners: dict[Path, StageRuntime] = {}
 
     def __call__(self, path: str, stream_id: int) -> ModelDrafter:
         return ModelDrafter(self.runner(path), stream_id)
 
-    def runner(self, path: str) -> StageRunner:
+    def runner(self, path: str) -> StageRuntime:
         """The draft model at ``path`` (loaded once); RequestRefused if it cannot draft."""
         export = Path(path).expanduser().resolve()
         if export in self._runners:

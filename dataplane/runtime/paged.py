@@ -26,23 +26,20 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
+from dataplane.runtime import rewind
 from dataplane.runtime.base import (
-    MaskRewind,
-    RuntimeConfig,
     StageError,
     check_ragged_step,
     check_row_rewinds,
     check_rows_step,
     check_step_input,
-    device_kind,
-    open_stage,
-    shared_core,
-    warm_up_steps,
-    zero_input,
 )
 from dataplane.runtime.bound_inputs import BoundInputs
-from dataplane.runtime.kv.blocks import BlockPool, PrefixBlocks, Sequence, blocks_for
+from dataplane.runtime.config import RuntimeSpec, device_kind
+from dataplane.runtime.kv.blocks import BlockPool, PagedSequence, PrefixBlocks, blocks_for
+from dataplane.runtime.kv.rows import find_row
 from dataplane.runtime.rope import RopeRows, rope_tables
+from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps, zero_input
 from dataplane.runtime.step_shapes import (
     LARGE,
     ShapeKeeper,
@@ -88,7 +85,7 @@ class PagedGroup:
     """A row group: its members' sequences, stepped as the sequences of one inference."""
 
     members: list[int]
-    seqs: list[Sequence]
+    seqs: list[PagedSequence]
 
     @property
     def keep(self) -> np.ndarray:  # the slot count held_slots reads
@@ -100,20 +97,20 @@ class PagedStep:
     """One step's bound inputs but x: the sequences it steps, how many tokens each, and
     the output's leading shape (rows and answers per row, or 1 and all of a ragged step's)."""
 
-    seqs: list[Sequence]
+    seqs: list[PagedSequence]
     counts: list[int]  # tokens per sequence
     out_shape: tuple[int, int]
     pad: int = 0  # padding tokens after the real ones (dataplane.runtime.step_shapes)
 
 
-class PagedStageRunner(MaskRewind):
-    """Stage ``index`` of a stateful export on PagedAttention; the StageRunner interface."""
+class PagedStageRunner:
+    """Stage ``index`` of a stateful export on PagedAttention (a ``StageRuntime``)."""
 
     row_groups_supported: ClassVar[bool] = True
     prefix_cache_supported: ClassVar[bool] = True
     paged_attention: ClassVar[bool] = True
 
-    def __init__(self, export_dir: Path | str, index: int, config: RuntimeConfig | None = None,
+    def __init__(self, export_dir: Path | str, index: int, config: RuntimeSpec | None = None,
                  manifest: ExportManifest | None = None, core: ov.Core | None = None,
                  verify: bool = True, blocks: int = INITIAL_BLOCKS) -> None:
         self.export_dir = Path(export_dir)
@@ -146,9 +143,9 @@ class PagedStageRunner(MaskRewind):
         self.shapes = ShapeKeeper()  # no padding until warm_up measures what a change costs
         self._caches: list[np.ndarray] = []  # the pool's blocks, then the padding's block
         self._bind_caches(blocks)
-        self.streams: dict[int, Sequence] = {}
+        self.streams: dict[int, PagedSequence] = {}
         self.groups: dict[int, PagedGroup] = {}
-        self._members: dict[int, Sequence] = {}  # row group members' sequences
+        self._members: dict[int, PagedSequence] = {}  # row group members' sequences
         self.prefixes: dict[int, PrefixBlocks] = {}
 
     # -- the block cache ---------------------------------------------------------------
@@ -182,7 +179,7 @@ class PagedStageRunner(MaskRewind):
             assert block is not None
         return block
 
-    def _reserve(self, seq: Sequence, tokens: int) -> None:
+    def _reserve(self, seq: PagedSequence, tokens: int) -> None:
         """Blocks for ``tokens`` more slots; a shared block about to be written is copied."""
         size = self.block_size
         first = seq.length // size
@@ -195,7 +192,7 @@ class PagedStageRunner(MaskRewind):
         while len(seq.blocks) < blocks_for(seq.length + tokens, size):
             seq.blocks.append(self._alloc())
 
-    def _release(self, seq: Sequence | None) -> None:
+    def _release(self, seq: PagedSequence | None) -> None:
         if seq is not None:
             self.pool.release(seq.blocks)
             seq.blocks, seq.length = [], 0
@@ -220,9 +217,9 @@ class PagedStageRunner(MaskRewind):
         log.info("stage %d pads a step by up to %d tokens to keep its shape", self.spec.index,
                  self.shapes.limit)
 
-    def open_stream(self, stream_id: int) -> Sequence:
+    def open_stream(self, stream_id: int) -> PagedSequence:
         if stream_id not in self.streams:
-            self.streams[stream_id] = Sequence()
+            self.streams[stream_id] = PagedSequence()
         return self.streams[stream_id]
 
     def reset_stream(self, stream_id: int) -> None:
@@ -234,7 +231,8 @@ class PagedStageRunner(MaskRewind):
         for member in group.members if group is not None else ():
             self._release(self._members.pop(member, None))
 
-    def _stream(self, stream_id: int) -> Sequence:
+    def stream(self, stream_id: int) -> PagedSequence:
+        """The stream\'s KV bookkeeping; StageError unless it is open here (stepped alone)."""
         seq = self.streams.get(stream_id)
         if seq is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
@@ -243,16 +241,20 @@ class PagedStageRunner(MaskRewind):
     def check_input(self, x: np.ndarray, positions: np.ndarray) -> None:
         check_step_input(self.spec, self.hidden_size, x, positions)
 
-    # -- rewind: a shorter sequence (MaskRewind's interface) ---------------------------
+    # -- rewinds: a shorter sequence (nothing is masked) --------------------------------
+    mask_step_tail = rewind.mask_step_tail
+    truncate = rewind.truncate
+    compaction_due = rewind.compaction_due  # (nothing is ever masked here)
+
     def mask_tail(self, stream_id: int, count: int) -> None:
-        self._shorten(self._stream(stream_id), count)
+        self._shorten(self.stream(stream_id), count)
 
     trim_tail = mask_tail
 
     def kept_tokens(self, stream_id: int) -> int:
-        return int(self._stream(stream_id).length)
+        return int(self.stream(stream_id).length)
 
-    def _shorten(self, seq: Sequence, count: int) -> None:
+    def _shorten(self, seq: PagedSequence, count: int) -> None:
         if not 0 <= count <= seq.length:
             raise StageError(f"cannot rewind {count} tokens of a {seq.length}-token stream")
         seq.length -= count
@@ -347,7 +349,7 @@ class PagedStageRunner(MaskRewind):
         ``row_tokens`` (ragged rows) the rows' positions one after the other (``inputs``,
         from another stage, is not reused: every stage has its own blocks)."""
         group = self.groups.get(stream_id)
-        seqs = group.seqs if group is not None else [self._stream(stream_id)]
+        seqs = group.seqs if group is not None else [self.stream(stream_id)]
         if row_tokens is None:
             rows, tokens = positions.shape
             counts = [tokens] * rows
@@ -379,7 +381,7 @@ class PagedStageRunner(MaskRewind):
         self._bind_tables(seqs, counts, pad)
         return PagedStep(list(seqs), counts, out_shape, pad)
 
-    def _bind_tables(self, seqs: list[Sequence], counts: list[int], pad: int) -> None:
+    def _bind_tables(self, seqs: list[PagedSequence], counts: list[int], pad: int) -> None:
         """Each sequence's past length, where its tokens begin and its block table, the
         padding's scratch block last when ``pad``."""
         pasts = [s.length for s in seqs]
@@ -447,12 +449,9 @@ class PagedStageRunner(MaskRewind):
     # -- prefixes (the prefix cache's entries) ---------------------------------------------
     def row_of(self, stream_id: int) -> tuple[int, int] | None:
         """(row group, row) of a stream that is a row of a group, else None."""
-        for group_id, group in self.groups.items():
-            if stream_id in group.members:
-                return group_id, group.members.index(stream_id)
-        return None
+        return find_row(self.groups, stream_id)
 
-    def _any_seq(self, stream_id: int) -> Sequence:
+    def _any_seq(self, stream_id: int) -> PagedSequence:
         seq = self.streams.get(stream_id) or self._members.get(stream_id)
         if seq is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
@@ -474,7 +473,7 @@ class PagedStageRunner(MaskRewind):
     def load_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
         """Start a just-reset stream with prefix ``entry_id``'s first ``length`` tokens;
         ``take`` removes the entry (its blocks pass to the stream)."""
-        seq = self._stream(stream_id)
+        seq = self.stream(stream_id)
         entry = self.prefixes.get(entry_id)
         if entry is None:
             raise StageError(f"prefix {entry_id} is not held on stage {self.spec.index}")

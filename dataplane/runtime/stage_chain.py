@@ -2,22 +2,26 @@
 
 A node that carries a lost neighbour's layers runs its own stage and the neighbour's in
 one process: the stage worker (or the cluster head) drives a StageChain exactly as it
-drives one runner, and the chain steps its runners back to back, each fed the previous
-one's output. Stream, row-group, rewind and prefix operations go to every runner in
-order; one that fails part-way is undone on the runners it reached, so the runners never
-disagree about a stream (``LocalChain`` keeps its stages with the same operations).
+drives one runner (both are ``StageRuntime``s), and the chain steps its runners back to
+back, each fed the previous one's output. Stream, row-group, rewind and prefix operations
+go to every runner in order; one that fails part-way is undone on the runners it reached,
+so the runners never disagree about a stream (``LocalChain`` keeps its stages with the
+same operations).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dataplane.runtime.base import StageError
+from dataplane.runtime.base import RowGroupKV, StageError, StageRuntime, StreamKV
 from zctl.manifest import StageSpec
+
+if TYPE_CHECKING:
+    import openvino as ov
 
 
 def chain_spec(specs: Sequence[StageSpec]) -> StageSpec:
@@ -35,10 +39,10 @@ def chain_spec(specs: Sequence[StageSpec]) -> StageSpec:
 
 
 class StageChain:
-    """Consecutive runners (stages ``spec.index`` .. ``last_index``) with one runner's
-    interface: what ``StageWorker`` and ``ClusterHead`` call."""
+    """Consecutive runners (stages ``spec.index`` .. ``last_index``) as one
+    ``StageRuntime``: what ``StageWorker`` and ``ClusterHead`` drive."""
 
-    def __init__(self, runners: Sequence[Any]) -> None:
+    def __init__(self, runners: Sequence[StageRuntime]) -> None:
         self.runners = list(runners)
         self.spec = chain_spec([r.spec for r in self.runners])
         self.last_index = self.runners[-1].spec.index
@@ -47,20 +51,20 @@ class StageChain:
         self.hidden_size = head.hidden_size
         self.row_groups_supported = all(r.row_groups_supported for r in self.runners)
         self.prefix_cache_supported = all(r.prefix_cache_supported for r in self.runners)
-        self.paged_attention = all(getattr(r, "paged_attention", False) for r in self.runners)
+        self.paged_attention = all(r.paged_attention for r in self.runners)
 
     # -- what every runner holds alike: read from the first ---------------------------
     @property
-    def streams(self) -> dict[int, Any]:
+    def streams(self) -> Mapping[int, StreamKV]:
         return self.runners[0].streams
 
     @property
-    def groups(self) -> dict[int, Any]:
+    def groups(self) -> Mapping[int, RowGroupKV]:
         return self.runners[0].groups
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return sum(getattr(r, "kv_bytes_per_token", 0) for r in self.runners)
+        return sum(r.kv_bytes_per_token for r in self.runners)
 
     def check_input(self, x: np.ndarray, positions: np.ndarray) -> None:
         self.runners[0].check_input(x, positions)
@@ -114,6 +118,14 @@ class StageChain:
     def truncate(self, stream_id: int, length: int) -> bool:
         return any([r.truncate(stream_id, length) for r in self.runners])
 
+    def mask_tail(self, stream_id: int, count: int) -> None:
+        for runner in self.runners:
+            runner.mask_tail(stream_id, count)
+
+    def trim_tail(self, stream_id: int, count: int) -> None:
+        for runner in self.runners:
+            runner.trim_tail(stream_id, count)
+
     def compact(self, stream_id: int) -> int:
         return [r.compact(stream_id) for r in self.runners][0]
 
@@ -138,6 +150,27 @@ class StageChain:
         for runner in self.runners[:-1]:
             x = runner.step_ragged(group_id, x, positions, row_tokens)
         return self.runners[-1].step_ragged(group_id, x, positions, row_tokens, logits_idx)
+
+    def prepare(self, stream_id: int, positions: np.ndarray,
+                logits_idx: np.ndarray | None = None, inputs: Any = None,
+                row_tokens: np.ndarray | None = None) -> list[Any]:
+        """Bind every runner's inputs of the step but x, each given the step the runner
+        before it prepared (so consecutive stateful runners build the RoPE tables and mask
+        once: their slot tables agree). ``inputs``: an earlier stage's, for the first runner.
+        Returns the runners' prepared steps, for ``run``."""
+        prepared = []
+        for runner in self.runners:
+            inputs = runner.prepare(stream_id, positions, logits_idx if runner.spec.last else None,
+                                    inputs, row_tokens=row_tokens)
+            prepared.append(inputs)
+        return prepared
+
+    def run(self, stream_id: int, x: np.ndarray | ov.Tensor, step: list[Any]) -> ov.Tensor:
+        """Run the runners' prepared steps back to back, each fed the previous one's output
+        tensor; the last one's output tensor."""
+        for runner, prepared in zip(self.runners, step, strict=True):
+            x = runner.run(stream_id, x, prepared)
+        return x
 
     # -- prefix entries, on every runner ---------------------------------------------------
     def save_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:

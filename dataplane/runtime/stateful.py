@@ -8,28 +8,24 @@ rewinding either masks slots (cheap, the slots stay) or trims the state tensors.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import openvino as ov
 
-from dataplane.runtime.base import (  # re-exported: callers import them from here
-    DEVICES,
-    MaskRewind,
-    RuntimeConfig,
+from dataplane.runtime import rewind
+from dataplane.runtime.base import (
     StageError,
     check_row_rewinds,
     check_rows_step,
     check_step_input,
-    device_kind,
-    open_stage,
-    shared_core,
-    warm_up_steps,
+    ragged_needs_paged_attention,
 )
+from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import MASK_MIN, one_token_mask, step_mask
-from dataplane.runtime.kv.prefix_store import PrefixCache, PrefixStore, kv_bytes_per_token
-from dataplane.runtime.kv.rows import RowSource, merge_rows, rows_step_mask
+from dataplane.runtime.kv.prefix_entries import PrefixEntries
+from dataplane.runtime.kv.rows import RowSource, find_row, merge_rows, rows_step_mask
 from dataplane.runtime.kv.slots import (
     DecodeBuffers,
     RowGroup,
@@ -40,51 +36,53 @@ from dataplane.runtime.kv.slots import (
 )
 from dataplane.runtime.kv.slots import shared_tensor as _shared
 from dataplane.runtime.rope import RopeRows, rope_tables
-from zctl.manifest import ExportManifest, load_manifest, verify_export_files
-
-__all__ = ["DEVICES", "MaskRewind", "RuntimeConfig", "StageError", "StageRunner",
-           "check_step_input", "device_kind", "load_runner", "open_stage", "shared_core"]
+from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps
+from zctl.manifest import ExportManifest, verify_export_files
 
 
-def load_runner(export_dir: Path | str, index: int, config: RuntimeConfig | None = None,
-                manifest: ExportManifest | None = None, core: ov.Core | None = None,
-                verify: bool = True) -> Any:
-    """The runner for stage ``index`` of an export: a StageRunner (stateful KV), a
-    dataplane.runtime.paged.PagedStageRunner (``config.paged_attention``), or a
-    dataplane.runtime.static.StaticStageRunner for a static export (the NPU path)."""
-    manifest = manifest or load_manifest(export_dir, verify_files=False)
-    if manifest.static_kv is None and config is not None and config.paged_attention:
-        from dataplane.runtime.paged import PagedStageRunner
+def kv_bytes_per_token(compiled: ov.CompiledModel, layers: int, kv_heads: int,
+                       head_dim: int) -> int:
+    """Bytes one token's KV takes in a compiled stage of ``layers`` layers (a key and a value
+    each): the KEY/VALUE_CACHE_PRECISION (else KV_CACHE_PRECISION) it was
+    compiled with, else the state's element type. Quantized caches also keep a scale and
+    zero point per token and head (not counted)."""
 
-        return PagedStageRunner(export_dir, index, config, manifest=manifest, core=core,
-                                verify=verify)
-    if manifest.static_kv is None:
-        return StageRunner(export_dir, index, config, manifest=manifest, core=core, verify=verify)
-    from dataplane.runtime.static import StaticStageRunner
+    def bits(name: str) -> int | None:
+        try:
+            return int(compiled.get_property(name).bitwidth)
+        except (RuntimeError, TypeError, AttributeError):
+            return None
 
-    return StaticStageRunner(export_dir, index, config, manifest=manifest, core=core,
-                             verify=verify)
+    kv = bits("KV_CACHE_PRECISION")
+    key, value = bits("KEY_CACHE_PRECISION") or kv, bits("VALUE_CACHE_PRECISION") or kv
+    if key is None or value is None:
+        states = compiled.create_infer_request().query_state()
+        key = value = states[0].state.element_type.bitwidth if states else 0
+    return layers * kv_heads * head_dim * (key + value) // 8
 
 
-class StageRunner(MaskRewind, PrefixCache):
+class StageRunner:
     """Loads stage ``index`` of an export and steps streams through it.
 
     Streams step alone (``step``) or, once moved into a row group (``regroup``), as the
-    rows of one batched inference (``step_rows``). Prefix entries (``save_prefix``,
-    ``load_prefix``: dataplane.runtime.kv.prefix_store) keep KV for streams that start alike.
+    rows of one batched inference (``step_rows``); rewinds mask slots (``mask_tail``) or trim
+    the state (``trim_tail``). Its prefix entries (``prefixes``: a
+    dataplane.runtime.kv.prefix_entries.PrefixEntries) keep KV for streams that start alike.
+    A ``StageRuntime``.
     """
 
     # One-row decode steps write their inputs into per-stream DecodeBuffers bound once,
     # rather than binding fresh tensors (bit-identical; off only to test that).
     decode_buffers: ClassVar[bool] = True
     row_groups_supported: ClassVar[bool] = True  # (a static export's runner: False)
+    prefix_cache_supported: ClassVar[bool] = True
     paged_attention: ClassVar[bool] = False  # KV as OpenVINO state (PagedStageRunner: True)
 
     def __init__(
         self,
         export_dir: Path | str,
         index: int,
-        config: RuntimeConfig | None = None,
+        config: RuntimeSpec | None = None,
         manifest: ExportManifest | None = None,
         core: ov.Core | None = None,
         verify: bool = True,
@@ -123,10 +121,11 @@ class StageRunner(MaskRewind, PrefixCache):
         self._beam_tensor = _shared(self._beam)  # read-only, bound to every one-row step
         self.streams: dict[int, StreamSlots] = {}
         self.groups: dict[int, RowGroup] = {}
-        self.prefixes = PrefixStore()
         # what one token's KV costs here, in the cache precision compiled (an int, bytes)
         self.kv_bytes_per_token = kv_bytes_per_token(self.compiled, self.spec.num_layers,
                                                      model.num_kv_heads, model.head_dim)
+        self.prefixes = PrefixEntries(self.streams, self.groups, self.spec.index,
+                                      self.kv_bytes_per_token)
 
     def warm_up(self, stream_id: int = -1) -> None:
         """Run a prefill-shaped and a decode-shaped step on a scratch stream, then drop it,
@@ -148,7 +147,8 @@ class StageRunner(MaskRewind, PrefixCache):
         self.streams.pop(stream_id, None)
         self.groups.pop(stream_id, None)
 
-    def _stream(self, stream_id: int) -> StreamSlots:
+    def stream(self, stream_id: int) -> StreamSlots:
+        """The stream\'s KV bookkeeping; StageError unless it is open here (stepped alone)."""
         slots = self.streams.get(stream_id)
         if slots is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
@@ -172,7 +172,7 @@ class StageRunner(MaskRewind, PrefixCache):
         picks which of them get logits on the last stage (default: the last one).
         The returned array is a view into the request's output: copy it to keep it.
         """
-        slots = self._stream(stream_id)
+        slots = self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
         inputs = self.prepare(stream_id, positions[None], logits_idx)
@@ -185,14 +185,18 @@ class StageRunner(MaskRewind, PrefixCache):
         positions: np.ndarray,
         logits_idx: np.ndarray | None = None,
         inputs: StepInputs | None = None,
+        row_tokens: np.ndarray | None = None,
     ) -> StepInputs:
         """Bind every input of a stream's (or row group's) next step but x to its request.
 
         ``positions`` are [rows, T] (one row for a stream). ``inputs`` from an earlier
         stage of a chain are reused when they were built for the same positions and slot
         table (the usual case: a chain keeps its stages' tables in sync), else rebuilt.
-        Returns the inputs bound, for ``run`` and the next stage.
+        Returns the inputs bound, for ``run`` and the next stage. Ragged rows
+        (``row_tokens``) need paged attention: StageError.
         """
+        if row_tokens is not None:
+            raise ragged_needs_paged_attention()
         target = self._target(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         ahead, target.prefetched = target.prefetched, None
@@ -290,7 +294,7 @@ class StageRunner(MaskRewind, PrefixCache):
     def _target(self, stream_id: int) -> StreamSlots | RowGroup:
         """The row group ``stream_id``, else the stream."""
         group = self.groups.get(stream_id)
-        return group if group is not None else self._stream(stream_id)
+        return group if group is not None else self.stream(stream_id)
 
     def _step_inputs(self, positions: np.ndarray, keep: np.ndarray,
                      target: StreamSlots | RowGroup | None = None) -> StepInputs:
@@ -326,10 +330,16 @@ class StageRunner(MaskRewind, PrefixCache):
         return StepInputs(positions, keep, after, _shared(mask), _shared(cos), _shared(sin),
                           _shared(beam))
 
-    # -- rewind (mask_tail: MaskRewind) ----------------------------------------------
+    # -- rewinds: by mask, or by trimming the state -------------------------------------
+    mask_step_tail = rewind.mask_step_tail
+    truncate = rewind.truncate
+    compaction_due = rewind.compaction_due
+    kept_tokens = rewind.kept_tokens
+    mask_tail = rewind.mask_tail
+
     def trim_tail(self, stream_id: int, count: int) -> None:
         """Trim-based rewind: cut the last ``count`` physical slots out of every state tensor."""
-        slots = self._stream(stream_id)
+        slots = self.stream(stream_id)
         if count < 0 or count > slots.physical:
             raise StageError(f"cannot trim {count} slots of a {slots.physical}-slot stream")
         if not count:
@@ -342,7 +352,7 @@ class StageRunner(MaskRewind, PrefixCache):
 
     def compact(self, stream_id: int) -> int:
         """Physically drop masked slots from the state; returns how many were removed."""
-        slots = self._stream(stream_id)
+        slots = self.stream(stream_id)
         masked = int((~slots.keep).sum())
         if not masked:
             return 0
@@ -405,13 +415,17 @@ class StageRunner(MaskRewind, PrefixCache):
                 keep[row, k[k.size - count:]] = False
         group.keep = keep
 
+    def row_of(self, stream_id: int) -> tuple[int, int] | None:
+        """(group id, row) of the row group ``stream_id`` is a row of here, if any."""
+        return find_row(self.groups, stream_id)
+
     def masked_slots(self, stream_id: int) -> int:
         """Masked slots of a stream, or of a row group's fullest row's padding and rewinds
         (what compaction would free)."""
         group = self.groups.get(stream_id)
         if group is not None:
             return int(group.keep.shape[1] - group.keep.sum(axis=1).max(initial=0))
-        slots = self._stream(stream_id)
+        slots = self.stream(stream_id)
         return slots.physical - slots.logical
 
     def step_rows(
@@ -443,3 +457,30 @@ class StageRunner(MaskRewind, PrefixCache):
         answers = (1 if logits_idx is None else len(logits_idx)) if self.spec.last else tokens
         return output.view((rows, answers, output.tensor_dim))
 
+    def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None
+                    ) -> np.ndarray:
+        """Rows of different token counts need paged attention: StageError."""
+        raise ragged_needs_paged_attention()
+
+    # -- prefix entries (self.prefixes) --------------------------------------------------
+    def save_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
+        """Keep the stream's (or a row's) first ``length`` logical KV slots as entry
+        ``entry_id`` (PrefixEntries.save)."""
+        self.prefixes.save(stream_id, entry_id, length, take)
+
+    def load_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
+        """Make entry ``entry_id``'s first ``length`` tokens the stream's KV
+        (PrefixEntries.load)."""
+        self.prefixes.load(stream_id, entry_id, length, take)
+
+    def drop_prefix(self, entry_id: int) -> None:
+        """Free entry ``entry_id`` (an unknown id is no error)."""
+        self.prefixes.drop(entry_id)
+
+    def drop_all_prefixes(self) -> None:
+        self.prefixes.drop_all()
+
+    def prefix_bytes(self) -> int:
+        """Bytes of the prefix entries held here (any thread)."""
+        return self.prefixes.nbytes()

@@ -21,20 +21,19 @@ from typing import ClassVar
 import numpy as np
 import openvino as ov
 
+from dataplane.runtime import rewind
 from dataplane.runtime.base import (
-    MaskRewind,
-    RuntimeConfig,
+    RowGroupKV,
     StageError,
     check_step_input,
-    device_kind,
-    open_stage,
-    shared_core,
-    warm_up_steps,
+    ragged_needs_paged_attention,
 )
+from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import static_step_mask
 from dataplane.runtime.kv.slots import SlotCounts
 from dataplane.runtime.rope import rope_tables
+from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
 PAST_PREFIX = "past_key_values."
@@ -47,12 +46,12 @@ def present_name(past: str) -> str:
     return PRESENT_PREFIX + past.removeprefix(PAST_PREFIX)
 
 
-# What an NPU compile takes of RuntimeConfig.properties(): it computes in f16 and has
+# What an NPU compile takes of RuntimeSpec.properties(): it computes in f16 and has
 # no CPU threads, and a stateless model has no KV cache precision to set.
 NPU_PROPERTIES = ("PERFORMANCE_HINT",)
 
 
-def static_properties(config: RuntimeConfig) -> dict[str, object]:
+def static_properties(config: RuntimeSpec) -> dict[str, object]:
     """Compile properties for a static stage on ``config.device``: all of them on CPU/GPU,
     the ones the NPU plugin takes on an NPU; never KV_CACHE_PRECISION (no KV state)."""
     props = {k: v for k, v in config.properties().items() if k != "KV_CACHE_PRECISION"}
@@ -93,8 +92,9 @@ class StaticStep:
     logits_idx: np.ndarray | None
 
 
-class StaticStageRunner(MaskRewind):
-    """Loads stage ``index`` of a static export and steps streams through it."""
+class StaticStageRunner:
+    """Loads stage ``index`` of a static export and steps streams through it (a
+    ``StageRuntime`` without row groups or prefix entries)."""
 
     row_groups_supported: ClassVar[bool] = False
     prefix_cache_supported: ClassVar[bool] = False  # no prefix entries either
@@ -104,7 +104,7 @@ class StaticStageRunner(MaskRewind):
         self,
         export_dir: Path | str,
         index: int,
-        config: RuntimeConfig | None = None,
+        config: RuntimeSpec | None = None,
         manifest: ExportManifest | None = None,
         core: ov.Core | None = None,
         verify: bool = True,
@@ -143,7 +143,10 @@ class StaticStageRunner(MaskRewind):
                              f"{exc}") from None
         self.huge_page_bytes = pages.collapsed
         self.streams: dict[int, HostKV] = {}
-        self.groups: dict[int, object] = {}  # always empty: no row groups on a static stage
+        self.groups: dict[int, RowGroupKV] = {}  # always empty: no row groups on a static stage
+        # one token's KV: a key and a value of every layer, in the host buffers' type
+        self.kv_bytes_per_token = (len(self.past_names) * model.num_kv_heads * model.head_dim
+                                   * self.kv_dtype.itemsize)
 
     def _shapes(self, tokens: int) -> dict[str, ov.PartialShape]:
         """Every input's fixed shape for a ``tokens``-token step."""
@@ -177,7 +180,8 @@ class StaticStageRunner(MaskRewind):
     def close_stream(self, stream_id: int) -> None:
         self.streams.pop(stream_id, None)
 
-    def _stream(self, stream_id: int) -> HostKV:
+    def stream(self, stream_id: int) -> HostKV:
+        """The stream\'s KV bookkeeping; StageError unless it is open here (stepped alone)."""
         kv = self.streams.get(stream_id)
         if kv is None:
             raise StageError(f"stream {stream_id} is not open on stage {self.spec.index}")
@@ -191,16 +195,20 @@ class StaticStageRunner(MaskRewind):
              logits_idx: np.ndarray | None = None) -> np.ndarray:
         """Run one step for a stream; returns hidden states [1, T, H] or logits [1, K, V]
         (as StageRunner.step; a view, valid until the stream's next step)."""
-        self._stream(stream_id)
+        self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
         return self.run(stream_id, x, self.prepare(stream_id, positions[None], logits_idx)).data
 
     def prepare(self, stream_id: int, positions: np.ndarray,
-                logits_idx: np.ndarray | None = None, inputs: object = None) -> StaticStep:
+                logits_idx: np.ndarray | None = None, inputs: object = None,
+                row_tokens: np.ndarray | None = None) -> StaticStep:
         """Check a stream's next step (``positions`` [1, T]); ``inputs`` from another stage
-        are ignored: a static stage fills its own fixed-shape buffers in ``run``."""
-        self._stream(stream_id)
+        are ignored: a static stage fills its own fixed-shape buffers in ``run``. Ragged
+        rows (``row_tokens``) need paged attention: StageError."""
+        if row_tokens is not None:
+            raise ragged_needs_paged_attention()
+        self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         if positions.ndim != 2 or positions.shape[0] != 1 or positions.shape[1] < 1:
             raise StageError("a static stage steps one stream at a time: positions must be "
@@ -217,7 +225,7 @@ class StaticStageRunner(MaskRewind):
         """Run ``step`` on x (token ids [1, T], hidden states [1, T, H], or the previous
         stage's output tensor): piece by piece of at most ``chunk`` tokens, each written
         into the stream's KV. Returns the output tensor (as StageRunner.run)."""
-        kv = self._stream(stream_id)
+        kv = self.stream(stream_id)
         data = x.data if isinstance(x, ov.Tensor) else x
         positions = step.positions[0]
         tokens = positions.shape[0]
@@ -315,17 +323,23 @@ class StaticStageRunner(MaskRewind):
         """Nothing to bind ahead: a static step writes into buffers bound once."""
         return False
 
-    # -- rewind (mask_tail: MaskRewind) ----------------------------------------------
+    # -- rewinds: by mask, or by moving the fill point back ---------------------------
+    mask_step_tail = rewind.mask_step_tail
+    truncate = rewind.truncate
+    compaction_due = rewind.compaction_due
+    kept_tokens = rewind.kept_tokens
+    mask_tail = rewind.mask_tail
+
     def trim_tail(self, stream_id: int, count: int) -> None:
         """Trim-based rewind: the last ``count`` filled slots become free again (no copy)."""
-        kv = self._stream(stream_id)
+        kv = self.stream(stream_id)
         if count < 0 or count > kv.physical:
             raise StageError(f"cannot trim {count} slots of a {kv.physical}-slot stream")
         kv.keep = kv.keep[:kv.physical - count].copy()
 
     def compact(self, stream_id: int) -> int:
         """Move the kept slots to the front of the buffers; returns how many were dropped."""
-        kv = self._stream(stream_id)
+        kv = self.stream(stream_id)
         kept = np.flatnonzero(kv.keep)
         masked = kv.physical - kept.size
         if masked:
@@ -335,7 +349,7 @@ class StaticStageRunner(MaskRewind):
         return masked
 
     def masked_slots(self, stream_id: int) -> int:
-        kv = self._stream(stream_id)
+        kv = self.stream(stream_id)
         return kv.physical - kv.logical
 
     # -- row groups: not on a static stage -------------------------------------------
@@ -352,6 +366,15 @@ class StaticStageRunner(MaskRewind):
     def step_rows(self, group_id: int, x: np.ndarray, positions: np.ndarray,
                   logits_idx: np.ndarray | None = None) -> np.ndarray:
         raise self._no_groups()
+
+    def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None
+                    ) -> np.ndarray:
+        raise ragged_needs_paged_attention()
+
+    def row_of(self, stream_id: int) -> tuple[int, int] | None:
+        """Never a row: a static stage has no row groups."""
+        return None
 
     # -- prefix entries: not on a static stage ---------------------------------------
     def save_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:

@@ -1,13 +1,14 @@
-"""Cancelling a stream's newest steps (pure: no sockets, no inference).
+"""CANCEL frames' payload (pure): cancelling a stream's newest steps.
 
 Pipelined speculation sends steps computed on a guessed continuation; once the coordinator
 knows a guess was wrong, the steps built on it are cancelled with a ``Kind.CANCEL`` frame
 that travels the pipe in order with the steps. Its payload names the steps (first..last,
 the stream's step numbers) and the logical length the stream keeps: every stage rewinds
 the stream to that length when the frame's turn comes, whether it computed some of the
-steps or skipped them. A stage that drains its pipe before computing sees a cancel that
-waits behind the very steps it cancels (``CancelMarks``) and skips those steps instead of
-computing them (early cancellation); the later stages then never receive them.
+steps or skipped them. A stage that looks ahead in its pipe before computing sees a cancel
+that waits behind the very steps it cancels and skips those steps instead of computing
+them (early cancellation: dataplane.worker.lookahead); the later stages then never receive
+them.
 """
 
 from __future__ import annotations
@@ -63,43 +64,3 @@ def is_cancel(parts: list[Any]) -> bool:
     head = parts[0] if parts else b""
     return (type(head) is bytes and len(head) >= HEADER_MIN and head[:len(MAGIC)] == MAGIC
             and head[KIND_OFFSET] == Kind.CANCEL)
-
-
-class CancelMarks:
-    """Cancels a stage has seen ahead of their turn, by stream: a step of the marked
-    epoch in a marked range is skipped when its turn comes. A mark goes when its cancel
-    is applied; marks of an older epoch go when one of a newer epoch is noted."""
-
-    def __init__(self) -> None:
-        self._marks: dict[int, tuple[int, list[CancelRange]]] = {}
-
-    def __len__(self) -> int:
-        return sum(len(ranges) for _, ranges in self._marks.values())
-
-    def note(self, stream_id: int, epoch: int, rng: CancelRange) -> None:
-        held = self._marks.get(stream_id)
-        if held is None or held[0] < epoch:
-            self._marks[stream_id] = (epoch, [rng])
-        elif held[0] == epoch and rng not in held[1]:
-            held[1].append(rng)
-
-    def skips(self, stream_id: int, epoch: int, step: int) -> bool:
-        held = self._marks.get(stream_id)
-        return held is not None and held[0] == epoch and any(r.covers(step) for r in held[1])
-
-    def applied(self, stream_id: int, epoch: int, rng: CancelRange) -> None:
-        """The cancel's turn came: its mark goes."""
-        held = self._marks.get(stream_id)
-        if held is None or held[0] != epoch:
-            return
-        if rng in held[1]:
-            held[1].remove(rng)
-        if not held[1]:
-            del self._marks[stream_id]
-
-    def drop_older(self, stream_id: int, epoch: int) -> None:
-        """The stream is at ``epoch`` now (a RESET or CLOSE): marks of older epochs go
-        (those of a cancel that was dropped as stale when its turn came, say)."""
-        held = self._marks.get(stream_id)
-        if held is not None and held[0] < epoch:
-            del self._marks[stream_id]

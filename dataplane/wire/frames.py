@@ -234,6 +234,11 @@ def encode_frame(header: HiddenStateFrame, payload: np.ndarray | None = None) ->
     return [pack_header(header, data.shape, data.dtype), data if data.nbytes else b""]
 
 
+def frame_bytes(parts: list[Any]) -> int:
+    """Bytes of a frame's parts as sent (each part by its buffer)."""
+    return sum(memoryview(p).nbytes for p in parts)
+
+
 def pack_header(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtype | None
                 ) -> bytes:
     """The header part of a frame whose payload has ``shape`` and ``dtype`` (None: none)."""

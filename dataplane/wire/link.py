@@ -41,6 +41,7 @@ from typing import Any
 
 import zmq
 
+from dataplane.wire.frames import frame_bytes
 from dataplane.wire.transport import PipeOptions, TransportError, push_socket, send_parts
 
 log = logging.getLogger("zctl.dataplane.link")
@@ -83,10 +84,6 @@ def path_free(legs_free: tuple[float, ...], now: float, serialise_s: float,
         ready = start + serialise_s
         out.append(ready)
     return tuple(out)
-
-
-def frame_bytes(parts: list[Any]) -> int:
-    return sum(memoryview(p).nbytes for p in parts)
 
 
 class DelayedSender:

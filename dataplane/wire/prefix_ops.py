@@ -1,8 +1,8 @@
 """PREFIX frames' payload (pure): what a stage is told to do with its prefix entries, in
 order with the steps. The engine keeps an index of prefixes and tells every stage to save,
 load and drop entries by id; the payload is int64 [op, entry id, length, take (0/1),
-stream id] (dataplane.wire.frames.Kind.PREFIX; dataplane.runtime.kv.prefix_store holds
-the entries themselves).
+stream id] (dataplane.wire.frames.Kind.PREFIX; the stages' runtimes hold the entries
+themselves).
 """
 
 from __future__ import annotations

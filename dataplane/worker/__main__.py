@@ -13,7 +13,8 @@ import logging
 import signal
 import sys
 
-from dataplane.runtime.stateful import RuntimeConfig, load_runner
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.load import load_runner
 from dataplane.wire.transport import PipeOptions
 from dataplane.worker.stage_worker import StageWorker
 
@@ -48,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     # another thread can leave the main thread asleep in recv.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    config = RuntimeConfig(device=args.device, num_threads=args.threads,
-                           precision=None if args.precision == "default" else args.precision,
-                           kv_cache_precision=None if args.kv_cache_precision == "default"
-                           else args.kv_cache_precision,
-                           dynamic_quantization=not args.no_dynamic_quantization)
+    config = RuntimeSpec(device=args.device, num_threads=args.threads,
+                         precision=None if args.precision == "default" else args.precision,
+                         kv_cache_precision=None if args.kv_cache_precision == "default"
+                         else args.kv_cache_precision,
+                         dynamic_quantization=not args.no_dynamic_quantization)
     runner = load_runner(args.export_dir, args.stage, config)
     worker = StageWorker(runner, args.bind, args.send_to,
                          options=PipeOptions(delay_ms=args.link_delay_ms))

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dataplane.runtime.stateful import StageError, StageRunner
+from dataplane.runtime.base import StageError, StageRuntime, ragged_needs_paged_attention
 from dataplane.wire.frames import (
     TOPK_DTYPE,
     HiddenStateFrame,
@@ -27,7 +27,7 @@ from dataplane.wire.frames import (
 )
 
 
-def compute_step(runner: StageRunner, stream_id: int, x: np.ndarray, positions: np.ndarray,
+def compute_step(runner: StageRuntime, stream_id: int, x: np.ndarray, positions: np.ndarray,
                  mask_tail: int, row_rewinds: np.ndarray, answer_for: np.ndarray | None = None,
                  after_rewind: Callable[[], None] | None = None,
                  row_tokens: np.ndarray | None = None) -> np.ndarray:
@@ -36,9 +36,8 @@ def compute_step(runner: StageRunner, stream_id: int, x: np.ndarray, positions: 
     the step (``positions`` flat; a row group's rows are ``x``'s first axis, or with
     ``row_tokens`` its rows' tokens follow each other on its second: ragged rows)."""
     ragged = row_tokens is not None and row_tokens.size > 0
-    if ragged and not getattr(runner, "paged_attention", False):
-        raise StageError("ragged rows (rows of different token counts) need paged attention "
-                         "on every stage; this stage runs stateful KV")
+    if ragged and not runner.paged_attention:
+        raise ragged_needs_paged_attention()
     group = runner.groups.get(stream_id)
     if group is not None and mask_tail:
         raise StageError(f"row group {stream_id} rewinds per row (row_rewinds), not by mask_tail")

@@ -2,11 +2,15 @@
 
 A worker PULL-binds its inbound address and PUSH-connects to its next hop (the next
 stage, or the coordinator's reply address when it runs the last stage). It drops
-frames of stale epochs, applies resets, rewinds, compactions, row groups and prefix
-entries (all in order with the steps: one pipe), steps the stage, stamps its timing
+frames of stale epochs, applies resets, rewinds, compactions, row groups, prefix entries
+and cancels (all in order with the steps: one pipe), steps the stage, stamps its timing
 record and passes the frame on; the last stage answers with top-1, top-k or
 full logits. Malformed frames are counted and logged, never fatal; a step the stage
-refuses becomes an ERROR frame so the coordinator fails fast instead of hanging.
+refuses becomes an ERROR frame so the coordinator fails fast instead of hanging, and so
+do the steps of a stream whose KV here is not what the coordinator thinks (a compaction,
+prefix load or cancel this stage could not apply). A pipelined stream's step that a
+cancel waiting in the pipe covers, or (on the last stage) a guess its own answer refutes,
+is skipped: never computed, nor passed on.
 
 Run in a thread (``start``/``stop``) or as a node's main loop (``run``, or as a process:
 ``python -m dataplane.worker EXPORT --stage K --bind ADDR --send-to ADDR``).
@@ -26,9 +30,9 @@ from typing import Any
 import numpy as np
 import zmq
 
+from dataplane.runtime.base import StageRuntime
 from dataplane.runtime.kv.slots import held_slots
-from dataplane.runtime.stateful import StageRunner
-from dataplane.wire.cancels import CancelMarks
+from dataplane.wire.cancels import read_cancel
 from dataplane.wire.frames import (
     EMPTY_INDEX,
     TOPK_DTYPE,
@@ -43,6 +47,7 @@ from dataplane.wire.frames import (
     stamp,
 )
 from dataplane.wire.pipes import open_pipes, open_push
+from dataplane.wire.prefix_ops import PrefixCommand, PrefixOp, prefix_command
 from dataplane.wire.reply_records import reply_payload, top1_record
 from dataplane.wire.transport import (
     DEFAULT_OPTIONS,
@@ -52,12 +57,10 @@ from dataplane.wire.transport import (
     bound_endpoint,
     recv_parts,
     send_parts,
-    wait_readable,
 )
-from dataplane.worker.cancels import WorkerCancels
 from dataplane.worker.hop import compute_step, seal_or_encode
-from dataplane.worker.prefixes import WorkerPrefixes
-from dataplane.worker.state import WorkerStats, _StreamState, _Throttle, admit
+from dataplane.worker.lookahead import Lookahead
+from dataplane.worker.state import StreamState, ThrottledLog, WorkerStats, admit
 
 log = logging.getLogger("zctl.dataplane.worker")
 __all__ = ["CONTROL_PREFIX", "StageWorker", "WorkerStats", "admit"]
@@ -65,7 +68,7 @@ _ids = itertools.count()
 CONTROL_PREFIX = b"ZCTL-CMD"  # never the start of a data frame (those start with b"ZCDP")
 
 
-class StageWorker(WorkerPrefixes, WorkerCancels):
+class StageWorker:
     """Serves ``runner``'s stage: PULL-binds ``bind_addr``, PUSH-connects to ``send_to``.
 
     ``bind_addr`` may use a wildcard port (``tcp://127.0.0.2:*``); ``endpoint`` gives
@@ -74,7 +77,7 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
     bad address fails at construction) and used only by the loop thread afterwards.
     """
 
-    def __init__(self, runner: StageRunner, bind_addr: str, send_to: str, *,
+    def __init__(self, runner: StageRuntime, bind_addr: str, send_to: str, *,
                  context: zmq.Context | None = None, options: PipeOptions = DEFAULT_OPTIONS,
                  samples: int = 1024) -> None:
         self.runner = runner
@@ -91,10 +94,10 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
         self._ctrl_addr = f"inproc://zctl-worker-{next(_ids)}"
         self._ctrl_key = CONTROL_PREFIX + secrets.token_bytes(16)
         self._pull.bind(self._ctrl_addr)
-        self._streams: dict[int, _StreamState] = {}
-        # frames taken off the pipe ahead of their turn (see _drain), with their arrival
-        self._backlog: deque[tuple[list[Any], int]] = deque()
-        self._cancels = CancelMarks()  # cancels among them: the steps they cover are skipped
+        self._streams: dict[int, StreamState] = {}
+        # frames taken off the pipe ahead of their turn, and the cancels among them: the
+        # steps those cover are skipped
+        self._lookahead = Lookahead(self._pull)
         self._guard = BufferGuard()
         self._stepped: int | None = None  # the stream whose step was handled last
         self._stats = WorkerStats()
@@ -102,7 +105,7 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._running = False
-        self._throttle = _Throttle()
+        self._throttle = ThrottledLog()
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -154,10 +157,11 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
             raise RuntimeError("this worker has been stopped")
         self._running = True
         ready_ns = time.time_ns()
+        backlog = self._lookahead.backlog
         try:
             while True:
-                if self._backlog:
-                    parts, recv_ns = self._backlog.popleft()
+                if backlog:
+                    parts, recv_ns = backlog.popleft()
                 else:
                     parts = recv_parts(self._pull)
                     recv_ns = time.time_ns()
@@ -268,20 +272,20 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
             self._count("stale")
             return
         self._guard.release(sid)
-        self._cancels.drop_older(sid, header.epoch)
+        self._lookahead.marks.drop_older(sid, header.epoch)
         if header.kind == Kind.RESET:
             self.runner.reset_stream(sid)
-            self._streams[sid] = _StreamState(header.epoch)
+            self._streams[sid] = StreamState(header.epoch)
             self._count("resets")
         else:
             self.runner.close_stream(sid)
-            self._streams[sid] = _StreamState(header.epoch, closed=True)
+            self._streams[sid] = StreamState(header.epoch, closed=True)
             self._count("closes")
         if not self.last:
             header.source_stage = self.stage
             self._send(header, None)
 
-    def _admitted(self, header: HiddenStateFrame) -> tuple[_StreamState | None, str] | None:
+    def _admitted(self, header: HiddenStateFrame) -> tuple[StreamState | None, str] | None:
         """The frame's stream state and epoch verdict; None (counted) if the frame is stale."""
         state = self._streams.get(header.stream_id)
         verdict = admit(state.epoch if state else None, header.epoch)
@@ -321,7 +325,7 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
             return
         state, verdict = admitted
         if state is None or verdict == "new":
-            state = self._streams[gid] = _StreamState(header.epoch)
+            state = self._streams[gid] = StreamState(header.epoch)
         ids = [] if members is None else [int(m) for m in members]
         for sid in (gid, *ids):  # their last outputs may still be on the wire
             self._guard.release(sid)
@@ -346,6 +350,120 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
             header.source_stage = self.stage
             self._send(header, members)
 
+    def _on_prefix(self, header: HiddenStateFrame, payload: np.ndarray | None) -> None:
+        """Save, load or drop a prefix entry (on the runner, in order with the steps) and pass
+        the frame on. A LOAD this stage cannot apply refuses the stream's steps of that epoch
+        with the reason (an ERROR reply naming the stage), so a stream never steps on KV it
+        does not have; a SAVE it cannot apply leaves no entry of that id, so a later LOAD of
+        it fails the same way."""
+        try:
+            command = prefix_command(header, payload)
+        except FrameError as exc:
+            self._count("malformed")
+            self._problem("malformed", f"stage {self.stage} dropped a malformed frame: {exc}")
+            self._unknown_prefix_op(header, exc)
+            return
+        if command.op == PrefixOp.DROP:
+            self.runner.drop_prefix(command.entry_id)
+            self._count("prefix_drops")
+        elif command.op == PrefixOp.DROP_ALL:
+            self.runner.drop_all_prefixes()
+            self._count("prefix_drops")
+        else:
+            admitted = self._admitted(header)
+            if admitted is None:
+                return
+            state, verdict = admitted
+            if command.op == PrefixOp.LOAD:
+                self._load_prefix(header, command, state, verdict)
+            else:
+                self._save_prefix(command, state if verdict == "current" else None)
+        if not self.last:
+            header.source_stage = self.stage
+            self._send(header, payload)
+
+    def _load_prefix(self, header: HiddenStateFrame, command: PrefixCommand,
+                     state: StreamState | None, verdict: str) -> None:
+        """Load an entry into the stream; on failure its steps of this epoch are refused."""
+        sid = header.stream_id
+        self._guard.release(sid)  # its request may be replaced
+        if state is None or verdict == "new":  # it missed the stream's RESET
+            self.runner.reset_stream(sid)
+            state = self._streams[sid] = StreamState(header.epoch)
+            self._count("implicit_resets")
+        try:
+            self.runner.load_prefix(sid, command.entry_id, command.length, command.take)
+        except Exception as exc:  # nothing changed; the stream's next step is refused
+            self._count("prefix_failures")
+            state.broken = (f"loading prefix entry {command.entry_id} ({command.length} tokens) "
+                            f"into stream {sid} failed: {exc}")
+            self._problem("prefix", f"stage {self.stage}: {state.broken}")
+        else:
+            self._count("prefix_loads")
+
+    def _save_prefix(self, command: PrefixCommand, state: StreamState | None) -> None:
+        """Save a stream's prefix as an entry; on failure no entry of that id is left, so a
+        later load of it fails rather than loading something else."""
+        sid = command.stream_id
+        try:
+            if state is None or state.broken:
+                raise RuntimeError(state.broken if state is not None else
+                                   "this stage never saw the stream's epoch")
+            if command.take:
+                self._guard.release(sid)
+            self.runner.save_prefix(sid, command.entry_id, command.length, command.take)
+        except Exception as exc:
+            self.runner.drop_prefix(command.entry_id)
+            self._count("prefix_failures")
+            self._problem("prefix", f"stage {self.stage}: saving stream {sid} as prefix entry "
+                                    f"{command.entry_id} failed: {exc}")
+            return
+        self._count("prefix_saves")
+        if command.take:  # the stream is closed here: its later frames of the epoch are stale
+            state.closed = True
+
+    def _unknown_prefix_op(self, header: HiddenStateFrame, exc: Exception) -> None:
+        """A PREFIX frame that could not be read: drop every entry (a SAVE it carried may
+        have replaced one) and refuse the named stream's steps of this epoch (a LOAD it
+        carried may have given it its KV)."""
+        self.runner.drop_all_prefixes()
+        state = self._streams.get(header.stream_id)
+        if state is not None and state.epoch == header.epoch and not state.closed:
+            state.broken = state.broken or f"a PREFIX frame for it was malformed: {exc}"
+
+    def _on_cancel(self, header: HiddenStateFrame, payload: np.ndarray | None) -> None:
+        """Cancel the stream's steps first..last (those not computed here yet are skipped
+        when their turn comes, or were already: see Lookahead) and rewind it to the tokens
+        the cancel keeps; passed on in order, so the next stage does the same."""
+        sid = header.stream_id
+        admitted = self._admitted(header)
+        if admitted is None:
+            return
+        state, verdict = admitted
+        try:
+            rng = read_cancel(payload)
+        except ValueError as exc:
+            self._count("malformed")
+            self._problem("cancel", f"stage {self.stage} dropped a CANCEL of stream {sid}: {exc}")
+            return
+        self._lookahead.marks.applied(sid, header.epoch, rng)
+        if state is None or verdict == "new":  # it missed the epoch: its next step fails
+            self._problem("cancel", f"stage {self.stage} got a CANCEL for epoch {header.epoch} "
+                                    f"of stream {sid}, which it never saw")
+        else:
+            state.next_step = max(state.next_step, rng.last + 1)
+            state.refuted, state.fed, state.answered = False, None, None
+            state.pipelined = True
+            try:
+                self.runner.truncate(sid, rng.keep)
+                self._count("cancels")
+            except Exception as exc:  # its KV is not what the coordinator's is: refuse steps
+                state.broken = f"a cancel of stream {sid} failed: {exc}"
+                self._problem("cancel", f"stage {self.stage}: {state.broken}")
+        if not self.last:
+            header.source_stage = self.stage
+            self._send(header, payload)
+
     def _on_step(self, header: HiddenStateFrame, payload: np.ndarray | None, recv_ns: int,
                  ready_ns: int, decode_ns: int) -> None:
         sid = header.stream_id
@@ -356,7 +474,7 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
         if verdict == "new":  # its RESET was lost, or the coordinator never sent one
             self._guard.release(sid)
             self.runner.reset_stream(sid)
-            state = self._streams[sid] = _StreamState(header.epoch)
+            state = self._streams[sid] = StreamState(header.epoch)
             self._count("implicit_resets")
         assert state is not None and payload is not None
         if state.broken:
@@ -367,7 +485,9 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
                                      f"step {header.step}: a frame was lost upstream",
                              recv_ns, ready_ns)
             return
-        if self._skipped(header, state) or self._refuted(header, state):
+        if self._covered(header, state) or (self.last and header.guessed
+                                             and state.refutes(header.fed)):
+            self._skip(state)
             return
         self._guard.release(sid)
         positions, logits_idx, rewinds = header.positions, header.logits_idx, header.row_rewinds
@@ -386,7 +506,7 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
             return
         compute_ns = time.perf_counter_ns() - start
         if self.last:
-            self._answered(state, fed, out)
+            state.remember_answers(fed, out)
         start = time.perf_counter_ns()
         state.next_step += 1
         self._stats.steps += 1
@@ -433,11 +553,25 @@ class StageWorker(WorkerPrefixes, WorkerCancels):
         except FrameError:
             return None
 
+    def _covered(self, header: HiddenStateFrame, state: StreamState) -> bool:
+        """Whether a cancel waiting behind this step covers it: then it is not computed
+        (nor passed on). Only a pipelined stream's steps look ahead: for the others it would
+        be ~3-5 us a step for nothing."""
+        if not (state.pipelined or header.fed.size):
+            return False
+        state.pipelined = True
+        return self._lookahead.covers(header.stream_id, header.epoch, header.step)
+
+    def _skip(self, state: StreamState) -> None:
+        """Skip the step whose turn it is: its step number is used up, nothing is computed."""
+        state.next_step += 1
+        self._count("skipped")
+
     def _prefetch_when_idle(self) -> None:
         """With no frame waiting, bind the last stepped stream's likely next inputs now
-        (StageRunner.prefetch), off the path of the frame that will need them."""
+        (StageRuntime.prefetch), off the path of the frame that will need them."""
         sid, self._stepped = self._stepped, None
-        if sid is not None and not self._backlog and not wait_readable(self._pull, 0):
+        if sid is not None and self._lookahead.idle():
             try:
                 self.runner.prefetch(sid)
             except Exception as exc:  # a guess must never take the worker down

@@ -1,5 +1,6 @@
 """A stage worker's bookkeeping (no sockets, no inference): its counters, what it knows of
-each stream, the epoch rule for incoming frames, and throttled logging of problems.
+each stream (and the last stage's check of a pipelined stream's guesses), the epoch rule
+for incoming frames, and throttled logging of problems.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from zctl.engine.drafting import accept_prefix
 
 log = logging.getLogger("zctl.dataplane.worker")
 
@@ -44,7 +47,9 @@ class WorkerStats:
 
 
 @dataclass
-class _StreamState:
+class StreamState:
+    """What a worker knows of a stream (or a row group) in its current epoch."""
+
     epoch: int
     next_step: int = 0
     closed: bool = False  # a tombstone: frames of this epoch are stale, a newer one reopens
@@ -55,7 +60,31 @@ class _StreamState:
     answered: np.ndarray | None = None
     refuted: bool = False  # a guess was refuted: guessed steps are skipped until a cancel
     pipelined: bool = False  # the stream's steps were cancelled before, or carry fed tokens:
-    # look ahead in the pipe for cancels before computing one (see worker_cancels._drain)
+    # look ahead in the pipe for cancels before computing one (dataplane.worker.lookahead)
+
+    def remember_answers(self, fed: np.ndarray, logits: np.ndarray) -> None:
+        """Keep what a guessed step after this one is checked against: the step's fed
+        tokens and its top-1 answers (none for a step that carried no fed tokens)."""
+        if fed.size:
+            self.fed = fed.copy()
+            self.answered = logits.reshape(-1, logits.shape[-1]).argmax(axis=-1)
+        else:
+            self.fed = self.answered = None
+
+    def refutes(self, guess: np.ndarray) -> bool:
+        """Whether a guessed step (``guess``: its fed tokens) is refuted by the answer this
+        stage gave the stream's step before it (that step's drafts, then the guess), or
+        follows a refuted one: then it is skipped (the coordinator sees the same answer and
+        cancels it; that cancel ends the refutation)."""
+        if not self.refuted:
+            fed, answered = self.fed, self.answered
+            if fed is None or answered is None:
+                return False  # nothing here to check it against: compute it
+            drafts = fed[1:]
+            self.refuted = not (answered.size > drafts.size
+                                and accept_prefix(drafts, answered) == drafts.size
+                                and int(answered[drafts.size]) == int(guess[0]))
+        return self.refuted
 
 
 def admit(known_epoch: int | None, epoch: int) -> str:
@@ -65,7 +94,7 @@ def admit(known_epoch: int | None, epoch: int) -> str:
     return "current" if epoch == known_epoch else "stale"
 
 
-class _Throttle:
+class ThrottledLog:
     """Log a kind of problem at most once per ``interval_s`` (a flood must not flood logs)."""
 
     def __init__(self, interval_s: float = 5.0) -> None:

@@ -68,6 +68,9 @@ def test_node_runs_a_real_stage_from_its_cache(cp_cluster: Cluster) -> None:
         def stop(self) -> None:
             pass
 
+        def kv_slots(self) -> int:
+            return -1
+
     coord = cp_cluster.coordinator()
     cp_cluster.agent(coord.endpoint, launcher=RunnerStage)
     coord.wait_serving(30)
@@ -86,7 +89,7 @@ def test_a_relaunch_reuses_a_compiled_stage_without_warming_it_again(
     own, already warmed up (a paged stage's warm-up measures its padding, ~1 s of a
     re-wiring's pause), and compiles and warms up only the new one."""
     from controlplane.launch import COMPILED
-    from controlplane.records import RuntimeSpec
+    from dataplane.runtime.config import RuntimeSpec
     from dataplane.runtime.paged import PagedStageRunner
 
     warmed: list[int] = []

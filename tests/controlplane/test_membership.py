@@ -12,7 +12,7 @@ import pytest
 from controlplane import membership as ms
 from controlplane.launch import BackgroundStage, StageAssignment
 from controlplane.messages import Enrol
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 
 OV = "2026.4.1-20000-abc"
 KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
@@ -111,6 +111,9 @@ class FakeHandle:
 
     def stop(self) -> None:
         self.stopped = True
+
+    def kv_slots(self) -> int:
+        return -1  # holds no KV it could count
 
 
 def test_background_stage_reports_each_epoch_in_order() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 import pytest
 
@@ -79,11 +79,19 @@ def test_every_message_round_trips(cls: type) -> None:
     assert envelope["body"] == json.loads(json.dumps(asdict(msg)))
 
 
-def test_runtime_spec_mirrors_runtime_config() -> None:
-    from dataplane.runtime.stateful import RuntimeConfig
+def test_the_messages_carry_the_runners_runtime_spec_which_needs_no_openvino() -> None:
+    import ast
+    from pathlib import Path
 
-    assert [f.name for f in fields(r.RuntimeSpec)] == [f.name for f in fields(RuntimeConfig)]
-    assert r.RuntimeSpec() == r.RuntimeSpec(**RuntimeConfig().__dict__)
+    from dataplane.runtime import config
+
+    assert r.RuntimeSpec is config.RuntimeSpec  # one definition, not a mirror to keep in step
+    tree = ast.parse(Path(config.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    heavy = {name for name in imported if name.split(".")[0] in ("openvino", "dataplane", "zctl")}
+    assert not heavy, f"dataplane.runtime.config imports {sorted(heavy)}: the schemas would too"
 
 
 def envelope(body: object, type_: str = "enrol", protocol: object = m.PROTOCOL_VERSION) -> bytes:

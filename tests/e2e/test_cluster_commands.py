@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from tests.helpers.repo import ROOT
 from zctl.cli.app import app
 from zctl.engine.scheduler import generate_greedy
@@ -30,7 +30,7 @@ def _expected_tokens(export_dir: Path, n: int, exact: bool = False) -> list[int]
     tokenizer = ChatTokenizer(export_dir)
     # the runtime a local cluster's stages get: paged KV, the plugin's u8 cache (or --exact)
     numerics = dict(kv_cache_precision="f32", dynamic_quantization=False) if exact else {}
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32", paged_attention=True,
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32", paged_attention=True,
                                                             **numerics))
     return list(generate_greedy(chain, tokenizer.encode(PROMPT), n))
 

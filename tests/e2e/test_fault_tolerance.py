@@ -16,7 +16,7 @@ import pytest
 
 from controlplane.client import query_status
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
@@ -136,8 +136,8 @@ EXACT = runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
 
 def _fault_free(export_dir: Path, requests: list[GenerationRequest],
                 tokens: int = TOKENS) -> list[list[int]]:
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32",
-                                                           kv_cache_precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32",
+                                                         kv_cache_precision="f32"))
     tokenizer = ChatTokenizer(export_dir)
     return [list(generate_greedy(chain, tokenizer.encode(r.prompt, chat=r.chat), tokens))
             for r in requests]

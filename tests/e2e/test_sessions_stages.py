@@ -93,8 +93,8 @@ def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spaw
         assert not pipe.stage0.groups  # finished rows left; empty groups were disbanded
         assert pipe.stats.errors == 0 and pipe.stats.timeouts == 0
         # bad regroups are refused before anything is sent, and the pipeline keeps serving
-        from dataplane.head.cluster_head import DataPlaneError
-        from dataplane.runtime.stateful import StageError
+        from dataplane.head.errors import DataPlaneError
+        from dataplane.runtime.base import StageError
         from zctl.engine.row_groups import GROUP_ID_BASE
 
         with pytest.raises(StageError, match="not open"):

@@ -8,7 +8,7 @@ import openvino as ov
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from exporter import export as export_mod
 from exporter.export import ExportError, export_model
 from exporter.sources import SourceError, open_source
@@ -59,7 +59,7 @@ def test_int4_static_chain_equals_int4_stateful(tiny_exports) -> None:
 
 def _greedy(export_dir: Path, prompts: list[str], n: int = 48) -> list[list[int]]:
     tokenizer = ChatTokenizer(export_dir)
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32", kv_cache_precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32", kv_cache_precision="f32"))
     return [list(generate_greedy(chain, tokenizer.encode(p), n)) for p in prompts]
 
 

@@ -33,6 +33,9 @@ class FakeStage:
     def stop(self) -> None:
         self.stopped = True
 
+    def kv_slots(self) -> int:
+        return -1  # runs no stage: no KV it could count
+
 
 def wait_for(pred: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+EXACT = RuntimeSpec(precision="f32", kv_cache_precision="f32")
 P = [0, 17, 42, 99, 5, 230, 7, 64, 3, 11]  # the shared prefix
 Q = [8, 8, 1, 6, 2, 9, 4]
 MORE = [12, 250, 33]  # what follows it in the stream that loads it

@@ -1,5 +1,6 @@
-"""Helpers for driving a StageWorker frame by frame: a hand-driven coordinator end and
-STEP frames as stage 0 would send them (the ``last_stage`` fixture is in conftest)."""
+"""Helpers for driving a StageWorker frame by frame: a hand-driven coordinator end, STEP
+and CANCEL frames as stage 0 would send them, and a worker whose frames wait in its pipe
+(the ``last_stage`` fixture is in conftest)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import zmq
 
 from dataplane.runtime.stateful import StageRunner
+from dataplane.wire.cancels import cancel_payload
 from dataplane.wire.frames import HiddenStateFrame, Kind, ReplyMode, decode_frame, encode_frame, stamp
 from dataplane.wire.transport import bound_endpoint, pull_socket, push_socket
 from dataplane.worker.stage_worker import StageWorker
@@ -69,3 +71,28 @@ def step(stream: int, x: np.ndarray, positions, *, step_no: int = 0, epoch: int 
 
 def hidden_for(first: StageRunner, ids: list[int], positions) -> np.ndarray:
     return first.step(0, np.array([ids]), np.asarray(positions)).copy()
+
+
+def cancel(first: int, last: int, keep: int, stream: int = 0, epoch: int = EPOCH) -> list:
+    return encode_frame(HiddenStateFrame(Kind.CANCEL, stream, 0, epoch),
+                        cancel_payload(first, last, keep))
+
+
+def fed_step(x: np.ndarray, positions, fed: list[int], guessed: bool = False, step_no: int = 0,
+             request_id: int = 1, reply: ReplyMode = ReplyMode.TOP1) -> list:
+    """A pipelined run's STEP frame: it carries its fed tokens (which also makes the stages
+    look ahead for cancels before computing the stream's steps)."""
+    parts = step(0, x, positions, step_no=step_no, request_id=request_id, reply=reply)
+    header, payload = decode_frame(parts)
+    header.fed, header.guessed = np.asarray(fed, np.int64), guessed
+    return encode_frame(header, np.array(payload))
+
+
+def queued_worker(export, stage: int, send_to: str) -> tuple[StageWorker, object]:
+    """A worker not started yet, and a PUSH to it: frames sent now wait in its pipe."""
+    worker = StageWorker(StageRunner(export, stage), "tcp://127.0.0.1:*", send_to)
+    return worker, push_socket(zmq.Context.instance(), worker.endpoint)
+
+
+def reference_logits(ref: StageRunner, x: np.ndarray, positions) -> np.ndarray:
+    return ref.step(0, x, np.asarray(positions))[0]

@@ -55,14 +55,13 @@ def interleaved(export_dir: Path, stage1_dir: Path, threads: int, props: dict[st
     under ``root``) and the 1-stage chain, stepped token by token in rotating order: their
     step-time ratio without the drift between whole runs (the 1-stage chain is what
     tools.decode.parity compares with openvino_genai)."""
-    from controlplane.records import RuntimeSpec
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.launcher.local import local_data_plane
 
     kv = props.get("KV_CACHE_PRECISION")
-    config = RuntimeConfig(precision=props.get("INFERENCE_PRECISION_HINT"),
-                           num_threads=threads or None, kv_cache_precision=kv)
+    config = RuntimeSpec(precision=props.get("INFERENCE_PRECISION_HINT"),
+                         num_threads=threads or None, kv_cache_precision=kv)
     with local_data_plane(export_dir, RuntimeSpec(num_threads=threads or None,
                                                   kv_cache_precision=kv), root) as pipe:
         step_ms = paired_step_ms({"stage1": LocalChain.load(str(stage1_dir), config),

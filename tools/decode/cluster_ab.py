@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 from tools.harness.cluster import local_cluster
 from tools.harness.models import model_export
 from tools.harness.options import CpuSets, Json, Model, Precision, Tokens, Weights, fail

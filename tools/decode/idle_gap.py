@@ -32,7 +32,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dataplane.runtime.base import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from tools.harness.greedy import start_stream
 from tools.harness.options import Json, Model, Precision, Weights
 
@@ -40,7 +40,7 @@ MODES = ("back_to_back", "sleep", "spin")
 
 
 @dataclass(frozen=True)
-class CountingConfig(RuntimeConfig):
+class CountingConfig(RuntimeSpec):
     """The runtime's properties plus the plugin's per-op counters (PERF_COUNT)."""
 
     def properties(self) -> dict[str, Any]:
@@ -160,8 +160,8 @@ def run(export_dir: str, prompt_ids: Sequence[int], tokens: int, gap_ms: float,
     from dataplane.head.local_chain import LocalChain
 
     gap_s = gap_ms / 1e3
-    config = RuntimeConfig(precision=None if precision == "default" else precision,
-                           num_threads=threads or None)
+    config = RuntimeSpec(precision=None if precision == "default" else precision,
+                         num_threads=threads or None)
     chain = LocalChain.load(export_dir, config)
     result: dict[str, Any] = {"export": export_dir, "stages": len(chain.runners),
                               "tokens": tokens, "gap_ms": gap_ms, "modes": list(MODES)}

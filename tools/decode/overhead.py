@@ -53,14 +53,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zmq
 
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 from tools.harness.greedy import greedy_step, start_stream, timed_greedy
 from tools.harness.models import model_export
 from tools.harness.stats import median as bench_median
 from zctl.launcher.local import free_port
 
 if TYPE_CHECKING:
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.engine.stats import GenerationStats
 
 HelperCmd = Callable[[int, str, str], list[str]]  # (stage, bind, send_to) -> argv
@@ -109,11 +109,9 @@ def runtime_spec_of(threads: str) -> RuntimeSpec:
                        kv_cache_precision=KV_CACHE_PRECISION)
 
 
-def runtime_config(threads: str) -> RuntimeConfig:
-    """``runtime_spec_of`` as the runtime's own config (the in-process chain, bare relays)."""
-    from dataplane.runtime.stateful import RuntimeConfig
-
-    return RuntimeConfig(**asdict(runtime_spec_of(threads)))
+def runtime_config(threads: str) -> RuntimeSpec:
+    """``runtime_spec_of``, for the in-process chain and the bare relays."""
+    return runtime_spec_of(threads)
 
 
 # -- processes ------------------------------------------------------------------------

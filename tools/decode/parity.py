@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from tools.harness.greedy import paired_step_ms, timed_greedy
 from tools.harness.models import PROMPT, BenchModel, plugin_properties
 from tools.harness.options import Json, Model, Precision, Threads, Tokens, Weights
@@ -51,13 +51,13 @@ System = Callable[[list[int], int], float]  # (prompt ids, tokens) -> decode tok
 
 
 @dataclass(frozen=True)
-class SyncInferConfig(RuntimeConfig):
+class SyncInferConfig(RuntimeSpec):
     """The runtime's previous step path: a synchronous infer() on the calling thread."""
 
     async_infer = False
 
 
-def chain_runner(export_dir: Path, config: RuntimeConfig) -> System:
+def chain_runner(export_dir: Path, config: RuntimeSpec) -> System:
     """A system running our stage chain of ``export_dir`` in this process (warmed up)."""
     chain = LocalChain.load(str(export_dir), config)
 
@@ -96,7 +96,7 @@ def parity_exports(model: BenchModel, weights: str) -> dict[str, Path]:
 
 
 def build_systems(exports: dict[str, Path], baseline_dir: Path, props: dict[str, Any],
-                  config: RuntimeConfig, extras: bool) -> dict[str, System]:
+                  config: RuntimeSpec, extras: bool) -> dict[str, System]:
     """Every system of the comparison, loaded and warmed up, the baseline first."""
     from tools.harness.baseline import BaselinePipeline
 
@@ -135,7 +135,7 @@ def bracketed_runs(systems: dict[str, System], names: Sequence[str], prompt_ids:
     return samples, brackets
 
 
-def stage_boundary_cost(exports: dict[str, Path], config: RuntimeConfig, prompt_ids: list[int],
+def stage_boundary_cost(exports: dict[str, Path], config: RuntimeSpec, prompt_ids: list[int],
                         tokens: int) -> tuple[dict[str, float], dict[str, float]]:
     """The chains against each other, token by token (the baseline cannot be stepped so):
     what a stage boundary costs, free of the drift between whole runs. (ms per step of
@@ -153,7 +153,7 @@ def median_tok_s(samples: dict[str, list[float]]) -> dict[str, float]:
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
-def parity_result(head: dict[str, Any], config: RuntimeConfig, samples: dict[str, list[float]],
+def parity_result(head: dict[str, Any], config: RuntimeSpec, samples: dict[str, list[float]],
                   brackets: list[tuple[float, float]], step_ms: dict[str, float],
                   paired: dict[str, float]) -> dict[str, Any]:
     """The --json object, from the measurements (``head``: the run's settings)."""
@@ -207,8 +207,8 @@ def main(
     baseline_dir = export_baseline_like(bench_model.hf_dir, exports["stage1"], weights,
                                         console=err)
     props = plugin_properties(precision, threads)
-    config = RuntimeConfig(precision=props.get("INFERENCE_PRECISION_HINT"),
-                           num_threads=threads or None, performance_hint="LATENCY")
+    config = RuntimeSpec(precision=props.get("INFERENCE_PRECISION_HINT"),
+                         num_threads=threads or None, performance_hint="LATENCY")
     prompt_ids = ChatTokenizer(exports["stage1"]).encode(PROMPT)
     names = SYSTEMS + (EXTRA_SYSTEMS if extras else ())
     systems = build_systems(exports, baseline_dir, props, config, extras)

@@ -81,7 +81,7 @@ def format_figures(export_dir: Path, passages: Sequence[Any], reference: Mapping
     """One format's figures (fast numerics at the top, exact under "exact", fast per
     passage under "passages") and its fast chain, kept for the speed comparison."""
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from exporter.quality import measure_chain
     from exporter.verify import EXACT_CONFIG
     from zctl.engine.scheduler import generate_greedy
@@ -89,7 +89,7 @@ def format_figures(export_dir: Path, passages: Sequence[Any], reference: Mapping
 
     exact = measure_chain(LocalChain.load(str(export_dir), EXACT_CONFIG), passages, reference,
                           chunk)
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32"))
     fast = measure_chain(chain, passages, reference, chunk)
     tokenizer = ChatTokenizer(export_dir)
     stops = [t for t in (tokenizer.eos_token_id,) if t is not None]

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from tools.harness.greedy import paired_step_ms
 from tools.harness.models import PROMPT, BenchModel
 from tools.harness.options import Json, Model, Weights, fail, parse_numbers
@@ -111,7 +111,7 @@ def main(
     if too_long:
         fail(f"contexts {too_long} hold fewer than the prompt's {len(prompt_ids)} tokens + "
              f"{tokens} decode steps")
-    config = RuntimeConfig(device=device)
+    config = RuntimeSpec(device=device)
     chains = {key: LocalChain.load(str(path), config) for key, path in exports.items()}
     step_ms = paired_step_ms(chains, prompt_ids, tokens)
     prefill = {key: prefill_ms(chain, prompt_ids) for key, chain in chains.items()}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tools.harness.report import err
 
 if TYPE_CHECKING:
-    from controlplane.records import RuntimeSpec
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.launcher.local import ClusterRecord
 
 LOCK_FILE = "bench.lock"

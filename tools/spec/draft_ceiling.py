@@ -97,7 +97,7 @@ def parse_branches(text: str) -> list[int]:
 
 def greedy_outputs(model: str, weights: str, tokens: int) -> list[tuple[str, list[int], list[int]]]:
     """Each prompt's name, chat-templated ids and greedy output (openvino_genai, exact)."""
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from tools.harness.baseline import BaselinePipeline, export_baseline_like
     from zctl.engine.tokenizer import ChatTokenizer
 
@@ -105,8 +105,8 @@ def greedy_outputs(model: str, weights: str, tokens: int) -> list[tuple[str, lis
     export_dir = bench_model.export(2, weights)
     tokenizer = ChatTokenizer(export_dir)
     model_dir = export_baseline_like(bench_model.hf_dir, export_dir, weights)
-    props = RuntimeConfig(precision="f32", kv_cache_precision="f32",
-                          dynamic_quantization=False).properties()
+    props = RuntimeSpec(precision="f32", kv_cache_precision="f32",
+                        dynamic_quantization=False).properties()
     pipe = BaselinePipeline(model_dir, props)
     outputs = []
     for prompt in PROMPTS:

@@ -213,10 +213,10 @@ class GenaiOneCore:
 
 def genai_properties() -> dict[str, Any]:
     """The stages' exact numerics (EXACT's plugin properties) on one inference thread."""
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
 
-    return RuntimeConfig(precision="f32", num_threads=1, kv_cache_precision="f32",
-                         dynamic_quantization=False).properties()
+    return RuntimeSpec(precision="f32", num_threads=1, kv_cache_precision="f32",
+                       dynamic_quantization=False).properties()
 
 
 def cluster_run(serve: str, text: str, tokens: int, speculative: str, k: int = 0) -> Sample:

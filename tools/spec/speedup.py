@@ -87,8 +87,9 @@ from rich.console import Console
 from rich.table import Table
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.draft_model import ModelDrafter
-from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+from dataplane.runtime.stateful import StageRunner
 from tools.harness.greedy import timed_greedy
 from tools.harness.models import BenchModel
 from tools.harness.options import Json, Model, Precision, Runs, Threads, Weights, fail, parse_k
@@ -323,12 +324,12 @@ SELF_DRAFT_NOTE = ("the draft model is the target itself (all layers, 1 stage): 
 
 
 def runtime_config(precision: str, threads: int, kv_cache_precision: str,
-                   dynamic_quantization: bool) -> RuntimeConfig:
+                   dynamic_quantization: bool) -> RuntimeSpec:
     """The target's and the draft model's runtime settings ('default': the plugin's)."""
-    return RuntimeConfig(precision=None if precision == "default" else precision,
-                         num_threads=threads or None, performance_hint="LATENCY",
-                         kv_cache_precision=None if kv_cache_precision == "default"
-                         else kv_cache_precision, dynamic_quantization=dynamic_quantization)
+    return RuntimeSpec(precision=None if precision == "default" else precision,
+                       num_threads=threads or None, performance_hint="LATENCY",
+                       kv_cache_precision=None if kv_cache_precision == "default"
+                       else kv_cache_precision, dynamic_quantization=dynamic_quantization)
 
 
 def draft_export(model: BenchModel, weights: str, draft_model: str, draft_layers: int) -> Path:
@@ -342,7 +343,7 @@ def draft_export(model: BenchModel, weights: str, draft_model: str, draft_layers
     return model.export(1, weights)
 
 
-def load_draft(draft_dir: Path, config: RuntimeConfig) -> tuple[StageRunner, dict[str, Any]]:
+def load_draft(draft_dir: Path, config: RuntimeSpec) -> tuple[StageRunner, dict[str, Any]]:
     """The draft model's runner, and what the JSON says of it."""
     runner = StageRunner(draft_dir, 0, config)
     spec = runner.manifest.stages[0]

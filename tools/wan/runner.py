@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 from tools.wan.analysis import cell_parameters, summarise_samples
 from tools.wan.scenario import Cell, Link, Scenario, Topology, Workload
 from zctl.engine.requests import DEFAULT_MAX_STREAMS

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controlplane.nodeinfo import fresh_port
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.processes import (
     CoordinatorProcess,
@@ -418,7 +418,7 @@ def local_data_plane(export_dir: Path, runtime: RuntimeSpec, root: Path | None =
     root: <zctl home>/local) and are stopped on exit. ClusterError for a one-stage export,
     or a worker that does not start."""
     from dataplane.head.cluster_head import ClusterHead
-    from dataplane.runtime.stateful import RuntimeConfig, load_runner
+    from dataplane.runtime.load import load_runner
     from zctl.manifest import load_manifest
 
     stages = len(load_manifest(export_dir, verify_files=False).stages)
@@ -429,7 +429,7 @@ def local_data_plane(export_dir: Path, runtime: RuntimeSpec, root: Path | None =
     binds = {i: f"tcp://{loopback_host(i)}:{free_port(loopback_host(i))}" for i in range(1, stages)}
     logs = (root or zctl_home() / "local") / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    head = ClusterHead(load_runner(export_dir, 0, RuntimeConfig(**asdict(runtime))), binds[1],
+    head = ClusterHead(load_runner(export_dir, 0, runtime), binds[1],
                        "tcp://127.0.0.1:*", timeout_s=timeout_s)
     workers: list[subprocess.Popen] = []
     try:

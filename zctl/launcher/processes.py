@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.records import HEARTBEAT_S, LIVENESS, RuntimeSpec
+from controlplane.records import HEARTBEAT_S, LIVENESS
 from controlplane.schema import SchemaError, build
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 
 log = logging.getLogger("zctl.processes")
@@ -214,7 +215,6 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")
     service = None
     if config.serve:
-        from dataplane.runtime.stateful import RuntimeConfig
         from zctl.service.server import GenerationService
 
         service = GenerationService(
@@ -223,7 +223,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
             kv_memory_mb=config.kv_memory_mb, prefix_cache_mb=config.prefix_cache_mb,
             shared_cores=config.shared_cores,
             health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,
-            draft_config=RuntimeConfig(**asdict(config.runtime)),  # drafts run as stage 0 does
+            draft_config=config.runtime,  # drafts run as stage 0 does
             cluster=coordinator.status)
         say(f"generation service on {service.start()}")
     try:

@@ -30,8 +30,8 @@ from controlplane.messages import (
     type_tag,
 )
 from controlplane.sockets import router_socket
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.draft_model import DraftModels
-from dataplane.runtime.stateful import RuntimeConfig
 from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, GenerationEngine
 from zctl.engine.executor import Executor
 from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationRequest, RequestRefused
@@ -98,7 +98,7 @@ class GenerationService:
     """Serve generations on ``endpoint`` using the executor ``get_pipeline()`` returns.
 
     The engine's stop tokens and chat template come from ``export_dir``; draft models of
-    speculative requests are loaded with ``draft_config`` (None: RuntimeConfig's defaults;
+    speculative requests are loaded with ``draft_config`` (None: RuntimeSpec's defaults;
     the coordinator passes its stages' runtime). ``cluster`` returns the coordinator's
     cluster status, which stats read the stages' nodes and node liveness from (None: no
     control plane, the executor is all there is). ``kv_memory_mb``: the KV a stage may hold
@@ -110,7 +110,7 @@ class GenerationService:
                  row_groups: int = 0, shared_cores: bool = False,
                  health: Callable[[], str | None] | None = None,
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
-                 draft_config: RuntimeConfig | None = None,
+                 draft_config: RuntimeSpec | None = None,
                  cluster: ClusterView | None = None, kv_memory_mb: int | None = None,
                  prefix_cache_mb: int = 0) -> None:
         self.export_dir = Path(export_dir)

@@ -69,7 +69,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 
 @dataclass
-class Sequence:
+class PagedSequence:
     """One stream's KV: ``blocks`` hold its ``length`` tokens (slot i is block i // size)."""
 
     blocks: list[int] = field(default_factory=list)

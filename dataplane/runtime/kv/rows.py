@@ -8,20 +8,32 @@ with masked slots, exactly like a rewound slot. Attention does not care where a 
 slot sits (RoPE is applied before a key is cached), so merging rows may reorder and
 compact slots freely.
 
-This module holds the pure parts: gathering member rows into a new batch, and the
-per-row attention mask. ``dataplane.runtime.stateful.StageRunner`` applies them to its requests.
+This module holds the pure parts: gathering member rows into a new batch, the per-row
+attention mask, and finding a stream's row. ``dataplane.runtime.stateful.StageRunner``
+applies them to its requests (a paged stage's rows are sequences of their own: nothing to
+gather).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from dataplane.runtime.base import RowGroupKV
 from dataplane.runtime.kv.masks import MASK_MIN
 
 SLOT_AXIS = 2  # state tensors: [batch, kv_heads, slots, head_dim]
+
+
+def find_row(groups: Mapping[int, RowGroupKV], stream_id: int) -> tuple[int, int] | None:
+    """(group id, row) of the row group in ``groups`` whose rows include ``stream_id``, if
+    any."""
+    for group_id, group in groups.items():
+        if stream_id in group.members:
+            return group_id, group.members.index(stream_id)
+    return None
 
 
 @dataclass(frozen=True)

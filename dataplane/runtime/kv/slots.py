@@ -9,14 +9,16 @@ stages of a chain and bound ahead of time by ``StageRunner.prefetch``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import openvino as ov
 
+from dataplane.runtime.base import StageRuntime
+
 
 class SlotCounts:
-    """``physical`` and ``logical`` slot counts of a ``keep`` slot table (a mixin)."""
+    """``physical`` and ``logical`` slot counts of a record holding a ``keep`` slot table (the
+    base of a stateful stream's ``StreamSlots`` and a static one's ``HostKV``)."""
 
     keep: np.ndarray
 
@@ -183,7 +185,7 @@ def request_states(request: ov.InferRequest) -> dict[str, np.ndarray]:
     return {state.name: state.state.data for state in request.query_state()}
 
 
-def held_slots(runner: Any) -> int:
+def held_slots(runner: StageRuntime) -> int:
     """Physical KV slots a stage runner holds now: every stream's, and every row group's
     rows x slots. Safe to call from a thread other than the one stepping it (the tables are
     copied first; a table that changed meanwhile is read again); -1 if it kept changing."""

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import zmq
 
-from dataplane.head.cluster_head import ClusterHead, DataPlaneError, StageFailed, StageTimeout
+from dataplane.head.cluster_head import ClusterHead
+from dataplane.head.errors import DataPlaneError, StageFailed, StageTimeout
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import StageRunner, load_runner
+from dataplane.runtime.load import load_runner
+from dataplane.runtime.stateful import StageRunner
 from dataplane.wire.transport import pull_socket
 from zctl.engine.executor import Step
 from zctl.engine.payloads import FULL_FP16, LogitsPayload
@@ -365,7 +367,7 @@ def test_a_head_closed_from_another_thread_while_it_waits_fails_its_waiter_clean
     import threading
     import time
 
-    from dataplane.head.types import DataPlaneError
+    from dataplane.head.errors import DataPlaneError
 
     pipe, worker = dp_threaded2
     pipe.open(0)

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import zmq
 
-from dataplane.head.cluster_head import ClusterHead, DataPlaneError, StageFailed
+from dataplane.head.cluster_head import ClusterHead
+from dataplane.head.errors import DataPlaneError, StageFailed
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import StageError, StageRunner
+from dataplane.runtime.base import StageError
+from dataplane.runtime.stateful import StageRunner
 from dataplane.wire.frames import HiddenStateFrame, Kind, decode_frame, encode_frame, stamp
 from dataplane.wire.prefix_ops import PrefixOp, prefix_payload
 from dataplane.wire.transport import PipeOptions, bound_endpoint, pull_socket, push_socket

@@ -13,7 +13,7 @@ from dataplane.runtime.heap import hold_mmap_threshold
 
 PROBE = textwrap.dedent("""
     import ctypes, sys
-    from dataplane.runtime.stateful.heap import hold_mmap_threshold
+    from dataplane.runtime.heap import hold_mmap_threshold
     held = hold_mmap_threshold() if sys.argv[1] == "hold" else False
     if sys.argv[1] == "process":  # what a coordinator or node process does first
         from zctl.launcher.processes import _prepare

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.blocks import BlockPool
+from dataplane.runtime.load import load_runner
 from dataplane.runtime.paged import PagedStageRunner
-from dataplane.runtime.stateful import RuntimeConfig, StageError, load_runner
 from zctl.engine.executor import Step
 from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
@@ -21,12 +23,12 @@ N = 16
 
 @pytest.fixture(scope="module")
 def stateful(dp_export2):
-    return LocalChain.load(str(dp_export2), RuntimeConfig(**EXACT))
+    return LocalChain.load(str(dp_export2), RuntimeSpec(**EXACT))
 
 
 @pytest.fixture(scope="module")
 def paged(dp_export2):
-    return LocalChain.load(str(dp_export2), RuntimeConfig(**EXACT, paged_attention=True))
+    return LocalChain.load(str(dp_export2), RuntimeSpec(**EXACT, paged_attention=True))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def want(stateful):
 
 
 def test_load_runner_picks_the_paged_runner(dp_export2) -> None:
-    runner = load_runner(dp_export2, 0, RuntimeConfig(paged_attention=True))
+    runner = load_runner(dp_export2, 0, RuntimeSpec(paged_attention=True))
     assert isinstance(runner, PagedStageRunner) and runner.block_size > 0
     assert runner.kv_bytes_per_token > 0
 
@@ -72,7 +74,7 @@ def test_row_groups_step_every_member_as_its_own_sequence(paged, stateful) -> No
 def test_padded_steps_give_the_tokens_of_unpadded_ones(dp_export2, stateful) -> None:
     """Rows leave the group at different steps, so later steps are padded up to the
     earlier size (dataplane.runtime.step_shapes): the tokens are those of each stream alone."""
-    chain = LocalChain.load(str(dp_export2), RuntimeConfig(**EXACT, paged_attention=True))
+    chain = LocalChain.load(str(dp_export2), RuntimeSpec(**EXACT, paged_attention=True))
     pads: list[int] = []
     for runner in chain.runners:
         runner.shapes.limit = 8
@@ -93,7 +95,7 @@ def test_padded_steps_give_the_tokens_of_unpadded_ones(dp_export2, stateful) -> 
 def test_a_padded_step_answers_as_the_unpadded_one(dp_export2, stage) -> None:
     """A row leaves a group of 4: the padded runner's 3-row step (hidden states of stage 0,
     logits of the last stage) equals the unpadded runner's."""
-    runners = [load_runner(dp_export2, stage, RuntimeConfig(**EXACT, paged_attention=True))
+    runners = [load_runner(dp_export2, stage, RuntimeSpec(**EXACT, paged_attention=True))
                for _ in range(2)]
     runners[0].shapes.limit = 4
     rng = np.random.default_rng(3)
@@ -124,7 +126,7 @@ def test_a_padded_step_answers_as_the_unpadded_one(dp_export2, stage) -> None:
 def test_no_step_is_padded_beyond_the_scratch_block(dp_export2) -> None:
     """A limit past the scratch block's size (warm_up never sets one) pads nothing: the
     stream's next steps answer as on a runner that never pads."""
-    runners = [load_runner(dp_export2, 0, RuntimeConfig(**EXACT, paged_attention=True))
+    runners = [load_runner(dp_export2, 0, RuntimeSpec(**EXACT, paged_attention=True))
                for _ in range(2)]
     runners[0].shapes.limit = 4 * runners[0].block_size
     big = runners[0].block_size + 8
@@ -147,7 +149,7 @@ def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
     and the next steps' equal a runner's that never pads."""
     import dataplane.runtime.paged as paged
 
-    runners = [load_runner(dp_export2, stage, RuntimeConfig(**EXACT, paged_attention=True))
+    runners = [load_runner(dp_export2, stage, RuntimeSpec(**EXACT, paged_attention=True))
                for _ in range(2)]
     rng = np.random.default_rng(5)
     hidden = runners[0].hidden_size
@@ -172,7 +174,7 @@ def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
 
 
 def test_warm_up_measures_the_padding_limit_and_keeps_nothing(dp_export2) -> None:
-    runner = load_runner(dp_export2, 1, RuntimeConfig(paged_attention=True))
+    runner = load_runner(dp_export2, 1, RuntimeSpec(paged_attention=True))
     runner.warm_up()
     assert 0 <= runner.shapes.limit <= runner.block_size
     assert not runner.streams and runner.pool.used == 0
@@ -240,7 +242,7 @@ def test_bad_prefix_operations_are_refused(paged) -> None:
 
 
 def test_the_cache_grows_when_its_blocks_run_out(dp_export2, want) -> None:
-    config = RuntimeConfig(**EXACT, paged_attention=True)
+    config = RuntimeSpec(**EXACT, paged_attention=True)
     runners = [PagedStageRunner(dp_export2, i, config, blocks=1) for i in range(2)]
     chain = LocalChain(runners)
     assert list(generate_greedy(chain, PROMPT, N)) == want
@@ -265,7 +267,7 @@ def test_a_cluster_of_paged_stages_serves_streams_and_row_groups(dp_export2, sta
     from dataplane.head.cluster_head import ClusterHead
     from dataplane.worker.stage_worker import StageWorker
 
-    config = RuntimeConfig(**EXACT, paged_attention=True)
+    config = RuntimeSpec(**EXACT, paged_attention=True)
     pipe = ClusterHead(PagedStageRunner(dp_export2, 0, config), "tcp://127.0.0.1:1",
                        "tcp://127.0.0.1:*", timeout_s=10)
     worker = StageWorker(PagedStageRunner(dp_export2, 1, config), "tcp://127.0.0.1:*",
@@ -288,14 +290,15 @@ def test_a_cluster_of_paged_stages_serves_streams_and_row_groups(dp_export2, sta
 def test_ragged_rows_on_a_stateful_stage_are_refused_clearly(dp_export2, stateful) -> None:
     """A ragged step reaching a stage that keeps stateful KV (a mixed cluster) fails with a
     clear error and leaves the stage serving; stage 0 refuses one before sending it."""
-    from dataplane.head.cluster_head import ClusterHead, DataPlaneError
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.head.errors import DataPlaneError
     from dataplane.runtime.stateful import StageRunner
     from dataplane.worker.stage_worker import StageWorker
 
-    config = RuntimeConfig(**EXACT, paged_attention=True)
+    config = RuntimeSpec(**EXACT, paged_attention=True)
     pipe = ClusterHead(PagedStageRunner(dp_export2, 0, config), "tcp://127.0.0.1:1",
                        "tcp://127.0.0.1:*", timeout_s=10)
-    worker = StageWorker(StageRunner(dp_export2, 1, RuntimeConfig(**EXACT)), "tcp://127.0.0.1:*",
+    worker = StageWorker(StageRunner(dp_export2, 1, RuntimeSpec(**EXACT)), "tcp://127.0.0.1:*",
                          pipe.reply_endpoint)
     pipe.rewire(worker.endpoint)
     worker.start()
@@ -315,7 +318,7 @@ def test_ragged_rows_on_a_stateful_stage_are_refused_clearly(dp_export2, statefu
     finally:
         worker.stop()
         pipe.close()
-    head = StageRunner(dp_export2, 0, RuntimeConfig(**EXACT))
+    head = StageRunner(dp_export2, 0, RuntimeSpec(**EXACT))
     for sid in (1, 2):
         head.open_stream(sid)
         head.step(sid, np.array([PROMPT[:3]]), np.arange(3))
@@ -333,7 +336,7 @@ def test_paged_attention_is_a_cpu_runtime(dp_export2) -> None:
     assert not runtime_spec("f32", None, "GPU.1").paged_attention  # GPU: the stateful KV
     assert not runtime_spec("f32", None, "CPU", paged_attention=False).paged_attention
     with pytest.raises(StageError, match="CPU plugin only"):
-        PagedStageRunner(dp_export2, 0, RuntimeConfig(device="GPU", paged_attention=True))
+        PagedStageRunner(dp_export2, 0, RuntimeSpec(device="GPU", paged_attention=True))
 
 
 def test_a_ragged_step_computes_each_row_as_its_own_step(paged) -> None:

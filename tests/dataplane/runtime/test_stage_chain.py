@@ -9,8 +9,10 @@ import pytest
 
 from dataplane.head.cluster_head import ClusterHead
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.load import load_runner
 from dataplane.runtime.stage_chain import StageChain, chain_spec
-from dataplane.runtime.stateful import RuntimeConfig, StageError, load_runner
 from dataplane.worker.stage_worker import StageWorker
 from zctl.engine.scheduler import generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
@@ -22,7 +24,7 @@ N = 12
 
 @pytest.fixture(scope="module", params=[False, True], ids=["stateful", "paged"])
 def config(request):
-    return RuntimeConfig(**EXACT, paged_attention=request.param)
+    return RuntimeSpec(**EXACT, paged_attention=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +92,26 @@ def test_only_consecutive_stages_chain(dp_export3, config) -> None:
                                                                          config)))
         finally:
             head.close()
+
+
+def test_a_chain_prepared_then_run_answers_as_it_steps_and_rewinds_every_stage(
+        dp_export3, config) -> None:
+    stepped = StageChain(_runners(dp_export3, (0, 1, 2), config))
+    bound = StageChain(_runners(dp_export3, (0, 1, 2), config))
+    ids = np.array([PROMPTS[2]])
+    positions = np.arange(ids.shape[1])
+    for chain in (stepped, bound):
+        chain.open_stream(3)
+        chain.reset_stream(3)
+    want = stepped.step(3, ids, positions).copy()
+    prepared = bound.prepare(3, positions[None])
+    assert len(prepared) == 3  # one prepared step per stage
+    got = bound.run(3, ids, prepared).data.reshape(want.shape)
+    assert np.allclose(got, want, atol=1e-5)
+    assert [r.kept_tokens(3) for r in bound.runners] == [ids.shape[1]] * 3
+    bound.trim_tail(3, 1)
+    assert [r.kept_tokens(3) for r in bound.runners] == [ids.shape[1] - 1] * 3
+    bound.mask_tail(3, 2)
+    assert [r.kept_tokens(3) for r in bound.runners] == [ids.shape[1] - 3] * 3
+    with pytest.raises(StageError):
+        bound.mask_tail(3, ids.shape[1])  # more than it holds

@@ -10,13 +10,15 @@ import openvino as ov
 import pytest
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.paged import PagedStageRunner
-from dataplane.runtime.stateful import RuntimeConfig, StageError, StageRunner
+from dataplane.runtime.stateful import StageRunner
 from zctl.engine.executor import reply_from_logits
 from zctl.engine.prefill import prefill_chunks
 from zctl.manifest import ManifestError, load_manifest
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+EXACT = RuntimeSpec(precision="f32", kv_cache_precision="f32")
 PROMPT = np.array([0, 17, 33, 90, 12, 250, 7], dtype=np.int64)
 
 
@@ -61,7 +63,7 @@ def test_stage_index_device_and_corruption_checks(two_stage: Path, tmp_path: Pat
     with pytest.raises(StageError, match="does not exist"):
         StageRunner(two_stage, 2)
     with pytest.raises(StageError, match="unknown device"):
-        StageRunner(two_stage, 0, RuntimeConfig(device="TPU"))
+        StageRunner(two_stage, 0, RuntimeSpec(device="TPU"))
     broken = tmp_path / "broken"
     shutil.copytree(two_stage, broken)
     with open(broken / "stage1.bin", "r+b") as handle:
@@ -76,10 +78,10 @@ def test_stage_index_device_and_corruption_checks(two_stage: Path, tmp_path: Pat
 
 
 def test_dynamic_quantization_can_be_turned_off_on_cpu(two_stage: Path) -> None:
-    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in RuntimeConfig().properties()
-    off = RuntimeConfig(dynamic_quantization=False)
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in RuntimeSpec().properties()
+    off = RuntimeSpec(dynamic_quantization=False)
     assert off.properties()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
-    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in RuntimeConfig(
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in RuntimeSpec(
         device="NPU", dynamic_quantization=False).properties()  # a CPU/GPU plugin property
     runner = StageRunner(two_stage, 0, off)
     assert int(runner.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 0
@@ -87,8 +89,8 @@ def test_dynamic_quantization_can_be_turned_off_on_cpu(two_stage: Path) -> None:
 
 def test_the_plugins_primitive_cache_is_bounded_on_cpu(two_stage: Path) -> None:
     """Each new step shape adds compiled primitives; a serving stage sees many shapes."""
-    assert RuntimeConfig().properties()["CPU_RUNTIME_CACHE_CAPACITY"] == 1000
-    assert "CPU_RUNTIME_CACHE_CAPACITY" not in RuntimeConfig(device="GPU").properties()
+    assert RuntimeSpec().properties()["CPU_RUNTIME_CACHE_CAPACITY"] == 1000
+    assert "CPU_RUNTIME_CACHE_CAPACITY" not in RuntimeSpec(device="GPU").properties()
     compiled_with: list[dict] = []
 
     class RecordingCore(ov.Core):  # (a compiled model cannot report this property)
@@ -97,7 +99,7 @@ def test_the_plugins_primitive_cache_is_bounded_on_cpu(two_stage: Path) -> None:
             return super().compile_model(model, device, properties)
 
     for runner in (StageRunner, PagedStageRunner):
-        runner(two_stage, 0, RuntimeConfig(), core=RecordingCore())
+        runner(two_stage, 0, RuntimeSpec(), core=RecordingCore())
         assert compiled_with.pop()["CPU_RUNTIME_CACHE_CAPACITY"] == 1000
 
 

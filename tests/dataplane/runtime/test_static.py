@@ -11,15 +11,18 @@ import openvino as ov
 import pytest
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.masks import MASK_MIN, static_step_mask
-from dataplane.runtime.stateful import RuntimeConfig, StageError, StageRunner, load_runner
+from dataplane.runtime.load import load_runner
+from dataplane.runtime.stateful import StageRunner
 from dataplane.runtime.static import StaticStageRunner, static_properties
 from zctl.engine.scheduler import generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.manifest import MANIFEST_NAME, ManifestError, StaticKV, load_manifest
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+EXACT = RuntimeSpec(precision="f32", kv_cache_precision="f32")
 CONTEXT, CHUNK = 48, 4
 PROMPTS = [[0, 17, 42, 99, 5, 230, 7, 8, 9, 10], [0, 11, 12, 13, 14, 15, 11, 12, 13, 14, 15],
            [0, 300, 301]]
@@ -61,10 +64,10 @@ def test_static_mask_is_the_dynamic_mask_over_filled_slots() -> None:
 
 
 def test_compile_properties_per_device() -> None:
-    cpu = static_properties(RuntimeConfig(num_threads=2, kv_cache_precision="u8"))
+    cpu = static_properties(RuntimeSpec(num_threads=2, kv_cache_precision="u8"))
     assert cpu == {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
                    "INFERENCE_NUM_THREADS": 2, "CPU_RUNTIME_CACHE_CAPACITY": 1000}
-    assert static_properties(RuntimeConfig(device="NPU", num_threads=2)) == {
+    assert static_properties(RuntimeSpec(device="NPU", num_threads=2)) == {
         "PERFORMANCE_HINT": "LATENCY"}
 
 
@@ -204,10 +207,10 @@ def test_bad_input_is_refused_and_the_stream_survives(static2: Path, stateful2: 
     with pytest.raises(StageError, match="stateful export"):
         StaticStageRunner(stateful2, 0, EXACT)
     with pytest.raises(StageError, match="zctl export --static"):
-        StageRunner(stateful2, 0, RuntimeConfig(device="NPU"))
+        StageRunner(stateful2, 0, RuntimeSpec(device="NPU"))
     if "NPU" not in ov.Core().available_devices:  # no NPU here: a clear error, no crash
         with pytest.raises(StageError, match="cannot compile static stage 0 on NPU"):
-            StaticStageRunner(static2, 0, RuntimeConfig(device="NPU"))
+            StaticStageRunner(static2, 0, RuntimeSpec(device="NPU"))
     with pytest.raises(ManifestError, match="chunk <= context"):
         StaticKV(8, 16)
     broken = tmp_path / "broken"

@@ -21,6 +21,7 @@ from dataplane.wire.frames import (
     ReplyMode,
     decode_frame,
     encode_frame,
+    frame_bytes,
     prepare_frame,
     restamp_send,
     seal_frame,
@@ -29,6 +30,7 @@ from dataplane.wire.frames import (
 )
 from dataplane.wire.reply_records import top1_record, top1_records, top_k_records
 from dataplane.wire.timing import TimingWindow, derive_step_timing, flatten, percentiles
+from tests.helpers.worker import step
 
 # Index of each field in FIXED's unpacked tuple.
 F_MAGIC, F_VERSION, F_KIND, F_REPLY, F_DTYPE, F_TOPK, F_NDIM, F_NTIMING = range(8)
@@ -447,3 +449,20 @@ def test_ragged_row_frames_round_trip_and_are_checked():
     for header, body, message in cases:
         with pytest.raises(FrameError, match=message):
             decode_frame(encode_frame(header, body))
+
+
+def test_fed_tokens_go_only_on_one_row_steps() -> None:
+    header, payload = decode_frame(step(0, np.zeros((1, 2, 4), np.float32), [0, 1]))
+    header.fed, header.guessed = np.array([5, 6], np.int64), True
+    got, _ = decode_frame(encode_frame(header, np.array(payload)))
+    assert got.fed.tolist() == [5, 6] and got.guessed
+    header.fed = np.array([5], np.int64)  # one per position, or none
+    with pytest.raises(FrameError, match="fed tokens"):
+        decode_frame(encode_frame(header, np.array(payload)))
+    reset = HiddenStateFrame(Kind.RESET, 0, 0, 1, guessed=True)
+    with pytest.raises(FrameError, match="fed tokens"):
+        decode_frame(encode_frame(reset))
+
+
+def test_frame_bytes_count_every_parts_buffer():
+    assert frame_bytes([b"abc", np.zeros((2, 4), np.float32), b""]) == 3 + 32

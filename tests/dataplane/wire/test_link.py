@@ -132,7 +132,7 @@ def test_bad_link_shapes_are_refused(kwargs):
 def test_bad_shapes_fail_clearly_on_the_command_line_and_cluster_start():
     from typer.testing import CliRunner
 
-    from controlplane.records import RuntimeSpec
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.cli.app import app
     from zctl.launcher.local import ClusterError, link_shape, start_local_cluster
     from zctl.launcher.processes import LinkShape

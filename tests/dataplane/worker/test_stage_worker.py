@@ -14,6 +14,7 @@ from dataplane.wire.frames import (
     HiddenStateFrame,
     Kind,
     ReplyMode,
+    encode_frame,
     stamp,
     timing_records,
 )
@@ -29,7 +30,7 @@ from dataplane.wire.transport import (
     send_parts,
 )
 from dataplane.worker.stage_worker import CONTROL_PREFIX, StageWorker, admit
-from tests.helpers.worker import EPOCH, Coordinator, hidden_for, settled, step
+from tests.helpers.worker import EPOCH, Coordinator, cancel, hidden_for, reference_logits, settled, step
 
 
 def test_pure_helpers():
@@ -411,3 +412,40 @@ def test_a_bad_next_hop_fails_clearly_and_closes_the_inbound_pipe(monkeypatch) -
     with pytest.raises(TransportError, match="cannot connect"):
         pipes.open_pipes(zmq.Context.instance(), "tcp://127.0.0.1:*", "tcp://no such host")
     assert len(opened) == 1 and opened[0].closed
+
+
+def test_a_computed_step_is_rewound_by_its_cancel(last_stage) -> None:
+    worker, coord, first, ref = last_stage
+    x0 = hidden_for(first, [1, 2, 3], [0, 1, 2])
+    coord.send_parts(step(0, x0, [0, 1, 2]))
+    assert coord.recv() is not None
+    ref.step(0, x0, np.arange(3))
+    coord.send_parts(step(0, hidden_for(first, [9], [3]), [3], step_no=1, request_id=2))
+    assert coord.recv()[0].request_id == 2  # computed on a wrong guess
+    coord.send_parts(cancel(1, 1, 3))
+    x2 = hidden_for(first, [4], [3])
+    coord.send_parts(step(0, x2, [3], step_no=2, request_id=3, reply=ReplyMode.LOGITS))
+    header, payload = coord.recv()
+    assert header.request_id == 3 and header.kind == Kind.REPLY
+    assert np.allclose(payload, reference_logits(ref, x2, [3]), atol=1e-5)
+    stats = worker.stats()
+    assert (stats.cancels, stats.skipped, stats.errors_sent) == (1, 0, 0)
+    assert worker.runner.kept_tokens(0) == 4
+
+
+def test_bad_cancels_leave_the_worker_serving(last_stage) -> None:
+    worker, coord, first, _ = last_stage
+    x0 = hidden_for(first, [1, 2, 3], [0, 1, 2])
+    coord.send_parts(step(0, x0, [0, 1, 2]))
+    coord.recv()
+    bad = encode_frame(HiddenStateFrame(Kind.CANCEL, 0, 0, EPOCH), np.array([3, 1, 2], np.int64))
+    coord.send_parts(bad)  # an inconsistent range: dropped, counted
+    coord.send_parts(cancel(1, 0, 9))  # keeps more than the stream holds: its steps refused
+    coord.send_parts(step(0, hidden_for(first, [4], [3]), [3], step_no=1, request_id=2))
+    header, _ = coord.recv()
+    assert header.kind == Kind.ERROR and "cancel" in header.error
+    stats = worker.stats()
+    assert stats.malformed == 1 and stats.cancels == 0
+    coord.send(HiddenStateFrame(Kind.RESET, 0, 0, EPOCH + 1))  # a reset starts it afresh
+    coord.send_parts(step(0, x0, [0, 1, 2], epoch=EPOCH + 1, request_id=3))
+    assert coord.recv()[0].kind == Kind.REPLY

@@ -35,12 +35,12 @@ def test_modes_rotate_and_an_unknown_mode_is_refused() -> None:
 
 def test_step_chain_decodes_greedily_in_every_mode(dp_export2) -> None:
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.engine.scheduler import generate_greedy
 
     prompt = [0, 17, 42, 99]
-    samples = step_chain(LocalChain.load(str(dp_export2), RuntimeConfig()), prompt, 6, 0.0005)
-    expected = list(generate_greedy(LocalChain.load(str(dp_export2), RuntimeConfig()), prompt, 7))
+    samples = step_chain(LocalChain.load(str(dp_export2), RuntimeSpec()), prompt, 6, 0.0005)
+    expected = list(generate_greedy(LocalChain.load(str(dp_export2), RuntimeSpec()), prompt, 7))
     assert samples.tokens == expected
     assert samples.ops == {}
     for mode in MODES:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 from tools.harness.cluster import (
     LOCK_FILE,
     served_cluster,

@@ -4,12 +4,12 @@ rotating order, each on its own greedy stream."""
 from __future__ import annotations
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from tools.harness.greedy import paired_step_ms
 
 
 def test_chains_are_stepped_token_by_token_each_on_its_own_greedy_stream(tiny_exports) -> None:
-    config = RuntimeConfig(precision="f32")
+    config = RuntimeSpec(precision="f32")
     exports = {"one": tiny_exports.get([(0, 4)]), "two": tiny_exports.get([(0, 2), (2, 4)])}
     chains = {key: LocalChain.load(str(path), config) for key, path in exports.items()}
     prompt = [3, 14, 15, 92, 65]

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.stateful import StageRunner
 from tools.harness.options import parse_k
 from tools.spec.accounting import (
     all_identical,
@@ -19,7 +20,7 @@ from tools.spec.accounting import (
 from tools.spec.prompts import BenchPrompt
 from tools.spec.speedup import render, run_bench
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+EXACT = RuntimeSpec(precision="f32", kv_cache_precision="f32")
 
 
 def test_comparison_helpers() -> None:

@@ -62,7 +62,7 @@ def no_cluster(monkeypatch):
 
 def test_a_failed_measurement_is_a_result_and_the_others_still_run(no_cluster, monkeypatch,
                                                                    tmp_path):
-    from controlplane.records import RuntimeSpec
+    from dataplane.runtime.config import RuntimeSpec
     from tools.wan import runner
 
     calls = []
@@ -91,7 +91,7 @@ def test_a_failed_measurement_is_a_result_and_the_others_still_run(no_cluster, m
 
 def test_a_cluster_that_does_not_start_fails_its_cells_only(no_cluster, monkeypatch, tmp_path):
     import zctl.launcher.local as procs
-    from controlplane.records import RuntimeSpec
+    from dataplane.runtime.config import RuntimeSpec
     from tools.wan import runner
 
     def start(export_dir, nodes, runtime, root, **options):

@@ -63,9 +63,9 @@ def exact_chain(export_dir: Path, paged: bool) -> tuple[Any, ChatTokenizer, Gram
     """The tiny export's 2-stage chain in one process with exact numerics (stateful or
     paged KV), its tokenizer and a grammar compiler for it."""
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
 
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(
         precision="f32", kv_cache_precision="f32", dynamic_quantization=False,
         paged_attention=paged))
     tokenizer = ChatTokenizer(export_dir)
@@ -399,11 +399,11 @@ def test_the_engine_steps_other_streams_while_a_grammar_compiles(dp_export2) -> 
     import time
 
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.engine.core import GenerationEngine
     from zctl.engine.requests import GenerationChunk, GenerationDone
 
-    chain = LocalChain.load(str(dp_export2), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(dp_export2), RuntimeSpec(precision="f32"))
     tokenizer = ChatTokenizer(dp_export2)
     engine = GenerationEngine(tokenizer, [tokenizer.eos_token_id], lambda: chain)
     gate = threading.Event()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.core import GenerationEngine
 from zctl.engine.requests import (
     BAD_REQUEST,
@@ -26,7 +26,7 @@ from zctl.engine.tokenizer import ChatTokenizer
 @pytest.fixture(scope="module")
 def setup(tiny_exports):
     export_dir: Path = tiny_exports.get([(0, 2), (2, 4)])
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32"))
     return export_dir, chain, ChatTokenizer(export_dir)
 
 

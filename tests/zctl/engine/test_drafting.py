@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.draft_model import ModelDrafter
-from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+from dataplane.runtime.stateful import StageRunner
 from zctl.engine.drafting import (
     LookupDrafter,
     StepCost,
@@ -27,7 +28,7 @@ from zctl.engine.executor import InlineExecutor
 from zctl.engine.scheduler import generate_greedy, generate_speculative
 from zctl.engine.stats import SpeculativeStats
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+EXACT = RuntimeSpec(precision="f32", kv_cache_precision="f32")
 REPEAT = [0, 11, 12, 13, 14, 15, 11, 12, 13, 14, 15, 11, 12, 13]
 PROMPTS = [[0, 17, 42, 99, 5, 230, 7], REPEAT, [0, 300, 301, 302]]
 N = 24

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine import prefill_planner
 from zctl.engine.prefill import (
     FAIR_MIN_CHUNK,
@@ -284,9 +284,9 @@ def test_a_prompt_beside_decoding_streams_rides_in_their_steps_on_paged_stages(d
     """Split-fuse: on paged stages a prompt arriving while streams decode joins their row
     group, each chunk a ragged row of their step: they never wait for a prefill step."""
     exact = dict(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
-    stateful = LocalChain.load(str(dp_export2), RuntimeConfig(**exact))
+    stateful = LocalChain.load(str(dp_export2), RuntimeSpec(**exact))
     paged = _RowSteps(LocalChain.load(str(dp_export2),
-                                      RuntimeConfig(**exact, paged_attention=True)))
+                                      RuntimeSpec(**exact, paged_attention=True)))
     sessions, late, want = _two_short_and_a_long(stateful)
     scheduler = StreamScheduler(paged, row_groups=1)
     assert scheduler.ragged
@@ -343,13 +343,13 @@ def test_a_fused_chunk_is_held_to_the_budget_its_steps_measure(dp_export2, monke
     FUSED_BUDGET decode steps; the tokens are those of any chunking."""
     monkeypatch.setattr(prefill_planner, "MODELLED_PROMPT", 64)  # a tiny model's long prompt
     exact = dict(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
-    stateful = LocalChain.load(str(dp_export2), RuntimeConfig(**exact))
+    stateful = LocalChain.load(str(dp_export2), RuntimeSpec(**exact))
     short = [[0, 5, 6, 7], [0, 9, 10, 11]]
     long = [0, *range(20, 260)]
     want = [list(generate_greedy(stateful, p, n, stream_id=30 + i))
             for i, (p, n) in enumerate([(short[0], 40), (short[1], 40), (long, 8)])]
     paged = _CostedSteps(LocalChain.load(str(dp_export2),
-                                         RuntimeConfig(**exact, paged_attention=True)),
+                                         RuntimeSpec(**exact, paged_attention=True)),
                          decode_ms=10.0, token_ms=3.0, prompt_id=2)  # t prompt tokens: 10 + 3t
     sessions = [DecodeSession(i, p, 40) for i, p in enumerate(short)]
     late = DecodeSession(2, long, 8)
@@ -381,7 +381,7 @@ def test_a_short_cached_prefix_is_not_loaded_beside_decoding_streams(dp_export2)
     (the prompt rides in their steps from its first chunk); alone, it is loaded."""
     exact = dict(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
     paged = _RowSteps(LocalChain.load(str(dp_export2),
-                                      RuntimeConfig(**exact, paged_attention=True)))
+                                      RuntimeSpec(**exact, paged_attention=True)))
     scheduler = StreamScheduler(paged, row_groups=1, prefix_cache_tokens=4096)
     first = DecodeSession(0, [0, *range(40, 60)], 4)  # leaves a 24-token entry
     list(run_sessions_on(scheduler, [first]))

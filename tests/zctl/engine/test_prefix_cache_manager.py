@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.core import GenerationEngine
 from zctl.engine.requests import BAD_REQUEST, GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.tokenizer import ChatTokenizer
@@ -21,7 +21,7 @@ TEXT = ("the quick brown fox jumps over the lazy dog and then it runs far away i
 @pytest.fixture(scope="module", params=["paged", "stateful"])
 def chain_and_tokenizer(request, tiny_exports):
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    config = RuntimeConfig(**EXACT, paged_attention=request.param == "paged")
+    config = RuntimeSpec(**EXACT, paged_attention=request.param == "paged")
     return LocalChain.load(str(export_dir), config), ChatTokenizer(export_dir)
 
 

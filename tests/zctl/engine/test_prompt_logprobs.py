@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from tests.zctl.engine.test_core import drive, engine_for
 from zctl.engine import admission
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
@@ -37,7 +37,7 @@ def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 def setup(tiny_exports):
     export_dir: Path = tiny_exports.get([(0, 2), (2, 4)])
     chain = LocalChain.load(str(export_dir),  # exact numerics: an f32 KV cache too
-                            RuntimeConfig(precision="f32", kv_cache_precision="f32"))
+                            RuntimeSpec(precision="f32", kv_cache_precision="f32"))
     return export_dir, chain, ChatTokenizer(export_dir)
 
 

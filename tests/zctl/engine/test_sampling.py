@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.drafting import LookupDrafter
 from zctl.engine.executor import InlineExecutor, StepReply
 from zctl.engine.sampling import SamplingParams, draw, speculative_sample, target_probs
@@ -143,7 +143,7 @@ def test_same_seed_same_output() -> None:
 
 def test_top_k_one_sampling_equals_greedy_on_real_stages(tiny_exports) -> None:
     chain = LocalChain.load(str(tiny_exports.get([(0, 2), (2, 4)])),
-                            RuntimeConfig(precision="f32", kv_cache_precision="f32"))
+                            RuntimeSpec(precision="f32", kv_cache_precision="f32"))
     prompt = [0, 11, 12, 13, 14, 11, 12, 13, 14, 11]
     want = list(generate_greedy(chain, prompt, 16))
     one_hot = SamplingParams(temperature=0.7, top_k=1, seed=0)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.drafting import LookupDrafter
 from zctl.engine.executor import InlineExecutor, Step, StepReply
 from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 
-EXACT = RuntimeConfig(precision="f32", kv_cache_precision="f32")
+EXACT = RuntimeSpec(precision="f32", kv_cache_precision="f32")
 PROMPTS = [[0, 17, 42, 99, 5, 230, 7], [0, 11, 12, 13, 11, 12, 13, 11], [0, 300, 301, 302],
            [0, 5, 6, 7, 8, 9]]
 N = 16
@@ -194,7 +194,7 @@ class PipelinedCounting(CountingModel):
         self._next = 0
 
     def submit(self, step):
-        from dataplane.head.types import ClusterReply
+        from dataplane.head.replies import ClusterReply
 
         reply = self.compute(step)
         self._next += 1
@@ -222,7 +222,7 @@ class GroupingCounting(PipelinedCounting):
     def submit(self, step):
         if np.ndim(step.token_ids) == 1:
             return super().submit(step)
-        from dataplane.head.types import ClusterReply
+        from dataplane.head.replies import ClusterReply
 
         stream_id = step.stream_id
         assert np.shape(step.token_ids)[1] == 1 and stream_id in self.groups

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 from zctl.launcher.local import (
     STATEFUL_WORKERS,
     ClusterError,
@@ -95,12 +95,12 @@ def test_node_zero_is_the_coordinator(tmp_path: Path) -> None:
 def test_the_data_plane_alone_generates_what_one_process_does(tiny_exports,
                                                                tmp_path: Path) -> None:
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.engine.scheduler import generate_greedy
 
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
     prompt = [int(t) for t in np.random.default_rng(3).integers(5, 200, 12)]
-    local = list(generate_greedy(LocalChain.load(str(export_dir), RuntimeConfig(
+    local = list(generate_greedy(LocalChain.load(str(export_dir), RuntimeSpec(
         precision="f32", kv_cache_precision="f32", dynamic_quantization=False)), prompt, 10))
     with local_data_plane(export_dir, STATEFUL, tmp_path) as head:
         assert head.num_stages == 3
@@ -114,11 +114,11 @@ def test_the_data_plane_alone_generates_what_one_process_does(tiny_exports,
 def test_the_data_plane_with_the_default_runtime_equals_the_local_chain(tiny_exports, dp_hosts,
                                                                         tmp_path: Path) -> None:
     from dataplane.head.local_chain import LocalChain
-    from dataplane.runtime.stateful import RuntimeConfig
+    from dataplane.runtime.config import RuntimeSpec
     from zctl.engine.scheduler import generate_greedy
 
     export = tiny_exports.get([(0, 2), (2, 4)])
-    local = LocalChain.load(str(export), RuntimeConfig())
+    local = LocalChain.load(str(export), RuntimeSpec())
     with local_data_plane(export, RuntimeSpec(), tmp_path) as pipe:
         got = list(generate_greedy(pipe, [0, 17, 42], 8))
         assert pipe.stats.errors == 0

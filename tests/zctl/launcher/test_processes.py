@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 from zctl.launcher.__main__ import main
 from zctl.launcher.processes import (
     CoordinatorProcess,

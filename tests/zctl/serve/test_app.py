@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from tests.zctl.service.test_server import SlowChain
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
@@ -76,7 +76,7 @@ def tiny(tiny_exports):
     global MODEL
     export_dir: Path = tiny_exports.get([(0, 2), (2, 4)])
     MODEL = load_manifest(export_dir).model.name
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32"))
     return export_dir, chain, ChatTokenizer(export_dir)
 
 

@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from controlplane.records import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec
 from zctl.cli.app import app
 from zctl.doctor import probes
 from zctl.doctor.verdicts import PASS, WARN, api_check

@@ -14,7 +14,7 @@ import zmq
 
 from controlplane.messages import PROTOCOL_VERSION, Error, encode_message, from_frames, to_frames
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.executor import InlineExecutor
 from zctl.engine.requests import (
     MAX_NEW_TOKENS,
@@ -34,7 +34,7 @@ from zctl.service.server import MAX_REQUEST_BYTES, GenerationService
 @pytest.fixture
 def service(tiny_exports):
     export_dir: Path = tiny_exports.get([(0, 2), (2, 4)])
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32"))
     svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*")
     svc.start()
     yield svc, export_dir
@@ -49,7 +49,7 @@ def test_stream_matches_greedy_and_ends_with_done(service) -> None:
     chunks = [m for m in messages if isinstance(m, GenerationChunk)]
     streamed = [t for c in chunks for t in c.tokens]
     tokenizer = ChatTokenizer(export_dir)
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32"))
     expected = list(generate_greedy(chain, tokenizer.encode("the sky is"), 10))
     assert streamed == messages[-1].tokens == expected
     assert messages[-1].text == tokenizer.decode(expected)
@@ -132,7 +132,7 @@ def test_concurrent_requests_share_the_pipeline_and_queue_beyond_max_streams(tin
     from concurrent.futures import ThreadPoolExecutor
 
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32"))
     tokenizer = ChatTokenizer(export_dir)
     prompts = ["the sky is", "one two three one two three", "hello", "a b c d"]
     expected = [list(generate_greedy(chain, tokenizer.encode(p), 12)) for p in prompts]
@@ -151,7 +151,7 @@ def test_concurrent_requests_share_the_pipeline_and_queue_beyond_max_streams(tin
 def test_speculative_requests_equal_greedy_and_report_acceptance(tiny_exports) -> None:
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     draft_dir = tiny_exports.get([(0, 4)])
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32"))
     tokenizer = ChatTokenizer(export_dir)
     prompt = "one two three one two three one two"
     expected = list(generate_greedy(chain, tokenizer.encode(prompt), 16))
@@ -185,7 +185,7 @@ def test_bad_speculative_fields_are_refused() -> None:
 def test_sampled_requests_follow_the_seed_and_top_k_one_is_greedy(service) -> None:
     svc, export_dir = service
     prompt = "one two three one two three one two"
-    chain = LocalChain.load(str(export_dir), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export_dir), RuntimeSpec(precision="f32"))
     greedy = list(generate_greedy(chain, ChatTokenizer(export_dir).encode(prompt), 12))
     sampled = [_done(svc.endpoint, GenerationRequest(f"t{i}", prompt, 12, ignore_eos=True,
                                                    temperature=1.5, seed=42, speculative=spec))
@@ -242,7 +242,7 @@ def _long_request(rid: str, n: int = 60) -> GenerationRequest:
 def flaky(tiny_exports):
     """A service on a slow in-process chain whose health the test sets (``problem``)."""
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    chain = SlowChain(LocalChain.load(str(export_dir), RuntimeConfig(precision="f32")))
+    chain = SlowChain(LocalChain.load(str(export_dir), RuntimeSpec(precision="f32")))
     problem: list[str] = []
     expected = list(generate_greedy(chain.chain, ChatTokenizer(export_dir).encode("the sky is"),
                                     60))
@@ -291,7 +291,7 @@ def test_a_step_failing_because_the_pipeline_was_replaced_resumes_it(tiny_export
     executor's sockets are closed and its next step fails; the generation is held and
     resumed on the new executor by replay, not failed."""
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    config = RuntimeConfig(precision="f32")
+    config = RuntimeSpec(precision="f32")
     old, new = (SlowChain(LocalChain.load(str(export_dir), config)) for _ in range(2))
     expected = list(generate_greedy(old.chain, ChatTokenizer(export_dir).encode("the sky is"),
                                     60))
@@ -367,7 +367,7 @@ def test_concurrent_row_grouped_generations_resume_exactly(tiny_exports) -> None
     from concurrent.futures import ThreadPoolExecutor
 
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    exact = RuntimeConfig(precision="f32", kv_cache_precision="f32")  # rows == streams
+    exact = RuntimeSpec(precision="f32", kv_cache_precision="f32")  # rows == streams
     chain = SlowChain(LocalChain.load(str(export_dir), exact), 0.01)
     tokenizer = ChatTokenizer(export_dir)
     prompts = ["the sky is", "one two three one two three", "hello"]
@@ -444,7 +444,7 @@ def test_a_client_that_cancels_and_leaves_at_once_is_not_counted_as_found_gone(
     by hand here, its thread never started, to make that order certain.)"""
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     svc = GenerationService(export_dir, lambda: LocalChain.load(
-        str(export_dir), RuntimeConfig(precision="f32")), "tcp://127.0.0.1:*")
+        str(export_dir), RuntimeSpec(precision="f32")), "tcp://127.0.0.1:*")
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.ROUTING_ID, b"quitter")

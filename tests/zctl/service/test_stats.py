@@ -14,7 +14,7 @@ import pytest
 from controlplane import messages as m
 from dataplane.head.figures import StepFigures
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.stateful import RuntimeConfig
+from dataplane.runtime.config import RuntimeSpec
 from tests.helpers.control import Cluster, FakeStage, node, wait_for
 from tests.zctl.service.test_server import SlowChain, raw_client
 from zctl.engine.core import GenerationEngine
@@ -37,7 +37,7 @@ def export(tiny_exports) -> Path:
 
 
 def test_stats_of_a_local_chain_after_generations(export: Path) -> None:
-    chain = LocalChain.load(str(export), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export), RuntimeSpec(precision="f32"))
     steps: list[int] = []
     compute = chain.compute
     chain.compute = lambda step: steps.append(1) or compute(step)  # type: ignore[method-assign]
@@ -71,7 +71,7 @@ def test_stats_of_a_local_chain_after_generations(export: Path) -> None:
 
 
 def test_stats_while_generating_show_running_waiting_and_kv_slots(export: Path) -> None:
-    chain = SlowChain(LocalChain.load(str(export), RuntimeConfig(precision="f32")))
+    chain = SlowChain(LocalChain.load(str(export), RuntimeSpec(precision="f32")))
     svc = GenerationService(export, lambda: chain, "tcp://127.0.0.1:*", max_streams=1)
     svc.start()
     try:
@@ -89,7 +89,7 @@ def test_stats_while_generating_show_running_waiting_and_kv_slots(export: Path) 
 
 
 def test_a_malformed_stats_request_gets_an_error_and_serving_goes_on(export: Path) -> None:
-    chain = LocalChain.load(str(export), RuntimeConfig(precision="f32"))
+    chain = LocalChain.load(str(export), RuntimeSpec(precision="f32"))
     failing: list[bool] = []
 
     def cluster() -> Any:

@@ -57,9 +57,10 @@ def test_rows_mask_is_each_rows_stream_mask() -> None:
 # -- row groups on real stages (tiny random Llama, 2 fp32 stages) -------------------------
 
 def _runners(export_dir):  # noqa: ANN001, ANN202
-    from dataplane.runtime.stateful import RuntimeConfig, StageRunner
+    from dataplane.runtime.config import RuntimeSpec
+    from dataplane.runtime.stateful import StageRunner
 
-    return [StageRunner(export_dir, i, RuntimeConfig(precision="f32", kv_cache_precision="f32"))
+    return [StageRunner(export_dir, i, RuntimeSpec(precision="f32", kv_cache_precision="f32"))
             for i in range(2)]
 
 
@@ -89,7 +90,7 @@ def _greedy_alone(runners, sid: int, prompt: list[int], n: int) -> list[int]:  #
 
 
 def test_row_groups_decode_like_streams_alone_as_rows_join_and_leave(dp_export2) -> None:  # noqa: ANN001
-    from dataplane.runtime.stateful import StageError
+    from dataplane.runtime.base import StageError
 
     runners = _runners(dp_export2)
     prompts = {1: [5, 9, 3, 7, 2], 2: [11, 4], 3: [8, 8, 1, 6, 2, 9, 4]}
@@ -137,7 +138,7 @@ def test_row_groups_decode_like_streams_alone_as_rows_join_and_leave(dp_export2)
 
 
 def test_rows_rewind_per_row_and_refuse_bad_counts(dp_export2) -> None:  # noqa: ANN001
-    from dataplane.runtime.stateful import StageError
+    from dataplane.runtime.base import StageError
 
     runner = _runners(dp_export2)[0]
     for sid, n in ((1, 4), (2, 2)):

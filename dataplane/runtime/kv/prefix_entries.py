@@ -1,4 +1,5 @@
-"""Prefix entries: the KV of a token prefix a stage keeps for streams that start with it.
+"""Prefix entries of a stateful stage: the KV of a token prefix it keeps for streams that
+start with it.
 
 The engine keeps an index of prefixes and tells every stage, in order with the steps, to
 save, load and drop entries by id (PREFIX frames; dataplane.wire.prefix_ops). An entry holds the first
@@ -13,19 +14,20 @@ save, load and drop entries by id (PREFIX frames; dataplane.wire.prefix_ops). An
 
 Kept slots in physical order are in logical order (rewinds mask the last ones, steps
 append, merges keep the order), so the first ``length`` logical tokens are the first
-``length`` kept slots. ``PrefixCache`` is StageRunner's part (a mixin).
+``length`` kept slots. ``PrefixEntries`` holds a ``StageRunner``'s entries and saves and
+loads them; a paged stage keeps its prefixes as shared blocks instead
+(dataplane.runtime.kv.blocks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
 
 import numpy as np
 import openvino as ov
 
 from dataplane.runtime.base import StageError
-from dataplane.runtime.kv.rows import SLOT_AXIS
+from dataplane.runtime.kv.rows import SLOT_AXIS, find_row
 from dataplane.runtime.kv.slots import RowGroup, StreamSlots, request_states
 
 
@@ -59,41 +61,26 @@ def prefix_table(keep: np.ndarray, length: int) -> np.ndarray:
     return table
 
 
-def kv_bytes_per_token(compiled: ov.CompiledModel, layers: int, kv_heads: int,
-                       head_dim: int) -> int:
-    """Bytes one token's KV takes in a compiled stage of ``layers`` layers (a key and a value
-    each): the KEY/VALUE_CACHE_PRECISION (else KV_CACHE_PRECISION) it was
-    compiled with, else the state's element type. Quantized caches also keep a scale and
-    zero point per token and head (not counted)."""
+class PrefixEntries:
+    """A stateful stage's prefix entries by id: saved from its streams (or a row group's
+    rows), loaded into its streams, dropped. Owned by the ``StageRunner``, which gives it its
+    stream and row-group tables (a taken entry leaves the one and goes back to it) and what
+    one token's KV costs there."""
 
-    def bits(name: str) -> int | None:
-        try:
-            return int(compiled.get_property(name).bitwidth)
-        except (RuntimeError, TypeError, AttributeError):
-            return None
-
-    kv = bits("KV_CACHE_PRECISION")
-    key, value = bits("KEY_CACHE_PRECISION") or kv, bits("VALUE_CACHE_PRECISION") or kv
-    if key is None or value is None:
-        states = compiled.create_infer_request().query_state()
-        key = value = states[0].state.element_type.bitwidth if states else 0
-    return layers * kv_heads * head_dim * (key + value) // 8
-
-
-class PrefixStore:
-    """A stage's prefix entries by id."""
-
-    def __init__(self) -> None:
+    def __init__(self, streams: dict[int, StreamSlots], groups: dict[int, RowGroup], stage: int,
+                 kv_bytes_per_token: int) -> None:
         self.entries: dict[int, PrefixEntry] = {}
+        self.streams, self.groups = streams, groups
+        self.stage, self.kv_bytes_per_token = stage, kv_bytes_per_token
 
-    def get(self, entry_id: int, length: int, stage: int) -> PrefixEntry:
+    def get(self, entry_id: int, length: int) -> PrefixEntry:
         """The entry, if it holds at least ``length`` tokens (else StageError)."""
         entry = self.entries.get(entry_id)
         if entry is None:
-            raise StageError(f"prefix entry {entry_id} does not exist on stage {stage}")
+            raise StageError(f"prefix entry {entry_id} does not exist on stage {self.stage}")
         if not 1 <= length <= entry.length:
             raise StageError(f"prefix entry {entry_id} holds {entry.length} tokens on stage "
-                             f"{stage}: cannot load {length}")
+                             f"{self.stage}: cannot load {length}")
         return entry
 
     def nbytes(self) -> int:
@@ -105,34 +92,15 @@ class PrefixStore:
                 continue
         return -1
 
-
-class PrefixCache:
-    """StageRunner's prefix entries (a mixin: the runner provides ``streams``, ``groups``,
-    ``spec``, ``prefixes`` (a PrefixStore) and ``kv_bytes_per_token``)."""
-
-    prefix_cache_supported: ClassVar[bool] = True
-    streams: dict[int, StreamSlots]
-    groups: dict[int, RowGroup]
-    prefixes: PrefixStore
-    kv_bytes_per_token: int
-    spec: Any
-
-    def row_of(self, stream_id: int) -> tuple[int, int] | None:
-        """(group id, row) of the row group ``stream_id`` is a row of here, if any."""
-        for group_id, group in self.groups.items():
-            if stream_id in group.members:
-                return group_id, group.members.index(stream_id)
-        return None
-
-    def save_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
+    def save(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
         """Keep the first ``length`` logical KV slots of stream ``stream_id`` (alone, or a row
         of a row group) as entry ``entry_id``, replacing any entry of that id. ``take`` (a
         stream alone): the stream's request becomes the entry, no copy, and the stream is
         closed here. On error the stream is unchanged and no entry ``entry_id`` is left."""
-        self.prefixes.entries.pop(entry_id, None)
-        stage = self.spec.index
+        self.entries.pop(entry_id, None)
+        stage = self.stage
         slots = self.streams.get(stream_id)
-        found = None if slots is not None else self.row_of(stream_id)
+        found = None if slots is not None else find_row(self.groups, stream_id)
         if slots is None and found is None:
             raise StageError(f"stream {stream_id} is not open on stage {stage}: no prefix to save")
         if found is not None and take:
@@ -153,27 +121,27 @@ class PrefixCache:
             row = 0 if found is None else found[1]
             states = first_kept(request_states(request), row, keep, length)
             entry = PrefixEntry(length, sum(a.nbytes for a in states.values()), states=states)
-        self.prefixes.entries[entry_id] = entry
+        self.entries[entry_id] = entry
 
-    def load_prefix(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
+    def load(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
         """Make the first ``length`` tokens of entry ``entry_id`` the KV of stream
         ``stream_id`` (open, stepped alone): its next step continues at logical position
         ``length``. ``take`` removes the entry (a taken stream's request moves to the stream,
         its slots after ``length`` masked); else it stays for other streams. On error
         nothing changes."""
-        stage = self.spec.index
+        stage = self.stage
         slots = self.streams.get(stream_id)
         if slots is None:
-            found = self.row_of(stream_id)
+            found = find_row(self.groups, stream_id)
             where = (f"is a row of row group {found[0]}" if found is not None else "is not open")
             raise StageError(f"stream {stream_id} {where} on stage {stage}: a prefix loads only "
                              "into an open stream stepped alone")
-        entry = self.prefixes.get(entry_id, length, stage)
+        entry = self.get(entry_id, length)
         if take and entry.slots is not None:
             moved = entry.slots
             moved.keep, moved.last, moved.prefetched = prefix_table(moved.keep, length), None, None
             self.streams[stream_id] = moved
-            del self.prefixes.entries[entry_id]
+            del self.entries[entry_id]
             return
         if entry.states is not None:
             states = entry.states
@@ -183,13 +151,13 @@ class PrefixCache:
                                 copy=False)
         self._set_states(slots, states, length)
         if take:
-            del self.prefixes.entries[entry_id]
+            del self.entries[entry_id]
 
     def _set_states(self, slots: StreamSlots, states: dict[str, np.ndarray], length: int) -> None:
         """Set the first ``length`` slots of ``states`` as the stream's whole KV."""
         variables = slots.request.query_state()
         if {v.name for v in variables} != set(states):
-            raise StageError(f"a prefix entry's states do not match stage {self.spec.index}'s")
+            raise StageError(f"a prefix entry's states do not match stage {self.stage}'s")
         tensors = []
         for variable in variables:
             data = states[variable.name]
@@ -203,16 +171,12 @@ class PrefixCache:
         except RuntimeError as exc:  # half set: leave the stream empty rather than mixed
             slots.request.reset_state()
             slots.keep = np.zeros(0, dtype=bool)
-            raise StageError(f"stage {self.spec.index} could not set a prefix's KV: {exc}") from None
+            raise StageError(f"stage {self.stage} could not set a prefix's KV: {exc}") from None
         slots.keep, slots.last, slots.prefetched = np.ones(length, dtype=bool), None, None
 
-    def drop_prefix(self, entry_id: int) -> None:
+    def drop(self, entry_id: int) -> None:
         """Free entry ``entry_id`` (an unknown id is no error)."""
-        self.prefixes.entries.pop(entry_id, None)
+        self.entries.pop(entry_id, None)
 
-    def drop_all_prefixes(self) -> None:
-        self.prefixes.entries.clear()
-
-    def prefix_bytes(self) -> int:
-        """Bytes of the prefix entries held here (any thread)."""
-        return self.prefixes.nbytes()
+    def drop_all(self) -> None:
+        self.entries.clear()

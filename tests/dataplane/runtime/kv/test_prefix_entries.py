@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from dataplane.head.local_chain import LocalChain
-from dataplane.runtime.kv.prefix_store import first_kept, prefix_table
+from dataplane.runtime.base import StageError
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.kv.prefix_entries import first_kept, prefix_table
 from dataplane.runtime.kv.slots import request_states
-from dataplane.runtime.stateful import RuntimeConfig, StageError
 from dataplane.wire.frames import FrameError, HiddenStateFrame, Kind, decode_frame, encode_frame
 from dataplane.wire.prefix_ops import PrefixOp, prefix_command, prefix_payload
 from tests.helpers.prefixes import EXACT, MORE, P, Q, assert_same_continuation, logits, run_on, scratch
@@ -159,7 +160,7 @@ def test_bytes_per_token_and_drops(chain: LocalChain, dp_export2: Path) -> None:
     model = runner.manifest.model
     per_layer = model.num_kv_heads * model.head_dim
     assert runner.kv_bytes_per_token == runner.spec.num_layers * per_layer * 2 * 4  # f32 KV
-    u8 = LocalChain.load(str(dp_export2), RuntimeConfig(precision="f32")).runners[0]
+    u8 = LocalChain.load(str(dp_export2), RuntimeSpec(precision="f32")).runners[0]
     assert u8.compiled.get_property("KV_CACHE_PRECISION").bitwidth == 8  # the CPU default here
     assert u8.kv_bytes_per_token == runner.spec.num_layers * per_layer * 2
     chain.open(1)

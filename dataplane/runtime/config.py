@@ -1,0 +1,80 @@
+"""RuntimeSpec: the settings every stage of a cluster compiles with (no OpenVINO here).
+
+One definition for the runners (which turn it into compile properties), the control
+plane (whose messages carry it to every node: its fields are part of the wire schema)
+and the launcher and command line (which build it from their options).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+DEVICES = ("CPU", "GPU", "NPU", "AUTO")
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """Explicit compile properties, so benchmarks compare like with like."""
+
+    device: str = "CPU"
+    precision: str | None = "f32"  # INFERENCE_PRECISION_HINT; None keeps the plugin default
+    num_threads: int | None = None
+    performance_hint: str = "LATENCY"
+    kv_cache_precision: str | None = None  # e.g. "f32", "u8"; None keeps the plugin default
+    # False: no dynamic quantization of activations (DYNAMIC_QUANTIZATION_GROUP_SIZE 0 on
+    # CPU). The CPU plugin quantizes the inputs of INT4/INT8-compressed matmuls to int8 on
+    # AVX-512-VNNI/AMX machines, in ways that depend on where a graph is cut: there an INT4
+    # 3-stage chain diverged from the 1-stage export within 48 tokens with it on and
+    # matched with it off. Off costs ~30% of decode speed; exact comparisons turn it off.
+    dynamic_quantization: bool = True
+    # True: run a stateful export's stages on PagedAttention (dataplane.runtime.paged):
+    # KV in blocks, every stream its own sequence of one batched inference (CPU only).
+    paged_attention: bool = False
+
+    # Not dataclass fields (the control messages carry the fields only); a subclass may
+    # override them, e.g. to benchmark other settings (tools/bench_parity does).
+    # ENABLE_CPU_PINNING on CPU devices; None keeps the plugin default (YES on Linux), the
+    # same as openvino_genai. With synchronous infer() pinning cost 2-10% per decode step on
+    # 2 busy shared cores; with start_async()+wait() pinned and unpinned were within noise.
+    cpu_pinning: ClassVar[bool | None] = None
+    # Step with start_async() + wait(), so the plugin runs the graph on its own stream thread
+    # (as openvino_genai's decode loop does), not a synchronous infer() on the calling
+    # thread: 6% (1 stage) and 11% (2 stages) faster per decode step here, step-by-step
+    # interleaved A/B on the same export, faster in every paired run.
+    async_infer: ClassVar[bool] = True
+    # CPU_RUNTIME_CACHE_CAPACITY on CPU devices: the plugin keeps a compiled primitive per
+    # operation and input shape, 5,000 by default, and a paged stage's ragged steps change
+    # shape with their rows' token and block counts, so a serving stage's memory grows with
+    # every new prompt length until the cap (both stages in one process: +1,035 MB after
+    # 320 token counts, +740 MB with 1,000 entries). 1,000 served 8 and 16 clients as fast
+    # as the default (docs/measurements.md, "Soak"). None keeps the plugin's default.
+    runtime_cache_capacity: ClassVar[int | None] = 1000
+
+    @property
+    def exact(self) -> bool:
+        """f32 activations and an f32 KV cache: speculative output equals greedy."""
+        return (self.precision == "f32" and self.kv_cache_precision == "f32"
+                and not self.dynamic_quantization)
+
+    def properties(self) -> dict[str, Any]:
+        """The OpenVINO compile properties these settings give."""
+        props: dict[str, Any] = {"PERFORMANCE_HINT": self.performance_hint}
+        if self.precision:
+            props["INFERENCE_PRECISION_HINT"] = self.precision
+        if self.num_threads:
+            props["INFERENCE_NUM_THREADS"] = int(self.num_threads)
+        if self.kv_cache_precision:
+            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        if not self.dynamic_quantization and device_kind(self) == "CPU":
+            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+        if self.cpu_pinning is not None and device_kind(self) == "CPU":
+            props["ENABLE_CPU_PINNING"] = bool(self.cpu_pinning)
+        if self.runtime_cache_capacity is not None and device_kind(self) == "CPU":
+            props["CPU_RUNTIME_CACHE_CAPACITY"] = int(self.runtime_cache_capacity)
+        return props
+
+
+def device_kind(spec: RuntimeSpec) -> str:
+    """The plugin of ``spec.device``: "GPU" for "GPU.1", "NPU" for "NPU:0"."""
+    return spec.device.split(":")[0].split(".")[0]
