@@ -49,6 +49,7 @@ from controlplane.messages import (
     from_frames,
     refusal_text,
     to_frames,
+    type_tag,
 )
 from controlplane.nodeinfo import (
     choose_data_port,
@@ -213,7 +214,7 @@ class NodeAgent:
             self._sock.send_multipart(to_frames(msg, payload, self.config.protocol), zmq.NOBLOCK)
             self._last_sent = time.monotonic()
         except zmq.ZMQError as exc:  # queue full while the coordinator is away
-            log.debug("node %s cannot send %s: %s", self.node_id, msg.TYPE, exc)
+            log.debug("node %s cannot send %s: %s", self.node_id, type_tag(msg), exc)
 
     # -- session -------------------------------------------------------------------------
     def _serve(self) -> str:
@@ -261,8 +262,8 @@ class NodeAgent:
         try:
             return self._dispatch(msg, payload)
         except Exception as exc:  # noqa: BLE001 - a bad message must not kill the node
-            log.exception("node %s: handling %s failed", self.node_id, msg.TYPE)
-            self._send(Error("internal", f"{type(exc).__name__}: {exc}", msg.TYPE))
+            log.exception("node %s: handling %s failed", self.node_id, type_tag(msg))
+            self._send(Error("internal", f"{type(exc).__name__}: {exc}", type_tag(msg)))
             return None
 
     def _refused(self, reason: str) -> str:
@@ -309,7 +310,7 @@ class NodeAgent:
                             msg.ref_type or "a message", msg.code, msg.detail)
         else:
             self.counters["unexpected"] += 1
-            self._send(Error("unexpected", f"a coordinator does not send {msg.TYPE}", msg.TYPE))
+            self._send(Error("unexpected", f"a coordinator does not send {type_tag(msg)}", type_tag(msg)))
         return None
 
     # -- shards --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from controlplane.messages import (
     StatusRequest,
     from_frames,
     to_frames,
+    type_tag,
 )
 from controlplane.records import ClusterStatus
 from controlplane.security import CurveClient
@@ -89,5 +90,5 @@ def _status_reply(endpoint: str, frames: list[bytes]) -> ClusterStatus:
     if isinstance(msg, Error):
         raise ClusterUnreachable(f"the coordinator at {endpoint} refused: {msg.detail}")
     if not isinstance(msg, StatusReply):
-        raise ClusterUnreachable(f"the coordinator at {endpoint} answered {msg.TYPE}")
+        raise ClusterUnreachable(f"the coordinator at {endpoint} answered {type_tag(msg)}")
     return msg.status

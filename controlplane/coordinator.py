@@ -49,6 +49,7 @@ from controlplane.messages import (
     from_frames,
     peer_node_id,
     to_frames,
+    type_tag,
 )
 from controlplane.nodeinfo import (
     choose_data_port,
@@ -256,7 +257,7 @@ class Coordinator:
             self._sock.send_multipart([identity, *to_frames(msg, payload)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             self.counters["send_failed"] += 1
-            log.debug("cannot send %s to %r: %s", msg.TYPE, identity, exc)
+            log.debug("cannot send %s to %r: %s", type_tag(msg), identity, exc)
             return False
         member = self.members.get(_member_identity(identity))
         if member is not None and member.identity == identity:
@@ -292,8 +293,8 @@ class Coordinator:
             self._dispatch(identity, member, msg)
         except Exception as exc:  # noqa: BLE001 - one bad message must not stop the cluster
             self.counters["handler_errors"] += 1
-            log.exception("handling %s from %r failed", msg.TYPE, identity[:64])
-            self._send(identity, Error("internal", f"{type(exc).__name__}: {exc}", msg.TYPE))
+            log.exception("handling %s from %r failed", type_tag(msg), identity[:64])
+            self._send(identity, Error("internal", f"{type(exc).__name__}: {exc}", type_tag(msg)))
 
     def _dispatch(self, identity: bytes, member: ms.Member | None, msg: Message) -> None:
         if isinstance(msg, Enrol):
@@ -306,7 +307,7 @@ class Coordinator:
             if not isinstance(msg, Leave):
                 self.counters["not_enrolled"] += 1
                 self._send(identity, Error("not-enrolled", "this node is not enrolled (or was "
-                                           "marked dead): enrol again", msg.TYPE))
+                                           "marked dead): enrol again", type_tag(msg)))
         elif isinstance(msg, Heartbeat):
             member.kv_slots = msg.kv_slots
         elif isinstance(msg, Leave):
@@ -320,7 +321,7 @@ class Coordinator:
             self._on_stage_ready(member, msg)
         else:
             self.counters["unexpected"] += 1
-            self._send(identity, Error("unexpected", f"a node does not send {msg.TYPE}", msg.TYPE))
+            self._send(identity, Error("unexpected", f"a node does not send {type_tag(msg)}", type_tag(msg)))
 
     def _refuse(self, identity: bytes, node_id: str, host: str, code: str, reason: str) -> None:
         self.counters["refused"] += 1
@@ -371,13 +372,13 @@ class Coordinator:
         if member.offered != msg.shard_hash:
             self.counters["bad_requests"] += 1
             self._send(member.identity, Error("bad-request", f"shard {msg.shard_hash[:12]} "
-                                              "was not offered to this node", msg.TYPE))
+                                              "was not offered to this node", type_tag(msg)))
             return
         try:
             chunk, data = self.source.read_chunk(msg)
         except (ShardError, OSError) as exc:
             self.counters["bad_requests"] += 1
-            self._send(member.identity, Error("bad-request", str(exc), msg.TYPE))
+            self._send(member.identity, Error("bad-request", str(exc), type_tag(msg)))
             return
         if self._send(member.identity, chunk, data):
             self.counters["chunks_served"] += 1
