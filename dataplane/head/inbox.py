@@ -87,9 +87,14 @@ class ReplyInbox:
         self.waiting_since = 0  # wall ns the current run of empty polls began (0: none)
         self._lock = threading.Lock()  # held while the pipe is used (against ``close``)
         self._closed = False
+        # set by ``close`` before it waits for the lock: a waiter looping on the pipe gives
+        # it up at its next slice (the lock is not fair: a loop re-taking it at once could
+        # keep a closer waiting until the reply came)
+        self._closing = threading.Event()
 
     def close(self) -> None:
         """Close the reply pipe (any thread); receiving afterwards raises DataPlaneError."""
+        self._closing.set()
         with self._lock:
             self._closed = True
             self.pull.close(0)
@@ -226,7 +231,7 @@ class ReplyInbox:
         first (else a slow hop's time would show as queueing behind the poll interval).
         """
         with self._lock:  # (in slices: a ``close`` from another thread waits one at most)
-            if self._closed:
+            if self._closed or self._closing.is_set():
                 raise DataPlaneError("this pipeline was replaced (the cluster was re-wired)")
             if timeout_s != 0 and self.pending and not wait_readable(self.pull, 0):
                 self._prefetch_in_flight()
