@@ -488,8 +488,9 @@ def test_no_room_takes_another_rooms_private_names(graph) -> None:
 
 def test_no_capability_is_probed_with_getattr() -> None:
     capabilities = (protocol_members(ROOT / "zctl/engine/executor.py", "Executor")
-                    | protocol_members(ROOT / "dataplane/runtime/base.py", "StageRuntime"))
-    assert {"paged_attention", "overlaps_steps", "submit"} <= capabilities
+                    | protocol_members(ROOT / "dataplane/runtime/base.py", "StageRuntime")
+                    | protocol_members(ROOT / "dataplane/head/metrics.py", "MeasuredExecutor"))
+    assert {"paged_attention", "overlaps_steps", "submit", "metrics", "kv_slots"} <= capabilities
     probes = capability_probes(ROOT, capabilities)
     assert not probes, report(probes, "capabilities are declared on the protocols, not probed")
 

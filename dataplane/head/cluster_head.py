@@ -25,8 +25,8 @@ import numpy as np
 import zmq
 
 from dataplane.head.errors import DataPlaneError
-from dataplane.head.figures import StepFigures
 from dataplane.head.inbox import ClusterStats, Pending, ReplyInbox
+from dataplane.head.metrics import StepMetrics
 from dataplane.head.prefix_drops import PrefixDrops
 from dataplane.head.replies import ClusterReply, reply_mode
 from dataplane.runtime.base import StageError, StageRuntime
@@ -112,9 +112,9 @@ class ClusterHead:
         self._guard = BufferGuard()
         self.stats = ClusterStats()
         self.timings = TimingWindow(timing_window)
-        self.figures = StepFigures(self.num_stages, hops=True)  # cumulative, for stats
+        self.metrics = StepMetrics(self.num_stages, hops=True)  # cumulative, for stats
         self.inbox = ReplyInbox(pull, self.num_stages, timeout_s, self.stats, self.timings,
-                                self.figures, next_hop=lambda: self.next_addr,
+                                self.metrics, next_hop=lambda: self.next_addr,
                                 prefetch=lambda sid: self.stage0.prefetch(sid),
                                 broken=self._mark_broken)
         self.reply_endpoint = self.inbox.reply_endpoint
@@ -342,7 +342,7 @@ class ClusterHead:
             stream.broken = f"its {kind.name} did not reach stage 1 ({exc})"
             raise DataPlaneError(f"cannot {kind.name.lower()} stream {stream_id}: stage 1 at "
                                  f"{self.next_addr} is not taking frames ({exc})") from None
-        self.figures.sent_bytes += frame_bytes(parts)
+        self.metrics.sent_bytes += frame_bytes(parts)
 
     # -- answers (the inbox) -----------------------------------------------------------
     @property
@@ -452,9 +452,9 @@ class ClusterHead:
             raise DataPlaneError(f"stage 1 at {self.next_addr} is not taking frames: {exc}"
                                  ) from None
         self._guard.hold(stream_id, tracker)
-        figures = self.figures
-        figures.sent_bytes += len(parts[0]) + hidden.nbytes
-        figures.step_frames += 1
+        metrics = self.metrics
+        metrics.sent_bytes += len(parts[0]) + hidden.nbytes
+        metrics.step_frames += 1
         self.inbox.expect(rid, Pending(stream_id, stream.epoch, header.step, mode, top_k, vocab,
                                        start_ns, time.monotonic() + self.timeout_s))
         self.stats.submitted += 1
@@ -587,7 +587,7 @@ class ClusterHead:
             log.warning("prefix %s not sent to stage 1 at %s (sent later): %s", op.name,
                         self.next_addr, exc)
             return False
-        self.figures.sent_bytes += frame_bytes(parts)
+        self.metrics.sent_bytes += frame_bytes(parts)
         return True
 
 

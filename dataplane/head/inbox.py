@@ -16,7 +16,7 @@ import numpy as np
 import zmq
 
 from dataplane.head.errors import DataPlaneError, StageFailed, StageTimeout
-from dataplane.head.figures import StepFigures
+from dataplane.head.metrics import StepMetrics
 from dataplane.head.replies import ClusterReply, reply_from_frame
 from dataplane.wire.frames import FrameError, HiddenStateFrame, Kind, ReplyMode, decode_frame
 from dataplane.wire.reply_records import reply_payload
@@ -66,7 +66,7 @@ class ReplyInbox:
 
     It owns the reply pipe ``pull`` (bound by the head; ``reply_endpoint`` is the address
     the last stage sends to). The head gives it the chain's length and how long a step may
-    take, what it counts and measures (``stats``, ``timings``, ``figures``: the head's), and
+    take, what it counts and measures (``stats``, ``timings``, ``metrics``: the head's), and
     three callbacks: ``next_hop`` (stage 1's address, for the timeout's message), ``prefetch``
     (bind stage 0's likely next inputs of a stream while waiting) and ``broken`` (a stream's
     epoch failed: it must be reset). Its pipe is one thread's; ``close`` may come from
@@ -74,13 +74,13 @@ class ReplyInbox:
     """
 
     def __init__(self, pull: zmq.Socket, num_stages: int, timeout_s: float, stats: ClusterStats,
-                 timings: TimingWindow, figures: StepFigures, *, next_hop: Callable[[], str],
+                 timings: TimingWindow, metrics: StepMetrics, *, next_hop: Callable[[], str],
                  prefetch: Callable[[int], object],
                  broken: Callable[[int, int, str], None]) -> None:
         self.pull = pull
         self.reply_endpoint = bound_endpoint(pull)
         self.num_stages, self.timeout_s = num_stages, timeout_s
-        self.stats, self.timings, self.figures = stats, timings, figures
+        self.stats, self.timings, self.metrics = stats, timings, metrics
         self._next_hop, self._prefetch, self._broken = next_hop, prefetch, broken
         self.pending: dict[int, Pending] = {}
         self.done: dict[int, ClusterReply | DataPlaneError] = {}
@@ -208,7 +208,7 @@ class ReplyInbox:
         reply = reply_from_frame(header, payload, top_k, vocab)
         rid = header.request_id
         reply.stage_ms = [compute_ms]
-        self.figures.add_stage_ms(reply.stage_ms)
+        self.metrics.add_stage_ms(reply.stage_ms)
         self.stats.submitted += 1
         self.stats.replies += 1
         self.done[rid] = reply
@@ -235,7 +235,7 @@ class ReplyInbox:
                 raise DataPlaneError("this pipeline was replaced (the cluster was re-wired)")
             if timeout_s != 0 and self.pending and not wait_readable(self.pull, 0):
                 self._prefetch_in_flight()
-                self.figures.drain_when_idle()
+                self.metrics.drain_when_idle()
             ready_ns = self.waiting_since or time.time_ns()
             wait_s = IO_SLICE_S if timeout_s is None else min(timeout_s, IO_SLICE_S)
             if not wait_readable(self.pull, wait_s):
@@ -247,7 +247,7 @@ class ReplyInbox:
                 return False
         recv_ns = time.time_ns()
         self.waiting_since = 0
-        self.figures.received_bytes += sum(map(len, parts))
+        self.metrics.received_bytes += sum(map(len, parts))
         t0 = time.perf_counter_ns()
         try:
             header, payload = decode_frame(parts)
@@ -277,7 +277,7 @@ class ReplyInbox:
                                         pending.start_ns, time.time_ns())
             reply.stage_ms = compute_ms(header.timings)
             self.timings.add(reply.stamps)
-            self.figures.add_stamps(reply.stamps)
+            self.metrics.add_stamps(reply.stamps)
             self.done[header.request_id] = reply
         else:
             self.stats.unexpected += 1

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import openvino as ov
 
-from dataplane.head.figures import StepFigures
+from dataplane.head.metrics import StepMetrics
 from dataplane.runtime.base import StageError, StageRuntime, check_ragged_step
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.slots import held_slots
@@ -52,7 +52,7 @@ class LocalChain(InlineExecutor):
         self.rewind_mode = rewind
         self.compact_threshold = compact_threshold
         self.compactions = 0
-        self.figures = StepFigures(self.num_stages, hops=False)  # stage compute, for stats
+        self.metrics = StepMetrics(self.num_stages, hops=False)  # stage compute, for stats
 
     @classmethod
     def load(cls, export_dir: str, config: RuntimeSpec | None = None,
@@ -182,7 +182,7 @@ class LocalChain(InlineExecutor):
             stage_ms.append((time.perf_counter() - start) * 1e3)
         reply = reply_from_logits(out.data, step.want_logits)
         reply.stage_ms = stage_ms
-        self.figures.add_stage_ms(stage_ms)
+        self.metrics.add_stage_ms(stage_ms)
         return reply
 
     def kv_slots(self) -> dict[int, int]:

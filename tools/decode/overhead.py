@@ -321,9 +321,9 @@ def step_frame_bytes(pipe: Any, token: int, position: int, hidden_size: int) -> 
     """Bytes of one greedy decode step's frames, as the data plane's executor counts what
     crosses its first hop (stage 0's step frame) and its last (the reply; ``figures``): the
     payloads are a token's float32 hidden state and a top-1 record, the rest is header."""
-    before = pipe.figures.hop_bytes()
+    before = pipe.metrics.hop_bytes()
     greedy_step(pipe, STREAM, token, position)
-    after = pipe.figures.hop_bytes()
+    after = pipe.metrics.hop_bytes()
     forward, reply = after[0] - before[0], after[-1] - before[-1]
     return {"forward_header": forward - hidden_size * HIDDEN_BYTES,
             "forward_payload": hidden_size * HIDDEN_BYTES,

@@ -30,10 +30,10 @@ from controlplane.messages import (
     type_tag,
 )
 from controlplane.sockets import router_socket
+from dataplane.head.metrics import MeasuredExecutor
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.draft_model import DraftModels
 from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, GenerationEngine
-from zctl.engine.executor import Executor
 from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationRequest, RequestRefused
 from zctl.engine.tokenizer import ChatTokenizer, TokenizerError
 from zctl.manifest import ExportManifest, load_manifest
@@ -95,7 +95,7 @@ def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
 
 
 class GenerationService:
-    """Serve generations on ``endpoint`` using the executor ``get_pipeline()`` returns.
+    """Serve generations on ``endpoint`` using the executor ``get_executor()`` returns.
 
     The engine's stop tokens and chat template come from ``export_dir``; draft models of
     speculative requests are loaded with ``draft_config`` (None: RuntimeSpec's defaults;
@@ -105,7 +105,7 @@ class GenerationService:
     for running streams and cached prefixes together (None: no limit), ``prefix_cache_mb``
     how much of it cached prefixes may (0: no prefix cache); see ``kv_tokens``."""
 
-    def __init__(self, export_dir: Path | str, get_pipeline: Callable[[], Executor | None],
+    def __init__(self, export_dir: Path | str, get_executor: Callable[[], MeasuredExecutor | None],
                  endpoint: str = "tcp://127.0.0.1:*", max_streams: int = DEFAULT_MAX_STREAMS,
                  row_groups: int = 0, shared_cores: bool = False,
                  health: Callable[[], str | None] | None = None,
@@ -120,7 +120,7 @@ class GenerationService:
         if tokenizer.eos_token_id is not None:
             stops.add(tokenizer.eos_token_id)
         self.engine = GenerationEngine(
-            tokenizer, sorted(stops), get_pipeline, max_streams=max_streams,
+            tokenizer, sorted(stops), get_executor, max_streams=max_streams,
             row_groups=row_groups, shared_cores=shared_cores, health=health,
             resume_timeout_s=resume_timeout_s,
             load_drafter=DraftModels(manifest.model.vocab_size, draft_config),
@@ -128,7 +128,7 @@ class GenerationService:
             vocab_size=manifest.model.vocab_size,
             kv_budget_tokens=None if kv_memory_mb is None else kv_tokens(manifest, kv_memory_mb),
             prefix_cache_tokens=kv_tokens(manifest, prefix_cache_mb))
-        self._stats = StatsCollector(manifest, self.engine, cluster)
+        self._stats = StatsCollector(manifest, self.engine, get_executor, cluster)
         self._ctx = zmq.Context()
         self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES)
         try:

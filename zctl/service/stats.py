@@ -4,12 +4,12 @@
   ``spec_drafted``/``spec_accepted`` are draft tokens proposed/accepted by finished and
   running generations (``GenerationEngine.speculative_totals``).
 - Per-stage compute and per-hop network histograms, hop bytes: the executor's
-  ``StepFigures`` (dataplane.head.figures), cumulative since the service started. A ClusterHead
+  ``StepMetrics`` (dataplane.head.metrics), cumulative since the service started. A ClusterHead
   has them from its replies' timing records (every stage's compute, every hop's network
   time as dataplane.wire.timing derives it) and counts the bytes of hop 0-1 and of the last hop
-  as they pass (middle hops: see ``StepFigures``). A LocalChain has no frames: compute per
+  as they pass (middle hops: see ``StepMetrics``). A LocalChain has no frames: compute per
   stage is the wall time of each stage's inference, and there are no hops. When the
-  coordinator re-wires, its new ClusterHead starts from zero: the old one's figures are
+  coordinator re-wires, its new ClusterHead starts from zero: the old one's metrics are
   folded in at the next snapshot (one replaced again before that is lost).
 - ``kv_slots``: the stages run here, read from the executor now; the others from their
   node's last heartbeat (at most about one heartbeat interval old); -1: unknown.
@@ -28,9 +28,8 @@ from collections.abc import Callable
 
 from controlplane.membership import ALIVE, SERVING
 from controlplane.records import ClusterStatus, NodeStatus
-from dataplane.head.figures import CumulativeHistogram, StepFigures, hop_names
+from dataplane.head.metrics import CumulativeHistogram, MeasuredExecutor, StepMetrics, hop_names
 from zctl.engine.core import GenerationEngine
-from zctl.engine.executor import Executor
 from zctl.manifest import ExportManifest
 from zctl.service.messages import HistogramSnapshot, HopStats, ServiceStats, StageStats
 
@@ -48,52 +47,51 @@ class StatsCollector:
     that drives the executor (it folds the executor's queued samples in)."""
 
     def __init__(self, manifest: ExportManifest, engine: GenerationEngine,
+                 get_executor: Callable[[], MeasuredExecutor | None],
                  cluster: ClusterView | None = None) -> None:
-        self.engine, self.cluster = engine, cluster
+        self.engine, self.get_executor, self.cluster = engine, get_executor, cluster
         self.model = manifest.model.name
         self.max_context = manifest.model.max_position_embeddings
         self.num_stages = len(manifest.stages)
-        self._retired = StepFigures(self.num_stages, hops=False)  # of replaced executors
-        self._current: StepFigures | None = None
+        self._retired = StepMetrics(self.num_stages, hops=False)  # of replaced executors
+        self._current: StepMetrics | None = None
 
     def snapshot(self, counters: dict[str, int]) -> ServiceStats:
-        executor = self.engine.get_executor()
-        figures = self._figures(executor)
+        executor = self.get_executor()
+        metrics = self._metrics(executor)
         if executor is None:
             health = NOT_WIRED
         else:
             health = (self.engine.health() if self.engine.health is not None else None) or ""
         status = self.cluster() if self.cluster is not None else None
-        kv_here = executor.kv_slots() if hasattr(executor, "kv_slots") else {}
-        compute = figures.compute + [CumulativeHistogram()
-                                     for _ in range(self.num_stages - len(figures.compute))]
+        kv_here = executor.kv_slots() if executor is not None else {}
+        compute = metrics.compute + [CumulativeHistogram()
+                                     for _ in range(self.num_stages - len(metrics.compute))]
         places = (self._places(status, kv_here) if status is not None
                   else [(COORDINATOR if i in kv_here else "", not health, kv_here.get(i, -1))
                         for i in range(self.num_stages)])
         stages = [StageStats(i, node, up, kv, histogram_snapshot(compute[i]))
                   for i, (node, up, kv) in enumerate(places)]
         hops = [HopStats(name, count, histogram_snapshot(histogram)) for name, count, histogram
-                in zip(hop_names(len(figures.network)), figures.hop_bytes(), figures.network,
-                       strict=False)] if figures.network else []
+                in zip(hop_names(len(metrics.network)), metrics.hop_bytes(), metrics.network,
+                       strict=False)] if metrics.network else []
         nodes = ({_name(n): n.state in ALIVE for n in status.nodes} if status is not None
                  else {COORDINATOR: True})
         return ServiceStats(self.engine.active, self.engine.waiting, dict(counters), stages,
                             hops, nodes, health, self.model, self.max_context, self.num_stages)
 
-    def _figures(self, executor: Executor | None) -> StepFigures:
-        """Everything measured since the service started: the current executor's figures
+    def _metrics(self, executor: MeasuredExecutor | None) -> StepMetrics:
+        """Everything measured since the service started: the current executor's metrics
         (its queue folded in) plus those of the executors it replaced."""
-        figures = getattr(executor, "figures", None)
-        if not isinstance(figures, StepFigures):
-            figures = None
-        if figures is not self._current:
+        metrics = executor.metrics if executor is not None else None
+        if metrics is not self._current:
             if self._current is not None:
                 self._retired.absorb(self._current)
-            self._current = figures
-        total = StepFigures(self.num_stages, hops=False)
+            self._current = metrics
+        total = StepMetrics(self.num_stages, hops=False)
         total.absorb(self._retired)
-        if figures is not None:
-            total.absorb(figures)
+        if metrics is not None:
+            total.absorb(metrics)
         return total
 
     def _places(self, status: ClusterStatus, kv_here: dict[int, int]

@@ -344,11 +344,11 @@ def test_each_logits_payload_reads_as_the_local_chain_answers_it(want, dp_thread
         chain.open(0)
         chain.reset(0)
     ids, pos, idx = np.array([0, 8, 9, 10, 11]), np.arange(5), np.array([1, 2, 4])
-    received = pipe.figures.received_bytes
+    received = pipe.metrics.received_bytes
     got = pipe.step(0, ids, pos, idx, want_logits=want)
     local = local2.step(0, ids, pos, idx, want_logits=want)
     payload_bytes = {True: 4, FULL_FP16: 2}.get(want, 0) * 3 * local.logits.shape[-1]
-    reply_bytes = pipe.figures.received_bytes - received
+    reply_bytes = pipe.metrics.received_bytes - received
     assert payload_bytes <= reply_bytes < payload_bytes + 1024  # what was asked: no more
     assert got.logits is not None and local.logits is not None
     assert got.logits.dtype == np.float32 and got.logits.shape == local.logits.shape

@@ -11,8 +11,8 @@ import pytest
 import zmq
 
 from dataplane.head.errors import DataPlaneError, StageTimeout
-from dataplane.head.figures import StepFigures
 from dataplane.head.inbox import ClusterStats, Pending, ReplyInbox
+from dataplane.head.metrics import StepMetrics
 from dataplane.wire.frames import TOPK_DTYPE, HiddenStateFrame, Kind, ReplyMode, encode_frame
 from dataplane.wire.reply_records import top1_record
 from dataplane.wire.timing import TimingWindow
@@ -24,7 +24,7 @@ def inbox():
     broken: list[tuple[int, int, str]] = []
     prefetched: list[int] = []
     box = ReplyInbox(pull_socket(zmq.Context.instance(), "tcp://127.0.0.1:*"), 3, 0.3,
-                     ClusterStats(), TimingWindow(8), StepFigures(3, hops=True),
+                     ClusterStats(), TimingWindow(8), StepMetrics(3, hops=True),
                      next_hop=lambda: "tcp://stage1:9", prefetch=prefetched.append,
                      broken=lambda sid, epoch, why: broken.append((sid, epoch, why)))
     yield box, broken, prefetched

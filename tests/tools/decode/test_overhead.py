@@ -16,7 +16,7 @@ def test_host_ms_per_token_is_decode_time_minus_stage_time() -> None:
     assert host_ms_per_token(GenerationStats(new_tokens=1)) == 0.0
 
 
-class _Figures:
+class _Metrics:
     def __init__(self) -> None:
         self.bytes = [1000, 500]  # hop 0-1, the last hop: counted since the pipe started
 
@@ -25,15 +25,15 @@ class _Figures:
 
 
 class _Pipe:
-    """Counts one decode step's frames as the data plane's figures do."""
+    """Counts one decode step's frames as the data plane's metrics do."""
 
     def __init__(self) -> None:
-        self.figures = _Figures()
+        self.metrics = _Metrics()
         self.steps: list[tuple[int, int]] = []
 
     def step(self, stream: int, tokens: Any, positions: Any) -> Any:
         self.steps.append((int(tokens[0]), int(positions[0])))
-        self.figures.bytes = [self.figures.bytes[0] + 2437, self.figures.bytes[1] + 179]
+        self.metrics.bytes = [self.metrics.bytes[0] + 2437, self.metrics.bytes[1] + 179]
         return SimpleNamespace(tokens=[5])
 
 

@@ -1,4 +1,4 @@
-"""The generation service's stats snapshot: figures of both executors, the stages' KV
+"""The generation service's stats snapshot: metrics of both executors, the stages' KV
 slots (the nodes' over heartbeats), the coordinator's view of the nodes, and the
 request/reply on the service's socket."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from controlplane import messages as m
-from dataplane.head.figures import StepFigures
 from dataplane.head.local_chain import LocalChain
+from dataplane.head.metrics import StepMetrics
 from dataplane.runtime.config import RuntimeSpec
 from tests.helpers.control import Cluster, FakeStage, node, wait_for
 from tests.zctl.service.test_server import SlowChain, raw_client
@@ -123,24 +123,24 @@ def test_a_malformed_stats_request_gets_an_error_and_serving_goes_on(export: Pat
 
 class FakeExecutor:
     def __init__(self, samples: int) -> None:
-        self.figures = StepFigures(2, hops=False)
+        self.metrics = StepMetrics(2, hops=False)
         for _ in range(samples):
-            self.figures.add_stage_ms([1.0, 2.0])
+            self.metrics.add_stage_ms([1.0, 2.0])
 
     def kv_slots(self) -> dict[int, int]:
         return {0: 5, 1: 6}
 
 
-def test_figures_of_a_replaced_executor_are_kept(export: Path) -> None:
+def test_metrics_of_a_replaced_executor_are_kept(export: Path) -> None:
     current: list[Any] = [None]
     engine = GenerationEngine(ChatTokenizer(export), [], lambda: current[0])
-    collector = StatsCollector(load_manifest(export), engine)
+    collector = StatsCollector(load_manifest(export), engine, lambda: current[0])
     stats = collector.snapshot({})
     assert stats.health == NOT_WIRED and [s.kv_slots for s in stats.stages] == [-1, -1]
     assert [s.up for s in stats.stages] == [False, False]
     first = current[0] = FakeExecutor(3)
     assert sum(collector.snapshot({}).stages[1].compute_ms.counts) == 3
-    first.figures.add_stage_ms([1.0, 2.0])  # after the last snapshot, before it is replaced
+    first.metrics.add_stage_ms([1.0, 2.0])  # after the last snapshot, before it is replaced
     current[0] = FakeExecutor(10)  # the coordinator re-wired: a new head
     stats = collector.snapshot({})
     assert [sum(s.compute_ms.counts) for s in stats.stages] == [14, 14]
@@ -180,8 +180,8 @@ def test_service_stats_over_a_cluster_head(dp_threaded2, dp_export2) -> None:
     assert [h.name for h in stats.hops] == ["0-1", "1-c"]
     assert [sum(h.network_ms.counts) for h in stats.hops] == [replies, replies]
     assert all(h.bytes > 0 for h in stats.hops) and stats.hops[0].bytes > replies * 64 * 4
-    assert stats.hops[0].bytes == pipe.figures.sent_bytes
-    assert stats.hops[1].bytes == pipe.figures.received_bytes
+    assert stats.hops[0].bytes == pipe.metrics.sent_bytes
+    assert stats.hops[1].bytes == pipe.metrics.received_bytes
 
 
 # -- nodes report their KV slots; the coordinator's view --------------------------------

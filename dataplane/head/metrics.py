@@ -1,12 +1,12 @@
-"""Cumulative figures of an executor for a metrics scrape: histograms of per-stage compute
+"""Cumulative metrics of an executor for a metrics scrape: histograms of per-stage compute
 and per-hop network time, and the bytes each hop carried.
 
-``StepFigures`` is what an executor keeps. The hot path only appends a reply's raw
+``StepMetrics`` is what an executor keeps. The hot path only appends a reply's raw
 ``TimingStamps`` (or a LocalChain step's stage times) to a queue, ~0.1 us; the queue is
 folded into cumulative histograms in batches, vectorised (``derive_compute_network``,
 ~0.3 us a sample), when the executor is idle waiting for a reply, when a stats request
 asks, or at once when ``DRAIN_AT`` samples pile up. No sample is dropped. Not
-thread-safe: the thread that drives the executor owns its figures.
+thread-safe: the thread that drives the executor owns its metrics.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from dataplane.wire.frames import TIMING
 from dataplane.wire.timing import TimingStamps, derive_compute_network
+from zctl.engine.executor import Executor
 
 # Bucket upper bounds in ms for step times from 0.05 ms to 10 s: about x1.5 apart where
 # compute and hops usually fall (0.1-300 ms), coarser outside.
@@ -84,8 +86,8 @@ def hop_names(num_stages: int) -> list[str]:
     return [f"{i}-{i + 1}" for i in range(num_stages - 1)] + [f"{num_stages - 1}-c"]
 
 
-class StepFigures:
-    """One executor's cumulative figures: per-stage compute histograms, per-hop network
+class StepMetrics:
+    """One executor's cumulative metrics: per-stage compute histograms, per-hop network
     histograms (``hops``: the executor sends frames) and byte counts.
 
     Bytes: ``sent_bytes`` is every frame stage 0 sent (hop 0-1), ``received_bytes`` every
@@ -164,8 +166,8 @@ class StepFigures:
                   for k in range(1, self.num_stages - 1)]
         return [self.sent_bytes, *middle, self.received_bytes]
 
-    def absorb(self, other: StepFigures) -> None:
-        """Add everything ``other`` measured (drained first) to these figures."""
+    def absorb(self, other: StepMetrics) -> None:
+        """Add everything ``other`` measured (drained first) to these metrics."""
         other.drain()
         self.drain()
         for mine, theirs in ((self.compute, other.compute), (self.network, other.network)):
@@ -178,3 +180,14 @@ class StepFigures:
         self.sent_bytes += other.sent_bytes
         self.received_bytes += other.received_bytes
         self.step_frames += other.step_frames
+
+
+class MeasuredExecutor(Executor, Protocol):
+    """An executor that keeps its metrics for a scrape and tells the KV its own stages
+    hold: what the generation service reports (ClusterHead and LocalChain are both)."""
+
+    metrics: StepMetrics
+
+    def kv_slots(self) -> dict[int, int]:
+        """KV slots each stage run in this process holds, by stage index."""
+        ...

@@ -1,4 +1,4 @@
-"""Cumulative figures for a metrics scrape (dataplane.head.figures): histogram buckets, the
+"""Cumulative metrics for a metrics scrape (dataplane.head.metrics): histogram buckets, the
 batch derivation of compute and network time, folding samples in, and a cluster head's
 per-stage, per-hop counts and bytes against what really crossed each hop."""
 
@@ -13,10 +13,10 @@ import pytest
 import dataplane.head.cluster_head as cluster_module
 import dataplane.worker.stage_worker as worker_module
 from dataplane.head.cluster_head import ClusterHead
-from dataplane.head.figures import (
+from dataplane.head.metrics import (
     DEFAULT_BOUNDS_MS,
     CumulativeHistogram,
-    StepFigures,
+    StepMetrics,
     hop_names,
 )
 from dataplane.runtime.stateful import StageRunner
@@ -83,32 +83,32 @@ def test_batch_derivation_equals_derive_step_timing(stages: int) -> None:
 
 
 def test_step_figures_fold_samples_in_without_losing_any(monkeypatch) -> None:
-    monkeypatch.setattr(StepFigures, "DRAIN_AT", 64)
+    monkeypatch.setattr(StepMetrics, "DRAIN_AT", 64)
     rng = random.Random(7)
-    figures = StepFigures(3, hops=True)
+    metrics = StepMetrics(3, hops=True)
     stamps = [random_stamps(rng, 3) for _ in range(150)]
     for s in stamps:
-        figures.add_stamps(s)
-    assert figures.backlog == 150 - 128  # folded in at 64 and 128
-    figures.drain_when_idle()
-    assert figures.backlog == 22  # fewer than IDLE_DRAIN_AT wait for more
-    figures.drain()
+        metrics.add_stamps(s)
+    assert metrics.backlog == 150 - 128  # folded in at 64 and 128
+    metrics.drain_when_idle()
+    assert metrics.backlog == 22  # fewer than IDLE_DRAIN_AT wait for more
+    metrics.drain()
     compute, network = derive_compute_network(stamps)
     for i in range(3):
         expected = CumulativeHistogram()
         expected.observe_many(compute[:, i])
-        assert figures.compute[i].counts == expected.counts and figures.compute[i].count == 150
-        assert figures.compute[i].total == pytest.approx(expected.total)
-        assert figures.network[i].count == 150
-    figures.sent_bytes, figures.received_bytes, figures.step_frames = 1000, 300, 10
-    assert figures.hop_bytes() == [1000, 1000 + 10 * TIMING.size, 300]
+        assert metrics.compute[i].counts == expected.counts and metrics.compute[i].count == 150
+        assert metrics.compute[i].total == pytest.approx(expected.total)
+        assert metrics.network[i].count == 150
+    metrics.sent_bytes, metrics.received_bytes, metrics.step_frames = 1000, 300, 10
+    assert metrics.hop_bytes() == [1000, 1000 + 10 * TIMING.size, 300]
     assert hop_names(3) == ["0-1", "1-2", "2-c"] and hop_names(2) == ["0-1", "1-c"]
-    local = StepFigures(2, hops=False)
+    local = StepMetrics(2, hops=False)
     local.add_stage_ms([1.0, 2.0])
     local.add_stage_ms([3.0, 4.0])
-    local.absorb(figures)  # takes the stage and the hops it did not have
+    local.absorb(metrics)  # takes the stage and the hops it did not have
     assert [h.count for h in local.compute] == [152, 152, 150]
-    assert local.hop_bytes() == figures.hop_bytes() and figures.backlog == 0
+    assert local.hop_bytes() == metrics.hop_bytes() and metrics.backlog == 0
 
 
 @pytest.fixture
@@ -139,18 +139,18 @@ def test_head_figures_count_every_step_and_every_byte_of_three_hops(dp_export3,
         tokens = list(generate_greedy(pipe, [0, 17, 42, 99, 5], 8, prefill_chunk=2))
         # the scheduler closed the stream: its CLOSE frame has passed every stage
         wait_for(lambda: last.stats().closes == 1, what="the close to pass every stage")
-        figures = pipe.figures
-        figures.drain()
+        metrics = pipe.metrics
+        metrics.drain()
         replies = pipe.stats.replies
         assert len(tokens) == 8 and replies == 3 + 7  # three prefill chunks, seven decodes
-        assert [h.count for h in figures.compute] == [replies] * 3
-        assert [h.count for h in figures.network] == [replies] * 3
+        assert [h.count for h in metrics.compute] == [replies] * 3
+        assert [h.count for h in metrics.network] == [replies] * 3
         # hop 0-1 and the last hop are counted as they pass; the middle one is estimated
         # from hop 0-1, exactly when nothing is dropped
-        assert figures.hop_bytes() == [counted_sends[id(pipe._push)],
+        assert metrics.hop_bytes() == [counted_sends[id(pipe._push)],
                                        counted_sends[id(middle._push)],
                                        counted_sends[id(last._push)]]
-        assert figures.hop_bytes()[0] > replies * 64 * 4  # hidden states of 64 floats
+        assert metrics.hop_bytes()[0] > replies * 64 * 4  # hidden states of 64 floats
     finally:
         for worker in workers:
             worker.stop()
