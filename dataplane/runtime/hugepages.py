@@ -47,7 +47,7 @@ def anonymous_regions(maps_path: str = "/proc/self/maps") -> set[Region]:
     return regions
 
 
-def aligned(region: Region) -> Region | None:
+def huge_page_part(region: Region) -> Region | None:
     """The largest huge-page-aligned part of a region, or None if it holds no huge page."""
     start = -(-region[0] // HUGE_PAGE) * HUGE_PAGE
     end = region[1] // HUGE_PAGE * HUGE_PAGE
@@ -67,7 +67,7 @@ def back_with_huge_pages(regions: set[Region]) -> int:
     madvise.restype = ctypes.c_int
     collapsed = 0
     for region in regions:
-        part = aligned(region)
+        part = huge_page_part(region)
         if part is None:
             continue
         start, end = part

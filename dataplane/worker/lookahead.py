@@ -45,7 +45,7 @@ class CancelMarks:
         held = self._marks.get(stream_id)
         return held is not None and held[0] == epoch and any(r.covers(step) for r in held[1])
 
-    def applied(self, stream_id: int, epoch: int, rng: CancelRange) -> None:
+    def clear(self, stream_id: int, epoch: int, rng: CancelRange) -> None:
         """The cancel's turn came: its mark goes."""
         held = self._marks.get(stream_id)
         if held is None or held[0] != epoch:

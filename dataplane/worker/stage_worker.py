@@ -285,7 +285,7 @@ class StageWorker:
             header.source_stage = self.stage
             self._send(header, None)
 
-    def _admitted(self, header: HiddenStateFrame) -> tuple[StreamState | None, str] | None:
+    def _admit(self, header: HiddenStateFrame) -> tuple[StreamState | None, str] | None:
         """The frame's stream state and epoch verdict; None (counted) if the frame is stale."""
         state = self._streams.get(header.stream_id)
         verdict = admit(state.epoch if state else None, header.epoch)
@@ -297,7 +297,7 @@ class StageWorker:
     def _on_compact(self, header: HiddenStateFrame) -> None:
         """Drop the stream's masked KV slots; PUSH/PULL order puts it between its steps."""
         sid = header.stream_id
-        admitted = self._admitted(header)
+        admitted = self._admit(header)
         if admitted is None:
             return
         state, verdict = admitted
@@ -320,7 +320,7 @@ class StageWorker:
     def _on_group(self, header: HiddenStateFrame, members: np.ndarray | None) -> None:
         """Move the listed streams' KV into rows of the group (in order with the steps)."""
         gid = header.stream_id
-        admitted = self._admitted(header)
+        admitted = self._admit(header)
         if admitted is None:
             return
         state, verdict = admitted
@@ -370,7 +370,7 @@ class StageWorker:
             self.runner.drop_all_prefixes()
             self._count("prefix_drops")
         else:
-            admitted = self._admitted(header)
+            admitted = self._admit(header)
             if admitted is None:
                 return
             state, verdict = admitted
@@ -436,7 +436,7 @@ class StageWorker:
         when their turn comes, or were already: see Lookahead) and rewind it to the tokens
         the cancel keeps; passed on in order, so the next stage does the same."""
         sid = header.stream_id
-        admitted = self._admitted(header)
+        admitted = self._admit(header)
         if admitted is None:
             return
         state, verdict = admitted
@@ -446,7 +446,7 @@ class StageWorker:
             self._count("malformed")
             self._problem("cancel", f"stage {self.stage} dropped a CANCEL of stream {sid}: {exc}")
             return
-        self._lookahead.marks.applied(sid, header.epoch, rng)
+        self._lookahead.marks.clear(sid, header.epoch, rng)
         if state is None or verdict == "new":  # it missed the epoch: its next step fails
             self._problem("cancel", f"stage {self.stage} got a CANCEL for epoch {header.epoch} "
                                     f"of stream {sid}, which it never saw")
@@ -467,7 +467,7 @@ class StageWorker:
     def _on_step(self, header: HiddenStateFrame, payload: np.ndarray | None, recv_ns: int,
                  ready_ns: int, decode_ns: int) -> None:
         sid = header.stream_id
-        admitted = self._admitted(header)
+        admitted = self._admit(header)
         if admitted is None:
             return
         state, verdict = admitted
@@ -485,7 +485,7 @@ class StageWorker:
                                      f"step {header.step}: a frame was lost upstream",
                              recv_ns, ready_ns)
             return
-        if self._covered(header, state) or (self.last and header.guessed
+        if self._is_covered(header, state) or (self.last and header.guessed
                                              and state.refutes(header.fed)):
             self._skip(state)
             return
@@ -523,7 +523,7 @@ class StageWorker:
             parts = seal_or_encode(prepared, header, body, self.stage, recv_ns, ready_ns,
                                    decode_ns, compute_ns, prepare_ns, start)
         except FrameError as exc:
-            self._dropped(header, exc)
+            self._note_drop(header, exc)
         else:
             self._send_parts(header, parts, guard)
         with self._lock:
@@ -553,7 +553,7 @@ class StageWorker:
         except FrameError:
             return None
 
-    def _covered(self, header: HiddenStateFrame, state: StreamState) -> bool:
+    def _is_covered(self, header: HiddenStateFrame, state: StreamState) -> bool:
         """Whether a cancel waiting behind this step covers it: then it is not computed
         (nor passed on). Only a pipelined stream's steps look ahead: for the others it would
         be ~3-5 us a step for nothing."""
@@ -593,11 +593,11 @@ class StageWorker:
         try:
             parts = encode_frame(header, body)
         except FrameError as exc:
-            self._dropped(header, exc)
+            self._note_drop(header, exc)
             return
         self._send_parts(header, parts, None)
 
-    def _dropped(self, header: HiddenStateFrame, exc: Exception) -> None:
+    def _note_drop(self, header: HiddenStateFrame, exc: Exception) -> None:
         self._count("send_failures")
         self._problem("send", f"stage {self.stage} dropped a {header.kind.name} frame of "
                               f"stream {header.stream_id}: {exc}")
@@ -607,7 +607,7 @@ class StageWorker:
         try:
             tracker = send_parts(self._push, parts)
         except TransportError as exc:
-            self._dropped(header, exc)
+            self._note_drop(header, exc)
             return
         if guard_key is not None:
             self._guard.hold(guard_key, tracker)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from dataplane.runtime import hugepages
-from dataplane.runtime.hugepages import HUGE_PAGE, HugePageScope, aligned, anonymous_regions
+from dataplane.runtime.hugepages import HUGE_PAGE, HugePageScope, anonymous_regions, huge_page_part
 
 
 def test_aligned_part_of_a_region() -> None:
-    assert aligned((HUGE_PAGE + 1, 4 * HUGE_PAGE + 5)) == (2 * HUGE_PAGE, 4 * HUGE_PAGE)
-    assert aligned((HUGE_PAGE + 1, 2 * HUGE_PAGE + 5)) is None
+    assert huge_page_part((HUGE_PAGE + 1, 4 * HUGE_PAGE + 5)) == (2 * HUGE_PAGE, 4 * HUGE_PAGE)
+    assert huge_page_part((HUGE_PAGE + 1, 2 * HUGE_PAGE + 5)) is None
 
 
 def test_anonymous_regions_reads_maps(tmp_path: Path) -> None:

@@ -35,11 +35,11 @@ def test_marks_cover_their_steps_of_their_epoch_until_applied() -> None:
     marks.note(0, 7, later)
     assert [s for s in range(12) if marks.skips(0, 7, s)] == [4, 5, 6, 9]  # not 7, 8
     assert not marks.skips(0, 8, 5) and not marks.skips(1, 7, 5)
-    marks.applied(0, 7, first)
+    marks.clear(0, 7, first)
     assert not marks.skips(0, 7, 5) and marks.skips(0, 7, 9)
     marks.note(0, 8, CancelRange(1, 1, 2))  # a newer epoch: the old marks go
     assert len(marks) == 1 and not marks.skips(0, 7, 9)
-    marks.applied(0, 8, CancelRange(1, 1, 2))
+    marks.clear(0, 8, CancelRange(1, 1, 2))
     assert len(marks) == 0
 
 
