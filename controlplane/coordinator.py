@@ -478,7 +478,7 @@ class Coordinator:
         """The data plane's executor of stage 0 (a ``HeadHandle``'s ClusterHead) when wired;
         what the generation service drives."""
         handle = self.local.handle
-        return handle.pipeline if isinstance(handle, HeadHandle) else None
+        return handle.head if isinstance(handle, HeadHandle) else None
 
     # -- status --------------------------------------------------------------------------
     def _status(self) -> ClusterStatus:

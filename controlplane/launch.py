@@ -201,21 +201,21 @@ def default_launcher(assignment: StageAssignment, options: Any = None) -> StageH
 class HeadHandle:
     """Stage 0 on the coordinator: the data plane's ClusterHead, for the generator to drive.
 
-    The pipeline is not thread-safe: once handed over, only the generating thread uses
-    it. A new wiring epoch replaces the handle (stop, then a new pipeline), so a
-    generator should fetch ``Coordinator.local_handle`` again after the epoch changes.
+    The head is not thread-safe: once handed over, only the generating thread uses it. A
+    new wiring epoch replaces the handle (stop, then a new head), so a generator should
+    fetch ``Coordinator.local_handle`` again after the epoch changes.
     """
 
-    def __init__(self, pipeline: ClusterHead) -> None:
-        self.pipeline = pipeline
+    def __init__(self, head: ClusterHead) -> None:
+        self.head = head
 
     def stop(self) -> None:
-        self.pipeline.retire()  # no step computes on its runner from here on
-        self.pipeline.close()
+        self.head.retire()  # no step computes on its runner from here on
+        self.head.close()
 
     def kv_slots(self) -> int:
         """KV slots the stages run here hold."""
-        return sum(self.pipeline.kv_slots().values())
+        return sum(self.head.kv_slots().values())
 
 
 def head_launcher(assignment: StageAssignment, options: Any = None) -> HeadHandle:

@@ -360,7 +360,7 @@ def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Clus
     coord.start()
     cp_cluster.agent(coord.endpoint, launcher=default_launcher)
     coord.wait_serving(60)
-    pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
+    pipeline = coord.local_handle.head  # type: ignore[union-attr]
     prompt = [0, 5, 17, 42, 99]
     remote = list(generate_greedy(pipeline, prompt, 8))
     local = list(generate_greedy(LocalChain.load(str(cp_cluster.export)), prompt, 8))
@@ -399,7 +399,7 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
                      "serving", timeout=60, what="healed")
             status = coord.status()
             assert [s.node_id for s in status.stages] == hosts_left
-            pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
+            pipeline = coord.local_handle.head  # type: ignore[union-attr]
             assert list(generate_greedy(pipeline, prompt, 8)) == want
             if gone is last:  # the middle node kept its compiled stage 1 and added stage 2
                 chain = middle.slot.handle.runner  # type: ignore[union-attr]
@@ -412,7 +412,7 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
         wait_for(lambda: len({s.node_id for s in coord.status().stages}) == 3 and
                  coord.status().pipeline == "serving", timeout=60, what="spread out again")
         assert {s.node_id for s in coord.status().stages[1:]} == {n.node_id for n in back}
-        pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
+        pipeline = coord.local_handle.head  # type: ignore[union-attr]
         assert list(generate_greedy(pipeline, prompt, 8)) == want
     finally:
         cluster.close()

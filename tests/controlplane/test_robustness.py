@@ -211,7 +211,7 @@ def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_clust
     assignment = agent.assignment
     assert assignment is not None and assignment.peer_key == server.public.decode()
     assert assignment.admit_keys == (server.public.decode(),)
-    pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
+    pipeline = coord.local_handle.head  # type: ignore[union-attr]
     assert pipeline.options.curve is not None and pipeline.options.curve.peer == node.public
     prompt = [0, 5, 17, 42, 99]
     local = list(generate_greedy(LocalChain.load(str(cp_cluster.export)), prompt, 8))
