@@ -9,7 +9,8 @@ and ``max_tokens`` beyond the context are 400s, a wrong key a 401, a full queue 
 pipeline that cannot serve a 503, each in its API's error shape, and none of them touches
 the generations already running. A body over MAX_BODY_BYTES is a 413 before it is read
 whole (by its Content-Length, or as its bytes arrive). A streamed reply is SSE; a client
-that disconnects (or closes its stream) has its generation cancelled.
+that disconnects (or closes its stream) has its generation cancelled. Every reply is a
+pydantic model.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 
 from zctl.serve.anthropic import routes as anthropic_routes
 from zctl.serve.anthropic.messages import Messages
-from zctl.serve.anthropic.protocol import error_body
-from zctl.serve.context import ServingContext
+from zctl.serve.anthropic.replies import error_body
+from zctl.serve.context import Health, ServiceDown, ServingContext
+from zctl.serve.encoding import json_reply
 from zctl.serve.errors import ApiError, validation_error
 from zctl.serve.limits import BodyLimit
 from zctl.serve.openai import routes as openai_routes
@@ -59,7 +61,7 @@ def create_app(backend: AsyncServiceClient, settings: ServeSettings | None = Non
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         context.metrics.errors.labels(str(exc.status)).inc()
         anthropic = request.url.path.startswith(anthropic_routes.PATH)  # its clients' shape
-        return JSONResponse(error_body(exc) if anthropic else exc.body(), exc.status)
+        return json_reply(error_body(exc) if anthropic else exc.body(), exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -73,11 +75,12 @@ def create_app(backend: AsyncServiceClient, settings: ServeSettings | None = Non
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
 
-    @app.get("/health")
+    @app.get("/health", response_model=Health,
+             responses={503: {"model": Health | ServiceDown, "description": "Not serving"}})
     async def health() -> JSONResponse:
         return await context.health()
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return await context.render_metrics()
 

@@ -14,12 +14,15 @@ import hmac
 import time
 import uuid
 from dataclasses import replace
+from typing import Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from zctl.engine.requests import GenerationDone, GenerationRequest, TokenLogprob
 from zctl.serve.admission import Admission
+from zctl.serve.encoding import json_reply
 from zctl.serve.errors import (
     ApiError,
     backend_down_error,
@@ -43,6 +46,31 @@ from zctl.service.messages import (
 
 DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for its client
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class StageHealth(BaseModel):
+    index: int
+    node: str  # the node that runs it
+    up: bool
+
+
+class Health(BaseModel):
+    """``GET /health``: whether the pipeline serves (else why not), the model, the
+    generations running and waiting, and the stages."""
+
+    status: Literal["ok", "down"]
+    reason: str | None
+    model: str
+    running: int
+    waiting: int
+    stages: list[StageHealth]
+
+
+class ServiceDown(BaseModel):
+    """``GET /health`` while the generation service does not answer."""
+
+    status: Literal["down"] = "down"
+    reason: str
 
 
 def new_request_id() -> str:
@@ -94,18 +122,19 @@ class ServingContext:
         return replace(stats, model=self.names(stats)[0])
 
     async def health(self) -> JSONResponse:
+        """``GET /health``: 200 while the pipeline serves, else a 503 saying why."""
         try:
             stats = await self.backend.stats()
         except ServiceUnavailable as exc:
-            return JSONResponse({"status": "down", "reason": str(exc)}, 503)
+            return json_reply(ServiceDown(reason=str(exc)), 503)
         down = [s for s in stats.stages if not s.up]
         reason = stats.health or (f"stage {down[0].index} on node {down[0].node_id} is down"
                                   if down else "")
-        body = {"status": "down" if reason else "ok", "reason": reason or None,
-                "model": self.names(stats)[0], "running": stats.running, "waiting": stats.waiting,
-                "stages": [{"index": s.index, "node": s.node_id, "up": s.up}
-                           for s in stats.stages]}
-        return JSONResponse(body, 503 if reason else 200)
+        body = Health(status="down" if reason else "ok", reason=reason or None,
+                      model=self.names(stats)[0], running=stats.running, waiting=stats.waiting,
+                      stages=[StageHealth(index=s.index, node=s.node_id, up=s.up)
+                              for s in stats.stages])
+        return json_reply(body, 503 if reason else 200)
 
     async def render_metrics(self) -> Response:
         try:

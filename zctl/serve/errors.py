@@ -1,16 +1,30 @@
-"""API errors (``ApiError``, in OpenAI's error shape; Anthropic's front door reshapes them)
-and how failures become them: a request pydantic refused, a model this server does not
-serve, a generation the engine would refuse, one that failed."""
+"""API errors (``ApiError``, answered in OpenAI's error shape, ``ErrorReply``; Anthropic's
+front door reshapes them) and how failures become them: a request pydantic refused, a
+model this server does not serve, a generation the engine would refuse, one that
+failed."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from zctl.engine.requests import BAD_REQUEST, UNAVAILABLE, GenerationDone, GenerationRequest
 from zctl.service.messages import GenerationEvent
+
+
+class ErrorObject(BaseModel):
+    """What went wrong: OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorReply(BaseModel):
+    """An error reply's body in OpenAI's shape (also a stream's last event)."""
+
+    error: ErrorObject
 
 
 class ApiError(Exception):
@@ -22,9 +36,9 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.param, self.code = (
             status, message, type_, param, code)
 
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+    def body(self) -> ErrorReply:
+        return ErrorReply(error=ErrorObject(message=self.message, type=self.type,
+                                            param=self.param, code=self.code))
 
 
 def backend_down_error(exc: Exception) -> ApiError:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi.responses import JSONResponse
-
+from zctl.serve.encoding import json_reply
 from zctl.serve.errors import ApiError
 
 
@@ -62,4 +61,4 @@ class BodyLimit:
         self.on_refused()
         error = ApiError(413, f"the request body is over {self.limit} bytes",
                          code="request_too_large")
-        await JSONResponse(error.body(), 413)({"type": "http"}, None, send)
+        await json_reply(error.body(), 413)({"type": "http"}, None, send)

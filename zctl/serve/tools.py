@@ -61,6 +61,21 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
+class FunctionCall(BaseModel):
+    """The function a tool call calls, its arguments as a JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """A reply's tool call, as the chat API's ``tool_calls`` carry it."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ToolPlan(NamedTuple):
     """What a chat reply does with its tools: it calls one of ``functions`` (none: it
     answers in text), or, ``optional`` ("auto"), either calls one or answers in text."""
@@ -91,7 +106,7 @@ class ToolOutput:
             self._calling[index] = text.startswith("{")
         return self._calling[index]
 
-    def calls(self, done: GenerationDone) -> list[dict[str, Any]] | None:
+    def calls(self, done: GenerationDone) -> list[ToolCall] | None:
         """A finished choice's tool calls (None: it is text, or was cut short)."""
         if self.plan.functions and done.stop_reason in ("eos", "stop"):
             return tool_calls(done.text)
@@ -157,7 +172,7 @@ def with_tools_prompt(messages: list[tuple[str, str]], plan: ToolPlan
     return [("system", text), *messages]
 
 
-def tool_calls(text: str) -> list[dict[str, Any]] | None:
+def tool_calls(text: str) -> list[ToolCall] | None:
     """The reply's ``tool_calls`` from the call the engine generated (None: the text is
     not a whole call, as when ``max_tokens`` cut it, or text that does not begin as a
     call does)."""
@@ -169,8 +184,8 @@ def tool_calls(text: str) -> list[dict[str, Any]] | None:
         return None
     if not (isinstance(call, dict) and isinstance(call.get("name"), str) and "arguments" in call):
         return None
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]
+    return [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(
+        name=call["name"], arguments=json.dumps(call["arguments"])))]
 
 
 def called_text(calls: list[dict[str, Any]]) -> str:

@@ -206,10 +206,12 @@ def test_the_pure_parts() -> None:
     assert "otherwise" not in merged[0][1]
     assert added[0][0] == "system" and added[1] == ("user", "hi")
     (call,) = tool_calls('{"name": "time", "arguments": {"zone": "UTC"}}')
-    assert call["function"] == {"name": "time", "arguments": '{"zone": "UTC"}'}
+    assert call.function.model_dump() == {"name": "time", "arguments": '{"zone": "UTC"}'}
+    assert call.id.startswith("call_") and call.type == "function"
     assert tool_calls('{"name": "time"') is None and tool_calls('{"x": 1}') is None
     assert tool_calls(' {"name": "time", "arguments": {}}') is None  # text, not a call
-    assert json.loads(called_text([call])) == {"name": "time", "arguments": {"zone": "UTC"}}
+    assert json.loads(called_text([call.model_dump()])) == {"name": "time",
+                                                            "arguments": {"zone": "UTC"}}
     assert '"description"' not in with_tools_prompt([], ToolPlan([time_fn.function]))[0][1]
 
 

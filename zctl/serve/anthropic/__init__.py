@@ -1,2 +1,3 @@
-"""Anthropic's Messages API as an adapter over the shared serving context: requests and
-replies (``protocol``), messages and token counts (``messages``), the routes (``routes``)."""
+"""Anthropic's Messages API as an adapter over the shared serving context: requests
+(``protocol``), replies (``replies``), messages and token counts (``messages``), the
+routes (``routes``)."""

@@ -1,8 +1,8 @@
 """``POST /v1/messages`` (whole, or streamed as named SSE events) and ``POST
 /v1/messages/count_tokens``: a message runs the generation its chat completion would
-(zctl.serve.anthropic.protocol reads it so), over the shared serving context (admission,
---max-queue, metrics, cancellation when the client goes). Anthropic's clients send their
-key as ``x-api-key``."""
+(zctl.serve.anthropic.protocol reads it so), answered as zctl.serve.anthropic.replies
+builds it, over the shared serving context (admission, --max-queue, metrics, cancellation
+when the client goes). Anthropic's clients send their key as ``x-api-key``."""
 
 from __future__ import annotations
 
@@ -11,24 +11,24 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from zctl.engine.requests import GenerationDone, GenerationRequest
-from zctl.serve.anthropic.protocol import (
-    CountTokensRequest,
+from zctl.serve.anthropic.protocol import CountTokensRequest, MessagesRequest
+from zctl.serve.anthropic.replies import (
     MessageEvents,
-    MessagesRequest,
+    MessageTokensCount,
     error_body,
     matched_stop,
     message,
     new_message_id,
 )
 from zctl.serve.context import ServingContext, new_request_id
+from zctl.serve.encoding import event_stream, json_reply, named_events
 from zctl.serve.errors import ApiError
 from zctl.serve.event_streams import Events, close_all, visible_events
 from zctl.serve.metrics import RequestClock
 from zctl.serve.openai.protocol import to_generation
-from zctl.serve.sse import event_stream, named_events
 from zctl.serve.tools import ToolOutput
 from zctl.service.errors import ServiceUnavailable
 from zctl.service.messages import GenerationEvent
@@ -54,7 +54,7 @@ class Messages:
                                              clock, gen))
         done, _ = await context.collect_and_close(first, events, clock, request, gen)
         stop = await self._stop_sequence(done, gen)
-        return JSONResponse(message(message_id, info.model, done, tools.calls(done), stop))
+        return json_reply(message(message_id, info.model, done, tools.calls(done), stop))
 
     async def _stop_sequence(self, done: GenerationDone, gen: GenerationRequest) -> str | None:
         """Which stop sequence ended the message, if one did: the text of its tokens
@@ -92,8 +92,9 @@ class Messages:
         finally:
             await close_all([events])
 
-    async def count_tokens(self, body: CountTokensRequest, request: Request) -> dict[str, int]:
+    async def count_tokens(self, body: CountTokensRequest, request: Request
+                           ) -> MessageTokensCount:
         """The prompt's tokens, as the message would count them."""
         await self.context.check_request(request, body.model, 404, x_api_key=True)
         reply = await self.context.prompt_tokens(to_generation(body.chat(), new_request_id()))
-        return {"input_tokens": len(reply.tokens)}
+        return MessageTokensCount(input_tokens=len(reply.tokens))

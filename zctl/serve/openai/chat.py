@@ -1,5 +1,6 @@
 """``POST /v1/chat/completions``: a conversation's ``n`` choices (zctl.serve.openai.choices),
-with its tools (zctl.serve.tools) and output format, whole or streamed."""
+with its tools (zctl.serve.tools) and output format, whole or streamed
+(zctl.serve.openai.chat_replies)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from zctl.serve.context import ServingContext
+from zctl.serve.openai.chat_replies import ChatReplies
 from zctl.serve.openai.choices import answer_choices, generations_for
 from zctl.serve.openai.protocol import ChatCompletionRequest
-from zctl.serve.openai.replies import ReplyShape
 
 
 class ChatCompletions:
@@ -24,6 +25,6 @@ class ChatCompletions:
         context = self.context
         info, request_id, gens = await generations_for(context, body, request)
         start = time.monotonic()
-        shape = ReplyShape(True, request_id, info.model, body.n, tools=body.tool_plan())
-        return await answer_choices(context, shape, gens, request, start, body.stream,
-                                    body.include_usage)
+        replies = ChatReplies(request_id, info.model, body.n, body.tool_plan(),
+                              body.include_usage)
+        return await answer_choices(context, replies, gens, request, start, body.stream)

@@ -1,26 +1,26 @@
 """A chat or text completion's choices answered: each choice is a generation of its own,
 collected whole (every choice's tokens, concurrently, then the reply) or streamed as SSE
-chunks interleaved by choice until ``data: [DONE]``; a stream left early (a disconnect)
-cancels the generations."""
+chunks interleaved by choice until ``data: [DONE]``, each API's replies built by its own
+``ChoiceReplies``; a stream left early (a disconnect) cancels the generations."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
+from pydantic import BaseModel
 
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.serve.context import RunningGenerations, ServingContext, new_request_id
+from zctl.serve.encoding import DONE, event_stream, json_reply, sse
 from zctl.serve.errors import ApiError, validate_generation
 from zctl.serve.event_streams import close_all, merge_events, run_concurrently
 from zctl.serve.metrics import finish_reason
 from zctl.serve.openai.protocol import ChatCompletionRequest, CompletionRequest, to_generations
-from zctl.serve.openai.replies import ReplyShape
-from zctl.serve.sse import event_stream, sse
+from zctl.serve.openai.replies import ChoiceReplies
 from zctl.service.errors import ServiceUnavailable
 from zctl.service.messages import ServiceStats
 
@@ -39,75 +39,62 @@ async def generations_for(context: ServingContext, body: ChatCompletionRequest |
     return info, request_id, gens
 
 
-async def answer_choices(context: ServingContext, shape: ReplyShape,
+async def answer_choices(context: ServingContext, replies: ChoiceReplies,
                          gens: list[GenerationRequest], request: Request, start: float,
-                         stream: bool, include_usage: bool) -> Response:
+                         stream: bool) -> Response:
     """Run a generation per choice: their first answers decide between an error and a
     reply, whole or streamed."""
-    running = await context.start(gens, request, shape.model, start, shape.per_prompt)
+    running = await context.start(gens, request, replies.model, start, replies.per_prompt)
     if stream:
-        return event_stream(stream_choices(context, shape, running, include_usage))
+        return event_stream(stream_choices(context, replies, running))
     try:
-        return JSONResponse(await collect_choices(context, shape, running, request, gens))
+        return json_reply(await collect_choices(context, replies, running, request, gens))
     finally:
         await close_all(running.events)
 
 
-async def collect_choices(context: ServingContext, shape: ReplyShape,
+async def collect_choices(context: ServingContext, replies: ChoiceReplies,
                           running: RunningGenerations, request: Request,
-                          gens: list[GenerationRequest]) -> dict[str, Any]:
+                          gens: list[GenerationRequest]) -> BaseModel:
     """The whole reply: every choice's tokens collected (concurrently), then its end."""
     ends = await run_concurrently([
         context.collect(f, e, c, request, g)
         for f, e, c, g in zip(running.firsts, running.events, running.clocks, gens,
                               strict=True)])
-    return shape.reply([done for done, _, _ in ends], [lps for _, lps, _ in ends],
-                       [prompt for _, _, prompt in ends])
+    return replies.reply([done for done, _, _ in ends], [lps for _, lps, _ in ends],
+                         [prompt for _, _, prompt in ends])
 
 
-async def stream_choices(context: ServingContext, shape: ReplyShape,
-                         running: RunningGenerations, include_usage: bool,
-                         ) -> AsyncIterator[str]:
+async def stream_choices(context: ServingContext, replies: ChoiceReplies,
+                         running: RunningGenerations) -> AsyncIterator[str]:
     """SSE events until [DONE]; leaving early (a disconnect) cancels the generations."""
     events, clocks = running.events, running.clocks
     try:
-        if shape.chat:
-            for index in range(len(events)):
-                yield sse(_with_usage(shape.chunk("", None, role=True, index=index),
-                                      include_usage))
+        for chunk in replies.opening(len(events)):
+            yield sse(chunk)
         dones: dict[int, GenerationDone] = {}
         async with contextlib.aclosing(merge_events(running.firsts, events)) as merged:
             async for index, msg in merged:
-                prompt_lps = msg.prompt_logprobs if isinstance(msg, GenerationChunk) else None
-                if echo := shape.echo_chunk(index, prompt_lps):
-                    yield sse(_with_usage(echo, include_usage))  # before its first text
                 if isinstance(msg, GenerationChunk):
+                    shown = replies.text_chunks(index, msg)
                     clocks[index].tokens(len(msg.tokens), time.monotonic())
-                    if (msg.text or msg.logprobs) and not shape.holds(index, msg.text):
-                        yield sse(_with_usage(shape.chunk(msg.text, msg.logprobs or None,
-                                                          index=index), include_usage))
+                    for chunk in shown:
+                        yield sse(chunk)
                     continue
                 if msg.error:
-                    yield sse(context.count_failure(msg).body()) + sse("[DONE]")
+                    yield sse(context.count_failure(msg).body()) + DONE
                     return
                 dones[index] = msg
-                calls, reason = shape.ending(msg)
-                if shape.holds(index):  # a call at its end (or the text it was cut to)
-                    yield sse(_with_usage(shape.tool_chunk(index, calls) if calls else
-                                          shape.chunk(msg.text, None, index=index),
-                                          include_usage))
+                held, finish = replies.ending(index, msg)
+                for chunk in held:  # a call at its end (or the text it was cut to), an echo
+                    yield sse(chunk)
                 clocks[index].done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
                                    time.monotonic())  # stop / length, as whole replies
-                yield sse(_with_usage(shape.chunk("", None, reason, index=index),
-                                      include_usage))
-        if include_usage:
-            yield sse(shape.usage_chunk([dones[i] for i in sorted(dones)]))
-        yield sse("[DONE]")
+                yield sse(finish)
+        for chunk in replies.closing([dones[i] for i in sorted(dones)]):
+            yield sse(chunk)
+        yield DONE
     except ServiceUnavailable as exc:
-        yield sse(ApiError(503, str(exc), "service_unavailable").body()) + sse("[DONE]")
+        yield sse(ApiError(503, str(exc), "service_unavailable").body()) + DONE
     finally:
         await close_all(events)
-
-
-def _with_usage(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any]:
-    return {**chunk, "usage": None} if include_usage else chunk

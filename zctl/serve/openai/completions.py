@@ -1,6 +1,7 @@
 """``POST /v1/completions``: a text completion's prompts (text or token ids, one or a batch),
-each answered by its ``n`` choices (zctl.serve.openai.choices), whole or streamed; with
-``echo``, the prompt before each choice's text."""
+each answered by its ``n`` choices (zctl.serve.openai.choices), whole or streamed
+(zctl.serve.openai.completion_replies); with ``echo``, the prompt before each choice's
+text."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from fastapi.responses import Response
 
 from zctl.serve.context import ServingContext
 from zctl.serve.openai.choices import answer_choices, generations_for
+from zctl.serve.openai.completion_replies import CompletionReplies
 from zctl.serve.openai.protocol import CompletionRequest
-from zctl.serve.openai.replies import ReplyShape
 
 
 class Completions:
@@ -27,9 +28,8 @@ class Completions:
         start = time.monotonic()
         echo = await self.echo_texts(body) if body.echo else None  # (before any generation
         # starts: a failure here leaves none running)
-        shape = ReplyShape(False, request_id, info.model, body.n, echo=echo)
-        return await answer_choices(context, shape, gens, request, start, body.stream,
-                                    body.include_usage)
+        replies = CompletionReplies(request_id, info.model, body.n, echo, body.include_usage)
+        return await answer_choices(context, replies, gens, request, start, body.stream)
 
     async def echo_texts(self, body: CompletionRequest) -> list[str]:
         """The texts an echoing completion's prompts are answered with (token ids

@@ -11,31 +11,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from zctl.engine.requests import GenerationDone, GenerationRequest, TokenLogprob
 from zctl.serve.context import ServingContext, new_request_id
+from zctl.serve.encoding import event_stream, json_reply, named_events
 from zctl.serve.errors import backend_down_error
 from zctl.serve.event_streams import Events, close_all, visible_events
 from zctl.serve.metrics import RequestClock
 from zctl.serve.openai.protocol import to_generation
 from zctl.serve.openai.response_store import ResponseStore, output_turns
 from zctl.serve.openai.responses_protocol import (
+    ResponseDeleted,
     ResponseEvent,
     ResponseEvents,
     ResponseObject,
     ResponsesRequest,
     new_id,
 )
-from zctl.serve.sse import event_stream, named_events
 from zctl.serve.tools import ToolOutput
 from zctl.service.errors import ServiceUnavailable
 from zctl.service.messages import GenerationEvent
-
-
-def named_sse(events: list[ResponseEvent]) -> str:
-    """The events as named SSE events."""
-    return named_events([event.model_dump() for event in events])
 
 
 class Responses:
@@ -62,7 +58,7 @@ class Responses:
         done, logprobs = await context.collect_and_close(first, events, clock, request, gen)
         response.finish(done, logprobs, new_id("msg"))
         self._keep(response, turns)
-        return JSONResponse(response.body().model_dump())
+        return json_reply(response.body())
 
     def _keep(self, response: ResponseObject, turns: list[dict[str, Any]]) -> None:
         """Store a finished response (if asked to) with the conversation it ends."""
@@ -78,16 +74,16 @@ class Responses:
         stream = ResponseEvents(response)
         logprobs: list[TokenLogprob] | None = [] if gen.logprobs else None
         try:
-            yield named_sse(stream.opening())
+            yield named_events(stream.opening())
             shown = visible_events(first, events, clock, lambda text: response.tools.holds(
                 0, text), logprobs)
             async with contextlib.aclosing(shown) as msgs:
                 async for msg in msgs:
-                    yield named_sse(self._end(stream, msg, logprobs, turns)
+                    yield named_events(self._end(stream, msg, logprobs, turns)
                                 if isinstance(msg, GenerationDone)
                                 else stream.delta(msg.text, msg.logprobs))
         except ServiceUnavailable as exc:
-            yield named_sse(stream.failure(backend_down_error(exc)))
+            yield named_events(stream.failure(backend_down_error(exc)))
         finally:
             await close_all([events])
 
@@ -104,8 +100,8 @@ class Responses:
         self.context.check_key(request)
         return self.store.body(response_id)
 
-    def delete(self, response_id: str, request: Request) -> dict[str, Any]:
+    def delete(self, response_id: str, request: Request) -> ResponseDeleted:
         self.context.check_key(request)
         self.store.body(response_id)  # 404 if not stored
         self.store.delete(response_id)
-        return {"id": response_id, "object": "response", "deleted": True}
+        return ResponseDeleted(id=response_id)

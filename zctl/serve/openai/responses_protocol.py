@@ -27,9 +27,9 @@ from pydantic import (
 
 from zctl.engine.requests import MAX_NEW_TOKENS, MAX_TOP_LOGPROBS, GenerationDone, TokenLogprob
 from zctl.serve.errors import ApiError
+from zctl.serve.openai.chat_replies import ChatTokenLogprob, token_logprobs
 from zctl.serve.openai.protocol import ChatCompletionRequest, ZctlOptions, chat_request
-from zctl.serve.openai.replies import chat_logprobs
-from zctl.serve.tools import MAX_TOOLS, ToolOutput
+from zctl.serve.tools import MAX_TOOLS, ToolCall, ToolOutput
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # ``include`` asks for the tokens' logprobs
 MAX_METADATA = 16
@@ -225,7 +225,7 @@ class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[dict[str, Any]] = Field(default_factory=list)  # chat_logprobs' content
+    logprobs: list[ChatTokenLogprob] = Field(default_factory=list)
 
 
 class MessageItem(BaseModel):
@@ -313,14 +313,14 @@ def output_items(tools: ToolOutput, done: GenerationDone, message_id: str,
     return [message_item(message_id, done.text, logprobs, "completed")]
 
 
-def function_call_item(call: dict[str, Any]) -> FunctionCallItem:
+def function_call_item(call: ToolCall) -> FunctionCallItem:
     """A chat API tool call (zctl.serve.tools) as a Responses ``function_call`` item."""
-    return FunctionCallItem(id=new_id("fc"), call_id=call["id"], name=call["function"]["name"],
-                            arguments=call["function"]["arguments"], status="completed")
+    return FunctionCallItem(id=new_id("fc"), call_id=call.id, name=call.function.name,
+                            arguments=call.function.arguments, status="completed")
 
 
 def text_part(text: str, logprobs: list[TokenLogprob] | None) -> OutputText:
-    return OutputText(text=text, logprobs=chat_logprobs(logprobs)["content"] if logprobs else [])
+    return OutputText(text=text, logprobs=token_logprobs(logprobs) if logprobs else [])
 
 
 def message_item(item_id: str, text: str | None, logprobs: list[TokenLogprob] | None,
@@ -387,6 +387,14 @@ class ResponseObject:
             metadata=req.metadata or {})
 
 
+class ResponseDeleted(BaseModel):
+    """``DELETE /v1/responses/{id}``'s answer."""
+
+    id: str
+    object: Literal["response"] = "response"
+    deleted: Literal[True] = True
+
+
 # -- its streamed events --------------------------------------------------------------
 class ResponseEvent(BaseModel):
     """One streamed event, numbered in its stream."""
@@ -424,7 +432,7 @@ class TextDeltaEvent(ResponseEvent):
     output_index: int
     content_index: int
     delta: str
-    logprobs: list[dict[str, Any]]
+    logprobs: list[ChatTokenLogprob]
 
 
 class TextDoneEvent(ResponseEvent):
@@ -434,7 +442,7 @@ class TextDoneEvent(ResponseEvent):
     output_index: int
     content_index: int
     text: str
-    logprobs: list[dict[str, Any]]
+    logprobs: list[ChatTokenLogprob]
 
 
 class ArgumentsDeltaEvent(ResponseEvent):
@@ -451,6 +459,10 @@ class ArgumentsDoneEvent(ResponseEvent):
     item_id: str
     output_index: int
     arguments: str
+
+
+ResponseStreamEvent = (ResponseStateEvent | OutputItemEvent | ContentPartEvent | TextDeltaEvent
+                       | TextDoneEvent | ArgumentsDeltaEvent | ArgumentsDoneEvent)
 
 
 class ResponseEvents:
@@ -499,7 +511,7 @@ class ResponseEvents:
         """New text of the message (and its tokens' logprobs)."""
         self.text += text
         self.logprobs += logprobs
-        lps = chat_logprobs(logprobs)["content"] if logprobs else []
+        lps = token_logprobs(logprobs) if logprobs else []
         return self._open() + [TextDeltaEvent(
             type="response.output_text.delta", sequence_number=self._next(),
             item_id=self.message_id, output_index=0, content_index=0, delta=text, logprobs=lps)]

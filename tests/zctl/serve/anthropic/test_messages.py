@@ -18,8 +18,7 @@ import tests.zctl.serve.test_app as ts
 from tests.zctl.serve.test_app import ASK, greedy_text, wait_for
 from tests.zctl.serve.test_tools import TIME, WEATHER
 from zctl.cli.serve import model_names
-from zctl.engine.requests import GenerationDone
-from zctl.serve.anthropic.protocol import MessageEvents, MessagesRequest, matched_stop, turn_as_chat
+from zctl.serve.anthropic.protocol import MessagesRequest, turn_as_chat
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 
@@ -202,7 +201,7 @@ def test_the_model_under_the_names_it_is_served_as(started) -> None:
         model_names(["a", " "])
 
 
-def test_the_pure_parts() -> None:
+def test_a_request_reads_as_the_chat_completion_it_asks_for() -> None:
     req = MessagesRequest(model="m", max_tokens=4, system="sys", messages=[
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": [
@@ -220,20 +219,3 @@ def test_the_pure_parts() -> None:
     assert [c["id"] for c in chat.messages[2].tool_calls] == ["t1", "t2"]
     assert [t.text() for t in chat.messages[3:]] == ["r1", "r2", "thanks"]
     assert turn_as_chat(req.messages[0]) == [{"role": "user", "content": "q"}]
-    assert matched_stop("ab", "ab\nXcd", ["cd", "\nX"]) == "\nX"
-    assert matched_stop("ab", "abc", ["zz"]) is None
-    assert matched_stop("ab", "ab", ["only"]) is None  # a grammar or a stop token ended it
-    assert matched_stop("a", "a bc", ["c", "b"]) == "b"  # the first to appear
-    done = GenerationDone("r", [1], '{"name": "f", "arguments": {"a": 1}}', 3, 0, 0,
-                          stop_reason="eos")
-    events = MessageEvents("msg_1", "m").end(done, [{"id": "call_9", "type": "function",
-                                                     "function": {"name": "f",
-                                                                  "arguments": '{"a": 1}'}}],
-                                             True, None)
-    assert [e["type"] for e in events] == ["content_block_start", "content_block_delta",
-                                           "content_block_stop", "message_delta",
-                                           "message_stop"]
-    assert events[0]["content_block"] == {"type": "tool_use", "id": "toolu_9", "name": "f",
-                                          "input": {}}
-    assert json.loads(events[1]["delta"]["partial_json"]) == {"a": 1}
-    assert events[3]["delta"]["stop_reason"] == "tool_use"
