@@ -10,7 +10,7 @@ pipeline that cannot serve a 503, each in its API's error shape, and none of the
 the generations already running. A body over MAX_BODY_BYTES is a 413 before it is read
 whole (by its Content-Length, or as its bytes arrive). A streamed reply is SSE; a client
 that disconnects (or closes its stream) has its generation cancelled. Every reply is a
-pydantic model.
+pydantic model, and ``/openapi.json`` describes them (zctl.serve.openapi).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from zctl.serve.openai.completions import Completions
 from zctl.serve.openai.models import Models
 from zctl.serve.openai.responses import Responses
 from zctl.serve.openai.tokenization import Tokenization
+from zctl.serve.openapi import openapi_document
 from zctl.serve.settings import ServeSettings
 from zctl.service.async_client import AsyncServiceClient
 
@@ -74,6 +75,8 @@ def create_app(backend: AsyncServiceClient, settings: ServeSettings | None = Non
 
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
+    app.openapi = lambda: openapi_document(  # type: ignore[method-assign]
+        app, {**openai_routes.STREAMS, **anthropic_routes.STREAMS})
 
     @app.get("/health", response_model=Health,
              responses={503: {"model": Health | ServiceDown, "description": "Not serving"}})
