@@ -80,8 +80,8 @@ class Responses:
             async with contextlib.aclosing(shown) as msgs:
                 async for msg in msgs:
                     yield named_events(self._end(stream, msg, logprobs, turns)
-                                if isinstance(msg, GenerationDone)
-                                else stream.delta(msg.text, msg.logprobs))
+                                       if isinstance(msg, GenerationDone)
+                                       else stream.delta(msg.text, msg.logprobs))
         except ServiceUnavailable as exc:
             yield named_events(stream.failure(backend_down_error(exc)))
         finally:
