@@ -52,6 +52,13 @@ def tiny_exports(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     return ExportCache(tiny_llama_dir, tmp_path_factory.mktemp("tiny-exports"))
 
 
+@pytest.fixture
+def zctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty ZCTL_HOME of the test's own (where zctl keeps its exports and cluster record)."""
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
 # -- data plane (dp_ fixtures) ------------------------------------------------------------
 
 @pytest.fixture(scope="session")
