@@ -52,6 +52,32 @@ def tiny_exports(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     return ExportCache(tiny_llama_dir, tmp_path_factory.mktemp("tiny-exports"))
 
 
+# -- the real default model (SmolLM2-135M-Instruct from its GGUF): minutes ---------------
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory: pytest.TempPathFactory):
+    """The default model's source and a directory for its exports (shared by the session;
+    each test asks for what it needs, so any one of them can run alone)."""
+    from exporter.sources import DEFAULT_MODEL, open_source
+
+    cache = tmp_path_factory.mktemp("smol-sources")
+    return open_source(DEFAULT_MODEL, cache), tmp_path_factory.mktemp("smol-exports")
+
+
+@pytest.fixture(scope="session")
+def smol_int4_exports(smol) -> tuple[Path, Path]:
+    """The INT4 model as one stage and as three (made once, whichever test asks first)."""
+    from exporter.export import export_model
+
+    source, root = smol
+    single, three = root / "int4-1", root / "int4-3"
+    export_model(source, [(0, 30)], "int4", single)
+    export_model(source, [(0, 7), (7, 19), (19, 30)], "int4", three)
+    return single, three
+
+
+# -- zctl's home ---------------------------------------------------------------------------
+
 @pytest.fixture
 def zctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty ZCTL_HOME of the test's own (where zctl keeps its exports and cluster record)."""
