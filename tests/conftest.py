@@ -236,6 +236,20 @@ def cp_cluster(tmp_path: Path, cp_export: Path):
 
 # -- the quick suite (make test-quick: -m "not slow") stays single-process ----------------
 
+E2E = Path(__file__).parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ is marked e2e, and every e2e test (there or beside a
+    benchmark) slow too: ``-m "not slow"`` leaves them all out."""
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _multi_process_tests_are_marked_slow(request: pytest.FixtureRequest,
                                          monkeypatch: pytest.MonkeyPatch):

@@ -6,7 +6,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from dataplane.head.local_chain import LocalChain
@@ -29,7 +28,6 @@ def _expected_tokens(export_dir: Path, n: int, exact: bool = False) -> list[int]
     return list(generate_greedy(chain, tokenizer.encode(PROMPT), n))
 
 
-@pytest.mark.slow
 def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     result = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "12",
@@ -52,7 +50,6 @@ def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     assert "fast numerics" in fast.output and "--exact" in fast.output  # told, not silent
 
 
-@pytest.mark.slow
 def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
     up = runner.invoke(app, ["cluster", "up", "--local", "3", "--model", str(export_dir),
@@ -113,7 +110,6 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
     assert runner.invoke(app, ["cluster", "status"]).exit_code == 1
 
 
-@pytest.mark.slow
 def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_exports,
                                                                      zctl_home: Path) -> None:
     import subprocess
@@ -240,7 +236,6 @@ def _screen_lines(raw: bytes) -> list[str]:
             for line in lines]
 
 
-@pytest.mark.slow
 def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Path) -> None:
     """``zctl run`` on a terminal, with its embedded local cluster: Rich's live display runs,
     and its last frame holds the generated text, a row per stage with every column, and the
@@ -287,7 +282,6 @@ def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Pat
     assert not (zctl_home / "cluster.json").exists()  # the embedded cluster was torn down
 
 
-@pytest.mark.slow
 def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_home: Path
                                                            ) -> None:
     """``zctl cluster up`` (a coordinator alone), ``zctl node join`` in its own process on

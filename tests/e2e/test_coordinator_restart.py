@@ -66,7 +66,6 @@ def _api_client(api: str, outcome: list, generating: threading.Event) -> None:
                 generating.set()
 
 
-@pytest.mark.slow
 def test_a_restarted_coordinator_gets_its_nodes_back_and_serves_the_same_tokens(
         tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))  # where zctl serve finds it
@@ -125,7 +124,6 @@ def test_a_restarted_coordinator_gets_its_nodes_back_and_serves_the_same_tokens(
         stop_processes(record.pids)
 
 
-@pytest.mark.slow
 def test_a_record_whose_coordinator_exited_is_cleared_with_the_processes_it_started(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """cluster up (run, serve) after the coordinator died: its local node is stopped, so

@@ -35,7 +35,6 @@ DELAY_MS = 15  # per hop: a token takes >= 45 ms on 3 stages, time to kill a nod
 TOKENS = 60
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("streams", [1, 2])
 def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
         tiny_exports, tmp_path: Path, streams: int) -> None:
@@ -69,7 +68,6 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
         stop_processes(record.pids)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("node", [1, 2])
 def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
         tiny_exports, tmp_path: Path, node: int) -> None:
@@ -99,7 +97,6 @@ def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
         stop_processes(record.pids)
 
 
-@pytest.mark.slow
 def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
         tiny_exports, tmp_path: Path) -> None:
     """The last node is lost and the middle one carries its stage; restarted, the node takes

@@ -38,7 +38,6 @@ def wait_health(url: str, status: int, timeout_s: float = 60.0) -> dict:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
 def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
         tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
@@ -107,7 +106,6 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
         httpx.get(f"{url}/health", timeout=2)  # cluster down stopped the API server too
 
 
-@pytest.mark.slow
 def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
         tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Interrupted 1 s into a long generation, ``zctl run`` cancels it: the cluster stops
@@ -151,7 +149,6 @@ def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
         runner.invoke(app, ["cluster", "down"])
 
 
-@pytest.mark.slow
 def test_zctl_serve_with_an_embedded_cluster_stops_it_on_sigterm(
         tiny_exports, tmp_path: Path) -> None:
     import sys

@@ -17,7 +17,6 @@ def export2(tiny_exports):
     return tiny_exports.get([(0, 2), (2, 4)])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("speculative", [False, True])
 def test_pipelined_streams_across_processes_equal_each_alone(export2, dp_hosts, dp_spawn,
                                                              speculative) -> None:
@@ -32,7 +31,6 @@ def test_pipelined_streams_across_processes_equal_each_alone(export2, dp_hosts, 
         pipe.close()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("row_groups", [1, 2])
 def test_row_groups_across_processes_equal_each_alone(export2, dp_hosts, dp_spawn,
                                                       row_groups) -> None:

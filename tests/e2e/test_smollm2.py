@@ -7,10 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.slow
-
 
 def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
         smol_int4_exports, tmp_path: Path) -> None:
