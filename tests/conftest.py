@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -178,41 +177,6 @@ def dp_threaded3(dp_export3: Path):
     middle.stop()
     last.stop()
     pipe.close()
-
-
-@pytest.fixture
-def dp_spawn():
-    """Start ``python -m dataplane.worker`` processes; returns start(export, stage, bind,
-    send_to) -> bound endpoint. Every process is terminated after the test."""
-    import os
-    import subprocess
-    import tempfile
-
-    procs: list[subprocess.Popen] = []
-
-    def start(export: Path, stage: int, bind: str, send_to: str) -> str:
-        log = tempfile.TemporaryFile(mode="w+")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dataplane.worker", str(export), "--stage", str(stage),
-             "--bind", bind, "--send-to", send_to],
-            stdout=subprocess.PIPE, stderr=log, text=True,
-            cwd=Path(__file__).parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        procs.append(proc)
-        line = proc.stdout.readline() if proc.stdout else ""
-        if not line.startswith("ready "):
-            log.seek(0)
-            raise RuntimeError(f"worker for stage {stage} did not start: {log.read()[-2000:]}")
-        return line.split()[1]
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 # -- control plane (cp_ fixtures) ---------------------------------------------------------
