@@ -1,8 +1,8 @@
 """Control plane end to end on loopback: enrolment, placement, liveness, refusals, clusters.
 
-Nodes run as threads (agents), processes, or raw sockets (to misbehave on purpose); the
-coordinator is node 0. Stages are started by a recording launcher unless a test runs
-the real data plane.
+Nodes run as threads (agents) or raw sockets (to misbehave on purpose); the coordinator
+is node 0. Stages are started by a recording launcher unless a test runs the real data
+plane. (A node process killed: tests/e2e/test_fault_tolerance.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from controlplane.coordinator import Coordinator, CoordinatorConfig
 from controlplane.launch import StageAssignment, build_runner
 from controlplane.nodeinfo import load_or_create_node_id, openvino_version, zctl_version
 from tests.helpers.control import FAST, Cluster, FakeStage, RawNode, enrol_msg, node, wait_for
-from tests.helpers.repo import ROOT
 from zctl.manifest import sha256_file
 
 
@@ -416,44 +415,6 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
         assert list(generate_greedy(pipeline, prompt, 8)) == want
     finally:
         cluster.close()
-
-
-@pytest.mark.slow
-def test_killed_node_process_is_marked_dead_and_reclaims_its_id(cp_cluster: Cluster) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    coord = cp_cluster.coordinator(liveness=5)
-    state = cp_cluster.root / "proc-node"
-    from zctl.launcher.processes import NodeProcess, process_command
-
-    cmd = [sys.executable, *process_command(NodeProcess(
-        coord.endpoint, state_dir=str(state), host="127.0.0.1", reconnect_min=0.1))]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        status = coord.wait_serving(60)  # the real StageWorker runs in the node process
-        node_id = (state / "node_id").read_text().strip()
-        assert node(status, node_id).state == "serving"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        wait_for(lambda: node(query_status(coord.endpoint), node_id).state == "dead",
-                 what="dead")
-        assert query_status(coord.endpoint).pipeline == "degraded"
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        status = coord.wait_serving(60)
-        assert [n.node_id for n in status.nodes if not n.local] == [node_id]
-        assert node(status, node_id).transfer_total == 0  # served from its cache
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, stderr = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, stderr = proc.communicate()
-    assert proc.returncode == 0, stderr.decode()[-2000:]
 
 
 def test_transfer_progress_shows_only_while_a_shard_arrives() -> None:
