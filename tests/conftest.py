@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -214,30 +216,79 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(autouse=True)
-def _multi_process_tests_are_marked_slow(request: pytest.FixtureRequest,
-                                         monkeypatch: pytest.MonkeyPatch):
-    """A test not marked slow that starts a Python process (a worker, node, coordinator,
-    zctl) fails at teardown, naming what it started: every multi-process test must be
-    marked slow so that ``make test-quick`` stays quick. (Forks are not counted: OpenVINO's
-    telemetry forks a sender per event, in any test that exports; zctl itself never forks.)"""
+# The product's packages: ``python -m`` one of them (or of their modules) starts one of
+# zctl's own processes (a coordinator or node: zctl.launcher; a stage worker:
+# dataplane.worker; the command line: zctl; a benchmark: tools...).
+OWN_PACKAGES = ("zctl", "dataplane", "controlplane", "exporter", "tools")
+PYTHON = re.compile(r"python[0-9.]*")
+PYTHON_OPTIONS_WITH_A_VALUE = ("-W", "-X", "-Q")
+
+
+def mark_to_start(args: object, shell: bool = False) -> tuple[str, str] | None:
+    """The mark a test needs to start the process ``subprocess.Popen(args, shell=shell)``
+    starts, and the start of its command line: ``e2e`` for one of zctl's own processes
+    (``python -m zctl...``, ``-m dataplane.worker``, ``-m tools...``, also wrapped, as in
+    ``ip netns exec n1 python -m zctl.launcher ...``; the ``zctl`` program), ``slow`` for any
+    other Python process (``python -c``, ``python -m pip``), None for other programs."""
     import os
+    import shlex
+
+    if isinstance(args, str | bytes | os.PathLike):
+        argv = shlex.split(os.fsdecode(args)) if shell else [os.fsdecode(args)]
+    else:
+        argv = [os.fsdecode(a) for a in args]  # type: ignore[union-attr]
+    if argv and Path(argv[0]).name == "zctl":
+        return "e2e", " ".join(argv[:4])
+    for i, arg in enumerate(argv):  # the program, or a Python a wrapper runs
+        name = Path(arg).name
+        if "python" in name if i == 0 else (arg == sys.executable or PYTHON.fullmatch(name)):
+            module, options = "", iter(argv[i + 1:])
+            for option in options:
+                if option in PYTHON_OPTIONS_WITH_A_VALUE:
+                    next(options, None)
+                elif option.startswith("-m"):
+                    module = option[2:] or next(options, "")
+                    break
+                elif option == "-c" or not option.startswith("-"):
+                    break
+            own = module.split(".")[0] in OWN_PACKAGES
+            return ("e2e" if own else "slow"), " ".join(argv[i:i + 4])
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _multi_process_tests_are_marked(request: pytest.FixtureRequest,
+                                    monkeypatch: pytest.MonkeyPatch):
+    """A test that starts one of zctl's own processes (a coordinator, a node, a stage
+    worker, ``python -m zctl ...``, ``zctl``, ``python -m tools...``) without the e2e mark,
+    or any other Python process (pip, ``python -c``) without the slow mark, fails at
+    teardown, naming the mark it lacks and what it started: the multi-process end-to-end
+    tests stay apart, and ``make test-quick`` single-process. (Forks are not counted:
+    OpenVINO's telemetry forks a sender per event, in any test that exports; zctl itself
+    never forks.)"""
     import subprocess
 
-    if request.node.get_closest_marker("slow") is not None:
+    marks = {mark.name for mark in request.node.iter_markers()}
+    if "e2e" in marks:  # an e2e test is slow too
         yield
         return
-    started: list[str] = []
+    started: dict[str, list[str]] = {"e2e": [], "slow": []}
     popen_init = subprocess.Popen.__init__
 
     def recording_init(self, args, *rest, **kwargs):
-        argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
-        if argv and "python" in Path(os.fsdecode(argv[0])).name:
-            started.append(" ".join(os.fsdecode(a) for a in argv[:4]))
+        needs = mark_to_start(args, bool(kwargs.get("shell")))
+        if needs is not None and needs[0] not in marks:
+            started[needs[0]].append(needs[1])
         popen_init(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", recording_init)
     yield
-    if started:
-        pytest.fail(f"{request.node.nodeid} started {len(started)} process(es) ({started[0]} "
-                    "...) but is not marked slow", pytrace=False)
+    missing = []
+    if started["e2e"]:
+        missing.append(f"started {len(started['e2e'])} of zctl's own process(es) "
+                       f"({started['e2e'][0]} ...) but is not marked e2e")
+    if started["slow"]:
+        missing.append(f"started {len(started['slow'])} process(es) ({started['slow'][0]} "
+                       "...) but is not marked slow")
+    if missing:
+        pytest.fail(f"{request.node.nodeid} {'; and '.join(missing)}", pytrace=False)
