@@ -200,7 +200,7 @@ def cp_cluster(tmp_path: Path, cp_export: Path):
     cluster.close()
 
 
-# -- the quick suite (make test-quick: -m "not slow") stays single-process ----------------
+# -- end-to-end tests apart (e2e), the quick suite single-process (make test-quick) ------
 
 E2E = Path(__file__).parent / "e2e"
 
@@ -239,9 +239,13 @@ def mark_to_start(args: object, shell: bool = False) -> tuple[str, str] | None:
         argv = [os.fsdecode(a) for a in args]  # type: ignore[union-attr]
     if argv and Path(argv[0]).name == "zctl":
         return "e2e", " ".join(argv[:4])
-    for i, arg in enumerate(argv):  # the program, or a Python a wrapper runs
+    for i, arg in enumerate(argv):
         name = Path(arg).name
-        if "python" in name if i == 0 else (arg == sys.executable or PYTHON.fullmatch(name)):
+        if i == 0:  # the program
+            runs_python = "python" in name
+        else:  # or a Python that a wrapper (env, taskset, ip netns exec) runs
+            runs_python = arg == sys.executable or PYTHON.fullmatch(name) is not None
+        if runs_python:
             module, options = "", iter(argv[i + 1:])
             for option in options:
                 if option in PYTHON_OPTIONS_WITH_A_VALUE:
