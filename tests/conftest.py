@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -50,6 +51,39 @@ class ExportCache:
 @pytest.fixture(scope="session")
 def tiny_exports(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
     return ExportCache(tiny_llama_dir, tmp_path_factory.mktemp("tiny-exports"))
+
+
+# -- the real default model (SmolLM2-135M-Instruct from its GGUF): minutes ---------------
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory: pytest.TempPathFactory):
+    """The default model's source and a directory for its exports (shared by the session;
+    each test asks for what it needs, so any one of them can run alone)."""
+    from exporter.sources import DEFAULT_MODEL, open_source
+
+    cache = tmp_path_factory.mktemp("smol-sources")
+    return open_source(DEFAULT_MODEL, cache), tmp_path_factory.mktemp("smol-exports")
+
+
+@pytest.fixture(scope="session")
+def smol_int4_exports(smol) -> tuple[Path, Path]:
+    """The INT4 model as one stage and as three (made once, whichever test asks first)."""
+    from exporter.export import export_model
+
+    source, root = smol
+    single, three = root / "int4-1", root / "int4-3"
+    export_model(source, [(0, 30)], "int4", single)
+    export_model(source, [(0, 7), (7, 19), (19, 30)], "int4", three)
+    return single, three
+
+
+# -- zctl's home ---------------------------------------------------------------------------
+
+@pytest.fixture
+def zctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty ZCTL_HOME of the test's own (where zctl keeps its exports and cluster record)."""
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
 
 
 # -- data plane (dp_ fixtures) ------------------------------------------------------------
@@ -147,41 +181,6 @@ def dp_threaded3(dp_export3: Path):
     pipe.close()
 
 
-@pytest.fixture
-def dp_spawn():
-    """Start ``python -m dataplane.worker`` processes; returns start(export, stage, bind,
-    send_to) -> bound endpoint. Every process is terminated after the test."""
-    import os
-    import subprocess
-    import tempfile
-
-    procs: list[subprocess.Popen] = []
-
-    def start(export: Path, stage: int, bind: str, send_to: str) -> str:
-        log = tempfile.TemporaryFile(mode="w+")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dataplane.worker", str(export), "--stage", str(stage),
-             "--bind", bind, "--send-to", send_to],
-            stdout=subprocess.PIPE, stderr=log, text=True,
-            cwd=Path(__file__).parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        procs.append(proc)
-        line = proc.stdout.readline() if proc.stdout else ""
-        if not line.startswith("ready "):
-            log.seek(0)
-            raise RuntimeError(f"worker for stage {stage} did not start: {log.read()[-2000:]}")
-        return line.split()[1]
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 # -- control plane (cp_ fixtures) ---------------------------------------------------------
 
 @pytest.fixture(scope="session")
@@ -201,32 +200,99 @@ def cp_cluster(tmp_path: Path, cp_export: Path):
     cluster.close()
 
 
-# -- the quick suite (make test-quick: -m "not slow") stays single-process ----------------
+# -- end-to-end tests apart (e2e), the quick suite single-process (make test-quick) ------
+
+E2E = Path(__file__).parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ is marked e2e, and every e2e test (there or beside a
+    benchmark) slow too: ``-m "not slow"`` leaves them all out."""
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
+# The product's packages: ``python -m`` one of them (or of their modules) starts one of
+# zctl's own processes (a coordinator or node: zctl.launcher; a stage worker:
+# dataplane.worker; the command line: zctl; a benchmark: tools...).
+OWN_PACKAGES = ("zctl", "dataplane", "controlplane", "exporter", "tools")
+PYTHON = re.compile(r"python[0-9.]*")
+PYTHON_OPTIONS_WITH_A_VALUE = ("-W", "-X", "-Q")
+
+
+def mark_to_start(args: object, shell: bool = False) -> tuple[str, str] | None:
+    """The mark a test needs to start the process ``subprocess.Popen(args, shell=shell)``
+    starts, and the start of its command line: ``e2e`` for one of zctl's own processes
+    (``python -m zctl...``, ``-m dataplane.worker``, ``-m tools...``, also wrapped, as in
+    ``ip netns exec n1 python -m zctl.launcher ...``; the ``zctl`` program), ``slow`` for any
+    other Python process (``python -c``, ``python -m pip``), None for other programs."""
+    import os
+    import shlex
+
+    if isinstance(args, str | bytes | os.PathLike):
+        argv = shlex.split(os.fsdecode(args)) if shell else [os.fsdecode(args)]
+    else:
+        argv = [os.fsdecode(a) for a in args]  # type: ignore[union-attr]
+    if argv and Path(argv[0]).name == "zctl":
+        return "e2e", " ".join(argv[:4])
+    for i, arg in enumerate(argv):
+        name = Path(arg).name
+        if i == 0:  # the program
+            runs_python = "python" in name
+        else:  # or a Python that a wrapper (env, taskset, ip netns exec) runs
+            runs_python = arg == sys.executable or PYTHON.fullmatch(name) is not None
+        if runs_python:
+            module, options = "", iter(argv[i + 1:])
+            for option in options:
+                if option in PYTHON_OPTIONS_WITH_A_VALUE:
+                    next(options, None)
+                elif option.startswith("-m"):
+                    module = option[2:] or next(options, "")
+                    break
+                elif option == "-c" or not option.startswith("-"):
+                    break
+            own = module.split(".")[0] in OWN_PACKAGES
+            return ("e2e" if own else "slow"), " ".join(argv[i:i + 4])
+    return None
+
 
 @pytest.fixture(autouse=True)
-def _multi_process_tests_are_marked_slow(request: pytest.FixtureRequest,
-                                         monkeypatch: pytest.MonkeyPatch):
-    """A test not marked slow that starts a Python process (a worker, node, coordinator,
-    zctl) fails at teardown, naming what it started: every multi-process test must be
-    marked slow so that ``make test-quick`` stays quick. (Forks are not counted: OpenVINO's
-    telemetry forks a sender per event, in any test that exports; zctl itself never forks.)"""
-    import os
+def _multi_process_tests_are_marked(request: pytest.FixtureRequest,
+                                    monkeypatch: pytest.MonkeyPatch):
+    """A test that starts one of zctl's own processes (a coordinator, a node, a stage
+    worker, ``python -m zctl ...``, ``zctl``, ``python -m tools...``) without the e2e mark,
+    or any other Python process (pip, ``python -c``) without the slow mark, fails at
+    teardown, naming the mark it lacks and what it started: the multi-process end-to-end
+    tests stay apart, and ``make test-quick`` single-process. (Forks are not counted:
+    OpenVINO's telemetry forks a sender per event, in any test that exports; zctl itself
+    never forks.)"""
     import subprocess
 
-    if request.node.get_closest_marker("slow") is not None:
+    marks = {mark.name for mark in request.node.iter_markers()}
+    if "e2e" in marks:  # an e2e test is slow too
         yield
         return
-    started: list[str] = []
+    started: dict[str, list[str]] = {"e2e": [], "slow": []}
     popen_init = subprocess.Popen.__init__
 
     def recording_init(self, args, *rest, **kwargs):
-        argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
-        if argv and "python" in Path(os.fsdecode(argv[0])).name:
-            started.append(" ".join(os.fsdecode(a) for a in argv[:4]))
+        needs = mark_to_start(args, bool(kwargs.get("shell")))
+        if needs is not None and needs[0] not in marks:
+            started[needs[0]].append(needs[1])
         popen_init(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", recording_init)
     yield
-    if started:
-        pytest.fail(f"{request.node.nodeid} started {len(started)} process(es) ({started[0]} "
-                    "...) but is not marked slow", pytrace=False)
+    missing = []
+    if started["e2e"]:
+        missing.append(f"started {len(started['e2e'])} of zctl's own process(es) "
+                       f"({started['e2e'][0]} ...) but is not marked e2e")
+    if started["slow"]:
+        missing.append(f"started {len(started['slow'])} process(es) ({started['slow'][0]} "
+                       "...) but is not marked slow")
+    if missing:
+        pytest.fail(f"{request.node.nodeid} {'; and '.join(missing)}", pytrace=False)

@@ -1,8 +1,9 @@
-"""Control plane end to end on loopback: enrolment, placement, liveness, refusals, clusters.
+"""Control plane end to end on loopback: enrolment, placement, liveness, refusals, hostile
+input, clusters.
 
-Nodes run as threads (agents), processes, or raw sockets (to misbehave on purpose); the
-coordinator is node 0. Stages are started by a recording launcher unless a test runs
-the real data plane.
+Nodes run as threads (agents) or raw sockets (to misbehave on purpose); the coordinator
+is node 0. Stages are started by a recording launcher unless a test runs the real data
+plane. (A node process killed: tests/e2e/test_fault_tolerance.py.)
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from controlplane.coordinator import Coordinator, CoordinatorConfig
 from controlplane.launch import StageAssignment, build_runner
 from controlplane.nodeinfo import load_or_create_node_id, openvino_version, zctl_version
 from tests.helpers.control import FAST, Cluster, FakeStage, RawNode, enrol_msg, node, wait_for
-from tests.helpers.repo import ROOT
+from zctl.engine.requests import GenerationRequest
 from zctl.manifest import sha256_file
+from zctl.service.messages import TokenizeRequest
 
 
 # -- enrolment, transfer, wiring ----------------------------------------------------------
@@ -331,6 +333,80 @@ def test_protocol_mismatch_is_refused_on_both_sides(cp_cluster: Cluster) -> None
     assert status.counters["protocol_mismatch"] == 1 and status.refused[0].node_id == agent.node_id
 
 
+# -- hostile input ------------------------------------------------------------------------
+def test_malformed_and_unknown_messages_leave_the_cluster_serving(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator(max_message_bytes=1 << 16)
+    agent = cp_cluster.agent(coord.endpoint)
+    coord.wait_serving(20)
+    raw = RawNode(coord.endpoint, b"intruder")
+    try:
+        expectations = [
+            ([b"\xff\xfe\xfd"], "malformed"),
+            ([b"[" * 50000], "malformed"),
+            ([b'{"protocol": %d, "type": "heartbeat"}' % m.PROTOCOL_VERSION, b"extra"], "malformed"),
+            ([json.dumps({"protocol": m.PROTOCOL_VERSION, "type": "enrol", "body": {"node_id": 5}}).encode()],
+             "malformed"),
+            ([json.dumps({"protocol": m.PROTOCOL_VERSION, "type": "self_destruct", "body": {}}).encode()],
+             "unknown-type"),
+            ([json.dumps({"protocol": 99, "type": "heartbeat", "body": {}}).encode()],
+             "protocol-version"),
+            ([m.encode_message(m.Heartbeat())], "not-enrolled"),
+            ([m.encode_message(m.ShardRequest(coord.hashes[1], "stage1.bin", 0, 0, 10))],
+             "not-enrolled"),
+            # the generation service's messages, which the same envelope carries, are
+            # answered on the control socket like any other a stranger sends
+            ([m.encode_message(GenerationRequest("r", "hi", 1))], "not-enrolled"),
+            ([m.encode_message(TokenizeRequest(GenerationRequest("t", "hi", 1)))],
+             "not-enrolled"),
+            ([b""], "malformed"),
+        ]
+        for frames, code in expectations:
+            raw.send(*frames)
+            reply = raw.recv()
+            assert isinstance(reply, m.Error) and reply.code == code, (frames[0][:40], reply)
+        raw.send(b"x" * (1 << 17))  # over MAXMSGSIZE: libzmq drops the connection
+        raw.send(m.encode_message(enrol_msg("someone-else")))
+        # the coordinator has handled all it got from this peer once it answers a later
+        # status request on the same (re-established) connection; ask until it does
+        deadline, answered = time.monotonic() + 20, None
+        while answered is None and time.monotonic() < deadline:
+            raw.send(m.encode_message(m.StatusRequest()))
+            try:
+                answered = raw.recv_until(m.StatusReply, timeout=0.5)
+            except AssertionError:  # sent before the connection was back: lost with it
+                pass
+        assert answered is not None, "the coordinator stopped answering this peer"
+    finally:
+        raw.close()
+    # an enrolled node sending nonsense is answered, not dropped from the cluster
+    status = query_status(coord.endpoint)
+    assert status.pipeline == "serving" and node(status, agent.node_id).state == "serving"
+    c = status.counters
+    assert c["malformed"] == 5 and c["unknown_type"] == 1 and c["protocol_mismatch"] == 1
+    assert c["not_enrolled"] == 4 and c["handler_errors"] == 0
+    # and it stays so: a few more heartbeats go both ways without a reconnect or a death
+    seen = agent.counters["received"]
+    wait_for(lambda: agent.counters["received"] >= seen + 3, what="3 more heartbeats")
+    status = query_status(coord.endpoint)
+    assert status.pipeline == "serving" and node(status, agent.node_id).state == "serving"
+    assert agent.state == "enrolled" and agent.counters["reconnects"] == 0
+
+
+def test_enrolment_under_a_foreign_routing_id_is_refused(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator()
+    raw = RawNode(coord.endpoint, b"alias")
+    try:
+        raw.send(m.encode_message(enrol_msg("real-name")))
+        refuse = raw.recv_until(m.Refuse)
+        assert refuse.code == "bad-enrol" and "routing id must be the node id" in refuse.reason
+        raw2 = RawNode(coord.endpoint, coord.node_id.encode())
+        raw2.send(m.encode_message(enrol_msg(coord.node_id)))
+        assert raw2.recv_until(m.Refuse).code == "duplicate-id"
+        raw2.close()
+    finally:
+        raw.close()
+
+
 # -- whole clusters -------------------------------------------------------------------------
 def test_a_node_reports_its_shard_transfer_to_the_end(cp_cluster: Cluster) -> None:
     """What ``zctl node join``'s progress bar shows: the transfer reaches 100%, the cluster
@@ -416,63 +492,3 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
         assert list(generate_greedy(pipeline, prompt, 8)) == want
     finally:
         cluster.close()
-
-
-@pytest.mark.slow
-def test_killed_node_process_is_marked_dead_and_reclaims_its_id(cp_cluster: Cluster) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    coord = cp_cluster.coordinator(liveness=5)
-    state = cp_cluster.root / "proc-node"
-    from zctl.launcher.processes import NodeProcess, process_command
-
-    cmd = [sys.executable, *process_command(NodeProcess(
-        coord.endpoint, state_dir=str(state), host="127.0.0.1", reconnect_min=0.1))]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        status = coord.wait_serving(60)  # the real StageWorker runs in the node process
-        node_id = (state / "node_id").read_text().strip()
-        assert node(status, node_id).state == "serving"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        wait_for(lambda: node(query_status(coord.endpoint), node_id).state == "dead",
-                 what="dead")
-        assert query_status(coord.endpoint).pipeline == "degraded"
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        status = coord.wait_serving(60)
-        assert [n.node_id for n in status.nodes if not n.local] == [node_id]
-        assert node(status, node_id).transfer_total == 0  # served from its cache
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, stderr = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, stderr = proc.communicate()
-    assert proc.returncode == 0, stderr.decode()[-2000:]
-
-
-def test_transfer_progress_shows_only_while_a_shard_arrives() -> None:
-    import io
-
-    from rich.console import Console
-
-    from zctl.cli.view import TransferProgress
-
-    out = io.StringIO()
-    with TransferProgress(Console(file=out, force_terminal=False, width=100)) as progress:
-        assert not progress.showing  # no refresh thread while the node just serves
-        progress.update("a" * 64, 10, 100)
-        assert progress.showing
-        progress.update("a" * 64, 5, 100)  # the transfer restarted: a fresh bar
-        assert len(progress.progress.tasks) == 1
-        progress.update("a" * 64, 100, 100)
-        assert not progress.showing and not progress.progress.tasks
-        progress.update("b" * 64, 1, 2)  # a later transfer shows again
-        assert progress.showing
-    assert not progress.showing
-    assert "shard aaaaaaaaaaaa" in out.getvalue()

@@ -1,12 +1,15 @@
 """A node killed mid-generation: the generation pauses, and resumes where it was with the
 same tokens as a run nothing happened to: once the node comes back (a new process with
 the same state dir reclaims its id; healing off), or at once on the survivors (healing,
-the default). Real processes on loopback addresses."""
+the default). A node process killed is marked dead, and started again it reclaims its id
+and serves from its cached shard. Real processes on loopback addresses."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -17,6 +20,8 @@ import pytest
 from controlplane.client import query_status
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.config import RuntimeSpec
+from tests.helpers.control import Cluster
+from tests.helpers.repo import ROOT
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
@@ -28,14 +33,13 @@ from zctl.launcher.local import (
     stop_processes,
     wait_serving,
 )
-from zctl.launcher.processes import NodeProcess
+from zctl.launcher.processes import NodeProcess, process_command
 from zctl.service.client import generate_many
 
 DELAY_MS = 15  # per hop: a token takes >= 45 ms on 3 stages, time to kill a node mid-run
 TOKENS = 60
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("streams", [1, 2])
 def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
         tiny_exports, tmp_path: Path, streams: int) -> None:
@@ -69,7 +73,6 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
         stop_processes(record.pids)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("node", [1, 2])
 def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
         tiny_exports, tmp_path: Path, node: int) -> None:
@@ -99,7 +102,6 @@ def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
         stop_processes(record.pids)
 
 
-@pytest.mark.slow
 def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
         tiny_exports, tmp_path: Path) -> None:
     """The last node is lost and the middle one carries its stage; restarted, the node takes
@@ -184,3 +186,37 @@ def _kill_mid_generation(record, requests: list[GenerationRequest], messages: li
     paused = [m.note for m in messages if getattr(m, "note", "")]
     assert paused and why in paused[0], paused
     return client
+
+
+# -- a node process killed under a coordinator of this process ---------------------------
+
+def test_killed_node_process_is_marked_dead_and_reclaims_its_id(cp_cluster: Cluster) -> None:
+    from tests.helpers.control import node, wait_for
+
+    coord = cp_cluster.coordinator(liveness=5)
+    state = cp_cluster.root / "proc-node"
+    cmd = [sys.executable, *process_command(NodeProcess(
+        coord.endpoint, state_dir=str(state), host="127.0.0.1", reconnect_min=0.1))]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        status = coord.wait_serving(60)  # the real StageWorker runs in the node process
+        node_id = (state / "node_id").read_text().strip()
+        assert node(status, node_id).state == "serving"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        wait_for(lambda: node(query_status(coord.endpoint), node_id).state == "dead",
+                 what="dead")
+        assert query_status(coord.endpoint).pipeline == "degraded"
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        status = coord.wait_serving(60)
+        assert [n.node_id for n in status.nodes if not n.local] == [node_id]
+        assert node(status, node_id).transfer_total == 0  # served from its cache
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr.decode()[-2000:]

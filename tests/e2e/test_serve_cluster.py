@@ -1,11 +1,12 @@
 """zctl serve on a real local cluster (node processes on loopback): ``cluster up --api``,
-greedy output through the API equal to ``zctl run``'s, and ``/health`` following a node
-that is killed and comes back."""
+greedy output through the API equal to ``zctl run``'s, ``/health`` following a node
+that is killed and comes back, and the API over HTTPS."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -38,7 +39,6 @@ def wait_health(url: str, status: int, timeout_s: float = 60.0) -> dict:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
 def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
         tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
@@ -107,7 +107,6 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
         httpx.get(f"{url}/health", timeout=2)  # cluster down stopped the API server too
 
 
-@pytest.mark.slow
 def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
         tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Interrupted 1 s into a long generation, ``zctl run`` cancels it: the cluster stops
@@ -151,7 +150,6 @@ def test_ctrl_c_in_zctl_run_cancels_its_generation_on_the_cluster(
         runner.invoke(app, ["cluster", "down"])
 
 
-@pytest.mark.slow
 def test_zctl_serve_with_an_embedded_cluster_stops_it_on_sigterm(
         tiny_exports, tmp_path: Path) -> None:
     import sys
@@ -191,3 +189,42 @@ def _state(pid: int) -> bytes:
         return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2][:3]
     except OSError:
         return b"Z"
+
+
+# -- over HTTPS ------------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_cluster_api_over_https(tiny_exports, tmp_path: Path, monkeypatch) -> None:
+    from dataplane.runtime.config import RuntimeSpec
+    from tests.helpers.tls import self_signed
+    from zctl.doctor.verdicts import PASS
+    from zctl.launcher.local import start_api, start_local_cluster, wait_serving, write_record
+    from zctl.serve.tls import api_tls
+
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))  # where zctl serve finds it
+    cert, key = self_signed(tmp_path)
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    model = load_manifest(export_dir).model.name
+    record = start_local_cluster(export_dir, 2, RuntimeSpec(precision="f32"), tmp_path / "c")
+    try:
+        wait_serving(record, 120)
+        write_record(record)
+        port = free_port("127.0.0.1")
+        record = start_api(record, f"127.0.0.1:{port}", tls=api_tls(cert, key))
+        write_record(record)
+        assert record.api == f"https://127.0.0.1:{port}"
+        client = openai.OpenAI(base_url=f"{record.api}/v1", api_key="x", max_retries=0,
+                               http_client=httpx.Client(verify=str(cert), timeout=60))
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert reply.usage.completion_tokens >= 1
+        with pytest.raises(httpx.HTTPError):  # the certificate is checked by default
+            httpx.get(f"{record.api}/health", timeout=10)
+        with pytest.raises(httpx.HTTPError):  # and there is no plain HTTP
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        checks = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)["checks"]
+        (api,) = [c for c in checks if c["name"] == "api"]
+        assert api["status"] == PASS and record.api in api["detail"], api
+    finally:
+        stop_processes(record.pids)

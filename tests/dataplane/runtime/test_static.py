@@ -223,23 +223,6 @@ def test_bad_input_is_refused_and_the_stream_survives(static2: Path, stateful2: 
 
 
 @pytest.mark.slow
-def test_a_static_chain_across_processes(static2: Path, dp_hosts, dp_spawn) -> None:
-    from tests.dataplane.head.test_cluster_head import chain_in_processes
-
-    pipe = chain_in_processes(static2, dp_hosts, dp_spawn, 2)
-    try:
-        assert isinstance(pipe.stage0, StaticStageRunner) and not pipe.row_groups_supported
-        local = _chain(static2)
-        for prompt in PROMPTS:
-            want = list(generate_greedy(local, prompt, N, prefill_chunk=4))
-            assert list(generate_greedy(pipe, prompt, N, prefill_chunk=4)) == want
-            assert list(generate_speculative(pipe, prompt, N, k=4, prefill_chunk=4)) == want
-        assert pipe.stats.errors == 0
-    finally:
-        pipe.close()
-
-
-@pytest.mark.slow
 def test_a_static_draft_model(tiny_exports, stateful2: Path, tmp_path: Path) -> None:
     """A static 1-stage export as the drafter: its own rewinds run on host KV."""
     from dataplane.runtime.draft_model import ModelDrafter

@@ -5,10 +5,7 @@ injected time shows up as the hops' network time."""
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,7 +28,6 @@ from dataplane.wire.transport import (
     send_parts,
 )
 from dataplane.worker.stage_worker import StageWorker
-from tests.helpers.repo import ROOT
 from zctl.engine.drafting import LookupDrafter
 from zctl.engine.executor import Step
 from zctl.engine.scheduler import generate_greedy, generate_speculative
@@ -235,38 +231,3 @@ def test_polling_in_short_waits_still_counts_the_delay_as_network(dp_export2):
     # the wait is network, not queueing: polls that restarted the coordinator's "ready"
     # stamp would turn nearly all of the last hop's delay into queue time
     assert all(h.queue_ms < SLOW / 2 for h in hops), hops
-
-
-@pytest.mark.slow
-def test_worker_process_takes_link_delay_ms(dp_export2, dp_hosts):
-    """``python -m dataplane.worker --link-delay-ms`` delays its replies (a process hop)."""
-    delay = 60.0
-    pipe = ClusterHead(StageRunner(dp_export2, 0), "tcp://127.0.0.1:1", "tcp://127.0.0.1:*",
-                           timeout_s=20)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dataplane.worker", str(dp_export2), "--stage", "1",
-         "--bind", f"tcp://{dp_hosts[0]}:*", "--send-to", pipe.reply_endpoint,
-         "--link-delay-ms", str(delay)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        assert line.startswith("ready "), line
-        pipe.rewire(line.split()[1])
-        for _ in generate_greedy(pipe, PROMPT, 4):
-            pass
-        last_hop = [t.hops[-1].network_ms for t in pipe.timings.samples()]
-        first_hop = [t.hops[0].network_ms for t in pipe.timings.samples()]
-        assert len(last_hop) >= 4 and min(last_hop) >= delay * 0.9, last_hop
-        # only the worker's outbound hop is delayed, and once: against the undelayed hop of
-        # the same steps, the median delayed hop is one delay longer, not zero or two
-        extra = float(np.median(last_hop) - np.median(first_hop))
-        assert 0.5 * delay < extra < 1.5 * delay, (first_hop, last_hop)
-    finally:
-        pipe.close()
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:  # SIGTERM can miss a worker blocked in recv
-            proc.kill()
-            proc.wait(5)

@@ -9,7 +9,7 @@ import pytest
 from tools.decode.cluster import interleaved
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_interleaved_steps_cluster_and_stage1(tiny_exports, dp_hosts, tmp_path) -> None:
     two, one = tiny_exports.get([(0, 2), (2, 4)]), tiny_exports.get([(0, 4)])
     props = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}

@@ -38,7 +38,7 @@ def test_paired_summary_compares_pair_by_pair() -> None:
         paired_summary([1.0], [])
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_run_ab_alternates_two_real_clusters(tiny_exports, dp_hosts, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))

@@ -64,7 +64,7 @@ def test_bad_options_are_refused_before_anything_starts(args: list[str]) -> None
     assert result.exit_code == 2, result.output
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_every_fault_on_a_tiny_cluster(tiny_llama_dir: Path, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "cache"))

@@ -94,7 +94,7 @@ def test_bad_options_are_refused_before_anything_starts() -> None:
         assert CliRunner().invoke(app, args).exit_code == 2
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_small_live_run_on_a_tiny_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path))
     app = typer.Typer()

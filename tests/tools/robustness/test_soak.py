@@ -157,7 +157,7 @@ def test_bad_options_are_refused_before_anything_starts(args: list[str]) -> None
     assert result.exit_code == 2, result.output
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_short_soak_of_the_tiny_model_leaves_the_cluster_idle(
         tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))

@@ -416,7 +416,7 @@ def test_bad_options_are_refused_before_anything_starts(args: list[str], message
 # -- the whole run on a real local cluster of the tiny model (no genai) -------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_tiny_run_on_both_layouts(tiny_llama_dir: Path, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "cache"))

@@ -121,7 +121,7 @@ def test_warmup_set_covers_the_largest_level_with_short_requests() -> None:
 # -- the whole run on a real local cluster and zctl serve (the tiny model, no genai) -------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_run_on_a_real_cluster_and_server_is_torn_down(tiny_exports, tmp_path) -> None:
     import httpx
 

@@ -24,7 +24,7 @@ def _experiment(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_zctl_experiment_and_zctl_bench_experiment_check_a_scenario(tmp_path):
     path = str(ROOT / "tools" / "wan" / "scenarios" / "relay.toml")
 
@@ -44,7 +44,7 @@ def test_zctl_experiment_and_zctl_bench_experiment_check_a_scenario(tmp_path):
     assert refused.returncode == 2 and "run or check" in refused.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_command_refuses_a_bad_file_in_one_line_and_checks_a_good_one(tmp_path):
     bad = _experiment("run", str(scenario_of("[link]\ndelay_ms = 'x'", tmp_path)))
     assert bad.returncode == 2 and bad.stdout == ""
@@ -54,7 +54,7 @@ def test_the_command_refuses_a_bad_file_in_one_line_and_checks_a_good_one(tmp_pa
     assert json.loads(good.stdout)["cells"] == 84
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_small_scenario_runs_end_to_end_on_the_tiny_model(dp_export2, tmp_path):
     """Two latencies, a relayed last hop (so stage 1 is pinned to its node), plain and lookup
     decoding, 1 and 2 streams, each payload: every cell measured, the CSV

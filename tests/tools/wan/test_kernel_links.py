@@ -62,7 +62,7 @@ def test_without_namespaces_a_tbf_cluster_s_cells_say_why(monkeypatch, tmp_path)
                                      "CAP_NET_ADMIN"}] for w in scenario.workloads}
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"),
                     reason="kernel links need root and iproute2")
 def test_a_tbf_cluster_serves_over_shaped_veths(dp_export2, tmp_path):

@@ -1,4 +1,6 @@
-"""The zctl command line: export and verify end to end on the tiny model, and its errors."""
+"""The zctl command line: export and verify end to end on the tiny model, and its errors;
+zctl bench's summaries and refusal. (zctl bench running a benchmark:
+tests/e2e/test_bench_commands.py.)"""
 
 from __future__ import annotations
 
@@ -14,11 +16,6 @@ from tests.helpers.repo import ROOT
 from zctl.cli.app import app
 
 runner = CliRunner()
-
-
-def _zctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "zctl", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
@@ -76,18 +73,6 @@ def test_zctl_starts_without_importing_the_benchmarks() -> None:
     assert proc.stdout.strip() == "[]"
 
 
-@pytest.mark.slow
-def test_bench_help_is_the_benchmarks_own() -> None:
-    """zctl bench becomes the benchmark's own program (python -m tools...)."""
-    result = _zctl("bench", "parity", "--help")
-    assert result.returncode == 0, result.stderr
-    for option in ("--model", "--weights", "--tokens", "--runs", "--threads", "--json",
-                   "--extras"):
-        assert option in result.stdout, result.stdout
-    result = _zctl("bench", "static", "--contexts", "0")  # refused before work
-    assert result.returncode == 2 and "--contexts" in result.stderr, result.stderr
-
-
 def test_bench_summaries_are_the_modules_first_lines() -> None:
     import importlib
 
@@ -96,17 +81,6 @@ def test_bench_summaries_are_the_modules_first_lines() -> None:
     for name, (module, summary) in BENCHMARKS.items():
         doc = importlib.import_module(f"tools.{module}").__doc__
         assert doc.splitlines()[0] == summary, name
-
-
-@pytest.mark.slow
-def test_bench_finds_the_checkout_it_was_installed_from(tmp_path: Path) -> None:
-    """The zctl script does not run with the checkout on sys.path: zctl bench finds it."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "import sys\nsys.path[:] = [p for p in sys.path if p not in "
-         "('', '.')]\nfrom zctl.cli.app import app\napp(['bench', 'parity', '--help'])"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "--tokens" in proc.stdout and "--runs" in proc.stdout
 
 
 def test_bench_without_tools_says_so_in_one_line(monkeypatch) -> None:
@@ -118,5 +92,3 @@ def test_bench_without_tools_says_so_in_one_line(monkeypatch) -> None:
     assert result.exit_code == 1
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "benchmarks run from a source checkout" in lines[0], result.output
-
-

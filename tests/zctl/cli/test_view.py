@@ -1,4 +1,5 @@
-"""The cluster status table: stages with their layers, versions, liveness (pure rendering)."""
+"""The cluster status table: stages with their layers, versions, liveness (pure rendering);
+a shard's transfer progress, shown only while it arrives."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from rich.console import Console
 
 from controlplane.placement import layer_range
 from controlplane.records import ClusterStatus, DeviceInfo, NodeStatus, StageStatus
-from zctl.cli.view import short_version, status_table
+from zctl.cli.view import TransferProgress, short_version, status_table
 
 OV = "2026.4.1-22982-e213a147257-releases/2026/4"
 
@@ -66,3 +67,19 @@ def test_differing_versions_transfers_and_problems_get_columns() -> None:
 def test_helpers() -> None:
     assert short_version(OV) == "2026.4.1" and short_version("2025.1") == "2025.1"
     assert layer_range(0, 12) == "0-11" and layer_range(29, 30) == "29"
+
+
+def test_transfer_progress_shows_only_while_a_shard_arrives() -> None:
+    out = io.StringIO()
+    with TransferProgress(Console(file=out, force_terminal=False, width=100)) as progress:
+        assert not progress.showing  # no refresh thread while the node just serves
+        progress.update("a" * 64, 10, 100)
+        assert progress.showing
+        progress.update("a" * 64, 5, 100)  # the transfer restarted: a fresh bar
+        assert len(progress.progress.tasks) == 1
+        progress.update("a" * 64, 100, 100)
+        assert not progress.showing and not progress.progress.tasks
+        progress.update("b" * 64, 1, 2)  # a later transfer shows again
+        assert progress.showing
+    assert not progress.showing
+    assert "shard aaaaaaaaaaaa" in out.getvalue()

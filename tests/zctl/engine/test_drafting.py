@@ -1,6 +1,7 @@
 """Speculative decoding with mask-based rewind: the pure helpers, and output token-identical
-to greedy decoding in one process (mask and trim rewind, lookup and model drafters) and
-across stage processes (the rewind carried in the next step's frame)."""
+to greedy decoding in one process (mask and trim rewind, lookup and model drafters). (Across
+stage processes, the rewind carried in the next step's frame:
+tests/e2e/test_stage_processes.py.)"""
 
 from __future__ import annotations
 
@@ -239,33 +240,3 @@ def test_model_drafter(tiny_exports, chains, expected) -> None:
             return [(t + 1) % 384 for t in super().propose(history, k)]
     got, stats = speculate(chains["mask"], REPEAT, drafter=Wrong())
     assert got == expected[1] and stats.rejections > 0
-
-
-# -- across processes --------------------------------------------------------------------
-
-@pytest.mark.slow
-def test_speculative_across_processes(export2, dp_hosts, dp_spawn) -> None:
-    from tests.dataplane.head.test_cluster_head import chain_in_processes
-
-    pipe = chain_in_processes(export2, dp_hosts, dp_spawn, 2)
-    try:
-        accepted = 0
-        for prompt in PROMPTS:
-            want = list(generate_greedy(pipe, prompt, N, prefill_chunk=4))
-            got, stats = speculate(pipe, prompt)
-            assert got == want
-            accepted += stats.accepted
-            # every rewind length 0..k, each carried by the next step's frame
-            drafter, stats, got, masked = ScriptedDrafter(prompt, want), SpeculativeStats(), [], 0
-            for token in generate_speculative(pipe, prompt, N, k=4, stats=stats,
-                                              prefill_chunk=4, drafter=drafter):
-                got.append(token)
-                slots = pipe.stage0.streams.get(0)  # closed once the last token is in
-                if slots is not None:
-                    masked = max(masked, slots.physical - slots.logical)
-            assert got == want and stats.rejections > 0
-            assert masked > 0  # rejected drafts were masked, not trimmed: the slots stay
-        assert accepted > 0
-        assert pipe.stats.errors == 0 and pipe.stats.timeouts == 0
-    finally:
-        pipe.close()

@@ -1,8 +1,8 @@
-"""CPU sets for co-located nodes: parsing, splitting, confinement, and a split local cluster."""
+"""CPU sets for co-located nodes: parsing, splitting, confinement. (A split local cluster:
+tests/e2e/test_local_clusters.py.)"""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -65,40 +65,6 @@ def test_bad_cpus_fail_clearly_on_the_command_line(capsys: pytest.CaptureFixture
     assert "bad CPU list" in capsys.readouterr().err
     refused = runner.invoke(app, ["node", "join", "tcp://127.0.0.1:9", "--cpus", "x"])
     assert refused.exit_code == 1 and "bad CPU list" in refused.output
-
-
-def _allowed(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError("no Cpus_allowed_list")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_split_local_cluster_gives_each_node_its_own_cores(tiny_exports, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
-    export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    too_many = len(os.sched_getaffinity(0)) + 1
-    refused = runner.invoke(app, ["cluster", "up", "--local", str(too_many), "--model",
-                                  str(export_dir), "--cpu-sets", "split"])
-    assert refused.exit_code == 1 and f"at least {too_many} CPUs" in refused.output
-    assert not (tmp_path / "home" / "cluster.json").exists()
-    not_local = runner.invoke(app, ["cluster", "up", "--cpu-sets", "split"])
-    assert not_local.exit_code == 1 and "--local" in not_local.output
-    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir),
-                             "--cpu-sets", "split"])
-    try:
-        assert up.exit_code == 0, up.output
-        record = json.loads((tmp_path / "home" / "cluster.json").read_text())
-        want = [format_cpu_list(s) for s in split_cpus(sorted(os.sched_getaffinity(0)), 2)]
-        assert [_allowed(pid) for pid in record["pids"]] == want
-        run = runner.invoke(app, ["run", "hello", "--max-tokens", "4", "--ignore-eos", "--json"])
-        assert run.exit_code == 0, run.output
-        assert json.loads(run.stdout.strip().splitlines()[-1])["tokens"] == 4
-    finally:
-        assert runner.invoke(app, ["cluster", "down"]).exit_code == 0
 
 
 def test_local_row_groups_default_follows_the_cpu_sets() -> None:

@@ -1,49 +1,29 @@
 """HTTPS for the API (zctl.serve.tls): the certificate and key are checked before anything
-starts, `zctl serve` and `cluster up --api` serve over TLS, and `zctl doctor` tells a
-certificate this machine trusts from one it does not."""
+starts, `zctl serve` and `cluster up --api` refuse bad TLS options at once, and `zctl
+doctor` tells a certificate this machine trusts from one it does not. (A cluster's API
+served over TLS: tests/e2e/test_serve_cluster.py.)"""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
 
-import httpx
-import openai
 import pytest
 import uvicorn
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from dataplane.runtime.config import RuntimeSpec
+from tests.helpers.tls import self_signed
 from zctl.cli.app import app
 from zctl.doctor import probes
 from zctl.doctor.verdicts import PASS, WARN, api_check
-from zctl.launcher.local import (
-    free_port,
-    start_api,
-    start_local_cluster,
-    stop_processes,
-    wait_serving,
-    write_record,
-)
-from zctl.manifest import load_manifest
+from zctl.launcher.local import free_port
 from zctl.serve.tls import ApiTls, api_tls
 
 runner = CliRunner()
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
-
-
-def self_signed(directory: Path, name: str = "api") -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 signed by its own key."""
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    return cert, key
 
 
 @pytest.fixture(scope="module")
@@ -111,34 +91,3 @@ def test_doctor_tells_a_trusted_certificate_from_one_that_is_not(pair, monkeypat
     finally:
         server.should_exit = True
         thread.join(10)
-
-
-@pytest.mark.slow
-def test_cluster_api_over_https(tiny_exports, pair, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))  # where zctl serve finds it
-    cert, key = pair
-    export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    model = load_manifest(export_dir).model.name
-    record = start_local_cluster(export_dir, 2, RuntimeSpec(precision="f32"), tmp_path / "c")
-    try:
-        wait_serving(record, 120)
-        write_record(record)
-        port = free_port("127.0.0.1")
-        record = start_api(record, f"127.0.0.1:{port}", tls=api_tls(cert, key))
-        write_record(record)
-        assert record.api == f"https://127.0.0.1:{port}"
-        client = openai.OpenAI(base_url=f"{record.api}/v1", api_key="x", max_retries=0,
-                               http_client=httpx.Client(verify=str(cert), timeout=60))
-        reply = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-        assert reply.usage.completion_tokens >= 1
-        with pytest.raises(httpx.HTTPError):  # the certificate is checked by default
-            httpx.get(f"{record.api}/health", timeout=10)
-        with pytest.raises(httpx.HTTPError):  # and there is no plain HTTP
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
-        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
-        checks = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)["checks"]
-        (api,) = [c for c in checks if c["name"] == "api"]
-        assert api["status"] == PASS and record.api in api["detail"], api
-    finally:
-        stop_processes(record.pids)

@@ -1,6 +1,7 @@
 """The generation service's stats snapshot: metrics of both executors, the stages' KV
 slots (the nodes' over heartbeats), the coordinator's view of the nodes, and the
-request/reply on the service's socket."""
+request/reply on the service's socket. (Of a local cluster of processes:
+tests/e2e/test_local_clusters.py.)"""
 
 from __future__ import annotations
 
@@ -227,51 +228,3 @@ def test_a_nodes_kv_slots_reach_the_services_stats(cp_cluster: Cluster, cp_expor
     finally:
         CountingStage.slots = 42
         svc.stop()
-
-
-@pytest.mark.slow
-def test_stats_of_a_local_cluster_of_processes(tiny_exports, tmp_path: Path) -> None:
-    """Three processes: every stage's node and KV slots (stage 2's from its heartbeats),
-    every hop's network time and bytes, while a generation runs and after it."""
-    import threading
-
-    from zctl.launcher.local import (
-        runtime_spec,
-        start_local_cluster,
-        stop_processes,
-        wait_serving,
-    )
-    from zctl.service.client import generate_many
-
-    export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    record = start_local_cluster(export_dir, 3, runtime_spec("f32", None, "CPU", "f32"),
-                                 tmp_path / "cluster", link_delay_ms=5)
-    try:
-        wait_serving(record, 120)
-        dones: list[Any] = []
-        request = GenerationRequest("long", PROMPT, 300, ignore_eos=True, speculative="lookup")
-        client = threading.Thread(target=lambda: dones.extend(
-            msg for msg in generate_many(record.serve, [request])
-            if isinstance(msg, GenerationDone)), daemon=True)
-        client.start()
-        # mid-generation, the last stage's node has reported the slots it holds
-        wait_for(lambda: query_service_stats(record.serve).stages[2].kv_slots > 0, 30,
-                 "a heartbeat with KV slots")
-        running = query_service_stats(record.serve)
-        assert running.running == 1 and running.health == "" and running.stages[0].kv_slots > 0
-        client.join(120)
-        assert len(dones) == 1 and not dones[0].error
-        stats = query_service_stats(record.serve)
-    finally:
-        stop_processes(record.pids)
-    assert [s.node_id == COORDINATOR for s in stats.stages] == [True, False, False]
-    assert all(s.up for s in stats.stages) and len(stats.nodes) == 3 and all(stats.nodes.values())
-    assert {s.node_id for s in stats.stages[1:]} == set(stats.nodes) - {COORDINATOR}
-    steps = sum(stats.stages[0].compute_ms.counts)
-    assert steps > 0 and [sum(s.compute_ms.counts) for s in stats.stages] == [steps] * 3
-    assert [h.name for h in stats.hops] == ["0-1", "1-2", "2-c"]
-    for hop in stats.hops:  # each hop is delayed 5 ms: its network time shows it
-        assert sum(hop.network_ms.counts) == steps and hop.network_ms.total >= 4.0 * steps
-        assert hop.bytes > 0
-    assert stats.counters["requests"] == 1 and stats.counters["spec_drafted"] > 0
-    assert stats.stages[0].kv_slots == 0  # the finished stream was closed
