@@ -74,13 +74,13 @@ def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_clust
     assignment = agent.assignment
     assert assignment is not None and assignment.peer_key == server.public.decode()
     assert assignment.admit_keys == (server.public.decode(),)
-    pipeline = coord.local_handle.pipeline  # type: ignore[union-attr]
-    assert pipeline.options.curve is not None and pipeline.options.curve.peer == node.public
+    head = coord.local_handle.head  # type: ignore[union-attr]
+    assert head.options.curve is not None and head.options.curve.peer == node.public
     prompt = [0, 5, 17, 42, 99]
     local = list(generate_greedy(LocalChain.load(str(cp_cluster.export)), prompt, 8))
     worker = agent.slot.handle
     frames_in = settled_frames(worker)
-    assert list(generate_greedy(pipeline, prompt, 8)) == local
+    assert list(generate_greedy(head, prompt, 8)) == local
     per_run = settled_frames(worker) - frames_in  # what one generation sends the stage
     frames_in += per_run
     stranger = zmq.curve_keypair()
@@ -96,7 +96,7 @@ def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_clust
         plain.send_multipart(frame, zmq.NOBLOCK)  # queued, never delivered
         with pytest.raises(Exception, match="timed out"):
             send_parts(intruder, frame)  # the handshake is refused: no live peer
-        assert list(generate_greedy(pipeline, prompt, 8)) == local  # still serving
+        assert list(generate_greedy(head, prompt, 8)) == local  # still serving
         # the stage has handled a whole generation since: it took exactly its frames,
         # none of the stranger's nor the plain-text one
         assert settled_frames(worker) - frames_in == per_run > 0

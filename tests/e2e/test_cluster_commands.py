@@ -116,7 +116,7 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
     import sys
     import time
 
-    from zctl.launcher.local import read_record
+    from zctl.launcher.record import read_record
 
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     assert "no --curve cluster" in runner.invoke(app, ["cluster", "authorize", "x.key"]).output

@@ -21,15 +21,9 @@ import pytest
 from tests.e2e.test_fault_tolerance import EXACT, TOKENS, _fault_free
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.launcher.local import (
-    alive,
-    free_port,
-    start_api,
-    start_local_cluster,
-    stop_processes,
-    wait_serving,
-    write_record,
-)
+from zctl.launcher.api import start_api
+from zctl.launcher.local import free_port, start_local_cluster, stop_processes, wait_serving
+from zctl.launcher.record import alive, write_record
 from zctl.service.client import generate_many
 from zctl.service.errors import ServiceUnavailable
 
@@ -131,8 +125,9 @@ def test_a_record_whose_coordinator_exited_is_cleared_with_the_processes_it_star
     import sys
 
     from zctl.cli.cluster import _running_record
-    from zctl.launcher.local import ClusterRecord, _spawn, cluster_file
+    from zctl.launcher.local import _spawn
     from zctl.launcher.processes import NodeProcess
+    from zctl.launcher.record import ClusterRecord, cluster_file
 
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
     dead = subprocess.Popen(["true"])

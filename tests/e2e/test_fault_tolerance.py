@@ -25,15 +25,8 @@ from tests.helpers.repo import ROOT
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.launcher.local import (
-    _spawn,
-    link_shape,
-    runtime_spec,
-    start_local_cluster,
-    stop_processes,
-    wait_serving,
-)
-from zctl.launcher.processes import NodeProcess, process_command
+from zctl.launcher.local import _spawn, start_local_cluster, stop_processes, wait_serving
+from zctl.launcher.processes import NodeProcess, link_shape, process_command, runtime_spec
 from zctl.service.client import generate_many
 
 DELAY_MS = 15  # per hop: a token takes >= 45 ms on 3 stages, time to kill a node mid-run

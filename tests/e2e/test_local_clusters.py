@@ -22,23 +22,12 @@ from typer.testing import CliRunner
 
 from dataplane.runtime.config import RuntimeSpec
 from zctl.cli.app import app
+from zctl.launcher.api import start_api
 from zctl.launcher.cpusets import format_cpu_list, split_cpus
-from zctl.launcher.local import (
-    ClusterError,
-    ClusterRecord,
-    alive,
-    free_port,
-    local_data_plane,
-    runtime_spec,
-    start_api,
-    start_local_cluster,
-    start_local_node,
-    stop_processes,
-    wait_serving,
-    write_record,
-    zctl_process,
-)
-from zctl.launcher.processes import LinkShape, NodeProcess, process_command
+from zctl.launcher.data_plane import local_data_plane
+from zctl.launcher.local import free_port, start_local_cluster, start_local_node, stop_processes, wait_serving
+from zctl.launcher.processes import LinkShape, NodeProcess, process_command, runtime_spec
+from zctl.launcher.record import ClusterError, ClusterRecord, alive, write_record, zctl_process
 
 EXACT = runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
 runner = CliRunner()

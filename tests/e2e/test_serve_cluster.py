@@ -18,7 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from zctl.cli.app import app
-from zctl.launcher.local import free_port, read_record, stop_processes
+from zctl.launcher.local import free_port, stop_processes
+from zctl.launcher.record import read_record
 from zctl.manifest import load_manifest
 
 runner = CliRunner()
@@ -198,7 +199,9 @@ def test_cluster_api_over_https(tiny_exports, tmp_path: Path, monkeypatch) -> No
     from dataplane.runtime.config import RuntimeSpec
     from tests.helpers.tls import self_signed
     from zctl.doctor.verdicts import PASS
-    from zctl.launcher.local import start_api, start_local_cluster, wait_serving, write_record
+    from zctl.launcher.api import start_api
+    from zctl.launcher.local import start_local_cluster, wait_serving
+    from zctl.launcher.record import write_record
     from zctl.serve.tls import api_tls
 
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))  # where zctl serve finds it

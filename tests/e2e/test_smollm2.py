@@ -17,7 +17,8 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
 
     from tools.spec.prompts import PROMPTS as BENCH_PROMPTS
     from zctl.engine.requests import GenerationDone, GenerationRequest
-    from zctl.launcher.local import runtime_spec, start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.processes import runtime_spec
     from zctl.service.client import generate_stream
 
     one_stage, three_stages = smol_int4_exports

@@ -34,7 +34,7 @@ from tools.harness.report import err, metric_table
 from tools.harness.service import generate_done
 from tools.harness.stats import paired_ratio
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.launcher.local import runtime_spec
+from zctl.launcher.processes import runtime_spec
 
 if TYPE_CHECKING:
     from tools.harness.baseline import BaselinePipeline
@@ -50,14 +50,14 @@ def cluster_run(serve: str, prompt: str, tokens: int) -> dict[str, Any]:
 
 def interleaved(export_dir: Path, stage1_dir: Path, threads: int, props: dict[str, Any],
                 prompt_ids: list[int], tokens: int, root: Path | None = None) -> dict[str, Any]:
-    """The cluster's data plane (zctl.launcher.local.local_data_plane: stage 0 in this
+    """The cluster's data plane (zctl.launcher.data_plane.local_data_plane: stage 0 in this
     process, the other stages as worker processes on their loopback addresses, logging
     under ``root``) and the 1-stage chain, stepped token by token in rotating order: their
     step-time ratio without the drift between whole runs (the 1-stage chain is what
     tools.decode.parity compares with openvino_genai)."""
     from dataplane.head.local_chain import LocalChain
     from dataplane.runtime.config import RuntimeSpec
-    from zctl.launcher.local import local_data_plane
+    from zctl.launcher.data_plane import local_data_plane
 
     kv = props.get("KV_CACHE_PRECISION")
     config = RuntimeSpec(precision=props.get("INFERENCE_PRECISION_HINT"),

@@ -106,7 +106,7 @@ def main(
     precision: Precision = "f32",
     as_json: Json = False,
 ) -> None:
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
     from zctl.paths import zctl_home
 
     try:

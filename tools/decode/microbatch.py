@@ -47,10 +47,8 @@ from tools.harness.options import CpuSets, Json, Model, Nodes, Precision, Thread
 from tools.harness.report import err
 from tools.harness.service import bench_request, generate_together
 from tools.harness.stats import paired_ratio
-from zctl.launcher.local import (
-    local_row_groups,
-    runtime_spec,
-)
+from zctl.launcher.local import local_row_groups
+from zctl.launcher.processes import runtime_spec
 from zctl.manifest import load_manifest
 
 if TYPE_CHECKING:

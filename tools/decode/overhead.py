@@ -6,7 +6,7 @@ the coordinator less the stages' compute and less the time its frames spent betw
 sender's send stamp, taken after encoding, right before the send, and the receiver's
 arrival stamp: exactly what a raw ZeroMQ message costs, send/recv calls, I/O threads,
 kernel, waking the receiver). The cluster is a local cluster's data plane
-(``zctl.launcher.local.local_data_plane``): stage 0 in this process, stages 1.. as
+(``zctl.launcher.data_plane.local_data_plane``): stage 0 in this process, stages 1.. as
 stage-worker processes on 127.0.0.2, 127.0.0.3, ..., stepped greedily token by token.
 
 Two references calibrate it on the machine at hand:
@@ -298,7 +298,7 @@ def run_cluster(export: str, threads: str, prompt: list[int], tokens: int, hidde
     """Greedy decoding through a local cluster's data plane (warmed up; its workers logging
     under ``root``): the prompt's prefill, then ``tokens - 1`` decode steps, their timing
     summary read from the data plane, and one step more whose frames are counted."""
-    from zctl.launcher.local import local_data_plane
+    from zctl.launcher.data_plane import local_data_plane
 
     with local_data_plane(Path(export), runtime_spec_of(threads), root) as pipe:
         timed_greedy(pipe, prompt, 8)  # warm-up

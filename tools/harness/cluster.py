@@ -19,7 +19,7 @@ from tools.harness.report import err
 
 if TYPE_CHECKING:
     from dataplane.runtime.config import RuntimeSpec
-    from zctl.launcher.local import ClusterRecord
+    from zctl.launcher.record import ClusterRecord
 
 LOCK_FILE = "bench.lock"
 
@@ -69,7 +69,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def stop_left_behind() -> None:
     """Stop the cluster the zctl home's cluster.json names (one an interrupted run left),
     the processes that are still zctl's own, and remove the file."""
-    from zctl.launcher.local import alive, cluster_file, read_record, stop_processes, zctl_process
+    from zctl.launcher.local import stop_processes
+    from zctl.launcher.record import alive, cluster_file, read_record, zctl_process
 
     record = read_record()
     if record is not None:
@@ -88,15 +89,9 @@ def served_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec, home: Pat
     ``api_key``: the key the API requires (None: none, whatever ZCTL_API_KEY says);
     ``max_queue``: its --max-queue (None: its default). Everything is stopped on exit, an
     exception, Ctrl-C or SIGTERM. RuntimeError if another run holds ``home``."""
-    from zctl.launcher.local import (
-        cluster_file,
-        free_port,
-        start_api,
-        start_local_cluster,
-        stop_processes,
-        wait_serving,
-        write_record,
-    )
+    from zctl.launcher.api import start_api
+    from zctl.launcher.local import free_port, start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.record import cluster_file, write_record
 
     home.mkdir(parents=True, exist_ok=True)
     with open(home / LOCK_FILE, "w") as lock, sigterm_as_interrupt(), zctl_home_at(home):

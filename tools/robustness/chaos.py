@@ -71,7 +71,7 @@ class Plan:
 
 @dataclass
 class Cluster:
-    """A running cluster: its record (zctl.launcher.local.ClusterRecord), the node
+    """A running cluster: its record (zctl.launcher.record.ClusterRecord), the node
     processes by node index, and where it lives."""
 
     record: Any
@@ -82,7 +82,8 @@ class Cluster:
 
     def spawn_node(self, node: int) -> int:
         """Start node ``node`` again with its state dir (as a service manager would)."""
-        from zctl.launcher.local import link_shape, start_local_node
+        from zctl.launcher.local import start_local_node
+        from zctl.launcher.processes import link_shape
 
         pid, _ = start_local_node(self.record, node, self.root,
                                   link=link_shape(self.link_delay_ms), network=self.net)
@@ -101,7 +102,8 @@ def start_cluster(net: Namespaces | Loopback, export_dir: Path, nodes: int, heal
     """A local cluster placed by ``net`` (zctl.launcher.local.start_local_cluster): the
     coordinator on the host (its control port on the bridge), ``nodes - 1`` nodes in their
     namespaces, a row group per stage; returns once the pipeline serves."""
-    from zctl.launcher.local import runtime_spec, start_local_cluster, wait_serving
+    from zctl.launcher.local import start_local_cluster, wait_serving
+    from zctl.launcher.processes import runtime_spec
 
     runtime = runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
     record = start_local_cluster(export_dir, nodes, runtime, root, link_delay_ms=link_delay_ms,

@@ -68,13 +68,13 @@ class Target:
 
 @dataclass
 class Cluster:
-    record: Any  # zctl.launcher.local.ClusterRecord
+    record: Any  # zctl.launcher.record.ClusterRecord
     export_dir: Path
     model: str  # the name the API serves it by ("" without the API)
 
 
 def exact_runtime() -> Any:
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     return runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
 
@@ -133,7 +133,7 @@ def listening_sockets(cluster: Cluster) -> list[Target]:
     from controlplane.client import query_status
     from controlplane.coordinator import CoordinatorConfig
     from dataplane.wire.transport import DEFAULT_OPTIONS
-    from zctl.launcher.local import control_curve
+    from zctl.launcher.record import control_curve
     from zctl.serve.app import MAX_BODY_BYTES
     from zctl.service.server import MAX_REQUEST_BYTES
 
@@ -155,7 +155,7 @@ def health(cluster: Cluster) -> dict[str, Any]:
     import httpx
 
     from controlplane.client import ClusterUnreachable, query_status
-    from zctl.launcher.local import alive, control_curve
+    from zctl.launcher.record import alive, control_curve
 
     record = cluster.record
     dead = [pid for pid in record.pids if not alive(pid)]
@@ -233,7 +233,7 @@ def kv_slots(cluster: Cluster, settle_s: float = 6.0) -> dict[str, int]:
     reports none, for up to ``settle_s`` (a heartbeat may predate the reference
     generation's end), so a count left here is held."""
     from controlplane.client import query_status
-    from zctl.launcher.local import control_curve
+    from zctl.launcher.record import control_curve
 
     record = cluster.record
     end = time.monotonic() + settle_s
@@ -247,7 +247,7 @@ def kv_slots(cluster: Cluster, settle_s: float = 6.0) -> dict[str, int]:
 
 def coordinator_counters(cluster: Cluster) -> dict[str, int]:
     from controlplane.client import query_status
-    from zctl.launcher.local import control_curve
+    from zctl.launcher.record import control_curve
 
     record = cluster.record
     return dict(query_status(record.control, 10, control_curve(record)).counters)
@@ -257,7 +257,7 @@ def curve_keys(root: Path, cluster: Cluster) -> dict[str, bytes]:
     """Each listening data PULL's (and the control ROUTER's) real public key."""
     from controlplane.client import query_status
     from controlplane.security import key_dir, read_public_key
-    from zctl.launcher.local import control_curve
+    from zctl.launcher.record import control_curve
 
     record = cluster.record
     coordinator = read_public_key(key_dir(root / "coordinator") / "coordinator.key")

@@ -41,7 +41,7 @@ from tools.harness.report import err, run_record
 from tools.robustness.soak_load import LoadTally, Prompt, drive, prompt_pool, queue_burst
 from tools.robustness.soak_probe import Sampler
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
-from zctl.launcher.local import runtime_spec
+from zctl.launcher.processes import runtime_spec
 
 RSS_TARGET_PCT = 5.0
 BURST_EXTRA = 8  # requests beyond --max-queue in the closing burst

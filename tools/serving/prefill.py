@@ -233,7 +233,7 @@ def run_layout(plan: Plan, layout: str, export_dir: Path, home: Path, genai: Seq
     and on the genai pipelines."""
     from tools.harness.cluster import served_cluster
     from tools.serving.prefill_systems import ZctlHttp
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     with served_cluster(export_dir, 2, runtime_spec("f32", None, "CPU"), home, timeout_s=timeout,
                         cpu_sets=layout,

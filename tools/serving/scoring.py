@@ -121,7 +121,7 @@ def numerics_run(bench_model: BenchModel, export_dir: Any, texts: Sequence[str],
     from exporter.quality import hf_logits
     from tools.harness.cluster import local_cluster
     from zctl.engine.sampling import log_softmax
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     exact = numerics == "exact"
     spec = runtime_spec("f32" if exact else None, None, "CPU", "f32" if exact else None,

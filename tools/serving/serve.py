@@ -67,7 +67,7 @@ from tools.harness.options import CpuSets, Json, fail, parse_numbers
 from tools.harness.report import err, print_result, run_record
 from tools.harness.stats import p50_p99_ms
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
-from zctl.launcher.local import runtime_spec
+from zctl.launcher.processes import runtime_spec
 
 if TYPE_CHECKING:
     from tools.harness.baseline import GenaiServer

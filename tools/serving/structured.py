@@ -265,7 +265,7 @@ def main(model: Model = "smollm2-135m", weights: Weights = "int8", runs: Runs = 
                                                  "tool_choice auto against free text")] = False,
          as_json: Json = False) -> None:
     from tools.harness.cluster import local_cluster
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     if runs < 1:
         fail("--runs needs at least 1")

@@ -273,7 +273,7 @@ def measure(bench_model: BenchModel, export_dir: Path, weights: str, systems: Se
     the samples per prompt."""
     from tools.harness.cluster import local_cluster
     from zctl.engine.tokenizer import ChatTokenizer
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     tokenizer = ChatTokenizer(export_dir)
     prompts = [(p.name, p.text, tokenizer.encode(p.text, chat=True)) for p in PROMPTS]

@@ -112,7 +112,7 @@ def run(scenario: Scenario, out: Path, precision: str, threads: int) -> dict[str
     from tools.harness.models import plugin_properties
     from tools.wan.plots import draw_all
     from tools.wan.runner import RunSettings, run_scenario
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     props = plugin_properties(precision, threads)
     settings = RunSettings(runtime_spec(props.get("INFERENCE_PRECISION_HINT"), threads or None,

@@ -149,7 +149,8 @@ def measure_topology(scenario: Scenario, topology: Topology, export_dir: Path,
                      ) -> dict[Workload, list[dict[str, Any]]]:
     """``run_topology`` on a network made for it (None: 127.0.0.x); ``serving`` is called
     once the cluster serves, before the warm-up (kernel links are capped then)."""
-    from zctl.launcher.local import ClusterError, start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.record import ClusterError
 
     samples: dict[Workload, list[dict[str, Any]]] = {w: [] for w in scenario.workloads}
     streams = max(w.streams for w in scenario.workloads)

@@ -14,23 +14,10 @@ from rich.markup import escape
 from controlplane.records import HEARTBEAT_S, LIVENESS
 from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
-from zctl.launcher.local import (
-    ClusterError,
-    ClusterRecord,
-    cluster_file,
-    cors_origin,
-    link_shape,
-    parse_api,
-    read_record,
-    runtime_spec,
-    start_api,
-    start_coordinator,
-    start_local_cluster,
-    stop_processes,
-    wait_serving,
-    write_record,
-)
-from zctl.launcher.processes import CoordinatorProcess, placement_of
+from zctl.launcher.api import cors_origin, parse_api, start_api
+from zctl.launcher.local import start_coordinator, start_local_cluster, stop_processes, wait_serving
+from zctl.launcher.processes import CoordinatorProcess, link_shape, placement_of, runtime_spec
+from zctl.launcher.record import ClusterError, ClusterRecord, cluster_file, read_record, write_record
 from zctl.serve.tls import ApiTls, api_tls
 
 cluster_app = typer.Typer(help="Start, inspect and stop a cluster.", no_args_is_help=True)
@@ -70,7 +57,8 @@ def _running_record() -> ClusterRecord | None:
     stopped, so that the next cluster up starts afresh on their state dirs (the nodes'
     cached shards are kept; nodes that joined from other machines enrol again by
     themselves with a coordinator started again on the same address)."""
-    from zctl.launcher.local import alive, stop_processes, zctl_process
+    from zctl.launcher.local import stop_processes
+    from zctl.launcher.record import alive, zctl_process
 
     record = read_record()
     if record is None:
@@ -403,7 +391,7 @@ def cluster_status(
         _fail("no cluster is up (zctl cluster up), or give --endpoint tcp://HOST:PORT")
     if bool(curve_server_key) != bool(curve_keys):
         _fail("--curve-server-key and --curve-keys go together")
-    from zctl.launcher.local import control_curve
+    from zctl.launcher.record import control_curve
 
     try:
         curve = (_client_curve(curve_server_key, curve_keys) if curve_server_key and curve_keys

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from zctl.launcher.local import ClusterError
+from zctl.launcher.record import ClusterError
 
 err = Console(stderr=True)
 

@@ -27,14 +27,9 @@ from zctl.cli.cluster import (
 from zctl.cli.dashboard import RunSnapshot, StageInfo, StreamView, render_run
 from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export
 from zctl.engine.requests import GenerationRequest
-from zctl.launcher.local import (
-    ClusterError,
-    ClusterRecord,
-    runtime_spec,
-    start_local_cluster,
-    stop_processes,
-    wait_serving,
-)
+from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
+from zctl.launcher.processes import runtime_spec
+from zctl.launcher.record import ClusterError, ClusterRecord
 
 
 def _stages_from_status(status: Any) -> list[StageInfo]:
@@ -147,7 +142,7 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     live dashboard unless --json. Returns the run's report."""
     from controlplane.client import query_status
     from zctl.engine.requests import GenerationDone, GenerationRequest
-    from zctl.launcher.local import control_curve
+    from zctl.launcher.record import control_curve
     from zctl.service.client import generate_many
 
     status = query_status(record.control, curve=control_curve(record))

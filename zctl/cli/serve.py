@@ -28,16 +28,10 @@ from zctl.cli.cluster import (
 from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export
 from zctl.cli.run import parse_k, parse_speculative
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
-from zctl.launcher.local import (
-    ClusterError,
-    ClusterRecord,
-    cors_origin,
-    runtime_spec,
-    start_local_cluster,
-    stop_processes,
-    valid_port,
-    wait_serving,
-)
+from zctl.launcher.api import cors_origin, valid_port
+from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
+from zctl.launcher.processes import runtime_spec
+from zctl.launcher.record import ClusterError, ClusterRecord
 from zctl.serve.tls import ApiTls, api_tls, scheme
 
 

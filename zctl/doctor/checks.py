@@ -115,7 +115,7 @@ def _cluster_checks(opts: DoctorOptions, versions: tuple[str, str, int],
     """The coordinator's status and everything judged from it; a skip (warn) without a
     cluster, a fail when the one named does not answer."""
     from controlplane.client import ClusterUnreachable, query_status_timed
-    from zctl.launcher.local import ClusterError, alive, read_record
+    from zctl.launcher.record import ClusterError, alive, read_record
 
     try:
         record = read_record()
@@ -159,7 +159,7 @@ def _cluster_checks(opts: DoctorOptions, versions: tuple[str, str, int],
 def _curve(opts: DoctorOptions, record: Any) -> Any:
     """The CURVE client as ``zctl cluster status`` picks it (ValueError on bad options)."""
     from controlplane.security import CurveClient, SecurityError
-    from zctl.launcher.local import control_curve
+    from zctl.launcher.record import control_curve
 
     if bool(opts.curve_server_key) != bool(opts.curve_keys):
         raise ValueError("--curve-server-key and --curve-keys go together")
@@ -174,7 +174,7 @@ def _curve(opts: DoctorOptions, record: Any) -> Any:
 def recorded_api() -> str:
     """The API that ``cluster up --api`` started with the cluster up here ("" if none):
     it must answer."""
-    from zctl.launcher.local import ClusterError, read_record
+    from zctl.launcher.record import ClusterError, read_record
 
     try:
         record = read_record()

@@ -2,25 +2,22 @@
 
 A local cluster is one coordinator process (stage 0, on 127.0.0.1) and N-1 node
 processes, each on its own loopback address (127.0.0.2, 127.0.0.3, ...), started in
-their own sessions so they outlive the command. ``cluster.json`` in the zctl home
-records where they listen and their pids, so ``down`` and ``run`` can find them.
-``local_data_plane`` is a local cluster's data plane without its control plane.
+their own sessions so they outlive the command. Its record (zctl.launcher.record) says
+where they listen and their pids, so ``down`` and ``run`` can find them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
 from controlplane.nodeinfo import fresh_port
 from dataplane.runtime.config import RuntimeSpec
@@ -29,43 +26,11 @@ from zctl.launcher.processes import (
     CoordinatorProcess,
     LinkShape,
     NodeProcess,
+    link_shape,
     process_command,
 )
+from zctl.launcher.record import ClusterError, ClusterRecord, alive, control_curve
 from zctl.paths import zctl_home
-from zctl.serve.tls import ApiTls, own_server_context, scheme
-
-if TYPE_CHECKING:
-    from dataplane.head.cluster_head import ClusterHead
-
-CLUSTER_FILE = "cluster.json"
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not be started, found, or stopped; the text says why."""
-
-
-@dataclass
-class ClusterRecord:
-    control: str  # the coordinator's ROUTER, for nodes and status
-    serve: str  # the generation service, for zctl run
-    export_dir: str
-    pids: list[int]
-    logs: list[str] = field(default_factory=list)
-    local_nodes: int = 0
-    started: float = 0.0
-    curve_dir: str = ""  # the coordinator's state dir when CURVE is on (its key pair)
-    api: str = ""  # the OpenAI API's address when cluster up --api started it
-
-
-def control_curve(record: ClusterRecord | None) -> Any:
-    """The CURVE client a console command talks to the coordinator with: the coordinator's
-    own key pair (it admits itself), or None for a plain-text cluster."""
-    if record is None or not record.curve_dir:
-        return None
-    from controlplane.security import CurveClient, key_dir, load_or_create_keypair
-
-    public, secret = load_or_create_keypair(key_dir(Path(record.curve_dir)), "coordinator")
-    return CurveClient(public, public, secret)
 
 
 def prepare_local_curve(coordinator_state: Path, node_states: list[Path]) -> Path:
@@ -80,29 +45,6 @@ def prepare_local_curve(coordinator_state: Path, node_states: list[Path]) -> Pat
     return key_dir(coordinator_state) / "coordinator.key"
 
 
-def cluster_file() -> Path:
-    return zctl_home() / CLUSTER_FILE
-
-
-def read_record() -> ClusterRecord | None:
-    path = cluster_file()
-    if not path.is_file():
-        return None
-    try:
-        return ClusterRecord(**json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise ClusterError(f"{path} is damaged ({exc}); remove it after checking no zctl "
-                           "processes are left (zctl cluster down --force)") from None
-
-
-def write_record(record: ClusterRecord) -> None:
-    path = cluster_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=2))
-    os.replace(tmp, path)
-
-
 def free_port(host: str) -> int:
     """A free port for a process about to start to bind: below the ephemeral range, where
     no outgoing connection takes it while the process starts (nodeinfo.fresh_port)."""
@@ -114,32 +56,6 @@ def loopback_host(index: int) -> str:
     if not 0 <= index < 250:
         raise ClusterError("a local cluster has at most 250 nodes")
     return f"127.0.0.{index + 1}"
-
-
-def zctl_process(pid: int) -> bool:
-    """Whether ``pid`` runs one of zctl's own processes (a coordinator, a node, the API):
-    a pid in an old cluster.json may belong to some other program by now."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(a == b"-m" and b in (b"zctl.launcher", b"zctl") for a, b in
-               zip(argv, argv[1:], strict=False))
-
-
-def alive(pid: int) -> bool:
-    """Whether the process runs (an exited child not yet reaped does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc here: the signal said it exists
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 class LocalNetwork(Protocol):
@@ -162,37 +78,6 @@ def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     return proc.pid
-
-
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "u8", "u4", "default")
-
-
-def runtime_spec(precision: str | None, threads: int | None, device: str,
-                 kv_cache_precision: str | None = None, dynamic_quantization: bool = True,
-                 paged_attention: bool = True) -> RuntimeSpec:
-    """The stages' runtime; ``kv_cache_precision`` None or 'default' keeps the plugin's (u8
-    on CPU); ``dynamic_quantization`` False: f32 activations; ``paged_attention``: KV in
-    blocks on PagedAttention (dataplane.runtime.paged; CPU devices only, elsewhere the
-    stateful KV)."""
-    if kv_cache_precision and kv_cache_precision not in KV_CACHE_TYPES:
-        raise ClusterError(f"unknown KV cache precision {kv_cache_precision!r}: use one of "
-                           f"{', '.join(KV_CACHE_TYPES)}")
-    kv = None if kv_cache_precision in (None, "default") else kv_cache_precision
-    return RuntimeSpec(device=device, precision=None if precision in (None, "default") else precision,
-                       num_threads=threads or None, kv_cache_precision=kv,
-                       dynamic_quantization=dynamic_quantization,
-                       paged_attention=paged_attention and device.split(":")[0].split(".")[0] == "CPU")
-
-
-def link_shape(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0,
-               relays: int = 0, relay_delay_ms: float = 0.0) -> LinkShape:
-    """An emulated WAN link's shape (checked here: ClusterError if bad)."""
-    link = LinkShape(delay_ms, jitter_ms, rate_mbit, relays, relay_delay_ms)
-    try:
-        link.check()
-    except ValueError as exc:
-        raise ClusterError(f"bad link shape: {exc}") from None
-    return link
 
 
 def stage_links(nodes: int, link: LinkShape, links: Sequence[LinkShape] | None) -> list[LinkShape]:
@@ -386,148 +271,3 @@ def _reap(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
-
-
-STATEFUL_WORKERS = ("a stage-worker process runs stateful stages: give a runtime without "
-                    "paged attention")
-
-
-def worker_command(export_dir: Path, stage: int, bind: str, send_to: str,
-                   runtime: RuntimeSpec) -> list[str]:
-    """The arguments after ``python`` of the stage-worker process entry
-    (``python -m dataplane.worker``) serving ``stage`` with ``runtime`` (stateful KV)."""
-    if runtime.paged_attention:
-        raise ClusterError(STATEFUL_WORKERS)
-    argv = ["-m", "dataplane.worker", str(export_dir), "--stage", str(stage), "--bind", bind,
-            "--send-to", send_to, "--device", runtime.device,
-            "--precision", runtime.precision or "default",
-            "--kv-cache-precision", runtime.kv_cache_precision or "default"]
-    if runtime.num_threads:
-        argv += ["--threads", str(runtime.num_threads)]
-    return argv + ([] if runtime.dynamic_quantization else ["--no-dynamic-quantization"])
-
-
-@contextmanager
-def local_data_plane(export_dir: Path, runtime: RuntimeSpec, root: Path | None = None, *,
-                     timeout_s: float = 60.0) -> Iterator[ClusterHead]:
-    """A local cluster's data plane without its control plane: stage 0 as the engine's
-    executor in this process (a ClusterHead, waiting up to ``timeout_s`` for a reply) and
-    every other stage a stage-worker process (``worker_command``) on its own loopback
-    address (127.0.0.2, ...), chained in stage order, the last answering stage 0. For
-    measuring and testing the data plane alone. The workers log to ``root/logs`` (default
-    root: <zctl home>/local) and are stopped on exit. ClusterError for a one-stage export,
-    or a worker that does not start."""
-    from dataplane.head.cluster_head import ClusterHead
-    from dataplane.runtime.load import load_runner
-    from zctl.manifest import load_manifest
-
-    stages = len(load_manifest(export_dir, verify_files=False).stages)
-    if stages < 2:
-        raise ClusterError("a one-stage export has no data plane to run: it runs in one process")
-    if runtime.paged_attention:
-        raise ClusterError(STATEFUL_WORKERS)
-    binds = {i: f"tcp://{loopback_host(i)}:{free_port(loopback_host(i))}" for i in range(1, stages)}
-    logs = (root or zctl_home() / "local") / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    head = ClusterHead(load_runner(export_dir, 0, runtime), binds[1],
-                       "tcp://127.0.0.1:*", timeout_s=timeout_s)
-    workers: list[subprocess.Popen] = []
-    try:
-        for i in reversed(binds):  # the last first: each sends to the next one's address
-            command = worker_command(export_dir, i, binds[i], binds.get(i + 1, head.reply_endpoint),
-                                     runtime)
-            with open(logs / f"stage{i}.log", "ab") as log:
-                workers.append(subprocess.Popen(
-                    [sys.executable, *command], stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=log, text=True,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"}))
-            ready = workers[-1].stdout.readline() if workers[-1].stdout else ""
-            if not ready.startswith("ready "):
-                raise ClusterError(f"the worker of stage {i} did not start:\n"
-                                   f"{log_tail(str(logs / f'stage{i}.log'))}")
-        yield head
-    finally:
-        head.close()
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            try:
-                worker.wait(10)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
-            if worker.stdout is not None:
-                worker.stdout.close()
-
-
-def valid_port(port: int) -> bool:
-    """Whether a TCP port can be listened on (1..65535)."""
-    return 0 < port < 65536
-
-
-def parse_api(value: str) -> tuple[str, int]:
-    """HOST:PORT of ``cluster up --api`` (a bare PORT listens on 127.0.0.1)."""
-    host, _, port = value.rpartition(":")
-    if not port.isdigit() or not valid_port(int(port)):
-        raise ClusterError(f"--api takes HOST:PORT (e.g. 127.0.0.1:8000), not {value!r}")
-    return host or "127.0.0.1", int(port)
-
-
-def cors_origin(value: str, option: str = "--cors-origin") -> str:
-    """An origin as browsers send it (``scheme://host[:port]``, no path), or "*"; raises
-    ValueError with the reason."""
-    origin = value.strip().rstrip("/")
-    if origin == "*":
-        return origin
-    scheme, sep, rest = origin.partition("://")
-    if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
-        raise ValueError(f"{option} takes '*' or scheme://host[:port], not {value!r}")
-    return origin
-
-
-def start_api(record: ClusterRecord, value: str, timeout_s: float = 60.0,
-              max_queue: int | None = None, cors_origins: tuple[str, ...] = (),
-              tls: ApiTls | None = None, api_key: str | None = None) -> ClusterRecord:
-    """Start ``zctl serve`` for the cluster in the background (it serves the cluster.json of
-    this process's zctl home: write the record there first) and wait for it to answer; the
-    record gains its pid and address. ``max_queue``: its --max-queue, None its default;
-    ``cors_origins``: its --cors-origin values; ``tls``: HTTPS with these files;
-    ``api_key``: the key it requires ("": none), None: ZCTL_API_KEY's, if that is set."""
-    import urllib.error
-    import urllib.request
-
-    host, port = parse_api(value)
-    log_path = Path(record.logs[0]).parent / "api.log" if record.logs else Path(os.devnull)
-    command = [sys.executable, "-m", "zctl", "serve", "--host", host, "--port", str(port)]
-    if max_queue is not None:
-        command += ["--max-queue", str(max_queue)]
-    for origin in cors_origins:
-        command += ["--cors-origin", origin]
-    if tls is not None:
-        command += tls.serve_args()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if api_key is not None:  # in its environment, as ZCTL_API_KEY: not on its command line
-        env.pop("ZCTL_API_KEY", None)
-        env.update({"ZCTL_API_KEY": api_key} if api_key else {})
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env=env)
-    url = f"{scheme(tls)}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise ClusterError(f"zctl serve exited with {proc.returncode} (see {log_path})")
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=2,  # noqa: S310
-                                   context=own_server_context(url))
-            break
-        except urllib.error.HTTPError:
-            break  # it answers (503 while a stage is down)
-        except OSError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        raise ClusterError(f"zctl serve did not answer at {url} within {timeout_s:g} s")
-    return replace(record, pids=[*record.pids, proc.pid], api=url)

@@ -21,6 +21,7 @@ from controlplane.records import HEARTBEAT_S, LIVENESS
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
+from zctl.launcher.record import ClusterError
 
 log = logging.getLogger("zctl.processes")
 Say = Callable[[str], None]  # where a process tells its operator what it does
@@ -266,3 +267,34 @@ def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | N
     return 0
 
 
+
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "u8", "u4", "default")
+
+
+def runtime_spec(precision: str | None, threads: int | None, device: str,
+                 kv_cache_precision: str | None = None, dynamic_quantization: bool = True,
+                 paged_attention: bool = True) -> RuntimeSpec:
+    """The stages' runtime; ``kv_cache_precision`` None or 'default' keeps the plugin's (u8
+    on CPU); ``dynamic_quantization`` False: f32 activations; ``paged_attention``: KV in
+    blocks on PagedAttention (dataplane.runtime.paged; CPU devices only, elsewhere the
+    stateful KV)."""
+    if kv_cache_precision and kv_cache_precision not in KV_CACHE_TYPES:
+        raise ClusterError(f"unknown KV cache precision {kv_cache_precision!r}: use one of "
+                           f"{', '.join(KV_CACHE_TYPES)}")
+    kv = None if kv_cache_precision in (None, "default") else kv_cache_precision
+    return RuntimeSpec(device=device, precision=None if precision in (None, "default") else precision,
+                       num_threads=threads or None, kv_cache_precision=kv,
+                       dynamic_quantization=dynamic_quantization,
+                       paged_attention=paged_attention and device.split(":")[0].split(".")[0] == "CPU")
+
+
+def link_shape(delay_ms: float = 0.0, jitter_ms: float = 0.0, rate_mbit: float = 0.0,
+               relays: int = 0, relay_delay_ms: float = 0.0) -> LinkShape:
+    """An emulated WAN link's shape (checked here: ClusterError if bad)."""
+    link = LinkShape(delay_ms, jitter_ms, rate_mbit, relays, relay_delay_ms)
+    try:
+        link.check()
+    except ValueError as exc:
+        raise ClusterError(f"bad link shape: {exc}") from None
+    return link

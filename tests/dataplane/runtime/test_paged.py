@@ -330,7 +330,7 @@ def test_ragged_rows_on_a_stateful_stage_are_refused_clearly(dp_export2, statefu
 
 
 def test_paged_attention_is_a_cpu_runtime(dp_export2) -> None:
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     assert runtime_spec("f32", None, "CPU").paged_attention
     assert not runtime_spec("f32", None, "GPU.1").paged_attention  # GPU: the stateful KV

@@ -130,8 +130,9 @@ def test_bad_shapes_fail_clearly_on_the_command_line_and_cluster_start():
 
     from dataplane.runtime.config import RuntimeSpec
     from zctl.cli.app import app
-    from zctl.launcher.local import ClusterError, link_shape, start_local_cluster
-    from zctl.launcher.processes import LinkShape
+    from zctl.launcher.local import start_local_cluster
+    from zctl.launcher.processes import LinkShape, link_shape
+    from zctl.launcher.record import ClusterError
 
     refused = CliRunner().invoke(app, ["node", "join", "tcp://127.0.0.1:9", "--link-delay-ms", "-5"])
     assert refused.exit_code == 1 and "delay_ms" in refused.output

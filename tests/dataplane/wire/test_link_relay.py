@@ -12,8 +12,9 @@ import zmq
 
 from dataplane.wire.link import DelayedSender, link_options, path_free
 from dataplane.wire.transport import MAX_RELAYS, PipeOptions, bound_endpoint, pull_socket, recv_parts
-from zctl.launcher.local import ClusterError, link_shape, stage_links
-from zctl.launcher.processes import LinkShape
+from zctl.launcher.local import stage_links
+from zctl.launcher.processes import LinkShape, link_shape
+from zctl.launcher.record import ClusterError
 
 STAMP = struct.Struct("<I")
 

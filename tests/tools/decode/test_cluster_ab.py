@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tools.decode.cluster_ab import environment, paired_summary, parse_env, run_ab
-from zctl.launcher.local import runtime_spec
+from zctl.launcher.processes import runtime_spec
 
 
 def test_parse_env_takes_assignments_and_names_a_bad_one() -> None:

@@ -20,7 +20,7 @@ from tools.harness.cluster import (
     stop_left_behind,
     zctl_home_at,
 )
-from zctl.launcher.local import ClusterRecord, alive, cluster_file, write_record
+from zctl.launcher.record import ClusterRecord, alive, cluster_file, write_record
 
 
 def test_a_home_another_run_holds_is_refused_before_anything_starts(tmp_path: Path) -> None:

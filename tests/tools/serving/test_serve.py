@@ -127,7 +127,7 @@ def test_a_run_on_a_real_cluster_and_server_is_torn_down(tiny_exports, tmp_path)
 
     from tools.harness.cluster import served_cluster
     from tools.serving.serve import run_levels
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     requests = [ServeRequest(i, f"tell me about the number {i}", 6 + i) for i in range(6)]

@@ -66,7 +66,7 @@ def test_without_namespaces_a_tbf_cluster_s_cells_say_why(monkeypatch, tmp_path)
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("tc"),
                     reason="kernel links need root and iproute2")
 def test_a_tbf_cluster_serves_over_shaped_veths(dp_export2, tmp_path):
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     scenario = load_scenario(scenario_of(f"""
 [model]

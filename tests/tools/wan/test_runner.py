@@ -47,12 +47,13 @@ RECORD = {"date": "2026-12-02T00:00:00+00:00", "cpu": "test CPU", "commit": "abc
 def no_cluster(monkeypatch):
     """start_local_cluster and friends replaced: the runner's logic without processes."""
     import zctl.launcher.local as procs
+    from zctl.launcher.record import ClusterRecord
 
     started = []
 
     def start(export_dir, nodes, runtime, root, **options):
         started.append((nodes, options["links"]))
-        return procs.ClusterRecord("tcp://c", "tcp://s", str(export_dir), [])
+        return ClusterRecord("tcp://c", "tcp://s", str(export_dir), [])
 
     monkeypatch.setattr(procs, "start_local_cluster", start)
     monkeypatch.setattr(procs, "wait_serving", lambda record, timeout: None)
@@ -93,11 +94,12 @@ def test_a_cluster_that_does_not_start_fails_its_cells_only(no_cluster, monkeypa
     import zctl.launcher.local as procs
     from dataplane.runtime.config import RuntimeSpec
     from tools.wan import runner
+    from zctl.launcher.record import ClusterError, ClusterRecord
 
     def start(export_dir, nodes, runtime, root, **options):
         if options["links"][0].delay_ms == 0:
-            raise procs.ClusterError("no room")
-        return procs.ClusterRecord("tcp://c", "tcp://s", str(export_dir), [])
+            raise ClusterError("no room")
+        return ClusterRecord("tcp://c", "tcp://s", str(export_dir), [])
 
     monkeypatch.setattr(procs, "start_local_cluster", start)
     monkeypatch.setattr(runner, "measure", lambda *args: {"tok_s": 5.0})

@@ -20,7 +20,7 @@ from zctl.cli.exports import (
     ensure_export,
     resolve_weights,
 )
-from zctl.launcher.local import ClusterError
+from zctl.launcher.record import ClusterError
 
 runner = CliRunner()
 

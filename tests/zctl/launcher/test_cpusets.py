@@ -68,7 +68,8 @@ def test_bad_cpus_fail_clearly_on_the_command_line(capsys: pytest.CaptureFixture
 
 
 def test_local_row_groups_default_follows_the_cpu_sets() -> None:
-    from zctl.launcher.local import ClusterError, local_row_groups
+    from zctl.launcher.local import local_row_groups
+    from zctl.launcher.record import ClusterError
 
     assert local_row_groups("shared", 3) == 1  # shared cores: batch every stream
     assert local_row_groups("split", 3) == 3  # own cores: keep every stage busy
@@ -96,7 +97,7 @@ def test_cluster_up_refuses_negative_row_groups(tmp_path: Path,
 
 def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_export(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from zctl.launcher.local import runtime_spec
+    from zctl.launcher.processes import runtime_spec
 
     assert runtime_spec("f32", None, "CPU", "u8").kv_cache_precision == "u8"
     assert runtime_spec("f32", None, "CPU").kv_cache_precision is None  # the plugin's
@@ -112,8 +113,7 @@ def test_kv_cache_precision_reaches_the_coordinator_or_is_refused_before_any_exp
 
 
 def test_coordinator_runtime_options_become_the_nodes_runtime_spec() -> None:
-    from zctl.launcher.local import runtime_spec
-    from zctl.launcher.processes import CoordinatorProcess, parse_process, process_command
+    from zctl.launcher.processes import CoordinatorProcess, parse_process, process_command, runtime_spec
 
     config = CoordinatorProcess("/x", runtime=runtime_spec("f32", None, "CPU", "default", False))
     spec = parse_process("coordinator", process_command(config)[3]).runtime  # as spawned

@@ -64,7 +64,8 @@ def test_placement_pins() -> None:
 def test_a_local_cluster_wants_a_runtime_spec() -> None:
     from pathlib import Path
 
-    from zctl.launcher.local import ClusterError, start_local_cluster
+    from zctl.launcher.local import start_local_cluster
+    from zctl.launcher.record import ClusterError
 
     with pytest.raises(ClusterError, match="RuntimeSpec"):
         start_local_cluster(Path("/x"), 2, ["--precision", "f32"])  # type: ignore[arg-type]

@@ -25,7 +25,8 @@ from dataplane.runtime.config import RuntimeSpec
 from tests.zctl.service.test_server import SlowChain
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.launcher.local import cors_origin, free_port
+from zctl.launcher.api import cors_origin
+from zctl.launcher.local import free_port
 from zctl.manifest import load_manifest
 from zctl.serve.app import MAX_BODY_BYTES, create_app
 from zctl.serve.settings import ServeSettings
