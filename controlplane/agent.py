@@ -89,6 +89,7 @@ class AgentConfig:
     chunk_timeout: float = 10.0
     chunk_retries: int = 5
     tok_s: float | None = None  # measured speed, if known (placement uses it)
+    memory_limit: int = 0  # bytes of RAM this node lends its stages (0: what is free)
     openvino: str | None = None  # reported OpenVINO version; default: the installed one
     protocol: int = PROTOCOL_VERSION  # overridable only to test refusals
     max_message_bytes: int = 64 << 20
@@ -201,7 +202,7 @@ class NodeAgent:
 
     def _enrol(self) -> None:
         self._last_enrol = time.monotonic()
-        total, free = ram()
+        total, free = ram(self.config.memory_limit)
         self.counters["enrolments"] += 1
         curve = self.config.curve  # with CURVE, its key pair also guards the data pipes
         self._send(Enrol(self.node_id, self.host, self.data_addr, self.devices, total, free,

@@ -96,6 +96,7 @@ class CoordinatorConfig:
     # take them (None: wait for the node or a spare)
     heal_after: float | None = 0.0
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    memory_limit: int = 0  # bytes of RAM this machine lends its stages (0: what is free)
     max_message_bytes: int = 1 << 20
     verify_export: bool = True
     curve: CurveServer | None = None  # CURVE authentication and encryption (optional)
@@ -131,7 +132,7 @@ class Coordinator:
         self.zctl = zctl_version()
         self.session = uuid.uuid4().hex[:12]
         self.hashes = [self.manifest.stage_hash(i) for i in range(len(self.manifest.stages))]
-        total, free = ram()
+        total, free = ram(cfg.memory_limit)
         # with CURVE the data pipes are encrypted too, the coordinator's key pair serving both
         data_key = cfg.curve.public.decode() if cfg.curve is not None else ""
         info = Enrol(self.node_id, self.host, self.data_addr, probe_devices(), total, free,

@@ -221,8 +221,6 @@ class HeadHandle:
 def head_launcher(assignment: StageAssignment, options: Any = None) -> HeadHandle:
     """The coordinator's stage 0: its runtime + dataplane.head.cluster_head.ClusterHead
     (``options``: PipeOptions for its pipes, as for ``default_launcher``)."""
-    if assignment.num_stages < 2:
-        raise LaunchError("a one-stage export runs in one process: no cluster is needed")
     try:
         from dataplane.head.cluster_head import ClusterHead
     except ImportError as exc:

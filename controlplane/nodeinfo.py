@@ -103,10 +103,12 @@ def probe_devices(core: Any | None = None) -> list[DeviceInfo]:
     return devices
 
 
-def ram() -> tuple[int, int]:
-    """(total, available) system RAM in bytes."""
+def ram(limit: int = 0) -> tuple[int, int]:
+    """(total, available) system RAM in bytes; with ``limit`` (bytes > 0: what the node's
+    owner lends zctl's stages), neither is more than that."""
     vm = psutil.virtual_memory()
-    return int(vm.total), int(vm.available)
+    total, free = int(vm.total), int(vm.available)
+    return (min(total, limit), min(free, limit)) if limit > 0 else (total, free)
 
 
 def route_host(target_host: str) -> str:

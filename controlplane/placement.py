@@ -300,3 +300,73 @@ def assign_stages(stages: Sequence[StageNeed], nodes: Sequence[NodeCapacity], *,
                 f"stages {', '.join(str(s.index) for s in todo[k:])} do not fit on the free "
                 f"nodes ({', '.join(f'{n.node_id}: {fmt_bytes(n.memory_bytes)}' for n in free)})")
     return plan
+
+
+def assign_runs(stages: Sequence[StageNeed], nodes: Sequence[NodeCapacity], *,
+                head: str, explicit: Mapping[int, str] | None = None) -> dict[int, str]:
+    """Map each exported stage to a node, for as many nodes as there are: one stage each
+    (``assign_stages``) when there are enough nodes or stages are pinned, else contiguous
+    runs of stages (``assign_contiguous``), so that one PC, or fewer PCs than stages,
+    serves at once; PlacementError when the stages do not fit the nodes' memory."""
+    if len(nodes) >= len(stages) or explicit:
+        return assign_stages(stages, nodes, head=head, explicit=explicit)
+    return assign_contiguous(stages, nodes, head=head)
+
+
+def assign_contiguous(stages: Sequence[StageNeed], nodes: Sequence[NodeCapacity], *,
+                      head: str) -> dict[int, str]:
+    """Cut the stages into contiguous runs, one per node at most: ``head`` (the
+    coordinator) takes the first run, the others follow roomiest first. Of the cuts whose
+    runs fit their nodes' memory, the one whose busiest node holds the fewest bytes wins
+    (a node may get no run: it stays a spare). PlacementError naming what is needed and
+    what the nodes have when none fits."""
+    by_id = {node.node_id: node for node in nodes}
+    if head not in by_id:
+        raise PlacementError(f"the head node {head} is not among the nodes")
+    order = [by_id[head], *sorted((n for n in nodes if n.node_id != head),
+                                  key=lambda n: (-n.memory_bytes, n.node_id))]
+    sizes = [s.bytes for s in sorted(stages, key=lambda s: s.index)]
+    count = len(sizes)
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+    # best[j][i]: (busiest node's bytes, the runs as (node, end) pairs) placing stages
+    # [0, i) on order[:j + 1]
+    inf: tuple[float, tuple[tuple[int, int], ...]] = (math.inf, ())
+    best = [[inf] * (count + 1) for _ in order]
+    for i in range(1, count + 1):  # the head's run: stages [0, i)
+        if prefix[i] <= order[0].memory_bytes:
+            best[0][i] = (prefix[i], ((0, i),))
+    for j in range(1, len(order)):
+        room = order[j].memory_bytes
+        for i in range(1, count + 1):
+            best[j][i] = best[j - 1][i]  # node j takes nothing
+            for t in range(1, i):
+                load = prefix[i] - prefix[t]
+                if load > room or best[j - 1][t][0] == math.inf:
+                    continue
+                busiest = max(best[j - 1][t][0], load)
+                if busiest < best[j][i][0]:
+                    best[j][i] = (busiest, (*best[j - 1][t][1], (j, i)))
+    busiest, runs = best[-1][count]
+    if busiest == math.inf:
+        raise PlacementError(_no_fit(sizes, order))
+    plan: dict[int, str] = {}
+    start = 0
+    for j, end in runs:
+        plan.update({s: order[j].node_id for s in range(start, end)})
+        start = end
+    return plan
+
+
+def _no_fit(sizes: Sequence[int], nodes: Sequence[NodeCapacity]) -> str:
+    biggest = max(range(len(sizes)), key=lambda i: sizes[i])
+    roomiest = max(nodes, key=lambda n: n.memory_bytes)
+    have = ", ".join(f"{n.node_id}: {fmt_bytes(n.memory_bytes)}" for n in nodes)
+    if sizes[biggest] > roomiest.memory_bytes:
+        return (f"stage {biggest} needs about {fmt_bytes(sizes[biggest])} but the roomiest node "
+                f"({roomiest.node_id}) has {fmt_bytes(roomiest.memory_bytes)} usable; add a "
+                "roomier node, or export with smaller weights or more stages")
+    return (f"the export's {len(sizes)} stages need about {fmt_bytes(sum(sizes))} in all but "
+            f"the {len(nodes)} node(s) have {have} usable; add nodes, or export with smaller "
+            "weights")

@@ -20,7 +20,7 @@ from controlplane.placement import (
     NodeCapacity,
     PlacementError,
     StageNeed,
-    assign_stages,
+    assign_runs,
     layer_range,
     node_memory,
 )
@@ -61,7 +61,9 @@ class PipelinePlan:
         return NodeCapacity(member.node_id, memory, info.tok_s, frozenset(member.shards))
 
     def try_plan(self, members: Mapping[str, ms.Member]) -> bool:
-        """Place the stages once enough nodes are alive; False while waiting (or failing)."""
+        """Place the stages once ``expect_nodes`` remote nodes are alive, on the nodes there
+        are (fewer nodes than stages: contiguous runs, the coordinator's first); False while
+        waiting, or while the stages do not fit them (``plan_error`` says why)."""
         if self.plan is not None:
             return True
         remote = [m for m in members.values() if not m.local and m.state in (ms.IDLE, ms.READY)]
@@ -69,7 +71,7 @@ class PipelinePlan:
             return False
         nodes = [self.capacity(members[self.head])] + [self.capacity(m) for m in remote]
         try:
-            plan = assign_stages(self.needs, nodes, head=self.head, explicit=self.explicit)
+            plan = assign_runs(self.needs, nodes, head=self.head, explicit=self.explicit)
         except PlacementError as exc:
             if str(exc) != self.plan_error:
                 log.error("placement failed: %s", exc)

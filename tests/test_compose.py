@@ -28,6 +28,8 @@ def test_every_service_runs_a_valid_zctl_command() -> None:
     assert set(services) == {"coordinator", "node1", "node2"}
     coordinator = parse_zctl(services["coordinator"]["command"])
     assert coordinator.params["foreground"] and coordinator.params["stages"] == 3
+    # the stages wait for both nodes (else the coordinator serves alone, then hands stages on)
+    assert coordinator.params["expect_nodes"] == len(services) - 1
     for name in ("node1", "node2"):
         ctx = parse_zctl(services[name]["command"])
         assert ctx.params["coordinator"] == "tcp://coordinator:5550"

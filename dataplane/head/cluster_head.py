@@ -89,8 +89,6 @@ class ClusterHead:
             raise ValueError(f"the coordinator runs stage 0, not stage {stage0.spec.index}")
         self.num_stages = len(stage0.manifest.stages)
         self.vocab_size = stage0.manifest.model.vocab_size
-        if self.num_stages < 2:
-            raise ValueError("a one-stage export needs no cluster: use LocalChain")
         self._stage0 = stage0
         self._retired = False  # replaced by a new pipeline: stage 0 is not ours any more
         self._busy = threading.Lock()  # held while a step computes on stage 0

@@ -492,3 +492,60 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
         assert list(generate_greedy(pipeline, prompt, 8)) == want
     finally:
         cluster.close()
+
+
+# -- a fleet of one ---------------------------------------------------------------------
+def _serving_on(coord: Coordinator) -> list[str]:
+    status = coord.status()
+    return [s.node_id or "" for s in status.stages] if status.pipeline == "serving" else []
+
+
+@pytest.mark.parametrize("layers", [[(0, 4)], [(0, 2), (2, 4)]], ids=["1-stage", "2-stage"])
+def test_a_coordinator_alone_serves_every_stage_then_spreads_to_a_node_that_joins(
+        tmp_path: Path, tiny_exports, layers) -> None:
+    """No node to wait for: the coordinator places every stage on itself and serves,
+    answering steps itself; a node that joins later takes the tail of its run over (a
+    1-stage export has none to give), without a restart, and the tokens stay one
+    process's."""
+    from controlplane.launch import default_launcher, head_launcher
+    from dataplane.head.local_chain import LocalChain
+    from zctl.engine.scheduler import generate_greedy
+
+    export = tiny_exports.get(layers)
+    cluster = Cluster(tmp_path, export)
+    try:
+        cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=tmp_path / "coord",
+                                host="127.0.0.1", expect_nodes=0, **FAST)  # type: ignore[arg-type]
+        coord = Coordinator(export, cfg, launcher=head_launcher)
+        cluster.coordinators.append(coord)
+        coord.start()
+        status = coord.wait_serving(60)
+        assert [s.node_id for s in status.stages] == [coord.node_id] * len(layers)
+        head = coord.local_handle.head  # type: ignore[union-attr]
+        assert head.answers_here
+        prompt = [0, 5, 17, 42, 99]
+        want = list(generate_greedy(LocalChain.load(str(export)), prompt, 8))
+        assert list(generate_greedy(head, prompt, 8)) == want
+        agent = cluster.agent(coord.endpoint, "a", launcher=default_launcher)
+        if len(layers) == 1:
+            wait_for(lambda: any(n.node_id == agent.node_id and n.state == "idle"
+                                 for n in coord.status().nodes), what="a spare")
+            time.sleep(1.0)  # settled: still nothing to hand over
+            assert _serving_on(coord) == [coord.node_id]
+            return
+        wait_for(lambda: _serving_on(coord) == [coord.node_id, agent.node_id], timeout=60,
+                 what="stage 1 on the node that joined")
+        head = coord.local_handle.head  # type: ignore[union-attr]
+        assert not head.answers_here
+        assert list(generate_greedy(head, prompt, 8)) == want
+    finally:
+        cluster.close()
+
+
+def test_stages_that_fit_no_machine_are_a_clear_plan_error(cp_cluster: Cluster) -> None:
+    coord = cp_cluster.coordinator(expect_nodes=0, memory_limit=1 << 20)
+    wait_for(lambda: coord.status().plan_error, what="plan error")
+    status = coord.status()
+    assert status.pipeline == "waiting"
+    assert "needs about" in status.plan_error and "KiB usable" in status.plan_error
+    assert node(status, coord.node_id).ram_free <= 1 << 20

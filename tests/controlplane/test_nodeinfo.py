@@ -7,7 +7,13 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from controlplane.nodeinfo import LOWEST_DATA_PORT, choose_data_port, ephemeral_ports, fresh_port
+from controlplane.nodeinfo import (
+    LOWEST_DATA_PORT,
+    choose_data_port,
+    ephemeral_ports,
+    fresh_port,
+    ram,
+)
 
 
 def test_the_ephemeral_range_is_read_or_linux_default(tmp_path: Path) -> None:
@@ -66,3 +72,10 @@ def test_a_stage_pipe_waits_for_its_address_to_be_free_again() -> None:
         held.listen()
         with pytest.raises(TransportError, match="Address already in use"):
             pull_socket(ctx, f"tcp://127.0.0.1:{other}", PipeOptions())
+
+
+def test_the_ram_a_node_lends_is_capped_by_its_limit() -> None:
+    total, free = ram()
+    assert 0 < free <= total
+    assert ram(1 << 20) == (1 << 20, min(free, 1 << 20))
+    assert ram(0)[0] == total and ram(1 << 60)[0] == total  # 0, or more than there is: no cap

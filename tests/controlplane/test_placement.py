@@ -1,4 +1,5 @@
-"""Placement: layer ranges from capacity and speed, explicit ranges, stage-to-node assignment."""
+"""Placement: layer ranges from capacity and speed, explicit ranges, stage-to-node assignment,
+runs of stages on fewer nodes than stages."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from controlplane.placement import (
     NodeCapacity,
     PlacementError,
     StageNeed,
+    assign_runs,
     assign_stages,
     check_ranges,
     fmt_bytes,
@@ -168,3 +170,36 @@ def test_costs_from_a_real_export(tiny_exports) -> None:
     two = tiny_exports.get([(0, 2), (2, 4)])
     cost2 = LayerCost.from_export(load_manifest(two), two)
     assert abs(cost2.layer_bytes - cost.layer_bytes) / cost.layer_bytes < 0.05
+
+
+def test_one_node_runs_every_stage_that_fits_it() -> None:
+    stages = [stage(0, 500), stage(1, 500), stage(2, 500)]
+    assert assign_runs(stages, [NodeCapacity("head", 2 * GiB)], head="head") == dict.fromkeys(
+        range(3), "head")
+    one = [stage(0, 500)]
+    assert assign_runs(one, [NodeCapacity("head", GiB), NodeCapacity("a", GiB)],
+                       head="head") == {0: "head"}  # the other node stays a spare
+
+
+def test_fewer_nodes_than_stages_get_contiguous_runs_lightest_busiest_node() -> None:
+    stages = [stage(0, 300), stage(1, 100), stage(2, 100), stage(3, 300)]
+    pool = [NodeCapacity("head", 4 * GiB), NodeCapacity("a", 4 * GiB)]
+    plan = assign_runs(stages, pool, head="head")
+    assert plan == {0: "head", 1: "head", 2: "a", 3: "a"}  # 400 MiB each
+    # the roomier node follows the head; a node too small for any run stays a spare
+    pool = [NodeCapacity("head", 350 * MiB), NodeCapacity("tiny", 50 * MiB),
+            NodeCapacity("big", 4 * GiB)]
+    assert assign_runs(stages, pool, head="head") == {0: "head", 1: "big", 2: "big", 3: "big"}
+
+
+def test_runs_that_fit_no_node_say_what_is_needed_and_what_there_is() -> None:
+    stages = [stage(0, 300), stage(1, 300)]
+    with pytest.raises(PlacementError, match=r"the export's 2 stages need about 600\.0 MiB in "
+                                             r"all but the 1 node\(s\) have head: 500\.0 MiB"):
+        assign_runs(stages, [NodeCapacity("head", 500 * MiB)], head="head")
+    with pytest.raises(PlacementError, match=r"stage 1 needs about 300\.0 MiB but the roomiest "
+                                             r"node \(a\) has 200\.0 MiB"):
+        assign_runs([stage(0, 100), stage(1, 300), stage(2, 100)],
+                    [NodeCapacity("head", 100 * MiB), NodeCapacity("a", 200 * MiB)], head="head")
+    with pytest.raises(PlacementError, match="2 stages but only 1 node"):  # pins: a node each
+        assign_runs(stages, [NodeCapacity("head", GiB)], head="head", explicit={0: "head"})

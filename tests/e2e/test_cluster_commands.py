@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dataplane.head.local_chain import LocalChain
@@ -282,12 +283,14 @@ def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Pat
     assert not (zctl_home / "cluster.json").exists()  # the embedded cluster was torn down
 
 
-def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_home: Path
-                                                           ) -> None:
-    """``zctl cluster up`` (a coordinator alone), ``zctl node join`` in its own process on
-    127.0.0.2: the node is given stage 1 and serves, a generation runs through it, and when
-    the node process is stopped it leaves the cluster cleanly (and the coordinator takes
-    its stage)."""
+@pytest.mark.parametrize("alone", [["--local", "1"], ["--bind"]], ids=["local-1", "bind"])
+def test_a_cluster_of_one_serves_then_a_node_joins_and_leaves(tiny_exports, zctl_home: Path,
+                                                              alone: list[str]) -> None:
+    """``zctl cluster up --local 1`` (or a coordinator for other machines, none joined
+    yet) serves at once, this machine running both stages; ``zctl node join`` in its own
+    process on 127.0.0.2 then takes stage 1 over without a restart, a generation runs
+    through it, and when the node process is stopped it leaves the cluster cleanly (and the
+    coordinator takes its stage back)."""
     import os
     import signal
     import subprocess
@@ -297,43 +300,59 @@ def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_ho
     from zctl.launcher.local import free_port
 
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    port = free_port("127.0.0.1")
-    up = runner.invoke(app, ["cluster", "up", "--model", str(export_dir), "--bind",
-                             f"127.0.0.1:{port}", "--exact"])
+    if alone == ["--bind"]:
+        alone = ["--bind", f"127.0.0.1:{free_port('127.0.0.1')}"]
+    up = runner.invoke(app, ["cluster", "up", "--model", str(export_dir), *alone, "--exact"])
     node = None
     log = zctl_home / "node.log"
+    want = ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 8, exact=True))
+
+    def status() -> dict:
+        result = runner.invoke(app, ["cluster", "status", "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    def run_nodes() -> list[str]:
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "8", "--ignore-eos",
+                                  "--temperature", "0", "--json"])
+        assert run.exit_code == 0, run.output
+        report = json.loads(run.stdout.strip().splitlines()[-1])
+        assert report["text"] == want  # (cluster up --exact: one process's tokens)
+        return [s["node"] for s in report["stages"]]
+
     try:
         assert up.exit_code == 0, up.output
-        assert f"zctl node join tcp://127.0.0.1:{port}" in " ".join(up.output.split())
-
-        def status() -> dict:
-            result = runner.invoke(app, ["cluster", "status", "--json"])
-            assert result.exit_code == 0, result.output
-            return json.loads(result.stdout)
-
-        assert status()["pipeline"] != "serving"  # stage 1 has no node yet
+        control = json.loads((zctl_home / "cluster.json").read_text())["control"]
+        if alone[0] == "--bind":
+            assert f"zctl node join {control}" in " ".join(up.output.split())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and status()["pipeline"] != "serving":
+            time.sleep(0.2)
+        info = status()
+        assert info["pipeline"] == "serving", info  # no node needed
+        assert {s["node_id"] for s in info["stages"]} == {info["coordinator_id"]}
+        assert run_nodes() == ["127.0.0.1", "127.0.0.1"]
         with open(log, "w") as stderr:
             node = subprocess.Popen(
-                [sys.executable, "-m", "zctl", "node", "join", f"tcp://127.0.0.1:{port}",
+                [sys.executable, "-m", "zctl", "node", "join", control,
                  "--host", "127.0.0.2", "--state-dir", str(zctl_home / "node")],
                 stdout=stderr, stderr=stderr, cwd=ROOT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        node_id = ""
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and status()["pipeline"] != "serving":
+        while time.monotonic() < deadline:
             assert node.poll() is None, log.read_text()[-3000:]
+            info = status()
+            node_id = next((n["node_id"] for n in info["nodes"] if n["host"] == "127.0.0.2"), "")
+            if info["pipeline"] == "serving" and info["stages"][1]["node_id"] == node_id:
+                break
             time.sleep(0.2)
-        info = status()
-        assert info["pipeline"] == "serving", (info, log.read_text()[-3000:])
-        joined = [n for n in info["nodes"] if n["host"] == "127.0.0.2"]
-        assert len(joined) == 1 and joined[0]["state"] == "serving" and joined[0]["stage"] == 1
-        node_id = (zctl_home / "node" / "node_id").read_text().strip()
-        assert joined[0]["node_id"] == node_id and "joining tcp://127.0.0.1:" in log.read_text()
-        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "8", "--ignore-eos", "--json"])
-        assert run.exit_code == 0, run.output
-        report = json.loads(run.stdout.strip().splitlines()[-1])
-        assert [s["node"] for s in report["stages"]] == ["127.0.0.1", "127.0.0.2"]
-        want = _expected_tokens(export_dir, 8, exact=True)  # (cluster up --exact)
-        assert report["text"] == ChatTokenizer(export_dir).decode(want)
+        assert info["stages"][1]["node_id"] == node_id != "", (info, log.read_text()[-3000:])
+        assert info["pipeline"] == "serving" and info["stages"][0]["node_id"] == \
+            info["coordinator_id"]
+        assert node_id == (zctl_home / "node" / "node_id").read_text().strip()
+        assert "joining tcp://127.0.0.1:" in log.read_text()
+        assert run_nodes() == ["127.0.0.1", "127.0.0.2"]
         node.send_signal(signal.SIGTERM)  # as a service manager stops it
         assert node.wait(30) == 0, log.read_text()[-3000:]
         info = status()
@@ -351,3 +370,36 @@ def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_ho
             node.kill()
         down = runner.invoke(app, ["cluster", "down"])
     assert down.exit_code == 0 and "stopped 1" in down.output
+
+
+def test_run_on_a_one_stage_export_streams_with_no_cluster_up(tiny_exports,
+                                                              zctl_home: Path) -> None:
+    export_dir = tiny_exports.get([(0, 4)])
+    run = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "8",
+                              "--ignore-eos", "--temperature", "0", "--exact"])
+    assert run.exit_code == 0, run.output
+    want = ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 8, exact=True))
+    assert want.strip() and want.strip() in run.stdout
+    assert not (zctl_home / "cluster.json").exists()
+
+
+def test_stages_that_fit_no_machine_fail_cluster_up_at_once(tiny_exports, zctl_home: Path
+                                                           ) -> None:
+    """A one-process cluster lent 1 MB cannot hold the stages: ``cluster up`` says so on
+    stderr within seconds (not after its timeout), exits non-zero and leaves nothing."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    started = time.monotonic()
+    up = subprocess.run([sys.executable, "-m", "zctl", "cluster", "up", "--local", "1",
+                         "--memory-mb", "1", "--model", str(export_dir)],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120,
+                        env={**os.environ, "ZCTL_HOME": str(zctl_home)})
+    took = time.monotonic() - started
+    assert up.returncode == 1, up
+    assert "the stages cannot be placed" in up.stderr and "needs about" in up.stderr, up.stderr
+    assert took < 10, f"{took:.1f} s"
+    assert not (zctl_home / "cluster.json").exists()

@@ -116,17 +116,23 @@ KvMemory = Annotated[int, typer.Option(
 PrefixCacheMb = Annotated[int, typer.Option(
     "--prefix-cache-mb", help="of --kv-memory-mb, how much may keep finished streams' KV for "
     "prompts that start the same way (0: no prefix cache)")]
-ExpectNodes = Annotated[int | None, typer.Option(
-    help="nodes to wait for before placing the stages (default: stages - 1)")]
+ExpectNodes = Annotated[int, typer.Option(
+    help="nodes to wait for before placing the stages (0: place them at once on the nodes "
+         "there are, this machine alone if need be; nodes that join later take stages over)")]
+MemoryMb = Annotated[int, typer.Option(
+    "--memory-mb", help="RAM this machine lends its stages, in MB (0: what is free)")]
 Place = Annotated[list[str] | None, typer.Option(
     help="pin a stage to a node: STAGE=NODE_ID (repeatable)")]
 
 
 @cluster_app.command("up")
 def cluster_up(
-    local: Annotated[int | None, typer.Option(help="N: a local cluster of N nodes (N stages)")] = None,
+    local: Annotated[int | None, typer.Option(
+        help="N: a local cluster of N processes on this machine (1: this process runs every "
+             "stage; more: the coordinator and N-1 nodes on 127.0.0.2..)")] = None,
     model: Annotated[str, typer.Option(help="model name/path or an export directory")] = "smollm2-135m",
-    stages: Annotated[int | None, typer.Option(help="stages (default: --local N, else 2)")] = None,
+    stages: Annotated[int | None, typer.Option(
+        help="stages of the export made for a model name (default: --local N, else 2)")] = None,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     bind: Annotated[str, typer.Option(help="control address (without --local)")] = "0.0.0.0:5550",
     host: Annotated[str | None, typer.Option(help="address nodes reach the coordinator at")] = None,
@@ -147,8 +153,9 @@ def cluster_up(
     heal_after: HealAfter = 0.0,
     resume_timeout: ResumeTimeout = 120.0,
     curve: Curve = False,
-    expect_nodes: ExpectNodes = None,
+    expect_nodes: ExpectNodes = 0,
     place: Place = None,
+    memory_mb: MemoryMb = 0,
     link_delay_ms: Link = 0.0,
     link_jitter_ms: LinkJitter = 0.0,
     link_rate_mbit: LinkRate = 0.0,
@@ -169,13 +176,15 @@ def cluster_up(
     kv_memory_mb: KvMemory = 2048,
     prefix_cache_mb: PrefixCacheMb = 512,
 ) -> None:
-    """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the background."""
+    """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the
+    background. It serves as soon as the stages fit the machines there are (this one alone
+    if need be); machines that join later take stages over."""
     if _running_record() is not None:
         _fail(f"a cluster is already up ({cluster_file()}); zctl cluster down first")
     stage_count = stages or local or 2
-    problem = _up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
-                          reassign_after, heal_after) or max_streams_problem(max_streams) or kv_problem(
-                              kv_memory_mb, prefix_cache_mb)
+    problem = (_up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
+                           reassign_after, heal_after, expect_nodes, memory_mb)
+               or max_streams_problem(max_streams) or kv_problem(kv_memory_mb, prefix_cache_mb))
     if problem:
         _fail(problem)
     try:
@@ -192,7 +201,7 @@ def cluster_up(
             reassign_after=reassign_after, heal_after=heal_after if heal else None,
             resume_timeout=resume_timeout, curve=curve,
             row_groups=row_groups, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
-            prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link)
+            prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link, memory_mb=memory_mb)
         if foreground:
             raise typer.Exit(_serve_foreground(coordinator))
         if local is None:
@@ -252,7 +261,8 @@ def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeou
         link_jitter_ms=link.jitter_ms, link_rate_mbit=link.rate_mbit, cpu_sets=cpu_sets,
         row_groups=c.row_groups, curve=c.curve, resume_timeout=c.resume_timeout,
         reassign_after=c.reassign_after, heal_after=c.heal_after, max_streams=c.max_streams,
-        kv_memory_mb=c.kv_memory_mb, prefix_cache_mb=c.prefix_cache_mb)
+        kv_memory_mb=c.kv_memory_mb, prefix_cache_mb=c.prefix_cache_mb,
+        memory_mb=c.memory_mb)
     write_record(record)
     status = wait_serving(record, timeout)
     if api is not None:
@@ -282,11 +292,17 @@ def max_streams_problem(max_streams: int) -> str:
 
 def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets: str,
                 foreground: bool, resume_timeout: float, reassign_after: float | None,
-                heal_after: float = 0.0) -> str:
+                heal_after: float = 0.0, expect_nodes: int = 0, memory_mb: int = 0) -> str:
     """Why these ``zctl cluster up`` options cannot go together ("" when they can), found
     before anything is exported or started."""
-    if local is not None and local != stages:
-        return f"--local {local} runs {local} stages; drop --stages or make them equal"
+    if local is not None and local < 1:
+        return f"--local takes the number of processes, at least 1 (this one), not {local}"
+    if stages < 1:
+        return f"--stages must be at least 1, not {stages}"
+    if local is not None and expect_nodes:
+        return "--local N waits for its own N-1 nodes: drop --expect-nodes"
+    if expect_nodes < 0 or memory_mb < 0:
+        return "--expect-nodes and --memory-mb must be >= 0"
     if row_groups is not None and row_groups < 0:
         return f"--row-groups must be >= 0, not {row_groups}"
     if local is None and cpu_sets != "shared":
@@ -455,18 +471,21 @@ def node_join(
     reconnect_max: Annotated[float, typer.Option(
         help="longest wait in seconds between tries to reach a lost coordinator (the wait "
              "doubles from 1 s)")] = 32.0,
+    memory_mb: MemoryMb = 0,
 ) -> None:
     """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
     from zctl.cli.view import TransferProgress
     from zctl.launcher.processes import NodeProcess, run_node
 
+    if memory_mb < 0:
+        _fail(f"--memory-mb must be >= 0, not {memory_mb}")
     try:
         node = NodeProcess(coordinator, host=host, data_port=data_port, heartbeat=heartbeat,
                            reconnect_max=reconnect_max,
                            state_dir=str(state_dir) if state_dir else None, tok_s=tok_s,
                            curve_server_key=str(curve_server_key) if curve_server_key else None,
                            link=link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit),
-                           cpus=cpus)
+                           cpus=cpus, memory_mb=memory_mb)
         _log_to_stderr()
         with TransferProgress() as progress:
             code = run_node(node, lambda text: err.print(text, highlight=False), progress.update)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from controlplane.nodeinfo import fresh_port
+from controlplane.records import ClusterStatus
 from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.processes import (
@@ -132,8 +133,10 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         heal_after: float | None = 0.0, max_streams: int = DEFAULT_MAX_STREAMS,
                         kv_memory_mb: int = 2048, prefix_cache_mb: int = 512,
                         links: Sequence[LinkShape] | None = None,
-                        network: LocalNetwork | None = None) -> ClusterRecord:
+                        network: LocalNetwork | None = None, memory_mb: int = 0
+                        ) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
+    (``nodes`` 1: the coordinator alone runs every stage).
 
     ``link_delay_ms`` (+ ``link_jitter_ms``, ``link_rate_mbit``) emulates a WAN: every
     process delays each data frame it sends, so every hop (the last stage's reply to the
@@ -149,11 +152,14 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     process shapes what it sends (hop i: stage i to i+1; the last: the replies to the
     coordinator). Shapes that differ pin stage i to node i (``stage_links``). ``network``
     places the processes elsewhere than on 127.0.0.x (e.g. nodes in network namespaces).
+    ``memory_mb``: the RAM each process lends its stages (0: what is free).
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
-    if nodes < 2:
-        raise ClusterError("a local cluster needs at least 2 nodes (the coordinator and one more)")
+    if nodes < 1:
+        raise ClusterError(f"a local cluster has at least 1 node (the coordinator), not {nodes}")
+    if memory_mb < 0:
+        raise ClusterError(f"memory to lend must be >= 0 MB, not {memory_mb}")
     if not isinstance(runtime, RuntimeSpec):
         raise ClusterError(f"the stages' runtime must be a RuntimeSpec (runtime_spec), not "
                            f"{type(runtime).__name__}")
@@ -181,12 +187,13 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                                     max(s.delay_ms for s in shapes)),
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
-        cpus=cpus[0]), root)
+        cpus=cpus[0], memory_mb=memory_mb), root)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
     for i in range(1, nodes):
         pid, log = start_local_node(record, i, root, link=shapes[i], cpus=cpus[i],
-                                    curve_server_key=server_key, network=network)
+                                    curve_server_key=server_key, network=network,
+                                    memory_mb=memory_mb)
         record.pids.append(pid)
         record.logs.append(log)
     return record
@@ -195,7 +202,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
 def start_local_node(record: ClusterRecord, index: int, root: Path, *,
                      link: LinkShape | None = None, cpus: str | None = None,
                      curve_server_key: Path | None = None,
-                     network: LocalNetwork | None = None) -> tuple[int, str]:
+                     network: LocalNetwork | None = None, memory_mb: int = 0
+                     ) -> tuple[int, str]:
     """Start node ``index`` (1..) of the local cluster ``record`` describes, as
     ``start_local_cluster`` does, or again after it was lost: its state dir
     (``root/node<index>``) keeps its identity and cached shards, its log
@@ -207,22 +215,27 @@ def start_local_node(record: ClusterRecord, index: int, root: Path, *,
     host = network.host(index) if network is not None else loopback_host(index)
     pid = _spawn(NodeProcess(
         record.control, host=host, state_dir=str(root / f"node{index}"), reconnect_min=0.2,
-        link=link or LinkShape(), cpus=cpus,
+        link=link or LinkShape(), cpus=cpus, memory_mb=memory_mb,
         curve_server_key=str(curve_server_key) if curve_server_key else None), log,
         partial(network.command, index) if network is not None else None)
     return pid, str(log)
 
 
 def wait_serving(record: ClusterRecord, timeout: float, on_status=None):  # noqa: ANN001, ANN201
-    """Poll the coordinator until its pipeline serves; ClusterError with the log tail if not."""
+    """Poll the coordinator until its pipeline serves. ClusterError at once, with the
+    cause, when it never will: a process of the cluster exited (its log's tail), or, for a
+    local cluster (all of whose nodes are there), a stage failed to start, the stages do
+    not fit the nodes, or a node was refused (``start_failure``); else after ``timeout``."""
     from controlplane.client import ClusterUnreachable, query_status
 
     deadline = time.monotonic() + timeout
     last = "not answering"
     while time.monotonic() < deadline:
-        dead = [pid for pid in record.pids if not alive(pid)]
-        if record.pids and record.pids[0] in dead:
-            raise ClusterError(f"the coordinator exited during start-up:\n{log_tail(record.logs[0])}")
+        for k, pid in enumerate(record.pids[:max(1, record.local_nodes)]):
+            if not alive(pid):
+                who = "the coordinator" if k == 0 else f"node {k}"
+                log = record.logs[k] if k < len(record.logs) else ""
+                raise ClusterError(f"{who} exited during start-up:\n{log_tail(log)}")
         try:
             status = query_status(record.control, timeout=1.0, curve=control_curve(record))
         except ClusterUnreachable:
@@ -232,10 +245,29 @@ def wait_serving(record: ClusterRecord, timeout: float, on_status=None):  # noqa
             on_status(status)
         if status.pipeline == "serving":
             return status
+        failure = start_failure(status) if record.local_nodes else None
+        if failure:
+            raise ClusterError(f"{failure} (logs in {Path(record.logs[0]).parent})")
         last = status.pipeline + (f" ({status.plan_error})" if status.plan_error else "")
         time.sleep(0.2)
     raise ClusterError(f"the cluster is not serving after {timeout:.0f}s: {last}; logs in "
                        f"{Path(record.logs[0]).parent}")
+
+
+def start_failure(status: ClusterStatus) -> str | None:
+    """Why a cluster all of whose nodes are there will not serve (None: it may yet): a
+    stage failed to start (the node's error), the stages do not fit the nodes' memory, or
+    a node was refused (e.g. another OpenVINO version)."""
+    failed = [n for n in status.nodes if n.state == "failed"]
+    if status.pipeline == "failed" and failed:
+        return "; ".join(f"stage {n.stage} on {'this machine' if n.local else 'node ' + n.node_id}"
+                         f" failed to start: {n.error or 'no reason given'}" for n in failed)
+    if status.plan_error:
+        return f"the stages cannot be placed: {status.plan_error}"
+    if status.refused:
+        return "; ".join(f"node {r.node_id} at {r.host} was refused: {r.reason}"
+                         for r in status.refused)
+    return None
 
 
 def log_tail(path: str, lines: int = 15) -> str:

@@ -92,6 +92,7 @@ class CoordinatorProcess:
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     link: LinkShape = field(default_factory=LinkShape)
     cpus: str | None = None
+    memory_mb: int = 0  # RAM this machine lends its stages (0: what is free)
 
     @property
     def bind_host(self) -> str:
@@ -119,6 +120,7 @@ class NodeProcess:
     curve_server_key: str | None = None  # the coordinator's public key file: CURVE on
     link: LinkShape = field(default_factory=LinkShape)
     cpus: str | None = None
+    memory_mb: int = 0  # RAM this machine lends its stages (0: what is free)
 
 
 ROLES: dict[str, type] = {"coordinator": CoordinatorProcess, "node": NodeProcess}
@@ -210,7 +212,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         expect_nodes=config.expect_nodes,
         placement={int(stage): node for stage, node in config.placement.items()},
         runtime=config.runtime, reassign_after=config.reassign_after,
-        heal_after=config.heal_after, curve=curve),
+        heal_after=config.heal_after, curve=curve, memory_limit=config.memory_mb << 20),
         launcher=launcher)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")
@@ -251,7 +253,8 @@ def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | N
         config.coordinator, state_dir=state_dir, data_host=config.host,
         data_port=config.data_port, heartbeat_interval=config.heartbeat,
         reconnect_min=config.reconnect_min, reconnect_max=config.reconnect_max,
-        tok_s=config.tok_s, curve=curve), launcher=launcher, on_progress=on_progress)
+        tok_s=config.tok_s, curve=curve, memory_limit=config.memory_mb << 20),
+        launcher=launcher, on_progress=on_progress)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     say(f"node {agent.node_id} (data {agent.data_addr}) joining {config.coordinator}")
     if curve is not None:

@@ -1,5 +1,6 @@
 """Local clusters of processes (zctl.launcher.local) without starting any: what is refused
-before a process starts. (The clusters themselves: tests/e2e/test_local_clusters.py.)"""
+before a process starts, and why a starting cluster will not serve. (The clusters
+themselves: tests/e2e/test_local_clusters.py.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from zctl.launcher.local import start_local_node
+from controlplane.records import ClusterStatus, NodeStatus, RefusalInfo
+from zctl.launcher.local import start_failure, start_local_node
 from zctl.launcher.record import ClusterError, ClusterRecord, zctl_process
 
 
@@ -17,3 +19,43 @@ def test_node_zero_is_the_coordinator(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="node 0 is the coordinator"):
         start_local_node(record, 0, tmp_path)
     assert not zctl_process(os.getpid())  # pytest is none of zctl's own processes
+
+
+def test_a_local_cluster_has_at_least_the_coordinator(tmp_path: Path) -> None:
+    from dataplane.runtime.config import RuntimeSpec
+    from zctl.launcher.local import start_local_cluster
+
+    with pytest.raises(ClusterError, match="at least 1 node"):
+        start_local_cluster(tmp_path, 0, RuntimeSpec(), tmp_path)
+    with pytest.raises(ClusterError, match="memory to lend must be >= 0"):
+        start_local_cluster(tmp_path, 1, RuntimeSpec(), tmp_path, memory_mb=-1)
+
+
+def _status(pipeline: str, plan_error: str = "", nodes=(), refused=()) -> ClusterStatus:
+    return ClusterStatus("c0", "s", "tcp://127.0.0.1:1", 5, "2025.3", "0", "/e", "m", pipeline,
+                         1, 1.0, plan_error, list(nodes), [], list(refused), {})
+
+
+def _node(node_id: str, state: str, stage: int | None, error: str = "",
+          local: bool = False) -> NodeStatus:
+    return NodeStatus(node_id, "127.0.0.2", state, stage, "tcp://127.0.0.2:1", 0.0, [], 0, 0,
+                      "2025.3", "0", 0, error=error, local=local)
+
+
+def test_why_a_starting_cluster_will_not_serve() -> None:
+    assert start_failure(_status("wiring", nodes=[_node("c0", "wiring", 0, local=True)])) is None
+    assert start_failure(_status("waiting")) is None  # nodes may yet enrol
+    failed = _status("failed", nodes=[_node("c0", "failed", 0, "LaunchError: cannot load "
+                                            "stage 0: bad IR", local=True),
+                                      _node("n1", "serving", 1)])
+    assert start_failure(failed) == ("stage 0 on this machine failed to start: LaunchError: "
+                                     "cannot load stage 0: bad IR")
+    remote = _status("failed", nodes=[_node("n1", "failed", 1)])
+    assert start_failure(remote) == "stage 1 on node n1 failed to start: no reason given"
+    unplaced = _status("waiting", plan_error="stage 0 needs about 9.0 GiB but ...")
+    assert start_failure(unplaced) == ("the stages cannot be placed: stage 0 needs about "
+                                       "9.0 GiB but ...")
+    refused = _status("waiting", refused=[RefusalInfo("n1", "127.0.0.2", "OpenVINO 2024.1 is "
+                                                      "not the coordinator's 2025.3", 0.1)])
+    assert start_failure(refused) == ("node n1 at 127.0.0.2 was refused: OpenVINO 2024.1 is "
+                                      "not the coordinator's 2025.3")
