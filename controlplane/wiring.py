@@ -5,7 +5,8 @@ are alive), which nodes are due a shard offer, and which nodes need a new
 ``AssignStage``. Every change of wiring bumps the epoch. A node runs a contiguous run of
 stages (one, or more once it took a lost neighbour's: ``heal``); each node in the chain
 binds its data address and sends to the next node's; the last sends to the coordinator,
-which runs stage 0 (and every stage, once it is the only node left).
+which runs stage 0 (and every stage when it is the only node, from the start or once the
+others are gone).
 """
 
 from __future__ import annotations

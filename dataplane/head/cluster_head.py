@@ -70,7 +70,8 @@ class _Stream:
 
 
 class ClusterHead:
-    """The coordinator: runs ``stage0`` here, the other stages on the nodes down the chain.
+    """The coordinator: runs ``stage0`` here, the other stages on the nodes down the chain
+    (or every stage here, when ``stage0`` is a chain of them all: ``answers_here``).
 
     ``next_addr`` is stage 1's bind address; ``reply_bind_addr`` is bound here for the
     last stage's answers (a wildcard port is fine: ``reply_endpoint`` tells the address
