@@ -341,7 +341,9 @@ def _print_join(record: ClusterRecord, curve: bool) -> None:
         join += f" --curve-server-key coordinator.key (a copy of {server_key})"
         out.print("CURVE on: admit each node's key here with zctl cluster authorize "
                   "NODE.key (its node.key, printed when it joins)")
-    out.print(f"coordinator up at {record.control}; on each node run: {join}")
+    out.print(f"coordinator up at {record.control}: it serves as soon as the stages fit the "
+              f"machines there are, this one included (zctl cluster status); on each other "
+              f"PC run: {join}")
 
 
 def _log_to_stderr() -> None:
