@@ -61,7 +61,7 @@ def test_the_data_plane_alone_generates_what_one_process_does(tiny_exports,
                                                                tmp_path: Path) -> None:
     from dataplane.head.local_chain import LocalChain
     from dataplane.runtime.config import RuntimeSpec
-    from tests.zctl.launcher.test_local import STATEFUL
+    from tests.zctl.launcher.test_data_plane import STATEFUL
     from zctl.engine.scheduler import generate_greedy
 
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
