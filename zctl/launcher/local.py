@@ -223,19 +223,17 @@ def start_local_node(record: ClusterRecord, index: int, root: Path, *,
 
 def wait_serving(record: ClusterRecord, timeout: float, on_status=None):  # noqa: ANN001, ANN201
     """Poll the coordinator until its pipeline serves. ClusterError at once, with the
-    cause, when it never will: a process of the cluster exited (its log's tail), or, for a
-    local cluster (all of whose nodes are there), a stage failed to start, the stages do
-    not fit the nodes, or a node was refused (``start_failure``); else after ``timeout``."""
+    cause, when it never will: the coordinator exited (its log's tail), or, for a local
+    cluster (all of whose nodes are there), a stage failed to start, the stages do not fit
+    the nodes, or a node was refused (``start_failure``); else after ``timeout``. (A node
+    that is lost is healed around, as after any fault.)"""
     from controlplane.client import ClusterUnreachable, query_status
 
     deadline = time.monotonic() + timeout
     last = "not answering"
     while time.monotonic() < deadline:
-        for k, pid in enumerate(record.pids[:max(1, record.local_nodes)]):
-            if not alive(pid):
-                who = "the coordinator" if k == 0 else f"node {k}"
-                log = record.logs[k] if k < len(record.logs) else ""
-                raise ClusterError(f"{who} exited during start-up:\n{log_tail(log)}")
+        if record.pids and not alive(record.pids[0]):
+            raise ClusterError(f"the coordinator exited during start-up:\n{log_tail(record.logs[0])}")
         try:
             status = query_status(record.control, timeout=1.0, curve=control_curve(record))
         except ClusterUnreachable:
