@@ -31,7 +31,7 @@ def _expected_tokens(export_dir: Path, n: int, exact: bool = False) -> list[int]
 def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     result = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "12",
-                                 "--ignore-eos", "--json"])
+                                 "--ignore-eos", "--temperature", "0", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["tokens"] == 12
@@ -75,7 +75,8 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
         assert len(report["stages"]) == 3 and report["tokens"] == 8
         # several concurrent streams, speculative: each equals greedy, figures per stream
         multi = runner.invoke(app, ["run", PROMPT, "--streams", "3", "--max-tokens", "8",
-                                    "--ignore-eos", "--speculative", "lookup", "--k", "3", "--json"])
+                                    "--ignore-eos", "--speculative", "lookup", "--k", "3",
+                                    "--temperature", "0", "--json"])
         assert multi.exit_code == 0, multi.output
         report = json.loads(multi.stdout.strip().splitlines()[-1])
         tokenizer = ChatTokenizer(export_dir)
@@ -128,7 +129,8 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
         status = json.loads(runner.invoke(app, ["cluster", "status", "--json"]).stdout)
         assert status["curve"] is True and status["pipeline"] == "serving"
         assert "CURVE" in runner.invoke(app, ["cluster", "status"]).output
-        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "6", "--ignore-eos", "--json"])
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "6", "--ignore-eos",
+                                  "--temperature", "0", "--json"])
         assert run.exit_code == 0, run.output
         report = json.loads(run.stdout.strip().splitlines()[-1])
         assert report["text"] == ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 6))
@@ -252,7 +254,7 @@ def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Pat
     # u8 KV cache can flip a near-tied token of the random model between kernel paths (it did
     # on one CI machine); test_run_json_with_embedded_cluster covers the default numerics
     code, raw = _run_on_a_terminal(["run", PROMPT, "--model", str(export_dir), "--max-tokens",
-                                    "12", "--ignore-eos", "--exact"], env)
+                                    "12", "--ignore-eos", "--exact", "--temperature", "0"], env)
     lines = _screen_lines(raw)
     screen = "\n".join(lines[-60:])  # shown with any failure below
     assert code == 0, screen
@@ -328,7 +330,8 @@ def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_ho
         assert len(joined) == 1 and joined[0]["state"] == "serving" and joined[0]["stage"] == 1
         node_id = (zctl_home / "node" / "node_id").read_text().strip()
         assert joined[0]["node_id"] == node_id and "joining tcp://127.0.0.1:" in log.read_text()
-        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "8", "--ignore-eos", "--json"])
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "8", "--ignore-eos",
+                                  "--temperature", "0", "--json"])
         assert run.exit_code == 0, run.output
         report = json.loads(run.stdout.strip().splitlines()[-1])
         assert [s["node"] for s in report["stages"]] == ["127.0.0.1", "127.0.0.2"]
@@ -351,3 +354,30 @@ def test_node_join_from_the_command_line_serves_and_leaves(tiny_exports, zctl_ho
             node.kill()
         down = runner.invoke(app, ["cluster", "down"])
     assert down.exit_code == 0 and "stopped 1" in down.output
+
+
+def test_run_samples_as_the_model_says_and_reports_it(tiny_exports, zctl_home: Path) -> None:
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir)])
+    try:
+        assert up.exit_code == 0, up.output
+
+        def report(*options: str) -> dict:
+            run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "12", "--ignore-eos",
+                                      "--json", *options])
+            assert run.exit_code == 0, run.output
+            return json.loads(run.stdout.strip().splitlines()[-1])
+
+        # the random model's generation config names no sampling: llama-server's defaults
+        seeded = [report("--seed", "11") for _ in range(2)]
+        assert seeded[0]["sampling"] == {
+            "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 11,
+            "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "defaults": "llama-server", "given": []}
+        assert seeded[0]["text"] == seeded[1]["text"]  # repeatable with a seed
+        one = report("--top-k", "0")["sampling"]  # one option: the defaults for the rest
+        assert (one["top_k"], one["temperature"], one["given"]) == (0, 0.8, ["top_k"])
+        greedy = report("--temperature", "0")["sampling"]
+        assert greedy["temperature"] == 0.0 and "top_k" not in greedy
+    finally:
+        assert runner.invoke(app, ["cluster", "down"]).exit_code == 0
