@@ -53,14 +53,11 @@ def model_sampling(config: GenerationConfig | None) -> Sampling:
 
 def request_sampling(req: GenerationRequest, defaults: Sampling) -> Sampling:
     """What ``req`` samples with: its own fields, ``defaults``' for those it leaves out."""
-    def pick(own: float | None, default: float) -> float:
-        return default if own is None else own
-
-    return Sampling(temperature=pick(req.temperature, defaults.temperature),
-                    top_k=int(pick(req.top_k, defaults.top_k)),
-                    top_p=pick(req.top_p, defaults.top_p),
-                    min_p=pick(req.min_p, defaults.min_p),
-                    repetition_penalty=pick(req.repetition_penalty,
-                                            defaults.repetition_penalty),
-                    defaults=defaults.defaults)
-
+    return Sampling(
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_k=defaults.top_k if req.top_k is None else req.top_k,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        min_p=defaults.min_p if req.min_p is None else req.min_p,
+        repetition_penalty=(defaults.repetition_penalty if req.repetition_penalty is None
+                            else req.repetition_penalty),
+        defaults=defaults.defaults)
