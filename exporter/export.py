@@ -23,6 +23,7 @@ from exporter import graph
 from exporter.compress import WEIGHT_FORMATS, compress_stage, pick_group_size
 from exporter.sources import ModelSource
 from exporter.stage_module import StageModule
+from zctl.engine.sampling_defaults import SamplingConfigError, model_sampling
 from zctl.manifest import (
     MANIFEST_NAME,
     ExportManifest,
@@ -228,6 +229,11 @@ def export_model(
             [shape.hidden_size, shape.intermediate_size, shape.num_heads * shape.head_dim]
         )
     spec = model_spec(source)
+    generation = source.sampling_config()
+    try:
+        model_sampling(generation)  # a value zctl cannot sample with fails here, not when served
+    except SamplingConfigError as exc:
+        raise ExportError(f"{source.location}: {exc}") from None
     versions = library_versions()
     rt_info = {f"{k}_version": v for k, v in versions.items()}
     rt_info.update(model=source.name, weight_format=weight_format)
@@ -262,6 +268,7 @@ def export_model(
             source=source.location,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             static_kv=static_kv,
+            generation_config=generation,
         )
         write_manifest(tmp, manifest)
     return manifest, reports

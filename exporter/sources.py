@@ -17,6 +17,12 @@ from typing import Any
 import torch
 
 from exporter.stage_module import DecoderShape
+from zctl.manifest import (
+    GENERATION_CONFIG_NAME,
+    GenerationConfig,
+    ManifestError,
+    generation_config_from_dict,
+)
 
 DEFAULT_MODEL = "smollm2-135m"
 SUPPORTED_ARCHITECTURES = {
@@ -139,6 +145,10 @@ class ModelSource:
     def release(self) -> None:
         """Drop open file handles (and their mapped pages) between stages."""
 
+    def sampling_config(self) -> GenerationConfig | None:
+        """The sampling fields of the model's generation config (None: it has none)."""
+        return None
+
     def save_tokenizer(self, out_dir: Path) -> None:
         raise NotImplementedError
 
@@ -189,6 +199,19 @@ class SafetensorsSource(ModelSource):
 
     def release(self) -> None:
         self._handles.clear()
+
+    def sampling_config(self) -> GenerationConfig | None:
+        path = self.path / GENERATION_CONFIG_NAME
+        if not path.is_file():
+            return None
+        try:
+            raw = json.loads(path.read_text())
+        except ValueError as exc:  # JSONDecodeError, bad UTF-8
+            raise SourceError(f"{path} is not valid JSON: {exc}") from None
+        try:
+            return generation_config_from_dict(raw, str(path))
+        except ManifestError as exc:
+            raise SourceError(str(exc)) from None
 
     def save_tokenizer(self, out_dir: Path) -> None:
         from transformers import AutoTokenizer

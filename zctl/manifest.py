@@ -85,6 +85,43 @@ class StaticKV:
                                 f"{STATIC_KV_DTYPES}")
 
 
+GENERATION_CONFIG_NAME = "generation_config.json"  # Hugging Face's, in a model directory
+# the sampling fields of a generation config an export keeps, and their JSON types
+GENERATION_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "do_sample": bool, "temperature": (int, float), "top_k": int, "top_p": (int, float),
+    "min_p": (int, float), "repetition_penalty": (int, float)}
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """The sampling fields of the source model's generation config (Hugging Face's
+    ``generation_config.json``) as it gives them; None: it leaves the field out.
+    ``do_sample`` False: the model decodes greedily."""
+
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+def generation_config_from_dict(raw: Any, where: str = "generation_config") -> GenerationConfig:
+    """The sampling fields of a parsed generation config (other fields are ignored, null
+    is a field left out); ManifestError naming ``where`` for a field of the wrong type."""
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{where} is not a JSON object")
+    given: dict[str, Any] = {}
+    for name, kind in GENERATION_FIELDS.items():
+        value = raw.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) is not (kind is bool) or not isinstance(value, kind):
+            raise ManifestError(f"{where}.{name} has the wrong type ({type(value).__name__})")
+        given[name] = value if kind in (bool, int) else float(value)
+    return GenerationConfig(**given)
+
+
 @dataclass(frozen=True)
 class ExportManifest:
     """Everything written by one ``zctl export``."""
@@ -101,6 +138,8 @@ class ExportManifest:
     created: str = ""
     format: str = MANIFEST_FORMAT
     static_kv: StaticKV | None = None  # None: stateful KV (ReadValue/Assign) with dynamic shapes
+    # the source's sampling defaults (None: it had no generation config, as a GGUF file)
+    generation_config: GenerationConfig | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
@@ -179,6 +218,8 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
         source=str(raw.get("source", "")),
         created=str(raw.get("created", "")),
         static_kv=_static_kv(raw.get("static_kv")),
+        generation_config=None if raw.get("generation_config") is None else
+        generation_config_from_dict(raw["generation_config"], "manifest generation_config"),
     )
     check_layer_cover(
         [(s.layer_start, s.layer_end) for s in manifest.stages], manifest.model.num_layers

@@ -32,7 +32,7 @@ def _expected_tokens(export_dir: Path, n: int, exact: bool = False) -> list[int]
 def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
     result = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "12",
-                                 "--ignore-eos", "--json"])
+                                 "--ignore-eos", "--temperature", "0", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["tokens"] == 12
@@ -76,7 +76,8 @@ def test_cluster_up_status_run_down(tiny_exports, zctl_home: Path) -> None:
         assert len(report["stages"]) == 3 and report["tokens"] == 8
         # several concurrent streams, speculative: each equals greedy, figures per stream
         multi = runner.invoke(app, ["run", PROMPT, "--streams", "3", "--max-tokens", "8",
-                                    "--ignore-eos", "--speculative", "lookup", "--k", "3", "--json"])
+                                    "--ignore-eos", "--speculative", "lookup", "--k", "3",
+                                    "--temperature", "0", "--json"])
         assert multi.exit_code == 0, multi.output
         report = json.loads(multi.stdout.strip().splitlines()[-1])
         tokenizer = ChatTokenizer(export_dir)
@@ -129,7 +130,8 @@ def test_curve_cluster_up_admits_its_own_nodes_and_refuses_strangers(tiny_export
         status = json.loads(runner.invoke(app, ["cluster", "status", "--json"]).stdout)
         assert status["curve"] is True and status["pipeline"] == "serving"
         assert "CURVE" in runner.invoke(app, ["cluster", "status"]).output
-        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "6", "--ignore-eos", "--json"])
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "6", "--ignore-eos",
+                                  "--temperature", "0", "--json"])
         assert run.exit_code == 0, run.output
         report = json.loads(run.stdout.strip().splitlines()[-1])
         assert report["text"] == ChatTokenizer(export_dir).decode(_expected_tokens(export_dir, 6))
@@ -253,7 +255,7 @@ def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Pat
     # u8 KV cache can flip a near-tied token of the random model between kernel paths (it did
     # on one CI machine); test_run_json_with_embedded_cluster covers the default numerics
     code, raw = _run_on_a_terminal(["run", PROMPT, "--model", str(export_dir), "--max-tokens",
-                                    "12", "--ignore-eos", "--exact"], env)
+                                    "12", "--ignore-eos", "--exact", "--temperature", "0"], env)
     lines = _screen_lines(raw)
     screen = "\n".join(lines[-60:])  # shown with any failure below
     assert code == 0, screen
@@ -403,3 +405,30 @@ def test_stages_that_fit_no_machine_fail_cluster_up_at_once(tiny_exports, zctl_h
     assert "the stages cannot be placed" in up.stderr and "needs about" in up.stderr, up.stderr
     assert took < 10, f"{took:.1f} s"
     assert not (zctl_home / "cluster.json").exists()
+
+
+def test_run_samples_as_the_model_says_and_reports_it(tiny_exports, zctl_home: Path) -> None:
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    up = runner.invoke(app, ["cluster", "up", "--local", "2", "--model", str(export_dir)])
+    try:
+        assert up.exit_code == 0, up.output
+
+        def report(*options: str) -> dict:
+            run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "12", "--ignore-eos",
+                                      "--json", *options])
+            assert run.exit_code == 0, run.output
+            return json.loads(run.stdout.strip().splitlines()[-1])
+
+        # the random model's generation config names no sampling: llama-server's defaults
+        seeded = [report("--seed", "11") for _ in range(2)]
+        assert seeded[0]["sampling"] == {
+            "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 11,
+            "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "defaults": "llama-server", "given": []}
+        assert seeded[0]["text"] == seeded[1]["text"]  # repeatable with a seed
+        one = report("--top-k", "0")["sampling"]  # one option: the defaults for the rest
+        assert (one["top_k"], one["temperature"], one["given"]) == (0, 0.8, ["top_k"])
+        greedy = report("--temperature", "0")["sampling"]
+        assert greedy["temperature"] == 0.0 and "top_k" not in greedy
+    finally:
+        assert runner.invoke(app, ["cluster", "down"]).exit_code == 0

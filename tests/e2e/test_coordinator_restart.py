@@ -64,7 +64,8 @@ def test_a_restarted_coordinator_gets_its_nodes_back_and_serves_the_same_tokens(
         tiny_exports, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))  # where zctl serve finds it
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    request = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)
+    request = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True,
+                                temperature=0.0)
     expected = _fault_free(export_dir, [request])[0]
     root = tmp_path / "cluster"
     record = start_local_cluster(export_dir, 3, EXACT, root, link_delay_ms=DELAY_MS)
@@ -103,7 +104,8 @@ def test_a_restarted_coordinator_gets_its_nodes_back_and_serves_the_same_tokens(
                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}).pid
         status = wait_serving(record, 90)
         assert [s.index for s in status.stages] == [0, 1, 2]
-        again = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)
+        again = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True,
+                                  temperature=0.0)
         (done,) = [m for m in generate_many(record.serve, [again])
                    if isinstance(m, GenerationDone)]
         assert done.error == "" and done.tokens == expected

@@ -40,7 +40,7 @@ def test_a_killed_node_that_comes_back_resumes_the_generation_exactly(
     the outage dissolves on stage 0 and the resumed schedule forms again on every stage."""
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
     prompts = ["the sky is", "one two three one two three"][:streams]
-    requests = [GenerationRequest(uuid.uuid4().hex[:16], p, TOKENS, ignore_eos=True)
+    requests = [GenerationRequest(uuid.uuid4().hex[:16], p, TOKENS, ignore_eos=True, temperature=0.0)
                 for p in prompts]
     expected = _fault_free(export_dir, requests)
     root = tmp_path / "cluster"
@@ -74,7 +74,8 @@ def test_a_killed_node_heals_onto_the_survivors_with_the_same_tokens(
     fetches its shard; the generation resumes there and ends with the tokens of a run
     nothing happened to."""
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    requests = [GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True)]
+    requests = [GenerationRequest(uuid.uuid4().hex[:16], "the sky is", TOKENS, ignore_eos=True,
+                                  temperature=0.0)]
     expected = _fault_free(export_dir, requests)
     record = start_local_cluster(export_dir, 3, EXACT, tmp_path / "cluster",
                                  link_delay_ms=DELAY_MS)
@@ -101,7 +102,8 @@ def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
     its stage back while a generation runs, which pauses for the re-wiring and ends with
     the tokens of a run nothing happened to, on a stage per node again."""
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    long = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", 420, ignore_eos=True)
+    long = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", 420, ignore_eos=True,
+                             temperature=0.0)
     expected = _fault_free(export_dir, [long], 420)
     root = tmp_path / "cluster"
     record = start_local_cluster(export_dir, 3, EXACT, root, link_delay_ms=DELAY_MS)

@@ -39,7 +39,8 @@ def _generate(serve: str, tokens: int = 6) -> list[int]:
     from zctl.engine.requests import GenerationDone, GenerationRequest
     from zctl.service.client import generate_stream
 
-    request = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", tokens, ignore_eos=True)
+    request = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", tokens, ignore_eos=True,
+                                temperature=0.0)
     done = [m for m in generate_stream(serve, request) if isinstance(m, GenerationDone)][-1]
     assert not done.error, done.error
     return list(done.tokens)
@@ -214,7 +215,8 @@ def test_stats_of_a_local_cluster_of_processes(tiny_exports, tmp_path: Path) -> 
     try:
         wait_serving(record, 120)
         dones: list[Any] = []
-        request = GenerationRequest("long", PROMPT, 300, ignore_eos=True, speculative="lookup")
+        request = GenerationRequest("long", PROMPT, 300, ignore_eos=True, speculative="lookup",
+                                    temperature=0.0)
         client = threading.Thread(target=lambda: dones.extend(
             msg for msg in generate_many(record.serve, [request])
             if isinstance(msg, GenerationDone)), daemon=True)

@@ -58,7 +58,8 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
         assert f"{url}/v1" in up.output
         record = read_record()
         assert record is not None and record.api == url and len(record.pids) == 3
-        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "12", "--ignore-eos", "--json"])
+        run = runner.invoke(app, ["run", PROMPT, "--max-tokens", "12", "--ignore-eos",
+                                  "--temperature", "0", "--json"])
         assert run.exit_code == 0, run.output
         report = json.loads(run.stdout.strip().splitlines()[-1])
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)

@@ -29,6 +29,7 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
 
         def run(prompt: str, speculative: str = "") -> tuple[list[int], float]:
             request = GenerationRequest(uuid.uuid4().hex[:16], prompt, 48, True, ignore_eos=True,
+                                      temperature=0.0,
                                       speculative=speculative, k=4 if speculative else 0)
             done = [m for m in generate_stream(record.serve, request)
                     if isinstance(m, GenerationDone)][-1]

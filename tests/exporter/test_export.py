@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import openvino as ov
@@ -13,9 +14,11 @@ from exporter import export as export_mod
 from exporter.export import ExportError, export_model
 from exporter.sources import SourceError, open_source
 from exporter.verify import DEFAULT_PROMPTS, verify_export
+from zctl.engine.requests import FROM_GENERATION_CONFIG, Sampling
+from zctl.engine.sampling_defaults import LLAMA_SERVER_SAMPLING, model_sampling
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.manifest import load_manifest
+from zctl.manifest import GenerationConfig, load_manifest
 
 SPLITS = {
     1: [(0, 4)],
@@ -179,3 +182,47 @@ def test_compression_keeps_stdout_clean(tiny_llama_dir: Path, tmp_path: Path, ca
     export_model(open_source(str(tiny_llama_dir)), [(0, 4)], "int4", tmp_path / "int4")
     out, _ = capfd.readouterr()
     assert out == ""
+
+
+def model_with_generation_config(tiny_llama_dir: Path, tmp_path: Path, text: str) -> Path:
+    """The tiny model's files (linked) with ``text`` as its generation_config.json."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for path in tiny_llama_dir.iterdir():
+        if path.name != "generation_config.json":
+            (model_dir / path.name).symlink_to(path)
+    (model_dir / "generation_config.json").write_text(text)
+    return model_dir
+
+
+def test_the_export_carries_the_models_generation_config(tiny_exports, tiny_llama_dir: Path,
+                                                        tmp_path: Path) -> None:
+    config = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1,
+              "bos_token_id": 0, "eos_token_id": 3}
+    model_dir = model_with_generation_config(tiny_llama_dir, tmp_path, json.dumps(config))
+    export_model(open_source(str(model_dir)), [(0, 4)], "fp32", tmp_path / "out")
+    carried = load_manifest(tmp_path / "out").generation_config
+    assert carried == GenerationConfig(do_sample=True, temperature=0.6, top_p=0.9,
+                                       repetition_penalty=1.1)
+    assert model_sampling(carried) == Sampling(0.6, 40, 0.9, 0.05, 1.1, FROM_GENERATION_CONFIG)
+    # transformers' own generation config for the random model names no sampling field
+    plain = load_manifest(tiny_exports.get(SPLITS[1])).generation_config
+    assert plain == GenerationConfig() and model_sampling(plain) == LLAMA_SERVER_SAMPLING
+
+
+def test_a_model_without_a_generation_config_exports_with_none(tiny_llama_dir: Path,
+                                                              tmp_path: Path) -> None:
+    model_dir = model_with_generation_config(tiny_llama_dir, tmp_path, "{}")
+    (model_dir / "generation_config.json").unlink()
+    assert open_source(str(model_dir)).sampling_config() is None
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("{not json", "is not valid JSON"), ('{"temperature": "hot"}', "temperature has the wrong type"),
+    ('{"repetition_penalty": 3.0}', "generation config: repetition_penalty must be in")])
+def test_a_bad_generation_config_is_refused_and_writes_nothing(
+        tiny_llama_dir: Path, tmp_path: Path, text: str, why: str) -> None:
+    model_dir = model_with_generation_config(tiny_llama_dir, tmp_path, text)
+    with pytest.raises((ExportError, SourceError), match=why):
+        export_model(open_source(str(model_dir)), [(0, 4)], "fp32", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".out.partial").exists()

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from zctl.manifest import ManifestError, check_layer_cover, even_split, load_manifest, parse_layer_spec
+from zctl.manifest import (
+    GenerationConfig,
+    ManifestError,
+    check_layer_cover,
+    even_split,
+    generation_config_from_dict,
+    load_manifest,
+    parse_layer_spec,
+)
 
 
 def test_parse_layer_spec_inclusive_to_half_open() -> None:
@@ -76,3 +84,33 @@ def test_manifest_round_trip_and_tamper(tiny_exports) -> None:
         (copy / "manifest.json").write_text(json.dumps(broken))
         with pytest.raises(ManifestError, match=message):
             load_manifest(copy, verify_files=False)
+
+
+def test_a_generation_config_keeps_its_sampling_fields_as_given() -> None:
+    raw = {"do_sample": True, "temperature": 1, "top_p": 0.9, "min_p": None, "top_k": 20,
+           "bos_token_id": 1, "transformers_version": "5.0"}
+    assert generation_config_from_dict(raw) == GenerationConfig(
+        do_sample=True, temperature=1.0, top_k=20, top_p=0.9)
+    assert generation_config_from_dict({"_from_model_config": True}) == GenerationConfig()
+    for bad, field in (({"temperature": "hot"}, "temperature"), ({"top_k": 2.5}, "top_k"),
+                       ({"top_k": True}, "top_k"), ({"do_sample": 1}, "do_sample")):
+        with pytest.raises(ManifestError, match=rf"g\.{field} has the wrong type"):
+            generation_config_from_dict(bad, "g")
+    with pytest.raises(ManifestError, match="not a JSON object"):
+        generation_config_from_dict([1])
+
+
+def test_the_manifest_carries_the_generation_config(tiny_exports, tmp_path: Path) -> None:
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    raw = json.loads((export_dir / "manifest.json").read_text())
+    for given, expected in ((None, None), ({"do_sample": False, "top_k": 5},
+                                           GenerationConfig(do_sample=False, top_k=5))):
+        (tmp_path / "manifest.json").write_text(json.dumps({**raw, "generation_config": given}))
+        assert load_manifest(tmp_path, verify_files=False).generation_config == expected
+    older = {k: v for k, v in raw.items() if k != "generation_config"}  # before it was kept
+    (tmp_path / "manifest.json").write_text(json.dumps(older))
+    assert load_manifest(tmp_path, verify_files=False).generation_config is None
+    (tmp_path / "manifest.json").write_text(json.dumps({**raw, "generation_config": {
+        "temperature": "warm"}}))
+    with pytest.raises(ManifestError, match="generation_config.temperature has the wrong type"):
+        load_manifest(tmp_path, verify_files=False)

@@ -14,11 +14,12 @@ if TYPE_CHECKING:
 
 
 def bench_request(prompt: str, tokens: int, **fields: Any) -> GenerationRequest:
-    """A chat-templated request for exactly ``tokens`` tokens (EOS ignored)."""
+    """A chat-templated request for exactly ``tokens`` tokens (EOS ignored), greedy unless
+    ``fields`` say otherwise (the model's default sampling would make runs differ)."""
     from zctl.engine.requests import GenerationRequest
 
     return GenerationRequest(uuid.uuid4().hex[:16], prompt, tokens, True, ignore_eos=True,
-                           **fields)
+                           **{"temperature": 0.0, **fields})
 
 
 def generate_done(serve: str, prompt: str, tokens: int, **fields: Any) -> GenerationDone:

@@ -162,7 +162,8 @@ def run_trial(cluster: Cluster, fault: str, node: int, plan: Plan, expected: lis
     from zctl.engine.requests import GenerationChunk, GenerationRequest
     from zctl.service.client import generate_many
 
-    request = GenerationRequest(uuid.uuid4().hex[:16], PROMPT, plan.tokens, ignore_eos=True)
+    request = GenerationRequest(uuid.uuid4().hex[:16], PROMPT, plan.tokens, ignore_eos=True,
+                                temperature=0.0)
     events: list[tuple[float, Any]] = []
     streamed = threading.Event()
     failure: list[str] = []

@@ -104,7 +104,8 @@ def reference(cluster: Cluster) -> dict[str, Any]:
     from zctl.engine.requests import GenerationDone, GenerationRequest
     from zctl.service.client import generate_many
 
-    request = GenerationRequest(uuid.uuid4().hex[:16], PROMPT, REFERENCE_TOKENS, ignore_eos=True)
+    request = GenerationRequest(uuid.uuid4().hex[:16], PROMPT, REFERENCE_TOKENS, ignore_eos=True,
+                                temperature=0.0)
     done = [m for m in generate_many(cluster.record.serve, [request], 120, 60)
             if isinstance(m, GenerationDone)][-1]
     out: dict[str, Any] = {"tokens": done.tokens, "text": done.text, "error": done.error}

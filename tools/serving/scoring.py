@@ -95,13 +95,15 @@ def measure(serve: str, texts: Sequence[str]) -> tuple[list[list[float]], list[l
             raise RuntimeError(messages[-1].error)
         return messages
 
-    run(GenerationRequest("warm-up", "a short warm-up prompt", 2, chat=False))
+    run(GenerationRequest("warm-up", "a short warm-up prompt", 2, chat=False, temperature=0.0))
     scores, tops, ids, costs = [], [], [], []
     for i, text in enumerate(texts):
         seconds = []
-        plain = GenerationRequest(f"plain-{i}", text, 1, chat=False, ignore_eos=True)
+        plain = GenerationRequest(f"plain-{i}", text, 1, chat=False, ignore_eos=True,
+                                  temperature=0.0)
         scored = GenerationRequest(f"scored-{i}", text, 1, chat=False, ignore_eos=True,
-                                 logprobs=True, top_logprobs=1, prompt_logprobs=True)
+                                 temperature=0.0, logprobs=True, top_logprobs=1,
+                                 prompt_logprobs=True)
         for request in (plain, scored):  # plain first: a scored prompt uses no cached prefix
             start = time.perf_counter()
             messages = run(request)

@@ -26,7 +26,7 @@ from zctl.cli.cluster import (
 )
 from zctl.cli.dashboard import RunSnapshot, StageInfo, StreamView, render_run
 from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export
-from zctl.engine.requests import GenerationRequest
+from zctl.engine.requests import GenerationRequest, Sampling
 from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
 from zctl.launcher.processes import runtime_spec
 from zctl.launcher.record import ClusterError, ClusterRecord
@@ -84,20 +84,19 @@ def parse_speculative(value: str) -> str:
                      f"{value!r}")
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float, seed: int | None,
-                   presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                   repetition_penalty: float = 1.0, min_p: float = 0.0) -> dict[str, Any]:
-    """The sampling options, validated here so a bad one fails before a cluster starts."""
-    from zctl.engine.sampling import SamplingParams
-
-    # raises ValueError with the reason
-    SamplingParams(temperature, top_k, top_p, seed, presence_penalty, frequency_penalty,
-                   repetition_penalty=repetition_penalty, min_p=min_p)
-    if seed is not None and seed < 0:
-        raise ValueError(f"--seed must be >= 0, not {seed}")
-    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
-            "seed": seed, "presence_penalty": presence_penalty,
-            "frequency_penalty": frequency_penalty, "repetition_penalty": repetition_penalty}
+def check_sampling(temperature: float | None, top_k: int | None, top_p: float | None,
+                   seed: int | None, presence_penalty: float = 0.0,
+                   frequency_penalty: float = 0.0, repetition_penalty: float | None = None,
+                   min_p: float | None = None) -> dict[str, Any]:
+    """The sampling options (None: the model's default), validated here so a bad one fails
+    before a cluster starts (ValueError with the reason, as the engine gives it)."""
+    fields = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+              "seed": seed, "presence_penalty": presence_penalty,
+              "frequency_penalty": frequency_penalty, "repetition_penalty": repetition_penalty}
+    problem = GenerationRequest("options", "-", **fields).problem()
+    if problem is not None:
+        raise ValueError(problem)
+    return fields
 
 
 def output_grammar(json_schema: str | None, regex: str | None, grammar: Path | None
@@ -123,16 +122,21 @@ def output_grammar(json_schema: str | None, regex: str | None, grammar: Path | N
     return {}
 
 
-def sampling_report(req: GenerationRequest) -> dict[str, Any] | None:
-    """The run's sampling settings (None: plain greedy decoding)."""
-    penalties = {"presence_penalty": req.presence_penalty,
-                 "frequency_penalty": req.frequency_penalty,
-                 "repetition_penalty": req.repetition_penalty}
-    if req.temperature:
-        return {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p,
-                "min_p": req.min_p, "seed": req.seed, **penalties}
-    adjusted = req.presence_penalty or req.frequency_penalty or req.repetition_penalty != 1.0
-    return {"temperature": 0.0, **penalties} if adjusted else None
+def sampling_report(req: GenerationRequest, used: Sampling | None) -> dict[str, Any] | None:
+    """The sampling the run used (``used``: the engine's word; None: it did not say):
+    greedy (temperature 0) or the sampling values and seed; the penalties; where the
+    model's defaults came from (``defaults``: its generation config, or llama-server's)
+    and which options the run gave itself (``given``), the rest being those defaults."""
+    if used is None:
+        return None
+    own = {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p,
+           "min_p": req.min_p, "repetition_penalty": req.repetition_penalty}
+    drawn = {} if used.temperature == 0 else {
+        "top_k": used.top_k, "top_p": used.top_p, "min_p": used.min_p, "seed": req.seed}
+    return {"temperature": used.temperature, **drawn,
+            "repetition_penalty": used.repetition_penalty,
+            "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+            "defaults": used.defaults, "given": [name for name, v in own.items() if v is not None]}
 
 
 def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat: bool,
@@ -230,7 +234,8 @@ def run_report(snapshot: RunSnapshot, dones: list[Any], first: Any, wall_s: floa
             [info.layers for info in snapshot.stages],
             [last.get(f"stage{info.index}.compute", {}).get("p50", 0.0) for info in snapshot.stages]),
         "overhead_ms": last.get("overhead", {}), "step_ms": last.get("total", {}),
-        "speculative": speculative, "k": k or "auto", "sampling": sampling_report(first),
+        "speculative": speculative, "k": k or "auto",
+        "sampling": sampling_report(first, dones[0].sampling),
         "grammar": first.grammar_kind or None}
     if len(streams) == 1:
         return {**streams[0], **report}
@@ -248,25 +253,34 @@ def run(
     speculative: Annotated[str, typer.Option(
         help="speculative decoding: 'lookup' (prompt n-grams), 'pipelined' (prompt-n-gram "
              "guesses keep every stage busy for one stream) or 'draft:PATH' (a 1-stage export "
-             "sharing the tokenizer); output stays identical to greedy on a cluster with exact "
-             "numerics (zctl cluster up --exact; the embedded cluster of a speculative run "
-             "has them)")] = "",
+             "sharing the tokenizer); greedy output (--temperature 0) stays identical on a "
+             "cluster with exact numerics (zctl cluster up --exact; the embedded cluster of "
+             "a speculative run has them)")] = "",
     k: Annotated[str, typer.Option("--k", help="draft tokens per step, or 'auto'")] = "auto",
-    temperature: Annotated[float, typer.Option(
-        help="0: greedy; > 0 samples (speculation then keeps the model's distribution)")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="sample among the k most likely tokens (0: all)")] = 0,
-    top_p: Annotated[float, typer.Option(help="nucleus sampling mass")] = 1.0,
-    min_p: Annotated[float, typer.Option(
-        help="keep the tokens at least this fraction as likely as the most likely (0: all)")
-    ] = 0.0,
-    seed: Annotated[int | None, typer.Option(help="sampling seed (stream i uses seed + i)")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        help="0: greedy; > 0 samples (speculation then keeps the model's distribution). "
+             "Default: the model's (its generation config), else 0.8 as llama-server's",
+        show_default=False)] = None,
+    top_k: Annotated[int | None, typer.Option(
+        help="sample among the k most likely tokens (0: all). Default: the model's, else 40",
+        show_default=False)] = None,
+    top_p: Annotated[float | None, typer.Option(
+        help="nucleus sampling mass (1: all). Default: the model's, else 0.95",
+        show_default=False)] = None,
+    min_p: Annotated[float | None, typer.Option(
+        help="keep the tokens at least this fraction as likely as the most likely (0: all). "
+             "Default: the model's, else 0.05", show_default=False)] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="sampling seed: a run with one repeats (stream i uses seed + i); without, runs "
+             "vary")] = None,
     presence_penalty: Annotated[float, typer.Option(
         help="-2..2, taken off the logit of every token generated so far (greedy too)")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option(
         help="-2..2, taken off a token's logit once per time it was generated")] = 0.0,
-    repetition_penalty: Annotated[float, typer.Option(
+    repetition_penalty: Annotated[float | None, typer.Option(
         help="(0, 2]: the logit of every token of the prompt or output so far divided by it "
-             "(multiplied when negative); 1: none")] = 1.0,
+             "(multiplied when negative); 1: none. Default: the model's, else 1",
+        show_default=False)] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
     stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,

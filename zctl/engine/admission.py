@@ -1,5 +1,6 @@
 """How a request becomes a session (pure): its token budget against the model's context
-and the KV a stage may hold, its sampling, and how it decodes (plainly, speculating, or
+and the KV a stage may hold, its sampling (the model's defaults for what it leaves out:
+zctl.engine.sampling_defaults), and how it decodes (plainly, speculating, or
 held to a grammar).
 
 ``GenerationEngine`` (zctl.engine.core) tokenizes the prompt and takes the request's
@@ -15,8 +16,9 @@ from dataclasses import dataclass, replace
 from zctl.engine.constraints import TokenConstraint
 from zctl.engine.drafting import Drafter, LookupDrafter
 from zctl.engine.pipelined import PipelinedSession
-from zctl.engine.requests import MAX_DRAFT_TOKENS, GenerationRequest, RequestRefused
+from zctl.engine.requests import MAX_DRAFT_TOKENS, GenerationRequest, RequestRefused, Sampling
 from zctl.engine.sampling import SamplingParams
+from zctl.engine.sampling_defaults import LLAMA_SERVER_SAMPLING, request_sampling
 from zctl.engine.sessions import DecodeSession
 
 AUTO_K_MAX = MAX_DRAFT_TOKENS // 2
@@ -66,18 +68,21 @@ def scoring_chunk(vocab_size: int) -> int:
 
 def new_session(stream_id: int, req: GenerationRequest, ids: Sequence[int],
                 limits: SessionLimits, constraint: TokenConstraint | None = None,
-                load_drafter: DrafterLoader | None = None) -> DecodeSession:
+                load_drafter: DrafterLoader | None = None,
+                defaults: Sampling = LLAMA_SERVER_SAMPLING) -> DecodeSession:
     """The session for ``req`` (its prompt tokenized as ``ids``, its grammar compiled as
-    ``constraint``)."""
+    ``constraint``), sampling as it asks, with the model's ``defaults`` for the sampling
+    fields it leaves out."""
     req = replace(req, max_tokens=new_tokens_allowed(len(ids), req.max_tokens, limits))
     stops = [*(() if req.ignore_eos else limits.stop_ids), *req.stop_token_ids]
     biases = req.biases()
     if biases and biases[-1][0] >= limits.vocab_size:
         raise RequestRefused(f"logit_bias names token {biases[-1][0]}, beyond the "
                              f"model's vocabulary of {limits.vocab_size}")
-    sampling = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed,
+    used = request_sampling(req, defaults)
+    sampling = SamplingParams(used.temperature, used.top_k, used.top_p, req.seed,
                               req.presence_penalty, req.frequency_penalty, biases,
-                              req.repetition_penalty, req.min_p)
+                              used.repetition_penalty, used.min_p)
     top = req.top_logprobs if req.logprobs else None
     reads: dict = dict(sampling=sampling, top_logprobs=top, logits_payload=req.logits_payload)
     if req.prompt_logprobs:

@@ -36,8 +36,10 @@ from zctl.engine.requests import (
     GenerationDone,
     GenerationRequest,
     RequestRefused,
+    Sampling,
     TokenLogprob,
 )
+from zctl.engine.sampling_defaults import LLAMA_SERVER_SAMPLING, request_sampling
 from zctl.engine.scheduler import SessionUpdate, StreamScheduler
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stops import StopMatcher
@@ -87,7 +89,8 @@ class GenerationEngine:
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
                  load_drafter: DrafterLoader | None = None,
                  max_context: int | None = None, kv_budget_tokens: int | None = None,
-                 prefix_cache_tokens: int = 0, vocab_size: int | None = None) -> None:
+                 prefix_cache_tokens: int = 0, vocab_size: int | None = None,
+                 sampling_defaults: Sampling = LLAMA_SERVER_SAMPLING) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
         if row_groups < 0:
@@ -107,6 +110,8 @@ class GenerationEngine:
         # waits (cached prefixes are evicted first), one that could never fit is refused.
         self.kv_budget_tokens = kv_budget_tokens
         self.prefix_cache_tokens = prefix_cache_tokens  # 0: no prefix cache
+        # the model's sampling, for the fields a request leaves out (model_sampling)
+        self.sampling_defaults = sampling_defaults
         self.prefix_stats = PrefixIndexStats()
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0,
                          "structured": 0}  # structured: generations held to a grammar
@@ -313,7 +318,7 @@ class GenerationEngine:
         limits = SessionLimits(self.max_context, self.kv_budget_tokens, self.vocab_size,
                                self.stop_ids)
         return new_session(stream_id, req, self.prompt_ids(req), limits, constraint,
-                           self.load_drafter)
+                           self.load_drafter, self.sampling_defaults)
 
     def _refuse(self, client: Hashable, req: GenerationRequest, error: str, kind: str) -> None:
         self.grammars.forget(id(req))
@@ -492,7 +497,8 @@ class GenerationEngine:
         self._out.append((job.client, GenerationDone(
             job.request.request_id, list(produced), job.sent_text, stats.prompt_tokens,
             stats.ttft_ms, stats.tok_s, self._timing_summary(time.monotonic(), fresh=True),
-            reason, error, spec_summary(session), kind, session.cached_tokens)))
+            reason, error, spec_summary(session), kind, session.cached_tokens,
+            request_sampling(job.request, self.sampling_defaults))))
 
     def _flush_text(self, job: _Job, produced: list[int]) -> None:
         """Send what the streaming decoder and the stop strings still hold: the tail of

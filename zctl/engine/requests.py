@@ -47,6 +47,52 @@ class RequestRefused(ValueError):
 BAD_REQUEST, UNAVAILABLE, INTERNAL = "bad_request", "unavailable", "internal"
 
 
+MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 1 << 20
+
+
+def sampling_checks(temperature: float | None, top_k: int | None, top_p: float | None,
+                    min_p: float | None, repetition_penalty: float | None
+                    ) -> tuple[tuple[bool, str], ...]:
+    """(sound, what is wrong if not) for each sampling value; None (left out) is sound."""
+    return (
+        (temperature is None or 0.0 <= temperature <= MAX_TEMPERATURE,
+         f"temperature must be in 0..{MAX_TEMPERATURE:g}"),
+        (top_k is None or 0 <= top_k <= MAX_TOP_K, "top_k must be >= 0"),
+        (top_p is None or 0.0 < top_p <= 1.0, "top_p must be in (0, 1]"),
+        (min_p is None or 0.0 <= min_p <= 1.0, "min_p must be in [0, 1]"),
+        (repetition_penalty is None or 0.0 < repetition_penalty <= MAX_REPETITION_PENALTY,
+         f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}]"),
+    )
+
+
+# where the sampling of a request that leaves it out comes from (``Sampling.defaults``)
+FROM_GENERATION_CONFIG = "generation_config"  # the model's generation_config.json
+FROM_LLAMA_SERVER = "llama-server"  # llama-server's defaults: the model has no say
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A generation's sampling: temperature (0: greedy), top_k (0: all), top_p (1: all),
+    min_p (0: all) and repetition_penalty (1: none). As a model's defaults, what a request
+    gets for the fields it leaves out; in a ``GenerationDone``, what the generation ran
+    with. ``defaults`` says where the model's defaults came from (FROM_GENERATION_CONFIG,
+    FROM_LLAMA_SERVER)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    defaults: str = FROM_LLAMA_SERVER
+
+    def problem(self) -> str | None:
+        """What is wrong with the values (the first thing found), or None."""
+        checks = sampling_checks(self.temperature, self.top_k, self.top_p, self.min_p,
+                                 self.repetition_penalty)
+        return next((text for ok, text in checks if not ok), None)
+
+
 @dataclass(frozen=True)
 class ChatMessage:
     """One turn of a conversation, rendered with the model's own chat template."""
@@ -80,14 +126,16 @@ class GenerationRequest:
     speculative: str = ""  # "", "lookup", "pipelined" or "draft:PATH"
     k: int = 0  # draft tokens per step (with "pipelined": per run, after its first token);
     # 0 = adaptive (up to MAX_DRAFT_TOKENS // 2; pipelined: zctl.engine.pipelined.WIDE)
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = no top-k truncation
-    top_p: float = 1.0
+    # sampling: None (a field left out) takes the model's default (``Sampling``,
+    # zctl.engine.sampling_defaults): its generation config's, else llama-server's
+    temperature: float | None = None  # 0 = greedy
+    top_k: int | None = None  # 0 = no top-k truncation
+    top_p: float | None = None  # 1 = no nucleus truncation
     seed: int | None = None  # None: a fresh seed per request
     presence_penalty: float = 0.0  # off each generated token's logit (zctl.engine.sampling)
     frequency_penalty: float = 0.0  # ... once per time it was generated
-    repetition_penalty: float = 1.0  # a prompt's or output's token's logit divided by it
-    # (multiplied when negative): Hugging Face's and llama.cpp's; 1 is none
+    repetition_penalty: float | None = None  # a prompt's or output's token's logit divided
+    # by it (multiplied when negative): Hugging Face's and llama.cpp's; 1 is none
     logit_bias: dict[str, float] = field(default_factory=dict)  # token id (decimal) -> bias
     messages: list[ChatMessage] = field(default_factory=list)  # a conversation (chat)
     prompt_ids: list[int] = field(default_factory=list)  # or the prompt as token ids (raw)
@@ -102,7 +150,8 @@ class GenerationRequest:
     prompt_logprobs: bool = False  # the first chunk carries the prompt's tokens' logprobs
     # (each after the ones before it, with top_logprobs alternatives; needs logprobs): the
     # whole prompt is prefilled, no cached prefix used
-    min_p: float = 0.0  # keep tokens at least this fraction as likely as the best (0: all)
+    min_p: float | None = None  # keep tokens at least this fraction as likely as the best
+    # (0: all)
     stop_token_ids: list[int] = field(default_factory=list)  # these end it too (not shown;
     # also with ignore_eos), as vLLM's stop_token_ids
 
@@ -115,10 +164,8 @@ class GenerationRequest:
         """What is wrong with the request's values (the first thing found), or None."""
         stop_chars = sum(len(s) for s in self.stop)
         checks = (
-            (0.0 <= self.temperature <= 100.0, "temperature must be in 0..100"),
-            (0 <= self.top_k <= 1 << 20, "top_k must be >= 0"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            *sampling_checks(self.temperature, self.top_k, self.top_p, self.min_p,
+                             self.repetition_penalty),
             (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS and all(
                 0 <= t < 1 << 31 for t in self.stop_token_ids),
              f"stop_token_ids takes up to {MAX_STOP_TOKEN_IDS} ids >= 0"),
@@ -127,8 +174,6 @@ class GenerationRequest:
              f"presence_penalty must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}"),
             (-MAX_PENALTY <= self.frequency_penalty <= MAX_PENALTY,
              f"frequency_penalty must be in -{MAX_PENALTY:g}..{MAX_PENALTY:g}"),
-            (0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
-             f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}]"),
             (len(self.logit_bias) <= MAX_BIASED_TOKENS and all(
                 k.isascii() and k.isdecimal() and len(k) <= 9 for k in self.logit_bias) and all(
                 -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in self.logit_bias.values()),
@@ -214,3 +259,4 @@ class GenerationDone:
     spec: dict[str, float] = field(default_factory=dict)
     error_kind: str = ""
     cached_tokens: int = 0  # of prompt_tokens, those whose KV came from the prefix cache
+    sampling: Sampling | None = None  # what it sampled with (None: it never started)

@@ -133,36 +133,68 @@ def repeat_penalise(rows: np.ndarray, penalty: float, seen: np.ndarray,
 
 
 def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The sampling distribution of each row of ``logits`` [..., V] (float64, rows sum to 1)."""
+    """The sampling distribution of each row of ``logits`` [..., V] (float64, rows sum to 1).
+
+    Only a row's candidates (``candidates``: its top-k, its finite logits) are worked on:
+    with top-k 40 (llama-server's default) over a 49k vocabulary, top-p's sort then takes
+    40 values instead of 49k, a few ms less for every token."""
     if params.greedy:
         raise ValueError("greedy decoding has no sampling distribution")
     z = np.asarray(logits, dtype=np.float64) / params.temperature
-    vocab = z.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = np.partition(z, vocab - params.top_k, axis=-1)[..., vocab - params.top_k, None]
-        z = np.where(z >= kth, z, -np.inf)
-    z = z - z.max(axis=-1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=-1, keepdims=True)
-    if params.top_p < 1.0:
-        order = np.argsort(-p, axis=-1)
-        sorted_p = np.take_along_axis(p, order, axis=-1)
-        before = np.cumsum(sorted_p, axis=-1) - sorted_p  # mass of the tokens ranked above
-        keep_sorted = before < params.top_p  # the smallest prefix reaching top_p
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    rows = z.reshape(-1, z.shape[-1])
+    probs = np.zeros_like(rows)
+    for row, out in zip(rows, probs, strict=True):
+        kept = candidates(row, params.top_k)
+        out[kept] = truncated_softmax(row[kept], params.top_p, params.min_p)
+    return probs.reshape(z.shape)
+
+
+def candidates(z: np.ndarray, top_k: int) -> np.ndarray | slice:
+    """The token ids a row of scaled logits ``z`` [V] may draw from: the ``top_k`` best (all
+    that tie with the k-th; 0: every one), leaving out those at -inf (a top-k reply's rest);
+    ``slice(None)``: every token."""
+    finite = z > -np.inf
+    count = int(np.count_nonzero(finite))
+    sparse = 0 < count < z.size
+    ids = np.flatnonzero(finite) if sparse else None
+    if 0 < top_k < count:
+        values = z[ids] if ids is not None else z
+        kth = np.partition(values, values.size - top_k)[values.size - top_k]
+        best = np.flatnonzero(values >= kth)
+        return ids[best] if ids is not None else best
+    return ids if ids is not None else slice(None)
+
+
+def truncated_softmax(z: np.ndarray, top_p: float, min_p: float) -> np.ndarray:
+    """The softmax of the candidates' scaled logits ``z``, cut to the smallest most likely
+    set reaching ``top_p`` and then to those at least ``min_p`` times as likely as the
+    best, renormalised."""
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p)
+        sorted_p = p[order]
+        before = np.cumsum(sorted_p) - sorted_p  # mass of the tokens ranked above
+        keep = np.zeros(p.size, dtype=bool)
+        keep[order] = before < top_p  # the smallest prefix reaching top_p
         p = np.where(keep, p, 0.0)
-        p /= p.sum(axis=-1, keepdims=True)
-    if params.min_p > 0.0:
-        p = np.where(p >= params.min_p * p.max(axis=-1, keepdims=True), p, 0.0)
-        p /= p.sum(axis=-1, keepdims=True)
+        p /= p.sum()
+    if min_p > 0.0:
+        p = np.where(p >= min_p * p.max(), p, 0.0)
+        p /= p.sum()
     return p
 
 
 def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One token from a distribution (inverse CDF: robust to rounding in the sum)."""
-    cdf = np.cumsum(probs)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), probs.size - 1))
+    """One token from a distribution (inverse CDF: robust to rounding in the sum); over the
+    tokens of nonzero probability alone when there are few (the same token, without a sum
+    over the vocabulary)."""
+    flat = np.ravel(probs)
+    count = int(np.count_nonzero(flat))
+    ids = np.flatnonzero(flat) if 0 < count < flat.size else None
+    cdf = np.cumsum(flat if ids is None else flat[ids])
+    i = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
+    return i if ids is None else int(ids[i])
 
 
 def speculative_sample(draft: Sequence[int], probs: np.ndarray, rng: np.random.Generator,

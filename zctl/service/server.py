@@ -35,6 +35,7 @@ from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.draft_model import DraftModels
 from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, GenerationEngine
 from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationRequest, RequestRefused
+from zctl.engine.sampling_defaults import model_sampling
 from zctl.engine.tokenizer import ChatTokenizer, TokenizerError
 from zctl.manifest import ExportManifest, load_manifest
 from zctl.service.messages import (
@@ -97,7 +98,8 @@ def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
 class GenerationService:
     """Serve generations on ``endpoint`` using the executor ``get_executor()`` returns.
 
-    The engine's stop tokens and chat template come from ``export_dir``; draft models of
+    The engine's stop tokens, chat template and default sampling (for what a request
+    leaves out) come from ``export_dir``; draft models of
     speculative requests are loaded with ``draft_config`` (None: RuntimeSpec's defaults;
     the coordinator passes its stages' runtime). ``cluster`` returns the coordinator's
     cluster status, which stats read the stages' nodes and node liveness from (None: no
@@ -127,7 +129,8 @@ class GenerationService:
             max_context=manifest.model.max_position_embeddings,
             vocab_size=manifest.model.vocab_size,
             kv_budget_tokens=None if kv_memory_mb is None else kv_tokens(manifest, kv_memory_mb),
-            prefix_cache_tokens=kv_tokens(manifest, prefix_cache_mb))
+            prefix_cache_tokens=kv_tokens(manifest, prefix_cache_mb),
+            sampling_defaults=model_sampling(manifest.generation_config))
         self._stats = StatsCollector(manifest, self.engine, get_executor, cluster)
         self._ctx = zmq.Context()
         self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES)

@@ -19,8 +19,10 @@ from zctl.engine.requests import (
     GenerationRequest,
 )
 from zctl.engine.sampling import log_softmax
+from zctl.engine.sampling_defaults import model_sampling
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
+from zctl.manifest import GenerationConfig
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +32,15 @@ def setup(tiny_exports):
     return export_dir, chain, ChatTokenizer(export_dir)
 
 
+# the tiny model's engine as for a model whose generation config says greedy: requests that
+# leave sampling out decode greedily, their tokens compared with generate_greedy's
+GREEDY_MODEL = model_sampling(GenerationConfig(do_sample=False))
+
+
 def engine_for(setup, **kwargs) -> GenerationEngine:
     _, chain, tokenizer = setup
-    return GenerationEngine(tokenizer, [], lambda: chain, **kwargs)
+    return GenerationEngine(tokenizer, [], lambda: chain, **{"sampling_defaults": GREEDY_MODEL,
+                                                             **kwargs})
 
 
 def drive(engine: GenerationEngine, until, limit: int = 2000) -> list:

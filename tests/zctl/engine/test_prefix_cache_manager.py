@@ -44,7 +44,8 @@ def run(eng: GenerationEngine, *requests: tuple[str, GenerationRequest]) -> dict
 
 
 def turn(prompt: str, n: int = 10, rid: str = "r") -> GenerationRequest:
-    return GenerationRequest(rid, prompt, n, ignore_eos=True, chat=False)
+    """A greedy turn (its tokens compared with another run's)."""
+    return GenerationRequest(rid, prompt, n, ignore_eos=True, chat=False, temperature=0.0)
 
 
 def test_a_follow_up_turn_hits_the_cache_and_gives_the_same_tokens(chain_and_tokenizer) -> None:

@@ -56,6 +56,32 @@ def test_draw_follows_the_distribution() -> None:
     assert counts[1] == 0 and tv(counts, dict(enumerate(p)), 20000) < 0.02
 
 
+def test_a_top_k_replys_row_and_ties_at_the_kth_token() -> None:
+    # a top-k reply's row: log-probabilities on its tokens, -inf on the rest of the vocabulary
+    row = np.full((2, 1000), -np.inf)
+    row[:, [7, 400, 999]] = np.log([0.2, 0.5, 0.3])
+    want = np.zeros(1000)
+    want[[7, 400, 999]] = [0.2, 0.5, 0.3]
+    assert np.allclose(target_probs(row, SamplingParams(1.0)), [want, want])
+    two = target_probs(row, SamplingParams(1.0, top_k=2))[0]
+    assert np.allclose(two[[400, 999]], [5 / 8, 3 / 8]) and two.sum() == pytest.approx(1.0)
+    assert np.count_nonzero(target_probs(row, SamplingParams(1.0, top_k=5))) == 6  # 3 a row
+    tied = np.log(np.array([[0.1, 0.3, 0.3, 0.3]]))
+    assert np.allclose(target_probs(tied, SamplingParams(1.0, top_k=2)), [[0, 1 / 3, 1 / 3, 1 / 3]])
+
+
+def test_draw_takes_the_token_a_sum_over_the_whole_row_would() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        p = np.where(rng.random(5000) < 0.01, rng.random(5000), 0.0)
+        p /= p.sum()
+        seed = int(rng.integers(1 << 30))
+        cdf = np.cumsum(p)
+        x = np.random.default_rng(seed).random() * cdf[-1]
+        whole = int(min(np.searchsorted(cdf, x, side="right"), p.size - 1))
+        assert draw(p, np.random.default_rng(seed)) == whole
+
+
 @pytest.mark.parametrize("stochastic_draft", [False, True])
 def test_speculative_sample_keeps_the_target_distribution(stochastic_draft: bool) -> None:
     """First emitted token ~ p0; the second, given the first was the accepted draft, ~ p1."""

@@ -44,7 +44,7 @@ def service(tiny_exports):
 def test_stream_matches_greedy_and_ends_with_done(service) -> None:
     svc, export_dir = service
     messages = list(generate_stream(svc.endpoint, GenerationRequest("a", "the sky is", 10,
-                                                                  ignore_eos=True)))
+                                                                  ignore_eos=True, temperature=0.0)))
     assert isinstance(messages[-1], GenerationDone) and not messages[-1].error
     chunks = [m for m in messages if isinstance(m, GenerationChunk)]
     streamed = [t for c in chunks for t in c.tokens]
@@ -139,7 +139,8 @@ def test_concurrent_requests_share_the_pipeline_and_queue_beyond_max_streams(tin
     svc = GenerationService(export_dir, lambda: chain, "tcp://127.0.0.1:*", max_streams=2)
     svc.start()
     try:
-        requests = [GenerationRequest(f"r{i}", p, 12, ignore_eos=True) for i, p in enumerate(prompts)]
+        requests = [GenerationRequest(f"r{i}", p, 12, ignore_eos=True, temperature=0.0)
+                    for i, p in enumerate(prompts)]
         with ThreadPoolExecutor(len(requests)) as pool:
             dones = list(pool.map(lambda r: _done(svc.endpoint, r), requests))
     finally:
@@ -160,15 +161,17 @@ def test_speculative_requests_equal_greedy_and_report_acceptance(tiny_exports) -
     try:
         for mode, k in (("lookup", 4), ("lookup", 0), (f"draft:{draft_dir}", 3)):
             done = _done(svc.endpoint, GenerationRequest(f"s{k}", prompt, 16, ignore_eos=True,
-                                                        speculative=mode, k=k))
+                                                        speculative=mode, k=k, temperature=0.0))
             assert not done.error and done.tokens == expected, mode
             assert done.spec["steps"] >= 1 and 0.0 <= done.spec["acceptance"] <= 1.0
-        assert _done(svc.endpoint, GenerationRequest("g", prompt, 16, ignore_eos=True)).spec == {}
+        assert _done(svc.endpoint, GenerationRequest("g", prompt, 16, ignore_eos=True,
+                                               temperature=0.0)).spec == {}
         # a drafter that is missing, or not a 1-stage export, is refused; serving goes on
         for bad, why in ((export_dir.parent / "nope", "draft model"), (export_dir, "1-stage")):
             done = _done(svc.endpoint, GenerationRequest("x", prompt, 4, speculative=f"draft:{bad}"))
             assert why in done.error and not done.tokens
-        assert _done(svc.endpoint, GenerationRequest("y", prompt, 16, ignore_eos=True)).tokens == expected
+        assert _done(svc.endpoint, GenerationRequest("y", prompt, 16, ignore_eos=True,
+                                               temperature=0.0)).tokens == expected
     finally:
         svc.stop()
 
@@ -235,7 +238,7 @@ DOWN = "stage 1 (layers 2-3) on node n1 at 127.0.0.2 left the cluster"
 
 
 def _long_request(rid: str, n: int = 60) -> GenerationRequest:
-    return GenerationRequest(rid, "the sky is", n, ignore_eos=True)
+    return GenerationRequest(rid, "the sky is", n, ignore_eos=True, temperature=0.0)
 
 
 @pytest.fixture
@@ -385,8 +388,8 @@ def test_concurrent_row_grouped_generations_resume_exactly(tiny_exports) -> None
     svc.start()
     try:
         with ThreadPoolExecutor(3) as pool:
-            runs = [pool.submit(_done_and_chunks, svc.endpoint, GenerationRequest(f"g{i}", p, 40,
-                                                                     ignore_eos=True), note_pause)
+            runs = [pool.submit(_done_and_chunks, svc.endpoint, GenerationRequest(
+                f"g{i}", p, 40, ignore_eos=True, temperature=0.0), note_pause)
                     for i, p in enumerate(prompts)]
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and (svc.engine.scheduler is None

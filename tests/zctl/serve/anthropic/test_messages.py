@@ -19,6 +19,7 @@ from tests.zctl.serve.test_app import ASK, greedy_text, wait_for
 from tests.zctl.serve.test_tools import TIME, WEATHER
 from zctl.cli.serve import model_names
 from zctl.serve.anthropic.protocol import MessagesRequest, turn_as_chat
+from zctl.serve.openai.protocol import to_generation
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 
@@ -219,3 +220,14 @@ def test_a_request_reads_as_the_chat_completion_it_asks_for() -> None:
     assert [c["id"] for c in chat.messages[2].tool_calls] == ["t1", "t2"]
     assert [t.text() for t in chat.messages[3:]] == ["r1", "r2", "thanks"]
     assert turn_as_chat(req.messages[0]) == [{"role": "user", "content": "q"}]
+
+
+def test_a_message_without_sampling_keeps_anthropics_defaults() -> None:
+    plain = MessagesRequest(model="m", max_tokens=4, messages=[{"role": "user", "content": "q"}])
+    generation = to_generation(plain.chat(), "a")
+    assert (generation.temperature, generation.top_p, generation.top_k, generation.min_p,
+            generation.repetition_penalty) == (1.0, 1.0, 0, 0.0, 1.0)  # never the model's
+    given = MessagesRequest(model="m", max_tokens=4, temperature=0.2, top_k=3,
+                            messages=[{"role": "user", "content": "q"}])
+    generation = to_generation(given.chat(), "b")
+    assert (generation.temperature, generation.top_k, generation.top_p) == (0.2, 3, 1.0)

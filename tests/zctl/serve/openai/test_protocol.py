@@ -9,6 +9,14 @@ import numpy as np
 import pytest
 
 import tests.zctl.serve.test_app as ts
+from zctl.engine.requests import GenerationRequest
+from zctl.serve.openai.protocol import (
+    CompletionRequest,
+    chat_request,
+    to_generation,
+    to_generations,
+)
+from zctl.serve.openai.responses_protocol import ResponsesRequest
 
 tiny, server, started = ts.tiny, ts.server, ts.started  # the API's fixtures, shared
 PROMPT = "again and again"
@@ -55,3 +63,29 @@ def test_bad_vllm_fields_are_400s(server, extra) -> None:
     answer = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
         "model": ts.MODEL, "prompt": "hi", "max_tokens": 2, **extra})
     assert answer.status_code == 400 and next(iter(extra)) in answer.text, answer.text
+
+
+# OpenAI's defaults for what a request leaves out, never the model's (zctl.engine.
+# sampling_defaults applies only to fields a request leaves as None)
+OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                   "repetition_penalty": 1.0}
+
+
+def sampling_of(generation: GenerationRequest) -> dict:
+    return {name: getattr(generation, name) for name in OPENAI_DEFAULTS}
+
+
+def test_a_request_without_sampling_keeps_openais_defaults() -> None:
+    chat = chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert sampling_of(to_generation(chat, "c")) == OPENAI_DEFAULTS
+    nulls = chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                          "temperature": None, "top_p": None})
+    assert sampling_of(to_generation(nulls, "n")) == OPENAI_DEFAULTS
+    text = CompletionRequest.model_validate({"model": "m", "prompt": "hi"})
+    assert all(sampling_of(g) == OPENAI_DEFAULTS for g in to_generations(text, "t"))
+    response = ResponsesRequest(model="m", input="hi").chat([])
+    assert sampling_of(to_generation(response, "r")) == OPENAI_DEFAULTS
+    given = chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                          "temperature": 0, "top_k": 5})
+    assert sampling_of(to_generation(given, "g")) == {**OPENAI_DEFAULTS, "temperature": 0.0,
+                                                      "top_k": 5}
