@@ -31,7 +31,7 @@ from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, StageInfo
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
 
-PROTOCOL_VERSION = 5  # bump with every change to a message schema (tests/test_wire_schema.py)
+PROTOCOL_VERSION = 6  # bump with every change to a message schema (tests/test_wire_schema.py)
 
 class UnknownMessage(MessageError):
     """A well-formed envelope of a type this side does not know."""
@@ -130,6 +130,7 @@ class Enrol(Message):
     tok_s: float | None = None
     pid: int = 0
     data_key: str = ""  # Z85 public key of the node's CURVE data pipes ("": no CURVE)
+    cluster_id: str = ""  # the local cluster the node was started for ("": any)
 
     def check(self) -> None:
         need(bool(NODE_ID_RE.match(self.node_id)),

@@ -27,6 +27,7 @@ PINNED = {
     # ``generation`` (the engine's GenerationRequest), not its fields at the top; the
     # generate_* messages are the engine's GenerationRequest, GenerationChunk and
     # GenerationDone themselves (their JSON as before, their schemas' names changed)
+    6: "b420e0f5f8f6aaba",  # enrol: cluster_id (a local cluster admits only its own nodes)
 }
 
 
