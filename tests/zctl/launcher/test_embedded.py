@@ -1,0 +1,71 @@
+"""An embedded cluster's directory and lifetime (zctl.launcher.embedded) without starting
+any process: whose directory is whose, which are stale, and a cluster that cannot start
+leaves nothing behind. (Embedded clusters of processes: tests/e2e/test_embedded_clusters.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dataplane.runtime.config import RuntimeSpec
+from zctl.launcher.embedded import EmbeddedCluster, embedded_dir, owner_of, stale, sweep
+from zctl.launcher.orphans import LauncherProcess
+from zctl.launcher.record import ClusterError
+
+
+def _gone_pid() -> int:
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+def test_a_directory_names_the_command_it_belongs_to() -> None:
+    assert owner_of(Path("/h/embedded/4242-k2j3h4")) == 4242
+    assert owner_of(Path("/h/embedded/logs")) is None
+    assert owner_of(Path("/h/embedded/x-1")) is None
+
+
+def _cluster_dir(base: Path, name: str, *children: str) -> Path:
+    root = base / name
+    root.mkdir(parents=True)
+    for child in children:
+        (root / child).mkdir()
+    return root
+
+
+def test_stale_directories_are_those_of_killed_commands(tmp_path: Path) -> None:
+    gone = _gone_pid()
+    killed = _cluster_dir(tmp_path, f"{gone}-a", "coordinator", "node1", "logs")
+    failed = _cluster_dir(tmp_path, f"{gone}-b", "logs")  # a failed start: its logs are kept
+    mine = _cluster_dir(tmp_path, f"{os.getpid()}-c", "coordinator", "logs")  # its command runs
+    busy = _cluster_dir(tmp_path, f"{gone}-d", "coordinator", "node1")
+    still = [LauncherProcess(9, 1, "node", str(busy.resolve() / "node1"), gone)]
+    (tmp_path / "notes.txt").write_text("not a cluster's")
+    assert stale(killed, still) and not stale(failed, still) and not stale(mine, still)
+    assert not stale(busy, still)  # a process of it still runs (it ends within seconds)
+    assert sweep(tmp_path, still) == [killed]
+    assert not killed.exists() and failed.exists() and mine.exists() and busy.exists()
+    assert sweep(tmp_path, []) == [busy]
+
+
+def test_a_cluster_that_cannot_start_leaves_nothing_behind(zctl_home: Path) -> None:
+    cluster = EmbeddedCluster(Path("/no/export"), 2, ["not", "a", "runtime"])  # type: ignore[arg-type]
+    with pytest.raises(ClusterError, match="the embedded cluster did not start: .*RuntimeSpec"):
+        with cluster:
+            pass
+    assert cluster.root is not None and not cluster.root.exists()
+    assert list(embedded_dir().iterdir()) == []
+
+
+def test_each_embedded_cluster_has_a_directory_of_its_own(zctl_home: Path) -> None:
+    roots = []
+    for _ in range(2):
+        cluster = EmbeddedCluster(Path("/no/export"), 2, RuntimeSpec(), link_delay_ms=-1)
+        with pytest.raises(ClusterError, match="bad link shape"):
+            cluster.__enter__()
+        roots.append(cluster.root)
+    assert roots[0] != roots[1] and all(r.parent == embedded_dir() for r in roots)
+    assert all(owner_of(r) == os.getpid() and not r.exists() for r in roots)
