@@ -46,11 +46,11 @@ def owner_of(root: Path) -> int | None:
 
 def stale(root: Path, processes: Collection[LauncherProcess]) -> bool:
     """Whether ``root`` is the directory of a cluster whose command was killed: that
-    command is gone, none of ``processes`` (those running) is the cluster's, and it holds
-    more than the logs a cluster that failed to start keeps."""
+    command is gone, none of ``processes`` (those running) is the cluster's, and it is not
+    what a cluster that failed to start keeps (its logs alone)."""
     owner = owner_of(root)
     return (owner is not None and not alive(owner) and not under(processes, root.resolve())
-            and any(child.name != LOGS for child in root.iterdir()))
+            and {child.name for child in root.iterdir()} != {LOGS})
 
 
 def sweep(base: Path, processes: Collection[LauncherProcess]) -> list[Path]:

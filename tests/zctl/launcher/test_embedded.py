@@ -42,12 +42,14 @@ def test_stale_directories_are_those_of_killed_commands(tmp_path: Path) -> None:
     failed = _cluster_dir(tmp_path, f"{gone}-b", "logs")  # a failed start: its logs are kept
     mine = _cluster_dir(tmp_path, f"{os.getpid()}-c", "coordinator", "logs")  # its command runs
     busy = _cluster_dir(tmp_path, f"{gone}-d", "coordinator", "node1")
+    empty = _cluster_dir(tmp_path, f"{gone}-e")  # killed before its cluster started
     still = [LauncherProcess(9, 1, "node", str(busy.resolve() / "node1"), gone)]
     (tmp_path / "notes.txt").write_text("not a cluster's")
     assert stale(killed, still) and not stale(failed, still) and not stale(mine, still)
     assert not stale(busy, still)  # a process of it still runs (it ends within seconds)
-    assert sweep(tmp_path, still) == [killed]
-    assert not killed.exists() and failed.exists() and mine.exists() and busy.exists()
+    assert sweep(tmp_path, still) == [killed, empty]
+    assert not killed.exists() and not empty.exists()
+    assert failed.exists() and mine.exists() and busy.exists()
     assert sweep(tmp_path, []) == [busy]
 
 
