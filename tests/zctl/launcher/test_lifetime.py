@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.helpers.signals import stop_signals_at_defaults  # noqa: F401 - a fixture
 from zctl.launcher.lifetime import (
     Signalled,
     StopSignals,
@@ -25,6 +26,8 @@ from zctl.launcher.lifetime import (
     wait_for_exit,
     watch_parent,
 )
+
+pytestmark = pytest.mark.usefixtures("stop_signals_at_defaults")
 
 
 def test_a_signal_says_itself_in_the_exit_code() -> None:
