@@ -36,8 +36,8 @@ from zctl.launcher.record import alive
 runner = CliRunner()
 PROMPT = "what is the capital of france?"
 GONE_WITHIN_S = 5.0  # the bound: no process of the cluster left, its ports free
-# long enough to be mid-generation when signalled: 8 streams of 480 tokens each
-LONG_RUN = ["--max-tokens", "480", "--ignore-eos", "--streams", "8"]
+# long enough to be mid-generation when signalled: 96 streams of 480 tokens (some 10 s)
+LONG_RUN = ["--max-tokens", "480", "--ignore-eos", "--streams", "96"]
 
 
 def _default_signals() -> None:
@@ -169,7 +169,7 @@ def test_zctl_serve_takes_its_embedded_cluster_with_it(signum: int, tiny_exports
         chunks: list[str] = []
 
         def stream() -> None:
-            body = {"model": model, "prompt": PROMPT, "max_tokens": 480, "n": 1, "stream": True,
+            body = {"model": model, "prompt": PROMPT, "max_tokens": 480, "n": 16, "stream": True,
                     "temperature": 0, "zctl": {"ignore_eos": True}}
             try:
                 with httpx.stream("POST", f"{url}/v1/completions", json=body,

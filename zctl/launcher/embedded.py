@@ -31,6 +31,7 @@ from zctl.paths import zctl_home
 
 EMBEDDED = "embedded"  # under the zctl home: a directory per embedded cluster
 LOGS = "logs"  # what a cluster that failed to start keeps
+STOP_GRACE_S = 2.0  # it keeps nothing: a process still running this long after SIGTERM is killed
 
 
 def embedded_dir() -> Path:
@@ -105,7 +106,7 @@ class EmbeddedCluster:
             return
         recorded = self.record.pids if self.record is not None else []
         found = [p.pid for p in under(running_processes(), self.root.resolve())]
-        stop_processes(list(dict.fromkeys([*recorded, *found])))
+        stop_processes(list(dict.fromkeys([*recorded, *found])), grace=STOP_GRACE_S)
         if not keep_logs:
             shutil.rmtree(self.root, ignore_errors=True)
             return
