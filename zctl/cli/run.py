@@ -328,7 +328,7 @@ def run(
                               kv_cache_precision, dynamic_quantization)
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)
-            err.print(embedded_note(nodes))
+            err.print(embedded_note(nodes), soft_wrap=True)
             record = embedded.enter_context(EmbeddedCluster(export_dir, nodes, rt))
         result = stream_run(record, prompts, max_tokens, chat, as_json, ignore_eos, mode, draft_k,
                             sampling)

@@ -160,7 +160,7 @@ def serve(
             kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)
-            err.print(embedded_note(nodes))
+            err.print(embedded_note(nodes), soft_wrap=True)
             record = embedded.enter_context(EmbeddedCluster(
                 export_dir, nodes, rt, cpu_sets=cpu_sets, max_streams=max_streams,
                 kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb))

@@ -71,3 +71,31 @@ def test_each_embedded_cluster_has_a_directory_of_its_own(zctl_home: Path) -> No
         roots.append(cluster.root)
     assert roots[0] != roots[1] and all(r.parent == embedded_dir() for r in roots)
     assert all(owner_of(r) == os.getpid() and not r.exists() for r in roots)
+
+
+def test_a_cluster_that_failed_to_start_keeps_its_logs_and_says_where(
+        zctl_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its processes had started (their state and logs in its directory) when it failed:
+    the state goes, the logs stay (named in the error), and no later sweep takes them."""
+    import zctl.launcher.embedded as embedded
+
+    def started_then_failed(export_dir: Path, nodes: int, runtime: RuntimeSpec, root: Path,
+                            **options: object) -> None:
+        assert options == {"owned": True, "cpu_sets": "split"}
+        for part in ("coordinator", "node1", "logs"):
+            (root / part).mkdir()
+        (root / "logs" / "coordinator.log").write_text("error: no such device\n")
+        raise ClusterError("the coordinator exited during start-up:\nerror: no such device")
+
+    monkeypatch.setattr(embedded, "start_local_cluster", started_then_failed)
+    cluster = EmbeddedCluster(Path("/x"), 2, RuntimeSpec(), cpu_sets="split")
+    with pytest.raises(ClusterError) as failed:
+        cluster.__enter__()
+    assert cluster.root is not None
+    logs = cluster.root / "logs"
+    assert str(failed.value).startswith("the embedded cluster did not start: the coordinator")
+    assert str(failed.value).endswith(f"(its logs are kept in {logs})")
+    assert sorted(p.name for p in cluster.root.iterdir()) == ["logs"]
+    assert (logs / "coordinator.log").read_text() == "error: no such device\n"
+    after_exit = cluster.root.rename(embedded_dir() / f"{_gone_pid()}-kept")  # (its command gone)
+    assert sweep(embedded_dir(), []) == [] and (after_exit / "logs").is_dir()
