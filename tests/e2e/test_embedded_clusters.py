@@ -196,6 +196,7 @@ def test_zctl_serve_takes_its_embedded_cluster_with_it(signum: int, tiny_exports
         assert not client.is_alive()
     if signum != signal.SIGKILL:
         assert list((home / EMBEDDED).iterdir()) == []
+        assert "Traceback" not in log.read_text()
 
 
 def test_a_run_after_a_killed_one_has_a_cluster_no_earlier_node_joins(tiny_exports,

@@ -3,11 +3,13 @@ embedded local one, for this command's lifetime)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import signal
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -81,14 +83,27 @@ def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, ma
 SHUTDOWN_GRACE_S = 1  # requests still running this long after a stop are cancelled
 
 
+def not_a_cancelled_request(record: logging.LogRecord) -> bool:
+    """Whether uvicorn's log record is not about a request that a stop cancelled after
+    SHUTDOWN_GRACE_S (that is the stop's doing, not an error of the application)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return (not isinstance(exc, asyncio.CancelledError)
+            and "timeout graceful shutdown" not in record.getMessage())
+
+
 def stopping_server_type(base: type) -> type:
     """uvicorn's Server (``base``, imported only with the [serve] extra) shutting down on
     SIGHUP (unless it is ignored) as it does on Ctrl-C and SIGTERM: it stops listening,
     cancels the requests still running after SHUTDOWN_GRACE_S (their generations with
-    them), then raises the signal again, so this command's own handling follows
-    (zctl.cli.signals: an embedded cluster stopped, exit code 128 + n)."""
+    them; quietly: ``not_a_cancelled_request``), then raises the signal again, so this
+    command's own handling follows (zctl.cli.signals: an embedded cluster stopped, exit
+    code 128 + n)."""
 
     class StoppingServer(base):  # type: ignore[misc, valid-type]
+        async def shutdown(self, sockets: Any = None) -> None:
+            logging.getLogger("uvicorn.error").addFilter(not_a_cancelled_request)
+            await super().shutdown(sockets)
+
         @contextmanager
         def capture_signals(self) -> Iterator[None]:
             with super().capture_signals():
