@@ -94,6 +94,7 @@ class AgentConfig:
     protocol: int = PROTOCOL_VERSION  # overridable only to test refusals
     max_message_bytes: int = 64 << 20
     curve: CurveClient | None = None
+    cluster_id: str = ""  # the local cluster it was started for ("": whichever it joins)
 
 
 class NodeAgent:
@@ -207,7 +208,8 @@ class NodeAgent:
         curve = self.config.curve  # with CURVE, its key pair also guards the data pipes
         self._send(Enrol(self.node_id, self.host, self.data_addr, self.devices, total, free,
                          self.openvino, zctl_version(), self.cache.hashes(), self.config.tok_s,
-                         data_key="" if curve is None else curve.public.decode()))
+                         data_key="" if curve is None else curve.public.decode(),
+                         cluster_id=self.config.cluster_id))
 
     def _send(self, msg: Message, payload: bytes | None = None) -> None:
         assert self._sock is not None

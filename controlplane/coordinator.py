@@ -100,6 +100,7 @@ class CoordinatorConfig:
     max_message_bytes: int = 1 << 20
     verify_export: bool = True
     curve: CurveServer | None = None  # CURVE authentication and encryption (optional)
+    cluster_id: str = ""  # an embedded local cluster's identity: only its nodes enrol ("": any)
 
 
 def _member_identity(identity: bytes) -> str:
@@ -343,7 +344,7 @@ class Coordinator:
 
     def _on_enrol(self, identity: bytes, msg: Enrol) -> None:
         refusal = ms.enrol_refusal(msg, identity, self.node_id, self.openvino,
-                                   self.config.curve is not None)
+                                   self.config.curve is not None, self.config.cluster_id)
         if refusal is not None:
             self._refuse(identity, msg.node_id, msg.host, *refusal)
             return

@@ -106,9 +106,10 @@ class Member:
 
 
 def enrol_refusal(msg: Enrol, identity: bytes, coordinator_id: str, openvino: str,
-                  curve: bool) -> tuple[str, str] | None:
+                  curve: bool, cluster_id: str = "") -> tuple[str, str] | None:
     """Why the coordinator refuses an enrolment, as (code, reason naming both sides), or
-    None to admit it. ``curve``: the cluster encrypts its data pipes."""
+    None to admit it. ``curve``: the cluster encrypts its data pipes; ``cluster_id``: the
+    local cluster this coordinator serves, whose nodes alone it admits ("": any node)."""
     if identity != msg.node_id.encode():
         return "bad-enrol", (f"node {msg.node_id} enrolled over a connection whose routing id "
                              f"is {identity[:64]!r}: the routing id must be the node id")
@@ -121,6 +122,11 @@ def enrol_refusal(msg: Enrol, identity: bytes, coordinator_id: str, openvino: st
         return "openvino-version", (f"node {msg.node_id} runs OpenVINO {theirs} but the "
                                     f"coordinator runs {ours}; compiled shards need the same "
                                     "OpenVINO on every node")
+    if cluster_id and msg.cluster_id != cluster_id:
+        theirs = f"local cluster {msg.cluster_id}" if msg.cluster_id else "no local cluster"
+        return "other-cluster", (f"node {msg.node_id} was started for {theirs}, but this "
+                                 f"coordinator serves local cluster {cluster_id}: a node of "
+                                 "another (an earlier) cluster on this machine")
     if curve and not msg.data_key:
         return "no-data-key", (f"node {msg.node_id} enrolled without a data-pipe key, but this "
                                "cluster encrypts its data pipes (CURVE): update zctl on the node")

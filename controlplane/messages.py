@@ -130,6 +130,7 @@ class Enrol(Message):
     tok_s: float | None = None
     pid: int = 0
     data_key: str = ""  # Z85 public key of the node's CURVE data pipes ("": no CURVE)
+    cluster_id: str = ""  # the local cluster the node was started for ("": any)
 
     def check(self) -> None:
         need(bool(NODE_ID_RE.match(self.node_id)),

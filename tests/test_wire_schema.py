@@ -27,9 +27,10 @@ PINNED = {
     # ``generation`` (the engine's GenerationRequest), not its fields at the top; the
     # generate_* messages are the engine's GenerationRequest, GenerationChunk and
     # GenerationDone themselves (their JSON as before, their schemas' names changed)
-    6: "b7199c9def914751",  # generate_request: temperature, top_k, top_p, min_p and
+    6: "4fa789680443feb1",  # generate_request: temperature, top_k, top_p, min_p and
     # repetition_penalty may be null (left out: the model's default sampling);
-    # generate_done: sampling (what the generation sampled with)
+    # generate_done: sampling (what the generation sampled with); enrol: cluster_id (an
+    # embedded cluster admits only its own nodes)
 }
 
 

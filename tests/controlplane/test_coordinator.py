@@ -323,6 +323,23 @@ def test_same_release_other_build_names_full_versions(cp_cluster: Cluster) -> No
         in agent.refusal
 
 
+def test_a_local_clusters_coordinator_admits_its_own_nodes_only(cp_cluster: Cluster) -> None:
+    """A node started for another local cluster (an earlier one on this machine), or for
+    none, is refused; the cluster's own node enrols and serves."""
+    coord = cp_cluster.coordinator(cluster_id="c-new")
+    earlier = cp_cluster.agent(coord.endpoint, name="earlier", cluster_id="c-old")
+    stranger = cp_cluster.agent(coord.endpoint, name="stranger")
+    wait_for(lambda: earlier.state == stranger.state == "refused", what="refusals")
+    assert "started for local cluster c-old, but this coordinator serves local cluster c-new" \
+        in earlier.refusal
+    assert "started for no local cluster" in stranger.refusal
+    own = cp_cluster.agent(coord.endpoint, name="own", cluster_id="c-new")
+    coord.wait_serving(20)
+    status = coord.status()
+    assert [n.node_id for n in status.nodes if n.node_id != coord.node_id] == [own.node_id]
+    assert {r.node_id for r in status.refused} == {earlier.node_id, stranger.node_id}
+
+
 def test_protocol_mismatch_is_refused_on_both_sides(cp_cluster: Cluster) -> None:
     coord = cp_cluster.coordinator()
     agent = cp_cluster.agent(coord.endpoint, protocol=m.PROTOCOL_VERSION + 1)

@@ -43,6 +43,15 @@ def test_refusals_name_the_reason(msg: Enrol, identity: bytes, curve: bool, code
     assert refusal[0] == code and words in refusal[1]
 
 
+def test_a_local_cluster_admits_the_nodes_started_for_it_only() -> None:
+    assert ms.enrol_refusal(enrol(cluster_id="c1"), b"node-1", "coord", OV, False, "c1") is None
+    assert ms.enrol_refusal(enrol(cluster_id="c1"), b"node-1", "coord", OV, False) is None
+    for theirs, words in (("c0", "started for local cluster c0"), ("", "for no local cluster")):
+        refusal = ms.enrol_refusal(enrol(cluster_id=theirs), b"node-1", "coord", OV, False, "c1")
+        assert refusal is not None and refusal[0] == "other-cluster"
+        assert words in refusal[1] and "serves local cluster c1" in refusal[1]
+
+
 def test_same_release_other_build_names_the_full_builds() -> None:
     refusal = ms.enrol_refusal(enrol(openvino="2026.4.1-20001-xyz"), b"node-1", "coord", OV,
                                curve=False)

@@ -31,8 +31,9 @@ def _expected_tokens(export_dir: Path, n: int, exact: bool = False) -> list[int]
 
 def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     export_dir = tiny_exports.get([(0, 2), (2, 4)])
-    result = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "12",
-                                 "--ignore-eos", "--temperature", "0", "--json"])
+    result = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--nodes", "2",
+                                 "--max-tokens", "12", "--ignore-eos", "--temperature", "0",
+                                 "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["tokens"] == 12
@@ -45,8 +46,9 @@ def test_run_json_with_embedded_cluster(tiny_exports, zctl_home: Path) -> None:
     assert report["text"] == tokenizer.decode(_expected_tokens(export_dir, 12))
     assert not (zctl_home / "cluster.json").exists()  # the embedded cluster was torn down
     # a speculative run's embedded cluster is exact unless told otherwise: here a u8 cache
-    fast = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--max-tokens", "4",
-                               "--speculative", "lookup", "--kv-cache-precision", "u8", "--json"])
+    fast = runner.invoke(app, ["run", PROMPT, "--model", str(export_dir), "--nodes", "2",
+                               "--max-tokens", "4", "--speculative", "lookup",
+                               "--kv-cache-precision", "u8", "--json"])
     assert fast.exit_code == 0, fast.output
     assert "fast numerics" in fast.output and "--exact" in fast.output  # told, not silent
 
@@ -254,14 +256,16 @@ def test_run_on_a_terminal_shows_the_live_dashboard(tiny_exports, zctl_home: Pat
     # --exact: the text is compared token for token with a reference run, and the plugin's
     # u8 KV cache can flip a near-tied token of the random model between kernel paths (it did
     # on one CI machine); test_run_json_with_embedded_cluster covers the default numerics
-    code, raw = _run_on_a_terminal(["run", PROMPT, "--model", str(export_dir), "--max-tokens",
-                                    "12", "--ignore-eos", "--exact", "--temperature", "0"], env)
+    code, raw = _run_on_a_terminal(["run", PROMPT, "--model", str(export_dir), "--nodes", "2",
+                                    "--max-tokens", "12", "--ignore-eos", "--exact",
+                                    "--temperature", "0"], env)
     lines = _screen_lines(raw)
     screen = "\n".join(lines[-60:])  # shown with any failure below
     assert code == 0, screen
     assert b"\x1b[?25l" in raw and b"\x1b[?25h" in raw, screen  # the live display hid the
     # cursor, and gave it back when it stopped: a terminal's dashboard, not the fallback
-    assert "no cluster is up: starting an embedded local 2-node cluster" in lines, screen
+    assert ("no cluster is up: starting an embedded local cluster of 2 processes (it stops "
+            "with this command)") in lines, screen
     # the last frame: the text panel (top ╭, bottom ╰), then the stage table
     top = max(i for i, line in enumerate(lines) if line.startswith("╭"))
     bottom = next(i for i in range(top, len(lines)) if lines[i].startswith("╰"))

@@ -377,17 +377,37 @@ def _serve_foreground(coordinator: CoordinatorProcess) -> int:
 
 @cluster_app.command("down")
 def cluster_down() -> None:
-    """Stop the background cluster started by zctl cluster up."""
+    """Stop the background cluster started by zctl cluster up, and every coordinator and
+    node of this zctl home whose command is gone (a cluster whose cluster.json was removed,
+    or an embedded cluster's whose command was killed)."""
+    from zctl.launcher.embedded import embedded_dir, sweep
+    from zctl.launcher.orphans import orphans, running_processes
+    from zctl.launcher.record import alive, zctl_process
+    from zctl.paths import zctl_home
+
     try:
         record = read_record()
-    except ClusterError as exc:
-        _fail(str(exc))
-    if record is None:
+    except ClusterError as exc:  # damaged: its processes are found as orphans below
+        err.print(f"[yellow]note:[/] {escape(str(exc))}", soft_wrap=True)
+        record = None
+        cluster_file().unlink(missing_ok=True)
+    found = orphans(running_processes(), zctl_home().resolve(), record.pids if record else ())
+    if record is not None:  # (a pid that no zctl process holds by now is left alone)
+        recorded = [pid for pid in record.pids if alive(pid) and zctl_process(pid)]
+        stop_processes(recorded)
+        cluster_file().unlink(missing_ok=True)
+        out.print(f"stopped {len(recorded)} processes of the cluster in {cluster_file()}",
+                  soft_wrap=True, highlight=False)
+    if found:
+        stop_processes([p.pid for p in found])
+        out.print(f"stopped {len(found)} process(es) of this zctl home whose command is gone, "
+                  "that no cluster.json accounts for:", soft_wrap=True)
+        for process in found:
+            out.print(f"  {process.describe()}", soft_wrap=True, highlight=False)
+    if embedded_dir().is_dir():
+        sweep(embedded_dir(), running_processes())
+    if record is None and not found:
         out.print("no cluster is up")
-        return
-    stop_processes(record.pids)
-    cluster_file().unlink(missing_ok=True)
-    out.print(f"stopped {len(record.pids)} processes")
 
 
 @cluster_app.command("status")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from contextlib import closing
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,8 +26,9 @@ from zctl.cli.cluster import (
 )
 from zctl.cli.dashboard import RunSnapshot, StageInfo, StreamView, render_run
 from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export
+from zctl.cli.signals import ends_as_on_ctrl_c
 from zctl.engine.requests import GenerationRequest, Sampling
-from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
+from zctl.launcher.embedded import EmbeddedCluster
 from zctl.launcher.processes import runtime_spec
 from zctl.launcher.record import ClusterError, ClusterRecord
 
@@ -243,6 +244,24 @@ def run_report(snapshot: RunSnapshot, dones: list[Any], first: Any, wall_s: floa
     return report
 
 
+EmbeddedNodes = Annotated[int, typer.Option(
+    help="processes of the embedded cluster (1: this PC runs every stage in one process)")]
+
+
+def check_nodes(nodes: int) -> None:
+    """``--nodes``: ValueError unless at least one process."""
+    if nodes < 1:
+        raise ValueError(f"--nodes must be >= 1 (the processes of the embedded cluster), not {nodes}")
+
+
+def embedded_note(nodes: int) -> str:
+    """What a command says as it starts an embedded cluster of ``nodes`` processes."""
+    processes = "one process" if nodes == 1 else f"{nodes} processes"
+    return (f"no cluster is up: starting an embedded local cluster of {processes} (it stops "
+            "with this command)")
+
+
+@ends_as_on_ctrl_c
 def run(
     prompts: Annotated[list[str], typer.Argument(help="what to ask (several: one stream each)")],
     max_tokens: Annotated[int, typer.Option(help="new tokens at most, per stream")] = 128,
@@ -282,7 +301,9 @@ def run(
              "(multiplied when negative); 1: none. Default: the model's, else 1",
         show_default=False)] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
-    stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
+    stages: Annotated[int, typer.Option(
+        help="stages of the export made for a model name (an export directory has its own)")] = 2,
+    nodes: EmbeddedNodes = 1,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     precision: Precision = "f32",
     exact: Exact = None,
@@ -297,7 +318,7 @@ def run(
         help="hold the output to this grammar (a Lark or GBNF file)")] = None,
 ) -> None:
     """Stream a generation through the running cluster (or an embedded local one)."""
-    embedded = None
+    embedded = ExitStack()  # the embedded cluster's lifetime, when this command starts one
     try:
         draft_k, mode = parse_k(k), parse_speculative(speculative)
         sampling = check_sampling(temperature, top_k, top_p, seed, presence_penalty,
@@ -305,6 +326,7 @@ def run(
         sampling.update(output_grammar(json_schema, regex, grammar))
         if streams < 0:
             raise ValueError(f"--streams must be >= 0, not {streams}")
+        check_nodes(nodes)
         wanted = streams or len(prompts)
         prompts = [prompts[i % len(prompts)] for i in range(wanted)]
         record = _running_record()
@@ -320,9 +342,8 @@ def run(
                               kv_cache_precision, dynamic_quantization)
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)
-            err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
-            embedded = record = start_local_cluster(export_dir, stages, rt)
-            wait_serving(record, 300)
+            err.print(embedded_note(nodes), soft_wrap=True)
+            record = embedded.enter_context(EmbeddedCluster(export_dir, nodes, rt))
         result = stream_run(record, prompts, max_tokens, chat, as_json, ignore_eos, mode, draft_k,
                             sampling)
     except (ClusterError, ValueError, OSError) as exc:
@@ -330,7 +351,6 @@ def run(
     except RuntimeError as exc:  # ClusterUnreachable and data-plane errors
         _fail(str(exc))
     finally:
-        if embedded is not None:
-            stop_processes(embedded.pids)
+        embedded.close()
     if as_json:
         print(json.dumps(result))

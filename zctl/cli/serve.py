@@ -3,10 +3,13 @@ embedded local one, for this command's lifetime)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import signal
-import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,10 +29,11 @@ from zctl.cli.cluster import (
     numerics,
 )
 from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export
-from zctl.cli.run import parse_k, parse_speculative
+from zctl.cli.run import EmbeddedNodes, check_nodes, embedded_note, parse_k, parse_speculative
+from zctl.cli.signals import ends_as_on_ctrl_c
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.api import cors_origin, valid_port
-from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
+from zctl.launcher.embedded import EmbeddedCluster
 from zctl.launcher.processes import runtime_spec
 from zctl.launcher.record import ClusterError, ClusterRecord
 from zctl.serve.tls import ApiTls, api_tls, scheme
@@ -70,13 +74,52 @@ def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, ma
                                    cors_origins=cors_origins, model_names=model_names))
     err.print(f"serving the OpenAI API at {scheme(tls)}://{host}:{port}/v1 (Ctrl-C stops it)",
               highlight=False)
-    # uvicorn shuts down on SIGTERM, then re-raises it: exit through Python (SystemExit), so
-    # the caller's cleanup (an embedded cluster's processes) runs, as it does on Ctrl-C
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     files = {"ssl_certfile": tls.certfile, "ssl_keyfile": tls.keyfile} if tls else {}
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, **files)
+    server_type = stopping_server_type(uvicorn.Server)
+    server_type(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                               timeout_graceful_shutdown=SHUTDOWN_GRACE_S, **files)).run()
 
 
+SHUTDOWN_GRACE_S = 1  # requests still running this long after a stop are cancelled
+
+
+def not_a_cancelled_request(record: logging.LogRecord) -> bool:
+    """Whether uvicorn's log record is not about a request that a stop cancelled after
+    SHUTDOWN_GRACE_S (that is the stop's doing, not an error of the application)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return (not isinstance(exc, asyncio.CancelledError)
+            and "timeout graceful shutdown" not in record.getMessage())
+
+
+def stopping_server_type(base: type) -> type:
+    """uvicorn's Server (``base``, imported only with the [serve] extra) shutting down on
+    SIGHUP (unless it is ignored) as it does on Ctrl-C and SIGTERM: it stops listening,
+    cancels the requests still running after SHUTDOWN_GRACE_S (their generations with
+    them; quietly: ``not_a_cancelled_request``), then raises the signal again, so this
+    command's own handling follows (zctl.cli.signals: an embedded cluster stopped, exit
+    code 128 + n)."""
+
+    class StoppingServer(base):  # type: ignore[misc, valid-type]
+        async def shutdown(self, sockets: Any = None) -> None:
+            logging.getLogger("uvicorn.error").addFilter(not_a_cancelled_request)
+            await super().shutdown(sockets)
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:  # nohup zctl serve
+                    yield
+                    return
+                previous = signal.signal(signal.SIGHUP, self.handle_exit)
+                try:
+                    yield
+                finally:
+                    signal.signal(signal.SIGHUP, previous)
+
+    return StoppingServer
+
+
+@ends_as_on_ctrl_c
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
@@ -100,7 +143,9 @@ def serve(
     ssl_keyfile: Annotated[Path | None, typer.Option(
         help="the certificate's PEM private key")] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
-    stages: Annotated[int, typer.Option(help="stages of the embedded cluster")] = 2,
+    stages: Annotated[int, typer.Option(
+        help="stages of the export made for a model name (an export directory has its own)")] = 2,
+    nodes: EmbeddedNodes = 1,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     cpu_sets: Annotated[str, typer.Option(
         help="embedded cluster: shared | split (each node its own cores)")] = "shared",
@@ -118,8 +163,9 @@ def serve(
                or kv_problem(kv_memory_mb, prefix_cache_mb))
     if problem:
         _fail(problem)
-    embedded = None
+    embedded = ExitStack()  # the embedded cluster's lifetime, when this command starts one
     try:
+        check_nodes(nodes)
         speculation = (parse_speculative(speculative), parse_k(k))
         origins = tuple(cors_origin(o) for o in cors_origin_list or ())
         tls = api_tls(ssl_certfile, ssl_keyfile)  # (checked before a cluster starts)
@@ -129,14 +175,12 @@ def serve(
             kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages, weights)
-            err.print(f"no cluster is up: starting an embedded local {stages}-node cluster")
-            embedded = record = start_local_cluster(
-                export_dir, stages, rt, cpu_sets=cpu_sets, max_streams=max_streams,
-                kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb)
-            wait_serving(record, 300)
+            err.print(embedded_note(nodes), soft_wrap=True)
+            record = embedded.enter_context(EmbeddedCluster(
+                export_dir, nodes, rt, cpu_sets=cpu_sets, max_streams=max_streams,
+                kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb))
         run_api(record, host, port, api_key, max_queue, speculation, origins, tls, names)
     except (ClusterError, ValueError, OSError) as exc:
         _fail(str(exc))
     finally:
-        if embedded is not None:
-            stop_processes(embedded.pids)
+        embedded.close()

@@ -2,8 +2,9 @@
 
 A local cluster is one coordinator process (stage 0, on 127.0.0.1) and N-1 node
 processes, each on its own loopback address (127.0.0.2, 127.0.0.3, ...), started in
-their own sessions so they outlive the command. Its record (zctl.launcher.record) says
-where they listen and their pids, so ``down`` and ``run`` can find them.
+their own sessions: ``cluster up``'s outlive the command, an embedded cluster's
+(``owned``) end with it. Its record (zctl.launcher.record) says where they listen and
+their pids, so ``down`` and ``run`` can find them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -23,6 +25,7 @@ from controlplane.nodeinfo import fresh_port
 from controlplane.records import ClusterStatus
 from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
+from zctl.launcher.lifetime import die_with_parent
 from zctl.launcher.processes import (
     CoordinatorProcess,
     LinkShape,
@@ -69,14 +72,20 @@ class LocalNetwork(Protocol):
 
 
 def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path,
-           wrap: Callable[[list[str]], list[str]] | None = None) -> int:
+           wrap: Callable[[list[str]], list[str]] | None = None, owned: bool = False) -> int:
+    """Start the process in a session of its own, its output to ``log_path``; its config
+    names this process as its parent (how zctl cluster down tells whether its command is
+    gone) and, when ``owned``, it ends with this process (zctl.launcher.lifetime)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    state_dir = str(Path(config.state_dir).absolute()) if config.state_dir else None
+    config = replace(config, state_dir=state_dir, parent=os.getpid(), ends_with_parent=owned)
     argv = [sys.executable, *process_command(config)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             wrap(argv) if wrap is not None else argv, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=die_with_parent() if owned else None,  # (a prctl call, no more)
         )
     return proc.pid
 
@@ -99,14 +108,18 @@ def stage_links(nodes: int, link: LinkShape, links: Sequence[LinkShape] | None) 
     return list(links)
 
 
-def start_coordinator(config: CoordinatorProcess, root: Path) -> ClusterRecord:
+def start_coordinator(config: CoordinatorProcess, root: Path, owned: bool = False
+                      ) -> ClusterRecord:
     """Start only the coordinator (stage 0 + generation service) in the background; its
-    generation service binds a free loopback port and its state lives under ``root``."""
+    generation service binds a free loopback port and its state lives under ``root``.
+    ``owned``: it ends with this process."""
     serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     log = root / "logs" / "coordinator.log"
-    pid = _spawn(replace(config, serve=serve, state_dir=str(root / "coordinator")), log)
+    pid = _spawn(replace(config, serve=serve, state_dir=str(root / "coordinator")), log,
+                 owned=owned)
     return ClusterRecord(control=config.control, serve=serve, export_dir=config.export_dir, pids=[pid],
-                         logs=[str(log)], started=time.time())
+                         logs=[str(log)], started=time.time(), cluster_id=config.cluster_id,
+                         owned=owned)
 
 
 def local_row_groups(cpu_sets: str, nodes: int, row_groups: int | None = None,
@@ -133,8 +146,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         heal_after: float | None = 0.0, max_streams: int = DEFAULT_MAX_STREAMS,
                         kv_memory_mb: int = 2048, prefix_cache_mb: int = 512,
                         links: Sequence[LinkShape] | None = None,
-                        network: LocalNetwork | None = None, memory_mb: int = 0
-                        ) -> ClusterRecord:
+                        network: LocalNetwork | None = None, memory_mb: int = 0,
+                        owned: bool = False) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
     (``nodes`` 1: the coordinator alone runs every stage).
 
@@ -153,6 +166,10 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     coordinator). Shapes that differ pin stage i to node i (``stage_links``). ``network``
     places the processes elsewhere than on 127.0.0.x (e.g. nodes in network namespaces).
     ``memory_mb``: the RAM each process lends its stages (0: what is free).
+    ``owned``: the processes end with this one (an embedded cluster, zctl.launcher.embedded),
+    and the cluster has an identity of its own: its coordinator admits only its own nodes
+    (another's, e.g. an earlier embedded cluster's, are refused; a cluster up one's admit
+    any node, as one joined by hand with zctl node join).
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
@@ -187,7 +204,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                                     max(s.delay_ms for s in shapes)),
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
-        cpus=cpus[0], memory_mb=memory_mb), root)
+        cpus=cpus[0], memory_mb=memory_mb,
+        cluster_id=uuid.uuid4().hex[:12] if owned else ""), root, owned)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
     for i in range(1, nodes):
@@ -216,8 +234,9 @@ def start_local_node(record: ClusterRecord, index: int, root: Path, *,
     pid = _spawn(NodeProcess(
         record.control, host=host, state_dir=str(root / f"node{index}"), reconnect_min=0.2,
         link=link or LinkShape(), cpus=cpus, memory_mb=memory_mb,
-        curve_server_key=str(curve_server_key) if curve_server_key else None), log,
-        partial(network.command, index) if network is not None else None)
+        curve_server_key=str(curve_server_key) if curve_server_key else None,
+        cluster_id=record.cluster_id), log,
+        partial(network.command, index) if network is not None else None, record.owned)
     return pid, str(log)
 
 
@@ -276,23 +295,30 @@ def log_tail(path: str, lines: int = 15) -> str:
 
 
 def stop_processes(pids: list[int], grace: float = 5.0) -> None:
-    """SIGTERM every process group (nodes first), then SIGKILL whatever is left."""
+    """SIGTERM every process (with its process group when it leads one), nodes first, then
+    SIGKILL whatever is left after ``grace`` seconds."""
     for pid in reversed(pids):
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         _reap(pids)
         time.sleep(0.05)
     for pid in pids:
         if alive(pid):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _signal(pid, signal.SIGKILL)
     _reap(pids)
+
+
+def _signal(pid: int, signum: int) -> None:
+    """Send ``signum`` to the process group ``pid`` leads (its own session's, as _spawn
+    starts them), or to the process alone when it leads none."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _reap(pids: list[int]) -> None:

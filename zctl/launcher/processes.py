@@ -21,6 +21,7 @@ from controlplane.records import HEARTBEAT_S, LIVENESS
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
+from zctl.launcher.lifetime import interrupt_once
 from zctl.launcher.record import ClusterError
 
 log = logging.getLogger("zctl.processes")
@@ -93,6 +94,9 @@ class CoordinatorProcess:
     link: LinkShape = field(default_factory=LinkShape)
     cpus: str | None = None
     memory_mb: int = 0  # RAM this machine lends its stages (0: what is free)
+    cluster_id: str = ""  # an embedded cluster's identity: others' nodes are refused ("": any)
+    parent: int = 0  # the pid of the command that started this process (0: not recorded)
+    ends_with_parent: bool = False  # an embedded cluster's process: it ends when parent does
 
     @property
     def bind_host(self) -> str:
@@ -121,6 +125,9 @@ class NodeProcess:
     link: LinkShape = field(default_factory=LinkShape)
     cpus: str | None = None
     memory_mb: int = 0  # RAM this machine lends its stages (0: what is free)
+    cluster_id: str = ""  # the embedded cluster it belongs to ("": whichever it joins)
+    parent: int = 0  # the pid of the command that started this process (0: not recorded)
+    ends_with_parent: bool = False  # an embedded cluster's process: it ends when parent does
 
 
 ROLES: dict[str, type] = {"coordinator": CoordinatorProcess, "node": NodeProcess}
@@ -159,6 +166,15 @@ def _home(state_dir: str | None, name: str) -> Path:
     return Path(state_dir) if state_dir else zctl_home() / name
 
 
+def _tie_to_parent(config: CoordinatorProcess | NodeProcess) -> None:
+    """An embedded cluster's process shuts down as on SIGTERM once the command that started
+    it is gone (zctl.launcher.lifetime; its parent also asked the kernel to tell it)."""
+    if config.ends_with_parent and config.parent > 0:
+        from zctl.launcher.lifetime import watch_parent
+
+        watch_parent(config.parent)
+
+
 def _prepare(link: LinkShape, cpus: str | None, base: Any, say: Say) -> Any:
     """Apply the CPU set and hold the allocator's mmap threshold (before anything starts a
     thread or compiles a stage); ``base`` (a launcher) with the emulated link applied, or
@@ -194,7 +210,9 @@ def _row_groups(config: CoordinatorProcess) -> int:
 
 
 def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
-    """Run the coordinator (and its generation service) until SIGTERM or Ctrl-C."""
+    """Run the coordinator (and its generation service) until SIGTERM or Ctrl-C (or, with
+    ``ends_with_parent``, until its parent is gone)."""
+    _tie_to_parent(config)
     from controlplane.coordinator import Coordinator, CoordinatorConfig
     from controlplane.launch import head_launcher
     from controlplane.security import CurveServer, key_dir
@@ -212,9 +230,10 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         expect_nodes=config.expect_nodes,
         placement={int(stage): node for stage, node in config.placement.items()},
         runtime=config.runtime, reassign_after=config.reassign_after,
-        heal_after=config.heal_after, curve=curve, memory_limit=config.memory_mb << 20),
+        heal_after=config.heal_after, curve=curve, memory_limit=config.memory_mb << 20,
+        cluster_id=config.cluster_id),
         launcher=launcher)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt_once())
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")
     service = None
     if config.serve:
@@ -240,7 +259,9 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
 
 
 def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | None = None) -> int:
-    """Run a node agent until SIGTERM or Ctrl-C; 2 if the coordinator refused it."""
+    """Run a node agent until SIGTERM or Ctrl-C (or, with ``ends_with_parent``, until its
+    parent is gone); 2 if the coordinator refused it."""
+    _tie_to_parent(config)
     from controlplane.agent import AgentConfig, NodeAgent
     from controlplane.launch import default_launcher
     from controlplane.security import CurveClient, key_dir, read_public_key
@@ -253,9 +274,9 @@ def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | N
         config.coordinator, state_dir=state_dir, data_host=config.host,
         data_port=config.data_port, heartbeat_interval=config.heartbeat,
         reconnect_min=config.reconnect_min, reconnect_max=config.reconnect_max,
-        tok_s=config.tok_s, curve=curve, memory_limit=config.memory_mb << 20),
-        launcher=launcher, on_progress=on_progress)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+        tok_s=config.tok_s, curve=curve, memory_limit=config.memory_mb << 20,
+        cluster_id=config.cluster_id), launcher=launcher, on_progress=on_progress)
+    signal.signal(signal.SIGTERM, interrupt_once())
     say(f"node {agent.node_id} (data {agent.data_addr}) joining {config.coordinator}")
     if curve is not None:
         say(f"CURVE: this node's public key is {key_dir(state_dir) / 'node.key'}; the "

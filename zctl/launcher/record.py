@@ -30,6 +30,8 @@ class ClusterRecord:
     started: float = 0.0
     curve_dir: str = ""  # the coordinator's state dir when CURVE is on (its key pair)
     api: str = ""  # the OpenAI API's address when cluster up --api started it
+    cluster_id: str = ""  # an embedded cluster's identity (its coordinator admits its nodes only)
+    owned: bool = False  # its processes end with the process that started them (embedded)
 
 
 def control_curve(record: ClusterRecord | None) -> Any:
@@ -54,8 +56,8 @@ def read_record() -> ClusterRecord | None:
     try:
         return ClusterRecord(**json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as exc:
-        raise ClusterError(f"{path} is damaged ({exc}); remove it after checking no zctl "
-                           "processes are left (zctl cluster down --force)") from None
+        raise ClusterError(f"{path} is damaged ({exc}): zctl cluster down stops this zctl "
+                           "home's processes whose command is gone and removes it") from None
 
 
 def write_record(record: ClusterRecord) -> None:
