@@ -248,10 +248,12 @@ EmbeddedNodes = Annotated[int, typer.Option(
     help="processes of the embedded cluster (1: this PC runs every stage in one process)")]
 
 
-def check_nodes(nodes: int) -> None:
-    """``--nodes``: ValueError unless at least one process."""
+def check_nodes(nodes: int, stages: int | None = None) -> None:
+    """``--nodes`` and ``--stages``: ValueError unless at least one of each."""
     if nodes < 1:
         raise ValueError(f"--nodes must be >= 1 (the processes of the embedded cluster), not {nodes}")
+    if stages is not None and stages < 1:
+        raise ValueError(f"--stages must be >= 1, not {stages}")
 
 
 def embedded_note(nodes: int) -> str:
@@ -301,8 +303,9 @@ def run(
              "(multiplied when negative); 1: none. Default: the model's, else 1",
         show_default=False)] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
-    stages: Annotated[int, typer.Option(
-        help="stages of the export made for a model name (an export directory has its own)")] = 2,
+    stages: Annotated[int | None, typer.Option(
+        help="stages of the export made for a model name (default: --nodes; an export "
+             "directory has its own)", show_default=False)] = None,
     nodes: EmbeddedNodes = 1,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     precision: Precision = "f32",
@@ -326,7 +329,7 @@ def run(
         sampling.update(output_grammar(json_schema, regex, grammar))
         if streams < 0:
             raise ValueError(f"--streams must be >= 0, not {streams}")
-        check_nodes(nodes)
+        check_nodes(nodes, stages)
         wanted = streams or len(prompts)
         prompts = [prompts[i % len(prompts)] for i in range(wanted)]
         record = _running_record()
@@ -341,7 +344,7 @@ def run(
             kv, dq = numerics(exact if told else bool(mode) or None,
                               kv_cache_precision, dynamic_quantization)
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
-            export_dir = ensure_export(model, stages, weights)
+            export_dir = ensure_export(model, stages or nodes, weights)
             err.print(embedded_note(nodes), soft_wrap=True)
             record = embedded.enter_context(EmbeddedCluster(export_dir, nodes, rt))
         result = stream_run(record, prompts, max_tokens, chat, as_json, ignore_eos, mode, draft_k,

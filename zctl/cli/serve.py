@@ -143,8 +143,9 @@ def serve(
     ssl_keyfile: Annotated[Path | None, typer.Option(
         help="the certificate's PEM private key")] = None,
     model: Annotated[str, typer.Option(help="model for the embedded cluster")] = "smollm2-135m",
-    stages: Annotated[int, typer.Option(
-        help="stages of the export made for a model name (an export directory has its own)")] = 2,
+    stages: Annotated[int | None, typer.Option(
+        help="stages of the export made for a model name (default: --nodes; an export "
+             "directory has its own)", show_default=False)] = None,
     nodes: EmbeddedNodes = 1,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
     cpu_sets: Annotated[str, typer.Option(
@@ -165,7 +166,7 @@ def serve(
         _fail(problem)
     embedded = ExitStack()  # the embedded cluster's lifetime, when this command starts one
     try:
-        check_nodes(nodes)
+        check_nodes(nodes, stages)
         speculation = (parse_speculative(speculative), parse_k(k))
         origins = tuple(cors_origin(o) for o in cors_origin_list or ())
         tls = api_tls(ssl_certfile, ssl_keyfile)  # (checked before a cluster starts)
@@ -174,7 +175,7 @@ def serve(
         if record is None:
             kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
-            export_dir = ensure_export(model, stages, weights)
+            export_dir = ensure_export(model, stages or nodes, weights)
             err.print(embedded_note(nodes), soft_wrap=True)
             record = embedded.enter_context(EmbeddedCluster(
                 export_dir, nodes, rt, cpu_sets=cpu_sets, max_streams=max_streams,
