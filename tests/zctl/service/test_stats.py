@@ -45,9 +45,11 @@ def test_stats_of_a_local_chain_after_generations(export: Path) -> None:
     svc = GenerationService(export, lambda: chain, "tcp://127.0.0.1:*")
     svc.start()
     try:
-        plain = list(generate_stream(svc.endpoint, GenerationRequest("g", "hello", 6)))[-1]
+        # greedy: the prompt's n-grams are sure to be drafted from
+        plain = list(generate_stream(svc.endpoint, GenerationRequest(
+            "g", "hello", 6, temperature=0.0)))[-1]
         spec = list(generate_stream(svc.endpoint, GenerationRequest(
-            "s", PROMPT, 16, ignore_eos=True, speculative="lookup", k=3)))[-1]
+            "s", PROMPT, 16, ignore_eos=True, speculative="lookup", k=3, temperature=0.0)))[-1]
         stats = query_service_stats(svc.endpoint)
     finally:
         svc.stop()
