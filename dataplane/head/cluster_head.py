@@ -441,7 +441,8 @@ class ClusterHead:
         t1 = time.perf_counter_ns()
         stream.next_step += 1
         if self.answers_here:
-            return self.inbox.answer_here(header, hidden, top_k, vocab, (t1 - t0) / 1e6)
+            return self.inbox.answer_here(header, hidden, top_k, vocab, (t1 - t0) / 1e6,
+                                          start_ns)
         try:
             parts = seal_or_encode(prepared, header, hidden, 0, start_ns, start_ns, 0, t1 - t0,
                                    prepare_ns, t1)

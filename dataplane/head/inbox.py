@@ -20,7 +20,7 @@ from dataplane.head.metrics import StepMetrics
 from dataplane.head.replies import ClusterReply, reply_from_frame
 from dataplane.wire.frames import FrameError, HiddenStateFrame, Kind, ReplyMode, decode_frame
 from dataplane.wire.reply_records import reply_payload
-from dataplane.wire.timing import TimingStamps, TimingWindow, compute_ms
+from dataplane.wire.timing import NS_PER_MS, StepTiming, TimingStamps, TimingWindow, compute_ms
 from dataplane.wire.transport import (
     bound_endpoint,
     deadline_after,
@@ -199,9 +199,11 @@ class ReplyInbox:
         self.done[request_id] = StageTimeout(message, pending.stream_id, request_id, stages)
 
     def answer_here(self, header: HiddenStateFrame, logits: np.ndarray, top_k: int, vocab: int,
-                    compute_ms: float) -> int:
+                    compute_ms: float, start_ns: int) -> int:
         """File the answer of a step whose last stage ran here: the payload a last stage would
-        send (``reply_payload``), read as its reply would be. Returns its request id."""
+        send (``reply_payload``), read as its reply would be, its timing (the stages' compute
+        as stage 0's, no hop; ``start_ns``: the step's submit, wall clock) in the window as a
+        reply's. Returns its request id."""
         payload = reply_payload(logits, header.reply, top_k)
         if header.reply == ReplyMode.LOGITS:
             payload = payload.copy()  # a view of the output tensor the next step overwrites
@@ -209,6 +211,8 @@ class ReplyInbox:
         rid = header.request_id
         reply.stage_ms = [compute_ms]
         self.metrics.add_stage_ms(reply.stage_ms)
+        self.timings.add(StepTiming((compute_ms,), (), (time.time_ns() - start_ns) / NS_PER_MS,
+                                    0.0))
         self.stats.submitted += 1
         self.stats.replies += 1
         self.done[rid] = reply

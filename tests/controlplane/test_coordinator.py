@@ -543,6 +543,9 @@ def test_a_coordinator_alone_serves_every_stage_then_spreads_to_a_node_that_join
         prompt = [0, 5, 17, 42, 99]
         want = list(generate_greedy(LocalChain.load(str(export)), prompt, 8))
         assert list(generate_greedy(head, prompt, 8)) == want
+        timing = head.timings.summary()  # what the dashboard shows: the stages' compute here
+        assert timing["stage0.compute"]["p50"] > 0 and timing["total"]["p50"] >= \
+            timing["stage0.compute"]["p50"] and timing["network"]["p50"] == 0
         agent = cluster.agent(coord.endpoint, "a", launcher=default_launcher)
         if len(layers) == 1:
             wait_for(lambda: any(n.node_id == agent.node_id and n.state == "idle"
