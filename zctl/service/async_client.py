@@ -150,7 +150,9 @@ class AsyncServiceClient:
             del self._queues[rid]
             if not finished:  # the caller left early: stop the generation
                 with contextlib.suppress(zmq.ZMQError):
-                    sock.send_multipart(to_frames(GenerateCancel(rid)), zmq.NOBLOCK)
+                    sent = sock.send_multipart(to_frames(GenerateCancel(rid)), zmq.NOBLOCK)
+                    # (a future: a cancel that cannot go, the client closing, fails in it)
+                    sent.add_done_callback(_unsent_cancel)
 
     async def stats(self, timeout_s: float = STATS_TIMEOUT_S) -> ServiceStats:
         """The service's figures now (ServiceUnavailable if it does not answer)."""
@@ -185,3 +187,11 @@ class AsyncServiceClient:
                                      f"answer (waited {timeout_s:g} s)") from None
         finally:
             del self._token_waiters[rid]
+
+
+def _unsent_cancel(sent: asyncio.Future[Any]) -> None:
+    """Take a cancel's send failure (the client or its socket closing as the server stops):
+    its generation ends with the service anyway, and nothing reports an error no one
+    awaits."""
+    if not sent.cancelled() and sent.exception() is not None:
+        log.debug("a cancel was not sent: %s", sent.exception())

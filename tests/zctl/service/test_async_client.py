@@ -33,3 +33,36 @@ def test_the_api_backend_ends_its_requests_when_the_service_goes_away() -> None:
     asyncio.run(run())
     assert time.monotonic() - start < 10
     ctx.term()
+
+
+def test_a_request_left_as_the_client_closes_reports_no_error_no_one_awaits() -> None:
+    """The server stopping: the client's socket is closed while a request is still open, and
+    the request's cancel cannot be sent. Nothing prints 'Future exception was never
+    retrieved' (zctl serve's log, on SIGTERM or SIGHUP, stays clean)."""
+    import gc
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    unretrieved: list[str] = []
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: unretrieved.append(context["message"]))
+        backend = AsyncServiceClient(f"tcp://127.0.0.1:{port}", first_timeout_s=30)
+        events = backend.generate(GenerationRequest("r1", "hi", 4))
+        waiting = asyncio.ensure_future(events.__anext__())
+        await asyncio.sleep(0.2)  # the request went out; no answer comes
+        await backend.close()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await events.aclose()
+        await asyncio.sleep(0.1)
+        gc.collect()
+        await asyncio.sleep(0.1)
+
+    asyncio.run(run())
+    router.close(0)
+    ctx.term()
+    assert unretrieved == []
