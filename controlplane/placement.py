@@ -15,10 +15,8 @@ from pathlib import Path
 
 from controlplane.records import DeviceInfo
 from zctl.manifest import ExportManifest, ManifestError, check_layer_cover
+from zctl.weights import EMBED_BYTES_PER_WEIGHT
 
-# Bytes per weight of embedding/head and of decoder MatMuls for each export format
-# (INT4 exports keep embedding and head in INT8; see exporter/compress.py).
-EMBED_BYTES_PER_WEIGHT = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int4": 1.0}
 DEFAULT_HEADROOM = 0.9
 RUNTIME_OVERHEAD = 1.2  # compiled-model buffers on top of a stage's weight files
 

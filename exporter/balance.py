@@ -13,20 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from zctl.weights import decoder_layer_weights
+
 # The LM head's cost per weight relative to a decoder layer's, on CPU with INT4 layers
 # and an INT8 head (the export's default): measured with one core per stage, the head
 # of SmolLM2-135M (8.0 layers' worth of weights) took 4.9-5.5 layers' time and that of
 # a Llama-3.2-1B shape (4.3 layers' worth) took 2.3. Decode is not purely weight-bound:
 # a small layer pays fixed per-op costs (norms, RoPE, attention) that the head does not.
 HEAD_COST_PER_WEIGHT = 0.62
-
-
-def decoder_layer_weights(hidden: int, intermediate: int, num_heads: int, num_kv_heads: int,
-                          head_dim: int) -> int:
-    """MatMul weights of one Llama decoder layer (attention projections and gated MLP)."""
-    q_o = 2 * hidden * num_heads * head_dim
-    k_v = 2 * hidden * num_kv_heads * head_dim
-    return q_o + k_v + 3 * hidden * intermediate
 
 
 def head_cost_layers(hidden: int, intermediate: int, num_heads: int, num_kv_heads: int,

@@ -15,16 +15,7 @@ from contextlib import contextmanager, redirect_stdout
 
 import openvino as ov
 
-WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
-GROUP_CANDIDATES = (128, 64, 32, 16)
-
-
-def pick_group_size(in_dims: list[int]) -> int:
-    """The largest standard INT4 group size dividing every MatMul input dimension."""
-    for group in GROUP_CANDIDATES:
-        if all(dim % group == 0 for dim in in_dims):
-            return group
-    raise ValueError(f"no INT4 group size in {GROUP_CANDIDATES} divides {sorted(set(in_dims))}")
+from zctl.weights import check_weight_format
 
 
 @contextmanager
@@ -44,8 +35,7 @@ def numpy_compression() -> Iterator[None]:
 
 def compress_stage(model: ov.Model, weight_format: str, group_size: int | None) -> ov.Model:
     """Return the model with weights compressed (int4/int8); fp16/fp32 are left as they are."""
-    if weight_format not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {weight_format!r}; expected one of {WEIGHT_FORMATS}")
+    check_weight_format(weight_format)
     if weight_format in ("fp16", "fp32"):
         return model
     import nncf

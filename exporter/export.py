@@ -20,7 +20,7 @@ import openvino as ov
 import torch
 
 from exporter import graph
-from exporter.compress import WEIGHT_FORMATS, compress_stage, pick_group_size
+from exporter.compress import compress_stage
 from exporter.sources import ModelSource
 from exporter.stage_module import StageModule
 from zctl.engine.sampling_defaults import SamplingConfigError, model_sampling
@@ -35,6 +35,7 @@ from zctl.manifest import (
     sha256_file,
     write_manifest,
 )
+from zctl.weights import WEIGHT_FORMATS, pick_group_size
 
 PHASES = ("load", "trace", "convert", "compress", "save")
 

@@ -45,7 +45,7 @@ SPEED_BASE = "int4"
 
 def parse_formats(text: str) -> list[str]:
     """``--formats``: comma-separated weight formats, each known and named once."""
-    from exporter.compress import WEIGHT_FORMATS
+    from zctl.weights import WEIGHT_FORMATS
 
     formats = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [f for f in formats if f not in WEIGHT_FORMATS]

@@ -285,10 +285,10 @@ def main(
                                                 "come up")] = 300.0,
     as_json: Json = False,
 ) -> None:
-    from exporter.compress import WEIGHT_FORMATS
     from zctl.cli.exports import resolve_weights
     from zctl.engine.tokenizer import ChatTokenizer
     from zctl.manifest import load_manifest
+    from zctl.weights import WEIGHT_FORMATS
 
     started = time.monotonic()
     plan = Plan(sorted(set(parse_numbers(lengths, "--lengths", "token counts"))),

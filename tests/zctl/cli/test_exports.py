@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from exporter.compress import WEIGHT_FORMATS
 from zctl.cli.app import app
 from zctl.cli.exports import (
     AUTO,
@@ -21,6 +20,7 @@ from zctl.cli.exports import (
     resolve_weights,
 )
 from zctl.launcher.record import ClusterError
+from zctl.weights import WEIGHT_FORMATS
 
 runner = CliRunner()
 
