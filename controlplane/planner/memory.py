@@ -1,0 +1,78 @@
+"""What a stage holds in memory, for a shape in a weight format, before any export.
+
+The figures are placement's (controlplane/placement.py): weights times the runtime
+overhead of compiled-model buffers, and a KV reserve per layer for ``context`` tokens of
+each stream. Stage 0 also holds the embedding, the last stage the LM head.
+"""
+
+from __future__ import annotations
+
+from controlplane.placement import DEFAULT_HEADROOM, RUNTIME_OVERHEAD, LayerCost
+from controlplane.planner.shape import ModelShape
+from zctl.weights import EMBED_BYTES_PER_WEIGHT, check_weight_format, decoder_bytes_per_weight
+
+DEFAULT_CONTEXT = 4096  # tokens of KV reserved per stream, as LayerCost.from_export does
+KV_BYTES_PER_VALUE = 2  # f16, as placement reserves (fast numerics keep u8: half of it)
+
+
+def layer_weight_bytes(shape: ModelShape, weights: str) -> float:
+    """Bytes one decoder layer's weights take in ``weights`` (INT4 in the shape's groups)."""
+    check_weight_format(weights)
+    group = shape.group_size() if weights == "int4" else None
+    return shape.layer_weights() * decoder_bytes_per_weight(weights, group)
+
+
+def embedding_bytes(shape: ModelShape, weights: str) -> float:
+    """Bytes of the embedding (stage 0), and as many of the LM head (the last stage)."""
+    return shape.embedding_weights() * EMBED_BYTES_PER_WEIGHT[check_weight_format(weights)]
+
+
+def resident_layer_bytes(shape: ModelShape, weights: str) -> int:
+    """Memory one decoder layer needs once compiled: its weights and the runtime's buffers."""
+    return int(layer_weight_bytes(shape, weights) * RUNTIME_OVERHEAD)
+
+
+def stage_cost(shape: ModelShape, weights: str, layer_bytes: int | None = None,
+               context: int = DEFAULT_CONTEXT, streams: int = 1,
+               kv_bytes_per_value: float = KV_BYTES_PER_VALUE) -> LayerCost:
+    """Placement's ``LayerCost`` for ``shape`` in ``weights``: ``layer_bytes`` (resident, as
+    a node's profile measured it; default: estimated), the embedding and head with the
+    runtime overhead, and KV for ``streams`` streams of ``context`` tokens."""
+    if context < 1 or streams < 1:
+        raise ValueError(f"context and streams must be >= 1, got {context} and {streams}")
+    extra = int(embedding_bytes(shape, weights) * RUNTIME_OVERHEAD)
+    kv = int(shape.kv_bytes_per_token(kv_bytes_per_value) * context * streams)
+    per_layer = layer_bytes if layer_bytes is not None else resident_layer_bytes(shape, weights)
+    return LayerCost(per_layer, first_extra=extra, last_extra=extra, kv_bytes_per_layer=kv,
+                     overhead=1.0)
+
+
+def model_bytes(shape: ModelShape, cost: LayerCost) -> int:
+    """Memory the whole model needs on one node (every layer, embedding and head)."""
+    return cost.stage_bytes(0, shape.num_layers, shape.num_layers)
+
+
+def usable_bytes(free_memory: int, headroom: float = DEFAULT_HEADROOM) -> int:
+    """What a node with ``free_memory`` bytes free gives a stage (placement's headroom)."""
+    return int(free_memory * headroom)
+
+
+def stage_need(cost: LayerCost, count: int, first: bool, last: bool) -> int:
+    """Memory a stage of ``count`` layers needs as stage 0 (``first``), the last stage
+    (``last``), both or neither (placement's ``LayerCost.stage_bytes`` of such a range)."""
+    start = 0 if first else 1
+    end = start + count
+    return cost.stage_bytes(start, end, end if last else end + 1)
+
+
+def max_layers(cost: LayerCost, usable: int, num_layers: int, first: bool, last: bool) -> int:
+    """The most layers (up to ``num_layers``) a node with ``usable`` bytes holds in a role;
+    0 when not even one fits."""
+    low, high = 0, num_layers
+    while low < high:  # the largest count that fits (the need grows with the count)
+        mid = (low + high + 1) // 2
+        if stage_need(cost, mid, first, last) <= usable:
+            low = mid
+        else:
+            high = mid - 1
+    return low

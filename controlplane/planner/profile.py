@@ -1,0 +1,157 @@
+"""What the planner knows of a node and of a link: their figures, as data.
+
+A ``NodeProfile`` is what ``zctl node profile`` measures on a node for one model shape,
+weight format, device and OpenVINO version (its ``ProfileKey``): one layer's decode step
+at 1, 2, 4 and 8 rows, the LM head's, prefill throughput per layer, the fixed cost of one
+inference call, the memory one layer needs, and the node's free memory. Until a node is
+measured, ``references.derive_profile`` makes one from named reference figures. A
+``LinkProfile`` is a link between two nodes: round-trip time and bandwidth each way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
+
+
+class ProfileError(ValueError):
+    """A profile is missing, malformed or was measured for something else."""
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a profile was measured for: a shape (``ModelShape.fingerprint``), a weight
+    format, a device and an OpenVINO version ("reference" for derived profiles)."""
+
+    shape: str
+    weights: str
+    device: str
+    openvino: str
+
+
+def _check_rows(name: str, values: tuple[float, ...], where: str) -> None:
+    if len(values) != len(ROWS):
+        raise ProfileError(f"{where}: {name} needs {len(ROWS)} figures (at {ROWS} rows), "
+                           f"got {len(values)}")
+    if any(not math.isfinite(v) or v <= 0 for v in values):
+        raise ProfileError(f"{where}: {name} must be positive seconds, got {list(values)}")
+    if any(b < a for a, b in zip(values, values[1:], strict=False)):
+        raise ProfileError(f"{where}: {name} must not fall as rows grow, got {list(values)}")
+
+
+def at_rows(values: tuple[float, ...], rows: float) -> float:
+    """A per-step figure at ``rows`` rows from its values at ``ROWS``: linear between them,
+    and beyond 8 rows along the 4-to-8 slope."""
+    if rows <= ROWS[0]:
+        return values[0]
+    for (r0, v0), (r1, v1) in zip(zip(ROWS, values, strict=True),
+                                  zip(ROWS[1:], values[1:], strict=True), strict=False):
+        if rows <= r1:
+            return v0 + (v1 - v0) * (rows - r0) / (r1 - r0)
+    slope = (values[-1] - values[-2]) / (ROWS[-1] - ROWS[-2])
+    return values[-1] + slope * (rows - ROWS[-1])
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """One node's figures for one model shape and weight format on one device."""
+
+    key: ProfileKey
+    decode_s: tuple[float, ...]  # one decoder layer's step at ROWS rows
+    head_decode_s: tuple[float, ...]  # the final norm and LM head at ROWS rows
+    prefill_tokens_per_s: float  # one decoder layer, prompt tokens with no past
+    call_s: float  # the fixed cost of one inference call on this node (dispatch, frames)
+    layer_bytes: int  # resident memory of one decoder layer (weights and buffers)
+    free_memory: int  # bytes this node can give the model
+    source: str = ""  # where the figures come from
+
+    def __post_init__(self) -> None:
+        where = f"profile of {self.key.device} ({self.source or 'no source'})"
+        _check_rows("decode_s", self.decode_s, where)
+        _check_rows("head_decode_s", self.head_decode_s, where)
+        for name in ("prefill_tokens_per_s", "call_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (name == "prefill_tokens_per_s"
+                                                         and value == 0):
+                raise ProfileError(f"{where}: {name} must be a positive number, got {value!r}")
+        if self.layer_bytes < 1 or self.free_memory < 0:
+            raise ProfileError(f"{where}: layer_bytes must be positive and free_memory not "
+                               f"negative, got {self.layer_bytes} and {self.free_memory}")
+
+    def layer_s(self, rows: float) -> float:
+        return at_rows(self.decode_s, rows)
+
+    def head_s(self, rows: float) -> float:
+        return at_rows(self.head_decode_s, rows)
+
+    def check_for(self, key: ProfileKey, node: str) -> None:
+        """ProfileError when this profile was measured for another shape, format, device or
+        OpenVINO version than ``key`` (a derived profile matches any version)."""
+        mine = self.key
+        stale = [f"{what} {have!r}, not {want!r}" for what, have, want in (
+            ("shape", mine.shape, key.shape), ("weights", mine.weights, key.weights),
+            ("device", mine.device, key.device)) if have != want]
+        if mine.openvino != "reference" and key.openvino not in ("reference", mine.openvino):
+            stale.append(f"OpenVINO {mine.openvino}, not {key.openvino}")
+        if stale:
+            raise ProfileError(f"node {node}: its profile was measured for {'; '.join(stale)}: "
+                               "profile it again (zctl node profile)")
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """A link between two nodes a and b: round-trip time and bytes per second each way."""
+
+    rtt_s: float
+    forward_bps: float  # a to b
+    backward_bps: float  # b to a
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.rtt_s) or self.rtt_s < 0:
+            raise ProfileError(f"a link's round-trip time must be >= 0 s, got {self.rtt_s!r}")
+        for bps in (self.forward_bps, self.backward_bps):
+            if not bps > 0:
+                raise ProfileError(f"a link's bandwidth must be positive, got {bps!r}")
+
+    def reversed(self) -> LinkProfile:
+        return LinkProfile(self.rtt_s, self.backward_bps, self.forward_bps)
+
+    def latency_s(self, nbytes: float) -> float:
+        """From the send of ``nbytes`` a to b to their arrival: half the round trip, and
+        the bytes at the forward bandwidth."""
+        return self.rtt_s / 2 + nbytes / self.forward_bps
+
+    def busy_s(self, nbytes: float) -> float:
+        """How long ``nbytes`` a to b occupy the link (the next frame waits that long)."""
+        return nbytes / self.forward_bps
+
+
+class Links:
+    """The links between nodes, by pair: ``link(a, b)`` is a to b (a pair given as (b, a)
+    is the same link reversed)."""
+
+    def __init__(self, pairs: Mapping[tuple[str, str], LinkProfile]) -> None:
+        self._pairs: dict[tuple[str, str], LinkProfile] = {}
+        for (a, b), link in pairs.items():
+            if a == b:
+                raise ProfileError(f"a link from {a} to itself")
+            if (a, b) in self._pairs:
+                raise ProfileError(f"the link between {a} and {b} is given twice")
+            self._pairs[(a, b)] = link
+            self._pairs[(b, a)] = link.reversed()
+
+    def link(self, a: str, b: str) -> LinkProfile:
+        try:
+            return self._pairs[(a, b)]
+        except KeyError:
+            raise ProfileError(f"no link figures between {a} and {b}") from None
+
+    def check_nodes(self, nodes: Iterable[str]) -> None:
+        """ProfileError naming the first pair of ``nodes`` without a link."""
+        names = list(nodes)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                self.link(a, b)
