@@ -202,16 +202,22 @@ class _Evaluator:
         hops.append(self.hop(order[-1], order[0], rows, -len(order) - 1))
         return sum(h for h, _ in hops), max(busy for _, busy in hops)
 
-    def evaluate(self, order: tuple[str, ...]) -> _Candidate | None:
+    def evaluate(self, order: tuple[str, ...], floor: float = 0.0) -> _Candidate | None:
         """The best split of ``order`` and its objective tok/s; None when it cannot hold
-        the model."""
+        the model, or cannot score above ``floor`` (then it is not remembered)."""
         if order in self.evaluated:
-            return self.evaluated[order]
+            known = self.evaluated[order]
+            return known if known is not None and known.score > floor else None
         best = None
         middle = frozenset(order[1:-1])
+        skipped = False
         for groups, rows in self.options:
             canon, table = self.table(order[0], middle, order[-1], rows)
             hop_sum, link_busy = self.hop_terms(order, rows)
+            beat = max(floor, best.score if best is not None else 0.0)
+            if beat > 0 and self.tokens / table.lower_bound(hop_sum, link_busy, groups) <= beat:
+                skipped = True
+                continue
             found = table.best_round(hop_sum, link_busy, groups)
             if found is None:
                 break  # memory does not depend on rows: no option fits
@@ -219,14 +225,24 @@ class _Evaluator:
             if best is None or score > best.score:
                 by_node = dict(zip(canon, found[1], strict=True))
                 best = _Candidate(order, tuple(by_node[n] for n in order), score)
-        self.evaluated[order] = best
-        return best
+        if not skipped:
+            self.evaluated[order] = best
+        return best if best is not None and best.score > floor else None
 
     def bound(self, first: str, middle: frozenset[str], last: str) -> float:
-        """A tok/s no order of this first node, set between and last node can beat."""
+        """A tok/s no order of this first node, set between and last node can beat: every
+        hop at least the set's quickest, every link at least as busy as its idlest."""
+        members = (first, *middle, last) if first != last else (first,)
         best = 0.0
         for groups, rows in self.options:
-            low = self.table(first, middle, last, rows)[1].lower_bound(groups)
+            hop_sum, link_busy = 0.0, 0.0
+            if len(members) > 1:
+                forward = [self.hop(a, b, rows, 0) for a in members for b in members if a != b]
+                reply = [self.hop(a, first, rows, -len(members) - 1) for a in members
+                         if a != first]
+                hop_sum = (len(members) - 1) * min(h for h, _ in forward) + min(h for h, _ in reply)
+                link_busy = min(busy for _, busy in forward + reply)
+            low = self.table(first, middle, last, rows)[1].lower_bound(hop_sum, link_busy, groups)
             if math.isinf(low):
                 return 0.0
             best = max(best, self.tokens / low)
@@ -264,13 +280,13 @@ class _Ranking:
         if held is None or candidate.key() < held.key():
             self.by_set[key] = candidate
 
-    def beatable(self, bound: float, nodes: frozenset[str]) -> bool:
-        """Whether a candidate of set ``nodes`` scoring up to ``bound`` could change the top."""
+    def floor(self, nodes: frozenset[str]) -> float:
+        """The score a candidate of set ``nodes`` must beat to change the top: its set's
+        best so far, and the top's last once the top is full."""
         held = self.by_set.get(nodes)
-        if held is not None and bound <= held.score * (1 + SAME):
-            return False
         scores = sorted((c.score for c in self.by_set.values()), reverse=True)
-        return len(scores) < self.top or bound > scores[self.top - 1] * (1 + SAME)
+        last = scores[self.top - 1] if len(scores) >= self.top else 0.0
+        return max(held.score if held is not None else 0.0, last) * (1 + SAME)
 
     def ranked(self) -> list[_Candidate]:
         return sorted(self.by_set.values(), key=_Candidate.key)
@@ -287,10 +303,12 @@ def _search_combos(ev: _Evaluator, combos, ranking: _Ranking) -> None:
     heapq.heapify(queue)
     while queue:
         neg_bound, first, middle, last = heapq.heappop(queue)
-        if not ranking.beatable(-neg_bound, frozenset((first, *middle, last))):
+        members = frozenset((first, *middle, last))
+        if -neg_bound <= ranking.floor(members):
             continue
         for between in itertools.permutations(middle):
-            ranking.add(ev.evaluate((first, *between, last) if first != last else (first,)))
+            order = (first, *between, last) if first != last else (first,)
+            ranking.add(ev.evaluate(order, ranking.floor(members)))
 
 
 def _search_exact(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> None:

@@ -67,32 +67,45 @@ class SplitTable:
     def __init__(self, stages: Sequence[StageBounds], num_layers: int) -> None:
         self.stages = tuple(stages)
         self.num_layers = num_layers
-        self._times = [s.fixed_s + np.arange(1, min(s.max_layers, num_layers) + 1) * s.per_layer_s
-                       for s in self.stages]
-        self.limits = (np.unique(np.concatenate(self._times)) if self._times
-                       else np.zeros(0))
+        times = [s.fixed_s + np.arange(1, min(s.max_layers, num_layers) + 1) * s.per_layer_s
+                 for s in self.stages]
+        self.limits = np.unique(np.concatenate(times)) if times else np.zeros(0)
+        # caps[j, i]: the layers stage i can take within limits[j]
+        self._caps = (np.stack([np.searchsorted(t, self.limits, side="right") for t in times],
+                               axis=1) if times else np.zeros((0, 0), dtype=int))
+        fits = ((self._caps.min(axis=1, initial=num_layers) >= 1)
+                & (self._caps.sum(axis=1) >= num_layers)) if len(self.limits) else np.zeros(0, bool)
+        # the first limit any split fits under (a split fits when every stage can take a
+        # layer and together they can take them all), len(limits) when none does
+        self.first_fit = (int(np.argmax(fits)) if len(self.stages) <= num_layers and fits.any()
+                          else len(self.limits))
         self._memo: dict[tuple[int, ...], tuple[float, tuple[int, ...]] | None] = {}
+        self._by_index: dict[int, tuple[float, tuple[int, ...]] | None] = {}
+        self._least_total: float | None = None
 
-    def under(self, limit: float) -> tuple[float, tuple[int, ...]] | None:
-        """The least-total split whose every stage takes at most ``limit`` seconds."""
-        caps = tuple(int(np.searchsorted(t, limit, side="right")) for t in self._times)
-        if caps not in self._memo:
-            self._memo[caps] = min_sum_split(self.stages, self.num_layers, caps)
-        return self._memo[caps]
+    def under(self, index: int) -> tuple[float, tuple[int, ...]] | None:
+        """The least-total split whose every stage takes at most ``limits[index]`` seconds."""
+        if index not in self._by_index:
+            caps = tuple(int(c) for c in self._caps[index])
+            if caps not in self._memo:
+                self._memo[caps] = min_sum_split(self.stages, self.num_layers, caps)
+            self._by_index[index] = self._memo[caps]
+        return self._by_index[index]
 
     def best_round(self, hop_s: float, link_busy_s: float,
                    groups: int) -> tuple[float, tuple[int, ...]] | None:
         """The split minimising ``max(total + hop_s, groups * max(slowest, link_busy_s))``
         and that round; None when no split fits."""
-        def rounds(index: int) -> tuple[float, float, tuple[int, ...] | None]:
-            limit = float(self.limits[index])
-            found = self.under(limit)
-            total = math.inf if found is None else found[0] + hop_s
-            return total, groups * max(limit, link_busy_s), None if found is None else found[1]
-
-        if not len(self.limits) or self.under(float(self.limits[-1])) is None:
+        if self.first_fit >= len(self.limits):
             return None
-        low, high = 0, len(self.limits) - 1
+
+        def rounds(index: int) -> tuple[float, float, tuple[int, ...]]:
+            found = self.under(index)
+            assert found is not None  # every limit from first_fit on has a split
+            return (found[0] + hop_s, groups * max(float(self.limits[index]), link_busy_s),
+                    found[1])
+
+        low, high = self.first_fit, len(self.limits) - 1
         while low < high:  # the first limit where the rising term reaches the falling one
             mid = (low + high) // 2
             total, rising, _ = rounds(mid)
@@ -100,35 +113,24 @@ class SplitTable:
                 high = mid
             else:
                 low = mid + 1
-        choices = [rounds(i) for i in (low - 1, low) if i >= 0]
-        best = min((max(total, rising), counts) for total, rising, counts in choices
-                   if counts is not None)
+        choices = [rounds(i) for i in (low - 1, low) if i >= self.first_fit]
+        best = min((max(total, rising), counts) for total, rising, counts in choices)
         return best[0], best[1]
 
-    def lower_bound(self, groups: int) -> float:
-        """A round no split can beat, whatever the hops, from relaxed counts (fractions of a
-        layer allowed): every stage at least its fixed time and one layer, the least total,
-        and the least slowest stage."""
-        need = self.num_layers
-        stages = self.stages
-        if not stages or sum(min(s.max_layers, need) for s in stages) < need or len(stages) > need:
+    def lower_bound(self, hop_s: float, link_busy_s: float, groups: int) -> float:
+        """A round no split beats with hops of at least ``hop_s`` and links busy at least
+        ``link_busy_s``: the least total (every stage its fixed time and a layer, the rest
+        on the cheapest layers first) and the least slowest stage any split fits under."""
+        if self.first_fit >= len(self.limits):
             return math.inf
-        total = sum(s.fixed_s + s.per_layer_s for s in stages)
-        left = need - len(stages)
-        for s in sorted(stages, key=lambda s: s.per_layer_s):
-            take = min(left, min(s.max_layers, need) - 1)
-            total += take * s.per_layer_s
-            left -= take
-        def holds(limit: float) -> float:
-            return sum(min(min(s.max_layers, need), max(0.0, (limit - s.fixed_s) / s.per_layer_s))
-                       if s.per_layer_s > 0 else min(s.max_layers, need) * (limit >= s.fixed_s)
-                       for s in stages)
-        low = max(s.fixed_s + s.per_layer_s for s in stages)
-        high = max(s.fixed_s + min(s.max_layers, need) * s.per_layer_s for s in stages)
-        for _ in range(60):
-            mid = (low + high) / 2
-            if holds(mid) >= need:
-                high = mid
-            else:
-                low = mid
-        return max(total, groups * low)
+        if self._least_total is None:
+            need = self.num_layers
+            total = sum(s.fixed_s + s.per_layer_s for s in self.stages)
+            left = need - len(self.stages)
+            for s in sorted(self.stages, key=lambda s: s.per_layer_s):
+                take = min(left, min(s.max_layers, need) - 1)
+                total += take * s.per_layer_s
+                left -= take
+            self._least_total = total
+        return max(self._least_total + hop_s,
+                   groups * max(float(self.limits[self.first_fit]), link_busy_s))
