@@ -1,0 +1,250 @@
+"""A fleet file: the PCs a model could run on, their memory, speed and links (TOML).
+
+```toml
+head = "desktop"               # optional: the PC that runs stage 0 (the coordinator)
+
+[[pc]]
+name = "desktop"
+memory_gb = 64                 # its RAM (a GPU's own memory for device = "GPU")
+free_gb = 52                   # optional: what it can give the model (default 80% of memory)
+device = "CPU"                 # optional (default CPU)
+profile = "desktop-ddr5"       # a reference profile, or a [pc.speed] table of its figures
+link = "ethernet"              # how it reaches the others: a reference link, or its own
+                               # { rtt_ms = 3, up_mbit_s = 60, down_mbit_s = 100 } (rtt_ms:
+                               # its round trip to the switch or access point; a link
+                               # between two PCs adds both PCs' round trips)
+
+[[link]]                       # optional: a link measured between two PCs
+between = ["desktop", "laptop"]
+rtt_ms = 4.5
+mbit_s = [80, 120]             # first to second, second to first (one figure: both ways)
+```
+
+``fleet_from_dict`` validates the parsed TOML; every error names the file, the PC and the
+field. ``load_fleet`` reads the file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controlplane.planner.profile import LinkProfile, Links, NodeProfile, ProfileError
+from controlplane.planner.references import (
+    REFERENCE_LINKS,
+    REFERENCE_SPEEDS,
+    AccessLink,
+    DeviceSpeed,
+    derive_profile,
+)
+from controlplane.planner.shape import ModelShape
+
+GB = 1e9
+GIB = 1 << 30  # memory_gb and free_gb: RAM is counted in binary gigabytes
+MS = 1e-3
+MBIT = 1e6 / 8  # bytes per second in a megabit per second
+DEFAULT_FREE_SHARE = 0.8  # of a PC's memory, left to the model when free_gb is not given
+PC_KEYS = {"name", "memory_gb", "free_gb", "device", "profile", "speed", "link"}
+SPEED_KEYS = {"weight_gbps": ("weight_bps", GB), "compute_gmacs": ("macs_per_s", GB),
+              "layer_fixed_ms": ("layer_fixed_s", MS), "row_fixed_ms": ("row_fixed_s", MS),
+              "call_ms": ("call_s", MS)}
+ACCESS_KEYS = {"rtt_ms", "up_mbit_s", "down_mbit_s"}
+LINK_KEYS = {"between", "rtt_ms", "mbit_s"}
+
+
+class FleetError(ValueError):
+    """A fleet file cannot be read or says something that cannot be; the text names the
+    file, the PC and the field."""
+
+
+@dataclass(frozen=True)
+class FleetPC:
+    name: str
+    memory: int
+    free: int
+    device: str
+    speed: DeviceSpeed
+    access: AccessLink
+
+
+@dataclass(frozen=True)
+class Fleet:
+    source: str
+    pcs: tuple[FleetPC, ...]
+    head: str | None
+    measured: Mapping[tuple[str, str], LinkProfile]  # [[link]] entries by (first, second)
+
+    def links(self) -> Links:
+        """Every pair's link: measured where given, else from the two PCs' access links."""
+        pairs = {}
+        for a, b in itertools.combinations(self.pcs, 2):
+            if (a.name, b.name) in self.measured:
+                pairs[(a.name, b.name)] = self.measured[(a.name, b.name)]
+            elif (b.name, a.name) in self.measured:
+                pairs[(a.name, b.name)] = self.measured[(b.name, a.name)].reversed()
+            else:
+                pairs[(a.name, b.name)] = a.access.to(b.access)
+        return Links(pairs)
+
+    def profiles(self, shape: ModelShape, weights: str) -> dict[str, NodeProfile]:
+        """Each PC's profile for ``shape`` in ``weights``, derived from its speed."""
+        return {pc.name: derive_profile(pc.speed, shape, weights, pc.free) for pc in self.pcs}
+
+
+def _number(raw: Mapping[str, Any], key: str, where: str, required: bool = True,
+            positive: bool = True) -> float | None:
+    if key not in raw:
+        if required:
+            raise FleetError(f"{where}: {key} is missing")
+        return None
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise FleetError(f"{where}: {key} must be a number, not {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise FleetError(f"{where}: {key} must be {'positive' if positive else '>= 0'}, "
+                         f"not {value!r}")
+    return float(value)
+
+
+def _unknown(raw: Mapping[str, Any], known: set[str] | Mapping[str, Any], where: str) -> None:
+    extra = sorted(set(raw) - set(known))
+    if extra:
+        raise FleetError(f"{where}: unknown field(s) {', '.join(extra)}; expected "
+                         f"{', '.join(sorted(known))}")
+
+
+def _speed(raw: Mapping[str, Any], where: str) -> DeviceSpeed:
+    profile, speed = raw.get("profile"), raw.get("speed")
+    if profile is not None and speed is not None:
+        raise FleetError(f"{where}: give profile or a [speed] table, not both")
+    if profile is None and speed is None:
+        raise FleetError(f"{where}: no profile: give profile = one of "
+                         f"{', '.join(REFERENCE_SPEEDS)}, or a [speed] table with "
+                         f"{', '.join(SPEED_KEYS)}")
+    if profile is not None:
+        if profile not in REFERENCE_SPEEDS:
+            raise FleetError(f"{where}: profile {profile!r} is not a reference profile; the "
+                             f"references are {', '.join(REFERENCE_SPEEDS)}")
+        return REFERENCE_SPEEDS[profile]
+    if not isinstance(speed, Mapping):
+        raise FleetError(f"{where}: speed must be a table of {', '.join(SPEED_KEYS)}")
+    _unknown(speed, SPEED_KEYS, f"{where}: speed")
+    figures = {field: _number(speed, key, f"{where}: speed", positive=key in (
+                   "weight_gbps", "compute_gmacs")) * scale
+               for key, (field, scale) in SPEED_KEYS.items()}
+    try:
+        return DeviceSpeed(str(raw.get("name", "?")), str(raw.get("device", "CPU")),
+                           basis="the fleet file's figures", **figures)
+    except ProfileError as exc:
+        raise FleetError(f"{where}: speed: {exc}") from None
+
+
+def _access(raw: Mapping[str, Any], where: str) -> AccessLink:
+    link = raw.get("link", "ethernet")
+    if isinstance(link, str):
+        if link not in REFERENCE_LINKS:
+            raise FleetError(f"{where}: link {link!r} is not a reference link; the references "
+                             f"are {', '.join(REFERENCE_LINKS)}, or give a table of "
+                             f"{', '.join(sorted(ACCESS_KEYS))}")
+        return REFERENCE_LINKS[link]
+    if not isinstance(link, Mapping):
+        raise FleetError(f"{where}: link must be a reference link's name or a table")
+    _unknown(link, ACCESS_KEYS, f"{where}: link")
+    rtt = _number(link, "rtt_ms", f"{where}: link", positive=False)
+    up = _number(link, "up_mbit_s", f"{where}: link")
+    down = _number(link, "down_mbit_s", f"{where}: link")
+    return AccessLink(str(raw.get("name")), rtt * MS, up * MBIT, down * MBIT,
+                      basis="the fleet file's figures")
+
+
+def _pc(raw: Any, index: int, where: str) -> FleetPC:
+    if not isinstance(raw, Mapping):
+        raise FleetError(f"{where}: pc #{index + 1} is not a table")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise FleetError(f"{where}: pc #{index + 1}: name is missing (a non-empty string)")
+    at = f"{where}: pc {name!r}"
+    _unknown(raw, PC_KEYS, at)
+    memory = _number(raw, "memory_gb", at)
+    free = _number(raw, "free_gb", at, required=False)
+    if free is not None and free > memory:
+        raise FleetError(f"{at}: free_gb ({free:g}) is more than memory_gb ({memory:g})")
+    device = raw.get("device", "CPU")
+    if not isinstance(device, str) or not device:
+        raise FleetError(f"{at}: device must be an OpenVINO device name such as CPU or GPU")
+    free_bytes = int((free if free is not None else memory * DEFAULT_FREE_SHARE) * GIB)
+    return FleetPC(name, int(memory * GIB), free_bytes, device, _speed(raw, at), _access(raw, at))
+
+
+def _measured_link(raw: Any, index: int, names: set[str],
+                   where: str) -> tuple[tuple[str, str], LinkProfile]:
+    at = f"{where}: link #{index + 1}"
+    if not isinstance(raw, Mapping):
+        raise FleetError(f"{at} is not a table")
+    _unknown(raw, LINK_KEYS, at)
+    between = raw.get("between")
+    if (not isinstance(between, list) or len(between) != 2
+            or not all(isinstance(n, str) for n in between)):
+        raise FleetError(f"{at}: between must name two PCs, as [\"a\", \"b\"]")
+    a, b = between
+    for name in (a, b):
+        if name not in names:
+            raise FleetError(f"{at}: between names {name!r}, which is not a pc of the fleet")
+    if a == b:
+        raise FleetError(f"{at}: between names {a!r} twice")
+    rtt = _number(raw, "rtt_ms", at, positive=False)
+    rates = raw.get("mbit_s")
+    if isinstance(rates, int | float) and not isinstance(rates, bool):
+        rates = [rates, rates]
+    if not isinstance(rates, list) or len(rates) != 2:
+        raise FleetError(f"{at}: mbit_s must be a number or [first to second, second to first]")
+    forward = _number({"mbit_s": rates[0]}, "mbit_s", at)
+    backward = _number({"mbit_s": rates[1]}, "mbit_s", at)
+    return (a, b), LinkProfile(rtt * MS, forward * MBIT, backward * MBIT)
+
+
+def fleet_from_dict(raw: Any, source: str) -> Fleet:
+    """A fleet from a parsed fleet file; FleetError naming ``source``, the PC and the field."""
+    if not isinstance(raw, Mapping):
+        raise FleetError(f"{source}: not a table")
+    _unknown(raw, {"head", "pc", "link"}, source)
+    pcs_raw = raw.get("pc")
+    if not isinstance(pcs_raw, list) or not pcs_raw:
+        raise FleetError(f"{source}: no [[pc]] entries: list the PCs, one [[pc]] table each")
+    pcs = tuple(_pc(pc, i, source) for i, pc in enumerate(pcs_raw))
+    names = [pc.name for pc in pcs]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise FleetError(f"{source}: pc {repeated[0]!r} is listed more than once")
+    head = raw.get("head")
+    if head is not None and head not in names:
+        raise FleetError(f"{source}: head {head!r} is not a pc of the fleet "
+                         f"({', '.join(names)})")
+    links_raw = raw.get("link", [])
+    if not isinstance(links_raw, list):
+        raise FleetError(f"{source}: link must be a list of [[link]] tables")
+    measured: dict[tuple[str, str], LinkProfile] = {}
+    for i, link in enumerate(links_raw):
+        pair, profile = _measured_link(link, i, set(names), source)
+        if pair in measured or pair[::-1] in measured:
+            raise FleetError(f"{source}: link #{i + 1}: the link between {pair[0]!r} and "
+                             f"{pair[1]!r} is given twice")
+        measured[pair] = profile
+    return Fleet(source, pcs, head, measured)
+
+
+def load_fleet(path: Path | str) -> Fleet:
+    """Read and validate a fleet file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise FleetError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FleetError(f"{path}: not valid TOML: {exc}") from None
+    return fleet_from_dict(raw, str(path))

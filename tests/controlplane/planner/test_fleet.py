@@ -1,0 +1,89 @@
+"""Fleet files: the example fleets load, and every error names the file, the PC and the field."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from controlplane.planner.fleet import FleetError, fleet_from_dict, load_fleet
+from controlplane.planner.presets import PRESETS
+from controlplane.planner.search import PlanRequest, plan
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "fleets"
+PC = {"name": "pc", "memory_gb": 16, "profile": "laptop"}
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_every_example_fleet_loads_and_plans(path: Path) -> None:
+    fleet = load_fleet(path)
+    shape = PRESETS["llama-3.1-8b"]
+    result = plan(PlanRequest(shape, "int4", fleet.profiles(shape, "int4"), fleet.links(),
+                              head=fleet.head))
+    assert result.placements[0].score > 0
+
+
+def test_the_four_pcs_are_unequal_and_plan_70b_well_within_two_seconds() -> None:
+    started = time.monotonic()
+    fleet = load_fleet(EXAMPLES / "four-pcs.toml")
+    shape = PRESETS["llama-3.1-70b"]
+    result = plan(PlanRequest(shape, "int4", fleet.profiles(shape, "int4"), fleet.links(),
+                              head=fleet.head, streams=8))
+    assert time.monotonic() - started < 2.0
+    assert len({pc.speed.name for pc in fleet.pcs}) == 4
+    assert len({pc.memory for pc in fleet.pcs}) == 4
+    assert {pc.access.name for pc in fleet.pcs} == {"ethernet", "wifi"}
+    assert result.placements[0].nodes[0] == "desktop"
+
+
+def test_a_measured_link_overrides_the_access_links() -> None:
+    fleet = load_fleet(EXAMPLES / "three-desktops.toml")
+    links = fleet.links()
+    assert links.link("a", "c").rtt_s == pytest.approx(0.4e-3)
+    assert links.link("c", "a").forward_bps == pytest.approx(940e6 / 8)
+    assert links.link("a", "b").rtt_s == pytest.approx(0.3e-3)
+    assert fleet.pcs[2].speed.weight_bps == pytest.approx(33e9)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({}, r"no \[\[pc\]\] entries"),
+    ({"pc": [{"memory_gb": 8, "profile": "laptop"}]}, "pc #1: name is missing"),
+    ({"pc": [{**PC, "memory_gb": "16"}]}, "pc 'pc': memory_gb must be a number"),
+    ({"pc": [{**PC, "memory_gb": 0}]}, "pc 'pc': memory_gb must be positive"),
+    ({"pc": [{"name": "pc", "profile": "laptop"}]}, "pc 'pc': memory_gb is missing"),
+    ({"pc": [{**PC, "free_gb": 20}]}, "pc 'pc': free_gb .20. is more than memory_gb"),
+    ({"pc": [{"name": "pc", "memory_gb": 8}]}, "pc 'pc': no profile: give profile = one of"),
+    ({"pc": [{**PC, "profile": "cray"}]}, "pc 'pc': profile 'cray' is not a reference"),
+    ({"pc": [{**PC, "speed": {"weight_gbps": 1}}]}, "pc 'pc': give profile or a .speed. table"),
+    ({"pc": [{"name": "pc", "memory_gb": 8, "speed": {"weight_gbps": 10}}]},
+     "pc 'pc': speed: compute_gmacs is missing"),
+    ({"pc": [{"name": "pc", "memory_gb": 8, "speed": {
+        "weight_gbps": 10, "compute_gmacs": 10, "layer_fixed_ms": -1, "row_fixed_ms": 0,
+        "call_ms": 0}}]}, "pc 'pc': speed: layer_fixed_ms must be >= 0"),
+    ({"pc": [{**PC, "link": "tin-can"}]}, "pc 'pc': link 'tin-can' is not a reference link"),
+    ({"pc": [{**PC, "link": {"rtt_ms": 1, "up_mbit_s": 10}}]},
+     "pc 'pc': link: down_mbit_s is missing"),
+    ({"pc": [{**PC, "colour": "red"}]}, "pc 'pc': unknown field.s. colour"),
+    ({"pc": [PC, PC]}, "pc 'pc' is listed more than once"),
+    ({"pc": [PC], "head": "other"}, "head 'other' is not a pc of the fleet"),
+    ({"pc": [PC, {**PC, "name": "b"}], "link": [{"between": ["pc", "z"], "rtt_ms": 1,
+                                                 "mbit_s": 10}]},
+     "link #1: between names 'z', which is not a pc"),
+    ({"pc": [PC, {**PC, "name": "b"}], "link": [{"between": ["pc", "b"], "rtt_ms": 1}]},
+     "link #1: mbit_s must be a number"),
+    ({"pc": [PC, {**PC, "name": "b"}], "link": [
+        {"between": ["pc", "b"], "rtt_ms": 1, "mbit_s": 10},
+        {"between": ["b", "pc"], "rtt_ms": 1, "mbit_s": 10}]}, "link #2: .* given twice"),
+])
+def test_a_bad_fleet_names_the_file_pc_and_field(raw: dict, message: str) -> None:
+    with pytest.raises(FleetError, match=f"^fleet.toml: {message}"):
+        fleet_from_dict(raw, "fleet.toml")
+
+
+def test_unreadable_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(FleetError, match="cannot read it"):
+        load_fleet(tmp_path / "none.toml")
+    (tmp_path / "bad.toml").write_text("[[pc]\nname = ")
+    with pytest.raises(FleetError, match="bad.toml: not valid TOML"):
+        load_fleet(tmp_path / "bad.toml")
