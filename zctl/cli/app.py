@@ -209,6 +209,7 @@ def _bench_command(name: str, module: str, summary: str, parent: typer.Typer = b
 def _register() -> None:
     from zctl.cli import cluster as cluster_cli
     from zctl.cli import doctor
+    from zctl.cli import plan as plan_cli
     from zctl.cli import run as run_cli
     from zctl.cli import serve as serve_cli
 
@@ -220,6 +221,7 @@ def _register() -> None:
     app.command("run")(run_cli.run)
     app.command("doctor")(doctor.doctor)
     app.command("serve")(serve_cli.serve)
+    app.command("plan")(plan_cli.plan_command)
 
 
 _register()

@@ -1,0 +1,111 @@
+"""``zctl plan MODEL``: will a model fit a fleet of PCs, how each PC is used, how fast it runs.
+
+Planning reads the model's shape only (a preset, a config.json, a GGUF header, or what
+``zctl export`` takes, whose config.json alone is fetched): no weights are loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from controlplane.placement import PlacementError
+from controlplane.planner.fleet import FleetError, load_fleet
+from controlplane.planner.memory import DEFAULT_CONTEXT
+from controlplane.planner.presets import PRESETS
+from controlplane.planner.profile import ProfileError
+from controlplane.planner.references import REFERENCE_LINKS, REFERENCE_SPEEDS
+from controlplane.planner.report import plan_dict
+from controlplane.planner.search import OBJECTIVES, Plan, PlanRequest, plan
+from controlplane.planner.shape import ShapeError
+from controlplane.planner.shape_sources import resolve_shape
+from controlplane.planner.timing import PROMPT_TOKENS
+from zctl.cli.exports import AUTO, resolve_weights
+from zctl.cli.plan_view import render_plan
+from zctl.weights import WEIGHT_FORMATS
+
+err = Console(stderr=True)
+out = Console()
+FIT_FORMATS = ("int4", "int8")  # whether a model fits is told for these when --weights is auto
+REFERENCE_NOTE = ("predicted from reference profiles, not measurements of these PCs "
+                  "(docs/design.md, \"Planning\")")
+MODEL_HELP = (f"a preset ({', '.join(PRESETS)}), a config.json, a .gguf file, a model "
+              "directory or a hub id (its config.json only)")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def plan_command(
+    model: Annotated[str, typer.Argument(help=MODEL_HELP)],
+    fleet: Annotated[Path | None, typer.Option(
+        help="a TOML file of PCs (examples/fleets/); each PC's profile is one of "
+             f"{', '.join(REFERENCE_SPEEDS)} or its own figures, its link one of "
+             f"{', '.join(REFERENCE_LINKS)} or its own")] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        help="a running cluster's coordinator (not yet: nodes do not report profiles)")] = None,
+    objective: Annotated[str, typer.Option(
+        help="latency: one stream's tok/s; throughput: N streams' aggregate tok/s")] = "latency",
+    streams: Annotated[int, typer.Option(
+        help="N: the streams throughput is judged at and KV is reserved for", min=1)] = 4,
+    weights: Annotated[str, typer.Option(
+        help=f"{AUTO} | {' | '.join(WEIGHT_FORMATS)}; auto: the model's default format, and "
+             "whether it fits in INT4 and INT8")] = AUTO,
+    context: Annotated[int, typer.Option(help="tokens of KV per stream", min=1)] = DEFAULT_CONTEXT,
+    prompt: Annotated[int, typer.Option(help="the prompt TTFT is predicted for",
+                                        min=1)] = PROMPT_TOKENS,
+    top: Annotated[int, typer.Option(help="placements to list", min=1)] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Plan a model on a fleet of PCs before any export: does it fit (in INT4 and INT8),
+    which PCs take which layers, predicted tok/s at 1 and N streams and time to first token."""
+    if objective not in OBJECTIVES:
+        fail(f"--objective is latency or throughput, not {objective!r}")
+    if weights != AUTO and weights not in WEIGHT_FORMATS:
+        fail(f"--weights is {AUTO} or one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
+    if endpoint is not None:
+        fail("--endpoint: a running cluster's nodes do not report profiles yet, so it "
+                   "cannot be planned from; describe its PCs in a fleet file and give --fleet")
+    if fleet is None:
+        fail("give --fleet FILE: the PCs to plan for (examples/fleets/four-pcs.toml)")
+    try:
+        shape = resolve_shape(model)
+        pcs = load_fleet(fleet)
+    except (ShapeError, FleetError) as exc:
+        fail(str(exc))
+    chosen = resolve_weights(model, weights)
+    formats = [chosen] if weights != AUTO else list(dict.fromkeys((chosen, *FIT_FORMATS)))
+    fits: dict[str, Plan | str] = {}
+    for fmt in sorted(formats, key=WEIGHT_FORMATS.index):
+        request = PlanRequest(shape, fmt, pcs.profiles(shape, fmt), pcs.links(),
+                              objective=objective, streams=streams, head=pcs.head,
+                              context=context, prompt=prompt, top=top)
+        try:
+            fits[fmt] = plan(request)
+        except PlacementError as exc:
+            fits[fmt] = str(exc)
+        except (ProfileError, ValueError) as exc:
+            fail(str(exc))
+    notes = [REFERENCE_NOTE]
+    if shape.moe:
+        notes.append("zctl export does not cut mixture-of-experts models yet: this plans "
+                     "the shape")
+    if as_json:
+        print(json.dumps({
+            "model": shape.as_dict(), "fleet": str(fleet), "weights": chosen,
+            "objective": objective, "streams": streams, "context": context, "prompt": prompt,
+            "fits": {fmt: ({"fits": True, **plan_dict(outcome)} if isinstance(outcome, Plan)
+                           else {"fits": False, "error": outcome})
+                     for fmt, outcome in fits.items()},
+            "notes": notes}))
+    else:
+        render_plan(out, shape, str(fleet), len(pcs.pcs), fits, chosen, prompt, context, notes)
+    if isinstance(fits[chosen], str):
+        raise typer.Exit(1)
