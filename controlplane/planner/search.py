@@ -317,7 +317,8 @@ def _search_exact(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> No
 
 def _search_local(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> None:
     """Seeds: each node alone, and the nodes that hold a layer taken fastest first (by
-    their one-row layer time) or roomiest first, as many as help; then local moves while
+    their one-row layer time) or roomiest first, as many as help (and so with the second
+    of them last); then local moves while
     any improves the best order: drop a node, add one at any place, swap two, replace one."""
     head = ev.request.head
     profiles = ev.request.profiles
@@ -330,12 +331,21 @@ def _search_local(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> No
         if head is not None:
             ranked = [head, *(n for n in ranked if n != head)]
         seeds.extend(tuple(ranked[:size]) for size in range(2, len(ranked) + 1))
+        # the same nodes with the second at the far end: the first and last stages hold the
+        # embedding and the head, so the two best of a list may be needed at both ends
+        seeds.extend((ranked[0], *ranked[2:size], ranked[1])
+                     for size in range(3, len(ranked) + 1))
     best: _Candidate | None = None
     for order in seeds:
         found = ev.evaluate(order)
         ranking.add(found)
         if found is not None and (best is None or found.key() < best.key()):
             best = found
+    for order in () if best is not None else _short_orders(able, head):
+        best = ev.evaluate(order)
+        ranking.add(best)
+        if best is not None:
+            break  # a start for the local moves
     if best is None:
         return
     for _ in range(LOCAL_SEARCH_ROUNDS):
@@ -347,6 +357,19 @@ def _search_local(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> No
                 best, improved = found, True
         if not improved:
             break
+
+
+FALLBACK_ORDERS = 20_000  # orders of 2 and 3 nodes tried when no seed of the local search fits
+
+
+def _short_orders(nodes: Sequence[str], head: str | None):
+    """Every order of 2, then 3 of ``nodes`` (the head first, if one is fixed), up to
+    FALLBACK_ORDERS of them: where memory is tight the seeds may all fail while some
+    pairing of ends and middle fits."""
+    orders = itertools.chain.from_iterable(
+        itertools.permutations(nodes, size) for size in (2, 3))
+    fitting = (o for o in orders if head is None or o[0] == head)
+    return itertools.islice(fitting, FALLBACK_ORDERS)
 
 
 def _moves(order: tuple[str, ...], nodes: Sequence[str], head: str | None):
