@@ -51,6 +51,46 @@ class StageInfo:
 
 
 @dataclass(frozen=True)
+class ProfileRecord:
+    """A node's measured profile as it travels and is stored (the planner's ``NodeProfile``
+    as plain data: controlplane.planner.measured converts): what it was measured for (a
+    shape's fingerprint, a weight format, a device, an OpenVINO version), one decoder
+    layer's decode step and the LM head's at 1, 2, 4 and 8 rows (seconds), a layer's
+    prefill throughput, the fixed cost of an inference call, a layer's resident bytes and
+    the node's free memory then; when (Unix time) and how long it took."""
+
+    shape: str
+    weights: str
+    device: str
+    openvino: str
+    decode_s: list[float]
+    head_decode_s: list[float]
+    prefill_tokens_per_s: float
+    call_s: float
+    layer_bytes: int
+    free_memory: int
+    source: str = ""
+    measured_at: float = 0.0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class LinkStatus:
+    """A link of the pipeline between neighbours ``a`` and ``b``, as the coordinator
+    measured it (``a`` probing ``b``): round trip, and bytes per second each way at the
+    frame sizes the model sends; ``error`` says why it has no figures (then they are 0)."""
+
+    a: str
+    b: str
+    rtt_s: float = 0.0
+    forward_bps: float = 0.0  # a to b
+    backward_bps: float = 0.0  # b to a
+    frame_bytes: list[int] = field(default_factory=list)  # the sizes probed
+    measured_at: float = 0.0  # Unix time (0: not yet)
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     node_id: str
     host: str
