@@ -33,6 +33,7 @@ from controlplane.planner.shape import ModelShape
 from controlplane.records import ProfileRecord
 from zctl.paths import zctl_home
 
+BUDGET_S = 30.0  # what profiling one device may take at most
 PROFILES = "profiles"
 LOCK = "profile.lock"
 NOT_PROFILED = "not profiled yet"

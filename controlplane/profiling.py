@@ -37,13 +37,13 @@ from controlplane.planner.measured import Measurement
 from controlplane.planner.memory import embedding_bytes, layer_weight_bytes
 from controlplane.planner.profile import ROWS, ProfileError, ProfileKey
 from controlplane.planner.shape import ModelShape, ShapeError
+from controlplane.profile_store import BUDGET_S
 from dataplane.runtime.base import StageError, StageRuntime
 from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.load import load_runner
 from dataplane.runtime.paged import PagedStageRunner
 from dataplane.runtime.synthetic import LayerShape, synthetic_manifest, synthetic_model
 
-BUDGET_S = 30.0  # what profiling one device may take at most
 EXTRA_BYTES = 32e6  # the weights the second stage's extra layers should hold
 MAX_EXTRA_LAYERS = 16
 MEMORY_SHARE = 0.5  # of the free memory, what the synthetic stages may take

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from controlplane.planner.shape import ModelShape
 from dataplane.runtime.config import RuntimeSpec
 
 # Liveness defaults: a node silent for LIVENESS beats of HEARTBEAT_S is marked dead (2.5 s:
@@ -110,6 +111,8 @@ class NodeStatus:
     local: bool = False
     last_sent_s: float | None = None  # since the coordinator last sent to it (None: never)
     kv_slots: int = -1  # KV slots its stage holds, as of its last heartbeat (-1: unknown)
+    profile: ProfileRecord | None = None  # measured for the cluster's model (None: not yet)
+    profile_state: str = ""  # not profiled yet, measuring, measured, cached, failed: why
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ class ClusterStatus:
     time_s: float = 0.0  # the coordinator's wall clock when it made this snapshot (0: unknown)
     heartbeat_interval: float = 0.0  # seconds between heartbeats (0: not reported)
     liveness: int = 0  # heartbeats a node may miss before it is marked dead (0: not reported)
+    shape: ModelShape | None = None  # the served model's shape (None: unknown)
+    links: list[LinkStatus] = field(default_factory=list)  # the pipeline's, as measured
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

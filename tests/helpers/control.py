@@ -18,6 +18,8 @@ from controlplane.nodeinfo import openvino_version, zctl_version
 from controlplane.shards import ShardSource
 
 FAST = {"heartbeat_interval": 0.1, "liveness": 10}
+# a test that wants a profile measured says so (profile=True): it spawns a process
+QUIET = {"profile": False}
 
 
 class FakeStage:
@@ -59,7 +61,7 @@ class Cluster:
         cfg = CoordinatorConfig(endpoint=str(config.pop("endpoint", "tcp://127.0.0.1:*")),
                                 state_dir=self.root / "coord", host="127.0.0.1",
                                 **{"chunk_size": 64 << 10, "heal_after": None, **FAST,
-                                   **config})  # type: ignore
+                                   **QUIET, **config})  # type: ignore
         coord = Coordinator(self.export, cfg, launcher=FakeStage, source=source)
         self.coordinators.append(coord)
         coord.start()
@@ -70,7 +72,7 @@ class Cluster:
               **config: object) -> NodeAgent:
         cfg = AgentConfig(endpoint, state_dir=self.root / name, data_host=host,
                           reconnect_min=0.05, reconnect_max=0.4, chunk_timeout=2.0,
-                          **{**FAST, **config})  # type: ignore[arg-type]
+                          **{**FAST, **QUIET, **config})  # type: ignore[arg-type]
         agent = NodeAgent(cfg, launcher=launcher or FakeStage, on_progress=on_progress)
         self.agents.append(agent)
         agent.start()
