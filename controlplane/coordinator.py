@@ -522,12 +522,14 @@ class Coordinator:
                 or plan.state(self.members) != "serving"):
             return
         chain = [node for node, _ in hosts(plan.plan)]
+        spares = [m.node_id for m in self.members.values()
+                  if m.alive and not m.local and m.node_id not in chain]
         addrs = {m.node_id: m.info.probe_addr for m in self.members.values()}
         addrs[self.node_id] = self._echo.endpoint if self._echo else ""
         refused = ("links of a --curve cluster are not probed (the probe endpoint is not "
                    "encrypted)" if self.config.curve is not None else "")
         sizes = probe_sizes(self.shape)
-        for job in self.links.due(plan.epoch, chain, addrs, sizes, now, refused):
+        for job in self.links.due(plan.epoch, chain, addrs, sizes, now, refused, spares):
             if job.a == self.node_id:
                 self._probe_jobs.append((job, self._probes.submit(self._probe_own, job, sizes)))
             else:

@@ -4,10 +4,12 @@ No sockets: once the pipeline serves a new wiring (an epoch), each link between
 neighbours of the chain (stage 0's node to the next, ..., the last back to stage 0's) is
 probed once by its first node, ``a``, against the echo of the second, ``b``
 (controlplane/link_probe.py): the coordinator probes its own links, and asks a node with
-``LinkProbe`` to probe its. A link keeps its last figures until measured again; a probe
-whose report does not come within its deadline leaves the link with an error saying so
-(and the figures it had). The frames probed are those the model sends: hidden states of
-one row and of eight, and a prompt's chunk of 128 and of 1,024 tokens.
+``LinkProbe`` to probe its. The coordinator also probes its link to each spare (a node
+that runs no stage) once, so that a plan can weigh every node. A link keeps its last
+figures until measured again; a probe whose report does not come within its deadline
+leaves the link with an error saying so (and the figures it had). The frames probed are
+those the model sends: hidden states of one row and of eight, and a prompt's chunk of 128
+and of 1,024 tokens.
 """
 
 from __future__ import annotations
@@ -67,16 +69,19 @@ class LinkTable:
         return self.rounds * (2 * len(sizes) + 1) * self.timeout_s + self.grace_s
 
     def due(self, epoch: int, chain: Sequence[str], addrs: dict[str, str], sizes: list[int],
-            now: float, refused: str = "") -> list[Probe]:
-        """The probes to start for the wiring of ``epoch`` (once per epoch): one per link of
-        ``chain``. A node without a probe endpoint, or ``refused`` (why none may run),
-        leaves its link with that error."""
-        if epoch == self.probed_epoch:
-            return []
-        self.probed_epoch = epoch
-        self._pending.clear()
+            now: float, refused: str = "", spares: Sequence[str] = ()) -> list[Probe]:
+        """The probes to start: for the wiring of ``epoch`` (once per epoch) one per link of
+        ``chain``, and one from the chain's first node to each of ``spares`` not probed yet.
+        A node without a probe endpoint, or ``refused`` (why none may run), leaves its link
+        with that error."""
+        pairs = [(chain[0], spare) for spare in spares
+                 if chain and (chain[0], spare) not in self.links]
+        if epoch != self.probed_epoch:
+            self.probed_epoch = epoch
+            self._pending.clear()
+            pairs = chain_links(chain) + pairs
         probes = []
-        for a, b in chain_links(chain):
+        for a, b in pairs:
             old = self.links.get((a, b), LinkStatus(a, b))
             why = refused or ("" if addrs.get(b) else f"node {b} has no probe endpoint")
             if why:

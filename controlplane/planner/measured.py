@@ -37,6 +37,7 @@ from controlplane.records import ProfileRecord
 from controlplane.schema import SchemaError, build
 
 PROFILE_FORMAT = "zctl-node-profile/1"
+PROFILES_FORMAT = "zctl-node-profiles/1"  # several devices' profiles: {"profiles": [...]}
 FLOOR_S = 1e-6  # no per-step figure is taken below a microsecond
 
 
@@ -160,15 +161,31 @@ def record_from_dict(raw: Any, where: str) -> ProfileRecord:
     return record
 
 
-def read_profile(path: Path) -> ProfileRecord:
-    """A profile file (``zctl node profile --json > FILE``, or one a node keeps)."""
+def _read_json(path: Path) -> Any:
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: not JSON: {exc}") from None
-    return record_from_dict(raw, str(path))
+
+
+def read_profile(path: Path) -> ProfileRecord:
+    """A profile file (one a node keeps, or ``zctl node profile --json`` of one device)."""
+    return record_from_dict(_read_json(path), str(path))
+
+
+def read_profiles(path: Path) -> list[ProfileRecord]:
+    """The profiles of a file ``zctl node profile --json`` wrote: one device's, or several
+    (``PROFILES_FORMAT``)."""
+    raw = _read_json(path)
+    if isinstance(raw, dict) and raw.get("format") == PROFILES_FORMAT:
+        items = raw.get("profiles")
+        if not isinstance(items, list) or not items:
+            raise ProfileError(f"{path}: profiles must be a non-empty list")
+        return [record_from_dict(item, f"{path}: profile #{i + 1}")
+                for i, item in enumerate(items)]
+    return [record_from_dict(raw, str(path))]
 
 
 # -- a link ---------------------------------------------------------------------------------

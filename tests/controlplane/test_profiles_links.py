@@ -3,28 +3,15 @@ pipeline's links once it serves; both show in the status, and neither holds anyt
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from controlplane import messages as m
 from controlplane.links import LinkTable, chain_links, probe_sizes
 from controlplane.nodeinfo import openvino_version
-from controlplane.planner.measured import Measurement
-from controlplane.planner.profile import LinkProfile, ProfileKey
+from controlplane.planner.profile import LinkProfile
 from controlplane.planner.shape import ModelShape
-from controlplane.profile_store import NOT_PROFILED, ProfileStore
-from tests.helpers.control import RawNode, enrol_msg, node, wait_for
-
-
-def _seed(state_dir: Path, shape: ModelShape, openvino: str | None = None) -> None:
-    """A profile kept in a node's state directory, as zctl node profile leaves one."""
-    version = openvino or openvino_version()
-    rows = (1e-4, 1.5e-4, 2e-4, 3e-4)
-    measurement = Measurement(ProfileKey(shape.fingerprint(), "fp32", "CPU", version), 3, rows,
-                              tuple(4 * r for r in rows), tuple(5 * r for r in rows), 128,
-                              1e-3, 4e-3, 1 << 20, 4 << 20, 8 << 30, rounds=2, seconds=1.0)
-    ProfileStore(state_dir, version).save(shape, measurement)
+from controlplane.profile_store import NOT_PROFILED
+from tests.helpers.control import RawNode, enrol_msg, node, seed_profile, wait_for
 
 
 def _state(coord, node_id: str) -> str:
@@ -42,7 +29,7 @@ def test_the_coordinator_reads_the_export_s_shape(cp_cluster) -> None:
 def test_a_node_s_kept_profile_shows_in_the_status(cp_cluster) -> None:
     coord = cp_cluster.coordinator()
     shape = coord.shape
-    _seed(cp_cluster.root / "n1", shape)
+    seed_profile(cp_cluster.root / "n1", shape)
     agent = cp_cluster.agent(coord.endpoint)
     wait_for(lambda: _state(coord, agent.node_id) == "kept", what="profile")
     status = node(coord.status(), agent.node_id)
@@ -54,7 +41,7 @@ def test_a_node_s_kept_profile_shows_in_the_status(cp_cluster) -> None:
 
 def test_a_node_without_a_profile_or_with_a_stale_one_says_so(cp_cluster) -> None:
     coord = cp_cluster.coordinator()
-    _seed(cp_cluster.root / "n2", coord.shape, openvino="2020.1.0")
+    seed_profile(cp_cluster.root / "n2", coord.shape, openvino="2020.1.0")
     fresh = cp_cluster.agent(coord.endpoint, name="n1")
     stale = cp_cluster.agent(coord.endpoint, name="n2")
     wait_for(lambda: _state(coord, fresh.node_id) and "stale" in _state(coord, stale.node_id),
@@ -145,3 +132,11 @@ def test_a_link_table_probes_each_wiring_once_and_keeps_late_reports_out() -> No
     refused = table.due(3, ["c", "a"], addrs, [100], 0.0, refused="curve")
     assert refused == [] and table.links[("c", "a")].error == "curve"
     assert table.links[("c", "a")].rtt_s == 1e-3  # the figures it had stay
+
+
+def test_the_coordinator_probes_its_link_to_a_spare_once() -> None:
+    table = LinkTable(rounds=1, timeout_s=1.0)
+    addrs = {"c": "tcp://c:1", "a": "tcp://a:1", "s": "tcp://s:1"}
+    probes = table.due(1, ["c", "a"], addrs, [100], 0.0, spares=["s"])
+    assert [(p.a, p.b) for p in probes] == [("c", "a"), ("a", "c"), ("c", "s")]
+    assert table.due(1, ["c", "a"], addrs, [100], 0.0, spares=["s"]) == []

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from controlplane.planner.measured import PROFILES_FORMAT
 from controlplane.planner.presets import PRESETS
 from controlplane.planner.profile import ROWS, ProfileError
 from controlplane.planner.shape import ModelShape, ShapeError
@@ -28,7 +29,6 @@ err = Console(stderr=True)
 out = Console()
 PROFILED_DEVICES = ("CPU", "GPU")  # what a stage runs on that a profile times (not the NPU's
 # static shards)
-MULTI_FORMAT = "zctl-node-profiles/1"
 
 
 def usable_devices() -> list[str]:
@@ -115,7 +115,7 @@ def profile_command(
         done.append((record, f"measured in {measurement.seconds:.1f} s", path))
     if as_json:
         files = [json.loads(path.read_text()) for _, _, path in done]
-        print(json.dumps(files[0] if len(files) == 1 else {"format": MULTI_FORMAT,
+        print(json.dumps(files[0] if len(files) == 1 else {"format": PROFILES_FORMAT,
                                                            "profiles": files}))
     elif done:
         out.print(_table(shape, chosen, done))
