@@ -75,6 +75,7 @@ from controlplane.records import HEARTBEAT_S, LIVENESS, StageInfo
 from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
 from controlplane.sockets import dealer_socket
+from dataplane.wire.transport import PipeOptions
 from zctl.manifest import ManifestError, load_manifest
 from zctl.paths import zctl_home
 
@@ -106,6 +107,7 @@ class AgentConfig:
     curve: CurveClient | None = None
     cluster_id: str = ""  # the local cluster it was started for ("": whichever it joins)
     profile: bool = True  # measure its profile for a model it has none of, when asked
+    link: PipeOptions | None = None  # the emulated link its data frames go over (its probes too)
 
 
 class NodeAgent:
@@ -176,7 +178,7 @@ class NodeAgent:
     def run(self) -> None:
         """Connect, serve, reconnect with backoff; returns when stopped or refused."""
         try:
-            self._echo = ProbeEcho(self._ctx, self.host)
+            self._echo = ProbeEcho(self._ctx, self.host, self.config.link)
             while not self._stop.is_set():
                 self._connect()
                 outcome = self._serve()
@@ -457,7 +459,7 @@ class NodeAgent:
         """Time the link to ``msg.peer`` (on the probe thread)."""
         try:
             link = link_from_samples(probe(self._ctx, msg.peer_addr, msg.sizes, msg.rounds,
-                                           msg.timeout_s))
+                                           msg.timeout_s, self.config.link))
         except (ProbeError, ProfileError) as exc:
             return LinkReport(msg.probe_id, msg.peer, False, error=str(exc))
         return LinkReport(msg.probe_id, msg.peer, True, link.rtt_s, link.forward_bps,

@@ -88,6 +88,7 @@ from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
 from controlplane.wiring import PipelinePlan
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.wire.transport import PipeOptions
 from zctl.engine.executor import Executor
 from zctl.manifest import load_manifest
 from zctl.paths import zctl_home
@@ -124,6 +125,7 @@ class CoordinatorConfig:
     profile: bool = True  # measure this machine's profile for the model when it has none
     profile_budget_s: float = BUDGET_S  # what a node's profile of one device may take
     probe_links: bool = True  # probe the links between the pipeline's neighbours
+    link: PipeOptions | None = None  # the emulated link its data frames go over (its probes too)
 
 
 def _member_identity(identity: bytes) -> str:
@@ -214,7 +216,7 @@ class Coordinator:
             raise
         self._sock = sock
         if self.config.probe_links:
-            self._echo = ProbeEcho(self._ctx, self.host)
+            self._echo = ProbeEcho(self._ctx, self.host, self.config.link)
         bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         port = bound.rsplit(":", 1)[1]
         self.endpoint = f"tcp://{self.host}:{port}" if endpoint_host(bound) in (
@@ -540,7 +542,7 @@ class Coordinator:
     def _probe_own(self, job: Probe, sizes: list[int]) -> LinkProfile:
         """Time this machine's link to ``job.b`` (on the probe thread)."""
         return link_from_samples(probe(self._ctx, job.b_addr, sizes, self.links.rounds,
-                                       self.links.timeout_s))
+                                       self.links.timeout_s, self.config.link))
 
     def _advance(self) -> None:
         if not self.plan.try_plan(self.members):
