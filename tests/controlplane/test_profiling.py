@@ -68,10 +68,10 @@ def test_a_damaged_profile_file_is_measured_again_not_fatal(tmp_path: Path) -> N
     assert record is None and "damaged" in why and str(path) in why
 
 
-def test_the_second_stage_holds_some_32_mb_of_extra_layers_fewer_when_memory_is_short() -> None:
-    assert extra_layers(SMOL, "int4", 16 << 30) == 14
+def test_the_second_stage_holds_some_64_mb_of_extra_layers_fewer_when_memory_is_short() -> None:
+    assert extra_layers(SMOL, "int4", 16 << 30) == 28
     assert extra_layers(PRESETS["llama-3.1-8b"], "int4", 16 << 30) == 1
-    assert extra_layers(TINY, "fp32", 16 << 30) == 16
+    assert extra_layers(TINY, "fp32", 16 << 30) == 32
     with pytest.raises(ProfileError, match="needs ~.* GB"):
         extra_layers(PRESETS["llama-3.1-70b"], "int4", 2 << 30)
 
@@ -103,12 +103,14 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_profiling_stops_at_its_budget() -> None:
-    budget = 3.0
+    # SmolLM2's 29-layer stage does not finish its 8 rounds in 6 s on a busy 2-vCPU machine;
+    # past the budget no step or build starts (a compile under way ends first: the margin)
+    budget = 6.0
     start = time.perf_counter()
     try:
         measurement = measure(SMOL, "int4", "CPU", budget)
-    except ProfileError as exc:  # a busy machine may not time every figure in 3 s
+    except ProfileError as exc:  # a busy machine may not time every figure in 6 s
         assert "budget" in str(exc)
     else:
-        assert measurement.seconds < budget * 1.5
-    assert time.perf_counter() - start < budget * 1.5 + 3.0
+        assert measurement.seconds < budget * 1.5 + 5.0
+    assert time.perf_counter() - start < budget * 1.5 + 5.0
