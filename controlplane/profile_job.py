@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from controlplane.messages import ProfileReport
-from controlplane.planner.measured import profile_of, record_from_dict
+from controlplane.planner.measured import mismatches, profile_of, record_from_dict
 from controlplane.planner.profile import ProfileError
 from controlplane.planner.shape import ModelShape
 from controlplane.profile_store import NOT_PROFILED, ProfileStore
@@ -141,11 +141,8 @@ def report_outcome(report: ProfileReport, task: ProfileTask, openvino: str
     if report.state == "failed" or report.profile is None:
         return None, f"failed: {report.detail or 'no reason given'}"
     record = report.profile
-    stale = [f"{what} {have!r}, not {want!r}" for what, have, want in (
-        ("shape", record.shape, task.shape.fingerprint()), ("weights", record.weights,
-                                                            task.weights),
-        ("device", record.device, task.device), ("OpenVINO", record.openvino, openvino))
-        if have != want]
+    stale = mismatches(record, shape=task.shape.fingerprint(), weights=task.weights,
+                       device=task.device, openvino=openvino)
     if stale:
         return None, (f"failed: it reported a profile measured for {'; '.join(stale)}: "
                       "profile it again (zctl node profile)")

@@ -23,6 +23,7 @@ from pathlib import Path
 from controlplane.nodeinfo import openvino_version
 from controlplane.planner.measured import (
     Measurement,
+    mismatches,
     profile_dict,
     profile_from,
     profile_record,
@@ -67,10 +68,8 @@ class ProfileStore:
             record = read_profile(path)
         except ProfileError as exc:
             return None, f"its profile is damaged ({exc})"
-        stale = [f"{what} {have!r}, not {want!r}" for what, have, want in (
-            ("shape", record.shape, shape.fingerprint()), ("weights", record.weights, weights),
-            ("device", record.device, device), ("OpenVINO", record.openvino, self.openvino))
-            if have != want]
+        stale = mismatches(record, shape=shape.fingerprint(), weights=weights, device=device,
+                           openvino=self.openvino)
         if stale:
             return None, f"its profile is stale (measured for {'; '.join(stale)})"
         return record, ""

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from controlplane.planner.measured import profile_of, read_profiles
+from controlplane.planner.measured import mismatches, profile_of, read_profiles
 from controlplane.planner.profile import LinkProfile, Links, NodeProfile, ProfileError
 from controlplane.planner.references import (
     REFERENCE_LINKS,
@@ -93,9 +93,7 @@ class FleetPC:
             raise ProfileError(f"pc {self.name!r}: {self.profile_file} profiles {devices}, "
                                f"not its device {self.device}")
         record = fits[0]
-        stale = [f"{what} {have!r}, not {want!r}" for what, have, want in (
-            ("shape", record.shape, shape.fingerprint()), ("weights", record.weights, weights))
-            if have != want]
+        stale = mismatches(record, shape=shape.fingerprint(), weights=weights)
         if stale:
             raise ProfileError(f"pc {self.name!r}: {self.profile_file} was measured for "
                                f"{'; '.join(stale)}: profile {shape.name} in {weights} "

@@ -131,6 +131,16 @@ def profile_of(record: ProfileRecord) -> NodeProfile:
         record.call_s, record.layer_bytes, record.free_memory, record.source)
 
 
+KEY_NAMES = {"shape": "shape", "weights": "weights", "device": "device", "openvino": "OpenVINO"}
+
+
+def mismatches(record: ProfileRecord, **want: str) -> list[str]:
+    """What ``record`` was measured for that is not what is wanted (``want``: some of its
+    ``shape``, ``weights``, ``device``, ``openvino``), as "weights 'int4', not 'int8'"."""
+    return [f"{KEY_NAMES[name]} {getattr(record, name)!r}, not {value!r}"
+            for name, value in want.items() if getattr(record, name) != value]
+
+
 def profile_dict(record: ProfileRecord, measurement: Measurement | None = None) -> dict[str, Any]:
     """A profile file's JSON: the format, the record's fields and what was timed."""
     out: dict[str, Any] = {"format": PROFILE_FORMAT, **asdict(record)}
