@@ -123,13 +123,15 @@ class _Stage:
     positions: dict[int, int] = field(default_factory=dict)
 
     def prepare(self, hidden: int) -> None:
+        """Each row count's group, its rows' past prefilled one stream at a time (as a
+        stateful stage forms a group only of streams that hold their KV)."""
+        past = np.zeros((1, PAST_TOKENS, hidden), np.float32)
         for rows in ROWS:
             members = [rows * 100 + i for i in range(rows)]
             for sid in members:
                 self.runner.open_stream(sid)
+                self.runner.step(sid, past, np.arange(PAST_TOKENS))
             self.runner.regroup(rows, members)
-            x = np.zeros((rows, PAST_TOKENS, hidden), np.float32)
-            self.runner.step_rows(rows, x, np.tile(np.arange(PAST_TOKENS), (rows, 1)))
             self.positions[rows] = PAST_TOKENS
 
     def decode(self, rows: int, hidden: int) -> None:
