@@ -5,7 +5,10 @@ heartbeat; after ``liveness`` silent intervals the agent closes its socket and
 reconnects with exponential backoff (``reconnect_min`` to ``reconnect_max``). The
 node id (``<state_dir>/node_id``) is also the socket's routing id, so a restarted node
 reclaims its place. Slow work (hashing a cached shard, compiling a stage) runs on a
-worker thread so heartbeats never stall.
+worker thread so heartbeats never stall; a profile is measured in a process of its own
+(controlplane/profile_job.py) and a link probed on a thread of its own, both reported
+when done. The node answers probes of its links at its probe endpoint (an echo,
+controlplane/link_probe.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from controlplane.launch import (
     StageSlot,
     default_launcher,
 )
+from controlplane.link_probe import ProbeEcho, ProbeError, probe
 from controlplane.messages import (
     PROTOCOL_VERSION,
     AssignStage,
@@ -36,8 +40,11 @@ from controlplane.messages import (
     Error,
     Heartbeat,
     Leave,
+    LinkProbe,
+    LinkReport,
     Message,
     MessageError,
+    ProfileRequest,
     ProtocolMismatch,
     Refuse,
     Release,
@@ -61,10 +68,14 @@ from controlplane.nodeinfo import (
     route_host,
     zctl_version,
 )
+from controlplane.planner.measured import link_from_samples
+from controlplane.planner.profile import ProfileError
+from controlplane.profile_job import ProfileJob, ProfileTask
 from controlplane.records import HEARTBEAT_S, LIVENESS, StageInfo
 from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
 from controlplane.sockets import dealer_socket
+from dataplane.wire.transport import PipeOptions
 from zctl.manifest import ManifestError, load_manifest
 from zctl.paths import zctl_home
 
@@ -95,6 +106,8 @@ class AgentConfig:
     max_message_bytes: int = 64 << 20
     curve: CurveClient | None = None
     cluster_id: str = ""  # the local cluster it was started for ("": whichever it joins)
+    profile: bool = True  # measure its profile for a model it has none of, when asked
+    link: PipeOptions | None = None  # the emulated link its data frames go over (its probes too)
 
 
 class NodeAgent:
@@ -134,6 +147,12 @@ class NodeAgent:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="zctl-agent-work")
         self._jobs: list[_Job] = []
         self.slot = StageSlot(self.launcher)
+        self.profile = ProfileJob(f"node {self.node_id}", config.state_dir, config.profile,
+                                  config.memory_limit, self.openvino)
+        self.profile_state = "not profiled yet"
+        self._echo: ProbeEcho | None = None
+        self._probes = ThreadPoolExecutor(1, thread_name_prefix="zctl-agent-probe")
+        self._probe_jobs: list[tuple[LinkProbe, Future]] = []
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -159,6 +178,7 @@ class NodeAgent:
     def run(self) -> None:
         """Connect, serve, reconnect with backoff; returns when stopped or refused."""
         try:
+            self._echo = ProbeEcho(self._ctx, self.host, self.config.link)
             while not self._stop.is_set():
                 self._connect()
                 outcome = self._serve()
@@ -176,7 +196,11 @@ class NodeAgent:
             if self._sock is not None and self.state == "enrolled":
                 self._send(Leave("node stopping"))
             self._close()
+            self.profile.stop()
             self._executor.shutdown(wait=True)
+            self._probes.shutdown(wait=True)
+            if self._echo is not None:
+                self._echo.close()
             self.slot.stop()
             self._ctx.term()
             if self.state != "refused":
@@ -209,7 +233,8 @@ class NodeAgent:
         self._send(Enrol(self.node_id, self.host, self.data_addr, self.devices, total, free,
                          self.openvino, zctl_version(), self.cache.hashes(), self.config.tok_s,
                          data_key="" if curve is None else curve.public.decode(),
-                         cluster_id=self.config.cluster_id))
+                         cluster_id=self.config.cluster_id,
+                         probe_addr=self._echo.endpoint if self._echo else ""))
 
     def _send(self, msg: Message, payload: bytes | None = None) -> None:
         assert self._sock is not None
@@ -243,6 +268,7 @@ class NodeAgent:
             if self.state == "enrolled" and now - self._last_sent >= self._interval:
                 self._send(Heartbeat(self.state, self._kv_slots()))
             self._collect_jobs()
+            self._collect_measurements()
             self._request_chunks()
         return "stopped"
 
@@ -304,6 +330,13 @@ class NodeAgent:
         elif isinstance(msg, Release):
             log.info("node %s released from its stage: %s", self.node_id, msg.reason)
             self._submit("released", None, self.slot.stop)
+        elif isinstance(msg, ProfileRequest):
+            report = self.profile.request(ProfileTask(msg.shape, msg.weights, msg.device),
+                                          msg.budget_s)
+            self.profile_state = report.state
+            self._send(report)
+        elif isinstance(msg, LinkProbe):
+            self._probe_jobs.append((msg, self._probes.submit(self._probe_link, msg)))
         elif isinstance(msg, Error):
             if msg.code == "not-enrolled":
                 if time.monotonic() - self._last_enrol >= self._interval:  # once per burst
@@ -421,6 +454,30 @@ class NodeAgent:
                     else f"{type(error).__name__}: {error}")
                 self._send(StageReady(msg.epoch, msg.stage.index, error is None, text))
 
+    # -- profile and links -----------------------------------------------------------------
+    def _probe_link(self, msg: LinkProbe) -> LinkReport:
+        """Time the link to ``msg.peer`` (on the probe thread)."""
+        try:
+            link = link_from_samples(probe(self._ctx, msg.peer_addr, msg.sizes, msg.rounds,
+                                           msg.timeout_s, self.config.link))
+        except (ProbeError, ProfileError) as exc:
+            return LinkReport(msg.probe_id, msg.peer, False, error=str(exc))
+        return LinkReport(msg.probe_id, msg.peer, True, link.rtt_s, link.forward_bps,
+                          link.backward_bps)
+
+    def _collect_measurements(self) -> None:
+        """Send a finished profile's and finished probes' reports."""
+        report = self.profile.finished()
+        if report is not None:
+            self.profile_state = report.state
+            if self.state == "enrolled":
+                self._send(report)
+        while self._probe_jobs and self._probe_jobs[0][1].done():
+            msg, future = self._probe_jobs.pop(0)
+            error = future.exception()
+            self._send(future.result() if error is None else LinkReport(
+                msg.probe_id, msg.peer, False, error=f"{type(error).__name__}: {error}"))
+
     # -- the stage -----------------------------------------------------------------------
     def _launch(self, assignment: StageAssignment, msg: AssignStage) -> None:
         """Start (or keep) the assigned stage; runs on the worker thread."""
@@ -457,6 +514,7 @@ class NodeAgent:
             "refusal": self.refusal, "stage": a.stage_index if a else None,
             "epoch": a.epoch if a else None, "cached_shards": self.cache.hashes(),
             "transfer": [download.bytes_done, download.bytes_total] if download else None,
+            "profile": self.profile_state,
             "counters": dict(self.counters),
         }
 

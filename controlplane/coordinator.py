@@ -4,6 +4,12 @@ It is also node 0: it runs stage 0 itself (from the export it serves) and binds 
 return pipe the last stage sends to. One thread owns the socket and runs a poll loop
 with bounded waits; every message is decoded by ``controlplane.messages`` and an
 unknown or malformed one is counted and answered with an Error, never fatal.
+
+It asks every node that enrols for its profile of the served model (and keeps or
+measures its own, controlplane/profile_job.py), and once the pipeline serves a new
+wiring it has each link between neighbours probed (controlplane/links.py); both show in
+the status. Neither ever holds up the pipeline: a node without a profile, or a link
+whose probe is not answered, only lacks its figures.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +27,7 @@ from typing import Any
 import zmq
 
 from controlplane import membership as ms
+from controlplane.heal import hosts
 from controlplane.launch import (
     BackgroundStage,
     HeadHandle,
@@ -28,6 +36,8 @@ from controlplane.launch import (
     StageLauncher,
     head_launcher,
 )
+from controlplane.link_probe import ProbeEcho, probe
+from controlplane.links import LinkTable, Probe, probe_sizes
 from controlplane.messages import (
     PROTOCOL_VERSION,
     AssignStage,
@@ -35,8 +45,12 @@ from controlplane.messages import (
     Error,
     Heartbeat,
     Leave,
+    LinkProbe,
+    LinkReport,
     Message,
     MessageError,
+    ProfileReport,
+    ProfileRequest,
     ProtocolMismatch,
     Refuse,
     ShardDone,
@@ -62,12 +76,19 @@ from controlplane.nodeinfo import (
     zctl_version,
 )
 from controlplane.placement import LayerCost, stage_needs
+from controlplane.planner.export_shape import export_shape
+from controlplane.planner.measured import link_from_samples
+from controlplane.planner.profile import LinkProfile
+from controlplane.planner.shape import ShapeError
+from controlplane.profile_job import ProfileJob, ProfileTask, report_outcome
+from controlplane.profile_store import BUDGET_S
 from controlplane.records import HEARTBEAT_S, LIVENESS, ClusterStatus, RefusalInfo
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
 from controlplane.wiring import PipelinePlan
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.wire.transport import PipeOptions
 from zctl.engine.executor import Executor
 from zctl.manifest import load_manifest
 from zctl.paths import zctl_home
@@ -101,6 +122,10 @@ class CoordinatorConfig:
     verify_export: bool = True
     curve: CurveServer | None = None  # CURVE authentication and encryption (optional)
     cluster_id: str = ""  # an embedded local cluster's identity: only its nodes enrol ("": any)
+    profile: bool = True  # measure this machine's profile for the model when it has none
+    profile_budget_s: float = BUDGET_S  # what a node's profile of one device may take
+    probe_links: bool = True  # probe the links between the pipeline's neighbours
+    link: PipeOptions | None = None  # the emulated link its data frames go over (its probes too)
 
 
 def _member_identity(identity: bytes) -> str:
@@ -157,6 +182,20 @@ class Coordinator:
         self.endpoint = ""
         self._started = now
         self.local = BackgroundStage(self.launcher, "zctl-stage0")  # stage 0, run here
+        self.shape, self.profile_task = None, None
+        try:
+            self.shape = export_shape(self.manifest, self.export_dir)
+            self.profile_task = ProfileTask(self.shape, self.manifest.weight_format,
+                                            cfg.runtime.device)
+        except ShapeError as exc:
+            log.warning("no profiles or link probes for this export: %s", exc)
+            me.profile_state = f"failed: {exc}"
+        self.profile = ProfileJob("coordinator", cfg.state_dir, cfg.profile, cfg.memory_limit,
+                                  self.openvino)
+        self.links = LinkTable()
+        self._echo: ProbeEcho | None = None
+        self._probes = ThreadPoolExecutor(1, thread_name_prefix="zctl-coordinator-probe")
+        self._probe_jobs: list[tuple[Probe, Future]] = []
 
     # -- lifecycle -----------------------------------------------------------------------
     def bind(self) -> str:
@@ -176,6 +215,8 @@ class Coordinator:
             sock.close(0)
             raise
         self._sock = sock
+        if self.config.probe_links:
+            self._echo = ProbeEcho(self._ctx, self.host, self.config.link)
         bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         port = bound.rsplit(":", 1)[1]
         self.endpoint = f"tcp://{self.host}:{port}" if endpoint_host(bound) in (
@@ -225,6 +266,10 @@ class Coordinator:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         tick = self.config.heartbeat_interval / 8  # a verdict is at most 1/8 beat late
+        if self.profile_task is not None:
+            with self._lock:
+                self._own_profile(self.profile.request(self.profile_task,
+                                                       self.config.profile_budget_s))
         try:
             while not self._stop.is_set():
                 if poller.poll(int(tick * 1000)):
@@ -246,6 +291,10 @@ class Coordinator:
                 if not member.local and member.alive:
                     self._send(member.identity, Leave("coordinator shutting down"))
         self.local.stop()
+        self.profile.stop()
+        self._probes.shutdown(wait=True)
+        if self._echo is not None:
+            self._echo.close()
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
@@ -321,6 +370,13 @@ class Coordinator:
             self._on_shard_done(member, msg)
         elif isinstance(msg, StageReady):
             self._on_stage_ready(member, msg)
+        elif isinstance(msg, ProfileReport):
+            self._on_profile_report(member, msg)
+        elif isinstance(msg, LinkReport):
+            figures = (LinkProfile(msg.rtt_s, msg.forward_bps, msg.backward_bps) if msg.ok
+                       else None)
+            if not self.links.result(msg.probe_id, member.node_id, figures, msg.error):
+                self.counters["stale"] += 1
         else:
             self.counters["unexpected"] += 1
             self._send(identity, Error("unexpected", f"a node does not send {type_tag(msg)}", type_tag(msg)))
@@ -369,6 +425,10 @@ class Coordinator:
         member.lapses.clear()
         self._send(identity, Welcome(msg.node_id, self.node_id, self.session,
                                      self.config.heartbeat_interval, self.config.liveness))
+        if self.profile_task is not None:
+            task = self.profile_task
+            self._send(identity, ProfileRequest(task.shape, task.weights, task.device,
+                                                self.config.profile_budget_s))
 
     def _on_shard_request(self, member: ms.Member, msg: ShardRequest) -> None:
         if member.offered != msg.shard_hash:
@@ -401,6 +461,20 @@ class Coordinator:
             log.error("node %s could not fetch shard %s: %s", member.node_id,
                       msg.shard_hash[:12], msg.error)
 
+    def _on_profile_report(self, member: ms.Member, msg: ProfileReport) -> None:
+        if self.profile_task is None:
+            return
+        record, state = report_outcome(msg, self.profile_task, member.info.openvino)
+        if record is not None or state != "measuring" or member.profile is None:
+            member.profile, member.profile_state = record, state
+        if state.startswith("failed"):
+            log.warning("node %s: no profile: %s", member.node_id, state)
+
+    def _own_profile(self, report: ProfileReport) -> None:
+        me = self.members[self.node_id]
+        assert self.profile_task is not None
+        me.profile, me.profile_state = report_outcome(report, self.profile_task, self.openvino)
+
     def _on_stage_ready(self, member: ms.Member, msg: StageReady) -> None:
         if member.assigned is None or msg.epoch != member.assigned.epoch:
             self.counters["stale"] += 1
@@ -428,8 +502,47 @@ class Coordinator:
                 self._send(member.identity, Heartbeat(member.state))
         self._collect_local_jobs()
         self._advance()
+        report = self.profile.finished()
+        if report is not None:
+            self._own_profile(report)
+        self._probe_links(now)
         if self.config.curve is not None:
             self.config.curve.maybe_reload()
+
+    # -- links -----------------------------------------------------------------------------
+    def _probe_links(self, now: float) -> None:
+        """Probe the links of a newly wired pipeline once it serves; take finished probes'
+        figures; mark overdue ones."""
+        while self._probe_jobs and self._probe_jobs[0][1].done():
+            job, future = self._probe_jobs.pop(0)
+            error = future.exception()
+            self.links.result(job.probe_id, job.a, future.result() if error is None else None,
+                              str(error or ""))
+        self.links.expire(now)
+        plan = self.plan
+        if (not self.config.probe_links or self.shape is None or plan.plan is None
+                or plan.state(self.members) != "serving"):
+            return
+        chain = [node for node, _ in hosts(plan.plan)]
+        spares = [m.node_id for m in self.members.values()
+                  if m.alive and not m.local and m.node_id not in chain]
+        addrs = {m.node_id: m.info.probe_addr for m in self.members.values()}
+        addrs[self.node_id] = self._echo.endpoint if self._echo else ""
+        refused = ("links of a --curve cluster are not probed (the probe endpoint is not "
+                   "encrypted)" if self.config.curve is not None else "")
+        sizes = probe_sizes(self.shape)
+        for job in self.links.due(plan.epoch, chain, addrs, sizes, now, refused, spares):
+            if job.a == self.node_id:
+                self._probe_jobs.append((job, self._probes.submit(self._probe_own, job, sizes)))
+            else:
+                self._send(self.members[job.a].identity, LinkProbe(
+                    job.probe_id, job.b, job.b_addr, sizes, self.links.rounds,
+                    self.links.timeout_s))
+
+    def _probe_own(self, job: Probe, sizes: list[int]) -> LinkProfile:
+        """Time this machine's link to ``job.b`` (on the probe thread)."""
+        return link_from_samples(probe(self._ctx, job.b_addr, sizes, self.links.rounds,
+                                       self.links.timeout_s, self.config.link))
 
     def _advance(self) -> None:
         if not self.plan.try_plan(self.members):
@@ -497,7 +610,8 @@ class Coordinator:
             refused=[RefusalInfo(n, h, r, round(now - t, 3), c) for n, h, r, t, c in self.refused],
             counters=dict(self.counters), runtime=self.config.runtime,
             curve=self.config.curve is not None, time_s=time.time(),
-            heartbeat_interval=self.config.heartbeat_interval, liveness=self.config.liveness)
+            heartbeat_interval=self.config.heartbeat_interval, liveness=self.config.liveness,
+            shape=self.shape, links=self.links.status())
 
     def status(self) -> ClusterStatus:
         """A consistent snapshot (thread-safe)."""

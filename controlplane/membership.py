@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from controlplane.messages import AssignStage, Enrol
 from controlplane.nodeinfo import describe_versions
-from controlplane.records import NodeStatus
+from controlplane.records import NodeStatus, ProfileRecord
 
 IDLE = "idle"
 TRANSFERRING = "transferring"
@@ -64,6 +64,8 @@ class Member:
     enrolments: int = 1  # a node that enrols again has lost what its stage held
     enrolled_at: float = 0.0  # when it last enrolled
     lapses: deque[tuple[float, float]] = field(default_factory=deque)  # (end, seconds)
+    profile: ProfileRecord | None = None  # its profile for the cluster's model
+    profile_state: str = "not profiled yet"  # or measuring, measured, kept, failed: why
 
     @property
     def alive(self) -> bool:
@@ -101,7 +103,7 @@ class Member:
             error=self.error, local=self.local,
             last_sent_s=(round(max(0.0, now - self.last_sent), 3)
                          if self.last_sent and not self.local else None),
-            kv_slots=self.kv_slots,
+            kv_slots=self.kv_slots, profile=self.profile, profile_state=self.profile_state,
         )
 
 

@@ -27,11 +27,12 @@ from controlplane.checks import (  # noqa: F401 - NODE_ID_RE, MessageError: part
     check_sha,
     need,
 )
-from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, StageInfo
+from controlplane.planner.shape import ModelShape
+from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, ProfileRecord, StageInfo
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
 
-PROTOCOL_VERSION = 6  # bump with every change to a message schema (tests/test_wire_schema.py)
+PROTOCOL_VERSION = 7  # bump with every change to a message schema (tests/test_wire_schema.py)
 
 class UnknownMessage(MessageError):
     """A well-formed envelope of a type this side does not know."""
@@ -131,6 +132,7 @@ class Enrol(Message):
     pid: int = 0
     data_key: str = ""  # Z85 public key of the node's CURVE data pipes ("": no CURVE)
     cluster_id: str = ""  # the local cluster the node was started for ("": any)
+    probe_addr: str = ""  # the echo its links are probed against ("": none)
 
     def check(self) -> None:
         need(bool(NODE_ID_RE.match(self.node_id)),
@@ -347,6 +349,85 @@ class Error(Message):
     code: str
     detail: str
     ref_type: str = ""
+
+
+PROFILE_STATES = ("kept", "measured", "measuring", "not-profiled", "failed")
+
+
+@register
+@dataclass(frozen=True)
+class ProfileRequest(Message):
+    """Coordinator -> node: your profile for the cluster's model (its shape, in this weight
+    format, on this device); measure it if you have none (within ``budget_s`` seconds)."""
+
+    TYPE: ClassVar[str] = "profile_request"
+    shape: ModelShape
+    weights: str
+    device: str
+    budget_s: float = 30.0
+
+    def check(self) -> None:
+        need(self.budget_s > 0, "profile_request.budget_s must be > 0")
+
+
+@register
+@dataclass(frozen=True)
+class ProfileReport(Message):
+    """Node -> coordinator: its profile (state kept or measured), or that it is measuring
+    one, has none and will not measure it (not-profiled), or failed; ``detail`` says why."""
+
+    TYPE: ClassVar[str] = "profile_report"
+    state: str
+    profile: ProfileRecord | None = None
+    detail: str = ""
+
+    def check(self) -> None:
+        need(self.state in PROFILE_STATES,
+             f"profile_report.state {self.state!r} is not one of {', '.join(PROFILE_STATES)}")
+        need((self.profile is not None) == (self.state in ("kept", "measured")),
+             "profile_report: a profile comes with state kept or measured, and only then")
+
+
+@register
+@dataclass(frozen=True)
+class LinkProbe(Message):
+    """Coordinator -> node: time round trips to ``peer``'s probe endpoint with frames of
+    these sizes (controlplane/link_probe.py) and report the link's figures."""
+
+    TYPE: ClassVar[str] = "link_probe"
+    probe_id: int
+    peer: str
+    peer_addr: str
+    sizes: list[int]
+    rounds: int = 5
+    timeout_s: float = 5.0
+
+    def check(self) -> None:
+        need(self.peer_addr.startswith("tcp://"),
+             f"link_probe.peer_addr {self.peer_addr!r} must be a tcp:// endpoint")
+        need(bool(self.sizes) and all(s > 0 for s in self.sizes),
+             "link_probe.sizes must be positive byte counts")
+        need(1 <= self.rounds <= 100 and self.timeout_s > 0,
+             "link_probe needs 1-100 rounds and a positive timeout")
+
+
+@register
+@dataclass(frozen=True)
+class LinkReport(Message):
+    """Node -> coordinator: the figures of the link to ``peer`` (or why there are none)."""
+
+    TYPE: ClassVar[str] = "link_report"
+    probe_id: int
+    peer: str
+    ok: bool
+    rtt_s: float = 0.0
+    forward_bps: float = 0.0
+    backward_bps: float = 0.0
+    error: str = ""
+
+    def check(self) -> None:
+        need(not self.ok or (self.rtt_s >= 0 and self.forward_bps > 0 and self.backward_bps > 0),
+             "link_report: a link's figures are a round trip >= 0 and positive bandwidths")
 
 
 @register

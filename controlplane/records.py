@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from controlplane.planner.shape import ModelShape
 from dataplane.runtime.config import RuntimeSpec
 
 # Liveness defaults: a node silent for LIVENESS beats of HEARTBEAT_S is marked dead (2.5 s:
@@ -51,6 +52,46 @@ class StageInfo:
 
 
 @dataclass(frozen=True)
+class ProfileRecord:
+    """A node's measured profile as it travels and is stored (the planner's ``NodeProfile``
+    as plain data: controlplane.planner.measured converts): what it was measured for (a
+    shape's fingerprint, a weight format, a device, an OpenVINO version), one decoder
+    layer's decode step and the LM head's at 1, 2, 4 and 8 rows (seconds), a layer's
+    prefill throughput, the fixed cost of an inference call, a layer's resident bytes and
+    the node's free memory then; when (Unix time) and how long it took."""
+
+    shape: str
+    weights: str
+    device: str
+    openvino: str
+    decode_s: list[float]
+    head_decode_s: list[float]
+    prefill_tokens_per_s: float
+    call_s: float
+    layer_bytes: int
+    free_memory: int
+    source: str = ""
+    measured_at: float = 0.0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class LinkStatus:
+    """A link of the pipeline between neighbours ``a`` and ``b``, as the coordinator
+    measured it (``a`` probing ``b``): round trip, and bytes per second each way at the
+    frame sizes the model sends; ``error`` says why it has no figures (then they are 0)."""
+
+    a: str
+    b: str
+    rtt_s: float = 0.0
+    forward_bps: float = 0.0  # a to b
+    backward_bps: float = 0.0  # b to a
+    frame_bytes: list[int] = field(default_factory=list)  # the sizes probed
+    measured_at: float = 0.0  # Unix time (0: not yet)
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     node_id: str
     host: str
@@ -70,6 +111,8 @@ class NodeStatus:
     local: bool = False
     last_sent_s: float | None = None  # since the coordinator last sent to it (None: never)
     kv_slots: int = -1  # KV slots its stage holds, as of its last heartbeat (-1: unknown)
+    profile: ProfileRecord | None = None  # measured for the cluster's model (None: not yet)
+    profile_state: str = ""  # not profiled yet, measuring, measured, cached, failed: why
 
 
 @dataclass(frozen=True)
@@ -117,6 +160,8 @@ class ClusterStatus:
     time_s: float = 0.0  # the coordinator's wall clock when it made this snapshot (0: unknown)
     heartbeat_interval: float = 0.0  # seconds between heartbeats (0: not reported)
     liveness: int = 0  # heartbeats a node may miss before it is marked dead (0: not reported)
+    shape: ModelShape | None = None  # the served model's shape (None: unknown)
+    links: list[LinkStatus] = field(default_factory=list)  # the pipeline's, as measured
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

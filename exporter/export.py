@@ -19,6 +19,7 @@ from pathlib import Path
 import openvino as ov
 import torch
 
+from dataplane.runtime.stateful_graph import add_beam_idx, make_stateful
 from exporter import graph
 from exporter.compress import compress_stage
 from exporter.sources import ModelSource
@@ -169,8 +170,8 @@ def build_stage(
         beam_idx = False
     else:
         if beam_idx:
-            graph.add_beam_idx(model, [past for past, _ in pairs])
-        graph.make_stateful(model, pairs, "input_ids" if first else "hidden_states")
+            add_beam_idx(model, [past for past, _ in pairs])
+        make_stateful(model, pairs, "input_ids" if first else "hidden_states")
     graph.stamp_rt_info(model, {**rt_info, "stage": str(index), "layers": f"{start}-{end - 1}"})
     mark("convert")
     progress.phase(index, "compress")

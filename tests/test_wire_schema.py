@@ -31,6 +31,9 @@ PINNED = {
     # repetition_penalty may be null (left out: the model's default sampling);
     # generate_done: sampling (what the generation sampled with); enrol: cluster_id (an
     # embedded cluster admits only its own nodes)
+    7: "b64ae561932bae79",  # profile_request, profile_report, link_probe, link_report; enrol:
+    # probe_addr; status_reply: each node's profile and profile_state, the model's shape,
+    # the links' figures
 }
 
 

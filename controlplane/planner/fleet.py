@@ -8,7 +8,10 @@ name = "desktop"
 memory_gb = 64                 # its RAM (a GPU's own memory for device = "GPU")
 free_gb = 52                   # optional: what it can give the model (default 80% of memory)
 device = "CPU"                 # optional (default CPU)
-profile = "desktop-ddr5"       # a reference profile, or a [pc.speed] table of its figures
+profile = "desktop-ddr5"       # a reference profile, a profile file zctl node profile wrote
+                               # (a path ending .json, relative to this file; then memory_gb
+                               # may be left out: free memory is the profile's), or a
+                               # [pc.speed] table of its figures
 link = "ethernet"              # how it reaches the others: a reference link, or its own
                                # { rtt_ms = 3, up_mbit_s = 60, down_mbit_s = 100 } (rtt_ms:
                                # its round trip to the switch or access point; a link
@@ -21,7 +24,8 @@ mbit_s = [80, 120]             # first to second, second to first (one figure: b
 ```
 
 ``fleet_from_dict`` validates the parsed TOML; every error names the file, the PC and the
-field. ``load_fleet`` reads the file.
+field. ``load_fleet`` reads the file. A PC with a measured profile is planned with it for
+the shape, format and device it was measured for, and refused for any other.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ import itertools
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from controlplane.planner.measured import mismatches, profile_of, read_profiles
 from controlplane.planner.profile import LinkProfile, Links, NodeProfile, ProfileError
 from controlplane.planner.references import (
     REFERENCE_LINKS,
@@ -43,6 +48,7 @@ from controlplane.planner.references import (
     derive_profile,
 )
 from controlplane.planner.shape import ModelShape
+from controlplane.records import ProfileRecord
 
 GB = 1e9
 GIB = 1 << 30  # memory_gb and free_gb: RAM is counted in binary gigabytes
@@ -64,12 +70,35 @@ class FleetError(ValueError):
 
 @dataclass(frozen=True)
 class FleetPC:
+    """A PC: its memory, device and link, and its speed as reference figures (``speed``)
+    or as the profiles measured on it (``measured``, from the file ``profile_file``)."""
+
     name: str
     memory: int
     free: int
     device: str
-    speed: DeviceSpeed
+    speed: DeviceSpeed | None
     access: AccessLink
+    measured: tuple[ProfileRecord, ...] = ()
+    profile_file: str = ""
+
+    def profile(self, shape: ModelShape, weights: str) -> NodeProfile:
+        """This PC's profile for ``shape`` in ``weights`` (ProfileError when its measured
+        profile is of something else)."""
+        if self.speed is not None:
+            return derive_profile(self.speed, shape, weights, self.free)
+        fits = [r for r in self.measured if r.device == self.device]
+        if not fits:
+            devices = ", ".join(sorted({r.device for r in self.measured}))
+            raise ProfileError(f"pc {self.name!r}: {self.profile_file} profiles {devices}, "
+                               f"not its device {self.device}")
+        record = fits[0]
+        stale = mismatches(record, shape=shape.fingerprint(), weights=weights)
+        if stale:
+            raise ProfileError(f"pc {self.name!r}: {self.profile_file} was measured for "
+                               f"{'; '.join(stale)}: profile {shape.name} in {weights} "
+                               f"(zctl node profile --model ... --weights {weights} --json)")
+        return replace(profile_of(record), free_memory=self.free)
 
 
 @dataclass(frozen=True)
@@ -92,8 +121,14 @@ class Fleet:
         return Links(pairs)
 
     def profiles(self, shape: ModelShape, weights: str) -> dict[str, NodeProfile]:
-        """Each PC's profile for ``shape`` in ``weights``, derived from its speed."""
-        return {pc.name: derive_profile(pc.speed, shape, weights, pc.free) for pc in self.pcs}
+        """Each PC's profile for ``shape`` in ``weights``: derived from its speed, or its
+        measured one (ProfileError when that is of something else)."""
+        return {pc.name: pc.profile(shape, weights) for pc in self.pcs}
+
+    @property
+    def profiled(self) -> bool:
+        """Whether some PC's profile is a measured one."""
+        return any(pc.speed is None for pc in self.pcs)
 
 
 def _number(raw: Mapping[str, Any], key: str, where: str, required: bool = True,
@@ -116,6 +151,15 @@ def _unknown(raw: Mapping[str, Any], known: set[str] | Mapping[str, Any], where:
     if extra:
         raise FleetError(f"{where}: unknown field(s) {', '.join(extra)}; expected "
                          f"{', '.join(sorted(known))}")
+
+
+def _measured(path_text: str, base: Path, where: str) -> tuple[ProfileRecord, ...]:
+    path = Path(path_text).expanduser()
+    path = path if path.is_absolute() else base / path
+    try:
+        return tuple(read_profiles(path))
+    except ProfileError as exc:
+        raise FleetError(f"{where}: profile: {exc}") from None
 
 
 def _speed(raw: Mapping[str, Any], where: str) -> DeviceSpeed:
@@ -162,7 +206,7 @@ def _access(raw: Mapping[str, Any], where: str) -> AccessLink:
                       basis="the fleet file's figures")
 
 
-def _pc(raw: Any, index: int, where: str) -> FleetPC:
+def _pc(raw: Any, index: int, where: str, base: Path) -> FleetPC:
     if not isinstance(raw, Mapping):
         raise FleetError(f"{where}: pc #{index + 1} is not a table")
     name = raw.get("name")
@@ -170,13 +214,26 @@ def _pc(raw: Any, index: int, where: str) -> FleetPC:
         raise FleetError(f"{where}: pc #{index + 1}: name is missing (a non-empty string)")
     at = f"{where}: pc {name!r}"
     _unknown(raw, PC_KEYS, at)
-    memory = _number(raw, "memory_gb", at)
+    profile = raw.get("profile")
+    measured: tuple[ProfileRecord, ...] = ()
+    if isinstance(profile, str) and profile.endswith(".json"):
+        if raw.get("speed") is not None:
+            raise FleetError(f"{at}: give profile or a [speed] table, not both")
+        measured = _measured(profile, base, at)
+    memory = _number(raw, "memory_gb", at, required=not measured)
     free = _number(raw, "free_gb", at, required=False)
-    if free is not None and free > memory:
+    if free is not None and memory is not None and free > memory:
         raise FleetError(f"{at}: free_gb ({free:g}) is more than memory_gb ({memory:g})")
     device = raw.get("device", "CPU")
     if not isinstance(device, str) or not device:
         raise FleetError(f"{at}: device must be an OpenVINO device name such as CPU or GPU")
+    if measured:
+        free_bytes = (int(free * GIB) if free is not None
+                      else min(r.free_memory for r in measured))
+        total = int(memory * GIB) if memory is not None else free_bytes
+        return FleetPC(name, total, free_bytes, device, None, _access(raw, at), measured,
+                       profile)
+    assert memory is not None
     free_bytes = int((free if free is not None else memory * DEFAULT_FREE_SHARE) * GIB)
     return FleetPC(name, int(memory * GIB), free_bytes, device, _speed(raw, at), _access(raw, at))
 
@@ -208,15 +265,17 @@ def _measured_link(raw: Any, index: int, names: set[str],
     return (a, b), LinkProfile(rtt * MS, forward * MBIT, backward * MBIT)
 
 
-def fleet_from_dict(raw: Any, source: str) -> Fleet:
-    """A fleet from a parsed fleet file; FleetError naming ``source``, the PC and the field."""
+def fleet_from_dict(raw: Any, source: str, base: Path | None = None) -> Fleet:
+    """A fleet from a parsed fleet file; FleetError naming ``source``, the PC and the field.
+    Profile files are found relative to ``base`` (default: ``source``'s directory)."""
     if not isinstance(raw, Mapping):
         raise FleetError(f"{source}: not a table")
     _unknown(raw, {"head", "pc", "link"}, source)
     pcs_raw = raw.get("pc")
     if not isinstance(pcs_raw, list) or not pcs_raw:
         raise FleetError(f"{source}: no [[pc]] entries: list the PCs, one [[pc]] table each")
-    pcs = tuple(_pc(pc, i, source) for i, pc in enumerate(pcs_raw))
+    base = base if base is not None else Path(source).parent
+    pcs = tuple(_pc(pc, i, source, base) for i, pc in enumerate(pcs_raw))
     names = [pc.name for pc in pcs]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:

@@ -112,13 +112,16 @@ class PagedStageRunner:
 
     def __init__(self, export_dir: Path | str, index: int, config: RuntimeSpec | None = None,
                  manifest: ExportManifest | None = None, core: ov.Core | None = None,
-                 verify: bool = True, blocks: int = INITIAL_BLOCKS) -> None:
+                 verify: bool = True, blocks: int = INITIAL_BLOCKS,
+                 graph: ov.Model | None = None) -> None:
+        """``graph``: the stage's stateful model in memory, in place of the export's xml
+        (a node's profile runs a synthetic stage so: dataplane.runtime.synthetic)."""
         self.export_dir = Path(export_dir)
         self.manifest, self.spec, self.config = open_stage(self.export_dir, index, config,
                                                            manifest, static=False)
         if device_kind(self.config) != "CPU":
             raise StageError("paged attention runs on the CPU plugin only")
-        if verify:
+        if verify and graph is None:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
         self.hidden_size = model.hidden_size
@@ -127,10 +130,10 @@ class PagedStageRunner:
         self._rope_rows = RopeRows(self.inv_freq, self.rope_scaling)
         core = core or shared_core()
         try:
-            graph = paged_model(core.read_model(str(self.export_dir / self.spec.xml)),
-                                self.spec.first, self.spec.last, self.hidden_size)
-            self.compiled = core.compile_model(graph, self.config.device,
-                                               self.config.properties())
+            stateful = graph or core.read_model(str(self.export_dir / self.spec.xml))
+            self.compiled = core.compile_model(
+                paged_model(stateful, self.spec.first, self.spec.last, self.hidden_size),
+                self.config.device, self.config.properties())
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} with paged attention: {exc}") from None
         self.request = self.compiled.create_infer_request()

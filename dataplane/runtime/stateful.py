@@ -86,14 +86,17 @@ class StageRunner:
         manifest: ExportManifest | None = None,
         core: ov.Core | None = None,
         verify: bool = True,
+        graph: ov.Model | None = None,
     ) -> None:
+        """``graph``: the stage's stateful model in memory, in place of the export's xml
+        (a node's profile runs a synthetic stage so: dataplane.runtime.synthetic)."""
         self.export_dir = Path(export_dir)
         self.manifest, self.spec, self.config = open_stage(self.export_dir, index, config,
                                                            manifest, static=False)
         if device_kind(self.config) == "NPU":
             raise StageError("the NPU compiles only static shapes without state: export the "
                              "model with `zctl export --static` for it")
-        if verify:
+        if verify and graph is None:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
         self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
@@ -105,7 +108,7 @@ class StageRunner:
         try:
             with HugePageScope() as pages:  # the weights the plugin repacks: huge pages
                 self.compiled = core.compile_model(
-                    str(self.export_dir / self.spec.xml), self.config.device,
+                    graph or str(self.export_dir / self.spec.xml), self.config.device,
                     self.config.properties())
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} on {self.config.device}: {exc}") from None

@@ -22,7 +22,16 @@ from controlplane.client import query_status
 from controlplane.coordinator import Coordinator, CoordinatorConfig
 from controlplane.launch import StageAssignment, build_runner
 from controlplane.nodeinfo import load_or_create_node_id, openvino_version, zctl_version
-from tests.helpers.control import FAST, Cluster, FakeStage, RawNode, enrol_msg, node, wait_for
+from tests.helpers.control import (
+    FAST,
+    QUIET,
+    Cluster,
+    FakeStage,
+    RawNode,
+    enrol_msg,
+    node,
+    wait_for,
+)
 from zctl.engine.requests import GenerationRequest
 from zctl.manifest import sha256_file
 from zctl.service.messages import TokenizeRequest
@@ -447,7 +456,7 @@ def test_generation_through_a_wired_cluster_matches_one_process(cp_cluster: Clus
     from zctl.engine.scheduler import generate_greedy
 
     cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=cp_cluster.root / "coord",
-                            host="127.0.0.1", **FAST)  # type: ignore[arg-type]
+                            host="127.0.0.1", **FAST, **QUIET)  # type: ignore[arg-type]
     coord = Coordinator(cp_cluster.export, cfg, launcher=head_launcher)
     cp_cluster.coordinators.append(coord)
     coord.start()
@@ -473,7 +482,8 @@ def test_a_cluster_heals_node_by_node_until_the_coordinator_runs_every_stage(
     cluster = Cluster(tmp_path, dp_export3)
     try:
         cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=tmp_path / "coord",
-                                host="127.0.0.1", expect_nodes=2, **FAST)  # type: ignore[arg-type]
+                                host="127.0.0.1", expect_nodes=2, **FAST,
+                                **QUIET)  # type: ignore[arg-type]
         coord = Coordinator(dp_export3, cfg, launcher=head_launcher)
         cluster.coordinators.append(coord)
         coord.start()
@@ -532,7 +542,8 @@ def test_a_coordinator_alone_serves_every_stage_then_spreads_to_a_node_that_join
     cluster = Cluster(tmp_path, export)
     try:
         cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=tmp_path / "coord",
-                                host="127.0.0.1", expect_nodes=0, **FAST)  # type: ignore[arg-type]
+                                host="127.0.0.1", expect_nodes=0, **FAST,
+                                **QUIET)  # type: ignore[arg-type]
         coord = Coordinator(export, cfg, launcher=head_launcher)
         cluster.coordinators.append(coord)
         coord.start()

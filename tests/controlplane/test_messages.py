@@ -9,11 +9,13 @@ import pytest
 
 from controlplane import messages as m
 from controlplane import records as r
+from controlplane.planner.presets import PRESETS
 from zctl.engine.requests import ChatMessage, GenerationChunk, GenerationDone, GenerationRequest
 from zctl.service import messages as sm
 
 HASH = "ab" * 32
 KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"  # a Z85 CURVE public key
+SMOL = PRESETS["smollm2-135m"]
 
 
 def sample(cls: type) -> object:
@@ -22,9 +24,17 @@ def sample(cls: type) -> object:
         openvino="2026.4.1", zctl="0.1.0", export_dir="/x", model="tiny", pipeline="serving",
         epoch=3, uptime_s=1.5, plan_error="",
         nodes=[r.NodeStatus("n1", "h", "serving", 1, "tcp://h:1", 0.1,
-                            [r.DeviceInfo("CPU", "cpu", 1 << 30)], 5, 10, "2026.4.1", "0.1.0", 1)],
+                            [r.DeviceInfo("CPU", "cpu", 1 << 30)], 5, 10, "2026.4.1", "0.1.0", 1,
+                            profile=r.ProfileRecord(SMOL.fingerprint(), "int4", "CPU",
+                                                    "2026.4.1", [1e-4] * 4, [1e-3] * 4, 2e4,
+                                                    1e-4, 2 << 20, 8 << 30),
+                            profile_state="measured")],
         stages=[r.StageStatus(0, 0, 2, HASH, 100, "coord", "serving")],
-        refused=[r.RefusalInfo("bad", "h2", "why", 2.0)], counters={"malformed": 1})
+        refused=[r.RefusalInfo("bad", "h2", "why", 2.0)], counters={"malformed": 1},
+        shape=SMOL, links=[r.LinkStatus("coord", "n1", 4e-4, 1e9, 9e8, [2316], 1.0),
+                           r.LinkStatus("n1", "coord", error="node n1 did not report")])
+    profile = r.ProfileRecord(SMOL.fingerprint(), "int4", "CPU", "2026.4.1",
+                              [1e-4, 2e-4, 3e-4, 4e-4], [1e-3] * 4, 2e4, 1e-4, 2 << 20, 8 << 30)
     samples: dict[type, object] = {
         m.Enrol: m.Enrol("node-1", "host", "tcp://10.0.0.2:6000",
                          [r.DeviceInfo("CPU", "Intel", 16 << 30), r.DeviceInfo("GPU.0")],
@@ -44,6 +54,10 @@ def sample(cls: type) -> object:
         m.StageReady: m.StageReady(4, 1, False, "compile failed"),
         m.Error: m.Error("malformed", "bad", "enrol"),
         m.StatusRequest: m.StatusRequest(),
+        m.ProfileRequest: m.ProfileRequest(SMOL, "int4", "CPU", 20.0),
+        m.ProfileReport: m.ProfileReport("measured", profile),
+        m.LinkProbe: m.LinkProbe(7, "n2", "tcp://10.0.0.3:7000", [2316, 18468], 3, 2.0),
+        m.LinkReport: m.LinkReport(7, "n2", True, 4e-4, 1.1e8, 1.2e8),
         m.StatusReply: m.StatusReply(status),
         GenerationRequest: GenerationRequest("r1", "hello", 16, True, False),
         GenerationChunk: GenerationChunk("r1", [5, 6], "hi", 2, 12.5, 30.0,
@@ -152,6 +166,19 @@ def stats_body() -> dict:
     (b'{"protocol":%d,"type":"heartbeat","body":{"kv_slots":' % m.PROTOCOL_VERSION + b"9" * 5000 + b"}}",
      "not a JSON message"),
     (envelope({"kv_slots": -5}, "heartbeat"), "heartbeat.kv_slots must be >= -1"),
+    (envelope({"state": "measured"}, "profile_report"),
+     "a profile comes with state kept or measured"),
+    (envelope({"state": "bored"}, "profile_report"), "is not one of kept, measured"),
+    (envelope({"state": "kept", "profile": {"shape": "x"}}, "profile_report"),
+     "profile_report.profile is missing required field 'weights'"),
+    (envelope({"probe_id": 1, "peer": "n2", "peer_addr": "ipc:///x", "sizes": [8]},
+              "link_probe"), "link_probe.peer_addr 'ipc:///x' must be a tcp:// endpoint"),
+    (envelope({"probe_id": 1, "peer": "n2", "peer_addr": "tcp://h:1", "sizes": [8],
+               "rounds": 0}, "link_probe"), "1-100 rounds"),
+    (envelope({"probe_id": 1, "peer": "n2", "ok": True, "forward_bps": 0.0}, "link_report"),
+     "positive bandwidths"),
+    (envelope({"shape": {"name": "x"}, "weights": "int4", "device": "CPU"}, "profile_request"),
+     "profile_request.shape is missing required field"),
     (envelope({**stats_body(), "hops": [{"name": "0-1", "bytes": 1, "network_ms": {
         "bounds": [1.0, 2.0], "counts": [1, 2]}}]}, "service_stats"),
      "service_stats.hops[0].network_ms has 2 counts for 2 bounds"),
@@ -172,12 +199,14 @@ def test_unknown_type_is_its_own_error() -> None:
 
 
 def test_protocol_mismatch_carries_both_versions_and_best_effort_fields() -> None:
-    refuse = envelope({"code": "x", "reason": "too old", "node_id": "n", "new": 1}, "refuse", 7)
+    other = m.PROTOCOL_VERSION + 1
+    refuse = envelope({"code": "x", "reason": "too old", "node_id": "n", "new": 1}, "refuse",
+                      other)
     with pytest.raises(m.ProtocolMismatch) as info:
         m.decode_message(refuse)
     exc = info.value
-    assert (exc.theirs, exc.ours, exc.msg_type) == (7, m.PROTOCOL_VERSION, "refuse")
-    assert "protocol 7" in str(exc) and f"speaks {m.PROTOCOL_VERSION}" in str(exc)
+    assert (exc.theirs, exc.ours, exc.msg_type) == (other, m.PROTOCOL_VERSION, "refuse")
+    assert f"protocol {other}" in str(exc) and f"speaks {m.PROTOCOL_VERSION}" in str(exc)
     assert m.refusal_text(exc) == "too old"
     with pytest.raises(m.ProtocolMismatch) as info:
         m.decode_message(envelope(enrol_body(), "enrol", 0))

@@ -11,7 +11,7 @@ import zmq
 
 from controlplane import messages as m
 from controlplane.client import ClusterUnreachable, query_status
-from tests.helpers.control import FAST, Cluster, RawNode, enrol_msg
+from tests.helpers.control import FAST, QUIET, Cluster, RawNode, enrol_msg
 
 
 def settled_frames(worker, quiet_s: float = 0.15, limit_s: float = 10.0) -> int:
@@ -65,7 +65,8 @@ def test_curve_encrypts_the_data_pipes_and_admits_only_the_previous_hop(cp_clust
     server = CurveServer.from_state_dir(cp_cluster.root / "coord")  # encryption, any node
     node = CurveClient.from_state_dir(cp_cluster.root / "n1", server.public)
     cfg = CoordinatorConfig(endpoint="tcp://127.0.0.1:*", state_dir=cp_cluster.root / "coord",
-                            host="127.0.0.1", curve=server, **FAST)  # type: ignore[arg-type]
+                            host="127.0.0.1", curve=server, **FAST,
+                            **QUIET)  # type: ignore[arg-type]
     coord = Coordinator(cp_cluster.export, cfg, launcher=head_launcher)
     cp_cluster.coordinators.append(coord)
     coord.start()

@@ -18,6 +18,8 @@ from controlplane.nodeinfo import openvino_version, zctl_version
 from controlplane.shards import ShardSource
 
 FAST = {"heartbeat_interval": 0.1, "liveness": 10}
+# a test that wants a profile measured says so (profile=True): it spawns a process
+QUIET = {"profile": False}
 
 
 class FakeStage:
@@ -59,7 +61,7 @@ class Cluster:
         cfg = CoordinatorConfig(endpoint=str(config.pop("endpoint", "tcp://127.0.0.1:*")),
                                 state_dir=self.root / "coord", host="127.0.0.1",
                                 **{"chunk_size": 64 << 10, "heal_after": None, **FAST,
-                                   **config})  # type: ignore
+                                   **QUIET, **config})  # type: ignore
         coord = Coordinator(self.export, cfg, launcher=FakeStage, source=source)
         self.coordinators.append(coord)
         coord.start()
@@ -70,7 +72,7 @@ class Cluster:
               **config: object) -> NodeAgent:
         cfg = AgentConfig(endpoint, state_dir=self.root / name, data_host=host,
                           reconnect_min=0.05, reconnect_max=0.4, chunk_timeout=2.0,
-                          **{**FAST, **config})  # type: ignore[arg-type]
+                          **{**FAST, **QUIET, **config})  # type: ignore[arg-type]
         agent = NodeAgent(cfg, launcher=launcher or FakeStage, on_progress=on_progress)
         self.agents.append(agent)
         agent.start()
@@ -81,6 +83,23 @@ class Cluster:
             agent.stop()
         for coord in self.coordinators:
             coord.stop()
+
+
+def seed_profile(state_dir: Path, shape: object, weights: str = "fp32",
+                 openvino: str | None = None) -> None:
+    """A profile of ``shape`` kept in a node's state directory, as zctl node profile leaves
+    one (figures made up: a layer of 0.1 ms at one row)."""
+    from controlplane.planner.measured import Measurement
+    from controlplane.planner.profile import ProfileKey
+    from controlplane.profile_store import ProfileStore
+
+    version = openvino or openvino_version()
+    rows = (1e-4, 1.5e-4, 2e-4, 3e-4)
+    key = ProfileKey(shape.fingerprint(), weights, "CPU", version)  # type: ignore[attr-defined]
+    measurement = Measurement(key, 3, rows, tuple(4 * v for v in rows),
+                              tuple(5 * v for v in rows), 128, 1e-3, 4e-3, 1 << 20, 4 << 20,
+                              8 << 30, rounds=2, seconds=1.0)
+    ProfileStore(state_dir, version).save(shape, measurement)  # type: ignore[arg-type]
 
 
 def node(status: r.ClusterStatus, node_id: str) -> r.NodeStatus:

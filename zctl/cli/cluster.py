@@ -123,6 +123,12 @@ MemoryMb = Annotated[int, typer.Option(
     "--memory-mb", help="RAM this machine lends its stages, in MB (0: what is free)")]
 Place = Annotated[list[str] | None, typer.Option(
     help="pin a stage to a node: STAGE=NODE_ID (repeatable)")]
+Profile = Annotated[bool | None, typer.Option(
+    "--profile/--no-profile",
+    help="measure each machine's profile for the model the first time it serves it (zctl "
+         "node profile; kept in its state directory, shown by zctl cluster status); default: "
+         "on, except for --local clusters, whose processes share this machine",
+    show_default=False)]
 
 
 @cluster_app.command("up")
@@ -175,6 +181,7 @@ def cluster_up(
     max_streams: MaxStreams = DEFAULT_MAX_STREAMS,
     kv_memory_mb: KvMemory = 2048,
     prefix_cache_mb: PrefixCacheMb = 512,
+    profile: Profile = None,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the
     background. It serves as soon as the stages fit the machines there are (this one alone
@@ -201,7 +208,8 @@ def cluster_up(
             reassign_after=reassign_after, heal_after=heal_after if heal else None,
             resume_timeout=resume_timeout, curve=curve,
             row_groups=row_groups, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
-            prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link, memory_mb=memory_mb)
+            prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link, memory_mb=memory_mb,
+            profile=local is None if profile is None else profile)
         if foreground:
             raise typer.Exit(_serve_foreground(coordinator))
         if local is None:
@@ -262,7 +270,7 @@ def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeou
         row_groups=c.row_groups, curve=c.curve, resume_timeout=c.resume_timeout,
         reassign_after=c.reassign_after, heal_after=c.heal_after, max_streams=c.max_streams,
         kv_memory_mb=c.kv_memory_mb, prefix_cache_mb=c.prefix_cache_mb,
-        memory_mb=c.memory_mb)
+        memory_mb=c.memory_mb, profile=c.profile)
     write_record(record)
     status = wait_serving(record, timeout)
     if api is not None:
@@ -494,6 +502,10 @@ def node_join(
         help="longest wait in seconds between tries to reach a lost coordinator (the wait "
              "doubles from 1 s)")] = 32.0,
     memory_mb: MemoryMb = 0,
+    profile: Annotated[bool, typer.Option(
+        "--profile/--no-profile",
+        help="measure this machine's profile for the cluster's model the first time it "
+             "joins with it (in the background, at most 30 s; zctl node profile)")] = True,
 ) -> None:
     """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
     from zctl.cli.view import TransferProgress
@@ -507,7 +519,7 @@ def node_join(
                            state_dir=str(state_dir) if state_dir else None, tok_s=tok_s,
                            curve_server_key=str(curve_server_key) if curve_server_key else None,
                            link=link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit),
-                           cpus=cpus, memory_mb=memory_mb)
+                           cpus=cpus, memory_mb=memory_mb, profile=profile)
         _log_to_stderr()
         with TransferProgress() as progress:
             code = run_node(node, lambda text: err.print(text, highlight=False), progress.update)

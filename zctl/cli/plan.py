@@ -1,12 +1,16 @@
 """``zctl plan MODEL``: will a model fit a fleet of PCs, how each PC is used, how fast it runs.
 
 Planning reads the model's shape only (a preset, a config.json, a GGUF header, or what
-``zctl export`` takes, whose config.json alone is fetched): no weights are loaded.
+``zctl export`` takes, whose config.json alone is fetched): no weights are loaded. The
+fleet is a file of PCs (reference figures, or profiles measured on them), or a running
+cluster (``--endpoint``: its nodes' measured profiles and its links' measured figures).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -15,14 +19,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from controlplane.placement import PlacementError
-from controlplane.planner.fleet import FleetError, load_fleet
+from controlplane.planner.cluster_fleet import cluster_fleet
+from controlplane.planner.fleet import Fleet, FleetError, load_fleet
 from controlplane.planner.memory import DEFAULT_CONTEXT
 from controlplane.planner.presets import PRESETS
-from controlplane.planner.profile import ProfileError
+from controlplane.planner.profile import Links, NodeProfile, ProfileError
 from controlplane.planner.references import REFERENCE_LINKS, REFERENCE_SPEEDS
 from controlplane.planner.report import plan_dict
 from controlplane.planner.search import OBJECTIVES, Plan, PlanRequest, plan
-from controlplane.planner.shape import ShapeError
+from controlplane.planner.shape import ModelShape, ShapeError
 from controlplane.planner.shape_sources import resolve_shape
 from controlplane.planner.timing import PROMPT_TOKENS
 from zctl.cli.exports import AUTO, resolve_weights
@@ -34,6 +39,8 @@ out = Console()
 FIT_FORMATS = ("int4", "int8")  # whether a model fits is told for these when --weights is auto
 REFERENCE_NOTE = ("predicted from reference profiles, not measurements of these PCs "
                   "(docs/design.md, \"Planning\")")
+MEASURED_NOTE = ("predicted from profiles measured on the PCs (zctl node profile) and, "
+                 "for a running cluster, its links as probed")
 MODEL_HELP = (f"a preset ({', '.join(PRESETS)}), a config.json, a .gguf file, a model "
               "directory or a hub id (its config.json only)")
 
@@ -43,6 +50,44 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+@dataclass(frozen=True)
+class PlanFleet:
+    """What a plan runs on: each node's profile and the links for a format, the node that
+    runs stage 0, how many PCs, the formats that can be planned, and notes."""
+
+    source: str
+    size: int
+    formats: tuple[str, ...]  # None of a file's PCs rule a format out; a cluster: its own
+    inputs: Callable[[ModelShape, str], tuple[dict[str, NodeProfile], Links]]
+    head: str | None
+    notes: tuple[str, ...]
+
+
+def file_fleet(path: Path) -> PlanFleet:
+    fleet: Fleet = load_fleet(path)
+    note = MEASURED_NOTE if fleet.profiled else REFERENCE_NOTE
+    return PlanFleet(str(path), len(fleet.pcs), tuple(WEIGHT_FORMATS),
+                     lambda shape, fmt: (fleet.profiles(shape, fmt), fleet.links()),
+                     fleet.head, (note,))
+
+
+def running_fleet(endpoint: str, shape: ModelShape, weights: str) -> PlanFleet:
+    """The cluster at ``endpoint`` (ValueError when it cannot be reached or planned on)."""
+    from controlplane.client import ClusterUnreachable, query_status
+
+    try:
+        status = query_status(endpoint)
+    except (ClusterUnreachable, OSError) as exc:
+        raise ValueError(str(exc)) from None
+    profiled = {n.profile.weights for n in status.nodes if n.profile is not None}
+    fmt = weights if weights != AUTO else (profiled.pop() if len(profiled) == 1 else
+                                           resolve_weights(shape.name, AUTO))
+    fleet = cluster_fleet(status, shape, fmt)
+    return PlanFleet(f"cluster at {endpoint}", len(fleet.profiles), (fmt,),
+                     lambda _shape, _fmt: (fleet.profiles, fleet.links), fleet.head,
+                     (*fleet.notes, MEASURED_NOTE))
+
+
 def plan_command(
     model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     fleet: Annotated[Path | None, typer.Option(
@@ -50,7 +95,8 @@ def plan_command(
              f"{', '.join(REFERENCE_SPEEDS)} or its own figures, its link one of "
              f"{', '.join(REFERENCE_LINKS)} or its own")] = None,
     endpoint: Annotated[str | None, typer.Option(
-        help="a running cluster's coordinator (not yet: nodes do not report profiles)")] = None,
+        help="a running cluster's coordinator: plan on its nodes' measured profiles and "
+             "its links")] = None,
     objective: Annotated[str, typer.Option(
         help="latency: one stream's tok/s; throughput: N streams' aggregate tok/s")] = "latency",
     streams: Annotated[int, typer.Option(
@@ -70,42 +116,47 @@ def plan_command(
         fail(f"--objective is latency or throughput, not {objective!r}")
     if weights != AUTO and weights not in WEIGHT_FORMATS:
         fail(f"--weights is {AUTO} or one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
-    if endpoint is not None:
-        fail("--endpoint: a running cluster's nodes do not report profiles yet, so it "
-                   "cannot be planned from; describe its PCs in a fleet file and give --fleet")
-    if fleet is None:
-        fail("give --fleet FILE: the PCs to plan for (examples/fleets/four-pcs.toml)")
+    if (fleet is None) == (endpoint is None):
+        fail("give --fleet FILE (the PCs to plan for: examples/fleets/four-pcs.toml) or "
+             "--endpoint ADDR (a running cluster), one of them")
     try:
         shape = resolve_shape(model)
-        pcs = load_fleet(fleet)
-    except (ShapeError, FleetError) as exc:
+        pcs = file_fleet(fleet) if fleet is not None else running_fleet(endpoint, shape, weights)
+    except (ShapeError, FleetError, ProfileError, ValueError) as exc:
         fail(str(exc))
-    chosen = resolve_weights(model, weights)
+    chosen = resolve_weights(model, weights) if fleet is not None else pcs.formats[0]
     formats = [chosen] if weights != AUTO else list(dict.fromkeys((chosen, *FIT_FORMATS)))
     fits: dict[str, Plan | str] = {}
-    for fmt in sorted(formats, key=WEIGHT_FORMATS.index):
-        request = PlanRequest(shape, fmt, pcs.profiles(shape, fmt), pcs.links(),
-                              objective=objective, streams=streams, head=pcs.head,
-                              context=context, prompt=prompt, top=top)
+    notes = list(pcs.notes)
+    for fmt in sorted((f for f in formats if f in pcs.formats), key=WEIGHT_FORMATS.index):
+        try:
+            profiles, links = pcs.inputs(shape, fmt)
+        except ProfileError as exc:
+            if fmt == chosen:
+                fail(str(exc))
+            notes.append(f"{fmt.upper()} not planned: {exc}")
+            continue
+        request = PlanRequest(shape, fmt, profiles, links, objective=objective,
+                              streams=streams, head=pcs.head, context=context, prompt=prompt,
+                              top=top)
         try:
             fits[fmt] = plan(request)
         except PlacementError as exc:
             fits[fmt] = str(exc)
         except (ProfileError, ValueError) as exc:
             fail(str(exc))
-    notes = [REFERENCE_NOTE]
     if shape.moe:
         notes.append("zctl export does not cut mixture-of-experts models yet: this plans "
                      "the shape")
     if as_json:
         print(json.dumps({
-            "model": shape.as_dict(), "fleet": str(fleet), "weights": chosen,
+            "model": shape.as_dict(), "fleet": pcs.source, "weights": chosen,
             "objective": objective, "streams": streams, "context": context, "prompt": prompt,
             "fits": {fmt: ({"fits": True, **plan_dict(outcome)} if isinstance(outcome, Plan)
                            else {"fits": False, "error": outcome})
                      for fmt, outcome in fits.items()},
             "notes": notes}))
     else:
-        render_plan(out, shape, str(fleet), len(pcs.pcs), fits, chosen, prompt, context, notes)
+        render_plan(out, shape, pcs.source, pcs.size, fits, chosen, prompt, context, notes)
     if isinstance(fits[chosen], str):
         raise typer.Exit(1)

@@ -16,7 +16,7 @@ from rich.progress import (
 from rich.table import Table
 
 from controlplane.placement import fmt_bytes, layer_range
-from controlplane.records import ClusterStatus
+from controlplane.records import ClusterStatus, LinkStatus, NodeStatus
 
 STATE_STYLE = {"serving": "green", "ready": "cyan", "wiring": "cyan", "transferring": "yellow",
                "idle": "dim", "failed": "red", "dead": "bold red", "left": "dim"}
@@ -75,9 +75,28 @@ def short_version(version: str) -> str:
     return version.split("-", 1)[0]
 
 
+def profile_cell(node: NodeStatus) -> str:
+    """A node's profile in a few characters: one layer's decode step at one row, or what
+    stands in the way (measuring, not profiled yet, failed)."""
+    if node.profile is not None:
+        return f"{node.profile.decode_s[0] * 1e3:.3f} ms/layer"
+    state = node.profile_state
+    return "[red]failed[/]" if state.startswith("failed") else state.split(" (")[0]
+
+
+def link_text(link: LinkStatus) -> str:
+    """A link in a line: its round trip and bandwidth each way, or why it has none."""
+    if not link.measured_at:
+        return f"{link.a}->{link.b} {link.error or 'not measured'}"
+    text = (f"{link.a}->{link.b} {link.rtt_s * 1e3:.2f} ms, {link.forward_bps / 1e6:,.0f}/"
+            f"{link.backward_bps / 1e6:,.0f} MB/s")
+    return text + (f" ({link.error})" if link.error else "")
+
+
 def status_table(status: ClusterStatus) -> Table:
     """The cluster at a glance: one row per node in stage order (its stage's layers,
-    devices, free RAM, liveness), then the pipeline line as caption. Versions go in the
+    devices, free RAM, liveness, profile), then the pipeline line and the links' figures
+    as caption. Versions go in the
     caption when every node runs the coordinator's (a node whose OpenVINO differs is
     refused at enrolment), else in a column; transfer and note columns appear only while
     some shard is arriving or some node reports a problem."""
@@ -89,7 +108,7 @@ def status_table(status: ClusterStatus) -> Table:
     noted = any(n.error for n in nodes)
     table = Table(title=f"zctl cluster {status.model} ({status.endpoint})", box=box.SIMPLE_HEAD,
                   pad_edge=False)
-    columns = (["node", "host", "state", "stage", "layers", "dev", "free RAM", "seen"]
+    columns = (["node", "host", "state", "stage", "layers", "dev", "free RAM", "seen", "profile"]
                + ["OpenVINO / zctl"] * mixed + ["transfer"] * transferring + ["note"] * noted)
     for column in columns:
         table.add_column(column, justify="right" if column in ("stage", "free RAM") else "left",
@@ -100,7 +119,7 @@ def status_table(status: ClusterStatus) -> Table:
                f"[{style}]{node.state}[/]" if style else node.state,
                "" if node.stage is None else str(node.stage), layers.get(node.node_id, ""),
                ", ".join(d.name for d in node.devices), fmt_bytes(node.ram_free),
-               "" if node.local else f"{node.last_seen_s:.1f}s"]
+               "" if node.local else f"{node.last_seen_s:.1f}s", profile_cell(node)]
         if mixed:
             versions = f"{short_version(node.openvino)} / {node.zctl}"
             differs = (node.openvino, node.zctl) != (status.openvino, status.zctl)
@@ -122,5 +141,7 @@ def status_table(status: ClusterStatus) -> Table:
         caption += f" - {status.plan_error}"
     if status.refused:
         caption += f" - refused: {status.refused[-1].reason}"
+    if status.links:
+        caption += " · links: " + "; ".join(link_text(link) for link in status.links)
     table.caption = caption
     return table

@@ -147,7 +147,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         kv_memory_mb: int = 2048, prefix_cache_mb: int = 512,
                         links: Sequence[LinkShape] | None = None,
                         network: LocalNetwork | None = None, memory_mb: int = 0,
-                        owned: bool = False) -> ClusterRecord:
+                        owned: bool = False, profile: bool = False) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
     (``nodes`` 1: the coordinator alone runs every stage).
 
@@ -169,7 +169,9 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     ``owned``: the processes end with this one (an embedded cluster, zctl.launcher.embedded),
     and the cluster has an identity of its own: its coordinator admits only its own nodes
     (another's, e.g. an earlier embedded cluster's, are refused; a cluster up one's admit
-    any node, as one joined by hand with zctl node join).
+    any node, as one joined by hand with zctl node join). ``profile``: each process
+    measures its profile for the model when its state directory keeps none (off by default:
+    the processes share this machine's cores, and ``zctl node profile`` measures it once).
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
@@ -204,14 +206,14 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                                     max(s.delay_ms for s in shapes)),
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
-        cpus=cpus[0], memory_mb=memory_mb,
+        cpus=cpus[0], memory_mb=memory_mb, profile=profile,
         cluster_id=uuid.uuid4().hex[:12] if owned else ""), root, owned)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
     for i in range(1, nodes):
         pid, log = start_local_node(record, i, root, link=shapes[i], cpus=cpus[i],
                                     curve_server_key=server_key, network=network,
-                                    memory_mb=memory_mb)
+                                    memory_mb=memory_mb, profile=profile)
         record.pids.append(pid)
         record.logs.append(log)
     return record
@@ -220,8 +222,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
 def start_local_node(record: ClusterRecord, index: int, root: Path, *,
                      link: LinkShape | None = None, cpus: str | None = None,
                      curve_server_key: Path | None = None,
-                     network: LocalNetwork | None = None, memory_mb: int = 0
-                     ) -> tuple[int, str]:
+                     network: LocalNetwork | None = None, memory_mb: int = 0,
+                     profile: bool = False) -> tuple[int, str]:
     """Start node ``index`` (1..) of the local cluster ``record`` describes, as
     ``start_local_cluster`` does, or again after it was lost: its state dir
     (``root/node<index>``) keeps its identity and cached shards, its log
@@ -233,7 +235,7 @@ def start_local_node(record: ClusterRecord, index: int, root: Path, *,
     host = network.host(index) if network is not None else loopback_host(index)
     pid = _spawn(NodeProcess(
         record.control, host=host, state_dir=str(root / f"node{index}"), reconnect_min=0.2,
-        link=link or LinkShape(), cpus=cpus, memory_mb=memory_mb,
+        link=link or LinkShape(), cpus=cpus, memory_mb=memory_mb, profile=profile,
         curve_server_key=str(curve_server_key) if curve_server_key else None,
         cluster_id=record.cluster_id), log,
         partial(network.command, index) if network is not None else None, record.owned)

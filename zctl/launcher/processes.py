@@ -95,6 +95,7 @@ class CoordinatorProcess:
     cpus: str | None = None
     memory_mb: int = 0  # RAM this machine lends its stages (0: what is free)
     cluster_id: str = ""  # an embedded cluster's identity: others' nodes are refused ("": any)
+    profile: bool = True  # measure this machine's profile for the model when it has none
     parent: int = 0  # the pid of the command that started this process (0: not recorded)
     ends_with_parent: bool = False  # an embedded cluster's process: it ends when parent does
 
@@ -126,6 +127,7 @@ class NodeProcess:
     cpus: str | None = None
     memory_mb: int = 0  # RAM this machine lends its stages (0: what is free)
     cluster_id: str = ""  # the embedded cluster it belongs to ("": whichever it joins)
+    profile: bool = True  # measure its profile for the cluster's model when it has none
     parent: int = 0  # the pid of the command that started this process (0: not recorded)
     ends_with_parent: bool = False  # an embedded cluster's process: it ends when parent does
 
@@ -199,6 +201,12 @@ def _prepare(link: LinkShape, cpus: str | None, base: Any, say: Say) -> Any:
     return partial(base, options=options)
 
 
+def _probe_link(link: LinkShape) -> Any:
+    """The emulated link a process's link probes go over as its data frames do (None: a
+    plain link)."""
+    return link.pipe_options() if link.shaped else None
+
+
 def _row_groups(config: CoordinatorProcess) -> int:
     if config.row_groups is None:  # one group per stage: every stage busy
         from zctl.manifest import load_manifest
@@ -231,7 +239,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         placement={int(stage): node for stage, node in config.placement.items()},
         runtime=config.runtime, reassign_after=config.reassign_after,
         heal_after=config.heal_after, curve=curve, memory_limit=config.memory_mb << 20,
-        cluster_id=config.cluster_id),
+        cluster_id=config.cluster_id, profile=config.profile, link=_probe_link(config.link)),
         launcher=launcher)
     signal.signal(signal.SIGTERM, interrupt_once())
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")
@@ -275,7 +283,8 @@ def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | N
         data_port=config.data_port, heartbeat_interval=config.heartbeat,
         reconnect_min=config.reconnect_min, reconnect_max=config.reconnect_max,
         tok_s=config.tok_s, curve=curve, memory_limit=config.memory_mb << 20,
-        cluster_id=config.cluster_id), launcher=launcher, on_progress=on_progress)
+        cluster_id=config.cluster_id, profile=config.profile, link=_probe_link(config.link)),
+        launcher=launcher, on_progress=on_progress)
     signal.signal(signal.SIGTERM, interrupt_once())
     say(f"node {agent.node_id} (data {agent.data_addr}) joining {config.coordinator}")
     if curve is not None:

@@ -87,3 +87,66 @@ def test_unreadable_files_are_refused(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("[[pc]\nname = ")
     with pytest.raises(FleetError, match="bad.toml: not valid TOML"):
         load_fleet(tmp_path / "bad.toml")
+
+
+# -- a PC's measured profile ---------------------------------------------------------------
+def _profile_file(path: Path, shape_name: str = "smollm2-135m", weights: str = "int4",
+                  device: str = "CPU") -> Path:
+    import json
+
+    from controlplane.planner.measured import profile_dict
+    from controlplane.records import ProfileRecord
+
+    record = ProfileRecord(PRESETS[shape_name].fingerprint(), weights, device, "2026.4.1",
+                           [2e-4, 2.5e-4, 3e-4, 4e-4], [1e-3, 1.1e-3, 1.2e-3, 1.4e-3], 2e4,
+                           1e-4, 2 << 20, 6 << 30)
+    path.write_text(json.dumps(profile_dict(record)))
+    return path
+
+
+def test_a_pc_may_name_a_measured_profile_file_relative_to_the_fleet_file(tmp_path: Path) -> None:
+    _profile_file(tmp_path / "desk.json")
+    raw = {"pc": [{"name": "desk", "profile": "desk.json"},
+                  {"name": "lap", "memory_gb": 16, "profile": "laptop", "free_gb": 10}]}
+    fleet = fleet_from_dict(raw, str(tmp_path / "fleet.toml"))
+    shape = PRESETS["smollm2-135m"]
+    profiles = fleet.profiles(shape, "int4")
+    assert profiles["desk"].decode_s[0] == 2e-4 and profiles["desk"].free_memory == 6 << 30
+    assert profiles["lap"].key.openvino == "reference" and fleet.profiled
+    result = plan(PlanRequest(shape, "int4", profiles, fleet.links(), head="desk"))
+    assert result.placements[0].score > 0
+    raw["pc"][0]["free_gb"] = 2
+    assert fleet_from_dict(raw, str(tmp_path / "f.toml")).profiles(shape, "int4")[
+        "desk"].free_memory == 2 << 30
+
+
+def test_a_measured_profile_plans_only_what_it_was_measured_for(tmp_path: Path) -> None:
+    from controlplane.planner.profile import ProfileError
+
+    _profile_file(tmp_path / "desk.json")
+    fleet = fleet_from_dict({"pc": [{"name": "desk", "profile": "desk.json"}]},
+                            str(tmp_path / "fleet.toml"))
+    with pytest.raises(ProfileError, match="desk.json was measured for weights 'int4', not "
+                                           "'int8'"):
+        fleet.profiles(PRESETS["smollm2-135m"], "int8")
+    with pytest.raises(ProfileError, match="shape"):
+        fleet.profiles(PRESETS["llama-3.1-8b"], "int4")
+    gpu = fleet_from_dict({"pc": [{"name": "desk", "profile": "desk.json", "device": "GPU"}]},
+                          str(tmp_path / "fleet.toml"))
+    with pytest.raises(ProfileError, match="profiles CPU, not its device GPU"):
+        gpu.profiles(PRESETS["smollm2-135m"], "int4")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "pc 'desk': profile: .*missing.json: cannot read it"),
+    ("{oops", "pc 'desk': profile: .*not JSON"),
+    ('{"format": "zctl-node-profile/1", "shape": 3}', "pc 'desk': profile: .*shape must be"),
+])
+def test_a_fleet_naming_a_missing_or_corrupt_profile_says_which(tmp_path: Path,
+                                                                content: str | None,
+                                                                message: str) -> None:
+    name = "missing.json" if content is None else "bad.json"
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    with pytest.raises(FleetError, match=message):
+        fleet_from_dict({"pc": [{"name": "desk", "profile": name}]}, str(tmp_path / "f.toml"))

@@ -68,7 +68,8 @@ def test_a_config_json_and_a_moe_preset_plan_without_weights(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("args, message", [
     (["llama-3.1-8b"], "give --fleet FILE"),
-    (["llama-3.1-8b", "--endpoint", "tcp://127.0.0.1:5550"], "do not report profiles yet"),
+    (["llama-3.1-8b", "--fleet", FOUR, "--endpoint", "tcp://127.0.0.1:1"], "one of them"),
+    (["llama-3.1-8b", "--endpoint", "tcp://127.0.0.1:1"], "no answer from a coordinator"),
     (["llama-3.1-8b", "--fleet", FOUR, "--objective", "speed"], "--objective is latency"),
     (["llama-3.1-8b", "--fleet", FOUR, "--weights", "int2"], "--weights is auto"),
     (["no-such-model", "--fleet", FOUR], "not a preset"),
@@ -87,3 +88,39 @@ def test_a_fleet_error_names_the_file_and_pc(tmp_path: Path) -> None:
                            terminal_width=300)
     assert result.exit_code == 1
     assert f"{bad}: pc 'laptop': no profile" in result.output
+
+
+def test_a_running_cluster_is_planned_on_its_profiles_and_links(cp_cluster,
+                                                                tiny_llama_dir: Path) -> None:
+    from tests.helpers.control import seed_profile, wait_for
+
+    coord = cp_cluster.coordinator(expect_nodes=1)
+    seed_profile(cp_cluster.root / "coord", coord.shape)
+    seed_profile(cp_cluster.root / "n1", coord.shape)
+    cp_cluster.coordinators.remove(coord)  # again, now that its own profile is kept
+    coord.stop()
+    coord = cp_cluster.coordinator(expect_nodes=1)
+    agent = cp_cluster.agent(coord.endpoint)
+    wait_for(lambda: len([s for s in coord.status().links if s.measured_at]) == 2
+             and all(n.profile for n in coord.status().nodes), timeout=20,
+             what="profiles and links")
+    result = runner.invoke(app, ["plan", str(tiny_llama_dir), "--endpoint", coord.endpoint,
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["fleet"] == f"cluster at {coord.endpoint}" and report["weights"] == "fp32"
+    best = report["fits"]["fp32"]["placements"][0]
+    assert best["nodes"][0] == coord.node_id
+    assert {s["node"] for s in report["fits"]["fp32"]["placements"][0]["stages"]} | {
+        o["node"] for o in report["fits"]["fp32"]["left_out"]} == {coord.node_id, agent.node_id}
+    assert any("measured" in note for note in report["notes"])
+
+
+def test_a_cluster_whose_nodes_have_no_profiles_is_refused_clearly(cp_cluster,
+                                                                   tiny_llama_dir: Path) -> None:
+    coord = cp_cluster.coordinator()
+    result = runner.invoke(app, ["plan", str(tiny_llama_dir), "--endpoint", coord.endpoint],
+                           terminal_width=200)
+    assert result.exit_code == 1
+    assert "has a profile of" in result.output and "not profiled yet" in result.output
+    assert coord.status().pipeline in ("serving", "wiring", "waiting")

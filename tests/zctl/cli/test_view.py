@@ -83,3 +83,22 @@ def test_transfer_progress_shows_only_while_a_shard_arrives() -> None:
         assert progress.showing
     assert not progress.showing
     assert "shard aaaaaaaaaaaa" in out.getvalue()
+
+
+def test_each_node_s_profile_and_the_links_show() -> None:
+    from dataclasses import replace
+
+    from controlplane.records import LinkStatus, ProfileRecord
+
+    record = ProfileRecord("h576", "int4", "CPU", OV, [2.5e-4, 3e-4, 4e-4, 6e-4], [1e-3] * 4,
+                           2e4, 1e-4, 2 << 20, 8 << 30)
+    status = cluster([node("coord", 0, "127.0.0.1", profile=record, profile_state="kept"),
+                      node("n1", 1, "127.0.0.2", profile_state="measuring"),
+                      node("n2", 2, "127.0.0.3", profile_state="failed: out of budget")])
+    status = replace(status, links=[
+        LinkStatus("coord", "n1", 5.4e-4, 1.2e9, 1.1e9, [2316], 1.0),
+        LinkStatus("n2", "coord", error="node n2 did not report its probe of coord in time")])
+    text = " ".join(render(status, width=200).split())
+    assert "0.250 ms/layer" in text and "measuring" in text and "failed" in text
+    assert "coord->n1 0.54 ms, 1,200/1,100 MB/s" in text
+    assert "n2->coord node n2 did not report its probe" in text

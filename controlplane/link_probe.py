@@ -1,0 +1,132 @@
+"""A link's probe: an echo every node keeps, and the round trips one node times to another.
+
+Every node (and the coordinator) binds a small ROUTER, its probe endpoint, beside its
+data pipe, and answers each request ``[reply size (u32), payload]`` with that many bytes.
+To measure the link from ``a`` to ``b``, ``a`` times round trips to ``b``'s echo: the
+smallest messages both ways (the round trip), frames of each probed size sent with a small
+answer (``a`` to ``b``), and small requests answered with each size (``b`` to ``a``), in
+turns, ``rounds`` times over. controlplane/planner/measured.py makes the figures. The
+sizes are the frames the model sends between stages (hidden states of 1 and 8 rows, a
+prompt's chunk). An echo refuses to answer with more than ``MAX_PROBE_BYTES``.
+
+A process whose data frames go over an emulated link (``--link-delay-ms`` and the like,
+dataplane/wire/link.py) holds its probe messages as long as that link would hold a lone
+frame of their size before it sends them, so that a probe sees the link the data sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import struct
+import threading
+import time
+from collections.abc import Sequence
+
+import zmq
+
+from controlplane.planner.measured import LinkSample
+from controlplane.sockets import dealer_socket, router_socket
+from dataplane.wire.link import path_free
+from dataplane.wire.transport import PipeOptions
+
+log = logging.getLogger("zctl.controlplane")
+HEADER = struct.Struct("<I")  # the reply's size in bytes
+SMALL = HEADER.size  # the smallest message: a header alone, or a reply of as many bytes
+MAX_PROBE_BYTES = 8 << 20
+POLL_MS = 100
+
+
+class ProbeError(RuntimeError):
+    """A probe could not time its round trips (the peer did not answer in time)."""
+
+
+def emulated_s(link: PipeOptions | None, nbytes: int, rng: random.Random) -> float:
+    """How long an emulated link holds a lone frame of ``nbytes`` before it arrives: its
+    serialisation over each leg (relays store and forward), the relays' own delays, the
+    one-way delay and the jitter (0 without a link)."""
+    if link is None:
+        return 0.0
+    serialise = 8 * nbytes / (link.rate_mbit * 1e6) if link.rate_mbit else 0.0
+    legs = path_free((0.0,) * (1 + link.relays), 0.0, serialise, link.relay_delay_ms / 1e3)
+    return legs[-1] + link.delay_ms / 1e3 + rng.uniform(0.0, link.jitter_ms / 1e3)
+
+
+class ProbeEcho:
+    """The echo a node's links are probed against, on a thread of its own."""
+
+    def __init__(self, ctx: zmq.Context, host: str, link: PipeOptions | None = None) -> None:
+        self.link = link
+        self._rng = random.Random()
+        self._sock = router_socket(ctx, MAX_PROBE_BYTES + HEADER.size)
+        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self.answered = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="zctl-probe-echo", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        zeros = bytes(MAX_PROBE_BYTES)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(POLL_MS):
+                    continue
+                frames = self._sock.recv_multipart(copy=False)
+                if len(frames) != 2 or len(frames[1].buffer) < HEADER.size:
+                    continue  # not a probe: ignored
+                (size,) = HEADER.unpack_from(frames[1].buffer)
+                if size > MAX_PROBE_BYTES:
+                    continue
+                hold = emulated_s(self.link, size, self._rng)
+                if hold:
+                    time.sleep(hold)
+                try:
+                    self._sock.send_multipart([frames[0], memoryview(zeros)[:size]], zmq.NOBLOCK)
+                    self.answered += 1
+                except zmq.ZMQError:  # the prober went away
+                    pass
+        finally:
+            self._sock.close(0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
+          timeout_s: float, link: PipeOptions | None = None) -> list[LinkSample]:
+    """Time round trips to the echo at ``endpoint`` (module docstring; ``link``: this
+    process's emulated link); ProbeError when a round trip is not answered within
+    ``timeout_s`` seconds, or the whole probe takes longer than ``rounds`` times that."""
+    rng = random.Random()
+    sizes = [s for s in sizes if SMALL < s <= MAX_PROBE_BYTES]
+    if not sizes:
+        raise ProbeError(f"no frame size to probe between {SMALL} and {MAX_PROBE_BYTES} bytes")
+    sock = dealer_socket(ctx, MAX_PROBE_BYTES + HEADER.size)
+    sock.connect(endpoint)
+    payloads = {size: bytes(size) for size in sizes}
+    plan = [(SMALL, SMALL)] + [(s, SMALL) for s in sizes] + [(SMALL, s) for s in sizes]
+    samples: list[LinkSample] = []
+    deadline = time.monotonic() + timeout_s * max(1, rounds)
+    try:
+        for out, back in [(SMALL, SMALL)] + plan * rounds:  # the first: the connection
+            body = HEADER.pack(back) + (payloads[out][HEADER.size:] if out > SMALL else b"")
+            start = time.perf_counter()
+            hold = emulated_s(link, len(body), rng)
+            if hold:
+                time.sleep(hold)
+            sock.send(body)
+            if not sock.poll(int(timeout_s * 1000)) or time.monotonic() > deadline:
+                raise ProbeError(f"the probe of {endpoint} was not answered within "
+                                 f"{timeout_s:g} s")
+            reply = sock.recv(copy=False)
+            seconds = time.perf_counter() - start
+            if len(reply.buffer) != back:
+                raise ProbeError(f"{endpoint} answered {len(reply.buffer)} bytes, not {back}")
+            samples.append(LinkSample(len(body), back, seconds))
+    finally:
+        sock.close(0)
+    return samples[1:]

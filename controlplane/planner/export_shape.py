@@ -1,0 +1,47 @@
+"""The shape of an exported model, from its manifest and one stage's graph.
+
+The manifest names the layers, hidden size, heads, head size and vocabulary; the MLP's
+width is read from the first ``gate_proj`` weight in a stage's IR (its first dimension, in
+every weight format the exporter writes), scanning the XML up to it, never the weights.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from controlplane.planner.shape import ModelShape, ShapeError
+from zctl.manifest import ExportManifest
+
+GATE = "gate_proj.weight"
+
+
+def _mlp_width(xml: Path) -> int:
+    try:
+        for _, element in ElementTree.iterparse(xml, events=("end",)):
+            if element.tag != "layer":
+                continue
+            if element.get("type") == "Const" and element.get("name", "").endswith(GATE):
+                data = element.find("data")
+                shape = data.get("shape", "") if data is not None else ""
+                first = shape.split(",")[0].strip()
+                if first.isdigit() and int(first) > 0:
+                    return int(first)
+                raise ShapeError(f"{xml}: {element.get('name')} has shape {shape!r}")
+            element.clear()
+    except (OSError, ElementTree.ParseError) as exc:
+        raise ShapeError(f"{xml}: cannot read the stage's graph: {exc}") from None
+    raise ShapeError(f"{xml}: no {GATE} weight in the stage's graph")
+
+
+def export_shape(manifest: ExportManifest, export_dir: Path) -> ModelShape:
+    """The shape of the model exported in ``export_dir`` (ShapeError saying why not)."""
+    stage = next((s for s in manifest.stages if s.layer_end > s.layer_start), None)
+    if stage is None:
+        raise ShapeError(f"{export_dir}: no stage holds a decoder layer")
+    spec = manifest.model
+    return ModelShape(
+        name=spec.name, num_layers=spec.num_layers, hidden=spec.hidden_size,
+        intermediate=_mlp_width(export_dir / stage.xml), heads=spec.num_heads,
+        kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, vocab=spec.vocab_size,
+        architecture=spec.architecture)

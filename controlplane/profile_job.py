@@ -1,0 +1,153 @@
+"""A node's profile for its cluster's model: kept in its state directory, or measured in a
+process of its own (``python -m controlplane.profiling``) while the node goes on serving.
+
+A node answers the coordinator's ``ProfileRequest`` at once: with the profile it keeps
+(``kept``), or with ``measuring`` when it starts measuring one (the first time it joins
+with a model, or when the one it keeps is stale or damaged, logged with the reason), or
+``not-profiled`` when it was told not to measure. The measurement runs in a child process
+watched by a thread, so the control loop never waits on it, the synthetic stages' memory
+goes with the child, and a child that crashes or overruns its budget (killed at twice the
+budget and a minute for its start) fails the profile, not the node; ``finished`` hands the
+result over once, as the report to send.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from controlplane.messages import ProfileReport
+from controlplane.planner.measured import mismatches, profile_of, record_from_dict
+from controlplane.planner.profile import ProfileError
+from controlplane.planner.shape import ModelShape
+from controlplane.profile_store import NOT_PROFILED, ProfileStore
+from controlplane.records import ProfileRecord
+
+log = logging.getLogger("zctl.controlplane")
+START_GRACE_S = 60.0  # a child's imports and start, beyond its budget
+
+
+@dataclass(frozen=True)
+class ProfileTask:
+    shape: ModelShape
+    weights: str
+    device: str
+
+    def describe(self) -> str:
+        return f"{self.shape.name} ({self.weights}) on {self.device}"
+
+
+class ProfileJob:
+    """The profile of one node (``name`` in its log lines) and its measurement, if any."""
+
+    def __init__(self, name: str, state_dir: Path, auto: bool = True, memory_limit: int = 0,
+                 openvino: str | None = None) -> None:
+        self.name = name
+        self.store = ProfileStore(state_dir, openvino)
+        self.auto = auto
+        self.memory_limit = memory_limit
+        self._lock = threading.Lock()
+        self._task: ProfileTask | None = None  # being measured
+        self._child: subprocess.Popen[str] | None = None
+        self._done: ProfileReport | None = None
+        self._stopped = False
+
+    def request(self, task: ProfileTask, budget_s: float) -> ProfileReport:
+        """The report to answer a request with now (module docstring)."""
+        record, why = self.store.load(task.shape, task.weights, task.device)
+        if record is not None:
+            return ProfileReport("kept", record)
+        with self._lock:
+            if self._task == task:
+                return ProfileReport("measuring", detail=why)
+            if not self.auto or self._task is not None or self._stopped:
+                return ProfileReport("not-profiled", detail=why)
+            self._task = task
+        log.info("%s: profiling %s, at most %g s: %s", self.name, task.describe(), budget_s,
+                 why if why.startswith("its profile") else "not profiled yet")
+        threading.Thread(target=self._measure, args=(task, budget_s), daemon=True,
+                         name="zctl-profile").start()
+        return ProfileReport("measuring", detail=why)
+
+    def _measure(self, task: ProfileTask, budget_s: float) -> None:
+        command = [sys.executable, "-m", "controlplane.profiling",
+                   "--shape", json.dumps(asdict(task.shape)), "--weights", task.weights,
+                   "--device", task.device, "--budget", str(budget_s),
+                   "--memory-limit", str(self.memory_limit), "--state-dir",
+                   str(self.store.dir.parent)]
+        try:
+            with self._lock:
+                if self._stopped:
+                    return
+                self._child = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True)
+            out, errors = self._child.communicate(timeout=2 * budget_s + START_GRACE_S)
+            if self._child.returncode != 0:
+                lines = [line for line in errors.splitlines() if line.strip()]
+                raise ProfileError(lines[-1] if lines else
+                                   f"the profiling process ended with {self._child.returncode}")
+            record = record_from_dict(json.loads(out), "the profiling process's output")
+            report = ProfileReport("measured", record)
+            log.info("%s: profiled %s in %.1f s", self.name, task.describe(), record.seconds)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            report = ProfileReport("failed", detail=f"profiling {task.describe()} did not end "
+                                                    f"within {2 * budget_s + START_GRACE_S:g} s")
+        except (ProfileError, OSError, ValueError) as exc:
+            report = ProfileReport("failed", detail=f"profiling {task.describe()}: {exc}")
+        if report.state == "failed":
+            log.warning("%s: %s", self.name, report.detail)
+        with self._lock:
+            self._done, self._task, self._child = report, None, None
+
+    def finished(self) -> ProfileReport | None:
+        """A measurement's report, once, when it has ended."""
+        with self._lock:
+            done, self._done = self._done, None
+        return done
+
+    @property
+    def measuring(self) -> bool:
+        with self._lock:
+            return self._task is not None
+
+    def _kill(self) -> None:
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+
+    def stop(self) -> None:
+        """Stop a measurement under way (its child is killed)."""
+        with self._lock:
+            self._stopped = True
+        self._kill()
+
+
+def report_outcome(report: ProfileReport, task: ProfileTask, openvino: str
+                   ) -> tuple[ProfileRecord | None, str]:
+    """What the coordinator keeps of a node's report: the profile, if it is one for
+    ``task`` measured with ``openvino`` (the node's), and the node's profile state."""
+    if report.state == "measuring":
+        return None, "measuring"
+    if report.state == "not-profiled":
+        detail = report.detail if report.detail not in ("", NOT_PROFILED) else ""
+        return None, NOT_PROFILED + (f" ({detail})" if detail else "")
+    if report.state == "failed" or report.profile is None:
+        return None, f"failed: {report.detail or 'no reason given'}"
+    record = report.profile
+    stale = mismatches(record, shape=task.shape.fingerprint(), weights=task.weights,
+                       device=task.device, openvino=openvino)
+    if stale:
+        return None, (f"failed: it reported a profile measured for {'; '.join(stale)}: "
+                      "profile it again (zctl node profile)")
+    try:
+        profile_of(record)
+    except ProfileError as exc:
+        return None, f"failed: its profile cannot be used: {exc}"
+    return record, report.state

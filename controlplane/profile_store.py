@@ -1,0 +1,102 @@
+"""Where a node keeps its profiles: ``<state_dir>/profiles/``, one JSON file per model shape,
+weight format and device, holding the OpenVINO version it was measured with.
+
+``load`` gives a profile that fits this node now, or says why there is none: never
+measured, measured with another OpenVINO version (stale), or a file that cannot be read
+(damaged): each is measured again, and the reason logged. ``turn`` makes the profiles of
+one machine's processes (the nodes of a local cluster, a ``zctl node profile``) measure
+one at a time, so that none times its stages while another loads the cores.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from controlplane.nodeinfo import openvino_version
+from controlplane.planner.measured import (
+    Measurement,
+    mismatches,
+    profile_dict,
+    profile_from,
+    profile_record,
+    read_profile,
+)
+from controlplane.planner.profile import ProfileError
+from controlplane.planner.shape import ModelShape
+from controlplane.records import ProfileRecord
+from zctl.paths import zctl_home
+
+BUDGET_S = 30.0  # what profiling one device may take at most
+PROFILES = "profiles"
+LOCK = "profile.lock"
+NOT_PROFILED = "not profiled yet"
+
+
+def profile_name(fingerprint: str, weights: str, device: str) -> str:
+    """A profile's file name: readable, and unique to its shape, format and device."""
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in device)
+    return f"{weights}-{safe}-{digest}.json"
+
+
+class ProfileStore:
+    """The profiles of one state directory."""
+
+    def __init__(self, state_dir: Path, openvino: str | None = None) -> None:
+        self.dir = state_dir / PROFILES
+        self.openvino = openvino or openvino_version()
+
+    def path(self, shape: ModelShape, weights: str, device: str) -> Path:
+        return self.dir / profile_name(shape.fingerprint(), weights, device)
+
+    def load(self, shape: ModelShape, weights: str, device: str
+             ) -> tuple[ProfileRecord | None, str]:
+        """The profile of ``shape`` in ``weights`` on ``device`` measured with this node's
+        OpenVINO, or (None, why there is none)."""
+        path = self.path(shape, weights, device)
+        if not path.is_file():
+            return None, NOT_PROFILED
+        try:
+            record = read_profile(path)
+        except ProfileError as exc:
+            return None, f"its profile is damaged ({exc})"
+        stale = mismatches(record, shape=shape.fingerprint(), weights=weights, device=device,
+                           openvino=self.openvino)
+        if stale:
+            return None, f"its profile is stale (measured for {'; '.join(stale)})"
+        return record, ""
+
+    def save(self, shape: ModelShape, measurement: Measurement) -> tuple[ProfileRecord, Path]:
+        """Keep a measurement's profile (written whole, then renamed into place)."""
+        key = measurement.key
+        source = (f"measured on {socket.gethostname()} ({key.device}: 1 and "
+                  f"{1 + measurement.extra_layers} synthetic layers, {measurement.rounds} "
+                  f"rounds, {measurement.seconds:.1f} s)")
+        record = profile_record(profile_from(measurement, shape, source), time.time(),
+                                measurement.seconds)
+        path = self.path(shape, key.weights, key.device)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(profile_dict(record, measurement), indent=1) + "\n")
+        os.replace(tmp, path)
+        return record, path
+
+    @contextmanager
+    def turn(self, lock: Path | None = None) -> Iterator[None]:
+        """Hold this machine's profiling lock (``ZCTL_HOME/profile.lock``) while measuring."""
+        lock = lock or zctl_home() / LOCK
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,0 +1,279 @@
+"""Profiling a node: time synthetic stages of a model's layer shape on one device.
+
+``measure`` builds three stages of random weights in the model's weight format
+(dataplane.runtime.synthetic): one decoder layer, ``1 + k`` layers, and one layer with
+the LM head, and runs them as the cluster's stages run (the runtime's default settings on
+the device: PagedAttention on CPU), each with row groups of 1, 2, 4 and 8 rows decoding
+over a short past, and the two decoder stages prefilling a prompt. Rounds of steps follow
+one another (every stage and row count in each round, so a slower moment of the machine
+falls on all of them alike) until the budget is spent or enough rounds are in; each figure
+is the lower quartile of its steps (a busy moment only ever adds time). ``k`` is chosen so
+the extra layers hold some 64 MB of weights (at most 32 layers), fewer when memory is
+short: a stage of a few layers whose weights stay in the caches between its steps runs
+its layers faster than a real stage does (on this repository's VM, 15 layers of SmolLM2
+predicted its 30-layer stage's step ~20% short, 29 layers within the noise). The
+per-layer figures follow by difference (controlplane/planner/measured.py).
+
+The budget bounds the whole of it, building and compiling included: past it, no further
+step or build is started (a compile under way ends first), and a device that could not
+time every figure once in its budget raises ProfileError. ``python -m
+controlplane.profiling`` runs one profile in a process of its own (what a node does when
+it joins, so the graphs' memory goes with that process and its figures are not mixed with
+its stage's allocations) and prints the profile's JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import psutil
+
+from controlplane.nodeinfo import openvino_version, ram
+from controlplane.planner.measured import Measurement
+from controlplane.planner.memory import embedding_bytes, layer_weight_bytes
+from controlplane.planner.profile import ROWS, ProfileError, ProfileKey
+from controlplane.planner.shape import ModelShape, ShapeError
+from controlplane.profile_store import BUDGET_S
+from dataplane.runtime.base import StageError, StageRuntime
+from dataplane.runtime.config import RuntimeSpec, device_kind
+from dataplane.runtime.load import load_runner
+from dataplane.runtime.paged import PagedStageRunner
+from dataplane.runtime.synthetic import LayerShape, synthetic_manifest, synthetic_model
+
+EXTRA_BYTES = 64e6  # the weights the second stage's extra layers should hold
+MAX_EXTRA_LAYERS = 32
+MEMORY_SHARE = 0.5  # of the free memory, what the synthetic stages may take
+PAST_TOKENS = 16  # each decoding row's past when timing starts
+PROMPT_TOKENS = 128  # the prompt the decoder stages prefill
+STEPS = 5  # timed decode steps per stage and row count in a round (after an untimed one)
+MIN_ROUNDS, MAX_ROUNDS = 2, 8
+QUANTILE = 0.25
+PROMPT_STREAM = 1 << 20  # the prompt's stream id (row groups' streams are below it)
+
+
+def runtime_for(device: str) -> RuntimeSpec:
+    """The settings a cluster's stages compile with by default on ``device`` (``zctl cluster
+    up``'s: f32 activations, the plugin's KV type, dynamic quantization, PagedAttention on
+    CPU, where a cluster runs it)."""
+    return RuntimeSpec(device=device, paged_attention=device_kind(RuntimeSpec(device)) == "CPU")
+
+
+def layer_shape(shape: ModelShape) -> LayerShape:
+    if shape.moe:
+        raise ProfileError(f"{shape.name}: a mixture-of-experts layer cannot be profiled (zctl "
+                           "exports dense models only)")
+    return LayerShape(shape.hidden, shape.intermediate, shape.heads, shape.kv_heads,
+                      shape.head_dim, shape.vocab)
+
+
+def extra_layers(shape: ModelShape, weights: str, free_memory: int) -> int:
+    """``k``: the second stage's layers beyond the first's one (module docstring)."""
+    layer = layer_weight_bytes(shape, weights) * 1.2
+    head = embedding_bytes(shape, weights) * 1.2
+    k = max(1, min(MAX_EXTRA_LAYERS, math.ceil(EXTRA_BYTES / layer)))
+    room = MEMORY_SHARE * free_memory - head - 2 * layer
+    while k > 1 and k * layer > room:
+        k -= 1
+    if k * layer > room:
+        need = (2 + k) * layer + head
+        raise ProfileError(f"profiling {shape.name} in {weights} needs ~{need / 1e9:.1f} GB "
+                           f"(three layers and the LM head), {MEMORY_SHARE:.0%} of the "
+                           f"{free_memory / 1e9:.1f} GB free")
+    return k
+
+
+class Deadline:
+    """The budget's end; ``check`` raises ProfileError once it has passed."""
+
+    def __init__(self, budget_s: float, clock: Callable[[], float]) -> None:
+        if not budget_s > 0:
+            raise ProfileError(f"a profile's budget must be positive seconds, not {budget_s!r}")
+        self.clock, self.budget = clock, budget_s
+        self.start = clock()
+        self.end = self.start + budget_s
+
+    @property
+    def passed(self) -> bool:
+        return self.clock() >= self.end
+
+    def left(self) -> float:
+        return self.end - self.clock()
+
+    def check(self, doing: str) -> None:
+        if self.passed:
+            raise ProfileError(f"profiling took its whole budget of {self.budget:g} s {doing}: "
+                               "give it more (--budget), or profile a smaller shape")
+
+
+@dataclass
+class _Stage:
+    """A synthetic stage, its row groups (one per row count, decoding over a short past)
+    and the memory the process grew by for it."""
+
+    runner: StageRuntime
+    grown: int
+    positions: dict[int, int] = field(default_factory=dict)
+
+    def prepare(self, hidden: int) -> None:
+        """Each row count's group, its rows' past prefilled one stream at a time (as a
+        stateful stage forms a group only of streams that hold their KV)."""
+        past = np.zeros((1, PAST_TOKENS, hidden), np.float32)
+        for rows in ROWS:
+            members = [rows * 100 + i for i in range(rows)]
+            for sid in members:
+                self.runner.open_stream(sid)
+                self.runner.step(sid, past, np.arange(PAST_TOKENS))
+            self.runner.regroup(rows, members)
+            self.positions[rows] = PAST_TOKENS
+
+    def decode(self, rows: int, hidden: int) -> None:
+        at = self.positions[rows]
+        self.runner.step_rows(rows, np.zeros((rows, 1, hidden), np.float32),
+                              np.full((rows, 1), at, np.int64))
+        self.positions[rows] = at + 1
+
+    def prompt(self, hidden: int) -> None:
+        self.runner.reset_stream(PROMPT_STREAM)
+        self.runner.step(PROMPT_STREAM, np.zeros((1, PROMPT_TOKENS, hidden), np.float32),
+                         np.arange(PROMPT_TOKENS))
+
+
+def _rss() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+def _kv_bytes(runner: StageRuntime) -> int:
+    """The KV cache a runner allocated up front (a paged stage's blocks; a stateful
+    stage's KV grows with its tokens, a few here)."""
+    if isinstance(runner, PagedStageRunner):
+        return runner.block_bytes * (runner.pool.capacity + 1)
+    return 0
+
+
+def _build(dims: LayerShape, layers: int, last: bool, weights: str, group: int | None,
+           runtime: RuntimeSpec, deadline: Deadline) -> _Stage:
+    deadline.check(f"before building a synthetic stage of {layers} layer(s)")
+    before = _rss()
+    graph = synthetic_model(dims, layers, last, weights, group, seed=layers + last)
+    manifest = synthetic_manifest(dims, layers, last, weights, group)
+    deadline.check(f"building a synthetic stage of {layers} layer(s)")
+    try:
+        runner = load_runner("", 0, runtime, manifest=manifest, verify=False, graph=graph)
+    except StageError as exc:
+        raise ProfileError(f"cannot compile a synthetic stage on {runtime.device}: {exc}") from None
+    del graph
+    gc.collect()
+    stage = _Stage(runner, 0)
+    stage.prepare(dims.hidden)
+    stage.grown = max(0, _rss() - before - _kv_bytes(runner))
+    deadline.check(f"compiling a synthetic stage of {layers} layer(s)")
+    return stage
+
+
+def _quantile(values: list[float]) -> float:
+    return float(np.quantile(values, QUANTILE))
+
+
+def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: float = BUDGET_S,
+            memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    """Time ``shape``'s synthetic stages in ``weights`` on ``device`` within ``budget_s``
+    seconds (the module docstring); ProfileError when it cannot."""
+    deadline = Deadline(budget_s, clock)
+    dims = layer_shape(shape)
+    try:
+        group = shape.group_size() if weights == "int4" else None
+    except ValueError as exc:
+        raise ProfileError(f"{shape.name}: {exc}") from None
+    free = ram(memory_limit)[1]
+    k = extra_layers(shape, weights, free)
+    runtime = runtime_for(device)
+    key = ProfileKey(shape.fingerprint(), weights, device, openvino_version())
+    # the head's stage first: the plugin's one-time costs (its libraries, its thread pool)
+    # fall on it, not on the memory the decoder stages are told apart by
+    head = _build(dims, 1, True, weights, group, runtime, deadline)
+    stages = {"base": _build(dims, 1, False, weights, group, runtime, deadline),
+              "more": _build(dims, 1 + k, False, weights, group, runtime, deadline),
+              "head": head}
+    steps: dict[tuple[str, int], list[float]] = {(n, r): [] for n in stages for r in ROWS}
+    prompts: dict[str, list[float]] = {"base": [], "more": []}
+    rounds = 0
+    while rounds < MAX_ROUNDS and not deadline.passed:
+        started = clock()
+        for rows in ROWS:
+            for name, stage in stages.items():
+                stage.decode(rows, dims.hidden)  # untimed: the step after a change of shape
+                for _ in range(STEPS):
+                    if deadline.passed:
+                        break
+                    t0 = clock()
+                    stage.decode(rows, dims.hidden)
+                    steps[(name, rows)].append(clock() - t0)
+        for name in prompts:
+            if not deadline.passed:
+                t0 = clock()
+                stages[name].prompt(dims.hidden)
+                prompts[name].append(clock() - t0)
+        rounds += 1
+        if rounds >= MIN_ROUNDS and deadline.left() < clock() - started:
+            break  # another round would not fit
+    missing = [f"{n} at {r} rows" for (n, r), v in steps.items() if not v]
+    missing += [f"the {n} stage's prompt" for n, v in prompts.items() if not v]
+    if missing:
+        raise ProfileError(f"profiling {device} ran out of its {budget_s:g} s budget before "
+                           f"it timed {', '.join(missing[:3])}: give it more (--budget)")
+
+    def figures(name: str) -> tuple[float, ...]:
+        return tuple(_quantile(steps[(name, r)]) for r in ROWS)
+
+    measurement = Measurement(
+        key=key, extra_layers=k, base_s=figures("base"), more_s=figures("more"),
+        head_s=figures("head"), prompt_tokens=PROMPT_TOKENS,
+        base_prompt_s=_quantile(prompts["base"]), more_prompt_s=_quantile(prompts["more"]),
+        base_bytes=stages["base"].grown, more_bytes=stages["more"].grown, free_memory=free,
+        rounds=rounds)
+    stages.clear()
+    gc.collect()
+    return replace(measurement, seconds=clock() - deadline.start)
+
+
+# -- a profile in a process of its own ----------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """Profile one shape, format and device into a state directory; print the profile's
+    JSON on stdout (an error's text on stderr, and exit status 1)."""
+    from pathlib import Path
+
+    from controlplane.profile_store import ProfileStore
+
+    parser = argparse.ArgumentParser(prog="python -m controlplane.profiling")
+    parser.add_argument("--shape", required=True, help="the ModelShape's fields as JSON")
+    parser.add_argument("--weights", required=True)
+    parser.add_argument("--device", default="CPU")
+    parser.add_argument("--budget", type=float, default=BUDGET_S)
+    parser.add_argument("--memory-limit", type=int, default=0)
+    parser.add_argument("--state-dir", required=True)
+    args = parser.parse_args(argv)
+    try:
+        shape = ModelShape(**json.loads(args.shape))
+        store = ProfileStore(Path(args.state_dir))
+        with store.turn():
+            measurement = measure(shape, args.weights, args.device, args.budget,
+                                  args.memory_limit)
+        _, path = store.save(shape, measurement)
+        text = path.read_text()
+    except (ProfileError, ShapeError, TypeError, ValueError, OSError) as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""A link's probe: the echo answers with the size asked for (and nothing else), the probe
+times each size both ways, an emulated link is probed as its data frames go, and a peer
+that does not answer is a clear error."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import zmq
+
+from controlplane.link_probe import (
+    HEADER,
+    MAX_PROBE_BYTES,
+    SMALL,
+    ProbeEcho,
+    ProbeError,
+    emulated_s,
+    probe,
+)
+from controlplane.planner.measured import link_from_samples
+from dataplane.wire.link import link_options
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.term()
+
+
+def test_a_probe_times_each_size_both_ways(ctx: zmq.Context) -> None:
+    echo = ProbeEcho(ctx, "127.0.0.1")
+    try:
+        samples = probe(ctx, echo.endpoint, [1000, 100_000], rounds=2, timeout_s=5.0)
+    finally:
+        echo.close()
+    kinds = {(s.out, s.back) for s in samples}
+    assert kinds == {(SMALL, SMALL), (1000, SMALL), (100_000, SMALL), (SMALL, 1000),
+                     (SMALL, 100_000)}
+    assert len(samples) == 2 * 5 and all(s.seconds > 0 for s in samples)
+    link = link_from_samples(samples)
+    assert link.rtt_s > 0 and link.forward_bps > 0 and link.backward_bps > 0
+
+
+def test_an_emulated_link_is_probed_as_its_frames_go(ctx: zmq.Context) -> None:
+    shaped = link_options(delay_ms=10.0)
+    echo = ProbeEcho(ctx, "127.0.0.1", shaped)
+    try:
+        link = link_from_samples(probe(ctx, echo.endpoint, [2000], 2, 5.0, shaped))
+    finally:
+        echo.close()
+    assert link.rtt_s >= 0.020  # 10 ms each way
+    rate = link_options(rate_mbit=8.0, relays=1)  # 1 MB/s, one store-and-forward relay
+    assert emulated_s(rate, 1000, random.Random()) == pytest.approx(2 * 1000 / 1e6)
+    assert emulated_s(None, 10**6, random.Random()) == 0.0
+
+
+def test_the_echo_ignores_what_is_not_a_probe_and_the_oversized(ctx: zmq.Context) -> None:
+    echo = ProbeEcho(ctx, "127.0.0.1")
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(echo.endpoint)
+    try:
+        sock.send(b"xy")  # too short to say a size
+        sock.send(HEADER.pack(MAX_PROBE_BYTES + 1))
+        assert not sock.poll(300)
+        sock.send(HEADER.pack(16))
+        assert sock.poll(3000) and len(sock.recv()) == 16
+        assert echo.answered == 1
+    finally:
+        sock.close(0)
+        echo.close()
+
+
+def test_a_peer_that_does_not_answer_is_a_clear_error(ctx: zmq.Context) -> None:
+    silent = ctx.socket(zmq.ROUTER)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        start = time.monotonic()
+        with pytest.raises(ProbeError, match="not answered within 0.2 s"):
+            probe(ctx, f"tcp://127.0.0.1:{port}", [1000], rounds=3, timeout_s=0.2)
+        assert time.monotonic() - start < 2.0
+        with pytest.raises(ProbeError, match="no frame size"):
+            probe(ctx, f"tcp://127.0.0.1:{port}", [MAX_PROBE_BYTES + 1], 1, 0.2)
+    finally:
+        silent.close(0)

@@ -1,0 +1,116 @@
+"""Profiling a node: its profiles kept by shape, format, device and OpenVINO version; the
+synthetic stages it times, within its budget."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from controlplane.planner.measured import Measurement, read_profile
+from controlplane.planner.presets import PRESETS
+from controlplane.planner.profile import ProfileError, ProfileKey
+from controlplane.planner.shape import ModelShape
+from controlplane.profile_store import NOT_PROFILED, ProfileStore, profile_name
+from controlplane.profiling import Deadline, extra_layers, layer_shape, measure
+
+SMOL = PRESETS["smollm2-135m"]
+TINY = ModelShape("tiny", num_layers=4, hidden=64, intermediate=128, heads=4, kv_heads=2,
+                  head_dim=16, vocab=384, tied_embeddings=True)  # tools/harness/random_llama's
+VERSION = "2026.4.1-test"
+
+
+def _measurement(shape: ModelShape = SMOL, weights: str = "int4", device: str = "CPU",
+                 openvino: str = VERSION) -> Measurement:
+    rows = (1e-4, 2e-4, 3e-4, 4e-4)
+    return Measurement(ProfileKey(shape.fingerprint(), weights, device, openvino), 2, rows,
+                       tuple(3 * r for r in rows), tuple(10 * r for r in rows), 128, 1e-3,
+                       5e-3, 1 << 20, 5 << 20, 8 << 30, rounds=3, seconds=1.5)
+
+
+def test_a_profile_is_kept_by_shape_format_and_device_and_used_again(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    assert store.load(SMOL, "int4", "CPU") == (None, NOT_PROFILED)
+    record, path = store.save(SMOL, _measurement())
+    assert path.parent == tmp_path / "profiles" and read_profile(path) == record
+    assert store.load(SMOL, "int4", "CPU") == (record, "")
+    assert store.load(SMOL, "int8", "CPU") == (None, NOT_PROFILED)
+    assert store.load(PRESETS["llama-3.1-8b"], "int4", "CPU") == (None, NOT_PROFILED)
+    assert json.loads(path.read_text())["measurement"]["extra_layers"] == 2
+    assert len({profile_name(SMOL.fingerprint(), w, d) for w in ("int4", "int8")
+                for d in ("CPU", "GPU.0")}) == 4
+
+
+def test_a_profile_of_another_openvino_version_is_stale(tmp_path: Path) -> None:
+    ProfileStore(tmp_path, openvino="2025.1.0").save(SMOL, _measurement(openvino="2025.1.0"))
+    record, why = ProfileStore(tmp_path, openvino=VERSION).load(SMOL, "int4", "CPU")
+    assert record is None
+    assert "stale" in why and "OpenVINO '2025.1.0', not '2026.4.1-test'" in why
+
+
+def test_a_profile_file_that_says_another_shape_is_stale(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    _, path = store.save(SMOL, _measurement())
+    raw = json.loads(path.read_text())
+    raw["shape"] = "h1-i1-a1/1x1-v1"
+    path.write_text(json.dumps(raw))
+    record, why = store.load(SMOL, "int4", "CPU")
+    assert record is None and "stale" in why and "shape" in why
+
+
+def test_a_damaged_profile_file_is_measured_again_not_fatal(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    _, path = store.save(SMOL, _measurement())
+    path.write_text("{\"format\": \"zctl-node-profile/1\", \"decode_s\": [")
+    record, why = store.load(SMOL, "int4", "CPU")
+    assert record is None and "damaged" in why and str(path) in why
+
+
+def test_the_second_stage_holds_some_64_mb_of_extra_layers_fewer_when_memory_is_short() -> None:
+    assert extra_layers(SMOL, "int4", 16 << 30) == 28
+    assert extra_layers(PRESETS["llama-3.1-8b"], "int4", 16 << 30) == 1
+    assert extra_layers(TINY, "fp32", 16 << 30) == 32
+    with pytest.raises(ProfileError, match="needs ~.* GB"):
+        extra_layers(PRESETS["llama-3.1-70b"], "int4", 2 << 30)
+
+
+def test_what_cannot_be_profiled_says_why() -> None:
+    with pytest.raises(ProfileError, match="mixture-of-experts"):
+        layer_shape(PRESETS["qwen3-30b-a3b"])
+    with pytest.raises(ProfileError, match="budget must be positive"):
+        Deadline(0.0, time.perf_counter)
+    ticks = iter([0.0, 5.0])
+    deadline = Deadline(1.0, lambda: next(ticks))
+    with pytest.raises(ProfileError, match="whole budget of 1 s building"):
+        deadline.check("building")
+
+
+@pytest.mark.slow
+def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -> None:
+    budget = 20.0
+    start = time.perf_counter()
+    measurement = measure(TINY, "int4", "CPU", budget)
+    took = time.perf_counter() - start
+    assert took < budget * 1.5 and measurement.seconds <= took
+    assert measurement.rounds >= 2 and measurement.key.device == "CPU"
+    record, path = ProfileStore(tmp_path).save(TINY, measurement)
+    assert all(v > 0 for v in record.decode_s) and record.call_s >= 0
+    assert record.layer_bytes > 0 and record.prefill_tokens_per_s > 0
+    assert read_profile(path) == record
+
+
+@pytest.mark.slow
+def test_profiling_stops_at_its_budget() -> None:
+    # SmolLM2's 29-layer stage does not finish its 8 rounds in 6 s on a busy 2-vCPU machine;
+    # past the budget no step or build starts (a compile under way ends first: the margin)
+    budget = 6.0
+    start = time.perf_counter()
+    try:
+        measurement = measure(SMOL, "int4", "CPU", budget)
+    except ProfileError as exc:  # a busy machine may not time every figure in 6 s
+        assert "budget" in str(exc)
+    else:
+        assert measurement.seconds < budget * 1.5 + 5.0
+    assert time.perf_counter() - start < budget * 1.5 + 5.0
