@@ -366,6 +366,8 @@ class PagedStageRunner:
         for seq, count in zip(seqs, counts, strict=True):
             self._reserve(seq, count)
         pad = self.shapes.pad(total)
+        if len(seqs) == 1 and not pad and self.config.pad_lone_sequence:
+            pad = 1  # a lone sequence's step computes as in a row group (RuntimeSpec)
         pad += bucket_pad(total + pad, most=self.block_size)
         if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
             pad = bucket_pad(total, most=self.block_size)

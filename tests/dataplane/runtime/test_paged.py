@@ -95,8 +95,8 @@ def test_padded_steps_give_the_tokens_of_unpadded_ones(dp_export2, stateful) -> 
 def test_a_padded_step_answers_as_the_unpadded_one(dp_export2, stage) -> None:
     """A row leaves a group of 4: the padded runner's 3-row step (hidden states of stage 0,
     logits of the last stage) equals the unpadded runner's."""
-    runners = [load_runner(dp_export2, stage, RuntimeSpec(**EXACT, paged_attention=True))
-               for _ in range(2)]
+    runners = [load_runner(dp_export2, stage, spec(**EXACT, paged_attention=True))
+               for spec in (RuntimeSpec, LoneSequenceUnpadded)]
     runners[0].shapes.limit = 4
     rng = np.random.default_rng(3)
     hidden = runners[0].hidden_size
@@ -142,6 +142,10 @@ def test_no_step_is_padded_beyond_the_scratch_block(dp_export2) -> None:
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
+class LoneSequenceUnpadded(RuntimeSpec):
+    pad_lone_sequence = False
+
+
 @pytest.mark.parametrize("stage", [0, 1])
 def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
         dp_export2, stage, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,8 +153,8 @@ def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
     and the next steps' equal a runner's that never pads."""
     import dataplane.runtime.paged as paged
 
-    runners = [load_runner(dp_export2, stage, RuntimeSpec(**EXACT, paged_attention=True))
-               for _ in range(2)]
+    runners = [load_runner(dp_export2, stage, spec(**EXACT, paged_attention=True))
+               for spec in (RuntimeSpec, LoneSequenceUnpadded)]
     rng = np.random.default_rng(5)
     hidden = runners[0].hidden_size
     prompt = (rng.integers(5, 200, size=(1, 70)) if stage == 0
@@ -375,3 +379,32 @@ def test_a_ragged_step_computes_each_row_as_its_own_step(paged) -> None:
     paged.close_stream(60)
     assert all(r.pool.used == 0 for r in paged.runners)
 
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_lone_sequence_steps_with_a_padding_sequence_beside_it(dp_export2, padded) -> None:
+    """By default a lone sequence's step carries a one-token padding sequence, so the CPU
+    plugin computes it as a row of a group (its decode attention splits over the cores
+    otherwise): its output equals, bit for bit, the same step beside another row."""
+    spec = RuntimeSpec if padded else LoneSequenceUnpadded
+    runner = load_runner(dp_export2, 0, spec(paged_attention=True))  # default numerics
+    prompt = np.array([[0, *range(5, 200), *range(5, 100)]])
+    n = prompt.shape[1]
+
+    def prefilled(sid: int) -> None:
+        runner.open_stream(sid)
+        runner.step(sid, prompt, np.arange(n))
+
+    prefilled(1)
+    alone = runner.step(1, np.array([[7]]), np.array([n])).copy()
+    ran = runner.request.get_input_tensor(0).shape[0]
+    runner.close_stream(1)
+    prefilled(1)
+    prefilled(2)
+    runner.regroup(1 << 30, [1, 2])
+    rows = runner.step_rows(1 << 30, np.array([[7], [9]]), np.array([[n], [n]]))
+    runner.close_stream(1 << 30)
+    assert ran == (2 if padded else 1)
+    if padded:
+        assert np.array_equal(alone[0], rows[0])
+    assert runner.pool.used == 0
