@@ -22,6 +22,7 @@ from zctl.engine.drafting import Drafter, StageLoad, StepCost
 from zctl.engine.executor import Executor, Step, StepError, StepReply
 from zctl.engine.pipelined import PipelinedSession
 from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
+from zctl.engine.prefill_pieces import ANYWHERE, PieceRule
 from zctl.engine.prefill_planner import PrefillPlanner
 from zctl.engine.prefix_cache_manager import PrefixCacheManager
 from zctl.engine.prefix_index import PrefixIndexStats
@@ -75,8 +76,8 @@ class StreamScheduler:
     """
 
     def __init__(self, executor: Executor, row_groups: int = 0, shared_cores: bool = False,
-                 prefix_cache_tokens: int = 0, prefix_stats: PrefixIndexStats | None = None
-                 ) -> None:
+                 prefix_cache_tokens: int = 0, prefix_stats: PrefixIndexStats | None = None,
+                 pieces: PieceRule = ANYWHERE) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
         self.executor = executor
@@ -96,7 +97,10 @@ class StreamScheduler:
         self.overlaps = executor.overlaps_steps
         self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR,
                                       executor.num_stages, self.overlaps, shared_cores)
-        self.prefixes = PrefixCacheManager(executor, prefix_cache_tokens, prefix_stats)
+        # where prompts are cut into steps (zctl.engine.prefill_pieces): canonical pieces
+        # make a cached prompt, a replayed one and a cold one compute the same
+        self.pieces = pieces
+        self.prefixes = PrefixCacheManager(executor, prefix_cache_tokens, prefix_stats, pieces)
 
     @property
     def active(self) -> bool:
@@ -109,6 +113,7 @@ class StreamScheduler:
                              f"in the row groups' range (>= {GROUP_ID_BASE})")
         self.executor.open(session.stream_id)
         self.executor.reset(session.stream_id)
+        session.pieces = self.pieces
         if not session.done:
             self.sessions[session.stream_id] = session
             self.prefixes.load(session, fused=self.ragged and self._beside_decoders(session))

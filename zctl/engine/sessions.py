@@ -42,6 +42,7 @@ from zctl.engine.executor import Step, StepReply
 from zctl.engine.hindsight import DraftHindsight, best_fixed_k
 from zctl.engine.payloads import Want, payload_for
 from zctl.engine.prefill import MAX_CHUNK
+from zctl.engine.prefill_pieces import ANYWHERE, PieceRule
 from zctl.engine.requests import PAYLOAD_POLICIES, TokenLogprob
 from zctl.engine.sampling import (
     SamplingParams,
@@ -113,10 +114,18 @@ class PrefillProgress:
     def all_answered(self) -> bool:
         return self.answered >= self.tokens.size
 
-    def plan(self, chunk: int) -> tuple[int, int]:
-        """The next step's [lo, hi): up to ``chunk`` tokens after the ones planned."""
+    def plan(self, chunk: int, pieces: PieceRule = ANYWHERE, prompt_size: int | None = None
+             ) -> tuple[int, int]:
+        """The next step's [lo, hi): up to ``chunk`` tokens after the ones planned, cut
+        where ``pieces`` allows within the first ``prompt_size`` tokens (None: all of
+        them); past those (a replay's emitted tokens), one token a step when it is on."""
         lo = self.planned
-        hi = self.planned = min(lo + chunk, self.tokens.size)
+        size = prompt_size if prompt_size is not None and pieces.on else self.tokens.size
+        if lo >= size:
+            hi = lo + 1 if pieces.on else lo + chunk
+        else:
+            hi = pieces.cut(lo, lo + chunk, size)
+        hi = self.planned = min(hi, self.tokens.size)
         self._chunk_ends.append(hi)
         return lo, hi
 
@@ -294,6 +303,9 @@ class DecodeSession:
         # scheduler sets it from the stages' costs, up to the most)
         self.max_prefill_chunk = prefill_chunk or MAX_CHUNK
         self.prefill_chunk = self.max_prefill_chunk
+        # where its prefill (and a replay) may be cut (zctl.engine.prefill_pieces); the
+        # scheduler sets it before the first step
+        self.pieces = ANYWHERE
         self._prefill = PrefillProgress(self.prompt)
         # with prompt_logprobs: token i's (i >= 1) under the tokens before it, once the
         # chunk holding position i - 1 is answered; its chunks answer every position
@@ -470,7 +482,8 @@ class DecodeSession:
         if not self.can_plan_ahead:
             raise RuntimeError(f"stream {self.stream_id}'s prefill is planned to its end: "
                                "its next step waits for the last chunk's answer")
-        lo, hi = self._prefill.plan(max(1, min(self.prefill_chunk, self.max_prefill_chunk)))
+        lo, hi = self._prefill.plan(max(1, min(self.prefill_chunk, self.max_prefill_chunk)),
+                                    self.pieces, self.prompt.size)
         tokens = self._prefill.tokens
         if self.state is SessionState.REPLAYING:  # the answer is known already
             return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi))
