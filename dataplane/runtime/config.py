@@ -50,13 +50,16 @@ class RuntimeSpec:
     # 320 token counts, +740 MB with 1,000 entries). 1,000 served 8 and 16 clients as fast
     # as the default (docs/measurements.md, "Soak"). None keeps the plugin's default.
     runtime_cache_capacity: ClassVar[int | None] = 1000
-    # A paged stage's step of one sequence gets a one-token padding sequence beside it.
-    # The CPU plugin's PagedAttention splits a lone sequence's decode attention over the
-    # cores another way than a step of several sequences does (past ~100 tokens): its
-    # last bits differ, and int8 activations make other tokens of them, so a stream's
-    # tokens would depend on whether others shared its steps. With a second sequence every
-    # step computes a row alike, alone or in any row group (docs/measurements/repeatability.md).
-    pad_lone_sequence: ClassVar[bool] = True
+    # A paged stage's decode step (every sequence feeding one token) with fewer sequences
+    # than the stage has threads gets one-token padding sequences up to that many. The CPU
+    # plugin's PagedAttention computes such a step on its own path (it splits each
+    # sequence's attention along the past over the threads) and every other step on its
+    # mixed path; the two differ in the last bits past ~100 tokens, and int8 activations
+    # make other tokens of that, so a stream's tokens depended on how many others shared
+    # its steps. Padded, every step takes the mixed path: a row computes alike alone or in
+    # any row group. It costs a lone stream ~10% of its decode speed on 2 cores
+    # (docs/measurements/repeatability.md).
+    pad_decode_steps: ClassVar[bool] = True
 
     @property
     def exact(self) -> bool:

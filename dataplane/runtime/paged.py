@@ -134,6 +134,7 @@ class PagedStageRunner:
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} with paged attention: {exc}") from None
         self.request = self.compiled.create_infer_request()
+        self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         self._inputs = BoundInputs(self.request)
         self.input_name = self.compiled.inputs[0].get_any_name()
         self._cache_ports = [p for p in self.compiled.inputs if "_cache." in p.get_any_name()]
@@ -365,32 +366,47 @@ class PagedStageRunner:
             self._set("logits_idx", flat)
         for seq, count in zip(seqs, counts, strict=True):
             self._reserve(seq, count)
-        pad = self.shapes.pad(total)
-        if len(seqs) == 1 and not pad and self.config.pad_lone_sequence:
-            pad = 1  # a lone sequence's step computes as in a row group (RuntimeSpec)
-        pad += bucket_pad(total + pad, most=self.block_size)
-        if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
-            pad = bucket_pad(total, most=self.block_size)
+        pads = self._padding(len(seqs), total)
+        pad = sum(pads)
         flat_positions = positions.reshape(-1)
-        if pad:  # one more sequence: ``pad`` tokens from 0 in the scratch block
-            flat_positions = np.concatenate([flat_positions, np.arange(pad)])
+        if pad:  # more sequences, each from position 0 in the scratch block
+            flat_positions = np.concatenate([flat_positions, *map(np.arange, pads)])
         if flat_positions.size == 1:
             cos, sin = self._rope_rows.one(int(flat_positions[0]))
         else:
             cos, sin = rope_tables(flat_positions[None], self.inv_freq, self.rope_scaling)
         self._set("rope_cos", cos.reshape(total + pad, 1, -1))
         self._set("rope_sin", sin.reshape(total + pad, 1, -1))
-        self._bind_tables(seqs, counts, pad)
+        self._bind_tables(seqs, counts, pads)
         return PagedStep(list(seqs), counts, out_shape, pad)
 
-    def _bind_tables(self, seqs: list[PagedSequence], counts: list[int], pad: int) -> None:
+    def _padding(self, sequences: int, tokens: int) -> list[int]:
+        """The padding sequences' token counts for a step of ``tokens`` over ``sequences``:
+        up to a recent step's count (``shapes``) and the bucket's, in one sequence; and a
+        decode step of fewer sequences than the stage's threads gets one-token sequences
+        up to that many (``RuntimeSpec.pad_decode_steps``): the plugin then computes its
+        attention on its mixed path, as a row group's, not split along the past."""
+        pad = self.shapes.pad(tokens)
+        pad += bucket_pad(tokens + pad, most=self.block_size)
+        if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
+            pad = bucket_pad(tokens, most=self.block_size)
+        pads = [pad] if pad else []
+        if (self.config.pad_decode_steps and tokens == sequences and pad < 2
+                and sequences + len(pads) < self.threads):
+            pads += [1] * (self.threads - sequences - len(pads))
+        return pads
+
+    def _bind_tables(self, seqs: list[PagedSequence], counts: list[int], pads: list[int]
+                     ) -> None:
         """Each sequence's past length, where its tokens begin and its block table, the
-        padding's scratch block last when ``pad``."""
+        padding sequences' (in the scratch block) last."""
         pasts = [s.length for s in seqs]
         tables = [s.blocks[:blocks_for(s.length + c, self.block_size)]
                   for s, c in zip(seqs, counts, strict=True)]
-        if pad:
-            pasts, counts, tables = [*pasts, 0], [*counts, pad], [*tables, [self.pool.capacity]]
+        if pads:
+            pasts = [*pasts, *[0] * len(pads)]
+            counts = [*counts, *pads]
+            tables = [*tables, *[[self.pool.capacity]] * len(pads)]
         self._set("past_lens", np.array(pasts, dtype=np.int32))
         self._set("subsequence_begins", np.cumsum([0, *counts]).astype(np.int32))
         self._set("block_indices", np.array([b for t in tables for b in t], dtype=np.int32))

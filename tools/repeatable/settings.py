@@ -1,9 +1,9 @@
 """The settings compared: each a runtime for the stages and where the engine cuts prompts.
 
 ``today``: the numerics and scheduling before repeatability (a u8 KV cache, int8
-activations, prompts cut anywhere, a lone sequence stepped alone); ``repeatable``: the
-same numerics with canonical prefill pieces and a lone sequence padded
-(``zctl.engine.prefill_pieces``, ``RuntimeSpec.pad_lone_sequence``); ``f16``: an f16 KV
+activations, prompts cut anywhere, decode steps unpadded); ``repeatable``: the
+same numerics with canonical prefill pieces and decode steps padded
+(``zctl.engine.prefill_pieces``, ``RuntimeSpec.pad_decode_steps``); ``f16``: an f16 KV
 cache, pieces cut anywhere but never a lone token, padded; ``exact``: an f32 KV cache
 and f32 activations (``--exact``), canonical pieces, padded.
 """
@@ -18,15 +18,15 @@ from zctl.engine.prefill_pieces import ANYWHERE, CANONICAL, PieceRule
 
 
 class UnpaddedSpec(RuntimeSpec):
-    """A runtime whose paged stages step a lone sequence alone (as before repeatability)."""
+    """A runtime whose paged stages run decode steps unpadded (as before repeatability)."""
 
-    pad_lone_sequence: ClassVar[bool] = False
+    pad_decode_steps: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
 class Setting:
     """One setting: KV cache type (None: the plugin's u8), int8 activations, where
-    prompts are cut (``pieces``) and whether a lone sequence's step is padded."""
+    prompts are cut (``pieces``) and whether decode steps are padded."""
 
     name: str
     kv_cache_precision: str | None
@@ -47,7 +47,7 @@ class Setting:
     def describe(self) -> dict[str, object]:
         return {"kv_cache_precision": self.kv_cache_precision or "u8 (the plugin's)",
                 "dynamic_quantization": self.dynamic_quantization,
-                "piece_block": self.pieces.block, "pad_lone_sequence": self.padded}
+                "piece_block": self.pieces.block, "pad_decode_steps": self.padded}
 
 
 SETTINGS = {s.name: s for s in (

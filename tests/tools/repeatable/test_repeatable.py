@@ -31,10 +31,10 @@ def test_settings_put_todays_first_and_refuse_unknown_names() -> None:
         parse_settings("repeatable,fastest")
 
 
-def test_today_steps_a_lone_sequence_alone_and_cuts_anywhere() -> None:
+def test_today_leaves_decode_steps_unpadded_and_cuts_anywhere() -> None:
     today, repeatable = SETTINGS["today"], SETTINGS["repeatable"]
-    assert isinstance(today.runtime(), UnpaddedSpec) and not today.runtime().pad_lone_sequence
-    assert repeatable.runtime().pad_lone_sequence and repeatable.pieces.block == 32
+    assert isinstance(today.runtime(), UnpaddedSpec) and not today.runtime().pad_decode_steps
+    assert repeatable.runtime().pad_decode_steps and repeatable.pieces.block == 32
     assert not today.pieces.on
     assert today.runtime().properties() == repeatable.runtime().properties()  # same numerics
     assert SETTINGS["exact"].runtime().exact
