@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated
 
 import typer
@@ -41,6 +42,7 @@ def main(
     from tools.repeatable.prompts import PROMPTS
     from tools.repeatable.report import print_report, targets
 
+    logging.getLogger("zctl.engine").setLevel(logging.ERROR)  # the outages' pause notes
     try:
         chosen = parse_settings(settings)
     except ValueError as exc:
