@@ -51,14 +51,14 @@ class RuntimeSpec:
     # as the default (docs/measurements.md, "Soak"). None keeps the plugin's default.
     runtime_cache_capacity: ClassVar[int | None] = 1000
     # A paged stage's decode step (every sequence feeding one token) with fewer sequences
-    # than the stage has threads gets one-token padding sequences up to that many. The CPU
-    # plugin's PagedAttention computes such a step on its own path (it splits each
-    # sequence's attention along the past over the threads) and every other step on its
-    # mixed path; the two differ in the last bits past ~100 tokens, and int8 activations
-    # make other tokens of that, so a stream's tokens depended on how many others shared
-    # its steps. Padded, every step takes the mixed path: a row computes alike alone or in
-    # any row group. It costs a lone stream ~10% of its decode speed on 2 cores
-    # (docs/measurements/repeatability.md).
+    # than the stage has threads gets empty padding sequences (no token, no past) up to
+    # that many. The CPU plugin's PagedAttention computes such a step on its own path (it
+    # splits each sequence's attention along the past over the threads) and every other
+    # step on its mixed path; the two differ in the last bits past one KV block, and int8
+    # activations make other tokens of that, so a stream's tokens depended on how many
+    # others shared its steps. Padded, every step takes the mixed path: a row computes
+    # alike alone or in any row group, at no measurable cost (an empty sequence adds no
+    # row to any matmul; docs/measurements/repeatability.md).
     pad_decode_steps: ClassVar[bool] = True
 
     @property

@@ -369,7 +369,7 @@ class PagedStageRunner:
         pads = self._padding(len(seqs), total)
         pad = sum(pads)
         flat_positions = positions.reshape(-1)
-        if pad:  # more sequences, each from position 0 in the scratch block
+        if pad:  # more tokens, each padding sequence's from position 0 in the scratch block
             flat_positions = np.concatenate([flat_positions, *map(np.arange, pads)])
         if flat_positions.size == 1:
             cos, sin = self._rope_rows.one(int(flat_positions[0]))
@@ -383,17 +383,18 @@ class PagedStageRunner:
     def _padding(self, sequences: int, tokens: int) -> list[int]:
         """The padding sequences' token counts for a step of ``tokens`` over ``sequences``:
         up to a recent step's count (``shapes``) and the bucket's, in one sequence; and a
-        decode step of fewer sequences than the stage's threads gets one-token sequences
-        up to that many (``RuntimeSpec.pad_decode_steps``): the plugin then computes its
-        attention on its mixed path, as a row group's, not split along the past."""
+        decode step of fewer sequences than the stage's threads gets empty sequences (no
+        token, no past) up to that many (``RuntimeSpec.pad_decode_steps``): the plugin
+        then computes its attention on its mixed path, as a row group's, not split along
+        the past, and no matmul gets a row more."""
         pad = self.shapes.pad(tokens)
         pad += bucket_pad(tokens + pad, most=self.block_size)
         if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
             pad = bucket_pad(tokens, most=self.block_size)
         pads = [pad] if pad else []
-        if (self.config.pad_decode_steps and tokens == sequences and pad < 2
+        if (self.config.pad_decode_steps and tokens == sequences
                 and sequences + len(pads) < self.threads):
-            pads += [1] * (self.threads - sequences - len(pads))
+            pads += [0] * (self.threads - sequences - len(pads))
         return pads
 
     def _bind_tables(self, seqs: list[PagedSequence], counts: list[int], pads: list[int]

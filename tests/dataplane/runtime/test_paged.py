@@ -384,10 +384,11 @@ def test_a_ragged_step_computes_each_row_as_its_own_step(paged) -> None:
 @pytest.mark.parametrize("padded", [True, False])
 def test_a_decode_step_carries_a_padding_sequence_so_a_row_computes_alike(dp_export2, padded
                                                                           ) -> None:
-    """By default a decode step of fewer sequences than the stage's threads carries
-    one-token padding sequences up to that many, so the CPU plugin computes its attention
-    as it does a row group's (else it splits a lone sequence's along the past): a lone
-    stream's output equals, bit for bit, the same step as one row of a group."""
+    """By default a decode step of fewer sequences than the stage's threads carries empty
+    padding sequences up to that many, so the CPU plugin computes its attention as it
+    does a row group's (else it splits a lone sequence's along the past): a lone stream's
+    output equals, bit for bit, the same step as one row of a group, and the step runs
+    no token more."""
     spec = RuntimeSpec if padded else DecodeStepsUnpadded
     runner = load_runner(dp_export2, 0, spec(paged_attention=True))  # default numerics
     prompt = np.array([[0, *range(5, 200), *range(5, 100)]])
@@ -400,6 +401,7 @@ def test_a_decode_step_carries_a_padding_sequence_so_a_row_computes_alike(dp_exp
     prefilled(1)
     alone = runner.step(1, np.array([[7]]), np.array([n])).copy()
     ran = runner.request.get_input_tensor(0).shape[0]
+    sequences = runner.request.get_tensor("past_lens").shape[0]
     runner.close_stream(1)
     rows = []
     for others in (1, 7):
@@ -410,7 +412,7 @@ def test_a_decode_step_carries_a_padding_sequence_so_a_row_computes_alike(dp_exp
         rows.append(runner.step_rows(1 << 30, np.full((len(sids), 1), 7),
                                      np.full((len(sids), 1), n))[0].copy())
         runner.close_stream(1 << 30)
-    assert ran == (max(runner.threads, 1) if padded else 1)
+    assert ran == 1 and sequences == (max(runner.threads, 1) if padded else 1)
     assert np.array_equal(rows[0], rows[1])  # 2 rows or 8: alike
     if padded:
         assert np.array_equal(alone[0], rows[0])
