@@ -49,12 +49,14 @@ def present_name(past: str) -> str:
 # What an NPU compile takes of RuntimeSpec.properties(): it computes in f16 and has
 # no CPU threads, and a stateless model has no KV cache precision to set.
 NPU_PROPERTIES = ("PERFORMANCE_HINT",)
+KV_CACHE_PROPERTIES = ("KV_CACHE_PRECISION", "KEY_CACHE_QUANT_MODE")  # of a plugin's KV cache
 
 
 def static_properties(config: RuntimeSpec) -> dict[str, object]:
     """Compile properties for a static stage on ``config.device``: all of them on CPU/GPU,
-    the ones the NPU plugin takes on an NPU; never KV_CACHE_PRECISION (no KV state)."""
-    props = {k: v for k, v in config.properties().items() if k != "KV_CACHE_PRECISION"}
+    the ones the NPU plugin takes on an NPU; never the KV cache's (no KV state: the
+    stream's KV is on the host)."""
+    props = {k: v for k, v in config.properties().items() if k not in KV_CACHE_PROPERTIES}
     if device_kind(config) == "NPU":
         props = {k: v for k, v in props.items() if k in NPU_PROPERTIES}
     return props
