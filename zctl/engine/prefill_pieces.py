@@ -4,34 +4,38 @@ compute the same KV and the same tokens (``PieceRule``: pure arithmetic).
 With the CPU plugin's default numerics a token's result depends on how the step that
 computes it was cut (docs/measurements/repeatability.md):
 
-- The u8 KV cache quantizes a block's keys per channel over the tokens written into the
-  block at once, so a block written in two steps holds other keys than one written in one.
-  Pieces therefore end on a multiple of ``PIECE_BLOCK`` tokens (the PagedAttention block
-  of the CPU plugin), except a prompt's last; a cached prefix is used up to such a
-  boundary only, and only where a prefill wrote it (a finished stream's entry keeps its
-  prompt, not the tokens decode steps wrote one at a time).
 - PagedAttention computes a sequence's lone query on another path than several queries
   of one step, and int8 activations (dynamic quantization) turn the last bits of that
   difference into other tokens. So no piece is a single token unless the whole prompt
   is: a cached prefix leaves at least two tokens to prefill, and a piece never leaves one
-  behind.
+  behind (``CANONICAL``). Pieces of two tokens or more may end anywhere: with by-token
+  keys in a u8 cache (``RuntimeSpec.key_cache_by_token``, the default), and with an f16
+  or f32 cache, a prompt cut into such pieces computes the KV and logits of one cut
+  elsewhere, so a cached prefix may end on any token (leaving two).
+- Decode steps compute their tokens as lone queries, so a cached prefix is used only
+  where a prefill wrote it: a finished stream's entry keeps its prompt, not the tokens
+  decode steps wrote one at a time.
+- The plugin's own paged u8 cache quantizes keys per channel over the tokens written
+  into a 32-token block at once, so a block written in two steps holds other keys than
+  one written in one: under it pieces must end on multiples of 32 tokens but a prompt's
+  last, and a cached prefix is used up to such a boundary only (``PieceRule(32)``).
 
-A replay after a restart feeds the prompt in these pieces and then the emitted tokens
-one a step, as decoding fed them, so a healed generation goes on as without the fault.
+A replay after a restart feeds the prompt in these pieces and then the emitted tokens as
+the decode steps that emitted them computed them (in one-query steps where the stages
+compute those, else one a step), so a healed generation goes on as without the fault.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PIECE_BLOCK = 32  # tokens: the CPU plugin's PagedAttention block (dataplane.runtime.paged)
-
 
 @dataclass(frozen=True)
 class PieceRule:
-    """Prefill boundaries on multiples of ``block`` tokens (0: anywhere, today's chunks)."""
+    """Prefill boundaries on multiples of ``block`` tokens, no piece of one token unless
+    the prompt is (0: anywhere, a lone token too)."""
 
-    block: int = PIECE_BLOCK
+    block: int = 1
 
     def __post_init__(self) -> None:
         if self.block < 0:
@@ -64,5 +68,5 @@ class PieceRule:
         return self.block > 0
 
 
-CANONICAL = PieceRule()
+CANONICAL = PieceRule()  # anywhere, but never a lone token: the engine's default
 ANYWHERE = PieceRule(0)

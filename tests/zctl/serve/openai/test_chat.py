@@ -57,8 +57,8 @@ def cached_follow_up(client: openai.OpenAI) -> None:
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True})
     usage = [c for c in follow][-1].usage
-    # the first turn's prompt, up to a boundary a cold prefill cuts at (the answer's KV,
-    # written by decode steps, is not reused: zctl.engine.prefill_pieces)
+    # the first turn's prompt (the answer's KV, written by decode steps, is not reused:
+    # zctl.engine.prefill_pieces)
     assert usage.prompt_tokens_details.cached_tokens == CANONICAL.usable_prefix(
         first.usage.prompt_tokens, usage.prompt_tokens) > 0
 

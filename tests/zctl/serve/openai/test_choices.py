@@ -136,7 +136,7 @@ def test_the_other_choices_take_the_first_ones_prompt_from_the_prefix_cache(tiny
         prompt = reply.usage.prompt_tokens
         counters = srv.service.engine.prefix_counters()
         assert counters["prefix_hits"] == 2, counters
-        # each up to the last block boundary a cold prefill cuts at (zctl.engine.prefill_pieces)
+        # each all of it but the two tokens a piece never leaves (zctl.engine.prefill_pieces)
         saved = CANONICAL.usable_prefix(prompt, prompt)
         assert counters["prefix_tokens_saved"] == 2 * saved > 0, (counters, prompt)
     finally:
