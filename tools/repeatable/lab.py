@@ -76,7 +76,8 @@ class Lab:
             self.tokenizer, self.stops, lambda: chain, max_streams=16, row_groups=row_groups,
             health=lambda: "down (an outage of the benchmark)" if self._down else None,
             prefix_cache_tokens=PREFIX_CACHE_TOKENS if cache else 0,
-            prefill_pieces=self.settings[setting].pieces)
+            prefill_pieces=self.settings[setting].pieces,
+            one_query=self.settings[setting].one_query)
 
     def run(self, engine: Any, requests: Sequence[Request], outage_after: int | None = None
             ) -> list[Any]:

@@ -1,11 +1,14 @@
-"""The settings compared: each a runtime for the stages and where the engine cuts prompts.
+"""The settings compared: each a runtime for the stages and how the engine cuts and
+verifies its steps.
 
-``today``: the numerics and scheduling before repeatability (a u8 KV cache, int8
-activations, prompts cut anywhere, decode steps unpadded); ``repeatable``: the
-same numerics with canonical prefill pieces and decode steps padded
-(``zctl.engine.prefill_pieces``, ``RuntimeSpec.pad_decode_steps``); ``f16``: an f16 KV
-cache, pieces cut anywhere but never a lone token, padded; ``exact``: an f32 KV cache
-and f32 activations (``--exact``), canonical pieces, padded.
+``today``: the numerics and scheduling before repeatability (a u8 KV cache whose keys the
+plugin quantizes per channel over a block, int8 activations, prompts cut anywhere, decode
+steps unpadded, drafts verified together); ``repeatable``: the default now, the same
+activations with by-token keys (``RuntimeSpec.key_cache_by_token``), pieces of two tokens
+or more (``zctl.engine.prefill_pieces``), decode steps padded
+(``RuntimeSpec.pad_decode_steps``) and verification as one-query steps; ``f16``: the same
+with an f16 KV cache; ``exact``: an f32 KV cache and f32 activations (``--exact``), as
+``repeatable`` otherwise.
 """
 
 from __future__ import annotations
@@ -17,46 +20,56 @@ from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.prefill_pieces import ANYWHERE, CANONICAL, PieceRule
 
 
-class UnpaddedSpec(RuntimeSpec):
-    """A runtime whose paged stages run decode steps unpadded (as before repeatability)."""
+class TodaySpec(RuntimeSpec):
+    """A runtime as before repeatability: paged stages run decode steps unpadded and
+    quantize a u8 cache's keys per channel over a block (the plugin's own)."""
 
     pad_decode_steps: ClassVar[bool] = False
+    key_cache_by_token: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
 class Setting:
     """One setting: KV cache type (None: the plugin's u8), int8 activations, where
-    prompts are cut (``pieces``) and whether decode steps are padded."""
+    prompts are cut (``pieces``), and whether the runtime and verification are today's
+    (``today``: per-channel keys, unpadded decode steps, drafts verified together) or
+    the repeatable ones (by-token keys, padded decode steps, one-query verification)."""
 
     name: str
     kv_cache_precision: str | None
     dynamic_quantization: bool
     pieces: PieceRule
-    padded: bool
+    today: bool = False
 
     def runtime(self) -> RuntimeSpec:
-        spec = RuntimeSpec if self.padded else UnpaddedSpec
+        spec = TodaySpec if self.today else RuntimeSpec
         return spec(precision="f32", kv_cache_precision=self.kv_cache_precision,
                     dynamic_quantization=self.dynamic_quantization, paged_attention=True)
 
     @property
-    def numerics(self) -> tuple[str | None, bool]:
+    def one_query(self) -> bool:
+        """Whether the engine verifies drafts (and replays) in one-query steps."""
+        return not self.today
+
+    @property
+    def numerics(self) -> tuple[object, ...]:
         """What the stages compile with: settings alike here can share compiled stages."""
-        return self.kv_cache_precision, self.dynamic_quantization
+        return tuple(sorted(self.runtime().properties().items()))
 
     def describe(self) -> dict[str, object]:
+        spec = self.runtime()
         return {"kv_cache_precision": self.kv_cache_precision or "u8 (the plugin's)",
                 "dynamic_quantization": self.dynamic_quantization,
-                "piece_block": self.pieces.block, "pad_decode_steps": self.padded}
+                "key_cache_by_token": spec.key_cache_by_token and spec.u8_kv_cache,
+                "piece_block": self.pieces.block, "pad_decode_steps": spec.pad_decode_steps,
+                "one_query_verification": self.one_query}
 
 
 SETTINGS = {s.name: s for s in (
-    Setting("today", None, True, ANYWHERE, False),
-    Setting("repeatable", None, True, CANONICAL, True),
-    # an f16 KV cache has no per-block quantization: pieces need no boundaries, only no
-    # lone token (a cached prefix may end anywhere but leaves two tokens)
-    Setting("f16", "f16", True, PieceRule(1), True),
-    Setting("exact", "f32", False, CANONICAL, True),
+    Setting("today", None, True, ANYWHERE, today=True),
+    Setting("repeatable", None, True, CANONICAL),
+    Setting("f16", "f16", True, CANONICAL),
+    Setting("exact", "f32", False, CANONICAL),
 )}
 BASELINE = "today"
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from dataplane.runtime.config import RuntimeSpec
 from tools.repeatable.cases import agreement, batches, run_cases
 from tools.repeatable.costs import summarize
 from tools.repeatable.prompts import PROMPTS
 from tools.repeatable.report import targets, worst_cost
-from tools.repeatable.settings import SETTINGS, UnpaddedSpec, parse_settings
+from tools.repeatable.settings import SETTINGS, TodaySpec, parse_settings
+from zctl.engine.core import GenerationEngine
+from zctl.engine.prefill_pieces import CANONICAL
 
 
 def test_agreement_counts_outputs_equal_token_for_token() -> None:
@@ -31,12 +34,20 @@ def test_settings_put_todays_first_and_refuse_unknown_names() -> None:
         parse_settings("repeatable,fastest")
 
 
-def test_today_leaves_decode_steps_unpadded_and_cuts_anywhere() -> None:
+def test_today_keeps_the_runtime_and_scheduling_before_repeatability() -> None:
+    """Today's: per-channel keys, decode steps unpadded, prompts cut anywhere, drafts
+    verified together; the repeatable setting is the default runtime and engine."""
     today, repeatable = SETTINGS["today"], SETTINGS["repeatable"]
-    assert isinstance(today.runtime(), UnpaddedSpec) and not today.runtime().pad_decode_steps
-    assert repeatable.runtime().pad_decode_steps and repeatable.pieces.block == 32
-    assert not today.pieces.on
-    assert today.runtime().properties() == repeatable.runtime().properties()  # same numerics
+    assert isinstance(today.runtime(), TodaySpec) and not today.runtime().pad_decode_steps
+    assert "KEY_CACHE_QUANT_MODE" not in today.runtime().properties()
+    assert not today.pieces.on and not today.one_query
+    assert type(repeatable.runtime()) is RuntimeSpec and repeatable.one_query
+    assert repeatable.pieces == CANONICAL == GenerationEngine.__init__.__kwdefaults__[
+        "prefill_pieces"]
+    assert repeatable.runtime().properties()["KEY_CACHE_QUANT_MODE"] == "BY_TOKEN"
+    assert today.numerics != repeatable.numerics  # compiled apart: the keys differ
+    assert {**today.runtime().properties(), "KEY_CACHE_QUANT_MODE": "BY_TOKEN"} == \
+        repeatable.runtime().properties()  # the same numerics otherwise
     assert SETTINGS["exact"].runtime().exact
 
 
@@ -85,13 +96,15 @@ def tiny_lab(tiny_exports):
 
 def test_the_repeatable_setting_gives_every_output_again(tiny_lab) -> None:
     # cold and cached (whole prompts and shared starts), a follow-up turn, 8 at a time in
-    # row groups, streamed, and replayed after an outage: token for token the reference
-    got = run_cases(tiny_lab, "repeatable", PROMPTS[10:18], 16,
-                    ["cached", "follow_up", "concurrent", "streamed", "healed"])
+    # row groups, with prompt lookup, streamed, and replayed after an outage: token for
+    # token the reference
+    got = run_cases(tiny_lab, "repeatable", PROMPTS, 16,
+                    ["cached", "follow_up", "concurrent", "lookup", "streamed", "healed"])
     assert {case: r["fraction"] for case, r in got.items()} == {
         "cached": 1.0, "shared_prefix": 1.0, "follow_up": 1.0, "concurrent": 1.0,
-        "streamed": 1.0, "healed": 1.0}
-    assert got["healed"]["outages"] == 1
+        "lookup": 1.0, "streamed": 1.0, "healed": 1.0}
+    assert got["lookup"]["of"] == 20
+    assert got["healed"]["outages"] == len(batches(PROMPTS, 8))  # one per batch
 
 
 def test_an_unknown_case_is_refused(tiny_lab) -> None:
