@@ -203,11 +203,10 @@ def test_a_cluster_computes_a_one_query_step_on_every_stage(dp_export2) -> None:
     """The ONE_QUERY flag takes the step to the last stage as one: its answer is the
     single steps'; a stage that keeps stateful KV answers it with a clear error, and the
     stream serves on once reset."""
-    from dataplane.head.cluster_head import ClusterHead
     from dataplane.head.errors import DataPlaneError
     from dataplane.head.local_chain import LocalChain
     from dataplane.runtime.stateful import StageRunner
-    from dataplane.worker.stage_worker import StageWorker
+    from tests.helpers.worker import head_and_worker
 
     config = RuntimeSpec(paged_attention=True)
     local = LocalChain.load(str(dp_export2), config)
@@ -218,12 +217,7 @@ def test_a_cluster_computes_a_one_query_step_on_every_stage(dp_export2) -> None:
     want = np.concatenate([local.step(1, fed[i:i + 1], np.array([40 + i]), want_logits=True
                                       ).logits for i in range(4)])
     for last in (load_runner(dp_export2, 1, config), StageRunner(dp_export2, 1)):
-        pipe = ClusterHead(load_runner(dp_export2, 0, config), "tcp://127.0.0.1:1",
-                           "tcp://127.0.0.1:*", timeout_s=10)
-        worker = StageWorker(last, "tcp://127.0.0.1:*", pipe.reply_endpoint)
-        pipe.rewire(worker.endpoint)
-        worker.start()
-        try:
+        with head_and_worker(load_runner(dp_export2, 0, config), last) as (pipe, _):
             assert pipe.one_query_supported
             pipe.open(1)
             pipe.reset(1)
@@ -238,6 +232,3 @@ def test_a_cluster_computes_a_one_query_step_on_every_stage(dp_export2) -> None:
             pipe.reset(1)
             pipe.step(1, prompt, np.arange(40))
             assert pipe.step(1, fed[:1], np.array([40])).tokens.shape == (1,)
-        finally:
-            worker.stop()
-            pipe.close()
