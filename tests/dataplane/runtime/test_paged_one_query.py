@@ -149,6 +149,22 @@ def test_a_one_query_step_of_fewer_sequences_than_threads_is_padded(dp_export2) 
     runner.close_stream(1)
 
 
+def test_a_one_query_step_padded_to_a_recent_shape_computes_alike(dp_export2) -> None:
+    """Padded up to a recent step's token count (a padding sequence of several tokens:
+    dataplane.runtime.step_shapes), a one-query step still gives the single steps'
+    outputs of a runner that pads nothing."""
+    padding, plain = (load_runner(dp_export2, 1, RuntimeSpec(paged_attention=True))
+                      for _ in range(2))
+    padding.shapes.limit = 8
+    x, fed = inputs(padding, 50, 1), inputs(padding, 3, 2)
+    prefill(padding, 9, inputs(padding, 8, 3), [8])  # a recent step of 8 tokens
+    prefill(padding, 1, x, [50])
+    got = padding.step(1, fed, np.arange(50, 53), np.arange(3), one_query=True).copy()
+    assert padding.request.get_input_tensor(0).shape[0] == 8  # 3 tokens and 5 of padding
+    prefill(plain, 1, x, [50])
+    assert np.array_equal(got, decode(plain, 1, fed, 50))
+
+
 def test_stages_without_paged_attention_refuse_a_one_query_step(dp_export2, tiny_exports
                                                                  ) -> None:
     """The stateful and the static runner compute a step's tokens together: a one-query
