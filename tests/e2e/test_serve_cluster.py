@@ -69,7 +69,7 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
         assert reply.choices[0].message.content == report["text"]
         assert reply.usage.completion_tokens == report["tokens"] == 12
         # the next turn of a chat starts with its first prompt's KV: a prefix-cache hit on
-        # every stage (a prompt of a few blocks: a hit ends on a KV block's boundary)
+        # every stage (the first turn's prompt, up to two tokens before its end)
         turn = [{"role": "user", "content": PROMPT * 8}]
         first = client.chat.completions.create(model=model, max_tokens=4, messages=turn)
         client.chat.completions.create(
