@@ -324,8 +324,11 @@ class ClusterHead:
         self.timings.clear()
 
     def kv_slots(self) -> dict[int, int]:
-        """KV slots held by the stages run here: stage 0's (see slots.held_slots)."""
-        return {0: held_slots(self.stage0)}
+        """KV slots held by the stages run here: stage 0's (see slots.held_slots); none
+        once ``retire`` handed them on (the stats of a service asked while it is re-wired)."""
+        if self._retired:
+            return {}
+        return {0: held_slots(self._stage0)}
 
     @property
     def answers_here(self) -> bool:
