@@ -227,6 +227,12 @@ class ClusterHead:
         """Whether the stages can batch streams as rows (not a static export's)."""
         return self.stage0.row_groups_supported
 
+    @property
+    def one_query_supported(self) -> bool:
+        """Whether the stages compute one-query steps (paged attention; stage 0 tells: the
+        cluster's stages share one runtime spec)."""
+        return self.stage0.one_query_supported
+
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (see
         ``StageRuntime.regroup``): stage 0 here, the others on a GROUP frame that reaches
@@ -318,8 +324,11 @@ class ClusterHead:
         self.timings.clear()
 
     def kv_slots(self) -> dict[int, int]:
-        """KV slots held by the stages run here: stage 0's (see slots.held_slots)."""
-        return {0: held_slots(self.stage0)}
+        """KV slots held by the stages run here: stage 0's (see slots.held_slots); none
+        once ``retire`` handed them on (the stats of a service asked while it is re-wired)."""
+        if self._retired:
+            return {}
+        return {0: held_slots(self._stage0)}
 
     @property
     def answers_here(self) -> bool:
@@ -364,10 +373,10 @@ class ClusterHead:
     # -- stepping --------------------------------------------------------------------
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
-             top_k: int = 0, mask_tail: int = 0) -> ClusterReply:
+             top_k: int = 0, mask_tail: int = 0, one_query: bool = False) -> ClusterReply:
         """Run one step through every stage and wait for the answer (submit, then collect)."""
         request_id = self.submit(Step(stream_id, token_ids, positions, logits_idx, want_logits,
-                                      mask_tail), top_k=top_k)
+                                      mask_tail, one_query=one_query), top_k=top_k)
         return self.collect(request_id)
 
     def submit(self, step: Step, *, top_k: int = 0) -> int:
@@ -391,7 +400,8 @@ class ClusterHead:
         those positions in order. With ``guessed`` (not None; a stream's step, greedy) the
         frame carries the step's token ids so the last stage can check a guess: True, they
         were guessed on the previous step's answer (a pipelined run ahead); False, they
-        were not, but a guessed step may follow this one.
+        were not, but a guessed step may follow this one. A ``one_query`` step is one on
+        every stage (the frame's ONE_QUERY flag).
         """
         stream_id, mask_tail, row_tokens = step.stream_id, step.mask_tail, step.row_tokens
         stream = self._streams.get(stream_id)
@@ -420,7 +430,8 @@ class ClusterHead:
         vocab = self.vocab_size if mode == ReplyMode.TOPK and want_logits else 0
         header = HiddenStateFrame(Kind.STEP, stream_id, rid, stream.epoch, stream.next_step, pos,
                                   idx, mode, top_k, int(mask_tail), 0, b"", "",
-                                  rows=rows, row_rewinds=row_rewinds, row_tokens=counts)
+                                  rows=rows, row_rewinds=row_rewinds, row_tokens=counts,
+                                  one_query=step.one_query)
         if step.guessed is not None and group is None and not counts.size:
             header.fed, header.guessed = ids[0], bool(step.guessed)
         t0 = time.perf_counter_ns()
@@ -433,7 +444,7 @@ class ClusterHead:
             answer_for = idx if idx.size and self.answers_here else None
             hidden = compute_step(self.stage0, stream_id, ids, pos, int(mask_tail), row_rewinds,
                                   answer_for, after_rewind=lambda: self._compact(stream_id),
-                                  row_tokens=counts)
+                                  row_tokens=counts, one_query=step.one_query)
         except Exception as exc:
             if mask_tail or row_rewinds.size:
                 stream.broken = stream.broken or f"stage 0 failed after a rewind ({exc})"

@@ -14,7 +14,12 @@ import numpy as np
 import openvino as ov
 
 from dataplane.head.metrics import StepMetrics
-from dataplane.runtime.base import StageError, StageRuntime, check_ragged_step
+from dataplane.runtime.base import (
+    StageError,
+    StageRuntime,
+    check_ragged_step,
+    one_query_needs_paged_attention,
+)
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.slots import held_slots
 from dataplane.runtime.load import load_runner
@@ -129,6 +134,11 @@ class LocalChain(InlineExecutor):
         """Whether the stages can batch streams as rows (not a static export's)."""
         return self.runners[0].row_groups_supported
 
+    @property
+    def one_query_supported(self) -> bool:
+        """Whether every stage computes one-query steps (paged attention)."""
+        return self.chain.one_query_supported
+
     def regroup(self, group_id: int, members: list[int]) -> None:
         """Make ``group_id`` the row group of ``members`` on every stage (StageRuntime.regroup)."""
         self.drop_answers(group_id)
@@ -136,11 +146,11 @@ class LocalChain(InlineExecutor):
 
     def step(self, stream_id: int, token_ids: np.ndarray, positions: np.ndarray,
              logits_idx: np.ndarray | None = None, want_logits: Want = False, *,
-             mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None
-             ) -> StepReply:
+             mask_tail: int | np.ndarray = 0, row_tokens: np.ndarray | None = None,
+             one_query: bool = False) -> StepReply:
         """The reply to one ``Step`` of these fields, computed now (see ``compute``)."""
         return self.compute(Step(stream_id, token_ids, positions, logits_idx, want_logits,
-                                 mask_tail, row_tokens))
+                                 mask_tail, row_tokens, one_query=one_query))
 
     def compute(self, step: Step) -> StepReply:
         """One step through every stage; its ``mask_tail`` rewinds that many tokens first.
@@ -148,10 +158,14 @@ class LocalChain(InlineExecutor):
         On a row group, ids and positions are [rows, T], ``mask_tail`` holds one rewind
         per row, and the reply answers every row; with ``row_tokens`` (paged stages) the
         rows are ragged: ids and positions hold each row's tokens after the previous
-        row's and ``logits_idx`` indexes them all (None: every row's last).
+        row's and ``logits_idx`` indexes them all (None: every row's last). A
+        ``one_query`` step computes each token as a query of its own on every stage
+        (StageError where a stage cannot, before anything is rewound or computed).
         """
         stream_id, token_ids, positions = step.stream_id, step.token_ids, step.positions
         logits_idx, mask_tail, row_tokens = step.logits_idx, step.mask_tail, step.row_tokens
+        if step.one_query and not self.one_query_supported:
+            raise one_query_needs_paged_attention()
         if type(mask_tail) is not int or mask_tail:
             self.rewind(stream_id, mask_tail)
         group = self.runners[0].groups.get(stream_id)
@@ -173,7 +187,8 @@ class LocalChain(InlineExecutor):
         # stages' slot tables agree), then run the stages back to back, each fed the previous
         # one's output tensor: nothing but start_async() between one stage's end and the next
         # one's start. 1.6-1.8% faster per token on 2 stages here (token-interleaved A/B).
-        prepared = self.chain.prepare(stream_id, pos, logits_idx, row_tokens=counts)
+        prepared = self.chain.prepare(stream_id, pos, logits_idx, row_tokens=counts,
+                                      one_query=step.one_query)
         out: np.ndarray | ov.Tensor = x
         stage_ms = []
         for runner, inputs in zip(self.runners, prepared, strict=True):

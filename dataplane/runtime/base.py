@@ -54,7 +54,11 @@ class StageRuntime(Protocol):
     steps them in one inference (``step_rows``; where ``paged_attention``, rows of
     different token counts too: ``step_ragged``). ``prepare`` binds a step's inputs but x
     ahead of ``run``, so the stages of a chain can be bound before any runs; ``prefetch``
-    binds a stream's likely next step while the stage is idle. A rewind drops a stream's
+    binds a stream's likely next step while the stage is idle. Where
+    ``one_query_supported``, a step may be ``one_query``: each of its tokens is computed
+    as a sequence of one token after its row's tokens before it, exactly as that many
+    decode steps compute them (a verification step: the last token and K drafts; a
+    replay of emitted tokens); elsewhere such a step raises StageError. A rewind drops a stream's
     last tokens: a step's own (``mask_step_tail``: a stream's count, or a row group's one
     per row), to a length (``truncate``, a cancel's), by mask (``mask_tail``, cheap: the
     slots stay, ``compact`` drops them once ``compaction_due``) or by trimming the state
@@ -71,6 +75,7 @@ class StageRuntime(Protocol):
     paged_attention: bool  # KV in blocks: a row group's step may be ragged
     row_groups_supported: bool  # streams can be batched as rows (not a static export's)
     prefix_cache_supported: bool  # prefix entries are kept (not a static export's)
+    one_query_supported: bool  # a step's tokens can be one-query sequences (paged stages)
 
     @property
     def streams(self) -> Mapping[int, StreamKV]:
@@ -103,31 +108,34 @@ class StageRuntime(Protocol):
 
     # -- stepping ------------------------------------------------------------------------
     def step(self, stream_id: int, x: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None) -> np.ndarray:
+             logits_idx: np.ndarray | None = None, one_query: bool = False) -> np.ndarray:
         """One step of a stream: x token ids [1, T] (the first stage) or hidden states
         [1, T, H], ``positions`` [T] logical; returns hidden states [1, T, H] or, on the
         last stage, logits [1, K, V] of the ``logits_idx`` tokens (default: the last). The
-        result is a view, valid until the stream's next step."""
+        result is a view, valid until the stream's next step. ``one_query``: each token
+        its own query (StageError unless ``one_query_supported``)."""
 
     def step_rows(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                  logits_idx: np.ndarray | None = None) -> np.ndarray:
+                  logits_idx: np.ndarray | None = None, one_query: bool = False
+                  ) -> np.ndarray:
         """One step of every row of a group: x [rows, T] or [rows, T, H], positions
         [rows, T]; returns [rows, T, H] or logits [rows, K, V] (a view)."""
 
     def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None
-                    ) -> np.ndarray:
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None,
+                    one_query: bool = False) -> np.ndarray:
         """One step of every row of a group, row i stepping ``row_tokens[i]`` tokens, one
         row's after another: x [1, N] or [1, N, H], positions [N]; ``logits_idx`` indexes
         the N tokens (None: every row's last). StageError unless ``paged_attention``."""
 
     def prepare(self, stream_id: int, positions: np.ndarray,
                 logits_idx: np.ndarray | None = None, inputs: Any = None,
-                row_tokens: np.ndarray | None = None) -> Any:
+                row_tokens: np.ndarray | None = None, one_query: bool = False) -> Any:
         """Bind every input of a stream's (or row group's) next step but x: ``positions``
         [rows, T], or with ``row_tokens`` (ragged rows) the rows' positions one after the
-        other. ``inputs``, the step an earlier stage of a chain prepared, may be reused.
-        Returns the prepared step, for ``run`` (and the next stage's ``prepare``)."""
+        other; ``one_query``: every token a query of its own. ``inputs``, the step an
+        earlier stage of a chain prepared, may be reused. Returns the prepared step, for
+        ``run`` (and the next stage's ``prepare``)."""
 
     def run(self, stream_id: int, x: np.ndarray | ov.Tensor, step: Any) -> ov.Tensor:
         """Run the step ``prepare`` bound on x (token ids, hidden states, or the previous
@@ -246,6 +254,13 @@ def check_row_rewinds(group_id: int, counts: np.ndarray, held: Sequence[int]) ->
         raise StageError(f"cannot rewind rows by {counts.tolist()}: they hold "
                          f"{list(held)} tokens")
     return counts
+
+
+def one_query_needs_paged_attention() -> StageError:
+    """What a stage that cannot compute a step's tokens as one-query sequences raises."""
+    return StageError("a one-query step (each token a query of its own, as single decode "
+                      "steps compute them) needs paged attention on every stage; this stage "
+                      "keeps its KV as state or on the host")
 
 
 def ragged_needs_paged_attention() -> StageError:

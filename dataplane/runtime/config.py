@@ -50,12 +50,40 @@ class RuntimeSpec:
     # 320 token counts, +740 MB with 1,000 entries). 1,000 served 8 and 16 clients as fast
     # as the default (docs/measurements.md, "Soak"). None keeps the plugin's default.
     runtime_cache_capacity: ClassVar[int | None] = 1000
+    # A paged stage's decode step (every sequence feeding one token) with fewer sequences
+    # than the stage has threads gets empty padding sequences (no token, no past) up to
+    # that many. The CPU plugin's PagedAttention computes such a step on its own path (it
+    # splits each sequence's attention along the past over the threads) and every other
+    # step on its mixed path; the two differ in the last bits past one KV block, and int8
+    # activations make other tokens of that, so a stream's tokens depended on how many
+    # others shared its steps. Padded, every step takes the mixed path: a row computes
+    # alike alone or in any row group, at no measurable cost (an empty sequence adds no
+    # row to any matmul; docs/measurements/repeatability.md).
+    pad_decode_steps: ClassVar[bool] = True
+    # KEY_CACHE_QUANT_MODE BY_TOKEN on CPU devices whose KV cache is u8 (the plugin's
+    # default, kv_cache_precision None, or "u8"): each key is quantized with a scale and
+    # zero point of its own, as values are. The plugin's paged cache otherwise quantizes
+    # keys per channel over the tokens written into a 32-token block at once, so a block
+    # written in two steps held other keys than one written in one: a prompt's tokens
+    # depended on where its prefill was cut, and a verification step's (several tokens
+    # written at once) on the step. By token, every cut of pieces of two tokens or more
+    # computes the same KV and logits, and a one-query verification step the same as
+    # single decode steps (the stateful runner's cache is by token already). On SmolLM2
+    # it holds 5% less KV a token and decodes as fast; its quality against an f32 cache
+    # is per-channel keys' within a point of top-1 agreement
+    # (docs/measurements/repeatability.md).
+    key_cache_by_token: ClassVar[bool] = True
 
     @property
     def exact(self) -> bool:
         """f32 activations and an f32 KV cache: speculative output equals greedy."""
         return (self.precision == "f32" and self.kv_cache_precision == "f32"
                 and not self.dynamic_quantization)
+
+    @property
+    def u8_kv_cache(self) -> bool:
+        """Whether the KV cache is u8: the CPU plugin's default, or asked for."""
+        return self.kv_cache_precision in (None, "u8")
 
     def properties(self) -> dict[str, Any]:
         """The OpenVINO compile properties these settings give."""
@@ -66,6 +94,8 @@ class RuntimeSpec:
             props["INFERENCE_NUM_THREADS"] = int(self.num_threads)
         if self.kv_cache_precision:
             props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        if self.key_cache_by_token and self.u8_kv_cache and device_kind(self) == "CPU":
+            props["KEY_CACHE_QUANT_MODE"] = "BY_TOKEN"
         if not self.dynamic_quantization and device_kind(self) == "CPU":
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         if self.cpu_pinning is not None and device_kind(self) == "CPU":

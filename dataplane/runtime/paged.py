@@ -5,7 +5,13 @@ PagedAttention over one block cache per layer, which this runner allocates and b
 once (``dataplane.runtime.kv.blocks`` keeps the tables). Every stream, and every row of a row group,
 is a sequence of its own: one inference steps any mix of them, each with its own past
 length, so a row group is only a list of members (no KV is copied to form one), a
-rewind only shortens a sequence, and a cached prefix shares its blocks. The CPU plugin's
+rewind only shortens a sequence, and a cached prefix shares its blocks. A one-query step
+(``one_query``: a verification step's last token and drafts, a replay's emitted tokens)
+makes each token a sequence of its own, of one token, sharing its stream's block table
+with the past up to it: the plugin writes every token's KV before it computes any
+attention, so token i attends to the ones before it as if decode steps had fed them one
+at a time, and computes bit for bit what they would (with by-token keys:
+``RuntimeSpec.key_cache_by_token``; docs/measurements/repeatability.md). The CPU plugin's
 PagedAttention computes a multi-token step over a past with matrix kernels, where the
 stateful graph's fused attention takes its one-query-at-a-time path: a 256-token chunk
 over a 1,792-token past measured 4-8x faster (SmolLM2, 2 cores); decode costs the same.
@@ -20,7 +26,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import openvino as ov
@@ -92,6 +98,15 @@ class PagedGroup:
         return np.ones(sum(s.length for s in self.seqs), dtype=bool)
 
 
+class AttentionSequences(NamedTuple):
+    """A step's sequences as PagedAttention computes them: past lengths, token counts and
+    block tables."""
+
+    pasts: list[int]
+    counts: list[int]
+    tables: list[list[int]]
+
+
 @dataclass(frozen=True)
 class PagedStep:
     """One step's bound inputs but x: the sequences it steps, how many tokens each, and
@@ -109,6 +124,7 @@ class PagedStageRunner:
     row_groups_supported: ClassVar[bool] = True
     prefix_cache_supported: ClassVar[bool] = True
     paged_attention: ClassVar[bool] = True
+    one_query_supported: ClassVar[bool] = True
 
     def __init__(self, export_dir: Path | str, index: int, config: RuntimeSpec | None = None,
                  manifest: ExportManifest | None = None, core: ov.Core | None = None,
@@ -137,6 +153,7 @@ class PagedStageRunner:
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} with paged attention: {exc}") from None
         self.request = self.compiled.create_infer_request()
+        self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         self._inputs = BoundInputs(self.request)
         self.input_name = self.compiled.inputs[0].get_any_name()
         self._cache_ports = [p for p in self.compiled.inputs if "_cache." in p.get_any_name()]
@@ -313,26 +330,28 @@ class PagedStageRunner:
 
     # -- stepping ------------------------------------------------------------------------
     def step(self, stream_id: int, x: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None) -> np.ndarray:
+             logits_idx: np.ndarray | None = None, one_query: bool = False) -> np.ndarray:
         """One step of a stream: hidden states [1, T, H] or logits [1, K, V] (a view,
-        valid until the next step)."""
+        valid until the next step); ``one_query``: each token a sequence of its own."""
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
-        step = self.prepare(stream_id, positions[None], logits_idx)
+        step = self.prepare(stream_id, positions[None], logits_idx, one_query=one_query)
         return self._output(self.run(stream_id, x, step), step)
 
     def step_rows(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                  logits_idx: np.ndarray | None = None) -> np.ndarray:
+                  logits_idx: np.ndarray | None = None, one_query: bool = False
+                  ) -> np.ndarray:
         """One step of every row of a group: x [rows, T] ids or [rows, T, H] hidden states,
         ``positions`` [rows, T]; returns [rows, T, H] or logits [rows, K, V] (a view)."""
         rows = len(self._group(group_id).members)
         positions = np.asarray(positions, dtype=np.int64)
         check_rows_step(group_id, rows, x, positions)
-        step = self.prepare(group_id, positions, logits_idx)
+        step = self.prepare(group_id, positions, logits_idx, one_query=one_query)
         return self._output(self.run(group_id, x, step), step)
 
     def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None) -> np.ndarray:
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None,
+                    one_query: bool = False) -> np.ndarray:
         """One step of every row of a group, row i stepping ``row_tokens[i]`` tokens (a
         decoding row's one beside a prompt's chunk): x [1, N] ids or [1, N, H] hidden
         states, the rows' tokens one after the other, ``positions`` [N] in that order;
@@ -341,16 +360,19 @@ class PagedStageRunner:
         rows = len(self._group(group_id).members)
         positions = np.asarray(positions, dtype=np.int64).reshape(-1)
         counts = check_ragged_step(group_id, rows, x, positions, row_tokens)
-        step = self.prepare(group_id, positions, logits_idx, row_tokens=counts)
+        step = self.prepare(group_id, positions, logits_idx, row_tokens=counts,
+                            one_query=one_query)
         return self._output(self.run(group_id, x, step), step)
 
     def prepare(self, stream_id: int, positions: np.ndarray,
                 logits_idx: np.ndarray | None = None, inputs: Any = None,
-                row_tokens: np.ndarray | None = None) -> PagedStep:
+                row_tokens: np.ndarray | None = None, one_query: bool = False) -> PagedStep:
         """Bind every input of a stream's (or row group's) next step but x: RoPE rows,
         each sequence's past length and block table. ``positions`` is [rows, T], or with
         ``row_tokens`` (ragged rows) the rows' positions one after the other (``inputs``,
-        from another stage, is not reused: every stage has its own blocks)."""
+        from another stage, is not reused: every stage has its own blocks). ``one_query``:
+        every token is a sequence of one token of its own (see the module's docstring);
+        the tokens and the answers keep their order."""
         group = self.groups.get(stream_id)
         seqs = group.seqs if group is not None else [self.stream(stream_id)]
         if row_tokens is None:
@@ -368,30 +390,63 @@ class PagedStageRunner:
             self._set("logits_idx", flat)
         for seq, count in zip(seqs, counts, strict=True):
             self._reserve(seq, count)
-        pad = self.shapes.pad(total)
-        pad += bucket_pad(total + pad, most=self.block_size)
-        if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
-            pad = bucket_pad(total, most=self.block_size)
+        attention = self._attention_sequences(seqs, counts, one_query)
+        pads = self._padding(len(attention.pasts), total)
+        pad = sum(pads)
         flat_positions = positions.reshape(-1)
-        if pad:  # one more sequence: ``pad`` tokens from 0 in the scratch block
-            flat_positions = np.concatenate([flat_positions, np.arange(pad)])
+        if pad:  # more tokens, each padding sequence's from position 0 in the scratch block
+            flat_positions = np.concatenate([flat_positions, *map(np.arange, pads)])
         if flat_positions.size == 1:
             cos, sin = self._rope_rows.one(int(flat_positions[0]))
         else:
             cos, sin = rope_tables(flat_positions[None], self.inv_freq, self.rope_scaling)
         self._set("rope_cos", cos.reshape(total + pad, 1, -1))
         self._set("rope_sin", sin.reshape(total + pad, 1, -1))
-        self._bind_tables(seqs, counts, pad)
+        self._bind_tables(attention, pads)
         return PagedStep(list(seqs), counts, out_shape, pad)
 
-    def _bind_tables(self, seqs: list[PagedSequence], counts: list[int], pad: int) -> None:
+    def _attention_sequences(self, seqs: list[PagedSequence], counts: list[int],
+                             one_query: bool) -> AttentionSequences:
+        """The step's sequences as PagedAttention takes them: each stepped sequence with
+        its tokens, or (``one_query``) each token alone, its past the sequence's tokens
+        before it and its block table the blocks holding them and it."""
+        size = self.block_size
+        if not one_query:
+            return AttentionSequences(
+                [s.length for s in seqs], list(counts),
+                [s.blocks[:blocks_for(s.length + c, size)] for s, c in zip(seqs, counts,
+                                                                          strict=True)])
+        pasts = [s.length + i for s, c in zip(seqs, counts, strict=True) for i in range(c)]
+        tables = [s.blocks[:blocks_for(s.length + i + 1, size)]
+                  for s, c in zip(seqs, counts, strict=True) for i in range(c)]
+        return AttentionSequences(pasts, [1] * len(pasts), tables)
+
+    def _padding(self, sequences: int, tokens: int) -> list[int]:
+        """The padding sequences' token counts for a step of ``tokens`` over ``sequences``:
+        up to a recent step's count (``shapes``) and the bucket's, in one sequence; and a
+        step whose every sequence feeds one token (decode steps, a one-query step) of
+        fewer sequences than the stage's threads gets empty sequences (no token, no past)
+        up to that many (``RuntimeSpec.pad_decode_steps``): the plugin
+        then computes its attention on its mixed path, as a row group's, not split along
+        the past, and no matmul gets a row more."""
+        pad = self.shapes.pad(tokens)
+        pad += bucket_pad(tokens + pad, most=self.block_size)
+        if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
+            pad = bucket_pad(tokens, most=self.block_size)
+        pads = [pad] if pad else []
+        if (self.config.pad_decode_steps and tokens == sequences
+                and sequences + len(pads) < self.threads):
+            pads += [0] * (self.threads - sequences - len(pads))
+        return pads
+
+    def _bind_tables(self, attention: AttentionSequences, pads: list[int]) -> None:
         """Each sequence's past length, where its tokens begin and its block table, the
-        padding's scratch block last when ``pad``."""
-        pasts = [s.length for s in seqs]
-        tables = [s.blocks[:blocks_for(s.length + c, self.block_size)]
-                  for s, c in zip(seqs, counts, strict=True)]
-        if pad:
-            pasts, counts, tables = [*pasts, 0], [*counts, pad], [*tables, [self.pool.capacity]]
+        padding sequences' (in the scratch block) last."""
+        pasts, counts, tables = attention
+        if pads:
+            pasts = [*pasts, *[0] * len(pads)]
+            counts = [*counts, *pads]
+            tables = [*tables, *[[self.pool.capacity]] * len(pads)]
         self._set("past_lens", np.array(pasts, dtype=np.int32))
         self._set("subsequence_begins", np.cumsum([0, *counts]).astype(np.int32))
         self._set("block_indices", np.array([b for t in tables for b in t], dtype=np.int32))

@@ -52,6 +52,7 @@ class StageChain:
         self.row_groups_supported = all(r.row_groups_supported for r in self.runners)
         self.prefix_cache_supported = all(r.prefix_cache_supported for r in self.runners)
         self.paged_attention = all(r.paged_attention for r in self.runners)
+        self.one_query_supported = all(r.one_query_supported for r in self.runners)
 
     # -- what every runner holds alike: read from the first ---------------------------
     @property
@@ -134,26 +135,30 @@ class StageChain:
 
     # -- stepping: each runner feeds the next -------------------------------------------
     def step(self, stream_id: int, x: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None) -> np.ndarray:
+             logits_idx: np.ndarray | None = None, one_query: bool = False) -> np.ndarray:
         for runner in self.runners[:-1]:
-            x = runner.step(stream_id, x, positions)
-        return self.runners[-1].step(stream_id, x, positions, logits_idx)
+            x = runner.step(stream_id, x, positions, one_query=one_query)
+        return self.runners[-1].step(stream_id, x, positions, logits_idx, one_query=one_query)
 
     def step_rows(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                  logits_idx: np.ndarray | None = None) -> np.ndarray:
+                  logits_idx: np.ndarray | None = None, one_query: bool = False
+                  ) -> np.ndarray:
         for runner in self.runners[:-1]:
-            x = runner.step_rows(group_id, x, positions)
-        return self.runners[-1].step_rows(group_id, x, positions, logits_idx)
+            x = runner.step_rows(group_id, x, positions, one_query=one_query)
+        return self.runners[-1].step_rows(group_id, x, positions, logits_idx,
+                                          one_query=one_query)
 
     def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None) -> np.ndarray:
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None,
+                    one_query: bool = False) -> np.ndarray:
         for runner in self.runners[:-1]:
-            x = runner.step_ragged(group_id, x, positions, row_tokens)
-        return self.runners[-1].step_ragged(group_id, x, positions, row_tokens, logits_idx)
+            x = runner.step_ragged(group_id, x, positions, row_tokens, one_query=one_query)
+        return self.runners[-1].step_ragged(group_id, x, positions, row_tokens, logits_idx,
+                                            one_query=one_query)
 
     def prepare(self, stream_id: int, positions: np.ndarray,
                 logits_idx: np.ndarray | None = None, inputs: Any = None,
-                row_tokens: np.ndarray | None = None) -> list[Any]:
+                row_tokens: np.ndarray | None = None, one_query: bool = False) -> list[Any]:
         """Bind every runner's inputs of the step but x, each given the step the runner
         before it prepared (so consecutive stateful runners build the RoPE tables and mask
         once: their slot tables agree). ``inputs``: an earlier stage's, for the first runner.
@@ -161,7 +166,7 @@ class StageChain:
         prepared = []
         for runner in self.runners:
             inputs = runner.prepare(stream_id, positions, logits_idx if runner.spec.last else None,
-                                    inputs, row_tokens=row_tokens)
+                                    inputs, row_tokens=row_tokens, one_query=one_query)
             prepared.append(inputs)
         return prepared
 

@@ -19,6 +19,7 @@ from dataplane.runtime.base import (
     check_row_rewinds,
     check_rows_step,
     check_step_input,
+    one_query_needs_paged_attention,
     ragged_needs_paged_attention,
 )
 from dataplane.runtime.config import RuntimeSpec, device_kind
@@ -77,6 +78,9 @@ class StageRunner:
     row_groups_supported: ClassVar[bool] = True  # (a static export's runner: False)
     prefix_cache_supported: ClassVar[bool] = True
     paged_attention: ClassVar[bool] = False  # KV as OpenVINO state (PagedStageRunner: True)
+    # A step's tokens are one sequence of the stateful attention: a verification step
+    # computes its tokens together (multi-query), never as single decode steps would
+    one_query_supported: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -168,17 +172,19 @@ class StageRunner:
         x: np.ndarray,
         positions: np.ndarray,
         logits_idx: np.ndarray | None = None,
+        one_query: bool = False,
     ) -> np.ndarray:
         """Run one step for a stream; returns hidden states [1, T, H] or logits [1, K, V].
 
         ``positions`` are logical (RoPE) positions of the T new tokens; ``logits_idx``
         picks which of them get logits on the last stage (default: the last one).
         The returned array is a view into the request's output: copy it to keep it.
+        A one-query step needs paged attention: StageError.
         """
         slots = self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
-        inputs = self.prepare(stream_id, positions[None], logits_idx)
+        inputs = self.prepare(stream_id, positions[None], logits_idx, one_query=one_query)
         return self._output_data(slots, self.run(stream_id, x, inputs), 1, positions.shape[0],
                                  logits_idx)
 
@@ -189,6 +195,7 @@ class StageRunner:
         logits_idx: np.ndarray | None = None,
         inputs: StepInputs | None = None,
         row_tokens: np.ndarray | None = None,
+        one_query: bool = False,
     ) -> StepInputs:
         """Bind every input of a stream's (or row group's) next step but x to its request.
 
@@ -196,10 +203,12 @@ class StageRunner:
         stage of a chain are reused when they were built for the same positions and slot
         table (the usual case: a chain keeps its stages' tables in sync), else rebuilt.
         Returns the inputs bound, for ``run`` and the next stage. Ragged rows
-        (``row_tokens``) need paged attention: StageError.
+        (``row_tokens``) and one-query steps need paged attention: StageError.
         """
         if row_tokens is not None:
             raise ragged_needs_paged_attention()
+        if one_query:
+            raise one_query_needs_paged_attention()
         target = self._target(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         ahead, target.prefetched = target.prefetched, None
@@ -437,6 +446,7 @@ class StageRunner:
         x: np.ndarray,
         positions: np.ndarray,
         logits_idx: np.ndarray | None = None,
+        one_query: bool = False,
     ) -> np.ndarray:
         """One step of every row of a group: x [rows, T] ids or [rows, T, H] hidden states,
         ``positions`` [rows, T]; returns [rows, T, H] or logits [rows, K, V] (a view)."""
@@ -446,7 +456,7 @@ class StageRunner:
         rows = len(group.members)
         positions = np.asarray(positions, dtype=np.int64)
         check_rows_step(group_id, rows, x, positions)
-        inputs = self.prepare(group_id, positions, logits_idx)
+        inputs = self.prepare(group_id, positions, logits_idx, one_query=one_query)
         return self._output_data(group, self.run(group_id, x, inputs), rows, positions.shape[1],
                                  logits_idx)
 
@@ -461,8 +471,8 @@ class StageRunner:
         return output.view((rows, answers, output.tensor_dim))
 
     def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None
-                    ) -> np.ndarray:
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None,
+                    one_query: bool = False) -> np.ndarray:
         """Rows of different token counts need paged attention: StageError."""
         raise ragged_needs_paged_attention()
 

@@ -26,6 +26,7 @@ from dataplane.runtime.base import (
     RowGroupKV,
     StageError,
     check_step_input,
+    one_query_needs_paged_attention,
     ragged_needs_paged_attention,
 )
 from dataplane.runtime.config import RuntimeSpec, device_kind
@@ -49,12 +50,14 @@ def present_name(past: str) -> str:
 # What an NPU compile takes of RuntimeSpec.properties(): it computes in f16 and has
 # no CPU threads, and a stateless model has no KV cache precision to set.
 NPU_PROPERTIES = ("PERFORMANCE_HINT",)
+KV_CACHE_PROPERTIES = ("KV_CACHE_PRECISION", "KEY_CACHE_QUANT_MODE")  # of a plugin's KV cache
 
 
 def static_properties(config: RuntimeSpec) -> dict[str, object]:
     """Compile properties for a static stage on ``config.device``: all of them on CPU/GPU,
-    the ones the NPU plugin takes on an NPU; never KV_CACHE_PRECISION (no KV state)."""
-    props = {k: v for k, v in config.properties().items() if k != "KV_CACHE_PRECISION"}
+    the ones the NPU plugin takes on an NPU; never the KV cache's (no KV state: the
+    stream's KV is on the host)."""
+    props = {k: v for k, v in config.properties().items() if k not in KV_CACHE_PROPERTIES}
     if device_kind(config) == "NPU":
         props = {k: v for k, v in props.items() if k in NPU_PROPERTIES}
     return props
@@ -99,6 +102,7 @@ class StaticStageRunner:
     row_groups_supported: ClassVar[bool] = False
     prefix_cache_supported: ClassVar[bool] = False  # no prefix entries either
     paged_attention: ClassVar[bool] = False
+    one_query_supported: ClassVar[bool] = False  # a step's tokens are computed together
 
     def __init__(
         self,
@@ -192,22 +196,25 @@ class StaticStageRunner:
         check_step_input(self.spec, self.hidden_size, x, positions)
 
     def step(self, stream_id: int, x: np.ndarray, positions: np.ndarray,
-             logits_idx: np.ndarray | None = None) -> np.ndarray:
+             logits_idx: np.ndarray | None = None, one_query: bool = False) -> np.ndarray:
         """Run one step for a stream; returns hidden states [1, T, H] or logits [1, K, V]
         (as StageRunner.step; a view, valid until the stream's next step)."""
         self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         self.check_input(x, positions)
-        return self.run(stream_id, x, self.prepare(stream_id, positions[None], logits_idx)).data
+        step = self.prepare(stream_id, positions[None], logits_idx, one_query=one_query)
+        return self.run(stream_id, x, step).data
 
     def prepare(self, stream_id: int, positions: np.ndarray,
                 logits_idx: np.ndarray | None = None, inputs: object = None,
-                row_tokens: np.ndarray | None = None) -> StaticStep:
+                row_tokens: np.ndarray | None = None, one_query: bool = False) -> StaticStep:
         """Check a stream's next step (``positions`` [1, T]); ``inputs`` from another stage
         are ignored: a static stage fills its own fixed-shape buffers in ``run``. Ragged
-        rows (``row_tokens``) need paged attention: StageError."""
+        rows (``row_tokens``) and one-query steps need paged attention: StageError."""
         if row_tokens is not None:
             raise ragged_needs_paged_attention()
+        if one_query:
+            raise one_query_needs_paged_attention()
         self.stream(stream_id)
         positions = np.asarray(positions, dtype=np.int64)
         if positions.ndim != 2 or positions.shape[0] != 1 or positions.shape[1] < 1:
@@ -364,12 +371,13 @@ class StaticStageRunner:
         raise self._no_groups()
 
     def step_rows(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                  logits_idx: np.ndarray | None = None) -> np.ndarray:
+                  logits_idx: np.ndarray | None = None, one_query: bool = False
+                  ) -> np.ndarray:
         raise self._no_groups()
 
     def step_ragged(self, group_id: int, x: np.ndarray, positions: np.ndarray,
-                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None
-                    ) -> np.ndarray:
+                    row_tokens: np.ndarray, logits_idx: np.ndarray | None = None,
+                    one_query: bool = False) -> np.ndarray:
         raise ragged_needs_paged_attention()
 
     def row_of(self, stream_id: int) -> tuple[int, int] | None:

@@ -21,8 +21,9 @@ MAGIC = b"ZCDP"
 # 2: a ``rows`` field (several streams batched in one step); 3: ``row_tokens`` (a row
 # group's rows step different token counts: ragged rows); 4: ``fed`` and ``guessed`` (a
 # pipelined step's token ids, which the last stage checks against the step before);
-# 5: top-k records carry log-probabilities, and float16 logits replies (LOGITS16)
-PROTOCOL_VERSION = 5
+# 5: top-k records carry log-probabilities, and float16 logits replies (LOGITS16);
+# 6: the ONE_QUERY flag (a step's tokens computed each as a query of its own)
+PROTOCOL_VERSION = 6
 MAX_ROWS = 1024  # rows (streams) in one batched step
 MAX_NDIM = 4
 MAX_TOKENS = 1 << 17  # positions in one step
@@ -112,9 +113,11 @@ DTYPE_CODES: dict[np.dtype, int] = {dt: code for code, dt in DTYPES.items()}
 
 # magic, version, kind, reply mode, dtype code, top_k, ndim, n_timing, source stage,
 # stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes, rows,
-# n_row_rewinds, n_row_tokens, n_fed, flags (GUESSED).
+# n_row_rewinds, n_row_tokens, n_fed, flags (GUESSED, ONE_QUERY).
 FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIHHHHB")
 GUESSED = 1  # flags: the step's fed tokens are a guess of the previous step's answer
+ONE_QUERY = 2  # flags: every token of the step is a query of its own (a verification step)
+FLAGS = GUESSED | ONE_QUERY  # every flag defined
 SHAPE_STRUCTS = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
 POSITION_ITEM = np.dtype("<i8")
 SMALL_COUNT = 16  # up to this many int64s are checked with one struct unpack
@@ -143,6 +146,10 @@ class HiddenStateFrame:
     step: with ``guessed`` its tokens were fed on a guess that the stream's previous step
     answers the drafts that step fed, then ``fed[0]``; a last stage that computed that
     step and sees otherwise skips this one (its cancel follows);
+    ``one_query``: every stage computes each of the step's tokens as a query of its own, a
+    sequence of one token after its row's tokens before it, as that many decode steps
+    would (a verification step: the last token and its drafts; StageRuntime's
+    ``one_query``); a stage that cannot answers with an ERROR;
     ``mask_tail`` rewinds that many kept KV slots before the step; ``timings`` holds one
     packed ``TIMING`` record per stage passed (see ``stamp``). ``shape`` and ``dtype``
     describe the payload: ``encode_frame`` takes them from the array it sends. A node
@@ -170,6 +177,7 @@ class HiddenStateFrame:
     row_tokens: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
     fed: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
     guessed: bool = False
+    one_query: bool = False
 
     @property
     def ragged(self) -> bool:
@@ -269,7 +277,7 @@ def pack_header(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtyp
             header.request_id, header.epoch, header.step, positions.shape[0],
             logits_idx.shape[0], header.mask_tail, len(error), header.rows,
             row_rewinds.shape[0], row_tokens.shape[0], fed.shape[0],
-            GUESSED if header.guessed else 0,
+            (GUESSED if header.guessed else 0) | (ONE_QUERY if header.one_query else 0),
         )
         dims = SHAPE_STRUCTS[len(shape)].pack(*shape)
     except struct.error as exc:
@@ -360,7 +368,7 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
             or error_len > MAX_ERROR_BYTES or not 1 <= rows <= MAX_ROWS
             or (n_rewinds and n_rewinds != rows) or (n_row_tokens and n_row_tokens != rows)
             or (not n_row_tokens and (tokens % rows or n_idx > tokens // rows))
-            or n_idx > tokens or n_fed > tokens or flags & ~GUESSED
+            or n_idx > tokens or n_fed > tokens or flags & ~FLAGS
             or size != o_err + error_len):
         raise FrameError(_header_problem(fields, size, o_err + error_len))
     if tokens:
@@ -397,7 +405,7 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
         REPLY_MODES[reply_code], top_k, mask_tail, source_stage, bytes(raw[o_tim:o_err]),
         bytes(raw[o_err:]).decode("utf-8", errors="replace") if error_len else "",
         shape, DTYPES.get(dtype_code), version, rows, row_rewinds, row_tokens, fed,
-        bool(flags & GUESSED)), plain
+        bool(flags & GUESSED), bool(flags & ONE_QUERY)), plain
 
 
 def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
@@ -429,8 +437,9 @@ def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
         return f"{n_idx} logits indices for a {tokens}-token step"
     if n_fed > tokens:
         return f"{n_fed} fed tokens for a {tokens}-token step"
-    if flags & ~GUESSED:
-        return f"unknown flags {flags:#x}"
+    if flags & ~FLAGS:
+        return (f"unknown flags {flags & ~FLAGS:#x} (this node knows GUESSED {GUESSED:#x} "
+                f"and ONE_QUERY {ONE_QUERY:#x})")
     if not n_row_tokens and tokens % rows:
         return f"{tokens} positions do not split into {rows} equal rows"
     if not n_row_tokens and n_idx > tokens // rows:
@@ -455,6 +464,9 @@ def check_semantics(header: HiddenStateFrame) -> None:
             or header.fed.size != tokens):
         raise FrameError("only a 1-row step carries its fed tokens (one per position; "
                          "guessed needs them)", header)
+    if header.one_query and header.kind not in (Kind.STEP, Kind.ERROR):
+        raise FrameError(f"a {header.kind.name} frame is not computed: it cannot be a "
+                         "one-query step", header)
     if header.row_rewinds.size and header.kind not in (Kind.STEP, Kind.ERROR):
         raise FrameError(f"a {header.kind.name} frame carries no row rewinds", header)
     if header.ragged and header.kind not in (Kind.STEP, Kind.REPLY, Kind.ERROR):

@@ -15,7 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from dataplane.runtime.base import StageError, StageRuntime, ragged_needs_paged_attention
+from dataplane.runtime.base import (
+    StageError,
+    StageRuntime,
+    one_query_needs_paged_attention,
+    ragged_needs_paged_attention,
+)
 from dataplane.wire.frames import (
     TOPK_DTYPE,
     HiddenStateFrame,
@@ -30,14 +35,19 @@ from dataplane.wire.frames import (
 def compute_step(runner: StageRuntime, stream_id: int, x: np.ndarray, positions: np.ndarray,
                  mask_tail: int, row_rewinds: np.ndarray, answer_for: np.ndarray | None = None,
                  after_rewind: Callable[[], None] | None = None,
-                 row_tokens: np.ndarray | None = None) -> np.ndarray:
+                 row_tokens: np.ndarray | None = None, one_query: bool = False) -> np.ndarray:
     """Apply a step's rewind on this stage (a stream's ``mask_tail``, or a row group's
     ``row_rewinds``, one per row), run ``after_rewind`` if it masked anything, then compute
     the step (``positions`` flat; a row group's rows are ``x``'s first axis, or with
-    ``row_tokens`` its rows' tokens follow each other on its second: ragged rows)."""
+    ``row_tokens`` its rows' tokens follow each other on its second: ragged rows;
+    ``one_query``: each token a query of its own). A step the stage cannot compute (ragged
+    rows, a one-query step on a stage without paged attention) is refused before its
+    rewind."""
     ragged = row_tokens is not None and row_tokens.size > 0
     if ragged and not runner.paged_attention:
         raise ragged_needs_paged_attention()
+    if one_query and not runner.one_query_supported:
+        raise one_query_needs_paged_attention()
     group = runner.groups.get(stream_id)
     if group is not None and mask_tail:
         raise StageError(f"row group {stream_id} rewinds per row (row_rewinds), not by mask_tail")
@@ -48,10 +58,11 @@ def compute_step(runner: StageRuntime, stream_id: int, x: np.ndarray, positions:
     if ragged:
         if group is None:
             raise StageError(f"{stream_id} is not a row group: only a row group steps ragged rows")
-        return runner.step_ragged(stream_id, x, positions, row_tokens, answer_for)
+        return runner.step_ragged(stream_id, x, positions, row_tokens, answer_for, one_query)
     if group is not None:
-        return runner.step_rows(stream_id, x, positions.reshape(x.shape[0], -1), answer_for)
-    return runner.step(stream_id, x, positions, answer_for)
+        return runner.step_rows(stream_id, x, positions.reshape(x.shape[0], -1), answer_for,
+                                one_query)
+    return runner.step(stream_id, x, positions, answer_for, one_query)
 
 
 def seal_or_encode(prepared: PreparedFrame | None, header: HiddenStateFrame,

@@ -491,7 +491,7 @@ class StageWorker:
             return
         self._guard.release(sid)
         positions, logits_idx, rewinds = header.positions, header.logits_idx, header.row_rewinds
-        fed = header.fed
+        fed, one_query = header.fed, header.one_query
         row_tokens = header.row_tokens  # _prepare_out clears these on a reply's header
         start = time.perf_counter_ns()
         prepared = self._prepare_out(header, payload, recv_ns, ready_ns)
@@ -500,7 +500,7 @@ class StageWorker:
         try:
             out = compute_step(self.runner, sid, payload, positions, header.mask_tail, rewinds,
                                logits_idx if self.last and logits_idx.size else None,
-                               row_tokens=row_tokens)
+                               row_tokens=row_tokens, one_query=one_query)
         except Exception as exc:  # a stage failure must reach the coordinator, not kill us
             self._send_error(header, str(exc), recv_ns, ready_ns)
             return
@@ -541,7 +541,7 @@ class StageWorker:
         else:
             header.kind = Kind.REPLY
             header.row_rewinds = EMPTY_INDEX  # applied; a reply carries none
-            header.fed, header.guessed = EMPTY_INDEX, False
+            header.fed, header.guessed, header.one_query = EMPTY_INDEX, False, False
             if not header.logits_idx.size:  # answering for the last token: the coordinator
                 header.positions = EMPTY_INDEX  # knows its position, save the bytes
                 header.row_tokens = EMPTY_INDEX

@@ -68,11 +68,13 @@ def test_api_on_a_local_cluster_equals_zctl_run_and_health_follows_a_node(
             temperature=0, extra_body={"zctl": {"ignore_eos": True}})
         assert reply.choices[0].message.content == report["text"]
         assert reply.usage.completion_tokens == report["tokens"] == 12
-        # the next turn of that chat starts with its KV: a prefix-cache hit on every stage
+        # the next turn of a chat starts with its first prompt's KV: a prefix-cache hit on
+        # every stage (the first turn's prompt, up to two tokens before its end)
+        turn = [{"role": "user", "content": PROMPT * 8}]
+        first = client.chat.completions.create(model=model, max_tokens=4, messages=turn)
         client.chat.completions.create(
             model=model, max_tokens=4, messages=[
-                {"role": "user", "content": PROMPT},
-                {"role": "assistant", "content": reply.choices[0].message.content},
+                *turn, {"role": "assistant", "content": first.choices[0].message.content},
                 {"role": "user", "content": "and then?"}])
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         hits = [line for line in metrics.splitlines()

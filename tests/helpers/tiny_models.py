@@ -9,8 +9,10 @@ from tools.harness.random_llama import build_tokenizer
 
 def build_llama(out_dir: Path, *, layers: int = 4, hidden: int = 64, heads: int = 4,
                 kv_heads: int = 2, intermediate: int = 128, vocab: int = 384, tied: bool = True,
-                rope_parameters: dict | None = None, arch: str = "llama", seed: int = 0) -> Path:
-    """Save a random model (weights scaled up so greedy output is not degenerate)."""
+                rope_parameters: dict | None = None, arch: str = "llama", seed: int = 0,
+                context: int = 512) -> Path:
+    """Save a random model (weights scaled up so greedy output is not degenerate) whose
+    context is ``context`` tokens."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -19,7 +21,7 @@ def build_llama(out_dir: Path, *, layers: int = 4, hidden: int = 64, heads: int 
         arch,
         vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=512, tie_word_embeddings=tied, initializer_range=0.25,
+        max_position_embeddings=context, tie_word_embeddings=tied, initializer_range=0.25,
         bos_token_id=0, eos_token_id=3,
         **({"rope_parameters": rope_parameters} if rope_parameters else {}),
     )

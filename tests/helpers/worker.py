@@ -5,10 +5,14 @@ and CANCEL frames as stage 0 would send them, and a worker whose frames wait in 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import zmq
 
+from dataplane.head.cluster_head import ClusterHead
+from dataplane.runtime.base import StageRuntime
 from dataplane.runtime.stateful import StageRunner
 from dataplane.wire.cancels import cancel_payload
 from dataplane.wire.frames import HiddenStateFrame, Kind, ReplyMode, decode_frame, encode_frame, stamp
@@ -16,6 +20,22 @@ from dataplane.wire.transport import bound_endpoint, pull_socket, push_socket
 from dataplane.worker.stage_worker import StageWorker
 
 EPOCH = 1000
+
+
+@contextmanager
+def head_and_worker(stage0: StageRuntime, rest: StageRuntime
+                    ) -> Iterator[tuple[ClusterHead, StageWorker]]:
+    """A cluster head running ``stage0`` and a worker running ``rest`` (the later stages)
+    in a thread, wired to each other; both stopped afterwards."""
+    head = ClusterHead(stage0, "tcp://127.0.0.1:1", "tcp://127.0.0.1:*", timeout_s=10)
+    worker = StageWorker(rest, "tcp://127.0.0.1:*", head.reply_endpoint)
+    head.rewire(worker.endpoint)
+    worker.start()
+    try:
+        yield head, worker
+    finally:
+        worker.stop()
+        head.close()
 
 
 class Coordinator:

@@ -28,11 +28,11 @@ out = Console()
 Precision = Annotated[str, typer.Option(help="INFERENCE_PRECISION_HINT, or 'default'")]
 Exact = Annotated[bool | None, typer.Option(
     "--exact/--fast",
-    help="exact: an f32 KV cache and f32 activations, so speculative output is token-identical "
-         "to greedy; fast: the CPU plugin's defaults (a u8 KV cache and, on AVX-512-VNNI/AMX "
-         "CPUs, int8 activations: 1.1-1.4x faster decoding, but a near-tied token can flip "
-         "between a 1-token and a K+1-token step). Default: fast, except in the embedded "
-         "cluster of a speculative zctl run", show_default=False)]
+    help="exact: an f32 KV cache and f32 activations; fast: the CPU plugin's defaults (a u8 "
+         "KV cache and, on AVX-512-VNNI/AMX CPUs, int8 activations: 1.1-1.4x faster "
+         "decoding). On paged stages (the default on CPUs) greedy output is repeatable "
+         "under both: cached or not, batched or not, speculative or not; stateful stages "
+         "need exact for that. Default: fast", show_default=False)]
 KvPrecision = Annotated[str | None, typer.Option(
     help="KV cache element type (f32, f16, bf16, u8, u4, or 'default': the plugin's); "
          "default: as --exact/--fast say", show_default=False)]

@@ -151,9 +151,10 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     from zctl.service.client import generate_many
 
     status = query_status(record.control, curve=control_curve(record))
-    if speculative and not status.runtime.exact:
-        err.print("[yellow]note:[/] this cluster runs fast numerics (a quantised KV cache or "
-                  "int8 activations): speculative output can differ from greedy at near-tied "
+    if speculative and not status.runtime.exact and not status.runtime.paged_attention:
+        err.print("[yellow]note:[/] this cluster's stages keep their KV outside "
+                  "PagedAttention and run fast numerics (a quantised KV cache or int8 "
+                  "activations): speculative output can differ from greedy at near-tied "
                   "tokens; zctl cluster up --exact makes it identical", soft_wrap=True)
     sampling = sampling or {}
     seed = sampling.pop("seed", None)
@@ -274,9 +275,8 @@ def run(
     speculative: Annotated[str, typer.Option(
         help="speculative decoding: 'lookup' (prompt n-grams), 'pipelined' (prompt-n-gram "
              "guesses keep every stage busy for one stream) or 'draft:PATH' (a 1-stage export "
-             "sharing the tokenizer); greedy output (--temperature 0) stays identical on a "
-             "cluster with exact numerics (zctl cluster up --exact; the embedded cluster of "
-             "a speculative run has them)")] = "",
+             "sharing the tokenizer); greedy output (--temperature 0) stays identical on "
+             "paged stages (the default on CPUs) or with exact numerics")] = "",
     k: Annotated[str, typer.Option("--k", help="draft tokens per step, or 'auto'")] = "auto",
     temperature: Annotated[float | None, typer.Option(
         help="0: greedy; > 0 samples (speculation then keeps the model's distribution). "
@@ -339,9 +339,9 @@ def run(
                       "--dynamic-quantization shape an embedded cluster; the running one keeps "
                       "its own (zctl cluster status)", soft_wrap=True)
         if record is None:
-            # the cluster is this command's own: a speculative run gets exact numerics
-            # unless told otherwise (its output then equals greedy token for token)
-            kv, dq = numerics(exact if told else bool(mode) or None,
+            # the cluster is this command's own: paged stages, whose speculative output
+            # equals greedy token for token under the default numerics too
+            kv, dq = numerics(exact if told else None,
                               kv_cache_precision, dynamic_quantization)
             rt = runtime_spec(None if precision == "default" else precision, None, "CPU", kv, dq)
             export_dir = ensure_export(model, stages or nodes, weights)

@@ -27,6 +27,7 @@ from zctl.engine.admission import DrafterLoader, SessionLimits, new_session
 from zctl.engine.constraints import GrammarCompiler, GrammarQueue
 from zctl.engine.executor import Executor
 from zctl.engine.outcomes import PipelineDown, error_kind, session_tokens, spec_summary, stop_reason
+from zctl.engine.prefill_pieces import CANONICAL, PieceRule
 from zctl.engine.prefix_index import PrefixIndexStats
 from zctl.engine.requests import (
     BAD_REQUEST,
@@ -90,7 +91,8 @@ class GenerationEngine:
                  load_drafter: DrafterLoader | None = None,
                  max_context: int | None = None, kv_budget_tokens: int | None = None,
                  prefix_cache_tokens: int = 0, vocab_size: int | None = None,
-                 sampling_defaults: Sampling = LLAMA_SERVER_SAMPLING) -> None:
+                 sampling_defaults: Sampling = LLAMA_SERVER_SAMPLING,
+                 prefill_pieces: PieceRule = CANONICAL, one_query: bool = True) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be at least 1")
         if row_groups < 0:
@@ -112,6 +114,12 @@ class GenerationEngine:
         self.prefix_cache_tokens = prefix_cache_tokens  # 0: no prefix cache
         # the model's sampling, for the fields a request leaves out (model_sampling)
         self.sampling_defaults = sampling_defaults
+        # where prompts are cut into steps: CANONICAL makes a cached, replayed or batched
+        # prompt compute what a cold one does (zctl.engine.prefill_pieces)
+        self.prefill_pieces = prefill_pieces
+        # verification steps (and replays' emitted tokens) as one-query steps where the
+        # stages compute them: speculation gives the tokens plain decoding does, bit for bit
+        self.one_query = one_query
         self.prefix_stats = PrefixIndexStats()
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0,
                          "structured": 0}  # structured: generations held to a grammar
@@ -285,7 +293,8 @@ class GenerationEngine:
     def _new_scheduler(self, executor: Executor) -> StreamScheduler:
         return StreamScheduler(executor, self.row_groups, self.shared_cores,
                                prefix_cache_tokens=self.prefix_cache_tokens,
-                               prefix_stats=self.prefix_stats)
+                               prefix_stats=self.prefix_stats, pieces=self.prefill_pieces,
+                               one_query=self.one_query)
 
     def _kv_fits(self, session: DecodeSession) -> bool:
         """Whether the session's KV fits the budget beside the running streams' now

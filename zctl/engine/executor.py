@@ -33,7 +33,8 @@ class Step:
     (zctl.engine.payloads); ``mask_tail`` the stream's last tokens dropped first, on
     every stage (one count per row on a row group); ``row_tokens`` each row's token count
     when a row group's rows are ragged (None: they share one); ``guessed`` whether a
-    pipelined greedy step's tokens are a guess (see ``Executor``)."""
+    pipelined greedy step's tokens are a guess (see ``Executor``); ``one_query`` that
+    every stage computes each token as a query of its own (see ``Executor``)."""
 
     stream_id: int
     token_ids: np.ndarray
@@ -43,6 +44,7 @@ class Step:
     mask_tail: int | np.ndarray = 0
     row_tokens: np.ndarray | None = None
     guessed: bool | None = None
+    one_query: bool = False
 
 
 @dataclass
@@ -97,7 +99,11 @@ class Executor(Protocol):
     row's token count, ids and positions hold the rows' tokens one after the other,
     ``logits_idx`` indexes them all (None: every row's last token) and the reply answers
     those positions in order (a decoding row's token beside a prompt's chunk: one
-    inference, split-fuse). A pipelined greedy step says whether its tokens are a guess
+    inference, split-fuse). Where ``one_query_supported``, a step may be ``one_query``:
+    every stage computes each of its tokens as a query of its own, after its row's tokens
+    before it, bit for bit as that many single decode steps would (a verification step: the
+    last token and K drafts; a replay of emitted tokens); elsewhere such a step fails. A
+    pipelined greedy step says whether its tokens are a guess
     (``guessed``: True, or False for a step a guessed one may follow; None: neither), so
     a last stage that knows the answer to the step before can skip a refuted one early.
     ``cancel`` drops a stream's newest steps (those submitted after
@@ -127,6 +133,8 @@ class Executor(Protocol):
 
     @property
     def row_groups_supported(self) -> bool: ...
+    @property
+    def one_query_supported(self) -> bool: ...
     def open(self, stream_id: int) -> None: ...
     def reset(self, stream_id: int) -> None: ...
     def close_stream(self, stream_id: int) -> None: ...
@@ -159,6 +167,7 @@ class InlineExecutor:
     yet collected. Prefix entries are refused unless a subclass keeps them."""
 
     row_groups_supported = False  # an executor that can regroup says so
+    one_query_supported = False  # one that computes one-query steps says so
     overlaps_steps = False  # a step is computed whole when it is submitted
     paged_attention = False
     prefix_cache_supported = False  # one that keeps prefix entries says so

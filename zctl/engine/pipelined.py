@@ -231,7 +231,8 @@ class PipelinedSession(DecodeSession):
             fed, guessed, rewind = self._next_tokens(), True, 0
             start = self.runs[-1].end
         else:
-            drafts = self._propose(self.history, min(self.run_width(), self._tokens_left() - 1))
+            width = 0 if self.one_token else min(self.run_width(), self._tokens_left() - 1)
+            drafts = self._propose(self.history, width)
             fed, guessed, rewind = [self.emitted[-1], *drafts], False, self._rewind
             start = self._position
         self._ahead, self._rewind = None, 0
@@ -243,7 +244,7 @@ class PipelinedSession(DecodeSession):
         return Step(self.stream_id, np.array(fed, dtype=np.int64),
                     np.arange(start, start + len(fed)),
                     np.arange(len(fed)) if len(fed) > 1 else None, self.wants_logits,
-                    mask_tail=rewind, guessed=check)
+                    mask_tail=rewind, guessed=check, one_query=self.one_query and len(fed) > 1)
 
     # -- replies ---------------------------------------------------------------------
     def advance(self, reply: StepReply) -> list[int]:

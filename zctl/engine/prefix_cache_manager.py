@@ -13,6 +13,7 @@ import logging
 
 from zctl.engine.executor import Executor
 from zctl.engine.prefill import SHORT_PREFILL
+from zctl.engine.prefill_pieces import ANYWHERE, PieceRule
 from zctl.engine.prefix_index import PrefixIndex, PrefixIndexStats
 from zctl.engine.sessions import DecodeSession
 
@@ -25,8 +26,11 @@ class PrefixCacheManager:
     prefix entries, and then every call does nothing)."""
 
     def __init__(self, executor: Executor, budget_tokens: int,
-                 stats: PrefixIndexStats | None = None) -> None:
+                 stats: PrefixIndexStats | None = None, pieces: PieceRule = ANYWHERE) -> None:
         self.executor = executor
+        # where prefills are cut (zctl.engine.prefill_pieces): hits end where a cold
+        # prefill may cut, and (when on) an entry keeps only what a prefill computed
+        self.pieces = pieces
         self.index: PrefixIndex | None = None
         self._wirings = executor.wirings  # the executor's count when the index was started
         if budget_tokens > 0 and executor.prefix_cache_supported:
@@ -62,7 +66,7 @@ class PrefixCacheManager:
         if wirings != self._wirings:  # rewired or abandoned: later stages lost their entries
             self._wirings = wirings
             self.clear()
-        hit = index.lookup(session.prompt, SHORT_PREFILL if fused else None)
+        hit = index.lookup(session.prompt, SHORT_PREFILL if fused else None, self.pieces)
         if hit is None:
             return
         entry, executor, sid = hit.entry, self.executor, session.stream_id
@@ -117,6 +121,8 @@ class PrefixCacheManager:
             return
         index.untrack_live(session.stream_id)
         tokens = session.kv_history
+        if self.pieces.on:  # decode steps wrote the rest one token at a time
+            tokens = tokens[:session.prompt.size]
         if session.error is not None or len(tokens) < index.min_hit:
             return
         entry, dropped = index.store(tokens)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zctl.engine.prefill_pieces import ANYWHERE, PieceRule
+
 BLOCK_TOKENS = 16
 MIN_HIT_TOKENS = 16  # a shorter match is not worth the frames and the copy
 
@@ -96,11 +98,11 @@ class PrefixIndex:
     def entries(self) -> list[CachedPrefix]:
         return list(self._entries.values())
 
-    def lookup(self, prompt: Sequence[int] | np.ndarray, min_hit: int | None = None
-               ) -> PrefixHit | None:
+    def lookup(self, prompt: Sequence[int] | np.ndarray, min_hit: int | None = None,
+               pieces: PieceRule = ANYWHERE) -> PrefixHit | None:
         """The longest cached start of ``prompt`` (at most all but its last token, whose
-        logits the prefill must compute), or None below ``min_hit`` tokens (None: the
-        cache's own)."""
+        logits the prefill must compute; with ``pieces`` on, up to where they may cut), or
+        None below ``min_hit`` tokens (None: the cache's own)."""
         ids = np.asarray(prompt, dtype=np.int64).reshape(-1)
         self.stats.lookups += 1
         best: PrefixHit | None = None
@@ -112,7 +114,7 @@ class PrefixIndex:
             candidates = found
         for entry_id in candidates:
             entry = self._entries[entry_id]
-            length = min(common_prefix(entry.tokens, ids), ids.size - 1)
+            length = pieces.usable_prefix(common_prefix(entry.tokens, ids), ids.size)
             if best is None or length > best.length or (
                     length == best.length and best.entry.live and not entry.live):
                 best = PrefixHit(entry, length)

@@ -62,7 +62,8 @@ def padded_rows(group_id: int, plans: Sequence[Step], pads_before: Sequence[int]
     answers = [(row * per_row, row * per_row + (n if per_row > 1 else 1))
                for row, n in enumerate(lens)]
     step = Step(group_id, ids, positions, np.arange(tokens) if tokens > 1 else None,
-                merge_wants(p.want_logits for p in plans), rewinds)
+                merge_wants(p.want_logits for p in plans), rewinds,
+                one_query=one_query_rows(plans))
     return RowsPlan(step, answers, [tokens - n for n in lens])
 
 
@@ -84,5 +85,18 @@ def ragged_rows(group_id: int, plans: Sequence[Step]) -> RowsPlan:
                 None if every_last else np.concatenate(wanted),
                 merge_wants(p.want_logits for p in plans),
                 np.array([int(p.mask_tail) for p in plans], dtype=np.int64),
-                np.array(lens, dtype=np.int64))
+                np.array(lens, dtype=np.int64), one_query=one_query_rows(plans))
     return RowsPlan(step, answers, [0] * len(plans))
+
+
+def one_query_rows(plans: Sequence[Step]) -> bool:
+    """Whether the rows' step is a one-query step: one of them is, and none feeds several
+    tokens to be computed together (a prompt's piece); ValueError if one does (the
+    scheduler keeps such rows to one token a step beside a prompt's piece)."""
+    if not any(p.one_query for p in plans):
+        return False
+    together = [i for i, p in enumerate(plans) if not p.one_query and len(p.token_ids) > 1]
+    if together:
+        raise ValueError(f"rows {together} feed several tokens computed together: they cannot "
+                         "share a one-query step")
+    return True

@@ -22,6 +22,7 @@ from zctl.engine.drafting import Drafter, StageLoad, StepCost
 from zctl.engine.executor import Executor, Step, StepError, StepReply
 from zctl.engine.pipelined import PipelinedSession
 from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
+from zctl.engine.prefill_pieces import ANYWHERE, PieceRule
 from zctl.engine.prefill_planner import PrefillPlanner
 from zctl.engine.prefix_cache_manager import PrefixCacheManager
 from zctl.engine.prefix_index import PrefixIndexStats
@@ -59,6 +60,10 @@ class StreamScheduler:
     ``shared_cores``, the stages together), adaptive-K sessions draft nothing; a fixed K
     is left as asked.
 
+    Where the executor computes one-query steps (``one_query``: paged stages), a decode
+    step of several tokens (a verification step) is one, and a row group's step that
+    carries a prompt's piece (computed together) feeds one token of every other row.
+
     A prompt is prefilled in chunks sized from the stages' measured step costs
     (``zctl.engine.prefill``; the scheduler's ``PrefillPlanner`` keeps the figures): alone, the
     chunking that gives its first token soonest, its chunks following each other through
@@ -75,8 +80,8 @@ class StreamScheduler:
     """
 
     def __init__(self, executor: Executor, row_groups: int = 0, shared_cores: bool = False,
-                 prefix_cache_tokens: int = 0, prefix_stats: PrefixIndexStats | None = None
-                 ) -> None:
+                 prefix_cache_tokens: int = 0, prefix_stats: PrefixIndexStats | None = None,
+                 pieces: PieceRule = ANYWHERE, one_query: bool = True) -> None:
         if row_groups < 0:
             raise ValueError(f"row_groups must be >= 0, got {row_groups}")
         self.executor = executor
@@ -96,7 +101,14 @@ class StreamScheduler:
         self.overlaps = executor.overlaps_steps
         self.prefill = PrefillPlanner(PAGED_PRIOR if paged else STATEFUL_PRIOR,
                                       executor.num_stages, self.overlaps, shared_cores)
-        self.prefixes = PrefixCacheManager(executor, prefix_cache_tokens, prefix_stats)
+        # where prompts are cut into steps (zctl.engine.prefill_pieces): canonical pieces
+        # make a cached prompt, a replayed one and a cold one compute the same
+        self.pieces = pieces
+        # decode steps of several tokens (a verification step) and a replay's emitted
+        # tokens as one-query steps, where the stages compute them: bit for bit the single
+        # decode steps' tokens (else they are computed together, as a prompt's piece)
+        self.one_query = one_query and executor.one_query_supported
+        self.prefixes = PrefixCacheManager(executor, prefix_cache_tokens, prefix_stats, pieces)
 
     @property
     def active(self) -> bool:
@@ -109,6 +121,8 @@ class StreamScheduler:
                              f"in the row groups' range (>= {GROUP_ID_BASE})")
         self.executor.open(session.stream_id)
         self.executor.reset(session.stream_id)
+        session.pieces = self.pieces
+        session.one_query = self.one_query
         if not session.done:
             self.sessions[session.stream_id] = session
             self.prefixes.load(session, fused=self.ragged and self._beside_decoders(session))
@@ -230,8 +244,14 @@ class StreamScheduler:
         for session in sessions:
             session.k_cap = cap
         if unit_id not in self.row_groups:
+            sessions[0].one_token = False
             return sessions[0].plan(), None
         self._size_fused(unit_id, [s for s in sessions if s.prefilling])
+        # A step is one-query or not, every row alike: a prompt's piece riding in it is
+        # computed together, so the rows beside it feed one token each this step.
+        piece = self.one_query and any(s.feeds_prompt for s in sessions)
+        for session in sessions:
+            session.one_token = piece
         plans = [s.plan() for s in sessions]
         self.row_steps += 1
         self.rows_stepped += len(plans)
@@ -449,7 +469,7 @@ class StreamScheduler:
             updates += self._fail(sessions, exc)
             return False
         self._in_flight[rid] = list(sessions)
-        if prefill:
+        if prefill and not step.one_query:  # (a replay's emitted tokens: not a prompt's cost)
             self.prefill.note_step(rid, [(int(step.token_ids.size), past)])
         elif fused and rows is not None:  # a prompt's chunk rode in the group's step
             shapes = rows.shapes()

@@ -8,14 +8,19 @@ and what a reply emits; it never touches an executor. Greedy decoding is the K =
 
 Speculative steps (paper §5): the reply's top-1 at each of the K+1 fed positions checks
 the drafts; ``accept_prefix`` of them are emitted plus the target's own next token, so
-the output equals greedy decoding. When sampling (temperature > 0) the reply carries the
-logits and drafts are checked by rejection sampling (``zctl.engine.sampling``), which keeps
-the target's distribution. The K - n rejected slots are rewound *with the next
-step* (``mask_tail``): no extra round trip. With ``auto_k``, K is re-chosen every step
-(``DraftLength``) under a step-cost model fitted to this session's own steps (and the
-drafter's measured time per token): for a drafter that can be replayed (prompt lookup) as
-the fixed K that would have been fastest over the recent tokens (``zctl.engine.hindsight``),
-else by ``adapt_k`` from the acceptance measured so far.
+the output equals greedy decoding. Where the executor computes one-query steps (paged
+stages: ``one_query``, set by the scheduler), a decode step that feeds several tokens
+(drafts, grammar-forced tokens) is one, and so is a replay's run of emitted tokens: each
+token is computed as a single decode step would compute it, so the output is greedy
+decoding's bit for bit, logits and all, under the default numerics too. When sampling
+(temperature > 0) the reply carries the logits and drafts are checked by rejection
+sampling (``zctl.engine.sampling``), which keeps the target's distribution. The K - n
+rejected slots are rewound *with the next step* (``mask_tail``): no extra round trip.
+With ``auto_k``, K is re-chosen every step (``DraftLength``) under a step-cost model
+fitted to this session's own steps (and the drafter's measured time per token): for a
+drafter that can be replayed (prompt lookup) as the fixed K that would have been fastest
+over the recent tokens (``zctl.engine.hindsight``), else by ``adapt_k`` from the
+acceptance measured so far.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from zctl.engine.executor import Step, StepReply
 from zctl.engine.hindsight import DraftHindsight, best_fixed_k
 from zctl.engine.payloads import Want, payload_for
 from zctl.engine.prefill import MAX_CHUNK
+from zctl.engine.prefill_pieces import ANYWHERE, PieceRule
 from zctl.engine.requests import PAYLOAD_POLICIES, TokenLogprob
 from zctl.engine.sampling import (
     SamplingParams,
@@ -113,10 +119,20 @@ class PrefillProgress:
     def all_answered(self) -> bool:
         return self.answered >= self.tokens.size
 
-    def plan(self, chunk: int) -> tuple[int, int]:
-        """The next step's [lo, hi): up to ``chunk`` tokens after the ones planned."""
+    def plan(self, chunk: int, pieces: PieceRule = ANYWHERE, prompt_size: int | None = None,
+             one_query: bool = False) -> tuple[int, int]:
+        """The next step's [lo, hi): up to ``chunk`` tokens after the ones planned, cut
+        where ``pieces`` allows within the first ``prompt_size`` tokens (None: all of
+        them); past those (a replay's emitted tokens), when ``pieces`` is on, one token a
+        step, or up to ``chunk`` with ``one_query`` (a one-query step computes them as
+        the decode steps that emitted them did)."""
         lo = self.planned
-        hi = self.planned = min(lo + chunk, self.tokens.size)
+        size = prompt_size if prompt_size is not None and pieces.on else self.tokens.size
+        if lo >= size:
+            hi = lo + (chunk if one_query or not pieces.on else 1)
+        else:
+            hi = pieces.cut(lo, lo + chunk, size)
+        hi = self.planned = min(hi, self.tokens.size)
         self._chunk_ends.append(hi)
         return lo, hi
 
@@ -294,6 +310,17 @@ class DecodeSession:
         # scheduler sets it from the stages' costs, up to the most)
         self.max_prefill_chunk = prefill_chunk or MAX_CHUNK
         self.prefill_chunk = self.max_prefill_chunk
+        # where its prefill (and a replay) may be cut (zctl.engine.prefill_pieces); the
+        # scheduler sets it before the first step
+        self.pieces = ANYWHERE
+        # whether its decode steps that feed several tokens (drafts, grammar-forced tokens)
+        # and a replay's emitted tokens are one-query steps (``Step.one_query``: computed as
+        # single decode steps would); the scheduler sets it where the executor computes them
+        self.one_query = False
+        # the next step feeds one decode token: no drafts nor forced tokens, a replay's
+        # emitted tokens one a step (the scheduler's, for a row group's step that carries a
+        # prompt's piece, whose tokens are computed together: a step is one-query or not)
+        self.one_token = False
         self._prefill = PrefillProgress(self.prompt)
         # with prompt_logprobs: token i's (i >= 1) under the tokens before it, once the
         # chunk holding position i - 1 is answered; its chunks answer every position
@@ -354,6 +381,11 @@ class DecodeSession:
     def prefill_position(self) -> int:
         """The position the next prefill step starts at."""
         return self._prefill.planned
+
+    @property
+    def feeds_prompt(self) -> bool:
+        """Whether its next step feeds prompt tokens (a prefill piece, computed together)."""
+        return self.prefilling and self._prefill.planned < self.prompt.size
 
     @property
     def kv_history(self) -> list[int]:
@@ -431,8 +463,8 @@ class DecodeSession:
         if self._decode_start is None:
             self._decode_start = now
         k_now = min(self.choose_k(), self.max_new_tokens - self.stats.new_tokens - 1)
-        self._forced = self._forced_tokens()
-        if self._forced:  # the grammar's forced tokens ride instead of drafts
+        self._forced = [] if self.one_token else self._forced_tokens()
+        if self._forced or self.one_token:  # the grammar's forced tokens ride instead of drafts
             k_now = 0
         self.k_used.append(k_now)
         draft = self._propose(self.history, k_now)
@@ -444,7 +476,8 @@ class DecodeSession:
         token = self.emitted[-1]
         return Step(self.stream_id, np.array([token, *draft, *self._forced], dtype=np.int64),
                     np.arange(self._position, self._position + fed),
-                    np.arange(fed) if draft else None, self.wants_logits, self._rewind)
+                    np.arange(fed) if draft else None, self.wants_logits, self._rewind,
+                    one_query=self.one_query and fed > 1)
 
     def _propose(self, history: list[int], size: int) -> list[int]:
         """Up to ``size`` drafted tokens after ``history``, the drafter's time recorded."""
@@ -470,10 +503,14 @@ class DecodeSession:
         if not self.can_plan_ahead:
             raise RuntimeError(f"stream {self.stream_id}'s prefill is planned to its end: "
                                "its next step waits for the last chunk's answer")
-        lo, hi = self._prefill.plan(max(1, min(self.prefill_chunk, self.max_prefill_chunk)))
+        lo, hi = self._prefill.plan(max(1, min(self.prefill_chunk, self.max_prefill_chunk)),
+                                    self.pieces, self.prompt.size,
+                                    one_query=self.one_query and not self.one_token)
         tokens = self._prefill.tokens
         if self.state is SessionState.REPLAYING:  # the answer is known already
-            return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi))
+            emitted = lo >= self.prompt.size and hi - lo > 1  # decode steps computed them
+            return Step(self.stream_id, tokens[lo:hi], np.arange(lo, hi),
+                        one_query=self.one_query and emitted)
         if lo == self.cached_tokens:
             self._started_at = now
         if self.prompt_logprobs is not None:  # every position's logits, exactly

@@ -100,6 +100,10 @@ class AsyncServiceClient:
         """Hand every answer to whoever waits for it."""
         while True:
             frames = await self._sock.recv_multipart()
+            # the receive does not yield while answers are waiting: yield here, or a fast
+            # model's stream of answers keeps every other task (new requests among them)
+            # waiting until it stops
+            await asyncio.sleep(0)
             try:
                 msg, _ = from_frames(frames)
             except MessageError as exc:

@@ -21,7 +21,24 @@ def test_properties_carry_what_is_set_and_leave_the_rest_to_the_plugin() -> None
     props = RuntimeSpec(num_threads=2, kv_cache_precision="u8").properties()
     assert props == {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32",
                      "INFERENCE_NUM_THREADS": 2, "KV_CACHE_PRECISION": "u8",
-                     "CPU_RUNTIME_CACHE_CAPACITY": 1000}
+                     "KEY_CACHE_QUANT_MODE": "BY_TOKEN", "CPU_RUNTIME_CACHE_CAPACITY": 1000}
+
+
+def test_a_u8_kv_cache_on_cpu_quantizes_keys_by_token() -> None:
+    """The plugin's default cache (u8) and an asked-for u8 one take by-token keys, on the
+    CPU only; an f16 or f32 cache has nothing to quantize."""
+    for kv in (None, "u8"):
+        assert RuntimeSpec(kv_cache_precision=kv).properties()["KEY_CACHE_QUANT_MODE"] == \
+            "BY_TOKEN"
+    for spec in (RuntimeSpec(kv_cache_precision="f16"), RuntimeSpec(kv_cache_precision="f32"),
+                 RuntimeSpec(device="GPU"), RuntimeSpec(device="NPU"), RuntimeSpec(device="AUTO")):
+        assert "KEY_CACHE_QUANT_MODE" not in spec.properties(), spec
+
+    class ByChannel(RuntimeSpec):
+        key_cache_by_token: ClassVar[bool] = False
+
+    assert "KEY_CACHE_QUANT_MODE" not in ByChannel().properties()
+    assert asdict(ByChannel()) == asdict(RuntimeSpec())  # not a field: not on the wire
 
 
 def test_a_subclass_may_set_what_is_not_a_field() -> None:

@@ -95,8 +95,8 @@ def test_padded_steps_give_the_tokens_of_unpadded_ones(dp_export2, stateful) -> 
 def test_a_padded_step_answers_as_the_unpadded_one(dp_export2, stage) -> None:
     """A row leaves a group of 4: the padded runner's 3-row step (hidden states of stage 0,
     logits of the last stage) equals the unpadded runner's."""
-    runners = [load_runner(dp_export2, stage, RuntimeSpec(**EXACT, paged_attention=True))
-               for _ in range(2)]
+    runners = [load_runner(dp_export2, stage, spec(**EXACT, paged_attention=True))
+               for spec in (RuntimeSpec, DecodeStepsUnpadded)]
     runners[0].shapes.limit = 4
     rng = np.random.default_rng(3)
     hidden = runners[0].hidden_size
@@ -142,6 +142,10 @@ def test_no_step_is_padded_beyond_the_scratch_block(dp_export2) -> None:
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
+class DecodeStepsUnpadded(RuntimeSpec):
+    pad_decode_steps = False
+
+
 @pytest.mark.parametrize("stage", [0, 1])
 def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
         dp_export2, stage, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,8 +153,8 @@ def test_a_long_step_runs_in_its_bucket_and_answers_as_unpadded(
     and the next steps' equal a runner's that never pads."""
     import dataplane.runtime.paged as paged
 
-    runners = [load_runner(dp_export2, stage, RuntimeSpec(**EXACT, paged_attention=True))
-               for _ in range(2)]
+    runners = [load_runner(dp_export2, stage, spec(**EXACT, paged_attention=True))
+               for spec in (RuntimeSpec, DecodeStepsUnpadded)]
     rng = np.random.default_rng(5)
     hidden = runners[0].hidden_size
     prompt = (rng.integers(5, 200, size=(1, 70)) if stage == 0
@@ -375,3 +379,41 @@ def test_a_ragged_step_computes_each_row_as_its_own_step(paged) -> None:
     paged.close_stream(60)
     assert all(r.pool.used == 0 for r in paged.runners)
 
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_decode_step_carries_a_padding_sequence_so_a_row_computes_alike(dp_export2, padded
+                                                                          ) -> None:
+    """By default a decode step of fewer sequences than the stage's threads carries empty
+    padding sequences up to that many, so the CPU plugin computes its attention as it
+    does a row group's (else it splits a lone sequence's along the past): a lone stream's
+    output equals, bit for bit, the same step as one row of a group, and the step runs
+    no token more."""
+    spec = RuntimeSpec if padded else DecodeStepsUnpadded
+    runner = load_runner(dp_export2, 0, spec(paged_attention=True))  # default numerics
+    prompt = np.array([[0, *range(5, 200), *range(5, 100)]])
+    n = prompt.shape[1]
+
+    def prefilled(sid: int) -> None:
+        runner.open_stream(sid)
+        runner.step(sid, prompt, np.arange(n))
+
+    prefilled(1)
+    alone = runner.step(1, np.array([[7]]), np.array([n])).copy()
+    ran = runner.request.get_input_tensor(0).shape[0]
+    sequences = runner.request.get_tensor("past_lens").shape[0]
+    runner.close_stream(1)
+    rows = []
+    for others in (1, 7):
+        sids = [1, *range(10, 10 + others)]
+        for sid in sids:
+            prefilled(sid)
+        runner.regroup(1 << 30, sids)
+        rows.append(runner.step_rows(1 << 30, np.full((len(sids), 1), 7),
+                                     np.full((len(sids), 1), n))[0].copy())
+        runner.close_stream(1 << 30)
+    assert ran == 1 and sequences == (max(runner.threads, 1) if padded else 1)
+    assert np.array_equal(rows[0], rows[1])  # 2 rows or 8: alike
+    if padded:
+        assert np.array_equal(alone[0], rows[0])
+    assert runner.pool.used == 0

@@ -13,7 +13,7 @@ from dataplane.runtime.base import StageError
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.load import load_runner
 from dataplane.runtime.stage_chain import StageChain, chain_spec
-from dataplane.worker.stage_worker import StageWorker
+from tests.helpers.worker import head_and_worker
 from zctl.engine.scheduler import generate_greedy, generate_speculative, run_sessions
 from zctl.engine.sessions import DecodeSession
 
@@ -41,20 +41,12 @@ def test_a_worker_runs_two_stages_as_one(dp_export3, config, want) -> None:
     chain = StageChain(_runners(dp_export3, (1, 2), config))
     assert (chain.spec.index, chain.last_index, chain.spec.last) == (1, 2, True)
     assert (chain.spec.layer_start, chain.spec.layer_end) == (2, 4)
-    head = ClusterHead(load_runner(dp_export3, 0, config), "tcp://127.0.0.1:1",
-                       "tcp://127.0.0.1:*", timeout_s=10)
-    worker = StageWorker(chain, "tcp://127.0.0.1:*", head.reply_endpoint)
-    head.rewire(worker.endpoint)
-    worker.start()
-    try:
+    with head_and_worker(load_runner(dp_export3, 0, config), chain) as (head, _):
         assert list(generate_greedy(head, PROMPTS[0], N)) == want[0]
         sessions = [DecodeSession(i, p, N, k=3 if i == 1 else 0, prefill_chunk=8)
                     for i, p in enumerate(PROMPTS)]
         list(run_sessions(head, sessions, row_groups=1))
         assert [s.emitted for s in sessions] == want
-    finally:
-        worker.stop()
-        head.close()
 
 
 def test_the_head_answers_itself_once_it_runs_every_stage(dp_export3, config, want) -> None:

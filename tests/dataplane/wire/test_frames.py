@@ -464,5 +464,35 @@ def test_fed_tokens_go_only_on_one_row_steps() -> None:
         decode_frame(encode_frame(reset))
 
 
+def test_the_one_query_flag_survives_a_round_trip_on_steps() -> None:
+    header = step_header(one_query=True)
+    got, _ = decode_frame(encode_frame(header, hidden()))
+    assert got.one_query and not got.guessed
+    assert not decode_frame(encode_frame(step_header(), hidden()))[0].one_query
+    rows = step_header(positions=np.arange(6), rows=2, row_tokens=np.array([2, 4]),
+                       mask_tail=0, logits_idx=np.array([1, 5]), one_query=True)
+    got, _ = decode_frame(encode_frame(rows, hidden(6)))  # a ragged row group's step
+    assert got.one_query and got.row_tokens.tolist() == [2, 4]
+    error = step_header(kind=Kind.ERROR, error="stage 1: no", one_query=True)
+    assert decode_frame(encode_frame(error))[0].one_query  # a refused step's header
+
+
+@pytest.mark.parametrize("flags, message", [
+    (4, "unknown flags 0x4"), (0x83, "unknown flags 0x80"),
+])
+def test_an_unknown_flag_is_refused_by_name(flags, message) -> None:
+    parts = patched(encode_frame(step_header(one_query=True), hidden()), f21=flags)
+    with pytest.raises(FrameError, match=message):
+        decode_frame(parts)
+
+
+@pytest.mark.parametrize("kind", [Kind.REPLY, Kind.RESET, Kind.COMPACT])
+def test_only_a_step_is_one_query(kind) -> None:
+    header = HiddenStateFrame(kind, 1, 0, 3, one_query=True)
+    body = np.zeros((1, 1), TOPK_DTYPE) if kind == Kind.REPLY else None
+    with pytest.raises(FrameError, match=f"a {kind.name} frame .* cannot be a one-query step"):
+        decode_frame(encode_frame(header, body))
+
+
 def test_frame_bytes_count_every_parts_buffer():
     assert frame_bytes([b"abc", np.zeros((2, 4), np.float32), b""]) == 3 + 32

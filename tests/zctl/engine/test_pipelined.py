@@ -48,6 +48,7 @@ class OverlappingModel:
     overlaps_steps = True
     paged_attention = False
     row_groups_supported = False
+    one_query_supported = False
     prefix_cache_supported = False
     wirings = 0
 

@@ -1,5 +1,6 @@
 """The service's asyncio client (zctl.service.async_client), the API's backend: a service
-that goes away ends its requests at once and leaves nothing behind."""
+that goes away ends its requests at once and leaves nothing behind; a generation's stream
+of answers, however fast, leaves the event loop to the server's other work."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 import pytest
 import zmq
 
-from tests.helpers.services import service_that_vanishes
+from tests.helpers.services import service_that_streams, service_that_vanishes
 from zctl.engine.requests import GenerationRequest
 from zctl.service.async_client import AsyncServiceClient
 from zctl.service.errors import ServiceUnavailable
@@ -66,3 +67,33 @@ def test_a_request_left_as_the_client_closes_reports_no_error_no_one_awaits() ->
     router.close(0)
     ctx.term()
     assert unretrieved == []
+
+
+def test_a_fast_stream_of_answers_leaves_the_event_loop_to_other_requests() -> None:
+    """Chunks arrive faster than they are read: another task (here a stats request, as
+    /metrics sends; as well a new request) still gets its turn while they stream."""
+    ctx = zmq.Context()
+    endpoint, thread, result = service_that_streams(ctx)
+
+    async def run() -> None:
+        backend = AsyncServiceClient(endpoint)
+        chunks = 0
+
+        async def consume() -> None:
+            nonlocal chunks
+            async for _ in backend.generate(GenerationRequest("r1", "hi", 4)):
+                chunks += 1
+
+        generation = asyncio.create_task(consume())
+        try:
+            while not chunks:
+                await asyncio.sleep(0.01)
+            await backend.stats(timeout_s=30)
+            await generation
+        finally:
+            await backend.close()
+
+    asyncio.run(run())
+    thread.join(10)
+    assert result == {"asked_while_streaming": True}
+    ctx.term()

@@ -162,6 +162,8 @@ def test_kv_slots_on_both_sides_of_a_hop(dp_threaded2) -> None:
     pipe.close_stream(0)
     wait_for(lambda: worker.kv_slots() == 0, what="stage 1 to free the stream")
     assert pipe.kv_slots() == {0: 0}
+    pipe.retire()  # handed on to the pipeline that replaces it: it holds none of them
+    assert pipe.kv_slots() == {}
 
 
 def test_service_stats_over_a_cluster_head(dp_threaded2, dp_export2) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 import tests.zctl.serve.test_app as ts
 from tests.zctl.serve.test_app import ASK, Server, greedy_text, metric_values, wait_for
+from zctl.engine.prefill_pieces import CANONICAL
 from zctl.engine.requests import BAD_REQUEST, GenerationChunk, GenerationDone, GenerationRequest
 from zctl.serve.app import create_app
 from zctl.serve.settings import ServeSettings
@@ -135,7 +136,9 @@ def test_the_other_choices_take_the_first_ones_prompt_from_the_prefix_cache(tiny
         prompt = reply.usage.prompt_tokens
         counters = srv.service.engine.prefix_counters()
         assert counters["prefix_hits"] == 2, counters
-        assert counters["prefix_tokens_saved"] == 2 * (prompt - 1), (counters, prompt)
+        # each all of it but the two tokens a piece never leaves (zctl.engine.prefill_pieces)
+        saved = CANONICAL.usable_prefix(prompt, prompt)
+        assert counters["prefix_tokens_saved"] == 2 * saved > 0, (counters, prompt)
     finally:
         srv.stop()
 
