@@ -10,6 +10,7 @@ that system's failure for the rest of the case, with its log's tail; the other g
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from tools.peers.systems import ONE_STREAM_CONTEXT, Served
 
 TOPOLOGIES = ("1", "2-split", "2-shared", "3-split", "3-shared")
 WARMUP_TOKENS = 8
+ERROR_SETTLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,11 @@ class CaseRunner:
                 self.fail(system, exc)
 
     def take(self, system: Served, measure: Measure) -> dict[str, Any]:
-        """One measurement of ``system``; a request error or a lost process is a failure."""
+        """One measurement of ``system``; a lost process or a one-stream request's error
+        is a failure (a serving level's errors are among its figures)."""
         figures = measure(system)
+        if figures.get("error") or figures.get("errors"):
+            time.sleep(ERROR_SETTLE_S)  # a process that just died: let its exit show
         system.check()
         if figures.get("error"):
             raise PeerFailure(f"{system.name}: {figures['error']}")

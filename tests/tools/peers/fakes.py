@@ -1,8 +1,8 @@
 """Fake llama.cpp binaries for the benchmark's tests: small stdlib scripts that take the
 real ones' arguments. The fake llama-server answers /health and streams a token per SSE
-chunk (text and chat completions, with usage); with FAKE_LLAMA_DIE_AFTER=N in its
-environment it dies (exit 3, "fake crash" in its log) on its N-th completion. The fake
-RPC server accepts connections and closes them."""
+chunk (text and chat completions, with usage); one made with ``die_after`` = N dies
+(exit 3, "fake crash" in its log) on its N-th completion. The fake RPC server accepts
+connections and closes them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ if "--version" in sys.argv:
     sys.exit(0)
 args = sys.argv[1:]
 host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
-die_after = int(os.environ.get("FAKE_LLAMA_DIE_AFTER", "0"))
+die_after = DIE_AFTER
 served = [0]
 print("load_tensors: offloaded 0/31 layers to GPU", flush=True)
 
@@ -82,10 +82,10 @@ def write_script(path: Path, body: str) -> Path:
     return path
 
 
-def fake_llama_cpp(directory: Path) -> Path:
-    """A directory of fake llama.cpp binaries."""
+def fake_llama_cpp(directory: Path, die_after: int = 0) -> Path:
+    """A directory of fake llama.cpp binaries (``die_after``: see above; 0: never)."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_script(directory / "llama-server", SERVER)
+    write_script(directory / "llama-server", f"DIE_AFTER = {die_after}\n{SERVER}")
     write_script(directory / "ggml-rpc-server", RPC)
     write_script(directory / "llama-bench", TRIVIAL)
     write_script(directory / "llama-quantize", TRIVIAL)
