@@ -1,5 +1,7 @@
-"""zctl against llama.cpp on the same PCs: llama.cpp's RPC backend and llama-server, the
-same GGUF bits, layer splits, CPU sets and loopback addresses, interleaved in one run.
+"""zctl against llama.cpp's RPC backend and llama-server on the same PCs, side by side.
+
+Both on the same GGUF bits, layer splits, CPU sets and loopback addresses, interleaved in
+one run.
 
 For each case (a model, a weight format, 1-3 nodes with a core each or shared cores, 0 or
 10 ms per hop) both systems are up and served through their OpenAI APIs; one stream
@@ -232,22 +234,33 @@ def main(
     quick: Annotated[bool, typer.Option(
         "--quick", help="a smoke run: SmolLM2 INT4, 1 and 2 nodes, 128-token prompt, 32 "
                         "tokens, 1 and 4 clients, one round (options given still apply)")] = False,
-    models: Annotated[str | None, typer.Option(help=f"of {', '.join(MODELS)}")] = None,
+    models: Annotated[str | None, typer.Option(
+        help=f"of {', '.join(MODELS)} (default: both; --quick: smollm2-135m)")] = None,
     weights: Annotated[str | None, typer.Option(
-        help="int4 (against Q4_1 for SmolLM2, Q4_0 otherwise), int8 (against Q8_0)")] = None,
+        help="int4 (against Q4_1 for SmolLM2, Q4_0 otherwise), int8 (against Q8_0) "
+             "(default: both; --quick: int4)")] = None,
     topologies: Annotated[str | None, typer.Option(
-        help=f"of {', '.join(TOPOLOGIES)} (split: a core each; shared: every core)")] = None,
-    delays: Annotated[str | None, typer.Option(help="ms per hop, comma-separated")] = None,
-    prompts: Annotated[str | None, typer.Option(help="one-stream prompt tokens")] = None,
-    tokens: Annotated[int | None, typer.Option(help="one-stream new tokens")] = None,
-    clients: Annotated[str | None, typer.Option(help="serving levels (clients)")] = None,
+        help=f"of {', '.join(TOPOLOGIES)} (split: a core each; shared: every core) "
+             "(default: all; --quick: 1,2-split)")] = None,
+    delays: Annotated[str | None, typer.Option(
+        help="ms per hop, comma-separated (default: 0,10)")] = None,
+    prompts: Annotated[str | None, typer.Option(
+        help="one-stream prompt tokens (default: 128,1024; --quick: 128)")] = None,
+    tokens: Annotated[int | None, typer.Option(
+        help="one-stream new tokens (default: 128; --quick: 32)")] = None,
+    clients: Annotated[str | None, typer.Option(
+        help="serving levels (default: 1,4,8,16; --quick: 1,4)")] = None,
     requests: Annotated[int | None, typer.Option(
-        help="requests per serving level (0: twice the clients, at least 8)")] = None,
-    rounds: Annotated[int | None, typer.Option(help="one-stream rounds per system")] = None,
-    serve_rounds: Annotated[int | None, typer.Option(help="rounds per serving level")] = None,
+        help="requests per serving level (default 0: twice the clients, at least 8; "
+             "--quick: 4)")] = None,
+    rounds: Annotated[int | None, typer.Option(
+        help="one-stream rounds per system (default: 3; --quick: 1)")] = None,
+    serve_rounds: Annotated[int | None, typer.Option(
+        help="rounds per serving level (default: 1)")] = None,
     greedy_check: Annotated[bool | None, typer.Option(
         "--greedy-check/--no-greedy-check",
-        help="check greedy tokens at f32 against llama.cpp's F32 before speed")] = None,
+        help="check greedy tokens at f32 against llama.cpp's F32 before speed (default: "
+             "on; --quick: off)")] = None,
 ) -> None:
     given = {k: v for k, v in dict(
         models=models, weights=weights, topologies=topologies, delays=delays, prompts=prompts,

@@ -15,6 +15,9 @@ from pathlib import Path
 from tools.peers.build import LlamaBinaries, log_tail
 
 OUTTYPES = {"int8": "q8_0", "fp32": "f32", "fp16": "f16"}  # zctl weights -> converter's
+# What the converter imports that the benchmark's environment lacks (its requirements'
+# bounds), installed with pip into the cache, apart from the environment.
+CONVERTER_PACKAGES = ("sentencepiece>=0.1.98,<0.3.0",)
 
 
 class GgufFailure(RuntimeError):
@@ -44,15 +47,28 @@ def run_logged(argv: list[str], log: Path, env: dict[str, str] | None = None) ->
                           f"{log_tail(log.read_text(errors='replace'), 20)}")
 
 
+def converter_packages(cache: Path) -> Path:
+    """A folder with CONVERTER_PACKAGES (pip install --target, once)."""
+    target = cache / "converter-packages"
+    if not (target / ".installed").is_file():
+        run_logged([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+                    *CONVERTER_PACKAGES], cache / "converter-packages.log")
+        (target / ".installed").write_text("\n".join(CONVERTER_PACKAGES))
+    return target
+
+
 def convert(tree: Path, hf_dir: Path, outtype: str, out: Path) -> Path:
-    """``hf_dir`` as a GGUF of ``outtype`` (f32, f16, q8_0) by the source's converter."""
+    """``hf_dir`` as a GGUF of ``outtype`` (f32, f16, q8_0) by the source's converter, with
+    the source's gguf-py and the converter's packages on its path."""
     if out.is_file():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    packages = converter_packages(out.parent.parent)
     partial = out.with_suffix(".part.gguf")
+    path = (str(tree / "gguf-py"), str(packages), os.environ.get("PYTHONPATH"))
     run_logged([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(hf_dir),
                 "--outfile", str(partial), "--outtype", outtype], out.with_suffix(".log"),
-               {"PYTHONPATH": os.pathsep.join(
-                   p for p in (str(tree / "gguf-py"), os.environ.get("PYTHONPATH")) if p)})
+               {"PYTHONPATH": os.pathsep.join(p for p in path if p)})
     partial.replace(out)
     return out
 

@@ -76,7 +76,8 @@ class Process:
 
 def spawn(name: str, argv: Sequence[str], log: Path, cpus: tuple[int, ...] | None = None,
           env: dict[str, str] | None = None) -> Process:
-    """Start ``argv`` in a session of its own, on ``cpus``, ending with this process."""
+    """Start ``argv`` in a session of its own, on ``cpus``, ending with this process; its
+    output in ``log`` (a fresh file)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     tie = die_with_parent()
 
@@ -85,7 +86,7 @@ def spawn(name: str, argv: Sequence[str], log: Path, cpus: tuple[int, ...] | Non
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    with open(log, "ab") as out:
+    with open(log, "wb") as out:
         popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**os.environ, **(env or {})}, preexec_fn=before_exec)
@@ -189,7 +190,6 @@ class LlamaCluster:
         args = [a.replace("{port}", str(port))
                 for a in self.server_args(slots, context or slots * SERVER_SLOT_CONTEXT)]
         log = self.logs / f"server-np{slots}.log"
-        log.unlink(missing_ok=True)
         self.server = spawn(f"llama-server -np {slots}", args, log, host.cpus)
         self.base_url = f"http://{host.host}:{port}"
         wait_until(lambda: http_ready(f"{self.base_url}/health"), [*self.rpc, *self.relays,

@@ -158,6 +158,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                    "perplexity, top-1, cost over prefill."),
     "prefill": ("serving.prefill", "Long prompts: TTFT cold and on a follow-up turn, decode at "
                                    "context, streams under a long prefill."),
+    "peers": ("peers.cli", "zctl against llama.cpp's RPC backend and llama-server on the same "
+                           "PCs, side by side."),
     "chaos": ("robustness.chaos", "Chaos: faults mid-generation (kill, hang, link down, "
                                   "flapping, slow link, heal), and how each is survived."),
     "fuzz": ("robustness.fuzz", "Live fuzzing: hostile messages to every socket a running "
