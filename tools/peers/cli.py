@@ -42,7 +42,7 @@ from tools.peers.models import MODELS, bench_model, export_ranges, shipped_gguf,
 from tools.peers.processes import Node, PeerFailure
 from tools.peers.report import LLAMA, ZCTL, case_ratios, render, targets
 from tools.peers.source import PIN, SourceFailure, pinned_tree
-from tools.peers.systems import case_nodes, llama_served, zctl_served
+from tools.peers.systems import LlamaServed, Served, case_nodes, llama_served, zctl_served
 
 # What each option is when not given: the full run, and the quick smoke run.
 FULL = {"models": ",".join(MODELS), "weights": "int4,int8", "topologies": ",".join(TOPOLOGIES),
@@ -181,7 +181,8 @@ class Run:
         result.placement[ZCTL] = [f"node {i} ({n.host}, cores {_cores(n)}): {share}"
                                   for i, (n, share) in enumerate(zip(nodes, _shares(ranges),
                                                                      strict=True))]
-        systems = []
+        systems: list[Served] = []
+        llama: LlamaServed | None = None
         with ExitStack() as stack:
             try:
                 systems.append(stack.enter_context(zctl_served(
@@ -201,9 +202,8 @@ class Run:
                 except PeerFailure as exc:
                     result.failures[LLAMA] = exc.record()
             run_case(result, systems, self.plan, token_encoder(export_dir))
-            for system in systems:
-                if system.name == LLAMA:
-                    result.placement[LLAMA] = system.cluster.placement_lines
+            if llama is not None:
+                result.placement[LLAMA] = llama.cluster.placement_lines
         record = result.record()
         record["gguf"] = None if isinstance(gguf, PeerFailure) else gguf.record()
         self.records.append(record)

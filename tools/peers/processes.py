@@ -23,6 +23,7 @@ import httpx
 from tools.peers.build import LlamaBinaries
 from tools.peers.placement import (
     LlamaPlacement,
+    PlacementError,
     expected_device_bytes,
     layer_devices,
     parse_load_log,
@@ -175,7 +176,7 @@ class LlamaCluster:
         host = self.nodes[0]
         args = [str(self.binaries.path("server")), "-m", str(self.gguf), "--host", host.host,
                 "--port", "{port}", "-t", str(host.threads), "-np", str(slots),
-                "-c", str(context), "--no-webui", *self.placement.args()]
+                "-c", str(context), "--no-webui", "--fit", "off", *self.placement.args()]
         if self.endpoints:
             args += ["--rpc", ",".join(self.endpoints)]
         return args
@@ -196,7 +197,11 @@ class LlamaCluster:
                                                                      self.server],
                    f"llama-server on {host.host}:{port}")
         if not self.placement_lines and self.tensor_bytes:
-            self.placement_lines = self.verify_placement(log.read_text(errors="replace"))
+            try:
+                self.placement_lines = self.verify_placement(log.read_text(errors="replace"))
+            except PlacementError as exc:
+                raise PeerFailure(f"llama.cpp's layers are not where zctl's are: {exc}",
+                                  log_tail(str(log), 30)) from None
         return self.base_url
 
     def verify_placement(self, load_log: str) -> list[str]:
