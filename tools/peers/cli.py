@@ -39,7 +39,7 @@ from tools.peers.cases import TOPOLOGIES, Case, CasePlan, CaseResult, case_matri
 from tools.peers.cpu import AMX_POLICIES, choose_isa, probe_amx, read_cpu_flags
 from tools.peers.gguf import GgufFailure, GgufFile, gguf_layout, paired_gguf
 from tools.peers.models import MODELS, bench_model, export_ranges, shipped_gguf, token_encoder
-from tools.peers.processes import Node, PeerFailure
+from tools.peers.processes import Node, PeerFailure, llama_bench
 from tools.peers.report import LLAMA, ZCTL, case_ratios, render, targets
 from tools.peers.source import PIN, SourceFailure, pinned_tree
 from tools.peers.systems import LlamaServed, Served, case_nodes, llama_served, zctl_served
@@ -55,6 +55,8 @@ WEIGHTS = ("int4", "int8")
 MEASURED_BY = {
     "one_stream": "tools/harness/load.py (streamed /v1/completions, token-id prompt) for both",
     "serving": "tools/harness/load.py http_level (streamed /v1/chat/completions) for both",
+    "llama_bench": "llama-bench -p 0 -n TOKENS -r 3 on one node: llama.cpp's own decode "
+                   "figure, a reference in no ratio",
     "placement": "llama-server's load log (offloaded layers, each RPC device's buffer) against "
                  "the GGUF's tensor sizes for zctl's split",
 }
@@ -206,6 +208,13 @@ class Run:
                 result.placement[LLAMA] = llama.cluster.placement_lines
         record = result.record()
         record["gguf"] = None if isinstance(gguf, PeerFailure) else gguf.record()
+        if case.nodes == 1 and llama is not None and LLAMA not in result.failures:
+            try:  # its own figure, for reference: the HTTP figures are the compared ones
+                record["llama_bench"] = llama_bench(
+                    self.llama.binaries, gguf.path, nodes[0], self.plan.tokens,
+                    self.cache / "logs" / f"{case.key.replace('/', '_')}-llama-bench.log")
+            except PeerFailure as exc:
+                record["llama_bench"] = exc.record()
         self.records.append(record)
         return record
 

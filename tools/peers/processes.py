@@ -8,6 +8,7 @@ that exits is that peer's failure (``PeerFailure``, with the tail of its log).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -76,9 +77,9 @@ class Process:
 
 
 def spawn(name: str, argv: Sequence[str], log: Path, cpus: tuple[int, ...] | None = None,
-          env: dict[str, str] | None = None) -> Process:
+          env: dict[str, str] | None = None, stdout: Path | None = None) -> Process:
     """Start ``argv`` in a session of its own, on ``cpus``, ending with this process; its
-    output in ``log`` (a fresh file)."""
+    output in ``log`` (a fresh file; its standard output apart in ``stdout`` if given)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     tie = die_with_parent()
 
@@ -87,10 +88,11 @@ def spawn(name: str, argv: Sequence[str], log: Path, cpus: tuple[int, ...] | Non
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    with open(log, "wb") as out:
-        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                 env={**os.environ, **(env or {})}, preexec_fn=before_exec)
+    with open(log, "wb") as out, open(stdout or os.devnull, "wb") as apart:
+        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
+                                 stdout=apart if stdout else out, stderr=out,
+                                 start_new_session=True, env={**os.environ, **(env or {})},
+                                 preexec_fn=before_exec)
     return Process(name, popen, log)
 
 
@@ -233,3 +235,21 @@ class LlamaCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def llama_bench(binaries: LlamaBinaries, gguf: Path, node: Node, tokens: int, log: Path
+                ) -> dict[str, float]:
+    """llama-bench's own decode figure on one node (``-p 0 -n tokens``, 3 repetitions, on
+    the node's cores and threads): a reference beside the HTTP figures, in no ratio."""
+    bench = spawn("llama-bench", [str(binaries.path("bench")), "-m", str(gguf), "-p", "0",
+                                  "-n", str(tokens), "-t", str(node.threads), "-r", "3",
+                                  "-o", "json"], log, node.cpus, stdout=log.with_suffix(".json"))
+    if bench.popen.wait(timeout=START_TIMEOUT_S) != 0:
+        raise PeerFailure(f"llama-bench exited with {bench.popen.returncode}",
+                          log_tail(str(log), 30))
+    try:
+        runs = json.loads(log.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        raise PeerFailure("llama-bench printed no JSON", log_tail(str(log), 30)) from None
+    return {f"tg{tokens}_tok_s": round(float(runs[0]["avg_ts"]), 2),
+            f"tg{tokens}_tok_s_stddev": round(float(runs[0]["stddev_ts"]), 2)}
