@@ -315,13 +315,16 @@ async def complete_chat(client: Any, payload: dict[str, Any],
     return record
 
 
-def async_client(base_url: str, connections: int, timeout_s: float = 300.0) -> Any:
-    """An httpx.AsyncClient on ``base_url`` for ``connections`` requests at once."""
+def async_client(base_url: str, connections: int, timeout_s: float = 300.0,
+                 keepalive: bool = True) -> Any:
+    """An httpx.AsyncClient on ``base_url`` for ``connections`` requests at once
+    (``keepalive`` False: a fresh connection for every request)."""
     import httpx
 
     return httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
                              limits=httpx.Limits(max_connections=connections,
-                                                 max_keepalive_connections=connections))
+                                                 max_keepalive_connections=connections
+                                                 if keepalive else 0))
 
 
 def auth_headers(api_key: str | None) -> dict[str, str] | None:
@@ -331,11 +334,13 @@ def auth_headers(api_key: str | None) -> dict[str, str] | None:
 
 async def http_level(base_url: str, model: str, requests: Sequence[ServeRequest],
                      concurrency: int, api_key: str | None = None,
-                     timeout_s: float = 300.0, extra: dict[str, Any] | None = None) -> LevelRun:
+                     timeout_s: float = 300.0, extra: dict[str, Any] | None = None,
+                     keepalive: bool = True) -> LevelRun:
     """``concurrency`` clients streaming ``requests`` from the server at ``base_url``
-    (``extra``: fields added to every request, e.g. ignore_eos)."""
+    (``extra``: fields added to every request, e.g. ignore_eos; ``keepalive`` False: each
+    request on a connection of its own)."""
     headers = auth_headers(api_key)
-    async with async_client(base_url, concurrency, timeout_s) as client:
+    async with async_client(base_url, concurrency, timeout_s, keepalive) as client:
         return await run_clients(requests, concurrency, lambda r: stream_chat(
             client, {**chat_payload(model, r), **(extra or {})}, RequestRecord(r.index),
             headers))

@@ -8,6 +8,9 @@ generator (tools.harness.load), the same way for zctl serve and llama-server:
   first). Both servers send a chunk per token (zctl serve streams each token as it comes).
 - serving: N clients through the request set's chat completions (tools.harness.load's
   ``http_level``; greedy, ``ignore_eos``): aggregate tok/s, TTFT and ITL p50/p99, errors.
+  Every request on a connection of its own, for both: llama-server's HTTP library closes
+  a kept-alive connection the client may already be sending the next request on (3 of 8
+  sequential requests failed so with "Server disconnected without sending a response").
 """
 
 from __future__ import annotations
@@ -57,5 +60,5 @@ async def serving_level(base_url: str, model: str, requests: Sequence[ServeReque
                         clients: int) -> dict[str, Any]:
     """``clients`` concurrent clients through ``requests``: the level's summary."""
     run = await http_level(base_url, model, requests, clients, timeout_s=REQUEST_TIMEOUT_S,
-                           extra={"ignore_eos": True})
+                           extra={"ignore_eos": True}, keepalive=False)
     return summarize(run)

@@ -35,6 +35,9 @@ from zctl.launcher.lifetime import die_with_parent
 from zctl.launcher.local import free_port, log_tail, stop_processes
 
 START_TIMEOUT_S = 600.0
+# llama-server's log level: 4 ("trace") prints the load log's placement lines (buffers,
+# layers offloaded), some 20 lines a request and none a token.
+LOAD_LOG_VERBOSITY = 4
 SERVER_SLOT_CONTEXT = 1024  # tokens of KV per slot when serving (the request set's ~700)
 
 
@@ -178,7 +181,8 @@ class LlamaCluster:
         host = self.nodes[0]
         args = [str(self.binaries.path("server")), "-m", str(self.gguf), "--host", host.host,
                 "--port", "{port}", "-t", str(host.threads), "-np", str(slots),
-                "-c", str(context), "--no-webui", "--fit", "off", *self.placement.args()]
+                "-c", str(context), "--no-webui", "--fit", "off",
+                "-lv", str(LOAD_LOG_VERBOSITY), *self.placement.args()]
         if self.endpoints:
             args += ["--rpc", ",".join(self.endpoints)]
         return args
@@ -192,7 +196,7 @@ class LlamaCluster:
         port = free_port(host.host)
         args = [a.replace("{port}", str(port))
                 for a in self.server_args(slots, context or slots * SERVER_SLOT_CONTEXT)]
-        log = self.logs / f"server-np{slots}.log"
+        log = self.logs / f"server-np{slots}-c{context or slots * SERVER_SLOT_CONTEXT}.log"
         self.server = spawn(f"llama-server -np {slots}", args, log, host.cpus)
         self.base_url = f"http://{host.host}:{port}"
         wait_until(lambda: http_ready(f"{self.base_url}/health"), [*self.rpc, *self.relays,
