@@ -176,6 +176,7 @@ class Run:
         """Run one case: both systems up, measured in turn; failures kept."""
         err.print(f"[bold]case {case.key}[/]")
         result = CaseResult(case)
+        load_before = os.getloadavg()
         bench = bench_model(case.model, self.cache.parent)
         export_dir = bench.export(case.nodes, case.weights)
         ranges = export_ranges(export_dir)
@@ -208,6 +209,8 @@ class Run:
                 result.placement[LLAMA] = llama.cluster.placement_lines
         record = result.record()
         record["gguf"] = None if isinstance(gguf, PeerFailure) else gguf.record()
+        # the machine's 1-minute load average around the case (other work shares the cores)
+        record["load_average"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
         if case.nodes == 1 and llama is not None and LLAMA not in result.failures:
             try:  # its own figure, for reference: the HTTP figures are the compared ones
                 record["llama_bench"] = llama_bench(

@@ -143,6 +143,12 @@ def render(result: Mapping[str, Any], console: Console) -> None:
                 table.add_row(measurement, figure, _fmt(median_figure(z, figure)),
                               _fmt(median_figure(ll, figure)), _fmt(ratio, ratio=True))
         console.print(table)
+        if "load_average" in record:
+            console.print(f"  load average (1 min) before and after: {record['load_average']}",
+                          highlight=False)
+        if bench := record.get("llama_bench"):
+            console.print(f"  llama-bench (reference, in no ratio): {escape(str(bench))}",
+                          highlight=False)
         for line in record.get("placement", {}).get(LLAMA, []):
             console.print(f"  placement: {escape(line)}", highlight=False)
         for system, failure in record["failures"].items():
