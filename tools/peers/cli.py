@@ -39,6 +39,7 @@ from tools.peers.cases import TOPOLOGIES, Case, CasePlan, CaseResult, case_matri
 from tools.peers.cpu import AMX_POLICIES, choose_isa, probe_amx, read_cpu_flags
 from tools.peers.gguf import GgufFailure, GgufFile, gguf_layout, paired_gguf
 from tools.peers.models import MODELS, bench_model, export_ranges, shipped_gguf, token_encoder
+from tools.peers.placement import describe
 from tools.peers.processes import Node, PeerFailure, llama_bench
 from tools.peers.report import LLAMA, ZCTL, case_ratios, render, targets
 from tools.peers.source import PIN, SourceFailure, pinned_tree
@@ -182,7 +183,7 @@ class Run:
         ranges = export_ranges(export_dir)
         nodes = case_nodes(case.nodes, case.cpu_sets)
         result.placement[ZCTL] = [f"node {i} ({n.host}, cores {_cores(n)}): {share}"
-                                  for i, (n, share) in enumerate(zip(nodes, _shares(ranges),
+                                  for i, (n, share) in enumerate(zip(nodes, describe(ranges),
                                                                      strict=True))]
         systems: list[Served] = []
         llama: LlamaServed | None = None
@@ -224,12 +225,6 @@ class Run:
 
 def _cores(node: Node) -> str:
     return ",".join(map(str, node.cpus)) if node.cpus else "all"
-
-
-def _shares(ranges: list[tuple[int, int]]) -> list[str]:
-    from tools.peers.placement import describe
-
-    return describe(ranges)
 
 
 def main(

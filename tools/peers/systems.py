@@ -22,7 +22,7 @@ from tools.peers.gguf import GgufLayout
 from tools.peers.placement import llama_placement
 from tools.peers.processes import LlamaCluster, Node, PeerFailure
 from zctl.launcher.cpusets import local_cpu_sets, parse_cpu_list
-from zctl.launcher.local import loopback_host
+from zctl.launcher.local import log_tail, loopback_host
 from zctl.launcher.processes import runtime_spec
 from zctl.launcher.record import ClusterError, ClusterRecord, alive
 
@@ -76,8 +76,6 @@ class ZctlServed:
 
     def check(self) -> None:
         if dead := [pid for pid in self.record.pids if not alive(pid)]:
-            from zctl.launcher.local import log_tail
-
             raise PeerFailure(f"zctl lost process {dead[0]}",
                               log_tail(self.record.logs[0], 30) if self.record.logs else "")
 
