@@ -71,6 +71,8 @@ STANDALONE = (
     "Why do leaves change colour in autumn? Answer for a ten-year-old, in detail.",
     "Explain how a bicycle's gears work and when to change them.",
 )
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 CONTEXT_SENTENCES = (0, 0, 3, 8, 16, 24)  # a prompt's document: 0 to ~400 tokens
 MAX_TOKENS = (16, 32, 64, 128, 192, 256)
 
@@ -257,17 +259,17 @@ def read_event(record: RequestRecord, data: str, now: float) -> bool:
 
 async def stream_chat(client: Any, payload: dict[str, Any], record: RequestRecord | None = None,
                       headers: dict[str, str] | None = None,
-                      leave_after: int = 0) -> RequestRecord:
+                      leave_after: int = 0, path: str = CHAT_PATH) -> RequestRecord:
     """One streamed chat completion through ``client`` (an httpx.AsyncClient on the
     server's base URL), filling ``record`` as its chunks arrive (a fresh one if None);
     ``leave_after`` > 0: the client closes the stream once that many content chunks came
-    (``left``). Errors are recorded, never raised."""
+    (``left``); ``path``: COMPLETIONS_PATH streams a text completion (a prompt of text or
+    token ids) the same way. Errors are recorded, never raised."""
     record = RequestRecord() if record is None else record
     record.start = time.perf_counter()
     finished = False
     try:
-        async with client.stream("POST", "/v1/chat/completions", headers=headers,
-                                 json=payload) as response:
+        async with client.stream("POST", path, headers=headers, json=payload) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:300].decode(errors="replace")
                 record.error = f"http {response.status_code}: {body}"
@@ -313,13 +315,16 @@ async def complete_chat(client: Any, payload: dict[str, Any],
     return record
 
 
-def async_client(base_url: str, connections: int, timeout_s: float = 300.0) -> Any:
-    """An httpx.AsyncClient on ``base_url`` for ``connections`` requests at once."""
+def async_client(base_url: str, connections: int, timeout_s: float = 300.0,
+                 keepalive: bool = True) -> Any:
+    """An httpx.AsyncClient on ``base_url`` for ``connections`` requests at once
+    (``keepalive`` False: a fresh connection for every request)."""
     import httpx
 
     return httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
                              limits=httpx.Limits(max_connections=connections,
-                                                 max_keepalive_connections=connections))
+                                                 max_keepalive_connections=connections
+                                                 if keepalive else 0))
 
 
 def auth_headers(api_key: str | None) -> dict[str, str] | None:
@@ -329,12 +334,16 @@ def auth_headers(api_key: str | None) -> dict[str, str] | None:
 
 async def http_level(base_url: str, model: str, requests: Sequence[ServeRequest],
                      concurrency: int, api_key: str | None = None,
-                     timeout_s: float = 300.0) -> LevelRun:
-    """``concurrency`` clients streaming ``requests`` from the server at ``base_url``."""
+                     timeout_s: float = 300.0, extra: dict[str, Any] | None = None,
+                     keepalive: bool = True) -> LevelRun:
+    """``concurrency`` clients streaming ``requests`` from the server at ``base_url``
+    (``extra``: fields added to every request, e.g. ignore_eos; ``keepalive`` False: each
+    request on a connection of its own)."""
     headers = auth_headers(api_key)
-    async with async_client(base_url, concurrency, timeout_s) as client:
+    async with async_client(base_url, concurrency, timeout_s, keepalive) as client:
         return await run_clients(requests, concurrency, lambda r: stream_chat(
-            client, chat_payload(model, r), RequestRecord(r.index), headers))
+            client, {**chat_payload(model, r), **(extra or {})}, RequestRecord(r.index),
+            headers))
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                    "context, streams under a long prefill."),
     "repeatable": ("repeatable", "Repeatability: the same greedy request's tokens cold and "
                                  "cached, batched, speculative, healed."),
+    "peers": ("peers.cli", "zctl against llama.cpp's RPC backend and llama-server on the same "
+                           "PCs, side by side."),
     "chaos": ("robustness.chaos", "Chaos: faults mid-generation (kill, hang, link down, "
                                   "flapping, slow link, heal), and how each is survived."),
     "fuzz": ("robustness.fuzz", "Live fuzzing: hostile messages to every socket a running "

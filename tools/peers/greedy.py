@@ -1,0 +1,42 @@
+"""The check before speed: at f32, zctl and llama.cpp produce the same greedy tokens for
+the same prompt ids. zctl's side is its 1-stage fp32 export stepped by the greedy
+reference loop with exact numerics (f32 activations and KV, no dynamic quantization);
+llama.cpp's is llama-server on the F32 GGUF, /completion at temperature 0 returning the
+token ids. Both ignore end-of-sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+GREEDY_TOKENS = 32
+
+
+def zctl_greedy(export_dir: Path, ids: Sequence[int], tokens: int) -> list[int]:
+    """zctl's greedy tokens with exact numerics."""
+    from dataplane.head.local_chain import LocalChain
+    from dataplane.runtime.config import RuntimeSpec
+    from tools.harness.greedy import timed_greedy
+
+    exact = RuntimeSpec(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
+    return [int(t) for t in timed_greedy(LocalChain.load(str(export_dir), exact), ids, tokens)[0]]
+
+
+def llama_greedy(base_url: str, ids: Sequence[int], tokens: int) -> list[int]:
+    """llama-server's greedy tokens (/completion, temperature 0, token ids returned)."""
+    answer = httpx.post(f"{base_url}/completion", timeout=600, json={
+        "prompt": list(ids), "n_predict": tokens, "temperature": 0.0, "top_k": 1,
+        "ignore_eos": True, "return_tokens": True, "cache_prompt": False})
+    answer.raise_for_status()
+    return [int(t) for t in answer.json()["tokens"]]
+
+
+def agreement(zctl: Sequence[int], llama: Sequence[int]) -> dict[str, Any]:
+    """How far two greedy sequences agree: the leading tokens in common, and whether all do."""
+    common = next((i for i, (a, b) in enumerate(zip(zctl, llama, strict=False)) if a != b),
+                  min(len(zctl), len(llama)))
+    return {"tokens": len(zctl), "matched": common,
+            "match": common == len(zctl) == len(llama), "zctl": list(zctl), "llama.cpp": list(llama)}
