@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +42,10 @@ NODES = 3  # processes of each cluster: the coordinator and 2 nodes
 SHARED = tuple(i for i, p in enumerate(PROMPTS) if p.startswith((SYSTEM, DOCUMENT)))
 # the healed case: 8 prompts (short, a shared system prompt, a shared document), each
 # with enough new tokens (past an end of text) to be generating still when the node is
-# killed, once all 8 decode together
+# killed, SETTLE_STEPS steps after all 8 ran (by then every one decodes)
 HEALED = (0, 4, 9, 10, 13, 14, 17, 19)
-HEAL_TOKENS = {"tiny": 256, "smollm2": 48}
+HEAL_TOKENS = {"tiny": 512, "smollm2": 48}
+SETTLE_STEPS = 24
 LOOKUP_K = 4  # draft tokens a lookup step verifies: a fixed K drafts wherever it can (an
 # adaptive one drafts where the step costs it measured say it pays)
 HITS = "vllm:prefix_cache_hits_total"  # prompts whose start was found in the prefix cache
@@ -157,40 +158,36 @@ def assert_same(cases: Sequence[tuple[str, dict[int, Output]]], want: dict[int, 
     assert not problems, f"{len(problems)} output(s) differ:\n" + "\n".join(problems)
 
 
-def at_once(api: Api, asks: Sequence[Ask]) -> list[Output]:
-    """Send the requests at the same time; their outputs."""
+Timed = tuple[float, Output, float]  # when a request was sent, its answer, when that came
+
+
+def send_together(api: Api, asks: Sequence[Ask], pool: ThreadPoolExecutor
+                  ) -> list[Future[Timed]]:
+    """Send the requests at the same moment, from as many threads of ``pool``."""
     ready = threading.Barrier(len(asks))
 
-    def ask(request: Ask) -> Output:
+    def ask(request: Ask) -> Timed:
         ready.wait(60)
-        return api.ask(request)
+        sent = time.monotonic()
+        output = api.ask(request)
+        return sent, output, time.monotonic()
 
+    return [pool.submit(ask, request) for request in asks]
+
+
+def at_once(api: Api, asks: Sequence[Ask]) -> tuple[list[Output], bool]:
+    """Send the requests at the same moment; their outputs, and whether all of them were
+    in flight together (each sent before any was answered)."""
     with ThreadPoolExecutor(len(asks)) as pool:
-        return list(pool.map(ask, asks))
+        timed = [answer.result() for answer in send_together(api, asks, pool)]
+    return [o for _, o, _ in timed], max(t[0] for t in timed) < min(t[2] for t in timed)
 
 
-def decoding_together(api: Api, streams: int) -> Callable[[], bool]:
-    """Whether, since it was last asked, the engine has run ``streams`` generations and its
-    steps have added one token to each of them and nothing else (every one decodes, none
-    prefills, in steps of them all)."""
-    last: tuple[int, int] | None = None
-
-    def ready() -> bool:
-        nonlocal last
-        engine = api.engine()
-        stage0 = engine.stages[0]
-        now = (sum(stage0.compute_ms.counts), stage0.kv_slots)  # steps answered, KV held
-        before, last = last, (now if engine.running == streams else None)
-        return last is not None and before is not None and now[0] > before[0] and \
-            now[1] - before[1] == streams * (now[0] - before[0])
-
-    return ready
-
-
-def wait_for(ready: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
-    end = time.monotonic() + timeout_s
+def wait_for(ready: Callable[[], bool], what: str, going: Callable[[], bool]) -> None:
+    """Wait until ``ready()``, as long as ``going()`` (else fail, saying ``what`` never
+    came about)."""
     while not ready():
-        assert time.monotonic() < end, f"never {what}"
+        assert going(), f"the requests ended before {what}"
         time.sleep(0.005)
 
 
@@ -311,10 +308,13 @@ def test_one_of_8_at_once_gives_the_cold_tokens(api: Api, cold: Cold) -> None:
     got: dict[int, Output] = {}
     for start in range(0, len(order), GROUP):
         batch = (order + order)[start:start + GROUP]
-        for i, output in zip(batch, at_once(api, [Ask(PROMPTS[i]) for i in batch]),
-                             strict=True):
+        outputs, together = at_once(api, [Ask(PROMPTS[i]) for i in batch])
+        assert together, f"prompts {batch} were not in flight together"
+        for i, output in zip(batch, outputs, strict=True):
             assert got.setdefault(i, output) == output, f"prompt {i} differed between batches"
-    assert api.engine().counters["peak_streams"] == GROUP  # 8 generations ran at once
+    # the engine stepped them together (as many as had arrived and not ended yet: a fast
+    # model may end one before the last has come through the HTTP server)
+    assert api.engine().counters["peak_streams"] > 1
     assert_same([("one of 8", got)], cold.outputs)
 
 
@@ -344,19 +344,32 @@ def test_prompt_lookup_speculation_gives_the_cold_tokens(api: Api, cold: Cold) -
 
 def test_a_node_killed_mid_generation_heals_with_the_cold_tokens(
         api: Api, cold: Cold, model: Model) -> None:
-    """8 requests at once; once they all decode, the node of the last stage is killed:
-    they pause, its stage moves to the middle node, and they resume (replayed) to their
-    ends."""
+    """8 requests at once; once all 8 have run a few steps, the node of the last stage is
+    killed: they pause, its stage moves to the middle node, and they resume (replayed) to
+    their ends."""
     stages = api.engine().stages
     assert len({s.node_id for s in stages}) == NODES, stages
     (node,) = [p for p in cluster_of(api.home) if p.role == "node"
                and (Path(p.state_dir) / "node_id").read_text().strip() == stages[-1].node_id]
     with ThreadPoolExecutor(len(HEALED)) as pool:
-        futures = {i: pool.submit(api.ask, heal_ask(model, i)) for i in HEALED}
-        wait_for(decoding_together(api, len(HEALED)), "all 8 decoding in one step")
+        answers = send_together(api, [heal_ask(model, i) for i in HEALED], pool)
+
+        def going() -> bool:  # (a request that failed says why)
+            ended = [answer for answer in answers if answer.done()]
+            for answer in ended:
+                answer.result()
+            return not ended
+
+        def steps() -> int:  # steps stage 0 has computed (and had answered) so far
+            return sum(api.engine().stages[0].compute_ms.counts)
+
+        wait_for(lambda: api.engine().running == len(HEALED), "all 8 ran", going)
+        settled = steps() + SETTLE_STEPS
+        wait_for(lambda: steps() >= settled, f"{SETTLE_STEPS} steps more", going)
         os.kill(node.pid, signal.SIGKILL)
         running = api.engine().running
-        results = {i: future.result(timeout=300) for i, future in futures.items()}
+        results = {i: answer.result(timeout=300)[1] for i, answer in zip(HEALED, answers,
+                                                                           strict=True)}
     # none had ended when the node died: every one went through the heal
     assert running == len(HEALED), f"{running} of {len(HEALED)} running at the kill: too " \
                                    "few tokens to be killed mid-generation"
