@@ -1,4 +1,5 @@
-"""A generation service that goes away: what its clients must notice at once."""
+"""Generation services for their clients' tests: one that goes away (what its clients
+must notice at once), one that streams answers faster than they are read."""
 
 from __future__ import annotations
 
