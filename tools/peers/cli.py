@@ -163,7 +163,13 @@ class Run:
 
     def greedy(self, model: str) -> dict[str, Any]:
         """zctl fp32 (exact) against llama.cpp F32, greedy, one node."""
-        from tools.peers.greedy import GREEDY_TOKENS, agreement, llama_greedy, zctl_greedy
+        from tools.peers.greedy import (
+            GREEDY_TOKENS,
+            LLAMA_EXACT,
+            agreement,
+            llama_greedy,
+            zctl_greedy,
+        )
         from tools.peers.measure import prompt_ids
 
         gguf = self.gguf(model, "fp32")
@@ -175,7 +181,7 @@ class Run:
         logs = self.cache / "logs" / f"greedy-{model}"
         try:
             with llama_served(self.llama.binaries, gguf.path, gguf_layout(gguf.path),
-                              export_ranges(export_dir), nodes, 0.0, logs) as llama:
+                              export_ranges(export_dir), nodes, 0.0, logs, LLAMA_EXACT) as llama:
                 llama.prepare(1, 1024)
                 theirs = llama_greedy(llama.base_url, ids, GREEDY_TOKENS)
         except PeerFailure as exc:
