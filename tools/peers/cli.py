@@ -17,6 +17,7 @@ this CPU, each reason printed) or taken from ``--llama-cpp DIR``.
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -132,6 +133,14 @@ class Run:
         self.ggufs: dict[tuple[str, str], GgufFile | PeerFailure] = {}
         self.records: list[dict[str, Any]] = []
 
+    def result(self, head: dict[str, Any]) -> dict[str, Any]:
+        """The output object: ``head``, the GGUFs, every case's record, ratios, targets."""
+        ratios = {k: v for record in self.records for k, v in case_ratios(record).items()}
+        return {**head, "ggufs": [{"model": m, "weights": w, **g.record()}
+                                  for (m, w), g in self.ggufs.items() if isinstance(g, GgufFile)],
+                "cases": self.records, "ratios": ratios,
+                "targets": targets(self.records, ratios, self.plan.prompts)}
+
     def tree(self) -> Path:
         return pinned_tree(self.cache / "src", PIN, self.sdist)
 
@@ -154,7 +163,13 @@ class Run:
 
     def greedy(self, model: str) -> dict[str, Any]:
         """zctl fp32 (exact) against llama.cpp F32, greedy, one node."""
-        from tools.peers.greedy import GREEDY_TOKENS, agreement, llama_greedy, zctl_greedy
+        from tools.peers.greedy import (
+            GREEDY_TOKENS,
+            LLAMA_EXACT,
+            agreement,
+            llama_greedy,
+            zctl_greedy,
+        )
         from tools.peers.measure import prompt_ids
 
         gguf = self.gguf(model, "fp32")
@@ -166,7 +181,7 @@ class Run:
         logs = self.cache / "logs" / f"greedy-{model}"
         try:
             with llama_served(self.llama.binaries, gguf.path, gguf_layout(gguf.path),
-                              export_ranges(export_dir), nodes, 0.0, logs) as llama:
+                              export_ranges(export_dir), nodes, 0.0, logs, LLAMA_EXACT) as llama:
                 llama.prepare(1, 1024)
                 theirs = llama_greedy(llama.base_url, ids, GREEDY_TOKENS)
         except PeerFailure as exc:
@@ -264,6 +279,9 @@ def main(
         help="one-stream rounds per system (default: 3; --quick: 1)")] = None,
     serve_rounds: Annotated[int | None, typer.Option(
         help="rounds per serving level (default: 1)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="also write the output object here after every case (a long run's figures so "
+             "far)")] = None,
     greedy_check: Annotated[bool | None, typer.Option(
         "--greedy-check/--no-greedy-check",
         help="check greedy tokens at f32 against llama.cpp's F32 before speed (default: "
@@ -298,19 +316,14 @@ def main(
 
     checks = [delay_check(d, cache / "logs") for d in sorted(set(delay_values)) if d > 0]
     greedy = {m: run.greedy(m) for m in model_names} if settings["greedy_check"] else {}
+    head = {"run": run_record(), "llama_cpp": llama.info, "settings": settings,
+            "measured_by": MEASURED_BY, "delay_check": checks, "greedy": greedy,
+            "not_measured": not_measured}
     for case in cases:
         run.case(case)
-    ratios = {k: v for record in run.records for k, v in case_ratios(record).items()}
-    result = {
-        "run": run_record(), "llama_cpp": llama.info, "settings": settings,
-        "measured_by": MEASURED_BY,
-        "ggufs": [{"model": m, "weights": w, **g.record()} for (m, w), g in run.ggufs.items()
-                  if isinstance(g, GgufFile)],
-        "delay_check": checks, "greedy": greedy, "cases": run.records,
-        "not_measured": not_measured, "ratios": ratios,
-        "targets": targets(run.records, ratios, plan.prompts),
-    }
-    print_result(result, as_json, render)
+        if out is not None:  # the run so far, case by case: a long run leaves what it measured
+            out.write_text(json.dumps(run.result(head)))
+    print_result(run.result(head), as_json, render)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,7 @@ class LlamaCluster:
     placement: LlamaPlacement
     delay_ms: float
     logs: Path
+    extra_args: Sequence[str] = ()  # more llama-server arguments (the greedy check's numerics)
     tensor_bytes: dict[str, int] = field(default_factory=dict)
     num_layers: int = 0
     rpc: list[Process] = field(default_factory=list)
@@ -182,7 +183,7 @@ class LlamaCluster:
         args = [str(self.binaries.path("server")), "-m", str(self.gguf), "--host", host.host,
                 "--port", "{port}", "-t", str(host.threads), "-np", str(slots),
                 "-c", str(context), "--no-webui", "--fit", "off",
-                "-lv", str(LOAD_LOG_VERBOSITY), *self.placement.args()]
+                "-lv", str(LOAD_LOG_VERBOSITY), *self.placement.args(), *self.extra_args]
         if self.endpoints:
             args += ["--rpc", ",".join(self.endpoints)]
         return args

@@ -146,6 +146,10 @@ def render(result: Mapping[str, Any], console: Console) -> None:
         if "load_average" in record:
             console.print(f"  load average (1 min) before and after: {record['load_average']}",
                           highlight=False)
+            if max(record["load_average"]) > run["cpus"]:
+                console.print(f"  [yellow]the machine ran more than {run['cpus']} runnable "
+                              "threads: figures of processes with a thread per core are "
+                              "not those of a quiet PC[/]", highlight=False)
         if bench := record.get("llama_bench"):
             console.print(f"  llama-bench (reference, in no ratio): {escape(str(bench))}",
                           highlight=False)

@@ -123,12 +123,12 @@ class LlamaServed:
 @contextmanager
 def llama_served(binaries: LlamaBinaries, gguf: Path, layout: GgufLayout,
                  ranges: Sequence[tuple[int, int]], nodes: Sequence[Node], delay_ms: float,
-                 logs: Path) -> Iterator[LlamaServed]:
+                 logs: Path, extra_args: Sequence[str] = ()) -> Iterator[LlamaServed]:
     """llama.cpp on ``nodes`` with zctl's split ``ranges``: its RPC servers (and relays)
-    up; llama-server starts on the first ``prepare``."""
+    up; llama-server (with ``extra_args``) starts on the first ``prepare``."""
     cluster = LlamaCluster(binaries, gguf, nodes, llama_placement(ranges, layout.num_layers),
-                           delay_ms, logs, tensor_bytes=layout.tensor_bytes,
-                           num_layers=layout.num_layers)
+                           delay_ms, logs, extra_args=extra_args,
+                           tensor_bytes=layout.tensor_bytes, num_layers=layout.num_layers)
     with cluster:
         cluster.start_rpc()
         yield LlamaServed(cluster)
