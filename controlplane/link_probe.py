@@ -9,6 +9,12 @@ turns, ``rounds`` times over. controlplane/planner/measured.py makes the figures
 sizes are the frames the model sends between stages (hidden states of 1 and 8 rows, a
 prompt's chunk). An echo refuses to answer with more than ``MAX_PROBE_BYTES``.
 
+A probe must not take the link from the traffic it shares it with (the data frames, and
+the heartbeats that keep a node alive): a size whose round trip would hold the link more
+than ``MESSAGE_BUDGET_S`` beyond the smallest one, by the slowest rate seen that way so
+far, is not sent (nor any larger one that way). Sizes go smallest first, so a slow link is
+measured with the frames it can carry quickly and a fast one with all of them.
+
 A process whose data frames go over an emulated link (``--link-delay-ms`` and the like,
 dataplane/wire/link.py) holds its probe messages as long as that link would hold a lone
 frame of their size before it sends them, so that a probe sees the link the data sees.
@@ -34,6 +40,7 @@ log = logging.getLogger("zctl.controlplane")
 HEADER = struct.Struct("<I")  # the reply's size in bytes
 SMALL = HEADER.size  # the smallest message: a header alone, or a reply of as many bytes
 MAX_PROBE_BYTES = 8 << 20
+MESSAGE_BUDGET_S = 0.25  # the longest one probe message may hold the link
 POLL_MS = 100
 
 
@@ -96,13 +103,33 @@ class ProbeEcho:
         self._thread.join(5)
 
 
+def affordable(samples: Sequence[LinkSample], out: int, back: int,
+               budget_s: float = MESSAGE_BUDGET_S) -> bool:
+    """Whether a round trip of ``out`` bytes out and ``back`` bytes back is expected to hold
+    the link at most ``budget_s`` beyond the smallest round trip: by the slowest rate seen
+    so far on the way that carries the bytes (a way with no figure yet is tried)."""
+    pings = [s.seconds for s in samples if s.out == SMALL and s.back == SMALL]
+    if not pings or (out == SMALL and back == SMALL):
+        return True
+    rtt = min(pings)
+    if out > SMALL:  # bytes out: the rates of the round trips that carried bytes out
+        size, rates = out, [s.out / max(s.seconds - rtt, 1e-9) for s in samples
+                            if s.out > SMALL and s.back == SMALL]
+    else:
+        size, rates = back, [s.back / max(s.seconds - rtt, 1e-9) for s in samples
+                             if s.back > SMALL and s.out == SMALL]
+    return not rates or size / min(rates) <= budget_s
+
+
 def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
-          timeout_s: float, link: PipeOptions | None = None) -> list[LinkSample]:
+          timeout_s: float, link: PipeOptions | None = None,
+          budget_s: float = MESSAGE_BUDGET_S) -> list[LinkSample]:
     """Time round trips to the echo at ``endpoint`` (module docstring; ``link``: this
-    process's emulated link); ProbeError when a round trip is not answered within
-    ``timeout_s`` seconds, or the whole probe takes longer than ``rounds`` times that."""
+    process's emulated link; ``budget_s``: the longest one message may hold the link);
+    ProbeError when a round trip is not answered within ``timeout_s`` seconds, or the whole
+    probe takes longer than ``rounds`` times that."""
     rng = random.Random()
-    sizes = [s for s in sizes if SMALL < s <= MAX_PROBE_BYTES]
+    sizes = sorted({s for s in sizes if SMALL < s <= MAX_PROBE_BYTES})
     if not sizes:
         raise ProbeError(f"no frame size to probe between {SMALL} and {MAX_PROBE_BYTES} bytes")
     sock = dealer_socket(ctx, MAX_PROBE_BYTES + HEADER.size)
@@ -110,9 +137,20 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     payloads = {size: bytes(size) for size in sizes}
     plan = [(SMALL, SMALL)] + [(s, SMALL) for s in sizes] + [(SMALL, s) for s in sizes]
     samples: list[LinkSample] = []
+    skipped: set[tuple[int, int]] = set()
     deadline = time.monotonic() + timeout_s * max(1, rounds)
     try:
         for out, back in [(SMALL, SMALL)] + plan * rounds:  # the first: the connection
+            if (out, back) in skipped:
+                continue
+            if not affordable(samples[1:], out, back, budget_s):
+                forward = out > SMALL
+                skipped.update((s, SMALL) if forward else (SMALL, s) for s in sizes
+                               if s >= (out if forward else back))
+                log.debug("probe of %s: frames of %d bytes and more %s not sent (the link "
+                          "is too slow for them)", endpoint, max(out, back),
+                          "out" if forward else "back")
+                continue
             body = HEADER.pack(back) + (payloads[out][HEADER.size:] if out > SMALL else b"")
             start = time.perf_counter()
             hold = emulated_s(link, len(body), rng)

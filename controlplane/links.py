@@ -9,7 +9,8 @@ that runs no stage) once, so that a plan can weigh every node. A link keeps its 
 figures until measured again; a probe whose report does not come within its deadline
 leaves the link with an error saying so (and the figures it had). The frames probed are
 those the model sends: hidden states of one row and of eight, and a prompt's chunk of 128
-and of 1,024 tokens.
+and of 1,024 tokens, as far as the link carries each quickly (a slow link's probe leaves
+out the frames that would hold it long: link_probe.MESSAGE_BUDGET_S).
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ from controlplane.link_probe import (
     SMALL,
     ProbeEcho,
     ProbeError,
+    affordable,
     emulated_s,
     probe,
 )
-from controlplane.planner.measured import link_from_samples
+from controlplane.planner.measured import LinkSample, link_from_samples
 from dataplane.wire.link import link_options
 
 
@@ -89,3 +90,29 @@ def test_a_peer_that_does_not_answer_is_a_clear_error(ctx: zmq.Context) -> None:
             probe(ctx, f"tcp://127.0.0.1:{port}", [MAX_PROBE_BYTES + 1], 1, 0.2)
     finally:
         silent.close(0)
+
+
+def test_a_slow_link_is_probed_only_with_the_frames_it_carries_quickly(ctx: zmq.Context
+                                                                        ) -> None:
+    """200 kbit/s (25 kB/s): 64 kB would hold the link 2.6 s, starving what shares it (the
+    heartbeats among it); the probe measures it with the sizes within the budget."""
+    slow = link_options(rate_mbit=0.2)
+    echo = ProbeEcho(ctx, "127.0.0.1", slow)
+    start = time.monotonic()
+    try:
+        samples = probe(ctx, echo.endpoint, [400, 2000, 64_000, 512_000], 2, 5.0, slow)
+    finally:
+        echo.close()
+    assert time.monotonic() - start < 2.0
+    assert {max(s.out, s.back) for s in samples} == {SMALL, 400, 2000}
+    link = link_from_samples(samples)
+    assert 15_000 < link.forward_bps < 30_000 and 15_000 < link.backward_bps < 30_000
+
+
+def test_a_size_is_affordable_by_the_slowest_rate_seen_its_way() -> None:
+    pings = [LinkSample(SMALL, SMALL, 0.001)]
+    out = [LinkSample(1001, SMALL, 0.011)]  # 100 kB/s out
+    assert affordable(pings, 1_000_000, SMALL)  # nothing seen that way yet: tried
+    assert affordable(pings + out, 25_000, SMALL) and not affordable(pings + out, 26_000, SMALL)
+    assert affordable(pings + out, SMALL, 1_000_000)  # the other way: no figure yet
+    assert affordable([], 10**9, SMALL) and affordable(out, SMALL, SMALL)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -49,10 +49,15 @@ def prepare_local_curve(coordinator_state: Path, node_states: list[Path]) -> Pat
     return key_dir(coordinator_state) / "coordinator.key"
 
 
-def free_port(host: str) -> int:
+def free_port(host: str, taken: Collection[int] = ()) -> int:
     """A free port for a process about to start to bind: below the ephemeral range, where
-    no outgoing connection takes it while the process starts (nodeinfo.fresh_port)."""
-    return fresh_port(host)
+    no outgoing connection takes it while the process starts (nodeinfo.fresh_port), and
+    none of ``taken`` (ports already given to the same process, not bound yet)."""
+    for _ in range(16):
+        port = fresh_port(host)
+        if port not in taken:
+            return port
+    raise ClusterError(f"no free port on {host} besides {sorted(taken)}")
 
 
 def loopback_host(index: int) -> str:
@@ -113,7 +118,8 @@ def start_coordinator(config: CoordinatorProcess, root: Path, owned: bool = Fals
     """Start only the coordinator (stage 0 + generation service) in the background; its
     generation service binds a free loopback port and its state lives under ``root``.
     ``owned``: it ends with this process."""
-    serve = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+    taken = {int(config.bind.rpartition(":")[2] or 0), config.data_port}
+    serve = f"tcp://127.0.0.1:{free_port('127.0.0.1', taken)}"
     log = root / "logs" / "coordinator.log"
     pid = _spawn(replace(config, serve=serve, state_dir=str(root / "coordinator")), log,
                  owned=owned)
@@ -198,8 +204,10 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         from controlplane.nodeinfo import load_or_create_node_id
 
         placement = {str(i): load_or_create_node_id(root / f"node{i}") for i in range(1, nodes)}
+    control_port = free_port(host)  # the coordinator's ports, given it distinct
     record = start_coordinator(CoordinatorProcess(
-        str(export_dir), bind=f"tcp://{host}:{free_port(host)}", host=host,
+        str(export_dir), bind=f"tcp://{host}:{control_port}", host=host,
+        data_port=free_port(host, {control_port}),
         expect_nodes=nodes - 1, placement=placement, resume_timeout=resume_timeout,
         reassign_after=reassign_after, heal_after=heal_after, curve=curve,
         row_groups=local_row_groups(cpu_sets, nodes, row_groups,

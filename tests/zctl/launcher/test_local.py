@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.records import ClusterStatus, NodeStatus, RefusalInfo
-from zctl.launcher.local import start_failure, start_local_node
+from zctl.launcher.local import free_port, start_failure, start_local_node
 from zctl.launcher.record import ClusterError, ClusterRecord, zctl_process
 
 
@@ -29,6 +29,17 @@ def test_a_local_cluster_has_at_least_the_coordinator(tmp_path: Path) -> None:
         start_local_cluster(tmp_path, 0, RuntimeSpec(), tmp_path)
     with pytest.raises(ClusterError, match="memory to lend must be >= 0"):
         start_local_cluster(tmp_path, 1, RuntimeSpec(), tmp_path, memory_mb=-1)
+
+
+def test_a_free_port_is_none_already_given_to_the_process(monkeypatch) -> None:
+    import zctl.launcher.local as local
+
+    picks = iter([20001, 20001, 20002])
+    monkeypatch.setattr(local, "fresh_port", lambda host: next(picks))
+    assert free_port("127.0.0.1", {20001}) == 20002
+    monkeypatch.setattr(local, "fresh_port", lambda host: 20001)
+    with pytest.raises(ClusterError, match="no free port on 127.0.0.1 besides"):
+        free_port("127.0.0.1", {20001})
 
 
 def _status(pipeline: str, plan_error: str = "", nodes=(), refused=()) -> ClusterStatus:
