@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dataplane.head.errors import DataPlaneError
+from dataplane.head.errors import DataPlaneError, StageUnreachable
 from dataplane.head.inbox import ClusterStats, Pending, ReplyInbox
 from dataplane.head.metrics import StepMetrics
 from dataplane.head.prefix_drops import PrefixDrops
@@ -348,8 +348,9 @@ class ClusterHead:
             self._send(parts)
         except TransportError as exc:
             stream.broken = f"its {kind.name} did not reach stage 1 ({exc})"
-            raise DataPlaneError(f"cannot {kind.name.lower()} stream {stream_id}: stage 1 at "
-                                 f"{self.next_addr} is not taking frames ({exc})") from None
+            raise StageUnreachable(f"cannot {kind.name.lower()} stream {stream_id}: stage 1 "
+                                   f"at {self.next_addr} is not taking frames ({exc})"
+                                   ) from None
         self.metrics.sent_bytes += frame_bytes(parts)
 
     # -- answers (the inbox) -----------------------------------------------------------
@@ -460,8 +461,8 @@ class ClusterHead:
             tracker = self._send(parts)
         except TransportError as exc:
             stream.broken = f"a step did not reach stage 1 ({exc})"
-            raise DataPlaneError(f"stage 1 at {self.next_addr} is not taking frames: {exc}"
-                                 ) from None
+            raise StageUnreachable(f"stage 1 at {self.next_addr} is not taking frames: {exc}"
+                                   ) from None
         self._guard.hold(stream_id, tracker)
         metrics = self.metrics
         metrics.sent_bytes += len(parts[0]) + hidden.nbytes
@@ -584,8 +585,8 @@ class ClusterHead:
     def _flush_prefix_drops(self, strict: bool) -> None:
         """Send the drops not sent yet; ``strict``: raise DataPlaneError if any is left."""
         if not self._unsent_drops.flush(self._send_drop) and strict:
-            raise DataPlaneError(f"stage 1 at {self.next_addr} is not taking frames: prefix "
-                                 "drops are still to be sent")
+            raise StageUnreachable(f"stage 1 at {self.next_addr} is not taking frames: "
+                                   "prefix drops are still to be sent")
 
     def _send_drop(self, op: PrefixOp, entry_id: int) -> bool:
         if self.stage0.spec.last:

@@ -1,9 +1,10 @@
 """What a ClusterHead raises: a step it could not complete (``DataPlaneError``), a stage
-that did not answer in time (``StageTimeout``) or refused a step (``StageFailed``)."""
+that did not answer in time (``StageTimeout``) or refused a step (``StageFailed``), a
+next stage that takes no frames (``StageUnreachable``: the pipeline's fault)."""
 
 from __future__ import annotations
 
-from zctl.engine.executor import StepError
+from zctl.engine.executor import PipelineUnreachable, StepError
 
 
 class DataPlaneError(StepError):
@@ -25,3 +26,8 @@ class StageFailed(DataPlaneError):
     def __init__(self, message: str, stream_id: int, request_id: int, stage: int) -> None:
         super().__init__(message)
         self.stream_id, self.request_id, self.stage = stream_id, request_id, stage
+
+
+class StageUnreachable(DataPlaneError, PipelineUnreachable):
+    """Stage 1 took no frame within the send timeout (its node is gone, or the link is
+    down): nothing of the step, or of the stream's reset, reached it."""

@@ -128,6 +128,30 @@ def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
         stop_processes(record.pids)
 
 
+def test_a_request_sent_right_after_a_node_is_killed_waits_for_the_heal(
+        tiny_exports, tmp_path: Path) -> None:
+    """The request comes before the cluster noticed its stage-1 node was killed: its
+    stream's reset finds no one taking frames, and the request is held (paused), not
+    refused, until the stage is healed onto the survivors; it ends with the tokens of a run
+    nothing happened to."""
+    export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
+    request = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", 20, ignore_eos=True,
+                                temperature=0.0)
+    expected = _fault_free(export_dir, [request], 20)
+    # no emulated link: stage 0 sends itself, and its send to the dead node times out
+    record = start_local_cluster(export_dir, 3, EXACT, tmp_path / "cluster")
+    try:
+        wait_serving(record, 120)
+        os.killpg(record.pids[1], signal.SIGKILL)
+        messages = list(generate_many(record.serve, [request], 120, 120))
+        (done,) = [m for m in messages if isinstance(m, GenerationDone)]
+        assert done.error == "" and done.tokens == expected[0], messages[-3:]
+        notes = [m.note for m in messages if getattr(m, "note", "")]
+        assert notes and notes[-1].startswith("resumed after "), notes
+    finally:
+        stop_processes(record.pids)
+
+
 EXACT = runtime_spec("f32", None, "CPU", "f32", dynamic_quantization=False)
 
 

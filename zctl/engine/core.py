@@ -13,6 +13,8 @@ waiting out the data plane's timeout; when the pipeline serves again each resume
 stream is reset and the session replays its prompt and tokens on the fresh KV, then goes
 on as if nothing happened. Not back within ``resume_timeout_s`` (0: do not wait), they
 end with ``PipelineDown`` and the tokens they have. New requests are refused meanwhile.
+A step or reset that no next stage took (``PipelineUnreachable``: its node went before
+the cluster noticed) is such an outage too, not the request's failure.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 from zctl.engine.admission import DrafterLoader, SessionLimits, new_session
 from zctl.engine.constraints import GrammarCompiler, GrammarQueue
-from zctl.engine.executor import Executor
+from zctl.engine.executor import Executor, PipelineUnreachable
 from zctl.engine.outcomes import PipelineDown, error_kind, session_tokens, spec_summary, stop_reason
 from zctl.engine.prefill_pieces import CANONICAL, PieceRule
 from zctl.engine.prefix_index import PrefixIndexStats
@@ -223,7 +225,8 @@ class GenerationEngine:
             self._watch_pipeline()
         if self._scheduler is not None and self._scheduler.active:
             updates = self._scheduler.poll(timeout_s)
-            outage = self._outage() if any(u.session.error for u in updates) else None
+            errors = [u.session.error for u in updates if u.session.error is not None]
+            outage = self._outage(errors) if errors else None
             for update in updates:
                 if outage is not None and update.session.error is not None:
                     update.session.clear_failure()  # held: it resumes by replay
@@ -234,13 +237,18 @@ class GenerationEngine:
         out, self._out = self._out, []
         return out
 
-    def _outage(self) -> str | None:
-        """Why a step just failed, when the pipeline went down or was re-wired under it (the
-        executor it ran on is not the one to use any more): its generations pause and
-        resume instead of failing. None: the failure is the step's own."""
+    def _outage(self, errors: Sequence[BaseException] = ()) -> str | None:
+        """Why steps just failed (``errors``), when the pipeline went down or was re-wired
+        under them (the executor they ran on is not the one to use any more), or a next
+        stage took no frame (``PipelineUnreachable``: its node went before the cluster
+        noticed): their generations pause and resume instead of failing. None: the
+        failures are the steps' own."""
         problem = self._problem()
         if problem is not None:
             return problem
+        unreachable = next((e for e in errors if isinstance(e, PipelineUnreachable)), None)
+        if unreachable is not None:
+            return str(unreachable)
         if self._scheduler is not None and self.get_executor() is not self._scheduler.executor:
             return "the pipeline was re-wired"
         return None
@@ -279,8 +287,11 @@ class GenerationEngine:
             if not self._kv_fits(session):
                 self._waiting.appendleft((client, req))  # its turn comes when KV frees up
                 break
+            unreachable = None
             try:
                 self._scheduler.add(session)
+            except PipelineUnreachable as exc:  # held: it starts by replay once it serves
+                unreachable = str(exc)
             except RuntimeError as exc:
                 self._refuse(client, req, f"{type(exc).__name__}: {exc}", UNAVAILABLE)
                 continue
@@ -289,6 +300,9 @@ class GenerationEngine:
             self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer),
                                          StopMatcher(req.stop))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
+            if unreachable is not None:
+                self._pause(unreachable, time.monotonic())
+                break
 
     def _new_scheduler(self, executor: Executor) -> StreamScheduler:
         return StreamScheduler(executor, self.row_groups, self.shared_cores,
@@ -344,8 +358,9 @@ class GenerationEngine:
         """Every HEALTH_CHECK_S while generating: pause when the pipeline cannot serve,
         resume when it can again, give up after ``resume_timeout_s``."""
         now = time.monotonic()
-        if self.health is None or now - self._health_checked < HEALTH_CHECK_S:
-            return
+        if ((self.health is None and self._paused is None)
+                or now - self._health_checked < HEALTH_CHECK_S):
+            return  # (without a health check, only a pause of its own is watched)
         self._health_checked = now
         problem = self._problem()
         if self._paused is None:
@@ -388,6 +403,9 @@ class GenerationEngine:
             job.session.restart()
             try:
                 self._scheduler.add(job.session)
+            except PipelineUnreachable as exc:  # down again: every generation holds on
+                self._pause(str(exc), time.monotonic())
+                return
             except Exception as exc:  # noqa: BLE001 - its stream cannot be reset
                 job.session.fail(PipelineDown(f"could not resume: {exc}"))
                 self._progress(SessionUpdate(job.session, []))

@@ -80,6 +80,12 @@ class StepError(RuntimeError):
     request_id: int = 0
 
 
+class PipelineUnreachable(StepError):
+    """The next stage took no frame (its node is gone, or the link to it is down): the
+    pipeline failed, not the step. The engine holds the generations it hit and resumes them
+    by replay once the pipeline serves again, as after any outage it is told of."""
+
+
 class PrefixCacheUnsupported(RuntimeError):
     """The executor's stages keep no prefix cache (``prefix_cache_supported`` is False)."""
 

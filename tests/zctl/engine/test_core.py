@@ -291,3 +291,36 @@ def test_stop_token_ids_end_a_generation_as_a_stop(setup) -> None:
         assert done.text == tokenizer.decode(greedy[:cut])
     assert GenerationRequest("s", "x", stop_token_ids=[-1]).problem() is not None
     assert GenerationRequest("s", "x", stop_token_ids=list(range(65))).problem() is not None
+
+
+@pytest.mark.parametrize("fails", ["reset", "submit"])
+def test_a_next_stage_taking_no_frames_holds_the_generation_until_it_does(
+        setup, monkeypatch, fails) -> None:
+    """A node gone before the cluster noticed: its stage takes no frame, at the request's
+    admission (its stream's reset) or mid-generation (a step). The generation is held, not
+    failed, and resumes by replay with the tokens it would have had."""
+    import zctl.engine.core as core
+    from zctl.engine.executor import PipelineUnreachable
+
+    _, chain, tokenizer = setup
+    monkeypatch.setattr(core, "HEALTH_CHECK_S", 0.0)
+    down = {"left": 2, "calls": 0}
+    real = getattr(chain, fails)
+    first_failing = 1 if fails == "reset" else 4  # the 4th step: mid-generation
+
+    def flaky(*args, **kwargs):
+        down["calls"] += 1
+        if down["left"] and down["calls"] >= first_failing:
+            down["left"] -= 1
+            raise PipelineUnreachable("stage 1 at tcp://x is not taking frames")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chain, fails, flaky)
+    engine = engine_for(setup)
+    engine.submit("a", GenerationRequest("x", "the sky is", 8, ignore_eos=True))
+    seen = drive(engine, lambda s: not engine.busy)
+    done = done_of(seen, "a")
+    assert not done.error and done.stop_reason == "max_tokens" and down["left"] == 0
+    assert done.tokens == list(generate_greedy(chain, tokenizer.encode("the sky is"), 8))
+    notes = [e.note for c, e in seen if isinstance(e, GenerationChunk) and e.note]
+    assert any("paused: stage 1 at tcp://x is not taking frames" in n for n in notes), notes
