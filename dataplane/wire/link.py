@@ -46,6 +46,7 @@ from dataplane.wire.transport import PipeOptions, TransportError, push_socket, s
 
 log = logging.getLogger("zctl.dataplane.link")
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+SEND_SLICE_MS = 50  # a link thread's send waits this long at a time, then looks for a close
 
 
 @dataclass
@@ -185,11 +186,12 @@ class DelayedSender:
             self._open_error = exc
             started.set()
             return
+        sock.setsockopt(zmq.SNDTIMEO, min(SEND_SLICE_MS, self.options.send_timeout_ms))
         started.set()
         try:
             while (frame := self._next_due()) is not None:
                 try:
-                    send_parts(sock, frame)
+                    self._send(sock, frame)
                     self.stats.sent += 1
                 except TransportError as exc:
                     self.stats.dropped += 1
@@ -197,6 +199,19 @@ class DelayedSender:
                     log.warning("emulated link to %s dropped a frame: %s", self.address, exc)
         finally:
             sock.close(0)
+
+    def _send(self, sock: zmq.Socket, frame: list[Any]) -> None:
+        """Send a frame, waiting up to the send timeout for a peer to take it, in slices,
+        so that a closing link gives up at once: a re-wired stage's old link to a node
+        that died must not hold the stage's restart a send timeout per frame queued."""
+        limit = time.monotonic() + self.options.send_timeout_ms / 1e3
+        while True:
+            try:
+                send_parts(sock, frame)
+                return
+            except TransportError:
+                if self._closing or time.monotonic() >= limit:
+                    raise
 
     def _next_due(self) -> list[Any] | None:
         """Block until the oldest frame is due and return it; None once the link closes."""

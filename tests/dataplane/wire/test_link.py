@@ -158,6 +158,24 @@ def test_a_bad_address_fails_at_construction_and_close_stops_the_thread(pull):
     assert receive(sock, 1)[0][0] == 7
 
 
+def test_closing_a_link_to_a_peer_that_is_gone_gives_up_its_frames_at_once():
+    """No peer takes the frames (its node died): the link thread waits out the send
+    timeout for each frame only while the link is open; closed, it drops them at once, so
+    a re-wired stage is not held back a send timeout per frame queued."""
+    ctx = zmq.Context.instance()
+    port_holder = pull_socket(ctx, "tcp://127.0.0.1:*")
+    address = bound_endpoint(port_holder)
+    port_holder.close(0)  # nothing listens there now
+    link = DelayedSender(ctx, address, PipeOptions(delay_ms=1.0, send_timeout_ms=2000))
+    for i in range(3):
+        link.send_parts([STAMP.pack(i, time.monotonic()), b""])
+    time.sleep(0.2)  # the first frame is due, its send waits for a peer
+    start = time.monotonic()
+    link.close(linger=1000)  # all due within the linger, and no peer to take them
+    assert time.monotonic() - start < 1.0
+    assert not link._thread.is_alive() and link.stats.dropped == 3 and link.stats.sent == 0
+
+
 def delayed_cluster(export, delay_ms: float) -> tuple[ClusterHead, StageWorker]:
     """A 2-stage cluster (stage 1 in a thread) with ``delay_ms`` on both hops."""
     options = link_options(delay_ms)
