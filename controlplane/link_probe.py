@@ -12,8 +12,13 @@ prompt's chunk). An echo refuses to answer with more than ``MAX_PROBE_BYTES``.
 A probe must not take the link from the traffic it shares it with (the data frames, and
 the heartbeats that keep a node alive): a size whose round trip would hold the link more
 than ``MESSAGE_BUDGET_S`` beyond the smallest one, by the slowest rate seen that way so
-far, is not sent (nor any larger one that way). Sizes go smallest first, so a slow link is
-measured with the frames it can carry quickly and a fast one with all of them.
+far, is not sent (nor any larger one that way). Sizes go smallest first, each at most
+``LADDER_STEP`` times the one before (sizes are put in between where the model's frames
+are further apart), so no size is sent on a rate guessed from a far smaller one: a slow
+link is measured with the frames it can carry quickly and a fast one with all of them.
+Rounds after the first start only while the probe has taken less than
+``PROBE_TIME_BUDGET_S``: a fast link gets every round in milliseconds, a slow one (where
+each round holds it longest) as few as one.
 
 A process whose data frames go over an emulated link (``--link-delay-ms`` and the like,
 dataplane/wire/link.py) holds its probe messages as long as that link would hold a lone
@@ -41,6 +46,8 @@ HEADER = struct.Struct("<I")  # the reply's size in bytes
 SMALL = HEADER.size  # the smallest message: a header alone, or a reply of as many bytes
 MAX_PROBE_BYTES = 8 << 20
 MESSAGE_BUDGET_S = 0.25  # the longest one probe message may hold the link
+LADDER_STEP = 4  # a probed size is at most this many times the one before it
+PROBE_TIME_BUDGET_S = 1.0  # a round after the first starts only before this much time
 POLL_MS = 100
 
 
@@ -103,6 +110,17 @@ class ProbeEcho:
         self._thread.join(5)
 
 
+def ladder(sizes: Sequence[int], step: int = LADDER_STEP) -> list[int]:
+    """``sizes`` in order, with sizes put in between so that each is at most ``step``
+    times the one before (the smallest is kept as it is)."""
+    out: list[int] = []
+    for size in sorted(set(sizes)):
+        while out and size > out[-1] * step:
+            out.append(out[-1] * step)
+        out.append(size)
+    return out
+
+
 def affordable(samples: Sequence[LinkSample], out: int, back: int,
                budget_s: float = MESSAGE_BUDGET_S) -> bool:
     """Whether a round trip of ``out`` bytes out and ``back`` bytes back is expected to hold
@@ -123,13 +141,15 @@ def affordable(samples: Sequence[LinkSample], out: int, back: int,
 
 def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
           timeout_s: float, link: PipeOptions | None = None,
-          budget_s: float = MESSAGE_BUDGET_S) -> list[LinkSample]:
+          budget_s: float = MESSAGE_BUDGET_S,
+          time_budget_s: float = PROBE_TIME_BUDGET_S) -> list[LinkSample]:
     """Time round trips to the echo at ``endpoint`` (module docstring; ``link``: this
-    process's emulated link; ``budget_s``: the longest one message may hold the link);
+    process's emulated link; ``budget_s``: the longest one message may hold the link; a
+    round after the first starts only within ``time_budget_s`` of the start);
     ProbeError when a round trip is not answered within ``timeout_s`` seconds, or the whole
     probe takes longer than ``rounds`` times that."""
     rng = random.Random()
-    sizes = sorted({s for s in sizes if SMALL < s <= MAX_PROBE_BYTES})
+    sizes = ladder([s for s in sizes if SMALL < s <= MAX_PROBE_BYTES])
     if not sizes:
         raise ProbeError(f"no frame size to probe between {SMALL} and {MAX_PROBE_BYTES} bytes")
     sock = dealer_socket(ctx, MAX_PROBE_BYTES + HEADER.size)
@@ -138,9 +158,13 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     plan = [(SMALL, SMALL)] + [(s, SMALL) for s in sizes] + [(SMALL, s) for s in sizes]
     samples: list[LinkSample] = []
     skipped: set[tuple[int, int]] = set()
-    deadline = time.monotonic() + timeout_s * max(1, rounds)
+    begun = time.monotonic()
+    deadline = begun + timeout_s * max(1, rounds)
     try:
-        for out, back in [(SMALL, SMALL)] + plan * rounds:  # the first: the connection
+        for index, (out, back) in enumerate([(SMALL, SMALL)] + plan * max(1, rounds)):
+            if index > len(plan) and (index - 1) % len(plan) == 0 and (
+                    time.monotonic() - begun >= time_budget_s):
+                break  # (index 0: the connection; a round starts at 1, 1 + len(plan)...)
             if (out, back) in skipped:
                 continue
             if not affordable(samples[1:], out, back, budget_s):

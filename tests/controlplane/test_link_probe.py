@@ -18,6 +18,7 @@ from controlplane.link_probe import (
     ProbeError,
     affordable,
     emulated_s,
+    ladder,
     probe,
 )
 from controlplane.planner.measured import LinkSample, link_from_samples
@@ -38,9 +39,9 @@ def test_a_probe_times_each_size_both_ways(ctx: zmq.Context) -> None:
     finally:
         echo.close()
     kinds = {(s.out, s.back) for s in samples}
-    assert kinds == {(SMALL, SMALL), (1000, SMALL), (100_000, SMALL), (SMALL, 1000),
-                     (SMALL, 100_000)}
-    assert len(samples) == 2 * 5 and all(s.seconds > 0 for s in samples)
+    sizes = ladder([1000, 100_000])  # 1000, 4000, 16000, 64000, 100000
+    assert kinds == {(SMALL, SMALL)} | {(n, SMALL) for n in sizes} | {(SMALL, n) for n in sizes}
+    assert len(samples) == 2 * 11 and all(s.seconds > 0 for s in samples)
     link = link_from_samples(samples)
     assert link.rtt_s > 0 and link.forward_bps > 0 and link.backward_bps > 0
 
@@ -104,7 +105,7 @@ def test_a_slow_link_is_probed_only_with_the_frames_it_carries_quickly(ctx: zmq.
     finally:
         echo.close()
     assert time.monotonic() - start < 2.0
-    assert {max(s.out, s.back) for s in samples} == {SMALL, 400, 2000}
+    assert {max(s.out, s.back) for s in samples} == {SMALL, 400, 1600, 2000}
     link = link_from_samples(samples)
     assert 15_000 < link.forward_bps < 30_000 and 15_000 < link.backward_bps < 30_000
 
@@ -116,3 +117,22 @@ def test_a_size_is_affordable_by_the_slowest_rate_seen_its_way() -> None:
     assert affordable(pings + out, 25_000, SMALL) and not affordable(pings + out, 26_000, SMALL)
     assert affordable(pings + out, SMALL, 1_000_000)  # the other way: no figure yet
     assert affordable([], 10**9, SMALL) and affordable(out, SMALL, SMALL)
+
+
+def test_no_size_is_probed_on_a_rate_guessed_from_a_far_smaller_one() -> None:
+    assert ladder([2304, 18432, 294912]) == [2304, 9216, 18432, 73728, 294912]
+    assert ladder([100, 100, 300]) == [100, 300] and ladder([]) == []
+
+
+def test_rounds_after_the_first_start_only_within_the_probe_s_time_budget(ctx: zmq.Context
+                                                                         ) -> None:
+    slow = link_options(delay_ms=50.0)  # 100 ms a round trip: the connection's and a
+    # round's three end at >= 400 ms, a second round's at >= 700 ms
+    echo = ProbeEcho(ctx, "127.0.0.1", slow)
+    try:
+        one = probe(ctx, echo.endpoint, [400], 5, 5.0, slow, time_budget_s=0.0)
+        two = probe(ctx, echo.endpoint, [400], 5, 5.0, slow, time_budget_s=0.6)
+        fast = probe(ctx, echo.endpoint, [400], 3, 5.0, None, time_budget_s=5.0)
+    finally:
+        echo.close()
+    assert (len(one), len(two), len(fast)) == (3, 6, 9)

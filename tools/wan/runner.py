@@ -5,7 +5,9 @@ whose every process shapes what it sends (``links``: hop i is stage i's frames t
 stage, the last hop the replies to the coordinator; a relayed hop passes one
 store-and-forward relay, see ``dataplane.wire.link``); a ``shaper = "tbf"`` topology's nodes
 run in network namespaces whose veths the kernel's tbf caps (kernel_links.py), the link
-layer adding only the delay. After warm-up requests, the
+layer adding only the delay. Healing is off: a node that a slow link makes late to its
+heartbeats is waited for, never replaced by its neighbour, so every cell measures the
+topology it names. After warm-up requests, the
 repetitions run in turn, each stepping through every workload, so drift spreads over all
 cells alike. One measurement sends ``streams`` requests at once through the generation
 service (stream j of repetition r gets prompt (j + r) mod len(prompts)), EOS ignored, and
@@ -158,7 +160,8 @@ def measure_topology(scenario: Scenario, topology: Topology, export_dir: Path,
         record = start_local_cluster(
             export_dir, topology.stages, settings.runtime,
             settings.root / f"cluster-{topology.stages}", max_streams=max(DEFAULT_MAX_STREAMS, streams),
-            links=[link_shape_of(h) for h in topology.hops], network=network)
+            links=[link_shape_of(h) for h in topology.hops], network=network,
+            heal_after=None)  # a node a slow link makes late stays: its cells measure the link
     except ClusterError as exc:
         return {w: [{"error": f"cluster: {exc}"}] for w in samples}
     try:
