@@ -123,6 +123,31 @@ def test_without_a_cgroup_the_node_is_stopped_and_continued_in_turn(tmp_path: Pa
         child.wait()
 
 
+@pytest.mark.parametrize(("kind", "files"), [
+    ("v2", {"cpu.max": "10000 20000"}),
+    ("v1", {"cpu.cfs_period_us": "20000", "cpu.cfs_quota_us": "10000"})])
+def test_a_cgroup_gets_the_quota_and_the_nodes_processes(tmp_path: Path, kind: str,
+                                                         files: dict[str, str]) -> None:
+    base = tmp_path if kind == "v2" else tmp_path / "cpu"  # a hierarchy of plain files
+    base.mkdir(exist_ok=True)
+    if kind == "v2":
+        (tmp_path / "cgroup.controllers").write_text("cpu memory")
+    else:
+        (base / "cpu.cfs_quota_us").write_text("-1")
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        with SlowedNode(child.pid, 0.5, root=tmp_path) as slowed:
+            assert slowed.method == f"cgroup {kind} CPU quota"
+            (group,) = [d for d in base.iterdir() if d.name.startswith("zctl-bench-")]
+            for name, text in files.items():
+                assert (group / name).read_text() == text
+            assert (group / "cgroup.procs").read_text() == str(child.pid)
+        assert (base / "cgroup.procs").read_text() == str(child.pid)  # moved back after
+    finally:
+        child.kill()
+        child.wait()
+
+
 # -- the errors, targets and JSON -------------------------------------------------------------
 def test_a_stream_counts_error_is_against_the_median_of_its_runs() -> None:
     got = stream_figures(prediction(), 1, [90.0, 80.0, 200.0])
