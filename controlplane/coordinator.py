@@ -9,7 +9,8 @@ It asks every node that enrols for its profile of the served model (and keeps or
 measures its own, controlplane/profile_job.py), and once the pipeline serves a new
 wiring it has each link between neighbours probed (controlplane/links.py); both show in
 the status. Neither ever holds up the pipeline: a node without a profile, or a link
-whose probe is not answered, only lacks its figures.
+whose probe is not answered, only lacks its figures. From them its status predicts the
+running placement's speed (controlplane/planner/running.py), or says what it lacks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ from controlplane.placement import LayerCost, stage_needs
 from controlplane.planner.export_shape import export_shape
 from controlplane.planner.measured import link_from_samples
 from controlplane.planner.profile import LinkProfile
+from controlplane.planner.running import running_prediction
 from controlplane.planner.shape import ShapeError
 from controlplane.profile_job import ProfileJob, ProfileTask, report_outcome
 from controlplane.profile_store import BUDGET_S
@@ -126,6 +128,9 @@ class CoordinatorConfig:
     profile_budget_s: float = BUDGET_S  # what a node's profile of one device may take
     probe_links: bool = True  # probe the links between the pipeline's neighbours
     link: PipeOptions | None = None  # the emulated link its data frames go over (its probes too)
+    # the row groups its generation service steps streams in, for the running placement's
+    # predicted speed (0: none; None: not known, the best for each stream count)
+    row_groups: int | None = None
 
 
 def _member_identity(identity: bytes) -> str:
@@ -599,7 +604,7 @@ class Coordinator:
     def _status(self) -> ClusterStatus:
         now = time.monotonic()
         plan = self.plan
-        return ClusterStatus(
+        status = ClusterStatus(
             coordinator_id=self.node_id, session=self.session, endpoint=self.endpoint,
             protocol=PROTOCOL_VERSION, openvino=self.openvino, zctl=self.zctl,
             export_dir=str(self.export_dir), model=self.manifest.model.name,
@@ -612,6 +617,7 @@ class Coordinator:
             curve=self.config.curve is not None, time_s=time.time(),
             heartbeat_interval=self.config.heartbeat_interval, liveness=self.config.liveness,
             shape=self.shape, links=self.links.status())
+        return replace(status, prediction=running_prediction(status, self.config.row_groups))
 
     def status(self) -> ClusterStatus:
         """A consistent snapshot (thread-safe)."""

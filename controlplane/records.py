@@ -136,6 +136,36 @@ class RefusalInfo:
 
 
 @dataclass(frozen=True)
+class StreamsPrediction:
+    """``streams`` decoding together in ``row_groups`` row groups of at most ``rows`` rows:
+    their predicted aggregate tok/s."""
+
+    streams: int
+    tok_s: float
+    row_groups: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class PredictionStatus:
+    """The planner's model of time applied to the placement running now
+    (controlplane/planner/running.py): one stream's tok/s, 1 to 8 streams' aggregate tok/s
+    in the row groups the engine runs them in (``row_groups``: its setting, 0 none, -1 not
+    known: the best for each count), and per node in stage order (consecutive stages on a
+    node are one) its decode step at one row and the hop after it (the last: the reply to
+    stage 0), in ms. ``error`` says why there is no prediction (then the figures are
+    empty): a profile or a link not measured yet, a pipeline not serving."""
+
+    tok_s: float = 0.0
+    streams: list[StreamsPrediction] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    stage_ms: list[float] = field(default_factory=list)
+    hop_ms: list[float] = field(default_factory=list)
+    row_groups: int = -1
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
     """What ``zctl cluster status --json`` prints."""
 
@@ -162,6 +192,7 @@ class ClusterStatus:
     liveness: int = 0  # heartbeats a node may miss before it is marked dead (0: not reported)
     shape: ModelShape | None = None  # the served model's shape (None: unknown)
     links: list[LinkStatus] = field(default_factory=list)  # the pipeline's, as measured
+    prediction: PredictionStatus | None = None  # the running placement's speed (None: not made)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

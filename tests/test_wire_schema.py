@@ -34,6 +34,8 @@ PINNED = {
     7: "b64ae561932bae79",  # profile_request, profile_report, link_probe, link_report; enrol:
     # probe_addr; status_reply: each node's profile and profile_state, the model's shape,
     # the links' figures
+    8: "09a3aacdc97e4bfa",  # status_reply: prediction (the running placement's predicted
+    # speed); service_stats: prediction (the status's, for /metrics)
 }
 
 

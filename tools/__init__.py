@@ -10,5 +10,6 @@ the product; ``zctl bench NAME`` runs one from a source checkout (``python -m to
 - ``serving``: the HTTP API under load (concurrent clients, long prompts, structured
   output, scoring);
 - ``robustness``: faults, hostile input and long runs (chaos, fuzzing, soak);
-- ``wan``: scripted experiments over emulated WAN links, and their scenarios.
+- ``wan``: scripted experiments over emulated WAN links, and their scenarios;
+- ``plan``: the planner's predicted tok/s against the measured, case by case.
 """

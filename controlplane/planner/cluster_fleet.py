@@ -75,7 +75,9 @@ def estimated_links(nodes: list[str], measured: Mapping[tuple[str, str], LinkPro
     return pairs
 
 
-def _usable(node: NodeStatus, shape: ModelShape, weights: str) -> tuple[NodeProfile | None, str]:
+def usable_profile(node: NodeStatus, shape: ModelShape, weights: str
+                   ) -> tuple[NodeProfile | None, str]:
+    """``node``'s profile for ``shape`` in ``weights``, or None and why it has none usable."""
     if node.profile is None:
         return None, node.profile_state or "not profiled yet"
     record = node.profile
@@ -99,7 +101,7 @@ def cluster_fleet(status: ClusterStatus, shape: ModelShape, weights: str) -> Clu
     for node in status.nodes:
         if node.state in DOWN:
             continue
-        profile, why = _usable(node, shape, weights)
+        profile, why = usable_profile(node, shape, weights)
         if profile is None:
             notes.append(f"node {node.node_id} left out: {why}")
             continue

@@ -151,16 +151,22 @@ class Throughput:
     rows: int
 
 
+def grouped(pipe: Pipeline, streams: int, groups: int) -> Throughput:
+    """Aggregate tok/s of ``streams`` decoding streams in ``groups`` row groups (at most one
+    a stream), the largest group setting each step's rows."""
+    if streams < 1 or groups < 1:
+        raise ValueError(f"streams and row groups must be >= 1, got {streams} and {groups}")
+    groups = min(groups, streams)
+    rows = math.ceil(streams / groups)
+    times = step_times(pipe, rows)
+    return Throughput(streams / round_s(times.cycle_s, times.bottleneck_s, groups), streams,
+                      groups, rows)
+
+
 def throughput(pipe: Pipeline, streams: int) -> Throughput:
     """Aggregate tok/s of ``streams`` decoding streams, with the best number of row groups."""
-    best = None
-    for groups, rows in group_options(streams):
-        times = step_times(pipe, rows)
-        tok_s = streams / round_s(times.cycle_s, times.bottleneck_s, groups)
-        if best is None or tok_s > best.tok_s:
-            best = Throughput(tok_s, streams, groups, rows)
-    assert best is not None
-    return best
+    return max((grouped(pipe, streams, groups) for groups, _ in group_options(streams)),
+               key=lambda t: t.tok_s)
 
 
 def stream_tok_s(pipe: Pipeline) -> float:

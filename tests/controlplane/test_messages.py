@@ -32,7 +32,10 @@ def sample(cls: type) -> object:
         stages=[r.StageStatus(0, 0, 2, HASH, 100, "coord", "serving")],
         refused=[r.RefusalInfo("bad", "h2", "why", 2.0)], counters={"malformed": 1},
         shape=SMOL, links=[r.LinkStatus("coord", "n1", 4e-4, 1e9, 9e8, [2316], 1.0),
-                           r.LinkStatus("n1", "coord", error="node n1 did not report")])
+                           r.LinkStatus("n1", "coord", error="node n1 did not report")],
+        prediction=r.PredictionStatus(70.5, [r.StreamsPrediction(1, 70.5, 1, 1),
+                                             r.StreamsPrediction(2, 130.0, 2, 1)],
+                                      ["coord", "n1"], [7.1, 6.0], [0.3, 0.2], 2))
     profile = r.ProfileRecord(SMOL.fingerprint(), "int4", "CPU", "2026.4.1",
                               [1e-4, 2e-4, 3e-4, 4e-4], [1e-3] * 4, 2e4, 1e-4, 2 << 20, 8 << 30)
     samples: dict[type, object] = {
@@ -70,7 +73,8 @@ def sample(cls: type) -> object:
             1, 2, {"requests": 3, "spec_drafted": 8}, [sm.StageStats(
                 0, "coordinator", True, 12, sm.HistogramSnapshot([0.5, 1.0], [1, 0, 2], 7.5))],
             [sm.HopStats("0-1", 4096, sm.HistogramSnapshot([1.0], [3, 0], 0.9))],
-            {"coordinator": True, "n1": False}, "stage 1 is down", "tiny", 2048, 2),
+            {"coordinator": True, "n1": False}, "stage 1 is down", "tiny", 2048, 2,
+            r.PredictionStatus(error="node n1 has no profile: measuring")),
         sm.TokenizeRequest: sm.TokenizeRequest(GenerationRequest(
             "t1", messages=[ChatMessage("user", "hi")])),
         sm.DetokenizeRequest: sm.DetokenizeRequest("t2", [1, 2, 3]),

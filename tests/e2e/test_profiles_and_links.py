@@ -1,7 +1,8 @@
 """Profiles and links on a real local cluster (node processes on loopback): each process
 measures its profile the first time it serves the model and keeps it for the next
 cluster, the coordinator probes the pipeline's links both ways, ``cluster status`` shows
-both, ``zctl plan --endpoint`` plans on them, and the cluster serves throughout."""
+both and the running placement's speed predicted from them (``zctl run --json`` beside its
+own), ``zctl plan --endpoint`` plans on them, and the cluster serves throughout."""
 
 from __future__ import annotations
 
@@ -55,15 +56,25 @@ def test_a_local_cluster_profiles_its_processes_and_probes_its_links(
         for link in status["links"]:
             assert {link["a"], link["b"]} == ids and link["error"] == ""
             assert link["rtt_s"] > 0 and link["forward_bps"] > 0 and link["backward_bps"] > 0
+        prediction = status["prediction"]  # the running placement, as the model of time sees it
+        assert prediction["error"] == "" and prediction["tok_s"] > 0, prediction
+        assert prediction["nodes"] == [s["node_id"] for s in status["stages"]]
+        assert [p["streams"] for p in prediction["streams"]] == list(range(1, 9))
+        assert prediction["row_groups"] == 1  # a --local cluster sharing the cores: one group
         monkeypatch.setenv("COLUMNS", "250")
         table = runner.invoke(app, ["cluster", "status"])
         assert "ms/layer" in table.output and "links:" in table.output, table.output
+        assert "predicted 1 stream" in " ".join(table.output.split())
         planned = runner.invoke(app, ["plan", str(tiny_llama_dir), "--endpoint",
                                       status["endpoint"], "--json"])
         assert planned.exit_code == 0, planned.output
         assert json.loads(planned.output)["fits"]["fp32"]["placements"]
         run = runner.invoke(app, ["run", "hello", "--max-tokens", "8", "--json"])
         assert run.exit_code == 0, run.output
+        against = json.loads(run.output)["prediction"]
+        assert against["streams"] == 1 and against["predicted_tok_s"] > 0, against
+        assert against["relative_error"] == pytest.approx(
+            against["predicted_tok_s"] / against["measured_tok_s"] - 1, abs=0.01)
         assert _status()["pipeline"] == "serving"
     finally:
         runner.invoke(app, ["cluster", "down"])

@@ -1,5 +1,5 @@
 """The benchmarks' models and their cached exports: SmolLM2-135M (the default), random
-Llama checkpoints of known shapes (random-1b, random-tiny) or an HF directory, exported
+Llama checkpoints of known shapes (random-1b, random-8b, random-tiny) or an HF directory, exported
 once per split, weight format and KV layout into the cache, and the plugin hints both
 sides of a comparison get.
 
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from zctl.manifest import StaticKV
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-RANDOM_MODELS = {"random-1b": "llama-3.2-1b", "random-tiny": "tiny"}  # name -> SHAPES key
+RANDOM_MODELS = {"random-1b": "llama-3.2-1b", "random-8b": "llama-3.1-8b",
+                 "random-tiny": "tiny"}  # name -> SHAPES key
 
 
 def model_hf_dir(model: str, cache: Path) -> Path:

@@ -1,7 +1,8 @@
 """Write a random-weight Llama checkpoint of a given shape, one layer at a time.
 
-Used by the benchmarks for a model with Llama-3.2-1B's shape (no hub here), and a tiny
-one that exports and serves in seconds (``--shape tiny``, the live fuzzer's). Tensors
+Used by the benchmarks for models with Llama-3.2-1B's and Llama-3.1-8B's shapes (no hub
+here), and a tiny one that exports and serves in seconds (``--shape tiny``, the live
+fuzzer's). Tensors
 are written shard by shard as bf16 safetensors, so making a model never holds more
 than one layer in memory. The tokenizer is borrowed from an existing export or HF
 directory, or a small BPE tokenizer is trained on the spot (token ids stay below the
@@ -24,6 +25,14 @@ SHAPES = {
         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
         num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+    ),
+    # ~16 GB of bf16 weights on disk (~5 GB exported in INT4), written a layer at a time
+    "llama-3.1-8b": dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192},
     ),
@@ -133,6 +142,8 @@ def write_random_llama(out_dir: Path, shape: str = "llama-3.2-1b", seed: int = 0
             p + "mlp.down_proj.weight": rand(h, inter),
         })
     save("norm.safetensors", {"model.norm.weight": _bf16(np.ones(h, np.float32))})
+    if not cfg["tie_word_embeddings"]:
+        save("head.safetensors", {"lm_head.weight": rand(cfg["vocab_size"], h)})
     (out_dir / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map}))
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,

@@ -160,6 +160,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                    "context, streams under a long prefill."),
     "repeatable": ("repeatable", "Repeatability: the same greedy request's tokens cold and "
                                  "cached, batched, speculative, healed."),
+    "plan": ("plan", "Predicted against measured tok/s: each case predicted from its nodes' "
+                     "profiles, then run."),
     "peers": ("peers.cli", "zctl against llama.cpp's RPC backend and llama-server on the same "
                            "PCs, side by side."),
     "chaos": ("robustness.chaos", "Chaos: faults mid-generation (kill, hang, link down, "

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 
+from controlplane.records import PredictionStatus
 from zctl.cli.cluster import (
     DynamicQuantization,
     Exact,
@@ -145,7 +146,7 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
                k: int = 0, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Send the prompts to the generation service (run concurrently, one stream each);
     live dashboard unless --json. Returns the run's report."""
-    from controlplane.client import query_status
+    from controlplane.client import ClusterUnreachable, query_status
     from zctl.engine.requests import GenerationDone, GenerationRequest
     from zctl.launcher.record import control_curve
     from zctl.service.client import generate_many
@@ -194,8 +195,36 @@ def stream_run(record: ClusterRecord, prompts: list[str], max_tokens: int, chat:
     if errors:
         raise ClusterError(errors[0])
     end = time.monotonic()
-    return run_report(snapshot, [dones[i] for i in range(len(prompts))], requests[0],
-                      end - start, end - min(first_at.values(), default=start), speculative, k)
+    report = run_report(snapshot, [dones[i] for i in range(len(prompts))], requests[0],
+                        end - start, end - min(first_at.values(), default=start), speculative, k)
+    try:  # the prediction as of now: profiles and links measured during the run count
+        status = query_status(record.control, curve=control_curve(record))
+    except ClusterUnreachable:
+        pass
+    measured = report["tok_s"] if len(prompts) == 1 else report["aggregate_tok_s"]
+    report["prediction"] = prediction_report(status.prediction, len(prompts), measured)
+    return report
+
+
+def prediction_report(prediction: PredictionStatus | None, streams: int,
+                      measured: float) -> dict[str, Any]:
+    """The run's decode tok/s (one stream's, or all ``streams``' together) against what the
+    cluster predicts for its placement: the relative error is (predicted - measured) /
+    measured; ``no_prediction`` says why there is none."""
+    from controlplane.planner.running import NoPrediction, relative_error, streams_prediction
+
+    out: dict[str, Any] = {"streams": streams, "measured_tok_s": round(measured, 2)}
+    try:
+        if prediction is None:
+            raise NoPrediction("the coordinator made none")
+        predicted = streams_prediction(prediction, streams)
+    except NoPrediction as exc:
+        return {**out, "predicted_tok_s": None, "relative_error": None,
+                "no_prediction": str(exc)}
+    error = relative_error(predicted.tok_s, measured) if measured > 0 else None
+    return {**out, "predicted_tok_s": round(predicted.tok_s, 2),
+            "relative_error": None if error is None else round(error, 4),
+            "row_groups": predicted.row_groups}
 
 
 def apply_message(snapshot: RunSnapshot, i: int, msg: Any) -> None:

@@ -16,7 +16,7 @@ from rich.progress import (
 from rich.table import Table
 
 from controlplane.placement import fmt_bytes, layer_range
-from controlplane.records import ClusterStatus, LinkStatus, NodeStatus
+from controlplane.records import ClusterStatus, LinkStatus, NodeStatus, PredictionStatus
 
 STATE_STYLE = {"serving": "green", "ready": "cyan", "wiring": "cyan", "transferring": "yellow",
                "idle": "dim", "failed": "red", "dead": "bold red", "left": "dim"}
@@ -93,10 +93,23 @@ def link_text(link: LinkStatus) -> str:
     return text + (f" ({link.error})" if link.error else "")
 
 
+def prediction_text(prediction: PredictionStatus) -> str:
+    """The running placement's predicted speed in a line: one stream's tok/s and the most
+    streams' (with their row groups), or why there is none."""
+    if prediction.error:
+        return f"no prediction: {prediction.error}"
+    text = f"predicted 1 stream {prediction.tok_s:.3g} tok/s"
+    if len(prediction.streams) > 1:
+        most = prediction.streams[-1]
+        text += (f", {most.streams} streams {most.tok_s:.3g} tok/s ({most.row_groups} row "
+                 f"group{'s' if most.row_groups > 1 else ''} of {most.rows})")
+    return text
+
+
 def status_table(status: ClusterStatus) -> Table:
     """The cluster at a glance: one row per node in stage order (its stage's layers,
-    devices, free RAM, liveness, profile), then the pipeline line and the links' figures
-    as caption. Versions go in the
+    devices, free RAM, liveness, profile), then the pipeline line, the links' figures and
+    the predicted speed as caption. Versions go in the
     caption when every node runs the coordinator's (a node whose OpenVINO differs is
     refused at enrolment), else in a column; transfer and note columns appear only while
     some shard is arriving or some node reports a problem."""
@@ -143,5 +156,7 @@ def status_table(status: ClusterStatus) -> Table:
         caption += f" - refused: {status.refused[-1].reason}"
     if status.links:
         caption += " · links: " + "; ".join(link_text(link) for link in status.links)
+    if status.prediction is not None:
+        caption += " · " + prediction_text(status.prediction)
     table.caption = caption
     return table

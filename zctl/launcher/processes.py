@@ -226,6 +226,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
     from controlplane.security import CurveServer, key_dir
 
     launcher = _prepare(config.link, config.cpus, head_launcher, say)
+    row_groups = _row_groups(config) if config.serve else None  # the service's
     state_dir = _home(config.state_dir, "coordinator")
     curve = None
     if config.curve:
@@ -239,7 +240,8 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         placement={int(stage): node for stage, node in config.placement.items()},
         runtime=config.runtime, reassign_after=config.reassign_after,
         heal_after=config.heal_after, curve=curve, memory_limit=config.memory_mb << 20,
-        cluster_id=config.cluster_id, profile=config.profile, link=_probe_link(config.link)),
+        cluster_id=config.cluster_id, profile=config.profile, link=_probe_link(config.link),
+        row_groups=row_groups),
         launcher=launcher)
     signal.signal(signal.SIGTERM, interrupt_once())
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")
@@ -249,7 +251,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
 
         service = GenerationService(
             config.export_dir, coordinator.stage0_executor, config.serve,
-            max_streams=config.max_streams, row_groups=_row_groups(config),
+            max_streams=config.max_streams, row_groups=row_groups,
             kv_memory_mb=config.kv_memory_mb, prefix_cache_mb=config.prefix_cache_mb,
             shared_cores=config.shared_cores,
             health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,

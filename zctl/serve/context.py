@@ -32,7 +32,7 @@ from zctl.serve.errors import (
     validate_generation,
 )
 from zctl.serve.event_streams import Events, close_all, run_concurrently
-from zctl.serve.metrics import RequestClock, ServeMetrics, finish_reason
+from zctl.serve.metrics import RequestClock, ServeMetrics
 from zctl.serve.settings import ServeSettings
 from zctl.service.async_client import AsyncServiceClient
 from zctl.service.errors import ServiceUnavailable
@@ -301,7 +301,7 @@ class ServingContext:
             if isinstance(msg, GenerationDone):
                 if msg.error:
                     raise engine_error(msg)
-                clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg), now)
+                clock.done(msg, now)
                 return msg, logprobs, prompt
             clock.tokens(len(msg.tokens), now)
             prompt = msg.prompt_logprobs or prompt

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from zctl.engine.requests import GenerationDone, TokenLogprob
-from zctl.serve.metrics import RequestClock, finish_reason
+from zctl.serve.metrics import RequestClock
 from zctl.service.messages import GenerationEvent
 
 T = TypeVar("T")
@@ -79,8 +79,7 @@ async def visible_events(first: GenerationEvent, events: Events, clock: RequestC
         async for _, msg in stream:
             if isinstance(msg, GenerationDone):
                 if not msg.error:
-                    clock.done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
-                               time.monotonic())
+                    clock.done(msg, time.monotonic())
                 yield msg
                 return
             clock.tokens(len(msg.tokens), time.monotonic())

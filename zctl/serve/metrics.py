@@ -7,7 +7,9 @@ own queue (requests in flight, and the ``--max-queue`` beyond which it answers 4
 cluster's figures (requests running and waiting, nodes up, KV slots per stage, per-stage
 compute and per-hop network histograms, bytes per hop, speculative tokens) come from the
 generation service's ``ServiceStats`` at scrape time and are exported as they are,
-through ``ClusterCollector``.
+through ``ClusterCollector``; so is the running placement's predicted tok/s, which the
+coordinator's status makes (controlplane/planner/running.py), beside the decode tok/s
+measured of the last finished generation.
 """
 
 from __future__ import annotations
@@ -105,7 +107,21 @@ def cluster_metrics(stats: ServiceStats, model: str) -> list[Metric]:
     network = histogram_family("zctl_hop_network_seconds", "Network time of a step's frame "
                                "on the hop", "hop", {h.name: h.network_ms for h in stats.hops})
     return [running, waiting, drafted, accepted, *prefix, cached, *structured, node_up, stage_up, kv,
-            hop_bytes, compute, network]
+            hop_bytes, compute, network, predicted_metric(stats, model)]
+
+
+def predicted_metric(stats: ServiceStats, model: str) -> GaugeMetricFamily:
+    """The running placement's predicted aggregate decode tok/s at each stream count (no
+    sample while there is no prediction: a profile or a link not measured yet)."""
+    family = GaugeMetricFamily("zctl_predicted_tok_s", "Predicted decode tok/s of the running "
+                               "placement with this many streams, all of them together (the "
+                               "planner's model of time on the nodes' profiles and links)",
+                               labels=["model_name", "streams"])
+    prediction = stats.prediction
+    if prediction is not None and not prediction.error:
+        for entry in prediction.streams:
+            family.add_metric([model, str(entry.streams)], entry.tok_s)
+    return family
 
 
 class ClusterCollector:
@@ -145,6 +161,10 @@ class ServeMetrics:
                                registry=self.registry)
         self.max_queue = Gauge("zctl_api_max_queue", "Requests in flight beyond which new ones "
                                "get 429 (--max-queue)", registry=self.registry)
+        self.measured_tok_s = Gauge("zctl_measured_tok_s", "Decode tok/s of the last finished "
+                                    "generation (its tokens after the first over the time they "
+                                    "took, as the engine measured them)", labels,
+                                    registry=self.registry)
         self.cluster = ClusterCollector()
         self.registry.register(self.cluster)  # type: ignore[arg-type]
 
@@ -182,10 +202,13 @@ class RequestClock:
                 self.metrics.itl.labels(self.model).observe(gap)
         self.last = now
 
-    def done(self, prompt_tokens: int, generated: int, reason: str, now: float) -> None:
+    def done(self, done: GenerationDone, now: float) -> None:
+        """A generation that ended well (``done``): its latency, tokens, reason and speed."""
         m = self.metrics
         m.e2e.labels(self.model).observe(now - self.start)
         if self.counts_prompt:
-            m.prompt_tokens.labels(self.model).inc(prompt_tokens)
-        m.generation_tokens.labels(self.model).inc(generated)
-        m.finished.labels(self.model, reason).inc()
+            m.prompt_tokens.labels(self.model).inc(done.prompt_tokens)
+        m.generation_tokens.labels(self.model).inc(len(done.tokens))
+        m.finished.labels(self.model, finish_reason(done)).inc()
+        if done.tok_s > 0:
+            m.measured_tok_s.labels(self.model).set(done.tok_s)

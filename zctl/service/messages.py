@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from controlplane.checks import need
 from controlplane.messages import Message, register, register_record
+from controlplane.records import PredictionStatus
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 
 MAX_DETOKENIZE = 1 << 20  # token ids one detokenize_request may carry
@@ -162,6 +163,8 @@ class ServiceStats(Message):
     model: str = ""  # the export's model name (manifest.model.name)
     max_context: int = 0  # manifest.model.max_position_embeddings
     num_stages: int = 0
+    # the running placement's predicted speed, as the cluster status has it (None: no status)
+    prediction: PredictionStatus | None = None
 
     def check(self) -> None:
         need(self.running >= 0 and self.waiting >= 0, "service_stats: negative running/waiting")

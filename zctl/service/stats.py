@@ -18,6 +18,8 @@
   it; a node while it is alive (enrolled and heartbeating, spares included). Without a
   cluster status (an in-process executor), the stages run here are "coordinator"'s, the
   others' node is "", and every stage is up while the pipeline serves.
+- ``prediction``: the cluster status's (the running placement's predicted speed,
+  controlplane/planner/running.py), as it is; None without a cluster status.
 - ``health``: the engine's health callback; "the pipeline is not wired yet" without an
   executor.
 """
@@ -78,7 +80,8 @@ class StatsCollector:
         nodes = ({_name(n): n.state in ALIVE for n in status.nodes} if status is not None
                  else {COORDINATOR: True})
         return ServiceStats(self.engine.active, self.engine.waiting, dict(counters), stages,
-                            hops, nodes, health, self.model, self.max_context, self.num_stages)
+                            hops, nodes, health, self.model, self.max_context, self.num_stages,
+                            status.prediction if status is not None else None)
 
     def _metrics(self, executor: MeasuredExecutor | None) -> StepMetrics:
         """Everything measured since the service started: the current executor's metrics

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from zctl.cli.app import app
-from zctl.cli.run import check_sampling, sampling_report
+from zctl.cli.run import check_sampling, prediction_report, sampling_report
 from zctl.engine.requests import (
     FROM_GENERATION_CONFIG,
     FROM_LLAMA_SERVER,
@@ -54,6 +54,26 @@ def test_the_report_says_what_was_sampled_with_and_where_it_came_from() -> None:
         "temperature": 0.0, "repetition_penalty": 1.1, "presence_penalty": 0.0,
         "frequency_penalty": 0.5, "defaults": "generation_config", "given": ["temperature"]}
     assert sampling_report(req, None) is None  # a service that did not say
+
+
+def test_the_report_sets_the_runs_speed_against_the_clusters_prediction() -> None:
+    from controlplane.records import PredictionStatus, StreamsPrediction
+
+    predicted = PredictionStatus(80.0, [StreamsPrediction(1, 80.0, 2, 1),
+                                        StreamsPrediction(2, 150.0, 2, 1)], ["c", "n1"],
+                                 [6.0, 6.0], [0.1, 0.1], 2)
+    assert prediction_report(predicted, 1, 100.0) == {
+        "streams": 1, "measured_tok_s": 100.0, "predicted_tok_s": 80.0, "relative_error": -0.2,
+        "row_groups": 2}
+    assert prediction_report(predicted, 2, 120.0)["relative_error"] == 0.25
+    assert prediction_report(predicted, 1, 0.0)["relative_error"] is None  # one token: no rate
+    none = prediction_report(PredictionStatus(error="the link c -> n1 is not measured yet"),
+                             1, 100.0)
+    assert none == {"streams": 1, "measured_tok_s": 100.0, "predicted_tok_s": None,
+                    "relative_error": None,
+                    "no_prediction": "the link c -> n1 is not measured yet"}
+    assert "3 streams are not predicted" in prediction_report(predicted, 3, 1.0)["no_prediction"]
+    assert prediction_report(None, 1, 1.0)["no_prediction"] == "the coordinator made none"
 
 
 def test_the_help_says_what_the_defaults_are() -> None:

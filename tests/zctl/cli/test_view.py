@@ -102,3 +102,21 @@ def test_each_node_s_profile_and_the_links_show() -> None:
     assert "0.250 ms/layer" in text and "measuring" in text and "failed" in text
     assert "coord->n1 0.54 ms, 1,200/1,100 MB/s" in text
     assert "n2->coord node n2 did not report its probe" in text
+
+
+def test_the_caption_says_the_predicted_speed_or_why_there_is_none() -> None:
+    from dataclasses import replace
+
+    from controlplane.records import PredictionStatus, StreamsPrediction
+
+    status = cluster([node("coord", 0, "127.0.0.1"), node("n1", 1, "127.0.0.2"),
+                      node("n2", 2, "127.0.0.3")])
+    assert "predict" not in render(status)  # a coordinator that made none
+    predicted = PredictionStatus(74.2, [StreamsPrediction(1, 74.2, 1, 1),
+                                        StreamsPrediction(8, 251.0, 3, 3)], ["coord", "n1", "n2"],
+                                 [4.0, 4.1, 5.0], [0.2, 0.2, 0.2], 3)
+    text = " ".join(render(replace(status, prediction=predicted), width=300).split())
+    assert "predicted 1 stream 74.2 tok/s, 8 streams 251 tok/s (3 row groups of 3)" in text
+    missing = PredictionStatus(error="node n1 has no profile: measuring")
+    text = " ".join(render(replace(status, prediction=missing), width=300).split())
+    assert "no prediction: node n1 has no profile: measuring" in text

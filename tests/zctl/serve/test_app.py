@@ -337,6 +337,8 @@ def test_metrics_in_prometheus_text(server) -> None:
         assert name in text, name
     assert "\nzctl_api_requests_in_flight 0.0\n" in text  # the request above has ended
     assert "\nzctl_api_max_queue 64.0\n" in text  # ServeSettings' default
+    measured = [line for line in text.splitlines() if line.startswith("zctl_measured_tok_s{")]
+    assert len(measured) == 1 and float(measured[0].split()[-1]) > 0  # the request's decode
     generated = [line for line in text.splitlines()
                  if line.startswith("vllm:generation_tokens_total")]
     assert float(generated[0].split()[-1]) >= 4

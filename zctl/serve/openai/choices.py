@@ -18,7 +18,6 @@ from zctl.serve.context import RunningGenerations, ServingContext, new_request_i
 from zctl.serve.encoding import DONE, event_stream, json_reply, sse
 from zctl.serve.errors import ApiError, validate_generation
 from zctl.serve.event_streams import close_all, merge_events, run_concurrently
-from zctl.serve.metrics import finish_reason
 from zctl.serve.openai.protocol import ChatCompletionRequest, CompletionRequest, to_generations
 from zctl.serve.openai.replies import ChoiceReplies
 from zctl.service.errors import ServiceUnavailable
@@ -88,8 +87,7 @@ async def stream_choices(context: ServingContext, replies: ChoiceReplies,
                 held, finish = replies.ending(index, msg)
                 for chunk in held:  # a call at its end (or the text it was cut to), an echo
                     yield sse(chunk)
-                clocks[index].done(msg.prompt_tokens, len(msg.tokens), finish_reason(msg),
-                                   time.monotonic())  # stop / length, as whole replies
+                clocks[index].done(msg, time.monotonic())  # stop / length, as whole replies
                 yield sse(finish)
         for chunk in replies.closing([dones[i] for i in sorted(dones)]):
             yield sse(chunk)

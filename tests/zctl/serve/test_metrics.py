@@ -1,0 +1,26 @@
+"""The running placement's predicted tok/s on /metrics: a gauge per stream count while the
+cluster status has a prediction, none while it says why it has not."""
+
+from __future__ import annotations
+
+from controlplane.records import PredictionStatus, StreamsPrediction
+from zctl.serve.metrics import ServeMetrics
+from zctl.service.messages import ServiceStats
+
+
+def scrape(prediction: PredictionStatus | None) -> list[str]:
+    stats = ServiceStats(0, 0, {}, [], [], {}, model="m", prediction=prediction)
+    text = ServeMetrics().render(stats, "m").decode()
+    return [line for line in text.splitlines() if line.startswith("zctl_predicted_tok_s")]
+
+
+def test_each_stream_count_is_a_gauge_while_there_is_a_prediction() -> None:
+    predicted = PredictionStatus(70.0, [StreamsPrediction(1, 70.0, 1, 1),
+                                        StreamsPrediction(2, 131.5, 2, 1)], ["c"], [14.0], [], 2)
+    assert scrape(predicted) == ['zctl_predicted_tok_s{model_name="m",streams="1"} 70.0',
+                                 'zctl_predicted_tok_s{model_name="m",streams="2"} 131.5']
+
+
+def test_no_prediction_is_no_sample() -> None:
+    assert scrape(PredictionStatus(error="node n1 has no profile: measuring")) == []
+    assert scrape(None) == []

@@ -1,0 +1,99 @@
+"""One case: its cluster started with every node profiling itself (the slowed node under
+its quota from the start, so its profile is measured slowed), the prediction read from
+the coordinator's status once every profile and link is measured, then each stream count
+run ``rounds`` times through the generation service (tools.harness.service, as ``zctl
+run`` sends requests), every process stopped after.
+
+Measured decode tok/s: one stream's is its tokens after the first over their time (as
+``zctl run`` reports it); N streams sent together, the sum of theirs (they decode side by
+side from their first token to their last). The median of the rounds is compared.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tools.harness.report import err
+from tools.plan.cases import STREAMS, Case
+
+if TYPE_CHECKING:
+    from controlplane.records import ClusterStatus
+    from zctl.launcher.record import ClusterRecord
+
+PREDICTION_TIMEOUT_S = 600.0  # profiles (30 s a device, one machine's in turn) and link probes
+WARMUP_TOKENS = 8
+
+
+def wait_prediction(record: ClusterRecord, timeout_s: float) -> ClusterStatus:
+    """The status once it holds a prediction; RuntimeError with what it still lacks after
+    ``timeout_s``."""
+    from controlplane.client import ClusterUnreachable, query_status
+
+    deadline = time.monotonic() + timeout_s
+    lacking = "no status yet"
+    while time.monotonic() < deadline:
+        try:
+            status = query_status(record.control, timeout=2.0)
+        except ClusterUnreachable as exc:
+            lacking = str(exc)
+        else:
+            if status.prediction is not None and not status.prediction.error:
+                return status
+            lacking = status.prediction.error if status.prediction else "no prediction made"
+        time.sleep(1.0)
+    raise RuntimeError(f"no prediction after {timeout_s:.0f} s: {lacking}")
+
+
+def measure_streams(serve: str, prompt: str, streams: int, tokens: int) -> float:
+    """Decode tok/s of ``streams`` streams of ``tokens`` tokens sent together (module
+    docstring)."""
+    from tools.harness.service import bench_request, generate_together
+
+    dones, _ = generate_together(serve, [bench_request(prompt, tokens) for _ in range(streams)])
+    return sum(d.tok_s for d in dones)
+
+
+def placement(status: ClusterStatus) -> list[dict[str, Any]]:
+    return [{"stage": s.index, "node": s.node_id, "layers": [s.layer_start, s.layer_end]}
+            for s in sorted(status.stages, key=lambda s: s.index)]
+
+
+def run_case(case: Case, root: Path, tokens: int, rounds: int,
+             timeout_s: float = PREDICTION_TIMEOUT_S) -> dict[str, Any]:
+    """The case's prediction and measurements: ``{"setup", "placement", "prediction",
+    "slowed_by", "measured": {streams: [tok/s of each round]}}``."""
+    from contextlib import ExitStack
+
+    from tools.harness.models import PROMPT, BenchModel
+    from tools.plan.throttle import SlowedNode
+    from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
+    from zctl.launcher.processes import runtime_spec
+
+    export_dir = BenchModel.resolve(case.model).export(case.nodes, case.weights)
+    shutil.rmtree(root, ignore_errors=True)  # fresh state: every node measures its profile
+    err.print(f"[bold]{case.name}[/]: {case.nodes} nodes ({case.cpu_sets} cores), "
+              f"{case.delay_ms:g} ms a hop" + (f", the last slowed to {case.slow_share:.0%} "
+                                               "of a core" if case.slow_share else ""))
+    record = start_local_cluster(export_dir, case.nodes, runtime_spec("f32", None, "CPU"), root,
+                                 cpu_sets=case.cpu_sets, link_delay_ms=case.delay_ms,
+                                 profile=True)
+    with ExitStack() as stack:
+        stack.callback(stop_processes, record.pids)
+        slowed = None
+        if case.slow_share:
+            slowed = stack.enter_context(SlowedNode(record.pids[-1], case.slow_share))
+        wait_serving(record, timeout_s)
+        err.print("  serving; waiting for every profile and link to be measured ...")
+        status = wait_prediction(record, timeout_s)
+        for streams in STREAMS:  # every row count's first steps, before any is timed
+            measure_streams(record.serve, PROMPT, streams, WARMUP_TOKENS)
+        measured: dict[int, list[float]] = {n: [] for n in STREAMS}
+        for _ in range(rounds):
+            for streams in STREAMS:
+                measured[streams].append(measure_streams(record.serve, PROMPT, streams, tokens))
+        return {"setup": case.setup(), "placement": placement(status),
+                "prediction": status.prediction, "slowed_by": slowed.method if slowed else None,
+                "measured": measured}
