@@ -130,6 +130,22 @@ def test_fused_projections_are_four_matmuls_a_layer_with_the_separate_ones_logit
 
 
 @pytest.mark.slow
+def test_an_export_with_separate_projections_runs_on_every_runner(
+        tiny_exports, tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Exports made before the fused projections (7 MatMuls a layer) load and decode on the
+    stateful and the paged runners, cut in stages, with the fused export's tokens."""
+    separate = tmp_path / "separate"
+    export_model(open_source(str(tiny_llama_dir)), SPLITS[2], "int4", separate,
+                 fuse_projections=False)
+    fused = tiny_exports.get(SPLITS[2], "int4")
+    ids = [0, 17, 42, 101, 7, 250, 33]
+    for paged in (False, True):
+        config = RuntimeSpec(paged_attention=paged)
+        want = list(generate_greedy(LocalChain.load(str(fused), config), ids, 12))
+        assert list(generate_greedy(LocalChain.load(str(separate), config), ids, 12)) == want
+
+
+@pytest.mark.slow
 def test_beam_idx_is_injected_or_left_out(tiny_exports) -> None:
     with_beam = load_manifest(tiny_exports.get(SPLITS[2]))
     assert with_beam.beam_idx and "beam_idx" in with_beam.stages[0].inputs
