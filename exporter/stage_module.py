@@ -107,7 +107,7 @@ class DecoderLayer(nn.Module):
         # Every output row keeps its own weights (and, compressed, its own scales), so the
         # results are bit for bit those of the separate projections; a one-token step runs
         # 3 fewer MatMul nodes a layer, and the plugin quantizes their input once, not 5 times
-        # (docs/measurements/decode.md, "Single node against llama.cpp").
+        # (docs/measurements/single-node.md).
         kv_size = shape.num_kv_heads * shape.head_dim
         self.qkv_sizes = (shape.num_heads * shape.head_dim, kv_size, kv_size)
         self.qkv_proj = self.gate_up_proj = None

@@ -29,8 +29,8 @@ class RuntimeSpec:
     # matched with it off. Off costs ~30% of decode speed; exact comparisons turn it off.
     # On an INT4 export the activations are quantized in groups of the weights' group size
     # (``properties(int4_group=...)``), not the plugin's 32: 5-10% faster decode steps, the
-    # same teacher-forced quality (docs/measurements/decode.md, "Single node against
-    # llama.cpp"); INT8 exports keep 32 (64 raised their KL to fp32 by 28% on SmolLM2).
+    # same teacher-forced quality (docs/measurements/single-node.md); INT8 exports keep
+    # 32 (64 raised their KL to fp32 by 28% on SmolLM2).
     dynamic_quantization: bool = True
     # True: run a stateful export's stages on PagedAttention (dataplane.runtime.paged):
     # KV in blocks, every stream its own sequence of one batched inference (CPU only).
