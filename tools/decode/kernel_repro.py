@@ -54,6 +54,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.synthetic import LayerShape
 from tools.harness.options import Json, fail, parse_numbers
 from tools.harness.report import err, print_result, run_record
 
@@ -63,28 +64,29 @@ WEIGHTS = ("int4", "int8")
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The projection shapes of a decoder (MatMuls at M=1: N outputs of K inputs)."""
+    """A decoder's layer geometry (the synthetic stage's) and the exporter's INT4 group
+    size for it: the shapes of its MatMuls at M=1."""
 
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    group: int  # the exporter's INT4 group size for it
+    layer: LayerShape
+    group: int
+
+    @property
+    def hidden(self) -> int:
+        return self.layer.hidden
 
     def projections(self) -> dict[str, tuple[int, int]]:
         """name -> (N, K): the fused QKV, the attention output, the fused gate/up, the down
         projection and the LM head."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"qkv": (q + 2 * kv, self.hidden), "o": (self.hidden, q),
-                "gate_up": (2 * self.intermediate, self.hidden),
-                "down": (self.hidden, self.intermediate), "lm_head": (self.vocab, self.hidden)}
+        s = self.layer
+        q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        return {"qkv": (q + 2 * kv, s.hidden), "o": (s.hidden, q),
+                "gate_up": (2 * s.intermediate, s.hidden),
+                "down": (s.hidden, s.intermediate), "lm_head": (s.vocab, s.hidden)}
 
 
 SHAPES = {
-    "smollm2": ModelShape(576, 1536, 9, 3, 64, 49152, 64),
-    "1b": ModelShape(2048, 8192, 32, 8, 64, 128256, 128),
+    "smollm2": ModelShape(LayerShape(576, 1536, 9, 3, 64, 49152), 64),
+    "1b": ModelShape(LayerShape(2048, 8192, 32, 8, 64, 128256), 128),
 }
 
 
