@@ -134,6 +134,7 @@ def build_stage(
     progress: ExportProgress,
     rt_info: dict[str, str],
     static: StaticKV | None = None,
+    fuse_projections: bool = True,
 ) -> tuple[StageSpec, StageReport]:
     """Build one stage into out_dir; returns its spec and timings. ``static``: a stateless
     stage whose present outputs hold only the new tokens' KV (see StaticKV)."""
@@ -156,7 +157,7 @@ def build_stage(
     progress.phase(index, "load")
     kv_dtype = torch.float16 if static is not None and static.kv_dtype == "f16" else None
     module = StageModule(shape, start, end, first, last, fetch, new_kv_only=static is not None,
-                         kv_dtype=kv_dtype).eval()
+                         kv_dtype=kv_dtype, fuse_projections=fuse_projections).eval()
     source.release()  # unmap the checkpoint: the pages of this stage must not pile up
     mark("load")
     progress.phase(index, "trace")
@@ -213,6 +214,7 @@ def export_model(
     force: bool = False,
     progress: ExportProgress | None = None,
     static_kv: StaticKV | None = None,
+    fuse_projections: bool = True,
 ) -> tuple[ExportManifest, list[StageReport]]:
     """Export ``source`` cut at ``ranges`` (half-open layer ranges) into ``out_dir``.
 
@@ -246,7 +248,7 @@ def export_model(
             progress.stage_started(index, layers)
             stage, report = build_stage(
                 source, index, layers, len(ranges), weight_format, group_size, beam_idx, tmp,
-                progress, rt_info, static=static_kv,
+                progress, rt_info, static=static_kv, fuse_projections=fuse_projections,
             )
             stages.append(stage)
             reports.append(report)

@@ -79,9 +79,23 @@ def _attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     return F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=s.head_dim**-0.5)
 
 
+def _stacked_linear(get: Callable[[str], torch.Tensor | None], names: tuple[str, ...]
+                    ) -> nn.Linear:
+    """One Linear whose output rows are those of ``names``' projections in turn (a bias
+    only when one of them has one: the others' rows get zeros)."""
+    weights = [get(f"{name}.weight") for name in names]
+    biases = [get(f"{name}.bias") for name in names]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype)
+                          for w, b in zip(weights, biases, strict=True)])
+    return _linear(torch.cat(weights), bias)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, shape: DecoderShape, get: Callable[[str], torch.Tensor | None],
-                 new_kv_only: bool = False, kv_dtype: torch.dtype | None = None) -> None:
+                 new_kv_only: bool = False, kv_dtype: torch.dtype | None = None,
+                 fuse_projections: bool = True) -> None:
         super().__init__()
         self.shape = shape
         self.new_kv_only = new_kv_only
@@ -89,13 +103,39 @@ class DecoderLayer(nn.Module):
         self.input_norm = RMSNorm(get("input_layernorm.weight"), shape.rms_norm_eps)
         self.post_norm = RMSNorm(get("post_attention_layernorm.weight"), shape.rms_norm_eps)
         attn, mlp = "self_attn.", "mlp."
-        self.q_proj = _linear(get(attn + "q_proj.weight"), get(attn + "q_proj.bias"))
-        self.k_proj = _linear(get(attn + "k_proj.weight"), get(attn + "k_proj.bias"))
-        self.v_proj = _linear(get(attn + "v_proj.weight"), get(attn + "v_proj.bias"))
+        # Fused: Q, K and V one MatMul, gate and up another (4 MatMuls a layer, not 7).
+        # Every output row keeps its own weights (and, compressed, its own scales), so the
+        # results are bit for bit those of the separate projections; a one-token step runs
+        # 3 fewer MatMul nodes a layer, and the plugin quantizes their input once, not 5 times
+        # (docs/measurements/single-node.md).
+        kv_size = shape.num_kv_heads * shape.head_dim
+        self.qkv_sizes = (shape.num_heads * shape.head_dim, kv_size, kv_size)
+        self.qkv_proj = self.gate_up_proj = None
+        if fuse_projections:
+            self.qkv_proj = _stacked_linear(get, tuple(attn + p for p in ("q_proj", "k_proj",
+                                                                          "v_proj")))
+            self.gate_up_proj = _stacked_linear(get, (mlp + "gate_proj", mlp + "up_proj"))
+        else:
+            self.q_proj = _linear(get(attn + "q_proj.weight"), get(attn + "q_proj.bias"))
+            self.k_proj = _linear(get(attn + "k_proj.weight"), get(attn + "k_proj.bias"))
+            self.v_proj = _linear(get(attn + "v_proj.weight"), get(attn + "v_proj.bias"))
+            self.gate_proj = _linear(get(mlp + "gate_proj.weight"), get(mlp + "gate_proj.bias"))
+            self.up_proj = _linear(get(mlp + "up_proj.weight"), get(mlp + "up_proj.bias"))
         self.o_proj = _linear(get(attn + "o_proj.weight"), get(attn + "o_proj.bias"))
-        self.gate_proj = _linear(get(mlp + "gate_proj.weight"), get(mlp + "gate_proj.bias"))
-        self.up_proj = _linear(get(mlp + "up_proj.weight"), get(mlp + "up_proj.bias"))
         self.down_proj = _linear(get(mlp + "down_proj.weight"), get(mlp + "down_proj.bias"))
+
+    def _qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        q, k, v = self.qkv_proj(h).split(self.qkv_sizes, dim=-1)
+        return q, k, v
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(h), self.up_proj(h)
+        else:
+            gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
     def forward(
         self,
@@ -108,10 +148,10 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s = self.shape
         batch, tokens = x.shape[0], x.shape[1]
-        h = self.input_norm(x)
-        q = self.q_proj(h).view(batch, tokens, s.num_heads, s.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        q, k, v = self._qkv(self.input_norm(x))
+        q = q.reshape(batch, tokens, s.num_heads, s.head_dim).transpose(1, 2)
+        k = k.reshape(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        v = v.reshape(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos4 + _rotate_half(q) * sin4
         k = k * cos4 + _rotate_half(k) * sin4
@@ -122,8 +162,7 @@ class DecoderLayer(nn.Module):
         attn = _attention(q, key, value, mask, s, fold_groups=self.new_kv_only)
         attn = attn.transpose(1, 2).reshape(batch, tokens, s.num_heads * s.head_dim)
         x = x + self.o_proj(attn)
-        h = self.post_norm(x)
-        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        x = x + self._mlp(self.post_norm(x))
         if self.new_kv_only:
             if self.kv_dtype is not None:
                 k, v = k.to(self.kv_dtype), v.to(self.kv_dtype)
@@ -150,6 +189,7 @@ class StageModule(nn.Module):
         get: Callable[[str], torch.Tensor | None],
         new_kv_only: bool = False,
         kv_dtype: torch.dtype | None = None,
+        fuse_projections: bool = True,
     ) -> None:
         super().__init__()
         self.first, self.last = first, last
@@ -158,7 +198,7 @@ class StageModule(nn.Module):
             self.embed = nn.Embedding.from_pretrained(get("model.embed_tokens.weight"), freeze=True)
         self.layers = nn.ModuleList(
             DecoderLayer(shape, lambda name, i=i: get(f"model.layers.{i}.{name}"), new_kv_only,
-                         kv_dtype)
+                         kv_dtype, fuse_projections)
             for i in range(layer_start, layer_end)
         )
         if last:

@@ -45,7 +45,13 @@ from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.kv.blocks import BlockPool, PagedSequence, PrefixBlocks, blocks_for
 from dataplane.runtime.kv.rows import find_row
 from dataplane.runtime.rope import RopeRows, rope_tables
-from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps, zero_input
+from dataplane.runtime.startup import (
+    int4_group,
+    open_stage,
+    shared_core,
+    warm_up_steps,
+    zero_input,
+)
 from dataplane.runtime.step_shapes import (
     LARGE,
     ShapeKeeper,
@@ -149,7 +155,7 @@ class PagedStageRunner:
             stateful = graph or core.read_model(str(self.export_dir / self.spec.xml))
             self.compiled = core.compile_model(
                 paged_model(stateful, self.spec.first, self.spec.last, self.hidden_size),
-                self.config.device, self.config.properties())
+                self.config.device, self.config.properties(int4_group(self.manifest)))
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} with paged attention: {exc}") from None
         self.request = self.compiled.create_infer_request()

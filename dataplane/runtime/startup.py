@@ -44,6 +44,12 @@ def open_stage(export_dir: Path, index: int, config: RuntimeSpec | None,
     return manifest, manifest.stages[index], config
 
 
+def int4_group(manifest: ExportManifest) -> int | None:
+    """The export's INT4 group size (None unless its weights are INT4): what its stages'
+    activations are quantized in groups of (RuntimeSpec.properties)."""
+    return manifest.group_size if manifest.weight_format == "int4" else None
+
+
 def zero_input(runtime: StageRuntime, tokens: int) -> np.ndarray:
     """A scratch step's input for ``runtime``: ``tokens`` zero ids [1, T] on the first stage,
     zero hidden states [1, T, H] on the others."""

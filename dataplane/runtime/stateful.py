@@ -37,7 +37,7 @@ from dataplane.runtime.kv.slots import (
 )
 from dataplane.runtime.kv.slots import shared_tensor as _shared
 from dataplane.runtime.rope import RopeRows, rope_tables
-from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps
+from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
 
@@ -113,7 +113,7 @@ class StageRunner:
             with HugePageScope() as pages:  # the weights the plugin repacks: huge pages
                 self.compiled = core.compile_model(
                     graph or str(self.export_dir / self.spec.xml), self.config.device,
-                    self.config.properties())
+                    self.config.properties(int4_group(self.manifest)))
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} on {self.config.device}: {exc}") from None
         self.huge_page_bytes = pages.collapsed

@@ -34,7 +34,7 @@ from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import static_step_mask
 from dataplane.runtime.kv.slots import SlotCounts
 from dataplane.runtime.rope import rope_tables
-from dataplane.runtime.startup import open_stage, shared_core, warm_up_steps
+from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
 PAST_PREFIX = "past_key_values."
@@ -53,11 +53,12 @@ NPU_PROPERTIES = ("PERFORMANCE_HINT",)
 KV_CACHE_PROPERTIES = ("KV_CACHE_PRECISION", "KEY_CACHE_QUANT_MODE")  # of a plugin's KV cache
 
 
-def static_properties(config: RuntimeSpec) -> dict[str, object]:
-    """Compile properties for a static stage on ``config.device``: all of them on CPU/GPU,
-    the ones the NPU plugin takes on an NPU; never the KV cache's (no KV state: the
-    stream's KV is on the host)."""
-    props = {k: v for k, v in config.properties().items() if k not in KV_CACHE_PROPERTIES}
+def static_properties(config: RuntimeSpec, group: int | None = None) -> dict[str, object]:
+    """Compile properties for a static stage on ``config.device`` (``group``: the export's
+    INT4 group size, RuntimeSpec.properties): all of them on CPU/GPU, the ones the NPU
+    plugin takes on an NPU; never the KV cache's (no KV state: the stream's KV is on the
+    host)."""
+    props = {k: v for k, v in config.properties(group).items() if k not in KV_CACHE_PROPERTIES}
     if device_kind(config) == "NPU":
         props = {k: v for k, v in props.items() if k in NPU_PROPERTIES}
     return props
@@ -141,7 +142,8 @@ class StaticStageRunner:
                     shaped = source.clone()
                     shaped.reshape(self._shapes(tokens))
                     self.compiled[tokens] = core.compile_model(
-                        shaped, self.config.device, static_properties(self.config))
+                        shaped, self.config.device,
+                        static_properties(self.config, int4_group(self.manifest)))
         except RuntimeError as exc:
             raise StageError(f"cannot compile static stage {index} on {self.config.device}: "
                              f"{exc}") from None

@@ -2,16 +2,17 @@
 
 ``synthetic_stage`` builds, with OpenVINO's opset and no torch, the graph the exporter
 makes of a middle stage of ``layers`` Llama decoder layers (or a last stage, with the
-final norm and the LM head): RMSNorm, the q/k/v/o projections, RoPE from cos/sin inputs,
-the past KV concatenated and repeated per query head into one ScaledDotProductAttention,
-the gated MLP, made stateful as the exporter makes every stage (stateful_graph). Its
-weights are random and already compressed as NNCF compresses an export's
-(exporter/compress.py): INT4 in asymmetric groups, INT8 per output channel (u8 weights,
-u8 zero points and f16 scales behind Convert/Subtract/Multiply, which the CPU plugin
-folds into its compressed MatMul), f16 behind a Convert, or f32; the LM head INT8 in the
-INT4 and INT8 formats. The manifest that goes with it describes the one stage, so a
-``PagedStageRunner`` runs it as it runs a stage of an export: the same PagedAttention
-pass, compile properties, bound inputs and block tables.
+final norm and the LM head): RMSNorm, the Q/K/V projections as one MatMul and the output
+projection, RoPE from cos/sin inputs, the past KV concatenated and repeated per query head
+into one ScaledDotProductAttention, the gated MLP (gate and up one MatMul), made stateful
+as the exporter makes every stage (stateful_graph). Its weights are random and already
+compressed as NNCF compresses an export's (exporter/compress.py): INT4 in asymmetric
+groups, INT8 per output channel (u8 weights, u8 zero points and f16 scales behind
+Convert/Subtract/Multiply, which the CPU plugin folds into its compressed MatMul), f16
+behind a Convert, or f32; the LM head INT8 in the INT4 and INT8 formats. The manifest that
+goes with it describes the one stage, so a ``PagedStageRunner`` runs it as it runs a stage
+of an export: the same PagedAttention pass, compile properties, bound inputs and block
+tables.
 
 Weights are drawn at random a layer at a time (no checkpoint, no export), so a profile
 of a 70B model's layer shape needs the memory of the few layers it builds, not the model.
@@ -157,12 +158,10 @@ def _layer(x: ov.Output, index: int, shape: LayerShape, inputs: dict[str, ov.Out
     attn = s.heads * s.head_dim
     kv = s.kv_heads * s.head_dim
     h = _rms_norm(x, s.hidden)
-    q = _heads(_linear(h, weights.matrix(attn, s.hidden, f"{name}.q_proj.weight")), s.heads,
-               s.head_dim)
-    k = _heads(_linear(h, weights.matrix(kv, s.hidden, f"{name}.k_proj.weight")), s.kv_heads,
-               s.head_dim)
-    v = _heads(_linear(h, weights.matrix(kv, s.hidden, f"{name}.v_proj.weight")), s.kv_heads,
-               s.head_dim)
+    qkv = _linear(h, weights.matrix(attn + 2 * kv, s.hidden, f"{name}.qkv_proj.weight"))
+    q, k, v = ops.variadic_split(qkv, _const(-1), _const([attn, kv, kv])).outputs()
+    q, k, v = _heads(q, s.heads, s.head_dim), _heads(k, s.kv_heads, s.head_dim), \
+        _heads(v, s.kv_heads, s.head_dim)
     cos = ops.unsqueeze(inputs["rope_cos"], _const(1)).output(0)
     sin = ops.unsqueeze(inputs["rope_sin"], _const(1)).output(0)
     half = s.head_dim // 2
@@ -184,9 +183,10 @@ def _layer(x: ov.Output, index: int, shape: LayerShape, inputs: dict[str, ov.Out
     x = ops.add(x, _linear(merged.output(0), weights.matrix(s.hidden, attn,
                                                             f"{name}.o_proj.weight"))).output(0)
     h = _rms_norm(x, s.hidden)
-    gate = ops.swish(_linear(h, weights.matrix(s.intermediate, s.hidden,
-                                               f"{name}.gate_proj.weight")))
-    up = _linear(h, weights.matrix(s.intermediate, s.hidden, f"{name}.up_proj.weight"))
+    gate_up = _linear(h, weights.matrix(2 * s.intermediate, s.hidden,
+                                        f"{name}.gate_up_proj.weight"))
+    gate, up = ops.split(gate_up, _const(-1), 2).outputs()
+    gate = ops.swish(gate)
     down = weights.matrix(s.hidden, s.intermediate, f"{name}.down_proj.weight")
     return ops.add(x, _linear(ops.multiply(gate, up).output(0), down)).output(0)
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import openvino as ov
 import pytest
 
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.stateful import StageRunner
 from exporter import export as export_mod
 from exporter.export import ExportError, export_model
 from exporter.sources import SourceError, open_source
@@ -91,6 +93,56 @@ def test_int4_weights_are_compressed_per_layer_and_head_int8(tiny_exports) -> No
         head = {v for k, v in kinds.items() if "embed" in k or "lm_head" in k}
         assert head <= {"u8"}
         assert model.get_rt_info(["zctl", "openvino_version"]).astype(str) == ov.get_version()
+
+
+def _matmuls(export_dir: Path) -> int:
+    model = ov.Core().read_model(export_dir / "stage0.xml")
+    return sum(op.get_type_name() == "MatMul" for op in model.get_ops())
+
+
+def _logits(export_dir: Path, token_ids: list[int]) -> list[np.ndarray]:
+    """The last token's logits after a prefill of ``token_ids`` and each of 8 decode steps
+    (greedy), on the plugin's default (fast) numerics."""
+    runner = StageRunner(export_dir, 0, RuntimeSpec())
+    runner.open_stream(0)
+    out = [runner.step(0, np.array([token_ids]), np.arange(len(token_ids))).copy()]
+    for position in range(len(token_ids), len(token_ids) + 8):
+        token = int(out[-1][0, -1].argmax())
+        out.append(runner.step(0, np.array([[token]]), np.array([position])).copy())
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_fused_projections_are_four_matmuls_a_layer_with_the_separate_ones_logits(
+        tiny_exports, tiny_llama_dir: Path, tmp_path: Path, weights: str) -> None:
+    """Q/K/V and gate/up are one MatMul each (4 a layer, not 7), and, each output row
+    compressed on its own either way, the logits are bit for bit those of the separate
+    projections."""
+    fused = tiny_exports.get(SPLITS[1], weights)
+    separate = tmp_path / "separate"
+    export_model(open_source(str(tiny_llama_dir)), SPLITS[1], weights, separate,
+                 fuse_projections=False)
+    assert (_matmuls(fused), _matmuls(separate)) == (4 * 4 + 1, 7 * 4 + 1)
+    ids = [0, 17, 42, 101, 7, 250, 33]
+    for a, b in zip(_logits(fused, ids), _logits(separate, ids), strict=True):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_an_export_with_separate_projections_runs_on_every_runner(
+        tiny_exports, tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Exports made before the fused projections (7 MatMuls a layer) load and decode on the
+    stateful and the paged runners, cut in stages, with the fused export's tokens."""
+    separate = tmp_path / "separate"
+    export_model(open_source(str(tiny_llama_dir)), SPLITS[2], "int4", separate,
+                 fuse_projections=False)
+    fused = tiny_exports.get(SPLITS[2], "int4")
+    ids = [0, 17, 42, 101, 7, 250, 33]
+    for paged in (False, True):
+        config = RuntimeSpec(paged_attention=paged)
+        want = list(generate_greedy(LocalChain.load(str(fused), config), ids, 12))
+        assert list(generate_greedy(LocalChain.load(str(separate), config), ids, 12)) == want
 
 
 @pytest.mark.slow

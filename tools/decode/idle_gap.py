@@ -43,8 +43,8 @@ MODES = ("back_to_back", "sleep", "spin")
 class CountingConfig(RuntimeSpec):
     """The runtime's properties plus the plugin's per-op counters (PERF_COUNT)."""
 
-    def properties(self) -> dict[str, Any]:
-        return {**super().properties(), "PERF_COUNT": True}
+    def properties(self, int4_group: int | None = None) -> dict[str, Any]:
+        return {**super().properties(int4_group), "PERF_COUNT": True}
 
 
 def idle(mode: str, gap_s: float) -> None:

@@ -87,6 +87,28 @@ def test_dynamic_quantization_can_be_turned_off_on_cpu(two_stage: Path) -> None:
     assert int(runner.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 0
 
 
+def test_an_int4_export_quantizes_activations_in_its_weight_groups(tiny_exports) -> None:
+    """INT4: the dynamic quantization's group is the weights' (not the plugin's 32);
+    INT8 and an export compiled without dynamic quantization are left as they were."""
+    assert RuntimeSpec().properties(int4_group=64)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 64
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in RuntimeSpec().properties(int4_group=24)
+    assert RuntimeSpec(dynamic_quantization=False).properties(
+        int4_group=64)["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in RuntimeSpec(device="GPU").properties(
+        int4_group=64)
+    int4, int8 = tiny_exports.get([(0, 4)], "int4"), tiny_exports.get([(0, 4)], "int8")
+    group = load_manifest(int4).group_size
+    assert group == 64
+    for runner_class in (StageRunner, PagedStageRunner):
+        compiled = runner_class(int4, 0).compiled
+        assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == group
+        compiled = runner_class(int8, 0).compiled
+        assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == int(
+            ov.Core().get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE"))
+        off = runner_class(int4, 0, RuntimeSpec(dynamic_quantization=False)).compiled
+        assert int(off.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 0
+
+
 def test_the_plugins_primitive_cache_is_bounded_on_cpu(two_stage: Path) -> None:
     """Each new step shape adds compiled primitives; a serving stage sees many shapes."""
     assert RuntimeSpec().properties()["CPU_RUNTIME_CACHE_CAPACITY"] == 1000

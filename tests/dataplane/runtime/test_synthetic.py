@@ -30,6 +30,12 @@ def test_weights_are_compressed_as_the_exporter_compresses_them(weights: str,
     assert {p.get_any_name() for p in model.inputs} >= {"hidden_states", "logits_idx", "beam_idx"}
 
 
+def test_a_layer_has_the_exporters_four_matmuls() -> None:
+    """Q/K/V one MatMul, the output projection, gate/up one, down: as exporter/stage_module."""
+    model = synthetic_model(TINY, 2, True, "int8")
+    assert sum(op.get_type_name() == "MatMul" for op in model.get_ops()) == 2 * 4 + 1
+
+
 @pytest.mark.parametrize("paged", [True, False])
 def test_a_synthetic_stage_runs_as_an_exported_stage_runs(paged: bool) -> None:
     graph = synthetic_model(TINY, 3, True, "int4", 64)

@@ -1,0 +1,171 @@
+"""tools/decode/kernel_repro: the compressed weights it builds compute what their numpy
+dequantization does, its pure summaries, its refusals, and its stage and runner cases on
+the tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+import typer
+
+from tools.decode.kernel_repro import (
+    CASES,
+    SHAPES,
+    CompressedWeight,
+    ModelShape,
+    alternated_us,
+    main,
+    matmul_model,
+    parse_cases,
+    per_node_us,
+    plugin_properties,
+    round_ratios,
+    runner_case,
+    stage_case,
+    stage_feeds,
+    static_copy,
+    top_nodes,
+)
+
+EXACT = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+
+
+def test_projections_are_the_fused_layers_matmuls() -> None:
+    assert SHAPES["smollm2"].projections() == {
+        "qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+        "lm_head": (49152, 576)}
+    llama_1b = SHAPES["1b"].projections()
+    assert llama_1b["qkv"] == (3072, 2048) and llama_1b["gate_up"] == (16384, 2048)
+
+
+def test_compressed_weights_have_nncfs_layout_and_size() -> None:
+    rng = np.random.default_rng(0)
+    int4 = CompressedWeight.random(8, 128, "int4", 64, rng)
+    assert int4.codes.shape == (8, 2, 64) and int4.zero.shape == int4.scale.shape == (8, 2, 1)
+    assert int4.shape == (8, 128)
+    assert int4.nbytes == 8 * 128 // 2 + 16 // 2 + 16 * 2  # u4 codes and zeros, f16 scales
+    assert int(int4.codes.max()) <= 15 and int(int4.zero.max()) <= 15
+    int8 = CompressedWeight.random(8, 128, "int8", 64, rng)
+    assert int8.codes.shape == (8, 128) and int8.nbytes == 8 * 128 + 8 + 8 * 2
+    dense = int8.dense()
+    want = (np.float32(int8.codes[3, 5]) - np.float32(int8.zero[3, 0])) * \
+        np.float32(int8.scale[3, 0])
+    assert dense.dtype == np.float32 and dense[3, 5] == want
+    with pytest.raises(ValueError, match="not a multiple of the group size 64"):
+        CompressedWeight.random(8, 96, "int4", 64, rng)
+    with pytest.raises(ValueError, match="one of int4, int8"):
+        CompressedWeight.random(8, 128, "nf4", 64, rng)
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_matmul_models_compute_their_weights_dequantized(weights: str) -> None:
+    core = ov.Core()
+    x = np.random.default_rng(5).standard_normal((1, 1, 128)).astype(np.float32)
+    model, (a, b) = matmul_model(128, [64, 32], weights, 32, chained=False)
+    got = core.compile_model(model, "CPU", EXACT)({"x": x})[0]
+    want = np.concatenate([x[0] @ a.dense().T, x[0] @ b.dense().T], axis=1)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+    chained, (c, d) = matmul_model(128, [128, 128], weights, 32, chained=True)
+    got = core.compile_model(chained, "CPU", EXACT)({"x": x})[0]
+    np.testing.assert_allclose(got[0], x[0] @ c.dense().T @ d.dense().T, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="square"):
+        matmul_model(128, [64, 64], weights, 32, chained=True)
+
+
+def test_static_copy_reshapes_the_named_inputs_only() -> None:
+    model, _ = matmul_model(64, [16], "int8", 32, chained=False)
+    static = static_copy(model, {"x": [1, 1, 64], "absent": [1]})
+    assert static.input("x").get_partial_shape() == ov.PartialShape([1, 1, 64])
+    assert model.input("x").get_partial_shape().is_dynamic  # the original is left as it was
+
+
+def test_plugin_properties_are_the_runners_with_the_int4_group() -> None:
+    props = plugin_properties(1, 64, profile=True)
+    assert props["INFERENCE_NUM_THREADS"] == 1 and props["PERF_COUNT"] is True
+    assert props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 64
+    default = plugin_properties(0, None)
+    assert "INFERENCE_NUM_THREADS" not in default and "PERF_COUNT" not in default
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in default
+
+
+def test_alternated_calls_each_in_turn() -> None:
+    calls: list[str] = []
+    us = alternated_us({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                       iters=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then rotating
+    assert set(us) == {"a", "b"} and all(v >= 0 for v in us.values())
+
+
+def test_summaries() -> None:
+    assert per_node_us(chain_us=500.0, one_us=190.0, depth=32) == 10.0
+    assert top_nodes({"FC/brgemm": 900.0, "SDPA/x": 300.0, "RMS/jit": 30.0}, steps=3,
+                     top=2) == {"FC/brgemm": 300.0, "SDPA/x": 100.0}
+    out = round_ratios([200.0, 210.0, 190.0], [250.0, 200.0, 200.0])
+    assert out == {"zctl_tok_s": 200.0, "llama_cpp_tok_s": 200.0, "ratio": 0.95,
+                   "ratio_range": [0.8, 1.05]}
+    with pytest.raises(ValueError, match="same, non-zero"):
+        round_ratios([1.0], [])
+
+
+def test_stage_feeds_step_one_token_over_a_growing_past() -> None:
+    feeds = stage_feeds({"input_ids", "attention_mask", "beam_idx", "logits_idx"}, 64, 16, 3)
+    assert [f["attention_mask"].shape for f in feeds] == [(1, 1, 1, 1), (1, 1, 1, 2),
+                                                         (1, 1, 1, 3)]
+    assert feeds[2]["input_ids"].shape == (1, 1) and feeds[0]["rope_cos"].shape == (1, 1, 16)
+    assert np.allclose(feeds[0]["rope_cos"], 1.0)  # position 0
+    middle = stage_feeds({"hidden_states", "attention_mask"}, 64, 16, 1)[0]
+    assert middle["hidden_states"].shape == (1, 1, 64)
+    assert "beam_idx" not in middle and "input_ids" not in middle
+
+
+def test_bad_options_are_refused() -> None:
+    assert parse_cases(" fc,runner ") == ["fc", "runner"] and "stage" in CASES
+    for bad in ("", "fc,gemm"):
+        with pytest.raises(ValueError, match="--case takes some of"):
+            parse_cases(bad)
+    for kwargs, match in [({"case": "gemm"}, "--case"), ({"shape": "70b"}, "--shape"),
+                          ({"weights": "nf4"}, "--weights"), ({"depth": 1}, "--depth"),
+                          ({"threads": "1,-1"}, "--threads"),
+                          ({"export": Path("/nonexistent")}, "no manifest.json"),
+                          ({"against": Path("/nonexistent")}, "--against"),
+                          ({"llama_bench": Path("/bin/true")}, "go together")]:
+        with pytest.raises(typer.BadParameter, match=match):
+            main(**kwargs)
+
+
+def test_int4_shapes_divide_into_their_groups() -> None:
+    for shape in SHAPES.values():
+        assert isinstance(shape, ModelShape)
+        assert all(k % shape.group == 0 for _, k in shape.projections().values())
+
+
+def test_stage_case_profiles_a_stage_dynamic_and_static(tiny_exports) -> None:
+    export = tiny_exports.get([(0, 4)], "int4")
+    out = stage_case(export, 1, 8, True, ov.Core())
+    assert out["layers"] == 4 and out["threads"] == 1
+    assert out["dynamic_ms"] > 0 and out["static_ms"] > 0
+    assert out["max_abs_output_diff"] < 1e-3  # the same kernels on other shapes
+    for side in ("dynamic", "static"):
+        assert any(name.startswith("FullyConnected") for name in out["node_us"][side])
+
+
+def test_runner_case_pairs_thread_settings_and_alternates_llama_bench(
+        tiny_exports, tmp_path: Path) -> None:
+    export = tiny_exports.get([(0, 4)], "int4")
+    bench = tmp_path / "llama-bench"
+    bench.write_text("#!/bin/sh\necho '[{\"avg_ts\": 50.0}]'\n")
+    bench.chmod(0o755)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    out = runner_case(export, [1, 0], tokens=4, rounds=2, llama=(bench, gguf),
+                      against=tiny_exports.get([(0, 4)], "int8"))
+    assert list(out["step_ms"]) == ["threads_1", "threads_default", "against"]
+    assert all(len(v) == 2 and min(v) > 0 for v in out["step_ms"].values())
+    assert out["over_first"]["threads_1"] == 1.0
+    llama = out["llama_cpp"]
+    assert llama["threads"] == 1 and llama["llama_cpp_tok_s"] == 50.0
+    assert llama["zctl_tok_s"] > 0
+    assert llama["ratio_range"][0] <= llama["ratio"] <= llama["ratio_range"][1]
