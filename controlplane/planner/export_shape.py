@@ -2,7 +2,9 @@
 
 The manifest names the layers, hidden size, heads, head size and vocabulary; the MLP's
 width is read from the first ``gate_proj`` weight in a stage's IR (its first dimension, in
-every weight format the exporter writes), scanning the XML up to it, never the weights.
+every weight format the exporter writes), or half of the first fused ``gate_up_proj``
+weight's (the gate and up projections as one MatMul, as the exporter writes a layer now),
+scanning the XML up to it, never the weights.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from controlplane.planner.shape import ModelShape, ShapeError
 from zctl.manifest import ExportManifest
 
 GATE = "gate_proj.weight"
+GATE_UP = "gate_up_proj.weight"  # gate and up stacked: twice the MLP's width
 
 
 def _mlp_width(xml: Path) -> int:
@@ -21,17 +24,19 @@ def _mlp_width(xml: Path) -> int:
         for _, element in ElementTree.iterparse(xml, events=("end",)):
             if element.tag != "layer":
                 continue
-            if element.get("type") == "Const" and element.get("name", "").endswith(GATE):
+            name = element.get("name", "")
+            if element.get("type") == "Const" and name.endswith((GATE, GATE_UP)):
                 data = element.find("data")
                 shape = data.get("shape", "") if data is not None else ""
                 first = shape.split(",")[0].strip()
-                if first.isdigit() and int(first) > 0:
-                    return int(first)
-                raise ShapeError(f"{xml}: {element.get('name')} has shape {shape!r}")
+                stacked = 2 if name.endswith(GATE_UP) else 1
+                if first.isdigit() and int(first) > 0 and int(first) % stacked == 0:
+                    return int(first) // stacked
+                raise ShapeError(f"{xml}: {name} has shape {shape!r}")
             element.clear()
     except (OSError, ElementTree.ParseError) as exc:
         raise ShapeError(f"{xml}: cannot read the stage's graph: {exc}") from None
-    raise ShapeError(f"{xml}: no {GATE} weight in the stage's graph")
+    raise ShapeError(f"{xml}: no {GATE} or {GATE_UP} weight in the stage's graph")
 
 
 def export_shape(manifest: ExportManifest, export_dir: Path) -> ModelShape:
