@@ -34,6 +34,8 @@ PINNED = {
     7: "b64ae561932bae79",  # profile_request, profile_report, link_probe, link_report; enrol:
     # probe_addr; status_reply: each node's profile and profile_state, the model's shape,
     # the links' figures
+    8: "77d12df8b320686b",  # status_reply: how the stages were placed (placement) and the
+    # nodes the planner left out, with its reasons (left_out)
 }
 
 

@@ -63,7 +63,8 @@ class PlanRequest:
     links between them, the objective and the streams it is judged at (``streams``: N for
     throughput, and the N every placement is also shown at). ``head``: the node that must
     run stage 0 (the coordinator), None to choose. KV is reserved for ``streams`` streams of
-    ``context`` tokens on every stage."""
+    ``context`` tokens on every stage. ``cuts``: the layer boundaries a stage may end at
+    (an export's stage boundaries, when the placement runs its stages; None: any)."""
 
     shape: ModelShape
     weights: str
@@ -76,6 +77,7 @@ class PlanRequest:
     prompt: int = PROMPT_TOKENS
     top: int = 5
     openvino: str | None = None  # the cluster's version, to refuse profiles of another
+    cuts: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ class _Evaluator:
                 fixed, per_layer = stage_terms(self.request.profiles[node], rows,
                                                i == len(order) - 1)
                 bounds.append(StageBounds(fixed, per_layer, self.cap(node, i, len(order))))
-            self.tables[key] = (order, SplitTable(bounds, self.request.shape.num_layers))
+            self.tables[key] = (order, SplitTable(bounds, self.request.shape.num_layers,
+                                                  self.request.cuts))
         return self.tables[key]
 
     def hop(self, a: str, b: str, rows: int, index: int) -> tuple[float, float]:
@@ -517,6 +520,31 @@ def check_request(req: PlanRequest) -> None:
         profile.check_for(ProfileKey(req.shape.fingerprint(), req.weights, profile.key.device,
                                      req.openvino or "reference"), node)
     req.links.check_nodes(req.profiles)
+    if req.cuts is not None:
+        bad = sorted(c for c in req.cuts if not 0 < c < req.shape.num_layers)
+        if bad:
+            raise PlacementError(f"cut points {bad} are not between layers 1 and "
+                                 f"{req.shape.num_layers - 1} of {req.shape.name}")
+
+
+def split_order(req: PlanRequest, order: Sequence[str]) -> Placement | None:
+    """The best split of the layers over ``order`` (every node of it taking part, in that
+    order) and its predictions; None when no split fits the nodes' memory."""
+    check_request(req)
+    found = _Evaluator(req).evaluate(tuple(order))
+    return None if found is None else _placement(req, found)
+
+
+def predict(req: PlanRequest, order: Sequence[str], counts: Sequence[int]) -> float:
+    """The objective's tok/s of ``order`` running ``counts`` layers each (in order): what
+    ``Placement.score`` is for the placement the planner would choose."""
+    if len(order) != len(counts) or sum(counts) != req.shape.num_layers or min(counts) < 1:
+        raise PlacementError(f"{list(counts)} layers on {list(order)} do not cover the "
+                             f"{req.shape.num_layers} layers of {req.shape.name}")
+    pipe = _pipeline(req, _Candidate(tuple(order), tuple(counts), 0.0))
+    if req.objective == "latency":
+        return stream_tok_s(pipe)
+    return throughput(pipe, req.streams).tok_s
 
 
 def plan(req: PlanRequest) -> Plan:

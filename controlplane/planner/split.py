@@ -9,12 +9,16 @@ optional limit on every stage's time, by dynamic programming over nodes and laye
 groups, ``max(total + hops, groups * max(slowest stage, busiest link))``: the round as a
 function of the limit T is the larger of a falling and a rising function, so the best T is
 where they cross, found by bisection over the stage times that can occur.
+
+Both may be given the layer boundaries a split may cut at (``cuts``: an export's stage
+boundaries, when a placement must run whole exported stages): a stage may then end only at
+one of them, every other boundary being out of reach.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,14 +34,31 @@ class StageBounds:
     max_layers: int
 
 
+def cut_mask(cuts: Collection[int] | None, num_layers: int) -> np.ndarray | None:
+    """Which boundaries ``0..num_layers`` a stage may end at, given the allowed ``cuts``
+    (None: every one); ValueError for a cut outside ``1..num_layers - 1``."""
+    if cuts is None:
+        return None
+    bad = sorted(c for c in cuts if not 0 < c < num_layers)
+    if bad:
+        raise ValueError(f"cut points {bad} are not between layers 1 and {num_layers - 1}")
+    mask = np.zeros(num_layers + 1, dtype=bool)
+    mask[list(cuts)] = True
+    mask[num_layers] = True
+    return mask
+
+
 def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
-                  caps: Sequence[int] | None = None) -> tuple[float, tuple[int, ...]] | None:
+                  caps: Sequence[int] | None = None,
+                  cuts: Collection[int] | None = None) -> tuple[float, tuple[int, ...]] | None:
     """The layer counts, one per stage in order and summing to ``num_layers``, with the
     least total stage time; ``caps`` (default: each stage's ``max_layers``) bound the
-    counts. None when no split fits."""
+    counts, ``cuts`` (default: any) are the boundaries a stage may end at. None when no
+    split fits."""
     caps = [s.max_layers for s in stages] if caps is None else list(caps)
     if not stages or len(stages) > num_layers or min(caps) < 1:
         return None
+    allowed = cut_mask(cuts, num_layers)
     best = np.full(num_layers + 1, np.inf)
     best[0] = 0.0
     rows = np.arange(num_layers + 1)
@@ -49,6 +70,8 @@ def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
                 + counts[None, :] * stage.per_layer_s)
         pick = take.argmin(axis=1)
         best = take[rows, pick] + stage.fixed_s
+        if allowed is not None:
+            best = np.where(allowed, best, np.inf)  # no stage ends between two cuts
         picks.append(counts[pick])
     if not math.isfinite(best[num_layers]):
         return None
@@ -62,11 +85,13 @@ def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
 
 class SplitTable:
     """Splits of one order of stages (at one row count), memoised by the caps a limit on
-    the slowest stage implies."""
+    the slowest stage implies; ``cuts``: the boundaries a stage may end at (None: any)."""
 
-    def __init__(self, stages: Sequence[StageBounds], num_layers: int) -> None:
+    def __init__(self, stages: Sequence[StageBounds], num_layers: int,
+                 cuts: Collection[int] | None = None) -> None:
         self.stages = tuple(stages)
         self.num_layers = num_layers
+        self.cuts = None if cuts is None else frozenset(cuts)
         times = [s.fixed_s + np.arange(1, min(s.max_layers, num_layers) + 1) * s.per_layer_s
                  for s in self.stages]
         self.limits = np.unique(np.concatenate(times)) if times else np.zeros(0)
@@ -82,13 +107,31 @@ class SplitTable:
         self._memo: dict[tuple[int, ...], tuple[float, tuple[int, ...]] | None] = {}
         self._by_index: dict[int, tuple[float, tuple[int, ...]] | None] = {}
         self._least_total: float | None = None
+        if self.cuts is not None:
+            self.first_fit = self._first_fit_at_cuts()
+
+    def _first_fit_at_cuts(self) -> int:
+        """The first limit some split at the cuts fits under (looser limits fit more
+        splits: found by bisection), len(limits) when none does."""
+        low, high = self.first_fit, len(self.limits)
+        if low >= high or self.under(high - 1) is None:
+            return len(self.limits)
+        high -= 1
+        while low < high:
+            mid = (low + high) // 2
+            if self.under(mid) is None:
+                low = mid + 1
+            else:
+                high = mid
+        return low
 
     def under(self, index: int) -> tuple[float, tuple[int, ...]] | None:
         """The least-total split whose every stage takes at most ``limits[index]`` seconds."""
         if index not in self._by_index:
             caps = tuple(int(c) for c in self._caps[index])
             if caps not in self._memo:
-                self._memo[caps] = min_sum_split(self.stages, self.num_layers, caps)
+                self._memo[caps] = min_sum_split(self.stages, self.num_layers, caps,
+                                                 self.cuts)
             self._by_index[index] = self._memo[caps]
         return self._by_index[index]
 

@@ -95,8 +95,9 @@ def link_text(link: LinkStatus) -> str:
 
 def status_table(status: ClusterStatus) -> Table:
     """The cluster at a glance: one row per node in stage order (its stage's layers,
-    devices, free RAM, liveness, profile), then the pipeline line and the links' figures
-    as caption. Versions go in the
+    devices, free RAM, liveness, profile), then the pipeline line, how the stages were
+    placed (the nodes the planner left out, with its reasons) and the links' figures as
+    caption. Versions go in the
     caption when every node runs the coordinator's (a node whose OpenVINO differs is
     refused at enrolment), else in a column; transfer and note columns appear only while
     some shard is arriving or some node reports a problem."""
@@ -139,6 +140,11 @@ def status_table(status: ClusterStatus) -> Table:
                   f"OpenVINO {short_version(status.openvino)}, zctl {status.zctl} on every node"))
     if status.plan_error:
         caption += f" - {status.plan_error}"
+    if status.placement:
+        caption += f" · placed {status.placement}"
+    if status.left_out:
+        caption += " · left out: " + "; ".join(f"{node}: {why}" for node, why in
+                                               sorted(status.left_out.items()))
     if status.refused:
         caption += f" - refused: {status.refused[-1].reason}"
     if status.links:

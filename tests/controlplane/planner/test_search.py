@@ -34,6 +34,8 @@ def brute_force(req: PlanRequest) -> dict[frozenset[str], float]:
             if req.head is not None and order[0] != req.head:
                 continue
             for cuts in itertools.combinations(range(1, layers), size - 1):
+                if req.cuts is not None and not set(cuts) <= req.cuts:
+                    continue  # a split only at the allowed cut points
                 bounds = (0, *cuts, layers)
                 stages = []
                 for i, node in enumerate(order):
