@@ -575,8 +575,8 @@ class Coordinator:
         if cfg.heal_after is not None:
             self.plan.heal(self.members, now, cfg.heal_after,
                            spares_first=cfg.reassign_after is not None)
-            self.plan.rebalance(self.members, now, REBALANCE_BEATS * cfg.heartbeat_interval,
-                                links)
+        self.plan.rebalance(self.members, now, REBALANCE_BEATS * cfg.heartbeat_interval, links,
+                            give_back=cfg.heal_after is not None)
         for member, stage in self.plan.offers_due(self.members):
             self._offer(member, stage, quiet=False)
         for member, stage, quiet in self.plan.pending_offers(self.members):

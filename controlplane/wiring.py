@@ -89,8 +89,8 @@ class PipelinePlan:
                  now: float | None = None) -> bool:
         """Place the stages once ``expect_nodes`` remote nodes are alive, on the nodes there
         are (fewer nodes than stages: contiguous runs, the coordinator's first): by the
-        planner when every node has a usable profile (waiting ``PROFILE_ANSWER_S`` at most
-        for a node's answer to the profile request when ``now`` is given), else by memory;
+        planner when every node has a usable profile (waiting for the nodes' answers to the
+        profile request when ``now`` is given: ``_awaits_profiles``), else by memory;
         False while waiting, or while the stages do not fit them (``plan_error`` says why)."""
         if self.plan is not None:
             return True
@@ -98,9 +98,7 @@ class PipelinePlan:
         if len(remote) < self.expect_nodes:
             return False
         candidates = [members[self.head], *remote]
-        if (self.planner is not None and not self.explicit and now is not None and any(
-                not m.profile_answered and now - m.enrolled_at < PROFILE_ANSWER_S
-                for m in candidates)):
+        if self._awaits_profiles(candidates, now):
             return False
         nodes = [self.capacity(m) for m in candidates]
         planned, note = None, "explicit (the placement setting)"
@@ -130,6 +128,17 @@ class PipelinePlan:
         for node, why in sorted(self.left_out.items()):
             log.info("node %s is left out (a spare): %s", node, why)
         return True
+
+    def _awaits_profiles(self, candidates: Sequence[ms.Member], now: float | None) -> bool:
+        """Whether to wait for a node's answer to the profile request: only while every
+        node that answered has a profile (else the planner cannot place anyway), for
+        ``PROFILE_ANSWER_S`` after it enrolled at most."""
+        if self.planner is None or self.explicit or now is None:
+            return False
+        answered = [m for m in candidates if m.profile_answered]
+        return all(m.profile is not None for m in answered) and any(
+            not m.profile_answered and now - m.enrolled_at < PROFILE_ANSWER_S
+            for m in candidates)
 
     def _planned(self, candidates: Sequence[ms.Member], links: Sequence[LinkStatus],
                  nodes: Sequence[NodeCapacity]) -> PlannedStages:
@@ -202,9 +211,10 @@ class PipelinePlan:
         return moved
 
     def rebalance(self, members: Mapping[str, ms.Member], now: float, settled: float,
-                  links: Sequence[LinkStatus] = ()) -> list[int]:
+                  links: Sequence[LinkStatus] = (), give_back: bool = True) -> list[int]:
         """While the pipeline serves, spread it over the fleet again: by the planner when
-        every node has a usable profile (``replan``), else by giving part of a node's run of
+        every node has a usable profile (``replan``), else (``give_back``: when healing is
+        on) by giving part of a node's run of
         several stages (it took a lost node's) to a spare, one that runs none and has been
         enrolled for ``settled`` seconds without a lapse (a node that flaps gets nothing;
         a node the planner left out is not taken). One move per call, to the spare whose
@@ -223,6 +233,8 @@ class PipelinePlan:
             return self._switch_when_ready(members)
         if self.planner is not None and not self.explicit and self.replan(
                 members, now, settled, links):
+            return []
+        if not give_back:
             return []
         spares = [m for m in members.values()
                   if not m.local and m.state == ms.IDLE and m.node_id not in self.plan.values()

@@ -151,6 +151,7 @@ def test_an_explicit_placement_wins(export: Path) -> None:
     fleet.add(HEAD, 2)
     fleet.add("fast", 2)
     fleet.add("slow", 4, layer_s=8e-3)
+    fleet.add("other", 2)  # pins place one stage per node
     assert fleet.place()[1] == "slow"
     assert fleet.plan.placement_note.startswith("explicit")
 

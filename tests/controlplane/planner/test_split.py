@@ -87,7 +87,10 @@ def test_without_cuts_every_boundary_may_be_cut() -> None:
     stages = [StageBounds(0.0, 1.0, 5), StageBounds(0.0, 1.0, 5)]
     assert min_sum_split(stages, 6)[1] in ((1, 5), (2, 4), (3, 3), (4, 2), (5, 1))
     assert min_sum_split(stages, 6, cuts={4}) == (6.0, (4, 2))
-    assert min_sum_split(stages, 6, cuts={5}) is None  # 5 layers on the second: over its cap
+    assert min_sum_split(stages, 6, cuts={5}) == (6.0, (5, 1))
+    assert min_sum_split(stages, 6, cuts={1}) == (6.0, (1, 5))
+    capped = [StageBounds(0.0, 1.0, 4), StageBounds(0.0, 1.0, 4)]
+    assert min_sum_split(capped, 6, cuts={1, 5}) is None  # 5 layers on either: over its cap
     with pytest.raises(ValueError, match=r"cut points \[6\]"):
         min_sum_split(stages, 6, cuts={2, 6})
 
