@@ -60,10 +60,11 @@ def is_export(model: str) -> bool:
 def planned_export_dir(model: str, weights: str, ranges: list[tuple[int, int]]) -> Path:
     """Where ``cluster up`` keeps an export of the planner's layer ranges: the name holds
     them (``smollm2-135m-int8-layers-0-17_18-29``), so another split is another export."""
+    from controlplane.placement import layer_range
     from zctl.paths import export_cache_dir
 
     safe = model.replace("/", "--").replace(".gguf", "")
-    layers = "_".join(f"{start}-{end - 1}" for start, end in ranges)
+    layers = "_".join(layer_range(start, end) for start, end in ranges)
     return export_cache_dir() / f"{Path(safe).name}-{resolve_weights(model, weights)}-layers-{layers}"
 
 
