@@ -293,22 +293,28 @@ class PipelinePlan:
         planned, objective = found.planned, self._objective()
         spares = {m.node_id for m in fleet if m.node_id not in self.plan.values()}
         if planned.stages == self.plan:
-            self.left_out = {n: planned.left_out.get(n, "the planner leaves it out")
-                             for n in spares}
+            self._left_out({n: planned.left_out.get(n, "the planner leaves it out")
+                            for n in spares}, self.plan)
             return True
         if not found.worth_it:
             self.replan_note = f"re-plan not applied: {found.describe(objective)}"
             log.info("%s: %s", self.replan_note, planned.describe(self.manifest))
-            self.left_out = {n: planned.left_out.get(
+            self._left_out({n: planned.left_out.get(
                 n, f"a re-plan using it is not worth re-wiring ({found.describe(objective)})")
-                for n in spares}
+                for n in spares}, self.plan)
             return True
         self.pending = planned.stages
-        self.left_out = {n: why for n, why in planned.left_out.items()}
+        self._left_out(planned.left_out, planned.stages)
         self.replan_note = f"re-planning: {found.describe(objective)}"
         log.warning("%s: %s; the nodes fetch the shards they lack while the pipeline serves, "
                     "then it is re-wired", self.replan_note, planned.describe(self.manifest))
         return True
+
+    def _left_out(self, reasons: Mapping[str, str], plan: Mapping[int, str]) -> None:
+        """The planner's reasons for the nodes ``plan`` leaves out (a node not considered
+        this time, e.g. one not settled yet, keeps the reason it had)."""
+        self.left_out = {node: why for node, why in {**self.left_out, **reasons}.items()
+                         if node not in plan.values()}
 
     def pending_offers(self, members: Mapping[str, ms.Member]
                        ) -> list[tuple[ms.Member, int, bool]]:
