@@ -304,3 +304,20 @@ def test_a_profile_for_another_model_cannot_be_planned_on(export: Path) -> None:
     member = fleet.add("a", 2, record=fleet.record(shape="another-shape"))
     with pytest.raises(PlanUnusable, match="node a's profile cannot be used: .*shape"):
         fleet.planner.profile(member)
+
+
+def test_a_node_that_leaves_is_healed_as_before_then_re_planned(export: Path) -> None:
+    fleet = Fleet(export)
+    fleet.add(HEAD, 4, layer_s=8e-3)  # roomy but slow: it runs stage 0 only
+    fleet.add("a", 3, layer_s=1e-3)
+    fleet.add("b", 2, layer_s=1e-3)
+    assert fleet.place() == {0: HEAD, 1: "a", 2: "a", 3: "a"}
+    assert set(fleet.plan.left_out) == {"b"}
+    fleet.serve()
+    fleet.members["a"].mark_down(ms.LEFT, NOW - 1)
+    assert fleet.plan.heal(fleet.members, NOW, 0.0, spares_first=False) == [1, 2, 3]
+    assert fleet.plan.plan == dict.fromkeys(range(4), HEAD)  # healed onto the survivor
+    fleet.serve()
+    fleet.rebalance()
+    assert fleet.plan.pending == {0: HEAD, 1: HEAD, 2: "b", 3: "b"}  # the spare, re-planned
+    assert "b" not in fleet.plan.left_out
