@@ -11,7 +11,9 @@ without it; each node left out gets its reason.
 Every decoder layer of a shape costs the same, so the best split of an order depends only
 on its first node, its last node and the set between (their order changes the hops alone):
 splits are computed once per (first, set between, last) and row count, and orders are
-pruned by a bound no order of that set can beat, best bounds first.
+pruned by a bound no order of that set can beat, best bounds first. At cut points
+(``PlanRequest.cuts``) the order between moves the boundaries, so each order has its
+splits; the bounds stay those of the set without cut points.
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ class _Evaluator:
     request: PlanRequest
     nodes: tuple[str, ...] = ()
     caps: dict[tuple[str, bool, bool], int] = field(default_factory=dict)
-    tables: dict[tuple[str, frozenset[str], str, int], tuple[tuple[str, ...], SplitTable]] = (
+    tables: dict[tuple[tuple[str, ...], int, bool], tuple[tuple[str, ...], SplitTable]] = (
         field(default_factory=dict))
     hops: dict[tuple[str, str, int, int], tuple[float, float]] = field(default_factory=dict)
     evaluated: dict[tuple[str, ...], _Candidate | None] = field(default_factory=dict)
@@ -173,18 +175,25 @@ class _Evaluator:
     def cap(self, node: str, index: int, count: int) -> int:
         return self.caps[(node, index == 0, index == count - 1)]
 
-    def table(self, first: str, middle: frozenset[str], last: str,
-              rows: int) -> tuple[tuple[str, ...], SplitTable]:
-        key = (first, middle, last, rows)
+    def table(self, order: Sequence[str], rows: int,
+              cut: bool = True) -> tuple[tuple[str, ...], SplitTable]:
+        """The split table of ``order`` at ``rows`` rows, and the order it is kept for: one
+        per first node, set between and last node when any boundary may be cut (the order
+        of the nodes between changes the hops alone), one per order at the request's cut
+        points (there that order moves the boundaries). ``cut`` False: the table without
+        the cut points, whose bounds hold for every order of the set."""
+        cuts = self.request.cuts if cut else None
+        first, last = order[0], order[-1]
+        canon = (tuple(order) if cuts is not None else
+                 (first, *sorted(order[1:-1]), last) if first != last else (first,))
+        key = (canon, rows, cuts is not None)
         if key not in self.tables:
-            order = (first, *sorted(middle), last) if first != last else (first,)
             bounds = []
-            for i, node in enumerate(order):
+            for i, node in enumerate(canon):
                 fixed, per_layer = stage_terms(self.request.profiles[node], rows,
-                                               i == len(order) - 1)
-                bounds.append(StageBounds(fixed, per_layer, self.cap(node, i, len(order))))
-            self.tables[key] = (order, SplitTable(bounds, self.request.shape.num_layers,
-                                                  self.request.cuts))
+                                               i == len(canon) - 1)
+                bounds.append(StageBounds(fixed, per_layer, self.cap(node, i, len(canon))))
+            self.tables[key] = (canon, SplitTable(bounds, self.request.shape.num_layers, cuts))
         return self.tables[key]
 
     def hop(self, a: str, b: str, rows: int, index: int) -> tuple[float, float]:
@@ -212,10 +221,9 @@ class _Evaluator:
             known = self.evaluated[order]
             return known if known is not None and known.score > floor else None
         best = None
-        middle = frozenset(order[1:-1])
         skipped = False
         for groups, rows in self.options:
-            canon, table = self.table(order[0], middle, order[-1], rows)
+            canon, table = self.table(order, rows)
             hop_sum, link_busy = self.hop_terms(order, rows)
             beat = max(floor, best.score if best is not None else 0.0)
             if beat > 0 and self.tokens / table.lower_bound(hop_sum, link_busy, groups) <= beat:
@@ -245,7 +253,8 @@ class _Evaluator:
                          if a != first]
                 hop_sum = (len(members) - 1) * min(h for h, _ in forward) + min(h for h, _ in reply)
                 link_busy = min(busy for _, busy in forward + reply)
-            low = self.table(first, middle, last, rows)[1].lower_bound(hop_sum, link_busy, groups)
+            low = self.table(members, rows, cut=False)[1].lower_bound(hop_sum, link_busy,
+                                                                      groups)
             if math.isinf(low):
                 return 0.0
             best = max(best, self.tokens / low)
