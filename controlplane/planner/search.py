@@ -223,9 +223,13 @@ class _Evaluator:
         best = None
         skipped = False
         for groups, rows in self.options:
-            canon, table = self.table(order, rows)
             hop_sum, link_busy = self.hop_terms(order, rows)
             beat = max(floor, best.score if best is not None else 0.0)
+            if beat > 0 and self.request.cuts is not None and self.tokens / self.table(
+                    order, rows, cut=False)[1].lower_bound(hop_sum, link_busy, groups) <= beat:
+                skipped = True  # (the set's table, shared: no order's own is made for it)
+                continue
+            canon, table = self.table(order, rows)
             if beat > 0 and self.tokens / table.lower_bound(hop_sum, link_busy, groups) <= beat:
                 skipped = True
                 continue
@@ -324,7 +328,11 @@ def _search_combos(ev: _Evaluator, combos, ranking: _Ranking) -> None:
 
 
 def _search_exact(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> None:
-    _search_combos(ev, _combos(nodes, ev.request.head), ranking)
+    combos = _combos(nodes, ev.request.head)
+    if ev.request.cuts is not None:  # no more nodes than the cut points make stages
+        most = len(ev.request.cuts) + 1
+        combos = (c for c in combos if len(c[1]) + (2 if c[0] != c[2] else 1) <= most)
+    _search_combos(ev, combos, ranking)
 
 
 def _search_local(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> None:

@@ -34,18 +34,13 @@ class StageBounds:
     max_layers: int
 
 
-def cut_mask(cuts: Collection[int] | None, num_layers: int) -> np.ndarray | None:
-    """Which boundaries ``0..num_layers`` a stage may end at, given the allowed ``cuts``
-    (None: every one); ValueError for a cut outside ``1..num_layers - 1``."""
-    if cuts is None:
-        return None
+def cut_positions(cuts: Collection[int], num_layers: int) -> np.ndarray:
+    """The boundaries a stage may start or end at: 0, the ``cuts`` and ``num_layers``,
+    ascending; ValueError for a cut outside ``1..num_layers - 1``."""
     bad = sorted(c for c in cuts if not 0 < c < num_layers)
     if bad:
         raise ValueError(f"cut points {bad} are not between layers 1 and {num_layers - 1}")
-    mask = np.zeros(num_layers + 1, dtype=bool)
-    mask[list(cuts)] = True
-    mask[num_layers] = True
-    return mask
+    return np.array(sorted({0, *cuts, num_layers}))
 
 
 def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
@@ -58,7 +53,8 @@ def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
     caps = [s.max_layers for s in stages] if caps is None else list(caps)
     if not stages or len(stages) > num_layers or min(caps) < 1:
         return None
-    allowed = cut_mask(cuts, num_layers)
+    if cuts is not None:
+        return _min_sum_at_cuts(stages, num_layers, caps, cut_positions(cuts, num_layers))
     best = np.full(num_layers + 1, np.inf)
     best[0] = 0.0
     rows = np.arange(num_layers + 1)
@@ -70,8 +66,6 @@ def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
                 + counts[None, :] * stage.per_layer_s)
         pick = take.argmin(axis=1)
         best = take[rows, pick] + stage.fixed_s
-        if allowed is not None:
-            best = np.where(allowed, best, np.inf)  # no stage ends between two cuts
         picks.append(counts[pick])
     if not math.isfinite(best[num_layers]):
         return None
@@ -81,6 +75,32 @@ def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
         counts_back.append(count)
         left -= count
     return float(best[num_layers]), tuple(reversed(counts_back))
+
+
+def _min_sum_at_cuts(stages: Sequence[StageBounds], num_layers: int, caps: Sequence[int],
+                     positions: np.ndarray) -> tuple[float, tuple[int, ...]] | None:
+    """``min_sum_split`` with stages starting and ending only at ``positions``: the DP
+    over those boundaries (best[i]: the least total of the stages so far ending at
+    positions[i])."""
+    span = positions[:, None] - positions[None, :]  # layers from boundary j to boundary i
+    best = np.full(len(positions), np.inf)
+    best[0] = 0.0
+    rows = np.arange(len(positions))
+    picks = []
+    for stage, cap in zip(stages, caps, strict=True):
+        take = np.where((span >= 1) & (span <= cap),
+                        best[None, :] + span * stage.per_layer_s, np.inf)
+        pick = take.argmin(axis=1)  # the boundary the stage starts at
+        best = take[rows, pick] + stage.fixed_s
+        picks.append(pick)
+    if not math.isfinite(best[-1]):
+        return None
+    counts_back, at = [], len(positions) - 1
+    for pick in reversed(picks):
+        start = int(pick[at])
+        counts_back.append(int(positions[at] - positions[start]))
+        at = start
+    return float(best[-1]), tuple(reversed(counts_back))
 
 
 class SplitTable:
