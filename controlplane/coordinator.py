@@ -9,8 +9,10 @@ It asks every node that enrols for its profile of the served model (and keeps or
 measures its own, controlplane/profile_job.py), and once the pipeline serves a new
 wiring it has each link between neighbours probed (controlplane/links.py); both show in
 the status. Neither ever holds up the pipeline: a node without a profile, or a link
-whose probe is not answered, only lacks its figures. From them its status predicts the
-running placement's speed (controlplane/planner/running.py), or says what it lacks.
+whose probe is not answered, only lacks its figures. With every node's profile the
+planner places the stages, and places them again while serving (controlplane/wiring.py);
+its status predicts the running placement's speed (controlplane/planner/running.py), or
+says what it lacks.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from controlplane.messages import (
     ProfileRequest,
     ProtocolMismatch,
     Refuse,
+    Release,
     ShardDone,
     ShardRequest,
     StageReady,
@@ -84,10 +87,17 @@ from controlplane.planner.running import running_prediction
 from controlplane.planner.shape import ShapeError
 from controlplane.profile_job import ProfileJob, ProfileTask, report_outcome
 from controlplane.profile_store import BUDGET_S
-from controlplane.records import HEARTBEAT_S, LIVENESS, ClusterStatus, RefusalInfo
+from controlplane.records import (
+    DEFAULT_REPLAN_GAIN,
+    HEARTBEAT_S,
+    LIVENESS,
+    ClusterStatus,
+    RefusalInfo,
+)
 from controlplane.security import CurveServer
 from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
+from controlplane.stage_planner import StagePlanner
 from controlplane.wiring import PipelinePlan
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.wire.transport import PipeOptions
@@ -131,6 +141,7 @@ class CoordinatorConfig:
     # the row groups its generation service steps streams in, for the running placement's
     # predicted speed (0: none; None: not known, the best for each stream count)
     row_groups: int | None = None
+    replan_gain: float = DEFAULT_REPLAN_GAIN  # re-plan when predicted this much faster (0.1: 10%)
 
 
 def _member_identity(identity: bytes) -> str:
@@ -172,8 +183,9 @@ class Coordinator:
         me = ms.Member(self.node_id, self.node_id.encode(), info, ms.READY, now, local=True,
                        shards=set(self.hashes))
         self.members: dict[str, ms.Member] = {self.node_id: me}
-        self.plan = PipelinePlan(self.manifest, stage_needs(self.manifest, self.export_dir, cost),
-                                 self.node_id, cfg.runtime, cfg.expect_nodes, cfg.placement)
+        needs = stage_needs(self.manifest, self.export_dir, cost)
+        self.plan = PipelinePlan(self.manifest, needs, self.node_id, cfg.runtime,
+                                 cfg.expect_nodes, cfg.placement)
         self.refused: deque[tuple[str, str, str, float, str]] = deque(maxlen=32)
         self.counters: dict[str, int] = dict.fromkeys(
             ("received", "malformed", "unknown_type", "protocol_mismatch", "unexpected",
@@ -192,6 +204,8 @@ class Coordinator:
             self.shape = export_shape(self.manifest, self.export_dir)
             self.profile_task = ProfileTask(self.shape, self.manifest.weight_format,
                                             cfg.runtime.device)
+            self.plan.planner = StagePlanner(self.manifest, self.shape, needs, self.node_id,
+                                             cfg.runtime.device, self.openvino, cfg.replan_gain)
         except ShapeError as exc:
             log.warning("no profiles or link probes for this export: %s", exc)
             me.profile_state = f"failed: {exc}"
@@ -456,11 +470,16 @@ class Coordinator:
             self.counters["stale"] += 1
             return
         member.offered = None
+        quiet = member.state in (ms.SERVING, ms.WIRING)  # fetched for a pending re-plan
         if msg.ok:
             member.shards.add(msg.shard_hash)
-            member.state, member.error = ms.READY, ""
+            if not quiet:
+                member.state, member.error = ms.READY, ""
             log.info("node %s holds shard %s (%s)", member.node_id, msg.shard_hash[:12],
                      "cached" if msg.cached else "transferred")
+        elif quiet:
+            self.plan.abandon(f"node {member.node_id} could not fetch shard "
+                              f"{msg.shard_hash[:12]}: {msg.error}")
         else:
             member.state, member.error = ms.FAILED, msg.error
             log.error("node %s could not fetch shard %s: %s", member.node_id,
@@ -470,6 +489,7 @@ class Coordinator:
         if self.profile_task is None:
             return
         record, state = report_outcome(msg, self.profile_task, member.info.openvino)
+        member.profile_answered = True
         if record is not None or state != "measuring" or member.profile is None:
             member.profile, member.profile_state = record, state
         if state.startswith("failed"):
@@ -479,6 +499,7 @@ class Coordinator:
         me = self.members[self.node_id]
         assert self.profile_task is not None
         me.profile, me.profile_state = report_outcome(report, self.profile_task, self.openvino)
+        me.profile_answered = True
 
     def _on_stage_ready(self, member: ms.Member, msg: StageReady) -> None:
         if member.assigned is None or msg.epoch != member.assigned.epoch:
@@ -550,28 +571,43 @@ class Coordinator:
                                        self.links.timeout_s, self.config.link))
 
     def _advance(self) -> None:
-        if not self.plan.try_plan(self.members):
-            return
         now = time.monotonic()
-        if self.config.reassign_after is not None:
-            self.plan.reassign(self.members, now, self.config.reassign_after)
-        if self.config.heal_after is not None:
-            self.plan.heal(self.members, now, self.config.heal_after)
-            self.plan.rebalance(self.members, now,
-                                    REBALANCE_BEATS * self.config.heartbeat_interval)
+        links = self.links.status()
+        if not self.plan.try_plan(self.members, links, now):
+            return
+        cfg = self.config
+        if cfg.reassign_after is not None:
+            self.plan.reassign(self.members, now, cfg.reassign_after)
+        if cfg.heal_after is not None:
+            self.plan.heal(self.members, now, cfg.heal_after,
+                           spares_first=cfg.reassign_after is not None)
+        self.plan.rebalance(self.members, now, REBALANCE_BEATS * cfg.heartbeat_interval, links,
+                            give_back=cfg.heal_after is not None)
         for member, stage in self.plan.offers_due(self.members):
-            offer = self.source.offer_for(stage)
-            member.offered, member.served = offer.shard_hash, {}
-            member.transfer_total = (0 if offer.shard_hash in member.shards
-                                     else sum(f.size for f in offer.files))
-            if self._send(member.identity, offer):
-                member.state = ms.TRANSFERRING
+            self._offer(member, stage, quiet=False)
+        for member, stage, quiet in self.plan.pending_offers(self.members):
+            self._offer(member, stage, quiet)
+        for member in self.plan.releases(self.members):
+            self._send(member.identity, Release("a re-plan leaves this node out: a spare now"))
+            member.assigned, member.ready_epoch = None, -1
+            if member.state in ms.HAS_SHARD:
+                member.state = ms.IDLE
         for member, msg in self.plan.assignments(self.members):
             if member.local:
                 member.state = ms.WIRING
                 self._launch_local(msg)
             elif self._send(member.identity, msg):
                 member.state = ms.WIRING
+
+    def _offer(self, member: ms.Member, stage: int, quiet: bool) -> None:
+        """Offer ``stage``'s shard; ``quiet``: the node runs a stage, which the fetch leaves
+        running (its state stays as it is)."""
+        offer = self.source.offer_for(stage)
+        member.offered, member.served = offer.shard_hash, {}
+        member.transfer_total = (0 if offer.shard_hash in member.shards
+                                 else sum(f.size for f in offer.files))
+        if self._send(member.identity, offer) and not quiet:
+            member.state = ms.TRANSFERRING
 
     # -- the local stage (node 0) ----------------------------------------------------------
     def _launch_local(self, msg: AssignStage) -> None:
@@ -616,7 +652,8 @@ class Coordinator:
             counters=dict(self.counters), runtime=self.config.runtime,
             curve=self.config.curve is not None, time_s=time.time(),
             heartbeat_interval=self.config.heartbeat_interval, liveness=self.config.liveness,
-            shape=self.shape, links=self.links.status())
+            shape=self.shape, links=self.links.status(), placement=plan.describe(),
+            left_out=dict(plan.left_out))
         return replace(status, prediction=running_prediction(status, self.config.row_groups))
 
     def status(self) -> ClusterStatus:

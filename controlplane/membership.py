@@ -66,6 +66,7 @@ class Member:
     lapses: deque[tuple[float, float]] = field(default_factory=deque)  # (end, seconds)
     profile: ProfileRecord | None = None  # its profile for the cluster's model
     profile_state: str = "not profiled yet"  # or measuring, measured, kept, failed: why
+    profile_answered: bool = False  # it answered the profile request (since it enrolled)
 
     @property
     def alive(self) -> bool:

@@ -18,6 +18,8 @@ from dataplane.runtime.config import RuntimeSpec
 # what a lost node costs before its stages move to the survivors); any traffic counts.
 HEARTBEAT_S = 0.5
 LIVENESS = 5
+# A re-plan of a serving pipeline is applied when the planner predicts it this much faster.
+DEFAULT_REPLAN_GAIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ class ClusterStatus:
     shape: ModelShape | None = None  # the served model's shape (None: unknown)
     links: list[LinkStatus] = field(default_factory=list)  # the pipeline's, as measured
     prediction: PredictionStatus | None = None  # the running placement's speed (None: not made)
+    placement: str = ""  # how the stages were placed (the planner, or why not), re-plans
+    left_out: dict[str, str] = field(default_factory=dict)  # spares the planner left out: why
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,12 +7,24 @@ stages (one, or more once it took a lost neighbour's: ``heal``); each node in th
 binds its data address and sends to the next node's; the last sends to the coordinator,
 which runs stage 0 (and every stage when it is the only node, from the start or once the
 others are gone).
+
+Placement is the planner's (``controlplane.stage_planner``) when every candidate node has a
+usable profile of the served model: it chooses the nodes, their order and how many of the
+export's stages each runs, and the nodes it leaves out stay spares with its reason. Else
+the stages are placed by memory (``placement.assign_runs``) and ``placement_note`` says
+why; an explicit placement always wins. While the pipeline serves, a change of the fleet
+(a node that joined and settled, a profile that arrived, a link measured, a node healed
+away) makes the planner place again; a placement predicted faster by more than the gain
+threshold becomes ``pending``: its nodes fetch the shards they lack while the pipeline
+serves on (``pending_offers``), then the plan switches and the pipeline is re-wired
+between steps. A node whose fetch fails, or that goes down, abandons the pending plan; a
+switched plan whose node cannot start its stage goes back to the previous one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from controlplane import membership as ms
 from controlplane.heal import heal_plan, hosts, rebalance_plan
@@ -25,7 +37,8 @@ from controlplane.placement import (
     layer_range,
     node_memory,
 )
-from controlplane.records import StageInfo, StageStatus
+from controlplane.records import LinkStatus, StageInfo, StageStatus
+from controlplane.stage_planner import PlannedStages, PlanUnusable, StagePlanner
 from dataplane.runtime.config import RuntimeSpec
 from zctl.manifest import ExportManifest
 
@@ -34,6 +47,9 @@ log = logging.getLogger("zctl.controlplane")
 # What a planned node's state means for the steps running through it.
 DOWN_REASONS = {ms.DEAD: "stopped answering (missed its heartbeats)",
                 ms.LEFT: "left the cluster", ms.FAILED: "failed"}
+# how long the first placement waits for an enrolled node to answer the profile request
+# (its profile, or why it has none) before placing without it
+PROFILE_ANSWER_S = 5.0
 
 
 class PipelinePlan:
@@ -41,7 +57,8 @@ class PipelinePlan:
 
     def __init__(self, manifest: ExportManifest, needs: list[StageNeed], head: str,
                  runtime: RuntimeSpec, expect_nodes: int | None = None,
-                 explicit: Mapping[int, str] | None = None) -> None:
+                 explicit: Mapping[int, str] | None = None,
+                 planner: StagePlanner | None = None) -> None:
         self.manifest = manifest
         self.needs = needs
         self.head = head
@@ -55,33 +72,82 @@ class PipelinePlan:
         self.heal_error = ""  # why a lost node's stages found no survivor to take them
         self.epoch = 0
         self._wiring: dict[int, tuple[str, str, str]] | None = None
+        self.planner = planner
+        self.placement_note = ""  # how the stages were placed, and why not by the planner
+        self.left_out: dict[str, str] = {}  # spares the planner left out, with its reasons
+        self.replan_note = ""  # the last re-plan's outcome
+        self.pending: dict[int, str] | None = None  # a re-plan whose shards are moving
+        self.previous: dict[int, str] | None = None  # the plan before a switch, until it serves
+        self._considered: tuple[object, bool] | None = None  # (fleet signature, planner usable)
 
     def capacity(self, member: ms.Member) -> NodeCapacity:
         info = member.info
         memory = node_memory(info.devices, info.ram_free, self.runtime.device)
         return NodeCapacity(member.node_id, memory, info.tok_s, frozenset(member.shards))
 
-    def try_plan(self, members: Mapping[str, ms.Member]) -> bool:
+    def try_plan(self, members: Mapping[str, ms.Member], links: Sequence[LinkStatus] = (),
+                 now: float | None = None) -> bool:
         """Place the stages once ``expect_nodes`` remote nodes are alive, on the nodes there
-        are (fewer nodes than stages: contiguous runs, the coordinator's first); False while
-        waiting, or while the stages do not fit them (``plan_error`` says why)."""
+        are (fewer nodes than stages: contiguous runs, the coordinator's first): by the
+        planner when every node has a usable profile (waiting for the nodes' answers to the
+        profile request when ``now`` is given: ``_awaits_profiles``), else by memory;
+        False while waiting, or while the stages do not fit them (``plan_error`` says why)."""
         if self.plan is not None:
             return True
         remote = [m for m in members.values() if not m.local and m.state in (ms.IDLE, ms.READY)]
         if len(remote) < self.expect_nodes:
             return False
-        nodes = [self.capacity(members[self.head])] + [self.capacity(m) for m in remote]
-        try:
-            plan = assign_runs(self.needs, nodes, head=self.head, explicit=self.explicit)
-        except PlacementError as exc:
-            if str(exc) != self.plan_error:
-                log.error("placement failed: %s", exc)
-            self.plan_error = str(exc)
+        candidates = [members[self.head], *remote]
+        if self._awaits_profiles(candidates, now):
             return False
-        self.plan, self.plan_error = plan, ""
+        nodes = [self.capacity(m) for m in candidates]
+        planned, note = None, "explicit (the placement setting)"
+        if not self.explicit:
+            try:
+                planned = self._planned(candidates, links, nodes)
+            except PlanUnusable as exc:
+                note = f"by memory, not by the planner: {exc}"
+        if planned is not None:
+            plan = planned.stages
+            note = (f"by the planner: predicted {planned.score:.2f} tok/s "
+                    f"({self._objective()})" + (f", {planned.assumed_links} link(s) assumed "
+                                                "until probed" if planned.assumed_links else ""))
+        else:
+            try:
+                plan = assign_runs(self.needs, nodes, head=self.head, explicit=self.explicit)
+            except PlacementError as exc:
+                if str(exc) != self.plan_error:
+                    log.error("placement failed: %s", exc)
+                self.plan_error = str(exc)
+                return False
+        self.plan, self.plan_error, self.placement_note = plan, "", note
+        self.left_out = dict(planned.left_out) if planned is not None else {}
         self._mark_stages(members)
-        log.info("placement: %s", ", ".join(f"stage {s} -> {n}" for s, n in sorted(plan.items())))
+        log.info("placement %s: %s", note, ", ".join(f"stage {s} -> {n}"
+                                                     for s, n in sorted(plan.items())))
+        for node, why in sorted(self.left_out.items()):
+            log.info("node %s is left out (a spare): %s", node, why)
         return True
+
+    def _awaits_profiles(self, candidates: Sequence[ms.Member], now: float | None) -> bool:
+        """Whether to wait for a node's answer to the profile request: only while every
+        node that answered has a profile (else the planner cannot place anyway), for
+        ``PROFILE_ANSWER_S`` after it enrolled at most."""
+        if self.planner is None or self.explicit or now is None:
+            return False
+        answered = [m for m in candidates if m.profile_answered]
+        return all(m.profile is not None for m in answered) and any(
+            not m.profile_answered and now - m.enrolled_at < PROFILE_ANSWER_S
+            for m in candidates)
+
+    def _planned(self, candidates: Sequence[ms.Member], links: Sequence[LinkStatus],
+                 nodes: Sequence[NodeCapacity]) -> PlannedStages:
+        if self.planner is None:
+            raise PlanUnusable("the export's model shape is unknown")
+        return self.planner.place(candidates, links, {c.node_id: c.memory_bytes for c in nodes})
+
+    def _objective(self) -> str:
+        return self.planner.objective if self.planner is not None else "latency"
 
     def reassign(self, members: Mapping[str, ms.Member], now: float, grace: float) -> list[int]:
         """Give the stage of a node down for ``grace`` seconds to an idle spare that fits.
@@ -111,11 +177,14 @@ class PipelinePlan:
             moved.append(stage)
         return moved
 
-    def heal(self, members: Mapping[str, ms.Member], now: float, grace: float) -> list[int]:
+    def heal(self, members: Mapping[str, ms.Member], now: float, grace: float,
+             spares_first: bool = True) -> list[int]:
         """Give the stages of a node down for ``grace`` seconds to its live neighbours in the
-        chain (``controlplane.heal``) when no idle spare could take them; returns the stages
-        moved. The node that comes back later is a spare. When the survivors cannot hold
-        them, ``heal_error`` says why and the pipeline stays down."""
+        chain (``controlplane.heal``) when no idle spare could take them (``spares_first``:
+        ``reassign`` gives them to spares; else the neighbours take them whatever spares
+        there are, and a re-plan may use the spares once the pipeline serves again);
+        returns the stages moved. The node that comes back later is a spare. When the
+        survivors cannot hold them, ``heal_error`` says why and the pipeline stays down."""
         if self.plan is None:
             return []
         moved: list[int] = []
@@ -123,7 +192,7 @@ class PipelinePlan:
             old = members[node_id]
             if old.local or old.state not in (ms.DEAD, ms.LEFT) or now - old.down_since < grace:
                 continue
-            if any(self._spare_for(members, s) for s in stages):
+            if spares_first and any(self._spare_for(members, s) for s in stages):
                 continue  # ``reassign`` gives the stage to the spare
             live = {n: self.capacity(members[n]) for n in set(self.plan.values())
                     if n != node_id and members[n].alive}
@@ -141,18 +210,35 @@ class PipelinePlan:
             moved += stages
         return moved
 
-    def rebalance(self, members: Mapping[str, ms.Member], now: float, settled: float
-                  ) -> list[int]:
-        """While the pipeline serves and a node runs several stages (it took a lost node's),
-        give part of its run to a spare: a node that runs none and has been enrolled for
-        ``settled`` seconds without a lapse (a node that flaps gets nothing). One move per
-        call, to the spare whose move leaves the busiest node lightest. Returns the stages
-        moved; the spare is offered their shards and the pipeline is re-wired once it holds
-        them (generations pause for that, and resume as after any re-wiring)."""
-        if self.plan is None or self.state(members) != "serving":
+    def rebalance(self, members: Mapping[str, ms.Member], now: float, settled: float,
+                  links: Sequence[LinkStatus] = (), give_back: bool = True) -> list[int]:
+        """While the pipeline serves, spread it over the fleet again: by the planner when
+        every node has a usable profile (``replan``), else (``give_back``: when healing is
+        on) by giving part of a node's run of
+        several stages (it took a lost node's) to a spare, one that runs none and has been
+        enrolled for ``settled`` seconds without a lapse (a node that flaps gets nothing;
+        a node the planner left out is not taken). One move per call, to the spare whose
+        move leaves the busiest node lightest. Returns the stages moved; the spare is
+        offered their shards and the pipeline is re-wired once it holds them (generations
+        pause for that, and resume as after any re-wiring)."""
+        if self.plan is None:
+            return []
+        state = self.state(members)
+        self._settle_switch(members, state)
+        if state != "serving":
+            if self.pending is not None:
+                self.abandon(f"the pipeline is {self.state(members)}")
+            return []
+        if self.pending is not None:
+            return self._switch_when_ready(members)
+        if self.planner is not None and not self.explicit and self.replan(
+                members, now, settled, links):
+            return []
+        if not give_back:
             return []
         spares = [m for m in members.values()
                   if not m.local and m.state == ms.IDLE and m.node_id not in self.plan.values()
+                  and m.node_id not in self.left_out
                   and now - m.enrolled_at >= settled and not m.recent_lapses(now, settled)]
         moves = [(m, rebalance_plan(self.plan, self.head, self.capacity(m), self.needs))
                  for m in spares]
@@ -167,6 +253,140 @@ class PipelinePlan:
                     ", ".join(map(str, moved)), ", ".join(f"stage {s} -> {n}" for s, n in
                                                           sorted(plan.items())))
         return moved
+
+    # -- re-planning -----------------------------------------------------------------------
+    def _fleet(self, members: Mapping[str, ms.Member], now: float, settled: float
+               ) -> list[ms.Member]:
+        """The nodes a re-plan may use: the pipeline's, and the spares that are settled."""
+        assert self.plan is not None
+        planned = set(self.plan.values())
+        return [m for m in members.values() if m.node_id in planned or (
+            not m.local and m.state in (ms.IDLE, ms.READY) and now - m.enrolled_at >= settled
+            and not m.recent_lapses(now, settled))]
+
+    def replan(self, members: Mapping[str, ms.Member], now: float, settled: float,
+               links: Sequence[LinkStatus]) -> bool:
+        """Place again by the planner when the fleet changed since the last time (its
+        nodes, their profiles, the links measured, the plan): a placement predicted faster
+        than the current one by more than the planner's gain becomes ``pending``; one that
+        is not is logged with both predictions. False when the planner cannot place (why
+        is logged once), True when it could (whatever it decided)."""
+        assert self.planner is not None and self.plan is not None
+        fleet = self._fleet(members, now, settled)
+        signature = (tuple(sorted(self.plan.items())),
+                     tuple(sorted((m.node_id, m.profile.measured_at if m.profile else -1.0,
+                                   m.profile_state) for m in fleet)),
+                     tuple(sorted((link.a, link.b, link.measured_at) for link in links)))
+        if self._considered is not None and self._considered[0] == signature:
+            return self._considered[1]
+        memory = {m.node_id: self.capacity(m).memory_bytes for m in fleet}
+        try:
+            found = self.planner.replan(self.plan, fleet, links, memory)
+        except PlanUnusable as exc:
+            self._considered = (signature, False)
+            note = f"no re-plan: {exc}"
+            if note != self.replan_note:
+                log.warning("%s", note)
+            self.replan_note = note
+            return False
+        self._considered = (signature, True)
+        planned, objective = found.planned, self._objective()
+        spares = {m.node_id for m in fleet if m.node_id not in self.plan.values()}
+        if planned.stages == self.plan:
+            self._left_out({n: planned.left_out.get(n, "the planner leaves it out")
+                            for n in spares}, self.plan)
+            return True
+        if not found.worth_it:
+            self.replan_note = f"re-plan not applied: {found.describe(objective)}"
+            log.info("%s: %s", self.replan_note, planned.describe(self.manifest))
+            self._left_out({n: planned.left_out.get(
+                n, f"a re-plan using it is not worth re-wiring ({found.describe(objective)})")
+                for n in spares}, self.plan)
+            return True
+        self.pending = planned.stages
+        self._left_out(planned.left_out, planned.stages)
+        self.replan_note = f"re-planning: {found.describe(objective)}"
+        log.warning("%s: %s; the nodes fetch the shards they lack while the pipeline serves, "
+                    "then it is re-wired", self.replan_note, planned.describe(self.manifest))
+        return True
+
+    def _left_out(self, reasons: Mapping[str, str], plan: Mapping[int, str]) -> None:
+        """The planner's reasons for the nodes ``plan`` leaves out (a node not considered
+        this time, e.g. one not settled yet, keeps the reason it had)."""
+        self.left_out = {node: why for node, why in {**self.left_out, **reasons}.items()
+                         if node not in plan.values()}
+
+    def pending_offers(self, members: Mapping[str, ms.Member]
+                       ) -> list[tuple[ms.Member, int, bool]]:
+        """Shard offers for the pending plan, with whether each is quiet: to a node that
+        runs a stage now, whose fetch must leave its state (and the pipeline) as it is."""
+        if self.pending is None or self.plan is None:
+            return []
+        running = set(self.plan.values())
+        due = []
+        for node_id, stages in hosts(self.pending):
+            member = members[node_id]
+            if member.local or member.offered is not None or not member.alive:
+                continue
+            missing = [s for s in stages if self.hashes[s] not in member.shards]
+            if missing and member.state != ms.FAILED:
+                due.append((member, missing[0], node_id in running))
+        return due
+
+    def abandon(self, why: str) -> None:
+        """Drop the pending plan: the pipeline serves on as it is placed."""
+        if self.pending is None:
+            return
+        self.pending = None
+        self.replan_note = f"re-plan abandoned: {why}; serving on the current placement"
+        log.error("%s", self.replan_note)
+
+    def _switch_when_ready(self, members: Mapping[str, ms.Member]) -> list[int]:
+        """Switch to the pending plan once each of its nodes holds its shards (abandon it
+        when one is down or failed); returns the stages that moved."""
+        assert self.pending is not None and self.plan is not None
+        for node_id, stages in hosts(self.pending):
+            member = members[node_id]
+            why = DOWN_REASONS.get(member.state)
+            if why is not None:
+                self.abandon(f"node {node_id} {why}" + (f": {member.error}" if member.error
+                                                         else ""))
+                return []
+            if member.offered is not None or any(self.hashes[s] not in member.shards
+                                                 for s in stages):
+                return []
+        moved = sorted(s for s, n in self.pending.items() if self.plan[s] != n)
+        self.previous, self.plan, self.pending = self.plan, self.pending, None
+        self._mark_stages(members)
+        self.replan_note = self.replan_note.replace("re-planning", "re-planned", 1)
+        log.warning("re-plan applied, re-wiring: %s", ", ".join(
+            f"stage {s} -> {n}" for s, n in sorted(self.plan.items())))
+        return moved
+
+    def _settle_switch(self, members: Mapping[str, ms.Member], state: str) -> None:
+        """After a switch: forget the previous plan once the new one serves (or a node of it
+        is down: healing takes over); go back to it when a node cannot start its stage."""
+        if self.previous is None or self.plan is None:
+            return
+        if state == "serving" or state == "degraded":
+            self.previous = None
+            return
+        if state != "failed" or not all(members[n].alive for n in self.previous.values()):
+            return
+        problem = self.problem(members) or "a node failed"
+        self.plan, self.previous, self._wiring = self.previous, None, None
+        self._mark_stages(members)
+        self.replan_note = f"re-plan failed ({problem}): back on the previous placement"
+        log.error("%s", self.replan_note)
+
+    def releases(self, members: Mapping[str, ms.Member]) -> list[ms.Member]:
+        """Live remote nodes that run a stage no longer in the plan (a re-plan left them
+        out): to be released from it, as spares."""
+        if self.plan is None:
+            return []
+        planned = set(self.plan.values())
+        return [m for m in members.values() if not m.local and m.alive and m.assigned is not None
+                and m.node_id not in planned]
 
     def _busiest(self, plan: Mapping[int, str]) -> int:
         """The bytes the busiest node of ``plan`` holds."""
@@ -248,6 +468,10 @@ class PipelinePlan:
         spec = self.manifest.stages[stage]
         return StageInfo(spec.index, spec.layer_start, spec.layer_end, spec.xml, spec.bin,
                          spec.first, spec.last)
+
+    def describe(self) -> str:
+        """How the stages were placed (by the planner, or why not) and the last re-plan."""
+        return "; ".join(note for note in (self.placement_note, self.replan_note) if note)
 
     def state(self, members: Mapping[str, ms.Member]) -> str:
         """waiting, degraded, failed, transferring, wiring or serving."""

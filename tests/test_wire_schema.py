@@ -34,8 +34,9 @@ PINNED = {
     7: "b64ae561932bae79",  # profile_request, profile_report, link_probe, link_report; enrol:
     # probe_addr; status_reply: each node's profile and profile_state, the model's shape,
     # the links' figures
-    8: "09a3aacdc97e4bfa",  # status_reply: prediction (the running placement's predicted
-    # speed); service_stats: prediction (the status's, for /metrics)
+    8: "c1363e3a972e76f7",  # status_reply: prediction (the running placement's predicted speed), how
+    # the stages were placed (placement) and the nodes the planner left out, with its
+    # reasons (left_out); service_stats: prediction (the status's, for /metrics)
 }
 
 

@@ -11,7 +11,9 @@ without it; each node left out gets its reason.
 Every decoder layer of a shape costs the same, so the best split of an order depends only
 on its first node, its last node and the set between (their order changes the hops alone):
 splits are computed once per (first, set between, last) and row count, and orders are
-pruned by a bound no order of that set can beat, best bounds first.
+pruned by a bound no order of that set can beat, best bounds first. At cut points
+(``PlanRequest.cuts``) the order between moves the boundaries, so each order has its
+splits; the bounds stay those of the set without cut points.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class PlanRequest:
     links between them, the objective and the streams it is judged at (``streams``: N for
     throughput, and the N every placement is also shown at). ``head``: the node that must
     run stage 0 (the coordinator), None to choose. KV is reserved for ``streams`` streams of
-    ``context`` tokens on every stage."""
+    ``context`` tokens on every stage. ``cuts``: the layer boundaries a stage may end at
+    (an export's stage boundaries, when the placement runs its stages; None: any)."""
 
     shape: ModelShape
     weights: str
@@ -76,6 +79,7 @@ class PlanRequest:
     prompt: int = PROMPT_TOKENS
     top: int = 5
     openvino: str | None = None  # the cluster's version, to refuse profiles of another
+    cuts: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,7 @@ class _Evaluator:
     request: PlanRequest
     nodes: tuple[str, ...] = ()
     caps: dict[tuple[str, bool, bool], int] = field(default_factory=dict)
-    tables: dict[tuple[str, frozenset[str], str, int], tuple[tuple[str, ...], SplitTable]] = (
+    tables: dict[tuple[tuple[str, ...], int, bool], tuple[tuple[str, ...], SplitTable]] = (
         field(default_factory=dict))
     hops: dict[tuple[str, str, int, int], tuple[float, float]] = field(default_factory=dict)
     evaluated: dict[tuple[str, ...], _Candidate | None] = field(default_factory=dict)
@@ -171,17 +175,25 @@ class _Evaluator:
     def cap(self, node: str, index: int, count: int) -> int:
         return self.caps[(node, index == 0, index == count - 1)]
 
-    def table(self, first: str, middle: frozenset[str], last: str,
-              rows: int) -> tuple[tuple[str, ...], SplitTable]:
-        key = (first, middle, last, rows)
+    def table(self, order: Sequence[str], rows: int,
+              cut: bool = True) -> tuple[tuple[str, ...], SplitTable]:
+        """The split table of ``order`` at ``rows`` rows, and the order it is kept for: one
+        per first node, set between and last node when any boundary may be cut (the order
+        of the nodes between changes the hops alone), one per order at the request's cut
+        points (there that order moves the boundaries). ``cut`` False: the table without
+        the cut points, whose bounds hold for every order of the set."""
+        cuts = self.request.cuts if cut else None
+        first, last = order[0], order[-1]
+        canon = (tuple(order) if cuts is not None else
+                 (first, *sorted(order[1:-1]), last) if first != last else (first,))
+        key = (canon, rows, cuts is not None)
         if key not in self.tables:
-            order = (first, *sorted(middle), last) if first != last else (first,)
             bounds = []
-            for i, node in enumerate(order):
+            for i, node in enumerate(canon):
                 fixed, per_layer = stage_terms(self.request.profiles[node], rows,
-                                               i == len(order) - 1)
-                bounds.append(StageBounds(fixed, per_layer, self.cap(node, i, len(order))))
-            self.tables[key] = (order, SplitTable(bounds, self.request.shape.num_layers))
+                                               i == len(canon) - 1)
+                bounds.append(StageBounds(fixed, per_layer, self.cap(node, i, len(canon))))
+            self.tables[key] = (canon, SplitTable(bounds, self.request.shape.num_layers, cuts))
         return self.tables[key]
 
     def hop(self, a: str, b: str, rows: int, index: int) -> tuple[float, float]:
@@ -209,12 +221,15 @@ class _Evaluator:
             known = self.evaluated[order]
             return known if known is not None and known.score > floor else None
         best = None
-        middle = frozenset(order[1:-1])
         skipped = False
         for groups, rows in self.options:
-            canon, table = self.table(order[0], middle, order[-1], rows)
             hop_sum, link_busy = self.hop_terms(order, rows)
             beat = max(floor, best.score if best is not None else 0.0)
+            if beat > 0 and self.request.cuts is not None and self.tokens / self.table(
+                    order, rows, cut=False)[1].lower_bound(hop_sum, link_busy, groups) <= beat:
+                skipped = True  # (the set's table, shared: no order's own is made for it)
+                continue
+            canon, table = self.table(order, rows)
             if beat > 0 and self.tokens / table.lower_bound(hop_sum, link_busy, groups) <= beat:
                 skipped = True
                 continue
@@ -242,7 +257,8 @@ class _Evaluator:
                          if a != first]
                 hop_sum = (len(members) - 1) * min(h for h, _ in forward) + min(h for h, _ in reply)
                 link_busy = min(busy for _, busy in forward + reply)
-            low = self.table(first, middle, last, rows)[1].lower_bound(hop_sum, link_busy, groups)
+            low = self.table(members, rows, cut=False)[1].lower_bound(hop_sum, link_busy,
+                                                                      groups)
             if math.isinf(low):
                 return 0.0
             best = max(best, self.tokens / low)
@@ -312,7 +328,11 @@ def _search_combos(ev: _Evaluator, combos, ranking: _Ranking) -> None:
 
 
 def _search_exact(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> None:
-    _search_combos(ev, _combos(nodes, ev.request.head), ranking)
+    combos = _combos(nodes, ev.request.head)
+    if ev.request.cuts is not None:  # no more nodes than the cut points make stages
+        most = len(ev.request.cuts) + 1
+        combos = (c for c in combos if len(c[1]) + (2 if c[0] != c[2] else 1) <= most)
+    _search_combos(ev, combos, ranking)
 
 
 def _search_local(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> None:
@@ -517,6 +537,31 @@ def check_request(req: PlanRequest) -> None:
         profile.check_for(ProfileKey(req.shape.fingerprint(), req.weights, profile.key.device,
                                      req.openvino or "reference"), node)
     req.links.check_nodes(req.profiles)
+    if req.cuts is not None:
+        bad = sorted(c for c in req.cuts if not 0 < c < req.shape.num_layers)
+        if bad:
+            raise PlacementError(f"cut points {bad} are not between layers 1 and "
+                                 f"{req.shape.num_layers - 1} of {req.shape.name}")
+
+
+def split_order(req: PlanRequest, order: Sequence[str]) -> Placement | None:
+    """The best split of the layers over ``order`` (every node of it taking part, in that
+    order) and its predictions; None when no split fits the nodes' memory."""
+    check_request(req)
+    found = _Evaluator(req).evaluate(tuple(order))
+    return None if found is None else _placement(req, found)
+
+
+def predict(req: PlanRequest, order: Sequence[str], counts: Sequence[int]) -> float:
+    """The objective's tok/s of ``order`` running ``counts`` layers each (in order): what
+    ``Placement.score`` is for the placement the planner would choose."""
+    if len(order) != len(counts) or sum(counts) != req.shape.num_layers or min(counts) < 1:
+        raise PlacementError(f"{list(counts)} layers on {list(order)} do not cover the "
+                             f"{req.shape.num_layers} layers of {req.shape.name}")
+    pipe = _pipeline(req, _Candidate(tuple(order), tuple(counts), 0.0))
+    if req.objective == "latency":
+        return stream_tok_s(pipe)
+    return throughput(pipe, req.streams).tok_s
 
 
 def plan(req: PlanRequest) -> Plan:

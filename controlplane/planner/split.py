@@ -9,12 +9,16 @@ optional limit on every stage's time, by dynamic programming over nodes and laye
 groups, ``max(total + hops, groups * max(slowest stage, busiest link))``: the round as a
 function of the limit T is the larger of a falling and a rising function, so the best T is
 where they cross, found by bisection over the stage times that can occur.
+
+Both may be given the layer boundaries a split may cut at (``cuts``: an export's stage
+boundaries, when a placement must run whole exported stages): a stage may then end only at
+one of them, every other boundary being out of reach.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,14 +34,27 @@ class StageBounds:
     max_layers: int
 
 
+def cut_positions(cuts: Collection[int], num_layers: int) -> np.ndarray:
+    """The boundaries a stage may start or end at: 0, the ``cuts`` and ``num_layers``,
+    ascending; ValueError for a cut outside ``1..num_layers - 1``."""
+    bad = sorted(c for c in cuts if not 0 < c < num_layers)
+    if bad:
+        raise ValueError(f"cut points {bad} are not between layers 1 and {num_layers - 1}")
+    return np.array(sorted({0, *cuts, num_layers}))
+
+
 def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
-                  caps: Sequence[int] | None = None) -> tuple[float, tuple[int, ...]] | None:
+                  caps: Sequence[int] | None = None,
+                  cuts: Collection[int] | None = None) -> tuple[float, tuple[int, ...]] | None:
     """The layer counts, one per stage in order and summing to ``num_layers``, with the
     least total stage time; ``caps`` (default: each stage's ``max_layers``) bound the
-    counts. None when no split fits."""
+    counts, ``cuts`` (default: any) are the boundaries a stage may end at. None when no
+    split fits."""
     caps = [s.max_layers for s in stages] if caps is None else list(caps)
     if not stages or len(stages) > num_layers or min(caps) < 1:
         return None
+    if cuts is not None:
+        return _min_sum_at_cuts(stages, num_layers, caps, cut_positions(cuts, num_layers))
     best = np.full(num_layers + 1, np.inf)
     best[0] = 0.0
     rows = np.arange(num_layers + 1)
@@ -60,13 +77,41 @@ def min_sum_split(stages: Sequence[StageBounds], num_layers: int,
     return float(best[num_layers]), tuple(reversed(counts_back))
 
 
+def _min_sum_at_cuts(stages: Sequence[StageBounds], num_layers: int, caps: Sequence[int],
+                     positions: np.ndarray) -> tuple[float, tuple[int, ...]] | None:
+    """``min_sum_split`` with stages starting and ending only at ``positions``: the DP
+    over those boundaries (best[i]: the least total of the stages so far ending at
+    positions[i])."""
+    span = positions[:, None] - positions[None, :]  # layers from boundary j to boundary i
+    best = np.full(len(positions), np.inf)
+    best[0] = 0.0
+    rows = np.arange(len(positions))
+    picks = []
+    for stage, cap in zip(stages, caps, strict=True):
+        take = np.where((span >= 1) & (span <= cap),
+                        best[None, :] + span * stage.per_layer_s, np.inf)
+        pick = take.argmin(axis=1)  # the boundary the stage starts at
+        best = take[rows, pick] + stage.fixed_s
+        picks.append(pick)
+    if not math.isfinite(best[-1]):
+        return None
+    counts_back, at = [], len(positions) - 1
+    for pick in reversed(picks):
+        start = int(pick[at])
+        counts_back.append(int(positions[at] - positions[start]))
+        at = start
+    return float(best[-1]), tuple(reversed(counts_back))
+
+
 class SplitTable:
     """Splits of one order of stages (at one row count), memoised by the caps a limit on
-    the slowest stage implies."""
+    the slowest stage implies; ``cuts``: the boundaries a stage may end at (None: any)."""
 
-    def __init__(self, stages: Sequence[StageBounds], num_layers: int) -> None:
+    def __init__(self, stages: Sequence[StageBounds], num_layers: int,
+                 cuts: Collection[int] | None = None) -> None:
         self.stages = tuple(stages)
         self.num_layers = num_layers
+        self.cuts = None if cuts is None else frozenset(cuts)
         times = [s.fixed_s + np.arange(1, min(s.max_layers, num_layers) + 1) * s.per_layer_s
                  for s in self.stages]
         self.limits = np.unique(np.concatenate(times)) if times else np.zeros(0)
@@ -82,13 +127,31 @@ class SplitTable:
         self._memo: dict[tuple[int, ...], tuple[float, tuple[int, ...]] | None] = {}
         self._by_index: dict[int, tuple[float, tuple[int, ...]] | None] = {}
         self._least_total: float | None = None
+        if self.cuts is not None:
+            self.first_fit = self._first_fit_at_cuts()
+
+    def _first_fit_at_cuts(self) -> int:
+        """The first limit some split at the cuts fits under (looser limits fit more
+        splits: found by bisection), len(limits) when none does."""
+        low, high = self.first_fit, len(self.limits)
+        if low >= high or self.under(high - 1) is None:
+            return len(self.limits)
+        high -= 1
+        while low < high:
+            mid = (low + high) // 2
+            if self.under(mid) is None:
+                low = mid + 1
+            else:
+                high = mid
+        return low
 
     def under(self, index: int) -> tuple[float, tuple[int, ...]] | None:
         """The least-total split whose every stage takes at most ``limits[index]`` seconds."""
         if index not in self._by_index:
             caps = tuple(int(c) for c in self._caps[index])
             if caps not in self._memo:
-                self._memo[caps] = min_sum_split(self.stages, self.num_layers, caps)
+                self._memo[caps] = min_sum_split(self.stages, self.num_layers, caps,
+                                                 self.cuts)
             self._by_index[index] = self._memo[caps]
         return self._by_index[index]
 

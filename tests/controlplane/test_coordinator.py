@@ -225,6 +225,26 @@ def test_placement_error_is_reported(cp_cluster: Cluster) -> None:
 
 
 # -- liveness -----------------------------------------------------------------------------
+def test_a_re_plans_fetch_that_fails_on_a_serving_node_leaves_it_serving(
+        cp_cluster: Cluster) -> None:
+    """A node that runs a stage fetches a pending re-plan's shards quietly: when that fails,
+    the re-plan is abandoned, and the node (and the pipeline) serve on as placed."""
+    coord = cp_cluster.coordinator()
+    agent = cp_cluster.agent(coord.endpoint)
+    coord.wait_serving(20)
+    with coord._lock:  # the loop waits: nothing switches or offers meanwhile
+        member = coord.members[agent.node_id]
+        coord.plan.pending = {0: coord.node_id, 1: agent.node_id}
+        member.offered = "f" * 64
+        coord._on_shard_done(member, m.ShardDone("f" * 64, False, error="disk full"))
+        assert member.state == "serving" and coord.plan.pending is None
+        assert coord.plan.replan_note == (
+            f"re-plan abandoned: node {agent.node_id} could not fetch shard ffffffffffff: "
+            "disk full; serving on the current placement")
+    status = coord.status()
+    assert status.pipeline == "serving" and "re-plan abandoned" in status.placement
+
+
 def test_heartbeat_loss_marks_node_dead_and_status_shows_it(cp_cluster: Cluster) -> None:
     coord = cp_cluster.coordinator(heartbeat_interval=0.05, liveness=3)
     raw = RawNode(coord.endpoint, b"silent-1")

@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from controlplane.records import HEARTBEAT_S, LIVENESS
-from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export
+from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
+from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export, is_export, local_export_ranges
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.api import cors_origin, parse_api, start_api
 from zctl.launcher.local import start_coordinator, start_local_cluster, stop_processes, wait_serving
@@ -121,6 +121,10 @@ ExpectNodes = Annotated[int, typer.Option(
          "there are, this machine alone if need be; nodes that join later take stages over)")]
 MemoryMb = Annotated[int, typer.Option(
     "--memory-mb", help="RAM this machine lends its stages, in MB (0: what is free)")]
+ReplanGain = Annotated[float, typer.Option(
+    help="while serving, re-place the stages by the planner when a node joins (or leaves, "
+         "or profiles and links change) and the new placement is predicted this much "
+         "faster (0.10: 10%)")]
 Place = Annotated[list[str] | None, typer.Option(
     help="pin a stage to a node: STAGE=NODE_ID (repeatable)")]
 Profile = Annotated[bool | None, typer.Option(
@@ -182,6 +186,7 @@ def cluster_up(
     kv_memory_mb: KvMemory = 2048,
     prefix_cache_mb: PrefixCacheMb = 512,
     profile: Profile = None,
+    replan_gain: ReplanGain = DEFAULT_REPLAN_GAIN,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the
     background. It serves as soon as the stages fit the machines there are (this one alone
@@ -190,7 +195,7 @@ def cluster_up(
         _fail(f"a cluster is already up ({cluster_file()}); zctl cluster down first")
     stage_count = stages or local or 2
     problem = (_up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
-                           reassign_after, heal_after, expect_nodes, memory_mb)
+                           reassign_after, heal_after, expect_nodes, memory_mb, replan_gain)
                or max_streams_problem(max_streams) or kv_problem(kv_memory_mb, prefix_cache_mb))
     if problem:
         _fail(problem)
@@ -201,7 +206,11 @@ def cluster_up(
                                kv, dq, paged_attention)
         link = link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit)
         placement = placement_of(place or [])  # (checked before anything is exported)
-        export_dir = ensure_export(model, stage_count, weights)
+        ranges = None
+        if local is not None and local > 1 and stages is None and not is_export(model):
+            ranges, source = local_export_ranges(model, local, weights, device, memory_mb)
+            err.print(f"stages: {source}", soft_wrap=True)
+        export_dir = ensure_export(model, stage_count, weights, ranges)
         coordinator = CoordinatorProcess(
             str(export_dir), bind=f"tcp://{bind}", host=host, heartbeat=heartbeat,
             liveness=liveness, expect_nodes=expect_nodes, placement=placement,
@@ -209,7 +218,7 @@ def cluster_up(
             resume_timeout=resume_timeout, curve=curve,
             row_groups=row_groups, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
             prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link, memory_mb=memory_mb,
-            profile=local is None if profile is None else profile)
+            profile=local is None if profile is None else profile, replan_gain=replan_gain)
         if foreground:
             raise typer.Exit(_serve_foreground(coordinator))
         if local is None:
@@ -270,7 +279,7 @@ def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeou
         row_groups=c.row_groups, curve=c.curve, resume_timeout=c.resume_timeout,
         reassign_after=c.reassign_after, heal_after=c.heal_after, max_streams=c.max_streams,
         kv_memory_mb=c.kv_memory_mb, prefix_cache_mb=c.prefix_cache_mb,
-        memory_mb=c.memory_mb, profile=c.profile)
+        memory_mb=c.memory_mb, profile=c.profile, replan_gain=c.replan_gain)
     write_record(record)
     status = wait_serving(record, timeout)
     if api is not None:
@@ -300,7 +309,8 @@ def max_streams_problem(max_streams: int) -> str:
 
 def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets: str,
                 foreground: bool, resume_timeout: float, reassign_after: float | None,
-                heal_after: float = 0.0, expect_nodes: int = 0, memory_mb: int = 0) -> str:
+                heal_after: float = 0.0, expect_nodes: int = 0, memory_mb: int = 0,
+                replan_gain: float = DEFAULT_REPLAN_GAIN) -> str:
     """Why these ``zctl cluster up`` options cannot go together ("" when they can), found
     before anything is exported or started."""
     if local is not None and local < 1:
@@ -319,6 +329,8 @@ def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets
         return "--foreground runs only the coordinator; start nodes with zctl node join"
     if resume_timeout < 0 or heal_after < 0 or (reassign_after is not None and reassign_after < 0):
         return "--resume-timeout, --heal-after and --reassign-after must be >= 0 seconds"
+    if not 0 <= replan_gain <= 10:
+        return f"--replan-gain is a fraction (0.10: a re-plan predicted 10% faster), not {replan_gain}"
     return ""
 
 

@@ -52,6 +52,22 @@ def resolve_weights(model: str, weights: str) -> str:
     return DEFAULT_WEIGHTS.get(model, AUTO_WEIGHTS_OTHERWISE)
 
 
+def is_export(model: str) -> bool:
+    """Whether ``model`` names an export directory (used as it is)."""
+    return (Path(model) / "manifest.json").is_file()
+
+
+def planned_export_dir(model: str, weights: str, ranges: list[tuple[int, int]]) -> Path:
+    """Where ``cluster up`` keeps an export of the planner's layer ranges: the name holds
+    them (``smollm2-135m-int8-layers-0-17_18-29``), so another split is another export."""
+    from controlplane.placement import layer_range
+    from zctl.paths import export_cache_dir
+
+    safe = model.replace("/", "--").replace(".gguf", "")
+    layers = "_".join(layer_range(start, end) for start, end in ranges)
+    return export_cache_dir() / f"{Path(safe).name}-{resolve_weights(model, weights)}-layers-{layers}"
+
+
 def default_export_dir(model: str, stages: int, weights: str, static: bool = False) -> Path:
     """Where ``zctl export`` writes and ``zctl run``/``cluster up`` look by default.
 
@@ -68,17 +84,20 @@ def default_export_dir(model: str, stages: int, weights: str, static: bool = Fal
                                  f"{stages}stages{kind}")
 
 
-def ensure_export(model: str, stages: int, weights: str = AUTO) -> Path:
+def ensure_export(model: str, stages: int, weights: str = AUTO,
+                  ranges: list[tuple[int, int]] | None = None) -> Path:
     """The cached export for (model, stages, weights); exported on first use with progress.
-    A cached directory whose manifest names another weight format is exported again."""
+    A cached directory whose manifest names another weight format is exported again.
+    ``ranges``: the layer ranges of its stages (default: ``exporter.balance.default_split``)."""
     from exporter.balance import default_split
     from zctl.manifest import ManifestError, load_manifest
 
-    if (Path(model) / "manifest.json").is_file():
+    if is_export(model):
         load_manifest(model)  # an export directory is used as it is
         return Path(model)
     weights = resolve_weights(model, weights)
-    target = default_export_dir(model, stages, weights)
+    target = (default_export_dir(model, stages, weights) if ranges is None
+              else planned_export_dir(model, weights, ranges))
     try:
         found = load_manifest(target).weight_format
         if found == weights:
@@ -97,7 +116,44 @@ def ensure_export(model: str, stages: int, weights: str = AUTO) -> Path:
             from None
     quiet_ml_libraries()
     source = open_source(model, source_cache_dir())
-    with RichExportProgress(stages, err) as progress:
-        export_model(source, default_split(source, stages), weights, target, force=True,
-                     progress=progress)
+    split = default_split(source, stages) if ranges is None else ranges
+    with RichExportProgress(len(split), err) as progress:
+        export_model(source, split, weights, target, force=True, progress=progress)
     return target
+
+
+def local_export_ranges(model: str, processes: int, weights: str, device: str,
+                        memory_mb: int = 0) -> tuple[list[tuple[int, int]] | None, str]:
+    """The planner's layer ranges for a ``cluster up --local`` cluster of ``processes``
+    processes sharing this machine (``controlplane.planner.local_split``), from this
+    machine's profile as ``zctl node profile`` kept it, else the ``xeon-core`` reference;
+    and what they come from. (None, why) when the planner cannot choose them: the export
+    then splits by ``exporter.balance``."""
+    from dataclasses import replace
+
+    from controlplane.nodeinfo import ram
+    from controlplane.placement import PlacementError
+    from controlplane.planner.local_split import local_ranges
+    from controlplane.planner.measured import profile_of
+    from controlplane.planner.profile import ProfileError
+    from controlplane.planner.references import derive_profile, reference_speed
+    from controlplane.planner.shape import ShapeError
+    from controlplane.planner.shape_sources import resolve_shape
+    from controlplane.profile_store import ProfileStore
+    from zctl.paths import zctl_home
+
+    weights = resolve_weights(model, weights)
+    try:
+        shape = resolve_shape(model)
+        free = ram()[1]  # the processes share what is free, each lending memory_mb at most
+        free = min(free, processes * (memory_mb << 20)) if memory_mb else free
+        record, why = ProfileStore(zctl_home() / "node").load(shape, weights, device)
+        if record is not None:
+            profile, source = profile_of(record), "this machine's profile (zctl node profile)"
+        else:
+            profile = derive_profile(reference_speed("xeon-core"), shape, weights, free)
+            source = f"the xeon-core reference profile (this machine: {why})"
+        ranges = local_ranges(shape, weights, replace(profile, free_memory=free), processes)
+    except (ShapeError, ProfileError, PlacementError, OSError) as exc:
+        return None, f"split by cost, not by the planner: {exc}"
+    return ranges, f"the planner's split for {processes} processes from {source}"

@@ -108,8 +108,9 @@ def prediction_text(prediction: PredictionStatus) -> str:
 
 def status_table(status: ClusterStatus) -> Table:
     """The cluster at a glance: one row per node in stage order (its stage's layers,
-    devices, free RAM, liveness, profile), then the pipeline line, the links' figures and
-    the predicted speed as caption. Versions go in the
+    devices, free RAM, liveness, profile), then the pipeline line, how the stages were
+    placed (the nodes the planner left out, with its reasons), the links' figures and the
+    predicted speed as caption. Versions go in the
     caption when every node runs the coordinator's (a node whose OpenVINO differs is
     refused at enrolment), else in a column; transfer and note columns appear only while
     some shard is arriving or some node reports a problem."""
@@ -152,6 +153,11 @@ def status_table(status: ClusterStatus) -> Table:
                   f"OpenVINO {short_version(status.openvino)}, zctl {status.zctl} on every node"))
     if status.plan_error:
         caption += f" - {status.plan_error}"
+    if status.placement:
+        caption += f" · placed {status.placement}"
+    if status.left_out:
+        caption += " · left out: " + "; ".join(f"{node}: {why}" for node, why in
+                                               sorted(status.left_out.items()))
     if status.refused:
         caption += f" - refused: {status.refused[-1].reason}"
     if status.links:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from controlplane.nodeinfo import fresh_port
-from controlplane.records import ClusterStatus
+from controlplane.records import DEFAULT_REPLAN_GAIN, ClusterStatus
 from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.lifetime import die_with_parent
@@ -153,7 +153,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         kv_memory_mb: int = 2048, prefix_cache_mb: int = 512,
                         links: Sequence[LinkShape] | None = None,
                         network: LocalNetwork | None = None, memory_mb: int = 0,
-                        owned: bool = False, profile: bool = False) -> ClusterRecord:
+                        owned: bool = False, profile: bool = False,
+                        replan_gain: float = DEFAULT_REPLAN_GAIN) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
     (``nodes`` 1: the coordinator alone runs every stage).
 
@@ -178,6 +179,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     any node, as one joined by hand with zctl node join). ``profile``: each process
     measures its profile for the model when its state directory keeps none (off by default:
     the processes share this machine's cores, and ``zctl node profile`` measures it once).
+    ``replan_gain``: a re-plan of the serving pipeline is applied when predicted this much
+    faster (CoordinatorProcess).
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
@@ -214,7 +217,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                                     max(s.delay_ms for s in shapes)),
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
-        cpus=cpus[0], memory_mb=memory_mb, profile=profile,
+        cpus=cpus[0], memory_mb=memory_mb, profile=profile, replan_gain=replan_gain,
         cluster_id=uuid.uuid4().hex[:12] if owned else ""), root, owned)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.records import HEARTBEAT_S, LIVENESS
+from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
@@ -96,6 +96,7 @@ class CoordinatorProcess:
     memory_mb: int = 0  # RAM this machine lends its stages (0: what is free)
     cluster_id: str = ""  # an embedded cluster's identity: others' nodes are refused ("": any)
     profile: bool = True  # measure this machine's profile for the model when it has none
+    replan_gain: float = DEFAULT_REPLAN_GAIN  # re-plan when predicted this much faster
     parent: int = 0  # the pid of the command that started this process (0: not recorded)
     ends_with_parent: bool = False  # an embedded cluster's process: it ends when parent does
 
@@ -241,7 +242,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         runtime=config.runtime, reassign_after=config.reassign_after,
         heal_after=config.heal_after, curve=curve, memory_limit=config.memory_mb << 20,
         cluster_id=config.cluster_id, profile=config.profile, link=_probe_link(config.link),
-        row_groups=row_groups),
+        row_groups=row_groups, replan_gain=config.replan_gain),
         launcher=launcher)
     signal.signal(signal.SIGTERM, interrupt_once())
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")

@@ -38,6 +38,19 @@ def test_foreground_local_is_refused_before_any_export(zctl_home: Path, monkeypa
     assert not (zctl_home / "exports").exists() and not (zctl_home / "cluster.json").exists()
 
 
+def test_a_bad_replan_gain_is_refused_before_any_export(zctl_home: Path, monkeypatch) -> None:
+    import zctl.cli.cluster as cluster_cli
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported before refusing")
+
+    monkeypatch.setattr(cluster_cli, "ensure_export", no_export)
+    for gain in ("-0.1", "nan", "50"):
+        result = runner.invoke(app, ["cluster", "up", "--local", "2", "--replan-gain", gain])
+        assert result.exit_code == 1 and "--replan-gain is a fraction" in result.output
+    assert not (zctl_home / "cluster.json").exists()
+
+
 def test_errors_print_brackets_as_they_are(zctl_home: Path) -> None:
     """A message with [brackets] (an extra's name, a bad value) is not taken for markup."""
     result = runner.invoke(app, ["cluster", "up", "--local", "2", "--api", "host[serve]"])

@@ -17,6 +17,8 @@ from zctl.cli.exports import (
     DEFAULT_WEIGHTS,
     default_export_dir,
     ensure_export,
+    local_export_ranges,
+    planned_export_dir,
     resolve_weights,
 )
 from zctl.launcher.record import ClusterError
@@ -73,7 +75,8 @@ def _weights_asked(monkeypatch: pytest.MonkeyPatch, module: object) -> list[str]
     command (ClusterError: one error line, exit 1) before anything starts."""
     asked: list[str] = []
 
-    def record(model: str, stages: int, weights: str = AUTO) -> Path:
+    def record(model: str, stages: int, weights: str = AUTO,
+               ranges: list[tuple[int, int]] | None = None) -> Path:
         asked.append(weights)
         raise ClusterError("stopped by the test")
 
@@ -100,3 +103,28 @@ def test_zctl_export_help_names_the_default() -> None:
     assert result.exit_code == 0
     text = " ".join(result.output.split())
     assert "int8 for smollm2-135m" in text.replace("│ ", "").replace(" │", "")
+
+
+def test_a_local_cluster_exports_the_planners_ranges(home: Path, tiny_llama_dir: Path,
+                                                     monkeypatch) -> None:
+    import exporter.export
+
+    ranges, source = local_export_ranges("smollm2-135m", 2, AUTO, "CPU")
+    assert ranges is not None and len(ranges) == 2 and ranges[-1][1] == 30, source
+    assert source.startswith("the planner's split for 2 processes from the xeon-core "
+                              "reference profile (this machine: not profiled yet)")
+    made: list[tuple[list, Path]] = []
+
+    def fake_export(source, ranges, weights, target, **kwargs):
+        made.append((list(ranges), Path(target)))
+
+    monkeypatch.setattr(exporter.export, "export_model", fake_export)
+    model = str(tiny_llama_dir)
+    target = ensure_export(model, 2, "fp32", [(0, 3), (3, 4)])
+    assert target == planned_export_dir(model, "fp32", [(0, 3), (3, 4)])
+    assert target.name.endswith("-fp32-layers-0-2_3") and made == [([(0, 3), (3, 4)], target)]
+
+
+def test_without_a_shape_the_local_export_is_split_by_cost(home: Path) -> None:
+    ranges, source = local_export_ranges(str(home / "nothing-here"), 2, "int4", "CPU")
+    assert ranges is None and source.startswith("split by cost, not by the planner: ")

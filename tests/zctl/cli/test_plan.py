@@ -101,9 +101,12 @@ def test_a_running_cluster_is_planned_on_its_profiles_and_links(cp_cluster,
     coord.stop()
     coord = cp_cluster.coordinator(expect_nodes=1)
     agent = cp_cluster.agent(coord.endpoint)
-    wait_for(lambda: len([s for s in coord.status().links if s.measured_at]) == 2
+    # placed by the planner on these profiles: the coordinator alone runs the tiny model,
+    # and its link to the spare is probed
+    wait_for(lambda: [s for s in coord.status().links if s.measured_at]
              and all(n.profile for n in coord.status().nodes), timeout=20,
              what="profiles and links")
+    assert coord.status().placement.startswith("by the planner")
     result = runner.invoke(app, ["plan", str(tiny_llama_dir), "--endpoint", coord.endpoint,
                                  "--json"])
     assert result.exit_code == 0, result.output

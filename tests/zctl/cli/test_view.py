@@ -4,6 +4,7 @@ a shard's transfer progress, shown only while it arrives."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -62,6 +63,18 @@ def test_differing_versions_transfers_and_problems_get_columns() -> None:
     assert "OpenVINO / zctl" in text and "2026.4.1 / 0.2.0" in text
     assert "25%" in text and "compile failed: x" in text
     assert "versions differ" in " ".join(text.split())
+
+
+def test_how_the_stages_were_placed_and_who_was_left_out_is_in_the_caption() -> None:
+    status = replace(cluster([node("coord", 0, "127.0.0.1"), node("n1", 1, "127.0.0.2"),
+                              node("n2", 2, "127.0.0.3"),
+                              node("slow", None, "127.0.0.4", state="idle")]),
+                     placement="by the planner: predicted 41.20 tok/s (latency)",
+                     left_out={"slow": "slows the pipeline: 30.10 tok/s with it, 41.20 without"})
+    text = " ".join(render(status, width=200).split())
+    assert "placed by the planner: predicted 41.20 tok/s (latency)" in text
+    assert "left out: slow: slows the pipeline: 30.10 tok/s with it, 41.20 without" in text
+    assert "placed" not in render(cluster([node("coord", 0, "127.0.0.1")]))
 
 
 def test_helpers() -> None:
