@@ -66,7 +66,9 @@ class PlanRequest:
     throughput, and the N every placement is also shown at). ``head``: the node that must
     run stage 0 (the coordinator), None to choose. KV is reserved for ``streams`` streams of
     ``context`` tokens on every stage. ``cuts``: the layer boundaries a stage may end at
-    (an export's stage boundaries, when the placement runs its stages; None: any)."""
+    (an export's stage boundaries, when the placement runs its stages; None: any).
+    ``exact_nodes``: fleets up to this size are searched exactly, larger ones by the
+    heuristic (a caller that must answer quickly lowers it)."""
 
     shape: ModelShape
     weights: str
@@ -80,6 +82,7 @@ class PlanRequest:
     top: int = 5
     openvino: str | None = None  # the cluster's version, to refuse profiles of another
     cuts: frozenset[int] | None = None
+    exact_nodes: int = EXACT_NODES
 
 
 @dataclass(frozen=True)
@@ -410,7 +413,7 @@ def _moves(order: tuple[str, ...], nodes: Sequence[str], head: str | None):
 
 
 def _search(ev: _Evaluator, nodes: Sequence[str], ranking: _Ranking) -> bool:
-    if len(nodes) <= EXACT_NODES:
+    if len(nodes) <= ev.request.exact_nodes:
         _search_exact(ev, nodes, ranking)
         return True
     _search_local(ev, nodes, ranking)
@@ -474,10 +477,10 @@ def _left_out(ev: _Evaluator, best: _Candidate, nodes: Sequence[str]) -> list[Le
 
 
 def _best_of_set(ev: _Evaluator, members: Sequence[str]) -> _Candidate | None:
-    """The best order using every one of ``members``: exact up to EXACT_NODES, else the
-    best place to insert the last member into the others' order."""
+    """The best order using every one of ``members``: exact up to the request's
+    ``exact_nodes``, else the best place to insert the last member into the others' order."""
     head = ev.request.head
-    if len(members) <= EXACT_NODES:
+    if len(members) <= ev.request.exact_nodes:
         ranking = _Ranking(1)
         firsts = [head] if head is not None else members
         combos = ((f, frozenset(members) - {f, last}, last) for f in firsts for last in members
@@ -527,8 +530,8 @@ def check_request(req: PlanRequest) -> None:
     check_weight_format(req.weights)
     if req.objective not in OBJECTIVES:
         raise ValueError(f"objective {req.objective!r} is not one of {', '.join(OBJECTIVES)}")
-    if req.streams < 1 or req.top < 1 or req.prompt < 1:
-        raise ValueError("streams, top and prompt must be >= 1")
+    if req.streams < 1 or req.top < 1 or req.prompt < 1 or req.exact_nodes < 1:
+        raise ValueError("streams, top, prompt and exact_nodes must be >= 1")
     if not req.profiles:
         raise PlacementError("no nodes to plan for")
     if req.head is not None and req.head not in req.profiles:

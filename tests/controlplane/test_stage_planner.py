@@ -174,6 +174,16 @@ def test_cut_points_are_the_exports_stage_boundaries(export: Path) -> None:
         StagePlanner(fleet.manifest, fleet.shape, fleet.needs, HEAD, "CPU", OV, gain=-0.1)
 
 
+def test_the_coordinator_searches_exactly_only_fleets_it_plans_quickly(export: Path) -> None:
+    from controlplane.stage_planner import COORDINATOR_EXACT_NODES
+
+    fleet = Fleet(export)
+    fleet.add(HEAD, 2)
+    fleet.add("a", 2)
+    req, _ = fleet.planner.request(list(fleet.members.values()), [])
+    assert req.exact_nodes == COORDINATOR_EXACT_NODES < 8 and req.cuts == frozenset({1, 2, 3})
+
+
 def joined_faster(export: Path, factor: float, gain: float = 0.10) -> Fleet:
     """A pipeline of the coordinator and ``a`` serving, and ``b`` joined: its layers
     ``factor`` times as fast as ``a``'s."""

@@ -145,12 +145,7 @@ def test_the_heuristic_never_beats_the_exact_search_and_always_fits(req: PlanReq
         exact = plan(req)
     except PlacementError:
         return
-    original = search.EXACT_NODES
-    search.EXACT_NODES = data.draw(st.integers(0, 2))
-    try:
-        rough = plan(req)
-    finally:
-        search.EXACT_NODES = original
+    rough = plan(dataclasses.replace(req, exact_nodes=data.draw(st.integers(1, 2))))
     assert rough.placements[0].score <= exact.placements[0].score * (1 + SAME)
     assert all(s.memory_free >= 0 for p in rough.placements for s in p.stages)
     if len(req.profiles) > 2:
@@ -248,6 +243,8 @@ def test_bad_requests_are_refused() -> None:
         plan(dataclasses.replace(req, weights="int2"))
     with pytest.raises(PlacementError, match="no nodes"):
         plan(dataclasses.replace(req, profiles={}))
+    with pytest.raises(ValueError, match="exact_nodes must be >= 1"):
+        plan(dataclasses.replace(req, exact_nodes=0))
     with pytest.raises(ProfileError, match="no link figures between a and c"):
         plan(dataclasses.replace(req, profiles={**req.profiles, "c": req.profiles["a"]}))
     stale = dataclasses.replace(req.profiles["b"], key=ProfileKey("other", "int8", "CPU", "x"))
