@@ -43,9 +43,11 @@ def test_a_local_cluster_profiles_its_processes_and_probes_its_links(
                              "--profile", "--heartbeat", "0.3"])
     try:
         assert up.exit_code == 0, up.output
-        status = _wait("both processes profiled and both links measured", lambda s: (
+        status = _wait("both processes profiled, both links measured, and the placement "
+                       "they lead to serving", lambda s: (
             all(n["profile_state"] == "measured" for n in s["nodes"])
-            and len([link for link in s["links"] if link["measured_at"]]) == 2))
+            and len([link for link in s["links"] if link["measured_at"]]) == 2
+            and s["pipeline"] == "serving" and not s["prediction"]["error"]))
         shape = status["shape"]
         assert (shape["hidden"], shape["intermediate"]) == (64, 128)
         for node in status["nodes"]:
@@ -58,7 +60,8 @@ def test_a_local_cluster_profiles_its_processes_and_probes_its_links(
             assert link["rtt_s"] > 0 and link["forward_bps"] > 0 and link["backward_bps"] > 0
         prediction = status["prediction"]  # the running placement, as the model of time sees it
         assert prediction["error"] == "" and prediction["tok_s"] > 0, prediction
-        assert prediction["nodes"] == [s["node_id"] for s in status["stages"]]
+        runs = [s["node_id"] for s in status["stages"]]  # a node's consecutive stages: one
+        assert prediction["nodes"] == [n for i, n in enumerate(runs) if i == 0 or runs[i - 1] != n]
         assert [p["streams"] for p in prediction["streams"]] == list(range(1, 9))
         assert prediction["row_groups"] == 1  # a --local cluster sharing the cores: one group
         monkeypatch.setenv("COLUMNS", "250")

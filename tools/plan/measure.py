@@ -79,7 +79,7 @@ def run_case(case: Case, root: Path, tokens: int, rounds: int,
                                                "of a core" if case.slow_share else ""))
     record = start_local_cluster(export_dir, case.nodes, runtime_spec("f32", None, "CPU"), root,
                                  cpu_sets=case.cpu_sets, link_delay_ms=case.delay_ms,
-                                 profile=True)
+                                 profile=True, pin_stages=True)  # the case's topology
     with ExitStack() as stack:
         stack.callback(stop_processes, record.pids)
         slowed = None

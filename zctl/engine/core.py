@@ -12,7 +12,8 @@ re-wired). Generations in flight then pause (a chunk with a note says why) inste
 waiting out the data plane's timeout; when the pipeline serves again each resumes: its
 stream is reset and the session replays its prompt and tokens on the fresh KV, then goes
 on as if nothing happened. Not back within ``resume_timeout_s`` (0: do not wait), they
-end with ``PipelineDown`` and the tokens they have. New requests are refused meanwhile.
+end with ``PipelineDown`` and the tokens they have. New requests wait meanwhile, for up to
+``ADMISSION_HOLD_S`` (a re-wiring or a heal takes a moment), then are refused.
 A step or reset that no next stage took (``PipelineUnreachable``: its node went before
 the cluster noticed) is such an outage too, not the request's failure.
 """
@@ -51,6 +52,7 @@ from zctl.engine.tokenizer import ChatTokenizer, StreamDecoder, prompt_logprob_t
 log = logging.getLogger("zctl.engine")
 TIMING_REFRESH_S = 0.5  # how often the percentiles those chunks carry are recomputed
 POLL_S = 0.02  # how long a scheduler poll waits for a reply
+ADMISSION_HOLD_S = 10.0  # how long new requests wait for a pipeline that cannot serve
 HEALTH_CHECK_S = 0.25  # how often generations in flight ask whether the pipeline is down
 RESUME_TIMEOUT_S = 120.0  # how long paused generations wait for the pipeline to be back
 PAUSE_NOTE_S = 10.0  # while paused, clients hear so this often (their idle timers restart)
@@ -129,6 +131,7 @@ class GenerationEngine:
         self._scheduler: StreamScheduler | None = None
         self._jobs: dict[int, _Job] = {}  # by stream id
         self._waiting: deque[tuple[Hashable, GenerationRequest]] = deque()
+        self._blocked_since: float | None = None  # since when waiting requests are held
         self._out: list[Outgoing] = []
         self._health_checked = -1e9
         self._paused: tuple[float, str] | None = None  # since when, and why
@@ -272,8 +275,17 @@ class GenerationEngine:
                 continue
             problem = self._paused[1] if self._paused else self._problem()
             if problem is not None:
+                now = time.monotonic()
+                if self._blocked_since is None:
+                    self._blocked_since = now
+                if now - self._blocked_since < min(self.resume_timeout_s, ADMISSION_HOLD_S):
+                    self._waiting.appendleft((client, req))  # held: a re-wiring or a heal
+                    if not self._jobs:  # is over in a moment (a wait here, not a spin)
+                        time.sleep(POLL_S)
+                    break
                 self._refuse(client, req, f"the pipeline cannot serve now: {problem}", UNAVAILABLE)
                 continue
+            self._blocked_since = None
             if self._scheduler is None or (not self._jobs and self._scheduler.executor is not executor):
                 self._scheduler = self._new_scheduler(executor)
             if not self._jobs:  # a new busy period: fresh per-stage figures
@@ -403,10 +415,11 @@ class GenerationEngine:
             job.session.restart()
             try:
                 self._scheduler.add(job.session)
-            except PipelineUnreachable as exc:  # down again: every generation holds on
-                self._pause(str(exc), time.monotonic())
-                return
             except Exception as exc:  # noqa: BLE001 - its stream cannot be reset
+                outage = self._outage([exc])
+                if outage is not None:  # down or re-wired again: every generation holds on
+                    self._pause(outage, time.monotonic())
+                    return
                 job.session.fail(PipelineDown(f"could not resume: {exc}"))
                 self._progress(SessionUpdate(job.session, []))
         self._note_all(f"resumed after {outage_s:.1f} s")

@@ -154,7 +154,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         links: Sequence[LinkShape] | None = None,
                         network: LocalNetwork | None = None, memory_mb: int = 0,
                         owned: bool = False, profile: bool = False,
-                        replan_gain: float = DEFAULT_REPLAN_GAIN) -> ClusterRecord:
+                        replan_gain: float = DEFAULT_REPLAN_GAIN,
+                        pin_stages: bool = False) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
     (``nodes`` 1: the coordinator alone runs every stage).
 
@@ -180,7 +181,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     measures its profile for the model when its state directory keeps none (off by default:
     the processes share this machine's cores, and ``zctl node profile`` measures it once).
     ``replan_gain``: a re-plan of the serving pipeline is applied when predicted this much
-    faster (CoordinatorProcess).
+    faster (CoordinatorProcess). ``pin_stages``: stage i runs on node i, whatever the
+    planner would choose (a benchmark's case names its topology), as when hops differ.
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
@@ -203,7 +205,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         server_key = prepare_local_curve(root / "coordinator",
                                          [root / f"node{i}" for i in range(1, nodes)])
     placement = {}
-    if len(set(shapes)) > 1:  # every hop its own shape: node i must serve stage i
+    if pin_stages or len(set(shapes)) > 1:  # (every hop its own shape: node i, stage i)
         from controlplane.nodeinfo import load_or_create_node_id
 
         placement = {str(i): load_or_create_node_id(root / f"node{i}") for i in range(1, nodes)}

@@ -271,14 +271,17 @@ def test_generations_pause_while_a_stage_is_down_and_resume_as_if_nothing_happen
     assert isinstance(next(stream), GenerationChunk)  # generating
     problem.append(DOWN)
     messages = []
+    held: list[GenerationDone] = []
+    waiter = threading.Thread(target=lambda: held.append(
+        _done(svc.endpoint, GenerationRequest("r", "hi", 3, ignore_eos=True))))
     for msg in stream:
         messages.append(msg)
         if getattr(msg, "note", "").startswith("paused"):
-            # new requests are refused with the reason while it is down
-            refused = _done(svc.endpoint, GenerationRequest("r", "hi", 3))
-            assert f"the pipeline cannot serve now: {DOWN}" in refused.error
+            waiter.start()  # a new request while it is down waits for it (up to 10 s)
             time.sleep(0.5)
             problem.clear()  # back (the node returned, or a spare took the stage)
+    waiter.join(30)
+    assert held and not held[0].error and len(held[0].tokens) == 3, held
     notes = [m.note for m in messages if getattr(m, "note", "")]
     assert notes[0] == f"paused: {DOWN}; resuming when it is back (up to 30 s)"
     assert notes[1].startswith("resumed after ")
@@ -287,6 +290,14 @@ def test_generations_pause_while_a_stage_is_down_and_resume_as_if_nothing_happen
     streamed = [t for m in messages[:-1] if isinstance(m, GenerationChunk) for t in m.tokens]
     assert streamed == done.tokens[len(done.tokens) - len(streamed):]  # nothing twice
     assert _done(svc.endpoint, _long_request("after", 5)).tokens == expected[:5]
+
+
+def test_a_new_request_held_longer_than_the_pipeline_may_take_is_refused(flaky) -> None:
+    start, problem, _ = flaky
+    svc = start(0.5)  # new requests wait up to the resume timeout when it is under 10 s
+    problem.append(DOWN)
+    refused = _done(svc.endpoint, GenerationRequest("r", "hi", 3))
+    assert f"the pipeline cannot serve now: {DOWN}" in refused.error
 
 
 def test_a_step_failing_because_the_pipeline_was_replaced_resumes_it(tiny_exports) -> None:
