@@ -77,8 +77,13 @@ def under(processes: Iterable[LauncherProcess], root: Path) -> list[LauncherProc
 def orphans(processes: Iterable[LauncherProcess], home: Path,
             accounted: Collection[int] = ()) -> list[LauncherProcess]:
     """The processes of zctl home ``home`` (their state dirs below it) whose command is
-    gone and that ``accounted`` (the pids of the home's record) does not hold."""
-    return [p for p in under(processes, home) if p.command_gone and p.pid not in accounted]
+    gone and that ``accounted`` (the pids of the home's record) does not hold. A process
+    whose parent is one of them is a fork of it caught before its exec (a subprocess it
+    starts shows its command line for a moment), never an orphan."""
+    processes = list(processes)
+    launchers = {p.pid for p in processes}
+    return [p for p in under(processes, home)
+            if p.command_gone and p.pid not in accounted and p.ppid not in launchers]
 
 
 def running_processes(proc: Path = PROC, uid: int | None = None) -> list[LauncherProcess]:

@@ -82,6 +82,8 @@ def test_orphans_are_the_homes_processes_whose_command_is_gone_and_no_record_hol
         LauncherProcess(60, 1, "node", "/srv/zctl/local/node1", 8),
         # started by an older zctl that did not record its command: held by nothing
         LauncherProcess(70, 1, "node", f"{HOME}/cluster/node"),
+        # the benchmark's node (51) forking a subprocess, caught before its exec
+        LauncherProcess(52, 51, "node", f"{HOME}/bench/node1", 50),
     ]
     assert [p.pid for p in orphans(processes, HOME, accounted=[10, 11])] == [20, 41, 70]
     assert [p.pid for p in orphans(processes, HOME)] == [10, 11, 20, 41, 70]
