@@ -52,6 +52,10 @@ log = logging.getLogger("zctl.service")
 # of JSON (an escaped surrogate pair, ``\ud83d\ude00``), with room for its other fields.
 # Anything bigger drops the sender's connection (MAXMSGSIZE), so this must hold them all.
 MAX_REQUEST_BYTES = 16 << 20
+# what may wait for a client that reads slower than its generations stream (a busy HTTP
+# front door with 16 streams of a fast model queued ~1,000 chunks within a second, and was
+# taken for gone at ZeroMQ's default of 1,000): a client found not reading past this is.
+CLIENT_QUEUE_MESSAGES = 100_000
 IDLE_WAIT_MS = 200  # how long the loop waits for a request while nothing generates
 
 
@@ -133,7 +137,7 @@ class GenerationService:
             sampling_defaults=model_sampling(manifest.generation_config))
         self._stats = StatsCollector(manifest, self.engine, get_executor, cluster)
         self._ctx = zmq.Context()
-        self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES)
+        self._sock = router_socket(self._ctx, MAX_REQUEST_BYTES, send_hwm=CLIENT_QUEUE_MESSAGES)
         try:
             self._sock.bind(endpoint)
         except zmq.ZMQError as exc:
