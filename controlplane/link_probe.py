@@ -32,7 +32,7 @@ import random
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import zmq
 
@@ -139,6 +139,17 @@ def affordable(samples: Sequence[LinkSample], out: int, back: int,
     return not rates or size / min(rates) <= budget_s
 
 
+def _round_trips(plan: list[tuple[int, int]], rounds: int, begun: float,
+                 time_budget_s: float) -> Iterator[tuple[int, int]]:
+    """The connection's round trip, then ``rounds`` times the plan, a round after the first
+    starting only within ``time_budget_s`` of ``begun``."""
+    yield SMALL, SMALL
+    for done in range(max(1, rounds)):
+        if done and time.monotonic() - begun >= time_budget_s:
+            return
+        yield from plan
+
+
 def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
           timeout_s: float, link: PipeOptions | None = None,
           budget_s: float = MESSAGE_BUDGET_S,
@@ -161,10 +172,7 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     begun = time.monotonic()
     deadline = begun + timeout_s * max(1, rounds)
     try:
-        for index, (out, back) in enumerate([(SMALL, SMALL)] + plan * max(1, rounds)):
-            if index > len(plan) and (index - 1) % len(plan) == 0 and (
-                    time.monotonic() - begun >= time_budget_s):
-                break  # (index 0: the connection; a round starts at 1, 1 + len(plan)...)
+        for out, back in _round_trips(plan, rounds, begun, time_budget_s):
             if (out, back) in skipped:
                 continue
             if not affordable(samples[1:], out, back, budget_s):
