@@ -251,8 +251,9 @@ def main(
     source: Annotated[Path | None, typer.Option(
         help="the pinned sdist, already downloaded (checked against its sha256)")] = None,
     amx: Annotated[str, typer.Option(
-        help="AMX in llama.cpp's build: off, or probe (on when the kernel grants this "
-             "process AMX tiles and a tile program runs)")] = "off",
+        help="AMX in llama.cpp's build: probe (on when the kernel grants this process AMX "
+             "tiles and a tile program configured as ggml's runs, built by the default C++ "
+             "compiler or else by a clang on PATH, which then builds llama.cpp), or off")] = "probe",
     quick: Annotated[bool, typer.Option(
         "--quick", help="a smoke run: SmolLM2 INT4, 1 and 2 nodes, 128-token prompt, 32 "
                         "tokens, 1 and 4 clients, one round (options given still apply)")] = False,
