@@ -1,21 +1,22 @@
 """What llama.cpp's CPU backend is built for on this CPU: ggml's x86 instruction-set
 options chosen from the flags /proc/cpuinfo lists, each with the reason it departs from
-upstream's defaults, and whether AMX tiles may be used, and with which compiler (a probe).
+upstream's defaults, and whether AMX tiles may be used (a probe).
 
 Upstream builds with ``GGML_NATIVE=ON`` (``-march=native``). On an Intel Xeon VM that
 lists AMX, such a build with GCC 12.2 died with SIGILL at its first tile load during prompt
-processing: GCC 12's ``_tile_loadconfig`` names only 8 bytes of its 64-byte operand as
-read, so the stores ggml makes to its tile configuration (rows, bytes per row) are
-dropped, and the tile load meets an unconfigured tile. clang-14 keeps them, and its build
-runs. So the build names every AVX/AVX-512 option the CPU has, explicitly, and builds
-AMX in with the first compiler whose tile program, written as ggml writes its
-configuration, runs. On an AMD EPYC the same rules give AVX2 and (Zen 4 on) AVX-512. Pure
-functions, except ``read_cpu_flags``, ``find_compilers`` and ``probe_amx``.
+processing: GCC 12's ``_tile_loadconfig`` declares only 8 bytes of its 64-byte operand as
+read, so the stores ggml makes to its tile configuration (rows, bytes per row) are dropped
+and the tile load meets an unconfigured tile. (clang keeps the stores, but defines
+``__AMXINT8__`` where ggml tests ``__AMX_INT8__``, so its builds leave ggml's AMX code out.)
+So the build names every AVX/AVX-512 option the CPU has, explicitly, and builds AMX in when
+a tile program configured as ggml configures its tiles runs: as compiled, or with
+``ggml_tile_config.h`` forced in, whose ``_tile_loadconfig`` declares all 64 bytes read.
+On an AMD EPYC the same rules give AVX2 and (Zen 4 on) AVX-512. Pure functions, except
+``read_cpu_flags`` and ``probe_amx``.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -45,10 +46,11 @@ AMX_POLICIES = ("off", "probe")
 
 AMX_OFF_REASON = (
     "AMX left out (--amx off): ggml's AMX kernels are built in only with --amx probe, when "
-    "the kernel grants this process AMX tiles and a tile program built by the chosen "
-    "compiler runs")
-# C++ compilers tried for AMX, in order: the default, then the clang versions Debian ships.
-CLANG_VERSIONS = tuple(range(19, 13, -1))
+    "the kernel grants this process AMX tiles and a tile program configured as ggml's runs")
+# Forced into the build when the compiler's own _tile_loadconfig loses the configuration.
+TILE_CONFIG_HEADER = Path(__file__).with_name("ggml_tile_config.h")
+# The macros ggml's AMX code is compiled under (ggml-cpu/amx): without them it is left out.
+GGML_AMX_MACROS = ("__AMX_INT8__", "__AVX512VNNI__")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class AmxProbe:
 
     usable: bool
     detail: str
-    compiler: str | None = None  # the C++ compiler whose tile program ran (None: the default)
+    include: Path | None = None  # a header the build must force in for tiles to work
 
 
 def parse_cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -110,10 +112,12 @@ def choose_isa(flags: Iterable[str], amx: AmxProbe | None = None) -> IsaChoice:
         options["GGML_AVX512_VNNI"] == "ON")  # ggml's AMX kernels need AVX512-VNNI too
     for option, flag in AMX_OPTIONS:
         options[option] = "ON" if amx_on and flag in have else "OFF"
-    if amx_on and amx is not None and amx.compiler is not None:
-        options["CMAKE_CXX_COMPILER"] = amx.compiler
-        options["CMAKE_C_COMPILER"] = c_compiler(amx.compiler)
-        reasons["CMAKE_CXX_COMPILER"] = f"{amx.compiler}: chosen by the AMX probe ({amx.detail})"
+    if amx_on and amx is not None and amx.include is not None:
+        flags = f"-include {amx.include}"
+        options["CMAKE_C_FLAGS"] = options["CMAKE_CXX_FLAGS"] = flags
+        reasons["CMAKE_CXX_FLAGS"] = reasons["CMAKE_C_FLAGS"] = (
+            f"{flags}: the compiler's _tile_loadconfig loses ggml's tile configuration "
+            f"({amx.detail})")
     if cpu_amx:
         probe = f" (probe: {amx.detail})" if amx is not None else ""
         reasons["GGML_AMX"] = (f"ON: /proc/cpuinfo lists {' '.join(cpu_amx)}{probe}" if amx_on
@@ -177,16 +181,18 @@ PROBE_EXITS = {2: "the kernel refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_P
 SIGILL = 4
 
 
-def c_compiler(cxx: str) -> str:
-    """The C compiler beside a C++ one: clang++-14 -> clang-14, g++-12 -> gcc-12."""
-    return cxx.replace("clang++", "clang").replace("g++", "gcc")
-
-
-def find_compilers() -> list[str]:
-    """The C++ compilers to try for AMX, in order: the default (``c++``), then each clang
-    on PATH, newest first."""
-    names = ["c++", "clang++", *(f"clang++-{v}" for v in CLANG_VERSIONS)]
-    return [name for name in names if shutil.which(name)]
+def _compile(compiler: str, source: Path, binary: Path, include: Path | None) -> str | None:
+    """Build the probe; None, or why it could not be built."""
+    forced = ["-include", str(include)] if include is not None else []
+    try:
+        built = subprocess.run([compiler, "-O2", "-std=c++17", "-pthread", "-mamx-tile",
+                                "-mamx-int8", *forced, str(source), "-o", str(binary)],
+                               capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{compiler} cannot compile the tile program: {exc}"
+    if built.returncode != 0:
+        return f"{compiler} cannot compile the tile program: {built.stderr[-300:]}"
+    return None
 
 
 def _run_probe(binary: Path, mode: str) -> int | str:
@@ -197,55 +203,60 @@ def _run_probe(binary: Path, mode: str) -> int | str:
         return f"the tile program did not run: {exc}"
 
 
-def probe_with(compiler: str, tmp: Path) -> AmxProbe:
-    """Whether a tile program configured as ggml configures its tiles, built by
-    ``compiler``, runs to the right answer in threads."""
-    source, binary = tmp / "probe.cpp", tmp / f"probe-{Path(compiler).name}"
-    source.write_text(AMX_PROBE_CPP)
+def _missing_macros(compiler: str) -> list[str]:
+    """The macros ggml's AMX code needs that ``compiler`` does not define for AMX-INT8 and
+    AVX512-VNNI (all of them when it cannot be asked)."""
     try:
-        built = subprocess.run([compiler, "-O2", "-std=c++17", "-pthread", "-mamx-tile",
-                                "-mamx-int8", str(source), "-o", str(binary)],
-                               capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return AmxProbe(False, f"{compiler} cannot compile the tile program: {exc}")
-    if built.returncode != 0:
-        return AmxProbe(False, f"{compiler} cannot compile the tile program: "
-                               f"{built.stderr[-300:]}")
-    code = _run_probe(binary, "ggml")
-    if code == 0:
-        return AmxProbe(True, f"{compiler}: the kernel grants tile data and a tile multiply "
-                              f"runs in threads", compiler)
+        out = subprocess.run([compiler, "-mamx-tile", "-mamx-int8", "-mavx512f",
+                              "-mavx512vnni", "-dM", "-E", "-x", "c++", "/dev/null"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return list(GGML_AMX_MACROS)
+    defined = {line.split()[1] for line in out.splitlines() if line.startswith("#define ")}
+    return [macro for macro in GGML_AMX_MACROS if macro not in defined]
+
+
+def _failure(code: int | str) -> str:
     if isinstance(code, str):
-        return AmxProbe(False, f"{compiler}: {code}")
-    if code == -SIGILL and _run_probe(binary, "fixed") == 0:
-        return AmxProbe(False, f"{compiler}: the tile program died of SIGILL with its tiles "
-                               f"configured as ggml configures them, and ran with a fixed "
-                               f"configuration: this compiler drops the configuration's "
-                               f"stores before ldtilecfg (as GCC 12's _tile_loadconfig does)")
+        return code
     if code < 0:
-        return AmxProbe(False, f"{compiler}: the tile program died of signal {-code}")
-    return AmxProbe(False, f"{compiler}: " + PROBE_EXITS.get(code, f"the tile program exited "
-                                                                   f"{code}"))
+        return f"the tile program died of signal {-code}"
+    return PROBE_EXITS.get(code, f"the tile program exited {code}")
 
 
-def probe_amx(flags: Iterable[str], compilers: Iterable[str] | None = None) -> AmxProbe:
-    """Whether AMX tiles work for a process here, and with which compiler: the CPU lists
-    amx_tile and amx_int8, the kernel grants tile data, and a tile program built by one of
-    ``compilers`` (default: ``find_compilers()``) runs to the right answer in threads. The
-    first that works is chosen (``compiler`` None when it is the default ``c++``); when none
-    does, each one's failure is said."""
+def probe_amx(flags: Iterable[str], compiler: str = "c++",
+              header: Path = TILE_CONFIG_HEADER) -> AmxProbe:
+    """Whether AMX tiles work in llama.cpp built here by ``compiler``: the CPU lists
+    amx_tile and amx_int8, the compiler defines the macros ggml's AMX code is built under,
+    the kernel grants tile data, and a tile program configured as ggml configures its
+    tiles runs to the right answer in threads. When it dies with SIGILL yet runs with a
+    configuration from read-only data, the compiler lost the configuration's stores: the
+    program is built again with ``header`` forced in, and if that runs, the build needs
+    it too (``include``)."""
     have = set(flags)
     if not {"amx_tile", "amx_int8"} <= have:
         return AmxProbe(False, "the CPU lists no amx_tile/amx_int8")
-    tried = list(compilers) if compilers is not None else find_compilers()
-    if not tried:
-        return AmxProbe(False, "no C++ compiler on PATH")
-    failures = []
+    missing = _missing_macros(compiler)
+    if missing:
+        return AmxProbe(False, f"{compiler} defines no {' or '.join(missing)} for AMX-INT8 "
+                               f"and AVX512-VNNI, which ggml's AMX code is compiled under")
     with tempfile.TemporaryDirectory(prefix="zctl-amx-") as tmp:
-        for compiler in tried:
-            probe = probe_with(compiler, Path(tmp))
-            if probe.usable:
-                detail = "; ".join([*failures, probe.detail])
-                return AmxProbe(True, detail, None if compiler == "c++" else compiler)
-            failures.append(probe.detail)
-    return AmxProbe(False, "; ".join(failures))
+        source, binary = Path(tmp) / "probe.cpp", Path(tmp) / "probe"
+        source.write_text(AMX_PROBE_CPP)
+        problem = _compile(compiler, source, binary, None)
+        if problem:
+            return AmxProbe(False, problem)
+        code = _run_probe(binary, "ggml")
+        if code == 0:
+            return AmxProbe(True, "the kernel grants tile data and a tile multiply runs in "
+                                  "threads")
+        if code != -SIGILL or _run_probe(binary, "fixed") != 0:
+            return AmxProbe(False, _failure(code))
+        lost = (f"{compiler}'s tile program died of SIGILL with its tiles configured as "
+                f"ggml configures them, and ran with a configuration from read-only data: "
+                f"the compiler dropped the configuration's stores before ldtilecfg")
+        problem = _compile(compiler, source, binary, header)
+        fixed = problem or _run_probe(binary, "ggml")
+        if fixed == 0:
+            return AmxProbe(True, f"{lost}; with {header.name} forced in it runs", header)
+        return AmxProbe(False, f"{lost}; with {header.name} forced in: {_failure(fixed)}")

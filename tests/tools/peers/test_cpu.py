@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from tools.peers.cpu import AmxProbe, c_compiler, choose_isa, parse_cpu_flags, probe_amx
+from tools.peers.cpu import AmxProbe, choose_isa, parse_cpu_flags, probe_amx
 
 XEON_AMX = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -39,7 +39,7 @@ def test_a_xeon_with_amx_gets_every_avx_and_avx512_option_and_no_amx_unless_prob
     assert choice.options["GGML_NATIVE"] == "OFF"
     assert {choice.options[k] for k in ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")} == {"OFF"}
     assert "--amx probe" in choice.reasons["GGML_AMX"]
-    assert "CMAKE_CXX_COMPILER" not in choice.options
+    assert "CMAKE_CXX_FLAGS" not in choice.options
     assert "avx512_vnni" in choice.reasons["GGML_AVX512_VNNI"]
     assert all(option in choice.reasons for option in on(choice) | {"GGML_NATIVE"})
 
@@ -52,15 +52,16 @@ def test_amx_goes_in_only_when_the_probe_found_it_usable() -> None:
     refused = choose_isa(flags, AmxProbe(False, "the tile program died of signal 4"))
     assert refused.options["GGML_AMX_INT8"] == "OFF"
     assert "signal 4" in refused.reasons["GGML_AMX"]
-    assert "CMAKE_CXX_COMPILER" not in usable.options  # the default compiler's probe ran
+    assert "CMAKE_CXX_FLAGS" not in usable.options  # the tiles ran as compiled
 
 
-def test_amx_built_by_the_compiler_whose_probe_ran() -> None:
-    choice = choose_isa(parse_cpu_flags(XEON_AMX), AmxProbe(True, "c++ dropped", "clang++-14"))
-    assert choice.options["CMAKE_CXX_COMPILER"] == "clang++-14"
-    assert choice.options["CMAKE_C_COMPILER"] == "clang-14"
-    assert "c++ dropped" in choice.reasons["CMAKE_CXX_COMPILER"]
-    assert c_compiler("g++-12") == "gcc-12" and c_compiler("clang++") == "clang"
+def test_amx_with_the_tile_configuration_header_forced_into_the_build() -> None:
+    header = Path("/somewhere/ggml_tile_config.h")
+    choice = choose_isa(parse_cpu_flags(XEON_AMX), AmxProbe(True, "stores dropped", header))
+    assert choice.options["GGML_AMX_INT8"] == "ON"
+    assert choice.options["CMAKE_C_FLAGS"] == choice.options["CMAKE_CXX_FLAGS"] == (
+        f"-include {header}")
+    assert "stores dropped" in choice.reasons["CMAKE_CXX_FLAGS"]
 
 
 def test_amd_epyc_gets_avx2_and_on_zen4_avx512() -> None:
@@ -82,38 +83,55 @@ def test_the_probe_says_no_without_amx_flags() -> None:
     assert not probe.usable and "amx" in probe.detail
 
 
-def fake_compiler(folder: Path, name: str, program: str) -> str:
-    """A "compiler" that writes ``program`` (a shell script run with the probe's mode as
-    $1) where ``-o`` says."""
-    path = folder / name
-    path.write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\n'
-                    f"cat > \"$2\" <<'EOF'\n#!/bin/sh\n{program}\nEOF\n"
-                    'chmod +x "$2"\n')
+def fake_compiler(folder: Path, program: str, forced: str = "exit 1",
+                  macros: str = "__AMX_INT8__ __AVX512VNNI__") -> str:
+    """A "compiler": asked for its macros (-dM) it defines ``macros``; asked to build, it
+    writes a shell script (run with the probe's mode as $1) where ``-o`` says: ``program``,
+    or ``forced`` when a header is forced in (-include)."""
+    path = folder / "fake++"
+    defines = "".join(f"echo '#define {m} 1'; " for m in macros.split())
+    path.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" -dM "*) {defines}exit 0;; esac\n'
+        f'case " $* " in *" -include "*) body=\'{forced}\';; *) body=\'{program}\';; esac\n'
+        'while [ "$1" != -o ]; do shift; done\n'
+        'printf \'#!/bin/sh\\n%s\\n\' "$body" > "$2"\n'
+        'chmod +x "$2"\n')
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
 
-def test_a_compiler_that_drops_the_tile_configuration_is_told_apart_and_the_next_is_tried(
-        tmp_path: Path) -> None:
-    dropping = fake_compiler(tmp_path, "dropping++", '[ "$1" = fixed ] && exit 0\nkill -ILL $$')
-    working = fake_compiler(tmp_path, "working++", "exit 0")
-    probe = probe_amx({"amx_tile", "amx_int8"}, [dropping, working])
-    assert probe.usable and probe.compiler == working
-    assert "drops the configuration's stores" in probe.detail
-    alone = probe_amx({"amx_tile", "amx_int8"}, [dropping])
-    assert not alone.usable and alone.compiler is None
+AMX = {"amx_tile", "amx_int8"}
+DIES_UNLESS_FIXED = 'if [ "$1" = fixed ]; then exit 0; fi; kill -ILL $$'
+
+
+def test_a_compiler_that_drops_the_tile_configuration_gets_the_header(tmp_path: Path) -> None:
+    compiler = fake_compiler(tmp_path, DIES_UNLESS_FIXED, forced="exit 0")
+    probe = probe_amx(AMX, compiler, header=tmp_path / "fix.h")
+    assert probe.usable and probe.include == tmp_path / "fix.h"
+    assert "dropped the configuration's stores" in probe.detail
+
+
+def test_tiles_that_die_even_with_the_header_leave_amx_out(tmp_path: Path) -> None:
+    compiler = fake_compiler(tmp_path, DIES_UNLESS_FIXED, forced="kill -ILL $$")
+    probe = probe_amx(AMX, compiler)
+    assert not probe.usable and probe.include is None
+    assert "forced in: the tile program died of signal 4" in probe.detail
 
 
 def test_a_machine_that_cannot_run_tiles_is_not_blamed_on_the_compiler(tmp_path: Path) -> None:
-    dead = fake_compiler(tmp_path, "any++", "kill -ILL $$")
-    refused = fake_compiler(tmp_path, "other++", "exit 2")
-    probe = probe_amx({"amx_tile", "amx_int8"}, [dead, refused])
-    assert not probe.usable
-    assert "signal 4" in probe.detail and "drops" not in probe.detail
-    assert "refused AMX tile data" in probe.detail
+    dead = probe_amx(AMX, fake_compiler(tmp_path, "kill -ILL $$"))
+    assert not dead.usable and "signal 4" in dead.detail and "dropped" not in dead.detail
+    refused = probe_amx(AMX, fake_compiler(tmp_path, "exit 2"))
+    assert not refused.usable and "refused AMX tile data" in refused.detail
 
 
-def test_a_missing_or_failing_compiler_is_said(tmp_path: Path) -> None:
-    probe = probe_amx({"amx_tile", "amx_int8"}, [str(tmp_path / "no-such-c++")])
-    assert not probe.usable and "cannot compile" in probe.detail
-    assert not probe_amx({"amx_tile", "amx_int8"}, []).usable
+def test_a_compiler_without_ggml_s_amx_macros_is_refused(tmp_path: Path) -> None:
+    probe = probe_amx(AMX, fake_compiler(tmp_path, "exit 0", macros="__AMXINT8__ __AVX512VNNI__"))
+    assert not probe.usable and "__AMX_INT8__" in probe.detail
+
+
+def test_a_missing_compiler_is_said(tmp_path: Path) -> None:
+    probe = probe_amx(AMX, str(tmp_path / "no-such-c++"))
+    assert not probe.usable and "__AMX_INT8__" in probe.detail
+    assert probe_amx(AMX, fake_compiler(tmp_path, "exit 0")).usable
