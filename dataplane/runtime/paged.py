@@ -16,6 +16,10 @@ PagedAttention computes a multi-token step over a past with matrix kernels, wher
 stateful graph's fused attention takes its one-query-at-a-time path: a 256-token chunk
 over a 1,792-token past measured 4-8x faster (SmolLM2, 2 cores); decode costs the same.
 
+Steps of one token (a lone stream's decode steps) run on a second compiled graph whose
+token dimension is static, over the same block caches, where ``RuntimeSpec.decode_graph``
+asks for it (dataplane.runtime.one_token): the same outputs, faster.
+
 The pass's model cannot be saved as IR (its op is an extension), so it runs at every load
 (~0.3-0.5 s on SmolLM2). The attention is causal over each sequence's slots: there are
 no masked slots, so nothing is ever compacted.
@@ -61,6 +65,7 @@ from dataplane.runtime.startup import (
 )
 from dataplane.runtime.step_shapes import (
     LARGE,
+    SMALL,
     ShapeKeeper,
     bucket_pad,
     measure_padding_limit,
@@ -258,7 +263,11 @@ class PagedStageRunner:
             self.shapes.limit = 0
             # Twice, keeping the larger: a second stage warming up on these cores can hide a
             # change's cost from one measurement, never add one to both.
-            self.shapes.limit = max(measure_padding_limit(step, cap=min(self.block_size, LARGE))
+            # One-token steps run on the one-token graph, where compiled: what a change
+            # costs the dynamic graph shows between steps of 2 and 8 tokens.
+            small = SMALL if self.one_token is None else SMALL + 1
+            self.shapes.limit = max(measure_padding_limit(step, cap=min(self.block_size, LARGE),
+                                                          small=small)
                                     for _ in range(2))
         finally:
             self.close_stream(stream_id)
@@ -462,7 +471,9 @@ class PagedStageRunner:
         up to that many (``RuntimeSpec.pad_decode_steps``): the plugin
         then computes its attention on its mixed path, as a row group's, not split along
         the past, and no matmul gets a row more."""
-        pad = self.shapes.pad(tokens)
+        # A one-token step on the one-token graph leaves the dynamic graph's shape as it
+        # was: it is neither padded nor noted.
+        pad = 0 if tokens == 1 and self.one_token is not None else self.shapes.pad(tokens)
         pad += bucket_pad(tokens + pad, most=self.block_size)
         if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
             pad = bucket_pad(tokens, most=self.block_size)

@@ -85,6 +85,22 @@ def test_a_stream_computes_bit_for_bit_as_on_the_dynamic_graph(export, stage) ->
         assert runner.pool.used == 0
 
 
+def test_a_one_token_step_is_not_padded_to_the_dynamic_graphs_recent_shape(dp_export2
+                                                                         ) -> None:
+    """Padding keeps the dynamic graph's shape; a step on the one-token graph changes it
+    not, so it is not padded."""
+    static = PagedStageRunner(dp_export2, 0, StaticDecode(paged_attention=True))
+    dynamic = PagedStageRunner(dp_export2, 0, DynamicDecode(paged_attention=True))
+    for runner in (static, dynamic):
+        runner.shapes.limit = 7
+        runner.open_stream(1)
+        runner.step(1, feed(runner, 8, 1), np.arange(8))
+        runner.step(1, feed(runner, 1, 2), np.arange(8, 9))
+    assert static.request is static.one_token.request
+    assert static.request.get_input_tensor(0).shape[0] == 1
+    assert dynamic.request.get_input_tensor(0).shape[0] == 8  # padded to the last shape
+
+
 def test_a_row_groups_steps_run_on_the_dynamic_graph_and_compute_alike(export) -> None:
     """One token for each of several rows is not a one-token step: the dynamic graph runs
     it; the rows' outputs, and a lone decode step after, equal the dynamic-only stage's."""
