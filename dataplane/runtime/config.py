@@ -77,6 +77,15 @@ class RuntimeSpec:
     # is per-channel keys' within a point of top-1 agreement
     # (docs/measurements/repeatability.md).
     key_cache_by_token: ClassVar[bool] = True
+    # Which graph runs a paged stage's single-token steps (dataplane.runtime.one_token):
+    # "static" compiles the stage a second time with its token dimension static at 1 and
+    # runs them on it (the same outputs, faster: the plugin's dynamic-shape pipeline leaves
+    # ops unfused and its matmul kernels slower), "dynamic" runs every step on the one
+    # dynamic graph, "auto" compiles the second graph when the free memory holds three more
+    # copies of the stage's weights (the plugin keeps each compiled model's repacked
+    # weights apart). Both graphs share the block caches; stateful stages (KV as state
+    # inside each request) run the dynamic graph only.
+    decode_graph: ClassVar[str] = "auto"
 
     @property
     def exact(self) -> bool:

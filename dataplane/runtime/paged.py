@@ -16,6 +16,10 @@ PagedAttention computes a multi-token step over a past with matrix kernels, wher
 stateful graph's fused attention takes its one-query-at-a-time path: a 256-token chunk
 over a 1,792-token past measured 4-8x faster (SmolLM2, 2 cores); decode costs the same.
 
+Steps of one token (a lone stream's decode steps) run on a second compiled graph whose
+token dimension is static, over the same block caches, where ``RuntimeSpec.decode_graph``
+asks for it (dataplane.runtime.one_token): the same outputs, faster.
+
 The pass's model cannot be saved as IR (its op is an extension), so it runs at every load
 (~0.3-0.5 s on SmolLM2). The attention is causal over each sequence's slots: there are
 no masked slots, so nothing is ever compacted.
@@ -44,6 +48,13 @@ from dataplane.runtime.bound_inputs import BoundInputs
 from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.kv.blocks import BlockPool, PagedSequence, PrefixBlocks, blocks_for
 from dataplane.runtime.kv.rows import find_row
+from dataplane.runtime.one_token import (
+    StageGraph,
+    available_memory,
+    compile_one_token_graph,
+    wants_one_token_graph,
+    weights_bytes,
+)
 from dataplane.runtime.rope import RopeRows, rope_tables
 from dataplane.runtime.startup import (
     int4_group,
@@ -54,6 +65,7 @@ from dataplane.runtime.startup import (
 )
 from dataplane.runtime.step_shapes import (
     LARGE,
+    SMALL,
     ShapeKeeper,
     bucket_pad,
     measure_padding_limit,
@@ -121,6 +133,7 @@ class PagedStep:
     seqs: list[PagedSequence]
     counts: list[int]  # tokens per sequence
     out_shape: tuple[int, int]
+    graph: StageGraph  # the graph it runs on: the one-token graph for a step of one token
     pad: int = 0  # padding tokens after the real ones (dataplane.runtime.step_shapes)
 
 
@@ -151,16 +164,23 @@ class PagedStageRunner:
         self.rope_scaling = model.rope_attention_scaling
         self._rope_rows = RopeRows(self.inv_freq, self.rope_scaling)
         core = core or shared_core()
+        properties = self.config.properties(int4_group(self.manifest))
         try:
             stateful = graph or core.read_model(str(self.export_dir / self.spec.xml))
-            self.compiled = core.compile_model(
-                paged_model(stateful, self.spec.first, self.spec.last, self.hidden_size),
-                self.config.device, self.config.properties(int4_group(self.manifest)))
+            paged = paged_model(stateful, self.spec.first, self.spec.last, self.hidden_size)
+            self.compiled = core.compile_model(paged, self.config.device, properties)
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} with paged attention: {exc}") from None
-        self.request = self.compiled.create_infer_request()
+        self.dynamic = StageGraph.of(self.compiled)
+        # single-token steps run on this one when it is compiled (dataplane.runtime.one_token)
+        self.one_token: StageGraph | None = None
+        if wants_one_token_graph(self.config.decode_graph, weights_bytes(paged),
+                                 available_memory()):
+            self.one_token = compile_one_token_graph(
+                core, paged, self.config.device, properties, index, self.spec.first,
+                self.spec.last, 2 * self.inv_freq.shape[0])
+        self.request = self.dynamic.request  # the request of the last step run
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
-        self._inputs = BoundInputs(self.request)
         self.input_name = self.compiled.inputs[0].get_any_name()
         self._cache_ports = [p for p in self.compiled.inputs if "_cache." in p.get_any_name()]
         value = next(p for p in self._cache_ports if p.get_any_name().startswith("value_cache"))
@@ -184,9 +204,16 @@ class PagedStageRunner:
             array = np.zeros([blocks + 1, *dims], dtype=CACHE_TYPES[port.get_element_type()])
             if i < len(self._caches):
                 array[:self._caches[i].shape[0]] = self._caches[i]
-            self.request.set_tensor(port.get_any_name(), ov.Tensor(array, shared_memory=True))
+            tensor = ov.Tensor(array, shared_memory=True)
+            for graph in self._graphs:  # one cache, written and read by both graphs
+                graph.request.set_tensor(port.get_any_name(), tensor)
             caches.append(array)
         self._caches = caches
+
+    @property
+    def _graphs(self) -> list[StageGraph]:
+        """The compiled graphs: the dynamic one, and the one-token one if compiled."""
+        return [self.dynamic] if self.one_token is None else [self.dynamic, self.one_token]
 
     @property
     def block_bytes(self) -> int:
@@ -236,7 +263,11 @@ class PagedStageRunner:
             self.shapes.limit = 0
             # Twice, keeping the larger: a second stage warming up on these cores can hide a
             # change's cost from one measurement, never add one to both.
-            self.shapes.limit = max(measure_padding_limit(step, cap=min(self.block_size, LARGE))
+            # One-token steps run on the one-token graph, where compiled: what a change
+            # costs the dynamic graph shows between steps of 2 and 8 tokens.
+            small = SMALL if self.one_token is None else SMALL + 1
+            self.shapes.limit = max(measure_padding_limit(step, cap=min(self.block_size, LARGE),
+                                                          small=small)
                                     for _ in range(2))
         finally:
             self.close_stream(stream_id)
@@ -390,15 +421,20 @@ class PagedStageRunner:
             raise StageError(f"{len(counts)} rows of positions for {len(seqs)} sequences")
         total = sum(counts)
         out_shape = (len(seqs), counts[0]) if row_tokens is None else (1, total)
-        if self.spec.last:
+        flat = None
+        if self.spec.last:  # (checked before any block is reserved)
             flat = self._answer_index(counts, logits_idx, ragged=row_tokens is not None)
             out_shape = (len(seqs), flat.size // len(seqs)) if row_tokens is None else (1, flat.size)
-            self._set("logits_idx", flat)
         for seq, count in zip(seqs, counts, strict=True):
             self._reserve(seq, count)
         attention = self._attention_sequences(seqs, counts, one_query)
         pads = self._padding(len(attention.pasts), total)
         pad = sum(pads)
+        one_token = total + pad == 1 and (flat is None or flat.size == 1)
+        graph = self.one_token if one_token and self.one_token is not None else self.dynamic
+        bound = graph.inputs
+        if flat is not None:
+            bound.put("logits_idx", flat)
         flat_positions = positions.reshape(-1)
         if pad:  # more tokens, each padding sequence's from position 0 in the scratch block
             flat_positions = np.concatenate([flat_positions, *map(np.arange, pads)])
@@ -406,10 +442,10 @@ class PagedStageRunner:
             cos, sin = self._rope_rows.one(int(flat_positions[0]))
         else:
             cos, sin = rope_tables(flat_positions[None], self.inv_freq, self.rope_scaling)
-        self._set("rope_cos", cos.reshape(total + pad, 1, -1))
-        self._set("rope_sin", sin.reshape(total + pad, 1, -1))
-        self._bind_tables(attention, pads)
-        return PagedStep(list(seqs), counts, out_shape, pad)
+        bound.put("rope_cos", cos.reshape(total + pad, 1, -1))
+        bound.put("rope_sin", sin.reshape(total + pad, 1, -1))
+        self._bind_tables(bound, attention, pads)
+        return PagedStep(list(seqs), counts, out_shape, graph, pad)
 
     def _attention_sequences(self, seqs: list[PagedSequence], counts: list[int],
                              one_query: bool) -> AttentionSequences:
@@ -435,7 +471,9 @@ class PagedStageRunner:
         up to that many (``RuntimeSpec.pad_decode_steps``): the plugin
         then computes its attention on its mixed path, as a row group's, not split along
         the past, and no matmul gets a row more."""
-        pad = self.shapes.pad(tokens)
+        # A one-token step on the one-token graph leaves the dynamic graph's shape as it
+        # was: it is neither padded nor noted.
+        pad = 0 if tokens == 1 and self.one_token is not None else self.shapes.pad(tokens)
         pad += bucket_pad(tokens + pad, most=self.block_size)
         if pad > self.block_size:  # the scratch block holds no more: the bucket's alone
             pad = bucket_pad(tokens, most=self.block_size)
@@ -445,7 +483,8 @@ class PagedStageRunner:
             pads += [0] * (self.threads - sequences - len(pads))
         return pads
 
-    def _bind_tables(self, attention: AttentionSequences, pads: list[int]) -> None:
+    def _bind_tables(self, bound: BoundInputs, attention: AttentionSequences,
+                     pads: list[int]) -> None:
         """Each sequence's past length, where its tokens begin and its block table, the
         padding sequences' (in the scratch block) last."""
         pasts, counts, tables = attention
@@ -453,11 +492,11 @@ class PagedStageRunner:
             pasts = [*pasts, *[0] * len(pads)]
             counts = [*counts, *pads]
             tables = [*tables, *[[self.pool.capacity]] * len(pads)]
-        self._set("past_lens", np.array(pasts, dtype=np.int32))
-        self._set("subsequence_begins", np.cumsum([0, *counts]).astype(np.int32))
-        self._set("block_indices", np.array([b for t in tables for b in t], dtype=np.int32))
-        self._set("block_indices_begins", np.cumsum([0, *map(len, tables)]).astype(np.int32))
-        self._set("max_context_len", np.array(max(p + c for p, c in zip(
+        bound.put("past_lens", np.array(pasts, dtype=np.int32))
+        bound.put("subsequence_begins", np.cumsum([0, *counts]).astype(np.int32))
+        bound.put("block_indices", np.array([b for t in tables for b in t], dtype=np.int32))
+        bound.put("block_indices_begins", np.cumsum([0, *map(len, tables)]).astype(np.int32))
+        bound.put("max_context_len", np.array(max(p + c for p, c in zip(
             pasts, counts, strict=True)), dtype=np.int32))
 
     @staticmethod
@@ -476,9 +515,6 @@ class PagedStageRunner:
             return idx
         return (np.arange(len(counts))[:, None] * span + idx[None]).reshape(-1)
 
-    def _set(self, name: str, array: np.ndarray) -> None:
-        self._inputs.put(name, array)
-
     def run(self, stream_id: int, x: np.ndarray | ov.Tensor, step: PagedStep) -> ov.Tensor:
         """Run the step ``prepare`` bound on x (token ids [rows, T], hidden states
         [rows, T, H], or the previous stage's output tensor); the sequences grow by T."""
@@ -494,15 +530,16 @@ class PagedStageRunner:
             flat = data.astype(np.float32, copy=False).reshape(n, self.hidden_size)
         if step.pad:
             flat = np.concatenate([flat, np.zeros((step.pad, *flat.shape[1:]), flat.dtype)])
-        self._set(self.input_name, flat)
+        request = self.request = step.graph.request
+        step.graph.inputs.put(self.input_name, flat)
         if self.config.async_infer:
-            self.request.start_async()
-            self.request.wait()
+            request.start_async()
+            request.wait()
         else:
-            self.request.infer()
+            request.infer()
         for seq, count in zip(step.seqs, step.counts, strict=True):
             seq.length += count
-        return self.request.get_output_tensor(0)
+        return request.get_output_tensor(0)
 
     def _output(self, tensor: ov.Tensor, step: PagedStep) -> np.ndarray:
         data = tensor.data

@@ -76,17 +76,21 @@ def padding_limit(same_ms: float, changed_ms: float, token_ms: float, cap: int) 
 
 
 def measure_padding_limit(step: Callable[[int], None], cap: int, rounds: int = 6,
-                          clock: Callable[[], float] = time.perf_counter) -> int:
-    """The padding limit of a stage, from steps of SMALL and LARGE tokens taken through
+                          clock: Callable[[], float] = time.perf_counter,
+                          small: int = SMALL) -> int:
+    """The padding limit of a stage, from steps of ``small`` and LARGE tokens taken through
     ``step(tokens)`` and timed by ``clock`` (seconds): each size in turn twice (one right
     after a change, one after a step of its own size), ``rounds`` times, after one of each
-    to warm both shapes; the quickest step of each kind counts."""
-    for tokens in (SMALL, LARGE):
+    to warm both shapes; the quickest step of each kind counts. (A stage whose one-token
+    steps run on a graph of their own measures with 2 tokens: the dynamic graph's changes.)"""
+    if not SMALL <= small < LARGE:
+        raise ValueError(f"the small step takes {SMALL} to {LARGE - 1} tokens, not {small}")
+    for tokens in (small, LARGE):
         step(tokens)
-    same: dict[int, list[float]] = {SMALL: [], LARGE: []}
-    changed: dict[int, list[float]] = {SMALL: [], LARGE: []}
+    same: dict[int, list[float]] = {small: [], LARGE: []}
+    changed: dict[int, list[float]] = {small: [], LARGE: []}
     for _ in range(rounds):
-        for tokens in (SMALL, LARGE):
+        for tokens in (small, LARGE):
             for times in (changed, same):
                 start = clock()
                 step(tokens)
@@ -94,7 +98,7 @@ def measure_padding_limit(step: Callable[[int], None], cap: int, rounds: int = 6
     # The least of each: another process sharing the cores (a second stage warming up at
     # the same time) only ever adds time to a step.
     least = {k: (min(same[k]), min(changed[k])) for k in same}
-    token_ms = (least[LARGE][0] - least[SMALL][0]) / (LARGE - SMALL)
-    same_ms = (least[SMALL][0] + least[LARGE][0]) / 2
-    changed_ms = (least[SMALL][1] + least[LARGE][1]) / 2
+    token_ms = (least[LARGE][0] - least[small][0]) / (LARGE - small)
+    same_ms = (least[small][0] + least[LARGE][0]) / 2
+    changed_ms = (least[small][1] + least[LARGE][1]) / 2
     return padding_limit(same_ms, changed_ms, token_ms, cap)

@@ -20,8 +20,11 @@ drift hits both alike):
           one token; the KV length stays dynamic): the same kernels (the outputs are
           compared), only the shapes differ. With --profile, each side's time per node type.
   runner  the stage runner itself (dataplane.head.local_chain on --export) decoding greedy
-          tokens at each --threads setting, stepped token by token in turns
-          (tools.harness.greedy.paired_step_ms); with --llama-bench BIN --gguf FILE, whole
+          tokens at each --threads setting and each of --runner-sides (stateful: KV as
+          state; paged: KV in blocks, the dynamic graph only; paged-static: paged, single-
+          token steps on the one-token graph, dataplane.runtime.one_token), stepped token
+          by token in turns (tools.harness.greedy.paired_step_ms), each side's load time and
+          resident memory growth noted; with --llama-bench BIN --gguf FILE, whole
           runs of ``llama-bench -p 0 -n --tokens`` alternated with whole runs of the
           runner at the first --threads setting, compared round by round; with --against
           DIR, another export (other weights) stepped in the same turns.
@@ -30,7 +33,7 @@ fc, chain and stage run at each --threads setting (default 1 and the plugin's de
 
     python -m tools.decode.kernel_repro [--case fc,chain,stage,runner] [--shape smollm2|1b]
         [--weights int4|int8] [--export DIR] [--profile] [--llama-bench BIN --gguf FILE]
-        [--against DIR] [--json]
+        [--against DIR] [--runner-sides stateful,paged,paged-static] [--json]
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ from tools.harness.report import err, print_result, run_record
 
 CASES = ("fc", "chain", "stage", "runner")
 WEIGHTS = ("int4", "int8")
+# the runner case's sides: (paged attention, RuntimeSpec.decode_graph)
+RUNNER_SIDES = {"stateful": (False, "dynamic"), "paged": (True, "dynamic"),
+                "paged-static": (True, "static")}
 
 
 @dataclass(frozen=True)
@@ -384,20 +390,54 @@ def round_ratios(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, An
             "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)]}
 
 
-def runner_case(export_dir: Path, thread_settings: Sequence[int], tokens: int, rounds: int,
-                llama: tuple[Path, Path] | None, against: Path | None = None) -> dict[str, Any]:
-    """The stage runner at each thread setting (and ``against``, another export, at the
-    first), token by token in turns, ``rounds`` times (step-time ratios: the first setting's
-    over each); with ``llama`` (llama-bench, GGUF), whole runs of each alternated, the
-    runner at the first setting."""
+def side_spec(side: str, threads: int) -> RuntimeSpec:
+    """The runtime spec of a runner side (RUNNER_SIDES) at ``threads`` (0: the default)."""
+    paged, graph = RUNNER_SIDES[side]
+    spec = type(f"RuntimeSpec_{graph}", (RuntimeSpec,), {"decode_graph": graph})
+    return spec(num_threads=threads or None, paged_attention=paged)
+
+
+def parse_sides(text: str) -> list[str]:
+    """``--runner-sides``' comma-separated names, each one of RUNNER_SIDES; ValueError else."""
+    sides = [s.strip() for s in text.split(",") if s.strip()]
+    if not sides or any(s not in RUNNER_SIDES for s in sides) or len(set(sides)) < len(sides):
+        raise ValueError(f"--runner-sides takes some of {', '.join(RUNNER_SIDES)}, got {text!r}")
+    return sides
+
+
+def loaded_chain(export_dir: Path, spec: RuntimeSpec, into: dict[str, Any], key: str) -> Any:
+    """LocalChain.load of ``export_dir`` with ``spec``; its load time (s) and the process's
+    resident memory growth over it (MB) noted in ``into[key]``."""
+    import psutil
+
     from dataplane.head.local_chain import LocalChain
+
+    process = psutil.Process()
+    before, start = process.memory_info().rss, time.perf_counter()
+    chain = LocalChain.load(str(export_dir), spec)
+    into[key] = {"load_s": round(time.perf_counter() - start, 2),
+                 "rss_mb": round((process.memory_info().rss - before) / 2**20, 1)}
+    return chain
+
+
+def runner_case(export_dir: Path, thread_settings: Sequence[int], tokens: int, rounds: int,
+                llama: tuple[Path, Path] | None, against: Path | None = None,
+                sides: Sequence[str] = ("stateful",)) -> dict[str, Any]:
+    """The stage runner at each thread setting and side (RUNNER_SIDES; and ``against``,
+    another export, at the first of each), token by token in turns, ``rounds`` times
+    (step-time ratios: the first chain's over each); with ``llama`` (llama-bench, GGUF),
+    whole runs of each alternated, the first chain's."""
     from tools.harness.greedy import greedy_step, paired_step_ms, start_stream
 
-    chains = {f"threads_{t or 'default'}": LocalChain.load(
-        str(export_dir), RuntimeSpec(num_threads=t or None)) for t in thread_settings}
+    loads: dict[str, Any] = {}
+    chains = {}
+    for side in sides:
+        for t in thread_settings:
+            key = f"threads_{t or 'default'}" if len(sides) == 1 else f"{side}_threads_{t or 'default'}"
+            chains[key] = loaded_chain(export_dir, side_spec(side, t), loads, key)
     if against is not None:
-        chains["against"] = LocalChain.load(str(against),
-                                            RuntimeSpec(num_threads=thread_settings[0] or None))
+        chains["against"] = loaded_chain(against, side_spec(sides[0], thread_settings[0]),
+                                         loads, "against")
     prompt = [1, *range(300, 340)]
     step_ms: dict[str, list[float]] = {key: [] for key in chains}
     for _ in range(rounds):
@@ -406,7 +446,7 @@ def runner_case(export_dir: Path, thread_settings: Sequence[int], tokens: int, r
     first = next(iter(chains))
     result: dict[str, Any] = {
         "export": str(export_dir), "against": str(against) if against else None,
-        "tokens": tokens, "rounds": rounds,
+        "tokens": tokens, "rounds": rounds, "load": loads,
         "step_ms": {key: [round(v, 3) for v in values] for key, values in step_ms.items()},
         "over_first": {key: round(statistics.median(
             [a / b for a, b in zip(step_ms[first], values, strict=True)]), 3)
@@ -452,7 +492,7 @@ def render(result: Mapping[str, Any], console: Console) -> None:
             for side, per in row.get("node_us", {}).items():
                 console.print(f"{side} µs per step by node: " + ", ".join(
                     f"{name} {value}" for name, value in per.items()))
-            for name in ("step_ms", "over_first", "llama_cpp"):
+            for name in ("load", "step_ms", "over_first", "llama_cpp"):
                 if name in row:
                     console.print(f"{name}: {row[name]}")
 
@@ -487,10 +527,15 @@ def main(
     gguf: Annotated[Path | None, typer.Option(help="runner: the GGUF llama-bench runs")] = None,
     against: Annotated[Path | None, typer.Option(
         help="runner: another export stepped in the same turns, at the first --threads")] = None,
+    runner_sides: Annotated[str, typer.Option(
+        help="runner: comma-separated sides: stateful (KV as state), paged (KV in blocks, "
+             "the dynamic graph), paged-static (paged, one-token steps on the one-token "
+             "graph)")] = "stateful",
     as_json: Json = False,
 ) -> None:
     try:
         cases = parse_cases(case)
+        sides = parse_sides(runner_sides)
     except ValueError as exc:
         fail(str(exc))
     if shape not in SHAPES:
@@ -525,7 +570,7 @@ def main(
         else:
             llama = (llama_bench, gguf) if llama_bench is not None and gguf is not None else None
             out[name] = runner_case(export or default_stage_export(), thread_settings, tokens,
-                                    rounds, llama, against)
+                                    rounds, llama, against, sides)
     result = {**run_record(), "openvino": ov.get_version(), "shape": shape, "weights": weights,
               "cases": out}
     print_result(result, as_json, render)

@@ -67,6 +67,23 @@ def test_the_measured_limit_follows_the_stage(change, want) -> None:
     assert measure_padding_limit(stage.step, cap=16, clock=stage.clock) == want
 
 
+def test_the_small_step_may_be_two_tokens() -> None:
+    """(A stage with a one-token graph times the dynamic graph's changes from 2 tokens.)"""
+    stage = FakeStage(base=2.0, per_token=0.3, change=3.0)
+    sizes = []
+    plain_step = stage.step
+
+    def step(tokens: int) -> None:
+        sizes.append(tokens)
+        plain_step(tokens)
+
+    assert measure_padding_limit(step, cap=16, clock=stage.clock, small=2) == 10
+    assert set(sizes) == {2, 8}
+    for bad in (0, 8):
+        with pytest.raises(ValueError, match="small step takes 1 to 7 tokens"):
+            measure_padding_limit(step, cap=16, small=bad)
+
+
 def test_steps_slowed_by_another_process_do_not_hide_the_change() -> None:
     """Every third step 5 ms slower (a second stage warming up on the same cores): the
     quickest steps of each kind still show the change."""

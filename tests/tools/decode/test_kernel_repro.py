@@ -20,6 +20,7 @@ from tools.decode.kernel_repro import (
     main,
     matmul_model,
     parse_cases,
+    parse_sides,
     per_node_us,
     plugin_properties,
     round_ratios,
@@ -131,9 +132,17 @@ def test_bad_options_are_refused() -> None:
                           ({"threads": "1,-1"}, "--threads"),
                           ({"export": Path("/nonexistent")}, "no manifest.json"),
                           ({"against": Path("/nonexistent")}, "--against"),
-                          ({"llama_bench": Path("/bin/true")}, "go together")]:
+                          ({"llama_bench": Path("/bin/true")}, "go together"),
+                          ({"runner_sides": "paged,npu"}, "--runner-sides")]:
         with pytest.raises(typer.BadParameter, match=match):
             main(**kwargs)
+
+
+def test_runner_sides_are_named_once_each() -> None:
+    assert parse_sides(" paged , paged-static") == ["paged", "paged-static"]
+    for bad in ("", "paged,paged", "static"):
+        with pytest.raises(ValueError, match="--runner-sides takes some of"):
+            parse_sides(bad)
 
 
 def test_int4_shapes_divide_into_their_groups() -> None:
@@ -169,3 +178,14 @@ def test_runner_case_pairs_thread_settings_and_alternates_llama_bench(
     assert llama["threads"] == 1 and llama["llama_cpp_tok_s"] == 50.0
     assert llama["zctl_tok_s"] > 0
     assert llama["ratio_range"][0] <= llama["ratio"] <= llama["ratio_range"][1]
+
+
+def test_runner_case_steps_paged_sides_with_and_without_the_one_token_graph(tiny_exports
+                                                                           ) -> None:
+    export = tiny_exports.get([(0, 4)], "int4")
+    out = runner_case(export, [0], tokens=4, rounds=1, llama=None,
+                      sides=["paged", "paged-static"])
+    assert list(out["step_ms"]) == ["paged_threads_default", "paged-static_threads_default"]
+    assert out["over_first"]["paged_threads_default"] == 1.0
+    assert set(out["load"]) == set(out["step_ms"])
+    assert all(load["load_s"] > 0 for load in out["load"].values())
