@@ -174,8 +174,9 @@ class PagedStageRunner:
         self.dynamic = StageGraph.of(self.compiled)
         # single-token steps run on this one when it is compiled (dataplane.runtime.one_token)
         self.one_token: StageGraph | None = None
+        layers = sum(1 for port in paged.inputs if port.get_any_name().startswith("key_cache."))
         if wants_one_token_graph(self.config.decode_graph, weights_bytes(paged),
-                                 available_memory()):
+                                 available_memory(), layers):
             self.one_token = compile_one_token_graph(
                 core, paged, self.config.device, properties, index, self.spec.first,
                 self.spec.last, 2 * self.inv_freq.shape[0])

@@ -137,16 +137,19 @@ def test_greedy_and_speculative_tokens_equal_the_dynamic_graphs(export) -> None:
     assert spec[0] == spec[1]
 
 
-def test_decode_graph_chooses_and_auto_asks_for_room() -> None:
-    assert one_token.wants_one_token_graph("static", 10**12, 0)
-    assert not one_token.wants_one_token_graph("dynamic", 1, 10**12)
-    weights = 100 * 2**20
+def test_decode_graph_chooses_and_auto_asks_for_room_and_small_layers() -> None:
+    assert one_token.wants_one_token_graph("static", 10**12, 0, 1)
+    assert not one_token.wants_one_token_graph("dynamic", 1, 10**12, 30)
+    weights = 100 * 2**20  # 30 layers of 3.3 MB: small enough to gain
     assert one_token.wants_one_token_graph(
-        "auto", weights, one_token.AUTO_MEMORY_FACTOR * weights)
+        "auto", weights, one_token.AUTO_MEMORY_FACTOR * weights, 30)
     assert not one_token.wants_one_token_graph(
-        "auto", weights, one_token.AUTO_MEMORY_FACTOR * weights - 1)
+        "auto", weights, one_token.AUTO_MEMORY_FACTOR * weights - 1, 30)
+    big = 800 * 2**20  # 16 layers of 50 MB: the 1B shape, where it did not gain
+    assert not one_token.wants_one_token_graph("auto", big, 100 * big, 16)
+    assert one_token.wants_one_token_graph("static", big, 0, 16)
     with pytest.raises(StageError, match="decode_graph takes one of auto, static, dynamic"):
-        one_token.wants_one_token_graph("sometimes", 1, 1)
+        one_token.wants_one_token_graph("sometimes", 1, 1, 1)
 
 
 def test_an_unknown_decode_graph_is_refused_at_load(dp_export2) -> None:
