@@ -97,7 +97,7 @@ def model_spec(source: ModelSource) -> ModelSpec:
         vocab_size=shape.vocab_size,
         rope_inv_freq=tuple(rope.inv_freq),
         rope_attention_scaling=rope.attention_scaling,
-        max_position_embeddings=int(getattr(source.config, "max_position_embeddings", 0) or 0),
+        max_position_embeddings=source.context_length(),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=tuple(source.eos_token_ids()),
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from exporter.families import FamilyError, family_of, refuse_unsupported
 from exporter.stage_module import DecoderShape
 from zctl.manifest import (
     GENERATION_CONFIG_NAME,
@@ -25,11 +26,6 @@ from zctl.manifest import (
 )
 
 DEFAULT_MODEL = "smollm2-135m"
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
 
 
 class SourceError(ValueError):
@@ -57,7 +53,8 @@ class RopeSpec:
 
 
 class ModelSource:
-    """Base: a config plus lazily fetched tensors with Hugging Face Llama names."""
+    """Base: a config plus lazily fetched tensors, handed out by Hugging Face Llama names
+    whatever the family stores them as (exporter.families)."""
 
     name: str
     location: str
@@ -66,17 +63,12 @@ class ModelSource:
         self.name = name
         self.location = location
         self.config = config
-        arches = getattr(config, "architectures", None) or []
-        arch = next((a for a in arches if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None and getattr(config, "model_type", None) in SUPPORTED_ARCHITECTURES.values():
-            arch = next(k for k, v in SUPPORTED_ARCHITECTURES.items() if v == config.model_type)
-        if arch is None:
-            raise SourceError(
-                f"{location}: model type {getattr(config, 'model_type', '?')!r} "
-                f"({', '.join(arches) or 'no architectures'}) is not supported; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        self.architecture = SUPPORTED_ARCHITECTURES[arch]
+        try:
+            self.family = family_of(config, location)
+            refuse_unsupported(self.family, config, location)
+        except FamilyError as exc:
+            raise SourceError(str(exc)) from None
+        self.architecture = self.family.model_type
 
     # -- shape and rope -------------------------------------------------------------
     @property
@@ -97,14 +89,18 @@ class ModelSource:
             rms_norm_eps=float(c.rms_norm_eps),
             attention_bias=bool(getattr(c, "attention_bias", False)),
             mlp_bias=bool(getattr(c, "mlp_bias", False)),
+            qk_norm=self.family.qk_norm,
         )
 
+    def context_length(self) -> int:
+        """The tokens of context the export reproduces exactly (0: the config states none)."""
+        return self.family.context_length(self.config)
+
     def rope(self) -> RopeSpec:
+        """One table of frequencies for every position (the family refused RoPE types whose
+        frequencies change with the sequence length)."""
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-        params = getattr(self.config, "rope_parameters", None) or {}
-        if params.get("rope_type") == "dynamic":
-            raise SourceError("dynamic RoPE scaling depends on sequence length and is not supported")
         rotary = LlamaRotaryEmbedding(self.config)
         return RopeSpec(
             inv_freq=[float(x) for x in rotary.inv_freq.float().tolist()],
@@ -126,14 +122,30 @@ class ModelSource:
     def tensor(self, name: str) -> torch.Tensor | None:
         raise NotImplementedError
 
+    def _stored(self, name: str) -> torch.Tensor | None:
+        """The tensor of Llama name ``name``: itself, or its rows of a fused one."""
+        shape = self.decoder_shape()
+        part = self.family.fused_part(name, shape.num_heads * shape.head_dim,
+                                      shape.num_kv_heads * shape.head_dim,
+                                      shape.intermediate_size)
+        if part is None:
+            return self.tensor(name)
+        whole = self.tensor(part.name)
+        if whole is None:
+            return None
+        if whole.shape[0] != part.rows:
+            raise SourceError(f"{self.location}: tensor {part.name} has {whole.shape[0]} rows, "
+                              f"the config makes {part.rows}")
+        return whole[part.start:part.stop]
+
     def get(self, name: str) -> torch.Tensor | None:
-        """Tensor by HF name as float32, or None when absent (optional biases)."""
+        """Tensor by HF Llama name as float32, or None when absent (optional biases)."""
         if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
-            value = self.tensor(name)
+            value = self._stored(name)
             if value is None:
-                value = self.tensor("model.embed_tokens.weight")
+                value = self._stored("model.embed_tokens.weight")
         else:
-            value = self.tensor(name)
+            value = self._stored(name)
         return None if value is None else value.to(torch.float32)
 
     def require(self, name: str) -> torch.Tensor:

@@ -28,6 +28,7 @@ class DecoderShape:
     rms_norm_eps: float
     attention_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each query and key head before RoPE (Qwen3)
 
 
 class RMSNorm(nn.Module):
@@ -121,6 +122,10 @@ class DecoderLayer(nn.Module):
             self.v_proj = _linear(get(attn + "v_proj.weight"), get(attn + "v_proj.bias"))
             self.gate_proj = _linear(get(mlp + "gate_proj.weight"), get(mlp + "gate_proj.bias"))
             self.up_proj = _linear(get(mlp + "up_proj.weight"), get(mlp + "up_proj.bias"))
+        self.q_norm = self.k_norm = None
+        if shape.qk_norm:  # after the split: the fused MatMul stays one
+            self.q_norm = RMSNorm(get(attn + "q_norm.weight"), shape.rms_norm_eps)
+            self.k_norm = RMSNorm(get(attn + "k_norm.weight"), shape.rms_norm_eps)
         self.o_proj = _linear(get(attn + "o_proj.weight"), get(attn + "o_proj.bias"))
         self.down_proj = _linear(get(mlp + "down_proj.weight"), get(mlp + "down_proj.bias"))
 
@@ -149,8 +154,11 @@ class DecoderLayer(nn.Module):
         s = self.shape
         batch, tokens = x.shape[0], x.shape[1]
         q, k, v = self._qkv(self.input_norm(x))
-        q = q.reshape(batch, tokens, s.num_heads, s.head_dim).transpose(1, 2)
-        k = k.reshape(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        q = q.reshape(batch, tokens, s.num_heads, s.head_dim)
+        k = k.reshape(batch, tokens, s.num_kv_heads, s.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.reshape(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos4 + _rotate_half(q) * sin4
