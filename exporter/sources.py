@@ -12,6 +12,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -169,6 +170,23 @@ class ModelSource:
         raise NotImplementedError
 
 
+def _check_family_first(config_json: Path) -> None:
+    """Refuse a config.json of no supported family before transformers reads it (it knows
+    no made-up model type, and would say so without naming what zctl supports)."""
+    try:
+        raw = json.loads(config_json.read_text())
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8
+        raise SourceError(f"{config_json} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SourceError(f"{config_json}: not a JSON object")
+    named = SimpleNamespace(architectures=raw.get("architectures"),
+                            model_type=raw.get("model_type"))
+    try:
+        family_of(named, str(config_json.parent))
+    except FamilyError as exc:
+        raise SourceError(str(exc)) from None
+
+
 class SafetensorsSource(ModelSource):
     """A local Hugging Face model directory with safetensors weights (read tensor by tensor)."""
 
@@ -178,7 +196,11 @@ class SafetensorsSource(ModelSource):
         self.path = Path(path)
         if not (self.path / "config.json").is_file():
             raise SourceError(f"{self.path}: no config.json (not a Hugging Face model directory)")
-        config = AutoConfig.from_pretrained(self.path)
+        _check_family_first(self.path / "config.json")
+        try:
+            config = AutoConfig.from_pretrained(self.path)
+        except (ValueError, OSError) as exc:  # transformers' checks of the config's values
+            raise SourceError(f"{self.path}: cannot read its config.json: {exc}") from None
         super().__init__(name or self.path.name, str(self.path), config)
         try:
             self.generation_config = GenerationConfig.from_pretrained(self.path)

@@ -1,0 +1,178 @@
+"""The families beyond Llama: Qwen3 (per-head RMSNorm on queries and keys, its own
+head_dim) and Phi-3 (fused Q/K/V and gate/up in the checkpoint) export exactly, stage by
+stage; options the stage module does not implement are refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dataplane.head.local_chain import LocalChain
+from exporter.export import export_model, model_spec
+from exporter.families import family_of
+from exporter.sources import SourceError, open_source
+from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
+from tests.helpers.tiny_models import build_llama
+from tests.zctl.engine.test_drafting import ScriptedDrafter
+from zctl.engine.scheduler import StreamScheduler, generate_speculative
+from zctl.engine.sessions import DecodeSession
+from zctl.engine.stats import SpeculativeStats
+from zctl.engine.tokenizer import ChatTokenizer
+
+UNEVEN = [(0, 1), (1, 3), (3, 4)]
+TOKENS = 32
+FAMILIES = {
+    # head_dim 24, not hidden / heads = 16
+    "qwen3": dict(arch="qwen3", head_dim=24),
+    # Phi-3's config names a pad token beyond the tiny vocabulary
+    "phi3": dict(arch="phi3", pad_token_id=None),
+}
+
+
+def _build(out_dir: Path, family: str) -> Path:
+    """A 4-layer random model of ``family`` whose norms are not all ones (a q_norm applied
+    to the keys, or none at all, changes the tokens)."""
+    return build_llama(out_dir, tied=False, norm_spread=0.3, **FAMILIES[family])
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_export(request, tmp_path_factory: pytest.TempPathFactory):
+    """(model dir, its export in 3 uneven stages) for each family."""
+    root = tmp_path_factory.mktemp(request.param)
+    model_dir = _build(root / "model", request.param)
+    export_model(open_source(str(model_dir)), UNEVEN, "fp32", root / "export")
+    return model_dir, root / "export"
+
+
+def _run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:
+    scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    assert session.error is None
+    return session.emitted
+
+
+@pytest.mark.slow
+def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
+    """Greedy tokens of the f32 chain equal Hugging Face's over 32 tokens for 5 prompts,
+    and so do a speculative decoding with drafts rejected at every position (the stages
+    rewind their KV) and a prompt whose start is a prefix-cache hit."""
+    model_dir, export_dir = family_export
+    hf = open_source(str(model_dir)).load_hf_model()
+    results = verify_export(export_dir, DEFAULT_PROMPTS, max_new_tokens=TOKENS, hf_model=hf)
+    assert [r.matched for r in results] == [TOKENS] * len(DEFAULT_PROMPTS)
+    assert len(set(results[0].chain)) > 8  # not degenerate: a constant stream hides bugs
+
+    tokenizer = ChatTokenizer(export_dir)
+    chain = LocalChain.load(str(export_dir), EXACT_CONFIG)
+    prompt = tokenizer.encode(DEFAULT_PROMPTS[0])
+    stats = SpeculativeStats()
+    drafter = ScriptedDrafter(prompt, results[0].reference)
+    assert list(generate_speculative(chain, prompt, TOKENS, drafter=drafter, k=4,
+                                     stats=stats, stream_id=1)) == results[0].reference
+    assert stats.rejections > 3 and stats.accepted > 3
+
+    scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
+    first = _run_to_end(scheduler, DecodeSession(2, prompt, TOKENS))
+    longer = prompt + first + tokenizer.encode(" and then", chat=False)
+    session = DecodeSession(3, longer, TOKENS)
+    got = _run_to_end(scheduler, session)
+    assert session.cached_tokens >= len(prompt)  # its start came from the cache
+    assert got == hf_greedy(hf, longer, TOKENS)
+
+
+def test_phi3_fused_projections_are_read_as_llamas(tmp_path: Path) -> None:
+    """Q, K and V are the rows of qkv_proj in that order, gate and up the halves of
+    gate_up_proj, each as large as the config makes it."""
+    source = open_source(str(_build(tmp_path / "phi3", "phi3")))
+    hf = source.load_hf_model()
+    layer = hf.model.layers[2]
+    qkv, gate_up = layer.self_attn.qkv_proj.weight, layer.mlp.gate_up_proj.weight
+    q_rows, kv_rows = 4 * 16, 2 * 16
+    want = {"self_attn.q_proj": qkv[:q_rows], "self_attn.k_proj": qkv[q_rows:q_rows + kv_rows],
+            "self_attn.v_proj": qkv[q_rows + kv_rows:], "mlp.gate_proj": gate_up[:128],
+            "mlp.up_proj": gate_up[128:]}
+    for name, rows in want.items():
+        assert torch.equal(source.require(f"model.layers.2.{name}.weight"), rows), name
+        assert source.get(f"model.layers.2.{name}.bias") is None
+    assert source.require("model.layers.2.self_attn.o_proj.weight").shape == (64, 64)
+
+
+def test_qwen3_shape_has_its_head_dim_and_norms(tmp_path: Path) -> None:
+    source = open_source(str(_build(tmp_path / "qwen3", "qwen3")))
+    shape = source.decoder_shape()
+    assert (shape.head_dim, shape.qk_norm, source.architecture) == (24, True, "qwen3")
+    assert len(source.rope().inv_freq) == 12  # RoPE turns the whole of each 24-wide head
+
+
+def _config_only(tmp_path: Path, model_type: str, **fields: object) -> Path:
+    """A model directory holding only the config.json of ``model_type`` (every refusal
+    comes before a weight is read)."""
+    from transformers import AutoConfig
+
+    AutoConfig.for_model(model_type, num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, vocab_size=384,
+                         **fields).save_pretrained(tmp_path)
+    return tmp_path
+
+
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+            "long_factor": [4.0] * 8}
+
+
+@pytest.mark.parametrize(("model_type", "fields", "named"), [
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1},
+     "use_sliding_window is true"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1},
+     "use_sliding_window is true"),
+    ("phi3", {"rope_parameters": LONGROPE, "max_position_embeddings": 4096,
+              "original_max_position_embeddings": 512, "pad_token_id": None},
+     "rope_type 'longrope'.*original_max_position_embeddings"),
+    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": 0.5}, "pad_token_id": None},
+     "partial_rotary_factor 0.5"),
+    ("llama", {"hidden_act": "gelu"}, "hidden_act is 'gelu'"),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
+                                   "factor": 2.0}}, "rope_type 'dynamic'"),
+])
+def test_an_option_the_export_lacks_is_refused_by_name(tmp_path: Path, model_type: str,
+                                                      fields: dict, named: str) -> None:
+    model_dir = _config_only(tmp_path / "model", model_type, **fields)
+    with pytest.raises(SourceError, match=f"{model_type} with {named}.*not supported"):
+        export_model(open_source(str(model_dir)), [(0, 2)], "fp32", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_made_up_architecture_is_refused_listing_the_supported(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "frobnicator", "architectures": ["FrobnicatorForCausalLM"]}))
+    with pytest.raises(SourceError, match="'frobnicator' \\(FrobnicatorForCausalLM\\) is not "
+                       "supported; supported: LlamaForCausalLM, MistralForCausalLM, "
+                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM"):
+        open_source(str(tmp_path))
+
+
+@pytest.mark.parametrize(("model_type", "fields", "context"), [
+    ("phi3", {"sliding_window": 256, "max_position_embeddings": 512, "pad_token_id": None}, 256),
+    ("phi3", {"sliding_window": None, "max_position_embeddings": 512, "pad_token_id": None}, 512),
+    ("mistral", {"sliding_window": 4096, "max_position_embeddings": 32768}, 4096),
+    ("mistral", {"sliding_window": 4096, "max_position_embeddings": 2048}, 2048),
+    ("qwen3", {"max_position_embeddings": 40960}, 40960),
+])
+def test_a_window_over_every_layer_caps_the_context(model_type: str, fields: dict,
+                                                   context: int) -> None:
+    """Mistral and Phi-3 slide every layer's attention over ``sliding_window`` tokens: the
+    export is exact over that much context."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **fields)
+    assert family_of(config, "here").context_length(config) == context
+
+
+def test_the_manifest_states_the_capped_context(tmp_path: Path) -> None:
+    model_dir = build_llama(tmp_path, arch="phi3", pad_token_id=None, sliding_window=256,
+                            layers=1)
+    assert model_spec(open_source(str(model_dir))).max_position_embeddings == 256
