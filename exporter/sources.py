@@ -270,13 +270,43 @@ class GGUFSource(ModelSource):
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
         self._state = self._model.state_dict()
 
+    def _stated_head_dim(self) -> int | None:
+        """``head_dim`` as the file's metadata states it (``{arch}.attention.key_length``)."""
+        from gguf import GGUFReader
+
+        try:
+            reader = GGUFReader(self.path)
+            arch = reader.fields["general.architecture"].contents()
+            field = reader.fields.get(f"{arch}.attention.key_length")
+        except (KeyError, ValueError, OSError) as exc:
+            raise SourceError(f"{self.path}: cannot read its GGUF metadata: {exc}") from None
+        return None if field is None else int(field.contents())
+
+    def _config(self) -> Any:
+        """The config transformers makes of the file, with the file's own head_dim:
+        transformers' GGUF loader drops it for some architectures (Qwen3) and falls back
+        to its config class's default, which need not be the model's."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
+        stated = self._stated_head_dim()
+        if stated is not None and hasattr(config, "head_dim"):
+            config.head_dim = stated
+        elif stated is not None and stated != config.hidden_size // config.num_attention_heads:
+            raise SourceError(f"{self.path}: its heads are {stated} wide, and a "
+                              f"{config.model_type} model's are hidden_size / heads "
+                              f"({config.hidden_size // config.num_attention_heads})")
+        return config
+
     def _load(self) -> Any:
         from transformers import AutoModelForCausalLM
 
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                self.path.parent, gguf_file=self.path.name, dtype=torch.float32
-            )
+                self.path.parent, gguf_file=self.path.name, config=self._config(),
+                dtype=torch.float32)
+        except SourceError:
+            raise
         except Exception as exc:  # transformers raises many types for a bad file
             raise SourceError(f"{self.path}: cannot load GGUF: {exc}") from None
         model.hf_quantizer = None

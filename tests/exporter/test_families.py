@@ -5,6 +5,7 @@ stage; options the stage module does not implement are refused by name."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from exporter.export import export_model, model_spec
 from exporter.families import family_of
 from exporter.sources import SourceError, open_source
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
+from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
 from tests.zctl.engine.test_drafting import ScriptedDrafter
 from zctl.engine.scheduler import StreamScheduler, generate_speculative
@@ -99,6 +101,29 @@ def test_phi3_fused_projections_are_read_as_llamas(tmp_path: Path) -> None:
         assert torch.equal(source.require(f"model.layers.2.{name}.weight"), rows), name
         assert source.get(f"model.layers.2.{name}.bias") is None
     assert source.require("model.layers.2.self_attn.o_proj.weight").shape == (64, 64)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_gguf_file_gives_the_models_tensors_and_shape(tmp_path: Path, family: str) -> None:
+    """transformers reads Qwen3's GGUF without its head width (and takes its config's
+    default, 128): the source takes it from the file's metadata."""
+    model_dir = _build(tmp_path / "model", family)
+    want = open_source(str(model_dir))
+    got = open_source(str(write_gguf(model_dir, tmp_path / f"{family}.gguf")))
+    assert got.architecture == family
+    assert replace(got.decoder_shape(), rms_norm_eps=0) == replace(want.decoder_shape(),
+                                                                   rms_norm_eps=0)
+    assert got.decoder_shape().rms_norm_eps == pytest.approx(want.decoder_shape().rms_norm_eps)
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"] + [
+        f"model.layers.{i}.{n}.weight" for i in range(4) for n in (
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+            "post_attention_layernorm")]
+    if family == "qwen3":
+        names += [f"model.layers.{i}.self_attn.{n}.weight" for i in range(4)
+                  for n in ("q_norm", "k_norm")]
+    for name in names:
+        assert torch.equal(got.require(name), want.require(name)), name
 
 
 def test_qwen3_shape_has_its_head_dim_and_norms(tmp_path: Path) -> None:
