@@ -19,7 +19,7 @@ from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_exp
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
 from tests.zctl.engine.test_drafting import ScriptedDrafter
-from zctl.engine.scheduler import StreamScheduler, generate_speculative
+from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
@@ -61,7 +61,7 @@ def _run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]
 def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
     """Greedy tokens of the f32 chain equal Hugging Face's over 32 tokens for 5 prompts,
     and so do a speculative decoding with drafts rejected at every position (the stages
-    rewind their KV) and a prompt whose start is a prefix-cache hit."""
+    rewind their KV), a prompt whose start is a prefix-cache hit, and the paged runner's."""
     model_dir, export_dir = family_export
     hf = open_source(str(model_dir)).load_hf_model()
     results = verify_export(export_dir, DEFAULT_PROMPTS, max_new_tokens=TOKENS, hf_model=hf)
@@ -84,6 +84,9 @@ def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
     got = _run_to_end(scheduler, session)
     assert session.cached_tokens >= len(prompt)  # its start came from the cache
     assert got == hf_greedy(hf, longer, TOKENS)
+
+    paged = LocalChain.load(str(export_dir), replace(EXACT_CONFIG, paged_attention=True))
+    assert list(generate_greedy(paged, prompt, TOKENS)) == results[0].reference
 
 
 def test_phi3_fused_projections_are_read_as_llamas(tmp_path: Path) -> None:
