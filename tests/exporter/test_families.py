@@ -129,6 +129,16 @@ def test_a_gguf_file_gives_the_models_tensors_and_shape(tmp_path: Path, family: 
         assert torch.equal(got.require(name), want.require(name)), name
 
 
+def test_a_gguf_file_stating_heads_its_family_cannot_have_is_refused(tmp_path: Path) -> None:
+    """Phi-3's heads are hidden_size / heads wide: a file saying otherwise is refused
+    before its tensors are read."""
+    model_dir = _build(tmp_path / "model", "phi3")
+    path = write_gguf(model_dir, tmp_path / "phi3.gguf", key_length=24)
+    with pytest.raises(SourceError, match="its heads are 24 wide, and a phi3 model's are "
+                       "hidden_size / heads \\(16\\)"):
+        open_source(str(path))
+
+
 def test_qwen3_shape_has_its_head_dim_and_norms(tmp_path: Path) -> None:
     source = open_source(str(_build(tmp_path / "qwen3", "qwen3")))
     shape = source.decoder_shape()

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 
 
-def write_gguf(model_dir: Path, out: Path) -> Path:
+def write_gguf(model_dir: Path, out: Path, key_length: int | None = None) -> Path:
     """``model_dir`` (a model the tests built: its config, safetensors and byte-level BPE
-    tokenizer) as the GGUF file ``out``; its heads' width stated as llama.cpp does."""
+    tokenizer) as the GGUF file ``out``; its heads' width stated as llama.cpp does (or as
+    ``key_length``, a file that contradicts itself)."""
     import gguf
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -29,7 +30,7 @@ def write_gguf(model_dir: Path, out: Path) -> Path:
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_key_length(head_dim)
+    writer.add_key_length(key_length or head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
 
