@@ -4,9 +4,10 @@ Every family runs through the one stage module (exporter.stage_module), which re
 tensors by Hugging Face Llama names. A family says how its checkpoint maps onto those
 names (Phi-3 stores Q/K/V and gate/up fused), which extra tensors its layers carry
 (Qwen3's per-head RMSNorm on queries and keys), how long a context the export reproduces
-exactly (a sliding window over every layer caps it), and which options of its config the
-stage module does not implement: a model using one is refused, naming the option, never
-exported wrong.
+exactly (a sliding window over every layer caps it), how its layers differ (Gemma 3's
+norms, GeGLU MLP, scaled embedding, and sliding-window layers turning with RoPE
+frequencies of their own), and which options of its config the stage module does not
+implement: a model using one is refused, naming the option, never exported wrong.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class Family:
     # is exact over that many tokens of context. False: use_sliding_window turns a window on
     # for some layers (Qwen2, Qwen3), which the stage module does not implement.
     window_on_every_layer: bool = False
+    # Gemma 3: RMSNorm weights applied as (1 + weight), norms after attention and the MLP
+    # as well as before them, the embedding scaled by sqrt(hidden_size), a GeGLU MLP, an
+    # attention scale of query_pre_attn_scalar ** -0.5, and layer_types interleaving
+    # sliding-window layers (their own RoPE base) with global ones.
+    gemma: bool = False
 
     def fused_part(self, name: str, q_rows: int, kv_rows: int, mlp_rows: int
                    ) -> FusedPart | None:
@@ -81,6 +87,7 @@ FAMILIES = (
     Family("Qwen2ForCausalLM", "qwen2"),
     Family("Qwen3ForCausalLM", "qwen3", qk_norm=True),
     Family("Phi3ForCausalLM", "phi3", fused_checkpoint=True, window_on_every_layer=True),
+    Family("Gemma3ForCausalLM", "gemma3_text", qk_norm=True, gemma=True),
 )
 SUPPORTED_ARCHITECTURES = {family.architecture: family.model_type for family in FAMILIES}
 
@@ -135,16 +142,55 @@ def _rope_type(config: Any) -> list[str]:
     return []
 
 
-CHECKS: tuple[Callable[[Any], list[str]], ...] = (_activation, _rope_type)
+GEMMA_LAYER_TYPES = ("sliding_attention", "full_attention")
+GEMMA_ROPE_TYPES = {"sliding_attention": ("default",), "full_attention": ("default", "linear")}
+
+
+def _gemma_activation(config: Any) -> list[str]:
+    act = getattr(config, "hidden_activation", None)
+    return [] if act == "gelu_pytorch_tanh" else [
+        f"hidden_activation {act!r} (the MLP is GeGLU with gelu_pytorch_tanh)"]
+
+
+def _gemma_layers(config: Any) -> list[str]:
+    complaints = [f"layer type {kind!r} (layers are {' or '.join(GEMMA_LAYER_TYPES)})"
+                  for kind in sorted(set(getattr(config, "layer_types", None) or []))
+                  if kind not in GEMMA_LAYER_TYPES]
+    if getattr(config, "use_bidirectional_attention", False):
+        complaints.append("use_bidirectional_attention (attention is causal)")
+    for option in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, option, None) is not None:
+            complaints.append(f"{option} {getattr(config, option)} (no softcapping)")
+    return complaints
+
+
+def _gemma_rope(config: Any) -> list[str]:
+    params = _rope_parameters(config)
+    complaints = []
+    for layer_type, allowed in GEMMA_ROPE_TYPES.items():
+        layer = params.get(layer_type) or {}
+        rope_type = layer.get("rope_type", "default")
+        if rope_type not in allowed:
+            complaints.append(f"{layer_type} rope_type {rope_type!r} (it may be "
+                              f"{' or '.join(map(repr, allowed))})")
+        factor = float(layer.get("partial_rotary_factor", 1.0) or 1.0)
+        if factor != 1.0:
+            complaints.append(f"{layer_type} partial_rotary_factor {factor} "
+                              "(RoPE turns the whole of each head)")
+    return complaints
+
+
+LLAMA_CHECKS: tuple[Callable[[Any], list[str]], ...] = (_activation, _rope_type)
 FAMILY_CHECKS: dict[str, tuple[Callable[[Any], list[str]], ...]] = {
-    "qwen2": (_sliding_layers,),
-    "qwen3": (_sliding_layers,),
+    "qwen2": LLAMA_CHECKS + (_sliding_layers,),
+    "qwen3": LLAMA_CHECKS + (_sliding_layers,),
+    "gemma3_text": (_gemma_activation, _gemma_layers, _gemma_rope),
 }
 
 
 def refuse_unsupported(family: Family, config: Any, location: str) -> None:
     """FamilyError naming every option of ``config`` the export does not implement."""
-    complaints = [c for check in CHECKS + FAMILY_CHECKS.get(family.model_type, ())
+    complaints = [c for check in FAMILY_CHECKS.get(family.model_type, LLAMA_CHECKS)
                   for c in check(config)]
     if complaints:
         raise FamilyError(f"{location}: {family.model_type} with {'; '.join(complaints)} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -51,6 +51,7 @@ def smollm2_gguf_path() -> Path:
 class RopeSpec:
     inv_freq: list[float]
     attention_scaling: float
+    local_inv_freq: list[float] = field(default_factory=list)  # the sliding layers' own
 
 
 class ModelSource:
@@ -80,6 +81,15 @@ class ModelSource:
         c = self.config
         heads = int(c.num_attention_heads)
         head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+        gemma = {}
+        if self.family.gemma:
+            sliding = tuple(i for i, kind in enumerate(c.layer_types)
+                            if kind == "sliding_attention")
+            gemma = dict(norm_plus_one=True, sandwich_norms=True, activation="gelu_tanh",
+                         embed_scale=float(c.hidden_size) ** 0.5,
+                         attention_scale=float(c.query_pre_attn_scalar) ** -0.5,
+                         sliding_window=int(c.sliding_window) if sliding else 0,
+                         sliding_layers=sliding, local_rope=bool(sliding))
         return DecoderShape(
             hidden_size=int(c.hidden_size),
             intermediate_size=int(c.intermediate_size),
@@ -91,6 +101,7 @@ class ModelSource:
             attention_bias=bool(getattr(c, "attention_bias", False)),
             mlp_bias=bool(getattr(c, "mlp_bias", False)),
             qk_norm=self.family.qk_norm,
+            **gemma,
         )
 
     def context_length(self) -> int:
@@ -99,7 +110,23 @@ class ModelSource:
 
     def rope(self) -> RopeSpec:
         """One table of frequencies for every position (the family refused RoPE types whose
-        frequencies change with the sequence length)."""
+        frequencies change with the sequence length), and Gemma 3's sliding layers' own."""
+        if self.family.gemma:
+            from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+            rotary = Gemma3RotaryEmbedding(self.config)
+            scaling = float(rotary.full_attention_attention_scaling)
+            spec = RopeSpec(
+                [float(x) for x in rotary.full_attention_inv_freq.float().tolist()], scaling)
+            if "sliding_attention" not in self.config.layer_types:
+                return spec
+            local_scaling = float(rotary.sliding_attention_attention_scaling)
+            if local_scaling != scaling:  # one scale multiplies the whole host table
+                raise SourceError(f"{self.location}: the sliding layers' RoPE attention "
+                                  f"scaling {local_scaling} is not the global layers' {scaling}")
+            spec.local_inv_freq = [float(x) for x in
+                                   rotary.sliding_attention_inv_freq.float().tolist()]
+            return spec
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         rotary = LlamaRotaryEmbedding(self.config)

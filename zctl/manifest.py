@@ -37,6 +37,12 @@ class ModelSpec:
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # Sliding-window layers (Gemma 3): the RoPE frequencies they turn with when not the
+    # others' (the stages' rope inputs then hold both tables: dataplane.runtime.rope),
+    # how many latest keys a query of theirs sees, and which layers they are.
+    rope_local_inv_freq: tuple[float, ...] = ()
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,9 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
                 **model_raw,
                 "rope_inv_freq": tuple(float(x) for x in model_raw["rope_inv_freq"]),
                 "eos_token_ids": tuple(int(x) for x in model_raw["eos_token_ids"]),
+                "rope_local_inv_freq": tuple(
+                    float(x) for x in model_raw.get("rope_local_inv_freq", ())),
+                "sliding_layers": tuple(int(x) for x in model_raw.get("sliding_layers", ())),
             }
         )
     except (TypeError, KeyError, ValueError) as exc:

@@ -1,6 +1,7 @@
 """The families beyond Llama: Qwen3 (per-head RMSNorm on queries and keys, its own
-head_dim) and Phi-3 (fused Q/K/V and gate/up in the checkpoint) export exactly, stage by
-stage; options the stage module does not implement are refused by name."""
+head_dim), Phi-3 (fused Q/K/V and gate/up in the checkpoint) and Gemma 3 (sandwich norms,
+GeGLU, a scaled embedding, sliding-window layers with a RoPE of their own) export exactly,
+stage by stage; options the stage module does not implement are refused by name."""
 
 from __future__ import annotations
 
@@ -24,19 +25,26 @@ from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
 
-UNEVEN = [(0, 1), (1, 3), (3, 4)]
 TOKENS = 32
+WINDOW = 8  # the tiny Gemma 3's sliding window: every prompt is longer
 FAMILIES = {
     # head_dim 24, not hidden / heads = 16
     "qwen3": dict(arch="qwen3", head_dim=24),
     # Phi-3's config names a pad token beyond the tiny vocabulary
     "phi3": dict(arch="phi3", pad_token_id=None),
+    # 7 layers sliding, global, sliding, ...: both kinds in every stage of SPLITS' split;
+    # an attention scale not head_dim ** -0.5, a local RoPE base far from the global one
+    "gemma3": dict(arch="gemma3_text", layers=7, head_dim=16, sliding_window=WINDOW,
+                   sliding_window_pattern=2, query_pre_attn_scalar=24, rope_theta=1e6,
+                   rope_local_base_freq=10.0, pad_token_id=None),
 }
+SPLITS = {"qwen3": [(0, 1), (1, 3), (3, 4)], "phi3": [(0, 1), (1, 3), (3, 4)],
+          "gemma3": [(0, 2), (2, 5), (5, 7)]}
 
 
 def _build(out_dir: Path, family: str) -> Path:
-    """A 4-layer random model of ``family`` whose norms are not all ones (a q_norm applied
-    to the keys, or none at all, changes the tokens)."""
+    """A random model of ``family`` (4 layers unless it says) whose norms are not all ones
+    (a q_norm applied to the keys, or none at all, changes the tokens)."""
     return build_llama(out_dir, tied=False, norm_spread=0.3, **FAMILIES[family])
 
 
@@ -45,7 +53,7 @@ def family_export(request, tmp_path_factory: pytest.TempPathFactory):
     """(model dir, its export in 3 uneven stages) for each family."""
     root = tmp_path_factory.mktemp(request.param)
     model_dir = _build(root / "model", request.param)
-    export_model(open_source(str(model_dir)), UNEVEN, "fp32", root / "export")
+    export_model(open_source(str(model_dir)), SPLITS[request.param], "fp32", root / "export")
     return model_dir, root / "export"
 
 
@@ -59,9 +67,11 @@ def _run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]
 
 @pytest.mark.slow
 def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
-    """Greedy tokens of the f32 chain equal Hugging Face's over 32 tokens for 5 prompts,
-    and so do a speculative decoding with drafts rejected at every position (the stages
-    rewind their KV), a prompt whose start is a prefix-cache hit, and the paged runner's."""
+    """Greedy tokens of the f32 chain equal Hugging Face's over 32 tokens for 5 prompts
+    (each longer than Gemma 3's window), and so do a speculative decoding with drafts
+    rejected at every position (the stages rewind their KV, by mask and by trimming, from
+    a prompt shorter than the window to well past it), a prompt whose start is a
+    prefix-cache hit, and the paged runner's."""
     model_dir, export_dir = family_export
     hf = open_source(str(model_dir)).load_hf_model()
     results = verify_export(export_dir, DEFAULT_PROMPTS, max_new_tokens=TOKENS, hf_model=hf)
@@ -69,13 +79,18 @@ def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
     assert len(set(results[0].chain)) > 8  # not degenerate: a constant stream hides bugs
 
     tokenizer = ChatTokenizer(export_dir)
-    chain = LocalChain.load(str(export_dir), EXACT_CONFIG)
     prompt = tokenizer.encode(DEFAULT_PROMPTS[0])
-    stats = SpeculativeStats()
-    drafter = ScriptedDrafter(prompt, results[0].reference)
-    assert list(generate_speculative(chain, prompt, TOKENS, drafter=drafter, k=4,
-                                     stats=stats, stream_id=1)) == results[0].reference
-    assert stats.rejections > 3 and stats.accepted > 3
+    assert len(prompt) > WINDOW
+    short = tokenizer.encode("Hi there", chat=False)
+    assert len(short) < WINDOW
+    reference = hf_greedy(hf, short, TOKENS)
+    for rewind in ("mask", "trim"):
+        chain = LocalChain.load(str(export_dir), EXACT_CONFIG, rewind=rewind)
+        stats = SpeculativeStats()
+        drafter = ScriptedDrafter(short, reference)
+        assert list(generate_speculative(chain, short, TOKENS, drafter=drafter, k=4,
+                                         stats=stats, stream_id=1)) == reference, rewind
+        assert stats.rejections > 3 and stats.accepted > 3
 
     scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
     first = _run_to_end(scheduler, DecodeSession(2, prompt, TOKENS))
@@ -106,7 +121,7 @@ def test_phi3_fused_projections_are_read_as_llamas(tmp_path: Path) -> None:
     assert source.require("model.layers.2.self_attn.o_proj.weight").shape == (64, 64)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", ["qwen3", "phi3"])
 def test_a_gguf_file_gives_the_models_tensors_and_shape(tmp_path: Path, family: str) -> None:
     """transformers reads Qwen3's GGUF without its head width (and takes its config's
     default, 128): the source takes it from the file's metadata."""
