@@ -72,6 +72,20 @@ class Family:
         (fused, rows), start, stop = parts[projection]
         return FusedPart(f"{layer}.{fused}.{leaf}", start, stop, rows)
 
+    def shape_options(self, config: Any) -> dict[str, Any]:
+        """The fields of the stage module's DecoderShape by which this family's layers
+        differ from Llama's (the sizes are every family's)."""
+        options: dict[str, Any] = {"qk_norm": self.qk_norm}
+        if not self.gemma:
+            return options
+        sliding = tuple(i for i, kind in enumerate(config.layer_types)
+                        if kind == "sliding_attention")
+        return {**options, "norm_plus_one": True, "sandwich_norms": True,
+                "activation": "gelu_tanh", "embed_scale": float(config.hidden_size) ** 0.5,
+                "attention_scale": float(config.query_pre_attn_scalar) ** -0.5,
+                "sliding_window": int(config.sliding_window) if sliding else 0,
+                "sliding_layers": sliding, "local_rope": bool(sliding)}
+
     def context_length(self, config: Any) -> int:
         """How many tokens of context the export reproduces exactly (0: not stated)."""
         context = int(getattr(config, "max_position_embeddings", 0) or 0)

@@ -97,15 +97,6 @@ class ModelSource:
         c = self.config
         heads = int(c.num_attention_heads)
         head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
-        gemma = {}
-        if self.family.gemma:
-            sliding = tuple(i for i, kind in enumerate(c.layer_types)
-                            if kind == "sliding_attention")
-            gemma = dict(norm_plus_one=True, sandwich_norms=True, activation="gelu_tanh",
-                         embed_scale=float(c.hidden_size) ** 0.5,
-                         attention_scale=float(c.query_pre_attn_scalar) ** -0.5,
-                         sliding_window=int(c.sliding_window) if sliding else 0,
-                         sliding_layers=sliding, local_rope=bool(sliding))
         return DecoderShape(
             hidden_size=int(c.hidden_size),
             intermediate_size=int(c.intermediate_size),
@@ -116,8 +107,7 @@ class ModelSource:
             rms_norm_eps=float(c.rms_norm_eps),
             attention_bias=bool(getattr(c, "attention_bias", False)),
             mlp_bias=bool(getattr(c, "mlp_bias", False)),
-            qk_norm=self.family.qk_norm,
-            **gemma,
+            **self.family.shape_options(c),
         )
 
     def context_length(self) -> int:
@@ -313,26 +303,32 @@ class GGUFSource(ModelSource):
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
         self._state = self._model.state_dict()
 
-    def _stated_head_dim(self) -> int | None:
-        """``head_dim`` as the file's metadata states it (``{arch}.attention.key_length``)."""
+    def _metadata(self) -> dict[str, Any]:
+        """The file's metadata of its architecture (``{arch}.…``), by key without the prefix."""
         from gguf import GGUFReader
 
         try:
             reader = GGUFReader(self.path)
             arch = reader.fields["general.architecture"].contents()
-            field = reader.fields.get(f"{arch}.attention.key_length")
+            return {name[len(arch) + 1:]: field.contents()
+                    for name, field in reader.fields.items() if name.startswith(f"{arch}.")}
         except (KeyError, ValueError, OSError) as exc:
             raise SourceError(f"{self.path}: cannot read its GGUF metadata: {exc}") from None
-        return None if field is None else int(field.contents())
 
     def _config(self) -> Any:
-        """The config transformers makes of the file, with the file's own head_dim:
-        transformers' GGUF loader drops it for some architectures (Qwen3) and falls back
-        to its config class's default, which need not be the model's."""
+        """The config transformers makes of the file, with what the file states and
+        transformers' GGUF loader drops (falling back to its config class's defaults,
+        which need not be the model's): the heads' width (Qwen3), and Gemma 3's global
+        RoPE scaling, sliding layers' RoPE base and which layers slide."""
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
-        stated = self._stated_head_dim()
+        metadata = self._metadata()
+        if config.model_type == "gemma3_text":
+            _gemma3_stated(config, metadata, self.path)
+        stated = metadata.get("attention.key_length")
+        if stated is not None:
+            stated = int(stated)
         if stated is not None and hasattr(config, "head_dim"):
             config.head_dim = stated
         elif stated is not None and stated != config.hidden_size // config.num_attention_heads:
@@ -386,6 +382,36 @@ class GGUFSource(ModelSource):
 
     def load_hf_model(self) -> Any:
         return self._model
+
+
+def _gemma3_stated(config: Any, metadata: dict[str, Any], path: Path) -> None:
+    """Set on a Gemma 3 config what its GGUF file states: a RoPE scaling of the global
+    layers (``rope.scaling.type``/``factor``: linear 8 on the 4B and larger models), the
+    sliding layers' RoPE base (``rope.freq_base_swa``) and which layers slide
+    (``attention.sliding_window_pattern``: every n-th layer global, or a flag per layer,
+    true for a sliding one). A file stating none keeps Gemma 3's (none, 10000, 6)."""
+    params = config.rope_parameters
+    scaling = metadata.get("rope.scaling.type")
+    if scaling is not None and scaling != "none":
+        params["full_attention"] = {**params["full_attention"], "rope_type": str(scaling),
+                                    "factor": float(metadata.get("rope.scaling.factor", 1.0))}
+    if "rope.freq_base_swa" in metadata:
+        params["sliding_attention"] = {**params["sliding_attention"],
+                                       "rope_theta": float(metadata["rope.freq_base_swa"])}
+    pattern = metadata.get("attention.sliding_window_pattern")
+    if pattern is None:
+        return
+    layers = int(config.num_hidden_layers)
+    if isinstance(pattern, list):
+        sliding = [bool(flag) for flag in pattern]
+    elif int(pattern) >= 1:
+        sliding = [bool((i + 1) % int(pattern)) for i in range(layers)]
+    else:
+        raise SourceError(f"{path}: its sliding_window_pattern is {pattern}")
+    if len(sliding) != layers:
+        raise SourceError(f"{path}: its sliding_window_pattern has {len(sliding)} layers, "
+                          f"its block_count {layers}")
+    config.layer_types = ["sliding_attention" if flag else "full_attention" for flag in sliding]
 
 
 def default_model_hf_dir(cache_dir: Path) -> Path:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from dataplane.runtime.kv.masks import MASK_MIN
+
+Activation = Literal["silu", "gelu_tanh"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class DecoderShape:
     # norms on the attention's and the MLP's outputs too, and the MLP's own before it, as
     # pre_feedforward_layernorm (Gemma 3; Llama's post_attention_layernorm is its pre-MLP)
     sandwich_norms: bool = False
-    activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    activation: Activation = "silu"  # the gated MLP's: SwiGLU, or GeGLU (Gemma)
     embed_scale: float = 1.0  # the embedding multiplied by it, in the weights' dtype
     attention_scale: float | None = None  # None: head_dim ** -0.5
     sliding_window: int = 0  # a sliding layer's query sees this many latest keys (itself too)

@@ -74,10 +74,10 @@ def _run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]
 @pytest.mark.slow
 def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
     """Greedy tokens of the f32 chain equal Hugging Face's over 32 tokens for 5 prompts
-    (each longer than Gemma 3's window), and so do a speculative decoding with drafts
-    rejected at every position (the stages rewind their KV, by mask and by trimming, from
-    a prompt shorter than the window to well past it), a prompt whose start is a
-    prefix-cache hit, and the paged runner's."""
+    (each longer than Gemma 3's window), and so do, on the stateful runner (rewinding by
+    mask and by trimming) and the paged one: a speculative decoding with drafts rejected
+    at every position from a prompt shorter than the window to well past it (the stages
+    rewind their KV), a prompt whose start is a prefix-cache hit, and plain greedy."""
     model_dir, export_dir = family_export
     hf = open_source(str(model_dir)).load_hf_model()
     results = verify_export(export_dir, DEFAULT_PROMPTS, max_new_tokens=TOKENS, hf_model=hf)
@@ -90,24 +90,27 @@ def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
     short = tokenizer.encode("Hi there", chat=False)
     assert len(short) < WINDOW
     reference = hf_greedy(hf, short, TOKENS)
-    for rewind in ("mask", "trim"):
-        chain = LocalChain.load(str(export_dir), EXACT_CONFIG, rewind=rewind)
+    paged = replace(EXACT_CONFIG, paged_attention=True)
+    chains = {"mask": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="mask"),
+              "trim": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="trim"),
+              "paged": LocalChain.load(str(export_dir), paged)}
+    for runner, chain in chains.items():
         stats = SpeculativeStats()
         drafter = ScriptedDrafter(short, reference)
         assert list(generate_speculative(chain, short, TOKENS, drafter=drafter, k=4,
-                                         stats=stats, stream_id=1)) == reference, rewind
+                                         stats=stats, stream_id=1)) == reference, runner
         assert stats.rejections > 3 and stats.accepted > 3
 
-    scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
-    first = _run_to_end(scheduler, DecodeSession(2, prompt, TOKENS))
-    longer = prompt + first + tokenizer.encode(" and then", chat=False)
-    session = DecodeSession(3, longer, TOKENS)
-    got = _run_to_end(scheduler, session)
-    assert session.cached_tokens >= len(prompt)  # its start came from the cache
-    assert got == hf_greedy(hf, longer, TOKENS)
+    for runner in ("mask", "paged"):
+        scheduler = StreamScheduler(chains[runner], prefix_cache_tokens=4096)
+        first = _run_to_end(scheduler, DecodeSession(2, prompt, TOKENS))
+        longer = prompt + first + tokenizer.encode(" and then", chat=False)
+        session = DecodeSession(3, longer, TOKENS)
+        got = _run_to_end(scheduler, session)
+        assert session.cached_tokens >= len(prompt), runner  # its start came from the cache
+        assert got == hf_greedy(hf, longer, TOKENS), runner
 
-    paged = LocalChain.load(str(export_dir), replace(EXACT_CONFIG, paged_attention=True))
-    assert list(generate_greedy(paged, prompt, TOKENS)) == results[0].reference
+    assert list(generate_greedy(chains["paged"], prompt, TOKENS)) == results[0].reference
 
 
 def test_phi3_fused_projections_are_read_as_llamas(tmp_path: Path) -> None:
@@ -148,6 +151,31 @@ def test_a_gguf_file_gives_the_models_tensors_and_shape(tmp_path: Path, family: 
                   for n in ("q_norm", "k_norm")]
     for name in names:
         assert torch.equal(got.require(name), want.require(name)), name
+
+
+@pytest.mark.parametrize("pattern", [2, [True, False, True, False, True, False, True]])
+def test_a_gemma3_gguf_file_gives_what_it_states(tmp_path: Path, pattern: object) -> None:
+    """transformers' GGUF loader keeps Gemma 3's defaults for which layers slide (every
+    6th global), the sliding layers' RoPE base (10000) and the global layers' scaling
+    (none): the source takes them from the file, and the norms as stored (plus one)."""
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}
+    # GGUF states no query_pre_attn_scalar: Gemma 3's 256 (its heads' width but in 27B)
+    options = {**FAMILIES["gemma3"], "query_pre_attn_scalar": 256}
+    model_dir = build_llama(tmp_path / "model", tied=True, norm_spread=0.3,
+                            rope_parameters=rope, **options)
+    want = open_source(str(model_dir))
+    got = open_source(str(write_gguf(model_dir, tmp_path / "gemma3.gguf",
+                                     sliding_pattern=pattern)))
+    assert got.config.layer_types == want.config.layer_types
+    assert replace(got.decoder_shape(), rms_norm_eps=0) == replace(want.decoder_shape(),
+                                                                   rms_norm_eps=0)
+    assert got.rope() == want.rope()
+    names = [n for n in want.load_hf_model().state_dict() if n != "lm_head.weight"]
+    assert any(n.endswith("pre_feedforward_layernorm.weight") for n in names)
+    for name in names:  # a norm comes back as (w + 1) - 1: equal to float32 rounding
+        torch.testing.assert_close(got.require(name), want.require(name), rtol=0, atol=1e-6,
+                                   msg=name)
 
 
 def test_a_gguf_file_stating_heads_its_family_cannot_have_is_refused(tmp_path: Path) -> None:
