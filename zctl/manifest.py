@@ -45,6 +45,9 @@ class ModelSpec:
     sliding_layers: tuple[int, ...] = ()
 
 
+SLIDING_FIELDS = ("rope_local_inv_freq", "sliding_window", "sliding_layers")
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """One stage shard: a contiguous layer range [layer_start, layer_end)."""
@@ -148,7 +151,11 @@ class ExportManifest:
     generation_config: GenerationConfig | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=False)
+        raw = asdict(self)
+        for name in SLIDING_FIELDS:  # written only when set: other models' manifests as before
+            if not raw["model"][name]:
+                del raw["model"][name]
+        return json.dumps(raw, indent=2, sort_keys=False)
 
     def stage_hash(self, index: int) -> str:
         """A stable identity for one shard: sha256 over its IR files' hashes."""

@@ -29,7 +29,7 @@ from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_spe
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.manifest import StaticKV
+from zctl.manifest import ExportManifest, StageSpec, StaticKV, manifest_from_dict
 
 TOKENS = 32
 WINDOW = 8  # the tiny Gemma 3's sliding window: every prompt is longer
@@ -328,6 +328,24 @@ def test_a_window_over_every_layer_caps_the_context(model_type: str, fields: dic
 
     config = AutoConfig.for_model(model_type, **fields)
     assert family_of(config, "here").context_length(config) == context
+
+
+def test_only_a_sliding_models_manifest_states_its_sliding_layers(tmp_path: Path) -> None:
+    """Gemma 3's manifest states its sliding layers, their window and RoPE; another
+    family's has no such fields, as before, and both read back as written."""
+    for family, layers in (("gemma3", (0, 2, 4, 6)), ("qwen3", ())):
+        spec = model_spec(open_source(str(_build(tmp_path / family, family))))
+        stage = StageSpec(index=0, layer_start=0, layer_end=spec.num_layers, xml="s.xml",
+                          bin="s.bin", inputs=(), outputs=(), state_names=(), first=True,
+                          last=True)
+        manifest = ExportManifest(model=spec, stages=(stage,), weight_format="fp32",
+                                  group_size=None, activation_dtype="f32", beam_idx=True,
+                                  versions={})
+        raw = json.loads(manifest.to_json())["model"]
+        assert spec.sliding_layers == layers
+        assert ("sliding_layers" in raw) is bool(layers), family
+        assert ("rope_local_inv_freq" in raw) is bool(layers), family
+        assert manifest_from_dict(json.loads(manifest.to_json())).model == spec
 
 
 def test_the_manifest_states_the_capped_context(tmp_path: Path) -> None:
