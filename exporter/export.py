@@ -97,9 +97,12 @@ def model_spec(source: ModelSource) -> ModelSpec:
         vocab_size=shape.vocab_size,
         rope_inv_freq=tuple(rope.inv_freq),
         rope_attention_scaling=rope.attention_scaling,
-        max_position_embeddings=int(getattr(source.config, "max_position_embeddings", 0) or 0),
+        max_position_embeddings=source.context_length(),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=tuple(source.eos_token_ids()),
+        rope_local_inv_freq=tuple(rope.local_inv_freq),
+        sliding_window=shape.sliding_window,
+        sliding_layers=shape.sliding_layers,
     )
 
 
@@ -228,6 +231,9 @@ def export_model(
     except ManifestError as exc:
         raise ExportError(str(exc)) from None
     shape = source.decoder_shape()
+    if static_kv is not None and (shape.sliding_layers or shape.local_rope):
+        raise ExportError(f"{source.location}: a static export of a model with sliding-window "
+                          "layers is not supported (export it without --static)")
     if weight_format == "int4" and group_size is None:
         group_size = pick_group_size(
             [shape.hidden_size, shape.intermediate_size, shape.num_heads * shape.head_dim]

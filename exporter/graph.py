@@ -39,8 +39,8 @@ def example_inputs(
         else torch.randn(batch, tokens, shape.hidden_size)
     )
     mask = torch.zeros(batch, 1, tokens, past + tokens)
-    cos = torch.randn(batch, tokens, shape.head_dim)
-    sin = torch.randn(batch, tokens, shape.head_dim)
+    cos = torch.randn(batch, tokens, shape.rope_width)
+    sin = torch.randn(batch, tokens, shape.rope_width)
     extra: tuple[torch.Tensor, ...] = (torch.arange(tokens, dtype=torch.int64),) if last else ()
     kv = tuple(
         torch.randn(batch, shape.num_kv_heads, past, shape.head_dim).to(kv_dtype)

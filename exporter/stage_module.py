@@ -5,16 +5,27 @@ control flow: RoPE cos/sin and the additive attention mask come in as inputs, th
 past KV comes in as explicit tensors and the present KV goes out (the graph is made
 stateful afterwards), and attention stays a single ``scaled_dot_product_attention``
 call so OpenVINO's SDPA fusions apply.
+
+A model whose sliding-window layers turn with RoPE frequencies of their own (Gemma 3)
+takes one table twice as wide: the host computes it from the global layers' frequencies
+followed by the sliding layers' (dataplane.runtime.rope.stage_frequencies), and each
+layer takes its half. Its sliding layers keep the whole KV and mask the keys older than
+the window, in the graph, from the stage's mask (see ``window_mask``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from dataplane.runtime.kv.masks import MASK_MIN
+
+Activation = Literal["silu", "gelu_tanh"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,26 @@ class DecoderShape:
     rms_norm_eps: float
     attention_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each query and key head before RoPE (Qwen3)
+    norm_plus_one: bool = False  # every RMSNorm scales by (1 + weight) (Gemma)
+    # norms on the attention's and the MLP's outputs too, and the MLP's own before it, as
+    # pre_feedforward_layernorm (Gemma 3; Llama's post_attention_layernorm is its pre-MLP)
+    sandwich_norms: bool = False
+    activation: Activation = "silu"  # the gated MLP's: SwiGLU, or GeGLU (Gemma)
+    embed_scale: float = 1.0  # the embedding multiplied by it, in the weights' dtype
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    sliding_window: int = 0  # a sliding layer's query sees this many latest keys (itself too)
+    sliding_layers: tuple[int, ...] = ()  # the layers (global indices) whose window slides
+    local_rope: bool = False  # sliding layers turn with frequencies of their own
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5 if self.attention_scale is None else self.attention_scale
+
+    @property
+    def rope_width(self) -> int:
+        """The width of the rope_cos/rope_sin inputs: one table, or two side by side."""
+        return self.head_dim * (2 if self.local_rope else 1)
 
 
 class RMSNorm(nn.Module):
@@ -49,6 +80,34 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     return layer
 
 
+def _norm(weight: torch.Tensor, shape: DecoderShape) -> RMSNorm:
+    """An RMSNorm of ``weight``, Gemma's ``1 + weight`` (summed once here, in float32 as
+    Hugging Face sums it at every call) where the family says so."""
+    return RMSNorm(1.0 + weight if shape.norm_plus_one else weight, shape.rms_norm_eps)
+
+
+def split_rope(table: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global and the local [.., head_dim] tables of a two-table RoPE input.
+
+    The host's table is cat(f, f) of frequencies f = (global, local), so its quarters are
+    global, local, global, local: each layer's table is two of them."""
+    half = head_dim // 2
+    global_ = torch.cat((table[..., :half], table[..., head_dim:head_dim + half]), dim=-1)
+    local = torch.cat((table[..., half:head_dim], table[..., head_dim + half:]), dim=-1)
+    return global_, local
+
+
+def window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """The additive mask [B, 1, T, S] of a sliding layer: each query's seen keys (the
+    entries at 0) but its ``window`` latest, masked. A query sees its context in slot order
+    (the runners append a sequence's slots in position order and mask what a rewind drops),
+    so its latest seen keys are its ``window`` latest positions, itself included, as
+    Hugging Face's sliding window has them."""
+    seen = (mask == 0).to(mask.dtype)
+    later = seen.sum(-1, keepdim=True) - seen.cumsum(-1) + seen  # seen slots from here on
+    return torch.where(later <= window, mask, torch.full_like(mask, MASK_MIN))
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -68,7 +127,7 @@ def _attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     if groups > 1 and fold_groups:
         q = q.reshape(batch, s.num_kv_heads, groups * tokens, s.head_dim)
         attn = F.scaled_dot_product_attention(
-            q, key, value, attn_mask=mask.repeat(1, 1, groups, 1), scale=s.head_dim**-0.5)
+            q, key, value, attn_mask=mask.repeat(1, 1, groups, 1), scale=s.scale)
         return attn.reshape(batch, s.num_heads, tokens, s.head_dim)
     if groups > 1:
         slots = key.shape[2]
@@ -76,7 +135,7 @@ def _attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
         key = key.reshape(batch, s.num_heads, slots, s.head_dim)
         value = value[:, :, None].expand(batch, s.num_kv_heads, groups, slots, s.head_dim)
         value = value.reshape(batch, s.num_heads, slots, s.head_dim)
-    return F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=s.head_dim**-0.5)
+    return F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=s.scale)
 
 
 def _stacked_linear(get: Callable[[str], torch.Tensor | None], names: tuple[str, ...]
@@ -95,13 +154,19 @@ def _stacked_linear(get: Callable[[str], torch.Tensor | None], names: tuple[str,
 class DecoderLayer(nn.Module):
     def __init__(self, shape: DecoderShape, get: Callable[[str], torch.Tensor | None],
                  new_kv_only: bool = False, kv_dtype: torch.dtype | None = None,
-                 fuse_projections: bool = True) -> None:
+                 fuse_projections: bool = True, sliding: bool = False) -> None:
         super().__init__()
         self.shape = shape
         self.new_kv_only = new_kv_only
+        self.sliding = sliding  # the layer's window slides (its mask and RoPE table)
         self.kv_dtype = kv_dtype  # the KV's type at the I/O when it is not the activations'.
-        self.input_norm = RMSNorm(get("input_layernorm.weight"), shape.rms_norm_eps)
-        self.post_norm = RMSNorm(get("post_attention_layernorm.weight"), shape.rms_norm_eps)
+        self.input_norm = _norm(get("input_layernorm.weight"), shape)
+        # the attention's output norm (sandwich norms) or, Llama's way, the MLP's input norm
+        self.post_norm = _norm(get("post_attention_layernorm.weight"), shape)
+        self.pre_mlp_norm = self.post_mlp_norm = None
+        if shape.sandwich_norms:
+            self.pre_mlp_norm = _norm(get("pre_feedforward_layernorm.weight"), shape)
+            self.post_mlp_norm = _norm(get("post_feedforward_layernorm.weight"), shape)
         attn, mlp = "self_attn.", "mlp."
         # Fused: Q, K and V one MatMul, gate and up another (4 MatMuls a layer, not 7).
         # Every output row keeps its own weights (and, compressed, its own scales), so the
@@ -121,6 +186,10 @@ class DecoderLayer(nn.Module):
             self.v_proj = _linear(get(attn + "v_proj.weight"), get(attn + "v_proj.bias"))
             self.gate_proj = _linear(get(mlp + "gate_proj.weight"), get(mlp + "gate_proj.bias"))
             self.up_proj = _linear(get(mlp + "up_proj.weight"), get(mlp + "up_proj.bias"))
+        self.q_norm = self.k_norm = None
+        if shape.qk_norm:  # after the split: the fused MatMul stays one
+            self.q_norm = _norm(get(attn + "q_norm.weight"), shape)
+            self.k_norm = _norm(get(attn + "k_norm.weight"), shape)
         self.o_proj = _linear(get(attn + "o_proj.weight"), get(attn + "o_proj.bias"))
         self.down_proj = _linear(get(mlp + "down_proj.weight"), get(mlp + "down_proj.bias"))
 
@@ -135,6 +204,8 @@ class DecoderLayer(nn.Module):
             gate, up = self.gate_proj(h), self.up_proj(h)
         else:
             gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        if self.shape.activation == "gelu_tanh":
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
         return self.down_proj(F.silu(gate) * up)
 
     def forward(
@@ -149,8 +220,11 @@ class DecoderLayer(nn.Module):
         s = self.shape
         batch, tokens = x.shape[0], x.shape[1]
         q, k, v = self._qkv(self.input_norm(x))
-        q = q.reshape(batch, tokens, s.num_heads, s.head_dim).transpose(1, 2)
-        k = k.reshape(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        q = q.reshape(batch, tokens, s.num_heads, s.head_dim)
+        k = k.reshape(batch, tokens, s.num_kv_heads, s.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.reshape(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos4 + _rotate_half(q) * sin4
@@ -161,8 +235,12 @@ class DecoderLayer(nn.Module):
         value = torch.cat((past_value, v), dim=2)
         attn = _attention(q, key, value, mask, s, fold_groups=self.new_kv_only)
         attn = attn.transpose(1, 2).reshape(batch, tokens, s.num_heads * s.head_dim)
-        x = x + self.o_proj(attn)
-        x = x + self._mlp(self.post_norm(x))
+        if self.pre_mlp_norm is not None and self.post_mlp_norm is not None:
+            x = x + self.post_norm(self.o_proj(attn))
+            x = x + self.post_mlp_norm(self._mlp(self.pre_mlp_norm(x)))
+        else:
+            x = x + self.o_proj(attn)
+            x = x + self._mlp(self.post_norm(x))
         if self.new_kv_only:
             if self.kv_dtype is not None:
                 k, v = k.to(self.kv_dtype), v.to(self.kv_dtype)
@@ -193,16 +271,19 @@ class StageModule(nn.Module):
     ) -> None:
         super().__init__()
         self.first, self.last = first, last
+        self.shape = shape
         self.embed: nn.Embedding | None = None
         if first:
             self.embed = nn.Embedding.from_pretrained(get("model.embed_tokens.weight"), freeze=True)
+        scaled = first and shape.embed_scale != 1.0
+        self.register_buffer("embed_scale", torch.tensor(shape.embed_scale) if scaled else None)
         self.layers = nn.ModuleList(
             DecoderLayer(shape, lambda name, i=i: get(f"model.layers.{i}.{name}"), new_kv_only,
-                         kv_dtype, fuse_projections)
+                         kv_dtype, fuse_projections, sliding=i in shape.sliding_layers)
             for i in range(layer_start, layer_end)
         )
         if last:
-            self.norm = RMSNorm(get("model.norm.weight"), shape.rms_norm_eps)
+            self.norm = _norm(get("model.norm.weight"), shape)
             self.lm_head = _linear(get("lm_head.weight"), None)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -211,10 +292,21 @@ class StageModule(nn.Module):
             logits_idx, past = rest[0], rest[1:]
         else:
             logits_idx, past = None, rest
-        hidden = self.embed(x) if self.embed is not None else x
+        hidden = x
+        if self.embed is not None:
+            hidden = self.embed(x)
+            if self.embed_scale is not None:  # as Hugging Face: the scale in the weights' dtype
+                hidden = hidden * self.embed_scale.to(hidden.dtype)
+        head_dim = self.shape.head_dim
+        mask_local, cos_local, sin_local = mask, cos, sin  # the sliding layers'
+        if self.shape.local_rope:
+            (cos, cos_local), (sin, sin_local) = split_rope(cos, head_dim), split_rope(sin, head_dim)
+        if any(layer.sliding for layer in self.layers):
+            mask_local = window_mask(mask, self.shape.sliding_window)
         present: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            hidden, key, value = layer(hidden, mask, cos, sin, past[2 * i], past[2 * i + 1])
+            inputs = (mask_local, cos_local, sin_local) if layer.sliding else (mask, cos, sin)
+            hidden, key, value = layer(hidden, *inputs, past[2 * i], past[2 * i + 1])
             present += [key, value]
         if self.last:
             hidden = self.norm(hidden.index_select(1, logits_idx))

@@ -37,6 +37,15 @@ class ModelSpec:
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # Sliding-window layers (Gemma 3): the RoPE frequencies they turn with when not the
+    # others' (the stages' rope inputs then hold both tables: dataplane.runtime.rope),
+    # how many latest keys a query of theirs sees, and which layers they are.
+    rope_local_inv_freq: tuple[float, ...] = ()
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+
+
+SLIDING_FIELDS = ("rope_local_inv_freq", "sliding_window", "sliding_layers")
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,11 @@ class ExportManifest:
     generation_config: GenerationConfig | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=False)
+        raw = asdict(self)
+        for name in SLIDING_FIELDS:  # written only when set: other models' manifests as before
+            if not raw["model"][name]:
+                del raw["model"][name]
+        return json.dumps(raw, indent=2, sort_keys=False)
 
     def stage_hash(self, index: int) -> str:
         """A stable identity for one shard: sha256 over its IR files' hashes."""
@@ -184,6 +197,9 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
                 **model_raw,
                 "rope_inv_freq": tuple(float(x) for x in model_raw["rope_inv_freq"]),
                 "eos_token_ids": tuple(int(x) for x in model_raw["eos_token_ids"]),
+                "rope_local_inv_freq": tuple(
+                    float(x) for x in model_raw.get("rope_local_inv_freq", ())),
+                "sliding_layers": tuple(int(x) for x in model_raw.get("sliding_layers", ())),
             }
         )
     except (TypeError, KeyError, ValueError) as exc:

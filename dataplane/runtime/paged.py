@@ -55,7 +55,7 @@ from dataplane.runtime.one_token import (
     wants_one_token_graph,
     weights_bytes,
 )
-from dataplane.runtime.rope import RopeRows, rope_tables
+from dataplane.runtime.rope import RopeRows, rope_tables, stage_frequencies
 from dataplane.runtime.startup import (
     int4_group,
     open_stage,
@@ -78,8 +78,28 @@ CACHE_TYPES = {ov.Type.u8: np.uint8, ov.Type.i8: np.int8, ov.Type.f32: np.float3
                ov.Type.f16: np.float16, ov.Type.bf16: np.uint16}
 
 
-def paged_model(model: ov.Model, first: bool, last: bool, hidden_size: int) -> ov.Model:
-    """The stage's model with PagedAttention in place of its stateful attention."""
+SLIDING_WINDOW_INPUT = 10  # PagedAttentionExtension's inputs: q, k, v, caches, ..., sliding_window
+
+
+def _slide_windows(model: ov.Model, windows: list[int]) -> None:
+    """Give each sliding layer's PagedAttention its window (``windows``: the stage's layers'
+    in order, 0 for a global layer): the pass drops the stage's mask, where the window
+    was, and leaves every PagedAttention attending to the whole sequence."""
+    attention = [op for op in model.get_ordered_ops()
+                 if op.get_type_name() == "PagedAttentionExtension"]
+    if len(attention) != len(windows):
+        raise StageError(f"PagedAttention made {len(attention)} attentions of "
+                         f"{len(windows)} layers")
+    for op, window in zip(attention, windows, strict=True):  # in layer order: each feeds the next
+        if window:
+            op.input(SLIDING_WINDOW_INPUT).replace_source_output(
+                ops.constant(np.array(window, dtype=np.int32)).output(0))
+
+
+def paged_model(model: ov.Model, first: bool, last: bool, hidden_size: int,
+                windows: list[int] | None = None) -> ov.Model:
+    """The stage's model with PagedAttention in place of its stateful attention
+    (``windows``: each layer's sliding window, 0 for none; None: no layer slides)."""
     from openvino._offline_transformations import paged_attention_transformation
 
     main = "input_ids" if first else "inputs_embeds"
@@ -89,6 +109,8 @@ def paged_model(model: ov.Model, first: bool, last: bool, hidden_size: int) -> o
     for param in model.get_parameters():  # RoPE comes in as cos/sin: positions are unused
         if param.get_friendly_name() == "position_ids" and not param.output(0).get_target_inputs():
             model.remove_parameter(param)
+    if windows is not None and any(windows):
+        _slide_windows(model, windows)
     if last:  # tokens are the batch axis now: let logits_idx index the flat token list
         for op in model.get_ordered_ops():
             if op.get_type_name() == "Gather" and "logits_idx" in op.input_value(1).get_names():
@@ -160,14 +182,17 @@ class PagedStageRunner:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
         self.hidden_size = model.hidden_size
-        self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
+        self.inv_freq = stage_frequencies(model)
         self.rope_scaling = model.rope_attention_scaling
         self._rope_rows = RopeRows(self.inv_freq, self.rope_scaling)
         core = core or shared_core()
         properties = self.config.properties(int4_group(self.manifest))
         try:
             stateful = graph or core.read_model(str(self.export_dir / self.spec.xml))
-            paged = paged_model(stateful, self.spec.first, self.spec.last, self.hidden_size)
+            paged = paged_model(
+                stateful, self.spec.first, self.spec.last, self.hidden_size,
+                [model.sliding_window if i in model.sliding_layers else 0
+                 for i in range(self.spec.layer_start, self.spec.layer_end)])
             self.compiled = core.compile_model(paged, self.config.device, properties)
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} with paged attention: {exc}") from None

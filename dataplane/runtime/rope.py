@@ -2,12 +2,24 @@
 
 The exporter records the model's inverse frequencies (whatever its rope type) and
 attention scaling; these pure functions turn logical positions into cos/sin exactly
-as Hugging Face does (float32 product, then cos/sin, then scaling).
+as Hugging Face does (float32 product, then cos/sin, then scaling). A model whose
+sliding-window layers have frequencies of their own (Gemma 3) records those too: its
+stages take one table of both, twice as wide (``stage_frequencies``).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from zctl.manifest import ModelSpec
+
+
+def stage_frequencies(model: ModelSpec) -> np.ndarray:
+    """The frequencies of a stage's rope_cos/rope_sin: the model's, followed by its
+    sliding layers' own when it has them. ``rope_tables`` of these lays out cos(f, f) =
+    global, local, global, local quarters, from which each layer takes its table
+    (exporter.stage_module.split_rope); a model of one table gets it as before."""
+    return np.asarray(model.rope_inv_freq + model.rope_local_inv_freq, dtype=np.float32)
 
 
 def rope_tables(

@@ -36,7 +36,7 @@ from dataplane.runtime.kv.slots import (
     request_states,
 )
 from dataplane.runtime.kv.slots import shared_tensor as _shared
-from dataplane.runtime.rope import RopeRows, rope_tables
+from dataplane.runtime.rope import RopeRows, rope_tables, stage_frequencies
 from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
@@ -103,7 +103,7 @@ class StageRunner:
         if verify and graph is None:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
-        self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
+        self.inv_freq = stage_frequencies(model)
         self._last_token_idx: dict[int, ov.Tensor] = {}  # logits_idx [T - 1] by T
         self.rope_scaling = model.rope_attention_scaling
         self._rope_rows = RopeRows(self.inv_freq, self.rope_scaling)

