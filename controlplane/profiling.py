@@ -7,7 +7,9 @@ the device: PagedAttention on CPU), each with row groups of 1, 2, 4 and 8 rows d
 over a short past, and the two decoder stages prefilling a prompt. Rounds of steps follow
 one another (every stage and row count in each round, so a slower moment of the machine
 falls on all of them alike) until the budget is spent or enough rounds are in; each figure
-is the lower quartile of its steps (a busy moment only ever adds time). ``k`` is chosen so
+is the lower quartile of its steps (a busy moment only ever adds time). Last, the
+coordinator's own work per decode step at each row count is timed with the generation
+engine on stages that answer at once (controlplane/engine_step.py). ``k`` is chosen so
 the extra layers hold some 64 MB of weights (at most 32 layers), fewer when memory is
 short: a stage of a few layers whose weights stay in the caches between its steps runs
 its layers faster than a real stage does (on this repository's VM, 15 layers of SmolLM2
@@ -36,10 +38,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import psutil
 
+from controlplane.engine_step import time_engine
 from controlplane.nodeinfo import openvino_version, ram
 from controlplane.planner.measured import Measurement
 from controlplane.planner.memory import embedding_bytes, layer_weight_bytes
-from controlplane.planner.profile import ROWS, ProfileError, ProfileKey
+from controlplane.planner.profile import GRAPH_VERSION, ROWS, ProfileError, ProfileKey
 from controlplane.planner.shape import ModelShape, ShapeError
 from controlplane.profile_store import BUDGET_S
 from dataplane.runtime.base import StageError, StageRuntime
@@ -195,7 +198,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     free = ram(memory_limit)[1]
     k = extra_layers(shape, weights, free)
     runtime = runtime_for(device)
-    key = ProfileKey(shape.fingerprint(), weights, device, openvino_version())
+    key = ProfileKey(shape.fingerprint(), weights, device, openvino_version(), GRAPH_VERSION)
     # the head's stage first: the plugin's one-time costs (its libraries, its thread pool)
     # fall on it, not on the memory the decoder stages are told apart by
     head = _build(dims, 1, True, weights, group, runtime, deadline)
@@ -233,14 +236,18 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     def figures(name: str) -> tuple[float, ...]:
         return tuple(_quantile(steps[(name, r)]) for r in ROWS)
 
+    grown = {name: stage.grown for name, stage in stages.items()}
+    stages.clear()
+    gc.collect()
+    deadline.check("before timing the coordinator's step")
+    engine = time_engine(shape.hidden, shape.vocab, clock=clock)
+
     measurement = Measurement(
         key=key, extra_layers=k, base_s=figures("base"), more_s=figures("more"),
         head_s=figures("head"), prompt_tokens=PROMPT_TOKENS,
         base_prompt_s=_quantile(prompts["base"]), more_prompt_s=_quantile(prompts["more"]),
-        base_bytes=stages["base"].grown, more_bytes=stages["more"].grown, free_memory=free,
+        base_bytes=grown["base"], more_bytes=grown["more"], free_memory=free, engine_s=engine,
         rounds=rounds)
-    stages.clear()
-    gc.collect()
     return replace(measurement, seconds=clock() - deadline.start)
 
 

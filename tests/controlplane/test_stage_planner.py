@@ -15,6 +15,7 @@ from controlplane import membership as ms
 from controlplane.messages import AssignStage, Enrol
 from controlplane.placement import LayerCost, stage_needs
 from controlplane.planner.export_shape import export_shape
+from controlplane.planner.profile import GRAPH_VERSION
 from controlplane.records import LinkStatus, ProfileRecord
 from controlplane.stage_planner import PlanUnusable, StagePlanner
 from controlplane.wiring import PipelinePlan
@@ -55,7 +56,8 @@ class Fleet:
         rec = ProfileRecord(self.shape.fingerprint(), self.manifest.weight_format, "CPU", OV,
                             [layer_s * (1 + 0.2 * i) for i in range(4)],
                             [layer_s * (1 + 0.2 * i) for i in range(4)], 5000.0, 3e-4,
-                            LAYER_BYTES, 0, "test", measured_at=1.0)
+                            LAYER_BYTES, 0, "test", measured_at=1.0, graph=GRAPH_VERSION,
+                            engine_decode_s=[1e-4] * 4)
         return replace(rec, **change)  # type: ignore[arg-type]
 
     def add(self, node_id: str, layers: int, layer_s: float = 2e-3,

@@ -9,6 +9,7 @@ import pytest
 
 from controlplane.planner.fleet import FleetError, fleet_from_dict, load_fleet
 from controlplane.planner.presets import PRESETS
+from controlplane.planner.profile import GRAPH_VERSION
 from controlplane.planner.search import PlanRequest, plan
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "fleets"
@@ -99,7 +100,8 @@ def _profile_file(path: Path, shape_name: str = "smollm2-135m", weights: str = "
 
     record = ProfileRecord(PRESETS[shape_name].fingerprint(), weights, device, "2026.4.1",
                            [2e-4, 2.5e-4, 3e-4, 4e-4], [1e-3, 1.1e-3, 1.2e-3, 1.4e-3], 2e4,
-                           1e-4, 2 << 20, 6 << 30)
+                           1e-4, 2 << 20, 6 << 30, graph=GRAPH_VERSION,
+                           engine_decode_s=[1e-4, 1.2e-4, 1.5e-4, 2e-4])
     path.write_text(json.dumps(profile_dict(record)))
     return path
 
@@ -140,7 +142,9 @@ def test_a_measured_profile_plans_only_what_it_was_measured_for(tmp_path: Path) 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "pc 'desk': profile: .*missing.json: cannot read it"),
     ("{oops", "pc 'desk': profile: .*not JSON"),
-    ('{"format": "zctl-node-profile/1", "shape": 3}', "pc 'desk': profile: .*shape must be"),
+    ('{"format": "zctl-node-profile/2", "shape": 3}', "pc 'desk': profile: .*shape must be"),
+    ('{"format": "zctl-node-profile/1", "shape": "x"}',
+     "pc 'desk': profile: .*bad.json: its profile is stale .*older zctl.*profile it again"),
 ])
 def test_a_fleet_naming_a_missing_or_corrupt_profile_says_which(tmp_path: Path,
                                                                 content: str | None,

@@ -1,0 +1,179 @@
+"""The coordinator's own work per decode step, timed (a profile's ``engine_s``).
+
+Stage 0's node is also the coordinator: between one reply and the next step it runs the
+generation engine (zctl/engine: the scheduler, the sessions' bookkeeping, the reply's
+tokens taken, each token detokenized, the clients' chunks made), and around its stage's
+compute the head packs the step's hidden states into a frame for the next stage and reads
+the last stage's reply. None of it is a stage's compute or a link's time, and the model of
+time adds it to stage 0's step.
+
+``time_engine`` measures it with the real engine: ``rows`` greedy streams stepped as one
+row group on an ``InstantStages`` executor, whose stages answer at once but whose frames
+are made as the data plane makes them (the step's [rows, tokens, hidden] float32 hidden
+states encoded, a top-1 reply of each answered row decoded), and a tokenizer of the
+model's vocabulary size (a WordLevel model of the ``tokenizers`` library). The figure at
+``rows`` rows is a decode step's wall time, the lower quartile of several runs of steps
+(a busy moment only ever adds time, as for the stages' figures).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from controlplane.planner.profile import ROWS, ProfileError
+from dataplane.wire.frames import TOPK_DTYPE, HiddenStateFrame, Kind, decode_frame, encode_frame
+from zctl.engine.core import GenerationEngine
+from zctl.engine.executor import InlineExecutor, Step, StepReply
+from zctl.engine.requests import GenerationRequest
+from zctl.engine.tokenizer import ChatTokenizer
+
+PROMPT_TOKENS = 16  # each stream's prompt
+STEPS = 20  # decode steps a run times
+RUNS = 5  # runs of steps at each row count (the lower quartile counts)
+QUANTILE = 0.25
+
+
+class InstantStages(InlineExecutor):
+    """Stages that answer a step at once with the next token id of each row (modulo the
+    vocabulary), the step's hidden-state frame encoded and its top-1 reply frame decoded
+    as the coordinator's head does each step."""
+
+    row_groups_supported = True
+    num_stages = 2
+
+    def __init__(self, hidden: int, vocab: int) -> None:
+        super().__init__()
+        self.hidden, self.vocab = hidden, vocab
+        self.groups: dict[int, int] = {}  # row group id -> rows
+        self.epoch = 0
+        self.steps = 0  # steps computed
+
+    def compute(self, step: Step) -> StepReply:
+        rows = self.groups.get(step.stream_id, 1)
+        ids = np.asarray(step.token_ids, dtype=np.int64).reshape(rows, -1)
+        positions = np.asarray(step.positions, dtype=np.int64).reshape(-1)
+        hidden = np.zeros((rows, ids.shape[1], self.hidden), np.float32)
+        sent = HiddenStateFrame(Kind.STEP, step.stream_id, 1, self.epoch, positions=positions,
+                                rows=rows)
+        decode_frame(encode_frame(sent, hidden))  # what the next stage reads
+        answered = rows * (1 if step.logits_idx is None else len(step.logits_idx))
+        records = np.zeros((answered, 1), TOPK_DTYPE)
+        records["token"][:, 0] = (ids[:, -1:].repeat(answered // rows, axis=0).reshape(-1)
+                                  + 1) % self.vocab
+        back = HiddenStateFrame(Kind.REPLY, step.stream_id, 1, self.epoch,
+                                positions=positions if step.logits_idx is not None else
+                                np.zeros(0, np.int64), rows=rows)
+        _, payload = decode_frame(encode_frame(back, records))
+        assert payload is not None
+        self.steps += 1
+        return StepReply(tokens=payload["token"][:, 0].astype(np.int64))
+
+    # the rest of the Executor contract: stages that keep nothing
+    overlaps_steps = False
+    paged_attention = False
+    wirings = 0
+
+    def open(self, stream_id: int) -> None:
+        pass
+
+    def reset(self, stream_id: int) -> None:
+        self.groups.pop(stream_id, None)
+
+    def close_stream(self, stream_id: int) -> None:
+        self.groups.pop(stream_id, None)
+
+    def rewind(self, stream_id: int, count: int | np.ndarray) -> None:
+        pass
+
+    def compact(self, stream_id: int) -> None:
+        pass
+
+    def cancel(self, stream_id: int, request_ids: list[int], keep: int) -> None:
+        pass
+
+    def regroup(self, group_id: int, members: list[int]) -> None:
+        if members:
+            self.groups[group_id] = len(members)
+        else:
+            self.groups.pop(group_id, None)
+
+    def abandon_all(self, why: str) -> None:
+        self._answered.clear()
+
+    def timing_summary(self) -> dict[str, dict[str, float]]:
+        return {}
+
+    def clear_timings(self) -> None:
+        pass
+
+    def drop_prefix(self, entry_id: int) -> None:
+        pass
+
+    def drop_all_prefixes(self) -> None:
+        pass
+
+    def prefix_bytes(self) -> dict[int, int]:
+        return {}
+
+
+def write_tokenizer(directory: Path, vocab: int) -> None:
+    """A tokenizer.json of ``vocab`` word-level tokens ("t0", "t1", ...) in ``directory``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({}))
+
+
+def _steps_s(engine: GenerationEngine, stages: InstantStages, rows: int, runs: int,
+             steps: int, clock: Callable[[], float]) -> list[float]:
+    """Each run's seconds a decode step of ``rows`` streams in one row group."""
+    requests = [GenerationRequest(f"r{i}", max_tokens=(runs + 2) * steps + 8, chat=False,
+                                  ignore_eos=True, temperature=0.0,
+                                  prompt_ids=list(range(1 + i, 1 + i + PROMPT_TOKENS)))
+                for i in range(rows)]
+    for i, request in enumerate(requests):
+        engine.submit(i, request)
+    _run(engine, stages, steps)  # the prompts, and the streams grouped
+    out = [_run(engine, stages, steps, clock) for _ in range(runs)]
+    for i, request in enumerate(requests):
+        engine.cancel(i, request.request_id)
+    while engine.busy:
+        engine.poll(0.0)
+    return out
+
+
+def _run(engine: GenerationEngine, stages: InstantStages, steps: int,
+         clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds a step while the engine takes ``steps`` steps."""
+    start, first = clock(), stages.steps
+    while stages.steps - first < steps:
+        engine.poll(0.0)
+    return (clock() - start) / (stages.steps - first)
+
+
+def time_engine(hidden: int, vocab: int, runs: int = RUNS, steps: int = STEPS,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[float, ...]:
+    """The coordinator's seconds per decode step at ``ROWS`` rows (module docstring)."""
+    if hidden < 1 or vocab < 2 or runs < 1 or steps < 1:
+        raise ProfileError(f"timing the engine needs hidden >= 1, vocab >= 2, runs >= 1 and "
+                           f"steps >= 1, got {hidden}, {vocab}, {runs}, {steps}")
+    with tempfile.TemporaryDirectory(prefix="zctl-engine-") as tmp:
+        write_tokenizer(Path(tmp), vocab)
+        tokenizer = ChatTokenizer(tmp)
+    stages = InstantStages(hidden, vocab)
+    figures = []
+    for rows in ROWS:
+        engine = GenerationEngine(tokenizer, [], lambda: stages, max_streams=max(ROWS),
+                                  row_groups=1, vocab_size=vocab)
+        figures.append(float(np.quantile(_steps_s(engine, stages, rows, runs, steps, clock),
+                                          QUANTILE)))
+    return tuple(figures)
