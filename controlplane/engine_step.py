@@ -11,9 +11,12 @@ time adds it to stage 0's step.
 row group on an ``InstantStages`` executor, whose stages answer at once but whose frames
 are made as the data plane makes them (the step's [rows, tokens, hidden] float32 hidden
 states encoded, a top-1 reply of each answered row decoded), and a tokenizer of the
-model's vocabulary size (a WordLevel model of the ``tokenizers`` library). The figure at
-``rows`` rows is a decode step's wall time, the lower quartile of several runs of steps
-(a busy moment only ever adds time, as for the stages' figures).
+model's vocabulary size (a WordLevel model of the ``tokenizers`` library). A profile runs a
+synthetic stage's inference in each step, as stage 0's runs beside the engine: the caches it
+sweeps make the engine's work 2-4x what it costs in a tight loop (controlplane/
+profiling.py); its time is left out. The figure at ``rows`` rows is a decode step's wall
+time but the stage's, the lower quartile of several runs of steps (a busy moment only
+ever adds time, as for the stages' figures).
 """
 
 from __future__ import annotations
@@ -40,22 +43,31 @@ QUANTILE = 0.25
 
 
 class InstantStages(InlineExecutor):
-    """Stages that answer a step at once with the next token id of each row (modulo the
+    """Stages that answer a step with the next token id of each row (modulo the
     vocabulary), the step's hidden-state frame encoded and its top-1 reply frame decoded
-    as the coordinator's head does each step."""
+    as the coordinator's head does each step; ``stage`` (given the step's rows), when
+    given, is run in each step as a stage's inference would be (its time is kept apart, in
+    ``stage_s``: it is not the engine's)."""
 
     row_groups_supported = True
     num_stages = 2
 
-    def __init__(self, hidden: int, vocab: int) -> None:
+    def __init__(self, hidden: int, vocab: int, stage: Callable[[int], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__()
         self.hidden, self.vocab = hidden, vocab
+        self.stage, self.clock = stage, clock
         self.groups: dict[int, int] = {}  # row group id -> rows
         self.epoch = 0
         self.steps = 0  # steps computed
+        self.stage_s = 0.0  # seconds in ``stage``
 
     def compute(self, step: Step) -> StepReply:
         rows = self.groups.get(step.stream_id, 1)
+        if self.stage is not None:
+            start = self.clock()
+            self.stage(rows)
+            self.stage_s += self.clock() - start
         ids = np.asarray(step.token_ids, dtype=np.int64).reshape(rows, -1)
         positions = np.asarray(step.positions, dtype=np.int64).reshape(-1)
         hidden = np.zeros((rows, ids.shape[1], self.hidden), np.float32)
@@ -153,23 +165,25 @@ def _steps_s(engine: GenerationEngine, stages: InstantStages, rows: int, runs: i
 
 def _run(engine: GenerationEngine, stages: InstantStages, steps: int,
          clock: Callable[[], float] = time.perf_counter) -> float:
-    """Seconds a step while the engine takes ``steps`` steps."""
-    start, first = clock(), stages.steps
+    """Seconds a step, the stage's time left out, while the engine takes ``steps`` steps."""
+    start, first, stage_s = clock(), stages.steps, stages.stage_s
     while stages.steps - first < steps:
         engine.poll(0.0)
-    return (clock() - start) / (stages.steps - first)
+    return (clock() - start - (stages.stage_s - stage_s)) / (stages.steps - first)
 
 
 def time_engine(hidden: int, vocab: int, runs: int = RUNS, steps: int = STEPS,
+                stage: Callable[[int], None] | None = None,
                 clock: Callable[[], float] = time.perf_counter) -> tuple[float, ...]:
-    """The coordinator's seconds per decode step at ``ROWS`` rows (module docstring)."""
+    """The coordinator's seconds per decode step at ``ROWS`` rows (module docstring),
+    ``stage`` run in each step (given its rows) as stage 0's inference."""
     if hidden < 1 or vocab < 2 or runs < 1 or steps < 1:
         raise ProfileError(f"timing the engine needs hidden >= 1, vocab >= 2, runs >= 1 and "
                            f"steps >= 1, got {hidden}, {vocab}, {runs}, {steps}")
     with tempfile.TemporaryDirectory(prefix="zctl-engine-") as tmp:
         write_tokenizer(Path(tmp), vocab)
         tokenizer = ChatTokenizer(tmp)
-    stages = InstantStages(hidden, vocab)
+    stages = InstantStages(hidden, vocab, stage, clock)
     figures = []
     for rows in ROWS:
         engine = GenerationEngine(tokenizer, [], lambda: stages, max_streams=max(ROWS),

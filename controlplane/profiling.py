@@ -9,7 +9,11 @@ one another (every stage and row count in each round, so a slower moment of the 
 falls on all of them alike) until the budget is spent or enough rounds are in; each figure
 is the lower quartile of its steps (a busy moment only ever adds time). Last, the
 coordinator's own work per decode step at each row count is timed with the generation
-engine on stages that answer at once (controlplane/engine_step.py). ``k`` is chosen so
+engine (controlplane/engine_step.py), each step running the ``1 + k``-layer stage's
+inference as stage 0's would (its time left out): beside an inference that has just
+swept the caches the engine's work costs 2-4x what it costs in a tight loop (0.18
+against 0.10 ms a step for the tiny model, 0.39 against 0.10 for SmolLM2-135M, on this
+repository's VM). ``k`` is chosen so
 the extra layers hold some 64 MB of weights (at most 32 layers), fewer when memory is
 short: a stage of a few layers whose weights stay in the caches between its steps runs
 its layers faster than a real stage does (on this repository's VM, 15 layers of SmolLM2
@@ -59,6 +63,9 @@ PROMPT_TOKENS = 128  # the prompt the decoder stages prefill
 STEPS = 5  # timed decode steps per stage and row count in a round (after an untimed one)
 MIN_ROUNDS, MAX_ROUNDS = 2, 8
 QUANTILE = 0.25
+# the coordinator's step, timed beside the (1 + k)-layer stage's inference: runs of steps at
+# each row count, the stage's time in them kept to ~ENGINE_STAGE_S
+ENGINE_RUNS, ENGINE_STEPS, ENGINE_MIN_STEPS, ENGINE_STAGE_S = 3, 10, 3, 3.0
 PROMPT_STREAM = 1 << 20  # the prompt's stream id (row groups' streams are below it)
 
 
@@ -185,6 +192,13 @@ def _quantile(values: list[float]) -> float:
     return float(np.quantile(values, QUANTILE))
 
 
+def engine_steps(stage_s: float) -> int:
+    """Steps a run of the coordinator's step takes beside a stage whose step at the most
+    rows is ``stage_s``: as many as keep the stage's share to some ``ENGINE_STAGE_S``."""
+    runs = len(ROWS) * (ENGINE_RUNS + 1)  # a warm-up run at each row count
+    return max(ENGINE_MIN_STEPS, min(ENGINE_STEPS, int(ENGINE_STAGE_S / (runs * stage_s))))
+
+
 def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: float = BUDGET_S,
             memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Time ``shape``'s synthetic stages in ``weights`` on ``device`` within ``budget_s``
@@ -236,11 +250,14 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     def figures(name: str) -> tuple[float, ...]:
         return tuple(_quantile(steps[(name, r)]) for r in ROWS)
 
+    deadline.check("before timing the coordinator's step")
+    more = stages["more"]
+    engine = time_engine(shape.hidden, shape.vocab, ENGINE_RUNS,
+                         engine_steps(_quantile(steps[("more", ROWS[-1])])),
+                         lambda rows: more.decode(rows, dims.hidden), clock)
     grown = {name: stage.grown for name, stage in stages.items()}
     stages.clear()
     gc.collect()
-    deadline.check("before timing the coordinator's step")
-    engine = time_engine(shape.hidden, shape.vocab, clock=clock)
 
     measurement = Measurement(
         key=key, extra_layers=k, base_s=figures("base"), more_s=figures("more"),

@@ -3,6 +3,7 @@ once, their frames made as the data plane makes them."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,3 +48,15 @@ def test_the_instant_stages_answer_every_row_and_the_engine_streams_their_tokens
 def test_impossible_figures_are_refused() -> None:
     with pytest.raises(ProfileError, match="vocab >= 2"):
         time_engine(hidden=64, vocab=1)
+
+
+def test_a_stage_run_in_each_step_is_left_out_of_the_engines_figure() -> None:
+    slept = []
+
+    def stage(rows: int) -> None:
+        slept.append(rows)
+        time.sleep(0.002)
+
+    figures = time_engine(hidden=64, vocab=384, runs=2, steps=4, stage=stage)
+    assert set(slept) == set(ROWS)  # run at every row count
+    assert all(f < 0.002 for f in figures)  # 2 ms a step of sleep, not the engine's
