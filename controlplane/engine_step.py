@@ -86,16 +86,14 @@ class InstantStages(InlineExecutor):
         self.steps += 1
         return StepReply(tokens=payload["token"][:, 0].astype(np.int64))
 
-    # the rest of the Executor contract: stages that keep nothing
-    overlaps_steps = False
-    paged_attention = False
-    wirings = 0
-
+    # the rest of the Executor contract (InlineExecutor has the others): stages that keep
+    # nothing but the row groups' sizes
     def open(self, stream_id: int) -> None:
         pass
 
     def reset(self, stream_id: int) -> None:
         self.groups.pop(stream_id, None)
+        self.drop_answers(stream_id)
 
     def close_stream(self, stream_id: int) -> None:
         self.groups.pop(stream_id, None)
@@ -107,31 +105,13 @@ class InstantStages(InlineExecutor):
         pass
 
     def cancel(self, stream_id: int, request_ids: list[int], keep: int) -> None:
-        pass
+        self.drop_requests(request_ids)
 
     def regroup(self, group_id: int, members: list[int]) -> None:
         if members:
             self.groups[group_id] = len(members)
         else:
             self.groups.pop(group_id, None)
-
-    def abandon_all(self, why: str) -> None:
-        self._answered.clear()
-
-    def timing_summary(self) -> dict[str, dict[str, float]]:
-        return {}
-
-    def clear_timings(self) -> None:
-        pass
-
-    def drop_prefix(self, entry_id: int) -> None:
-        pass
-
-    def drop_all_prefixes(self) -> None:
-        pass
-
-    def prefix_bytes(self) -> dict[int, int]:
-        return {}
 
 
 def write_tokenizer(directory: Path, vocab: int) -> None:
