@@ -10,6 +10,7 @@ import pytest
 from controlplane.planner.fleet import FleetError, fleet_from_dict, load_fleet
 from controlplane.planner.presets import PRESETS
 from controlplane.planner.profile import GRAPH_VERSION
+from controlplane.planner.references import ENGINE_FIXED_S, ENGINE_ROW_S
 from controlplane.planner.search import PlanRequest, plan
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "fleets"
@@ -45,6 +46,21 @@ def test_a_measured_link_overrides_the_access_links() -> None:
     assert links.link("c", "a").forward_bps == pytest.approx(940e6 / 8)
     assert links.link("a", "b").rtt_s == pytest.approx(0.3e-3)
     assert fleet.pcs[2].speed.weight_bps == pytest.approx(33e9)
+
+
+def test_a_pcs_own_figures_may_give_the_coordinators_step_else_the_xeon_cores() -> None:
+    speed = {"weight_gbps": 10, "compute_gmacs": 10, "layer_fixed_ms": 0.1,
+             "row_fixed_ms": 0.01, "call_ms": 0.2}
+    fleet = fleet_from_dict({"pc": [
+        {"name": "own", "memory_gb": 8, "speed": {**speed, "engine_fixed_ms": 0.5,
+                                                  "engine_row_ms": 0.1}},
+        {"name": "default", "memory_gb": 8, "speed": speed}]}, "fleet.toml")
+    own, default = (pc.profile(PRESETS["smollm2-135m"], "int4") for pc in fleet.pcs)
+    assert own.engine_s(1) == pytest.approx(0.6e-3) and own.engine_s(8) == pytest.approx(1.3e-3)
+    assert default.engine_s(1) == pytest.approx(ENGINE_FIXED_S + ENGINE_ROW_S)
+    with pytest.raises(FleetError, match="engine_row_ms must be >= 0"):
+        fleet_from_dict({"pc": [{"name": "pc", "memory_gb": 8, "speed": {
+            **speed, "engine_row_ms": -1}}]}, "fleet.toml")
 
 
 @pytest.mark.parametrize("raw, message", [
