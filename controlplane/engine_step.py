@@ -1,4 +1,4 @@
-"""The coordinator's own work per decode step, timed (a profile's ``engine_s``).
+"""The coordinator's own work per decode step, timed (a profile's ``engine_decode_s``).
 
 Stage 0's node is also the coordinator: between one reply and the next step it runs the
 generation engine (zctl/engine: the scheduler, the sessions' bookkeeping, the reply's
@@ -126,11 +126,11 @@ def write_tokenizer(directory: Path, vocab: int) -> None:
 
 
 def _steps_s(engine: GenerationEngine, stages: InstantStages, rows: int, runs: int,
-             steps: int, clock: Callable[[], float]) -> list[float]:
+             steps: int, clock: Callable[[], float], vocab: int) -> list[float]:
     """Each run's seconds a decode step of ``rows`` streams in one row group."""
     requests = [GenerationRequest(f"r{i}", max_tokens=(runs + 2) * steps + 8, chat=False,
                                   ignore_eos=True, temperature=0.0,
-                                  prompt_ids=list(range(1 + i, 1 + i + PROMPT_TOKENS)))
+                                  prompt_ids=[(1 + i + t) % vocab for t in range(PROMPT_TOKENS)])
                 for i in range(rows)]
     for i, request in enumerate(requests):
         engine.submit(i, request)
@@ -148,7 +148,10 @@ def _run(engine: GenerationEngine, stages: InstantStages, steps: int,
     """Seconds a step, the stage's time left out, while the engine takes ``steps`` steps."""
     start, first, stage_s = clock(), stages.steps, stages.stage_s
     while stages.steps - first < steps:
-        engine.poll(0.0)
+        events = engine.poll(0.0)
+        if not engine.busy:
+            raise ProfileError(f"the engine ended its streams before {steps} steps: "
+                               f"{[e for _, e in events][-1:]}")
     return (clock() - start - (stages.stage_s - stage_s)) / (stages.steps - first)
 
 
@@ -168,6 +171,6 @@ def time_engine(hidden: int, vocab: int, runs: int = RUNS, steps: int = STEPS,
     for rows in ROWS:
         engine = GenerationEngine(tokenizer, [], lambda: stages, max_streams=max(ROWS),
                                   row_groups=1, vocab_size=vocab)
-        figures.append(float(np.quantile(_steps_s(engine, stages, rows, runs, steps, clock),
+        figures.append(float(np.quantile(_steps_s(engine, stages, rows, runs, steps, clock, vocab),
                                           QUANTILE)))
     return tuple(figures)
