@@ -311,6 +311,8 @@ class Coordinator:
                     self._send(member.identity, Leave("coordinator shutting down"))
         self.local.stop()
         self.profile.stop()
+        if self.plan.planner is not None:
+            self.plan.planner.search.close()  # a search in flight ends unheard
         self._probes.shutdown(wait=True)
         if self._echo is not None:
             self._echo.close()

@@ -2,8 +2,9 @@
 weight format and device, holding the OpenVINO version it was measured with.
 
 ``load`` gives a profile that fits this node now, or says why there is none: never
-measured, measured with another OpenVINO version (stale), or a file that cannot be read
-(damaged): each is measured again, and the reason logged. ``turn`` makes the profiles of
+measured, measured with another OpenVINO version, by an older zctl or on another version
+of the synthetic layer graph (stale), or a file that cannot be read (damaged): each is
+measured again, and the reason logged. ``turn`` makes the profiles of
 one machine's processes (the nodes of a local cluster, a ``zctl node profile``) measure
 one at a time, so that none times its stages while another loads the cores.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from controlplane.nodeinfo import openvino_version
 from controlplane.planner.measured import (
     Measurement,
+    StaleProfile,
     mismatches,
     profile_dict,
     profile_from,
@@ -66,6 +68,8 @@ class ProfileStore:
             return None, NOT_PROFILED
         try:
             record = read_profile(path)
+        except StaleProfile as exc:
+            return None, f"its profile is stale ({exc.why})"
         except ProfileError as exc:
             return None, f"its profile is damaged ({exc})"
         stale = mismatches(record, shape=shape.fingerprint(), weights=weights, device=device,

@@ -7,7 +7,13 @@ the device: PagedAttention on CPU), each with row groups of 1, 2, 4 and 8 rows d
 over a short past, and the two decoder stages prefilling a prompt. Rounds of steps follow
 one another (every stage and row count in each round, so a slower moment of the machine
 falls on all of them alike) until the budget is spent or enough rounds are in; each figure
-is the lower quartile of its steps (a busy moment only ever adds time). ``k`` is chosen so
+is the lower quartile of its steps (a busy moment only ever adds time). Last, the
+coordinator's own work per decode step at each row count is timed with the generation
+engine (controlplane/engine_step.py), each step running the ``1 + k``-layer stage's
+inference as stage 0's would (its time left out): beside an inference that has just
+swept the caches the engine's work costs 2-4x what it costs in a tight loop (0.18
+against 0.10 ms a step for the tiny model, 0.39 against 0.10 for SmolLM2-135M, on this
+repository's VM). ``k`` is chosen so
 the extra layers hold some 64 MB of weights (at most 32 layers), fewer when memory is
 short: a stage of a few layers whose weights stay in the caches between its steps runs
 its layers faster than a real stage does (on this repository's VM, 15 layers of SmolLM2
@@ -36,10 +42,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import psutil
 
+from controlplane.engine_step import time_engine
 from controlplane.nodeinfo import openvino_version, ram
 from controlplane.planner.measured import Measurement
 from controlplane.planner.memory import embedding_bytes, layer_weight_bytes
-from controlplane.planner.profile import ROWS, ProfileError, ProfileKey
+from controlplane.planner.profile import GRAPH_VERSION, ROWS, ProfileError, ProfileKey
 from controlplane.planner.shape import ModelShape, ShapeError
 from controlplane.profile_store import BUDGET_S
 from dataplane.runtime.base import StageError, StageRuntime
@@ -56,6 +63,9 @@ PROMPT_TOKENS = 128  # the prompt the decoder stages prefill
 STEPS = 5  # timed decode steps per stage and row count in a round (after an untimed one)
 MIN_ROUNDS, MAX_ROUNDS = 2, 8
 QUANTILE = 0.25
+# the coordinator's step, timed beside the (1 + k)-layer stage's inference: runs of steps at
+# each row count, the stage's time in them kept to ~ENGINE_STAGE_S
+ENGINE_RUNS, ENGINE_STEPS, ENGINE_MIN_STEPS, ENGINE_STAGE_S = 3, 10, 3, 3.0
 PROMPT_STREAM = 1 << 20  # the prompt's stream id (row groups' streams are below it)
 
 
@@ -182,6 +192,13 @@ def _quantile(values: list[float]) -> float:
     return float(np.quantile(values, QUANTILE))
 
 
+def engine_steps(stage_s: float) -> int:
+    """Steps a run of the coordinator's step takes beside a stage whose step at the most
+    rows is ``stage_s``: as many as keep the stage's share to some ``ENGINE_STAGE_S``."""
+    runs = len(ROWS) * (ENGINE_RUNS + 1)  # a warm-up run at each row count
+    return max(ENGINE_MIN_STEPS, min(ENGINE_STEPS, int(ENGINE_STAGE_S / (runs * stage_s))))
+
+
 def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: float = BUDGET_S,
             memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Time ``shape``'s synthetic stages in ``weights`` on ``device`` within ``budget_s``
@@ -195,7 +212,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     free = ram(memory_limit)[1]
     k = extra_layers(shape, weights, free)
     runtime = runtime_for(device)
-    key = ProfileKey(shape.fingerprint(), weights, device, openvino_version())
+    key = ProfileKey(shape.fingerprint(), weights, device, openvino_version(), GRAPH_VERSION)
     # the head's stage first: the plugin's one-time costs (its libraries, its thread pool)
     # fall on it, not on the memory the decoder stages are told apart by
     head = _build(dims, 1, True, weights, group, runtime, deadline)
@@ -233,14 +250,21 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     def figures(name: str) -> tuple[float, ...]:
         return tuple(_quantile(steps[(name, r)]) for r in ROWS)
 
+    deadline.check("before timing the coordinator's step")
+    more = stages["more"]
+    engine = time_engine(shape.hidden, shape.vocab, ENGINE_RUNS,
+                         engine_steps(_quantile(steps[("more", ROWS[-1])])),
+                         lambda rows: more.decode(rows, dims.hidden), clock)
+    grown = {name: stage.grown for name, stage in stages.items()}
+    stages.clear()
+    gc.collect()
+
     measurement = Measurement(
         key=key, extra_layers=k, base_s=figures("base"), more_s=figures("more"),
         head_s=figures("head"), prompt_tokens=PROMPT_TOKENS,
         base_prompt_s=_quantile(prompts["base"]), more_prompt_s=_quantile(prompts["more"]),
-        base_bytes=stages["base"].grown, more_bytes=stages["more"].grown, free_memory=free,
+        base_bytes=grown["base"], more_bytes=grown["more"], free_memory=free, engine_s=engine,
         rounds=rounds)
-    stages.clear()
-    gc.collect()
     return replace(measurement, seconds=clock() - deadline.start)
 
 

@@ -60,7 +60,9 @@ class ProfileRecord:
     shape's fingerprint, a weight format, a device, an OpenVINO version), one decoder
     layer's decode step and the LM head's at 1, 2, 4 and 8 rows (seconds), a layer's
     prefill throughput, the fixed cost of an inference call, a layer's resident bytes and
-    the node's free memory then; when (Unix time) and how long it took."""
+    the node's free memory then; when (Unix time) and how long it took; the synthetic layer
+    graph's version it timed and the coordinator's own work per decode step at 1, 2, 4
+    and 8 rows (a record without them, from an older zctl, is stale)."""
 
     shape: str
     weights: str
@@ -75,6 +77,8 @@ class ProfileRecord:
     source: str = ""
     measured_at: float = 0.0
     seconds: float = 0.0
+    graph: int = 0
+    engine_decode_s: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

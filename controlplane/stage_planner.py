@@ -16,13 +16,23 @@ gigabit Ethernet between hosts, until probed.
 ``PlanUnusable`` says why the planner cannot place (a node without a usable profile, a
 placement that does not fit the export's stage sizes, ...): the coordinator then places
 as it did before the planner, and says why.
+
+The coordinator's loop also answers heartbeats, and an exact search of 8 nodes at cut
+points takes 1.3-2.5 s on a busy 2-vCPU VM (nodes are marked dead after 2.5 s of
+silence). ``place_soon`` and ``replan_soon`` therefore search a fleet of more than
+``INLINE_NODES`` nodes on a worker thread (``BackgroundSearch``): the request is built on
+the loop from the members as they are, the search runs meanwhile, and the loop takes its
+result on a later tick; a fleet that changed in the meantime asks again, and the stale
+result is dropped. Smaller fleets take milliseconds and are searched at once.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 from controlplane import membership as ms
 from controlplane.heal import hosts
@@ -38,10 +48,12 @@ from zctl.manifest import ExportManifest
 
 SAME_HOST_LINK = "loopback"
 OTHER_HOST_LINK = "ethernet"
-# The coordinator plans on its own loop, which must answer heartbeats: an exact search of
-# 8 nodes at cut points took 1.3-2.5 s on a busy 2-vCPU VM (nodes are marked dead after
-# 2.5 s of silence), of 6 a few milliseconds; larger fleets are searched by the heuristic.
-COORDINATOR_EXACT_NODES = 6
+# Fleets up to this size are searched exactly (larger ones by the heuristic); searches of
+# more than INLINE_NODES nodes run off the coordinator's loop (module docstring): an exact
+# search of 8 nodes at cut points took 1.3-2.5 s on a busy 2-vCPU VM, of 4 milliseconds.
+COORDINATOR_EXACT_NODES = 8
+INLINE_NODES = 4
+T = TypeVar("T")
 
 
 def same_machine(a: str, b: str) -> bool:
@@ -96,6 +108,50 @@ class Replan:
                 f"+{100 * self.gain:.0f}%)")
 
 
+IDLE, SEARCHING = "idle", "searching"  # BackgroundSearch's states
+
+
+class BackgroundSearch(Generic[T]):
+    """Searches run one at a time on a worker thread, each for a key (what it was asked
+    on): ``take`` starts one, and gives its result (or raises what it raised) on a later
+    call for the same key once it has arrived. ``state`` is SEARCHING while one is in
+    flight, else IDLE. A call for another key while one is in flight makes that one
+    stale: its result is dropped (never given), and the new key's search is started."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None  # made on the first search
+        self.key: Hashable = None
+        self._future: Future[T] | None = None
+        self.dropped = 0  # stale searches whose results were dropped
+
+    @property
+    def state(self) -> str:
+        return SEARCHING if self._future is not None else IDLE
+
+    def take(self, key: Hashable, search: Callable[[], T]) -> T | None:
+        """``search``'s result for ``key`` once it has arrived, None while it runs."""
+        if self._future is not None and self.key != key:
+            self._future.cancel()  # not started yet; else it ends unheard
+            self._future = None
+            self.dropped += 1
+        if self._future is None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="zctl-plan")
+            self.key, self._future = key, self._pool.submit(search)
+            return None
+        if not self._future.done():
+            return None
+        future, self._future = self._future, None
+        return future.result()
+
+    def close(self) -> None:
+        """Drop any search in flight; the worker ends after the one it runs."""
+        self._future = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
 class StagePlanner:
     """The planner's placement of one export's stages on the coordinator's members."""
 
@@ -116,6 +172,7 @@ class StagePlanner:
         self.gain = gain
         self.objective = objective
         self.cuts = frozenset(s.layer_end for s in manifest.stages[:-1])
+        self.search: BackgroundSearch[PlannedStages | Replan] = BackgroundSearch()
 
     # -- the fleet -----------------------------------------------------------------------
     def profile(self, member: ms.Member) -> NodeProfile:
@@ -171,6 +228,25 @@ class StagePlanner:
         among them); ``memory``: each node's usable bytes, against which the export's real
         stage sizes are checked. PlanUnusable says why there is none."""
         req, assumed = self.request(members, probed)
+        return self._placed(req, assumed, dict(memory))
+
+    def place_soon(self, key: Hashable, members: Sequence[ms.Member],
+                   probed: Sequence[LinkStatus], memory: Mapping[str, int]
+                   ) -> PlannedStages | None:
+        """``place``, off the loop for a large fleet (module docstring): None while the
+        search for ``key`` (what the fleet is now) runs."""
+        req, assumed = self.request(members, probed)
+        frozen = dict(memory)
+        return self._soon(("place", key), len(members),
+                          lambda: self._placed(req, assumed, frozen))  # type: ignore[return-value]
+
+    def _soon(self, key: Hashable, nodes: int, search: Callable[[], T]) -> T | None:
+        if nodes <= INLINE_NODES:
+            return search()
+        return self.search.take(key, search)  # type: ignore[arg-type,return-value]
+
+    def _placed(self, req: PlanRequest, assumed: int, memory: Mapping[str, int]
+                ) -> PlannedStages:
         try:
             found = plan(req)
         except (ProfileError, ValueError) as exc:
@@ -193,18 +269,42 @@ class StagePlanner:
     def predict(self, stages: Mapping[int, str], members: Sequence[ms.Member],
                 probed: Sequence[LinkStatus]) -> float:
         """The objective's tok/s the planner predicts for ``stages`` (stage -> node)."""
+        return self._prediction(stages, members, probed)()
+
+    def _prediction(self, stages: Mapping[int, str], members: Sequence[ms.Member],
+                    probed: Sequence[LinkStatus]) -> Callable[[], float]:
+        """``predict`` as its request (built now) and the search to run."""
         chain = hosts(stages)
         req, _ = self.request([m for m in members if m.node_id in dict(chain)], probed)
         specs = self.manifest.stages
         counts = [specs[run[-1]].layer_end - specs[run[0]].layer_start for _, run in chain]
-        try:
-            return predict(req, [node for node, _ in chain], counts)
-        except (ProfileError, ValueError) as exc:
-            raise PlanUnusable(f"the current placement cannot be predicted: {exc}") from None
+        order = [node for node, _ in chain]
+
+        def search() -> float:
+            try:
+                return predict(req, order, counts)
+            except (ProfileError, ValueError) as exc:
+                raise PlanUnusable(f"the current placement cannot be predicted: {exc}") from None
+        return search
 
     def replan(self, current: Mapping[int, str], members: Sequence[ms.Member],
                probed: Sequence[LinkStatus], memory: Mapping[str, int]) -> Replan:
         """The best placement on ``members`` against the current one's prediction;
         PlanUnusable when either cannot be predicted."""
-        planned = self.place(members, probed, memory)
-        return Replan(planned, self.predict(current, members, probed), self.gain)
+        return self._replanning(current, members, probed, memory)()
+
+    def replan_soon(self, key: Hashable, current: Mapping[int, str],
+                    members: Sequence[ms.Member], probed: Sequence[LinkStatus],
+                    memory: Mapping[str, int]) -> Replan | None:
+        """``replan``, off the loop for a large fleet (module docstring): None while the
+        search for ``key`` (what the fleet is now) runs."""
+        return self._soon(("replan", key), len(members),  # type: ignore[return-value]
+                          self._replanning(current, members, probed, memory))
+
+    def _replanning(self, current: Mapping[int, str], members: Sequence[ms.Member],
+                    probed: Sequence[LinkStatus], memory: Mapping[str, int]
+                    ) -> Callable[[], Replan]:
+        req, assumed = self.request(members, probed)
+        frozen = dict(memory)
+        current_score = self._prediction(current, members, probed)
+        return lambda: Replan(self._placed(req, assumed, frozen), current_score(), self.gain)

@@ -107,6 +107,9 @@ class PipelinePlan:
                 planned = self._planned(candidates, links, nodes)
             except PlanUnusable as exc:
                 note = f"by memory, not by the planner: {exc}"
+            else:
+                if planned is None:
+                    return False  # the planner's search runs (off this loop)
         if planned is not None:
             plan = planned.stages
             note = (f"by the planner: predicted {planned.score:.2f} tok/s "
@@ -141,10 +144,20 @@ class PipelinePlan:
             for m in candidates)
 
     def _planned(self, candidates: Sequence[ms.Member], links: Sequence[LinkStatus],
-                 nodes: Sequence[NodeCapacity]) -> PlannedStages:
+                 nodes: Sequence[NodeCapacity]) -> PlannedStages | None:
+        """The planner's placement; None while its search runs."""
         if self.planner is None:
             raise PlanUnusable("the export's model shape is unknown")
-        return self.planner.place(candidates, links, {c.node_id: c.memory_bytes for c in nodes})
+        memory = {c.node_id: c.memory_bytes for c in nodes}
+        return self.planner.place_soon((self._signature(candidates, links),
+                                        tuple(sorted(memory.items()))), candidates, links, memory)
+
+    @staticmethod
+    def _signature(fleet: Sequence[ms.Member], links: Sequence[LinkStatus]) -> tuple[object, ...]:
+        """What a placement on ``fleet`` depends on: its nodes, their profiles, the links."""
+        return (tuple(sorted((m.node_id, m.profile.measured_at if m.profile else -1.0,
+                              m.profile_state) for m in fleet)),
+                tuple(sorted((link.a, link.b, link.measured_at) for link in links)))
 
     def _objective(self) -> str:
         return self.planner.objective if self.planner is not None else "latency"
@@ -270,18 +283,19 @@ class PipelinePlan:
         nodes, their profiles, the links measured, the plan): a placement predicted faster
         than the current one by more than the planner's gain becomes ``pending``; one that
         is not is logged with both predictions. False when the planner cannot place (why
-        is logged once), True when it could (whatever it decided)."""
+        is logged once), True when it could (whatever it decided) or while its search runs
+        (off this loop: a later call takes its result, or starts another when the fleet
+        changed meanwhile)."""
         assert self.planner is not None and self.plan is not None
         fleet = self._fleet(members, now, settled)
-        signature = (tuple(sorted(self.plan.items())),
-                     tuple(sorted((m.node_id, m.profile.measured_at if m.profile else -1.0,
-                                   m.profile_state) for m in fleet)),
-                     tuple(sorted((link.a, link.b, link.measured_at) for link in links)))
+        signature = (tuple(sorted(self.plan.items())), *self._signature(fleet, links))
         if self._considered is not None and self._considered[0] == signature:
             return self._considered[1]
         memory = {m.node_id: self.capacity(m).memory_bytes for m in fleet}
         try:
-            found = self.planner.replan(self.plan, fleet, links, memory)
+            found = self.planner.replan_soon(signature, self.plan, fleet, links, memory)
+            if found is None:
+                return True
         except PlanUnusable as exc:
             self._considered = (signature, False)
             note = f"no re-plan: {exc}"

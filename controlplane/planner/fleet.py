@@ -58,7 +58,9 @@ DEFAULT_FREE_SHARE = 0.8  # of a PC's memory, left to the model when free_gb is 
 PC_KEYS = {"name", "memory_gb", "free_gb", "device", "profile", "speed", "link"}
 SPEED_KEYS = {"weight_gbps": ("weight_bps", GB), "compute_gmacs": ("macs_per_s", GB),
               "layer_fixed_ms": ("layer_fixed_s", MS), "row_fixed_ms": ("row_fixed_s", MS),
-              "call_ms": ("call_s", MS)}
+              "call_ms": ("call_s", MS), "engine_fixed_ms": ("engine_fixed_s", MS),
+              "engine_row_ms": ("engine_row_s", MS)}
+OPTIONAL_SPEED_KEYS = {"engine_fixed_ms", "engine_row_ms"}  # default: the Xeon core's
 ACCESS_KEYS = {"rtt_ms", "up_mbit_s", "down_mbit_s"}
 LINK_KEYS = {"between", "rtt_ms", "mbit_s"}
 
@@ -178,9 +180,12 @@ def _speed(raw: Mapping[str, Any], where: str) -> DeviceSpeed:
     if not isinstance(speed, Mapping):
         raise FleetError(f"{where}: speed must be a table of {', '.join(SPEED_KEYS)}")
     _unknown(speed, SPEED_KEYS, f"{where}: speed")
-    figures = {field: _number(speed, key, f"{where}: speed", positive=key in (
-                   "weight_gbps", "compute_gmacs")) * scale
-               for key, (field, scale) in SPEED_KEYS.items()}
+    figures = {}
+    for key, (field, scale) in SPEED_KEYS.items():
+        value = _number(speed, key, f"{where}: speed", required=key not in OPTIONAL_SPEED_KEYS,
+                        positive=key in ("weight_gbps", "compute_gmacs"))
+        if value is not None:
+            figures[field] = value * scale
     try:
         return DeviceSpeed(str(raw.get("name", "?")), str(raw.get("device", "CPU")),
                            basis="the fleet file's figures", **figures)

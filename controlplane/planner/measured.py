@@ -9,6 +9,9 @@ the planner needs comes out by difference, so the cost of the call itself separa
     call      = base(1) - layer(1)             an inference call's fixed cost
     head(r)   = head_stage(r) - base(r)        the final norm and the LM head
 
+The coordinator's own work per decode step at each row count (controlplane/engine_step.py)
+is timed directly and taken as it is.
+
 A layer's prefill of a ``T``-token prompt, ``(more_prompt - base_prompt) / k``, is what
 the planner's model of a chunk says it is (controlplane/planner/timing.py): a one-row step
 and ``T - 1`` more tokens, with attention among them, at the layer's token rate; that is
@@ -18,7 +21,10 @@ weights. Noise cannot make a per-row figure fall as rows grow: each is at least 
 before (a running maximum), and never under a microsecond.
 
 Pure: no OpenVINO, no clock. A profile file is ``profile_dict``'s JSON; ``read_profile``
-checks one field by field and names the file in every error.
+checks one field by field and names the file in every error. A profile of an older format
+(``OLD_FORMATS``: without the layer graph's version and the coordinator's step), or timed
+on another version of the synthetic layer graph, is ``StaleProfile``: measured again,
+never used.
 """
 
 from __future__ import annotations
@@ -31,14 +37,31 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.planner.memory import layer_weight_bytes
-from controlplane.planner.profile import ROWS, LinkProfile, NodeProfile, ProfileError, ProfileKey
+from controlplane.planner.profile import (
+    GRAPH_VERSION,
+    ROWS,
+    LinkProfile,
+    NodeProfile,
+    ProfileError,
+    ProfileKey,
+)
 from controlplane.planner.shape import ModelShape
 from controlplane.records import ProfileRecord
 from controlplane.schema import SchemaError, build
 
-PROFILE_FORMAT = "zctl-node-profile/1"
+PROFILE_FORMAT = "zctl-node-profile/2"
+OLD_FORMATS = ("zctl-node-profile/1",)  # read only to say they are stale
 PROFILES_FORMAT = "zctl-node-profiles/1"  # several devices' profiles: {"profiles": [...]}
 FLOOR_S = 1e-6  # no per-step figure is taken below a microsecond
+
+
+class StaleProfile(ProfileError):
+    """A profile written by an older zctl or timed on another layer graph: ``why``."""
+
+    def __init__(self, why: str, where: str = "") -> None:
+        self.why = why
+        super().__init__(f"{where + ': ' if where else ''}its profile is stale ({why}): "
+                         "profile it again (zctl node profile)")
 
 
 @dataclass(frozen=True)
@@ -56,6 +79,7 @@ class Measurement:
     base_bytes: int  # the process's growth for the base stage, its KV left out
     more_bytes: int
     free_memory: int
+    engine_s: tuple[float, ...]  # the coordinator's own work per decode step at ROWS rows
     rounds: int = 0  # how many rounds of steps each figure is the quantile of
     seconds: float = 0.0  # how long profiling the device took, building included
 
@@ -63,7 +87,7 @@ class Measurement:
         if self.extra_layers < 1 or self.prompt_tokens < 2:
             raise ProfileError(f"a measurement needs extra_layers >= 1 and a prompt of >= 2 "
                                f"tokens, got {self.extra_layers} and {self.prompt_tokens}")
-        for name in ("base_s", "more_s", "head_s"):
+        for name in ("base_s", "more_s", "head_s", "engine_s"):
             values = getattr(self, name)
             if len(values) != len(ROWS) or not all(math.isfinite(v) and v > 0 for v in values):
                 raise ProfileError(f"a measurement's {name} needs {len(ROWS)} positive "
@@ -109,8 +133,8 @@ def profile_from(m: Measurement, shape: ModelShape, source: str) -> NodeProfile:
     weights = math.ceil(layer_weight_bytes(shape, m.key.weights))
     layer_bytes = max(weights, round((m.more_bytes - m.base_bytes) / k))
     return NodeProfile(key=m.key, decode_s=layer, head_decode_s=head, prefill_tokens_per_s=rate,
-                       call_s=call, layer_bytes=layer_bytes, free_memory=m.free_memory,
-                       source=source)
+                       call_s=call, engine_decode_s=rising(m.engine_s),
+                       layer_bytes=layer_bytes, free_memory=m.free_memory, source=source)
 
 
 # -- a profile as data ------------------------------------------------------------------
@@ -120,15 +144,32 @@ def profile_record(profile: NodeProfile, measured_at: float = 0.0,
     return ProfileRecord(key.shape, key.weights, key.device, key.openvino,
                          list(profile.decode_s), list(profile.head_decode_s),
                          profile.prefill_tokens_per_s, profile.call_s, profile.layer_bytes,
-                         profile.free_memory, profile.source, measured_at, seconds)
+                         profile.free_memory, profile.source, measured_at, seconds, key.graph,
+                         list(profile.engine_decode_s))
+
+
+def staleness(record: ProfileRecord) -> str:
+    """Why ``record`` cannot be used whatever it was measured for ("" when it can): it
+    lacks the coordinator's step (an older zctl's), or it timed another layer graph."""
+    if not record.engine_decode_s:
+        return ("it was measured by an older zctl, without the coordinator's step and the "
+                "layer graph's version")
+    if record.graph != GRAPH_VERSION:
+        return f"it timed layer graph {record.graph}, not {GRAPH_VERSION}"
+    return ""
 
 
 def profile_of(record: ProfileRecord) -> NodeProfile:
-    """The planner's profile of a record (ProfileError when its figures cannot be)."""
+    """The planner's profile of a record (StaleProfile when it is stale, ProfileError when
+    its figures cannot be)."""
+    stale = staleness(record)
+    if stale:
+        raise StaleProfile(stale)
     return NodeProfile(
-        ProfileKey(record.shape, record.weights, record.device, record.openvino),
+        ProfileKey(record.shape, record.weights, record.device, record.openvino, record.graph),
         tuple(record.decode_s), tuple(record.head_decode_s), record.prefill_tokens_per_s,
-        record.call_s, record.layer_bytes, record.free_memory, record.source)
+        record.call_s, tuple(record.engine_decode_s), record.layer_bytes, record.free_memory,
+        record.source)
 
 
 KEY_NAMES = {"shape": "shape", "weights": "weights", "device": "device", "openvino": "OpenVINO"}
@@ -156,6 +197,9 @@ def record_from_dict(raw: Any, where: str) -> ProfileRecord:
     field for anything missing, of the wrong type or impossible."""
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: not a profile (a JSON object of {PROFILE_FORMAT})")
+    if raw.get("format") in OLD_FORMATS:
+        raise StaleProfile(f"format {raw.get('format')}, of an older zctl, without the "
+                           "coordinator's step and the layer graph's version", where)
     if raw.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{where}: format {raw.get('format')!r}, not {PROFILE_FORMAT!r}: "
                            "not a profile zctl node profile wrote")
@@ -166,6 +210,8 @@ def record_from_dict(raw: Any, where: str) -> ProfileRecord:
         raise ProfileError(f"{where}: {exc}") from None
     try:
         profile_of(record)
+    except StaleProfile as exc:
+        raise StaleProfile(exc.why, where) from None
     except ProfileError as exc:
         raise ProfileError(f"{where}: {exc}") from None
     return record

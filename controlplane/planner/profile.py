@@ -1,9 +1,11 @@
 """What the planner knows of a node and of a link: their figures, as data.
 
 A ``NodeProfile`` is what ``zctl node profile`` measures on a node for one model shape,
-weight format, device and OpenVINO version (its ``ProfileKey``): one layer's decode step
-at 1, 2, 4 and 8 rows, the LM head's, prefill throughput per layer, the fixed cost of one
-inference call, the memory one layer needs, and the node's free memory. Until a node is
+weight format, device, OpenVINO version and synthetic layer graph (its ``ProfileKey``):
+one layer's decode step at 1, 2, 4 and 8 rows, the LM head's, prefill throughput per
+layer, the fixed cost of one inference call, the coordinator's own work per decode step
+(the generation engine and the head's frames, at the same rows: counted when the node is
+stage 0's), the memory one layer needs, and the node's free memory. Until a node is
 measured, ``references.derive_profile`` makes one from named reference figures. A
 ``LinkProfile`` is a link between two nodes: round-trip time and bandwidth each way.
 """
@@ -15,6 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
+# The version of the synthetic layer graph a profile times (dataplane/runtime/synthetic.py),
+# part of its key: 1, seven MatMuls a layer; 2, Q/K/V and gate/up fused (four), as the
+# exporter makes a layer now.
+GRAPH_VERSION = 2
 
 
 class ProfileError(ValueError):
@@ -24,12 +30,14 @@ class ProfileError(ValueError):
 @dataclass(frozen=True)
 class ProfileKey:
     """What a profile was measured for: a shape (``ModelShape.fingerprint``), a weight
-    format, a device and an OpenVINO version ("reference" for derived profiles)."""
+    format, a device, an OpenVINO version ("reference" for derived profiles) and the version
+    of the synthetic layer graph it timed (``GRAPH_VERSION``; 0 for derived profiles)."""
 
     shape: str
     weights: str
     device: str
     openvino: str
+    graph: int = 0
 
 
 def _check_rows(name: str, values: tuple[float, ...], where: str) -> None:
@@ -64,6 +72,7 @@ class NodeProfile:
     head_decode_s: tuple[float, ...]  # the final norm and LM head at ROWS rows
     prefill_tokens_per_s: float  # one decoder layer, prompt tokens with no past
     call_s: float  # the fixed cost of one inference call on this node (dispatch, frames)
+    engine_decode_s: tuple[float, ...]  # the coordinator's own work per step at ROWS rows
     layer_bytes: int  # resident memory of one decoder layer (weights and buffers)
     free_memory: int  # bytes this node can give the model
     source: str = ""  # where the figures come from
@@ -72,6 +81,7 @@ class NodeProfile:
         where = f"profile of {self.key.device} ({self.source or 'no source'})"
         _check_rows("decode_s", self.decode_s, where)
         _check_rows("head_decode_s", self.head_decode_s, where)
+        _check_rows("engine_decode_s", self.engine_decode_s, where)
         for name in ("prefill_tokens_per_s", "call_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "prefill_tokens_per_s"
@@ -87,15 +97,22 @@ class NodeProfile:
     def head_s(self, rows: float) -> float:
         return at_rows(self.head_decode_s, rows)
 
+    def engine_s(self, rows: float) -> float:
+        """The coordinator's own work per decode step of ``rows`` rows on this node."""
+        return at_rows(self.engine_decode_s, rows)
+
     def check_for(self, key: ProfileKey, node: str) -> None:
-        """ProfileError when this profile was measured for another shape, format, device or
-        OpenVINO version than ``key`` (a derived profile matches any version)."""
+        """ProfileError when this profile was measured for another shape, format, device,
+        OpenVINO version or layer graph than ``key`` (a derived profile, or a key of version
+        "reference" or graph 0, matches any version or graph)."""
         mine = self.key
         stale = [f"{what} {have!r}, not {want!r}" for what, have, want in (
             ("shape", mine.shape, key.shape), ("weights", mine.weights, key.weights),
             ("device", mine.device, key.device)) if have != want]
         if mine.openvino != "reference" and key.openvino not in ("reference", mine.openvino):
             stale.append(f"OpenVINO {mine.openvino}, not {key.openvino}")
+        if mine.graph and key.graph and mine.graph != key.graph:
+            stale.append(f"layer graph {mine.graph}, not {key.graph}")
         if stale:
             raise ProfileError(f"node {node}: its profile was measured for {'; '.join(stale)}: "
                                "profile it again (zctl node profile)")

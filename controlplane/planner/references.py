@@ -9,9 +9,11 @@ row and an inference call cost besides. One decoder layer's decode step of ``r``
 (bytes_read: the layer's weights in its format; of a mixture of experts the experts the
 rows route to), the LM head's is its INT8 (or wider) weights read and ``r`` rows
 multiplied, and a prompt token costs a layer ``active_macs / macs_per_s`` beyond the
-first. Every figure below is a reference value, not a measurement of the user's PC; the
-first is derived from this repository's measurements, the others are scaled from public
-hardware figures. docs/design.md ("Planning") says how they are calibrated.
+first. The coordinator's own work per decode step (the generation engine and the head's
+frames: ``engine_fixed + r * engine_row``) is added to stage 0's node. Every figure below
+is a reference value, not a measurement of the user's PC; the first is derived from this
+repository's measurements, the others are scaled from public hardware figures.
+docs/design.md ("Planning") says how they are calibrated.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from controlplane.planner.shape import ModelShape
 MS = 1e-3
 GB = 1e9
 MB = 1e6
+# The coordinator's step on one vCPU of the Xeon VM below, as ``zctl node profile`` times it
+# (controlplane/engine_step.py; 2026-12-06: 0.087, 0.138, 0.179 and 0.259 ms at 1, 2, 4 and
+# 8 rows, whether SmolLM2's vocabulary or the tiny model's): the default of a PC's figures.
+ENGINE_FIXED_S = 0.062 * MS
+ENGINE_ROW_S = 0.025 * MS
 
 
 @dataclass(frozen=True)
@@ -39,12 +46,17 @@ class DeviceSpeed:
     row_fixed_s: float  # per decoder layer and row (norms, RoPE, attention's small ops)
     call_s: float  # per inference call: dispatch, the runner's Python, a frame in and out
     basis: str  # where the figures come from
+    # the coordinator's own work per decode step (the engine and the head's frames), as a
+    # fixed part and one per row; by default the Xeon core's (ENGINE_FIXED_S, ENGINE_ROW_S)
+    engine_fixed_s: float = ENGINE_FIXED_S
+    engine_row_s: float = ENGINE_ROW_S
 
     def __post_init__(self) -> None:
         for name in ("weight_bps", "macs_per_s"):
             if not getattr(self, name) > 0:
                 raise ProfileError(f"reference {self.name}: {name} must be positive")
-        for name in ("layer_fixed_s", "row_fixed_s", "call_s"):
+        for name in ("layer_fixed_s", "row_fixed_s", "call_s", "engine_fixed_s",
+                     "engine_row_s"):
             if not getattr(self, name) >= 0:
                 raise ProfileError(f"reference {self.name}: {name} must be >= 0")
 
@@ -70,14 +82,17 @@ XEON_CORE = DeviceSpeed(
 
 # Scaled references: weight bandwidth ~65% of the memory's peak (what CPU decoders reach),
 # multiply-accumulates from the cores at the Xeon core's rate per core (AVX2-only cores at
-# ~60%), fixed costs from the Xeon core's, smaller on faster cores.
+# ~60%), fixed costs (the coordinator's step among them) from the Xeon core's, smaller on
+# faster cores, as their call costs.
 REFERENCE_SPEEDS: dict[str, DeviceSpeed] = {speed.name: speed for speed in (
     XEON_CORE,
     DeviceSpeed("desktop-ddr5", "CPU", weight_bps=58 * GB, macs_per_s=600 * GB,
                 layer_fixed_s=0.05 * MS, row_fixed_s=0.02 * MS, call_s=0.2 * MS,
+                engine_fixed_s=0.041 * MS, engine_row_s=0.017 * MS,
                 basis="an 8-core desktop, dual-channel DDR5-5600 (89.6 GB/s peak); scaled"),
     DeviceSpeed("desktop-ddr4", "CPU", weight_bps=33 * GB, macs_per_s=400 * GB,
                 layer_fixed_s=0.07 * MS, row_fixed_s=0.03 * MS, call_s=0.25 * MS,
+                engine_fixed_s=0.052 * MS, engine_row_s=0.021 * MS,
                 basis="a 6-core desktop, dual-channel DDR4-3200 (51.2 GB/s peak); scaled"),
     DeviceSpeed("laptop", "CPU", weight_bps=25 * GB, macs_per_s=200 * GB,
                 layer_fixed_s=0.10 * MS, row_fixed_s=0.04 * MS, call_s=0.3 * MS,
@@ -85,6 +100,7 @@ REFERENCE_SPEEDS: dict[str, DeviceSpeed] = {speed.name: speed for speed in (
                       "by its power limit; scaled"),
     DeviceSpeed("mini-pc-old", "CPU", weight_bps=12 * GB, macs_per_s=60 * GB,
                 layer_fixed_s=0.20 * MS, row_fixed_s=0.08 * MS, call_s=0.5 * MS,
+                engine_fixed_s=0.103 * MS, engine_row_s=0.042 * MS,
                 basis="an older 4-core mini PC, single-channel DDR4-2400 (19.2 GB/s peak), "
                       "AVX2 only; scaled"),
 )}
@@ -117,6 +133,7 @@ def derive_profile(speed: DeviceSpeed, shape: ModelShape, weights: str,
         key=ProfileKey(shape.fingerprint(), weights, speed.device, "reference"),
         decode_s=tuple(layer_s(r) for r in ROWS), head_decode_s=tuple(head_s(r) for r in ROWS),
         prefill_tokens_per_s=speed.macs_per_s / active, call_s=speed.call_s,
+        engine_decode_s=tuple(speed.engine_fixed_s + r * speed.engine_row_s for r in ROWS),
         layer_bytes=resident_layer_bytes(shape, weights), free_memory=free_memory,
         source=f"reference {speed.name}: {speed.basis}")
 

@@ -194,7 +194,7 @@ class _Evaluator:
             bounds = []
             for i, node in enumerate(canon):
                 fixed, per_layer = stage_terms(self.request.profiles[node], rows,
-                                               i == len(canon) - 1)
+                                               i == len(canon) - 1, i == 0)
                 bounds.append(StageBounds(fixed, per_layer, self.cap(node, i, len(canon))))
             self.tables[key] = (canon, SplitTable(bounds, self.request.shape.num_layers, cuts))
         return self.tables[key]

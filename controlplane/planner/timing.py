@@ -1,10 +1,13 @@
 """The model of time: a placement's step, hops, tok/s at 1 and N streams, and TTFT.
 
 A decode step of ``r`` rows on a stage is the node's call cost, plus ``r``-row decoder
-layers, plus on the last stage the LM head. A hop carries the step's hidden states (rows x
-tokens x hidden, float32) in a frame (dataplane/wire/frames.py: a fixed header, the
-positions, a timing record per stage passed): it takes half the link's round trip plus its
-bytes at the link's bandwidth, and occupies the link for the bytes alone. The last stage
+layers, plus on the last stage the LM head, plus on the first stage (the coordinator's
+node) the coordinator's own work of an ``r``-row step: the generation engine between a
+reply and the next step and the head's frames (a profile's ``engine_s``). A hop carries
+the step's hidden states (rows x tokens x hidden, float32) in a frame
+(dataplane/wire/frames.py: a fixed header, the positions, a timing record per stage
+passed): it takes half the link's round trip plus its bytes at the link's bandwidth, and
+occupies the link for the bytes alone. The last stage
 answers stage 0 with 8 bytes a row (top-1). One stream waits for every stage, every hop
 and the reply: its tok/s is 1 / cycle. N streams run as G row groups of ceil(N / G) rows,
 pipelined: a round of G steps takes the longer of one cycle and G times the busiest stage
@@ -63,15 +66,17 @@ class Pipeline:
 
 
 # -- one step -------------------------------------------------------------------------------
-def stage_terms(profile: NodeProfile, rows: float, last: bool) -> tuple[float, float]:
+def stage_terms(profile: NodeProfile, rows: float, last: bool,
+                first: bool) -> tuple[float, float]:
     """A stage's decode step of ``rows`` rows as (fixed, per layer) seconds: the step takes
-    fixed + layers * per layer."""
-    fixed = profile.call_s + (profile.head_s(rows) if last else 0.0)
+    fixed + layers * per layer (the first stage's node runs the engine as well)."""
+    fixed = (profile.call_s + (profile.head_s(rows) if last else 0.0)
+             + (profile.engine_s(rows) if first else 0.0))
     return fixed, profile.layer_s(rows)
 
 
-def stage_step_s(stage: Stage, rows: float, last: bool) -> float:
-    fixed, per_layer = stage_terms(stage.profile, rows, last)
+def stage_step_s(stage: Stage, rows: float, last: bool, first: bool) -> float:
+    fixed, per_layer = stage_terms(stage.profile, rows, last, first)
     return fixed + stage.layers * per_layer
 
 
@@ -116,7 +121,7 @@ class StepTimes:
 
 def step_times(pipe: Pipeline, rows: int) -> StepTimes:
     last = len(pipe.stages) - 1
-    stages = tuple(stage_step_s(s, rows, i == last) for i, s in enumerate(pipe.stages))
+    stages = tuple(stage_step_s(s, rows, i == last, i == 0) for i, s in enumerate(pipe.stages))
     hops = hop_s(pipe, rows)
     reply, reply_busy = reply_s(pipe, rows)
     cycle = sum(stages) + sum(h for h, _ in hops) + reply
@@ -179,8 +184,8 @@ def chunk_s(pipe: Pipeline, index: int, tokens: int, past: int, final: bool) -> 
     """Stage ``index``'s prefill step of ``tokens`` prompt tokens over ``past`` ones: its
     call, each layer's one-row step and the further tokens at the layer's prefill
     throughput, attention over the past and among the chunk's tokens (at the same rate,
-    scaled by the multiply-accumulates a token spends per earlier token), and the head for
-    the prompt's last token on the last stage."""
+    scaled by the multiply-accumulates a token spends per earlier token), the head for
+    the prompt's last token on the last stage, and the engine's step on the first."""
     stage = pipe.stages[index]
     profile, shape = stage.profile, pipe.shape
     token_s = 1.0 / profile.prefill_tokens_per_s
@@ -188,7 +193,8 @@ def chunk_s(pipe: Pipeline, index: int, tokens: int, past: int, final: bool) -> 
     attention = per_past * (tokens * past + tokens * tokens / 2)
     layer = profile.layer_s(1) + (tokens - 1) * token_s + attention
     head = profile.head_s(1) if final and index == len(pipe.stages) - 1 else 0.0
-    return profile.call_s + stage.layers * layer + head
+    engine = profile.engine_s(1) if index == 0 else 0.0
+    return profile.call_s + engine + stage.layers * layer + head
 
 
 def prefill_s(pipe: Pipeline, chunks: list[int]) -> float:

@@ -27,7 +27,8 @@ def sample(cls: type) -> object:
                             [r.DeviceInfo("CPU", "cpu", 1 << 30)], 5, 10, "2026.4.1", "0.1.0", 1,
                             profile=r.ProfileRecord(SMOL.fingerprint(), "int4", "CPU",
                                                     "2026.4.1", [1e-4] * 4, [1e-3] * 4, 2e4,
-                                                    1e-4, 2 << 20, 8 << 30),
+                                                    1e-4, 2 << 20, 8 << 30, graph=2,
+                                                    engine_decode_s=[1e-4] * 4),
                             profile_state="measured")],
         stages=[r.StageStatus(0, 0, 2, HASH, 100, "coord", "serving")],
         refused=[r.RefusalInfo("bad", "h2", "why", 2.0)], counters={"malformed": 1},
@@ -37,7 +38,8 @@ def sample(cls: type) -> object:
                                              r.StreamsPrediction(2, 130.0, 2, 1)],
                                       ["coord", "n1"], [7.1, 6.0], [0.3, 0.2], 2))
     profile = r.ProfileRecord(SMOL.fingerprint(), "int4", "CPU", "2026.4.1",
-                              [1e-4, 2e-4, 3e-4, 4e-4], [1e-3] * 4, 2e4, 1e-4, 2 << 20, 8 << 30)
+                              [1e-4, 2e-4, 3e-4, 4e-4], [1e-3] * 4, 2e4, 1e-4, 2 << 20, 8 << 30,
+                              graph=2, engine_decode_s=[1e-4, 1.2e-4, 1.5e-4, 2e-4])
     samples: dict[type, object] = {
         m.Enrol: m.Enrol("node-1", "host", "tcp://10.0.0.2:6000",
                          [r.DeviceInfo("CPU", "Intel", 16 << 30), r.DeviceInfo("GPU.0")],

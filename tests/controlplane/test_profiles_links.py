@@ -8,7 +8,7 @@ import pytest
 from controlplane import messages as m
 from controlplane.links import LinkTable, chain_links, probe_sizes
 from controlplane.nodeinfo import openvino_version
-from controlplane.planner.profile import LinkProfile
+from controlplane.planner.profile import GRAPH_VERSION, LinkProfile
 from controlplane.planner.shape import ModelShape
 from controlplane.profile_store import NOT_PROFILED
 from tests.helpers.control import RawNode, enrol_msg, node, seed_profile, wait_for
@@ -71,7 +71,8 @@ def _record(shape: ModelShape, weights: str):
     from controlplane.records import ProfileRecord
 
     return ProfileRecord(shape.fingerprint(), weights, "CPU", openvino_version(), [1e-4] * 4,
-                         [1e-3] * 4, 1e4, 1e-4, 1 << 20, 1 << 30)
+                         [1e-3] * 4, 1e4, 1e-4, 1 << 20, 1 << 30, graph=GRAPH_VERSION,
+                         engine_decode_s=[1e-4] * 4)
 
 
 def test_the_links_of_a_serving_pipeline_are_probed_both_ways(cp_cluster) -> None:

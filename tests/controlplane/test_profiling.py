@@ -11,7 +11,7 @@ import pytest
 
 from controlplane.planner.measured import Measurement, read_profile
 from controlplane.planner.presets import PRESETS
-from controlplane.planner.profile import ProfileError, ProfileKey
+from controlplane.planner.profile import GRAPH_VERSION, ProfileError, ProfileKey
 from controlplane.planner.shape import ModelShape
 from controlplane.profile_store import NOT_PROFILED, ProfileStore, profile_name
 from controlplane.profiling import Deadline, extra_layers, layer_shape, measure
@@ -23,11 +23,12 @@ VERSION = "2026.4.1-test"
 
 
 def _measurement(shape: ModelShape = SMOL, weights: str = "int4", device: str = "CPU",
-                 openvino: str = VERSION) -> Measurement:
+                 openvino: str = VERSION, graph: int = GRAPH_VERSION) -> Measurement:
     rows = (1e-4, 2e-4, 3e-4, 4e-4)
-    return Measurement(ProfileKey(shape.fingerprint(), weights, device, openvino), 2, rows,
-                       tuple(3 * r for r in rows), tuple(10 * r for r in rows), 128, 1e-3,
-                       5e-3, 1 << 20, 5 << 20, 8 << 30, rounds=3, seconds=1.5)
+    return Measurement(ProfileKey(shape.fingerprint(), weights, device, openvino, graph), 2,
+                       rows, tuple(3 * r for r in rows), tuple(10 * r for r in rows), 128, 1e-3,
+                       5e-3, 1 << 20, 5 << 20, 8 << 30, engine_s=tuple(r / 2 for r in rows),
+                       rounds=3, seconds=1.5)
 
 
 def test_a_profile_is_kept_by_shape_format_and_device_and_used_again(tmp_path: Path) -> None:
@@ -58,6 +59,32 @@ def test_a_profile_file_that_says_another_shape_is_stale(tmp_path: Path) -> None
     path.write_text(json.dumps(raw))
     record, why = store.load(SMOL, "int4", "CPU")
     assert record is None and "stale" in why and "shape" in why
+
+
+def test_a_profile_of_another_layer_graph_is_stale(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    store.save(SMOL, _measurement(graph=GRAPH_VERSION - 1))
+    record, why = store.load(SMOL, "int4", "CPU")
+    assert record is None
+    assert why == f"its profile is stale (it timed layer graph {GRAPH_VERSION - 1}, not {GRAPH_VERSION})"
+
+
+def test_a_profile_an_older_zctl_wrote_is_stale_and_says_what_it_lacks(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    _, path = store.save(SMOL, _measurement())
+    raw = json.loads(path.read_text())
+    for name in ("graph", "engine_decode_s"):
+        raw.pop(name)
+    raw["format"] = "zctl-node-profile/1"  # what such a file says
+    path.write_text(json.dumps(raw))
+    record, why = store.load(SMOL, "int4", "CPU")
+    assert record is None
+    assert why.startswith("its profile is stale (format zctl-node-profile/1, of an older zctl, "
+                          "without the coordinator's step")
+    raw["format"] = "zctl-node-profile/2"  # the fields alone missing: stale all the same
+    path.write_text(json.dumps(raw))
+    record, why = store.load(SMOL, "int4", "CPU")
+    assert record is None and why.startswith("its profile is stale (it was measured by an older")
 
 
 def test_a_damaged_profile_file_is_measured_again_not_fatal(tmp_path: Path) -> None:
@@ -97,6 +124,9 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
     assert measurement.rounds >= 2 and measurement.key.device == "CPU"
     record, path = ProfileStore(tmp_path).save(TINY, measurement)
     assert all(v > 0 for v in record.decode_s) and record.call_s >= 0
+    assert all(0 < v < 0.05 for v in record.engine_decode_s)  # the coordinator's step
+    assert record.engine_decode_s == sorted(record.engine_decode_s)
+    assert record.graph == GRAPH_VERSION
     assert record.layer_bytes > 0 and record.prefill_tokens_per_s > 0
     assert read_profile(path) == record
 

@@ -6,6 +6,9 @@ shards fetched while the pipeline serves, a re-plan that fails halfway)."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,8 +18,18 @@ from controlplane import membership as ms
 from controlplane.messages import AssignStage, Enrol
 from controlplane.placement import LayerCost, stage_needs
 from controlplane.planner.export_shape import export_shape
+from controlplane.planner.profile import GRAPH_VERSION
+from controlplane.planner.search import PlanRequest
 from controlplane.records import LinkStatus, ProfileRecord
-from controlplane.stage_planner import PlanUnusable, StagePlanner
+from controlplane.stage_planner import (
+    IDLE,
+    INLINE_NODES,
+    SEARCHING,
+    BackgroundSearch,
+    PlannedStages,
+    PlanUnusable,
+    StagePlanner,
+)
 from controlplane.wiring import PipelinePlan
 from dataplane.runtime.config import RuntimeSpec
 from zctl.manifest import load_manifest
@@ -55,7 +68,8 @@ class Fleet:
         rec = ProfileRecord(self.shape.fingerprint(), self.manifest.weight_format, "CPU", OV,
                             [layer_s * (1 + 0.2 * i) for i in range(4)],
                             [layer_s * (1 + 0.2 * i) for i in range(4)], 5000.0, 3e-4,
-                            LAYER_BYTES, 0, "test", measured_at=1.0)
+                            LAYER_BYTES, 0, "test", measured_at=1.0, graph=GRAPH_VERSION,
+                            engine_decode_s=[1e-4] * 4)
         return replace(rec, **change)  # type: ignore[arg-type]
 
     def add(self, node_id: str, layers: int, layer_s: float = 2e-3,
@@ -174,14 +188,95 @@ def test_cut_points_are_the_exports_stage_boundaries(export: Path) -> None:
         StagePlanner(fleet.manifest, fleet.shape, fleet.needs, HEAD, "CPU", OV, gain=-0.1)
 
 
-def test_the_coordinator_searches_exactly_only_fleets_it_plans_quickly(export: Path) -> None:
+def test_the_coordinator_searches_up_to_8_nodes_exactly(export: Path) -> None:
     from controlplane.stage_planner import COORDINATOR_EXACT_NODES
 
     fleet = Fleet(export)
     fleet.add(HEAD, 2)
     fleet.add("a", 2)
     req, _ = fleet.planner.request(list(fleet.members.values()), [])
-    assert req.exact_nodes == COORDINATOR_EXACT_NODES < 8 and req.cuts == frozenset({1, 2, 3})
+    assert req.exact_nodes == COORDINATOR_EXACT_NODES == 8 and req.cuts == frozenset({1, 2, 3})
+
+
+def large_fleet(export: Path) -> Fleet:
+    """The coordinator and four nodes: more than are searched on the loop."""
+    fleet = Fleet(export)
+    fleet.add(HEAD, 1)
+    for i, node in enumerate("abcd"):
+        fleet.add(node, 1, layer_s=2e-3 * (1 + i / 10))
+    assert len(fleet.members) > INLINE_NODES
+    return fleet
+
+
+def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.01)
+
+
+def test_a_large_fleets_search_runs_off_the_loop_and_its_result_is_applied_on_it(
+        export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = large_fleet(export)
+    members = list(fleet.members.values())
+    memory = {m.node_id: fleet.plan.capacity(m).memory_bytes for m in members}
+    expected = fleet.planner.place(members, (), memory)  # at once, as before
+    release = threading.Event()
+    placed = fleet.planner._placed
+
+    def slow(*args: object) -> PlannedStages:
+        assert release.wait(20.0)
+        return placed(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fleet.planner, "_placed", slow)
+    start = time.monotonic()
+    assert not fleet.plan.try_plan(fleet.members, (), NOW)  # searching: the loop goes on
+    assert not fleet.plan.try_plan(fleet.members, (), NOW)
+    assert time.monotonic() - start < 2.0  # generous: it waits for nothing
+    assert fleet.planner.search.state == SEARCHING and fleet.plan.plan is None
+    release.set()
+    until(lambda: fleet.plan.try_plan(fleet.members, (), NOW))
+    assert fleet.plan.plan == expected.stages and fleet.planner.search.state == IDLE
+    assert fleet.plan.placement_note.startswith("by the planner")
+
+
+def test_a_fleet_change_during_a_search_drops_its_stale_result(
+        export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = large_fleet(export)
+    release = threading.Event()
+    placed = fleet.planner._placed
+    searched: list[frozenset[str]] = []
+
+    def slow(req: PlanRequest, *args: object) -> PlannedStages:
+        assert release.wait(20.0)
+        searched.append(frozenset(req.profiles))
+        return placed(req, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fleet.planner, "_placed", slow)
+    assert not fleet.plan.try_plan(fleet.members, (), NOW)
+    fleet.add("e", 1, layer_s=1e-3)  # a fast node joins while the search runs
+    assert not fleet.plan.try_plan(fleet.members, (), NOW)
+    assert fleet.planner.search.dropped == 1
+    release.set()
+    until(lambda: fleet.plan.try_plan(fleet.members, (), NOW))
+    assert "e" in searched[-1]  # the placement applied is the new fleet's
+    assert "e" in fleet.plan.plan.values() or "e" in fleet.plan.left_out  # type: ignore[union-attr]
+
+
+def test_a_background_search_gives_each_result_once_and_raises_what_it_raised() -> None:
+    search: BackgroundSearch[int] = BackgroundSearch()
+    assert search.take("k", lambda: 7) is None
+    until(lambda: search._future is not None and search._future.done())
+    assert search.take("k", lambda: 8) == 7 and search.state == IDLE
+
+    def fails() -> int:
+        raise PlanUnusable("no placement")
+
+    assert search.take("k", fails) is None
+    until(lambda: search._future is not None and search._future.done())
+    with pytest.raises(PlanUnusable, match="no placement"):
+        search.take("k", fails)
+    search.close()
 
 
 def joined_faster(export: Path, factor: float, gain: float = 0.10) -> Fleet:

@@ -14,6 +14,7 @@ from controlplane.client import query_status
 from controlplane.nodeinfo import load_or_create_node_id, openvino_version
 from controlplane.planner.export_shape import export_shape
 from controlplane.planner.measured import profile_dict
+from controlplane.planner.profile import GRAPH_VERSION
 from controlplane.profile_store import ProfileStore
 from controlplane.records import ClusterStatus, ProfileRecord
 from dataplane.runtime.config import RuntimeSpec
@@ -31,7 +32,8 @@ def keep_profile(state_dir: Path, export: Path, layer_s: float) -> str:
     record = ProfileRecord(shape.fingerprint(), manifest.weight_format, "CPU",
                            openvino_version(), [layer_s * (1 + 0.2 * i) for i in range(4)],
                            [layer_s * (1 + 0.2 * i) for i in range(4)], 5000.0, 3e-4,
-                           LAYER_BYTES, 0, "injected by the test", measured_at=time.time())
+                           LAYER_BYTES, 0, "injected by the test", measured_at=time.time(),
+                           graph=GRAPH_VERSION, engine_decode_s=[1e-4] * 4)
     store = ProfileStore(state_dir)
     path = store.path(shape, record.weights, record.device)
     path.parent.mkdir(parents=True, exist_ok=True)

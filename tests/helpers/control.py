@@ -90,15 +90,16 @@ def seed_profile(state_dir: Path, shape: object, weights: str = "fp32",
     """A profile of ``shape`` kept in a node's state directory, as zctl node profile leaves
     one (figures made up: a layer of 0.1 ms at one row)."""
     from controlplane.planner.measured import Measurement
-    from controlplane.planner.profile import ProfileKey
+    from controlplane.planner.profile import GRAPH_VERSION, ProfileKey
     from controlplane.profile_store import ProfileStore
 
     version = openvino or openvino_version()
     rows = (1e-4, 1.5e-4, 2e-4, 3e-4)
-    key = ProfileKey(shape.fingerprint(), weights, "CPU", version)  # type: ignore[attr-defined]
+    key = ProfileKey(shape.fingerprint(), weights, "CPU", version,  # type: ignore[attr-defined]
+                     GRAPH_VERSION)
     measurement = Measurement(key, 3, rows, tuple(4 * v for v in rows),
                               tuple(5 * v for v in rows), 128, 1e-3, 4e-3, 1 << 20, 4 << 20,
-                              8 << 30, rounds=2, seconds=1.0)
+                              8 << 30, engine_s=rows, rounds=2, seconds=1.0)
     ProfileStore(state_dir, version).save(shape, measurement)  # type: ignore[arg-type]
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from controlplane.planner.cluster_fleet import cluster_fleet, estimated_links, measured_links
 from controlplane.planner.presets import PRESETS
-from controlplane.planner.profile import ProfileError
+from controlplane.planner.profile import GRAPH_VERSION, ProfileError
 from controlplane.planner.search import PlanRequest, plan
 from controlplane.records import (
     ClusterStatus,
@@ -24,7 +24,8 @@ SMOL = PRESETS["smollm2-135m"]
 def _node(node_id: str, profile: bool = True, weights: str = "int4", state: str = "serving",
           **kw: object) -> NodeStatus:
     record = ProfileRecord(SMOL.fingerprint(), weights, "CPU", "ov", [2e-4, 2.5e-4, 3e-4, 4e-4],
-                           [1e-3] * 4, 2e4, 1e-4, 2 << 20, 9 << 30) if profile else None
+                           [1e-3] * 4, 2e4, 1e-4, 2 << 20, 9 << 30, graph=GRAPH_VERSION,
+                           engine_decode_s=[1e-4] * 4) if profile else None
     return NodeStatus(node_id, "h", state, None, "tcp://h:1", 0.1, [DeviceInfo("CPU")], 4 << 30,
                       8 << 30, "ov", "z", 1, profile=record,
                       profile_state="kept" if profile else "not profiled yet", **kw)

@@ -9,6 +9,8 @@ import pytest
 
 from controlplane.planner.fleet import FleetError, fleet_from_dict, load_fleet
 from controlplane.planner.presets import PRESETS
+from controlplane.planner.profile import GRAPH_VERSION
+from controlplane.planner.references import ENGINE_FIXED_S, ENGINE_ROW_S
 from controlplane.planner.search import PlanRequest, plan
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "fleets"
@@ -44,6 +46,21 @@ def test_a_measured_link_overrides_the_access_links() -> None:
     assert links.link("c", "a").forward_bps == pytest.approx(940e6 / 8)
     assert links.link("a", "b").rtt_s == pytest.approx(0.3e-3)
     assert fleet.pcs[2].speed.weight_bps == pytest.approx(33e9)
+
+
+def test_a_pcs_own_figures_may_give_the_coordinators_step_else_the_xeon_cores() -> None:
+    speed = {"weight_gbps": 10, "compute_gmacs": 10, "layer_fixed_ms": 0.1,
+             "row_fixed_ms": 0.01, "call_ms": 0.2}
+    fleet = fleet_from_dict({"pc": [
+        {"name": "own", "memory_gb": 8, "speed": {**speed, "engine_fixed_ms": 0.5,
+                                                  "engine_row_ms": 0.1}},
+        {"name": "default", "memory_gb": 8, "speed": speed}]}, "fleet.toml")
+    own, default = (pc.profile(PRESETS["smollm2-135m"], "int4") for pc in fleet.pcs)
+    assert own.engine_s(1) == pytest.approx(0.6e-3) and own.engine_s(8) == pytest.approx(1.3e-3)
+    assert default.engine_s(1) == pytest.approx(ENGINE_FIXED_S + ENGINE_ROW_S)
+    with pytest.raises(FleetError, match="engine_row_ms must be >= 0"):
+        fleet_from_dict({"pc": [{"name": "pc", "memory_gb": 8, "speed": {
+            **speed, "engine_row_ms": -1}}]}, "fleet.toml")
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -99,7 +116,8 @@ def _profile_file(path: Path, shape_name: str = "smollm2-135m", weights: str = "
 
     record = ProfileRecord(PRESETS[shape_name].fingerprint(), weights, device, "2026.4.1",
                            [2e-4, 2.5e-4, 3e-4, 4e-4], [1e-3, 1.1e-3, 1.2e-3, 1.4e-3], 2e4,
-                           1e-4, 2 << 20, 6 << 30)
+                           1e-4, 2 << 20, 6 << 30, graph=GRAPH_VERSION,
+                           engine_decode_s=[1e-4, 1.2e-4, 1.5e-4, 2e-4])
     path.write_text(json.dumps(profile_dict(record)))
     return path
 
@@ -140,7 +158,9 @@ def test_a_measured_profile_plans_only_what_it_was_measured_for(tmp_path: Path) 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "pc 'desk': profile: .*missing.json: cannot read it"),
     ("{oops", "pc 'desk': profile: .*not JSON"),
-    ('{"format": "zctl-node-profile/1", "shape": 3}', "pc 'desk': profile: .*shape must be"),
+    ('{"format": "zctl-node-profile/2", "shape": 3}', "pc 'desk': profile: .*shape must be"),
+    ('{"format": "zctl-node-profile/1", "shape": "x"}',
+     "pc 'desk': profile: .*bad.json: its profile is stale .*older zctl.*profile it again"),
 ])
 def test_a_fleet_naming_a_missing_or_corrupt_profile_says_which(tmp_path: Path,
                                                                 content: str | None,

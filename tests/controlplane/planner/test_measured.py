@@ -25,11 +25,11 @@ from controlplane.planner.measured import (
 )
 from controlplane.planner.memory import layer_weight_bytes
 from controlplane.planner.presets import PRESETS
-from controlplane.planner.profile import ProfileError, ProfileKey
+from controlplane.planner.profile import GRAPH_VERSION, ProfileError, ProfileKey
 from controlplane.planner.timing import Pipeline, Stage, chunk_s
 
 SMOL = PRESETS["smollm2-135m"]
-KEY = ProfileKey(SMOL.fingerprint(), "int4", "CPU", "2026.4.1")
+KEY = ProfileKey(SMOL.fingerprint(), "int4", "CPU", "2026.4.1", GRAPH_VERSION)
 MS = 1e-3
 
 
@@ -44,7 +44,8 @@ def _measurement(**changes: object) -> Measurement:
         more_s=tuple(0.1 * MS + 4 * v for v in layer),
         head_s=tuple(b + 1 * MS + 0.1 * MS * r for b, r in zip(base, rows, strict=True)),
         prompt_tokens=128, base_prompt_s=2 * MS, more_prompt_s=2 * MS + 3 * 8 * MS,
-        base_bytes=10_000_000, more_bytes=10_000_000 + 3 * 5_000_000, free_memory=8 << 30)
+        base_bytes=10_000_000, more_bytes=10_000_000 + 3 * 5_000_000, free_memory=8 << 30,
+        engine_s=(0.1 * MS, 0.12 * MS, 0.15 * MS, 0.2 * MS))
     values.update(changes)
     return Measurement(**values)
 
@@ -64,7 +65,7 @@ def test_the_prefill_rate_is_what_the_planner_predicts_the_prompt_back_with() ->
     pipe = Pipeline(SMOL, (stage,), (), None)
     # one layer's prefill of the 128-token prompt, as the planner predicts it, is the
     # measured one: 8 ms a layer (24 ms over the 3 extra layers)
-    predicted = chunk_s(pipe, 0, 128, 0, final=False) - profile.call_s
+    predicted = chunk_s(pipe, 0, 128, 0, final=False) - profile.call_s - profile.engine_s(1)
     assert predicted == pytest.approx(8 * MS, rel=1e-9)
     assert prefill_rate(8 * MS, profile.decode_s[0], 128, SMOL) == profile.prefill_tokens_per_s
 

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from controlplane.planner.presets import PRESETS
+from controlplane.planner.profile import GRAPH_VERSION
 from controlplane.planner.running import (
     NoPrediction,
     relative_error,
@@ -30,6 +31,7 @@ SMOL = PRESETS["smollm2-135m"]  # 30 layers, hidden 576
 LAYER = [2e-4, 2.5e-4, 3e-4, 4e-4]  # one layer's step at 1, 2, 4, 8 rows
 HEAD = [1e-3, 1.2e-3, 1.5e-3, 2e-3]
 CALL = 1e-4
+ENGINE = [1e-4, 1.2e-4, 1.5e-4, 2e-4]  # the coordinator's step at 1, 2, 4, 8 rows
 RTT = 2e-3
 BPS = 1e12  # bytes cost next to nothing: the hops are their round trips' halves
 
@@ -37,7 +39,8 @@ BPS = 1e12  # bytes cost next to nothing: the hops are their round trips' halves
 def _node(node_id: str, profile: bool = True, state: str = "measured", slower: float = 1.0,
           **kw: object) -> NodeStatus:
     record = ProfileRecord(SMOL.fingerprint(), "int4", "CPU", "ov", [v * slower for v in LAYER],
-                           HEAD, 2e4, CALL, 2 << 20, 9 << 30) if profile else None
+                           HEAD, 2e4, CALL, 2 << 20, 9 << 30, graph=GRAPH_VERSION,
+                           engine_decode_s=ENGINE) if profile else None
     return NodeStatus(node_id, "h", "serving", None, "tcp://h:1", 0.1, [DeviceInfo("CPU")],
                       4 << 30, 8 << 30, "ov", "z", 1, profile=record, profile_state=state, **kw)
 
@@ -66,7 +69,7 @@ def two_nodes(**kw: object) -> ClusterStatus:
 def test_one_stream_waits_for_every_stage_every_hop_and_the_reply() -> None:
     got = running_prediction(two_nodes())
     assert not got.error and got.nodes == ["c", "a"]
-    first = CALL + 10 * LAYER[0]
+    first = CALL + ENGINE[0] + 10 * LAYER[0]  # the coordinator's node runs the engine too
     last = CALL + HEAD[0] + 20 * 2 * LAYER[0]
     assert got.stage_ms == pytest.approx([first * 1e3, last * 1e3])
     # c to a, then the reply a to c: half the pair's round trip, its two probes averaged
@@ -114,7 +117,8 @@ def test_a_nodes_consecutive_stages_are_one_stage_with_a_call_each() -> None:
 
 def test_one_node_has_no_hops() -> None:
     got = running_prediction(_status([_node("c", local=True)], _stages(("c", 0, 30)), []))
-    assert got.hop_ms == [] and got.tok_s == pytest.approx(1 / (CALL + HEAD[0] + 30 * LAYER[0]))
+    assert got.hop_ms == [] and got.tok_s == pytest.approx(
+        1 / (CALL + ENGINE[0] + HEAD[0] + 30 * LAYER[0]))
 
 
 @pytest.mark.parametrize(("status", "why"), [
@@ -149,7 +153,8 @@ def test_a_profile_of_another_shape_is_no_prediction() -> None:
     other = PRESETS["llama-3.2-1b"]
     status = two_nodes()
     nodes = [status.nodes[0], NodeStatus(**{**status.nodes[1].__dict__, "profile": ProfileRecord(
-        other.fingerprint(), "int4", "CPU", "ov", LAYER, HEAD, 2e4, CALL, 2 << 20, 9 << 30)})]
+        other.fingerprint(), "int4", "CPU", "ov", LAYER, HEAD, 2e4, CALL, 2 << 20, 9 << 30,
+        graph=GRAPH_VERSION, engine_decode_s=ENGINE)})]
     got = running_prediction(_status(nodes, status.stages, status.links))
     assert got.error.startswith("node a has no profile: profiled for shape")
 

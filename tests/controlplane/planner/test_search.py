@@ -23,6 +23,7 @@ from controlplane.planner.timing import Pipeline, Stage, stream_tok_s, throughpu
 
 GiB = 1 << 30
 SAME = 1e-9
+ENGINE = (1e-4, 1.2e-4, 1.5e-4, 2e-4)  # the coordinator's step at ROWS rows
 
 
 def brute_force(req: PlanRequest) -> dict[frozenset[str], float]:
@@ -63,7 +64,7 @@ def tiny_profile(shape: ModelShape, layer_s: float, growth: float, head_s: float
     decode = tuple(layer_s * growth ** i for i in range(len(ROWS)))
     head = tuple(head_s * (1 + 0.1 * i) + 1e-6 for i in range(len(ROWS)))
     return NodeProfile(ProfileKey(shape.fingerprint(), "int8", "CPU", "reference"), decode, head,
-                       5000.0, call_s, layer_bytes, free)
+                       5000.0, call_s, ENGINE, layer_bytes, free)
 
 
 @st.composite

@@ -220,3 +220,21 @@ def test_a_pipeline_needs_its_hops() -> None:
         Pipeline(SMOL, (Stage("a", p, 0, 10), Stage("b", p, 10, 30)), (), LOOP)
     with pytest.raises(ValueError, match="reply"):
         Pipeline(SMOL, (Stage("a", p, 0, 30),), (), LOOP)
+
+
+def test_the_coordinators_engine_step_counts_on_the_first_stage_alone() -> None:
+    pipe = smol_pipe()
+    busy = dataclasses.replace(pipe.stages[0].profile,
+                               engine_decode_s=tuple(v + 1e-3 for v in
+                                                     pipe.stages[0].profile.engine_decode_s))
+    slower = dataclasses.replace(pipe, stages=(dataclasses.replace(pipe.stages[0], profile=busy),
+                                               dataclasses.replace(pipe.stages[1], profile=busy)))
+    before, after = step_times(pipe, 4), step_times(slower, 4)
+    assert after.stage_s[0] == pytest.approx(before.stage_s[0] + 1e-3)
+    assert after.stage_s[1] == pytest.approx(before.stage_s[1])  # not a node's own work
+    assert after.cycle_s == pytest.approx(before.cycle_s + 1e-3)
+    assert ttft(slower).seconds > ttft(pipe).seconds
+    # the reference's: a fixed part and one a row
+    engine = pipe.stages[0].profile.engine_decode_s
+    assert engine[0] == pytest.approx(XEON_CORE.engine_fixed_s + XEON_CORE.engine_row_s)
+    assert engine[3] == pytest.approx(XEON_CORE.engine_fixed_s + 8 * XEON_CORE.engine_row_s)

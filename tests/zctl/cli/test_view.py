@@ -104,7 +104,7 @@ def test_each_node_s_profile_and_the_links_show() -> None:
     from controlplane.records import LinkStatus, ProfileRecord
 
     record = ProfileRecord("h576", "int4", "CPU", OV, [2.5e-4, 3e-4, 4e-4, 6e-4], [1e-3] * 4,
-                           2e4, 1e-4, 2 << 20, 8 << 30)
+                           2e4, 1e-4, 2 << 20, 8 << 30, graph=2, engine_decode_s=[1e-4] * 4)
     status = cluster([node("coord", 0, "127.0.0.1", profile=record, profile_state="kept"),
                       node("n1", 1, "127.0.0.2", profile_state="measuring"),
                       node("n2", 2, "127.0.0.3", profile_state="failed: out of budget")])
