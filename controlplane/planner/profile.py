@@ -19,8 +19,9 @@ from dataclasses import dataclass
 ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
 # The version of the synthetic layer graph a profile times (dataplane/runtime/synthetic.py),
 # part of its key: 1, seven MatMuls a layer; 2, Q/K/V and gate/up fused (four), as the
-# exporter makes a layer now.
-GRAPH_VERSION = 2
+# exporter makes a layer now; 3, one-token steps on the one-token graph where a stage of
+# such layers compiles one (dataplane/runtime/one_token.py).
+GRAPH_VERSION = 3
 
 
 class ProfileError(ValueError):
