@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from controlplane.planner.measured import PROFILE_FORMAT
 from zctl.cli.app import app
 
 runner = CliRunner()
@@ -30,7 +31,7 @@ def test_a_profile_is_measured_once_kept_and_measured_again_when_damaged(tmp_pat
     assert first.exit_code == 0, first.output
     assert "profiling" in first.stderr
     profile = json.loads(first.stdout)
-    assert profile["format"] == "zctl-node-profile/1" and profile["weights"] == "fp32"
+    assert profile["format"] == PROFILE_FORMAT and profile["weights"] == "fp32"
     assert len(profile["decode_s"]) == 4 and profile["measurement"]["rounds"] >= 2
     kept = runner.invoke(app, args)
     assert kept.exit_code == 0 and "profiling" not in kept.stderr
