@@ -28,6 +28,7 @@ def _measurement(shape: ModelShape = SMOL, weights: str = "int4", device: str = 
     return Measurement(ProfileKey(shape.fingerprint(), weights, device, openvino, graph), 2,
                        rows, tuple(3 * r for r in rows), tuple(10 * r for r in rows), 128, 1e-3,
                        5e-3, 1 << 20, 5 << 20, 8 << 30, engine_s=tuple(r / 2 for r in rows),
+                       frame_s=tuple(r / 4 for r in rows),
                        rounds=3, seconds=1.5)
 
 
