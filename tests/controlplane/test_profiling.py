@@ -127,6 +127,8 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
     assert all(v > 0 for v in record.decode_s) and record.call_s >= 0
     assert all(0 < v < 0.05 for v in record.engine_decode_s)  # the coordinator's step
     assert record.engine_decode_s == sorted(record.engine_decode_s)
+    assert all(0 < v < 0.05 for v in record.frame_decode_s)  # the frames around a step
+    assert record.frame_decode_s == sorted(record.frame_decode_s)
     assert record.graph == GRAPH_VERSION
     assert record.layer_bytes > 0 and record.prefill_tokens_per_s > 0
     assert read_profile(path) == record
