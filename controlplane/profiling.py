@@ -5,16 +5,19 @@
 the LM head, and runs them as the cluster's stages run (the runtime's default settings on
 the device: PagedAttention on CPU), each with row groups of 1, 2, 4 and 8 rows decoding
 over a short past, and the two decoder stages prefilling a prompt. A decode step is timed
-as a pipeline's stage runs it: after an idle gap as long as the step itself (a 2-stage
-pipeline's duty cycle: each stage waits for the other's step between its own, its caches
-cooled and its vCPU idle), and on the two decoder stages through the worker's own step
-path (dataplane/worker/hop.py: the hidden states' frame decoded, the outgoing frame
-prepared, the step computed, the frame sealed), so that what the frames cost beside the
-compute is timed too: a profile's ``frame_s``, the node's framework work a hop. Rounds of
-steps follow one another (every stage and row count in each round, so a slower moment of
-the machine falls on all of them alike) until the budget is spent or enough rounds are
-in; each decode figure is the median of its steps (a pipeline's stage runs at its median,
-not at its best moments), a prompt's the lower quartile of its prefills. Last, the
+as a pipeline's stage runs it: after an idle gap as long as the ``1 + k``-layer stage's
+step at its rows (the nearest to a real stage's; a 2-stage pipeline's duty cycle: each
+stage waits out the other's step between its own, its caches cooling and its vCPU going
+idle: on this repository's VM a SmolLM2 layer's step took 0.28 ms back to back and 0.7 ms
+after 6 ms idle, the frames around it 0.04 and 0.14 ms), and on the two decoder stages
+through the worker's own step path (dataplane/worker/hop.py: the hidden states' frame
+decoded, the outgoing frame prepared, the step computed, the frame sealed), so that what
+the frames cost beside the compute is timed too: a profile's ``frame_s``, the node's
+framework work a hop. Rounds of steps follow one another (every stage and row count in
+each round, so a slower moment of the machine falls on all of them alike) until the
+budget is spent or enough rounds are in; each decode figure is the median of its steps
+(a pipeline's stage runs at its median, not at its best moments), a prompt's the lower
+quartile of its prefills. Last, the
 coordinator's own work per decode step at each row count is timed with the generation
 engine (controlplane/engine_step.py), each step running the ``1 + k``-layer stage's
 inference as stage 0's would (its time left out): beside an inference that has just
@@ -45,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import psutil
@@ -73,7 +77,7 @@ STEPS = 5  # timed decode steps per stage and row count in a round (after an unt
 MIN_ROUNDS, MAX_ROUNDS = 2, 8
 STEP_QUANTILE = 0.5  # of a decode step's times (and of its frames' work)
 PROMPT_QUANTILE = 0.25  # of a prompt's prefill times
-IDLE_GAP = 1.0  # the idle gap before a timed decode step, in units of the step before it
+IDLE_GAP = 1.0  # the idle gap before a timed decode step, in (1 + k)-layer stage steps
 # the coordinator's step, timed beside the (1 + k)-layer stage's inference: runs of steps at
 # each row count, the stage's time in them kept to ~ENGINE_STAGE_S
 ENGINE_RUNS, ENGINE_STEPS, ENGINE_MIN_STEPS, ENGINE_STAGE_S = 3, 10, 3, 3.0
@@ -161,14 +165,19 @@ class _Stage:
                               np.full((rows, 1), at, np.int64))
         self.positions[rows] = at + 1
 
-    def hop(self, rows: int, hidden: int, clock: Callable[[], float]) -> tuple[float, float]:
-        """A decode step of the ``rows``-row group as a stage worker takes it (its step path:
-        the frame the previous stage sent decoded, the outgoing one prepared, the step
-        computed, the frame sealed): the compute's seconds and the frames' seconds."""
+    def sent(self, rows: int, hidden: int) -> list[Any]:
+        """The frame of the ``rows``-row group's next decode step, as the stage before it
+        sends it."""
         at = self.positions[rows]
-        sent = HiddenStateFrame(Kind.STEP, rows, 1, 0, step=at,
-                                positions=np.full(rows, at, np.int64), rows=rows)
-        parts = encode_frame(sent, np.zeros((rows, 1, hidden), np.float32))
+        header = HiddenStateFrame(Kind.STEP, rows, 1, 0, step=at,
+                                  positions=np.full(rows, at, np.int64), rows=rows)
+        return encode_frame(header, np.zeros((rows, 1, hidden), np.float32))
+
+    def hop(self, parts: list[Any], rows: int,
+            clock: Callable[[], float]) -> tuple[float, float]:
+        """The ``rows``-row group's decode step of the frame ``parts`` as a stage worker
+        takes it (its step path: the frame decoded, the outgoing one prepared, the step
+        computed, the frame sealed): the compute's seconds and the frames' seconds."""
         start = clock()
         header, payload = decode_frame(parts)
         assert payload is not None
@@ -179,7 +188,7 @@ class _Stage:
         computed = clock()
         seal_or_encode(prepared, header, out, 1, 0, 0, 0, 0, 0, time.perf_counter_ns())
         end = clock()
-        self.positions[rows] = at + 1
+        self.positions[rows] += 1
         return computed - computing, (end - start) - (computed - computing)
 
     def prompt(self, hidden: int) -> None:
@@ -255,25 +264,32 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
               "head": head}
     steps: dict[tuple[str, int], list[float]] = {(n, r): [] for n in stages for r in ROWS}
     frames: dict[int, list[float]] = {r: [] for r in ROWS}  # the decoder stages' frames' work
+    gaps: dict[int, float] = {}  # the (1 + k)-layer stage's last step at each row count
     prompts: dict[str, list[float]] = {"base": [], "more": []}
     rounds = 0
     while rounds < MAX_ROUNDS and not deadline.passed:
         started = clock()
         for rows in ROWS:
             for name, stage in stages.items():
+                t0 = clock()
                 stage.decode(rows, dims.hidden)  # untimed: the step after a change of shape
+                took = clock() - t0
                 for _ in range(STEPS):
                     if deadline.passed:
                         break
+                    parts = stage.sent(rows, dims.hidden)
+                    # waiting for the step of the stage before it
+                    sleep(IDLE_GAP * gaps.get(rows, took))
                     if name == "head":  # the last stage: its answer is not hidden states
                         t0 = clock()
                         stage.decode(rows, dims.hidden)
                         took = clock() - t0
                     else:
-                        took, framing = stage.hop(rows, dims.hidden, clock)
+                        took, framing = stage.hop(parts, rows, clock)
                         frames[rows].append(framing)
                     steps[(name, rows)].append(took)
-                    sleep(IDLE_GAP * took)  # waiting for the step of the stage before it
+                    if name == "more":
+                        gaps[rows] = took
         for name in prompts:
             if not deadline.passed:
                 t0 = clock()

@@ -118,9 +118,17 @@ def test_what_cannot_be_profiled_says_why() -> None:
 @pytest.mark.slow
 def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -> None:
     budget = 20.0
+    gaps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # each decode step after an idle gap
+        gaps.append(seconds)
+        time.sleep(seconds)
+
     start = time.perf_counter()
-    measurement = measure(TINY, "int4", "CPU", budget)
+    measurement = measure(TINY, "int4", "CPU", budget, sleep=sleep)
     took = time.perf_counter() - start
+    # a gap before every timed decode step: 3 stages, 4 row counts, 5 steps a round
+    assert len(gaps) == measurement.rounds * 3 * 4 * 5 and all(g > 0 for g in gaps)
     assert took < budget * 1.5 and measurement.seconds <= took
     assert measurement.rounds >= 2 and measurement.key.device == "CPU"
     record, path = ProfileStore(tmp_path).save(TINY, measurement)
