@@ -127,8 +127,11 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
     start = time.perf_counter()
     measurement = measure(TINY, "int4", "CPU", budget, sleep=sleep)
     took = time.perf_counter() - start
-    # a gap before every timed decode step: 3 stages, 4 row counts, 5 steps a round
-    assert len(gaps) == measurement.rounds * 3 * 4 * 5 and all(g > 0 for g in gaps)
+    # a gap before every timed decode step: 3 stages, 4 row counts, 5 steps a round (the
+    # last round cut short if the budget ran out in it)
+    per_round = 3 * 4 * 5
+    assert (measurement.rounds - 1) * per_round < len(gaps) <= measurement.rounds * per_round
+    assert all(g > 0 for g in gaps)
     assert took < budget * 1.5 and measurement.seconds <= took
     assert measurement.rounds >= 2 and measurement.key.device == "CPU"
     record, path = ProfileStore(tmp_path).save(TINY, measurement)
