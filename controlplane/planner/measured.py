@@ -288,7 +288,7 @@ def link_from_samples(samples: Sequence[LinkSample]) -> LinkProfile:
     (the median: each after an idle gap, the receiver woken as a pipeline's is, and a
     pipeline's hops take their median), and each way's bandwidth from the round trips that
     carried bytes that way (a lower quartile of each size's times: a busy moment only ever
-    adds time, and the slope over sizes leaves the wake-up out)."""
+    adds time)."""
     if not samples:
         raise ProfileError("no probe round trips to make a link's figures of")
     small = min(min(s.out, s.back) for s in samples)
