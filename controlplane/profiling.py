@@ -4,10 +4,20 @@
 (dataplane.runtime.synthetic): one decoder layer, ``1 + k`` layers, and one layer with
 the LM head, and runs them as the cluster's stages run (the runtime's default settings on
 the device: PagedAttention on CPU), each with row groups of 1, 2, 4 and 8 rows decoding
-over a short past, and the two decoder stages prefilling a prompt. Rounds of steps follow
-one another (every stage and row count in each round, so a slower moment of the machine
-falls on all of them alike) until the budget is spent or enough rounds are in; each figure
-is the lower quartile of its steps (a busy moment only ever adds time). Last, the
+over a short past, and the two decoder stages prefilling a prompt. A decode step is timed
+as a pipeline's stage runs it: after an idle gap as long as the ``1 + k``-layer stage's
+step at its rows (the nearest to a real stage's; a 2-stage pipeline's duty cycle: each
+stage waits out the other's step between its own, its caches cooling and its vCPU going
+idle: on this repository's VM a SmolLM2 layer's step took 0.28 ms back to back and 0.7 ms
+after 6 ms idle, the frames around it 0.04 and 0.14 ms), and on the two decoder stages
+through the worker's own step path (dataplane/worker/hop.py: the hidden states' frame
+decoded, the outgoing frame prepared, the step computed, the frame sealed), so that what
+the frames cost beside the compute is timed too: a profile's ``frame_s``, the node's
+framework work a hop. Rounds of steps follow one another (every stage and row count in
+each round, so a slower moment of the machine falls on all of them alike) until the
+budget is spent or enough rounds are in; each decode figure is the median of its steps
+(a pipeline's stage runs at its median, not at its best moments), a prompt's the lower
+quartile of its prefills. Last, the
 coordinator's own work per decode step at each row count is timed with the generation
 engine (controlplane/engine_step.py), each step running the ``1 + k``-layer stage's
 inference as stage 0's would (its time left out): beside an inference that has just
@@ -38,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import psutil
@@ -54,6 +65,8 @@ from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.load import load_runner
 from dataplane.runtime.paged import PagedStageRunner
 from dataplane.runtime.synthetic import LayerShape, synthetic_manifest, synthetic_model
+from dataplane.wire.frames import HiddenStateFrame, Kind, decode_frame, encode_frame, prepare_frame
+from dataplane.worker.hop import compute_step, seal_or_encode
 
 EXTRA_BYTES = 64e6  # the weights the second stage's extra layers should hold
 MAX_EXTRA_LAYERS = 32
@@ -62,7 +75,9 @@ PAST_TOKENS = 16  # each decoding row's past when timing starts
 PROMPT_TOKENS = 128  # the prompt the decoder stages prefill
 STEPS = 5  # timed decode steps per stage and row count in a round (after an untimed one)
 MIN_ROUNDS, MAX_ROUNDS = 2, 8
-QUANTILE = 0.25
+STEP_QUANTILE = 0.5  # of a decode step's times (and of its frames' work)
+PROMPT_QUANTILE = 0.25  # of a prompt's prefill times
+IDLE_GAP = 1.0  # the idle gap before a timed decode step, in (1 + k)-layer stage steps
 # the coordinator's step, timed beside the (1 + k)-layer stage's inference: runs of steps at
 # each row count, the stage's time in them kept to ~ENGINE_STAGE_S
 ENGINE_RUNS, ENGINE_STEPS, ENGINE_MIN_STEPS, ENGINE_STAGE_S = 3, 10, 3, 3.0
@@ -150,6 +165,32 @@ class _Stage:
                               np.full((rows, 1), at, np.int64))
         self.positions[rows] = at + 1
 
+    def sent(self, rows: int, hidden: int) -> list[Any]:
+        """The frame of the ``rows``-row group's next decode step, as the stage before it
+        sends it."""
+        at = self.positions[rows]
+        header = HiddenStateFrame(Kind.STEP, rows, 1, 0, step=at,
+                                  positions=np.full(rows, at, np.int64), rows=rows)
+        return encode_frame(header, np.zeros((rows, 1, hidden), np.float32))
+
+    def hop(self, parts: list[Any], rows: int,
+            clock: Callable[[], float]) -> tuple[float, float]:
+        """The ``rows``-row group's decode step of the frame ``parts`` as a stage worker
+        takes it (its step path: the frame decoded, the outgoing one prepared, the step
+        computed, the frame sealed): the compute's seconds and the frames' seconds."""
+        start = clock()
+        header, payload = decode_frame(parts)
+        assert payload is not None
+        prepared = prepare_frame(header, payload.shape, payload.dtype, 1, 0, 0)
+        computing = clock()
+        out = compute_step(self.runner, rows, payload, header.positions, header.mask_tail,
+                           header.row_rewinds)
+        computed = clock()
+        seal_or_encode(prepared, header, out, 1, 0, 0, 0, 0, 0, time.perf_counter_ns())
+        end = clock()
+        self.positions[rows] += 1
+        return computed - computing, (end - start) - (computed - computing)
+
     def prompt(self, hidden: int) -> None:
         self.runner.reset_stream(PROMPT_STREAM)
         self.runner.step(PROMPT_STREAM, np.zeros((1, PROMPT_TOKENS, hidden), np.float32),
@@ -188,8 +229,8 @@ def _build(dims: LayerShape, layers: int, last: bool, weights: str, group: int |
     return stage
 
 
-def _quantile(values: list[float]) -> float:
-    return float(np.quantile(values, QUANTILE))
+def _quantile(values: list[float], q: float = STEP_QUANTILE) -> float:
+    return float(np.quantile(values, q))
 
 
 def engine_steps(stage_s: float) -> int:
@@ -200,9 +241,11 @@ def engine_steps(stage_s: float) -> int:
 
 
 def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: float = BUDGET_S,
-            memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter) -> Measurement:
+            memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter,
+            sleep: Callable[[float], None] = time.sleep) -> Measurement:
     """Time ``shape``'s synthetic stages in ``weights`` on ``device`` within ``budget_s``
-    seconds (the module docstring); ProfileError when it cannot."""
+    seconds (the module docstring; ``sleep`` waits out the idle gaps); ProfileError when it
+    cannot."""
     deadline = Deadline(budget_s, clock)
     dims = layer_shape(shape)
     try:
@@ -220,19 +263,33 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
               "more": _build(dims, 1 + k, False, weights, group, runtime, deadline),
               "head": head}
     steps: dict[tuple[str, int], list[float]] = {(n, r): [] for n in stages for r in ROWS}
+    frames: dict[int, list[float]] = {r: [] for r in ROWS}  # the decoder stages' frames' work
+    gaps: dict[int, float] = {}  # the (1 + k)-layer stage's last step at each row count
     prompts: dict[str, list[float]] = {"base": [], "more": []}
     rounds = 0
     while rounds < MAX_ROUNDS and not deadline.passed:
         started = clock()
         for rows in ROWS:
             for name, stage in stages.items():
+                t0 = clock()
                 stage.decode(rows, dims.hidden)  # untimed: the step after a change of shape
+                took = clock() - t0
                 for _ in range(STEPS):
                     if deadline.passed:
                         break
-                    t0 = clock()
-                    stage.decode(rows, dims.hidden)
-                    steps[(name, rows)].append(clock() - t0)
+                    parts = stage.sent(rows, dims.hidden)
+                    # waiting for the step of the stage before it
+                    sleep(IDLE_GAP * gaps.get(rows, took))
+                    if name == "head":  # the last stage: its answer is not hidden states
+                        t0 = clock()
+                        stage.decode(rows, dims.hidden)
+                        took = clock() - t0
+                    else:
+                        took, framing = stage.hop(parts, rows, clock)
+                        frames[rows].append(framing)
+                    steps[(name, rows)].append(took)
+                    if name == "more":
+                        gaps[rows] = took
         for name in prompts:
             if not deadline.passed:
                 t0 = clock()
@@ -262,9 +319,10 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     measurement = Measurement(
         key=key, extra_layers=k, base_s=figures("base"), more_s=figures("more"),
         head_s=figures("head"), prompt_tokens=PROMPT_TOKENS,
-        base_prompt_s=_quantile(prompts["base"]), more_prompt_s=_quantile(prompts["more"]),
+        base_prompt_s=_quantile(prompts["base"], PROMPT_QUANTILE),
+        more_prompt_s=_quantile(prompts["more"], PROMPT_QUANTILE),
         base_bytes=grown["base"], more_bytes=grown["more"], free_memory=free, engine_s=engine,
-        rounds=rounds)
+        frame_s=tuple(_quantile(frames[r]) for r in ROWS), rounds=rounds)
     return replace(measurement, seconds=clock() - deadline.start)
 
 

@@ -62,7 +62,8 @@ class ProfileRecord:
     prefill throughput, the fixed cost of an inference call, a layer's resident bytes and
     the node's free memory then; when (Unix time) and how long it took; the synthetic layer
     graph's version it timed and the coordinator's own work per decode step at 1, 2, 4
-    and 8 rows (a record without them, from an older zctl, is stale)."""
+    and 8 rows (a record without them, from an older zctl, is stale), and the node's frames'
+    work a hop at the same rows (none: not measured, taken as 0)."""
 
     shape: str
     weights: str
@@ -79,6 +80,7 @@ class ProfileRecord:
     seconds: float = 0.0
     graph: int = 0
     engine_decode_s: list[float] = field(default_factory=list)
+    frame_decode_s: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

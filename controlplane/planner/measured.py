@@ -10,7 +10,8 @@ the planner needs comes out by difference, so the cost of the call itself separa
     head(r)   = head_stage(r) - base(r)        the final norm and the LM head
 
 The coordinator's own work per decode step at each row count (controlplane/engine_step.py)
-is timed directly and taken as it is.
+is timed directly and taken as it is, and so is a node's framework work a hop (its frames
+decoded, prepared and sealed around the decoder stages' steps: ``frame_s``).
 
 A layer's prefill of a ``T``-token prompt, ``(more_prompt - base_prompt) / k``, is what
 the planner's model of a chunk says it is (controlplane/planner/timing.py): a one-row step
@@ -24,7 +25,8 @@ Pure: no OpenVINO, no clock. A profile file is ``profile_dict``'s JSON; ``read_p
 checks one field by field and names the file in every error. A profile of an older format
 (``OLD_FORMATS``: without the layer graph's version and the coordinator's step), or timed
 on another version of the synthetic layer graph, is ``StaleProfile``: measured again,
-never used.
+never used (a profile of layer graph 3 or before timed its steps back to back, without
+the frames' work). A record without the frames' work takes them as 0.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Measurement:
     more_bytes: int
     free_memory: int
     engine_s: tuple[float, ...]  # the coordinator's own work per decode step at ROWS rows
+    frame_s: tuple[float, ...]  # a node's frames' work per decode step at ROWS rows
     rounds: int = 0  # how many rounds of steps each figure is the quantile of
     seconds: float = 0.0  # how long profiling the device took, building included
 
@@ -87,7 +90,7 @@ class Measurement:
         if self.extra_layers < 1 or self.prompt_tokens < 2:
             raise ProfileError(f"a measurement needs extra_layers >= 1 and a prompt of >= 2 "
                                f"tokens, got {self.extra_layers} and {self.prompt_tokens}")
-        for name in ("base_s", "more_s", "head_s", "engine_s"):
+        for name in ("base_s", "more_s", "head_s", "engine_s", "frame_s"):
             values = getattr(self, name)
             if len(values) != len(ROWS) or not all(math.isfinite(v) and v > 0 for v in values):
                 raise ProfileError(f"a measurement's {name} needs {len(ROWS)} positive "
@@ -134,7 +137,8 @@ def profile_from(m: Measurement, shape: ModelShape, source: str) -> NodeProfile:
     layer_bytes = max(weights, round((m.more_bytes - m.base_bytes) / k))
     return NodeProfile(key=m.key, decode_s=layer, head_decode_s=head, prefill_tokens_per_s=rate,
                        call_s=call, engine_decode_s=rising(m.engine_s),
-                       layer_bytes=layer_bytes, free_memory=m.free_memory, source=source)
+                       layer_bytes=layer_bytes, free_memory=m.free_memory, source=source,
+                       frame_decode_s=rising(m.frame_s))
 
 
 # -- a profile as data ------------------------------------------------------------------
@@ -145,7 +149,7 @@ def profile_record(profile: NodeProfile, measured_at: float = 0.0,
                          list(profile.decode_s), list(profile.head_decode_s),
                          profile.prefill_tokens_per_s, profile.call_s, profile.layer_bytes,
                          profile.free_memory, profile.source, measured_at, seconds, key.graph,
-                         list(profile.engine_decode_s))
+                         list(profile.engine_decode_s), list(profile.frame_decode_s))
 
 
 def staleness(record: ProfileRecord) -> str:
@@ -169,7 +173,7 @@ def profile_of(record: ProfileRecord) -> NodeProfile:
         ProfileKey(record.shape, record.weights, record.device, record.openvino, record.graph),
         tuple(record.decode_s), tuple(record.head_decode_s), record.prefill_tokens_per_s,
         record.call_s, tuple(record.engine_decode_s), record.layer_bytes, record.free_memory,
-        record.source)
+        record.source, tuple(record.frame_decode_s))
 
 
 KEY_NAMES = {"shape": "shape", "weights": "weights", "device": "device", "openvino": "OpenVINO"}
@@ -280,16 +284,18 @@ def _bandwidth(points: dict[int, float], rtt: float) -> float:
 
 
 def link_from_samples(samples: Sequence[LinkSample]) -> LinkProfile:
-    """A link's figures from probe round trips: the round trip of the smallest messages,
-    and each way's bandwidth from the round trips that carried bytes that way (a lower
-    quartile of each size's times: a busy moment only ever adds time)."""
+    """A link's figures from probe round trips: the round trip of the smallest messages
+    (the median: each after an idle gap, the receiver woken as a pipeline's is, and a
+    pipeline's hops take their median), and each way's bandwidth from the round trips that
+    carried bytes that way (a lower quartile of each size's times: a busy moment only ever
+    adds time)."""
     if not samples:
         raise ProfileError("no probe round trips to make a link's figures of")
     small = min(min(s.out, s.back) for s in samples)
     pings = [s.seconds for s in samples if s.out == small and s.back == small]
     if not pings:
         raise ProfileError("the probe sent no round trip of its smallest size both ways")
-    rtt = _quantile(pings)
+    rtt = _quantile(pings, 0.5)
 
     def way(pick: Any) -> float:
         by_size: dict[int, list[float]] = {}

@@ -5,7 +5,9 @@ weight format, device, OpenVINO version and synthetic layer graph (its ``Profile
 one layer's decode step at 1, 2, 4 and 8 rows, the LM head's, prefill throughput per
 layer, the fixed cost of one inference call, the coordinator's own work per decode step
 (the generation engine and the head's frames, at the same rows: counted when the node is
-stage 0's), the memory one layer needs, and the node's free memory. Until a node is
+stage 0's), the node's framework work a hop per decode step (its frames decoded, prepared
+and sealed: counted on every other stage), the memory one layer needs, and the node's free
+memory. Until a node is
 measured, ``references.derive_profile`` makes one from named reference figures. A
 ``LinkProfile`` is a link between two nodes: round-trip time and bandwidth each way.
 """
@@ -20,8 +22,10 @@ ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
 # The version of the synthetic layer graph a profile times (dataplane/runtime/synthetic.py),
 # part of its key: 1, seven MatMuls a layer; 2, Q/K/V and gate/up fused (four), as the
 # exporter makes a layer now; 3, one-token steps on the one-token graph where a stage of
-# such layers compiles one (dataplane/runtime/one_token.py).
-GRAPH_VERSION = 3
+# such layers compiles one (dataplane/runtime/one_token.py); 4, the same graph's decode steps
+# timed as a pipeline's stage runs them (after idle gaps, their median, through the worker's
+# frame path, whose work is a figure of its own: controlplane/profiling.py).
+GRAPH_VERSION = 4
 
 
 class ProfileError(ValueError):
@@ -77,12 +81,16 @@ class NodeProfile:
     layer_bytes: int  # resident memory of one decoder layer (weights and buffers)
     free_memory: int  # bytes this node can give the model
     source: str = ""  # where the figures come from
+    # a node's frames' work per decode step at ROWS rows (none: not known, taken as 0)
+    frame_decode_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"profile of {self.key.device} ({self.source or 'no source'})"
         _check_rows("decode_s", self.decode_s, where)
         _check_rows("head_decode_s", self.head_decode_s, where)
         _check_rows("engine_decode_s", self.engine_decode_s, where)
+        if self.frame_decode_s:
+            _check_rows("frame_decode_s", self.frame_decode_s, where)
         for name in ("prefill_tokens_per_s", "call_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "prefill_tokens_per_s"
@@ -101,6 +109,10 @@ class NodeProfile:
     def engine_s(self, rows: float) -> float:
         """The coordinator's own work per decode step of ``rows`` rows on this node."""
         return at_rows(self.engine_decode_s, rows)
+
+    def frame_s(self, rows: float) -> float:
+        """A node's frames' work per decode step of ``rows`` rows (0 when not known)."""
+        return at_rows(self.frame_decode_s, rows) if self.frame_decode_s else 0.0
 
     def check_for(self, key: ProfileKey, node: str) -> None:
         """ProfileError when this profile was measured for another shape, format, device,

@@ -3,7 +3,11 @@
 A decode step of ``r`` rows on a stage is the node's call cost, plus ``r``-row decoder
 layers, plus on the last stage the LM head, plus on the first stage (the coordinator's
 node) the coordinator's own work of an ``r``-row step: the generation engine between a
-reply and the next step and the head's frames (a profile's ``engine_s``). A hop carries
+reply and the next step and the head's frames (a profile's ``engine_s``), on every other
+stage the node's framework work (the frame it received decoded, the one it sends prepared
+and sealed: a profile's ``frame_s``). A profile times its layers' steps as a pipeline's
+stage runs them (after an idle gap, their median), and a link's round trip after an idle
+gap too, so that the receiver's wake-up is in it. A hop carries
 the step's hidden states (rows x tokens x hidden, float32) in a frame
 (dataplane/wire/frames.py: a fixed header, the positions, a timing record per stage
 passed): it takes half the link's round trip plus its bytes at the link's bandwidth, and
@@ -69,9 +73,10 @@ class Pipeline:
 def stage_terms(profile: NodeProfile, rows: float, last: bool,
                 first: bool) -> tuple[float, float]:
     """A stage's decode step of ``rows`` rows as (fixed, per layer) seconds: the step takes
-    fixed + layers * per layer (the first stage's node runs the engine as well)."""
+    fixed + layers * per layer (the first stage's node runs the engine as well, whose
+    figure holds the head's frames; every other node's frames are its ``frame_s``)."""
     fixed = (profile.call_s + (profile.head_s(rows) if last else 0.0)
-             + (profile.engine_s(rows) if first else 0.0))
+             + (profile.engine_s(rows) if first else profile.frame_s(rows)))
     return fixed, profile.layer_s(rows)
 
 
@@ -185,7 +190,8 @@ def chunk_s(pipe: Pipeline, index: int, tokens: int, past: int, final: bool) -> 
     call, each layer's one-row step and the further tokens at the layer's prefill
     throughput, attention over the past and among the chunk's tokens (at the same rate,
     scaled by the multiply-accumulates a token spends per earlier token), the head for
-    the prompt's last token on the last stage, and the engine's step on the first."""
+    the prompt's last token on the last stage, the engine's step on the first and a
+    one-row step's frames' work on the others."""
     stage = pipe.stages[index]
     profile, shape = stage.profile, pipe.shape
     token_s = 1.0 / profile.prefill_tokens_per_s
@@ -193,7 +199,7 @@ def chunk_s(pipe: Pipeline, index: int, tokens: int, past: int, final: bool) -> 
     attention = per_past * (tokens * past + tokens * tokens / 2)
     layer = profile.layer_s(1) + (tokens - 1) * token_s + attention
     head = profile.head_s(1) if final and index == len(pipe.stages) - 1 else 0.0
-    engine = profile.engine_s(1) if index == 0 else 0.0
+    engine = profile.engine_s(1) if index == 0 else profile.frame_s(1)
     return profile.call_s + engine + stage.layers * layer + head
 
 

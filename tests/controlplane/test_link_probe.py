@@ -136,3 +136,26 @@ def test_rounds_after_the_first_start_only_within_the_probe_s_time_budget(ctx: z
     finally:
         echo.close()
     assert (len(one), len(two), len(fast)) == (3, 6, 9)
+
+
+def test_each_smallest_round_trip_follows_an_idle_gap(ctx: zmq.Context,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # the echo goes idle before each ping, as a pipeline's receiver waits for a step: its
+    # wake-up is in the round trip; the sized ones follow one another (their slope counts)
+    import controlplane.link_probe as link_probe
+
+    gaps: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        gaps.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(link_probe.time, "sleep", sleep)
+    echo = ProbeEcho(ctx, "127.0.0.1")
+    try:
+        samples = probe(ctx, echo.endpoint, [400], 2, 5.0, idle_gap_s=0.003)
+    finally:
+        echo.close()
+    assert len(samples) == 6 and gaps == [0.003] * (1 + 2)  # the connection's ping too
+    assert link_probe.IDLE_GAP_S > 0

@@ -28,6 +28,7 @@ def _measurement(shape: ModelShape = SMOL, weights: str = "int4", device: str = 
     return Measurement(ProfileKey(shape.fingerprint(), weights, device, openvino, graph), 2,
                        rows, tuple(3 * r for r in rows), tuple(10 * r for r in rows), 128, 1e-3,
                        5e-3, 1 << 20, 5 << 20, 8 << 30, engine_s=tuple(r / 2 for r in rows),
+                       frame_s=tuple(r / 4 for r in rows),
                        rounds=3, seconds=1.5)
 
 
@@ -117,15 +118,28 @@ def test_what_cannot_be_profiled_says_why() -> None:
 @pytest.mark.slow
 def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -> None:
     budget = 20.0
+    gaps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # each decode step after an idle gap
+        gaps.append(seconds)
+        time.sleep(seconds)
+
     start = time.perf_counter()
-    measurement = measure(TINY, "int4", "CPU", budget)
+    measurement = measure(TINY, "int4", "CPU", budget, sleep=sleep)
     took = time.perf_counter() - start
+    # a gap before every timed decode step: 3 stages, 4 row counts, 5 steps a round (the
+    # last round cut short if the budget ran out in it)
+    per_round = 3 * 4 * 5
+    assert (measurement.rounds - 1) * per_round < len(gaps) <= measurement.rounds * per_round
+    assert all(g > 0 for g in gaps)
     assert took < budget * 1.5 and measurement.seconds <= took
     assert measurement.rounds >= 2 and measurement.key.device == "CPU"
     record, path = ProfileStore(tmp_path).save(TINY, measurement)
     assert all(v > 0 for v in record.decode_s) and record.call_s >= 0
     assert all(0 < v < 0.05 for v in record.engine_decode_s)  # the coordinator's step
     assert record.engine_decode_s == sorted(record.engine_decode_s)
+    assert all(0 < v < 0.05 for v in record.frame_decode_s)  # the frames around a step
+    assert record.frame_decode_s == sorted(record.frame_decode_s)
     assert record.graph == GRAPH_VERSION
     assert record.layer_bytes > 0 and record.prefill_tokens_per_s > 0
     assert read_profile(path) == record

@@ -99,7 +99,7 @@ def seed_profile(state_dir: Path, shape: object, weights: str = "fp32",
                      GRAPH_VERSION)
     measurement = Measurement(key, 3, rows, tuple(4 * v for v in rows),
                               tuple(5 * v for v in rows), 128, 1e-3, 4e-3, 1 << 20, 4 << 20,
-                              8 << 30, engine_s=rows, rounds=2, seconds=1.0)
+                              8 << 30, engine_s=rows, frame_s=rows, rounds=2, seconds=1.0)
     ProfileStore(state_dir, version).save(shape, measurement)  # type: ignore[arg-type]
 
 

@@ -45,7 +45,8 @@ def _measurement(**changes: object) -> Measurement:
         head_s=tuple(b + 1 * MS + 0.1 * MS * r for b, r in zip(base, rows, strict=True)),
         prompt_tokens=128, base_prompt_s=2 * MS, more_prompt_s=2 * MS + 3 * 8 * MS,
         base_bytes=10_000_000, more_bytes=10_000_000 + 3 * 5_000_000, free_memory=8 << 30,
-        engine_s=(0.1 * MS, 0.12 * MS, 0.15 * MS, 0.2 * MS))
+        engine_s=(0.1 * MS, 0.12 * MS, 0.15 * MS, 0.2 * MS),
+        frame_s=(0.05 * MS, 0.06 * MS, 0.07 * MS, 0.09 * MS))
     values.update(changes)
     return Measurement(**values)
 
@@ -57,6 +58,17 @@ def test_per_layer_figures_come_by_difference_so_the_call_separates_out() -> Non
     assert profile.head_decode_s == pytest.approx([1.1 * MS, 1.2 * MS, 1.4 * MS, 1.8 * MS])
     assert profile.layer_bytes == 5_000_000
     assert profile.key == KEY and profile.free_memory == 8 << 30
+
+
+def test_the_frames_work_is_taken_as_timed_and_never_falls_as_rows_grow() -> None:
+    profile = profile_from(_measurement(), SMOL, "test")
+    assert profile.frame_decode_s == pytest.approx([0.05 * MS, 0.06 * MS, 0.07 * MS, 0.09 * MS])
+    noisy = profile_from(_measurement(frame_s=(0.05 * MS, 0.04 * MS, 0.07 * MS, 0.06 * MS)),
+                         SMOL, "test")
+    assert noisy.frame_decode_s == pytest.approx([0.05 * MS, 0.05 * MS, 0.07 * MS, 0.07 * MS])
+    assert profile_of(profile_record(profile)) == profile
+    with pytest.raises(ProfileError, match="frame_s"):
+        _measurement(frame_s=(0.05 * MS, 0.0, 0.07 * MS, 0.09 * MS))
 
 
 def test_the_prefill_rate_is_what_the_planner_predicts_the_prompt_back_with() -> None:
@@ -141,6 +153,14 @@ def test_a_link_s_round_trip_and_each_way_s_bandwidth_come_from_its_samples() ->
     assert link.rtt_s == pytest.approx(0.002)
     assert link.forward_bps == pytest.approx(50e6, rel=1e-4)
     assert link.backward_bps == pytest.approx(100e6, rel=1e-4)
+
+
+def test_a_link_s_round_trip_is_the_median_of_its_pings() -> None:
+    # each ping after an idle gap: the receiver's wake-up is in most, and a pipeline's hops
+    # take their median, not their best moments
+    pings = [LinkSample(8, 8, s) for s in (1e-4, 3e-4, 4e-4, 5e-4, 9e-4)]
+    sized = [LinkSample(80_000, 8, 1e-3 + 80_000 / 1e9)] * 3
+    assert link_from_samples(pings + sized).rtt_s == pytest.approx(4e-4)
 
 
 def test_a_busy_moment_does_not_move_a_link_s_figures() -> None:

@@ -95,6 +95,8 @@ def profile(**change) -> NodeProfile:
     ({"head_decode_s": (0.0, 1.0, 1.0, 1.0)}, "positive seconds"),
     ({"prefill_tokens_per_s": 0.0}, "prefill_tokens_per_s"),
     ({"layer_bytes": 0}, "layer_bytes"),
+    ({"frame_decode_s": (1e-4, 1e-4)}, "frame_decode_s needs 4 figures"),
+    ({"frame_decode_s": (2e-4, 1e-4, 1e-4, 1e-4)}, "frame_decode_s must not fall"),
 ])
 def test_a_bad_profile_is_refused(change: dict, message: str) -> None:
     with pytest.raises(ProfileError, match=message):
@@ -238,3 +240,22 @@ def test_the_coordinators_engine_step_counts_on_the_first_stage_alone() -> None:
     engine = pipe.stages[0].profile.engine_decode_s
     assert engine[0] == pytest.approx(XEON_CORE.engine_fixed_s + XEON_CORE.engine_row_s)
     assert engine[3] == pytest.approx(XEON_CORE.engine_fixed_s + 8 * XEON_CORE.engine_row_s)
+
+
+def test_a_node_s_frames_count_on_every_stage_but_the_coordinator_s() -> None:
+    pipe = smol_pipe()
+    base = pipe.stages[0].profile
+    assert base.frame_decode_s == () and base.frame_s(4) == 0.0  # a reference's: in its call
+    framed = dataclasses.replace(base, frame_decode_s=(1e-4, 2e-4, 4e-4, 8e-4))
+    assert framed.frame_s(3) == pytest.approx(3e-4)
+    three = Pipeline(SMOL, tuple(Stage(n, framed, a, b) for n, a, b in
+                                 (("a", 0, 10), ("b", 10, 20), ("c", 20, 30))), (LOOP, LOOP), LOOP)
+    plain = dataclasses.replace(three, stages=tuple(dataclasses.replace(s, profile=base)
+                                                    for s in three.stages))
+    before, after = step_times(plain, 4), step_times(three, 4)
+    # the first stage's frames are the coordinator's (in its engine figure), the others' added
+    assert after.stage_s[0] == pytest.approx(before.stage_s[0])
+    assert after.stage_s[1] == pytest.approx(before.stage_s[1] + 4e-4)
+    assert after.stage_s[2] == pytest.approx(before.stage_s[2] + 4e-4)
+    assert after.cycle_s == pytest.approx(before.cycle_s + 8e-4)
+    assert ttft(three).seconds > ttft(plain).seconds
