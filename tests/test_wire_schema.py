@@ -37,8 +37,9 @@ PINNED = {
     8: "c1363e3a972e76f7",  # status_reply: prediction (the running placement's predicted speed), how
     # the stages were placed (placement) and the nodes the planner left out, with its
     # reasons (left_out); service_stats: prediction (the status's, for /metrics)
-    9: "321090c15c946f7e",  # profile_report, status_reply: a profile's graph (the layer graph
-    # it timed) and engine_decode_s (the coordinator's own work per decode step at 1-8 rows)
+    9: "6dd1c584fbd88664",  # profile_report, status_reply: a profile's graph (the layer graph
+    # it timed), engine_decode_s (the coordinator's own work per decode step at 1-8 rows) and
+    # frame_decode_s (a node's frames' work per step)
 }
 
 

@@ -253,7 +253,7 @@ def test_frames_must_fit_the_type() -> None:
 
 
 def test_encode_with_another_protocol_for_refusal_tests() -> None:
-    data = m.encode_message(m.Heartbeat(), protocol=9)
+    data = m.encode_message(m.Heartbeat(), protocol=m.PROTOCOL_VERSION + 1)
     with pytest.raises(m.ProtocolMismatch):
         m.decode_message(data)
 
