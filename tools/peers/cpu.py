@@ -17,6 +17,7 @@ On an AMD EPYC the same rules give AVX2 and (Zen 4 on) AVX-512. Pure functions, 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -178,7 +179,6 @@ int main(int argc, char **argv) {
 """
 PROBE_EXITS = {2: "the kernel refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM)",
                3: "a tile multiply gave a wrong result"}
-SIGILL = 4
 
 
 def _compile(compiler: str, source: Path, binary: Path, include: Path | None) -> str | None:
@@ -250,7 +250,7 @@ def probe_amx(flags: Iterable[str], compiler: str = "c++",
         if code == 0:
             return AmxProbe(True, "the kernel grants tile data and a tile multiply runs in "
                                   "threads")
-        if code != -SIGILL or _run_probe(binary, "fixed") != 0:
+        if code != -signal.SIGILL or _run_probe(binary, "fixed") != 0:
             return AmxProbe(False, _failure(code))
         lost = (f"{compiler}'s tile program died of SIGILL with its tiles configured as "
                 f"ggml configures them, and ran with a configuration from read-only data: "
