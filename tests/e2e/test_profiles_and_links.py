@@ -43,11 +43,15 @@ def test_a_local_cluster_profiles_its_processes_and_probes_its_links(
                              "--profile", "--heartbeat", "0.3"])
     try:
         assert up.exit_code == 0, up.output
-        status = _wait("both processes profiled, both links measured, and the placement "
+        # Placed by memory until both are profiled; then the planner, seeing two processes
+        # share the cores, re-plans both stages onto one (no hop to pay) and re-wires.
+        status = _wait("both processes profiled, both links measured, and the re-plan "
                        "they lead to serving", lambda s: (
             all(n["profile_state"] == "measured" for n in s["nodes"])
             and len([link for link in s["links"] if link["measured_at"]]) == 2
+            and "re-planned" in s["placement"]
             and s["pipeline"] == "serving" and not s["prediction"]["error"]))
+        assert len({s["node_id"] for s in status["stages"]}) == 1, status["stages"]
         shape = status["shape"]
         assert (shape["hidden"], shape["intermediate"]) == (64, 128)
         for node in status["nodes"]:
