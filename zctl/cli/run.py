@@ -35,14 +35,12 @@ from zctl.launcher.record import ClusterError, ClusterRecord
 
 
 def _stages_from_status(status: Any) -> list[StageInfo]:
-    nodes = {n.node_id: n for n in status.nodes}
-    rows = []
-    for stage in status.stages:
-        node = nodes.get(stage.node_id or "")
-        device = node.devices[0].name if node and node.devices else "?"
-        rows.append(StageInfo(stage.index, node.host if node else "-",
-                              f"{stage.layer_start}-{stage.layer_end - 1}", device))
-    return rows
+    """The dashboard's stages: each one's host, layers and device, as the web page's cluster
+    view shows them (zctl.service.cluster_view.stage_rows)."""
+    from zctl.service.cluster_view import stage_rows
+
+    return [StageInfo(row.index, row.host or "-", row.layers, row.device or "?")
+            for row in stage_rows(status)]
 
 
 def _stage_breakdown(stages: list[StageInfo], timing: dict[str, dict[str, float]]) -> list[dict]:

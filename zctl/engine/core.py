@@ -164,6 +164,10 @@ class GenerationEngine:
         totals = self._token_totals()
         return totals["proposed"], totals["accepted"]
 
+    def generated_total(self) -> int:
+        """Tokens generated so far, by finished and running generations."""
+        return self._token_totals()["generated"]
+
     def structured_counters(self) -> dict[str, int]:
         """Generations held to a grammar (started so far), and the tokens their grammars
         forced, fed without a step of their own (finished and running generations)."""

@@ -31,9 +31,10 @@ def spec_summary(session: DecodeSession) -> dict[str, float]:
 
 
 def session_tokens(session: DecodeSession) -> Counter[str]:
-    """A generation's draft tokens proposed and accepted, and grammar-forced tokens."""
+    """A generation's draft tokens proposed and accepted, grammar-forced tokens, and the
+    tokens it generated."""
     return Counter(proposed=session.spec.proposed, accepted=session.spec.accepted,
-                   forced=session.forced_fed)
+                   forced=session.forced_fed, generated=len(session.emitted))
 
 
 def stop_reason(produced: Sequence[int], request: GenerationRequest, stop_ids: Sequence[int],

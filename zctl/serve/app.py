@@ -2,7 +2,8 @@
 completions, responses, models, and vLLM's ``/tokenize`` and ``/detokenize``) and
 Anthropic's messages (zctl.serve.anthropic), each an adapter over one ``ServingContext``
 (zctl.serve.context) on the application's state, with ``/health`` and ``/metrics``, over an
-``AsyncServiceClient`` (and CORS for the web origins ``ServeSettings`` names).
+``AsyncServiceClient`` (and CORS for the web origins ``ServeSettings`` names), and the web
+page at ``/`` with its live cluster view (zctl.serve.web).
 
 Every request is checked before anything runs: a bad field, an unknown model, a prompt
 and ``max_tokens`` beyond the context are 400s, a wrong key a 401, a full queue a 429, a
@@ -36,7 +37,10 @@ from zctl.serve.openai.responses import Responses
 from zctl.serve.openai.tokenization import Tokenization
 from zctl.serve.openapi import openapi_document
 from zctl.serve.settings import ServeSettings
+from zctl.serve.web import routes as web_routes
+from zctl.serve.web.feed import ClusterFeed
 from zctl.service.async_client import AsyncServiceClient
+from zctl.service.messages import ServiceStats
 
 # The largest body a request the engine accepts needs: MAX_PROMPT_CHARS characters at up
 # to 12 bytes of JSON each (an escaped surrogate pair), with room for the other fields.
@@ -52,6 +56,7 @@ def create_app(backend: AsyncServiceClient, settings: ServeSettings | None = Non
     state.chat, state.completions = ChatCompletions(context), Completions(context)
     state.responses, state.models = Responses(context), Models(context)
     state.tokenization, state.messages = Tokenization(context), Messages(context)
+    state.cluster_feed = ClusterFeed(lambda: _named_stats(context))
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES,
                        on_refused=lambda: context.metrics.errors.labels("413").inc())
     if context.settings.cors_origins:  # outermost: a preflight never reaches the key check
@@ -75,6 +80,7 @@ def create_app(backend: AsyncServiceClient, settings: ServeSettings | None = Non
 
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
+    app.include_router(web_routes.router)
     app.openapi = lambda: openapi_document(  # type: ignore[method-assign]
         app, {**openai_routes.STREAMS, **anthropic_routes.STREAMS})
 
@@ -92,3 +98,8 @@ def create_app(backend: AsyncServiceClient, settings: ServeSettings | None = Non
         await backend.close()
 
     return app
+
+
+async def _named_stats(context: ServingContext) -> ServiceStats:
+    """The service's stats now, the model under the name replies carry."""
+    return context.with_reply_name(await context.backend.stats())

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from controlplane.checks import need
 from controlplane.messages import Message, register, register_record
-from controlplane.records import PredictionStatus
+from controlplane.records import ClusterStatus, PredictionStatus
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 
 MAX_DETOKENIZE = 1 << 20  # token ids one detokenize_request may carry
@@ -165,6 +165,8 @@ class ServiceStats(Message):
     num_stages: int = 0
     # the running placement's predicted speed, as the cluster status has it (None: no status)
     prediction: PredictionStatus | None = None
+    # the coordinator's cluster status the snapshot was made with (None: no status)
+    cluster: ClusterStatus | None = None
 
     def check(self) -> None:
         need(self.running >= 0 and self.waiting >= 0, "service_stats: negative running/waiting")

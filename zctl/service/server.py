@@ -154,12 +154,13 @@ class GenerationService:
     @property
     def counters(self) -> dict[str, int]:
         """Requests taken, malformed, failed, cancelled, the most streams at once, clients
-        found unreachable, and draft tokens proposed and accepted (spec_drafted,
-        spec_accepted), the prefix cache's (prefix_*: GenerationEngine.prefix_counters), and
-        structured output's (structured_requests, forced_tokens)."""
+        found unreachable, tokens generated (generated_tokens), draft tokens proposed and
+        accepted (spec_drafted, spec_accepted), the prefix cache's (prefix_*:
+        GenerationEngine.prefix_counters), and structured output's (structured_requests, forced_tokens)."""
         drafted, accepted = self.engine.speculative_totals()
         return {**self.engine.counters, "malformed": self._malformed,
-                "unreachable": self._unreachable, "spec_drafted": drafted,
+                "unreachable": self._unreachable,
+                "generated_tokens": self.engine.generated_total(), "spec_drafted": drafted,
                 "spec_accepted": accepted, **self.engine.prefix_counters(),
                 **self.engine.structured_counters()}
 

@@ -18,6 +18,8 @@
   it; a node while it is alive (enrolled and heartbeating, spares included). Without a
   cluster status (an in-process executor), the stages run here are "coordinator"'s, the
   others' node is "", and every stage is up while the pipeline serves.
+- ``cluster``: the cluster status itself (its nodes' addresses, devices and memory, the
+  stages' layers, refusals, counters and placement notes: the web page's cluster view).
 - ``prediction``: the cluster status's (the running placement's predicted speed,
   controlplane/planner/running.py), as it is; None without a cluster status.
 - ``health``: the engine's health callback; "the pipeline is not wired yet" without an
@@ -29,13 +31,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controlplane.membership import ALIVE, SERVING
-from controlplane.records import ClusterStatus, NodeStatus
+from controlplane.records import ClusterStatus
 from dataplane.head.metrics import CumulativeHistogram, MeasuredExecutor, StepMetrics, hop_names
 from zctl.engine.core import GenerationEngine
 from zctl.manifest import ExportManifest
+from zctl.service.cluster_view import COORDINATOR, node_name
 from zctl.service.messages import HistogramSnapshot, HopStats, ServiceStats, StageStats
 
-COORDINATOR = "coordinator"  # the node id stats give the coordinator's own node
 NOT_WIRED = "the pipeline is not wired yet"
 ClusterView = Callable[[], ClusterStatus | None]
 
@@ -77,11 +79,11 @@ class StatsCollector:
         hops = [HopStats(name, count, histogram_snapshot(histogram)) for name, count, histogram
                 in zip(hop_names(len(metrics.network)), metrics.hop_bytes(), metrics.network,
                        strict=False)] if metrics.network else []
-        nodes = ({_name(n): n.state in ALIVE for n in status.nodes} if status is not None
+        nodes = ({node_name(n): n.state in ALIVE for n in status.nodes} if status is not None
                  else {COORDINATOR: True})
         return ServiceStats(self.engine.active, self.engine.waiting, dict(counters), stages,
                             hops, nodes, health, self.model, self.max_context, self.num_stages,
-                            status.prediction if status is not None else None)
+                            status.prediction if status is not None else None, status)
 
     def _metrics(self, executor: MeasuredExecutor | None) -> StepMetrics:
         """Everything measured since the service started: the current executor's metrics
@@ -109,9 +111,5 @@ class StatsCollector:
                 out.append(("", False, -1))
                 continue
             kv = kv_here.get(i, -1) if node.local else node.kv_slots
-            out.append((_name(node), stage.state == SERVING, kv))
+            out.append((node_name(node), stage.state == SERVING, kv))
         return out
-
-
-def _name(node: NodeStatus) -> str:
-    return COORDINATOR if node.local else node.node_id
