@@ -157,6 +157,21 @@ def answered(page) -> dict:  # noqa: ANN001
     return conversation(page)[-1]
 
 
+def api_first_token_ms(cluster: WebCluster, messages: list[dict], max_tokens: int) -> float:
+    """The time to the first text of a streamed chat completion, as an API client sees it."""
+    body = {"model": cluster.model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    start, first = time.perf_counter(), None
+    with httpx.stream("POST", f"{cluster.url}/v1/chat/completions", json=body,
+                      timeout=60) as resp:
+        for line in resp.iter_lines():  # (read to its end)
+            if first is None and line.startswith("data: {") and json.loads(
+                    line[6:])["choices"][0]["delta"].get("content"):
+                first = time.perf_counter()
+    assert first is not None, "no text streamed"
+    return (first - start) * 1e3
+
+
 def ask(page, text: str) -> None:  # noqa: ANN001
     page.fill("#prompt", text)
     page.press("#prompt", "Enter")
@@ -207,9 +222,22 @@ def test_an_answer_streams_in_and_equals_the_apis_greedy_one(cluster, browser) -
     assert answer["content"] == cluster.greedy([{"role": "user", "content": PROMPT}], 24)
     assert answer["stats"]["tokens"] == 24 and answer["stats"]["ttft_ms"] > 0
     assert "24 tokens" in page.locator(".message.assistant .stats").inner_text()
-    # regenerate gives the same greedy answer, edit-and-resend replaces the turn
+    # regenerate gives the same greedy answer, its first tokens on screen about when an
+    # API client gets them (both prompts found in the prefix cache now)
+    api_ttft = api_first_token_ms(cluster, [{"role": "user", "content": PROMPT}], 24)
     page.click("button[data-action=regenerate]")
-    assert answered(page)["content"] == answer["content"]
+    again = answered(page)
+    assert again["content"] == answer["content"]
+    assert again["stats"]["ttft_ms"] < api_ttft + 100 + 250, (again["stats"], api_ttft)
+    print(f"TTFT: page {again['stats']['ttft_ms']:.1f} ms, API {api_ttft:.1f} ms")
+    # answers are Markdown, made safe: code with a Copy button, no raw HTML, no script URLs
+    html = page.evaluate("""async () => (await import('/web/markdown.js')).renderMarkdown(
+        '**hi**\\n\\n```py\\nprint(1 < 2)\\n```\\n\\n<img src=x onerror=alert(1)> '
+        + '[a](javascript:alert(1)) [b](https://example.com)')""")
+    assert "<strong>hi</strong>" in html and '<button type="button" class="copy">' in html
+    assert "print(1 &lt; 2)" in html and "<img" not in html and "javascript:" not in html
+    assert 'href="https://example.com"' in html
+    # edit-and-resend replaces the turn
     page.click("button[data-action=edit]")
     page.fill("#prompt", "hello there")
     page.press("#prompt", "Enter")
@@ -220,7 +248,7 @@ def test_an_answer_streams_in_and_equals_the_apis_greedy_one(cluster, browser) -
 
 def test_stop_cancels_on_every_stage_and_the_page_is_ready_again(cluster, browser) -> None:
     page = fresh_page(browser, cluster.url)
-    settings(page, temperature=0, max_tokens=2000)
+    settings(page, temperature=0, max_tokens=400)
     cancelled = cluster.stats().counters["cancelled"]
     ask(page, "count with me: one two three")
     wait_until(lambda: cluster.stats().running == 1, what="the generation running")
@@ -242,6 +270,7 @@ def test_the_cluster_view_shows_the_nodes_and_live_figures(cluster, browser) -> 
     page = fresh_page(browser, cluster.url)
     page.click("#tab-cluster")
     page.wait_for_selector(".stage[data-stage='1']")
+    assert not page.locator("#view-chat").is_visible()  # one view at a time
     assert page.locator(".stage").count() == 2
     assert page.locator(".stage .layers").all_inner_texts() == ["0-1", "2-3"]
     assert page.locator("#link-state").inner_text() == "live"
@@ -261,6 +290,7 @@ def test_the_cluster_view_shows_the_nodes_and_live_figures(cluster, browser) -> 
     page.screenshot(path=str(IMAGES / "web-cluster-phone.png"))
     generation.join()
     page.click("#tab-chat")
+    assert not page.locator("#view-cluster").is_visible()
     settings(page, temperature=0, max_tokens=40)
     ask(page, "Write a line of Python that prints the sky's colour.")
     answered(page)

@@ -72,10 +72,18 @@ function showHealth(view) {
   banner.hidden = true;
 }
 
+let streamController = null;
+
+// Take the cluster stream as dropped and connect again (the chat could not reach the
+// server: the stream may be as cut, with nothing to tell so yet).
+function reconnect() {
+  if (streamController) streamController.abort();
+}
+
 async function watchCluster() {
   let delay = 500;
   for (;;) {
-    const controller = new AbortController();
+    const controller = streamController = new AbortController();
     let stall = setTimeout(() => controller.abort(), STALL_MS);
     try {
       const response = await clusterStream(controller.signal);
@@ -112,6 +120,7 @@ $("forget-key").addEventListener("click", () => {
   storeKey("");
   askKey("Give the API key to use.");
 });
-new Chat({ askKey, onBusy: (busy) => document.body.classList.toggle("busy", busy) });
+new Chat({ askKey, onUnreachable: reconnect,
+  onBusy: (busy) => document.body.classList.toggle("busy", busy) });
 showView(location.hash === "#cluster" ? "cluster" : "chat");
 watchCluster();

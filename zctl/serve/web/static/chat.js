@@ -8,6 +8,7 @@ import { loadSettings, saveSettings, Store } from "/web/store.js";
 
 const $ = (id) => document.getElementById(id);
 const SETTINGS = ["temperature", "top_p", "max_tokens", "speculative", "k"];
+const SAVE_EVERY_MS = 1000; // a streaming answer is saved this often (a reload keeps it)
 
 function number(value) {
   return value === "" || value == null ? undefined : Number(value);
@@ -36,9 +37,10 @@ function statsText(stats) {
 }
 
 export class Chat {
-  constructor({ askKey, onBusy }) {
+  constructor({ askKey, onBusy, onUnreachable }) {
     this.store = new Store();
     this.askKey = askKey;
+    this.onUnreachable = onUnreachable;
     this.onBusy = onBusy;
     this.controller = null;
     this.editing = null; // the index of the user message being edited
@@ -144,10 +146,11 @@ export class Chat {
     this.controller = new AbortController();
     this.setBusy(true);
     this.render();
-    const started = performance.now();
-    let first = null;
+    let started = performance.now();
+    let first = null, saved = started;
     try {
       this.model = this.model || await modelName();
+      started = performance.now(); // TTFT: from the request, as the API's own is
       const system = conversation.system.trim();
       const body = { model: this.model, ...requestOptions(this.settings),
         messages: system ? [{ role: "system", content: system }, ...history] : history };
@@ -161,6 +164,10 @@ export class Chat {
           if (first === null) first = performance.now();
           reply.content += delta;
           this.renderSoon();
+          if (performance.now() - saved > SAVE_EVERY_MS) {
+            saved = performance.now();
+            this.store.save();
+          }
         }
         if (chunk.usage) {
           const tokens = chunk.usage.completion_tokens;
@@ -176,6 +183,8 @@ export class Chat {
       if (error instanceof ApiError && error.status === 401) {
         this.model = null;
         this.askKey(reply.error);
+      } else if (!(error instanceof ApiError) && !reply.stopped) {
+        this.onUnreachable();
       }
     } finally {
       delete reply.pending;
