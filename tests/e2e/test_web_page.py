@@ -248,7 +248,11 @@ def test_an_answer_streams_in_and_equals_the_apis_greedy_one(cluster, browser) -
 
 def test_stop_cancels_on_every_stage_and_the_page_is_ready_again(cluster, browser) -> None:
     page = fresh_page(browser, cluster.url)
-    settings(page, temperature=0, max_tokens=400)
+    settings(page, temperature=0, max_tokens=5000)  # beyond the tiny model's 512 tokens
+    ask(page, PROMPT)
+    assert "too long for the model" in answered(page)["error"]
+    page.click("#new-chat")
+    settings(page, max_tokens=400)
     cancelled = cluster.stats().counters["cancelled"]
     ask(page, "count with me: one two three")
     wait_until(lambda: cluster.stats().running == 1, what="the generation running")
@@ -386,7 +390,8 @@ def test_a_node_killed_mid_answer_heals_and_the_answer_completes(cluster, browse
     ask(page, PROMPT)
     wait_until(lambda: len(conversation(page)[-1]["content"]) > 20, what="tokens")
     os.kill(cluster.record.pids[1], signal.SIGKILL)
-    page.wait_for_selector("#heal:not([hidden])", timeout=15_000)
+    banner = page.wait_for_selector("#heal:not([hidden])", timeout=15_000)
+    assert "heal" in banner.inner_text()
     answer = answered(page)
     assert "error" not in answer and answer["content"] == want
     page.click("#tab-cluster")
