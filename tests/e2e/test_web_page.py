@@ -237,6 +237,11 @@ def test_an_answer_streams_in_and_equals_the_apis_greedy_one(cluster, browser) -
     assert "<strong>hi</strong>" in html and '<button type="button" class="copy">' in html
     assert "print(1 &lt; 2)" in html and "<img" not in html and "javascript:" not in html
     assert 'href="https://example.com"' in html
+    # the API's errors in words: a full queue, a cluster healing, a context overrun
+    said = page.evaluate("""async () => { const {ApiError, humanError} = await import('/web/api.js');
+        return [429, 503, 400].map(s => humanError(new ApiError(s, s === 400 ?
+            'prompt (500 tokens) and max_tokens exceed the context (512)' : 'x'))); }""")
+    assert "busy" in said[0] and "healing" in said[1] and "too long" in said[2], said
     # edit-and-resend replaces the turn
     page.click("button[data-action=edit]")
     page.fill("#prompt", "hello there")

@@ -226,7 +226,7 @@ def cluster_up(
             write_record(record)
             if api_opts is not None:
                 write_record(record := api_opts.start(record))
-                out.print(f"OpenAI API at {record.api}/v1")
+                out.print(f"OpenAI API at {record.api}/v1, the web page at {record.api}/")
             _print_join(record, curve)
             return
         record, status = _up_local(coordinator, local, cpu_sets, timeout, api_opts)
@@ -239,7 +239,8 @@ def cluster_up(
     from zctl.cli.view import status_table
 
     out.print(status_table(status))
-    served = f"; the OpenAI API at {record.api}/v1" if record.api else ""
+    served = (f"; the OpenAI API at {record.api}/v1, the web page at {record.api}/"
+              if record.api else "")
     out.print(f"serving {status.model} on {len(status.stages)} stages{served}; zctl run "
               "\"...\"; zctl cluster down stops it")
 

@@ -72,8 +72,9 @@ def run_api(record: ClusterRecord, host: str, port: int, api_key: str | None, ma
     app = create_app(AsyncServiceClient(record.serve),
                      ServeSettings(api_key=api_key, max_queue=max_queue, speculation=speculation,
                                    cors_origins=cors_origins, model_names=model_names))
-    err.print(f"serving the OpenAI API at {scheme(tls)}://{host}:{port}/v1 (Ctrl-C stops it)",
-              highlight=False)
+    base = f"{scheme(tls)}://{host}:{port}"
+    err.print(f"serving the OpenAI API at {base}/v1 and the web page at {base}/ (Ctrl-C stops "
+              "it)", highlight=False)
     files = {"ssl_certfile": tls.certfile, "ssl_keyfile": tls.keyfile} if tls else {}
     server_type = stopping_server_type(uvicorn.Server)
     server_type(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
@@ -159,7 +160,8 @@ def serve(
     dynamic_quantization: DynamicQuantization = None,
 ) -> None:
     """Serve an OpenAI-compatible API (chat and text completions, models, /health,
-    /metrics) on the running cluster, or on an embedded local one."""
+    /metrics) and the web page at / (chat, the live cluster view) on the running cluster,
+    or on an embedded local one."""
     problem = (serve_problem(port, max_queue) or max_streams_problem(max_streams)
                or kv_problem(kv_memory_mb, prefix_cache_mb))
     if problem:
