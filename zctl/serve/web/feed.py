@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +27,8 @@ from zctl.service.timeline import Timeline
 INTERVAL_S = 1.0  # between views
 WINDOW_S = 5.0  # latency percentiles and tok/s are over about this many seconds
 RETRY_MS = 2000  # an EventSource reconnects after this long
+
+log = logging.getLogger(__name__)
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
@@ -73,7 +76,13 @@ class ClusterFeed:
 
     async def _poll(self) -> None:
         while self._watchers:
-            view = await self.view()
+            try:
+                view = await self.view()
+            except Exception as exc:  # noqa: BLE001 - a view must never stop the feed
+                log.exception("could not make the cluster view")
+                view = {"version": VIEW_VERSION, "error": f"the cluster view failed: "
+                                                          f"{type(exc).__name__}: {exc}",
+                        "events": self.timeline.recent()}
             for queue in self._watchers:
                 if queue.full():
                     queue.get_nowait()  # a slow reader gets the newest view

@@ -57,6 +57,27 @@ def test_a_service_that_does_not_answer_is_said_and_the_feed_recovers() -> None:
     asyncio.run(main())
 
 
+def test_a_view_that_fails_is_said_and_the_next_one_made() -> None:
+    async def main() -> None:
+        service = FakeService()
+        broken = {"now": False}
+
+        async def fetch():
+            stats = await service.stats()
+            return None if broken["now"] else stats  # None: cluster_view cannot read it
+
+        feed = ClusterFeed(fetch, interval_s=0.02)
+        async with contextlib.aclosing(feed.views()) as views:
+            broken["now"] = True
+            view = await anext(views)
+            while "error" not in view:
+                view = await anext(views)
+            assert "the cluster view failed: AttributeError" in view["error"]
+            broken["now"] = False
+            assert "error" not in await anext(views)
+    asyncio.run(main())
+
+
 def test_the_stream_is_sse_with_a_retry_and_one_json_line_per_view() -> None:
     async def main() -> list[bytes]:
         feed = ClusterFeed(FakeService().stats, interval_s=0.01)

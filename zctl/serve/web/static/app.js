@@ -35,7 +35,7 @@ function showView(name) {
   }
   $("view-chat").hidden = name !== "chat";
   $("view-cluster").hidden = name !== "cluster";
-  location.hash = name === "chat" ? "" : name;
+  history.replaceState(null, "", name === "chat" ? location.pathname : `#${name}`);
 }
 
 function setLink(state, text) {

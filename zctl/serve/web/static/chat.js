@@ -223,7 +223,9 @@ export class Chat {
   renderMessages() {
     const messages = this.store.current().messages;
     const last = messages.length - 1;
-    $("messages").innerHTML = messages.map((m, i) => {
+    const list = $("messages");
+    const following = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+    list.innerHTML = messages.map((m, i) => {
       const body = m.role === "assistant" ? renderMarkdown(m.content || (m.pending ? "…" : ""))
         : `<p>${escapeHtml(m.content).replace(/\n/g, "<br>")}</p>`;
       const actions = [];
@@ -238,7 +240,6 @@ export class Chat {
         `<div class="body">${body}</div>${meta}${error}` +
         `<div class="message-actions">${actions.join("")}</div></li>`;
     }).join("");
-    const list = $("messages");
-    list.scrollTop = list.scrollHeight;
+    if (following) list.scrollTop = list.scrollHeight; // (unless the reader scrolled up)
   }
 }
