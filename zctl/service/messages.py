@@ -163,10 +163,14 @@ class ServiceStats(Message):
     model: str = ""  # the export's model name (manifest.model.name)
     max_context: int = 0  # manifest.model.max_position_embeddings
     num_stages: int = 0
-    # the running placement's predicted speed, as the cluster status has it (None: no status)
-    prediction: PredictionStatus | None = None
     # the coordinator's cluster status the snapshot was made with (None: no status)
     cluster: ClusterStatus | None = None
+
+    @property
+    def prediction(self) -> PredictionStatus | None:
+        """The running placement's predicted speed, as the cluster status has it (None: no
+        status)."""
+        return self.cluster.prediction if self.cluster is not None else None
 
     def check(self) -> None:
         need(self.running >= 0 and self.waiting >= 0, "service_stats: negative running/waiting")

@@ -19,9 +19,9 @@
   cluster status (an in-process executor), the stages run here are "coordinator"'s, the
   others' node is "", and every stage is up while the pipeline serves.
 - ``cluster``: the cluster status itself (its nodes' addresses, devices and memory, the
-  stages' layers, refusals, counters and placement notes: the web page's cluster view).
-- ``prediction``: the cluster status's (the running placement's predicted speed,
-  controlplane/planner/running.py), as it is; None without a cluster status.
+  stages' layers, refusals, counters and placement notes: the web page's cluster view),
+  and with it ``prediction``, the running placement's predicted speed
+  (controlplane/planner/running.py), as it is; None without a cluster status.
 - ``health``: the engine's health callback; "the pipeline is not wired yet" without an
   executor.
 """
@@ -83,7 +83,7 @@ class StatsCollector:
                  else {COORDINATOR: True})
         return ServiceStats(self.engine.active, self.engine.waiting, dict(counters), stages,
                             hops, nodes, health, self.model, self.max_context, self.num_stages,
-                            status.prediction if status is not None else None, status)
+                            status)
 
     def _metrics(self, executor: MeasuredExecutor | None) -> StepMetrics:
         """Everything measured since the service started: the current executor's metrics

@@ -3,13 +3,17 @@ cluster status has a prediction, none while it says why it has not."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controlplane.records import PredictionStatus, StreamsPrediction
+from tests.zctl.cli.test_view import cluster, node
 from zctl.serve.metrics import ServeMetrics
 from zctl.service.messages import ServiceStats
 
 
 def scrape(prediction: PredictionStatus | None) -> list[str]:
-    stats = ServiceStats(0, 0, {}, [], [], {}, model="m", prediction=prediction)
+    status = replace(cluster([node("coord", 0, "127.0.0.1")]), prediction=prediction)
+    stats = ServiceStats(0, 0, {}, [], [], {}, model="m", cluster=status)
     text = ServeMetrics().render(stats, "m").decode()
     return [line for line in text.splitlines() if line.startswith("zctl_predicted_tok_s")]
 
@@ -24,3 +28,5 @@ def test_each_stream_count_is_a_gauge_while_there_is_a_prediction() -> None:
 def test_no_prediction_is_no_sample() -> None:
     assert scrape(PredictionStatus(error="node n1 has no profile: measuring")) == []
     assert scrape(None) == []
+    assert ServeMetrics().render(ServiceStats(0, 0, {}, [], [], {}), "m").count(
+        b"\nzctl_predicted_tok_s{") == 0  # no cluster status

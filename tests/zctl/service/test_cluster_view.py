@@ -38,7 +38,8 @@ def stats(compute: list[HistogramSnapshot], generated: int, running: int = 1,
               enumerate(zip(["coordinator", "n1", "n2"], compute, strict=True))]
     hops = [HopStats("0-1", 1000 * generated, compute[0])]
     return ServiceStats(running, 0, {"generated_tokens": generated}, stages, hops,
-                        {"coordinator": True}, model="m", prediction=prediction, cluster=st)
+                        {"coordinator": True}, model="m",
+                        cluster=replace(st, prediction=prediction))
 
 
 def test_quantiles_interpolate_inside_their_bucket_as_prometheus_does() -> None:
