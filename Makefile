@@ -1,12 +1,13 @@
 # Two entry points for a fresh machine: `make demo` (install + a streamed generation
 # through a local multi-stage cluster) and `make test` (install + the whole test suite, what
-# CI runs). `make test-quick` leaves out the tests marked slow (processes, whole models).
+# CI runs). `make test-quick` leaves out the tests marked slow (processes, whole models);
+# `make fuzz` fuzzes every decoder at full depth.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Why is the sky blue? Answer in two sentences.
 
-.PHONY: install demo test test-quick lint
+.PHONY: install demo test test-quick fuzz lint
 
 $(BIN)/zctl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,10 @@ test: install
 
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The decoders' fuzz tests at full depth (the suite runs 3,000 examples each).
+fuzz: install
+	ZCTL_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -q tests/test_fuzz_decoders.py
 
 lint: install
 	$(BIN)/ruff check .

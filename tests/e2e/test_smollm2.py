@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
+def test_speculative_through_a_cluster_equals_greedy_on_a_bench_prompt_of_each_kind(
         smol_int4_exports, tmp_path: Path) -> None:
     """Both drafters, fixed K so every step drafts where it can, through a 3-node local
     cluster (processes on 127.0.0.1-3) with exact activations and KV: token for token
-    the greedy output on each of bench_spec's 8 prompts."""
+    the greedy output on one of bench_spec's prompts of each kind (code,
+    extraction, chat, creative)."""
     import uuid
 
     from tools.spec.prompts import PROMPTS as BENCH_PROMPTS
@@ -37,7 +38,8 @@ def test_speculative_through_a_cluster_equals_greedy_on_every_bench_prompt(
             return list(done.tokens), done.spec.get("tokens_per_step", 1.0)
 
         per_step: dict[str, list[float]] = {"lookup": [], "draft": []}
-        for prompt in BENCH_PROMPTS:
+        kinds = {p.kind: p for p in reversed(BENCH_PROMPTS)}  # the first of each kind
+        for prompt in kinds.values():
             greedy, _ = run(prompt.text)
             for mode in ("lookup", f"draft:{one_stage}"):
                 tokens, tokens_per_step = run(prompt.text, mode)

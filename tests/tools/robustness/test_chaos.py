@@ -71,7 +71,7 @@ def test_every_fault_on_a_tiny_cluster(tiny_llama_dir: Path, tmp_path: Path,
     app = typer.Typer()
     app.command()(main)
     result = CliRunner().invoke(app, [
-        "--model", str(tiny_llama_dir), "--weights", "fp32", "--trials", "1", "--tokens", "80",
+        "--model", str(tiny_llama_dir), "--weights", "fp32", "--trials", "1", "--tokens", "40",
         "--fault-at", "4", "--hold", "3", "--link-delay-ms", "20", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout.strip().splitlines()[-1])
