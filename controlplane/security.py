@@ -151,3 +151,10 @@ class CurveClient:
     def apply(self, sock: zmq.Socket) -> None:
         _require_curve()
         curve_client(sock, self.server_public, self.public, self.secret)
+
+
+def key_fingerprint(public: bytes) -> str:
+    """The sha256 of a Z85 public key, hex: what discovery announces and pairing shows."""
+    import hashlib
+
+    return hashlib.sha256(public).hexdigest()

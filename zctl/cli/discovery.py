@@ -1,0 +1,83 @@
+"""``zctl cluster ls`` and the cluster ``zctl node join`` finds when given no address."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, NamedTuple
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+err = Console(stderr=True)
+out = Console()
+
+BrowseSeconds = Annotated[float, typer.Option(
+    "--browse-seconds", help="how long to listen for announcements", min=0.2, max=60.0)]
+
+
+class JoinTarget(NamedTuple):
+    """Where a node joins, and how it finds that cluster again."""
+
+    control: str
+    cluster: str  # "": joined by address, not found again by name
+    fingerprint: str
+
+
+def find_join_target(cluster: str | None, curve_server_key: Path | None, seconds: float
+                     ) -> JoinTarget:
+    """The announced cluster a node with no address joins (``cluster`` by name, else the only
+    one); ValueError saying why there is none to join, or why it is not to be trusted."""
+    from controlplane.messages import PROTOCOL_VERSION
+    from controlplane.security import SecurityError, key_fingerprint, read_public_key
+    from zctl.discovery.browser import browse
+    from zctl.discovery.records import choose_cluster, key_problem
+
+    try:
+        sightings = browse(PROTOCOL_VERSION, seconds)
+    except OSError as exc:
+        raise ValueError(f"cannot listen for announcements ({exc}); join by address: zctl node "
+                         "join tcp://HOST:PORT") from None
+    for name, reason in sightings.refused.items():
+        err.print(f"[yellow]ignored[/] {escape(name)}: {escape(reason)}", soft_wrap=True,
+                  highlight=False)
+    found = choose_cluster(sightings.announcements, cluster)
+    try:
+        key = key_fingerprint(read_public_key(curve_server_key)) if curve_server_key else ""
+    except SecurityError as exc:
+        raise ValueError(str(exc)) from None
+    problem = key_problem(found, key)
+    if problem:
+        raise ValueError(problem)
+    err.print(f"found {found.describe()}", soft_wrap=True, highlight=False)
+    return JoinTarget(found.control, found.cluster, found.fingerprint)
+
+
+def cluster_ls(seconds: BrowseSeconds = 2.0,
+               show_refused: Annotated[bool, typer.Option(
+                   "--refused/--no-refused", help="also list announcements refused, and why")
+               ] = True) -> None:
+    """The clusters announced on this LAN (DNS-SD over multicast DNS)."""
+    from controlplane.messages import PROTOCOL_VERSION
+    from zctl.discovery.browser import browse
+    from zctl.discovery.records import short_fingerprint
+
+    try:
+        sightings = browse(PROTOCOL_VERSION, seconds)
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] cannot listen for announcements: {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    if not sightings.announcements:
+        out.print("no cluster is announced on this LAN (zctl doctor checks multicast)")
+    else:
+        table = Table("cluster", "control", "protocol", "OpenVINO", "CURVE key", "coordinator")
+        for a in sorted(sightings.announcements, key=lambda a: (a.cluster, a.control)):
+            table.add_row(a.cluster, a.control, str(a.protocol), a.openvino,
+                          short_fingerprint(a.fingerprint) if a.curve else "off",
+                          a.coordinator_id)
+        out.print(table)
+    if show_refused:
+        for name, reason in sorted(sightings.refused.items()):
+            out.print(f"refused {escape(name)}: {escape(reason)}", soft_wrap=True,
+                      highlight=False)
