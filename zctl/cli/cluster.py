@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
-from zctl.cli.discovery import BrowseSeconds, JoinTarget, find_join_target
+from zctl.cli.discovery import BrowseSeconds, find_cluster, server_key_for
 from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export, is_export, local_export_ranges
+from zctl.cli.pairing import PairPort, pair_node, paired_key_file
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.api import cors_origin, parse_api, start_api
 from zctl.launcher.local import start_coordinator, start_local_cluster, stop_processes, wait_serving
@@ -532,6 +533,10 @@ def node_join(
     cluster: Annotated[str | None, typer.Option(
         help="with no address: join the announced cluster of this name")] = None,
     browse_seconds: BrowseSeconds = 2.0,
+    pair: Annotated[str | None, typer.Option(
+        "--pair", help="a --curve cluster's one-time code from zctl cluster pair: trade keys "
+                       "with the coordinator (no key files)")] = None,
+    pair_port: PairPort = 5549,
     host: Annotated[str | None, typer.Option(help="address other nodes reach this one at")] = None,
     data_port: Annotated[int, typer.Option(help="inbound data port (0: last used, or free)")] = 0,
     state_dir: Annotated[Path | None, typer.Option(help="node id and shard cache")] = None,
@@ -557,16 +562,29 @@ def node_join(
     """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
     from zctl.cli.view import TransferProgress
     from zctl.launcher.processes import NodeProcess, run_node
+    from zctl.paths import zctl_home
 
     if memory_mb < 0:
         _fail(f"--memory-mb must be >= 0, not {memory_mb}")
     if coordinator is not None and cluster is not None:
         _fail("give an address or --cluster NAME, not both")
+    if pair is not None and curve_server_key is not None:
+        _fail("--pair brings the coordinator's key: leave out --curve-server-key")
     try:
-        target = (JoinTarget(coordinator, "", "") if coordinator is not None
-                  else find_join_target(cluster, curve_server_key, browse_seconds))
-        node = NodeProcess(target.control, rediscover=target.cluster,
-                           fingerprint=target.fingerprint, host=host, data_port=data_port,
+        state = state_dir or zctl_home() / "node"
+        found = None if coordinator is not None else find_cluster(cluster, browse_seconds)
+        control = coordinator if found is None else found.control
+        if pair is not None:
+            from controlplane.nodeinfo import load_or_create_node_id
+
+            state.mkdir(parents=True, exist_ok=True)
+            curve_server_key = pair_node(pair, control, pair_port, state,
+                                         load_or_create_node_id(state),
+                                         found.fingerprint if found else "")
+        elif found is not None:
+            curve_server_key = server_key_for(found, curve_server_key, paired_key_file(state))
+        node = NodeProcess(control, rediscover=found.cluster if found else "",
+                           fingerprint=found.fingerprint if found else "", host=host, data_port=data_port,
                            heartbeat=heartbeat, reconnect_max=reconnect_max,
                            state_dir=str(state_dir) if state_dir else None, tok_s=tok_s,
                            curve_server_key=str(curve_server_key) if curve_server_key else None,

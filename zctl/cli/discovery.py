@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from zctl.discovery.records import Announcement
 
 err = Console(stderr=True)
 out = Console()
@@ -17,22 +19,12 @@ BrowseSeconds = Annotated[float, typer.Option(
     "--browse-seconds", help="how long to listen for announcements", min=0.2, max=60.0)]
 
 
-class JoinTarget(NamedTuple):
-    """Where a node joins, and how it finds that cluster again."""
-
-    control: str
-    cluster: str  # "": joined by address, not found again by name
-    fingerprint: str
-
-
-def find_join_target(cluster: str | None, curve_server_key: Path | None, seconds: float
-                     ) -> JoinTarget:
+def find_cluster(cluster: str | None, seconds: float) -> Announcement:
     """The announced cluster a node with no address joins (``cluster`` by name, else the only
-    one); ValueError saying why there is none to join, or why it is not to be trusted."""
+    one); ValueError saying why there is none to join."""
     from controlplane.messages import PROTOCOL_VERSION
-    from controlplane.security import SecurityError, key_fingerprint, read_public_key
     from zctl.discovery.browser import browse
-    from zctl.discovery.records import choose_cluster, key_problem
+    from zctl.discovery.records import choose_cluster
 
     try:
         sightings = browse(PROTOCOL_VERSION, seconds)
@@ -43,15 +35,37 @@ def find_join_target(cluster: str | None, curve_server_key: Path | None, seconds
         err.print(f"[yellow]ignored[/] {escape(name)}: {escape(reason)}", soft_wrap=True,
                   highlight=False)
     found = choose_cluster(sightings.announcements, cluster)
+    err.print(f"found {found.describe()}", soft_wrap=True, highlight=False)
+    return found
+
+
+def server_key_for(found: Announcement, given: Path | None, paired: Path) -> Path | None:
+    """The coordinator key file a node joining ``found`` uses: the one ``given``, else the
+    one an earlier pairing left (``paired``) if it is the key the cluster announces;
+    ValueError when the node's key and the announcement disagree (key_problem)."""
+    from zctl.discovery.records import key_problem
+
+    key = given
+    if key is None and found.curve and paired.is_file() and \
+            key_file_fingerprint(paired) == found.fingerprint:
+        key = paired
+    problem = key_problem(found, key_file_fingerprint(key))
+    if problem:
+        raise ValueError(problem + ("" if key else "; or pair: zctl cluster pair on the "
+                                    "coordinator, then zctl node join --pair CODE"))
+    return key
+
+
+def key_file_fingerprint(key_file: Path | None) -> str:
+    """The fingerprint of a coordinator key file ("": no file); ValueError if unreadable."""
+    from controlplane.security import SecurityError, key_fingerprint, read_public_key
+
+    if key_file is None:
+        return ""
     try:
-        key = key_fingerprint(read_public_key(curve_server_key)) if curve_server_key else ""
+        return key_fingerprint(read_public_key(key_file))
     except SecurityError as exc:
         raise ValueError(str(exc)) from None
-    problem = key_problem(found, key)
-    if problem:
-        raise ValueError(problem)
-    err.print(f"found {found.describe()}", soft_wrap=True, highlight=False)
-    return JoinTarget(found.control, found.cluster, found.fingerprint)
 
 
 def cluster_ls(seconds: BrowseSeconds = 2.0,
