@@ -12,11 +12,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -145,13 +147,14 @@ def lan(tiny_exports, tmp_path_factory) -> Iterator[Lan]:
         lan_down()
 
 
-def serving(control: str, timeout: float, nodes: int):  # noqa: ANN201 - a ClusterStatus
+def serving(control: str, timeout: float, nodes: int, curve=None):  # noqa: ANN001, ANN201
+    """The status of the cluster at ``control`` once it serves with ``nodes`` nodes."""
     from controlplane.client import ClusterUnreachable, query_status
 
     deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         try:
-            last = query_status(control, timeout=1.0)
+            last = query_status(control, timeout=1.0, curve=curve)
         except ClusterUnreachable:
             time.sleep(0.3)
             continue
@@ -192,3 +195,179 @@ def test_nodes_with_no_address_find_the_cluster_and_it_serves(lan: Lan, lab) -> 
     for node in nodes:
         assert "found lab at tcp://10.219.55.10:5550 (protocol" in lan.log(node)
     assert len(tokens_from(f"tcp://{addr('c')}:5551")) == TOKENS
+
+
+@pytest.fixture(scope="module")
+def forger():
+    """Forged, other-protocol and malformed announcements, sent from the bridge's address."""
+    from zeroconf import IPVersion, ServiceInfo, Zeroconf
+
+    from controlplane.messages import PROTOCOL_VERSION
+    from zctl.discovery.records import SERVICE_TYPE, Announcement, announcement_txt
+
+    def info(name: str, txt: dict[str, str]) -> ServiceInfo:
+        return ServiceInfo(SERVICE_TYPE, f"{name}.{SERVICE_TYPE}", port=5550, properties=txt,
+                           addresses=[socket.inet_aton(f"{SUBNET}.1")], server=f"{name}.local.")
+
+    zeroconf = Zeroconf(interfaces=[f"{SUBNET}.1"], ip_version=IPVersion.V4Only)
+    infos = [info("forged-lab", announcement_txt(Announcement(  # lab's name and address
+                 "lab", f"tcp://{addr('c')}:5550", PROTOCOL_VERSION, "2026.4.1", "evil"))),
+             info("old", announcement_txt(Announcement(
+                 "old", f"tcp://{SUBNET}.1:5550", PROTOCOL_VERSION - 1, "2026.4.1", "pc-old"))),
+             info("junk", {"fmt": "1", "cluster": "\x00" * 3, "control": "tcp://x:y"})]
+    try:
+        with ThreadPoolExecutor(len(infos)) as pool:
+            list(pool.map(zeroconf.register_service, infos))
+        yield
+    finally:
+        zeroconf.close()
+
+
+@pytest.fixture(scope="module")
+def vault(lan: Lan, lab, forger):
+    """A second cluster, ``vault``, with CURVE on, in its own namespace; it waits for one
+    node (which only pairing can admit). cluster.json in its home, as cluster up writes."""
+    from zctl.launcher.record import ClusterRecord
+
+    home = lan.root / "vault"
+    proc = lan.coordinator("x", addr("x"), "vault", "vault", curve=True, expect_nodes=1)
+    record = ClusterRecord(control=f"tcp://{addr('x')}:5550", serve=f"tcp://{addr('x')}:5551",
+                           export_dir=str(lan.export_dir), pids=[proc.pid],
+                           curve_dir=str(home / "coordinator"))
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "cluster.json").write_text(json.dumps(asdict(record)))
+    deadline = time.monotonic() + 60
+    while "announced cluster vault" not in lan.log(proc):
+        assert time.monotonic() < deadline and proc.poll() is None, lan.log(proc)
+        time.sleep(0.3)
+    return record
+
+
+def test_two_clusters_a_node_joins_the_one_named_and_refuses_to_guess(lan: Lan, vault) -> None:
+    listed = lan.run("1", ["cluster", "ls"], "ls")
+    assert listed.returncode == 0, listed.stderr
+    assert "lab" in listed.stdout and "vault" in listed.stdout
+    assert f"tcp://{addr('x')}:5550" in listed.stdout
+    assert "refused old" in listed.stdout and "speaks control protocol" in listed.stdout
+    assert "refused forged-lab" in listed.stdout and "forged" in listed.stdout
+    guess = lan.run("2", ["node", "join", "--no-profile"], "guess")
+    assert guess.returncode == 1
+    assert "2 clusters are announced; name one with --cluster NAME" in guess.stderr
+    assert "lab at tcp://10.219.55.10:5550" in guess.stderr and "vault at " in guess.stderr
+    assert "Traceback" not in guess.stderr
+    # the CURVE cluster, named, without pairing or a key: refused before anything is sent
+    keyless = lan.run("2", ["node", "join", "--no-profile", "--cluster", "vault"], "keyless")
+    assert keyless.returncode == 1 and "CURVE-secured" in keyless.stderr
+    assert "zctl node join --pair CODE" in keyless.stderr
+
+
+def pair_code(proc: subprocess.Popen, timeout: float = 30) -> str:
+    """The code ``zctl cluster pair`` prints first."""
+    import select
+
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith("pairing code: "):
+                return line.split()[2]
+        assert proc.poll() is None, proc.stdout.read()
+    raise AssertionError("no pairing code printed")
+
+
+def desk(lan: Lan, vault) -> subprocess.Popen:  # noqa: ANN001
+    proc = subprocess.Popen(["ip", "netns", "exec", ns("x"), sys.executable, "-m", "zctl",
+                             "cluster", "pair", "--minutes", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=lan.env(lan.root / "vault"),
+                            start_new_session=True, stdin=subprocess.DEVNULL)
+    lan.procs.append(proc)
+    return proc
+
+
+def test_pairing_admits_a_node_once_and_refuses_wrong_codes(lan: Lan, vault) -> None:
+    from controlplane.client import query_status
+    from zctl.launcher.record import control_curve
+
+    first = desk(lan, vault)
+    code = pair_code(first)
+    wrong = f"{(int(code[:4]) + 1) % 10000:04d}-{code[5:]}"
+    refused = lan.run("2", ["node", "join", "--no-profile", "--cluster", "vault", "--pair", wrong],
+                      "wrong")
+    assert refused.returncode == 1, refused.stderr
+    assert "pairing failed: the pairing code is wrong" in refused.stderr
+    limited = lan.run("2", ["node", "join", "--no-profile", "--cluster", "vault", "--pair", code],
+                      "wrong")  # even the right code, within the cooldown
+    assert limited.returncode == 1 and "rate-limited after wrong codes" in limited.stderr
+    assert not (lan.root / "wrong" / "node" / "curve" / "coordinator.key").exists()
+    time.sleep(1.2)  # the first cooldown is 1 s
+    node = lan.node("2", "paired", "--cluster", "vault", "--pair", code)
+    assert first.wait(30) == 0
+    said = first.stdout.read()  # type: ignore[union-attr]
+    assert "paired node " in said and "is admitted" in said
+    status = serving(vault.control, 90, 1, curve=control_curve(vault))
+    assert status.curve  # the control and the data pipes: CURVE
+    paired = [n for n in status.nodes if n.host == addr("2")]
+    assert paired and paired[0].state == "serving"
+    fingerprint = said.split("its key ")[1].split()[0]
+    deadline = time.monotonic() + 10
+    while "paired: the coordinator's key is" not in lan.log(node) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert f"this node's is {fingerprint}" in lan.log(node)
+    assert len(tokens_from(vault.serve)) == TOKENS  # through the node's encrypted pipes
+    # the code is spent: a new desk's code is another, and the old one is refused there
+    second = desk(lan, vault)
+    assert pair_code(second) != code
+    reused = lan.run("1", ["node", "join", "--no-profile", "--cluster", "vault", "--pair", code],
+                     "reused")
+    assert reused.returncode == 1 and "the pairing code is wrong (or spent)" in reused.stderr
+    lan.stop(second)
+    # a node with the coordinator's key but never admitted gets nothing
+    server_key = Path(vault.curve_dir) / "curve" / "coordinator.key"
+    stranger = lan.node("1", "stranger", "--cluster", "vault", "--curve-server-key",
+                        str(server_key))
+    time.sleep(6)
+    status = query_status(vault.control, timeout=2.0, curve=control_curve(vault))
+    assert addr("1") not in {n.host for n in status.nodes}
+    assert "enrolled" not in lan.log(stranger).lower()
+    lan.stop(stranger)
+    del node
+
+
+def test_the_coordinator_moves_and_its_nodes_follow(lan: Lan, lab) -> None:
+    coordinator, nodes, _ = lab
+    before = tokens_from(f"tcp://{addr('c')}:5551")
+    lan.stop(coordinator)
+    moved = f"{SUBNET}.{MOVED}"
+    lan.coordinator("c", moved, "lab", "coord")  # the same state dir, another address
+    status = serving(f"tcp://{moved}:5550", 120, 2)
+    assert {n.host for n in status.nodes} == {moved, addr("1"), addr("2")}
+    assert all(n.poll() is None for n in nodes)  # the same node processes
+    assert tokens_from(f"tcp://{moved}:5551") == before
+    for node in nodes:
+        assert f"the coordinator moved from tcp://{addr('c')}:5550 to tcp://{moved}:5550" in \
+            lan.log(node)
+
+
+def test_where_multicast_is_dropped_doctor_says_so_and_names_the_fallback(lan: Lan) -> None:
+    if shutil.which("nft") is None:
+        pytest.skip("nftables (nft) is not installed")
+    rules = ("add table ip zdsc\n"
+             "add chain ip zdsc out { type filter hook output priority 0 ; }\n"
+             "add chain ip zdsc in { type filter hook input priority 0 ; }\n"
+             "add rule ip zdsc out ip daddr 224.0.0.0/4 drop\n"
+             "add rule ip zdsc in ip daddr 224.0.0.0/4 drop\n")
+    subprocess.run(["ip", "netns", "exec", ns("m"), "nft", "-f", "-"], input=rules, text=True,
+                   check=True, capture_output=True)
+    doctor = lan.run("m", ["doctor", "--json"], "blocked", timeout=120)
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    multicast = checks["LAN multicast"]
+    assert multicast["status"] == "fail", multicast
+    assert "eth0 10.219.55.14" in multicast["detail"]
+    assert "zctl node join tcp://HOST:PORT" in multicast["detail"]
+    assert checks["LAN clusters"]["status"] == "warn"
+    join = lan.run("m", ["node", "join", "--no-profile"], "blocked")
+    assert join.returncode == 1 and "no cluster is announced on this LAN" in join.stderr
+    assert "zctl node join tcp://HOST:PORT" in join.stderr
