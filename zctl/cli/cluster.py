@@ -219,6 +219,8 @@ def cluster_up(
             from zctl.discovery.records import check_cluster_name
 
             check_cluster_name(cluster_name)
+        if announce and local is None:
+            _check_announce(bind, host, announce_interfaces or [], announce_loopback)
         api_opts = api_options(api, api_cors_origins, api_ssl_certfile, api_ssl_keyfile)
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
         runtime = runtime_spec(None if precision == "default" else precision, threads, device,
@@ -373,6 +375,18 @@ def _start_remote_coordinator(coordinator: CoordinatorProcess) -> ClusterRecord:
     record = start_coordinator(replace(coordinator, host=public), root)
     record.curve_dir = str(root / "coordinator") if coordinator.curve else ""
     return record
+
+
+def _check_announce(bind: str, host: str | None, named: list[str], loopback: bool) -> None:
+    """ValueError if the interfaces named are missing; a note if there is none to announce on."""
+    from zctl.discovery.interfaces import announce_addresses, local_interfaces
+
+    bind_host = bind.rpartition(":")[0]
+    if not announce_addresses(local_interfaces(), bind_host, named, loopback,
+                              control_host=host or ""):
+        err.print(f"[yellow]note:[/] no interface to announce the cluster on for --bind {bind} "
+                  "(loopback and container bridges are left out): nodes join by address",
+                  soft_wrap=True)
 
 
 def _host_name() -> str:

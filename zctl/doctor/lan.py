@@ -32,6 +32,7 @@ class MulticastFacts:
     interface: Interface
     heard: bool
     error: str = ""
+    tested: bool = True  # False: the probe's socket could not be set up (no verdict)
 
 
 def multicast_loop(interface: Interface, timeout: float = 1.0) -> MulticastFacts:
@@ -69,7 +70,7 @@ def multicast_loop(interface: Interface, timeout: float = 1.0) -> MulticastFacts
                 if data == packet:
                     return MulticastFacts(interface, True)
     except OSError as exc:
-        return MulticastFacts(interface, False, exc.strerror or str(exc))
+        return MulticastFacts(interface, False, exc.strerror or str(exc), tested=False)
     return MulticastFacts(interface, False, f"its own query did not come back within {timeout:g} s")
 
 
@@ -86,8 +87,13 @@ def multicast_check(facts: Sequence[MulticastFacts]) -> Check:
     if not facts:
         return Check("LAN multicast", WARN, "no LAN interface here (only loopback or container "
                                             f"bridges): nothing to announce on; {FALLBACK}")
-    bad = [f for f in facts if not f.heard]
-    where = ", ".join(f"{f.interface.name} {f.interface.address}" for f in facts)
+    bad = [f for f in facts if not f.heard and f.tested]
+    untested = [f for f in facts if not f.tested]
+    where = ", ".join(f"{f.interface.name} {f.interface.address}" for f in facts if f.heard)
+    if not bad and untested:
+        detail = "; ".join(f"{f.interface.name} {f.interface.address}: {f.error}" for f in untested)
+        return Check("LAN multicast", WARN, f"could not test multicast DNS ({detail})"
+                                            + (f"; it loops back on {where}" if where else ""))
     if not bad:
         return Check("LAN multicast", PASS, f"multicast DNS loops back on {where}")
     detail = "; ".join(f"{f.interface.name} {f.interface.address}: {f.error}" for f in bad)

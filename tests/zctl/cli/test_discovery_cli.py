@@ -72,6 +72,8 @@ def test_cluster_pair_needs_a_curve_cluster_here(seen):
     assert result.exit_code == 1 and "no --curve cluster is up here" in result.output
 
 
-def test_cluster_up_refuses_a_bad_cluster_name(seen):
+def test_cluster_up_refuses_a_bad_cluster_name_or_interface(seen):
     result = runner.invoke(app, ["cluster", "up", "--cluster-name", "no spaces"])
     assert result.exit_code == 1 and "cluster name 'no spaces'" in result.output
+    result = runner.invoke(app, ["cluster", "up", "--announce-interface", "nosuch0"])
+    assert result.exit_code == 1 and "no IPv4 interface named nosuch0" in result.output

@@ -26,6 +26,8 @@ def test_multicast_that_does_not_loop_back_fails_naming_the_fallback():
     bad = multicast_check([MulticastFacts(ETH, False, "its own query did not come back")])
     assert bad.status == FAIL and "eth0 10.0.0.5: its own query did not come back" in bad.detail
     assert "zctl node join tcp://HOST:PORT" in bad.detail
+    busy = multicast_check([MulticastFacts(ETH, False, "Address already in use", tested=False)])
+    assert busy.status == WARN and "could not test multicast DNS (eth0" in busy.detail
     none = multicast_check([])
     assert none.status == WARN and "no LAN interface" in none.detail
 
