@@ -28,7 +28,6 @@ def hostile(name: str, txt: dict[str, str]) -> ServiceInfo:
 def announced():
     good = Announcement("loop-lab", "tcp://127.0.0.1:5599", PROTO, "2026.4.1", "pc-loop", "")
     announcer = Announcer(good, [LO])
-    announcer.start()
     forger = Zeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
     infos = [
         hostile("forged", announcement_txt(Announcement(
@@ -38,8 +37,9 @@ def announced():
         hostile("junk", {"fmt": "1", "cluster": "junk", "control": "tcp://127.0.0.1:x"}),
     ]
     try:
-        with ThreadPoolExecutor(len(infos)) as pool:  # each registration probes for ~1.5 s
-            list(pool.map(forger.register_service, infos))
+        with ThreadPoolExecutor(len(infos) + 1) as pool:  # each registration probes ~1.5 s
+            list(pool.map(lambda register: register(), [announcer.start, *(
+                lambda info=info: forger.register_service(info) for info in infos)]))
         yield good
     finally:
         forger.close()
@@ -54,8 +54,8 @@ def test_a_browse_finds_the_announcement_and_refuses_the_rest(announced):
     assert "speaks control protocol 8, this zctl speaks 9" in refused["old"]
     assert refused["junk"] == "no 'proto' in the record"
     assert Rediscovery("loop-lab", PROTO, seconds=1.5).locate() == "tcp://127.0.0.1:5599"
-    assert Rediscovery("loop-lab", PROTO, fingerprint="ab" * 32, seconds=1.5).locate() is None
-    assert Rediscovery("nowhere", PROTO, seconds=0.5).locate() is None
+    assert Rediscovery("loop-lab", PROTO, fingerprint="ab" * 32, seconds=1.0).locate() is None
+    assert Rediscovery("nowhere", PROTO, seconds=0.3).locate() is None
 
 
 def test_loopback_is_announced_only_when_asked():
