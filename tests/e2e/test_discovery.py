@@ -25,56 +25,27 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_fault_tolerance import EXACT
+from tools.robustness.chaos_net import Namespaces
 from zctl.launcher.processes import CoordinatorProcess
 
-SUBNET = "10.219.55"
+SUBNET = "10.219.55"  # this module's own /24 (the chaos harness uses 10.213.7)
 PREFIX = "zdsc"
-BRIDGE = f"{PREFIX}br"
-SPACES = {"c": 10, "1": 11, "2": 12, "x": 13, "m": 14}  # namespace suffix -> host number
+NODES = {"c": 1, "1": 2, "2": 3, "x": 4, "m": 5}  # namespace -> the harness's node number
 MOVED = 20  # the coordinator's second address, where it restarts
 TOKENS = 8
+NET = Namespaces(len(NODES) + 1, prefix=PREFIX, subnet=SUBNET)  # node 0: the host's bridge
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
     reason="network namespaces need root and iproute2")
 
 
-def _ip(*args: str, check: bool = True) -> None:
-    subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
-
-
 def ns(name: str) -> str:
-    return f"{PREFIX}{name}"
+    return NET.ns(NODES[name])
 
 
 def addr(name: str) -> str:
-    return f"{SUBNET}.{SPACES[name]}"
-
-
-def lan_down() -> None:
-    for name in SPACES:
-        _ip("netns", "del", ns(name), check=False)
-        _ip("link", "del", f"{PREFIX}v{name}", check=False)
-    _ip("link", "del", BRIDGE, check=False)
-
-
-def lan_up() -> None:
-    lan_down()
-    _ip("link", "add", BRIDGE, "type", "bridge")
-    _ip("addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
-    _ip("link", "set", BRIDGE, "up")
-    for name in SPACES:
-        space, veth = ns(name), f"{PREFIX}v{name}"
-        _ip("netns", "add", space)
-        _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
-        _ip("link", "set", f"{veth}p", "netns", space)
-        _ip("link", "set", veth, "master", BRIDGE)
-        _ip("link", "set", veth, "up")
-        for args in (("link", "set", "lo", "up"), ("link", "set", f"{veth}p", "name", "eth0"),
-                     ("addr", "add", f"{addr(name)}/24", "dev", "eth0"),
-                     ("link", "set", "eth0", "up")):
-            _ip("netns", "exec", space, "ip", *args)
-    _ip("netns", "exec", ns("c"), "ip", "addr", "add", f"{SUBNET}.{MOVED}/24", "dev", "eth0")
+    return NET.host(NODES[name])
 
 
 class Lan:
@@ -137,14 +108,18 @@ class Lan:
 
 @pytest.fixture(scope="module")
 def lan(tiny_exports, tmp_path_factory) -> Iterator[Lan]:
+    """A bridge on the host and a namespace per machine (the chaos harness's), the
+    coordinator's with a second address; everything removed afterwards."""
     export_dir = tiny_exports.get([(0, 1), (1, 3), (3, 4)])
-    lan_up()
+    NET.up()
     net = Lan(tmp_path_factory.mktemp("discovery"), export_dir)
     try:
+        subprocess.run(["ip", "netns", "exec", ns("c"), "ip", "addr", "add",
+                        f"{SUBNET}.{MOVED}/24", "dev", "eth0"], check=True, capture_output=True)
         yield net
     finally:
         net.close()
-        lan_down()
+        NET.down()
 
 
 def serving(control: str, timeout: float, nodes: int, curve=None):  # noqa: ANN001, ANN201
@@ -190,10 +165,10 @@ def test_nodes_with_no_address_find_the_cluster_and_it_serves(lan: Lan, lab) -> 
     coordinator, nodes, status = lab
     assert [s.index for s in status.stages] == [0, 1, 2]
     assert {n.host for n in status.nodes} == {addr("c"), addr("1"), addr("2")}
-    assert "announced cluster lab at tcp://10.219.55.10:5550 on eth0 10.219.55.10" in lan.log(
-        coordinator)
+    control = f"tcp://{addr('c')}:5550"
+    assert f"announced cluster lab at {control} on eth0 {addr('c')}" in lan.log(coordinator)
     for node in nodes:
-        assert "found lab at tcp://10.219.55.10:5550 (protocol" in lan.log(node)
+        assert f"found lab at {control} (protocol" in lan.log(node)
     assert len(tokens_from(f"tcp://{addr('c')}:5551")) == TOKENS
 
 
@@ -253,7 +228,7 @@ def test_two_clusters_a_node_joins_the_one_named_and_refuses_to_guess(lan: Lan, 
     guess = lan.run("2", ["node", "join", "--no-profile"], "guess")
     assert guess.returncode == 1
     assert "2 clusters are announced; name one with --cluster NAME" in guess.stderr
-    assert "lab at tcp://10.219.55.10:5550" in guess.stderr and "vault at " in guess.stderr
+    assert f"lab at tcp://{addr('c')}:5550" in guess.stderr and "vault at " in guess.stderr
     assert "Traceback" not in guess.stderr
     # the CURVE cluster, named, without pairing or a key: refused before anything is sent
     keyless = lan.run("2", ["node", "join", "--no-profile", "--cluster", "vault"], "keyless")
@@ -365,7 +340,7 @@ def test_where_multicast_is_dropped_doctor_says_so_and_names_the_fallback(lan: L
     checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
     multicast = checks["LAN multicast"]
     assert multicast["status"] == "fail", multicast
-    assert "eth0 10.219.55.14" in multicast["detail"]
+    assert f"eth0 {addr('m')}" in multicast["detail"]
     assert "zctl node join tcp://HOST:PORT" in multicast["detail"]
     assert checks["LAN clusters"]["status"] == "warn"
     join = lan.run("m", ["node", "join", "--no-profile"], "blocked")
