@@ -2,9 +2,10 @@
 
 Paranoid Pirate on the node side: any traffic from the coordinator counts as a
 heartbeat; after ``liveness`` silent intervals the agent closes its socket and
-reconnects with exponential backoff (``reconnect_min`` to ``reconnect_max``). The
-node id (``<state_dir>/node_id``) is also the socket's routing id, so a restarted node
-reclaims its place. Slow work (hashing a cached shard, compiling a stage) runs on a
+reconnects with exponential backoff (``reconnect_min`` to ``reconnect_max``), first asking
+``locate`` (when given: a node that found its cluster on the LAN) where the coordinator is
+now. The node id (``<state_dir>/node_id``) is also the socket's routing id, so a restarted
+node reclaims its place. Slow work (hashing a cached shard, compiling a stage) runs on a
 worker thread so heartbeats never stall; a profile is measured in a process of its own
 (controlplane/profile_job.py) and a link probed on a thread of its own, both reported
 when done. The node answers probes of its links at its probe endpoint (an echo,

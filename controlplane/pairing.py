@@ -28,7 +28,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import zmq
 from spake2 import SPAKE2_A, SPAKE2_B
@@ -138,7 +138,6 @@ class _Session:
     inbound: bytes
     outbound: bytes
     key: bytes
-    started: float = field(default_factory=time.monotonic)
 
 
 class PairingDesk:
