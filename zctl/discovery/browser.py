@@ -5,7 +5,6 @@ others come back as refusals with their reasons, never as an exception."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -43,21 +42,17 @@ def browse(protocol: int, seconds: float = BROWSE_S, interfaces: list[str] | Non
     """The clusters announced on the LAN within ``seconds`` (on ``interfaces``' addresses,
     default every interface); OSError if no multicast socket can be opened."""
     names: list[str] = []
-    seen = threading.Event()
 
     def on_change(zeroconf: Zeroconf, service_type: str, name: str,
                   state_change: ServiceStateChange) -> None:
         if state_change is not ServiceStateChange.Removed and name not in names:
             names.append(name)
-            seen.set()
 
     zeroconf = Zeroconf(interfaces=interfaces or InterfaceChoice.All, ip_version=IPVersion.V4Only)
     sightings = Sightings()
     try:
         browser = ServiceBrowser(zeroconf, SERVICE_TYPE, handlers=[on_change])
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        time.sleep(seconds)  # the browser's queries and their answers run on its own thread
         browser.cancel()
         for name in list(names):
             _read(zeroconf, name, protocol, sightings)
