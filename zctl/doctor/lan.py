@@ -59,7 +59,11 @@ def multicast_loop(interface: Interface, timeout: float = 1.0) -> MulticastFacts
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, here)
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 255)
-            sock.sendto(packet, (MDNS_GROUP, MDNS_PORT))
+            try:
+                sock.sendto(packet, (MDNS_GROUP, MDNS_PORT))
+            except OSError as exc:  # EPERM: a firewall rule refused it
+                return MulticastFacts(interface, False,
+                                      f"sending was refused ({exc.strerror or exc})")
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
                 sock.settimeout(left)
