@@ -332,9 +332,17 @@ def test_the_coordinator_moves_and_its_nodes_follow(lan: Lan, lab) -> None:
             lan.log(node)
 
 
-def test_where_multicast_is_dropped_doctor_says_so_and_names_the_fallback(lan: Lan) -> None:
+def test_where_multicast_is_dropped_doctor_says_so_and_names_the_fallback(lan: Lan, vault
+                                                                         ) -> None:
     if shutil.which("nft") is None:
         pytest.skip("nftables (nft) is not installed")
+    doctor = lan.run("m", ["doctor", "--json"], "open", timeout=120)  # before the rule
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks["LAN multicast"]["status"] == "pass", checks["LAN multicast"]
+    assert "lab (tcp://" in checks["LAN clusters"]["detail"]
+    assert "vault (tcp://" in checks["LAN clusters"]["detail"]
+    assert checks["announced lab"]["status"] == checks["announced vault"]["status"] == "pass"
+    assert checks["cluster names"]["status"] == checks["node id"]["status"] == "pass"
     rules = ("add table ip zdsc\n"
              "add chain ip zdsc out { type filter hook output priority 0 ; }\n"
              "add chain ip zdsc in { type filter hook input priority 0 ; }\n"
