@@ -39,8 +39,9 @@ class Sightings:
 
 def browse(protocol: int, seconds: float = BROWSE_S, interfaces: list[str] | None = None
            ) -> Sightings:
-    """The clusters announced on the LAN within ``seconds`` (on ``interfaces``' addresses,
-    default every interface); OSError if no multicast socket can be opened."""
+    """The clusters announced on the LAN within ``seconds`` (twice that when none answered
+    in time) on ``interfaces``' addresses (default every interface); OSError if no
+    multicast socket can be opened."""
     names: list[str] = []
 
     def on_change(zeroconf: Zeroconf, service_type: str, name: str,
@@ -53,6 +54,8 @@ def browse(protocol: int, seconds: float = BROWSE_S, interfaces: list[str] | Non
     try:
         browser = ServiceBrowser(zeroconf, SERVICE_TYPE, handlers=[on_change])
         time.sleep(seconds)  # the browser's queries and their answers run on its own thread
+        if not names:  # nothing yet: a loaded machine or a slow responder gets as long again
+            time.sleep(seconds)
         browser.cancel()
         for name in list(names):
             _read(zeroconf, name, protocol, sightings)
