@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -24,7 +25,7 @@ def find_cluster(cluster: str | None, seconds: float) -> Announcement:
     one); ValueError saying why there is none to join."""
     from controlplane.messages import PROTOCOL_VERSION
     from zctl.discovery.browser import browse
-    from zctl.discovery.records import choose_cluster
+    from zctl.discovery.records import choose_cluster, listing
 
     try:
         sightings = browse(PROTOCOL_VERSION, seconds)
@@ -34,6 +35,10 @@ def find_cluster(cluster: str | None, seconds: float) -> Announcement:
     for name, reason in sightings.refused.items():
         err.print(f"[yellow]ignored[/] {escape(name)}: {escape(reason)}", soft_wrap=True,
                   highlight=False)
+    names = sorted({a.cluster for a in sightings.announcements})
+    if cluster is None and len(names) > 1 and sys.stdin.isatty():  # ask, at a terminal
+        err.print(f"clusters announced:\n{listing(sightings.announcements)}", highlight=False)
+        cluster = typer.prompt(f"join which cluster ({', '.join(names)})", err=True)
     found = choose_cluster(sightings.announcements, cluster)
     err.print(f"found {found.describe()}", soft_wrap=True, highlight=False)
     return found

@@ -43,6 +43,16 @@ def test_node_join_with_two_clusters_refuses_to_guess(seen):
     assert "ignored old._zctl._tcp.local." in result.output
 
 
+def test_node_join_at_a_terminal_asks_which_cluster(seen, monkeypatch):
+    import sys
+
+    from zctl.cli.discovery import find_cluster
+
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("typer.prompt", lambda *a, **k: "lab")
+    assert find_cluster(None, 2.0) == LAB
+
+
 def test_node_join_of_a_curve_cluster_without_a_key_says_pair(seen, tmp_path):
     result = runner.invoke(app, ["node", "join", "--cluster", "safe"], env={"COLUMNS": "200"})
     assert result.exit_code == 1
