@@ -87,3 +87,34 @@ def test_cluster_up_refuses_a_bad_cluster_name_or_interface(seen):
     assert result.exit_code == 1 and "cluster name 'no spaces'" in result.output
     result = runner.invoke(app, ["cluster", "up", "--announce-interface", "nosuch0"])
     assert result.exit_code == 1 and "no IPv4 interface named nosuch0" in result.output
+
+
+@pytest.mark.parametrize(("flags", "announce", "name", "interfaces"), [
+    ([], True, "", []),
+    (["--no-announce"], False, "", []),
+    (["--cluster-name", "lab", "--announce-interface", "lo", "--announce-loopback"], True, "lab",
+     ["lo"]),
+])
+def test_cluster_up_hands_its_announce_options_to_the_coordinator(
+        seen, monkeypatch, tmp_path, flags, announce, name, interfaces):
+    from zctl.cli import cluster as cluster_cli
+    from zctl.launcher.record import ClusterRecord
+
+    started = []
+
+    def start(coordinator):  # noqa: ANN001, ANN202
+        started.append(coordinator)
+        return ClusterRecord(control="tcp://10.0.0.1:5550", serve="", export_dir="", pids=[])
+
+    monkeypatch.setattr(cluster_cli, "ensure_export", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(cluster_cli, "_start_remote_coordinator", start)
+    monkeypatch.setattr(cluster_cli, "_host_name", lambda: "pc-lab")
+    result = runner.invoke(app, ["cluster", "up", *flags], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    (coordinator,) = started
+    assert coordinator.announce is announce
+    assert coordinator.cluster_name == (name or "pc-lab")
+    assert coordinator.announce_interfaces == interfaces
+    assert coordinator.announce_loopback is bool(interfaces)
+    joined = "zctl node join (it finds the cluster " in result.output
+    assert joined is announce
