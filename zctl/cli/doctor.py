@@ -46,7 +46,7 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     lan: Annotated[bool, typer.Option(
         "--lan/--no-lan", help="check LAN discovery: multicast here, the clusters announced, "
-                               "their endpoints, clashing names and node ids (2 s)")] = True,
+                               "their endpoints, clashing names and node ids (2-4 s)")] = True,
 ) -> None:
     """Check this machine and the cluster: devices, versions, ports, clock, shard hashes, memory."""
     recorded = recorded_api() if api is None else ""
