@@ -2,9 +2,10 @@
 
 Paranoid Pirate on the node side: any traffic from the coordinator counts as a
 heartbeat; after ``liveness`` silent intervals the agent closes its socket and
-reconnects with exponential backoff (``reconnect_min`` to ``reconnect_max``). The
-node id (``<state_dir>/node_id``) is also the socket's routing id, so a restarted node
-reclaims its place. Slow work (hashing a cached shard, compiling a stage) runs on a
+reconnects with exponential backoff (``reconnect_min`` to ``reconnect_max``), first asking
+``locate`` (when given: a node that found its cluster on the LAN) where the coordinator is
+now. The node id (``<state_dir>/node_id``) is also the socket's routing id, so a restarted
+node reclaims its place. Slow work (hashing a cached shard, compiling a stage) runs on a
 worker thread so heartbeats never stall; a profile is measured in a process of its own
 (controlplane/profile_job.py) and a link probed on a thread of its own, both reported
 when done. The node answers probes of its links at its probe endpoint (an echo,
@@ -108,6 +109,9 @@ class AgentConfig:
     cluster_id: str = ""  # the local cluster it was started for ("": whichever it joins)
     profile: bool = True  # measure its profile for a model it has none of, when asked
     link: PipeOptions | None = None  # the emulated link its data frames go over (its probes too)
+    # where the coordinator is now, asked before each reconnection (a node that found its
+    # cluster by discovery finds it again when it moves); None or a None answer: the same
+    locate: Callable[[], str | None] | None = None
 
 
 class NodeAgent:
@@ -130,6 +134,7 @@ class NodeAgent:
         self.state = "disconnected"  # enrolling, enrolled, refused, stopped
         self.refusal: str | None = None
         self.coordinator_id = ""
+        self.coordinator = config.coordinator  # the control endpoint it joins (or rejoins)
         self.counters: dict[str, int] = dict.fromkeys(
             ("received", "malformed", "protocol_mismatch", "unexpected", "reconnects",
              "chunks_rejected", "enrolments"), 0)
@@ -188,10 +193,11 @@ class NodeAgent:
                 self.counters["reconnects"] += 1
                 self.state = "disconnected"
                 log.warning("node %s: coordinator %s silent; reconnecting in %.1fs",
-                            self.node_id, self.config.coordinator, self._backoff)
+                            self.node_id, self.coordinator, self._backoff)
                 if self._stop.wait(self._backoff):
                     break
                 self._backoff = min(self._backoff * 2, self.config.reconnect_max)
+                self._relocate()
         finally:
             if self._sock is not None and self.state == "enrolled":
                 self._send(Leave("node stopping"))
@@ -206,12 +212,22 @@ class NodeAgent:
             if self.state != "refused":
                 self.state = "stopped"
 
+    def _relocate(self) -> None:
+        """Ask ``config.locate`` where the coordinator is now, and follow it there."""
+        if self.config.locate is None:
+            return
+        found = self.config.locate()
+        if found and found != self.coordinator:
+            log.warning("node %s: the coordinator moved from %s to %s", self.node_id,
+                        self.coordinator, found)
+            self.coordinator = found
+
     def _connect(self) -> None:
         self._session += 1
         sock = dealer_socket(self._ctx, self.config.max_message_bytes, self.node_id.encode())
         if self.config.curve is not None:
             self.config.curve.apply(sock)
-        sock.connect(self.config.coordinator)
+        sock.connect(self.coordinator)
         self._sock = sock
         self.state = "enrolling"
         self._interval, self._liveness = self.config.heartbeat_interval, self.config.liveness
@@ -509,7 +525,7 @@ class NodeAgent:
         a = self.slot.assignment
         download = self._download
         return {
-            "node_id": self.node_id, "state": self.state, "coordinator": self.config.coordinator,
+            "node_id": self.node_id, "state": self.state, "coordinator": self.coordinator,
             "coordinator_id": self.coordinator_id, "data_addr": self.data_addr,
             "refusal": self.refusal, "stage": a.stage_index if a else None,
             "epoch": a.epoch if a else None, "cached_shards": self.cache.hashes(),

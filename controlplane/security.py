@@ -16,6 +16,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from dataplane.wire.transport import curve_client, curve_server
 
@@ -67,6 +68,22 @@ def authorize(authorized_dir: Path, name: str, public_key_file: Path) -> Path:
     target = authorized_dir / f"{name}.key"
     shutil.copyfile(public_key_file, target)
     return target
+
+
+def write_public_key(path: Path, public: bytes, comment: str = "") -> Path:
+    """A public certificate file holding ``public`` (zmq's format, as ``node.key``), e.g.
+    a key that pairing received; ValueError if it is not a 40-character Z85 key."""
+    if len(public) != 40:
+        raise ValueError(f"a CURVE public key is 40 Z85 characters, not {len(public)}")
+    try:
+        z85.decode(public)
+    except KeyError:
+        raise ValueError("not a Z85 key") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    note = f"#   {comment}\n" if comment else ""
+    path.write_text(f"#   ZeroMQ CURVE Public Certificate\n{note}metadata\ncurve\n"
+                    f'    public-key = "{public.decode()}"\n')
+    return path
 
 
 @dataclass
@@ -151,3 +168,10 @@ class CurveClient:
     def apply(self, sock: zmq.Socket) -> None:
         _require_curve()
         curve_client(sock, self.server_public, self.public, self.secret)
+
+
+def key_fingerprint(public: bytes) -> str:
+    """The sha256 of a Z85 public key, hex: what discovery announces and pairing shows."""
+    import hashlib
+
+    return hashlib.sha256(public).hexdigest()

@@ -41,6 +41,6 @@ def test_parse_zctl_rejects_bad_commands() -> None:
     import pytest
 
     with pytest.raises(Exception, match="Missing (argument|parameter)"):
-        parse_zctl(["node", "join"])  # missing the coordinator address
+        parse_zctl(["cluster", "authorize"])  # missing the node's key file
     with pytest.raises(Exception, match="No such option"):
         parse_zctl(["cluster", "up", "--no-such-flag"])

@@ -6,7 +6,7 @@ The rooms (docs/design.md), lowest first; each imports only the rooms ``ALLOWED`
 - ``zctl.engine``: the generation engine, which reaches neither openvino nor zmq;
 - ``dataplane.wire`` and ``dataplane.runtime``, side by side (neither imports the other);
   ``dataplane.worker`` over both; ``dataplane.head`` (the engine's executors) over those;
-- ``controlplane``; ``exporter``;
+- ``controlplane``; ``exporter``; ``zctl.discovery`` (LAN announcements, over the base only);
 - ``zctl.service`` (the engine's front door), ``zctl.serve`` (HTTP), ``zctl.launcher``
   (processes and local clusters), ``zctl.doctor``, ``zctl.cli`` at the top;
 - ``tools`` (benchmarks, not installed) over everything; no product room imports it.
@@ -37,8 +37,8 @@ TOOLS = "tools"
 BASE = "zctl"
 # every room of the product, and the rooms each may import (besides itself and the base)
 ROOMS = ("zctl.engine", "dataplane.wire", "dataplane.runtime", "dataplane.worker",
-         "dataplane.head", "controlplane", "exporter", "zctl.service", "zctl.serve",
-         "zctl.launcher", "zctl.doctor", "zctl.cli")
+         "dataplane.head", "controlplane", "exporter", "zctl.discovery", "zctl.service",
+         "zctl.serve", "zctl.launcher", "zctl.doctor", "zctl.cli")
 DATAPLANE = ("dataplane.wire", "dataplane.runtime", "dataplane.worker", "dataplane.head")
 ALLOWED: dict[str, tuple[str, ...]] = {
     BASE: (),
@@ -49,17 +49,20 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "dataplane.head": ("zctl.engine", "dataplane.wire", "dataplane.runtime", "dataplane.worker"),
     "controlplane": ("zctl.engine", *DATAPLANE),
     "exporter": ("zctl.engine", "dataplane.runtime", "dataplane.head"),
+    "zctl.discovery": (),
     "zctl.service": ("zctl.engine", *DATAPLANE, "controlplane"),
     "zctl.serve": ("zctl.engine", "zctl.service"),
-    "zctl.launcher": ("zctl.engine", *DATAPLANE, "controlplane", "zctl.service", "zctl.serve"),
-    "zctl.doctor": ("zctl.engine", *DATAPLANE, "controlplane", "zctl.service", "zctl.serve",
-                    "zctl.launcher"),
-    "zctl.cli": ("zctl.engine", *DATAPLANE, "controlplane", "exporter", "zctl.service",
-                 "zctl.serve", "zctl.launcher", "zctl.doctor"),
+    "zctl.launcher": ("zctl.engine", *DATAPLANE, "controlplane", "zctl.discovery", "zctl.service",
+                      "zctl.serve"),
+    "zctl.doctor": ("zctl.engine", *DATAPLANE, "controlplane", "zctl.discovery", "zctl.service",
+                    "zctl.serve", "zctl.launcher"),
+    "zctl.cli": ("zctl.engine", *DATAPLANE, "controlplane", "exporter", "zctl.discovery",
+                 "zctl.service", "zctl.serve", "zctl.launcher", "zctl.doctor"),
 }
 HEAVY = ("openvino", "zmq")  # what engine must not pull in (openvino_tokenizers etc. count)
 EXPORT_ONLY = ("torch", "transformers", "nncf")  # what a worker node does not install
-WORKER_ROOMS = ("zctl.engine", *DATAPLANE, "controlplane", "zctl.service", "zctl.launcher")
+WORKER_ROOMS = ("zctl.engine", *DATAPLANE, "controlplane", "zctl.discovery", "zctl.service",
+                "zctl.launcher")
 
 
 def room_of(module: str) -> str | None:

@@ -292,6 +292,31 @@ def test_agent_reconnects_when_the_coordinator_goes_away(cp_cluster: Cluster) ->
     assert len([a for a in FakeStage.launched if a.stage_index == 1]) == 1  # stage kept
 
 
+def test_agent_follows_a_coordinator_that_moved(cp_cluster: Cluster) -> None:
+    # a node that found its cluster by discovery asks where it is before each reconnection
+    coord = cp_cluster.coordinator()
+    where = [coord.endpoint]
+    asked: list[str] = []
+
+    def locate() -> str | None:
+        asked.append(where[0])
+        return where[0] if where[0] else None
+
+    agent = cp_cluster.agent(coord.endpoint, locate=locate)
+    coord.wait_serving(20)
+    old = coord.endpoint
+    coord.stop()
+    where[0] = ""  # not visible while it restarts: the agent keeps trying the old address
+    wait_for(lambda: len(asked) >= 2, what="the agent asking where the coordinator is")
+    assert agent.coordinator == old
+    coord2 = cp_cluster.coordinator()  # the same state dir, another port
+    assert coord2.endpoint != old
+    where[0] = coord2.endpoint
+    status = coord2.wait_serving(20)
+    assert node(status, agent.node_id).state == "serving"
+    assert agent.coordinator == coord2.endpoint and agent.status()["coordinator"] == coord2.endpoint
+
+
 def test_agent_survives_a_silent_and_garbled_coordinator(cp_cluster: Cluster) -> None:
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)

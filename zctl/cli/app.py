@@ -214,7 +214,7 @@ def _bench_command(name: str, module: str, summary: str, parent: typer.Typer = b
 
 def _register() -> None:
     from zctl.cli import cluster as cluster_cli
-    from zctl.cli import doctor, node_profile
+    from zctl.cli import discovery, doctor, node_profile, pairing
     from zctl.cli import plan as plan_cli
     from zctl.cli import run as run_cli
     from zctl.cli import serve as serve_cli
@@ -222,6 +222,8 @@ def _register() -> None:
     for name, (module, summary) in BENCHMARKS.items():
         _bench_command(name, module, summary)
     _bench_command("experiment", *BENCHMARKS["experiment"], parent=app)  # zctl experiment run
+    cluster_cli.cluster_app.command("ls")(discovery.cluster_ls)
+    cluster_cli.cluster_app.command("pair")(pairing.cluster_pair)
     app.add_typer(cluster_cli.cluster_app, name="cluster")
     cluster_cli.node_app.command("profile")(node_profile.profile_command)
     app.add_typer(cluster_cli.node_app, name="node")

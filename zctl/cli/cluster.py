@@ -1,4 +1,5 @@
-"""``zctl cluster up|down|status|authorize`` and ``zctl node join`` (``zctl run``: zctl.cli.run)."""
+"""``zctl cluster up|down|status|authorize`` and ``zctl node join`` (``zctl run``: zctl.cli.run;
+``zctl cluster ls`` and finding a cluster to join: zctl.cli.discovery)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
+from zctl.cli.discovery import BrowseSeconds, find_cluster, server_key_for
 from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export, is_export, local_export_ranges
+from zctl.cli.pairing import PairPort, pair_node, paired_key_file
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.api import cors_origin, parse_api, start_api
 from zctl.launcher.local import start_coordinator, start_local_cluster, stop_processes, wait_serving
@@ -187,6 +190,18 @@ def cluster_up(
     prefix_cache_mb: PrefixCacheMb = 512,
     profile: Profile = None,
     replan_gain: ReplanGain = DEFAULT_REPLAN_GAIN,
+    announce: Annotated[bool, typer.Option(
+        "--announce/--no-announce",
+        help="announce the cluster on the LAN (DNS-SD over multicast DNS) so nodes join "
+             "with no address (without --local)")] = True,
+    cluster_name: Annotated[str | None, typer.Option(
+        help="the announced name nodes join by (default: this machine's host name)")] = None,
+    announce_interfaces: Annotated[list[str] | None, typer.Option(
+        "--announce-interface", help="announce on this interface only (repeat for more; "
+                                     "default: those carrying --bind, never container "
+                                     "bridges or loopback)")] = None,
+    announce_loopback: Annotated[bool, typer.Option(
+        help="with --bind 0.0.0.0: announce on loopback too")] = False,
 ) -> None:
     """Start the coordinator (and with --local N, N-1 node processes on 127.0.0.2...) in the
     background. It serves as soon as the stages fit the machines there are (this one alone
@@ -200,6 +215,12 @@ def cluster_up(
     if problem:
         _fail(problem)
     try:
+        if cluster_name is not None:
+            from zctl.discovery.records import check_cluster_name
+
+            check_cluster_name(cluster_name)
+        if announce and local is None:
+            _check_announce(bind, host, announce_interfaces or [], announce_loopback)
         api_opts = api_options(api, api_cors_origins, api_ssl_certfile, api_ssl_keyfile)
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
         runtime = runtime_spec(None if precision == "default" else precision, threads, device,
@@ -218,7 +239,9 @@ def cluster_up(
             resume_timeout=resume_timeout, curve=curve,
             row_groups=row_groups, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
             prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link, memory_mb=memory_mb,
-            profile=local is None if profile is None else profile, replan_gain=replan_gain)
+            profile=local is None if profile is None else profile, replan_gain=replan_gain,
+            announce=announce and local is None, cluster_name=cluster_name or _host_name(),
+            announce_interfaces=announce_interfaces or [], announce_loopback=announce_loopback)
         if foreground:
             raise typer.Exit(_serve_foreground(coordinator))
         if local is None:
@@ -227,7 +250,7 @@ def cluster_up(
             if api_opts is not None:
                 write_record(record := api_opts.start(record))
                 out.print(f"OpenAI API at {record.api}/v1, the web page at {record.api}/")
-            _print_join(record, curve)
+            _print_join(record, curve, coordinator.cluster_name if coordinator.announce else "")
             return
         record, status = _up_local(coordinator, local, cpu_sets, timeout, api_opts)
     except (ClusterError, ValueError, OSError) as exc:
@@ -355,8 +378,30 @@ def _start_remote_coordinator(coordinator: CoordinatorProcess) -> ClusterRecord:
     return record
 
 
-def _print_join(record: ClusterRecord, curve: bool) -> None:
+def _check_announce(bind: str, host: str | None, named: list[str], loopback: bool) -> None:
+    """ValueError if the interfaces named are missing; a note if there is none to announce on."""
+    from zctl.discovery.interfaces import announce_addresses, local_interfaces
+
+    bind_host = bind.rpartition(":")[0]
+    if not announce_addresses(local_interfaces(), bind_host, named, loopback,
+                              control_host=host or ""):
+        err.print(f"[yellow]note:[/] no interface to announce the cluster on for --bind {bind} "
+                  "(loopback and container bridges are left out): nodes join by address",
+                  soft_wrap=True)
+
+
+def _host_name() -> str:
+    import socket
+
+    from zctl.discovery.interfaces import default_cluster_name
+
+    return default_cluster_name(socket.gethostname())
+
+
+def _print_join(record: ClusterRecord, curve: bool, announced: str) -> None:
     join = f"zctl node join {record.control}"
+    if announced:
+        join = f"zctl node join (it finds the cluster {announced} on the LAN), or {join}"
     if curve:
         server_key = Path(record.curve_dir) / "curve" / "coordinator.key"
         join += f" --curve-server-key coordinator.key (a copy of {server_key})"
@@ -497,7 +542,16 @@ def cluster_authorize(
 
 @node_app.command("join")
 def node_join(
-    coordinator: Annotated[str, typer.Argument(help="tcp://HOST:PORT of the coordinator")],
+    coordinator: Annotated[str | None, typer.Argument(
+        help="tcp://HOST:PORT of the coordinator (default: the cluster announced on the LAN)")
+    ] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="with no address: join the announced cluster of this name")] = None,
+    browse_seconds: BrowseSeconds = 2.0,
+    pair: Annotated[str | None, typer.Option(
+        "--pair", help="a --curve cluster's one-time code from zctl cluster pair: trade keys "
+                       "with the coordinator (no key files)")] = None,
+    pair_port: PairPort = 5549,
     host: Annotated[str | None, typer.Option(help="address other nodes reach this one at")] = None,
     data_port: Annotated[int, typer.Option(help="inbound data port (0: last used, or free)")] = 0,
     state_dir: Annotated[Path | None, typer.Option(help="node id and shard cache")] = None,
@@ -523,12 +577,30 @@ def node_join(
     """Enrol this machine with a coordinator and serve the stage it assigns (foreground)."""
     from zctl.cli.view import TransferProgress
     from zctl.launcher.processes import NodeProcess, run_node
+    from zctl.paths import zctl_home
 
     if memory_mb < 0:
         _fail(f"--memory-mb must be >= 0, not {memory_mb}")
+    if coordinator is not None and cluster is not None:
+        _fail("give an address or --cluster NAME, not both")
+    if pair is not None and curve_server_key is not None:
+        _fail("--pair brings the coordinator's key: leave out --curve-server-key")
     try:
-        node = NodeProcess(coordinator, host=host, data_port=data_port, heartbeat=heartbeat,
-                           reconnect_max=reconnect_max,
+        state = state_dir or zctl_home() / "node"
+        found = None if coordinator is not None else find_cluster(cluster, browse_seconds)
+        control = coordinator if found is None else found.control
+        if pair is not None:
+            from controlplane.nodeinfo import load_or_create_node_id
+
+            state.mkdir(parents=True, exist_ok=True)
+            curve_server_key = pair_node(pair, control, pair_port, state,
+                                         load_or_create_node_id(state),
+                                         found.fingerprint if found else "")
+        elif found is not None:
+            curve_server_key = server_key_for(found, curve_server_key, paired_key_file(state))
+        node = NodeProcess(control, rediscover=found.cluster if found else "",
+                           fingerprint=found.fingerprint if found else "", host=host, data_port=data_port,
+                           heartbeat=heartbeat, reconnect_max=reconnect_max,
                            state_dir=str(state_dir) if state_dir else None, tok_s=tok_s,
                            curve_server_key=str(curve_server_key) if curve_server_key else None,
                            link=link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit),

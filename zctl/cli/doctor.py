@@ -44,11 +44,15 @@ def doctor(
              f"else {DEFAULT_API}, where a missing server only warns)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the coordinator")] = 3.0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    lan: Annotated[bool, typer.Option(
+        "--lan/--no-lan", help="check LAN discovery: multicast here, the clusters announced, "
+                               "their endpoints, clashing names and node ids (2-4 s)")] = True,
 ) -> None:
     """Check this machine and the cluster: devices, versions, ports, clock, shard hashes, memory."""
     recorded = recorded_api() if api is None else ""
     opts = DoctorOptions(endpoint, curve_server_key, curve_keys, list(state_dir or []),
-                         api or recorded or DEFAULT_API, bool(api or recorded), max(0.1, timeout))
+                         api or recorded or DEFAULT_API, bool(api or recorded), max(0.1, timeout),
+                         lan=lan)
     checks = run_checks(opts)
     ok = dx.all_ok(checks)
     if as_json:

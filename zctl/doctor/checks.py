@@ -34,6 +34,8 @@ class DoctorOptions:
     api: str = DEFAULT_API
     api_explicit: bool = False
     timeout: float = 3.0
+    lan: bool = True  # the LAN discovery checks (multicast, announced clusters)
+    browse_s: float = 2.0  # how long those listen for announcements
 
 
 @dataclass
@@ -77,8 +79,31 @@ def run_checks(opts: DoctorOptions) -> list[Check]:
         checks.append(dx.memory_check(available, total, [need] if need else [],
                                       without="no cluster status and no local export"))
     checks += cluster.checks
+    if opts.lan:
+        checks += _lan_checks(opts, here, cluster.status)
     checks.append(dx.api_check(opts.api, probes.http_health(opts.api), opts.api_explicit))
     return checks
+
+
+def _lan_checks(opts: DoctorOptions, here: dict[str, Path], status: Any) -> list[Check]:
+    """Multicast on each LAN interface, the clusters announced, their endpoints, node ids."""
+    from controlplane.messages import PROTOCOL_VERSION
+    from zctl.discovery.browser import browse
+    from zctl.discovery.interfaces import local_interfaces
+    from zctl.doctor import lan
+
+    checks = [lan.multicast_check([lan.multicast_loop(i) for i in lan.lan_interfaces()])]
+    try:
+        sightings = browse(PROTOCOL_VERSION, opts.browse_s)
+    except OSError as exc:
+        return [*checks, Check("LAN clusters", dx.FAIL, f"cannot listen for announcements: "
+                                                        f"{exc}; {lan.FALLBACK}")]
+    found = sightings.announcements
+    reach = probes.tcp_connect_all([a.control for a in found], min(opts.timeout, 2.0))
+    members = [(n.node_id, n.host) for n in status.nodes] if status is not None else []
+    return [*checks, lan.clusters_check(found, sightings.refused), lan.same_name_check(found),
+            *lan.endpoint_checks(found, {c: "" if f.ok else f.error for c, f in reach.items()}),
+            lan.node_id_check(here, [i.address for i in local_interfaces()], found, members)]
 
 
 def _openvino_version(get: Any) -> str:

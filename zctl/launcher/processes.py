@@ -99,6 +99,10 @@ class CoordinatorProcess:
     replan_gain: float = DEFAULT_REPLAN_GAIN  # re-plan when predicted this much faster
     parent: int = 0  # the pid of the command that started this process (0: not recorded)
     ends_with_parent: bool = False  # an embedded cluster's process: it ends when parent does
+    announce: bool = False  # announce the cluster on the LAN (DNS-SD over mDNS)
+    cluster_name: str = ""  # the announced name ("": this machine's host name)
+    announce_interfaces: list[str] = field(default_factory=list)  # only these interfaces
+    announce_loopback: bool = False  # loopback too (binding every interface)
 
     @property
     def bind_host(self) -> str:
@@ -131,6 +135,8 @@ class NodeProcess:
     profile: bool = True  # measure its profile for the cluster's model when it has none
     parent: int = 0  # the pid of the command that started this process (0: not recorded)
     ends_with_parent: bool = False  # an embedded cluster's process: it ends when parent does
+    rediscover: str = ""  # the announced cluster it joined: found again by name when lost
+    fingerprint: str = ""  # that cluster's announced CURVE key fingerprint ("": CURVE off)
 
 
 ROLES: dict[str, type] = {"coordinator": CoordinatorProcess, "node": NodeProcess}
@@ -246,6 +252,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         launcher=launcher)
     signal.signal(signal.SIGTERM, interrupt_once())
     say(f"coordinator {coordinator.node_id}: nodes join with zctl node join {coordinator.bind()}")
+    announcer = _announce(config, coordinator, curve, say) if config.announce else None
     service = None
     if config.serve:
         from zctl.service.server import GenerationService
@@ -266,7 +273,36 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
     finally:
         if service is not None:
             service.stop()
+        if announcer is not None:
+            announcer.close()
     return 0
+
+
+def _announce(config: CoordinatorProcess, coordinator: Any, curve: Any, say: Say) -> Any:
+    """Announce the coordinator's cluster on the LAN (a zctl.discovery Announcer); None,
+    said why, when it cannot be: the cluster runs on, joined by address."""
+    import socket
+
+    from controlplane.messages import PROTOCOL_VERSION
+    from controlplane.security import key_fingerprint
+    from zctl.discovery.announcer import announce_cluster
+    from zctl.discovery.interfaces import default_cluster_name
+    from zctl.discovery.records import Announcement
+
+    name = config.cluster_name or default_cluster_name(socket.gethostname())
+    announcement = Announcement(name, coordinator.bind(), PROTOCOL_VERSION, coordinator.openvino,
+                                coordinator.node_id,
+                                key_fingerprint(curve.public) if curve is not None else "")
+    try:
+        announcer = announce_cluster(announcement, config.bind_host, config.announce_interfaces,
+                                     config.announce_loopback)
+    except (OSError, ValueError) as exc:
+        say(f"not announced on the LAN: {exc}; nodes join by address")
+        return None
+    where = ", ".join(f"{i.name} {i.address}" for i in announcer.interfaces)
+    say(f"announced cluster {name} at {announcer.announcement.control} on {where}: nodes "
+        "join with zctl node join (no address)")
+    return announcer
 
 
 def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | None = None) -> int:
@@ -281,8 +317,14 @@ def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | N
     state_dir = _home(config.state_dir, "node")
     curve = (CurveClient.from_state_dir(state_dir, read_public_key(Path(config.curve_server_key)))
              if config.curve_server_key else None)
+    locate = None
+    if config.rediscover:
+        from controlplane.messages import PROTOCOL_VERSION
+        from zctl.discovery.browser import Rediscovery
+
+        locate = Rediscovery(config.rediscover, PROTOCOL_VERSION, config.fingerprint).locate
     agent = NodeAgent(AgentConfig(
-        config.coordinator, state_dir=state_dir, data_host=config.host,
+        config.coordinator, state_dir=state_dir, data_host=config.host, locate=locate,
         data_port=config.data_port, heartbeat_interval=config.heartbeat,
         reconnect_min=config.reconnect_min, reconnect_max=config.reconnect_max,
         tok_s=config.tok_s, curve=curve, memory_limit=config.memory_mb << 20,

@@ -32,7 +32,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_without_a_cluster_the_local_checks_run_and_the_rest_warn(home: Path) -> None:
     manifest = fake_export(home / "exports" / "tiny-2stages")
     cache_shard(home / "node", home / "exports" / "tiny-2stages", manifest, 1)
-    result = runner.invoke(app, ["doctor", "--json"])
+    result = runner.invoke(app, ["doctor", "--no-lan", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["ok"] is True
@@ -47,7 +47,7 @@ def test_without_a_cluster_the_local_checks_run_and_the_rest_warn(home: Path) ->
     grammar = checks["structured output"]  # the fake export carries no tokenizer
     assert grammar["status"] == "warn" and "tokenizer.json" in grammar["detail"]
     assert all(c["status"] in ("pass", "warn") for c in report["checks"])
-    human = runner.invoke(app, ["doctor"])  # one line per check and the tally
+    human = runner.invoke(app, ["doctor", "--no-lan"])  # one line per check and the tally
     assert human.exit_code == 0
     lines = human.output.strip().splitlines()
     assert len(lines) == len(report["checks"]) + 1 and lines[-1].endswith("0 fail")
@@ -56,15 +56,16 @@ def test_without_a_cluster_the_local_checks_run_and_the_rest_warn(home: Path) ->
 
 def test_an_unreachable_coordinator_or_api_is_a_fail_line_and_exit_1(home: Path) -> None:
     start = time.monotonic()
-    result = runner.invoke(app, ["doctor", "--json", "--endpoint", f"tcp://127.0.0.1:{free_port()}",
-                                 "--timeout", "0.5", "--api", closed_url()])
+    result = runner.invoke(app, ["doctor", "--no-lan", "--json", "--endpoint",
+                                 f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5", "--api",
+                                 closed_url()])
     assert time.monotonic() - start < 10
     assert result.exit_code == 1, result.output
     checks = {c["name"]: c for c in json.loads(result.output)["checks"]}
     assert checks["control port"]["status"] == "fail"
     assert "nothing accepts a TCP connection" in checks["control port"]["detail"]
     assert checks["api"]["status"] == "fail"  # named explicitly: nothing there is a failure
-    bad = runner.invoke(app, ["doctor", "--endpoint", "nonsense"])
+    bad = runner.invoke(app, ["doctor", "--no-lan", "--endpoint", "nonsense"])
     assert bad.exit_code == 1 and "FAIL  control port" in bad.output
     assert "Traceback" not in bad.output
 
@@ -89,7 +90,7 @@ def test_doctor_against_a_live_coordinator_and_node(cp_cluster, tmp_path: Path,
     assert status.liveness == 10 and status.refused[-1].code == "openvino-version"
     assert next(n for n in status.nodes if not n.local).last_sent_s is not None
 
-    opts = doctor.DoctorOptions(endpoint=coord.endpoint, api=closed_url())
+    opts = doctor.DoctorOptions(endpoint=coord.endpoint, api=closed_url(), lan=False)
     checks = {c.name: c for c in doctor.run_checks(opts)}
     for name in ("control port", "clock offset", "pipeline", "versions coordinator",
                  "versions nodes", f"heartbeats {agent.node_id}", "data pipe stage 0",
