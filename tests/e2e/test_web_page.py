@@ -8,7 +8,7 @@ node killed mid-answer: the page shows the heal and the answer completes.
 
 One cluster, one browser and one keyed server for the whole module (CI time): the tests
 run in order, the node killed last. Without chromium or Playwright they skip, unless
-ZCTL_REQUIRE_BROWSER=1 (CI) makes that a failure."""
+ZCTL_REQUIRE_TOOLS=1 (CI) makes that a failure."""
 
 from __future__ import annotations
 
@@ -46,12 +46,12 @@ DESKTOP, PHONE = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
 
 
 def need_browser() -> None:
-    """Skip (fail with ZCTL_REQUIRE_BROWSER=1) without chromium or Playwright."""
+    """Skip (fail with ZCTL_REQUIRE_TOOLS=1) without chromium or Playwright."""
     missing = ("Debian's chromium" if not Path(CHROMIUM).exists() else
                "Playwright for Python" if _no_playwright() else "")
     if missing:
-        if os.environ.get("ZCTL_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"the web page's tests need {missing} (ZCTL_REQUIRE_BROWSER=1)")
+        if os.environ.get("ZCTL_REQUIRE_TOOLS") == "1":
+            pytest.fail(f"the web page's tests need {missing} (ZCTL_REQUIRE_TOOLS=1)")
         pytest.skip(f"needs {missing}")
 
 
