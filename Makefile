@@ -5,6 +5,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# pytest-xdist workers for `make test`: much of the suite waits on processes and sockets.
+TEST_WORKERS ?= 2
 PROMPT ?= Why is the sky blue? Answer in two sentences.
 
 .PHONY: install demo test test-quick fuzz lint
@@ -25,7 +27,7 @@ demo: install
 	$(BIN)/zctl run "$(PROMPT)"
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow"

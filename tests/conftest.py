@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -208,12 +209,30 @@ E2E = Path(__file__).parent / "e2e"
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e/ is marked e2e, and every e2e test (there or beside a
-    benchmark) slow too: ``-m "not slow"`` leaves them all out."""
+    benchmark) slow too: ``-m "not slow"`` leaves them all out. Under pytest-xdist
+    (``make test`` runs two workers, ``--dist loadgroup``) the tests of the real default
+    model share one worker, which exports it once."""
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.slow)
+        if SMOL_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.xdist_group("smollm2"))
+
+
+SMOL_FIXTURES = {"smol", "smol_int4_exports"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker keeps zctl's state in a ZCTL_HOME of its own (under the run's),
+    so two workers never share a cluster record or write one export at once. (The tests
+    that make network namespaces name theirs apart, module by module.)"""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        from zctl.paths import zctl_home
+
+        os.environ["ZCTL_HOME"] = str(zctl_home() / "workers" / worker)
 
 
 # The product's packages: ``python -m`` one of them (or of their modules) starts one of
