@@ -40,6 +40,8 @@ PINNED = {
     9: "6dd1c584fbd88664",  # profile_report, status_reply: a profile's graph (the layer graph
     # it timed), engine_decode_s (the coordinator's own work per decode step at 1-8 rows) and
     # frame_decode_s (a node's frames' work per step)
+    10: "ed4f533c4244b049",  # service_stats: cluster (the coordinator's whole status, for the
+    # web page's cluster view) in place of prediction (now read from it)
 }
 
 

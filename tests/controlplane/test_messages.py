@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -76,7 +76,8 @@ def sample(cls: type) -> object:
                 0, "coordinator", True, 12, sm.HistogramSnapshot([0.5, 1.0], [1, 0, 2], 7.5))],
             [sm.HopStats("0-1", 4096, sm.HistogramSnapshot([1.0], [3, 0], 0.9))],
             {"coordinator": True, "n1": False}, "stage 1 is down", "tiny", 2048, 2,
-            r.PredictionStatus(error="node n1 has no profile: measuring")),
+            replace(status, prediction=r.PredictionStatus(
+                error="node n1 has no profile: measuring"))),
         sm.TokenizeRequest: sm.TokenizeRequest(GenerationRequest(
             "t1", messages=[ChatMessage("user", "hi")])),
         sm.DetokenizeRequest: sm.DetokenizeRequest("t2", [1, 2, 3]),
