@@ -5,7 +5,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# pytest-xdist workers for `make test`: much of the suite waits on processes and sockets.
+# pytest-xdist workers for `make test`: much of the suite waits on processes and sockets
+# (then the tests marked serial run alone).
 TEST_WORKERS ?= 2
 PROMPT ?= Why is the sky blue? Answer in two sentences.
 
@@ -27,7 +28,8 @@ demo: install
 	$(BIN)/zctl run "$(PROMPT)"
 
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow"

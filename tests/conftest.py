@@ -211,7 +211,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e/ is marked e2e, and every e2e test (there or beside a
     benchmark) slow too: ``-m "not slow"`` leaves them all out. Under pytest-xdist
     (``make test`` runs two workers, ``--dist loadgroup``) the tests of the real default
-    model share one worker, which exports it once."""
+    model share one worker, which exports it once, and each module's slow tests share
+    one, so a module's fixtures (a cluster, network namespaces) are made once."""
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.e2e)
@@ -219,6 +220,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if SMOL_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.xdist_group("smollm2"))
+        elif item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 SMOL_FIXTURES = {"smol", "smol_int4_exports"}
@@ -227,9 +230,13 @@ SMOL_FIXTURES = {"smol", "smol_int4_exports"}
 def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker keeps zctl's state in a ZCTL_HOME of its own (under the run's),
     so two workers never share a cluster record or write one export at once. (The tests
-    that make network namespaces name theirs apart, module by module.)"""
+    that make network namespaces name theirs apart, module by module.) A worker starts with
+    COLUMNS=80 and LINES set, which would fix the width of every Console made at import;
+    they are dropped, so tests size output as a serial run does."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
         from zctl.paths import zctl_home
 
         os.environ["ZCTL_HOME"] = str(zctl_home() / "workers" / worker)

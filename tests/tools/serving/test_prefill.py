@@ -417,6 +417,7 @@ def test_bad_options_are_refused_before_anything_starts(args: list[str], message
 
 
 @pytest.mark.e2e
+@pytest.mark.serial  # the long prompt must land while the short streams decode
 def test_a_tiny_run_on_both_layouts(tiny_llama_dir: Path, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "cache"))
