@@ -28,7 +28,7 @@ demo: install
 	$(BIN)/zctl run "$(PROMPT)"
 
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
 test-quick: install

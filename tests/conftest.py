@@ -209,28 +209,49 @@ E2E = Path(__file__).parent / "e2e"
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e/ is marked e2e, and every e2e test (there or beside a
-    benchmark) slow too: ``-m "not slow"`` leaves them all out. Under pytest-xdist
-    (``make test`` runs two workers, ``--dist loadgroup``) the tests of the real default
-    model share one worker, which exports it once, and each module's slow tests share
-    one, so a module's fixtures (a cluster, network namespaces) are made once."""
+    benchmark) slow too: ``-m "not slow"`` leaves them all out. A test of the real default
+    model must live in one of SMOL_MODULES (``make test``'s workers keep those together)."""
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.slow)
-        if SMOL_FIXTURES.intersection(item.fixturenames):
-            item.add_marker(pytest.mark.xdist_group("smollm2"))
-        elif item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        module = item.nodeid.split("::", 1)[0]
+        if SMOL_FIXTURES.intersection(item.fixturenames) and module not in SMOL_MODULES:
+            raise pytest.UsageError(f"{item.nodeid} uses the real default model: add "
+                                    f"{module} to SMOL_MODULES in tests/conftest.py")
 
+
+# -- two workers (make test: pytest-xdist) -------------------------------------------------
 
 SMOL_FIXTURES = {"smol", "smol_int4_exports"}
+SMOL_MODULES = {"tests/dataplane/runtime/test_paged_one_query.py",
+                "tests/e2e/test_repeatable_api.py", "tests/e2e/test_smollm2.py",
+                "tests/exporter/test_export_smollm2.py"}
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest-xdist is in the dev extra; without it the suite runs serially
+    LoadScopeScheduling = None
+
+if LoadScopeScheduling is not None:
+    class ModuleScheduling(LoadScopeScheduling):
+        """Each module's tests on one worker, so its fixtures (a cluster, network
+        namespaces) are made once and never by two workers at once; the real default
+        model's modules on one worker, which exports it once."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "smollm2" if module in SMOL_MODULES else module
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
+        return ModuleScheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker keeps zctl's state in a ZCTL_HOME of its own (under the run's),
-    so two workers never share a cluster record or write one export at once. (The tests
-    that make network namespaces name theirs apart, module by module.) A worker starts with
+    so two workers never share a cluster record or write one export at once. (The modules
+    that make network namespaces name theirs apart.) A worker starts with
     COLUMNS=80 and LINES set, which would fix the width of every Console made at import;
     they are dropped, so tests size output as a serial run does."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
