@@ -216,7 +216,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         if item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.slow)
-        module = item.nodeid.split("::", 1)[0]
+        module = module_of(item.nodeid)
         if SMOL_FIXTURES.intersection(item.fixturenames) and module not in SMOL_MODULES:
             raise pytest.UsageError(f"{item.nodeid} uses the real default model: add "
                                     f"{module} to SMOL_MODULES in tests/conftest.py")
@@ -228,6 +228,12 @@ SMOL_FIXTURES = {"smol", "smol_int4_exports"}
 SMOL_MODULES = {"tests/dataplane/runtime/test_paged_one_query.py",
                 "tests/e2e/test_repeatable_api.py", "tests/e2e/test_smollm2.py",
                 "tests/exporter/test_export_smollm2.py"}
+
+
+def module_of(nodeid: str) -> str:
+    """A test's module, as its node id names it (tests/e2e/test_x.py)."""
+    return nodeid.split("::", 1)[0]
+
 
 try:
     from xdist.scheduler import LoadScopeScheduling
@@ -241,7 +247,7 @@ if LoadScopeScheduling is not None:
         model's modules on one worker, which exports it once."""
 
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
+            module = module_of(nodeid)
             return "smollm2" if module in SMOL_MODULES else module
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:

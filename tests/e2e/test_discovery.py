@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_fault_tolerance import EXACT
+from tests.helpers.tools import missing_tool
 from tools.robustness.chaos_net import Namespaces
 from zctl.launcher.processes import CoordinatorProcess
 
@@ -334,10 +335,8 @@ def test_the_coordinator_moves_and_its_nodes_follow(lan: Lan, lab) -> None:
 
 def test_where_multicast_is_dropped_doctor_says_so_and_names_the_fallback(lan: Lan, vault
                                                                          ) -> None:
-    if shutil.which("nft") is None:  # CI installs it, and sets ZCTL_REQUIRE_TOOLS=1
-        if os.environ.get("ZCTL_REQUIRE_TOOLS") == "1":
-            pytest.fail("this test needs nftables (nft) (ZCTL_REQUIRE_TOOLS=1)")
-        pytest.skip("nftables (nft) is not installed")
+    if shutil.which("nft") is None:
+        missing_tool("nftables (nft)")
     doctor = lan.run("m", ["doctor", "--json"], "open", timeout=120)  # before the rule
     checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
     assert checks["LAN multicast"]["status"] == "pass", checks["LAN multicast"]

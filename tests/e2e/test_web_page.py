@@ -28,6 +28,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.helpers.repo import ROOT
+from tests.helpers.tools import missing_tool
 from zctl.cli.app import app
 from zctl.launcher.local import free_port, stop_processes
 from zctl.launcher.record import ClusterRecord, read_record
@@ -50,9 +51,7 @@ def need_browser() -> None:
     missing = ("Debian's chromium" if not Path(CHROMIUM).exists() else
                "Playwright for Python" if _no_playwright() else "")
     if missing:
-        if os.environ.get("ZCTL_REQUIRE_TOOLS") == "1":
-            pytest.fail(f"the web page's tests need {missing} (ZCTL_REQUIRE_TOOLS=1)")
-        pytest.skip(f"needs {missing}")
+        missing_tool(missing)
 
 
 def _no_playwright() -> bool:
