@@ -32,7 +32,9 @@ from dataclasses import dataclass
 
 import zmq
 from spake2 import SPAKE2_A, SPAKE2_B
-from zmq.utils import z85
+
+from controlplane.security import key_fingerprint
+from dataplane.wire.transport import is_z85_key
 
 PAIR_PORT = 5549  # the desk's default port, beside the default control port 5550
 CODE_DIGITS = 8
@@ -86,13 +88,9 @@ def _message(frame: bytes) -> dict:
 
 def _z85_key(value: object) -> bytes:
     """A Z85 CURVE public key (40 characters); ValueError otherwise."""
-    if not isinstance(value, str) or len(value) != 40:
+    key = value.encode("ascii", "replace") if isinstance(value, str) else b""
+    if not is_z85_key(key):
         raise ValueError("not a 40-character Z85 key")
-    key = value.encode("ascii")
-    try:
-        z85.decode(key)
-    except (KeyError, ValueError):
-        raise ValueError("not a Z85 key") from None
     return key
 
 
@@ -128,7 +126,7 @@ class Paired:
 
     @property
     def fingerprint(self) -> str:
-        return hashlib.sha256(self.public).hexdigest()
+        return key_fingerprint(self.public)
 
 
 @dataclass
