@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.membership import ALIVE
+from controlplane.placement import layer_range
 from controlplane.planner.running import NoPrediction, streams_prediction
 from controlplane.records import ClusterStatus, NodeStatus, PredictionStatus
 from zctl.service.messages import HistogramSnapshot, ServiceStats
@@ -28,9 +29,9 @@ VIEW_VERSION = 1  # the JSON's "version": bumped when a field changes meaning
 @dataclass(frozen=True)
 class StageRow:
     """Where a stage runs: its node (the coordinator's own is "coordinator"), the node's
-    host and data address, its first device, the stage's layers ("0-11", as --layers
-    gives them), the node's
-    state and memory (bytes), and the KV slots the node last reported (-1: unknown)."""
+    host and data address, its first device, the stage's layers ("0-11"; one layer: "3"),
+    the node's state and memory (bytes), and the KV slots the node last reported (-1:
+    unknown)."""
 
     index: int
     node: str
@@ -54,7 +55,7 @@ def stage_rows(status: ClusterStatus) -> list[StageRow]:
     rows = []
     for stage in sorted(status.stages, key=lambda s: s.index):
         node = nodes.get(stage.node_id or "")
-        layers = f"{stage.layer_start}-{stage.layer_end - 1}"  # inclusive, as --layers
+        layers = layer_range(stage.layer_start, stage.layer_end)  # as cluster status shows it
         if node is None:
             rows.append(StageRow(stage.index, "", "", "", "", layers, stage.state, 0, 0, -1))
             continue

@@ -54,9 +54,7 @@ class ClusterFeed:
         try:
             stats = await self.fetch()
         except ServiceUnavailable as exc:
-            return {"version": VIEW_VERSION, "error": f"the generation service does not "
-                                                      f"answer: {exc}",
-                    "events": self.timeline.recent()}
+            return self._error_view(f"the generation service does not answer: {exc}")
         now = self.clock()
         if stats.cluster is not None:
             self.timeline.feed(stats.cluster)
@@ -67,6 +65,10 @@ class ClusterFeed:
         view["events"] = self.timeline.recent()
         self.latest = view
         return view
+
+    def _error_view(self, error: str) -> dict[str, Any]:
+        """A view that says why there is no cluster to show, with the timeline so far."""
+        return {"version": VIEW_VERSION, "error": error, "events": self.timeline.recent()}
 
     def _earliest(self, now: float) -> tuple[float, ServiceStats] | None:
         """The oldest snapshot within the window (older ones are dropped)."""
@@ -80,9 +82,8 @@ class ClusterFeed:
                 view = await self.view()
             except Exception as exc:  # noqa: BLE001 - a view must never stop the feed
                 log.exception("could not make the cluster view")
-                view = {"version": VIEW_VERSION, "error": f"the cluster view failed: "
-                                                          f"{type(exc).__name__}: {exc}",
-                        "events": self.timeline.recent()}
+                view = self._error_view(
+                    f"the cluster view failed: {type(exc).__name__}: {exc}")
             for queue in self._watchers:
                 if queue.full():
                     queue.get_nowait()  # a slow reader gets the newest view
