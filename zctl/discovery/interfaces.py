@@ -53,10 +53,9 @@ def announce_addresses(interfaces: Iterable[Interface], bind_host: str, named: I
     the control host; else (binding every interface) all but container bridges and,
     unless ``loopback``, loopback. ValueError names a named interface that is missing or
     does not carry the bind address."""
-    every = list(interfaces)
-    if bind_host in EVERY and not list(named) and any(i.address == control_host for i in every):
+    every, names = list(interfaces), list(named)
+    if bind_host in EVERY and not names and any(i.address == control_host for i in every):
         bind_host = control_host
-    names = list(named)
     if names:
         chosen = [i for i in every if i.name in names]
         missing = sorted(set(names) - {i.name for i in chosen})
