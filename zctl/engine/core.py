@@ -154,25 +154,18 @@ class GenerationEngine:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def _token_totals(self) -> Counter[str]:
-        """session_tokens so far, of finished and running generations."""
-        return sum((session_tokens(j.session) for j in self._jobs.values()),
-                   Counter(self._finished_tokens))
-
-    def speculative_totals(self) -> tuple[int, int]:
-        """Draft tokens proposed and accepted so far, by finished and running generations."""
-        totals = self._token_totals()
-        return totals["proposed"], totals["accepted"]
-
-    def generated_total(self) -> int:
-        """Tokens generated so far, by finished and running generations."""
-        return self._token_totals()["generated"]
-
-    def structured_counters(self) -> dict[str, int]:
-        """Generations held to a grammar (started so far), and the tokens their grammars
-        forced, fed without a step of their own (finished and running generations)."""
-        return {"structured_requests": self.counters["structured"],
-                "forced_tokens": self._token_totals()["forced"]}
+    def token_counters(self) -> dict[str, int]:
+        """The tokens of finished and running generations so far (session_tokens, summed
+        once): generated (generated_tokens), draft tokens proposed and accepted
+        (spec_drafted, spec_accepted), and structured output's: generations held to a
+        grammar (structured_requests, started so far) and the tokens their grammars forced,
+        fed without a step of their own (forced_tokens)."""
+        totals = sum((session_tokens(j.session) for j in self._jobs.values()),
+                     Counter(self._finished_tokens))
+        return {"generated_tokens": totals["generated"], "spec_drafted": totals["proposed"],
+                "spec_accepted": totals["accepted"],
+                "structured_requests": self.counters["structured"],
+                "forced_tokens": totals["forced"]}
 
     def prefix_counters(self) -> dict[str, int]:
         """The prefix cache's figures: lookups, hits, prompt tokens saved, evictions (all

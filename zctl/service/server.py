@@ -156,13 +156,11 @@ class GenerationService:
         """Requests taken, malformed, failed, cancelled, the most streams at once, clients
         found unreachable, tokens generated (generated_tokens), draft tokens proposed and
         accepted (spec_drafted, spec_accepted), the prefix cache's (prefix_*:
-        GenerationEngine.prefix_counters), and structured output's (structured_requests, forced_tokens)."""
-        drafted, accepted = self.engine.speculative_totals()
+        GenerationEngine.prefix_counters), and structured output's (structured_requests,
+        forced_tokens): GenerationEngine.token_counters."""
         return {**self.engine.counters, "malformed": self._malformed,
-                "unreachable": self._unreachable,
-                "generated_tokens": self.engine.generated_total(), "spec_drafted": drafted,
-                "spec_accepted": accepted, **self.engine.prefix_counters(),
-                **self.engine.structured_counters()}
+                "unreachable": self._unreachable, **self.engine.token_counters(),
+                **self.engine.prefix_counters()}
 
     @property
     def stop_ids(self) -> list[int]:

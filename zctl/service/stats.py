@@ -2,7 +2,7 @@
 
 - ``running``, ``waiting``, ``counters``: the engine, plus the service's malformed count;
   ``spec_drafted``/``spec_accepted`` are draft tokens proposed/accepted by finished and
-  running generations (``GenerationEngine.speculative_totals``).
+  running generations (``GenerationEngine.token_counters``).
 - Per-stage compute and per-hop network histograms, hop bytes: the executor's
   ``StepMetrics`` (dataplane.head.metrics), cumulative since the service started. A ClusterHead
   has them from its replies' timing records (every stage's compute, every hop's network
