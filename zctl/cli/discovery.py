@@ -25,13 +25,13 @@ def find_cluster(cluster: str | None, seconds: float) -> Announcement:
     one); ValueError saying why there is none to join."""
     from controlplane.messages import PROTOCOL_VERSION
     from zctl.discovery.browser import browse
-    from zctl.discovery.records import choose_cluster, listing
+    from zctl.discovery.records import JOIN_BY_ADDRESS, choose_cluster, listing
 
     try:
         sightings = browse(PROTOCOL_VERSION, seconds)
     except OSError as exc:
-        raise ValueError(f"cannot listen for announcements ({exc}); join by address: zctl node "
-                         "join tcp://HOST:PORT") from None
+        raise ValueError(f"cannot listen for announcements ({exc}); {JOIN_BY_ADDRESS}"
+                         ) from None
     for name, reason in sightings.refused.items():
         err.print(f"[yellow]ignored[/] {escape(name)}: {escape(reason)}", soft_wrap=True,
                   highlight=False)

@@ -162,6 +162,10 @@ class ClusterChoiceError(ValueError):
     """No cluster, or no single one, to join; the message lists what was seen."""
 
 
+# what a node does where discovery fails (said by node join, cluster ls and doctor)
+JOIN_BY_ADDRESS = "join by address instead: zctl node join tcp://HOST:PORT"
+
+
 def listing(found: Iterable[Announcement]) -> str:
     return "\n".join(f"  {a.describe()}" for a in sorted(found, key=lambda a: a.cluster))
 
@@ -171,21 +175,20 @@ def choose_cluster(found: Iterable[Announcement], name: str | None) -> Announcem
     the only one; ClusterChoiceError when there is none, or more than one to guess from
     (two coordinators announcing one name included)."""
     distinct = sorted(set(found), key=lambda a: (a.cluster, a.control))
-    fallback = "join by address instead: zctl node join tcp://HOST:PORT"
     if name is not None:
         matches = [a for a in distinct if a.cluster == name]
         if not matches:
             seen = f"; visible:\n{listing(distinct)}" if distinct else ""
             raise ClusterChoiceError(f"no cluster named {name!r} is announced on this LAN{seen}\n"
-                                     f"{fallback}")
+                                     f"{JOIN_BY_ADDRESS}")
         if len({a.control for a in matches}) > 1:
             raise ClusterChoiceError(f"{len(matches)} coordinators announce a cluster named "
                                      f"{name!r}; refusing to guess:\n{listing(matches)}\n"
-                                     f"{fallback}")
+                                     f"{JOIN_BY_ADDRESS}")
         return matches[0]
     if not distinct:
         raise ClusterChoiceError("no cluster is announced on this LAN (is multicast blocked? "
-                                 f"zctl doctor checks); {fallback}")
+                                 f"zctl doctor checks); {JOIN_BY_ADDRESS}")
     if len(distinct) > 1:
         raise ClusterChoiceError(f"{len(distinct)} clusters are announced; name one with "
                                  f"--cluster NAME:\n{listing(distinct)}")

@@ -18,11 +18,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from zctl.discovery.interfaces import Interface
-from zctl.discovery.records import Announcement
+from zctl.discovery.records import JOIN_BY_ADDRESS, Announcement
 from zctl.doctor.verdicts import FAIL, PASS, WARN, Check
 
 MDNS_GROUP, MDNS_PORT = "224.0.0.251", 5353
-FALLBACK = "join by address instead: zctl node join tcp://HOST:PORT"
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def lan_interfaces() -> list[Interface]:
 def multicast_check(facts: Sequence[MulticastFacts]) -> Check:
     if not facts:
         return Check("LAN multicast", WARN, "no LAN interface here (only loopback or container "
-                                            f"bridges): nothing to announce on; {FALLBACK}")
+                                            f"bridges): nothing to announce on; {JOIN_BY_ADDRESS}")
     bad = [f for f in facts if not f.heard and f.tested]
     untested = [f for f in facts if not f.tested]
     where = ", ".join(f"{f.interface.name} {f.interface.address}" for f in facts if f.heard)
@@ -103,7 +102,7 @@ def multicast_check(facts: Sequence[MulticastFacts]) -> Check:
     detail = "; ".join(f"{f.interface.name} {f.interface.address}: {f.error}" for f in bad)
     return Check("LAN multicast", FAIL, f"multicast DNS does not get through ({detail}): a "
                                         "firewall dropping multicast, or an interface without "
-                                        f"it; nodes cannot find clusters here: {FALLBACK}")
+                                        f"it; nodes cannot find clusters here: {JOIN_BY_ADDRESS}")
 
 
 def clusters_check(found: Sequence[Announcement], refused: dict[str, str]) -> Check:
@@ -112,7 +111,7 @@ def clusters_check(found: Sequence[Announcement], refused: dict[str, str]) -> Ch
         f"{name.split('.')[0]}: {why}" for name, why in sorted(refused.items()))) if refused else ""
     if not found:
         return Check("LAN clusters", WARN, f"no cluster is announced on this LAN{skipped}; "
-                                           f"{FALLBACK}")
+                                           f"{JOIN_BY_ADDRESS}")
     return Check("LAN clusters", WARN if refused else PASS, f"announced: {names}{skipped}")
 
 
