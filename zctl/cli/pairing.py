@@ -40,12 +40,10 @@ def cluster_pair(
     """Show a one-time code that admits one node to this machine's --curve cluster: on the
     node, zctl node join --pair CODE. Waits until a node pairs (then shows its key's
     fingerprint), the code expires, or wrong codes spend it."""
-    import tempfile
 
     from controlplane.pairing import PairingDesk, PairingError, new_code
     from controlplane.security import (
         SecurityError,
-        authorize,
         key_dir,
         key_fingerprint,
         load_or_create_keypair,
@@ -66,10 +64,9 @@ def cluster_pair(
     def admit(paired) -> None:  # noqa: ANN001 - a controlplane.pairing.Paired
         label = f"paired-{paired.node_id or paired.fingerprint[:12]}"
         label = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in label)
-        with tempfile.TemporaryDirectory() as tmp:
-            key_file = write_public_key(Path(tmp) / "node.key", paired.public,
-                                        f"paired {paired.node_id}")
-            authorize(state / "authorized", label, key_file)
+        # admitted as cluster authorize admits a key file: into the authorized keys
+        write_public_key(state / "authorized" / f"{label}.key", paired.public,
+                         f"paired {paired.node_id}")
 
     code = new_code()
     desk = PairingDesk(f"tcp://*:{port}", code, public, admit, valid_s=minutes * 60)
