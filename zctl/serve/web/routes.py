@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from zctl.serve.web.feed import ClusterFeed
 
 STATIC = Path(str(files("zctl.serve.web") / "static"))
-# the page's files change with the package: a browser asks again, and gets a 304 if same
+# the page's files change with the package: a browser asks for them again on every load
 NO_STALE = {"Cache-Control": "no-cache"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
