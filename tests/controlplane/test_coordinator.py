@@ -243,6 +243,8 @@ def test_a_re_plans_fetch_that_fails_on_a_serving_node_leaves_it_serving(
             "disk full; serving on the current placement")
     status = coord.status()
     assert status.pipeline == "serving" and "re-plan abandoned" in status.placement
+    assert (status.replan.kind, status.replan.count) == ("abandoned", 1)
+    assert status.replan.note == coord.plan.replan_note and status.replan.time_s > 0
 
 
 def test_heartbeat_loss_marks_node_dead_and_status_shows_it(cp_cluster: Cluster) -> None:

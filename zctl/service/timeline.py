@@ -17,8 +17,6 @@ from zctl.service.cluster_view import node_name
 
 SERVING = "serving"
 DOWN_PIPELINES = ("degraded", "failed")
-REPLAN_NOTES = ("re-planning", "re-planned", "re-plan not applied", "re-plan abandoned",
-                "re-plan failed")
 KINDS = ("joined", "lost", "left", "returned", "healed", "given_back", "replan", "refused",
          "degraded", "serving")
 
@@ -32,12 +30,6 @@ class ClusterEvent:
     time: float
     text: str
     node: str = ""
-
-
-def _replan_note(placement: str) -> str:
-    """The re-plan part of a placement note ("" when it has none)."""
-    return next((part.strip() for part in placement.split(";")
-                 if part.strip().startswith(REPLAN_NOTES)), "")
 
 
 def _node_events(before: dict[str, NodeStatus], after: dict[str, NodeStatus], time: float
@@ -96,12 +88,11 @@ def status_events(before: ClusterStatus | None, after: ClusterStatus) -> list[Cl
                              f"{r.reason}", r.node_id) for r in after.refused]
     events = _node_events({n.node_id: n for n in before.nodes},
                           {n.node_id: n for n in after.nodes}, time)
-    note = _replan_note(after.placement)
-    changed_note = note and note != _replan_note(before.placement)
+    replanned = after.replan.count > before.replan.count
     nodes = {n.node_id: n for n in after.nodes}
-    events += _stage_events(before, after, nodes, bool(changed_note), time)
-    if changed_note:
-        events.append(ClusterEvent("replan", time, note))
+    events += _stage_events(before, after, nodes, replanned, time)
+    if replanned:
+        events.append(ClusterEvent("replan", after.replan.time_s or time, after.replan.note))
     fresh = after.counters.get("refused", 0) - before.counters.get("refused", 0)
     if fresh > 0:
         events += [ClusterEvent("refused", time - r.age_s, f"{r.node_id} ({r.host}) "
