@@ -20,6 +20,8 @@ HEARTBEAT_S = 0.5
 LIVENESS = 5
 # A re-plan of a serving pipeline is applied when the planner predicts it this much faster.
 DEFAULT_REPLAN_GAIN = 0.10
+# what views, stats and events call the coordinator's own node
+COORDINATOR = "coordinator"
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,11 @@ class NodeStatus:
     kv_slots: int = -1  # KV slots its stage holds, as of its last heartbeat (-1: unknown)
     profile: ProfileRecord | None = None  # measured for the cluster's model (None: not yet)
     profile_state: str = ""  # not profiled yet, measuring, measured, cached, failed: why
+
+    @property
+    def name(self) -> str:
+        """The node as people see it: its id, or COORDINATOR for the coordinator's own."""
+        return COORDINATOR if self.local else self.node_id
 
 
 @dataclass(frozen=True)

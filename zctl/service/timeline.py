@@ -13,7 +13,6 @@ from typing import Any
 
 from controlplane.membership import ALIVE, DEAD, LEFT
 from controlplane.records import ClusterStatus, NodeStatus
-from zctl.service.cluster_view import node_name
 
 SERVING = "serving"
 DOWN_PIPELINES = ("degraded", "failed")
@@ -36,7 +35,7 @@ def _node_events(before: dict[str, NodeStatus], after: dict[str, NodeStatus], ti
                  ) -> list[ClusterEvent]:
     events = []
     for node_id, node in after.items():
-        name = node_name(node)
+        name = node.name
         old = before.get(node_id)
         if old is None:
             if node.state in ALIVE:
@@ -51,7 +50,7 @@ def _node_events(before: dict[str, NodeStatus], after: dict[str, NodeStatus], ti
             events.append(ClusterEvent("returned", time, f"{name} is back", name))
     for node_id, old in before.items():
         if node_id not in after and old.state in ALIVE:
-            name = node_name(old)
+            name = old.name
             events.append(ClusterEvent("left", time, f"{name} left the cluster", name))
     return events
 
@@ -65,8 +64,8 @@ def _stage_events(before: ClusterStatus, after: ClusterStatus, nodes: dict[str, 
         if old is None or new is None or old == new:
             continue
         left = nodes.get(old)
-        old_name = node_name(left) if left is not None else old
-        new_name = node_name(nodes[new]) if new in nodes else new
+        old_name = left.name if left is not None else old
+        new_name = nodes[new].name if new in nodes else new
         if left is None or left.state not in ALIVE:
             events.append(ClusterEvent("healed", time, f"stage {stage.index} moved from "
                                        f"{old_name} (lost) to {new_name}", new_name))
