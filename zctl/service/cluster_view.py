@@ -21,6 +21,7 @@ from controlplane.membership import ALIVE
 from controlplane.placement import layer_range
 from controlplane.planner.running import NoPrediction, streams_prediction
 from controlplane.records import ClusterStatus, NodeStatus, PredictionStatus
+from dataplane.head.metrics import hop_names
 from zctl.service.messages import HistogramSnapshot, ServiceStats
 
 VIEW_VERSION = 1  # the JSON's "version": bumped when a field changes meaning
@@ -102,8 +103,10 @@ def cluster_view(now: ServiceStats, before: ServiceStats | None, seconds: float
     earlier_hops = {h.name: h for h in before.hops} if before is not None else {}
     status = now.cluster
     rows = {r.index: r for r in stage_rows(status)} if status is not None else {}
+    measured_hops = {h.name for h in now.hops}
+    after = hop_names(len(now.stages)) if now.stages else []  # the hop after each stage
     stages = []
-    for stage in now.stages:
+    for position, stage in enumerate(now.stages):
         row = rows.get(stage.index)
         earlier = earlier_stages.get(stage.index)
         stages.append({
@@ -113,6 +116,7 @@ def cluster_view(now: ServiceStats, before: ServiceStats | None, seconds: float
             "device": row.device if row else "", "layers": row.layers if row else "",
             "state": row.state if row else ("serving" if stage.up else "down"),
             "ram_free": row.ram_free if row else 0, "ram_total": row.ram_total if row else 0,
+            "hop": after[position] if after[position] in measured_hops else None,
             "compute_ms": latency(stage.compute_ms.since(
                 earlier.compute_ms if earlier else None))})
     hops = []

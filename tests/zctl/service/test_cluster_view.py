@@ -54,6 +54,7 @@ def test_the_view_reads_latency_and_tok_s_over_its_window() -> None:
     assert compute["count"] == 10 and 4.0 < compute["p50"] < compute["p95"] <= 8.0
     assert view["hops"][0]["bytes_per_s"] == 10000.0
     assert view["hops"][0]["network_ms"]["count"] == 10
+    assert [s["hop"] for s in view["stages"]] == ["0-1", None, None]  # only 0-1 measured
     assert [s["layers"] for s in view["stages"]] == ["0-11", "12-22", "23-29"]
     assert view["stages"][1]["address"] == "tcp://127.0.0.2:5000"
     assert [n["id"] for n in view["nodes"]] == ["coordinator", "n1", "n2", "spare"]
