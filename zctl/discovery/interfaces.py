@@ -11,6 +11,8 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from zctl.endpoints import split_address
+
 # interfaces that container runtimes and hypervisors make: announcing there sends nodes to
 # an address no other PC can reach (exo #858 picked docker0)
 BRIDGE_PREFIXES = ("docker", "br-", "veth", "virbr", "vnet", "cni", "flannel", "cali",
@@ -79,7 +81,7 @@ def announce_addresses(interfaces: Iterable[Interface], bind_host: str, named: I
 def announced_control(control: str, chosen: list[Interface]) -> str:
     """The control endpoint to announce on ``chosen``: ``control`` if its host is one of
     them, else the same port at the first of them (a host nodes on that LAN can reach)."""
-    host, _, port = control.removeprefix("tcp://").rpartition(":")
+    host, port = split_address(control)
     if any(i.address == host for i in chosen) or not chosen:
         return control
     return f"tcp://{chosen[0].address}:{port}"

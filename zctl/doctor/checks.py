@@ -19,6 +19,7 @@ from typing import Any
 from zctl.doctor import probes
 from zctl.doctor import verdicts as dx
 from zctl.doctor.verdicts import Check
+from zctl.endpoints import split_address
 
 DEFAULT_API = "http://127.0.0.1:8000"  # where zctl serve listens by default
 
@@ -162,7 +163,7 @@ def _cluster_checks(opts: DoctorOptions, versions: tuple[str, str, int],
         timed = query_status_timed(target, opts.timeout, curve)
     except (ClusterUnreachable, OSError, RuntimeError) as exc:
         try:  # a TCP connect tells nothing listening from a peer that does not answer
-            probes.split_address(target)
+            split_address(target)
             tcp = probes.tcp_connect(target, min(opts.timeout, 2.0))
         except ValueError:
             tcp = None

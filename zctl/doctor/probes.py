@@ -36,6 +36,7 @@ from zctl.doctor.verdicts import (
     MemoryNeed,
     TcpFacts,
 )
+from zctl.endpoints import split_address
 from zctl.manifest import MANIFEST_NAME, ExportManifest, ManifestError, load_manifest, sha256_file
 from zctl.serve.tls import own_server_context
 
@@ -82,15 +83,6 @@ def openvino_devices(core: Any | None = None) -> tuple[list[DeviceFacts], str]:
                 memory = None
         out.append(DeviceFacts(name, full, caps, memory))
     return out, ""
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """'tcp://10.0.0.5:5555' -> ('10.0.0.5', 5555); ValueError if it is not one."""
-    rest = address.split("://", 1)[-1]
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"{address!r} is not a tcp://HOST:PORT address")
-    return host.strip("[]"), int(port)
 
 
 def tcp_connect(address: str, timeout: float = 1.0) -> TcpFacts:

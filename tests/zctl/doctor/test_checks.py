@@ -15,8 +15,8 @@ from controlplane.client import query_status
 from tests.helpers.doctor import cache_shard, closed_url, fake_export, free_port
 from zctl.cli.app import app
 from zctl.doctor import checks as doctor
-from zctl.doctor import probes
 from zctl.doctor.verdicts import FAIL, PASS, WARN
+from zctl.endpoints import split_address
 
 runner = CliRunner()
 
@@ -109,7 +109,7 @@ def test_doctor_against_a_live_coordinator_and_node(cp_cluster, tmp_path: Path,
     listeners = []
     for addr in (coord.data_addr, agent.data_addr):
         sock = socket.socket()
-        sock.bind(probes.split_address(addr))
+        sock.bind(split_address(addr))
         sock.listen()
         listeners.append(sock)
     try:
