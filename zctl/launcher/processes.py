@@ -117,6 +117,18 @@ class CoordinatorProcess:
         """The control address nodes and clients connect to: ``host``, else the bind host."""
         return f"tcp://{self.host or self.bind_host}:{self.bind.rpartition(':')[2]}"
 
+    @property
+    def announced_name(self) -> str:
+        """The name the cluster is announced under: ``cluster_name``, else this machine's
+        host name made a valid name."""
+        if self.cluster_name:
+            return self.cluster_name
+        import socket
+
+        from zctl.discovery.interfaces import default_cluster_name
+
+        return default_cluster_name(socket.gethostname())
+
 
 @dataclass(frozen=True)
 class NodeProcess:
@@ -284,15 +296,12 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
 def _announce(config: CoordinatorProcess, coordinator: Any, curve: Any, say: Say) -> Any:
     """Announce the coordinator's cluster on the LAN (a zctl.discovery Announcer); None,
     said why, when it cannot be: the cluster runs on, joined by address."""
-    import socket
-
     from controlplane.messages import PROTOCOL_VERSION
     from controlplane.security import key_fingerprint
     from zctl.discovery.announcer import announce_cluster
-    from zctl.discovery.interfaces import default_cluster_name
     from zctl.discovery.records import Announcement
 
-    name = config.cluster_name or default_cluster_name(socket.gethostname())
+    name = config.announced_name
     announcement = Announcement(name, coordinator.bind(), PROTOCOL_VERSION, coordinator.openvino,
                                 coordinator.node_id,
                                 key_fingerprint(curve.public) if curve is not None else "")
