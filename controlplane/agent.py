@@ -1,14 +1,15 @@
 """The node agent: a DEALER that enrols with the coordinator, caches shards, runs a stage.
 
-Paranoid Pirate on the node side: any traffic from the coordinator counts as a
-heartbeat; after ``liveness`` silent intervals the agent closes its socket and
-reconnects with exponential backoff (``reconnect_min`` to ``reconnect_max``), first asking
-``locate`` (when given: a node that found its cluster on the LAN) where the coordinator is
-now. The node id (``<state_dir>/node_id``) is also the socket's routing id, so a restarted
-node reclaims its place. Slow work (hashing a cached shard, compiling a stage) runs on a
-worker thread so heartbeats never stall; a profile is measured in a process of its own
-(controlplane/profile_job.py) and a link probed on a thread of its own, both reported
-when done. The node answers probes of its links at its probe endpoint (an echo,
+Paranoid Pirate on the node side: any traffic from the coordinator counts as a heartbeat;
+after ``liveness`` silent intervals the agent closes its socket and reconnects with
+exponential backoff (``reconnect_min`` to ``reconnect_max``), first asking its ``locator``
+(when given: a node that found its cluster on the LAN) where the coordinator is announced
+now; the locator answers at once, and closes with the agent. The node id
+(``<state_dir>/node_id``) is also the socket's routing id, so a restarted node reclaims its
+place. Slow work (hashing a cached shard, compiling a stage) runs on a worker thread so
+heartbeats never stall; a profile is measured in a process of its own
+(controlplane/profile_job.py) and a link probed on a thread of its own, both reported when
+done. The node answers probes of its links at its probe endpoint (an echo,
 controlplane/link_probe.py).
 """
 
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -85,6 +86,18 @@ log = logging.getLogger("zctl.controlplane")
 ProgressCallback = Callable[[str, int, int], None]  # (shard hash, bytes done, bytes total)
 
 
+class CoordinatorLocator(Protocol):
+    """Where a cluster's coordinator is now (a LAN watch: zctl.discovery.browser)."""
+
+    def locate(self) -> str | None:
+        """Its control endpoint now, without waiting; None when not known."""
+        ...
+
+    def close(self) -> None:
+        """Stop looking (the agent calls it when it stops)."""
+        ...
+
+
 @dataclass
 class AgentConfig:
     """Where the coordinator is, where this node keeps state, and its timing knobs."""
@@ -111,7 +124,7 @@ class AgentConfig:
     link: PipeOptions | None = None  # the emulated link its data frames go over (its probes too)
     # where the coordinator is now, asked before each reconnection (a node that found its
     # cluster by discovery finds it again when it moves); None or a None answer: the same
-    locate: Callable[[], str | None] | None = None
+    locator: CoordinatorLocator | None = None
 
 
 class NodeAgent:
@@ -166,7 +179,7 @@ class NodeAgent:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Leave the cluster, stop the stage, close the socket."""
+        """Leave the cluster, stop the stage, close the socket and the locator."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -209,14 +222,16 @@ class NodeAgent:
                 self._echo.close()
             self.slot.stop()
             self._ctx.term()
+            if self.config.locator is not None:
+                self.config.locator.close()
             if self.state != "refused":
                 self.state = "stopped"
 
     def _relocate(self) -> None:
-        """Ask ``config.locate`` where the coordinator is now, and follow it there."""
-        if self.config.locate is None:
+        """Ask ``config.locator`` where the coordinator is now, and follow it there."""
+        if self.config.locator is None:
             return
-        found = self.config.locate()
+        found = self.config.locator.locate()
         if found and found != self.coordinator:
             log.warning("node %s: the coordinator moved from %s to %s", self.node_id,
                         self.coordinator, found)

@@ -655,7 +655,7 @@ class Coordinator:
             curve=self.config.curve is not None, time_s=time.time(),
             heartbeat_interval=self.config.heartbeat_interval, liveness=self.config.liveness,
             shape=self.shape, links=self.links.status(), placement=plan.describe(),
-            left_out=dict(plan.left_out))
+            replan=plan.last_replan, left_out=dict(plan.left_out))
         return replace(status, prediction=running_prediction(status, self.config.row_groups))
 
     def status(self) -> ClusterStatus:

@@ -20,6 +20,8 @@ HEARTBEAT_S = 0.5
 LIVENESS = 5
 # A re-plan of a serving pipeline is applied when the planner predicts it this much faster.
 DEFAULT_REPLAN_GAIN = 0.10
+# what views, stats and events call the coordinator's own node
+COORDINATOR = "coordinator"
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,11 @@ class NodeStatus:
     profile: ProfileRecord | None = None  # measured for the cluster's model (None: not yet)
     profile_state: str = ""  # not profiled yet, measuring, measured, cached, failed: why
 
+    @property
+    def name(self) -> str:
+        """The node as people see it: its id, or COORDINATOR for the coordinator's own."""
+        return COORDINATOR if self.local else self.node_id
+
 
 @dataclass(frozen=True)
 class StageStatus:
@@ -173,6 +180,25 @@ class PredictionStatus:
     error: str = ""
 
 
+# What a re-plan came to: a faster placement whose shards are moving (planning), switched
+# to (applied), not worth re-wiring (not_applied), dropped (abandoned), undone because a
+# node could not start its stage (failed); or a planner that cannot place (unusable).
+REPLAN_KINDS = ("planning", "applied", "not_applied", "abandoned", "failed", "unusable")
+
+
+@dataclass(frozen=True)
+class ReplanStatus:
+    """The last re-plan's outcome: its kind (one of REPLAN_KINDS; "": none yet), its note
+    in words, when the coordinator came to it (Unix seconds, its clock; 0: none yet), and
+    how many re-plan outcomes it has come to (an outcome the same as the last one is not
+    counted again, nor is an unusable planner: it is no re-plan)."""
+
+    kind: str = ""
+    note: str = ""
+    time_s: float = 0.0
+    count: int = 0
+
+
 @dataclass(frozen=True)
 class ClusterStatus:
     """What ``zctl cluster status --json`` prints."""
@@ -202,6 +228,7 @@ class ClusterStatus:
     links: list[LinkStatus] = field(default_factory=list)  # the pipeline's, as measured
     prediction: PredictionStatus | None = None  # the running placement's speed (None: not made)
     placement: str = ""  # how the stages were placed (the planner, or why not), re-plans
+    replan: ReplanStatus = field(default_factory=ReplanStatus)  # the last re-plan's outcome
     left_out: dict[str, str] = field(default_factory=dict)  # spares the planner left out: why
 
     def to_dict(self) -> dict[str, Any]:

@@ -24,7 +24,8 @@ switched plan whose node cannot start its stage goes back to the previous one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from controlplane import membership as ms
 from controlplane.heal import heal_plan, hosts, rebalance_plan
@@ -37,7 +38,7 @@ from controlplane.placement import (
     layer_range,
     node_memory,
 )
-from controlplane.records import LinkStatus, StageInfo, StageStatus
+from controlplane.records import LinkStatus, ReplanStatus, StageInfo, StageStatus
 from controlplane.stage_planner import PlannedStages, PlanUnusable, StagePlanner
 from dataplane.runtime.config import RuntimeSpec
 from zctl.manifest import ExportManifest
@@ -58,7 +59,8 @@ class PipelinePlan:
     def __init__(self, manifest: ExportManifest, needs: list[StageNeed], head: str,
                  runtime: RuntimeSpec, expect_nodes: int | None = None,
                  explicit: Mapping[int, str] | None = None,
-                 planner: StagePlanner | None = None) -> None:
+                 planner: StagePlanner | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.manifest = manifest
         self.needs = needs
         self.head = head
@@ -75,7 +77,8 @@ class PipelinePlan:
         self.planner = planner
         self.placement_note = ""  # how the stages were placed, and why not by the planner
         self.left_out: dict[str, str] = {}  # spares the planner left out, with its reasons
-        self.replan_note = ""  # the last re-plan's outcome
+        self.last_replan = ReplanStatus()  # the last re-plan's outcome
+        self._clock = clock  # Unix seconds: when a re-plan's outcome came
         self.pending: dict[int, str] | None = None  # a re-plan whose shards are moving
         self.previous: dict[int, str] | None = None  # the plan before a switch, until it serves
         self._considered: tuple[object, bool] | None = None  # (fleet signature, planner usable)
@@ -277,6 +280,19 @@ class PipelinePlan:
             not m.local and m.state in (ms.IDLE, ms.READY) and now - m.enrolled_at >= settled
             and not m.recent_lapses(now, settled))]
 
+    @property
+    def replan_note(self) -> str:
+        """The last re-plan's outcome in words ("": none yet)."""
+        return self.last_replan.note
+
+    def _replanned(self, kind: str, note: str) -> None:
+        """Record a re-plan's outcome (one the same as the last is not counted again)."""
+        last = self.last_replan
+        if (kind, note) == (last.kind, last.note):
+            return
+        self.last_replan = ReplanStatus(kind, note, self._clock(),
+                                        last.count + (kind != "unusable"))
+
     def replan(self, members: Mapping[str, ms.Member], now: float, settled: float,
                links: Sequence[LinkStatus]) -> bool:
         """Place again by the planner when the fleet changed since the last time (its
@@ -301,7 +317,7 @@ class PipelinePlan:
             note = f"no re-plan: {exc}"
             if note != self.replan_note:
                 log.warning("%s", note)
-            self.replan_note = note
+            self._replanned("unusable", note)
             return False
         self._considered = (signature, True)
         planned, objective = found.planned, self._objective()
@@ -311,7 +327,7 @@ class PipelinePlan:
                             for n in spares}, self.plan)
             return True
         if not found.worth_it:
-            self.replan_note = f"re-plan not applied: {found.describe(objective)}"
+            self._replanned("not_applied", f"re-plan not applied: {found.describe(objective)}")
             log.info("%s: %s", self.replan_note, planned.describe(self.manifest))
             self._left_out({n: planned.left_out.get(
                 n, f"a re-plan using it is not worth re-wiring ({found.describe(objective)})")
@@ -319,7 +335,7 @@ class PipelinePlan:
             return True
         self.pending = planned.stages
         self._left_out(planned.left_out, planned.stages)
-        self.replan_note = f"re-planning: {found.describe(objective)}"
+        self._replanned("planning", f"re-planning: {found.describe(objective)}")
         log.warning("%s: %s; the nodes fetch the shards they lack while the pipeline serves, "
                     "then it is re-wired", self.replan_note, planned.describe(self.manifest))
         return True
@@ -352,7 +368,8 @@ class PipelinePlan:
         if self.pending is None:
             return
         self.pending = None
-        self.replan_note = f"re-plan abandoned: {why}; serving on the current placement"
+        self._replanned("abandoned", f"re-plan abandoned: {why}; serving on the current "
+                        "placement")
         log.error("%s", self.replan_note)
 
     def _switch_when_ready(self, members: Mapping[str, ms.Member]) -> list[int]:
@@ -372,7 +389,7 @@ class PipelinePlan:
         moved = sorted(s for s, n in self.pending.items() if self.plan[s] != n)
         self.previous, self.plan, self.pending = self.plan, self.pending, None
         self._mark_stages(members)
-        self.replan_note = self.replan_note.replace("re-planning", "re-planned", 1)
+        self._replanned("applied", self.replan_note.replace("re-planning", "re-planned", 1))
         log.warning("re-plan applied, re-wiring: %s", ", ".join(
             f"stage {s} -> {n}" for s, n in sorted(self.plan.items())))
         return moved
@@ -390,7 +407,8 @@ class PipelinePlan:
         problem = self.problem(members) or "a node failed"
         self.plan, self.previous, self._wiring = self.previous, None, None
         self._mark_stages(members)
-        self.replan_note = f"re-plan failed ({problem}): back on the previous placement"
+        self._replanned("failed", f"re-plan failed ({problem}): back on the previous "
+                        "placement")
         log.error("%s", self.replan_note)
 
     def releases(self, members: Mapping[str, ms.Member]) -> list[ms.Member]:

@@ -42,6 +42,8 @@ PINNED = {
     # frame_decode_s (a node's frames' work per step)
     10: "ed4f533c4244b049",  # service_stats: cluster (the coordinator's whole status, for the
     # web page's cluster view) in place of prediction (now read from it)
+    11: "f6067bb924aecef6",  # status_reply, service_stats: replan (the last re-plan's kind,
+    # note and time, and how many there were)
 }
 
 

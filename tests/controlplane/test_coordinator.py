@@ -243,6 +243,8 @@ def test_a_re_plans_fetch_that_fails_on_a_serving_node_leaves_it_serving(
             "disk full; serving on the current placement")
     status = coord.status()
     assert status.pipeline == "serving" and "re-plan abandoned" in status.placement
+    assert (status.replan.kind, status.replan.count) == ("abandoned", 1)
+    assert status.replan.note == coord.plan.replan_note and status.replan.time_s > 0
 
 
 def test_heartbeat_loss_marks_node_dead_and_status_shows_it(cp_cluster: Cluster) -> None:
@@ -297,12 +299,17 @@ def test_agent_follows_a_coordinator_that_moved(cp_cluster: Cluster) -> None:
     coord = cp_cluster.coordinator()
     where = [coord.endpoint]
     asked: list[str] = []
+    closed: list[bool] = []
 
-    def locate() -> str | None:
-        asked.append(where[0])
-        return where[0] if where[0] else None
+    class Locator:
+        def locate(self) -> str | None:
+            asked.append(where[0])
+            return where[0] if where[0] else None
 
-    agent = cp_cluster.agent(coord.endpoint, locate=locate)
+        def close(self) -> None:
+            closed.append(True)
+
+    agent = cp_cluster.agent(coord.endpoint, locator=Locator())
     coord.wait_serving(20)
     old = coord.endpoint
     coord.stop()
@@ -315,6 +322,8 @@ def test_agent_follows_a_coordinator_that_moved(cp_cluster: Cluster) -> None:
     status = coord2.wait_serving(20)
     assert node(status, agent.node_id).state == "serving"
     assert agent.coordinator == coord2.endpoint and agent.status()["coordinator"] == coord2.endpoint
+    agent.stop()
+    assert closed == [True]  # the agent closes its locator when it stops
 
 
 def test_agent_survives_a_silent_and_garbled_coordinator(cp_cluster: Cluster) -> None:

@@ -20,7 +20,7 @@ from controlplane.placement import LayerCost, stage_needs
 from controlplane.planner.export_shape import export_shape
 from controlplane.planner.profile import GRAPH_VERSION
 from controlplane.planner.search import PlanRequest
-from controlplane.records import LinkStatus, ProfileRecord
+from controlplane.records import LinkStatus, ProfileRecord, ReplanStatus
 from controlplane.stage_planner import (
     IDLE,
     INLINE_NODES,
@@ -60,8 +60,9 @@ class Fleet:
         self.needs = stage_needs(self.manifest, export, LayerCost.from_export(self.manifest,
                                                                                export))
         self.planner = StagePlanner(self.manifest, self.shape, self.needs, HEAD, "CPU", OV, gain)
+        self.now = 1000.0  # the wall clock the plan stamps re-plans with
         self.plan = PipelinePlan(self.manifest, self.needs, HEAD, RuntimeSpec(), expect_nodes=0,
-                                 planner=self.planner)
+                                 planner=self.planner, clock=lambda: self.now)
         self.members: dict[str, ms.Member] = {}
 
     def record(self, layer_s: float = 2e-3, **change: object) -> ProfileRecord:
@@ -300,12 +301,27 @@ def test_a_re_plan_below_the_gain_threshold_is_logged_with_both_predictions(
     note = fleet.plan.replan_note
     assert note.startswith("re-plan not applied: predicted") and "+10%" in note
     assert note in caplog.text
+    assert fleet.plan.last_replan == ReplanStatus("not_applied", note, 1000.0, 1)
     assert "b" in fleet.plan.left_out
     # the same fleet is not planned again every tick
     caplog.clear()
     with caplog.at_level(logging.INFO, "zctl.controlplane"):
         fleet.rebalance()
     assert "re-plan" not in caplog.text
+
+
+def test_a_planner_that_cannot_place_is_no_re_plan(export: Path) -> None:
+    fleet = Fleet(export)
+    fleet.add(HEAD, 2)
+    fleet.add("a", 2, layer_s=4e-3)
+    fleet.place()
+    fleet.serve()
+    fleet.add("b", 2, record=fleet.record(shape="another-shape"))
+    fleet.rebalance()  # (a stage is given back by memory instead)
+    unusable = fleet.plan.last_replan
+    assert (unusable.kind, unusable.count) == ("unusable", 0)  # said, not counted
+    assert unusable.note.startswith("no re-plan: node b's profile cannot be used")
+    assert unusable.note in fleet.plan.describe()
 
 
 def test_a_lower_threshold_applies_the_same_re_plan(export: Path) -> None:
@@ -319,12 +335,18 @@ def test_a_worthwhile_re_plan_moves_shards_while_serving_then_switches(export: P
     a = fleet.members["a"]
     fleet.rebalance()
     assert fleet.plan.pending == {0: HEAD, 1: HEAD, 2: "b", 3: "b"}
+    planning = fleet.plan.last_replan
+    assert (planning.kind, planning.time_s, planning.count) == ("planning", 1000.0, 1)
+    assert planning.note.startswith("re-planning: predicted")
     assert fleet.plan.state(fleet.members) == "serving"  # the pipeline serves on meanwhile
     offers = fleet.plan.pending_offers(fleet.members)
     assert [(m.node_id, stage, quiet) for m, stage, quiet in offers] == [("b", 2, False)]
     assert fleet.rebalance() == []  # not before b holds its shards
     fleet.members["b"].shards.update(fleet.plan.hashes[2:])
+    fleet.now = 1003.0
     assert fleet.rebalance() == [2, 3]
+    assert fleet.plan.last_replan == ReplanStatus(
+        "applied", planning.note.replace("re-planning", "re-planned"), 1003.0, 2)
     assert fleet.plan.plan == {0: HEAD, 1: HEAD, 2: "b", 3: "b"}
     assert fleet.plan.pending is None and fleet.plan.previous is not None
     assert fleet.plan.releases(fleet.members) == [a]  # a stops its stage: a spare
@@ -383,6 +405,7 @@ def test_a_switched_plan_whose_stage_cannot_start_goes_back(export: Path) -> Non
     fleet.rebalance()
     assert fleet.plan.plan == {0: HEAD, 1: HEAD, 2: "a", 3: "a"}
     assert fleet.plan.replan_note.startswith("re-plan failed (stage 2")
+    assert (fleet.plan.last_replan.kind, fleet.plan.last_replan.count) == ("failed", 3)
     epoch = fleet.plan.epoch
     offers = fleet.plan.offers_due(fleet.members)  # a, released, is offered its stage again
     assert [(m.node_id, s) for m, s in offers] == [("a", 2)]

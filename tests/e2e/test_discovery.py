@@ -41,8 +41,9 @@ pytestmark = pytest.mark.skipif(
     reason="network namespaces need root and iproute2")
 
 
-def ns(name: str) -> str:
-    return NET.ns(NODES[name])
+def inside(name: str, argv: list[str]) -> list[str]:
+    """``argv`` run in the namespace ``name``."""
+    return NET.command(NODES[name], argv)
 
 
 def addr(name: str) -> str:
@@ -64,7 +65,7 @@ class Lan:
     def start(self, space: str, args: list[str], home: str) -> subprocess.Popen:
         log = self.root / f"{home}-{len(self.procs)}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(["ip", "netns", "exec", ns(space), sys.executable, *args],
+            proc = subprocess.Popen(inside(space, [sys.executable, *args]),
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=self.env(self.root / home), start_new_session=True)
         self.procs.append(proc)
@@ -73,8 +74,8 @@ class Lan:
 
     def run(self, space: str, args: list[str], home: str, timeout: float = 60
             ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", ns(space), sys.executable, "-m", "zctl",
-                               *args], capture_output=True, text=True, timeout=timeout,
+        return subprocess.run(inside(space, [sys.executable, "-m", "zctl", *args]),
+                              capture_output=True, text=True, timeout=timeout,
                               env=self.env(self.root / home), stdin=subprocess.DEVNULL)
 
     def coordinator(self, space: str, host: str, name: str, home: str, **more: object
@@ -115,8 +116,8 @@ def lan(tiny_exports, tmp_path_factory) -> Iterator[Lan]:
     NET.up()
     net = Lan(tmp_path_factory.mktemp("discovery"), export_dir)
     try:
-        subprocess.run(["ip", "netns", "exec", ns("c"), "ip", "addr", "add",
-                        f"{SUBNET}.{MOVED}/24", "dev", "eth0"], check=True, capture_output=True)
+        subprocess.run(inside("c", ["ip", "addr", "add", f"{SUBNET}.{MOVED}/24", "dev", "eth0"]),
+                       check=True, capture_output=True)
         yield net
     finally:
         net.close()
@@ -254,8 +255,8 @@ def pair_code(proc: subprocess.Popen, timeout: float = 30) -> str:
 
 
 def desk(lan: Lan, vault) -> subprocess.Popen:  # noqa: ANN001
-    proc = subprocess.Popen(["ip", "netns", "exec", ns("x"), sys.executable, "-m", "zctl",
-                             "cluster", "pair", "--minutes", "2"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(inside("x", [sys.executable, "-m", "zctl", "cluster", "pair",
+                                         "--minutes", "2"]), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=lan.env(lan.root / "vault"),
                             start_new_session=True, stdin=subprocess.DEVNULL)
     lan.procs.append(proc)
@@ -349,8 +350,8 @@ def test_where_multicast_is_dropped_doctor_says_so_and_names_the_fallback(lan: L
              "add chain ip zdsc in { type filter hook input priority 0 ; }\n"
              "add rule ip zdsc out ip daddr 224.0.0.0/4 drop\n"
              "add rule ip zdsc in ip daddr 224.0.0.0/4 drop\n")
-    subprocess.run(["ip", "netns", "exec", ns("m"), "nft", "-f", "-"], input=rules, text=True,
-                   check=True, capture_output=True)
+    subprocess.run(inside("m", ["nft", "-f", "-"]), input=rules, text=True, check=True,
+                   capture_output=True)
     doctor = lan.run("m", ["doctor", "--json"], "blocked", timeout=120)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}

@@ -219,8 +219,8 @@ def cluster_up(
             from zctl.discovery.records import check_cluster_name
 
             check_cluster_name(cluster_name)
-        if announce and local is None:
-            _check_announce(bind, host, announce_interfaces or [], announce_loopback)
+        if announce and local is None and announce_interfaces:
+            _check_announce_interfaces(bind, announce_interfaces)
         api_opts = api_options(api, api_cors_origins, api_ssl_certfile, api_ssl_keyfile)
         kv, dq = numerics(exact, kv_cache_precision, dynamic_quantization)
         runtime = runtime_spec(None if precision == "default" else precision, threads, device,
@@ -240,7 +240,7 @@ def cluster_up(
             row_groups=row_groups, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
             prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link, memory_mb=memory_mb,
             profile=local is None if profile is None else profile, replan_gain=replan_gain,
-            announce=announce and local is None, cluster_name=cluster_name or _host_name(),
+            announce=announce and local is None, cluster_name=cluster_name or "",
             announce_interfaces=announce_interfaces or [], announce_loopback=announce_loopback)
         if foreground:
             raise typer.Exit(_serve_foreground(coordinator))
@@ -250,7 +250,7 @@ def cluster_up(
             if api_opts is not None:
                 write_record(record := api_opts.start(record))
                 out.print(f"OpenAI API at {record.api}/v1, the web page at {record.api}/")
-            _print_join(record, curve, coordinator.cluster_name if coordinator.announce else "")
+            _print_join(record, curve, coordinator.announced_name if coordinator.announce else "")
             return
         record, status = _up_local(coordinator, local, cpu_sets, timeout, api_opts)
     except (ClusterError, ValueError, OSError) as exc:
@@ -378,24 +378,14 @@ def _start_remote_coordinator(coordinator: CoordinatorProcess) -> ClusterRecord:
     return record
 
 
-def _check_announce(bind: str, host: str | None, named: list[str], loopback: bool) -> None:
-    """ValueError if the interfaces named are missing; a note if there is none to announce on."""
-    from zctl.discovery.interfaces import announce_addresses, local_interfaces
+def _check_announce_interfaces(bind: str, named: list[str]) -> None:
+    """ValueError if an interface named is missing or none carries the bind address (where
+    the coordinator announces among them, with the host nodes reach it at, is its own
+    choice: it says so in its log)."""
+    from zctl.discovery.interfaces import local_interfaces, named_interfaces
+    from zctl.endpoints import split_address
 
-    bind_host = bind.rpartition(":")[0]
-    if not announce_addresses(local_interfaces(), bind_host, named, loopback,
-                              control_host=host or ""):
-        err.print(f"[yellow]note:[/] no interface to announce the cluster on for --bind {bind} "
-                  "(loopback and container bridges are left out): nodes join by address",
-                  soft_wrap=True)
-
-
-def _host_name() -> str:
-    import socket
-
-    from zctl.discovery.interfaces import default_cluster_name
-
-    return default_cluster_name(socket.gethostname())
+    named_interfaces(local_interfaces(), split_address(bind)[0], named)
 
 
 def _print_join(record: ClusterRecord, curve: bool, announced: str) -> None:

@@ -11,6 +11,8 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from zctl.endpoints import split_address
+
 # interfaces that container runtimes and hypervisors make: announcing there sends nodes to
 # an address no other PC can reach (exo #858 picked docker0)
 BRIDGE_PREFIXES = ("docker", "br-", "veth", "virbr", "vnet", "cni", "flannel", "cali",
@@ -54,20 +56,10 @@ def announce_addresses(interfaces: Iterable[Interface], bind_host: str, named: I
     unless ``loopback``, loopback. ValueError names a named interface that is missing or
     does not carry the bind address."""
     every, names = list(interfaces), list(named)
-    if bind_host in EVERY and not names and any(i.address == control_host for i in every):
-        bind_host = control_host
     if names:
-        chosen = [i for i in every if i.name in names]
-        missing = sorted(set(names) - {i.name for i in chosen})
-        if missing:
-            raise ValueError(f"no IPv4 interface named {', '.join(missing)} "
-                             f"(there are: {', '.join(sorted({i.name for i in every}))})")
-        if bind_host not in EVERY:
-            chosen = [i for i in chosen if i.address == bind_host]
-            if not chosen:
-                raise ValueError(f"--announce-interface {', '.join(names)} does not carry the "
-                                 f"bind address {bind_host}")
-        return chosen
+        return named_interfaces(every, bind_host, names)
+    if bind_host in EVERY and any(i.address == control_host for i in every):
+        bind_host = control_host
     if bind_host not in EVERY:
         chosen = [i for i in every if i.address == bind_host]
         if chosen and chosen[0].loopback and not loopback:
@@ -76,10 +68,30 @@ def announce_addresses(interfaces: Iterable[Interface], bind_host: str, named: I
     return [i for i in every if not i.bridge and (loopback or not i.loopback)]
 
 
+def named_interfaces(interfaces: Iterable[Interface], bind_host: str, named: Iterable[str]
+                     ) -> list[Interface]:
+    """The interfaces ``named`` (``--announce-interface``) that carry ``bind_host`` (any of
+    theirs when it binds every interface); ValueError names one that is missing, or says
+    that none carries the bind address. Whoever nodes reach the coordinator at does not
+    change it: ``cluster up`` refuses a wrong name with it before anything starts."""
+    every, names = list(interfaces), list(named)
+    chosen = [i for i in every if i.name in names]
+    missing = sorted(set(names) - {i.name for i in chosen})
+    if missing:
+        raise ValueError(f"no IPv4 interface named {', '.join(missing)} "
+                         f"(there are: {', '.join(sorted({i.name for i in every}))})")
+    if bind_host not in EVERY:
+        chosen = [i for i in chosen if i.address == bind_host]
+        if not chosen:
+            raise ValueError(f"--announce-interface {', '.join(names)} does not carry the "
+                             f"bind address {bind_host}")
+    return chosen
+
+
 def announced_control(control: str, chosen: list[Interface]) -> str:
     """The control endpoint to announce on ``chosen``: ``control`` if its host is one of
     them, else the same port at the first of them (a host nodes on that LAN can reach)."""
-    host, _, port = control.removeprefix("tcp://").rpartition(":")
+    host, port = split_address(control)
     if any(i.address == host for i in chosen) or not chosen:
         return control
     return f"tcp://{chosen[0].address}:{port}"

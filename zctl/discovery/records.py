@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from zctl.endpoints import split_address
+
 SERVICE_TYPE = "_zctl._tcp.local."
 RECORD_FORMAT = "1"  # the TXT layout below; bump when it changes
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -44,11 +46,11 @@ class Announcement:
 
     @property
     def host(self) -> str:
-        return self.control.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+        return split_address(self.control)[0]
 
     @property
     def port(self) -> int:
-        return int(self.control.rpartition(":")[2])
+        return split_address(self.control)[1]
 
     def describe(self) -> str:
         secured = f", CURVE key {short_fingerprint(self.fingerprint)}" if self.curve else ""
@@ -75,9 +77,11 @@ def control_endpoint(value: str) -> tuple[str, int]:
     otherwise (a host name would send the reader to a resolver of the announcer's choice)."""
     if not value.startswith("tcp://"):
         raise ValueError(f"control endpoint {value!r} is not tcp://ADDRESS:PORT")
-    host, sep, port = value.removeprefix("tcp://").rpartition(":")
-    host = host.strip("[]") if host.startswith("[") and host.endswith("]") else host
-    if not sep or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        host, port = split_address(value)
+    except ValueError:
+        host, port = "", 0
+    if not 0 < port < 65536:
         raise ValueError(f"control endpoint {value!r} has no port in 1..65535")
     try:
         address = ipaddress.ip_address(host)
@@ -85,7 +89,7 @@ def control_endpoint(value: str) -> tuple[str, int]:
         raise ValueError(f"control endpoint {value!r}: {host!r} is not an IP address") from None
     if address.is_multicast or address.is_unspecified:
         raise ValueError(f"control endpoint {value!r}: {host} cannot be connected to")
-    return str(address), int(port)
+    return str(address), port
 
 
 def announcement_txt(announcement: Announcement) -> dict[str, str]:

@@ -19,6 +19,7 @@ from typing import Any
 from zctl.doctor import probes
 from zctl.doctor import verdicts as dx
 from zctl.doctor.verdicts import Check
+from zctl.endpoints import split_address
 
 DEFAULT_API = "http://127.0.0.1:8000"  # where zctl serve listens by default
 
@@ -90,20 +91,21 @@ def _lan_checks(opts: DoctorOptions, here: dict[str, Path], status: Any) -> list
     from controlplane.messages import PROTOCOL_VERSION
     from zctl.discovery.browser import browse
     from zctl.discovery.interfaces import local_interfaces
-    from zctl.doctor import lan
+    from zctl.discovery.records import JOIN_BY_ADDRESS
 
-    checks = [lan.multicast_check([lan.multicast_loop(i) for i in lan.lan_interfaces()])]
+    interfaces = local_interfaces()
+    checks = [dx.multicast_check(probes.multicast_loops(probes.lan_interfaces(interfaces)))]
     try:
         sightings = browse(PROTOCOL_VERSION, opts.browse_s)
     except OSError as exc:
         return [*checks, Check("LAN clusters", dx.FAIL, f"cannot listen for announcements: "
-                                                        f"{exc}; {lan.FALLBACK}")]
+                                                        f"{exc}; {JOIN_BY_ADDRESS}")]
     found = sightings.announcements
     reach = probes.tcp_connect_all([a.control for a in found], min(opts.timeout, 2.0))
     members = [(n.node_id, n.host) for n in status.nodes] if status is not None else []
-    return [*checks, lan.clusters_check(found, sightings.refused), lan.same_name_check(found),
-            *lan.endpoint_checks(found, {c: "" if f.ok else f.error for c, f in reach.items()}),
-            lan.node_id_check(here, [i.address for i in local_interfaces()], found, members)]
+    return [*checks, dx.clusters_check(found, sightings.refused), dx.same_name_check(found),
+            *dx.endpoint_checks(found, {c: "" if f.ok else f.error for c, f in reach.items()}),
+            dx.node_id_check(here, [i.address for i in interfaces], found, members)]
 
 
 def _openvino_version(get: Any) -> str:
@@ -162,7 +164,7 @@ def _cluster_checks(opts: DoctorOptions, versions: tuple[str, str, int],
         timed = query_status_timed(target, opts.timeout, curve)
     except (ClusterUnreachable, OSError, RuntimeError) as exc:
         try:  # a TCP connect tells nothing listening from a peer that does not answer
-            probes.split_address(target)
+            split_address(target)
             tcp = probes.tcp_connect(target, min(opts.timeout, 2.0))
         except ValueError:
             tcp = None

@@ -1,6 +1,6 @@
 """Facts for ``zctl doctor``, gathered on this machine: CPU flags, OpenVINO devices, TCP
-connects, the hashes of exports and shard caches, node ids, and what the stages placed
-here need in memory. The verdicts on them are ``zctl.doctor.verdicts``'s.
+connects, multicast DNS on the LAN interfaces, the hashes of exports and shard caches,
+node ids, and what the stages placed here need in memory. The verdicts on them are ``zctl.doctor.verdicts``'s.
 
 Every probe is bounded (TCP connects time out) and reports a failure as a fact, never
 by raising.
@@ -8,6 +8,7 @@ by raising.
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import time
@@ -28,14 +29,17 @@ from controlplane.placement import (
     stage_needs,
 )
 from controlplane.records import ClusterStatus
+from zctl.discovery.interfaces import Interface
 from zctl.doctor.verdicts import (
     DeviceFacts,
     GrammarFacts,
     HttpFacts,
     IntegrityFacts,
     MemoryNeed,
+    MulticastFacts,
     TcpFacts,
 )
+from zctl.endpoints import split_address
 from zctl.manifest import MANIFEST_NAME, ExportManifest, ManifestError, load_manifest, sha256_file
 from zctl.serve.tls import own_server_context
 
@@ -84,15 +88,6 @@ def openvino_devices(core: Any | None = None) -> tuple[list[DeviceFacts], str]:
     return out, ""
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """'tcp://10.0.0.5:5555' -> ('10.0.0.5', 5555); ValueError if it is not one."""
-    rest = address.split("://", 1)[-1]
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"{address!r} is not a tcp://HOST:PORT address")
-    return host.strip("[]"), int(port)
-
-
 def tcp_connect(address: str, timeout: float = 1.0) -> TcpFacts:
     """Open and close one TCP connection to ``address`` (nothing is sent)."""
     try:
@@ -116,6 +111,76 @@ def tcp_connect_all(addresses: Iterable[str], timeout: float = 1.0) -> dict[str,
         return {}
     with ThreadPoolExecutor(min(8, len(unique))) as pool:
         return dict(zip(unique, pool.map(lambda a: tcp_connect(a, timeout), unique), strict=True))
+
+
+# -- LAN discovery --------------------------------------------------------------------------
+# The multicast probe joins the mDNS group on an interface, sends one mDNS query for zctl's
+# service type there and waits to hear it back: a firewall rule that drops multicast, or an
+# interface without it, fails the probe. Hearing one's own query does not prove that a
+# switch forwards it; not seeing an announced cluster is the next check's warning.
+MDNS_GROUP, MDNS_PORT = "224.0.0.251", 5353
+
+
+def multicast_loop(interface: Interface, timeout: float = 1.0) -> MulticastFacts:
+    """Send one mDNS query on ``interface`` and listen for it (never raises)."""
+    from zeroconf import DNSOutgoing, DNSQuestion
+    from zeroconf.const import _CLASS_IN, _FLAGS_QR_QUERY, _TYPE_PTR
+
+    from zctl.discovery.records import SERVICE_TYPE
+
+    query = DNSOutgoing(_FLAGS_QR_QUERY)
+    query.add_question(DNSQuestion(SERVICE_TYPE, _TYPE_PTR, _CLASS_IN))
+    marker = os.urandom(4).hex()  # told apart from other queriers' identical queries
+    query.add_question(DNSQuestion(f"zctl-doctor-{marker}.local.", _TYPE_PTR, _CLASS_IN))
+    packet = query.packets()[0]
+    here = socket.inet_aton(interface.address)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(("", MDNS_PORT))
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                            socket.inet_aton(MDNS_GROUP) + here)
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, here)
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 255)
+            try:
+                sock.sendto(packet, (MDNS_GROUP, MDNS_PORT))
+            except OSError as exc:  # EPERM: a firewall rule refused it
+                return MulticastFacts(interface, False,
+                                      f"sending was refused ({exc.strerror or exc})")
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                try:
+                    data, _ = sock.recvfrom(9000)
+                except TimeoutError:
+                    break
+                if data == packet:
+                    return MulticastFacts(interface, True)
+    except OSError as exc:
+        return MulticastFacts(interface, False, exc.strerror or str(exc), tested=False)
+    return MulticastFacts(interface, False, f"its own query did not come back within {timeout:g} s")
+
+
+def multicast_loops(interfaces: Iterable[Interface], timeout: float = 1.0
+                    ) -> list[MulticastFacts]:
+    """``multicast_loop`` on every interface at once (each query told apart by its marker),
+    in their order."""
+    chosen = list(interfaces)
+    if not chosen:
+        return []
+    with ThreadPoolExecutor(len(chosen)) as pool:
+        return list(pool.map(lambda i: multicast_loop(i, timeout), chosen))
+
+
+def lan_interfaces(interfaces: Iterable[Interface]) -> list[Interface]:
+    """Of this machine's ``interfaces``, those a node here finds clusters on: as a
+    coordinator binding every interface announces (no container bridges, no loopback)."""
+    from zctl.discovery.interfaces import announce_addresses
+
+    return announce_addresses(interfaces, "0.0.0.0")
 
 
 # -- what lies under ZCTL_HOME --------------------------------------------------------------

@@ -15,7 +15,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
 from controlplane.schema import SchemaError, build
@@ -23,6 +23,9 @@ from dataplane.runtime.config import RuntimeSpec
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.lifetime import interrupt_once
 from zctl.launcher.record import ClusterError
+
+if TYPE_CHECKING:
+    from zctl.discovery.browser import ClusterWatch
 
 log = logging.getLogger("zctl.processes")
 Say = Callable[[str], None]  # where a process tells its operator what it does
@@ -113,6 +116,18 @@ class CoordinatorProcess:
     def control(self) -> str:
         """The control address nodes and clients connect to: ``host``, else the bind host."""
         return f"tcp://{self.host or self.bind_host}:{self.bind.rpartition(':')[2]}"
+
+    @property
+    def announced_name(self) -> str:
+        """The name the cluster is announced under: ``cluster_name``, else this machine's
+        host name made a valid name."""
+        if self.cluster_name:
+            return self.cluster_name
+        import socket
+
+        from zctl.discovery.interfaces import default_cluster_name
+
+        return default_cluster_name(socket.gethostname())
 
 
 @dataclass(frozen=True)
@@ -281,15 +296,12 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
 def _announce(config: CoordinatorProcess, coordinator: Any, curve: Any, say: Say) -> Any:
     """Announce the coordinator's cluster on the LAN (a zctl.discovery Announcer); None,
     said why, when it cannot be: the cluster runs on, joined by address."""
-    import socket
-
     from controlplane.messages import PROTOCOL_VERSION
     from controlplane.security import key_fingerprint
     from zctl.discovery.announcer import announce_cluster
-    from zctl.discovery.interfaces import default_cluster_name
     from zctl.discovery.records import Announcement
 
-    name = config.cluster_name or default_cluster_name(socket.gethostname())
+    name = config.announced_name
     announcement = Announcement(name, coordinator.bind(), PROTOCOL_VERSION, coordinator.openvino,
                                 coordinator.node_id,
                                 key_fingerprint(curve.public) if curve is not None else "")
@@ -305,6 +317,24 @@ def _announce(config: CoordinatorProcess, coordinator: Any, curve: Any, say: Say
     return announcer
 
 
+def _watch_cluster(config: NodeProcess, say: Say) -> ClusterWatch | None:
+    """A watch of the LAN for the announced cluster the node joined (its agent closes it);
+    None when it joined by address, or when multicast cannot be opened here."""
+    if not config.rediscover:
+        return None
+    from controlplane.messages import PROTOCOL_VERSION
+    from zctl.discovery.browser import ClusterWatch
+
+    watch = ClusterWatch(config.rediscover, PROTOCOL_VERSION, config.fingerprint)
+    try:
+        watch.start()
+    except OSError as exc:
+        say(f"cannot watch the LAN for cluster {config.rediscover} ({exc}): a lost "
+            f"coordinator is looked for at {config.coordinator} only")
+        return None
+    return watch
+
+
 def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | None = None) -> int:
     """Run a node agent until SIGTERM or Ctrl-C (or, with ``ends_with_parent``, until its
     parent is gone); 2 if the coordinator refused it."""
@@ -317,14 +347,9 @@ def run_node(config: NodeProcess, say: Say = log.info, on_progress: Progress | N
     state_dir = _home(config.state_dir, "node")
     curve = (CurveClient.from_state_dir(state_dir, read_public_key(Path(config.curve_server_key)))
              if config.curve_server_key else None)
-    locate = None
-    if config.rediscover:
-        from controlplane.messages import PROTOCOL_VERSION
-        from zctl.discovery.browser import Rediscovery
-
-        locate = Rediscovery(config.rediscover, PROTOCOL_VERSION, config.fingerprint).locate
+    locator = _watch_cluster(config, say)
     agent = NodeAgent(AgentConfig(
-        config.coordinator, state_dir=state_dir, data_host=config.host, locate=locate,
+        config.coordinator, state_dir=state_dir, data_host=config.host, locator=locator,
         data_port=config.data_port, heartbeat_interval=config.heartbeat,
         reconnect_min=config.reconnect_min, reconnect_max=config.reconnect_max,
         tok_s=config.tok_s, curve=curve, memory_limit=config.memory_mb << 20,

@@ -10,7 +10,8 @@ spelling."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
@@ -25,9 +26,10 @@ def json_reply(reply: BaseModel, status: int = 200) -> JSONResponse:
 
 
 def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
-    """A reply of server-sent events, sent as they come."""
+    """A reply of server-sent events, sent as they come (never cached, nor held back by a
+    buffering proxy)."""
     return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def sse(event: BaseModel) -> str:
@@ -35,10 +37,15 @@ def sse(event: BaseModel) -> str:
     return f"data: {_JSON.encode(event.model_dump())}\n\n"
 
 
+def named_event(name: str, data: Mapping[str, Any]) -> str:
+    """One event named ``name``, ``data`` its data."""
+    return f"event: {name}\ndata: {_JSON.encode(data)}\n\n"
+
+
 def named_events(events: Sequence[BaseModel]) -> str:
     """Events each named by its ``type`` (``event: TYPE``, then its data)."""
     out = []
     for event in events:
         data = event.model_dump()
-        out.append(f"event: {data['type']}\ndata: {_JSON.encode(data)}\n\n")
+        out.append(named_event(data["type"], data))
     return "".join(out)

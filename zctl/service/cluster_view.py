@@ -8,7 +8,8 @@ snapshots and the seconds between them).
 ``stage_rows`` is the one place a stage's node, layers and device are read from a cluster
 status: ``zctl run``'s dashboard and the web page's cluster view both show them so. The
 latency figures are read from the same cumulative histograms ``/metrics`` exports
-(``ServiceStats``), by ``histogram_quantile`` on their difference over the window.
+(``ServiceStats``): their difference over the window and its quantiles
+(``HistogramSnapshot.since`` and ``quantile``); a node is named by ``NodeStatus.name``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from controlplane.membership import ALIVE
 from controlplane.placement import layer_range
 from controlplane.planner.running import NoPrediction, streams_prediction
 from controlplane.records import ClusterStatus, NodeStatus, PredictionStatus
+from dataplane.head.metrics import hop_names
 from zctl.service.messages import HistogramSnapshot, ServiceStats
 
-COORDINATOR = "coordinator"  # the node id stats and views give the coordinator's own node
 VIEW_VERSION = 1  # the JSON's "version": bumped when a field changes meaning
 
 
@@ -45,10 +46,6 @@ class StageRow:
     kv_slots: int
 
 
-def node_name(node: NodeStatus) -> str:
-    return COORDINATOR if node.local else node.node_id
-
-
 def stage_rows(status: ClusterStatus) -> list[StageRow]:
     """The stages in order, each with the node that runs it (blank fields: none does)."""
     nodes = {n.node_id: n for n in status.nodes}
@@ -59,47 +56,16 @@ def stage_rows(status: ClusterStatus) -> list[StageRow]:
         if node is None:
             rows.append(StageRow(stage.index, "", "", "", "", layers, stage.state, 0, 0, -1))
             continue
-        rows.append(StageRow(stage.index, node_name(node), node.host, node.data_addr,
+        rows.append(StageRow(stage.index, node.name, node.host, node.data_addr,
                              node.devices[0].name if node.devices else "", layers,
                              stage.state, node.ram_free, node.ram_total, node.kv_slots))
     return rows
 
 
 # -- latency over a window, from cumulative histograms ----------------------------------
-def histogram_since(now: HistogramSnapshot, before: HistogramSnapshot | None
-                    ) -> HistogramSnapshot:
-    """What ``now`` counted since ``before`` (``now`` itself when there is no ``before``,
-    its buckets differ, or it counts less: a histogram that started again)."""
-    if before is None or before.bounds != now.bounds:
-        return now
-    counts = [a - b for a, b in zip(now.counts, before.counts, strict=True)]
-    if any(c < 0 for c in counts):
-        return now
-    return HistogramSnapshot(now.bounds, counts, max(now.total - before.total, 0.0))
-
-
-def histogram_quantile(histogram: HistogramSnapshot, q: float) -> float | None:
-    """The ``q`` quantile (0..1) of a histogram's values, interpolated linearly inside its
-    bucket as Prometheus's ``histogram_quantile`` does (the +Inf bucket: its lower bound);
-    None when it counted nothing."""
-    total = sum(histogram.counts)
-    if total == 0:
-        return None
-    rank = q * total
-    seen = 0
-    for i, count in enumerate(histogram.counts):
-        if count and seen + count >= rank:
-            if i == len(histogram.bounds):
-                return histogram.bounds[-1]
-            low = histogram.bounds[i - 1] if i else 0.0
-            return low + (histogram.bounds[i] - low) * (rank - seen) / count
-        seen += count
-    return histogram.bounds[-1]
-
-
 def latency(histogram: HistogramSnapshot) -> dict[str, Any]:
     """p50, p95 (ms, None: nothing counted) and how many values they are of."""
-    p50, p95 = histogram_quantile(histogram, 0.5), histogram_quantile(histogram, 0.95)
+    p50, p95 = histogram.quantile(0.5), histogram.quantile(0.95)
     return {"p50": None if p50 is None else round(p50, 3),
             "p95": None if p95 is None else round(p95, 3), "count": sum(histogram.counts)}
 
@@ -122,7 +88,7 @@ def prediction_view(prediction: PredictionStatus | None, streams: int) -> dict[s
 
 
 def node_view(node: NodeStatus) -> dict[str, Any]:
-    return {"id": node_name(node), "host": node.host, "address": node.data_addr,
+    return {"id": node.name, "host": node.host, "address": node.data_addr,
             "state": node.state, "alive": node.state in ALIVE, "stage": node.stage,
             "devices": [d.name for d in node.devices], "ram_free": node.ram_free,
             "ram_total": node.ram_total, "kv_slots": node.kv_slots,
@@ -137,8 +103,10 @@ def cluster_view(now: ServiceStats, before: ServiceStats | None, seconds: float
     earlier_hops = {h.name: h for h in before.hops} if before is not None else {}
     status = now.cluster
     rows = {r.index: r for r in stage_rows(status)} if status is not None else {}
+    measured_hops = {h.name for h in now.hops}
+    after = hop_names(len(now.stages)) if now.stages else []  # the hop after each stage
     stages = []
-    for stage in now.stages:
+    for position, stage in enumerate(now.stages):
         row = rows.get(stage.index)
         earlier = earlier_stages.get(stage.index)
         stages.append({
@@ -148,15 +116,16 @@ def cluster_view(now: ServiceStats, before: ServiceStats | None, seconds: float
             "device": row.device if row else "", "layers": row.layers if row else "",
             "state": row.state if row else ("serving" if stage.up else "down"),
             "ram_free": row.ram_free if row else 0, "ram_total": row.ram_total if row else 0,
-            "compute_ms": latency(histogram_since(
-                stage.compute_ms, earlier.compute_ms if earlier else None))})
+            "hop": after[position] if after[position] in measured_hops else None,
+            "compute_ms": latency(stage.compute_ms.since(
+                earlier.compute_ms if earlier else None))})
     hops = []
     for hop in now.hops:
         earlier_hop = earlier_hops.get(hop.name)
         sent = hop.bytes - (earlier_hop.bytes if earlier_hop else 0)
         hops.append({"name": hop.name,
-                     "network_ms": latency(histogram_since(
-                         hop.network_ms, earlier_hop.network_ms if earlier_hop else None)),
+                     "network_ms": latency(hop.network_ms.since(
+                         earlier_hop.network_ms if earlier_hop else None)),
                      "bytes_per_s": round(sent / seconds, 1) if seconds > 0 and sent >= 0
                      else None})
     generated = now.counters.get("generated_tokens", 0) - (

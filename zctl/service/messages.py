@@ -103,7 +103,8 @@ class TokensReply(Message):
 # -- stats: what the HTTP server's /metrics is built from ------------------------------
 @dataclass(frozen=True)
 class HistogramSnapshot:
-    """A cumulative histogram (since the service started)."""
+    """A cumulative histogram (since the service started): what it counted since an
+    earlier snapshot (``since``), and its quantiles (``quantile``)."""
 
     bounds: list[float]  # bucket upper bounds in ms, ascending (+Inf implicit)
     counts: list[int]  # len(bounds) + 1 per-bucket counts (NOT cumulative); last = +Inf
@@ -117,6 +118,34 @@ class HistogramSnapshot:
         if any(c < 0 for c in self.counts):
             return "has a negative count"
         return None
+
+    def since(self, before: HistogramSnapshot | None) -> HistogramSnapshot:
+        """What this counted since ``before`` (this itself when there is no ``before``, its
+        buckets differ, or it counts less: a histogram that started again)."""
+        if before is None or before.bounds != self.bounds:
+            return self
+        counts = [a - b for a, b in zip(self.counts, before.counts, strict=True)]
+        if any(c < 0 for c in counts):
+            return self
+        return HistogramSnapshot(self.bounds, counts, max(self.total - before.total, 0.0))
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (0..1) of the values counted, interpolated linearly inside
+        its bucket as Prometheus's ``histogram_quantile`` does (the +Inf bucket: its lower
+        bound); None when it counted nothing."""
+        total = sum(self.counts)
+        if total == 0:
+            return None
+        rank = q * total
+        seen = 0
+        for i, count in enumerate(self.counts):
+            if count and seen + count >= rank:
+                if i == len(self.bounds):
+                    return self.bounds[-1]
+                low = self.bounds[i - 1] if i else 0.0
+                return low + (self.bounds[i] - low) * (rank - seen) / count
+            seen += count
+        return self.bounds[-1]
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controlplane.membership import ALIVE, SERVING
-from controlplane.records import ClusterStatus
+from controlplane.records import COORDINATOR, ClusterStatus
 from dataplane.head.metrics import CumulativeHistogram, MeasuredExecutor, StepMetrics, hop_names
 from zctl.engine.core import GenerationEngine
 from zctl.manifest import ExportManifest
-from zctl.service.cluster_view import COORDINATOR, node_name
 from zctl.service.messages import HistogramSnapshot, HopStats, ServiceStats, StageStats
 
 NOT_WIRED = "the pipeline is not wired yet"
@@ -79,7 +78,7 @@ class StatsCollector:
         hops = [HopStats(name, count, histogram_snapshot(histogram)) for name, count, histogram
                 in zip(hop_names(len(metrics.network)), metrics.hop_bytes(), metrics.network,
                        strict=False)] if metrics.network else []
-        nodes = ({node_name(n): n.state in ALIVE for n in status.nodes} if status is not None
+        nodes = ({n.name: n.state in ALIVE for n in status.nodes} if status is not None
                  else {COORDINATOR: True})
         return ServiceStats(self.engine.active, self.engine.waiting, dict(counters), stages,
                             hops, nodes, health, self.model, self.max_context, self.num_stages,
@@ -111,5 +110,5 @@ class StatsCollector:
                 out.append(("", False, -1))
                 continue
             kv = kv_here.get(i, -1) if node.local else node.kv_slots
-            out.append((node_name(node), stage.state == SERVING, kv))
+            out.append((node.name, stage.state == SERVING, kv))
         return out

@@ -13,12 +13,9 @@ from typing import Any
 
 from controlplane.membership import ALIVE, DEAD, LEFT
 from controlplane.records import ClusterStatus, NodeStatus
-from zctl.service.cluster_view import node_name
 
 SERVING = "serving"
 DOWN_PIPELINES = ("degraded", "failed")
-REPLAN_NOTES = ("re-planning", "re-planned", "re-plan not applied", "re-plan abandoned",
-                "re-plan failed")
 KINDS = ("joined", "lost", "left", "returned", "healed", "given_back", "replan", "refused",
          "degraded", "serving")
 
@@ -34,17 +31,11 @@ class ClusterEvent:
     node: str = ""
 
 
-def _replan_note(placement: str) -> str:
-    """The re-plan part of a placement note ("" when it has none)."""
-    return next((part.strip() for part in placement.split(";")
-                 if part.strip().startswith(REPLAN_NOTES)), "")
-
-
 def _node_events(before: dict[str, NodeStatus], after: dict[str, NodeStatus], time: float
                  ) -> list[ClusterEvent]:
     events = []
     for node_id, node in after.items():
-        name = node_name(node)
+        name = node.name
         old = before.get(node_id)
         if old is None:
             if node.state in ALIVE:
@@ -59,7 +50,7 @@ def _node_events(before: dict[str, NodeStatus], after: dict[str, NodeStatus], ti
             events.append(ClusterEvent("returned", time, f"{name} is back", name))
     for node_id, old in before.items():
         if node_id not in after and old.state in ALIVE:
-            name = node_name(old)
+            name = old.name
             events.append(ClusterEvent("left", time, f"{name} left the cluster", name))
     return events
 
@@ -73,8 +64,8 @@ def _stage_events(before: ClusterStatus, after: ClusterStatus, nodes: dict[str, 
         if old is None or new is None or old == new:
             continue
         left = nodes.get(old)
-        old_name = node_name(left) if left is not None else old
-        new_name = node_name(nodes[new]) if new in nodes else new
+        old_name = left.name if left is not None else old
+        new_name = nodes[new].name if new in nodes else new
         if left is None or left.state not in ALIVE:
             events.append(ClusterEvent("healed", time, f"stage {stage.index} moved from "
                                        f"{old_name} (lost) to {new_name}", new_name))
@@ -96,12 +87,11 @@ def status_events(before: ClusterStatus | None, after: ClusterStatus) -> list[Cl
                              f"{r.reason}", r.node_id) for r in after.refused]
     events = _node_events({n.node_id: n for n in before.nodes},
                           {n.node_id: n for n in after.nodes}, time)
-    note = _replan_note(after.placement)
-    changed_note = note and note != _replan_note(before.placement)
+    replanned = after.replan.count > before.replan.count
     nodes = {n.node_id: n for n in after.nodes}
-    events += _stage_events(before, after, nodes, bool(changed_note), time)
-    if changed_note:
-        events.append(ClusterEvent("replan", time, note))
+    events += _stage_events(before, after, nodes, replanned, time)
+    if replanned:
+        events.append(ClusterEvent("replan", after.replan.time_s or time, after.replan.note))
     fresh = after.counters.get("refused", 0) - before.counters.get("refused", 0)
     if fresh > 0:
         events += [ClusterEvent("refused", time - r.age_s, f"{r.node_id} ({r.host}) "

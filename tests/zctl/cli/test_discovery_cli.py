@@ -108,13 +108,14 @@ def test_cluster_up_hands_its_announce_options_to_the_coordinator(
 
     monkeypatch.setattr(cluster_cli, "ensure_export", lambda *a, **k: tmp_path)
     monkeypatch.setattr(cluster_cli, "_start_remote_coordinator", start)
-    monkeypatch.setattr(cluster_cli, "_host_name", lambda: "pc-lab")
+    monkeypatch.setattr("socket.gethostname", lambda: "pc-lab.example.org")
     result = runner.invoke(app, ["cluster", "up", *flags], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     (coordinator,) = started
     assert coordinator.announce is announce
-    assert coordinator.cluster_name == (name or "pc-lab")
+    assert coordinator.cluster_name == name  # "": the coordinator names it by its host
+    assert coordinator.announced_name == (name or "pc-lab")
     assert coordinator.announce_interfaces == interfaces
     assert coordinator.announce_loopback is bool(interfaces)
-    joined = "zctl node join (it finds the cluster " in result.output
-    assert joined is announce
+    joined = f"zctl node join (it finds the cluster {name or 'pc-lab'} on the LAN)"
+    assert (joined in " ".join(result.output.split())) is announce  # (wrapped)

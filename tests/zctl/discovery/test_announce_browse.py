@@ -5,13 +5,15 @@ browser; multicast DNS on 127.0.0.1 only)."""
 from __future__ import annotations
 
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from zeroconf import IPVersion, ServiceInfo, Zeroconf
 
+from tests.helpers.control import wait_for
 from zctl.discovery.announcer import Announcer, announce_cluster
-from zctl.discovery.browser import Rediscovery, browse
+from zctl.discovery.browser import BROWSE_S, ClusterWatch, browse
 from zctl.discovery.interfaces import Interface
 from zctl.discovery.records import SERVICE_TYPE, Announcement, announcement_txt
 
@@ -53,9 +55,56 @@ def test_a_browse_finds_the_announcement_and_refuses_the_rest(announced):
     assert "not an address of the announcing host (127.0.0.1): forged" in refused["forged"]
     assert "speaks control protocol 8, this zctl speaks 9" in refused["old"]
     assert refused["junk"] == "no 'proto' in the record"
-    assert Rediscovery("loop-lab", PROTO, seconds=1.5).locate() == "tcp://127.0.0.1:5599"
-    assert Rediscovery("loop-lab", PROTO, fingerprint="ab" * 32, seconds=1.0).locate() is None
-    assert Rediscovery("nowhere", PROTO, seconds=0.3).locate() is None
+
+
+def test_a_watch_keeps_the_newest_announcement_of_its_cluster(announced):
+    watches = [ClusterWatch("loop-lab", PROTO, interfaces=["127.0.0.1"]),
+               ClusterWatch("loop-lab", PROTO, fingerprint="ab" * 32, interfaces=["127.0.0.1"]),
+               ClusterWatch("nowhere", PROTO, interfaces=["127.0.0.1"])]
+    watch, keyed, nowhere = watches
+    for each in watches:
+        each.start()
+    try:
+        wait_for(lambda: watch.locate() is not None, what="the announcement seen")
+        assert watch.locate() == announced.control == "tcp://127.0.0.1:5599"
+        assert keyed.locate() is None  # announced under another key: not followed
+        assert nowhere.locate() is None
+        # another coordinator announces the cluster: the newer announcement is followed,
+        # and once it is withdrawn, the one left
+        moved = Announcer(Announcement("loop-lab", "tcp://127.0.0.1:5601", PROTO, "2026.4.1",
+                                       "pc-moved", ""), [LO])
+        moved.start()
+        try:
+            wait_for(lambda: watch.locate() == "tcp://127.0.0.1:5601", what="the newer one")
+        finally:
+            moved.close()
+        wait_for(lambda: watch.locate() == "tcp://127.0.0.1:5599", what="the one left")
+    finally:
+        for each in watches:
+            each.close()
+    assert not watch.watching
+    watch.close()  # again: nothing
+
+
+def test_a_node_that_watches_for_its_cluster_stops_promptly_while_it_is_away(cp_cluster):
+    # the agent asks its watch where the coordinator is before each reconnection: an
+    # answer from what the watch has seen, never a browse on the agent's thread
+    coord = cp_cluster.coordinator()
+    watch = ClusterWatch("away", PROTO, interfaces=["127.0.0.1"])
+    watch.start()
+    agent = cp_cluster.agent(coord.endpoint, locator=watch, heartbeat_interval=0.05,
+                             liveness=3)
+    coord.wait_serving(20)
+    wait_for(lambda: (links := coord.status().links) and all(
+        link.measured_at or link.error not in ("", "probing") for link in links),
+        what="the links probed")
+    coord.stop()  # (no probe of its links in flight: a probe would hold the agent's stop)
+    wait_for(lambda: agent.counters["reconnects"] >= 3, what="reconnections")
+    start = time.monotonic()
+    agent.stop()
+    took = time.monotonic() - start
+    assert agent.state == "stopped" and not watch.watching  # the agent closed its watch
+    assert took < BROWSE_S, took  # a single browse would have held it this long
 
 
 def test_loopback_is_announced_only_when_asked():

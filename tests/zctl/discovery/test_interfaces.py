@@ -11,6 +11,7 @@ from zctl.discovery.interfaces import (
     announce_addresses,
     announced_control,
     default_cluster_name,
+    named_interfaces,
 )
 
 LO = Interface("lo", "127.0.0.1", 8)
@@ -43,6 +44,10 @@ def test_named_interfaces_win_and_are_checked():
         announce_addresses(ALL, "0.0.0.0", ["eth9"])
     with pytest.raises(ValueError, match="does not carry the bind address 10.1.0.5"):
         announce_addresses(ALL, "10.1.0.5", ["eth0"])
+    # the check cluster up makes before it starts anything: the same, whatever the host
+    assert named_interfaces(ALL, "0.0.0.0", ["docker0", "lo"]) == [LO, DOCKER]
+    with pytest.raises(ValueError, match="does not carry the bind address 10.1.0.5"):
+        named_interfaces(ALL, "10.1.0.5", ["eth0"])
 
 
 def test_the_announced_control_endpoint_is_on_a_chosen_interface():

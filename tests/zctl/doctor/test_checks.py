@@ -15,8 +15,8 @@ from controlplane.client import query_status
 from tests.helpers.doctor import cache_shard, closed_url, fake_export, free_port
 from zctl.cli.app import app
 from zctl.doctor import checks as doctor
-from zctl.doctor import probes
 from zctl.doctor.verdicts import FAIL, PASS, WARN
+from zctl.endpoints import split_address
 
 runner = CliRunner()
 
@@ -109,7 +109,7 @@ def test_doctor_against_a_live_coordinator_and_node(cp_cluster, tmp_path: Path,
     listeners = []
     for addr in (coord.data_addr, agent.data_addr):
         sock = socket.socket()
-        sock.bind(probes.split_address(addr))
+        sock.bind(split_address(addr))
         sock.listen()
         listeners.append(sock)
     try:
@@ -128,3 +128,22 @@ def test_doctor_against_a_live_coordinator_and_node(cp_cluster, tmp_path: Path,
     assert checks["shard cache n1"].status == FAIL and "stage1.bin" in checks["shard cache n1"].detail
     assert checks["pipeline"].status == FAIL and "is left" in checks["pipeline"].detail
     assert checks[f"heartbeats {agent.node_id}"].status == WARN
+
+
+def test_lan_checks_read_the_interfaces_once_and_say_how_to_join_without_multicast(
+        monkeypatch) -> None:
+    from zctl.discovery import browser, interfaces
+
+    reads = []
+    lo = interfaces.Interface("lo", "127.0.0.1", 8)
+    monkeypatch.setattr(interfaces, "local_interfaces", lambda: reads.append(1) or [lo])
+
+    def no_socket(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError("no multicast socket")
+
+    monkeypatch.setattr(browser, "browse", no_socket)
+    multicast, clusters = doctor._lan_checks(doctor.DoctorOptions(), {}, None)
+    assert reads == [1]
+    assert multicast.status == WARN and "no LAN interface" in multicast.detail  # lo: not LAN
+    assert clusters.status == FAIL and "cannot listen for announcements: no multicast" in \
+        clusters.detail and "zctl node join tcp://HOST:PORT" in clusters.detail

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from controlplane.records import ClusterStatus, StageStatus
 from tests.helpers.doctor import cache_shard, closed_url, cluster, fake_export, free_port, node
+from zctl.discovery.interfaces import Interface
 from zctl.doctor import probes
 from zctl.doctor import verdicts as dx
 from zctl.doctor.verdicts import FAIL, PASS
@@ -118,3 +119,17 @@ def test_structured_output_compiles_against_an_exports_tokenizer(dp_export2, tmp
     broken = dx.grammar_check(probes.grammar_probe(tmp_path, "empty"))
     assert broken.status == dx.WARN and "tokenizer.json" in broken.detail
     assert "would be refused" in broken.detail
+
+
+def test_the_multicast_probe_hears_itself_on_loopback():
+    facts = probes.multicast_loop(Interface("lo", "127.0.0.1", 8))
+    assert facts.heard, facts.error
+
+
+def test_multicast_is_probed_on_every_interface_at_once_in_their_order():
+    lo, gone = Interface("lo", "127.0.0.1", 8), Interface("gone0", "192.0.2.77", 24)
+    facts = probes.multicast_loops([gone, lo], timeout=1.0)
+    assert [f.interface for f in facts] == [gone, lo]
+    assert facts[1].heard, facts[1].error
+    assert not facts[0].heard and not facts[0].tested  # no such address here: untested
+    assert probes.multicast_loops([]) == []

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from pydantic import BaseModel
 
-from zctl.serve.encoding import DONE, event_stream, json_reply, named_events, sse
+from zctl.serve.encoding import DONE, event_stream, json_reply, named_event, named_events, sse
 
 
 class Event(BaseModel):
@@ -37,6 +37,7 @@ def test_named_events_carry_their_type() -> None:
     assert text == ('event: a\ndata: {"type":"a","text":"","value":1.0}\n\n'
                     'event: b\ndata: {"type":"b","text":"y","value":null}\n\n')
     assert named_events([]) == ""
+    assert named_event("x", {"a": "é"}) == 'event: x\ndata: {"a":"\\u00e9"}\n\n'
 
 
 def test_a_json_body_is_utf8() -> None:
@@ -49,6 +50,7 @@ def test_a_stream_sends_its_events_as_they_come() -> None:
     reply = event_stream(chunks())
     assert reply.media_type == "text/event-stream"
     assert reply.headers["cache-control"] == "no-cache"
+    assert reply.headers["x-accel-buffering"] == "no"  # a proxy passes each event on
 
     async def body() -> list[str]:
         return [part async for part in reply.body_iterator]

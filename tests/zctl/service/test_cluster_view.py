@@ -1,21 +1,13 @@
-"""The cluster view (pure): stage rows from a cluster status, percentiles read from the
-difference of cumulative histograms, tok/s over a window, the prediction for the streams
-running."""
+"""The cluster view (pure): stage rows from a cluster status, percentiles over a window,
+tok/s over a window, the prediction for the streams running."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from controlplane.records import PredictionStatus, StreamsPrediction
 from tests.zctl.cli.test_view import cluster, node
-from zctl.service.cluster_view import (
-    cluster_view,
-    histogram_quantile,
-    histogram_since,
-    stage_rows,
-)
+from zctl.service.cluster_view import cluster_view, stage_rows
 from zctl.service.messages import HistogramSnapshot, HopStats, ServiceStats, StageStats
 
 BOUNDS = [1.0, 2.0, 4.0, 8.0]
@@ -42,23 +34,6 @@ def stats(compute: list[HistogramSnapshot], generated: int, running: int = 1,
                         cluster=replace(st, prediction=prediction))
 
 
-def test_quantiles_interpolate_inside_their_bucket_as_prometheus_does() -> None:
-    assert histogram_quantile(hist(0, 0, 0, 0, 0), 0.5) is None
-    assert histogram_quantile(hist(4, 0, 0, 0, 0), 0.5) == pytest.approx(0.5)
-    assert histogram_quantile(hist(0, 2, 2, 0, 0), 0.5) == pytest.approx(2.0)
-    assert histogram_quantile(hist(0, 2, 2, 0, 0), 0.75) == pytest.approx(3.0)
-    assert histogram_quantile(hist(0, 0, 0, 0, 5), 0.95) == 8.0  # +Inf: its lower bound
-
-
-def test_a_window_is_the_difference_unless_the_histogram_started_again() -> None:
-    before, now = hist(5, 0, 0, 0, 0, total=3), hist(5, 4, 0, 0, 0, total=9)
-    assert histogram_since(now, before) == hist(0, 4, 0, 0, 0, total=6)
-    assert histogram_since(now, None) is now
-    assert histogram_since(hist(1, 0, 0, 0, 0), now) == hist(1, 0, 0, 0, 0)  # restarted
-    other = HistogramSnapshot([1.0, 3.0, 4.0, 8.0], [9, 9, 0, 0, 0])
-    assert histogram_since(now, other) is now
-
-
 def test_stage_rows_name_each_stages_node_address_device_and_layers() -> None:
     rows = stage_rows(status())
     assert [(r.index, r.node, r.host, r.layers) for r in rows] == [
@@ -79,6 +54,7 @@ def test_the_view_reads_latency_and_tok_s_over_its_window() -> None:
     assert compute["count"] == 10 and 4.0 < compute["p50"] < compute["p95"] <= 8.0
     assert view["hops"][0]["bytes_per_s"] == 10000.0
     assert view["hops"][0]["network_ms"]["count"] == 10
+    assert [s["hop"] for s in view["stages"]] == ["0-1", None, None]  # only 0-1 measured
     assert [s["layers"] for s in view["stages"]] == ["0-11", "12-22", "23-29"]
     assert view["stages"][1]["address"] == "tcp://127.0.0.2:5000"
     assert [n["id"] for n in view["nodes"]] == ["coordinator", "n1", "n2", "spare"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controlplane.records import RefusalInfo, StageStatus
+from controlplane.records import RefusalInfo, ReplanStatus, StageStatus
 from tests.zctl.cli.test_view import cluster, node
 from zctl.service.timeline import KINDS, Timeline, status_events
 
@@ -48,14 +48,24 @@ def test_a_heal_moves_a_lost_nodes_stage_and_the_pipeline_serves_again() -> None
 
 
 def test_a_replan_says_what_it_moved_and_its_note() -> None:
-    healed = replace(two(), stages=[StageStatus(0, 0, 2, "h0", 1, "coord", "serving"),
-                                    StageStatus(1, 2, 4, "h1", 1, "coord", "serving")],
-                     placement="placed by the planner; re-planning: 2x faster")
-    events = status_events(two(), healed)
+    note = "re-planned: predicted 40 tok/s against 20 now"
+    replanned = replace(two(), stages=[StageStatus(0, 0, 2, "h0", 1, "coord", "serving"),
+                                       StageStatus(1, 2, 4, "h1", 1, "coord", "serving")],
+                        replan=ReplanStatus("applied", note, 98.5, 2))
+    before = replace(two(), replan=ReplanStatus("planning", "re-planning: ...", 90.0, 1))
+    events = status_events(before, replanned)
     assert kinds(events) == ["replan", "replan"]
-    assert "(re-plan)" in events[0].text and events[1].text == "re-planning: 2x faster"
-    # the same note again is no new event
-    assert status_events(healed, replace(healed, stages=two().stages))[0].kind == "given_back"
+    assert "(re-plan)" in events[0].text and events[0].time == 100.0
+    assert events[1].text == note and events[1].time == 98.5  # when it came
+    # the same re-plan again is no new event: a stage moving now is given back
+    assert kinds(status_events(replanned, replace(replanned, stages=two().stages))) == [
+        "given_back"]
+    # the note is read from the re-plan, never from the placement's words
+    worded = replace(two(), placement="by the planner; re-planning: 2x faster")
+    assert status_events(two(), worded) == []
+    # nor is a planner that cannot place (not counted) a re-plan
+    unusable = replace(two(), replan=ReplanStatus("unusable", "no re-plan: x", 99.0, 0))
+    assert status_events(two(), unusable) == []
 
 
 def test_refusals_are_events_at_their_own_time() -> None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from zctl.serve.encoding import named_event
 from zctl.service.cluster_view import VIEW_VERSION, cluster_view
 from zctl.service.errors import ServiceUnavailable
 from zctl.service.messages import ServiceStats
@@ -29,11 +29,6 @@ WINDOW_S = 5.0  # latency percentiles and tok/s are over about this many seconds
 RETRY_MS = 2000  # an EventSource reconnects after this long
 
 log = logging.getLogger(__name__)
-
-
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    """One Server-Sent Event carrying ``data`` as one line of JSON."""
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
 class ClusterFeed:
@@ -111,9 +106,9 @@ class ClusterFeed:
                     await self._poller
                 self._poller = None
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """The views as an SSE stream (its first bytes say how soon to reconnect)."""
-        yield f"retry: {RETRY_MS}\n\n".encode()
+    async def events(self) -> AsyncIterator[str]:
+        """The views as an SSE stream (its first line says how soon to reconnect)."""
+        yield f"retry: {RETRY_MS}\n\n"
         async with contextlib.aclosing(self.views()) as views:
             async for view in views:
-                yield sse("cluster", view)
+                yield named_event("cluster", view)

@@ -6,19 +6,35 @@ every API route does; the page's files do not (they hold nothing of the cluster'
 
 from __future__ import annotations
 
+import os
 from importlib.resources import files
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
-from starlette.exceptions import HTTPException
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
+from zctl.serve.encoding import event_stream
 from zctl.serve.web.feed import ClusterFeed
 
 STATIC = Path(str(files("zctl.serve.web") / "static"))
-# the page's files change with the package: a browser asks for them again on every load
-NO_STALE = {"Cache-Control": "no-cache"}
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class PageFiles(StaticFiles):
+    """The page's files, answering conditional requests (304 when the browser's copy is
+    current: ETag or Last-Modified), each marked ``no-cache``: they change with the
+    package, so a browser asks again on every load, and mostly hears "not modified"."""
+
+    def file_response(self, full_path: str | os.PathLike[str], stat_result: os.stat_result,
+                      scope: Scope, status_code: int = 200) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+PAGE_FILES = PageFiles(directory=STATIC)
 
 router = APIRouter()
 
@@ -28,16 +44,14 @@ def feed(request: Request) -> ClusterFeed:
 
 
 @router.get("/", include_in_schema=False)
-async def page() -> FileResponse:
-    return FileResponse(STATIC / "index.html", headers=NO_STALE)
+async def page(request: Request) -> Response:
+    return await PAGE_FILES.get_response("index.html", request.scope)
 
 
 @router.get("/web/{name:path}", include_in_schema=False)
-async def asset(name: str) -> FileResponse:
-    path = (STATIC / name).resolve()
-    if not path.is_relative_to(STATIC.resolve()) or not path.is_file():
-        raise HTTPException(404, f"no such file: {name}")
-    return FileResponse(path, headers=NO_STALE)
+async def asset(name: str, request: Request) -> Response:
+    """A file of the page (404: none by that name under static/, ``..`` included)."""
+    return await PAGE_FILES.get_response(os.path.normpath(name), request.scope)
 
 
 @router.get("/zctl/cluster")
@@ -51,5 +65,4 @@ async def cluster(request: Request) -> JSONResponse:
 async def cluster_stream(request: Request) -> StreamingResponse:
     """The cluster view once a second, as Server-Sent Events (``event: cluster``)."""
     request.app.state.context.check_key(request)
-    return StreamingResponse(feed(request).events(), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+    return event_stream(feed(request).events())

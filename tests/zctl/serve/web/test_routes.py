@@ -34,8 +34,23 @@ def test_the_page_and_its_files_are_served_from_the_package(server) -> None:
     page = httpx.get(f"{server.url}/", timeout=10)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "<title>zctl</title>" in page.text
-    for bad in ("/web/nothing.js", "/web/../routes.py", "/web/%2e%2e/routes.py"):
+    for bad in ("/web/nothing.js", "/web/../routes.py", "/web/%2e%2e/routes.py", "/web/",
+                "/web/vendor"):
         assert httpx.get(f"{server.url}{bad}", timeout=10).status_code == 404, bad
+
+
+def test_the_pages_files_are_asked_for_again_and_answer_not_modified(server) -> None:
+    for path in ("/", "/web/cluster.js"):
+        first = httpx.get(f"{server.url}{path}", timeout=10)
+        assert first.status_code == 200 and first.headers["cache-control"] == "no-cache"
+        etag, modified = first.headers["etag"], first.headers["last-modified"]
+        for asked in ({"If-None-Match": etag}, {"If-Modified-Since": modified}):
+            again = httpx.get(f"{server.url}{path}", headers=asked, timeout=10)
+            assert again.status_code == 304 and again.content == b"", (path, asked)
+            assert again.headers["cache-control"] == "no-cache"
+        changed = httpx.get(f"{server.url}{path}", headers={"If-None-Match": '"other"'},
+                            timeout=10)
+        assert changed.status_code == 200 and changed.content == first.content
 
 
 def test_the_cluster_view_streams_every_second_and_follows_a_generation(server) -> None:

@@ -79,13 +79,10 @@ export function renderCluster(view) {
     $("summary").innerHTML = summary(view);
     const hops = Object.fromEntries(view.hops.map((h) => [h.name, h]));
     const items = [];
-    view.stages.forEach((stage, i) => {
+    for (const stage of view.stages) {  // each stage, then the hop after it (the last: back)
       items.push(stageCard(stage));
-      const next = i + 1 < view.stages.length ? `${i}-${i + 1}` : null;
-      if (next && hops[next]) items.push(hopItem(hops[next]));
-    });
-    const back = view.hops.find((h) => h.name.endsWith("-c"));
-    if (back) items.push(hopItem(back));
+      if (stage.hop && hops[stage.hop]) items.push(hopItem(hops[stage.hop]));
+    }
     $("pipeline").innerHTML = items.join("");
     const spares = view.nodes.filter((n) => n.stage == null);
     $("spares").innerHTML = spares.length ? spares.map((n) =>
