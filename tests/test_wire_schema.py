@@ -42,6 +42,8 @@ PINNED = {
     # frame_decode_s (a node's frames' work per step)
     10: "ed4f533c4244b049",  # service_stats: cluster (the coordinator's whole status, for the
     # web page's cluster view) in place of prediction (now read from it)
+    11: "b9cbae14ae2403c2",  # profile_report, status_reply: a profile's cpu_share and
+    # quota_period_s (the CPU quota it ran under) and cpu_per_wall (its steps' CPU use)
 }
 
 
