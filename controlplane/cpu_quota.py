@@ -197,3 +197,13 @@ def read_quota(proc_self: Path = PROC_SELF) -> CpuQuota | None:
                 break
             level = level.parent
     return tightest(found)
+
+
+def current_share(proc_self: Path = PROC_SELF) -> float | None:
+    """The cores of CPU time this process's quota grants (0: no quota), None when its
+    cgroup files say something that cannot be a quota (then nothing is compared)."""
+    try:
+        quota = read_quota(proc_self)
+    except ValueError:
+        return None
+    return quota.share if quota else 0.0

@@ -9,6 +9,7 @@ import pytest
 from controlplane.cpu_quota import (
     CpuQuota,
     cgroup_dirs,
+    current_share,
     parse_cfs,
     parse_cpu_max,
     parse_mountinfo,
@@ -105,14 +106,17 @@ def test_no_quota_anywhere_and_no_cgroup_files_read_as_none(tmp_path: Path) -> N
     mountinfo = _mountinfo(tmp_path, ("/", "cg/cpu", "cgroup", "rw,cpu"),
                            ("/", "cg/unified", "cgroup2", "rw"))
     _write(tmp_path / "cg/cpu/bench/node", cpu_cfs_quota_us="-1", cpu_cfs_period_us="100000")
-    assert read_quota(_proc(tmp_path, V1_CGROUP, mountinfo)) is None  # unified: no cpu.max
+    proc = _proc(tmp_path, V1_CGROUP, mountinfo)
+    assert read_quota(proc) is None and current_share(proc) == 0.0  # unified: no cpu.max
     assert read_quota(tmp_path / "no-such-proc") is None
 
 
 def test_a_cgroup_file_that_cannot_be_a_quota_is_a_clear_error(tmp_path: Path) -> None:
     mountinfo = _mountinfo(tmp_path, ("/", "cg", "cgroup2", "rw"))
     _write(tmp_path / "cg/user.slice/node", cpu_max="half 100000")
+    proc = _proc(tmp_path, V2_CGROUP, mountinfo)
     with pytest.raises(ValueError, match="cpu.max reads 'half 100000'"):
-        read_quota(_proc(tmp_path, V2_CGROUP, mountinfo))
+        read_quota(proc)
+    assert current_share(proc) is None  # not known: a kept profile is not judged by it
     with pytest.raises(ValueError, match="share must be positive"):
         CpuQuota(0.0, 0.1)

@@ -47,6 +47,21 @@ def test_a_profile_is_kept_by_shape_format_and_device_and_used_again(tmp_path: P
                 for d in ("CPU", "GPU.0")}) == 4
 
 
+def test_a_profile_measured_under_another_cpu_quota_than_the_node_s_now_is_stale(
+        tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    record, _ = store.save(SMOL, replace(_measurement(), cpu_share=0.5, quota_period_s=0.02))
+    assert store.load(SMOL, "int4", "CPU", 0.5) == (record, "")
+    assert store.load(SMOL, "int4", "CPU", None) == (record, "")  # the quota now not known
+    assert store.load(SMOL, "int4", "CPU", 0.0) == (
+        None, "its profile is stale (measured under a CPU quota of 0.5 cores, now under no "
+              "CPU quota)")
+    store.save(SMOL, _measurement())
+    assert "now under a CPU quota of 2 cores" in store.load(SMOL, "int4", "CPU", 2.0)[1]
+
+
 def test_a_profile_of_another_openvino_version_is_stale(tmp_path: Path) -> None:
     ProfileStore(tmp_path, openvino="2025.1.0").save(SMOL, _measurement(openvino="2025.1.0"))
     record, why = ProfileStore(tmp_path, openvino=VERSION).load(SMOL, "int4", "CPU")

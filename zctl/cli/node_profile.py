@@ -81,7 +81,7 @@ def profile_command(
     decoder layer's decode step at 1, 2, 4 and 8 rows, its prefill throughput, the LM
     head's step, an inference call's fixed cost, a layer's memory and the free memory. No
     weights are needed: the layers are synthetic, with random weights in the format."""
-    from controlplane.cpu_quota import read_quota
+    from controlplane.cpu_quota import current_share, read_quota
     from controlplane.profile_store import ProfileStore
     from controlplane.profiling import measure
     from zctl.paths import zctl_home
@@ -100,7 +100,7 @@ def profile_command(
     done: list[tuple[ProfileRecord, str, Path]] = []
     failed = []
     for name in devices:
-        record, why = store.load(shape, chosen, name)
+        record, why = store.load(shape, chosen, name, current_share())
         if record is not None and not force:
             done.append((record, "kept", store.path(shape, chosen, name)))
             continue
