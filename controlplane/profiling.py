@@ -30,8 +30,8 @@ its layers faster than a real stage does (on this repository's VM, 15 layers of 
 predicted its 30-layer stage's step ~20% short, 29 layers within the noise). The
 per-layer figures follow by difference (controlplane/planner/measured.py). The CPU quota
 the process runs under (controlplane/cpu_quota.py) is recorded, with the process CPU time
-the timed decode steps used (every thread's, OpenVINO's included; each step's idle gap
-before it too, where its threads may still spin) per second of their wall time: a node
+a timed decode step used (every thread's, OpenVINO's included; the idle gap before it
+too, where its threads may still spin) per second of its wall time, their median: a node
 held to a quota is timed within it, at the profile's duty cycle, and the planner applies
 the quota to the figures for the duty cycle of the pipeline (controlplane/planner/quota.py).
 
@@ -274,7 +274,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     steps: dict[tuple[str, int], list[float]] = {(n, r): [] for n in stages for r in ROWS}
     frames: dict[int, list[float]] = {r: [] for r in ROWS}  # the decoder stages' frames' work
     gaps: dict[int, float] = {}  # the (1 + k)-layer stage's last step at each row count
-    cpu_used = wall_used = 0.0  # the timed decode steps' process CPU time and wall time
+    cpu_shares: list[float] = []  # each timed decode step's process CPU time over its wall time
     prompts: dict[str, list[float]] = {"base": [], "more": []}
     rounds = 0
     while rounds < MAX_ROUNDS and not deadline.passed:
@@ -299,8 +299,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
                         took, framing = stage.hop(parts, rows, clock)
                         frames[rows].append(framing)
                     steps[(name, rows)].append(took)
-                    cpu_used += cpu_clock() - cpu_before
-                    wall_used += took
+                    cpu_shares.append(cpu_per_wall(cpu_clock() - cpu_before, took))
                     if name == "more":
                         gaps[rows] = took
         for name in prompts:
@@ -337,13 +336,13 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
         base_bytes=grown["base"], more_bytes=grown["more"], free_memory=free, engine_s=engine,
         frame_s=tuple(_quantile(frames[r]) for r in ROWS), rounds=rounds,
         cpu_share=quota.share if quota else 0.0, quota_period_s=quota.period_s if quota else 0.0,
-        cpu_per_wall=cpu_per_wall(cpu_used, wall_used))
+        cpu_per_wall=_quantile(cpu_shares) if any(cpu_shares) else 0.0)
     return replace(measurement, seconds=clock() - deadline.start)
 
 
 def cpu_per_wall(cpu_s: float, wall_s: float) -> float:
-    """Process CPU seconds per wall second of the timed steps (0: nothing timed, or a
-    CPU clock that did not move, as a coarse one may not over short steps)."""
+    """Process CPU seconds per wall second of a timed step (0: no time, or a CPU clock
+    that did not move, as a coarse one may not over a short step)."""
     return cpu_s / wall_s if wall_s > 0 and cpu_s > 0 else 0.0
 
 

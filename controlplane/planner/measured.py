@@ -90,6 +90,7 @@ class Measurement:
     seconds: float = 0.0  # how long profiling the device took, building included
     # the CPU quota the profiling process ran under (0: none) and the process CPU seconds a
     # timed decode step used, its idle gap before it included, per second of its wall time
+    # (the median of the steps'; 0: not measured)
     cpu_share: float = 0.0
     quota_period_s: float = 0.0
     cpu_per_wall: float = 0.0
