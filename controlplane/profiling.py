@@ -30,8 +30,9 @@ its layers faster than a real stage does (on this repository's VM, 15 layers of 
 predicted its 30-layer stage's step ~20% short, 29 layers within the noise). The
 per-layer figures follow by difference (controlplane/planner/measured.py). The CPU quota
 the process runs under (controlplane/cpu_quota.py) is recorded, with the process CPU time
-a timed decode step used (every thread's, OpenVINO's included; the idle gap before it
-too, where its threads may still spin) per second of its wall time, their median: a node
+a timed decode step used (every thread's, OpenVINO's included; its frames' work too) per
+second of its wall time, their median (CPU its threads may spend in the idle gaps is not
+counted: a gap sized for another stage's step would charge it to the wrong one): a node
 held to a quota is timed within it, at the profile's duty cycle, and the planner applies
 the quota to the figures for the duty cycle of the pipeline (controlplane/planner/quota.py).
 
@@ -288,9 +289,9 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
                     if deadline.passed:
                         break
                     parts = stage.sent(rows, dims.hidden)
-                    cpu_before = cpu_clock()  # the gap's CPU use (threads winding down) too
                     # waiting for the step of the stage before it
                     sleep(IDLE_GAP * gaps.get(rows, took))
+                    cpu_before, framing = cpu_clock(), 0.0
                     if name == "head":  # the last stage: its answer is not hidden states
                         t0 = clock()
                         stage.decode(rows, dims.hidden)
@@ -299,7 +300,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
                         took, framing = stage.hop(parts, rows, clock)
                         frames[rows].append(framing)
                     steps[(name, rows)].append(took)
-                    cpu_shares.append(cpu_per_wall(cpu_clock() - cpu_before, took))
+                    cpu_shares.append(cpu_per_wall(cpu_clock() - cpu_before, took + framing))
                     if name == "more":
                         gaps[rows] = took
         for name in prompts:

@@ -89,8 +89,8 @@ class Measurement:
     rounds: int = 0  # how many rounds of steps each figure is the quantile of
     seconds: float = 0.0  # how long profiling the device took, building included
     # the CPU quota the profiling process ran under (0: none) and the process CPU seconds a
-    # timed decode step used, its idle gap before it included, per second of its wall time
-    # (the median of the steps'; 0: not measured)
+    # timed decode step used per second of its wall time (the median of the steps'; 0: not
+    # measured)
     cpu_share: float = 0.0
     quota_period_s: float = 0.0
     cpu_per_wall: float = 0.0
