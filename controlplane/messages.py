@@ -32,7 +32,7 @@ from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, ProfileRec
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
 
-PROTOCOL_VERSION = 11  # bump with every change to a message schema (tests/test_wire_schema.py)
+PROTOCOL_VERSION = 12  # bump with every change to a message schema (tests/test_wire_schema.py)
 
 class UnknownMessage(MessageError):
     """A well-formed envelope of a type this side does not know."""

@@ -21,6 +21,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from controlplane.cpu_quota import current_share
 from controlplane.messages import ProfileReport
 from controlplane.planner.measured import mismatches, profile_of, record_from_dict
 from controlplane.planner.profile import ProfileError
@@ -59,7 +60,7 @@ class ProfileJob:
 
     def request(self, task: ProfileTask, budget_s: float) -> ProfileReport:
         """The report to answer a request with now (module docstring)."""
-        record, why = self.store.load(task.shape, task.weights, task.device)
+        record, why = self.store.load(task.shape, task.weights, task.device, current_share())
         if record is not None:
             return ProfileReport("kept", record)
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import socket
 import time
@@ -49,6 +50,18 @@ def profile_name(fingerprint: str, weights: str, device: str) -> str:
     return f"{weights}-{safe}-{digest}.json"
 
 
+def share_text(share: float) -> str:
+    return f"a CPU quota of {share:g} cores" if share else "no CPU quota"
+
+
+def quota_change(measured: float, now: float | None) -> str:
+    """Why a profile measured under a CPU quota of ``measured`` cores (0: none) does not
+    fit a node under ``now`` ("" when it does, or ``now`` is not known)."""
+    if now is None or math.isclose(measured, now, rel_tol=1e-6, abs_tol=1e-9):
+        return ""
+    return f"measured under {share_text(measured)}, now under {share_text(now)}"
+
+
 class ProfileStore:
     """The profiles of one state directory."""
 
@@ -59,10 +72,11 @@ class ProfileStore:
     def path(self, shape: ModelShape, weights: str, device: str) -> Path:
         return self.dir / profile_name(shape.fingerprint(), weights, device)
 
-    def load(self, shape: ModelShape, weights: str, device: str
-             ) -> tuple[ProfileRecord | None, str]:
+    def load(self, shape: ModelShape, weights: str, device: str,
+             share: float | None = None) -> tuple[ProfileRecord | None, str]:
         """The profile of ``shape`` in ``weights`` on ``device`` measured with this node's
-        OpenVINO, or (None, why there is none)."""
+        OpenVINO (and, ``share`` given, under the CPU quota of ``share`` cores it is under
+        now: 0, none), or (None, why there is none)."""
         path = self.path(shape, weights, device)
         if not path.is_file():
             return None, NOT_PROFILED
@@ -76,6 +90,9 @@ class ProfileStore:
                            openvino=self.openvino)
         if stale:
             return None, f"its profile is stale (measured for {'; '.join(stale)})"
+        changed = quota_change(record.cpu_share, share)
+        if changed:
+            return None, f"its profile is stale ({changed})"
         return record, ""
 
     def save(self, shape: ModelShape, measurement: Measurement) -> tuple[ProfileRecord, Path]:

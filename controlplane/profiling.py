@@ -28,7 +28,13 @@ the extra layers hold some 64 MB of weights (at most 32 layers), fewer when memo
 short: a stage of a few layers whose weights stay in the caches between its steps runs
 its layers faster than a real stage does (on this repository's VM, 15 layers of SmolLM2
 predicted its 30-layer stage's step ~20% short, 29 layers within the noise). The
-per-layer figures follow by difference (controlplane/planner/measured.py).
+per-layer figures follow by difference (controlplane/planner/measured.py). The CPU quota
+the process runs under (controlplane/cpu_quota.py) is recorded, with the process CPU time
+a timed decode step used (every thread's, OpenVINO's included; its frames' work too) per
+second of its wall time, their median (CPU its threads may spend in the idle gaps is not
+counted: a gap sized for another stage's step would charge it to the wrong one): a node
+held to a quota is timed within it, at the profile's duty cycle, and the planner applies
+the quota to the figures for the duty cycle of the pipeline (controlplane/planner/quota.py).
 
 The budget bounds the whole of it, building and compiling included: past it, no further
 step or build is started (a compile under way ends first), and a device that could not
@@ -53,6 +59,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from controlplane.cpu_quota import CpuQuota, read_quota
 from controlplane.engine_step import time_engine
 from controlplane.nodeinfo import openvino_version, ram
 from controlplane.planner.measured import Measurement
@@ -242,9 +249,12 @@ def engine_steps(stage_s: float) -> int:
 
 def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: float = BUDGET_S,
             memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter,
-            sleep: Callable[[float], None] = time.sleep) -> Measurement:
+            sleep: Callable[[float], None] = time.sleep,
+            cpu_clock: Callable[[], float] = time.process_time,
+            quota: CpuQuota | None = None) -> Measurement:
     """Time ``shape``'s synthetic stages in ``weights`` on ``device`` within ``budget_s``
-    seconds (the module docstring; ``sleep`` waits out the idle gaps); ProfileError when it
+    seconds (the module docstring; ``sleep`` waits out the idle gaps, ``cpu_clock`` is the
+    process's CPU time, ``quota`` the CPU quota it runs under); ProfileError when it
     cannot."""
     deadline = Deadline(budget_s, clock)
     dims = layer_shape(shape)
@@ -265,6 +275,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     steps: dict[tuple[str, int], list[float]] = {(n, r): [] for n in stages for r in ROWS}
     frames: dict[int, list[float]] = {r: [] for r in ROWS}  # the decoder stages' frames' work
     gaps: dict[int, float] = {}  # the (1 + k)-layer stage's last step at each row count
+    cpu_shares: list[float] = []  # each timed decode step's process CPU time over its wall time
     prompts: dict[str, list[float]] = {"base": [], "more": []}
     rounds = 0
     while rounds < MAX_ROUNDS and not deadline.passed:
@@ -280,6 +291,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
                     parts = stage.sent(rows, dims.hidden)
                     # waiting for the step of the stage before it
                     sleep(IDLE_GAP * gaps.get(rows, took))
+                    cpu_before, framing = cpu_clock(), 0.0
                     if name == "head":  # the last stage: its answer is not hidden states
                         t0 = clock()
                         stage.decode(rows, dims.hidden)
@@ -288,6 +300,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
                         took, framing = stage.hop(parts, rows, clock)
                         frames[rows].append(framing)
                     steps[(name, rows)].append(took)
+                    cpu_shares.append(cpu_per_wall(cpu_clock() - cpu_before, took + framing))
                     if name == "more":
                         gaps[rows] = took
         for name in prompts:
@@ -322,8 +335,16 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
         base_prompt_s=_quantile(prompts["base"], PROMPT_QUANTILE),
         more_prompt_s=_quantile(prompts["more"], PROMPT_QUANTILE),
         base_bytes=grown["base"], more_bytes=grown["more"], free_memory=free, engine_s=engine,
-        frame_s=tuple(_quantile(frames[r]) for r in ROWS), rounds=rounds)
+        frame_s=tuple(_quantile(frames[r]) for r in ROWS), rounds=rounds,
+        cpu_share=quota.share if quota else 0.0, quota_period_s=quota.period_s if quota else 0.0,
+        cpu_per_wall=_quantile(cpu_shares) if any(cpu_shares) else 0.0)
     return replace(measurement, seconds=clock() - deadline.start)
+
+
+def cpu_per_wall(cpu_s: float, wall_s: float) -> float:
+    """Process CPU seconds per wall second of a timed step (0: no time, or a CPU clock
+    that did not move, as a coarse one may not over a short step)."""
+    return cpu_s / wall_s if wall_s > 0 and cpu_s > 0 else 0.0
 
 
 # -- a profile in a process of its own ----------------------------------------------------
@@ -347,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         store = ProfileStore(Path(args.state_dir))
         with store.turn():
             measurement = measure(shape, args.weights, args.device, args.budget,
-                                  args.memory_limit)
+                                  args.memory_limit, quota=read_quota())
         _, path = store.save(shape, measurement)
         text = path.read_text()
     except (ProfileError, ShapeError, TypeError, ValueError, OSError) as exc:

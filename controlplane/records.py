@@ -65,7 +65,10 @@ class ProfileRecord:
     the node's free memory then; when (Unix time) and how long it took; the synthetic layer
     graph's version it timed and the coordinator's own work per decode step at 1, 2, 4
     and 8 rows (a record without them, from an older zctl, is stale), and the node's frames'
-    work a hop at the same rows (none: not measured, taken as 0)."""
+    work a hop at the same rows (none: not measured, taken as 0); the CPU quota the profile
+    ran under (``cpu_share`` cores of CPU time per ``quota_period_s``; 0: none, as in a
+    record from before quotas were read) and the process CPU seconds its timed decode steps
+    used per second of their wall time (``cpu_per_wall``; 0: not measured)."""
 
     shape: str
     weights: str
@@ -83,6 +86,9 @@ class ProfileRecord:
     graph: int = 0
     engine_decode_s: list[float] = field(default_factory=list)
     frame_decode_s: list[float] = field(default_factory=list)
+    cpu_share: float = 0.0
+    quota_period_s: float = 0.0
+    cpu_per_wall: float = 0.0
 
 
 @dataclass(frozen=True)

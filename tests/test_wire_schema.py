@@ -44,6 +44,8 @@ PINNED = {
     # web page's cluster view) in place of prediction (now read from it)
     11: "f6067bb924aecef6",  # status_reply, service_stats: replan (the last re-plan's kind,
     # note and time, and how many there were)
+    12: "d40fd54f9419b488",  # profile_report, status_reply: a profile's cpu_share and
+    # quota_period_s (the CPU quota it ran under) and cpu_per_wall (its steps' CPU use)
 }
 
 

@@ -16,6 +16,9 @@ link = "ethernet"              # how it reaches the others: a reference link, or
                                # { rtt_ms = 3, up_mbit_s = 60, down_mbit_s = 100 } (rtt_ms:
                                # its round trip to the switch or access point; a link
                                # between two PCs adds both PCs' round trips)
+cpu_share = 0.5                # optional: a CPU quota it is held to, in cores of CPU time
+quota_period_ms = 100          # (quota / period) per period (default 100 ms, the kernel's);
+                               # it replaces the quota a measured profile was taken under
 
 [[link]]                       # optional: a link measured between two PCs
 between = ["desktop", "laptop"]
@@ -38,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from controlplane.cpu_quota import DEFAULT_PERIOD_S, CpuQuota
 from controlplane.planner.measured import mismatches, profile_of, read_profiles
 from controlplane.planner.profile import LinkProfile, Links, NodeProfile, ProfileError
 from controlplane.planner.references import (
@@ -55,7 +59,8 @@ GIB = 1 << 30  # memory_gb and free_gb: RAM is counted in binary gigabytes
 MS = 1e-3
 MBIT = 1e6 / 8  # bytes per second in a megabit per second
 DEFAULT_FREE_SHARE = 0.8  # of a PC's memory, left to the model when free_gb is not given
-PC_KEYS = {"name", "memory_gb", "free_gb", "device", "profile", "speed", "link"}
+PC_KEYS = {"name", "memory_gb", "free_gb", "device", "profile", "speed", "link", "cpu_share",
+           "quota_period_ms"}
 SPEED_KEYS = {"weight_gbps": ("weight_bps", GB), "compute_gmacs": ("macs_per_s", GB),
               "layer_fixed_ms": ("layer_fixed_s", MS), "row_fixed_ms": ("row_fixed_s", MS),
               "call_ms": ("call_s", MS), "engine_fixed_ms": ("engine_fixed_s", MS),
@@ -83,10 +88,17 @@ class FleetPC:
     access: AccessLink
     measured: tuple[ProfileRecord, ...] = ()
     profile_file: str = ""
+    quota: CpuQuota | None = None  # a CPU quota the file states (None: the profile's, if any)
 
     def profile(self, shape: ModelShape, weights: str) -> NodeProfile:
         """This PC's profile for ``shape`` in ``weights`` (ProfileError when its measured
-        profile is of something else)."""
+        profile is of something else), held to the quota the file states."""
+        profile = self._profile(shape, weights)
+        if self.quota is None:
+            return profile
+        return replace(profile, cpu_share=self.quota.share, quota_period_s=self.quota.period_s)
+
+    def _profile(self, shape: ModelShape, weights: str) -> NodeProfile:
         if self.speed is not None:
             return derive_profile(self.speed, shape, weights, self.free)
         fits = [r for r in self.measured if r.device == self.device]
@@ -211,6 +223,18 @@ def _access(raw: Mapping[str, Any], where: str) -> AccessLink:
                       basis="the fleet file's figures")
 
 
+def _quota(raw: Mapping[str, Any], where: str) -> CpuQuota | None:
+    share = _number(raw, "cpu_share", where, required=False)
+    period = _number(raw, "quota_period_ms", where, required=False)
+    if share is None:
+        if period is not None:
+            raise FleetError(f"{where}: quota_period_ms is given without cpu_share (the "
+                             "cores of CPU time it grants per period)")
+        return None
+    return CpuQuota(share, (period if period is not None else DEFAULT_PERIOD_S / MS) * MS,
+                    "the fleet file")
+
+
 def _pc(raw: Any, index: int, where: str, base: Path) -> FleetPC:
     if not isinstance(raw, Mapping):
         raise FleetError(f"{where}: pc #{index + 1} is not a table")
@@ -237,10 +261,11 @@ def _pc(raw: Any, index: int, where: str, base: Path) -> FleetPC:
                       else min(r.free_memory for r in measured))
         total = int(memory * GIB) if memory is not None else free_bytes
         return FleetPC(name, total, free_bytes, device, None, _access(raw, at), measured,
-                       profile)
+                       profile, _quota(raw, at))
     assert memory is not None
     free_bytes = int((free if free is not None else memory * DEFAULT_FREE_SHARE) * GIB)
-    return FleetPC(name, int(memory * GIB), free_bytes, device, _speed(raw, at), _access(raw, at))
+    return FleetPC(name, int(memory * GIB), free_bytes, device, _speed(raw, at), _access(raw, at),
+                   quota=_quota(raw, at))
 
 
 def _measured_link(raw: Any, index: int, names: set[str],

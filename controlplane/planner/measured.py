@@ -26,7 +26,9 @@ checks one field by field and names the file in every error. A profile of an old
 (``OLD_FORMATS``: without the layer graph's version and the coordinator's step), or timed
 on another version of the synthetic layer graph, is ``StaleProfile``: measured again,
 never used (a profile of layer graph 3 or before timed its steps back to back, without
-the frames' work). A record without the frames' work takes them as 0.
+the frames' work). A record without the frames' work takes them as 0; one without the CPU
+quota it ran under (measured before quotas were read) was under none, and its steps' CPU
+use is taken as one core's.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from controlplane.planner.profile import (
     ProfileError,
     ProfileKey,
 )
+from controlplane.planner.quota import check_quota
 from controlplane.planner.shape import ModelShape
 from controlplane.records import ProfileRecord
 from controlplane.schema import SchemaError, build
@@ -85,6 +88,12 @@ class Measurement:
     frame_s: tuple[float, ...]  # a node's frames' work per decode step at ROWS rows
     rounds: int = 0  # how many rounds of steps each figure is the quantile of
     seconds: float = 0.0  # how long profiling the device took, building included
+    # the CPU quota the profiling process ran under (0: none) and the process CPU seconds a
+    # timed decode step used per second of its wall time (the median of the steps'; 0: not
+    # measured)
+    cpu_share: float = 0.0
+    quota_period_s: float = 0.0
+    cpu_per_wall: float = 0.0
 
     def __post_init__(self) -> None:
         if self.extra_layers < 1 or self.prompt_tokens < 2:
@@ -99,6 +108,10 @@ class Measurement:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ProfileError(f"a measurement's {name} must be positive, got {value!r}")
+        try:
+            check_quota(self.cpu_share, self.quota_period_s, self.cpu_per_wall)
+        except ValueError as exc:
+            raise ProfileError(f"a measurement's {exc}") from None
 
 
 def rising(values: Sequence[float], floor: float = FLOOR_S) -> tuple[float, ...]:
@@ -138,7 +151,8 @@ def profile_from(m: Measurement, shape: ModelShape, source: str) -> NodeProfile:
     return NodeProfile(key=m.key, decode_s=layer, head_decode_s=head, prefill_tokens_per_s=rate,
                        call_s=call, engine_decode_s=rising(m.engine_s),
                        layer_bytes=layer_bytes, free_memory=m.free_memory, source=source,
-                       frame_decode_s=rising(m.frame_s))
+                       frame_decode_s=rising(m.frame_s), cpu_share=m.cpu_share,
+                       quota_period_s=m.quota_period_s, cpu_per_wall=m.cpu_per_wall)
 
 
 # -- a profile as data ------------------------------------------------------------------
@@ -149,7 +163,8 @@ def profile_record(profile: NodeProfile, measured_at: float = 0.0,
                          list(profile.decode_s), list(profile.head_decode_s),
                          profile.prefill_tokens_per_s, profile.call_s, profile.layer_bytes,
                          profile.free_memory, profile.source, measured_at, seconds, key.graph,
-                         list(profile.engine_decode_s), list(profile.frame_decode_s))
+                         list(profile.engine_decode_s), list(profile.frame_decode_s),
+                         profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall)
 
 
 def staleness(record: ProfileRecord) -> str:
@@ -173,7 +188,8 @@ def profile_of(record: ProfileRecord) -> NodeProfile:
         ProfileKey(record.shape, record.weights, record.device, record.openvino, record.graph),
         tuple(record.decode_s), tuple(record.head_decode_s), record.prefill_tokens_per_s,
         record.call_s, tuple(record.engine_decode_s), record.layer_bytes, record.free_memory,
-        record.source, tuple(record.frame_decode_s))
+        record.source, tuple(record.frame_decode_s), record.cpu_share, record.quota_period_s,
+        record.cpu_per_wall)
 
 
 KEY_NAMES = {"shape": "shape", "weights": "weights", "device": "device", "openvino": "OpenVINO"}

@@ -7,7 +7,8 @@ layer, the fixed cost of one inference call, the coordinator's own work per deco
 (the generation engine and the head's frames, at the same rows: counted when the node is
 stage 0's), the node's framework work a hop per decode step (its frames decoded, prepared
 and sealed: counted on every other stage), the memory one layer needs, and the node's free
-memory. Until a node is
+memory, and the CPU quota the node is held to (a share of cores per period, with how many
+cores its steps keep busy: controlplane/planner/quota.py). Until a node is
 measured, ``references.derive_profile`` makes one from named reference figures. A
 ``LinkProfile`` is a link between two nodes: round-trip time and bandwidth each way.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from controlplane.planner.quota import alone_step_s, busy_scale, busy_step_s, check_quota
 
 ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
 # The version of the synthetic layer graph a profile times (dataplane/runtime/synthetic.py),
@@ -83,9 +86,18 @@ class NodeProfile:
     source: str = ""  # where the figures come from
     # a node's frames' work per decode step at ROWS rows (none: not known, taken as 0)
     frame_decode_s: tuple[float, ...] = ()
+    # the CPU quota it is held to: cores of CPU time per period (0: none), and the cores a
+    # decode step keeps busy (0: not measured, taken as one)
+    cpu_share: float = 0.0
+    quota_period_s: float = 0.0
+    cpu_per_wall: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"profile of {self.key.device} ({self.source or 'no source'})"
+        try:
+            check_quota(self.cpu_share, self.quota_period_s, self.cpu_per_wall)
+        except ValueError as exc:
+            raise ProfileError(f"{where}: {exc}") from None
         _check_rows("decode_s", self.decode_s, where)
         _check_rows("head_decode_s", self.head_decode_s, where)
         _check_rows("engine_decode_s", self.engine_decode_s, where)
@@ -113,6 +125,20 @@ class NodeProfile:
     def frame_s(self, rows: float) -> float:
         """A node's frames' work per decode step of ``rows`` rows (0 when not known)."""
         return at_rows(self.frame_decode_s, rows) if self.frame_decode_s else 0.0
+
+    def alone_s(self, wall_s: float) -> float:
+        """A step that takes ``wall_s`` unthrottled, on this node after an idle gap (its
+        quota's slowing, if any: controlplane/planner/quota.py)."""
+        return alone_step_s(wall_s, self.cpu_per_wall, self.cpu_share, self.quota_period_s)
+
+    def busy_s(self, wall_s: float) -> float:
+        """The same step on this node stepping back to back: never under its CPU time
+        over its quota's share."""
+        return busy_step_s(wall_s, self.cpu_per_wall, self.cpu_share, self.quota_period_s)
+
+    def busy_scale(self) -> float:
+        """``busy_s`` as a factor of a long step's time (the split's linear stand-in)."""
+        return busy_scale(self.cpu_per_wall, self.cpu_share)
 
     def check_for(self, key: ProfileKey, node: str) -> None:
         """ProfileError when this profile was measured for another shape, format, device,

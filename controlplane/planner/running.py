@@ -19,7 +19,14 @@ from dataclasses import replace
 
 from controlplane.planner.cluster_fleet import measured_links, usable_profile
 from controlplane.planner.profile import LinkProfile, ProfileError
-from controlplane.planner.timing import Pipeline, Stage, grouped, step_times, throughput
+from controlplane.planner.timing import (
+    Pipeline,
+    Stage,
+    grouped,
+    step_times,
+    stream_s,
+    throughput,
+)
 from controlplane.records import ClusterStatus, LinkStatus, PredictionStatus, StreamsPrediction
 
 MOST_STREAMS = 8  # streams are predicted up to this many (profiles are measured to 8 rows)
@@ -103,7 +110,7 @@ def running_prediction(status: ClusterStatus, row_groups: int | None = None) -> 
                else grouped(pipe, count, row_groups or count))
         streams.append(StreamsPrediction(count, got.tok_s, got.groups, got.rows))
     return PredictionStatus(
-        tok_s=1.0 / one.cycle_s, streams=streams, nodes=[s.node for s in pipe.stages],
+        tok_s=1.0 / stream_s(one), streams=streams, nodes=[s.node for s in pipe.stages],
         stage_ms=[s * 1e3 for s in one.stage_s], hop_ms=[h * 1e3 for h in (*one.hop_s, one.reply_s)]
         if len(pipe.stages) > 1 else [], row_groups=-1 if row_groups is None else row_groups)
 

@@ -193,9 +193,10 @@ class _Evaluator:
         if key not in self.tables:
             bounds = []
             for i, node in enumerate(canon):
-                fixed, per_layer = stage_terms(self.request.profiles[node], rows,
-                                               i == len(canon) - 1, i == 0)
-                bounds.append(StageBounds(fixed, per_layer, self.cap(node, i, len(canon))))
+                profile = self.request.profiles[node]
+                fixed, per_layer = stage_terms(profile, rows, i == len(canon) - 1, i == 0)
+                bounds.append(StageBounds(fixed, per_layer, self.cap(node, i, len(canon)),
+                                          profile.busy_scale()))
             self.tables[key] = (canon, SplitTable(bounds, self.request.shape.num_layers, cuts))
         return self.tables[key]
 

@@ -8,7 +8,9 @@ optional limit on every stage's time, by dynamic programming over nodes and laye
 ``SplitTable`` answers, for one such order, the split that minimises a round of row
 groups, ``max(total + hops, groups * max(slowest stage, busiest link))``: the round as a
 function of the limit T is the larger of a falling and a rising function, so the best T is
-where they cross, found by bisection over the stage times that can occur.
+where they cross, found by bisection over the stage times that can occur. A stage's time
+as the slowest may be its time scaled (``busy_scale``: a node held to a CPU quota steps no
+faster back to back than its CPU time over its share), its time within the total not.
 
 Both may be given the layer boundaries a split may cut at (``cuts``: an export's stage
 boundaries, when a placement must run whole exported stages): a stage may then end only at
@@ -27,11 +29,13 @@ import numpy as np
 @dataclass(frozen=True)
 class StageBounds:
     """One node in its role: a step takes ``fixed_s + layers * per_layer_s``; it holds at
-    most ``max_layers`` layers."""
+    most ``max_layers`` layers; stepping back to back (as the slowest stage) it takes
+    ``busy_scale`` times that (above 1 on a node whose CPU quota holds it to less)."""
 
     fixed_s: float
     per_layer_s: float
     max_layers: int
+    busy_scale: float = 1.0
 
 
 def cut_positions(cuts: Collection[int], num_layers: int) -> np.ndarray:
@@ -112,8 +116,8 @@ class SplitTable:
         self.stages = tuple(stages)
         self.num_layers = num_layers
         self.cuts = None if cuts is None else frozenset(cuts)
-        times = [s.fixed_s + np.arange(1, min(s.max_layers, num_layers) + 1) * s.per_layer_s
-                 for s in self.stages]
+        times = [(s.fixed_s + np.arange(1, min(s.max_layers, num_layers) + 1) * s.per_layer_s)
+                 * s.busy_scale for s in self.stages]
         self.limits = np.unique(np.concatenate(times)) if times else np.zeros(0)
         # caps[j, i]: the layers stage i can take within limits[j]
         self._caps = (np.stack([np.searchsorted(t, self.limits, side="right") for t in times],

@@ -15,7 +15,10 @@ occupies the link for the bytes alone. The last stage
 answers stage 0 with 8 bytes a row (top-1). One stream waits for every stage, every hop
 and the reply: its tok/s is 1 / cycle. N streams run as G row groups of ceil(N / G) rows,
 pipelined: a round of G steps takes the longer of one cycle and G times the busiest stage
-or link (the bottleneck), and yields N tokens; G is chosen as the engine's ``--row-groups``
+or link (the bottleneck), and yields N tokens. A stage on a node held to a CPU quota
+(controlplane/planner/quota.py) takes its time after an idle gap within the cycle, and
+as the bottleneck no less than its CPU time over the quota's share: a round (and one
+stream's cycle) is never shorter than that; G is chosen as the engine's ``--row-groups``
 would best be set. A prompt is prefilled in chunks pipelined through the stages as the
 engine cuts a lone prompt (zctl/engine/prefill.py); its first token comes with the last
 chunk's reply.
@@ -113,8 +116,10 @@ def reply_s(pipe: Pipeline, rows: int) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """A decode step of ``rows`` rows: each stage, each hop (latency), the reply, the
-    cycle (all of them in turn) and the bottleneck (the busiest stage or link)."""
+    """A decode step of ``rows`` rows: each stage (after an idle gap), each hop
+    (latency), the reply, the cycle (all of them in turn), the bottleneck (the busiest
+    stage or link) and each stage's time stepping back to back (its own, unless a CPU
+    quota holds its node to less)."""
 
     rows: int
     stage_s: tuple[float, ...]
@@ -122,16 +127,19 @@ class StepTimes:
     reply_s: float
     cycle_s: float
     bottleneck_s: float
+    busy_s: tuple[float, ...] = ()
 
 
 def step_times(pipe: Pipeline, rows: int) -> StepTimes:
     last = len(pipe.stages) - 1
-    stages = tuple(stage_step_s(s, rows, i == last, i == 0) for i, s in enumerate(pipe.stages))
+    walls = [stage_step_s(s, rows, i == last, i == 0) for i, s in enumerate(pipe.stages)]
+    stages = tuple(s.profile.alone_s(w) for s, w in zip(pipe.stages, walls, strict=True))
+    busy = tuple(s.profile.busy_s(w) for s, w in zip(pipe.stages, walls, strict=True))
     hops = hop_s(pipe, rows)
     reply, reply_busy = reply_s(pipe, rows)
     cycle = sum(stages) + sum(h for h, _ in hops) + reply
-    bottleneck = max([*stages, *(busy for _, busy in hops), reply_busy])
-    return StepTimes(rows, stages, tuple(h for h, _ in hops), reply, cycle, bottleneck)
+    bottleneck = max([*busy, *(b for _, b in hops), reply_busy])
+    return StepTimes(rows, stages, tuple(h for h, _ in hops), reply, cycle, bottleneck, busy)
 
 
 # -- streams ------------------------------------------------------------------------------
@@ -179,9 +187,15 @@ def throughput(pipe: Pipeline, streams: int) -> Throughput:
                key=lambda t: t.tok_s)
 
 
+def stream_s(times: StepTimes) -> float:
+    """One stream's time a token: its cycle, or the slowest stage's time back to back when
+    a quota holds that stage's node to less than the cycle lets it catch up on."""
+    return round_s(times.cycle_s, times.bottleneck_s, 1)
+
+
 def stream_tok_s(pipe: Pipeline) -> float:
     """One stream's tok/s: a token passes every stage, every hop and the reply."""
-    return 1.0 / step_times(pipe, 1).cycle_s
+    return 1.0 / stream_s(step_times(pipe, 1))
 
 
 # -- a prompt -------------------------------------------------------------------------------
@@ -191,7 +205,8 @@ def chunk_s(pipe: Pipeline, index: int, tokens: int, past: int, final: bool) -> 
     throughput, attention over the past and among the chunk's tokens (at the same rate,
     scaled by the multiply-accumulates a token spends per earlier token), the head for
     the prompt's last token on the last stage, the engine's step on the first and a
-    one-row step's frames' work on the others."""
+    one-row step's frames' work on the others; a node's chunks follow one another, so a
+    CPU quota holds each to its time back to back."""
     stage = pipe.stages[index]
     profile, shape = stage.profile, pipe.shape
     token_s = 1.0 / profile.prefill_tokens_per_s
@@ -200,7 +215,7 @@ def chunk_s(pipe: Pipeline, index: int, tokens: int, past: int, final: bool) -> 
     layer = profile.layer_s(1) + (tokens - 1) * token_s + attention
     head = profile.head_s(1) if final and index == len(pipe.stages) - 1 else 0.0
     engine = profile.engine_s(1) if index == 0 else profile.frame_s(1)
-    return profile.call_s + engine + stage.layers * layer + head
+    return profile.busy_s(profile.call_s + engine + stage.layers * layer + head)
 
 
 def prefill_s(pipe: Pipeline, chunks: list[int]) -> float:

@@ -10,6 +10,7 @@ import pytest
 from controlplane import messages as m
 from controlplane import records as r
 from controlplane.planner.presets import PRESETS
+from controlplane.schema import build
 from zctl.engine.requests import ChatMessage, GenerationChunk, GenerationDone, GenerationRequest
 from zctl.service import messages as sm
 
@@ -263,3 +264,17 @@ def test_status_to_dict_is_json() -> None:
     status = sample(m.StatusReply).status  # type: ignore[attr-defined]
     text = json.dumps(status.to_dict())
     assert json.loads(text)["nodes"][0]["devices"][0]["memory_bytes"] == 1 << 30
+
+
+def test_a_status_shows_the_cpu_quota_a_profile_ran_under_and_an_older_one_reads_as_none() -> None:
+    status = sample(m.StatusReply).status  # type: ignore[attr-defined]
+    node = status.nodes[0]
+    held = replace(node, profile=replace(node.profile, cpu_share=0.5, quota_period_s=0.02,
+                                         cpu_per_wall=1.1))
+    shown = json.loads(json.dumps(replace(status, nodes=[held]).to_dict()))["nodes"][0]["profile"]
+    assert (shown["cpu_share"], shown["quota_period_s"], shown["cpu_per_wall"]) == (0.5, 0.02, 1.1)
+    older = asdict(node.profile)
+    for name in ("cpu_share", "quota_period_s", "cpu_per_wall"):
+        del older[name]
+    record = build(r.ProfileRecord, older, "profile")
+    assert (record.cpu_share, record.quota_period_s, record.cpu_per_wall) == (0.0, 0.0, 0.0)

@@ -4,17 +4,19 @@ synthetic stages it times, within its budget."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
+from controlplane.cpu_quota import CpuQuota
 from controlplane.planner.measured import Measurement, read_profile
 from controlplane.planner.presets import PRESETS
 from controlplane.planner.profile import GRAPH_VERSION, ProfileError, ProfileKey
 from controlplane.planner.shape import ModelShape
 from controlplane.profile_store import NOT_PROFILED, ProfileStore, profile_name
-from controlplane.profiling import Deadline, extra_layers, layer_shape, measure
+from controlplane.profiling import Deadline, cpu_per_wall, extra_layers, layer_shape, measure
 
 SMOL = PRESETS["smollm2-135m"]
 TINY = ModelShape("tiny", num_layers=4, hidden=64, intermediate=128, heads=4, kv_heads=2,
@@ -43,6 +45,21 @@ def test_a_profile_is_kept_by_shape_format_and_device_and_used_again(tmp_path: P
     assert json.loads(path.read_text())["measurement"]["extra_layers"] == 2
     assert len({profile_name(SMOL.fingerprint(), w, d) for w in ("int4", "int8")
                 for d in ("CPU", "GPU.0")}) == 4
+
+
+def test_a_profile_measured_under_another_cpu_quota_than_the_node_s_now_is_stale(
+        tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    record, _ = store.save(SMOL, replace(_measurement(), cpu_share=0.5, quota_period_s=0.02))
+    assert store.load(SMOL, "int4", "CPU", 0.5) == (record, "")
+    assert store.load(SMOL, "int4", "CPU", None) == (record, "")  # the quota now not known
+    assert store.load(SMOL, "int4", "CPU", 0.0) == (
+        None, "its profile is stale (measured under a CPU quota of 0.5 cores, now under no "
+              "CPU quota)")
+    store.save(SMOL, _measurement())
+    assert "now under a CPU quota of 2 cores" in store.load(SMOL, "int4", "CPU", 2.0)[1]
 
 
 def test_a_profile_of_another_openvino_version_is_stale(tmp_path: Path) -> None:
@@ -125,7 +142,8 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
         time.sleep(seconds)
 
     start = time.perf_counter()
-    measurement = measure(TINY, "int4", "CPU", budget, sleep=sleep)
+    measurement = measure(TINY, "int4", "CPU", budget, sleep=sleep,
+                          quota=CpuQuota(1.5, 0.05))
     took = time.perf_counter() - start
     # a gap before every timed decode step: 3 stages, 4 row counts, 5 steps a round (the
     # last round cut short if the budget ran out in it)
@@ -141,6 +159,9 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
     assert all(0 < v < 0.05 for v in record.frame_decode_s)  # the frames around a step
     assert record.frame_decode_s == sorted(record.frame_decode_s)
     assert record.graph == GRAPH_VERSION
+    # the quota it was told it runs under; its steps kept the process's threads busy
+    assert (record.cpu_share, record.quota_period_s) == (1.5, 0.05)
+    assert 0.05 < record.cpu_per_wall <= len(os.sched_getaffinity(0)) * 1.1
     assert record.layer_bytes > 0 and record.prefill_tokens_per_s > 0
     assert read_profile(path) == record
 
@@ -158,3 +179,9 @@ def test_profiling_stops_at_its_budget() -> None:
     else:
         assert measurement.seconds < budget * 1.5 + 5.0
     assert time.perf_counter() - start < budget * 1.5 + 5.0
+
+
+def test_the_steps_cpu_use_is_cpu_seconds_per_wall_second_or_none() -> None:
+    assert cpu_per_wall(0.03, 0.02) == 1.5
+    assert cpu_per_wall(0.0, 0.02) == 0.0  # a CPU clock that did not move: not measured
+    assert cpu_per_wall(0.01, 0.0) == 0.0

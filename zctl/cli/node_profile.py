@@ -23,6 +23,7 @@ from controlplane.planner.shape_sources import resolve_shape
 from controlplane.records import ProfileRecord
 from zctl.cli.exports import AUTO, resolve_weights
 from zctl.cli.plan import fail
+from zctl.cli.view import quota_text
 from zctl.weights import WEIGHT_FORMATS
 
 err = Console(stderr=True)
@@ -42,13 +43,14 @@ def _row(record: ProfileRecord, how: str) -> list[str]:
     ms = [f"{v * 1e3:.3f}" for v in record.decode_s]
     return [record.device, how, " / ".join(ms), f"{record.head_decode_s[0] * 1e3:.2f}",
             f"{record.call_s * 1e3:.3f}", f"{record.prefill_tokens_per_s:,.0f}",
-            f"{record.layer_bytes / 1e6:.1f}", f"{record.free_memory / 2**30:.1f}"]
+            f"{record.layer_bytes / 1e6:.1f}", f"{record.free_memory / 2**30:.1f}",
+            quota_text(record)]
 
 
 def _table(shape: ModelShape, weights: str, rows: list[tuple[ProfileRecord, str, Path]]) -> Table:
     table = Table(title=f"{shape.name} ({shape.describe()}), {weights}", title_justify="left")
     for name in ("device", "", f"layer ms at {'/'.join(map(str, ROWS))} rows", "head ms",
-                 "call ms", "prefill tok/s a layer", "layer MB", "free GiB"):
+                 "call ms", "prefill tok/s a layer", "layer MB", "free GiB", "CPU quota"):
         table.add_column(name, justify="left" if name in ("device", "") else "right")
     for record, how, _ in rows:
         table.add_row(*_row(record, how))
@@ -79,6 +81,7 @@ def profile_command(
     decoder layer's decode step at 1, 2, 4 and 8 rows, its prefill throughput, the LM
     head's step, an inference call's fixed cost, a layer's memory and the free memory. No
     weights are needed: the layers are synthetic, with random weights in the format."""
+    from controlplane.cpu_quota import current_share, read_quota
     from controlplane.profile_store import ProfileStore
     from controlplane.profiling import measure
     from zctl.paths import zctl_home
@@ -97,7 +100,7 @@ def profile_command(
     done: list[tuple[ProfileRecord, str, Path]] = []
     failed = []
     for name in devices:
-        record, why = store.load(shape, chosen, name)
+        record, why = store.load(shape, chosen, name, current_share())
         if record is not None and not force:
             done.append((record, "kept", store.path(shape, chosen, name)))
             continue
@@ -107,9 +110,10 @@ def profile_command(
                   highlight=False)
         try:
             with store.turn():
-                measurement = measure(shape, chosen, name, budget, memory_mb << 20)
+                measurement = measure(shape, chosen, name, budget, memory_mb << 20,
+                                      quota=read_quota())
             record, path = store.save(shape, measurement)
-        except (ProfileError, OSError) as exc:
+        except (ProfileError, OSError, ValueError) as exc:  # ValueError: a cgroup's quota
             failed.append(f"{name}: {exc}")
             continue
         done.append((record, f"measured in {measurement.seconds:.1f} s", path))

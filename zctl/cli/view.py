@@ -16,7 +16,13 @@ from rich.progress import (
 from rich.table import Table
 
 from controlplane.placement import fmt_bytes, layer_range
-from controlplane.records import ClusterStatus, LinkStatus, NodeStatus, PredictionStatus
+from controlplane.records import (
+    ClusterStatus,
+    LinkStatus,
+    NodeStatus,
+    PredictionStatus,
+    ProfileRecord,
+)
 
 STATE_STYLE = {"serving": "green", "ready": "cyan", "wiring": "cyan", "transferring": "yellow",
                "idle": "dim", "failed": "red", "dead": "bold red", "left": "dim"}
@@ -75,11 +81,21 @@ def short_version(version: str) -> str:
     return version.split("-", 1)[0]
 
 
+def quota_text(profile: ProfileRecord) -> str:
+    """The CPU quota a profile was measured under: "0.5 cores / 20 ms", or "none"."""
+    if not profile.cpu_share:
+        return "none"
+    return f"{profile.cpu_share:.3g} cores / {profile.quota_period_s * 1e3:.3g} ms"
+
+
 def profile_cell(node: NodeStatus) -> str:
-    """A node's profile in a few characters: one layer's decode step at one row, or what
-    stands in the way (measuring, not profiled yet, failed)."""
+    """A node's profile in a few characters: one layer's decode step at one row (and the
+    CPU quota it is held to, if any), or what stands in the way (measuring, not profiled
+    yet, failed)."""
     if node.profile is not None:
-        return f"{node.profile.decode_s[0] * 1e3:.3f} ms/layer"
+        quota = node.profile.cpu_share
+        return (f"{node.profile.decode_s[0] * 1e3:.3f} ms/layer"
+                + (f", CPU quota {quota_text(node.profile)}" if quota else ""))
     state = node.profile_state
     return "[red]failed[/]" if state.startswith("failed") else state.split(" (")[0]
 

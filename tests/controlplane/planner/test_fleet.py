@@ -82,6 +82,11 @@ def test_a_pcs_own_figures_may_give_the_coordinators_step_else_the_xeon_cores() 
     ({"pc": [{**PC, "link": {"rtt_ms": 1, "up_mbit_s": 10}}]},
      "pc 'pc': link: down_mbit_s is missing"),
     ({"pc": [{**PC, "colour": "red"}]}, "pc 'pc': unknown field.s. colour"),
+    ({"pc": [{**PC, "cpu_share": 0}]}, "pc 'pc': cpu_share must be positive"),
+    ({"pc": [{**PC, "cpu_share": "half"}]}, "pc 'pc': cpu_share must be a number"),
+    ({"pc": [{**PC, "cpu_share": 0.5, "quota_period_ms": -1}]},
+     "pc 'pc': quota_period_ms must be positive"),
+    ({"pc": [{**PC, "quota_period_ms": 20}]}, "pc 'pc': quota_period_ms is given without cpu_share"),
     ({"pc": [PC, PC]}, "pc 'pc' is listed more than once"),
     ({"pc": [PC], "head": "other"}, "head 'other' is not a pc of the fleet"),
     ({"pc": [PC, {**PC, "name": "b"}], "link": [{"between": ["pc", "z"], "rtt_ms": 1,
@@ -170,3 +175,18 @@ def test_a_fleet_naming_a_missing_or_corrupt_profile_says_which(tmp_path: Path,
         (tmp_path / name).write_text(content)
     with pytest.raises(FleetError, match=message):
         fleet_from_dict({"pc": [{"name": "desk", "profile": name}]}, str(tmp_path / "f.toml"))
+
+
+def test_a_pc_may_state_the_cpu_quota_it_is_held_to(tmp_path: Path) -> None:
+    _profile_file(tmp_path / "old.json")
+    shape = PRESETS["smollm2-135m"]
+    raw = {"pc": [{**PC, "cpu_share": 0.5},
+                  {"name": "old", "profile": "old.json", "cpu_share": 0.25,
+                   "quota_period_ms": 20},
+                  {**PC, "name": "free"}]}
+    profiles = fleet_from_dict(raw, str(tmp_path / "fleet.toml")).profiles(shape, "int4")
+    assert (profiles["pc"].cpu_share, profiles["pc"].quota_period_s) == (0.5, 0.1)  # 100 ms
+    assert (profiles["old"].cpu_share, profiles["old"].quota_period_s) == (0.25, 0.02)
+    assert profiles["free"].cpu_share == 0.0
+    step = profiles["pc"].layer_s(1) * 10
+    assert profiles["pc"].busy_s(step) == pytest.approx(2 * profiles["free"].busy_s(step))

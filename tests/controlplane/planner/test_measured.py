@@ -178,3 +178,28 @@ def test_a_link_faster_than_the_probe_can_tell_is_capped_not_infinite() -> None:
 def test_no_samples_make_no_link() -> None:
     with pytest.raises(ProfileError, match="no probe"):
         link_from_samples([])
+
+
+def test_a_profile_keeps_the_cpu_quota_it_ran_under_and_its_steps_cpu_use(tmp_path: Path) -> None:
+    measured = _measurement(cpu_share=0.5, quota_period_s=0.02, cpu_per_wall=1.25)
+    profile = profile_from(measured, SMOL, "test")
+    assert (profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall) == (0.5, 0.02, 1.25)
+    record = profile_record(profile)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile_dict(record, measured)))
+    assert read_profile(path) == record and profile_of(record) == profile
+    with pytest.raises(ProfileError, match="share must be a number >= 0"):
+        _measurement(cpu_share=-1.0, quota_period_s=0.02)
+    with pytest.raises(ProfileError, match="needs a positive period"):
+        profile_of(replace(record, quota_period_s=0.0))
+
+
+def test_a_profile_cached_before_quotas_were_read_loads_as_under_none(tmp_path: Path) -> None:
+    raw = profile_dict(profile_record(profile_from(_measurement(), SMOL, "test")))
+    for name in ("cpu_share", "quota_period_s", "cpu_per_wall"):
+        del raw[name]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(raw))
+    profile = profile_of(read_profile(path))
+    assert (profile.cpu_share, profile.cpu_per_wall) == (0.0, 0.0)
+    assert profile.busy_s(5 * MS) == profile.alone_s(5 * MS) == 5 * MS

@@ -86,6 +86,10 @@ def requests(draw, max_nodes: int = 4, max_layers: int = 7) -> PlanRequest:
         profiles[name] = tiny_profile(shape, draw(fine), draw(st.floats(1.0, 1.6)),
                                       draw(st.floats(0, 2e-2)), draw(st.floats(0, 3e-3)),
                                       layer_bytes, free)
+        if draw(st.booleans()):  # held to a CPU quota whose period's share holds any step
+            profiles[name] = dataclasses.replace(
+                profiles[name], cpu_share=draw(st.floats(0.1, 2.0)), quota_period_s=100.0,
+                cpu_per_wall=draw(st.sampled_from([0.0, 0.6, 1.0, 1.8])))
     links = Links({(a, b): LinkProfile(draw(st.floats(0, 0.05)), draw(st.floats(1e5, 1e9)),
                                        draw(st.floats(1e5, 1e9)))
                    for a, b in itertools.combinations(names, 2)})

@@ -35,7 +35,8 @@ def split_cases(draw) -> tuple[list[StageBounds], int, frozenset[int]]:
     num_layers = draw(st.integers(1, 9))
     count = draw(st.integers(1, 4))
     stages = [StageBounds(draw(st.floats(0, 1e-2)), draw(st.floats(1e-4, 1e-2)),
-                          draw(st.integers(0, num_layers))) for _ in range(count)]
+                          draw(st.integers(0, num_layers)),
+                          draw(st.sampled_from([1.0, 1.0, 1.5, 4.0]))) for _ in range(count)]
     cuts = frozenset(draw(st.sets(st.integers(1, max(1, num_layers - 1)), max_size=8))
                      & set(range(1, num_layers)))
     return stages, num_layers, cuts
@@ -68,7 +69,8 @@ def test_the_best_round_at_cuts_is_the_brute_forces(case, hop_s: float, busy_s: 
     stages, num_layers, cuts = case
 
     def round_of(counts: list[int]) -> float:
-        slowest = max(s.fixed_s + c * s.per_layer_s for s, c in zip(stages, counts, strict=True))
+        slowest = max((s.fixed_s + c * s.per_layer_s) * s.busy_scale  # a quota's, back to back
+                      for s, c in zip(stages, counts, strict=True))
         return max(total(stages, counts) + hop_s, groups * max(slowest, busy_s))
 
     truth = min((round_of(c) for c in splits(stages, num_layers, cuts)), default=None)

@@ -133,3 +133,19 @@ def test_the_caption_says_the_predicted_speed_or_why_there_is_none() -> None:
     missing = PredictionStatus(error="node n1 has no profile: measuring")
     text = " ".join(render(replace(status, prediction=missing), width=300).split())
     assert "no prediction: node n1 has no profile: measuring" in text
+
+
+def test_a_node_held_to_a_cpu_quota_says_so_beside_its_profile() -> None:
+    from controlplane.planner.presets import PRESETS
+    from controlplane.records import ProfileRecord
+
+    profile = ProfileRecord(PRESETS["smollm2-135m"].fingerprint(), "int4", "CPU", OV,
+                            [3e-4] * 4, [1e-3] * 4, 2e4, 1e-4, 2 << 20, 8 << 30, graph=4,
+                            engine_decode_s=[1e-4] * 4)
+    held = replace(profile, cpu_share=0.5, quota_period_s=0.02)
+    text = render(cluster([node("coord", 0, "127.0.0.1", profile=profile),
+                           node("n1", 1, "127.0.0.2", profile=held),
+                           node("n2", 2, "127.0.0.3")]), width=200)
+    lines = {line.split()[0]: line for line in text.splitlines() if "127.0.0." in line}
+    assert "0.300 ms/layer, CPU quota 0.5 cores / 20 ms" in lines["n1"]
+    assert "0.300 ms/layer" in lines["coord*"] and "quota" not in lines["coord*"]
