@@ -237,6 +237,7 @@ def export_model(
     if weight_format == "int4" and group_size is None:
         group_size = pick_group_size(
             [shape.hidden_size, shape.intermediate_size, shape.num_heads * shape.head_dim]
+            + ([shape.expert_intermediate] if shape.experts else [])
         )
     spec = model_spec(source)
     generation = source.sampling_config()
