@@ -41,14 +41,16 @@ class SparseMoeBlock(nn.Module):
                              f"gate_up {tuple(gate_up.shape)}, down {tuple(down.shape)}")
         intermediate = rows // 2
         self.experts, self.active, self.norm_topk_prob = experts, active, norm_topk_prob
-        self.router = nn.Parameter(router, requires_grad=False)
+        # a module of its own, so its MatMul is named (compress.py keeps it out of INT4)
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.router.weight = nn.Parameter(router, requires_grad=False)
         self.gate = nn.Parameter(gate_up[:, :intermediate].contiguous(), requires_grad=False)
         self.up = nn.Parameter(gate_up[:, intermediate:].contiguous(), requires_grad=False)
         self.down = nn.Parameter(down, requires_grad=False)
 
     def route(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top-k weights and expert indices [rows, k], as Hugging Face's router."""
-        probs = F.softmax(F.linear(rows, self.router), dim=-1, dtype=torch.float32)
+        probs = F.softmax(self.router(rows), dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.active, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)

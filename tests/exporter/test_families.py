@@ -309,7 +309,7 @@ def test_a_made_up_architecture_is_refused_listing_the_supported(tmp_path: Path)
     with pytest.raises(SourceError, match="'frobnicator' \\(FrobnicatorForCausalLM\\) is not "
                        "supported; supported: LlamaForCausalLM, MistralForCausalLM, "
                        "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
-                       "Gemma3ForCausalLM"):
+                       "Gemma3ForCausalLM, Qwen3MoeForCausalLM"):
         open_source(str(tmp_path))
 
 
