@@ -69,6 +69,7 @@ def _runtime_ops(compiled: ov.CompiledModel) -> Counter:
                    for op in compiled.get_runtime_model().get_ops())
 
 
+@pytest.mark.slow
 def test_expert_layers_run_as_gather_matmuls_stateful_and_paged(moe_export: Path) -> None:
     """The CPU plugin turns each sparse layer's tiled experts into three GatherMatmuls
     (gate, up, down) fed by the router's top-k: a dense layer has none."""
