@@ -103,6 +103,9 @@ def model_spec(source: ModelSource) -> ModelSpec:
         rope_local_inv_freq=tuple(rope.local_inv_freq),
         sliding_window=shape.sliding_window,
         sliding_layers=shape.sliding_layers,
+        experts=shape.experts,
+        active_experts=shape.active_experts,
+        expert_intermediate=shape.expert_intermediate,
     )
 
 

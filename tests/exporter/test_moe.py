@@ -64,6 +64,22 @@ def test_the_shape_names_the_sparse_layers(moe_model: Path) -> None:
     assert shape.sparse_layers == SPARSE and shape.norm_topk_prob and shape.qk_norm
 
 
+@pytest.mark.slow
+def test_the_manifest_states_the_experts_for_the_planner(moe_export: Path) -> None:
+    """The planner reads an exported mixture of experts as one: its experts, the number a
+    token runs and their width, from the manifest (a dense model's states none)."""
+    from controlplane.planner.export_shape import export_shape
+    from zctl.manifest import load_manifest
+
+    manifest = load_manifest(moe_export)
+    raw = json.loads((moe_export / "manifest.json").read_text())["model"]
+    assert (raw["experts"], raw["active_experts"], raw["expert_intermediate"]) == (
+        EXPERTS, ACTIVE, EXPERT_WIDTH)
+    shape = export_shape(manifest, moe_export)
+    assert shape.moe and (shape.experts, shape.active_experts, shape.expert_intermediate) == (
+        EXPERTS, ACTIVE, EXPERT_WIDTH)
+
+
 def _runtime_ops(compiled: ov.CompiledModel) -> Counter:
     return Counter(op.get_rt_info()["layerType"].astype(str)
                    for op in compiled.get_runtime_model().get_ops())
