@@ -170,21 +170,22 @@ class ModelSource:
         """SourceError unless every layer stores the experts its config gives it: its
         num_experts in a mixture-of-experts layer, none in a dense one (read from the
         tensors' names and first dimensions only, no weight loaded)."""
-        shape = self.decoder_shape()
         if not self.family.moe:
             return
+        shape = self.decoder_shape()
         names = self.tensor_names()
         for layer in range(self.num_layers):
             want = shape.experts if layer in shape.sparse_layers else 0
             stacked = self.tensor_rows(f"model.layers.{layer}.mlp.experts.gate_up_proj")
             found = stored_experts(names, layer)
             got = stacked if stacked is not None else len(found)
-            if got != want or (found and found != set(range(want))):
-                listed = f" (experts {sorted(found)})" if found and len(found) <= 16 else ""
-                raise SourceError(
-                    f"{self.location}: layer {layer} stores {got} experts{listed}, and its "
-                    f"config makes it {'a mixture of ' + str(want) + ' experts' if want else 'a dense MLP'} "
-                    "(num_experts, decoder_sparse_step, mlp_only_layers)")
+            if got == want and (stacked is not None or found == set(range(want))):
+                continue
+            listed = f" (experts {sorted(found)})" if found and len(found) <= 16 else ""
+            kind = f"a mixture of {want} experts" if want else "a dense MLP"
+            raise SourceError(
+                f"{self.location}: layer {layer} stores {got} experts{listed}, and its config "
+                f"makes it {kind} (num_experts, decoder_sparse_step, mlp_only_layers)")
 
     def _experts(self, name: str) -> torch.Tensor | None:
         """A layer's experts' projection stacked [experts, out, in] (``...mlp.experts.

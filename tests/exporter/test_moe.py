@@ -241,3 +241,8 @@ def test_experts_stored_stacked_read_as_experts_stored_one_by_one(moe_model: Pat
     for name in ("model.layers.3.mlp.experts.gate_up_proj", "model.layers.3.mlp.experts.down_proj"):
         assert torch.equal(one_by_one.require(name), state[name]), name
         assert torch.equal(stacked.require(name), state[name]), name
+    config = json.loads((stacked_dir / "config.json").read_text())
+    (stacked_dir / "config.json").write_text(json.dumps({**config, "num_local_experts": 6}))
+    with pytest.raises(SourceError, match="layer 0 stores 8 experts, and its config makes it a "
+                       "mixture of 6"):  # counted from the stacked tensor's first dimension
+        open_source(str(stacked_dir))
