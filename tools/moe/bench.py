@@ -14,7 +14,7 @@ run, the others rotate between. The targets (tools.moe.targets) are judged on pa
 ratios. When optimum-intel cannot export the checkpoint, or openvino_genai cannot run it,
 the reason is printed and the rest is measured.
 
-    python -m tools.moe.bench [--layers 2] [--tokens 64] [--runs 5] [--json]
+    python -m tools.moe.bench [--layers 2] [--tokens 128] [--runs 9] [--json]
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def render(result: dict[str, Any]) -> None:
 
 def main(layers: Annotated[int, typer.Option(
              help="decoder layers of each model (>= 2: the cluster has 2 stages)")] = 2,
-         tokens: Tokens = 64, runs: Runs = 5, precision: Precision = "f32",
+         tokens: Tokens = 128, runs: Runs = 9, precision: Precision = "f32",
          threads: Threads = 0, as_json: Json = False,
          cluster: Annotated[bool, typer.Option(help="also run the 2-node local cluster")]
          = True) -> None:
