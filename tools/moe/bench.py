@@ -67,6 +67,33 @@ def chain_system(export_dir: Path, props: dict[str, Any], threads: int,
     return lambda: run(prompt_ids, tokens)
 
 
+class ClusterSystem:
+    """Greedy runs through a local cluster's generation service, each run's step timing
+    kept (``split``: where the median run's time per token went)."""
+
+    def __init__(self, serve: str, tokens: int) -> None:
+        self.serve = serve
+        self.tokens = tokens
+        self.runs: list[dict[str, Any]] = []
+
+    def __call__(self) -> float:
+        from tools.decode.cluster import cluster_run
+
+        self.runs.append(cluster_run(self.serve, PROMPT, self.tokens))
+        return self.runs[-1]["tok_s"]
+
+    def split(self, stages: int) -> dict[str, float]:
+        """The median run's p50 per token: each stage's compute and the rest of a step
+        (the hops and the framework around them), in ms."""
+        median_run = sorted(self.runs, key=lambda run: run["tok_s"])[len(self.runs) // 2]
+        timing = median_run["timing"]
+        compute = {f"stage{i}_compute_ms": round(timing.get(f"stage{i}.compute", {})
+                                                 .get("p50", 0.0), 3) for i in range(stages)}
+        step = timing.get("total", {}).get("p50", 0.0)
+        return {"step_ms": round(step, 3), **compute,
+                "wire_and_framework_ms": round(max(0.0, step - sum(compute.values())), 3)}
+
+
 def interleaved_runs(systems: dict[str, System], runs: int) -> dict[str, list[float]]:
     """``runs`` runs of every system: the baseline (if any) first and last in each run, the
     others in an order turning by one every run."""
@@ -104,6 +131,9 @@ def render(result: dict[str, Any]) -> None:
         tok_s.add_row(name, "-" if value is None else f"{value:.1f}")
     console.print(tok_s)
     console.print(f"baseline: {result['baseline']}", highlight=False)
+    if "cluster_split" in result:
+        console.print(f"cluster, median run, p50 per token: {result['cluster_split']}",
+                      highlight=False)
     targets = Table(title="targets (paired ratios, median over runs)")
     for column in ("target", "value", "bound", "met"):
         targets.add_column(column)
@@ -153,9 +183,11 @@ def main(layers: Annotated[int, typer.Option(
         with local_cluster(moe.export(2, "int4"), 2, runtime_spec(
                 props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"),
                 cache / "bench-moe-cluster") as record:
+            cluster_system = ClusterSystem(record.serve, tokens)
             cluster_run(record.serve, PROMPT, 8)  # warm-up
-            systems["cluster"] = lambda: cluster_run(record.serve, PROMPT, tokens)["tok_s"]
+            systems["cluster"] = cluster_system
             samples = interleaved_runs(systems, runs)
+        head["cluster_split"] = cluster_system.split(2)
     else:
         samples = interleaved_runs(systems, runs)
     result = moe_result(head, samples)

@@ -85,3 +85,17 @@ def test_runs_interleave_with_the_baseline_around_each_and_the_json_holds_it_all
     assert result["targets"]["2-node cluster vs openvino_genai"] == {
         "value": 0.95, "target": 0.9, "kind": "at_least", "met": True}
     assert result["samples"]["baseline"] == [100.0] * 4
+
+
+def test_the_cluster_split_is_the_median_runs_compute_and_the_rest() -> None:
+    from tools.moe.bench import ClusterSystem
+
+    def run(tok_s: float, step: float) -> dict:
+        return {"tok_s": tok_s, "timing": {"total": {"p50": step},
+                                           "stage0.compute": {"p50": 3.0},
+                                           "stage1.compute": {"p50": step - 5.0}}}
+
+    cluster = ClusterSystem("tcp://127.0.0.1:1", 8)
+    cluster.runs = [run(90.0, 11.0), run(125.0, 8.0), run(130.0, 7.5)]
+    assert cluster.split(2) == {"step_ms": 8.0, "stage0_compute_ms": 3.0,
+                                "stage1_compute_ms": 3.0, "wire_and_framework_ms": 2.0}
