@@ -157,6 +157,8 @@ def main(layers: Annotated[int, typer.Option(
     from zctl.launcher.processes import runtime_spec
     from zctl.paths import zctl_home
 
+    if layers < 1:
+        fail(f"--layers must be >= 1, got {layers}")
     if layers < 2 and cluster:
         fail("--layers must be >= 2 for the 2-node cluster (or pass --no-cluster)")
     if tokens < 2 or runs < 1:

@@ -99,3 +99,25 @@ def test_the_cluster_split_is_the_median_runs_compute_and_the_rest() -> None:
     cluster.runs = [run(90.0, 11.0), run(125.0, 8.0), run(130.0, 7.5)]
     assert cluster.split(2) == {"step_ms": 8.0, "stage0_compute_ms": 3.0,
                                 "stage1_compute_ms": 3.0, "wire_and_framework_ms": 2.0}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--layers", "1"], "--layers must be >= 2 for the 2-node cluster"),
+    (["--layers", "0", "--no-cluster"], "--layers must be >= 1"),
+    (["--tokens", "1"], "--tokens must be >= 2"),
+    (["--runs", "0"], "--runs >= 1"),
+])
+def test_bad_options_are_refused_before_any_model_is_touched(args, says, tmp_path,
+                                                             monkeypatch) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from tools.moe.bench import main
+
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path))
+    app = typer.Typer()
+    app.command()(main)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert says in " ".join(result.output.split()).replace("│", "").replace("  ", " ")
+    assert list(tmp_path.iterdir()) == []
