@@ -2,7 +2,9 @@
 
 Decoder-layer MatMuls get the chosen format (INT4 groups or INT8 channels) with
 ``all_layers=True`` so a middle stage's last MatMul is not mistaken for an LM head;
-the embedding and LM head always get INT8 (as the monolithic default does).
+the embedding and LM head always get INT8 (as the monolithic default does), and so does a
+mixture of experts' router. The experts' stacked [experts, out, in] weights are MatMul
+weights like any other (exporter.moe_block): NNCF compresses them per group.
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ def compress_stage(model: ov.Model, weight_format: str, group_size: int | None) 
     from nncf.common.logging.logger import set_log_level
 
     set_log_level(logging.ERROR)  # zctl reports progress itself; keep NNCF's tables out
-    head_and_embedding = IgnoredScope(patterns=[".*embed.*", ".*lm_head.*"], validate=False)
+    # the embedding, the LM head and a mixture of experts' router (a flipped argmax there
+    # picks other experts) stay out of INT4, and get INT8
+    head_and_embedding = IgnoredScope(patterns=[".*embed.*", ".*lm_head.*", r".*\.router/.*"],
+                                      validate=False)
     # NNCF draws its progress bars on stdout, which belongs to the caller's output
     # (`zctl run --json` exporting on first use, the benchmarks' --json): send them to stderr.
     with numpy_compression(), redirect_stdout(sys.stderr):

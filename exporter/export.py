@@ -103,6 +103,9 @@ def model_spec(source: ModelSource) -> ModelSpec:
         rope_local_inv_freq=tuple(rope.local_inv_freq),
         sliding_window=shape.sliding_window,
         sliding_layers=shape.sliding_layers,
+        experts=shape.experts,
+        active_experts=shape.active_experts,
+        expert_intermediate=shape.expert_intermediate,
     )
 
 
@@ -237,6 +240,7 @@ def export_model(
     if weight_format == "int4" and group_size is None:
         group_size = pick_group_size(
             [shape.hidden_size, shape.intermediate_size, shape.num_heads * shape.head_dim]
+            + ([shape.expert_intermediate] if shape.experts else [])
         )
     spec = model_spec(source)
     generation = source.sampling_config()

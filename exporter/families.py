@@ -6,13 +6,14 @@ names (Phi-3 stores Q/K/V and gate/up fused), which extra tensors its layers car
 (Qwen3's per-head RMSNorm on queries and keys), how long a context the export reproduces
 exactly (a sliding window over every layer caps it), how its layers differ (Gemma 3's
 norms, GeGLU MLP, scaled embedding, and sliding-window layers turning with RoPE
-frequencies of their own), and which options of its config the stage module does not
-implement: a model using one is refused, naming the option, never exported wrong.
+frequencies of their own, Qwen3-MoE's sparse mixture-of-experts layers), and which
+options of its config the stage module does not implement: a model using one is refused,
+naming the option, never exported wrong.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,9 @@ class Family:
     # attention scale of query_pre_attn_scalar ** -0.5, and layer_types interleaving
     # sliding-window layers (their own RoPE base) with global ones.
     gemma: bool = False
+    # Qwen3-MoE: the MLP of the layers decoder_sparse_step and mlp_only_layers choose is a
+    # sparse mixture of SwiGLU experts (a router, softmax, top-k, optionally renormalised)
+    moe: bool = False
 
     def fused_part(self, name: str, q_rows: int, kv_rows: int, mlp_rows: int
                    ) -> FusedPart | None:
@@ -76,6 +80,8 @@ class Family:
         """The fields of the stage module's DecoderShape by which this family's layers
         differ from Llama's (the sizes are every family's)."""
         options: dict[str, Any] = {"qk_norm": self.qk_norm}
+        if self.moe:
+            return {**options, **_moe_options(config)}
         if not self.gemma:
             return options
         sliding = tuple(i for i, kind in enumerate(config.layer_types)
@@ -102,6 +108,7 @@ FAMILIES = (
     Family("Qwen3ForCausalLM", "qwen3", qk_norm=True),
     Family("Phi3ForCausalLM", "phi3", fused_checkpoint=True, window_on_every_layer=True),
     Family("Gemma3ForCausalLM", "gemma3_text", qk_norm=True, gemma=True),
+    Family("Qwen3MoeForCausalLM", "qwen3_moe", qk_norm=True, moe=True),
 )
 SUPPORTED_ARCHITECTURES = {family.architecture: family.model_type for family in FAMILIES}
 
@@ -121,6 +128,40 @@ def family_of(config: Any, location: str) -> Family:
         f"({', '.join(arches) or 'no architectures'}) is not supported; "
         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
     )
+
+
+def sparse_layers(config: Any) -> tuple[int, ...]:
+    """The layers (global indices) whose MLP is a mixture of experts, as Hugging Face's
+    Qwen3-MoE chooses them: every decoder_sparse_step-th layer but mlp_only_layers."""
+    experts = int(getattr(config, "num_experts", 0) or 0)
+    step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+    dense = set(getattr(config, "mlp_only_layers", None) or [])
+    if experts < 1:
+        return ()
+    return tuple(i for i in range(int(config.num_hidden_layers))
+                 if i not in dense and (i + 1) % step == 0)
+
+
+def _moe_options(config: Any) -> dict[str, Any]:
+    sparse = sparse_layers(config)
+    if not sparse:
+        return {}
+    return {"experts": int(config.num_experts), "active_experts": int(config.num_experts_per_tok),
+            "expert_intermediate": int(config.moe_intermediate_size),
+            "norm_topk_prob": bool(getattr(config, "norm_topk_prob", False)),
+            "sparse_layers": sparse}
+
+
+def stored_experts(names: Iterable[str], layer: int) -> set[int]:
+    """The experts of ``layer`` stored one by one (``...mlp.experts.{e}.gate_proj.weight``)."""
+    prefix = f"model.layers.{layer}.mlp.experts."
+    found = set()
+    for name in names:
+        if name.startswith(prefix):
+            head = name[len(prefix):].split(".", 1)[0]
+            if head.isdigit():
+                found.add(int(head))
+    return found
 
 
 def _rope_parameters(config: Any) -> dict:
@@ -194,10 +235,26 @@ def _gemma_rope(config: Any) -> list[str]:
     return complaints
 
 
+def _moe_routing(config: Any) -> list[str]:
+    experts = int(getattr(config, "num_experts", 0) or 0)
+    active = int(getattr(config, "num_experts_per_tok", 0) or 0)
+    step = getattr(config, "decoder_sparse_step", 1)
+    complaints = []
+    if experts < 0:
+        complaints.append(f"num_experts {experts}")
+    if experts > 0 and not 1 <= active <= experts:
+        complaints.append(f"num_experts_per_tok {active} (a token routes to 1 to num_experts "
+                          f"= {experts} experts)")
+    if step is None or int(step) < 1:
+        complaints.append(f"decoder_sparse_step {step} (every n-th layer, n >= 1)")
+    return complaints
+
+
 LLAMA_CHECKS: tuple[Callable[[Any], list[str]], ...] = (_activation, _rope_type)
 FAMILY_CHECKS: dict[str, tuple[Callable[[Any], list[str]], ...]] = {
     "qwen2": LLAMA_CHECKS + (_sliding_layers,),
     "qwen3": LLAMA_CHECKS + (_sliding_layers,),
+    "qwen3_moe": LLAMA_CHECKS + (_sliding_layers, _moe_routing),
     "gemma3_text": (_gemma_activation, _gemma_layers, _gemma_rope),
 }
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from exporter.families import FamilyError, family_of, refuse_unsupported
+from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
 from exporter.stage_module import DecoderShape
 from zctl.manifest import (
     GENERATION_CONFIG_NAME,
@@ -156,8 +156,62 @@ class ModelSource:
     def tensor(self, name: str) -> torch.Tensor | None:
         raise NotImplementedError
 
+    def tensor_names(self) -> list[str]:
+        """The names of every tensor the checkpoint stores."""
+        raise NotImplementedError
+
+    def tensor_rows(self, name: str) -> int | None:
+        """The first dimension of stored tensor ``name`` (None: absent), read cheaply where
+        the format allows."""
+        value = self.tensor(name)
+        return None if value is None else int(value.shape[0])
+
+    def check_experts(self) -> None:
+        """SourceError unless every layer stores the experts its config gives it: its
+        num_experts in a mixture-of-experts layer, none in a dense one (read from the
+        tensors' names and first dimensions only, no weight loaded)."""
+        if not self.family.moe:
+            return
+        shape = self.decoder_shape()
+        names = self.tensor_names()
+        for layer in range(self.num_layers):
+            want = shape.experts if layer in shape.sparse_layers else 0
+            stacked = self.tensor_rows(f"model.layers.{layer}.mlp.experts.gate_up_proj")
+            found = stored_experts(names, layer)
+            got = stacked if stacked is not None else len(found)
+            if got == want and (stacked is not None or found == set(range(want))):
+                continue
+            listed = f" (experts {sorted(found)})" if found and len(found) <= 16 else ""
+            kind = f"a mixture of {want} experts" if want else "a dense MLP"
+            raise SourceError(
+                f"{self.location}: layer {layer} stores {got} experts{listed}, and its config "
+                f"makes it {kind} (num_experts, decoder_sparse_step, mlp_only_layers)")
+
+    def _experts(self, name: str) -> torch.Tensor | None:
+        """A layer's experts' projection stacked [experts, out, in] (``...mlp.experts.
+        gate_up_proj``, gate rows first, or ``...mlp.experts.down_proj``): as stored, or
+        stacked from the experts stored one by one."""
+        whole = self.tensor(name)
+        experts = self.decoder_shape().experts
+        if whole is None:
+            prefix, _, projection = name.rpartition(".")
+            parts = ("gate_proj", "up_proj") if projection == "gate_up_proj" else ("down_proj",)
+            stack = []
+            for expert in range(experts):
+                tensors = [self.tensor(f"{prefix}.{expert}.{part}.weight") for part in parts]
+                if any(t is None for t in tensors):
+                    return None
+                stack.append(torch.cat(tensors))
+            whole = torch.stack(stack)
+        if whole.shape[0] != experts:
+            raise SourceError(f"{self.location}: tensor {name} holds {whole.shape[0]} experts, "
+                              f"the config makes {experts}")
+        return whole
+
     def _stored(self, name: str) -> torch.Tensor | None:
         """The tensor of Llama name ``name``: itself, or its rows of a fused one."""
+        if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+            return self._experts(name)
         shape = self.decoder_shape()
         part = self.family.fused_part(name, shape.num_heads * shape.head_dim,
                                       shape.num_kv_heads * shape.head_dim,
@@ -241,6 +295,7 @@ class SafetensorsSource(ModelSource):
             self.generation_config = None
         self._where = self._index()
         self._handles: dict[str, Any] = {}
+        self.check_experts()
 
     def _index(self) -> dict[str, str]:
         index = self.path / "model.safetensors.index.json"
@@ -263,6 +318,18 @@ class SafetensorsSource(ModelSource):
 
             self._handles[file_name] = safe_open(self.path / file_name, framework="pt")
         return self._handles[file_name].get_tensor(name)
+
+    def tensor_names(self) -> list[str]:
+        return list(self._where)
+
+    def tensor_rows(self, name: str) -> int | None:
+        file_name = self._where.get(name)
+        if file_name is None:
+            return None
+        from safetensors import safe_open
+
+        with safe_open(self.path / file_name, framework="pt") as handle:
+            return int(handle.get_slice(name).get_shape()[0])
 
     def release(self) -> None:
         self._handles.clear()
@@ -302,6 +369,7 @@ class GGUFSource(ModelSource):
         self.generation_config = getattr(self._model, "generation_config", None)
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
         self._state = self._model.state_dict()
+        self.check_experts()
 
     def _metadata(self) -> dict[str, Any]:
         """The file's metadata of its architecture (``{arch}.…``), by key without the prefix."""
@@ -355,6 +423,9 @@ class GGUFSource(ModelSource):
 
     def tensor(self, name: str) -> torch.Tensor | None:
         return self._state.get(name)
+
+    def tensor_names(self) -> list[str]:
+        return list(self._state)
 
     def save_hf_dir(self, out_dir: Path) -> Path:
         """Write the dequantised model (float32 safetensors) and tokenizer as an HF directory.

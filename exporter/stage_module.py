@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dataplane.runtime.kv.masks import MASK_MIN
+from exporter.moe_block import SparseMoeBlock
 
 Activation = Literal["silu", "gelu_tanh"]
 
@@ -50,6 +51,13 @@ class DecoderShape:
     sliding_window: int = 0  # a sliding layer's query sees this many latest keys (itself too)
     sliding_layers: tuple[int, ...] = ()  # the layers (global indices) whose window slides
     local_rope: bool = False  # sliding layers turn with frequencies of their own
+    # a mixture of experts (Qwen3-MoE) in sparse_layers (global indices): each token runs
+    # active_experts of experts SwiGLU MLPs expert_intermediate wide (exporter.moe_block)
+    experts: int = 0
+    active_experts: int = 0
+    expert_intermediate: int = 0
+    norm_topk_prob: bool = False  # the top-k routing weights renormalised to sum to one
+    sparse_layers: tuple[int, ...] = ()
 
     @property
     def scale(self) -> float:
@@ -154,7 +162,8 @@ def _stacked_linear(get: Callable[[str], torch.Tensor | None], names: tuple[str,
 class DecoderLayer(nn.Module):
     def __init__(self, shape: DecoderShape, get: Callable[[str], torch.Tensor | None],
                  new_kv_only: bool = False, kv_dtype: torch.dtype | None = None,
-                 fuse_projections: bool = True, sliding: bool = False) -> None:
+                 fuse_projections: bool = True, sliding: bool = False,
+                 sparse: bool = False) -> None:
         super().__init__()
         self.shape = shape
         self.new_kv_only = new_kv_only
@@ -176,22 +185,30 @@ class DecoderLayer(nn.Module):
         kv_size = shape.num_kv_heads * shape.head_dim
         self.qkv_sizes = (shape.num_heads * shape.head_dim, kv_size, kv_size)
         self.qkv_proj = self.gate_up_proj = None
+        # a sparse layer's MLP: the mixture of experts, in place of the dense MLP
+        self.moe = SparseMoeBlock(get(mlp + "gate.weight"), get(mlp + "experts.gate_up_proj"),
+                                  get(mlp + "experts.down_proj"), shape.active_experts,
+                                  shape.norm_topk_prob) if sparse else None
         if fuse_projections:
             self.qkv_proj = _stacked_linear(get, tuple(attn + p for p in ("q_proj", "k_proj",
                                                                           "v_proj")))
-            self.gate_up_proj = _stacked_linear(get, (mlp + "gate_proj", mlp + "up_proj"))
+            if not sparse:
+                self.gate_up_proj = _stacked_linear(get, (mlp + "gate_proj", mlp + "up_proj"))
         else:
             self.q_proj = _linear(get(attn + "q_proj.weight"), get(attn + "q_proj.bias"))
             self.k_proj = _linear(get(attn + "k_proj.weight"), get(attn + "k_proj.bias"))
             self.v_proj = _linear(get(attn + "v_proj.weight"), get(attn + "v_proj.bias"))
-            self.gate_proj = _linear(get(mlp + "gate_proj.weight"), get(mlp + "gate_proj.bias"))
-            self.up_proj = _linear(get(mlp + "up_proj.weight"), get(mlp + "up_proj.bias"))
+            if not sparse:
+                self.gate_proj = _linear(get(mlp + "gate_proj.weight"),
+                                         get(mlp + "gate_proj.bias"))
+                self.up_proj = _linear(get(mlp + "up_proj.weight"), get(mlp + "up_proj.bias"))
         self.q_norm = self.k_norm = None
         if shape.qk_norm:  # after the split: the fused MatMul stays one
             self.q_norm = _norm(get(attn + "q_norm.weight"), shape)
             self.k_norm = _norm(get(attn + "k_norm.weight"), shape)
         self.o_proj = _linear(get(attn + "o_proj.weight"), get(attn + "o_proj.bias"))
-        self.down_proj = _linear(get(mlp + "down_proj.weight"), get(mlp + "down_proj.bias"))
+        if not sparse:
+            self.down_proj = _linear(get(mlp + "down_proj.weight"), get(mlp + "down_proj.bias"))
 
     def _qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_proj is None:
@@ -200,6 +217,8 @@ class DecoderLayer(nn.Module):
         return q, k, v
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe(h)
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(h), self.up_proj(h)
         else:
@@ -279,7 +298,8 @@ class StageModule(nn.Module):
         self.register_buffer("embed_scale", torch.tensor(shape.embed_scale) if scaled else None)
         self.layers = nn.ModuleList(
             DecoderLayer(shape, lambda name, i=i: get(f"model.layers.{i}.{name}"), new_kv_only,
-                         kv_dtype, fuse_projections, sliding=i in shape.sliding_layers)
+                         kv_dtype, fuse_projections, sliding=i in shape.sliding_layers,
+                         sparse=i in shape.sparse_layers)
             for i in range(layer_start, layer_end)
         )
         if last:

@@ -43,9 +43,14 @@ class ModelSpec:
     rope_local_inv_freq: tuple[float, ...] = ()
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
+    # A mixture of experts (Qwen3-MoE): its experts, how many a token runs, their width.
+    experts: int = 0
+    active_experts: int = 0
+    expert_intermediate: int = 0
 
 
 SLIDING_FIELDS = ("rope_local_inv_freq", "sliding_window", "sliding_layers")
+MOE_FIELDS = ("experts", "active_experts", "expert_intermediate")
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,7 @@ class ExportManifest:
 
     def to_json(self) -> str:
         raw = asdict(self)
-        for name in SLIDING_FIELDS:  # written only when set: other models' manifests as before
+        for name in SLIDING_FIELDS + MOE_FIELDS:  # written only when set: others as before
             if not raw["model"][name]:
                 del raw["model"][name]
         return json.dumps(raw, indent=2, sort_keys=False)

@@ -4,7 +4,8 @@ The manifest names the layers, hidden size, heads, head size and vocabulary; the
 width is read from the first ``gate_proj`` weight in a stage's IR (its first dimension, in
 every weight format the exporter writes), or half of the first fused ``gate_up_proj``
 weight's (the gate and up projections as one MatMul, as the exporter writes a layer now),
-scanning the XML up to it, never the weights.
+scanning the XML up to it, never the weights. A mixture of experts' manifest states its
+experts, their number active and their width: its layers are read as all of them sparse.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def export_shape(manifest: ExportManifest, export_dir: Path) -> ModelShape:
     spec = manifest.model
     return ModelShape(
         name=spec.name, num_layers=spec.num_layers, hidden=spec.hidden_size,
-        intermediate=_mlp_width(export_dir / stage.xml), heads=spec.num_heads,
-        kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, vocab=spec.vocab_size,
-        architecture=spec.architecture)
+        # a mixture of experts: the manifest states its experts (a layer of them all)
+        intermediate=0 if spec.experts else _mlp_width(export_dir / stage.xml),
+        heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+        vocab=spec.vocab_size, experts=spec.experts, active_experts=spec.active_experts,
+        expert_intermediate=spec.expert_intermediate, architecture=spec.architecture)

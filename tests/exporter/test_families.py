@@ -309,7 +309,7 @@ def test_a_made_up_architecture_is_refused_listing_the_supported(tmp_path: Path)
     with pytest.raises(SourceError, match="'frobnicator' \\(FrobnicatorForCausalLM\\) is not "
                        "supported; supported: LlamaForCausalLM, MistralForCausalLM, "
                        "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, "
-                       "Gemma3ForCausalLM"):
+                       "Gemma3ForCausalLM, Qwen3MoeForCausalLM"):
         open_source(str(tmp_path))
 
 
@@ -345,6 +345,7 @@ def test_only_a_sliding_models_manifest_states_its_sliding_layers(tmp_path: Path
         assert spec.sliding_layers == layers
         assert ("sliding_layers" in raw) is bool(layers), family
         assert ("rope_local_inv_freq" in raw) is bool(layers), family
+        assert "experts" not in raw, family  # only a mixture of experts states them
         assert manifest_from_dict(json.loads(manifest.to_json())).model == spec
 
 

@@ -213,7 +213,7 @@ def raw_ping_ms(stages: int, forward: tuple[int, int], reply: tuple[int, int],
 
 def stage_runner(export: str, stage: int, threads: str) -> Any:
     """Stage ``stage`` of the export, loaded by the runtime, with one stream (0) open."""
-    from dataplane.runtime.stateful import load_runner
+    from dataplane.runtime.load import load_runner
 
     runner = load_runner(export, stage, runtime_config(threads))
     runner.open_stream(0)

@@ -146,6 +146,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                             "tokens a round trip yields, one guess or many."),
     "microbatch": ("decode.microbatch", "Micro-batching: aggregate decode throughput of 1, 2, "
                                         "4 concurrent streams on a local cluster."),
+    "moe": ("moe.bench", "Mixture of experts against openvino_genai: decode tok/s of a "
+                         "Qwen3-30B-A3B-shaped MoE."),
     "static": ("decode.static", "The static NPU path's cost: static, stateless shards (KV on "
                                 "the host) against the stateful ones."),
     "quality": ("decode.quality", "Each weight format against the fp32 Hugging Face model: "
