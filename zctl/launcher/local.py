@@ -155,7 +155,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         network: LocalNetwork | None = None, memory_mb: int = 0,
                         owned: bool = False, profile: bool = False,
                         replan_gain: float = DEFAULT_REPLAN_GAIN,
-                        pin_stages: bool = False) -> ClusterRecord:
+                        pin_stages: bool = False,
+                        cpus: Sequence[str | None] | None = None) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
     (``nodes`` 1: the coordinator alone runs every stage).
 
@@ -183,6 +184,9 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     ``replan_gain``: a re-plan of the serving pipeline is applied when predicted this much
     faster (CoordinatorProcess). ``pin_stages``: stage i runs on node i, whatever the
     planner would choose (a benchmark's case names its topology), as when hops differ.
+    ``cpus``: each process's CPU list, coordinator first (None: unconfined), instead of
+    ``cpu_sets``' split (which still decides the row groups): several nodes may then share
+    a core, as when more nodes than cores stand for PCs on one machine.
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
@@ -195,7 +199,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                            f"{type(runtime).__name__}")
     shapes = stage_links(nodes, link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit), links)
     try:
-        cpus = local_cpu_sets(cpu_sets, nodes)
+        cpus = local_cpu_sets(cpu_sets, nodes) if cpus is None else process_cpus(cpus, nodes)
     except ValueError as exc:
         raise ClusterError(str(exc)) from None
     root = root or zctl_home() / "local"
@@ -230,6 +234,19 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         record.pids.append(pid)
         record.logs.append(log)
     return record
+
+
+def process_cpus(cpus: Sequence[str | None], nodes: int) -> list[str | None]:
+    """``cpus`` checked as one CPU list (or None) per process of ``nodes``; ValueError
+    naming a bad one or a wrong count."""
+    from zctl.launcher.cpusets import parse_cpu_list
+
+    if len(cpus) != nodes:
+        raise ValueError(f"{nodes} processes need {nodes} CPU lists, not {len(cpus)}")
+    for text in cpus:
+        if text is not None:
+            parse_cpu_list(text)
+    return list(cpus)
 
 
 def start_local_node(record: ClusterRecord, index: int, root: Path, *,
