@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 WARMUP_TOKENS = 8
 SETTLE_S = 3.0  # a settled placement must hold this long
+PROFILE_BUDGET_S = 120.0  # a node at a quarter of a core overruns the default 30 s
 
 
 @dataclass
@@ -87,7 +88,8 @@ def start_arm(arm: Arm, root: Path, stack: ExitStack, cpus: list[str], timeout_s
     err.print(f"[bold]{arm.name}[/]: {arm.setup()}")
     record = start_local_cluster(export_dir, first, runtime_spec("f32", None, "CPU"), root,
                                  cpu_sets="split", cpus=cpus[:first], links=links,
-                                 profile=arm.planned, pin_stages=not arm.planned)
+                                 profile=arm.planned, pin_stages=not arm.planned,
+                                 profile_budget_s=PROFILE_BUDGET_S)
     stack.callback(stop_processes, record.pids)  # (the joiner's pid is added to this list)
     running = RunningArm(arm, record, root)
     if arm.slow_share and not arm.joins:
@@ -110,14 +112,16 @@ def start_arm(arm: Arm, root: Path, stack: ExitStack, cpus: list[str], timeout_s
 
 
 def settled(status: ClusterStatus, joiner: str) -> bool:
-    """Whether the joiner's profile is in, the re-plan it caused is decided and the
-    pipeline serves with a prediction."""
+    """Whether the joiner's profile is in (the planner has placed or left it out) or
+    failed (it stays a spare), no re-plan is under way, and the pipeline serves with a
+    prediction."""
     node = next((n for n in status.nodes if n.node_id == joiner), None)
     placed = {s.node_id for s in status.stages}
-    return (node is not None and node.profile is not None and status.pipeline == "serving"
-            and status.prediction is not None and not status.prediction.error
-            and "re-planning" not in status.placement
-            and (joiner in placed or joiner in status.left_out))
+    decided = node is not None and (
+        (node.profile is not None and (joiner in placed or joiner in status.left_out))
+        or node.profile_state.startswith("failed"))
+    return (decided and status.pipeline == "serving" and status.prediction is not None
+            and not status.prediction.error and "re-planning" not in status.placement)
 
 
 def wait_settled(record: ClusterRecord, joiner: str, timeout_s: float) -> ClusterStatus:

@@ -156,7 +156,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         owned: bool = False, profile: bool = False,
                         replan_gain: float = DEFAULT_REPLAN_GAIN,
                         pin_stages: bool = False,
-                        cpus: Sequence[str | None] | None = None) -> ClusterRecord:
+                        cpus: Sequence[str | None] | None = None,
+                        profile_budget_s: float = 0.0) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
     (``nodes`` 1: the coordinator alone runs every stage).
 
@@ -187,6 +188,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     ``cpus``: each process's CPU list, coordinator first (None: unconfined), instead of
     ``cpu_sets``' split (which still decides the row groups): several nodes may then share
     a core, as when more nodes than cores stand for PCs on one machine.
+    ``profile_budget_s``: what a node's profile may take (0: the coordinator's default); a
+    node held to a small CPU quota needs more.
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
@@ -194,6 +197,8 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         raise ClusterError(f"a local cluster has at least 1 node (the coordinator), not {nodes}")
     if memory_mb < 0:
         raise ClusterError(f"memory to lend must be >= 0 MB, not {memory_mb}")
+    if profile_budget_s < 0:
+        raise ClusterError(f"a profile's budget must be >= 0 s, not {profile_budget_s}")
     if not isinstance(runtime, RuntimeSpec):
         raise ClusterError(f"the stages' runtime must be a RuntimeSpec (runtime_spec), not "
                            f"{type(runtime).__name__}")
@@ -224,6 +229,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
         cpus=cpus[0], memory_mb=memory_mb, profile=profile, replan_gain=replan_gain,
+        profile_budget_s=profile_budget_s,
         cluster_id=uuid.uuid4().hex[:12] if owned else ""), root, owned)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
