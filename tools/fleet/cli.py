@@ -36,13 +36,19 @@ def main(
     except ValueError as exc:
         fail(str(exc))
     base = zctl_home() / "bench-fleet"
+    seed = base / "profiles"  # the two nodes' profiles, measured once for every planned arm
+    try:
+        with ExitStack() as profiling:
+            start_arm(ARMS["two"], seed, profiling, cpus["two"], timeout)
+    except (RuntimeError, OSError, ValueError) as exc:
+        fail(f"the nodes' profiles were not measured: {exc}")
     arms: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
         running = {}
         for name, arm in ARMS.items():
-            seed = base / "two" if arm.planned and "two" in running else None
             try:
-                running[name] = start_arm(arm, base / name, stack, cpus[name], timeout, seed)
+                running[name] = start_arm(arm, base / name, stack, cpus[name], timeout,
+                                          seed if arm.planned else None)
             except (RuntimeError, OSError, ValueError) as exc:  # a ClusterError too
                 err.print(f"[red]{name} failed:[/] {exc}", highlight=False)
                 arms[name] = {**arm.setup(), "failed": str(exc)}

@@ -1,11 +1,13 @@
 """Starting the arms side by side, a joining node's re-plan, and the rounds of runs.
 
-The first arm ("two") measures its two nodes' profiles; the other planned arms start with
-a copy of them (the same cores of the same machine: the same PCs), so that only a node
-new to the fleet (the joiner, a node under a quota the copy was not measured under)
-measures its own. A joining node is started once its cluster serves with a prediction,
-slowed from its first instant when it is the slow one, and the cluster counts as settled
-once the joiner's profile is in, the coordinator's re-plan is decided (applied, or not
+A first cluster, stopped before the arms start, measures the two nodes' profiles; every
+planned arm starts with a copy of them (the same cores of the same machine: the same
+PCs), so that each is placed by the planner from its first placement on (the 2-node arm
+as the joiners' clusters are before they join), and only a node new to the fleet (the
+joiner, a node under a quota the copy was not measured under) measures its own. A
+joining node is started once its cluster serves with a prediction, slowed from its first
+instant when it is the slow one, and the cluster counts as settled once the joiner's
+profile is in, the coordinator's re-plan is decided (applied, or not
 worth it: ``cluster status``'s placement) and the pipeline serves with a prediction.
 
 Each stream count is measured as tools/plan measures it (``measure_streams``: decode
