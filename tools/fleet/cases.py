@@ -9,7 +9,8 @@ nodes, stage i on node i (the equal split).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 MODEL, WEIGHTS = "smollm2-135m", "int4"
@@ -119,18 +120,29 @@ def ratio(subject: float, reference: float) -> float:
     return subject / reference
 
 
+def paired_ratio(subject: Sequence[float], reference: Sequence[float]) -> float | None:
+    """The median over the rounds of the subject's run over the reference's run of the
+    same round (measured minutes apart at most, so a change of the machine's load between
+    rounds falls on both); None when either has no runs. ValueError when they have
+    different numbers of rounds."""
+    if not subject or not reference:
+        return None
+    if len(subject) != len(reference):
+        raise ValueError(f"{len(subject)} rounds against {len(reference)}: pair them by round")
+    return statistics.median([ratio(s, r) for s, r in zip(subject, reference, strict=True)])
+
+
 def targets(comparisons: tuple[Comparison, ...],
-            medians: Mapping[str, Mapping[int, float]]) -> dict[str, dict[str, object]]:
+            runs: Mapping[str, Mapping[int, Sequence[float]]]) -> dict[str, dict[str, object]]:
     """Each comparison's target at each stream count: ``{value, target, met}``, the value
-    the subject's median tok/s over the reference's (None, and not met, when either arm
-    has no figure: it failed)."""
+    the subject's ``paired_ratio`` over the reference (None, and not met, when either arm
+    has no runs: it failed)."""
     out: dict[str, dict[str, object]] = {}
     for comparison in comparisons:
         for streams in STREAMS:
-            subject = medians.get(comparison.subject, {}).get(streams)
-            reference = medians.get(comparison.reference, {}).get(streams)
-            value = (round(ratio(subject, reference), 3)
-                     if subject is not None and reference else None)
+            value = paired_ratio(runs.get(comparison.subject, {}).get(streams, ()),
+                                 runs.get(comparison.reference, {}).get(streams, ()))
+            value = None if value is None else round(value, 3)
             out[comparison.target_name(streams)] = {
                 "value": value, "target": comparison.least(),
                 "met": value is not None and value >= comparison.least()}

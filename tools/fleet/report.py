@@ -1,5 +1,5 @@
-"""The arms' figures, the comparisons' ratios (the control's beside them), the targets,
-and the tables."""
+"""The arms' figures, the comparisons' ratios paired by round (the control's beside them),
+the targets, and the tables."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tools.fleet.cases import COMPARISONS, STREAMS, Comparison, ratio, targets
+from tools.fleet.cases import COMPARISONS, STREAMS, Comparison, paired_ratio, targets
 
 
 def arm_figures(runs: Mapping[int, list[float]]) -> dict[str, dict[str, Any]]:
@@ -19,20 +19,20 @@ def arm_figures(runs: Mapping[int, list[float]]) -> dict[str, dict[str, Any]]:
                      "runs_tok_s": [round(v, 2) for v in r]} for n, r in runs.items() if r}
 
 
-def medians_of(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """{arm: {streams: median tok/s}} of the arms that have figures."""
-    return {name: {int(n): f["median_tok_s"] for n, f in arm["streams"].items()}
+def runs_of(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, list[float]]]:
+    """{arm: {streams: its runs' tok/s, round by round}} of the arms that have figures."""
+    return {name: {int(n): f["runs_tok_s"] for n, f in arm["streams"].items()}
             for name, arm in arms.items() if "streams" in arm}
 
 
-def comparison_report(comparison: Comparison, medians: Mapping[str, Mapping[int, float]]
+def comparison_report(comparison: Comparison, runs: Mapping[str, Mapping[int, list[float]]]
                       ) -> dict[str, Any]:
-    """The subject's and the control's ratios over the reference at each stream count
-    (None where an arm has no figure)."""
+    """The subject's and the control's ratios over the reference at each stream count,
+    paired by round (``paired_ratio``; None where an arm has no runs)."""
     def over(arm: str | None, streams: int) -> float | None:
-        got = medians.get(arm or "", {}).get(streams)
-        ref = medians.get(comparison.reference, {}).get(streams)
-        return round(ratio(got, ref), 3) if got is not None and ref else None
+        got = paired_ratio(runs.get(arm or "", {}).get(streams, []),
+                           runs.get(comparison.reference, {}).get(streams, []))
+        return None if got is None else round(got, 3)
 
     return {"kind": comparison.kind, "subject": comparison.subject,
             "reference": comparison.reference, "control": comparison.control,
@@ -43,9 +43,9 @@ def comparison_report(comparison: Comparison, medians: Mapping[str, Mapping[int,
 
 def fleet_report(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The comparisons and the targets from the arms' reports."""
-    medians = medians_of(arms)
-    return {"comparisons": {c.name: comparison_report(c, medians) for c in COMPARISONS},
-            "targets": targets(COMPARISONS, medians)}
+    runs = runs_of(arms)
+    return {"comparisons": {c.name: comparison_report(c, runs) for c in COMPARISONS},
+            "targets": targets(COMPARISONS, runs)}
 
 
 def placement_text(arm: Mapping[str, Any]) -> str:

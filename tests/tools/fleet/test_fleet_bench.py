@@ -11,6 +11,7 @@ from tools.fleet.cases import (
     STREAMS,
     Arm,
     Comparison,
+    paired_ratio,
     ratio,
     round_order,
     targets,
@@ -57,9 +58,9 @@ def test_rounds_rotate_the_arms() -> None:
 
 
 def test_no_drop_is_met_down_to_five_percent_below_and_speedup_from_its_bound() -> None:
-    medians = {"base": {1: 40.0, 8: 200.0}, "joined": {1: 38.0, 8: 189.0},
-               "planned": {1: 52.0, 8: 300.0}, "equal": {1: 40.0, 8: 240.0}}
-    got = targets((NO_DROP, SPEEDUP), medians)
+    runs = {"base": {1: [40.0], 8: [200.0]}, "joined": {1: [38.0], 8: [189.0]},
+            "planned": {1: [52.0], 8: [300.0]}, "equal": {1: [40.0], 8: [240.0]}}
+    got = targets((NO_DROP, SPEEDUP), runs)
     assert got["slow joiner, 1 stream: drop <= 5%"] == {"value": 0.95, "target": 0.95,
                                                         "met": True}
     assert got["slow joiner, 8 streams: drop <= 5%"]["met"] is False  # 0.945
@@ -68,8 +69,18 @@ def test_no_drop_is_met_down_to_five_percent_below_and_speedup_from_its_bound() 
     assert not got["uneven, 8 streams: >= 1.3x"]["met"]
 
 
+def test_ratios_pair_the_runs_by_round() -> None:
+    # the load halves both arms' speed in round 2: paired, the subject is 10% faster in
+    # every round; the ratio of the medians (60 / 50) would say 20%
+    subject, reference = [110.0, 55.0, 60.0], [100.0, 50.0, 60.0 / 1.1]
+    assert paired_ratio(subject, reference) == pytest.approx(1.1)
+    assert paired_ratio([], reference) is None
+    with pytest.raises(ValueError, match="3 rounds against 2"):
+        paired_ratio(subject, reference[:2])
+
+
 def test_an_arm_without_figures_misses_its_targets() -> None:
-    got = targets((SPEEDUP,), {"equal": {1: 40.0, 8: 240.0}})
+    got = targets((SPEEDUP,), {"equal": {1: [40.0], 8: [240.0]}})
     assert all(t == {"value": None, "target": 1.3, "met": False} for t in got.values())
     assert len(got) == len(STREAMS)
     with pytest.raises(ValueError, match="nothing to compare"):
@@ -77,9 +88,10 @@ def test_an_arm_without_figures_misses_its_targets() -> None:
 
 
 def test_the_report_puts_the_control_beside_the_subject() -> None:
-    arms = {name: {"streams": {"1": {"median_tok_s": v1}, "8": {"median_tok_s": v8}}}
-            for name, v1, v8 in (("two", 40, 200), ("two+slow", 41, 198),
-                                 ("three-equal-slow", 20, 120))}
+    arms = {name: {"streams": {"1": {"runs_tok_s": r1}, "8": {"runs_tok_s": r8}}}
+            for name, r1, r8 in (("two", [40, 20], [200, 100]),
+                                 ("two+slow", [41, 20.5], [198, 99]),
+                                 ("three-equal-slow", [20, 10], [120, 60]))}
     report = fleet_report(arms)
     slow = report["comparisons"]["slow joiner"]
     assert slow["ratio"] == {"1": 1.025, "8": 0.99}
