@@ -54,6 +54,10 @@ def main(
                 arms[name] = {**arm.setup(), "failed": str(exc)}
         run_rounds(running, rounds, tokens)
         for name, arm_run in running.items():
+            if arm_run.failed:
+                arms[name] = {**arm_run.arm.setup(), "failed": arm_run.failed,
+                              "runs_before": arm_figures(arm_run.measured)}
+                continue
             arms[name] = {**arm_run.arm.setup(), **final_status(arm_run),
                           "streams": arm_figures(arm_run.measured)}
     arms = {name: arms[name] for name in ARMS if name in arms}

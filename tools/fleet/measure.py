@@ -47,6 +47,7 @@ class RunningArm:
     slowed_by: str = ""
     joiner: str = ""
     measured: dict[int, list[float]] = field(default_factory=lambda: {n: [] for n in STREAMS})
+    failed: str = ""  # why its runs stopped (its service went away): it has no figures
 
 
 def arm_cpu_lists(arm: Arm, available: list[int]) -> list[str]:
@@ -152,19 +153,31 @@ def wait_settled(record: ClusterRecord, joiner: str, timeout_s: float) -> Cluste
 
 def run_rounds(arms: dict[str, RunningArm], rounds: int, tokens: int) -> None:
     """Warm every arm at every stream count, then ``rounds`` rounds of the arms in turn,
-    each arm's runs appended to its ``measured``."""
+    each arm's runs appended to its ``measured``; an arm whose runs fail (its service went
+    away) is marked ``failed`` and left out of the later rounds, the others go on."""
     from tools.harness.models import PROMPT
     from tools.plan.measure import measure_streams
 
+    def run(running: RunningArm, streams: int, count: int) -> float | None:
+        try:
+            return measure_streams(running.record.serve, PROMPT, streams, count)
+        except RuntimeError as exc:  # ServiceUnavailable, a generation's error
+            running.failed = f"its runs stopped: {exc}"
+            err.print(f"[red]{running.arm.name}: {running.failed}[/]", highlight=False)
+            return None
+
     for running in arms.values():
         for streams in STREAMS:
-            measure_streams(running.record.serve, PROMPT, streams, WARMUP_TOKENS)
+            if not running.failed:
+                run(running, streams, WARMUP_TOKENS)
     for r in range(rounds):
         err.print(f"  round {r + 1} of {rounds}")
-        for name in round_order(list(arms), r):
+        for name in round_order([n for n, a in arms.items() if not a.failed], r):
             for streams in STREAMS:
-                arms[name].measured[streams].append(
-                    measure_streams(arms[name].record.serve, PROMPT, streams, tokens))
+                got = run(arms[name], streams, tokens)
+                if got is None:
+                    break
+                arms[name].measured[streams].append(got)
 
 
 def final_status(running: RunningArm) -> dict[str, Any]:
