@@ -18,7 +18,9 @@ away) makes the planner place again; a placement predicted faster by more than t
 threshold becomes ``pending``: its nodes fetch the shards they lack while the pipeline
 serves on (``pending_offers``), then the plan switches and the pipeline is re-wired
 between steps. A node whose fetch fails, or that goes down, abandons the pending plan; a
-switched plan whose node cannot start its stage goes back to the previous one.
+switched plan whose node cannot start its stage goes back to the previous one. Only the
+planner moves a placement it made: a node that joins is given stages by memory only
+while the plan is not the planner's (placed by memory, or healed since).
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ class PipelinePlan:
         self.left_out: dict[str, str] = {}  # spares the planner left out, with its reasons
         self.last_replan = ReplanStatus()  # the last re-plan's outcome
         self._clock = clock  # Unix seconds: when a re-plan's outcome came
+        # the running plan is the planner's (placed or re-planned by it, not healed since):
+        # only the planner moves it, so a spare not yet profiled gets no stages by memory
+        self.by_planner = False
         self.pending: dict[int, str] | None = None  # a re-plan whose shards are moving
         self.previous: dict[int, str] | None = None  # the plan before a switch, until it serves
         self._considered: tuple[object, bool] | None = None  # (fleet signature, planner usable)
@@ -127,6 +132,7 @@ class PipelinePlan:
                 self.plan_error = str(exc)
                 return False
         self.plan, self.plan_error, self.placement_note = plan, "", note
+        self.by_planner = planned is not None
         self.left_out = dict(planned.left_out) if planned is not None else {}
         self._mark_stages(members)
         log.info("placement %s: %s", note, ", ".join(f"stage {s} -> {n}"
@@ -219,7 +225,7 @@ class PipelinePlan:
                     log.error("cannot heal: %s", exc)
                 self.heal_error = str(exc)
                 continue
-            self.plan, self.heal_error = plan, ""
+            self.plan, self.heal_error, self.by_planner = plan, "", False
             self._mark_stages(members)
             log.warning("node %s (%s) is lost: %s", node_id, old.state, ", ".join(
                 f"stage {s} -> {plan[s]}" for s in stages))
@@ -230,7 +236,9 @@ class PipelinePlan:
                   links: Sequence[LinkStatus] = (), give_back: bool = True) -> list[int]:
         """While the pipeline serves, spread it over the fleet again: by the planner when
         every node has a usable profile (``replan``), else (``give_back``: when healing is
-        on) by giving part of a node's run of
+        on; and not while the plan is the planner's: a spare still profiling, or whose
+        profile failed, is not given stages it may be too slow for) by giving part of a
+        node's run of
         several stages (it took a lost node's) to a spare, one that runs none and has been
         enrolled for ``settled`` seconds without a lapse (a node that flaps gets nothing;
         a node the planner left out is not taken). One move per call, to the spare whose
@@ -250,7 +258,7 @@ class PipelinePlan:
         if self.planner is not None and not self.explicit and self.replan(
                 members, now, settled, links):
             return []
-        if not give_back:
+        if not give_back or self.by_planner:
             return []
         spares = [m for m in members.values()
                   if not m.local and m.state == ms.IDLE and m.node_id not in self.plan.values()
@@ -388,6 +396,7 @@ class PipelinePlan:
                 return []
         moved = sorted(s for s, n in self.pending.items() if self.plan[s] != n)
         self.previous, self.plan, self.pending = self.plan, self.pending, None
+        self.by_planner = True
         self._mark_stages(members)
         self._replanned("applied", self.replan_note.replace("re-planning", "re-planned", 1))
         log.warning("re-plan applied, re-wiring: %s", ", ".join(

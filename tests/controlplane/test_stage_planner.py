@@ -449,3 +449,23 @@ def test_a_node_that_leaves_is_healed_as_before_then_re_planned(export: Path) ->
     fleet.rebalance()
     assert fleet.plan.pending == {0: HEAD, 1: HEAD, 2: "b", 3: "b"}  # the spare, re-planned
     assert "b" not in fleet.plan.left_out
+
+
+@pytest.mark.parametrize("profile_state", ["measuring", "failed: profiling took its budget"])
+def test_a_node_joining_a_planned_pipeline_gets_no_stages_by_memory_before_its_profile(
+        export: Path, profile_state: str) -> None:
+    fleet = Fleet(export)
+    fleet.add(HEAD, 1)
+    fleet.add("a", 4)
+    assert fleet.place() == {0: HEAD, 1: "a", 2: "a", 3: "a"}  # a run of several stages
+    fleet.serve()
+    joiner = fleet.add("new", 4, record=None)
+    joiner.enrolled_at = NOW - 2 * SETTLED  # settled: memory would give it a's stages
+    joiner.profile_state = profile_state
+    assert fleet.rebalance() == []
+    assert fleet.plan.plan == {0: HEAD, 1: "a", 2: "a", 3: "a"}
+    # healed, the plan is no longer the planner's: a spare takes stages back by memory
+    fleet.members["a"].mark_down(ms.LEFT, NOW - 1)
+    assert fleet.plan.heal(fleet.members, NOW, 0.0, spares_first=False) == [1, 2, 3]
+    fleet.serve()
+    assert fleet.rebalance() != [] and "new" in fleet.plan.plan.values()

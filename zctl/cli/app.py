@@ -164,6 +164,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                  "cached, batched, speculative, healed."),
     "plan": ("plan", "Predicted against measured tok/s: each case predicted from its nodes' "
                      "profiles, then run."),
+    "fleet": ("fleet", "A fleet that gains a slower node, and one of unequal nodes: planned "
+                       "against controls."),
     "peers": ("peers.cli", "zctl against llama.cpp's RPC backend and llama-server on the same "
                            "PCs, side by side."),
     "chaos": ("robustness.chaos", "Chaos: faults mid-generation (kill, hang, link down, "

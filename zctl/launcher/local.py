@@ -155,7 +155,9 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         network: LocalNetwork | None = None, memory_mb: int = 0,
                         owned: bool = False, profile: bool = False,
                         replan_gain: float = DEFAULT_REPLAN_GAIN,
-                        pin_stages: bool = False) -> ClusterRecord:
+                        pin_stages: bool = False,
+                        cpus: Sequence[str | None] | None = None,
+                        profile_budget_s: float = 0.0) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
     (``nodes`` 1: the coordinator alone runs every stage).
 
@@ -183,6 +185,11 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     ``replan_gain``: a re-plan of the serving pipeline is applied when predicted this much
     faster (CoordinatorProcess). ``pin_stages``: stage i runs on node i, whatever the
     planner would choose (a benchmark's case names its topology), as when hops differ.
+    ``cpus``: each process's CPU list, coordinator first (None: unconfined), instead of
+    ``cpu_sets``' split (which still decides the row groups): several nodes may then share
+    a core, as when more nodes than cores stand for PCs on one machine.
+    ``profile_budget_s``: what a node's profile may take (0: the coordinator's default); a
+    node held to a small CPU quota needs more.
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
@@ -190,12 +197,14 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         raise ClusterError(f"a local cluster has at least 1 node (the coordinator), not {nodes}")
     if memory_mb < 0:
         raise ClusterError(f"memory to lend must be >= 0 MB, not {memory_mb}")
+    if profile_budget_s < 0:
+        raise ClusterError(f"a profile's budget must be >= 0 s, not {profile_budget_s}")
     if not isinstance(runtime, RuntimeSpec):
         raise ClusterError(f"the stages' runtime must be a RuntimeSpec (runtime_spec), not "
                            f"{type(runtime).__name__}")
     shapes = stage_links(nodes, link_shape(link_delay_ms, link_jitter_ms, link_rate_mbit), links)
     try:
-        cpus = local_cpu_sets(cpu_sets, nodes)
+        cpus = local_cpu_sets(cpu_sets, nodes) if cpus is None else process_cpus(cpus, nodes)
     except ValueError as exc:
         raise ClusterError(str(exc)) from None
     root = root or zctl_home() / "local"
@@ -220,6 +229,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
         cpus=cpus[0], memory_mb=memory_mb, profile=profile, replan_gain=replan_gain,
+        profile_budget_s=profile_budget_s,
         cluster_id=uuid.uuid4().hex[:12] if owned else ""), root, owned)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
@@ -230,6 +240,19 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         record.pids.append(pid)
         record.logs.append(log)
     return record
+
+
+def process_cpus(cpus: Sequence[str | None], nodes: int) -> list[str | None]:
+    """``cpus`` checked as one CPU list (or None) per process of ``nodes``; ValueError
+    naming a bad one or a wrong count."""
+    from zctl.launcher.cpusets import parse_cpu_list
+
+    if len(cpus) != nodes:
+        raise ValueError(f"{nodes} processes need {nodes} CPU lists, not {len(cpus)}")
+    for text in cpus:
+        if text is not None:
+            parse_cpu_list(text)
+    return list(cpus)
 
 
 def start_local_node(record: ClusterRecord, index: int, root: Path, *,

@@ -29,6 +29,13 @@ def test_a_local_cluster_has_at_least_the_coordinator(tmp_path: Path) -> None:
         start_local_cluster(tmp_path, 0, RuntimeSpec(), tmp_path)
     with pytest.raises(ClusterError, match="memory to lend must be >= 0"):
         start_local_cluster(tmp_path, 1, RuntimeSpec(), tmp_path, memory_mb=-1)
+    with pytest.raises(ClusterError, match="budget must be >= 0"):
+        start_local_cluster(tmp_path, 1, RuntimeSpec(), tmp_path, profile_budget_s=-1)
+    with pytest.raises(ClusterError, match="3 processes need 3 CPU lists, not 2"):
+        start_local_cluster(tmp_path, 3, RuntimeSpec(), tmp_path, cpus=["0", "1"])
+    with pytest.raises(ClusterError, match="bad CPU list 'x'"):
+        start_local_cluster(tmp_path, 2, RuntimeSpec(), tmp_path, cpus=["0", "x"])
+    assert not (tmp_path / "logs").exists()  # refused before anything started
 
 
 def test_a_free_port_is_none_already_given_to_the_process(monkeypatch) -> None:
