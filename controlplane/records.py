@@ -188,8 +188,11 @@ class PredictionStatus:
 
 # What a re-plan came to: a faster placement whose shards are moving (planning), switched
 # to (applied), not worth re-wiring (not_applied), dropped (abandoned), undone because a
-# node could not start its stage (failed); or a planner that cannot place (unusable).
-REPLAN_KINDS = ("planning", "applied", "not_applied", "abandoned", "failed", "unusable")
+# node could not start its stage (failed); or a planner that cannot place (unusable), and
+# one that can again and keeps the running placement (kept).
+REPLAN_KINDS = ("planning", "applied", "not_applied", "abandoned", "failed", "unusable",
+                "kept")
+UNCOUNTED_REPLAN_KINDS = ("unusable", "kept")  # said, but no re-plan
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,8 @@ class ReplanStatus:
     """The last re-plan's outcome: its kind (one of REPLAN_KINDS; "": none yet), its note
     in words, when the coordinator came to it (Unix seconds, its clock; 0: none yet), and
     how many re-plan outcomes it has come to (an outcome the same as the last one is not
-    counted again, nor is an unusable planner: it is no re-plan)."""
+    counted again, nor is an unusable planner or one that keeps the placement: they are
+    no re-plan)."""
 
     kind: str = ""
     note: str = ""

@@ -40,7 +40,13 @@ from controlplane.placement import (
     layer_range,
     node_memory,
 )
-from controlplane.records import LinkStatus, ReplanStatus, StageInfo, StageStatus
+from controlplane.records import (
+    UNCOUNTED_REPLAN_KINDS,
+    LinkStatus,
+    ReplanStatus,
+    StageInfo,
+    StageStatus,
+)
 from controlplane.stage_planner import PlannedStages, PlanUnusable, StagePlanner
 from dataplane.runtime.config import RuntimeSpec
 from zctl.manifest import ExportManifest
@@ -299,7 +305,7 @@ class PipelinePlan:
         if (kind, note) == (last.kind, last.note):
             return
         self.last_replan = ReplanStatus(kind, note, self._clock(),
-                                        last.count + (kind != "unusable"))
+                                        last.count + (kind not in UNCOUNTED_REPLAN_KINDS))
 
     def replan(self, members: Mapping[str, ms.Member], now: float, settled: float,
                links: Sequence[LinkStatus]) -> bool:
@@ -333,6 +339,8 @@ class PipelinePlan:
         if planned.stages == self.plan:
             self._left_out({n: planned.left_out.get(n, "the planner leaves it out")
                             for n in spares}, self.plan)
+            if self.last_replan.kind == "unusable":  # its note would outlive its cause
+                self._replanned("kept", f"the plan stands: {found.describe(objective)}")
             return True
         if not found.worth_it:
             self._replanned("not_applied", f"re-plan not applied: {found.describe(objective)}")

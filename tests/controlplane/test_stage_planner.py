@@ -324,6 +324,26 @@ def test_a_planner_that_cannot_place_is_no_re_plan(export: Path) -> None:
     assert unusable.note in fleet.plan.describe()
 
 
+def test_a_planner_that_can_place_again_says_the_plan_stands(export: Path) -> None:
+    fleet = Fleet(export)
+    fleet.add(HEAD, 2)
+    fleet.add("a", 2, layer_s=4e-3)
+    fleet.place()
+    fleet.serve()
+    fleet.add("b", 2, record=fleet.record(shape="another-shape"))
+    fleet.rebalance()
+    assert fleet.plan.last_replan.kind == "unusable"
+    plan = dict(fleet.plan.plan)
+    fleet.members["b"].profile = fleet.record(layer_s=40e-3, measured_at=2.0)  # far slower
+    fleet.rebalance()
+    kept = fleet.plan.last_replan
+    assert fleet.plan.plan == plan and fleet.plan.pending is None
+    assert (kept.kind, kept.count) == ("kept", 0)  # said, not counted
+    assert kept.note.startswith("the plan stands: ")
+    assert "no re-plan" not in fleet.plan.describe()
+    assert "b" in fleet.plan.left_out
+
+
 def test_a_lower_threshold_applies_the_same_re_plan(export: Path) -> None:
     fleet = joined_faster(export, 1.05, gain=0.01)
     fleet.rebalance()
