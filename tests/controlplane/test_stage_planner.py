@@ -310,13 +310,19 @@ def test_a_re_plan_below_the_gain_threshold_is_logged_with_both_predictions(
     assert "re-plan" not in caplog.text
 
 
-def test_a_planner_that_cannot_place_is_no_re_plan(export: Path) -> None:
+def planner_unusable(export: Path) -> Fleet:
+    """A serving fleet joined by node b, whose profile is of another shape."""
     fleet = Fleet(export)
     fleet.add(HEAD, 2)
     fleet.add("a", 2, layer_s=4e-3)
     fleet.place()
     fleet.serve()
     fleet.add("b", 2, record=fleet.record(shape="another-shape"))
+    return fleet
+
+
+def test_a_planner_that_cannot_place_is_no_re_plan(export: Path) -> None:
+    fleet = planner_unusable(export)
     fleet.rebalance()  # (a stage is given back by memory instead)
     unusable = fleet.plan.last_replan
     assert (unusable.kind, unusable.count) == ("unusable", 0)  # said, not counted
@@ -325,12 +331,7 @@ def test_a_planner_that_cannot_place_is_no_re_plan(export: Path) -> None:
 
 
 def test_a_planner_that_can_place_again_says_the_plan_stands(export: Path) -> None:
-    fleet = Fleet(export)
-    fleet.add(HEAD, 2)
-    fleet.add("a", 2, layer_s=4e-3)
-    fleet.place()
-    fleet.serve()
-    fleet.add("b", 2, record=fleet.record(shape="another-shape"))
+    fleet = planner_unusable(export)
     fleet.rebalance()
     assert fleet.plan.last_replan.kind == "unusable"
     plan = dict(fleet.plan.plan)
