@@ -1,7 +1,7 @@
 """Mixture of experts: does a decode step read only the experts its token was routed to?
 
-Three random models of Qwen3-30B-A3B's layer shape (tools/harness/random_moe.py), exported
-INT4 in one stage each and run in this process: 128 experts, 256 experts (the same 8
+Three random models of Qwen3-30B-A3B's layer shape (tools.moe.models, the models of `zctl
+bench moe`), exported INT4 in one stage each and run in this process: 128 experts, 256 experts (the same 8
 active), and a dense model with as many MLP weights as the 128-expert one (an MLP 128 x 768
 wide). If a step computed every expert, doubling the experts would double the experts'
 share of its time; computing only the routed ones, it costs about the same. The dense
@@ -27,9 +27,8 @@ import typer
 
 from tools.harness.options import Json, Precision, Runs, Tokens
 from tools.harness.stats import paired_ratio
+from tools.moe.models import MOE_MODELS, moe_model
 
-MODELS = {"experts-128": dict(experts=128), "experts-256": dict(experts=256),
-          "dense-equal": dict(experts=128, dense=True)}
 PROMPT, PREFILL = 16, 128
 
 
@@ -71,21 +70,10 @@ def main(layers: Annotated[int, typer.Option(help="decoder layers of each model"
          as_json: Json = False,
          keep: Annotated[Path | None, typer.Option(help="keep the models and exports here")]
          = None) -> None:
-    from exporter.export import export_model
-    from exporter.sources import open_source
-    from tools.harness.random_moe import write_random_moe
-
     with tempfile.TemporaryDirectory() as scratch:
-        root = keep or Path(scratch)
-        timed: dict[str, _Timed] = {}
-        for name, shape in MODELS.items():
-            model_dir = root / name / "model"
-            export_dir = root / name / "int4"
-            if not (export_dir / "manifest.json").is_file():
-                write_random_moe(model_dir, layers=layers, **shape)
-                export_model(open_source(str(model_dir)), [(0, layers)], "int4", export_dir,
-                             force=True)
-            timed[name] = _Timed(export_dir, precision)
+        root = keep or Path(scratch)  # the checkpoints and their exports' cache
+        timed = {name: _Timed(moe_model(name, layers, root).export(1, "int4"), precision)
+                 for name in MOE_MODELS}
         ids = np.random.default_rng(0).integers(4, 384, PREFILL + PROMPT + tokens)
         for model in timed.values():  # warm every shape up once: not counted
             model.prefill_ms(ids)
