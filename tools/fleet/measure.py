@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tools.fleet.cases import MODEL, STREAMS, WEIGHTS, Arm, round_order
+from tools.harness.cluster import PROFILE_BUDGET_S
 from tools.harness.report import err
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 WARMUP_TOKENS = 8
 SETTLE_S = 3.0  # a settled placement must hold this long
-PROFILE_BUDGET_S = 120.0  # a node at a quarter of a core overruns the default 30 s
 
 
 @dataclass
