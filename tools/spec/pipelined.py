@@ -54,7 +54,7 @@ from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, Model, Runs, Weights, fail
 from tools.harness.report import err, metric_table, print_result, run_record
 from tools.harness.service import bench_request, generate_done
-from tools.harness.stats import median, paired_ratio
+from tools.harness.stats import median, paired_ratio, rounded
 from tools.spec.prompts import PROMPTS
 from zctl.engine.requests import MAX_DRAFT_TOKENS
 
@@ -108,9 +108,8 @@ def rotated(names: Sequence[str], run: int) -> list[str]:
 
 def ratio(samples: Mapping[str, Sequence[Sample]], a: str, b: str) -> float | None:
     """a over b, paired run by run (``paired_ratio``); None unless both were measured."""
-    if not samples.get(a) or not samples.get(b):
-        return None
-    return paired_ratio([s.tok_s for s in samples[a]], [s.tok_s for s in samples[b]])
+    return paired_ratio([s.tok_s for s in samples.get(a, ())],
+                        [s.tok_s for s in samples.get(b, ())])
 
 
 def same_as(samples: Mapping[str, Sequence[Sample]], system: str,
@@ -134,7 +133,7 @@ def prompt_entry(name: str, samples: Mapping[str, Sequence[Sample]]) -> dict[str
     and the speculative systems' figures (``spec_medians``)."""
     entry: dict[str, Any] = {"name": name, "tok_s": {
         s: round(median([x.tok_s for x in v]), 2) for s, v in samples.items() if v}}
-    entry.update({key: ratio(samples, a, b) for key, a, b in RATIOS})
+    entry.update({key: rounded(ratio(samples, a, b)) for key, a, b in RATIOS})
     entry["identical"] = all_true([same_as(samples, s) for s in COMPARED])
     entry["identical_by_system"] = {s: same_as(samples, s) for s in COMPARED if samples.get(s)}
     entry["genai_identical"] = same_as(samples, "genai")
