@@ -59,6 +59,7 @@ from rich.table import Table
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.synthetic import LayerShape
 from tools.harness.options import Json, fail, parse_numbers
+from tools.harness.order import rotated
 from tools.harness.report import err, print_result, run_record
 
 CASES = ("fc", "chain", "stage", "runner")
@@ -205,7 +206,7 @@ def alternated_us(calls: Mapping[str, Call], iters: int, warmup: int = 20) -> di
             calls[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(iters):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in rotated(names, i):
             start = time.perf_counter()
             calls[name]()
             times[name].append(time.perf_counter() - start)

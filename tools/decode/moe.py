@@ -26,6 +26,7 @@ import numpy as np
 import typer
 
 from tools.harness.options import Json, Precision, Runs, Tokens
+from tools.harness.order import rotated
 from tools.harness.stats import paired_ratio, rounded
 from tools.moe.models import MOE_MODELS, moe_model
 
@@ -82,7 +83,7 @@ def main(layers: Annotated[int, typer.Option(help="decoder layers of each model"
         prefill: dict[str, list[float]] = {name: [] for name in timed}
         names = list(timed)
         for run in range(runs):  # interleaved, the order turning: noise hits all alike
-            for name in names[run % len(names):] + names[:run % len(names)]:
+            for name in rotated(names, run):
                 decode[name].append(timed[name].decode_ms(ids, tokens))
                 prefill[name].append(timed[name].prefill_ms(ids))
         results = {name: {"int4_mb": round(timed[name].int4_mb),

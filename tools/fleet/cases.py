@@ -105,15 +105,6 @@ COMPARISONS: tuple[Comparison, ...] = (
 )
 
 
-def round_order(arms: list[str], round_index: int) -> list[str]:
-    """The arms in round ``round_index``'s order: rotated by one each round, so that no arm
-    always runs first (or right after a given one)."""
-    if not arms:
-        return []
-    k = round_index % len(arms)
-    return arms[k:] + arms[:k]
-
-
 def targets(comparisons: tuple[Comparison, ...],
             runs: Mapping[str, Mapping[int, Sequence[float]]]) -> dict[str, dict[str, object]]:
     """Each comparison's target at each stream count: ``{value, target, met}``, the value

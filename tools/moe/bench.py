@@ -30,6 +30,7 @@ from rich.table import Table
 
 from tools.harness.models import PROMPT, plugin_properties
 from tools.harness.options import Json, Precision, Runs, Threads, Tokens, fail
+from tools.harness.order import rotated
 from tools.harness.report import err, run_record
 from tools.harness.stats import rounded
 from tools.moe.models import moe_model
@@ -101,8 +102,7 @@ def interleaved_runs(systems: dict[str, System], runs: int) -> dict[str, list[fl
     samples: dict[str, list[float]] = {name: [] for name in systems}
     others = [name for name in systems if name != "baseline"]
     for run in range(runs):
-        turn = run % len(others)
-        order = others[turn:] + others[:turn]
+        order = rotated(others, run)
         if "baseline" in systems:
             order = ["baseline", *order, "baseline"]
         for name in order:

@@ -51,6 +51,7 @@ from rich.table import Table
 
 from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, Model, Runs, Weights, fail
+from tools.harness.order import rotated
 from tools.harness.report import print_result, run_record
 from tools.harness.service import generate_done
 from tools.harness.stats import paired_ratio, rounded
@@ -183,7 +184,7 @@ def measure_auto(serve: str, runs: int) -> list[dict[str, Any]]:
     for question in AUTO_QUESTIONS:
         samples: dict[bool, list[Any]] = {True: [], False: []}
         for r in range(runs):
-            for held in ((True, False) if r % 2 == 0 else (False, True)):
+            for held in rotated((True, False), r):
                 samples[held].append(run(question, held))
         entries.append({
             "question": question, "auto_tok_s": statistics.median(d.tok_s for d in samples[True]),

@@ -52,6 +52,7 @@ from rich.table import Table
 
 from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, Model, Runs, Weights, fail
+from tools.harness.order import rotated
 from tools.harness.report import err, metric_table, print_result, run_record
 from tools.harness.service import bench_request, generate_done
 from tools.harness.stats import median, paired_ratio, rounded
@@ -98,12 +99,6 @@ def parse_systems(text: str) -> list[str]:
     if unknown or not names:
         fail(f"--systems takes a comma-separated subset of {','.join(SYSTEMS)}, got {text!r}")
     return [s for s in SYSTEMS if s in names]
-
-
-def rotated(names: Sequence[str], run: int) -> list[str]:
-    """``names`` rotated by ``run`` places: every system goes first in turn."""
-    shift = run % len(names) if names else 0
-    return list(names[shift:]) + list(names[:shift])
 
 
 def ratio(samples: Mapping[str, Sequence[Sample]], a: str, b: str) -> float | None:

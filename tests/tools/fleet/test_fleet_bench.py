@@ -1,4 +1,4 @@
-"""zctl bench fleet's pure parts: the arms and comparisons, their order, the targets'
+"""zctl bench fleet's pure parts: the arms and comparisons, the targets'
 arithmetic and the report's ratios."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from tools.fleet.cases import (
     STREAMS,
     Arm,
     Comparison,
-    round_order,
     targets,
 )
 from tools.fleet.measure import arm_cpu_lists
@@ -47,12 +46,6 @@ def test_a_bad_comparison_is_refused() -> None:
         Comparison("x", "faster", "a", "b", 1.3)
     with pytest.raises(ValueError, match="bound > 0"):
         Comparison("x", "speedup", "a", "b", 0)
-
-
-def test_rounds_rotate_the_arms() -> None:
-    arms = ["a", "b", "c"]
-    assert [round_order(arms, r)[0] for r in range(4)] == ["a", "b", "c", "a"]
-    assert sorted(round_order(arms, 2)) == arms and round_order([], 1) == []
 
 
 def test_no_drop_is_met_down_to_five_percent_below_and_speedup_from_its_bound() -> None:
