@@ -179,7 +179,8 @@ class NodeAgent:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Leave the cluster, stop the stage, close the socket and the locator."""
+        """Leave the cluster, stop the stage, close the socket and the locator; a link
+        probe in flight ends within link_probe.POLL_MS (it waits on the same stop)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -490,7 +491,7 @@ class NodeAgent:
         """Time the link to ``msg.peer`` (on the probe thread)."""
         try:
             link = link_from_samples(probe(self._ctx, msg.peer_addr, msg.sizes, msg.rounds,
-                                           msg.timeout_s, self.config.link))
+                                           msg.timeout_s, self.config.link, stop=self._stop))
         except (ProbeError, ProfileError) as exc:
             return LinkReport(msg.probe_id, msg.peer, False, error=str(exc))
         return LinkReport(msg.probe_id, msg.peer, True, link.rtt_s, link.forward_bps,

@@ -570,7 +570,8 @@ class Coordinator:
     def _probe_own(self, job: Probe, sizes: list[int]) -> LinkProfile:
         """Time this machine's link to ``job.b`` (on the probe thread)."""
         return link_from_samples(probe(self._ctx, job.b_addr, sizes, self.links.rounds,
-                                       self.links.timeout_s, self.config.link))
+                                       self.links.timeout_s, self.config.link,
+                                       stop=self._stop))
 
     def _advance(self) -> None:
         now = time.monotonic()
