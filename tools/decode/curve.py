@@ -26,6 +26,7 @@ from dataplane.wire.transport import (
 )
 from tools.harness.options import Json
 from tools.harness.order import rotated
+from tools.harness.stats import paired_ratio, rounded
 
 HEADER, PAYLOAD = b"h" * 130, b"x" * 2304  # a 1-token SmolLM2 step frame
 
@@ -75,8 +76,7 @@ def main(runs: Annotated[int, typer.Option(help="alternated runs of each")] = 5,
             (curve if use_curve else plain).append(round_trip_us(use_curve, messages))
     result = {"plain_rtt_us": round(statistics.median(plain), 1),
               "curve_rtt_us": round(statistics.median(curve), 1),
-              "curve_over_plain": round(statistics.median(c / p for c, p in zip(curve, plain,
-                                                                                  strict=True)), 3),
+              "curve_over_plain": rounded(paired_ratio(curve, plain)),
               "samples": {"plain": [round(v, 1) for v in plain],
                           "curve": [round(v, 1) for v in curve]}}
     print(json.dumps(result) if as_json else

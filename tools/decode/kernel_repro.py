@@ -61,6 +61,7 @@ from dataplane.runtime.synthetic import LayerShape
 from tools.harness.options import Json, fail, parse_numbers
 from tools.harness.order import rotated
 from tools.harness.report import err, print_result, run_record
+from tools.harness.stats import paired_ratio, rounded
 
 CASES = ("fc", "chain", "stage", "runner")
 WEIGHTS = ("int4", "int8")
@@ -449,9 +450,8 @@ def runner_case(export_dir: Path, thread_settings: Sequence[int], tokens: int, r
         "export": str(export_dir), "against": str(against) if against else None,
         "tokens": tokens, "rounds": rounds, "load": loads,
         "step_ms": {key: [round(v, 3) for v in values] for key, values in step_ms.items()},
-        "over_first": {key: round(statistics.median(
-            [a / b for a, b in zip(step_ms[first], values, strict=True)]), 3)
-            for key, values in step_ms.items()}}
+        "over_first": {key: rounded(paired_ratio(step_ms[first], values))
+                       for key, values in step_ms.items()}}
     if llama is not None:
         binary, gguf = llama
         threads = thread_settings[0] or len(os.sched_getaffinity(0))
