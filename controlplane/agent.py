@@ -78,6 +78,7 @@ from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
 from controlplane.sockets import dealer_socket
 from dataplane.wire.transport import PipeOptions
+from zctl.endpoints import tcp_address
 from zctl.manifest import ManifestError, load_manifest
 from zctl.paths import zctl_home
 
@@ -141,7 +142,7 @@ class NodeAgent:
         host = config.data_host or route_host(endpoint_host(config.coordinator))
         self.host = host
         port = choose_data_port(host, config.state_dir, config.data_port)
-        self.data_addr = f"tcp://{host}:{port}"
+        self.data_addr = tcp_address(host, port)
         self.openvino = config.openvino or openvino_version()
         self.devices = probe_devices()
         self.state = "disconnected"  # enrolling, enrolled, refused, stopped

@@ -90,5 +90,6 @@ def test_the_coordinator_s_host_is_read_from_its_endpoint() -> None:
     assert endpoint_host("tcp://[::1]:5555") == "::1"
     assert endpoint_host("tcp://[fe80::1%eth0]:5550") == "fe80::1%eth0"
     assert endpoint_host("tcp://pc-a.local:5550") == "pc-a.local"
+    assert endpoint_host("tcp://127.0.0.1:*") == "127.0.0.1"  # a coordinator's bind, any port
     with pytest.raises(ValueError, match="is not a tcp://HOST:PORT address"):
         endpoint_host("tcp://[::1]")  # no port: not taken for host "[:" and port 1

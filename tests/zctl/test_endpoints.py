@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zctl.endpoints import split_address, tcp_address
+from zctl.endpoints import split_address, split_bind_address, tcp_address
 
 
 def test_an_endpoint_splits_into_host_and_port() -> None:
@@ -32,3 +32,14 @@ def test_an_address_is_written_with_an_ipv6_host_in_brackets() -> None:
 def test_an_address_without_host_or_with_a_port_out_of_range_is_refused(host, port) -> None:
     with pytest.raises(ValueError, match="no tcp://HOST:PORT address"):
         tcp_address(host, port)
+
+
+def test_an_address_to_bind_may_ask_for_any_free_port() -> None:
+    assert split_bind_address("tcp://127.0.0.1:*") == ("127.0.0.1", None)
+    assert split_bind_address("tcp://[::1]:*") == ("::1", None)
+    assert split_bind_address("tcp://[::1]:5550") == ("::1", 5550)
+    with pytest.raises(ValueError, match="is not a tcp://HOST:PORT address"):
+        split_address("tcp://127.0.0.1:*")  # an address to connect to names its port
+    for bad in ("tcp://:*", "tcp://h:**", "tcp://h:"):
+        with pytest.raises(ValueError, match="is not a tcp://HOST:PORT address"):
+            split_bind_address(bad)
