@@ -170,7 +170,7 @@ class ModelSource:
         """SourceError unless every layer stores the experts its config gives it: its
         num_experts in a mixture-of-experts layer, none in a dense one (read from the
         tensors' names and first dimensions only, no weight loaded)."""
-        if not self.family.moe:
+        if not self.family.has_experts:
             return
         shape = self.decoder_shape()
         names = self.tensor_names()
