@@ -17,11 +17,11 @@ the experts. The plugin rewrites it into two GatherMatmul nodes (each with its b
 by the top-k indices, so a step computes and reads only the experts its rows chose; the
 stacked weights stay ordinary MatMul constants that NNCF compresses.
 
-The gate and up rows stay interleaved, sliced with step 2 as Hugging Face does: reordered
-into two contiguous halves (gate rows first), the two Slices of one tensor become a
-VariadicSplit by OpenVINO's common optimisations before the MoE pass runs, the pattern no
-longer matches, and the experts run densely (checked on 2026.4.1: no GatherMatmul).
-x * sigmoid(alpha * x) is Swish(x, alpha) in the converted graph already.
+The gate and up rows stay interleaved, sliced with step 2 as Hugging Face does. Reordered
+into two contiguous halves (gate rows first) the pattern did not match on 2026.4.1 (no
+GatherMatmul: every expert computed); we think the plugin merges two contiguous Slices of
+one tensor into a split before the MoE pass runs. x * sigmoid(alpha * x) is already
+Swish(x, alpha) in the converted graph.
 """
 
 from __future__ import annotations
