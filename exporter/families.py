@@ -66,6 +66,17 @@ class Family:
     def has_experts(self) -> bool:
         """Its layers may hold a mixture of experts (whose weights the checkpoint stacks)."""
         return self.moe or self.gpt_oss
+
+    @property
+    def layer_tensors(self) -> tuple[str, ...]:
+        """Tensors every layer must store beyond Llama's (names under ``model.layers.{i}.``),
+        biases among them: a checkpoint lacking one is refused before a stage is written."""
+        if not self.gpt_oss:
+            return ()
+        return (ATTENTION + "sinks", MLP + "router.weight", MLP + "router.bias",
+                MLP + "experts.gate_up_proj", MLP + "experts.gate_up_proj_bias",
+                MLP + "experts.down_proj", MLP + "experts.down_proj_bias")
+
     def fused_part(self, name: str, q_rows: int, kv_rows: int, mlp_rows: int
                    ) -> FusedPart | None:
         """Where the Llama-named tensor ``name`` (``...self_attn.k_proj.weight``) lies in

@@ -271,3 +271,22 @@ def test_experts_of_another_count_than_the_config_are_refused(model_dir: Path,
     with pytest.raises(SourceError, match="layer 0 stores 8 experts, and its config makes it "
                        "a mixture of 6"):
         open_source(str(tmp_path / "model"))
+
+
+@pytest.mark.parametrize("dropped", ["self_attn.sinks", "mlp.router.bias",
+                                     "mlp.experts.down_proj_bias"])
+def test_a_checkpoint_lacking_a_gpt_oss_tensor_is_refused(model_dir: Path, tmp_path: Path,
+                                                          dropped: str) -> None:
+    """A layer without its sinks or a bias is refused, naming the layer and the tensor,
+    before a stage is written (never exported as if the sinks or the bias were zero)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, tmp_path / "model")
+    weights = load_file(tmp_path / "model" / "model.safetensors")
+    del weights[f"model.layers.3.{dropped}"]
+    save_file(weights, tmp_path / "model" / "model.safetensors")
+    with pytest.raises(SourceError, match=f"layer 3 stores no {dropped} "):
+        export_model(open_source(str(tmp_path / "model")), SPLIT, "fp32", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
