@@ -6,7 +6,8 @@ names (Phi-3 stores Q/K/V and gate/up fused), which extra tensors its layers car
 (Qwen3's per-head RMSNorm on queries and keys), how long a context the export reproduces
 exactly (a sliding window over every layer caps it), how its layers differ (Gemma 3's
 norms, GeGLU MLP, scaled embedding, and sliding-window layers turning with RoPE
-frequencies of their own, Qwen3-MoE's sparse mixture-of-experts layers), and which
+frequencies of their own, Qwen3-MoE's sparse mixture-of-experts layers, gpt-oss's
+attention sinks, alternating sliding windows and clamped-SwiGLU experts), and which
 options of its config the stage module does not implement: a model using one is refused,
 naming the option, never exported wrong.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from exporter.gpt_oss_moe_block import ClampedSwiGLU
 
 ATTENTION, MLP = "self_attn.", "mlp."
 
@@ -53,6 +56,26 @@ class Family:
     # Qwen3-MoE: the MLP of the layers decoder_sparse_step and mlp_only_layers choose is a
     # sparse mixture of SwiGLU experts (a router, softmax, top-k, optionally renormalised)
     moe: bool = False
+    # gpt-oss: attention sinks (a learned logit per head in every softmax), biases on the
+    # attention's projections, layer_types alternating sliding-window and full layers (one
+    # RoPE table), and every layer's MLP a mixture of experts: a biased router, a softmax
+    # over the top-k logits, clamped-SwiGLU experts with biases (exporter.gpt_oss_moe_block)
+    gpt_oss: bool = False
+
+    @property
+    def has_experts(self) -> bool:
+        """Its layers may hold a mixture of experts (whose weights the checkpoint stacks)."""
+        return self.moe or self.gpt_oss
+
+    @property
+    def layer_tensors(self) -> tuple[str, ...]:
+        """Tensors every layer must store beyond Llama's (names under ``model.layers.{i}.``),
+        biases among them: a checkpoint lacking one is refused before a stage is written."""
+        if not self.gpt_oss:
+            return ()
+        return (ATTENTION + "sinks", MLP + "router.weight", MLP + "router.bias",
+                MLP + "experts.gate_up_proj", MLP + "experts.gate_up_proj_bias",
+                MLP + "experts.down_proj", MLP + "experts.down_proj_bias")
 
     def fused_part(self, name: str, q_rows: int, kv_rows: int, mlp_rows: int
                    ) -> FusedPart | None:
@@ -82,6 +105,8 @@ class Family:
         options: dict[str, Any] = {"qk_norm": self.qk_norm}
         if self.moe:
             return {**options, **_moe_options(config)}
+        if self.gpt_oss:
+            return {**options, **_gpt_oss_options(config)}
         if not self.gemma:
             return options
         sliding = tuple(i for i, kind in enumerate(config.layer_types)
@@ -109,6 +134,7 @@ FAMILIES = (
     Family("Phi3ForCausalLM", "phi3", fused_checkpoint=True, window_on_every_layer=True),
     Family("Gemma3ForCausalLM", "gemma3_text", qk_norm=True, gemma=True),
     Family("Qwen3MoeForCausalLM", "qwen3_moe", qk_norm=True, moe=True),
+    Family("GptOssForCausalLM", "gpt_oss", gpt_oss=True),
 )
 SUPPORTED_ARCHITECTURES = {family.architecture: family.model_type for family in FAMILIES}
 
@@ -150,6 +176,19 @@ def _moe_options(config: Any) -> dict[str, Any]:
             "expert_intermediate": int(config.moe_intermediate_size),
             "norm_topk_prob": bool(getattr(config, "norm_topk_prob", False)),
             "sparse_layers": sparse}
+
+
+def _gpt_oss_options(config: Any) -> dict[str, Any]:
+    sliding = tuple(i for i, kind in enumerate(config.layer_types) if kind == "sliding_attention")
+    return {"attention_sinks": True,
+            "sliding_window": int(config.sliding_window) if sliding else 0,
+            "sliding_layers": sliding,
+            "experts": int(config.num_local_experts),
+            "active_experts": int(config.num_experts_per_tok),
+            "expert_intermediate": int(config.intermediate_size),
+            "sparse_layers": tuple(range(int(config.num_hidden_layers))),
+            "clamped_swiglu": ClampedSwiGLU(float(config.swiglu_alpha),
+                                            float(config.swiglu_limit))}
 
 
 def stored_experts(names: Iterable[str], layer: int) -> set[int]:
@@ -250,12 +289,51 @@ def _moe_routing(config: Any) -> list[str]:
     return complaints
 
 
+def _gpt_oss_layers(config: Any) -> list[str]:
+    kinds = list(getattr(config, "layer_types", None) or [])
+    complaints = [f"layer type {kind!r} (layers are {' or '.join(GEMMA_LAYER_TYPES)})"
+                  for kind in sorted(set(kinds)) if kind not in GEMMA_LAYER_TYPES]
+    if len(kinds) != int(config.num_hidden_layers):
+        complaints.append(f"{len(kinds)} layer_types for {config.num_hidden_layers} layers")
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in kinds and (window is None or int(window) < 1):
+        complaints.append(f"sliding layers with sliding_window {window}")
+    return complaints
+
+
+def _gpt_oss_experts(config: Any) -> list[str]:
+    experts = int(getattr(config, "num_local_experts", 0) or 0)
+    active = int(getattr(config, "num_experts_per_tok", 0) or 0)
+    limit = getattr(config, "swiglu_limit", None)
+    complaints = []
+    if experts < 1:
+        complaints.append(f"num_local_experts {experts} (every layer is a mixture of experts)")
+    elif not 1 <= active <= experts:
+        complaints.append(f"num_experts_per_tok {active} (a token routes to 1 to "
+                          f"num_local_experts = {experts} experts)")
+    if limit is None or float(limit) <= 0:
+        complaints.append(f"swiglu_limit {limit} (the experts clamp to a positive limit)")
+    return complaints
+
+
+def _quantized(config: Any) -> list[str]:
+    """A checkpoint whose weights are stored quantized (gpt-oss's MXFP4 experts)."""
+    quantization = getattr(config, "quantization_config", None)
+    if not quantization:
+        return []
+    method = (quantization.get("quant_method") if isinstance(quantization, dict)
+              else getattr(quantization, "quant_method", None))
+    return [f"quantization_config {str(method or '?')!r} (its weights are read as plain "
+            "f32/bf16/f16 tensors)"]
+
+
 LLAMA_CHECKS: tuple[Callable[[Any], list[str]], ...] = (_activation, _rope_type)
 FAMILY_CHECKS: dict[str, tuple[Callable[[Any], list[str]], ...]] = {
     "qwen2": LLAMA_CHECKS + (_sliding_layers,),
     "qwen3": LLAMA_CHECKS + (_sliding_layers,),
     "qwen3_moe": LLAMA_CHECKS + (_sliding_layers, _moe_routing),
     "gemma3_text": (_gemma_activation, _gemma_layers, _gemma_rope),
+    "gpt_oss": (_rope_type, _gpt_oss_layers, _gpt_oss_experts, _quantized),
 }
 
 

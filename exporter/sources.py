@@ -166,14 +166,23 @@ class ModelSource:
         value = self.tensor(name)
         return None if value is None else int(value.shape[0])
 
-    def check_experts(self) -> None:
-        """SourceError unless every layer stores the experts its config gives it: its
+    def check_layers(self) -> None:
+        """SourceError unless every layer stores its family's own tensors (gpt-oss's sinks,
+        router and expert biases) and the experts its config gives it: its
         num_experts in a mixture-of-experts layer, none in a dense one (read from the
         tensors' names and first dimensions only, no weight loaded)."""
-        if not self.family.moe:
+        if not self.family.has_experts:
             return
         shape = self.decoder_shape()
         names = self.tensor_names()
+        stored = set(names)
+        for layer in range(self.num_layers):
+            missing = [name for name in self.family.layer_tensors
+                       if f"model.layers.{layer}.{name}" not in stored]
+            if missing:
+                raise SourceError(f"{self.location}: layer {layer} stores no "
+                                  f"{', '.join(missing)} (a {self.family.model_type} layer has "
+                                  "them)")
         for layer in range(self.num_layers):
             want = shape.experts if layer in shape.sparse_layers else 0
             stacked = self.tensor_rows(f"model.layers.{layer}.mlp.experts.gate_up_proj")
@@ -295,7 +304,7 @@ class SafetensorsSource(ModelSource):
             self.generation_config = None
         self._where = self._index()
         self._handles: dict[str, Any] = {}
-        self.check_experts()
+        self.check_layers()
 
     def _index(self) -> dict[str, str]:
         index = self.path / "model.safetensors.index.json"
@@ -369,7 +378,7 @@ class GGUFSource(ModelSource):
         self.generation_config = getattr(self._model, "generation_config", None)
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
         self._state = self._model.state_dict()
-        self.check_experts()
+        self.check_layers()
 
     def _metadata(self) -> dict[str, Any]:
         """The file's metadata of its architecture (``{arch}.…``), by key without the prefix."""

@@ -43,7 +43,7 @@ class ModelSpec:
     rope_local_inv_freq: tuple[float, ...] = ()
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
-    # A mixture of experts (Qwen3-MoE): its experts, how many a token runs, their width.
+    # A mixture of experts (Qwen3-MoE, gpt-oss): its experts, how many a token runs, their width.
     experts: int = 0
     active_experts: int = 0
     expert_intermediate: int = 0
