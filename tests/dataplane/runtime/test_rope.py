@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataplane.runtime.rope import RopeRows, rope_tables
+from dataplane.runtime.rope import RopeRows, StageRope, StageRopeRows, rope_tables
 
 
 @pytest.mark.parametrize("rope", [
@@ -49,3 +49,77 @@ def test_rope_rows_are_the_tables_rows(scaling: float) -> None:
         assert len(rows._blocks) <= 2
     with pytest.raises(ValueError, match=">= 0"):
         rows.one(-1)
+
+
+def _phi3_longrope(short_context: int = 16):
+    """A Phi-3 config with LongRoPE (short and long factors random, not equal) over the
+    first 12 of its 16-wide heads, and Hugging Face's rotary module of it."""
+    from transformers import AutoConfig
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    rng = np.random.default_rng(1)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": rng.uniform(1, 2, 6).tolist(),
+            "long_factor": rng.uniform(2, 8, 6).tolist(),
+            "original_max_position_embeddings": short_context}
+    config = AutoConfig.for_model("phi3", hidden_size=64, num_attention_heads=4,
+                                  max_position_embeddings=512, rope_parameters=rope,
+                                  original_max_position_embeddings=short_context,
+                                  pad_token_id=None)
+    return config, Phi3RotaryEmbedding(config)
+
+
+def _stage_rope(config, rotary) -> StageRope:
+    """The StageRope an export of ``config`` records (exporter.sources' way)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    short_context = config.rope_parameters["original_max_position_embeddings"]
+    long, _ = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=short_context + 1)
+    return StageRope(rotary.original_inv_freq.numpy(), long.numpy(), short_context,
+                     rotary.attention_scaling)
+
+
+def test_longrope_picks_each_steps_set_as_hugging_face() -> None:
+    """Each step's rows (here each a step of its own for Hugging Face's rotary module, as
+    the rows of a row group are separate sequences) turn with the short set while the
+    row's highest position is below original_max_position_embeddings (16), else with the
+    long one, every token of the row alike: a prompt of 16, one of 17 (positions 0 to 15
+    long), decode steps at 15 and 16, a verification step spanning 16."""
+    torch = pytest.importorskip("torch")
+    config, rotary = _phi3_longrope(16)
+    rope = _stage_rope(config, rotary)
+    assert rope.width == 12 and not np.array_equal(rope.short, rope.long)
+    steps = [np.arange(16), np.arange(17), np.array([15]), np.array([16]), np.arange(13, 18)]
+    for positions in steps:
+        want_cos, want_sin = rotary(torch.zeros(1), torch.from_numpy(positions)[None])
+        cos, sin = rope.tables(positions[None])
+        np.testing.assert_allclose(cos, want_cos.numpy(), rtol=0, atol=2e-6)
+        np.testing.assert_allclose(sin, want_sin.numpy(), rtol=0, atol=2e-6)
+        # the same rows, in a row group of two or ragged after another row: as alone
+        other = np.array([[40] * positions.size])
+        rows_cos, _ = rope.tables(np.concatenate((other, positions[None])))
+        assert np.array_equal(rows_cos[1], cos[0])
+        flat = np.concatenate(([3, 4], positions))[None]
+        ragged_cos, _ = rope.tables(flat, [2, positions.size])
+        assert np.array_equal(ragged_cos[0, 2:], cos[0])
+        assert np.array_equal(ragged_cos[0, :2], rope.tables(np.array([[3, 4]]))[0][0])
+    # the sets differ where it matters: position 15 alone and in a step reaching 16
+    assert not np.array_equal(rope.tables(np.array([[15]]))[0][0, 0],
+                              rope.tables(np.array([[15, 16]]))[0][0, 0])
+
+
+def test_longrope_rows_keep_a_cache_per_set() -> None:
+    """A one-token step's row (its position is its step's highest) comes from the set its
+    position picks, each set's blocks cached apart."""
+    pytest.importorskip("torch")
+    rope = _stage_rope(*_phi3_longrope(300))
+    rows = StageRopeRows(rope, max_blocks=2)
+    for position in (0, 299, 300, 301, 1000, 5):
+        cos, sin = rows.one(position)
+        want_cos, want_sin = rope.tables(np.array([[position]]))
+        assert np.array_equal(cos, want_cos) and np.array_equal(sin, want_sin)
+    assert rows.long is not None
+    assert set(rows.short._blocks) == {0, 1} and set(rows.long._blocks) == {1, 3}
+    plain = StageRopeRows(StageRope(rope.short))  # no long set: every position short
+    assert plain.long is None and np.array_equal(plain.one(1000)[0],
+                                                 rope_tables(np.array([[1000]]), rope.short)[0])
