@@ -466,8 +466,7 @@ class PagedStageRunner:
         if flat_positions.size == 1:
             cos, sin = self._rope_rows.one(int(flat_positions[0]))
         else:
-            # each row's RoPE set (LongRoPE), or each token's for one-query tokens: as decode steps
-            cos, sin = self.rope.tables(flat_positions[None], [1] * total if one_query else counts)
+            cos, sin = self.rope.tables(flat_positions[None], counts)  # each row's RoPE set
         bound.put("rope_cos", cos.reshape(total + pad, 1, -1))
         bound.put("rope_sin", sin.reshape(total + pad, 1, -1))
         self._bind_tables(bound, attention, pads)

@@ -12,10 +12,18 @@ LongRoPE (``StageRope``) has two sets of frequencies, the short factors' and the
 factors'. Hugging Face picks one per forward pass from the step's highest position: the
 long set once that position reaches original_max_position_embeddings
 (``rope_short_context``), for every token of the step; the keys already cached keep the
-rotation they were made with. zctl picks it per row of a step the same way: the rows of
-a row group are separate sequences, and each row's choice is the one Hugging Face makes
-for that sequence stepped alone (a Hugging Face batch would take the highest position of
-the whole batch).
+rotation they were made with. zctl computes every token as Hugging Face's greedy
+generation does, a prompt in one pass and then one token a pass: a row's step that starts
+a sequence (its first position is 0: a prompt, or its first piece) turns with the set its
+highest position picks; any other step's tokens each turn with the set of their own
+position, as the one-token steps computing them one by one would. So a verification step
+spanning the threshold (speculation) turns its tokens as plain decoding does, and a
+rewind drops keys whose rotation the recomputed tokens would pick again. The rows of a
+row group are separate sequences: each row picks for itself, as it would stepped alone (a
+Hugging Face batch would take the highest position of the whole batch). A prompt longer
+than the threshold prefilled in several pieces (a chunked prefill, or the rest of a
+prefix-cache hit) turns its tokens below the threshold with the short set, where Hugging
+Face's one pass turns the whole prompt with the long one.
 """
 
 from __future__ import annotations
@@ -70,39 +78,42 @@ class StageRope:
         """The width of the rope_cos/rope_sin inputs."""
         return 2 * int(self.short.shape[0])
 
-    def is_long(self, last_position: int) -> bool:
-        """Whether a row's step whose highest position is ``last_position`` turns with the
-        long set (Hugging Face: its sequence length, that position + 1, exceeds
-        original_max_position_embeddings)."""
-        return self.long is not None and last_position >= self.short_context
+    def long_tokens(self, positions: np.ndarray, row_tokens: Sequence[int] | None = None
+                    ) -> np.ndarray:
+        """Which tokens of a step turn with the long set (bool, ``positions``' shape), rows
+        as ``tables`` takes them: a row starting at position 0 all alike, from its highest
+        position; another row's tokens each from its own position."""
+        if self.long is None:
+            return np.zeros(positions.shape, dtype=bool)
+        own = positions >= self.short_context
+        if row_tokens is None:
+            starts = positions[:, :1] == 0
+            return np.where(starts, own.any(axis=1, keepdims=True), own)
+        flat, first, start = own.reshape(-1), positions.reshape(-1), 0  # views
+        for count in row_tokens:
+            end = start + int(count)
+            if end > start and first[start] == 0:
+                flat[start:end] = flat[start:end].any()
+            start = end
+        return own
 
     def tables(self, positions: np.ndarray, row_tokens: Sequence[int] | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-        """``rope_tables`` of a step: ``positions`` [rows, T], each row's set picked from
-        its highest position; or, with ``row_tokens`` (ragged rows), positions [1, N] holding
-        the rows' tokens one after the other (positions beyond the rows' counts, padding,
-        turn with the short set)."""
+        """``rope_tables`` of a step, each token with its set (``long_tokens``):
+        ``positions`` [rows, T], or, with ``row_tokens`` (ragged rows), [1, N] holding the
+        rows' tokens one after the other (positions beyond the rows' counts, padding, each
+        take their own position's set)."""
         positions = np.asarray(positions)
-        if self.long is None or positions.size == 0:
-            return rope_tables(positions, self.short, self.attention_scaling)
         if positions.ndim != 2:
             raise ValueError(f"positions must be [batch, tokens], got shape {positions.shape}")
-        if row_tokens is None:
-            long = positions.max(axis=1) >= self.short_context  # [rows]
-            if not long.any():
-                return rope_tables(positions, self.short, self.attention_scaling)
-            if long.all():
-                return rope_tables(positions, self.long, self.attention_scaling)
-            inv_freq = np.where(long[:, None, None], self.long, self.short)
-            return rope_tables(positions, inv_freq, self.attention_scaling)
-        flat = positions.reshape(-1)
-        per_token = np.zeros(flat.shape[0], dtype=bool)
-        start = 0
-        for count in row_tokens:
-            end = start + int(count)
-            per_token[start:end] = end > start and flat[start:end].max() >= self.short_context
-            start = end
-        inv_freq = np.where(per_token[None, :, None], self.long, self.short)
+        if self.long is None or positions.size == 0:
+            return rope_tables(positions, self.short, self.attention_scaling)
+        long = self.long_tokens(positions, row_tokens)
+        if not long.any():
+            return rope_tables(positions, self.short, self.attention_scaling)
+        if long.all():
+            return rope_tables(positions, self.long, self.attention_scaling)
+        inv_freq = np.where(long[..., None], self.long, self.short)
         return rope_tables(positions, inv_freq, self.attention_scaling)
 
 
@@ -163,7 +174,7 @@ class RopeRows:
 
 class StageRopeRows:
     """RopeRows of each set of a StageRope, one cache a set: a one-token step's row comes
-    from the set its position picks (a one-token row's highest position is its own)."""
+    from the set its position picks (``StageRope.long_tokens`` of one token)."""
 
     def __init__(self, rope: StageRope, max_blocks: int = 16) -> None:
         self.rope = rope

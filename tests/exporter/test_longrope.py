@@ -2,7 +2,8 @@
 tiny Phi-3 whose RoPE turns 12 of each 16-wide head, with short and long factors (random,
 unequal) switching at original_max_position_embeddings = SHORT_CONTEXT, reproduces
 Hugging Face's greedy tokens stage by stage on the stateful and the paged runner, with
-prompts crossing that length and decodes crossing it, alone and in one row group."""
+prompts crossing that length and decodes crossing it, alone and in one row group, and a
+speculative decoding whose verification steps span it."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from exporter.export import export_model, model_spec
 from exporter.sources import open_source
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
 from tests.helpers.tiny_models import build_llama
-from zctl.engine.scheduler import StreamScheduler
+from tests.zctl.engine.test_drafting import ScriptedDrafter
+from zctl.engine.scheduler import StreamScheduler, generate_speculative
 from zctl.engine.sessions import DecodeSession
+from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.manifest import (
     ExportManifest,
@@ -85,10 +88,23 @@ def test_longrope_and_partial_rope_match_hf_greedy(longrope_export) -> None:
     assert [r.matched for r in results] == [TOKENS] * len(DEFAULT_PROMPTS)
     assert len(set(results[0].chain)) > 8  # not degenerate: a constant stream hides bugs
 
+    # speculation from a prompt below the threshold, drafts rejected at every position
+    # and a verification step spanning it (stateful, rewinding by mask and by trim; paged)
+    crossing = min(range(len(prompts)), key=lambda i: len(prompts[i]))
+    reference = results[crossing].reference
+    paged = LocalChain.load(str(export_dir), replace(EXACT_CONFIG, paged_attention=True))
+    chains = {"mask": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="mask"),
+              "trim": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="trim"),
+              "paged": paged}
+    for runner, chain in chains.items():
+        stats = SpeculativeStats()
+        drafter = ScriptedDrafter(prompts[crossing], reference)
+        assert list(generate_speculative(chain, prompts[crossing], TOKENS, drafter=drafter,
+                                         k=4, stats=stats, stream_id=1)) == reference, runner
+        assert stats.rejections > 3 and stats.accepted > 3
+
     # paged, alone and in a row group: a row below the threshold, one crossing it in its
     # decode, and one past it from its prompt on, each turning with its own set
-    paged = LocalChain.load(str(export_dir), replace(EXACT_CONFIG, paged_attention=True))
-    crossing = min(range(len(prompts)), key=lambda i: len(prompts[i]))
     beyond = max(range(len(prompts)), key=lambda i: len(prompts[i]))
     below = tokenizer.encode("Hi there", chat=False)
     assert len(below) + TOKENS // 2 < SHORT_CONTEXT

@@ -79,33 +79,43 @@ def _stage_rope(config, rotary) -> StageRope:
                      rotary.attention_scaling)
 
 
-def test_longrope_picks_each_steps_set_as_hugging_face() -> None:
-    """Each step's rows (here each a step of its own for Hugging Face's rotary module, as
-    the rows of a row group are separate sequences) turn with the short set while the
-    row's highest position is below original_max_position_embeddings (16), else with the
-    long one, every token of the row alike: a prompt of 16, one of 17 (positions 0 to 15
-    long), decode steps at 15 and 16, a verification step spanning 16."""
+def test_longrope_turns_each_token_as_hugging_faces_greedy_generation() -> None:
+    """Against Hugging Face's rotary module stepped as its greedy generation steps (a
+    prompt in one pass, then one token a pass): a step starting a sequence turns with the
+    short set while its highest position is below original_max_position_embeddings (16),
+    else every token with the long one (prompts of 16 and 17); any other step's tokens
+    each as a one-token step at their position would (decode steps at 15 and 16, a
+    verification step spanning 16). Rows of a row group or ragged rows: each as alone."""
     torch = pytest.importorskip("torch")
     config, rotary = _phi3_longrope(16)
     rope = _stage_rope(config, rotary)
     assert rope.width == 12 and not np.array_equal(rope.short, rope.long)
+
+    def hugging_face(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        passes = [positions] if positions[0] == 0 else [positions[i:i + 1]
+                                                         for i in range(positions.size)]
+        tables = [rotary(torch.zeros(1), torch.from_numpy(p)[None]) for p in passes]
+        return (torch.cat([c for c, _ in tables], dim=1).numpy(),
+                torch.cat([s for _, s in tables], dim=1).numpy())
+
     steps = [np.arange(16), np.arange(17), np.array([15]), np.array([16]), np.arange(13, 18)]
     for positions in steps:
-        want_cos, want_sin = rotary(torch.zeros(1), torch.from_numpy(positions)[None])
+        want_cos, want_sin = hugging_face(positions)
         cos, sin = rope.tables(positions[None])
-        np.testing.assert_allclose(cos, want_cos.numpy(), rtol=0, atol=2e-6)
-        np.testing.assert_allclose(sin, want_sin.numpy(), rtol=0, atol=2e-6)
-        # the same rows, in a row group of two or ragged after another row: as alone
-        other = np.array([[40] * positions.size])
+        np.testing.assert_allclose(cos, want_cos, rtol=0, atol=2e-6)
+        np.testing.assert_allclose(sin, want_sin, rtol=0, atol=2e-6)
+        other = np.array([[40] * positions.size])  # a row past the threshold beside it
         rows_cos, _ = rope.tables(np.concatenate((other, positions[None])))
         assert np.array_equal(rows_cos[1], cos[0])
-        flat = np.concatenate(([3, 4], positions))[None]
+        flat = np.concatenate(([0, 1], positions))[None]  # ragged after a short prompt
         ragged_cos, _ = rope.tables(flat, [2, positions.size])
         assert np.array_equal(ragged_cos[0, 2:], cos[0])
-        assert np.array_equal(ragged_cos[0, :2], rope.tables(np.array([[3, 4]]))[0][0])
-    # the sets differ where it matters: position 15 alone and in a step reaching 16
-    assert not np.array_equal(rope.tables(np.array([[15]]))[0][0, 0],
-                              rope.tables(np.array([[15, 16]]))[0][0, 0])
+        assert np.array_equal(ragged_cos[0, :2], rope.tables(np.array([[0, 1]]))[0][0])
+    # the sets differ where it matters: position 15 in a prompt of 16 and of 17 tokens
+    assert not np.array_equal(rope.tables(np.arange(16)[None])[0][0, 15],
+                              rope.tables(np.arange(17)[None])[0][0, 15])
+    with pytest.raises(ValueError, match=r"\[batch, tokens\]"):
+        rope.tables(np.arange(3))
 
 
 def test_longrope_rows_keep_a_cache_per_set() -> None:
