@@ -20,7 +20,7 @@ from exporter.sources import open_source
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
 from tests.helpers.tiny_models import build_llama
 from tests.zctl.engine.test_drafting import ScriptedDrafter
-from zctl.engine.scheduler import StreamScheduler, generate_speculative
+from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
@@ -28,6 +28,7 @@ from zctl.manifest import (
     ExportManifest,
     ManifestError,
     StageSpec,
+    StaticKV,
     load_manifest,
     manifest_from_dict,
 )
@@ -89,12 +90,11 @@ def test_longrope_and_partial_rope_match_hf_greedy(longrope_export) -> None:
     assert len(set(results[0].chain)) > 8  # not degenerate: a constant stream hides bugs
 
     # speculation from a prompt below the threshold, drafts rejected at every position
-    # and a verification step spanning it (stateful, rewinding by mask and by trim; paged)
+    # and a verification step spanning it (stateful, rewinding by mask; paged)
     crossing = min(range(len(prompts)), key=lambda i: len(prompts[i]))
     reference = results[crossing].reference
     paged = LocalChain.load(str(export_dir), replace(EXACT_CONFIG, paged_attention=True))
     chains = {"mask": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="mask"),
-              "trim": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="trim"),
               "paged": paged}
     for runner, chain in chains.items():
         stats = SpeculativeStats()
@@ -113,6 +113,23 @@ def test_longrope_and_partial_rope_match_hf_greedy(longrope_export) -> None:
     assert got[2] == hf_greedy(hf, below, TOKENS)
     # the whole graph reads rope inputs 12 wide: a table as wide as the head is refused
     assert paged.runners[0].rope.width == ROTARY
+
+
+@pytest.mark.slow
+def test_a_static_export_runs_longrope_and_partial_rope(longrope_export,
+                                                       tmp_path: Path) -> None:
+    """The static (NPU) path in one stage, its steps cut into pieces of CHUNK tokens: a
+    prompt's pieces turn with the set of the whole prompt, not of each piece."""
+    model_dir, _ = longrope_export
+    source = open_source(str(model_dir))
+    export_model(source, [(0, 4)], "fp32", tmp_path / "static",
+                 static_kv=StaticKV(context=128, chunk=8))
+    chain = LocalChain.load(str(tmp_path / "static"), EXACT_CONFIG)
+    tokenizer = ChatTokenizer(tmp_path / "static")
+    hf = source.load_hf_model()
+    ids = tokenizer.encode(DEFAULT_PROMPTS[1])  # past the threshold from its first piece on
+    assert len(ids) > SHORT_CONTEXT
+    assert list(generate_greedy(chain, ids, TOKENS)) == hf_greedy(hf, ids, TOKENS)
 
 
 def test_a_manifest_without_longrope_reads_as_before_and_bad_rope_fields_are_refused(
