@@ -106,6 +106,8 @@ def model_spec(source: ModelSource) -> ModelSpec:
         experts=shape.experts,
         active_experts=shape.active_experts,
         expert_intermediate=shape.expert_intermediate,
+        rope_long_inv_freq=tuple(rope.long_inv_freq),
+        rope_short_context=rope.short_context,
     )
 
 

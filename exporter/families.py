@@ -56,6 +56,9 @@ class Family:
     # Qwen3-MoE: the MLP of the layers decoder_sparse_step and mlp_only_layers choose is a
     # sparse mixture of SwiGLU experts (a router, softmax, top-k, optionally renormalised)
     moe: bool = False
+    # Phi-3: RoPE may turn only the first head_dim * partial_rotary_factor dimensions of
+    # each head (Phi-4-mini), and may be LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini)
+    phi3_rope: bool = False
     # gpt-oss: attention sinks (a learned logit per head in every softmax), biases on the
     # attention's projections, layer_types alternating sliding-window and full layers (one
     # RoPE table), and every layer's MLP a mixture of experts: a biased router, a softmax
@@ -103,6 +106,8 @@ class Family:
         """The fields of the stage module's DecoderShape by which this family's layers
         differ from Llama's (the sizes are every family's)."""
         options: dict[str, Any] = {"qk_norm": self.qk_norm}
+        if self.phi3_rope:
+            return {**options, "rotary_dim": rotary_dim(config)}
         if self.moe:
             return {**options, **_moe_options(config)}
         if self.gpt_oss:
@@ -131,7 +136,8 @@ FAMILIES = (
     Family("MistralForCausalLM", "mistral", window_on_every_layer=True),
     Family("Qwen2ForCausalLM", "qwen2"),
     Family("Qwen3ForCausalLM", "qwen3", qk_norm=True),
-    Family("Phi3ForCausalLM", "phi3", fused_checkpoint=True, window_on_every_layer=True),
+    Family("Phi3ForCausalLM", "phi3", fused_checkpoint=True, window_on_every_layer=True,
+           phi3_rope=True),
     Family("Gemma3ForCausalLM", "gemma3_text", qk_norm=True, gemma=True),
     Family("Qwen3MoeForCausalLM", "qwen3_moe", qk_norm=True, moe=True),
     Family("GptOssForCausalLM", "gpt_oss", gpt_oss=True),
@@ -208,6 +214,17 @@ def _rope_parameters(config: Any) -> dict:
     return params if isinstance(params, dict) else {}
 
 
+def rotary_dim(config: Any) -> int:
+    """How many dimensions of each head Hugging Face's Phi-3 turns: head_dim times
+    partial_rotary_factor (0: the whole head)."""
+    factor = float(_rope_parameters(config).get("partial_rotary_factor", 1.0) or 1.0)
+    if factor == 1.0:
+        return 0
+    head_dim = int(getattr(config, "head_dim", None)
+                   or config.hidden_size // config.num_attention_heads)
+    return int(head_dim * factor)
+
+
 def _sliding_layers(config: Any) -> list[str]:
     """use_sliding_window's complaint, if it turns a window on for some layer."""
     layer_types = getattr(config, "layer_types", None) or []
@@ -227,13 +244,32 @@ def _rope_type(config: Any) -> list[str]:
     if rope_type == "dynamic":
         return ["rope_type 'dynamic' (its frequencies depend on the sequence length)"]
     if rope_type == "longrope":
-        return ["rope_type 'longrope' (its frequencies switch from the short to the long "
-                "factors past original_max_position_embeddings, and a stage's RoPE is one "
-                "table of frequencies)"]
+        return ["rope_type 'longrope' (the export implements it as Hugging Face's Phi-3 "
+                "does, for Phi-3 models)"]
     factor = float(params.get("partial_rotary_factor", 1.0) or 1.0)
     if factor != 1.0:
         return [f"partial_rotary_factor {factor} (RoPE turns the whole of each head)"]
     return []
+
+
+PHI3_ROPE_TYPES = ("default", "longrope")
+
+
+def _phi3_rope(config: Any) -> list[str]:
+    """Phi-3's RoPE: default or LongRoPE, over the whole head or its first rotary_dim
+    dimensions (an even number of them, at least 2)."""
+    params = _rope_parameters(config)
+    complaints = []
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in PHI3_ROPE_TYPES:
+        complaints.append(f"rope_type {rope_type!r} (it may be "
+                          f"{' or '.join(map(repr, PHI3_ROPE_TYPES))})")
+    rotated = rotary_dim(config)
+    if rotated and (rotated < 2 or rotated % 2):
+        factor = params.get("partial_rotary_factor")
+        complaints.append(f"partial_rotary_factor {factor} (head_dim x factor = {rotated}: "
+                          "RoPE turns pairs of dimensions, at least one)")
+    return complaints
 
 
 GEMMA_LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -334,6 +370,7 @@ FAMILY_CHECKS: dict[str, tuple[Callable[[Any], list[str]], ...]] = {
     "qwen3_moe": LLAMA_CHECKS + (_sliding_layers, _moe_routing),
     "gemma3_text": (_gemma_activation, _gemma_layers, _gemma_rope),
     "gpt_oss": (_rope_type, _gpt_oss_layers, _gpt_oss_experts, _quantized),
+    "phi3": (_activation, _phi3_rope),
 }
 
 

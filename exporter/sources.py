@@ -68,6 +68,10 @@ class RopeSpec:
     inv_freq: list[float]
     attention_scaling: float
     local_inv_freq: list[float] = field(default_factory=list)  # the sliding layers' own
+    # LongRoPE: the long factors' frequencies (inv_freq are the short ones'), which a step
+    # reaching position short_context (original_max_position_embeddings) turns with
+    long_inv_freq: list[float] = field(default_factory=list)
+    short_context: int = 0
 
 
 class ModelSource:
@@ -115,8 +119,10 @@ class ModelSource:
         return self.family.context_length(self.config)
 
     def rope(self) -> RopeSpec:
-        """One table of frequencies for every position (the family refused RoPE types whose
-        frequencies change with the sequence length), and Gemma 3's sliding layers' own."""
+        """The model's RoPE frequencies (the family refused RoPE types it does not
+        implement), Gemma 3's sliding layers' own, and LongRoPE's long set."""
+        if self.family.phi3_rope:
+            return self._phi3_rope()
         if self.family.gemma:
             from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 
@@ -140,6 +146,30 @@ class ModelSource:
             inv_freq=[float(x) for x in rotary.inv_freq.float().tolist()],
             attention_scaling=float(rotary.attention_scaling),
         )
+
+    def _phi3_rope(self) -> RopeSpec:
+        """Phi-3's RoPE, its rotated dimensions only (partial_rotary_factor). LongRoPE: the
+        short factors' set (the one Hugging Face's rotary module starts with) and the long
+        factors' (the one it switches to past original_max_position_embeddings), computed by
+        Hugging Face's own longrope function; one attention scaling serves both."""
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+        rotary = Phi3RotaryEmbedding(self.config)
+        spec = RopeSpec([float(x) for x in rotary.inv_freq.float().tolist()],
+                        float(rotary.attention_scaling))
+        params = self.config.rope_parameters
+        if params.get("rope_type") != "longrope":
+            return spec
+        short_context = int(params["original_max_position_embeddings"])
+        long, scaling = ROPE_INIT_FUNCTIONS["longrope"](self.config, None,
+                                                        seq_len=short_context + 1)
+        if float(scaling) != spec.attention_scaling:  # one scale multiplies either table
+            raise SourceError(f"{self.location}: LongRoPE's long attention scaling {scaling} "
+                              f"is not its short one's {spec.attention_scaling}")
+        spec.long_inv_freq = [float(x) for x in long.float().tolist()]
+        spec.short_context = short_context
+        return spec
 
     def eos_token_ids(self) -> list[int]:
         ids: list[int] = []

@@ -16,7 +16,9 @@ A model whose sliding-window layers turn with RoPE frequencies of their own (Gem
 takes one table twice as wide: the host computes it from the global layers' frequencies
 followed by the sliding layers' (dataplane.runtime.rope.stage_frequencies), and each
 layer takes its half. Its sliding layers keep the whole KV and mask the keys older than
-the window, in the graph, from the stage's mask (see ``window_mask``).
+the window, in the graph, from the stage's mask (see ``window_mask``). A model with
+partial RoPE (``rotary_dim``) takes tables that wide and turns only that many of each
+head's first dimensions (``apply_rope``).
 """
 
 from __future__ import annotations
@@ -69,15 +71,23 @@ class DecoderShape:
     # logits, biased clamped-SwiGLU experts; None: Qwen3-MoE's (exporter.moe_block)
     clamped_swiglu: ClampedSwiGLU | None = None
     attention_sinks: bool = False  # a learned logit per head in each softmax (gpt-oss)
+    # partial RoPE (Phi-4-mini's partial_rotary_factor): RoPE turns the first rotary_dim
+    # dimensions of each query and key head, the rest pass through; 0: the whole head
+    rotary_dim: int = 0
 
     @property
     def scale(self) -> float:
         return self.head_dim**-0.5 if self.attention_scale is None else self.attention_scale
 
     @property
+    def rotated(self) -> int:
+        """How many dimensions of each head RoPE turns."""
+        return self.rotary_dim or self.head_dim
+
+    @property
     def rope_width(self) -> int:
         """The width of the rope_cos/rope_sin inputs: one table, or two side by side."""
-        return self.head_dim * (2 if self.local_rope else 1)
+        return self.rotated * (2 if self.local_rope else 1)
 
 
 class RMSNorm(nn.Module):
@@ -130,6 +140,18 @@ def window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, shape: DecoderShape
+               ) -> torch.Tensor:
+    """RoPE on heads x [B, heads, T, head_dim] with cos/sin [B, 1, T, rotated]: the first
+    ``shape.rotated`` dimensions of each head turn, the rest pass through (partial RoPE, as
+    Hugging Face's Phi-3 splits q_rot and q_pass); the whole head as before otherwise."""
+    rotated = shape.rotated
+    if rotated == shape.head_dim:
+        return x * cos + _rotate_half(x) * sin
+    turn, keep = x[..., :rotated], x[..., rotated:]
+    return torch.cat((turn * cos + _rotate_half(turn) * sin, keep), dim=-1)
 
 
 def _attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
@@ -294,8 +316,8 @@ class DecoderLayer(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.reshape(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * cos4 + _rotate_half(q) * sin4
-        k = k * cos4 + _rotate_half(k) * sin4
+        q = apply_rope(q, cos4, sin4, s)
+        k = apply_rope(k, cos4, sin4, s)
         if self.kv_dtype is not None:  # e.g. an f16 host KV: compute in the activations' type
             past_key, past_value = past_key.to(k.dtype), past_value.to(v.dtype)
         key = torch.cat((past_key, k), dim=2)
@@ -365,10 +387,10 @@ class StageModule(nn.Module):
             hidden = self.embed(x)
             if self.embed_scale is not None:  # as Hugging Face: the scale in the weights' dtype
                 hidden = hidden * self.embed_scale.to(hidden.dtype)
-        head_dim = self.shape.head_dim
+        rotated = self.shape.rotated
         mask_local, cos_local, sin_local = mask, cos, sin  # the sliding layers'
         if self.shape.local_rope:
-            (cos, cos_local), (sin, sin_local) = split_rope(cos, head_dim), split_rope(sin, head_dim)
+            (cos, cos_local), (sin, sin_local) = split_rope(cos, rotated), split_rope(sin, rotated)
         if any(layer.sliding for layer in self.layers):
             mask_local = window_mask(mask, self.shape.sliding_window)
         present: list[torch.Tensor] = []
