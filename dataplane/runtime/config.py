@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from zctl.engine.pipelined import DEPTH_MAX
+from zctl.engine.requests import MAX_DRAFT_TOKENS
+
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")
 
 
@@ -86,6 +89,11 @@ class RuntimeSpec:
     # weights apart). Both graphs share the block caches; stateful stages (KV as state
     # inside each request) run the dynamic graph only.
     decode_graph: ClassVar[str] = "auto"
+    # Tokens a paged stage's sliding-window layers keep beyond their window
+    # (dataplane.runtime.kv.blocks.SlidingWindow): the deepest rewind the engine asks for,
+    # pipelined speculation's runs in flight of the most drafts each. A deeper rewind is
+    # refused (the keys before it are gone).
+    sliding_margin: ClassVar[int] = DEPTH_MAX * (MAX_DRAFT_TOKENS + 1)
 
     @property
     def exact(self) -> bool:
