@@ -31,9 +31,8 @@ from controlplane.messages import (
 )
 from controlplane.sockets import router_socket
 from dataplane.head.metrics import MeasuredExecutor
-from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec, sliding_tokens
 from dataplane.runtime.draft_model import DraftModels
-from dataplane.runtime.kv.blocks import SlidingWindow
 from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, GenerationEngine
 from zctl.engine.kv_cost import EVERY_TOKEN, KvCost
 from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationRequest, RequestRefused
@@ -101,22 +100,19 @@ def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
     return megabytes * 2**20 // kv_bytes_per_token(manifest)
 
 
-CPU_BLOCK_TOKENS = 32  # a KV block of the CPU plugin's PagedAttention, in tokens
-
-
 def kv_cost(manifest: ExportManifest, runtime: RuntimeSpec | None) -> KvCost:
     """What a stream's tokens cost against ``kv_tokens``' budget on stages compiled as
     ``runtime`` says: on paged stages a sliding layer keeps its window, its margin and a
-    step's token, over block edges (``SlidingWindow.blocks_bound``); elsewhere, or with
+    step's token, over block edges (``config.sliding_tokens``); elsewhere, or with
     no runtime known, every layer keeps every token."""
     model = manifest.model
-    if runtime is None or not runtime.paged_attention or not model.sliding_layers:
+    kept = sliding_tokens(runtime, model.sliding_window)
+    if kept is None or not model.sliding_layers:
         return EVERY_TOKEN
     sliding = set(model.sliding_layers)
     stages = tuple((s.layer_end - s.layer_start - n, n) for s in manifest.stages
                    for n in [len(sliding & set(range(s.layer_start, s.layer_end)))])
-    window = SlidingWindow(model.sliding_window, runtime.sliding_margin, CPU_BLOCK_TOKENS)
-    return KvCost(stages, window.blocks_bound(1) * CPU_BLOCK_TOKENS)
+    return KvCost(stages, kept)
 
 
 class GenerationService:

@@ -567,3 +567,13 @@ def test_kv_cost_counts_sliding_layers_at_their_window_on_paged_stages() -> None
     assert cost.tokens(8192) == -(-(2 * 8192 + kept) // 3)
     assert kv_cost(manifest, RuntimeSpec()) == kv_cost(manifest, None) == EVERY_TOKEN
     assert kv_cost(base, paged) == EVERY_TOKEN  # no sliding layer
+
+
+def test_a_sliding_layer_holds_its_window_margin_and_a_step_on_paged_stages_only() -> None:
+    from dataplane.runtime.config import RuntimeSpec, sliding_tokens
+
+    paged = RuntimeSpec(paged_attention=True)
+    # 511 keys before a query, 528 of margin and the step's token: 33 blocks, +1 over edges
+    assert sliding_tokens(paged, 512) == 34 * 32
+    assert sliding_tokens(RuntimeSpec(), 512) is None  # stateful stages keep every token
+    assert sliding_tokens(paged, 0) is None and sliding_tokens(None, 512) is None
