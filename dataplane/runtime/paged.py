@@ -204,7 +204,7 @@ class PagedGroup:
 
     @property
     def keep(self) -> np.ndarray:  # the slot count held_slots reads
-        return np.ones(sum(s.length for s in self.seqs), dtype=bool)
+        return np.ones(sum(s.physical for s in self.seqs), dtype=bool)
 
 
 class AttentionSequences(NamedTuple):
@@ -302,6 +302,8 @@ class PagedStageRunner:
                 BlockPool(window_blocks), [ports[n] for layer in layers if layer.window
                                            for n in layer[:2]],
                 [layer.table for layer in layers if layer.window])
+        # what a stream's held slots leave out for the blocks its sliding layers freed
+        self._sliding_share = sum(1 for layer in layers if layer.window) / len(layers)
         self.shapes = ShapeKeeper()  # no padding until warm_up measures what a change costs
         for caches in self._layer_caches:
             self._bind_caches(caches, caches.pool.capacity)
@@ -425,7 +427,8 @@ class PagedStageRunner:
 
     def open_stream(self, stream_id: int) -> PagedSequence:
         if stream_id not in self.streams:
-            self.streams[stream_id] = PagedSequence()
+            self.streams[stream_id] = PagedSequence(sliding_share=self._sliding_share,
+                                                    block_size=self.block_size)
         return self.streams[stream_id]
 
     def reset_stream(self, stream_id: int) -> None:

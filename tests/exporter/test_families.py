@@ -19,6 +19,7 @@ from dataplane.runtime.base import StageError
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.blocks import blocks_for
 from dataplane.runtime.kv.masks import MASK_MIN
+from dataplane.runtime.kv.slots import held_slots
 from dataplane.runtime.rope import rope_tables, stage_frequencies
 from exporter.export import ExportError, export_model, model_spec
 from exporter.families import family_of
@@ -430,6 +431,8 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
         seq = runner.streams[1]
         assert runner.window_caches.pool.used == len(seq.window_blocks)
         assert runner.pool.used == len(seq.blocks)
+        # and the stage's held slots (status) leave out what the sliding layers freed
+        assert 0 < held_slots(runner) < seq.length
 
     # a rewind past the window and margin is refused, the stream left as it was
     runner = chain.runners[1]

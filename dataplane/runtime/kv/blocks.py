@@ -119,11 +119,18 @@ class PagedSequence:
     length: int = 0
     window_blocks: list[int] = field(default_factory=list)
     window_first: int = 0
+    # the share of its stage's layers that slide, and their blocks' size: what ``physical``
+    # leaves out for the blocks they freed (0: no layer slides)
+    sliding_share: float = 0.0
+    block_size: int = 0
 
     # the slot-table interface of the other runners (held_slots, stats)
     @property
     def physical(self) -> int:
-        return self.length
+        """KV slots it holds, averaged over its stage's layers: the slots of the blocks its
+        sliding layers freed not counted."""
+        freed = min(self.length, self.window_first * self.block_size)
+        return self.length - round(self.sliding_share * freed)
 
     @property
     def logical(self) -> int:

@@ -32,3 +32,11 @@ def test_a_sliding_table_points_freed_entries_at_the_unwritten_block() -> None:
 def test_a_window_of_no_key_or_a_negative_margin_is_refused(args: tuple[int, int, int]) -> None:
     with pytest.raises(ValueError, match="a sliding window of at least 1 key"):
         SlidingWindow(*args)
+
+
+def test_a_sequences_held_slots_leave_out_what_its_sliding_layers_freed() -> None:
+    """Status counts the slots a stream holds averaged over its stage's layers."""
+    seq = PagedSequence(blocks=[1, 2, 3, 4], length=100, window_blocks=[7, 8],
+                        window_first=2, sliding_share=0.75, block_size=32)
+    assert seq.physical == 100 - round(0.75 * 64)
+    assert PagedSequence(blocks=[1], length=20).physical == 20  # no sliding layer
