@@ -99,7 +99,7 @@ from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
 from controlplane.stage_planner import StagePlanner
 from controlplane.wiring import PipelinePlan
-from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec, sliding_tokens
 from dataplane.wire.transport import PipeOptions
 from zctl.endpoints import split_address, tcp_address
 from zctl.engine.executor import Executor
@@ -163,7 +163,9 @@ class Coordinator:
         self.export_dir = Path(export_dir)
         self.manifest = load_manifest(self.export_dir, verify_files=cfg.verify_export)
         self.source = source or ShardSource(self.export_dir, self.manifest, cfg.chunk_size)
-        cost = LayerCost.from_export(self.manifest, self.export_dir)
+        cost = LayerCost.from_export(
+            self.manifest, self.export_dir,
+            sliding_tokens=sliding_tokens(cfg.runtime, self.manifest.model.sliding_window))
         self.launcher = launcher or head_launcher
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = load_or_create_node_id(cfg.state_dir)

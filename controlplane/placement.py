@@ -68,8 +68,11 @@ class LayerCost:
 
     @classmethod
     def from_export(cls, manifest: ExportManifest, export_dir: Path | str, context: int = 4096,
-                    kv_bytes_per_value: int = 2, overhead: float = RUNTIME_OVERHEAD) -> LayerCost:
-        """Estimate per-layer weight bytes from the export's .bin sizes."""
+                    kv_bytes_per_value: int = 2, overhead: float = RUNTIME_OVERHEAD,
+                    sliding_tokens: int | None = None) -> LayerCost:
+        """Estimate per-layer weight bytes from the export's .bin sizes; the KV reserve is
+        ``context`` tokens a layer, a sliding layer's at most ``sliding_tokens`` (None: every
+        layer keeps every token), averaged over the model's layers."""
         export_dir = Path(export_dir)
         try:
             sizes = [(export_dir / s.bin).stat().st_size for s in manifest.stages]
@@ -90,7 +93,10 @@ class LayerCost:
             if len(stages) == 1:
                 first = last = min(embed, sizes[0] // 2)
             layer = max(1.0, (sum(sizes) - first - last) / model.num_layers)
-        kv = 2 * model.num_kv_heads * model.head_dim * kv_bytes_per_value * context
+        sliding = len(model.sliding_layers) if sliding_tokens is not None else 0
+        tokens = ((model.num_layers - sliding) * context
+                  + sliding * min(context, sliding_tokens or context)) / model.num_layers
+        kv = int(2 * model.num_kv_heads * model.head_dim * kv_bytes_per_value * tokens)
         return cls(int(layer), first, last, kv, overhead)
 
 

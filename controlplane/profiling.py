@@ -212,7 +212,7 @@ def _kv_bytes(runner: StageRuntime) -> int:
     """The KV cache a runner allocated up front (a paged stage's blocks; a stateful
     stage's KV grows with its tokens, a few here)."""
     if isinstance(runner, PagedStageRunner):
-        return runner.block_bytes * (runner.pool.capacity + 1)
+        return runner.cache_bytes
     return 0
 
 

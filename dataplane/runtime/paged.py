@@ -20,6 +20,12 @@ Steps of one token (a lone stream's decode steps) run on a second compiled graph
 token dimension is static, over the same block caches, where ``RuntimeSpec.decode_graph``
 asks for it (dataplane.runtime.one_token): the same outputs, faster.
 
+A sliding-window layer (Gemma 3's) keeps only the blocks of its window and a margin:
+its layers' caches are a second block pool, each sequence a second block table
+(``dataplane.runtime.kv.blocks``: ``SlidingWindow``), bound to those layers' own
+``block_indices.N`` inputs (the pass's per-layer block tables); the blocks before the
+window and margin go back to that pool after every step.
+
 The pass's model cannot be saved as IR (its op is an extension), so it runs at every load
 (~0.3-0.5 s on SmolLM2). The attention is causal over each sequence's slots: there are
 no masked slots, so nothing is ever compacted.
@@ -28,7 +34,7 @@ no masked slots, so nothing is ever compacted.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -46,7 +52,14 @@ from dataplane.runtime.base import (
 )
 from dataplane.runtime.bound_inputs import BoundInputs
 from dataplane.runtime.config import RuntimeSpec, device_kind
-from dataplane.runtime.kv.blocks import BlockPool, PagedSequence, PrefixBlocks, blocks_for
+from dataplane.runtime.kv.blocks import (
+    BlockPool,
+    PagedSequence,
+    PrefixBlocks,
+    SlidingWindow,
+    blocks_for,
+    window_table,
+)
 from dataplane.runtime.kv.rows import find_row
 from dataplane.runtime.one_token import (
     StageGraph,
@@ -74,11 +87,14 @@ from zctl.manifest import ExportManifest, verify_export_files
 
 log = logging.getLogger("zctl.dataplane.runtime")
 INITIAL_BLOCKS = 256  # the cache doubles when it runs out
+WINDOW_STREAMS = 4  # streams whose sliding layers' blocks the initial pool holds
 CACHE_TYPES = {ov.Type.u8: np.uint8, ov.Type.i8: np.int8, ov.Type.f32: np.float32,
                ov.Type.f16: np.float16, ov.Type.bf16: np.uint16}
 
 
-SLIDING_WINDOW_INPUT = 10  # PagedAttentionExtension's inputs: q, k, v, caches, ..., sliding_window
+# PagedAttentionExtension's inputs: q, k, v, key cache, value cache, past_lens,
+# subsequence_begins, block_indices, ..., sliding_window
+KEY_CACHE_INPUT, VALUE_CACHE_INPUT, BLOCK_INDICES_INPUT, SLIDING_WINDOW_INPUT = 3, 4, 7, 10
 
 
 def _slide_windows(model: ov.Model, windows: list[int]) -> None:
@@ -105,7 +121,9 @@ def paged_model(model: ov.Model, first: bool, last: bool, hidden_size: int,
     main = "input_ids" if first else "inputs_embeds"
     model.inputs[0].get_tensor().set_names({main})  # the pass looks for these names
     model.inputs[0].get_node().set_friendly_name(main)
-    paged_attention_transformation(model)
+    # sliding layers: a block table input per layer (block_indices.N), the sliding layers'
+    # tables lacking the blocks before their window
+    paged_attention_transformation(model, use_block_indices_inputs=bool(windows and any(windows)))
     for param in model.get_parameters():  # RoPE comes in as cos/sin: positions are unused
         if param.get_friendly_name() == "position_ids" and not param.output(0).get_target_inputs():
             model.remove_parameter(param)
@@ -126,6 +144,57 @@ def paged_model(model: ov.Model, first: bool, last: bool, hidden_size: int,
     return model
 
 
+class PagedLayer(NamedTuple):
+    """One layer's PagedAttention inputs: its caches, its block table, its window (0: none)."""
+
+    key_cache: str
+    value_cache: str
+    table: str
+    window: int
+
+
+def paged_layers(model: ov.Model) -> list[PagedLayer]:
+    """The layers of a paged model, in order, by the inputs their PagedAttention reads."""
+    layers = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() == "PagedAttentionExtension":
+            window = op.input_value(SLIDING_WINDOW_INPUT).get_node()
+            layers.append(PagedLayer(
+                *(op.input_value(i).get_node().get_friendly_name()
+                  for i in (KEY_CACHE_INPUT, VALUE_CACHE_INPUT, BLOCK_INDICES_INPUT)),
+                int(window.get_data()) if window.get_type_name() == "Constant" else 0))
+    return layers
+
+
+@dataclass
+class LayerCaches:
+    """The block caches of the layers one block pool serves (the global layers', or the
+    sliding ones'): each cache holds the pool's blocks, then the padding's scratch block
+    (id ``capacity``) and a block never written (id ``capacity + 1``), which the freed
+    entries of a sliding layer's table point to."""
+
+    pool: BlockPool
+    ports: list[Any]  # the layers' key and value cache inputs
+    tables: list[str]  # the layers' block table inputs
+    arrays: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def scratch(self) -> int:
+        return self.pool.capacity
+
+    @property
+    def unwritten(self) -> int:
+        return self.pool.capacity + 1
+
+    @property
+    def block_bytes(self) -> int:
+        return sum(a[0].nbytes for a in self.arrays)
+
+    @property
+    def bytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+
 @dataclass
 class PagedGroup:
     """A row group: its members' sequences, stepped as the sequences of one inference."""
@@ -135,7 +204,7 @@ class PagedGroup:
 
     @property
     def keep(self) -> np.ndarray:  # the slot count held_slots reads
-        return np.ones(sum(s.length for s in self.seqs), dtype=bool)
+        return np.ones(sum(s.physical for s in self.seqs), dtype=bool)
 
 
 class AttentionSequences(NamedTuple):
@@ -145,6 +214,7 @@ class AttentionSequences(NamedTuple):
     pasts: list[int]
     counts: list[int]
     tables: list[list[int]]
+    window_tables: list[list[int]]  # the sliding layers' (empty lists: no sliding layer)
 
 
 @dataclass(frozen=True)
@@ -207,33 +277,62 @@ class PagedStageRunner:
         self.request = self.dynamic.request  # the request of the last step run
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         self.input_name = self.compiled.inputs[0].get_any_name()
-        self._cache_ports = [p for p in self.compiled.inputs if "_cache." in p.get_any_name()]
-        value = next(p for p in self._cache_ports if p.get_any_name().startswith("value_cache"))
+        ports = {p.get_any_name(): p for p in self.compiled.inputs}
+        layers = paged_layers(paged)
+        value = ports[layers[0].value_cache]
         self.block_size = int(value.get_partial_shape()[2].get_length())
-        self.pool = BlockPool(blocks)
+        self.pool = BlockPool(blocks)  # the global layers' blocks
+        self.full = LayerCaches(self.pool, [ports[n] for layer in layers if not layer.window
+                                            for n in layer[:2]],
+                                sorted({layer.table for layer in layers if not layer.window}))
+        # the sliding layers' blocks (a stage's sliding layers share one window)
+        windows = {layer.window for layer in layers if layer.window}
+        if len(windows) > 1:
+            raise StageError(f"stage {index}'s sliding layers have windows {sorted(windows)}: "
+                             f"one window a stage is supported")
+        self.window: SlidingWindow | None = None
+        self.window_caches: LayerCaches | None = None
+        if windows:
+            self.window = SlidingWindow(windows.pop(), self.config.sliding_margin,
+                                        self.block_size)
+            # what a few streams' windows hold: the pool doubles when it runs out
+            window_blocks = min(blocks, WINDOW_STREAMS * self.window.blocks_bound(LARGE))
+            self.window_caches = LayerCaches(
+                BlockPool(window_blocks), [ports[n] for layer in layers if layer.window
+                                           for n in layer[:2]],
+                [layer.table for layer in layers if layer.window])
+        # what a stream's held slots leave out for the blocks its sliding layers freed
+        self._sliding_share = sum(1 for layer in layers if layer.window) / len(layers)
         self.shapes = ShapeKeeper()  # no padding until warm_up measures what a change costs
-        self._caches: list[np.ndarray] = []  # the pool's blocks, then the padding's block
-        self._bind_caches(blocks)
+        for caches in self._layer_caches:
+            self._bind_caches(caches, caches.pool.capacity)
         self.streams: dict[int, PagedSequence] = {}
         self.groups: dict[int, PagedGroup] = {}
         self._members: dict[int, PagedSequence] = {}  # row group members' sequences
         self.prefixes: dict[int, PrefixBlocks] = {}
 
     # -- the block cache ---------------------------------------------------------------
-    def _bind_caches(self, blocks: int) -> None:
-        """(Re)allocate every layer's cache for ``blocks`` blocks and the padding's scratch
-        block (id ``blocks``, after the pool's), keeping what they hold."""
-        caches = []
-        for i, port in enumerate(self._cache_ports):
+    @property
+    def _layer_caches(self) -> list[LayerCaches]:
+        """The global layers' caches, and the sliding layers' if the stage has any."""
+        return [self.full] if self.window_caches is None else [self.full, self.window_caches]
+
+    def _bind_caches(self, caches: LayerCaches, blocks: int) -> None:
+        """(Re)allocate the caches of ``caches``' layers for ``blocks`` blocks, the
+        padding's scratch block and the never-written block after them, keeping what the
+        pool's blocks hold."""
+        arrays = []
+        for i, port in enumerate(caches.ports):
             dims = [d.get_length() for d in list(port.get_partial_shape())[1:]]
-            array = np.zeros([blocks + 1, *dims], dtype=CACHE_TYPES[port.get_element_type()])
-            if i < len(self._caches):
-                array[:self._caches[i].shape[0]] = self._caches[i]
+            array = np.zeros([blocks + 2, *dims], dtype=CACHE_TYPES[port.get_element_type()])
+            if i < len(caches.arrays):
+                old = caches.pool.capacity  # the old scratch and unwritten blocks are not kept
+                array[:old] = caches.arrays[i][:old]
             tensor = ov.Tensor(array, shared_memory=True)
             for graph in self._graphs:  # one cache, written and read by both graphs
                 graph.request.set_tensor(port.get_any_name(), tensor)
-            caches.append(array)
-        self._caches = caches
+            arrays.append(array)
+        caches.arrays = arrays
 
     @property
     def _graphs(self) -> list[StageGraph]:
@@ -242,18 +341,24 @@ class PagedStageRunner:
 
     @property
     def block_bytes(self) -> int:
-        return sum(c[0].nbytes for c in self._caches)
+        """Bytes of one block of every layer (a global layer's and a sliding one's)."""
+        return sum(c.block_bytes for c in self._layer_caches)
 
     @property
     def kv_bytes_per_token(self) -> int:
         return -(-self.block_bytes // self.block_size)
 
-    def _alloc(self) -> int:
-        block = self.pool.alloc()
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of every layer's block cache as allocated now."""
+        return sum(c.bytes for c in self._layer_caches)
+
+    def _alloc(self, caches: LayerCaches) -> int:
+        block = caches.pool.alloc()
         if block is None:
-            self._bind_caches(2 * self.pool.capacity)
-            self.pool.grow(2 * self.pool.capacity)
-            block = self.pool.alloc()
+            self._bind_caches(caches, 2 * caches.pool.capacity)
+            caches.pool.grow(2 * caches.pool.capacity)
+            block = caches.pool.alloc()
             assert block is not None
         return block
 
@@ -261,19 +366,39 @@ class PagedStageRunner:
         """Blocks for ``tokens`` more slots; a shared block about to be written is copied."""
         size = self.block_size
         first = seq.length // size
-        if first < len(seq.blocks) and self.pool.shared(seq.blocks[first]):
-            old, new = seq.blocks[first], self._alloc()
-            for cache in self._caches:
-                cache[new] = cache[old]
-            seq.blocks[first] = new
-            self.pool.release([old])
+        self._own_block(self.full, seq.blocks, first)
         while len(seq.blocks) < blocks_for(seq.length + tokens, size):
-            seq.blocks.append(self._alloc())
+            seq.blocks.append(self._alloc(self.full))
+        if self.window_caches is not None:
+            self._own_block(self.window_caches, seq.window_blocks, first - seq.window_first)
+            while seq.window_first + len(seq.window_blocks) < len(seq.blocks):
+                seq.window_blocks.append(self._alloc(self.window_caches))
+
+    def _own_block(self, caches: LayerCaches, blocks: list[int], i: int) -> None:
+        """Copy block ``blocks[i]`` (if there is one) when it is shared: it is written next."""
+        if 0 <= i < len(blocks) and caches.pool.shared(blocks[i]):
+            old, new = blocks[i], self._alloc(caches)
+            for array in caches.arrays:
+                array[new] = array[old]
+            blocks[i] = new
+            caches.pool.release([old])
+
+    def _slide(self, seq: PagedSequence) -> None:
+        """Free the sliding layers' blocks before the window and margin of ``seq``."""
+        if self.window is None or self.window_caches is None:
+            return
+        drop = self.window.kept_from(seq.length) - seq.window_first
+        if drop > 0:
+            self.window_caches.pool.release(seq.window_blocks[:drop])
+            del seq.window_blocks[:drop]
+            seq.window_first += drop
 
     def _release(self, seq: PagedSequence | None) -> None:
         if seq is not None:
             self.pool.release(seq.blocks)
-            seq.blocks, seq.length = [], 0
+            if self.window_caches is not None:
+                self.window_caches.pool.release(seq.window_blocks)
+            seq.blocks, seq.length, seq.window_blocks, seq.window_first = [], 0, [], 0
 
     # -- streams -----------------------------------------------------------------------
     def warm_up(self, stream_id: int = -1) -> None:
@@ -301,7 +426,8 @@ class PagedStageRunner:
 
     def open_stream(self, stream_id: int) -> PagedSequence:
         if stream_id not in self.streams:
-            self.streams[stream_id] = PagedSequence()
+            self.streams[stream_id] = PagedSequence(sliding_share=self._sliding_share,
+                                                    block_size=self.block_size)
         return self.streams[stream_id]
 
     def reset_stream(self, stream_id: int) -> None:
@@ -336,17 +462,34 @@ class PagedStageRunner:
     def kept_tokens(self, stream_id: int) -> int:
         return int(self.stream(stream_id).length)
 
-    def _shorten(self, seq: PagedSequence, count: int) -> None:
+    def _check_shorten(self, seq: PagedSequence, count: int) -> None:
+        """StageError unless ``seq`` can be rewound by ``count`` tokens: at most its length,
+        and no deeper than its sliding layers' margin keeps the window of."""
         if not 0 <= count <= seq.length:
             raise StageError(f"cannot rewind {count} tokens of a {seq.length}-token stream")
+        if self.window is not None and self.window.needed_from(seq.length - count) < \
+                seq.window_first:
+            raise StageError(
+                f"cannot rewind {count} tokens of a {seq.length}-token stream on stage "
+                f"{self.spec.index}: its sliding layers keep the last {self.window.window} "
+                f"keys and a margin of {self.window.margin} tokens, not the keys before")
+
+    def _shorten(self, seq: PagedSequence, count: int) -> None:
+        self._check_shorten(seq, count)
         seq.length -= count
         keep = blocks_for(seq.length, self.block_size)
         self.pool.release(seq.blocks[keep:])
         del seq.blocks[keep:]
+        if self.window_caches is not None:
+            kept = max(0, keep - seq.window_first)
+            self.window_caches.pool.release(seq.window_blocks[kept:])
+            del seq.window_blocks[kept:]
 
     def mask_rows_tail(self, group_id: int, counts: np.ndarray) -> None:
         group = self._group(group_id)
         counts = check_row_rewinds(group_id, counts, [s.length for s in group.seqs])
+        for count, seq in zip(counts, group.seqs, strict=True):  # every row checked first
+            self._check_shorten(seq, int(count))
         for count, seq in zip(counts, group.seqs, strict=True):
             self._shorten(seq, int(count))
 
@@ -479,14 +622,18 @@ class PagedStageRunner:
         before it and its block table the blocks holding them and it."""
         size = self.block_size
         if not one_query:
-            return AttentionSequences(
-                [s.length for s in seqs], list(counts),
-                [s.blocks[:blocks_for(s.length + c, size)] for s, c in zip(seqs, counts,
-                                                                          strict=True)])
-        pasts = [s.length + i for s, c in zip(seqs, counts, strict=True) for i in range(c)]
-        tables = [s.blocks[:blocks_for(s.length + i + 1, size)]
-                  for s, c in zip(seqs, counts, strict=True) for i in range(c)]
-        return AttentionSequences(pasts, [1] * len(pasts), tables)
+            pasts, tokens = [s.length for s in seqs], list(counts)
+            ends = [(s, blocks_for(s.length + c, size)) for s, c in zip(seqs, counts,
+                                                                       strict=True)]
+        else:
+            pasts = [s.length + i for s, c in zip(seqs, counts, strict=True) for i in range(c)]
+            tokens = [1] * len(pasts)
+            ends = [(s, blocks_for(s.length + i + 1, size))
+                    for s, c in zip(seqs, counts, strict=True) for i in range(c)]
+        caches = self.window_caches
+        return AttentionSequences(
+            pasts, tokens, [s.blocks[:n] for s, n in ends],
+            [] if caches is None else [window_table(s, n, caches.unwritten) for s, n in ends])
 
     def _padding(self, sequences: int, tokens: int) -> list[int]:
         """The padding sequences' token counts for a step of ``tokens`` over ``sequences``:
@@ -512,15 +659,21 @@ class PagedStageRunner:
                      pads: list[int]) -> None:
         """Each sequence's past length, where its tokens begin and its block table, the
         padding sequences' (in the scratch block) last."""
-        pasts, counts, tables = attention
+        pasts, counts, tables, window_tables = attention
         if pads:
             pasts = [*pasts, *[0] * len(pads)]
             counts = [*counts, *pads]
-            tables = [*tables, *[[self.pool.capacity]] * len(pads)]
         bound.put("past_lens", np.array(pasts, dtype=np.int32))
         bound.put("subsequence_begins", np.cumsum([0, *counts]).astype(np.int32))
-        bound.put("block_indices", np.array([b for t in tables for b in t], dtype=np.int32))
-        bound.put("block_indices_begins", np.cumsum([0, *map(len, tables)]).astype(np.int32))
+        for caches, layer_tables in ((self.full, tables), (self.window_caches, window_tables)):
+            if caches is None:
+                continue
+            flat = np.array([b for t in [*layer_tables, *[[caches.scratch]] * len(pads)]
+                             for b in t], dtype=np.int32)
+            for name in caches.tables:
+                bound.put(name, flat)
+        bound.put("block_indices_begins", np.cumsum(
+            [0, *map(len, tables), *[1] * len(pads)]).astype(np.int32))
         bound.put("max_context_len", np.array(max(p + c for p, c in zip(
             pasts, counts, strict=True)), dtype=np.int32))
 
@@ -564,6 +717,7 @@ class PagedStageRunner:
             request.infer()
         for seq, count in zip(step.seqs, step.counts, strict=True):
             seq.length += count
+            self._slide(seq)
         return request.get_output_tensor(0)
 
     def _output(self, tensor: ov.Tensor, step: PagedStep) -> np.ndarray:
@@ -589,10 +743,15 @@ class PagedStageRunner:
         seq = self._any_seq(stream_id)
         if not 0 < length <= seq.length:
             raise StageError(f"cannot keep {length} tokens of a {seq.length}-token stream")
-        blocks = seq.blocks[:blocks_for(length, self.block_size)]
+        entries = blocks_for(length, self.block_size)
+        blocks = seq.blocks[:entries]
+        first = min(seq.window_first, entries)
+        window_blocks = seq.window_blocks[:entries - first]
         self.pool.retain(blocks)
+        if self.window_caches is not None:
+            self.window_caches.pool.retain(window_blocks)
         self.drop_prefix(entry_id)
-        self.prefixes[entry_id] = PrefixBlocks(list(blocks), length)
+        self.prefixes[entry_id] = PrefixBlocks(list(blocks), length, list(window_blocks), first)
         if take and stream_id in self.streams:
             self.close_stream(stream_id)
 
@@ -606,10 +765,22 @@ class PagedStageRunner:
         if seq.length or not 0 < length <= entry.length:
             raise StageError(f"cannot load {length} tokens of prefix {entry_id} ({entry.length} "
                              f"tokens) into stream {stream_id} holding {seq.length}")
+        if self.window is not None and self.window.needed_from(length) < entry.window_first:
+            raise StageError(
+                f"cannot load {length} tokens of prefix {entry_id} on stage {self.spec.index}: "
+                f"its sliding layers kept the keys from position "
+                f"{entry.window_first * self.block_size} on, and the window before token "
+                f"{length} begins earlier")
         self._release(seq)
-        seq.blocks = list(entry.blocks[:blocks_for(length, self.block_size)])
+        entries = blocks_for(length, self.block_size)
+        seq.blocks = list(entry.blocks[:entries])
         seq.length = length
         self.pool.retain(seq.blocks)
+        if self.window_caches is not None:
+            seq.window_first = entry.window_first
+            seq.window_blocks = list(entry.window_blocks[:entries - entry.window_first])
+            self.window_caches.pool.retain(seq.window_blocks)
+            self._slide(seq)
         if take:
             self.drop_prefix(entry_id)
 
@@ -617,6 +788,8 @@ class PagedStageRunner:
         entry = self.prefixes.pop(entry_id, None)
         if entry is not None:
             self.pool.release(entry.blocks)
+            if self.window_caches is not None:
+                self.window_caches.pool.release(entry.window_blocks)
 
     def drop_all_prefixes(self) -> None:
         for entry_id in list(self.prefixes):
@@ -625,4 +798,8 @@ class PagedStageRunner:
     def prefix_bytes(self) -> int:
         """Bytes of the blocks prefixes hold (streams that started with them share some)."""
         held = {b for e in self.prefixes.values() for b in e.blocks}
-        return len(held) * self.block_bytes
+        total = len(held) * self.full.block_bytes
+        if self.window_caches is not None:
+            window = {b for e in self.prefixes.values() for b in e.window_blocks}
+            total += len(window) * self.window_caches.block_bytes
+        return total

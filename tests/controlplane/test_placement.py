@@ -203,3 +203,26 @@ def test_runs_that_fit_no_node_say_what_is_needed_and_what_there_is() -> None:
                     [NodeCapacity("head", 100 * MiB), NodeCapacity("a", 200 * MiB)], head="head")
     with pytest.raises(PlacementError, match="2 stages but only 1 node"):  # pins: a node each
         assign_runs(stages, [NodeCapacity("head", GiB)], head="head", explicit={0: "head"})
+
+
+def test_a_paged_stages_sliding_layers_reserve_kv_for_their_window_only(tmp_path: Path) -> None:
+    """Placement's KV reserve counts a sliding layer at most the tokens it keeps (paged
+    stages), averaged over the layers; without that bound every layer counts the context."""
+    from dataclasses import replace
+
+    from dataplane.runtime.synthetic import LayerShape, synthetic_manifest
+
+    base = synthetic_manifest(LayerShape(hidden=64, heads=2, kv_heads=1, head_dim=32,
+                                         intermediate=128, vocab=100), 6, True, "fp32")
+    stages = (replace(base.stages[0], layer_end=3, bin="s0.bin", first=True, last=False),
+              replace(base.stages[0], index=1, layer_start=3, bin="s1.bin"))
+    manifest = replace(base, stages=stages, model=replace(
+        base.model, sliding_window=512, sliding_layers=(0, 1, 2, 4, 5)))
+    for s in stages:
+        (tmp_path / s.bin).write_bytes(b"\0" * 1000)
+    whole = LayerCost.from_export(manifest, tmp_path, context=4096)
+    assert whole.kv_bytes_per_layer == 2 * 32 * 2 * 4096  # keys and values, f16
+    window = LayerCost.from_export(manifest, tmp_path, context=4096, sliding_tokens=1088)
+    assert window.kv_bytes_per_layer == 2 * 32 * 2 * (4096 + 5 * 1088) // 6
+    short = LayerCost.from_export(manifest, tmp_path, context=512, sliding_tokens=1088)
+    assert short.kv_bytes_per_layer == 2 * 32 * 2 * 512  # within the window: no saving

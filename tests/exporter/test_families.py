@@ -15,7 +15,11 @@ import pytest
 import torch
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.base import StageError
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.kv.blocks import blocks_for
 from dataplane.runtime.kv.masks import MASK_MIN
+from dataplane.runtime.kv.slots import held_slots
 from dataplane.runtime.rope import rope_tables, stage_frequencies
 from exporter.export import ExportError, export_model, model_spec
 from exporter.families import family_of
@@ -54,13 +58,27 @@ def _build(out_dir: Path, family: str) -> Path:
     return build_llama(out_dir, tied=False, norm_spread=0.3, **FAMILIES[family])
 
 
+_EXPORTS: dict[str, tuple[Path, Path]] = {}  # each family's model and export, built once
+
+
+def _export(family: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if family not in _EXPORTS:
+        root = tmp_path_factory.mktemp(family)
+        model_dir = _build(root / "model", family)
+        export_model(open_source(str(model_dir)), SPLITS[family], "fp32", root / "export")
+        _EXPORTS[family] = model_dir, root / "export"
+    return _EXPORTS[family]
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family_export(request, tmp_path_factory: pytest.TempPathFactory):
     """(model dir, its export in 3 uneven stages) for each family."""
-    root = tmp_path_factory.mktemp(request.param)
-    model_dir = _build(root / "model", request.param)
-    export_model(open_source(str(model_dir)), SPLITS[request.param], "fp32", root / "export")
-    return model_dir, root / "export"
+    return _export(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gemma3_export(tmp_path_factory: pytest.TempPathFactory):
+    return _export("gemma3", tmp_path_factory)
 
 
 def _run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:
@@ -356,3 +374,104 @@ def test_the_manifest_states_the_capped_context(tmp_path: Path) -> None:
     model_dir = build_llama(tmp_path, arch="phi3", pad_token_id=None, sliding_window=256,
                             layers=1)
     assert model_spec(open_source(str(model_dir))).max_position_embeddings == 256
+
+
+class NarrowMargin(RuntimeSpec):
+    """Exact numerics on paged stages whose sliding layers keep 8 tokens beyond their
+    window: the deepest rewind of a speculation of 4 drafts, and narrow enough for a
+    short generation to free blocks (a block holds 32 tokens)."""
+
+    sliding_margin = 8
+
+
+WINDOW_TOKENS = 96  # 12 windows, the context over 4 blocks
+
+
+def _window_blocks(chain: LocalChain, sid: int, seen: dict[int, list[tuple[int, int]]]) -> None:
+    """Note each stage's (sliding, global) block counts of stream ``sid`` after a step."""
+    for i, runner in enumerate(chain.runners):
+        seq = runner.streams.get(sid)
+        if seq is None:  # (the stream ended)
+            continue
+        assert runner.window is not None
+        assert len(seq.window_blocks) + seq.window_first == len(seq.blocks)
+        seen.setdefault(i, []).append((len(seq.window_blocks), len(seq.blocks)))
+
+
+@pytest.mark.slow
+def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_export) -> None:
+    """On paged stages a sliding layer keeps the blocks of its window and margin only, the
+    older ones freed to its own pool, while the global layers' tables grow: greedy tokens
+    stay Hugging Face's over 12 windows, and so do a speculative decoding rejecting drafts
+    all along (rewinds within the margin) and a prompt whose whole start is a prefix-cache
+    hit; a rewind past the margin, or a prefix whose window was freed, is refused and
+    changes nothing."""
+    model_dir, export_dir = gemma3_export
+    hf = open_source(str(model_dir)).load_hf_model()
+    tokenizer = ChatTokenizer(export_dir)
+    prompt = tokenizer.encode(DEFAULT_PROMPTS[0])
+    reference = hf_greedy(hf, prompt, WINDOW_TOKENS)
+    spec = NarrowMargin(precision="f32", kv_cache_precision="f32",
+                        dynamic_quantization=False, paged_attention=True)
+    chain = LocalChain.load(str(export_dir), spec)
+    window = chain.runners[0].window
+    assert window is not None and (window.window, window.margin) == (WINDOW, 8)
+    kept = blocks_for(WINDOW - 1 + 8, window.block_size) + 1  # the most a window spans
+
+    seen: dict[int, list[tuple[int, int]]] = {}
+    got = []
+    for token in generate_greedy(chain, prompt, WINDOW_TOKENS, stream_id=1):
+        got.append(token)
+        _window_blocks(chain, 1, seen)
+        if len(got) == WINDOW_TOKENS - 1:  # the stream kept open for what follows
+            break
+    assert got == reference[:-1]
+    for counts in seen.values():
+        assert max(w for w, _ in counts) <= kept
+        assert counts[-1][1] == blocks_for(len(prompt) + WINDOW_TOKENS - 2, window.block_size)
+        assert counts[-1][1] >= 2 * kept  # the global layers' table outgrew the window's
+    for runner in chain.runners:  # the pools count what the tables hold
+        seq = runner.streams[1]
+        assert runner.window_caches.pool.used == len(seq.window_blocks)
+        assert runner.pool.used == len(seq.blocks)
+        # and the stage's held slots (status) leave out what the sliding layers freed
+        assert 0 < held_slots(runner) < seq.length
+
+    # a rewind past the window and margin is refused, the stream left as it was
+    runner = chain.runners[1]
+    before = (runner.streams[1].length, list(runner.streams[1].blocks),
+              list(runner.streams[1].window_blocks))
+    with pytest.raises(StageError, match="sliding layers keep the last 8 keys and a margin"):
+        runner.mask_tail(1, 8 + WINDOW + window.block_size)
+    seq = runner.streams[1]
+    assert (seq.length, seq.blocks, seq.window_blocks) == before
+    runner.mask_tail(1, 8)  # within the margin
+    # a prefix whose sliding blocks were freed is refused by the stream it would start
+    runner.save_prefix(1, 7, WINDOW)
+    runner.reset_stream(2)
+    with pytest.raises(StageError, match="sliding layers kept the keys from position"):
+        runner.load_prefix(2, 7, WINDOW)
+    assert runner.streams[2].length == 0 and not runner.streams[2].window_blocks
+    runner.drop_prefix(7)
+    chain.close_stream(1)
+    chain.close_stream(2)
+    assert all(r.pool.used == 0 and r.window_caches.pool.used == 0 for r in chain.runners)
+
+    stats, seen = SpeculativeStats(), {}
+    drafter = ScriptedDrafter(prompt, reference)
+    got = []
+    for token in generate_speculative(chain, prompt, WINDOW_TOKENS, drafter=drafter, k=4,
+                                      stats=stats, stream_id=3):
+        got.append(token)
+        _window_blocks(chain, 3, seen)
+    assert got == reference
+    assert stats.rejections > 10 and stats.accepted > 10
+    assert all(max(w for w, _ in counts) <= kept for counts in seen.values())
+
+    scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
+    first = _run_to_end(scheduler, DecodeSession(4, prompt, TOKENS))
+    longer = prompt + first + tokenizer.encode(" and then", chat=False)
+    session = DecodeSession(5, longer, TOKENS)
+    got = _run_to_end(scheduler, session)
+    assert session.cached_tokens == len(prompt) + TOKENS - 1  # the whole entry
+    assert got == hf_greedy(hf, longer, TOKENS)

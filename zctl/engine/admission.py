@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from zctl.engine.constraints import TokenConstraint
 from zctl.engine.drafting import Drafter, LookupDrafter
+from zctl.engine.kv_cost import EVERY_TOKEN, KvCost
 from zctl.engine.pipelined import PipelinedSession
 from zctl.engine.requests import MAX_DRAFT_TOKENS, GenerationRequest, RequestRefused, Sampling
 from zctl.engine.sampling import SamplingParams
@@ -38,6 +39,7 @@ class SessionLimits:
     kv_budget_tokens: int | None
     vocab_size: int
     stop_ids: Sequence[int]
+    kv_cost: KvCost = EVERY_TOKEN  # what a stream's tokens cost against the budget
 
 
 def new_tokens_allowed(prompt_tokens: int, max_tokens: int, limits: SessionLimits) -> int:
@@ -53,7 +55,7 @@ def new_tokens_allowed(prompt_tokens: int, max_tokens: int, limits: SessionLimit
         raise RequestRefused(f"the prompt's {prompt_tokens} tokens plus max_tokens {limit} "
                              f"exceed the model's context of {context} tokens")
     budget = limits.kv_budget_tokens
-    if budget is not None and prompt_tokens + limit > budget:
+    if budget is not None and limits.kv_cost.tokens(prompt_tokens + limit) > budget:
         raise RequestRefused(
             f"the prompt's {prompt_tokens} tokens plus max_tokens {limit} need more KV than "
             f"a stage may hold for one stream ({budget} tokens: its KV memory budget)")

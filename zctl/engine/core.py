@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from zctl.engine.admission import DrafterLoader, SessionLimits, new_session
 from zctl.engine.constraints import GrammarCompiler, GrammarQueue
 from zctl.engine.executor import Executor, PipelineUnreachable
+from zctl.engine.kv_cost import EVERY_TOKEN, KvCost
 from zctl.engine.outcomes import PipelineDown, error_kind, session_tokens, spec_summary, stop_reason
 from zctl.engine.prefill_pieces import CANONICAL, PieceRule
 from zctl.engine.prefix_index import PrefixIndexStats
@@ -94,6 +95,7 @@ class GenerationEngine:
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
                  load_drafter: DrafterLoader | None = None,
                  max_context: int | None = None, kv_budget_tokens: int | None = None,
+                 kv_cost: KvCost = EVERY_TOKEN,
                  prefix_cache_tokens: int = 0, vocab_size: int | None = None,
                  sampling_defaults: Sampling = LLAMA_SERVER_SAMPLING,
                  prefill_pieces: PieceRule = CANONICAL, one_query: bool = True) -> None:
@@ -115,6 +117,8 @@ class GenerationEngine:
         # A stream reserves its prompt + max_tokens when it starts; one that does not fit
         # waits (cached prefixes are evicted first), one that could never fit is refused.
         self.kv_budget_tokens = kv_budget_tokens
+        # what a stream's tokens cost against it (sliding layers that keep only their window)
+        self.kv_cost = kv_cost
         self.prefix_cache_tokens = prefix_cache_tokens  # 0: no prefix cache
         # the model's sampling, for the fields a request leaves out (model_sampling)
         self.sampling_defaults = sampling_defaults
@@ -325,11 +329,13 @@ class GenerationEngine:
         budget = self.kv_budget_tokens
         if budget is None:
             return True
-        free = budget - sum(job.session.kv_tokens for job in self._jobs.values())
-        if session.kv_tokens > free:
+        cost = self.kv_cost.tokens
+        free = budget - sum(cost(job.session.kv_tokens) for job in self._jobs.values())
+        need = cost(session.kv_tokens)
+        if need > free:
             return False
         if self._scheduler is not None:
-            self._scheduler.prefixes.evict(free - session.kv_tokens)
+            self._scheduler.prefixes.evict(free - need)
         return True
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
@@ -348,7 +354,7 @@ class GenerationEngine:
         # its grammar's constraint, compiled since it arrived (raises RequestRefused)
         constraint = self.grammars.take(id(req)) if req.grammar_kind else None
         limits = SessionLimits(self.max_context, self.kv_budget_tokens, self.vocab_size,
-                               self.stop_ids)
+                               self.stop_ids, self.kv_cost)
         return new_session(stream_id, req, self.prompt_ids(req), limits, constraint,
                            self.load_drafter, self.sampling_defaults)
 

@@ -31,9 +31,10 @@ from controlplane.messages import (
 )
 from controlplane.sockets import router_socket
 from dataplane.head.metrics import MeasuredExecutor
-from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.config import RuntimeSpec, sliding_tokens
 from dataplane.runtime.draft_model import DraftModels
 from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, GenerationEngine
+from zctl.engine.kv_cost import EVERY_TOKEN, KvCost
 from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationRequest, RequestRefused
 from zctl.engine.sampling_defaults import model_sampling
 from zctl.engine.tokenizer import ChatTokenizer, TokenizerError
@@ -99,13 +100,29 @@ def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
     return megabytes * 2**20 // kv_bytes_per_token(manifest)
 
 
+def kv_cost(manifest: ExportManifest, runtime: RuntimeSpec | None) -> KvCost:
+    """What a stream's tokens cost against ``kv_tokens``' budget on stages compiled as
+    ``runtime`` says: on paged stages a sliding layer keeps its window, its margin and a
+    step's token, over block edges (``config.sliding_tokens``); elsewhere, or with
+    no runtime known, every layer keeps every token."""
+    model = manifest.model
+    kept = sliding_tokens(runtime, model.sliding_window)
+    if kept is None or not model.sliding_layers:
+        return EVERY_TOKEN
+    sliding = set(model.sliding_layers)
+    stages = tuple((s.layer_end - s.layer_start - n, n) for s in manifest.stages
+                   for n in [len(sliding & set(range(s.layer_start, s.layer_end)))])
+    return KvCost(stages, kept)
+
+
 class GenerationService:
     """Serve generations on ``endpoint`` using the executor ``get_executor()`` returns.
 
     The engine's stop tokens, chat template and default sampling (for what a request
     leaves out) come from ``export_dir``; draft models of
     speculative requests are loaded with ``draft_config`` (None: RuntimeSpec's defaults;
-    the coordinator passes its stages' runtime). ``cluster`` returns the coordinator's
+    the coordinator passes its stages' runtime, which also says what a stream's KV costs
+    against the budget: ``kv_cost``). ``cluster`` returns the coordinator's
     cluster status, which stats read the stages' nodes and node liveness from (None: no
     control plane, the executor is all there is). ``kv_memory_mb``: the KV a stage may hold
     for running streams and cached prefixes together (None: no limit), ``prefix_cache_mb``
@@ -133,6 +150,7 @@ class GenerationService:
             max_context=manifest.model.max_position_embeddings,
             vocab_size=manifest.model.vocab_size,
             kv_budget_tokens=None if kv_memory_mb is None else kv_tokens(manifest, kv_memory_mb),
+            kv_cost=kv_cost(manifest, draft_config),
             prefix_cache_tokens=kv_tokens(manifest, prefix_cache_mb),
             sampling_defaults=model_sampling(manifest.generation_config))
         self._stats = StatsCollector(manifest, self.engine, get_executor, cluster)

@@ -5,6 +5,14 @@ vLLM and openvino_genai do): a sequence is a block table plus a length. Rewindin
 sequence only shortens it (its later slots are written over); a cached prefix shares
 its blocks with the streams that start with it, reference-counted, and a block is
 copied before a sequence writes into one it shares (copy-on-write).
+
+A stage whose layers include sliding-window ones (Gemma 3) keeps their KV in blocks of a
+pool of their own, and a sequence a second table for them (``window_blocks``): the blocks
+of its last ``window + margin`` tokens (``SlidingWindow``), the earlier ones freed as the
+sequence grows. Its table as PagedAttention reads it is as long as the global layers'
+(the two share ``block_indices_begins``), the freed blocks' entries pointing to a block
+that is never written (``window_table``): the kernel gives the keys outside a query's
+window a weight of 0, so what a freed entry points at never counts.
 """
 
 from __future__ import annotations
@@ -68,17 +76,61 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+@dataclass(frozen=True)
+class SlidingWindow:
+    """What a sliding layer of ``window`` keys (a query's latest, itself included) keeps in
+    blocks of ``block_size``: every block holding one of a sequence's last ``window - 1 +
+    margin`` tokens, so a rewind of up to ``margin`` tokens finds the window of the query
+    after it whole (``margin``: the deepest rewind the engine asks for)."""
+
+    window: int
+    margin: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.margin < 0 or self.block_size < 1:
+            raise ValueError(f"a sliding window of at least 1 key, a margin >= 0 and blocks "
+                             f"of at least 1 slot, not {self.window}, {self.margin}, "
+                             f"{self.block_size}")
+
+    def needed_from(self, length: int) -> int:
+        """The first block a sequence of ``length`` tokens needs to go on: its next query
+        (position ``length``) sees the keys from ``length - window + 1``."""
+        return max(0, length - self.window + 1) // self.block_size
+
+    def kept_from(self, length: int) -> int:
+        """The first block a sequence of ``length`` tokens keeps: the block needed after a
+        rewind of ``margin`` tokens."""
+        return self.needed_from(max(0, length - self.margin))
+
+    def blocks_bound(self, tokens: int) -> int:
+        """The most blocks a sequence holds for its sliding layers while a step writes
+        ``tokens`` more: its kept tokens and the step's, over block edges."""
+        return blocks_for(self.window - 1 + self.margin + tokens, self.block_size) + 1
+
+
 @dataclass
 class PagedSequence:
-    """One stream's KV: ``blocks`` hold its ``length`` tokens (slot i is block i // size)."""
+    """One stream's KV: ``blocks`` hold its ``length`` tokens (slot i is block i // size);
+    on a stage with sliding layers, ``window_blocks`` hold theirs from table entry
+    ``window_first`` on (the entries before it are freed)."""
 
     blocks: list[int] = field(default_factory=list)
     length: int = 0
+    window_blocks: list[int] = field(default_factory=list)
+    window_first: int = 0
+    # the share of its stage's layers that slide, and their blocks' size: what ``physical``
+    # leaves out for the blocks they freed (0: no layer slides)
+    sliding_share: float = 0.0
+    block_size: int = 0
 
     # the slot-table interface of the other runners (held_slots, stats)
     @property
     def physical(self) -> int:
-        return self.length
+        """KV slots it holds, averaged over its stage's layers: the slots of the blocks its
+        sliding layers freed not counted."""
+        freed = min(self.length, self.window_first * self.block_size)
+        return self.length - round(self.sliding_share * freed)
 
     @property
     def logical(self) -> int:
@@ -89,9 +141,19 @@ class PagedSequence:
         return np.ones(self.length, dtype=bool)
 
 
+def window_table(seq: PagedSequence, entries: int, freed: int) -> list[int]:
+    """The sliding layers' first ``entries`` table entries of ``seq``: block ``freed`` for
+    each entry whose block was freed, then its kept blocks."""
+    first = min(seq.window_first, entries)
+    return [freed] * first + seq.window_blocks[:entries - first]
+
+
 @dataclass(frozen=True)
 class PrefixBlocks:
-    """A stored prefix: the first ``length`` tokens' KV in ``blocks`` (each retained)."""
+    """A stored prefix: the first ``length`` tokens' KV in ``blocks`` (each retained), and
+    its sliding layers' kept blocks from table entry ``window_first`` on."""
 
     blocks: list[int]
     length: int
+    window_blocks: list[int] = field(default_factory=list)
+    window_first: int = 0

@@ -542,3 +542,38 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < end, "not reached in time"
         time.sleep(0.01)
+
+
+def test_kv_cost_counts_sliding_layers_at_their_window_on_paged_stages() -> None:
+    """Paged stages' sliding layers keep their window, margin and a step's token over
+    block edges; stateful stages, or a runtime not known, keep every token."""
+    from dataclasses import replace
+
+    from dataplane.runtime.config import RuntimeSpec
+    from dataplane.runtime.synthetic import LayerShape, synthetic_manifest
+    from zctl.engine.kv_cost import EVERY_TOKEN
+    from zctl.service.server import kv_cost
+
+    base = synthetic_manifest(LayerShape(hidden=64, heads=2, kv_heads=1, head_dim=32,
+                                         intermediate=128, vocab=100), 6, True, "fp32")
+    stage = base.stages[0]
+    manifest = replace(
+        base, model=replace(base.model, sliding_window=512, sliding_layers=(0, 1, 2, 4)),
+        stages=(replace(stage, layer_end=3), replace(stage, index=1, layer_start=3)))
+    paged = RuntimeSpec(paged_attention=True)
+    cost = kv_cost(manifest, paged)
+    kept = (-(-(512 - 1 + paged.sliding_margin + 1) // 32) + 1) * 32
+    assert cost.stages == ((0, 3), (2, 1)) and cost.sliding_tokens == kept
+    assert cost.tokens(8192) == -(-(2 * 8192 + kept) // 3)
+    assert kv_cost(manifest, RuntimeSpec()) == kv_cost(manifest, None) == EVERY_TOKEN
+    assert kv_cost(base, paged) == EVERY_TOKEN  # no sliding layer
+
+
+def test_a_sliding_layer_holds_its_window_margin_and_a_step_on_paged_stages_only() -> None:
+    from dataplane.runtime.config import RuntimeSpec, sliding_tokens
+
+    paged = RuntimeSpec(paged_attention=True)
+    # 511 keys before a query, 528 of margin and the step's token: 33 blocks, +1 over edges
+    assert sliding_tokens(paged, 512) == 34 * 32
+    assert sliding_tokens(RuntimeSpec(), 512) is None  # stateful stages keep every token
+    assert sliding_tokens(paged, 0) is None and sliding_tokens(None, 512) is None
