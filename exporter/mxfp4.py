@@ -14,7 +14,8 @@ float64, where every E2M1 number times 2 ** -127 to 2 ** 128 is exact) and round
 the dtype, as ``torch.ldexp`` does there. So scale byte 255 (E8M0's NaN) reads as 2 ** 128,
 as there: 0 stays 0, 0.5 becomes 2 ** 127, larger values overflow float32 to infinity (and
 bfloat16's range is float32's; float16 overflows far sooner). A checkpoint's reader refuses
-non-finite weights itself.
+non-finite weights itself. ``quantize_rows`` is the way back (round to nearest), for tests
+and measurements.
 """
 
 from __future__ import annotations
@@ -83,6 +84,32 @@ def dequantize_experts(blocks: torch.Tensor, scales: torch.Tensor,
     for expert in range(experts):
         out[expert] = dequantize_rows(blocks[expert], scales[expert], dtype).transpose(0, 1)
     return out
+
+
+def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [..., K] (K a multiple of 32) as blocks [..., K/32, 16] and scales [..., K/32]:
+    each block's scale the least power of two 2 ** e with max|x| / 2 ** e <= 6, each value
+    the nearest E2M1 number times it (a tie to the smaller magnitude), two codes a byte."""
+    if rows.shape[-1] % BLOCK_VALUES:
+        raise Mxfp4Error(f"rows of {rows.shape[-1]} values are no whole blocks of {BLOCK_VALUES}")
+    x = rows.to(torch.float64).reshape(*rows.shape[:-1], -1, BLOCK_VALUES)
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    exponent = torch.ceil(torch.log2(torch.where(amax > 0, amax / E2M1_MAGNITUDES[-1], 1.0)))
+    exponent = torch.where(amax > 0, exponent, -SCALE_BIAS).clamp(-SCALE_BIAS, SCALE_BIAS)
+    scaled = x / torch.pow(2.0, exponent)
+    magnitudes = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64)
+    nearest = (scaled.abs().unsqueeze(-1) - magnitudes).abs().argmin(dim=-1)
+    codes = (nearest | torch.where(scaled < 0, 0x8, 0)).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    scales = (exponent.squeeze(-1) + SCALE_BIAS).to(torch.uint8)
+    return blocks.contiguous(), scales.contiguous()
+
+
+def quantize_experts(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stacked pair that ``dequantize_experts`` reads back as ``weight`` [E, A, B]
+    rounded to MXFP4: blocks [E, B, A/32, 16], running along A (for gpt-oss's
+    [E, in, out] tensors, along their input dimension)."""
+    return quantize_rows(weight.transpose(1, 2).contiguous())
 
 
 def pair_names(name: str) -> tuple[str, str]:

@@ -16,8 +16,9 @@ from exporter.mxfp4 import (
     experts_shape,
     paired_tensor,
     quant_method,
+    quantize_experts,
+    quantize_rows,
 )
-from tests.helpers.mxfp4 import quantize_experts
 
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -86,6 +87,8 @@ def test_malformed_pairs_are_refused() -> None:
         dequantize_rows(blocks.to(torch.int16), scales)
     with pytest.raises(Mxfp4Error, match="need scales of shape"):
         dequantize_rows(blocks, scales[..., :3])
+    with pytest.raises(Mxfp4Error, match="no whole blocks"):
+        quantize_rows(torch.zeros(2, 48))
     with pytest.raises(Mxfp4Error, match="experts, rows, blocks"):
         dequantize_experts(blocks[0], scales[0])
     assert experts_shape((3, 8, 4, 16), (3, 8, 4), "x") == (3, 128, 8)
