@@ -21,6 +21,7 @@ and measurements.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import torch
 
@@ -123,6 +124,26 @@ def paired_tensor(stored: str) -> str | None:
         if stored.endswith(suffix):
             return stored[: -len(suffix)]
     return None
+
+
+def stored_pairs(names: Iterable[str]) -> list[str]:
+    """The tensors a checkpoint of these tensor names stores as MXFP4 pairs (``X`` of
+    ``X_blocks`` and ``X_scales``), sorted; Mxfp4Error for a half without its other half,
+    or a pair of a tensor other than a layer's experts' ``gate_up_proj`` or ``down_proj``."""
+    halves: dict[str, set[str]] = {}
+    for stored in names:
+        tensor = paired_tensor(stored)
+        if tensor is not None:
+            halves.setdefault(tensor, set()).add(stored)
+    for tensor, found in sorted(halves.items()):
+        if not EXPERT_PROJECTION.fullmatch(tensor):
+            raise Mxfp4Error(f"tensor {tensor} is stored in MXFP4 ({sorted(found)[0]}); MXFP4 "
+                             "is read for a layer's experts' gate_up_proj and down_proj only")
+        missing = set(pair_names(tensor)) - found
+        if missing:
+            raise Mxfp4Error(f"{sorted(found)[0]} has no {missing.pop()} beside it (an MXFP4 "
+                             "tensor is a pair of blocks and scales)")
+    return sorted(halves)
 
 
 def experts_shape(blocks_shape: tuple[int, ...], scales_shape: tuple[int, ...],

@@ -18,6 +18,14 @@ from typing import Any
 import torch
 
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
+from exporter.mxfp4 import (
+    Mxfp4Error,
+    dequantize_experts,
+    experts_shape,
+    pair_names,
+    quant_method,
+    stored_pairs,
+)
 from exporter.stage_module import DecoderShape
 from zctl.manifest import (
     GENERATION_CONFIG_NAME,
@@ -27,6 +35,7 @@ from zctl.manifest import (
 )
 
 DEFAULT_MODEL = "smollm2-135m"
+MXFP4 = "mxfp4"  # the one quant_method a checkpoint's config may name (its experts in MXFP4)
 GEMMA3_270M = "gemma3-270m"  # Gemma 3 270M in Q4_K_M, from the `gemma3` extra's packages
 
 
@@ -166,6 +175,15 @@ class ModelSource:
         value = self.tensor(name)
         return None if value is None else int(value.shape[0])
 
+    def stacked_experts_shape(self, name: str) -> tuple[int, int, int]:
+        """The shape the config gives a layer's stacked experts' projection: ``...mlp.experts.
+        gate_up_proj`` [experts, 2 * expert_intermediate, hidden], ``...down_proj`` [experts,
+        hidden, expert_intermediate]."""
+        shape = self.decoder_shape()
+        if name.endswith(".gate_up_proj"):
+            return shape.experts, 2 * shape.expert_intermediate, shape.hidden_size
+        return shape.experts, shape.hidden_size, shape.expert_intermediate
+
     def check_experts(self) -> None:
         """SourceError unless every layer stores the experts its config gives it: its
         num_experts in a mixture-of-experts layer, none in a dense one (read from the
@@ -295,7 +313,60 @@ class SafetensorsSource(ModelSource):
             self.generation_config = None
         self._where = self._index()
         self._handles: dict[str, Any] = {}
+        self._mxfp4 = self._mxfp4_experts()
         self.check_experts()
+
+    def _quant_method(self) -> str | None:
+        """The quant_method of config.json's quantization_config (None: it has none)."""
+        try:
+            return quant_method(getattr(self.config, "quantization_config", None))
+        except Mxfp4Error as exc:
+            raise SourceError(f"{self.path}: {exc}") from None
+
+    def _mxfp4_experts(self) -> dict[str, int]:
+        """The experts' projections stored as MXFP4 pairs, by name, with their expert counts;
+        SourceError for a quantization the exporter does not read, or a pair that is
+        incomplete, of another tensor, or of another shape than the config makes (read from
+        names and headers only, no weight loaded)."""
+        method = self._quant_method()
+        if method not in (None, MXFP4):
+            raise SourceError(
+                f"{self.path}: its weights are quantized with {method!r} (config.json's "
+                f"quantization_config); the exporter reads unquantized checkpoints, and "
+                f"experts stored in MXFP4 (quant_method {MXFP4!r})")
+        try:
+            pairs = stored_pairs(self._where)
+        except Mxfp4Error as exc:
+            raise SourceError(f"{self.path}: {exc}") from None
+        if pairs and method != MXFP4:
+            raise SourceError(f"{self.path}: tensor {pairs[0]} is stored in MXFP4, and "
+                              f"config.json has no quantization_config of quant_method {MXFP4!r}")
+        experts = {}
+        for name in pairs:
+            blocks, scales = (self._header(stored) for stored in pair_names(name))
+            if blocks[1] != "U8" or scales[1] != "U8":
+                raise SourceError(f"{self.path}: MXFP4 tensor {name}'s blocks and scales are "
+                                  f"{blocks[1]} and {scales[1]}, not U8")
+            try:
+                reads_as = experts_shape(blocks[0], scales[0], name)
+            except Mxfp4Error as exc:
+                raise SourceError(f"{self.path}: {exc}") from None
+            want = self.stacked_experts_shape(name)
+            # a count of experts that disagrees is check_experts' to name, layer by layer
+            if reads_as[1:] != want[1:]:
+                raise SourceError(f"{self.path}: MXFP4 tensor {name} reads as {list(reads_as)} "
+                                  f"[experts, rows, columns], and the config makes it "
+                                  f"{list(want)} (hidden_size, moe_intermediate_size)")
+            experts[name] = reads_as[0]
+        return experts
+
+    def _header(self, name: str) -> tuple[tuple[int, ...], str]:
+        """Stored tensor ``name``'s shape and safetensors dtype, read without its data."""
+        from safetensors import safe_open
+
+        with safe_open(self.path / self._where[name], framework="pt") as handle:
+            part = handle.get_slice(name)
+            return tuple(int(d) for d in part.get_shape()), str(part.get_dtype())
 
     def _index(self) -> dict[str, str]:
         index = self.path / "model.safetensors.index.json"
@@ -310,6 +381,23 @@ class SafetensorsSource(ModelSource):
             return {key: single.name for key in handle.keys()}
 
     def tensor(self, name: str) -> torch.Tensor | None:
+        """Tensor ``name`` as stored, or a layer's experts' projection dequantized from its
+        MXFP4 pair as transformers loads it (that projection alone, in float32)."""
+        if name in self._mxfp4 and name not in self._where:
+            return self._dequantized(name)
+        return self._read(name)
+
+    def _dequantized(self, name: str) -> torch.Tensor:
+        blocks, scales = (self._read(stored) for stored in pair_names(name))
+        if blocks is None or scales is None:  # _mxfp4_experts found both: a changed file
+            raise SourceError(f"{self.path}: MXFP4 tensor {name}'s blocks or scales are gone")
+        value = dequantize_experts(blocks, scales)
+        if not torch.isfinite(value).all():
+            raise SourceError(f"{self.path}: MXFP4 tensor {name} has weights beyond float32's "
+                              "range (a scale of 2**128, E8M0's NaN byte 255, or near it)")
+        return value
+
+    def _read(self, name: str) -> torch.Tensor | None:
         file_name = self._where.get(name)
         if file_name is None:
             return None
@@ -323,6 +411,8 @@ class SafetensorsSource(ModelSource):
         return list(self._where)
 
     def tensor_rows(self, name: str) -> int | None:
+        if name in self._mxfp4 and name not in self._where:
+            return self._mxfp4[name]
         file_name = self._where.get(name)
         if file_name is None:
             return None
