@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 import torch
 
+MXFP4 = "mxfp4"  # the quant_method of such a checkpoint's quantization_config
 BLOCKS, SCALES = "_blocks", "_scales"
 BLOCK_BYTES = 16  # a block's 32 values, two a byte
 BLOCK_VALUES = 2 * BLOCK_BYTES
@@ -158,6 +159,44 @@ def experts_shape(blocks_shape: tuple[int, ...], scales_shape: tuple[int, ...],
                          f"{list(blocks_shape)} need {list(blocks_shape[:-1])}")
     experts, rows, groups, _ = blocks_shape
     return experts, groups * BLOCK_VALUES, rows
+
+
+Header = tuple[tuple[int, ...], str]  # a stored tensor's shape and safetensors dtype ("U8")
+
+
+def stacked_experts(name: str, blocks: Header, scales: Header,
+                    want: tuple[int, int, int]) -> int:
+    """The experts of the stacked pair of tensor ``name`` (from its halves' headers), which
+    must read as ``want`` [experts, rows, columns] but for the count of experts (a layer's
+    count is checked against the config with the experts stored otherwise); Mxfp4Error
+    for halves not uint8, or shapes that are no stacked pair's or not ``want``'s."""
+    if blocks[1] != "U8" or scales[1] != "U8":
+        raise Mxfp4Error(f"MXFP4 tensor {name}'s blocks and scales are {blocks[1]} and "
+                         f"{scales[1]}, not U8")
+    reads_as = experts_shape(blocks[0], scales[0], name)
+    if not want[0]:
+        raise Mxfp4Error(f"MXFP4 tensor {name} holds experts, and the config makes no "
+                         "mixture of experts")
+    if reads_as[1:] != want[1:]:
+        raise Mxfp4Error(f"MXFP4 tensor {name} reads as {list(reads_as)} [experts, rows, "
+                         f"columns], and the config makes it {list(want)}")
+    return reads_as[0]
+
+
+def check_quant_method(method: str | None) -> None:
+    """Mxfp4Error unless a config naming quant_method ``method`` (None: no
+    quantization_config) is one the exporter reads: no quantization, or MXFP4."""
+    if method not in (None, MXFP4):
+        raise Mxfp4Error(f"its weights are quantized with {method!r} (config.json's "
+                         "quantization_config); the exporter reads unquantized checkpoints, "
+                         f"and experts stored in MXFP4 (quant_method {MXFP4!r})")
+
+
+def check_pairs_declared(method: str | None, pairs: list[str]) -> None:
+    """Mxfp4Error when a checkpoint stores MXFP4 ``pairs`` and its config does not say so."""
+    if pairs and method != MXFP4:
+        raise Mxfp4Error(f"tensor {pairs[0]} is stored in MXFP4, and config.json has no "
+                         f"quantization_config of quant_method {MXFP4!r}")
 
 
 def quant_method(quantization_config: object) -> str | None:

@@ -20,10 +20,12 @@ import torch
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
 from exporter.mxfp4 import (
     Mxfp4Error,
+    check_pairs_declared,
+    check_quant_method,
     dequantize_experts,
-    experts_shape,
     pair_names,
     quant_method,
+    stacked_experts,
     stored_pairs,
 )
 from exporter.stage_module import DecoderShape
@@ -35,7 +37,6 @@ from zctl.manifest import (
 )
 
 DEFAULT_MODEL = "smollm2-135m"
-MXFP4 = "mxfp4"  # the one quant_method a checkpoint's config may name (its experts in MXFP4)
 GEMMA3_270M = "gemma3-270m"  # Gemma 3 270M in Q4_K_M, from the `gemma3` extra's packages
 
 
@@ -316,49 +317,21 @@ class SafetensorsSource(ModelSource):
         self._mxfp4 = self._mxfp4_experts()
         self.check_experts()
 
-    def _quant_method(self) -> str | None:
-        """The quant_method of config.json's quantization_config (None: it has none)."""
-        try:
-            return quant_method(getattr(self.config, "quantization_config", None))
-        except Mxfp4Error as exc:
-            raise SourceError(f"{self.path}: {exc}") from None
-
     def _mxfp4_experts(self) -> dict[str, int]:
         """The experts' projections stored as MXFP4 pairs, by name, with their expert counts;
         SourceError for a quantization the exporter does not read, or a pair that is
         incomplete, of another tensor, or of another shape than the config makes (read from
-        names and headers only, no weight loaded)."""
-        method = self._quant_method()
-        if method not in (None, MXFP4):
-            raise SourceError(
-                f"{self.path}: its weights are quantized with {method!r} (config.json's "
-                f"quantization_config); the exporter reads unquantized checkpoints, and "
-                f"experts stored in MXFP4 (quant_method {MXFP4!r})")
+        config.json, names and headers, no weight loaded)."""
         try:
+            method = quant_method(getattr(self.config, "quantization_config", None))
+            check_quant_method(method)
             pairs = stored_pairs(self._where)
+            check_pairs_declared(method, pairs)
+            return {name: stacked_experts(name, *(self._header(half) for half in pair_names(name)),
+                                          self.stacked_experts_shape(name))
+                    for name in pairs}
         except Mxfp4Error as exc:
             raise SourceError(f"{self.path}: {exc}") from None
-        if pairs and method != MXFP4:
-            raise SourceError(f"{self.path}: tensor {pairs[0]} is stored in MXFP4, and "
-                              f"config.json has no quantization_config of quant_method {MXFP4!r}")
-        experts = {}
-        for name in pairs:
-            blocks, scales = (self._header(stored) for stored in pair_names(name))
-            if blocks[1] != "U8" or scales[1] != "U8":
-                raise SourceError(f"{self.path}: MXFP4 tensor {name}'s blocks and scales are "
-                                  f"{blocks[1]} and {scales[1]}, not U8")
-            try:
-                reads_as = experts_shape(blocks[0], scales[0], name)
-            except Mxfp4Error as exc:
-                raise SourceError(f"{self.path}: {exc}") from None
-            want = self.stacked_experts_shape(name)
-            # a count of experts that disagrees is check_experts' to name, layer by layer
-            if reads_as[1:] != want[1:]:
-                raise SourceError(f"{self.path}: MXFP4 tensor {name} reads as {list(reads_as)} "
-                                  f"[experts, rows, columns], and the config makes it "
-                                  f"{list(want)} (hidden_size, moe_intermediate_size)")
-            experts[name] = reads_as[0]
-        return experts
 
     def _header(self, name: str) -> tuple[tuple[int, ...], str]:
         """Stored tensor ``name``'s shape and safetensors dtype, read without its data."""
@@ -413,13 +386,9 @@ class SafetensorsSource(ModelSource):
     def tensor_rows(self, name: str) -> int | None:
         if name in self._mxfp4 and name not in self._where:
             return self._mxfp4[name]
-        file_name = self._where.get(name)
-        if file_name is None:
+        if name not in self._where:
             return None
-        from safetensors import safe_open
-
-        with safe_open(self.path / file_name, framework="pt") as handle:
-            return int(handle.get_slice(name).get_shape()[0])
+        return self._header(name)[0][0]
 
     def release(self) -> None:
         self._handles.clear()

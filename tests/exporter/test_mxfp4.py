@@ -9,6 +9,8 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from exporter.mxfp4 import (
     Mxfp4Error,
+    check_pairs_declared,
+    check_quant_method,
     dequantize_experts,
     dequantize_rows,
     e2m1_values,
@@ -18,6 +20,8 @@ from exporter.mxfp4 import (
     quant_method,
     quantize_experts,
     quantize_rows,
+    stacked_experts,
+    stored_pairs,
 )
 
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -107,3 +111,33 @@ def test_names_and_quant_methods() -> None:
     assert quant_method({}) == "?"
     with pytest.raises(Mxfp4Error, match="not an object"):
         quant_method("mxfp4")
+
+
+def test_which_pairs_and_configs_are_read() -> None:
+    experts = "model.layers.3.mlp.experts"
+    names = [f"{experts}.down_proj_blocks", f"{experts}.down_proj_scales", "lm_head.weight"]
+    assert stored_pairs(names) == [f"{experts}.down_proj"]
+    with pytest.raises(Mxfp4Error, match="has no model.layers.3.mlp.experts.down_proj_scales"):
+        stored_pairs(names[:1])
+    with pytest.raises(Mxfp4Error, match="lm_head.weight is stored in MXFP4"):
+        stored_pairs(["lm_head.weight_blocks", "lm_head.weight_scales"])
+    check_quant_method(None)
+    check_quant_method("mxfp4")
+    with pytest.raises(Mxfp4Error, match="quantized with 'awq'"):
+        check_quant_method("awq")
+    check_pairs_declared(None, [])
+    check_pairs_declared("mxfp4", [f"{experts}.down_proj"])
+    with pytest.raises(Mxfp4Error, match="no quantization_config of quant_method 'mxfp4'"):
+        check_pairs_declared(None, [f"{experts}.down_proj"])
+
+
+def test_a_pair_must_read_as_the_config_says() -> None:
+    blocks, scales = ((4, 64, 2, 16), "U8"), ((4, 64, 2), "U8")
+    assert stacked_experts("x", blocks, scales, (4, 64, 64)) == 4
+    assert stacked_experts("x", blocks, scales, (8, 64, 64)) == 4  # the count is checked apart
+    with pytest.raises(Mxfp4Error, match=r"reads as \[4, 64, 64\].*makes it \[4, 64, 32\]"):
+        stacked_experts("x", blocks, scales, (4, 64, 32))
+    with pytest.raises(Mxfp4Error, match="makes no mixture of experts"):
+        stacked_experts("x", blocks, scales, (0, 0, 64))
+    with pytest.raises(Mxfp4Error, match="are F32 and U8, not U8"):
+        stacked_experts("x", (blocks[0], "F32"), scales, (4, 64, 64))
