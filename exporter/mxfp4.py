@@ -16,6 +16,10 @@ as there: 0 stays 0, 0.5 becomes 2 ** 127, larger values overflow float32 to inf
 bfloat16's range is float32's; float16 overflows far sooner). A checkpoint's reader refuses
 non-finite weights itself. ``quantize_rows`` is the way back (round to nearest), for tests
 and measurements.
+
+The checks of a checkpoint are here too, on names and headers only: which quant_method its
+config may name (none, or mxfp4), which tensors may be pairs (a layer's experts' two
+projections), and that a pair is whole and of the shape the config makes.
 """
 
 from __future__ import annotations
