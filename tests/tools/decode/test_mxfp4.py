@@ -18,12 +18,12 @@ EXACT = 1e-5  # relative RMS distance of an exact form from the f32 weights (sum
 
 @pytest.fixture(scope="module")
 def fc() -> dict:
-    return fc_case(256, 128, "f32", iters=2)
+    return fc_case(128, 64, "f32", iters=2)
 
 
 @pytest.fixture(scope="module")
 def moe() -> dict:
-    return moe_case(256, 128, experts=8, active=2, precision="f32", iters=2)
+    return moe_case(128, 64, experts=4, active=2, precision="f32", iters=2)
 
 
 def test_a_matmul_keeps_mxfp4_and_is_exact(fc: dict) -> None:
