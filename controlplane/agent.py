@@ -78,6 +78,7 @@ from controlplane.security import CurveClient
 from controlplane.shards import Download, ShardCache, ShardError
 from controlplane.sockets import dealer_socket
 from dataplane.wire.transport import PipeOptions
+from zctl.endpoints import tcp_address
 from zctl.manifest import ManifestError, load_manifest
 from zctl.paths import zctl_home
 
@@ -141,7 +142,7 @@ class NodeAgent:
         host = config.data_host or route_host(endpoint_host(config.coordinator))
         self.host = host
         port = choose_data_port(host, config.state_dir, config.data_port)
-        self.data_addr = f"tcp://{host}:{port}"
+        self.data_addr = tcp_address(host, port)
         self.openvino = config.openvino or openvino_version()
         self.devices = probe_devices()
         self.state = "disconnected"  # enrolling, enrolled, refused, stopped
@@ -179,7 +180,8 @@ class NodeAgent:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Leave the cluster, stop the stage, close the socket and the locator."""
+        """Leave the cluster, stop the stage, close the socket and the locator; a link
+        probe in flight ends within link_probe.POLL_MS (it waits on the same stop)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -490,7 +492,7 @@ class NodeAgent:
         """Time the link to ``msg.peer`` (on the probe thread)."""
         try:
             link = link_from_samples(probe(self._ctx, msg.peer_addr, msg.sizes, msg.rounds,
-                                           msg.timeout_s, self.config.link))
+                                           msg.timeout_s, self.config.link, stop=self._stop))
         except (ProbeError, ProfileError) as exc:
             return LinkReport(msg.probe_id, msg.peer, False, error=str(exc))
         return LinkReport(msg.probe_id, msg.peer, True, link.rtt_s, link.forward_bps,

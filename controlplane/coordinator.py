@@ -101,6 +101,7 @@ from controlplane.stage_planner import StagePlanner
 from controlplane.wiring import PipelinePlan
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.wire.transport import PipeOptions
+from zctl.endpoints import split_address, tcp_address
 from zctl.engine.executor import Executor
 from zctl.manifest import load_manifest
 from zctl.paths import zctl_home
@@ -109,6 +110,7 @@ log = logging.getLogger("zctl.controlplane")
 # heartbeats a spare must have been enrolled for, without a lapse, before it takes back
 # stages a healed node carries (a node that flaps is not given stages to lose again)
 REBALANCE_BEATS = 5
+EVERY_INTERFACE = ("0.0.0.0", "*", "::", "")  # bind hosts no node can connect to
 
 
 @dataclass
@@ -166,10 +168,10 @@ class Coordinator:
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = load_or_create_node_id(cfg.state_dir)
         bind_host = endpoint_host(cfg.endpoint)
-        self.host = cfg.host or (bind_host if bind_host not in ("*", "0.0.0.0", "")
+        self.host = cfg.host or (bind_host if bind_host not in EVERY_INTERFACE
                                  else route_host("192.0.2.1"))
         port = choose_data_port(self.host, cfg.state_dir, cfg.data_port)
-        self.data_addr = f"tcp://{self.host}:{port}"
+        self.data_addr = tcp_address(self.host, port)
         self.openvino = openvino_version()
         self.zctl = zctl_version()
         self.session = uuid.uuid4().hex[:12]
@@ -237,9 +239,8 @@ class Coordinator:
         if self.config.probe_links:
             self._echo = ProbeEcho(self._ctx, self.host, self.config.link)
         bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        port = bound.rsplit(":", 1)[1]
-        self.endpoint = f"tcp://{self.host}:{port}" if endpoint_host(bound) in (
-            "0.0.0.0", "*", "") else bound
+        bound_host, port = split_address(bound)
+        self.endpoint = tcp_address(self.host, port) if bound_host in EVERY_INTERFACE else bound
         log.info("coordinator %s listening on %s (data return pipe %s)", self.node_id,
                  self.endpoint, self.data_addr)
         return self.endpoint
@@ -570,7 +571,8 @@ class Coordinator:
     def _probe_own(self, job: Probe, sizes: list[int]) -> LinkProfile:
         """Time this machine's link to ``job.b`` (on the probe thread)."""
         return link_from_samples(probe(self._ctx, job.b_addr, sizes, self.links.rounds,
-                                       self.links.timeout_s, self.config.link))
+                                       self.links.timeout_s, self.config.link,
+                                       stop=self._stop))
 
     def _advance(self) -> None:
         now = time.monotonic()

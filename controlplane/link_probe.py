@@ -63,6 +63,10 @@ class ProbeError(RuntimeError):
     """A probe could not time its round trips (the peer did not answer in time)."""
 
 
+class ProbeStopped(ProbeError):
+    """A probe was stopped before it finished (its process is stopping)."""
+
+
 def emulated_s(link: PipeOptions | None, nbytes: int, rng: random.Random) -> float:
     """How long an emulated link holds a lone frame of ``nbytes`` before it arrives: its
     serialisation over each leg (relays store and forward), the relays' own delays, the
@@ -158,17 +162,33 @@ def _round_trips(plan: list[tuple[int, int]], rounds: int, begun: float,
         yield from plan
 
 
+def _answered(sock: zmq.Socket, timeout_s: float, stop: threading.Event) -> bool:
+    """Whether ``sock`` has an answer within ``timeout_s``, waiting in slices of at most
+    ``POLL_MS`` so that ``stop`` ends the wait within one (ProbeStopped)."""
+    until = time.monotonic() + timeout_s
+    while not stop.is_set():
+        left = until - time.monotonic()
+        if sock.poll(max(0, min(POLL_MS, int(left * 1000)))):
+            return True
+        if left <= 0:
+            return False
+    raise ProbeStopped("the probe was stopped")
+
+
 def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
           timeout_s: float, link: PipeOptions | None = None,
           budget_s: float = MESSAGE_BUDGET_S,
           time_budget_s: float = PROBE_TIME_BUDGET_S,
-          idle_gap_s: float = IDLE_GAP_S) -> list[LinkSample]:
+          idle_gap_s: float = IDLE_GAP_S,
+          stop: threading.Event | None = None) -> list[LinkSample]:
     """Time round trips to the echo at ``endpoint`` (module docstring; ``link``: this
     process's emulated link; ``budget_s``: the longest one message may hold the link; a
     round after the first starts only within ``time_budget_s`` of the start);
     ProbeError when a round trip is not answered within ``timeout_s`` seconds, or the whole
     probe takes longer than ``rounds`` times that (``idle_gap_s``: the pause before each
-    smallest round trip, not timed)."""
+    smallest round trip, not timed). ``stop``, once set, ends the probe within ``POLL_MS``
+    with ProbeStopped, however long it would still wait for an answer or hold a frame."""
+    stop = stop or threading.Event()
     rng = random.Random()
     sizes = ladder([s for s in sizes if SMALL < s <= MAX_PROBE_BYTES])
     if not sizes:
@@ -183,6 +203,8 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     deadline = begun + timeout_s * max(1, rounds)
     try:
         for out, back in _round_trips(plan, rounds, begun, time_budget_s):
+            if stop.is_set():
+                raise ProbeStopped(f"the probe of {endpoint} was stopped")
             if (out, back) in skipped:
                 continue
             if not affordable(samples[1:], out, back, budget_s):
@@ -198,10 +220,10 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
                 time.sleep(idle_gap_s)  # the echo goes idle, as a pipeline's receiver does
             start = time.perf_counter()
             hold = emulated_s(link, len(body), rng)
-            if hold:
-                time.sleep(hold)
+            if hold and stop.wait(hold):
+                raise ProbeStopped(f"the probe of {endpoint} was stopped")
             sock.send(body)
-            if not sock.poll(int(timeout_s * 1000)) or time.monotonic() > deadline:
+            if not _answered(sock, timeout_s, stop) or time.monotonic() > deadline:
                 raise ProbeError(f"the probe of {endpoint} was not answered within "
                                  f"{timeout_s:g} s")
             reply = sock.recv(copy=False)

@@ -20,6 +20,7 @@ import psutil
 
 from controlplane.checks import NODE_ID_RE
 from controlplane.records import DeviceInfo
+from zctl.endpoints import split_bind_address
 
 log = logging.getLogger("zctl.controlplane")
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -122,9 +123,10 @@ def route_host(target_host: str) -> str:
 
 
 def endpoint_host(endpoint: str) -> str:
-    """'tcp://10.0.0.5:5555' -> '10.0.0.5'."""
-    rest = endpoint.split("://", 1)[-1]
-    return rest.rsplit(":", 1)[0].strip("[]")
+    """'tcp://10.0.0.5:5555' -> '10.0.0.5', 'tcp://[::1]:5555' -> '::1', and of an address
+    to bind 'tcp://127.0.0.1:*' -> '127.0.0.1' (``split_bind_address``); ValueError if
+    ``endpoint`` is no tcp://HOST:PORT address."""
+    return split_bind_address(endpoint)[0]
 
 
 def _port_free(host: str, port: int) -> bool:

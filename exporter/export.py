@@ -106,6 +106,8 @@ def model_spec(source: ModelSource) -> ModelSpec:
         experts=shape.experts,
         active_experts=shape.active_experts,
         expert_intermediate=shape.expert_intermediate,
+        rope_long_inv_freq=tuple(rope.long_inv_freq),
+        rope_short_context=rope.short_context,
     )
 
 
@@ -234,9 +236,11 @@ def export_model(
     except ManifestError as exc:
         raise ExportError(str(exc)) from None
     shape = source.decoder_shape()
-    if static_kv is not None and (shape.sliding_layers or shape.local_rope):
-        raise ExportError(f"{source.location}: a static export of a model with sliding-window "
-                          "layers is not supported (export it without --static)")
+    if static_kv is not None and (shape.sliding_layers or shape.local_rope
+                                  or shape.attention_sinks):
+        what = "attention sinks" if shape.attention_sinks else "sliding-window layers"
+        raise ExportError(f"{source.location}: a static export of a model with {what} "
+                          "is not supported (export it without --static)")
     if weight_format == "int4" and group_size is None:
         group_size = pick_group_size(
             [shape.hidden_size, shape.intermediate_size, shape.num_heads * shape.head_dim]

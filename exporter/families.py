@@ -6,7 +6,8 @@ names (Phi-3 stores Q/K/V and gate/up fused), which extra tensors its layers car
 (Qwen3's per-head RMSNorm on queries and keys), how long a context the export reproduces
 exactly (a sliding window over every layer caps it), how its layers differ (Gemma 3's
 norms, GeGLU MLP, scaled embedding, and sliding-window layers turning with RoPE
-frequencies of their own, Qwen3-MoE's sparse mixture-of-experts layers), and which
+frequencies of their own, Qwen3-MoE's sparse mixture-of-experts layers, gpt-oss's
+attention sinks, alternating sliding windows and clamped-SwiGLU experts), and which
 options of its config the stage module does not implement: a model using one is refused,
 naming the option, never exported wrong.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from exporter.gpt_oss_moe_block import ClampedSwiGLU
 
 ATTENTION, MLP = "self_attn.", "mlp."
 
@@ -53,6 +56,29 @@ class Family:
     # Qwen3-MoE: the MLP of the layers decoder_sparse_step and mlp_only_layers choose is a
     # sparse mixture of SwiGLU experts (a router, softmax, top-k, optionally renormalised)
     moe: bool = False
+    # Phi-3: RoPE may turn only the first head_dim * partial_rotary_factor dimensions of
+    # each head (Phi-4-mini), and may be LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini)
+    phi3_rope: bool = False
+    # gpt-oss: attention sinks (a learned logit per head in every softmax), biases on the
+    # attention's projections, layer_types alternating sliding-window and full layers (one
+    # RoPE table), and every layer's MLP a mixture of experts: a biased router, a softmax
+    # over the top-k logits, clamped-SwiGLU experts with biases (exporter.gpt_oss_moe_block)
+    gpt_oss: bool = False
+
+    @property
+    def has_experts(self) -> bool:
+        """Its layers may hold a mixture of experts (whose weights the checkpoint stacks)."""
+        return self.moe or self.gpt_oss
+
+    @property
+    def layer_tensors(self) -> tuple[str, ...]:
+        """Tensors every layer must store beyond Llama's (names under ``model.layers.{i}.``),
+        biases among them: a checkpoint lacking one is refused before a stage is written."""
+        if not self.gpt_oss:
+            return ()
+        return (ATTENTION + "sinks", MLP + "router.weight", MLP + "router.bias",
+                MLP + "experts.gate_up_proj", MLP + "experts.gate_up_proj_bias",
+                MLP + "experts.down_proj", MLP + "experts.down_proj_bias")
 
     def fused_part(self, name: str, q_rows: int, kv_rows: int, mlp_rows: int
                    ) -> FusedPart | None:
@@ -80,8 +106,12 @@ class Family:
         """The fields of the stage module's DecoderShape by which this family's layers
         differ from Llama's (the sizes are every family's)."""
         options: dict[str, Any] = {"qk_norm": self.qk_norm}
+        if self.phi3_rope:
+            return {**options, "rotary_dim": rotary_dim(config)}
         if self.moe:
             return {**options, **_moe_options(config)}
+        if self.gpt_oss:
+            return {**options, **_gpt_oss_options(config)}
         if not self.gemma:
             return options
         sliding = tuple(i for i, kind in enumerate(config.layer_types)
@@ -106,9 +136,11 @@ FAMILIES = (
     Family("MistralForCausalLM", "mistral", window_on_every_layer=True),
     Family("Qwen2ForCausalLM", "qwen2"),
     Family("Qwen3ForCausalLM", "qwen3", qk_norm=True),
-    Family("Phi3ForCausalLM", "phi3", fused_checkpoint=True, window_on_every_layer=True),
+    Family("Phi3ForCausalLM", "phi3", fused_checkpoint=True, window_on_every_layer=True,
+           phi3_rope=True),
     Family("Gemma3ForCausalLM", "gemma3_text", qk_norm=True, gemma=True),
     Family("Qwen3MoeForCausalLM", "qwen3_moe", qk_norm=True, moe=True),
+    Family("GptOssForCausalLM", "gpt_oss", gpt_oss=True),
 )
 SUPPORTED_ARCHITECTURES = {family.architecture: family.model_type for family in FAMILIES}
 
@@ -152,6 +184,19 @@ def _moe_options(config: Any) -> dict[str, Any]:
             "sparse_layers": sparse}
 
 
+def _gpt_oss_options(config: Any) -> dict[str, Any]:
+    sliding = tuple(i for i, kind in enumerate(config.layer_types) if kind == "sliding_attention")
+    return {"attention_sinks": True,
+            "sliding_window": int(config.sliding_window) if sliding else 0,
+            "sliding_layers": sliding,
+            "experts": int(config.num_local_experts),
+            "active_experts": int(config.num_experts_per_tok),
+            "expert_intermediate": int(config.intermediate_size),
+            "sparse_layers": tuple(range(int(config.num_hidden_layers))),
+            "clamped_swiglu": ClampedSwiGLU(float(config.swiglu_alpha),
+                                            float(config.swiglu_limit))}
+
+
 def stored_experts(names: Iterable[str], layer: int) -> set[int]:
     """The experts of ``layer`` stored one by one (``...mlp.experts.{e}.gate_proj.weight``)."""
     prefix = f"model.layers.{layer}.mlp.experts."
@@ -167,6 +212,17 @@ def stored_experts(names: Iterable[str], layer: int) -> set[int]:
 def _rope_parameters(config: Any) -> dict:
     params = getattr(config, "rope_parameters", None) or {}
     return params if isinstance(params, dict) else {}
+
+
+def rotary_dim(config: Any) -> int:
+    """How many dimensions of each head Hugging Face's Phi-3 turns: head_dim times
+    partial_rotary_factor (0: the whole head)."""
+    factor = float(_rope_parameters(config).get("partial_rotary_factor", 1.0) or 1.0)
+    if factor == 1.0:
+        return 0
+    head_dim = int(getattr(config, "head_dim", None)
+                   or config.hidden_size // config.num_attention_heads)
+    return int(head_dim * factor)
 
 
 def _sliding_layers(config: Any) -> list[str]:
@@ -188,13 +244,32 @@ def _rope_type(config: Any) -> list[str]:
     if rope_type == "dynamic":
         return ["rope_type 'dynamic' (its frequencies depend on the sequence length)"]
     if rope_type == "longrope":
-        return ["rope_type 'longrope' (its frequencies switch from the short to the long "
-                "factors past original_max_position_embeddings, and a stage's RoPE is one "
-                "table of frequencies)"]
+        return ["rope_type 'longrope' (the export implements it as Hugging Face's Phi-3 "
+                "does, for Phi-3 models)"]
     factor = float(params.get("partial_rotary_factor", 1.0) or 1.0)
     if factor != 1.0:
         return [f"partial_rotary_factor {factor} (RoPE turns the whole of each head)"]
     return []
+
+
+PHI3_ROPE_TYPES = ("default", "longrope")
+
+
+def _phi3_rope(config: Any) -> list[str]:
+    """Phi-3's RoPE: default or LongRoPE, over the whole head or its first rotary_dim
+    dimensions (an even number of them, at least 2)."""
+    params = _rope_parameters(config)
+    complaints = []
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in PHI3_ROPE_TYPES:
+        complaints.append(f"rope_type {rope_type!r} (it may be "
+                          f"{' or '.join(map(repr, PHI3_ROPE_TYPES))})")
+    rotated = rotary_dim(config)
+    if rotated and (rotated < 2 or rotated % 2):
+        factor = params.get("partial_rotary_factor")
+        complaints.append(f"partial_rotary_factor {factor} (head_dim x factor = {rotated}: "
+                          "RoPE turns pairs of dimensions, at least one)")
+    return complaints
 
 
 GEMMA_LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -250,12 +325,41 @@ def _moe_routing(config: Any) -> list[str]:
     return complaints
 
 
+def _gpt_oss_layers(config: Any) -> list[str]:
+    kinds = list(getattr(config, "layer_types", None) or [])
+    complaints = [f"layer type {kind!r} (layers are {' or '.join(GEMMA_LAYER_TYPES)})"
+                  for kind in sorted(set(kinds)) if kind not in GEMMA_LAYER_TYPES]
+    if len(kinds) != int(config.num_hidden_layers):
+        complaints.append(f"{len(kinds)} layer_types for {config.num_hidden_layers} layers")
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in kinds and (window is None or int(window) < 1):
+        complaints.append(f"sliding layers with sliding_window {window}")
+    return complaints
+
+
+def _gpt_oss_experts(config: Any) -> list[str]:
+    experts = int(getattr(config, "num_local_experts", 0) or 0)
+    active = int(getattr(config, "num_experts_per_tok", 0) or 0)
+    limit = getattr(config, "swiglu_limit", None)
+    complaints = []
+    if experts < 1:
+        complaints.append(f"num_local_experts {experts} (every layer is a mixture of experts)")
+    elif not 1 <= active <= experts:
+        complaints.append(f"num_experts_per_tok {active} (a token routes to 1 to "
+                          f"num_local_experts = {experts} experts)")
+    if limit is None or float(limit) <= 0:
+        complaints.append(f"swiglu_limit {limit} (the experts clamp to a positive limit)")
+    return complaints
+
+
 LLAMA_CHECKS: tuple[Callable[[Any], list[str]], ...] = (_activation, _rope_type)
 FAMILY_CHECKS: dict[str, tuple[Callable[[Any], list[str]], ...]] = {
     "qwen2": LLAMA_CHECKS + (_sliding_layers,),
     "qwen3": LLAMA_CHECKS + (_sliding_layers,),
     "qwen3_moe": LLAMA_CHECKS + (_sliding_layers, _moe_routing),
     "gemma3_text": (_gemma_activation, _gemma_layers, _gemma_rope),
+    "gpt_oss": (_rope_type, _gpt_oss_layers, _gpt_oss_experts),
+    "phi3": (_activation, _phi3_rope),
 }
 
 

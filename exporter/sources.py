@@ -78,6 +78,10 @@ class RopeSpec:
     inv_freq: list[float]
     attention_scaling: float
     local_inv_freq: list[float] = field(default_factory=list)  # the sliding layers' own
+    # LongRoPE: the long factors' frequencies (inv_freq are the short ones'), which a step
+    # reaching position short_context (original_max_position_embeddings) turns with
+    long_inv_freq: list[float] = field(default_factory=list)
+    short_context: int = 0
 
 
 class ModelSource:
@@ -125,8 +129,10 @@ class ModelSource:
         return self.family.context_length(self.config)
 
     def rope(self) -> RopeSpec:
-        """One table of frequencies for every position (the family refused RoPE types whose
-        frequencies change with the sequence length), and Gemma 3's sliding layers' own."""
+        """The model's RoPE frequencies (the family refused RoPE types it does not
+        implement), Gemma 3's sliding layers' own, and LongRoPE's long set."""
+        if self.family.phi3_rope:
+            return self._phi3_rope()
         if self.family.gemma:
             from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 
@@ -150,6 +156,30 @@ class ModelSource:
             inv_freq=[float(x) for x in rotary.inv_freq.float().tolist()],
             attention_scaling=float(rotary.attention_scaling),
         )
+
+    def _phi3_rope(self) -> RopeSpec:
+        """Phi-3's RoPE, its rotated dimensions only (partial_rotary_factor). LongRoPE: the
+        short factors' set (the one Hugging Face's rotary module starts with) and the long
+        factors' (the one it switches to past original_max_position_embeddings), computed by
+        Hugging Face's own longrope function; one attention scaling serves both."""
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+        rotary = Phi3RotaryEmbedding(self.config)
+        spec = RopeSpec([float(x) for x in rotary.inv_freq.float().tolist()],
+                        float(rotary.attention_scaling))
+        params = self.config.rope_parameters
+        if params.get("rope_type") != "longrope":
+            return spec
+        short_context = int(params["original_max_position_embeddings"])
+        long, scaling = ROPE_INIT_FUNCTIONS["longrope"](self.config, None,
+                                                        seq_len=short_context + 1)
+        if float(scaling) != spec.attention_scaling:  # one scale multiplies either table
+            raise SourceError(f"{self.location}: LongRoPE's long attention scaling {scaling} "
+                              f"is not its short one's {spec.attention_scaling}")
+        spec.long_inv_freq = [float(x) for x in long.float().tolist()]
+        spec.short_context = short_context
+        return spec
 
     def eos_token_ids(self) -> list[int]:
         ids: list[int] = []
@@ -177,22 +207,34 @@ class ModelSource:
         return None if value is None else int(value.shape[0])
 
     def stacked_experts_shape(self, name: str) -> tuple[int, int, int]:
-        """The shape the config gives a layer's stacked experts' projection: ``...mlp.experts.
-        gate_up_proj`` [experts, 2 * expert_intermediate, hidden], ``...down_proj`` [experts,
-        hidden, expert_intermediate]."""
+        """The shape the config gives a layer's stacked experts' projection as the checkpoint
+        stores it: ``...mlp.experts.gate_up_proj`` [experts, 2 * expert_intermediate, hidden]
+        and ``...down_proj`` [experts, hidden, expert_intermediate] ([experts, out, in]), or
+        gpt-oss's transposes, [experts, in, out]."""
         shape = self.decoder_shape()
-        if name.endswith(".gate_up_proj"):
-            return shape.experts, 2 * shape.expert_intermediate, shape.hidden_size
-        return shape.experts, shape.hidden_size, shape.expert_intermediate
+        width, hidden = shape.expert_intermediate, shape.hidden_size
+        gate_up = name.endswith(".gate_up_proj")
+        if self.family.gpt_oss:
+            return (shape.experts, hidden, 2 * width) if gate_up else (shape.experts, width, hidden)
+        return (shape.experts, 2 * width, hidden) if gate_up else (shape.experts, hidden, width)
 
-    def check_experts(self) -> None:
-        """SourceError unless every layer stores the experts its config gives it: its
+    def check_layers(self) -> None:
+        """SourceError unless every layer stores its family's own tensors (gpt-oss's sinks,
+        router and expert biases) and the experts its config gives it: its
         num_experts in a mixture-of-experts layer, none in a dense one (read from the
         tensors' names and first dimensions only, no weight loaded)."""
-        if not self.family.moe:
+        if not self.family.has_experts:
             return
         shape = self.decoder_shape()
         names = self.tensor_names()
+        stored = set(names)
+        for layer in range(self.num_layers):
+            missing = [name for name in self.family.layer_tensors
+                       if f"model.layers.{layer}.{name}" not in stored]
+            if missing:
+                raise SourceError(f"{self.location}: layer {layer} stores no "
+                                  f"{', '.join(missing)} (a {self.family.model_type} layer has "
+                                  "them)")
         for layer in range(self.num_layers):
             want = shape.experts if layer in shape.sparse_layers else 0
             stacked = self.tensor_rows(f"model.layers.{layer}.mlp.experts.gate_up_proj")
@@ -315,7 +357,7 @@ class SafetensorsSource(ModelSource):
         self._where = self._index()
         self._handles: dict[str, Any] = {}
         self._mxfp4 = self._mxfp4_experts()
-        self.check_experts()
+        self.check_layers()
 
     def _mxfp4_experts(self) -> dict[str, int]:
         """The experts' projections stored as MXFP4 pairs, by name, with their expert counts;
@@ -381,7 +423,8 @@ class SafetensorsSource(ModelSource):
         return self._handles[file_name].get_tensor(name)
 
     def tensor_names(self) -> list[str]:
-        return list(self._where)
+        """The checkpoint's tensors, and those its MXFP4 pairs stand for."""
+        return list(self._where) + [name for name in self._mxfp4 if name not in self._where]
 
     def tensor_rows(self, name: str) -> int | None:
         if name in self._mxfp4 and name not in self._where:
@@ -428,7 +471,7 @@ class GGUFSource(ModelSource):
         self.generation_config = getattr(self._model, "generation_config", None)
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
         self._state = self._model.state_dict()
-        self.check_experts()
+        self.check_layers()
 
     def _metadata(self) -> dict[str, Any]:
         """The file's metadata of its architecture (``{arch}.…``), by key without the prefix."""

@@ -6,11 +6,19 @@ past KV comes in as explicit tensors and the present KV goes out (the graph is m
 stateful afterwards), and attention stays a single ``scaled_dot_product_attention``
 call so OpenVINO's SDPA fusions apply.
 
+A model with attention sinks (gpt-oss) has a learned logit per head that joins each
+query's softmax denominator and is dropped after: its attention is written out as Hugging
+Face's eager form (scores, the sinks concatenated as one more column, softmax, that column
+sliced off), which OpenVINO's PyTorch frontend fuses into one SDPA taking the sinks as its
+sixth input, the form the CPU plugin's stateful SDPA and the PagedAttention pass take.
+
 A model whose sliding-window layers turn with RoPE frequencies of their own (Gemma 3)
 takes one table twice as wide: the host computes it from the global layers' frequencies
 followed by the sliding layers' (dataplane.runtime.rope.stage_frequencies), and each
 layer takes its half. Its sliding layers keep the whole KV and mask the keys older than
-the window, in the graph, from the stage's mask (see ``window_mask``).
+the window, in the graph, from the stage's mask (see ``window_mask``). A model with
+partial RoPE (``rotary_dim``) takes tables that wide and turns only that many of each
+head's first dimensions (``apply_rope``).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dataplane.runtime.kv.masks import MASK_MIN
+from exporter.gpt_oss_moe_block import ClampedSwiGLU, GptOssMoeBlock
 from exporter.moe_block import SparseMoeBlock
 
 Activation = Literal["silu", "gelu_tanh"]
@@ -58,15 +67,27 @@ class DecoderShape:
     expert_intermediate: int = 0
     norm_topk_prob: bool = False  # the top-k routing weights renormalised to sum to one
     sparse_layers: tuple[int, ...] = ()
+    # gpt-oss's experts (exporter.gpt_oss_moe_block): a biased router, softmax over the top-k
+    # logits, biased clamped-SwiGLU experts; None: Qwen3-MoE's (exporter.moe_block)
+    clamped_swiglu: ClampedSwiGLU | None = None
+    attention_sinks: bool = False  # a learned logit per head in each softmax (gpt-oss)
+    # partial RoPE (Phi-4-mini's partial_rotary_factor): RoPE turns the first rotary_dim
+    # dimensions of each query and key head, the rest pass through; 0: the whole head
+    rotary_dim: int = 0
 
     @property
     def scale(self) -> float:
         return self.head_dim**-0.5 if self.attention_scale is None else self.attention_scale
 
     @property
+    def rotated(self) -> int:
+        """How many dimensions of each head RoPE turns."""
+        return self.rotary_dim or self.head_dim
+
+    @property
     def rope_width(self) -> int:
         """The width of the rope_cos/rope_sin inputs: one table, or two side by side."""
-        return self.head_dim * (2 if self.local_rope else 1)
+        return self.rotated * (2 if self.local_rope else 1)
 
 
 class RMSNorm(nn.Module):
@@ -121,17 +142,33 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, shape: DecoderShape
+               ) -> torch.Tensor:
+    """RoPE on heads x [B, heads, T, head_dim] with cos/sin [B, 1, T, rotated]: the first
+    ``shape.rotated`` dimensions of each head turn, the rest pass through (partial RoPE, as
+    Hugging Face's Phi-3 splits q_rot and q_pass); the whole head as before otherwise."""
+    rotated = shape.rotated
+    if rotated == shape.head_dim:
+        return x * cos + _rotate_half(x) * sin
+    turn, keep = x[..., :rotated], x[..., rotated:]
+    return torch.cat((turn * cos + _rotate_half(turn) * sin, keep), dim=-1)
+
+
 def _attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-               s: DecoderShape, fold_groups: bool) -> torch.Tensor:
+               s: DecoderShape, fold_groups: bool, sinks: torch.Tensor | None = None
+               ) -> torch.Tensor:
     """SDPA of q [B, heads, T, D] over key/value [B, kv_heads, S, D] -> [B, heads, T, D].
 
     With grouped KV heads the KV is repeated per query head (the pattern the CPU plugin
     fuses with a stateful KV cache), or, with ``fold_groups`` (the static graph, which has
     no KV state to fuse with), each KV head's query group is folded into the query length
-    instead, so the KV of every context slot is never copied per head.
+    instead, so the KV of every context slot is never copied per head. ``sinks`` [heads]:
+    each head's sink logit joins its softmax (``_attention_with_sinks``).
     """
     batch, _, tokens, _ = q.shape
     groups = s.num_heads // s.num_kv_heads
+    if sinks is not None and fold_groups:
+        raise ValueError("attention sinks in a static graph are not implemented")
     if groups > 1 and fold_groups:
         q = q.reshape(batch, s.num_kv_heads, groups * tokens, s.head_dim)
         attn = F.scaled_dot_product_attention(
@@ -143,7 +180,24 @@ def _attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
         key = key.reshape(batch, s.num_heads, slots, s.head_dim)
         value = value[:, :, None].expand(batch, s.num_kv_heads, groups, slots, s.head_dim)
         value = value.reshape(batch, s.num_heads, slots, s.head_dim)
+    if sinks is not None:
+        return _attention_with_sinks(q, key, value, mask, s.scale, sinks)
     return F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=s.scale)
+
+
+def _attention_with_sinks(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          mask: torch.Tensor, scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention whose softmax has one more column per head, its sink logit, dropped after
+    it (the weights of a row sum to less than one). Written as Hugging Face's eager
+    gpt-oss attention: the exact op sequence (MatMul, scale, mask, Concat of the broadcast
+    sinks, ReduceMax, Subtract, Softmax, Slice, MatMul) that OpenVINO fuses into one SDPA
+    with a sinks input."""
+    scores = torch.matmul(q, key.transpose(2, 3)) * scale + mask
+    column = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)
+    scores = torch.cat([scores, column], dim=-1)
+    scores = scores - scores.max(dim=-1, keepdim=True).values
+    weights = F.softmax(scores, dim=-1, dtype=scores.dtype)[..., :-1]
+    return torch.matmul(weights, value)
 
 
 def _stacked_linear(get: Callable[[str], torch.Tensor | None], names: tuple[str, ...]
@@ -157,6 +211,22 @@ def _stacked_linear(get: Callable[[str], torch.Tensor | None], names: tuple[str,
         bias = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype)
                           for w, b in zip(weights, biases, strict=True)])
     return _linear(torch.cat(weights), bias)
+
+
+def _moe_block(shape: DecoderShape, get: Callable[[str], torch.Tensor | None]
+               ) -> SparseMoeBlock | GptOssMoeBlock:
+    """A sparse layer's mixture of experts (``get``: its tensors by names under ``mlp.``)."""
+    if shape.clamped_swiglu is None:
+        return SparseMoeBlock(get("gate.weight"), get("experts.gate_up_proj"),
+                              get("experts.down_proj"), shape.active_experts,
+                              shape.norm_topk_prob)
+    tensors = {name: get(name) for name in (
+        "router.weight", "router.bias", "experts.gate_up_proj", "experts.gate_up_proj_bias",
+        "experts.down_proj", "experts.down_proj_bias")}
+    missing = [name for name, tensor in tensors.items() if tensor is None]
+    if missing:
+        raise ValueError(f"the mixture of experts lacks {', '.join('mlp.' + m for m in missing)}")
+    return GptOssMoeBlock(*tensors.values(), shape.active_experts, shape.clamped_swiglu)
 
 
 class DecoderLayer(nn.Module):
@@ -186,9 +256,9 @@ class DecoderLayer(nn.Module):
         self.qkv_sizes = (shape.num_heads * shape.head_dim, kv_size, kv_size)
         self.qkv_proj = self.gate_up_proj = None
         # a sparse layer's MLP: the mixture of experts, in place of the dense MLP
-        self.moe = SparseMoeBlock(get(mlp + "gate.weight"), get(mlp + "experts.gate_up_proj"),
-                                  get(mlp + "experts.down_proj"), shape.active_experts,
-                                  shape.norm_topk_prob) if sparse else None
+        self.moe = _moe_block(shape, lambda name: get(mlp + name)) if sparse else None
+        self.sinks: torch.Tensor | None
+        self.register_buffer("sinks", get(attn + "sinks") if shape.attention_sinks else None)
         if fuse_projections:
             self.qkv_proj = _stacked_linear(get, tuple(attn + p for p in ("q_proj", "k_proj",
                                                                           "v_proj")))
@@ -246,13 +316,13 @@ class DecoderLayer(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.reshape(batch, tokens, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * cos4 + _rotate_half(q) * sin4
-        k = k * cos4 + _rotate_half(k) * sin4
+        q = apply_rope(q, cos4, sin4, s)
+        k = apply_rope(k, cos4, sin4, s)
         if self.kv_dtype is not None:  # e.g. an f16 host KV: compute in the activations' type
             past_key, past_value = past_key.to(k.dtype), past_value.to(v.dtype)
         key = torch.cat((past_key, k), dim=2)
         value = torch.cat((past_value, v), dim=2)
-        attn = _attention(q, key, value, mask, s, fold_groups=self.new_kv_only)
+        attn = _attention(q, key, value, mask, s, fold_groups=self.new_kv_only, sinks=self.sinks)
         attn = attn.transpose(1, 2).reshape(batch, tokens, s.num_heads * s.head_dim)
         if self.pre_mlp_norm is not None and self.post_mlp_norm is not None:
             x = x + self.post_norm(self.o_proj(attn))
@@ -317,10 +387,10 @@ class StageModule(nn.Module):
             hidden = self.embed(x)
             if self.embed_scale is not None:  # as Hugging Face: the scale in the weights' dtype
                 hidden = hidden * self.embed_scale.to(hidden.dtype)
-        head_dim = self.shape.head_dim
+        rotated = self.shape.rotated
         mask_local, cos_local, sin_local = mask, cos, sin  # the sliding layers'
         if self.shape.local_rope:
-            (cos, cos_local), (sin, sin_local) = split_rope(cos, head_dim), split_rope(sin, head_dim)
+            (cos, cos_local), (sin, sin_local) = split_rope(cos, rotated), split_rope(sin, rotated)
         if any(layer.sliding for layer in self.layers):
             mask_local = window_mask(mask, self.shape.sliding_window)
         present: list[torch.Tensor] = []

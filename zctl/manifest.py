@@ -43,14 +43,21 @@ class ModelSpec:
     rope_local_inv_freq: tuple[float, ...] = ()
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
-    # A mixture of experts (Qwen3-MoE): its experts, how many a token runs, their width.
+    # A mixture of experts (Qwen3-MoE, gpt-oss): its experts, how many a token runs, their width.
     experts: int = 0
     active_experts: int = 0
     expert_intermediate: int = 0
+    # LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): rope_inv_freq is then the short factors'
+    # set, rope_long_inv_freq the long factors', and a row's step turns with the long set
+    # when its last position is rope_short_context (original_max_position_embeddings) or
+    # beyond (dataplane.runtime.rope.StageRope); both share rope_attention_scaling.
+    rope_long_inv_freq: tuple[float, ...] = ()
+    rope_short_context: int = 0
 
 
 SLIDING_FIELDS = ("rope_local_inv_freq", "sliding_window", "sliding_layers")
 MOE_FIELDS = ("experts", "active_experts", "expert_intermediate")
+LONGROPE_FIELDS = ("rope_long_inv_freq", "rope_short_context")
 
 
 @dataclass(frozen=True)
@@ -157,7 +164,7 @@ class ExportManifest:
 
     def to_json(self) -> str:
         raw = asdict(self)
-        for name in SLIDING_FIELDS + MOE_FIELDS:  # written only when set: others as before
+        for name in SLIDING_FIELDS + MOE_FIELDS + LONGROPE_FIELDS:  # written only when set: others as before
             if not raw["model"][name]:
                 del raw["model"][name]
         return json.dumps(raw, indent=2, sort_keys=False)
@@ -205,10 +212,13 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
                 "rope_local_inv_freq": tuple(
                     float(x) for x in model_raw.get("rope_local_inv_freq", ())),
                 "sliding_layers": tuple(int(x) for x in model_raw.get("sliding_layers", ())),
+                "rope_long_inv_freq": tuple(
+                    float(x) for x in model_raw.get("rope_long_inv_freq", ())),
             }
         )
     except (TypeError, KeyError, ValueError) as exc:
         raise ManifestError(f"manifest model section is malformed: {exc}") from None
+    check_rope(model)
     stages_raw = _require(raw, "stages", list, "")
     stages = []
     for i, stage_raw in enumerate(stages_raw):
@@ -246,6 +256,24 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
         [(s.layer_start, s.layer_end) for s in manifest.stages], manifest.model.num_layers
     )
     return manifest
+
+
+def check_rope(model: ModelSpec) -> None:
+    """ManifestError unless the model's RoPE fields agree: a long set as wide as the short
+    one, with the context past which it applies (and neither without the other), and a
+    rotated width (twice the frequencies) of at most the head's."""
+    width = len(model.rope_inv_freq)
+    if not 0 < 2 * width <= model.head_dim:
+        raise ManifestError(f"manifest model rope_inv_freq has {width} frequencies: RoPE "
+                            f"turns 2 x that many of a head's {model.head_dim} dimensions")
+    long = len(model.rope_long_inv_freq)
+    if long and long != width:
+        raise ManifestError(f"manifest model rope_long_inv_freq has {long} frequencies, "
+                            f"rope_inv_freq {width}")
+    if bool(long) is not (model.rope_short_context > 0):
+        raise ManifestError("manifest model rope_long_inv_freq and a positive "
+                            "rope_short_context go together (LongRoPE), got "
+                            f"{long} frequencies and {model.rope_short_context}")
 
 
 def _static_kv(raw: Any) -> StaticKV | None:

@@ -55,7 +55,7 @@ from dataplane.runtime.one_token import (
     wants_one_token_graph,
     weights_bytes,
 )
-from dataplane.runtime.rope import RopeRows, rope_tables, stage_frequencies
+from dataplane.runtime.rope import StageRopeRows, stage_rope
 from dataplane.runtime.startup import (
     int4_group,
     open_stage,
@@ -182,9 +182,8 @@ class PagedStageRunner:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
         self.hidden_size = model.hidden_size
-        self.inv_freq = stage_frequencies(model)
-        self.rope_scaling = model.rope_attention_scaling
-        self._rope_rows = RopeRows(self.inv_freq, self.rope_scaling)
+        self.rope = stage_rope(model)
+        self._rope_rows = StageRopeRows(self.rope)
         core = core or shared_core()
         properties = self.config.properties(int4_group(self.manifest))
         try:
@@ -204,7 +203,7 @@ class PagedStageRunner:
                                  available_memory(), layers):
             self.one_token = compile_one_token_graph(
                 core, paged, self.config.device, properties, index, self.spec.first,
-                self.spec.last, 2 * self.inv_freq.shape[0])
+                self.spec.last, self.rope.width)
         self.request = self.dynamic.request  # the request of the last step run
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         self.input_name = self.compiled.inputs[0].get_any_name()
@@ -467,7 +466,7 @@ class PagedStageRunner:
         if flat_positions.size == 1:
             cos, sin = self._rope_rows.one(int(flat_positions[0]))
         else:
-            cos, sin = rope_tables(flat_positions[None], self.inv_freq, self.rope_scaling)
+            cos, sin = self.rope.tables(flat_positions[None], counts)  # each row's RoPE set
         bound.put("rope_cos", cos.reshape(total + pad, 1, -1))
         bound.put("rope_sin", sin.reshape(total + pad, 1, -1))
         self._bind_tables(bound, attention, pads)

@@ -4,10 +4,32 @@ The exporter records the model's inverse frequencies (whatever its rope type) an
 attention scaling; these pure functions turn logical positions into cos/sin exactly
 as Hugging Face does (float32 product, then cos/sin, then scaling). A model whose
 sliding-window layers have frequencies of their own (Gemma 3) records those too: its
-stages take one table of both, twice as wide (``stage_frequencies``).
+stages take one table of both, twice as wide (``stage_frequencies``). A model with partial
+RoPE (Phi-4-mini) has frequencies for its rotated dimensions only, and its tables are as
+narrow (the stage passes the rest of each head through).
+
+LongRoPE (``StageRope``) has two sets of frequencies, the short factors' and the long
+factors'. Hugging Face picks one per forward pass from the step's highest position: the
+long set once that position reaches original_max_position_embeddings
+(``rope_short_context``), for every token of the step; the keys already cached keep the
+rotation they were made with. zctl computes every token as Hugging Face's greedy
+generation does, a prompt in one pass and then one token a pass: a row's step that starts
+a sequence (its first position is 0: a prompt, or its first piece) turns with the set its
+highest position picks; any other step's tokens each turn with the set of their own
+position, as the one-token steps computing them one by one would. So a verification step
+spanning the threshold (speculation) turns its tokens as plain decoding does, and a
+rewind drops keys whose rotation the recomputed tokens would pick again. The rows of a
+row group are separate sequences: each row picks for itself, as it would stepped alone (a
+Hugging Face batch would take the highest position of the whole batch). A prompt longer
+than the threshold prefilled in several pieces (a chunked prefill, or the rest of a
+prefix-cache hit) turns its tokens below the threshold with the short set, where Hugging
+Face's one pass turns the whole prompt with the long one.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,7 +47,8 @@ def stage_frequencies(model: ModelSpec) -> np.ndarray:
 def rope_tables(
     positions: np.ndarray, inv_freq: np.ndarray, attention_scaling: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return (cos, sin), each [batch, tokens, head_dim] float32, for int positions [batch, tokens]."""
+    """Return (cos, sin), each [batch, tokens, 2 x F] float32, for int positions [batch,
+    tokens] and frequencies ``inv_freq`` [F], or [batch, tokens or 1, F] (each token's own)."""
     positions = np.asarray(positions)
     if positions.ndim != 2:
         raise ValueError(f"positions must be [batch, tokens], got shape {positions.shape}")
@@ -37,6 +60,71 @@ def rope_tables(
         cos = cos * np.float32(attention_scaling)
         sin = sin * np.float32(attention_scaling)
     return cos.astype(np.float32, copy=False), sin.astype(np.float32, copy=False)
+
+
+@dataclass(frozen=True)
+class StageRope:
+    """What a stage's rope_cos/rope_sin are computed from: its frequencies, LongRoPE's long
+    set (None: one set for every position) and the context the short set covers, and the
+    attention scaling both share."""
+
+    short: np.ndarray
+    long: np.ndarray | None = None
+    short_context: int = 0
+    attention_scaling: float = 1.0
+
+    @property
+    def width(self) -> int:
+        """The width of the rope_cos/rope_sin inputs."""
+        return 2 * int(self.short.shape[0])
+
+    def long_tokens(self, positions: np.ndarray, row_tokens: Sequence[int] | None = None
+                    ) -> np.ndarray:
+        """Which tokens of a step turn with the long set (bool, ``positions``' shape), rows
+        as ``tables`` takes them: a row starting at position 0 all alike, from its highest
+        position; another row's tokens each from its own position."""
+        if self.long is None:
+            return np.zeros(positions.shape, dtype=bool)
+        own = positions >= self.short_context
+        if row_tokens is None:
+            starts = positions[:, :1] == 0
+            return np.where(starts, own.any(axis=1, keepdims=True), own)
+        flat, first, start = own.reshape(-1), positions.reshape(-1), 0  # views
+        for count in row_tokens:
+            end = start + int(count)
+            if end > start and first[start] == 0:
+                flat[start:end] = flat[start:end].any()
+            start = end
+        return own
+
+    def tables(self, positions: np.ndarray, row_tokens: Sequence[int] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """``rope_tables`` of a step, each token with its set (``long_tokens``):
+        ``positions`` [rows, T], or, with ``row_tokens`` (ragged rows), [1, N] holding the
+        rows' tokens one after the other (positions beyond the rows' counts, padding, each
+        take their own position's set)."""
+        positions = np.asarray(positions)
+        if positions.ndim != 2:
+            raise ValueError(f"positions must be [batch, tokens], got shape {positions.shape}")
+        if self.long is None or positions.size == 0:
+            return rope_tables(positions, self.short, self.attention_scaling)
+        long = self.long_tokens(positions, row_tokens)
+        if not long.any():
+            return rope_tables(positions, self.short, self.attention_scaling)
+        if long.all():
+            return rope_tables(positions, self.long, self.attention_scaling)
+        inv_freq = np.where(long[..., None], self.long, self.short)
+        return rope_tables(positions, inv_freq, self.attention_scaling)
+
+
+def stage_rope(model: ModelSpec) -> StageRope:
+    """The StageRope of ``model``'s stages (the long set with the sliding layers' own after
+    it, as ``stage_frequencies`` lays out the short one)."""
+    long = None
+    if model.rope_long_inv_freq:
+        long = np.asarray(model.rope_long_inv_freq + model.rope_local_inv_freq, dtype=np.float32)
+    return StageRope(stage_frequencies(model), long, model.rope_short_context,
+                     model.rope_attention_scaling)
 
 
 class RopeRows:
@@ -82,3 +170,27 @@ class RopeRows:
         sin = np.empty((1, 1, head_dim), dtype=np.float32)
         self.into(position, cos.reshape(-1), sin.reshape(-1))
         return cos, sin
+
+
+class StageRopeRows:
+    """RopeRows of each set of a StageRope, one cache a set: a one-token step's row comes
+    from the set its position picks (``StageRope.long_tokens`` of one token)."""
+
+    def __init__(self, rope: StageRope, max_blocks: int = 16) -> None:
+        self.rope = rope
+        self.short = RopeRows(rope.short, rope.attention_scaling, max_blocks)
+        self.long = None if rope.long is None else RopeRows(rope.long, rope.attention_scaling,
+                                                           max_blocks)
+
+    def _rows(self, position: int) -> RopeRows:
+        if self.long is not None and position >= self.rope.short_context:
+            return self.long
+        return self.short
+
+    def into(self, position: int, cos: np.ndarray, sin: np.ndarray) -> None:
+        """Write the cos and sin rows of ``position`` into ``cos`` and ``sin``."""
+        self._rows(position).into(position, cos, sin)
+
+    def one(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The [1, 1, width] cos and sin of one token at ``position`` (new arrays)."""
+        return self._rows(position).one(position)

@@ -36,7 +36,7 @@ from dataplane.runtime.kv.slots import (
     request_states,
 )
 from dataplane.runtime.kv.slots import shared_tensor as _shared
-from dataplane.runtime.rope import RopeRows, rope_tables, stage_frequencies
+from dataplane.runtime.rope import StageRopeRows, stage_rope
 from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
@@ -103,10 +103,9 @@ class StageRunner:
         if verify and graph is None:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
-        self.inv_freq = stage_frequencies(model)
+        self.rope = stage_rope(model)
         self._last_token_idx: dict[int, ov.Tensor] = {}  # logits_idx [T - 1] by T
-        self.rope_scaling = model.rope_attention_scaling
-        self._rope_rows = RopeRows(self.inv_freq, self.rope_scaling)
+        self._rope_rows = StageRopeRows(self.rope)
         self.hidden_size = model.hidden_size
         core = core or shared_core()
         try:
@@ -323,18 +322,18 @@ class StageRunner:
             if rows == 1 and target is not None and self.decode_buffers:
                 buffers = target.decode
                 if buffers is None:
-                    buffers = target.decode = DecodeBuffers(2 * self.inv_freq.shape[0])
+                    buffers = target.decode = DecodeBuffers(self.rope.width)
                 self._rope_rows.into(int(positions[0, 0]), buffers.cos, buffers.sin)
                 return StepInputs(positions, keep, after, buffers.mask_after(keep, after, MASK_MIN),
                                   buffers.rope_cos, buffers.rope_sin, self._beam_tensor)
             if rows == 1:
                 cos, sin = self._rope_rows.one(int(positions[0, 0]))
             else:
-                cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
+                cos, sin = self.rope.tables(positions)
             beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)
             return StepInputs(positions, keep, after, _shared(one_token_mask(after)),
                               _shared(cos), _shared(sin), _shared(beam))
-        cos, sin = rope_tables(positions, self.inv_freq, self.rope_scaling)
+        cos, sin = self.rope.tables(positions)
         mask = rows_step_mask(keep, tokens) if keep.ndim == 2 else step_mask(keep, tokens)
         beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)
         new = np.ones((rows, tokens) if keep.ndim == 2 else tokens, dtype=bool)

@@ -33,7 +33,7 @@ from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import static_step_mask
 from dataplane.runtime.kv.slots import SlotCounts
-from dataplane.runtime.rope import rope_tables
+from dataplane.runtime.rope import stage_rope
 from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
@@ -123,8 +123,7 @@ class StaticStageRunner:
             verify_export_files(self.export_dir, self.manifest, [self.spec.xml, self.spec.bin])
         model = self.manifest.model
         self.context, self.chunk = static.context, static.chunk
-        self.inv_freq = np.asarray(model.rope_inv_freq, dtype=np.float32)
-        self.rope_scaling = model.rope_attention_scaling
+        self.rope = stage_rope(model)
         self.hidden_size = model.hidden_size
         self.kv_shape = (1, model.num_kv_heads, self.context, model.head_dim)
         self.kv_dtype = np.dtype(np.float16 if static.kv_dtype == "f16" else np.float32)
@@ -156,13 +155,13 @@ class StaticStageRunner:
 
     def _shapes(self, tokens: int) -> dict[str, ov.PartialShape]:
         """Every input's fixed shape for a ``tokens``-token step."""
-        head_dim = self.manifest.model.head_dim
+        width = self.rope.width
         x = [1, tokens] if self.spec.first else [1, tokens, self.hidden_size]
         shapes = {
             self.input_name: x,
             "attention_mask": [1, 1, tokens, self.context + tokens],
-            "rope_cos": [1, tokens, head_dim],
-            "rope_sin": [1, tokens, head_dim],
+            "rope_cos": [1, tokens, width],
+            "rope_sin": [1, tokens, width],
             **{name: list(self.kv_shape) for name in self.past_names},
         }
         if self.spec.last:
@@ -242,11 +241,12 @@ class StaticStageRunner:
             raise StageError(f"x {tuple(data.shape)} does not match positions {step.positions.shape}")
         self._make_room(stream_id, kv, tokens)
         want = step.logits_idx if step.logits_idx is not None else np.array([tokens - 1])
+        cos, sin = self.rope.tables(step.positions)  # the step's set (LongRoPE), not a piece's
         pieces = []
         for lo in range(0, tokens, self.chunk):
             hi = min(lo + self.chunk, tokens)
             wanted = want[(want >= lo) & (want < hi)] - lo if self.spec.last else None
-            out = self._run_piece(kv, data[:, lo:hi], positions[lo:hi], wanted)
+            out = self._run_piece(kv, data[:, lo:hi], (cos[0, lo:hi], sin[0, lo:hi]), wanted)
             if out is not None:  # a view of the request's output: the next piece reuses it
                 pieces.append(out if tokens <= self.chunk else out.copy())
         if len(pieces) == 1:
@@ -275,14 +275,14 @@ class StaticStageRunner:
         request = compiled.create_infer_request()
         for name, buffer in kv.buffers.items():
             request.set_tensor(name, ov.Tensor(buffer, shared_memory=True))
-        head_dim = self.manifest.model.head_dim
+        width = self.rope.width
         held = ShapeRequest(
             request,
             x=(np.zeros((1, tokens), np.int64) if self.spec.first
                else np.zeros((1, tokens, self.hidden_size), np.float32)),
             mask=np.zeros((1, 1, tokens, self.context + tokens), np.float32),
-            cos=np.ones((1, tokens, head_dim), np.float32),
-            sin=np.zeros((1, tokens, head_dim), np.float32),
+            cos=np.ones((1, tokens, width), np.float32),
+            sin=np.zeros((1, tokens, width), np.float32),
             logits_idx=np.zeros(tokens, np.int64) if self.spec.last else None,
         )
         bindings = {self.input_name: held.x, "attention_mask": held.mask,
@@ -294,19 +294,19 @@ class StaticStageRunner:
         kv.requests[tokens] = held
         return held
 
-    def _run_piece(self, kv: HostKV, x: np.ndarray, positions: np.ndarray,
+    def _run_piece(self, kv: HostKV, x: np.ndarray, rope: tuple[np.ndarray, np.ndarray],
                    wanted: np.ndarray | None) -> np.ndarray | None:
-        """One inference of at most ``chunk`` real tokens; their KV goes into the stream's
-        buffers. Returns the real rows' hidden states, the wanted logits, or None (a last
-        stage's piece nobody asked logits of)."""
-        real = positions.shape[0]
+        """One inference of at most ``chunk`` real tokens (``rope``: their [T, width] cos and
+        sin rows); their KV goes into the stream's buffers. Returns the real rows' hidden
+        states, the wanted logits, or None (a last stage's piece nobody asked logits of)."""
+        cos, sin = rope
+        real = cos.shape[0]
         tokens = 1 if real == 1 else self.chunk
         held = self._shape_request(kv, tokens)
         held.x[:, :real] = x
         held.x[:, real:] = 0
         static_step_mask(kv.keep, real, tokens, self.context, out=held.mask)
-        cos, sin = rope_tables(positions[None], self.inv_freq, self.rope_scaling)
-        held.cos[:, :real], held.sin[:, :real] = cos, sin
+        held.cos[0, :real], held.sin[0, :real] = cos, sin
         held.cos[:, real:], held.sin[:, real:] = 1.0, 0.0
         if held.logits_idx is not None:
             asked = wanted if wanted is not None and wanted.size else np.array([real - 1])

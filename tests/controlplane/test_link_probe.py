@@ -1,10 +1,11 @@
 """A link's probe: the echo answers with the size asked for (and nothing else), the probe
-times each size both ways, an emulated link is probed as its data frames go, and a peer
-that does not answer is a clear error."""
+times each size both ways, an emulated link is probed as its data frames go, a peer
+that does not answer is a clear error, and a probe stops when told to."""
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from controlplane.link_probe import (
     SMALL,
     ProbeEcho,
     ProbeError,
+    ProbeStopped,
     affordable,
     emulated_s,
     ladder,
@@ -89,6 +91,26 @@ def test_a_peer_that_does_not_answer_is_a_clear_error(ctx: zmq.Context) -> None:
         assert time.monotonic() - start < 2.0
         with pytest.raises(ProbeError, match="no frame size"):
             probe(ctx, f"tcp://127.0.0.1:{port}", [MAX_PROBE_BYTES + 1], 1, 0.2)
+    finally:
+        silent.close(0)
+
+
+def test_a_probe_waiting_on_a_silent_peer_ends_soon_after_it_is_stopped(ctx: zmq.Context
+                                                                        ) -> None:
+    silent = ctx.socket(zmq.ROUTER)
+    peer = f"tcp://127.0.0.1:{silent.bind_to_random_port('tcp://127.0.0.1')}"
+    stop, timeout_s = threading.Event(), 4.0
+    try:
+        stopped = threading.Event()
+        stopped.set()
+        with pytest.raises(ProbeStopped):  # stopped before it began: not a single wait
+            probe(ctx, peer, [1000], 1, timeout_s, stop=stopped)
+        assert not silent.poll(100)  # nothing was sent
+        threading.Thread(target=lambda: silent.poll(5000) and stop.set(), daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(ProbeStopped, match="stopped"):
+            probe(ctx, peer, [1000], rounds=1, timeout_s=timeout_s, stop=stop)
+        assert (time.monotonic() - started) / timeout_s < 0.5
     finally:
         silent.close(0)
 

@@ -1,15 +1,19 @@
 """A node's data-plane port (controlplane.nodeinfo): the configured one, else the last one,
 else a fresh one below the kernel's ephemeral range, where an outgoing connection cannot
-take it between the node's start and the stage's bind."""
+take it between the node's start and the stage's bind; the host of the coordinator's
+endpoint, IPv6 literals included."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
 
+import pytest
+
 from controlplane.nodeinfo import (
     LOWEST_DATA_PORT,
     choose_data_port,
+    endpoint_host,
     ephemeral_ports,
     fresh_port,
     ram,
@@ -79,3 +83,13 @@ def test_the_ram_a_node_lends_is_capped_by_its_limit() -> None:
     assert 0 < free <= total
     assert ram(1 << 20) == (1 << 20, min(free, 1 << 20))
     assert ram(0)[0] == total and ram(1 << 60)[0] == total  # 0, or more than there is: no cap
+
+
+def test_the_coordinator_s_host_is_read_from_its_endpoint() -> None:
+    assert endpoint_host("tcp://10.0.0.5:5555") == "10.0.0.5"
+    assert endpoint_host("tcp://[::1]:5555") == "::1"
+    assert endpoint_host("tcp://[fe80::1%eth0]:5550") == "fe80::1%eth0"
+    assert endpoint_host("tcp://pc-a.local:5550") == "pc-a.local"
+    assert endpoint_host("tcp://127.0.0.1:*") == "127.0.0.1"  # a coordinator's bind, any port
+    with pytest.raises(ValueError, match="is not a tcp://HOST:PORT address"):
+        endpoint_host("tcp://[::1]")  # no port: not taken for host "[:" and port 1

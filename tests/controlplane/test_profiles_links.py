@@ -3,7 +3,10 @@ pipeline's links once it serves; both show in the status, and neither holds anyt
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import zmq
 
 from controlplane import messages as m
 from controlplane.links import LinkTable, chain_links, probe_sizes
@@ -11,7 +14,7 @@ from controlplane.nodeinfo import openvino_version
 from controlplane.planner.profile import GRAPH_VERSION, LinkProfile
 from controlplane.planner.shape import ModelShape
 from controlplane.profile_store import NOT_PROFILED
-from tests.helpers.control import RawNode, enrol_msg, node, seed_profile, wait_for
+from tests.helpers.control import Cluster, RawNode, enrol_msg, node, seed_profile, wait_for
 
 
 def _state(coord, node_id: str) -> str:
@@ -113,6 +116,35 @@ def test_a_node_that_never_answers_its_probe_leaves_its_link_with_an_error(cp_cl
         assert coord.status().pipeline == "serving"
     finally:
         raw.close()
+
+
+def test_a_probe_of_a_peer_that_never_answers_does_not_hold_the_node_s_stop(tmp_path) -> None:
+    """The node is told to probe a peer that takes the probe's frames and never answers;
+    stopping it while the probe waits out its timeout returns well within that timeout."""
+    timeout_s = 4.0
+    ctx = zmq.Context()
+    coordinator, silent = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    cluster = Cluster(tmp_path, tmp_path / "no-export")
+    try:
+        endpoint = f"tcp://127.0.0.1:{coordinator.bind_to_random_port('tcp://127.0.0.1')}"
+        peer = f"tcp://127.0.0.1:{silent.bind_to_random_port('tcp://127.0.0.1')}"
+        agent = cluster.agent(endpoint)
+        assert coordinator.poll(5000), "the node did not enrol"
+        identity = coordinator.recv_multipart()[0]
+        coordinator.send_multipart([identity, *m.to_frames(
+            m.LinkProbe(1, "peer", peer, [1000], rounds=1, timeout_s=timeout_s))])
+        assert silent.poll(5000), "the node did not probe"  # its first round trip: unanswered
+        silent.recv_multipart()
+        started = time.monotonic()
+        agent.stop()
+        took = time.monotonic() - started
+        assert agent.state == "stopped"  # its thread ended, not just the wait for it
+        assert took / timeout_s < 0.5, f"stop() took {took:.2f} s of a {timeout_s} s probe"
+    finally:
+        cluster.close()
+        coordinator.close(0)
+        silent.close(0)
+        ctx.term()
 
 
 def test_a_link_table_probes_each_wiring_once_and_keeps_late_reports_out() -> None:

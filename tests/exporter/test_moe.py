@@ -213,11 +213,11 @@ def test_an_unsupported_mixture_of_experts_is_refused_listing_the_supported(
         tmp_path: Path) -> None:
     from transformers import AutoConfig
 
-    AutoConfig.for_model("gpt_oss", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=384,
-                         architectures=["GptOssForCausalLM"]).save_pretrained(tmp_path / "model")
-    with pytest.raises(SourceError, match=r"'gpt_oss' \(GptOssForCausalLM\) is not supported; "
-                       r"supported: .*Qwen3ForCausalLM.*Qwen3MoeForCausalLM"):
+    AutoConfig.for_model("qwen2_moe", num_hidden_layers=2, hidden_size=64,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=384,
+                         architectures=["Qwen2MoeForCausalLM"]).save_pretrained(tmp_path / "model")
+    with pytest.raises(SourceError, match=r"'qwen2_moe' \(Qwen2MoeForCausalLM\) is not "
+                       r"supported; supported: .*Qwen3MoeForCausalLM.*GptOssForCausalLM"):
         export_model(open_source(str(tmp_path / "model")), [(0, 2)], "fp32", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

@@ -4,11 +4,12 @@ transformers dequantizes it, one projection at a time; an export of it is the ex
 same weights stored dense; a quantization it does not read, an incomplete or misshapen pair,
 or a pair of another tensor is refused when the source opens (before any stage is written).
 
-The model is a tiny Qwen3-MoE: no gpt-oss family here. Its stacked experts are [E, out, in]
-where gpt-oss's are [E, in, out], and transformers reads a pair as the transpose of its
-rows, so the test stores each projection's transpose in MXFP4 (blocks along the output
-rows): the layouts agree through that transpose, and the reader is the one gpt-oss's
-checkpoints will go through."""
+Two tiny models: a gpt-oss, whose pairs are laid out as its published checkpoints' (blocks
+along each projection's input dimension; transformers reads a pair as its rows transposed,
+[E, in, out], as gpt-oss's model holds its experts), and a Qwen3-MoE, whose stacked experts
+are [E, out, in]: the test stores each of its projections' transpose in MXFP4 (blocks along
+the output rows), so the layouts agree through that transpose and Qwen3-MoE's many checks
+of a checkpoint run on pairs too."""
 
 from __future__ import annotations
 
@@ -78,6 +79,44 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             _write(model, root / "dense", dense, None))
 
 
+GPT_OSS = dict(arch="gpt_oss", head_dim=16, intermediate=32, num_local_experts=EXPERTS,
+               num_experts_per_tok=2, sliding_window=8, swiglu_limit=1.5, pad_token_id=None)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny gpt-oss with its experts in MXFP4 as gpt-oss publishes them, and the same
+    weights dense as transformers' dequantization reads them."""
+    root = tmp_path_factory.mktemp("gpt_oss_mxfp4")
+    model = build_llama(root / "model", layers=LAYERS, tied=False, bias_spread=0.5, **GPT_OSS)
+    tensors = load_file(model / "model.safetensors")
+    dense, packed = dict(tensors), dict(tensors)
+    for name in PROJECTIONS:
+        blocks, scales = quantize_experts(tensors[name])
+        assert blocks.shape[-2] * 32 == tensors[name].shape[1]  # blocks along the input
+        dense[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+        del packed[name]
+        packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
+    return (_write(model, root / "mxfp4", packed, MXFP4_CONFIG),
+            _write(model, root / "dense", dense, None))
+
+
+def test_gpt_oss_pairs_read_and_export_as_its_dense_weights(
+        gpt_oss_checkpoints: tuple[Path, Path], tmp_path: Path) -> None:
+    mxfp4, dense = (open_source(str(path)) for path in gpt_oss_checkpoints)
+    for name in PROJECTIONS:
+        value = mxfp4.require(name)
+        assert value.shape == mxfp4.stacked_experts_shape(name)
+        assert value.shape == ((EXPERTS, 64, 64) if name.endswith("gate_up_proj")
+                               else (EXPERTS, 32, 64))  # [E, hidden, 2 I], [E, I, hidden]
+        assert torch.equal(value, dense.require(name)), name
+    outs = []
+    for path in gpt_oss_checkpoints:
+        outs.append(tmp_path / path.name)
+        export_model(open_source(str(path)), [(0, LAYERS)], "fp32", outs[-1])
+    assert (outs[0] / "stage0.bin").read_bytes() == (outs[1] / "stage0.bin").read_bytes()
+
+
 def _variant(checkpoints: tuple[Path, Path], tmp_path: Path, *, drop: str | None = None,
              change: tuple[str, torch.Tensor] | None = None, config: dict | None = None,
              quantization: dict | None = MXFP4_CONFIG) -> Path:
@@ -97,7 +136,8 @@ def _variant(checkpoints: tuple[Path, Path], tmp_path: Path, *, drop: str | None
 
 def test_pairs_read_as_transformers_dequantizes_them(checkpoints: tuple[Path, Path]) -> None:
     mxfp4, dense = (open_source(str(path)) for path in checkpoints)
-    assert not any(name.endswith(".mlp.experts.gate_up_proj") for name in mxfp4.tensor_names())
+    # the names list the tensors the pairs stand for beside the pairs' own
+    assert {PROJECTIONS[0], PROJECTIONS[0] + "_blocks"} <= set(mxfp4.tensor_names())
     for name in PROJECTIONS:
         value = mxfp4.get(name)
         assert value is not None and value.dtype == torch.float32

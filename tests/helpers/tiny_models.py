@@ -10,10 +10,13 @@ from tools.harness.random_llama import build_tokenizer
 def build_llama(out_dir: Path, *, layers: int = 4, hidden: int = 64, heads: int = 4,
                 kv_heads: int = 2, intermediate: int = 128, vocab: int = 384, tied: bool = True,
                 rope_parameters: dict | None = None, arch: str = "llama", seed: int = 0,
-                context: int = 512, norm_spread: float = 0.0, **options: object) -> Path:
+                context: int = 512, norm_spread: float = 0.0, bias_spread: float = 0.0,
+                **options: object) -> Path:
     """Save a random model (weights scaled up so greedy output is not degenerate) whose
     context is ``context`` tokens. ``norm_spread``: the RMSNorm weights drawn around 1 with
-    that spread (not all ones, so a norm applied to the wrong tensor shows); ``options``:
+    that spread (not all ones, so a norm applied to the wrong tensor shows); ``bias_spread``:
+    every bias and attention sink (gpt-oss) drawn with that spread, not the initial zeros or
+    small values, so a bias or sink left out shows; ``options``:
     more fields of the family's config (e.g. Qwen3's ``head_dim``)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -32,6 +35,8 @@ def build_llama(out_dir: Path, *, layers: int = 4, hidden: int = 64, heads: int 
         for name, weight in model.named_parameters():
             if norm_spread and name.endswith("norm.weight"):
                 weight.copy_(1 + norm_spread * torch.randn_like(weight))
+            if bias_spread and name.endswith(("bias", ".sinks")):
+                weight.copy_(bias_spread * torch.randn_like(weight))
     model.save_pretrained(out_dir)
     build_tokenizer(out_dir, vocab_size=vocab)
     return out_dir

@@ -32,7 +32,7 @@ from tools.harness.models import PROMPT, BenchModel, plugin_properties
 from tools.harness.options import Json, Model, Nodes, Precision, Runs, Threads, Tokens, Weights
 from tools.harness.report import err, metric_table
 from tools.harness.service import generate_done
-from tools.harness.stats import paired_ratio
+from tools.harness.stats import paired_ratio, rounded
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.launcher.processes import runtime_spec
 
@@ -126,7 +126,7 @@ def cluster_figures(stages: int, base_runs: list[float], cluster_runs: list[dict
         "ratio": round(cluster_tok_s / baseline_tok_s, 3),
         # each run's cluster figure over the baseline run beside it: free of the
         # drift between runs (+-10% here), which the ratio of medians mixes in
-        "ratio_paired": paired_ratio([r["tok_s"] for r in cluster_runs], base_runs),
+        "ratio_paired": rounded(paired_ratio([r["tok_s"] for r in cluster_runs], base_runs)),
         "overhead_ms_per_hop": round(timing.get("overhead", {}).get("p50", 0.0) / stages, 3),
         "step_ms_p50": round(timing.get("total", {}).get("p50", 0.0), 2),
         "compute_ms_p50": {f"stage{i}": round(timing.get(f"stage{i}.compute", {}).get("p50", 0.0), 2)
@@ -144,8 +144,8 @@ def thp_figures(cluster_runs: list[dict[str, Any]], thp_runs: list[float]) -> di
     thp_tok_s = statistics.median(thp_runs)
     return {"baseline_thp_tok_s": round(thp_tok_s, 2),
             "ratio_vs_thp_baseline": round(cluster_tok_s / thp_tok_s, 3),
-            "ratio_vs_thp_baseline_paired": paired_ratio([r["tok_s"] for r in cluster_runs],
-                                                         thp_runs)}
+            "ratio_vs_thp_baseline_paired": rounded(paired_ratio(
+                [r["tok_s"] for r in cluster_runs], thp_runs))}
 
 
 def main(

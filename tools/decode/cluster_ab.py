@@ -28,6 +28,7 @@ from dataplane.runtime.config import RuntimeSpec
 from tools.harness.cluster import local_cluster
 from tools.harness.models import model_export
 from tools.harness.options import CpuSets, Json, Model, Precision, Tokens, Weights, fail
+from tools.harness.order import rotated
 from tools.harness.report import err
 
 
@@ -87,7 +88,7 @@ def run_ab(export_dir: Path, env_a: dict[str, str], env_b: dict[str, str], pairs
             cluster_run(record.serve, prompt, 8)  # warm-up
         tok_s: dict[str, list[float]] = {"a": [], "b": []}
         for i in range(pairs):
-            for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
+            for name in rotated(("a", "b"), i):
                 tok_s[name].append(cluster_run(records[name].serve, prompt, tokens)["tok_s"])
             err.print(f"pair {i + 1}/{pairs}: A {tok_s['a'][-1]:.1f}  B {tok_s['b'][-1]:.1f} tok/s")
     return {"a": env_a, "b": env_b, "tokens": tokens, "cpu_sets": cpu_sets,

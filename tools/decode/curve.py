@@ -25,6 +25,8 @@ from dataplane.wire.transport import (
     push_socket,
 )
 from tools.harness.options import Json
+from tools.harness.order import rotated
+from tools.harness.stats import paired_ratio, rounded
 
 HEADER, PAYLOAD = b"h" * 130, b"x" * 2304  # a 1-token SmolLM2 step frame
 
@@ -70,12 +72,11 @@ def main(runs: Annotated[int, typer.Option(help="alternated runs of each")] = 5,
          as_json: Json = False) -> None:
     plain, curve = [], []
     for run in range(runs):  # alternate which goes first
-        for use_curve in ((False, True) if run % 2 == 0 else (True, False)):
+        for use_curve in rotated((False, True), run):
             (curve if use_curve else plain).append(round_trip_us(use_curve, messages))
     result = {"plain_rtt_us": round(statistics.median(plain), 1),
               "curve_rtt_us": round(statistics.median(curve), 1),
-              "curve_over_plain": round(statistics.median(c / p for c, p in zip(curve, plain,
-                                                                                  strict=True)), 3),
+              "curve_over_plain": rounded(paired_ratio(curve, plain)),
               "samples": {"plain": [round(v, 1) for v in plain],
                           "curve": [round(v, 1) for v in curve]}}
     print(json.dumps(result) if as_json else

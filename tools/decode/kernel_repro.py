@@ -59,7 +59,9 @@ from rich.table import Table
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.synthetic import LayerShape
 from tools.harness.options import Json, fail, parse_numbers
+from tools.harness.order import rotated
 from tools.harness.report import err, print_result, run_record
+from tools.harness.stats import paired_ratio, rounded
 
 CASES = ("fc", "chain", "stage", "runner")
 WEIGHTS = ("int4", "int8")
@@ -205,7 +207,7 @@ def alternated_us(calls: Mapping[str, Call], iters: int, warmup: int = 20) -> di
             calls[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(iters):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in rotated(names, i):
             start = time.perf_counter()
             calls[name]()
             times[name].append(time.perf_counter() - start)
@@ -448,9 +450,8 @@ def runner_case(export_dir: Path, thread_settings: Sequence[int], tokens: int, r
         "export": str(export_dir), "against": str(against) if against else None,
         "tokens": tokens, "rounds": rounds, "load": loads,
         "step_ms": {key: [round(v, 3) for v in values] for key, values in step_ms.items()},
-        "over_first": {key: round(statistics.median(
-            [a / b for a, b in zip(step_ms[first], values, strict=True)]), 3)
-            for key, values in step_ms.items()}}
+        "over_first": {key: rounded(paired_ratio(step_ms[first], values))
+                       for key, values in step_ms.items()}}
     if llama is not None:
         binary, gguf = llama
         threads = thread_settings[0] or len(os.sched_getaffinity(0))

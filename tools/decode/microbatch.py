@@ -46,7 +46,7 @@ from tools.harness.models import BenchModel, plugin_properties
 from tools.harness.options import CpuSets, Json, Model, Nodes, Precision, Threads, Weights
 from tools.harness.report import err
 from tools.harness.service import bench_request, generate_together
-from tools.harness.stats import paired_ratio
+from tools.harness.stats import paired_ratio, rounded
 from zctl.launcher.local import local_row_groups
 from zctl.launcher.processes import runtime_spec
 from zctl.manifest import load_manifest
@@ -75,7 +75,7 @@ def cluster_aggregate(serve: str, prompts: list[str], tokens: int,
             "acceptance": [d.spec.get("acceptance") for d in dones]}
 
 
-def paired_scaling(samples: dict[str, list[float]]) -> dict[str, float]:
+def paired_scaling(samples: dict[str, list[float]]) -> dict[str, float | None]:
     """Per stream count, the median over runs of that run's aggregate over its own
     1-stream figure (measured moments before): free of the drift between runs, which
     moves whole runs by +-10% here."""
@@ -156,7 +156,7 @@ def microbatch_figures(samples: SampleTable, per_stream: SampleTable, memory_mb:
         "cluster_spec_tok_s": medians(samples, "lookup"),
         "cluster_per_stream_tok_s": medians(per_stream, "cluster"),
         "scaling": {n: round(v / cluster["1"], 3) for n, v in cluster.items()},
-        "scaling_paired": paired_scaling(samples["cluster"]),
+        "scaling_paired": {n: rounded(v) for n, v in paired_scaling(samples["cluster"]).items()},
         "memory_per_stream_mb": memory_mb,
         "samples": samples,
     }

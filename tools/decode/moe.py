@@ -26,7 +26,8 @@ import numpy as np
 import typer
 
 from tools.harness.options import Json, Precision, Runs, Tokens
-from tools.harness.stats import paired_ratio
+from tools.harness.order import rotated
+from tools.harness.stats import paired_ratio, rounded
 from tools.moe.models import MOE_MODELS, moe_model
 
 PROMPT, PREFILL = 16, 128
@@ -82,22 +83,19 @@ def main(layers: Annotated[int, typer.Option(help="decoder layers of each model"
         prefill: dict[str, list[float]] = {name: [] for name in timed}
         names = list(timed)
         for run in range(runs):  # interleaved, the order turning: noise hits all alike
-            for name in names[run % len(names):] + names[:run % len(names)]:
+            for name in rotated(names, run):
                 decode[name].append(timed[name].decode_ms(ids, tokens))
                 prefill[name].append(timed[name].prefill_ms(ids))
         results = {name: {"int4_mb": round(timed[name].int4_mb),
                           "decode_ms": round(statistics.median(decode[name]), 2),
                           "prefill_ms": round(statistics.median(prefill[name]), 1)}
                    for name in names}
-    ratios = {
-        "decode 256 / 128 experts": paired_ratio(decode["experts-256"], decode["experts-128"]),
-        "decode dense-equal / 128 experts": paired_ratio(decode["dense-equal"],
-                                                         decode["experts-128"]),
-        "prefill 256 / 128 experts": paired_ratio(prefill["experts-256"],
-                                                  prefill["experts-128"]),
-        "prefill dense-equal / 128 experts": paired_ratio(prefill["dense-equal"],
-                                                          prefill["experts-128"]),
-    }
+    ratios = {name: rounded(paired_ratio(values, bases)) for name, values, bases in (
+        ("decode 256 / 128 experts", decode["experts-256"], decode["experts-128"]),
+        ("decode dense-equal / 128 experts", decode["dense-equal"], decode["experts-128"]),
+        ("prefill 256 / 128 experts", prefill["experts-256"], prefill["experts-128"]),
+        ("prefill dense-equal / 128 experts", prefill["dense-equal"], prefill["experts-128"]),
+    )}
     if as_json:
         print(json.dumps({"layers": layers, "runs": runs, "models": results, "ratios": ratios}))
         return

@@ -42,7 +42,7 @@ from tools.harness.greedy import paired_step_ms, timed_greedy
 from tools.harness.models import PROMPT, BenchModel, plugin_properties
 from tools.harness.options import Json, Model, Precision, Threads, Tokens, Weights
 from tools.harness.report import err
-from tools.harness.stats import paired_ratio
+from tools.harness.stats import paired_ratio, rounded
 from zctl.engine.tokenizer import ChatTokenizer
 
 SYSTEMS = ("baseline", "stage1", "stage1_nobeam", "stage2", "stage3")
@@ -76,7 +76,7 @@ def ratios(medians: dict[str, float]) -> dict[str, float]:
 
 
 def bracketed_ratios(samples: dict[str, list[float]], brackets: list[tuple[float, float]]
-                     ) -> dict[str, float]:
+                     ) -> dict[str, float | None]:
     """Per system, the median over runs of its tok/s over the mean of the two baseline
     runs that bracket that run (measured first and last in it).
 
@@ -164,7 +164,8 @@ def parity_result(head: dict[str, Any], config: RuntimeSpec, samples: dict[str, 
         "runtime": {"properties": config.properties(), "async_infer": config.async_infer},
         **{f"{key}_tok_s": round(value, 2) for key, value in medians.items()},
         **ratios(medians),
-        "bracketed_ratios": bracketed_ratios(samples, brackets),
+        "bracketed_ratios": {key: rounded(value)
+                             for key, value in bracketed_ratios(samples, brackets).items()},
         "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
         "paired_step_ms": {key: round(v, 3) for key, v in step_ms.items()}, **paired,
     }

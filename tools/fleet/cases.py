@@ -9,9 +9,10 @@ nodes, stage i on node i (the equal split).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from tools.harness.stats import paired_ratio, rounded
 
 MODEL, WEIGHTS = "smollm2-135m", "int4"
 STREAMS = (1, 8)  # the stream counts every arm is measured at
@@ -104,46 +105,18 @@ COMPARISONS: tuple[Comparison, ...] = (
 )
 
 
-def round_order(arms: list[str], round_index: int) -> list[str]:
-    """The arms in round ``round_index``'s order: rotated by one each round, so that no arm
-    always runs first (or right after a given one)."""
-    if not arms:
-        return []
-    k = round_index % len(arms)
-    return arms[k:] + arms[:k]
-
-
-def ratio(subject: float, reference: float) -> float:
-    """``subject`` over ``reference`` (tok/s); ValueError when the reference is not > 0."""
-    if reference <= 0:
-        raise ValueError(f"a reference of {reference} tok/s: nothing to compare against")
-    return subject / reference
-
-
-def paired_ratio(subject: Sequence[float], reference: Sequence[float]) -> float | None:
-    """The median over the rounds of the subject's run over the reference's run of the
-    same round (measured minutes apart at most, so a change of the machine's load between
-    rounds falls on both); None when either has no runs. ValueError when they have
-    different numbers of rounds."""
-    if not subject or not reference:
-        return None
-    if len(subject) != len(reference):
-        raise ValueError(f"{len(subject)} rounds against {len(reference)}: pair them by round")
-    return statistics.median([ratio(s, r) for s, r in zip(subject, reference, strict=True)])
-
-
 def targets(comparisons: tuple[Comparison, ...],
             runs: Mapping[str, Mapping[int, Sequence[float]]]) -> dict[str, dict[str, object]]:
     """Each comparison's target at each stream count: ``{value, target, met}``, the value
     the subject's ``paired_ratio`` over the reference (None, and not met, when either arm
-    has no runs: it failed)."""
+    has no runs: it failed). Met is judged on the ratio itself; the value is reported to
+    3 places."""
     out: dict[str, dict[str, object]] = {}
     for comparison in comparisons:
         for streams in STREAMS:
             value = paired_ratio(runs.get(comparison.subject, {}).get(streams, ()),
                                  runs.get(comparison.reference, {}).get(streams, ()))
-            value = None if value is None else round(value, 3)
             out[comparison.target_name(streams)] = {
-                "value": value, "target": comparison.least(),
+                "value": rounded(value), "target": comparison.least(),
                 "met": value is not None and value >= comparison.least()}
     return out

@@ -12,7 +12,7 @@ worth it: ``cluster status``'s placement) and the pipeline serves with a predict
 
 Each stream count is measured as tools/plan measures it (``measure_streams``: decode
 tok/s through the generation service); every arm is warmed first, then the arms take
-turns, in an order rotated each round (``cases.round_order``).
+turns, in an order rotated each round (``tools.harness.order.rotated``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tools.fleet.cases import MODEL, STREAMS, WEIGHTS, Arm, round_order
+from tools.fleet.cases import MODEL, STREAMS, WEIGHTS, Arm
+from tools.harness.cluster import PROFILE_BUDGET_S
+from tools.harness.order import rotated
 from tools.harness.report import err
 
 if TYPE_CHECKING:
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 
 WARMUP_TOKENS = 8
 SETTLE_S = 3.0  # a settled placement must hold this long
-PROFILE_BUDGET_S = 120.0  # a node at a quarter of a core overruns the default 30 s
 
 
 @dataclass
@@ -172,7 +173,7 @@ def run_rounds(arms: dict[str, RunningArm], rounds: int, tokens: int) -> None:
                 run(running, streams, WARMUP_TOKENS)
     for r in range(rounds):
         err.print(f"  round {r + 1} of {rounds}")
-        for name in round_order([n for n, a in arms.items() if not a.failed], r):
+        for name in rotated([n for n, a in arms.items() if not a.failed], r):
             for streams in STREAMS:
                 got = run(arms[name], streams, tokens)
                 if got is None:

@@ -10,7 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tools.fleet.cases import COMPARISONS, STREAMS, Comparison, paired_ratio, targets
+from tools.fleet.cases import COMPARISONS, STREAMS, Comparison, targets
+from tools.harness.stats import paired_ratio, rounded
 
 
 def arm_figures(runs: Mapping[int, list[float]]) -> dict[str, dict[str, Any]]:
@@ -30,9 +31,8 @@ def comparison_report(comparison: Comparison, runs: Mapping[str, Mapping[int, li
     """The subject's and the control's ratios over the reference at each stream count,
     paired by round (``paired_ratio``; None where an arm has no runs)."""
     def over(arm: str | None, streams: int) -> float | None:
-        got = paired_ratio(runs.get(arm or "", {}).get(streams, []),
-                           runs.get(comparison.reference, {}).get(streams, []))
-        return None if got is None else round(got, 3)
+        return rounded(paired_ratio(runs.get(arm or "", {}).get(streams, []),
+                                    runs.get(comparison.reference, {}).get(streams, [])))
 
     return {"kind": comparison.kind, "subject": comparison.subject,
             "reference": comparison.reference, "control": comparison.control,

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tools.harness.order import rotated
+
 if TYPE_CHECKING:
     from zctl.engine.executor import Executor
     from zctl.engine.stats import GenerationStats
@@ -41,7 +43,7 @@ def paired_step_ms(chains: Mapping[str, Executor], prompt_ids: Sequence[int], to
     keys = list(chains)
     times: dict[str, list[float]] = {key: [] for key in keys}
     for i in range(tokens):
-        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+        for key in rotated(keys, i):
             start = time.perf_counter()
             state[key] = greedy_step(chains[key], stream, *state[key])
             times[key].append((time.perf_counter() - start) * 1e3)

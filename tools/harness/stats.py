@@ -14,9 +14,26 @@ def median(values: Sequence[float], empty: float = 0.0) -> float:
     return float(statistics.median(values)) if len(values) else empty
 
 
-def paired_ratio(values: Sequence[float], bases: Sequence[float]) -> float:
-    """The median over runs of value / base, each pair measured moments apart."""
-    return round(statistics.median(v / b for v, b in zip(values, bases, strict=True)), 3)
+def paired_ratio(values: Sequence[float], bases: Sequence[float]) -> float | None:
+    """The median over runs of value / base, the two of a pair measured moments apart (so
+    a change of the machine's load between runs falls on both); None when either side has
+    no runs. ValueError when the sides have different numbers of runs, or a base is not
+    > 0 (nothing to compare against).
+
+    Not rounded: a target is compared with the ratio itself (0.9496 misses 0.95); round
+    where the figure is printed or reported (``rounded``)."""
+    if not values or not bases:
+        return None
+    if len(values) != len(bases):
+        raise ValueError(f"{len(values)} runs against {len(bases)}: pair them run by run")
+    if min(bases) <= 0:
+        raise ValueError(f"a base of {min(bases)}: nothing to compare against")
+    return float(statistics.median(v / b for v, b in zip(values, bases, strict=True)))
+
+
+def rounded(value: float | None, places: int = 3) -> float | None:
+    """A figure as reported: ``value`` to ``places`` decimals (None stays None)."""
+    return None if value is None else round(value, places)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

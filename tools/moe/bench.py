@@ -30,7 +30,9 @@ from rich.table import Table
 
 from tools.harness.models import PROMPT, plugin_properties
 from tools.harness.options import Json, Precision, Runs, Threads, Tokens, fail
+from tools.harness.order import rotated
 from tools.harness.report import err, run_record
+from tools.harness.stats import rounded
 from tools.moe.models import moe_model
 from tools.moe.targets import judge, median_tok_s, moe_ratios
 
@@ -100,8 +102,7 @@ def interleaved_runs(systems: dict[str, System], runs: int) -> dict[str, list[fl
     samples: dict[str, list[float]] = {name: [] for name in systems}
     others = [name for name in systems if name != "baseline"]
     for run in range(runs):
-        turn = run % len(others)
-        order = others[turn:] + others[:turn]
+        order = rotated(others, run)
         if "baseline" in systems:
             order = ["baseline", *order, "baseline"]
         for name in order:
@@ -115,7 +116,8 @@ def moe_result(head: dict[str, Any], samples: dict[str, list[float]]) -> dict[st
     """The --json object: the settings, each system's median tok/s, the ratios, the
     targets and the samples."""
     ratios = moe_ratios(samples)
-    return {**head, "tok_s": median_tok_s(samples), "ratios": ratios,
+    return {**head, "tok_s": median_tok_s(samples),
+            "ratios": {name: rounded(value) for name, value in ratios.items()},
             "targets": judge(ratios),
             "samples": {name: [round(v, 2) for v in values] for name, values in samples.items()}}
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tools.harness.stats import paired_ratio
+from tools.harness.stats import paired_ratio, rounded
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,9 @@ def _baseline_brackets(baseline: Sequence[float]) -> list[float]:
 
 
 def moe_ratios(samples: Mapping[str, Sequence[float]]) -> dict[str, float | None]:
-    """The benchmark's ratios of tok/s (see the module's docstring); a ratio whose systems
-    were not measured (no baseline, no cluster) is None."""
+    """The benchmark's ratios of tok/s (see the module's docstring), not rounded (``judge``
+    compares them with their bounds); a ratio whose systems were not measured (no
+    baseline, no cluster) is None."""
     runs = len(samples["stage1"])
     if runs == 0:
         raise ValueError("no runs")
@@ -60,29 +61,28 @@ def moe_ratios(samples: Mapping[str, Sequence[float]]) -> dict[str, float | None
             raise ValueError(f"{name}: {len(values)} samples for {runs} runs (want {want})")
     stage1 = samples["stage1"]
 
-    def against(name: str, bases: Sequence[float] | None) -> float | None:
-        values = samples.get(name)
-        return paired_ratio(values, bases) if values and bases else None
+    def against(name: str, bases: Sequence[float]) -> float | None:
+        return paired_ratio(samples.get(name, ()), bases)
 
-    bases = _baseline_brackets(samples["baseline"]) if samples.get("baseline") else None
+    bases = _baseline_brackets(samples.get("baseline", ()))
     doubled = against("experts-256", stage1)
     return {
         "stage1 / openvino_genai": against("stage1", bases),
         "cluster / openvino_genai": against("cluster", bases),
         "experts-256 / experts-128": doubled,
-        "|experts-256 / experts-128 - 1|": None if doubled is None else round(abs(doubled - 1), 3),
-        "experts-128 / dense-equal": paired_ratio(stage1, samples["dense-equal"])
-        if samples.get("dense-equal") else None,
+        "|experts-256 / experts-128 - 1|": None if doubled is None else abs(doubled - 1),
+        "experts-128 / dense-equal": paired_ratio(stage1, samples.get("dense-equal", ())),
     }
 
 
 def judge(ratios: Mapping[str, float | None]) -> dict[str, dict[str, Any]]:
     """Each target: its figure (``value``), its bound (``target``, with ``kind``: at_least
-    or below) and whether it is ``met`` (None where the figure could not be measured)."""
+    or below) and whether it is ``met`` (None where the figure could not be measured).
+    Met is judged on the figure itself; the value is reported to 3 places."""
     verdicts = {}
     for name, target in TARGETS.items():
         value = ratios.get(target.ratio)
-        verdicts[name] = {"value": value, "target": target.bound, "kind": target.kind,
+        verdicts[name] = {"value": rounded(value), "target": target.bound, "kind": target.kind,
                           "met": None if value is None else target.met(value)}
     return verdicts
 

@@ -28,6 +28,7 @@ import typer
 
 from tools.harness.options import Json, fail, parse_numbers
 from tools.harness.report import err, print_result, run_record
+from tools.harness.stats import rounded
 from tools.peers.build import (
     BinariesError,
     BuildFailure,
@@ -138,7 +139,8 @@ class Run:
         ratios = {k: v for record in self.records for k, v in case_ratios(record).items()}
         return {**head, "ggufs": [{"model": m, "weights": w, **g.record()}
                                   for (m, w), g in self.ggufs.items() if isinstance(g, GgufFile)],
-                "cases": self.records, "ratios": ratios,
+                "cases": self.records,
+                "ratios": {key: rounded(value) for key, value in ratios.items()},
                 "targets": targets(self.records, ratios, self.plan.prompts)}
 
     def tree(self) -> Path:

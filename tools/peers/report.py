@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tools.harness.stats import paired_ratio, rounded
+
 ZCTL, LLAMA = "zctl", "llama.cpp"
 # The figures a ratio is taken of, and whether higher is better.
 RATIO_FIGURES = {"decode_tok_s": True, "ttft_ms": False, "tok_s": True, "ttft_ms_p50": False,
@@ -35,17 +37,15 @@ def flat(figures: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def paired_ratio(zctl: Sequence[Mapping[str, Any]], llama: Sequence[Mapping[str, Any]],
+def figure_ratio(zctl: Sequence[Mapping[str, Any]], llama: Sequence[Mapping[str, Any]],
                  figure: str) -> float | None:
-    """The median over rounds of zctl's ``figure`` over llama.cpp's in the same round
-    (inverted for a latency); None without a pair of positive figures."""
-    higher = RATIO_FIGURES[figure]
-    ratios = []
-    for z, ll in zip(zctl, llama, strict=False):
-        a, b = flat(z).get(figure), flat(ll).get(figure)
-        if a and b and a > 0 and b > 0:
-            ratios.append(a / b if higher else b / a)
-    return round(statistics.median(ratios), 3) if ratios else None
+    """zctl's ``figure`` over llama.cpp's, paired round by round (``paired_ratio``, not
+    rounded), inverted for a latency; the rounds where either lacks a positive figure
+    are left out, and None without a single such pair."""
+    pairs = [(a, b) for z, ll in zip(zctl, llama, strict=False)
+             if (a := flat(z).get(figure)) and (b := flat(ll).get(figure)) and a > 0 and b > 0]
+    ours, theirs = [a for a, _ in pairs], [b for _, b in pairs]
+    return paired_ratio(ours, theirs) if RATIO_FIGURES[figure] else paired_ratio(theirs, ours)
 
 
 def case_ratios(record: Mapping[str, Any]) -> dict[str, float | None]:
@@ -58,14 +58,15 @@ def case_ratios(record: Mapping[str, Any]) -> dict[str, float | None]:
         names = {f for rounds in (zctl.get(measurement, []), llama.get(measurement, []))
                  for r in rounds for f in flat(r)} & set(RATIO_FIGURES)
         for figure in sorted(names):
-            out[f"{record['case']}/{measurement}/{figure}"] = paired_ratio(
+            out[f"{record['case']}/{measurement}/{figure}"] = figure_ratio(
                 zctl.get(measurement, []), llama.get(measurement, []), figure)
     return out
 
 
 def target(value: float | None, goal: float, figure: str) -> dict[str, Any]:
-    return {"value": value, "target": goal, "met": value is not None and value >= goal,
-            "figure": figure}
+    """A target as reported: met judged on the ratio itself, the value to 3 places."""
+    return {"value": rounded(value), "target": goal,
+            "met": value is not None and value >= goal, "figure": figure}
 
 
 def targets(records: Sequence[Mapping[str, Any]], ratios: Mapping[str, float | None],

@@ -67,6 +67,7 @@ def run_case(case: Case, root: Path, tokens: int, rounds: int,
     "slowed_by", "measured": {streams: [tok/s of each round]}}``."""
     from contextlib import ExitStack
 
+    from tools.harness.cluster import PROFILE_BUDGET_S
     from tools.harness.models import PROMPT, BenchModel
     from tools.plan.throttle import SlowedNode
     from zctl.launcher.local import start_local_cluster, stop_processes, wait_serving
@@ -79,7 +80,8 @@ def run_case(case: Case, root: Path, tokens: int, rounds: int,
                                                "of a core" if case.slow_share else ""))
     record = start_local_cluster(export_dir, case.nodes, runtime_spec("f32", None, "CPU"), root,
                                  cpu_sets=case.cpu_sets, link_delay_ms=case.delay_ms,
-                                 profile=True, pin_stages=True)  # the case's topology
+                                 profile=True, pin_stages=True,  # the case's topology
+                                 profile_budget_s=PROFILE_BUDGET_S)
     with ExitStack() as stack:
         stack.callback(stop_processes, record.pids)
         slowed = None

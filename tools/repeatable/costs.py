@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tools.harness.order import rotated
 from tools.repeatable.lab import Lab, Request
 from tools.repeatable.prompts import DOCUMENT
 
@@ -72,8 +73,7 @@ def run_costs(lab: Lab, settings: Sequence[str], rounds: int) -> dict[str, Any]:
         raise ValueError("at least one round and one setting")
     samples: dict[str, list[dict[str, float]]] = {s: [] for s in settings}
     for i in range(rounds):
-        order = list(settings[i % len(settings):]) + list(settings[:i % len(settings)])
-        for setting in order:
+        for setting in rotated(settings, i):
             samples[setting].append(measure(lab, setting))
     return summarize(samples, settings[0])
 

@@ -64,6 +64,7 @@ from tools.harness.load import (
 )
 from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, fail, parse_numbers
+from tools.harness.order import rotated
 from tools.harness.report import err, print_result, run_record
 from tools.harness.stats import p50_p99_ms
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
@@ -159,8 +160,7 @@ def overhead_steps(requests: Sequence[ServeRequest]) -> list[tuple[str, ServeReq
     steps: list[tuple[str, ServeRequest]] = []
     for i, request in enumerate(requests):
         steps.append(("warm", replace(request, max_tokens=1)))
-        steps += [(path, request) for path in (("direct", "http") if i % 2 == 0
-                                               else ("http", "direct"))]
+        steps += [(path, request) for path in rotated(("direct", "http"), i)]
     return steps
 
 

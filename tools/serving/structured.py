@@ -51,9 +51,10 @@ from rich.table import Table
 
 from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, Model, Runs, Weights, fail
+from tools.harness.order import rotated
 from tools.harness.report import print_result, run_record
 from tools.harness.service import generate_done
-from tools.harness.stats import paired_ratio
+from tools.harness.stats import paired_ratio, rounded
 
 NODES = 2
 MAX_TOKENS = 200  # a schema run's limit (each task's object is far shorter)
@@ -183,13 +184,13 @@ def measure_auto(serve: str, runs: int) -> list[dict[str, Any]]:
     for question in AUTO_QUESTIONS:
         samples: dict[bool, list[Any]] = {True: [], False: []}
         for r in range(runs):
-            for held in ((True, False) if r % 2 == 0 else (False, True)):
+            for held in rotated((True, False), r):
                 samples[held].append(run(question, held))
         entries.append({
             "question": question, "auto_tok_s": statistics.median(d.tok_s for d in samples[True]),
             "free_tok_s": statistics.median(d.tok_s for d in samples[False]),
-            "auto_ratio": paired_ratio([d.tok_s for d in samples[True]],
-                                       [d.tok_s for d in samples[False]]),
+            "auto_ratio": rounded(paired_ratio([d.tok_s for d in samples[True]],
+                                               [d.tok_s for d in samples[False]])),
             "auto_text": sum(not d.text.startswith("{") for d in samples[True])})
     return entries
 
@@ -201,7 +202,8 @@ def task_entry(name: str, schema: Mapping[str, Any], tokens: int,
         "task": name, "tokens": tokens,
         "schema_tok_s": statistics.median(d.tok_s for d in schema_runs),
         "free_tok_s": statistics.median(d.tok_s for d in free_runs),
-        "ratio": paired_ratio([d.tok_s for d in schema_runs], [d.tok_s for d in free_runs]),
+        "ratio": rounded(paired_ratio([d.tok_s for d in schema_runs],
+                                      [d.tok_s for d in free_runs])),
         "schema_ttft_ms": statistics.median(d.ttft_ms for d in schema_runs),
         "free_ttft_ms": statistics.median(d.ttft_ms for d in free_runs),
         "schema_valid": sum(holds(d.text, schema) for d in schema_runs),
@@ -219,8 +221,8 @@ def lookup_figures(lookup_runs: Sequence[Any], schema_runs: Sequence[Any],
         return {}
     speeds = [d.tok_s for d in lookup_runs]
     return {"lookup_tok_s": statistics.median(speeds),
-            "lookup_ratio": paired_ratio(speeds, [d.tok_s for d in free_runs]),
-            "lookup_over_schema": paired_ratio(speeds, [d.tok_s for d in schema_runs]),
+            "lookup_ratio": rounded(paired_ratio(speeds, [d.tok_s for d in free_runs])),
+            "lookup_over_schema": rounded(paired_ratio(speeds, [d.tok_s for d in schema_runs])),
             "lookup_valid": sum(holds(d.text, schema) for d in lookup_runs),
             "lookup_cut": sum(d.stop_reason == "max_tokens" for d in lookup_runs),
             "lookup_same": sum(a.text == b.text for a, b in zip(lookup_runs, schema_runs,

@@ -18,6 +18,7 @@ import numpy as np
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.stateful import StageRunner
 from tools.harness.greedy import start_stream
+from tools.harness.order import rotated
 from tools.harness.stats import median
 from zctl.engine.drafting import LookupDrafter, StepCost, expected_tokens, fit_step_cost
 from zctl.engine.executor import StepReply
@@ -281,7 +282,7 @@ def calibrate(chain: LocalChain, context: np.ndarray, max_fed: int, reps: int,
 
     for rep in range(reps):
         row, row_switched = {}, {}
-        for fed in feds[rep % len(feds):] + feds[:rep % len(feds)]:  # rotated order
+        for fed in rotated(feds, rep):
             timed_step(2 if fed == 1 else 1)  # untimed: a step of another size first
             row_switched[fed] = timed_step(fed)  # the token count changed
             row[fed] = timed_step(fed)  # the same count again

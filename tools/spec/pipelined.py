@@ -52,9 +52,10 @@ from rich.table import Table
 
 from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, Model, Runs, Weights, fail
+from tools.harness.order import rotated
 from tools.harness.report import err, metric_table, print_result, run_record
 from tools.harness.service import bench_request, generate_done
-from tools.harness.stats import median, paired_ratio
+from tools.harness.stats import median, paired_ratio, rounded
 from tools.spec.prompts import PROMPTS
 from zctl.engine.requests import MAX_DRAFT_TOKENS
 
@@ -100,17 +101,10 @@ def parse_systems(text: str) -> list[str]:
     return [s for s in SYSTEMS if s in names]
 
 
-def rotated(names: Sequence[str], run: int) -> list[str]:
-    """``names`` rotated by ``run`` places: every system goes first in turn."""
-    shift = run % len(names) if names else 0
-    return list(names[shift:]) + list(names[:shift])
-
-
 def ratio(samples: Mapping[str, Sequence[Sample]], a: str, b: str) -> float | None:
     """a over b, paired run by run (``paired_ratio``); None unless both were measured."""
-    if not samples.get(a) or not samples.get(b):
-        return None
-    return paired_ratio([s.tok_s for s in samples[a]], [s.tok_s for s in samples[b]])
+    return paired_ratio([s.tok_s for s in samples.get(a, ())],
+                        [s.tok_s for s in samples.get(b, ())])
 
 
 def same_as(samples: Mapping[str, Sequence[Sample]], system: str,
@@ -134,7 +128,7 @@ def prompt_entry(name: str, samples: Mapping[str, Sequence[Sample]]) -> dict[str
     and the speculative systems' figures (``spec_medians``)."""
     entry: dict[str, Any] = {"name": name, "tok_s": {
         s: round(median([x.tok_s for x in v]), 2) for s, v in samples.items() if v}}
-    entry.update({key: ratio(samples, a, b) for key, a, b in RATIOS})
+    entry.update({key: rounded(ratio(samples, a, b)) for key, a, b in RATIOS})
     entry["identical"] = all_true([same_as(samples, s) for s in COMPARED])
     entry["identical_by_system"] = {s: same_as(samples, s) for s in COMPARED if samples.get(s)}
     entry["genai_identical"] = same_as(samples, "genai")

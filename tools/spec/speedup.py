@@ -93,6 +93,7 @@ from dataplane.runtime.stateful import StageRunner
 from tools.harness.greedy import timed_greedy
 from tools.harness.models import BenchModel
 from tools.harness.options import Json, Model, Precision, Runs, Threads, Weights, fail, parse_k
+from tools.harness.order import rotated
 from tools.harness.report import err
 from tools.spec.accounting import (
     Calibration,
@@ -195,9 +196,8 @@ def interleaved_runs(systems: Systems, prompts: Sequence[tuple[BenchPrompt, list
     calibrations: list[Calibration] = []
     for run in range(runs):
         calibrations.append(first_cal if run == 0 else recalibrate())
-        order = list(names[run % len(names):]) + list(names[:run % len(names)])
         for p, (prompt, ids) in enumerate(prompts):
-            for system in order:
+            for system in rotated(names, run):
                 results[p][system].append(systems.run(system, ids))
             line = "  ".join(f"{s} {results[p][s][-1].tok_s:.1f}" for s in names)
             say(f"run {run + 1}/{runs} {prompt.name}: {line} tok/s")

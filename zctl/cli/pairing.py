@@ -93,7 +93,6 @@ def pair_node(code: str, control: str, port: int, state_dir: Path, node_id: str,
     """Pair this node (its key pair in ``state_dir``) with the coordinator at ``control``
     by ``code``; the coordinator key file it received. ValueError says why not: the code,
     the desk, or a key other than the one the cluster announces."""
-    from controlplane.nodeinfo import endpoint_host
     from controlplane.pairing import PairingError, pair
     from controlplane.security import (
         SecurityError,
@@ -103,10 +102,11 @@ def pair_node(code: str, control: str, port: int, state_dir: Path, node_id: str,
         write_public_key,
     )
     from zctl.discovery.records import short_fingerprint
+    from zctl.endpoints import split_address, tcp_address
 
     try:
         public, _ = load_or_create_keypair(key_dir(state_dir), "node")
-        paired = pair(f"tcp://{endpoint_host(control)}:{port}", code, public, node_id)
+        paired = pair(tcp_address(split_address(control)[0], port), code, public, node_id)
     except (PairingError, SecurityError) as exc:
         raise ValueError(f"pairing failed: {exc}") from None
     if announced_fingerprint and paired.fingerprint != announced_fingerprint:

@@ -145,9 +145,6 @@ def plan_command(
             fits[fmt] = str(exc)
         except (ProfileError, ValueError) as exc:
             fail(str(exc))
-    if shape.moe:
-        notes.append("zctl export does not cut mixture-of-experts models yet: this plans "
-                     "the shape")
     if as_json:
         print(json.dumps({
             "model": shape.as_dict(), "fleet": pcs.source, "weights": chosen,

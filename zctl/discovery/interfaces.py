@@ -11,7 +11,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from zctl.endpoints import split_address
+from zctl.endpoints import split_address, tcp_address
 
 # interfaces that container runtimes and hypervisors make: announcing there sends nodes to
 # an address no other PC can reach (exo #858 picked docker0)
@@ -94,7 +94,7 @@ def announced_control(control: str, chosen: list[Interface]) -> str:
     host, port = split_address(control)
     if any(i.address == host for i in chosen) or not chosen:
         return control
-    return f"tcp://{chosen[0].address}:{port}"
+    return tcp_address(chosen[0].address, port)
 
 
 def default_cluster_name(hostname: str) -> str:

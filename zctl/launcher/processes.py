@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
+from zctl.endpoints import split_address, tcp_address
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.lifetime import interrupt_once
 from zctl.launcher.record import ClusterError
@@ -110,13 +111,15 @@ class CoordinatorProcess:
 
     @property
     def bind_host(self) -> str:
-        """The host part of ``bind`` (``0.0.0.0`` or ``*``: every interface)."""
-        return self.bind.removeprefix("tcp://").rpartition(":")[0]
+        """The host part of ``bind`` (``0.0.0.0`` or ``*``: every interface; an IPv6 host
+        without its brackets); ValueError if ``bind`` is no tcp://HOST:PORT address."""
+        return split_address(self.bind)[0]
 
     @property
     def control(self) -> str:
-        """The control address nodes and clients connect to: ``host``, else the bind host."""
-        return f"tcp://{self.host or self.bind_host}:{self.bind.rpartition(':')[2]}"
+        """The control address nodes and clients connect to: ``host``, else the bind host,
+        at the bind port (an IPv6 host in brackets)."""
+        return tcp_address(self.host or self.bind_host, split_address(self.bind)[1])
 
     @property
     def announced_name(self) -> str:

@@ -29,6 +29,13 @@ def test_presets_have_their_published_parameter_counts() -> None:
     assert billions["qwen2.5-72b"] == pytest.approx(72.7, abs=0.01)
     assert billions["qwen3-30b-a3b"] == pytest.approx(30.5, abs=0.05)
     assert billions["smollm2-135m"] == pytest.approx(0.1345, abs=0.0005)
+    # gpt-oss: 20.9B and 116.8B, 3.6B and 5.1B active (the layers' routed experts and the
+    # LM head; their model card counts the attention sinks and biases too, a few million)
+    for name, total, active in (("gpt-oss-20b", 20.9, 3.61), ("gpt-oss-120b", 116.8, 5.13)):
+        shape = PRESETS[name]
+        assert billions[name] == pytest.approx(total, abs=0.05), name
+        assert (shape.num_layers * shape.active_layer_weights() + shape.embedding_weights()
+                ) / 1e9 == pytest.approx(active, abs=0.01), name
     moe = PRESETS["qwen3-30b-a3b"]
     assert moe.moe and moe.active_layer_weights() < moe.layer_weights() / 10
     # rows routed to experts at random touch more of them, never more than all
@@ -58,6 +65,10 @@ def test_a_config_json_gives_the_shape(tmp_path: Path) -> None:
     moe = shape_from_config({**config, "num_experts": 8, "num_experts_per_tok": 2,
                              "moe_intermediate_size": 512}, "m", "m/config.json")
     assert (moe.experts, moe.active_experts, moe.expert_intermediate) == (8, 2, 512)
+    from transformers import GptOssConfig  # gpt-oss names its experts num_local_experts
+
+    gpt_oss = shape_from_config(GptOssConfig().to_dict(), "gpt-oss-120b", "g/config.json")
+    assert gpt_oss.fingerprint() == PRESETS["gpt-oss-120b"].fingerprint()
     nested = shape_from_config({"text_config": config}, "vlm", "vlm/config.json")
     assert nested.num_layers == 16
 

@@ -3,12 +3,14 @@ run each run, the cluster's memory per extra stream measured."""
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_microbatch_paired_scaling_divides_each_run_by_its_own_single_stream() -> None:
     from tools.decode.microbatch import paired_scaling
 
     samples = {"1": [20.0, 30.0, 25.0], "2": [38.0, 57.0, 45.0], "4": [50.0, 75.0, 60.0]}
-    assert paired_scaling(samples) == {"1": 1.0, "2": 1.9, "4": 2.5}
+    assert paired_scaling(samples) == pytest.approx({"1": 1.0, "2": 1.9, "4": 2.5})
 
 
 def test_microbatch_runs_every_mode_each_run_and_measures_memory(monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""zctl bench fleet's pure parts: the arms and comparisons, their order, the targets'
+"""zctl bench fleet's pure parts: the arms and comparisons, the targets'
 arithmetic and the report's ratios."""
 
 from __future__ import annotations
@@ -11,9 +11,6 @@ from tools.fleet.cases import (
     STREAMS,
     Arm,
     Comparison,
-    paired_ratio,
-    ratio,
-    round_order,
     targets,
 )
 from tools.fleet.measure import arm_cpu_lists
@@ -51,12 +48,6 @@ def test_a_bad_comparison_is_refused() -> None:
         Comparison("x", "speedup", "a", "b", 0)
 
 
-def test_rounds_rotate_the_arms() -> None:
-    arms = ["a", "b", "c"]
-    assert [round_order(arms, r)[0] for r in range(4)] == ["a", "b", "c", "a"]
-    assert sorted(round_order(arms, 2)) == arms and round_order([], 1) == []
-
-
 def test_no_drop_is_met_down_to_five_percent_below_and_speedup_from_its_bound() -> None:
     runs = {"base": {1: [40.0], 8: [200.0]}, "joined": {1: [38.0], 8: [189.0]},
             "planned": {1: [52.0], 8: [300.0]}, "equal": {1: [40.0], 8: [240.0]}}
@@ -69,22 +60,19 @@ def test_no_drop_is_met_down_to_five_percent_below_and_speedup_from_its_bound() 
     assert not got["uneven, 8 streams: >= 1.3x"]["met"]
 
 
-def test_ratios_pair_the_runs_by_round() -> None:
-    # the load halves both arms' speed in round 2: paired, the subject is 10% faster in
-    # every round; the ratio of the medians (60 / 50) would say 20%
-    subject, reference = [110.0, 55.0, 60.0], [100.0, 50.0, 60.0 / 1.1]
-    assert paired_ratio(subject, reference) == pytest.approx(1.1)
-    assert paired_ratio([], reference) is None
-    with pytest.raises(ValueError, match="3 rounds against 2"):
-        paired_ratio(subject, reference[:2])
+def test_a_target_is_judged_on_the_ratio_not_on_its_rounded_figure() -> None:
+    # 0.9496: shown as 0.95, yet short of the 0.95 a 5% drop allows
+    runs = {"base": {1: [100.0], 8: [200.0]}, "joined": {1: [94.96], 8: [190.0]}}
+    got = targets((NO_DROP,), runs)
+    assert got["slow joiner, 1 stream: drop <= 5%"] == {"value": 0.95, "target": 0.95,
+                                                        "met": False}
+    assert got["slow joiner, 8 streams: drop <= 5%"]["met"] is True  # 0.95 itself
 
 
 def test_an_arm_without_figures_misses_its_targets() -> None:
     got = targets((SPEEDUP,), {"equal": {1: [40.0], 8: [240.0]}})
     assert all(t == {"value": None, "target": 1.3, "met": False} for t in got.values())
     assert len(got) == len(STREAMS)
-    with pytest.raises(ValueError, match="nothing to compare"):
-        ratio(1.0, 0.0)
 
 
 def test_the_report_puts_the_control_beside_the_subject() -> None:

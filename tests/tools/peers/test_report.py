@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from tools.peers.report import case_ratios, flat, paired_ratio, render, targets
+from tools.peers.report import case_ratios, figure_ratio, flat, render, targets
 
 
 def rounds(*values: dict) -> list[dict]:
@@ -16,21 +16,21 @@ def rounds(*values: dict) -> list[dict]:
 def test_a_ratio_is_the_median_of_the_rounds_paired_ratios() -> None:
     zctl = rounds({"decode_tok_s": 50.0}, {"decode_tok_s": 60.0}, {"decode_tok_s": 40.0})
     llama = rounds({"decode_tok_s": 50.0}, {"decode_tok_s": 40.0}, {"decode_tok_s": 80.0})
-    assert paired_ratio(zctl, llama, "decode_tok_s") == 1.0  # median of 1.0, 1.5, 0.5
+    assert figure_ratio(zctl, llama, "decode_tok_s") == 1.0  # median of 1.0, 1.5, 0.5
 
 
 def test_latencies_are_inverted_so_above_one_is_still_zctl_better() -> None:
     zctl, llama = rounds({"ttft_ms": 50.0}), rounds({"ttft_ms": 100.0})
-    assert paired_ratio(zctl, llama, "ttft_ms") == 2.0
+    assert figure_ratio(zctl, llama, "ttft_ms") == 2.0
     zctl = rounds({"itl_ms": {"p50": 20.0, "p99": 40.0}})
     llama = rounds({"itl_ms": {"p50": 10.0, "p99": 40.0}})
-    assert paired_ratio(zctl, llama, "itl_ms_p50") == 0.5
-    assert paired_ratio(zctl, llama, "itl_ms_p99") == 1.0
+    assert figure_ratio(zctl, llama, "itl_ms_p50") == 0.5
+    assert figure_ratio(zctl, llama, "itl_ms_p99") == 1.0
 
 
 def test_no_pair_no_ratio() -> None:
-    assert paired_ratio(rounds({"tok_s": 5.0}), [], "tok_s") is None
-    assert paired_ratio(rounds({"tok_s": 5.0}), rounds({"tok_s": 0.0}), "tok_s") is None
+    assert figure_ratio(rounds({"tok_s": 5.0}), [], "tok_s") is None
+    assert figure_ratio(rounds({"tok_s": 5.0}), rounds({"tok_s": 0.0}), "tok_s") is None
     assert flat({"ttft_ms": {"p50": None, "p99": 3.0}, "error_kinds": {}, "ok": True}) == {
         "ttft_ms_p99": 3.0}
 
@@ -63,6 +63,13 @@ def test_targets_per_case() -> None:
     assert got["one_stream/smollm2-135m/int4/2n-split/10ms/p128"]["value"] == 1.5
     assert got["aggregate/smollm2-135m/int4/2n-split/10ms/c8"]["met"]  # 1.3 >= 1.2
     assert not got["aggregate/smollm2-135m/int4/2n-split/10ms/c16"]["met"]  # 1.0
+
+
+def test_a_target_is_judged_on_the_ratio_not_on_its_rounded_figure() -> None:
+    one = record("smollm2-135m/int4/1n/0ms", 1, {"one_stream.p128": [{"decode_tok_s": 89.96}]},
+                 {"one_stream.p128": [{"decode_tok_s": 100.0}]})
+    got = targets([one], case_ratios(one), [128])["one_node/smollm2-135m/int4/1n/0ms/p128"]
+    assert got["value"] == 0.9 and got["met"] is False  # 0.8996 < 0.9
 
 
 def test_a_failed_peer_leaves_its_targets_unmet_and_the_table_says_why() -> None:

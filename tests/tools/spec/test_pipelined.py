@@ -10,7 +10,6 @@ from tools.spec.pipelined import (
     all_true,
     parse_systems,
     prompt_entry,
-    rotated,
     same_as,
     summary,
 )
@@ -20,13 +19,11 @@ def runs(*tok_s: float, tokens=(1, 2, 3)) -> list[Sample]:
     return [Sample(t, list(tokens)) for t in tok_s]
 
 
-def test_systems_are_parsed_in_order_and_rotated_run_by_run() -> None:
+def test_systems_are_parsed_in_order() -> None:
     assert parse_systems("genai, plain") == ["plain", "genai"]
     for bad in ("", "plain,magic"):
         with pytest.raises(typer.BadParameter):
             parse_systems(bad)
-    names = ["plain", "spec", "pipelined"]
-    assert [rotated(names, r)[0] for r in range(4)] == ["plain", "spec", "pipelined", "plain"]
 
 
 def test_ratios_pair_runs_and_identity_compares_with_plain() -> None:

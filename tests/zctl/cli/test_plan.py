@@ -63,7 +63,8 @@ def test_a_config_json_and_a_moe_preset_plan_without_weights(tmp_path: Path) -> 
     assert "fits: INT8 yes" in result.output
     result = runner.invoke(app, ["plan", "qwen3-30b-a3b", "--fleet", FOUR], terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert "mixture-of-experts" in result.output
+    assert "128 experts (8 active) of 768" in result.output  # planned as its routed experts
+    assert "does not cut" not in result.output  # zctl export cuts a mixture of experts
 
 
 @pytest.mark.parametrize("args, message", [

@@ -77,3 +77,21 @@ def test_the_control_address_nodes_reach() -> None:
     public = CoordinatorProcess("/x", bind="tcp://0.0.0.0:5550", host="10.0.0.1")
     assert public.control == "tcp://10.0.0.1:5550"
     assert CoordinatorProcess("/x", bind="tcp://127.0.0.2:41000").control == "tcp://127.0.0.2:41000"
+
+
+def test_an_ipv6_bind_address_and_host_keep_their_brackets_in_the_control_address() -> None:
+    loopback = CoordinatorProcess("/x", bind="tcp://[::1]:5550")
+    assert loopback.bind_host == "::1" and loopback.control == "tcp://[::1]:5550"
+    public = CoordinatorProcess("/x", bind="tcp://[::]:5550", host="fd00::7")
+    assert public.bind_host == "::" and public.control == "tcp://[fd00::7]:5550"
+    assert CoordinatorProcess("/x", bind="tcp://*:5550", host="[fd00::7]").control == (
+        "tcp://[fd00::7]:5550")
+
+
+@pytest.mark.parametrize("bind", ["tcp://[::1]", "tcp://:5550", "tcp://h:port"])
+def test_a_bind_address_without_host_or_port_is_a_clear_error(bind: str) -> None:
+    coordinator = CoordinatorProcess("/x", bind=bind)
+    with pytest.raises(ValueError, match="is not a tcp://HOST:PORT address"):
+        coordinator.control  # noqa: B018 - the property is what is tested
+    with pytest.raises(ValueError, match="is not a tcp://HOST:PORT address"):
+        coordinator.bind_host  # noqa: B018
