@@ -352,24 +352,13 @@ def _gpt_oss_experts(config: Any) -> list[str]:
     return complaints
 
 
-def _quantized(config: Any) -> list[str]:
-    """A checkpoint whose weights are stored quantized (gpt-oss's MXFP4 experts)."""
-    quantization = getattr(config, "quantization_config", None)
-    if not quantization:
-        return []
-    method = (quantization.get("quant_method") if isinstance(quantization, dict)
-              else getattr(quantization, "quant_method", None))
-    return [f"quantization_config {str(method or '?')!r} (its weights are read as plain "
-            "f32/bf16/f16 tensors)"]
-
-
 LLAMA_CHECKS: tuple[Callable[[Any], list[str]], ...] = (_activation, _rope_type)
 FAMILY_CHECKS: dict[str, tuple[Callable[[Any], list[str]], ...]] = {
     "qwen2": LLAMA_CHECKS + (_sliding_layers,),
     "qwen3": LLAMA_CHECKS + (_sliding_layers,),
     "qwen3_moe": LLAMA_CHECKS + (_sliding_layers, _moe_routing),
     "gemma3_text": (_gemma_activation, _gemma_layers, _gemma_rope),
-    "gpt_oss": (_rope_type, _gpt_oss_layers, _gpt_oss_experts, _quantized),
+    "gpt_oss": (_rope_type, _gpt_oss_layers, _gpt_oss_experts),
     "phi3": (_activation, _phi3_rope),
 }
 

@@ -18,6 +18,16 @@ from typing import Any
 import torch
 
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
+from exporter.mxfp4 import (
+    Mxfp4Error,
+    check_pairs_declared,
+    check_quant_method,
+    dequantize_experts,
+    pair_names,
+    quant_method,
+    stacked_experts,
+    stored_pairs,
+)
 from exporter.stage_module import DecoderShape
 from zctl.manifest import (
     GENERATION_CONFIG_NAME,
@@ -196,6 +206,18 @@ class ModelSource:
         value = self.tensor(name)
         return None if value is None else int(value.shape[0])
 
+    def stacked_experts_shape(self, name: str) -> tuple[int, int, int]:
+        """The shape the config gives a layer's stacked experts' projection as the checkpoint
+        stores it: ``...mlp.experts.gate_up_proj`` [experts, 2 * expert_intermediate, hidden]
+        and ``...down_proj`` [experts, hidden, expert_intermediate] ([experts, out, in]), or
+        gpt-oss's transposes, [experts, in, out]."""
+        shape = self.decoder_shape()
+        width, hidden = shape.expert_intermediate, shape.hidden_size
+        gate_up = name.endswith(".gate_up_proj")
+        if self.family.gpt_oss:
+            return (shape.experts, hidden, 2 * width) if gate_up else (shape.experts, width, hidden)
+        return (shape.experts, 2 * width, hidden) if gate_up else (shape.experts, hidden, width)
+
     def check_layers(self) -> None:
         """SourceError unless every layer stores its family's own tensors (gpt-oss's sinks,
         router and expert biases) and the experts its config gives it: its
@@ -334,7 +356,32 @@ class SafetensorsSource(ModelSource):
             self.generation_config = None
         self._where = self._index()
         self._handles: dict[str, Any] = {}
+        self._mxfp4 = self._mxfp4_experts()
         self.check_layers()
+
+    def _mxfp4_experts(self) -> dict[str, int]:
+        """The experts' projections stored as MXFP4 pairs, by name, with their expert counts;
+        SourceError for a quantization the exporter does not read, or a pair that is
+        incomplete, of another tensor, or of another shape than the config makes (read from
+        config.json, names and headers, no weight loaded)."""
+        try:
+            method = quant_method(getattr(self.config, "quantization_config", None))
+            check_quant_method(method)
+            pairs = stored_pairs(self._where)
+            check_pairs_declared(method, pairs)
+            return {name: stacked_experts(name, *(self._header(half) for half in pair_names(name)),
+                                          self.stacked_experts_shape(name))
+                    for name in pairs}
+        except Mxfp4Error as exc:
+            raise SourceError(f"{self.path}: {exc}") from None
+
+    def _header(self, name: str) -> tuple[tuple[int, ...], str]:
+        """Stored tensor ``name``'s shape and safetensors dtype, read without its data."""
+        from safetensors import safe_open
+
+        with safe_open(self.path / self._where[name], framework="pt") as handle:
+            part = handle.get_slice(name)
+            return tuple(int(d) for d in part.get_shape()), str(part.get_dtype())
 
     def _index(self) -> dict[str, str]:
         index = self.path / "model.safetensors.index.json"
@@ -349,6 +396,23 @@ class SafetensorsSource(ModelSource):
             return {key: single.name for key in handle.keys()}
 
     def tensor(self, name: str) -> torch.Tensor | None:
+        """Tensor ``name`` as stored, or a layer's experts' projection dequantized from its
+        MXFP4 pair as transformers loads it (that projection alone, in float32)."""
+        if name in self._mxfp4 and name not in self._where:
+            return self._dequantized(name)
+        return self._read(name)
+
+    def _dequantized(self, name: str) -> torch.Tensor:
+        blocks, scales = (self._read(stored) for stored in pair_names(name))
+        if blocks is None or scales is None:  # _mxfp4_experts found both: a changed file
+            raise SourceError(f"{self.path}: MXFP4 tensor {name}'s blocks or scales are gone")
+        value = dequantize_experts(blocks, scales)
+        if not torch.isfinite(value).all():
+            raise SourceError(f"{self.path}: MXFP4 tensor {name} has weights beyond float32's "
+                              "range (a scale of 2**128, E8M0's NaN byte 255, or near it)")
+        return value
+
+    def _read(self, name: str) -> torch.Tensor | None:
         file_name = self._where.get(name)
         if file_name is None:
             return None
@@ -359,16 +423,15 @@ class SafetensorsSource(ModelSource):
         return self._handles[file_name].get_tensor(name)
 
     def tensor_names(self) -> list[str]:
-        return list(self._where)
+        """The checkpoint's tensors, and those its MXFP4 pairs stand for."""
+        return list(self._where) + [name for name in self._mxfp4 if name not in self._where]
 
     def tensor_rows(self, name: str) -> int | None:
-        file_name = self._where.get(name)
-        if file_name is None:
+        if name in self._mxfp4 and name not in self._where:
+            return self._mxfp4[name]
+        if name not in self._where:
             return None
-        from safetensors import safe_open
-
-        with safe_open(self.path / file_name, framework="pt") as handle:
-            return int(handle.get_slice(name).get_shape()[0])
+        return self._header(name)[0][0]
 
     def release(self) -> None:
         self._handles.clear()

@@ -243,7 +243,6 @@ def _config_only(tmp_path: Path, **fields: object) -> Path:
     ({"sliding_window": None}, "sliding layers with sliding_window None"),
     ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}},
      "rope_type 'dynamic'"),
-    ({"quantization_config": {"quant_method": "mxfp4"}}, "quantization_config 'mxfp4'"),
 ])
 def test_an_option_the_export_lacks_is_refused_by_name(tmp_path: Path, fields: dict,
                                                       named: str) -> None:
