@@ -344,11 +344,20 @@ class GenerationEngine:
             return self.tokenizer.encode_chat([(m.role, m.content) for m in req.messages])
         return self.tokenizer.encode(req.prompt, chat=req.chat)
 
+    def stops_of(self, req: GenerationRequest) -> list[int]:
+        """The tokens that end ``req``'s reply: the model's EOS, and for a chat put through
+        the chat template the tokens that end a turn of it (ChatTokenizer.turn_end_ids)."""
+        chat = not req.prompt_ids and (bool(req.messages) or
+                                       self.tokenizer.through_template(req.chat))
+        if not chat or not self.tokenizer.turn_end_ids:
+            return list(self.stop_ids)
+        return sorted({*self.stop_ids, *self.tokenizer.turn_end_ids})
+
     def _session(self, stream_id: int, req: GenerationRequest) -> DecodeSession:
         # its grammar's constraint, compiled since it arrived (raises RequestRefused)
         constraint = self.grammars.take(id(req)) if req.grammar_kind else None
         limits = SessionLimits(self.max_context, self.kv_budget_tokens, self.vocab_size,
-                               self.stop_ids)
+                               self.stops_of(req))
         return new_session(stream_id, req, self.prompt_ids(req), limits, constraint,
                            self.load_drafter, self.sampling_defaults)
 
@@ -520,8 +529,8 @@ class GenerationEngine:
         self._finished_tokens += session_tokens(session)
         produced = session.emitted[:job.kept] if job.stopped else session.emitted
         self._flush_text(job, produced)
-        reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled,
-                             job.stopped or session.grammar_complete)
+        reason = stop_reason(produced, job.request, self.stops_of(job.request), session.error,
+                             job.cancelled, job.stopped or session.grammar_complete)
         error, kind = "", ""
         if reason == "error":
             self.counters["failed"] += 1
