@@ -5,21 +5,20 @@ does not), and an export without one could only be prompted raw: the OpenAI and 
 chat routes would refuse it. A base model does not follow an instruction-tuned model's
 turn markers (Gemma 3 270M answers its family's ``<start_of_turn>`` turns with noise),
 but it continues a plain question-and-answer transcript sensibly. So such an export gets
-that transcript as its template, and a chat's reply ends where the model's answer line
-ends: at its first newline token, a stop of chat requests only (a raw completion runs on
-across lines). A checkpoint's own template always wins.
+that transcript as its template, and a chat's reply ends where the model goes on to ask
+the next question (the stop string ``\nQuestion:``, of chat requests only: a raw
+completion runs on). A checkpoint's own template always wins.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
 class ChatFormat:
     template: str  # a jinja2 chat template, rendered as transformers renders one
-    turn_end: str  # the text that ends the model's turn: its one token stops a chat's reply
+    stops: tuple[str, ...]  # text that ends the model's turn: stop strings of a chat's reply
 
 
 # A system message opens the transcript as a paragraph of its own; each user turn is a
@@ -41,7 +40,7 @@ TRANSCRIPT = ChatFormat(
         "{% endfor %}"
         "{% if add_generation_prompt %}{{ 'Answer:' }}{% endif %}"
     ),
-    turn_end="\n",
+    stops=("\nQuestion:",),
 )
 
 
@@ -49,11 +48,3 @@ def stand_in_format(stated_template: str | None) -> ChatFormat | None:
     """The chat format an export writes: none when the checkpoint states a template, else
     the question-and-answer transcript."""
     return None if stated_template else TRANSCRIPT
-
-
-def turn_end_ids(chat: ChatFormat, tokenizer: Any) -> list[int] | None:
-    """The token ``chat.turn_end`` is in ``tokenizer`` (a Hugging Face tokenizer), as a
-    list of one; None when its vocabulary spells it with several tokens (no stand-in then:
-    a reply could not be stopped at the end of its turn)."""
-    ids = tokenizer.encode(chat.turn_end, add_special_tokens=False)
-    return [int(ids[0])] if len(ids) == 1 else None

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from exporter.chat_formats import stand_in_format, turn_end_ids
+from exporter.chat_formats import stand_in_format
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
 from exporter.stage_module import DecoderShape
-from zctl.engine.tokenizer import CHAT_FORMAT_NAME, CHAT_TEMPLATE_NAME, TURN_END_IDS
+from zctl.engine.tokenizer import CHAT_FORMAT_NAME, CHAT_STOPS, CHAT_TEMPLATE_NAME
 from zctl.manifest import (
     GENERATION_CONFIG_NAME,
     GenerationConfig,
@@ -264,16 +264,15 @@ class ModelSource:
 
     def save_tokenizer(self, out_dir: Path) -> None:
         """The tokenizer's files into ``out_dir``; when the checkpoint states no chat
-        template, the stand-in one (exporter.chat_formats) and the token ending its turns
-        (``chat_format.json``), if the vocabulary spells that end with one token."""
+        template, the stand-in one (exporter.chat_formats) and the text that ends its turns
+        (``chat_format.json``)."""
         tokenizer = self.tokenizer()
         tokenizer.save_pretrained(out_dir)
         chat = stand_in_format(tokenizer.chat_template)
-        stops = None if chat is None else turn_end_ids(chat, tokenizer)
-        if chat is None or stops is None:
+        if chat is None:
             return
         (Path(out_dir) / CHAT_TEMPLATE_NAME).write_text(chat.template)
-        (Path(out_dir) / CHAT_FORMAT_NAME).write_text(json.dumps({TURN_END_IDS: stops}))
+        (Path(out_dir) / CHAT_FORMAT_NAME).write_text(json.dumps({CHAT_STOPS: list(chat.stops)}))
 
     def load_hf_model(self) -> Any:
         """The Hugging Face reference model (float32, eval), for verification."""

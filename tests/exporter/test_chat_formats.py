@@ -1,6 +1,6 @@
 """A checkpoint that states no chat template (a base model: the packaged Gemma 3 270M
 GGUF) is exported with a question-and-answer transcript as its template, and a chat's
-reply ends at the newline that ends its answer line (a raw completion's does not); a
+reply ends where the model asks the next question (a raw completion's does not); a
 stated template wins."""
 
 from __future__ import annotations
@@ -44,12 +44,6 @@ def base_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "export"
 
 
-def _newline(tokenizer: ChatTokenizer) -> int:
-    ids = tokenizer.backend.encode("\n", add_special_tokens=False).ids
-    assert len(ids) == 1
-    return ids[0]
-
-
 def test_a_base_export_chats_as_a_transcript(base_export: Path) -> None:
     tokenizer = ChatTokenizer(base_export)
     ids = tokenizer.encode_chat([("system", "Be brief. "), ("user", " hi\n"),
@@ -58,7 +52,7 @@ def test_a_base_export_chats_as_a_transcript(base_export: Path) -> None:
         "<s>Be brief.\n\nQuestion: hi\nAnswer: hello\nQuestion: why\nAnswer:")
     assert ids.count(tokenizer.backend.token_to_id("<s>")) == 1  # BOS once, from the template
     assert tokenizer.encode("why") == tokenizer.encode_chat([("user", "why")])
-    assert tokenizer.turn_end_ids == (_newline(tokenizer),)
+    assert tokenizer.chat_stops == ("\nQuestion:",)
 
 
 def test_the_transcript_refuses_a_role_it_has_not(base_export: Path) -> None:
@@ -66,15 +60,15 @@ def test_the_transcript_refuses_a_role_it_has_not(base_export: Path) -> None:
         ChatTokenizer(base_export).encode_chat([("user", "hi"), ("tool", "42")])
 
 
-def test_only_a_chat_stops_at_the_end_of_its_answer_line(base_export: Path) -> None:
-    tokenizer = ChatTokenizer(base_export)
-    engine = GenerationEngine(tokenizer, [3], lambda: None)
-    newline = _newline(tokenizer)
-    chats = [GenerationRequest("a", prompt="hi"),
+def test_only_a_chat_stops_where_the_next_question_starts(base_export: Path) -> None:
+    engine = GenerationEngine(ChatTokenizer(base_export), [3], lambda: None)
+    chats = [GenerationRequest("a", prompt="hi", stop=["."]),
              GenerationRequest("b", messages=[ChatMessage("user", "hi")])]
-    raws = [GenerationRequest("c", prompt="hi", chat=False), GenerationRequest("d", prompt_ids=[5, 6])]
-    assert all(engine.stops_of(r) == sorted({3, newline}) for r in chats)
-    assert all(engine.stops_of(r) == [3] for r in raws)
+    raws = [GenerationRequest("c", prompt="hi", chat=False, stop=["."]),
+            GenerationRequest("d", prompt_ids=[5, 6])]
+    assert [engine.stop_strings_of(r) for r in chats] == [[".", "\nQuestion:"],
+                                                          ["\nQuestion:"]]
+    assert [engine.stop_strings_of(r) for r in raws] == [["."], []]
 
 
 def test_a_stated_template_wins(tmp_path: Path) -> None:
@@ -82,11 +76,11 @@ def test_a_stated_template_wins(tmp_path: Path) -> None:
     open_source(str(model)).save_tokenizer(tmp_path / "out")
     tokenizer = ChatTokenizer(tmp_path / "out")
     assert "<|im_start|>" in tokenizer.render_chat([{"role": "user", "content": "hi"}])
-    assert tokenizer.turn_end_ids == () and not (tmp_path / "out" / CHAT_FORMAT_NAME).exists()
+    assert tokenizer.chat_stops == () and not (tmp_path / "out" / CHAT_FORMAT_NAME).exists()
     assert stand_in_format("{{ messages }}") is None and stand_in_format(None) is TRANSCRIPT
 
 
-@pytest.mark.parametrize("content", ['{"turn_end_ids": [1.5]}', '{"turn_end_ids": [99999]}',
+@pytest.mark.parametrize("content", ['{"stop": [1]}', '{"stop": [""]}', '{"stop": "x"}',
                                      "[]", "{"])
 def test_a_broken_chat_format_is_refused_by_name(base_export: Path, tmp_path: Path,
                                                  content: str) -> None:

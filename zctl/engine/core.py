@@ -307,7 +307,7 @@ class GenerationEngine:
             self.grammars.forget(id(req))
             self.counters["structured"] += bool(req.grammar_kind)
             self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer),
-                                         StopMatcher(req.stop))
+                                         StopMatcher(self.stop_strings_of(req)))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
             if unreachable is not None:
                 self._pause(unreachable, time.monotonic())
@@ -344,20 +344,18 @@ class GenerationEngine:
             return self.tokenizer.encode_chat([(m.role, m.content) for m in req.messages])
         return self.tokenizer.encode(req.prompt, chat=req.chat)
 
-    def stops_of(self, req: GenerationRequest) -> list[int]:
-        """The tokens that end ``req``'s reply: the model's EOS, and for a chat put through
-        the chat template the tokens that end a turn of it (ChatTokenizer.turn_end_ids)."""
+    def stop_strings_of(self, req: GenerationRequest) -> list[str]:
+        """The text that ends ``req``'s reply: its own stop strings, and for a chat put
+        through the chat template those ending a turn of it (ChatTokenizer.chat_stops)."""
         chat = not req.prompt_ids and (bool(req.messages) or
                                        self.tokenizer.through_template(req.chat))
-        if not chat or not self.tokenizer.turn_end_ids:
-            return list(self.stop_ids)
-        return sorted({*self.stop_ids, *self.tokenizer.turn_end_ids})
+        return [*req.stop, *(self.tokenizer.chat_stops if chat else ())]
 
     def _session(self, stream_id: int, req: GenerationRequest) -> DecodeSession:
         # its grammar's constraint, compiled since it arrived (raises RequestRefused)
         constraint = self.grammars.take(id(req)) if req.grammar_kind else None
         limits = SessionLimits(self.max_context, self.kv_budget_tokens, self.vocab_size,
-                               self.stops_of(req))
+                               self.stop_ids)
         return new_session(stream_id, req, self.prompt_ids(req), limits, constraint,
                            self.load_drafter, self.sampling_defaults)
 
@@ -529,7 +527,7 @@ class GenerationEngine:
         self._finished_tokens += session_tokens(session)
         produced = session.emitted[:job.kept] if job.stopped else session.emitted
         self._flush_text(job, produced)
-        reason = stop_reason(produced, job.request, self.stops_of(job.request), session.error,
+        reason = stop_reason(produced, job.request, self.stop_ids, session.error,
                              job.cancelled, job.stopped or session.grammar_complete)
         error, kind = "", ""
         if reason == "error":

@@ -18,10 +18,10 @@ from zctl.engine.requests import TokenLogprob
 
 CHAT_TEMPLATE_NAME = "chat_template.jinja"
 # What ends the model's turn in its chat format besides its EOS (an export's stand-in
-# template for a checkpoint stating none: exporter.chat_formats), {TURN_END_IDS: [ids]}:
-# stops of a reply to a chat, not of a raw completion.
+# template for a checkpoint stating none: exporter.chat_formats), {CHAT_STOPS: [text]}:
+# stop strings of a reply to a chat, not of a raw completion.
 CHAT_FORMAT_NAME = "chat_format.json"
-TURN_END_IDS = "turn_end_ids"
+CHAT_STOPS = "stop"
 
 
 class TokenizerError(ValueError):
@@ -34,19 +34,18 @@ def _token_text(value: Any) -> str | None:
     return value
 
 
-def _turn_end_ids(path: Path, vocab_size: int) -> tuple[int, ...]:
-    """The ids ``path`` (an export's chat_format.json) says end a chat turn; none without it."""
+def _chat_stops(path: Path) -> tuple[str, ...]:
+    """The stop strings ``path`` (an export's chat_format.json) gives a chat; none without it."""
     if not path.is_file():
         return ()
     try:
-        ids = json.loads(path.read_text())[TURN_END_IDS]
+        stops = json.loads(path.read_text())[CHAT_STOPS]
     except (ValueError, KeyError, TypeError) as exc:
-        raise TokenizerError(f"{path}: not a chat format ({TURN_END_IDS}: token ids): "
+        raise TokenizerError(f"{path}: not a chat format ({CHAT_STOPS}: strings): "
                              f"{exc!r}") from None
-    if not isinstance(ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids):
-        raise TokenizerError(f"{path}: {TURN_END_IDS} must be token ids below {vocab_size}")
-    return tuple(ids)
+    if not isinstance(stops, list) or not all(isinstance(t, str) and t for t in stops):
+        raise TokenizerError(f"{path}: {CHAT_STOPS} must be a list of non-empty strings")
+    return tuple(stops)
 
 
 class ChatTokenizer:
@@ -67,8 +66,7 @@ class ChatTokenizer:
         template_path = export_dir / CHAT_TEMPLATE_NAME
         template = template_path.read_text() if template_path.is_file() else config.get("chat_template")
         self.chat_template: str | None = template if isinstance(template, str) else None
-        self.turn_end_ids: tuple[int, ...] = _turn_end_ids(export_dir / CHAT_FORMAT_NAME,
-                                                           self.vocab_size)
+        self.chat_stops: tuple[str, ...] = _chat_stops(export_dir / CHAT_FORMAT_NAME)
         self._compiled: Any = None  # the template, compiled on first use
 
     @property
