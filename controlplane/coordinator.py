@@ -423,6 +423,9 @@ class Coordinator:
             self._send(identity, Error("protocol-version", str(exc), exc.msg_type))
 
     def _on_enrol(self, identity: bytes, msg: Enrol) -> None:
+        if ms.replaced_connection(identity):  # stale: not refused, the node is back already
+            log.info("node %s: an enrolment from its replaced connection dropped", msg.node_id)
+            return
         refusal = ms.enrol_refusal(msg, identity, self.node_id, self.openvino,
                                    self.config.curve is not None, self.config.cluster_id)
         if refusal is not None:

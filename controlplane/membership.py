@@ -108,6 +108,15 @@ class Member:
         )
 
 
+def replaced_connection(identity: bytes) -> bool:
+    """Whether ``identity`` is the name libzmq gives a peer's old connection when a new one
+    takes its routing id over (ROUTER_HANDOVER: a zero byte and a counter; a DEALER cannot
+    choose a routing id starting with a zero byte). A message still queued on that
+    connection (an enrolment a node sent before it gave up on a slow coordinator and
+    reconnected) is stale: its node enrols again over the new connection."""
+    return identity[:1] == b"\x00"
+
+
 def enrol_refusal(msg: Enrol, identity: bytes, coordinator_id: str, openvino: str,
                   curve: bool, cluster_id: str = "") -> tuple[str, str] | None:
     """Why the coordinator refuses an enrolment, as (code, reason naming both sides), or

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from exporter.chat_formats import stand_in_format
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
 from exporter.mxfp4 import (
     Mxfp4Error,
@@ -29,6 +30,7 @@ from exporter.mxfp4 import (
     stored_pairs,
 )
 from exporter.stage_module import DecoderShape
+from zctl.engine.tokenizer import CHAT_FORMAT_NAME, CHAT_STOPS, CHAT_TEMPLATE_NAME
 from zctl.manifest import (
     GENERATION_CONFIG_NAME,
     GenerationConfig,
@@ -95,6 +97,7 @@ class ModelSource:
         self.name = name
         self.location = location
         self.config = config
+        self._tokenizer: Any = None
         try:
             self.family = family_of(config, location)
             refuse_unsupported(self.family, config, location)
@@ -310,8 +313,27 @@ class ModelSource:
         """The sampling fields of the model's generation config (None: it has none)."""
         return None
 
-    def save_tokenizer(self, out_dir: Path) -> None:
+    def load_tokenizer(self) -> Any:
+        """The checkpoint's Hugging Face tokenizer."""
         raise NotImplementedError
+
+    def tokenizer(self) -> Any:
+        """``load_tokenizer()``, loaded once."""
+        if self._tokenizer is None:
+            self._tokenizer = self.load_tokenizer()
+        return self._tokenizer
+
+    def save_tokenizer(self, out_dir: Path) -> None:
+        """The tokenizer's files into ``out_dir``; when the checkpoint states no chat
+        template, the stand-in one (exporter.chat_formats) and the text that ends its turns
+        (``chat_format.json``)."""
+        tokenizer = self.tokenizer()
+        tokenizer.save_pretrained(out_dir)
+        chat = stand_in_format(tokenizer.chat_template)
+        if chat is None:
+            return
+        (Path(out_dir) / CHAT_TEMPLATE_NAME).write_text(chat.template)
+        (Path(out_dir) / CHAT_FORMAT_NAME).write_text(json.dumps({CHAT_STOPS: list(chat.stops)}))
 
     def load_hf_model(self) -> Any:
         """The Hugging Face reference model (float32, eval), for verification."""
@@ -449,10 +471,10 @@ class SafetensorsSource(ModelSource):
         except ManifestError as exc:
             raise SourceError(str(exc)) from None
 
-    def save_tokenizer(self, out_dir: Path) -> None:
+    def load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(self.path).save_pretrained(out_dir)
+        return AutoTokenizer.from_pretrained(self.path)
 
     def load_hf_model(self) -> Any:
         from transformers import AutoModelForCausalLM
@@ -547,11 +569,10 @@ class GGUFSource(ModelSource):
         tmp.rename(out_dir)
         return out_dir
 
-    def save_tokenizer(self, out_dir: Path) -> None:
+    def load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name)
-        tokenizer.save_pretrained(out_dir)
+        return AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name)
 
     def load_hf_model(self) -> Any:
         return self._model

@@ -43,6 +43,15 @@ def test_refusals_name_the_reason(msg: Enrol, identity: bytes, curve: bool, code
     assert refusal[0] == code and words in refusal[1]
 
 
+def test_an_enrolment_left_on_a_replaced_connection_is_told_apart() -> None:
+    """A node that reconnects to a coordinator slow to read takes its routing id over
+    (ROUTER_HANDOVER); libzmq renames the old connection, whose queued enrolment then
+    arrives under a zero byte and a counter: stale, not a node lying about its name."""
+    assert ms.replaced_connection(b"\x00k\x8bEg")
+    assert not ms.replaced_connection(b"node-1") and not ms.replaced_connection(b"")
+    assert ms.enrol_refusal(enrol(), b"\x00k\x8bEg", "coord", OV, curve=False) is not None
+
+
 def test_a_local_cluster_admits_the_nodes_started_for_it_only() -> None:
     assert ms.enrol_refusal(enrol(cluster_id="c1"), b"node-1", "coord", OV, False, "c1") is None
     assert ms.enrol_refusal(enrol(cluster_id="c1"), b"node-1", "coord", OV, False) is None

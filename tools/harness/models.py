@@ -1,4 +1,5 @@
-"""The benchmarks' models and their cached exports: SmolLM2-135M (the default), random
+"""The benchmarks' models and their cached exports: SmolLM2-135M (the default), Gemma 3
+270M (gemma3-270m: its GGUF, joined from the ``gemma3`` extra's packages), random
 Llama checkpoints of known shapes (random-1b, random-8b, random-tiny) or an HF directory, exported
 once per split, weight format and KV layout into the cache, and the plugin hints both
 sides of a comparison get.
@@ -25,11 +26,18 @@ RANDOM_MODELS = {"random-1b": "llama-3.2-1b", "random-8b": "llama-3.1-8b",
 
 def model_hf_dir(model: str, cache: Path) -> Path:
     """An HF directory for the model (the default GGUF dequantised; random-1b and
-    random-tiny generated)."""
-    from exporter.sources import DEFAULT_MODEL, default_model_hf_dir
+    random-tiny generated), or gemma3-270m's GGUF file (joined once)."""
+    from exporter.sources import (
+        DEFAULT_MODEL,
+        GEMMA3_270M,
+        default_model_hf_dir,
+        gemma3_270m_gguf_path,
+    )
 
     if model == DEFAULT_MODEL:
         return default_model_hf_dir(cache / "sources")
+    if model == GEMMA3_270M:
+        return gemma3_270m_gguf_path(cache / "sources")
     if model in RANDOM_MODELS:
         from tools.harness.random_llama import write_random_llama
 
@@ -45,7 +53,8 @@ def model_hf_dir(model: str, cache: Path) -> Path:
 def export_name(model: str, hf_dir: Path) -> str:
     """The export cache's name for ``model``: a known model's short name, else its HF
     directory's name."""
-    return model if model == "smollm2-135m" or model in RANDOM_MODELS else hf_dir.name
+    named = ("smollm2-135m", "gemma3-270m", *RANDOM_MODELS)
+    return model if model in named else hf_dir.name
 
 
 def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,

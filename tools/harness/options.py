@@ -7,7 +7,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-MODEL_HELP = "smollm2-135m, random-1b, random-tiny, or an HF directory"
+MODEL_HELP = "smollm2-135m, gemma3-270m, random-1b, random-tiny, or an HF directory"
 
 Model = Annotated[str, typer.Option(help=MODEL_HELP)]
 Weights = Annotated[str, typer.Option(help="int4 | int8 | fp16 | fp32")]

@@ -311,7 +311,7 @@ class GenerationEngine:
             self.grammars.forget(id(req))
             self.counters["structured"] += bool(req.grammar_kind)
             self._jobs[stream_id] = _Job(client, req, session, StreamDecoder(self.tokenizer),
-                                         StopMatcher(req.stop))
+                                         StopMatcher(self.stop_strings_of(req)))
             self.counters["peak_streams"] = max(self.counters["peak_streams"], len(self._jobs))
             if unreachable is not None:
                 self._pause(unreachable, time.monotonic())
@@ -349,6 +349,13 @@ class GenerationEngine:
         if req.messages:
             return self.tokenizer.encode_chat([(m.role, m.content) for m in req.messages])
         return self.tokenizer.encode(req.prompt, chat=req.chat)
+
+    def stop_strings_of(self, req: GenerationRequest) -> list[str]:
+        """The text that ends ``req``'s reply: its own stop strings, and for a chat put
+        through the chat template those ending a turn of it (ChatTokenizer.chat_stops)."""
+        chat = not req.prompt_ids and (bool(req.messages) or
+                                       self.tokenizer.through_template(req.chat))
+        return [*req.stop, *(self.tokenizer.chat_stops if chat else ())]
 
     def _session(self, stream_id: int, req: GenerationRequest) -> DecodeSession:
         # its grammar's constraint, compiled since it arrived (raises RequestRefused)
@@ -526,8 +533,8 @@ class GenerationEngine:
         self._finished_tokens += session_tokens(session)
         produced = session.emitted[:job.kept] if job.stopped else session.emitted
         self._flush_text(job, produced)
-        reason = stop_reason(produced, job.request, self.stop_ids, session.error, job.cancelled,
-                             job.stopped or session.grammar_complete)
+        reason = stop_reason(produced, job.request, self.stop_ids, session.error,
+                             job.cancelled, job.stopped or session.grammar_complete)
         error, kind = "", ""
         if reason == "error":
             self.counters["failed"] += 1

@@ -16,6 +16,13 @@ from typing import Any
 
 from zctl.engine.requests import TokenLogprob
 
+CHAT_TEMPLATE_NAME = "chat_template.jinja"
+# What ends the model's turn in its chat format besides its EOS (an export's stand-in
+# template for a checkpoint stating none: exporter.chat_formats), {CHAT_STOPS: [text]}:
+# stop strings of a reply to a chat, not of a raw completion.
+CHAT_FORMAT_NAME = "chat_format.json"
+CHAT_STOPS = "stop"
+
 
 class TokenizerError(ValueError):
     """The export's tokenizer files are missing or unusable."""
@@ -25,6 +32,20 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value
+
+
+def _chat_stops(path: Path) -> tuple[str, ...]:
+    """The stop strings ``path`` (an export's chat_format.json) gives a chat; none without it."""
+    if not path.is_file():
+        return ()
+    try:
+        stops = json.loads(path.read_text())[CHAT_STOPS]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TokenizerError(f"{path}: not a chat format ({CHAT_STOPS}: strings): "
+                             f"{exc!r}") from None
+    if not isinstance(stops, list) or not all(isinstance(t, str) and t for t in stops):
+        raise TokenizerError(f"{path}: {CHAT_STOPS} must be a list of non-empty strings")
+    return tuple(stops)
 
 
 class ChatTokenizer:
@@ -42,9 +63,10 @@ class ChatTokenizer:
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
-        template_path = export_dir / "chat_template.jinja"
+        template_path = export_dir / CHAT_TEMPLATE_NAME
         template = template_path.read_text() if template_path.is_file() else config.get("chat_template")
         self.chat_template: str | None = template if isinstance(template, str) else None
+        self.chat_stops: tuple[str, ...] = _chat_stops(export_dir / CHAT_FORMAT_NAME)
         self._compiled: Any = None  # the template, compiled on first use
 
     @property
@@ -80,9 +102,13 @@ class ChatTokenizer:
             eos_token=self.eos_token or "",
         )
 
+    def through_template(self, chat: bool) -> bool:
+        """Whether a prompt asked as ``chat`` is put through the chat template."""
+        return chat and bool(self.chat_template)
+
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids for a user prompt: through the chat template, or raw with special tokens."""
-        if chat and self.chat_template:
+        if self.through_template(chat):
             text = self.render_chat([{"role": "user", "content": prompt}])
             return self._tok.encode(text, add_special_tokens=False).ids
         return self._tok.encode(prompt, add_special_tokens=True).ids

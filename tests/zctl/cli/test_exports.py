@@ -35,6 +35,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_auto_is_the_models_own_format_and_a_named_format_is_kept() -> None:
     assert resolve_weights("smollm2-135m", AUTO) == DEFAULT_WEIGHTS["smollm2-135m"] == "int8"
+    assert resolve_weights("gemma3-270m", AUTO) == DEFAULT_WEIGHTS["gemma3-270m"] == "int8"
     assert resolve_weights("some/other-model", AUTO) == AUTO_WEIGHTS_OTHERWISE == "int4"
     assert set(DEFAULT_WEIGHTS.values()) <= set(WEIGHT_FORMATS)
     for weights in WEIGHT_FORMATS:

