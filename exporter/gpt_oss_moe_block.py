@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from exporter.moe_block import tile_rows, weigh_experts
+
 
 @dataclass(frozen=True)
 class ClampedSwiGLU:
@@ -82,18 +84,11 @@ class GptOssMoeBlock(nn.Module):
         return F.softmax(top, dim=-1, dtype=top.dtype), chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, hidden = x.shape
-        rows = x.reshape(-1, hidden)
-        weights, chosen = self.route(rows)
-        # [rows, experts]: a row's weight at its chosen experts, zero elsewhere
-        dense = torch.zeros(rows.shape[0], self.experts, dtype=rows.dtype).scatter(1, chosen,
-                                                                                   weights)
-        routing = dense.transpose(0, 1).reshape(self.experts, batch, tokens).unsqueeze(-1)
-        tiled = rows.repeat(self.experts, 1).reshape(self.experts, -1, hidden)
+        tiled, routing = tile_rows(x, self.experts, self.route)
         gate_up = torch.matmul(tiled, self.gate_up.transpose(1, 2)) + self.gate_up_bias
         limit, alpha = self.activation.limit, self.activation.alpha
         up = gate_up[..., 1::2].clamp(-limit, limit) + 1
         gate = torch.clamp(gate_up[..., ::2], max=limit)
         glu = gate * torch.sigmoid(gate * alpha)
         out = torch.matmul(up * glu, self.down.transpose(1, 2)) + self.down_bias
-        return (out.reshape(self.experts, batch, tokens, hidden) * routing).sum(dim=0)
+        return weigh_experts(out, routing)

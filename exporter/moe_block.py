@@ -23,6 +23,8 @@ GatherMatmul groups a step's rows by expert itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -57,15 +59,30 @@ class SparseMoeBlock(nn.Module):
         return weights.to(rows.dtype), chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, hidden = x.shape
-        rows = x.reshape(-1, hidden)
-        weights, chosen = self.route(rows)
-        # [rows, experts]: a row's weight at its chosen experts, zero elsewhere
-        dense = torch.zeros(rows.shape[0], self.experts, dtype=rows.dtype).scatter(1, chosen,
-                                                                                   weights)
-        routing = dense.transpose(0, 1).reshape(self.experts, batch, tokens).unsqueeze(-1)
-        tiled = rows.repeat(self.experts, 1).reshape(self.experts, -1, hidden)
+        tiled, routing = tile_rows(x, self.experts, self.route)
         gate = torch.matmul(tiled, self.gate.transpose(1, 2))
         up = torch.matmul(tiled, self.up.transpose(1, 2))
         out = torch.matmul(F.silu(gate) * up, self.down.transpose(1, 2))
-        return (out.reshape(self.experts, batch, tokens, hidden) * routing).sum(dim=0)
+        return weigh_experts(out, routing)
+
+
+def tile_rows(x: torch.Tensor, experts: int,
+              route: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tiled form's two inputs for ``x`` [batch, tokens, hidden]: its rows once per
+    expert [experts, rows, hidden], and the routing [experts, batch, tokens, 1], zero but at
+    each row's chosen experts (``route``: rows -> their top-k weights and experts)."""
+    batch, tokens, hidden = x.shape
+    rows = x.reshape(-1, hidden)
+    weights, chosen = route(rows)
+    # [rows, experts]: a row's weight at its chosen experts, zero elsewhere
+    dense = torch.zeros(rows.shape[0], experts, dtype=rows.dtype).scatter(1, chosen, weights)
+    routing = dense.transpose(0, 1).reshape(experts, batch, tokens).unsqueeze(-1)
+    return rows.repeat(experts, 1).reshape(experts, -1, hidden), routing
+
+
+def weigh_experts(out: torch.Tensor, routing: torch.Tensor) -> torch.Tensor:
+    """Every expert's output [experts, rows, hidden] weighed by ``routing`` and summed over
+    the experts: [batch, tokens, hidden]."""
+    experts, batch, tokens, _ = routing.shape
+    return (out.reshape(experts, batch, tokens, out.shape[-1]) * routing).sum(dim=0)

@@ -25,7 +25,8 @@ from exporter.export import ExportError, export_model, model_spec
 from exporter.families import family_of
 from exporter.sources import SourceError, open_source
 from exporter.stage_module import split_rope, window_mask
-from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
+from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
+from tests.exporter.exactness import assert_speculation_matches, run_to_end, runner_chains
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
 from tests.zctl.engine.test_drafting import ScriptedDrafter
@@ -81,14 +82,6 @@ def gemma3_export(tmp_path_factory: pytest.TempPathFactory):
     return _export("gemma3", tmp_path_factory)
 
 
-def _run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:
-    scheduler.add(session)
-    while scheduler.active:
-        scheduler.poll()
-    assert session.error is None
-    return session.emitted
-
-
 @pytest.mark.slow
 def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
     """Greedy tokens of the f32 chain equal Hugging Face's over 32 tokens for 5 prompts
@@ -108,23 +101,15 @@ def test_three_uneven_stages_match_hf_greedy(family_export) -> None:
     short = tokenizer.encode("Hi there", chat=False)
     assert len(short) < WINDOW
     reference = hf_greedy(hf, short, TOKENS)
-    paged = replace(EXACT_CONFIG, paged_attention=True)
-    chains = {"mask": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="mask"),
-              "trim": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="trim"),
-              "paged": LocalChain.load(str(export_dir), paged)}
-    for runner, chain in chains.items():
-        stats = SpeculativeStats()
-        drafter = ScriptedDrafter(short, reference)
-        assert list(generate_speculative(chain, short, TOKENS, drafter=drafter, k=4,
-                                         stats=stats, stream_id=1)) == reference, runner
-        assert stats.rejections > 3 and stats.accepted > 3
+    chains = runner_chains(export_dir)
+    assert_speculation_matches(chains, short, reference)
 
     for runner in ("mask", "paged"):
         scheduler = StreamScheduler(chains[runner], prefix_cache_tokens=4096)
-        first = _run_to_end(scheduler, DecodeSession(2, prompt, TOKENS))
+        first = run_to_end(scheduler, DecodeSession(2, prompt, TOKENS))
         longer = prompt + first + tokenizer.encode(" and then", chat=False)
         session = DecodeSession(3, longer, TOKENS)
-        got = _run_to_end(scheduler, session)
+        got = run_to_end(scheduler, session)
         assert session.cached_tokens >= len(prompt), runner  # its start came from the cache
         assert got == hf_greedy(hf, longer, TOKENS), runner
 
@@ -469,9 +454,9 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
     assert all(max(w for w, _ in counts) <= kept for counts in seen.values())
 
     scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
-    first = _run_to_end(scheduler, DecodeSession(4, prompt, TOKENS))
+    first = run_to_end(scheduler, DecodeSession(4, prompt, TOKENS))
     longer = prompt + first + tokenizer.encode(" and then", chat=False)
     session = DecodeSession(5, longer, TOKENS)
-    got = _run_to_end(scheduler, session)
+    got = run_to_end(scheduler, session)
     assert session.cached_tokens == len(prompt) + TOKENS - 1  # the whole entry
     assert got == hf_greedy(hf, longer, TOKENS)

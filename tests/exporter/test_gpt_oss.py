@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,18 +15,16 @@ import openvino as ov
 import pytest
 import torch
 
-from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.paged import paged_model
 from dataplane.runtime.rope import rope_tables
 from exporter.export import ExportError, export_model, model_spec
 from exporter.gpt_oss_moe_block import ClampedSwiGLU
 from exporter.sources import SourceError, open_source
-from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
+from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
+from tests.exporter.exactness import assert_speculation_matches, run_to_end, runner_chains
 from tests.helpers.tiny_models import build_llama
-from tests.zctl.engine.test_drafting import ScriptedDrafter
-from zctl.engine.scheduler import StreamScheduler, generate_speculative, run_sessions
+from zctl.engine.scheduler import StreamScheduler, run_sessions
 from zctl.engine.sessions import DecodeSession
-from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.manifest import StaticKV
 
@@ -144,14 +141,6 @@ def test_experts_run_as_gather_matmuls_and_sinks_reach_paged_attention(
         assert paged["PagedAttention"] == end - start, index
 
 
-def _run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:
-    scheduler.add(session)
-    while scheduler.active:
-        scheduler.poll()
-    assert session.error is None
-    return session.emitted
-
-
 @pytest.mark.slow
 def test_three_uneven_stages_match_hf_greedy(export_dir: Path, hf) -> None:
     """Greedy tokens of the f32 chain equal Hugging Face's over 32 tokens for 5 prompts
@@ -179,16 +168,8 @@ def test_three_uneven_stages_match_hf_greedy(export_dir: Path, hf) -> None:
     short = tokenizer.encode("Hi there", chat=False)
     assert len(short) < WINDOW
     reference = hf_greedy(hf, short, TOKENS)
-    paged_config = replace(EXACT_CONFIG, paged_attention=True)
-    chains = {"mask": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="mask"),
-              "trim": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="trim"),
-              "paged": LocalChain.load(str(export_dir), paged_config)}
-    for runner, chain in chains.items():
-        stats = SpeculativeStats()
-        drafter = ScriptedDrafter(short, reference)
-        assert list(generate_speculative(chain, short, TOKENS, drafter=drafter, k=4,
-                                         stats=stats, stream_id=1)) == reference, runner
-        assert stats.rejections > 3 and stats.accepted > 3
+    chains = runner_chains(export_dir)
+    assert_speculation_matches(chains, short, reference)
 
     with torch.no_grad():  # the rows' first decode step routes them to different experts
         routed = {tuple(sorted(hf(torch.tensor([p + r.reference[:1]]), output_router_logits=True)
@@ -203,9 +184,9 @@ def test_three_uneven_stages_match_hf_greedy(export_dir: Path, hf) -> None:
     expected = hf_greedy(hf, longer, TOKENS)
     for runner in ("mask", "paged"):
         scheduler = StreamScheduler(chains[runner], prefix_cache_tokens=4096)
-        _run_to_end(scheduler, DecodeSession(20, prompts[0], TOKENS))
+        run_to_end(scheduler, DecodeSession(20, prompts[0], TOKENS))
         session = DecodeSession(21, longer, TOKENS)
-        assert _run_to_end(scheduler, session) == expected, runner
+        assert run_to_end(scheduler, session) == expected, runner
         assert session.cached_tokens >= len(prompts[0]), runner  # its start: a cache hit
 
 

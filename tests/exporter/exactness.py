@@ -1,0 +1,44 @@
+"""What the families' exactness tests share: an export's chains on every runner, greedy
+speculation checked on each, and a scheduled session run to its end."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from dataplane.head.local_chain import LocalChain
+from exporter.verify import EXACT_CONFIG
+from tests.zctl.engine.test_drafting import ScriptedDrafter
+from zctl.engine.scheduler import StreamScheduler, generate_speculative
+from zctl.engine.sessions import DecodeSession
+from zctl.engine.stats import SpeculativeStats
+
+
+def runner_chains(export_dir: Path) -> dict[str, LocalChain]:
+    """The export's chain at exact numerics on the stateful runner (rewinding by mask and
+    by trimming) and on the paged one."""
+    paged = replace(EXACT_CONFIG, paged_attention=True)
+    return {"mask": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="mask"),
+            "trim": LocalChain.load(str(export_dir), EXACT_CONFIG, rewind="trim"),
+            "paged": LocalChain.load(str(export_dir), paged)}
+
+
+def assert_speculation_matches(chains: dict[str, LocalChain], prompt: list[int],
+                               reference: list[int]) -> None:
+    """Speculative decoding of ``prompt`` on every chain, drafts scripted to be rejected at
+    every position (so the stages rewind their KV), gives the ``reference`` greedy tokens."""
+    for runner, chain in chains.items():
+        stats = SpeculativeStats()
+        drafter = ScriptedDrafter(prompt, reference)
+        assert list(generate_speculative(chain, prompt, len(reference), drafter=drafter, k=4,
+                                         stats=stats, stream_id=1)) == reference, runner
+        assert stats.rejections > 3 and stats.accepted > 3, runner
+
+
+def run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:
+    """Run ``session`` on ``scheduler`` until it ends; its tokens (it must not fail)."""
+    scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    assert session.error is None
+    return session.emitted
