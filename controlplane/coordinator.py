@@ -99,7 +99,8 @@ from controlplane.shards import DEFAULT_CHUNK_SIZE, ShardError, ShardSource
 from controlplane.sockets import router_socket
 from controlplane.stage_planner import StagePlanner
 from controlplane.wiring import PipelinePlan
-from dataplane.runtime.config import RuntimeSpec, sliding_tokens
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.kv.blocks import sliding_tokens
 from dataplane.wire.transport import PipeOptions
 from zctl.endpoints import split_address, tcp_address
 from zctl.engine.executor import Executor

@@ -10,10 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dataplane.runtime.kv.blocks import SlidingWindow
-from zctl.engine.pipelined import DEPTH_MAX
-from zctl.engine.requests import MAX_DRAFT_TOKENS
-
 DEVICES = ("CPU", "GPU", "NPU", "AUTO")
 
 
@@ -92,9 +88,11 @@ class RuntimeSpec:
     decode_graph: ClassVar[str] = "auto"
     # Tokens a paged stage's sliding-window layers keep beyond their window
     # (dataplane.runtime.kv.blocks.SlidingWindow): the deepest rewind the engine asks for,
-    # pipelined speculation's runs in flight of the most drafts each. A deeper rewind is
-    # refused (the keys before it are gone).
-    sliding_margin: ClassVar[int] = DEPTH_MAX * (MAX_DRAFT_TOKENS + 1)
+    # pipelined speculation's runs in flight of the most drafts each (zctl.engine's
+    # DEPTH_MAX x (MAX_DRAFT_TOKENS + 1), 16 x 33: a test holds them equal, this module
+    # importing neither the engine nor openvino). A deeper rewind is refused (the keys
+    # before it are gone).
+    sliding_margin: ClassVar[int] = 528
 
     @property
     def exact(self) -> bool:
@@ -129,20 +127,6 @@ class RuntimeSpec:
         if self.runtime_cache_capacity is not None and device_kind(self) == "CPU":
             props["CPU_RUNTIME_CACHE_CAPACITY"] = int(self.runtime_cache_capacity)
         return props
-
-
-CPU_BLOCK_TOKENS = 32  # a KV block of the CPU plugin's PagedAttention, in tokens
-
-
-def sliding_tokens(spec: RuntimeSpec | None, window: int) -> int | None:
-    """The most tokens of a stream a sliding layer of ``window`` keys holds on stages
-    compiled as ``spec``: on paged stages its window, margin and a step's token over block
-    edges (``SlidingWindow.blocks_bound``); None where it holds every token (stateful
-    stages, no window, or ``spec`` not known)."""
-    if spec is None or not spec.paged_attention or window < 1:
-        return None
-    return SlidingWindow(window, spec.sliding_margin, CPU_BLOCK_TOKENS).blocks_bound(1) * \
-        CPU_BLOCK_TOKENS
 
 
 def device_kind(spec: RuntimeSpec) -> str:

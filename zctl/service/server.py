@@ -31,8 +31,9 @@ from controlplane.messages import (
 )
 from controlplane.sockets import router_socket
 from dataplane.head.metrics import MeasuredExecutor
-from dataplane.runtime.config import RuntimeSpec, sliding_tokens
+from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.draft_model import DraftModels
+from dataplane.runtime.kv.blocks import sliding_tokens
 from zctl.engine.core import POLL_S, RESUME_TIMEOUT_S, GenerationEngine
 from zctl.engine.kv_cost import EVERY_TOKEN, KvCost
 from zctl.engine.requests import DEFAULT_MAX_STREAMS, GenerationRequest, RequestRefused

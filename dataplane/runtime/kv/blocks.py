@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dataplane.runtime.config import RuntimeSpec
+
 
 class BlockPool:
     """Block ids 0..capacity-1, each with a reference count; ``grow`` adds ids."""
@@ -157,3 +159,17 @@ class PrefixBlocks:
     length: int
     window_blocks: list[int] = field(default_factory=list)
     window_first: int = 0
+
+
+CPU_BLOCK_TOKENS = 32  # a KV block of the CPU plugin's PagedAttention, in tokens
+
+
+def sliding_tokens(spec: RuntimeSpec | None, window: int) -> int | None:
+    """The most tokens of a stream a sliding layer of ``window`` keys holds on stages
+    compiled as ``spec``: on paged stages its window, margin and a step's token over block
+    edges (``SlidingWindow.blocks_bound``); None where it holds every token (stateful
+    stages, no window, or ``spec`` not known)."""
+    if spec is None or not spec.paged_attention or window < 1:
+        return None
+    return SlidingWindow(window, spec.sliding_margin, CPU_BLOCK_TOKENS).blocks_bound(1) * \
+        CPU_BLOCK_TOKENS

@@ -570,7 +570,8 @@ def test_kv_cost_counts_sliding_layers_at_their_window_on_paged_stages() -> None
 
 
 def test_a_sliding_layer_holds_its_window_margin_and_a_step_on_paged_stages_only() -> None:
-    from dataplane.runtime.config import RuntimeSpec, sliding_tokens
+    from dataplane.runtime.config import RuntimeSpec
+    from dataplane.runtime.kv.blocks import sliding_tokens
 
     paged = RuntimeSpec(paged_attention=True)
     # 511 keys before a query, 528 of margin and the step's token: 33 blocks, +1 over edges

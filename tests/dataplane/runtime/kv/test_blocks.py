@@ -40,3 +40,13 @@ def test_a_sequences_held_slots_leave_out_what_its_sliding_layers_freed() -> Non
                         window_first=2, sliding_share=0.75, block_size=32)
     assert seq.physical == 100 - round(0.75 * 64)
     assert PagedSequence(blocks=[1], length=20).physical == 20  # no sliding layer
+
+
+def test_the_sliding_margin_is_the_engines_deepest_rewind() -> None:
+    """RuntimeSpec states the margin as a number (its module imports no engine): it must
+    stay pipelined speculation's runs in flight of the most drafts each."""
+    from dataplane.runtime.config import RuntimeSpec
+    from zctl.engine.pipelined import DEPTH_MAX
+    from zctl.engine.requests import MAX_DRAFT_TOKENS
+
+    assert RuntimeSpec.sliding_margin == DEPTH_MAX * (MAX_DRAFT_TOKENS + 1)
