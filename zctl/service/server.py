@@ -104,7 +104,7 @@ def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
 def kv_cost(manifest: ExportManifest, runtime: RuntimeSpec | None) -> KvCost:
     """What a stream's tokens cost against ``kv_tokens``' budget on stages compiled as
     ``runtime`` says: on paged stages a sliding layer keeps its window, its margin and a
-    step's token, over block edges (``config.sliding_tokens``); elsewhere, or with
+    step's token, over block edges (``kv.blocks.sliding_tokens``); elsewhere, or with
     no runtime known, every layer keeps every token."""
     model = manifest.model
     kept = sliding_tokens(runtime, model.sliding_window)
