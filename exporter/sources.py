@@ -30,8 +30,10 @@ from exporter.mxfp4 import (
     stored_pairs,
 )
 from exporter.stage_module import DecoderShape
-from zctl.engine.tokenizer import CHAT_FORMAT_NAME, CHAT_STOPS, CHAT_TEMPLATE_NAME
 from zctl.manifest import (
+    CHAT_FORMAT_NAME,
+    CHAT_STOPS,
+    CHAT_TEMPLATE_NAME,
     GENERATION_CONFIG_NAME,
     GenerationConfig,
     ManifestError,

@@ -106,6 +106,14 @@ class StaticKV:
                                 f"{STATIC_KV_DTYPES}")
 
 
+# an export's chat files beside its tokenizer's: the template where the checkpoint states
+# none (the exporter's stand-in, exporter.chat_formats), and what ends the model's turn in
+# that format besides its EOS, {CHAT_STOPS: [text]}: stop strings of a reply to a chat,
+# not of a raw completion
+CHAT_TEMPLATE_NAME = "chat_template.jinja"
+CHAT_FORMAT_NAME = "chat_format.json"
+CHAT_STOPS = "stop"
+
 GENERATION_CONFIG_NAME = "generation_config.json"  # Hugging Face's, in a model directory
 # the sampling fields of a generation config an export keeps, and their JSON types
 GENERATION_FIELDS: dict[str, type | tuple[type, ...]] = {

@@ -54,6 +54,7 @@ from dataplane.runtime.bound_inputs import BoundInputs
 from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.kv.blocks import (
     BlockPool,
+    KvLayout,
     PagedSequence,
     PrefixBlocks,
     SlidingWindow,
@@ -280,7 +281,8 @@ class PagedStageRunner:
         ports = {p.get_any_name(): p for p in self.compiled.inputs}
         layers = paged_layers(paged)
         value = ports[layers[0].value_cache]
-        self.block_size = int(value.get_partial_shape()[2].get_length())
+        self.layout = KvLayout(int(value.get_partial_shape()[2].get_length()), len(layers),
+                               sum(1 for layer in layers if layer.window))
         self.pool = BlockPool(blocks)  # the global layers' blocks
         self.full = LayerCaches(self.pool, [ports[n] for layer in layers if not layer.window
                                             for n in layer[:2]],
@@ -301,8 +303,6 @@ class PagedStageRunner:
                 BlockPool(window_blocks), [ports[n] for layer in layers if layer.window
                                            for n in layer[:2]],
                 [layer.table for layer in layers if layer.window])
-        # what a stream's held slots leave out for the blocks its sliding layers freed
-        self._sliding_share = sum(1 for layer in layers if layer.window) / len(layers)
         self.shapes = ShapeKeeper()  # no padding until warm_up measures what a change costs
         for caches in self._layer_caches:
             self._bind_caches(caches, caches.pool.capacity)
@@ -312,6 +312,11 @@ class PagedStageRunner:
         self.prefixes: dict[int, PrefixBlocks] = {}
 
     # -- the block cache ---------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        """Slots of a KV block (``layout``'s)."""
+        return self.layout.block_size
+
     @property
     def _layer_caches(self) -> list[LayerCaches]:
         """The global layers' caches, and the sliding layers' if the stage has any."""
@@ -426,8 +431,7 @@ class PagedStageRunner:
 
     def open_stream(self, stream_id: int) -> PagedSequence:
         if stream_id not in self.streams:
-            self.streams[stream_id] = PagedSequence(sliding_share=self._sliding_share,
-                                                    block_size=self.block_size)
+            self.streams[stream_id] = PagedSequence(self.layout)
         return self.streams[stream_id]
 
     def reset_stream(self, stream_id: int) -> None:
