@@ -33,7 +33,7 @@ class CountingModel(InlineExecutor):
     def open(self, stream_id: int) -> None:
         pass
 
-    def reset(self, stream_id: int) -> None:
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
         self.steps.append((stream_id, [], [], 0))
 
     def close_stream(self, stream_id: int) -> None:
