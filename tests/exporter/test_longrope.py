@@ -192,6 +192,45 @@ def test_a_prompt_past_the_threshold_fed_in_pieces_turns_long_throughout(longrop
 
 
 @pytest.mark.slow
+def test_a_cluster_tells_its_stages_which_sequences_are_long(longrope_export) -> None:
+    """Over ZeroMQ (stages 1 and 2 in worker threads, on loopback): the RESET of a prompt
+    past the threshold carries LONG_ROPE to every stage, the prompt fed in pieces gives
+    Hugging Face's tokens, and a later short sequence on the stream turns short again."""
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.runtime.stateful import StageRunner
+    from dataplane.worker.stage_worker import StageWorker
+
+    model_dir, export_dir = longrope_export
+    hf = open_source(str(model_dir)).load_hf_model()
+    tokenizer = ChatTokenizer(export_dir)
+    prompt = max((tokenizer.encode(p) for p in DEFAULT_PROMPTS), key=len)
+    below = tokenizer.encode("Hi there", chat=False)
+    pipe = ClusterHead(StageRunner(export_dir, 0, EXACT_CONFIG), "tcp://127.0.0.1:1",
+                       "tcp://127.0.0.1:*", timeout_s=20)
+    last = StageWorker(StageRunner(export_dir, 2, EXACT_CONFIG), "tcp://127.0.0.1:*",
+                       pipe.reply_endpoint).start()
+    middle = StageWorker(StageRunner(export_dir, 1, EXACT_CONFIG), "tcp://127.0.0.1:*",
+                         last.endpoint).start()
+    try:
+        pipe.rewire(middle.endpoint)
+        assert pipe.rope_short_context == SHORT_CONTEXT
+        got = list(generate_greedy(pipe, prompt, TOKENS, stream_id=3, prefill_chunk=PIECE))
+        assert got == hf_greedy(hf, prompt, TOKENS)
+        got = list(generate_greedy(pipe, below, TOKENS, stream_id=3, prefill_chunk=PIECE))
+        assert got == hf_greedy(hf, below, TOKENS)
+        runners = [pipe.stage0, middle.runner, last.runner]
+        pipe.open(4)
+        for long_rope in (True, False):
+            pipe.reset(4, long_rope)
+            pipe.step(4, np.array(prompt[:PIECE]), np.arange(PIECE))  # after the RESET
+            assert [4 in r.long_sequences for r in runners] == [long_rope] * 3
+    finally:
+        middle.stop()
+        last.stop()
+        pipe.close()
+
+
+@pytest.mark.slow
 def test_a_cached_prefix_serves_only_prompts_of_its_set(longrope_export) -> None:
     """On the paged runner's prefix cache: a prompt below the threshold that starts like a
     finished prompt past it does not reuse its (long) keys, and one past it does; a prompt
