@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from dataplane.head.local_chain import LocalChain
 from exporter.export import export_model, model_spec
@@ -161,6 +162,11 @@ def test_a_prompt_past_the_threshold_fed_in_pieces_turns_long_throughout(longrop
     assert len(prompt) > SHORT_CONTEXT + PIECE
     reference = hf_greedy(hf, prompt, TOKENS)
     assert len(set(reference)) > 8
+    # Hugging Face's generate gives these tokens too (its cache is dropped only for a
+    # sequence that reaches the threshold after its prompt)
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=TOKENS, min_new_tokens=TOKENS,
+                      do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert out[0, len(prompt):].tolist() == reference
     below = tokenizer.encode("Hi there", chat=False)
     chains = _chains(export_dir)
     for runner, chain in chains.items():
