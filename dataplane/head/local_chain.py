@@ -79,6 +79,9 @@ class LocalChain(InlineExecutor):
         return self.runners[0].manifest.model.rope_short_context
 
     def reset(self, stream_id: int, long_rope: bool = False) -> None:
+        if long_rope and not self.rope_short_context:
+            raise ValueError(f"stream {stream_id} cannot turn with LongRoPE's long set: the "
+                             "model has one set of frequencies")
         self.drop_answers(stream_id)
         self.chain.reset_stream(stream_id, long_rope)
 

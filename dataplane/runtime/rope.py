@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dataplane.runtime.base import StageError
 from zctl.manifest import ModelSpec
 
 
@@ -135,10 +136,10 @@ class LongSequences:
         self._long: set[int] = set()
 
     def begin(self, stream_id: int, long_rope: bool) -> None:
-        """A new sequence on ``stream_id``: long throughout or not. ValueError for a long
+        """A new sequence on ``stream_id``: long throughout or not. StageError for a long
         one on a model with one set (nothing changes)."""
         if long_rope and self.rope.long is None:
-            raise ValueError(f"stream {stream_id} was reset to turn with LongRoPE's long set, "
+            raise StageError(f"stream {stream_id} was reset to turn with LongRoPE's long set, "
                              f"but stage {self.stage}'s model has one set of frequencies")
         if long_rope:
             self._long.add(stream_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dataplane.runtime.base import StageError
 from dataplane.runtime.rope import LongSequences, RopeRows, StageRope, StageRopeRows, rope_tables
 
 
@@ -183,7 +184,7 @@ def test_long_sequences_are_kept_per_stream_until_reset_or_closed() -> None:
     streams.forget(3)
     assert 3 not in streams
     one_set = LongSequences(StageRope(rope.short), stage=2)
-    with pytest.raises(ValueError, match="stage 2's model has one set"):
+    with pytest.raises(StageError, match="stage 2's model has one set"):
         one_set.begin(5, True)
     assert 5 not in one_set
     one_set.begin(5, False)  # a short sequence is every sequence there
