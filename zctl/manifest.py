@@ -48,9 +48,10 @@ class ModelSpec:
     active_experts: int = 0
     expert_intermediate: int = 0
     # LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): rope_inv_freq is then the short factors'
-    # set, rope_long_inv_freq the long factors', and a row's step turns with the long set
-    # when its last position is rope_short_context (original_max_position_embeddings) or
-    # beyond (dataplane.runtime.rope.StageRope); both share rope_attention_scaling.
+    # set, rope_long_inv_freq the long factors'; a sequence whose prompt is longer than
+    # rope_short_context (original_max_position_embeddings) turns long throughout, any
+    # other's tokens from that position on (dataplane.runtime.rope.StageRope,
+    # zctl.engine.long_rope); both share rope_attention_scaling.
     rope_long_inv_freq: tuple[float, ...] = ()
     rope_short_context: int = 0
 

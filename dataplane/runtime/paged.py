@@ -69,7 +69,7 @@ from dataplane.runtime.one_token import (
     wants_one_token_graph,
     weights_bytes,
 )
-from dataplane.runtime.rope import StageRopeRows, stage_rope
+from dataplane.runtime.rope import LongSequences, StageRopeRows, stage_rope
 from dataplane.runtime.startup import (
     int4_group,
     open_stage,
@@ -255,6 +255,7 @@ class PagedStageRunner:
         self.hidden_size = model.hidden_size
         self.rope = stage_rope(model)
         self._rope_rows = StageRopeRows(self.rope)
+        self.long_sequences = LongSequences(self.rope, index)  # LongRoPE's long streams
         core = core or shared_core()
         properties = self.config.properties(int4_group(self.manifest))
         try:
@@ -434,10 +435,12 @@ class PagedStageRunner:
             self.streams[stream_id] = PagedSequence(self.layout)
         return self.streams[stream_id]
 
-    def reset_stream(self, stream_id: int) -> None:
+    def reset_stream(self, stream_id: int, long_rope: bool = False) -> None:
+        self.long_sequences.begin(stream_id, long_rope)
         self._release(self.open_stream(stream_id))
 
     def close_stream(self, stream_id: int) -> None:
+        self.long_sequences.forget(stream_id)
         self._release(self.streams.pop(stream_id, None))
         group = self.groups.pop(stream_id, None)
         for member in group.members if group is not None else ():
@@ -584,6 +587,7 @@ class PagedStageRunner:
         the tokens and the answers keep their order."""
         group = self.groups.get(stream_id)
         seqs = group.seqs if group is not None else [self.stream(stream_id)]
+        long_rows = self.long_sequences.rows(group.members if group is not None else [stream_id])
         if row_tokens is None:
             rows, tokens = positions.shape
             counts = [tokens] * rows
@@ -611,9 +615,10 @@ class PagedStageRunner:
         if pad:  # more tokens, each padding sequence's from position 0 in the scratch block
             flat_positions = np.concatenate([flat_positions, *map(np.arange, pads)])
         if flat_positions.size == 1:
-            cos, sin = self._rope_rows.one(int(flat_positions[0]))
-        else:
-            cos, sin = self.rope.tables(flat_positions[None], counts)  # each row's RoPE set
+            cos, sin = self._rope_rows.one(int(flat_positions[0]),
+                                           long_rows is not None and bool(long_rows[0]))
+        else:  # each row's RoPE set
+            cos, sin = self.rope.tables(flat_positions[None], counts, long_rows)
         bound.put("rope_cos", cos.reshape(total + pad, 1, -1))
         bound.put("rope_sin", sin.reshape(total + pad, 1, -1))
         self._bind_tables(bound, attention, pads)

@@ -109,8 +109,8 @@ class TimedPipeline:
     def open(self, stream_id: int) -> None:
         self.chain.open(stream_id)
 
-    def reset(self, stream_id: int) -> None:
-        self.chain.reset(stream_id)
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
+        self.chain.reset(stream_id, long_rope)
 
     def close_stream(self, stream_id: int) -> None:
         self.chain.close_stream(stream_id)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from zctl.engine.drafting import Drafter, StageLoad, StepCost
 from zctl.engine.executor import Executor, Step, StepError, StepReply
+from zctl.engine.long_rope import long_rope_prompt
 from zctl.engine.pipelined import PipelinedSession
 from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
 from zctl.engine.prefill_pieces import ANYWHERE, PieceRule
@@ -119,8 +120,10 @@ class StreamScheduler:
         if session.stream_id in self.sessions or session.stream_id >= GROUP_ID_BASE:
             raise ValueError(f"stream {session.stream_id} is already generating, or its id is "
                              f"in the row groups' range (>= {GROUP_ID_BASE})")
+        session.long_rope = long_rope_prompt(session.prompt.size,
+                                             self.executor.rope_short_context)
         self.executor.open(session.stream_id)
-        self.executor.reset(session.stream_id)
+        self.executor.reset(session.stream_id, session.long_rope)
         session.pieces = self.pieces
         session.one_query = self.one_query
         if not session.done:
@@ -326,7 +329,7 @@ class StreamScheduler:
             self.prefill.forget_step(rid)
         self.prefixes.clear()
         try:
-            self.executor.reset(session.stream_id)
+            self.executor.reset(session.stream_id, session.long_rope)
         except Exception:  # noqa: BLE001 - the executor is broken: fail it after all
             return False
         session.restart()

@@ -216,9 +216,13 @@ class SlowChain(InlineExecutor):
     def row_groups_supported(self) -> bool:
         return self.chain.row_groups_supported
 
-    def reset(self, stream_id: int) -> None:
+    @property
+    def rope_short_context(self) -> int:
+        return self.chain.rope_short_context
+
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
         self.drop_answers(stream_id)
-        self.chain.reset(stream_id)
+        self.chain.reset(stream_id, long_rope)
 
     def close_stream(self, stream_id: int) -> None:
         self.drop_answers(stream_id)
