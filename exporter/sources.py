@@ -491,8 +491,8 @@ class GGUFSource(ModelSource):
         self.path = Path(path)
         if not self.path.is_file():
             raise SourceError(f"{self.path}: no such GGUF file")
-        self._header = read_gguf_header(self.path)
-        refuse_unreadable_gguf(self._header, self.path)
+        self._description = describe_gguf(self.path)
+        refuse_unreadable_gguf(self._description, self.path)
         self._model = self._load()
         self.generation_config = getattr(self._model, "generation_config", None)
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
@@ -508,11 +508,11 @@ class GGUFSource(ModelSource):
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
-        metadata = self._header.metadata
+        metadata = self._description.metadata
         if config.model_type == "gemma3_text":
             _gemma3_stated(config, metadata, self.path)
         if config.model_type == "qwen3_moe":
-            _qwen3_moe_stated(config, self._header, self.path)
+            _qwen3_moe_stated(config, self._description, self.path)
         stated = metadata.get("attention.key_length")
         if stated is not None:
             stated = int(stated)
@@ -540,7 +540,7 @@ class GGUFSource(ModelSource):
             shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4
                                              else "")
             raise SourceError(f"{self.path}: transformers' GGUF loader reads no {shown} from "
-                              f"this {self._header.architecture} file")
+                              f"this {self._description.architecture} file")
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -580,7 +580,7 @@ class GGUFSource(ModelSource):
 
 
 @dataclass(frozen=True)
-class GgufHeader:
+class GgufDescription:
     """What a GGUF file states before its tensors: its llama.cpp architecture, its
     metadata of that architecture (``{arch}.…`` keys, by key without the prefix), and its
     tensors' types (GGML type names) and shapes (as numpy lays them out, outermost first)."""
@@ -591,8 +591,8 @@ class GgufHeader:
     tensor_shapes: dict[str, tuple[int, ...]]
 
 
-def read_gguf_header(path: Path) -> GgufHeader:
-    """The header of GGUF file ``path`` (SourceError if it is not one)."""
+def describe_gguf(path: Path) -> GgufDescription:
+    """The description of GGUF file ``path`` (SourceError if it is not one)."""
     from gguf import GGUFReader
 
     try:
@@ -604,7 +604,7 @@ def read_gguf_header(path: Path) -> GgufHeader:
         shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
     except (KeyError, ValueError, OSError) as exc:
         raise SourceError(f"{path}: cannot read its GGUF metadata: {exc}") from None
-    return GgufHeader(arch, metadata, types, shapes)
+    return GgufDescription(arch, metadata, types, shapes)
 
 
 # mixture-of-experts architectures (llama.cpp's names) whose GGUF files export
@@ -617,35 +617,35 @@ UNREADABLE_GGUF = {
 }
 
 
-def refuse_unreadable_gguf(header: GgufHeader, path: Path) -> None:
+def refuse_unreadable_gguf(description: GgufDescription, path: Path) -> None:
     """SourceError, before any tensor is read, for a GGUF architecture that transformers'
     loader is known to read wrong: names it, says why, and what does export."""
-    reason = UNREADABLE_GGUF.get(header.architecture)
+    reason = UNREADABLE_GGUF.get(description.architecture)
     if reason is None:
         return
-    experts = {t for name, t in header.tensor_types.items() if name.endswith("_exps.weight")}
+    experts = {t for name, t in description.tensor_types.items() if name.endswith("_exps.weight")}
     stored = f" (experts stored as {', '.join(sorted(experts))})" if experts else ""
     raise SourceError(
-        f"{path}: a {header.architecture} GGUF file{stored} cannot be exported: {reason}. "
-        f"Export {header.architecture} from its Hugging Face directory instead (MXFP4 "
+        f"{path}: a {description.architecture} GGUF file{stored} cannot be exported: {reason}. "
+        f"Export {description.architecture} from its Hugging Face directory instead (MXFP4 "
         "checkpoints included); mixture-of-experts GGUF files that export: "
         f"{', '.join(GGUF_MOE_ARCHITECTURES)}")
 
 
-def _qwen3_moe_stated(config: Any, header: GgufHeader, path: Path) -> None:
+def _qwen3_moe_stated(config: Any, description: GgufDescription, path: Path) -> None:
     """Set on a Qwen3-MoE config what its GGUF file states and transformers' loader drops:
     the experts' width (``expert_feed_forward_length``; a file stating none: the width of
     its stored experts), and whether the top-k routing weights are renormalised
     (``expert_weights_norm``, where stated; llama.cpp's qwen3moe renormalises, and so does
     the loader's default)."""
-    width = header.metadata.get("expert_feed_forward_length")
-    stored = header.tensor_shapes.get("blk.0.ffn_gate_exps.weight")
+    width = description.metadata.get("expert_feed_forward_length")
+    stored = description.tensor_shapes.get("blk.0.ffn_gate_exps.weight")
     if width is None and stored is None:
         raise SourceError(f"{path}: a qwen3moe file stating no expert_feed_forward_length "
                           "and storing no blk.0.ffn_gate_exps.weight")
     config.moe_intermediate_size = int(width if width is not None else stored[1])
-    if "expert_weights_norm" in header.metadata:
-        config.norm_topk_prob = bool(header.metadata["expert_weights_norm"])
+    if "expert_weights_norm" in description.metadata:
+        config.norm_topk_prob = bool(description.metadata["expert_weights_norm"])
 
 
 def _gemma3_stated(config: Any, metadata: dict[str, Any], path: Path) -> None:

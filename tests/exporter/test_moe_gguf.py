@@ -82,6 +82,12 @@ def test_a_q8_0_qwen3_moe_gguf_file_gives_its_dequantized_experts(qwen3_moe: Pat
     assert torch.equal(source.require(router), want.require(router))
 
 
+def test_a_qwen3_moe_gguf_file_stating_no_experts_width_has_its_stored_experts(
+        qwen3_moe: Path, tmp_path: Path) -> None:
+    path = write_gguf(qwen3_moe, tmp_path / "f32.gguf", expert_width=False)
+    assert open_source(str(path)).decoder_shape().expert_intermediate == EXPERT_WIDTH
+
+
 @pytest.mark.parametrize("normalised", [True, False])
 def test_a_qwen3_moe_gguf_file_stating_its_routing_is_read_so(qwen3_moe: Path, tmp_path: Path,
                                                               normalised: bool) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 
 def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
                sliding_pattern: int | list[bool] | None = None, weights: str = "F32",
-               metadata: dict[str, object] | None = None) -> Path:
+               metadata: dict[str, object] | None = None, expert_width: bool = True) -> Path:
     """``model_dir`` (a model the tests built: its config, safetensors and byte-level BPE
     tokenizer) as the GGUF file ``out``; its heads' width stated as llama.cpp does (or as
     ``key_length``, a file that contradicts itself). Gemma 3: its norms' weights stored
@@ -21,7 +21,8 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
     and down apart, ``[experts, out, in]``), with the experts' count, the number a token
     runs and their width; gpt-oss with its sliding window and YaRN. ``weights``: the GGML
     type of the matrices but the router (``Q8_0``; ``MXFP4``: gpt-oss's experts only, as in
-    its released files); ``metadata``: more ``{arch}.…`` keys (an int, float or bool each)."""
+    its released files); ``metadata``: more ``{arch}.…`` keys (an int, float or bool each);
+    ``expert_width``: False for a file that does not state its experts' width."""
     import gguf
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -64,8 +65,9 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
         experts = getattr(config, "num_experts", None) or config.num_local_experts
         writer.add_expert_count(experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(getattr(config, "moe_intermediate_size", None)
-                                              or config.intermediate_size)
+        if expert_width:
+            writer.add_expert_feed_forward_length(
+                getattr(config, "moe_intermediate_size", None) or config.intermediate_size)
     for key, value in (metadata or {}).items():
         add = {bool: writer.add_bool, int: writer.add_uint32, float: writer.add_float32}
         add[type(value)](f"{gguf.MODEL_ARCH_NAMES[arch]}.{key}", value)
