@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -174,9 +173,15 @@ class StreamScheduler:
                 pass
 
     # -- row groups ------------------------------------------------------------------
-    def _busy(self) -> Counter[int]:
-        """Steps in flight per session (by id)."""
-        return Counter(id(s) for sessions in self._in_flight.values() for s in sessions)
+    def _busy(self) -> dict[int, int]:
+        """Steps in flight per session (by id; a session with none is absent). A plain
+        dict read with ``get``: a Counter's missing key costs a Python-level call, and
+        this is read for every unit on every poll."""
+        busy: dict[int, int] = {}
+        for sessions in self._in_flight.values():
+            for session in sessions:
+                busy[id(session)] = busy.get(id(session), 0) + 1
+        return busy
 
     def _join_groups(self) -> list[SessionUpdate]:
         """Put idle one-token-a-step sessions into the smallest row group."""
@@ -346,7 +351,7 @@ class StreamScheduler:
                    for s in self.sessions.values())
 
     def _may_plan_ahead(self, unit_id: int, sessions: list[DecodeSession],
-                        busy: Counter[int]) -> bool:
+                        busy: dict[int, int]) -> bool:
         """Whether a unit with steps in flight may submit another: a pipelined session's
         run ahead, or a lone prompt's next chunk (``PrefillPlanner.depth`` in flight)."""
         session = sessions[0]
@@ -363,7 +368,7 @@ class StreamScheduler:
         if not self._is_prefill_step(unit_id, sessions):
             return False
         return (session.stream_id in self.sessions and session.can_plan_ahead
-                and busy[id(session)] < self.prefill.depth(self._beside_decoders(session)))
+                and busy.get(id(session), 0) < self.prefill.depth(self._beside_decoders(session)))
 
     def _size_prefill(self, session: DecodeSession) -> None:
         """Set the session's next prefill chunk from the measured step costs."""
@@ -448,12 +453,12 @@ class StreamScheduler:
                 continue  # its stages hold other rows: it steps once re-formed (settle)
             if decode_only and self._is_prefill_step(unit_id, sessions):
                 continue
-            while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(
+            while not any(id(s) in busy for s in sessions) or self._may_plan_ahead(
                     unit_id, sessions, busy):
                 if not self._submit(unit_id, sessions, updates):
                     break
                 for session in sessions:
-                    busy[id(session)] += 1
+                    busy[id(session)] = busy.get(id(session), 0) + 1
         return updates
 
     def _submit(self, unit_id: int, sessions: list[DecodeSession],

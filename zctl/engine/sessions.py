@@ -609,7 +609,7 @@ class DecodeSession:
     def _check(self, draft: list[int], reply: StepReply) -> tuple[int, int]:
         """How many drafts the target accepts, and the token that follows them."""
         if self.sampling is None:
-            target = [int(t) for t in reply.tokens]
+            target = np.asarray(reply.tokens).tolist()  # Python ints, in one call
         else:
             assert self._rng is not None and reply.logits is not None
             rows = self._mask_to_grammar(adjust_logits(reply.logits, self.sampling,
