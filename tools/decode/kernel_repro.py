@@ -298,11 +298,13 @@ def parse_forms(text: str) -> list[WeightForm]:
 
 
 def forms_case(shape: ModelShape, forms: Sequence[WeightForm], threads: int, iters: int,
-               rounds: int, core: ov.Core,
-               projections: Sequence[str] | None = None) -> list[dict[str, Any]]:
+               rounds: int, core: ov.Core, projections: Sequence[str] | None = None,
+               dq_group: int | None = None) -> list[dict[str, Any]]:
     """Each projection (or those named) at M=1 in every form, alternated call by call in
     ``rounds`` rounds: per form the median µs, GB/s, the node that ran, the memory its
-    compile added and the round-by-round speed over the first form's."""
+    compile added and the round-by-round speed over the first form's. Each form compiled
+    with dynamic quantization in its group (the plugin's default without one), or in
+    ``dq_group`` for all (0: off)."""
     import psutil
 
     process = psutil.Process()
@@ -315,8 +317,10 @@ def forms_case(shape: ModelShape, forms: Sequence[WeightForm], threads: int, ite
         for index, form in enumerate(forms):
             weight = FormWeight.random(n, k, form, np.random.default_rng(10 + index))
             before = process.memory_info().rss
-            compiled[form.name] = core.compile_model(form_model(k, weight), "CPU",
-                                                     plugin_properties(threads, form.group))
+            props = plugin_properties(threads, form.group)
+            if dq_group is not None:
+                props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = dq_group
+            compiled[form.name] = core.compile_model(form_model(k, weight), "CPU", props)
             grown[form.name] = round((process.memory_info().rss - before) / 2**20, 1)
             calls[form.name] = infer_call(compiled[form.name], {"x": x})
             del weight
@@ -330,7 +334,8 @@ def forms_case(shape: ModelShape, forms: Sequence[WeightForm], threads: int, ite
             us = statistics.median(r[form.name] for r in per_round)
             speed = [r[first] / r[form.name] for r in per_round]
             rows.append({"projection": name, "n": n, "k": k, "threads": threads or "default",
-                         "form": form.name, **info[form.name], "us": round(us, 1),
+                         "form": form.name, "dq_group": dq_group, **info[form.name],
+                         "us": round(us, 1),
                          "gb_s": round(form.nbytes(n, k) / us / 1e3, 1),
                          "speed_over_first": round(statistics.median(speed), 3),
                          "speed_range": [round(min(speed), 3), round(max(speed), 3)]})
@@ -594,6 +599,9 @@ def main(
     forms: Annotated[str, typer.Option(
         help="forms: comma-separated weight forms, the first the yardstick (u8: INT8 today, "
              "u4g128: INT4 on the 1B shape, i8g32, i4g32, u4g32z, ...)")] = "u8,i8,i8g32,i8g64,i8g128",
+    dq_group: Annotated[int | None, typer.Option(
+        help="forms: every form's dynamic quantization group (0: off); default the "
+             "runner's: the form's group, the plugin's default for per-row forms")] = None,
     projection: Annotated[str, typer.Option(
         help="forms: comma-separated projections (qkv, o, gate_up, down, lm_head; "
              "empty: all)")] = "",
@@ -634,6 +642,8 @@ def main(
         fail(f"--shape takes one of {', '.join(SHAPES)}, got {shape!r}")
     if weights not in WEIGHTS:
         fail(f"--weights takes int4 or int8, got {weights!r}")
+    if dq_group is not None and dq_group < 0:
+        fail(f"--dq-group takes 0 (off) or a group size, got {dq_group}")
     if depth < 2 or iters < 1 or steps < 8 or tokens < 1 or rounds < 1:
         fail("--depth needs >= 2, --iters >= 1, --steps >= 8, --tokens and --rounds >= 1")
     thread_settings = parse_numbers(threads, "--threads", "thread counts", minimum=0)
@@ -662,7 +672,7 @@ def main(
                          for row in fc_case(model_shape, weights, t, iters, core)]
         elif name == "forms":
             out[name] = [row for t in thread_settings for row in forms_case(
-                model_shape, weight_forms, t, iters, rounds, core, chosen)]
+                model_shape, weight_forms, t, iters, rounds, core, chosen, dq_group)]
         elif name == "chain":
             out[name] = [chain_case(model_shape, weights, t, depth, iters, core)
                          for t in thread_settings]
