@@ -322,6 +322,8 @@ class DecoderLayer(nn.Module):
             past_key, past_value = past_key.to(k.dtype), past_value.to(v.dtype)
         key = torch.cat((past_key, k), dim=2)
         value = torch.cat((past_value, v), dim=2)
+        if self.sliding:  # its KV may hold fewer slots than the stage's mask: its last ones
+            mask = mask[:, :, :, mask.shape[-1] - key.shape[2]:]
         attn = _attention(q, key, value, mask, s, fold_groups=self.new_kv_only, sinks=self.sinks)
         attn = attn.transpose(1, 2).reshape(batch, tokens, s.num_heads * s.head_dim)
         if self.pre_mlp_norm is not None and self.post_mlp_norm is not None:
