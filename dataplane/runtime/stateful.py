@@ -409,11 +409,10 @@ class StageRunner:
         keep = slots.keep[:keep_len].copy()
         self._check_window(slots.sliding_gone, int(keep.sum()),
                            int(slots.keep[keep_len:].sum()))
-        start = min(slots.sliding_start, keep_len)
+        start = min(slots.sliding_start, keep_len)  # a sliding state holds [start, keep_len)
         for state in slots.request.query_state():
-            data = state.state.data
-            lacks = slots.sliding_start if self._slides(state.name) else 0
-            state.state = ov.Tensor(np.ascontiguousarray(data[:, :, :keep_len - min(lacks, start)]))
+            held = keep_len - start if self._slides(state.name) else keep_len
+            state.state = ov.Tensor(np.ascontiguousarray(state.state.data[:, :, :held]))
         slots.keep, slots.sliding_start = keep, start
 
     def _slides(self, name: str) -> bool:
