@@ -26,7 +26,13 @@ from exporter.families import family_of
 from exporter.sources import SourceError, open_source
 from exporter.stage_module import split_rope, window_mask
 from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
-from tests.exporter.exactness import assert_speculation_matches, run_to_end, runner_chains
+from tests.exporter.exactness import (
+    STATEFUL_WINDOW,
+    assert_speculation_matches,
+    run_to_end,
+    runner_chains,
+    state_slots,
+)
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
 from tests.zctl.engine.test_drafting import ScriptedDrafter
@@ -462,31 +468,6 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
     assert got == hf_greedy(hf, longer, TOKENS)
 
 
-class NarrowStatefulWindow(RuntimeSpec):
-    """Exact numerics on stateful stages whose sliding layers keep 8 tokens beyond their
-    window and let their states grow by 4 slots before a trim (a trim every 4 tokens)."""
-
-    sliding_margin = 8
-    sliding_slack = 4
-
-
-STATEFUL_WINDOW = NarrowStatefulWindow(precision="f32", kv_cache_precision="f32",
-                                       dynamic_quantization=False)
-
-
-def _state_slots(chain: LocalChain, sid: int, seen: dict[str, list[int]]) -> None:
-    """Note the slots of every stage's sliding and global states of stream (or row group)
-    ``sid`` after a step."""
-    for runner in chain.runners:
-        target = runner.groups.get(sid) or runner.streams.get(sid)
-        if target is None:  # (the stream ended)
-            continue
-        assert runner.sliding is not None
-        for state in target.request.query_state():
-            kind = "sliding" if runner.sliding.is_sliding(state.name) else "global"
-            seen.setdefault(kind, []).append(int(state.state.shape[2]))
-
-
 @pytest.mark.slow
 def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_export) -> None:
     """On stateful stages a sliding layer's state keeps the slots of its window, margin and
@@ -511,7 +492,7 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_
         got = []
         for token in generate_greedy(chain, prompt, WINDOW_TOKENS, stream_id=1):
             got.append(token)
-            _state_slots(chain, 1, seen)
+            state_slots(chain, 1, seen)
             if len(got) == WINDOW_TOKENS - 1:  # the stream kept open for what follows
                 break
         assert got == reference[:-1], rewind
@@ -550,7 +531,7 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_
     for token in generate_speculative(chain, prompt, WINDOW_TOKENS, drafter=drafter, k=4,
                                       stats=stats, stream_id=3):
         got.append(token)
-        _state_slots(chain, 3, seen)
+        state_slots(chain, 3, seen)
     assert got == reference
     assert stats.rejections > 10 and stats.accepted > 10
     assert max(seen["sliding"]) <= bound + 5 + 16  # a step's 5 tokens, masked slots uncompacted
@@ -579,6 +560,6 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_
         scheduler.poll()
         for group_id in list(chain.runners[0].groups):
             grouped += 1
-            _state_slots(chain, group_id, seen)
+            state_slots(chain, group_id, seen)
     assert grouped > 10 and max(seen["sliding"]) <= bound + 1
     assert [s.emitted for s in sessions] == [reference, hf_greedy(hf, short, 64)]
