@@ -21,6 +21,7 @@ from dataplane.runtime.kv.blocks import blocks_for
 from dataplane.runtime.kv.masks import MASK_MIN
 from dataplane.runtime.kv.slots import held_slots
 from dataplane.runtime.rope import rope_tables, stage_frequencies
+from dataplane.runtime.stateful import StageRunner
 from exporter.export import ExportError, export_model, model_spec
 from exporter.families import family_of
 from exporter.sources import SourceError, open_source
@@ -40,7 +41,7 @@ from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_spe
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.manifest import ExportManifest, StageSpec, StaticKV, manifest_from_dict
+from zctl.manifest import ExportManifest, StageSpec, StaticKV, load_manifest, manifest_from_dict
 
 TOKENS = 32
 WINDOW = 8  # the tiny Gemma 3's sliding window: every prompt is longer
@@ -563,3 +564,21 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_
             state_slots(chain, group_id, seen)
     assert grouped > 10 and max(seen["sliding"]) <= bound + 1
     assert [s.emitted for s in sessions] == [reference, hf_greedy(hf, short, 64)]
+
+
+@pytest.mark.slow
+def test_an_export_made_before_keeps_every_sliding_slot_on_stateful_stages(gemma3_export
+                                                                          ) -> None:
+    """An export whose manifest does not say its graphs let a sliding layer's state be
+    trimmed (one made before they could) keeps every slot of every layer, as it did."""
+    _, export_dir = gemma3_export
+    manifest = load_manifest(export_dir)
+    assert manifest.model.sliding_kv_trimmable
+    before = replace(manifest, model=replace(manifest.model, sliding_kv_trimmable=False))
+    runner = StageRunner(export_dir, 1, STATEFUL_WINDOW, manifest=before)
+    assert runner.sliding is None
+    runner.open_stream(1)
+    hidden = np.random.default_rng(0).standard_normal((1, 40, runner.hidden_size))
+    runner.step(1, hidden.astype(np.float32), np.arange(40))
+    runner.step(1, hidden[:, :1].astype(np.float32), np.array([40]))
+    assert {s.state.shape[2] for s in runner.streams[1].request.query_state()} == {41}
