@@ -40,7 +40,7 @@ from dataplane.runtime.kv.slots import (
     request_states,
 )
 from dataplane.runtime.kv.slots import shared_tensor as _shared
-from dataplane.runtime.rope import StageRopeRows, stage_rope
+from dataplane.runtime.rope import LongSequences, StageRopeRows, stage_rope
 from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
@@ -110,6 +110,7 @@ class StageRunner:
         self.rope = stage_rope(model)
         self._last_token_idx: dict[int, ov.Tensor] = {}  # logits_idx [T - 1] by T
         self._rope_rows = StageRopeRows(self.rope)
+        self.long_sequences = LongSequences(self.rope, index)  # LongRoPE's long streams
         self.hidden_size = model.hidden_size
         core = core or shared_core()
         try:
@@ -154,13 +155,15 @@ class StageRunner:
             self.streams[stream_id] = StreamSlots(self.compiled.create_infer_request())
         return self.streams[stream_id]
 
-    def reset_stream(self, stream_id: int) -> None:
+    def reset_stream(self, stream_id: int, long_rope: bool = False) -> None:
+        self.long_sequences.begin(stream_id, long_rope)
         slots = self.open_stream(stream_id)
         slots.request.reset_state()
         slots.keep = np.zeros(0, dtype=bool)
         slots.sliding_start = slots.sliding_gone = 0
 
     def close_stream(self, stream_id: int) -> None:
+        self.long_sequences.forget(stream_id)
         self.streams.pop(stream_id, None)
         self.groups.pop(stream_id, None)
 
@@ -228,7 +231,7 @@ class StageRunner:
                      else np.array_equal(positions, ahead.positions))):
             return ahead  # bound while the stage was idle (see prefetch)
         if inputs is None or not inputs.fits(positions, target.keep):
-            inputs = self._step_inputs(positions, target.keep, target)
+            inputs = self._step_inputs(positions, target.keep, target, self._long_rows(stream_id))
         self._bind(target, inputs, logits_idx)
         return inputs
 
@@ -241,7 +244,8 @@ class StageRunner:
         target = self.groups.get(stream_id) or self.streams.get(stream_id)
         if target is None or target.last is None or target.prefetched is not None:
             return False
-        inputs = self._step_inputs(target.last.positions[:, -1:] + 1, target.keep, target)
+        inputs = self._step_inputs(target.last.positions[:, -1:] + 1, target.keep, target,
+                                   self._long_rows(stream_id))
         self._bind(target, inputs, None)
         target.prefetched = inputs
         return True
@@ -339,10 +343,19 @@ class StageRunner:
         group = self.groups.get(stream_id)
         return group if group is not None else self.stream(stream_id)
 
+    def _long_rows(self, stream_id: int) -> np.ndarray | None:
+        """Which rows of the stream's (or row group's) steps turn long throughout (None:
+        none), from what their resets said (LongSequences)."""
+        group = self.groups.get(stream_id)
+        return self.long_sequences.rows(group.members if group is not None else [stream_id])
+
     def _step_inputs(self, positions: np.ndarray, keep: np.ndarray,
-                     target: StreamSlots | RowGroup | None = None) -> StepInputs:
-        """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``;
-        a one-row decode step of ``target`` writes them into its DecodeBuffers."""
+                     target: StreamSlots | RowGroup | None = None,
+                     long_rows: np.ndarray | None = None) -> StepInputs:
+        """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``
+        (``long_rows``: the rows long throughout, StageRope.tables); a one-row decode step
+        of ``target`` writes them into its DecodeBuffers."""
+        long_row = long_rows is not None and bool(long_rows[0])
         rows, tokens = positions.shape
         if tokens == 1:  # a decode step (one token per row): the few-call path
             if keep.ndim == 1:  # np.append's wrappers cost ~50 us here, cold
@@ -355,17 +368,17 @@ class StageRunner:
                 buffers = target.decode
                 if buffers is None:
                     buffers = target.decode = DecodeBuffers(self.rope.width)
-                self._rope_rows.into(int(positions[0, 0]), buffers.cos, buffers.sin)
+                self._rope_rows.into(int(positions[0, 0]), buffers.cos, buffers.sin, long_row)
                 return StepInputs(positions, keep, after, buffers.mask_after(keep, after, MASK_MIN),
                                   buffers.rope_cos, buffers.rope_sin, self._beam_tensor)
             if rows == 1:
-                cos, sin = self._rope_rows.one(int(positions[0, 0]))
+                cos, sin = self._rope_rows.one(int(positions[0, 0]), long_row)
             else:
-                cos, sin = self.rope.tables(positions)
+                cos, sin = self.rope.tables(positions, long_rows=long_rows)
             beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)
             return StepInputs(positions, keep, after, _shared(one_token_mask(after)),
                               _shared(cos), _shared(sin), _shared(beam))
-        cos, sin = self.rope.tables(positions)
+        cos, sin = self.rope.tables(positions, long_rows=long_rows)
         mask = rows_step_mask(keep, tokens) if keep.ndim == 2 else step_mask(keep, tokens)
         beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)
         new = np.ones((rows, tokens) if keep.ndim == 2 else tokens, dtype=bool)

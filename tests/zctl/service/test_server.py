@@ -216,9 +216,13 @@ class SlowChain(InlineExecutor):
     def row_groups_supported(self) -> bool:
         return self.chain.row_groups_supported
 
-    def reset(self, stream_id: int) -> None:
+    @property
+    def rope_short_context(self) -> int:
+        return self.chain.rope_short_context
+
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
         self.drop_answers(stream_id)
-        self.chain.reset(stream_id)
+        self.chain.reset(stream_id, long_rope)
 
     def close_stream(self, stream_id: int) -> None:
         self.drop_answers(stream_id)
@@ -544,9 +548,35 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def test_the_stages_runtime_loads_draft_models_and_prices_a_streams_kv(tiny_exports) -> None:
+    """The service is given the runtime its stages are compiled with: draft models load
+    with it (a drafter runs as stage 0 does) and a stream's KV is priced by it."""
+    from dataplane.runtime.draft_model import DraftModels
+    from zctl.manifest import load_manifest
+    from zctl.service.server import kv_cost
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    runtime = RuntimeSpec(precision="f32", paged_attention=True)
+    svc = GenerationService(export_dir, lambda: None, "tcp://127.0.0.1:*", stage_runtime=runtime)
+    try:
+        drafter = svc.engine.load_drafter
+        assert isinstance(drafter, DraftModels) and drafter.config is runtime
+        assert svc.engine.kv_cost == kv_cost(load_manifest(export_dir, verify_files=False),
+                                             runtime)
+    finally:
+        svc.stop()
+    plain = GenerationService(export_dir, lambda: None, "tcp://127.0.0.1:*")
+    try:
+        drafter = plain.engine.load_drafter
+        assert isinstance(drafter, DraftModels) and drafter.config is None
+    finally:
+        plain.stop()
+
+
 def test_kv_cost_counts_sliding_layers_at_their_bound() -> None:
     """Paged stages' sliding layers keep their window, margin and a step's token over
-    block edges; stateful stages, or a runtime not known, keep every token."""
+    block edges; stateful ones of an export made before, or a runtime not known, keep
+    every token, and those of an export that lets them trim, their bound."""
     from dataclasses import replace
 
     from dataplane.runtime.config import RuntimeSpec
