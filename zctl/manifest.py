@@ -43,6 +43,10 @@ class ModelSpec:
     rope_local_inv_freq: tuple[float, ...] = ()
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
+    # True: a sliding layer's graph takes the last columns of the stage's mask, as many as
+    # its KV holds, so a stateful stage may trim its state to the window from the front
+    # (dataplane.runtime.kv.sliding_states); an export made before keeps every slot.
+    sliding_kv_trimmable: bool = False
     # A mixture of experts (Qwen3-MoE, gpt-oss): its experts, how many a token runs, their width.
     experts: int = 0
     active_experts: int = 0
@@ -56,7 +60,8 @@ class ModelSpec:
     rope_short_context: int = 0
 
 
-SLIDING_FIELDS = ("rope_local_inv_freq", "sliding_window", "sliding_layers")
+SLIDING_FIELDS = ("rope_local_inv_freq", "sliding_window", "sliding_layers",
+                  "sliding_kv_trimmable")
 MOE_FIELDS = ("experts", "active_experts", "expert_intermediate")
 LONGROPE_FIELDS = ("rope_long_inv_freq", "rope_short_context")
 

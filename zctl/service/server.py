@@ -103,11 +103,12 @@ def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
 
 def kv_cost(manifest: ExportManifest, runtime: RuntimeSpec | None) -> KvCost:
     """What a stream's tokens cost against ``kv_tokens``' budget on stages compiled as
-    ``runtime`` says: on paged stages a sliding layer keeps its window, its margin and a
-    step's token, over block edges (``kv.blocks.sliding_tokens``); elsewhere, or with
-    no runtime known, every layer keeps every token."""
+    ``runtime`` says: a sliding layer keeps its window, its margin and a step's token, over
+    block edges on paged stages, with a slack on stateful ones whose export lets them trim
+    (``kv.blocks.sliding_tokens``); elsewhere, or with no runtime known, every layer keeps
+    every token."""
     model = manifest.model
-    kept = sliding_tokens(runtime, model.sliding_window)
+    kept = sliding_tokens(runtime, model)
     if kept is None or not model.sliding_layers:
         return EVERY_TOKEN
     sliding = set(model.sliding_layers)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.kv.sliding_states import SlidingStates
+from zctl.manifest import ModelSpec
 
 
 class BlockPool:
@@ -183,12 +185,20 @@ class PrefixBlocks:
 CPU_BLOCK_TOKENS = 32  # a KV block of the CPU plugin's PagedAttention, in tokens
 
 
-def sliding_tokens(spec: RuntimeSpec | None, window: int) -> int | None:
-    """The most tokens of a stream a sliding layer of ``window`` keys holds on stages
-    compiled as ``spec``: on paged stages its window, margin and a step's token over block
-    edges (``SlidingWindow.blocks_bound``); None where it holds every token (stateful
-    stages, no window, or ``spec`` not known)."""
-    if spec is None or not spec.paged_attention or window < 1:
+def sliding_tokens(spec: RuntimeSpec | None, model: ModelSpec) -> int | None:
+    """The most tokens of a stream a sliding layer of ``model`` holds on stages compiled as
+    ``spec``: on paged stages its window, margin and a step's token over block edges
+    (``SlidingWindow.blocks_bound``); on stateful ones its window, margin, slack and a
+    step's token (``SlidingStates.bound``) where the export's graphs let its state be
+    trimmed; None where it holds every token (an export made before, no sliding layer, or
+    ``spec`` not known)."""
+    window = model.sliding_window
+    if spec is None or window < 1 or not model.sliding_layers:
         return None
-    return SlidingWindow(window, spec.sliding_margin, CPU_BLOCK_TOKENS).blocks_bound(1) * \
-        CPU_BLOCK_TOKENS
+    if spec.paged_attention:
+        return SlidingWindow(window, spec.sliding_margin, CPU_BLOCK_TOKENS).blocks_bound(1) * \
+            CPU_BLOCK_TOKENS
+    if not model.sliding_kv_trimmable:
+        return None
+    return SlidingStates(frozenset(model.sliding_layers), window, spec.sliding_margin,
+                         spec.sliding_slack).bound(1)

@@ -573,9 +573,10 @@ def test_the_stages_runtime_loads_draft_models_and_prices_a_streams_kv(tiny_expo
         plain.stop()
 
 
-def test_kv_cost_counts_sliding_layers_at_their_window_on_paged_stages() -> None:
+def test_kv_cost_counts_sliding_layers_at_their_bound() -> None:
     """Paged stages' sliding layers keep their window, margin and a step's token over
-    block edges; stateful stages, or a runtime not known, keep every token."""
+    block edges; stateful ones of an export made before, or a runtime not known, keep
+    every token, and those of an export that lets them trim, their bound."""
     from dataclasses import replace
 
     from dataplane.runtime.config import RuntimeSpec
@@ -595,15 +596,28 @@ def test_kv_cost_counts_sliding_layers_at_their_window_on_paged_stages() -> None
     assert cost.stages == ((0, 3), (2, 1)) and cost.sliding_tokens == kept
     assert cost.tokens(8192) == -(-(2 * 8192 + kept) // 3)
     assert kv_cost(manifest, RuntimeSpec()) == kv_cost(manifest, None) == EVERY_TOKEN
+    trimmable = replace(manifest, model=replace(manifest.model, sliding_kv_trimmable=True))
+    assert kv_cost(trimmable, RuntimeSpec()).sliding_tokens == 511 + 528 + 256 + 1
     assert kv_cost(base, paged) == EVERY_TOKEN  # no sliding layer
 
 
-def test_a_sliding_layer_holds_its_window_margin_and_a_step_on_paged_stages_only() -> None:
+def test_a_sliding_layer_holds_its_window_margin_and_a_step() -> None:
+    """On paged stages over block edges; on stateful ones with a slack, where the export's
+    graphs let a sliding layer's state be trimmed; every token elsewhere."""
+    from dataclasses import replace
+
     from dataplane.runtime.config import RuntimeSpec
     from dataplane.runtime.kv.blocks import sliding_tokens
+    from dataplane.runtime.synthetic import LayerShape, synthetic_manifest
 
+    base = synthetic_manifest(LayerShape(hidden=64, heads=2, kv_heads=1, head_dim=32,
+                                         intermediate=128, vocab=100), 6, True, "fp32").model
+    old = replace(base, sliding_window=512, sliding_layers=(0, 1, 2, 4))
+    model = replace(old, sliding_kv_trimmable=True)
     paged = RuntimeSpec(paged_attention=True)
     # 511 keys before a query, 528 of margin and the step's token: 33 blocks, +1 over edges
-    assert sliding_tokens(paged, 512) == 34 * 32
-    assert sliding_tokens(RuntimeSpec(), 512) is None  # stateful stages keep every token
-    assert sliding_tokens(paged, 0) is None and sliding_tokens(None, 512) is None
+    assert sliding_tokens(paged, model) == sliding_tokens(paged, old) == 34 * 32
+    # stateful: 511 + 528, the slack of 256 and the step's token
+    assert sliding_tokens(RuntimeSpec(), model) == 511 + 528 + 256 + 1
+    assert sliding_tokens(RuntimeSpec(), old) is None  # an export made before: every token
+    assert sliding_tokens(paged, base) is None and sliding_tokens(None, model) is None
