@@ -8,15 +8,19 @@ the last stage's reply. None of it is a stage's compute or a link's time, and th
 time adds it to stage 0's step.
 
 ``time_engine`` measures it with the real engine: ``rows`` greedy streams stepped as one
-row group on an ``InstantStages`` executor, whose stages answer at once but whose frames
-are made as the data plane makes them (the step's [rows, tokens, hidden] float32 hidden
-states encoded, a top-1 reply of each answered row decoded), and a tokenizer of the
-model's vocabulary size (a WordLevel model of the ``tokenizers`` library). A profile runs a
-synthetic stage's inference in each step, as stage 0's runs beside the engine: the caches it
-sweeps make the engine's work 2-4x what it costs in a tight loop (controlplane/
-profiling.py); its time is left out. The figure at ``rows`` rows is a decode step's wall
-time but the stage's, the lower quartile of several runs of steps (a busy moment only
-ever adds time, as for the stages' figures).
+row group on an ``InstantStages`` executor, whose stages answer over real sockets as the
+cluster's do (controlplane/loopback_stages.py: the step's [rows, tokens, hidden] float32
+hidden states sent in a frame over a loopback pair, the top-1 reply of each answered row
+waited for asleep and read, after as long as the later stages' step), and a tokenizer of the
+model's vocabulary size (a WordLevel model of the ``tokenizers`` library; the model's own
+BPE tokenizer costs the same a token). A profile runs a synthetic stage's inference in each
+step, as stage 0's runs beside the engine: the caches it sweeps make the engine's work 2-4x
+what it costs in a tight loop (controlplane/profiling.py); its time is left out. The figure
+at ``rows`` rows is the calling thread's CPU time a decode step, the median of several runs
+of steps (as the stages' figures), so that neither the waits for the reply nor other jobs
+on the PC count, while what the sockets and the wake-ups after each wait cost the thread
+does (an in-process encode and decode of the frames, timed by the wall clock's lower
+quartile, gave a third of what a running coordinator's generation thread spent).
 """
 
 from __future__ import annotations
