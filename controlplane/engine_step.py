@@ -47,6 +47,9 @@ STEPS = 20  # decode steps a run times
 RUNS = 5  # runs of steps at each row count (the lower quartile counts)
 QUANTILE = 0.5  # the median, as the stages' figures
 FAR_S = 0.002  # the later stages' step when no stage is run in each step
+# the longest wait for the later stages: a thread's wake-up after a wait grows with it up to
+# some 10 ms (docs/design.md, links) and a longer one would only lengthen the profile
+FAR_MAX_S = 0.010
 
 
 class InstantStages(InlineExecutor):
@@ -54,9 +57,10 @@ class InstantStages(InlineExecutor):
     vocabulary), over real loopback sockets (``LoopbackStages``: the step's hidden-state
     frame sent as the coordinator's head sends it, the top-1 reply waited for and read) after
     ``far_s`` seconds, the later stages' step, or as long as ``stage`` took when it is given
-    (a 2-stage pipeline's later stage is about as long as stage 0). ``stage`` (given the
-    step's rows) is run in each step as stage 0's inference would be; its time by ``clock``
-    is kept apart, in ``stage_s``: it is not the engine's. ``close`` ends the loopback."""
+    (a 2-stage pipeline's later stage is about as long as stage 0), at most ``FAR_MAX_S``.
+    ``stage`` (given the step's rows) is run in each step as stage 0's inference would be;
+    its time by ``clock`` is kept apart, in ``stage_s``: it is not the engine's. ``close``
+    ends the loopback."""
 
     row_groups_supported = True
     num_stages = 2
@@ -78,7 +82,7 @@ class InstantStages(InlineExecutor):
         if self.stage is not None:
             start, wall = self.clock(), time.perf_counter()
             self.stage(rows)
-            far_s = time.perf_counter() - wall
+            far_s = min(FAR_MAX_S, time.perf_counter() - wall)
             self.stage_s += self.clock() - start
         ids = np.asarray(step.token_ids, dtype=np.int64).reshape(rows, -1)
         positions = np.asarray(step.positions, dtype=np.int64).reshape(-1)
