@@ -8,11 +8,14 @@ answer (``a`` to ``b``), and small requests answered with each size (``b`` to ``
 turns, ``rounds`` times over, the smallest round trips each after an idle gap of
 ``IDLE_GAP_S``: a pipeline's receiver has waited idle for the step before it and must be
 woken when its frame comes (on a VM, an idle vCPU's wake-up; its sockets' I/O threads
-too), which round trips back to back, both ends awake, never see (on this repository's VM
-over loopback 0.05 ms back to back, 0.2 ms after 2 ms idle, against 0.13-0.9 ms of a
-pipeline's transit a hop). The sized round trips follow one another without a gap: their
-bandwidth is the slope of time over size, which a wake-up in each would only make noisy.
-controlplane/planner/measured.py makes the figures. The
+too), which round trips back to back, both ends awake, never see. The gap is as long as a
+real model's stage step, not just past the vCPU's halt polling: the wake-up keeps growing
+with the idle time up to some 10 ms (an AMD EPYC (Zen 4) VM, 2 vCPUs, loopback, the echo
+on the other vCPU, 2026-12-07: half round trips' lower quartile 0.08-0.10 ms after 2 ms
+idle, 0.13 after 5 ms, 0.19-0.21 after 10 ms and 0.20-0.21 after 20 ms). The sized
+round trips follow one another without a gap: their bandwidth is the slope of time over
+size, which a wake-up in each would only make noisy. controlplane/planner/measured.py
+makes the figures. The
 sizes are the frames the model sends between stages (hidden states of 1 and 8 rows, a
 prompt's chunk). An echo refuses to answer with more than ``MAX_PROBE_BYTES``.
 
@@ -56,7 +59,7 @@ MESSAGE_BUDGET_S = 0.25  # the longest one probe message may hold the link
 LADDER_STEP = 4  # a probed size is at most this many times the one before it
 PROBE_TIME_BUDGET_S = 1.0  # a round after the first starts only before this much time
 POLL_MS = 100
-IDLE_GAP_S = 0.002  # the pause before a smallest round trip: longer than a vCPU stays awake
+IDLE_GAP_S = 0.010  # the pause before a smallest round trip: as long as a stage's step
 
 
 class ProbeError(RuntimeError):

@@ -325,7 +325,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     more = stages["more"]
     engine = time_engine(shape.hidden, shape.vocab, ENGINE_RUNS,
                          engine_steps(_quantile(steps[("more", ROWS[-1])])),
-                         lambda rows: more.decode(rows, dims.hidden), clock)
+                         lambda rows: more.decode(rows, dims.hidden))
     grown = {name: stage.grown for name, stage in stages.items()}
     stages.clear()
     gc.collect()

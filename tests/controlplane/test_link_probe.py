@@ -180,4 +180,20 @@ def test_each_smallest_round_trip_follows_an_idle_gap(ctx: zmq.Context,
     finally:
         echo.close()
     assert len(samples) == 6 and gaps == [0.003] * (1 + 2)  # the connection's ping too
-    assert link_probe.IDLE_GAP_S > 0
+
+
+def test_by_default_the_echo_idles_as_long_as_a_stages_step(ctx: zmq.Context,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    # a receiver idle 2 ms wakes about twice as fast as one idle for a step of a real
+    # model's stage (5-20 ms): the gap must not be the shorter
+    import controlplane.link_probe as link_probe
+
+    gaps: list[float] = []
+    monkeypatch.setattr(link_probe.time, "sleep", gaps.append)
+    echo = ProbeEcho(ctx, "127.0.0.1")
+    try:
+        probe(ctx, echo.endpoint, [400], 1, 5.0)
+    finally:
+        echo.close()
+    assert gaps == [link_probe.IDLE_GAP_S] * 2 and link_probe.IDLE_GAP_S >= 0.010

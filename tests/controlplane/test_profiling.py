@@ -185,3 +185,11 @@ def test_the_steps_cpu_use_is_cpu_seconds_per_wall_second_or_none() -> None:
     assert cpu_per_wall(0.03, 0.02) == 1.5
     assert cpu_per_wall(0.0, 0.02) == 0.0  # a CPU clock that did not move: not measured
     assert cpu_per_wall(0.01, 0.0) == 0.0
+
+
+def test_the_coordinators_step_runs_fewer_steps_beside_a_slower_stage() -> None:
+    from controlplane.profiling import ENGINE_MIN_STEPS, ENGINE_STEPS, engine_steps
+
+    fast, slow, slowest = engine_steps(0.001), engine_steps(0.05), engine_steps(10.0)
+    assert fast == ENGINE_STEPS and slowest == ENGINE_MIN_STEPS
+    assert slowest <= slow < fast
