@@ -30,6 +30,7 @@ from exporter.mxfp4 import (
     stored_pairs,
 )
 from exporter.stage_module import DecoderShape
+from exporter.stored_weights import SIXTEEN_BIT
 from zctl.engine.tokenizer import CHAT_FORMAT_NAME, CHAT_STOPS, CHAT_TEMPLATE_NAME
 from zctl.manifest import (
     GENERATION_CONFIG_NAME,
@@ -290,18 +291,22 @@ class ModelSource:
                               f"the config makes {part.rows}")
         return whole[part.start:part.stop]
 
-    def get(self, name: str) -> torch.Tensor | None:
-        """Tensor by HF Llama name as float32, or None when absent (optional biases)."""
+    def get(self, name: str, keep_16bit: bool = False) -> torch.Tensor | None:
+        """Tensor by HF Llama name as float32, or None when absent (optional biases).
+        ``keep_16bit``: a tensor stored in a 16-bit float type (bf16, f16) stays in it (a
+        compressed export's weights: exporter.stored_weights)."""
         if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
             value = self._stored(name)
             if value is None:
                 value = self._stored("model.embed_tokens.weight")
         else:
             value = self._stored(name)
-        return None if value is None else value.to(torch.float32)
+        if value is None or (keep_16bit and value.dtype in SIXTEEN_BIT):
+            return value
+        return value.to(torch.float32)
 
-    def require(self, name: str) -> torch.Tensor:
-        value = self.get(name)
+    def require(self, name: str, keep_16bit: bool = False) -> torch.Tensor:
+        value = self.get(name, keep_16bit)
         if value is None:
             raise SourceError(f"{self.location}: tensor {name} is missing from the checkpoint")
         return value
