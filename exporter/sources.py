@@ -424,7 +424,9 @@ class SafetensorsSource(ModelSource):
 
     def tensor(self, name: str) -> torch.Tensor | None:
         """Tensor ``name`` as stored, or a layer's experts' projection dequantized from its
-        MXFP4 pair as transformers loads it (that projection alone, in float32)."""
+        MXFP4 pair as transformers loads it (that projection alone, in bfloat16: every MXFP4
+        value float32 holds, a power of two times one of E2M1's 3 significant bits, bfloat16
+        holds exactly, in half the bytes; ``get`` widens it unless the export keeps it)."""
         if name in self._mxfp4 and name not in self._where:
             return self._dequantized(name)
         return self._read(name)
@@ -433,7 +435,7 @@ class SafetensorsSource(ModelSource):
         blocks, scales = (self._read(stored) for stored in pair_names(name))
         if blocks is None or scales is None:  # _mxfp4_experts found both: a changed file
             raise SourceError(f"{self.path}: MXFP4 tensor {name}'s blocks or scales are gone")
-        value = dequantize_experts(blocks, scales)
+        value = dequantize_experts(blocks, scales, torch.bfloat16)
         if not torch.isfinite(value).all():
             raise SourceError(f"{self.path}: MXFP4 tensor {name} has weights beyond float32's "
                               "range (a scale of 2**128, E8M0's NaN byte 255, or near it)")
