@@ -57,7 +57,7 @@ def _operations(xml: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("family", "dtype", "weights", "split"), [
-    ("llama", torch.bfloat16, "int4", [(0, 2), (2, 4)]),  # first and last stages
+    ("llama", torch.bfloat16, "int4", [(0, 4)]),  # embedding, layers and LM head
     ("moe", torch.float16, "int8", [(0, 4)]),  # experts and router in the one INT8 pass
     ("gpt_oss", torch.bfloat16, "int4", [(0, 3)]),  # biases, sinks, a biased router
 ])
