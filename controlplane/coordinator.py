@@ -166,7 +166,7 @@ class Coordinator:
         self.source = source or ShardSource(self.export_dir, self.manifest, cfg.chunk_size)
         cost = LayerCost.from_export(
             self.manifest, self.export_dir,
-            sliding_tokens=sliding_tokens(cfg.runtime, self.manifest.model.sliding_window))
+            sliding_tokens=sliding_tokens(cfg.runtime, self.manifest.model))
         self.launcher = launcher or head_launcher
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = load_or_create_node_id(cfg.state_dir)

@@ -91,7 +91,7 @@ class InstantStages(InlineExecutor):
     def open(self, stream_id: int) -> None:
         pass
 
-    def reset(self, stream_id: int) -> None:
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
         self.groups.pop(stream_id, None)
         self.drop_answers(stream_id)
 

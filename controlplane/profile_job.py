@@ -9,6 +9,11 @@ watched by a thread, so the control loop never waits on it, the synthetic stages
 goes with the child, and a child that crashes or overruns its budget (killed at twice the
 budget and a minute for its start) fails the profile, not the node; ``finished`` hands the
 result over once, as the report to send.
+
+The thread first waits for this machine's turn to profile (controlplane/profile_turn.py:
+the processes of one PC measure one at a time, whatever their state directories), and
+hands the held turn to the child; the budget and the child's time limit count from the
+child's start, not the wait. A node stopped while it waits gives up the wait within a poll.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,10 +33,12 @@ from controlplane.planner.measured import mismatches, profile_of, record_from_di
 from controlplane.planner.profile import ProfileError
 from controlplane.planner.shape import ModelShape
 from controlplane.profile_store import NOT_PROFILED, ProfileStore
+from controlplane.profile_turn import ProfilingTurn
 from controlplane.records import ProfileRecord
 
 log = logging.getLogger("zctl.controlplane")
 START_GRACE_S = 60.0  # a child's imports and start, beyond its budget
+PROFILER = (sys.executable, "-m", "controlplane.profiling")  # the child's program
 
 
 @dataclass(frozen=True)
@@ -44,19 +52,24 @@ class ProfileTask:
 
 
 class ProfileJob:
-    """The profile of one node (``name`` in its log lines) and its measurement, if any."""
+    """The profile of one node (``name`` in its log lines) and its measurement, if any:
+    measured by ``profiler`` (the child's program, taking ``python -m
+    controlplane.profiling``'s arguments) in this machine's ``turn``."""
 
     def __init__(self, name: str, state_dir: Path, auto: bool = True, memory_limit: int = 0,
-                 openvino: str | None = None) -> None:
+                 openvino: str | None = None, turn: ProfilingTurn | None = None,
+                 profiler: Sequence[str] = PROFILER) -> None:
         self.name = name
         self.store = ProfileStore(state_dir, openvino)
         self.auto = auto
         self.memory_limit = memory_limit
+        self.turn = turn or ProfilingTurn()
+        self.profiler = list(profiler)
         self._lock = threading.Lock()
-        self._task: ProfileTask | None = None  # being measured
+        self._task: ProfileTask | None = None  # being measured (or waiting for its turn)
         self._child: subprocess.Popen[str] | None = None
         self._done: ProfileReport | None = None
-        self._stopped = False
+        self._stop = threading.Event()
 
     def request(self, task: ProfileTask, budget_s: float) -> ProfileReport:
         """The report to answer a request with now (module docstring)."""
@@ -66,7 +79,7 @@ class ProfileJob:
         with self._lock:
             if self._task == task:
                 return ProfileReport("measuring", detail=why)
-            if not self.auto or self._task is not None or self._stopped:
+            if not self.auto or self._task is not None or self._stop.is_set():
                 return ProfileReport("not-profiled", detail=why)
             self._task = task
         log.info("%s: profiling %s, at most %g s: %s", self.name, task.describe(), budget_s,
@@ -76,35 +89,55 @@ class ProfileJob:
         return ProfileReport("measuring", detail=why)
 
     def _measure(self, task: ProfileTask, budget_s: float) -> None:
-        command = [sys.executable, "-m", "controlplane.profiling",
-                   "--shape", json.dumps(asdict(task.shape)), "--weights", task.weights,
-                   "--device", task.device, "--budget", str(budget_s),
-                   "--memory-limit", str(self.memory_limit), "--state-dir",
-                   str(self.store.dir.parent)]
+        report: ProfileReport | None
         try:
-            with self._lock:
-                if self._stopped:
-                    return
-                self._child = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, text=True)
-            out, errors = self._child.communicate(timeout=2 * budget_s + START_GRACE_S)
-            if self._child.returncode != 0:
-                lines = [line for line in errors.splitlines() if line.strip()]
-                raise ProfileError(lines[-1] if lines else
-                                   f"the profiling process ended with {self._child.returncode}")
-            record = record_from_dict(json.loads(out), "the profiling process's output")
-            report = ProfileReport("measured", record)
-            log.info("%s: profiled %s in %.1f s", self.name, task.describe(), record.seconds)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            report = ProfileReport("failed", detail=f"profiling {task.describe()} did not end "
-                                                    f"within {2 * budget_s + START_GRACE_S:g} s")
-        except (ProfileError, OSError, ValueError) as exc:
-            report = ProfileReport("failed", detail=f"profiling {task.describe()}: {exc}")
-        if report.state == "failed":
+            turn = self.turn.take(self._stop, lambda: log.info(
+                "%s: waiting for this machine's turn to profile (another zctl process here "
+                "is profiling)", self.name))
+        except OSError as exc:
+            turn, report = None, ProfileReport("failed", detail=f"profiling {task.describe()}: "
+                                               f"no turn to profile on this machine: {exc}")
+        else:
+            report = None  # stopped while waiting: no report
+        if turn is not None:
+            with turn:
+                report = self._run_child(task, budget_s, turn.fd)
+        if report is not None and report.state == "failed":
             log.warning("%s: %s", self.name, report.detail)
         with self._lock:
             self._done, self._task, self._child = report, None, None
+
+    def _run_child(self, task: ProfileTask, budget_s: float, turn_fd: int
+                   ) -> ProfileReport | None:
+        """The child's measurement in the turn held as ``turn_fd`` (handed to it); None
+        when the job was stopped before it started."""
+        command = [*self.profiler,
+                   "--shape", json.dumps(asdict(task.shape)), "--weights", task.weights,
+                   "--device", task.device, "--budget", str(budget_s),
+                   "--memory-limit", str(self.memory_limit), "--state-dir",
+                   str(self.store.dir.parent), "--turn-held"]
+        limit = 2 * budget_s + START_GRACE_S
+        try:
+            with self._lock:
+                if self._stop.is_set():
+                    return None
+                self._child = child = subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    pass_fds=(turn_fd,))
+            out, errors = child.communicate(timeout=limit)
+            if child.returncode != 0:
+                lines = [line for line in errors.splitlines() if line.strip()]
+                raise ProfileError(lines[-1] if lines else
+                                   f"the profiling process ended with {child.returncode}")
+            record = record_from_dict(json.loads(out), "the profiling process's output")
+            log.info("%s: profiled %s in %.1f s", self.name, task.describe(), record.seconds)
+            return ProfileReport("measured", record)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            return ProfileReport("failed", detail=f"profiling {task.describe()} did not end "
+                                                  f"within {limit:g} s")
+        except (ProfileError, OSError, ValueError) as exc:
+            return ProfileReport("failed", detail=f"profiling {task.describe()}: {exc}")
 
     def finished(self) -> ProfileReport | None:
         """A measurement's report, once, when it has ended."""
@@ -124,9 +157,9 @@ class ProfileJob:
             child.wait()
 
     def stop(self) -> None:
-        """Stop a measurement under way (its child is killed)."""
+        """Stop a measurement under way (its child is killed) or waiting for its turn."""
         with self._lock:
-            self._stopped = True
+            self._stop.set()
         self._kill()
 
 

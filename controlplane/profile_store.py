@@ -4,22 +4,18 @@ weight format and device, holding the OpenVINO version it was measured with.
 ``load`` gives a profile that fits this node now, or says why there is none: never
 measured, measured with another OpenVINO version, by an older zctl or on another version
 of the synthetic layer graph (stale), or a file that cannot be read (damaged): each is
-measured again, and the reason logged. ``turn`` makes the profiles of
-one machine's processes (the nodes of a local cluster, a ``zctl node profile``) measure
-one at a time, so that none times its stages while another loads the cores.
+measured again, and the reason logged. (The processes of one machine measure one at a
+time: controlplane/profile_turn.py.)
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
 import os
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from controlplane.nodeinfo import openvino_version
@@ -35,11 +31,9 @@ from controlplane.planner.measured import (
 from controlplane.planner.profile import ProfileError
 from controlplane.planner.shape import ModelShape
 from controlplane.records import ProfileRecord
-from zctl.paths import zctl_home
 
 BUDGET_S = 30.0  # what profiling one device may take at most
 PROFILES = "profiles"
-LOCK = "profile.lock"
 NOT_PROFILED = "not profiled yet"
 
 
@@ -109,15 +103,3 @@ class ProfileStore:
         tmp.write_text(json.dumps(profile_dict(record, measurement), indent=1) + "\n")
         os.replace(tmp, path)
         return record, path
-
-    @contextmanager
-    def turn(self, lock: Path | None = None) -> Iterator[None]:
-        """Hold this machine's profiling lock (``ZCTL_HOME/profile.lock``) while measuring."""
-        lock = lock or zctl_home() / LOCK
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)

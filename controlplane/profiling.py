@@ -41,7 +41,8 @@ step or build is started (a compile under way ends first), and a device that cou
 time every figure once in its budget raises ProfileError. ``python -m
 controlplane.profiling`` runs one profile in a process of its own (what a node does when
 it joins, so the graphs' memory goes with that process and its figures are not mixed with
-its stage's allocations) and prints the profile's JSON.
+its stage's allocations) in this machine's turn to profile (controlplane/profile_turn.py;
+``--turn-held``: its parent holds it for it) and prints the profile's JSON.
 """
 
 from __future__ import annotations
@@ -351,9 +352,11 @@ def cpu_per_wall(cpu_s: float, wall_s: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Profile one shape, format and device into a state directory; print the profile's
     JSON on stdout (an error's text on stderr, and exit status 1)."""
+    from contextlib import nullcontext
     from pathlib import Path
 
     from controlplane.profile_store import ProfileStore
+    from controlplane.profile_turn import ProfilingTurn
 
     parser = argparse.ArgumentParser(prog="python -m controlplane.profiling")
     parser.add_argument("--shape", required=True, help="the ModelShape's fields as JSON")
@@ -362,11 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=BUDGET_S)
     parser.add_argument("--memory-limit", type=int, default=0)
     parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--turn-held", action="store_true",
+                        help="the parent holds this machine's turn to profile for it")
     args = parser.parse_args(argv)
     try:
         shape = ModelShape(**json.loads(args.shape))
         store = ProfileStore(Path(args.state_dir))
-        with store.turn():
+        with nullcontext() if args.turn_held else ProfilingTurn().wait():
             measurement = measure(shape, args.weights, args.device, args.budget,
                                   args.memory_limit, quota=read_quota())
         _, path = store.save(shape, measurement)

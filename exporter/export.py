@@ -103,6 +103,7 @@ def model_spec(source: ModelSource) -> ModelSpec:
         rope_local_inv_freq=tuple(rope.local_inv_freq),
         sliding_window=shape.sliding_window,
         sliding_layers=shape.sliding_layers,
+        sliding_kv_trimmable=bool(shape.sliding_layers),  # (exporter.stage_module's graphs)
         experts=shape.experts,
         active_experts=shape.active_experts,
         expert_intermediate=shape.expert_intermediate,

@@ -31,8 +31,10 @@ from exporter.mxfp4 import (
 )
 from exporter.stage_module import DecoderShape
 from exporter.stored_weights import SIXTEEN_BIT
-from zctl.engine.tokenizer import CHAT_FORMAT_NAME, CHAT_STOPS, CHAT_TEMPLATE_NAME
 from zctl.manifest import (
+    CHAT_FORMAT_NAME,
+    CHAT_STOPS,
+    CHAT_TEMPLATE_NAME,
     GENERATION_CONFIG_NAME,
     GenerationConfig,
     ManifestError,
@@ -496,35 +498,28 @@ class GGUFSource(ModelSource):
         self.path = Path(path)
         if not self.path.is_file():
             raise SourceError(f"{self.path}: no such GGUF file")
+        self._description = describe_gguf(self.path)
+        refuse_unreadable_gguf(self._description, self.path)
         self._model = self._load()
         self.generation_config = getattr(self._model, "generation_config", None)
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
         self._state = self._model.state_dict()
         self.check_layers()
 
-    def _metadata(self) -> dict[str, Any]:
-        """The file's metadata of its architecture (``{arch}.…``), by key without the prefix."""
-        from gguf import GGUFReader
-
-        try:
-            reader = GGUFReader(self.path)
-            arch = reader.fields["general.architecture"].contents()
-            return {name[len(arch) + 1:]: field.contents()
-                    for name, field in reader.fields.items() if name.startswith(f"{arch}.")}
-        except (KeyError, ValueError, OSError) as exc:
-            raise SourceError(f"{self.path}: cannot read its GGUF metadata: {exc}") from None
-
     def _config(self) -> Any:
         """The config transformers makes of the file, with what the file states and
         transformers' GGUF loader drops (falling back to its config class's defaults,
-        which need not be the model's): the heads' width (Qwen3), and Gemma 3's global
-        RoPE scaling, sliding layers' RoPE base and which layers slide."""
+        which need not be the model's): the heads' width (Qwen3, Qwen3-MoE), Gemma 3's
+        global RoPE scaling, sliding layers' RoPE base and which layers slide, and
+        Qwen3-MoE's experts' width."""
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(self.path.parent, gguf_file=self.path.name)
-        metadata = self._metadata()
+        metadata = self._description.metadata
         if config.model_type == "gemma3_text":
             _gemma3_stated(config, metadata, self.path)
+        if config.model_type == "qwen3_moe":
+            _qwen3_moe_stated(config, self._description, self.path)
         stated = metadata.get("attention.key_length")
         if stated is not None:
             stated = int(stated)
@@ -540,13 +535,19 @@ class GGUFSource(ModelSource):
         from transformers import AutoModelForCausalLM
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            model, loading = AutoModelForCausalLM.from_pretrained(
                 self.path.parent, gguf_file=self.path.name, config=self._config(),
-                dtype=torch.float32)
+                dtype=torch.float32, output_loading_info=True)
         except SourceError:
             raise
         except Exception as exc:  # transformers raises many types for a bad file
             raise SourceError(f"{self.path}: cannot load GGUF: {exc}") from None
+        unread = sorted(loading.get("missing_keys") or ())
+        if unread:  # transformers left them at their random initial values
+            shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4
+                                             else "")
+            raise SourceError(f"{self.path}: transformers' GGUF loader reads no {shown} from "
+                              f"this {self._description.architecture} file")
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -583,6 +584,75 @@ class GGUFSource(ModelSource):
 
     def load_hf_model(self) -> Any:
         return self._model
+
+
+@dataclass(frozen=True)
+class GgufDescription:
+    """What a GGUF file states before its tensors: its llama.cpp architecture, its
+    metadata of that architecture (``{arch}.…`` keys, by key without the prefix), and its
+    tensors' types (GGML type names) and shapes (as numpy lays them out, outermost first)."""
+
+    architecture: str
+    metadata: dict[str, Any]
+    tensor_types: dict[str, str]
+    tensor_shapes: dict[str, tuple[int, ...]]
+
+
+def describe_gguf(path: Path) -> GgufDescription:
+    """The description of GGUF file ``path`` (SourceError if it is not one)."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+        arch = str(reader.fields["general.architecture"].contents())
+        metadata = {name[len(arch) + 1:]: field.contents()
+                    for name, field in reader.fields.items() if name.startswith(f"{arch}.")}
+        types = {t.name: t.tensor_type.name for t in reader.tensors}
+        shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    except (KeyError, ValueError, OSError) as exc:
+        raise SourceError(f"{path}: cannot read its GGUF metadata: {exc}") from None
+    return GgufDescription(arch, metadata, types, shapes)
+
+
+# mixture-of-experts architectures (llama.cpp's names) whose GGUF files export
+GGUF_MOE_ARCHITECTURES = ("qwen3moe",)
+# those transformers' GGUF loader reads wrong or not at all, and why (transformers 5.24)
+UNREADABLE_GGUF = {
+    "gpt-oss": "transformers' GGUF loader fails on its YaRN metadata, and without it "
+               "leaves the experts, their biases and the attention sinks unread (random) "
+               "and the sliding window at its default",
+}
+
+
+def refuse_unreadable_gguf(description: GgufDescription, path: Path) -> None:
+    """SourceError, before any tensor is read, for a GGUF architecture that transformers'
+    loader is known to read wrong: names it, says why, and what does export."""
+    reason = UNREADABLE_GGUF.get(description.architecture)
+    if reason is None:
+        return
+    experts = {t for name, t in description.tensor_types.items() if name.endswith("_exps.weight")}
+    stored = f" (experts stored as {', '.join(sorted(experts))})" if experts else ""
+    raise SourceError(
+        f"{path}: a {description.architecture} GGUF file{stored} cannot be exported: {reason}. "
+        f"Export {description.architecture} from its Hugging Face directory instead (MXFP4 "
+        "checkpoints included); mixture-of-experts GGUF files that export: "
+        f"{', '.join(GGUF_MOE_ARCHITECTURES)}")
+
+
+def _qwen3_moe_stated(config: Any, description: GgufDescription, path: Path) -> None:
+    """Set on a Qwen3-MoE config what its GGUF file states and transformers' loader drops:
+    the experts' width (``expert_feed_forward_length``; a file stating none: the width of
+    its stored experts), and whether the top-k routing weights are renormalised
+    (``expert_weights_norm``, where stated; llama.cpp's qwen3moe renormalises, and so does
+    the loader's default)."""
+    width = description.metadata.get("expert_feed_forward_length")
+    stored = description.tensor_shapes.get("blk.0.ffn_gate_exps.weight")
+    if width is None and stored is None:
+        raise SourceError(f"{path}: a qwen3moe file stating no expert_feed_forward_length "
+                          "and storing no blk.0.ffn_gate_exps.weight")
+    config.moe_intermediate_size = int(width if width is not None else stored[1])
+    if "expert_weights_norm" in description.metadata:
+        config.norm_topk_prob = bool(description.metadata["expert_weights_norm"])
 
 
 def _gemma3_stated(config: Any, metadata: dict[str, Any], path: Path) -> None:

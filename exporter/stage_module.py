@@ -15,8 +15,11 @@ sixth input, the form the CPU plugin's stateful SDPA and the PagedAttention pass
 A model whose sliding-window layers turn with RoPE frequencies of their own (Gemma 3)
 takes one table twice as wide: the host computes it from the global layers' frequencies
 followed by the sliding layers' (dataplane.runtime.rope.stage_frequencies), and each
-layer takes its half. Its sliding layers keep the whole KV and mask the keys older than
-the window, in the graph, from the stage's mask (see ``window_mask``). A model with
+layer takes its half. Its sliding layers mask the keys older than the window, in the
+graph, from the stage's mask (see ``window_mask``), and take the mask's last columns, as
+many as their KV holds: a stateful stage may trim a sliding layer's state to its window
+from the front (dataplane.runtime.kv.sliding_states), one mask serving every layer. A
+model with
 partial RoPE (``rotary_dim``) takes tables that wide and turns only that many of each
 head's first dimensions (``apply_rope``).
 """
@@ -321,6 +324,8 @@ class DecoderLayer(nn.Module):
             past_key, past_value = past_key.to(k.dtype), past_value.to(v.dtype)
         key = torch.cat((past_key, k), dim=2)
         value = torch.cat((past_value, v), dim=2)
+        if self.sliding:  # its KV may hold fewer slots than the stage's mask: its last ones
+            mask = mask[:, :, :, mask.shape[-1] - key.shape[2]:]
         attn = _attention(q, key, value, mask, s, fold_groups=self.new_kv_only, sinks=self.sinks)
         attn = attn.transpose(1, 2).reshape(batch, tokens, s.num_heads * s.head_dim)
         if self.pre_mlp_norm is not None and self.post_mlp_norm is not None:

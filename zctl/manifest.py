@@ -43,19 +43,25 @@ class ModelSpec:
     rope_local_inv_freq: tuple[float, ...] = ()
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
+    # True: a sliding layer's graph takes the last columns of the stage's mask, as many as
+    # its KV holds, so a stateful stage may trim its state to the window from the front
+    # (dataplane.runtime.kv.sliding_states); an export made before keeps every slot.
+    sliding_kv_trimmable: bool = False
     # A mixture of experts (Qwen3-MoE, gpt-oss): its experts, how many a token runs, their width.
     experts: int = 0
     active_experts: int = 0
     expert_intermediate: int = 0
     # LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): rope_inv_freq is then the short factors'
-    # set, rope_long_inv_freq the long factors', and a row's step turns with the long set
-    # when its last position is rope_short_context (original_max_position_embeddings) or
-    # beyond (dataplane.runtime.rope.StageRope); both share rope_attention_scaling.
+    # set, rope_long_inv_freq the long factors'; a sequence whose prompt is longer than
+    # rope_short_context (original_max_position_embeddings) turns long throughout, any
+    # other's tokens from that position on (dataplane.runtime.rope.StageRope,
+    # zctl.engine.long_rope); both share rope_attention_scaling.
     rope_long_inv_freq: tuple[float, ...] = ()
     rope_short_context: int = 0
 
 
-SLIDING_FIELDS = ("rope_local_inv_freq", "sliding_window", "sliding_layers")
+SLIDING_FIELDS = ("rope_local_inv_freq", "sliding_window", "sliding_layers",
+                  "sliding_kv_trimmable")
 MOE_FIELDS = ("experts", "active_experts", "expert_intermediate")
 LONGROPE_FIELDS = ("rope_long_inv_freq", "rope_short_context")
 
@@ -105,6 +111,14 @@ class StaticKV:
             raise ManifestError(f"static KV dtype {self.kv_dtype!r} is not one of "
                                 f"{STATIC_KV_DTYPES}")
 
+
+# an export's chat files beside its tokenizer's: the template where the checkpoint states
+# none (the exporter's stand-in, exporter.chat_formats), and what ends the model's turn in
+# that format besides its EOS, {CHAT_STOPS: [text]}: stop strings of a reply to a chat,
+# not of a raw completion
+CHAT_TEMPLATE_NAME = "chat_template.jinja"
+CHAT_FORMAT_NAME = "chat_format.json"
+CHAT_STOPS = "stop"
 
 GENERATION_CONFIG_NAME = "generation_config.json"  # Hugging Face's, in a model directory
 # the sampling fields of a generation config an export keeps, and their JSON types

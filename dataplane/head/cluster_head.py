@@ -202,11 +202,15 @@ class ClusterHead:
         if stream_id not in self._streams:
             self._streams[stream_id] = _Stream(epoch=next(self._epochs))
 
-    def reset(self, stream_id: int) -> None:
-        """Forget the stream's KV on every stage: a new epoch, and its old frames are dropped."""
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
+        """Forget the stream's KV on every stage: a new epoch, and its old frames are dropped;
+        ``long_rope``: its new sequence turns with LongRoPE's long set throughout."""
+        if long_rope and not self.rope_short_context:  # refused before any frame goes
+            raise ValueError(f"stream {stream_id} cannot turn with LongRoPE's long set: the "
+                             "model has one set of frequencies")
         self.open(stream_id)
-        self._new_epoch(stream_id, Kind.RESET)
-        self.stage0.reset_stream(stream_id)
+        self._new_epoch(stream_id, Kind.RESET, long_rope)
+        self.stage0.reset_stream(stream_id, long_rope)
 
     def close_stream(self, stream_id: int) -> None:
         """Free the stream on every stage."""
@@ -216,6 +220,11 @@ class ClusterHead:
         self.stage0.close_stream(stream_id)
         self._guard.forget(stream_id)
         del self._streams[stream_id]
+
+    @property
+    def rope_short_context(self) -> int:
+        """LongRoPE's threshold (the manifest's; 0: the model has one set)."""
+        return self.stage0.manifest.model.rope_short_context
 
     @property
     def paged_attention(self) -> bool:
@@ -258,13 +267,13 @@ class ClusterHead:
         elif group.broken:  # a failed GROUP send: the group's KV differs across stages
             raise DataPlaneError(f"row group {group_id}: {group.broken}")
 
-    def _new_epoch(self, stream_id: int, kind: Kind) -> None:
+    def _new_epoch(self, stream_id: int, kind: Kind, long_rope: bool = False) -> None:
         self._guard.release(stream_id)
         stream = self._streams[stream_id]
         stream.epoch, stream.next_step, stream.broken = next(self._epochs), 0, ""
         stream.rewind = 0
         self.inbox.forget_stream(stream_id)
-        self._send_control(stream_id, kind)
+        self._send_control(stream_id, kind, long_rope=long_rope)
 
     def _compact(self, stream_id: int) -> None:
         """After a rewind: past ``compact_threshold`` masked slots, compact the stream."""
@@ -336,13 +345,13 @@ class ClusterHead:
         that ran the others are gone): steps are answered here and no frame is sent."""
         return bool(self.stage0.spec.last)
 
-    def _send_control(self, stream_id: int, kind: Kind, payload: np.ndarray | None = None
-                      ) -> None:
+    def _send_control(self, stream_id: int, kind: Kind, payload: np.ndarray | None = None,
+                      long_rope: bool = False) -> None:
         if self.answers_here:
             return  # no stage runs elsewhere
         stream = self._streams[stream_id]
         header = HiddenStateFrame(kind=kind, stream_id=stream_id, request_id=0,
-                                  epoch=stream.epoch, step=stream.next_step)
+                                  epoch=stream.epoch, step=stream.next_step, long_rope=long_rope)
         parts = encode_frame(header, payload)
         try:
             self._send(parts)

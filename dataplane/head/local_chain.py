@@ -73,9 +73,17 @@ class LocalChain(InlineExecutor):
     def open(self, stream_id: int) -> None:
         self.chain.open_stream(stream_id)
 
-    def reset(self, stream_id: int) -> None:
+    @property
+    def rope_short_context(self) -> int:
+        """LongRoPE's threshold (the manifest's; 0: the model has one set)."""
+        return self.runners[0].manifest.model.rope_short_context
+
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
+        if long_rope and not self.rope_short_context:
+            raise ValueError(f"stream {stream_id} cannot turn with LongRoPE's long set: the "
+                             "model has one set of frequencies")
         self.drop_answers(stream_id)
-        self.chain.reset_stream(stream_id)
+        self.chain.reset_stream(stream_id, long_rope)
 
     def close_stream(self, stream_id: int) -> None:
         """Free the stream's KV slots on every stage."""

@@ -97,8 +97,10 @@ class StageRuntime(Protocol):
     def open_stream(self, stream_id: int) -> object:
         """Open the stream (an open one stays as it is)."""
 
-    def reset_stream(self, stream_id: int) -> None:
-        """Forget the stream's KV (opening it if need be)."""
+    def reset_stream(self, stream_id: int, long_rope: bool = False) -> None:
+        """Forget the stream's KV (opening it if need be) and begin a new sequence on it:
+        ``long_rope``, one turning with LongRoPE's long set throughout (its prompt is longer
+        than the model's threshold; StageError on a model with one set)."""
 
     def close_stream(self, stream_id: int) -> None:
         """Free the stream, or the row group ``stream_id`` and its rows (unknown: no error)."""

@@ -93,6 +93,10 @@ class RuntimeSpec:
     # importing neither the engine nor openvino). A deeper rewind is refused (the keys
     # before it are gone).
     sliding_margin: ClassVar[int] = 528
+    # Slots a stateful stage's sliding-window layers let their states grow by beyond their
+    # window and margin before they are trimmed from the front, a copy of what they keep
+    # (dataplane.runtime.kv.sliding_states): the copy is paid once every so many tokens.
+    sliding_slack: ClassVar[int] = 256
 
     @property
     def exact(self) -> bool:

@@ -54,6 +54,7 @@ from dataplane.runtime.bound_inputs import BoundInputs
 from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.kv.blocks import (
     BlockPool,
+    KvLayout,
     PagedSequence,
     PrefixBlocks,
     SlidingWindow,
@@ -68,7 +69,7 @@ from dataplane.runtime.one_token import (
     wants_one_token_graph,
     weights_bytes,
 )
-from dataplane.runtime.rope import StageRopeRows, stage_rope
+from dataplane.runtime.rope import LongSequences, StageRopeRows, stage_rope
 from dataplane.runtime.startup import (
     int4_group,
     open_stage,
@@ -254,6 +255,7 @@ class PagedStageRunner:
         self.hidden_size = model.hidden_size
         self.rope = stage_rope(model)
         self._rope_rows = StageRopeRows(self.rope)
+        self.long_sequences = LongSequences(self.rope, index)  # LongRoPE's long streams
         core = core or shared_core()
         properties = self.config.properties(int4_group(self.manifest))
         try:
@@ -280,7 +282,8 @@ class PagedStageRunner:
         ports = {p.get_any_name(): p for p in self.compiled.inputs}
         layers = paged_layers(paged)
         value = ports[layers[0].value_cache]
-        self.block_size = int(value.get_partial_shape()[2].get_length())
+        self.layout = KvLayout(int(value.get_partial_shape()[2].get_length()), len(layers),
+                               sum(1 for layer in layers if layer.window))
         self.pool = BlockPool(blocks)  # the global layers' blocks
         self.full = LayerCaches(self.pool, [ports[n] for layer in layers if not layer.window
                                             for n in layer[:2]],
@@ -301,8 +304,6 @@ class PagedStageRunner:
                 BlockPool(window_blocks), [ports[n] for layer in layers if layer.window
                                            for n in layer[:2]],
                 [layer.table for layer in layers if layer.window])
-        # what a stream's held slots leave out for the blocks its sliding layers freed
-        self._sliding_share = sum(1 for layer in layers if layer.window) / len(layers)
         self.shapes = ShapeKeeper()  # no padding until warm_up measures what a change costs
         for caches in self._layer_caches:
             self._bind_caches(caches, caches.pool.capacity)
@@ -312,6 +313,11 @@ class PagedStageRunner:
         self.prefixes: dict[int, PrefixBlocks] = {}
 
     # -- the block cache ---------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        """Slots of a KV block (``layout``'s)."""
+        return self.layout.block_size
+
     @property
     def _layer_caches(self) -> list[LayerCaches]:
         """The global layers' caches, and the sliding layers' if the stage has any."""
@@ -426,14 +432,15 @@ class PagedStageRunner:
 
     def open_stream(self, stream_id: int) -> PagedSequence:
         if stream_id not in self.streams:
-            self.streams[stream_id] = PagedSequence(sliding_share=self._sliding_share,
-                                                    block_size=self.block_size)
+            self.streams[stream_id] = PagedSequence(self.layout)
         return self.streams[stream_id]
 
-    def reset_stream(self, stream_id: int) -> None:
+    def reset_stream(self, stream_id: int, long_rope: bool = False) -> None:
+        self.long_sequences.begin(stream_id, long_rope)
         self._release(self.open_stream(stream_id))
 
     def close_stream(self, stream_id: int) -> None:
+        self.long_sequences.forget(stream_id)
         self._release(self.streams.pop(stream_id, None))
         group = self.groups.pop(stream_id, None)
         for member in group.members if group is not None else ():
@@ -580,6 +587,7 @@ class PagedStageRunner:
         the tokens and the answers keep their order."""
         group = self.groups.get(stream_id)
         seqs = group.seqs if group is not None else [self.stream(stream_id)]
+        long_rows = self.long_sequences.rows(group.members if group is not None else [stream_id])
         if row_tokens is None:
             rows, tokens = positions.shape
             counts = [tokens] * rows
@@ -607,9 +615,10 @@ class PagedStageRunner:
         if pad:  # more tokens, each padding sequence's from position 0 in the scratch block
             flat_positions = np.concatenate([flat_positions, *map(np.arange, pads)])
         if flat_positions.size == 1:
-            cos, sin = self._rope_rows.one(int(flat_positions[0]))
-        else:
-            cos, sin = self.rope.tables(flat_positions[None], counts)  # each row's RoPE set
+            cos, sin = self._rope_rows.one(int(flat_positions[0]),
+                                           long_rows is not None and bool(long_rows[0]))
+        else:  # each row's RoPE set
+            cos, sin = self.rope.tables(flat_positions[None], counts, long_rows)
         bound.put("rope_cos", cos.reshape(total + pad, 1, -1))
         bound.put("rope_sin", sin.reshape(total + pad, 1, -1))
         self._bind_tables(bound, attention, pads)

@@ -9,21 +9,22 @@ RoPE (Phi-4-mini) has frequencies for its rotated dimensions only, and its table
 narrow (the stage passes the rest of each head through).
 
 LongRoPE (``StageRope``) has two sets of frequencies, the short factors' and the long
-factors'. Hugging Face picks one per forward pass from the step's highest position: the
+factors'. Hugging Face picks one per forward pass from the pass's highest position: the
 long set once that position reaches original_max_position_embeddings
-(``rope_short_context``), for every token of the step; the keys already cached keep the
+(``rope_short_context``), for every token of the pass; the keys already cached keep the
 rotation they were made with. zctl computes every token as Hugging Face's greedy
-generation does, a prompt in one pass and then one token a pass: a row's step that starts
-a sequence (its first position is 0: a prompt, or its first piece) turns with the set its
-highest position picks; any other step's tokens each turn with the set of their own
-position, as the one-token steps computing them one by one would. So a verification step
-spanning the threshold (speculation) turns its tokens as plain decoding does, and a
-rewind drops keys whose rotation the recomputed tokens would pick again. The rows of a
-row group are separate sequences: each row picks for itself, as it would stepped alone (a
-Hugging Face batch would take the highest position of the whole batch). A prompt longer
-than the threshold prefilled in several pieces (a chunked prefill, or the rest of a
-prefix-cache hit) turns its tokens below the threshold with the short set, where Hugging
-Face's one pass turns the whole prompt with the long one.
+generation does, a prompt in one pass and then one token a pass. A sequence whose prompt
+is longer than the threshold turns with the long set throughout: the engine says so when
+it resets the stream (``long_rope``), so every piece of a prompt cut into several (a
+chunked prefill, the rest of a prefix-cache hit) turns as the one pass would; the stage
+keeps that per stream (``LongSequences``). Any other sequence's tokens each turn with the
+set of their own position, as the one-token steps computing them one by one would; a row
+not said to be long whose step starts its sequence (first position 0: a prompt in one
+step) turns with the set its highest position picks. So a verification step spanning the
+threshold (speculation) turns its tokens as plain decoding does, and a rewind drops keys
+whose rotation the recomputed tokens would pick again. The rows of a row group are
+separate sequences: each row picks for itself, as it would stepped alone (a Hugging Face
+batch would take the highest position of the whole batch).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dataplane.runtime.base import StageError
 from zctl.manifest import ModelSpec
 
 
@@ -78,43 +80,85 @@ class StageRope:
         """The width of the rope_cos/rope_sin inputs."""
         return 2 * int(self.short.shape[0])
 
-    def long_tokens(self, positions: np.ndarray, row_tokens: Sequence[int] | None = None
-                    ) -> np.ndarray:
+    def long_tokens(self, positions: np.ndarray, row_tokens: Sequence[int] | None = None,
+                    long_rows: np.ndarray | None = None) -> np.ndarray:
         """Which tokens of a step turn with the long set (bool, ``positions``' shape), rows
-        as ``tables`` takes them: a row starting at position 0 all alike, from its highest
-        position; another row's tokens each from its own position."""
+        as ``tables`` takes them: every token of a row in ``long_rows`` (bool, one per row;
+        None: none); of another row starting at position 0, all alike, from its highest
+        position; of any other row, each from its own position."""
         if self.long is None:
             return np.zeros(positions.shape, dtype=bool)
         own = positions >= self.short_context
         if row_tokens is None:
             starts = positions[:, :1] == 0
-            return np.where(starts, own.any(axis=1, keepdims=True), own)
+            own = np.where(starts, own.any(axis=1, keepdims=True), own)
+            if long_rows is not None:
+                own |= np.asarray(long_rows, dtype=bool).reshape(-1, 1)
+            return own
         flat, first, start = own.reshape(-1), positions.reshape(-1), 0  # views
-        for count in row_tokens:
+        for row, count in enumerate(row_tokens):
             end = start + int(count)
-            if end > start and first[start] == 0:
+            if end > start and long_rows is not None and long_rows[row]:
+                flat[start:end] = True
+            elif end > start and first[start] == 0:
                 flat[start:end] = flat[start:end].any()
             start = end
         return own
 
-    def tables(self, positions: np.ndarray, row_tokens: Sequence[int] | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def tables(self, positions: np.ndarray, row_tokens: Sequence[int] | None = None,
+               long_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``rope_tables`` of a step, each token with its set (``long_tokens``):
         ``positions`` [rows, T], or, with ``row_tokens`` (ragged rows), [1, N] holding the
         rows' tokens one after the other (positions beyond the rows' counts, padding, each
-        take their own position's set)."""
+        take their own position's set); ``long_rows`` the rows whose sequences turn long
+        throughout (None: none)."""
         positions = np.asarray(positions)
         if positions.ndim != 2:
             raise ValueError(f"positions must be [batch, tokens], got shape {positions.shape}")
         if self.long is None or positions.size == 0:
             return rope_tables(positions, self.short, self.attention_scaling)
-        long = self.long_tokens(positions, row_tokens)
+        long = self.long_tokens(positions, row_tokens, long_rows)
         if not long.any():
             return rope_tables(positions, self.short, self.attention_scaling)
         if long.all():
             return rope_tables(positions, self.long, self.attention_scaling)
         inv_freq = np.where(long[..., None], self.long, self.short)
         return rope_tables(positions, inv_freq, self.attention_scaling)
+
+
+class LongSequences:
+    """The streams of a stage whose sequences turn with LongRoPE's long set throughout
+    (their prompts are longer than its threshold), as the engine said when it reset them;
+    a stream stays so until it is reset or closed, as a row of a row group too."""
+
+    def __init__(self, rope: StageRope, stage: int) -> None:
+        self.rope, self.stage = rope, stage
+        self._long: set[int] = set()
+
+    def begin(self, stream_id: int, long_rope: bool) -> None:
+        """A new sequence on ``stream_id``: long throughout or not. StageError for a long
+        one on a model with one set (nothing changes)."""
+        if long_rope and self.rope.long is None:
+            raise StageError(f"stream {stream_id} was reset to turn with LongRoPE's long set, "
+                             f"but stage {self.stage}'s model has one set of frequencies")
+        if long_rope:
+            self._long.add(stream_id)
+        else:
+            self._long.discard(stream_id)
+
+    def forget(self, stream_id: int) -> None:
+        self._long.discard(stream_id)
+
+    def __contains__(self, stream_id: int) -> bool:
+        return stream_id in self._long
+
+    def rows(self, stream_ids: Sequence[int]) -> np.ndarray | None:
+        """Which of ``stream_ids`` (a step's rows) are long, or None when none is."""
+        if not self._long:
+            return None
+        rows = np.fromiter((sid in self._long for sid in stream_ids), dtype=bool,
+                           count=len(stream_ids))
+        return rows if rows.any() else None
 
 
 def stage_rope(model: ModelSpec) -> StageRope:
@@ -182,15 +226,17 @@ class StageRopeRows:
         self.long = None if rope.long is None else RopeRows(rope.long, rope.attention_scaling,
                                                            max_blocks)
 
-    def _rows(self, position: int) -> RopeRows:
-        if self.long is not None and position >= self.rope.short_context:
+    def _rows(self, position: int, long_rope: bool) -> RopeRows:
+        if self.long is not None and (long_rope or position >= self.rope.short_context):
             return self.long
         return self.short
 
-    def into(self, position: int, cos: np.ndarray, sin: np.ndarray) -> None:
-        """Write the cos and sin rows of ``position`` into ``cos`` and ``sin``."""
-        self._rows(position).into(position, cos, sin)
+    def into(self, position: int, cos: np.ndarray, sin: np.ndarray,
+             long_rope: bool = False) -> None:
+        """Write the cos and sin rows of ``position`` into ``cos`` and ``sin`` (``long_rope``:
+        of a sequence long throughout)."""
+        self._rows(position, long_rope).into(position, cos, sin)
 
-    def one(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+    def one(self, position: int, long_rope: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The [1, 1, width] cos and sin of one token at ``position`` (new arrays)."""
-        return self._rows(position).one(position)
+        return self._rows(position, long_rope).one(position)

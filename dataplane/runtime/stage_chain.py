@@ -91,9 +91,9 @@ class StageChain:
         for runner in self.runners:
             runner.open_stream(stream_id)
 
-    def reset_stream(self, stream_id: int) -> None:
+    def reset_stream(self, stream_id: int, long_rope: bool = False) -> None:
         for runner in self.runners:
-            runner.reset_stream(stream_id)
+            runner.reset_stream(stream_id, long_rope)
 
     def close_stream(self, stream_id: int) -> None:
         for runner in self.runners:

@@ -2,7 +2,10 @@
 
 Each stream owns an InferRequest (its own stateful KV) and a slot table: which
 physical KV slots are still part of the sequence. A step appends ``tokens`` slots;
-rewinding either masks slots (cheap, the slots stay) or trims the state tensors.
+rewinding either masks slots (cheap, the slots stay) or trims the state tensors. On a
+stage whose sliding-window layers' states may be trimmed (an export stating
+``sliding_kv_trimmable``), those states keep only the last slots of the table: the window
+and a margin (dataplane.runtime.kv.sliding_states).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from dataplane.runtime.base import (
 )
 from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
-from dataplane.runtime.kv.masks import MASK_MIN, one_token_mask, step_mask
+from dataplane.runtime.kv.masks import MASK_MIN, drop_kept_tail, one_token_mask, step_mask
 from dataplane.runtime.kv.prefix_entries import PrefixEntries
 from dataplane.runtime.kv.rows import RowSource, find_row, merge_rows, rows_step_mask
+from dataplane.runtime.kv.sliding_states import SlidingStates, merge_rows_right, trimmed
 from dataplane.runtime.kv.slots import (
     DecodeBuffers,
     RowGroup,
@@ -36,7 +40,7 @@ from dataplane.runtime.kv.slots import (
     request_states,
 )
 from dataplane.runtime.kv.slots import shared_tensor as _shared
-from dataplane.runtime.rope import StageRopeRows, stage_rope
+from dataplane.runtime.rope import LongSequences, StageRopeRows, stage_rope
 from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
@@ -106,6 +110,7 @@ class StageRunner:
         self.rope = stage_rope(model)
         self._last_token_idx: dict[int, ov.Tensor] = {}  # logits_idx [T - 1] by T
         self._rope_rows = StageRopeRows(self.rope)
+        self.long_sequences = LongSequences(self.rope, index)  # LongRoPE's long streams
         self.hidden_size = model.hidden_size
         core = core or shared_core()
         try:
@@ -130,8 +135,14 @@ class StageRunner:
         # what one token's KV costs here, in the cache precision compiled (an int, bytes)
         self.kv_bytes_per_token = kv_bytes_per_token(self.compiled, self.spec.num_layers,
                                                      model.num_kv_heads, model.head_dim)
+        # the sliding layers' states, trimmed to their window and margin (None: every
+        # state keeps every slot: no sliding layer here, or an export whose graph cannot)
+        self.sliding = (SlidingStates.of_stage(
+            self.spec.state_names, model.sliding_layers, model.sliding_window,
+            self.config.sliding_margin, self.config.sliding_slack)
+            if model.sliding_kv_trimmable else None)
         self.prefixes = PrefixEntries(self.streams, self.groups, self.spec.index,
-                                      self.kv_bytes_per_token)
+                                      self.kv_bytes_per_token, self.sliding)
 
     def warm_up(self, stream_id: int = -1) -> None:
         """Run a prefill-shaped and a decode-shaped step on a scratch stream, then drop it,
@@ -144,12 +155,15 @@ class StageRunner:
             self.streams[stream_id] = StreamSlots(self.compiled.create_infer_request())
         return self.streams[stream_id]
 
-    def reset_stream(self, stream_id: int) -> None:
+    def reset_stream(self, stream_id: int, long_rope: bool = False) -> None:
+        self.long_sequences.begin(stream_id, long_rope)
         slots = self.open_stream(stream_id)
         slots.request.reset_state()
         slots.keep = np.zeros(0, dtype=bool)
+        slots.sliding_start = slots.sliding_gone = 0
 
     def close_stream(self, stream_id: int) -> None:
+        self.long_sequences.forget(stream_id)
         self.streams.pop(stream_id, None)
         self.groups.pop(stream_id, None)
 
@@ -217,7 +231,7 @@ class StageRunner:
                      else np.array_equal(positions, ahead.positions))):
             return ahead  # bound while the stage was idle (see prefetch)
         if inputs is None or not inputs.fits(positions, target.keep):
-            inputs = self._step_inputs(positions, target.keep, target)
+            inputs = self._step_inputs(positions, target.keep, target, self._long_rows(stream_id))
         self._bind(target, inputs, logits_idx)
         return inputs
 
@@ -230,7 +244,8 @@ class StageRunner:
         target = self.groups.get(stream_id) or self.streams.get(stream_id)
         if target is None or target.last is None or target.prefetched is not None:
             return False
-        inputs = self._step_inputs(target.last.positions[:, -1:] + 1, target.keep, target)
+        inputs = self._step_inputs(target.last.positions[:, -1:] + 1, target.keep, target,
+                                   self._long_rows(stream_id))
         self._bind(target, inputs, None)
         target.prefetched = inputs
         return True
@@ -300,17 +315,47 @@ class StageRunner:
         else:
             request.infer(share_outputs=True)
         target.keep, target.last = inputs.after, inputs
+        if self.sliding is not None:
+            self._slide(target)
         return output.tensor if output is not None else request.get_output_tensor(0)
+
+    def _slide(self, target: StreamSlots | RowGroup) -> None:
+        """Trim the sliding layers' states of ``target`` to its window and margin, once
+        their slack is used up (kv.sliding_states.SlidingStates.start_after)."""
+        assert self.sliding is not None
+        start = self.sliding.start_after(target.keep, target.sliding_start)
+        if start == target.sliding_start:
+            return
+        drop = start - target.sliding_start
+        for state in target.request.query_state():
+            if self.sliding.is_sliding(state.name):
+                state.state = ov.Tensor(trimmed(state.state.data, drop))
+        if isinstance(target, RowGroup):
+            gone = target.sliding_gone if target.sliding_gone is not None else 0
+            target.sliding_gone = self.sliding.gone_after(target.keep, start, gone)
+        else:
+            target.sliding_gone = self.sliding.gone_after(target.keep, start,
+                                                          target.sliding_gone)
+        target.sliding_start = start
 
     def _target(self, stream_id: int) -> StreamSlots | RowGroup:
         """The row group ``stream_id``, else the stream."""
         group = self.groups.get(stream_id)
         return group if group is not None else self.stream(stream_id)
 
+    def _long_rows(self, stream_id: int) -> np.ndarray | None:
+        """Which rows of the stream's (or row group's) steps turn long throughout (None:
+        none), from what their resets said (LongSequences)."""
+        group = self.groups.get(stream_id)
+        return self.long_sequences.rows(group.members if group is not None else [stream_id])
+
     def _step_inputs(self, positions: np.ndarray, keep: np.ndarray,
-                     target: StreamSlots | RowGroup | None = None) -> StepInputs:
-        """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``;
-        a one-row decode step of ``target`` writes them into its DecodeBuffers."""
+                     target: StreamSlots | RowGroup | None = None,
+                     long_rows: np.ndarray | None = None) -> StepInputs:
+        """RoPE tables and attention mask of a [rows, T] step over slot table(s) ``keep``
+        (``long_rows``: the rows long throughout, StageRope.tables); a one-row decode step
+        of ``target`` writes them into its DecodeBuffers."""
+        long_row = long_rows is not None and bool(long_rows[0])
         rows, tokens = positions.shape
         if tokens == 1:  # a decode step (one token per row): the few-call path
             if keep.ndim == 1:  # np.append's wrappers cost ~50 us here, cold
@@ -323,17 +368,17 @@ class StageRunner:
                 buffers = target.decode
                 if buffers is None:
                     buffers = target.decode = DecodeBuffers(self.rope.width)
-                self._rope_rows.into(int(positions[0, 0]), buffers.cos, buffers.sin)
+                self._rope_rows.into(int(positions[0, 0]), buffers.cos, buffers.sin, long_row)
                 return StepInputs(positions, keep, after, buffers.mask_after(keep, after, MASK_MIN),
                                   buffers.rope_cos, buffers.rope_sin, self._beam_tensor)
             if rows == 1:
-                cos, sin = self._rope_rows.one(int(positions[0, 0]))
+                cos, sin = self._rope_rows.one(int(positions[0, 0]), long_row)
             else:
-                cos, sin = self.rope.tables(positions)
+                cos, sin = self.rope.tables(positions, long_rows=long_rows)
             beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)
             return StepInputs(positions, keep, after, _shared(one_token_mask(after)),
                               _shared(cos), _shared(sin), _shared(beam))
-        cos, sin = self.rope.tables(positions)
+        cos, sin = self.rope.tables(positions, long_rows=long_rows)
         mask = rows_step_mask(keep, tokens) if keep.ndim == 2 else step_mask(keep, tokens)
         beam = self._beam if rows == 1 else np.arange(rows, dtype=np.int32)
         new = np.ones((rows, tokens) if keep.ndim == 2 else tokens, dtype=bool)
@@ -346,20 +391,46 @@ class StageRunner:
     truncate = rewind.truncate
     compaction_due = rewind.compaction_due
     kept_tokens = rewind.kept_tokens
-    mask_tail = rewind.mask_tail
+
+    def mask_tail(self, stream_id: int, count: int) -> None:
+        """Mask-based rewind: drop the stream's last ``count`` *kept* slots from attention
+        (StageError if it keeps fewer, or if its sliding layers lack the keys the query
+        after them sees: the stream is then unchanged)."""
+        slots = self.stream(stream_id)
+        try:
+            keep = drop_kept_tail(slots.keep, count)
+        except ValueError as exc:
+            raise StageError(str(exc)) from None
+        self._check_window(slots.sliding_gone, int(keep.sum()), count)
+        slots.keep = keep
+
+    def _check_window(self, gone: int, logical: int, count: int) -> None:
+        """StageError when a stream (or a row) rewound by ``count`` tokens to ``logical``
+        lacks keys its next query sees: its sliding states lack its first ``gone``."""
+        if self.sliding is not None and count and self.sliding.refuses(logical, gone):
+            raise StageError(self.sliding.refusal(self.spec.index, count, logical + count))
 
     def trim_tail(self, stream_id: int, count: int) -> None:
-        """Trim-based rewind: cut the last ``count`` physical slots out of every state tensor."""
+        """Trim-based rewind: cut the last ``count`` physical slots out of every state tensor
+        (StageError, the stream unchanged, when its sliding layers would lack keys)."""
         slots = self.stream(stream_id)
         if count < 0 or count > slots.physical:
             raise StageError(f"cannot trim {count} slots of a {slots.physical}-slot stream")
         if not count:
             return
         keep_len = slots.physical - count
+        keep = slots.keep[:keep_len].copy()
+        self._check_window(slots.sliding_gone, int(keep.sum()),
+                           int(slots.keep[keep_len:].sum()))
+        start = min(slots.sliding_start, keep_len)  # a sliding state holds [start, keep_len)
         for state in slots.request.query_state():
-            data = state.state.data
-            state.state = ov.Tensor(np.ascontiguousarray(data[:, :, :keep_len, :]))
-        slots.keep = slots.keep[:keep_len].copy()
+            held = keep_len - start if self._slides(state.name) else keep_len
+            state.state = ov.Tensor(np.ascontiguousarray(state.state.data[:, :, :held]))
+        slots.keep, slots.sliding_start = keep, start
+
+    def _slides(self, name: str) -> bool:
+        """Whether state ``name`` is a sliding layer's, trimmed from the front."""
+        return self.sliding is not None and self.sliding.is_sliding(name)
 
     def compact(self, stream_id: int) -> int:
         """Physically drop masked slots from the state; returns how many were removed."""
@@ -367,9 +438,12 @@ class StageRunner:
         masked = int((~slots.keep).sum())
         if not masked:
             return 0
+        start = slots.sliding_start
         for state in slots.request.query_state():
             data = state.state.data
-            state.state = ov.Tensor(np.ascontiguousarray(data[:, :, slots.keep, :]))
+            kept = slots.keep[start:] if self._slides(state.name) else slots.keep
+            state.state = ov.Tensor(np.ascontiguousarray(data[:, :, kept, :]))
+        slots.sliding_start = int(slots.keep[:start].sum())
         slots.keep = np.ones(slots.logical, dtype=bool)
         return masked
 
@@ -379,8 +453,10 @@ class StageRunner:
 
         A member already in the group keeps its KV row; any other member must be an open
         stream, whose KV moves into a row (the stream is closed). Rows not listed any more
-        are dropped; no members disbands the group. Slots are compacted while copying.
-        On error nothing changes.
+        are dropped; no members disbands the group. Slots are compacted while copying (on
+        a stage whose sliding states are trimmed, every row ends at the last slot, so the
+        rows' windows share the last slots: kv.sliding_states.merge_rows_right). On error
+        nothing changes.
         """
         old = self.groups.get(group_id)
         if group_id in self.streams:
@@ -395,21 +471,30 @@ class StageRunner:
         for sid in members:
             if old is not None and sid in old.members:
                 row = old.members.index(sid)
-                sources.append(RowSource(old_states, row, old.keep[row]))
+                gone = old.sliding_gone[row] if old.sliding_gone is not None else 0
+                sources.append(RowSource(old_states, row, old.keep[row], old.sliding_start,
+                                         int(gone)))
                 continue
             slots = self.streams.get(sid)
             if slots is None:
                 raise StageError(f"stream {sid} is not open on stage {self.spec.index}: it "
                                  f"cannot join row group {group_id}")
-            sources.append(RowSource(request_states(slots.request), 0, slots.keep))
+            sources.append(RowSource(request_states(slots.request), 0, slots.keep,
+                                     slots.sliding_start, slots.sliding_gone))
         try:
-            merged, keep = merge_rows(sources)
+            if self.sliding is None:
+                merged, keep = merge_rows(sources)
+                start, gone = 0, None
+            else:
+                rows = merge_rows_right(sources, self.sliding)
+                merged, keep, start, gone = (rows.states, rows.keep, rows.sliding_start,
+                                             rows.sliding_gone)
         except ValueError as exc:
             raise StageError(f"cannot form row group {group_id}: {exc}") from None
         request = old.request if old is not None else self.compiled.create_infer_request()
         for state in request.query_state():
             state.state = ov.Tensor(merged[state.name])
-        self.groups[group_id] = RowGroup(request, list(members), keep)
+        self.groups[group_id] = RowGroup(request, list(members), keep, start, gone)
         for sid in members:
             self.streams.pop(sid, None)
 
@@ -420,6 +505,9 @@ class StageRunner:
             raise StageError(f"row group {group_id} does not exist on stage {self.spec.index}")
         kept = [np.flatnonzero(row) for row in group.keep]
         counts = check_row_rewinds(group_id, counts, [k.size for k in kept])
+        if group.sliding_gone is not None:  # every row checked before any is rewound
+            for count, k, gone in zip(counts, kept, group.sliding_gone, strict=True):
+                self._check_window(int(gone), k.size - int(count), int(count))
         keep = group.keep.copy()
         for row, (count, k) in enumerate(zip(counts, kept, strict=True)):
             if count:

@@ -33,7 +33,7 @@ from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import static_step_mask
 from dataplane.runtime.kv.slots import SlotCounts
-from dataplane.runtime.rope import stage_rope
+from dataplane.runtime.rope import LongSequences, stage_rope
 from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
@@ -124,6 +124,7 @@ class StaticStageRunner:
         model = self.manifest.model
         self.context, self.chunk = static.context, static.chunk
         self.rope = stage_rope(model)
+        self.long_sequences = LongSequences(self.rope, index)  # LongRoPE's long streams
         self.hidden_size = model.hidden_size
         self.kv_shape = (1, model.num_kv_heads, self.context, model.head_dim)
         self.kv_dtype = np.dtype(np.float16 if static.kv_dtype == "f16" else np.float32)
@@ -179,10 +180,12 @@ class StaticStageRunner:
                 {name: np.zeros(self.kv_shape, self.kv_dtype) for name in self.past_names})
         return self.streams[stream_id]
 
-    def reset_stream(self, stream_id: int) -> None:
+    def reset_stream(self, stream_id: int, long_rope: bool = False) -> None:
+        self.long_sequences.begin(stream_id, long_rope)
         self.open_stream(stream_id).keep = np.zeros(0, dtype=bool)  # old slots: unfilled
 
     def close_stream(self, stream_id: int) -> None:
+        self.long_sequences.forget(stream_id)
         self.streams.pop(stream_id, None)
 
     def stream(self, stream_id: int) -> HostKV:
@@ -241,7 +244,9 @@ class StaticStageRunner:
             raise StageError(f"x {tuple(data.shape)} does not match positions {step.positions.shape}")
         self._make_room(stream_id, kv, tokens)
         want = step.logits_idx if step.logits_idx is not None else np.array([tokens - 1])
-        cos, sin = self.rope.tables(step.positions)  # the step's set (LongRoPE), not a piece's
+        # the step's set (LongRoPE), not a piece's; every token long in a long sequence
+        cos, sin = self.rope.tables(step.positions,
+                                    long_rows=self.long_sequences.rows([stream_id]))
         pieces = []
         for lo in range(0, tokens, self.chunk):
             hi = min(lo + self.chunk, tokens)

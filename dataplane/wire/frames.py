@@ -22,8 +22,9 @@ MAGIC = b"ZCDP"
 # group's rows step different token counts: ragged rows); 4: ``fed`` and ``guessed`` (a
 # pipelined step's token ids, which the last stage checks against the step before);
 # 5: top-k records carry log-probabilities, and float16 logits replies (LOGITS16);
-# 6: the ONE_QUERY flag (a step's tokens computed each as a query of its own)
-PROTOCOL_VERSION = 6
+# 6: the ONE_QUERY flag (a step's tokens computed each as a query of its own);
+# 7: the LONG_ROPE flag (a RESET's new sequence turns with LongRoPE's long set throughout)
+PROTOCOL_VERSION = 7
 MAX_ROWS = 1024  # rows (streams) in one batched step
 MAX_NDIM = 4
 MAX_TOKENS = 1 << 17  # positions in one step
@@ -113,11 +114,14 @@ DTYPE_CODES: dict[np.dtype, int] = {dt: code for code, dt in DTYPES.items()}
 
 # magic, version, kind, reply mode, dtype code, top_k, ndim, n_timing, source stage,
 # stream id, request id, epoch, step, tokens, n_logits_idx, mask_tail, error bytes, rows,
-# n_row_rewinds, n_row_tokens, n_fed, flags (GUESSED, ONE_QUERY).
+# n_row_rewinds, n_row_tokens, n_fed, flags (GUESSED, ONE_QUERY, LONG_ROPE).
 FIXED = struct.Struct("<4sBBBBHBBHIQQIIIIIHHHHB")
 GUESSED = 1  # flags: the step's fed tokens are a guess of the previous step's answer
 ONE_QUERY = 2  # flags: every token of the step is a query of its own (a verification step)
-FLAGS = GUESSED | ONE_QUERY  # every flag defined
+# flags of a RESET: the stream's new sequence turns with LongRoPE's long set throughout
+# (its prompt is longer than the model's original_max_position_embeddings)
+LONG_ROPE = 4
+FLAGS = GUESSED | ONE_QUERY | LONG_ROPE  # every flag defined
 SHAPE_STRUCTS = [struct.Struct(f"<{n}I") for n in range(MAX_NDIM + 1)]
 POSITION_ITEM = np.dtype("<i8")
 SMALL_COUNT = 16  # up to this many int64s are checked with one struct unpack
@@ -150,6 +154,8 @@ class HiddenStateFrame:
     sequence of one token after its row's tokens before it, as that many decode steps
     would (a verification step: the last token and its drafts; StageRuntime's
     ``one_query``); a stage that cannot answers with an ERROR;
+    ``long_rope`` (a RESET only): the stream's new sequence turns with LongRoPE's long
+    set throughout (dataplane.runtime.rope.LongSequences);
     ``mask_tail`` rewinds that many kept KV slots before the step; ``timings`` holds one
     packed ``TIMING`` record per stage passed (see ``stamp``). ``shape`` and ``dtype``
     describe the payload: ``encode_frame`` takes them from the array it sends. A node
@@ -178,6 +184,7 @@ class HiddenStateFrame:
     fed: np.ndarray = field(default_factory=lambda: EMPTY_INDEX)
     guessed: bool = False
     one_query: bool = False
+    long_rope: bool = False
 
     @property
     def ragged(self) -> bool:
@@ -277,7 +284,8 @@ def pack_header(header: HiddenStateFrame, shape: tuple[int, ...], dtype: np.dtyp
             header.request_id, header.epoch, header.step, positions.shape[0],
             logits_idx.shape[0], header.mask_tail, len(error), header.rows,
             row_rewinds.shape[0], row_tokens.shape[0], fed.shape[0],
-            (GUESSED if header.guessed else 0) | (ONE_QUERY if header.one_query else 0),
+            (GUESSED if header.guessed else 0) | (ONE_QUERY if header.one_query else 0)
+            | (LONG_ROPE if header.long_rope else 0),
         )
         dims = SHAPE_STRUCTS[len(shape)].pack(*shape)
     except struct.error as exc:
@@ -405,7 +413,7 @@ def _parse_header(raw: bytes | memoryview) -> tuple[HiddenStateFrame, bool]:
         REPLY_MODES[reply_code], top_k, mask_tail, source_stage, bytes(raw[o_tim:o_err]),
         bytes(raw[o_err:]).decode("utf-8", errors="replace") if error_len else "",
         shape, DTYPES.get(dtype_code), version, rows, row_rewinds, row_tokens, fed,
-        bool(flags & GUESSED), bool(flags & ONE_QUERY)), plain
+        bool(flags & GUESSED), bool(flags & ONE_QUERY), bool(flags & LONG_ROPE)), plain
 
 
 def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
@@ -438,8 +446,8 @@ def _header_problem(fields: tuple[Any, ...], size: int, declared: int) -> str:
     if n_fed > tokens:
         return f"{n_fed} fed tokens for a {tokens}-token step"
     if flags & ~FLAGS:
-        return (f"unknown flags {flags & ~FLAGS:#x} (this node knows GUESSED {GUESSED:#x} "
-                f"and ONE_QUERY {ONE_QUERY:#x})")
+        return (f"unknown flags {flags & ~FLAGS:#x} (this node knows GUESSED {GUESSED:#x}, "
+                f"ONE_QUERY {ONE_QUERY:#x} and LONG_ROPE {LONG_ROPE:#x})")
     if not n_row_tokens and tokens % rows:
         return f"{tokens} positions do not split into {rows} equal rows"
     if not n_row_tokens and n_idx > tokens // rows:
@@ -467,6 +475,9 @@ def check_semantics(header: HiddenStateFrame) -> None:
     if header.one_query and header.kind not in (Kind.STEP, Kind.ERROR):
         raise FrameError(f"a {header.kind.name} frame is not computed: it cannot be a "
                          "one-query step", header)
+    if header.long_rope and header.kind != Kind.RESET:
+        raise FrameError(f"a {header.kind.name} frame begins no sequence: only a RESET "
+                         "says it turns with LongRoPE's long set", header)
     if header.row_rewinds.size and header.kind not in (Kind.STEP, Kind.ERROR):
         raise FrameError(f"a {header.kind.name} frame carries no row rewinds", header)
     if header.ragged and header.kind not in (Kind.STEP, Kind.REPLY, Kind.ERROR):

@@ -274,7 +274,7 @@ class StageWorker:
         self._guard.release(sid)
         self._lookahead.marks.drop_older(sid, header.epoch)
         if header.kind == Kind.RESET:
-            self.runner.reset_stream(sid)
+            self.runner.reset_stream(sid, header.long_rope)
             self._streams[sid] = StreamState(header.epoch)
             self._count("resets")
         else:

@@ -1,5 +1,6 @@
 """What the families' exactness tests share: an export's chains on every runner, greedy
-speculation checked on each, and a scheduled session run to its end."""
+speculation checked on each, a scheduled session run to its end, and stateful stages
+whose sliding layers' states are trimmed soon, with the slots they hold."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.config import RuntimeSpec
 from exporter.verify import EXACT_CONFIG
 from tests.zctl.engine.test_drafting import ScriptedDrafter
 from zctl.engine.scheduler import StreamScheduler, generate_speculative
@@ -42,3 +44,28 @@ def run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:
         scheduler.poll()
     assert session.error is None
     return session.emitted
+
+
+class NarrowStatefulWindow(RuntimeSpec):
+    """Exact numerics on stateful stages whose sliding layers keep 8 tokens beyond their
+    window and let their states grow by 4 slots before a trim (a trim every 4 tokens)."""
+
+    sliding_margin = 8
+    sliding_slack = 4
+
+
+STATEFUL_WINDOW = NarrowStatefulWindow(precision="f32", kv_cache_precision="f32",
+                                       dynamic_quantization=False)
+
+
+def state_slots(chain: LocalChain, sid: int, seen: dict[str, list[int]]) -> None:
+    """Note the slots of every stage's sliding and global states of stream (or row group)
+    ``sid`` after a step."""
+    for runner in chain.runners:
+        target = runner.groups.get(sid) or runner.streams.get(sid)
+        if target is None:  # (the stream ended)
+            continue
+        assert runner.sliding is not None
+        for state in target.request.query_state():
+            kind = "sliding" if runner.sliding.is_sliding(state.name) else "global"
+            seen.setdefault(kind, []).append(int(state.state.shape[2]))

@@ -16,7 +16,8 @@ from exporter.sources import open_source
 from tests.helpers.tiny_models import build_llama
 from zctl.engine.core import GenerationEngine
 from zctl.engine.requests import ChatMessage, GenerationRequest
-from zctl.engine.tokenizer import CHAT_FORMAT_NAME, ChatTokenizer, TokenizerError
+from zctl.engine.tokenizer import ChatTokenizer, TokenizerError
+from zctl.manifest import CHAT_FORMAT_NAME
 
 GEMMA = dict(arch="gemma3_text", layers=2, head_dim=16, sliding_window=8,
              sliding_window_pattern=2, query_pre_attn_scalar=16, pad_token_id=None)

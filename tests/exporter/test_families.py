@@ -21,12 +21,19 @@ from dataplane.runtime.kv.blocks import blocks_for
 from dataplane.runtime.kv.masks import MASK_MIN
 from dataplane.runtime.kv.slots import held_slots
 from dataplane.runtime.rope import rope_tables, stage_frequencies
+from dataplane.runtime.stateful import StageRunner
 from exporter.export import ExportError, export_model, model_spec
 from exporter.families import family_of
 from exporter.sources import SourceError, open_source
 from exporter.stage_module import split_rope, window_mask
 from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
-from tests.exporter.exactness import assert_speculation_matches, run_to_end, runner_chains
+from tests.exporter.exactness import (
+    STATEFUL_WINDOW,
+    assert_speculation_matches,
+    run_to_end,
+    runner_chains,
+    state_slots,
+)
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
 from tests.zctl.engine.test_drafting import ScriptedDrafter
@@ -34,7 +41,7 @@ from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_spe
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
-from zctl.manifest import ExportManifest, StageSpec, StaticKV, manifest_from_dict
+from zctl.manifest import ExportManifest, StageSpec, StaticKV, load_manifest, manifest_from_dict
 
 TOKENS = 32
 WINDOW = 8  # the tiny Gemma 3's sliding window: every prompt is longer
@@ -460,3 +467,118 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
     got = run_to_end(scheduler, session)
     assert session.cached_tokens == len(prompt) + TOKENS - 1  # the whole entry
     assert got == hf_greedy(hf, longer, TOKENS)
+
+
+@pytest.mark.slow
+def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_export) -> None:
+    """On stateful stages a sliding layer's state keeps the slots of its window, margin and
+    slack only, while the global layers' grow: greedy tokens stay Hugging Face's over 12
+    windows rewinding by mask or by trim, and so do a speculative decoding rejecting drafts
+    all along, a prompt replayed in chunks (a healed stream), a prompt whose start is a
+    prefix-cache hit and two streams of unequal lengths stepped as a row group; a rewind
+    past the margin, or a prefix whose window is gone, is refused and changes nothing."""
+    model_dir, export_dir = gemma3_export
+    hf = open_source(str(model_dir)).load_hf_model()
+    tokenizer = ChatTokenizer(export_dir)
+    prompt = tokenizer.encode(DEFAULT_PROMPTS[0])
+    reference = hf_greedy(hf, prompt, WINDOW_TOKENS)
+    bound = WINDOW - 1 + 8 + 4  # the window before a query, the margin and the slack
+    chains = {rewind: LocalChain.load(str(export_dir), STATEFUL_WINDOW, rewind=rewind)
+              for rewind in ("mask", "trim")}
+    sliding = chains["mask"].runners[0].sliding
+    assert sliding is not None and (sliding.window, sliding.margin, sliding.slack) == (WINDOW, 8, 4)
+
+    for rewind, chain in chains.items():
+        seen: dict[str, list[int]] = {}
+        got = []
+        for token in generate_greedy(chain, prompt, WINDOW_TOKENS, stream_id=1):
+            got.append(token)
+            state_slots(chain, 1, seen)
+            if len(got) == WINDOW_TOKENS - 1:  # the stream kept open for what follows
+                break
+        assert got == reference[:-1], rewind
+        assert max(seen["sliding"]) <= bound + 1, rewind  # and a step's token
+        assert max(seen["global"]) >= len(prompt) + WINDOW_TOKENS - 3, rewind  # every token
+        assert max(seen["global"]) >= 4 * bound, rewind
+
+        # a rewind past the window and margin is refused, the stream left as it was
+        runner = chain.runners[1]
+        slots = runner.streams[1]
+        before = (slots.keep.copy(), slots.sliding_start, slots.sliding_gone,
+                  [s.state.shape[2] for s in slots.request.query_state()])
+        deep = slots.logical - slots.sliding_gone - WINDOW + 2  # one token too deep
+        rewinds = {"mask": runner.mask_tail, "trim": runner.trim_tail}
+        with pytest.raises(StageError, match="sliding layers keep the last 8 keys and a margin"):
+            rewinds[rewind](1, deep)
+        assert np.array_equal(slots.keep, before[0])
+        assert (slots.sliding_start, slots.sliding_gone) == before[1:3]
+        assert [s.state.shape[2] for s in slots.request.query_state()] == before[3]
+        assert deep > 8
+        rewinds[rewind](1, 8)  # within the margin
+        # a prefix whose sliding keys are gone is refused by the stream it would start
+        runner.save_prefix(1, 7, WINDOW)
+        runner.reset_stream(2)
+        with pytest.raises(StageError, match="sliding layers kept the keys from position"):
+            runner.load_prefix(2, 7, WINDOW)
+        assert runner.streams[2].logical == 0 and runner.streams[2].sliding_gone == 0
+        runner.drop_prefix(7)
+        chain.close_stream(1)
+        chain.close_stream(2)
+
+    chain = chains["mask"]
+    stats, seen = SpeculativeStats(), {}
+    drafter = ScriptedDrafter(prompt, reference)
+    got = []
+    for token in generate_speculative(chain, prompt, WINDOW_TOKENS, drafter=drafter, k=4,
+                                      stats=stats, stream_id=3):
+        got.append(token)
+        state_slots(chain, 3, seen)
+    assert got == reference
+    assert stats.rejections > 10 and stats.accepted > 10
+    assert max(seen["sliding"]) <= bound + 5 + 16  # a step's 5 tokens, masked slots uncompacted
+
+    # a healed stream replays its tokens onto fresh KV, in chunks, and goes on exactly
+    replayed = prompt + reference[:48]
+    got = list(generate_greedy(chains["trim"], replayed, 16, stream_id=4, prefill_chunk=7))
+    assert got == reference[48:64]
+
+    scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
+    first = run_to_end(scheduler, DecodeSession(5, prompt, WINDOW_TOKENS))
+    longer = prompt + first + tokenizer.encode(" and then", chat=False)
+    session = DecodeSession(6, longer, TOKENS)
+    got = run_to_end(scheduler, session)
+    assert session.cached_tokens == len(prompt) + WINDOW_TOKENS - 1  # the whole entry
+    assert got == hf_greedy(hf, longer, TOKENS)
+
+    # a long stream and a short one stepped as one row group's rows
+    short = tokenizer.encode("Hi there", chat=False)
+    scheduler = StreamScheduler(chain, row_groups=1)
+    sessions = [DecodeSession(7, prompt, WINDOW_TOKENS), DecodeSession(8, short, 64)]
+    for session in sessions:
+        scheduler.add(session)
+    seen, grouped = {}, 0
+    while scheduler.active:
+        scheduler.poll()
+        for group_id in list(chain.runners[0].groups):
+            grouped += 1
+            state_slots(chain, group_id, seen)
+    assert grouped > 10 and max(seen["sliding"]) <= bound + 1
+    assert [s.emitted for s in sessions] == [reference, hf_greedy(hf, short, 64)]
+
+
+@pytest.mark.slow
+def test_an_export_made_before_keeps_every_sliding_slot_on_stateful_stages(gemma3_export
+                                                                          ) -> None:
+    """An export whose manifest does not say its graphs let a sliding layer's state be
+    trimmed (one made before they could) keeps every slot of every layer, as it did."""
+    _, export_dir = gemma3_export
+    manifest = load_manifest(export_dir)
+    assert manifest.model.sliding_kv_trimmable
+    before = replace(manifest, model=replace(manifest.model, sliding_kv_trimmable=False))
+    runner = StageRunner(export_dir, 1, STATEFUL_WINDOW, manifest=before)
+    assert runner.sliding is None
+    runner.open_stream(1)
+    hidden = np.random.default_rng(0).standard_normal((1, 40, runner.hidden_size))
+    runner.step(1, hidden.astype(np.float32), np.arange(40))
+    runner.step(1, hidden[:, :1].astype(np.float32), np.array([40]))
+    assert {s.state.shape[2] for s in runner.streams[1].request.query_state()} == {41}

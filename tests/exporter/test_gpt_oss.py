@@ -15,15 +15,22 @@ import openvino as ov
 import pytest
 import torch
 
+from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.paged import paged_model
 from dataplane.runtime.rope import rope_tables
 from exporter.export import ExportError, export_model, model_spec
 from exporter.gpt_oss_moe_block import ClampedSwiGLU
 from exporter.sources import SourceError, open_source
 from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
-from tests.exporter.exactness import assert_speculation_matches, run_to_end, runner_chains
+from tests.exporter.exactness import (
+    STATEFUL_WINDOW,
+    assert_speculation_matches,
+    run_to_end,
+    runner_chains,
+    state_slots,
+)
 from tests.helpers.tiny_models import build_llama
-from zctl.engine.scheduler import StreamScheduler, run_sessions
+from zctl.engine.scheduler import StreamScheduler, generate_greedy, run_sessions
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.manifest import StaticKV
@@ -139,6 +146,24 @@ def test_experts_run_as_gather_matmuls_and_sinks_reach_paged_attention(
         assert stateful["GatherMatmul"] == paged["GatherMatmul"] == 2 * (end - start), index
         assert stateful["ScaledDotProductAttention"] == end - start, index
         assert paged["PagedAttention"] == end - start, index
+
+
+@pytest.mark.slow
+def test_sliding_layers_keep_only_their_window_on_stateful_stages(export_dir: Path, hf) -> None:
+    """On stateful stages the sliding layers' states (attention sinks and all) keep their
+    window, a margin of 8 and a slack of 4 only, while the full layers' grow: greedy
+    tokens stay Hugging Face's over 12 windows."""
+    prompt = ChatTokenizer(export_dir).encode(DEFAULT_PROMPTS[0])
+    reference = hf_greedy(hf, prompt, 12 * WINDOW)
+    chain = LocalChain.load(str(export_dir), STATEFUL_WINDOW, rewind="mask")
+    seen: dict[str, list[int]] = {}
+    got = []
+    for token in generate_greedy(chain, prompt, 12 * WINDOW, stream_id=1):
+        got.append(token)
+        state_slots(chain, 1, seen)
+    assert got == reference
+    assert max(seen["sliding"]) <= WINDOW - 1 + 8 + 4 + 1  # and a step's token
+    assert max(seen["global"]) >= len(prompt) + 12 * WINDOW - 3
 
 
 @pytest.mark.slow

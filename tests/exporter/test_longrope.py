@@ -3,7 +3,9 @@ tiny Phi-3 whose RoPE turns 12 of each 16-wide head, with short and long factors
 unequal) switching at original_max_position_embeddings = SHORT_CONTEXT, reproduces
 Hugging Face's greedy tokens stage by stage on the stateful and the paged runner, with
 prompts crossing that length and decodes crossing it, alone and in one row group, and a
-speculative decoding whose verification steps span it."""
+speculative decoding whose verification steps span it; a prompt past that length fed in
+pieces below it turns long throughout, and a prefix-cache entry serves only prompts of
+the set its keys turned with."""
 
 from __future__ import annotations
 
@@ -13,13 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from dataplane.head.local_chain import LocalChain
 from exporter.export import export_model, model_spec
 from exporter.sources import open_source
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
+from tests.exporter.exactness import run_to_end
 from tests.helpers.tiny_models import build_llama
 from tests.zctl.engine.test_drafting import ScriptedDrafter
+from zctl.engine.executor import Step, StepReply
+from zctl.engine.prefix_index import PrefixIndexStats
 from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
@@ -34,6 +40,7 @@ from zctl.manifest import (
 )
 
 TOKENS = 32
+PIECE = 8  # the engine's prefill pieces in the tests of prompts cut into pieces
 # the 5 default prompts are 29 to 48 tokens with the tiny tokenizer's chat template: the
 # two shortest cross this during their decode, the other three in their prompt
 SHORT_CONTEXT = 36
@@ -113,6 +120,149 @@ def test_longrope_and_partial_rope_match_hf_greedy(longrope_export) -> None:
     assert got[2] == hf_greedy(hf, below, TOKENS)
     # the whole graph reads rope inputs 12 wide: a table as wide as the head is refused
     assert paged.runners[0].rope.width == ROTARY
+
+
+class PieceChain(LocalChain):
+    """A LocalChain that notes each step's first position and token count."""
+
+    def compute(self, step: Step) -> StepReply:
+        self.pieces.append((int(step.positions.reshape(-1)[0]), int(step.positions.size)))
+        return super().compute(step)
+
+
+class ShortPrompts(LocalChain):
+    """A LocalChain that never tells its stages a sequence is long (what the stages did
+    before a reset carried it): a prompt's pieces each turn by their own positions."""
+
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
+        super().reset(stream_id, False)
+
+
+def _chains(export_dir: Path, kind: type[LocalChain] = PieceChain) -> dict[str, LocalChain]:
+    paged = replace(EXACT_CONFIG, paged_attention=True)
+    chains = {"stateful": kind.load(str(export_dir), EXACT_CONFIG, rewind="mask"),
+              "paged": kind.load(str(export_dir), paged)}
+    for chain in chains.values():
+        chain.pieces = []
+    return chains
+
+
+@pytest.mark.slow
+def test_a_prompt_past_the_threshold_fed_in_pieces_turns_long_throughout(longrope_export
+                                                                        ) -> None:
+    """Hugging Face's one pass over a prompt longer than SHORT_CONTEXT turns every token of
+    it with the long set. Fed in PIECE-token pieces (the first ending far below the
+    threshold), on the stateful and the paged runner, greedy, speculative (drafts rejected
+    at every position) and beside a short prompt in one row group: Hugging Face's tokens.
+    Stages not told the sequence is long turn its first pieces short, and diverge."""
+    model_dir, export_dir = longrope_export
+    hf = open_source(str(model_dir)).load_hf_model()
+    tokenizer = ChatTokenizer(export_dir)
+    prompt = max((tokenizer.encode(p) for p in DEFAULT_PROMPTS), key=len)
+    assert len(prompt) > SHORT_CONTEXT + PIECE
+    reference = hf_greedy(hf, prompt, TOKENS)
+    assert len(set(reference)) > 8
+    # Hugging Face's generate gives these tokens too (its cache is dropped only for a
+    # sequence that reaches the threshold after its prompt)
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=TOKENS, min_new_tokens=TOKENS,
+                      do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert out[0, len(prompt):].tolist() == reference
+    below = tokenizer.encode("Hi there", chat=False)
+    chains = _chains(export_dir)
+    for runner, chain in chains.items():
+        got = list(generate_greedy(chain, prompt, TOKENS, prefill_chunk=PIECE))
+        assert got == reference, runner
+        # the prompt went in pieces, the first ending below the threshold
+        pieces = [p for p in chain.pieces if p[1] > 1]
+        assert pieces[0] == (0, PIECE) and len(pieces) == -(-len(prompt) // PIECE), runner
+        stats = SpeculativeStats()
+        drafter = ScriptedDrafter(prompt, reference)
+        assert list(generate_speculative(chain, prompt, TOKENS, drafter=drafter, k=4,
+                                         stats=stats, stream_id=1, prefill_chunk=PIECE)
+                    ) == reference, runner
+        assert stats.rejections > 3 and stats.accepted > 3, runner
+    scheduler = StreamScheduler(chains["paged"], row_groups=1)
+    sessions = [DecodeSession(10, prompt, TOKENS, prefill_chunk=PIECE),
+                DecodeSession(11, below, TOKENS, prefill_chunk=PIECE)]
+    for session in sessions:
+        scheduler.add(session)
+    while scheduler.active:
+        scheduler.poll()
+    assert [s.error for s in sessions] == [None, None]
+    assert scheduler.rows_stepped > scheduler.row_steps  # steps did carry several rows
+    assert sessions[0].emitted == reference
+    assert sessions[1].emitted == hf_greedy(hf, below, TOKENS)
+    for runner, chain in _chains(export_dir, ShortPrompts).items():
+        assert list(generate_greedy(chain, prompt, TOKENS, prefill_chunk=PIECE)
+                    ) != reference, runner
+
+
+@pytest.mark.slow
+def test_a_cluster_tells_its_stages_which_sequences_are_long(longrope_export) -> None:
+    """Over ZeroMQ (stages 1 and 2 in worker threads, on loopback): the RESET of a prompt
+    past the threshold carries LONG_ROPE to every stage, the prompt fed in pieces gives
+    Hugging Face's tokens, and a later short sequence on the stream turns short again."""
+    from dataplane.head.cluster_head import ClusterHead
+    from dataplane.runtime.stateful import StageRunner
+    from dataplane.worker.stage_worker import StageWorker
+
+    model_dir, export_dir = longrope_export
+    hf = open_source(str(model_dir)).load_hf_model()
+    tokenizer = ChatTokenizer(export_dir)
+    prompt = max((tokenizer.encode(p) for p in DEFAULT_PROMPTS), key=len)
+    below = tokenizer.encode("Hi there", chat=False)
+    pipe = ClusterHead(StageRunner(export_dir, 0, EXACT_CONFIG), "tcp://127.0.0.1:1",
+                       "tcp://127.0.0.1:*", timeout_s=20)
+    last = StageWorker(StageRunner(export_dir, 2, EXACT_CONFIG), "tcp://127.0.0.1:*",
+                       pipe.reply_endpoint).start()
+    middle = StageWorker(StageRunner(export_dir, 1, EXACT_CONFIG), "tcp://127.0.0.1:*",
+                         last.endpoint).start()
+    try:
+        pipe.rewire(middle.endpoint)
+        assert pipe.rope_short_context == SHORT_CONTEXT
+        got = list(generate_greedy(pipe, prompt, TOKENS, stream_id=3, prefill_chunk=PIECE))
+        assert got == hf_greedy(hf, prompt, TOKENS)
+        got = list(generate_greedy(pipe, below, TOKENS, stream_id=3, prefill_chunk=PIECE))
+        assert got == hf_greedy(hf, below, TOKENS)
+        runners = [pipe.stage0, middle.runner, last.runner]
+        pipe.open(4)
+        for long_rope in (True, False):
+            pipe.reset(4, long_rope)
+            pipe.step(4, np.array(prompt[:PIECE]), np.arange(PIECE))  # after the RESET
+            assert [4 in r.long_sequences for r in runners] == [long_rope] * 3
+    finally:
+        middle.stop()
+        last.stop()
+        pipe.close()
+
+
+@pytest.mark.slow
+def test_a_cached_prefix_serves_only_prompts_of_its_set(longrope_export) -> None:
+    """On the paged runner's prefix cache: a prompt below the threshold that starts like a
+    finished prompt past it does not reuse its (long) keys, and one past it does; a prompt
+    below it reuses a short entry, and one past it does not. Tokens exact every time."""
+    model_dir, export_dir = longrope_export
+    hf = open_source(str(model_dir)).load_hf_model()
+    tokenizer = ChatTokenizer(export_dir)
+    long_prompt = max((tokenizer.encode(p) for p in DEFAULT_PROMPTS), key=len)
+    assert len(long_prompt) > SHORT_CONTEXT + 4
+    chain = LocalChain.load(str(export_dir), replace(EXACT_CONFIG, paged_attention=True))
+    stats = PrefixIndexStats()
+    scheduler = StreamScheduler(chain, prefix_cache_tokens=10_000, prefix_stats=stats)
+    extra = long_prompt[-3:]  # tokens of the vocabulary, appended to make prompts differ
+
+    def run(stream_id: int, prompt: list[int], hit: bool) -> None:
+        hits = stats.hits
+        got = run_to_end(scheduler, DecodeSession(stream_id, prompt, TOKENS // 2))
+        assert got == hf_greedy(hf, prompt, TOKENS // 2), (stream_id, len(prompt))
+        assert stats.hits == hits + hit, (stream_id, len(prompt))
+
+    run(1, long_prompt, hit=False)  # its KV stays: an entry of the long set
+    short_prompt = long_prompt[:SHORT_CONTEXT - 6] + extra
+    run(2, short_prompt, hit=False)  # refused: the entry's keys are long; kept, short
+    run(3, long_prompt[:SHORT_CONTEXT + 2] + extra, hit=True)  # the long entry
+    run(4, short_prompt[:SHORT_CONTEXT - 8] + extra[::-1], hit=True)  # the short entry
+    assert stats.tokens_saved >= 2 * 16
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from tools.harness.models import model_export
 from tools.harness.options import CpuSets, Json, Model, Precision, Tokens, Weights, fail
 from tools.harness.order import rotated
 from tools.harness.report import err
+from tools.harness.stats import paired_ratio, rounded
 
 
 def parse_env(assignments: Sequence[str]) -> dict[str, str]:
@@ -65,7 +66,7 @@ def paired_summary(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
         raise ValueError("A and B need the same, non-zero number of runs")
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     return {"a_tok_s": round(statistics.median(a), 2), "b_tok_s": round(statistics.median(b), 2),
-            "a_over_b_paired": round(statistics.median(ratios), 3),
+            "a_over_b_paired": rounded(paired_ratio(a, b)),
             "a_over_b_mean": round(statistics.mean(ratios), 3),
             "a_over_b_range": [round(min(ratios), 3), round(max(ratios), 3)],
             "a_faster_pairs": sum(r > 1 for r in ratios), "pairs": len(ratios)}

@@ -12,6 +12,14 @@ drift hits both alike):
           stage is compiled) and reshaped static ([1,1,K]); against numpy's f32 GEMV of the
           same shape (``numpy_f32``: a BLAS call on 4-8x the weight bytes, timed apart from
           the plugin's: BLAS threads spin after each call).
+  forms   one MatMul at M=1 of every projection shape, the dynamic graph, in each of --forms
+          (tools.decode.weight_forms: u8 is INT8 today, u4gN INT4, i8g32 a Q8_0-like form,
+          i4g32 a Q4_0-like one, ...), all alternated call by call in --rounds rounds of
+          --iters calls; each form compiled as the runner compiles such weights (dynamic
+          quantization in the form's group, when it has one); per form the node that runs
+          the weights (its implementation and weight precision: kept compressed, or
+          decompressed at compile) and the resident memory its compile added, and per
+          round its speed over the first form's (above 1: faster).
   chain   --depth square MatMuls in a row (the next one's input is the last one's output)
           against one MatMul holding all their rows (the same weight bytes, one node):
           what a MatMul node costs beyond its weights.
@@ -31,8 +39,9 @@ drift hits both alike):
 
 fc, chain and stage run at each --threads setting (default 1 and the plugin's default, 0).
 
-    python -m tools.decode.kernel_repro [--case fc,chain,stage,runner] [--shape smollm2|1b]
-        [--weights int4|int8] [--export DIR] [--profile] [--llama-bench BIN --gguf FILE]
+    python -m tools.decode.kernel_repro [--case fc,forms,chain,stage,runner]
+        [--shape smollm2|1b] [--weights int4|int8] [--forms u8,i8g32,...] [--projection NAMES]
+        [--export DIR] [--profile] [--llama-bench BIN --gguf FILE]
         [--against DIR] [--runner-sides stateful,paged,paged-static] [--json]
 """
 
@@ -58,12 +67,13 @@ from rich.table import Table
 
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.synthetic import LayerShape
+from tools.decode.weight_forms import FormWeight, WeightForm
 from tools.harness.options import Json, fail, parse_numbers
 from tools.harness.order import rotated
 from tools.harness.report import err, print_result, run_record
 from tools.harness.stats import paired_ratio, rounded
 
-CASES = ("fc", "chain", "stage", "runner")
+CASES = ("fc", "forms", "chain", "stage", "runner")
 WEIGHTS = ("int4", "int8")
 # the runner case's sides: (paged attention, RuntimeSpec.decode_graph)
 RUNNER_SIDES = {"stateful": (False, "dynamic"), "paged": (True, "dynamic"),
@@ -257,6 +267,80 @@ def fc_case(shape: ModelShape, weights: str, threads: int, iters: int,
                      "dynamic_gb_s": round(weight.nbytes / us["dynamic"] / 1e3, 1),
                      "dynamic_over_static": round(us["dynamic"] / us["static"], 3),
                      "dynamic_over_numpy_f32": round(us["dynamic"] / us["numpy_f32"], 3)})
+    return rows
+
+
+def form_model(k: int, weight: FormWeight) -> ov.Model:
+    """One MatMul of a [?, ?, K] input by ``weight`` (its decompression subgraph)."""
+    x = ops.parameter([-1, -1, k], np.float32, name="x")
+    return ov.Model([ops.matmul(x, weight.node(), False, True)], [x], "form")
+
+
+def weights_node(compiled: ov.CompiledModel) -> dict[str, str]:
+    """The compiled graph's MatMul node: its type, implementation and weight precision
+    (a low-bit precision: the weights stay compressed in the kernel; f32/bf16/f16: they
+    were decompressed at compile)."""
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        kind = info["layerType"].astype(str)
+        if kind.startswith(("FullyConnected", "MatMul")):
+            return {"node": kind, "impl": info["primitiveType"].astype(str),
+                    "weight_precision": info["runtimePrecision"].astype(str)}
+    raise ValueError("no FullyConnected or MatMul node in the compiled graph")
+
+
+def parse_forms(text: str) -> list[WeightForm]:
+    """``--forms``' comma-separated weight forms, two or more, each once; ValueError else."""
+    forms = [WeightForm.parse(name) for name in text.split(",") if name.strip()]
+    if len(forms) < 2 or len({f.name for f in forms}) < len(forms):
+        raise ValueError(f"--forms takes two or more distinct weight forms, got {text!r}")
+    return forms
+
+
+def forms_case(shape: ModelShape, forms: Sequence[WeightForm], threads: int, iters: int,
+               rounds: int, core: ov.Core, projections: Sequence[str] | None = None,
+               dq_group: int | None = None) -> list[dict[str, Any]]:
+    """Each projection (or those named) at M=1 in every form, alternated call by call in
+    ``rounds`` rounds: per form the median µs, GB/s, the node that ran, the memory its
+    compile added and the round-by-round speed over the first form's. Each form compiled
+    with dynamic quantization in its group (the plugin's default without one), or in
+    ``dq_group`` for all (0: off)."""
+    import psutil
+
+    process = psutil.Process()
+    rows = []
+    for name, (n, k) in shape.projections().items():
+        if projections is not None and name not in projections:
+            continue
+        x = np.random.default_rng(1).standard_normal((1, 1, k)).astype(np.float32)
+        calls, compiled, grown = {}, {}, {}
+        for index, form in enumerate(forms):
+            weight = FormWeight.random(n, k, form, np.random.default_rng(10 + index))
+            before = process.memory_info().rss
+            props = plugin_properties(threads, form.group)
+            if dq_group is not None:
+                props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = dq_group
+            compiled[form.name] = core.compile_model(form_model(k, weight), "CPU", props)
+            grown[form.name] = round((process.memory_info().rss - before) / 2**20, 1)
+            calls[form.name] = infer_call(compiled[form.name], {"x": x})
+            del weight
+        per_round = [alternated_us(calls, iters) for _ in range(rounds)]
+        # the implementation is chosen at the first inference: read it after the timing
+        info = {form.name: {**weights_node(compiled[form.name]),
+                            "weight_mb": round(form.nbytes(n, k) / 2**20, 2),
+                            "compile_rss_mb": grown[form.name]} for form in forms}
+        first = forms[0].name
+        for form in forms:
+            us = statistics.median(r[form.name] for r in per_round)
+            speed = [r[first] / r[form.name] for r in per_round]
+            rows.append({"projection": name, "n": n, "k": k, "threads": threads or "default",
+                         "form": form.name, "dq_group": dq_group, **info[form.name],
+                         "us": round(us, 1),
+                         "gb_s": round(form.nbytes(n, k) / us / 1e3, 1),
+                         "speed_over_first": round(statistics.median(speed), 3),
+                         "speed_range": [round(min(speed), 3), round(max(speed), 3)]})
+        del calls, compiled
+        time.sleep(0.1)
     return rows
 
 
@@ -512,13 +596,23 @@ def main(
     shape: Annotated[str, typer.Option(help="projection shapes (fc, chain): smollm2 | 1b")
                      ] = "smollm2",
     weights: Annotated[str, typer.Option(help="int4 | int8 (fc and chain)")] = "int4",
+    forms: Annotated[str, typer.Option(
+        help="forms: comma-separated weight forms, the first the yardstick (u8: INT8 today, "
+             "u4g128: INT4 on the 1B shape, i8g32, i4g32, u4g32z, ...)")] = "u8,i8,i8g32,i8g64,i8g128",
+    dq_group: Annotated[int | None, typer.Option(
+        help="forms: every form's dynamic quantization group (0: off); default the "
+             "runner's: the form's group, the plugin's default for per-row forms")] = None,
+    projection: Annotated[str, typer.Option(
+        help="forms: comma-separated projections (qkv, o, gate_up, down, lm_head; "
+             "empty: all)")] = "",
     threads: Annotated[str, typer.Option(
         help="INFERENCE_NUM_THREADS settings, comma-separated (0: the plugin's default)")] = "1,0",
     depth: Annotated[int, typer.Option(help="MatMuls in the chain")] = 32,
-    iters: Annotated[int, typer.Option(help="timed inferences per side (fc, chain)")] = 300,
+    iters: Annotated[int, typer.Option(help="timed inferences per side (fc, chain; forms: "
+                                         "per round)")] = 300,
     steps: Annotated[int, typer.Option(help="decode steps per side (stage)")] = 96,
     tokens: Annotated[int, typer.Option(help="greedy tokens per round (runner)")] = 128,
-    rounds: Annotated[int, typer.Option(help="rounds (runner)")] = 3,
+    rounds: Annotated[int, typer.Option(help="rounds (runner, forms)")] = 3,
     export: Annotated[Path | None, typer.Option(
         help="the stage and runner cases' export (stage: its stage 0); default SmolLM2-135M "
              "INT4, 1 stage")] = None,
@@ -537,12 +631,19 @@ def main(
     try:
         cases = parse_cases(case)
         sides = parse_sides(runner_sides)
+        weight_forms = parse_forms(forms)
+        chosen = [p.strip() for p in projection.split(",") if p.strip()] or None
+        if chosen is not None and not set(chosen) <= set(SHAPES["1b"].projections()):
+            raise ValueError(f"--projection takes some of {', '.join(SHAPES['1b'].projections())}, "
+                             f"got {projection!r}")
     except ValueError as exc:
         fail(str(exc))
     if shape not in SHAPES:
         fail(f"--shape takes one of {', '.join(SHAPES)}, got {shape!r}")
     if weights not in WEIGHTS:
         fail(f"--weights takes int4 or int8, got {weights!r}")
+    if dq_group is not None and dq_group < 0:
+        fail(f"--dq-group takes 0 (off) or a group size, got {dq_group}")
     if depth < 2 or iters < 1 or steps < 8 or tokens < 1 or rounds < 1:
         fail("--depth needs >= 2, --iters >= 1, --steps >= 8, --tokens and --rounds >= 1")
     thread_settings = parse_numbers(threads, "--threads", "thread counts", minimum=0)
@@ -556,12 +657,22 @@ def main(
             fail(f"--llama-bench {llama_bench} and --gguf {gguf} must both be files")
     core = ov.Core()
     model_shape = SHAPES[shape]
+    if "forms" in cases:
+        ks = {k for name, (_, k) in model_shape.projections().items()
+              if chosen is None or name in chosen}
+        for form in weight_forms:
+            if form.group and any(k % form.group for k in ks):
+                fail(f"--forms {form.name}: its group does not divide the inputs of every "
+                     f"{shape} projection ({sorted(ks)})")
     out: dict[str, Any] = {}
     for name in cases:
         err.print(f"case {name} ...")
         if name == "fc":
             out[name] = [row for t in thread_settings
                          for row in fc_case(model_shape, weights, t, iters, core)]
+        elif name == "forms":
+            out[name] = [row for t in thread_settings for row in forms_case(
+                model_shape, weight_forms, t, iters, rounds, core, chosen, dq_group)]
         elif name == "chain":
             out[name] = [chain_case(model_shape, weights, t, depth, iters, core)
                          for t in thread_settings]

@@ -55,6 +55,7 @@ from exporter.mxfp4 import (
     unpack_codes,
 )
 from tools.harness.options import Json, Precision
+from tools.harness.stats import paired_ratio, rounded
 from zctl.weights import pick_group_size
 
 WEIGHT_STD = 0.02  # about a trained projection's spread; MXFP4's scales follow it
@@ -195,14 +196,13 @@ def measure(encoded: dict[str, ov.Model], f32_model: ov.Model, x: np.ndarray,
             times[name] += _median_ms(request, x, 1)
     sides = {}
     for name in compiled:
-        ratios = [b / a for a, b in zip(times[name], times["int4"], strict=True)]
         sides[name] = {
             "nodes": weight_nodes(compiled[name]),
             "bit_identical_to_f32_weights": bool(np.array_equal(out[name], exact)),
             "relative_rms_vs_f32_weights": _relative_rms(out[name], exact),
             "max_abs_vs_float64": float(np.abs(out[name] - reference).max()),
             "median_ms": round(statistics.median(times[name]), 4),
-            "int4_time_over_this": round(statistics.median(ratios), 3),
+            "int4_time_over_this": rounded(paired_ratio(times["int4"], times[name])),
         }
     return {"int4_group": group, "f32_weights_max_abs_vs_float64":
             float(np.abs(exact - reference).max()), "sides": sides}

@@ -36,7 +36,7 @@ from tools.harness.greedy import paired_step_ms
 from tools.harness.models import BenchModel
 from tools.harness.options import Json, Model, fail
 from tools.harness.report import err, run_record
-from tools.harness.stats import median
+from tools.harness.stats import paired_ratio, rounded
 
 POEM = "Write a short poem about the sea."
 FORMATS = "int4,int8,fp16,fp32"
@@ -100,18 +100,17 @@ def format_figures(export_dir: Path, passages: Sequence[Any], reference: Mapping
     return figures, chain
 
 
-def speed_ratios(chains: Mapping[str, Any], prompt_ids: list[int], tokens: int, runs: int
-                 ) -> tuple[str, dict[str, list[float]]]:
-    """Each chain's decode tok/s over the base format's (int4, else the first), in each of
+def speed_runs(chains: Mapping[str, Any], prompt_ids: list[int], tokens: int, runs: int
+               ) -> tuple[str, dict[str, list[float]]]:
+    """The base format (int4, else the first) and each chain's decode step ms in each of
     ``runs`` runs of ``tokens`` steps where the chains are stepped token by token in turn
-    (tools.harness.greedy.paired_step_ms): the base and its list of per-run ratios."""
+    (tools.harness.greedy.paired_step_ms)."""
     base = SPEED_BASE if SPEED_BASE in chains else next(iter(chains))
-    ratios: dict[str, list[float]] = {key: [] for key in chains}
+    step_ms: dict[str, list[float]] = {key: [] for key in chains}
     for _ in range(runs):
-        step_ms = paired_step_ms(chains, prompt_ids, tokens)
-        for key, ms in step_ms.items():
-            ratios[key].append(round(step_ms[base] / ms, 3))
-    return base, ratios
+        for key, ms in paired_step_ms(chains, prompt_ids, tokens).items():
+            step_ms[key].append(ms)
+    return base, step_ms
 
 
 def quality_report(exports: Mapping[str, Path], hf_dir: Path, *, chunk: int = 0,
@@ -138,10 +137,11 @@ def quality_report(exports: Mapping[str, Path], hf_dir: Path, *, chunk: int = 0,
                                                      prompt_ids, sample_tokens)
         err.print(f"{name}: top-1 agreement {formats[name]['top1_agreement']:.2%} "
                   f"({time.perf_counter() - start:.0f} s)")
-    base, ratios = speed_ratios(chains, prompt_ids, tokens, runs)
-    for name, per_run in ratios.items():
-        formats[name]["tok_s_ratio"] = median(per_run)
-        formats[name]["tok_s_ratio_runs"] = per_run
+    base, step_ms = speed_runs(chains, prompt_ids, tokens, runs)
+    for name, ms in step_ms.items():  # tok/s over the base's: its step time over this one's
+        formats[name]["tok_s_ratio"] = rounded(paired_ratio(step_ms[base], ms))
+        formats[name]["tok_s_ratio_runs"] = [round(b / m, 3) for b, m in zip(
+            step_ms[base], ms, strict=True)]
     return {"text": {p.name: len(p.token_ids) for p in passages}, "chunk": chunk,
             "speed_base": base, "decode_tokens": tokens, "speed_runs": runs, "prompt": POEM,
             "reference_sample": tokenizer.decode(until_stop(ref_sample, stops)),

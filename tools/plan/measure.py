@@ -6,7 +6,10 @@ run`` sends requests), every process stopped after.
 
 Measured decode tok/s: one stream's is its tokens after the first over their time (as
 ``zctl run`` reports it); N streams sent together, the sum of theirs (they decode side by
-side from their first token to their last). The median of the rounds is compared.
+side from their first token to their last). The median of the rounds is compared. Each
+one-stream round also keeps the pipeline's own timing of its steps (the engine's per-step
+figures of that busy period: each stage's compute, each hop, the step from submit to
+reply), so that each term of the prediction can be set against the running stages'.
 """
 
 from __future__ import annotations
@@ -50,10 +53,17 @@ def wait_prediction(record: ClusterRecord, timeout_s: float) -> ClusterStatus:
 def measure_streams(serve: str, prompt: str, streams: int, tokens: int) -> float:
     """Decode tok/s of ``streams`` streams of ``tokens`` tokens sent together (module
     docstring)."""
+    return timed_streams(serve, prompt, streams, tokens)[0]
+
+
+def timed_streams(serve: str, prompt: str, streams: int, tokens: int
+                  ) -> tuple[float, dict[str, dict[str, float]]]:
+    """``measure_streams``'s tok/s and the pipeline's timing of the run's steps (the last
+    closing message's: the engine clears its figures when a busy period starts)."""
     from tools.harness.service import bench_request, generate_together
 
     dones, _ = generate_together(serve, [bench_request(prompt, tokens) for _ in range(streams)])
-    return sum(d.tok_s for d in dones)
+    return sum(d.tok_s for d in dones), dones[-1].timing
 
 
 def placement(status: ClusterStatus) -> list[dict[str, Any]]:
@@ -64,7 +74,8 @@ def placement(status: ClusterStatus) -> list[dict[str, Any]]:
 def run_case(case: Case, root: Path, tokens: int, rounds: int,
              timeout_s: float = PREDICTION_TIMEOUT_S) -> dict[str, Any]:
     """The case's prediction and measurements: ``{"setup", "placement", "prediction",
-    "slowed_by", "measured": {streams: [tok/s of each round]}}``."""
+    "slowed_by", "measured": {streams: [tok/s of each round]}, "timing": [each one-stream
+    round's step timing]}``."""
     from contextlib import ExitStack
 
     from tools.harness.cluster import PROFILE_BUDGET_S
@@ -93,9 +104,13 @@ def run_case(case: Case, root: Path, tokens: int, rounds: int,
         for streams in STREAMS:  # every row count's first steps, before any is timed
             measure_streams(record.serve, PROMPT, streams, WARMUP_TOKENS)
         measured: dict[int, list[float]] = {n: [] for n in STREAMS}
+        timing: list[dict[str, dict[str, float]]] = []  # the one-stream rounds'
         for _ in range(rounds):
             for streams in STREAMS:
-                measured[streams].append(measure_streams(record.serve, PROMPT, streams, tokens))
+                tok_s, steps = timed_streams(record.serve, PROMPT, streams, tokens)
+                measured[streams].append(tok_s)
+                if streams == 1:
+                    timing.append(steps)
         return {"setup": case.setup(), "placement": placement(status),
                 "prediction": status.prediction, "slowed_by": slowed.method if slowed else None,
-                "measured": measured}
+                "measured": measured, "timing": timing}

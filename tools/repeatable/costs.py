@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tools.harness.order import rotated
+from tools.harness.stats import paired_ratio
 from tools.repeatable.lab import Lab, Request
 from tools.repeatable.prompts import DOCUMENT
 
@@ -80,13 +81,14 @@ def run_costs(lab: Lab, settings: Sequence[str], rounds: int) -> dict[str, Any]:
 
 def summarize(samples: dict[str, list[dict[str, float]]], baseline: str) -> dict[str, Any]:
     """Medians per setting and figure; ratios (setting / baseline, round by round, their
-    median) for every other setting."""
+    median: ``paired_ratio``, which refuses a baseline figure of 0) for every other
+    setting."""
     medians = {s: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
                for s, rows in samples.items()}
     ratios = {}
     for setting, rows in samples.items():
         if setting == baseline:
             continue
-        ratios[setting] = {k: statistics.median(a[k] / b[k] for a, b in zip(
-            rows, samples[baseline], strict=True) if b[k] > 0) for k in rows[0]}
+        ratios[setting] = {k: paired_ratio([a[k] for a in rows], [b[k] for b in samples[baseline]])
+                           for k in rows[0]}
     return {"rounds": len(samples[baseline]), "medians": medians, "vs_" + baseline: ratios}

@@ -29,7 +29,6 @@ model's log-softmax at the position before it (one forward pass over the passage
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
@@ -42,6 +41,7 @@ from rich.table import Table
 from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, Model, Weights, fail
 from tools.harness.report import print_result, run_record
+from tools.harness.stats import paired_ratio
 
 NODES = 2
 MIN_PARAGRAPH_CHARS = 200  # shorter paragraphs of the prose are headings and the like
@@ -83,9 +83,9 @@ def score_figures(scores: Sequence[Sequence[float]], references: Sequence[np.nda
 
 
 def measure(serve: str, texts: Sequence[str]) -> tuple[list[list[float]], list[list[int]],
-                                                        list[list[int]], list[float]]:
+                                                        list[list[int]], list[float], list[float]]:
     """Per passage: the scored request's prompt scores (token 1 on), its top tokens, the
-    prompt's ids, and the scored request's time over the plain one's."""
+    prompt's ids, and the plain request's and the scored one's times (s, back to back)."""
     from zctl.engine.requests import GenerationChunk, GenerationRequest
     from zctl.service.client import generate_stream
 
@@ -96,7 +96,7 @@ def measure(serve: str, texts: Sequence[str]) -> tuple[list[list[float]], list[l
         return messages
 
     run(GenerationRequest("warm-up", "a short warm-up prompt", 2, chat=False, temperature=0.0))
-    scores, tops, ids, costs = [], [], [], []
+    scores, tops, ids, plain_s, scored_s = [], [], [], [], []
     for i, text in enumerate(texts):
         seconds = []
         plain = GenerationRequest(f"plain-{i}", text, 1, chat=False, ignore_eos=True,
@@ -113,8 +113,9 @@ def measure(serve: str, texts: Sequence[str]) -> tuple[list[list[float]], list[l
         ids.append([lp.token for lp in lps])
         scores.append([lp.logprob for lp in lps[1:]])
         tops.append([lp.top_tokens[0] for lp in lps[1:]])
-        costs.append(seconds[1] / seconds[0])
-    return scores, tops, ids, costs
+        plain_s.append(seconds[0])
+        scored_s.append(seconds[1])
+    return scores, tops, ids, plain_s, scored_s
 
 
 def numerics_run(bench_model: BenchModel, export_dir: Any, texts: Sequence[str],
@@ -130,10 +131,12 @@ def numerics_run(bench_model: BenchModel, export_dir: Any, texts: Sequence[str],
                         dynamic_quantization=not exact)
     with local_cluster(export_dir, NODES, spec, bench_model.cache / "bench-scoring",
                        cpu_sets=cpu_sets) as record:
-        scores, tops, ids, costs = measure(record.serve, texts)
+        scores, tops, ids, plain_s, scored_s = measure(record.serve, texts)
     references = [log_softmax(hf_logits(hf, toks)) for toks in ids]
     return {"numerics": numerics, **score_figures(scores, references, ids, tops),
-            "scoring_cost": statistics.median(costs), "costs": costs}
+            # the scored request's time over the plain one's, paired passage by passage
+            "scoring_cost": paired_ratio(scored_s, plain_s),
+            "costs": [s / p for p, s in zip(plain_s, scored_s, strict=True)]}
 
 
 def render(result: Mapping[str, Any], console: Console) -> None:

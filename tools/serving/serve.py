@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import time
 import uuid
 from collections.abc import Sequence
@@ -66,7 +65,7 @@ from tools.harness.models import BenchModel
 from tools.harness.options import CpuSets, Json, fail, parse_numbers
 from tools.harness.order import rotated
 from tools.harness.report import err, print_result, run_record
-from tools.harness.stats import p50_p99_ms
+from tools.harness.stats import p50_p99_ms, paired_ratio, rounded
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.processes import runtime_spec
 
@@ -130,19 +129,20 @@ def overhead_figures(direct: Sequence[RequestRecord],
     pairs = [(d, h) for d, h in zip(direct, http, strict=True)
              if d.ok and h.ok and d.completion_tokens and h.completion_tokens]
     ratio = http_tok_s / direct_tok_s if direct_tok_s else None
-    ratios = [h.tpot_s() / d.tpot_s() for d, h in pairs if d.tpot_s() and h.tpot_s()]
+    paired = paired_ratio([_tok_s(h) for _, h in pairs], [_tok_s(d) for d, _ in pairs])
+    tpots = [(dt, ht) for d, h in pairs if (dt := d.tpot_s()) and (ht := h.tpot_s())]
     return {
         "requests": len(direct),
         "direct_tok_s": round(direct_tok_s, 2), "http_tok_s": round(http_tok_s, 2),
         "ratio": None if ratio is None else round(ratio, 4),
         "http_overhead": None if ratio is None else round(1.0 - ratio, 4),
-        "http_overhead_paired": round(1.0 - statistics.median(
-            _tok_s(h) / _tok_s(d) for d, h in pairs), 4) if pairs else None,
+        "http_overhead_paired": None if paired is None else round(1.0 - paired, 4),
         "same_tokens": sum(d.completion_tokens == h.completion_tokens for d, h in pairs),
         "direct_ttft_ms": p50_p99_ms([t for r in direct if r.ok and (t := r.ttft_s) is not None]),
         "http_ttft_ms": p50_p99_ms([t for r in http if r.ok and (t := r.ttft_s) is not None]),
         # per token after the first, request by request: the streaming path without prefill
-        "http_tpot_over_direct_paired": round(statistics.median(ratios), 4) if ratios else None,
+        "http_tpot_over_direct_paired": rounded(paired_ratio([h for _, h in tpots],
+                                                             [d for d, _ in tpots]), 4),
         "errors": sum(not r.ok for r in direct), "http_errors": sum(not r.ok for r in http),
         "pairs": [{"index": d.index, "tokens": [d.completion_tokens, h.completion_tokens],
                    "direct_s": round(d.end - d.start, 3), "http_s": round(h.end - h.start, 3)}
@@ -230,7 +230,7 @@ def run_levels(plan: Plan, base_url: str, serve: str,
                     genai_runs.append(genai.serve(plan.requests, n))
         rows.append(level_row(summarize(pool(zctl_runs)),
                               summarize(pool(genai_runs)) if genai_runs else None,
-                              round_ratios(zctl_runs, genai_runs)))
+                              paired_rounds(zctl_runs, genai_runs)))
         err.print(f"{n} clients: zctl {rows[-1]['zctl_tok_s']} tok/s, genai CB "
                   f"{rows[-1]['genai_cb_tok_s']} tok/s, ratio {rows[-1]['ratio']} (rounds "
                   f"{rows[-1]['round_ratios']}), errors {rows[-1]['errors']}")
@@ -246,27 +246,28 @@ def pool(runs: Sequence[LevelRun]) -> LevelRun:
                     sum(run.wall_s for run in runs))
 
 
-def round_ratios(zctl: Sequence[LevelRun], genai: Sequence[LevelRun]) -> list[float]:
-    """zctl over genai aggregate tok/s, round by round (the rounds of both systems paired
-    by position; none without the baseline)."""
-    out = []
-    for z, g in zip(zctl, genai, strict=False):
-        g_tok_s = summarize(g)["tok_s"]
-        if g_tok_s:
-            out.append(round(summarize(z)["tok_s"] / g_tok_s, 3))
-    return out
+RoundPairs = tuple[Sequence[float], Sequence[float]]  # zctl's and genai's tok/s, round by round
+
+
+def paired_rounds(zctl: Sequence[LevelRun], genai: Sequence[LevelRun]) -> RoundPairs:
+    """zctl's and genai's aggregate tok/s, round by round (the rounds of both systems
+    paired by position; a round where genai served nothing left out: nothing to compare
+    against; none without the baseline)."""
+    pairs = [(summarize(z)["tok_s"], g_tok_s) for z, g in zip(zctl, genai, strict=False)
+             if (g_tok_s := summarize(g)["tok_s"])]
+    return [z for z, _ in pairs], [g for _, g in pairs]
 
 
 def level_row(zctl: dict[str, Any], genai: dict[str, Any] | None,
-              ratios: Sequence[float] = ()) -> dict[str, Any]:
+              rounds: RoundPairs = ((), ())) -> dict[str, Any]:
     """One level's row: the headline figures, then each system's whole summary. The ratio
-    is the median of the rounds' paired ``ratios`` when there are any (a drift in the
-    machine's speed between rounds then moves both systems of a pair alike), else the
-    two summaries' tok/s."""
-    if ratios:
-        ratio: float | None = round(statistics.median(ratios), 3)
-    else:
+    is zctl's over genai's tok/s paired round by round (``paired_ratio`` of ``rounds``:
+    a drift in the machine's speed between rounds then moves both systems of a pair
+    alike) when there are rounds, else the two summaries' tok/s."""
+    ratio = rounded(paired_ratio(*rounds))
+    if ratio is None:
         ratio = round(zctl["tok_s"] / genai["tok_s"], 3) if genai and genai["tok_s"] else None
+    ratios = [round(z / g, 3) for z, g in zip(*rounds, strict=True)]
     return {
         "concurrency": zctl["concurrency"],
         "zctl_tok_s": zctl["tok_s"], "genai_cb_tok_s": genai["tok_s"] if genai else None,

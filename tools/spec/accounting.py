@@ -19,7 +19,7 @@ from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.stateful import StageRunner
 from tools.harness.greedy import start_stream
 from tools.harness.order import rotated
-from tools.harness.stats import median
+from tools.harness.stats import median, paired_ratio
 from zctl.engine.drafting import LookupDrafter, StepCost, expected_tokens, fit_step_cost
 from zctl.engine.executor import StepReply
 
@@ -109,8 +109,8 @@ class TimedPipeline:
     def open(self, stream_id: int) -> None:
         self.chain.open(stream_id)
 
-    def reset(self, stream_id: int) -> None:
-        self.chain.reset(stream_id)
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
+        self.chain.reset(stream_id, long_rope)
 
     def close_stream(self, stream_id: int) -> None:
         self.chain.close_stream(stream_id)
@@ -266,10 +266,12 @@ def calibrate(chain: LocalChain, context: np.ndarray, max_fed: int, reps: int,
     history = context.tolist()
     lookup = LookupDrafter()
     samples: dict[int, list[float]] = {f: [] for f in range(1, max_fed + 1)}
-    ratios: dict[int, list[float]] = {f: [] for f in samples}
-    lookup_ms, draft_ms, lookup_r, draft_r, switch_r = [], [], [], [], []
+    lookup_ms: list[float] = []
+    draft_ms: list[float] = []
+    # a verify step right after a draft-model burst, and the same rep's step of that count
+    after_draft_ms: list[float] = []
+    after_draft_bases: list[float] = []
     switched: dict[int, list[float]] = {f: [] for f in samples}
-    switched_r: dict[int, list[float]] = {f: [] for f in samples}
     feds = list(samples)
 
     def timed_step(fed: int) -> float:
@@ -288,32 +290,37 @@ def calibrate(chain: LocalChain, context: np.ndarray, max_fed: int, reps: int,
             row[fed] = timed_step(fed)  # the same count again
         for fed, ms in row_switched.items():
             switched[fed].append(ms)
-            switched_r[fed].append(ms / row[1])
         start = time.perf_counter()
         lookup.propose(history, lookup_k)
         lookup_ms.append((time.perf_counter() - start) * 1e3)
         if draft_runner is not None:
             draft_ms.append(draft_burst_ms(chain, sid, draft_runner, dsid, context, draft_burst))
-            draft_r.append(draft_ms[-1] / row[1])
             # the verify step after a burst runs on caches the draft model just evicted
             after = timed_step(draft_burst + 1)
             if draft_burst + 1 in row:
-                switch_r.append(after / row[draft_burst + 1])
-        lookup_r.append(lookup_ms[-1] / row[1])
+                after_draft_ms.append(after)
+                after_draft_bases.append(row[draft_burst + 1])
         for fed, ms in row.items():
             samples[fed].append(ms)
-            ratios[fed].append(ms / row[1])
     for runner in chain.runners:
         runner.close_stream(sid)
     if draft_runner is not None:
         draft_runner.close_stream(dsid)
-    verify_ratio = {f: median(v) for f, v in ratios.items()}
+
+    def over(values: list[float], bases: list[float], none: float = 0.0) -> float:
+        """``values`` over ``bases``, paired rep by rep (``paired_ratio``); ``none`` when
+        nothing was measured."""
+        ratio = paired_ratio(values, bases)
+        return none if ratio is None else ratio
+
+    one = samples[1]  # every rep's 1-token step
+    verify_ratio = {f: over(v, one) for f, v in samples.items()}
     verify_ratio[1] = 1.0
-    switched_ratio = {f: median(v) for f, v in switched_r.items()}
-    return Calibration(median(samples[1]), verify_ratio, median(lookup_r),
-                       median(draft_r) if draft_r else 0.0, samples, median(lookup_ms),
+    switched_ratio = {f: over(v, one) for f, v in switched.items()}
+    return Calibration(median(one), verify_ratio, over(lookup_ms, one),
+                       over(draft_ms, one), samples, median(lookup_ms),
                        median(draft_ms) if draft_ms else 0.0,
-                       median(switch_r) if switch_r else 1.0, switched_ratio,
+                       over(after_draft_ms, after_draft_bases, none=1.0), switched_ratio,
                        {f: median(v) for f, v in switched.items()})
 
 

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from tools.harness.stats import median
+from tools.harness.stats import median, paired_ratio
 from tools.spec.accounting import (
     Calibration,
     Generation,
@@ -41,10 +41,13 @@ def drafter_entry(name: str, k: int | None, greedy: Sequence[Generation],
     k_used = max(lengths, default=0)
     iid = [theoretical_iid(acceptance, k_used, cal.verify_ms, cal.draft_ms(name))
            for cal in calibrations]
-    # paired run by run (the same prompt, back to back), then the median: drift of the
-    # machine between runs cancels out of each pair
-    speedups = [s.tok_s / g.tok_s if g.tok_s else 0.0 for g, s in zip(greedy, gens, strict=True)]
-    ratio = median([a / t if t else 0.0 for a, t in zip(speedups, theo, strict=True)])
+    # paired run by run (the same prompt, back to back), then the median (paired_ratio):
+    # drift of the machine between runs cancels out of each pair
+    achieved = paired_ratio([s.tok_s for s in gens], [g.tok_s for g in greedy])
+    speedups = [s.tok_s / g.tok_s for g, s in zip(greedy, gens, strict=True)]
+    ratio = paired_ratio(speedups, theo)
+    if achieved is None or ratio is None:
+        raise ValueError(f"{name}: no runs to report")
     return {
         "identical": all(m is None for m in mismatches),
         "first_mismatch": next((m for m in mismatches if m is not None), None),
@@ -56,7 +59,7 @@ def drafter_entry(name: str, k: int | None, greedy: Sequence[Generation],
         "no_draft_steps": len(fed) - len(lengths),  # K was 0: the drafter not asked
         "steps": len(fed), "tokens_per_step": round(decoded / len(fed), 3) if fed else 0.0,
         "spec_tok_s": round(median([g.tok_s for g in gens]), 2),
-        "achieved_speedup": round(median(speedups), 4),
+        "achieved_speedup": round(achieved, 4),
         "theoretical_speedup": round(median(theo), 4),
         "theoretical_iid": round(median(iid), 4),
         "achieved_over_theoretical": round(ratio, 4),

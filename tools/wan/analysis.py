@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tools.harness.stats import paired_ratio
 from tools.wan.scenario import Cell
 
 # Parameters of a cell, then its figures, then where and when it was measured.
@@ -163,11 +164,13 @@ def paired_ratios(rows: Sequence[dict[str, Any]], same: Sequence[str],
                   is_base: Callable[[dict[str, Any]], bool],
                   is_compared: Callable[[dict[str, Any]], bool],
                   name: Callable[[dict[str, Any]], str]) -> dict[str, float]:
-    """Compared rows' tok/s over their base twin's (equal in the ``same`` columns), the
-    median per ``name`` (with the latency and stage count appended where those vary)."""
+    """Compared rows' tok/s over their base twin's (equal in the ``same`` columns), paired
+    row by row, the median per ``name`` (``paired_ratio``; with the latency and stage
+    count appended where those vary)."""
     rows = _measured(rows)
     base = {_key(r, same): r for r in rows if is_base(r)}
-    ratios: dict[str, list[float]] = defaultdict(list)
+    values: dict[str, list[float]] = defaultdict(list)
+    bases: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         if is_compared(r) and _key(r, same) in base:
             key = name(r)
@@ -175,8 +178,10 @@ def paired_ratios(rows: Sequence[dict[str, Any]], same: Sequence[str],
                 key += f"@{r['delay_ms']:g}ms"
             if _varies(rows, "stages"):
                 key += f"@{r['stages']}stages"
-            ratios[key].append(r["tok_s"] / base[_key(r, same)]["tok_s"])
-    return {key: round(statistics.median(values), 3) for key, values in ratios.items()}
+            values[key].append(r["tok_s"])
+            bases[key].append(base[_key(r, same)]["tok_s"])
+    return {key: round(ratio, 3) for key in values  # (every key has a pair: never None)
+            if (ratio := paired_ratio(values[key], bases[key])) is not None}
 
 
 def payload_over_full(rows: Sequence[dict[str, Any]], payload: str = "top1") -> dict[str, float]:

@@ -83,6 +83,7 @@ def profile_command(
     weights are needed: the layers are synthetic, with random weights in the format."""
     from controlplane.cpu_quota import current_share, read_quota
     from controlplane.profile_store import ProfileStore
+    from controlplane.profile_turn import ProfilingTurn
     from controlplane.profiling import measure
     from zctl.paths import zctl_home
 
@@ -109,7 +110,9 @@ def profile_command(
         err.print(f"profiling {shape.name} ({chosen}) on {name}, at most {budget:g} s...",
                   highlight=False)
         try:
-            with store.turn():
+            with ProfilingTurn().wait(lambda: err.print(
+                    "another zctl process on this machine is profiling: waiting for it",
+                    highlight=False)):
                 measurement = measure(shape, chosen, name, budget, memory_mb << 20,
                                       quota=read_quota())
             record, path = store.save(shape, measurement)

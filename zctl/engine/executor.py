@@ -95,6 +95,12 @@ class Executor(Protocol):
 
     Streams are opened and reset (a reset forgets the stream's KV on every stage) before
     their first step; ``close_stream`` frees a finished stream's KV slots on every stage.
+    A model with LongRoPE's two sets of frequencies has a threshold
+    (``rope_short_context``; 0: one set): a reset with ``long_rope`` begins a sequence
+    whose every token turns with the long set, as Hugging Face turns a prompt longer than
+    the threshold (``zctl.engine.long_rope``), however its prompt is cut into steps; on
+    other sequences each token turns by its own position (a step starting at position 0
+    by its highest).
     ``submit`` takes a ``Step`` and returns its request id. A step's ``mask_tail`` first
     drops that many of the stream's last
     tokens on every stage (on a row group: one count per row); ``rewind`` does the same
@@ -136,13 +142,14 @@ class Executor(Protocol):
     overlaps_steps: bool
     paged_attention: bool  # the stages keep KV in blocks (a past costs a prefill step little)
     wirings: int
+    rope_short_context: int  # LongRoPE's threshold (0: the model has one set of frequencies)
 
     @property
     def row_groups_supported(self) -> bool: ...
     @property
     def one_query_supported(self) -> bool: ...
     def open(self, stream_id: int) -> None: ...
-    def reset(self, stream_id: int) -> None: ...
+    def reset(self, stream_id: int, long_rope: bool = False) -> None: ...
     def close_stream(self, stream_id: int) -> None: ...
     def submit(self, step: Step) -> int: ...
     def collect_any(self, timeout_s: float | None = None) -> StepReply | None: ...
@@ -178,6 +185,7 @@ class InlineExecutor:
     paged_attention = False
     prefix_cache_supported = False  # one that keeps prefix entries says so
     wirings = 0  # every stage runs here: never rewired
+    rope_short_context = 0  # one set of RoPE frequencies, unless a subclass says otherwise
 
     def __init__(self) -> None:
         self._request_ids = itertools.count(1)

@@ -3,7 +3,8 @@
 The budget is counted in tokens of the fullest stage: a token's keys and values over the
 most layers a stage has (``zctl.service.server.kv_tokens``). A stream of T tokens costs T
 of them where every layer keeps every token. Where a stage's sliding-window layers keep
-only their window and a margin (paged stages: ``dataplane.runtime.kv.blocks.SlidingWindow``),
+only their window and a margin (paged stages: ``dataplane.runtime.kv.blocks.SlidingWindow``;
+stateful ones, with a slack, where the export lets them: ``kv.sliding_states.SlidingStates``),
 those layers hold at most ``sliding_tokens`` of it, and the stream costs the most that any
 stage holds for it: (global layers x T + sliding layers x min(T, sliding_tokens)) over the
 fullest stage's layers.

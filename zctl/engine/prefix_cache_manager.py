@@ -66,7 +66,8 @@ class PrefixCacheManager:
         if wirings != self._wirings:  # rewired or abandoned: later stages lost their entries
             self._wirings = wirings
             self.clear()
-        hit = index.lookup(session.prompt, SHORT_PREFILL if fused else None, self.pieces)
+        hit = index.lookup(session.prompt, SHORT_PREFILL if fused else None, self.pieces,
+                           session.long_rope)
         if hit is None:
             return
         entry, executor, sid = hit.entry, self.executor, session.stream_id
@@ -87,14 +88,14 @@ class PrefixCacheManager:
             index.remove(entry.entry_id)
             index.stats.hits -= 1
             index.stats.tokens_saved -= hit.length
-            executor.reset(sid)
+            executor.reset(sid, session.long_rope)
             return
         session.skip_prefix(hit.length)
 
     def track(self, session: DecodeSession) -> None:
         """The session's prompt is in its KV now: offer it as a live source."""
         if self.index is not None:
-            self.index.track_live(session.stream_id, session.prompt)
+            self.index.track_live(session.stream_id, session.prompt, session.long_rope)
 
     def untrack(self, stream_id: int) -> None:
         """The stream's KV is no source any more (it ended, or was cancelled)."""
@@ -125,7 +126,7 @@ class PrefixCacheManager:
             tokens = tokens[:session.prompt.size]
         if session.error is not None or len(tokens) < index.min_hit:
             return
-        entry, dropped = index.store(tokens)
+        entry, dropped = index.store(tokens, session.long_rope)
         executor = self.executor
         try:
             for old in dropped:

@@ -7,6 +7,9 @@ either reuses their KV and prefills only the rest. Entries are found by chained 
 by token, bounded by a budget of tokens (the stages' memory budget over the KV bytes a
 token takes on the fullest stage) and evicted least recently used. The engine's
 scheduler applies what this index decides to the stages (``Executor.save_prefix`` ...).
+An entry keeps the LongRoPE set its keys were turned with (``long_rope``: those of a
+sequence long throughout, zctl.engine.long_rope): a prompt of the other set finds no hit
+there (it prefills those tokens itself), so keys turned one way never serve the other.
 """
 
 from __future__ import annotations
@@ -44,12 +47,14 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class CachedPrefix:
     """An entry of the index: tokens whose KV the stages hold, as their prefix entry
     ``entry_id`` (``stream_id`` None), or as a running stream's own KV (``stream_id``: a
-    live source, not charged to the budget)."""
+    live source, not charged to the budget); ``long_rope``: its keys were turned with
+    LongRoPE's long set throughout (its sequence's prompt passed the threshold)."""
 
     entry_id: int
     tokens: np.ndarray
     stream_id: int | None = None
     hashes: list[int] = field(default_factory=list)
+    long_rope: bool = False
 
     @property
     def live(self) -> bool:
@@ -99,10 +104,11 @@ class PrefixIndex:
         return list(self._entries.values())
 
     def lookup(self, prompt: Sequence[int] | np.ndarray, min_hit: int | None = None,
-               pieces: PieceRule = ANYWHERE) -> PrefixHit | None:
+               pieces: PieceRule = ANYWHERE, long_rope: bool = False) -> PrefixHit | None:
         """The longest cached start of ``prompt`` (at most all but its last token, whose
-        logits the prefill must compute; with ``pieces`` on, up to where they may cut), or
-        None below ``min_hit`` tokens (None: the cache's own)."""
+        logits the prefill must compute; with ``pieces`` on, up to where they may cut) among
+        the entries of its LongRoPE set (``long_rope``), or None below ``min_hit`` tokens
+        (None: the cache's own)."""
         ids = np.asarray(prompt, dtype=np.int64).reshape(-1)
         self.stats.lookups += 1
         best: PrefixHit | None = None
@@ -114,6 +120,8 @@ class PrefixIndex:
             candidates = found
         for entry_id in candidates:
             entry = self._entries[entry_id]
+            if entry.long_rope != long_rope:  # keys turned with the other set
+                continue
             length = pieces.usable_prefix(common_prefix(entry.tokens, ids), ids.size)
             if best is None or length > best.length or (
                     length == best.length and best.entry.live and not entry.live):
@@ -125,25 +133,31 @@ class PrefixIndex:
         self.stats.tokens_saved += best.length
         return best
 
-    def store(self, tokens: Sequence[int] | np.ndarray) -> tuple[CachedPrefix, list[CachedPrefix]]:
-        """Record a stored entry of ``tokens`` (most recently used); returns it and the
-        entries to drop from the stages: those it covers (a prefix of its tokens) and the
+    def store(self, tokens: Sequence[int] | np.ndarray, long_rope: bool = False
+              ) -> tuple[CachedPrefix, list[CachedPrefix]]:
+        """Record a stored entry of ``tokens`` whose keys turned with LongRoPE's long set
+        throughout or not (``long_rope``; most recently used); returns it and the entries to
+        drop from the stages: those of its set it covers (a prefix of its tokens) and the
         least recently used beyond the budget. An entry larger than the budget is dropped
         itself (returned in the list)."""
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1).copy()
-        entry = self._add(CachedPrefix(self.new_id(), ids))
+        entry = self._add(CachedPrefix(self.new_id(), ids, long_rope=long_rope))
         self.stats.saved += 1
         dropped = [e for e in self.entries() if not e.live and e is not entry
+                   and e.long_rope == long_rope
                    and e.tokens.size <= ids.size and common_prefix(e.tokens, ids) == e.tokens.size]
         for old in dropped:
             self.remove(old.entry_id)
         return entry, dropped + self.evict(0)
 
-    def track_live(self, stream_id: int, tokens: Sequence[int] | np.ndarray) -> CachedPrefix:
-        """A running stream's KV holds ``tokens``: offer them as a source."""
+    def track_live(self, stream_id: int, tokens: Sequence[int] | np.ndarray,
+                   long_rope: bool = False) -> CachedPrefix:
+        """A running stream's KV holds ``tokens`` (turned with LongRoPE's long set
+        throughout: ``long_rope``): offer them as a source."""
         self.untrack_live(stream_id)
         entry = self._add(CachedPrefix(self.new_id(), np.asarray(tokens, dtype=np.int64)
-                                      .reshape(-1).copy(), stream_id=stream_id))
+                                      .reshape(-1).copy(), stream_id=stream_id,
+                                      long_rope=long_rope))
         self._live[stream_id] = entry.entry_id
         return entry
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from zctl.engine.drafting import Drafter, StageLoad, StepCost
 from zctl.engine.executor import Executor, Step, StepError, StepReply
+from zctl.engine.long_rope import long_rope_prompt
 from zctl.engine.pipelined import PipelinedSession
 from zctl.engine.prefill import PAGED_PRIOR, STATEFUL_PRIOR
 from zctl.engine.prefill_pieces import ANYWHERE, PieceRule
@@ -119,8 +119,10 @@ class StreamScheduler:
         if session.stream_id in self.sessions or session.stream_id >= GROUP_ID_BASE:
             raise ValueError(f"stream {session.stream_id} is already generating, or its id is "
                              f"in the row groups' range (>= {GROUP_ID_BASE})")
+        session.long_rope = long_rope_prompt(session.prompt.size,
+                                             self.executor.rope_short_context)
         self.executor.open(session.stream_id)
-        self.executor.reset(session.stream_id)
+        self.executor.reset(session.stream_id, session.long_rope)
         session.pieces = self.pieces
         session.one_query = self.one_query
         if not session.done:
@@ -171,9 +173,15 @@ class StreamScheduler:
                 pass
 
     # -- row groups ------------------------------------------------------------------
-    def _busy(self) -> Counter[int]:
-        """Steps in flight per session (by id)."""
-        return Counter(id(s) for sessions in self._in_flight.values() for s in sessions)
+    def _busy(self) -> dict[int, int]:
+        """Steps in flight per session (by id; a session with none is absent). A plain
+        dict read with ``get``: a Counter's missing key costs a Python-level call, and
+        this is read for every unit on every poll."""
+        busy: dict[int, int] = {}
+        for sessions in self._in_flight.values():
+            for session in sessions:
+                busy[id(session)] = busy.get(id(session), 0) + 1
+        return busy
 
     def _join_groups(self) -> list[SessionUpdate]:
         """Put idle one-token-a-step sessions into the smallest row group."""
@@ -326,7 +334,7 @@ class StreamScheduler:
             self.prefill.forget_step(rid)
         self.prefixes.clear()
         try:
-            self.executor.reset(session.stream_id)
+            self.executor.reset(session.stream_id, session.long_rope)
         except Exception:  # noqa: BLE001 - the executor is broken: fail it after all
             return False
         session.restart()
@@ -343,7 +351,7 @@ class StreamScheduler:
                    for s in self.sessions.values())
 
     def _may_plan_ahead(self, unit_id: int, sessions: list[DecodeSession],
-                        busy: Counter[int]) -> bool:
+                        busy: dict[int, int]) -> bool:
         """Whether a unit with steps in flight may submit another: a pipelined session's
         run ahead, or a lone prompt's next chunk (``PrefillPlanner.depth`` in flight)."""
         session = sessions[0]
@@ -360,7 +368,7 @@ class StreamScheduler:
         if not self._is_prefill_step(unit_id, sessions):
             return False
         return (session.stream_id in self.sessions and session.can_plan_ahead
-                and busy[id(session)] < self.prefill.depth(self._beside_decoders(session)))
+                and busy.get(id(session), 0) < self.prefill.depth(self._beside_decoders(session)))
 
     def _size_prefill(self, session: DecodeSession) -> None:
         """Set the session's next prefill chunk from the measured step costs."""
@@ -445,12 +453,12 @@ class StreamScheduler:
                 continue  # its stages hold other rows: it steps once re-formed (settle)
             if decode_only and self._is_prefill_step(unit_id, sessions):
                 continue
-            while not any(busy[id(s)] for s in sessions) or self._may_plan_ahead(
+            while not any(id(s) in busy for s in sessions) or self._may_plan_ahead(
                     unit_id, sessions, busy):
                 if not self._submit(unit_id, sessions, updates):
                     break
                 for session in sessions:
-                    busy[id(session)] += 1
+                    busy[id(session)] = busy.get(id(session), 0) + 1
         return updates
 
     def _submit(self, unit_id: int, sessions: list[DecodeSession],

@@ -321,6 +321,10 @@ class DecodeSession:
         # emitted tokens one a step (the scheduler's, for a row group's step that carries a
         # prompt's piece, whose tokens are computed together: a step is one-query or not)
         self.one_token = False
+        # its sequence turns with LongRoPE's long set throughout (zctl.engine.long_rope):
+        # the scheduler sets it from the prompt and the executor's threshold, and resets
+        # the stream so
+        self.long_rope = False
         self._prefill = PrefillProgress(self.prompt)
         # with prompt_logprobs: token i's (i >= 1) under the tokens before it, once the
         # chunk holding position i - 1 is answered; its chunks answer every position
@@ -605,7 +609,7 @@ class DecodeSession:
     def _check(self, draft: list[int], reply: StepReply) -> tuple[int, int]:
         """How many drafts the target accepts, and the token that follows them."""
         if self.sampling is None:
-            target = [int(t) for t in reply.tokens]
+            target = np.asarray(reply.tokens).tolist()  # Python ints, in one call
         else:
             assert self._rng is not None and reply.logits is not None
             rows = self._mask_to_grammar(adjust_logits(reply.logits, self.sampling,

@@ -15,13 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zctl.engine.requests import TokenLogprob
-
-CHAT_TEMPLATE_NAME = "chat_template.jinja"
-# What ends the model's turn in its chat format besides its EOS (an export's stand-in
-# template for a checkpoint stating none: exporter.chat_formats), {CHAT_STOPS: [text]}:
-# stop strings of a reply to a chat, not of a raw completion.
-CHAT_FORMAT_NAME = "chat_format.json"
-CHAT_STOPS = "stop"
+from zctl.manifest import CHAT_FORMAT_NAME, CHAT_STOPS, CHAT_TEMPLATE_NAME
 
 
 class TokenizerError(ValueError):

@@ -283,7 +283,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
             kv_memory_mb=config.kv_memory_mb, prefix_cache_mb=config.prefix_cache_mb,
             shared_cores=config.shared_cores,
             health=coordinator.pipeline_problem, resume_timeout_s=config.resume_timeout,
-            draft_config=config.runtime,  # drafts run as stage 0 does
+            stage_runtime=config.runtime,
             cluster=coordinator.status)
         say(f"generation service on {service.start()}")
     try:

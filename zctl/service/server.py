@@ -103,11 +103,12 @@ def kv_tokens(manifest: ExportManifest, megabytes: int) -> int:
 
 def kv_cost(manifest: ExportManifest, runtime: RuntimeSpec | None) -> KvCost:
     """What a stream's tokens cost against ``kv_tokens``' budget on stages compiled as
-    ``runtime`` says: on paged stages a sliding layer keeps its window, its margin and a
-    step's token, over block edges (``kv.blocks.sliding_tokens``); elsewhere, or with
-    no runtime known, every layer keeps every token."""
+    ``runtime`` says: a sliding layer keeps its window, its margin and a step's token, over
+    block edges on paged stages, with a slack on stateful ones whose export lets them trim
+    (``kv.blocks.sliding_tokens``); elsewhere, or with no runtime known, every layer keeps
+    every token."""
     model = manifest.model
-    kept = sliding_tokens(runtime, model.sliding_window)
+    kept = sliding_tokens(runtime, model)
     if kept is None or not model.sliding_layers:
         return EVERY_TOKEN
     sliding = set(model.sliding_layers)
@@ -120,10 +121,10 @@ class GenerationService:
     """Serve generations on ``endpoint`` using the executor ``get_executor()`` returns.
 
     The engine's stop tokens, chat template and default sampling (for what a request
-    leaves out) come from ``export_dir``; draft models of
-    speculative requests are loaded with ``draft_config`` (None: RuntimeSpec's defaults;
-    the coordinator passes its stages' runtime, which also says what a stream's KV costs
-    against the budget: ``kv_cost``). ``cluster`` returns the coordinator's
+    leaves out) come from ``export_dir``. ``stage_runtime``: what the stages are compiled
+    with (None: not known; RuntimeSpec's defaults for drafts): it says what a stream's KV
+    costs against the budget (``kv_cost``), and draft models of speculative requests are
+    loaded with it (a draft model runs as stage 0 does). ``cluster`` returns the coordinator's
     cluster status, which stats read the stages' nodes and node liveness from (None: no
     control plane, the executor is all there is). ``kv_memory_mb``: the KV a stage may hold
     for running streams and cached prefixes together (None: no limit), ``prefix_cache_mb``
@@ -134,7 +135,7 @@ class GenerationService:
                  row_groups: int = 0, shared_cores: bool = False,
                  health: Callable[[], str | None] | None = None,
                  resume_timeout_s: float = RESUME_TIMEOUT_S,
-                 draft_config: RuntimeSpec | None = None,
+                 stage_runtime: RuntimeSpec | None = None,
                  cluster: ClusterView | None = None, kv_memory_mb: int | None = None,
                  prefix_cache_mb: int = 0) -> None:
         self.export_dir = Path(export_dir)
@@ -143,15 +144,16 @@ class GenerationService:
         stops = set(manifest.model.eos_token_ids)
         if tokenizer.eos_token_id is not None:
             stops.add(tokenizer.eos_token_id)
+        draft_runtime = stage_runtime  # a draft model runs as stage 0 does
         self.engine = GenerationEngine(
             tokenizer, sorted(stops), get_executor, max_streams=max_streams,
             row_groups=row_groups, shared_cores=shared_cores, health=health,
             resume_timeout_s=resume_timeout_s,
-            load_drafter=DraftModels(manifest.model.vocab_size, draft_config),
+            load_drafter=DraftModels(manifest.model.vocab_size, draft_runtime),
             max_context=manifest.model.max_position_embeddings,
             vocab_size=manifest.model.vocab_size,
             kv_budget_tokens=None if kv_memory_mb is None else kv_tokens(manifest, kv_memory_mb),
-            kv_cost=kv_cost(manifest, draft_config),
+            kv_cost=kv_cost(manifest, stage_runtime),
             prefix_cache_tokens=kv_tokens(manifest, prefix_cache_mb),
             sampling_defaults=model_sampling(manifest.generation_config))
         self._stats = StatsCollector(manifest, self.engine, get_executor, cluster)

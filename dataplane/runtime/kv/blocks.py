@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.kv.sliding_states import SlidingStates
+from zctl.manifest import ModelSpec
 
 
 class BlockPool:
@@ -111,28 +113,47 @@ class SlidingWindow:
         return blocks_for(self.window - 1 + self.margin + tokens, self.block_size) + 1
 
 
+@dataclass(frozen=True)
+class KvLayout:
+    """How a paged stage keeps its layers' KV: in blocks of ``block_size`` slots, ``sliding``
+    of its ``layers`` layers sliding (they free the blocks before their window:
+    ``SlidingWindow``)."""
+
+    block_size: int
+    layers: int
+    sliding: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.layers < 1 or not 0 <= self.sliding <= self.layers:
+            raise ValueError(f"a KV layout needs blocks of at least 1 slot, at least 1 layer "
+                             f"and 0 to {self.layers} sliding ones, not {self.block_size}, "
+                             f"{self.layers}, {self.sliding}")
+
+    def held_slots(self, length: int, window_first: int) -> int:
+        """KV slots a sequence of ``length`` tokens holds, averaged over the layers: the
+        slots of the blocks before table entry ``window_first``, which its sliding layers
+        freed, not counted."""
+        freed = min(length, window_first * self.block_size)
+        return length - round(self.sliding / self.layers * freed)
+
+
 @dataclass
 class PagedSequence:
-    """One stream's KV: ``blocks`` hold its ``length`` tokens (slot i is block i // size);
-    on a stage with sliding layers, ``window_blocks`` hold theirs from table entry
-    ``window_first`` on (the entries before it are freed)."""
+    """One stream's KV on a stage laid out as ``layout``: ``blocks`` hold its ``length``
+    tokens (slot i is block i // size); on a stage with sliding layers, ``window_blocks``
+    hold theirs from table entry ``window_first`` on (the entries before it are freed)."""
 
+    layout: KvLayout
     blocks: list[int] = field(default_factory=list)
     length: int = 0
     window_blocks: list[int] = field(default_factory=list)
     window_first: int = 0
-    # the share of its stage's layers that slide, and their blocks' size: what ``physical``
-    # leaves out for the blocks they freed (0: no layer slides)
-    sliding_share: float = 0.0
-    block_size: int = 0
 
     # the slot-table interface of the other runners (held_slots, stats)
     @property
     def physical(self) -> int:
-        """KV slots it holds, averaged over its stage's layers: the slots of the blocks its
-        sliding layers freed not counted."""
-        freed = min(self.length, self.window_first * self.block_size)
-        return self.length - round(self.sliding_share * freed)
+        """KV slots it holds, averaged over its stage's layers (``KvLayout.held_slots``)."""
+        return self.layout.held_slots(self.length, self.window_first)
 
     @property
     def logical(self) -> int:
@@ -164,12 +185,20 @@ class PrefixBlocks:
 CPU_BLOCK_TOKENS = 32  # a KV block of the CPU plugin's PagedAttention, in tokens
 
 
-def sliding_tokens(spec: RuntimeSpec | None, window: int) -> int | None:
-    """The most tokens of a stream a sliding layer of ``window`` keys holds on stages
-    compiled as ``spec``: on paged stages its window, margin and a step's token over block
-    edges (``SlidingWindow.blocks_bound``); None where it holds every token (stateful
-    stages, no window, or ``spec`` not known)."""
-    if spec is None or not spec.paged_attention or window < 1:
+def sliding_tokens(spec: RuntimeSpec | None, model: ModelSpec) -> int | None:
+    """The most tokens of a stream a sliding layer of ``model`` holds on stages compiled as
+    ``spec``: on paged stages its window, margin and a step's token over block edges
+    (``SlidingWindow.blocks_bound``); on stateful ones its window, margin, slack and a
+    step's token (``SlidingStates.bound``) where the export's graphs let its state be
+    trimmed; None where it holds every token (an export made before, no sliding layer, or
+    ``spec`` not known)."""
+    window = model.sliding_window
+    if spec is None or window < 1 or not model.sliding_layers:
         return None
-    return SlidingWindow(window, spec.sliding_margin, CPU_BLOCK_TOKENS).blocks_bound(1) * \
-        CPU_BLOCK_TOKENS
+    if spec.paged_attention:
+        return SlidingWindow(window, spec.sliding_margin, CPU_BLOCK_TOKENS).blocks_bound(1) * \
+            CPU_BLOCK_TOKENS
+    if not model.sliding_kv_trimmable:
+        return None
+    return SlidingStates(frozenset(model.sliding_layers), window, spec.sliding_margin,
+                         spec.sliding_slack).bound(1)

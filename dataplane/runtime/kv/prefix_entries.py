@@ -14,9 +14,12 @@ save, load and drop entries by id (PREFIX frames; dataplane.wire.prefix_ops). An
 
 Kept slots in physical order are in logical order (rewinds mask the last ones, steps
 append, merges keep the order), so the first ``length`` logical tokens are the first
-``length`` kept slots. ``PrefixEntries`` holds a ``StageRunner``'s entries and saves and
-loads them; a paged stage keeps its prefixes as shared blocks instead
-(dataplane.runtime.kv.blocks).
+``length`` kept slots. On a stage whose sliding layers' states are trimmed
+(dataplane.runtime.kv.sliding_states), an entry's sliding states may lack the keys of its
+first tokens: loading it is refused unless the query after the tokens loaded sees none of
+them (a chat's next turn, loading a whole entry, finds its window there).
+``PrefixEntries`` holds a ``StageRunner``'s entries and saves and loads them; a paged
+stage keeps its prefixes as shared blocks instead (dataplane.runtime.kv.blocks).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import openvino as ov
 
 from dataplane.runtime.base import StageError
 from dataplane.runtime.kv.rows import SLOT_AXIS, find_row
+from dataplane.runtime.kv.sliding_states import SlidingStates, prefix_states
 from dataplane.runtime.kv.slots import RowGroup, StreamSlots, request_states
 
 
@@ -39,6 +43,7 @@ class PrefixEntry:
     nbytes: int
     states: dict[str, np.ndarray] | None = None
     slots: StreamSlots | None = None
+    sliding_gone: int = 0  # its first tokens whose keys its sliding states lack
 
 
 def first_kept(states: dict[str, np.ndarray], row: int, keep: np.ndarray, length: int,
@@ -68,10 +73,11 @@ class PrefixEntries:
     one token's KV costs there."""
 
     def __init__(self, streams: dict[int, StreamSlots], groups: dict[int, RowGroup], stage: int,
-                 kv_bytes_per_token: int) -> None:
+                 kv_bytes_per_token: int, sliding: SlidingStates | None = None) -> None:
         self.entries: dict[int, PrefixEntry] = {}
         self.streams, self.groups = streams, groups
         self.stage, self.kv_bytes_per_token = stage, kv_bytes_per_token
+        self.sliding = sliding  # the stage's trimmed sliding states (None: none)
 
     def get(self, entry_id: int, length: int) -> PrefixEntry:
         """The entry, if it holds at least ``length`` tokens (else StageError)."""
@@ -115,13 +121,32 @@ class PrefixEntries:
             assert slots is not None
             del self.streams[stream_id]
             slots.keep, slots.last, slots.prefetched = prefix_table(keep, length), None, None
-            entry = PrefixEntry(length, slots.physical * self.kv_bytes_per_token, slots=slots)
+            entry = PrefixEntry(length, slots.physical * self.kv_bytes_per_token, slots=slots,
+                                sliding_gone=min(slots.sliding_gone, length))
         else:
-            request = slots.request if slots is not None else self.groups[found[0]].request
+            group = self.groups[found[0]] if found is not None else None
+            request = slots.request if slots is not None else group.request
             row = 0 if found is None else found[1]
-            states = first_kept(request_states(request), row, keep, length)
-            entry = PrefixEntry(length, sum(a.nbytes for a in states.values()), states=states)
+            gone = 0
+            if self.sliding is None:
+                states = first_kept(request_states(request), row, keep, length)
+            else:
+                start, gone = self._sliding_of(slots, group, row)
+                states, gone = prefix_states(request_states(request), row, keep, length,
+                                             self.sliding, start, gone)
+            entry = PrefixEntry(length, sum(a.nbytes for a in states.values()), states=states,
+                                sliding_gone=gone)
         self.entries[entry_id] = entry
+
+    @staticmethod
+    def _sliding_of(slots: StreamSlots | None, group: RowGroup | None, row: int
+                    ) -> tuple[int, int]:
+        """(sliding start, tokens whose keys are gone) of a stream, or of a group's row."""
+        if slots is not None:
+            return slots.sliding_start, slots.sliding_gone
+        assert group is not None
+        gone = group.sliding_gone[row] if group.sliding_gone is not None else 0
+        return group.sliding_start, int(gone)
 
     def load(self, stream_id: int, entry_id: int, length: int, take: bool = False) -> None:
         """Make the first ``length`` tokens of entry ``entry_id`` the KV of stream
@@ -137,32 +162,49 @@ class PrefixEntries:
             raise StageError(f"stream {stream_id} {where} on stage {stage}: a prefix loads only "
                              "into an open stream stepped alone")
         entry = self.get(entry_id, length)
+        if self.sliding is not None and self.sliding.refuses(length, entry.sliding_gone):
+            raise StageError(
+                f"prefix entry {entry_id} cannot start a stream at {length} tokens on stage "
+                f"{stage}: its sliding layers kept the keys from position {entry.sliding_gone} "
+                f"on, and a query there sees the last {self.sliding.window}")
         if take and entry.slots is not None:
             moved = entry.slots
             moved.keep, moved.last, moved.prefetched = prefix_table(moved.keep, length), None, None
+            moved.sliding_gone = min(moved.sliding_gone, length)
             self.streams[stream_id] = moved
             del self.entries[entry_id]
             return
+        gone = entry.sliding_gone
         if entry.states is not None:
             states = entry.states
-        else:
+        elif self.sliding is None:
             assert entry.slots is not None
             states = first_kept(request_states(entry.slots.request), 0, entry.slots.keep, length,
                                 copy=False)
-        self._set_states(slots, states, length)
+        else:
+            assert entry.slots is not None
+            states, gone = prefix_states(request_states(entry.slots.request), 0,
+                                         entry.slots.keep, length, self.sliding,
+                                         entry.slots.sliding_start, entry.slots.sliding_gone)
+        self._set_states(slots, states, length, gone)
         if take:
             del self.entries[entry_id]
 
-    def _set_states(self, slots: StreamSlots, states: dict[str, np.ndarray], length: int) -> None:
-        """Set the first ``length`` slots of ``states`` as the stream's whole KV."""
+    def _set_states(self, slots: StreamSlots, states: dict[str, np.ndarray], length: int,
+                    gone: int = 0) -> None:
+        """Set the first ``length`` slots of ``states`` as the stream's whole KV (sliding
+        states: from the first token they hold, ``gone``)."""
         variables = slots.request.query_state()
         if {v.name for v in variables} != set(states):
             raise StageError(f"a prefix entry's states do not match stage {self.stage}'s")
         tensors = []
         for variable in variables:
             data = states[variable.name]
-            if data.shape[SLOT_AXIS] != length:
-                data = data[:, :, :length]
+            held = length
+            if self.sliding is not None and self.sliding.is_sliding(variable.name):
+                held = length - gone
+            if data.shape[SLOT_AXIS] != held:
+                data = data[:, :, :held]
             # shared: no copy here, the plugin copies it in
             tensors.append(ov.Tensor(np.ascontiguousarray(data), shared_memory=True))
         try:
@@ -171,8 +213,10 @@ class PrefixEntries:
         except RuntimeError as exc:  # half set: leave the stream empty rather than mixed
             slots.request.reset_state()
             slots.keep = np.zeros(0, dtype=bool)
+            slots.sliding_start = slots.sliding_gone = 0
             raise StageError(f"stage {self.stage} could not set a prefix's KV: {exc}") from None
         slots.keep, slots.last, slots.prefetched = np.ones(length, dtype=bool), None, None
+        slots.sliding_start = slots.sliding_gone = gone
 
     def drop(self, entry_id: int) -> None:
         """Free entry ``entry_id`` (an unknown id is no error)."""

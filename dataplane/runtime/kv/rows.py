@@ -39,11 +39,15 @@ def find_row(groups: Mapping[int, RowGroupKV], stream_id: int) -> tuple[int, int
 @dataclass(frozen=True)
 class RowSource:
     """Where a member row's KV comes from: ``states[name]`` is [rows, heads, slots, dim] and
-    ``row`` picks the member's row; ``keep`` is its slot table (True: part of the sequence)."""
+    ``row`` picks the member's row; ``keep`` is its slot table (True: part of the sequence).
+    A sliding layer's states (dataplane.runtime.kv.sliding_states) hold its slots from
+    ``sliding_start`` on and lack the keys of its first ``sliding_gone`` tokens."""
 
     states: dict[str, np.ndarray]
     row: int
     keep: np.ndarray
+    sliding_start: int = 0
+    sliding_gone: int = 0
 
 
 def merge_rows(sources: Sequence[RowSource]) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -37,6 +37,10 @@ class StreamSlots(SlotCounts):
 
     request: ov.InferRequest
     keep: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # on a stage whose sliding layers' states are trimmed (kv.sliding_states): the slot
+    # those states begin at, and the first tokens whose keys they lack
+    sliding_start: int = 0
+    sliding_gone: int = 0
     # Tensors bound to the request, by input name. Some are over numpy memory, which an
     # ov.Tensor does not keep alive for the request: they are held here until replaced.
     # A name whose tensor is already bound is not bound again.
@@ -55,6 +59,8 @@ class RowGroup:
     request: ov.InferRequest
     members: list[int]
     keep: np.ndarray  # bool [rows, slots]
+    sliding_start: int = 0  # as StreamSlots'; the rows share it
+    sliding_gone: np.ndarray | None = None  # each row's (None: no row lacks any)
     bound: dict[str, ov.Tensor] = field(default_factory=dict)  # as StreamSlots.bound
     last: StepInputs | None = None  # as StreamSlots.last
     prefetched: StepInputs | None = None

@@ -342,3 +342,16 @@ def test_a_head_closed_from_another_thread_while_it_waits_fails_its_waiter_clean
     assert not waiter.is_alive()
     assert len(caught) == 1 and isinstance(caught[0], DataPlaneError)
     assert "replaced" in str(caught[0])
+
+
+def test_a_long_rope_sequence_is_refused_on_a_model_with_one_set(dp_threaded2, local2):
+    """LongRoPE's long set on a model without it: the head refuses the reset before any
+    frame goes (as the local chain's runners do), and the stream serves as before."""
+    pipe, _ = dp_threaded2
+    want = greedy(local2, PROMPTS[0], stream_id=6)
+    for executor in (pipe, local2):
+        assert executor.rope_short_context == 0
+        executor.open(6)
+        with pytest.raises(ValueError, match="one set of frequencies"):
+            executor.reset(6, long_rope=True)
+        assert greedy(executor, PROMPTS[0], stream_id=6) == want

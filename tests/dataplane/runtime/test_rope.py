@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataplane.runtime.rope import RopeRows, StageRope, StageRopeRows, rope_tables
+from dataplane.runtime.base import StageError
+from dataplane.runtime.rope import LongSequences, RopeRows, StageRope, StageRopeRows, rope_tables
 
 
 @pytest.mark.parametrize("rope", [
@@ -133,3 +134,57 @@ def test_longrope_rows_keep_a_cache_per_set() -> None:
     plain = StageRopeRows(StageRope(rope.short))  # no long set: every position short
     assert plain.long is None and np.array_equal(plain.one(1000)[0],
                                                  rope_tables(np.array([[1000]]), rope.short)[0])
+
+
+def test_a_long_sequence_turns_every_token_long_in_every_piece() -> None:
+    """A sequence whose prompt passed the threshold (``long_rows``) turns every token with
+    the long set, in whatever pieces its prompt comes (Hugging Face's one pass over a
+    prompt of 20 tokens, threshold 16), row by row, ragged too; other rows as before."""
+    torch = pytest.importorskip("torch")
+    config, rotary = _phi3_longrope(16)
+    rope = _stage_rope(config, rotary)
+    want_cos, want_sin = (t.numpy() for t in rotary(torch.zeros(1),
+                                                    torch.arange(20)[None]))
+    for cut in (2, 5, 8, 15):  # the first piece below the threshold, the next spanning it
+        pieces = [np.arange(cut)[None], np.arange(cut, 20)[None]]
+        got = [rope.tables(p, long_rows=np.array([True])) for p in pieces]
+        np.testing.assert_allclose(np.concatenate([c for c, _ in got], axis=1), want_cos,
+                                   rtol=0, atol=2e-6)
+        np.testing.assert_allclose(np.concatenate([s for _, s in got], axis=1), want_sin,
+                                   rtol=0, atol=2e-6)
+        short_first = rope.tables(pieces[0])[0]  # not said to be long: short below 16
+        assert not np.allclose(short_first, got[0][0], atol=1e-4)
+    piece = np.arange(4, 8)
+    rows = np.stack((piece, piece))  # a long row and a short one at the same positions
+    rows_cos, _ = rope.tables(rows, long_rows=np.array([True, False]))
+    assert np.array_equal(rows_cos[0], rope.tables(piece[None], long_rows=np.array([True]))[0][0])
+    assert np.array_equal(rows_cos[1], rope.tables(piece[None])[0][0])
+    flat = np.concatenate((piece, [3], piece))[None]  # ragged: long 4, short 1, long 4
+    ragged_cos, _ = rope.tables(flat, [4, 1, 4], np.array([True, False, True]))
+    assert np.array_equal(ragged_cos[0, :4], rows_cos[0])
+    assert np.array_equal(ragged_cos[0, 5:], rows_cos[0])
+    assert np.array_equal(ragged_cos[0, 4], rope.tables(np.array([[3]]))[0][0, 0])
+    one = StageRopeRows(rope)  # a one-token step of a long sequence below the threshold
+    assert np.array_equal(one.one(3, long_rope=True)[0],
+                          rope.tables(np.array([[3]]), long_rows=np.array([True]))[0])
+    assert not np.array_equal(one.one(3, long_rope=True)[0], one.one(3)[0])
+
+
+def test_long_sequences_are_kept_per_stream_until_reset_or_closed() -> None:
+    pytest.importorskip("torch")
+    rope = _stage_rope(*_phi3_longrope(16))
+    streams = LongSequences(rope, stage=2)
+    assert streams.rows([1, 2]) is None  # none long: the tables' fast path
+    streams.begin(1, True)
+    streams.begin(2, False)
+    assert 1 in streams and streams.rows([2, 1]).tolist() == [False, True]
+    streams.begin(1, False)  # a new, short sequence on the stream
+    assert streams.rows([1]) is None
+    streams.begin(3, True)
+    streams.forget(3)
+    assert 3 not in streams
+    one_set = LongSequences(StageRope(rope.short), stage=2)
+    with pytest.raises(StageError, match="stage 2's model has one set"):
+        one_set.begin(5, True)
+    assert 5 not in one_set
+    one_set.begin(5, False)  # a short sequence is every sequence there

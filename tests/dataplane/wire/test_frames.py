@@ -478,12 +478,24 @@ def test_the_one_query_flag_survives_a_round_trip_on_steps() -> None:
 
 
 @pytest.mark.parametrize("flags, message", [
-    (4, "unknown flags 0x4"), (0x83, "unknown flags 0x80"),
+    (8, "unknown flags 0x8"), (0x83, "unknown flags 0x80"),
 ])
 def test_an_unknown_flag_is_refused_by_name(flags, message) -> None:
     parts = patched(encode_frame(step_header(one_query=True), hidden()), f21=flags)
     with pytest.raises(FrameError, match=message):
         decode_frame(parts)
+
+
+def test_a_reset_says_whether_its_sequence_turns_long_throughout() -> None:
+    """LONG_ROPE rides on a RESET (the stream's new sequence turns with LongRoPE's long set
+    throughout) and survives the round trip; no other frame begins a sequence."""
+    got, _ = decode_frame(encode_frame(HiddenStateFrame(Kind.RESET, 4, 0, 9, long_rope=True)))
+    assert got.kind == Kind.RESET and got.long_rope and got.epoch == 9
+    assert not decode_frame(encode_frame(HiddenStateFrame(Kind.RESET, 4, 0, 9)))[0].long_rope
+    for header, body in [(step_header(long_rope=True), hidden()),
+                         (HiddenStateFrame(Kind.CLOSE, 4, 0, 9, long_rope=True), None)]:
+        with pytest.raises(FrameError, match="begins no sequence: only a RESET"):
+            decode_frame(encode_frame(header, body))
 
 
 @pytest.mark.parametrize("kind", [Kind.REPLY, Kind.RESET, Kind.COMPACT])

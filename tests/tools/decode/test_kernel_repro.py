@@ -11,15 +11,18 @@ import openvino as ov
 import pytest
 import typer
 
+from dataplane.runtime.synthetic import LayerShape
 from tools.decode.kernel_repro import (
     CASES,
     SHAPES,
     CompressedWeight,
     ModelShape,
     alternated_us,
+    forms_case,
     main,
     matmul_model,
     parse_cases,
+    parse_forms,
     parse_sides,
     per_node_us,
     plugin_properties,
@@ -133,7 +136,11 @@ def test_bad_options_are_refused() -> None:
                           ({"export": Path("/nonexistent")}, "no manifest.json"),
                           ({"against": Path("/nonexistent")}, "--against"),
                           ({"llama_bench": Path("/bin/true")}, "go together"),
-                          ({"runner_sides": "paged,npu"}, "--runner-sides")]:
+                          ({"runner_sides": "paged,npu"}, "--runner-sides"),
+                          ({"forms": "u8,u8"}, "--forms"), ({"forms": "u8,q8_0"}, "weight form"),
+                          ({"case": "forms", "forms": "u8,i8g128"}, "does not divide"),
+                          ({"projection": "lm_head,ffn"}, "--projection"),
+                          ({"dq_group": -1}, "--dq-group")]:
         with pytest.raises(typer.BadParameter, match=match):
             main(**kwargs)
 
@@ -189,3 +196,23 @@ def test_runner_case_steps_paged_sides_with_and_without_the_one_token_graph(tiny
     assert out["over_first"]["paged_threads_default"] == 1.0
     assert set(out["load"]) == set(out["step_ms"])
     assert all(load["load_s"] > 0 for load in out["load"].values())
+
+
+def test_forms_are_two_or_more_each_once() -> None:
+    assert [f.name for f in parse_forms("u8, i8g32")] == ["u8", "i8g32"]
+    for bad in ("u8", "u8,i8,u8"):
+        with pytest.raises(ValueError, match="two or more distinct"):
+            parse_forms(bad)
+
+
+def test_forms_case_alternates_every_form_on_the_projections_named() -> None:
+    shape = ModelShape(LayerShape(64, 128, 2, 1, 32, 256), 32)
+    rows = forms_case(shape, parse_forms("u8,i8g32,u4g32"), 1, iters=3, rounds=2,
+                      core=ov.Core(), projections=["down", "lm_head"])
+    assert [(r["projection"], r["form"]) for r in rows] == [
+        (p, f) for p in ("down", "lm_head") for f in ("u8", "i8g32", "u4g32")]
+    first = rows[0]
+    assert first["speed_over_first"] == 1.0 and first["speed_range"] == [1.0, 1.0]
+    assert [r["weight_precision"] for r in rows[:3]] == ["u8", "i8", "u4"]
+    assert all(r["us"] > 0 and r["node"].startswith("FullyConnected") for r in rows)
+    assert rows[1]["weight_mb"] == round((64 * 128 + 64 * 4 * 2) / 2**20, 2)

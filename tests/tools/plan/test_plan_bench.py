@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from controlplane.records import PredictionStatus, StreamsPrediction
 from tools.plan import cli, measure
 from tools.plan.cases import CASES, QUICK, Case, select_cases
-from tools.plan.report import case_report, stream_figures, targets
+from tools.plan.report import case_report, pipeline_terms, print_report, stream_figures, targets
 from tools.plan.throttle import Quota, SlowedNode, cgroup_kind, group_members
 
 
@@ -156,6 +156,44 @@ def test_a_stream_counts_error_is_against_the_median_of_its_runs() -> None:
     assert (got["row_groups"], got["rows"]) == (1, 1)
     with pytest.raises(ValueError, match="no measured runs"):
         stream_figures(prediction(), 8, [])
+
+
+def _timing(stage0: float, stage1: float, total: float) -> dict[str, dict[str, float]]:
+    """A one-stream round's step timing as the engine reports it (p50 and p95 of each)."""
+    p50 = {"stage0.compute": stage0, "stage1.compute": stage1, "hop0-1.serialise": 0.1,
+           "hop0-1.queue": 0.0, "hop0-1.network": 0.3, "hop1-2.serialise": 0.05,
+           "hop1-2.queue": 0.01, "hop1-2.network": 0.2, "total": total, "transit": 0.5,
+           "network": 0.5, "overhead": 0.25}
+    return {name: {"p50": value, "p95": 2 * value} for name, value in p50.items()}
+
+
+def test_one_stream_s_token_is_set_term_by_term_against_the_pipeline_s_own_timing() -> None:
+    rounds = [_timing(5.0, 6.0, 11.0), _timing(5.5, 6.5, 12.0), _timing(9.0, 9.0, 19.0)]
+    got = pipeline_terms(rounds, [80.0, 75.0, 50.0])
+    assert got["stage_ms"] == [5.5, 6.5]  # each the median of the rounds' p50s
+    assert got["hop_ms"] == [0.4, 0.26]  # serialisation, queueing and network
+    assert got["overhead_ms"] == 0.25
+    assert got["token_ms"] == pytest.approx(1e3 / 75.0, abs=1e-3)  # the median round's
+    assert got["between_ms"] == pytest.approx(1e3 / 75.0 - 12.0, abs=1e-3)
+    assert pipeline_terms([], [80.0]) == {} and pipeline_terms([{}], [80.0]) == {}
+    three = {**_timing(1.0, 1.0, 3.0), "stage2.compute": {"p50": 1.0, "p95": 1.0}}
+    with pytest.raises(ValueError, match="different stages"):
+        pipeline_terms([_timing(1.0, 1.0, 3.0), three], [80.0, 80.0])
+    report = case_report({**outcome({1: [80.0, 75.0, 50.0], 8: [400.0]}), "timing": rounds})
+    assert report["measured_terms"] == got
+    assert report["predicted_token_ms"] == 10.0  # one stream predicted at 100 tok/s
+    assert case_report(outcome({1: [80.0], 8: [400.0]}))["measured_terms"] == {}
+
+
+def test_the_printed_report_names_the_terms(capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    case = case_report({**outcome({1: [75.0], 8: [400.0]}), "timing": [_timing(5.5, 6.5, 12.0)]})
+    print_report({"cpu": "cpu", "date": "today", "commit": "abc", "cases": {"split": case},
+                  "skipped": {}, "targets": targets({"split": case})}, Console(width=200))
+    out = capsys.readouterr().out
+    assert "split, one stream's token (ms): predicted steps 5, 4, hops 0.3, 0.2" in out
+    assert "measured compute 5.5, 6.5, hops 0.4, 0.26, overhead 0.25" in out
 
 
 def test_targets_take_the_worst_case_and_a_failed_case_misses_them() -> None:

@@ -70,6 +70,10 @@ def test_costs_are_medians_and_paired_ratios() -> None:
     assert got["vs_today"]["repeatable"]["tok_s"] == pytest.approx(0.95)
     assert worst_cost(got["vs_today"]["repeatable"]) == pytest.approx(
         {"decode": 0.05, "ttft": 0.1})
+    # a baseline round that measured nothing leaves nothing to compare against
+    samples["today"][1]["tok_s"] = 0.0
+    with pytest.raises(ValueError, match="nothing to compare against"):
+        summarize(samples, "today")
 
 
 def test_targets_take_the_worst_model() -> None:

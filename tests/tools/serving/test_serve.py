@@ -19,10 +19,10 @@ from tools.serving.serve import (
     level_row,
     overhead_figures,
     overhead_steps,
+    paired_rounds,
     pool,
     print_table,
     report,
-    round_ratios,
     targets,
     warmup_set,
 )
@@ -98,16 +98,18 @@ def test_rounds_pair_up_and_the_ratio_is_their_median() -> None:
     # the machine slows down in the second round: both systems feel it
     zctl = [run(100, 1.0), run(100, 2.0), run(100, 1.0)]    # 100, 50, 100 tok/s
     genai = [run(100, 1.25), run(100, 2.0), run(100, 0.8)]  # 80, 50, 125 tok/s
-    assert round_ratios(zctl, genai) == [1.25, 1.0, 0.8]
+    assert paired_rounds(zctl, genai) == ([100.0, 50.0, 100.0], [80.0, 50.0, 125.0])
     pooled = pool(zctl)
     assert len(pooled.records) == 3 and pooled.wall_s == 4.0 and pooled.concurrency == 8
-    row = level_row(summarize(pool(zctl)), summarize(pool(genai)), round_ratios(zctl, genai))
+    row = level_row(summarize(pool(zctl)), summarize(pool(genai)), paired_rounds(zctl, genai))
     assert row["ratio"] == 1.0 and row["round_ratios"] == [1.25, 1.0, 0.8]
     assert row["zctl_tok_s"] == 75.0 and row["genai_cb_tok_s"] == round(300 / 4.05, 2)
     # one round: the two summaries' ratio, as before
-    assert level_row(summarize(zctl[0]), summarize(genai[0]), round_ratios(zctl[:1], genai[:1]))[
+    assert level_row(summarize(zctl[0]), summarize(genai[0]), paired_rounds(zctl[:1], genai[:1]))[
         "ratio"] == 1.25
-    assert round_ratios(zctl, []) == [] and round_ratios(zctl, [run(0, 1.0)]) == []
+    # no baseline, or a baseline round that served nothing: no pair
+    assert paired_rounds(zctl, []) == ([], []) and paired_rounds(zctl, [run(0, 1.0)]) == ([], [])
+    assert level_row(summarize(zctl[0]), None, paired_rounds(zctl, []))["ratio"] is None
     with pytest.raises(ValueError, match="no rounds"):
         pool([])
 

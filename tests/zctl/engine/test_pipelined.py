@@ -51,6 +51,7 @@ class OverlappingModel:
     one_query_supported = False
     prefix_cache_supported = False
     wirings = 0
+    rope_short_context = 0
 
     def __init__(self, skew_cancel: int = 0) -> None:
         self.kv: dict[int, list[int]] = {}
@@ -65,7 +66,7 @@ class OverlappingModel:
     def open(self, stream_id: int) -> None:
         self.kv.setdefault(stream_id, [])
 
-    def reset(self, stream_id: int) -> None:
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
         self.kv[stream_id] = []
 
     def close_stream(self, stream_id: int) -> None:

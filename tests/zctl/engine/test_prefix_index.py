@@ -34,6 +34,28 @@ def test_the_longest_start_is_found_and_the_last_token_is_left_to_prefill() -> N
     assert cache.stats.lookups == 3
 
 
+def test_an_entry_serves_only_prompts_of_the_longrope_set_its_keys_turned_with() -> None:
+    """Keys turned with LongRoPE's long set throughout (a prompt past the threshold) are
+    no hit for a prompt of the short set, and the other way round; an entry covering one
+    of the other set leaves it be; a live source keeps its set too."""
+    cache = PrefixIndex(10_000, block=4, min_hit=4)
+    short, _ = cache.store(list(range(12)))
+    long, dropped = cache.store(list(range(20)), long_rope=True)
+    assert short not in dropped and cache.entries() == [short, long]
+    prompt = [*range(12), 99, 98]
+    hit = cache.lookup(prompt)
+    assert hit is not None and hit.entry is short and hit.length == 12
+    hit = cache.lookup(prompt, long_rope=True)
+    assert hit is not None and hit.entry is long and hit.length == 12
+    cache.remove(short.entry_id)
+    assert cache.lookup(prompt) is None  # refused: the long keys are the other set's
+    cache.remove(long.entry_id)
+    live = cache.track_live(7, list(range(16)), long_rope=True)
+    assert cache.lookup(prompt) is None
+    hit = cache.lookup(prompt, long_rope=True)
+    assert hit is not None and hit.entry is live and live.live
+
+
 def test_short_matches_are_not_hits() -> None:
     cache = PrefixIndex(1000, block=4, min_hit=8)
     cache.store(list(range(20)))

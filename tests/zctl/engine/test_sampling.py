@@ -120,7 +120,7 @@ class TableModel(InlineExecutor):
     def open(self, stream_id: int) -> None:
         pass
 
-    def reset(self, stream_id: int) -> None:
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
         pass
 
     def close_stream(self, stream_id: int) -> None:

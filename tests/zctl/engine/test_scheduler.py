@@ -33,7 +33,7 @@ class CountingModel(InlineExecutor):
     def open(self, stream_id: int) -> None:
         pass
 
-    def reset(self, stream_id: int) -> None:
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
         self.steps.append((stream_id, [], [], 0))
 
     def close_stream(self, stream_id: int) -> None:
@@ -399,3 +399,33 @@ def test_auto_k_does_not_start_measuring_near_the_end() -> None:
     assert session.choose_k() == 4  # enough budget left: measure
     session.stats.new_tokens = 4
     assert session.choose_k() == 0  # PROBE_EVERY tokens to go: nothing left to gain
+
+
+class LongRopeModel(CountingModel):
+    """CountingModel of a LongRoPE model whose threshold is 6 tokens, noting its resets."""
+
+    rope_short_context = 6
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resets: list[tuple[int, bool]] = []
+
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
+        self.resets.append((stream_id, long_rope))
+        super().reset(stream_id, long_rope)
+
+
+def test_a_prompt_past_the_longrope_threshold_resets_its_stream_long() -> None:
+    """A prompt longer than the executor's threshold begins a long sequence (however it is
+    cut: 2-token pieces here), one of the threshold or shorter a short one, each stream for
+    itself; an executor of one set never gets a long one."""
+    model = LongRopeModel()
+    sessions = [DecodeSession(1, [1, 2, 3, 4, 5, 6, 7], 4, prefill_chunk=2),
+                DecodeSession(2, [1, 2, 3, 4, 5, 6], 4, prefill_chunk=2)]
+    list(run_sessions(model, sessions))
+    assert sorted(model.resets) == [(1, True), (2, False)]
+    assert [s.long_rope for s in sessions] == [True, False]
+    plain = CountingModel()  # rope_short_context 0: one set
+    session = DecodeSession(3, list(range(40)), 2)
+    list(run_sessions(plain, [session]))
+    assert not session.long_rope

@@ -216,9 +216,13 @@ class SlowChain(InlineExecutor):
     def row_groups_supported(self) -> bool:
         return self.chain.row_groups_supported
 
-    def reset(self, stream_id: int) -> None:
+    @property
+    def rope_short_context(self) -> int:
+        return self.chain.rope_short_context
+
+    def reset(self, stream_id: int, long_rope: bool = False) -> None:
         self.drop_answers(stream_id)
-        self.chain.reset(stream_id)
+        self.chain.reset(stream_id, long_rope)
 
     def close_stream(self, stream_id: int) -> None:
         self.drop_answers(stream_id)
@@ -544,9 +548,35 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_kv_cost_counts_sliding_layers_at_their_window_on_paged_stages() -> None:
+def test_the_stages_runtime_loads_draft_models_and_prices_a_streams_kv(tiny_exports) -> None:
+    """The service is given the runtime its stages are compiled with: draft models load
+    with it (a drafter runs as stage 0 does) and a stream's KV is priced by it."""
+    from dataplane.runtime.draft_model import DraftModels
+    from zctl.manifest import load_manifest
+    from zctl.service.server import kv_cost
+
+    export_dir = tiny_exports.get([(0, 2), (2, 4)])
+    runtime = RuntimeSpec(precision="f32", paged_attention=True)
+    svc = GenerationService(export_dir, lambda: None, "tcp://127.0.0.1:*", stage_runtime=runtime)
+    try:
+        drafter = svc.engine.load_drafter
+        assert isinstance(drafter, DraftModels) and drafter.config is runtime
+        assert svc.engine.kv_cost == kv_cost(load_manifest(export_dir, verify_files=False),
+                                             runtime)
+    finally:
+        svc.stop()
+    plain = GenerationService(export_dir, lambda: None, "tcp://127.0.0.1:*")
+    try:
+        drafter = plain.engine.load_drafter
+        assert isinstance(drafter, DraftModels) and drafter.config is None
+    finally:
+        plain.stop()
+
+
+def test_kv_cost_counts_sliding_layers_at_their_bound() -> None:
     """Paged stages' sliding layers keep their window, margin and a step's token over
-    block edges; stateful stages, or a runtime not known, keep every token."""
+    block edges; stateful ones of an export made before, or a runtime not known, keep
+    every token, and those of an export that lets them trim, their bound."""
     from dataclasses import replace
 
     from dataplane.runtime.config import RuntimeSpec
@@ -566,15 +596,28 @@ def test_kv_cost_counts_sliding_layers_at_their_window_on_paged_stages() -> None
     assert cost.stages == ((0, 3), (2, 1)) and cost.sliding_tokens == kept
     assert cost.tokens(8192) == -(-(2 * 8192 + kept) // 3)
     assert kv_cost(manifest, RuntimeSpec()) == kv_cost(manifest, None) == EVERY_TOKEN
+    trimmable = replace(manifest, model=replace(manifest.model, sliding_kv_trimmable=True))
+    assert kv_cost(trimmable, RuntimeSpec()).sliding_tokens == 511 + 528 + 256 + 1
     assert kv_cost(base, paged) == EVERY_TOKEN  # no sliding layer
 
 
-def test_a_sliding_layer_holds_its_window_margin_and_a_step_on_paged_stages_only() -> None:
+def test_a_sliding_layer_holds_its_window_margin_and_a_step() -> None:
+    """On paged stages over block edges; on stateful ones with a slack, where the export's
+    graphs let a sliding layer's state be trimmed; every token elsewhere."""
+    from dataclasses import replace
+
     from dataplane.runtime.config import RuntimeSpec
     from dataplane.runtime.kv.blocks import sliding_tokens
+    from dataplane.runtime.synthetic import LayerShape, synthetic_manifest
 
+    base = synthetic_manifest(LayerShape(hidden=64, heads=2, kv_heads=1, head_dim=32,
+                                         intermediate=128, vocab=100), 6, True, "fp32").model
+    old = replace(base, sliding_window=512, sliding_layers=(0, 1, 2, 4))
+    model = replace(old, sliding_kv_trimmable=True)
     paged = RuntimeSpec(paged_attention=True)
     # 511 keys before a query, 528 of margin and the step's token: 33 blocks, +1 over edges
-    assert sliding_tokens(paged, 512) == 34 * 32
-    assert sliding_tokens(RuntimeSpec(), 512) is None  # stateful stages keep every token
-    assert sliding_tokens(paged, 0) is None and sliding_tokens(None, 512) is None
+    assert sliding_tokens(paged, model) == sliding_tokens(paged, old) == 34 * 32
+    # stateful: 511 + 528, the slack of 256 and the step's token
+    assert sliding_tokens(RuntimeSpec(), model) == 511 + 528 + 256 + 1
+    assert sliding_tokens(RuntimeSpec(), old) is None  # an export made before: every token
+    assert sliding_tokens(paged, base) is None and sliding_tokens(None, model) is None

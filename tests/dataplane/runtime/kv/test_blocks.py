@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.runtime.kv.blocks import PagedSequence, SlidingWindow, blocks_for, window_table
+from dataplane.runtime.kv.blocks import (
+    KvLayout,
+    PagedSequence,
+    SlidingWindow,
+    blocks_for,
+    window_table,
+)
 
 
 def test_a_sliding_layer_keeps_the_blocks_of_its_window_and_margin() -> None:
@@ -21,8 +27,8 @@ def test_a_sliding_layer_keeps_the_blocks_of_its_window_and_margin() -> None:
 
 
 def test_a_sliding_table_points_freed_entries_at_the_unwritten_block() -> None:
-    seq = PagedSequence(blocks=[10, 11, 12, 13], length=16, window_blocks=[5, 6],
-                        window_first=2)
+    seq = PagedSequence(KvLayout(block_size=4, layers=2, sliding=1), blocks=[10, 11, 12, 13],
+                        length=16, window_blocks=[5, 6], window_first=2)
     assert window_table(seq, 4, 99) == [99, 99, 5, 6]
     assert window_table(seq, 3, 99) == [99, 99, 5]
     assert window_table(seq, 1, 99) == [99]
@@ -36,10 +42,22 @@ def test_a_window_of_no_key_or_a_negative_margin_is_refused(args: tuple[int, int
 
 def test_a_sequences_held_slots_leave_out_what_its_sliding_layers_freed() -> None:
     """Status counts the slots a stream holds averaged over its stage's layers."""
-    seq = PagedSequence(blocks=[1, 2, 3, 4], length=100, window_blocks=[7, 8],
-                        window_first=2, sliding_share=0.75, block_size=32)
+    layout = KvLayout(block_size=32, layers=4, sliding=3)
+    seq = PagedSequence(layout, blocks=[1, 2, 3, 4], length=100, window_blocks=[7, 8],
+                        window_first=2)
     assert seq.physical == 100 - round(0.75 * 64)
-    assert PagedSequence(blocks=[1], length=20).physical == 20  # no sliding layer
+    # a sequence shorter than its freed entries span frees no more than it holds
+    assert PagedSequence(layout, blocks=[1, 2], length=40, window_first=2).physical == \
+        40 - round(0.75 * 40)
+    no_sliding = KvLayout(block_size=32, layers=4)
+    assert PagedSequence(no_sliding, blocks=[1], length=20).physical == 20
+
+
+@pytest.mark.parametrize("args", [(0, 4, 0), (32, 0, 0), (32, 4, 5), (32, 4, -1)])
+def test_a_layout_of_empty_blocks_no_layer_or_more_sliding_layers_than_layers_is_refused(
+        args: tuple[int, int, int]) -> None:
+    with pytest.raises(ValueError, match="a KV layout needs blocks of at least 1 slot"):
+        KvLayout(*args)
 
 
 def test_the_sliding_margin_is_the_engines_deepest_rewind() -> None:
