@@ -21,7 +21,7 @@ import torch
 
 from dataplane.runtime.stateful_graph import add_beam_idx, make_stateful
 from exporter import graph
-from exporter.compress import compress_stage
+from exporter.compress import compress_stage, keeps_16bit
 from exporter.sources import ModelSource
 from exporter.stage_module import StageModule
 from zctl.engine.sampling_defaults import SamplingConfigError, model_sampling
@@ -161,7 +161,10 @@ def build_stage(
         clock = now
 
     def fetch(name: str) -> torch.Tensor | None:
-        return source.get(name) if name.endswith(".bias") else source.require(name)
+        # a compressed export keeps a 16-bit checkpoint's weights 16-bit until NNCF compresses
+        # them (the same compressed weights, half the memory: exporter.stored_weights)
+        keep = keeps_16bit(weight_format, name)
+        return source.get(name, keep) if name.endswith(".bias") else source.require(name, keep)
 
     progress.phase(index, "load")
     kv_dtype = torch.float16 if static is not None and static.kv_dtype == "f16" else None
@@ -171,7 +174,15 @@ def build_stage(
     mark("load")
     progress.phase(index, "trace")
     model = graph.convert_stage(module, shape, start, end, first, last)
+    # The converted model's 16-bit Constants share the module's tensors without keeping them
+    # alive (OpenVINO's PyTorch frontend, 2026.4): the module goes once NNCF replaced them.
+    shared = [module]
     del module
+
+    def compressed_16bit() -> None:
+        shared.clear()
+        gc.collect()
+
     gc.collect()
     mark("trace")
     progress.phase(index, "convert")
@@ -185,7 +196,7 @@ def build_stage(
     graph.stamp_rt_info(model, {**rt_info, "stage": str(index), "layers": f"{start}-{end - 1}"})
     mark("convert")
     progress.phase(index, "compress")
-    model = compress_stage(model, weight_format, group_size)
+    model = compress_stage(model, weight_format, group_size, compressed_16bit)
     mark("compress")
     progress.phase(index, "save")
     xml = f"stage{index}.xml"

@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from exporter.moe_block import tile_rows, weigh_experts
+from exporter.stored_weights import StoredLinear, computed
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,15 @@ class GptOssMoeBlock(nn.Module):
         self.experts, self.active, self.activation = experts, active, activation
         self.intermediate = intermediate
         # a module of its own, so its MatMul is named (compress.py keeps it out of INT4)
-        self.router = nn.Linear(hidden, experts, bias=True)
-        self.router.weight = nn.Parameter(router, requires_grad=False)
-        self.router.bias = nn.Parameter(router_bias, requires_grad=False)
-        # [experts, 2 * intermediate, hidden]: gate and up rows interleaved, as stored
+        self.router = StoredLinear(router, router_bias)
+        # [experts, 2 * intermediate, hidden]: gate and up rows interleaved, as stored; the
+        # weights in their stored type (exporter.stored_weights), the biases float32
         self.gate_up = nn.Parameter(gate_up.transpose(1, 2).contiguous(), requires_grad=False)
-        self.gate_up_bias = nn.Parameter(gate_up_bias.unsqueeze(1).contiguous(),
+        self.gate_up_bias = nn.Parameter(gate_up_bias.float().unsqueeze(1).contiguous(),
                                          requires_grad=False)
         self.down = nn.Parameter(down.transpose(1, 2).contiguous(), requires_grad=False)
-        self.down_bias = nn.Parameter(down_bias.unsqueeze(1).contiguous(), requires_grad=False)
+        self.down_bias = nn.Parameter(down_bias.float().unsqueeze(1).contiguous(),
+                                      requires_grad=False)
 
     def route(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top-k weights and expert indices [rows, k], as Hugging Face's router:
@@ -85,10 +86,13 @@ class GptOssMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tiled, routing = tile_rows(x, self.experts, self.route)
-        gate_up = torch.matmul(tiled, self.gate_up.transpose(1, 2)) + self.gate_up_bias
+        dtype = tiled.dtype
+        gate_up = (torch.matmul(tiled, computed(self.gate_up, dtype).transpose(1, 2))
+                   + self.gate_up_bias)
         limit, alpha = self.activation.limit, self.activation.alpha
         up = gate_up[..., 1::2].clamp(-limit, limit) + 1
         gate = torch.clamp(gate_up[..., ::2], max=limit)
         glu = gate * torch.sigmoid(gate * alpha)
-        out = torch.matmul(up * glu, self.down.transpose(1, 2)) + self.down_bias
+        out = (torch.matmul(up * glu, computed(self.down, dtype).transpose(1, 2))
+               + self.down_bias)
         return weigh_experts(out, routing)

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from exporter.stored_weights import StoredLinear, computed
+
 
 class SparseMoeBlock(nn.Module):
     """Router [experts, hidden], gate_up [experts, 2 * intermediate, hidden] (gate rows
@@ -44,8 +46,8 @@ class SparseMoeBlock(nn.Module):
         intermediate = rows // 2
         self.experts, self.active, self.norm_topk_prob = experts, active, norm_topk_prob
         # a module of its own, so its MatMul is named (compress.py keeps it out of INT4)
-        self.router = nn.Linear(hidden, experts, bias=False)
-        self.router.weight = nn.Parameter(router, requires_grad=False)
+        self.router = StoredLinear(router, None)
+        # the experts' weights in their stored type (exporter.stored_weights)
         self.gate = nn.Parameter(gate_up[:, :intermediate].contiguous(), requires_grad=False)
         self.up = nn.Parameter(gate_up[:, intermediate:].contiguous(), requires_grad=False)
         self.down = nn.Parameter(down, requires_grad=False)
@@ -60,9 +62,9 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tiled, routing = tile_rows(x, self.experts, self.route)
-        gate = torch.matmul(tiled, self.gate.transpose(1, 2))
-        up = torch.matmul(tiled, self.up.transpose(1, 2))
-        out = torch.matmul(F.silu(gate) * up, self.down.transpose(1, 2))
+        gate = torch.matmul(tiled, computed(self.gate, tiled.dtype).transpose(1, 2))
+        up = torch.matmul(tiled, computed(self.up, tiled.dtype).transpose(1, 2))
+        out = torch.matmul(F.silu(gate) * up, computed(self.down, tiled.dtype).transpose(1, 2))
         return weigh_experts(out, routing)
 
 

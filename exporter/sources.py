@@ -30,6 +30,7 @@ from exporter.mxfp4 import (
     stored_pairs,
 )
 from exporter.stage_module import DecoderShape
+from exporter.stored_weights import SIXTEEN_BIT
 from zctl.manifest import (
     CHAT_FORMAT_NAME,
     CHAT_STOPS,
@@ -292,18 +293,22 @@ class ModelSource:
                               f"the config makes {part.rows}")
         return whole[part.start:part.stop]
 
-    def get(self, name: str) -> torch.Tensor | None:
-        """Tensor by HF Llama name as float32, or None when absent (optional biases)."""
+    def get(self, name: str, keep_16bit: bool = False) -> torch.Tensor | None:
+        """Tensor by HF Llama name as float32, or None when absent (optional biases).
+        ``keep_16bit``: a tensor stored in a 16-bit float type (bf16, f16) stays in it (a
+        compressed export's weights: exporter.stored_weights)."""
         if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
             value = self._stored(name)
             if value is None:
                 value = self._stored("model.embed_tokens.weight")
         else:
             value = self._stored(name)
-        return None if value is None else value.to(torch.float32)
+        if value is None or (keep_16bit and value.dtype in SIXTEEN_BIT):
+            return value
+        return value.to(torch.float32)
 
-    def require(self, name: str) -> torch.Tensor:
-        value = self.get(name)
+    def require(self, name: str, keep_16bit: bool = False) -> torch.Tensor:
+        value = self.get(name, keep_16bit)
         if value is None:
             raise SourceError(f"{self.location}: tensor {name} is missing from the checkpoint")
         return value
@@ -421,7 +426,9 @@ class SafetensorsSource(ModelSource):
 
     def tensor(self, name: str) -> torch.Tensor | None:
         """Tensor ``name`` as stored, or a layer's experts' projection dequantized from its
-        MXFP4 pair as transformers loads it (that projection alone, in float32)."""
+        MXFP4 pair as transformers loads it (that projection alone, in bfloat16: every MXFP4
+        value float32 holds, a power of two times one of E2M1's 3 significant bits, bfloat16
+        holds exactly, in half the bytes; ``get`` widens it unless the export keeps it)."""
         if name in self._mxfp4 and name not in self._where:
             return self._dequantized(name)
         return self._read(name)
@@ -430,7 +437,7 @@ class SafetensorsSource(ModelSource):
         blocks, scales = (self._read(stored) for stored in pair_names(name))
         if blocks is None or scales is None:  # _mxfp4_experts found both: a changed file
             raise SourceError(f"{self.path}: MXFP4 tensor {name}'s blocks or scales are gone")
-        value = dequantize_experts(blocks, scales)
+        value = dequantize_experts(blocks, scales, torch.bfloat16)
         if not torch.isfinite(value).all():
             raise SourceError(f"{self.path}: MXFP4 tensor {name} has weights beyond float32's "
                               "range (a scale of 2**128, E8M0's NaN byte 255, or near it)")

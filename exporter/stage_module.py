@@ -37,6 +37,7 @@ from torch.nn import functional as F
 from dataplane.runtime.kv.masks import MASK_MIN
 from exporter.gpt_oss_moe_block import ClampedSwiGLU, GptOssMoeBlock
 from exporter.moe_block import SparseMoeBlock
+from exporter.stored_weights import StoredEmbedding, StoredLinear
 
 Activation = Literal["silu", "gelu_tanh"]
 
@@ -104,17 +105,14 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(variance + self.eps))
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    layer.weight = nn.Parameter(weight, requires_grad=False)
-    if bias is not None:
-        layer.bias = nn.Parameter(bias, requires_grad=False)
-    return layer
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> StoredLinear:
+    return StoredLinear(weight, bias)
 
 
 def _norm(weight: torch.Tensor, shape: DecoderShape) -> RMSNorm:
-    """An RMSNorm of ``weight``, Gemma's ``1 + weight`` (summed once here, in float32 as
-    Hugging Face sums it at every call) where the family says so."""
+    """An RMSNorm of ``weight`` in float32, Gemma's ``1 + weight`` (summed once here, in
+    float32 as Hugging Face sums it at every call) where the family says so."""
+    weight = weight.float()
     return RMSNorm(1.0 + weight if shape.norm_plus_one else weight, shape.rms_norm_eps)
 
 
@@ -204,14 +202,14 @@ def _attention_with_sinks(q: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 
 def _stacked_linear(get: Callable[[str], torch.Tensor | None], names: tuple[str, ...]
-                    ) -> nn.Linear:
+                    ) -> StoredLinear:
     """One Linear whose output rows are those of ``names``' projections in turn (a bias
     only when one of them has one: the others' rows get zeros)."""
     weights = [get(f"{name}.weight") for name in names]
     biases = [get(f"{name}.bias") for name in names]
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b if b is not None else torch.zeros(w.shape[0], dtype=w.dtype)
+        bias = torch.cat([b.float() if b is not None else torch.zeros(w.shape[0])
                           for w, b in zip(weights, biases, strict=True)])
     return _linear(torch.cat(weights), bias)
 
@@ -261,7 +259,8 @@ class DecoderLayer(nn.Module):
         # a sparse layer's MLP: the mixture of experts, in place of the dense MLP
         self.moe = _moe_block(shape, lambda name: get(mlp + name)) if sparse else None
         self.sinks: torch.Tensor | None
-        self.register_buffer("sinks", get(attn + "sinks") if shape.attention_sinks else None)
+        self.register_buffer("sinks", get(attn + "sinks").float() if shape.attention_sinks
+                             else None)
         if fuse_projections:
             self.qkv_proj = _stacked_linear(get, tuple(attn + p for p in ("q_proj", "k_proj",
                                                                           "v_proj")))
@@ -366,9 +365,9 @@ class StageModule(nn.Module):
         super().__init__()
         self.first, self.last = first, last
         self.shape = shape
-        self.embed: nn.Embedding | None = None
+        self.embed: StoredEmbedding | None = None
         if first:
-            self.embed = nn.Embedding.from_pretrained(get("model.embed_tokens.weight"), freeze=True)
+            self.embed = StoredEmbedding(get("model.embed_tokens.weight"))
         scaled = first and shape.embed_scale != 1.0
         self.register_buffer("embed_scale", torch.tensor(shape.embed_scale) if scaled else None)
         self.layers = nn.ModuleList(

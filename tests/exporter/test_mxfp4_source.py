@@ -164,12 +164,15 @@ def test_one_projection_reads_its_own_pair_only(checkpoints: tuple[Path, Path],
                             "model.layers.1.mlp.experts.down_proj_scales"]
 
 
+@pytest.mark.parametrize("weights", ["fp32", "int4"])
 def test_its_export_is_the_dense_weights_export(checkpoints: tuple[Path, Path],
-                                                tmp_path: Path) -> None:
+                                                tmp_path: Path, weights: str) -> None:
+    """In INT4 too, where the experts stay bfloat16 until compressed (exactly their MXFP4
+    values: exporter.stored_weights)."""
     outs = []
     for path in checkpoints:
         out = tmp_path / path.name
-        export_model(open_source(str(path)), [(0, LAYERS)], "fp32", out)
+        export_model(open_source(str(path)), [(0, LAYERS)], weights, out)
         outs.append(out)
     assert (outs[0] / "stage0.bin").read_bytes() == (outs[1] / "stage0.bin").read_bytes()
 
