@@ -4,6 +4,7 @@ whose sliding layers' states are trimmed soon, with the slots they hold."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,11 +31,25 @@ def assert_speculation_matches(chains: dict[str, LocalChain], prompt: list[int],
     """Speculative decoding of ``prompt`` on every chain, drafts scripted to be rejected at
     every position (so the stages rewind their KV), gives the ``reference`` greedy tokens."""
     for runner, chain in chains.items():
-        stats = SpeculativeStats()
-        drafter = ScriptedDrafter(prompt, reference)
-        assert list(generate_speculative(chain, prompt, len(reference), drafter=drafter, k=4,
-                                         stats=stats, stream_id=1)) == reference, runner
+        stats = speculate_watching(chain, prompt, reference, 1, lambda: None, runner)
         assert stats.rejections > 3 and stats.accepted > 3, runner
+
+
+def speculate_watching(chain: LocalChain, prompt: list[int], reference: list[int],
+                       stream_id: int, watch: Callable[[], None],
+                       label: str = "") -> SpeculativeStats:
+    """Speculative decoding of ``prompt`` as stream ``stream_id``, drafts scripted to be
+    rejected at every position, ``watch()`` called after every token; the tokens must be
+    ``reference``. Its statistics."""
+    stats = SpeculativeStats()
+    drafter = ScriptedDrafter(prompt, reference)
+    got = []
+    for token in generate_speculative(chain, prompt, len(reference), drafter=drafter, k=4,
+                                      stats=stats, stream_id=stream_id):
+        got.append(token)
+        watch()
+    assert got == reference, label
+    return stats
 
 
 def run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:

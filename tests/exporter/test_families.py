@@ -32,14 +32,13 @@ from tests.exporter.exactness import (
     assert_speculation_matches,
     run_to_end,
     runner_chains,
+    speculate_watching,
     state_slots,
 )
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
-from tests.zctl.engine.test_drafting import ScriptedDrafter
-from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative
+from zctl.engine.scheduler import StreamScheduler, generate_greedy
 from zctl.engine.sessions import DecodeSession
-from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.manifest import ExportManifest, StageSpec, StaticKV, load_manifest, manifest_from_dict
 
@@ -449,14 +448,9 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
     chain.close_stream(2)
     assert all(r.pool.used == 0 and r.window_caches.pool.used == 0 for r in chain.runners)
 
-    stats, seen = SpeculativeStats(), {}
-    drafter = ScriptedDrafter(prompt, reference)
-    got = []
-    for token in generate_speculative(chain, prompt, WINDOW_TOKENS, drafter=drafter, k=4,
-                                      stats=stats, stream_id=3):
-        got.append(token)
-        _window_blocks(chain, 3, seen)
-    assert got == reference
+    seen = {}
+    stats = speculate_watching(chain, prompt, reference, 3,
+                               lambda: _window_blocks(chain, 3, seen))
     assert stats.rejections > 10 and stats.accepted > 10
     assert all(max(w for w, _ in counts) <= kept for counts in seen.values())
 
@@ -526,14 +520,8 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_
         chain.close_stream(2)
 
     chain = chains["mask"]
-    stats, seen = SpeculativeStats(), {}
-    drafter = ScriptedDrafter(prompt, reference)
-    got = []
-    for token in generate_speculative(chain, prompt, WINDOW_TOKENS, drafter=drafter, k=4,
-                                      stats=stats, stream_id=3):
-        got.append(token)
-        state_slots(chain, 3, seen)
-    assert got == reference
+    seen = {}
+    stats = speculate_watching(chain, prompt, reference, 3, lambda: state_slots(chain, 3, seen))
     assert stats.rejections > 10 and stats.accepted > 10
     assert max(seen["sliding"]) <= bound + 5 + 16  # a step's 5 tokens, masked slots uncompacted
 
