@@ -108,76 +108,26 @@ SHAPES = {
 }
 
 
-@dataclass(frozen=True)
-class CompressedWeight:
-    """An [N, K] weight as NNCF leaves it: INT4 asymmetric in groups of ``group`` inputs
-    (u4 codes and zero points, f16 scales), or INT8 asymmetric per output channel."""
-
-    codes: np.ndarray  # uint8: [N, K // group, group] (int4) or [N, K] (int8)
-    zero: np.ndarray  # uint8: [N, K // group, 1] or [N, 1]
-    scale: np.ndarray  # float16, the zero's shape
-    weights: str
-
-    @classmethod
-    def random(cls, n: int, k: int, weights: str, group: int,
-               rng: np.random.Generator) -> CompressedWeight:
-        """Random codes, zero points and scales of an [N, K] weight in ``weights``' layout."""
-        if weights not in WEIGHTS:
-            raise ValueError(f"weights: one of {', '.join(WEIGHTS)}, got {weights!r}")
-        if weights == "int4":
-            if k % group:
-                raise ValueError(f"K={k} is not a multiple of the group size {group}")
-            codes = rng.integers(0, 16, (n, k // group, group)).astype(np.uint8)
-            zero = rng.integers(0, 16, (n, k // group, 1)).astype(np.uint8)
-            scale = (rng.random((n, k // group, 1)) * 0.02).astype(np.float16)
-        else:
-            codes = rng.integers(0, 256, (n, k)).astype(np.uint8)
-            zero = rng.integers(0, 256, (n, 1)).astype(np.uint8)
-            scale = (rng.random((n, 1)) * 0.002).astype(np.float16)
-        return cls(codes, zero, scale, weights)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(N, K)."""
-        n = self.codes.shape[0]
-        return n, self.codes.size // n
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes a MatMul reads: 4- or 8-bit codes and zero points, f16 scales."""
-        bits = 4 if self.weights == "int4" else 8
-        return (self.codes.size + self.zero.size) * bits // 8 + self.scale.size * 2
-
-    def dense(self) -> np.ndarray:
-        """The [N, K] f32 weight the graph stands for: (code - zero) * scale, in f32 (as
-        the CPU plugin decompresses; an f16 product would round it)."""
-        f32 = (self.codes.astype(np.float32) - self.zero.astype(np.float32)) * \
-            self.scale.astype(np.float32)
-        return f32.reshape(self.shape)
-
-    def node(self) -> ov.Output:
-        """The decompression subgraph the CPU plugin folds into a compressed MatMul."""
-        kind = ov.Type.u4 if self.weights == "int4" else ov.Type.u8
-        codes = ops.convert(ops.constant(self.codes, kind), "f16")
-        zero = ops.convert(ops.constant(self.zero, kind), "f16")
-        out = ops.multiply(ops.subtract(codes, zero), ops.constant(self.scale))
-        if self.weights == "int4":
-            out = ops.reshape(out, ops.constant(np.array(self.shape, np.int64)), False)
-        return ops.convert(out, "f32").output(0)
+def nncf_form(weights: str, group: int) -> WeightForm:
+    """The form NNCF leaves ``weights`` in: INT4 asymmetric in groups of ``group`` inputs
+    (u4 codes and zero points, f16 scales), INT8 asymmetric per output channel."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights: one of {', '.join(WEIGHTS)}, got {weights!r}")
+    return WeightForm.parse(f"u4g{group}" if weights == "int4" else "u8")
 
 
 def matmul_model(k: int, rows: Sequence[int], weights: str, group: int, chained: bool,
-                 seed: int = 0) -> tuple[ov.Model, list[CompressedWeight]]:
+                 seed: int = 0) -> tuple[ov.Model, list[FormWeight]]:
     """MatMuls of one [?, ?, K] input, ``rows`` outputs each, and their weights;
     ``chained``: each MatMul reads the previous one's output (square MatMuls: every row
     count K), else all read the input (their outputs concatenated)."""
     if chained and any(n != k for n in rows):
         raise ValueError(f"a chain's MatMuls are square: every row count {k}, got {list(rows)}")
-    rng = np.random.default_rng(seed)
+    rng, form = np.random.default_rng(seed), nncf_form(weights, group)
     x = ops.parameter([-1, -1, k], np.float32, name="x")
     h, outs, used = x.output(0), [], []
     for n in rows:
-        weight = CompressedWeight.random(n, k, weights, group, rng)
+        weight = FormWeight.random(n, k, form, rng)
         used.append(weight)
         y = ops.matmul(h, weight.node(), False, True).output(0)
         outs.append(y)

@@ -15,12 +15,12 @@ from dataplane.runtime.synthetic import LayerShape
 from tools.decode.kernel_repro import (
     CASES,
     SHAPES,
-    CompressedWeight,
     ModelShape,
     alternated_us,
     forms_case,
     main,
     matmul_model,
+    nncf_form,
     parse_cases,
     parse_forms,
     parse_sides,
@@ -33,6 +33,7 @@ from tools.decode.kernel_repro import (
     static_copy,
     top_nodes,
 )
+from tools.decode.weight_forms import FormWeight
 
 EXACT = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
@@ -45,23 +46,19 @@ def test_projections_are_the_fused_layers_matmuls() -> None:
     assert llama_1b["qkv"] == (3072, 2048) and llama_1b["gate_up"] == (16384, 2048)
 
 
-def test_compressed_weights_have_nncfs_layout_and_size() -> None:
+def test_nncf_forms_are_its_int4_groups_and_int8_channels() -> None:
     rng = np.random.default_rng(0)
-    int4 = CompressedWeight.random(8, 128, "int4", 64, rng)
-    assert int4.codes.shape == (8, 2, 64) and int4.zero.shape == int4.scale.shape == (8, 2, 1)
-    assert int4.shape == (8, 128)
+    int4 = FormWeight.random(8, 128, nncf_form("int4", 64), rng)
+    assert int4.form.name == "u4g64" and int4.codes.shape == (8, 2, 64)
+    assert int4.zero is not None and int4.zero.shape == int4.scale.shape == (8, 2, 1)
     assert int4.nbytes == 8 * 128 // 2 + 16 // 2 + 16 * 2  # u4 codes and zeros, f16 scales
-    assert int(int4.codes.max()) <= 15 and int(int4.zero.max()) <= 15
-    int8 = CompressedWeight.random(8, 128, "int8", 64, rng)
-    assert int8.codes.shape == (8, 128) and int8.nbytes == 8 * 128 + 8 + 8 * 2
-    dense = int8.dense()
-    want = (np.float32(int8.codes[3, 5]) - np.float32(int8.zero[3, 0])) * \
-        np.float32(int8.scale[3, 0])
-    assert dense.dtype == np.float32 and dense[3, 5] == want
+    int8 = FormWeight.random(8, 128, nncf_form("int8", 64), rng)
+    assert int8.form.name == "u8" and int8.codes.shape == (8, 128)
+    assert int8.nbytes == 8 * 128 + 8 + 8 * 2
     with pytest.raises(ValueError, match="not a multiple of the group size 64"):
-        CompressedWeight.random(8, 96, "int4", 64, rng)
+        FormWeight.random(8, 96, nncf_form("int4", 64), rng)
     with pytest.raises(ValueError, match="one of int4, int8"):
-        CompressedWeight.random(8, 128, "nf4", 64, rng)
+        nncf_form("nf4", 64)
 
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])
