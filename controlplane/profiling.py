@@ -281,29 +281,30 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     rounds = 0
     while rounds < MAX_ROUNDS and not deadline.passed:
         started = clock()
-        for rows in ROWS:
-            for name, stage in stages.items():
-                t0 = clock()
-                stage.decode(rows, dims.hidden)  # untimed: the step after a change of shape
-                took = clock() - t0
-                for _ in range(STEPS):
-                    if deadline.passed:
-                        break
-                    parts = stage.sent(rows, dims.hidden)
-                    # waiting for the step of the stage before it
-                    sleep(IDLE_GAP * gaps.get(rows, took))
-                    cpu_before, framing = cpu_clock(), 0.0
-                    if name == "head":  # the last stage: its answer is not hidden states
-                        t0 = clock()
-                        stage.decode(rows, dims.hidden)
-                        took = clock() - t0
-                    else:
-                        took, framing = stage.hop(parts, rows, clock)
-                        frames[rows].append(framing)
-                    steps[(name, rows)].append(took)
-                    cpu_shares.append(cpu_per_wall(cpu_clock() - cpu_before, took + framing))
-                    if name == "more":
-                        gaps[rows] = took
+        for rows, (name, stage) in ((r, s) for r in ROWS for s in stages.items()):
+            if deadline.passed:
+                break  # past the budget no step starts, the untimed one either
+            t0 = clock()
+            stage.decode(rows, dims.hidden)  # untimed: the step after a change of shape
+            took = clock() - t0
+            for _ in range(STEPS):
+                if deadline.passed:
+                    break
+                parts = stage.sent(rows, dims.hidden)
+                # waiting for the step of the stage before it
+                sleep(IDLE_GAP * gaps.get(rows, took))
+                cpu_before, framing = cpu_clock(), 0.0
+                if name == "head":  # the last stage: its answer is not hidden states
+                    t0 = clock()
+                    stage.decode(rows, dims.hidden)
+                    took = clock() - t0
+                else:
+                    took, framing = stage.hop(parts, rows, clock)
+                    frames[rows].append(framing)
+                steps[(name, rows)].append(took)
+                cpu_shares.append(cpu_per_wall(cpu_clock() - cpu_before, took + framing))
+                if name == "more":
+                    gaps[rows] = took
         for name in prompts:
             if not deadline.passed:
                 t0 = clock()
