@@ -334,17 +334,25 @@ def log_tail(path: str, lines: int = 15) -> str:
 
 def stop_processes(pids: list[int], grace: float = 5.0) -> None:
     """SIGTERM every process (with its process group when it leads one), nodes first, then
-    SIGKILL whatever is left after ``grace`` seconds."""
+    SIGKILL whatever is left after ``grace`` seconds, and wait (``grace`` again at most)
+    until it is gone: a killed process ends only once the kernel has delivered the signal,
+    later still when it sleeps in a disk read."""
     for pid in reversed(pids):
         _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        _reap(pids)
-        time.sleep(0.05)
+    _wait_gone(pids, grace)
     for pid in pids:
         if alive(pid):
             _signal(pid, signal.SIGKILL)
+    _wait_gone(pids, grace)
+
+
+def _wait_gone(pids: list[int], within: float) -> None:
+    """Reap ``pids`` until none runs or ``within`` seconds have passed."""
+    deadline = time.monotonic() + within
     _reap(pids)
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        _reap(pids)
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -109,3 +109,26 @@ def test_a_spawned_process_names_its_command_and_is_tied_to_it_when_owned(
     config = parse_process(started[0][-2], started[0][-1])
     assert config.parent == os.getpid() and config.ends_with_parent is owned
     assert config.state_dir == str(tmp_path / "rel" / "node1")
+
+
+@pytest.mark.slow  # starts processes
+def test_stopped_processes_are_gone_even_those_that_ignore_sigterm() -> None:
+    import subprocess
+    import sys
+
+    from zctl.launcher.local import stop_processes
+    from zctl.launcher.record import alive
+
+    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)")
+    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                start_new_session=True)
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              start_new_session=True)
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+    pids = [polite.pid, stubborn.pid]
+    stop_processes(pids, grace=0.5)
+    assert not any(alive(pid) for pid in pids)  # SIGKILLed and waited for, not merely sent
+    for process in (polite, stubborn):  # reaped by stop_processes: the objects learn it
+        process.wait(timeout=5)
+    stubborn.stdout.close()
