@@ -10,11 +10,12 @@ from pathlib import Path
 
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.config import RuntimeSpec
-from exporter.verify import EXACT_CONFIG
+from exporter.verify import EXACT_CONFIG, hf_greedy
 from tests.zctl.engine.test_drafting import ScriptedDrafter
 from zctl.engine.scheduler import StreamScheduler, generate_speculative
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
+from zctl.engine.tokenizer import ChatTokenizer
 
 
 def runner_chains(export_dir: Path) -> dict[str, LocalChain]:
@@ -59,6 +60,21 @@ def run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:
         scheduler.poll()
     assert session.error is None
     return session.emitted
+
+
+def assert_next_turn_takes_the_entry(chain: LocalChain, hf: object, tokenizer: ChatTokenizer,
+                                     prompt: list[int], first_tokens: int, new_tokens: int,
+                                     stream_id: int) -> None:
+    """A session of ``prompt`` (``first_tokens`` tokens, stream ``stream_id``), then the next
+    turn (its prompt, answer and a few words more, stream ``stream_id + 1``): the turn takes
+    the first's whole prefix-cache entry and gives HF's greedy ``new_tokens`` tokens."""
+    scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
+    first = run_to_end(scheduler, DecodeSession(stream_id, prompt, first_tokens))
+    longer = prompt + first + tokenizer.encode(" and then", chat=False)
+    session = DecodeSession(stream_id + 1, longer, new_tokens)
+    got = run_to_end(scheduler, session)
+    assert session.cached_tokens == len(prompt) + first_tokens - 1  # the whole entry
+    assert got == hf_greedy(hf, longer, new_tokens)
 
 
 class NarrowStatefulWindow(RuntimeSpec):

@@ -29,6 +29,7 @@ from exporter.stage_module import split_rope, window_mask
 from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
 from tests.exporter.exactness import (
     STATEFUL_WINDOW,
+    assert_next_turn_takes_the_entry,
     assert_speculation_matches,
     run_to_end,
     runner_chains,
@@ -454,13 +455,7 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
     assert stats.rejections > 10 and stats.accepted > 10
     assert all(max(w for w, _ in counts) <= kept for counts in seen.values())
 
-    scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
-    first = run_to_end(scheduler, DecodeSession(4, prompt, TOKENS))
-    longer = prompt + first + tokenizer.encode(" and then", chat=False)
-    session = DecodeSession(5, longer, TOKENS)
-    got = run_to_end(scheduler, session)
-    assert session.cached_tokens == len(prompt) + TOKENS - 1  # the whole entry
-    assert got == hf_greedy(hf, longer, TOKENS)
+    assert_next_turn_takes_the_entry(chain, hf, tokenizer, prompt, TOKENS, TOKENS, 4)
 
 
 @pytest.mark.slow
@@ -530,13 +525,7 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_
     got = list(generate_greedy(chains["trim"], replayed, 16, stream_id=4, prefill_chunk=7))
     assert got == reference[48:64]
 
-    scheduler = StreamScheduler(chain, prefix_cache_tokens=4096)
-    first = run_to_end(scheduler, DecodeSession(5, prompt, WINDOW_TOKENS))
-    longer = prompt + first + tokenizer.encode(" and then", chat=False)
-    session = DecodeSession(6, longer, TOKENS)
-    got = run_to_end(scheduler, session)
-    assert session.cached_tokens == len(prompt) + WINDOW_TOKENS - 1  # the whole entry
-    assert got == hf_greedy(hf, longer, TOKENS)
+    assert_next_turn_takes_the_entry(chain, hf, tokenizer, prompt, WINDOW_TOKENS, TOKENS, 5)
 
     # a long stream and a short one stepped as one row group's rows
     short = tokenizer.encode("Hi there", chat=False)
