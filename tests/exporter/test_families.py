@@ -31,6 +31,7 @@ from tests.exporter.exactness import (
     STATEFUL_WINDOW,
     assert_next_turn_takes_the_entry,
     assert_speculation_matches,
+    greedy_kept_open,
     run_to_end,
     runner_chains,
     speculate_watching,
@@ -411,12 +412,8 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
     kept = blocks_for(WINDOW - 1 + 8, window.block_size) + 1  # the most a window spans
 
     seen: dict[int, list[tuple[int, int]]] = {}
-    got = []
-    for token in generate_greedy(chain, prompt, WINDOW_TOKENS, stream_id=1):
-        got.append(token)
-        _window_blocks(chain, 1, seen)
-        if len(got) == WINDOW_TOKENS - 1:  # the stream kept open for what follows
-            break
+    # the stream kept open for what follows
+    got = greedy_kept_open(chain, prompt, WINDOW_TOKENS - 1, 1, lambda: _window_blocks(chain, 1, seen))
     assert got == reference[:-1]
     for counts in seen.values():
         assert max(w for w, _ in counts) <= kept
@@ -479,12 +476,9 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_
 
     for rewind, chain in chains.items():
         seen: dict[str, list[int]] = {}
-        got = []
-        for token in generate_greedy(chain, prompt, WINDOW_TOKENS, stream_id=1):
-            got.append(token)
-            state_slots(chain, 1, seen)
-            if len(got) == WINDOW_TOKENS - 1:  # the stream kept open for what follows
-                break
+        # the stream kept open for what follows
+        got = greedy_kept_open(chain, prompt, WINDOW_TOKENS - 1, 1,
+                               lambda: state_slots(chain, 1, seen))  # noqa: B023 (called at once)
         assert got == reference[:-1], rewind
         assert max(seen["sliding"]) <= bound + 1, rewind  # and a step's token
         assert max(seen["global"]) >= len(prompt) + WINDOW_TOKENS - 3, rewind  # every token
