@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dataplane.runtime.config import RuntimeSpec
-from dataplane.runtime.kv.sliding_states import SlidingStates
+from dataplane.runtime.kv.sliding_states import SlidingStates, window_kept_tokens
 from zctl.manifest import ModelSpec
 
 
@@ -110,7 +110,8 @@ class SlidingWindow:
     def blocks_bound(self, tokens: int) -> int:
         """The most blocks a sequence holds for its sliding layers while a step writes
         ``tokens`` more: its kept tokens and the step's, over block edges."""
-        return blocks_for(self.window - 1 + self.margin + tokens, self.block_size) + 1
+        return blocks_for(window_kept_tokens(self.window, self.margin) + tokens,
+                          self.block_size) + 1
 
 
 @dataclass(frozen=True)

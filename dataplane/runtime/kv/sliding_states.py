@@ -33,6 +33,12 @@ import numpy as np
 from dataplane.runtime.kv.rows import SLOT_AXIS, RowSource
 
 
+def window_kept_tokens(window: int, margin: int) -> int:
+    """The tokens a sliding layer of ``window`` keys keeps, paged or stateful: the window
+    before a query, and the ``margin`` a rewind may take back."""
+    return window - 1 + margin
+
+
 @dataclass(frozen=True)
 class SlidingStates:
     """The sliding layers of a stateful stage (``layers``: their indices in the model), their
@@ -68,7 +74,7 @@ class SlidingStates:
     @property
     def kept(self) -> int:
         """Tokens a trim keeps: the window before a query, and the margin."""
-        return self.window - 1 + self.margin
+        return window_kept_tokens(self.window, self.margin)
 
     def bound(self, tokens: int = 1) -> int:
         """The most kept slots a sliding layer holds while a step writes ``tokens`` more."""
