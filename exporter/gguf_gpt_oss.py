@@ -308,7 +308,12 @@ class GptOssGguf:
         stored = {t.name: StoredTensor(t.tensor_type.name,
                                        tuple(int(d) for d in reversed(t.shape)))
                   for t in reader.tensors}
-        self.config = gpt_oss_config(metadata, tokens, stored, location)
+        try:
+            self.config = gpt_oss_config(metadata, tokens, stored, location)
+        except GgufError:
+            raise
+        except (TypeError, ValueError) as exc:  # a value of another type, transformers' checks
+            raise GgufError(f"{location}: its metadata makes no gpt-oss config: {exc}") from None
         check_stored(self.config, stored, location)
         self._fused = fused_experts(stored)
         self._stored = stored
@@ -336,12 +341,13 @@ class GptOssGguf:
         from gguf import dequantize
 
         stored = self._tensors[name]
-        values = np.array(dequantize(stored.data, stored.tensor_type), dtype=np.float32)
+        with np.errstate(over="ignore"):  # (refused below)
+            values = np.array(dequantize(stored.data, stored.tensor_type), dtype=np.float32)
         values = values.reshape(self._stored[name].shape)
         if not np.isfinite(values).all():
             raise GgufError(f"{self.path}: tensor {name} ({self._stored[name].kind}) holds "
-                            "values beyond float32's range (an MXFP4 scale byte of 255, "
-                            "E8M0's NaN, or a non-finite weight)")
+                            "values beyond float32's range (a block scale near the top of "
+                            "its type's range, or a non-finite weight)")
         return torch.from_numpy(values)
 
     def state_dict(self) -> dict[str, torch.Tensor]:

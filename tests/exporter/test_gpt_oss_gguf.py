@@ -94,6 +94,16 @@ def test_an_f32_file_gives_the_models_tensors(model_dir: Path, tmp_path: Path,
         assert torch.equal(source.require(name), want.require(name)), name
 
 
+def test_a_file_storing_no_lm_head_ties_it_to_the_embedding(model_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """llama.cpp runs a model without ``output.weight`` on its token embedding."""
+    source = _gguf(model_dir, tmp_path / "tied.gguf", leave_out=("output.weight",))
+    assert source.config.tie_word_embeddings
+    embedding = source.require("model.embed_tokens.weight")
+    assert torch.equal(source.require("lm_head.weight"), embedding)
+    assert torch.equal(source.load_hf_model().lm_head.weight, embedding)
+
+
 @pytest.mark.parametrize("weights", ["Q8_0", "MXFP4"])
 def test_quantized_experts_come_back_as_gguf_dequantizes_them(model_dir: Path, tmp_path: Path,
                                                              weights: str) -> None:
@@ -180,6 +190,20 @@ def test_a_file_the_exporter_cannot_read_is_refused_before_a_stage_is_written(
     """Tensors of other shapes than the metadata makes, a tensor missing, a clamp per layer,
     a tensor of a type not read: refused by name, before any weight is read."""
     _refused(write_gguf(model_dir, tmp_path / "bad.gguf", **options), tmp_path / "out", match)
+
+
+def test_mxfp4_weights_beyond_float32_are_refused_before_the_export_is_written(
+        model_dir: Path, tmp_path: Path) -> None:
+    """A block scale of 255 (2**127) on a code of 12: the stage asking for the tensor fails,
+    naming it, and the export leaves no directory."""
+    from gguf import GGUFReader
+
+    path = write_gguf(model_dir, tmp_path / "mxfp4.gguf", weights="MXFP4", metadata=STATED)
+    stored = {t.name: t for t in GGUFReader(path, "r+").tensors}["blk.0.ffn_up_exps.weight"]
+    stored.data[0, 0, :2] = (255, 0x77)  # the first block: its scale, its first two codes
+    stored.data.flush()
+    _refused(path, tmp_path / "out",
+             r"blk\.0\.ffn_up_exps\.weight \(MXFP4\) holds values beyond float32's range")
 
 
 def test_a_file_of_another_rope_scaling_is_refused(tmp_path: Path) -> None:
