@@ -87,7 +87,16 @@ def _required(metadata: dict[str, Any], key: str, location: str) -> Any:
     return metadata[key]
 
 
+# YaRN keys of llama.cpp's that gpt-oss's config has no counterpart for
+UNREAD_YARN_KEYS = ("rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor",
+                    "rope.scaling.yarn_log_multiplier")
+
+
 def _rope_parameters(metadata: dict[str, Any], location: str) -> dict[str, Any]:
+    unread = [key for key in UNREAD_YARN_KEYS if key in metadata]
+    if unread:
+        raise GgufError(f"{location}: it states {', '.join(unread)}, which the exporter does "
+                        "not read (gpt-oss's files state none)")
     theta = float(metadata.get("rope.freq_base", 10000.0))
     scaling = str(metadata.get("rope.scaling.type", "none"))
     if scaling == "none":
@@ -130,6 +139,11 @@ def gpt_oss_config(metadata: dict[str, Any], tokens: dict[str, Any],
         raise GgufError(f"{location}: a {GPT_OSS_ARCHITECTURE} file states no "
                         "expert_feed_forward_length")
     window = int(_required(metadata, "attention.sliding_window", location))
+    head_dim = int(metadata.get("attention.key_length", hidden // heads))
+    rotated = int(metadata.get("rope.dimension_count", head_dim))
+    if rotated != head_dim:
+        raise GgufError(f"{location}: its RoPE turns {rotated} of a head's {head_dim} "
+                        "dimensions (gpt-oss turns them all)")
     pattern = metadata.get("attention.sliding_window_pattern", 2)
     sliding = sliding_layer_flags(pattern, layers, location)
     vocab = (len(tokens["tokens"]) if "tokens" in tokens
@@ -140,7 +154,7 @@ def gpt_oss_config(metadata: dict[str, Any], tokens: dict[str, Any],
         architectures=["GptOssForCausalLM"], vocab_size=int(vocab), hidden_size=hidden,
         intermediate_size=int(width), num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=int(metadata.get("attention.head_count_kv", heads)),
-        head_dim=int(metadata.get("attention.key_length", hidden // heads)),
+        head_dim=head_dim,
         rms_norm_eps=float(_required(metadata, "attention.layer_norm_rms_epsilon", location)),
         max_position_embeddings=int(_required(metadata, "context_length", location)),
         rope_parameters=_rope_parameters(metadata, location),

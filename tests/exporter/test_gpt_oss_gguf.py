@@ -181,6 +181,9 @@ def _refused(path: Path, out: Path, match: str) -> None:
      r"no blk\.1\.ffn_gate_up_exps\.bias"),
     ({"metadata": {"swiglu_clamp_exp": [1.0, 2.0, 1.0, 1.0]}},
      r"swiglu_clamp_exp .* is not one limit for its 4 layers"),
+    ({"metadata": {**STATED, "rope.scaling.yarn_log_multiplier": 0.1}},
+     r"it states rope\.scaling\.yarn_log_multiplier, which the exporter does not read"),
+    ({"rotated": 8}, r"its RoPE turns 8 of a head's 16 dimensions"),
     ({"tensor_types": {"blk.1.ffn_gate_inp.bias": "I8"}},
      r"a GGML type the exporter does not read: blk\.1\.ffn_gate_inp\.bias \(I8\) \(it "
      r"reads the types the gguf package dequantizes"),
@@ -188,7 +191,8 @@ def _refused(path: Path, out: Path, match: str) -> None:
 def test_a_file_the_exporter_cannot_read_is_refused_before_a_stage_is_written(
         model_dir: Path, tmp_path: Path, options: dict, match: str) -> None:
     """Tensors of other shapes than the metadata makes, a tensor missing, a clamp per layer,
-    a tensor of a type not read: refused by name, before any weight is read."""
+    a YaRN key gpt-oss's config has no counterpart for, a partial RoPE, a tensor of a type not read:
+    refused by name, before any weight is read."""
     _refused(write_gguf(model_dir, tmp_path / "bad.gguf", **options), tmp_path / "out", match)
 
 

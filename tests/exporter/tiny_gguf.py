@@ -13,7 +13,7 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
                sliding_pattern: int | list[bool] | None = None, weights: str = "F32",
                metadata: dict[str, object] | None = None, expert_width: bool = True,
                fused_experts: bool = False, tensor_types: dict[str, str] | None = None,
-               leave_out: tuple[str, ...] = ()) -> Path:
+               leave_out: tuple[str, ...] = (), rotated: int | None = None) -> Path:
     """``model_dir`` (a model the tests built: its config, safetensors and byte-level BPE
     tokenizer) as the GGUF file ``out``; its heads' width stated as llama.cpp does (or as
     ``key_length``, a file that contradicts itself). Gemma 3: its norms' weights stored
@@ -28,7 +28,7 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
     ``fused_experts``: gpt-oss's gate and up experts stored as one ``ffn_gate_up_exps``
     (gate rows first), as llama.cpp's converter may; ``tensor_types``: the GGML type of
     tensors by GGUF name (``I8``: its values cast to int8); ``leave_out``: GGUF names not
-    written."""
+    written; ``rotated``: the RoPE dimensions stated (else the heads' width)."""
     import gguf
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -81,7 +81,7 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_key_length(key_length or head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(rotated or head_dim)
 
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
     ids = {**tokenizer["model"]["vocab"], **{t["content"]: t["id"] for t in tokenizer["added_tokens"]}}
