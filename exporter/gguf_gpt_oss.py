@@ -23,6 +23,7 @@ gguf package does not dequantize, is a GgufError naming it, before any weight is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -259,25 +260,42 @@ def hf_tensor_names(config: Any) -> list[str]:
                     for name in per_layer]
 
 
-def _gguf_parts(hf_name: str, fused: bool) -> tuple[str, list[str]] | None:
-    """How the tensor of Hugging Face name ``hf_name`` is made (``"as stored"``,
-    ``"transposed"``, ``"interleaved"``: gate and up apart, ``"fused"``: gate then up in
-    one) and of which GGUF tensors; None for a name gpt-oss has not."""
+class Layout(Enum):
+    """How a Hugging Face GptOss tensor is made of the GGUF tensors it is stored as."""
+
+    AS_STORED = "as stored"
+    TRANSPOSED = "an expert weight stored [experts, out, in], held [experts, in, out]"
+    APART = "gate and up stored apart, held interleaved"
+    FUSED = "gate and up stored as one, gate rows first, held interleaved"
+
+
+@dataclass(frozen=True)
+class GgufParts:
+    """The GGUF tensors (``names``) a Hugging Face tensor is made of, and how."""
+
+    layout: Layout
+    names: tuple[str, ...]
+
+
+def gguf_parts(hf_name: str, fused: bool) -> GgufParts | None:
+    """How the tensor of Hugging Face name ``hf_name`` is stored in a gpt-oss file (one
+    whose gate and up experts are ``fused``, or apart); None for a name gpt-oss has not."""
     if hf_name in MODEL_TENSORS:
-        return "as stored", [MODEL_TENSORS[hf_name]]
+        return GgufParts(Layout.AS_STORED, (MODEL_TENSORS[hf_name],))
     parts = hf_name.split(".", 3)
     if len(parts) != 4 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
         return None
     block, name = f"blk.{parts[2]}", parts[3]
     if name in LAYER_TENSORS:
-        return "as stored", [f"{block}.{LAYER_TENSORS[name]}"]
+        return GgufParts(Layout.AS_STORED, (f"{block}.{LAYER_TENSORS[name]}",))
     if name == DOWN:
-        return "transposed", [f"{block}.ffn_down_exps.weight"]
+        return GgufParts(Layout.TRANSPOSED, (f"{block}.ffn_down_exps.weight",))
     if name in (GATE_UP, GATE_UP_BIAS):
         kind = "weight" if name == GATE_UP else "bias"
         if fused:
-            return "fused", [f"{block}.ffn_gate_up_exps.{kind}"]
-        return "interleaved", [f"{block}.ffn_gate_exps.{kind}", f"{block}.ffn_up_exps.{kind}"]
+            return GgufParts(Layout.FUSED, (f"{block}.ffn_gate_up_exps.{kind}",))
+        return GgufParts(Layout.APART, (f"{block}.ffn_gate_exps.{kind}",
+                                     f"{block}.ffn_up_exps.{kind}"))
     return None
 
 
@@ -287,15 +305,14 @@ def interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.stack((gate, up), dim=2).flatten(1, 2)
 
 
-def to_hf(kind: str, tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The Hugging Face tensor made of GGUF ``tensors`` (``kind``: see _gguf_parts); gpt-oss's
-    expert weights are stored [experts, out, in] and held [experts, in, out]."""
-    if kind == "as stored":
+def to_hf(layout: Layout, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The Hugging Face tensor made of GGUF ``tensors`` stored in ``layout``."""
+    if layout is Layout.AS_STORED:
         return tensors[0]
-    if kind == "transposed":
+    if layout is Layout.TRANSPOSED:
         return tensors[0].transpose(1, 2).contiguous()
-    gate, up = tensors if kind == "interleaved" else tensors[0].chunk(2, dim=1)
-    together = interleave(gate, up)
+    gate, up = tensors if layout is Layout.APART else tensors[0].chunk(2, dim=1)
+    together = interleave(gate, up)  # a weight [experts, 2 x width, hidden], or a bias
     return together.transpose(1, 2).contiguous() if together.dim() == 3 else together
 
 
@@ -338,18 +355,17 @@ class GptOssGguf:
     def tensor(self, name: str) -> torch.Tensor | None:
         """Tensor ``name`` (a Hugging Face GptOss name) as float32; None: gpt-oss has none
         of that name (or the file, tied, stores no lm_head)."""
-        made = _gguf_parts(name, self._fused)
-        if made is None or any(part not in self._tensors for part in made[1]):
+        parts = gguf_parts(name, self._fused)
+        if parts is None or any(part not in self._tensors for part in parts.names):
             return None
-        kind, parts = made
-        return to_hf(kind, [self._dequantized(part) for part in parts])
+        return to_hf(parts.layout, [self._dequantized(part) for part in parts.names])
 
     def rows(self, name: str) -> int | None:
         """The first dimension of tensor ``name``, from the file's header (no weight read)."""
-        made = _gguf_parts(name, self._fused)
-        if made is None or made[1][0] not in self._stored:
+        parts = gguf_parts(name, self._fused)
+        if parts is None or parts.names[0] not in self._stored:
             return None
-        return self._stored[made[1][0]].shape[0]
+        return self._stored[parts.names[0]].shape[0]  # experts first, however stored
 
     def _dequantized(self, name: str) -> torch.Tensor:
         from gguf import dequantize
