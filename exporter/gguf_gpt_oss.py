@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from exporter.gguf_metadata import GgufError, sliding_layer_flags
+
 GPT_OSS_ARCHITECTURE = "gpt-oss"  # llama.cpp's name
 # gpt-oss's own values, which llama.cpp's gpt-oss files do not state
 SWIGLU_LIMIT, SWIGLU_ALPHA = 7.0, 1.702
@@ -54,31 +56,12 @@ MODEL_TENSORS = {"model.embed_tokens.weight": "token_embd.weight",
                  "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 
 
-class GgufError(ValueError):
-    """A gpt-oss GGUF file whose metadata or tensors the exporter cannot read as gpt-oss."""
-
-
 @dataclass(frozen=True)
 class StoredTensor:
     """A GGUF tensor's GGML type name and shape (numpy's order, outermost first)."""
 
     kind: str
     shape: tuple[int, ...]
-
-
-def sliding_layer_flags(pattern: Any, layers: int, location: str) -> list[bool]:
-    """Which of ``layers`` layers slide, from an ``attention.sliding_window_pattern``: every
-    n-th layer global (an int n >= 1), or a flag per layer (true: sliding)."""
-    if isinstance(pattern, list):
-        sliding = [bool(flag) for flag in pattern]
-    elif int(pattern) >= 1:
-        sliding = [bool((i + 1) % int(pattern)) for i in range(layers)]
-    else:
-        raise GgufError(f"{location}: its sliding_window_pattern is {pattern}")
-    if len(sliding) != layers:
-        raise GgufError(f"{location}: its sliding_window_pattern has {len(sliding)} layers, "
-                        f"its block_count {layers}")
-    return sliding
 
 
 def _required(metadata: dict[str, Any], key: str, location: str) -> Any:

@@ -21,12 +21,8 @@ import torch
 
 from exporter.chat_formats import stand_in_format
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
-from exporter.gguf_gpt_oss import (
-    GPT_OSS_ARCHITECTURE,
-    GgufError,
-    GptOssGguf,
-    sliding_layer_flags,
-)
+from exporter.gguf_gpt_oss import GPT_OSS_ARCHITECTURE, GptOssGguf
+from exporter.gguf_metadata import GgufError, sliding_layer_flags
 from exporter.mxfp4 import (
     Mxfp4Error,
     check_pairs_declared,
@@ -728,11 +724,9 @@ def open_source(model: str, cache_dir: Path | None = None) -> ModelSource:
             cache_dir.mkdir(parents=True, exist_ok=True)
         return GGUFSource(gemma3_270m_gguf_path(cache_dir), name=GEMMA3_270M)
     path = Path(model).expanduser()
-    if path.suffix == ".gguf" and path.is_file():
-        if describe_gguf(path).architecture == GPT_OSS_ARCHITECTURE:
-            return GptOssGGUFSource(path)
-        return GGUFSource(path)
     if path.suffix == ".gguf":
+        if path.is_file() and describe_gguf(path).architecture == GPT_OSS_ARCHITECTURE:
+            return GptOssGGUFSource(path)
         return GGUFSource(path)
     if path.is_dir():
         return SafetensorsSource(path)
