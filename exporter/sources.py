@@ -2,7 +2,9 @@
 
 A source hands out tensors one name at a time, so a stage can be built from a
 safetensors checkpoint without materialising the rest of the model. GGUF files are
-dequantised by transformers as a whole (they are small enough for that on a PC).
+dequantised by transformers as a whole (they are small enough for that on a PC), but
+gpt-oss's, which its GGUF loader misreads: the exporter reads those itself, a tensor at a
+time (exporter.gguf_gpt_oss).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 
 from exporter.chat_formats import stand_in_format
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
+from exporter.gguf_gpt_oss import GPT_OSS_ARCHITECTURE, GptOssGguf
+from exporter.gguf_metadata import GgufError, sliding_layer_flags
 from exporter.mxfp4 import (
     Mxfp4Error,
     check_pairs_declared,
@@ -499,7 +503,6 @@ class GGUFSource(ModelSource):
         if not self.path.is_file():
             raise SourceError(f"{self.path}: no such GGUF file")
         self._description = describe_gguf(self.path)
-        refuse_unreadable_gguf(self._description, self.path)
         self._model = self._load()
         self.generation_config = getattr(self._model, "generation_config", None)
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
@@ -586,6 +589,49 @@ class GGUFSource(ModelSource):
         return self._model
 
 
+class GptOssGGUFSource(ModelSource):
+    """A gpt-oss GGUF file, read by the exporter itself (exporter.gguf_gpt_oss; transformers'
+    GGUF loader misreads gpt-oss): its tensors dequantized one at a time when a stage asks
+    for them, the Hugging Face model built only for verification."""
+
+    def __init__(self, path: Path, name: str | None = None) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise SourceError(f"{self.path}: no such GGUF file")
+        try:
+            self._file = GptOssGguf(self.path)
+        except GgufError as exc:
+            raise SourceError(str(exc)) from None
+        self.generation_config = None
+        super().__init__(name or self.path.stem, str(self.path), self._file.config)
+        self.check_layers()
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        try:
+            return self._file.tensor(name)
+        except GgufError as exc:
+            raise SourceError(str(exc)) from None
+
+    def tensor_names(self) -> list[str]:
+        return self._file.tensor_names()
+
+    def tensor_rows(self, name: str) -> int | None:
+        return self._file.rows(name)
+
+    def load_tokenizer(self) -> Any:
+        from transformers import PreTrainedTokenizerFast
+
+        # (AutoTokenizer reads the file's config with transformers' GGUF loader first)
+        return PreTrainedTokenizerFast.from_pretrained(self.path.parent,
+                                                       gguf_file=self.path.name)
+
+    def load_hf_model(self) -> Any:
+        try:
+            return self._file.build_model()
+        except GgufError as exc:
+            raise SourceError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class GgufDescription:
     """What a GGUF file states before its tensors: its llama.cpp architecture, its
@@ -612,31 +658,6 @@ def describe_gguf(path: Path) -> GgufDescription:
     except (KeyError, ValueError, OSError) as exc:
         raise SourceError(f"{path}: cannot read its GGUF metadata: {exc}") from None
     return GgufDescription(arch, metadata, types, shapes)
-
-
-# mixture-of-experts architectures (llama.cpp's names) whose GGUF files export
-GGUF_MOE_ARCHITECTURES = ("qwen3moe",)
-# those transformers' GGUF loader reads wrong or not at all, and why (transformers 5.24)
-UNREADABLE_GGUF = {
-    "gpt-oss": "transformers' GGUF loader fails on its YaRN metadata, and without it "
-               "leaves the experts, their biases and the attention sinks unread (random) "
-               "and the sliding window at its default",
-}
-
-
-def refuse_unreadable_gguf(description: GgufDescription, path: Path) -> None:
-    """SourceError, before any tensor is read, for a GGUF architecture that transformers'
-    loader is known to read wrong: names it, says why, and what does export."""
-    reason = UNREADABLE_GGUF.get(description.architecture)
-    if reason is None:
-        return
-    experts = {t for name, t in description.tensor_types.items() if name.endswith("_exps.weight")}
-    stored = f" (experts stored as {', '.join(sorted(experts))})" if experts else ""
-    raise SourceError(
-        f"{path}: a {description.architecture} GGUF file{stored} cannot be exported: {reason}. "
-        f"Export {description.architecture} from its Hugging Face directory instead (MXFP4 "
-        "checkpoints included); mixture-of-experts GGUF files that export: "
-        f"{', '.join(GGUF_MOE_ARCHITECTURES)}")
 
 
 def _qwen3_moe_stated(config: Any, description: GgufDescription, path: Path) -> None:
@@ -672,16 +693,10 @@ def _gemma3_stated(config: Any, metadata: dict[str, Any], path: Path) -> None:
     pattern = metadata.get("attention.sliding_window_pattern")
     if pattern is None:
         return
-    layers = int(config.num_hidden_layers)
-    if isinstance(pattern, list):
-        sliding = [bool(flag) for flag in pattern]
-    elif int(pattern) >= 1:
-        sliding = [bool((i + 1) % int(pattern)) for i in range(layers)]
-    else:
-        raise SourceError(f"{path}: its sliding_window_pattern is {pattern}")
-    if len(sliding) != layers:
-        raise SourceError(f"{path}: its sliding_window_pattern has {len(sliding)} layers, "
-                          f"its block_count {layers}")
+    try:
+        sliding = sliding_layer_flags(pattern, int(config.num_hidden_layers), str(path))
+    except GgufError as exc:
+        raise SourceError(str(exc)) from None
     config.layer_types = ["sliding_attention" if flag else "full_attention" for flag in sliding]
 
 
@@ -710,6 +725,8 @@ def open_source(model: str, cache_dir: Path | None = None) -> ModelSource:
         return GGUFSource(gemma3_270m_gguf_path(cache_dir), name=GEMMA3_270M)
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
+        if path.is_file() and describe_gguf(path).architecture == GPT_OSS_ARCHITECTURE:
+            return GptOssGGUFSource(path)
         return GGUFSource(path)
     if path.is_dir():
         return SafetensorsSource(path)

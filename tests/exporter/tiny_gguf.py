@@ -11,7 +11,9 @@ import numpy as np
 
 def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
                sliding_pattern: int | list[bool] | None = None, weights: str = "F32",
-               metadata: dict[str, object] | None = None, expert_width: bool = True) -> Path:
+               metadata: dict[str, object] | None = None, expert_width: bool = True,
+               fused_experts: bool = False, tensor_types: dict[str, str] | None = None,
+               leave_out: tuple[str, ...] = (), rotated: int | None = None) -> Path:
     """``model_dir`` (a model the tests built: its config, safetensors and byte-level BPE
     tokenizer) as the GGUF file ``out``; its heads' width stated as llama.cpp does (or as
     ``key_length``, a file that contradicts itself). Gemma 3: its norms' weights stored
@@ -21,8 +23,12 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
     and down apart, ``[experts, out, in]``), with the experts' count, the number a token
     runs and their width; gpt-oss with its sliding window and YaRN. ``weights``: the GGML
     type of the matrices but the router (``Q8_0``; ``MXFP4``: gpt-oss's experts only, as in
-    its released files); ``metadata``: more ``{arch}.…`` keys (an int, float or bool each);
-    ``expert_width``: False for a file that does not state its experts' width."""
+    its released files); ``metadata``: more ``{arch}.…`` keys (an int, float, bool, string or
+    list each); ``expert_width``: False for a file that does not state its experts' width;
+    ``fused_experts``: gpt-oss's gate and up experts stored as one ``ffn_gate_up_exps``
+    (gate rows first), as llama.cpp's converter may; ``tensor_types``: the GGML type of
+    tensors by GGUF name (``I8``: its values cast to int8); ``leave_out``: GGUF names not
+    written; ``rotated``: the RoPE dimensions stated (else the heads' width)."""
     import gguf
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -69,12 +75,13 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
             writer.add_expert_feed_forward_length(
                 getattr(config, "moe_intermediate_size", None) or config.intermediate_size)
     for key, value in (metadata or {}).items():
-        add = {bool: writer.add_bool, int: writer.add_uint32, float: writer.add_float32}
+        add = {bool: writer.add_bool, int: writer.add_uint32, float: writer.add_float32,
+               str: writer.add_string, list: writer.add_array}
         add[type(value)](f"{gguf.MODEL_ARCH_NAMES[arch]}.{key}", value)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_key_length(key_length or head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(rotated or head_dim)
 
     tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
     ids = {**tokenizer["model"]["vocab"], **{t["content"]: t["id"] for t in tokenizer["added_tokens"]}}
@@ -99,6 +106,13 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
         # the router stays f32, as llama.cpp's converter keeps it
         quantized = data.ndim > 1 and "ffn_gate_inp" not in gguf_name
         kind = weights if quantized and (expert or weights != "MXFP4") else "F32"
+        kind = (tensor_types or {}).get(gguf_name, kind)
+        if gguf_name in leave_out:
+            return
+        if kind == "I8":
+            writer.add_tensor(gguf_name, data.astype(np.int8),
+                              raw_dtype=gguf.GGMLQuantizationType.I8)
+            return
         if kind == "F32":
             writer.add_tensor(gguf_name, data)
             return
@@ -111,7 +125,7 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
         if gemma and name == "lm_head.weight":  # tied: llama.cpp writes the embedding only
             continue
         if ".mlp.experts." in name:
-            for gguf_name, part in _experts(name, tensor, gpt_oss):
+            for gguf_name, part in _experts(name, tensor, gpt_oss, fused_experts):
                 add(gguf_name, part, expert=part.ndim == 3)
             continue
         if gpt_oss and name.endswith(".sinks"):
@@ -124,18 +138,26 @@ def write_gguf(model_dir: Path, out: Path, key_length: int | None = None,
     return out
 
 
-def _experts(name: str, tensor, gpt_oss: bool) -> list[tuple[str, object]]:
+def _experts(name: str, tensor, gpt_oss: bool, fused: bool) -> list[tuple[str, object]]:
     """A layer's stacked experts' tensor as llama.cpp's converter writes it: gate, up and
     down apart, each ``[experts, out, in]`` (gpt-oss's are stored transposed, its gate and
-    up interleaved column by column, as are their biases)."""
+    up interleaved column by column, as are their biases), or (``fused``) gate and up as
+    one, gate rows first."""
+    import torch
+
     layer = name.split(".")[2]
     prefix = f"blk.{layer}.ffn"
     if name.endswith("gate_up_proj"):
         whole = tensor.transpose(1, 2) if gpt_oss else tensor
         gate, up = (whole[:, ::2], whole[:, 1::2]) if gpt_oss else whole.chunk(2, dim=1)
+        if fused:
+            return [(f"{prefix}_gate_up_exps.weight", torch.cat((gate, up), dim=1))]
         return [(f"{prefix}_gate_exps.weight", gate.contiguous()),
                 (f"{prefix}_up_exps.weight", up.contiguous())]
     if name.endswith("gate_up_proj_bias"):
+        if fused:
+            return [(f"{prefix}_gate_up_exps.bias",
+                     torch.cat((tensor[:, ::2], tensor[:, 1::2]), dim=1))]
         return [(f"{prefix}_gate_exps.bias", tensor[:, ::2].contiguous()),
                 (f"{prefix}_up_exps.bias", tensor[:, 1::2].contiguous())]
     if name.endswith("down_proj"):
