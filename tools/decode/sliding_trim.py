@@ -10,12 +10,12 @@ checks the tokens against:
          fp32; the chain runs at f32 as ``zctl verify`` does): the leading tokens that
          agree, and the share of positions that do
   paged  the same export on paged stages with the same runtime settings (an INT8 export,
-         say): the paged chain is fed the stateful stream's tokens one by one, and the
-         share of positions where its top-1 is the stateful stream's token is reported,
-         with the stateful stream's text
+         say; the runtime's default numerics, or f32 with ``--exact``): the paged chain is
+         fed the stateful stream's tokens one by one, and the share of positions where its
+         top-1 is the stateful stream's token is reported, with the stateful stream's text
 
     python -m tools.decode.sliding_trim EXPORT_DIR [--against hf|paged] [--prompt-tokens 1400]
-        [--new-tokens 300] [--json]
+        [--new-tokens 300] [--exact] [--json]
 """
 
 from __future__ import annotations
@@ -116,21 +116,25 @@ def long_prompt(tokenizer: ChatTokenizer, tokens: int) -> list[int]:
 class TrimReport:
     export: str
     against: str
+    exact: bool  # f32 numerics (else the runtime's defaults)
     prompt_tokens: int
     new_tokens: int
     trims: list[int]  # per stage (0 on a stage without sliding layers)
     most_sliding_slots: list[int]  # per stage, after a step
     matched: int  # leading tokens that agree with the reference (new_tokens: all of them)
     agreement: float  # share of positions whose top-1 agrees
+    disagreements: list[int]  # the positions (0: the prompt's next token) where it does not
     text: str  # the stateful stream's generated text
 
 
-def check(export_dir: Path, against: str, prompt_tokens: int, new_tokens: int) -> TrimReport:
-    """Run the stateful stream and its reference (see the module's docstring)."""
+def check(export_dir: Path, against: str, prompt_tokens: int, new_tokens: int,
+          exact: bool = False) -> TrimReport:
+    """Run the stateful stream and its reference (see the module's docstring); against
+    paged stages at the runtime's default numerics unless ``exact``."""
     manifest = load_manifest(export_dir)
     tokenizer = ChatTokenizer(export_dir)
     prompt = long_prompt(tokenizer, prompt_tokens)
-    config = EXACT_CONFIG if against == "hf" else RuntimeSpec()
+    config = EXACT_CONFIG if against == "hf" or exact else RuntimeSpec()
     got, watch = watched_greedy(LocalChain.load(str(export_dir), config), prompt, new_tokens)
     if against == "hf":
         reference = hf_greedy(reference_source(manifest, None).load_hf_model(), prompt,
@@ -140,8 +144,9 @@ def check(export_dir: Path, against: str, prompt_tokens: int, new_tokens: int) -
         paged = LocalChain.load(str(export_dir), replace(config, paged_attention=True))
         agree = [a == b for a, b in zip(got, forced_top1(paged, prompt, got), strict=True)]
     matched = len(agree) if all(agree) else agree.index(False)
-    return TrimReport(str(export_dir), against, len(prompt), len(got), watch.trims,
-                      watch.most_sliding_slots, matched, sum(agree) / len(agree),
+    return TrimReport(str(export_dir), against, exact or against == "hf", len(prompt),
+                      len(got), watch.trims, watch.most_sliding_slots, matched,
+                      sum(agree) / len(agree), [i for i, a in enumerate(agree) if not a],
                       tokenizer.decode(got))
 
 
@@ -150,6 +155,8 @@ def main(
     against: Annotated[str, typer.Option(help="hf (f32, exact) | paged (same settings)")] = "hf",
     prompt_tokens: Annotated[int, typer.Option(help="the prompt's tokens")] = 1400,
     new_tokens: Annotated[int, typer.Option(help="greedy tokens after it")] = 300,
+    exact: Annotated[bool, typer.Option(help="--against paged: f32 numerics (hf: always)")
+                     ] = False,
     as_json: Json = False,
 ) -> None:
     if against not in AGAINST:
@@ -158,7 +165,7 @@ def main(
         fail("--prompt-tokens and --new-tokens must be at least 1")
     if not load_manifest(export_dir).model.sliding_kv_trimmable:
         fail(f"{export_dir} states no trimmable sliding layers (sliding_kv_trimmable)")
-    report = check(export_dir, against, prompt_tokens, new_tokens)
+    report = check(export_dir, against, prompt_tokens, new_tokens, exact)
     if as_json:
         print(json.dumps(asdict(report)))
         return
@@ -166,7 +173,7 @@ def main(
           f"on stateful stages, trims per stage {report.trims}, most sliding slots "
           f"{report.most_sliding_slots}")
     print(f"against {report.against}: {report.matched}/{report.new_tokens} leading tokens agree, "
-          f"top-1 agreement {report.agreement:.3f}")
+          f"top-1 agreement {report.agreement:.3f}, disagreeing at {report.disagreements}")
     print(f"text: {report.text!r}")
 
 
