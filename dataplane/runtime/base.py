@@ -32,6 +32,11 @@ class StreamKV(Protocol):
     def physical(self) -> int:
         """KV slots the stream holds (kept or masked)."""
 
+    @property
+    def held(self) -> int:
+        """KV slots it holds, averaged over its stage's layers (a sliding layer may hold
+        fewer than the others): what a stage reports in its status."""
+
 
 class RowGroupKV(Protocol):
     """A row group's KV bookkeeping on a stage, as others read it."""
@@ -42,7 +47,11 @@ class RowGroupKV(Protocol):
 
     @property
     def keep(self) -> np.ndarray:
-        """The rows' slot tables, bool [rows, slots] (its size: the slots the group holds)."""
+        """The rows' slot tables, bool [rows, slots]."""
+
+    @property
+    def held(self) -> int:
+        """KV slots its rows hold, averaged over its stage's layers (as StreamKV.held)."""
 
 
 class StageRuntime(Protocol):

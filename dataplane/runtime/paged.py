@@ -204,8 +204,13 @@ class PagedGroup:
     seqs: list[PagedSequence]
 
     @property
-    def keep(self) -> np.ndarray:  # the slot count held_slots reads
+    def keep(self) -> np.ndarray:  # its rows' slots one after another (they are ragged)
         return np.ones(sum(s.physical for s in self.seqs), dtype=bool)
+
+    @property
+    def held(self) -> int:
+        """KV slots its rows hold, averaged over the stage's layers (PagedSequence.held)."""
+        return sum(s.held for s in self.seqs)
 
 
 class AttentionSequences(NamedTuple):

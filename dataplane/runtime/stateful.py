@@ -141,6 +141,9 @@ class StageRunner:
             self.spec.state_names, model.sliding_layers, model.sliding_window,
             self.config.sliding_margin, self.config.sliding_slack)
             if model.sliding_kv_trimmable else None)
+        # what a stream's held slots (status) leave out for the slots its sliding states dropped
+        self._sliding_share = (0.0 if self.sliding is None
+                               else len(self.sliding.layers) / self.spec.num_layers)
         self.prefixes = PrefixEntries(self.streams, self.groups, self.spec.index,
                                       self.kv_bytes_per_token, self.sliding)
 
@@ -152,7 +155,8 @@ class StageRunner:
     # -- streams ---------------------------------------------------------------------
     def open_stream(self, stream_id: int) -> StreamSlots:
         if stream_id not in self.streams:
-            self.streams[stream_id] = StreamSlots(self.compiled.create_infer_request())
+            self.streams[stream_id] = StreamSlots(self.compiled.create_infer_request(),
+                                                  sliding_share=self._sliding_share)
         return self.streams[stream_id]
 
     def reset_stream(self, stream_id: int, long_rope: bool = False) -> None:
@@ -494,7 +498,8 @@ class StageRunner:
         request = old.request if old is not None else self.compiled.create_infer_request()
         for state in request.query_state():
             state.state = ov.Tensor(merged[state.name])
-        self.groups[group_id] = RowGroup(request, list(members), keep, start, gone)
+        self.groups[group_id] = RowGroup(request, list(members), keep, start, gone,
+                                         sliding_share=self._sliding_share)
         for sid in members:
             self.streams.pop(sid, None)
 

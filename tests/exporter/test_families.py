@@ -537,6 +537,54 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_stateful_stages(gemma3_
     assert [s.emitted for s in sessions] == [reference, hf_greedy(hf, short, 64)]
 
 
+def _reported_and_held(chain: LocalChain) -> list[tuple[int, float, int]]:
+    """Per stage: the KV slots it reports (held_slots: heartbeats, status), what the states
+    of its streams and row groups hold averaged over its layers, and how many rows they
+    have (the report rounds per row)."""
+    out = []
+    for runner in chain.runners:
+        held, count = 0.0, 0
+        for target in [*runner.streams.values(), *runner.groups.values()]:
+            states = target.request.query_state()
+            rows = target.keep.shape[0] if target.keep.ndim == 2 else 1
+            held += sum(rows * s.state.shape[2] for s in states) / len(states)
+            count += rows
+        out.append((held_slots(runner), held, count))
+    return out
+
+
+@pytest.mark.slow
+def test_a_stateful_stage_reports_the_slots_its_trimmed_states_hold(gemma3_export) -> None:
+    """The KV slots a stateful stage reports are what its states hold averaged over its
+    layers: once a trim cuts its sliding states, the slots they dropped are not counted
+    (the reported figure drops at that step), for a stream and for a row group."""
+    _, export_dir = gemma3_export
+    chain = LocalChain.load(str(export_dir), STATEFUL_WINDOW)
+    prompt = ChatTokenizer(export_dir).encode(DEFAULT_PROMPTS[0])
+    seen: list[list[tuple[int, float]]] = []
+    greedy_kept_open(chain, prompt, 40, 1, lambda: seen.append(_reported_and_held(chain)))
+    for step in seen:
+        for reported, held, rows in step:
+            assert rows == 1 and abs(reported - held) <= 0.5
+    for stage in range(len(chain.runners)):
+        figures = [step[stage][0] for step in seen]
+        assert any(b < a for a, b in zip(figures, figures[1:], strict=False)), stage  # a trim
+        slots = chain.runners[stage].streams[1]
+        assert slots.sliding_start > 0 and figures[-1] < slots.physical  # not every slot
+    chain.close_stream(1)
+
+    scheduler = StreamScheduler(chain, row_groups=1)
+    for session in (DecodeSession(2, prompt, 40), DecodeSession(3, prompt[:12], 40)):
+        scheduler.add(session)
+    grouped = 0
+    while scheduler.active:
+        scheduler.poll()
+        grouped += bool(chain.runners[0].groups)
+        for stage, (reported, held, rows) in enumerate(_reported_and_held(chain)):
+            assert abs(reported - held) <= 0.5 * rows, stage
+    assert grouped > 10
+
+
 @pytest.mark.slow
 def test_an_export_made_before_keeps_every_sliding_slot_on_stateful_stages(gemma3_export
                                                                           ) -> None:

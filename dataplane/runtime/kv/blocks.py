@@ -153,6 +153,10 @@ class PagedSequence:
     # the slot-table interface of the other runners (held_slots, stats)
     @property
     def physical(self) -> int:
+        return self.length
+
+    @property
+    def held(self) -> int:
         """KV slots it holds, averaged over its stage's layers (``KvLayout.held_slots``)."""
         return self.layout.held_slots(self.length, self.window_first)
 

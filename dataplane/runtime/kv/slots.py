@@ -30,6 +30,12 @@ class SlotCounts:
     def logical(self) -> int:
         return int(self.keep.sum())
 
+    @property
+    def held(self) -> int:
+        """KV slots it holds, averaged over its stage's layers (what status reports):
+        every layer holds the whole table here."""
+        return self.physical
+
 
 @dataclass
 class StreamSlots(SlotCounts):
@@ -41,6 +47,8 @@ class StreamSlots(SlotCounts):
     # those states begin at, and the first tokens whose keys they lack
     sliding_start: int = 0
     sliding_gone: int = 0
+    # the share of its stage's layers that slide (0: none, or their states keep every slot)
+    sliding_share: float = 0.0
     # Tensors bound to the request, by input name. Some are over numpy memory, which an
     # ov.Tensor does not keep alive for the request: they are held here until replaced.
     # A name whose tensor is already bound is not bound again.
@@ -49,6 +57,12 @@ class StreamSlots(SlotCounts):
     prefetched: StepInputs | None = None  # inputs bound ahead for the guessed next step
     decode: DecodeBuffers | None = None  # the one-token steps' input tensors, made on first use
     output: StepOutput | None = None  # the tensor the request writes its output to
+
+    @property
+    def held(self) -> int:
+        """KV slots it holds, averaged over its stage's layers: the slots before the
+        sliding start, which its sliding layers' states no longer hold, not counted."""
+        return held_by_layers(self.physical, self.sliding_start, self.sliding_share)
 
 
 @dataclass
@@ -61,11 +75,25 @@ class RowGroup:
     keep: np.ndarray  # bool [rows, slots]
     sliding_start: int = 0  # as StreamSlots'; the rows share it
     sliding_gone: np.ndarray | None = None  # each row's (None: no row lacks any)
+    sliding_share: float = 0.0  # as StreamSlots'
     bound: dict[str, ov.Tensor] = field(default_factory=dict)  # as StreamSlots.bound
     last: StepInputs | None = None  # as StreamSlots.last
     prefetched: StepInputs | None = None
     decode: DecodeBuffers | None = None  # one-row groups only (as StreamSlots.decode)
     output: StepOutput | None = None  # as StreamSlots.output
+
+    @property
+    def held(self) -> int:
+        """KV slots its rows hold, averaged over its stage's layers (as StreamSlots.held)."""
+        rows, slots = self.keep.shape
+        return rows * held_by_layers(slots, self.sliding_start, self.sliding_share)
+
+
+def held_by_layers(slots: int, sliding_start: int, sliding_share: float) -> int:
+    """The KV slots a table of ``slots`` slots holds averaged over its stage's layers, when
+    a ``sliding_share`` of them (the sliding layers) hold only the slots from
+    ``sliding_start`` on."""
+    return slots - round(sliding_share * min(sliding_start, slots))
 
 
 @dataclass(frozen=True)
@@ -192,14 +220,15 @@ def request_states(request: ov.InferRequest) -> dict[str, np.ndarray]:
 
 
 def held_slots(runner: StageRuntime) -> int:
-    """Physical KV slots a stage runner holds now: every stream's, and every row group's
-    rows x slots. Safe to call from a thread other than the one stepping it (the tables are
-    copied first; a table that changed meanwhile is read again); -1 if it kept changing."""
+    """KV slots a stage runner holds now, averaged over its layers: every stream's, and
+    every row group's rows x slots, without those its sliding layers dropped. Safe to call
+    from a thread other than the one stepping it (the tables are copied first; a table that
+    changed meanwhile is read again); -1 if it kept changing."""
     for _ in range(8):
         try:
             streams = list(runner.streams.values())
             groups = list(runner.groups.values())
         except RuntimeError:  # changed size while being copied
             continue
-        return sum(s.physical for s in streams) + sum(int(g.keep.size) for g in groups)
+        return sum(s.held for s in streams) + sum(g.held for g in groups)
     return -1

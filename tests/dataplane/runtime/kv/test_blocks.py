@@ -45,12 +45,12 @@ def test_a_sequences_held_slots_leave_out_what_its_sliding_layers_freed() -> Non
     layout = KvLayout(block_size=32, layers=4, sliding=3)
     seq = PagedSequence(layout, blocks=[1, 2, 3, 4], length=100, window_blocks=[7, 8],
                         window_first=2)
-    assert seq.physical == 100 - round(0.75 * 64)
+    assert seq.held == 100 - round(0.75 * 64) and seq.physical == 100
     # a sequence shorter than its freed entries span frees no more than it holds
-    assert PagedSequence(layout, blocks=[1, 2], length=40, window_first=2).physical == \
+    assert PagedSequence(layout, blocks=[1, 2], length=40, window_first=2).held == \
         40 - round(0.75 * 40)
     no_sliding = KvLayout(block_size=32, layers=4)
-    assert PagedSequence(no_sliding, blocks=[1], length=20).physical == 20
+    assert PagedSequence(no_sliding, blocks=[1], length=20).held == 20
 
 
 @pytest.mark.parametrize("args", [(0, 4, 0), (32, 0, 0), (32, 4, 5), (32, 4, -1)])
