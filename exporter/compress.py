@@ -1,10 +1,14 @@
 """NNCF weight compression for one stage, identical whichever way the model was split.
 
-Decoder-layer MatMuls get the chosen format (INT4 groups or INT8 channels) with
+Decoder-layer MatMuls get the chosen format (INT4 groups or INT8) with
 ``all_layers=True`` so a middle stage's last MatMul is not mistaken for an LM head;
 the embedding and LM head always get INT8 (as the monolithic default does), and so does a
 mixture of experts' router. The experts' stacked [experts, out, in] weights are MatMul
 weights like any other (exporter.moe_block): NNCF compresses them per group.
+
+INT8 takes one of two forms (zctl.weights.INT8_FORMS), chosen by the caller: symmetric i8
+groups (exporter.int8_groups; an int8 export's) or u8 per output channel with a zero point
+(NNCF's public INT8_ASYM; an int4 export's embedding and head, and a static export's INT8).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from contextlib import contextmanager, redirect_stdout
 
 import openvino as ov
 
-from zctl.weights import check_weight_format
+from exporter.int8_groups import compress_int8_groups
+from zctl.weights import INT8_CHANNELS, INT8_FORMS, INT8_GROUPS, check_weight_format
 
 COMPRESSED_FORMATS = ("int4", "int8")  # the formats NNCF compresses to; the others stay float
 # The weights only the INT8 pass compresses, in every format (the embedding, the LM head and
@@ -55,13 +60,17 @@ def numpy_compression() -> Iterator[None]:
 
 
 def compress_stage(model: ov.Model, weight_format: str, group_size: int | None,
-                   compressed_16bit: Callable[[], None] = lambda: None) -> ov.Model:
+                   compressed_16bit: Callable[[], None] = lambda: None,
+                   int8_form: str = INT8_CHANNELS) -> ov.Model:
     """Return the model with weights compressed (int4/int8); fp16/fp32 are left as they are.
+    ``int8_form`` (INT8_FORMS): the form of the INT8 pass's weights.
 
     ``compressed_16bit`` is called once every weight ``keeps_16bit`` lets through is
     compressed (after the INT4 pass of an int4 export, else after the INT8 pass): the torch
     tensors those 16-bit Constants shared may go before the INT8 pass's temporaries come."""
     check_weight_format(weight_format)
+    if int8_form not in INT8_FORMS:
+        raise ValueError(f"unknown INT8 form {int8_form!r}; expected one of {INT8_FORMS}")
     if weight_format not in COMPRESSED_FORMATS:
         compressed_16bit()
         return model
@@ -89,6 +98,9 @@ def compress_stage(model: ov.Model, weight_format: str, group_size: int | None,
                 )
             compressed_16bit()
         # int8 for everything still in float: all MatMuls (int8) or just head/embedding (int4)
-        model = nncf.compress_weights(model, mode=CompressWeightsMode.INT8_ASYM)
+        if int8_form == INT8_GROUPS:
+            model = compress_int8_groups(model)
+        else:
+            model = nncf.compress_weights(model, mode=CompressWeightsMode.INT8_ASYM)
     compressed_16bit()
     return model

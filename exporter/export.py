@@ -22,6 +22,7 @@ import torch
 from dataplane.runtime.stateful_graph import add_beam_idx, make_stateful
 from exporter import graph
 from exporter.compress import compress_stage, keeps_16bit
+from exporter.int8_groups import UncheckedNncfError, check_nncf_version
 from exporter.sources import ModelSource
 from exporter.stage_module import StageModule
 from zctl.engine.sampling_defaults import SamplingConfigError, model_sampling
@@ -36,13 +37,26 @@ from zctl.manifest import (
     sha256_file,
     write_manifest,
 )
-from zctl.weights import WEIGHT_FORMATS, pick_group_size
+from zctl.weights import INT8_CHANNELS, INT8_GROUPS, WEIGHT_FORMATS, pick_group_size
 
 PHASES = ("load", "trace", "convert", "compress", "save")
 
 
 class ExportError(RuntimeError):
     """The export cannot proceed; nothing was left behind as if complete."""
+
+
+def int8_form_for(weight_format: str, static: bool) -> str | None:
+    """The form of an export's INT8 weights (zctl.weights.INT8_FORMS), None if it has none.
+
+    An int8 export is in symmetric i8 groups: as fast or faster than u8 per channel in
+    whole stages, and closer to fp32 (docs/measurements/single-node.md). A static export
+    (the NPU path) and an int4 export's embedding and head stay per channel: neither form
+    was checked in groups (no NPU here; the INT4 stages' dynamic quantization group is
+    theirs, not INT8's)."""
+    if weight_format == "int8" and not static:
+        return INT8_GROUPS
+    return INT8_CHANNELS if weight_format in ("int4", "int8") else None
 
 
 @dataclass
@@ -144,6 +158,7 @@ def build_stage(
     rt_info: dict[str, str],
     static: StaticKV | None = None,
     fuse_projections: bool = True,
+    int8_form: str | None = None,
 ) -> tuple[StageSpec, StageReport]:
     """Build one stage into out_dir; returns its spec and timings. ``static``: a stateless
     stage whose present outputs hold only the new tokens' KV (see StaticKV)."""
@@ -196,7 +211,8 @@ def build_stage(
     graph.stamp_rt_info(model, {**rt_info, "stage": str(index), "layers": f"{start}-{end - 1}"})
     mark("convert")
     progress.phase(index, "compress")
-    model = compress_stage(model, weight_format, group_size, compressed_16bit)
+    model = compress_stage(model, weight_format, group_size, compressed_16bit,
+                           int8_form or INT8_CHANNELS)
     mark("compress")
     progress.phase(index, "save")
     xml = f"stage{index}.xml"
@@ -253,6 +269,12 @@ def export_model(
         what = "attention sinks" if shape.attention_sinks else "sliding-window layers"
         raise ExportError(f"{source.location}: a static export of a model with {what} "
                           "is not supported (export it without --static)")
+    int8_form = int8_form_for(weight_format, static_kv is not None)
+    if int8_form == INT8_GROUPS:
+        try:  # before any stage is built
+            check_nncf_version()
+        except UncheckedNncfError as exc:
+            raise ExportError(str(exc)) from None
     if weight_format == "int4" and group_size is None:
         group_size = pick_group_size(
             [shape.hidden_size, shape.intermediate_size, shape.num_heads * shape.head_dim]
@@ -275,6 +297,7 @@ def export_model(
             stage, report = build_stage(
                 source, index, layers, len(ranges), weight_format, group_size, beam_idx, tmp,
                 progress, rt_info, static=static_kv, fuse_projections=fuse_projections,
+                int8_form=int8_form,
             )
             stages.append(stage)
             reports.append(report)
@@ -299,6 +322,7 @@ def export_model(
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             static_kv=static_kv,
             generation_config=generation,
+            int8_form=int8_form,
         )
         write_manifest(tmp, manifest)
     return manifest, reports

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zctl.weights import INT8_CHANNELS, INT8_FORMS
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "zctl-stage-export/1"
 
@@ -175,9 +177,14 @@ class ExportManifest:
     static_kv: StaticKV | None = None  # None: stateful KV (ReadValue/Assign) with dynamic shapes
     # the source's sampling defaults (None: it had no generation config, as a GGUF file)
     generation_config: GenerationConfig | None = None
+    # the form of the INT8 weights (zctl.weights.INT8_FORMS); None: no INT8 weights (fp16,
+    # fp32), or an int4/int8 export written before the field (per channel, INT8_CHANNELS)
+    int8_form: str | None = None
 
     def to_json(self) -> str:
         raw = asdict(self)
+        if raw["int8_form"] is None:  # written only when set: float exports as before
+            del raw["int8_form"]
         for name in SLIDING_FIELDS + MOE_FIELDS + LONGROPE_FIELDS:  # written only when set: others as before
             if not raw["model"][name]:
                 del raw["model"][name]
@@ -265,6 +272,7 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
         static_kv=_static_kv(raw.get("static_kv")),
         generation_config=None if raw.get("generation_config") is None else
         generation_config_from_dict(raw["generation_config"], "manifest generation_config"),
+        int8_form=_int8_form(raw),
     )
     check_layer_cover(
         [(s.layer_start, s.layer_end) for s in manifest.stages], manifest.model.num_layers
@@ -288,6 +296,17 @@ def check_rope(model: ModelSpec) -> None:
         raise ManifestError("manifest model rope_long_inv_freq and a positive "
                             "rope_short_context go together (LongRoPE), got "
                             f"{long} frequencies and {model.rope_short_context}")
+
+
+def _int8_form(raw: dict[str, Any]) -> str | None:
+    """The manifest's ``int8_form``: one of INT8_FORMS; an int4/int8 export written before
+    the field holds INT8 per channel; a float export none."""
+    form = raw.get("int8_form")
+    if form is None:
+        return INT8_CHANNELS if raw.get("weight_format") in ("int4", "int8") else None
+    if form not in INT8_FORMS:
+        raise ManifestError(f"manifest int8_form {form!r} is not one of {INT8_FORMS}")
+    return form
 
 
 def _static_kv(raw: Any) -> StaticKV | None:

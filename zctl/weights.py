@@ -10,6 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16", "fp32")
+# The forms of INT8 weights an export holds (its manifest's ``int8_form``): symmetric i8 codes
+# with an f16 scale per group of 128/64/32 inputs (an int8 export's MatMuls, embedding and
+# head), or u8 codes with a scale and zero point per output channel (an int4 export's
+# embedding and head, a static export's INT8, and every export written before the field).
+INT8_GROUPS = "i8-groups"
+INT8_CHANNELS = "u8-channel"
+INT8_FORMS = (INT8_GROUPS, INT8_CHANNELS)
 GROUP_CANDIDATES = (128, 64, 32, 16)
 
 # Bytes per weight of embedding/head for each export format (INT4 exports keep both in INT8).
@@ -17,7 +24,8 @@ EMBED_BYTES_PER_WEIGHT = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int4": 1.0}
 # INT4 (NNCF's asymmetric groups): half a byte a weight, and per group of weights an f16
 # scale and a 4-bit zero point (2.5 bytes). A middle stage of SmolLM2-135M exported in INT4
 # with groups of 64 holds 1,912,347 bytes a layer for 3,538,944 weights: 0.540 a weight,
-# as 0.5 + 2.5 / 64 says. INT8 (per output channel) adds a scale and zero point per row.
+# as 0.5 + 2.5 / 64 says. INT8 adds an f16 scale per group of 128/64/32 weights (1.6-6%;
+# per output channel: a scale and zero point per row), left out of these estimates.
 INT4_GROUP_BYTES = 2.5
 DENSE_BYTES_PER_WEIGHT = {"int8": 1.0, "fp16": 2.0, "fp32": 4.0}
 

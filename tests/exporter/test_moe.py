@@ -172,6 +172,12 @@ def test_int4_stores_the_experts_compressed_and_int8_stays_close(
     compiled = ov.Core().compile_model(str(tmp_path / "int4" / "stage0.xml"), "CPU")
     assert _runtime_ops(compiled)["GatherMatmul"] == 3 * len(SPARSE)
 
+    # INT8 stores them in i8 groups ([experts, out, in / group, group]), still GatherMatmuls
+    int8_experts = _expert_constants(tmp_path / "int8" / "stage0.xml")
+    assert int8_experts["i8"] >= stacked and not {"f32", "u8"} & set(int8_experts)  # routers too
+    compiled = ov.Core().compile_model(str(tmp_path / "int8" / "stage0.xml"), "CPU")
+    assert _runtime_ops(compiled)["GatherMatmul"] == 3 * len(SPARSE)
+
     passage = eval_passages(moe_export, limit=64)[0]
     reference = hf_logits(hf, passage.token_ids)
     int8 = LocalChain.load(str(tmp_path / "int8"), EXACT_CONFIG)

@@ -14,8 +14,10 @@ from zctl.manifest import (
     even_split,
     generation_config_from_dict,
     load_manifest,
+    manifest_from_dict,
     parse_layer_spec,
 )
+from zctl.weights import INT8_CHANNELS, INT8_GROUPS
 
 
 def test_parse_layer_spec_inclusive_to_half_open() -> None:
@@ -84,6 +86,29 @@ def test_manifest_round_trip_and_tamper(tiny_exports) -> None:
         (copy / "manifest.json").write_text(json.dumps(broken))
         with pytest.raises(ManifestError, match=message):
             load_manifest(copy, verify_files=False)
+
+
+@pytest.mark.parametrize(("weights", "given", "form"), [
+    ("int8", None, INT8_CHANNELS),  # written before the field: per channel
+    ("int4", None, INT8_CHANNELS),  # its embedding and head
+    ("fp16", None, None),
+    ("int8", INT8_GROUPS, INT8_GROUPS),
+])
+def test_the_int8_form_is_read_or_told_by_the_exports_age(
+        tiny_exports, weights: str, given: str | None, form: str | None) -> None:
+    raw = json.loads((tiny_exports.get([(0, 4)]) / "manifest.json").read_text())
+    raw.update(weight_format=weights, int8_form=given)
+    if given is None:
+        del raw["int8_form"]
+    manifest = manifest_from_dict(raw)
+    assert manifest.int8_form == form
+    assert manifest_from_dict(json.loads(manifest.to_json())).int8_form == form
+
+
+def test_an_unknown_int8_form_is_refused_by_name(tiny_exports) -> None:
+    raw = json.loads((tiny_exports.get([(0, 4)]) / "manifest.json").read_text())
+    with pytest.raises(ManifestError, match="int8_form 'q8_0' is not one of"):
+        manifest_from_dict({**raw, "weight_format": "int8", "int8_form": "q8_0"})
 
 
 def test_a_generation_config_keeps_its_sampling_fields_as_given() -> None:
