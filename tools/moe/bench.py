@@ -189,14 +189,11 @@ def main(layers: Annotated[int, typer.Option(
     with ExitStack() as stack:
         # the cluster's processes start before this one is confined (they inherit its
         # cores and confine themselves to theirs), and this one before it loads a plugin
-        # (OpenVINO sizes its threads from the cores it may use); they stay in this
-        # process's session, so on a loaded machine the cluster and the in-process
-        # systems get one scheduling group's CPU alike (zctl.launcher.local.session_options)
+        # (OpenVINO sizes its threads from the cores it may use)
         record = stack.enter_context(local_cluster(
             moe.export(2, "int4"), 2, runtime_spec(props.get("INFERENCE_PRECISION_HINT"),
                                                    threads or None, "CPU"),
-            cache / "bench-moe-cluster", cpu_sets=place.mode, cpus=list(place.node_cpus),
-            own_sessions=False)
+            cache / "bench-moe-cluster", cpu_sets=place.mode, cpus=list(place.node_cpus))
         ) if cluster else None
         if place.bench_cpus is not None:
             confine_to(place.bench_cpus)

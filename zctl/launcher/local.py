@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from controlplane.nodeinfo import fresh_port
 from controlplane.records import DEFAULT_REPLAN_GAIN, ClusterStatus
@@ -76,23 +76,9 @@ class LocalNetwork(Protocol):
     def command(self, node: int, argv: list[str]) -> list[str]: ...
 
 
-def session_options(own_session: bool) -> dict[str, Any]:
-    """Popen's options for a local cluster's process: in a session of its own
-    (``own_session``: it outlives this one's terminal), else in a process group of its own
-    within this process's session. Either way a terminal's Ctrl-C does not reach it and
-    the process group it leads is signalled as one (``_signal``). The difference is the
-    CPU it gets on a loaded Linux machine: with autogroup scheduling (the kernel's default)
-    each session is a scheduling group and busy groups share the CPU first, so a process
-    in a session of its own gets a group's share, not a process's."""
-    if own_session:
-        return {"start_new_session": True}
-    return {"process_group": 0}
-
-
 def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path,
-           wrap: Callable[[list[str]], list[str]] | None = None, owned: bool = False,
-           own_session: bool = True) -> int:
-    """Start the process (``session_options``), its output to ``log_path``; its config
+           wrap: Callable[[list[str]], list[str]] | None = None, owned: bool = False) -> int:
+    """Start the process in a session of its own, its output to ``log_path``; its config
     names this process as its parent (how zctl cluster down tells whether its command is
     gone) and, when ``owned``, it ends with this process (zctl.launcher.lifetime)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +88,7 @@ def _spawn(config: CoordinatorProcess | NodeProcess, log_path: Path,
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             wrap(argv) if wrap is not None else argv, stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, **session_options(own_session),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             preexec_fn=die_with_parent() if owned else None,  # (a prctl call, no more)
         )
@@ -127,16 +113,16 @@ def stage_links(nodes: int, link: LinkShape, links: Sequence[LinkShape] | None) 
     return list(links)
 
 
-def start_coordinator(config: CoordinatorProcess, root: Path, owned: bool = False,
-                      own_session: bool = True) -> ClusterRecord:
+def start_coordinator(config: CoordinatorProcess, root: Path, owned: bool = False
+                      ) -> ClusterRecord:
     """Start only the coordinator (stage 0 + generation service) in the background; its
     generation service binds a free loopback port and its state lives under ``root``.
-    ``owned``: it ends with this process; ``own_session``: see ``session_options``."""
+    ``owned``: it ends with this process."""
     taken = {int(config.bind.rpartition(":")[2] or 0), config.data_port}
     serve = f"tcp://127.0.0.1:{free_port('127.0.0.1', taken)}"
     log = root / "logs" / "coordinator.log"
     pid = _spawn(replace(config, serve=serve, state_dir=str(root / "coordinator")), log,
-                 owned=owned, own_session=own_session)
+                 owned=owned)
     return ClusterRecord(control=config.control, serve=serve, export_dir=config.export_dir, pids=[pid],
                          logs=[str(log)], started=time.time(), cluster_id=config.cluster_id,
                          owned=owned)
@@ -171,8 +157,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         replan_gain: float = DEFAULT_REPLAN_GAIN,
                         pin_stages: bool = False,
                         cpus: Sequence[str | None] | None = None,
-                        profile_budget_s: float = 0.0,
-                        own_sessions: bool = True) -> ClusterRecord:
+                        profile_budget_s: float = 0.0) -> ClusterRecord:
     """Coordinator on 127.0.0.1 plus ``nodes - 1`` node processes on 127.0.0.2, ...
     (``nodes`` 1: the coordinator alone runs every stage).
 
@@ -205,9 +190,6 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     a core, as when more nodes than cores stand for PCs on one machine.
     ``profile_budget_s``: what a node's profile may take (0: the coordinator's default); a
     node held to a small CPU quota needs more.
-    ``own_sessions``: each process in a session of its own (``session_options``); False
-    keeps them in this process's session, so on a loaded machine they share its
-    scheduling group, as a benchmark setting them against systems in this process wants.
     """
     from zctl.launcher.cpusets import local_cpu_sets
 
@@ -248,14 +230,13 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
         cpus=cpus[0], memory_mb=memory_mb, profile=profile, replan_gain=replan_gain,
         profile_budget_s=profile_budget_s,
-        cluster_id=uuid.uuid4().hex[:12] if owned else ""), root, owned, own_sessions)
+        cluster_id=uuid.uuid4().hex[:12] if owned else ""), root, owned)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""
     for i in range(1, nodes):
         pid, log = start_local_node(record, i, root, link=shapes[i], cpus=cpus[i],
                                     curve_server_key=server_key, network=network,
-                                    memory_mb=memory_mb, profile=profile,
-                                    own_session=own_sessions)
+                                    memory_mb=memory_mb, profile=profile)
         record.pids.append(pid)
         record.logs.append(log)
     return record
@@ -278,7 +259,7 @@ def start_local_node(record: ClusterRecord, index: int, root: Path, *,
                      link: LinkShape | None = None, cpus: str | None = None,
                      curve_server_key: Path | None = None,
                      network: LocalNetwork | None = None, memory_mb: int = 0,
-                     profile: bool = False, own_session: bool = True) -> tuple[int, str]:
+                     profile: bool = False) -> tuple[int, str]:
     """Start node ``index`` (1..) of the local cluster ``record`` describes, as
     ``start_local_cluster`` does, or again after it was lost: its state dir
     (``root/node<index>``) keeps its identity and cached shards, its log
@@ -293,8 +274,7 @@ def start_local_node(record: ClusterRecord, index: int, root: Path, *,
         link=link or LinkShape(), cpus=cpus, memory_mb=memory_mb, profile=profile,
         curve_server_key=str(curve_server_key) if curve_server_key else None,
         cluster_id=record.cluster_id), log,
-        partial(network.command, index) if network is not None else None, record.owned,
-        own_session)
+        partial(network.command, index) if network is not None else None, record.owned)
     return pid, str(log)
 
 

@@ -132,20 +132,3 @@ def test_stopped_processes_are_gone_even_those_that_ignore_sigterm() -> None:
     for process in (polite, stubborn):  # reaped by stop_processes: the objects learn it
         process.wait(timeout=5)
     stubborn.stdout.close()
-
-
-@pytest.mark.slow  # starts processes
-@pytest.mark.parametrize("own_session", [True, False])
-def test_a_process_leads_its_group_and_keeps_this_session_unless_its_own(own_session) -> None:
-    import subprocess
-    import sys
-
-    from zctl.launcher.local import session_options
-
-    probe = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid(), os.getpgid(0), os.getsid(0))"],
-        capture_output=True, text=True, check=True, **session_options(own_session))
-    pid, group, session = map(int, probe.stdout.split())
-    assert group == pid  # signalled as a group (_signal), out of the terminal's
-    assert (session == pid) is own_session
-    assert (session == os.getsid(0)) is not own_session  # this one's scheduling group
