@@ -6,7 +6,9 @@ active; ``--layers`` decoder layers, a 1024-token vocabulary), INT4, runs as:
                   (tools.harness.baseline), in this process
   stage1          zctl's 1-stage shard, in this process (as tools.decode.parity runs it)
   cluster         zctl's 2 stages on a 2-node local cluster, through its generation service
-                  (as tools.decode.cluster runs it)
+                  (as tools.decode.cluster runs it); ``--placement split`` (the default)
+                  gives each node its own cores and this process the first node's, as two
+                  PCs against one of the same size (tools.moe.placement)
   experts-256     zctl's 1-stage shard of the same model with twice the experts (8 active)
   dense-equal     zctl's 1-stage shard of a dense model with as many MLP weights
 All interleaved run by run with the same plugin hints: openvino_genai opens and closes every
@@ -14,7 +16,8 @@ run, the others rotate between. The targets (tools.moe.targets) are judged on pa
 ratios. When optimum-intel cannot export the checkpoint, or openvino_genai cannot run it,
 the reason is printed and the rest is measured.
 
-    python -m tools.moe.bench [--layers 2] [--tokens 128] [--runs 9] [--json]
+    python -m tools.moe.bench [--layers 2] [--tokens 128] [--runs 9]
+        [--placement split|shared] [--json]
 """
 
 from __future__ import annotations
