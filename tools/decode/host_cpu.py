@@ -12,7 +12,8 @@ machine loaded by other work skews it far less than a tok/s figure):
                          nothing; where two stage processes share cores (a local
                          cluster) it is taken from the stage computing next.
 
-    python -m tools.decode.host_cpu EXPORT_DIR [--tokens 128] [--runs 6] [--idle-ms 5] [--json]
+    python -m tools.decode.host_cpu EXPORT_DIR [--tokens 128] [--runs 6] [--idle-ms 5]
+        [--paged-attention] [--json]
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def main(export_dir: Annotated[Path, typer.Argument(help="an export directory")]
          tokens: Tokens = 128, runs: Runs = 6, precision: Precision = "f32",
          threads: Threads = 0,
          idle_ms: Annotated[float, typer.Option(help="idle window after each step")] = 5.0,
+         paged_attention: Annotated[bool, typer.Option(
+             "--paged-attention/--stateful-attention",
+             help="the KV in blocks on PagedAttention (a cluster's default on CPUs), or as "
+                  "each stream's OpenVINO state")] = False,
          as_json: Json = False) -> None:
     from dataplane.head.local_chain import LocalChain
     from dataplane.runtime.config import RuntimeSpec
@@ -106,7 +111,7 @@ def main(export_dir: Annotated[Path, typer.Argument(help="an export directory")]
         fail(f"{export_dir} is not an export (no manifest.json)")
     chain = LocalChain.load(str(export_dir), RuntimeSpec(
         precision=None if precision == "default" else precision, num_threads=threads or None,
-        performance_hint="LATENCY"))
+        performance_hint="LATENCY", paged_attention=paged_attention))
     result = measure(chain, ChatTokenizer(export_dir).encode(PROMPT), tokens, runs,
                      idle_ms / 1e3)
     record = {k: v for k, v in asdict(result).items() if k != "tokens"}

@@ -6,7 +6,9 @@ active; ``--layers`` decoder layers, a 1024-token vocabulary), INT4, runs as:
                   (tools.harness.baseline), in this process
   stage1          zctl's 1-stage shard, in this process (as tools.decode.parity runs it)
   cluster         zctl's 2 stages on a 2-node local cluster, through its generation service
-                  (as tools.decode.cluster runs it)
+                  (as tools.decode.cluster runs it); ``--placement split`` (the default)
+                  gives each node its own cores and this process the first node's, as two
+                  PCs against one of the same size (tools.moe.placement)
   experts-256     zctl's 1-stage shard of the same model with twice the experts (8 active)
   dense-equal     zctl's 1-stage shard of a dense model with as many MLP weights
 All interleaved run by run with the same plugin hints: openvino_genai opens and closes every
@@ -14,13 +16,16 @@ run, the others rotate between. The targets (tools.moe.targets) are judged on pa
 ratios. When optimum-intel cannot export the checkpoint, or openvino_genai cannot run it,
 the reason is printed and the rest is measured.
 
-    python -m tools.moe.bench [--layers 2] [--tokens 128] [--runs 9] [--json]
+    python -m tools.moe.bench [--layers 2] [--tokens 128] [--runs 9]
+        [--placement split|shared] [--json]
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +39,7 @@ from tools.harness.order import rotated
 from tools.harness.report import err, run_record
 from tools.harness.stats import rounded
 from tools.moe.models import moe_model
+from tools.moe.placement import bench_placement
 from tools.moe.targets import judge, median_tok_s, moe_ratios
 
 System = Callable[[], float]  # one greedy run -> decode tok/s
@@ -152,10 +158,15 @@ def main(layers: Annotated[int, typer.Option(
          tokens: Tokens = 128, runs: Runs = 9, precision: Precision = "f32",
          threads: Threads = 0, as_json: Json = False,
          cluster: Annotated[bool, typer.Option(help="also run the 2-node local cluster")]
-         = True) -> None:
+         = True,
+         placement: Annotated[str, typer.Option(
+             help="split: each node its own cores, as 2 PCs, and openvino_genai and the "
+                  "1-stage shards on the first node's (one such PC) | shared: every "
+                  "process on every core")] = "split") -> None:
     from tools.decode.cluster import cluster_run
     from tools.harness.cluster import local_cluster
     from zctl.engine.tokenizer import ChatTokenizer
+    from zctl.launcher.cpusets import confine_to
     from zctl.launcher.processes import runtime_spec
     from zctl.paths import zctl_home
 
@@ -165,35 +176,49 @@ def main(layers: Annotated[int, typer.Option(
         fail("--layers must be >= 2 for the 2-node cluster (or pass --no-cluster)")
     if tokens < 2 or runs < 1:
         fail("--tokens must be >= 2 and --runs >= 1")
+    try:
+        place = bench_placement(placement, sorted(os.sched_getaffinity(0)))
+    except ValueError as exc:
+        fail(str(exc))
     cache = zctl_home()
     moe = moe_model("experts-128", layers, cache)
     stage1_dir = moe.export(1, "int4")
     props = plugin_properties(precision, threads)
     prompt_ids = ChatTokenizer(stage1_dir).encode(PROMPT)
-    systems: dict[str, System] = {}
-    baseline, baseline_note = baseline_system(moe.hf_dir, stage1_dir, props, prompt_ids, tokens)
-    if baseline is not None:
-        systems["baseline"] = baseline
-    else:
-        err.print(f"[yellow]no baseline:[/] {baseline_note}", highlight=False)
-    systems["stage1"] = chain_system(stage1_dir, props, threads, prompt_ids, tokens)
-    for name in ("experts-256", "dense-equal"):
-        systems[name] = chain_system(moe_model(name, layers, cache).export(1, "int4"), props,
-                                     threads, prompt_ids, tokens)
     head = {"run": run_record(), "model": "random Qwen3-MoE, Qwen3-30B-A3B layer shape",
             "layers": layers, "weights": "int4", "tokens": tokens, "runs": runs,
-            "properties": props, "baseline": baseline_note}
-    if cluster:
-        with local_cluster(moe.export(2, "int4"), 2, runtime_spec(
-                props.get("INFERENCE_PRECISION_HINT"), threads or None, "CPU"),
-                cache / "bench-moe-cluster") as record:
+            "properties": props, "placement": place.mode,
+            "cpus": {"bench": place.bench_cpus, "nodes": list(place.node_cpus)}}
+    with ExitStack() as stack:
+        # the cluster's processes start before this one is confined (they inherit its
+        # cores and confine themselves to theirs), and this one before it loads a plugin
+        # (OpenVINO sizes its threads from the cores it may use)
+        record = stack.enter_context(local_cluster(
+            moe.export(2, "int4"), 2, runtime_spec(props.get("INFERENCE_PRECISION_HINT"),
+                                                   threads or None, "CPU"),
+            cache / "bench-moe-cluster", cpu_sets=place.mode, cpus=list(place.node_cpus))
+        ) if cluster else None
+        if place.bench_cpus is not None:
+            confine_to(place.bench_cpus)
+        systems: dict[str, System] = {}
+        baseline, head["baseline"] = baseline_system(moe.hf_dir, stage1_dir, props,
+                                                     prompt_ids, tokens)
+        if baseline is not None:
+            systems["baseline"] = baseline
+        else:
+            err.print(f"[yellow]no baseline:[/] {head['baseline']}", highlight=False)
+        systems["stage1"] = chain_system(stage1_dir, props, threads, prompt_ids, tokens)
+        for name in ("experts-256", "dense-equal"):
+            systems[name] = chain_system(moe_model(name, layers, cache).export(1, "int4"),
+                                         props, threads, prompt_ids, tokens)
+        cluster_system = None
+        if record is not None:
             cluster_system = ClusterSystem(record.serve, tokens)
             cluster_run(record.serve, PROMPT, 8)  # warm-up
             systems["cluster"] = cluster_system
-            samples = interleaved_runs(systems, runs)
-        head["cluster_split"] = cluster_system.split(2)
-    else:
         samples = interleaved_runs(systems, runs)
+    if cluster_system is not None:
+        head["cluster_split"] = cluster_system.split(2)
     result = moe_result(head, samples)
     if as_json:
         print(json.dumps(result))

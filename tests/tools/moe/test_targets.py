@@ -112,6 +112,7 @@ def test_the_cluster_split_is_the_median_runs_compute_and_the_rest() -> None:
     (["--layers", "0", "--no-cluster"], "--layers must be >= 1"),
     (["--tokens", "1"], "--tokens must be >= 2"),
     (["--runs", "0"], "--runs >= 1"),
+    (["--placement", "spread"], "placement must be one of shared, split"),
 ])
 def test_bad_options_are_refused_before_any_model_is_touched(args, says, tmp_path,
                                                              monkeypatch) -> None:
