@@ -59,7 +59,12 @@ def smol_pipe(weights: str = "int4", split: int = 17, link: LinkProfile = LOOP) 
 def test_int4_bytes_per_layer_match_a_real_export() -> None:
     # the middle stage of a 3-stage SmolLM2 INT4 export (group 64): 11 layers in 21,035,816 bytes
     assert layer_weight_bytes(SMOL, "int4") == pytest.approx(21_035_816 / 11, rel=0.005)
-    assert layer_weight_bytes(SMOL, "int8") == SMOL.layer_weights()
+    # INT8 in i8 groups: a scale per 64 inputs of Q/K/V, O and gate/up, per 128 of down
+    down = SMOL.intermediate * SMOL.hidden
+    assert layer_weight_bytes(SMOL, "int8") == pytest.approx(
+        (SMOL.layer_weights() - down) * (1 + 2 / 64) + down * (1 + 2 / 128))
+    assert layer_weight_bytes(SMOL, "int8", "u8-channel") == pytest.approx(
+        (SMOL.layer_weights() - down) * (1 + 3 / 576) + down * (1 + 3 / 1536))
     assert resident_layer_bytes(SMOL, "fp16") == int(2 * SMOL.layer_weights() * RUNTIME_OVERHEAD)
 
 
