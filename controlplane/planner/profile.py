@@ -27,8 +27,9 @@ ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
 # exporter makes a layer now; 3, one-token steps on the one-token graph where a stage of
 # such layers compiles one (dataplane/runtime/one_token.py); 4, the same graph's decode steps
 # timed as a pipeline's stage runs them (after idle gaps, their median, through the worker's
-# frame path, whose work is a figure of its own: controlplane/profiling.py).
-GRAPH_VERSION = 4
+# frame path, whose work is a figure of its own: controlplane/profiling.py); 5, INT8 in the
+# symmetric i8 groups an int8 export is written in, not u8 per channel (zctl.weights).
+GRAPH_VERSION = 5
 
 
 class ProfileError(ValueError):
