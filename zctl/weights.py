@@ -50,6 +50,15 @@ def default_int8_form(weight_format: str) -> str | None:
     return INT8_CHANNELS if weight_format == "int4" else None
 
 
+def export_int8_form(weight_format: str, int8_form: str | None = None) -> str | None:
+    """The form of the INT8 weights of an export in ``weight_format`` whose manifest says
+    ``int8_form`` (checked; None: one written now, ``default_int8_form``)."""
+    if int8_form is None:
+        return default_int8_form(weight_format)
+    check_weight_format(weight_format)
+    return check_int8_form(int8_form)
+
+
 def check_int8_form(int8_form: str) -> str:
     """``int8_form`` itself; ValueError naming the forms for any other."""
     if int8_form not in INT8_FORMS:

@@ -39,14 +39,17 @@ class ProfileError(ValueError):
 @dataclass(frozen=True)
 class ProfileKey:
     """What a profile was measured for: a shape (``ModelShape.fingerprint``), a weight
-    format, a device, an OpenVINO version ("reference" for derived profiles) and the version
-    of the synthetic layer graph it timed (``GRAPH_VERSION``; 0 for derived profiles)."""
+    format, a device, an OpenVINO version ("reference" for derived profiles), the version
+    of the synthetic layer graph it timed (``GRAPH_VERSION``; 0 for derived profiles) and
+    the form of the INT8 weights it timed (zctl.weights.INT8_FORMS: the served export's;
+    None in a float format, a derived profile, or a key that asks for any form)."""
 
     shape: str
     weights: str
     device: str
     openvino: str
     graph: int = 0
+    int8_form: str | None = None
 
 
 def _check_rows(name: str, values: tuple[float, ...], where: str) -> None:
@@ -143,8 +146,9 @@ class NodeProfile:
 
     def check_for(self, key: ProfileKey, node: str) -> None:
         """ProfileError when this profile was measured for another shape, format, device,
-        OpenVINO version or layer graph than ``key`` (a derived profile, or a key of version
-        "reference" or graph 0, matches any version or graph)."""
+        OpenVINO version, layer graph or INT8 form than ``key`` (a derived profile, or a key
+        of version "reference" or graph 0, matches any version or graph; a key without an
+        INT8 form, any form)."""
         mine = self.key
         stale = [f"{what} {have!r}, not {want!r}" for what, have, want in (
             ("shape", mine.shape, key.shape), ("weights", mine.weights, key.weights),
@@ -153,6 +157,8 @@ class NodeProfile:
             stale.append(f"OpenVINO {mine.openvino}, not {key.openvino}")
         if mine.graph and key.graph and mine.graph != key.graph:
             stale.append(f"layer graph {mine.graph}, not {key.graph}")
+        if mine.graph and key.int8_form is not None and mine.int8_form != key.int8_form:
+            stale.append(f"INT8 form {mine.int8_form!r}, not {key.int8_form!r}")
         if stale:
             raise ProfileError(f"node {node}: its profile was measured for {'; '.join(stale)}: "
                                "profile it again (zctl node profile)")

@@ -121,6 +121,18 @@ def test_a_profile_of_another_shape_format_or_version_is_stale() -> None:
     profile().check_for(dataclasses.replace(want, openvino="2027.0"), "pc")  # derived: any version
 
 
+def test_a_profile_timed_on_another_int8_form_is_stale() -> None:
+    measured = profile(key=ProfileKey(SMOL.fingerprint(), "int8", "CPU", "2026.4.1", 5,
+                                      "u8-channel"))
+    want = ProfileKey(SMOL.fingerprint(), "int8", "CPU", "2026.4.1", 5, "u8-channel")
+    measured.check_for(want, "pc")
+    measured.check_for(dataclasses.replace(want, int8_form=None), "pc")  # any form asked
+    with pytest.raises(ProfileError, match="INT8 form 'u8-channel', not 'i8-groups'"):
+        measured.check_for(dataclasses.replace(want, int8_form="i8-groups"), "pc")
+    profile().check_for(dataclasses.replace(want, weights="int4", int8_form="i8-groups"),
+                        "pc")  # a derived profile timed no INT8 form
+
+
 def test_links_are_found_either_way_and_missing_ones_are_named() -> None:
     wifi, wire = REFERENCE_LINKS["wifi"], REFERENCE_LINKS["ethernet"]
     links = Links({("laptop", "desktop"): wifi.to(wire)})
