@@ -59,6 +59,14 @@ def export_int8_form(weight_format: str, int8_form: str | None = None) -> str | 
     return check_int8_form(int8_form)
 
 
+def named_int8_form(weight_format: str, int8_form: str | None) -> str | None:
+    """The INT8 form a record of ``weight_format`` stands for: ``int8_form``, or where it
+    names none the format's default (None for a format not in WEIGHT_FORMATS)."""
+    if int8_form is None and weight_format in WEIGHT_FORMATS:
+        return default_int8_form(weight_format)
+    return int8_form
+
+
 def check_int8_form(int8_form: str) -> str:
     """``int8_form`` itself; ValueError naming the forms for any other."""
     if int8_form not in INT8_FORMS:

@@ -53,7 +53,7 @@ from controlplane.planner.quota import check_quota
 from controlplane.planner.shape import ModelShape
 from controlplane.records import ProfileRecord
 from controlplane.schema import SchemaError, build
-from zctl.weights import WEIGHT_FORMATS, default_int8_form
+from zctl.weights import named_int8_form
 
 PROFILE_FORMAT = "zctl-node-profile/2"
 OLD_FORMATS = ("zctl-node-profile/1",)  # read only to say they are stale
@@ -201,11 +201,9 @@ KEY_NAMES = {"shape": "shape", "weights": "weights", "device": "device", "openvi
 
 def measured_for(record: ProfileRecord, name: str) -> str | None:
     """``record``'s ``name`` (a KEY_NAMES field); its INT8 form, where it names none, the
-    default of its format (``zctl.weights.default_int8_form``)."""
+    default of its format (``zctl.weights.named_int8_form``)."""
     if name == "int8_form":
-        if record.int8_form is None and record.weights in WEIGHT_FORMATS:
-            return default_int8_form(record.weights)
-        return record.int8_form
+        return named_int8_form(record.weights, record.int8_form)
     return str(getattr(record, name))
 
 

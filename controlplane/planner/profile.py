@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from controlplane.planner.quota import alone_step_s, busy_scale, busy_step_s, check_quota
+from zctl.weights import named_int8_form
 
 ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
 # The version of the synthetic layer graph a profile times (dataplane/runtime/synthetic.py),
@@ -157,8 +158,9 @@ class NodeProfile:
             stale.append(f"OpenVINO {mine.openvino}, not {key.openvino}")
         if mine.graph and key.graph and mine.graph != key.graph:
             stale.append(f"layer graph {mine.graph}, not {key.graph}")
-        if mine.graph and key.int8_form is not None and mine.int8_form != key.int8_form:
-            stale.append(f"INT8 form {mine.int8_form!r}, not {key.int8_form!r}")
+        form = named_int8_form(mine.weights, mine.int8_form)
+        if mine.graph and key.int8_form is not None and form != key.int8_form:
+            stale.append(f"INT8 form {form!r}, not {key.int8_form!r}")
         if stale:
             raise ProfileError(f"node {node}: its profile was measured for {'; '.join(stale)}: "
                                "profile it again (zctl node profile)")

@@ -11,8 +11,10 @@ from zctl.weights import (
     decoder_bytes_per_weight,
     default_int8_form,
     embedding_bytes_per_weight,
+    export_int8_form,
     int8_bytes_per_weight,
     int8_group,
+    named_int8_form,
 )
 
 
@@ -51,3 +53,14 @@ def test_bad_forms_and_inputs_are_refused_by_name() -> None:
         embedding_bytes_per_weight("int2", 576)
     with pytest.raises(ValueError, match="INT4 needs a group size"):
         decoder_bytes_per_weight("int4", 576)
+
+
+def test_an_exports_int8_form_is_its_manifests_or_its_formats_default() -> None:
+    assert export_int8_form("int8") == INT8_GROUPS
+    assert export_int8_form("int8", INT8_CHANNELS) == INT8_CHANNELS
+    assert export_int8_form("fp32") is None
+    with pytest.raises(ValueError, match="unknown INT8 form 'i4-groups'"):
+        export_int8_form("int8", "i4-groups")
+    assert named_int8_form("int4", None) == INT8_CHANNELS  # a record naming no form
+    assert named_int8_form("int8", INT8_CHANNELS) == INT8_CHANNELS
+    assert named_int8_form("int2", None) is None  # a format it does not know: no default

@@ -129,6 +129,10 @@ def test_a_profile_timed_on_another_int8_form_is_stale() -> None:
     measured.check_for(dataclasses.replace(want, int8_form=None), "pc")  # any form asked
     with pytest.raises(ProfileError, match="INT8 form 'u8-channel', not 'i8-groups'"):
         measured.check_for(dataclasses.replace(want, int8_form="i8-groups"), "pc")
+    default = profile(key=dataclasses.replace(want, int8_form=None))  # int8's: i8 groups
+    default.check_for(dataclasses.replace(want, int8_form="i8-groups"), "pc")
+    with pytest.raises(ProfileError, match="INT8 form 'i8-groups', not 'u8-channel'"):
+        default.check_for(want, "pc")
     profile().check_for(dataclasses.replace(want, weights="int4", int8_form="i8-groups"),
                         "pc")  # a derived profile timed no INT8 form
 
