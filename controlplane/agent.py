@@ -364,7 +364,7 @@ class NodeAgent:
             log.info("node %s released from its stage: %s", self.node_id, msg.reason)
             self._submit("released", None, self.slot.stop)
         elif isinstance(msg, ProfileRequest):
-            report = self.profile.request(ProfileTask(msg.shape, msg.weights, msg.device),
+            report = self.profile.request(ProfileTask(msg.shape, msg.weights, msg.device, msg.int8_form),
                                           msg.budget_s)
             self.profile_state = report.state
             self._send(report)

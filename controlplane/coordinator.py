@@ -208,7 +208,7 @@ class Coordinator:
         try:
             self.shape = export_shape(self.manifest, self.export_dir)
             self.profile_task = ProfileTask(self.shape, self.manifest.weight_format,
-                                            cfg.runtime.device)
+                                            cfg.runtime.device, self.manifest.int8_form)
             self.plan.planner = StagePlanner(self.manifest, self.shape, needs, self.node_id,
                                              cfg.runtime.device, self.openvino, cfg.replan_gain)
         except ShapeError as exc:
@@ -456,7 +456,7 @@ class Coordinator:
         if self.profile_task is not None:
             task = self.profile_task
             self._send(identity, ProfileRequest(task.shape, task.weights, task.device,
-                                                self.config.profile_budget_s))
+                                                self.config.profile_budget_s, task.int8_form))
 
     def _on_shard_request(self, member: ms.Member, msg: ShardRequest) -> None:
         if member.offered != msg.shard_hash:

@@ -31,6 +31,7 @@ from controlplane.planner.shape import ModelShape
 from controlplane.records import ClusterStatus, DeviceInfo, FileSpec, ProfileRecord, StageInfo
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
+from zctl.weights import INT8_FORMS
 
 PROTOCOL_VERSION = 12  # bump with every change to a message schema (tests/test_wire_schema.py)
 
@@ -358,16 +359,20 @@ PROFILE_STATES = ("kept", "measured", "measuring", "not-profiled", "failed")
 @dataclass(frozen=True)
 class ProfileRequest(Message):
     """Coordinator -> node: your profile for the cluster's model (its shape, in this weight
-    format, on this device); measure it if you have none (within ``budget_s`` seconds)."""
+    format, on this device); measure it if you have none (within ``budget_s`` seconds);
+    ``int8_form``: the served export's INT8 form (None: the format's default)."""
 
     TYPE: ClassVar[str] = "profile_request"
     shape: ModelShape
     weights: str
     device: str
     budget_s: float = 30.0
+    int8_form: str | None = None
 
     def check(self) -> None:
         need(self.budget_s > 0, "profile_request.budget_s must be > 0")
+        need(self.int8_form in (None, *INT8_FORMS),
+             f"profile_request.int8_form {self.int8_form!r} is not one of {INT8_FORMS}")
 
 
 @register

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from controlplane.records import DeviceInfo
 from zctl.manifest import ExportManifest, ManifestError, check_layer_cover
-from zctl.weights import EMBED_BYTES_PER_WEIGHT
+from zctl.weights import WEIGHT_FORMATS, embedding_bytes_per_weight
 
 DEFAULT_HEADROOM = 0.9
 RUNTIME_OVERHEAD = 1.2  # compiled-model buffers on top of a stage's weight files
@@ -81,8 +81,10 @@ class LayerCost:
         stages, model = manifest.stages, manifest.model
         middle = [(sz, s.num_layers) for sz, s in zip(sizes, stages, strict=True)
                   if not s.first and not s.last]
-        embed = int(model.vocab_size * model.hidden_size
-                    * EMBED_BYTES_PER_WEIGHT.get(manifest.weight_format, 2.0))
+        per_weight = (embedding_bytes_per_weight(manifest.weight_format, model.hidden_size,
+                                                 manifest.int8_form)
+                      if manifest.weight_format in WEIGHT_FORMATS else 2.0)
+        embed = int(model.vocab_size * model.hidden_size * per_weight)
         if middle:
             layer = sum(sz for sz, _ in middle) / sum(n for _, n in middle)
             first = max(0, int(sizes[0] - stages[0].num_layers * layer))

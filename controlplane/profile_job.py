@@ -35,6 +35,7 @@ from controlplane.planner.shape import ModelShape
 from controlplane.profile_store import NOT_PROFILED, ProfileStore
 from controlplane.profile_turn import ProfilingTurn
 from controlplane.records import ProfileRecord
+from zctl.weights import export_int8_form
 
 log = logging.getLogger("zctl.controlplane")
 START_GRACE_S = 60.0  # a child's imports and start, beyond its budget
@@ -46,9 +47,11 @@ class ProfileTask:
     shape: ModelShape
     weights: str
     device: str
+    int8_form: str | None = None  # the served export's (None: the format's default)
 
     def describe(self) -> str:
-        return f"{self.shape.name} ({self.weights}) on {self.device}"
+        form = f", INT8 {self.int8_form}" if self.int8_form else ""
+        return f"{self.shape.name} ({self.weights}{form}) on {self.device}"
 
 
 class ProfileJob:
@@ -73,7 +76,8 @@ class ProfileJob:
 
     def request(self, task: ProfileTask, budget_s: float) -> ProfileReport:
         """The report to answer a request with now (module docstring)."""
-        record, why = self.store.load(task.shape, task.weights, task.device, current_share())
+        record, why = self.store.load(task.shape, task.weights, task.device, current_share(),
+                                      task.int8_form)
         if record is not None:
             return ProfileReport("kept", record)
         with self._lock:
@@ -115,7 +119,8 @@ class ProfileJob:
                    "--shape", json.dumps(asdict(task.shape)), "--weights", task.weights,
                    "--device", task.device, "--budget", str(budget_s),
                    "--memory-limit", str(self.memory_limit), "--state-dir",
-                   str(self.store.dir.parent), "--turn-held"]
+                   str(self.store.dir.parent), "--turn-held",
+                   *(("--int8-form", task.int8_form) if task.int8_form else ())]
         limit = 2 * budget_s + START_GRACE_S
         try:
             with self._lock:
@@ -176,7 +181,8 @@ def report_outcome(report: ProfileReport, task: ProfileTask, openvino: str
         return None, f"failed: {report.detail or 'no reason given'}"
     record = report.profile
     stale = mismatches(record, shape=task.shape.fingerprint(), weights=task.weights,
-                       device=task.device, openvino=openvino)
+                       device=task.device, openvino=openvino,
+                       int8_form=export_int8_form(task.weights, task.int8_form))
     if stale:
         return None, (f"failed: it reported a profile measured for {'; '.join(stale)}: "
                       "profile it again (zctl node profile)")

@@ -1,5 +1,6 @@
 """Where a node keeps its profiles: ``<state_dir>/profiles/``, one JSON file per model shape,
-weight format and device, holding the OpenVINO version it was measured with.
+weight format (with its INT8 form where it is not the one an export is written in now) and
+device, holding the OpenVINO version it was measured with.
 
 ``load`` gives a profile that fits this node now, or says why there is none: never
 measured, measured with another OpenVINO version, by an older zctl or on another version
@@ -31,17 +32,21 @@ from controlplane.planner.measured import (
 from controlplane.planner.profile import ProfileError
 from controlplane.planner.shape import ModelShape
 from controlplane.records import ProfileRecord
+from zctl.weights import default_int8_form, export_int8_form
 
 BUDGET_S = 30.0  # what profiling one device may take at most
 PROFILES = "profiles"
 NOT_PROFILED = "not profiled yet"
 
 
-def profile_name(fingerprint: str, weights: str, device: str) -> str:
-    """A profile's file name: readable, and unique to its shape, format and device."""
+def profile_name(fingerprint: str, weights: str, device: str,
+                 int8_form: str | None = None) -> str:
+    """A profile's file name: readable, and unique to its shape, format (and INT8 form,
+    named when it is not the format's default) and device."""
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in device)
-    return f"{weights}-{safe}-{digest}.json"
+    form = "" if int8_form in (None, default_int8_form(weights)) else f"-{int8_form}"
+    return f"{weights}{form}-{safe}-{digest}.json"
 
 
 def share_text(share: float) -> str:
@@ -63,15 +68,19 @@ class ProfileStore:
         self.dir = state_dir / PROFILES
         self.openvino = openvino or openvino_version()
 
-    def path(self, shape: ModelShape, weights: str, device: str) -> Path:
-        return self.dir / profile_name(shape.fingerprint(), weights, device)
+    def path(self, shape: ModelShape, weights: str, device: str,
+             int8_form: str | None = None) -> Path:
+        return self.dir / profile_name(shape.fingerprint(), weights, device, int8_form)
 
     def load(self, shape: ModelShape, weights: str, device: str,
-             share: float | None = None) -> tuple[ProfileRecord | None, str]:
-        """The profile of ``shape`` in ``weights`` on ``device`` measured with this node's
-        OpenVINO (and, ``share`` given, under the CPU quota of ``share`` cores it is under
-        now: 0, none), or (None, why there is none)."""
-        path = self.path(shape, weights, device)
+             share: float | None = None, int8_form: str | None = None
+             ) -> tuple[ProfileRecord | None, str]:
+        """The profile of ``shape`` in ``weights`` (its INT8 in ``int8_form``, by default
+        the format's) on ``device`` measured with this node's OpenVINO (and, ``share``
+        given, under the CPU quota of ``share`` cores it is under now: 0, none), or (None,
+        why there is none)."""
+        form = export_int8_form(weights, int8_form)
+        path = self.path(shape, weights, device, form)
         if not path.is_file():
             return None, NOT_PROFILED
         try:
@@ -81,7 +90,7 @@ class ProfileStore:
         except ProfileError as exc:
             return None, f"its profile is damaged ({exc})"
         stale = mismatches(record, shape=shape.fingerprint(), weights=weights, device=device,
-                           openvino=self.openvino)
+                           openvino=self.openvino, int8_form=form)
         if stale:
             return None, f"its profile is stale (measured for {'; '.join(stale)})"
         changed = quota_change(record.cpu_share, share)
@@ -97,7 +106,7 @@ class ProfileStore:
                   f"rounds, {measurement.seconds:.1f} s)")
         record = profile_record(profile_from(measurement, shape, source), time.time(),
                                 measurement.seconds)
-        path = self.path(shape, key.weights, key.device)
+        path = self.path(shape, key.weights, key.device, key.int8_form)
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(profile_dict(record, measurement), indent=1) + "\n")

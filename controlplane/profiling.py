@@ -75,6 +75,7 @@ from dataplane.runtime.paged import PagedStageRunner
 from dataplane.runtime.synthetic import LayerShape, synthetic_manifest, synthetic_model
 from dataplane.wire.frames import HiddenStateFrame, Kind, decode_frame, encode_frame, prepare_frame
 from dataplane.worker.hop import compute_step, seal_or_encode
+from zctl.weights import export_int8_form
 
 EXTRA_BYTES = 64e6  # the weights the second stage's extra layers should hold
 MAX_EXTRA_LAYERS = 32
@@ -218,11 +219,12 @@ def _kv_bytes(runner: StageRuntime) -> int:
 
 
 def _build(dims: LayerShape, layers: int, last: bool, weights: str, group: int | None,
-           runtime: RuntimeSpec, deadline: Deadline) -> _Stage:
+           int8_form: str | None, runtime: RuntimeSpec, deadline: Deadline) -> _Stage:
     deadline.check(f"before building a synthetic stage of {layers} layer(s)")
     before = _rss()
-    graph = synthetic_model(dims, layers, last, weights, group, seed=layers + last)
-    manifest = synthetic_manifest(dims, layers, last, weights, group)
+    graph = synthetic_model(dims, layers, last, weights, group, seed=layers + last,
+                            int8_form=int8_form)
+    manifest = synthetic_manifest(dims, layers, last, weights, group, int8_form)
     deadline.check(f"building a synthetic stage of {layers} layer(s)")
     try:
         runner = load_runner("", 0, runtime, manifest=manifest, verify=False, graph=graph)
@@ -252,26 +254,29 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
             memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter,
             sleep: Callable[[float], None] = time.sleep,
             cpu_clock: Callable[[], float] = time.process_time,
-            quota: CpuQuota | None = None) -> Measurement:
-    """Time ``shape``'s synthetic stages in ``weights`` on ``device`` within ``budget_s``
-    seconds (the module docstring; ``sleep`` waits out the idle gaps, ``cpu_clock`` is the
-    process's CPU time, ``quota`` the CPU quota it runs under); ProfileError when it
-    cannot."""
+            quota: CpuQuota | None = None, int8_form: str | None = None) -> Measurement:
+    """Time ``shape``'s synthetic stages in ``weights`` (their INT8 in ``int8_form``, the
+    served export's; None: the form an export in ``weights`` is written in now) on
+    ``device`` within ``budget_s`` seconds (the module docstring; ``sleep`` waits out the
+    idle gaps, ``cpu_clock`` is the process's CPU time, ``quota`` the CPU quota it runs
+    under); ProfileError when it cannot."""
     deadline = Deadline(budget_s, clock)
     dims = layer_shape(shape)
     try:
         group = shape.group_size() if weights == "int4" else None
+        form = export_int8_form(weights, int8_form)
     except ValueError as exc:
         raise ProfileError(f"{shape.name}: {exc}") from None
     free = ram(memory_limit)[1]
     k = extra_layers(shape, weights, free)
     runtime = runtime_for(device)
-    key = ProfileKey(shape.fingerprint(), weights, device, openvino_version(), GRAPH_VERSION)
+    key = ProfileKey(shape.fingerprint(), weights, device, openvino_version(), GRAPH_VERSION,
+                     form)
     # the head's stage first: the plugin's one-time costs (its libraries, its thread pool)
     # fall on it, not on the memory the decoder stages are told apart by
-    head = _build(dims, 1, True, weights, group, runtime, deadline)
-    stages = {"base": _build(dims, 1, False, weights, group, runtime, deadline),
-              "more": _build(dims, 1 + k, False, weights, group, runtime, deadline),
+    head = _build(dims, 1, True, weights, group, form, runtime, deadline)
+    stages = {"base": _build(dims, 1, False, weights, group, form, runtime, deadline),
+              "more": _build(dims, 1 + k, False, weights, group, form, runtime, deadline),
               "head": head}
     steps: dict[tuple[str, int], list[float]] = {(n, r): [] for n in stages for r in ROWS}
     frames: dict[int, list[float]] = {r: [] for r in ROWS}  # the decoder stages' frames' work
@@ -363,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", required=True, help="the ModelShape's fields as JSON")
     parser.add_argument("--weights", required=True)
     parser.add_argument("--device", default="CPU")
+    parser.add_argument("--int8-form", default=None,
+                        help="the served export's INT8 form (default: the format's)")
     parser.add_argument("--budget", type=float, default=BUDGET_S)
     parser.add_argument("--memory-limit", type=int, default=0)
     parser.add_argument("--state-dir", required=True)
@@ -374,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         store = ProfileStore(Path(args.state_dir))
         with nullcontext() if args.turn_held else ProfilingTurn().wait():
             measurement = measure(shape, args.weights, args.device, args.budget,
-                                  args.memory_limit, quota=read_quota())
+                                  args.memory_limit, quota=read_quota(),
+                                  int8_form=args.int8_form)
         _, path = store.save(shape, measurement)
         text = path.read_text()
     except (ProfileError, ShapeError, TypeError, ValueError, OSError) as exc:

@@ -68,7 +68,8 @@ class ProfileRecord:
     work a hop at the same rows (none: not measured, taken as 0); the CPU quota the profile
     ran under (``cpu_share`` cores of CPU time per ``quota_period_s``; 0: none, as in a
     record from before quotas were read) and the process CPU seconds its timed decode steps
-    used per second of their wall time (``cpu_per_wall``; 0: not measured)."""
+    used per second of their wall time (``cpu_per_wall``; 0: not measured); the form of the
+    INT8 weights it timed (``int8_form``, zctl.weights.INT8_FORMS; None in a float format)."""
 
     shape: str
     weights: str
@@ -89,6 +90,7 @@ class ProfileRecord:
     cpu_share: float = 0.0
     quota_period_s: float = 0.0
     cpu_per_wall: float = 0.0
+    int8_form: str | None = None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from controlplane.planner.search import PlanRequest, plan, predict
 from controlplane.planner.shape import ModelShape
 from controlplane.records import DEFAULT_REPLAN_GAIN, LinkStatus
 from zctl.manifest import ExportManifest
+from zctl.weights import export_int8_form
 
 SAME_HOST_LINK = "loopback"
 OTHER_HOST_LINK = "ethernet"
@@ -182,7 +183,8 @@ class StagePlanner:
             raise PlanUnusable(f"node {member.node_id} has no profile of "
                                f"{self.shape.name}: {member.profile_state}")
         key = ProfileKey(self.shape.fingerprint(), self.manifest.weight_format, self.device,
-                         self.openvino)
+                         self.openvino, int8_form=export_int8_form(self.manifest.weight_format,
+                                                                  self.manifest.int8_form))
         try:
             profile = profile_of(member.profile)
             profile.check_for(key, member.node_id)

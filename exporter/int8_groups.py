@@ -7,8 +7,9 @@ that check. Each compressed weight then becomes, for a MatMul of K inputs in gro
 
     i8 [N, K/g, g] -> Convert f16 -> Multiply by f16 scales [N, K/g, 1] -> Reshape [N, K]
 
-(then a Convert to f32), no zero point. The group of each MatMul is ``int8_group``: 128
-where it divides K, else 64, else 32; a weight none of them divides is left to NNCF's
+(then a Convert to f32), no zero point. The group of each MatMul is ``int8_group``
+(zctl.weights, shared with the node profile's synthetic stage): 128 where it divides K,
+else 64, else 32; a weight none of them divides is left to NNCF's
 backup, u8 per output channel with a zero point (INT8 before groups). NNCF does that
 choice itself (its ADJUST fallback: the largest power of two dividing K, at least 32);
 tests/exporter/test_int8_groups.py checks that it still matches ``int8_group`` and that
@@ -24,22 +25,15 @@ from collections.abc import Sequence
 
 import openvino as ov
 
+from zctl.weights import INT8_GROUP_SIZES
+
 CHECKED_NNCF_VERSIONS = ("3.4.0",)
-INT8_GROUPS = (128, 64, 32)  # tried in order per MatMul; none dividing K: per channel
-LARGEST_GROUP = INT8_GROUPS[0]
-SMALLEST_GROUP = INT8_GROUPS[-1]
+LARGEST_GROUP = INT8_GROUP_SIZES[0]
+SMALLEST_GROUP = INT8_GROUP_SIZES[-1]
 
 
 class UncheckedNncfError(RuntimeError):
     """The installed NNCF is not a version the grouped INT8 call was checked against."""
-
-
-def int8_group(in_features: int) -> int | None:
-    """The i8 group of a MatMul with ``in_features`` inputs: the first of INT8_GROUPS that
-    divides it, None (per output channel) when none does."""
-    if in_features < 1:
-        raise ValueError(f"a MatMul has at least one input, not {in_features}")
-    return next((group for group in INT8_GROUPS if in_features % group == 0), None)
 
 
 def check_nncf_version(version: str | None = None) -> str:

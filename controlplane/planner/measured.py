@@ -53,6 +53,7 @@ from controlplane.planner.quota import check_quota
 from controlplane.planner.shape import ModelShape
 from controlplane.records import ProfileRecord
 from controlplane.schema import SchemaError, build
+from zctl.weights import named_int8_form
 
 PROFILE_FORMAT = "zctl-node-profile/2"
 OLD_FORMATS = ("zctl-node-profile/1",)  # read only to say they are stale
@@ -146,7 +147,7 @@ def profile_from(m: Measurement, shape: ModelShape, source: str) -> NodeProfile:
     call = max(0.0, m.base_s[0] - layer[0])
     layer_prompt = (m.more_prompt_s - m.base_prompt_s) / k
     rate = prefill_rate(max(layer_prompt, FLOOR_S), layer[0], m.prompt_tokens, shape)
-    weights = math.ceil(layer_weight_bytes(shape, m.key.weights))
+    weights = math.ceil(layer_weight_bytes(shape, m.key.weights, m.key.int8_form))
     layer_bytes = max(weights, round((m.more_bytes - m.base_bytes) / k))
     return NodeProfile(key=m.key, decode_s=layer, head_decode_s=head, prefill_tokens_per_s=rate,
                        call_s=call, engine_decode_s=rising(m.engine_s),
@@ -164,7 +165,8 @@ def profile_record(profile: NodeProfile, measured_at: float = 0.0,
                          profile.prefill_tokens_per_s, profile.call_s, profile.layer_bytes,
                          profile.free_memory, profile.source, measured_at, seconds, key.graph,
                          list(profile.engine_decode_s), list(profile.frame_decode_s),
-                         profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall)
+                         profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall,
+                         key.int8_form)
 
 
 def staleness(record: ProfileRecord) -> str:
@@ -185,21 +187,32 @@ def profile_of(record: ProfileRecord) -> NodeProfile:
     if stale:
         raise StaleProfile(stale)
     return NodeProfile(
-        ProfileKey(record.shape, record.weights, record.device, record.openvino, record.graph),
+        ProfileKey(record.shape, record.weights, record.device, record.openvino, record.graph,
+                   record.int8_form),
         tuple(record.decode_s), tuple(record.head_decode_s), record.prefill_tokens_per_s,
         record.call_s, tuple(record.engine_decode_s), record.layer_bytes, record.free_memory,
         record.source, tuple(record.frame_decode_s), record.cpu_share, record.quota_period_s,
         record.cpu_per_wall)
 
 
-KEY_NAMES = {"shape": "shape", "weights": "weights", "device": "device", "openvino": "OpenVINO"}
+KEY_NAMES = {"shape": "shape", "weights": "weights", "device": "device", "openvino": "OpenVINO",
+             "int8_form": "INT8 form"}
 
 
-def mismatches(record: ProfileRecord, **want: str) -> list[str]:
+def measured_for(record: ProfileRecord, name: str) -> str | None:
+    """``record``'s ``name`` (a KEY_NAMES field); its INT8 form, where it names none, the
+    default of its format (``zctl.weights.named_int8_form``)."""
+    if name == "int8_form":
+        return named_int8_form(record.weights, record.int8_form)
+    return str(getattr(record, name))
+
+
+def mismatches(record: ProfileRecord, **want: str | None) -> list[str]:
     """What ``record`` was measured for that is not what is wanted (``want``: some of its
-    ``shape``, ``weights``, ``device``, ``openvino``), as "weights 'int4', not 'int8'"."""
-    return [f"{KEY_NAMES[name]} {getattr(record, name)!r}, not {value!r}"
-            for name, value in want.items() if getattr(record, name) != value]
+    ``shape``, ``weights``, ``device``, ``openvino``, ``int8_form``), as "weights 'int4',
+    not 'int8'"."""
+    return [f"{KEY_NAMES[name]} {measured_for(record, name)!r}, not {value!r}"
+            for name, value in want.items() if measured_for(record, name) != value]
 
 
 def profile_dict(record: ProfileRecord, measurement: Measurement | None = None) -> dict[str, Any]:

@@ -9,22 +9,33 @@ from __future__ import annotations
 
 from controlplane.placement import DEFAULT_HEADROOM, RUNTIME_OVERHEAD, LayerCost
 from controlplane.planner.shape import ModelShape
-from zctl.weights import EMBED_BYTES_PER_WEIGHT, check_weight_format, decoder_bytes_per_weight
+from zctl.weights import (
+    check_weight_format,
+    decoder_bytes_per_weight,
+    default_int8_form,
+    embedding_bytes_per_weight,
+)
 
 DEFAULT_CONTEXT = 4096  # tokens of KV reserved per stream, as LayerCost.from_export does
 KV_BYTES_PER_VALUE = 2  # f16, as placement reserves (fast numerics keep u8: half of it)
 
 
-def layer_weight_bytes(shape: ModelShape, weights: str) -> float:
-    """Bytes one decoder layer's weights take in ``weights`` (INT4 in the shape's groups)."""
+def layer_weight_bytes(shape: ModelShape, weights: str, int8_form: str | None = None) -> float:
+    """Bytes one decoder layer's weights take in ``weights``: INT4 in the shape's groups,
+    INT8 with its scales in ``int8_form`` (by default the form an export is written with)."""
     check_weight_format(weights)
     group = shape.group_size() if weights == "int4" else None
-    return shape.layer_weights() * decoder_bytes_per_weight(weights, group)
+    form = int8_form or default_int8_form(weights)
+    return sum(count * decoder_bytes_per_weight(weights, k, group, form)
+               for k, count in shape.layer_weights_by_inputs().items())
 
 
-def embedding_bytes(shape: ModelShape, weights: str) -> float:
-    """Bytes of the embedding (stage 0), and as many of the LM head (the last stage)."""
-    return shape.embedding_weights() * EMBED_BYTES_PER_WEIGHT[check_weight_format(weights)]
+def embedding_bytes(shape: ModelShape, weights: str, int8_form: str | None = None) -> float:
+    """Bytes of the embedding (stage 0), and as many of the LM head (the last stage): INT8
+    with its scales in the int4 and int8 formats (``int8_form``, as ``layer_weight_bytes``)."""
+    check_weight_format(weights)
+    return shape.embedding_weights() * embedding_bytes_per_weight(weights, shape.hidden,
+                                                                  int8_form)
 
 
 def resident_layer_bytes(shape: ModelShape, weights: str) -> int:

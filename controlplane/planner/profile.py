@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from controlplane.planner.quota import alone_step_s, busy_scale, busy_step_s, check_quota
+from zctl.weights import named_int8_form
 
 ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
 # The version of the synthetic layer graph a profile times (dataplane/runtime/synthetic.py),
@@ -27,8 +28,9 @@ ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
 # exporter makes a layer now; 3, one-token steps on the one-token graph where a stage of
 # such layers compiles one (dataplane/runtime/one_token.py); 4, the same graph's decode steps
 # timed as a pipeline's stage runs them (after idle gaps, their median, through the worker's
-# frame path, whose work is a figure of its own: controlplane/profiling.py).
-GRAPH_VERSION = 4
+# frame path, whose work is a figure of its own: controlplane/profiling.py); 5, INT8 in the
+# symmetric i8 groups an int8 export is written in, not u8 per channel (zctl.weights).
+GRAPH_VERSION = 5
 
 
 class ProfileError(ValueError):
@@ -38,14 +40,17 @@ class ProfileError(ValueError):
 @dataclass(frozen=True)
 class ProfileKey:
     """What a profile was measured for: a shape (``ModelShape.fingerprint``), a weight
-    format, a device, an OpenVINO version ("reference" for derived profiles) and the version
-    of the synthetic layer graph it timed (``GRAPH_VERSION``; 0 for derived profiles)."""
+    format, a device, an OpenVINO version ("reference" for derived profiles), the version
+    of the synthetic layer graph it timed (``GRAPH_VERSION``; 0 for derived profiles) and
+    the form of the INT8 weights it timed (zctl.weights.INT8_FORMS: the served export's;
+    None in a float format, a derived profile, or a key that asks for any form)."""
 
     shape: str
     weights: str
     device: str
     openvino: str
     graph: int = 0
+    int8_form: str | None = None
 
 
 def _check_rows(name: str, values: tuple[float, ...], where: str) -> None:
@@ -142,8 +147,9 @@ class NodeProfile:
 
     def check_for(self, key: ProfileKey, node: str) -> None:
         """ProfileError when this profile was measured for another shape, format, device,
-        OpenVINO version or layer graph than ``key`` (a derived profile, or a key of version
-        "reference" or graph 0, matches any version or graph)."""
+        OpenVINO version, layer graph or INT8 form than ``key`` (a derived profile, or a key
+        of version "reference" or graph 0, matches any version or graph; a key without an
+        INT8 form, any form)."""
         mine = self.key
         stale = [f"{what} {have!r}, not {want!r}" for what, have, want in (
             ("shape", mine.shape, key.shape), ("weights", mine.weights, key.weights),
@@ -152,6 +158,9 @@ class NodeProfile:
             stale.append(f"OpenVINO {mine.openvino}, not {key.openvino}")
         if mine.graph and key.graph and mine.graph != key.graph:
             stale.append(f"layer graph {mine.graph}, not {key.graph}")
+        form = named_int8_form(mine.weights, mine.int8_form)
+        if mine.graph and key.int8_form is not None and form != key.int8_form:
+            stale.append(f"INT8 form {form!r}, not {key.int8_form!r}")
         if stale:
             raise ProfileError(f"node {node}: its profile was measured for {'; '.join(stale)}: "
                                "profile it again (zctl node profile)")

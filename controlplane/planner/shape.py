@@ -84,6 +84,24 @@ class ModelShape:
                                          self.kv_heads, self.head_dim)
         return self.attention_weights() + self.router_weights() + self.experts * self.expert_weights()
 
+    def layer_weights_by_inputs(self) -> dict[int, int]:
+        """``layer_weights`` by the inputs K of the MatMul each belongs to (what an INT8
+        weight's scales depend on: exporter/int8_groups.py): Q/K/V, gate/up and the router
+        take ``hidden`` inputs, the output projection the heads', down the MLP's."""
+        attn = self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        mlp = self.expert_intermediate if self.moe else self.intermediate
+        copies = self.experts if self.moe else 1
+        counts: dict[int, int] = {}
+        for k, weights in ((self.hidden, self.hidden * (attn + 2 * kv)),
+                           (attn, attn * self.hidden),
+                           (self.hidden, self.hidden * self.experts),
+                           (self.hidden, copies * 2 * mlp * self.hidden),
+                           (mlp, copies * mlp * self.hidden)):
+            if weights:
+                counts[k] = counts.get(k, 0) + weights
+        return counts
+
     def active_layer_weights(self) -> int:
         """Weights one token multiplies in a layer (multiply-accumulates per token)."""
         if not self.moe:

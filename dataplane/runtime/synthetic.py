@@ -7,9 +7,14 @@ projection, RoPE from cos/sin inputs, the past KV concatenated and repeated per 
 into one ScaledDotProductAttention, the gated MLP (gate and up one MatMul), made stateful
 as the exporter makes every stage (stateful_graph). Its weights are random and already
 compressed as NNCF compresses an export's (exporter/compress.py): INT4 in asymmetric
-groups, INT8 per output channel (u8 weights, u8 zero points and f16 scales behind
-Convert/Subtract/Multiply, which the CPU plugin folds into its compressed MatMul), f16
-behind a Convert, or f32; the LM head INT8 in the INT4 and INT8 formats. The manifest that
+groups, INT8 in the export's ``int8_form`` (zctl.weights.INT8_FORMS), f16 behind a Convert,
+or f32; the LM head INT8 in the INT4 and INT8 formats. INT8 in i8 groups (an int8 export's,
+by default) is i8 codes [N, K/g, g] behind Convert f16, Multiply by f16 scales
+[N, K/g, 1], Reshape [N, K] and Convert f32, g the group ``zctl.weights.int8_group`` picks
+as the exporter does (a weight no group divides stays per channel); INT8 per channel (an
+int4 export's head, an older or static export's INT8) is u8 codes, u8 zero points and f16
+scales behind Convert/Subtract/Multiply. The CPU plugin folds either into its compressed
+MatMul. The manifest that
 goes with it describes the one stage, so a ``PagedStageRunner`` runs it as it runs a stage
 of an export: the same PagedAttention pass, compile properties, bound inputs and block
 tables.
@@ -28,7 +33,13 @@ from openvino import opset13 as ops
 
 from dataplane.runtime.stateful_graph import add_beam_idx, make_stateful
 from zctl.manifest import ExportManifest, ModelSpec, StageSpec
-from zctl.weights import WEIGHT_FORMATS
+from zctl.weights import (
+    INT8_GROUPS,
+    WEIGHT_FORMATS,
+    check_int8_form,
+    default_int8_form,
+    int8_group,
+)
 
 EPS = 1e-5
 ROPE_THETA = 10000.0
@@ -54,12 +65,15 @@ class LayerShape:
 class _Weights:
     """Random weights in one format, as the exporter's compression leaves them."""
 
-    def __init__(self, weights: str, group_size: int | None, seed: int) -> None:
+    def __init__(self, weights: str, group_size: int | None, seed: int,
+                 int8_form: str | None = None) -> None:
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {weights!r}; expected one of {WEIGHT_FORMATS}")
         if weights == "int4" and not group_size:
             raise ValueError("INT4 weights need a group size")
         self.weights, self.group_size = weights, group_size
+        self.int8_form = (check_int8_form(int8_form) if int8_form is not None
+                          else default_int8_form(weights))
         self.rng = np.random.default_rng(seed)
 
     def _bytes(self, count: int) -> np.ndarray:
@@ -86,6 +100,17 @@ class _Weights:
         return ops.convert(flat, ov.Type.f32).output(0)
 
     def _int8(self, rows: int, cols: int, name: str) -> ov.Output:
+        group = int8_group(cols) if self.int8_form == INT8_GROUPS else None
+        if group is None:
+            return self._u8_channel(rows, cols, name)
+        shape = [rows, cols // group, group]
+        codes = self._bytes(rows * cols).view(np.int8).reshape(shape)
+        weight = ops.convert(ops.constant(codes, name=name), ov.Type.f16)
+        scaled = ops.multiply(weight, self._scales([rows, cols // group, 1], name))
+        flat = ops.reshape(scaled, ops.constant(np.array([rows, cols], np.int64)), False)
+        return ops.convert(flat, ov.Type.f32).output(0)
+
+    def _u8_channel(self, rows: int, cols: int, name: str) -> ov.Output:
         data = self._bytes(rows * cols).reshape(rows, cols)
         weight = ops.convert(ops.constant(data, name=name), ov.Type.f16)
         zero_point = ops.convert(ops.constant(np.full([rows, 1], INT8_ZERO, np.uint8),
@@ -194,14 +219,16 @@ def _layer(x: ov.Output, index: int, shape: LayerShape, inputs: dict[str, ov.Out
 
 
 def synthetic_model(shape: LayerShape, layers: int, last: bool, weights: str,
-                    group_size: int | None = None, seed: int = 0) -> ov.Model:
+                    group_size: int | None = None, seed: int = 0,
+                    int8_form: str | None = None) -> ov.Model:
     """The stateful graph of a middle stage of ``layers`` decoder layers of ``shape`` (with
-    ``last``: the final norm and LM head after them), random weights in ``weights``."""
+    ``last``: the final norm and LM head after them), random weights in ``weights``, their
+    INT8 in ``int8_form`` (None: the form an export in ``weights`` is written with now)."""
     if layers < 1:
         raise ValueError(f"a synthetic stage has at least one layer, got {layers}")
     if shape.heads % shape.kv_heads or shape.head_dim % 2:
         raise ValueError(f"{shape}: heads must be a multiple of KV heads, head_dim even")
-    draw = _Weights(weights, group_size, seed)
+    draw = _Weights(weights, group_size, seed, int8_form)
     names = ["hidden_states", "attention_mask", "rope_cos", "rope_sin"]
     params = [ops.parameter([-1, -1, shape.hidden], ov.Type.f32),
               ops.parameter([-1, 1, -1, -1], ov.Type.f32),
@@ -237,7 +264,8 @@ def synthetic_model(shape: LayerShape, layers: int, last: bool, weights: str,
 
 
 def synthetic_manifest(shape: LayerShape, layers: int, last: bool, weights: str,
-                       group_size: int | None = None) -> ExportManifest:
+                       group_size: int | None = None,
+                       int8_form: str | None = None) -> ExportManifest:
     """The manifest of a one-stage export holding ``synthetic_model``'s stage."""
     half = shape.head_dim // 2
     inv_freq = tuple(float(ROPE_THETA ** (-i / half)) for i in range(half))
@@ -256,4 +284,5 @@ def synthetic_manifest(shape: LayerShape, layers: int, last: bool, weights: str,
         first=False, last=last)
     return ExportManifest(model=model, stages=(stage,), weight_format=weights,
                           group_size=group_size if weights == "int4" else None,
-                          activation_dtype="f32", beam_idx=True, versions={})
+                          activation_dtype="f32", beam_idx=True, versions={},
+                          int8_form=int8_form or default_int8_form(weights))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, replace
 
@@ -60,7 +61,7 @@ def sample(cls: type) -> object:
         m.StageReady: m.StageReady(4, 1, False, "compile failed"),
         m.Error: m.Error("malformed", "bad", "enrol"),
         m.StatusRequest: m.StatusRequest(),
-        m.ProfileRequest: m.ProfileRequest(SMOL, "int4", "CPU", 20.0),
+        m.ProfileRequest: m.ProfileRequest(SMOL, "int8", "CPU", 20.0, "u8-channel"),
         m.ProfileReport: m.ProfileReport("measured", profile),
         m.LinkProbe: m.LinkProbe(7, "n2", "tcp://10.0.0.3:7000", [2316, 18468], 3, 2.0),
         m.LinkReport: m.LinkReport(7, "n2", True, 4e-4, 1.1e8, 1.2e8),
@@ -187,6 +188,9 @@ def stats_body() -> dict:
      "positive bandwidths"),
     (envelope({"shape": {"name": "x"}, "weights": "int4", "device": "CPU"}, "profile_request"),
      "profile_request.shape is missing required field"),
+    (envelope({"shape": dataclasses.asdict(SMOL), "weights": "int8", "device": "CPU",
+               "int8_form": "i4-groups"}, "profile_request"),
+     "profile_request.int8_form 'i4-groups' is not one of"),
     (envelope({**stats_body(), "hops": [{"name": "0-1", "bytes": 1, "network_ms": {
         "bounds": [1.0, 2.0], "counts": [1, 2]}}]}, "service_stats"),
      "service_stats.hops[0].network_ms has 2 counts for 2 bounds"),

@@ -25,9 +25,11 @@ VERSION = "2026.4.1-test"
 
 
 def _measurement(shape: ModelShape = SMOL, weights: str = "int4", device: str = "CPU",
-                 openvino: str = VERSION, graph: int = GRAPH_VERSION) -> Measurement:
+                 openvino: str = VERSION, graph: int = GRAPH_VERSION,
+                 int8_form: str | None = None) -> Measurement:
     rows = (1e-4, 2e-4, 3e-4, 4e-4)
-    return Measurement(ProfileKey(shape.fingerprint(), weights, device, openvino, graph), 2,
+    return Measurement(ProfileKey(shape.fingerprint(), weights, device, openvino, graph,
+                                  int8_form), 2,
                        rows, tuple(3 * r for r in rows), tuple(10 * r for r in rows), 128, 1e-3,
                        5e-3, 1 << 20, 5 << 20, 8 << 30, engine_s=tuple(r / 2 for r in rows),
                        frame_s=tuple(r / 4 for r in rows),
@@ -45,6 +47,28 @@ def test_a_profile_is_kept_by_shape_format_and_device_and_used_again(tmp_path: P
     assert json.loads(path.read_text())["measurement"]["extra_layers"] == 2
     assert len({profile_name(SMOL.fingerprint(), w, d) for w in ("int4", "int8")
                 for d in ("CPU", "GPU.0")}) == 4
+
+
+def test_a_profile_of_one_int8_form_is_not_used_for_the_other(tmp_path: Path) -> None:
+    """An int8 export in i8 groups (the default) and one in u8 per channel (older, or
+    static) are profiled apart: kept in files of their own, and a file of one is stale for
+    the other."""
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    groups, groups_path = store.save(SMOL, _measurement(weights="int8", int8_form="i8-groups"))
+    channels, channels_path = store.save(SMOL, _measurement(weights="int8",
+                                                            int8_form="u8-channel"))
+    assert groups_path != channels_path and groups.int8_form == "i8-groups"
+    assert store.load(SMOL, "int8", "CPU") == (groups, "")
+    assert store.load(SMOL, "int8", "CPU", int8_form="i8-groups") == (groups, "")
+    assert store.load(SMOL, "int8", "CPU", int8_form="u8-channel") == (channels, "")
+    os.replace(channels_path, groups_path)
+    record, why = store.load(SMOL, "int8", "CPU")
+    assert record is None and "INT8 form 'u8-channel', not 'i8-groups'" in why
+    # a record naming no form is its format's default (int4: its head per channel)
+    int4, _ = store.save(SMOL, _measurement())
+    assert store.load(SMOL, "int4", "CPU", int8_form="u8-channel") == (int4, "")
+    with pytest.raises(ValueError, match="unknown INT8 form 'i4-groups'"):
+        store.load(SMOL, "int8", "CPU", int8_form="i4-groups")
 
 
 def test_a_profile_measured_under_another_cpu_quota_than_the_node_s_now_is_stale(
@@ -130,6 +154,8 @@ def test_what_cannot_be_profiled_says_why() -> None:
     deadline = Deadline(1.0, lambda: next(ticks))
     with pytest.raises(ProfileError, match="whole budget of 1 s building"):
         deadline.check("building")
+    with pytest.raises(ProfileError, match="unknown INT8 form 'i4-groups'"):
+        measure(TINY, "int8", "CPU", 5.0, int8_form="i4-groups")
 
 
 @pytest.mark.slow

@@ -17,11 +17,10 @@ from exporter.int8_groups import (
     UncheckedNncfError,
     check_nncf_version,
     compress_int8_groups,
-    int8_group,
 )
 from exporter.sources import open_source
 from zctl.manifest import load_manifest
-from zctl.weights import INT8_CHANNELS, INT8_GROUPS
+from zctl.weights import INT8_CHANNELS, INT8_GROUPS, int8_group
 
 # (in, out) of a chain of MatMuls: groups of 128, 64, 32, and none (40: per channel)
 CHAIN = ((256, 192), (192, 96), (96, 40), (40, 256))

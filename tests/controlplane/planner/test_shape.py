@@ -44,6 +44,16 @@ def test_presets_have_their_published_parameter_counts() -> None:
     assert reads[0] == pytest.approx(moe.active_layer_weights())
 
 
+@pytest.mark.parametrize("name", ["smollm2-135m", "llama-3.1-8b", "qwen3-30b-a3b"])
+def test_a_layers_weights_by_their_matmuls_inputs_add_up_to_the_layer(name: str) -> None:
+    shape = PRESETS[name]
+    by_inputs = shape.layer_weights_by_inputs()
+    assert sum(by_inputs.values()) == shape.layer_weights()
+    mlp = shape.expert_intermediate if shape.moe else shape.intermediate
+    assert by_inputs[mlp] >= (shape.experts or 1) * mlp * shape.hidden  # the down projection(s)
+    assert set(by_inputs) <= {shape.hidden, shape.heads * shape.head_dim, mlp}
+
+
 def test_a_shape_with_bad_figures_is_refused_by_name() -> None:
     with pytest.raises(ShapeError, match="num_layers"):
         ModelShape("x", 0, 64, 128, 4, 4, 16, 100)

@@ -59,7 +59,12 @@ def smol_pipe(weights: str = "int4", split: int = 17, link: LinkProfile = LOOP) 
 def test_int4_bytes_per_layer_match_a_real_export() -> None:
     # the middle stage of a 3-stage SmolLM2 INT4 export (group 64): 11 layers in 21,035,816 bytes
     assert layer_weight_bytes(SMOL, "int4") == pytest.approx(21_035_816 / 11, rel=0.005)
-    assert layer_weight_bytes(SMOL, "int8") == SMOL.layer_weights()
+    # INT8 in i8 groups: a scale per 64 inputs of Q/K/V, O and gate/up, per 128 of down
+    down = SMOL.intermediate * SMOL.hidden
+    assert layer_weight_bytes(SMOL, "int8") == pytest.approx(
+        (SMOL.layer_weights() - down) * (1 + 2 / 64) + down * (1 + 2 / 128))
+    assert layer_weight_bytes(SMOL, "int8", "u8-channel") == pytest.approx(
+        (SMOL.layer_weights() - down) * (1 + 3 / 576) + down * (1 + 3 / 1536))
     assert resident_layer_bytes(SMOL, "fp16") == int(2 * SMOL.layer_weights() * RUNTIME_OVERHEAD)
 
 
@@ -114,6 +119,22 @@ def test_a_profile_of_another_shape_format_or_version_is_stale() -> None:
     with pytest.raises(ProfileError, match="shape"):
         measured.check_for(dataclasses.replace(want, shape="other"), "pc")
     profile().check_for(dataclasses.replace(want, openvino="2027.0"), "pc")  # derived: any version
+
+
+def test_a_profile_timed_on_another_int8_form_is_stale() -> None:
+    measured = profile(key=ProfileKey(SMOL.fingerprint(), "int8", "CPU", "2026.4.1", 5,
+                                      "u8-channel"))
+    want = ProfileKey(SMOL.fingerprint(), "int8", "CPU", "2026.4.1", 5, "u8-channel")
+    measured.check_for(want, "pc")
+    measured.check_for(dataclasses.replace(want, int8_form=None), "pc")  # any form asked
+    with pytest.raises(ProfileError, match="INT8 form 'u8-channel', not 'i8-groups'"):
+        measured.check_for(dataclasses.replace(want, int8_form="i8-groups"), "pc")
+    default = profile(key=dataclasses.replace(want, int8_form=None))  # int8's: i8 groups
+    default.check_for(dataclasses.replace(want, int8_form="i8-groups"), "pc")
+    with pytest.raises(ProfileError, match="INT8 form 'i8-groups', not 'u8-channel'"):
+        default.check_for(want, "pc")
+    profile().check_for(dataclasses.replace(want, weights="int4", int8_form="i8-groups"),
+                        "pc")  # a derived profile timed no INT8 form
 
 
 def test_links_are_found_either_way_and_missing_ones_are_named() -> None:

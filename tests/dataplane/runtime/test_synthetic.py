@@ -10,6 +10,8 @@ import pytest
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.load import load_runner
 from dataplane.runtime.synthetic import LayerShape, synthetic_manifest, synthetic_model
+from zctl.manifest import load_manifest
+from zctl.weights import INT8_CHANNELS, INT8_GROUPS
 
 TINY = LayerShape(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, vocab=384)
 
@@ -19,15 +21,84 @@ def _constant_types(model: ov.Model) -> set[str]:
             if op.get_type_name() == "Constant" and op.get_friendly_name().endswith("weight")}
 
 
-@pytest.mark.parametrize(("weights", "types"), [
-    ("int4", {"u4", "u8"}), ("int8", {"u8"}), ("fp16", {"f16"}), ("fp32", {"f32"})])
-def test_weights_are_compressed_as_the_exporter_compresses_them(weights: str,
-                                                                types: set[str]) -> None:
-    model = synthetic_model(TINY, 2, True, weights, group_size=64 if weights == "int4" else None)
-    assert _constant_types(model) == types  # INT4 layers keep an INT8 head
+@pytest.mark.parametrize(("weights", "int8_form", "types"), [
+    ("int4", None, {"u4", "u8"}), ("int8", None, {"i8"}), ("int8", INT8_CHANNELS, {"u8"}),
+    ("fp16", None, {"f16"}), ("fp32", None, {"f32"})])
+def test_weights_are_compressed_as_the_exporter_compresses_them(
+        weights: str, int8_form: str | None, types: set[str]) -> None:
+    model = synthetic_model(TINY, 2, True, weights, 64 if weights == "int4" else None,
+                            int8_form=int8_form)
+    assert _constant_types(model) == types  # INT4 layers keep an INT8 head (per channel)
     names = {op.get_type_name() for op in model.get_ops()}
     assert {"ReadValue", "Assign", "ScaledDotProductAttention"} <= names
     assert {p.get_any_name() for p in model.inputs} >= {"hidden_states", "logits_idx", "beam_idx"}
+
+
+def _codes(model: ov.Model) -> dict[str, tuple[str, list[int]]]:
+    return {op.get_friendly_name(): (op.get_output_element_type(0).get_type_name(),
+                                     list(op.get_output_shape(0)))
+            for op in model.get_ops()
+            if op.get_type_name() == "Constant" and op.get_friendly_name().endswith("weight")}
+
+
+def test_int8_takes_the_exporters_i8_group_of_each_matmul() -> None:
+    """Groups of 128 (Q/K/V, gate/up: 256 inputs), 64 (O: 192) and per channel where none
+    divides (down: 200 inputs), as exporter/int8_groups.py compresses an export."""
+    shape = LayerShape(hidden=256, intermediate=200, heads=3, kv_heads=1, head_dim=64,
+                       vocab=96)
+    model = synthetic_model(shape, 1, True, "int8")
+    codes = _codes(model)
+    assert codes["self.layers.0.qkv_proj.weight"] == ("i8", [320, 2, 128])
+    assert codes["self.layers.0.o_proj.weight"] == ("i8", [256, 3, 64])
+    assert codes["self.layers.0.gate_up_proj.weight"] == ("i8", [400, 2, 128])
+    assert codes["self.layers.0.down_proj.weight"] == ("u8", [256, 200])
+    assert codes["lm_head.weight"] == ("i8", [96, 2, 128])
+    scales = {op.get_friendly_name(): list(op.get_output_shape(0)) for op in model.get_ops()
+              if op.get_friendly_name().endswith("/scale")}
+    assert scales["self.layers.0.o_proj.weight/scale"] == [256, 3, 1]
+    assert scales["self.layers.0.down_proj.weight/scale"] == [256, 1]
+    assert synthetic_manifest(shape, 1, True, "int8").int8_form == INT8_GROUPS
+    assert synthetic_manifest(shape, 1, True, "int8", None, INT8_CHANNELS).int8_form == \
+        INT8_CHANNELS
+
+
+def _compressed_matmuls(model: ov.Model) -> list[tuple]:
+    """The compiled model's FullyConnected nodes (the CPU plugin's compressed MatMul), each
+    as the element types and shapes of its weight inputs (codes, scales, zero points)."""
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    found = []
+    for op in compiled.get_runtime_model().get_ops():
+        if op.get_rt_info()["layerType"].astype(str) != "FullyConnected":
+            continue
+        found.append(tuple((str(i.get_element_type()), str(i.get_partial_shape()))
+                           for i in op.inputs()[1:]))
+    return sorted(found)
+
+
+def _weight_bytes(model: ov.Model) -> dict[str, int]:
+    """Bytes of the model's compressed weights and their scales, by element type."""
+    found: dict[str, int] = {}
+    for op in model.get_ops():
+        kind = op.get_output_element_type(0).get_type_name()
+        if op.get_type_name() == "Constant" and kind in ("i8", "u8", "u4", "f16"):
+            found[kind] = found.get(kind, 0) + op.get_byte_size()
+    return found
+
+
+@pytest.mark.slow
+def test_an_int8_synthetic_stage_compiles_as_a_real_int8_export_does(tiny_exports) -> None:
+    """The last stage of a tiny int8 export (2 layers and the head, the shape of TINY) and a
+    synthetic one: the same compressed MatMuls once compiled, the same weight bytes."""
+    export_dir = tiny_exports.get([(0, 2), (2, 4)], "int8")
+    manifest = load_manifest(export_dir)
+    assert manifest.int8_form == INT8_GROUPS
+    real = ov.Core().read_model(export_dir / manifest.stages[-1].xml)
+    synthetic = synthetic_model(TINY, 2, True, "int8")
+    assert len(_compressed_matmuls(real)) == 2 * 4 + 1
+    assert _compressed_matmuls(synthetic) == _compressed_matmuls(real)
+    assert _weight_bytes(synthetic) == _weight_bytes(real)
+    per_channel = synthetic_model(TINY, 2, True, "int8", int8_form=INT8_CHANNELS)
+    assert _compressed_matmuls(per_channel) != _compressed_matmuls(real)  # the test can fail
 
 
 def test_a_layer_has_the_exporters_four_matmuls() -> None:
@@ -36,10 +107,12 @@ def test_a_layer_has_the_exporters_four_matmuls() -> None:
     assert sum(op.get_type_name() == "MatMul" for op in model.get_ops()) == 2 * 4 + 1
 
 
-@pytest.mark.parametrize("paged", [True, False])
-def test_a_synthetic_stage_runs_as_an_exported_stage_runs(paged: bool) -> None:
-    graph = synthetic_model(TINY, 3, True, "int4", 64)
-    manifest = synthetic_manifest(TINY, 3, True, "int4", 64)
+@pytest.mark.parametrize(("paged", "weights"), [(True, "int4"), (False, "int4"),
+                                               (True, "int8")])
+def test_a_synthetic_stage_runs_as_an_exported_stage_runs(paged: bool, weights: str) -> None:
+    group = 64 if weights == "int4" else None
+    graph = synthetic_model(TINY, 3, True, weights, group)
+    manifest = synthetic_manifest(TINY, 3, True, weights, group)
     runner = load_runner("", 0, RuntimeSpec(paged_attention=paged), manifest=manifest,
                          verify=False, graph=graph)
     for sid in (1, 2):
@@ -58,5 +131,7 @@ def test_a_shape_a_stage_cannot_have_is_refused() -> None:
         synthetic_model(LayerShape(64, 128, 3, 2, 16, 384), 1, False, "fp32")
     with pytest.raises(ValueError, match="not a multiple of the INT4 group"):
         synthetic_model(LayerShape(48, 128, 3, 3, 16, 384), 1, False, "int4", 32)
+    with pytest.raises(ValueError, match="unknown INT8 form 'i4-groups'"):
+        synthetic_model(TINY, 1, False, "int8", int8_form="i4-groups")
     with pytest.raises(ValueError, match="unknown weight format"):
         synthetic_model(TINY, 1, False, "int2")
