@@ -12,7 +12,11 @@ too), which round trips back to back, both ends awake, never see. The gap is as 
 real model's stage step, not just past the vCPU's halt polling: the wake-up keeps growing
 with the idle time up to some 10 ms (an AMD EPYC (Zen 4) VM, 2 vCPUs, loopback, the echo
 on the other vCPU, 2026-12-07: half round trips' lower quartile 0.08-0.10 ms after 2 ms
-idle, 0.13 after 5 ms, 0.19-0.21 after 10 ms and 0.20-0.21 after 20 ms). The sized
+idle, 0.13 after 5 ms, 0.19-0.21 after 10 ms and 0.20-0.21 after 20 ms). Each idle
+round trip is followed at once by an awake one (both ends just woken): of an idle round
+trip only the way out meets an idle receiver, the answer comes back to a prober that has
+just sent, so half of it is no pipeline hop's time; a hop's is the idle round trip less
+half an awake one (controlplane/planner/measured.py). The sized
 round trips follow one another without a gap: their bandwidth is the slope of time over
 size, which a wake-up in each would only make noisy. controlplane/planner/measured.py
 makes the figures. The
@@ -154,11 +158,12 @@ def affordable(samples: Sequence[LinkSample], out: int, back: int,
     return not rates or size / min(rates) <= budget_s
 
 
-def _round_trips(plan: list[tuple[int, int]], rounds: int, begun: float,
-                 time_budget_s: float) -> Iterator[tuple[int, int]]:
-    """The connection's round trip, then ``rounds`` times the plan, a round after the first
-    starting only within ``time_budget_s`` of ``begun``."""
-    yield SMALL, SMALL
+def _round_trips(plan: list[tuple[int, int, bool]], rounds: int, begun: float,
+                 time_budget_s: float) -> Iterator[tuple[int, int, bool]]:
+    """The connection's round trip, then ``rounds`` times the plan (each round trip's bytes
+    out, bytes back, and whether it follows an idle gap), a round after the first starting
+    only within ``time_budget_s`` of ``begun``."""
+    yield SMALL, SMALL, True
     for done in range(max(1, rounds)):
         if done and time.monotonic() - begun >= time_budget_s:
             return
@@ -189,8 +194,9 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     round after the first starts only within ``time_budget_s`` of the start);
     ProbeError when a round trip is not answered within ``timeout_s`` seconds, or the whole
     probe takes longer than ``rounds`` times that (``idle_gap_s``: the pause before each
-    smallest round trip, not timed). ``stop``, once set, ends the probe within ``POLL_MS``
-    with ProbeStopped, however long it would still wait for an answer or hold a frame."""
+    idle round trip, not timed; an awake one follows it at once). ``stop``, once set, ends
+    the probe within ``POLL_MS`` with ProbeStopped, however long it would still wait for an
+    answer or hold a frame."""
     stop = stop or threading.Event()
     rng = random.Random()
     sizes = ladder([s for s in sizes if SMALL < s <= MAX_PROBE_BYTES])
@@ -199,13 +205,14 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     sock = dealer_socket(ctx, MAX_PROBE_BYTES + HEADER.size)
     sock.connect(endpoint)
     payloads = {size: bytes(size) for size in sizes}
-    plan = [(SMALL, SMALL)] + [(s, SMALL) for s in sizes] + [(SMALL, s) for s in sizes]
+    plan = ([(SMALL, SMALL, True), (SMALL, SMALL, False)] + [(s, SMALL, False) for s in sizes]
+            + [(SMALL, s, False) for s in sizes])
     samples: list[LinkSample] = []
     skipped: set[tuple[int, int]] = set()
     begun = time.monotonic()
     deadline = begun + timeout_s * max(1, rounds)
     try:
-        for out, back in _round_trips(plan, rounds, begun, time_budget_s):
+        for out, back, idle in _round_trips(plan, rounds, begun, time_budget_s):
             if stop.is_set():
                 raise ProbeStopped(f"the probe of {endpoint} was stopped")
             if (out, back) in skipped:
@@ -219,7 +226,7 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
                           "out" if forward else "back")
                 continue
             body = HEADER.pack(back) + (payloads[out][HEADER.size:] if out > SMALL else b"")
-            if out == SMALL and back == SMALL:
+            if idle:
                 time.sleep(idle_gap_s)  # the echo goes idle, as a pipeline's receiver does
             start = time.perf_counter()
             hold = emulated_s(link, len(body), rng)
@@ -233,7 +240,7 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
             seconds = time.perf_counter() - start
             if len(reply.buffer) != back:
                 raise ProbeError(f"{endpoint} answered {len(reply.buffer)} bytes, not {back}")
-            samples.append(LinkSample(len(body), back, seconds))
+            samples.append(LinkSample(len(body), back, seconds, idle))
     finally:
         sock.close(0)
     return samples[1:]

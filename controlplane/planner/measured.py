@@ -270,11 +270,14 @@ MAX_BPS = 1e11  # a link faster than the probe can tell (loopback) is taken at 1
 
 @dataclass(frozen=True)
 class LinkSample:
-    """One probe round trip: ``out`` bytes sent, ``back`` bytes returned, in ``seconds``."""
+    """One probe round trip: ``out`` bytes sent, ``back`` bytes returned, in ``seconds``;
+    ``idle``: after an idle gap (the echo's end asleep, as a pipeline's receiver is), else
+    right after another round trip (both ends awake)."""
 
     out: int
     back: int
     seconds: float
+    idle: bool = True
 
 
 def _quantile(values: Sequence[float], q: float = 0.25) -> float:
@@ -299,19 +302,35 @@ def _bandwidth(points: dict[int, float], rtt: float) -> float:
     return MAX_BPS if extra <= largest / MAX_BPS else largest / extra
 
 
+def hop_round_trip(idle_s: float, awake_s: float | None) -> float:
+    """Twice a pipeline hop's latency from the smallest round trips' medians: after an idle
+    gap (``idle_s``: the way out wakes an idle receiver, the answer returns to a prober
+    that has just sent) and back to back (``awake_s``: both ways awake; None: not timed).
+    A hop is a way to an idle receiver, ``idle_s - awake_s / 2``; never under ``awake_s``
+    nor, without it, other than ``idle_s``."""
+    if awake_s is None:
+        return idle_s
+    return max(awake_s, 2 * idle_s - awake_s)
+
+
 def link_from_samples(samples: Sequence[LinkSample]) -> LinkProfile:
-    """A link's figures from probe round trips: the round trip of the smallest messages
-    (the median: each after an idle gap, the receiver woken as a pipeline's is, and a
-    pipeline's hops take their median), and each way's bandwidth from the round trips that
-    carried bytes that way (a lower quartile of each size's times: a busy moment only ever
-    adds time)."""
+    """A link's figures from probe round trips: the round trip as a pipeline's frames see
+    it, both ways to a receiver idle for a step (``hop_round_trip`` of the smallest round
+    trips' medians, after idle gaps and back to back: a pipeline's hops take their median),
+    and each way's bandwidth from the round trips that carried bytes that way (a lower
+    quartile of each size's times, less the awake round trip: they follow one another, and
+    a busy moment only ever adds time)."""
     if not samples:
         raise ProfileError("no probe round trips to make a link's figures of")
     small = min(min(s.out, s.back) for s in samples)
-    pings = [s.seconds for s in samples if s.out == small and s.back == small]
+    pings = [s for s in samples if s.out == small and s.back == small]
+    idle = [s.seconds for s in pings if s.idle]
+    awake = [s.seconds for s in pings if not s.idle]
     if not pings:
         raise ProfileError("the probe sent no round trip of its smallest size both ways")
-    rtt = _quantile(pings, 0.5)
+    awake_rtt = _quantile(awake, 0.5) if awake else None
+    rtt = hop_round_trip(_quantile(idle or awake, 0.5), awake_rtt)
+    base = rtt if awake_rtt is None else awake_rtt
 
     def way(pick: Any) -> float:
         by_size: dict[int, list[float]] = {}
@@ -319,7 +338,7 @@ def link_from_samples(samples: Sequence[LinkSample]) -> LinkProfile:
             size = pick(s)
             if size is not None:
                 by_size.setdefault(size, []).append(s.seconds)
-        return _bandwidth({size: _quantile(times) for size, times in by_size.items()}, rtt)
+        return _bandwidth({size: _quantile(times) for size, times in by_size.items()}, base)
 
     forward = way(lambda s: s.out if s.back == small else None)
     backward = way(lambda s: s.back if s.out == small else None)
