@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from controlplane.host_speed import SpeedCheck
 from controlplane.launch import (
     LaunchError,
     StageAssignment,
@@ -83,6 +84,7 @@ from zctl.manifest import ManifestError, load_manifest
 from zctl.paths import zctl_home
 
 log = logging.getLogger("zctl.controlplane")
+PROFILED = ("kept", "measured")  # a profile report's states that come with a profile
 
 ProgressCallback = Callable[[str, int, int], None]  # (shard hash, bytes done, bytes total)
 
@@ -169,6 +171,7 @@ class NodeAgent:
         self.profile = ProfileJob(f"node {self.node_id}", config.state_dir, config.profile,
                                   config.memory_limit, self.openvino)
         self.profile_state = "not profiled yet"
+        self._speed = SpeedCheck()
         self._echo: ProbeEcho | None = None
         self._probes = ThreadPoolExecutor(1, thread_name_prefix="zctl-agent-probe")
         self._probe_jobs: list[tuple[LinkProbe, Future]] = []
@@ -298,8 +301,10 @@ class NodeAgent:
             now = time.monotonic()
             if now - last_recv > self._interval * self._liveness:
                 return "lost"
+            if self.state == "enrolled" and self.profile_state in PROFILED:
+                self._speed.poll()  # a profile's speed, checked again now and then
             if self.state == "enrolled" and now - self._last_sent >= self._interval:
-                self._send(Heartbeat(self.state, self._kv_slots()))
+                self._send(Heartbeat(self.state, self._kv_slots(), self._speed.latest_s))
             self._collect_jobs()
             self._collect_measurements()
             self._request_chunks()

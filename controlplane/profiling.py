@@ -35,6 +35,9 @@ second of its wall time, their median (CPU its threads may spend in the idle gap
 counted: a gap sized for another stage's step would charge it to the wrong one): a node
 held to a quota is timed within it, at the profile's duty cycle, and the planner applies
 the quota to the figures for the duty cycle of the pipeline (controlplane/planner/quota.py).
+Each round also times the host's reference workload (controlplane/host_speed.py), their
+median kept with the profile: a node times it again while it runs, and the planner scales
+the profile by the ratio (controlplane/planner/speed.py).
 
 The budget bounds the whole of it, building and compiling included: past it, no further
 step or build is started (a compile under way ends first), and a device that could not
@@ -62,6 +65,7 @@ import psutil
 
 from controlplane.cpu_quota import CpuQuota, read_quota
 from controlplane.engine_step import time_engine
+from controlplane.host_speed import reference_s
 from controlplane.nodeinfo import openvino_version, ram
 from controlplane.planner.measured import Measurement
 from controlplane.planner.memory import embedding_bytes, layer_weight_bytes
@@ -252,11 +256,12 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
             memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter,
             sleep: Callable[[float], None] = time.sleep,
             cpu_clock: Callable[[], float] = time.process_time,
-            quota: CpuQuota | None = None) -> Measurement:
+            quota: CpuQuota | None = None,
+            reference: Callable[[], float] = reference_s) -> Measurement:
     """Time ``shape``'s synthetic stages in ``weights`` on ``device`` within ``budget_s``
     seconds (the module docstring; ``sleep`` waits out the idle gaps, ``cpu_clock`` is the
-    process's CPU time, ``quota`` the CPU quota it runs under); ProfileError when it
-    cannot."""
+    process's CPU time, ``quota`` the CPU quota it runs under, ``reference`` times the
+    host's reference workload: controlplane/host_speed.py); ProfileError when it cannot."""
     deadline = Deadline(budget_s, clock)
     dims = layer_shape(shape)
     try:
@@ -278,9 +283,11 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     gaps: dict[int, float] = {}  # the (1 + k)-layer stage's last step at each row count
     cpu_shares: list[float] = []  # each timed decode step's process CPU time over its wall time
     prompts: dict[str, list[float]] = {"base": [], "more": []}
+    references: list[float] = []  # the host's reference workload, once a round
     rounds = 0
     while rounds < MAX_ROUNDS and not deadline.passed:
         started = clock()
+        references.append(reference())
         for rows, (name, stage) in ((r, s) for r in ROWS for s in stages.items()):
             if deadline.passed:
                 break  # past the budget no step starts, the untimed one either
@@ -339,7 +346,8 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
         base_bytes=grown["base"], more_bytes=grown["more"], free_memory=free, engine_s=engine,
         frame_s=tuple(_quantile(frames[r]) for r in ROWS), rounds=rounds,
         cpu_share=quota.share if quota else 0.0, quota_period_s=quota.period_s if quota else 0.0,
-        cpu_per_wall=_quantile(cpu_shares) if any(cpu_shares) else 0.0)
+        cpu_per_wall=_quantile(cpu_shares) if any(cpu_shares) else 0.0,
+        reference_s=_quantile(references) if references else 0.0)
     return replace(measurement, seconds=clock() - deadline.start)
 
 

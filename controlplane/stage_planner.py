@@ -43,6 +43,7 @@ from controlplane.planner.profile import Links, NodeProfile, ProfileError, Profi
 from controlplane.planner.references import REFERENCE_LINKS
 from controlplane.planner.search import PlanRequest, plan, predict
 from controlplane.planner.shape import ModelShape
+from controlplane.planner.speed import at_speed
 from controlplane.records import DEFAULT_REPLAN_GAIN, LinkStatus
 from zctl.manifest import ExportManifest
 
@@ -184,7 +185,7 @@ class StagePlanner:
         key = ProfileKey(self.shape.fingerprint(), self.manifest.weight_format, self.device,
                          self.openvino)
         try:
-            profile = profile_of(member.profile)
+            profile = at_speed(profile_of(member.profile), member.speed_factor)
             profile.check_for(key, member.node_id)
         except ProfileError as exc:
             raise PlanUnusable(f"node {member.node_id}'s profile cannot be used: {exc}") from None

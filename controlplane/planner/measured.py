@@ -94,6 +94,8 @@ class Measurement:
     cpu_share: float = 0.0
     quota_period_s: float = 0.0
     cpu_per_wall: float = 0.0
+    # the host's reference workload's time (controlplane/host_speed.py; 0: not timed)
+    reference_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.extra_layers < 1 or self.prompt_tokens < 2:
@@ -157,14 +159,17 @@ def profile_from(m: Measurement, shape: ModelShape, source: str) -> NodeProfile:
 
 # -- a profile as data ------------------------------------------------------------------
 def profile_record(profile: NodeProfile, measured_at: float = 0.0,
-                   seconds: float = 0.0) -> ProfileRecord:
+                   seconds: float = 0.0, reference_s: float = 0.0) -> ProfileRecord:
+    """``profile`` as a record, measured at ``measured_at`` in ``seconds`` with the host's
+    reference workload taking ``reference_s`` then (0: not timed)."""
     key = profile.key
     return ProfileRecord(key.shape, key.weights, key.device, key.openvino,
                          list(profile.decode_s), list(profile.head_decode_s),
                          profile.prefill_tokens_per_s, profile.call_s, profile.layer_bytes,
                          profile.free_memory, profile.source, measured_at, seconds, key.graph,
                          list(profile.engine_decode_s), list(profile.frame_decode_s),
-                         profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall)
+                         profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall,
+                         reference_s)
 
 
 def staleness(record: ProfileRecord) -> str:
@@ -184,6 +189,8 @@ def profile_of(record: ProfileRecord) -> NodeProfile:
     stale = staleness(record)
     if stale:
         raise StaleProfile(stale)
+    if not (math.isfinite(record.reference_s) and record.reference_s >= 0):
+        raise ProfileError(f"reference_s must be >= 0 seconds, got {record.reference_s!r}")
     return NodeProfile(
         ProfileKey(record.shape, record.weights, record.device, record.openvino, record.graph),
         tuple(record.decode_s), tuple(record.head_decode_s), record.prefill_tokens_per_s,

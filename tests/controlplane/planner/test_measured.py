@@ -214,6 +214,16 @@ def test_a_profile_keeps_the_cpu_quota_it_ran_under_and_its_steps_cpu_use(tmp_pa
         profile_of(replace(record, quota_period_s=0.0))
 
 
+def test_a_profile_keeps_its_reference_workload_s_time(tmp_path: Path) -> None:
+    measured = _measurement(reference_s=0.004)
+    record = profile_record(profile_from(measured, SMOL, "test"), reference_s=0.004)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile_dict(record, measured)))
+    assert read_profile(path).reference_s == 0.004
+    with pytest.raises(ProfileError, match="reference_s must be >= 0"):
+        profile_of(replace(record, reference_s=-1.0))
+
+
 def test_a_profile_cached_before_quotas_were_read_loads_as_under_none(tmp_path: Path) -> None:
     raw = profile_dict(profile_record(profile_from(_measurement(), SMOL, "test")))
     for name in ("cpu_share", "quota_period_s", "cpu_per_wall"):
