@@ -32,7 +32,7 @@ from controlplane.profile_turn import HeldTurn, ProfilingTurn
 
 log = logging.getLogger("zctl.controlplane")
 ROWS, SIZE = 4, 2048
-WARMUP, RUNS = 2, 5
+WARMUP, RUNS = 2, 9
 EVERY_S = 10.0  # the least time between two checks of a running node
 IDLE_SHARE = 0.10  # of a core: a process busier than this since the last look is serving
 _compiled: Any = None

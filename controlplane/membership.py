@@ -112,7 +112,7 @@ class Member:
             last_sent_s=(round(max(0.0, now - self.last_sent), 3)
                          if self.last_sent and not self.local else None),
             kv_slots=self.kv_slots, profile=self.profile, profile_state=self.profile_state,
-            speed_factor=round(self.speed_factor, 4),
+            speed_factor=round(self.speed_factor, 4), reference_s=self.reference_s,
         )
 
 

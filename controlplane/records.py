@@ -135,6 +135,7 @@ class NodeStatus:
     # how many times slower the node runs now than when profiled (its reference workload
     # timed now over then: controlplane/planner/speed.py); its profile is taken at it
     speed_factor: float = 1.0
+    reference_s: float = 0.0  # its reference workload's time as last timed (0: not yet)
 
     @property
     def name(self) -> str:
