@@ -198,11 +198,11 @@ def test_the_printed_report_names_the_terms(capsys: pytest.CaptureFixture[str]) 
     assert "measured compute 5.5, 6.5, hops 0.4, 0.26, overhead 0.25" in out
 
 
-def _status(prediction: bool, checked: dict[str, float]) -> Any:
+def _status(predicted: bool, checked: dict[str, float]) -> Any:
     from types import SimpleNamespace
 
     return SimpleNamespace(
-        prediction=prediction() if prediction else None,
+        prediction=prediction() if predicted else None,
         stages=[SimpleNamespace(node_id=n) for n in checked],
         nodes=[SimpleNamespace(node_id=n, reference_s=s) for n, s in checked.items()]
         + [SimpleNamespace(node_id="spare", reference_s=0.0)])
