@@ -10,7 +10,9 @@ stage runs them (after an idle gap, their median), and a link's round trip as a 
 it: each way to a receiver idle for a step (the probe's round trip after an idle gap less
 half of one back to back, controlplane/planner/measured.py: of an idle round trip only the
 way out wakes an idle receiver, and a hop's receiver has waited a whole step), so that a
-hop's half of it holds the sender's send, the receiver's wake-up and its read. A hop carries
+hop's half of it holds the sender's send, the receiver's wake-up and its read; a node's
+profile is taken at the host's speed now (controlplane/planner/speed.py: its times scaled
+by the speed factor before they get here). A hop carries
 the step's hidden states (rows x tokens x hidden, float32) in a frame
 (dataplane/wire/frames.py: a fixed header, the positions, a timing record per stage
 passed): it takes half the link's round trip plus its bytes at the link's bandwidth, and
