@@ -47,6 +47,7 @@ from controlplane.messages import (
     LinkReport,
     Message,
     MessageError,
+    ProfileReport,
     ProfileRequest,
     ProtocolMismatch,
     Refuse,
@@ -84,7 +85,6 @@ from zctl.manifest import ManifestError, load_manifest
 from zctl.paths import zctl_home
 
 log = logging.getLogger("zctl.controlplane")
-PROFILED = ("kept", "measured")  # a profile report's states that come with a profile
 
 ProgressCallback = Callable[[str, int, int], None]  # (shard hash, bytes done, bytes total)
 
@@ -172,6 +172,7 @@ class NodeAgent:
                                   config.memory_limit, self.openvino)
         self.profile_state = "not profiled yet"
         self._speed = SpeedCheck()
+        self._speed_checked = False  # its profile timed the reference workload
         self._echo: ProbeEcho | None = None
         self._probes = ThreadPoolExecutor(1, thread_name_prefix="zctl-agent-probe")
         self._probe_jobs: list[tuple[LinkProbe, Future]] = []
@@ -301,7 +302,7 @@ class NodeAgent:
             now = time.monotonic()
             if now - last_recv > self._interval * self._liveness:
                 return "lost"
-            if self.state == "enrolled" and self.profile_state in PROFILED:
+            if self.state == "enrolled" and self._speed_checked:
                 self._speed.poll()  # a profile's speed, checked again now and then
             if self.state == "enrolled" and now - self._last_sent >= self._interval:
                 self._send(Heartbeat(self.state, self._kv_slots(), self._speed.latest_s))
@@ -371,7 +372,7 @@ class NodeAgent:
         elif isinstance(msg, ProfileRequest):
             report = self.profile.request(ProfileTask(msg.shape, msg.weights, msg.device),
                                           msg.budget_s)
-            self.profile_state = report.state
+            self._profiled(report)
             self._send(report)
         elif isinstance(msg, LinkProbe):
             self._probe_jobs.append((msg, self._probes.submit(self._probe_link, msg)))
@@ -503,11 +504,17 @@ class NodeAgent:
         return LinkReport(msg.probe_id, msg.peer, True, link.rtt_s, link.forward_bps,
                           link.backward_bps)
 
+    def _profiled(self, report: ProfileReport) -> None:
+        """Note a profile report's state, and whether its profile timed the host's reference
+        workload (then the node times it again now and then: controlplane/host_speed.py)."""
+        self.profile_state = report.state
+        self._speed_checked = report.profile is not None and report.profile.reference_s > 0
+
     def _collect_measurements(self) -> None:
         """Send a finished profile's and finished probes' reports."""
         report = self.profile.finished()
         if report is not None:
-            self.profile_state = report.state
+            self._profiled(report)
             if self.state == "enrolled":
                 self._send(report)
         while self._probe_jobs and self._probe_jobs[0][1].done():
