@@ -5,8 +5,8 @@ data pipe, and answers each request ``[reply size (u32), payload]`` with that ma
 To measure the link from ``a`` to ``b``, ``a`` times round trips to ``b``'s echo: the
 smallest messages both ways (the round trip), frames of each probed size sent with a small
 answer (``a`` to ``b``), and small requests answered with each size (``b`` to ``a``), in
-turns, ``rounds`` times over, the smallest round trips each after an idle gap of
-``IDLE_GAP_S``: a pipeline's receiver has waited idle for the step before it and must be
+turns, ``rounds`` times over, ``PINGS`` of the smallest round trips a round each after an
+idle gap of ``IDLE_GAP_S``: a pipeline's receiver has waited idle for the step before it and must be
 woken when its frame comes (on a VM, an idle vCPU's wake-up; its sockets' I/O threads
 too), which round trips back to back, both ends awake, never see. The gap is as long as a
 real model's stage step, not just past the vCPU's halt polling: the wake-up keeps growing
@@ -63,7 +63,8 @@ MESSAGE_BUDGET_S = 0.25  # the longest one probe message may hold the link
 LADDER_STEP = 4  # a probed size is at most this many times the one before it
 PROBE_TIME_BUDGET_S = 1.0  # a round after the first starts only before this much time
 POLL_MS = 100
-IDLE_GAP_S = 0.010  # the pause before a smallest round trip: as long as a stage's step
+IDLE_GAP_S = 0.010  # the pause before an idle round trip: as long as a stage's step
+PINGS = 3  # idle round trips a round, each followed by an awake one (their medians count)
 
 
 class ProbeError(RuntimeError):
@@ -205,8 +206,8 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     sock = dealer_socket(ctx, MAX_PROBE_BYTES + HEADER.size)
     sock.connect(endpoint)
     payloads = {size: bytes(size) for size in sizes}
-    plan = ([(SMALL, SMALL, True), (SMALL, SMALL, False)] + [(s, SMALL, False) for s in sizes]
-            + [(SMALL, s, False) for s in sizes])
+    plan = ([(SMALL, SMALL, True), (SMALL, SMALL, False)] * PINGS
+            + [(s, SMALL, False) for s in sizes] + [(SMALL, s, False) for s in sizes])
     samples: list[LinkSample] = []
     skipped: set[tuple[int, int]] = set()
     begun = time.monotonic()
