@@ -16,7 +16,8 @@ factor (controlplane/planner/speed.py), which the coordinator applies to the nod
 profile when it plans and predicts.
 
 A check is taken only when it can say something of the host rather than of the node's
-own load: at most every ``EVERY_S`` seconds, when the process used less than
+own load, and counts as the median of the last ``KEPT``: at most every ``EVERY_S`` seconds
+(``FIRST_EVERY_S`` until ``KEPT`` are in), when the process used less than
 ``IDLE_SHARE`` of a core since the last look (it serves no steps), and holding this
 machine's turn to profile (controlplane/profile_turn.py: no profile runs on the machine
 meanwhile, neither the node's nor another process's).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +40,8 @@ ROWS, SIZE, LAYERS = 4, 2048, 3
 WARMUP, RUNS = 2, 9
 QUANTILE = 0.25  # of the runs' times
 EVERY_S = 10.0  # the least time between two checks of a running node
+KEPT = 3  # the checks whose median counts
+FIRST_EVERY_S = 2.0  # the least time between the first KEPT checks
 IDLE_SHARE = 0.10  # of a core: a process busier than this since the last look is serving
 _compiled: Any = None
 
@@ -77,8 +81,10 @@ def reference_s(clock: Callable[[], float] = time.perf_counter) -> float:
 
 class SpeedCheck:
     """Times the reference workload again now and then, while the process is idle and no
-    profile runs on the machine (module docstring); ``latest_s`` is the last time taken
-    (0: none yet)."""
+    profile runs on the machine (module docstring); ``latest_s`` is the median of the last
+    ``KEPT`` times taken (0: none yet), the first ``KEPT`` of them at least ``FIRST_EVERY_S``
+    apart, the others ``every_s``: one check held up by another process's burst moves it
+    little."""
 
     def __init__(self, every_s: float = EVERY_S, timer: Callable[[], float] = reference_s,
                  turn: Callable[[], HeldTurn | None] | None = None,
@@ -86,6 +92,7 @@ class SpeedCheck:
                  cpu_clock: Callable[[], float] = time.process_time) -> None:
         self.every_s = every_s
         self.latest_s = 0.0
+        self._kept: deque[float] = deque(maxlen=KEPT)
         self._timer = timer
         self._turn = turn or ProfilingTurn().try_take
         self._clock, self._cpu_clock = clock, cpu_clock
@@ -101,7 +108,8 @@ class SpeedCheck:
             return None
         self._looked = (now, cpu)
         idle = (cpu - cpu_then) / (now - then) < IDLE_SHARE
-        if not idle or now - self._checked < self.every_s:
+        every = self.every_s if len(self._kept) >= KEPT else min(self.every_s, FIRST_EVERY_S)
+        if not idle or now - self._checked < every:
             return None
         try:
             turn = self._turn()
@@ -111,10 +119,11 @@ class SpeedCheck:
             return None
         with turn:
             try:
-                self.latest_s = self._timer()
+                self._kept.append(self._timer())
             except Exception:  # noqa: BLE001 - a check must never stop a node
                 log.debug("the host's reference workload could not be timed", exc_info=True)
                 return None
         self._checked = self._clock()
         self._looked = (self._checked, self._cpu_clock())  # its own CPU is not the node's
+        self.latest_s = float(np.median(self._kept))
         return self.latest_s

@@ -43,13 +43,19 @@ class _FreeTurn(HeldTurn):
 
 def test_an_idle_process_is_checked_at_once_then_once_every_period() -> None:
     clocks = Clocks()
-    check = _check(clocks)
+    check = _check(clocks, timings=[0.004, 0.010, 0.005, 0.006, 0.007])
     clocks.advance(1.0, 0.01)
     assert check.poll() == 0.004 and check.latest_s == 0.004
+    clocks.advance(1.0, 0.01)
+    assert check.poll() is None  # the first ones FIRST_EVERY_S apart
+    clocks.advance(1.5, 0.01)
+    assert check.poll() == 0.007  # the median of 4 and a burst's 10 ms
+    clocks.advance(2.5, 0.01)
+    assert check.poll() == 0.005  # of 4, 10 and 5 ms: the burst moves it little
     clocks.advance(5.0, 0.01)
-    assert check.poll() is None  # not due yet
+    assert check.poll() is None  # KEPT are in: every_s apart now
     clocks.advance(6.0, 0.01)
-    assert check.poll() == 0.005 and check.latest_s == 0.005
+    assert check.poll() == 0.006 and check.latest_s == 0.006  # of 10, 5 and 6 ms
 
 
 def test_a_busy_process_is_not_checked_its_own_load_would_read_as_a_slow_host() -> None:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 PREDICTION_TIMEOUT_S = 600.0  # profiles (30 s a device, one machine's in turn) and link probes
 SPEED_GRACE_S = 30.0  # the longest wait for the nodes' speed checks once there is a prediction
+SPEED_SETTLE_S = 5.0  # then for their next checks (a node's figure is its last 3's median)
 WARMUP_TOKENS = 8
 
 
@@ -43,17 +44,18 @@ def speed_unchecked(status: ClusterStatus) -> list[str]:
 
 
 def wait_prediction(record: ClusterRecord, timeout_s: float,
-                    speed_grace_s: float = SPEED_GRACE_S) -> ClusterStatus:
+                    speed_grace_s: float = SPEED_GRACE_S,
+                    speed_settle_s: float = SPEED_SETTLE_S) -> ClusterStatus:
     """The status once it holds a prediction and every stage's node has checked its speed
     since it joined (a profile measured minutes before, its node's in turn, may be at
-    another host speed: the prediction scales it by the speed factor), or after
-    ``speed_grace_s`` with a prediction without those checks; RuntimeError with what it
-    still lacks after ``timeout_s``."""
+    another host speed: the prediction scales it by the speed factor), ``speed_settle_s``
+    after that (their next checks), or after ``speed_grace_s`` with a prediction without
+    those checks; RuntimeError with what it still lacks after ``timeout_s``."""
     from controlplane.client import ClusterUnreachable, query_status
 
     deadline = time.monotonic() + timeout_s
     lacking = "no status yet"
-    predicted_at = None
+    predicted_at = checked_at = None
     while time.monotonic() < deadline:
         try:
             status = query_status(record.control, timeout=2.0)
@@ -61,10 +63,12 @@ def wait_prediction(record: ClusterRecord, timeout_s: float,
             lacking = str(exc)
         else:
             if status.prediction is not None and not status.prediction.error:
-                predicted_at = predicted_at or time.monotonic()
+                predicted_at = time.monotonic() if predicted_at is None else predicted_at
                 unchecked = speed_unchecked(status)
                 if not unchecked:
-                    return status
+                    checked_at = time.monotonic() if checked_at is None else checked_at
+                    if time.monotonic() - checked_at >= speed_settle_s:
+                        return status
                 if time.monotonic() - predicted_at >= speed_grace_s:
                     err.print(f"  no speed check from {', '.join(unchecked)} in "
                               f"{speed_grace_s:g} s: predicted at the profiles' speed")

@@ -220,7 +220,8 @@ def test_the_prediction_is_read_once_every_stage_s_node_has_checked_its_speed(
     monkeypatch.setattr(measure.time, "sleep", lambda s: None)
     assert measure.speed_unchecked(statuses[1]) == ["n1"]  # the spare runs no stage
     record = type("Record", (), {"control": "tcp://c:5550"})()
-    got = measure.wait_prediction(record, 60.0, speed_grace_s=grace)  # type: ignore[arg-type]
+    got = measure.wait_prediction(record, 60.0, speed_grace_s=grace,  # type: ignore[arg-type]
+                                  speed_settle_s=0.0)
     assert got is statuses[returned]
 
 
@@ -274,3 +275,20 @@ def test_bad_options_are_refused(args: list[str], why: str) -> None:
     app.command()(cli.main)
     result = CliRunner(env={"COLUMNS": "400"}).invoke(app, args)
     assert result.exit_code == 2 and why in result.output
+
+
+def test_the_prediction_waits_for_the_nodes_next_speed_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import controlplane.client as client
+
+    now = [0.0]
+    statuses = [_status(True, {"c": 0.004, "n1": 0.005}) for _ in range(8)]
+    asked = iter(statuses)
+    monkeypatch.setattr(client, "query_status", lambda *a, **kw: next(asked))
+    monkeypatch.setattr(measure, "time", SimpleNamespace(
+        monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    record = type("Record", (), {"control": "tcp://c:5550"})()
+    got = measure.wait_prediction(record, 60.0, speed_settle_s=3.0)  # type: ignore[arg-type]
+    assert got is statuses[3]  # checked at 0 s, read again at 1, 2 and 3 s
