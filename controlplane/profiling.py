@@ -35,9 +35,11 @@ second of its wall time, their median (CPU its threads may spend in the idle gap
 counted: a gap sized for another stage's step would charge it to the wrong one): a node
 held to a quota is timed within it, at the profile's duty cycle, and the planner applies
 the quota to the figures for the duty cycle of the pipeline (controlplane/planner/quota.py).
-Each round also times the host's reference workload (controlplane/host_speed.py), their
-median kept with the profile: a node times it again while it runs, and the planner scales
-the profile by the ratio (controlplane/planner/speed.py).
+Last, within the budget, it times the host's reference workload (controlplane/host_speed.py)
+as a running node checks it, the median of three times 0.5 s apart, its stages gone
+(timed between rounds, beside the stages' thread pools, it read up to 2x off a node's
+checks): a node times it again while it runs, and the planner scales the profile by the
+ratio (controlplane/planner/speed.py).
 
 The budget bounds the whole of it, building and compiling included: past it, no further
 step or build is started (a compile under way ends first), and a device that could not
@@ -65,7 +67,7 @@ import psutil
 
 from controlplane.cpu_quota import CpuQuota, read_quota
 from controlplane.engine_step import time_engine
-from controlplane.host_speed import reference_s
+from controlplane.host_speed import KEPT, reference_s
 from controlplane.nodeinfo import openvino_version, ram
 from controlplane.planner.measured import Measurement
 from controlplane.planner.memory import embedding_bytes, layer_weight_bytes
@@ -94,6 +96,7 @@ IDLE_GAP = 1.0  # the idle gap before a timed decode step, in (1 + k)-layer stag
 # each row count, the stage's time in them kept to ~ENGINE_STAGE_S
 ENGINE_RUNS, ENGINE_STEPS, ENGINE_MIN_STEPS, ENGINE_STAGE_S = 3, 10, 3, 3.0
 PROMPT_STREAM = 1 << 20  # the prompt's stream id (row groups' streams are below it)
+REFERENCE_GAP_S = 0.5  # between the timings of the host's reference workload
 
 
 def runtime_for(device: str) -> RuntimeSpec:
@@ -283,11 +286,9 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     gaps: dict[int, float] = {}  # the (1 + k)-layer stage's last step at each row count
     cpu_shares: list[float] = []  # each timed decode step's process CPU time over its wall time
     prompts: dict[str, list[float]] = {"base": [], "more": []}
-    references: list[float] = []  # the host's reference workload, once a round
     rounds = 0
     while rounds < MAX_ROUNDS and not deadline.passed:
         started = clock()
-        references.append(reference())
         for rows, (name, stage) in ((r, s) for r in ROWS for s in stages.items()):
             if deadline.passed:
                 break  # past the budget no step starts, the untimed one either
@@ -337,6 +338,16 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     grown = {name: stage.grown for name, stage in stages.items()}
     stages.clear()
     gc.collect()
+    # last, the host's reference workload, the stages gone (a process as idle as a running
+    # node's when it checks it again), as many times as its checks count; not past the
+    # budget (then 0: not timed, and the profile is taken at the host's speed as it is)
+    references = []
+    for _ in range(KEPT):
+        if deadline.passed:
+            break
+        if references:
+            sleep(REFERENCE_GAP_S)
+        references.append(reference())
 
     measurement = Measurement(
         key=key, extra_layers=k, base_s=figures("base"), more_s=figures("more"),
@@ -347,7 +358,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
         frame_s=tuple(_quantile(frames[r]) for r in ROWS), rounds=rounds,
         cpu_share=quota.share if quota else 0.0, quota_period_s=quota.period_s if quota else 0.0,
         cpu_per_wall=_quantile(cpu_shares) if any(cpu_shares) else 0.0,
-        reference_s=_quantile(references) if references else 0.0)
+        reference_s=_quantile(references) if len(references) == KEPT else 0.0)
     return replace(measurement, seconds=clock() - deadline.start)
 
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from controlplane.planner.profile import NodeProfile
 
-MAX_FACTOR = 2.0  # the most a host is taken to have slowed (or sped up) since its profile
+MAX_FACTOR = 1.5  # the most a host is taken to have slowed (or sped up) since its profile
 
 
 def speed_factor(profiled_s: float, now_s: float, bound: float = MAX_FACTOR) -> float:

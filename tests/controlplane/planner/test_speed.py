@@ -33,8 +33,8 @@ def _profile() -> NodeProfile:
 
 
 def test_the_factor_is_the_reference_now_over_then_within_its_bound() -> None:
-    assert speed_factor(0.004, 0.006) == pytest.approx(1.5)
-    assert speed_factor(0.006, 0.004) == pytest.approx(1 / 1.5)
+    assert speed_factor(0.004, 0.005) == pytest.approx(1.25)
+    assert speed_factor(0.005, 0.004) == pytest.approx(1 / 1.25)
     assert speed_factor(0.001, 0.050) == MAX_FACTOR  # a reference held up by something else
     assert speed_factor(0.050, 0.001) == 1 / MAX_FACTOR
     assert speed_factor(0.0, 0.004) == speed_factor(0.004, 0.0) == 1.0  # one not timed
