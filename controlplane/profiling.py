@@ -97,6 +97,7 @@ IDLE_GAP = 1.0  # the idle gap before a timed decode step, in (1 + k)-layer stag
 ENGINE_RUNS, ENGINE_STEPS, ENGINE_MIN_STEPS, ENGINE_STAGE_S = 3, 10, 3, 3.0
 PROMPT_STREAM = 1 << 20  # the prompt's stream id (row groups' streams are below it)
 REFERENCE_GAP_S = 0.5  # between the timings of the host's reference workload
+REFERENCE_RESERVE_S = 2.0  # of the budget, kept from the rounds for it (gaps and compile)
 
 
 def runtime_for(device: str) -> RuntimeSpec:
@@ -319,8 +320,8 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
                 stages[name].prompt(dims.hidden)
                 prompts[name].append(clock() - t0)
         rounds += 1
-        if rounds >= MIN_ROUNDS and deadline.left() < clock() - started:
-            break  # another round would not fit
+        if rounds >= MIN_ROUNDS and deadline.left() - REFERENCE_RESERVE_S < clock() - started:
+            break  # another round would not fit (nor, after it, the reference workload)
     missing = [f"{n} at {r} rows" for (n, r), v in steps.items() if not v]
     missing += [f"the {n} stage's prompt" for n, v in prompts.items() if not v]
     if missing:
