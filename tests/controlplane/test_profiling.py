@@ -154,9 +154,13 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
     took = time.perf_counter() - start
     # a gap before every timed decode step: 3 stages, 4 row counts, 5 steps a round (the
     # last round cut short if the budget ran out in it), then the host's reference workload
-    # timed 3 times, a gap between
-    assert gaps[-2:] == [REFERENCE_GAP_S] * 2 and measurement.reference_s > 0
-    gaps = gaps[:-2]
+    # timed 3 times, a gap between, if the budget (2 s of it kept for that) still allowed
+    # it on a loaded machine; else none, and no reference time
+    if measurement.reference_s > 0:
+        assert gaps[-2:] == [REFERENCE_GAP_S] * 2
+        gaps = gaps[:-2]
+    else:
+        assert REFERENCE_GAP_S not in gaps[-2:] and measurement.seconds >= budget
     per_round = 3 * 4 * 5
     assert (measurement.rounds - 1) * per_round < len(gaps) <= measurement.rounds * per_round
     assert all(g > 0 for g in gaps)
