@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from controlplane.host_speed import SpeedCheck
 from controlplane.launch import (
     LaunchError,
     StageAssignment,
@@ -46,6 +47,7 @@ from controlplane.messages import (
     LinkReport,
     Message,
     MessageError,
+    ProfileReport,
     ProfileRequest,
     ProtocolMismatch,
     Refuse,
@@ -169,6 +171,8 @@ class NodeAgent:
         self.profile = ProfileJob(f"node {self.node_id}", config.state_dir, config.profile,
                                   config.memory_limit, self.openvino)
         self.profile_state = "not profiled yet"
+        self._speed = SpeedCheck()
+        self._speed_checked = False  # its profile timed the reference workload
         self._echo: ProbeEcho | None = None
         self._probes = ThreadPoolExecutor(1, thread_name_prefix="zctl-agent-probe")
         self._probe_jobs: list[tuple[LinkProbe, Future]] = []
@@ -298,8 +302,10 @@ class NodeAgent:
             now = time.monotonic()
             if now - last_recv > self._interval * self._liveness:
                 return "lost"
+            if self.state == "enrolled" and self._speed_checked:
+                self._speed.poll()  # a profile's speed, checked again now and then
             if self.state == "enrolled" and now - self._last_sent >= self._interval:
-                self._send(Heartbeat(self.state, self._kv_slots()))
+                self._send(Heartbeat(self.state, self._kv_slots(), self._speed.latest_s))
             self._collect_jobs()
             self._collect_measurements()
             self._request_chunks()
@@ -366,7 +372,7 @@ class NodeAgent:
         elif isinstance(msg, ProfileRequest):
             report = self.profile.request(ProfileTask(msg.shape, msg.weights, msg.device, msg.int8_form),
                                           msg.budget_s)
-            self.profile_state = report.state
+            self._profiled(report)
             self._send(report)
         elif isinstance(msg, LinkProbe):
             self._probe_jobs.append((msg, self._probes.submit(self._probe_link, msg)))
@@ -498,11 +504,17 @@ class NodeAgent:
         return LinkReport(msg.probe_id, msg.peer, True, link.rtt_s, link.forward_bps,
                           link.backward_bps)
 
+    def _profiled(self, report: ProfileReport) -> None:
+        """Note a profile report's state, and whether its profile timed the host's reference
+        workload (then the node times it again now and then: controlplane/host_speed.py)."""
+        self.profile_state = report.state
+        self._speed_checked = report.profile is not None and report.profile.reference_s > 0
+
     def _collect_measurements(self) -> None:
         """Send a finished profile's and finished probes' reports."""
         report = self.profile.finished()
         if report is not None:
-            self.profile_state = report.state
+            self._profiled(report)
             if self.state == "enrolled":
                 self._send(report)
         while self._probe_jobs and self._probe_jobs[0][1].done():

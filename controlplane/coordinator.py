@@ -31,6 +31,7 @@ import zmq
 
 from controlplane import membership as ms
 from controlplane.heal import hosts
+from controlplane.host_speed import SpeedCheck
 from controlplane.launch import (
     BackgroundStage,
     HeadHandle,
@@ -216,6 +217,7 @@ class Coordinator:
             me.profile_state = f"failed: {exc}"
         self.profile = ProfileJob("coordinator", cfg.state_dir, cfg.profile, cfg.memory_limit,
                                   self.openvino)
+        self._speed = SpeedCheck()
         self.links = LinkTable()
         self._echo: ProbeEcho | None = None
         self._probes = ThreadPoolExecutor(1, thread_name_prefix="zctl-coordinator-probe")
@@ -386,6 +388,8 @@ class Coordinator:
                                            "marked dead): enrol again", type_tag(msg)))
         elif isinstance(msg, Heartbeat):
             member.kv_slots = msg.kv_slots
+            if msg.reference_s:
+                member.reference_s = msg.reference_s
         elif isinstance(msg, Leave):
             log.info("node %s left: %s", member.node_id, msg.reason or "no reason given")
             member.mark_down(ms.LEFT, time.monotonic())
@@ -540,6 +544,9 @@ class Coordinator:
         report = self.profile.finished()
         if report is not None:
             self._own_profile(report)
+        me = self.members[self.node_id]
+        if me.profile is not None and me.profile.reference_s and self._speed.poll() is not None:
+            me.reference_s = self._speed.latest_s  # its profile's speed, checked again
         self._probe_links(now)
         if self.config.curve is not None:
             self.config.curve.maybe_reload()

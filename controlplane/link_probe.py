@@ -5,14 +5,18 @@ data pipe, and answers each request ``[reply size (u32), payload]`` with that ma
 To measure the link from ``a`` to ``b``, ``a`` times round trips to ``b``'s echo: the
 smallest messages both ways (the round trip), frames of each probed size sent with a small
 answer (``a`` to ``b``), and small requests answered with each size (``b`` to ``a``), in
-turns, ``rounds`` times over, the smallest round trips each after an idle gap of
-``IDLE_GAP_S``: a pipeline's receiver has waited idle for the step before it and must be
+turns, ``rounds`` times over, ``PINGS`` of the smallest round trips a round each after an
+idle gap of ``IDLE_GAP_S``: a pipeline's receiver has waited idle for the step before it and must be
 woken when its frame comes (on a VM, an idle vCPU's wake-up; its sockets' I/O threads
 too), which round trips back to back, both ends awake, never see. The gap is as long as a
 real model's stage step, not just past the vCPU's halt polling: the wake-up keeps growing
 with the idle time up to some 10 ms (an AMD EPYC (Zen 4) VM, 2 vCPUs, loopback, the echo
 on the other vCPU, 2026-12-07: half round trips' lower quartile 0.08-0.10 ms after 2 ms
-idle, 0.13 after 5 ms, 0.19-0.21 after 10 ms and 0.20-0.21 after 20 ms). The sized
+idle, 0.13 after 5 ms, 0.19-0.21 after 10 ms and 0.20-0.21 after 20 ms). Each idle
+round trip is followed at once by an awake one (both ends just woken): of an idle round
+trip only the way out meets an idle receiver, the answer comes back to a prober that has
+just sent, so half of it is no pipeline hop's time; a hop's is the idle round trip less
+half an awake one (controlplane/planner/measured.py). The sized
 round trips follow one another without a gap: their bandwidth is the slope of time over
 size, which a wake-up in each would only make noisy. controlplane/planner/measured.py
 makes the figures. The
@@ -59,7 +63,8 @@ MESSAGE_BUDGET_S = 0.25  # the longest one probe message may hold the link
 LADDER_STEP = 4  # a probed size is at most this many times the one before it
 PROBE_TIME_BUDGET_S = 1.0  # a round after the first starts only before this much time
 POLL_MS = 100
-IDLE_GAP_S = 0.010  # the pause before a smallest round trip: as long as a stage's step
+IDLE_GAP_S = 0.010  # the pause before an idle round trip: as long as a stage's step
+PINGS = 3  # idle round trips a round, each followed by an awake one (their medians count)
 
 
 class ProbeError(RuntimeError):
@@ -154,11 +159,12 @@ def affordable(samples: Sequence[LinkSample], out: int, back: int,
     return not rates or size / min(rates) <= budget_s
 
 
-def _round_trips(plan: list[tuple[int, int]], rounds: int, begun: float,
-                 time_budget_s: float) -> Iterator[tuple[int, int]]:
-    """The connection's round trip, then ``rounds`` times the plan, a round after the first
-    starting only within ``time_budget_s`` of ``begun``."""
-    yield SMALL, SMALL
+def _round_trips(plan: list[tuple[int, int, bool]], rounds: int, begun: float,
+                 time_budget_s: float) -> Iterator[tuple[int, int, bool]]:
+    """The connection's round trip, then ``rounds`` times the plan (each round trip's bytes
+    out, bytes back, and whether it follows an idle gap), a round after the first starting
+    only within ``time_budget_s`` of ``begun``."""
+    yield SMALL, SMALL, True
     for done in range(max(1, rounds)):
         if done and time.monotonic() - begun >= time_budget_s:
             return
@@ -189,8 +195,9 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     round after the first starts only within ``time_budget_s`` of the start);
     ProbeError when a round trip is not answered within ``timeout_s`` seconds, or the whole
     probe takes longer than ``rounds`` times that (``idle_gap_s``: the pause before each
-    smallest round trip, not timed). ``stop``, once set, ends the probe within ``POLL_MS``
-    with ProbeStopped, however long it would still wait for an answer or hold a frame."""
+    idle round trip, not timed; an awake one follows it at once). ``stop``, once set, ends
+    the probe within ``POLL_MS`` with ProbeStopped, however long it would still wait for an
+    answer or hold a frame."""
     stop = stop or threading.Event()
     rng = random.Random()
     sizes = ladder([s for s in sizes if SMALL < s <= MAX_PROBE_BYTES])
@@ -199,13 +206,14 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
     sock = dealer_socket(ctx, MAX_PROBE_BYTES + HEADER.size)
     sock.connect(endpoint)
     payloads = {size: bytes(size) for size in sizes}
-    plan = [(SMALL, SMALL)] + [(s, SMALL) for s in sizes] + [(SMALL, s) for s in sizes]
+    plan = ([(SMALL, SMALL, True), (SMALL, SMALL, False)] * PINGS
+            + [(s, SMALL, False) for s in sizes] + [(SMALL, s, False) for s in sizes])
     samples: list[LinkSample] = []
     skipped: set[tuple[int, int]] = set()
     begun = time.monotonic()
     deadline = begun + timeout_s * max(1, rounds)
     try:
-        for out, back in _round_trips(plan, rounds, begun, time_budget_s):
+        for out, back, idle in _round_trips(plan, rounds, begun, time_budget_s):
             if stop.is_set():
                 raise ProbeStopped(f"the probe of {endpoint} was stopped")
             if (out, back) in skipped:
@@ -219,7 +227,7 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
                           "out" if forward else "back")
                 continue
             body = HEADER.pack(back) + (payloads[out][HEADER.size:] if out > SMALL else b"")
-            if out == SMALL and back == SMALL:
+            if idle:
                 time.sleep(idle_gap_s)  # the echo goes idle, as a pipeline's receiver does
             start = time.perf_counter()
             hold = emulated_s(link, len(body), rng)
@@ -233,7 +241,7 @@ def probe(ctx: zmq.Context, endpoint: str, sizes: Sequence[int], rounds: int,
             seconds = time.perf_counter() - start
             if len(reply.buffer) != back:
                 raise ProbeError(f"{endpoint} answered {len(reply.buffer)} bytes, not {back}")
-            samples.append(LinkSample(len(body), back, seconds))
+            samples.append(LinkSample(len(body), back, seconds, idle))
     finally:
         sock.close(0)
     return samples[1:]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from controlplane.messages import AssignStage, Enrol
 from controlplane.nodeinfo import describe_versions
+from controlplane.planner.speed import speed_factor
 from controlplane.records import NodeStatus, ProfileRecord
 
 IDLE = "idle"
@@ -67,6 +68,12 @@ class Member:
     profile: ProfileRecord | None = None  # its profile for the cluster's model
     profile_state: str = "not profiled yet"  # or measuring, measured, kept, failed: why
     profile_answered: bool = False  # it answered the profile request (since it enrolled)
+    reference_s: float = 0.0  # its reference workload's time as last timed (0: not yet)
+
+    @property
+    def speed_factor(self) -> float:
+        """How many times slower it runs now than when profiled (1 until both are timed)."""
+        return speed_factor(self.profile.reference_s if self.profile else 0.0, self.reference_s)
 
     @property
     def alive(self) -> bool:
@@ -105,6 +112,7 @@ class Member:
             last_sent_s=(round(max(0.0, now - self.last_sent), 3)
                          if self.last_sent and not self.local else None),
             kv_slots=self.kv_slots, profile=self.profile, profile_state=self.profile_state,
+            speed_factor=round(self.speed_factor, 4), reference_s=self.reference_s,
         )
 
 

@@ -14,6 +14,7 @@ half-valid message.
 from __future__ import annotations
 
 import json
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -184,9 +185,14 @@ class Heartbeat(Message):
     # node -> coordinator: KV slots its stage holds now (all streams and row groups);
     # -1: unknown (no stage running, or the coordinator's own beat)
     kv_slots: int = -1
+    # node -> coordinator: its reference workload's time as last timed (controlplane/
+    # host_speed.py; 0: not timed)
+    reference_s: float = 0.0
 
     def check(self) -> None:
         need(self.kv_slots >= -1, f"heartbeat.kv_slots must be >= -1, got {self.kv_slots}")
+        need(math.isfinite(self.reference_s) and self.reference_s >= 0,
+             f"heartbeat.reference_s must be >= 0 seconds, got {self.reference_s}")
 
 
 @register

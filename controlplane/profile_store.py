@@ -105,7 +105,7 @@ class ProfileStore:
                   f"{1 + measurement.extra_layers} synthetic layers, {measurement.rounds} "
                   f"rounds, {measurement.seconds:.1f} s)")
         record = profile_record(profile_from(measurement, shape, source), time.time(),
-                                measurement.seconds)
+                                measurement.seconds, measurement.reference_s)
         path = self.path(shape, key.weights, key.device, key.int8_form)
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

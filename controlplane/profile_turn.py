@@ -81,6 +81,18 @@ class ProfilingTurn:
         os.close(fd)
         return None
 
+    def try_take(self) -> HeldTurn | None:
+        """The turn if no process holds it now, else None at once (OSError when the lock
+        file cannot be opened)."""
+        private_dir(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return HeldTurn(fd)
+
     def wait(self, on_wait: Callable[[], None] | None = None) -> HeldTurn:
         """``take`` with nothing to stop it but an exception (KeyboardInterrupt)."""
         turn = self.take(None, on_wait)

@@ -69,7 +69,9 @@ class ProfileRecord:
     ran under (``cpu_share`` cores of CPU time per ``quota_period_s``; 0: none, as in a
     record from before quotas were read) and the process CPU seconds its timed decode steps
     used per second of their wall time (``cpu_per_wall``; 0: not measured); the form of the
-    INT8 weights it timed (``int8_form``, zctl.weights.INT8_FORMS; None in a float format)."""
+    INT8 weights it timed (``int8_form``, zctl.weights.INT8_FORMS; None in a float format);
+    the time of the host's reference workload when it was measured (``reference_s``,
+    controlplane/host_speed.py; 0: not timed, as in a record from before it was)."""
 
     shape: str
     weights: str
@@ -91,6 +93,7 @@ class ProfileRecord:
     quota_period_s: float = 0.0
     cpu_per_wall: float = 0.0
     int8_form: str | None = None
+    reference_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,10 @@ class NodeStatus:
     kv_slots: int = -1  # KV slots its stage holds, as of its last heartbeat (-1: unknown)
     profile: ProfileRecord | None = None  # measured for the cluster's model (None: not yet)
     profile_state: str = ""  # not profiled yet, measuring, measured, cached, failed: why
+    # how many times slower the node runs now than when profiled (its reference workload
+    # timed now over then: controlplane/planner/speed.py); its profile is taken at it
+    speed_factor: float = 1.0
+    reference_s: float = 0.0  # its reference workload's time as last timed (0: not yet)
 
     @property
     def name(self) -> str:

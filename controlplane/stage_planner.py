@@ -43,6 +43,7 @@ from controlplane.planner.profile import Links, NodeProfile, ProfileError, Profi
 from controlplane.planner.references import REFERENCE_LINKS
 from controlplane.planner.search import PlanRequest, plan, predict
 from controlplane.planner.shape import ModelShape
+from controlplane.planner.speed import at_speed
 from controlplane.records import DEFAULT_REPLAN_GAIN, LinkStatus
 from zctl.manifest import ExportManifest
 from zctl.weights import export_int8_form
@@ -186,7 +187,7 @@ class StagePlanner:
                          self.openvino, int8_form=export_int8_form(self.manifest.weight_format,
                                                                   self.manifest.int8_form))
         try:
-            profile = profile_of(member.profile)
+            profile = at_speed(profile_of(member.profile), member.speed_factor)
             profile.check_for(key, member.node_id)
         except ProfileError as exc:
             raise PlanUnusable(f"node {member.node_id}'s profile cannot be used: {exc}") from None

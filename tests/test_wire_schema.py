@@ -46,8 +46,10 @@ PINNED = {
     # note and time, and how many there were)
     12: "d40fd54f9419b488",  # profile_report, status_reply: a profile's cpu_share and
     # quota_period_s (the CPU quota it ran under) and cpu_per_wall (its steps' CPU use)
-    13: "9e8a61f8a36ca0e7",  # profile_request, profile_report, status_reply: int8_form (the
-    # INT8 weights' form a profile times: i8 groups or u8 per channel)
+    13: "32f6055bd09914f8",  # profile_request, profile_report, status_reply: int8_form (the
+    # INT8 weights' form a profile times: i8 groups or u8 per channel); profile_report,
+    # status_reply, heartbeat: the host's reference workload's time (reference_s, and a
+    # node's speed factor in the status)
 }
 
 

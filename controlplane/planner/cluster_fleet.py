@@ -5,7 +5,9 @@ model, kept as it reported it) with the memory it has free now plus what its sta
 (a new plan would move them), and each link the coordinator probed. A pair of nodes whose
 link was not probed (not neighbours in the pipeline) gets an estimate from the links each
 of them was probed on: half of its quickest round trip for each end, and the narrower of
-the two ends' best bandwidths. A node without a usable profile, or without any measured
+the two ends' best bandwidths. Each profile is taken at the node's speed now (its
+``speed_factor``: controlplane/planner/speed.py), said in the notes when it is not 1. A
+node without a usable profile, or without any measured
 link, is left out with the reason in the notes; when no node is left, ProfileError says
 why, naming each node's profile state.
 """
@@ -18,6 +20,7 @@ from dataclasses import dataclass, replace
 from controlplane.planner.measured import profile_of
 from controlplane.planner.profile import LinkProfile, Links, NodeProfile, ProfileError
 from controlplane.planner.shape import ModelShape
+from controlplane.planner.speed import at_speed
 from controlplane.records import ClusterStatus, LinkStatus, NodeStatus
 
 DOWN = ("dead", "left")
@@ -77,7 +80,8 @@ def estimated_links(nodes: list[str], measured: Mapping[tuple[str, str], LinkPro
 
 def usable_profile(node: NodeStatus, shape: ModelShape, weights: str
                    ) -> tuple[NodeProfile | None, str]:
-    """``node``'s profile for ``shape`` in ``weights``, or None and why it has none usable."""
+    """``node``'s profile for ``shape`` in ``weights`` at the speed it runs now (its
+    ``speed_factor``: controlplane/planner/speed.py), or None and why it has none usable."""
     if node.profile is None:
         return None, node.profile_state or "not profiled yet"
     record = node.profile
@@ -85,7 +89,7 @@ def usable_profile(node: NodeStatus, shape: ModelShape, weights: str
         return None, (f"profiled for shape {record.shape} in {record.weights}, not "
                       f"{shape.fingerprint()} in {weights}")
     try:
-        return profile_of(record), ""
+        return at_speed(profile_of(record), node.speed_factor), ""
     except ProfileError as exc:
         return None, str(exc)
 
@@ -107,6 +111,10 @@ def cluster_fleet(status: ClusterStatus, shape: ModelShape, weights: str) -> Clu
             continue
         profiles[node.node_id] = replace(profile,
                                          free_memory=node.ram_free + held.get(node.node_id, 0))
+        if node.speed_factor != 1:
+            notes.append(f"node {node.node_id} runs at speed factor {node.speed_factor:.2f} "
+                         "(its reference workload's time now over when it was profiled): its "
+                         "profile's times are scaled by it")
     if not profiles:
         states = "; ".join(f"{n.node_id}: {n.profile_state or 'not profiled yet'}"
                            for n in status.nodes if n.state not in DOWN)

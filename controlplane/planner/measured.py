@@ -95,6 +95,8 @@ class Measurement:
     cpu_share: float = 0.0
     quota_period_s: float = 0.0
     cpu_per_wall: float = 0.0
+    # the host's reference workload's time (controlplane/host_speed.py; 0: not timed)
+    reference_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.extra_layers < 1 or self.prompt_tokens < 2:
@@ -158,7 +160,9 @@ def profile_from(m: Measurement, shape: ModelShape, source: str) -> NodeProfile:
 
 # -- a profile as data ------------------------------------------------------------------
 def profile_record(profile: NodeProfile, measured_at: float = 0.0,
-                   seconds: float = 0.0) -> ProfileRecord:
+                   seconds: float = 0.0, reference_s: float = 0.0) -> ProfileRecord:
+    """``profile`` as a record, measured at ``measured_at`` in ``seconds`` with the host's
+    reference workload taking ``reference_s`` then (0: not timed)."""
     key = profile.key
     return ProfileRecord(key.shape, key.weights, key.device, key.openvino,
                          list(profile.decode_s), list(profile.head_decode_s),
@@ -166,7 +170,7 @@ def profile_record(profile: NodeProfile, measured_at: float = 0.0,
                          profile.free_memory, profile.source, measured_at, seconds, key.graph,
                          list(profile.engine_decode_s), list(profile.frame_decode_s),
                          profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall,
-                         key.int8_form)
+                         key.int8_form, reference_s)
 
 
 def staleness(record: ProfileRecord) -> str:
@@ -186,6 +190,8 @@ def profile_of(record: ProfileRecord) -> NodeProfile:
     stale = staleness(record)
     if stale:
         raise StaleProfile(stale)
+    if not (math.isfinite(record.reference_s) and record.reference_s >= 0):
+        raise ProfileError(f"reference_s must be >= 0 seconds, got {record.reference_s!r}")
     return NodeProfile(
         ProfileKey(record.shape, record.weights, record.device, record.openvino, record.graph,
                    record.int8_form),
@@ -283,11 +289,14 @@ MAX_BPS = 1e11  # a link faster than the probe can tell (loopback) is taken at 1
 
 @dataclass(frozen=True)
 class LinkSample:
-    """One probe round trip: ``out`` bytes sent, ``back`` bytes returned, in ``seconds``."""
+    """One probe round trip: ``out`` bytes sent, ``back`` bytes returned, in ``seconds``;
+    ``idle``: after an idle gap (the echo's end asleep, as a pipeline's receiver is), else
+    right after another round trip (both ends awake)."""
 
     out: int
     back: int
     seconds: float
+    idle: bool = True
 
 
 def _quantile(values: Sequence[float], q: float = 0.25) -> float:
@@ -312,19 +321,35 @@ def _bandwidth(points: dict[int, float], rtt: float) -> float:
     return MAX_BPS if extra <= largest / MAX_BPS else largest / extra
 
 
+def hop_round_trip(idle_s: float, awake_s: float | None) -> float:
+    """Twice a pipeline hop's latency from the smallest round trips' medians: after an idle
+    gap (``idle_s``: the way out wakes an idle receiver, the answer returns to a prober
+    that has just sent) and back to back (``awake_s``: both ways awake; None: not timed).
+    A hop is a way to an idle receiver, ``idle_s - awake_s / 2``; never under ``awake_s``
+    nor, without it, other than ``idle_s``."""
+    if awake_s is None:
+        return idle_s
+    return max(awake_s, 2 * idle_s - awake_s)
+
+
 def link_from_samples(samples: Sequence[LinkSample]) -> LinkProfile:
-    """A link's figures from probe round trips: the round trip of the smallest messages
-    (the median: each after an idle gap, the receiver woken as a pipeline's is, and a
-    pipeline's hops take their median), and each way's bandwidth from the round trips that
-    carried bytes that way (a lower quartile of each size's times: a busy moment only ever
-    adds time)."""
+    """A link's figures from probe round trips: the round trip as a pipeline's frames see
+    it, both ways to a receiver idle for a step (``hop_round_trip`` of the smallest round
+    trips' medians, after idle gaps and back to back: a pipeline's hops take their median),
+    and each way's bandwidth from the round trips that carried bytes that way (a lower
+    quartile of each size's times, less the awake round trip: they follow one another, and
+    a busy moment only ever adds time)."""
     if not samples:
         raise ProfileError("no probe round trips to make a link's figures of")
     small = min(min(s.out, s.back) for s in samples)
-    pings = [s.seconds for s in samples if s.out == small and s.back == small]
+    pings = [s for s in samples if s.out == small and s.back == small]
+    idle = [s.seconds for s in pings if s.idle]
+    awake = [s.seconds for s in pings if not s.idle]
     if not pings:
         raise ProfileError("the probe sent no round trip of its smallest size both ways")
-    rtt = _quantile(pings, 0.5)
+    awake_rtt = _quantile(awake, 0.5) if awake else None
+    rtt = hop_round_trip(_quantile(idle or awake, 0.5), awake_rtt)
+    base = rtt if awake_rtt is None else awake_rtt
 
     def way(pick: Any) -> float:
         by_size: dict[int, list[float]] = {}
@@ -332,7 +357,7 @@ def link_from_samples(samples: Sequence[LinkSample]) -> LinkProfile:
             size = pick(s)
             if size is not None:
                 by_size.setdefault(size, []).append(s.seconds)
-        return _bandwidth({size: _quantile(times) for size, times in by_size.items()}, rtt)
+        return _bandwidth({size: _quantile(times) for size, times in by_size.items()}, base)
 
     forward = way(lambda s: s.out if s.back == small else None)
     backward = way(lambda s: s.back if s.out == small else None)

@@ -168,7 +168,9 @@ class NodeProfile:
 
 @dataclass(frozen=True)
 class LinkProfile:
-    """A link between two nodes a and b: round-trip time and bytes per second each way."""
+    """A link between two nodes a and b: round-trip time and bytes per second each way.
+    A probed link's round trip is as a pipeline's frames see it, each way to a receiver
+    idle for a step (controlplane/planner/measured.py, ``hop_round_trip``)."""
 
     rtt_s: float
     forward_bps: float  # a to b

@@ -6,8 +6,13 @@ node) the coordinator's own work of an ``r``-row step: the generation engine bet
 reply and the next step and the head's frames (a profile's ``engine_s``), on every other
 stage the node's framework work (the frame it received decoded, the one it sends prepared
 and sealed: a profile's ``frame_s``). A profile times its layers' steps as a pipeline's
-stage runs them (after an idle gap, their median), and a link's round trip after an idle
-gap too, so that the receiver's wake-up is in it. A hop carries
+stage runs them (after an idle gap, their median), and a link's round trip as a hop sees
+it: each way to a receiver idle for a step (the probe's round trip after an idle gap less
+half of one back to back, controlplane/planner/measured.py: of an idle round trip only the
+way out wakes an idle receiver, and a hop's receiver has waited a whole step), so that a
+hop's half of it holds the sender's send, the receiver's wake-up and its read; a node's
+profile is taken at the host's speed now (controlplane/planner/speed.py: its times scaled
+by the speed factor before they get here). A hop carries
 the step's hidden states (rows x tokens x hidden, float32) in a frame
 (dataplane/wire/frames.py: a fixed header, the positions, a timing record per stage
 passed): it takes half the link's round trip plus its bytes at the link's bandwidth, and

@@ -11,6 +11,7 @@ import time
 import pytest
 import zmq
 
+import controlplane.link_probe as link_probe
 from controlplane.link_probe import (
     HEADER,
     MAX_PROBE_BYTES,
@@ -43,7 +44,7 @@ def test_a_probe_times_each_size_both_ways(ctx: zmq.Context) -> None:
     kinds = {(s.out, s.back) for s in samples}
     sizes = ladder([1000, 100_000])  # 1000, 4000, 16000, 64000, 100000
     assert kinds == {(SMALL, SMALL)} | {(n, SMALL) for n in sizes} | {(SMALL, n) for n in sizes}
-    assert len(samples) == 2 * 11 and all(s.seconds > 0 for s in samples)
+    assert len(samples) == 2 * (2 * link_probe.PINGS + 10) and all(s.seconds > 0 for s in samples)
     link = link_from_samples(samples)
     assert link.rtt_s > 0 and link.forward_bps > 0 and link.backward_bps > 0
 
@@ -146,10 +147,11 @@ def test_no_size_is_probed_on_a_rate_guessed_from_a_far_smaller_one() -> None:
     assert ladder([100, 100, 300]) == [100, 300] and ladder([]) == []
 
 
-def test_rounds_after_the_first_start_only_within_the_probe_s_time_budget(ctx: zmq.Context
-                                                                         ) -> None:
+def test_rounds_after_the_first_start_only_within_the_probe_s_time_budget(
+        ctx: zmq.Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(link_probe, "PINGS", 1)
     slow = link_options(delay_ms=50.0)  # 100 ms a round trip: the connection's and a
-    # round's three end at >= 400 ms, a second round's at >= 700 ms
+    # round's four end at >= 500 ms, a second round's at >= 900 ms
     echo = ProbeEcho(ctx, "127.0.0.1", slow)
     try:
         one = probe(ctx, echo.endpoint, [400], 5, 5.0, slow, time_budget_s=0.0)
@@ -157,15 +159,13 @@ def test_rounds_after_the_first_start_only_within_the_probe_s_time_budget(ctx: z
         fast = probe(ctx, echo.endpoint, [400], 3, 5.0, None, time_budget_s=5.0)
     finally:
         echo.close()
-    assert (len(one), len(two), len(fast)) == (3, 6, 9)
+    assert (len(one), len(two), len(fast)) == (4, 8, 12)
 
 
 def test_each_smallest_round_trip_follows_an_idle_gap(ctx: zmq.Context,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # the echo goes idle before each ping, as a pipeline's receiver waits for a step: its
+    # the echo goes idle before each idle ping, as a pipeline's receiver waits for a step: its
     # wake-up is in the round trip; the sized ones follow one another (their slope counts)
-    import controlplane.link_probe as link_probe
-
     gaps: list[float] = []
     real_sleep = time.sleep
 
@@ -179,7 +179,10 @@ def test_each_smallest_round_trip_follows_an_idle_gap(ctx: zmq.Context,
         samples = probe(ctx, echo.endpoint, [400], 2, 5.0, idle_gap_s=0.003)
     finally:
         echo.close()
-    assert len(samples) == 6 and gaps == [0.003] * (1 + 2)  # the connection's ping too
+    # each idle ping is followed by an awake one, the sized ones follow without a gap
+    pings = link_probe.PINGS
+    assert [s.idle for s in samples] == ([True, False] * pings + [False, False]) * 2
+    assert gaps == [0.003] * (1 + 2 * pings)  # the connection's ping too
 
 
 def test_by_default_the_echo_idles_as_long_as_a_stages_step(ctx: zmq.Context,
@@ -187,7 +190,6 @@ def test_by_default_the_echo_idles_as_long_as_a_stages_step(ctx: zmq.Context,
                                                            ) -> None:
     # a receiver idle 2 ms wakes about twice as fast as one idle for a step of a real
     # model's stage (5-20 ms): the gap must not be the shorter
-    import controlplane.link_probe as link_probe
 
     gaps: list[float] = []
     monkeypatch.setattr(link_probe.time, "sleep", gaps.append)
@@ -196,4 +198,5 @@ def test_by_default_the_echo_idles_as_long_as_a_stages_step(ctx: zmq.Context,
         probe(ctx, echo.endpoint, [400], 1, 5.0)
     finally:
         echo.close()
-    assert gaps == [link_probe.IDLE_GAP_S] * 2 and link_probe.IDLE_GAP_S >= 0.010
+    assert gaps == [link_probe.IDLE_GAP_S] * (1 + link_probe.PINGS)
+    assert link_probe.IDLE_GAP_S >= 0.010

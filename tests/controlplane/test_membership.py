@@ -208,3 +208,20 @@ def test_a_stage_slot_keeps_rewires_or_relaunches() -> None:
             assert launched[0].stopped and launched[1].stopped and not launched[2].stopped
         slot.apply(replace(moved, epoch=3, bind="tcp://a:2"))  # its own pipe moved: relaunch
         assert len(launched) == relaunches + 1 and launched[-2].stopped
+
+
+def test_a_member_s_speed_factor_is_its_reference_now_over_its_profile_s() -> None:
+    from controlplane.planner.presets import PRESETS
+    from controlplane.planner.profile import GRAPH_VERSION
+    from controlplane.records import ProfileRecord
+
+    record = ProfileRecord(PRESETS["smollm2-135m"].fingerprint(), "int4", "CPU", "ov",
+                           [2e-4] * 4, [1e-3] * 4, 2e4, 1e-4, 2 << 20, 9 << 30,
+                           graph=GRAPH_VERSION, engine_decode_s=[1e-4] * 4, reference_s=0.004)
+    m = ms.Member("node-1", b"node-1", enrol(), ms.SERVING, last_seen=100.0)
+    assert m.speed_factor == 1.0  # no profile
+    m.profile = record
+    assert m.speed_factor == 1.0  # not timed again yet
+    m.reference_s = 0.005
+    assert m.speed_factor == pytest.approx(1.25)
+    assert m.status(100.0).speed_factor == pytest.approx(1.25)

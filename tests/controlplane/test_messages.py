@@ -175,6 +175,7 @@ def stats_body() -> dict:
     (b'{"protocol":%d,"type":"heartbeat","body":{"kv_slots":' % m.PROTOCOL_VERSION + b"9" * 5000 + b"}}",
      "not a JSON message"),
     (envelope({"kv_slots": -5}, "heartbeat"), "heartbeat.kv_slots must be >= -1"),
+    (envelope({"reference_s": -0.004}, "heartbeat"), "heartbeat.reference_s must be >= 0"),
     (envelope({"state": "measured"}, "profile_report"),
      "a profile comes with state kept or measured"),
     (envelope({"state": "bored"}, "profile_report"), "is not one of kept, measured"),

@@ -70,6 +70,26 @@ def test_a_profile_for_something_else_is_refused_and_the_node_stays(cp_cluster) 
         raw.close()
 
 
+def test_a_node_s_speed_now_against_its_profile_s_shows_in_the_status(cp_cluster) -> None:
+    # its heartbeat carries its reference workload's time now; its profile's was 4 ms
+    from dataclasses import replace
+
+    coord = cp_cluster.coordinator()
+    raw = RawNode(coord.endpoint, b"raw-1")
+    try:
+        raw.send(*m.to_frames(enrol_msg("raw-1")))
+        raw.recv_until(m.ProfileRequest)
+        record = replace(_record(coord.shape, "fp32"), reference_s=0.004)
+        raw.send(*m.to_frames(m.ProfileReport("measured", record)))
+        wait_for(lambda: _state(coord, "raw-1") == "measured", what="profile")
+        assert node(coord.status(), "raw-1").speed_factor == 1.0  # not timed again yet
+        raw.send(*m.to_frames(m.Heartbeat("enrolled", -1, 0.006)))
+        wait_for(lambda: node(coord.status(), "raw-1").reference_s == 0.006, what="heartbeat")
+        assert node(coord.status(), "raw-1").speed_factor == pytest.approx(1.5)
+    finally:
+        raw.close()
+
+
 def _record(shape: ModelShape, weights: str):
     from controlplane.records import ProfileRecord
 

@@ -4,6 +4,10 @@ the coordinator's status once every profile and link is measured, then each stre
 run ``rounds`` times through the generation service (tools.harness.service, as ``zctl
 run`` sends requests), every process stopped after.
 
+The prediction is read once every stage's node has also checked its speed since it joined
+(controlplane/host_speed.py; the profiles, measured one node at a time, may be minutes
+old by then), or ``SPEED_GRACE_S`` after it first appears.
+
 Measured decode tok/s: one stream's is its tokens after the first over their time (as
 ``zctl run`` reports it); N streams sent together, the sum of theirs (they decode side by
 side from their first token to their last). The median of the rounds is compared. Each
@@ -27,16 +31,31 @@ if TYPE_CHECKING:
     from zctl.launcher.record import ClusterRecord
 
 PREDICTION_TIMEOUT_S = 600.0  # profiles (30 s a device, one machine's in turn) and link probes
+SPEED_GRACE_S = 30.0  # the longest wait for the nodes' speed checks once there is a prediction
+SPEED_SETTLE_S = 5.0  # then for their next checks (a node's figure is its last 3's median)
 WARMUP_TOKENS = 8
 
 
-def wait_prediction(record: ClusterRecord, timeout_s: float) -> ClusterStatus:
-    """The status once it holds a prediction; RuntimeError with what it still lacks after
-    ``timeout_s``."""
+def speed_unchecked(status: ClusterStatus) -> list[str]:
+    """The nodes running a stage whose speed has not been checked again since they joined
+    (their reference workload not timed: controlplane/host_speed.py)."""
+    running = {s.node_id for s in status.stages}
+    return [n.node_id for n in status.nodes if n.node_id in running and not n.reference_s]
+
+
+def wait_prediction(record: ClusterRecord, timeout_s: float,
+                    speed_grace_s: float = SPEED_GRACE_S,
+                    speed_settle_s: float = SPEED_SETTLE_S) -> ClusterStatus:
+    """The status once it holds a prediction and every stage's node has checked its speed
+    since it joined (a profile measured minutes before, its node's in turn, may be at
+    another host speed: the prediction scales it by the speed factor), ``speed_settle_s``
+    after that (their next checks), or after ``speed_grace_s`` with a prediction without
+    those checks; RuntimeError with what it still lacks after ``timeout_s``."""
     from controlplane.client import ClusterUnreachable, query_status
 
     deadline = time.monotonic() + timeout_s
     lacking = "no status yet"
+    predicted_at = checked_at = None
     while time.monotonic() < deadline:
         try:
             status = query_status(record.control, timeout=2.0)
@@ -44,8 +63,19 @@ def wait_prediction(record: ClusterRecord, timeout_s: float) -> ClusterStatus:
             lacking = str(exc)
         else:
             if status.prediction is not None and not status.prediction.error:
-                return status
-            lacking = status.prediction.error if status.prediction else "no prediction made"
+                predicted_at = time.monotonic() if predicted_at is None else predicted_at
+                unchecked = speed_unchecked(status)
+                if not unchecked:
+                    checked_at = time.monotonic() if checked_at is None else checked_at
+                    if time.monotonic() - checked_at >= speed_settle_s:
+                        return status
+                if time.monotonic() - predicted_at >= speed_grace_s:
+                    err.print(f"  no speed check from {', '.join(unchecked)} in "
+                              f"{speed_grace_s:g} s: predicted at the profiles' speed")
+                    return status
+            else:
+                lacking = (status.prediction.error if status.prediction
+                           else "no prediction made")
         time.sleep(1.0)
     raise RuntimeError(f"no prediction after {timeout_s:.0f} s: {lacking}")
 
@@ -73,9 +103,9 @@ def placement(status: ClusterStatus) -> list[dict[str, Any]]:
 
 def run_case(case: Case, root: Path, tokens: int, rounds: int,
              timeout_s: float = PREDICTION_TIMEOUT_S) -> dict[str, Any]:
-    """The case's prediction and measurements: ``{"setup", "placement", "prediction",
-    "slowed_by", "measured": {streams: [tok/s of each round]}, "timing": [each one-stream
-    round's step timing]}``."""
+    """The case's prediction and measurements: ``{"setup", "placement", "speed_factors":
+    {node: its speed factor when predicted}, "prediction", "slowed_by", "measured":
+    {streams: [tok/s of each round]}, "timing": [each one-stream round's step timing]}``."""
     from contextlib import ExitStack
 
     from tools.harness.cluster import PROFILE_BUDGET_S
@@ -112,5 +142,7 @@ def run_case(case: Case, root: Path, tokens: int, rounds: int,
                 if streams == 1:
                     timing.append(steps)
         return {"setup": case.setup(), "placement": placement(status),
+                "speed_factors": {n.node_id: n.speed_factor for n in status.nodes
+                                  if n.node_id in {s.node_id for s in status.stages}},
                 "prediction": status.prediction, "slowed_by": slowed.method if slowed else None,
                 "measured": measured, "timing": timing}

@@ -76,6 +76,7 @@ def case_report(outcome: Mapping[str, Any]) -> dict[str, Any]:
     """A measured case (tools.plan.measure.run_case's outcome) as the report shows it."""
     prediction: PredictionStatus = outcome["prediction"]
     return {**outcome["setup"], "placement": outcome["placement"],
+            "speed_factors": outcome.get("speed_factors", {}),
             "slowed_by": outcome["slowed_by"],
             "predicted_step_ms": [round(v, 3) for v in prediction.stage_ms],
             "predicted_hop_ms": [round(v, 3) for v in prediction.hop_ms],

@@ -14,6 +14,7 @@ from controlplane.planner.measured import (
     PROFILE_FORMAT,
     LinkSample,
     Measurement,
+    hop_round_trip,
     link_from_samples,
     prefill_rate,
     profile_dict,
@@ -163,6 +164,25 @@ def test_a_link_s_round_trip_is_the_median_of_its_pings() -> None:
     assert link_from_samples(pings + sized).rtt_s == pytest.approx(4e-4)
 
 
+def test_a_hop_is_the_idle_round_trip_less_half_an_awake_one() -> None:
+    # of an idle round trip only the way out wakes an idle receiver; a pipeline's hop is
+    # such a way, so twice it is what the link's round trip stands for
+    idle = [LinkSample(8, 8, s) for s in (5e-4, 6e-4, 7e-4)]
+    awake = [LinkSample(8, 8, s, idle=False) for s in (1e-4, 2e-4, 3e-4)]
+    sized = [LinkSample(80_000, 8, 2e-4 + 80_000 / 1e9, idle=False)] * 3
+    link = link_from_samples(idle + awake + sized)
+    assert link.rtt_s == pytest.approx(2 * 6e-4 - 2e-4)
+    assert link.latency_s(0) == pytest.approx(6e-4 - 2e-4 / 2)
+    # the bandwidth's slope is over the awake round trip, as the sized ones follow it
+    assert link.forward_bps == pytest.approx(1e9, rel=1e-3)
+
+
+def test_a_hop_s_round_trip_is_never_under_an_awake_one() -> None:
+    assert hop_round_trip(1e-4, 3e-4) == pytest.approx(3e-4)
+    assert hop_round_trip(4e-4, 2e-4) == pytest.approx(6e-4)
+    assert hop_round_trip(4e-4, None) == pytest.approx(4e-4)  # no awake one timed
+
+
 def test_a_busy_moment_does_not_move_a_link_s_figures() -> None:
     samples = _samples(0.001, 20e6, 20e6) + [LinkSample(8, 8, 0.5)]
     assert link_from_samples(samples).rtt_s == pytest.approx(0.001)
@@ -192,6 +212,16 @@ def test_a_profile_keeps_the_cpu_quota_it_ran_under_and_its_steps_cpu_use(tmp_pa
         _measurement(cpu_share=-1.0, quota_period_s=0.02)
     with pytest.raises(ProfileError, match="needs a positive period"):
         profile_of(replace(record, quota_period_s=0.0))
+
+
+def test_a_profile_keeps_its_reference_workload_s_time(tmp_path: Path) -> None:
+    measured = _measurement(reference_s=0.004)
+    record = profile_record(profile_from(measured, SMOL, "test"), reference_s=0.004)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile_dict(record, measured)))
+    assert read_profile(path).reference_s == 0.004
+    with pytest.raises(ProfileError, match="reference_s must be >= 0"):
+        profile_of(replace(record, reference_s=-1.0))
 
 
 def test_a_profile_cached_before_quotas_were_read_loads_as_under_none(tmp_path: Path) -> None:

@@ -183,6 +183,8 @@ def test_one_stream_s_token_is_set_term_by_term_against_the_pipeline_s_own_timin
     assert report["measured_terms"] == got
     assert report["predicted_token_ms"] == 10.0  # one stream predicted at 100 tok/s
     assert case_report(outcome({1: [80.0], 8: [400.0]}))["measured_terms"] == {}
+    assert case_report({**outcome({1: [80.0], 8: [400.0]}), "speed_factors": {"c": 1.3}}
+                       )["speed_factors"] == {"c": 1.3}
 
 
 def test_the_printed_report_names_the_terms(capsys: pytest.CaptureFixture[str]) -> None:
@@ -194,6 +196,33 @@ def test_the_printed_report_names_the_terms(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert "split, one stream's token (ms): predicted steps 5, 4, hops 0.3, 0.2" in out
     assert "measured compute 5.5, 6.5, hops 0.4, 0.26, overhead 0.25" in out
+
+
+def _status(predicted: bool, checked: dict[str, float]) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        prediction=prediction() if predicted else None,
+        stages=[SimpleNamespace(node_id=n) for n in checked],
+        nodes=[SimpleNamespace(node_id=n, reference_s=s) for n, s in checked.items()]
+        + [SimpleNamespace(node_id="spare", reference_s=0.0)])
+
+
+@pytest.mark.parametrize(("grace", "returned"), [(60.0, 2), (0.0, 1)])
+def test_the_prediction_is_read_once_every_stage_s_node_has_checked_its_speed(
+        monkeypatch: pytest.MonkeyPatch, grace: float, returned: int) -> None:
+    import controlplane.client as client
+
+    statuses = [_status(False, {"c": 0.0, "n1": 0.0}), _status(True, {"c": 0.004, "n1": 0.0}),
+                _status(True, {"c": 0.004, "n1": 0.005})]
+    asked = iter(statuses)
+    monkeypatch.setattr(client, "query_status", lambda *a, **kw: next(asked))
+    monkeypatch.setattr(measure.time, "sleep", lambda s: None)
+    assert measure.speed_unchecked(statuses[1]) == ["n1"]  # the spare runs no stage
+    record = type("Record", (), {"control": "tcp://c:5550"})()
+    got = measure.wait_prediction(record, 60.0, speed_grace_s=grace,  # type: ignore[arg-type]
+                                  speed_settle_s=0.0)
+    assert got is statuses[returned]
 
 
 def test_targets_take_the_worst_case_and_a_failed_case_misses_them() -> None:
@@ -246,3 +275,20 @@ def test_bad_options_are_refused(args: list[str], why: str) -> None:
     app.command()(cli.main)
     result = CliRunner(env={"COLUMNS": "400"}).invoke(app, args)
     assert result.exit_code == 2 and why in result.output
+
+
+def test_the_prediction_waits_for_the_nodes_next_speed_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import controlplane.client as client
+
+    now = [0.0]
+    statuses = [_status(True, {"c": 0.004, "n1": 0.005}) for _ in range(8)]
+    asked = iter(statuses)
+    monkeypatch.setattr(client, "query_status", lambda *a, **kw: next(asked))
+    monkeypatch.setattr(measure, "time", SimpleNamespace(
+        monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    record = type("Record", (), {"control": "tcp://c:5550"})()
+    got = measure.wait_prediction(record, 60.0, speed_settle_s=3.0)  # type: ignore[arg-type]
+    assert got is statuses[3]  # checked at 0 s, read again at 1, 2 and 3 s

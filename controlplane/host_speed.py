@@ -1,0 +1,129 @@
+"""The host's reference workload, and the check that times it again while a node runs.
+
+A profile is cached (by shape, format, device and OpenVINO version) and used as long as
+it matches, but the host it was measured on may run faster or slower later: a VM's host
+busier or quieter, a laptop on battery. The reference workload is fixed whatever the
+model: ``LAYERS`` MatMuls in a chain, ``ROWS`` rows by a ``SIZE`` x ``SIZE`` float32
+weight each (48 MB in all, more than a desktop CPU's last-level cache: it streams from
+memory as a stage's weights do, and multiplies as its rows do), compiled once on the CPU
+with one inference thread (the speed of a core, whatever the node's threads), run
+``WARMUP`` times untimed and ``RUNS`` times timed, the lower quartile counting (a run
+another process pre-empted says nothing of the host's speed; on a loaded 2-vCPU VM the
+median of one-MatMul runs spread 0.4-2.3 ms between profiles minutes apart): some 30 ms
+in all. The profile records its time (controlplane/profiling.py), and
+a running node times it again now and then (``SpeedCheck``): the ratio is its speed
+factor (controlplane/planner/speed.py), which the coordinator applies to the node's
+profile when it plans and predicts.
+
+A check is taken only when it can say something of the host rather than of the node's
+own load, and counts as the median of the last ``KEPT``: at most every ``EVERY_S`` seconds
+(``FIRST_EVERY_S`` until ``KEPT`` are in), when the process used less than
+``IDLE_SHARE`` of a core since the last look (it serves no steps), and holding this
+machine's turn to profile (controlplane/profile_turn.py: no profile runs on the machine
+meanwhile, neither the node's nor another process's).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from controlplane.profile_turn import HeldTurn, ProfilingTurn
+
+log = logging.getLogger("zctl.controlplane")
+ROWS, SIZE, LAYERS = 4, 2048, 3
+WARMUP, RUNS = 2, 9
+QUANTILE = 0.25  # of the runs' times
+EVERY_S = 10.0  # the least time between two checks of a running node
+KEPT = 3  # the checks whose median counts
+FIRST_EVERY_S = 2.0  # the least time between the first KEPT checks
+IDLE_SHARE = 0.10  # of a core: a process busier than this since the last look is serving
+_compiled: Any = None
+
+
+def _reference() -> Any:
+    global _compiled
+    if _compiled is None:
+        import openvino as ov
+        import openvino.opset13 as ops
+
+        x = ops.parameter([ROWS, SIZE], np.float32, name="x")
+        rng = np.random.default_rng(0)
+        y = x
+        for _ in range(LAYERS):
+            w = rng.random((SIZE, SIZE), np.float32) - np.float32(0.5)
+            y = ops.matmul(y, ops.constant(w * np.float32(1 / SIZE)), False, False)
+        model = ov.Model([y], [x], "zctl-reference")
+        _compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": 1,
+                                                           "INFERENCE_PRECISION_HINT": "f32"})
+    return _compiled
+
+
+def reference_s(clock: Callable[[], float] = time.perf_counter) -> float:
+    """The reference workload's time on this host now: the lower quartile of ``RUNS``
+    runs."""
+    request = _reference().create_infer_request()
+    x = np.ones((ROWS, SIZE), np.float32)
+    for _ in range(WARMUP):
+        request.infer({0: x})
+    times = []
+    for _ in range(RUNS):
+        start = clock()
+        request.infer({0: x})
+        times.append(clock() - start)
+    return float(np.quantile(times, QUANTILE))
+
+
+class SpeedCheck:
+    """Times the reference workload again now and then, while the process is idle and no
+    profile runs on the machine (module docstring); ``latest_s`` is the median of the last
+    ``KEPT`` times taken (0: none yet), the first ``KEPT`` of them at least ``FIRST_EVERY_S``
+    apart, the others ``every_s``: one check held up by another process's burst moves it
+    little."""
+
+    def __init__(self, every_s: float = EVERY_S, timer: Callable[[], float] = reference_s,
+                 turn: Callable[[], HeldTurn | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+        self.every_s = every_s
+        self.latest_s = 0.0
+        self._kept: deque[float] = deque(maxlen=KEPT)
+        self._timer = timer
+        self._turn = turn or ProfilingTurn().try_take
+        self._clock, self._cpu_clock = clock, cpu_clock
+        self._looked = (clock(), cpu_clock())
+        self._checked = float("-inf")
+
+    def poll(self) -> float | None:
+        """Take a check if one is due, the process has been idle since the last look and
+        the machine's turn to profile is free; the new time, or None when none was taken."""
+        now, cpu = self._clock(), self._cpu_clock()
+        then, cpu_then = self._looked
+        if now - then <= 0:
+            return None
+        self._looked = (now, cpu)
+        idle = (cpu - cpu_then) / (now - then) < IDLE_SHARE
+        every = self.every_s if len(self._kept) >= KEPT else min(self.every_s, FIRST_EVERY_S)
+        if not idle or now - self._checked < every:
+            return None
+        try:
+            turn = self._turn()
+        except OSError:
+            return None
+        if turn is None:
+            return None
+        with turn:
+            try:
+                self._kept.append(self._timer())
+            except Exception:  # noqa: BLE001 - a check must never stop a node
+                log.debug("the host's reference workload could not be timed", exc_info=True)
+                return None
+        self._checked = self._clock()
+        self._looked = (self._checked, self._cpu_clock())  # its own CPU is not the node's
+        self.latest_s = float(np.median(self._kept))
+        return self.latest_s
