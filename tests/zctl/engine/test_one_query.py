@@ -24,6 +24,7 @@ from zctl.engine.scheduler import StreamScheduler
 from zctl.engine.sessions import DecodeSession
 
 N = 32
+TIE = 0.05  # logprobs this close are a tie to the default numerics (int8 activations)
 PROMPTS = [[0, *[5 + (i % 9) for i in range(40)]], [0, *range(30, 70), *range(30, 50)],
            [0, 11, 12, 13, 11, 12, 13, 11, 12], [0, *range(100, 140)]]
 
@@ -108,8 +109,14 @@ def test_verification_computed_together_differs(chain, greedy, want) -> None:
     attention do) gives other logits."""
     sessions = [run(chain, [session(i, 3, want)], one_query=False)[0]
                 for i in range(len(PROMPTS))]
-    assert [s.emitted for s in sessions] == want  # (the tiny model seldom sits near a tie)
     assert outputs(sessions) != greedy
+    # a numeric difference, not another model: a stream may leave greedy's tokens only
+    # where greedy's first two candidates sat within TIE of each other
+    for s, (tokens, logprobs) in zip(sessions, greedy, strict=True):
+        apart = next((j for j, (a, b) in enumerate(zip(s.emitted, tokens, strict=False)) if a != b), None)
+        if apart is not None:
+            first, second = logprobs[apart].top_logprobs[:2]
+            assert first - second < TIE, (apart, logprobs[apart])
 
 
 def test_adaptive_and_pipelined_speculation_give_greedys(chain, greedy, want) -> None:
