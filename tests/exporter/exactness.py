@@ -8,6 +8,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+import torch
+
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.config import RuntimeSpec
 from exporter.verify import EXACT_CONFIG, hf_greedy
@@ -113,3 +116,14 @@ def state_slots(chain: LocalChain, sid: int, seen: dict[str, list[int]]) -> None
         for state in target.request.query_state():
             kind = "sliding" if runner.sliding.is_sliding(state.name) else "global"
             seen.setdefault(kind, []).append(int(state.state.shape[2]))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Torch on one thread for a test module that imports this fixture: on tensors this
+    small, a second thread only waits for the first (and, on a busy machine, makes the
+    Hugging Face reference many times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -22,9 +22,10 @@ from exporter.export import ExportError, export_model, model_spec
 from exporter.gpt_oss_moe_block import ClampedSwiGLU
 from exporter.sources import SourceError, open_source
 from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
-from tests.exporter.exactness import (
+from tests.exporter.exactness import (  # noqa: F401 - one_torch_thread: its fixture
     STATEFUL_WINDOW,
     assert_speculation_matches,
+    one_torch_thread,
     run_to_end,
     runner_chains,
     state_slots,
@@ -53,16 +54,6 @@ def _build(out_dir: Path, **changes: object) -> Path:
     changes the tokens)."""
     return build_llama(out_dir, tied=False, norm_spread=0.3, bias_spread=0.5,
                        **{**GPT_OSS, **changes})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Torch on one thread: on tensors this small, a second thread only waits for the
-    first (and, on a busy machine, makes the Hugging Face reference many times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from exporter.export import export_model
 from exporter.gguf_gpt_oss import SWIGLU_LIMIT, interleave
 from exporter.sources import GptOssGGUFSource, SourceError, open_source
 from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
-from tests.exporter.exactness import runner_chains
+from tests.exporter.exactness import one_torch_thread, runner_chains  # noqa: F401 - its fixture
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
 from zctl.engine.scheduler import generate_greedy
@@ -35,15 +35,6 @@ GPT_OSS = dict(arch="gpt_oss", layers=LAYERS, head_dim=16, intermediate=EXPERT_W
 # the file states the model's SwiGLU clamp (llama.cpp's key; gpt-oss's files rely on its 7)
 STATED = {"swiglu_clamp_exp": [LIMIT] * LAYERS}
 SPLIT = [(0, 1), (1, 3), (3, 4)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Torch on one thread: on tensors this small, a second thread only waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
