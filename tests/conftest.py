@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.scheduling import SMOL_MODULES, ModuleScheduling, module_of
 from tests.helpers.tiny_models import build_llama
 
 
@@ -219,39 +220,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = module_of(item.nodeid)
         if SMOL_FIXTURES.intersection(item.fixturenames) and module not in SMOL_MODULES:
             raise pytest.UsageError(f"{item.nodeid} uses the real default model: add "
-                                    f"{module} to SMOL_MODULES in tests/conftest.py")
+                                    f"{module} to SMOL_MODULES in tests/helpers/scheduling.py")
 
 
 # -- two workers (make test: pytest-xdist) -------------------------------------------------
 
 SMOL_FIXTURES = {"smol", "smol_int4_exports"}
-SMOL_MODULES = {"tests/dataplane/runtime/test_paged_one_query.py",
-                "tests/e2e/test_repeatable_api.py", "tests/e2e/test_smollm2.py",
-                "tests/exporter/test_export_smollm2.py"}
 
 
-def module_of(nodeid: str) -> str:
-    """A test's module, as its node id names it (tests/e2e/test_x.py)."""
-    return nodeid.split("::", 1)[0]
-
-
-try:
-    from xdist.scheduler import LoadScopeScheduling
-except ImportError:  # pytest-xdist is in the dev extra; without it the suite runs serially
-    LoadScopeScheduling = None
-
-if LoadScopeScheduling is not None:
-    class ModuleScheduling(LoadScopeScheduling):
-        """Each module's tests on one worker, so its fixtures (a cluster, network
-        namespaces) are made once and never by two workers at once; the real default
-        model's modules on one worker, which exports it once."""
-
-        def _split_scope(self, nodeid: str) -> str:
-            module = module_of(nodeid)
-            return "smollm2" if module in SMOL_MODULES else module
-
-    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
-        return ModuleScheduling(config, log)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
+    """Modules whole on one worker, and a dead worker's leftovers given out again
+    (tests/helpers/scheduling.py)."""
+    return ModuleScheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
