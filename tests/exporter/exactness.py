@@ -15,7 +15,7 @@ from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.config import RuntimeSpec
 from exporter.verify import EXACT_CONFIG, hf_greedy
 from tests.zctl.engine.test_drafting import ScriptedDrafter
-from zctl.engine.scheduler import StreamScheduler, generate_greedy, generate_speculative
+from zctl.engine.scheduler import StreamScheduler, generate_speculative
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.stats import SpeculativeStats
 from zctl.engine.tokenizer import ChatTokenizer
@@ -54,19 +54,6 @@ def speculate_watching(chain: LocalChain, prompt: list[int], reference: list[int
         watch()
     assert got == reference, label
     return stats
-
-
-def greedy_kept_open(chain: LocalChain, prompt: list[int], count: int, stream_id: int,
-                     watch: Callable[[], None]) -> list[int]:
-    """The first ``count`` greedy tokens of ``prompt`` as stream ``stream_id``, ``watch()``
-    called after each; the stream stays open (its generator is left before its end)."""
-    got: list[int] = []
-    for token in generate_greedy(chain, prompt, count + 1, stream_id=stream_id):
-        got.append(token)
-        watch()
-        if len(got) == count:
-            break
-    return got
 
 
 def run_to_end(scheduler: StreamScheduler, session: DecodeSession) -> list[int]:

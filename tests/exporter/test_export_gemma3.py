@@ -14,7 +14,8 @@ from exporter.balance import default_split
 from exporter.export import export_model
 from exporter.sources import GEMMA3_270M, ModelSource, open_source
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
-from tools.decode.sliding_trim import long_prompt, watched_greedy
+from tools.decode.sliding_trim import STREAM, TrimWatch, long_prompt, stateful_runners
+from zctl.engine.scheduler import greedy_kept_open
 from zctl.engine.tokenizer import ChatTokenizer
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,8 @@ def test_stateful_stages_past_the_sliding_trim_match_hf_greedy(
     source, out = gemma_fp32
     prompt = long_prompt(ChatTokenizer(out), 1280)
     chain = LocalChain.load(str(out), EXACT_CONFIG)
-    got, watch = watched_greedy(chain, prompt, NEW_TOKENS)
+    watch = TrimWatch(stateful_runners(chain))
+    got = greedy_kept_open(chain, prompt, NEW_TOKENS, STREAM, watch)
     assert watch.trims == [1, 0]  # stage 1 (layer 17) is global
     assert watch.most_sliding_slots[0] <= 511 + 528 + 256  # the bound, not the context
     assert got == hf_greedy(source.load_hf_model(), prompt, NEW_TOKENS)

@@ -31,7 +31,6 @@ from tests.exporter.exactness import (
     STATEFUL_WINDOW,
     assert_next_turn_takes_the_entry,
     assert_speculation_matches,
-    greedy_kept_open,
     run_to_end,
     runner_chains,
     speculate_watching,
@@ -39,7 +38,7 @@ from tests.exporter.exactness import (
 )
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
-from zctl.engine.scheduler import StreamScheduler, generate_greedy
+from zctl.engine.scheduler import StreamScheduler, generate_greedy, greedy_kept_open
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.manifest import ExportManifest, StageSpec, StaticKV, load_manifest, manifest_from_dict

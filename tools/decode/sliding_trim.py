@@ -35,7 +35,7 @@ from dataplane.runtime.stateful import StageRunner
 from exporter.verify import EXACT_CONFIG, hf_greedy, reference_source
 from tools.harness.options import Json, fail
 from tools.serving.prefill_prompts import first_turn
-from zctl.engine.scheduler import generate_greedy
+from zctl.engine.scheduler import greedy_kept_open
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.manifest import load_manifest
 
@@ -82,19 +82,6 @@ def stateful_runners(chain: LocalChain) -> list[StageRunner]:
     return runners
 
 
-def watched_greedy(chain: LocalChain, prompt: list[int], tokens: int) -> tuple[list[int], TrimWatch]:
-    """``tokens`` greedy tokens of ``prompt`` on stateful ``chain``, and its trims (the
-    stream is left open, its generator stopped before its end)."""
-    watch = TrimWatch(stateful_runners(chain))
-    got: list[int] = []
-    for token in generate_greedy(chain, prompt, tokens + 1, stream_id=STREAM):
-        got.append(token)
-        watch()
-        if len(got) == tokens:
-            break
-    return got, watch
-
-
 def forced_top1(chain: LocalChain, prompt: list[int], tokens: list[int]) -> list[int]:
     """The chain's top-1 after ``prompt`` and after each of ``tokens`` but the last, fed
     one by one (teacher-forced on ``tokens``)."""
@@ -135,7 +122,9 @@ def check(export_dir: Path, against: str, prompt_tokens: int, new_tokens: int,
     tokenizer = ChatTokenizer(export_dir)
     prompt = long_prompt(tokenizer, prompt_tokens)
     config = EXACT_CONFIG if against == "hf" or exact else RuntimeSpec()
-    got, watch = watched_greedy(LocalChain.load(str(export_dir), config), prompt, new_tokens)
+    chain = LocalChain.load(str(export_dir), config)
+    watch = TrimWatch(stateful_runners(chain))
+    got = greedy_kept_open(chain, prompt, new_tokens, STREAM, watch)
     if against == "hf":
         reference = hf_greedy(reference_source(manifest, None).load_hf_model(), prompt,
                               new_tokens)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from zctl.engine.drafting import Drafter, StageLoad, StepCost
@@ -526,6 +526,22 @@ def generate_greedy(executor: Executor, prompt_ids: Sequence[int], max_new_token
     return run_session(executor, DecodeSession(
         stream_id, prompt_ids, max_new_tokens, stop_ids, prefill_chunk=prefill_chunk,
         stats=stats))
+
+
+def greedy_kept_open(executor: Executor, prompt_ids: Sequence[int], count: int,
+                     stream_id: int = 0, after_each: Callable[[], None] | None = None
+                     ) -> list[int]:
+    """The first ``count`` greedy tokens of ``prompt_ids`` as stream ``stream_id``, with
+    ``after_each()`` called after each; the stream stays open with its KV (its generation
+    is left before its end), for a caller that looks at the stages' state afterwards."""
+    got: list[int] = []
+    for token in generate_greedy(executor, prompt_ids, count + 1, stream_id=stream_id):
+        got.append(token)
+        if after_each is not None:
+            after_each()
+        if len(got) == count:
+            break
+    return got
 
 
 def generate_speculative(executor: Executor, prompt_ids: Sequence[int], max_new_tokens: int,
