@@ -24,7 +24,7 @@ from controlplane.records import ProfileRecord
 from zctl.cli.exports import AUTO, resolve_weights
 from zctl.cli.plan import fail
 from zctl.cli.view import quota_text
-from zctl.weights import WEIGHT_FORMATS
+from zctl.weights import INT8_FORMS, WEIGHT_FORMATS, default_int8_form
 
 err = Console(stderr=True)
 out = Console()
@@ -47,6 +47,11 @@ def _row(record: ProfileRecord, how: str) -> list[str]:
             quota_text(record)]
 
 
+def _format(weights: str, int8_form: str | None) -> str:
+    """A weight format as the profile names it: with its INT8 form, if it has INT8."""
+    return weights if int8_form is None else f"{weights}, INT8 {int8_form}"
+
+
 def _table(shape: ModelShape, weights: str, rows: list[tuple[ProfileRecord, str, Path]]) -> Table:
     table = Table(title=f"{shape.name} ({shape.describe()}), {weights}", title_justify="left")
     for name in ("device", "", f"layer ms at {'/'.join(map(str, ROWS))} rows", "head ms",
@@ -65,6 +70,10 @@ def profile_command(
         help=f"{AUTO} (the model's default format) | {' | '.join(WEIGHT_FORMATS)}")] = AUTO,
     device: Annotated[list[str] | None, typer.Option(
         help="an OpenVINO device to profile (repeatable; default: every CPU and GPU here)")
+    ] = None,
+    int8_form: Annotated[str | None, typer.Option(
+        help=f"the form of the export's INT8 weights: {' | '.join(INT8_FORMS)} (default: "
+             "the form an export is written in now; an export's manifest says int8_form)")
     ] = None,
     budget: Annotated[float, typer.Option(help="seconds profiling one device may take at most",
                                           min=1.0)] = 30.0,
@@ -94,6 +103,13 @@ def profile_command(
     except ShapeError as exc:
         fail(str(exc))
     chosen = resolve_weights(model, weights)
+    if int8_form is not None:
+        if int8_form not in INT8_FORMS:
+            fail(f"--int8-form is one of {', '.join(INT8_FORMS)}, not {int8_form!r}")
+        if default_int8_form(chosen) is None:
+            fail(f"--int8-form is for int8 and int4 exports: a {chosen} export holds no "
+                 "INT8 weights")
+    form = int8_form or default_int8_form(chosen)
     devices = device or usable_devices()
     if not devices:
         fail("OpenVINO sees no CPU or GPU here to profile")
@@ -101,20 +117,20 @@ def profile_command(
     done: list[tuple[ProfileRecord, str, Path]] = []
     failed = []
     for name in devices:
-        record, why = store.load(shape, chosen, name, current_share())
+        record, why = store.load(shape, chosen, name, current_share(), form)
         if record is not None and not force:
-            done.append((record, "kept", store.path(shape, chosen, name)))
+            done.append((record, "kept", store.path(shape, chosen, name, form)))
             continue
         if why and record is None and why != "not profiled yet":
             err.print(f"{name}: {why}: measuring again", soft_wrap=True, highlight=False)
-        err.print(f"profiling {shape.name} ({chosen}) on {name}, at most {budget:g} s...",
-                  highlight=False)
+        err.print(f"profiling {shape.name} ({_format(chosen, form)}) on {name}, at most "
+                  f"{budget:g} s...", highlight=False)
         try:
             with ProfilingTurn().wait(lambda: err.print(
                     "another zctl process on this machine is profiling: waiting for it",
                     highlight=False)):
                 measurement = measure(shape, chosen, name, budget, memory_mb << 20,
-                                      quota=read_quota())
+                                      quota=read_quota(), int8_form=form)
             record, path = store.save(shape, measurement)
         except (ProfileError, OSError, ValueError) as exc:  # ValueError: a cgroup's quota
             failed.append(f"{name}: {exc}")
@@ -125,7 +141,7 @@ def profile_command(
         print(json.dumps(files[0] if len(files) == 1 else {"format": PROFILES_FORMAT,
                                                            "profiles": files}))
     elif done:
-        out.print(_table(shape, chosen, done))
+        out.print(_table(shape, _format(chosen, form), done))
         for _, _, path in done:
             out.print(f"kept in {path}", soft_wrap=True, highlight=False)
     if failed:

@@ -45,11 +45,32 @@ def test_a_profile_is_measured_once_kept_and_measured_again_when_damaged(tmp_pat
     assert table.exit_code == 0 and "CPU" in table.stdout and "kept in" in table.stdout
 
 
+@pytest.mark.slow
+def test_each_int8_form_is_profiled_and_kept_apart(tmp_path: Path) -> None:
+    """An export in u8 channels is timed on u8 channels, and never takes the i8-groups
+    profile kept beside it (nor the other way)."""
+    base = ["node", "profile", "--model", _config(tmp_path), "--weights", "int8", "--device",
+            "CPU", "--budget", "20", "--state-dir", str(tmp_path / "node"), "--json"]
+    forms = {}
+    for form in ("u8-channel", "i8-groups"):
+        result = runner.invoke(app, [*base, "--int8-form", form])
+        assert result.exit_code == 0, result.output
+        assert f"INT8 {form}" in result.stderr and "profiling" in result.stderr
+        forms[form] = json.loads(result.stdout)
+        assert forms[form]["int8_form"] == form
+    default = runner.invoke(app, base)  # an int8 export written now: i8 groups, kept
+    assert default.exit_code == 0 and "profiling" not in default.stderr
+    assert json.loads(default.stdout) == forms["i8-groups"]
+    assert len(list((tmp_path / "node" / "profiles").glob("*.json"))) == 2
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--weights", "int2"], "--weights is auto or one of"),
     (["--model", "no-such-model"], "not a preset"),
     (["--model", "qwen3-30b-a3b", "--device", "CPU"], "mixture-of-experts"),
     (["--device", "CPU", "--budget", "0.5"], "Invalid value for '--budget'"),
+    (["--weights", "int8", "--int8-form", "u4-groups"], "--int8-form is one of i8-groups"),
+    (["--weights", "fp16", "--int8-form", "i8-groups"], "a fp16 export holds no INT8"),
 ])
 def test_bad_input_gets_one_clear_error(tmp_path: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["node", "profile", "--state-dir", str(tmp_path), *args],
