@@ -58,6 +58,8 @@ def _reference() -> Any:
         import openvino as ov
         import openvino.opset13 as ops
 
+        from dataplane.runtime.ov_core import shared_core
+
         x = ops.parameter([ROWS, SIZE], np.float32, name="x")
         rng = np.random.default_rng(0)
         y = x
@@ -65,8 +67,8 @@ def _reference() -> Any:
             w = rng.random((SIZE, SIZE), np.float32) - np.float32(0.5)
             y = ops.matmul(y, ops.constant(w * np.float32(1 / SIZE)), False, False)
         model = ov.Model([y], [x], "zctl-reference")
-        _compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": 1,
-                                                           "INFERENCE_PRECISION_HINT": "f32"})
+        _compiled = shared_core().compile_model(model, "CPU", {
+            "INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"})
     return _compiled
 
 

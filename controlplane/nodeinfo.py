@@ -82,9 +82,9 @@ def describe_versions(ours: str, theirs: str) -> tuple[str, str]:
 def probe_devices(core: Any | None = None) -> list[DeviceInfo]:
     """The devices OpenVINO sees, with memory where the plugin reports it."""
     if core is None:
-        import openvino
+        from dataplane.runtime.ov_core import shared_core
 
-        core = openvino.Core()
+        core = shared_core()
     devices = []
     for name in core.available_devices:
         full_name = ""

@@ -228,6 +228,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 SMOL_FIXTURES = {"smol", "smol_int4_exports"}
 
 
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist's: -p no:xdist has none)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
     """Modules whole on one worker, and a dead worker's leftovers given out again
     (tests/helpers/scheduling.py)."""

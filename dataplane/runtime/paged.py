@@ -69,14 +69,9 @@ from dataplane.runtime.one_token import (
     wants_one_token_graph,
     weights_bytes,
 )
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.rope import LongSequences, StageRopeRows, stage_rope
-from dataplane.runtime.startup import (
-    int4_group,
-    open_stage,
-    shared_core,
-    warm_up_steps,
-    zero_input,
-)
+from dataplane.runtime.startup import int4_group, open_stage, warm_up_steps, zero_input
 from dataplane.runtime.step_shapes import (
     LARGE,
     SMALL,

@@ -1,5 +1,5 @@
-"""A runner's start: the process's one OpenVINO Core, the stage it opens (checked against
-the export and the runtime spec), and the scratch steps it warms up with.
+"""A runner's start: the stage it opens (checked against the export and the runtime
+spec), and the scratch steps it warms up with.
 """
 
 from __future__ import annotations
@@ -7,21 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import openvino as ov
 
 from dataplane.runtime.base import StageError, StageRuntime
 from dataplane.runtime.config import DEVICES, RuntimeSpec, device_kind
 from zctl.manifest import ExportManifest, StageSpec, load_manifest
-
-_CORE: ov.Core | None = None
-
-
-def shared_core() -> ov.Core:
-    """One OpenVINO Core per process, so every stage here shares its plugins and executors."""
-    global _CORE
-    if _CORE is None:
-        _CORE = ov.Core()
-    return _CORE
 
 
 def open_stage(export_dir: Path, index: int, config: RuntimeSpec | None,

@@ -40,8 +40,9 @@ from dataplane.runtime.kv.slots import (
     request_states,
 )
 from dataplane.runtime.kv.slots import shared_tensor as _shared
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.rope import LongSequences, StageRopeRows, stage_rope
-from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
+from dataplane.runtime.startup import int4_group, open_stage, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
 

@@ -33,8 +33,9 @@ from dataplane.runtime.config import RuntimeSpec, device_kind
 from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.masks import static_step_mask
 from dataplane.runtime.kv.slots import SlotCounts
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.rope import LongSequences, stage_rope
-from dataplane.runtime.startup import int4_group, open_stage, shared_core, warm_up_steps
+from dataplane.runtime.startup import int4_group, open_stage, warm_up_steps
 from zctl.manifest import ExportManifest, verify_export_files
 
 PAST_PREFIX = "past_key_values."

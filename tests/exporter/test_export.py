@@ -11,6 +11,7 @@ import pytest
 
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.stateful import StageRunner
 from exporter import export as export_mod
 from exporter.export import ExportError, export_model
@@ -82,7 +83,7 @@ def test_int4_weights_are_compressed_per_layer_and_head_int8(tiny_exports) -> No
     manifest = load_manifest(export_dir)
     assert manifest.weight_format == "int4" and manifest.group_size == 64
     for stage in manifest.stages:
-        model = ov.Core().read_model(export_dir / stage.xml)
+        model = shared_core().read_model(export_dir / stage.xml)
         kinds = {}
         for op in model.get_ops():
             name = op.get_friendly_name()
@@ -96,7 +97,7 @@ def test_int4_weights_are_compressed_per_layer_and_head_int8(tiny_exports) -> No
 
 
 def _matmuls(export_dir: Path) -> int:
-    model = ov.Core().read_model(export_dir / "stage0.xml")
+    model = shared_core().read_model(export_dir / "stage0.xml")
     return sum(op.get_type_name() == "MatMul" for op in model.get_ops())
 
 
@@ -152,7 +153,7 @@ def test_beam_idx_is_injected_or_left_out(tiny_exports) -> None:
     without_dir = tiny_exports.get(SPLITS[2], beam_idx=False)
     without = load_manifest(without_dir)
     assert not without.beam_idx
-    model = ov.Core().read_model(without_dir / without.stages[1].xml)
+    model = shared_core().read_model(without_dir / without.stages[1].xml)
     assert "beam_idx" not in {p.get_any_name() for p in model.inputs}
     assert any(op.get_type_name() == "ReadValue" for op in model.get_ops())
     # the ablation still decodes the same tokens
@@ -161,7 +162,7 @@ def test_beam_idx_is_injected_or_left_out(tiny_exports) -> None:
 
 def test_stateful_graph_has_gather_between_readvalue_and_concat(tiny_exports) -> None:
     export_dir = tiny_exports.get(SPLITS[1])
-    model = ov.Core().read_model(export_dir / "stage0.xml")
+    model = shared_core().read_model(export_dir / "stage0.xml")
     read_values = [op for op in model.get_ops() if op.get_type_name() == "ReadValue"]
     assert len(read_values) == 2 * 4
     for op in read_values:

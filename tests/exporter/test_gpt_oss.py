@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.paged import paged_model
 from dataplane.runtime.rope import rope_tables
 from exporter.export import ExportError, export_model, model_spec
@@ -121,7 +122,7 @@ def test_experts_run_as_gather_matmuls_and_sinks_reach_paged_attention(
     """Each layer's tiled experts become two GatherMatmuls (gate-and-up, down, each with
     its bias) on the stateful graph and the paged one; the attention stays one fused
     SDPA, and PagedAttention takes each layer's sinks."""
-    core = ov.Core()
+    core = shared_core()
     f32 = {"INFERENCE_PRECISION_HINT": "f32"}
     for index, (start, end) in enumerate(SPLIT):
         xml = str(export_dir / f"stage{index}.xml")

@@ -10,6 +10,7 @@ import openvino as ov
 import pytest
 from openvino import opset13 as ops
 
+from dataplane.runtime.ov_core import shared_core
 from exporter import int8_groups
 from exporter.export import ExportError, export_model
 from exporter.int8_groups import (
@@ -113,8 +114,8 @@ def test_nncf_writes_i8_groups_of_each_matmul_and_the_embedding() -> None:
 
 def test_i8_groups_compile_and_compute_the_float_model_closely() -> None:
     model, _ = _chain_model(np.random.default_rng(1))
-    reference = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    compressed = ov.Core().compile_model(compress_int8_groups(model.clone()), "CPU",
+    reference = shared_core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compressed = shared_core().compile_model(compress_int8_groups(model.clone()), "CPU",
                                          {"INFERENCE_PRECISION_HINT": "f32",
                                           "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
     x = np.random.default_rng(2).standard_normal((1, CHAIN[0][0])).astype(np.float32)
@@ -129,7 +130,7 @@ def _weight_types(export_dir: Path) -> dict[str, tuple[str, int]]:
     """Each compressed weight Constant's (element type, rank) over an export's stages."""
     found = {}
     for stage in load_manifest(export_dir).stages:
-        for op in ov.Core().read_model(export_dir / stage.xml).get_ops():
+        for op in shared_core().read_model(export_dir / stage.xml).get_ops():
             name = op.get_friendly_name()
             if op.get_type_name() == "Constant" and name.endswith(".weight"):
                 found[f"{stage.index}:{name}"] = (op.get_output_element_type(0).get_type_name(),

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.paged import paged_model
 from exporter.export import export_model
 from exporter.quality import chain_logits, compare_logits, eval_passages, hf_logits
@@ -89,7 +90,7 @@ def _runtime_ops(compiled: ov.CompiledModel) -> Counter:
 def test_expert_layers_run_as_gather_matmuls_stateful_and_paged(moe_export: Path) -> None:
     """The CPU plugin turns each sparse layer's tiled experts into three GatherMatmuls
     (gate, up, down) fed by the router's top-k: a dense layer has none."""
-    core = ov.Core()
+    core = shared_core()
     f32 = {"INFERENCE_PRECISION_HINT": "f32"}
     for index, (start, end) in enumerate(SPLIT):
         want = 3 * sum(start <= layer < end for layer in SPARSE)
@@ -139,7 +140,7 @@ def test_three_uneven_stages_match_hf_greedy(moe_export: Path, hf) -> None:
 def _expert_constants(xml: Path) -> Counter:
     """Bytes of the stage's stacked experts' constants (their weights, scales and zero
     points: [experts, ...] of rank 3 or more) by element type."""
-    model = ov.Core().read_model(str(xml))
+    model = shared_core().read_model(str(xml))
     sizes: Counter = Counter()
     for op in model.get_ops():
         shape = op.get_output_shape(0) if op.get_type_name() == "Constant" else []
@@ -165,17 +166,17 @@ def test_int4_stores_the_experts_compressed_and_int8_stays_close(
     assert int4["u4"] >= stacked // 2 and "f32" not in int4  # every expert weight is u4
     assert sum(int4.values()) < f32 / 4
     routers = {op.get_output_element_type(0).get_type_name()
-               for op in ov.Core().read_model(str(tmp_path / "int4" / "stage0.xml")).get_ops()
+               for op in shared_core().read_model(str(tmp_path / "int4" / "stage0.xml")).get_ops()
                if op.get_type_name() == "Constant" and op.get_friendly_name().endswith(
                    "router.weight")}
     assert routers == {"u8"}  # the routers are kept out of INT4, in INT8
-    compiled = ov.Core().compile_model(str(tmp_path / "int4" / "stage0.xml"), "CPU")
+    compiled = shared_core().compile_model(str(tmp_path / "int4" / "stage0.xml"), "CPU")
     assert _runtime_ops(compiled)["GatherMatmul"] == 3 * len(SPARSE)
 
     # INT8 stores them in i8 groups ([experts, out, in / group, group]), still GatherMatmuls
     int8_experts = _expert_constants(tmp_path / "int8" / "stage0.xml")
     assert int8_experts["i8"] >= stacked and not {"f32", "u8"} & set(int8_experts)  # routers too
-    compiled = ov.Core().compile_model(str(tmp_path / "int8" / "stage0.xml"), "CPU")
+    compiled = shared_core().compile_model(str(tmp_path / "int8" / "stage0.xml"), "CPU")
     assert _runtime_ops(compiled)["GatherMatmul"] == 3 * len(SPARSE)
 
     passage = eval_passages(moe_export, limit=64)[0]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dataplane.runtime.ov_core import shared_core
 from exporter import graph
 from exporter.compress import keeps_16bit
 from exporter.export import export_model
@@ -45,14 +46,14 @@ def _stored_as(model_dir: Path, out_dir: Path, dtype: torch.dtype,
 
 
 def _constants(xml: Path) -> list[tuple[str, tuple[int, ...], bytes]]:
-    model = ov.Core().read_model(xml)
+    model = shared_core().read_model(xml)
     return [(str(op.get_element_type()), tuple(op.get_output_shape(0)),
              np.asarray(op.data).tobytes())
             for op in model.get_ordered_ops() if op.get_type_name() == "Constant"]
 
 
 def _operations(xml: Path) -> list[str]:
-    return [op.get_type_name() for op in ov.Core().read_model(xml).get_ordered_ops()]
+    return [op.get_type_name() for op in shared_core().read_model(xml).get_ordered_ops()]
 
 
 @pytest.mark.slow

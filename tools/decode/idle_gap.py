@@ -144,11 +144,13 @@ def _matmul_request(width: int) -> Any:
     import openvino as ov
     from openvino import opset13 as ops
 
+    from dataplane.runtime.ov_core import shared_core
+
     x = ops.parameter([1, 576], ov.Type.f32)
     weights = ops.constant(np.random.default_rng(0).random((576, width), dtype=np.float32))
     model = ov.Model([ops.matmul(x, weights, False, False)], [x])
-    compiled = ov.Core().compile_model(model, "CPU", {"PERFORMANCE_HINT": "LATENCY",
-                                                      "INFERENCE_PRECISION_HINT": "f32"})
+    compiled = shared_core().compile_model(model, "CPU", {"PERFORMANCE_HINT": "LATENCY",
+                                                          "INFERENCE_PRECISION_HINT": "f32"})
     request = compiled.create_infer_request()
     request.set_input_tensor(ov.Tensor(np.ones((1, 576), np.float32)))
     return request

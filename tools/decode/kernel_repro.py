@@ -66,6 +66,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.synthetic import LayerShape
 from tools.decode.weight_forms import FormWeight, WeightForm
 from tools.harness.options import Json, fail, parse_numbers
@@ -605,7 +606,7 @@ def main(
     if llama_bench is not None and gguf is not None:
         if not llama_bench.is_file() or not gguf.is_file():
             fail(f"--llama-bench {llama_bench} and --gguf {gguf} must both be files")
-    core = ov.Core()
+    core = shared_core()
     model_shape = SHAPES[shape]
     if "forms" in cases:
         ks = {k for name, (_, k) in model_shape.projections().items()

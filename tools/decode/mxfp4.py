@@ -45,6 +45,7 @@ import openvino.opset15 as ops
 import torch
 import typer
 
+from dataplane.runtime.ov_core import shared_core
 from exporter.compress import compress_stage
 from exporter.mxfp4 import (
     BLOCK_VALUES,
@@ -181,7 +182,7 @@ def measure(encoded: dict[str, ov.Model], f32_model: ov.Model, x: np.ndarray,
     config: dict[str, Any] = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
     if precision != "default":
         config["INFERENCE_PRECISION_HINT"] = precision
-    core = ov.Core()
+    core = shared_core()
     compiled = {name: core.compile_model(model, "CPU", config) for name, model in encoded.items()}
     compiled["int4"] = core.compile_model(compress_stage(f32_model.clone(), "int4", group),
                                           "CPU", config)

@@ -64,9 +64,9 @@ def openvino_devices(core: Any | None = None) -> tuple[list[DeviceFacts], str]:
     ([], why) when OpenVINO itself cannot be asked."""
     try:
         if core is None:
-            import openvino
+            from dataplane.runtime.ov_core import shared_core
 
-            core = openvino.Core()
+            core = shared_core()
         names = list(core.available_devices)
     except Exception as exc:  # noqa: BLE001 - a broken install is what doctor reports
         return [], f"{type(exc).__name__}: {exc}"

@@ -12,6 +12,7 @@ import pytest
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.base import StageError
 from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.paged import PagedStageRunner
 from dataplane.runtime.stateful import StageRunner
 from zctl.engine.executor import reply_from_logits
@@ -104,7 +105,7 @@ def test_an_int4_export_quantizes_activations_in_its_weight_groups(tiny_exports)
         assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == group
         compiled = runner_class(int8, 0).compiled
         assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == int(
-            ov.Core().get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE"))
+            shared_core().get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE"))
         off = runner_class(int4, 0, RuntimeSpec(dynamic_quantization=False)).compiled
         assert int(off.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 0
 

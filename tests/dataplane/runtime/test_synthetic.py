@@ -9,6 +9,7 @@ import pytest
 
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.load import load_runner
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.synthetic import LayerShape, synthetic_manifest, synthetic_model
 from zctl.manifest import load_manifest
 from zctl.weights import INT8_CHANNELS, INT8_GROUPS
@@ -65,7 +66,7 @@ def test_int8_takes_the_exporters_i8_group_of_each_matmul() -> None:
 def _compressed_matmuls(model: ov.Model) -> list[tuple]:
     """The compiled model's FullyConnected nodes (the CPU plugin's compressed MatMul), each
     as the element types and shapes of its weight inputs (codes, scales, zero points)."""
-    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = shared_core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     found = []
     for op in compiled.get_runtime_model().get_ops():
         if op.get_rt_info()["layerType"].astype(str) != "FullyConnected":
@@ -92,7 +93,7 @@ def test_an_int8_synthetic_stage_compiles_as_a_real_int8_export_does(tiny_export
     export_dir = tiny_exports.get([(0, 2), (2, 4)], "int8")
     manifest = load_manifest(export_dir)
     assert manifest.int8_form == INT8_GROUPS
-    real = ov.Core().read_model(export_dir / manifest.stages[-1].xml)
+    real = shared_core().read_model(export_dir / manifest.stages[-1].xml)
     synthetic = synthetic_model(TINY, 2, True, "int8")
     assert len(_compressed_matmuls(real)) == 2 * 4 + 1
     assert _compressed_matmuls(synthetic) == _compressed_matmuls(real)

@@ -11,6 +11,7 @@ import openvino as ov
 import pytest
 import typer
 
+from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.synthetic import LayerShape
 from tools.decode.kernel_repro import (
     CASES,
@@ -63,7 +64,7 @@ def test_nncf_forms_are_its_int4_groups_and_int8_channels() -> None:
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])
 def test_matmul_models_compute_their_weights_dequantized(weights: str) -> None:
-    core = ov.Core()
+    core = shared_core()
     x = np.random.default_rng(5).standard_normal((1, 1, 128)).astype(np.float32)
     model, (a, b) = matmul_model(128, [64, 32], weights, 32, chained=False)
     got = core.compile_model(model, "CPU", EXACT)({"x": x})[0]
@@ -157,7 +158,7 @@ def test_int4_shapes_divide_into_their_groups() -> None:
 
 def test_stage_case_profiles_a_stage_dynamic_and_static(tiny_exports) -> None:
     export = tiny_exports.get([(0, 4)], "int4")
-    out = stage_case(export, 1, 8, True, ov.Core())
+    out = stage_case(export, 1, 8, True, shared_core())
     assert out["layers"] == 4 and out["threads"] == 1
     assert out["dynamic_ms"] > 0 and out["static_ms"] > 0
     assert out["max_abs_output_diff"] < 1e-3  # the same kernels on other shapes
@@ -205,7 +206,7 @@ def test_forms_are_two_or_more_each_once() -> None:
 def test_forms_case_alternates_every_form_on_the_projections_named() -> None:
     shape = ModelShape(LayerShape(64, 128, 2, 1, 32, 256), 32)
     rows = forms_case(shape, parse_forms("u8,i8g32,u4g32"), 1, iters=3, rounds=2,
-                      core=ov.Core(), projections=["down", "lm_head"])
+                      core=shared_core(), projections=["down", "lm_head"])
     assert [(r["projection"], r["form"]) for r in rows] == [
         (p, f) for p in ("down", "lm_head") for f in ("u8", "i8g32", "u4g32")]
     first = rows[0]

@@ -5,9 +5,9 @@ folded by the CPU plugin into a MatMul that keeps the codes' precision."""
 from __future__ import annotations
 
 import numpy as np
-import openvino as ov
 import pytest
 
+from dataplane.runtime.ov_core import shared_core
 from tools.decode.kernel_repro import form_model, weights_node
 from tools.decode.weight_forms import (
     ZERO_NONE,
@@ -52,7 +52,7 @@ def test_a_forms_matmul_computes_its_weight_dequantized_and_stays_compressed(
     assert weight.codes.min() >= low and weight.codes.max() <= high
     assert weight.shape == (64, 256) and weight.nbytes == form.nbytes(64, 256)
     x = np.random.default_rng(1).standard_normal((1, 1, 256)).astype(np.float32)
-    compiled = ov.Core().compile_model(form_model(256, weight), "CPU", EXACT)
+    compiled = shared_core().compile_model(form_model(256, weight), "CPU", EXACT)
     got = compiled({"x": x})[0][0, 0]
     np.testing.assert_allclose(got, weight.dense() @ x[0, 0], rtol=1e-4, atol=1e-4)
     node = weights_node(compiled)
