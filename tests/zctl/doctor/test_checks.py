@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,14 +71,30 @@ def test_an_unreachable_coordinator_or_api_is_a_fail_line_and_exit_1(home: Path)
     assert "Traceback" not in bad.output
 
 
+@pytest.fixture
+def held_ports() -> Iterator[list[socket.socket]]:
+    """Two ports the test holds from its start, bound and not listening (a connection is
+    refused), so no other process takes one before the test listens there."""
+    held = [socket.socket() for _ in range(2)]
+    try:
+        for sock in held:
+            sock.bind(("127.0.0.1", 0))
+        yield held
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_doctor_against_a_live_coordinator_and_node(cp_cluster, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    held_ports: list[socket.socket]) -> None:
     from controlplane import messages as m
     from tests.helpers.control import RawNode, enrol_msg, wait_for
 
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path))  # where cp_cluster keeps both state dirs
-    coord = cp_cluster.coordinator(heartbeat_interval=0.5)
-    agent = cp_cluster.agent(coord.endpoint)
+    coord_port, agent_port = (sock.getsockname()[1] for sock in held_ports)
+    coord = cp_cluster.coordinator(heartbeat_interval=0.5, data_port=coord_port)
+    agent = cp_cluster.agent(coord.endpoint, data_port=agent_port)
     coord.wait_serving(20)
     stranger = RawNode(coord.endpoint, b"old-1")
     try:
@@ -106,17 +123,13 @@ def test_doctor_against_a_live_coordinator_and_node(cp_cluster, tmp_path: Path,
     # nothing accepts a connection there
     assert checks["data pipe stage 1"].status == FAIL
     assert "coordinator records serving" in checks["data pipe stage 1"].detail
-    listeners = []
-    for addr in (coord.data_addr, agent.data_addr):
-        sock = socket.socket()
-        sock.bind(split_address(addr))
+    assert [split_address(a)[1] for a in (coord.data_addr, agent.data_addr)] == [
+        coord_port, agent_port]
+    for sock in held_ports:
         sock.listen()
-        listeners.append(sock)
-    try:
-        checks = {c.name: c for c in doctor.run_checks(opts)}
-    finally:
-        for sock in listeners:
-            sock.close()
+    checks = {c.name: c for c in doctor.run_checks(opts)}
+    for sock in held_ports:
+        sock.close()
     assert checks["data pipe stage 0"].status == checks["data pipe stage 1"].status == PASS
     # a damaged cached shard fails, naming its file
     cached = tmp_path / "n1" / "shards" / coord.hashes[1] / "stage1.bin"
