@@ -5,11 +5,11 @@ ends.
 Sharing it shares the plugins and their executors. It also keeps the process's signal
 handling sound: OpenVINO's CPU plugin (2026.4.1) gives the thread that creates it an
 alternate signal stack of its own, saving the one there was, and puts the saved one back
-when it is destroyed. Two Cores destroyed in the order they were made leave the thread as
-it was; destroyed the other way round, the thread is left with the first plugin's stack,
-unmapped by then, and the next signal handled there on the alternate stack (Python's
-handlers ask for it: SIGTERM, SIGHUP, SIGINT) kills the process with SIGSEGV instead of
-running its handler. docs/measurements/robustness.md has the reproduction.
+when it is destroyed. Two Cores destroyed last-made first leave the thread as it was;
+destroyed in the order they were made, they leave it the first plugin's stack, unmapped
+by then, and the next signal handled there on the alternate stack (Python's handlers ask
+for it: SIGTERM, SIGHUP, SIGINT) kills the process with SIGSEGV instead of running its
+handler. docs/measurements/robustness.md has the reproduction.
 """
 
 from __future__ import annotations
