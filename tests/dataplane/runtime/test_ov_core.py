@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_import_graph import SCANNED, module_files
+
 ROOT = Path(__file__).resolve().parents[3]
 OWNER = ROOT / "dataplane" / "runtime" / "ov_core.py"
 
@@ -62,17 +64,16 @@ def test_no_module_but_ov_core_makes_a_core() -> None:
     """``Core(...)`` is called in dataplane/runtime/ov_core.py only, in the product, the
     benchmarks and the tests alike."""
     found = []
-    for room in ("zctl", "controlplane", "dataplane", "exporter", "tools", "tests"):
-        for path in sorted((ROOT / room).rglob("*.py")):
-            if path == OWNER:
-                continue
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Call):
-                    func = node.func
-                    name = func.attr if isinstance(func, ast.Attribute) else getattr(
-                        func, "id", None)
-                    if name == "Core":
-                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    for path in module_files(ROOT, (*SCANNED, "tests")).values():
+        if path == OWNER:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = (func.attr if isinstance(func, ast.Attribute)
+                        else func.id if isinstance(func, ast.Name) else None)
+                if name == "Core":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == [], f"make no OpenVINO Core but the shared one (shared_core()): {found}"
 
 
