@@ -60,10 +60,12 @@ def export_name(model: str, hf_dir: Path) -> str:
 def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: bool,
                   cache: Path, layers: str = "", static_kv: StaticKV | None = None) -> Path:
     """Export once per (model, stages or layer split, weights, beam_idx, static KV); reuse
-    while the manifest verifies. ``layers`` ("0-16,17-29") overrides ``stages``'
-    cost-balanced split (the one ``zctl export --stages`` makes)."""
+    while the manifest verifies and its INT8 weights are in the form an export is written
+    in now (an INT8 export made before i8 groups holds u8 channels: timing it would time
+    the old form). ``layers`` ("0-16,17-29") overrides ``stages``' cost-balanced split
+    (the one ``zctl export --stages`` makes)."""
     from exporter.balance import default_split
-    from exporter.export import export_model
+    from exporter.export import export_model, int8_form_for
     from exporter.sources import open_source
     from zctl.cli.export_view import RichExportProgress
     from zctl.manifest import ManifestError, load_manifest, parse_layer_spec
@@ -74,8 +76,8 @@ def cached_export(hf_dir: Path, name: str, stages: int, weights: str, beam_idx: 
         "-f16" if static_kv and static_kv.kv_dtype == "f16" else "")
     out = cache / "exports" / "bench" / f"{name}-{weights}-{split}{kind}"
     try:
-        load_manifest(out)
-        return out
+        if load_manifest(out).int8_form == int8_form_for(weights, static_kv is not None):
+            return out
     except ManifestError:
         pass
     source = open_source(str(hf_dir))

