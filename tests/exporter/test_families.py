@@ -570,7 +570,12 @@ def test_a_stateful_stage_reports_the_slots_its_trimmed_states_hold(gemma3_expor
         assert any(b < a for a, b in zip(figures, figures[1:], strict=False)), stage  # a trim
         slots = chain.runners[stage].streams[1]
         assert slots.sliding_start > 0 and figures[-1] < slots.physical  # not every slot
-    chain.close_stream(1)
+    # the stream taken as a prefix entry: the entry counts the bytes its states hold
+    held = [runner.streams[1].held for runner in chain.runners]
+    chain.save_prefix(1, 7, int(chain.runners[0].streams[1].keep.sum()), take=True)
+    assert chain.prefix_bytes() == {stage: held[stage] * runner.kv_bytes_per_token
+                                    for stage, runner in enumerate(chain.runners)}
+    chain.drop_prefix(7)
 
     scheduler = StreamScheduler(chain, row_groups=1)
     for session in (DecodeSession(2, prompt, 40), DecodeSession(3, prompt[:12], 40)):

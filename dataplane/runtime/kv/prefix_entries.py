@@ -121,7 +121,8 @@ class PrefixEntries:
             assert slots is not None
             del self.streams[stream_id]
             slots.keep, slots.last, slots.prefetched = prefix_table(keep, length), None, None
-            entry = PrefixEntry(length, slots.physical * self.kv_bytes_per_token, slots=slots,
+            # its request's slots, less those its trimmed sliding states no longer hold
+            entry = PrefixEntry(length, slots.held * self.kv_bytes_per_token, slots=slots,
                                 sliding_gone=min(slots.sliding_gone, length))
         else:
             group = self.groups[found[0]] if found is not None else None
