@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -48,8 +48,17 @@ class Sample:
     reference_s: float  # the host's reference workload
 
 
-def _median(samples: Sequence[Sample], start: float, end: float, field: str) -> float | None:
-    values = [getattr(s, field) for s in samples if start <= s.at_s < end]
+def _stage_s(sample: Sample) -> float:
+    return sample.stage_s
+
+
+def _reference_s(sample: Sample) -> float:
+    return sample.reference_s
+
+
+def _median(samples: Sequence[Sample], start: float, end: float,
+            figure: Callable[[Sample], float]) -> float | None:
+    values = [figure(s) for s in samples if start <= s.at_s < end]
     return statistics.median(values) if values else None
 
 
@@ -67,13 +76,13 @@ def prediction_errors(samples: Sequence[Sample], lead_s: float, speed_factor: bo
         t = sample.at_s
         if t + lead_s + run_s > end:
             break
-        profile = _median(samples, t, t + profile_s, "stage_s")
-        run = _median(samples, t + lead_s, t + lead_s + run_s, "stage_s")
+        profile = _median(samples, t, t + profile_s, _stage_s)
+        run = _median(samples, t + lead_s, t + lead_s + run_s, _stage_s)
         if profile is None or run is None:
             continue
         if speed_factor:
-            then = _median(samples, t, t + profile_s, "reference_s")
-            now = _median(samples, t + lead_s - check_s, t + lead_s, "reference_s")
+            then = _median(samples, t, t + profile_s, _reference_s)
+            now = _median(samples, t + lead_s - check_s, t + lead_s, _reference_s)
             if then is None or now is None:
                 continue
             profile *= now / then
@@ -99,8 +108,8 @@ def window_medians(samples: Sequence[Sample], window_s: float) -> list[dict[str,
     start = 0.0
     end = samples[-1].at_s if samples else 0.0
     while start <= end:
-        stage = _median(samples, start, start + window_s, "stage_s")
-        reference = _median(samples, start, start + window_s, "reference_s")
+        stage = _median(samples, start, start + window_s, _stage_s)
+        reference = _median(samples, start, start + window_s, _reference_s)
         if stage is not None and reference is not None:
             out.append({"at_s": round(start, 1), "stage_ms": round(stage * 1e3, 3),
                         "reference_ms": round(reference * 1e3, 3)})
