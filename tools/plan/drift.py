@@ -32,13 +32,14 @@ import numpy as np
 import typer
 
 from tools.harness.options import Json, fail
+from tools.plan.report import TARGETS
 
 STEPS = 10  # decode steps a sample
 PAST_TOKENS = 16
 PROFILE_S = 18.0  # a profile's steps are spread over about its budget
 RUN_S = 3.0  # a case's one-stream rounds take a few seconds
 CHECK_S = 30.0  # a node's speed factor is the median of its last 3 checks, 10 s apart
-BOUND = 0.15  # bench plan's one-stream target
+BOUND = TARGETS[1]  # bench plan's one-stream target
 
 
 @dataclass(frozen=True)
