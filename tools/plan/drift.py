@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -57,10 +58,16 @@ def _reference_s(sample: Sample) -> float:
     return sample.reference_s
 
 
+def _at(sample: Sample) -> float:
+    return sample.at_s
+
+
 def _median(samples: Sequence[Sample], start: float, end: float,
             figure: Callable[[Sample], float]) -> float | None:
-    values = [figure(s) for s in samples if start <= s.at_s < end]
-    return statistics.median(values) if values else None
+    """The median of ``figure`` over the samples in ``[start, end)`` (``samples`` in the
+    order they were taken: found by bisection, not by a pass over all of them)."""
+    window = samples[bisect_left(samples, start, key=_at):bisect_left(samples, end, key=_at)]
+    return statistics.median(map(figure, window)) if window else None
 
 
 def prediction_errors(samples: Sequence[Sample], lead_s: float, speed_factor: bool,
