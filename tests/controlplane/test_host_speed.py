@@ -94,7 +94,8 @@ def test_the_machine_s_cpu_time_grows() -> None:
     end = time.process_time() + 0.05
     while time.process_time() < end:
         pass
-    assert machine_cpu_s() - first >= 0.04
+    # /proc/stat counts in clock ticks (10 ms): a tick may be lost at either end
+    assert machine_cpu_s() - first >= 0.05 - 2 * 0.01 - 1e-9
 
 
 def test_no_check_while_a_profile_holds_the_machine_s_turn() -> None:
