@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from controlplane.host_speed import SpeedCheck
+from controlplane.host_speed import ProfileSpeed
 from controlplane.launch import (
     LaunchError,
     StageAssignment,
@@ -171,8 +171,7 @@ class NodeAgent:
         self.profile = ProfileJob(f"node {self.node_id}", config.state_dir, config.profile,
                                   config.memory_limit, self.openvino)
         self.profile_state = "not profiled yet"
-        self._speed = SpeedCheck()
-        self._speed_checked = False  # its profile timed the reference workload
+        self.speed = ProfileSpeed(self.profile.store.anchor)
         self._echo: ProbeEcho | None = None
         self._probes = ThreadPoolExecutor(1, thread_name_prefix="zctl-agent-probe")
         self._probe_jobs: list[tuple[LinkProbe, Future]] = []
@@ -251,6 +250,7 @@ class NodeAgent:
         sock.connect(self.coordinator)
         self._sock = sock
         self.state = "enrolling"
+        self.speed.hold(None)  # until this session's coordinator asks for its profile
         self._interval, self._liveness = self.config.heartbeat_interval, self.config.liveness
         self._enrol()
 
@@ -302,10 +302,12 @@ class NodeAgent:
             now = time.monotonic()
             if now - last_recv > self._interval * self._liveness:
                 return "lost"
-            if self.state == "enrolled" and self._speed_checked:
-                self._speed.poll()  # a profile's speed, checked again now and then
+            if self.state == "enrolled":
+                anchored = self.speed.poll()  # its profile's speed, checked again now and then
+                if anchored is not None:  # with the reference time its first checks took
+                    self._send(ProfileReport(self.profile_state, anchored))
             if self.state == "enrolled" and now - self._last_sent >= self._interval:
-                self._send(Heartbeat(self.state, self._kv_slots(), self._speed.latest_s))
+                self._send(Heartbeat(self.state, self._kv_slots(), self.speed.latest_s))
             self._collect_jobs()
             self._collect_measurements()
             self._request_chunks()
@@ -505,10 +507,10 @@ class NodeAgent:
                           link.backward_bps)
 
     def _profiled(self, report: ProfileReport) -> None:
-        """Note a profile report's state, and whether its profile timed the host's reference
-        workload (then the node times it again now and then: controlplane/host_speed.py)."""
+        """Note a profile report's state, and its profile, whose speed the node checks now
+        and then (controlplane/host_speed.py)."""
         self.profile_state = report.state
-        self._speed_checked = report.profile is not None and report.profile.reference_s > 0
+        self.speed.hold(report.profile)
 
     def _collect_measurements(self) -> None:
         """Send a finished profile's and finished probes' reports."""

@@ -31,7 +31,7 @@ import zmq
 
 from controlplane import membership as ms
 from controlplane.heal import hosts
-from controlplane.host_speed import SpeedCheck
+from controlplane.host_speed import ProfileSpeed
 from controlplane.launch import (
     BackgroundStage,
     HeadHandle,
@@ -217,7 +217,7 @@ class Coordinator:
             me.profile_state = f"failed: {exc}"
         self.profile = ProfileJob("coordinator", cfg.state_dir, cfg.profile, cfg.memory_limit,
                                   self.openvino)
-        self._speed = SpeedCheck()
+        self.speed = ProfileSpeed(self.profile.store.anchor)
         self.links = LinkTable()
         self._echo: ProbeEcho | None = None
         self._probes = ThreadPoolExecutor(1, thread_name_prefix="zctl-coordinator-probe")
@@ -513,6 +513,7 @@ class Coordinator:
         assert self.profile_task is not None
         me.profile, me.profile_state = report_outcome(report, self.profile_task, self.openvino)
         me.profile_answered = True
+        self.speed.hold(me.profile)
 
     def _on_stage_ready(self, member: ms.Member, msg: StageReady) -> None:
         if member.assigned is None or msg.epoch != member.assigned.epoch:
@@ -545,8 +546,10 @@ class Coordinator:
         if report is not None:
             self._own_profile(report)
         me = self.members[self.node_id]
-        if me.profile is not None and me.profile.reference_s and self._speed.poll() is not None:
-            me.reference_s = self._speed.latest_s  # its profile's speed, checked again
+        anchored = self.speed.poll()  # its profile's speed, checked again now and then
+        if anchored is not None:  # with the reference time its first checks took
+            me.profile = anchored
+        me.reference_s = self.speed.latest_s
         self._probe_links(now)
         if self.config.curve is not None:
             self.config.curve.maybe_reload()

@@ -6,17 +6,21 @@ device, holding the OpenVINO version it was measured with.
 measured, measured with another OpenVINO version, by an older zctl or on another version
 of the synthetic layer graph (stale), or a file that cannot be read (damaged): each is
 measured again, and the reason logged. (The processes of one machine measure one at a
-time: controlplane/profile_turn.py.)
+time: controlplane/profile_turn.py.) ``anchor`` keeps with a profile the time the host's
+reference workload took when the node that holds it first checked it
+(controlplane/host_speed.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from controlplane.nodeinfo import openvino_version
@@ -28,12 +32,14 @@ from controlplane.planner.measured import (
     profile_from,
     profile_record,
     read_profile,
+    record_from_dict,
 )
 from controlplane.planner.profile import ProfileError
 from controlplane.planner.shape import ModelShape
 from controlplane.records import ProfileRecord
 from zctl.weights import default_int8_form, export_int8_form
 
+log = logging.getLogger("zctl.controlplane")
 BUDGET_S = 30.0  # what profiling one device may take at most
 PROFILES = "profiles"
 NOT_PROFILED = "not profiled yet"
@@ -105,10 +111,30 @@ class ProfileStore:
                   f"{1 + measurement.extra_layers} synthetic layers, {measurement.rounds} "
                   f"rounds, {measurement.seconds:.1f} s)")
         record = profile_record(profile_from(measurement, shape, source), time.time(),
-                                measurement.seconds, measurement.reference_s)
+                                measurement.seconds)
         path = self.path(shape, key.weights, key.device, key.int8_form)
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(profile_dict(record, measurement), indent=1) + "\n")
         os.replace(tmp, path)
         return record, path
+
+    def anchor(self, record: ProfileRecord, reference_s: float) -> ProfileRecord:
+        """``record`` with the host's reference workload taking ``reference_s`` (as the
+        node's first checks timed it: controlplane/host_speed.py), kept in its file when the
+        file still holds ``record`` (not when it was measured again or removed meanwhile,
+        nor when it cannot be written: logged, and the node goes on with the time)."""
+        anchored = replace(record, reference_s=reference_s)
+        path = self.dir / profile_name(record.shape, record.weights, record.device,
+                                       record.int8_form)
+        try:
+            raw = json.loads(path.read_text())
+            if record_from_dict(raw, str(path)) != record:
+                return anchored
+            raw["reference_s"] = reference_s
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(raw, indent=1) + "\n")
+            os.replace(tmp, path)
+        except (OSError, ValueError, ProfileError) as exc:
+            log.warning("the profile's reference time could not be kept in %s: %s", path, exc)
+        return anchored

@@ -35,11 +35,9 @@ second of its wall time, their median (CPU its threads may spend in the idle gap
 counted: a gap sized for another stage's step would charge it to the wrong one): a node
 held to a quota is timed within it, at the profile's duty cycle, and the planner applies
 the quota to the figures for the duty cycle of the pipeline (controlplane/planner/quota.py).
-Last, within the budget, it times the host's reference workload (controlplane/host_speed.py)
-as a running node checks it, the median of three times 0.5 s apart, its stages gone
-(timed between rounds, beside the stages' thread pools, it read up to 2x off a node's
-checks): a node times it again while it runs, and the planner scales the profile by the
-ratio (controlplane/planner/speed.py).
+The host's reference workload is not timed here but by the node that holds the profile,
+in its own process, as it checks it again later (controlplane/host_speed.py: timed here,
+it read the host some 11% faster than the nodes' checks did).
 
 The budget bounds the whole of it, building and compiling included: past it, no further
 step or build is started (a compile under way ends first), and a device that could not
@@ -67,7 +65,6 @@ import psutil
 
 from controlplane.cpu_quota import CpuQuota, read_quota
 from controlplane.engine_step import time_engine
-from controlplane.host_speed import KEPT, reference_s
 from controlplane.nodeinfo import openvino_version, ram
 from controlplane.planner.measured import Measurement
 from controlplane.planner.memory import embedding_bytes, layer_weight_bytes
@@ -97,8 +94,6 @@ IDLE_GAP = 1.0  # the idle gap before a timed decode step, in (1 + k)-layer stag
 # each row count, the stage's time in them kept to ~ENGINE_STAGE_S
 ENGINE_RUNS, ENGINE_STEPS, ENGINE_MIN_STEPS, ENGINE_STAGE_S = 3, 10, 3, 3.0
 PROMPT_STREAM = 1 << 20  # the prompt's stream id (row groups' streams are below it)
-REFERENCE_GAP_S = 0.5  # between the timings of the host's reference workload
-REFERENCE_RESERVE_S = 2.0  # of the budget, kept from the rounds for it (gaps and compile)
 
 
 def runtime_for(device: str) -> RuntimeSpec:
@@ -262,14 +257,12 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
             memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter,
             sleep: Callable[[float], None] = time.sleep,
             cpu_clock: Callable[[], float] = time.process_time,
-            quota: CpuQuota | None = None, int8_form: str | None = None,
-            reference: Callable[[], float] = reference_s) -> Measurement:
+            quota: CpuQuota | None = None, int8_form: str | None = None) -> Measurement:
     """Time ``shape``'s synthetic stages in ``weights`` (their INT8 in ``int8_form``, the
     served export's; None: the form an export in ``weights`` is written in now) on
     ``device`` within ``budget_s`` seconds (the module docstring; ``sleep`` waits out the
     idle gaps, ``cpu_clock`` is the process's CPU time, ``quota`` the CPU quota it runs
-    under, ``reference`` times the host's reference workload: controlplane/host_speed.py);
-    ProfileError when it cannot."""
+    under); ProfileError when it cannot."""
     deadline = Deadline(budget_s, clock)
     dims = layer_shape(shape)
     try:
@@ -326,8 +319,8 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
                 stages[name].prompt(dims.hidden)
                 prompts[name].append(clock() - t0)
         rounds += 1
-        if rounds >= MIN_ROUNDS and deadline.left() - REFERENCE_RESERVE_S < clock() - started:
-            break  # another round would not fit (nor, after it, the reference workload)
+        if rounds >= MIN_ROUNDS and deadline.left() < clock() - started:
+            break  # another round would not fit
     missing = [f"{n} at {r} rows" for (n, r), v in steps.items() if not v]
     missing += [f"the {n} stage's prompt" for n, v in prompts.items() if not v]
     if missing:
@@ -345,17 +338,6 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     grown = {name: stage.grown for name, stage in stages.items()}
     stages.clear()
     gc.collect()
-    # last, the host's reference workload, the stages gone (a process as idle as a running
-    # node's when it checks it again), as many times as its checks count; not past the
-    # budget (then 0: not timed, and the profile is taken at the host's speed as it is)
-    references = []
-    for _ in range(KEPT):
-        if deadline.passed:
-            break
-        if references:
-            sleep(REFERENCE_GAP_S)
-        references.append(reference())
-
     measurement = Measurement(
         key=key, extra_layers=k, base_s=figures("base"), more_s=figures("more"),
         head_s=figures("head"), prompt_tokens=PROMPT_TOKENS,
@@ -364,8 +346,7 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
         base_bytes=grown["base"], more_bytes=grown["more"], free_memory=free, engine_s=engine,
         frame_s=tuple(_quantile(frames[r]) for r in ROWS), rounds=rounds,
         cpu_share=quota.share if quota else 0.0, quota_period_s=quota.period_s if quota else 0.0,
-        cpu_per_wall=_quantile(cpu_shares) if any(cpu_shares) else 0.0,
-        reference_s=_quantile(references) if len(references) == KEPT else 0.0)
+        cpu_per_wall=_quantile(cpu_shares) if any(cpu_shares) else 0.0)
     return replace(measurement, seconds=clock() - deadline.start)
 
 

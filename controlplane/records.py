@@ -70,8 +70,8 @@ class ProfileRecord:
     record from before quotas were read) and the process CPU seconds its timed decode steps
     used per second of their wall time (``cpu_per_wall``; 0: not measured); the form of the
     INT8 weights it timed (``int8_form``, zctl.weights.INT8_FORMS; None in a float format);
-    the time of the host's reference workload when it was measured (``reference_s``,
-    controlplane/host_speed.py; 0: not timed, as in a record from before it was)."""
+    the time of the host's reference workload as the node holding it first checked it
+    (``reference_s``, controlplane/host_speed.py; 0: not timed yet)."""
 
     shape: str
     weights: str

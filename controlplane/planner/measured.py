@@ -95,8 +95,6 @@ class Measurement:
     cpu_share: float = 0.0
     quota_period_s: float = 0.0
     cpu_per_wall: float = 0.0
-    # the host's reference workload's time (controlplane/host_speed.py; 0: not timed)
-    reference_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.extra_layers < 1 or self.prompt_tokens < 2:
@@ -160,9 +158,9 @@ def profile_from(m: Measurement, shape: ModelShape, source: str) -> NodeProfile:
 
 # -- a profile as data ------------------------------------------------------------------
 def profile_record(profile: NodeProfile, measured_at: float = 0.0,
-                   seconds: float = 0.0, reference_s: float = 0.0) -> ProfileRecord:
-    """``profile`` as a record, measured at ``measured_at`` in ``seconds`` with the host's
-    reference workload taking ``reference_s`` then (0: not timed)."""
+                   seconds: float = 0.0) -> ProfileRecord:
+    """``profile`` as a record, measured at ``measured_at`` in ``seconds`` (the host's
+    reference workload not timed yet: its node times it, controlplane/host_speed.py)."""
     key = profile.key
     return ProfileRecord(key.shape, key.weights, key.device, key.openvino,
                          list(profile.decode_s), list(profile.head_decode_s),
@@ -170,7 +168,7 @@ def profile_record(profile: NodeProfile, measured_at: float = 0.0,
                          profile.free_memory, profile.source, measured_at, seconds, key.graph,
                          list(profile.engine_decode_s), list(profile.frame_decode_s),
                          profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall,
-                         key.int8_form, reference_s)
+                         key.int8_form)
 
 
 def staleness(record: ProfileRecord) -> str:

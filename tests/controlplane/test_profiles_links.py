@@ -9,12 +9,17 @@ import pytest
 import zmq
 
 from controlplane import messages as m
+from controlplane import records as r
+from controlplane.host_speed import KEPT, SpeedCheck
 from controlplane.links import LinkTable, chain_links, probe_sizes
 from controlplane.nodeinfo import openvino_version
+from controlplane.planner.export_shape import export_shape
 from controlplane.planner.profile import GRAPH_VERSION, LinkProfile
 from controlplane.planner.shape import ModelShape
-from controlplane.profile_store import NOT_PROFILED
+from controlplane.profile_store import NOT_PROFILED, ProfileStore
+from controlplane.profile_turn import ProfilingTurn
 from tests.helpers.control import Cluster, RawNode, enrol_msg, node, seed_profile, wait_for
+from zctl.manifest import load_manifest
 
 
 def _state(coord, node_id: str) -> str:
@@ -88,6 +93,54 @@ def test_a_node_s_speed_now_against_its_profile_s_shows_in_the_status(cp_cluster
         assert node(coord.status(), "raw-1").speed_factor == pytest.approx(1.5)
     finally:
         raw.close()
+
+
+def test_a_node_s_first_checks_become_its_new_profile_s_reference_time(cp_cluster,
+                                                                      tmp_path) -> None:
+    """A profile zctl node profile left (its reference not timed) is taken at the host's
+    speed as it is; the node's first checks' median becomes its time, kept with it and
+    reported, and later checks move the factor from there."""
+    coord = cp_cluster.coordinator()
+    seed_profile(cp_cluster.root / "n1", coord.shape)
+    agent = cp_cluster.agent(coord.endpoint, speed_check=_fast_check(tmp_path))
+
+    def reference() -> float:
+        found = [n.profile for n in coord.status().nodes if n.node_id == agent.node_id]
+        return found[0].reference_s if found and found[0] else -1.0
+
+    wait_for(lambda: reference() == 0.005, timeout=10, what="the profile with its time")
+    kept, _ = ProfileStore(cp_cluster.root / "n1").load(coord.shape, "fp32", "CPU")
+    assert kept is not None and kept.reference_s == 0.005
+    assert node(coord.status(), agent.node_id).profile_state == "kept"
+    wait_for(lambda: node(coord.status(), agent.node_id).speed_factor == pytest.approx(1.5),
+             timeout=10, what="the later checks' factor")
+
+
+def test_the_coordinator_s_own_profile_is_anchored_on_its_first_checks(cp_cluster,
+                                                                      tmp_path) -> None:
+    manifest = load_manifest(cp_cluster.export)
+    seed_profile(cp_cluster.root / "coord", export_shape(manifest, cp_cluster.export))
+    coord = cp_cluster.coordinator(speed_check=_fast_check(tmp_path))
+
+    def mine() -> r.NodeStatus:
+        return node(coord.status(), coord.node_id)
+
+    wait_for(lambda: mine().profile is not None and mine().profile.reference_s == 0.005,
+             timeout=10, what="its profile with its time")
+    kept, _ = ProfileStore(cp_cluster.root / "coord").load(coord.shape, "fp32", "CPU")
+    assert kept is not None and kept.reference_s == 0.005
+    wait_for(lambda: mine().speed_factor == pytest.approx(1.5), timeout=10,
+             what="the later checks' factor")
+
+
+def _fast_check(tmp_path) -> SpeedCheck:
+    """A check of an idle process on a machine whose reference takes 5 ms for the first
+    KEPT checks and 7.5 ms after them, taken 20 times as often as the real one."""
+    times = iter([0.005] * KEPT)
+    return SpeedCheck(timer=lambda: next(times, 0.0075),
+                      turn=ProfilingTurn(tmp_path / "profile.lock").try_take,
+                      clock=lambda: 20 * time.monotonic(),
+                      cpu_clock=lambda: 0.0, machine_clock=lambda: 0.0)
 
 
 def _record(shape: ModelShape, weights: str):

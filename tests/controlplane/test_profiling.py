@@ -11,14 +11,12 @@ from pathlib import Path
 import pytest
 
 from controlplane.cpu_quota import CpuQuota
-from controlplane.host_speed import KEPT
 from controlplane.planner.measured import Measurement, read_profile
 from controlplane.planner.presets import PRESETS
 from controlplane.planner.profile import GRAPH_VERSION, ProfileError, ProfileKey
 from controlplane.planner.shape import ModelShape
 from controlplane.profile_store import NOT_PROFILED, ProfileStore, profile_name
 from controlplane.profiling import (
-    REFERENCE_GAP_S,
     Deadline,
     cpu_per_wall,
     extra_layers,
@@ -180,18 +178,7 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
                           quota=CpuQuota(1.5, 0.05))
     took = time.perf_counter() - start
     # a gap before every timed decode step: 3 stages, 4 row counts, 5 steps a round (the
-    # last round cut short if the budget ran out in it), then the host's reference workload
-    # timed 3 times, a gap between, if the budget (2 s of it kept for that) still allowed
-    # it; on a loaded machine the budget may end before the first timing or between two
-    # (fewer gaps), and then no reference time is kept
-    reference_gaps = 0
-    while gaps and gaps[-1] == REFERENCE_GAP_S:
-        gaps.pop()
-        reference_gaps += 1
-    if measurement.reference_s > 0:
-        assert reference_gaps == KEPT - 1
-    else:
-        assert reference_gaps < KEPT - 1 and measurement.seconds >= budget
+    # last round cut short if the budget ran out in it)
     per_round = 3 * 4 * 5
     assert (measurement.rounds - 1) * per_round < len(gaps) <= measurement.rounds * per_round
     assert all(g > 0 for g in gaps)
@@ -208,7 +195,8 @@ def test_the_tiny_shape_is_profiled_for_real_within_its_budget(tmp_path: Path) -
     assert (record.cpu_share, record.quota_period_s) == (1.5, 0.05)
     assert 0.05 < record.cpu_per_wall <= len(os.sched_getaffinity(0)) * 1.1
     assert record.layer_bytes > 0 and record.prefill_tokens_per_s > 0
-    assert read_profile(path) == record and record.reference_s == measurement.reference_s
+    # the host's reference workload is timed by the node that holds the profile
+    assert read_profile(path) == record and record.reference_s == 0
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from controlplane import messages as m
 from controlplane import records as r
 from controlplane.agent import AgentConfig, NodeAgent
 from controlplane.coordinator import Coordinator, CoordinatorConfig
+from controlplane.host_speed import SpeedCheck
 from controlplane.launch import StageAssignment
 from controlplane.nodeinfo import openvino_version, zctl_version
 from controlplane.shards import ShardSource
@@ -55,25 +56,32 @@ class Cluster:
         self.coordinators: list[Coordinator] = []
         self.agents: list[NodeAgent] = []
 
-    def coordinator(self, source: ShardSource | None = None, **config: object) -> Coordinator:
+    def coordinator(self, source: ShardSource | None = None,
+                    speed_check: SpeedCheck | None = None, **config: object) -> Coordinator:
         """A coordinator; a lost node's stage waits for it to come back (what these tests
-        mostly check) unless ``heal_after`` is given."""
+        mostly check) unless ``heal_after`` is given; ``speed_check`` times its host's speed
+        in place of the real one."""
         cfg = CoordinatorConfig(endpoint=str(config.pop("endpoint", "tcp://127.0.0.1:*")),
                                 state_dir=self.root / "coord", host="127.0.0.1",
                                 **{"chunk_size": 64 << 10, "heal_after": None, **FAST,
                                    **QUIET, **config})  # type: ignore
         coord = Coordinator(self.export, cfg, launcher=FakeStage, source=source)
+        if speed_check is not None:
+            coord.speed.check = speed_check
         self.coordinators.append(coord)
         coord.start()
         return coord
 
     def agent(self, endpoint: str, name: str = "n1", host: str = "127.0.0.1",
               launcher: Callable | None = None, on_progress: Callable | None = None,
-              **config: object) -> NodeAgent:
+              speed_check: SpeedCheck | None = None, **config: object) -> NodeAgent:
+        """An agent; ``speed_check`` times its host's speed in place of the real one."""
         cfg = AgentConfig(endpoint, state_dir=self.root / name, data_host=host,
                           reconnect_min=0.05, reconnect_max=0.4, chunk_timeout=2.0,
                           **{**FAST, **QUIET, **config})  # type: ignore[arg-type]
         agent = NodeAgent(cfg, launcher=launcher or FakeStage, on_progress=on_progress)
+        if speed_check is not None:
+            agent.speed.check = speed_check
         self.agents.append(agent)
         agent.start()
         return agent

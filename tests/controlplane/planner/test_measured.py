@@ -215,8 +215,8 @@ def test_a_profile_keeps_the_cpu_quota_it_ran_under_and_its_steps_cpu_use(tmp_pa
 
 
 def test_a_profile_keeps_its_reference_workload_s_time(tmp_path: Path) -> None:
-    measured = _measurement(reference_s=0.004)
-    record = profile_record(profile_from(measured, SMOL, "test"), reference_s=0.004)
+    measured = _measurement()
+    record = replace(profile_record(profile_from(measured, SMOL, "test")), reference_s=0.004)
     path = tmp_path / "p.json"
     path.write_text(json.dumps(profile_dict(record, measured)))
     assert read_profile(path).reference_s == 0.004
