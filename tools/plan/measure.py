@@ -5,8 +5,9 @@ run ``rounds`` times through the generation service (tools.harness.service, as `
 run`` sends requests), every process stopped after.
 
 The prediction is read once every stage's node has also checked its speed since it joined
-(controlplane/host_speed.py; the profiles, measured one node at a time, may be minutes
-old by then), or ``SPEED_GRACE_S`` after it first appears.
+and ``SPEED_SETTLE_S`` more (controlplane/host_speed.py: a profile measured in the case
+takes its reference time from its node's first checks, so its factor is 1 until later
+checks move it), or ``SPEED_GRACE_S`` after it first appears.
 
 Measured decode tok/s: one stream's is its tokens after the first over their time (as
 ``zctl run`` reports it); N streams sent together, the sum of theirs (they decode side by
