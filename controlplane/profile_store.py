@@ -25,6 +25,7 @@ from pathlib import Path
 
 from controlplane.nodeinfo import openvino_version
 from controlplane.planner.measured import (
+    PROFILE_FORMAT,
     Measurement,
     StaleProfile,
     mismatches,
@@ -131,7 +132,7 @@ class ProfileStore:
             raw = json.loads(path.read_text())
             if record_from_dict(raw, str(path)) != record:
                 return anchored
-            raw["reference_s"] = reference_s
+            raw["reference_s"], raw["format"] = reference_s, PROFILE_FORMAT
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(raw, indent=1) + "\n")
             os.replace(tmp, path)

@@ -28,7 +28,9 @@ on another version of the synthetic layer graph, is ``StaleProfile``: measured a
 never used (a profile of layer graph 3 or before timed its steps back to back, without
 the frames' work). A record without the frames' work takes them as 0; one without the CPU
 quota it ran under (measured before quotas were read) was under none, and its steps' CPU
-use is taken as one core's.
+use is taken as one core's. A profile of ``UNANCHORED_FORMATS`` timed the host's reference
+workload in the profiling process (biased: controlplane/host_speed.py): it is read with
+no reference time, which its node then takes from its own checks.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ from controlplane.records import ProfileRecord
 from controlplane.schema import SchemaError, build
 from zctl.weights import named_int8_form
 
-PROFILE_FORMAT = "zctl-node-profile/2"
+PROFILE_FORMAT = "zctl-node-profile/3"
 OLD_FORMATS = ("zctl-node-profile/1",)  # read only to say they are stale
+UNANCHORED_FORMATS = ("zctl-node-profile/2",)  # read without their reference time
 PROFILES_FORMAT = "zctl-node-profiles/1"  # several devices' profiles: {"profiles": [...]}
 FLOOR_S = 1e-6  # no per-step figure is taken below a microsecond
 
@@ -237,7 +240,9 @@ def record_from_dict(raw: Any, where: str) -> ProfileRecord:
     if raw.get("format") in OLD_FORMATS:
         raise StaleProfile(f"format {raw.get('format')}, of an older zctl, without the "
                            "coordinator's step and the layer graph's version", where)
-    if raw.get("format") != PROFILE_FORMAT:
+    if raw.get("format") in UNANCHORED_FORMATS:
+        raw = {**raw, "reference_s": 0.0}
+    elif raw.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{where}: format {raw.get('format')!r}, not {PROFILE_FORMAT!r}: "
                            "not a profile zctl node profile wrote")
     known = {f.name for f in fields(ProfileRecord)}

@@ -262,3 +262,28 @@ def test_an_anchor_that_cannot_be_written_leaves_the_node_its_time(tmp_path: Pat
     path.write_text("{not json")  # damaged
     assert store.anchor(record, 0.006).reference_s == 0.006
     assert path.read_text() == "{not json"
+
+
+def test_a_profile_whose_reference_the_profiling_process_timed_is_anchored_again(
+        tmp_path: Path) -> None:
+    """zctl-node-profile/2 timed the reference in the profiling process, biased: read
+    without it, the node's checks give it again, and the file is the current format."""
+    import json
+
+    from controlplane.planner.measured import PROFILE_FORMAT
+    from controlplane.planner.presets import PRESETS
+
+    shape = PRESETS["smollm2-135m"]
+    seed_profile(tmp_path, shape, "int4")
+    store = ProfileStore(tmp_path)
+    path = store.path(shape, "int4", "CPU")
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "format": "zctl-node-profile/2", "reference_s": 0.004}))
+    record, _ = store.load(shape, "int4", "CPU")
+    assert record is not None and record.reference_s == 0  # its old time dropped
+    speed = ProfileSpeed(store.anchor, _check(Clocks(), timings=[0.006]))
+    speed.hold(record)
+    assert speed.state == ANCHORING
+    store.anchor(record, 0.006)
+    assert json.loads(path.read_text())["format"] == PROFILE_FORMAT
+    assert store.load(shape, "int4", "CPU")[0] == replace(record, reference_s=0.006)
