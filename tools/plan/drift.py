@@ -15,8 +15,11 @@ Then, for every moment ``t`` of the run, a "profile" is the median of the sample
 RUN_S)``: the error is the run's time over the profile's, less 1 (as ``bench plan``
 counts it: positive when the prediction is too fast). With the speed factor, the profile
 is scaled by the reference's median in the ``CHECK_S`` before the run over its median in
-the profile's window, as the planner scales a profile by a node's recent checks
-(controlplane/planner/speed.py). ``python -m tools.plan.drift [--json]``.
+the profile's window: a reference timed with the profile, as the planner's factor
+(controlplane/planner/speed.py) took it until a profile's reference time became its
+node's first checks after it (controlplane/host_speed.py). A fresh profile's factor now
+starts at 1, so for a run this soon after its profile the error without the factor is
+the planner's. ``python -m tools.plan.drift [--json]``.
 """
 
 from __future__ import annotations
