@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -374,8 +374,7 @@ class NodeAgent:
         elif isinstance(msg, ProfileRequest):
             report = self.profile.request(ProfileTask(msg.shape, msg.weights, msg.device, msg.int8_form),
                                           msg.budget_s)
-            self._profiled(report)
-            self._send(report)
+            self._send(self._profiled(report))
         elif isinstance(msg, LinkProbe):
             self._probe_jobs.append((msg, self._probes.submit(self._probe_link, msg)))
         elif isinstance(msg, Error):
@@ -506,17 +505,18 @@ class NodeAgent:
         return LinkReport(msg.probe_id, msg.peer, True, link.rtt_s, link.forward_bps,
                           link.backward_bps)
 
-    def _profiled(self, report: ProfileReport) -> None:
+    def _profiled(self, report: ProfileReport) -> ProfileReport:
         """Note a profile report's state, and its profile, whose speed the node checks now
-        and then (controlplane/host_speed.py)."""
+        and then (controlplane/host_speed.py); the report as the coordinator should have
+        it (with the reference time this node anchored the profile at, if it did)."""
         self.profile_state = report.state
-        self.speed.hold(report.profile)
+        return replace(report, profile=self.speed.hold(report.profile))
 
     def _collect_measurements(self) -> None:
         """Send a finished profile's and finished probes' reports."""
         report = self.profile.finished()
         if report is not None:
-            self._profiled(report)
+            report = self._profiled(report)
             if self.state == "enrolled":
                 self._send(report)
         while self._probe_jobs and self._probe_jobs[0][1].done():

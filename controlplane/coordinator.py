@@ -511,9 +511,9 @@ class Coordinator:
     def _own_profile(self, report: ProfileReport) -> None:
         me = self.members[self.node_id]
         assert self.profile_task is not None
-        me.profile, me.profile_state = report_outcome(report, self.profile_task, self.openvino)
+        record, me.profile_state = report_outcome(report, self.profile_task, self.openvino)
+        me.profile = self.speed.hold(record)
         me.profile_answered = True
-        self.speed.hold(me.profile)
 
     def _on_stage_ready(self, member: ms.Member, msg: StageReady) -> None:
         if member.assigned is None or msg.epoch != member.assigned.epoch:

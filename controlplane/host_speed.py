@@ -202,14 +202,16 @@ class ProfileSpeed:
         """The reference workload's time as last checked (0: not yet)."""
         return self.check.latest_s
 
-    def hold(self, profile: ProfileRecord | None) -> None:
-        """The profile the node holds now (None: none). The same profile again changes
-        nothing, its checks go on."""
+    def hold(self, profile: ProfileRecord | None) -> ProfileRecord | None:
+        """The profile the node holds now (None: none); returns it as the node should
+        report it. The same profile again changes nothing, its checks go on; so does the
+        same profile without the time this node anchored it at (its store could not keep
+        the time), which is returned with that time."""
         if profile == self.profile:
-            return
+            return profile
         if self.profile is not None and profile is not None and profile.reference_s == 0 \
                 and replace(self.profile, reference_s=0.0) == profile:
-            return  # the profile this node anchored, as reported before it was
+            return self.profile  # the profile this node anchored, before or without its time
         self.profile = profile
         if profile is None:
             self.state = NO_PROFILE
@@ -218,6 +220,7 @@ class ProfileSpeed:
         else:
             self.state = ANCHORING
             self.check.restart()  # its time is the next KEPT checks', not earlier ones
+        return profile
 
     def poll(self) -> ProfileRecord | None:
         """Take a check if one is due (``SpeedCheck.poll``); the profile with its time once

@@ -227,7 +227,9 @@ def test_the_same_profile_held_again_goes_on_with_its_checks() -> None:
     _polls(speed, clocks, KEPT - 1)
     speed.hold(new)
     assert _polls(speed, clocks, 1) == [replace(new, reference_s=0.006)]
-    speed.hold(new)  # as the coordinator was told before the anchor: still checking
+    # as the store still holds it when it could not keep the time: still checking, and
+    # reported with the time
+    assert speed.hold(new) == replace(new, reference_s=0.006)
     assert speed.state == CHECKING and speed.profile == replace(new, reference_s=0.006)
     speed.hold(None)
     assert speed.state == NO_PROFILE and speed.poll() is None
