@@ -272,7 +272,7 @@ class PagedStageRunner:
         self.one_token: StageGraph | None = None
         layers = sum(1 for port in paged.inputs if port.get_any_name().startswith("key_cache."))
         if wants_one_token_graph(self.config.decode_graph, weights_bytes(paged),
-                                 available_memory(), layers):
+                                 available_memory(), layers, model.experts):
             self.one_token = compile_one_token_graph(
                 core, paged, self.config.device, properties, index, self.spec.first,
                 self.spec.last, self.rope.width)

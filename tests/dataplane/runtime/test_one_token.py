@@ -148,6 +148,9 @@ def test_decode_graph_chooses_and_auto_asks_for_room_and_small_layers() -> None:
     big = 800 * 2**20  # 16 layers of 50 MB: the 1B shape, where it did not gain
     assert not one_token.wants_one_token_graph("auto", big, 100 * big, 16)
     assert one_token.wants_one_token_graph("static", big, 0, 16)
+    # a mixture of experts' stage never: static, the plugin computes every expert
+    assert not one_token.wants_one_token_graph("static", weights, 10**12, 30, experts=8)
+    assert not one_token.wants_one_token_graph("auto", weights, 10**12, 30, experts=8)
     with pytest.raises(StageError, match="decode_graph takes one of auto, static, dynamic"):
         one_token.wants_one_token_graph("sometimes", 1, 1, 1)
 
