@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from exporter.gguf_metadata import GgufError, sliding_layer_flags
+from exporter.gguf_metadata import GgufError, check_readable_types, sliding_layer_flags
 
 GPT_OSS_ARCHITECTURE = "gpt-oss"  # llama.cpp's name
 # gpt-oss's own values, which llama.cpp's gpt-oss files do not state
@@ -208,25 +207,7 @@ def check_stored(config: Any, stored: dict[str, StoredTensor], location: str) ->
         raise GgufError(f"{location}: its tensors do not match its metadata (block_count, "
                         f"embedding_length, head counts, key_length, expert_count, "
                         f"expert_feed_forward_length, vocabulary): {'; '.join(complaints)}")
-    unread = sorted(f"{name} ({t.kind})" for name, t in stored.items()
-                    if not dequantizable(t.kind))
-    if unread:
-        raise GgufError(f"{location}: tensors of a GGML type the exporter does not read: "
-                        f"{_listed(unread)} (it reads the types the gguf package dequantizes: "
-                        "F32, F16, BF16, Q8_0, MXFP4, the k-quants, ...)")
-
-
-@cache
-def dequantizable(kind: str) -> bool:
-    """The gguf package dequantizes GGML type ``kind`` (tried on one zero block)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
-
-    try:
-        qtype = GGMLQuantizationType[kind]
-        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
-    except (KeyError, NotImplementedError, ValueError):
-        return False
-    return True
+    check_readable_types({name: t.kind for name, t in stored.items()}, location)
 
 
 def _listed(names: list[str]) -> str:

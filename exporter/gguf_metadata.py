@@ -1,8 +1,12 @@
-"""What llama.cpp's GGUF metadata keys mean where more than one family reads them."""
+"""What llama.cpp's GGUF metadata keys mean where more than one family reads them, and
+which of its tensor types the exporter reads."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
+
+import numpy as np
 
 
 class GgufError(ValueError):
@@ -22,3 +26,30 @@ def sliding_layer_flags(pattern: Any, layers: int, location: str) -> list[bool]:
         raise GgufError(f"{location}: its sliding_window_pattern has {len(sliding)} layers, "
                         f"its block_count {layers}")
     return sliding
+
+
+@cache
+def dequantizable(kind: str) -> bool:
+    """The gguf package dequantizes GGML type ``kind`` (tried on one zero block)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+
+    try:
+        qtype = GGMLQuantizationType[kind]
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
+    except (KeyError, NotImplementedError, ValueError):
+        return False
+    return True
+
+
+def check_readable_types(tensor_types: dict[str, str], location: str) -> None:
+    """GgufError naming the tensors (GGUF name: GGML type name) of a type the exporter does
+    not read: it reads what the gguf package dequantizes, as transformers' GGUF loader
+    does."""
+    unread = sorted(f"{name} ({kind})" for name, kind in tensor_types.items()
+                    if not dequantizable(kind))
+    if unread:
+        shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4
+                                         else "")
+        raise GgufError(f"{location}: tensors of a GGML type the exporter does not read: "
+                        f"{shown} (it reads the types the gguf package dequantizes: "
+                        "F32, F16, BF16, Q8_0, MXFP4, the k-quants, ...)")

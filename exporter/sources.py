@@ -22,7 +22,7 @@ import torch
 from exporter.chat_formats import stand_in_format
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
 from exporter.gguf_gpt_oss import GPT_OSS_ARCHITECTURE, GptOssGguf
-from exporter.gguf_metadata import GgufError, sliding_layer_flags
+from exporter.gguf_metadata import GgufError, check_readable_types, sliding_layer_flags
 from exporter.mxfp4 import (
     Mxfp4Error,
     check_pairs_declared,
@@ -503,6 +503,10 @@ class GGUFSource(ModelSource):
         if not self.path.is_file():
             raise SourceError(f"{self.path}: no such GGUF file")
         self._description = describe_gguf(self.path)
+        try:  # before transformers dequantizes the file
+            check_readable_types(self._description.tensor_types, str(self.path))
+        except GgufError as exc:
+            raise SourceError(str(exc)) from None
         self._model = self._load()
         self.generation_config = getattr(self._model, "generation_config", None)
         super().__init__(name or self.path.stem, str(self.path), self._model.config)

@@ -198,6 +198,20 @@ def test_a_gguf_file_stating_heads_its_family_cannot_have_is_refused(tmp_path: P
         open_source(str(path))
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_a_gguf_file_of_a_type_the_exporter_cannot_read_is_refused_naming_it(
+        tmp_path: Path, family: str) -> None:
+    """A tensor of a GGML type the gguf package does not dequantize (here I8) refuses the
+    file, naming the tensor and its type, before transformers' loader reads a tensor."""
+    model_dir = _build(tmp_path / "model", family)
+    path = write_gguf(model_dir, tmp_path / "model.gguf",
+                      tensor_types={"blk.1.attn_q.weight": "I8"})
+    with pytest.raises(SourceError, match=r"a GGML type the exporter does not read: "
+                       r"blk\.1\.attn_q\.weight \(I8\) \(it reads the types the gguf "
+                       r"package dequantizes"):
+        open_source(str(path))
+
+
 def test_qwen3_shape_has_its_head_dim_and_norms(tmp_path: Path) -> None:
     source = open_source(str(_build(tmp_path / "qwen3", "qwen3")))
     shape = source.decoder_shape()
