@@ -39,11 +39,11 @@ from tools.peers.build import (
 )
 from tools.peers.cases import TOPOLOGIES, Case, CasePlan, CaseResult, case_matrix, run_case
 from tools.peers.cpu import AMX_POLICIES, choose_isa, probe_amx, read_cpu_flags
-from tools.peers.gguf import GgufFailure, GgufFile, gguf_layout, paired_gguf
+from tools.peers.gguf import GgufFailure, GgufFile, GgufLayout, gguf_layout, paired_gguf
 from tools.peers.models import MODELS, bench_model, export_ranges, shipped_gguf, token_encoder
 from tools.peers.placement import describe
 from tools.peers.processes import Node, PeerFailure, llama_bench
-from tools.peers.report import LLAMA, ZCTL, case_ratios, render, targets
+from tools.peers.report import LLAMA, ZCTL, case_ratios, greedy_targets, render, targets
 from tools.peers.source import PIN, SourceFailure, pinned_tree
 from tools.peers.systems import LlamaServed, Served, case_nodes, llama_served, zctl_served
 
@@ -126,6 +126,15 @@ def names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def llama_layout(gguf: GgufFile) -> GgufLayout:
+    """The layers and tensor sizes of llama.cpp's GGUF; PeerFailure if it cannot be read
+    (a damaged file is llama.cpp's failure, as one it could not load would be)."""
+    try:
+        return gguf_layout(gguf.path)
+    except GgufFailure as exc:
+        raise PeerFailure(f"llama.cpp's {gguf.kind} GGUF: {exc}") from None
+
+
 class Run:
     """One benchmark run: its settings, llama.cpp, and the cases' results."""
 
@@ -135,13 +144,15 @@ class Run:
         self.records: list[dict[str, Any]] = []
 
     def result(self, head: dict[str, Any]) -> dict[str, Any]:
-        """The output object: ``head``, the GGUFs, every case's record, ratios, targets."""
+        """The output object: ``head``, the GGUFs, every case's record, ratios, targets
+        (the greedy check's, from ``head["greedy"]``, first)."""
         ratios = {k: v for record in self.records for k, v in case_ratios(record).items()}
         return {**head, "ggufs": [{"model": m, "weights": w, **g.record()}
                                   for (m, w), g in self.ggufs.items() if isinstance(g, GgufFile)],
                 "cases": self.records,
                 "ratios": {key: rounded(value) for key, value in ratios.items()},
-                "targets": targets(self.records, ratios, self.plan.prompts)}
+                "targets": {**greedy_targets(head["greedy"]),
+                            **targets(self.records, ratios, self.plan.prompts)}}
 
     def tree(self) -> Path:
         return pinned_tree(self.cache / "src", PIN, self.sdist)
@@ -164,7 +175,8 @@ class Run:
         return self.ggufs[key]
 
     def greedy(self, model: str) -> dict[str, Any]:
-        """zctl fp32 (exact) against llama.cpp F32, greedy, one node."""
+        """zctl fp32 (exact) against llama.cpp F32, greedy, one node: their agreement, or
+        llama.cpp's failure with its log's tail."""
         from tools.peers.greedy import (
             GREEDY_TOKENS,
             LLAMA_EXACT,
@@ -176,18 +188,20 @@ class Run:
 
         gguf = self.gguf(model, "fp32")
         if isinstance(gguf, PeerFailure):
-            return {"error": str(gguf)}
+            return gguf.record()
         export_dir = bench_model(model, self.cache.parent).export(1, "fp32")
         ids = prompt_ids(token_encoder(export_dir), 64, 0)
         nodes = case_nodes(1, "shared")
         logs = self.cache / "logs" / f"greedy-{model}"
         try:
-            with llama_served(self.llama.binaries, gguf.path, gguf_layout(gguf.path),
+            with llama_served(self.llama.binaries, gguf.path, llama_layout(gguf),
                               export_ranges(export_dir), nodes, 0.0, logs, LLAMA_EXACT) as llama:
                 llama.prepare(1, 1024)
-                theirs = llama_greedy(llama.base_url, ids, GREEDY_TOKENS)
+                theirs = llama_greedy(llama, ids, GREEDY_TOKENS)
         except PeerFailure as exc:
-            return {"error": str(exc), "log_tail": exc.log_tail}
+            err.print(f"[red]llama.cpp failed the greedy check of {model}:[/] {exc}",
+                      highlight=False)
+            return exc.record()
         return agreement(zctl_greedy(export_dir, ids, GREEDY_TOKENS), theirs)
 
     def case(self, case: Case) -> dict[str, Any]:
@@ -217,7 +231,7 @@ class Run:
                 logs = self.cache / "logs" / case.key.replace("/", "_")
                 try:
                     llama = stack.enter_context(llama_served(
-                        self.llama.binaries, gguf.path, gguf_layout(gguf.path), ranges, nodes,
+                        self.llama.binaries, gguf.path, llama_layout(gguf), ranges, nodes,
                         case.delay_ms, logs))
                     systems.append(llama)
                 except PeerFailure as exc:
@@ -318,7 +332,8 @@ def main(
     from tools.peers.links import delay_check
 
     checks = [delay_check(d, cache / "logs") for d in sorted(set(delay_values)) if d > 0]
-    greedy = {m: run.greedy(m) for m in model_names} if settings["greedy_check"] else {}
+    greedy = {m: run.greedy(m) if settings["greedy_check"] else {"not_run": "--no-greedy-check"}
+              for m in model_names}
     head = {"run": run_record(), "llama_cpp": llama.info, "settings": settings,
             "measured_by": MEASURED_BY, "delay_check": checks, "greedy": greedy,
             "not_measured": not_measured}

@@ -21,7 +21,7 @@ CONVERTER_PACKAGES = ("sentencepiece>=0.1.98,<0.3.0",)
 
 
 class GgufFailure(RuntimeError):
-    """A GGUF file could not be made."""
+    """A GGUF file could not be made, or read."""
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,16 @@ class GgufLayout:
 
 
 def gguf_layout(path: Path) -> GgufLayout:
-    """The block count and tensor sizes of the GGUF at ``path``."""
+    """The block count and tensor sizes of the GGUF at ``path``; GgufFailure if it cannot
+    be read (missing, or damaged: gguf-py's reader fails on it with OSError, ValueError or
+    IndexError)."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(path)
-    count = next((int(field.parts[-1][0]) for key, field in reader.fields.items()
-                  if key.endswith(".block_count")), 0)
-    return GgufLayout(count, {t.name: int(t.n_bytes) for t in reader.tensors})
+    try:
+        reader = GGUFReader(path)
+        count = next((int(field.parts[-1][0]) for key, field in reader.fields.items()
+                      if key.endswith(".block_count")), 0)
+        return GgufLayout(count, {t.name: int(t.n_bytes) for t in reader.tensors})
+    except (OSError, ValueError, IndexError) as exc:
+        raise GgufFailure(f"{path} cannot be read as a GGUF ({type(exc).__name__}: "
+                          f"{exc})") from None

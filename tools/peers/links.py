@@ -1,7 +1,8 @@
 """The check that both systems' hops add the same delay: the one-way delay zctl's link
 layer adds to a data-plane frame (a PUSH through dataplane.wire.link's DelayedSender
 against a plain one), and half the round trip a relay process adds in front of an echo
-server (against the round trip straight to it), each the median of many messages."""
+server (against the round trip straight to it), each the median of many messages. A relay
+that fails is the check's failure, with its log, not the run's."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tools.peers.processes import log_says, spawn, wait_until
+from tools.peers.processes import PeerFailure, log_says, spawn, wait_until
 from tools.peers.relay import READY
-from zctl.launcher.local import free_port, stop_processes
+from zctl.launcher.local import free_port, log_tail, stop_processes
 
 MESSAGES = 40
 TOLERANCE_MS = 1.0  # plus 10% of the delay: what counts as the same delay
@@ -58,14 +59,18 @@ def round_trip_ms(host: str, port: int, messages: int = MESSAGES) -> float:
             conn.sendall(b"x" * 64)
             got = 0
             while got < 64:
-                got += len(conn.recv(64 - got))
+                data = conn.recv(64 - got)
+                if not data:
+                    raise ConnectionError(f"{host}:{port} closed the connection")
+                got += len(data)
             times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
 
 def relay_one_way_ms(delay_ms: float, host: str, logs: Path) -> dict[str, float]:
     """Half the round trip a relay process (as the benchmark starts it) with ``delay_ms``
-    adds, measured against an echo server on ``host``."""
+    adds, measured against an echo server on ``host``. PeerFailure (with the relay's
+    log's tail) if the relay does not start, exits, or breaks the connection."""
     with echo_server(host) as port:
         direct = round_trip_ms(host, port)
         relay_port = free_port(host)
@@ -76,6 +81,10 @@ def relay_one_way_ms(delay_ms: float, host: str, logs: Path) -> dict[str, float]
         try:
             wait_until(lambda: log_says(log, READY), [relay], "the relay", 60)
             relayed = round_trip_ms(host, relay_port)
+        except OSError as exc:
+            relay.check()  # a relay that exited: that, with its log
+            raise PeerFailure(f"the relay check: {type(exc).__name__}: {exc}",
+                              log_tail(str(log), 30)) from None
         finally:
             stop_processes([relay.popen.pid])
             relay.popen.wait()
@@ -117,9 +126,15 @@ def zctl_one_way_ms(delay_ms: float, messages: int = MESSAGES) -> float:
 
 def delay_check(delay_ms: float, logs: Path, host: str = "127.0.0.2") -> dict[str, Any]:
     """Both systems' added one-way delay per hop at ``delay_ms``, and whether they agree
-    (within TOLERANCE_MS + 10%)."""
+    (within TOLERANCE_MS + 10%). A relay that fails is the check's failure (``error``,
+    ``log_tail``: the relay's figures None, ``same`` false); the run goes on."""
     zctl = zctl_one_way_ms(delay_ms)
-    relay = relay_one_way_ms(delay_ms, host, logs)
+    try:
+        relay = relay_one_way_ms(delay_ms, host, logs)
+    except PeerFailure as exc:
+        return {"delay_ms": delay_ms, "zctl_one_way_ms": round(zctl, 3),
+                "relay_round_trip_ms": None, "relay_one_way_ms": None, "same": False,
+                **exc.record()}
     same = abs(zctl - relay["one_way_ms"]) <= TOLERANCE_MS + 0.1 * delay_ms
     return {"delay_ms": delay_ms, "zctl_one_way_ms": round(zctl, 3),
             "relay_round_trip_ms": relay["round_trip_ms"],

@@ -82,7 +82,9 @@ class Process:
 def spawn(name: str, argv: Sequence[str], log: Path, cpus: tuple[int, ...] | None = None,
           env: dict[str, str] | None = None, stdout: Path | None = None) -> Process:
     """Start ``argv`` in a session of its own, on ``cpus``, ending with this process; its
-    output in ``log`` (a fresh file; its standard output apart in ``stdout`` if given)."""
+    output in ``log`` (a fresh file; its standard output apart in ``stdout`` if given).
+    PeerFailure if it cannot be started (a binary missing, not executable, or built for
+    another machine)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     tie = die_with_parent()
 
@@ -91,11 +93,14 @@ def spawn(name: str, argv: Sequence[str], log: Path, cpus: tuple[int, ...] | Non
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    with open(log, "wb") as out, open(stdout or os.devnull, "wb") as apart:
-        popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
-                                 stdout=apart if stdout else out, stderr=out,
-                                 start_new_session=True, env={**os.environ, **(env or {})},
-                                 preexec_fn=before_exec)
+    try:
+        with open(log, "wb") as out, open(stdout or os.devnull, "wb") as apart:
+            popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
+                                     stdout=apart if stdout else out, stderr=out,
+                                     start_new_session=True, env={**os.environ, **(env or {})},
+                                     preexec_fn=before_exec)
+    except OSError as exc:
+        raise PeerFailure(f"{name} cannot be started: {type(exc).__name__}: {exc}") from None
     return Process(name, popen, log)
 
 
@@ -221,6 +226,10 @@ class LlamaCluster:
         for process in [*self.rpc, *self.relays, *([self.server] if self.server else [])]:
             process.check()
 
+    def server_log_tail(self) -> str:
+        """The tail of the running llama-server's log ("" before it starts)."""
+        return log_tail(str(self.server.log), 30) if self.server is not None else ""
+
     def stop_server(self) -> None:
         if self.server is not None:
             stop_processes([self.server.popen.pid])
@@ -242,19 +251,32 @@ class LlamaCluster:
         self.close()
 
 
-def llama_bench(binaries: LlamaBinaries, gguf: Path, node: Node, tokens: int, log: Path
-                ) -> dict[str, float]:
+def llama_bench(binaries: LlamaBinaries, gguf: Path, node: Node, tokens: int, log: Path,
+                timeout_s: float = START_TIMEOUT_S) -> dict[str, float]:
     """llama-bench's own decode figure on one node (``-p 0 -n tokens``, 3 repetitions, on
-    the node's cores and threads): a reference beside the HTTP figures, in no ratio."""
+    the node's cores and threads): a reference beside the HTTP figures, in no ratio.
+    PeerFailure (with its log's tail) if it exits with an error, is still running after
+    ``timeout_s`` (then it is stopped), or prints no run's figures."""
     bench = spawn("llama-bench", [str(binaries.path("bench")), "-m", str(gguf), "-p", "0",
                                   "-n", str(tokens), "-t", str(node.threads), "-r", "3",
                                   "-o", "json"], log, node.cpus, stdout=log.with_suffix(".json"))
-    if bench.popen.wait(timeout=START_TIMEOUT_S) != 0:
-        raise PeerFailure(f"llama-bench exited with {bench.popen.returncode}",
-                          log_tail(str(log), 30))
+    try:
+        code = bench.popen.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_processes([bench.popen.pid])
+        bench.popen.wait()
+        raise PeerFailure(f"llama-bench still running after {timeout_s:g} s (stopped)",
+                          log_tail(str(log), 30)) from None
+    if code != 0:
+        raise PeerFailure(f"llama-bench exited with {code}", log_tail(str(log), 30))
     try:
         runs = json.loads(log.with_suffix(".json").read_text())
     except (OSError, ValueError):
         raise PeerFailure("llama-bench printed no JSON", log_tail(str(log), 30)) from None
-    return {f"tg{tokens}_tok_s": round(float(runs[0]["avg_ts"]), 2),
-            f"tg{tokens}_tok_s_stddev": round(float(runs[0]["stddev_ts"]), 2)}
+    first = runs[0] if isinstance(runs, list) and runs else None
+    if not isinstance(first, dict) or not all(isinstance(first.get(key), int | float)
+                                              for key in ("avg_ts", "stddev_ts")):
+        raise PeerFailure(f"llama-bench's JSON holds no run's avg_ts and stddev_ts: "
+                          f"{json.dumps(runs)[:200]}", log_tail(str(log), 30))
+    return {f"tg{tokens}_tok_s": round(float(first["avg_ts"]), 2),
+            f"tg{tokens}_tok_s_stddev": round(float(first["stddev_ts"]), 2)}

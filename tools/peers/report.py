@@ -1,6 +1,7 @@
 """The comparison's arithmetic and its printing: each figure's ratio, zctl's over
 llama.cpp's as the median of the rounds' paired ratios (above 1: zctl better; latencies
-inverted so that above 1 still means zctl better), the targets, and the Rich tables.
+inverted so that above 1 still means zctl better), the targets (the greedy check's among
+them), and the Rich tables.
 Pure functions except ``render``."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ONE_NODE_TARGETS = {"smollm2-135m": 0.9}  # else 1.0 (the 1B shape's)
 ONE_STREAM_TARGET = 1.0
 AGGREGATE_TARGET = 1.2
 AGGREGATE_CLIENTS = (8, 16)
+GREEDY_TARGET = 1.0  # every greedy token at f32 the same, before speed is compared
 
 
 def flat(figures: Mapping[str, Any]) -> dict[str, float]:
@@ -96,6 +98,20 @@ def targets(records: Sequence[Mapping[str, Any]], ratios: Mapping[str, float | N
     return out
 
 
+def greedy_targets(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The check before speed, per model (``checks``: tools.peers.greedy.agreement's
+    record, or the check's failure, or why it did not run): the share of zctl's greedy
+    tokens llama.cpp's matched, in order, met only when every token did and as many came
+    (``match``); None and unmet when the check failed or did not run."""
+    out: dict[str, dict[str, Any]] = {}
+    for model, check in checks.items():
+        value = check["matched"] / check["tokens"] if check.get("tokens") else None
+        figure = f"greedy/{model}: matched / tokens"
+        out[f"greedy/{model}"] = {**target(value, GREEDY_TARGET, figure),
+                                  "met": check.get("match") is True}
+    return out
+
+
 def median_figure(rounds: Sequence[Mapping[str, Any]], figure: str) -> float | None:
     values = [v for r in rounds if (v := flat(r).get(figure)) is not None]
     return round(statistics.median(values), 2) if values else None
@@ -105,6 +121,12 @@ def _fmt(value: float | None, ratio: bool = False) -> str:
     if value is None:
         return "-"
     return f"{value:.3f}x" if ratio else f"{value:.1f}"
+
+
+def _failure(console: Console, what: str, failure: Mapping[str, str]) -> None:
+    console.print(f"[red]{escape(what)} failed:[/] {escape(failure['error'])}", highlight=False)
+    if failure.get("log_tail"):
+        console.print(escape(failure["log_tail"]), highlight=False)
 
 
 def render(result: Mapping[str, Any], console: Console) -> None:
@@ -124,10 +146,16 @@ def render(result: Mapping[str, Any], console: Console) -> None:
     for pairing in result.get("ggufs", []):
         console.print(f"  {pairing['model']} zctl {pairing['weights']} vs {pairing['type']} "
                       f"({escape(pairing['made_by'])})", highlight=False)
-    if check := result.get("delay_check"):
-        console.print(f"per-hop delay check: {escape(str(check))}", highlight=False)
+    for check in result.get("delay_check", []):
+        if "error" in check:
+            _failure(console, f"per-hop delay check at {check['delay_ms']:g} ms", check)
+        else:
+            console.print(f"per-hop delay check: {escape(str(check))}", highlight=False)
     for key, greedy in result.get("greedy", {}).items():
-        console.print(f"greedy check {key}: {escape(str(greedy))}", highlight=False)
+        if "error" in greedy:
+            _failure(console, f"greedy check {key}", greedy)
+        else:
+            console.print(f"greedy check {key}: {escape(str(greedy))}", highlight=False)
     for record in result["cases"]:
         table = Table(title=record["case"])
         for column in ("measurement", "figure", ZCTL, LLAMA, "zctl / llama.cpp"):
@@ -157,9 +185,7 @@ def render(result: Mapping[str, Any], console: Console) -> None:
         for line in record.get("placement", {}).get(LLAMA, []):
             console.print(f"  placement: {escape(line)}", highlight=False)
         for system, failure in record["failures"].items():
-            console.print(f"  [red]{system} failed:[/] {escape(failure['error'])}", highlight=False)
-            if failure.get("log_tail"):
-                console.print(escape(failure["log_tail"]), highlight=False)
+            _failure(console, f"  {system}", failure)
     table = Table(title="targets")
     for column in ("target", "value", "goal", "met"):
         table.add_column(column)

@@ -19,7 +19,7 @@ from tools.harness.cluster import served_cluster
 from tools.harness.load import served_model
 from tools.peers.build import LlamaBinaries
 from tools.peers.gguf import GgufLayout
-from tools.peers.placement import llama_placement
+from tools.peers.placement import PlacementError, llama_placement
 from tools.peers.processes import LlamaCluster, Node, PeerFailure
 from zctl.launcher.cpusets import local_cpu_sets, parse_cpu_list
 from zctl.launcher.local import log_tail, loopback_host
@@ -125,9 +125,13 @@ def llama_served(binaries: LlamaBinaries, gguf: Path, layout: GgufLayout,
                  ranges: Sequence[tuple[int, int]], nodes: Sequence[Node], delay_ms: float,
                  logs: Path, extra_args: Sequence[str] = ()) -> Iterator[LlamaServed]:
     """llama.cpp on ``nodes`` with zctl's split ``ranges``: its RPC servers (and relays)
-    up; llama-server (with ``extra_args``) starts on the first ``prepare``."""
-    cluster = LlamaCluster(binaries, gguf, nodes, llama_placement(ranges, layout.num_layers),
-                           delay_ms, logs, extra_args=extra_args,
+    up; llama-server (with ``extra_args``) starts on the first ``prepare``. PeerFailure
+    if they do not start, or if the GGUF's layers cannot take zctl's split."""
+    try:
+        placement = llama_placement(ranges, layout.num_layers)
+    except PlacementError as exc:
+        raise PeerFailure(f"llama.cpp cannot take zctl's split of {gguf.name}: {exc}") from None
+    cluster = LlamaCluster(binaries, gguf, nodes, placement, delay_ms, logs, extra_args=extra_args,
                            tensor_bytes=layout.tensor_bytes, num_layers=layout.num_layers)
     with cluster:
         cluster.start_rpc()

@@ -1,8 +1,10 @@
 """Fake llama.cpp binaries for the benchmark's tests: small stdlib scripts that take the
-real ones' arguments. The fake llama-server answers /health and streams a token per SSE
-chunk (text and chat completions, with usage); one made with ``die_after`` = N dies
-(exit 3, "fake crash" in its log) on its N-th completion. The fake RPC server accepts
-connections and closes them."""
+real ones' arguments. The fake llama-server answers /health, streams a token per SSE
+chunk (text and chat completions, with usage) and answers /completion (the greedy
+check's) with token ids 0..n_predict-1 (without them: ``completion_token_ids`` false); one
+made with ``die_after`` = N dies (exit 3, "fake crash" in its log) on its N-th request
+of any of these. The fake RPC server accepts connections and closes them. The fake
+llama-bench is ``bench``: by default it prints nothing and exits 0; BENCH_* are others."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ if "--version" in sys.argv:
 args = sys.argv[1:]
 host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
 die_after = DIE_AFTER
+completion_token_ids = COMPLETION_TOKEN_IDS
 served = [0]
 print("load_tensors: offloaded 0/31 layers to GPU", flush=True)
 
@@ -42,6 +45,18 @@ class Handler(BaseHTTPRequestHandler):
         if die_after and served[0] >= die_after:
             print("fake crash", flush=True)
             os._exit(3)
+        if self.path == "/completion":
+            n = int(request.get("n_predict", 4))
+            answer = {"content": "a" * n}
+            if completion_token_ids:
+                answer["tokens"] = list(range(n))
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         n = int(request.get("max_tokens", 4))
         prompt = request.get("prompt")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else 20
@@ -74,6 +89,10 @@ while True:
 '''
 
 TRIVIAL = "import sys\nsys.exit(0)\n"
+# llama-bench: one that prints an empty JSON list; one that hangs after its first line.
+BENCH_EMPTY_JSON = 'import sys\nprint("[]")\nprint("llama-bench: no runs", file=sys.stderr)\n'
+BENCH_HANGS = ('import sys, time\nprint("llama-bench: loading the model", file=sys.stderr, '
+               'flush=True)\ntime.sleep(600)\n')
 
 
 def write_script(path: Path, body: str) -> Path:
@@ -82,11 +101,14 @@ def write_script(path: Path, body: str) -> Path:
     return path
 
 
-def fake_llama_cpp(directory: Path, die_after: int = 0) -> Path:
-    """A directory of fake llama.cpp binaries (``die_after``: see above; 0: never)."""
+def fake_llama_cpp(directory: Path, die_after: int = 0, completion_token_ids: bool = True,
+                   bench: str = TRIVIAL) -> Path:
+    """A directory of fake llama.cpp binaries (``die_after``, ``completion_token_ids``,
+    ``bench``: see above; ``die_after`` 0: never)."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_script(directory / "llama-server", f"DIE_AFTER = {die_after}\n{SERVER}")
+    write_script(directory / "llama-server", f"DIE_AFTER = {die_after}\n"
+                 f"COMPLETION_TOKEN_IDS = {completion_token_ids}\n{SERVER}")
     write_script(directory / "ggml-rpc-server", RPC)
-    write_script(directory / "llama-bench", TRIVIAL)
+    write_script(directory / "llama-bench", bench)
     write_script(directory / "llama-quantize", TRIVIAL)
     return directory

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.peers.fakes import fake_llama_cpp
+from tests.tools.peers.fakes import BENCH_EMPTY_JSON, BENCH_HANGS, fake_llama_cpp
 from tools.peers.build import find_binaries
 from tools.peers.cases import Case, CasePlan, CaseResult, run_case
 from tools.peers.gguf import GgufLayout
 from tools.peers.measure import one_stream
-from tools.peers.processes import PeerFailure
+from tools.peers.processes import Node, PeerFailure, llama_bench
 from tools.peers.systems import case_nodes, llama_served
 
 
@@ -58,3 +58,32 @@ def test_a_llama_server_that_dies_mid_case_is_its_failure_and_the_case_goes_on(
     assert len(result.figures["zctl"]["one_stream.p16"]) == 2  # zctl's side completed
     assert [len(result.figures["zctl"][f"serve.c{c}"]) for c in (1, 2)] == [1, 1]
     assert len(result.figures["llama.cpp"]["one_stream.p16"]) == 1
+
+
+def test_a_llama_bench_that_hangs_is_stopped_and_its_failure_has_its_log(tmp_path) -> None:
+    binaries = find_binaries(fake_llama_cpp(tmp_path / "bin", bench=BENCH_HANGS))
+    log = tmp_path / "llama-bench.log"
+    with pytest.raises(PeerFailure, match="llama-bench still running after 1 s") as caught:
+        llama_bench(binaries, tmp_path / "model.gguf", Node("127.0.0.1", None), 4, log,
+                    timeout_s=1.0)
+    assert caught.value.log_tail == "llama-bench: loading the model"
+
+
+def test_a_llama_bench_that_prints_an_empty_list_is_its_failure_with_its_log(tmp_path) -> None:
+    binaries = find_binaries(fake_llama_cpp(tmp_path / "bin", bench=BENCH_EMPTY_JSON))
+    with pytest.raises(PeerFailure, match=r"holds no run's avg_ts and stddev_ts: \[\]") as caught:
+        llama_bench(binaries, tmp_path / "model.gguf", Node("127.0.0.1", None), 4,
+                    tmp_path / "llama-bench.log")
+    assert caught.value.log_tail == "llama-bench: no runs"
+
+
+def test_a_llama_bench_that_cannot_be_executed_is_its_failure(tmp_path) -> None:
+    """A binary built for another machine (here: not an executable format) fails to
+    start: that peer's failure, not the run's."""
+    binaries = find_binaries(fake_llama_cpp(tmp_path / "bin"))
+    bench = binaries.path("bench")
+    bench.write_bytes(b"\x7fELF\x00not a real binary")  # (still executable)
+    with pytest.raises(PeerFailure, match=r"llama-bench cannot be started: OSError: "
+                       r"\[Errno 8\] Exec format error"):
+        llama_bench(binaries, tmp_path / "model.gguf", Node("127.0.0.1", None), 4,
+                    tmp_path / "llama-bench.log")

@@ -6,7 +6,8 @@ import io
 
 from rich.console import Console
 
-from tools.peers.report import case_ratios, figure_ratio, flat, render, targets
+from tools.peers.greedy import agreement
+from tools.peers.report import case_ratios, figure_ratio, flat, greedy_targets, render, targets
 
 
 def rounds(*values: dict) -> list[dict]:
@@ -85,3 +86,35 @@ def test_a_failed_peer_leaves_its_targets_unmet_and_the_table_says_why() -> None
     render({"run": {"date": "d", "cpu": "c", "cpus": 2, "commit": "x"}, "llama_cpp": {},
             "cases": [failed], "ratios": ratios, "targets": got}, Console(file=out, width=200))
     assert "exited with 3" in out.getvalue() and "fake crash" in out.getvalue()
+
+
+def test_the_greedy_check_is_a_target_per_model_unmet_unless_every_token_matched() -> None:
+    got = greedy_targets({
+        "same": agreement([1, 2, 3, 4], [1, 2, 3, 4]),
+        "parted": agreement([1, 2, 3, 4], [1, 2, 9, 9]),
+        "longer": agreement([1, 2], [1, 2, 3]),  # all of zctl's matched, but more came
+        "failed": {"error": "llama-server -np 1 exited with 3", "log_tail": "fake crash"},
+        "not run": {"not_run": "--no-greedy-check"}})
+    assert got["greedy/same"] == {"value": 1.0, "target": 1.0, "met": True,
+                                  "figure": "greedy/same: matched / tokens"}
+    assert (got["greedy/parted"]["value"], got["greedy/parted"]["met"]) == (0.5, False)
+    assert (got["greedy/longer"]["value"], got["greedy/longer"]["met"]) == (1.0, False)
+    for model in ("failed", "not run"):
+        assert (got[f"greedy/{model}"]["value"], got[f"greedy/{model}"]["met"]) == (None, False)
+
+
+def test_a_failed_delay_or_greedy_check_is_printed_with_its_log() -> None:
+    out = io.StringIO()
+    failure = {"error": "llama-server -np 1 exited with 3", "log_tail": "line one\nfake crash"}
+    render({"run": {"date": "d", "cpu": "c", "cpus": 2, "commit": "x"}, "llama_cpp": {},
+            "delay_check": [{"delay_ms": 10.0, "zctl_one_way_ms": 10.1, "relay_one_way_ms": None,
+                             "same": False, "error": "the relay check exited with 1",
+                             "log_tail": "OSError: address already in use"}],
+            "greedy": {"smollm2-135m": failure}, "cases": [], "ratios": {},
+            "targets": greedy_targets({"smollm2-135m": failure})}, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "per-hop delay check at 10 ms failed: the relay check exited with 1\n" \
+           "OSError: address already in use" in text
+    assert "greedy check smollm2-135m failed: llama-server -np 1 exited with 3\n" \
+           "line one\nfake crash" in text
+    assert "greedy/smollm2-135m" in text

@@ -39,5 +39,7 @@ def test_quick_run_on_two_nodes_with_a_core_each_and_10_ms_hops(
     assert out["delay_check"][0]["same"], out["delay_check"]
     for figure in ("one_stream.p128/decode_tok_s", "one_stream.p128/ttft_ms", "serve.c4/tok_s"):
         assert out["ratios"][f"{case}/{figure}"] > 0
-    assert set(out["targets"]) == {f"one_stream/{case}/p128"}  # no 8 or 16 clients in quick
+    # no 8 or 16 clients in quick; no greedy check either (its target unmet)
+    assert set(out["targets"]) == {"greedy/smollm2-135m", f"one_stream/{case}/p128"}
+    assert out["targets"]["greedy/smollm2-135m"]["met"] is False
     assert out["ggufs"][0]["type"] == "Q4_1"
