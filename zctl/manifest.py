@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -392,6 +393,12 @@ def parse_layer_spec(spec: str) -> list[tuple[int, int]]:
         first, last = int(bounds[0]), int(bounds[1])
         ranges.append((first, last + 1))
     return ranges
+
+
+def layer_spec(ranges: Sequence[tuple[int, int]]) -> str:
+    """Half-open ranges [(0, 10), ...] as ``zctl export --layers`` takes them: '0-9,...'
+    (``parse_layer_spec``'s inverse)."""
+    return ",".join(f"{start}-{end - 1}" for start, end in ranges)
 
 
 def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

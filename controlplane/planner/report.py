@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.planner.search import LeftOut, Placement, Plan
+from zctl.manifest import layer_spec
 
 
 def placement_dict(placement: Placement) -> dict[str, Any]:
@@ -14,6 +15,7 @@ def placement_dict(placement: Placement) -> dict[str, Any]:
         "stages": [{"node": s.node, "layers": [s.start, s.end], "memory_used": s.memory_used,
                     "memory_free": s.memory_free, "step_ms": s.step_s * 1e3,
                     "hop_ms": s.hop_s * 1e3} for s in placement.stages],
+        "export_layers": layer_spec(placement.ranges()),  # zctl export --layers
         "tok_s": placement.tok_s,
         "ms_per_token": 1e3 / placement.tok_s,
         "streams": {"streams": streams.streams, "tok_s": streams.tok_s,

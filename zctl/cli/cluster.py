@@ -14,7 +14,14 @@ from rich.markup import escape
 
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
 from zctl.cli.discovery import BrowseSeconds, find_cluster, server_key_for
-from zctl.cli.exports import AUTO, WEIGHTS_HELP, ensure_export, is_export, local_export_ranges
+from zctl.cli.exports import (
+    AUTO,
+    WEIGHTS_HELP,
+    ensure_export,
+    fleet_export_ranges,
+    is_export,
+    local_export_ranges,
+)
 from zctl.cli.pairing import PairPort, pair_node, paired_key_file
 from zctl.engine.requests import DEFAULT_MAX_STREAMS
 from zctl.launcher.api import cors_origin, parse_api, start_api
@@ -147,6 +154,10 @@ def cluster_up(
     stages: Annotated[int | None, typer.Option(
         help="stages of the export made for a model name (default: --local N, else 2)")] = None,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
+    fleet: Annotated[Path | None, typer.Option(
+        help="a TOML file of the PCs that will join (examples/fleets/): the model is exported "
+             "in the stages of the planner's best placement on them (zctl plan --fleet); "
+             "without --local or --stages")] = None,
     bind: Annotated[str, typer.Option(help="control address (without --local)")] = "0.0.0.0:5550",
     host: Annotated[str | None, typer.Option(help="address nodes reach the coordinator at")] = None,
     precision: Precision = "f32",
@@ -211,6 +222,7 @@ def cluster_up(
     stage_count = stages or local or 2
     problem = (_up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
                            reassign_after, heal_after, expect_nodes, memory_mb, replan_gain)
+               or _fleet_problem(fleet, local, stages, model)
                or max_streams_problem(max_streams) or kv_problem(kv_memory_mb, prefix_cache_mb))
     if problem:
         _fail(problem)
@@ -231,6 +243,10 @@ def cluster_up(
         if local is not None and local > 1 and stages is None and not is_export(model):
             ranges, source = local_export_ranges(model, local, weights, device, memory_mb)
             err.print(f"stages: {source}", soft_wrap=True)
+        if fleet is not None:
+            ranges, source = fleet_export_ranges(model, fleet, weights)
+            err.print(f"stages: {source}", soft_wrap=True)
+        stage_count = len(ranges) if ranges is not None else stage_count
         export_dir = ensure_export(model, stage_count, weights, ranges)
         coordinator = CoordinatorProcess(
             str(export_dir), bind=f"tcp://{bind}", host=host, heartbeat=heartbeat,
@@ -355,6 +371,22 @@ def _up_problem(local: int | None, stages: int, row_groups: int | None, cpu_sets
         return "--resume-timeout, --heal-after and --reassign-after must be >= 0 seconds"
     if not 0 <= replan_gain <= 10:
         return f"--replan-gain is a fraction (0.10: a re-plan predicted 10% faster), not {replan_gain}"
+    return ""
+
+
+def _fleet_problem(fleet: Path | None, local: int | None, stages: int | None,
+                   model: str) -> str:
+    """Why ``--fleet`` cannot go with the other options ("" when it can)."""
+    if fleet is None:
+        return ""
+    if local is not None:
+        return "--local N plans for this machine's N processes: drop --fleet"
+    if stages is not None:
+        return "--fleet lets the planner choose the stages: drop --stages"
+    if is_export(model):
+        return f"{model} is an export, whose stages are made: --fleet plans a model's"
+    if not fleet.is_file():
+        return f"--fleet {fleet}: no such file"
     return ""
 
 

@@ -12,6 +12,7 @@ from rich.text import Text
 from controlplane.placement import fmt_bytes, layer_range
 from controlplane.planner.search import Placement, Plan
 from controlplane.planner.shape import ModelShape
+from zctl.manifest import layer_spec
 
 
 def seconds(value: float) -> str:
@@ -103,6 +104,9 @@ def render_plan(console: Console, shape: ModelShape, source: str, pcs: int,
     console.print()
     console.print(Group(Text(f"best placement in {chosen.upper()}: ", style="bold")
                         + Text(speed_line(best, prompt)), stages_table(best)))
+    console.print(f"its stages as an export: [bold]--layers {layer_spec(best.ranges())}[/] "
+                  "(zctl export MODEL --layers ..., or zctl cluster up --model MODEL --fleet FILE)",
+                  soft_wrap=True, highlight=False)
     for out in best_plan.left_out:
         console.print(f"left out: [bold]{out.node}[/]: {out.reason}", soft_wrap=True)
     if len(best_plan.placements) > 1:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers.repo import ROOT
 from zctl.cli.app import app
 from zctl.cli.exports import (
     AUTO,
@@ -17,6 +18,7 @@ from zctl.cli.exports import (
     DEFAULT_WEIGHTS,
     default_export_dir,
     ensure_export,
+    fleet_export_ranges,
     local_export_ranges,
     planned_export_dir,
     resolve_weights,
@@ -129,3 +131,71 @@ def test_a_local_cluster_exports_the_planners_ranges(home: Path, tiny_llama_dir:
 def test_without_a_shape_the_local_export_is_split_by_cost(home: Path) -> None:
     ranges, source = local_export_ranges(str(home / "nothing-here"), 2, "int4", "CPU")
     assert ranges is None and source.startswith("split by cost, not by the planner: ")
+
+
+FOUR_PCS = ROOT / "examples" / "fleets" / "four-pcs.toml"
+
+
+def test_a_fleet_file_gives_the_stages_of_its_best_placement(home: Path) -> None:
+    """`cluster up --fleet` exports the stages `zctl plan --fleet` shows as the best."""
+    import json
+
+    ranges, source = fleet_export_ranges("llama-3.1-70b", FOUR_PCS, "int8")  # (no PC holds it)
+    planned = json.loads(runner.invoke(app, ["plan", "llama-3.1-70b", "--fleet",
+                                             str(FOUR_PCS), "--weights", "int8",
+                                             "--json"]).output)
+    best = planned["fits"]["int8"]["placements"][0]
+    assert ranges == [tuple(stage["layers"]) for stage in best["stages"]]
+    assert len(ranges) > 1 and ranges[0][0] == 0 and ranges[-1][1] == 80
+    assert source.startswith(f"the planner's best placement on {FOUR_PCS} (")
+    with pytest.raises(ValueError, match="short by"):  # fits none: refused, nothing made
+        fleet_export_ranges("llama-3.1-70b", FOUR_PCS, "fp32")
+
+
+def test_cluster_up_with_a_fleet_exports_the_planners_stages(home: Path, monkeypatch) -> None:
+    from zctl.cli import cluster
+
+    asked: list[tuple[int, list | None]] = []
+
+    def record(model: str, stages: int, weights: str = AUTO,
+               ranges: list[tuple[int, int]] | None = None) -> Path:
+        asked.append((stages, ranges))
+        raise ClusterError("stopped by the test")
+
+    monkeypatch.setattr(cluster, "ensure_export", record)
+    result = runner.invoke(app, ["cluster", "up", "--model", "llama-3.1-70b", "--weights",
+                                 "int8", "--fleet", str(FOUR_PCS)])
+    assert result.exit_code == 1 and "stopped by the test" in result.output, result.output
+    want, _ = fleet_export_ranges("llama-3.1-70b", FOUR_PCS, "int8")
+    assert asked == [(len(want), want)]
+    assert "stages: the planner's best placement on" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--local", "2"], "--local N plans for this machine's N processes: drop --fleet"),
+    (["--stages", "3"], "--fleet lets the planner choose the stages: drop --stages"),
+    (["--weights", "fp32"], "llama-3.1-70b in fp32 (KV for 4 stream(s) of 4096 tokens) needs"),
+])
+def test_cluster_up_refuses_a_fleet_it_cannot_use_before_any_export(
+        extra: list[str], message: str, home: Path, monkeypatch) -> None:
+    from zctl.cli import cluster
+
+    asked = _weights_asked(monkeypatch, cluster)
+    result = runner.invoke(app, ["cluster", "up", "--model", "llama-3.1-70b", "--fleet",
+                                 str(FOUR_PCS), *extra], terminal_width=300)
+    assert result.exit_code == 1 and asked == [], result.output
+    assert message in " ".join(result.output.split()), result.output
+
+
+def test_cluster_up_refuses_a_missing_fleet_file_or_an_export_with_one(
+        home: Path, tiny_exports, monkeypatch) -> None:
+    from zctl.cli import cluster
+
+    asked = _weights_asked(monkeypatch, cluster)
+    missing = runner.invoke(app, ["cluster", "up", "--fleet", str(home / "none.toml")])
+    assert missing.exit_code == 1 and "no such file" in missing.output
+    export = tiny_exports.get([(0, 2), (2, 4)], "fp32")
+    made = runner.invoke(app, ["cluster", "up", "--model", str(export), "--fleet",
+                               str(FOUR_PCS)], terminal_width=300)
+    assert made.exit_code == 1 and "whose stages are made" in made.output
+    assert asked == []

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from tests.helpers.repo import ROOT
 from zctl.cli.app import app
+from zctl.manifest import parse_layer_spec
 
 runner = CliRunner()
 FOUR = str(ROOT / "examples" / "fleets" / "four-pcs.toml")
@@ -27,6 +28,7 @@ def test_70b_on_four_pcs_answers_within_two_seconds_with_fit_use_and_speed() -> 
     for pc in ("desktop", "old-desktop", "laptop", "mini-pc"):
         assert pc in text
     assert "left out" in text and "reference profiles" in text
+    assert "its stages as an export: --layers 0-" in text
 
 
 def test_json_has_every_format_placement_and_left_out_node() -> None:
@@ -41,6 +43,8 @@ def test_json_has_every_format_placement_and_left_out_node() -> None:
         best = fits["placements"][0]
         layers = [s["layers"] for s in best["stages"]]
         assert layers[0][0] == 0 and layers[-1][1] == 80
+        # the same stages as zctl export --layers takes them
+        assert parse_layer_spec(best["export_layers"]) == [tuple(r) for r in layers]
         assert best["streams"]["streams"] == 8 and best["streams"]["tok_s"] > best["tok_s"]
         assert best["score"] == pytest.approx(best["streams"]["tok_s"])
         assert {o["node"] for o in fits["left_out"]} | set(best["nodes"]) == {
