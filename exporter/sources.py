@@ -258,6 +258,68 @@ class ModelSource:
                 f"{self.location}: layer {layer} stores {got} experts{listed}, and its config "
                 f"makes it {kind} (num_experts, decoder_sparse_step, mlp_only_layers)")
 
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape the config gives each weight matrix and norm the checkpoint must store
+        outside the experts, by stored name (a fused projection, Phi-3's, by its own):
+        the embedding, the final norm and the untied head, and in every layer the
+        attention's projections and norms and, in a dense layer, the MLP's."""
+        s = self.decoder_shape()
+        h, q, kv, width = (s.hidden_size, s.num_heads * s.head_dim,
+                           s.num_kv_heads * s.head_dim, s.intermediate_size)
+        want: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (s.vocab_size, h),
+                                            "model.norm.weight": (h,)}
+        if not getattr(self.config, "tie_word_embeddings", False):
+            want["lm_head.weight"] = (s.vocab_size, h)
+        layer: dict[str, tuple[int, ...]] = {
+            "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
+            "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+            "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+        if s.qk_norm:
+            layer |= {"self_attn.q_norm.weight": (s.head_dim,),
+                      "self_attn.k_norm.weight": (s.head_dim,)}
+        if s.sandwich_norms:
+            layer |= {"pre_feedforward_layernorm.weight": (h,),
+                      "post_feedforward_layernorm.weight": (h,)}
+        mlp = {"mlp.gate_proj.weight": (width, h), "mlp.up_proj.weight": (width, h),
+               "mlp.down_proj.weight": (h, width)}
+        for index in range(self.num_layers):
+            dense = not self.family.gpt_oss and index not in s.sparse_layers
+            for leaf, shape in (layer | mlp if dense else layer).items():
+                name = f"model.layers.{index}.{leaf}"
+                part = self.family.fused_part(name, q, kv, width)
+                if part is None:
+                    want[name] = shape
+                else:
+                    want[part.name] = (part.rows, h)
+        return want
+
+    def stored_shape(self, name: str) -> tuple[int, ...] | None:
+        """Stored tensor ``name``'s shape, read without its data where the format allows
+        (None: absent)."""
+        raise NotImplementedError
+
+    def check_shapes(self) -> None:
+        """SourceError naming the weights whose stored shape is not the one the config
+        gives them (hidden size, heads and their width, MLP width, vocabulary), or that are
+        missing: a config that contradicts its weights, refused before a stage is written."""
+        wrong, missing = [], []
+        for name, want in self.expected_shapes().items():
+            got = self.stored_shape(name)
+            if got is None:
+                missing.append(name)
+            elif tuple(got) != want:
+                wrong.append(f"{name} is {list(got)}, the config makes it {list(want)}")
+        if not (wrong or missing):
+            return
+        said = wrong[:4] + ([f"and {len(wrong) - 4} more"] if len(wrong) > 4 else [])
+        if missing:
+            said.append("it stores no " + ", ".join(missing[:4])
+                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+        raise SourceError(f"{self.location}: its weights contradict its config "
+                          f"(hidden_size, num_attention_heads, num_key_value_heads, head_dim, "
+                          f"intermediate_size, vocab_size, num_hidden_layers): "
+                          f"{'; '.join(said)}")
+
     def _experts(self, name: str) -> torch.Tensor | None:
         """A layer's experts' projection stacked [experts, out, in] (``...mlp.experts.
         gate_up_proj``, gate rows first, or ``...mlp.experts.down_proj``): as stored, or
@@ -391,6 +453,7 @@ class SafetensorsSource(ModelSource):
         self._handles: dict[str, Any] = {}
         self._mxfp4 = self._mxfp4_experts()
         self.check_layers()
+        self.check_shapes()
 
     def _mxfp4_experts(self) -> dict[str, int]:
         """The experts' projections stored as MXFP4 pairs, by name, with their expert counts;
@@ -407,6 +470,9 @@ class SafetensorsSource(ModelSource):
                     for name in pairs}
         except Mxfp4Error as exc:
             raise SourceError(f"{self.path}: {exc}") from None
+
+    def stored_shape(self, name: str) -> tuple[int, ...] | None:
+        return self._header(name)[0] if name in self._where else None
 
     def _header(self, name: str) -> tuple[tuple[int, ...], str]:
         """Stored tensor ``name``'s shape and safetensors dtype, read without its data."""
@@ -512,6 +578,7 @@ class GGUFSource(ModelSource):
         super().__init__(name or self.path.stem, str(self.path), self._model.config)
         self._state = self._model.state_dict()
         self.check_layers()
+        self.check_shapes()
 
     def _config(self) -> Any:
         """The config transformers makes of the file, with what the file states and
@@ -563,6 +630,10 @@ class GGUFSource(ModelSource):
     def tensor(self, name: str) -> torch.Tensor | None:
         return self._state.get(name)
 
+    def stored_shape(self, name: str) -> tuple[int, ...] | None:
+        value = self._state.get(name)
+        return None if value is None else tuple(value.shape)
+
     def tensor_names(self) -> list[str]:
         return list(self._state)
 
@@ -608,7 +679,7 @@ class GptOssGGUFSource(ModelSource):
             raise SourceError(str(exc)) from None
         self.generation_config = None
         super().__init__(name or self.path.stem, str(self.path), self._file.config)
-        self.check_layers()
+        self.check_layers()  # (its shapes: checked against its metadata, check_stored)
 
     def tensor(self, name: str) -> torch.Tensor | None:
         try:

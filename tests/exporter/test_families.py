@@ -212,6 +212,35 @@ def test_a_gguf_file_of_a_type_the_exporter_cannot_read_is_refused_naming_it(
         open_source(str(path))
 
 
+@pytest.mark.parametrize(("family", "field", "value", "said"), [
+    ("qwen3", "intermediate_size", 96,
+     r"model\.layers\.0\.mlp\.gate_proj\.weight is \[128, 64\], the config makes it \[96, 64\]"),
+    ("qwen3", "head_dim", 16,
+     r"model\.layers\.0\.self_attn\.q_proj\.weight is \[96, 64\], the config makes it "
+     r"\[64, 64\]"),
+    ("phi3", "intermediate_size", 96,  # its fused gate_up_proj
+     r"model\.layers\.0\.mlp\.gate_up_proj\.weight is \[256, 64\], the config makes it "
+     r"\[192, 64\]"),
+    ("gemma3", "hidden_size", 48, r"model\.embed_tokens\.weight is \[384, 64\], the config "
+     r"makes it \[384, 48\]"),
+    ("gemma3", "num_hidden_layers", 9,
+     r"it stores no model\.layers\.7\.self_attn\.q_proj\.weight"),
+])
+def test_a_config_that_contradicts_its_weights_is_refused_naming_them(
+        tmp_path: Path, family: str, field: str, value: int, said: str) -> None:
+    """Every family: a config.json whose sizes its weights do not have is refused, naming
+    the weights, before a stage is written (an MLP narrower than stored exported before,
+    a wrong head width failed inside tracing)."""
+    model_dir = _build(tmp_path / "model", family)
+    config = json.loads((model_dir / "config.json").read_text())
+    config[field] = value
+    if family == "gemma3" and field == "num_hidden_layers":
+        config["layer_types"] += config["layer_types"][:2]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SourceError, match=r"its weights contradict its config .*" + said):
+        open_source(str(model_dir))
+
+
 def test_qwen3_shape_has_its_head_dim_and_norms(tmp_path: Path) -> None:
     source = open_source(str(_build(tmp_path / "qwen3", "qwen3")))
     shape = source.decoder_shape()
