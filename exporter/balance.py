@@ -102,9 +102,22 @@ def default_split(source: Any, stages: int) -> list[tuple[int, int]]:
     0-16 and 17-29).
     """
     shape = source.decoder_shape()
-    head = head_cost_layers(shape.hidden_size, shape.intermediate_size, shape.num_heads,
-                            shape.num_kv_heads, shape.head_dim, shape.vocab_size)
+    head = head_cost_layers(shape.hidden_size, decode_mlp_width(shape, source.num_layers),
+                            shape.num_heads, shape.num_kv_heads, shape.head_dim,
+                            shape.vocab_size)
     return balanced_split(source.num_layers, stages, head)
+
+
+def decode_mlp_width(shape: Any, num_layers: int) -> int:
+    """The MLP width a decode step computes, on average over the layers: a dense layer's
+    ``intermediate_size``; a mixture of experts' sparse layer (``sparse_layers``) its active
+    experts' (``active_experts`` x ``expert_intermediate``), not all of them, nor the one
+    expert gpt-oss's config calls its intermediate size."""
+    if not shape.experts:
+        return int(shape.intermediate_size)
+    sparse = len(shape.sparse_layers) / max(1, num_layers)
+    active = shape.active_experts * shape.expert_intermediate
+    return round(sparse * active + (1.0 - sparse) * shape.intermediate_size)
 
 
 def measured_head_cost(ranges: Sequence[tuple[int, int]], stage_ms: Sequence[float]) -> float:

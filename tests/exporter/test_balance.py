@@ -115,3 +115,30 @@ def test_suggestions_come_only_when_the_split_is_off_balance() -> None:
     assert suggest_layers(["0-14", "15-29"], [16.0, 0.0]) is None  # no timing yet
     assert suggest_layers(["0-14", "15-29"], [16.0]) is None
     assert suggest_layers(["garbage", "15-29"], [16.0, 20.0]) is None
+
+
+def _source(layers: int, **shape: object) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(num_layers=layers, decoder_shape=lambda: SimpleNamespace(**shape))
+
+
+def test_a_mixture_of_experts_is_split_by_its_active_experts() -> None:
+    """gpt-oss-20b's config calls one expert's width its intermediate size, and a token
+    runs 4 of its 32: its layers cost 4 experts' weights a step, so the head is worth ~2.8
+    layers, not the ~7 that one expert's width would make it (2 stages: 13 and 11 layers,
+    not 15 and 9)."""
+    from exporter.balance import decode_mlp_width, default_split
+
+    gpt_oss = dict(hidden_size=2880, intermediate_size=2880, num_heads=64, num_kv_heads=8,
+                   head_dim=64, vocab_size=201088, experts=32, active_experts=4,
+                   expert_intermediate=2880, sparse_layers=tuple(range(24)))
+    assert decode_mlp_width(_source(24, **gpt_oss).decoder_shape(), 24) == 4 * 2880
+    head = head_cost_layers(2880, 4 * 2880, 64, 8, 64, 201088)
+    assert 2.5 < head < 3.0 < 6.5 < head_cost_layers(2880, 2880, 64, 8, 64, 201088)
+    assert default_split(_source(24, **gpt_oss), 2) == balanced_split(24, 2, head) == [(0, 13), (13, 24)]
+    # a layer mlp_only_layers makes dense counts its dense MLP
+    mixed = {**gpt_oss, "intermediate_size": 6144, "sparse_layers": tuple(range(12))}
+    assert decode_mlp_width(_source(24, **mixed).decoder_shape(), 24) == (4 * 2880 + 6144) // 2
+    dense = {**gpt_oss, "experts": 0}
+    assert decode_mlp_width(_source(24, **dense).decoder_shape(), 24) == 2880
