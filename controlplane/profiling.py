@@ -1,9 +1,10 @@
 """Profiling a node: time synthetic stages of a model's layer shape on one device.
 
 ``measure`` builds three stages of random weights in the model's weight format
-(dataplane.runtime.synthetic): one decoder layer, ``1 + k`` layers, and one layer with
-the LM head, and runs them as the cluster's stages run (the runtime's default settings on
-the device: PagedAttention on CPU), each with row groups of 1, 2, 4 and 8 rows decoding
+(dataplane.runtime.synthetic; a mixture of experts' layers holding every expert and
+computing the routed ones, as its export does): one decoder layer, ``1 + k`` layers, and
+one layer with the LM head, and runs them as the cluster's stages run (the runtime's
+default settings on the device: PagedAttention on CPU), each with row groups of 1, 2, 4 and 8 rows decoding
 over a short past, and the two decoder stages prefilling a prompt. A decode step is timed
 as a pipeline's stage runs it: after an idle gap as long as the ``1 + k``-layer stage's
 step at its rows (the nearest to a real stage's; a 2-stage pipeline's duty cycle: each
@@ -104,11 +105,11 @@ def runtime_for(device: str) -> RuntimeSpec:
 
 
 def layer_shape(shape: ModelShape) -> LayerShape:
-    if shape.moe:
-        raise ProfileError(f"{shape.name}: a mixture-of-experts layer cannot be profiled (zctl "
-                           "exports dense models only)")
+    """The synthetic layers' geometry: a mixture of experts' layers hold all its experts,
+    in the form its export runs them (the routed ones computed: dataplane.runtime.synthetic)."""
     return LayerShape(shape.hidden, shape.intermediate, shape.heads, shape.kv_heads,
-                      shape.head_dim, shape.vocab)
+                      shape.head_dim, shape.vocab, shape.experts, shape.active_experts,
+                      shape.expert_intermediate)
 
 
 def extra_layers(shape: ModelShape, weights: str, free_memory: int) -> int:

@@ -5,7 +5,10 @@ makes of a middle stage of ``layers`` Llama decoder layers (or a last stage, wit
 final norm and the LM head): RMSNorm, the Q/K/V projections as one MatMul and the output
 projection, RoPE from cos/sin inputs, the past KV concatenated and repeated per query head
 into one ScaledDotProductAttention, the gated MLP (gate and up one MatMul), made stateful
-as the exporter makes every stage (stateful_graph). Its weights are random and already
+as the exporter makes every stage (stateful_graph); a mixture of experts' MLP in the
+tiled form exporter/moe_block.py traces (every expert stacked, a random router's top-k
+routing them), which the CPU plugin runs as GatherMatmuls over the routed experts only.
+Its weights are random and already
 compressed as NNCF compresses an export's (exporter/compress.py): INT4 in asymmetric
 groups, INT8 in the export's ``int8_form`` (zctl.weights.INT8_FORMS), f16 behind a Convert,
 or f32; the LM head INT8 in the INT4 and INT8 formats. INT8 in i8 groups (an int8 export's,
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
+from openvino.utils.node_factory import NodeFactory
 
 from dataplane.runtime.stateful_graph import add_beam_idx, make_stateful
 from zctl.manifest import ExportManifest, ModelSpec, StageSpec
@@ -60,6 +64,11 @@ class LayerShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    # a mixture of experts (Qwen3-MoE's): every layer's MLP ``experts`` SwiGLU experts of
+    # ``expert_intermediate``, each row running its top ``active_experts``; 0: a dense MLP
+    experts: int = 0
+    active_experts: int = 0
+    expert_intermediate: int = 0
 
 
 class _Weights:
@@ -82,53 +91,58 @@ class _Weights:
     def _scales(self, shape: list[int], name: str) -> ov.Node:
         return ops.constant(np.full(shape, SCALE, np.float16), name=f"{name}/scale")
 
-    def _int4(self, rows: int, cols: int, name: str) -> ov.Output:
+    def _int4(self, rows: int, cols: int, name: str, lead: list[int]) -> ov.Output:
         group = self.group_size
         assert group is not None
         if cols % group:
             raise ValueError(f"{name}: {cols} inputs are not a multiple of the INT4 group {group}")
-        shape = [rows, cols // group, group]
+        shape = [*lead, rows, cols // group, group]
         packed = ov.Tensor(ov.Type.u4, shape)
         packed.data[:] = self._bytes(packed.get_byte_size())
         weight = ops.convert(ops.constant(packed, name=name), ov.Type.f16)
-        zero = ov.Tensor(ov.Type.u4, [rows, cols // group, 1])
+        zero = ov.Tensor(ov.Type.u4, [*lead, rows, cols // group, 1])
         zero.data[:] = INT4_ZERO * 17  # two 4-bit zero points a byte
         zero_point = ops.convert(ops.constant(zero, name=f"{name}/zero_point"), ov.Type.f16)
         scaled = ops.multiply(ops.subtract(weight, zero_point),
-                              self._scales([rows, cols // group, 1], name))
-        flat = ops.reshape(scaled, ops.constant(np.array([rows, cols], np.int64)), False)
+                              self._scales([*lead, rows, cols // group, 1], name))
+        flat = ops.reshape(scaled, ops.constant(np.array([*lead, rows, cols], np.int64)), False)
         return ops.convert(flat, ov.Type.f32).output(0)
 
-    def _int8(self, rows: int, cols: int, name: str) -> ov.Output:
+    def _int8(self, rows: int, cols: int, name: str, lead: list[int]) -> ov.Output:
         group = int8_group(cols) if self.int8_form == INT8_GROUPS else None
         if group is None:
-            return self._u8_channel(rows, cols, name)
-        shape = [rows, cols // group, group]
-        codes = self._bytes(rows * cols).view(np.int8).reshape(shape)
+            return self._u8_channel(rows, cols, name, lead)
+        shape = [*lead, rows, cols // group, group]
+        codes = self._bytes(int(np.prod(shape))).view(np.int8).reshape(shape)
         weight = ops.convert(ops.constant(codes, name=name), ov.Type.f16)
-        scaled = ops.multiply(weight, self._scales([rows, cols // group, 1], name))
-        flat = ops.reshape(scaled, ops.constant(np.array([rows, cols], np.int64)), False)
+        scaled = ops.multiply(weight, self._scales([*lead, rows, cols // group, 1], name))
+        flat = ops.reshape(scaled, ops.constant(np.array([*lead, rows, cols], np.int64)), False)
         return ops.convert(flat, ov.Type.f32).output(0)
 
-    def _u8_channel(self, rows: int, cols: int, name: str) -> ov.Output:
-        data = self._bytes(rows * cols).reshape(rows, cols)
+    def _u8_channel(self, rows: int, cols: int, name: str, lead: list[int]) -> ov.Output:
+        data = self._bytes(int(np.prod([*lead, rows, cols]))).reshape(*lead, rows, cols)
         weight = ops.convert(ops.constant(data, name=name), ov.Type.f16)
-        zero_point = ops.convert(ops.constant(np.full([rows, 1], INT8_ZERO, np.uint8),
+        zero_point = ops.convert(ops.constant(np.full([*lead, rows, 1], INT8_ZERO, np.uint8),
                                               name=f"{name}/zero_point"), ov.Type.f16)
-        scaled = ops.multiply(ops.subtract(weight, zero_point), self._scales([rows, 1], name))
+        scaled = ops.multiply(ops.subtract(weight, zero_point),
+                              self._scales([*lead, rows, 1], name))
         return ops.convert(scaled, ov.Type.f32).output(0)
 
-    def matrix(self, rows: int, cols: int, name: str, head: bool = False) -> ov.Output:
-        """A [rows, cols] weight (a MatMul's transposed right side) in this format; the LM
-        head (``head``) in INT8 where the decoder layers are INT4 or INT8."""
+    def matrix(self, rows: int, cols: int, name: str, head: bool = False,
+               experts: int = 0) -> ov.Output:
+        """A [rows, cols] weight (a MatMul's transposed right side) in this format, or
+        ``experts`` of them stacked [experts, rows, cols] (compressed per expert, as NNCF
+        compresses an export's stacked experts); the LM head (``head``) in INT8 where the
+        decoder layers are INT4 or INT8."""
         fmt = self.weights
+        lead = [experts] if experts else []
         if head and fmt == "int4":
             fmt = "int8"
         if fmt == "int4":
-            return self._int4(rows, cols, name)
+            return self._int4(rows, cols, name, lead)
         if fmt == "int8":
-            return self._int8(rows, cols, name)
-        data = self.rng.standard_normal((rows, cols), np.float32) * np.float32(0.02)
+            return self._int8(rows, cols, name, lead)
+        data = self.rng.standard_normal((*lead, rows, cols), np.float32) * np.float32(0.02)
         if fmt == "fp16":
             return ops.convert(ops.constant(data.astype(np.float16), name=name),
                                ov.Type.f32).output(0)
@@ -210,12 +224,52 @@ def _layer(x: ov.Output, index: int, shape: LayerShape, inputs: dict[str, ov.Out
     x = ops.add(x, _linear(merged.output(0), weights.matrix(s.hidden, attn,
                                                             f"{name}.o_proj.weight"))).output(0)
     h = _rms_norm(x, s.hidden)
+    if s.experts:
+        return ops.add(x, _experts(h, name, s, weights)).output(0)
     gate_up = _linear(h, weights.matrix(2 * s.intermediate, s.hidden,
                                         f"{name}.gate_up_proj.weight"))
     gate, up = ops.split(gate_up, _const(-1), 2).outputs()
     gate = ops.swish(gate)
     down = weights.matrix(s.hidden, s.intermediate, f"{name}.down_proj.weight")
     return ops.add(x, _linear(ops.multiply(gate, up).output(0), down)).output(0)
+
+
+def _experts(h: ov.Output, name: str, s: LayerShape, weights: _Weights) -> ov.Output:
+    """The sparse MLP in the tiled form exporter/moe_block.py traces and the CPU plugin
+    rewrites into GatherMatmuls that compute the routed experts only: the rows [R, H]
+    tiled once per expert [E, R, H], three batched MatMuls against the stacked experts, the
+    product weighed by a routing tensor [E, B, T, 1] that is zero but at each row's top-k
+    experts (softmax, top-k, renormalised, scattered) and summed over the experts."""
+    experts, width = s.experts, s.expert_intermediate
+    rows = ops.reshape(h, _const([-1, s.hidden]), False)
+    tiled = ops.reshape(ops.tile(rows, _const([experts, 1])), _const([experts, -1, s.hidden]),
+                        False)
+    gate = _linear(tiled.output(0), weights.matrix(width, s.hidden, f"{name}.moe.gate",
+                                                   experts=experts))
+    up = _linear(tiled.output(0), weights.matrix(width, s.hidden, f"{name}.moe.up",
+                                                 experts=experts))
+    # Swish without a beta input (opset13.swish adds one), as the plugin's pattern has it
+    swish = NodeFactory("opset4").create("Swish", [gate], {})
+    out = _linear(ops.multiply(swish, up).output(0),
+                  weights.matrix(s.hidden, width, f"{name}.moe.down", experts=experts))
+    dims = ops.shape_of(h, output_type="i64")
+    batch_tokens = ops.gather(dims, _const([0, 1]), _const(0))
+    out = ops.reshape(out, ops.concat([_const([experts]), batch_tokens, _const([s.hidden])], 0),
+                      False)
+    router = weights.matrix(experts, s.hidden, f"{name}.moe.router.weight", head=True)
+    probs = ops.softmax(_linear(rows.output(0), router), -1)
+    top = ops.topk(probs, ops.constant(np.int64(s.active_experts)), -1, "max", "value",
+                   ov.Type.i64)
+    picked = ops.divide(top.output(0), ops.reduce_sum(top.output(0), _const([-1]), True))
+    zeros = ops.broadcast(ops.constant(np.float32(0.0)),
+                          ops.concat([ops.gather(ops.shape_of(rows, output_type="i64"),
+                                                 _const([0]), _const(0)), _const([experts])],
+                                     0))
+    dense = ops.scatter_elements_update(zeros, top.output(1), picked, _const(1))
+    routing = ops.unsqueeze(ops.reshape(
+        ops.transpose(dense, ops.constant(np.array([1, 0], np.int32))),
+        ops.concat([_const([experts]), batch_tokens], 0), False), _const(-1))
+    return ops.reduce_sum(ops.multiply(out, routing), _const([0]), False).output(0)
 
 
 def synthetic_model(shape: LayerShape, layers: int, last: bool, weights: str,
@@ -273,7 +327,9 @@ def synthetic_manifest(shape: LayerShape, layers: int, last: bool, weights: str,
         name="synthetic", architecture="llama", num_layers=layers, hidden_size=shape.hidden,
         num_heads=shape.heads, num_kv_heads=shape.kv_heads, head_dim=shape.head_dim,
         vocab_size=shape.vocab, rope_inv_freq=inv_freq, rope_attention_scaling=1.0,
-        max_position_embeddings=0, bos_token_id=None, eos_token_ids=())
+        max_position_embeddings=0, bos_token_id=None, eos_token_ids=(),
+        experts=shape.experts, active_experts=shape.active_experts,
+        expert_intermediate=shape.expert_intermediate)
     inputs = ("hidden_states", "attention_mask", "rope_cos", "rope_sin",
               *(("logits_idx",) if last else ()), "beam_idx")
     stage = StageSpec(

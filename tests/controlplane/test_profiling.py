@@ -152,8 +152,6 @@ def test_the_second_stage_holds_some_64_mb_of_extra_layers_fewer_when_memory_is_
 
 
 def test_what_cannot_be_profiled_says_why() -> None:
-    with pytest.raises(ProfileError, match="mixture-of-experts"):
-        layer_shape(PRESETS["qwen3-30b-a3b"])
     with pytest.raises(ProfileError, match="budget must be positive"):
         Deadline(0.0, time.perf_counter)
     ticks = iter([0.0, 5.0])
@@ -228,3 +226,27 @@ def test_the_coordinators_step_runs_fewer_steps_beside_a_slower_stage() -> None:
     fast, slow, slowest = engine_steps(0.001), engine_steps(0.05), engine_steps(10.0)
     assert fast == ENGINE_STEPS and slowest == ENGINE_MIN_STEPS
     assert slowest <= slow < fast
+
+
+TINY_MOE = ModelShape("tiny-moe", num_layers=4, hidden=64, intermediate=128, heads=4,
+                      kv_heads=2, head_dim=16, vocab=384, experts=8, active_experts=2,
+                      expert_intermediate=32, architecture="qwen3_moe")
+
+
+@pytest.mark.slow
+def test_a_mixture_of_experts_is_profiled_with_all_its_experts_held(tmp_path: Path) -> None:
+    """Its synthetic layers hold every expert (their memory is the profile's) and compute
+    the routed ones; a row group of 8 reads more experts than one row."""
+    from controlplane.planner.measured import profile_of
+    from controlplane.planner.profile import Links
+    from controlplane.planner.search import PlanRequest, plan
+
+    dims = layer_shape(PRESETS["qwen3-30b-a3b"])
+    assert (dims.experts, dims.active_experts, dims.expert_intermediate) == (128, 8, 768)
+    measurement = measure(TINY_MOE, "int4", "CPU", 15.0)
+    record, _ = ProfileStore(tmp_path).save(TINY_MOE, measurement)
+    assert record.shape == TINY_MOE.fingerprint() and all(v > 0 for v in record.decode_s)
+    assert record.layer_bytes > 0
+    best = plan(PlanRequest(TINY_MOE, "int4", {"pc": profile_of(record)}, Links({}),
+                            top=1)).placements[0]
+    assert best.ranges() == [(0, 4)] and best.tok_s > 0

@@ -136,3 +136,39 @@ def test_a_shape_a_stage_cannot_have_is_refused() -> None:
         synthetic_model(TINY, 1, False, "int8", int8_form="i4-groups")
     with pytest.raises(ValueError, match="unknown weight format"):
         synthetic_model(TINY, 1, False, "int2")
+
+
+MOE = LayerShape(hidden=64, intermediate=0, heads=4, kv_heads=2, head_dim=16, vocab=384,
+                 experts=8, active_experts=2, expert_intermediate=32)
+
+
+@pytest.mark.parametrize(("weights", "types"), [("int4", {"u4"}), ("int8", {"i8"}),
+                                                ("fp16", {"f16"})])
+def test_a_mixture_of_experts_computes_its_routed_experts_as_an_export_does(
+        weights: str, types: set[str]) -> None:
+    """Its layers' experts stacked [experts, out, in] and compressed as an export's, in the
+    tiled form the CPU plugin turns into three GatherMatmuls a layer (tests/exporter/
+    test_moe.py counts the same in a real export); run as a paged stage, rows routed to
+    other experts in one step, never on a one-token graph (it would compute them all)."""
+    group = 32 if weights == "int4" else None
+    graph = synthetic_model(MOE, 2, True, weights, group)
+    experts = {op.get_output_element_type(0).get_type_name() for op in graph.get_ops()
+               if op.get_type_name() == "Constant" and ".moe." in op.get_friendly_name()
+               and not op.get_friendly_name().endswith(("scale", "zero_point", "router.weight"))}
+    assert experts == types
+    compiled = shared_core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    kinds = [op.get_rt_info()["layerType"].astype(str)
+             for op in compiled.get_runtime_model().get_ops()]
+    assert kinds.count("GatherMatmul") == 3 * 2
+    manifest = synthetic_manifest(MOE, 2, True, weights, group)
+    assert (manifest.model.experts, manifest.model.active_experts) == (8, 2)
+    runner = load_runner("", 0, RuntimeSpec(paged_attention=True), manifest=manifest,
+                         verify=False, graph=graph)
+    assert runner.one_token is None
+    rng = np.random.default_rng(0)
+    for sid in (1, 2):
+        runner.open_stream(sid)
+        runner.step(sid, rng.standard_normal((1, 4, 64), np.float32), np.arange(4))
+    runner.regroup(10, [1, 2])
+    out = runner.step_rows(10, rng.standard_normal((2, 1, 64), np.float32), np.full((2, 1), 4))
+    assert out.shape == (2, 1, 384) and np.isfinite(out).all()
