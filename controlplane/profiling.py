@@ -28,7 +28,11 @@ repository's VM). ``k`` is chosen so
 the extra layers hold some 64 MB of weights (at most 32 layers), fewer when memory is
 short: a stage of a few layers whose weights stay in the caches between its steps runs
 its layers faster than a real stage does (on this repository's VM, 15 layers of SmolLM2
-predicted its 30-layer stage's step ~20% short, 29 layers within the noise). The
+predicted its 30-layer stage's step ~20% short, 29 layers within the noise), and fewer
+on a machine so slow that building them would leave the budget no time to time them
+(``extra_layers_in_time``: what the budget has left but ``TIMING_SHARE`` of it, judged
+by how long the one-layer stage took to build; the timed layers' weights may then stay in the caches, and
+the profile read a little fast, rather than not be measured). The
 per-layer figures follow by difference (controlplane/planner/measured.py). The CPU quota
 the process runs under (controlplane/cpu_quota.py) is recorded, with the process CPU time
 a timed decode step used (every thread's, OpenVINO's included; its frames' work too) per
@@ -84,6 +88,7 @@ from zctl.weights import export_int8_form
 EXTRA_BYTES = 64e6  # the weights the second stage's extra layers should hold
 MAX_EXTRA_LAYERS = 32
 MEMORY_SHARE = 0.5  # of the free memory, what the synthetic stages may take
+TIMING_SHARE = 0.4  # of the budget, kept for timing once the stages are built
 PAST_TOKENS = 16  # each decoding row's past when timing starts
 PROMPT_TOKENS = 128  # the prompt the decoder stages prefill
 STEPS = 5  # timed decode steps per stage and row count in a round (after an untimed one)
@@ -94,6 +99,7 @@ IDLE_GAP = 1.0  # the idle gap before a timed decode step, in (1 + k)-layer stag
 # the coordinator's step, timed beside the (1 + k)-layer stage's inference: runs of steps at
 # each row count, the stage's time in them kept to ~ENGINE_STAGE_S
 ENGINE_RUNS, ENGINE_STEPS, ENGINE_MIN_STEPS, ENGINE_STAGE_S = 3, 10, 3, 3.0
+ENGINE_STEP_S = 2e-3  # the engine's own work a step, kept for beside the stage's (generous)
 PROMPT_STREAM = 1 << 20  # the prompt's stream id (row groups' streams are below it)
 
 
@@ -243,6 +249,17 @@ def _build(dims: LayerShape, layers: int, last: bool, weights: str, group: int |
     return stage
 
 
+def extra_layers_in_time(layer_build_s: float, left_s: float, budget_s: float) -> int:
+    """The most extra layers (at least 1) whose stage builds in the ``left_s`` seconds the
+    budget has left but ``TIMING_SHARE`` of it (kept for timing the stages), each layer
+    taking about as long to build as the one-layer stage did (``layer_build_s``: its graph,
+    compile and warm-up): on a slow machine (an old PC, a small CPU quota) a stage of 64 MB
+    of layers would leave its profile no time to time anything (SmolLM2-135M's 29 layers
+    took 23 s to build at a quarter of a core, one layer 1.1 s)."""
+    room = left_s - TIMING_SHARE * budget_s
+    return max(1, int(room / max(layer_build_s, 1e-6)) - 1)
+
+
 def _quantile(values: list[float], q: float = STEP_QUANTILE) -> float:
     return float(np.quantile(values, q))
 
@@ -252,6 +269,18 @@ def engine_steps(stage_s: float) -> int:
     rows is ``stage_s``: as many as keep the stage's share to some ``ENGINE_STAGE_S``."""
     runs = len(ROWS) * (ENGINE_RUNS + 1)  # a warm-up run at each row count
     return max(ENGINE_MIN_STEPS, min(ENGINE_STEPS, int(ENGINE_STAGE_S / (runs * stage_s))))
+
+
+def engine_reserve(steps: dict[tuple[str, int], list[float]], cores: float = 1.0) -> float:
+    """Seconds to keep for timing the coordinator's step (``time_engine``) after the rounds
+    of ``steps``: its runs beside the ``1 + k``-layer stage at each row count, each step
+    the stage's at the most rows (where every count has one) and the engine's own work,
+    slower on a process held to ``cores`` of CPU time (a quota under one core)."""
+    if any(not steps[("more", rows)] for rows in ROWS):
+        return 0.0
+    stage_s = _quantile(steps[("more", ROWS[-1])])
+    runs = len(ROWS) * (ENGINE_RUNS + 1)  # a warm-up run at each row count
+    return runs * engine_steps(stage_s) * (stage_s + ENGINE_STEP_S / min(1.0, cores))
 
 
 def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: float = BUDGET_S,
@@ -279,7 +308,10 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     # the head's stage first: the plugin's one-time costs (its libraries, its thread pool)
     # fall on it, not on the memory the decoder stages are told apart by
     head = _build(dims, 1, True, weights, group, form, runtime, deadline)
-    stages = {"base": _build(dims, 1, False, weights, group, form, runtime, deadline),
+    built = clock()
+    base = _build(dims, 1, False, weights, group, form, runtime, deadline)
+    k = min(k, extra_layers_in_time(clock() - built, deadline.left(), budget_s))  # (a slow PC)
+    stages = {"base": base,
               "more": _build(dims, 1 + k, False, weights, group, form, runtime, deadline),
               "head": head}
     steps: dict[tuple[str, int], list[float]] = {(n, r): [] for n in stages for r in ROWS}
@@ -320,8 +352,9 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
                 stages[name].prompt(dims.hidden)
                 prompts[name].append(clock() - t0)
         rounds += 1
-        if rounds >= MIN_ROUNDS and deadline.left() < clock() - started:
-            break  # another round would not fit
+        reserve = engine_reserve(steps, quota.share if quota else 1.0)
+        if rounds >= MIN_ROUNDS and deadline.left() < clock() - started + reserve:
+            break  # another round and the coordinator's step after it would not fit
     missing = [f"{n} at {r} rows" for (n, r), v in steps.items() if not v]
     missing += [f"the {n} stage's prompt" for n, v in prompts.items() if not v]
     if missing:

@@ -151,6 +151,21 @@ def test_the_second_stage_holds_some_64_mb_of_extra_layers_fewer_when_memory_is_
         extra_layers(PRESETS["llama-3.1-70b"], "int4", 2 << 30)
 
 
+def test_a_slow_machine_builds_fewer_extra_layers_so_its_profile_fits_its_budget() -> None:
+    """The (1 + k)-layer stage may take what the budget has left but TIMING_SHARE of it,
+    each layer as long to build as the one-layer stage took: SmolLM2's 28 extra layers on a
+    fast machine or at half a core, ~13 at a quarter of a core (its one-layer stage built in
+    1.1 s, 27 s left), never none."""
+    from controlplane.profiling import TIMING_SHARE, extra_layers_in_time
+
+    assert TIMING_SHARE * 30.0 >= 10.0  # two rounds and the coordinator's step
+    assert min(extra_layers(SMOL, "int4", 16 << 30), extra_layers_in_time(0.25, 29.0, 30.0),
+               extra_layers_in_time(0.55, 28.5, 30.0)) == 28
+    assert extra_layers_in_time(1.1, 27.0, 30.0) == 12
+    assert extra_layers_in_time(5.0, 12.0, 30.0) == 1  # no room: one, never none
+    assert extra_layers_in_time(0.0, 29.0, 30.0) > 32
+
+
 def test_what_cannot_be_profiled_says_why() -> None:
     with pytest.raises(ProfileError, match="budget must be positive"):
         Deadline(0.0, time.perf_counter)
