@@ -52,4 +52,6 @@ def export_shape(manifest: ExportManifest, export_dir: Path) -> ModelShape:
         intermediate=0 if spec.experts else _mlp_width(export_dir / stage.xml),
         heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
         vocab=spec.vocab_size, experts=spec.experts, active_experts=spec.active_experts,
-        expert_intermediate=spec.expert_intermediate, architecture=spec.architecture)
+        expert_intermediate=spec.expert_intermediate, architecture=spec.architecture,
+        sliding_window=spec.sliding_window if spec.sliding_layers else 0,
+        sliding_layers=len(spec.sliding_layers))

@@ -2,13 +2,16 @@
 
 The figures are placement's (controlplane/placement.py): weights times the runtime
 overhead of compiled-model buffers, and a KV reserve per layer for ``context`` tokens of
-each stream. Stage 0 also holds the embedding, the last stage the LM head.
+each stream (a sliding-window layer's for what it keeps: its window and margin). Stage 0
+also holds the embedding, the last stage the LM head.
 """
 
 from __future__ import annotations
 
 from controlplane.placement import DEFAULT_HEADROOM, RUNTIME_OVERHEAD, LayerCost
 from controlplane.planner.shape import ModelShape
+from dataplane.runtime.config import RuntimeSpec
+from dataplane.runtime.kv.blocks import CPU_BLOCK_TOKENS, SlidingWindow
 from zctl.weights import (
     check_weight_format,
     decoder_bytes_per_weight,
@@ -52,10 +55,21 @@ def stage_cost(shape: ModelShape, weights: str, layer_bytes: int | None = None,
     if context < 1 or streams < 1:
         raise ValueError(f"context and streams must be >= 1, got {context} and {streams}")
     extra = int(embedding_bytes(shape, weights) * RUNTIME_OVERHEAD)
-    kv = int(shape.kv_bytes_per_token(kv_bytes_per_value) * context * streams)
+    tokens = shape.kv_tokens_per_layer(context, sliding_kept_tokens(shape.sliding_window))
+    kv = int(shape.kv_bytes_per_token(kv_bytes_per_value) * tokens * streams)
     per_layer = layer_bytes if layer_bytes is not None else resident_layer_bytes(shape, weights)
     return LayerCost(per_layer, first_extra=extra, last_extra=extra, kv_bytes_per_layer=kv,
                      overhead=1.0)
+
+
+def sliding_kept_tokens(window: int) -> int:
+    """Tokens a sliding layer of ``window`` keeps of a stream on a paged stage (the
+    cluster's default): its window, the deepest rewind's margin and a step's token, over
+    block edges (dataplane.runtime.kv.blocks.SlidingWindow); 0 without a window."""
+    if window < 1:
+        return 0
+    bound = SlidingWindow(window, RuntimeSpec.sliding_margin, CPU_BLOCK_TOKENS).blocks_bound(1)
+    return bound * CPU_BLOCK_TOKENS
 
 
 def model_bytes(shape: ModelShape, cost: LayerCost) -> int:

@@ -33,13 +33,18 @@ class ModelShape:
     active_experts: int = 0
     expert_intermediate: int = 0
     architecture: str = "llama"
+    # sliding-window attention (Gemma 3, gpt-oss): ``sliding_layers`` of the layers attend
+    # to their latest ``sliding_window`` tokens only, and keep no more KV than that
+    sliding_window: int = 0
+    sliding_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "vocab"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ShapeError(f"{self.name}: {name} must be a positive integer, not {value!r}")
-        for name in ("intermediate", "experts", "active_experts", "expert_intermediate"):
+        for name in ("intermediate", "experts", "active_experts", "expert_intermediate",
+                     "sliding_window", "sliding_layers"):
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ShapeError(f"{self.name}: {name} must be an integer >= 0, not {value!r}")
@@ -54,6 +59,11 @@ class ModelShape:
                 raise ShapeError(f"{self.name}: a mixture of experts needs expert_intermediate")
         elif self.intermediate < 1:
             raise ShapeError(f"{self.name}: intermediate must be a positive integer")
+        if self.sliding_layers > self.num_layers or (self.sliding_layers > 0) != (
+                self.sliding_window > 0):
+            raise ShapeError(f"{self.name}: {self.sliding_layers} sliding layers of "
+                             f"{self.num_layers} with a window of {self.sliding_window}: need "
+                             "both or neither, and no more sliding layers than layers")
 
     @property
     def moe(self) -> bool:
@@ -143,11 +153,22 @@ class ModelShape:
         """KV cache one token keeps in one layer (keys and values)."""
         return 2 * self.kv_heads * self.head_dim * bytes_per_value
 
+    def kv_tokens_per_layer(self, context: int, sliding_kept: int) -> float:
+        """Tokens of KV a layer keeps of a ``context``-token stream, on average over the
+        layers: a global layer every token, a sliding one at most ``sliding_kept`` (its
+        window and what the runtime keeps beyond it)."""
+        kept = min(context, sliding_kept) if self.sliding_layers else context
+        return (context * (self.num_layers - self.sliding_layers)
+                + kept * self.sliding_layers) / self.num_layers
+
     def describe(self) -> str:
         mlp = (f"{self.experts} experts ({self.active_experts} active) of "
                f"{self.expert_intermediate}" if self.moe else f"MLP {self.intermediate}")
-        return (f"{self.num_layers} layers, hidden {self.hidden}, {mlp}, {self.heads} heads "
-                f"({self.kv_heads} KV) of {self.head_dim}, vocabulary {self.vocab}")
+        sliding = (f", {self.sliding_layers} sliding over {self.sliding_window} tokens"
+                   if self.sliding_layers else "")
+        return (f"{self.num_layers} layers{sliding}, hidden {self.hidden}, {mlp}, "
+                f"{self.heads} heads ({self.kv_heads} KV) of {self.head_dim}, "
+                f"vocabulary {self.vocab}")
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -29,6 +29,7 @@ GGUF_MAGIC = b"GGUF"
 GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
                 10: "<Q", 11: "<q", 12: "<d"}
 GGUF_STRING, GGUF_ARRAY = 8, 9
+SMALL_ARRAY = 1024  # a scalar array this long or shorter is read; a longer one is counted
 
 
 def shape_from_config(raw: Mapping[str, Any], name: str, where: str) -> ModelShape:
@@ -50,23 +51,51 @@ def shape_from_config(raw: Mapping[str, Any], name: str, where: str) -> ModelSha
 
     hidden = integer("hidden_size")
     heads = integer("num_attention_heads")
+    layers = integer("num_hidden_layers")
     experts = integer("num_experts", raw.get("num_local_experts") or 0)
     head_dim = raw.get("head_dim") or hidden // max(1, heads)
+    sliding = config_sliding_layers(raw, layers, where)
     return ModelShape(
-        name=name, num_layers=integer("num_hidden_layers"), hidden=hidden,
+        name=name, num_layers=layers, hidden=hidden,
         intermediate=integer("intermediate_size", 0), heads=heads,
         kv_heads=integer("num_key_value_heads", heads), head_dim=int(head_dim),
         vocab=integer("vocab_size"), tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
         experts=experts, active_experts=integer("num_experts_per_tok", 0) if experts else 0,
         expert_intermediate=(integer("moe_intermediate_size", raw.get("intermediate_size"))
                              if experts else 0),
-        architecture=str(raw.get("model_type", "llama")))
+        architecture=str(raw.get("model_type", "llama")),
+        sliding_window=integer("sliding_window") if sliding else 0, sliding_layers=sliding)
+
+
+# model types whose layers interleave sliding-window and global attention, and, for a
+# config.json without layer_types, which layers slide: every layer but each n-th
+# (sliding_window_pattern n, Gemma 3's 6 when unstated), or every other from the first
+INTERLEAVED = {"gemma3": 6, "gemma3_text": 6, "gpt_oss": 2}
+
+
+def config_sliding_layers(raw: Mapping[str, Any], layers: int, where: str) -> int:
+    """How many of a config's ``layers`` attend over a sliding window, as the exporter
+    exports them (exporter.families: Gemma 3's and gpt-oss's ``layer_types``); a window on
+    every layer (Mistral, Phi-3) caps the context instead, and slides none."""
+    kinds = raw.get("layer_types")
+    if isinstance(kinds, list):
+        return sum(kind == "sliding_attention" for kind in kinds)
+    model_type = raw.get("model_type")
+    if model_type not in INTERLEAVED or not raw.get("sliding_window"):
+        return 0
+    pattern = raw.get("sliding_window_pattern", INTERLEAVED[str(model_type)])
+    if type(pattern) is not int or pattern < 1:
+        raise ShapeError(f"{where}: 'sliding_window_pattern' is {pattern!r}, not a positive "
+                         "integer")
+    if model_type == "gpt_oss":
+        return (layers + 1) // 2
+    return layers - layers // pattern
 
 
 @dataclass(frozen=True)
 class GGUFHeader:
-    """A GGUF file's metadata (scalars and strings; arrays as their element count) and the
-    names of its tensors."""
+    """A GGUF file's metadata (scalars and strings; arrays of up to SMALL_ARRAY scalars as
+    lists, others as their element count) and the names of its tensors."""
 
     metadata: dict[str, Any]
     tensor_names: tuple[str, ...]
@@ -99,6 +128,8 @@ class _Cursor:
             return self.string()
         if kind == GGUF_ARRAY:
             item, count = self.unpack("<I"), self.unpack("<Q")
+            if item in GGUF_SCALARS and count <= SMALL_ARRAY:  # a flag a layer, say
+                return [self.unpack(GGUF_SCALARS[item]) for _ in range(count)]
             if item in GGUF_SCALARS:
                 self.at += count * struct.calcsize(GGUF_SCALARS[item])
             else:
@@ -158,15 +189,39 @@ def shape_from_gguf(path: Path) -> ModelShape:
     if not isinstance(vocab, int):
         raise ShapeError(f"{path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     experts = integer("expert_count", 0)
+    layers = integer("block_count")
+    window = integer("attention.sliding_window", 0)
+    sliding = gguf_sliding_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), arch,
+                                  layers, path) if window else 0
     return ModelShape(
-        name=str(meta.get("general.name") or path.stem), num_layers=integer("block_count"),
+        name=str(meta.get("general.name") or path.stem), num_layers=layers,
         hidden=hidden, intermediate=integer("feed_forward_length", 0), heads=heads,
         kv_heads=integer("attention.head_count_kv", heads),
         head_dim=integer("attention.key_length", hidden // heads), vocab=vocab,
         tied_embeddings="output.weight" not in header.tensor_names,
         experts=experts, active_experts=integer("expert_used_count", 0) if experts else 0,
         expert_intermediate=integer("expert_feed_forward_length", 0) if experts else 0,
-        architecture=arch)
+        architecture=arch, sliding_window=window if sliding else 0, sliding_layers=sliding)
+
+
+def gguf_sliding_layers(pattern: Any, arch: str, layers: int, path: Path) -> int:
+    """How many of a GGUF file's ``layers`` slide (as the exporter reads the file): its
+    ``attention.sliding_window_pattern`` (every n-th layer global, or a flag a layer,
+    true for a sliding one), else Gemma 3's every 6th global or gpt-oss's every other
+    from the first; none in other architectures (a window on every layer caps the
+    context)."""
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ShapeError(f"{path}: its sliding_window_pattern has {len(pattern)} layers, "
+                             f"its block_count {layers}")
+        return sum(bool(flag) for flag in pattern)
+    if arch not in ("gemma3", "gpt-oss"):
+        return 0
+    if pattern is None:
+        return (layers + 1) // 2 if arch == "gpt-oss" else layers - layers // 6
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+        raise ShapeError(f"{path}: its sliding_window_pattern is {pattern!r}")
+    return layers - layers // pattern
 
 
 def _config_file(path: Path, name: str) -> ModelShape:

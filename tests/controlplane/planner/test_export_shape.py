@@ -33,3 +33,23 @@ def test_a_graph_without_a_gate_or_an_odd_fused_one_is_a_clear_error(tmp_path: P
         _mlp_width(_ir(tmp_path, "self.layers.0.down_proj.weight", "576, 1536"))
     with pytest.raises(ShapeError, match="has shape '3071, 576'"):
         _mlp_width(_ir(tmp_path, "self.layers.0.gate_up_proj.weight", "3071, 576"))
+
+
+def test_an_exports_sliding_layers_are_its_shapes(tmp_path: Path) -> None:
+    """The manifest's sliding window and layers (a Gemma 3 or gpt-oss export) make the
+    shape's, so the planner reserves a sliding layer's window of KV, not the context's."""
+    from dataclasses import replace
+
+    from controlplane.planner.export_shape import export_shape
+    from dataplane.runtime.synthetic import LayerShape, synthetic_manifest
+
+    manifest = synthetic_manifest(LayerShape(64, 128, 4, 2, 16, 384), 6, True, "fp32")
+    stage = replace(manifest.stages[0], xml="stage0.xml")
+    manifest = replace(manifest, stages=(stage,), model=replace(
+        manifest.model, sliding_window=512, sliding_layers=(0, 1, 2, 3, 4)))
+    _ir(tmp_path, "self.layers.0.gate_up_proj.weight", "256, 64")
+    shape = export_shape(manifest, tmp_path)
+    assert (shape.sliding_window, shape.sliding_layers, shape.intermediate) == (512, 5, 128)
+    plain = export_shape(replace(manifest, model=replace(manifest.model, sliding_layers=())),
+                         tmp_path)
+    assert (plain.sliding_window, plain.sliding_layers) == (0, 0)
