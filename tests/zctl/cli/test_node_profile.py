@@ -67,7 +67,8 @@ def test_each_int8_form_is_profiled_and_kept_apart(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--weights", "int2"], "--weights is auto or one of"),
     (["--model", "no-such-model"], "not a preset"),
-    (["--model", "qwen3-30b-a3b", "--device", "CPU"], "mixture-of-experts"),
+    (["--model", "llama-3.1-70b", "--device", "CPU", "--memory-mb", "1000"],
+     "needs ~2.9 GB (three layers and the LM head), 50% of the 1.0 GB free"),
     (["--device", "CPU", "--budget", "0.5"], "Invalid value for '--budget'"),
     (["--weights", "int8", "--int8-form", "u4-groups"], "--int8-form is one of i8-groups"),
     (["--weights", "fp16", "--int8-form", "i8-groups"], "a fp16 export holds no INT8"),
