@@ -22,6 +22,7 @@ from exporter.export import export_model
 from exporter.quality import chain_logits, compare_logits, eval_passages, hf_logits
 from exporter.sources import SourceError, open_source
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
+from tests.exporter.exactness import assert_speculation_matches, run_to_end, runner_chains
 from tests.helpers.tiny_models import build_llama
 from zctl.engine.scheduler import StreamScheduler, run_sessions
 from zctl.engine.sessions import DecodeSession
@@ -138,6 +139,25 @@ def test_three_uneven_stages_match_hf_greedy(moe_export: Path, hf) -> None:
     assert session.cached_tokens >= len(prompts[0])  # its start came from the cache
     longer = prompts[0] + results[0].reference + tokenizer.encode(" and then", chat=False)
     assert session.emitted == hf_greedy(hf, longer, TOKENS)
+
+
+@pytest.mark.slow
+def test_speculation_rewinds_and_a_stateful_prefix_hit_match_hf(moe_export: Path, hf) -> None:
+    """On the stateful runner (rewinding by mask and by trimming) and the paged one, a
+    speculative decoding with drafts rejected at every position (the stages rewind their
+    KV, the experts' layers among them) gives Hugging Face's greedy tokens; and on the
+    stateful runner too, a prompt whose start is a prefix-cache hit."""
+    tokenizer = ChatTokenizer(moe_export)
+    short = tokenizer.encode("Hi there", chat=False)
+    chains = runner_chains(moe_export)
+    assert_speculation_matches(chains, short, hf_greedy(hf, short, TOKENS))
+    prompt = tokenizer.encode(DEFAULT_PROMPTS[0])
+    scheduler = StreamScheduler(chains["mask"], prefix_cache_tokens=4096)
+    first = run_to_end(scheduler, DecodeSession(2, prompt, TOKENS))
+    longer = prompt + first + tokenizer.encode(" and then", chat=False)
+    session = DecodeSession(3, longer, TOKENS)
+    assert run_to_end(scheduler, session) == hf_greedy(hf, longer, TOKENS)
+    assert session.cached_tokens >= len(prompt)  # its start came from the cache
 
 
 def _expert_constants(xml: Path) -> Counter:
