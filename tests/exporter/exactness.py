@@ -114,3 +114,22 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class NarrowMargin(RuntimeSpec):
+    """Exact numerics on paged stages whose sliding layers keep 8 tokens beyond their
+    window: the deepest rewind of a speculation of 4 drafts, and narrow enough for a
+    short generation to free blocks (a block holds 32 tokens)."""
+
+    sliding_margin = 8
+
+
+def window_blocks(chain: LocalChain, sid: int, seen: dict[int, list[tuple[int, int]]]) -> None:
+    """Note each stage's (sliding, global) block counts of stream ``sid`` after a step."""
+    for i, runner in enumerate(chain.runners):
+        seq = runner.streams.get(sid)
+        if seq is None:  # (the stream ended)
+            continue
+        assert runner.window is not None
+        assert len(seq.window_blocks) + seq.window_first == len(seq.blocks)
+        seen.setdefault(i, []).append((len(seq.window_blocks), len(seq.blocks)))

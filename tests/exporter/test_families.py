@@ -16,7 +16,6 @@ import torch
 
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.base import StageError
-from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.blocks import blocks_for
 from dataplane.runtime.kv.masks import MASK_MIN
 from dataplane.runtime.kv.slots import held_slots
@@ -29,12 +28,14 @@ from exporter.stage_module import split_rope, window_mask
 from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
 from tests.exporter.exactness import (
     STATEFUL_WINDOW,
+    NarrowMargin,
     assert_next_turn_takes_the_entry,
     assert_speculation_matches,
     run_to_end,
     runner_chains,
     speculate_watching,
     state_slots,
+    window_blocks,
 )
 from tests.exporter.tiny_gguf import write_gguf
 from tests.helpers.tiny_models import build_llama
@@ -411,26 +412,7 @@ def test_the_manifest_states_the_capped_context(tmp_path: Path) -> None:
     assert model_spec(open_source(str(model_dir))).max_position_embeddings == 256
 
 
-class NarrowMargin(RuntimeSpec):
-    """Exact numerics on paged stages whose sliding layers keep 8 tokens beyond their
-    window: the deepest rewind of a speculation of 4 drafts, and narrow enough for a
-    short generation to free blocks (a block holds 32 tokens)."""
-
-    sliding_margin = 8
-
-
 WINDOW_TOKENS = 96  # 12 windows, the context over 4 blocks
-
-
-def _window_blocks(chain: LocalChain, sid: int, seen: dict[int, list[tuple[int, int]]]) -> None:
-    """Note each stage's (sliding, global) block counts of stream ``sid`` after a step."""
-    for i, runner in enumerate(chain.runners):
-        seq = runner.streams.get(sid)
-        if seq is None:  # (the stream ended)
-            continue
-        assert runner.window is not None
-        assert len(seq.window_blocks) + seq.window_first == len(seq.blocks)
-        seen.setdefault(i, []).append((len(seq.window_blocks), len(seq.blocks)))
 
 
 @pytest.mark.slow
@@ -455,7 +437,7 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
 
     seen: dict[int, list[tuple[int, int]]] = {}
     # the stream kept open for what follows
-    got = greedy_kept_open(chain, prompt, WINDOW_TOKENS - 1, 1, lambda: _window_blocks(chain, 1, seen))
+    got = greedy_kept_open(chain, prompt, WINDOW_TOKENS - 1, 1, lambda: window_blocks(chain, 1, seen))
     assert got == reference[:-1]
     for counts in seen.values():
         assert max(w for w, _ in counts) <= kept
@@ -490,7 +472,7 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
 
     seen = {}
     stats = speculate_watching(chain, prompt, reference, 3,
-                               lambda: _window_blocks(chain, 3, seen))
+                               lambda: window_blocks(chain, 3, seen))
     assert stats.rejections > 10 and stats.accepted > 10
     assert all(max(w for w, _ in counts) <= kept for counts in seen.values())
 

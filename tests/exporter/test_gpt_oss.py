@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dataplane.head.local_chain import LocalChain
+from dataplane.runtime.kv.blocks import blocks_for
 from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.paged import paged_model
 from dataplane.runtime.rope import rope_tables
@@ -25,14 +26,21 @@ from exporter.sources import SourceError, open_source
 from exporter.verify import DEFAULT_PROMPTS, hf_greedy, verify_export
 from tests.exporter.exactness import (  # noqa: F401 - one_torch_thread: its fixture
     STATEFUL_WINDOW,
+    NarrowMargin,
     assert_speculation_matches,
     one_torch_thread,
     run_to_end,
     runner_chains,
     state_slots,
+    window_blocks,
 )
 from tests.helpers.tiny_models import build_llama
-from zctl.engine.scheduler import StreamScheduler, generate_greedy, run_sessions
+from zctl.engine.scheduler import (
+    StreamScheduler,
+    generate_greedy,
+    greedy_kept_open,
+    run_sessions,
+)
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.manifest import StaticKV
@@ -156,6 +164,27 @@ def test_sliding_layers_keep_only_their_window_on_stateful_stages(export_dir: Pa
     assert got == reference
     assert max(seen["sliding"]) <= WINDOW - 1 + 8 + 4 + 1  # and a step's token
     assert max(seen["global"]) >= len(prompt) + 12 * WINDOW - 3
+
+
+@pytest.mark.slow
+def test_sliding_layers_keep_only_their_window_on_paged_stages(export_dir: Path, hf) -> None:
+    """On paged stages the sliding layers (attention sinks and all) keep the blocks of
+    their window and margin only, while the full layers' tables grow: greedy tokens stay
+    Hugging Face's over 12 windows."""
+    prompt = ChatTokenizer(export_dir).encode(DEFAULT_PROMPTS[0])
+    reference = hf_greedy(hf, prompt, 12 * WINDOW)
+    chain = LocalChain.load(str(export_dir), NarrowMargin(
+        precision="f32", kv_cache_precision="f32", dynamic_quantization=False,
+        paged_attention=True))
+    window = chain.runners[0].window
+    assert window is not None and (window.window, window.margin) == (WINDOW, 8)
+    kept = blocks_for(WINDOW - 1 + 8, window.block_size) + 1  # the most a window spans
+    seen: dict[int, list[tuple[int, int]]] = {}
+    got = greedy_kept_open(chain, prompt, 12 * WINDOW, 1, lambda: window_blocks(chain, 1, seen))
+    assert got == reference
+    for counts in seen.values():
+        assert max(w for w, _ in counts) <= kept
+        assert counts[-1][1] >= 2 * kept  # the full layers' table outgrew the window's
 
 
 @pytest.mark.slow
