@@ -420,9 +420,9 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
     """On paged stages a sliding layer keeps the blocks of its window and margin only, the
     older ones freed to its own pool, while the global layers' tables grow: greedy tokens
     stay Hugging Face's over 12 windows, and so do a speculative decoding rejecting drafts
-    all along (rewinds within the margin) and a prompt whose whole start is a prefix-cache
-    hit; a rewind past the margin, or a prefix whose window was freed, is refused and
-    changes nothing."""
+    all along (rewinds within the margin), a prompt whose whole start is a prefix-cache
+    hit and a healed stream's tokens replayed in chunks; a rewind past the margin, or a
+    prefix whose window was freed, is refused and changes nothing."""
     model_dir, export_dir = gemma3_export
     hf = open_source(str(model_dir)).load_hf_model()
     tokenizer = ChatTokenizer(export_dir)
@@ -477,6 +477,11 @@ def test_gemma3_sliding_layers_keep_only_their_window_on_paged_stages(gemma3_exp
     assert all(max(w for w, _ in counts) <= kept for counts in seen.values())
 
     assert_next_turn_takes_the_entry(chain, hf, tokenizer, prompt, TOKENS, TOKENS, 4)
+
+    # a healed stream replays its tokens past the window onto fresh KV, in chunks
+    got = list(generate_greedy(chain, prompt + reference[:48], 16, stream_id=6,
+                               prefill_chunk=7))
+    assert got == reference[48:64]
 
 
 @pytest.mark.slow

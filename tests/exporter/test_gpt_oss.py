@@ -170,7 +170,8 @@ def test_sliding_layers_keep_only_their_window_on_stateful_stages(export_dir: Pa
 def test_sliding_layers_keep_only_their_window_on_paged_stages(export_dir: Path, hf) -> None:
     """On paged stages the sliding layers (attention sinks and all) keep the blocks of
     their window and margin only, while the full layers' tables grow: greedy tokens stay
-    Hugging Face's over 12 windows."""
+    Hugging Face's over 12 windows, and so do a healed stream's, its tokens replayed in
+    chunks."""
     prompt = ChatTokenizer(export_dir).encode(DEFAULT_PROMPTS[0])
     reference = hf_greedy(hf, prompt, 12 * WINDOW)
     chain = LocalChain.load(str(export_dir), NarrowMargin(
@@ -185,6 +186,11 @@ def test_sliding_layers_keep_only_their_window_on_paged_stages(export_dir: Path,
     for counts in seen.values():
         assert max(w for w, _ in counts) <= kept
         assert counts[-1][1] >= 2 * kept  # the full layers' table outgrew the window's
+    # a healed stream replays its tokens past the window onto fresh KV, in chunks, and goes
+    # on exactly
+    got = list(generate_greedy(chain, prompt + reference[:48], 16, stream_id=4,
+                               prefill_chunk=7))
+    assert got == reference[48:64]
 
 
 @pytest.mark.slow
