@@ -5,7 +5,9 @@ benchmark only, never of the product.
 
 The build's options are upstream's defaults except where named, each with its reason
 (``BuildPlan.reasons``): the CPU's instruction sets (tools.peers.cpu), the RPC backend,
-and what the benchmark does not need.
+and what the benchmark does not need. The toolchain's versions (compilers, CMake, Ninja)
+and the contents of any file the options name are recorded and keyed with them: another
+compiler is another build.
 """
 
 from __future__ import annotations
@@ -57,12 +59,16 @@ class BuildPlan:
     pin: SourcePin
     options: dict[str, str]
     reasons: dict[str, str] = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)  # tool: its --version's first line
+    inputs: dict[str, str] = field(default_factory=dict)  # a file the flags name: its sha256
 
     @property
     def key(self) -> str:
         """The cache's name for this build: the pin's version and a hash of the pin's
-        sha256 and every option."""
-        text = json.dumps({"sha256": self.pin.sha256, "options": self.options}, sort_keys=True)
+        sha256, every option, the toolchain's versions and the files the options name."""
+        text = json.dumps({"sha256": self.pin.sha256, "options": self.options,
+                           "toolchain": self.toolchain, "inputs": self.inputs},
+                          sort_keys=True)
         return f"{self.pin.version}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
     def cmake_args(self) -> list[str]:
@@ -72,14 +78,39 @@ class BuildPlan:
         """The build as the benchmark's output names it."""
         return {"pin": {"project": self.pin.project, "version": self.pin.version,
                         "sha256": self.pin.sha256},
-                "options": self.options, "reasons": self.reasons, "key": self.key}
+                "options": self.options, "reasons": self.reasons,
+                "toolchain": self.toolchain, "inputs": self.inputs, "key": self.key}
 
 
-def plan_build(isa: IsaChoice, pin: SourcePin = PIN) -> BuildPlan:
-    """The build for a CPU's instruction-set choice, at ``pin``."""
+def plan_build(isa: IsaChoice, pin: SourcePin = PIN,
+               toolchain: dict[str, str] | None = None) -> BuildPlan:
+    """The build for a CPU's instruction-set choice, at ``pin``, with ``toolchain`` (the
+    tools' versions, ``toolchain_versions``; None: not recorded)."""
     options = {**isa.options, **{k: v for k, (v, _) in BUILD_OPTIONS.items()}}
     reasons = {**isa.reasons, **{k: why for k, (_, why) in BUILD_OPTIONS.items()}}
-    return BuildPlan(pin, options, reasons)
+    inputs = {}
+    if isa.include is not None:  # its path is in the flags; what it holds is the build's too
+        inputs[str(isa.include)] = hashlib.sha256(isa.include.read_bytes()).hexdigest()
+    return BuildPlan(pin, options, reasons, dict(toolchain or {}), inputs)
+
+
+def toolchain_versions(cmake: str = "cmake") -> dict[str, str]:
+    """The first line of ``--version`` of what builds llama.cpp: the C and C++ compilers
+    CMake picks (``$CC``/``$CXX``, else ``cc``/``c++``), CMake and Ninja; a tool that is
+    missing or fails is recorded as such."""
+    tools = {"cc": os.environ.get("CC") or "cc", "c++": os.environ.get("CXX") or "c++",
+             "cmake": cmake, "ninja": "ninja"}
+    versions = {}
+    for role, tool in tools.items():
+        try:
+            answer = subprocess.run([tool, "--version"], capture_output=True, text=True,
+                                    timeout=30)
+            line = (answer.stdout or answer.stderr).strip().splitlines()[:1]
+            versions[role] = (f"{tool}: {line[0]}" if answer.returncode == 0 and line
+                              else f"{tool}: --version exited {answer.returncode}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            versions[role] = f"{tool}: not run ({type(exc).__name__})"
+    return versions
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from tools.peers.build import (
     build,
     find_binaries,
     plan_build,
+    toolchain_versions,
 )
 from tools.peers.cases import TOPOLOGIES, Case, CasePlan, CaseResult, case_matrix, run_case
 from tools.peers.cpu import AMX_POLICIES, choose_isa, probe_amx, read_cpu_flags
@@ -93,7 +94,8 @@ def llama_cpp(given: Path | None, cache: Path, amx: str, sdist: Path | None) -> 
     """The binaries given (checked: a bad directory is a usage error) or the pinned build
     for this CPU (a failed build is llama.cpp's failure in every case)."""
     flags = read_cpu_flags()
-    plan = plan_build(choose_isa(flags, probe_amx(flags) if amx == "probe" else None))
+    plan = plan_build(choose_isa(flags, probe_amx(flags) if amx == "probe" else None),
+                      toolchain=toolchain_versions())
     if given is not None:
         try:
             found = find_binaries(given.expanduser().resolve())
@@ -108,7 +110,7 @@ def llama_cpp(given: Path | None, cache: Path, amx: str, sdist: Path | None) -> 
         found = build(plan, cache, sdist=sdist)
     except (BuildFailure, SourceFailure) as exc:
         failure = PeerFailure(f"llama.cpp could not be built: {exc}",
-                              getattr(exc, "log_tail", ""))
+                              exc.log_tail if isinstance(exc, BuildFailure) else "")
         err.print(f"[red]{failure}[/]\n{failure.log_tail}", highlight=False)
         return Llama(None, failure, {"build": plan.record(), "failure": failure.record()})
     return Llama(found, None, {"binaries": str(found.directory), "version": found.version,
@@ -269,7 +271,8 @@ def main(
     amx: Annotated[str, typer.Option(
         help="AMX in llama.cpp's build: probe (on when the kernel grants this process AMX "
              "tiles and a tile program configured as ggml's runs, built by the default C++ "
-             "compiler or else by a clang on PATH, which then builds llama.cpp), or off")] = "probe",
+             "compiler, with a header that keeps the tile configuration forced in where "
+             "that compiler drops it), or off")] = "probe",
     quick: Annotated[bool, typer.Option(
         "--quick", help="a smoke run: SmolLM2 INT4, 1 and 2 nodes, 128-token prompt, 32 "
                         "tokens, 1 and 4 clients, one round (options given still apply)")] = False,

@@ -61,6 +61,7 @@ class IsaChoice:
 
     options: dict[str, str]
     reasons: dict[str, str]
+    include: Path | None = None  # the header CMAKE_C(XX)_FLAGS force into every source
 
 
 @dataclass(frozen=True)
@@ -119,13 +120,15 @@ def choose_isa(flags: Iterable[str], amx: AmxProbe | None = None) -> IsaChoice:
         reasons["CMAKE_CXX_FLAGS"] = reasons["CMAKE_C_FLAGS"] = (
             f"{flags}: the compiler's _tile_loadconfig loses ggml's tile configuration "
             f"({amx.detail})")
-    if cpu_amx:
-        probe = f" (probe: {amx.detail})" if amx is not None else ""
-        reasons["GGML_AMX"] = (f"ON: /proc/cpuinfo lists {' '.join(cpu_amx)}{probe}" if amx_on
-                               else f"OFF although /proc/cpuinfo lists {' '.join(cpu_amx)}: "
+    probe = f" (probe: {amx.detail})" if amx is not None else ""
+    for option, flag in AMX_OPTIONS:
+        if flag in have:
+            reasons[option] = (f"ON: /proc/cpuinfo lists {flag}{probe}" if amx_on
+                               else f"OFF although /proc/cpuinfo lists {flag}: "
                                     + (f"the probe failed{probe}" if amx is not None
                                        else AMX_OFF_REASON))
-    return IsaChoice(options, reasons)
+    include = amx.include if amx_on and amx is not None else None
+    return IsaChoice(options, reasons, include)
 
 
 # Ask the kernel for AMX tile data (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), then run an

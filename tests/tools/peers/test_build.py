@@ -60,6 +60,29 @@ def test_the_cache_key_follows_the_pin_and_the_flags() -> None:
     assert avx2.record()["reasons"]["GGML_RPC"].startswith("ON")
 
 
+def test_the_toolchain_and_a_forced_header_s_contents_are_recorded_and_keyed(
+        tmp_path: Path) -> None:
+    """Another compiler, or the same header path holding other text, is another build."""
+    from tools.peers.build import toolchain_versions
+    from tools.peers.cpu import AmxProbe
+
+    xeon = {"avx2", "fma", "f16c", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw",
+            "avx512_vnni", "amx_tile", "amx_int8"}
+    gcc12 = {"c++": "c++: c++ (Debian 12.2.0-14) 12.2.0"}
+    assert plan_build(choose_isa(xeon), toolchain=gcc12).key != plan_build(
+        choose_isa(xeon), toolchain={"c++": "c++: clang version 16.0.6"}).key
+    assert plan_build(choose_isa(xeon), toolchain=gcc12).record()["toolchain"] == gcc12
+    header = tmp_path / "tile_config.h"
+    header.write_text("/* one */\n")
+    amx = choose_isa(xeon, AmxProbe(True, "stores dropped", header))
+    first = plan_build(amx)
+    assert first.inputs == {str(header): hashlib.sha256(b"/* one */\n").hexdigest()}
+    header.write_text("/* two */\n")
+    assert plan_build(amx).key != first.key
+    here = toolchain_versions()
+    assert set(here) == {"cc", "c++", "cmake", "ninja"} and all(here.values())
+
+
 def test_given_binaries_are_checked(tmp_path: Path) -> None:
     with pytest.raises(BinariesError, match="no such directory"):
         find_binaries(tmp_path / "nowhere")
