@@ -44,7 +44,15 @@ from tools.peers.gguf import GgufFailure, GgufFile, GgufLayout, gguf_layout, pai
 from tools.peers.models import MODELS, bench_model, export_ranges, shipped_gguf, token_encoder
 from tools.peers.placement import describe
 from tools.peers.processes import Node, PeerFailure, llama_bench
-from tools.peers.report import LLAMA, ZCTL, case_ratios, greedy_targets, render, targets
+from tools.peers.report import (
+    LLAMA,
+    ZCTL,
+    case_ratios,
+    greedy_targets,
+    render,
+    targets,
+    unmeasured_targets,
+)
 from tools.peers.source import PIN, SourceFailure, pinned_tree
 from tools.peers.systems import LlamaServed, Served, case_nodes, llama_served, zctl_served
 
@@ -147,14 +155,16 @@ class Run:
 
     def result(self, head: dict[str, Any]) -> dict[str, Any]:
         """The output object: ``head``, the GGUFs, every case's record, ratios, targets
-        (the greedy check's, from ``head["greedy"]``, first)."""
+        (the greedy check's, from ``head["greedy"]``, first; those of the cases not
+        measurable here last, unmet)."""
         ratios = {k: v for record in self.records for k, v in case_ratios(record).items()}
         return {**head, "ggufs": [{"model": m, "weights": w, **g.record()}
                                   for (m, w), g in self.ggufs.items() if isinstance(g, GgufFile)],
                 "cases": self.records,
                 "ratios": {key: rounded(value) for key, value in ratios.items()},
                 "targets": {**greedy_targets(head["greedy"]),
-                            **targets(self.records, ratios, self.plan.prompts)}}
+                            **targets(self.records, ratios, self.plan.prompts),
+                            **unmeasured_targets(head["not_measured"], self.plan.prompts)}}
 
     def tree(self) -> Path:
         return pinned_tree(self.cache / "src", PIN, self.sdist)

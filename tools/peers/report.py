@@ -98,6 +98,24 @@ def targets(records: Sequence[Mapping[str, Any]], ratios: Mapping[str, float | N
     return out
 
 
+def unmeasured_targets(not_measured: Mapping[str, str],
+                       prompts: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """The targets of the cases this machine cannot measure (``not_measured``: case key ->
+    why; more nodes with a core each than it has cores): one stream at each prompt length
+    and the aggregate at 8 and 16 clients, each without a value, unmet, with the reason."""
+    out: dict[str, dict[str, Any]] = {}
+    for case, why in not_measured.items():
+        for length in prompts:
+            figure = f"{case}/one_stream.p{length}/decode_tok_s"
+            out[f"one_stream/{case}/p{length}"] = {
+                **target(None, ONE_STREAM_TARGET, figure), "not_measured": why}
+        for clients in AGGREGATE_CLIENTS:
+            figure = f"{case}/serve.c{clients}/tok_s"
+            out[f"aggregate/{case}/c{clients}"] = {
+                **target(None, AGGREGATE_TARGET, figure), "not_measured": why}
+    return out
+
+
 def greedy_targets(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """The check before speed, per model (``checks``: tools.peers.greedy.agreement's
     record, or the check's failure, or why it did not run): the share of zctl's greedy

@@ -7,7 +7,15 @@ import io
 from rich.console import Console
 
 from tools.peers.greedy import agreement
-from tools.peers.report import case_ratios, figure_ratio, flat, greedy_targets, render, targets
+from tools.peers.report import (
+    case_ratios,
+    figure_ratio,
+    flat,
+    greedy_targets,
+    render,
+    targets,
+    unmeasured_targets,
+)
 
 
 def rounds(*values: dict) -> list[dict]:
@@ -86,6 +94,22 @@ def test_a_failed_peer_leaves_its_targets_unmet_and_the_table_says_why() -> None
     render({"run": {"date": "d", "cpu": "c", "cpus": 2, "commit": "x"}, "llama_cpp": {},
             "cases": [failed], "ratios": ratios, "targets": got}, Console(file=out, width=200))
     assert "exited with 3" in out.getvalue() and "fake crash" in out.getvalue()
+
+
+def test_a_case_this_machine_cannot_measure_keeps_its_targets_unmet_with_the_reason() -> None:
+    from tools.peers.cases import case_matrix
+
+    cases, skipped = case_matrix(["smollm2-135m"], ["int4"], ["3-split"], [0.0, 10.0], 2)
+    assert not cases and len(skipped) == 2
+    got = unmeasured_targets(skipped, [128, 1024])
+    key = "smollm2-135m/int4/3n-split/10ms"
+    assert set(got) == {f"{kind}/{case}/{tail}" for case in skipped
+                        for kind, tail in (("one_stream", "p128"), ("one_stream", "p1024"),
+                                           ("aggregate", "c8"), ("aggregate", "c16"))}
+    entry = got[f"one_stream/{key}/p1024"]
+    assert entry["value"] is None and entry["met"] is False and entry["target"] == 1.0
+    assert "3 nodes with a core each need 3 cores" in entry["not_measured"]
+    assert got[f"aggregate/{key}/c16"]["target"] == 1.2
 
 
 def test_the_greedy_check_is_a_target_per_model_unmet_unless_every_token_matched() -> None:
