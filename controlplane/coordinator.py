@@ -85,6 +85,7 @@ from controlplane.planner.export_shape import export_shape
 from controlplane.planner.measured import link_from_samples
 from controlplane.planner.profile import LinkProfile
 from controlplane.planner.running import running_prediction
+from controlplane.planner.search import PLAN_STREAMS
 from controlplane.planner.shape import ShapeError
 from controlplane.profile_job import ProfileJob, ProfileTask, report_outcome
 from controlplane.profile_store import BUDGET_S
@@ -146,6 +147,10 @@ class CoordinatorConfig:
     # predicted speed (0: none; None: not known, the best for each stream count)
     row_groups: int | None = None
     replan_gain: float = DEFAULT_REPLAN_GAIN  # re-plan when predicted this much faster (0.1: 10%)
+    # what the planner places for: one stream's speed (latency), or ``plan_streams``
+    # streams' aggregate (throughput); KV is reserved for ``plan_streams`` streams either way
+    objective: str = "latency"
+    plan_streams: int = PLAN_STREAMS
 
 
 def _member_identity(identity: bytes) -> str:
@@ -211,7 +216,8 @@ class Coordinator:
             self.profile_task = ProfileTask(self.shape, self.manifest.weight_format,
                                             cfg.runtime.device, self.manifest.int8_form)
             self.plan.planner = StagePlanner(self.manifest, self.shape, needs, self.node_id,
-                                             cfg.runtime.device, self.openvino, cfg.replan_gain)
+                                             cfg.runtime.device, self.openvino, cfg.replan_gain,
+                                             cfg.objective, cfg.plan_streams)
         except ShapeError as exc:
             log.warning("no profiles or link probes for this export: %s", exc)
             me.profile_state = f"failed: {exc}"

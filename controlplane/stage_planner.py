@@ -41,7 +41,7 @@ from controlplane.planner.cluster_fleet import estimated_links, measured_links
 from controlplane.planner.measured import profile_of
 from controlplane.planner.profile import Links, NodeProfile, ProfileError, ProfileKey
 from controlplane.planner.references import REFERENCE_LINKS
-from controlplane.planner.search import PlanRequest, plan, predict
+from controlplane.planner.search import PLAN_STREAMS, PlanRequest, plan, predict
 from controlplane.planner.shape import ModelShape
 from controlplane.planner.speed import at_speed
 from controlplane.records import DEFAULT_REPLAN_GAIN, LinkStatus
@@ -159,7 +159,7 @@ class StagePlanner:
 
     def __init__(self, manifest: ExportManifest, shape: ModelShape, needs: Sequence[StageNeed],
                  head: str, device: str, openvino: str, gain: float = DEFAULT_REPLAN_GAIN,
-                 objective: str = "latency") -> None:
+                 objective: str = "latency", streams: int = PLAN_STREAMS) -> None:
         if not gain >= 0:
             raise ValueError(f"the re-plan gain must be >= 0 (0.10: 10%), got {gain!r}")
         if shape.num_layers != manifest.model.num_layers:
@@ -173,6 +173,7 @@ class StagePlanner:
         self.openvino = openvino
         self.gain = gain
         self.objective = objective
+        self.streams = streams  # the throughput objective's streams; KV reserved for them
         self.cuts = frozenset(s.layer_end for s in manifest.stages[:-1])
         self.search: BackgroundSearch[PlannedStages | Replan] = BackgroundSearch()
 
@@ -220,7 +221,8 @@ class StagePlanner:
             raise PlanUnusable(f"the coordinator {self.head} is not among the nodes")
         links, assumed = self.links(members, probed)
         return PlanRequest(self.shape, self.manifest.weight_format, profiles, links,
-                           objective=self.objective, head=self.head, top=1,
+                           objective=self.objective, streams=self.streams, head=self.head,
+                           top=1,
                            openvino=self.openvino, cuts=self.cuts,
                            exact_nodes=COORDINATOR_EXACT_NODES), assumed
 

@@ -59,6 +59,9 @@ LOCAL_SEARCH_ROUNDS = 64
 SAME = 1e-9  # relative: predictions this close are equal (ties go to fewer nodes)
 
 
+PLAN_STREAMS = 4  # the streams a plan is judged at for throughput and reserves KV for
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What to plan: a shape in a weight format, the nodes' profiles (by node id), the
@@ -75,7 +78,7 @@ class PlanRequest:
     profiles: Mapping[str, NodeProfile]
     links: Links
     objective: str = "latency"
-    streams: int = 4
+    streams: int = PLAN_STREAMS
     head: str | None = None
     context: int = DEFAULT_CONTEXT
     prompt: int = PROMPT_TOKENS

@@ -246,3 +246,13 @@ def test_the_coordinator_probes_its_link_to_a_spare_once() -> None:
     probes = table.due(1, ["c", "a"], addrs, [100], 0.0, spares=["s"])
     assert [(p.a, p.b) for p in probes] == [("c", "a"), ("a", "c"), ("c", "s")]
     assert table.due(1, ["c", "a"], addrs, [100], 0.0, spares=["s"]) == []
+
+
+def test_the_coordinator_plans_for_its_configured_objective(cp_cluster) -> None:
+    """cluster up --objective throughput: the coordinator's planner judges placements at
+    the cluster's --max-streams streams (zctl.launcher.processes passes them)."""
+    coord = cp_cluster.coordinator(objective="throughput", plan_streams=16)
+    planner = coord.plan.planner
+    assert planner is not None and (planner.objective, planner.streams) == ("throughput", 16)
+    default = cp_cluster.coordinator().plan.planner
+    assert default is not None and (default.objective, default.streams) == ("latency", 4)

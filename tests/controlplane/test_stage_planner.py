@@ -19,7 +19,7 @@ from controlplane.messages import AssignStage, Enrol
 from controlplane.placement import LayerCost, stage_needs
 from controlplane.planner.export_shape import export_shape
 from controlplane.planner.profile import GRAPH_VERSION
-from controlplane.planner.search import PlanRequest
+from controlplane.planner.search import PlanRequest, plan
 from controlplane.records import LinkStatus, ProfileRecord, ReplanStatus
 from controlplane.stage_planner import (
     IDLE,
@@ -490,3 +490,20 @@ def test_a_node_joining_a_planned_pipeline_gets_no_stages_by_memory_before_its_p
     assert fleet.plan.heal(fleet.members, NOW, 0.0, spares_first=False) == [1, 2, 3]
     fleet.serve()
     assert fleet.rebalance() != [] and "new" in fleet.plan.plan.values()
+
+
+def test_the_planner_asks_for_its_objective_and_the_streams_it_judges_at(export: Path) -> None:
+    """A cluster placed for throughput judges placements at its --max-streams streams and
+    reserves their KV; one placed for latency, one stream's speed, KV for 4 streams."""
+    fleet = Fleet(export)
+    fleet.add(HEAD, 4)
+    fleet.add("n1", 4)
+    members = list(fleet.members.values())
+    latency, _ = fleet.planner.request(members, ())
+    assert (latency.objective, latency.streams) == ("latency", 4)
+    throughput = StagePlanner(fleet.manifest, fleet.shape, fleet.needs, HEAD, "CPU", OV,
+                              objective="throughput", streams=16)
+    asked, _ = throughput.request(members, ())
+    assert (asked.objective, asked.streams) == ("throughput", 16)
+    best = plan(asked).placements[0]
+    assert best.score == pytest.approx(best.streams.tok_s) and best.streams.streams == 16

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from controlplane.planner.search import OBJECTIVES
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
 from zctl.cli.discovery import BrowseSeconds, find_cluster, server_key_for
 from zctl.cli.exports import (
@@ -201,6 +202,10 @@ def cluster_up(
     prefix_cache_mb: PrefixCacheMb = 512,
     profile: Profile = None,
     replan_gain: ReplanGain = DEFAULT_REPLAN_GAIN,
+    objective: Annotated[str, typer.Option(
+        help="what the planner places the stages for: latency (one stream's tok/s) or "
+             "throughput (--max-streams streams' aggregate tok/s, with KV reserved for "
+             "them)")] = "latency",
     announce: Annotated[bool, typer.Option(
         "--announce/--no-announce",
         help="announce the cluster on the LAN (DNS-SD over multicast DNS) so nodes join "
@@ -223,6 +228,8 @@ def cluster_up(
     problem = (_up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
                            reassign_after, heal_after, expect_nodes, memory_mb, replan_gain)
                or _fleet_problem(fleet, local, stages, model)
+               or (f"--objective is latency or throughput, not {objective!r}"
+                   if objective not in OBJECTIVES else "")
                or max_streams_problem(max_streams) or kv_problem(kv_memory_mb, prefix_cache_mb))
     if problem:
         _fail(problem)
@@ -244,7 +251,8 @@ def cluster_up(
             ranges, source = local_export_ranges(model, local, weights, device, memory_mb)
             err.print(f"stages: {source}", soft_wrap=True)
         if fleet is not None:
-            ranges, source = fleet_export_ranges(model, fleet, weights)
+            ranges, source = fleet_export_ranges(model, fleet, weights, objective,
+                                                 max_streams)
             err.print(f"stages: {source}", soft_wrap=True)
         stage_count = len(ranges) if ranges is not None else stage_count
         export_dir = ensure_export(model, stage_count, weights, ranges)
@@ -256,6 +264,7 @@ def cluster_up(
             row_groups=row_groups, max_streams=max_streams, kv_memory_mb=kv_memory_mb,
             prefix_cache_mb=prefix_cache_mb, runtime=runtime, link=link, memory_mb=memory_mb,
             profile=local is None if profile is None else profile, replan_gain=replan_gain,
+            objective=objective,
             announce=announce and local is None, cluster_name=cluster_name or "",
             announce_interfaces=announce_interfaces or [], announce_loopback=announce_loopback)
         if foreground:
@@ -319,7 +328,8 @@ def _up_local(coordinator: CoordinatorProcess, nodes: int, cpu_sets: str, timeou
         row_groups=c.row_groups, curve=c.curve, resume_timeout=c.resume_timeout,
         reassign_after=c.reassign_after, heal_after=c.heal_after, max_streams=c.max_streams,
         kv_memory_mb=c.kv_memory_mb, prefix_cache_mb=c.prefix_cache_mb,
-        memory_mb=c.memory_mb, profile=c.profile, replan_gain=c.replan_gain)
+        memory_mb=c.memory_mb, profile=c.profile, replan_gain=c.replan_gain,
+        objective=c.objective)
     write_record(record)
     status = wait_serving(record, timeout)
     if api is not None:

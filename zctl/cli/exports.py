@@ -124,23 +124,29 @@ def ensure_export(model: str, stages: int, weights: str = AUTO,
     return target
 
 
-def fleet_export_ranges(model: str, fleet: Path, weights: str) -> tuple[list[tuple[int, int]], str]:
+def fleet_export_ranges(model: str, fleet: Path, weights: str, objective: str = "latency",
+                        streams: int = 0) -> tuple[list[tuple[int, int]], str]:
     """The layer ranges of the planner's best placement of ``model`` on the PCs of the
-    fleet file ``fleet`` (as ``zctl plan --fleet`` shows it, for one stream), and what they
-    come from; ValueError when the file is bad or the model fits none of its placements."""
+    fleet file ``fleet`` for ``objective`` (as ``zctl plan --fleet`` shows it; throughput
+    judged at ``streams`` streams), and what they come from; ValueError when the file is
+    bad or the model fits none of its placements."""
     from controlplane.placement import layer_range
     from controlplane.planner.fleet import load_fleet
-    from controlplane.planner.search import PlanRequest, plan
+    from controlplane.planner.search import PLAN_STREAMS, PlanRequest, plan
     from controlplane.planner.shape_sources import resolve_shape
 
     weights = resolve_weights(model, weights)
     shape = resolve_shape(model)
     pcs = load_fleet(fleet)
+    streams = streams if objective == "throughput" and streams else PLAN_STREAMS
     best = plan(PlanRequest(shape, weights, pcs.profiles(shape, weights), pcs.links(),
-                            head=pcs.head, top=1)).placements[0]
+                            objective=objective, streams=streams, head=pcs.head,
+                            top=1)).placements[0]
     stages = ", ".join(f"{s.node} {layer_range(s.start, s.end)}" for s in best.stages)
+    speed = (f"{best.tok_s:.3g} tok/s for one stream" if objective == "latency" else
+             f"{best.streams.tok_s:.3g} tok/s for {best.streams.streams} streams")
     return best.ranges(), (f"the planner's best placement on {fleet} ({stages}; predicted "
-                           f"{best.tok_s:.3g} tok/s for one stream)")
+                           f"{speed})")
 
 
 def local_export_ranges(model: str, processes: int, weights: str, device: str,

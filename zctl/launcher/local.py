@@ -155,6 +155,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
                         network: LocalNetwork | None = None, memory_mb: int = 0,
                         owned: bool = False, profile: bool = False,
                         replan_gain: float = DEFAULT_REPLAN_GAIN,
+                        objective: str = "latency",
                         pin_stages: bool = False,
                         cpus: Sequence[str | None] | None = None,
                         profile_budget_s: float = 0.0) -> ClusterRecord:
@@ -182,8 +183,9 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
     any node, as one joined by hand with zctl node join). ``profile``: each process
     measures its profile for the model when its state directory keeps none (off by default:
     the processes share this machine's cores, and ``zctl node profile`` measures it once).
-    ``replan_gain``: a re-plan of the serving pipeline is applied when predicted this much
-    faster (CoordinatorProcess). ``pin_stages``: stage i runs on node i, whatever the
+    ``objective``: what the planner places for (latency, or throughput at ``max_streams``
+    streams). ``replan_gain``: a re-plan of the serving pipeline is applied when predicted
+    this much faster (CoordinatorProcess). ``pin_stages``: stage i runs on node i, whatever the
     planner would choose (a benchmark's case names its topology), as when hops differ.
     ``cpus``: each process's CPU list, coordinator first (None: unconfined), instead of
     ``cpu_sets``' split (which still decides the row groups): several nodes may then share
@@ -229,7 +231,7 @@ def start_local_cluster(export_dir: Path, nodes: int, runtime: RuntimeSpec,
         max_streams=max_streams, kv_memory_mb=kv_memory_mb, prefix_cache_mb=prefix_cache_mb,
         shared_cores=cpu_sets == "shared", runtime=runtime, link=shapes[0],
         cpus=cpus[0], memory_mb=memory_mb, profile=profile, replan_gain=replan_gain,
-        profile_budget_s=profile_budget_s,
+        objective=objective, profile_budget_s=profile_budget_s,
         cluster_id=uuid.uuid4().hex[:12] if owned else ""), root, owned)
     record.local_nodes = nodes
     record.curve_dir = str(root / "coordinator") if curve else ""

@@ -101,6 +101,7 @@ class CoordinatorProcess:
     cluster_id: str = ""  # an embedded cluster's identity: others' nodes are refused ("": any)
     profile: bool = True  # measure this machine's profile for the model when it has none
     replan_gain: float = DEFAULT_REPLAN_GAIN  # re-plan when predicted this much faster
+    objective: str = "latency"  # the planner's: latency, or throughput at max_streams streams
     profile_budget_s: float = 0.0  # what a node's profile of one device may take (0: 30 s)
     parent: int = 0  # the pid of the command that started this process (0: not recorded)
     ends_with_parent: bool = False  # an embedded cluster's process: it ends when parent does
@@ -267,7 +268,8 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         runtime=config.runtime, reassign_after=config.reassign_after,
         heal_after=config.heal_after, curve=curve, memory_limit=config.memory_mb << 20,
         cluster_id=config.cluster_id, profile=config.profile, link=_probe_link(config.link),
-        row_groups=row_groups, replan_gain=config.replan_gain,
+        row_groups=row_groups, replan_gain=config.replan_gain, objective=config.objective,
+        **({"plan_streams": config.max_streams} if config.objective == "throughput" else {}),
         **({"profile_budget_s": config.profile_budget_s} if config.profile_budget_s > 0 else {})),
         launcher=launcher)
     signal.signal(signal.SIGTERM, interrupt_once())

@@ -51,6 +51,19 @@ def test_a_bad_replan_gain_is_refused_before_any_export(zctl_home: Path, monkeyp
     assert not (zctl_home / "cluster.json").exists()
 
 
+def test_an_objective_the_planner_lacks_is_refused_before_any_export(zctl_home: Path,
+                                                                     monkeypatch) -> None:
+    import zctl.cli.cluster as cluster_cli
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported before refusing")
+
+    monkeypatch.setattr(cluster_cli, "ensure_export", no_export)
+    result = runner.invoke(app, ["cluster", "up", "--local", "2", "--objective", "fastest"])
+    assert result.exit_code == 1
+    assert "--objective is latency or throughput, not 'fastest'" in result.output
+
+
 def test_errors_print_brackets_as_they_are(zctl_home: Path) -> None:
     """A message with [brackets] (an extra's name, a bad value) is not taken for markup."""
     result = runner.invoke(app, ["cluster", "up", "--local", "2", "--api", "host[serve]"])
