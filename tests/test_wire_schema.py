@@ -50,6 +50,8 @@ PINNED = {
     # INT8 weights' form a profile times: i8 groups or u8 per channel); profile_report,
     # status_reply, heartbeat: the host's reference workload's time (reference_s, and a
     # node's speed factor in the status)
+    14: "beb72b68ae1cac95",  # profile_request, status_reply: the model's shape states its
+    # sliding-window layers (sliding_window, sliding_layers: how many of them slide)
 }
 
 
