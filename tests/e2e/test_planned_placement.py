@@ -87,3 +87,66 @@ def test_the_planner_places_a_local_cluster_and_re_plans_when_a_faster_node_join
         assert states[fast] == "idle" and states[slow] == "idle"
     finally:
         stop_processes(pids)
+
+
+def test_a_re_plan_on_a_join_keeps_a_running_generation_exactly(tiny_exports, tmp_path: Path,
+                                                                monkeypatch) -> None:  # noqa: ANN001
+    """A faster node joins while a long greedy generation runs: the re-plan is applied
+    between steps (the generation pauses while the pipeline is re-wired) and the
+    generation ends with the tokens of a run nothing happened to."""
+    import threading
+    import uuid
+
+    from dataplane.head.local_chain import LocalChain
+    from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
+    from zctl.engine.scheduler import generate_greedy
+    from zctl.engine.tokenizer import ChatTokenizer
+    from zctl.launcher.processes import link_shape
+    from zctl.service.client import generate_many
+
+    monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
+    export = tiny_exports.get([(0, 1), (1, 2), (2, 3), (3, 4)])
+    exact = RuntimeSpec(precision="f32", kv_cache_precision="f32", dynamic_quantization=False)
+    tokens = 420
+    expected = list(generate_greedy(LocalChain.load(str(export), exact),
+                                    ChatTokenizer(export).encode("the sky is"), tokens))
+    root = tmp_path / "local"
+    head = keep_profile(root / "coordinator", export, 2e-3)
+    # memory puts two layers on each process; the node first placed is so slow that the
+    # faster one is worth far more than the re-plan's 10% despite the hops' 60 ms a token
+    slow = keep_profile(root / "node1", export, 2e-2)
+    faster = keep_profile(root / "node2", export, 2e-4)
+    delay = 30  # per hop, two a token: ~25 s of generation, outlasting the join and re-plan
+    record = start_local_cluster(export, 2, exact, root, memory_mb=MEMORY_MB,
+                                 link_delay_ms=delay)
+    pids = list(record.pids)
+    try:
+        wait_serving(record, 120)
+        assert runs(query_status(record.control, timeout=5)) == {head: [0, 1], slow: [2, 3]}
+        request = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", tokens,
+                                    ignore_eos=True, temperature=0.0)
+        messages: list = []
+        generating = threading.Event()
+
+        def client() -> None:
+            for msg in generate_many(record.serve, [request]):
+                messages.append(msg)
+                if isinstance(msg, GenerationChunk) and msg.tokens:
+                    generating.set()
+
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        assert generating.wait(60)
+        pid, _ = start_local_node(record, 2, root, memory_mb=MEMORY_MB, link=link_shape(delay))
+        pids.append(pid)
+        thread.join(180)
+        assert not thread.is_alive()
+        (done,) = [m for m in messages if isinstance(m, GenerationDone)]
+        assert done.error == "" and done.tokens == expected
+        status = wait_for(record.control, "the re-plan", lambda s: s.pipeline == "serving")
+        assert "re-planned" in status.placement, status.placement
+        assert runs(status) == {head: [0, 1], faster: [2, 3]}, status.placement
+        notes = [m.note for m in messages if isinstance(m, GenerationChunk) and m.note]
+        assert notes and notes[-1].startswith("resumed after "), notes  # it was re-wired
+    finally:
+        stop_processes(pids)
