@@ -23,6 +23,11 @@ drift hits both alike):
   chain   --depth square MatMuls in a row (the next one's input is the last one's output)
           against one MatMul holding all their rows (the same weight bytes, one node):
           what a MatMul node costs beyond its weights.
+  layer   one decoder layer of --shape (a synthetic stage of one layer: the exporter's
+          graph, random weights in the exporter's layout) stepping one token at a time over
+          a past of up to 64, against its four MatMuls alone at M=1 (fc's graphs),
+          alternated call by call: what a layer costs beyond its MatMuls, and its time
+          per node type.
   stage   an export's stage graph (--export, default SmolLM2-135M INT4, 1 stage) decoding
           one token at a time, dynamic against the same graph reshaped static (batch 1,
           one token; the KV length stays dynamic): the same kernels (the outputs are
@@ -37,9 +42,9 @@ drift hits both alike):
           runner at the first --threads setting, compared round by round; with --against
           DIR, another export (other weights) stepped in the same turns.
 
-fc, chain and stage run at each --threads setting (default 1 and the plugin's default, 0).
+fc, chain, layer and stage run at each --threads setting (default 1 and the plugin's default, 0).
 
-    python -m tools.decode.kernel_repro [--case fc,forms,chain,stage,runner]
+    python -m tools.decode.kernel_repro [--case fc,forms,chain,layer,stage,runner]
         [--shape smollm2|1b] [--weights int4|int8] [--forms u8,i8g32,...] [--projection NAMES]
         [--export DIR] [--profile] [--llama-bench BIN --gguf FILE]
         [--against DIR] [--runner-sides stateful,paged,paged-static] [--json]
@@ -67,14 +72,14 @@ from rich.table import Table
 
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.ov_core import shared_core
-from dataplane.runtime.synthetic import LayerShape
+from dataplane.runtime.synthetic import LayerShape, synthetic_model
 from tools.decode.weight_forms import FormWeight, WeightForm
 from tools.harness.options import Json, fail, parse_numbers
 from tools.harness.order import rotated
 from tools.harness.report import err, print_result, run_record
 from tools.harness.stats import paired_ratio, rounded
 
-CASES = ("fc", "forms", "chain", "stage", "runner")
+CASES = ("fc", "forms", "chain", "layer", "stage", "runner")
 WEIGHTS = ("int4", "int8")
 # the runner case's sides: (paged attention, RuntimeSpec.decode_graph)
 RUNNER_SIDES = {"stateful": (False, "dynamic"), "paged": (True, "dynamic"),
@@ -407,6 +412,64 @@ def stage_case(export_dir: Path, threads: int, steps: int, profile: bool,
     return result
 
 
+LAYER_PAST = 64  # the layer case's past grows to this many tokens, then starts again
+
+
+def layer_call(compiled: ov.CompiledModel, shape: LayerShape) -> tuple[Call, ov.InferRequest]:
+    """One-token steps of a one-layer stateful graph (a synthetic decoder layer): each call
+    the next position over the KV its earlier calls left, back to an empty past every
+    LAYER_PAST tokens."""
+    request = compiled.create_infer_request()
+    feeds = stage_feeds({p.get_any_name() for p in compiled.inputs}, shape.hidden,
+                        shape.head_dim, LAYER_PAST)
+    position = [0]
+
+    def call() -> None:
+        if position[0] == LAYER_PAST:
+            request.reset_state()
+            position[0] = 0
+        for name, value in feeds[position[0]].items():
+            request.set_tensor(name, ov.Tensor(value))
+        request.start_async()
+        request.wait()
+        position[0] += 1
+    return call, request
+
+
+def layer_case(shape: ModelShape, weights: str, threads: int, iters: int,
+               core: ov.Core) -> dict[str, Any]:
+    """One decoder layer of ``shape`` (dataplane.runtime.synthetic: the exporter's graph,
+    random weights compressed as an export's) stepping one token at a time, against its
+    four MatMuls alone at M=1 (fc's graphs, the same weight layout), alternated call by
+    call: what the layer costs beyond its MatMuls (norms, RoPE, attention, the state, the
+    inference call), and the layer's time per node type (the plugin's counters)."""
+    group = int4_group_of(shape, weights)
+    graph = synthetic_model(shape.layer, 1, False, weights, shape.group if group else None)
+    layer, request = layer_call(core.compile_model(graph, "CPU",
+                                                   plugin_properties(threads, group, True)),
+                                shape.layer)
+    calls: dict[str, Call] = {"layer": layer}
+    props = plugin_properties(threads, group)
+    for name, (n, k) in shape.projections().items():
+        if name == "lm_head":
+            continue
+        model, _ = matmul_model(k, [n], weights, shape.group, chained=False)
+        x = np.random.default_rng(1).standard_normal((1, 1, k)).astype(np.float32)
+        calls[name] = infer_call(core.compile_model(model, "CPU", props), {"x": x})
+    us = alternated_us(calls, iters)
+    nodes: dict[str, float] = defaultdict(float)
+    for _ in range(LAYER_PAST // 2):  # the counters of steps over a past of up to 32
+        layer()
+        add_node_times(request, nodes)
+    matmuls = sum(value for name, value in us.items() if name != "layer")
+    return {"threads": threads or "default", "weights": weights,
+            **{f"{name}_us": round(value, 1) for name, value in us.items()},
+            "matmuls_us": round(matmuls, 1),
+            "beyond_matmuls_us": round(us["layer"] - matmuls, 1),
+            "layer_over_matmuls": round(us["layer"] / matmuls, 3),
+            "node_us": {"layer": top_nodes(nodes, LAYER_PAST // 2)}}
+
+
 def llama_bench_tok_s(binary: Path, gguf: Path, tokens: int, threads: int) -> float:
     """llama-bench's decode tok/s for ``tokens`` new tokens (no prompt: ``-p 0``), one
     repetition at ``threads`` threads."""
@@ -626,6 +689,9 @@ def main(
                 model_shape, weight_forms, t, iters, rounds, core, chosen, dq_group)]
         elif name == "chain":
             out[name] = [chain_case(model_shape, weights, t, depth, iters, core)
+                         for t in thread_settings]
+        elif name == "layer":
+            out[name] = [layer_case(model_shape, weights, t, iters, core)
                          for t in thread_settings]
         elif name == "stage":
             export_dir = export or default_stage_export()

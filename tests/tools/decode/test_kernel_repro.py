@@ -19,6 +19,7 @@ from tools.decode.kernel_repro import (
     ModelShape,
     alternated_us,
     forms_case,
+    layer_case,
     main,
     matmul_model,
     nncf_form,
@@ -194,6 +195,21 @@ def test_runner_case_steps_paged_sides_with_and_without_the_one_token_graph(tiny
     assert out["over_first"]["paged_threads_default"] == 1.0
     assert set(out["load"]) == set(out["step_ms"])
     assert all(load["load_s"] > 0 for load in out["load"].values())
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_layer_case_times_a_layer_against_its_matmuls(weights: str) -> None:
+    shape = ModelShape(LayerShape(64, 128, 2, 1, 32, 256), 32)
+    out = layer_case(shape, weights, 1, iters=5, core=shared_core())
+    assert {"layer_us", "qkv_us", "o_us", "gate_up_us", "down_us"} <= set(out)
+    assert "lm_head_us" not in out  # a layer holds no head
+    assert out["matmuls_us"] == pytest.approx(sum(
+        out[f"{p}_us"] for p in ("qkv", "o", "gate_up", "down")), abs=0.3)
+    assert out["beyond_matmuls_us"] == pytest.approx(out["layer_us"] - out["matmuls_us"],
+                                                     abs=0.3)
+    nodes = out["node_us"]["layer"]
+    assert any(name.startswith("FullyConnected") for name in nodes), nodes
+    assert all(value >= 0 for value in nodes.values())
 
 
 def test_forms_are_two_or_more_each_once() -> None:
