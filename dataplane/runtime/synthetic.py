@@ -256,6 +256,7 @@ def _experts(h: ov.Output, name: str, s: LayerShape, weights: _Weights) -> ov.Ou
     batch_tokens = ops.gather(dims, _const([0, 1]), _const(0))
     out = ops.reshape(out, ops.concat([_const([experts]), batch_tokens, _const([s.hidden])], 0),
                       False)
+    # the router in INT8 where the experts are INT4, as the export keeps it (and the head)
     router = weights.matrix(experts, s.hidden, f"{name}.moe.router.weight", head=True)
     probs = ops.softmax(_linear(rows.output(0), router), -1)
     top = ops.topk(probs, ops.constant(np.int64(s.active_experts)), -1, "max", "value",
