@@ -21,8 +21,9 @@ from controlplane.client import query_status
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.config import RuntimeSpec
 from tests.helpers.control import Cluster
+from tests.helpers.generating import generating_client
 from tests.helpers.repo import ROOT
-from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
+from zctl.engine.requests import GenerationDone, GenerationRequest
 from zctl.engine.scheduler import generate_greedy
 from zctl.engine.tokenizer import ChatTokenizer
 from zctl.launcher.local import _spawn, start_local_cluster, stop_processes, wait_serving
@@ -113,7 +114,7 @@ def test_a_node_back_after_a_heal_takes_its_stage_back_mid_generation(
         healed = _wait_status(record, lambda st: len({s.node_id for s in st.stages}) == 2
                               and st.pipeline == "serving")
         messages: list = []
-        client = _client(record, [long], messages)
+        client = generating_client(record.serve, [long], messages)
         record.pids.append(_spawn(NodeProcess(
             record.control, host="127.0.0.3", state_dir=str(root / "node2"),
             reconnect_min=0.2, link=link_shape(DELAY_MS)), root / "logs" / "node2-again.log"))
@@ -175,28 +176,12 @@ def _wait_status(record, ready, timeout: float = 60.0):  # noqa: ANN001, ANN202
         time.sleep(0.2)
 
 
-def _client(record, requests: list[GenerationRequest], messages: list) -> threading.Thread:  # noqa: ANN001
-    """The requests on a client thread (every message into ``messages``), once tokens flow."""
-    generating = threading.Event()
-
-    def run() -> None:
-        for msg in generate_many(record.serve, requests):
-            messages.append(msg)
-            if isinstance(msg, GenerationChunk) and msg.tokens:
-                generating.set()
-
-    client = threading.Thread(target=run, daemon=True)
-    client.start()
-    assert generating.wait(60)
-    return client
-
-
 def _kill_mid_generation(record, requests: list[GenerationRequest], messages: list,
                          node: int, why: str = "") -> threading.Thread:
     """Start the requests on a client thread (every message into ``messages``), SIGKILL
     node ``node``'s process once tokens flow, and wait until the client is told its
     generation paused (``why`` in the note); the running client thread."""
-    client = _client(record, requests, messages)
+    client = generating_client(record.serve, requests, messages)
     os.killpg(record.pids[node], signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not any(

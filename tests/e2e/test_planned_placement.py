@@ -94,15 +94,14 @@ def test_a_re_plan_on_a_join_keeps_a_running_generation_exactly(tiny_exports, tm
     """A faster node joins while a long greedy generation runs: the re-plan is applied
     between steps (the generation pauses while the pipeline is re-wired) and the
     generation ends with the tokens of a run nothing happened to."""
-    import threading
     import uuid
 
     from dataplane.head.local_chain import LocalChain
+    from tests.helpers.generating import generating_client
     from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
     from zctl.engine.scheduler import generate_greedy
     from zctl.engine.tokenizer import ChatTokenizer
     from zctl.launcher.processes import link_shape
-    from zctl.service.client import generate_many
 
     monkeypatch.setenv("ZCTL_HOME", str(tmp_path / "home"))
     export = tiny_exports.get([(0, 1), (1, 2), (2, 3), (3, 4)])
@@ -126,17 +125,7 @@ def test_a_re_plan_on_a_join_keeps_a_running_generation_exactly(tiny_exports, tm
         request = GenerationRequest(uuid.uuid4().hex[:16], "the sky is", tokens,
                                     ignore_eos=True, temperature=0.0)
         messages: list = []
-        generating = threading.Event()
-
-        def client() -> None:
-            for msg in generate_many(record.serve, [request]):
-                messages.append(msg)
-                if isinstance(msg, GenerationChunk) and msg.tokens:
-                    generating.set()
-
-        thread = threading.Thread(target=client, daemon=True)
-        thread.start()
-        assert generating.wait(60)
+        thread = generating_client(record.serve, [request], messages)
         pid, _ = start_local_node(record, 2, root, memory_mb=MEMORY_MB, link=link_shape(delay))
         pids.append(pid)
         thread.join(180)
