@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from controlplane.planner.search import PLAN_STREAMS
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
@@ -269,7 +270,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
         heal_after=config.heal_after, curve=curve, memory_limit=config.memory_mb << 20,
         cluster_id=config.cluster_id, profile=config.profile, link=_probe_link(config.link),
         row_groups=row_groups, replan_gain=config.replan_gain, objective=config.objective,
-        **({"plan_streams": config.max_streams} if config.objective == "throughput" else {}),
+        plan_streams=config.max_streams if config.objective == "throughput" else PLAN_STREAMS,
         **({"profile_budget_s": config.profile_budget_s} if config.profile_budget_s > 0 else {})),
         launcher=launcher)
     signal.signal(signal.SIGTERM, interrupt_once())
