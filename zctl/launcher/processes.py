@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controlplane.planner.search import PLAN_STREAMS
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
 from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
@@ -251,6 +250,7 @@ def run_coordinator(config: CoordinatorProcess, say: Say = log.info) -> int:
     _tie_to_parent(config)
     from controlplane.coordinator import Coordinator, CoordinatorConfig
     from controlplane.launch import head_launcher
+    from controlplane.planner.search import PLAN_STREAMS
     from controlplane.security import CurveServer, key_dir
 
     launcher = _prepare(config.link, config.cpus, head_launcher, say)
