@@ -67,10 +67,10 @@ def shape_from_config(raw: Mapping[str, Any], name: str, where: str) -> ModelSha
         sliding_window=integer("sliding_window") if sliding else 0, sliding_layers=sliding)
 
 
-# model types whose layers interleave sliding-window and global attention, and, for a
-# config.json without layer_types, which layers slide: every layer but each n-th
-# (sliding_window_pattern n, Gemma 3's 6 when unstated), or every other from the first
-INTERLEAVED = {"gemma3": 6, "gemma3_text": 6, "gpt_oss": 2}
+# architectures whose layers interleave sliding-window and global attention (config.json's
+# model types, llama.cpp's names), with the sliding_window_pattern they take unstated: every
+# layer slides but each n-th (Gemma 3's 6; gpt-oss's 2, every other from the first)
+INTERLEAVED = {"gemma3": 6, "gemma3_text": 6, "gpt_oss": 2, "gpt-oss": 2}
 
 
 def config_sliding_layers(raw: Mapping[str, Any], layers: int, where: str) -> int:
@@ -80,15 +80,35 @@ def config_sliding_layers(raw: Mapping[str, Any], layers: int, where: str) -> in
     kinds = raw.get("layer_types")
     if isinstance(kinds, list):
         return sum(kind == "sliding_attention" for kind in kinds)
-    model_type = raw.get("model_type")
-    if model_type not in INTERLEAVED or not raw.get("sliding_window"):
+    if not raw.get("sliding_window"):
         return 0
-    pattern = raw.get("sliding_window_pattern", INTERLEAVED[str(model_type)])
-    if type(pattern) is not int or pattern < 1:
+    model_type = str(raw.get("model_type"))
+    if model_type not in INTERLEAVED:
+        return 0
+    pattern = raw.get("sliding_window_pattern", INTERLEAVED[model_type])
+    if pattern is None or isinstance(pattern, list):  # (a config's is an integer)
         raise ShapeError(f"{where}: 'sliding_window_pattern' is {pattern!r}, not a positive "
                          "integer")
-    if model_type == "gpt_oss":
-        return (layers + 1) // 2
+    return interleaved_sliding_layers(pattern, model_type, layers, where)
+
+
+def interleaved_sliding_layers(pattern: Any, architecture: str, layers: int,
+                               where: str) -> int:
+    """How many of ``layers`` slide by a ``sliding_window_pattern``: a flag a layer (true:
+    sliding), or every layer but each n-th (n an integer >= 1; unstated, the
+    architecture's, ``INTERLEAVED``); none in an architecture that does not interleave."""
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ShapeError(f"{where}: its sliding_window_pattern has {len(pattern)} layers, "
+                             f"its block_count {layers}")
+        return sum(bool(flag) for flag in pattern)
+    if architecture not in INTERLEAVED:
+        return 0
+    if pattern is None:
+        pattern = INTERLEAVED[architecture]
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+        raise ShapeError(f"{where}: 'sliding_window_pattern' is {pattern!r}, not a positive "
+                         "integer")
     return layers - layers // pattern
 
 
@@ -191,8 +211,8 @@ def shape_from_gguf(path: Path) -> ModelShape:
     experts = integer("expert_count", 0)
     layers = integer("block_count")
     window = integer("attention.sliding_window", 0)
-    sliding = gguf_sliding_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), arch,
-                                  layers, path) if window else 0
+    sliding = interleaved_sliding_layers(meta.get(f"{arch}.attention.sliding_window_pattern"),
+                                         arch, layers, str(path)) if window else 0
     return ModelShape(
         name=str(meta.get("general.name") or path.stem), num_layers=layers,
         hidden=hidden, intermediate=integer("feed_forward_length", 0), heads=heads,
@@ -202,26 +222,6 @@ def shape_from_gguf(path: Path) -> ModelShape:
         experts=experts, active_experts=integer("expert_used_count", 0) if experts else 0,
         expert_intermediate=integer("expert_feed_forward_length", 0) if experts else 0,
         architecture=arch, sliding_window=window if sliding else 0, sliding_layers=sliding)
-
-
-def gguf_sliding_layers(pattern: Any, arch: str, layers: int, path: Path) -> int:
-    """How many of a GGUF file's ``layers`` slide (as the exporter reads the file): its
-    ``attention.sliding_window_pattern`` (every n-th layer global, or a flag a layer,
-    true for a sliding one), else Gemma 3's every 6th global or gpt-oss's every other
-    from the first; none in other architectures (a window on every layer caps the
-    context)."""
-    if isinstance(pattern, list):
-        if len(pattern) != layers:
-            raise ShapeError(f"{path}: its sliding_window_pattern has {len(pattern)} layers, "
-                             f"its block_count {layers}")
-        return sum(bool(flag) for flag in pattern)
-    if arch not in ("gemma3", "gpt-oss"):
-        return 0
-    if pattern is None:
-        return (layers + 1) // 2 if arch == "gpt-oss" else layers - layers // 6
-    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
-        raise ShapeError(f"{path}: its sliding_window_pattern is {pattern!r}")
-    return layers - layers // pattern
 
 
 def _config_file(path: Path, name: str) -> ModelShape:
