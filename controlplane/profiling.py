@@ -4,8 +4,8 @@
 (dataplane.runtime.synthetic; a mixture of experts' layers holding every expert and
 computing the routed ones, as its export does): one decoder layer, ``1 + k`` layers, and
 one layer with the LM head, and runs them as the cluster's stages run (the runtime's
-default settings on the device: PagedAttention on CPU), each with row groups of 1, 2, 4 and 8 rows decoding
-over a short past, and the two decoder stages prefilling a prompt. A decode step is timed
+default settings on the device: PagedAttention on CPU), each with row groups of 1, 2, 4
+and 8 rows decoding over a short past, and the two decoder stages prefilling a prompt. A decode step is timed
 as a pipeline's stage runs it: after an idle gap as long as the ``1 + k``-layer stage's
 step at its rows (the nearest to a real stage's; a 2-stage pipeline's duty cycle: each
 stage waits out the other's step between its own, its caches cooling and its vCPU going
@@ -31,8 +31,8 @@ its layers faster than a real stage does (on this repository's VM, 15 layers of 
 predicted its 30-layer stage's step ~20% short, 29 layers within the noise), and fewer
 on a machine so slow that building them would leave the budget no time to time them
 (``extra_layers_in_time``: what the budget has left but ``TIMING_SHARE`` of it, judged
-by how long the one-layer stage took to build; the timed layers' weights may then stay in the caches, and
-the profile read a little fast, rather than not be measured). The
+by how long the one-layer stage took to build; the timed layers' weights may then stay
+in the caches, and the profile read a little fast, rather than not be measured). The
 per-layer figures follow by difference (controlplane/planner/measured.py). The CPU quota
 the process runs under (controlplane/cpu_quota.py) is recorded, with the process CPU time
 a timed decode step used (every thread's, OpenVINO's included; its frames' work too) per
