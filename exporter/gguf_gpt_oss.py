@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from exporter.gguf_metadata import GgufError, check_readable_types, sliding_layer_flags
+from exporter.gguf_metadata import GgufError, check_readable_types, listed, sliding_layer_flags
 
 GPT_OSS_ARCHITECTURE = "gpt-oss"  # llama.cpp's name
 # gpt-oss's own values, which llama.cpp's gpt-oss files do not state
@@ -194,7 +194,7 @@ def check_stored(config: Any, stored: dict[str, StoredTensor], location: str) ->
     complaints = []
     missing = [name for name in expected if name not in stored]
     if missing:
-        complaints.append(f"no {_listed(missing)}")
+        complaints.append(f"no {listed(missing)}")
     misshapen = [f"{name} is {list(stored[name].shape)}, its metadata makes it "
                  f"{list(shape)}" for name, shape in expected.items()
                  if name in stored and stored[name].shape != shape]
@@ -202,16 +202,12 @@ def check_stored(config: Any, stored: dict[str, StoredTensor], location: str) ->
                                    if len(misshapen) > 4 else [])
     unknown = [name for name in stored if name not in expected]
     if unknown:
-        complaints.append(f"tensors a gpt-oss file of its metadata has not: {_listed(unknown)}")
+        complaints.append(f"tensors a gpt-oss file of its metadata has not: {listed(unknown)}")
     if complaints:
         raise GgufError(f"{location}: its tensors do not match its metadata (block_count, "
                         f"embedding_length, head counts, key_length, expert_count, "
                         f"expert_feed_forward_length, vocabulary): {'; '.join(complaints)}")
     check_readable_types({name: t.kind for name, t in stored.items()}, location)
-
-
-def _listed(names: list[str]) -> str:
-    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def hf_tensor_names(config: Any) -> list[str]:

@@ -28,6 +28,11 @@ def sliding_layer_flags(pattern: Any, layers: int, location: str) -> list[bool]:
     return sliding
 
 
+def listed(names: list[str]) -> str:
+    """The first four of ``names``, and how many more, for an error message."""
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
 @cache
 def dequantizable(kind: str) -> bool:
     """The gguf package dequantizes GGML type ``kind`` (tried on one zero block)."""
@@ -48,8 +53,6 @@ def check_readable_types(tensor_types: dict[str, str], location: str) -> None:
     unread = sorted(f"{name} ({kind})" for name, kind in tensor_types.items()
                     if not dequantizable(kind))
     if unread:
-        shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4
-                                         else "")
         raise GgufError(f"{location}: tensors of a GGML type the exporter does not read: "
-                        f"{shown} (it reads the types the gguf package dequantizes: "
+                        f"{listed(unread)} (it reads the types the gguf package dequantizes: "
                         "F32, F16, BF16, Q8_0, MXFP4, the k-quants, ...)")

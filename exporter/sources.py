@@ -22,7 +22,7 @@ import torch
 from exporter.chat_formats import stand_in_format
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
 from exporter.gguf_gpt_oss import GPT_OSS_ARCHITECTURE, GptOssGguf
-from exporter.gguf_metadata import GgufError, check_readable_types, sliding_layer_flags
+from exporter.gguf_metadata import GgufError, check_readable_types, listed, sliding_layer_flags
 from exporter.mxfp4 import (
     Mxfp4Error,
     check_pairs_declared,
@@ -313,8 +313,7 @@ class ModelSource:
             return
         said = wrong[:4] + ([f"and {len(wrong) - 4} more"] if len(wrong) > 4 else [])
         if missing:
-            said.append("it stores no " + ", ".join(missing[:4])
-                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+            said.append(f"it stores no {listed(missing)}")
         raise SourceError(f"{self.location}: its weights contradict its config "
                           f"(hidden_size, num_attention_heads, num_key_value_heads, head_dim, "
                           f"intermediate_size, vocab_size, num_hidden_layers): "
