@@ -1,11 +1,12 @@
 """Where a node keeps its profiles: ``<state_dir>/profiles/``, one JSON file per model shape,
-weight format (with its INT8 form where it is not the one an export is written in now) and
-device, holding the OpenVINO version it was measured with.
+weight format (with its INT8 form where it is not the one an export is written in now),
+device and OpenVINO version. A node whose OpenVINO changes measures again beside the old
+version's file, which serves again if that version comes back.
 
 ``load`` gives a profile that fits this node now, or says why there is none: never
-measured, measured with another OpenVINO version, by an older zctl or on another version
-of the synthetic layer graph (stale), or a file that cannot be read (damaged): each is
-measured again, and the reason logged. (The processes of one machine measure one at a
+measured, measured with another OpenVINO version only, by an older zctl or on another
+version of the synthetic layer graph (stale), or a file that cannot be read (damaged): each
+is measured again, and the reason logged. (The processes of one machine measure one at a
 time: controlplane/profile_turn.py.) ``anchor`` keeps with a profile the time the host's
 reference workload took when the node that holds it first checked it
 (controlplane/host_speed.py).
@@ -46,14 +47,24 @@ PROFILES = "profiles"
 NOT_PROFILED = "not profiled yet"
 
 
-def profile_name(fingerprint: str, weights: str, device: str,
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
+
+
+def profile_stem(fingerprint: str, weights: str, device: str,
                  int8_form: str | None = None) -> str:
-    """A profile's file name: readable, and unique to its shape, format (and INT8 form,
-    named when it is not the format's default) and device."""
+    """What the file names of one shape, format (and INT8 form, named when it is not the
+    format's default) and device's profiles begin with, whatever their OpenVINO version."""
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in device)
     form = "" if int8_form in (None, default_int8_form(weights)) else f"-{int8_form}"
-    return f"{weights}{form}-{safe}-{digest}.json"
+    return f"{weights}{form}-{_safe(device)}-{digest}"
+
+
+def profile_name(fingerprint: str, weights: str, device: str, openvino: str,
+                 int8_form: str | None = None) -> str:
+    """A profile's file name: readable, and unique to its shape, format, INT8 form, device
+    and OpenVINO version."""
+    return f"{profile_stem(fingerprint, weights, device, int8_form)}.ov-{_safe(openvino)}.json"
 
 
 def share_text(share: float) -> str:
@@ -77,7 +88,17 @@ class ProfileStore:
 
     def path(self, shape: ModelShape, weights: str, device: str,
              int8_form: str | None = None) -> Path:
-        return self.dir / profile_name(shape.fingerprint(), weights, device, int8_form)
+        return self.dir / profile_name(shape.fingerprint(), weights, device, self.openvino,
+                                       int8_form)
+
+    def other_versions(self, shape: ModelShape, weights: str, device: str,
+                       int8_form: str | None = None) -> list[str]:
+        """The OpenVINO versions (as their files name them) other profiles of the same
+        shape, format and device were measured with."""
+        stem = profile_stem(shape.fingerprint(), weights, device, int8_form) + ".ov-"
+        mine = self.path(shape, weights, device, int8_form).name
+        return sorted(p.name[len(stem):-len(".json")] for p in self.dir.glob(f"{stem}*.json")
+                      if p.name != mine)
 
     def load(self, shape: ModelShape, weights: str, device: str,
              share: float | None = None, int8_form: str | None = None
@@ -89,6 +110,11 @@ class ProfileStore:
         form = export_int8_form(weights, int8_form)
         path = self.path(shape, weights, device, form)
         if not path.is_file():
+            others = self.other_versions(shape, weights, device, form)
+            if others:
+                return None, (f"its profile is stale (measured with OpenVINO "
+                              f"{', '.join(repr(v) for v in others)} only, not "
+                              f"{self.openvino!r})")
             return None, NOT_PROFILED
         try:
             record = read_profile(path)
@@ -127,7 +153,7 @@ class ProfileStore:
         nor when it cannot be written: logged, and the node goes on with the time)."""
         anchored = replace(record, reference_s=reference_s)
         path = self.dir / profile_name(record.shape, record.weights, record.device,
-                                       record.int8_form)
+                                       record.openvino, record.int8_form)
         try:
             raw = json.loads(path.read_text())
             if record_from_dict(raw, str(path)) != record:

@@ -51,8 +51,8 @@ def test_a_profile_is_kept_by_shape_format_and_device_and_used_again(tmp_path: P
     assert store.load(SMOL, "int8", "CPU") == (None, NOT_PROFILED)
     assert store.load(PRESETS["llama-3.1-8b"], "int4", "CPU") == (None, NOT_PROFILED)
     assert json.loads(path.read_text())["measurement"]["extra_layers"] == 2
-    assert len({profile_name(SMOL.fingerprint(), w, d) for w in ("int4", "int8")
-                for d in ("CPU", "GPU.0")}) == 4
+    assert len({profile_name(SMOL.fingerprint(), w, d, v) for w in ("int4", "int8")
+                for d in ("CPU", "GPU.0") for v in (VERSION, "2025.1.0")}) == 8
 
 
 def test_a_profile_of_one_int8_form_is_not_used_for_the_other(tmp_path: Path) -> None:
@@ -92,9 +92,31 @@ def test_a_profile_measured_under_another_cpu_quota_than_the_node_s_now_is_stale
     assert "now under a CPU quota of 2 cores" in store.load(SMOL, "int4", "CPU", 2.0)[1]
 
 
-def test_a_profile_of_another_openvino_version_is_stale(tmp_path: Path) -> None:
-    ProfileStore(tmp_path, openvino="2025.1.0").save(SMOL, _measurement(openvino="2025.1.0"))
-    record, why = ProfileStore(tmp_path, openvino=VERSION).load(SMOL, "int4", "CPU")
+def test_a_profile_of_another_openvino_version_is_stale_and_kept_for_that_version(
+        tmp_path: Path) -> None:
+    """Profiles are kept per OpenVINO version: a node upgraded measures again beside the old
+    version's file, which serves again when the node goes back to that version."""
+    old_store = ProfileStore(tmp_path, openvino="2025.1.0")
+    old, old_path = old_store.save(SMOL, _measurement(openvino="2025.1.0"))
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    record, why = store.load(SMOL, "int4", "CPU")
+    assert record is None
+    assert why == ("its profile is stale (measured with OpenVINO '2025.1.0' only, not "
+                   "'2026.4.1-test')")
+    new, new_path = store.save(SMOL, _measurement())
+    assert new_path != old_path and old_path.is_file()
+    assert store.load(SMOL, "int4", "CPU") == (new, "")
+    assert old_store.load(SMOL, "int4", "CPU") == (old, "")
+    assert store.load(SMOL, "int8", "CPU") == (None, NOT_PROFILED)  # other formats: none
+
+
+def test_a_profile_file_that_says_another_openvino_version_than_its_name_is_stale(
+        tmp_path: Path) -> None:
+    old_store = ProfileStore(tmp_path, openvino="2025.1.0")
+    _, old_path = old_store.save(SMOL, _measurement(openvino="2025.1.0"))
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    os.replace(old_path, store.path(SMOL, "int4", "CPU"))
+    record, why = store.load(SMOL, "int4", "CPU")
     assert record is None
     assert "stale" in why and "OpenVINO '2025.1.0', not '2026.4.1-test'" in why
 
