@@ -34,7 +34,7 @@ from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
 from zctl.weights import INT8_FORMS
 
-PROTOCOL_VERSION = 14  # bump with every change to a message schema (tests/test_wire_schema.py)
+PROTOCOL_VERSION = 15  # bump with every change to a message schema (tests/test_wire_schema.py)
 
 class UnknownMessage(MessageError):
     """A well-formed envelope of a type this side does not know."""

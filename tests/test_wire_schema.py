@@ -52,6 +52,8 @@ PINNED = {
     # node's speed factor in the status)
     14: "beb72b68ae1cac95",  # profile_request, status_reply: the model's shape states its
     # sliding-window layers (sliding_window, sliding_layers: how many of them slide)
+    15: "cf7f7d5a7e903405",  # service_stats: decode_rates (the aggregate decode tok/s measured
+    # by streams decoding together, for /metrics beside the predicted)
 }
 
 

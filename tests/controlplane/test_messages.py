@@ -12,6 +12,7 @@ from controlplane import messages as m
 from controlplane import records as r
 from controlplane.planner.presets import PRESETS
 from controlplane.schema import build
+from zctl.engine.decode_rates import DecodeRate
 from zctl.engine.requests import ChatMessage, GenerationChunk, GenerationDone, GenerationRequest
 from zctl.service import messages as sm
 
@@ -79,7 +80,8 @@ def sample(cls: type) -> object:
             [sm.HopStats("0-1", 4096, sm.HistogramSnapshot([1.0], [3, 0], 0.9))],
             {"coordinator": True, "n1": False}, "stage 1 is down", "tiny", 2048, 2,
             replace(status, prediction=r.PredictionStatus(
-                error="node n1 has no profile: measuring"))),
+                error="node n1 has no profile: measuring")),
+            [DecodeRate(1, 40, 1.25), DecodeRate(3, 200, 2.0)]),
         sm.TokenizeRequest: sm.TokenizeRequest(GenerationRequest(
             "t1", messages=[ChatMessage("user", "hi")])),
         sm.DetokenizeRequest: sm.DetokenizeRequest("t2", [1, 2, 3]),
@@ -199,6 +201,10 @@ def stats_body() -> dict:
                                            "kv_slots": 0, "compute_ms": {
         "bounds": [2.0, 1.0], "counts": [1, 2, 0]}}]}, "service_stats"),
      "service_stats.stages[0].compute_ms has bounds that are not strictly ascending"),
+    (envelope({**stats_body(), "decode_rates": [{"streams": 0, "tokens": 5, "seconds": 1.0}]},
+              "service_stats"), "service_stats.decode_rates[0]: streams must be >= 1"),
+    (envelope({**stats_body(), "decode_rates": [{"streams": 2, "tokens": 5}]},
+              "service_stats"), "seconds"),
 ])
 def test_bad_messages_raise_clear_errors(data: bytes, text: str) -> None:
     with pytest.raises(m.MessageError) as info:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from zctl.engine.admission import DrafterLoader, SessionLimits, new_session
 from zctl.engine.constraints import GrammarCompiler, GrammarQueue
+from zctl.engine.decode_rates import DecodeRateMeter
 from zctl.engine.executor import Executor, PipelineUnreachable
 from zctl.engine.kv_cost import EVERY_TOKEN, KvCost
 from zctl.engine.outcomes import PipelineDown, error_kind, session_tokens, spec_summary, stop_reason
@@ -129,6 +130,8 @@ class GenerationEngine:
         # stages compute them: speculation gives the tokens plain decoding does, bit for bit
         self.one_query = one_query
         self.prefix_stats = PrefixIndexStats()
+        # aggregate decode tok/s by streams decoding together, on the running executor
+        self.decode_rates = DecodeRateMeter()
         self.counters = {"requests": 0, "failed": 0, "cancelled": 0, "peak_streams": 0,
                          "structured": 0}  # structured: generations held to a grammar
         self._finished_tokens: Counter[str] = Counter()  # session_tokens of finished ones
@@ -227,19 +230,31 @@ class GenerationEngine:
         self._start_waiting()
         if self._jobs:
             self._watch_pipeline()
+        decoded = 0
         if self._scheduler is not None and self._scheduler.active:
             updates = self._scheduler.poll(timeout_s)
             errors = [u.session.error for u in updates if u.session.error is not None]
             outage = self._outage(errors) if errors else None
             for update in updates:
+                # the tokens after a stream's first (its prompt's), as the scheduler added them
+                decoded += len(update.tokens) - (len(update.session.emitted) == len(update.tokens)
+                                                 and bool(update.tokens))
                 if outage is not None and update.session.error is not None:
                     update.session.clear_failure()  # held: it resumes by replay
                 else:
                     self._progress(update)
             if outage is not None and self._paused is None:
                 self._pause(outage, time.monotonic())
+        self.decode_rates.observe(time.monotonic(), decoded, self._decoding_streams())
         out, self._out = self._out, []
         return out
+
+    def _decoding_streams(self) -> int:
+        """Streams past their first token and not done (none while the pipeline is held)."""
+        if self._paused is not None:
+            return 0
+        return sum(bool(job.session.emitted) and not job.session.done
+                   for job in self._jobs.values())
 
     def _outage(self, errors: Sequence[BaseException] = ()) -> str | None:
         """Why steps just failed (``errors``), when the pipeline went down or was re-wired
@@ -318,6 +333,7 @@ class GenerationEngine:
                 break
 
     def _new_scheduler(self, executor: Executor) -> StreamScheduler:
+        self.decode_rates.reset()  # another placement: its own figures
         return StreamScheduler(executor, self.row_groups, self.shared_cores,
                                prefix_cache_tokens=self.prefix_cache_tokens,
                                prefix_stats=self.prefix_stats, pieces=self.prefill_pieces,

@@ -9,7 +9,8 @@ compute and per-hop network histograms, bytes per hop, speculative tokens) come 
 generation service's ``ServiceStats`` at scrape time and are exported as they are,
 through ``ClusterCollector``; so is the running placement's predicted tok/s, which the
 coordinator's status makes (controlplane/planner/running.py), beside the decode tok/s
-measured of the last finished generation.
+measured of the last finished generation and the aggregate measured at each number of
+streams decoding together (zctl.engine.decode_rates).
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def cluster_metrics(stats: ServiceStats, model: str) -> list[Metric]:
     network = histogram_family("zctl_hop_network_seconds", "Network time of a step's frame "
                                "on the hop", "hop", {h.name: h.network_ms for h in stats.hops})
     return [running, waiting, drafted, accepted, *prefix, cached, *structured, node_up, stage_up, kv,
-            hop_bytes, compute, network, predicted_metric(stats, model)]
+            hop_bytes, compute, network, predicted_metric(stats, model),
+            measured_aggregate_metric(stats, model)]
 
 
 def predicted_metric(stats: ServiceStats, model: str) -> GaugeMetricFamily:
@@ -121,6 +123,18 @@ def predicted_metric(stats: ServiceStats, model: str) -> GaugeMetricFamily:
     if prediction is not None and not prediction.error:
         for entry in prediction.streams:
             family.add_metric([model, str(entry.streams)], entry.tok_s)
+    return family
+
+
+def measured_aggregate_metric(stats: ServiceStats, model: str) -> GaugeMetricFamily:
+    """The aggregate decode tok/s measured on the running placement at each number of
+    streams decoding together, beside ``zctl_predicted_tok_s`` (a stream count appears once
+    a second of decoding was spent at it)."""
+    family = GaugeMetricFamily("zctl_measured_aggregate_tok_s", "Decode tok/s of all the "
+                               "streams together, measured while this many decoded, since the "
+                               "running placement began", labels=["model_name", "streams"])
+    for rate in stats.decode_rates:
+        family.add_metric([model, str(rate.streams)], rate.tok_s)
     return family
 
 

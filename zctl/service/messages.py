@@ -10,12 +10,13 @@ engine checks it; the service's other messages are defined here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from controlplane.checks import need
 from controlplane.messages import Message, register, register_record
 from controlplane.records import ClusterStatus, PredictionStatus
+from zctl.engine.decode_rates import DecodeRate
 from zctl.engine.requests import GenerationChunk, GenerationDone, GenerationRequest
 
 MAX_DETOKENIZE = 1 << 20  # token ids one detokenize_request may carry
@@ -194,6 +195,9 @@ class ServiceStats(Message):
     num_stages: int = 0
     # the coordinator's cluster status the snapshot was made with (None: no status)
     cluster: ClusterStatus | None = None
+    # aggregate decode speed on the running executor by streams decoding together
+    # (zctl.engine.decode_rates): the measured side of the prediction's N streams
+    decode_rates: list[DecodeRate] = field(default_factory=list)
 
     @property
     def prediction(self) -> PredictionStatus | None:
@@ -203,6 +207,10 @@ class ServiceStats(Message):
 
     def check(self) -> None:
         need(self.running >= 0 and self.waiting >= 0, "service_stats: negative running/waiting")
+        for i, rate in enumerate(self.decode_rates):
+            need(rate.streams >= 1 and rate.tokens >= 0 and rate.seconds > 0,
+                 f"service_stats.decode_rates[{i}]: streams must be >= 1, tokens >= 0 and "
+                 "seconds > 0")
         named = [(f"stages[{i}].compute_ms", s.compute_ms) for i, s in enumerate(self.stages)]
         named += [(f"hops[{i}].network_ms", h.network_ms) for i, h in enumerate(self.hops)]
         for name, histogram in named:

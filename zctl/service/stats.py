@@ -22,6 +22,8 @@
   stages' layers, refusals, counters and placement notes: the web page's cluster view),
   and with it ``prediction``, the running placement's predicted speed
   (controlplane/planner/running.py), as it is; None without a cluster status.
+- ``decode_rates``: the engine's aggregate decode tok/s by streams decoding together, since
+  the running executor began (zctl.engine.decode_rates).
 - ``health``: the engine's health callback; "the pipeline is not wired yet" without an
   executor.
 """
@@ -82,7 +84,7 @@ class StatsCollector:
                  else {COORDINATOR: True})
         return ServiceStats(self.engine.active, self.engine.waiting, dict(counters), stages,
                             hops, nodes, health, self.model, self.max_context, self.num_stages,
-                            status)
+                            status, self.engine.decode_rates.rates())
 
     def _metrics(self, executor: MeasuredExecutor | None) -> StepMetrics:
         """Everything measured since the service started: the current executor's metrics

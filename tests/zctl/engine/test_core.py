@@ -324,3 +324,19 @@ def test_a_next_stage_taking_no_frames_holds_the_generation_until_it_does(
     assert done.tokens == list(generate_greedy(chain, tokenizer.encode("the sky is"), 8))
     notes = [e.note for c, e in seen if isinstance(e, GenerationChunk) and e.note]
     assert any("paused: stage 1 at tcp://x is not taking frames" in n for n in notes), notes
+
+
+def test_the_engine_measures_aggregate_decode_tok_s_by_streams_decoding_together(setup) -> None:
+    """Two streams decoding together count their tokens after the first at two streams; the
+    tokens sum to what they decoded while both ran, and a new executor starts again."""
+    engine = engine_for(setup)
+    for client, prompt in {"a": "the sky is", "b": "one two three"}.items():
+        engine.submit(client, GenerationRequest(client, prompt, 40, ignore_eos=True))
+    drive(engine, lambda s: sum(isinstance(e, GenerationDone) for _, e in s) == 2)
+    rates = {r.streams: r for r in engine.decode_rates.rates(min_seconds=0.0)}
+    assert set(rates) <= {1, 2} and 2 in rates
+    assert rates[2].seconds > 0 and rates[2].tokens > 0
+    # every token after each prompt's first, counted once, whether one or two decoded
+    assert sum(r.tokens for r in rates.values()) == 2 * 39
+    engine.decode_rates.reset()
+    assert engine.decode_rates.rates(min_seconds=0.0) == []

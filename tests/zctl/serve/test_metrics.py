@@ -30,3 +30,16 @@ def test_no_prediction_is_no_sample() -> None:
     assert scrape(None) == []
     assert ServeMetrics().render(ServiceStats(0, 0, {}, [], [], {}), "m").count(
         b"\nzctl_predicted_tok_s{") == 0  # no cluster status
+
+
+def test_the_measured_aggregate_is_a_gauge_per_stream_count_beside_the_prediction() -> None:
+    from zctl.engine.decode_rates import DecodeRate
+    stats = ServiceStats(0, 0, {}, [], [], {}, model="m",
+                         decode_rates=[DecodeRate(1, 60, 1.5), DecodeRate(4, 300, 2.0)])
+    text = ServeMetrics().render(stats, "m").decode()
+    assert [line for line in text.splitlines()
+            if line.startswith("zctl_measured_aggregate_tok_s")] == [
+        'zctl_measured_aggregate_tok_s{model_name="m",streams="1"} 40.0',
+        'zctl_measured_aggregate_tok_s{model_name="m",streams="4"} 150.0']
+    assert "\nzctl_measured_aggregate_tok_s{" not in ServeMetrics().render(
+        ServiceStats(0, 0, {}, [], [], {}), "m").decode()  # nothing measured: no sample
