@@ -59,6 +59,13 @@ LOCAL_SEARCH_ROUNDS = 64
 SAME = 1e-9  # relative: predictions this close are equal (ties go to fewer nodes)
 
 
+def objective_problem(objective: str) -> str:
+    """Why ``objective`` is not one to plan for ("" when it is), as a command says it."""
+    if objective in OBJECTIVES:
+        return ""
+    return f"--objective is {' or '.join(OBJECTIVES)}, not {objective!r}"
+
+
 PLAN_STREAMS = 4  # the streams a plan is judged at for throughput and reserves KV for
 
 

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from controlplane.planner.search import OBJECTIVES
+from controlplane.planner.search import objective_problem
 from controlplane.records import DEFAULT_REPLAN_GAIN, HEARTBEAT_S, LIVENESS
 from zctl.cli.discovery import BrowseSeconds, find_cluster, server_key_for
 from zctl.cli.exports import (
@@ -228,8 +228,7 @@ def cluster_up(
     problem = (_up_problem(local, stage_count, row_groups, cpu_sets, foreground, resume_timeout,
                            reassign_after, heal_after, expect_nodes, memory_mb, replan_gain)
                or _fleet_problem(fleet, local, stages, model)
-               or (f"--objective is latency or throughput, not {objective!r}"
-                   if objective not in OBJECTIVES else "")
+               or objective_problem(objective)
                or max_streams_problem(max_streams) or kv_problem(kv_memory_mb, prefix_cache_mb))
     if problem:
         _fail(problem)

@@ -26,7 +26,7 @@ from controlplane.planner.presets import PRESETS
 from controlplane.planner.profile import Links, NodeProfile, ProfileError
 from controlplane.planner.references import REFERENCE_LINKS, REFERENCE_SPEEDS
 from controlplane.planner.report import plan_dict
-from controlplane.planner.search import OBJECTIVES, Plan, PlanRequest, plan
+from controlplane.planner.search import Plan, PlanRequest, objective_problem, plan
 from controlplane.planner.shape import ModelShape, ShapeError
 from controlplane.planner.shape_sources import resolve_shape
 from controlplane.planner.timing import PROMPT_TOKENS
@@ -112,8 +112,8 @@ def plan_command(
 ) -> None:
     """Plan a model on a fleet of PCs before any export: does it fit (in INT4 and INT8),
     which PCs take which layers, predicted tok/s at 1 and N streams and time to first token."""
-    if objective not in OBJECTIVES:
-        fail(f"--objective is latency or throughput, not {objective!r}")
+    if objective_problem(objective):
+        fail(objective_problem(objective))
     if weights != AUTO and weights not in WEIGHT_FORMATS:
         fail(f"--weights is {AUTO} or one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
     if (fleet is None) == (endpoint is None):
