@@ -264,11 +264,17 @@ def export_model(
     except ManifestError as exc:
         raise ExportError(str(exc)) from None
     shape = source.decoder_shape()
-    if static_kv is not None and (shape.sliding_layers or shape.local_rope
-                                  or shape.attention_sinks):
-        what = "attention sinks" if shape.attention_sinks else "sliding-window layers"
-        raise ExportError(f"{source.location}: a static export of a model with {what} "
-                          "is not supported (export it without --static)")
+    unstatic = [what for what, has in (
+        ("attention sinks", shape.attention_sinks),
+        ("sliding-window layers", shape.sliding_layers or shape.local_rope),
+        # with every shape fixed, the CPU plugin no longer gathers the routed experts
+        # (GatherMatmul) but computes all of them, every step
+        ("a mixture of experts (every step would compute all its experts)", shape.experts))
+        if has]
+    if static_kv is not None and unstatic:
+        raise ExportError(f"{source.location}: a static export of a model with "
+                          f"{' and '.join(unstatic)} is not supported (export it without "
+                          "--static)")
     int8_form = int8_form_for(weight_format, static_kv is not None)
     if int8_form == INT8_GROUPS:
         try:  # before any stage is built

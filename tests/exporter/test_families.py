@@ -635,3 +635,18 @@ def test_an_export_made_before_keeps_every_sliding_slot_on_stateful_stages(gemma
     runner.step(1, hidden.astype(np.float32), np.arange(40))
     runner.step(1, hidden[:, :1].astype(np.float32), np.array([40]))
     assert {s.state.shape[2] for s in runner.streams[1].request.query_state()} == {41}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+def test_the_static_npu_path_is_exact_for_qk_norms_and_fused_projections(
+        family: str, tmp_path: Path) -> None:
+    """The NPU path's static, stateless stages (KV on the host, steps cut into pieces of 8
+    tokens), run here on CPU: Qwen3's q/k norms and its own head width, and Phi-3's fused
+    projections, split unevenly into 3 stages, give HF's greedy tokens."""
+    model_dir = _build(tmp_path / "model", family)
+    export_model(open_source(str(model_dir)), SPLITS[family], "fp32", tmp_path / "static",
+                 static_kv=StaticKV(context=160, chunk=8))
+    assert not load_manifest(tmp_path / "static").beam_idx
+    results = verify_export(tmp_path / "static", DEFAULT_PROMPTS[:5], max_new_tokens=TOKENS)
+    assert [r.exact for r in results] == [True] * 5, [r.matched for r in results]

@@ -18,7 +18,7 @@ import torch
 from dataplane.head.local_chain import LocalChain
 from dataplane.runtime.ov_core import shared_core
 from dataplane.runtime.paged import paged_model
-from exporter.export import export_model
+from exporter.export import ExportError, export_model
 from exporter.quality import chain_logits, compare_logits, eval_passages, hf_logits
 from exporter.sources import SourceError, open_source
 from exporter.verify import DEFAULT_PROMPTS, EXACT_CONFIG, hf_greedy, verify_export
@@ -27,6 +27,7 @@ from tests.helpers.tiny_models import build_llama
 from zctl.engine.scheduler import StreamScheduler, run_sessions
 from zctl.engine.sessions import DecodeSession
 from zctl.engine.tokenizer import ChatTokenizer
+from zctl.manifest import StaticKV
 
 TOKENS = 32
 EXPERTS, ACTIVE, EXPERT_WIDTH = 8, 2, 32
@@ -139,6 +140,17 @@ def test_three_uneven_stages_match_hf_greedy(moe_export: Path, hf) -> None:
     assert session.cached_tokens >= len(prompts[0])  # its start came from the cache
     longer = prompts[0] + results[0].reference + tokenizer.encode(" and then", chat=False)
     assert session.emitted == hf_greedy(hf, longer, TOKENS)
+
+
+def test_a_static_export_of_a_mixture_of_experts_is_refused(moe_model: Path,
+                                                            tmp_path: Path) -> None:
+    """The NPU path's stages have every shape fixed, and so compiled the CPU plugin computes
+    every expert of every step (no GatherMatmul: checked when this refusal was written): a
+    static export of a mixture of experts is refused before any stage is written."""
+    with pytest.raises(ExportError, match="static export of a model with a mixture of experts"):
+        export_model(open_source(str(moe_model)), SPLIT, "fp32", tmp_path / "static",
+                     static_kv=StaticKV(context=160, chunk=8))
+    assert not (tmp_path / "static").exists()
 
 
 @pytest.mark.slow
