@@ -44,3 +44,33 @@ def test_bench_quality_json_on_the_tiny_model(tiny_llama_dir: Path, tmp_path: Pa
     assert fp32["top1_agreement"] == 1.0 and int4["exact"]["kl"] > fp32["exact"]["kl"]
     assert int4["tok_s_ratio"] == 1.0 and fp32["tok_s_ratio"] > 0
     assert (tmp_path / "exports" / "bench").is_dir()
+
+
+def _family_configs() -> dict[str, dict]:
+    from tests.exporter.test_families import FAMILIES
+    from tests.exporter.test_gpt_oss import GPT_OSS
+    from tests.exporter.test_moe import MOE
+    return {**FAMILIES, "qwen3_moe": MOE, "gpt_oss": {**GPT_OSS, "bias_spread": 0.5}}
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma3", "qwen3_moe", "gpt_oss"])
+def test_bench_quality_measures_every_family(family: str, tmp_path: Path) -> None:
+    """The teacher-forced figures of each family's tiny model, over passages longer than
+    Gemma 3's and gpt-oss's 8-token window, split in 2 stages: its fp32 export agrees with
+    Hugging Face's fp32 on every position (a family the reference or the chain read wrongly
+    would not), and the perplexities are the same."""
+    from exporter.export import export_model
+    from exporter.sources import open_source
+    from tests.helpers.tiny_models import build_llama
+
+    config = _family_configs()[family]
+    model_dir = build_llama(tmp_path / "model", tied=False, norm_spread=0.3, **config)
+    layers = int(config.get("layers", 4))
+    export_dir = tmp_path / "fp32"
+    export_model(open_source(str(model_dir)), [(0, 1), (1, layers)], "fp32", export_dir)
+    report = quality_report({"fp32": export_dir}, model_dir, limit=24, sample_tokens=4,
+                            tokens=2, runs=1)
+    figures = report["formats"]["fp32"]
+    assert figures["positions"] > 2 * 8 and figures["top1_agreement"] == 1.0
+    assert figures["perplexity"] == pytest.approx(figures["ref_perplexity"], rel=1e-3)
+    assert figures["kl"] < 1e-4
