@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.gpt_oss_moe_block import ClampedSwiGLU
+from exporter.multimodal import TEXT_MODELS
 
 ATTENTION, MLP = "self_attn.", "mlp."
 
@@ -158,7 +159,8 @@ def family_of(config: Any, location: str) -> Family:
     raise FamilyError(
         f"{location}: model type {model_type or '?'!r} "
         f"({', '.join(arches) or 'no architectures'}) is not supported; "
-        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} (and the text model of "
+        f"{', '.join(TEXT_MODELS)})"
     )
 
 

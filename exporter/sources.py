@@ -23,6 +23,7 @@ from exporter.chat_formats import stand_in_format
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
 from exporter.gguf_gpt_oss import GPT_OSS_ARCHITECTURE, GptOssGguf
 from exporter.gguf_metadata import GgufError, check_readable_types, listed, sliding_layer_flags
+from exporter.multimodal import multimodal_architecture, text_config, text_part_of_raw, text_tensor_names
 from exporter.mxfp4 import (
     Mxfp4Error,
     check_pairs_declared,
@@ -421,8 +422,8 @@ def _check_family_first(config_json: Path) -> None:
         raise SourceError(f"{config_json} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise SourceError(f"{config_json}: not a JSON object")
-    named = SimpleNamespace(architectures=raw.get("architectures"),
-                            model_type=raw.get("model_type"))
+    architectures, model_type = text_part_of_raw(raw)
+    named = SimpleNamespace(architectures=architectures, model_type=model_type)
     try:
         family_of(named, str(config_json.parent))
     except FamilyError as exc:
@@ -430,7 +431,8 @@ def _check_family_first(config_json: Path) -> None:
 
 
 class SafetensorsSource(ModelSource):
-    """A local Hugging Face model directory with safetensors weights (read tensor by tensor)."""
+    """A local Hugging Face model directory with safetensors weights (read tensor by tensor).
+    A multimodal checkpoint is read as its text model (exporter.multimodal)."""
 
     def __init__(self, path: Path, name: str | None = None) -> None:
         from transformers import AutoConfig, GenerationConfig
@@ -443,12 +445,22 @@ class SafetensorsSource(ModelSource):
             config = AutoConfig.from_pretrained(self.path)
         except (ValueError, OSError) as exc:  # transformers' checks of the config's values
             raise SourceError(f"{self.path}: cannot read its config.json: {exc}") from None
-        super().__init__(name or self.path.name, str(self.path), config)
+        # a multimodal checkpoint: its text model's config, and its tensors' stored names
+        self.multimodal = multimodal_architecture(getattr(config, "architectures", None))
+        super().__init__(name or self.path.name, str(self.path), text_config(config))
         try:
             self.generation_config = GenerationConfig.from_pretrained(self.path)
         except (OSError, ValueError):
             self.generation_config = None
-        self._where = self._index()
+        stored = self._index()
+        # a tensor's name as the exporter asks for it -> its name in the checkpoint
+        self._stored_as = (text_tensor_names(stored) if self.multimodal
+                        else {name: name for name in stored})
+        self._where = {name: stored[held] for name, held in self._stored_as.items()}
+        if self.multimodal and not self._where:
+            raise SourceError(f"{self.path}: a {self.multimodal} checkpoint with no tensor of "
+                              "its language model (language_model.* or "
+                              "model.language_model.*)")
         self._handles: dict[str, Any] = {}
         self._mxfp4 = self._mxfp4_experts()
         self.check_layers()
@@ -478,7 +490,7 @@ class SafetensorsSource(ModelSource):
         from safetensors import safe_open
 
         with safe_open(self.path / self._where[name], framework="pt") as handle:
-            part = handle.get_slice(name)
+            part = handle.get_slice(self._stored_as[name])
             return tuple(int(d) for d in part.get_shape()), str(part.get_dtype())
 
     def _index(self) -> dict[str, str]:
@@ -520,7 +532,7 @@ class SafetensorsSource(ModelSource):
             from safetensors import safe_open
 
             self._handles[file_name] = safe_open(self.path / file_name, framework="pt")
-        return self._handles[file_name].get_tensor(name)
+        return self._handles[file_name].get_tensor(self._stored_as[name])
 
     def tensor_names(self) -> list[str]:
         """The checkpoint's tensors, and those its MXFP4 pairs stand for."""

@@ -650,3 +650,73 @@ def test_the_static_npu_path_is_exact_for_qk_norms_and_fused_projections(
     assert not load_manifest(tmp_path / "static").beam_idx
     results = verify_export(tmp_path / "static", DEFAULT_PROMPTS[:5], max_new_tokens=TOKENS)
     assert [r.exact for r in results] == [True] * 5, [r.matched for r in results]
+
+
+# Gemma 3 from 4B up: Gemma3ForConditionalGeneration, the tiny Gemma 3's text model beside a
+# vision tower and a projector
+MULTIMODAL_TEXT = {k: v for k, v in FAMILIES["gemma3"].items()
+                   if k not in ("arch", "layers", "pad_token_id")}
+
+
+@pytest.fixture(scope="module")
+def gemma3_multimodal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.helpers.tiny_models import build_gemma3_multimodal
+    return build_gemma3_multimodal(tmp_path_factory.mktemp("gemma3mm") / "model",
+                                   **MULTIMODAL_TEXT)
+
+
+def _relaid(model_dir: Path, out_dir: Path) -> Path:
+    """``model_dir`` with its tensors under transformers' module layout
+    (model.language_model.*, model.vision_tower.*, a top-level lm_head) instead of the
+    Hub's (language_model.model.*, vision_tower.*)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, out_dir)
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    relaid = {}
+    for name, value in tensors.items():
+        if name.startswith("language_model.model."):
+            name = "model.language_model." + name[len("language_model.model."):]
+        elif name.startswith("language_model.lm_head."):
+            name = name[len("language_model."):]
+        else:
+            name = "model." + name
+        relaid[name] = value.contiguous()
+    save_file(relaid, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
+@pytest.mark.parametrize("layout", ["hub", "modules"])
+def test_a_multimodal_gemma3_exports_its_text_model_exactly(
+        gemma3_multimodal: Path, layout: str, tmp_path: Path) -> None:
+    """A Gemma3ForConditionalGeneration checkpoint, in either layout of its tensors, exports
+    its text model (the vision tower and projector not read) split unevenly into 3 stages,
+    and gives HF's greedy tokens (HF's multimodal model, text prompts) on 5 prompts."""
+    model_dir = (gemma3_multimodal if layout == "hub"
+                 else _relaid(gemma3_multimodal, tmp_path / "relaid"))
+    source = open_source(str(model_dir))
+    assert (source.architecture, source.num_layers) == ("gemma3_text", 7)
+    assert not [n for n in source.tensor_names() if "vision" in n or "projector" in n]
+    assert source.decoder_shape().sliding_layers == (0, 2, 4, 6)
+    export_model(source, SPLITS["gemma3"], "fp32", tmp_path / "export")
+    assert load_manifest(tmp_path / "export").model.architecture == "gemma3_text"
+    results = verify_export(tmp_path / "export", DEFAULT_PROMPTS, max_new_tokens=TOKENS)
+    assert [r.exact for r in results] == [True] * 5, [r.matched for r in results]
+
+
+def test_a_multimodal_checkpoint_without_its_language_model_is_refused(
+        gemma3_multimodal: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "vision-only"
+    shutil.copytree(gemma3_multimodal, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if not k.startswith("language_model.")},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(SourceError, match="Gemma3ForConditionalGeneration checkpoint with no "
+                                          "tensor of its language model"):
+        open_source(str(out))

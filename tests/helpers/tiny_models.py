@@ -40,3 +40,31 @@ def build_llama(out_dir: Path, *, layers: int = 4, hidden: int = 64, heads: int 
     model.save_pretrained(out_dir)
     build_tokenizer(out_dir, vocab_size=vocab)
     return out_dir
+
+
+def build_gemma3_multimodal(out_dir: Path, *, layers: int = 7, norm_spread: float = 0.3,
+                            seed: int = 0, **text_options: object) -> Path:
+    """Save a random ``Gemma3ForConditionalGeneration`` (as Gemma 3 from 4B up is published:
+    a vision tower and projector beside the text model) whose text model is the tiny Gemma
+    3 build_llama makes with these options, norms drawn around 1 with ``norm_spread``."""
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3Config
+
+    torch.manual_seed(seed)
+    text = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                initializer_range=0.25, bos_token_id=0, eos_token_id=3, pad_token_id=None,
+                **text_options)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                          image_token_index=380, boi_token_index=381, eoi_token_index=382,
+                          initializer_range=0.25)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if norm_spread and name.endswith("norm.weight"):
+                weight.copy_(1 + norm_spread * torch.randn_like(weight))
+    model.save_pretrained(out_dir)
+    build_tokenizer(out_dir, vocab_size=384)
+    return out_dir
