@@ -264,9 +264,13 @@ def export_model(
     except ManifestError as exc:
         raise ExportError(str(exc)) from None
     shape = source.decoder_shape()
+    # (a window that never slides within a static export's context is no obstacle: the
+    # layers' masks then see every key, as a global layer's do)
     unstatic = [what for what, has in (
         ("attention sinks", shape.attention_sinks),
-        ("sliding-window layers", shape.sliding_layers or shape.local_rope),
+        ("sliding-window layers", shape.local_rope or (
+            shape.sliding_layers and (static_kv is None
+                                      or static_kv.context > shape.sliding_window))),
         # with every shape fixed, the CPU plugin no longer gathers the routed experts
         # (GatherMatmul) but computes all of them, every step
         ("a mixture of experts (every step would compute all its experts)", shape.experts))

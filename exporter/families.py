@@ -45,9 +45,10 @@ class Family:
     model_type: str
     qk_norm: bool = False  # an RMSNorm over each query and key head, before RoPE (Qwen3)
     fused_checkpoint: bool = False  # qkv_proj and gate_up_proj stored fused (Phi-3)
-    # True: sliding_window, when set, applies to every layer (Mistral, Phi-3), so the export
-    # is exact over that many tokens of context. False: use_sliding_window turns a window on
-    # for some layers (Qwen2, Qwen3), which the stage module does not implement.
+    # True: sliding_window, when set, applies to every layer (Mistral, Phi-3): every layer
+    # is a sliding layer, when the window is shorter than the context. False:
+    # use_sliding_window turns a window on for some layers (Qwen2, Qwen3), which the stage
+    # module does not implement.
     window_on_every_layer: bool = False
     # Gemma 3: RMSNorm weights applied as (1 + weight), norms after attention and the MLP
     # as well as before them, the embedding scaled by sqrt(hidden_size), a GeGLU MLP, an
@@ -107,6 +108,10 @@ class Family:
         """The fields of the stage module's DecoderShape by which this family's layers
         differ from Llama's (the sizes are every family's)."""
         options: dict[str, Any] = {"qk_norm": self.qk_norm}
+        window = self.every_layer_window(config)
+        if window:
+            options.update(sliding_window=window,
+                           sliding_layers=tuple(range(int(config.num_hidden_layers))))
         if self.phi3_rope:
             return {**options, "rotary_dim": rotary_dim(config)}
         if self.moe:
@@ -123,13 +128,18 @@ class Family:
                 "sliding_window": int(config.sliding_window) if sliding else 0,
                 "sliding_layers": sliding, "local_rope": bool(sliding)}
 
-    def context_length(self, config: Any) -> int:
-        """How many tokens of context the export reproduces exactly (0: not stated)."""
+    def every_layer_window(self, config: Any) -> int:
+        """The window of a family whose ``sliding_window`` applies to every layer, when it
+        is shorter than the context (0: none, or one that never slides)."""
+        window = int(getattr(config, "sliding_window", 0) or 0) if self.window_on_every_layer else 0
         context = int(getattr(config, "max_position_embeddings", 0) or 0)
-        window = getattr(config, "sliding_window", None) if self.window_on_every_layer else None
-        if window:  # a query sees the `window` latest keys, itself included: all of them here
-            context = min(context, int(window)) if context else int(window)
-        return context
+        return window if window and (not context or window < context) else 0
+
+    def context_length(self, config: Any) -> int:
+        """How many tokens of context the export reproduces exactly (0: not stated): every
+        position the model has, its sliding layers' windows sliding beyond their length."""
+        context = int(getattr(config, "max_position_embeddings", 0) or 0)
+        return context or self.every_layer_window(config)
 
 
 FAMILIES = (

@@ -71,18 +71,24 @@ def shape_from_config(raw: Mapping[str, Any], name: str, where: str) -> ModelSha
 # model types, llama.cpp's names), with the sliding_window_pattern they take unstated: every
 # layer slides but each n-th (Gemma 3's 6; gpt-oss's 2, every other from the first)
 INTERLEAVED = {"gemma3": 6, "gemma3_text": 6, "gpt_oss": 2, "gpt-oss": 2}
+# config.json's model types whose sliding_window applies to every layer: all of them slide
+# when it is shorter than the context (exporter.families' window_on_every_layer)
+EVERY_LAYER = ("mistral", "phi3")
 
 
 def config_sliding_layers(raw: Mapping[str, Any], layers: int, where: str) -> int:
     """How many of a config's ``layers`` attend over a sliding window, as the exporter
-    exports them (exporter.families: Gemma 3's and gpt-oss's ``layer_types``); a window on
-    every layer (Mistral, Phi-3) caps the context instead, and slides none."""
+    exports them (exporter.families: Gemma 3's and gpt-oss's ``layer_types``; a window on
+    every layer of Mistral and Phi-3, when it is shorter than the context)."""
     kinds = raw.get("layer_types")
     if isinstance(kinds, list):
         return sum(kind == "sliding_attention" for kind in kinds)
     if not raw.get("sliding_window"):
         return 0
     model_type = str(raw.get("model_type"))
+    if model_type in EVERY_LAYER:
+        window, context = raw["sliding_window"], raw.get("max_position_embeddings")
+        return layers if not isinstance(context, int) or window < context else 0
     if model_type not in INTERLEAVED:
         return 0
     pattern = raw.get("sliding_window_pattern", INTERLEAVED[model_type])

@@ -56,9 +56,14 @@ FAMILIES = {
     "gemma3": dict(arch="gemma3_text", layers=7, head_dim=16, sliding_window=WINDOW,
                    sliding_window_pattern=2, query_pre_attn_scalar=24, rope_theta=1e6,
                    rope_local_base_freq=10.0, pad_token_id=None),
+    # Phi-3 mini 4k's and Mistral 7B v0.1's window over every layer, shorter than the
+    # context: every layer slides
+    "phi3_window": dict(arch="phi3", pad_token_id=None, sliding_window=WINDOW),
+    "mistral_window": dict(arch="mistral", sliding_window=WINDOW),
 }
 SPLITS = {"qwen3": [(0, 1), (1, 3), (3, 4)], "phi3": [(0, 1), (1, 3), (3, 4)],
-          "gemma3": [(0, 2), (2, 5), (5, 7)]}
+          "gemma3": [(0, 2), (2, 5), (5, 7)], "phi3_window": [(0, 1), (1, 3), (3, 4)],
+          "mistral_window": [(0, 1), (1, 3), (3, 4)]}
 
 
 def _build(out_dir: Path, family: str) -> Path:
@@ -298,10 +303,13 @@ def test_an_option_the_export_lacks_is_refused_by_name(tmp_path: Path, model_typ
     assert not (tmp_path / "out").exists()
 
 
-def test_a_static_export_of_sliding_layers_is_refused(tmp_path: Path) -> None:
-    model_dir = _build(tmp_path / "model", "gemma3")
+@pytest.mark.parametrize("family", ["gemma3", "phi3_window"])
+def test_a_static_export_of_sliding_layers_is_refused(tmp_path: Path, family: str) -> None:
+    """Gemma 3's sliding layers (a RoPE of their own), and a window over every layer that
+    would slide within the static context, are refused before any stage is written."""
+    model_dir = _build(tmp_path / "model", family)
     with pytest.raises(ExportError, match="static export of a model with sliding-window"):
-        export_model(open_source(str(model_dir)), [(0, 7)], "fp32", tmp_path / "out",
+        export_model(open_source(str(model_dir)), SPLITS[family], "fp32", tmp_path / "out",
                      static_kv=StaticKV(context=64, chunk=8))
     assert not (tmp_path / "out").exists()
 
@@ -370,21 +378,28 @@ def test_a_made_up_architecture_is_refused_listing_the_supported(tmp_path: Path)
         open_source(str(tmp_path))
 
 
-@pytest.mark.parametrize(("model_type", "fields", "context"), [
-    ("phi3", {"sliding_window": 256, "max_position_embeddings": 512, "pad_token_id": None}, 256),
-    ("phi3", {"sliding_window": None, "max_position_embeddings": 512, "pad_token_id": None}, 512),
-    ("mistral", {"sliding_window": 4096, "max_position_embeddings": 32768}, 4096),
-    ("mistral", {"sliding_window": 4096, "max_position_embeddings": 2048}, 2048),
-    ("qwen3", {"max_position_embeddings": 40960}, 40960),
+@pytest.mark.parametrize(("model_type", "fields", "context", "window"), [
+    ("phi3", {"sliding_window": 256, "max_position_embeddings": 512, "pad_token_id": None},
+     512, 256),
+    ("phi3", {"sliding_window": None, "max_position_embeddings": 512, "pad_token_id": None},
+     512, 0),
+    ("mistral", {"sliding_window": 4096, "max_position_embeddings": 32768}, 32768, 4096),
+    ("mistral", {"sliding_window": 4096, "max_position_embeddings": 2048}, 2048, 0),
+    ("qwen3", {"max_position_embeddings": 40960}, 40960, 0),
 ])
-def test_a_window_over_every_layer_caps_the_context(model_type: str, fields: dict,
-                                                   context: int) -> None:
+def test_a_window_over_every_layer_slides_every_layer(model_type: str, fields: dict,
+                                                      context: int, window: int) -> None:
     """Mistral and Phi-3 slide every layer's attention over ``sliding_window`` tokens: the
-    export is exact over that much context."""
+    export is exact over the whole context, every layer a sliding layer, when the window is
+    shorter than the context (a longer one never slides: no sliding layers)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(model_type, **fields)
-    assert family_of(config, "here").context_length(config) == context
+    config = AutoConfig.for_model(model_type, **fields, num_hidden_layers=3)
+    family = family_of(config, "here")
+    assert family.context_length(config) == context
+    options = family.shape_options(config)
+    assert options.get("sliding_window", 0) == window
+    assert options.get("sliding_layers", ()) == ((0, 1, 2) if window else ())
 
 
 def test_only_a_sliding_models_manifest_states_its_sliding_layers(tmp_path: Path) -> None:
@@ -406,10 +421,12 @@ def test_only_a_sliding_models_manifest_states_its_sliding_layers(tmp_path: Path
         assert manifest_from_dict(json.loads(manifest.to_json())).model == spec
 
 
-def test_the_manifest_states_the_capped_context(tmp_path: Path) -> None:
+def test_the_manifest_states_the_whole_context_and_every_layer_sliding(tmp_path: Path) -> None:
     model_dir = build_llama(tmp_path, arch="phi3", pad_token_id=None, sliding_window=256,
-                            layers=1)
-    assert model_spec(open_source(str(model_dir))).max_position_embeddings == 256
+                            layers=2)
+    spec = model_spec(open_source(str(model_dir)))
+    assert (spec.max_position_embeddings, spec.sliding_window, spec.sliding_layers) == (
+        512, 256, (0, 1))
 
 
 WINDOW_TOKENS = 96  # 12 windows, the context over 4 blocks
@@ -638,13 +655,16 @@ def test_an_export_made_before_keeps_every_sliding_slot_on_stateful_stages(gemma
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+@pytest.mark.parametrize(("family", "changes"), [
+    ("qwen3", {}), ("phi3", {}), ("phi3", {"sliding_window": 200})])
 def test_the_static_npu_path_is_exact_for_qk_norms_and_fused_projections(
-        family: str, tmp_path: Path) -> None:
+        family: str, changes: dict, tmp_path: Path) -> None:
     """The NPU path's static, stateless stages (KV on the host, steps cut into pieces of 8
     tokens), run here on CPU: Qwen3's q/k norms and its own head width, and Phi-3's fused
-    projections, split unevenly into 3 stages, give HF's greedy tokens."""
-    model_dir = _build(tmp_path / "model", family)
+    projections (also with a window over every layer longer than the static context: it
+    never slides there), split unevenly into 3 stages, give HF's greedy tokens."""
+    model_dir = build_llama(tmp_path / "model", tied=False, norm_spread=0.3,
+                            **{**FAMILIES[family], **changes})
     export_model(open_source(str(model_dir)), SPLITS[family], "fp32", tmp_path / "static",
                  static_kv=StaticKV(context=160, chunk=8))
     assert not load_manifest(tmp_path / "static").beam_idx

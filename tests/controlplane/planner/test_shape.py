@@ -196,10 +196,14 @@ def test_gemma3_and_gpt_oss_configs_name_their_sliding_layers(extra: dict, slidi
     gpt_oss = shape_from_config({**base, "model_type": "gpt_oss", "num_hidden_layers": 5,
                                  "sliding_window": 128}, "o", "config.json")
     assert (gpt_oss.sliding_layers, gpt_oss.sliding_window) == (3, 128)  # 0, 2 and 4
-    # a window on every layer (Mistral, Phi-3) caps the context: no layer slides
-    mistral = shape_from_config({**base, "model_type": "mistral", "sliding_window": 4096},
-                                "m", "config.json")
-    assert (mistral.sliding_layers, mistral.sliding_window) == (0, 0)
+    # a window on every layer (Mistral, Phi-3): every layer slides when the window is
+    # shorter than the context, none when it is not
+    mistral = shape_from_config({**base, "model_type": "mistral", "sliding_window": 4096,
+                                 "max_position_embeddings": 32768}, "m", "config.json")
+    assert (mistral.sliding_layers, mistral.sliding_window) == (6, 4096)
+    phi3 = shape_from_config({**base, "model_type": "phi3", "sliding_window": 262144,
+                              "max_position_embeddings": 131072}, "p", "config.json")
+    assert (phi3.sliding_layers, phi3.sliding_window) == (0, 0)
     assert PRESETS["gpt-oss-20b"].sliding_layers == 12
     with pytest.raises(ShapeError, match="'sliding_window_pattern' is 0"):
         shape_from_config({**base, "sliding_window_pattern": 0}, "g", "config.json")
