@@ -455,7 +455,7 @@ class SafetensorsSource(ModelSource):
         stored = self._index()
         # a tensor's name as the exporter asks for it -> its name in the checkpoint
         self._stored_as = (text_tensor_names(stored) if self.multimodal
-                        else {name: name for name in stored})
+                           else {name: name for name in stored})
         self._where = {name: stored[held] for name, held in self._stored_as.items()}
         if self.multimodal and not self._where:
             raise SourceError(f"{self.path}: a {self.multimodal} checkpoint with no tensor of "

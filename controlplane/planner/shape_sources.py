@@ -88,7 +88,9 @@ def config_sliding_layers(raw: Mapping[str, Any], layers: int, where: str) -> in
     model_type = str(raw.get("model_type"))
     if model_type in EVERY_LAYER:
         window, context = raw["sliding_window"], raw.get("max_position_embeddings")
-        return layers if not isinstance(context, int) or window < context else 0
+        if type(window) is not int or window < 1:
+            raise ShapeError(f"{where}: 'sliding_window' is {window!r}, not a positive integer")
+        return layers if type(context) is not int or window < context else 0
     if model_type not in INTERLEAVED:
         return 0
     pattern = raw.get("sliding_window_pattern", INTERLEAVED[model_type])

@@ -237,8 +237,8 @@ class GenerationEngine:
             outage = self._outage(errors) if errors else None
             for update in updates:
                 # the tokens after a stream's first (its prompt's), as the scheduler added them
-                decoded += len(update.tokens) - (len(update.session.emitted) == len(update.tokens)
-                                                 and bool(update.tokens))
+                first = bool(update.tokens) and len(update.session.emitted) == len(update.tokens)
+                decoded += len(update.tokens) - first
                 if outage is not None and update.session.error is not None:
                     update.session.clear_failure()  # held: it resumes by replay
                 else:

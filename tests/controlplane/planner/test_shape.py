@@ -204,6 +204,9 @@ def test_gemma3_and_gpt_oss_configs_name_their_sliding_layers(extra: dict, slidi
     phi3 = shape_from_config({**base, "model_type": "phi3", "sliding_window": 262144,
                               "max_position_embeddings": 131072}, "p", "config.json")
     assert (phi3.sliding_layers, phi3.sliding_window) == (0, 0)
+    with pytest.raises(ShapeError, match="'sliding_window' is 'wide', not a positive integer"):
+        shape_from_config({**base, "model_type": "phi3", "sliding_window": "wide"}, "p",
+                          "config.json")
     assert PRESETS["gpt-oss-20b"].sliding_layers == 12
     with pytest.raises(ShapeError, match="'sliding_window_pattern' is 0"):
         shape_from_config({**base, "sliding_window_pattern": 0}, "g", "config.json")
