@@ -112,8 +112,9 @@ def plan_command(
 ) -> None:
     """Plan a model on a fleet of PCs before any export: does it fit (in INT4 and INT8),
     which PCs take which layers, predicted tok/s at 1 and N streams and time to first token."""
-    if objective_problem(objective):
-        fail(objective_problem(objective))
+    problem = objective_problem(objective)
+    if problem:
+        fail(problem)
     if weights != AUTO and weights not in WEIGHT_FORMATS:
         fail(f"--weights is {AUTO} or one of {', '.join(WEIGHT_FORMATS)}, not {weights!r}")
     if (fleet is None) == (endpoint is None):
