@@ -53,12 +53,14 @@ def _family_configs() -> dict[str, dict]:
     return {**FAMILIES, "qwen3_moe": MOE, "gpt_oss": {**GPT_OSS, "bias_spread": 0.5}}
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma3", "qwen3_moe", "gpt_oss"])
-def test_bench_quality_measures_every_family(family: str, tmp_path: Path) -> None:
-    """The teacher-forced figures of each family's tiny model, over passages longer than
-    Gemma 3's and gpt-oss's 8-token window, split in 2 stages: its fp32 export agrees with
+@pytest.mark.parametrize("family", ["gemma3", "qwen3_moe", "gpt_oss"])
+def test_bench_quality_measures_the_families_unlike_llama(family: str, tmp_path: Path) -> None:
+    """The teacher-forced figures of the tiny models of the families whose passages run
+    apart from Llama's (Gemma 3's and gpt-oss's 8-token windows, which the passages
+    outgrow; the two kinds of experts), split in 2 stages: each fp32 export agrees with
     Hugging Face's fp32 on every position (a family the reference or the chain read wrongly
-    would not), and the perplexities are the same."""
+    would not), and the perplexities are the same. (Qwen3 and Phi-3 ran the same way when
+    this was written: their layers differ from Llama's inside the graph only.)"""
     from exporter.export import export_model
     from exporter.sources import open_source
     from tests.helpers.tiny_models import build_llama
