@@ -6,13 +6,19 @@ tensors under a prefix, ``language_model.model.`` and ``language_model.lm_head.`
 Hub's checkpoints (and transformers' ``save_pretrained``) store them, or
 ``model.language_model.`` beside a top-level ``lm_head.`` in transformers' own module
 layout. A text prompt runs through the text model alone, so the export is that model's:
-the vision tower and the projector are not read.
+the vision tower and the projector are not read. Its chat template may be its processor's
+only (``chat_template.json``), where the tokenizer does not look: the export takes it
+from there (a template that handles a message's content as text as well as images).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+PROCESSOR_CHAT_TEMPLATE = "chat_template.json"  # a processor's {"chat_template": "..."}
 
 # a multimodal architecture -> its text model's architecture (its config: ``text_config``)
 TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
@@ -67,3 +73,24 @@ def text_tensor_names(stored: Iterable[str]) -> dict[str, str]:
                 names[text_prefix + name[len(prefix):]] = name
                 break
     return names
+
+
+class ProcessorTemplateError(ValueError):
+    """A processor's chat template file that cannot be read."""
+
+
+def processor_chat_template(model_dir: Path) -> str | None:
+    """The chat template of ``model_dir``'s processor (``chat_template.json``), None when
+    there is no such file; ProcessorTemplateError for one that is not JSON or holds no
+    template string."""
+    path = Path(model_dir) / PROCESSOR_CHAT_TEMPLATE
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError, bad UTF-8
+        raise ProcessorTemplateError(f"{path} is not valid JSON: {exc}") from None
+    template = raw.get("chat_template") if isinstance(raw, dict) else None
+    if not isinstance(template, str) or not template.strip():
+        raise ProcessorTemplateError(f"{path} holds no chat_template string")
+    return template

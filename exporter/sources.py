@@ -23,7 +23,14 @@ from exporter.chat_formats import stand_in_format
 from exporter.families import FamilyError, family_of, refuse_unsupported, stored_experts
 from exporter.gguf_gpt_oss import GPT_OSS_ARCHITECTURE, GptOssGguf
 from exporter.gguf_metadata import GgufError, check_readable_types, listed, sliding_layer_flags
-from exporter.multimodal import multimodal_architecture, text_config, text_part_of_raw, text_tensor_names
+from exporter.multimodal import (
+    ProcessorTemplateError,
+    multimodal_architecture,
+    processor_chat_template,
+    text_config,
+    text_part_of_raw,
+    text_tensor_names,
+)
 from exporter.mxfp4 import (
     Mxfp4Error,
     check_pairs_declared,
@@ -562,9 +569,17 @@ class SafetensorsSource(ModelSource):
             raise SourceError(str(exc)) from None
 
     def load_tokenizer(self) -> Any:
+        """The checkpoint's tokenizer, with its processor's chat template when the
+        tokenizer's files state none (a multimodal checkpoint may keep it there only)."""
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(self.path)
+        tokenizer = AutoTokenizer.from_pretrained(self.path)
+        if not tokenizer.chat_template:
+            try:
+                tokenizer.chat_template = processor_chat_template(self.path)
+            except ProcessorTemplateError as exc:
+                raise SourceError(str(exc)) from None
+        return tokenizer
 
     def load_hf_model(self) -> Any:
         from transformers import AutoModelForCausalLM

@@ -743,3 +743,30 @@ def test_a_multimodal_checkpoint_without_its_language_model_is_refused(
     with pytest.raises(SourceError, match="Gemma3ForConditionalGeneration checkpoint with no "
                                           "tensor of its language model"):
         open_source(str(out))
+
+
+def test_a_chat_template_its_processor_holds_alone_is_the_exports(gemma3_multimodal: Path,
+                                                                  tmp_path: Path) -> None:
+    """A multimodal checkpoint whose chat template is its processor's only
+    (chat_template.json; the tokenizer's files state none) exports with that template, not
+    the stand-in transcript of a base model; such a file that is not JSON, or holds no
+    template, is refused by name."""
+    import shutil
+
+    from zctl.manifest import CHAT_FORMAT_NAME
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(gemma3_multimodal, model_dir)
+    (model_dir / "chat_template.jinja").unlink()
+    template = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+                "<end_of_turn>\n{% endfor %}<start_of_turn>model\n")
+    (model_dir / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    source = open_source(str(model_dir))
+    source.save_tokenizer(tmp_path / "out")
+    assert ChatTokenizer(tmp_path / "out").chat_template == template
+    assert not (tmp_path / "out" / CHAT_FORMAT_NAME).exists()  # no stand-in's stops
+    for text, said in (("{not json", "is not valid JSON"),
+                       (json.dumps({"chat_template": 3}), "holds no chat_template string")):
+        (model_dir / "chat_template.json").write_text(text)
+        with pytest.raises(SourceError, match=f"chat_template.json {said}"):
+            open_source(str(model_dir)).tokenizer()
