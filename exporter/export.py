@@ -264,21 +264,21 @@ def export_model(
     except ManifestError as exc:
         raise ExportError(str(exc)) from None
     shape = source.decoder_shape()
-    # (a window that never slides within a static export's context is no obstacle: the
-    # layers' masks then see every key, as a global layer's do)
-    unstatic = [what for what, has in (
-        ("attention sinks", shape.attention_sinks),
-        ("sliding-window layers", shape.local_rope or (
-            shape.sliding_layers and (static_kv is None
-                                      or static_kv.context > shape.sliding_window))),
-        # with every shape fixed, the CPU plugin no longer gathers the routed experts
-        # (GatherMatmul) but computes all of them, every step
-        ("a mixture of experts (every step would compute all its experts)", shape.experts))
-        if has]
-    if static_kv is not None and unstatic:
-        raise ExportError(f"{source.location}: a static export of a model with "
-                          f"{' and '.join(unstatic)} is not supported (export it without "
-                          "--static)")
+    if static_kv is not None:
+        # (a window that never slides within the static context is no obstacle: the
+        # layers' masks then see every key, as a global layer's do)
+        unstatic = [what for what, has in (
+            ("attention sinks", shape.attention_sinks),
+            ("sliding-window layers", shape.local_rope or (
+                shape.sliding_layers and static_kv.context > shape.sliding_window)),
+            # with every shape fixed, the CPU plugin no longer gathers the routed experts
+            # (GatherMatmul) but computes all of them, every step
+            ("a mixture of experts (every step would compute all its experts)",
+             shape.experts)) if has]
+        if unstatic:
+            raise ExportError(f"{source.location}: a static export of a model with "
+                              f"{' and '.join(unstatic)} is not supported (export it "
+                              "without --static)")
     int8_form = int8_form_for(weight_format, static_kv is not None)
     if int8_form == INT8_GROUPS:
         try:  # before any stage is built
