@@ -20,6 +20,16 @@ from controlplane.nodeinfo import (
 )
 
 
+def _listening_on(port: int) -> socket.socket:
+    """A listener on a port ``fresh_port`` chose, bound as ZeroMQ binds (SO_REUSEADDR), so
+    that a TIME_WAIT left on the port by an earlier test does not refuse it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
 def test_the_ephemeral_range_is_read_or_linux_default(tmp_path: Path) -> None:
     (tmp_path / "range").write_text("20000\t50000\n")
     assert ephemeral_ports(tmp_path / "range") == (20000, 50000)
@@ -28,11 +38,13 @@ def test_the_ephemeral_range_is_read_or_linux_default(tmp_path: Path) -> None:
 
 
 def test_a_fresh_port_is_below_the_ephemeral_range_and_free() -> None:
+    """Free as a stage binds it: ZeroMQ sets SO_REUSEADDR on a listening socket, so a port
+    another test's closed connection left in TIME_WAIT is free to it (a bare bind refuses
+    that port, which made this test fail when the suite had used it just before)."""
     for _ in range(20):
         port = fresh_port("127.0.0.1", (32768, 60999))
         assert LOWEST_DATA_PORT <= port < 32768
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", port))
+        _listening_on(port).close()
     # no room below the range: any free port
     assert 0 < fresh_port("127.0.0.1", (LOWEST_DATA_PORT, 60999)) < 65536
 
@@ -42,9 +54,7 @@ def test_the_configured_then_the_last_then_a_fresh_port(tmp_path: Path) -> None:
     first = choose_data_port("127.0.0.1", tmp_path)
     assert LOWEST_DATA_PORT <= first < ephemeral_ports()[0]
     assert choose_data_port("127.0.0.1", tmp_path) == first  # kept across restarts
-    with socket.socket() as holder:  # taken by someone else: a fresh one, remembered
-        holder.bind(("127.0.0.1", first))
-        holder.listen()
+    with _listening_on(first):  # taken by someone else: a fresh one, remembered
         second = choose_data_port("127.0.0.1", tmp_path)
     assert second != first and (tmp_path / "data_port").read_text().strip() == str(second)
 
@@ -61,9 +71,7 @@ def test_a_stage_pipe_waits_for_its_address_to_be_free_again() -> None:
     from dataplane.wire.transport import PipeOptions, TransportError, pull_socket
 
     port = fresh_port("127.0.0.1", (32768, 60999))
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", port))
-    holder.listen()
+    holder = _listening_on(port)
     threading.Timer(0.3, holder.close).start()  # released a moment later
     ctx = zmq.Context.instance()
     start = time.monotonic()
@@ -71,9 +79,7 @@ def test_a_stage_pipe_waits_for_its_address_to_be_free_again() -> None:
     assert 0.2 < time.monotonic() - start < 2.0
     sock.close(0)
     other = fresh_port("127.0.0.1", (32768, 60999))
-    with socket.socket() as held:  # never released: the same clear error as before
-        held.bind(("127.0.0.1", other))
-        held.listen()
+    with _listening_on(other):  # never released: the same clear error as before
         with pytest.raises(TransportError, match="Address already in use"):
             pull_socket(ctx, f"tcp://127.0.0.1:{other}", PipeOptions())
 
