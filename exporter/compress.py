@@ -6,6 +6,9 @@ the embedding and LM head always get INT8 (as the monolithic default does), and 
 mixture of experts' router. The experts' stacked [experts, out, in] weights are MatMul
 weights like any other (exporter.moe_block): NNCF compresses them per group.
 
+An export with exact experts (exporter.exact_experts) first puts the experts' weights in
+their exact i8 form, which NNCF then finds no float weight in and leaves as it is.
+
 INT8 takes one of two forms (zctl.weights.INT8_FORMS), chosen by the caller: symmetric i8
 groups (exporter.int8_groups; an int8 export's) or u8 per output channel with a zero point
 (NNCF's public INT8_ASYM; an int4 export's embedding and head, and a static export's INT8).
@@ -22,6 +25,7 @@ from contextlib import contextmanager, redirect_stdout
 
 import openvino as ov
 
+from exporter.exact_experts import keep_experts_exact
 from exporter.int8_groups import compress_int8_groups
 from zctl.weights import INT8_CHANNELS, INT8_FORMS, INT8_GROUPS, check_weight_format
 
@@ -61,9 +65,11 @@ def numpy_compression() -> Iterator[None]:
 
 def compress_stage(model: ov.Model, weight_format: str, group_size: int | None,
                    compressed_16bit: Callable[[], None] = lambda: None,
-                   int8_form: str = INT8_CHANNELS) -> ov.Model:
+                   int8_form: str = INT8_CHANNELS, exact_experts: bool = False) -> ov.Model:
     """Return the model with weights compressed (int4/int8); fp16/fp32 are left as they are.
-    ``int8_form`` (INT8_FORMS): the form of the INT8 pass's weights.
+    ``int8_form`` (INT8_FORMS): the form of the INT8 pass's weights. ``exact_experts``: a
+    mixture of experts' weights take their exact i8 form first, in every format
+    (InexactExpertsError, the model unchanged, where they have none).
 
     ``compressed_16bit`` is called once every weight ``keeps_16bit`` lets through is
     compressed (after the INT4 pass of an int4 export, else after the INT8 pass): the torch
@@ -71,6 +77,8 @@ def compress_stage(model: ov.Model, weight_format: str, group_size: int | None,
     check_weight_format(weight_format)
     if int8_form not in INT8_FORMS:
         raise ValueError(f"unknown INT8 form {int8_form!r}; expected one of {INT8_FORMS}")
+    if exact_experts:
+        keep_experts_exact(model)
     if weight_format not in COMPRESSED_FORMATS:
         compressed_16bit()
         return model

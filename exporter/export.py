@@ -22,6 +22,7 @@ import torch
 from dataplane.runtime.stateful_graph import add_beam_idx, make_stateful
 from exporter import graph
 from exporter.compress import compress_stage, keeps_16bit
+from exporter.exact_experts import InexactExpertsError
 from exporter.int8_groups import UncheckedNncfError, check_nncf_version
 from exporter.sources import ModelSource
 from exporter.stage_module import StageModule
@@ -159,9 +160,11 @@ def build_stage(
     static: StaticKV | None = None,
     fuse_projections: bool = True,
     int8_form: str | None = None,
+    exact_experts: bool = False,
 ) -> tuple[StageSpec, StageReport]:
     """Build one stage into out_dir; returns its spec and timings. ``static``: a stateless
-    stage whose present outputs hold only the new tokens' KV (see StaticKV)."""
+    stage whose present outputs hold only the new tokens' KV (see StaticKV);
+    ``exact_experts``: the experts' weights in their exact i8 form (exporter.exact_experts)."""
     report = StageReport(index)
     first, last = index == 0, index == num_stages - 1
     start, end = layers
@@ -211,8 +214,11 @@ def build_stage(
     graph.stamp_rt_info(model, {**rt_info, "stage": str(index), "layers": f"{start}-{end - 1}"})
     mark("convert")
     progress.phase(index, "compress")
-    model = compress_stage(model, weight_format, group_size, compressed_16bit,
-                           int8_form or INT8_CHANNELS)
+    try:
+        model = compress_stage(model, weight_format, group_size, compressed_16bit,
+                               int8_form or INT8_CHANNELS, exact_experts)
+    except InexactExpertsError as exc:
+        raise ExportError(f"{source.location}: {exc}") from None
     mark("compress")
     progress.phase(index, "save")
     xml = f"stage{index}.xml"
@@ -251,10 +257,13 @@ def export_model(
     progress: ExportProgress | None = None,
     static_kv: StaticKV | None = None,
     fuse_projections: bool = True,
+    exact_experts: bool = False,
 ) -> tuple[ExportManifest, list[StageReport]]:
     """Export ``source`` cut at ``ranges`` (half-open layer ranges) into ``out_dir``.
 
-    ``static_kv`` makes the static, stateless export of the NPU path (no beam_idx)."""
+    ``static_kv`` makes the static, stateless export of the NPU path (no beam_idx).
+    ``exact_experts`` keeps a mixture of experts' MXFP4 weights exactly, whatever
+    ``weight_format`` the rest takes (exporter.exact_experts)."""
     out_dir = Path(out_dir)
     progress = progress or ExportProgress()
     if weight_format not in WEIGHT_FORMATS:
@@ -279,6 +288,9 @@ def export_model(
             raise ExportError(f"{source.location}: a static export of a model with "
                               f"{' and '.join(unstatic)} is not supported (export it "
                               "without --static)")
+    if exact_experts and not shape.experts:
+        raise ExportError(f"{source.location}: exact experts keep a mixture of experts' "
+                          "MXFP4 weights, and this model has no experts")
     int8_form = int8_form_for(weight_format, static_kv is not None)
     if int8_form == INT8_GROUPS:
         try:  # before any stage is built
@@ -307,7 +319,7 @@ def export_model(
             stage, report = build_stage(
                 source, index, layers, len(ranges), weight_format, group_size, beam_idx, tmp,
                 progress, rt_info, static=static_kv, fuse_projections=fuse_projections,
-                int8_form=int8_form,
+                int8_form=int8_form, exact_experts=exact_experts,
             )
             stages.append(stage)
             reports.append(report)
@@ -333,6 +345,7 @@ def export_model(
             static_kv=static_kv,
             generation_config=generation,
             int8_form=int8_form,
+            exact_experts=exact_experts,
         )
         write_manifest(tmp, manifest)
     return manifest, reports

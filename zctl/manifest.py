@@ -181,11 +181,16 @@ class ExportManifest:
     # the form of the INT8 weights (zctl.weights.INT8_FORMS); None: no INT8 weights (fp16,
     # fp32), or an int4/int8 export written before the field (per channel, INT8_CHANNELS)
     int8_form: str | None = None
+    # a mixture of experts' MXFP4 weights kept exactly as i8 codes with power-of-two scales
+    # per group of 32 (exporter/exact_experts.py), whatever ``weight_format`` the rest took
+    exact_experts: bool = False
 
     def to_json(self) -> str:
         raw = asdict(self)
         if raw["int8_form"] is None:  # written only when set: float exports as before
             del raw["int8_form"]
+        if not raw["exact_experts"]:  # written only when set: other exports as before
+            del raw["exact_experts"]
         for name in SLIDING_FIELDS + MOE_FIELDS + LONGROPE_FIELDS:  # written only when set: others as before
             if not raw["model"][name]:
                 del raw["model"][name]
@@ -274,6 +279,8 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
         generation_config=None if raw.get("generation_config") is None else
         generation_config_from_dict(raw["generation_config"], "manifest generation_config"),
         int8_form=_int8_form(raw),
+        exact_experts=bool(_require(raw, "exact_experts", bool, "")) if "exact_experts" in raw
+        else False,
     )
     check_layer_cover(
         [(s.layer_start, s.layer_end) for s in manifest.stages], manifest.model.num_layers

@@ -70,7 +70,8 @@ def planned_export_dir(model: str, weights: str, ranges: list[tuple[int, int]]) 
     return export_cache_dir() / f"{Path(safe).name}-{resolve_weights(model, weights)}-layers-{layers}"
 
 
-def default_export_dir(model: str, stages: int, weights: str, static: bool = False) -> Path:
+def default_export_dir(model: str, stages: int, weights: str, static: bool = False,
+                       exact_experts: bool = False) -> Path:
     """Where ``zctl export`` writes and ``zctl run``/``cluster up`` look by default.
 
     The name holds the weight format ("auto" resolved first, so the default format's
@@ -81,7 +82,7 @@ def default_export_dir(model: str, stages: int, weights: str, static: bool = Fal
     from zctl.paths import export_cache_dir
 
     safe = model.replace("/", "--").replace(".gguf", "")
-    kind = "-static" if static else ""
+    kind = ("-static" if static else "") + ("-exact-experts" if exact_experts else "")
     return export_cache_dir() / (f"{Path(safe).name}-{resolve_weights(model, weights)}-"
                                  f"{stages}stages{kind}")
 

@@ -49,6 +49,8 @@ def test_the_default_export_dir_names_the_resolved_format(home: Path) -> None:
     assert auto == default_export_dir("smollm2-135m", 2, "int8") == (
         home / "exports" / "smollm2-135m-int8-2stages")
     assert auto != default_export_dir("smollm2-135m", 2, "int4")
+    assert default_export_dir("gpt-oss-20b", 2, "int4", exact_experts=True) == (
+        home / "exports" / "gpt-oss-20b-int4-2stages-exact-experts")
 
 
 def test_a_cached_export_of_another_format_is_exported_again(home: Path, tiny_llama_dir: Path,
