@@ -142,9 +142,10 @@ def test_an_mxfp4_file_exports_its_models_greedy_tokens(model_dir: Path,
     """The file with MXFP4 experts (as gpt-oss's released files), cut in 3 uneven stages,
     gives the greedy tokens of the Hugging Face model built from its weights over 32 tokens
     for 5 prompts, on the stateful runner (rewinding by mask and by trimming) and the paged
-    one; tokens of their own, not the f32 model's."""
+    one; tokens of their own, not the f32 model's. Its experts are exported exact
+    (exporter.exact_experts: i8 codes), as the file's weights are MXFP4 values."""
     source = _gguf(model_dir, tmp_path / "mxfp4.gguf", weights="MXFP4")
-    export_model(source, SPLIT, "fp32", tmp_path / "export")
+    export_model(source, SPLIT, "fp32", tmp_path / "export", exact_experts=True)
     hf = source.load_hf_model()
     tokenizer = ChatTokenizer(tmp_path / "export")
     prompts = [tokenizer.encode(p, chat=True) for p in DEFAULT_PROMPTS]
