@@ -29,7 +29,8 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-EXACT_GROUP = 32  # MXFP4's block: a scale per 32 inputs
+from zctl.weights import EXACT_EXPERT_GROUP
+
 I8_LIMIT = 127
 # the powers of two an f16 scale holds exactly (its subnormals included)
 F16_SCALE_EXPONENTS = (-24, 15)
@@ -58,11 +59,11 @@ def exact_groups(weight: np.ndarray, name: str = "weight") -> tuple[np.ndarray, 
     [..., K/32, 1] whose product is ``weight`` exactly; InexactExpertsError naming
     ``name`` where no such codes exist."""
     *lead, inputs = weight.shape
-    if inputs % EXACT_GROUP:
+    if inputs % EXACT_EXPERT_GROUP:
         raise InexactExpertsError(f"{name}: {inputs} inputs are no whole groups of "
-                                  f"{EXACT_GROUP} (MXFP4's blocks)")
-    grouped = np.asarray(weight, dtype=np.float32).reshape(*lead, inputs // EXACT_GROUP,
-                                                           EXACT_GROUP)
+                                  f"{EXACT_EXPERT_GROUP} (MXFP4's blocks)")
+    grouped = np.asarray(weight, dtype=np.float32).reshape(*lead, inputs // EXACT_EXPERT_GROUP,
+                                                           EXACT_EXPERT_GROUP)
     if not np.isfinite(grouped).all():
         raise InexactExpertsError(f"{name} holds values that are not finite")
     exponents = lowest_bit_exponents(grouped).min(axis=-1, keepdims=True)
@@ -74,7 +75,7 @@ def exact_groups(weight: np.ndarray, name: str = "weight") -> tuple[np.ndarray, 
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0][:-1])
         raise InexactExpertsError(
-            f"{name}: the group of {EXACT_GROUP} inputs at {list(where)} is no i8 code times "
+            f"{name}: the group of {EXACT_EXPERT_GROUP} inputs at {list(where)} is no i8 code times "
             f"a power of two in f16's range (largest code {int(largest[where][0])}, scale "
             f"2^{int(exponents[where][0])}): exact experts keep weights that are MXFP4 values "
             "(gpt-oss's experts), and these are not; export without exact experts")
@@ -135,7 +136,7 @@ def keep_experts_exact(model: ov.Model) -> int:
     forms = []
     for op, weight in found:
         values = constant_values(weight)
-        codes = np.empty((*values.shape[:-1], values.shape[-1] // EXACT_GROUP, EXACT_GROUP),
+        codes = np.empty((*values.shape[:-1], values.shape[-1] // EXACT_EXPERT_GROUP, EXACT_EXPERT_GROUP),
                          np.int8)
         scales = np.empty((*codes.shape[:-1], 1), np.float16)
         for expert in range(values.shape[0]):  # one expert at a time: bounded temporaries

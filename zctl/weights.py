@@ -31,6 +31,10 @@ ZERO_POINT_BYTES = 1  # a u8 zero point (an output channel's, u8-channel form on
 # per group of 128/64/32 (1.6-6%), or per output channel an f16 scale and a u8 zero point.
 INT4_GROUP_BYTES = 2.5
 FLOAT_BYTES_PER_WEIGHT = {"fp16": 2.0, "fp32": 4.0}
+# Exact experts (exporter/exact_experts.py): a mixture of experts' MXFP4 weights as i8 codes
+# with an f16 power-of-two scale per group of 32 inputs (MXFP4's block), in any format
+EXACT_EXPERT_GROUP = 32
+EXACT_EXPERT_BYTES_PER_WEIGHT = 1.0 + SCALE_BYTES / EXACT_EXPERT_GROUP
 
 
 def check_weight_format(weight_format: str) -> str:

@@ -90,17 +90,24 @@ class FleetPC:
     profile_file: str = ""
     quota: CpuQuota | None = None  # a CPU quota the file states (None: the profile's, if any)
 
-    def profile(self, shape: ModelShape, weights: str) -> NodeProfile:
+    def profile(self, shape: ModelShape, weights: str,
+                exact_experts: bool = False) -> NodeProfile:
         """This PC's profile for ``shape`` in ``weights`` (ProfileError when its measured
-        profile is of something else), held to the quota the file states."""
-        profile = self._profile(shape, weights)
+        profile is of something else), held to the quota the file states. ``exact_experts``:
+        a mixture of experts' weights in their exact i8 form, which only a reference
+        profile prices (a measured one timed the format's experts)."""
+        profile = self._profile(shape, weights, exact_experts)
         if self.quota is None:
             return profile
         return replace(profile, cpu_share=self.quota.share, quota_period_s=self.quota.period_s)
 
-    def _profile(self, shape: ModelShape, weights: str) -> NodeProfile:
+    def _profile(self, shape: ModelShape, weights: str, exact_experts: bool) -> NodeProfile:
         if self.speed is not None:
-            return derive_profile(self.speed, shape, weights, self.free)
+            return derive_profile(self.speed, shape, weights, self.free, exact_experts)
+        if exact_experts:
+            raise ProfileError(f"pc {self.name!r}: {self.profile_file} timed experts in the "
+                               "weight format, not exact ones: plan exact experts on "
+                               "reference profiles")
         fits = [r for r in self.measured if r.device == self.device]
         if not fits:
             devices = ", ".join(sorted({r.device for r in self.measured}))
@@ -134,10 +141,12 @@ class Fleet:
                 pairs[(a.name, b.name)] = a.access.to(b.access)
         return Links(pairs)
 
-    def profiles(self, shape: ModelShape, weights: str) -> dict[str, NodeProfile]:
-        """Each PC's profile for ``shape`` in ``weights``: derived from its speed, or its
-        measured one (ProfileError when that is of something else)."""
-        return {pc.name: pc.profile(shape, weights) for pc in self.pcs}
+    def profiles(self, shape: ModelShape, weights: str,
+                 exact_experts: bool = False) -> dict[str, NodeProfile]:
+        """Each PC's profile for ``shape`` in ``weights`` (``exact_experts``: FleetPC.profile):
+        derived from its speed, or its measured one (ProfileError when that is of
+        something else)."""
+        return {pc.name: pc.profile(shape, weights, exact_experts) for pc in self.pcs}
 
     @property
     def profiled(self) -> bool:

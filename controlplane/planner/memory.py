@@ -13,6 +13,7 @@ from controlplane.planner.shape import ModelShape
 from dataplane.runtime.config import RuntimeSpec
 from dataplane.runtime.kv.blocks import CPU_BLOCK_TOKENS, SlidingWindow
 from zctl.weights import (
+    EXACT_EXPERT_BYTES_PER_WEIGHT,
     check_weight_format,
     decoder_bytes_per_weight,
     default_int8_form,
@@ -23,14 +24,22 @@ DEFAULT_CONTEXT = 4096  # tokens of KV reserved per stream, as LayerCost.from_ex
 KV_BYTES_PER_VALUE = 2  # f16, as placement reserves (fast numerics keep u8: half of it)
 
 
-def layer_weight_bytes(shape: ModelShape, weights: str, int8_form: str | None = None) -> float:
+def layer_weight_bytes(shape: ModelShape, weights: str, int8_form: str | None = None,
+                       exact_experts: bool = False) -> float:
     """Bytes one decoder layer's weights take in ``weights``: INT4 in the shape's groups,
-    INT8 with its scales in ``int8_form`` (by default the form an export is written with)."""
+    INT8 with its scales in ``int8_form`` (by default the form an export is written with);
+    with ``exact_experts`` a mixture of experts' weights in their exact i8 form instead
+    (zctl.weights.EXACT_EXPERT_BYTES_PER_WEIGHT)."""
     check_weight_format(weights)
     group = shape.group_size() if weights == "int4" else None
     form = int8_form or default_int8_form(weights)
-    return sum(count * decoder_bytes_per_weight(weights, k, group, form)
-               for k, count in shape.layer_weights_by_inputs().items())
+    total = sum(count * decoder_bytes_per_weight(weights, k, group, form)
+                for k, count in shape.layer_weights_by_inputs().items())
+    if exact_experts:
+        total += sum(count * (EXACT_EXPERT_BYTES_PER_WEIGHT
+                              - decoder_bytes_per_weight(weights, k, group, form))
+                     for k, count in shape.expert_weights_by_inputs().items())
+    return total
 
 
 def embedding_bytes(shape: ModelShape, weights: str, int8_form: str | None = None) -> float:
@@ -41,9 +50,10 @@ def embedding_bytes(shape: ModelShape, weights: str, int8_form: str | None = Non
                                                                   int8_form)
 
 
-def resident_layer_bytes(shape: ModelShape, weights: str) -> int:
+def resident_layer_bytes(shape: ModelShape, weights: str, exact_experts: bool = False) -> int:
     """Memory one decoder layer needs once compiled: its weights and the runtime's buffers."""
-    return int(layer_weight_bytes(shape, weights) * RUNTIME_OVERHEAD)
+    return int(layer_weight_bytes(shape, weights, exact_experts=exact_experts)
+               * RUNTIME_OVERHEAD)
 
 
 def stage_cost(shape: ModelShape, weights: str, layer_bytes: int | None = None,

@@ -115,9 +115,11 @@ def reference_speed(name: str) -> DeviceSpeed:
 
 
 def derive_profile(speed: DeviceSpeed, shape: ModelShape, weights: str,
-                   free_memory: int) -> NodeProfile:
-    """The profile ``speed`` implies for ``shape`` in ``weights`` (the model of time above)."""
-    per_weight = layer_weight_bytes(shape, weights) / shape.layer_weights()
+                   free_memory: int, exact_experts: bool = False) -> NodeProfile:
+    """The profile ``speed`` implies for ``shape`` in ``weights`` (the model of time above);
+    ``exact_experts``: a mixture of experts' weights in their exact i8 form, read as such."""
+    per_weight = (layer_weight_bytes(shape, weights, exact_experts=exact_experts)
+                  / shape.layer_weights())
     active = shape.active_layer_weights()
 
     def layer_s(rows: int) -> float:
@@ -134,7 +136,8 @@ def derive_profile(speed: DeviceSpeed, shape: ModelShape, weights: str,
         decode_s=tuple(layer_s(r) for r in ROWS), head_decode_s=tuple(head_s(r) for r in ROWS),
         prefill_tokens_per_s=speed.macs_per_s / active, call_s=speed.call_s,
         engine_decode_s=tuple(speed.engine_fixed_s + r * speed.engine_row_s for r in ROWS),
-        layer_bytes=resident_layer_bytes(shape, weights), free_memory=free_memory,
+        layer_bytes=resident_layer_bytes(shape, weights, exact_experts),
+        free_memory=free_memory,
         source=f"reference {speed.name}: {speed.basis}")
 
 

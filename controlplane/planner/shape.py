@@ -94,6 +94,18 @@ class ModelShape:
                                          self.kv_heads, self.head_dim)
         return self.attention_weights() + self.router_weights() + self.experts * self.expert_weights()
 
+    def expert_weights_by_inputs(self) -> dict[int, int]:
+        """A mixture of experts' weights in one layer (every expert's gate, up and down) by
+        the inputs K of their MatMuls: gate and up take ``hidden``, down the expert's width;
+        nothing for a dense layer."""
+        if not self.moe:
+            return {}
+        gate_up = self.experts * 2 * self.expert_intermediate * self.hidden
+        down = self.experts * self.expert_intermediate * self.hidden
+        if self.expert_intermediate == self.hidden:
+            return {self.hidden: gate_up + down}
+        return {self.hidden: gate_up, self.expert_intermediate: down}
+
     def layer_weights_by_inputs(self) -> dict[int, int]:
         """``layer_weights`` by the inputs K of the MatMul each belongs to (what an INT8
         weight's scales depend on: exporter/int8_groups.py): Q/K/V, gate/up and the router

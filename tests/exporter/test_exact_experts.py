@@ -19,13 +19,14 @@ from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from dataplane.runtime.ov_core import shared_core
-from exporter.exact_experts import EXACT_GROUP, InexactExpertsError, exact_groups
+from exporter.exact_experts import InexactExpertsError, exact_groups
 from exporter.export import ExportError, export_model
 from exporter.mxfp4 import dequantize_rows, quantize_experts, quantize_rows
 from exporter.sources import open_source
 from exporter.verify import DEFAULT_PROMPTS, verify_export
 from tests.helpers.tiny_models import build_llama
 from zctl.manifest import ManifestError, load_manifest, manifest_from_dict
+from zctl.weights import EXACT_EXPERT_GROUP
 
 LAYERS = 3
 SPLIT = [(0, 1), (1, 2), (2, 3)]
@@ -46,15 +47,15 @@ def _product(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
        zero_rows=st.booleans())
 def test_mxfp4_weights_take_i8_codes_of_the_very_same_values(seed: int, spread: float,
                                                              zero_rows: bool) -> None:
-    weight = torch.randn(3, 5, 4 * EXACT_GROUP,
+    weight = torch.randn(3, 5, 4 * EXACT_EXPERT_GROUP,
                          generator=torch.Generator().manual_seed(seed)) * spread
     if zero_rows:
         weight[1, 2] = 0.0  # an all-zero group: codes 0
-        weight[2, 0, :EXACT_GROUP] = -0.0
+        weight[2, 0, :EXACT_EXPERT_GROUP] = -0.0
     values = dequantize_rows(*quantize_rows(weight)).numpy()
     codes, scales = exact_groups(values)
     assert codes.dtype == np.int8 and scales.dtype == np.float16
-    assert codes.shape == (3, 5, 4, EXACT_GROUP) and scales.shape == (3, 5, 4, 1)
+    assert codes.shape == (3, 5, 4, EXACT_EXPERT_GROUP) and scales.shape == (3, 5, 4, 1)
     assert np.abs(codes).max() <= 12  # twice E2M1's largest, 6
     assert np.array_equal(_product(codes, scales), values)
     exponents = np.log2(scales.astype(np.float32))
@@ -139,7 +140,7 @@ def test_exact_experts_run_compressed_in_i8_inside_gather_matmul(exact_export: P
         stored = sorted(tuple(op.get_output_shape(0)) for op in model.get_ordered_ops()
                         if op.get_type_name() == "Constant"
                         and op.get_output_element_type(0).get_type_name() == "i8")
-        assert stored == sorted([(4, 64, 2, EXACT_GROUP), (4, 64, 1, EXACT_GROUP)]
+        assert stored == sorted([(4, 64, 2, EXACT_EXPERT_GROUP), (4, 64, 1, EXACT_EXPERT_GROUP)]
                                 * (end - start)), index
         compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
         gathers = [op for op in compiled.get_runtime_model().get_ordered_ops()
@@ -162,7 +163,7 @@ def test_int4_with_exact_experts_compresses_the_rest_and_keeps_the_experts(
         if op.get_type_name() == "Constant":
             kind = op.get_output_element_type(0).get_type_name()
             types.setdefault(kind, []).append(tuple(op.get_output_shape(0)))
-    assert sorted(types["i8"]) == sorted([(4, 64, 2, EXACT_GROUP), (4, 64, 1, EXACT_GROUP)]
+    assert sorted(types["i8"]) == sorted([(4, 64, 2, EXACT_EXPERT_GROUP), (4, 64, 1, EXACT_EXPERT_GROUP)]
                                          * LAYERS)
     assert types["u4"] and types["u8"]  # the attention in INT4; router, embedding, head INT8
     assert load_manifest(out).exact_experts

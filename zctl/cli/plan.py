@@ -32,7 +32,7 @@ from controlplane.planner.shape_sources import resolve_shape
 from controlplane.planner.timing import PROMPT_TOKENS
 from zctl.cli.exports import AUTO, resolve_weights
 from zctl.cli.plan_view import render_plan
-from zctl.weights import WEIGHT_FORMATS
+from zctl.weights import EXACT_EXPERT_BYTES_PER_WEIGHT, EXACT_EXPERT_GROUP, WEIGHT_FORMATS
 
 err = Console(stderr=True)
 out = Console()
@@ -41,6 +41,9 @@ REFERENCE_NOTE = ("predicted from reference profiles, not measurements of these 
                   "(docs/design.md, \"Planning\")")
 MEASURED_NOTE = ("predicted from profiles measured on the PCs (zctl node profile) and, "
                  "for a running cluster, its links as probed")
+EXACT_EXPERTS_NOTE = (f"the experts exact: i8 codes with a scale per {EXACT_EXPERT_GROUP} "
+                      f"weights, {EXACT_EXPERT_BYTES_PER_WEIGHT:.4g} bytes a weight in every "
+                      "format (zctl export --exact-experts)")
 MODEL_HELP = (f"a preset ({', '.join(PRESETS)}), a config.json, a .gguf file, a model "
               "directory or a hub id (its config.json only)")
 
@@ -63,12 +66,14 @@ class PlanFleet:
     notes: tuple[str, ...]
 
 
-def file_fleet(path: Path) -> PlanFleet:
+def file_fleet(path: Path, exact_experts: bool = False) -> PlanFleet:
     fleet: Fleet = load_fleet(path)
-    note = MEASURED_NOTE if fleet.profiled else REFERENCE_NOTE
+    notes = (MEASURED_NOTE if fleet.profiled else REFERENCE_NOTE,
+             *((EXACT_EXPERTS_NOTE,) if exact_experts else ()))
     return PlanFleet(str(path), len(fleet.pcs), tuple(WEIGHT_FORMATS),
-                     lambda shape, fmt: (fleet.profiles(shape, fmt), fleet.links()),
-                     fleet.head, (note,))
+                     lambda shape, fmt: (fleet.profiles(shape, fmt, exact_experts),
+                                         fleet.links()),
+                     fleet.head, notes)
 
 
 def running_fleet(endpoint: str, shape: ModelShape, weights: str) -> PlanFleet:
@@ -108,6 +113,10 @@ def plan_command(
     prompt: Annotated[int, typer.Option(help="the prompt TTFT is predicted for",
                                         min=1)] = PROMPT_TOKENS,
     top: Annotated[int, typer.Option(help="placements to list", min=1)] = 5,
+    exact_experts: Annotated[bool, typer.Option(
+        "--exact-experts", help="a mixture of experts' weights exact, as `zctl export "
+                                "--exact-experts` keeps MXFP4 experts (reference profiles "
+                                "only)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Plan a model on a fleet of PCs before any export: does it fit (in INT4 and INT8),
@@ -120,9 +129,15 @@ def plan_command(
     if (fleet is None) == (endpoint is None):
         fail("give --fleet FILE (the PCs to plan for: examples/fleets/four-pcs.toml) or "
              "--endpoint ADDR (a running cluster), one of them")
+    if exact_experts and endpoint is not None:
+        fail("--exact-experts plans on a --fleet file's reference profiles: a cluster's "
+             "profiles timed experts in its weight format")
     try:
         shape = resolve_shape(model)
-        pcs = file_fleet(fleet) if fleet is not None else running_fleet(endpoint, shape, weights)
+        if exact_experts and not shape.moe:
+            fail(f"--exact-experts: {shape.name} has no mixture of experts")
+        pcs = (file_fleet(fleet, exact_experts) if fleet is not None
+               else running_fleet(endpoint, shape, weights))
     except (ShapeError, FleetError, ProfileError, ValueError) as exc:
         fail(str(exc))
     chosen = resolve_weights(model, weights) if fleet is not None else pcs.formats[0]
@@ -149,6 +164,7 @@ def plan_command(
     if as_json:
         print(json.dumps({
             "model": shape.as_dict(), "fleet": pcs.source, "weights": chosen,
+            "exact_experts": exact_experts,
             "objective": objective, "streams": streams, "context": context, "prompt": prompt,
             "fits": {fmt: ({"fits": True, **plan_dict(outcome)} if isinstance(outcome, Plan)
                            else {"fits": False, "error": outcome})

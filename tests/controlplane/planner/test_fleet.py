@@ -154,6 +154,9 @@ def test_a_measured_profile_plans_only_what_it_was_measured_for(tmp_path: Path) 
         fleet.profiles(PRESETS["smollm2-135m"], "int8")
     with pytest.raises(ProfileError, match="shape"):
         fleet.profiles(PRESETS["llama-3.1-8b"], "int4")
+    with pytest.raises(ProfileError, match="desk.json timed experts in the weight format, "
+                                           "not exact ones"):
+        fleet.profiles(PRESETS["smollm2-135m"], "int4", exact_experts=True)
     gpu = fleet_from_dict({"pc": [{"name": "desk", "profile": "desk.json", "device": "GPU"}]},
                           str(tmp_path / "fleet.toml"))
     with pytest.raises(ProfileError, match="profiles CPU, not its device GPU"):

@@ -71,7 +71,26 @@ def test_a_config_json_and_a_moe_preset_plan_without_weights(tmp_path: Path) -> 
     assert "does not cut" not in result.output  # zctl export cuts a mixture of experts
 
 
+def test_exact_experts_are_planned_at_their_bytes() -> None:
+    """gpt-oss-20b's experts exact take about twice INT4's memory on the same PCs."""
+    reports = []
+    for extra in ([], ["--exact-experts"]):
+        result = runner.invoke(app, ["plan", "gpt-oss-20b", "--fleet", FOUR, "--weights",
+                                     "int4", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        reports.append(json.loads(result.output))
+    used = [sum(s["memory_used"] for s in report["fits"]["int4"]["placements"][0]["stages"])
+            for report in reports]
+    assert 1.6 < used[1] / used[0] < 2.0
+    assert [r["exact_experts"] for r in reports] == [False, True]
+    assert any("the experts exact" in note for note in reports[1]["notes"])
+
+
 @pytest.mark.parametrize("args, message", [
+    (["llama-3.1-8b", "--fleet", FOUR, "--exact-experts"],
+     "--exact-experts: llama-3.1-8b has no mixture of experts"),
+    (["gpt-oss-20b", "--endpoint", "tcp://127.0.0.1:1", "--exact-experts"],
+     "--exact-experts plans on a --fleet file's reference profiles"),
     (["llama-3.1-8b"], "give --fleet FILE"),
     (["llama-3.1-8b", "--fleet", FOUR, "--endpoint", "tcp://127.0.0.1:1"], "one of them"),
     (["llama-3.1-8b", "--endpoint", "tcp://127.0.0.1:1"], "no answer from a coordinator"),
