@@ -110,8 +110,8 @@ def _expert_weight(matmul: ov.Node) -> ov.Node | None:
     return node
 
 
-def _decompressed(codes: np.ndarray, scales: np.ndarray) -> ov.Output:
-    """i8 codes times f16 scales, reshaped to [E, N, K] and converted to f32."""
+def exact_weight(codes: np.ndarray, scales: np.ndarray) -> ov.Output:
+    """``exact_groups``' codes times their scales in the graph: [..., K] in f32."""
     *lead, groups, width = codes.shape
     values = ops.multiply(ops.convert(ops.constant(codes), ov.Type.f16), ops.constant(scales))
     dense = ops.reshape(values, ops.constant(np.array([*lead, groups * width], np.int64)), False)
@@ -144,5 +144,5 @@ def keep_experts_exact(model: ov.Model) -> int:
                 as_float32(values[expert]), f"{op.get_friendly_name()} (expert {expert})")
         forms.append((op, codes, scales))
     for op, codes, scales in forms:
-        op.input(1).replace_source_output(_decompressed(codes, scales))
+        op.input(1).replace_source_output(exact_weight(codes, scales))
     return len(forms)

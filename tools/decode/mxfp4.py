@@ -16,7 +16,8 @@ INT4 asymmetric, the group size fitted to the shape).
 
 Three sides against the graph with the dequantized weights as f32 constants: ``mxfp4``
 (f4e2m1 codes, f8e8m0 scales), ``int8_exact`` (the same values losslessly as i8 codes,
-twice each E2M1 number, times f32 group scales: a form the plugin decompresses in its
+twice each E2M1 number, times f16 power-of-two scales per 32: exporter.exact_experts'
+form, which ``zctl export --exact-experts`` writes and the plugin decompresses in its
 kernels too) and ``int4`` (NNCF's requantization). For each: the node that runs the
 weights in the compiled graph and their precision there (f4e2m1 kept, or folded to f32);
 whether its output is bit-identical to the f32 weights' and its relative RMS distance from
@@ -47,13 +48,11 @@ import typer
 
 from dataplane.runtime.ov_core import shared_core
 from exporter.compress import compress_stage
+from exporter.exact_experts import exact_groups, exact_weight
 from exporter.mxfp4 import (
     BLOCK_VALUES,
     dequantize_rows,
-    e2m1_values,
-    e8m0_scales,
     quantize_rows,
-    unpack_codes,
 )
 from tools.harness.options import Json, Precision
 from tools.harness.stats import paired_ratio, rounded
@@ -82,14 +81,10 @@ def mxfp4_weight(blocks: torch.Tensor, scales: torch.Tensor) -> ov.Output:
 
 
 def exact_int8_weight(blocks: torch.Tensor, scales: torch.Tensor) -> ov.Output:
-    """The same weights losslessly as i8 codes times f32 group scales: twice an E2M1 number
-    is an integer from -12 to 12, and its block's scale halved a power of two."""
-    *lead, groups, width = blocks.shape
-    doubled = (2 * e2m1_values(unpack_codes(blocks))).to(torch.int8).numpy()
-    halves = (e8m0_scales(scales) / 2).to(torch.float32).numpy().reshape(*lead, groups, 1)
-    values = ops.multiply(ops.convert(ops.constant(doubled), ov.Type.f32), ops.constant(halves))
-    dense_shape = np.array([*lead, groups * 2 * width], dtype=np.int64)
-    return ops.reshape(values, ops.constant(dense_shape), False).output(0)
+    """The same weights losslessly as i8 codes times f16 power-of-two scales per 32, as an
+    export with exact experts holds them (exporter.exact_experts): twice an E2M1 number is
+    an integer from -12 to 12, its block's scale halved a power of two."""
+    return exact_weight(*exact_groups(dequantize_rows(blocks, scales).numpy()))
 
 
 Encoding = Callable[[torch.Tensor, torch.Tensor], ov.Output]
