@@ -372,8 +372,9 @@ class NodeAgent:
             log.info("node %s released from its stage: %s", self.node_id, msg.reason)
             self._submit("released", None, self.slot.stop)
         elif isinstance(msg, ProfileRequest):
-            report = self.profile.request(ProfileTask(msg.shape, msg.weights, msg.device, msg.int8_form),
-                                          msg.budget_s)
+            task = ProfileTask(msg.shape, msg.weights, msg.device, msg.int8_form,
+                               msg.exact_experts)
+            report = self.profile.request(task, msg.budget_s)
             self._send(self._profiled(report))
         elif isinstance(msg, LinkProbe):
             self._probe_jobs.append((msg, self._probes.submit(self._probe_link, msg)))

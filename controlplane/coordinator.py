@@ -214,7 +214,8 @@ class Coordinator:
         try:
             self.shape = export_shape(self.manifest, self.export_dir)
             self.profile_task = ProfileTask(self.shape, self.manifest.weight_format,
-                                            cfg.runtime.device, self.manifest.int8_form)
+                                            cfg.runtime.device, self.manifest.int8_form,
+                                            self.manifest.exact_experts)
             self.plan.planner = StagePlanner(self.manifest, self.shape, needs, self.node_id,
                                              cfg.runtime.device, self.openvino, cfg.replan_gain,
                                              cfg.objective, cfg.plan_streams)
@@ -466,7 +467,8 @@ class Coordinator:
         if self.profile_task is not None:
             task = self.profile_task
             self._send(identity, ProfileRequest(task.shape, task.weights, task.device,
-                                                self.config.profile_budget_s, task.int8_form))
+                                                self.config.profile_budget_s, task.int8_form,
+                                                task.exact_experts))
 
     def _on_shard_request(self, member: ms.Member, msg: ShardRequest) -> None:
         if member.offered != msg.shard_hash:

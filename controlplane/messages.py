@@ -34,7 +34,7 @@ from controlplane.schema import SchemaError, build
 from dataplane.runtime.config import RuntimeSpec
 from zctl.weights import INT8_FORMS
 
-PROTOCOL_VERSION = 15  # bump with every change to a message schema (tests/test_wire_schema.py)
+PROTOCOL_VERSION = 16  # bump with every change to a message schema (tests/test_wire_schema.py)
 
 class UnknownMessage(MessageError):
     """A well-formed envelope of a type this side does not know."""
@@ -366,7 +366,8 @@ PROFILE_STATES = ("kept", "measured", "measuring", "not-profiled", "failed")
 class ProfileRequest(Message):
     """Coordinator -> node: your profile for the cluster's model (its shape, in this weight
     format, on this device); measure it if you have none (within ``budget_s`` seconds);
-    ``int8_form``: the served export's INT8 form (None: the format's default)."""
+    ``int8_form``: the served export's INT8 form (None: the format's default);
+    ``exact_experts``: its experts are exact (``zctl export --exact-experts``)."""
 
     TYPE: ClassVar[str] = "profile_request"
     shape: ModelShape
@@ -374,9 +375,12 @@ class ProfileRequest(Message):
     device: str
     budget_s: float = 30.0
     int8_form: str | None = None
+    exact_experts: bool = False
 
     def check(self) -> None:
         need(self.budget_s > 0, "profile_request.budget_s must be > 0")
+        need(not self.exact_experts or self.shape.moe,
+             f"profile_request.exact_experts: {self.shape.name} has no experts")
         need(self.int8_form in (None, *INT8_FORMS),
              f"profile_request.int8_form {self.int8_form!r} is not one of {INT8_FORMS}")
 

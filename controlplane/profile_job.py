@@ -48,10 +48,12 @@ class ProfileTask:
     weights: str
     device: str
     int8_form: str | None = None  # the served export's (None: the format's default)
+    exact_experts: bool = False  # the served export's experts are exact (zctl export)
 
     def describe(self) -> str:
         form = f", INT8 {self.int8_form}" if self.int8_form else ""
-        return f"{self.shape.name} ({self.weights}{form}) on {self.device}"
+        experts = ", exact experts" if self.exact_experts else ""
+        return f"{self.shape.name} ({self.weights}{form}{experts}) on {self.device}"
 
 
 class ProfileJob:
@@ -77,7 +79,7 @@ class ProfileJob:
     def request(self, task: ProfileTask, budget_s: float) -> ProfileReport:
         """The report to answer a request with now (module docstring)."""
         record, why = self.store.load(task.shape, task.weights, task.device, current_share(),
-                                      task.int8_form)
+                                      task.int8_form, task.exact_experts)
         if record is not None:
             return ProfileReport("kept", record)
         with self._lock:
@@ -111,16 +113,22 @@ class ProfileJob:
         with self._lock:
             self._done, self._task, self._child = report, None, None
 
+    def command(self, task: ProfileTask, budget_s: float) -> list[str]:
+        """The child that measures ``task``: ``profiler`` with controlplane.profiling's
+        arguments."""
+        return [*self.profiler,
+                "--shape", json.dumps(asdict(task.shape)), "--weights", task.weights,
+                "--device", task.device, "--budget", str(budget_s),
+                "--memory-limit", str(self.memory_limit), "--state-dir",
+                str(self.store.dir.parent), "--turn-held",
+                *(("--int8-form", task.int8_form) if task.int8_form else ()),
+                *(("--exact-experts",) if task.exact_experts else ())]
+
     def _run_child(self, task: ProfileTask, budget_s: float, turn_fd: int
                    ) -> ProfileReport | None:
         """The child's measurement in the turn held as ``turn_fd`` (handed to it); None
         when the job was stopped before it started."""
-        command = [*self.profiler,
-                   "--shape", json.dumps(asdict(task.shape)), "--weights", task.weights,
-                   "--device", task.device, "--budget", str(budget_s),
-                   "--memory-limit", str(self.memory_limit), "--state-dir",
-                   str(self.store.dir.parent), "--turn-held",
-                   *(("--int8-form", task.int8_form) if task.int8_form else ())]
+        command = self.command(task, budget_s)
         limit = 2 * budget_s + START_GRACE_S
         try:
             with self._lock:
@@ -180,7 +188,8 @@ def report_outcome(report: ProfileReport, task: ProfileTask, openvino: str
     if report.state == "failed" or report.profile is None:
         return None, f"failed: {report.detail or 'no reason given'}"
     record = report.profile
-    stale = mismatches(record, shape=task.shape.fingerprint(), weights=task.weights,
+    stale = mismatches(record, task.exact_experts, shape=task.shape.fingerprint(),
+                       weights=task.weights,
                        device=task.device, openvino=openvino,
                        int8_form=export_int8_form(task.weights, task.int8_form))
     if stale:

@@ -52,19 +52,22 @@ def _safe(text: str) -> str:
 
 
 def profile_stem(fingerprint: str, weights: str, device: str,
-                 int8_form: str | None = None) -> str:
+                 int8_form: str | None = None, exact_experts: bool = False) -> str:
     """What the file names of one shape, format (and INT8 form, named when it is not the
-    format's default) and device's profiles begin with, whatever their OpenVINO version."""
+    format's default; exact experts, named when they are) and device's profiles begin
+    with, whatever their OpenVINO version."""
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
     form = "" if int8_form in (None, default_int8_form(weights)) else f"-{int8_form}"
-    return f"{weights}{form}-{_safe(device)}-{digest}"
+    experts = "-exact-experts" if exact_experts else ""
+    return f"{weights}{form}{experts}-{_safe(device)}-{digest}"
 
 
 def profile_name(fingerprint: str, weights: str, device: str, openvino: str,
-                 int8_form: str | None = None) -> str:
-    """A profile's file name: readable, and unique to its shape, format, INT8 form, device
-    and OpenVINO version."""
-    return f"{profile_stem(fingerprint, weights, device, int8_form)}.ov-{_safe(openvino)}.json"
+                 int8_form: str | None = None, exact_experts: bool = False) -> str:
+    """A profile's file name: readable, and unique to its shape, format, INT8 form, form of
+    the experts, device and OpenVINO version."""
+    stem = profile_stem(fingerprint, weights, device, int8_form, exact_experts)
+    return f"{stem}.ov-{_safe(openvino)}.json"
 
 
 def share_text(share: float) -> str:
@@ -87,30 +90,31 @@ class ProfileStore:
         self.openvino = openvino or openvino_version()
 
     def path(self, shape: ModelShape, weights: str, device: str,
-             int8_form: str | None = None) -> Path:
+             int8_form: str | None = None, exact_experts: bool = False) -> Path:
         return self.dir / profile_name(shape.fingerprint(), weights, device, self.openvino,
-                                       int8_form)
+                                       int8_form, exact_experts)
 
     def other_versions(self, shape: ModelShape, weights: str, device: str,
-                       int8_form: str | None = None) -> list[str]:
+                       int8_form: str | None = None, exact_experts: bool = False) -> list[str]:
         """The OpenVINO versions (as their files name them) other profiles of the same
-        shape, format and device were measured with."""
-        stem = profile_stem(shape.fingerprint(), weights, device, int8_form) + ".ov-"
-        mine = self.path(shape, weights, device, int8_form).name
+        shape, format, forms and device were measured with."""
+        stem = profile_stem(shape.fingerprint(), weights, device, int8_form,
+                            exact_experts) + ".ov-"
+        mine = self.path(shape, weights, device, int8_form, exact_experts).name
         return sorted(p.name[len(stem):-len(".json")] for p in self.dir.glob(f"{stem}*.json")
                       if p.name != mine)
 
     def load(self, shape: ModelShape, weights: str, device: str,
-             share: float | None = None, int8_form: str | None = None
-             ) -> tuple[ProfileRecord | None, str]:
+             share: float | None = None, int8_form: str | None = None,
+             exact_experts: bool = False) -> tuple[ProfileRecord | None, str]:
         """The profile of ``shape`` in ``weights`` (its INT8 in ``int8_form``, by default
-        the format's) on ``device`` measured with this node's OpenVINO (and, ``share``
-        given, under the CPU quota of ``share`` cores it is under now: 0, none), or (None,
-        why there is none)."""
+        the format's; its experts exact with ``exact_experts``) on ``device`` measured with
+        this node's OpenVINO (and, ``share`` given, under the CPU quota of ``share`` cores
+        it is under now: 0, none), or (None, why there is none)."""
         form = export_int8_form(weights, int8_form)
-        path = self.path(shape, weights, device, form)
+        path = self.path(shape, weights, device, form, exact_experts)
         if not path.is_file():
-            others = self.other_versions(shape, weights, device, form)
+            others = self.other_versions(shape, weights, device, form, exact_experts)
             if others:
                 return None, (f"its profile is stale (measured with OpenVINO "
                               f"{', '.join(repr(v) for v in others)} only, not "
@@ -122,8 +126,8 @@ class ProfileStore:
             return None, f"its profile is stale ({exc.why})"
         except ProfileError as exc:
             return None, f"its profile is damaged ({exc})"
-        stale = mismatches(record, shape=shape.fingerprint(), weights=weights, device=device,
-                           openvino=self.openvino, int8_form=form)
+        stale = mismatches(record, exact_experts, shape=shape.fingerprint(), weights=weights,
+                           device=device, openvino=self.openvino, int8_form=form)
         if stale:
             return None, f"its profile is stale (measured for {'; '.join(stale)})"
         changed = quota_change(record.cpu_share, share)
@@ -139,7 +143,7 @@ class ProfileStore:
                   f"rounds, {measurement.seconds:.1f} s)")
         record = profile_record(profile_from(measurement, shape, source), time.time(),
                                 measurement.seconds)
-        path = self.path(shape, key.weights, key.device, key.int8_form)
+        path = self.path(shape, key.weights, key.device, key.int8_form, key.exact_experts)
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(profile_dict(record, measurement), indent=1) + "\n")
@@ -153,7 +157,7 @@ class ProfileStore:
         nor when it cannot be written: logged, and the node goes on with the time)."""
         anchored = replace(record, reference_s=reference_s)
         path = self.dir / profile_name(record.shape, record.weights, record.device,
-                                       record.openvino, record.int8_form)
+                                       record.openvino, record.int8_form, record.exact_experts)
         try:
             raw = json.loads(path.read_text())
             if record_from_dict(raw, str(path)) != record:

@@ -118,9 +118,10 @@ def layer_shape(shape: ModelShape) -> LayerShape:
                       shape.expert_intermediate)
 
 
-def extra_layers(shape: ModelShape, weights: str, free_memory: int) -> int:
+def extra_layers(shape: ModelShape, weights: str, free_memory: int,
+                 exact_experts: bool = False) -> int:
     """``k``: the second stage's layers beyond the first's one (module docstring)."""
-    layer = layer_weight_bytes(shape, weights) * 1.2
+    layer = layer_weight_bytes(shape, weights, exact_experts=exact_experts) * 1.2
     head = embedding_bytes(shape, weights) * 1.2
     k = max(1, min(MAX_EXTRA_LAYERS, math.ceil(EXTRA_BYTES / layer)))
     room = MEMORY_SHARE * free_memory - head - 2 * layer
@@ -228,13 +229,15 @@ def _kv_bytes(runner: StageRuntime) -> int:
     return 0
 
 
-def _build(dims: LayerShape, layers: int, last: bool, weights: str, group: int | None,
-           int8_form: str | None, runtime: RuntimeSpec, deadline: Deadline) -> _Stage:
+def _build(dims: LayerShape, layers: int, last: bool, key: ProfileKey, group: int | None,
+           runtime: RuntimeSpec, deadline: Deadline) -> _Stage:
+    """A synthetic stage of ``layers`` layers in the weights ``key`` names, compiled."""
     deadline.check(f"before building a synthetic stage of {layers} layer(s)")
     before = _rss()
-    graph = synthetic_model(dims, layers, last, weights, group, seed=layers + last,
-                            int8_form=int8_form)
-    manifest = synthetic_manifest(dims, layers, last, weights, group, int8_form)
+    graph = synthetic_model(dims, layers, last, key.weights, group, seed=layers + last,
+                            int8_form=key.int8_form, exact_experts=key.exact_experts)
+    manifest = synthetic_manifest(dims, layers, last, key.weights, group, key.int8_form,
+                                  key.exact_experts)
     deadline.check(f"building a synthetic stage of {layers} layer(s)")
     try:
         runner = load_runner("", 0, runtime, manifest=manifest, verify=False, graph=graph)
@@ -287,9 +290,11 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
             memory_limit: int = 0, clock: Callable[[], float] = time.perf_counter,
             sleep: Callable[[float], None] = time.sleep,
             cpu_clock: Callable[[], float] = time.process_time,
-            quota: CpuQuota | None = None, int8_form: str | None = None) -> Measurement:
+            quota: CpuQuota | None = None, int8_form: str | None = None,
+            exact_experts: bool = False) -> Measurement:
     """Time ``shape``'s synthetic stages in ``weights`` (their INT8 in ``int8_form``, the
-    served export's; None: the form an export in ``weights`` is written in now) on
+    served export's; None: the form an export in ``weights`` is written in now; a mixture
+    of experts' weights in their exact i8 form with ``exact_experts``) on
     ``device`` within ``budget_s`` seconds (the module docstring; ``sleep`` waits out the
     idle gaps, ``cpu_clock`` is the process's CPU time, ``quota`` the CPU quota it runs
     under); ProfileError when it cannot."""
@@ -301,18 +306,18 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
     except ValueError as exc:
         raise ProfileError(f"{shape.name}: {exc}") from None
     free = ram(memory_limit)[1]
-    k = extra_layers(shape, weights, free)
+    k = extra_layers(shape, weights, free, exact_experts)
     runtime = runtime_for(device)
     key = ProfileKey(shape.fingerprint(), weights, device, openvino_version(), GRAPH_VERSION,
-                     form)
+                     form, exact_experts)
     # the head's stage first: the plugin's one-time costs (its libraries, its thread pool)
     # fall on it, not on the memory the decoder stages are told apart by
-    head = _build(dims, 1, True, weights, group, form, runtime, deadline)
+    head = _build(dims, 1, True, key, group, runtime, deadline)
     built = clock()
-    base = _build(dims, 1, False, weights, group, form, runtime, deadline)
+    base = _build(dims, 1, False, key, group, runtime, deadline)
     k = min(k, extra_layers_in_time(clock() - built, deadline.left(), budget_s))  # (a slow PC)
     stages = {"base": base,
-              "more": _build(dims, 1 + k, False, weights, group, form, runtime, deadline),
+              "more": _build(dims, 1 + k, False, key, group, runtime, deadline),
               "head": head}
     steps: dict[tuple[str, int], list[float]] = {(n, r): [] for n in stages for r in ROWS}
     frames: dict[int, list[float]] = {r: [] for r in ROWS}  # the decoder stages' frames' work
@@ -391,6 +396,26 @@ def cpu_per_wall(cpu_s: float, wall_s: float) -> float:
 
 
 # -- a profile in a process of its own ----------------------------------------------------
+def arguments() -> argparse.ArgumentParser:
+    """``python -m controlplane.profiling``'s arguments (controlplane/profile_job.py
+    passes them)."""
+    parser = argparse.ArgumentParser(prog="python -m controlplane.profiling")
+    parser.add_argument("--shape", required=True, help="the ModelShape's fields as JSON")
+    parser.add_argument("--weights", required=True)
+    parser.add_argument("--device", default="CPU")
+    parser.add_argument("--int8-form", default=None,
+                        help="the served export's INT8 form (default: the format's)")
+    parser.add_argument("--exact-experts", action="store_true",
+                        help="the served export's experts are exact (zctl export "
+                             "--exact-experts)")
+    parser.add_argument("--budget", type=float, default=BUDGET_S)
+    parser.add_argument("--memory-limit", type=int, default=0)
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--turn-held", action="store_true",
+                        help="the parent holds this machine's turn to profile for it")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Profile one shape, format and device into a state directory; print the profile's
     JSON on stdout (an error's text on stderr, and exit status 1)."""
@@ -400,25 +425,15 @@ def main(argv: list[str] | None = None) -> int:
     from controlplane.profile_store import ProfileStore
     from controlplane.profile_turn import ProfilingTurn
 
-    parser = argparse.ArgumentParser(prog="python -m controlplane.profiling")
-    parser.add_argument("--shape", required=True, help="the ModelShape's fields as JSON")
-    parser.add_argument("--weights", required=True)
-    parser.add_argument("--device", default="CPU")
-    parser.add_argument("--int8-form", default=None,
-                        help="the served export's INT8 form (default: the format's)")
-    parser.add_argument("--budget", type=float, default=BUDGET_S)
-    parser.add_argument("--memory-limit", type=int, default=0)
-    parser.add_argument("--state-dir", required=True)
-    parser.add_argument("--turn-held", action="store_true",
-                        help="the parent holds this machine's turn to profile for it")
-    args = parser.parse_args(argv)
+    args = arguments().parse_args(argv)
     try:
         shape = ModelShape(**json.loads(args.shape))
         store = ProfileStore(Path(args.state_dir))
         with nullcontext() if args.turn_held else ProfilingTurn().wait():
             measurement = measure(shape, args.weights, args.device, args.budget,
                                   args.memory_limit, quota=read_quota(),
-                                  int8_form=args.int8_form)
+                                  int8_form=args.int8_form,
+                                  exact_experts=args.exact_experts)
         _, path = store.save(shape, measurement)
         text = path.read_text()
     except (ProfileError, ShapeError, TypeError, ValueError, OSError) as exc:

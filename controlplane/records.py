@@ -69,7 +69,8 @@ class ProfileRecord:
     ran under (``cpu_share`` cores of CPU time per ``quota_period_s``; 0: none, as in a
     record from before quotas were read) and the process CPU seconds its timed decode steps
     used per second of their wall time (``cpu_per_wall``; 0: not measured); the form of the
-    INT8 weights it timed (``int8_form``, zctl.weights.INT8_FORMS; None in a float format);
+    INT8 weights it timed (``int8_form``, zctl.weights.INT8_FORMS; None in a float format)
+    and whether its experts were exact (``exact_experts``: ``zctl export --exact-experts``);
     the time of the host's reference workload as the node holding it first checked it
     (``reference_s``, controlplane/host_speed.py; 0: not timed yet)."""
 
@@ -94,6 +95,7 @@ class ProfileRecord:
     cpu_per_wall: float = 0.0
     int8_form: str | None = None
     reference_s: float = 0.0
+    exact_experts: bool = False
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,8 @@ class StagePlanner:
                                f"{self.shape.name}: {member.profile_state}")
         key = ProfileKey(self.shape.fingerprint(), self.manifest.weight_format, self.device,
                          self.openvino, int8_form=export_int8_form(self.manifest.weight_format,
-                                                                  self.manifest.int8_form))
+                                                                  self.manifest.int8_form),
+                         exact_experts=self.manifest.exact_experts)
         try:
             profile = at_speed(profile_of(member.profile), member.speed_factor)
             profile.check_for(key, member.node_id)
@@ -224,7 +225,8 @@ class StagePlanner:
                            objective=self.objective, streams=self.streams, head=self.head,
                            top=1,
                            openvino=self.openvino, cuts=self.cuts,
-                           exact_nodes=COORDINATOR_EXACT_NODES), assumed
+                           exact_nodes=COORDINATOR_EXACT_NODES,
+                           exact_experts=self.manifest.exact_experts), assumed
 
     # -- placing -------------------------------------------------------------------------
     def place(self, members: Sequence[ms.Member], probed: Sequence[LinkStatus],

@@ -54,6 +54,8 @@ PINNED = {
     # sliding-window layers (sliding_window, sliding_layers: how many of them slide)
     15: "cf7f7d5a7e903405",  # service_stats: decode_rates (the aggregate decode tok/s measured
     # by streams decoding together, for /metrics beside the predicted)
+    16: "9331db6f35e80269",  # profile_request, profile_report, status_reply: exact_experts
+    # (a profile timed a mixture of experts' weights in their exact i8 form)
 }
 
 

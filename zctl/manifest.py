@@ -285,6 +285,8 @@ def manifest_from_dict(raw: Any) -> ExportManifest:
     check_layer_cover(
         [(s.layer_start, s.layer_end) for s in manifest.stages], manifest.model.num_layers
     )
+    if manifest.exact_experts and not manifest.model.experts:
+        raise ManifestError("manifest exact_experts is true for a model without experts")
     return manifest
 
 

@@ -94,8 +94,8 @@ class FleetPC:
                 exact_experts: bool = False) -> NodeProfile:
         """This PC's profile for ``shape`` in ``weights`` (ProfileError when its measured
         profile is of something else), held to the quota the file states. ``exact_experts``:
-        a mixture of experts' weights in their exact i8 form, which only a reference
-        profile prices (a measured one timed the format's experts)."""
+        a mixture of experts' weights in their exact i8 form (a measured profile must have
+        timed them so)."""
         profile = self._profile(shape, weights, exact_experts)
         if self.quota is None:
             return profile
@@ -104,21 +104,18 @@ class FleetPC:
     def _profile(self, shape: ModelShape, weights: str, exact_experts: bool) -> NodeProfile:
         if self.speed is not None:
             return derive_profile(self.speed, shape, weights, self.free, exact_experts)
-        if exact_experts:
-            raise ProfileError(f"pc {self.name!r}: {self.profile_file} timed experts in the "
-                               "weight format, not exact ones: plan exact experts on "
-                               "reference profiles")
         fits = [r for r in self.measured if r.device == self.device]
         if not fits:
             devices = ", ".join(sorted({r.device for r in self.measured}))
             raise ProfileError(f"pc {self.name!r}: {self.profile_file} profiles {devices}, "
                                f"not its device {self.device}")
         record = fits[0]
-        stale = mismatches(record, shape=shape.fingerprint(), weights=weights)
+        stale = mismatches(record, exact_experts, shape=shape.fingerprint(), weights=weights)
         if stale:
             raise ProfileError(f"pc {self.name!r}: {self.profile_file} was measured for "
                                f"{'; '.join(stale)}: profile {shape.name} in {weights} "
-                               f"(zctl node profile --model ... --weights {weights} --json)")
+                               f"(zctl node profile --model ... --weights {weights}"
+                               f"{' --exact-experts' if exact_experts else ''} --json)")
         return replace(profile_of(record), free_memory=self.free)
 
 

@@ -31,7 +31,8 @@ def local_ranges(shape: ModelShape, weights: str, profile: NodeProfile,
     share = replace(profile, free_memory=profile.free_memory // processes)
     loopback = REFERENCE_LINKS["loopback"]
     links = Links({pair: loopback.to(loopback) for pair in itertools.combinations(names, 2)})
-    req = PlanRequest(shape, weights, dict.fromkeys(names, share), links, head=names[0])
+    req = PlanRequest(shape, weights, dict.fromkeys(names, share), links, head=names[0],
+                      exact_experts=profile.key.exact_experts)
     found = split_order(req, names)
     if found is None:
         raise PlacementError(f"{shape.name} in {weights} does not fit {processes} process(es) "

@@ -50,6 +50,7 @@ from controlplane.planner.profile import (
     NodeProfile,
     ProfileError,
     ProfileKey,
+    experts_form_change,
 )
 from controlplane.planner.quota import check_quota
 from controlplane.planner.shape import ModelShape
@@ -150,7 +151,8 @@ def profile_from(m: Measurement, shape: ModelShape, source: str) -> NodeProfile:
     call = max(0.0, m.base_s[0] - layer[0])
     layer_prompt = (m.more_prompt_s - m.base_prompt_s) / k
     rate = prefill_rate(max(layer_prompt, FLOOR_S), layer[0], m.prompt_tokens, shape)
-    weights = math.ceil(layer_weight_bytes(shape, m.key.weights, m.key.int8_form))
+    weights = math.ceil(layer_weight_bytes(shape, m.key.weights, m.key.int8_form,
+                                           m.key.exact_experts))
     layer_bytes = max(weights, round((m.more_bytes - m.base_bytes) / k))
     return NodeProfile(key=m.key, decode_s=layer, head_decode_s=head, prefill_tokens_per_s=rate,
                        call_s=call, engine_decode_s=rising(m.engine_s),
@@ -171,7 +173,7 @@ def profile_record(profile: NodeProfile, measured_at: float = 0.0,
                          profile.free_memory, profile.source, measured_at, seconds, key.graph,
                          list(profile.engine_decode_s), list(profile.frame_decode_s),
                          profile.cpu_share, profile.quota_period_s, profile.cpu_per_wall,
-                         key.int8_form)
+                         key.int8_form, exact_experts=key.exact_experts)
 
 
 def staleness(record: ProfileRecord) -> str:
@@ -195,7 +197,7 @@ def profile_of(record: ProfileRecord) -> NodeProfile:
         raise ProfileError(f"reference_s must be >= 0 seconds, got {record.reference_s!r}")
     return NodeProfile(
         ProfileKey(record.shape, record.weights, record.device, record.openvino, record.graph,
-                   record.int8_form),
+                   record.int8_form, record.exact_experts),
         tuple(record.decode_s), tuple(record.head_decode_s), record.prefill_tokens_per_s,
         record.call_s, tuple(record.engine_decode_s), record.layer_bytes, record.free_memory,
         record.source, tuple(record.frame_decode_s), record.cpu_share, record.quota_period_s,
@@ -214,12 +216,16 @@ def measured_for(record: ProfileRecord, name: str) -> str | None:
     return str(getattr(record, name))
 
 
-def mismatches(record: ProfileRecord, **want: str | None) -> list[str]:
+def mismatches(record: ProfileRecord, exact_experts: bool | None = None,
+               **want: str | None) -> list[str]:
     """What ``record`` was measured for that is not what is wanted (``want``: some of its
-    ``shape``, ``weights``, ``device``, ``openvino``, ``int8_form``), as "weights 'int4',
-    not 'int8'"."""
-    return [f"{KEY_NAMES[name]} {measured_for(record, name)!r}, not {value!r}"
-            for name, value in want.items() if measured_for(record, name) != value]
+    ``shape``, ``weights``, ``device``, ``openvino``, ``int8_form``; ``exact_experts``: the
+    form of its experts, None for any), as "weights 'int4', not 'int8'"."""
+    found = [f"{KEY_NAMES[name]} {measured_for(record, name)!r}, not {value!r}"
+             for name, value in want.items() if measured_for(record, name) != value]
+    if exact_experts is not None and record.exact_experts != exact_experts:
+        found.append(experts_form_change(record.exact_experts, exact_experts))
+    return found
 
 
 def profile_dict(record: ProfileRecord, measurement: Measurement | None = None) -> dict[str, Any]:

@@ -43,7 +43,9 @@ class ProfileKey:
     format, a device, an OpenVINO version ("reference" for derived profiles), the version
     of the synthetic layer graph it timed (``GRAPH_VERSION``; 0 for derived profiles) and
     the form of the INT8 weights it timed (zctl.weights.INT8_FORMS: the served export's;
-    None in a float format, a derived profile, or a key that asks for any form)."""
+    None in a float format, a derived profile, or a key that asks for any form), and whether
+    a mixture of experts' weights were in their exact i8 form (``zctl export
+    --exact-experts``) rather than in the format."""
 
     shape: str
     weights: str
@@ -51,6 +53,18 @@ class ProfileKey:
     openvino: str
     graph: int = 0
     int8_form: str | None = None
+    exact_experts: bool = False
+
+
+def experts_form_text(exact_experts: bool) -> str:
+    return "exact experts" if exact_experts else "experts in the weight format"
+
+
+def experts_form_change(have: bool, want: bool) -> str:
+    """How a profile's form of the experts differs from the one wanted ("" when it does
+    not), as a key's other fields are said: "exact experts, not experts in the weight
+    format"."""
+    return "" if have == want else f"{experts_form_text(have)}, not {experts_form_text(want)}"
 
 
 def _check_rows(name: str, values: tuple[float, ...], where: str) -> None:
@@ -147,9 +161,9 @@ class NodeProfile:
 
     def check_for(self, key: ProfileKey, node: str) -> None:
         """ProfileError when this profile was measured for another shape, format, device,
-        OpenVINO version, layer graph or INT8 form than ``key`` (a derived profile, or a key
-        of version "reference" or graph 0, matches any version or graph; a key without an
-        INT8 form, any form)."""
+        OpenVINO version, layer graph, INT8 form or form of the experts than ``key`` (a
+        derived profile, or a key of version "reference" or graph 0, matches any version or
+        graph; a key without an INT8 form, any form)."""
         mine = self.key
         stale = [f"{what} {have!r}, not {want!r}" for what, have, want in (
             ("shape", mine.shape, key.shape), ("weights", mine.weights, key.weights),
@@ -161,6 +175,8 @@ class NodeProfile:
         form = named_int8_form(mine.weights, mine.int8_form)
         if mine.graph and key.int8_form is not None and form != key.int8_form:
             stale.append(f"INT8 form {form!r}, not {key.int8_form!r}")
+        if mine.graph and mine.exact_experts != key.exact_experts:
+            stale.append(experts_form_change(mine.exact_experts, key.exact_experts))
         if stale:
             raise ProfileError(f"node {node}: its profile was measured for {'; '.join(stale)}: "
                                "profile it again (zctl node profile)")

@@ -93,6 +93,7 @@ class PlanRequest:
     openvino: str | None = None  # the cluster's version, to refuse profiles of another
     cuts: frozenset[int] | None = None
     exact_nodes: int = EXACT_NODES
+    exact_experts: bool = False  # the experts' weights exact (every profile timed them so)
 
 
 @dataclass(frozen=True)
@@ -549,7 +550,8 @@ def check_request(req: PlanRequest) -> None:
         raise PlacementError(f"the head node {req.head} is not among the nodes")
     for node, profile in req.profiles.items():
         profile.check_for(ProfileKey(req.shape.fingerprint(), req.weights, profile.key.device,
-                                     req.openvino or "reference"), node)
+                                     req.openvino or "reference",
+                                     exact_experts=req.exact_experts), node)
     req.links.check_nodes(req.profiles)
     if req.cuts is not None:
         bad = sorted(c for c in req.cuts if not 0 < c < req.shape.num_layers)

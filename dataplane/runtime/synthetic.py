@@ -17,7 +17,8 @@ by default) is i8 codes [N, K/g, g] behind Convert f16, Multiply by f16 scales
 as the exporter does (a weight no group divides stays per channel); INT8 per channel (an
 int4 export's head, an older or static export's INT8) is u8 codes, u8 zero points and f16
 scales behind Convert/Subtract/Multiply. The CPU plugin folds either into its compressed
-MatMul. The manifest that
+MatMul. Exact experts (exporter/exact_experts.py) are the i8 groups' form with groups of 32,
+in any format. The manifest that
 goes with it describes the one stage, so a ``PagedStageRunner`` runs it as it runs a stage
 of an export: the same PagedAttention pass, compile properties, bound inputs and block
 tables.
@@ -38,6 +39,7 @@ from openvino.utils.node_factory import NodeFactory
 from dataplane.runtime.stateful_graph import add_beam_idx, make_stateful
 from zctl.manifest import ExportManifest, ModelSpec, StageSpec
 from zctl.weights import (
+    EXACT_EXPERT_GROUP,
     INT8_GROUPS,
     WEIGHT_FORMATS,
     check_int8_form,
@@ -75,7 +77,7 @@ class _Weights:
     """Random weights in one format, as the exporter's compression leaves them."""
 
     def __init__(self, weights: str, group_size: int | None, seed: int,
-                 int8_form: str | None = None) -> None:
+                 int8_form: str | None = None, exact_experts: bool = False) -> None:
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {weights!r}; expected one of {WEIGHT_FORMATS}")
         if weights == "int4" and not group_size:
@@ -83,6 +85,7 @@ class _Weights:
         self.weights, self.group_size = weights, group_size
         self.int8_form = (check_int8_form(int8_form) if int8_form is not None
                           else default_int8_form(weights))
+        self.exact_experts = exact_experts
         self.rng = np.random.default_rng(seed)
 
     def _bytes(self, count: int) -> np.ndarray:
@@ -112,6 +115,12 @@ class _Weights:
         group = int8_group(cols) if self.int8_form == INT8_GROUPS else None
         if group is None:
             return self._u8_channel(rows, cols, name, lead)
+        return self._i8_groups(rows, cols, name, lead, group)
+
+    def _i8_groups(self, rows: int, cols: int, name: str, lead: list[int],
+                   group: int) -> ov.Output:
+        if cols % group:
+            raise ValueError(f"{name}: {cols} inputs are not a multiple of the i8 group {group}")
         shape = [*lead, rows, cols // group, group]
         codes = self._bytes(int(np.prod(shape))).view(np.int8).reshape(shape)
         weight = ops.convert(ops.constant(codes, name=name), ov.Type.f16)
@@ -132,10 +141,13 @@ class _Weights:
                experts: int = 0) -> ov.Output:
         """A [rows, cols] weight (a MatMul's transposed right side) in this format, or
         ``experts`` of them stacked [experts, rows, cols] (compressed per expert, as NNCF
-        compresses an export's stacked experts); the LM head (``head``) in INT8 where the
+        compresses an export's stacked experts; in the exact i8 form where the experts are
+        exact); the LM head (``head``) in INT8 where the
         decoder layers are INT4 or INT8."""
         fmt = self.weights
         lead = [experts] if experts else []
+        if experts and self.exact_experts:  # exporter/exact_experts.py's form, in any format
+            return self._i8_groups(rows, cols, name, lead, EXACT_EXPERT_GROUP)
         if head and fmt == "int4":
             fmt = "int8"
         if fmt == "int4":
@@ -275,15 +287,16 @@ def _experts(h: ov.Output, name: str, s: LayerShape, weights: _Weights) -> ov.Ou
 
 def synthetic_model(shape: LayerShape, layers: int, last: bool, weights: str,
                     group_size: int | None = None, seed: int = 0,
-                    int8_form: str | None = None) -> ov.Model:
+                    int8_form: str | None = None, exact_experts: bool = False) -> ov.Model:
     """The stateful graph of a middle stage of ``layers`` decoder layers of ``shape`` (with
     ``last``: the final norm and LM head after them), random weights in ``weights``, their
-    INT8 in ``int8_form`` (None: the form an export in ``weights`` is written with now)."""
+    INT8 in ``int8_form`` (None: the form an export in ``weights`` is written with now), a
+    mixture of experts' in their exact i8 form with ``exact_experts``."""
     if layers < 1:
         raise ValueError(f"a synthetic stage has at least one layer, got {layers}")
     if shape.heads % shape.kv_heads or shape.head_dim % 2:
         raise ValueError(f"{shape}: heads must be a multiple of KV heads, head_dim even")
-    draw = _Weights(weights, group_size, seed, int8_form)
+    draw = _Weights(weights, group_size, seed, int8_form, exact_experts)
     names = ["hidden_states", "attention_mask", "rope_cos", "rope_sin"]
     params = [ops.parameter([-1, -1, shape.hidden], ov.Type.f32),
               ops.parameter([-1, 1, -1, -1], ov.Type.f32),
@@ -320,7 +333,8 @@ def synthetic_model(shape: LayerShape, layers: int, last: bool, weights: str,
 
 def synthetic_manifest(shape: LayerShape, layers: int, last: bool, weights: str,
                        group_size: int | None = None,
-                       int8_form: str | None = None) -> ExportManifest:
+                       int8_form: str | None = None,
+                       exact_experts: bool = False) -> ExportManifest:
     """The manifest of a one-stage export holding ``synthetic_model``'s stage."""
     half = shape.head_dim // 2
     inv_freq = tuple(float(ROPE_THETA ** (-i / half)) for i in range(half))
@@ -342,4 +356,5 @@ def synthetic_manifest(shape: LayerShape, layers: int, last: bool, weights: str,
     return ExportManifest(model=model, stages=(stage,), weight_format=weights,
                           group_size=group_size if weights == "int4" else None,
                           activation_dtype="f32", beam_idx=True, versions={},
-                          int8_form=int8_form or default_int8_form(weights))
+                          int8_form=int8_form or default_int8_form(weights),
+                          exact_experts=exact_experts)

@@ -18,6 +18,7 @@ import pytest
 from controlplane import profile_job
 from controlplane.messages import ProfileReport
 from controlplane.planner.measured import Measurement
+from controlplane.planner.presets import PRESETS
 from controlplane.planner.profile import GRAPH_VERSION, ProfileKey
 from controlplane.planner.shape import ModelShape
 from controlplane.profile_job import ProfileJob, ProfileTask
@@ -149,3 +150,17 @@ def test_a_node_stopped_while_it_waits_for_its_turn_stops_and_starts_nothing(
         assert job.finished() is None  # no report: nothing measured ("false" would fail)
         assert [t for t in threading.enumerate() if t.name == "zctl-profile"] == []
         assert job.request(TASK, 30.0).state == "not-profiled"  # stopped: no new one
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_the_child_is_told_the_served_export_s_forms(tmp_path: Path, exact: bool) -> None:
+    """The INT8 form and exact experts reach the profiler's own arguments."""
+    from controlplane.profiling import arguments
+
+    task = ProfileTask(PRESETS["gpt-oss-20b"], "int8", "CPU", "u8-channel", exact)
+    job = ProfileJob("node", tmp_path / "node", profiler=["profiler"])
+    command = job.command(task, 7.0)
+    assert command[0] == "profiler" and ("exact experts" in task.describe()) is exact
+    args = arguments().parse_args(command[1:])
+    assert (args.weights, args.int8_form, args.exact_experts, args.budget) == (
+        "int8", "u8-channel", exact, 7.0)

@@ -32,10 +32,10 @@ VERSION = "2026.4.1-test"
 
 def _measurement(shape: ModelShape = SMOL, weights: str = "int4", device: str = "CPU",
                  openvino: str = VERSION, graph: int = GRAPH_VERSION,
-                 int8_form: str | None = None) -> Measurement:
+                 int8_form: str | None = None, exact_experts: bool = False) -> Measurement:
     rows = (1e-4, 2e-4, 3e-4, 4e-4)
     return Measurement(ProfileKey(shape.fingerprint(), weights, device, openvino, graph,
-                                  int8_form), 2,
+                                  int8_form, exact_experts), 2,
                        rows, tuple(3 * r for r in rows), tuple(10 * r for r in rows), 128, 1e-3,
                        5e-3, 1 << 20, 5 << 20, 8 << 30, engine_s=tuple(r / 2 for r in rows),
                        frame_s=tuple(r / 4 for r in rows),
@@ -75,6 +75,24 @@ def test_a_profile_of_one_int8_form_is_not_used_for_the_other(tmp_path: Path) ->
     assert store.load(SMOL, "int4", "CPU", int8_form="u8-channel") == (int4, "")
     with pytest.raises(ValueError, match="unknown INT8 form 'i4-groups'"):
         store.load(SMOL, "int8", "CPU", int8_form="i4-groups")
+
+
+def test_a_profile_of_exact_experts_is_not_used_for_experts_in_the_format(
+        tmp_path: Path) -> None:
+    """An export with exact experts (zctl export --exact-experts) is profiled apart from
+    one whose experts are in the weight format: its own file, stale for the other."""
+    moe = PRESETS["gpt-oss-20b"]
+    store = ProfileStore(tmp_path, openvino=VERSION)
+    plain, plain_path = store.save(moe, _measurement(moe))
+    exact, exact_path = store.save(moe, _measurement(moe, exact_experts=True))
+    assert exact.exact_experts and not plain.exact_experts
+    assert "-exact-experts-" in exact_path.name and exact_path != plain_path
+    assert store.load(moe, "int4", "CPU") == (plain, "")
+    assert store.load(moe, "int4", "CPU", exact_experts=True) == (exact, "")
+    assert exact.layer_bytes > plain.layer_bytes  # at least their weights' estimate
+    os.replace(exact_path, plain_path)
+    record, why = store.load(moe, "int4", "CPU")
+    assert record is None and "exact experts, not experts in the weight format" in why
 
 
 def test_a_profile_measured_under_another_cpu_quota_than_the_node_s_now_is_stale(
@@ -273,17 +291,18 @@ TINY_MOE = ModelShape("tiny-moe", num_layers=4, hidden=64, intermediate=128, hea
 @pytest.mark.slow
 def test_a_mixture_of_experts_is_profiled_with_all_its_experts_held(tmp_path: Path) -> None:
     """Its synthetic layers hold every expert (their memory is the profile's) and compute
-    the routed ones; a row group of 8 reads more experts than one row."""
+    the routed ones; a row group of 8 reads more experts than one row. Its experts exact
+    here (an export with --exact-experts): a plan must ask for them so."""
     from controlplane.planner.measured import profile_of
     from controlplane.planner.profile import Links
     from controlplane.planner.search import PlanRequest, plan
 
     dims = layer_shape(PRESETS["qwen3-30b-a3b"])
     assert (dims.experts, dims.active_experts, dims.expert_intermediate) == (128, 8, 768)
-    measurement = measure(TINY_MOE, "int4", "CPU", 15.0)
+    measurement = measure(TINY_MOE, "int4", "CPU", 15.0, exact_experts=True)
     record, _ = ProfileStore(tmp_path).save(TINY_MOE, measurement)
     assert record.shape == TINY_MOE.fingerprint() and all(v > 0 for v in record.decode_s)
-    assert record.layer_bytes > 0
+    assert record.exact_experts and record.layer_bytes > 0
     best = plan(PlanRequest(TINY_MOE, "int4", {"pc": profile_of(record)}, Links({}),
-                            top=1)).placements[0]
+                            top=1, exact_experts=True)).placements[0]
     assert best.ranges() == [(0, 4)] and best.tok_s > 0

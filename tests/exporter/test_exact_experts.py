@@ -192,3 +192,42 @@ def test_the_manifest_field_is_a_boolean_written_only_when_set(exact_export: Pat
                                    if k != "exact_experts"}).exact_experts
     with pytest.raises(ManifestError, match="exact_experts has the wrong type"):
         manifest_from_dict({**raw, "exact_experts": "yes"})
+    dense = {**raw["model"], "experts": 0, "active_experts": 0, "expert_intermediate": 0}
+    with pytest.raises(ManifestError, match="exact_experts is true for a model without "
+                                            "experts"):
+        manifest_from_dict({**raw, "model": dense})
+
+
+def test_a_cluster_of_it_asks_its_nodes_to_profile_exact_experts(exact_export: Path,
+                                                                 tmp_path: Path) -> None:
+    """The coordinator serving the export asks each node for a profile of its experts
+    exact (its own profile task too), and refuses, by name, a profile that timed them in
+    the weight format; the node stays."""
+    from controlplane import messages as m
+    from controlplane.nodeinfo import openvino_version
+    from controlplane.planner.profile import GRAPH_VERSION
+    from controlplane.records import ProfileRecord
+    from tests.helpers.control import Cluster, RawNode, enrol_msg, node, wait_for
+
+    cluster = Cluster(tmp_path, exact_export)
+    raw = None
+    try:
+        coord = cluster.coordinator()
+        assert coord.profile_task is not None and coord.profile_task.exact_experts
+        raw = RawNode(coord.endpoint, b"raw-1")
+        raw.send(*m.to_frames(enrol_msg("raw-1")))
+        request = raw.recv_until(m.ProfileRequest)
+        assert request.exact_experts and request.weights == "fp32"
+        plain = ProfileRecord(coord.shape.fingerprint(), "fp32", "CPU", openvino_version(),
+                              [1e-4] * 4, [1e-3] * 4, 1e4, 1e-4, 1 << 20, 1 << 30,
+                              graph=GRAPH_VERSION, engine_decode_s=[1e-4] * 4)
+        raw.send(*m.to_frames(m.ProfileReport("measured", plain)))
+        wait_for(lambda: node(coord.status(), "raw-1").profile_state.startswith("failed"),
+                 what="the refusal")
+        status = node(coord.status(), "raw-1")
+        assert "experts in the weight format, not exact experts" in status.profile_state
+        assert status.profile is None and status.state not in ("dead", "left", "failed")
+    finally:
+        if raw is not None:
+            raw.close()
+        cluster.close()

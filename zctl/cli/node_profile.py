@@ -47,9 +47,11 @@ def _row(record: ProfileRecord, how: str) -> list[str]:
             quota_text(record)]
 
 
-def _format(weights: str, int8_form: str | None) -> str:
-    """A weight format as the profile names it: with its INT8 form, if it has INT8."""
-    return weights if int8_form is None else f"{weights}, INT8 {int8_form}"
+def _format(weights: str, int8_form: str | None, exact_experts: bool = False) -> str:
+    """A weight format as the profile names it: with its INT8 form, if it has INT8, and
+    its experts exact, if they are."""
+    named = weights if int8_form is None else f"{weights}, INT8 {int8_form}"
+    return named + (", exact experts" if exact_experts else "")
 
 
 def _table(shape: ModelShape, weights: str, rows: list[tuple[ProfileRecord, str, Path]]) -> Table:
@@ -75,6 +77,9 @@ def profile_command(
         help=f"the form of the export's INT8 weights: {' | '.join(INT8_FORMS)} (default: "
              "the form an export is written in now; an export's manifest says int8_form)")
     ] = None,
+    exact_experts: Annotated[bool, typer.Option(
+        "--exact-experts", help="a mixture of experts' weights exact, as `zctl export "
+                                "--exact-experts` keeps MXFP4 experts")] = False,
     budget: Annotated[float, typer.Option(help="seconds profiling one device may take at most",
                                           min=1.0)] = 30.0,
     state_dir: Annotated[Path | None, typer.Option(
@@ -110,6 +115,8 @@ def profile_command(
             fail(f"--int8-form is for int8 and int4 exports: a {chosen} export holds no "
                  "INT8 weights")
     form = int8_form or default_int8_form(chosen)
+    if exact_experts and not shape.moe:
+        fail(f"--exact-experts: {shape.name} has no mixture of experts")
     devices = device or usable_devices()
     if not devices:
         fail("OpenVINO sees no CPU or GPU here to profile")
@@ -117,20 +124,22 @@ def profile_command(
     done: list[tuple[ProfileRecord, str, Path]] = []
     failed = []
     for name in devices:
-        record, why = store.load(shape, chosen, name, current_share(), form)
+        record, why = store.load(shape, chosen, name, current_share(), form, exact_experts)
         if record is not None and not force:
-            done.append((record, "kept", store.path(shape, chosen, name, form)))
+            done.append((record, "kept", store.path(shape, chosen, name, form, exact_experts)))
             continue
         if why and record is None and why != "not profiled yet":
             err.print(f"{name}: {why}: measuring again", soft_wrap=True, highlight=False)
-        err.print(f"profiling {shape.name} ({_format(chosen, form)}) on {name}, at most "
+        err.print(f"profiling {shape.name} ({_format(chosen, form, exact_experts)}) on "
+                  f"{name}, at most "
                   f"{budget:g} s...", highlight=False)
         try:
             with ProfilingTurn().wait(lambda: err.print(
                     "another zctl process on this machine is profiling: waiting for it",
                     highlight=False)):
                 measurement = measure(shape, chosen, name, budget, memory_mb << 20,
-                                      quota=read_quota(), int8_form=form)
+                                      quota=read_quota(), int8_form=form,
+                                      exact_experts=exact_experts)
             record, path = store.save(shape, measurement)
         except (ProfileError, OSError, ValueError) as exc:  # ValueError: a cgroup's quota
             failed.append(f"{name}: {exc}")
@@ -141,7 +150,7 @@ def profile_command(
         print(json.dumps(files[0] if len(files) == 1 else {"format": PROFILES_FORMAT,
                                                            "profiles": files}))
     elif done:
-        out.print(_table(shape, _format(chosen, form), done))
+        out.print(_table(shape, _format(chosen, form, exact_experts), done))
         for _, _, path in done:
             out.print(f"kept in {path}", soft_wrap=True, highlight=False)
     if failed:

@@ -56,7 +56,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 @dataclass(frozen=True)
 class PlanFleet:
     """What a plan runs on: each node's profile and the links for a format, the node that
-    runs stage 0, how many PCs, the formats that can be planned, and notes."""
+    runs stage 0, how many PCs, the formats that can be planned, notes, and whether the
+    experts are planned exact."""
 
     source: str
     size: int
@@ -64,6 +65,7 @@ class PlanFleet:
     inputs: Callable[[ModelShape, str], tuple[dict[str, NodeProfile], Links]]
     head: str | None
     notes: tuple[str, ...]
+    exact_experts: bool = False
 
 
 def file_fleet(path: Path, exact_experts: bool = False) -> PlanFleet:
@@ -73,11 +75,14 @@ def file_fleet(path: Path, exact_experts: bool = False) -> PlanFleet:
     return PlanFleet(str(path), len(fleet.pcs), tuple(WEIGHT_FORMATS),
                      lambda shape, fmt: (fleet.profiles(shape, fmt, exact_experts),
                                          fleet.links()),
-                     fleet.head, notes)
+                     fleet.head, notes, exact_experts)
 
 
-def running_fleet(endpoint: str, shape: ModelShape, weights: str) -> PlanFleet:
-    """The cluster at ``endpoint`` (ValueError when it cannot be reached or planned on)."""
+def running_fleet(endpoint: str, shape: ModelShape, weights: str,
+                  exact_experts: bool = False) -> PlanFleet:
+    """The cluster at ``endpoint`` (ValueError when it cannot be reached or planned on);
+    its experts exact when ``exact_experts`` says so or every profile it holds timed them
+    so (it serves an export with exact experts)."""
     from controlplane.client import ClusterUnreachable, query_status
 
     try:
@@ -87,10 +92,13 @@ def running_fleet(endpoint: str, shape: ModelShape, weights: str) -> PlanFleet:
     profiled = {n.profile.weights for n in status.nodes if n.profile is not None}
     fmt = weights if weights != AUTO else (profiled.pop() if len(profiled) == 1 else
                                            resolve_weights(shape.name, AUTO))
+    profiles = [n.profile for n in status.nodes if n.profile is not None]
+    exact = exact_experts or bool(profiles) and all(p.exact_experts for p in profiles)
     fleet = cluster_fleet(status, shape, fmt)
     return PlanFleet(f"cluster at {endpoint}", len(fleet.profiles), (fmt,),
                      lambda _shape, _fmt: (fleet.profiles, fleet.links), fleet.head,
-                     (*fleet.notes, MEASURED_NOTE))
+                     (*fleet.notes, MEASURED_NOTE, *((EXACT_EXPERTS_NOTE,) if exact else ())),
+                     exact)
 
 
 def plan_command(
@@ -115,8 +123,7 @@ def plan_command(
     top: Annotated[int, typer.Option(help="placements to list", min=1)] = 5,
     exact_experts: Annotated[bool, typer.Option(
         "--exact-experts", help="a mixture of experts' weights exact, as `zctl export "
-                                "--exact-experts` keeps MXFP4 experts (reference profiles "
-                                "only)")] = False,
+                                "--exact-experts` keeps MXFP4 experts")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Plan a model on a fleet of PCs before any export: does it fit (in INT4 and INT8),
@@ -129,15 +136,12 @@ def plan_command(
     if (fleet is None) == (endpoint is None):
         fail("give --fleet FILE (the PCs to plan for: examples/fleets/four-pcs.toml) or "
              "--endpoint ADDR (a running cluster), one of them")
-    if exact_experts and endpoint is not None:
-        fail("--exact-experts plans on a --fleet file's reference profiles: a cluster's "
-             "profiles timed experts in its weight format")
     try:
         shape = resolve_shape(model)
         if exact_experts and not shape.moe:
             fail(f"--exact-experts: {shape.name} has no mixture of experts")
         pcs = (file_fleet(fleet, exact_experts) if fleet is not None
-               else running_fleet(endpoint, shape, weights))
+               else running_fleet(endpoint, shape, weights, exact_experts))
     except (ShapeError, FleetError, ProfileError, ValueError) as exc:
         fail(str(exc))
     chosen = resolve_weights(model, weights) if fleet is not None else pcs.formats[0]
@@ -152,7 +156,8 @@ def plan_command(
                 fail(str(exc))
             notes.append(f"{fmt.upper()} not planned: {exc}")
             continue
-        request = PlanRequest(shape, fmt, profiles, links, objective=objective,
+        request = PlanRequest(shape, fmt, profiles, links, exact_experts=pcs.exact_experts,
+                              objective=objective,
                               streams=streams, head=pcs.head, context=context, prompt=prompt,
                               top=top)
         try:
@@ -164,7 +169,7 @@ def plan_command(
     if as_json:
         print(json.dumps({
             "model": shape.as_dict(), "fleet": pcs.source, "weights": chosen,
-            "exact_experts": exact_experts,
+            "exact_experts": pcs.exact_experts,
             "objective": objective, "streams": streams, "context": context, "prompt": prompt,
             "fits": {fmt: ({"fits": True, **plan_dict(outcome)} if isinstance(outcome, Plan)
                            else {"fits": False, "error": outcome})

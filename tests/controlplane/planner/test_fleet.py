@@ -113,7 +113,7 @@ def test_unreadable_files_are_refused(tmp_path: Path) -> None:
 
 # -- a PC's measured profile ---------------------------------------------------------------
 def _profile_file(path: Path, shape_name: str = "smollm2-135m", weights: str = "int4",
-                  device: str = "CPU") -> Path:
+                  device: str = "CPU", exact_experts: bool = False) -> Path:
     import json
 
     from controlplane.planner.measured import profile_dict
@@ -122,7 +122,8 @@ def _profile_file(path: Path, shape_name: str = "smollm2-135m", weights: str = "
     record = ProfileRecord(PRESETS[shape_name].fingerprint(), weights, device, "2026.4.1",
                            [2e-4, 2.5e-4, 3e-4, 4e-4], [1e-3, 1.1e-3, 1.2e-3, 1.4e-3], 2e4,
                            1e-4, 2 << 20, 6 << 30, graph=GRAPH_VERSION,
-                           engine_decode_s=[1e-4, 1.2e-4, 1.5e-4, 2e-4])
+                           engine_decode_s=[1e-4, 1.2e-4, 1.5e-4, 2e-4],
+                           exact_experts=exact_experts)
     path.write_text(json.dumps(profile_dict(record)))
     return path
 
@@ -154,9 +155,16 @@ def test_a_measured_profile_plans_only_what_it_was_measured_for(tmp_path: Path) 
         fleet.profiles(PRESETS["smollm2-135m"], "int8")
     with pytest.raises(ProfileError, match="shape"):
         fleet.profiles(PRESETS["llama-3.1-8b"], "int4")
-    with pytest.raises(ProfileError, match="desk.json timed experts in the weight format, "
-                                           "not exact ones"):
+    with pytest.raises(ProfileError, match="desk.json was measured for experts in the weight "
+                                           "format, not exact experts: .*--exact-experts"):
         fleet.profiles(PRESETS["smollm2-135m"], "int4", exact_experts=True)
+    _profile_file(tmp_path / "exact.json", "gpt-oss-20b", exact_experts=True)
+    exact = fleet_from_dict({"pc": [{"name": "desk", "profile": "exact.json"}]},
+                            str(tmp_path / "fleet.toml"))
+    assert exact.profiles(PRESETS["gpt-oss-20b"], "int4", exact_experts=True)[
+        "desk"].key.exact_experts
+    with pytest.raises(ProfileError, match="exact experts, not experts in the weight format"):
+        exact.profiles(PRESETS["gpt-oss-20b"], "int4")
     gpu = fleet_from_dict({"pc": [{"name": "desk", "profile": "desk.json", "device": "GPU"}]},
                           str(tmp_path / "fleet.toml"))
     with pytest.raises(ProfileError, match="profiles CPU, not its device GPU"):

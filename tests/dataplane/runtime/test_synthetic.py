@@ -142,25 +142,32 @@ MOE = LayerShape(hidden=64, intermediate=0, heads=4, kv_heads=2, head_dim=16, vo
                  experts=8, active_experts=2, expert_intermediate=32)
 
 
-@pytest.mark.parametrize(("weights", "types"), [("int4", {"u4"}), ("int8", {"i8"}),
-                                                ("fp16", {"f16"})])
+@pytest.mark.parametrize(("weights", "exact", "types"), [
+    ("int4", False, {"u4"}), ("int8", False, {"i8"}), ("fp16", False, {"f16"}),
+    ("int4", True, {"i8"})])
 def test_a_mixture_of_experts_computes_its_routed_experts_as_an_export_does(
-        weights: str, types: set[str]) -> None:
-    """Its layers' experts stacked [experts, out, in] and compressed as an export's, in the
-    tiled form the CPU plugin turns into three GatherMatmuls a layer (tests/exporter/
-    test_moe.py counts the same in a real export); run as a paged stage, rows routed to
-    other experts in one step, never on a one-token graph (it would compute them all)."""
+        weights: str, exact: bool, types: set[str]) -> None:
+    """Its layers' experts stacked [experts, out, in] and compressed as an export's (exact:
+    i8 codes in groups of 32, as exporter/exact_experts.py writes them, whatever the
+    format), in the tiled form the CPU plugin turns into three GatherMatmuls a layer
+    (tests/exporter/test_moe.py counts the same in a real export); run as a paged stage,
+    rows routed to other experts in one step, never on a one-token graph (it would compute
+    them all)."""
     group = 32 if weights == "int4" else None
-    graph = synthetic_model(MOE, 2, True, weights, group)
-    experts = {op.get_output_element_type(0).get_type_name() for op in graph.get_ops()
+    graph = synthetic_model(MOE, 2, True, weights, group, exact_experts=exact)
+    experts = {(op.get_output_element_type(0).get_type_name(), op.get_output_shape(0)[-1])
+               for op in graph.get_ops()
                if op.get_type_name() == "Constant" and ".moe." in op.get_friendly_name()
                and not op.get_friendly_name().endswith(("scale", "zero_point", "router.weight"))}
-    assert experts == types
+    assert {kind for kind, _ in experts} == types
+    if exact:
+        assert {width for _, width in experts} == {32}  # a scale per 32 inputs
     compiled = shared_core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     kinds = [op.get_rt_info()["layerType"].astype(str)
              for op in compiled.get_runtime_model().get_ops()]
     assert kinds.count("GatherMatmul") == 3 * 2
-    manifest = synthetic_manifest(MOE, 2, True, weights, group)
+    manifest = synthetic_manifest(MOE, 2, True, weights, group, exact_experts=exact)
+    assert manifest.exact_experts is exact
     assert (manifest.model.experts, manifest.model.active_experts) == (8, 2)
     runner = load_runner("", 0, RuntimeSpec(paged_attention=True), manifest=manifest,
                          verify=False, graph=graph)

@@ -89,8 +89,6 @@ def test_exact_experts_are_planned_at_their_bytes() -> None:
 @pytest.mark.parametrize("args, message", [
     (["llama-3.1-8b", "--fleet", FOUR, "--exact-experts"],
      "--exact-experts: llama-3.1-8b has no mixture of experts"),
-    (["gpt-oss-20b", "--endpoint", "tcp://127.0.0.1:1", "--exact-experts"],
-     "--exact-experts plans on a --fleet file's reference profiles"),
     (["llama-3.1-8b"], "give --fleet FILE"),
     (["llama-3.1-8b", "--fleet", FOUR, "--endpoint", "tcp://127.0.0.1:1"], "one of them"),
     (["llama-3.1-8b", "--endpoint", "tcp://127.0.0.1:1"], "no answer from a coordinator"),
