@@ -7,7 +7,8 @@ power-of-two scale, in blocks of 32 inputs. Twice an E2M1 number is an integer f
 such weights a second time (INT4 moves a gpt-oss expert layer's output by 16%,
 docs/design.md), and the plugin's GatherMatmul, which runs the experts, does not keep
 f4e2m1 weights compressed (it folds them to f32); it keeps these i8 codes, and steps a
-gpt-oss-sized layer faster than INT4 experts, at about twice their bytes
+gpt-oss-sized layer as fast as with INT4 experts or faster (0.95-1.22x, on an Intel Xeon and
+an AMD EPYC), at about twice their bytes
 (docs/measurements/decode.md#mxfp4-weights-on-the-cpu-plugin).
 
 The form is found from the weights themselves, so it holds whichever way they were read (a
