@@ -184,16 +184,15 @@ def test_failure_mid_export_leaves_nothing_behind(tiny_llama_dir: Path, tmp_path
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     source = open_source(str(tiny_llama_dir))
 
-    def explode(model, weight_format, group_size, compressed_16bit, int8_form):
+    def explode(*args: object) -> None:
         raise RuntimeError("disk full")
 
     calls = {"n": 0}
     real = export_mod.compress_stage
 
-    def second_stage_fails(model, weight_format, group_size, compressed_16bit, int8_form):
+    def second_stage_fails(*args: object):
         calls["n"] += 1
-        return (explode if calls["n"] == 2 else real)(model, weight_format, group_size,
-                                                      compressed_16bit, int8_form)
+        return (explode if calls["n"] == 2 else real)(*args)
 
     monkeypatch.setattr(export_mod, "compress_stage", second_stage_fails)
     with pytest.raises(RuntimeError, match="disk full"):
