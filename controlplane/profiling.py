@@ -305,6 +305,8 @@ def measure(shape: ModelShape, weights: str, device: str = "CPU", budget_s: floa
         form = export_int8_form(weights, int8_form)
     except ValueError as exc:
         raise ProfileError(f"{shape.name}: {exc}") from None
+    if exact_experts and not shape.moe:
+        raise ProfileError(f"{shape.name}: exact experts, but it has no mixture of experts")
     free = ram(memory_limit)[1]
     k = extra_layers(shape, weights, free, exact_experts)
     runtime = runtime_for(device)

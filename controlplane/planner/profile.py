@@ -61,10 +61,9 @@ def experts_form_text(exact_experts: bool) -> str:
 
 
 def experts_form_change(have: bool, want: bool) -> str:
-    """How a profile's form of the experts differs from the one wanted ("" when it does
-    not), as a key's other fields are said: "exact experts, not experts in the weight
-    format"."""
-    return "" if have == want else f"{experts_form_text(have)}, not {experts_form_text(want)}"
+    """A profile's form of the experts, ``have``, against another one wanted, as a key's
+    other fields are said: "exact experts, not experts in the weight format"."""
+    return f"{experts_form_text(have)}, not {experts_form_text(want)}"
 
 
 def _check_rows(name: str, values: tuple[float, ...], where: str) -> None:

@@ -215,6 +215,9 @@ def test_what_cannot_be_profiled_says_why() -> None:
         deadline.check("building")
     with pytest.raises(ProfileError, match="unknown INT8 form 'i4-groups'"):
         measure(TINY, "int8", "CPU", 5.0, int8_form="i4-groups")
+    with pytest.raises(ProfileError, match="tiny: exact experts, but it has no mixture of "
+                                           "experts"):
+        measure(TINY, "int4", "CPU", 5.0, exact_experts=True)
 
 
 @pytest.mark.slow
