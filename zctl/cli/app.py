@@ -88,7 +88,8 @@ def export(
     except (SourceError, ManifestError, ExportError, ValueError) as exc:
         fail(str(exc))
     total = sum(sum(r.timings.values()) for r in reports)
-    out.print(f"exported {manifest.model.name} ({manifest.weight_format}) in "
+    experts = ", exact experts" if manifest.exact_experts else ""
+    out.print(f"exported {manifest.model.name} ({manifest.weight_format}{experts}) in "
               f"{len(manifest.stages)} stages to {target} in {total:.1f}s")
 
 
