@@ -89,10 +89,10 @@ def running_fleet(endpoint: str, shape: ModelShape, weights: str,
         status = query_status(endpoint)
     except (ClusterUnreachable, OSError) as exc:
         raise ValueError(str(exc)) from None
-    profiled = {n.profile.weights for n in status.nodes if n.profile is not None}
+    profiles = [n.profile for n in status.nodes if n.profile is not None]
+    profiled = {p.weights for p in profiles}
     fmt = weights if weights != AUTO else (profiled.pop() if len(profiled) == 1 else
                                            resolve_weights(shape.name, AUTO))
-    profiles = [n.profile for n in status.nodes if n.profile is not None]
     exact = exact_experts or bool(profiles) and all(p.exact_experts for p in profiles)
     fleet = cluster_fleet(status, shape, fmt)
     return PlanFleet(f"cluster at {endpoint}", len(fleet.profiles), (fmt,),
