@@ -21,15 +21,16 @@ name: the form is exact or it is not written. Each weight becomes
     i8 [E, N, K/32, 32] -> Convert f16 -> Multiply by f16 scales [E, N, K/32, 1]
         -> Reshape [E, N, K] -> Convert f32
 
-(exporter/int8_groups.py's form, with exact scales), which NNCF then leaves as it is.
+(exporter/int8_groups.py's form, with exact scales: dataplane.runtime.synthetic's
+``i8_group_weight`` builds it), which NNCF then leaves as it is.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import openvino as ov
-import openvino.opset13 as ops
 
+from dataplane.runtime.synthetic import i8_group_weight
 from zctl.weights import EXACT_EXPERT_GROUP
 
 I8_LIMIT = 127
@@ -111,14 +112,6 @@ def _expert_weight(matmul: ov.Node) -> ov.Node | None:
     return node
 
 
-def exact_weight(codes: np.ndarray, scales: np.ndarray) -> ov.Output:
-    """``exact_groups``' codes times their scales in the graph: [..., K] in f32."""
-    *lead, groups, width = codes.shape
-    values = ops.multiply(ops.convert(ops.constant(codes), ov.Type.f16), ops.constant(scales))
-    dense = ops.reshape(values, ops.constant(np.array([*lead, groups * width], np.int64)), False)
-    return ops.convert(dense, ov.Type.f32).output(0)
-
-
 def keep_experts_exact(model: ov.Model) -> int:
     """Put every stacked expert weight of ``model`` in the exact i8 form (in place); the
     number of weights done. InexactExpertsError before ``model`` is changed if any is not
@@ -145,5 +138,5 @@ def keep_experts_exact(model: ov.Model) -> int:
                 as_float32(values[expert]), f"{op.get_friendly_name()} (expert {expert})")
         forms.append((op, codes, scales))
     for op, codes, scales in forms:
-        op.input(1).replace_source_output(exact_weight(codes, scales))
+        op.input(1).replace_source_output(i8_group_weight(codes, scales))
     return len(forms)

@@ -73,6 +73,21 @@ class LayerShape:
     expert_intermediate: int = 0
 
 
+def i8_group_weight(codes: np.ndarray, scales: np.ndarray, name: str | None = None
+                    ) -> ov.Output:
+    """i8 ``codes`` [..., K/g, g] times f16 ``scales`` [..., K/g, 1] as a weight [..., K] in
+    f32: Convert f16, Multiply, Reshape, Convert f32, the form of an int8 export's i8 groups
+    (exporter/int8_groups.py) and of exact experts (exporter/exact_experts.py), which the
+    CPU plugin runs compressed. ``name``: the codes' Constant's, and ``name/scale`` the
+    scales'."""
+    *lead, groups, width = codes.shape
+    weight = ops.convert(ops.constant(codes, name=name), ov.Type.f16)
+    scale = ops.constant(scales, name=None if name is None else f"{name}/scale")
+    flat = ops.reshape(ops.multiply(weight, scale),
+                       ops.constant(np.array([*lead, groups * width], np.int64)), False)
+    return ops.convert(flat, ov.Type.f32).output(0)
+
+
 class _Weights:
     """Random weights in one format, as the exporter's compression leaves them."""
 
@@ -123,10 +138,7 @@ class _Weights:
             raise ValueError(f"{name}: {cols} inputs are not a multiple of the i8 group {group}")
         shape = [*lead, rows, cols // group, group]
         codes = self._bytes(int(np.prod(shape))).view(np.int8).reshape(shape)
-        weight = ops.convert(ops.constant(codes, name=name), ov.Type.f16)
-        scaled = ops.multiply(weight, self._scales([*lead, rows, cols // group, 1], name))
-        flat = ops.reshape(scaled, ops.constant(np.array([*lead, rows, cols], np.int64)), False)
-        return ops.convert(flat, ov.Type.f32).output(0)
+        return i8_group_weight(codes, np.full([*shape[:-1], 1], SCALE, np.float16), name)
 
     def _u8_channel(self, rows: int, cols: int, name: str, lead: list[int]) -> ov.Output:
         data = self._bytes(int(np.prod([*lead, rows, cols]))).reshape(*lead, rows, cols)

@@ -47,8 +47,9 @@ import torch
 import typer
 
 from dataplane.runtime.ov_core import shared_core
+from dataplane.runtime.synthetic import i8_group_weight
 from exporter.compress import compress_stage
-from exporter.exact_experts import exact_groups, exact_weight
+from exporter.exact_experts import exact_groups
 from exporter.mxfp4 import (
     BLOCK_VALUES,
     dequantize_rows,
@@ -84,7 +85,7 @@ def exact_int8_weight(blocks: torch.Tensor, scales: torch.Tensor) -> ov.Output:
     """The same weights losslessly as i8 codes times f16 power-of-two scales per 32, as an
     export with exact experts holds them (exporter.exact_experts): twice an E2M1 number is
     an integer from -12 to 12, its block's scale halved a power of two."""
-    return exact_weight(*exact_groups(dequantize_rows(blocks, scales).numpy()))
+    return i8_group_weight(*exact_groups(dequantize_rows(blocks, scales).numpy()))
 
 
 Encoding = Callable[[torch.Tensor, torch.Tensor], ov.Output]
