@@ -7,7 +7,6 @@ values, a model without experts and a malformed manifest field are refused by na
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +14,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load_file, save_file
-from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from dataplane.runtime.ov_core import shared_core
 from exporter.exact_experts import InexactExpertsError, exact_groups
 from exporter.export import ExportError, export_model
-from exporter.mxfp4 import dequantize_rows, quantize_experts, quantize_rows
+from exporter.mxfp4 import dequantize_rows, quantize_rows
 from exporter.sources import open_source
 from exporter.verify import DEFAULT_PROMPTS, verify_export
+from tests.helpers.mxfp4_checkpoints import mxfp4_and_dense
 from tests.helpers.tiny_models import build_llama
 from zctl.manifest import ManifestError, load_manifest, manifest_from_dict
 from zctl.weights import EXACT_EXPERT_GROUP
@@ -82,18 +80,6 @@ def test_weights_that_are_no_mxfp4_values_are_refused_by_name() -> None:
         exact_groups(np.full((1, 32), 2.0 ** -30, np.float32))
 
 
-def _write(model: Path, out: Path, tensors: dict[str, torch.Tensor],
-           quantization: dict | None) -> Path:
-    shutil.copytree(model, out)
-    save_file(tensors, out / "model.safetensors")
-    config = json.loads((out / "config.json").read_text())
-    config.pop("quantization_config", None)
-    if quantization is not None:
-        config["quantization_config"] = quantization
-    (out / "config.json").write_text(json.dumps(config))
-    return out
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """A tiny gpt-oss with its experts in MXFP4 as gpt-oss publishes them; the same weights
@@ -102,17 +88,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
     root = tmp_path_factory.mktemp("exact_experts")
     model = build_llama(root / "random", tied=False, norm_spread=0.3, bias_spread=0.5,
                         **GPT_OSS)
-    tensors = load_file(model / "model.safetensors")
-    dense, packed = dict(tensors), dict(tensors)
-    for layer in range(LAYERS):
-        for projection in ("gate_up_proj", "down_proj"):
-            name = f"model.layers.{layer}.mlp.experts.{projection}"
-            blocks, scales = quantize_experts(tensors[name])
-            dense[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
-            del packed[name]
-            packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
-    return (_write(model, root / "mxfp4", packed, MXFP4_CONFIG),
-            _write(model, root / "dense", dense, None), model)
+    projections = [f"model.layers.{layer}.mlp.experts.{projection}"
+                   for layer in range(LAYERS) for projection in ("gate_up_proj", "down_proj")]
+    return (*mxfp4_and_dense(model, root, projections, MXFP4_CONFIG), model)
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,17 @@ of a checkpoint run on pairs too."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from exporter.export import export_model
 from exporter.mxfp4 import quantize_experts
 from exporter.sources import SafetensorsSource, SourceError, open_source
+from tests.helpers.mxfp4_checkpoints import mxfp4_and_dense, write_checkpoint
 from tests.helpers.tiny_models import build_llama
 
 EXPERTS, LAYERS = 4, 2
@@ -46,19 +46,6 @@ def _stacked(tensors: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Te
             f"{prefix}.down_proj": torch.stack([t["down_proj"] for t in take])}
 
 
-def _write(source: Path, out: Path, tensors: dict[str, torch.Tensor],
-           quantization: dict | None) -> Path:
-    shutil.copytree(source, out)
-    save_file(tensors, out / "model.safetensors")
-    config = json.loads((out / "config.json").read_text())
-    if quantization is None:
-        config.pop("quantization_config", None)
-    else:
-        config["quantization_config"] = quantization
-    (out / "config.json").write_text(json.dumps(config))
-    return out
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The MXFP4 checkpoint, and the same weights dense: each projection as transformers'
@@ -75,8 +62,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         for name in list(dense):
             if f"layers.{layer}.mlp.experts." in name and name.endswith(".weight"):
                 del dense[name], packed[name]
-    return (_write(model, root / "mxfp4", packed, MXFP4_CONFIG),
-            _write(model, root / "dense", dense, None))
+    return (write_checkpoint(model, root / "mxfp4", packed, MXFP4_CONFIG),
+            write_checkpoint(model, root / "dense", dense, None))
 
 
 GPT_OSS = dict(arch="gpt_oss", head_dim=16, intermediate=32, num_local_experts=EXPERTS,
@@ -89,16 +76,11 @@ def gpt_oss_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     weights dense as transformers' dequantization reads them."""
     root = tmp_path_factory.mktemp("gpt_oss_mxfp4")
     model = build_llama(root / "model", layers=LAYERS, tied=False, bias_spread=0.5, **GPT_OSS)
-    tensors = load_file(model / "model.safetensors")
-    dense, packed = dict(tensors), dict(tensors)
-    for name in PROJECTIONS:
-        blocks, scales = quantize_experts(tensors[name])
-        assert blocks.shape[-2] * 32 == tensors[name].shape[1]  # blocks along the input
-        dense[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
-        del packed[name]
-        packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
-    return (_write(model, root / "mxfp4", packed, MXFP4_CONFIG),
-            _write(model, root / "dense", dense, None))
+    mxfp4, dense = mxfp4_and_dense(model, root, PROJECTIONS, MXFP4_CONFIG)
+    packed, weights = (load_file(path / "model.safetensors") for path in (mxfp4, dense))
+    for name in PROJECTIONS:  # blocks along the input
+        assert packed[name + "_blocks"].shape[-2] * 32 == weights[name].shape[1]
+    return mxfp4, dense
 
 
 def test_gpt_oss_pairs_read_and_export_as_its_dense_weights(
@@ -127,7 +109,7 @@ def _variant(checkpoints: tuple[Path, Path], tmp_path: Path, *, drop: str | None
         del tensors[drop]
     if change:
         tensors[change[0]] = change[1]
-    out = _write(mxfp4, tmp_path / "variant", tensors, quantization)
+    out = write_checkpoint(mxfp4, tmp_path / "variant", tensors, quantization)
     if config:
         raw = json.loads((out / "config.json").read_text())
         (out / "config.json").write_text(json.dumps({**raw, **config}))
@@ -183,7 +165,7 @@ def test_another_quantization_is_refused_by_name(checkpoints: tuple[Path, Path],
     path = _variant(checkpoints, tmp_path, quantization={"quant_method": method, "bits": 4})
     with pytest.raises(SourceError, match=f"quantized with '{method}'"):
         open_source(str(path))
-    dense = _write(checkpoints[1], tmp_path / "dense", load_file(
+    dense = write_checkpoint(checkpoints[1], tmp_path / "dense", load_file(
         checkpoints[1] / "model.safetensors"), {"quant_method": method})
     with pytest.raises(SourceError, match=f"quantized with '{method}'"):  # dense weights too
         open_source(str(dense))
