@@ -132,7 +132,8 @@ def derive_profile(speed: DeviceSpeed, shape: ModelShape, weights: str,
                 + rows * shape.embedding_weights() / speed.macs_per_s)
 
     return NodeProfile(
-        key=ProfileKey(shape.fingerprint(), weights, speed.device, "reference"),
+        key=ProfileKey(shape.fingerprint(), weights, speed.device, "reference",
+                       exact_experts=exact_experts),
         decode_s=tuple(layer_s(r) for r in ROWS), head_decode_s=tuple(head_s(r) for r in ROWS),
         prefill_tokens_per_s=speed.macs_per_s / active, call_s=speed.call_s,
         engine_decode_s=tuple(speed.engine_fixed_s + r * speed.engine_row_s for r in ROWS),

@@ -155,6 +155,10 @@ def cluster_up(
     stages: Annotated[int | None, typer.Option(
         help="stages of the export made for a model name (default: --local N, else 2)")] = None,
     weights: Annotated[str, typer.Option(help=WEIGHTS_HELP)] = AUTO,
+    exact_experts: Annotated[bool, typer.Option(
+        "--exact-experts", help="export a mixture of experts with its MXFP4 experts kept "
+                                "exactly (zctl export --exact-experts), and place it so")
+    ] = False,
     fleet: Annotated[Path | None, typer.Option(
         help="a TOML file of the PCs that will join (examples/fleets/): the model is exported "
              "in the stages of the planner's best placement on them (zctl plan --fleet); "
@@ -247,14 +251,15 @@ def cluster_up(
         placement = placement_of(place or [])  # (checked before anything is exported)
         ranges = None
         if local is not None and local > 1 and stages is None and not is_export(model):
-            ranges, source = local_export_ranges(model, local, weights, device, memory_mb)
+            ranges, source = local_export_ranges(model, local, weights, device, memory_mb,
+                                                 exact_experts)
             err.print(f"stages: {source}", soft_wrap=True)
         if fleet is not None:
             ranges, source = fleet_export_ranges(model, fleet, weights, objective,
-                                                 max_streams)
+                                                 max_streams, exact_experts)
             err.print(f"stages: {source}", soft_wrap=True)
         stage_count = len(ranges) if ranges is not None else stage_count
-        export_dir = ensure_export(model, stage_count, weights, ranges)
+        export_dir = ensure_export(model, stage_count, weights, ranges, exact_experts)
         coordinator = CoordinatorProcess(
             str(export_dir), bind=f"tcp://{bind}", host=host, heartbeat=heartbeat,
             liveness=liveness, expect_nodes=expect_nodes, placement=placement,

@@ -81,7 +81,8 @@ def _weights_asked(monkeypatch: pytest.MonkeyPatch, module: object) -> list[str]
     asked: list[str] = []
 
     def record(model: str, stages: int, weights: str = AUTO,
-               ranges: list[tuple[int, int]] | None = None) -> Path:
+               ranges: list[tuple[int, int]] | None = None,
+               exact_experts: bool = False) -> Path:
         asked.append(weights)
         raise ClusterError("stopped by the test")
 
@@ -160,7 +161,8 @@ def test_cluster_up_with_a_fleet_exports_the_planners_stages(home: Path, monkeyp
     asked: list[tuple[int, list | None]] = []
 
     def record(model: str, stages: int, weights: str = AUTO,
-               ranges: list[tuple[int, int]] | None = None) -> Path:
+               ranges: list[tuple[int, int]] | None = None,
+               exact_experts: bool = False) -> Path:
         asked.append((stages, ranges))
         raise ClusterError("stopped by the test")
 
@@ -201,3 +203,85 @@ def test_cluster_up_refuses_a_missing_fleet_file_or_an_export_with_one(
                                str(FOUR_PCS)], terminal_width=300)
     assert made.exit_code == 1 and "whose stages are made" in made.output
     assert asked == []
+
+
+def test_exact_experts_are_exported_apart_and_reused_only_as_asked(
+        home: Path, tiny_llama_dir: Path, tiny_exports, monkeypatch) -> None:
+    """`cluster up --exact-experts` exports into its own directory, passes the flag to the
+    exporter, and never takes an export of the other form for it (either way)."""
+    import exporter.export
+
+    made: list[tuple[bool, Path]] = []
+
+    def fake_export(source, ranges, weights, target, **kwargs):
+        made.append((kwargs["exact_experts"], Path(target)))
+
+    monkeypatch.setattr(exporter.export, "export_model", fake_export)
+    model = str(tiny_llama_dir)
+    exact = ensure_export(model, 1, "fp32", exact_experts=True)
+    assert exact == default_export_dir(model, 1, "fp32", exact_experts=True)
+    planned = ensure_export(model, 2, "fp32", [(0, 3), (3, 4)], exact_experts=True)
+    assert planned == planned_export_dir(model, "fp32", [(0, 3), (3, 4)], exact_experts=True)
+    assert planned.name.endswith("-fp32-layers-0-2_3-exact-experts")
+    assert made == [(True, exact), (True, planned)]
+    made.clear()
+    plain = tiny_exports.get([(0, 4)], "fp32")  # its experts (none) not kept exact
+    shutil.copytree(plain, exact)  # sits where the exact export belongs
+    assert ensure_export(model, 1, "fp32", exact_experts=True) == exact
+    assert made == [(True, exact)]
+    with pytest.raises(ClusterError, match="not kept exact: export the model with "
+                                           "--exact-experts"):
+        ensure_export(str(plain), 1, "fp32", exact_experts=True)
+    assert ensure_export(str(plain), 1, "fp32") == plain
+
+
+def test_an_export_the_exporter_refuses_is_a_cluster_error(home: Path, tiny_llama_dir: Path,
+                                                           monkeypatch) -> None:
+    import exporter.export
+    from exporter.export import ExportError
+
+    def refuse(source, ranges, weights, target, **kwargs):
+        raise ExportError("tiny-llama has no mixture of experts to keep exact")
+
+    monkeypatch.setattr(exporter.export, "export_model", refuse)
+    with pytest.raises(ClusterError, match="no mixture of experts"):
+        ensure_export(str(tiny_llama_dir), 1, "fp32", exact_experts=True)
+
+
+def test_a_fleet_plans_exact_experts_at_their_size(home: Path) -> None:
+    """Exact experts take about twice INT4's bytes: gpt-oss-120b, which four-pcs.toml holds
+    in INT4, no longer fits it with them, and a dense model is refused the flag."""
+    from controlplane.planner.presets import PRESETS
+    from controlplane.planner.references import derive_profile, reference_speed
+
+    int4, source = fleet_export_ranges("gpt-oss-120b", FOUR_PCS, "int4")
+    assert len(int4) > 1 and int4[0][0] == 0 and int4[-1][1] == 36, int4
+    assert source.startswith(f"the planner's best placement on {FOUR_PCS} (")
+    with pytest.raises(ValueError, match=r"gpt-oss-120b in int4 .* needs about 1\d\d"):
+        fleet_export_ranges("gpt-oss-120b", FOUR_PCS, "int4", exact_experts=True)
+    shape = PRESETS["gpt-oss-20b"]
+    derived = derive_profile(reference_speed("xeon-core"), shape, "int4", 1 << 40, True)
+    assert derived.key.exact_experts
+    assert derived.layer_bytes > 1.8 * derive_profile(
+        reference_speed("xeon-core"), shape, "int4", 1 << 40).layer_bytes
+    with pytest.raises(ValueError, match="no experts to keep exact: drop --exact-experts"):
+        fleet_export_ranges("llama-3.1-70b", FOUR_PCS, "int8", exact_experts=True)
+
+
+def test_cluster_up_passes_exact_experts_to_the_export(home: Path, monkeypatch) -> None:
+    from zctl.cli import cluster
+
+    asked: list[bool] = []
+
+    def record(model: str, stages: int, weights: str = AUTO,
+               ranges: list[tuple[int, int]] | None = None,
+               exact_experts: bool = False) -> Path:
+        asked.append(exact_experts)
+        raise ClusterError("stopped by the test")
+
+    monkeypatch.setattr(cluster, "ensure_export", record)
+    for extra, expected in (([], False), (["--exact-experts"], True)):
+        result = runner.invoke(app, ["cluster", "up", "--model", "gpt-oss-20b", "--weights",
+                                     "int4", "--fleet", str(FOUR_PCS), *extra])
+        assert result.exit_code == 1 and "stopped by the test" in result.output, result.output
+        assert asked[-1] is expected
