@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from typer.testing import CliRunner
@@ -75,15 +76,25 @@ def test_a_cached_export_of_another_format_is_exported_again(home: Path, tiny_ll
     assert ensure_export(model, 1, "fp32") == fp32_target and made == []  # it is reused
 
 
-def _weights_asked(monkeypatch: pytest.MonkeyPatch, module: object) -> list[str]:
-    """Make ``module.ensure_export`` record the weights it is asked for, then stop the
-    command (ClusterError: one error line, exit 1) before anything starts."""
-    asked: list[str] = []
+class ExportAsked(NamedTuple):
+    """What ``ensure_export`` was asked for."""
+
+    model: str
+    stages: int
+    weights: str
+    ranges: list[tuple[int, int]] | None
+    exact_experts: bool
+
+
+def _exports_asked(monkeypatch: pytest.MonkeyPatch, module: object) -> list[ExportAsked]:
+    """Make ``module.ensure_export`` record what it is asked for, then stop the command
+    (ClusterError: one error line, exit 1) before anything starts."""
+    asked: list[ExportAsked] = []
 
     def record(model: str, stages: int, weights: str = AUTO,
                ranges: list[tuple[int, int]] | None = None,
                exact_experts: bool = False) -> Path:
-        asked.append(weights)
+        asked.append(ExportAsked(model, stages, weights, ranges, exact_experts))
         raise ClusterError("stopped by the test")
 
     monkeypatch.setattr(module, "ensure_export", record)
@@ -97,11 +108,11 @@ def test_run_and_cluster_up_take_the_default_unless_told(command: list[str], hom
     from zctl.cli import cluster, run, serve
 
     module = {"run": run, "serve": serve}.get(command[0], cluster)
-    asked = _weights_asked(monkeypatch, module)
+    asked = _exports_asked(monkeypatch, module)
     for extra, expected in (([], AUTO), (["--weights", "int4"], "int4")):
         result = runner.invoke(app, [*command, *extra])
         assert result.exit_code == 1 and "stopped by the test" in result.output, result.output
-        assert asked[-1] == expected
+        assert asked[-1].weights == expected
 
 
 def test_zctl_export_help_names_the_default() -> None:
@@ -158,20 +169,12 @@ def test_a_fleet_file_gives_the_stages_of_its_best_placement(home: Path) -> None
 def test_cluster_up_with_a_fleet_exports_the_planners_stages(home: Path, monkeypatch) -> None:
     from zctl.cli import cluster
 
-    asked: list[tuple[int, list | None]] = []
-
-    def record(model: str, stages: int, weights: str = AUTO,
-               ranges: list[tuple[int, int]] | None = None,
-               exact_experts: bool = False) -> Path:
-        asked.append((stages, ranges))
-        raise ClusterError("stopped by the test")
-
-    monkeypatch.setattr(cluster, "ensure_export", record)
+    asked = _exports_asked(monkeypatch, cluster)
     result = runner.invoke(app, ["cluster", "up", "--model", "llama-3.1-70b", "--weights",
                                  "int8", "--fleet", str(FOUR_PCS)])
     assert result.exit_code == 1 and "stopped by the test" in result.output, result.output
     want, _ = fleet_export_ranges("llama-3.1-70b", FOUR_PCS, "int8")
-    assert asked == [(len(want), want)]
+    assert [(a.stages, a.ranges) for a in asked] == [(len(want), want)]
     assert "stages: the planner's best placement on" in " ".join(result.output.split())
 
 
@@ -184,7 +187,7 @@ def test_cluster_up_refuses_a_fleet_it_cannot_use_before_any_export(
         extra: list[str], message: str, home: Path, monkeypatch) -> None:
     from zctl.cli import cluster
 
-    asked = _weights_asked(monkeypatch, cluster)
+    asked = _exports_asked(monkeypatch, cluster)
     result = runner.invoke(app, ["cluster", "up", "--model", "llama-3.1-70b", "--fleet",
                                  str(FOUR_PCS), *extra], terminal_width=300)
     assert result.exit_code == 1 and asked == [], result.output
@@ -195,7 +198,7 @@ def test_cluster_up_refuses_a_missing_fleet_file_or_an_export_with_one(
         home: Path, tiny_exports, monkeypatch) -> None:
     from zctl.cli import cluster
 
-    asked = _weights_asked(monkeypatch, cluster)
+    asked = _exports_asked(monkeypatch, cluster)
     missing = runner.invoke(app, ["cluster", "up", "--fleet", str(home / "none.toml")])
     assert missing.exit_code == 1 and "no such file" in missing.output
     export = tiny_exports.get([(0, 2), (2, 4)], "fp32")
@@ -271,17 +274,9 @@ def test_a_fleet_plans_exact_experts_at_their_size(home: Path) -> None:
 def test_cluster_up_passes_exact_experts_to_the_export(home: Path, monkeypatch) -> None:
     from zctl.cli import cluster
 
-    asked: list[bool] = []
-
-    def record(model: str, stages: int, weights: str = AUTO,
-               ranges: list[tuple[int, int]] | None = None,
-               exact_experts: bool = False) -> Path:
-        asked.append(exact_experts)
-        raise ClusterError("stopped by the test")
-
-    monkeypatch.setattr(cluster, "ensure_export", record)
+    asked = _exports_asked(monkeypatch, cluster)
     for extra, expected in (([], False), (["--exact-experts"], True)):
         result = runner.invoke(app, ["cluster", "up", "--model", "gpt-oss-20b", "--weights",
                                      "int4", "--fleet", str(FOUR_PCS), *extra])
         assert result.exit_code == 1 and "stopped by the test" in result.output, result.output
-        assert asked[-1] is expected
+        assert asked[-1].exact_experts is expected
