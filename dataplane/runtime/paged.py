@@ -52,6 +52,7 @@ from dataplane.runtime.base import (
 )
 from dataplane.runtime.bound_inputs import BoundInputs
 from dataplane.runtime.config import RuntimeSpec, device_kind
+from dataplane.runtime.hugepages import HugePageScope
 from dataplane.runtime.kv.blocks import (
     BlockPool,
     KvLayout,
@@ -264,18 +265,22 @@ class PagedStageRunner:
                 stateful, self.spec.first, self.spec.last, self.hidden_size,
                 [model.sliding_window if i in model.sliding_layers else 0
                  for i in range(self.spec.layer_start, self.spec.layer_end)])
-            self.compiled = core.compile_model(paged, self.config.device, properties)
+            with HugePageScope() as pages:  # the weights the plugin repacks: huge pages
+                self.compiled = core.compile_model(paged, self.config.device, properties)
         except RuntimeError as exc:
             raise StageError(f"cannot compile stage {index} with paged attention: {exc}") from None
+        self.huge_page_bytes = pages.collapsed
         self.dynamic = StageGraph.of(self.compiled)
         # single-token steps run on this one when it is compiled (dataplane.runtime.one_token)
         self.one_token: StageGraph | None = None
         layers = sum(1 for port in paged.inputs if port.get_any_name().startswith("key_cache."))
         if wants_one_token_graph(self.config.decode_graph, weights_bytes(paged),
                                  available_memory(), layers, model.experts):
-            self.one_token = compile_one_token_graph(
-                core, paged, self.config.device, properties, index, self.spec.first,
-                self.spec.last, self.rope.width)
+            with HugePageScope() as pages:
+                self.one_token = compile_one_token_graph(
+                    core, paged, self.config.device, properties, index, self.spec.first,
+                    self.spec.last, self.rope.width)
+            self.huge_page_bytes += pages.collapsed
         self.request = self.dynamic.request  # the request of the last step run
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
         self.input_name = self.compiled.inputs[0].get_any_name()
