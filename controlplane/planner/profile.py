@@ -29,8 +29,9 @@ ROWS = (1, 2, 4, 8)  # the row counts a decode step is profiled at
 # such layers compiles one (dataplane/runtime/one_token.py); 4, the same graph's decode steps
 # timed as a pipeline's stage runs them (after idle gaps, their median, through the worker's
 # frame path, whose work is a figure of its own: controlplane/profiling.py); 5, INT8 in the
-# symmetric i8 groups an int8 export is written in, not u8 per channel (zctl.weights).
-GRAPH_VERSION = 5
+# symmetric i8 groups an int8 export is written in, not u8 per channel (zctl.weights); 6,
+# the layers' weights on huge pages, as a paged stage (a cluster node's) holds them now.
+GRAPH_VERSION = 6
 
 
 class ProfileError(ValueError):
