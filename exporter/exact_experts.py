@@ -21,7 +21,7 @@ name: the form is exact or it is not written. Each weight becomes
     i8 [E, N, K/32, 32] -> Convert f16 -> Multiply by f16 scales [E, N, K/32, 1]
         -> Reshape [E, N, K] -> Convert f32
 
-(exporter/int8_groups.py's form, with exact scales: dataplane.runtime.synthetic's
+(exporter/int8_groups.py's form, with exact scales: dataplane.runtime.weight_graph's
 ``i8_group_weight`` builds it), which NNCF then leaves as it is.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 
-from dataplane.runtime.synthetic import i8_group_weight
+from dataplane.runtime.weight_graph import i8_group_weight
 from zctl.weights import EXACT_EXPERT_GROUP
 
 I8_LIMIT = 127

@@ -37,6 +37,7 @@ from openvino import opset13 as ops
 from openvino.utils.node_factory import NodeFactory
 
 from dataplane.runtime.stateful_graph import add_beam_idx, make_stateful
+from dataplane.runtime.weight_graph import i8_group_weight
 from zctl.manifest import ExportManifest, ModelSpec, StageSpec
 from zctl.weights import (
     EXACT_EXPERT_GROUP,
@@ -71,21 +72,6 @@ class LayerShape:
     experts: int = 0
     active_experts: int = 0
     expert_intermediate: int = 0
-
-
-def i8_group_weight(codes: np.ndarray, scales: np.ndarray, name: str | None = None
-                    ) -> ov.Output:
-    """i8 ``codes`` [..., K/g, g] times f16 ``scales`` [..., K/g, 1] as a weight [..., K] in
-    f32: Convert f16, Multiply, Reshape, Convert f32, the form of an int8 export's i8 groups
-    (exporter/int8_groups.py) and of exact experts (exporter/exact_experts.py), which the
-    CPU plugin runs compressed. ``name``: the codes' Constant's, and ``name/scale`` the
-    scales'."""
-    *lead, groups, width = codes.shape
-    weight = ops.convert(ops.constant(codes, name=name), ov.Type.f16)
-    scale = ops.constant(scales, name=None if name is None else f"{name}/scale")
-    flat = ops.reshape(ops.multiply(weight, scale),
-                       ops.constant(np.array([*lead, groups * width], np.int64)), False)
-    return ops.convert(flat, ov.Type.f32).output(0)
 
 
 class _Weights:

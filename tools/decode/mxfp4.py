@@ -47,7 +47,7 @@ import torch
 import typer
 
 from dataplane.runtime.ov_core import shared_core
-from dataplane.runtime.synthetic import i8_group_weight
+from dataplane.runtime.weight_graph import i8_group_weight
 from exporter.compress import compress_stage
 from exporter.exact_experts import exact_groups
 from exporter.mxfp4 import (
